@@ -1,0 +1,14 @@
+/* test_wire: the codec and the shared basics. One suite per area. */
+#include "kt.h"
+
+#include <stdlib.h>
+
+Suite *suite_basics(void);
+
+int main(void) {
+    SRunner *sr = srunner_create(suite_basics());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,365 @@
+/* wire.h -- the codec: vLLM KV-event batches (DESIGN §4), the hashes (§5),
+ * the Dynamo-compatible event plane (§6) and capture files (§3).
+ *
+ * Ownership: every decoder writes into a caller-owned object whose arena owns
+ * all decoded data. Nothing decoded points into the input buffer. Objects are
+ * reusable: decode again into the same object and the previous contents are
+ * released (the arena keeps its memory, so steady-state decoding does not
+ * allocate).
+ *
+ * Bad input: decoders return KVO_EPROTO / KVO_ETRUNC / KVO_ETOOBIG and fill a
+ * wire_error with the byte offset and a one-line reason. They never assert
+ * on input and never allocate more than the limits allow.
+ */
+#ifndef WIRE_H
+#define WIRE_H
+
+#include "kvo.h"
+
+#include <json-c/json.h>
+
+/* ======================================================================== */
+/* Limits and errors                                                         */
+/* ======================================================================== */
+
+/* Structural bounds checked before anything is allocated. Defaults
+ * (wire_limits_default): payload 64 MiB, 1,048,576 elements per container,
+ * 4,194,304 elements in the whole message, depth 32, strings/bins 1 MiB. */
+typedef struct wire_limits {
+    size_t max_bytes;    /* whole payload */
+    uint32_t max_elems;  /* one array or map (map: pairs) */
+    uint64_t max_total;  /* sum of all container sizes in one message */
+    uint32_t max_depth;  /* nesting; the batch itself is depth 1 */
+    uint32_t max_str;    /* one str or bin */
+} wire_limits;
+
+void wire_limits_default(wire_limits *lim);
+
+typedef struct wire_error {
+    kvo_status status; /* same as the return value */
+    size_t offset;     /* byte offset in the input where it went wrong */
+    char msg[160];     /* "events[2].token_ids: expected int, got str" */
+} wire_error;
+
+/* "EPROTO at byte 17: events[2].token_ids: ..." into buf. */
+const char *wire_error_str(const wire_error *err, char *buf, size_t n);
+
+/* ======================================================================== */
+/* vLLM KV-event batches (the third ZMQ frame)                               */
+/* ======================================================================== */
+
+typedef enum wire_ev_type {
+    WIRE_EV_STORED = 1,  /* "BlockStored" */
+    WIRE_EV_REMOVED = 2, /* "BlockRemoved" */
+    WIRE_EV_CLEARED = 3  /* "AllBlocksCleared" */
+} wire_ev_type;
+
+/* A block hash as published, plus its normalized u64 key (DESIGN §4): ints
+ * by their 64-bit two's-complement pattern, bytes by their last 8 bytes
+ * big-endian (bytes shorter than 8 are left-padded with zeros). */
+typedef enum wire_hash_kind {
+    WIRE_HASH_NONE = 0, /* nil (only valid for parent_block_hash) */
+    WIRE_HASH_UINT,     /* non-negative msgpack int */
+    WIRE_HASH_INT,      /* negative msgpack int */
+    WIRE_HASH_BYTES     /* bin (or str) bytes */
+} wire_hash_kind;
+
+typedef struct wire_hash {
+    wire_hash_kind kind;
+    uint32_t len;         /* BYTES: number of bytes */
+    uint64_t key;         /* normalized key; 0 for NONE */
+    const uint8_t *bytes; /* BYTES: len bytes (arena-owned when decoded) */
+} wire_hash;
+
+/* Nullable scalars. */
+typedef struct wire_str {
+    const char *p; /* NULL = nil; not NUL-terminated in general */
+    uint32_t len;
+} wire_str;
+
+typedef struct wire_int {
+    bool set; /* false = nil/absent */
+    int64_t v;
+} wire_int;
+
+/* An opaque msgpack value kept as its exact bytes (extra_keys, SGLang's
+ * metadata map). NULL = nil/absent. */
+typedef struct wire_raw {
+    const uint8_t *p;
+    uint32_t len;
+} wire_raw;
+
+/* How an event was laid out on the wire. Array layouts are identified by
+ * their element count (including the type tag). */
+typedef enum wire_layout {
+    WIRE_LAYOUT_MAP = 0,
+    WIRE_LAYOUT_ARRAY = 1
+} wire_layout;
+
+typedef struct wire_event {
+    wire_ev_type type;
+    wire_layout layout;
+    uint32_t array_len;  /* ARRAY: element count incl. the tag */
+    uint32_t map_len;    /* MAP: entries incl. "type" (informational) */
+
+    /* BlockStored and BlockRemoved */
+    uint32_t n_hashes;
+    wire_hash *hashes;
+    wire_str medium;    /* nil = GPU */
+    wire_int group_idx;
+    wire_str locality;  /* map only */
+    wire_str ownership; /* map only */
+
+    /* BlockStored only */
+    wire_hash parent;   /* kind NONE = nil = root */
+    uint32_t n_tokens;
+    uint64_t *token_ids; /* any msgpack int width; negatives rejected */
+    wire_int block_size;
+    wire_int lora_id;
+    wire_str lora_name;
+    wire_raw metadata;   /* SGLang: a map in the lora_name slot (array[7]) */
+    wire_raw extra_keys; /* per-block list, kept verbatim */
+    wire_str kv_cache_spec_kind;
+    wire_int kv_cache_spec_sliding_window;
+    wire_str session_id;
+    wire_str cache_salt; /* SGLang map form */
+    wire_str origin;     /* map-next */
+} wire_event;
+
+typedef struct wire_batch {
+    double ts;
+    uint32_t batch_len;  /* 2 (v0.9.0) or 3+ */
+    wire_int dp_rank;    /* nil or absent = unset */
+    uint32_t n_events;
+    wire_event *events;
+    kvo_arena arena;     /* owns everything above when decoded */
+} wire_batch;
+
+void wire_batch_init(wire_batch *b);
+void wire_batch_fini(wire_batch *b);
+/* Empty the batch and release its arena contents (memory is kept). */
+void wire_batch_reset(wire_batch *b);
+
+/* Decode one KVEventBatch payload. On success *b holds the batch (previous
+ * contents replaced). On failure *b is reset and err (if non-NULL) says what
+ * and where. lim NULL = defaults. */
+kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
+                             const wire_limits *lim, wire_batch *b,
+                             wire_error *err);
+
+/* Encoder layouts (DESIGN §3 names). */
+typedef enum wire_format {
+    WIRE_FMT_MAP = 0,      /* "map": vLLM >= 0.24 */
+    WIRE_FMT_MAP_NEXT,     /* "map-next": + "origin" (map16 header) */
+    WIRE_FMT_ARRAY_V0_9_0, /* "array-v0.9.0" */
+    WIRE_FMT_ARRAY_V0_9_1, /* "array-v0.9.1" */
+    WIRE_FMT_ARRAY_V0_10_2,/* "array-v0.10.2" */
+    WIRE_FMT_ARRAY_V0_14,  /* "array-v0.14" */
+    WIRE_FMT_ARRAY_LATE,   /* "array-late" */
+    WIRE_FMT_COUNT
+} wire_format;
+
+kvo_status wire_format_parse(const char *name, wire_format *out);
+const char *wire_format_name(wire_format f);
+
+/* Encoder flags (used by the mocker's benign mutants). */
+enum {
+    WIRE_ENC_REVERSE_KEYS = 1u << 0 /* map events: keys in reverse order */
+};
+
+/* Append the msgpack payload of b in format f to out. Map format: required
+ * keys always, optional keys only when set, in declaration order; array
+ * formats: every field of the layout, nil when unset. */
+kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
+                             unsigned flags, kvo_buf *out);
+
+/* The normalized JSON view of DESIGN §3 / the vectors' "fields". Caller owns
+ * the returned object (json_object_put). */
+kvo_status wire_batch_to_json(const wire_batch *b, json_object **out);
+/* The inverse: fills b (its arena owns the data). */
+kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
+                                wire_error *err);
+
+/* ======================================================================== */
+/* Hashes (DESIGN §5)                                                        */
+/* ======================================================================== */
+
+#define WIRE_ROUTER_SEED 1337u
+
+/* Router seed: 1337 + xxh3_64(lora, seed 0) + xxh3_64(salt, seed 1),
+ * wrapping; NULL (or absent) lora/salt contribute nothing. */
+uint64_t wire_router_seed(const char *lora, size_t lora_len,
+                          const char *salt, size_t salt_len);
+/* tokens_hash of one block: XXH3-64 over the tokens as u32 little-endian
+ * (ids are truncated to 32 bits, as Dynamo's u32 token ids). */
+uint64_t wire_router_hash(const uint64_t *tokens, size_t n, uint64_t seed);
+/* Hashes every full block; returns the number of blocks written to out
+ * (n / block_size). */
+size_t wire_router_hash_blocks(const uint64_t *tokens, size_t n,
+                               uint32_t block_size, uint64_t seed,
+                               uint64_t *out);
+
+typedef enum wire_algo {
+    WIRE_ALGO_SHA256 = 0,  /* "sha256": SHA-256 over pickle protocol 5 */
+    WIRE_ALGO_SHA256_CBOR, /* "sha256_cbor": SHA-256 over canonical CBOR */
+    WIRE_ALGO_XXHASH,      /* "xxhash": XXH3-128 over pickle protocol 5 */
+    WIRE_ALGO_XXHASH_CBOR, /* "xxhash_cbor": XXH3-128 over canonical CBOR */
+    WIRE_ALGO_COUNT
+} wire_algo;
+
+kvo_status wire_algo_parse(const char *name, wire_algo *out);
+const char *wire_algo_name(wire_algo a);
+
+typedef struct wire_digest {
+    uint8_t len; /* 32 (sha256*) or 16 (xxhash*) */
+    uint8_t b[32];
+} wire_digest;
+
+/* The int form vLLM publishes: the last 8 digest bytes, big-endian. */
+uint64_t wire_digest_low64(const wire_digest *d);
+
+/* The engine's extra keys for one block: lora_name then cache_salt, each
+ * only when non-NULL; the salt belongs to the first block of a prompt only
+ * (the caller passes salt = NULL for later blocks). Both NULL = None. */
+typedef struct wire_extra {
+    const char *lora_name;
+    const char *cache_salt;
+} wire_extra;
+
+/* NONE_HASH = H(seed string), the parent of a prompt's first block. */
+kvo_status wire_engine_root(wire_algo a, const char *seed,
+                            wire_digest *out);
+/* H((parent_digest_bytes, tuple(tokens), extra_keys)). tokens may exceed
+ * 2^32 (pickled as longs, CBOR as uint64). scratch is reused between calls
+ * to avoid allocation (may be NULL). */
+kvo_status wire_engine_block(wire_algo a, const wire_digest *parent,
+                             const uint64_t *tokens, size_t n,
+                             const wire_extra *extra, kvo_buf *scratch,
+                             wire_digest *out);
+
+/* ======================================================================== */
+/* Event plane: relay -> indexer (DESIGN §6)                                 */
+/* ======================================================================== */
+
+typedef enum wire_tier {
+    WIRE_TIER_DEVICE = 0, /* "device" (GPU, nil medium) */
+    WIRE_TIER_HOST_PINNED,/* "host_pinned" (CPU, CPU_PINNED) */
+    WIRE_TIER_DISK,       /* "disk" (DISK) */
+    WIRE_TIER_EXTERNAL,   /* "external" (STORAGE and anything else) */
+    WIRE_TIER_COUNT
+} wire_tier;
+
+const char *wire_tier_name(wire_tier t);
+kvo_status wire_tier_parse(const char *s, size_t len, wire_tier *out);
+/* vLLM medium string (nil = GPU) -> tier. */
+wire_tier wire_tier_from_medium(wire_str medium);
+
+typedef enum wire_rtype {
+    WIRE_R_STORED = 1,
+    WIRE_R_REMOVED = 2,
+    WIRE_R_CLEARED = 3
+} wire_rtype;
+
+typedef struct wire_rblock {
+    uint64_t block_hash;  /* normalized engine hash */
+    uint64_t tokens_hash; /* router hash */
+} wire_rblock;
+
+typedef struct wire_revent {
+    uint64_t worker_id;
+    wire_tier tier;
+    uint64_t event_id; /* per worker, from 1 */
+    uint32_t dp_rank;
+    wire_rtype type;
+    /* STORED */
+    bool has_parent;
+    uint64_t parent_hash;
+    uint32_t n_blocks;
+    wire_rblock *blocks;
+    /* REMOVED */
+    uint32_t n_removed;
+    uint64_t *removed;
+} wire_revent;
+
+typedef struct wire_plane_msg {
+    uint64_t publisher_id;
+    uint64_t sequence;     /* per publisher, from 0 */
+    uint64_t published_at; /* unix ms */
+    wire_str topic;        /* "kv-events" */
+    bool single_form;      /* payload was one RouterEvent map, not an array */
+    uint32_t n_events;
+    wire_revent *events;
+    kvo_arena arena;       /* owns everything above when decoded */
+} wire_plane_msg;
+
+void wire_plane_init(wire_plane_msg *m);
+void wire_plane_fini(wire_plane_msg *m);
+void wire_plane_reset(wire_plane_msg *m);
+
+/* Decode an envelope and its RouterEvent payload (array or single map). */
+kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
+                             const wire_limits *lim, wire_plane_msg *m,
+                             wire_error *err);
+/* Encode envelope + payload (array form, or single form when
+ * m->single_form and n_events == 1); byte-identical to the vectors. */
+kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out);
+/* JSON view: {"publisher_id", "sequence", "published_at", "topic",
+ * "router_events": [...]} with the vectors' RouterEvent shape. */
+kvo_status wire_plane_to_json(const wire_plane_msg *m, json_object **out);
+
+/* ======================================================================== */
+/* Capture files (DESIGN §3)                                                 */
+/* ======================================================================== */
+
+#define WIRE_CAP_MAGIC "KVOCAP1\n"
+#define WIRE_CAP_MAX_FRAMES 16
+
+typedef struct wire_frame {
+    const uint8_t *data;
+    size_t len;
+} wire_frame;
+
+typedef struct wire_cap_writer wire_cap_writer;
+typedef struct wire_cap_reader wire_cap_reader;
+
+typedef struct wire_cap_record {
+    uint64_t unix_ns;
+    uint32_t n_frames;
+    wire_frame frames[WIRE_CAP_MAX_FRAMES]; /* valid until the next read */
+    uint64_t offset; /* file offset of the record header */
+} wire_cap_record;
+
+/* Create/truncate path and write the magic. */
+kvo_status wire_cap_create(wire_cap_writer **out, const char *path);
+kvo_status wire_cap_write(wire_cap_writer *w, uint64_t unix_ns,
+                          const wire_frame *frames, uint32_t n_frames);
+kvo_status wire_cap_flush(wire_cap_writer *w);
+/* Flushes and closes; NULL is a no-op. */
+void wire_cap_close(wire_cap_writer *w);
+
+/* Open and check the magic (KVO_EPROTO when it is not a capture). */
+kvo_status wire_cap_open(wire_cap_reader **out, const char *path,
+                         const wire_limits *lim);
+/* KVO_OK with a record, KVO_EOF at a clean end, KVO_ETRUNC / KVO_EPROTO /
+ * KVO_ETOOBIG on damage (err says where). */
+kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
+                         wire_error *err);
+void wire_cap_free(wire_cap_reader *r);
+
+/* ======================================================================== */
+/* ZMQ framing helpers (DESIGN §4)                                           */
+/* ======================================================================== */
+
+/* 8-byte big-endian sequence frame. */
+void wire_seq_put(uint8_t out[8], uint64_t seq);
+kvo_status wire_seq_get(const uint8_t *p, size_t len, uint64_t *seq);
+#define WIRE_REPLAY_END UINT64_MAX /* FF x 8: end-of-replay marker */
+
+/* Mooncake trace blocks (DESIGN §8): token j of trace block h in a
+ * 32,000-token vocabulary. Shared by kvo-mocker and kvo-check so both
+ * synthesize identical prompts. */
+#define WIRE_TRACE_BLOCK 512u
+#define WIRE_TRACE_VOCAB 32000u
+uint32_t wire_trace_token(uint64_t hash_id, uint32_t j);
+
+#endif /* WIRE_H */
