@@ -1,0 +1,219 @@
+/* wire_precheck.c -- limits, errors and the structural pre-check every
+ * wire/ decoder runs before allocating anything (see wire_int.h).
+ *
+ * The walk keeps, per open container, the number of values still to read:
+ *
+ *     left[0] = 1                      the top-level value
+ *     left[1] = n of the outer array   (maps: 2 * pairs)
+ *     ...
+ *     left[d] = values left in the innermost open container
+ *
+ * Each step reads one header, decrements left[d], and either skips a scalar
+ * payload (after checking it fits) or pushes a container. Finished levels
+ * are popped before the next header. Nothing is allocated; the stack is
+ * WIRE_DEPTH_CEILING + 1 counters.
+ */
+#include "wire_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+void wire_limits_default(wire_limits *lim) {
+    lim->max_bytes = 64u << 20;
+    lim->max_elems = 1u << 20;
+    lim->max_total = 1u << 22;
+    lim->max_depth = 32;
+    lim->max_str = 1u << 20;
+}
+
+kvo_status wire_fail(wire_error *err, kvo_status status, size_t offset,
+                     const char *fmt, ...) {
+    if (!err) return status;
+    err->status = status;
+    err->offset = offset;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *wire_error_str(const wire_error *err, char *buf, size_t n) {
+    if (!buf || n == 0) return "";
+    if (!err) {
+        snprintf(buf, n, "no error");
+        return buf;
+    }
+    snprintf(buf, n, "%s at byte %zu: %s", kvo_status_name(err->status),
+             err->offset, err->msg[0] ? err->msg : kvo_strerror(err->status));
+    return buf;
+}
+
+const char *wire_mp_type_name(uint8_t b) {
+    if (b <= 0x7f || b >= 0xe0) return "int";
+    if (b <= 0x8f) return "map";
+    if (b <= 0x9f) return "array";
+    if (b <= 0xbf) return "str";
+    switch (b) {
+    case 0xc0: return "nil";
+    case 0xc1: return "reserved byte 0xc1";
+    case 0xc2: case 0xc3: return "bool";
+    case 0xc4: case 0xc5: case 0xc6: return "bin";
+    case 0xc7: case 0xc8: case 0xc9: return "ext";
+    case 0xca: case 0xcb: return "float";
+    case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: return "ext";
+    case 0xd9: case 0xda: case 0xdb: return "str";
+    case 0xdc: case 0xdd: return "array";
+    case 0xde: case 0xdf: return "map";
+    default: return "int"; /* 0xcc..0xd3 */
+    }
+}
+
+static uint32_t be_n(const uint8_t *p, unsigned n) {
+    uint32_t v = 0;
+    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+/* What one header byte announces. */
+typedef struct mp_head {
+    unsigned len_bytes; /* big-endian length/count bytes after the tag */
+    unsigned fixed;     /* fixed payload bytes (ints, floats, ext type) */
+    uint32_t count;     /* fix* length/count carried in the tag itself */
+    enum { H_SCALAR, H_BLOB, H_ARRAY, H_MAP, H_BAD } kind;
+} mp_head;
+
+static mp_head head_of(uint8_t b) {
+    mp_head h = {0, 0, 0, H_SCALAR};
+    if (b <= 0x7f || b >= 0xe0) return h;
+    if (b <= 0x8f) return (mp_head){0, 0, b & 0x0fu, H_MAP};
+    if (b <= 0x9f) return (mp_head){0, 0, b & 0x0fu, H_ARRAY};
+    if (b <= 0xbf) return (mp_head){0, 0, b & 0x1fu, H_BLOB};
+    switch (b) {
+    case 0xc0: case 0xc2: case 0xc3: return h;
+    case 0xc1: h.kind = H_BAD; return h;
+    case 0xc4: case 0xd9: return (mp_head){1, 0, 0, H_BLOB};
+    case 0xc5: case 0xda: return (mp_head){2, 0, 0, H_BLOB};
+    case 0xc6: case 0xdb: return (mp_head){4, 0, 0, H_BLOB};
+    case 0xc7: return (mp_head){1, 1, 0, H_BLOB}; /* ext: + type byte */
+    case 0xc8: return (mp_head){2, 1, 0, H_BLOB};
+    case 0xc9: return (mp_head){4, 1, 0, H_BLOB};
+    case 0xca: h.fixed = 4; return h;
+    case 0xcb: h.fixed = 8; return h;
+    case 0xcc: case 0xd0: h.fixed = 1; return h;
+    case 0xcd: case 0xd1: h.fixed = 2; return h;
+    case 0xce: case 0xd2: h.fixed = 4; return h;
+    case 0xcf: case 0xd3: h.fixed = 8; return h;
+    case 0xd4: h.fixed = 2; return h; /* fixext: type + data */
+    case 0xd5: h.fixed = 3; return h;
+    case 0xd6: h.fixed = 5; return h;
+    case 0xd7: h.fixed = 9; return h;
+    case 0xd8: h.fixed = 17; return h;
+    case 0xdc: return (mp_head){2, 0, 0, H_ARRAY};
+    case 0xdd: return (mp_head){4, 0, 0, H_ARRAY};
+    case 0xde: return (mp_head){2, 0, 0, H_MAP};
+    default: return (mp_head){4, 0, 0, H_MAP}; /* 0xdf */
+    }
+}
+
+kvo_status wire_precheck(const uint8_t *buf, size_t len,
+                         const wire_limits *lim, size_t *end,
+                         wire_error *err) {
+    wire_limits def;
+    if (!lim) {
+        wire_limits_default(&def);
+        lim = &def;
+    }
+    /* Only max_bytes of the input may belong to the value. When the input
+     * is longer, running out of the allowed bytes is ETOOBIG, not ETRUNC. */
+    size_t avail = len;
+    bool clipped = false;
+    if (avail > lim->max_bytes) {
+        if (!end)
+            return wire_fail(err, KVO_ETOOBIG, 0,
+                             "message of %zu bytes exceeds limit %zu", len,
+                             lim->max_bytes);
+        avail = lim->max_bytes;
+        clipped = true;
+    }
+    kvo_status short_st = clipped ? KVO_ETOOBIG : KVO_ETRUNC;
+    uint32_t max_depth = lim->max_depth < WIRE_DEPTH_CEILING
+                             ? lim->max_depth
+                             : WIRE_DEPTH_CEILING;
+    uint64_t left[WIRE_DEPTH_CEILING + 1];
+    unsigned d = 0;
+    uint64_t total = 0;
+    size_t pos = 0;
+    left[0] = 1;
+
+    for (;;) {
+        while (left[d] == 0) {
+            if (d == 0) goto finished;
+            d--;
+        }
+        left[d]--;
+        size_t at = pos;
+        if (pos >= avail)
+            return wire_fail(err, short_st, at,
+                             "input ends where a value should start");
+        uint8_t b = buf[pos++];
+        mp_head h = head_of(b);
+        if (h.kind == H_BAD)
+            return wire_fail(err, KVO_EPROTO, at, "reserved byte 0xc1");
+        if (h.len_bytes > avail - pos)
+            return wire_fail(err, short_st, at,
+                             "input ends inside a %s header",
+                             wire_mp_type_name(b));
+        uint32_t n = h.len_bytes ? be_n(buf + pos, h.len_bytes) : h.count;
+        pos += h.len_bytes;
+
+        if (h.kind == H_ARRAY || h.kind == H_MAP) {
+            const char *what = h.kind == H_MAP ? "map" : "array";
+            if (n > lim->max_elems)
+                return wire_fail(err, KVO_ETOOBIG, at,
+                                 "%s of %" PRIu32
+                                 " elements exceeds limit %" PRIu32,
+                                 what, n, lim->max_elems);
+            total += n;
+            if (total > lim->max_total)
+                return wire_fail(err, KVO_ETOOBIG, at,
+                                 "message holds more than %" PRIu64
+                                 " elements in all",
+                                 lim->max_total);
+            if (d + 1 > max_depth)
+                return wire_fail(err, KVO_ETOOBIG, at,
+                                 "nesting deeper than %" PRIu32, max_depth);
+            uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;
+            if (items > avail - pos)
+                return wire_fail(err, short_st, at,
+                                 "%s declares %" PRIu32
+                                 " elements but only %zu bytes remain",
+                                 what, n, avail - pos);
+            left[++d] = items;
+            continue;
+        }
+        uint64_t payload = h.fixed;
+        if (h.kind == H_BLOB) {
+            if (n > lim->max_str)
+                return wire_fail(err, KVO_ETOOBIG, at,
+                                 "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
+                                 wire_mp_type_name(b), n, lim->max_str);
+            payload += n;
+        }
+        if (payload > avail - pos)
+            return wire_fail(err, short_st, at,
+                             "%s needs %" PRIu64 " bytes but only %zu remain",
+                             wire_mp_type_name(b), payload, avail - pos);
+        pos += (size_t)payload;
+    }
+
+finished:
+    if (end) {
+        *end = pos;
+    } else if (pos != len) {
+        return wire_fail(err, KVO_EPROTO, pos,
+                         "%zu trailing bytes after the value", len - pos);
+    }
+    return KVO_OK;
+}
