@@ -236,6 +236,12 @@ kvo_status wire_engine_block(wire_algo a, const wire_digest *parent,
                              const uint64_t *tokens, size_t n,
                              const wire_extra *extra, kvo_buf *scratch,
                              wire_digest *out);
+/* The exact bytes wire_engine_block digests (pickle protocol 5 for sha256
+ * and xxhash, canonical CBOR for the *_cbor algos), appended to out. For
+ * tests and for debugging hash mismatches against a real engine. */
+kvo_status wire_engine_serialize(wire_algo a, const wire_digest *parent,
+                                 const uint64_t *tokens, size_t n,
+                                 const wire_extra *extra, kvo_buf *out);
 
 /* ======================================================================== */
 /* Event plane: relay -> indexer (DESIGN §6)                                 */
