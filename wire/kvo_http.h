@@ -13,6 +13,30 @@
  * answers later, from the same thread: the connection is suspended until
  * then. Streaming responses (SSE) are written with kvo_http_stream_*.
  * Request bodies larger than max_body get 413 without reaching the handler.
+ *
+ * The loop, with the MHD timeout honoured (MHD's epoll is edge-triggered:
+ * work it left over shows up only as a 0 timeout, never as a readable fd):
+ *
+ *   kvo_http_server *srv;
+ *   kvo_http_server_cfg cfg = {.port = 8090, .handler = on_req, .ctx = app};
+ *   if (kvo_http_server_new(&srv, &cfg) != KVO_OK) return KVO_EXIT_USAGE;
+ *   zmq_pollitem_t items[] = {{sub, 0, ZMQ_POLLIN, 0},
+ *                             {NULL, kvo_http_server_fd(srv), ZMQ_POLLIN, 0}};
+ *   while (!kvo_stop) {
+ *       long t = kvo_http_server_timeout_ms(srv);        // -1 = none
+ *       if (t < 0 || t > 100) t = 100;                    // own deadlines
+ *       zmq_poll(items, 2, t);
+ *       if (items[0].revents) drain_sub(app);   // may answer deferred reqs
+ *       kvo_http_server_run(srv);               // always; never blocks
+ *   }
+ *   kvo_http_server_free(srv);   // pending requests get 503
+ *
+ * Limits: 1024 concurrent connections, 128 KiB of request line + headers
+ * per connection, idle keep-alive connections closed after 300 s, at most
+ * 64 MiB of unsent stream data per request (beyond that the stream is
+ * dropped and reported closed). Suspended (deferred) connections never
+ * time out. Not thread-safe: every call on one server and its requests
+ * comes from one thread.
  */
 #ifndef KVO_HTTP_H
 #define KVO_HTTP_H
@@ -36,10 +60,14 @@ typedef struct kvo_http_server_cfg {
 
 kvo_status kvo_http_server_new(kvo_http_server **out,
                                const kvo_http_server_cfg *cfg);
-/* Stops listening, answers pending requests with 503, frees. NULL no-op. */
+/* Answers requests still held by the owner (deferred: 503; streams: ended),
+ * lets those answers go out for up to 1 s, stops listening, frees. Every
+ * kvo_http_req pointer is invalid afterwards. NULL no-op. */
 void kvo_http_server_free(kvo_http_server *s);
 uint16_t kvo_http_server_port(const kvo_http_server *s); /* bound port */
 int kvo_http_server_fd(const kvo_http_server *s);        /* for zmq_poll */
+/* TCP connections accepted so far (tests: keep-alive reuse; metrics). */
+uint64_t kvo_http_server_conn_count(const kvo_http_server *s);
 /* Milliseconds until libmicrohttpd wants to run again (-1 = no deadline). */
 long kvo_http_server_timeout_ms(const kvo_http_server *s);
 /* Process whatever is ready; never blocks. */
@@ -50,6 +78,10 @@ const char *kvo_http_req_method(const kvo_http_req *r);
 const char *kvo_http_req_path(const kvo_http_req *r);
 /* Query-string argument value, NULL when absent. */
 const char *kvo_http_req_arg(const kvo_http_req *r, const char *name);
+/* Request header value (name case-insensitive), NULL when absent. */
+const char *kvo_http_req_header(const kvo_http_req *r, const char *name);
+/* The whole body (never NULL; NUL-terminated after len bytes, so JSON text
+ * can be parsed in place). */
 const uint8_t *kvo_http_req_body(const kvo_http_req *r, size_t *len);
 
 /* Answer (copies body). After this, r is invalid. */
@@ -64,7 +96,10 @@ void kvo_http_respond_error(kvo_http_req *r, unsigned status,
 
 /* Streaming: start, write any number of chunks, end. Chunks are sent as
  * they are written. After stream_end, r is invalid. If the client goes away,
- * writes are discarded and kvo_http_stream_closed() turns true. */
+ * writes are discarded and kvo_http_stream_closed() turns true (noticed when
+ * a write fails to go out, i.e. a run or two after a write; r stays valid
+ * and must still be ended with stream_end). While nothing is written the
+ * connection is suspended: an idle stream costs no CPU. */
 void kvo_http_stream_start(kvo_http_req *r, unsigned status,
                            const char *ctype);
 void kvo_http_stream_write(kvo_http_req *r, const void *data, size_t len);
@@ -86,11 +121,18 @@ void kvo_http_resp_fini(kvo_http_resp *r);
 kvo_status kvo_http_client_new(kvo_http_client **out, long timeout_ms);
 void kvo_http_client_free(kvo_http_client *c);
 /* KVO_OK when a response arrived (any status: check resp->status);
- * KVO_ETIMEDOUT / KVO_EHTTP otherwise. resp->body is replaced. */
+ * KVO_ETIMEDOUT / KVO_EHTTP otherwise (KVO_ETOOBIG: body over 1 GiB).
+ * resp->body is replaced and NUL-terminated (not counted in len). */
+/* timeout_ms bounds each whole request (<= 0: none); connecting is bounded
+ * by min(timeout_ms, 5 s). Proxy settings from the environment are ignored.
+ * The connection is kept alive and reused by the next request. */
 kvo_status kvo_http_get(kvo_http_client *c, const char *url,
                         kvo_http_resp *resp);
 kvo_status kvo_http_post(kvo_http_client *c, const char *url,
                          const char *ctype, const void *body, size_t len,
                          kvo_http_resp *resp);
+/* curl's text for the last failure ("" after a success); valid until the
+ * next request on c. */
+const char *kvo_http_client_error(const kvo_http_client *c);
 
 #endif /* KVO_HTTP_H */

@@ -5,10 +5,12 @@
 
 Suite *suite_basics(void);
 Suite *suite_hash(void);
+Suite *suite_plane(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_basics());
     srunner_add_suite(sr, suite_hash());
+    srunner_add_suite(sr, suite_plane());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
