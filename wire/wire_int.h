@@ -17,8 +17,8 @@
  *     later can read past the end or size an allocation from a lie;
  *   - no reserved byte (0xc1).
  * A value that passes can be handed to msgpack_unpack_next() or read with
- * the wire_rd_* helpers below without further size worries: every count is
- * bounded by the bytes that back it.
+ * the wire_rd_* helpers below: every count is bounded by the bytes that back
+ * it, so sizing an allocation from a count is safe.
  *
  * Statuses: KVO_ETRUNC (the input ends inside the value: every strict prefix
  * of a valid message gets this unless a limit fires first), KVO_ETOOBIG (a
@@ -53,5 +53,146 @@ kvo_status wire_fail(wire_error *err, kvo_status status, size_t offset,
 /* Human name of the msgpack type whose first byte is b ("int", "str",
  * "map", ...), for "expected X, got Y" messages. */
 const char *wire_mp_type_name(uint8_t b);
+
+/* "BlockStored", "BlockRemoved", "AllBlocksCleared"; "unknown" otherwise. */
+const char *wire_ev_type_name(wire_ev_type t);
+
+/* ---- A bounds-checked msgpack cursor -------------------------------------
+ * Reads one value at a time from buf[pos..len). Every helper checks the
+ * bytes it needs; on failure it returns KVO_EPROTO (the next value has
+ * another type) or KVO_ETRUNC (input ends) and leaves pos where it was, so
+ * the caller can name the field and the type found (wire_mp_type_name of
+ * buf[pos]) in its own error. Nothing is allocated; str/bin pointers point
+ * into buf. */
+typedef struct wire_rd {
+    const uint8_t *buf;
+    size_t len;
+    size_t pos;
+} wire_rd;
+
+static inline uint64_t wire_be(const uint8_t *p, unsigned n) {
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+/* Next byte without consuming it; -1 at the end. */
+static inline int wire_rd_peek(const wire_rd *r) {
+    return r->pos < r->len ? r->buf[r->pos] : -1;
+}
+
+/* Consumes a nil and returns true; otherwise leaves pos and returns false. */
+static inline bool wire_rd_nil(wire_rd *r) {
+    if (r->pos < r->len && r->buf[r->pos] == 0xc0) {
+        r->pos++;
+        return true;
+    }
+    return false;
+}
+
+/* Any msgpack int. *neg says whether it is negative; *v is its 64-bit
+ * two's-complement pattern (so uint64 values keep all 64 bits). */
+static inline kvo_status wire_rd_int(wire_rd *r, bool *neg, uint64_t *v) {
+    if (r->pos >= r->len) return KVO_ETRUNC;
+    uint8_t b = r->buf[r->pos];
+    if (b <= 0x7f) {
+        *neg = false;
+        *v = b;
+        r->pos++;
+        return KVO_OK;
+    }
+    if (b >= 0xe0) {
+        *neg = true;
+        *v = (uint64_t)(int64_t)(int8_t)b;
+        r->pos++;
+        return KVO_OK;
+    }
+    if (b < 0xcc || b > 0xd3) return KVO_EPROTO;
+    unsigned n = 1u << ((b - 0xcc) & 3); /* cc..cf, d0..d3: 1, 2, 4, 8 */
+    if (r->len - r->pos - 1 < n) return KVO_ETRUNC;
+    uint64_t x = wire_be(r->buf + r->pos + 1, n);
+    if (b >= 0xd0) { /* signed: sign-extend from n bytes */
+        unsigned shift = 64 - 8 * n;
+        x = (uint64_t)((int64_t)(x << shift) >> shift);
+        *neg = (int64_t)x < 0;
+    } else {
+        *neg = false;
+    }
+    *v = x;
+    r->pos += 1 + n;
+    return KVO_OK;
+}
+
+/* Array or map header (map: n = pairs). */
+static inline kvo_status wire_rd_container(wire_rd *r, bool map,
+                                           uint32_t *n) {
+    if (r->pos >= r->len) return KVO_ETRUNC;
+    uint8_t b = r->buf[r->pos];
+    uint8_t fix = map ? 0x80 : 0x90, b16 = map ? 0xde : 0xdc;
+    if ((b & 0xf0) == fix) {
+        *n = b & 0x0fu;
+        r->pos++;
+        return KVO_OK;
+    }
+    unsigned w = b == b16 ? 2 : b == b16 + 1 ? 4 : 0;
+    if (!w) return KVO_EPROTO;
+    if (r->len - r->pos - 1 < w) return KVO_ETRUNC;
+    *n = (uint32_t)wire_be(r->buf + r->pos + 1, w);
+    r->pos += 1 + w;
+    return KVO_OK;
+}
+
+static inline kvo_status wire_rd_array(wire_rd *r, uint32_t *n) {
+    return wire_rd_container(r, false, n);
+}
+
+static inline kvo_status wire_rd_map(wire_rd *r, uint32_t *n) {
+    return wire_rd_container(r, true, n);
+}
+
+/* str (bin = false) or bin (bin = true): pointer into buf and length. */
+static inline kvo_status wire_rd_blob(wire_rd *r, bool bin,
+                                      const uint8_t **p, uint32_t *n) {
+    if (r->pos >= r->len) return KVO_ETRUNC;
+    uint8_t b = r->buf[r->pos];
+    unsigned w;
+    uint32_t len = 0;
+    if (!bin && (b & 0xe0) == 0xa0) {
+        w = 0;
+        len = b & 0x1fu;
+    } else if (b == (bin ? 0xc4 : 0xd9)) {
+        w = 1;
+    } else if (b == (bin ? 0xc5 : 0xda)) {
+        w = 2;
+    } else if (b == (bin ? 0xc6 : 0xdb)) {
+        w = 4;
+    } else {
+        return KVO_EPROTO;
+    }
+    size_t room = r->len - r->pos - 1;
+    if (room < w) return KVO_ETRUNC;
+    if (w) len = (uint32_t)wire_be(r->buf + r->pos + 1, w);
+    if (room - w < len) return KVO_ETRUNC;
+    *p = r->buf + r->pos + 1 + w;
+    *n = len;
+    r->pos += 1 + w + len;
+    return KVO_OK;
+}
+
+static inline kvo_status wire_rd_str(wire_rd *r, const uint8_t **p,
+                                     uint32_t *n) {
+    return wire_rd_blob(r, false, p, n);
+}
+
+static inline kvo_status wire_rd_bin(wire_rd *r, const uint8_t **p,
+                                     uint32_t *n) {
+    return wire_rd_blob(r, true, p, n);
+}
+
+/* float64, float32 or any int, as a double. */
+kvo_status wire_rd_double(wire_rd *r, double *out);
+
+/* Skip one whole value (iterative; bounded by the input). */
+kvo_status wire_rd_skip(wire_rd *r);
 
 #endif /* WIRE_INT_H */

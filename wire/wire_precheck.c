@@ -1,5 +1,6 @@
-/* wire_precheck.c -- limits, errors and the structural pre-check every
- * wire/ decoder runs before allocating anything (see wire_int.h).
+/* wire_precheck.c -- limits, errors, the structural pre-check every wire/
+ * decoder runs before allocating anything, and the out-of-line parts of the
+ * msgpack cursor (see wire_int.h).
  *
  * The walk keeps, per open container, the number of values still to read:
  *
@@ -68,12 +69,6 @@ const char *wire_mp_type_name(uint8_t b) {
     case 0xde: case 0xdf: return "map";
     default: return "int"; /* 0xcc..0xd3 */
     }
-}
-
-static uint32_t be_n(const uint8_t *p, unsigned n) {
-    uint32_t v = 0;
-    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
 }
 
 /* What one header byte announces. */
@@ -165,7 +160,8 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len,
             return wire_fail(err, short_st, at,
                              "input ends inside a %s header",
                              wire_mp_type_name(b));
-        uint32_t n = h.len_bytes ? be_n(buf + pos, h.len_bytes) : h.count;
+        uint32_t n =
+            h.len_bytes ? (uint32_t)wire_be(buf + pos, h.len_bytes) : h.count;
         pos += h.len_bytes;
 
         if (h.kind == H_ARRAY || h.kind == H_MAP) {
@@ -215,5 +211,64 @@ finished:
         return wire_fail(err, KVO_EPROTO, pos,
                          "%zu trailing bytes after the value", len - pos);
     }
+    return KVO_OK;
+}
+
+/* ---- Cursor: the parts too big to inline ---------------------------------*/
+
+kvo_status wire_rd_double(wire_rd *r, double *out) {
+    if (r->pos >= r->len) return KVO_ETRUNC;
+    uint8_t b = r->buf[r->pos];
+    if (b == 0xcb || b == 0xca) {
+        unsigned n = b == 0xcb ? 8 : 4;
+        if (r->len - r->pos - 1 < n) return KVO_ETRUNC;
+        uint64_t bits = wire_be(r->buf + r->pos + 1, n);
+        if (n == 8) {
+            double d;
+            memcpy(&d, &bits, sizeof(d));
+            *out = d;
+        } else {
+            uint32_t b32 = (uint32_t)bits;
+            float f;
+            memcpy(&f, &b32, sizeof(f));
+            *out = f;
+        }
+        r->pos += 1 + n;
+        return KVO_OK;
+    }
+    bool neg;
+    uint64_t v;
+    kvo_status st = wire_rd_int(r, &neg, &v);
+    if (st != KVO_OK) return st;
+    *out = neg ? (double)(int64_t)v : (double)v;
+    return KVO_OK;
+}
+
+kvo_status wire_rd_skip(wire_rd *r) {
+    /* Values still to skip; a container adds its elements. Every step
+     * consumes at least one byte, so this ends within len steps. */
+    uint64_t pending = 1;
+    size_t pos = r->pos;
+    while (pending) {
+        pending--;
+        if (pos >= r->len) return KVO_ETRUNC;
+        uint8_t b = r->buf[pos++];
+        mp_head h = head_of(b);
+        if (h.kind == H_BAD) return KVO_EPROTO;
+        if (h.len_bytes > r->len - pos) return KVO_ETRUNC;
+        uint32_t n =
+            h.len_bytes ? (uint32_t)wire_be(r->buf + pos, h.len_bytes) : h.count;
+        pos += h.len_bytes;
+        if (h.kind == H_ARRAY || h.kind == H_MAP) {
+            uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;
+            if (items > r->len - pos) return KVO_ETRUNC;
+            pending += items;
+            continue;
+        }
+        uint64_t payload = h.fixed + (h.kind == H_BLOB ? n : 0);
+        if (payload > r->len - pos) return KVO_ETRUNC;
+        pos += (size_t)payload;
+    }
+    r->pos = pos;
     return KVO_OK;
 }

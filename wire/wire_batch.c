@@ -1,0 +1,821 @@
+/* wire_batch.c -- vLLM KVEventBatch payloads (the third ZMQ frame, DESIGN §4):
+ * decoder, encoder, formats, the sequence frame.
+ *
+ * Decoding is two passes over the payload, both without recursion:
+ *
+ *   1. wire_precheck (wire_precheck.c) walks the bytes and bounds sizes,
+ *      counts, depth and str/bin lengths against wire_limits. Nothing is
+ *      allocated before it has passed.
+ *   2. A direct decode with the wire_rd cursor (wire_int.h) into the
+ *      caller's wire_batch: strings, bins, hashes, tokens and raw values
+ *      (extra_keys, SGLang metadata) are copied into the batch's arena, so
+ *      nothing points into the input.
+ *
+ * Why not msgpack-c's unpacker for pass 2 (the house prefers libraries, and
+ * msgpack-c does the encoding here): its object tree is an intermediate
+ * copy (24 bytes per token) we would have to walk and copy again, and it
+ * drops the byte spans we need to keep extra_keys and metadata verbatim
+ * (re-packing an object is canonical, not exact). Measured by
+ * tests/bench/bench_wire.c on the same bytes: pre-check + direct decode is
+ * cheaper than msgpack_unpack_next alone (numbers in the report there).
+ *
+ * Batch  = [ts, events, data_parallel_rank?, ...extras ignored]
+ * Event  = map {"type": ..., named fields}   (vLLM >= 0.24, SGLang maps)
+ *        | array ["BlockStored", positional fields...]   (older layouts)
+ * dispatched per event on its msgpack type. Array positions are those of
+ * the latest array layout; shorter arrays simply stop earlier (every older
+ * layout is a prefix of it). Map keys may come in any order; a map's fields
+ * are read into the event whatever its type, and fields that do not belong
+ * to the type are cleared once the type is known.
+ *
+ * Encoding uses msgpack-c's packer writing into a kvo_buf; raw values are
+ * appended verbatim.
+ */
+#include "wire_int.h"
+
+#include <inttypes.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ======================================================================== */
+/* Lifecycle                                                                 */
+/* ======================================================================== */
+
+void wire_batch_init(wire_batch *b) {
+    memset(b, 0, sizeof(*b));
+    kvo_arena_init(&b->arena);
+}
+
+void wire_batch_fini(wire_batch *b) {
+    kvo_arena_fini(&b->arena);
+    memset(b, 0, sizeof(*b));
+}
+
+void wire_batch_reset(wire_batch *b) {
+    kvo_arena arena = b->arena;
+    kvo_arena_reset(&arena);
+    memset(b, 0, sizeof(*b));
+    b->arena = arena;
+}
+
+/* ======================================================================== */
+/* Names                                                                     */
+/* ======================================================================== */
+
+static const char *const format_names[WIRE_FMT_COUNT] = {
+    [WIRE_FMT_MAP] = "map",
+    [WIRE_FMT_MAP_NEXT] = "map-next",
+    [WIRE_FMT_ARRAY_V0_9_0] = "array-v0.9.0",
+    [WIRE_FMT_ARRAY_V0_9_1] = "array-v0.9.1",
+    [WIRE_FMT_ARRAY_V0_10_2] = "array-v0.10.2",
+    [WIRE_FMT_ARRAY_V0_14] = "array-v0.14",
+    [WIRE_FMT_ARRAY_LATE] = "array-late",
+};
+
+/* Accepts the DESIGN §3 names and the vectors' profile names ("vllm-map"). */
+kvo_status wire_format_parse(const char *name, wire_format *out) {
+    if (!name) return KVO_EINVAL;
+    if (strncmp(name, "vllm-", 5) == 0) name += 5;
+    for (int f = 0; f < WIRE_FMT_COUNT; f++) {
+        if (strcmp(name, format_names[f]) == 0) {
+            *out = (wire_format)f;
+            return KVO_OK;
+        }
+    }
+    return KVO_EINVAL;
+}
+
+const char *wire_format_name(wire_format f) {
+    if ((unsigned)f >= WIRE_FMT_COUNT) return "unknown";
+    return format_names[f];
+}
+
+static const char *const type_names[] = {
+    [WIRE_EV_STORED] = "BlockStored",
+    [WIRE_EV_REMOVED] = "BlockRemoved",
+    [WIRE_EV_CLEARED] = "AllBlocksCleared",
+};
+
+const char *wire_ev_type_name(wire_ev_type t) {
+    if (t < WIRE_EV_STORED || t > WIRE_EV_CLEARED) return "unknown";
+    return type_names[t];
+}
+
+/* ======================================================================== */
+/* ZMQ sequence frame                                                        */
+/* ======================================================================== */
+
+void wire_seq_put(uint8_t out[8], uint64_t seq) {
+    for (int i = 7; i >= 0; i--) {
+        out[i] = (uint8_t)seq;
+        seq >>= 8;
+    }
+}
+
+kvo_status wire_seq_get(const uint8_t *p, size_t len, uint64_t *seq) {
+    if (!p || len != 8) return KVO_EPROTO;
+    *seq = wire_be(p, 8);
+    return KVO_OK;
+}
+
+/* ======================================================================== */
+/* Decoder                                                                   */
+/* ======================================================================== */
+
+/* The smallest encoding of any valid event: ["BlockRemoved", []] is 15
+ * bytes. A batch declaring more events than its bytes could hold at this
+ * size is rejected before the event table is allocated. */
+#define MIN_EVENT_BYTES 15u
+
+/* Map keys and array positions share one field list. Array position of a
+ * BlockStored field = its index (0 is the tag); BlockRemoved has its own
+ * positions (removed_pos). */
+typedef enum field {
+    F_TYPE = 0,
+    F_HASHES,
+    F_PARENT,
+    F_TOKENS,
+    F_BLOCK_SIZE,
+    F_LORA_ID,
+    F_MEDIUM,
+    F_LORA_NAME,
+    F_EXTRA_KEYS,
+    F_GROUP_IDX,
+    F_SPEC_KIND,
+    F_SPEC_WINDOW,
+    F_LOCALITY,
+    F_OWNERSHIP,
+    F_SESSION_ID,
+    F_CACHE_SALT,
+    F_ORIGIN,
+    F_COUNT
+} field;
+
+static const struct {
+    const char *name;
+    uint8_t len;
+} field_names[F_COUNT] = {
+#define K(s) {s, sizeof(s) - 1}
+    [F_TYPE] = K("type"),
+    [F_HASHES] = K("block_hashes"),
+    [F_PARENT] = K("parent_block_hash"),
+    [F_TOKENS] = K("token_ids"),
+    [F_BLOCK_SIZE] = K("block_size"),
+    [F_LORA_ID] = K("lora_id"),
+    [F_MEDIUM] = K("medium"),
+    [F_LORA_NAME] = K("lora_name"),
+    [F_EXTRA_KEYS] = K("extra_keys"),
+    [F_GROUP_IDX] = K("group_idx"),
+    [F_SPEC_KIND] = K("kv_cache_spec_kind"),
+    [F_SPEC_WINDOW] = K("kv_cache_spec_sliding_window"),
+    [F_LOCALITY] = K("locality"),
+    [F_OWNERSHIP] = K("ownership"),
+    [F_SESSION_ID] = K("session_id"),
+    [F_CACHE_SALT] = K("cache_salt"),
+    [F_ORIGIN] = K("origin"),
+#undef K
+};
+
+/* Array layouts: BlockStored positions 1..11 are F_HASHES..F_SPEC_WINDOW;
+ * BlockRemoved's are these. */
+static const field removed_pos[] = {F_TYPE, F_HASHES, F_MEDIUM, F_GROUP_IDX};
+#define STORED_ARRAY_FIELDS 12u /* tag + 11 */
+
+typedef struct dec {
+    wire_rd r;
+    wire_batch *b;
+    wire_error *err;
+    uint32_t ev; /* index of the event being decoded */
+} dec;
+
+static const char *found_name(const dec *d) {
+    int c = wire_rd_peek(&d->r);
+    return c < 0 ? "end of input" : wire_mp_type_name((uint8_t)c);
+}
+
+/* "events[3].token_ids[17]: expected int, got str". idx < 0: no index. */
+static kvo_status fail_field(dec *d, kvo_status st, field f, long idx,
+                             const char *what) {
+    char path[96];
+    int n = snprintf(path, sizeof(path), "events[%" PRIu32 "].%s", d->ev,
+                     field_names[f].name);
+    if (idx >= 0 && n > 0 && (size_t)n < sizeof(path))
+        snprintf(path + n, sizeof(path) - (size_t)n, "[%ld]", idx);
+    if (st == KVO_ETRUNC)
+        return wire_fail(d->err, st, d->r.pos, "%s: input ends", path);
+    if (!what)
+        return wire_fail(d->err, st, d->r.pos, "%s: unexpected %s", path,
+                         found_name(d));
+    return wire_fail(d->err, st, d->r.pos, "%s: expected %s, got %s", path,
+                     what, found_name(d));
+}
+
+static kvo_status nomem(dec *d) {
+    return wire_fail(d->err, KVO_ENOMEM, d->r.pos, "out of memory");
+}
+
+/* A block hash: any int (two's-complement key) or bin/str bytes (last 8
+ * bytes big-endian). nil only when nil_ok. */
+static kvo_status get_hash(dec *d, field f, long idx, bool nil_ok,
+                           wire_hash *h) {
+    memset(h, 0, sizeof(*h));
+    if (nil_ok && wire_rd_nil(&d->r)) return KVO_OK;
+    bool neg;
+    uint64_t v;
+    kvo_status st = wire_rd_int(&d->r, &neg, &v);
+    if (st == KVO_OK) {
+        h->kind = neg ? WIRE_HASH_INT : WIRE_HASH_UINT;
+        h->key = v;
+        return KVO_OK;
+    }
+    const uint8_t *p;
+    uint32_t n;
+    if (st == KVO_EPROTO) {
+        st = wire_rd_bin(&d->r, &p, &n);
+        if (st == KVO_EPROTO) st = wire_rd_str(&d->r, &p, &n);
+    }
+    if (st != KVO_OK)
+        return fail_field(d, st, f, idx, nil_ok ? "int, bin or nil"
+                                                : "int or bin");
+    uint8_t *copy = kvo_arena_memdup(&d->b->arena, p, n);
+    if (!copy) return nomem(d);
+    h->kind = WIRE_HASH_BYTES;
+    h->len = n;
+    h->bytes = copy;
+    h->key = wire_be(p + (n > 8 ? n - 8 : 0), n > 8 ? 8 : n);
+    return KVO_OK;
+}
+
+static kvo_status get_hashes(dec *d, wire_event *e) {
+    uint32_t n;
+    kvo_status st = wire_rd_array(&d->r, &n);
+    if (st != KVO_OK) return fail_field(d, st, F_HASHES, -1, "array");
+    wire_hash *hs = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*hs));
+    if (!hs) return nomem(d);
+    for (uint32_t i = 0; i < n; i++) {
+        st = get_hash(d, F_HASHES, (long)i, false, &hs[i]);
+        if (st != KVO_OK) return st;
+    }
+    e->hashes = hs;
+    e->n_hashes = n;
+    return KVO_OK;
+}
+
+/* Token ids: non-negative ints of any width. */
+static kvo_status get_tokens(dec *d, wire_event *e) {
+    uint32_t n;
+    kvo_status st = wire_rd_array(&d->r, &n);
+    if (st != KVO_OK) return fail_field(d, st, F_TOKENS, -1, "array");
+    uint64_t *t = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*t));
+    if (!t) return nomem(d);
+    wire_rd *r = &d->r;
+    for (uint32_t i = 0; i < n; i++) {
+        /* Fast path for the common positive fixint / uint16 / uint32. */
+        if (r->pos < r->len && r->buf[r->pos] <= 0x7f) {
+            t[i] = r->buf[r->pos++];
+            continue;
+        }
+        size_t at = r->pos;
+        bool neg;
+        st = wire_rd_int(r, &neg, &t[i]);
+        if (st != KVO_OK) return fail_field(d, st, F_TOKENS, (long)i, "int");
+        if (neg) {
+            r->pos = at; /* point the error at the value */
+            return fail_field(d, KVO_EPROTO, F_TOKENS, (long)i,
+                              "non-negative int");
+        }
+    }
+    e->token_ids = t;
+    e->n_tokens = n;
+    return KVO_OK;
+}
+
+static kvo_status get_opt_int(dec *d, field f, wire_int *out) {
+    out->set = false;
+    out->v = 0;
+    if (wire_rd_nil(&d->r)) return KVO_OK;
+    size_t at = d->r.pos;
+    bool neg;
+    uint64_t v;
+    kvo_status st = wire_rd_int(&d->r, &neg, &v);
+    if (st != KVO_OK) return fail_field(d, st, f, -1, "int or nil");
+    if (!neg && v > (uint64_t)INT64_MAX) {
+        d->r.pos = at;
+        return fail_field(d, KVO_EPROTO, f, -1, "int in signed 64-bit range");
+    }
+    out->set = true;
+    out->v = (int64_t)v;
+    return KVO_OK;
+}
+
+static kvo_status copy_str(dec *d, const uint8_t *p, uint32_t n,
+                           wire_str *out) {
+    char *s = kvo_arena_alloc(&d->b->arena, (size_t)n + 1);
+    if (!s) return nomem(d);
+    memcpy(s, p, n);
+    s[n] = '\0'; /* convenience; len is what counts */
+    out->p = s;
+    out->len = n;
+    return KVO_OK;
+}
+
+static kvo_status get_opt_str(dec *d, field f, wire_str *out) {
+    out->p = NULL;
+    out->len = 0;
+    if (wire_rd_nil(&d->r)) return KVO_OK;
+    const uint8_t *p;
+    uint32_t n;
+    kvo_status st = wire_rd_str(&d->r, &p, &n);
+    if (st != KVO_OK) return fail_field(d, st, f, -1, "str or nil");
+    return copy_str(d, p, n, out);
+}
+
+/* Any value, kept as its exact bytes; nil = absent. */
+static kvo_status get_raw(dec *d, field f, wire_raw *out) {
+    out->p = NULL;
+    out->len = 0;
+    if (wire_rd_nil(&d->r)) return KVO_OK;
+    size_t at = d->r.pos;
+    kvo_status st = wire_rd_skip(&d->r);
+    if (st != KVO_OK) return fail_field(d, st, f, -1, NULL);
+    size_t n = d->r.pos - at;
+    uint8_t *p = kvo_arena_memdup(&d->b->arena, d->r.buf + at, n);
+    if (!p) return nomem(d);
+    out->p = p;
+    out->len = (uint32_t)n;
+    return KVO_OK;
+}
+
+static kvo_status get_type(dec *d, wire_ev_type *out) {
+    const uint8_t *p;
+    uint32_t n;
+    size_t at = d->r.pos;
+    kvo_status st = wire_rd_str(&d->r, &p, &n);
+    if (st != KVO_OK) return fail_field(d, st, F_TYPE, -1, "str");
+    for (int t = WIRE_EV_STORED; t <= WIRE_EV_CLEARED; t++) {
+        if (strlen(type_names[t]) == n && memcmp(type_names[t], p, n) == 0) {
+            *out = (wire_ev_type)t;
+            return KVO_OK;
+        }
+    }
+    /* Skipping an event type we do not know would lose events silently. */
+    return wire_fail(d->err, KVO_EPROTO, at,
+                     "events[%" PRIu32 "]: unknown event type \"%.*s\"",
+                     d->ev, (int)(n > 40 ? 40 : n), (const char *)p);
+}
+
+/* One field value at the cursor into e. */
+static kvo_status get_field(dec *d, field f, wire_event *e) {
+    switch (f) {
+    case F_TYPE: return get_type(d, &e->type);
+    case F_HASHES: return get_hashes(d, e);
+    case F_PARENT: return get_hash(d, F_PARENT, -1, true, &e->parent);
+    case F_TOKENS: return get_tokens(d, e);
+    case F_BLOCK_SIZE: return get_opt_int(d, f, &e->block_size);
+    case F_LORA_ID: return get_opt_int(d, f, &e->lora_id);
+    case F_MEDIUM: return get_opt_str(d, f, &e->medium);
+    case F_LORA_NAME:
+        /* SGLang puts a metadata map in this slot; decide by type. */
+        if (e->layout == WIRE_LAYOUT_ARRAY) {
+            int c = wire_rd_peek(&d->r);
+            if (c >= 0 && (((c & 0xf0) == 0x80) || c == 0xde || c == 0xdf))
+                return get_raw(d, f, &e->metadata);
+        }
+        return get_opt_str(d, f, &e->lora_name);
+    case F_EXTRA_KEYS: return get_raw(d, f, &e->extra_keys);
+    case F_GROUP_IDX: return get_opt_int(d, f, &e->group_idx);
+    case F_SPEC_KIND: return get_opt_str(d, f, &e->kv_cache_spec_kind);
+    case F_SPEC_WINDOW:
+        return get_opt_int(d, f, &e->kv_cache_spec_sliding_window);
+    case F_LOCALITY: return get_opt_str(d, f, &e->locality);
+    case F_OWNERSHIP: return get_opt_str(d, f, &e->ownership);
+    case F_SESSION_ID: return get_opt_str(d, f, &e->session_id);
+    case F_CACHE_SALT: return get_opt_str(d, f, &e->cache_salt);
+    case F_ORIGIN: return get_opt_str(d, f, &e->origin);
+    default: return KVO_EINVAL;
+    }
+}
+
+/* Keep only the fields the event's type has. */
+static void clear_foreign_fields(wire_event *e) {
+    wire_event keep = *e;
+    memset(e, 0, sizeof(*e));
+    e->type = keep.type;
+    e->layout = keep.layout;
+    e->array_len = keep.array_len;
+    e->map_len = keep.map_len;
+    if (keep.type == WIRE_EV_CLEARED) return;
+    e->n_hashes = keep.n_hashes;
+    e->hashes = keep.hashes;
+    e->medium = keep.medium;
+    e->group_idx = keep.group_idx;
+    e->locality = keep.locality;
+    e->ownership = keep.ownership;
+    if (keep.type == WIRE_EV_REMOVED) return;
+    *e = keep;
+}
+
+static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
+    uint32_t n;
+    kvo_status st = wire_rd_map(&d->r, &n);
+    if (st != KVO_OK) return st;
+    e->layout = WIRE_LAYOUT_MAP;
+    e->map_len = n;
+    bool seen[F_COUNT] = {false};
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *k;
+        uint32_t klen;
+        st = wire_rd_str(&d->r, &k, &klen);
+        if (st != KVO_OK)
+            return wire_fail(d->err, st, d->r.pos,
+                             "events[%" PRIu32 "]: expected str key, got %s",
+                             d->ev, found_name(d));
+        field f = F_COUNT;
+        for (int j = 0; j < F_COUNT; j++) {
+            if (field_names[j].len == klen &&
+                memcmp(field_names[j].name, k, klen) == 0) {
+                f = (field)j;
+                break;
+            }
+        }
+        if (f == F_COUNT) { /* unknown keys are ignored */
+            st = wire_rd_skip(&d->r);
+            if (st != KVO_OK)
+                return wire_fail(d->err, st, d->r.pos,
+                                 "events[%" PRIu32 "].%.*s: input ends",
+                                 d->ev, (int)(klen > 40 ? 40 : klen),
+                                 (const char *)k);
+            continue;
+        }
+        st = get_field(d, f, e);
+        if (st != KVO_OK) return st;
+        seen[f] = true;
+    }
+    if (!seen[F_TYPE])
+        return wire_fail(d->err, KVO_EPROTO, start,
+                         "events[%" PRIu32 "]: map without \"type\"", d->ev);
+    const char *missing = NULL;
+    if (e->type != WIRE_EV_CLEARED && !seen[F_HASHES])
+        missing = "block_hashes";
+    else if (e->type == WIRE_EV_STORED && !seen[F_TOKENS])
+        missing = "token_ids";
+    if (missing)
+        return wire_fail(d->err, KVO_EPROTO, start,
+                         "events[%" PRIu32 "]: %s without %s", d->ev,
+                         type_names[e->type], missing);
+    clear_foreign_fields(e);
+    return KVO_OK;
+}
+
+static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
+    uint32_t n;
+    kvo_status st = wire_rd_array(&d->r, &n);
+    if (st != KVO_OK) return st;
+    e->layout = WIRE_LAYOUT_ARRAY;
+    e->array_len = n;
+    if (n == 0)
+        return wire_fail(d->err, KVO_EPROTO, start,
+                         "events[%" PRIu32 "]: empty array", d->ev);
+    st = get_type(d, &e->type);
+    if (st != KVO_OK) return st;
+    uint32_t known = 1, need = 1;
+    if (e->type == WIRE_EV_STORED) {
+        known = STORED_ARRAY_FIELDS;
+        need = 1 + F_TOKENS; /* tag, hashes, parent, tokens */
+    } else if (e->type == WIRE_EV_REMOVED) {
+        known = KVO_ARRAY_LEN(removed_pos);
+        need = 2; /* tag, hashes */
+    }
+    if (n < need)
+        return wire_fail(d->err, KVO_EPROTO, start,
+                         "events[%" PRIu32 "]: %s array of %" PRIu32
+                         " elements, need at least %" PRIu32,
+                         d->ev, type_names[e->type], n, need);
+    for (uint32_t i = 1; i < n; i++) {
+        if (i >= known) { /* newer fields we do not know: ignored */
+            st = wire_rd_skip(&d->r);
+            if (st != KVO_OK)
+                return wire_fail(d->err, st, d->r.pos,
+                                 "events[%" PRIu32 "][%" PRIu32
+                                 "]: input ends",
+                                 d->ev, i);
+            continue;
+        }
+        field f = e->type == WIRE_EV_STORED ? (field)i : removed_pos[i];
+        st = get_field(d, f, e);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+static kvo_status decode_event(dec *d, wire_event *e) {
+    size_t start = d->r.pos;
+    int c = wire_rd_peek(&d->r);
+    if (c >= 0 && ((c & 0xf0) == 0x80 || c == 0xde || c == 0xdf))
+        return decode_map_event(d, start, e);
+    if (c >= 0 && ((c & 0xf0) == 0x90 || c == 0xdc || c == 0xdd))
+        return decode_array_event(d, start, e);
+    return wire_fail(d->err, c < 0 ? KVO_ETRUNC : KVO_EPROTO, start,
+                     "events[%" PRIu32 "]: expected map or array, got %s",
+                     d->ev, found_name(d));
+}
+
+static kvo_status decode_batch(dec *d) {
+    wire_batch *b = d->b;
+    wire_rd *r = &d->r;
+    uint32_t n;
+    kvo_status st = wire_rd_array(r, &n);
+    if (st != KVO_OK || n < 2)
+        return wire_fail(d->err, KVO_EPROTO, 0,
+                         "batch: expected an array of at least 2 elements "
+                         "[ts, events, dp_rank], got %s",
+                         st == KVO_OK ? "a shorter array" : found_name(d));
+    b->batch_len = n;
+    st = wire_rd_double(r, &b->ts);
+    if (st != KVO_OK)
+        return wire_fail(d->err, st, r->pos, "ts: expected float, got %s",
+                         found_name(d));
+    size_t at = r->pos;
+    uint32_t n_ev;
+    st = wire_rd_array(r, &n_ev);
+    if (st != KVO_OK)
+        return wire_fail(d->err, st, at, "events: expected array, got %s",
+                         found_name(d));
+    if ((uint64_t)n_ev * MIN_EVENT_BYTES > r->len - r->pos)
+        return wire_fail(d->err, KVO_EPROTO, at,
+                         "events: %" PRIu32 " events cannot fit in %zu bytes",
+                         n_ev, r->len - r->pos);
+    wire_event *evs = NULL;
+    if (n_ev) {
+        evs = kvo_arena_alloc(&b->arena, (size_t)n_ev * sizeof(*evs));
+        if (!evs) return nomem(d);
+        memset(evs, 0, (size_t)n_ev * sizeof(*evs));
+    }
+    for (d->ev = 0; d->ev < n_ev; d->ev++) {
+        st = decode_event(d, &evs[d->ev]);
+        if (st != KVO_OK) return st;
+    }
+    b->events = evs;
+    b->n_events = n_ev;
+    if (n >= 3) {
+        at = r->pos;
+        bool neg;
+        uint64_t v;
+        if (!wire_rd_nil(r)) {
+            st = wire_rd_int(r, &neg, &v);
+            if (st != KVO_OK || (!neg && v > (uint64_t)INT64_MAX))
+                return wire_fail(d->err, st == KVO_ETRUNC ? st : KVO_EPROTO,
+                                 at,
+                                 "data_parallel_rank: expected int or nil, "
+                                 "got %s",
+                                 found_name(d));
+            b->dp_rank.set = true;
+            b->dp_rank.v = (int64_t)v;
+        }
+    }
+    for (uint32_t i = 3; i < n; i++) { /* extras of future versions */
+        st = wire_rd_skip(r);
+        if (st != KVO_OK)
+            return wire_fail(d->err, st, r->pos, "batch[%" PRIu32 "]: input ends",
+                             i);
+    }
+    return KVO_OK;
+}
+
+kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
+                             const wire_limits *lim, wire_batch *b,
+                             wire_error *err) {
+    wire_batch_reset(b);
+    if (!buf && len) return wire_fail(err, KVO_EINVAL, 0, "no input");
+    kvo_status st = wire_precheck(buf, len, lim, NULL, err);
+    if (st != KVO_OK) return st;
+    dec d = {.r = {buf, len, 0}, .b = b, .err = err, .ev = 0};
+    st = decode_batch(&d);
+    if (st != KVO_OK) wire_batch_reset(b);
+    return st;
+}
+
+/* ======================================================================== */
+/* Encoder                                                                   */
+/* ======================================================================== */
+
+typedef struct enc {
+    msgpack_packer pk;
+    kvo_buf *out;
+    wire_format fmt;
+    unsigned flags;
+} enc;
+
+static int buf_write(void *data, const char *p, size_t n) {
+    return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
+}
+
+#define PUT(x)                                                              \
+    do {                                                                    \
+        if ((x) != 0) return KVO_ENOMEM;                                    \
+    } while (0)
+
+static int put_cstr(enc *w, const char *s) {
+    size_t n = strlen(s);
+    return msgpack_pack_str(&w->pk, n) || msgpack_pack_str_body(&w->pk, s, n);
+}
+
+static int put_str(enc *w, wire_str s) {
+    if (!s.p) return msgpack_pack_nil(&w->pk);
+    return msgpack_pack_str(&w->pk, s.len) ||
+           msgpack_pack_str_body(&w->pk, s.p, s.len);
+}
+
+static int put_int(enc *w, wire_int v) {
+    return v.set ? msgpack_pack_int64(&w->pk, v.v) : msgpack_pack_nil(&w->pk);
+}
+
+static int put_raw(enc *w, wire_raw v) {
+    if (!v.p) return msgpack_pack_nil(&w->pk);
+    return kvo_buf_append(w->out, v.p, v.len) == KVO_OK ? 0 : -1;
+}
+
+static int put_hash(enc *w, const wire_hash *h) {
+    switch (h->kind) {
+    case WIRE_HASH_UINT: return msgpack_pack_uint64(&w->pk, h->key);
+    case WIRE_HASH_INT: return msgpack_pack_int64(&w->pk, (int64_t)h->key);
+    case WIRE_HASH_BYTES:
+        return msgpack_pack_bin(&w->pk, h->len) ||
+               msgpack_pack_bin_body(&w->pk, h->bytes, h->len);
+    default: return msgpack_pack_nil(&w->pk);
+    }
+}
+
+static kvo_status put_field(enc *w, const wire_event *e, field f) {
+    switch (f) {
+    case F_TYPE: PUT(put_cstr(w, type_names[e->type])); break;
+    case F_HASHES:
+        PUT(msgpack_pack_array(&w->pk, e->n_hashes));
+        for (uint32_t i = 0; i < e->n_hashes; i++)
+            PUT(put_hash(w, &e->hashes[i]));
+        break;
+    case F_PARENT: PUT(put_hash(w, &e->parent)); break;
+    case F_TOKENS:
+        PUT(msgpack_pack_array(&w->pk, e->n_tokens));
+        for (uint32_t i = 0; i < e->n_tokens; i++)
+            PUT(msgpack_pack_uint64(&w->pk, e->token_ids[i]));
+        break;
+    case F_BLOCK_SIZE: PUT(put_int(w, e->block_size)); break;
+    case F_LORA_ID: PUT(put_int(w, e->lora_id)); break;
+    case F_MEDIUM: PUT(put_str(w, e->medium)); break;
+    case F_LORA_NAME:
+        /* Array formats: SGLang's metadata map takes the lora_name slot. */
+        PUT(e->metadata.p && w->fmt >= WIRE_FMT_ARRAY_V0_9_0
+                ? put_raw(w, e->metadata)
+                : put_str(w, e->lora_name));
+        break;
+    case F_EXTRA_KEYS: PUT(put_raw(w, e->extra_keys)); break;
+    case F_GROUP_IDX: PUT(put_int(w, e->group_idx)); break;
+    case F_SPEC_KIND: PUT(put_str(w, e->kv_cache_spec_kind)); break;
+    case F_SPEC_WINDOW: PUT(put_int(w, e->kv_cache_spec_sliding_window)); break;
+    case F_LOCALITY: PUT(put_str(w, e->locality)); break;
+    case F_OWNERSHIP: PUT(put_str(w, e->ownership)); break;
+    case F_SESSION_ID: PUT(put_str(w, e->session_id)); break;
+    case F_CACHE_SALT: PUT(put_str(w, e->cache_salt)); break;
+    case F_ORIGIN: PUT(put_str(w, e->origin)); break;
+    default: return KVO_EINVAL;
+    }
+    return KVO_OK;
+}
+
+/* Whether an optional map field carries a value (msgspec omit_defaults:
+ * the defaults are all None). */
+static bool field_set(const wire_event *e, field f) {
+    switch (f) {
+    case F_EXTRA_KEYS: return e->extra_keys.p != NULL;
+    case F_GROUP_IDX: return e->group_idx.set;
+    case F_SPEC_KIND: return e->kv_cache_spec_kind.p != NULL;
+    case F_SPEC_WINDOW: return e->kv_cache_spec_sliding_window.set;
+    case F_LOCALITY: return e->locality.p != NULL;
+    case F_OWNERSHIP: return e->ownership.p != NULL;
+    case F_SESSION_ID: return e->session_id.p != NULL;
+    case F_CACHE_SALT: return e->cache_salt.p != NULL;
+    case F_ORIGIN: return e->origin.p != NULL;
+    default: return true;
+    }
+}
+
+/* Map layout (vLLM >= 0.24), declaration order. Required keys first; the
+ * rest only when set. cache_salt (SGLang's map form) and origin (map-next)
+ * are written when set in either map format. SGLang's array-only metadata
+ * has no map key and is not written. */
+static const field map_stored[] = {
+    F_TYPE,       F_HASHES,    F_PARENT,    F_TOKENS,     F_BLOCK_SIZE,
+    F_LORA_ID,    F_MEDIUM,    F_LORA_NAME, F_EXTRA_KEYS, F_GROUP_IDX,
+    F_SPEC_KIND,  F_SPEC_WINDOW, F_LOCALITY, F_OWNERSHIP, F_SESSION_ID,
+    F_CACHE_SALT, F_ORIGIN};
+#define MAP_STORED_REQUIRED 8u
+static const field map_removed[] = {F_TYPE,     F_HASHES,   F_MEDIUM,
+                                    F_GROUP_IDX, F_LOCALITY, F_OWNERSHIP};
+#define MAP_REMOVED_REQUIRED 3u
+static const field map_cleared[] = {F_TYPE};
+
+static kvo_status encode_map_event(enc *w, const wire_event *e) {
+    const field *all = map_cleared;
+    size_t n_all = 1, n_req = 1;
+    if (e->type == WIRE_EV_STORED) {
+        all = map_stored;
+        n_all = KVO_ARRAY_LEN(map_stored);
+        n_req = MAP_STORED_REQUIRED;
+    } else if (e->type == WIRE_EV_REMOVED) {
+        all = map_removed;
+        n_all = KVO_ARRAY_LEN(map_removed);
+        n_req = MAP_REMOVED_REQUIRED;
+    }
+    field keys[F_COUNT];
+    uint32_t n = 0;
+    for (size_t i = 0; i < n_all; i++)
+        if (i < n_req || field_set(e, all[i])) keys[n++] = all[i];
+    /* msgspec sizes the header by the fields a struct could have: the
+     * map-next BlockStored has 16, so it gets a map16 header always. */
+    if (w->fmt == WIRE_FMT_MAP_NEXT && e->type == WIRE_EV_STORED) {
+        uint8_t h[3] = {0xde, (uint8_t)(n >> 8), (uint8_t)n};
+        PUT(kvo_buf_append(w->out, h, 3) != KVO_OK);
+    } else {
+        PUT(msgpack_pack_map(&w->pk, n));
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        field f = w->flags & WIRE_ENC_REVERSE_KEYS ? keys[n - 1 - i] : keys[i];
+        PUT(put_cstr(w, field_names[f].name));
+        kvo_status st = put_field(w, e, f);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+/* Array layouts: element counts (incl. the tag) per format. */
+static void array_lens(wire_format f, uint32_t *stored, uint32_t *removed) {
+    switch (f) {
+    case WIRE_FMT_ARRAY_V0_9_0:
+    case WIRE_FMT_ARRAY_V0_9_1: *stored = 6, *removed = 2; break;
+    case WIRE_FMT_ARRAY_V0_10_2: *stored = 7, *removed = 3; break;
+    case WIRE_FMT_ARRAY_V0_14: *stored = 8, *removed = 3; break;
+    default: *stored = STORED_ARRAY_FIELDS, *removed = 4; break;
+    }
+}
+
+static kvo_status encode_array_event(enc *w, const wire_event *e) {
+    uint32_t n_stored, n_removed;
+    array_lens(w->fmt, &n_stored, &n_removed);
+    uint32_t n = e->type == WIRE_EV_STORED    ? n_stored
+                 : e->type == WIRE_EV_REMOVED ? n_removed
+                                              : 1;
+    PUT(msgpack_pack_array(&w->pk, n));
+    for (uint32_t i = 0; i < n; i++) {
+        field f = e->type == WIRE_EV_REMOVED ? removed_pos[i] : (field)i;
+        kvo_status st = put_field(w, e, f);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+static kvo_status check_event(const wire_event *e) {
+    if (e->type < WIRE_EV_STORED || e->type > WIRE_EV_CLEARED)
+        return KVO_EINVAL;
+    if (e->type == WIRE_EV_CLEARED) return KVO_OK;
+    if (e->n_hashes && !e->hashes) return KVO_EINVAL;
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        const wire_hash *h = &e->hashes[i];
+        if (h->kind == WIRE_HASH_NONE ||
+            (h->kind == WIRE_HASH_BYTES && h->len && !h->bytes))
+            return KVO_EINVAL;
+    }
+    if (e->type == WIRE_EV_STORED && e->n_tokens && !e->token_ids)
+        return KVO_EINVAL;
+    return KVO_OK;
+}
+
+kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
+                             unsigned flags, kvo_buf *out) {
+    if (!b || !out || (unsigned)f >= WIRE_FMT_COUNT) return KVO_EINVAL;
+    if (b->n_events && !b->events) return KVO_EINVAL;
+    for (uint32_t i = 0; i < b->n_events; i++)
+        if (check_event(&b->events[i]) != KVO_OK) return KVO_EINVAL;
+    size_t mark = out->len;
+    enc w = {.out = out, .fmt = f, .flags = flags};
+    msgpack_packer_init(&w.pk, out, buf_write);
+    bool is_map = f == WIRE_FMT_MAP || f == WIRE_FMT_MAP_NEXT;
+    kvo_status st = KVO_ENOMEM;
+    /* vLLM 0.9.0's batch had no rank: [ts, events]. */
+    if (msgpack_pack_array(&w.pk, f == WIRE_FMT_ARRAY_V0_9_0 ? 2 : 3) ||
+        msgpack_pack_double(&w.pk, b->ts) ||
+        msgpack_pack_array(&w.pk, b->n_events))
+        goto done;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        st = is_map ? encode_map_event(&w, &b->events[i])
+                    : encode_array_event(&w, &b->events[i]);
+        if (st != KVO_OK) goto done;
+    }
+    st = KVO_ENOMEM;
+    if (f != WIRE_FMT_ARRAY_V0_9_0 && put_int(&w, b->dp_rank)) goto done;
+    st = KVO_OK;
+done:
+    if (st != KVO_OK) out->len = mark;
+    return st;
+}
