@@ -1,0 +1,87 @@
+/* relay_int.h -- internals shared by the relay_*.c files: a u64 -> u64 hash
+ * map (dedup reference counts, engine digests) and the pieces relay_run.c
+ * glues together (ZMQ sources, the NATS publisher). */
+#ifndef RELAY_INT_H
+#define RELAY_INT_H
+
+#include "relay.h"
+
+/* ---- u64 -> u64 map ------------------------------------------------------
+ * Open addressing, linear probing, power-of-two capacity, load <= 1/2,
+ * backward-shift deletion (no tombstones). Key 0 lives outside the table. */
+typedef struct relay_map_slot {
+    uint64_t key; /* 0 = empty */
+    uint64_t val;
+} relay_map_slot;
+
+typedef struct relay_map {
+    relay_map_slot *slots;
+    size_t cap; /* 0 or a power of two */
+    size_t len; /* entries, key 0 included */
+    bool has_zero;
+    uint64_t zero_val;
+} relay_map;
+
+void relay_map_init(relay_map *m);
+void relay_map_fini(relay_map *m);
+void relay_map_clear(relay_map *m); /* keeps memory */
+/* Pointer to the value of key, or NULL. Valid until the next put/del. */
+uint64_t *relay_map_get(relay_map *m, uint64_t key);
+/* Pointer to the value of key, inserted as 0 when absent (*added true).
+ * NULL only when out of memory. */
+uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added);
+bool relay_map_del(relay_map *m, uint64_t key);
+
+/* ---- ZMQ sources (relay_source.c) ---------------------------------------*/
+typedef struct relay_source relay_source;
+
+typedef struct relay_source_cfg {
+    const char *endpoint;        /* SUB */
+    bool bind;
+    const char *topic;
+    const char *replay_endpoint; /* NULL = none */
+    int hwm;
+    int64_t max_msg_bytes;
+    int linger_ms;
+} relay_source_cfg;
+
+kvo_status relay_source_new(relay_source **out, void *zctx,
+                            const relay_source_cfg *cfg);
+void relay_source_free(relay_source *s);
+void *relay_source_sub(relay_source *s);    /* for zmq_poll */
+void *relay_source_dealer(relay_source *s); /* NULL when none open */
+/* Send ["", seq u64 BE] on the DEALER (opened on demand). */
+kvo_status relay_source_replay_request(relay_source *s, uint64_t from_seq);
+/* Close the DEALER: replies to earlier requests are gone with it. */
+void relay_source_replay_abort(relay_source *s);
+
+/* One received multipart message; frames valid until the next recv. */
+typedef struct relay_rx {
+    uint32_t n;                       /* frames received (may exceed max) */
+    wire_frame frames[WIRE_CAP_MAX_FRAMES];
+} relay_rx;
+
+/* Non-blocking receive: KVO_OK with a message, KVO_EAGAIN when nothing is
+ * waiting, KVO_ENET on a socket error. Frames beyond WIRE_CAP_MAX_FRAMES
+ * are read and dropped (n still counts them). */
+kvo_status relay_source_recv_sub(relay_source *s, relay_rx *rx);
+kvo_status relay_source_recv_dealer(relay_source *s, relay_rx *rx);
+
+/* ---- NATS publisher (relay_nats.c) --------------------------------------*/
+typedef struct relay_nats relay_nats;
+
+/* Connect (retrying in the background when the server is not up yet). */
+kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg);
+void relay_nats_free(relay_nats *n); /* flushes (bounded), closes */
+bool relay_nats_connected(relay_nats *n);
+/* Publish with an optional KVO-Zmq-Seq header. KVO_EAGAIN when the message
+ * could not be sent or buffered (reconnect buffer full). */
+kvo_status relay_nats_publish(relay_nats *n, const char *subject,
+                              bool has_range, uint64_t first, uint64_t last,
+                              const uint8_t *body, size_t len);
+/* Counters set by nats.c callbacks (read on the loop thread). */
+void relay_nats_poll(relay_nats *n, relay_stats *st);
+/* Last error text from nats.c (static storage). */
+const char *relay_nats_last_error(relay_nats *n);
+
+#endif /* RELAY_INT_H */

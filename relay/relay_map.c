@@ -1,0 +1,109 @@
+/* relay_map.c -- u64 -> u64 open-addressing map (see relay_int.h). */
+#include "relay_int.h"
+
+#include <string.h>
+
+/* splitmix64 finalizer: block hashes are already well mixed, but keys from
+ * tests and signed engines (-1, -2, ...) are not. */
+static size_t slot_of(uint64_t key, size_t cap) {
+    uint64_t z = key;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (size_t)(z & (cap - 1));
+}
+
+void relay_map_init(relay_map *m) { memset(m, 0, sizeof(*m)); }
+
+void relay_map_fini(relay_map *m) {
+    kvo_free(m->slots);
+    memset(m, 0, sizeof(*m));
+}
+
+void relay_map_clear(relay_map *m) {
+    if (m->slots) memset(m->slots, 0, m->cap * sizeof(*m->slots));
+    m->len = 0;
+    m->has_zero = false;
+    m->zero_val = 0;
+}
+
+uint64_t *relay_map_get(relay_map *m, uint64_t key) {
+    if (key == 0) return m->has_zero ? &m->zero_val : NULL;
+    if (!m->cap) return NULL;
+    for (size_t i = slot_of(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->slots[i].key == key) return &m->slots[i].val;
+        if (m->slots[i].key == 0) return NULL;
+    }
+}
+
+static kvo_status grow(relay_map *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 64;
+    relay_map_slot *ns = kvo_calloc(ncap, sizeof(*ns));
+    if (!ns) return KVO_ENOMEM;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->slots[i].key) continue;
+        size_t j = slot_of(m->slots[i].key, ncap);
+        while (ns[j].key) j = (j + 1) & (ncap - 1);
+        ns[j] = m->slots[i];
+    }
+    kvo_free(m->slots);
+    m->slots = ns;
+    m->cap = ncap;
+    return KVO_OK;
+}
+
+uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added) {
+    bool dummy;
+    if (!added) added = &dummy;
+    *added = false;
+    if (key == 0) {
+        if (!m->has_zero) {
+            m->has_zero = true;
+            m->zero_val = 0;
+            m->len++;
+            *added = true;
+        }
+        return &m->zero_val;
+    }
+    if ((m->len + 1) * 2 > m->cap && grow(m) != KVO_OK) return NULL;
+    size_t i = slot_of(key, m->cap);
+    while (m->slots[i].key && m->slots[i].key != key)
+        i = (i + 1) & (m->cap - 1);
+    if (!m->slots[i].key) {
+        m->slots[i].key = key;
+        m->slots[i].val = 0;
+        m->len++;
+        *added = true;
+    }
+    return &m->slots[i].val;
+}
+
+bool relay_map_del(relay_map *m, uint64_t key) {
+    if (key == 0) {
+        if (!m->has_zero) return false;
+        m->has_zero = false;
+        m->len--;
+        return true;
+    }
+    if (!m->cap) return false;
+    size_t mask = m->cap - 1, i = slot_of(key, m->cap);
+    while (m->slots[i].key != key) {
+        if (!m->slots[i].key) return false;
+        i = (i + 1) & mask;
+    }
+    /* Backward shift: pull later entries of the probe run into the hole when
+     * their home slot does not lie cyclically in (hole, j]. */
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
+        size_t home = slot_of(m->slots[j].key, m->cap);
+        bool stays = hole <= j ? (home > hole && home <= j)
+                               : (home > hole || home <= j);
+        if (stays) continue;
+        m->slots[hole] = m->slots[j];
+        hole = j;
+    }
+    m->slots[hole].key = 0;
+    m->slots[hole].val = 0;
+    m->len--;
+    return true;
+}

@@ -1,0 +1,1141 @@
+/* relay_pipe.c -- the relay's pure pipeline: frames in, envelopes out.
+ *
+ * Per source (one ZMQ publisher) a small state machine keeps the sequence:
+ *
+ *   LIVE ----- seq == next ------------------> apply
+ *     |  ----- seq <  next ------------------> duplicate (live lagging a replay)
+ *     |  ----- seq <= last live seq ---------> restart: cleared, replay from 0
+ *     |  ----- seq >  next (gap) ------------> request replay(next), buffer seq
+ *     v                                        (no endpoint: cleared, accept)
+ *   REPLAYING: live batches are buffered (bounded); replies are applied in
+ *     order, duplicates dropped; first reply > requested = window exceeded
+ *     (cleared, accept from there); end marker -> drain the buffer (a hole
+ *     left = incomplete: cleared, accept); no reply for the timeout ->
+ *     cleared, drain accepting.
+ *
+ * "cleared" is only emitted when something was forwarded for the source
+ * since its last cleared (a second one would say nothing new).
+ *
+ * An applied batch is decoded, each event validated and converted to
+ * RouterEvents, passed through the dedup reference counts (per dp_rank and
+ * tier) and appended to the pending message:
+ *
+ *   pending: ev[0..n) (<= max_events), blocks pool and removed pool
+ *   (<= max_blocks together); only the last event grows (merging), so each
+ *   event's blocks are contiguous at the end of their pool.
+ *
+ * The pending message remembers the ZMQ sequences folded into it: first =
+ * the first batch that touched it, last = the last batch fully inside it.
+ * It carries KVO-Zmq-Seq: first-last only when some batch completed in it,
+ * so a watermark never claims a batch whose tail is still unpublished.
+ */
+#include "relay_int.h"
+
+#include <msgpack.h>
+#include <stdio.h>
+#include <string.h>
+
+#define DEFAULT_TIMEOUT_MS 5000u
+#define DEFAULT_BUF_BATCHES 100000u
+#define DEFAULT_BUF_BYTES (256u << 20)
+#define DEFAULT_MAX_EVENTS 128u
+#define DEFAULT_MAX_BLOCKS 8192u
+#define DEFAULT_VERIFY_MAX (4u << 20)
+
+typedef struct held {
+    uint64_t seq;
+    size_t len;
+    uint8_t *data;
+} held;
+
+typedef struct source {
+    uint32_t fallback_rank;
+    uint32_t rank; /* last rank seen, for the cleared the relay emits */
+    bool has_replay;
+    relay_src_state state;
+    bool has_next;
+    uint64_t next;
+    bool has_live;
+    uint64_t live_last;
+    uint64_t want;      /* REPLAYING: first seq requested */
+    bool got_reply;     /* REPLAYING: a batch reply arrived */
+    uint64_t deadline;  /* REPLAYING: monotonic ns */
+    bool dirty;         /* forwarded something since the last cleared */
+    held *buf;          /* live batches waiting for the replay */
+    uint32_t nbuf, capbuf;
+    size_t buf_bytes;
+    bool overflowed;
+} source;
+
+typedef struct rank_counts {
+    uint32_t rank;
+    relay_map tier[WIRE_TIER_COUNT];
+} rank_counts;
+
+struct relay_pipe {
+    relay_pipe_cfg cfg;
+    relay_out out;
+    char *subject;
+    relay_stats st;
+    source *src;
+    uint32_t nsrc;
+    rank_counts *ranks;
+    uint32_t nranks;
+    wire_batch batch;
+    uint64_t now;
+
+    /* pending message */
+    uint32_t psrc; /* source of the batches in it */
+    uint32_t pn;
+    wire_revent *pev;
+    wire_rblock *pblocks;
+    uint32_t pnblocks;
+    uint64_t *premoved;
+    uint32_t pnremoved;
+    bool p_has_first, p_has_last;
+    uint64_t p_first, p_last;
+    uint64_t cur_seq;   /* batch being applied */
+
+    uint64_t sequence;  /* envelope sequence, per publisher from 0 */
+    uint64_t event_id;  /* last RouterEvent id of the worker */
+    wire_plane_msg msg;
+    kvo_buf body;
+    wire_rblock *scratch_blocks; /* one event's converted blocks */
+    uint64_t *scratch_hashes;
+    uint32_t scratch_cap;
+
+    /* engine-hash verification */
+    wire_digest root;
+    relay_map digests; /* normalized key -> index into dpool */
+    wire_digest *dpool;
+    uint32_t dlen, dcap;
+    uint32_t *dfree;
+    uint32_t nfree;
+    kvo_buf hscratch;
+};
+
+/* ---- small helpers -------------------------------------------------------*/
+
+static void note(relay_pipe *p, kvo_level lvl, const char *kind,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void note(relay_pipe *p, kvo_level lvl, const char *kind,
+                 const char *fmt, ...) {
+    if (!p->out.note) return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    p->out.note(p->out.ctx, lvl, kind, msg);
+}
+
+uint64_t relay_stats_decode_errors(const relay_stats *s) {
+    uint64_t t = 0;
+    for (int i = 0; i < KVO_STATUS_COUNT; i++) t += s->decode_errors[i];
+    return t;
+}
+
+uint64_t relay_stats_rejects(const relay_stats *s) {
+    uint64_t t = 0;
+    for (int i = 0; i < RELAY_REJECT_COUNT; i++) t += s->rejects[i];
+    return t;
+}
+
+uint64_t relay_stats_replay_failures(const relay_stats *s) {
+    uint64_t t = 0;
+    for (int i = 0; i < RELAY_REPLAY_FAIL_COUNT; i++)
+        t += s->replay_failures[i];
+    return t;
+}
+
+static const char *const fail_names[] = {
+#define RELAY_NAME(name, help) #name,
+    RELAY_REPLAY_FAIL_KINDS(RELAY_NAME)
+#undef RELAY_NAME
+};
+
+/* ---- dedup reference counts ----------------------------------------------*/
+
+static rank_counts *counts_of(relay_pipe *p, uint32_t rank) {
+    for (uint32_t i = 0; i < p->nranks; i++)
+        if (p->ranks[i].rank == rank) return &p->ranks[i];
+    rank_counts *n =
+        kvo_realloc(p->ranks, (p->nranks + 1) * sizeof(*p->ranks));
+    if (!n) return NULL;
+    p->ranks = n;
+    rank_counts *rc = &p->ranks[p->nranks++];
+    rc->rank = rank;
+    for (int t = 0; t < WIRE_TIER_COUNT; t++) relay_map_init(&rc->tier[t]);
+    return rc;
+}
+
+static void counts_reset(relay_pipe *p, uint32_t rank) {
+    for (uint32_t i = 0; i < p->nranks; i++)
+        if (p->ranks[i].rank == rank)
+            for (int t = 0; t < WIRE_TIER_COUNT; t++)
+                relay_map_clear(&p->ranks[i].tier[t]);
+}
+
+/* ---- pending message -----------------------------------------------------*/
+
+static void pend_reset(relay_pipe *p) {
+    p->pn = 0;
+    p->pnblocks = 0;
+    p->pnremoved = 0;
+    p->p_has_first = p->p_has_last = false;
+}
+
+static bool pend_empty(const relay_pipe *p) {
+    return p->pn == 0 && !p->p_has_first && !p->p_has_last;
+}
+
+static void publish(relay_pipe *p, const wire_revent *ev, uint32_t n,
+                    bool has_range, uint64_t first, uint64_t last) {
+    p->msg.publisher_id = p->cfg.publisher_id;
+    p->msg.sequence = p->sequence++;
+    p->msg.published_at = kvo_unix_ns() / 1000000u;
+    p->msg.topic.p = "kv-events";
+    p->msg.topic.len = 9;
+    p->msg.single_form = false;
+    p->msg.n_events = n;
+    p->msg.events = (wire_revent *)ev;
+    kvo_buf_reset(&p->body);
+    kvo_status s = wire_plane_encode(&p->msg, &p->body);
+    p->msg.events = NULL;
+    p->msg.n_events = 0;
+    if (s == KVO_OK)
+        s = p->out.publish(p->out.ctx, p->subject, has_range, first, last,
+                           p->body.data, p->body.len);
+    if (s != KVO_OK) {
+        p->st.publish_dropped++;
+        note(p, KVO_LOG_WARN, "publish",
+             "envelope %" PRIu64 " not published: %s", p->msg.sequence,
+             kvo_strerror(s));
+        return;
+    }
+    p->st.messages_published++;
+    p->st.bytes_published += p->body.len;
+    if (n == 0) p->st.watermark_messages++;
+    for (uint32_t i = 0; i < n; i++) {
+        if (ev[i].type == WIRE_R_STORED) {
+            p->st.revents_stored++;
+            p->st.blocks_forwarded += ev[i].n_blocks;
+        } else if (ev[i].type == WIRE_R_REMOVED) {
+            p->st.revents_removed++;
+            p->st.removes_forwarded += ev[i].n_removed;
+        } else {
+            p->st.revents_cleared++;
+        }
+    }
+}
+
+void relay_pipe_flush(relay_pipe *p) {
+    if (pend_empty(p)) return;
+    if (p->pn > 0 || p->p_has_last)
+        publish(p, p->pev, p->pn, p->p_has_last, p->p_first, p->p_last);
+    pend_reset(p);
+}
+
+/* A batch of the current source touched the pending message. */
+static void touch(relay_pipe *p) {
+    if (!p->p_has_first) {
+        p->p_has_first = true;
+        p->p_first = p->cur_seq;
+    }
+}
+
+static wire_revent *pend_new_event(relay_pipe *p, wire_rtype type,
+                                   uint32_t rank, wire_tier tier) {
+    wire_revent *e = &p->pev[p->pn++];
+    memset(e, 0, sizeof(*e));
+    e->worker_id = p->cfg.worker_id;
+    e->tier = tier;
+    e->event_id = ++p->event_id;
+    e->dp_rank = rank;
+    e->type = type;
+    touch(p);
+    return e;
+}
+
+static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
+                       bool has_parent, uint64_t parent,
+                       const wire_rblock *blocks, uint32_t n) {
+    while (n > 0) {
+        uint32_t room = p->cfg.max_blocks - p->pnblocks - p->pnremoved;
+        wire_revent *last = p->pn ? &p->pev[p->pn - 1] : NULL;
+        bool merge = last && last->type == WIRE_R_STORED &&
+                     last->dp_rank == rank && last->tier == tier &&
+                     has_parent && last->n_blocks > 0 &&
+                     last->blocks[last->n_blocks - 1].block_hash == parent;
+        if (room == 0 || (!merge && p->pn == p->cfg.max_events)) {
+            relay_pipe_flush(p);
+            continue;
+        }
+        uint32_t take = n < room ? n : room;
+        if (!merge) {
+            last = pend_new_event(p, WIRE_R_STORED, rank, tier);
+            last->has_parent = has_parent;
+            last->parent_hash = has_parent ? parent : 0;
+            last->blocks = p->pblocks + p->pnblocks;
+        }
+        memcpy(p->pblocks + p->pnblocks, blocks, take * sizeof(*blocks));
+        p->pnblocks += take;
+        last->n_blocks += take;
+        blocks += take;
+        n -= take;
+        has_parent = true;
+        parent = last->blocks[last->n_blocks - 1].block_hash;
+    }
+}
+
+static void pend_remove(relay_pipe *p, uint32_t rank, wire_tier tier,
+                        const uint64_t *hashes, uint32_t n) {
+    while (n > 0) {
+        uint32_t room = p->cfg.max_blocks - p->pnblocks - p->pnremoved;
+        wire_revent *last = p->pn ? &p->pev[p->pn - 1] : NULL;
+        bool merge = last && last->type == WIRE_R_REMOVED &&
+                     last->dp_rank == rank && last->tier == tier;
+        if (room == 0 || (!merge && p->pn == p->cfg.max_events)) {
+            relay_pipe_flush(p);
+            continue;
+        }
+        uint32_t take = n < room ? n : room;
+        if (!merge) {
+            last = pend_new_event(p, WIRE_R_REMOVED, rank, tier);
+            last->removed = p->premoved + p->pnremoved;
+        }
+        memcpy(p->premoved + p->pnremoved, hashes, take * sizeof(*hashes));
+        p->pnremoved += take;
+        last->n_removed += take;
+        hashes += take;
+        n -= take;
+    }
+}
+
+/* cleared flushes what came before it and starts a fresh message. */
+static void pend_cleared(relay_pipe *p, uint32_t rank) {
+    relay_pipe_flush(p);
+    pend_new_event(p, WIRE_R_CLEARED, rank, WIRE_TIER_DEVICE);
+}
+
+/* ---- cleared emitted by the relay itself ---------------------------------*/
+
+static void emit_cleared(relay_pipe *p, uint32_t si, const char *why) {
+    source *s = &p->src[si];
+    relay_pipe_flush(p);
+    wire_revent ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.worker_id = p->cfg.worker_id;
+    ev.tier = WIRE_TIER_DEVICE;
+    ev.event_id = ++p->event_id;
+    ev.dp_rank = s->rank;
+    ev.type = WIRE_R_CLEARED;
+    publish(p, &ev, 1, false, 0, 0);
+    counts_reset(p, s->rank);
+    s->dirty = false;
+    p->st.cleared_emitted++;
+    note(p, KVO_LOG_WARN, "cleared",
+         "source %u: published cleared for worker %" PRIu64
+         " dp_rank %u (%s)",
+         si, p->cfg.worker_id, s->rank, why);
+}
+
+/* The index can no longer be trusted for this source: count, clear. */
+static void lost(relay_pipe *p, uint32_t si, relay_replay_fail kind) {
+    p->st.replay_failures[kind]++;
+    if (p->src[si].dirty) emit_cleared(p, si, fail_names[kind]);
+}
+
+/* ---- engine-hash verification ---------------------------------------------*/
+
+static void digest_remember(relay_pipe *p, uint64_t key,
+                            const wire_digest *d) {
+    uint64_t *ix = relay_map_get(&p->digests, key);
+    if (ix) {
+        p->dpool[*ix] = *d;
+        return;
+    }
+    uint32_t slot;
+    if (p->nfree) {
+        slot = p->dfree[--p->nfree];
+    } else {
+        if (p->dlen >= p->cfg.verify_max_blocks) return;
+        if (p->dlen == p->dcap) {
+            uint32_t ncap = p->dcap ? p->dcap * 2 : 1024;
+            wire_digest *n = kvo_realloc(p->dpool, ncap * sizeof(*n));
+            uint32_t *f = kvo_realloc(p->dfree, ncap * sizeof(*f));
+            if (n) p->dpool = n;
+            if (f) p->dfree = f;
+            if (!n || !f) return;
+            p->dcap = ncap;
+        }
+        slot = p->dlen++;
+    }
+    ix = relay_map_put(&p->digests, key, NULL);
+    if (!ix) {
+        p->dfree[p->nfree++] = slot;
+        return;
+    }
+    *ix = slot;
+    p->dpool[slot] = *d;
+}
+
+static void digest_forget(relay_pipe *p, uint64_t key) {
+    uint64_t *ix = relay_map_get(&p->digests, key);
+    if (!ix) return;
+    p->dfree[p->nfree++] = (uint32_t)*ix;
+    relay_map_del(&p->digests, key);
+}
+
+/* Extra keys of every block as (lora, salt) strings, from the event's
+ * extra_keys list (vLLM) or from lora_name/cache_salt when it is absent.
+ * A list entry with anything but strings (multimodal keys) cannot be
+ * rebuilt here: ok[i] = false. */
+#define MAX_KEY 256
+typedef struct block_extra {
+    bool ok;
+    char lora[MAX_KEY];
+    char salt[MAX_KEY];
+    bool has_lora, has_salt;
+} block_extra;
+
+static bool copy_str(char *dst, const char *p, size_t n) {
+    if (n >= MAX_KEY) return false;
+    memcpy(dst, p, n);
+    dst[n] = '\0';
+    return true;
+}
+
+static void extra_from_fields(const wire_event *e, bool root_block,
+                              block_extra *x) {
+    memset(x, 0, sizeof(*x));
+    x->ok = true;
+    if (e->lora_name.p) {
+        x->has_lora = true;
+        x->ok &= copy_str(x->lora, e->lora_name.p, e->lora_name.len);
+    }
+    if (root_block && e->cache_salt.p) {
+        x->has_salt = true;
+        x->ok &= copy_str(x->salt, e->cache_salt.p, e->cache_salt.len);
+    }
+}
+
+static void extra_from_list(const wire_event *e, const msgpack_object *o,
+                            bool root_block, block_extra *x) {
+    memset(x, 0, sizeof(*x));
+    x->ok = true;
+    if (o->type == MSGPACK_OBJECT_NIL) return;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > 2) {
+        x->ok = false;
+        return;
+    }
+    const msgpack_object *k = o->via.array.ptr;
+    uint32_t n = o->via.array.size;
+    for (uint32_t i = 0; i < n; i++)
+        if (k[i].type != MSGPACK_OBJECT_STR) {
+            x->ok = false;
+            return;
+        }
+    const msgpack_object_str *s0 = n > 0 ? &k[0].via.str : NULL;
+    bool s0_is_lora = s0 && e->lora_name.p &&
+                      e->lora_name.len == s0->size &&
+                      memcmp(e->lora_name.p, s0->ptr, s0->size) == 0;
+    if (n == 1 && root_block && !s0_is_lora) {
+        x->has_salt = true;
+        x->ok = copy_str(x->salt, s0->ptr, s0->size);
+    } else if (n >= 1) {
+        x->has_lora = true;
+        x->ok = copy_str(x->lora, s0->ptr, s0->size);
+        if (n == 2) {
+            x->has_salt = root_block;
+            x->ok &= root_block &&
+                     copy_str(x->salt, k[1].via.str.ptr, k[1].via.str.size);
+        }
+    }
+}
+
+static bool hash_matches(const wire_hash *h, const wire_digest *d) {
+    if (h->kind == WIRE_HASH_BYTES)
+        return h->len == d->len && memcmp(h->bytes, d->b, d->len) == 0;
+    return wire_digest_low64(d) == h->key;
+}
+
+static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
+                         uint32_t bs) {
+    wire_digest parent;
+    bool have = true;
+    bool root = e->parent.kind == WIRE_HASH_NONE;
+    if (root) {
+        parent = p->root;
+    } else {
+        uint64_t *ix = relay_map_get(&p->digests, e->parent.key);
+        have = ix != NULL;
+        if (ix) parent = p->dpool[*ix];
+    }
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    const msgpack_object *list = NULL;
+    if (e->extra_keys.p) {
+        size_t off = 0;
+        if (msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
+                                e->extra_keys.len,
+                                &off) == MSGPACK_UNPACK_SUCCESS &&
+            up.data.type == MSGPACK_OBJECT_ARRAY)
+            list = &up.data;
+    }
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        const wire_hash *h = &e->hashes[i];
+        wire_digest got;
+        bool have_got = false;
+        if (!have) {
+            p->st.hash_unknown_parent++;
+        } else {
+            block_extra x;
+            if (!list)
+                extra_from_fields(e, root && i == 0, &x);
+            else if (i < list->via.array.size)
+                extra_from_list(e, &list->via.array.ptr[i], root && i == 0,
+                                &x);
+            else
+                x.ok = false;
+            wire_extra ex = {x.has_lora ? x.lora : NULL,
+                             x.has_salt ? x.salt : NULL};
+            if (!x.ok ||
+                wire_engine_block(p->cfg.verify_algo, &parent,
+                                  e->token_ids + (size_t)i * bs, bs, &ex,
+                                  &p->hscratch, &got) != KVO_OK) {
+                p->st.hash_unsupported++;
+            } else {
+                have_got = true;
+                p->st.hash_verified++;
+                if (!hash_matches(h, &got)) {
+                    p->st.hash_mismatches++;
+                    if (!p->st.has_mismatch) {
+                        relay_mismatch *m = &p->st.first_mismatch;
+                        p->st.has_mismatch = true;
+                        m->seq = p->cur_seq;
+                        m->event = ei;
+                        m->block = i;
+                        m->expected = got;
+                        m->got = *h;
+                        m->got.bytes = NULL;
+                        if (h->kind == WIRE_HASH_BYTES) {
+                            uint32_t n = h->len < 32 ? h->len : 32;
+                            memcpy(m->got_bytes, h->bytes, n);
+                        }
+                        note(p, KVO_LOG_WARN, "hash",
+                             "engine hash mismatch: seq %" PRIu64
+                             " event %u block %u: expected %016" PRIx64
+                             " got %016" PRIx64,
+                             p->cur_seq, ei, i, wire_digest_low64(&got),
+                             h->key);
+                    }
+                }
+            }
+        }
+        /* What the engine chains from: its own digest when published in
+         * full, else ours. */
+        wire_digest chain;
+        bool have_chain = false;
+        if (h->kind == WIRE_HASH_BYTES && (h->len == 16 || h->len == 32)) {
+            chain.len = (uint8_t)h->len;
+            memcpy(chain.b, h->bytes, h->len);
+            have_chain = true;
+        } else if (have_got) {
+            chain = got;
+            have_chain = true;
+        }
+        if (have_chain) digest_remember(p, h->key, &chain);
+        parent = chain;
+        have = have_chain;
+    }
+    msgpack_unpacked_destroy(&up);
+}
+
+/* ---- conversion ----------------------------------------------------------*/
+
+static bool medium_known(wire_str m) {
+    static const char *const known[] = {"GPU",  "CPU",     "CPU_PINNED",
+                                        "DISK", "STORAGE"};
+    if (!m.p) return true;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(known); i++)
+        if (strlen(known[i]) == m.len && memcmp(known[i], m.p, m.len) == 0)
+            return true;
+    return false;
+}
+
+static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
+                   const char *detail) {
+    p->st.rejects[kind]++;
+    note(p, KVO_LOG_WARN, "reject",
+         "seq %" PRIu64 " event %u rejected: %s", p->cur_seq, ei, detail);
+}
+
+static bool scratch_fit(relay_pipe *p, uint32_t n) {
+    if (n <= p->scratch_cap) return true;
+    wire_rblock *b = kvo_realloc(p->scratch_blocks, n * sizeof(*b));
+    if (b) p->scratch_blocks = b;
+    uint64_t *h = kvo_realloc(p->scratch_hashes, n * sizeof(*h));
+    if (h) p->scratch_hashes = h;
+    if (!b || !h) return false;
+    p->scratch_cap = n;
+    return true;
+}
+
+static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
+                           uint32_t rank) {
+    char why[160];
+    if (!medium_known(e->medium)) {
+        snprintf(why, sizeof(why), "unknown medium '%.*s'",
+                 (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
+        reject(p, RELAY_medium, ei, why);
+        return;
+    }
+    wire_tier tier = wire_tier_from_medium(e->medium);
+    uint32_t bs = p->cfg.block_size;
+    if (e->n_hashes == 0) {
+        reject(p, RELAY_empty, ei, "BlockStored without block hashes");
+        return;
+    }
+    if (tier != WIRE_TIER_DEVICE && e->n_tokens == 0) {
+        reject(p, RELAY_no_tokens, ei, "offload store without token_ids");
+        return;
+    }
+    if (e->block_size.set && e->block_size.v != (int64_t)bs) {
+        snprintf(why, sizeof(why), "block_size %" PRId64 " != %u",
+                 e->block_size.v, bs);
+        reject(p, RELAY_block_size, ei, why);
+        return;
+    }
+    if ((uint64_t)e->n_tokens != (uint64_t)e->n_hashes * bs) {
+        snprintf(why, sizeof(why), "%u tokens for %u blocks of %u",
+                 e->n_tokens, e->n_hashes, bs);
+        reject(p, RELAY_token_count, ei, why);
+        return;
+    }
+    if (!scratch_fit(p, e->n_hashes)) {
+        p->st.decode_errors[KVO_ENOMEM]++;
+        return;
+    }
+    if (p->cfg.verify) verify_store(p, e, ei, bs);
+    uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
+                                     e->cache_salt.p, e->cache_salt.len);
+    rank_counts *rc = counts_of(p, rank);
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        wire_rblock *b = &p->scratch_blocks[i];
+        b->block_hash = e->hashes[i].key;
+        b->tokens_hash =
+            wire_router_hash(e->token_ids + (size_t)i * bs, bs, seed);
+        uint64_t *c = rc ? relay_map_put(&rc->tier[tier], b->block_hash,
+                                         NULL)
+                         : NULL;
+        if (c) (*c)++;
+    }
+    pend_store(p, rank, tier, e->parent.kind != WIRE_HASH_NONE, e->parent.key,
+               p->scratch_blocks, e->n_hashes);
+}
+
+static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
+                            uint32_t rank) {
+    if (!medium_known(e->medium)) {
+        char why[64];
+        snprintf(why, sizeof(why), "unknown medium '%.*s'",
+                 (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
+        reject(p, RELAY_medium, ei, why);
+        return;
+    }
+    if (e->n_hashes == 0) {
+        reject(p, RELAY_empty, ei, "BlockRemoved without block hashes");
+        return;
+    }
+    if (!scratch_fit(p, e->n_hashes)) {
+        p->st.decode_errors[KVO_ENOMEM]++;
+        return;
+    }
+    wire_tier tier = wire_tier_from_medium(e->medium);
+    rank_counts *rc = counts_of(p, rank);
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        uint64_t h = e->hashes[i].key;
+        uint64_t *c = rc ? relay_map_get(&rc->tier[tier], h) : NULL;
+        if (c && *c > 1) {
+            (*c)--;
+            p->st.dedup_suppressed++;
+            continue;
+        }
+        if (c)
+            relay_map_del(&rc->tier[tier], h);
+        else
+            p->st.removes_unknown++;
+        if (p->cfg.verify) digest_forget(p, h);
+        p->scratch_hashes[n++] = h;
+    }
+    if (n) pend_remove(p, rank, tier, p->scratch_hashes, n);
+}
+
+/* ---- applying a batch ----------------------------------------------------*/
+
+static void batch_done(relay_pipe *p, uint64_t seq) {
+    touch(p);
+    p->p_has_last = true;
+    p->p_last = seq;
+}
+
+static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
+                  const uint8_t *payload, size_t len, bool replayed) {
+    source *s = &p->src[si];
+    s->next = seq + 1;
+    s->has_next = true;
+    p->st.batches_applied++;
+    if (replayed) p->st.replays_applied++;
+    if (!pend_empty(p) && p->psrc != si) relay_pipe_flush(p);
+    p->psrc = si;
+    p->cur_seq = seq;
+
+    wire_error err;
+    kvo_status st = wire_batch_decode(payload, len, p->cfg.limits, &p->batch,
+                                      &err);
+    if (st != KVO_OK) {
+        p->st.decode_errors[st < KVO_STATUS_COUNT ? st : KVO_EPROTO]++;
+        char buf[256];
+        note(p, KVO_LOG_WARN, "decode",
+             "source %u seq %" PRIu64 ": undecodable batch (%zu bytes): %s",
+             si, seq, len, wire_error_str(&err, buf, sizeof(buf)));
+        batch_done(p, seq);
+        return;
+    }
+    const wire_batch *b = &p->batch;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        const wire_event *e = &b->events[i];
+        if (e->type == WIRE_EV_STORED) {
+            p->st.events_stored++;
+            p->st.blocks_stored += e->n_hashes;
+        } else if (e->type == WIRE_EV_REMOVED) {
+            p->st.events_removed++;
+            p->st.blocks_removed += e->n_hashes;
+        } else {
+            p->st.events_cleared++;
+        }
+    }
+    uint32_t rank = s->fallback_rank;
+    if (b->dp_rank.set) {
+        if (b->dp_rank.v < 0 || b->dp_rank.v > (int64_t)UINT32_MAX) {
+            p->st.rejects[RELAY_dp_rank] += b->n_events;
+            note(p, KVO_LOG_WARN, "reject",
+                 "seq %" PRIu64 ": data_parallel_rank %" PRId64
+                 " out of range, %u events rejected",
+                 seq, b->dp_rank.v, b->n_events);
+            batch_done(p, seq);
+            return;
+        }
+        rank = (uint32_t)b->dp_rank.v;
+    }
+    s->rank = rank;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        const wire_event *e = &b->events[i];
+        uint32_t pn0 = p->pn, nb0 = p->pnblocks, nr0 = p->pnremoved;
+        uint64_t sent0 = p->st.messages_published;
+        switch (e->type) {
+        case WIRE_EV_STORED:
+            convert_stored(p, e, i, rank);
+            break;
+        case WIRE_EV_REMOVED:
+            convert_removed(p, e, i, rank);
+            break;
+        case WIRE_EV_CLEARED:
+            pend_cleared(p, rank);
+            counts_reset(p, rank);
+            break;
+        }
+        if (p->pn != pn0 || p->pnblocks != nb0 || p->pnremoved != nr0 ||
+            p->st.messages_published != sent0)
+            s->dirty = true;
+    }
+    batch_done(p, seq);
+}
+
+/* ---- sequence state machine ----------------------------------------------*/
+
+static void buffer_clear(source *s) {
+    for (uint32_t i = 0; i < s->nbuf; i++) kvo_free(s->buf[i].data);
+    s->nbuf = 0;
+    s->buf_bytes = 0;
+}
+
+static void buffer_push(relay_pipe *p, source *s, uint64_t seq,
+                        const uint8_t *payload, size_t len) {
+    if (s->nbuf >= p->cfg.buffer_max_batches ||
+        s->buf_bytes + len > p->cfg.buffer_max_bytes)
+        goto drop;
+    if (s->nbuf == s->capbuf) {
+        uint32_t ncap = s->capbuf ? s->capbuf * 2 : 64;
+        held *n = kvo_realloc(s->buf, ncap * sizeof(*n));
+        if (!n) goto drop;
+        s->buf = n;
+        s->capbuf = ncap;
+    }
+    uint8_t *copy = kvo_malloc(len ? len : 1);
+    if (!copy) goto drop;
+    memcpy(copy, payload, len);
+    s->buf[s->nbuf++] = (held){seq, len, copy};
+    s->buf_bytes += len;
+    p->st.live_buffered++;
+    return;
+drop:
+    p->st.buffer_dropped++;
+    s->overflowed = true;
+    note(p, KVO_LOG_WARN, "buffer",
+         "replay buffer full: live batch %" PRIu64 " dropped (replayed later)",
+         seq);
+}
+
+static void request_replay(relay_pipe *p, uint32_t si, uint64_t from);
+
+/* Apply the buffered live batches in order. After a failure the first hole
+ * is accepted as is (the index was cleared already); after a replay that
+ * completed, a hole means the replay could not cover it. */
+static void drain(relay_pipe *p, uint32_t si, bool after_failure) {
+    source *s = &p->src[si];
+    s->state = RELAY_SRC_LIVE;
+    uint32_t n = s->nbuf;
+    held *items = s->buf;
+    s->buf = NULL;
+    s->nbuf = s->capbuf = 0;
+    s->buf_bytes = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        held *h = &items[i];
+        if (s->has_next && h->seq < s->next) {
+            p->st.duplicates_dropped++;
+        } else {
+            if (s->has_next && h->seq > s->next && !after_failure) {
+                lost(p, si, RELAY_incomplete);
+                note(p, KVO_LOG_WARN, "replay",
+                     "source %u: replay ended at %" PRIu64
+                     ", live resumes at %" PRIu64,
+                     si, s->next, h->seq);
+            }
+            after_failure = false;
+            apply(p, si, h->seq, h->data, h->len, false);
+        }
+        kvo_free(h->data);
+    }
+    kvo_free(items);
+    if (s->overflowed) {
+        s->overflowed = false;
+        if (s->has_next && s->has_replay) request_replay(p, si, s->next);
+    }
+}
+
+/* The replay will not come: count, clear, go on with what is buffered. */
+static void replay_failed(relay_pipe *p, uint32_t si, relay_replay_fail why) {
+    source *s = &p->src[si];
+    if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
+    lost(p, si, why);
+    note(p, KVO_LOG_WARN, "replay",
+         "source %u: replay from %" PRIu64 " failed (%s)", si, s->want,
+         fail_names[why]);
+    s->has_next = false; /* accept whatever comes next */
+    drain(p, si, true);
+}
+
+static void request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
+    source *s = &p->src[si];
+    if (!s->has_replay) {
+        lost(p, si, RELAY_no_endpoint);
+        s->has_next = false;
+        return;
+    }
+    s->state = RELAY_SRC_REPLAYING;
+    s->want = from;
+    s->got_reply = false;
+    s->deadline = p->now + p->cfg.replay_timeout_ms * 1000000u;
+    s->has_next = true;
+    s->next = from;
+    p->st.replays_requested++;
+    note(p, KVO_LOG_INFO, "replay", "source %u: replay requested from %" PRIu64,
+         si, from);
+    kvo_status st = p->out.replay_request(p->out.ctx, si, from);
+    if (st != KVO_OK) replay_failed(p, si, RELAY_request_failed);
+}
+
+static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
+                    const uint8_t *payload, size_t len) {
+    source *s = &p->src[si];
+    if (s->has_live && seq <= s->live_last) {
+        /* The publisher started over: nothing we hold is valid. */
+        p->st.restarts++;
+        note(p, KVO_LOG_WARN, "restart",
+             "source %u: sequence went back from %" PRIu64 " to %" PRIu64
+             " (publisher restart)",
+             si, s->live_last, seq);
+        if (s->state == RELAY_SRC_REPLAYING) {
+            if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
+            p->st.buffer_discarded += s->nbuf;
+            buffer_clear(s);
+            s->overflowed = false;
+            s->state = RELAY_SRC_LIVE;
+        }
+        s->live_last = seq;
+        s->dirty = true; /* always say it: the engine lost its cache */
+        emit_cleared(p, si, "publisher restart");
+        if (seq == 0 || !s->has_replay) {
+            if (seq != 0) p->st.replay_failures[RELAY_no_endpoint]++;
+            apply(p, si, seq, payload, len, false);
+            return;
+        }
+        request_replay(p, si, 0);
+        if (s->state == RELAY_SRC_REPLAYING)
+            buffer_push(p, s, seq, payload, len);
+        else
+            apply(p, si, seq, payload, len, false);
+        return;
+    }
+    s->has_live = true;
+    s->live_last = seq;
+    if (s->state == RELAY_SRC_REPLAYING) {
+        buffer_push(p, s, seq, payload, len);
+        return;
+    }
+    if (!s->has_next || seq == s->next) {
+        apply(p, si, seq, payload, len, false);
+        return;
+    }
+    if (seq < s->next) {
+        p->st.duplicates_dropped++;
+        return;
+    }
+    p->st.gaps++;
+    note(p, KVO_LOG_WARN, "gap",
+         "source %u: sequence gap, expected %" PRIu64 " got %" PRIu64, si,
+         s->next, seq);
+    request_replay(p, si, s->next);
+    if (s->state == RELAY_SRC_REPLAYING)
+        buffer_push(p, s, seq, payload, len);
+    else
+        apply(p, si, seq, payload, len, false);
+}
+
+static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
+                     const uint8_t *payload, size_t len, bool end) {
+    source *s = &p->src[si];
+    if (s->state != RELAY_SRC_REPLAYING) {
+        p->st.replay_stray++;
+        return;
+    }
+    s->deadline = p->now + p->cfg.replay_timeout_ms * 1000000u;
+    if (end) {
+        p->st.replays_completed++;
+        note(p, KVO_LOG_INFO, "replay",
+             "source %u: replay from %" PRIu64 " done, next %" PRIu64, si,
+             s->want, s->next);
+        drain(p, si, false);
+        return;
+    }
+    p->st.batches_replayed++;
+    if (!s->got_reply) {
+        s->got_reply = true;
+        if (seq > s->next) {
+            note(p, KVO_LOG_WARN, "replay",
+                 "source %u: replay window exceeded: asked %" PRIu64
+                 ", oldest %" PRIu64,
+                 si, s->next, seq);
+            lost(p, si, RELAY_window_exceeded);
+            s->next = seq;
+        }
+    }
+    if (seq < s->next) {
+        p->st.duplicates_dropped++;
+        return;
+    }
+    if (seq > s->next) {
+        lost(p, si, RELAY_incomplete);
+        note(p, KVO_LOG_WARN, "replay",
+             "source %u: replay skipped from %" PRIu64 " to %" PRIu64, si,
+             s->next, seq);
+    }
+    apply(p, si, seq, payload, len, true);
+}
+
+/* ---- public entry points -------------------------------------------------*/
+
+void relay_pipe_live(relay_pipe *p, uint32_t si, const wire_frame *f,
+                     uint32_t n, uint64_t now_ns) {
+    if (si >= p->nsrc) return;
+    p->now = now_ns;
+    p->st.batches_live++;
+    uint64_t seq;
+    if (n != 3) {
+        p->st.bad_msgs[RELAY_frames]++;
+        note(p, KVO_LOG_WARN, "frames",
+             "source %u: message with %u frames skipped (expected 3)", si, n);
+        return;
+    }
+    if (wire_seq_get(f[1].data, f[1].len, &seq) != KVO_OK) {
+        p->st.bad_msgs[RELAY_seq]++;
+        note(p, KVO_LOG_WARN, "frames",
+             "source %u: sequence frame of %zu bytes skipped", si, f[1].len);
+        return;
+    }
+    on_live(p, si, seq, f[2].data, f[2].len);
+}
+
+void relay_pipe_replay(relay_pipe *p, uint32_t si, const wire_frame *f,
+                       uint32_t n, uint64_t now_ns) {
+    if (si >= p->nsrc) return;
+    p->now = now_ns;
+    /* ["", topic, seq, payload] (vLLM >= 0.26) or ["", seq, payload]. */
+    const wire_frame *fs = NULL, *fp = NULL;
+    if (n == 4 && f[0].len == 0) {
+        fs = &f[2];
+        fp = &f[3];
+    } else if (n == 3 && f[0].len == 0) {
+        fs = &f[1];
+        fp = &f[2];
+    }
+    uint64_t seq;
+    if (!fs || wire_seq_get(fs->data, fs->len, &seq) != KVO_OK) {
+        p->st.bad_msgs[RELAY_replay_frames]++;
+        note(p, KVO_LOG_WARN, "frames",
+             "source %u: replay reply with %u frames skipped", si, n);
+        return;
+    }
+    bool end = seq == WIRE_REPLAY_END && fp->len == 0;
+    on_reply(p, si, seq, fp->data, fp->len, end);
+}
+
+void relay_pipe_tick(relay_pipe *p, uint64_t now_ns) {
+    p->now = now_ns;
+    for (uint32_t i = 0; i < p->nsrc; i++) {
+        source *s = &p->src[i];
+        if (s->state == RELAY_SRC_REPLAYING && now_ns >= s->deadline)
+            replay_failed(p, i, RELAY_timeout);
+    }
+}
+
+uint64_t relay_pipe_deadline(const relay_pipe *p) {
+    uint64_t d = 0;
+    for (uint32_t i = 0; i < p->nsrc; i++) {
+        const source *s = &p->src[i];
+        if (s->state == RELAY_SRC_REPLAYING && (!d || s->deadline < d))
+            d = s->deadline;
+    }
+    return d;
+}
+
+void relay_pipe_start(relay_pipe *p, uint64_t now_ns) {
+    p->now = now_ns;
+    if (!p->cfg.replay_from_set) return;
+    for (uint32_t i = 0; i < p->nsrc; i++) {
+        p->src[i].dirty = true; /* the index may hold anything */
+        emit_cleared(p, i, "start");
+        request_replay(p, i, p->cfg.replay_from);
+    }
+}
+
+kvo_status relay_pipe_new(relay_pipe **out, const relay_pipe_cfg *cfg,
+                          const relay_out *o) {
+    if (!cfg || !o || !o->publish || !o->replay_request || !cfg->subject ||
+        cfg->block_size == 0)
+        return KVO_EINVAL;
+    kvo_status st = KVO_ENOMEM;
+    relay_pipe *p = kvo_calloc(1, sizeof(*p));
+    if (!p) return KVO_ENOMEM;
+    p->cfg = *cfg;
+    p->out = *o;
+    if (!p->cfg.replay_timeout_ms) p->cfg.replay_timeout_ms = DEFAULT_TIMEOUT_MS;
+    if (!p->cfg.buffer_max_batches)
+        p->cfg.buffer_max_batches = DEFAULT_BUF_BATCHES;
+    if (!p->cfg.buffer_max_bytes) p->cfg.buffer_max_bytes = DEFAULT_BUF_BYTES;
+    if (!p->cfg.max_events || p->cfg.max_events > DEFAULT_MAX_EVENTS)
+        p->cfg.max_events = DEFAULT_MAX_EVENTS;
+    if (!p->cfg.max_blocks || p->cfg.max_blocks > DEFAULT_MAX_BLOCKS)
+        p->cfg.max_blocks = DEFAULT_MAX_BLOCKS;
+    if (!p->cfg.verify_max_blocks) p->cfg.verify_max_blocks = DEFAULT_VERIFY_MAX;
+    wire_batch_init(&p->batch);
+    wire_plane_init(&p->msg);
+    kvo_buf_init(&p->body);
+    kvo_buf_init(&p->hscratch);
+    relay_map_init(&p->digests);
+    p->subject = kvo_strdup(cfg->subject);
+    p->pev = kvo_calloc(p->cfg.max_events, sizeof(*p->pev));
+    p->pblocks = kvo_calloc(p->cfg.max_blocks, sizeof(*p->pblocks));
+    p->premoved = kvo_calloc(p->cfg.max_blocks, sizeof(*p->premoved));
+    if (!p->subject || !p->pev || !p->pblocks || !p->premoved) goto done;
+    if (p->cfg.verify) {
+        st = wire_engine_root(p->cfg.verify_algo,
+                              p->cfg.hash_seed ? p->cfg.hash_seed : "0",
+                              &p->root);
+        if (st != KVO_OK) goto done;
+    }
+    p->cfg.subject = p->subject;
+    p->cfg.hash_seed = NULL; /* only used above */
+    *out = p;
+    return KVO_OK;
+done:
+    relay_pipe_free(p);
+    return st;
+}
+
+void relay_pipe_free(relay_pipe *p) {
+    if (!p) return;
+    for (uint32_t i = 0; i < p->nsrc; i++) {
+        buffer_clear(&p->src[i]);
+        kvo_free(p->src[i].buf);
+    }
+    kvo_free(p->src);
+    for (uint32_t i = 0; i < p->nranks; i++)
+        for (int t = 0; t < WIRE_TIER_COUNT; t++)
+            relay_map_fini(&p->ranks[i].tier[t]);
+    kvo_free(p->ranks);
+    wire_batch_fini(&p->batch);
+    wire_plane_fini(&p->msg);
+    kvo_buf_fini(&p->body);
+    kvo_buf_fini(&p->hscratch);
+    relay_map_fini(&p->digests);
+    kvo_free(p->dpool);
+    kvo_free(p->dfree);
+    kvo_free(p->subject);
+    kvo_free(p->pev);
+    kvo_free(p->pblocks);
+    kvo_free(p->premoved);
+    kvo_free(p->scratch_blocks);
+    kvo_free(p->scratch_hashes);
+    kvo_free(p);
+}
+
+kvo_status relay_pipe_source_add(relay_pipe *p, uint32_t fallback_rank,
+                                 bool has_replay, uint32_t *id) {
+    if (p->nsrc >= RELAY_MAX_SOURCES) return KVO_ETOOBIG;
+    source *n = kvo_realloc(p->src, (p->nsrc + 1) * sizeof(*n));
+    if (!n) return KVO_ENOMEM;
+    p->src = n;
+    source *s = &p->src[p->nsrc];
+    memset(s, 0, sizeof(*s));
+    s->fallback_rank = s->rank = fallback_rank;
+    s->has_replay = has_replay;
+    if (id) *id = p->nsrc;
+    p->nsrc++;
+    return KVO_OK;
+}
+
+relay_stats *relay_pipe_stats(relay_pipe *p) {
+    uint64_t depth = 0;
+    for (uint32_t i = 0; i < p->nsrc; i++) depth += p->src[i].nbuf;
+    p->st.buffer_depth = depth;
+    return &p->st;
+}
+
+uint32_t relay_pipe_source_count(const relay_pipe *p) { return p->nsrc; }
+
+void relay_pipe_source_info(const relay_pipe *p, uint32_t si,
+                            relay_src_info *out) {
+    memset(out, 0, sizeof(*out));
+    if (si >= p->nsrc) return;
+    const source *s = &p->src[si];
+    out->dp_rank = s->rank;
+    out->state = s->state;
+    out->has_next = s->has_next;
+    out->next_seq = s->next;
+    out->buffered = s->nbuf;
+}

@@ -1,0 +1,163 @@
+/* relay_stats.c -- the relay's counters as JSON, Prometheus text and one
+ * log line. Names come from the X-macro tables in relay.h, so the three
+ * views never drift. */
+#include "relay.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#define KIND_NAME(name, help) #name,
+static const char *const bad_names[] = {RELAY_BAD_MSG_KINDS(KIND_NAME)};
+static const char *const reject_names[] = {RELAY_REJECT_KINDS(KIND_NAME)};
+static const char *const fail_names[] = {RELAY_REPLAY_FAIL_KINDS(KIND_NAME)};
+#undef KIND_NAME
+
+static json_object *u64(uint64_t v) { return json_object_new_uint64(v); }
+
+static json_object *kinds(const uint64_t *v, const char *const *names,
+                          int n) {
+    json_object *o = json_object_new_object();
+    for (int i = 0; i < n; i++) json_object_object_add(o, names[i], u64(v[i]));
+    return o;
+}
+
+static json_object *hex(const uint8_t *b, size_t n) {
+    char s[65];
+    if (n > 32) n = 32;
+    for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", b[i]);
+    s[2 * n] = '\0';
+    return json_object_new_string(s);
+}
+
+json_object *relay_stats_to_json(const relay_stats *s) {
+    json_object *o = json_object_new_object();
+#define ADD(name, help) json_object_object_add(o, #name, u64(s->name));
+    RELAY_COUNTERS(ADD)
+#undef ADD
+    json_object_object_add(o, "bad_msgs",
+                           kinds(s->bad_msgs, bad_names, RELAY_BAD_MSG_COUNT));
+    json_object *de = json_object_new_object();
+    for (int i = 0; i < KVO_STATUS_COUNT; i++)
+        if (i != KVO_OK)
+            json_object_object_add(de, kvo_status_name((kvo_status)i),
+                                   u64(s->decode_errors[i]));
+    json_object_object_add(o, "decode_errors", de);
+    json_object_object_add(o, "decode_errors_total",
+                           u64(relay_stats_decode_errors(s)));
+    json_object_object_add(o, "rejects",
+                           kinds(s->rejects, reject_names, RELAY_REJECT_COUNT));
+    json_object_object_add(o, "rejects_total", u64(relay_stats_rejects(s)));
+    json_object_object_add(o, "replay_failures",
+                           kinds(s->replay_failures, fail_names,
+                                 RELAY_REPLAY_FAIL_COUNT));
+    json_object_object_add(o, "replay_failures_total",
+                           u64(relay_stats_replay_failures(s)));
+    json_object_object_add(o, "buffer_depth", u64(s->buffer_depth));
+    json_object_object_add(o, "nats_buffered_bytes",
+                           u64(s->nats_buffered_bytes));
+    json_object_object_add(o, "nats_connected",
+                           json_object_new_boolean(s->nats_connected));
+    json_object *fm = NULL;
+    if (s->has_mismatch) {
+        const relay_mismatch *m = &s->first_mismatch;
+        fm = json_object_new_object();
+        json_object_object_add(fm, "seq", u64(m->seq));
+        json_object_object_add(fm, "event", u64(m->event));
+        json_object_object_add(fm, "block", u64(m->block));
+        json_object_object_add(fm, "expected",
+                               hex(m->expected.b, m->expected.len));
+        json_object_object_add(fm, "expected_low64",
+                               u64(wire_digest_low64(&m->expected)));
+        if (m->got.kind == WIRE_HASH_BYTES)
+            json_object_object_add(fm, "got", hex(m->got_bytes, m->got.len));
+        else
+            json_object_object_add(fm, "got", u64(m->got.key));
+    }
+    json_object_object_add(o, "first_mismatch", fm);
+    return o;
+}
+
+static kvo_status family(kvo_buf *out, const char *name, const char *type,
+                         const char *help) {
+    return kvo_buf_printf(out, "# HELP kvo_relay_%s %s\n# TYPE kvo_relay_%s %s\n",
+                          name, help, name, type);
+}
+
+static kvo_status labelled(kvo_buf *out, const char *name, const char *help,
+                           const uint64_t *v, const char *const *names,
+                           int n) {
+    kvo_status st = family(out, name, "counter", help);
+    for (int i = 0; i < n && st == KVO_OK; i++)
+        st = kvo_buf_printf(out, "kvo_relay_%s{kind=\"%s\"} %" PRIu64 "\n",
+                            name, names[i], v[i]);
+    return st;
+}
+
+kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
+    kvo_status st = KVO_OK;
+#define PROM(name, help)                                                      \
+    if (st == KVO_OK) st = family(out, #name "_total", "counter", help);      \
+    if (st == KVO_OK)                                                         \
+        st = kvo_buf_printf(out, "kvo_relay_" #name "_total %" PRIu64 "\n",   \
+                            s->name);
+    RELAY_COUNTERS(PROM)
+#undef PROM
+    if (st == KVO_OK)
+        st = labelled(out, "bad_messages_total", "messages skipped by kind",
+                      s->bad_msgs, bad_names, RELAY_BAD_MSG_COUNT);
+    if (st == KVO_OK)
+        st = family(out, "decode_errors_total", "counter",
+                    "undecodable batches by status");
+    for (int i = 1; i < KVO_STATUS_COUNT && st == KVO_OK; i++)
+        st = kvo_buf_printf(out,
+                            "kvo_relay_decode_errors_total{kind=\"%s\"} "
+                            "%" PRIu64 "\n",
+                            kvo_status_name((kvo_status)i),
+                            s->decode_errors[i]);
+    if (st == KVO_OK)
+        st = labelled(out, "rejects_total", "events rejected by kind",
+                      s->rejects, reject_names, RELAY_REJECT_COUNT);
+    if (st == KVO_OK)
+        st = labelled(out, "replay_failures_total",
+                      "gaps the replay could not cover, by kind",
+                      s->replay_failures, fail_names, RELAY_REPLAY_FAIL_COUNT);
+    if (st == KVO_OK)
+        st = family(out, "buffer_depth", "gauge",
+                    "live batches waiting for a replay");
+    if (st == KVO_OK)
+        st = kvo_buf_printf(out, "kvo_relay_buffer_depth %" PRIu64 "\n",
+                            s->buffer_depth);
+    if (st == KVO_OK)
+        st = family(out, "nats_buffered_bytes", "gauge",
+                    "bytes waiting in the NATS client");
+    if (st == KVO_OK)
+        st = kvo_buf_printf(out, "kvo_relay_nats_buffered_bytes %" PRIu64 "\n",
+                            s->nats_buffered_bytes);
+    if (st == KVO_OK)
+        st = family(out, "nats_connected", "gauge", "1 when NATS is up");
+    if (st == KVO_OK)
+        st = kvo_buf_printf(out, "kvo_relay_nats_connected %d\n",
+                            s->nats_connected ? 1 : 0);
+    return st;
+}
+
+void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
+    snprintf(buf, n,
+             "batches=%" PRIu64 " stored=%" PRIu64 " removed=%" PRIu64
+             " cleared=%" PRIu64 " blocks=%" PRIu64 " decode_errors=%" PRIu64
+             " rejects=%" PRIu64 " gaps=%" PRIu64 " replays=%" PRIu64
+             "/%" PRIu64 " replay_failures=%" PRIu64 " restarts=%" PRIu64
+             " dups=%" PRIu64 " dedup=%" PRIu64 " removes_unknown=%" PRIu64
+             " msgs=%" PRIu64 " bytes=%" PRIu64 " dropped=%" PRIu64
+             " reconnects=%" PRIu64 " buffered=%" PRIu64
+             " hash_mismatches=%" PRIu64,
+             s->batches_applied, s->events_stored, s->events_removed,
+             s->events_cleared, s->blocks_stored,
+             relay_stats_decode_errors(s), relay_stats_rejects(s), s->gaps,
+             s->replays_completed, s->replays_requested,
+             relay_stats_replay_failures(s), s->restarts,
+             s->duplicates_dropped, s->dedup_suppressed, s->removes_unknown,
+             s->messages_published, s->bytes_published, s->publish_dropped,
+             s->nats_reconnects, s->buffer_depth, s->hash_mismatches);
+}
