@@ -6,6 +6,7 @@
 Suite *suite_basics(void);
 Suite *suite_hash(void);
 Suite *suite_plane(void);
+Suite *suite_capture(void);
 Suite *suite_http(void);
 Suite *suite_batch(void);
 
@@ -13,6 +14,7 @@ int main(void) {
     SRunner *sr = srunner_create(suite_basics());
     srunner_add_suite(sr, suite_hash());
     srunner_add_suite(sr, suite_plane());
+    srunner_add_suite(sr, suite_capture());
     srunner_add_suite(sr, suite_http());
     srunner_add_suite(sr, suite_batch());
     srunner_run_all(sr, CK_NORMAL);
