@@ -1,10 +1,15 @@
-/* kt.c -- test support: paths, files, JSON, a real nats-server. */
+/* kt.c -- test support: paths, files, JSON, log guards, a real nats-server,
+ * built executables. */
 #include "kt.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *join(const char *a, const char *b) {
@@ -76,4 +81,224 @@ char *kt_tmpdir(const char *tag) {
     char *d = mkdtemp(tmpl);
     ck_assert_msg(d != NULL, "mkdtemp failed");
     return kvo_strdup(d);
+}
+
+/* ---- Log guard -----------------------------------------------------------
+ * The watcher is forked from a test process that may run threads, so it only
+ * makes async-signal-safe calls: no stdio, no malloc. */
+
+static void raw_write(const char *s, size_t n) {
+    while (n) {
+        ssize_t k = write(2, s, n);
+        if (k <= 0) return;
+        s += k;
+        n -= (size_t)k;
+    }
+}
+
+static void raw_puts(const char *s) { raw_write(s, strlen(s)); }
+
+/* The last max_lines lines of path, each prefixed "[name] ". */
+static void raw_dump_tail(const char *name, const char *path, int max_lines) {
+    static char buf[64 * 1024];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    off_t size = lseek(fd, 0, SEEK_END);
+    off_t start = size > (off_t)sizeof(buf) ? size - (off_t)sizeof(buf) : 0;
+    size_t n = 0;
+    if (lseek(fd, start, SEEK_SET) == start) {
+        ssize_t k;
+        while (n < sizeof(buf) && (k = read(fd, buf + n, sizeof(buf) - n)) > 0)
+            n += (size_t)k;
+    }
+    close(fd);
+    size_t end = n;
+    while (end && buf[end - 1] == '\n') end--;
+    size_t from = end;
+    for (int lines = 0; from > 0; from--)
+        if (buf[from - 1] == '\n' && ++lines == max_lines) break;
+    raw_puts("[");
+    raw_puts(name);
+    raw_puts("] ---- test ended while running; last lines of ");
+    raw_puts(path);
+    raw_puts(" ----\n");
+    for (size_t i = from; i < end;) {
+        size_t j = i;
+        while (j < end && buf[j] != '\n') j++;
+        raw_puts("[");
+        raw_puts(name);
+        raw_puts("] ");
+        raw_write(buf + i, j - i);
+        raw_puts("\n");
+        i = j + 1;
+    }
+    raw_puts("[");
+    raw_puts(name);
+    raw_puts("] ---- end of log ----\n");
+}
+
+void kt_guard_start(kt_guard *g, const kvo_proc *p) {
+    int fds[2];
+    memset(g, 0, sizeof(*g));
+    g->fd = -1;
+    ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+    /* Copies for the child, taken before fork (no snprintf after it). */
+    char name[sizeof(p->name)], path[sizeof(p->log_path)];
+    memcpy(name, p->name, sizeof(name));
+    memcpy(path, p->log_path, sizeof(path));
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        /* Keep only the read end (as fd 0) and stderr: an inherited socket
+         * or another guard's pipe would keep things open for no reason. */
+        if (dup2(fds[0], 0) < 0) _exit(1);
+        close_range(3, ~0u, 0);
+        close(1);
+        char c;
+        ssize_t k;
+        do k = read(0, &c, 1);
+        while (k < 0 && errno == EINTR);
+        if (k != 1) raw_dump_tail(name, path, 200);
+        _exit(0);
+    }
+    close(fds[0]);
+    g->pid = pid;
+    g->fd = fds[1];
+}
+
+void kt_guard_release(kt_guard *g) {
+    if (!g || g->pid <= 0) return;
+    ssize_t k;
+    do k = write(g->fd, "k", 1);
+    while (k < 0 && errno == EINTR);
+    close(g->fd);
+    while (waitpid(g->pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+    g->pid = 0;
+    g->fd = -1;
+}
+
+static bool logs_wanted(void) {
+    const char *v = getenv("KVO_TEST_LOGS");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* ---- nats-server --------------------------------------------------------- */
+
+#define NATS_READY_MS 15000
+
+/* One attempt on n->port; false if the server died at once (port taken). */
+static bool nats_try_start(kt_nats *n) {
+    char port[8], log[600];
+    snprintf(port, sizeof(port), "%u", (unsigned)n->port);
+    snprintf(log, sizeof(log), "%s/nats-server.log", n->dir);
+    char *argv[] = {"nats-server", "-a", "127.0.0.1", "-p", port, NULL};
+    kvo_status st = kvo_proc_spawn(&n->proc, "nats-server", argv, log);
+    ck_assert_msg(st == KVO_OK, "cannot start nats-server: %s",
+                  kvo_strerror(st));
+    st = kvo_wait_tcp(&n->proc, "127.0.0.1", n->port, NATS_READY_MS);
+    if (st == KVO_ESTATE) {
+        kvo_proc_dump_log(&n->proc, 20);
+        return false;
+    }
+    if (st != KVO_OK) {
+        kvo_proc_dump_log(&n->proc, 50);
+        kvo_proc_stop(&n->proc, 1000);
+        ck_abort_msg("nats-server not ready on port %u: %s", n->port,
+                     kvo_strerror(st));
+    }
+    snprintf(n->url, sizeof(n->url), "nats://127.0.0.1:%u", (unsigned)n->port);
+    kt_guard_start(&n->guard, &n->proc);
+    return true;
+}
+
+void kt_nats_start(kt_nats *n) {
+    memset(n, 0, sizeof(*n));
+    char exe[1024];
+    ck_assert_msg(kvo_find_exe("nats-server", exe, sizeof(exe)) == KVO_OK,
+                  "nats-server not found in PATH or /usr/sbin "
+                  "(apt install nats-server)");
+    char *dir = kt_tmpdir("nats");
+    snprintf(n->dir, sizeof(n->dir), "%s", dir);
+    kvo_free(dir);
+    for (int attempt = 0; attempt < 5; attempt++) {
+        ck_assert(kvo_free_port(&n->port) == KVO_OK);
+        if (nats_try_start(n)) return;
+    }
+    ck_abort_msg("nats-server failed to start 5 times (see its log above)");
+}
+
+void kt_nats_restart(kt_nats *n) {
+    kt_guard_release(&n->guard);
+    kvo_proc_stop(&n->proc, 5000);
+    /* Same port: it may take a moment to be free again. */
+    for (int attempt = 0; attempt < 50; attempt++) {
+        if (nats_try_start(n)) return;
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    ck_abort_msg("nats-server did not restart on port %u", n->port);
+}
+
+void kt_nats_dump_log(const kt_nats *n) { kvo_proc_dump_log(&n->proc, 200); }
+
+void kt_nats_stop(kt_nats *n) {
+    if (logs_wanted()) kt_nats_dump_log(n);
+    kt_guard_release(&n->guard);
+    kvo_proc_stop(&n->proc, 5000);
+}
+
+/* ---- Built executables --------------------------------------------------- */
+
+void kt_proc_start(kt_proc *p, const char *bin, const char *const args[]) {
+    memset(p, 0, sizeof(*p));
+    char *exe = kt_bin_path(bin);
+    char *dir = kt_tmpdir(bin);
+    snprintf(p->dir, sizeof(p->dir), "%s", dir);
+    kvo_free(dir);
+    char log[700];
+    snprintf(log, sizeof(log), "%s/%s.log", p->dir, bin);
+    size_t n = 0;
+    while (args && args[n]) n++;
+    char **argv = kvo_calloc(n + 2, sizeof(char *));
+    ck_assert_ptr_nonnull(argv);
+    argv[0] = exe;
+    for (size_t i = 0; i < n; i++) argv[i + 1] = (char *)args[i];
+    kvo_status st = kvo_proc_spawn(&p->proc, bin, argv, log);
+    kvo_free(argv);
+    ck_assert_msg(st == KVO_OK, "cannot start %s: %s", exe, kvo_strerror(st));
+    kvo_free(exe);
+    kt_guard_start(&p->guard, &p->proc);
+}
+
+static void ready_or_fail(kt_proc *p, kvo_status st, const char *what) {
+    if (st == KVO_OK) return;
+    kt_guard_release(&p->guard); /* we print the log ourselves */
+    kvo_proc_dump_log(&p->proc, 100);
+    bool died = st == KVO_ESTATE;
+    int code = p->proc.exit_status;
+    kvo_proc_stop(&p->proc, 2000);
+    if (died)
+        ck_abort_msg("%s exited (status %d) before %s answered", p->proc.name,
+                     code, what);
+    ck_abort_msg("%s: %s did not answer: %s", p->proc.name, what,
+                 kvo_strerror(st));
+}
+
+void kt_proc_wait_http(kt_proc *p, const char *url, long timeout_ms) {
+    ready_or_fail(p, kvo_wait_http(&p->proc, url, timeout_ms), url);
+}
+
+void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms) {
+    char what[32];
+    snprintf(what, sizeof(what), "TCP port %u", (unsigned)port);
+    ready_or_fail(p, kvo_wait_tcp(&p->proc, "127.0.0.1", port, timeout_ms),
+                  what);
+}
+
+int kt_proc_stop(kt_proc *p) {
+    if (logs_wanted()) kvo_proc_dump_log(&p->proc, 200);
+    kt_guard_release(&p->guard);
+    kvo_proc_stop(&p->proc, 10000);
+    return p->proc.exit_status;
 }

@@ -23,6 +23,20 @@ uint8_t *kt_unhex(const char *hex, size_t *len);
 /* A fresh empty directory under $TMPDIR for one test; malloc'd path. */
 char *kt_tmpdir(const char *tag);
 
+/* Log guard. A failed ck_assert _exits the forked test process, so no
+ * cleanup code runs after it. kt_guard_start forks a tiny watcher that
+ * blocks on a pipe: kt_guard_release tells it "all well" and it exits
+ * quietly; if the test process ends first (failed assertion, crash, or a
+ * process nobody stopped) it prints the last 200 lines of p's log to stderr.
+ * Processes started through kt_nats_* and kt_proc_* are guarded for you. */
+typedef struct kt_guard {
+    pid_t pid; /* watcher; 0 = none */
+    int fd;    /* write end of its pipe */
+} kt_guard;
+
+void kt_guard_start(kt_guard *g, const kvo_proc *p);
+void kt_guard_release(kt_guard *g); /* no-op when not started */
+
 /* A real nats-server on a free loopback port, started and stopped by the
  * test; its log is printed if a test fails while it runs. */
 typedef struct kt_nats {
@@ -30,12 +44,42 @@ typedef struct kt_nats {
     uint16_t port;
     char url[64];     /* nats://127.0.0.1:<port> */
     char dir[512];
+    kt_guard guard;
 } kt_nats;
 
 /* Start (ck_assert on failure: nats-server missing, not ready in time). */
 void kt_nats_start(kt_nats *n);
 /* Stop and start again on the same port (for reconnect tests). */
 void kt_nats_restart(kt_nats *n);
+/* Stop; prints the server's log first when KVO_TEST_LOGS is set (not "0"). */
 void kt_nats_stop(kt_nats *n);
+void kt_nats_dump_log(const kt_nats *n);
+
+/* A built kvo executable run by a test: <builddir>/bin/<bin> with its
+ * stdout+stderr in <dir>/<bin>.log (dir a fresh kt_tmpdir), guarded as above.
+ *
+ *   kt_proc idx;
+ *   const char *args[] = {"--nats", nats.url, "--http", hostport, NULL};
+ *   kt_proc_start(&idx, "kvo-indexer", args);
+ *   kt_proc_wait_http(&idx, "http://127.0.0.1:PORT/watermark", 10000);
+ *   ...
+ *   ck_assert_int_eq(kt_proc_stop(&idx), 0);   // clean SIGTERM shutdown
+ */
+typedef struct kt_proc {
+    kvo_proc proc;
+    kt_guard guard;
+    char dir[512];
+} kt_proc;
+
+/* args: NULL-terminated, without argv[0]. ck_assert on failure. */
+void kt_proc_start(kt_proc *p, const char *bin, const char *const args[]);
+/* Poll until GET url answers 200; dumps the log and fails the test when the
+ * process dies or timeout_ms passes. Same for TCP with kt_proc_wait_tcp. */
+void kt_proc_wait_http(kt_proc *p, const char *url, long timeout_ms);
+void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms);
+/* SIGTERM, up to 10 s grace, SIGKILL. Returns the exit status (0 = clean
+ * shutdown; 128+n = killed by signal n). Prints the log when KVO_TEST_LOGS
+ * is set. */
+int kt_proc_stop(kt_proc *p);
 
 #endif /* KT_H */

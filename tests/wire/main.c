@@ -8,6 +8,7 @@ Suite *suite_hash(void);
 Suite *suite_plane(void);
 Suite *suite_capture(void);
 Suite *suite_http(void);
+Suite *suite_proc(void);
 Suite *suite_batch(void);
 
 int main(void) {
@@ -16,6 +17,7 @@ int main(void) {
     srunner_add_suite(sr, suite_plane());
     srunner_add_suite(sr, suite_capture());
     srunner_add_suite(sr, suite_http());
+    srunner_add_suite(sr, suite_proc());
     srunner_add_suite(sr, suite_batch());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
