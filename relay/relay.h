@@ -107,7 +107,8 @@ typedef struct relay_stats {
     uint64_t replay_failures[RELAY_REPLAY_FAIL_COUNT];
     /* Gauges, filled in by whoever owns the value. */
     uint64_t buffer_depth;        /* live batches waiting for replays */
-    uint64_t nats_buffered_bytes; /* nats.c outbound/reconnect buffer */
+    uint64_t nats_buffered;       /* messages in the reconnect buffer */
+    uint64_t nats_buffered_total; /* messages that went through it */
     bool nats_connected;
     bool has_mismatch;
     relay_mismatch first_mismatch;
@@ -210,7 +211,7 @@ void relay_pipe_source_info(const relay_pipe *p, uint32_t src,
 
 /* {"batches_live": n, ..., "bad_msgs": {...}, "decode_errors": {"EPROTO": n},
  *  "rejects": {...}, "replay_failures": {...}, "buffer_depth": n,
- *  "nats_buffered_bytes": n, "nats_connected": b,
+ *  "nats_buffered": n, "nats_buffered_total": n, "nats_connected": b,
  *  "first_mismatch": null | {"seq", "event", "block", "expected", "got"}}
  * Caller owns the object. */
 json_object *relay_stats_to_json(const relay_stats *s);

@@ -54,8 +54,9 @@ json_object *relay_stats_to_json(const relay_stats *s) {
     json_object_object_add(o, "replay_failures_total",
                            u64(relay_stats_replay_failures(s)));
     json_object_object_add(o, "buffer_depth", u64(s->buffer_depth));
-    json_object_object_add(o, "nats_buffered_bytes",
-                           u64(s->nats_buffered_bytes));
+    json_object_object_add(o, "nats_buffered", u64(s->nats_buffered));
+    json_object_object_add(o, "nats_buffered_total",
+                           u64(s->nats_buffered_total));
     json_object_object_add(o, "nats_connected",
                            json_object_new_boolean(s->nats_connected));
     json_object *fm = NULL;
@@ -129,11 +130,17 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
         st = kvo_buf_printf(out, "kvo_relay_buffer_depth %" PRIu64 "\n",
                             s->buffer_depth);
     if (st == KVO_OK)
-        st = family(out, "nats_buffered_bytes", "gauge",
-                    "bytes waiting in the NATS client");
+        st = family(out, "nats_buffered", "gauge",
+                    "messages held in the NATS reconnect buffer");
     if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_nats_buffered_bytes %" PRIu64 "\n",
-                            s->nats_buffered_bytes);
+        st = kvo_buf_printf(out, "kvo_relay_nats_buffered %" PRIu64 "\n",
+                            s->nats_buffered);
+    if (st == KVO_OK)
+        st = family(out, "nats_buffered_total", "counter",
+                    "messages that went through the reconnect buffer");
+    if (st == KVO_OK)
+        st = kvo_buf_printf(out, "kvo_relay_nats_buffered_total %" PRIu64 "\n",
+                            s->nats_buffered_total);
     if (st == KVO_OK)
         st = family(out, "nats_connected", "gauge", "1 when NATS is up");
     if (st == KVO_OK)
@@ -150,7 +157,8 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              "/%" PRIu64 " replay_failures=%" PRIu64 " restarts=%" PRIu64
              " dups=%" PRIu64 " dedup=%" PRIu64 " removes_unknown=%" PRIu64
              " msgs=%" PRIu64 " bytes=%" PRIu64 " dropped=%" PRIu64
-             " reconnects=%" PRIu64 " buffered=%" PRIu64
+             " reconnects=%" PRIu64 " live_buffered=%" PRIu64
+             " nats_buffered=%" PRIu64
              " hash_mismatches=%" PRIu64,
              s->batches_applied, s->events_stored, s->events_removed,
              s->events_cleared, s->blocks_stored,
@@ -159,5 +167,6 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              relay_stats_replay_failures(s), s->restarts,
              s->duplicates_dropped, s->dedup_suppressed, s->removes_unknown,
              s->messages_published, s->bytes_published, s->publish_dropped,
-             s->nats_reconnects, s->buffer_depth, s->hash_mismatches);
+             s->nats_reconnects, s->buffer_depth, s->nats_buffered,
+             s->hash_mismatches);
 }

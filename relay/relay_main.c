@@ -1,0 +1,278 @@
+/* kvo-relay: vLLM KV events (ZeroMQ) -> Dynamo's event plane (NATS). */
+#include "relay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    OPT_ZMQ = 256, OPT_ZMQ_BIND, OPT_TOPIC, OPT_REPLAY, OPT_DISCOVER,
+    OPT_DP_RANK, OPT_ZMQ_HWM, OPT_ZMQ_MAX, OPT_LINGER, OPT_NATS,
+    OPT_NATS_USER, OPT_NATS_PASSWORD, OPT_NATS_TOKEN, OPT_NATS_CREDS,
+    OPT_NATS_TLS, OPT_NATS_TLS_CA, OPT_NATS_TLS_CERT, OPT_NATS_TLS_KEY,
+    OPT_NATS_TLS_SKIP, OPT_NATS_BUFFER, OPT_NATS_RECONNECT_WAIT, OPT_NS,
+    OPT_COMPONENT, OPT_WORKER_ID, OPT_PUBLISHER_ID, OPT_BLOCK_SIZE,
+    OPT_REPLAY_FROM, OPT_REPLAY_TIMEOUT, OPT_REPLAY_BUFFER, OPT_VERIFY,
+    OPT_HASH_SEED, OPT_METRICS, OPT_STATS_INTERVAL, OPT_STATS_JSON,
+    OPT_RECORD, OPT_RECORD_WHAT, OPT_LOG_LEVEL
+};
+
+static const struct option options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {"zmq", required_argument, NULL, OPT_ZMQ},
+    {"zmq-bind", no_argument, NULL, OPT_ZMQ_BIND},
+    {"topic", required_argument, NULL, OPT_TOPIC},
+    {"replay", required_argument, NULL, OPT_REPLAY},
+    {"discover", required_argument, NULL, OPT_DISCOVER},
+    {"dp-rank", required_argument, NULL, OPT_DP_RANK},
+    {"zmq-hwm", required_argument, NULL, OPT_ZMQ_HWM},
+    {"zmq-max-msg-bytes", required_argument, NULL, OPT_ZMQ_MAX},
+    {"linger-ms", required_argument, NULL, OPT_LINGER},
+    {"nats", required_argument, NULL, OPT_NATS},
+    {"nats-user", required_argument, NULL, OPT_NATS_USER},
+    {"nats-password", required_argument, NULL, OPT_NATS_PASSWORD},
+    {"nats-token", required_argument, NULL, OPT_NATS_TOKEN},
+    {"nats-creds", required_argument, NULL, OPT_NATS_CREDS},
+    {"nats-tls", no_argument, NULL, OPT_NATS_TLS},
+    {"nats-tls-ca", required_argument, NULL, OPT_NATS_TLS_CA},
+    {"nats-tls-cert", required_argument, NULL, OPT_NATS_TLS_CERT},
+    {"nats-tls-key", required_argument, NULL, OPT_NATS_TLS_KEY},
+    {"nats-tls-skip-verify", no_argument, NULL, OPT_NATS_TLS_SKIP},
+    {"nats-buffer-bytes", required_argument, NULL, OPT_NATS_BUFFER},
+    {"nats-reconnect-wait-ms", required_argument, NULL, OPT_NATS_RECONNECT_WAIT},
+    {"namespace", required_argument, NULL, OPT_NS},
+    {"component", required_argument, NULL, OPT_COMPONENT},
+    {"worker-id", required_argument, NULL, OPT_WORKER_ID},
+    {"publisher-id", required_argument, NULL, OPT_PUBLISHER_ID},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"replay-from", required_argument, NULL, OPT_REPLAY_FROM},
+    {"replay-timeout-ms", required_argument, NULL, OPT_REPLAY_TIMEOUT},
+    {"replay-buffer-batches", required_argument, NULL, OPT_REPLAY_BUFFER},
+    {"verify-engine-hash", required_argument, NULL, OPT_VERIFY},
+    {"hash-seed", required_argument, NULL, OPT_HASH_SEED},
+    {"metrics-listen", required_argument, NULL, OPT_METRICS},
+    {"stats-interval-ms", required_argument, NULL, OPT_STATS_INTERVAL},
+    {"stats-json", required_argument, NULL, OPT_STATS_JSON},
+    {"record", required_argument, NULL, OPT_RECORD},
+    {"record-what", required_argument, NULL, OPT_RECORD_WHAT},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {NULL, 0, NULL, 0}};
+
+static const char usage[] =
+    "usage: kvo-relay (--zmq ENDPOINT [--replay ENDPOINT] | --discover URL)\n"
+    "                 [options]\n"
+    "\n"
+    "Subscribes to a vLLM KV-event publisher (ZeroMQ), checks sequences\n"
+    "(replaying gaps), decodes, validates and converts every batch, and\n"
+    "publishes Dynamo event-plane envelopes on NATS.\n"
+    "\n"
+    "Sources:\n"
+    "  --zmq ENDPOINT          SUB endpoint (connect), e.g. tcp://127.0.0.1:5557\n"
+    "  --zmq-bind              bind the SUB endpoint instead of connecting\n"
+    "  --topic T               topic prefix to subscribe to (default: all)\n"
+    "  --replay ENDPOINT       the publisher's replay ROUTER (DEALER connects)\n"
+    "  --discover URL          GET URL/kvo/event_sources, one source per entry\n"
+    "  --dp-rank R             rank for batches without one (default 0)\n"
+    "  --zmq-hwm N             ZMQ high-water mark (default 100000)\n"
+    "  --zmq-max-msg-bytes N   ZMQ_MAXMSGSIZE (default 67108864; -1 = none)\n"
+    "  --linger-ms N           ZMQ_LINGER (default 100)\n"
+    "NATS:\n"
+    "  --nats URL[,URL...]     servers (default nats://127.0.0.1:4222)\n"
+    "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n"
+    "  --nats-tls              require TLS\n"
+    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"
+    "  --nats-tls-skip-verify  do not verify the server certificate\n"
+    "  --nats-buffer-bytes N   reconnect buffer (default 67108864)\n"
+    "  --nats-reconnect-wait-ms N  (default 250)\n"
+    "Event plane:\n"
+    "  --namespace NS          (default dynamo)\n"
+    "  --component C           (default backend); subject\n"
+    "                          namespace.NS.component.C.kv-events\n"
+    "  --worker-id N           (default 0)\n"
+    "  --publisher-id N        envelope publisher_id (default random)\n"
+    "  --block-size N          engine block size (default 16)\n"
+    "Sequences:\n"
+    "  --replay-from N         at start: publish cleared, replay from N\n"
+    "  --replay-timeout-ms N   give up on a silent replay (default 5000)\n"
+    "  --replay-buffer-batches N  live batches held during a replay (100000)\n"
+    "Verification:\n"
+    "  --verify-engine-hash ALGO  sha256|sha256_cbor|xxhash|xxhash_cbor\n"
+    "  --hash-seed S           the engine's PYTHONHASHSEED (default 0)\n"
+    "Observability:\n"
+    "  --metrics-listen ADDR   HTTP /metrics /health /stats (default off)\n"
+    "  --stats-interval-ms N   periodic stats line (default 10000; 0 = off)\n"
+    "  --stats-json FILE       exit stats JSON to FILE (default stdout)\n"
+    "  --record FILE           capture what was received and published\n"
+    "  --record-what W         zmq|nats|both (default both)\n"
+    "  --log-level L           error|warn|info|debug (default info)\n"
+    "  -h, --help              this text\n"
+    "  -V, --version           print the version\n"
+    "\n"
+    "Every option also reads KVO_<NAME> from the environment.\n"
+    "Exit: 0 clean stop, 1 engine-hash mismatches (with --verify-engine-hash),\n"
+    "2 usage or setup error.\n";
+
+typedef struct opts {
+    relay_cfg cfg;
+    kvo_level level;
+    bool help, version;
+} opts;
+
+static int bad(const char *opt, const char *arg) {
+    fprintf(stderr, "kvo-relay: bad value for --%s: '%s'\n", opt,
+            arg ? arg : "");
+    return -1;
+}
+
+static int set_opt(void *ctx, int code, const char *arg) {
+    opts *o = ctx;
+    relay_cfg *c = &o->cfg;
+    uint64_t u;
+    int64_t i;
+    uint32_t u32;
+    switch (code) {
+    case 'h': o->help = true; return 0;
+    case 'V': o->version = true; return 0;
+    case OPT_ZMQ: c->zmq = arg; return 0;
+    case OPT_ZMQ_BIND: c->zmq_bind = true; return 0;
+    case OPT_TOPIC: c->topic = arg; return 0;
+    case OPT_REPLAY: c->replay = *arg ? arg : NULL; return 0;
+    case OPT_DISCOVER: c->discover = arg; return 0;
+    case OPT_DP_RANK:
+        return kvo_parse_u32(arg, &c->dp_rank) ? bad("dp-rank", arg) : 0;
+    case OPT_ZMQ_HWM:
+        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
+            return bad("zmq-hwm", arg);
+        c->zmq_hwm = (int)u32;
+        return 0;
+    case OPT_ZMQ_MAX:
+        if (kvo_parse_i64(arg, &i) || i < -1) return bad("zmq-max-msg-bytes", arg);
+        c->zmq_max_msg_bytes = i;
+        return 0;
+    case OPT_LINGER:
+        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
+            return bad("linger-ms", arg);
+        c->linger_ms = (int)u32;
+        return 0;
+    case OPT_NATS: c->nats = arg; return 0;
+    case OPT_NATS_USER: c->nats_user = arg; return 0;
+    case OPT_NATS_PASSWORD: c->nats_password = arg; return 0;
+    case OPT_NATS_TOKEN: c->nats_token = arg; return 0;
+    case OPT_NATS_CREDS: c->nats_creds = arg; return 0;
+    case OPT_NATS_TLS: c->nats_tls = true; return 0;
+    case OPT_NATS_TLS_CA: c->nats_tls_ca = arg; return 0;
+    case OPT_NATS_TLS_CERT: c->nats_tls_cert = arg; return 0;
+    case OPT_NATS_TLS_KEY: c->nats_tls_key = arg; return 0;
+    case OPT_NATS_TLS_SKIP: c->nats_tls_skip_verify = true; return 0;
+    case OPT_NATS_BUFFER:
+        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
+            return bad("nats-buffer-bytes", arg);
+        c->nats_buffer_bytes = (int)u32;
+        return 0;
+    case OPT_NATS_RECONNECT_WAIT:
+        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
+            return bad("nats-reconnect-wait-ms", arg);
+        c->nats_reconnect_wait_ms = (int)u32;
+        return 0;
+    case OPT_NS: c->ns = arg; return 0;
+    case OPT_COMPONENT: c->component = arg; return 0;
+    case OPT_WORKER_ID:
+        return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg) : 0;
+    case OPT_PUBLISHER_ID:
+        if (kvo_parse_u64(arg, &c->publisher_id)) return bad("publisher-id", arg);
+        c->publisher_id_set = true;
+        return 0;
+    case OPT_BLOCK_SIZE:
+        if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
+            c->block_size > (1u << 20))
+            return bad("block-size", arg);
+        return 0;
+    case OPT_REPLAY_FROM:
+        if (kvo_parse_u64(arg, &c->replay_from) || c->replay_from == UINT64_MAX)
+            return bad("replay-from", arg);
+        c->replay_from_set = true;
+        return 0;
+    case OPT_REPLAY_TIMEOUT:
+        if (kvo_parse_u64(arg, &u) || u == 0 || u > 86400000u)
+            return bad("replay-timeout-ms", arg);
+        c->replay_timeout_ms = u;
+        return 0;
+    case OPT_REPLAY_BUFFER:
+        if (kvo_parse_u32(arg, &c->buffer_max_batches) ||
+            c->buffer_max_batches == 0)
+            return bad("replay-buffer-batches", arg);
+        return 0;
+    case OPT_VERIFY:
+        if (wire_algo_parse(arg, &c->verify_algo))
+            return bad("verify-engine-hash", arg);
+        c->verify = true;
+        return 0;
+    case OPT_HASH_SEED: c->hash_seed = arg; return 0;
+    case OPT_METRICS: c->metrics_listen = *arg ? arg : NULL; return 0;
+    case OPT_STATS_INTERVAL:
+        return kvo_parse_u64(arg, &c->stats_interval_ms)
+                   ? bad("stats-interval-ms", arg)
+                   : 0;
+    case OPT_STATS_JSON: c->stats_json = arg; return 0;
+    case OPT_RECORD: c->record = arg; return 0;
+    case OPT_RECORD_WHAT:
+        if (strcmp(arg, "both") == 0)
+            c->record_what = RELAY_RECORD_BOTH;
+        else if (strcmp(arg, "zmq") == 0)
+            c->record_what = RELAY_RECORD_ZMQ;
+        else if (strcmp(arg, "nats") == 0)
+            c->record_what = RELAY_RECORD_NATS;
+        else
+            return bad("record-what", arg);
+        return 0;
+    case OPT_LOG_LEVEL:
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+    default: return -1;
+    }
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    memset(&o, 0, sizeof(o));
+    relay_cfg_default(&o.cfg);
+    o.level = KVO_LOG_INFO;
+    int idx = kvo_getopt(argc, argv, options, set_opt, &o);
+    if (idx < 0) {
+        fputs("kvo-relay: see --help\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.help) {
+        fputs(usage, stdout);
+        return KVO_EXIT_OK;
+    }
+    if (o.version) {
+        printf("kvo-relay %s\n", KVO_VERSION);
+        return KVO_EXIT_OK;
+    }
+    if (idx < argc) {
+        fprintf(stderr, "kvo-relay: unexpected argument '%s'\n", argv[idx]);
+        return KVO_EXIT_USAGE;
+    }
+    if (!o.cfg.zmq == !o.cfg.discover) {
+        fputs("kvo-relay: give exactly one of --zmq and --discover\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.cfg.discover && (o.cfg.replay || o.cfg.zmq_bind)) {
+        fputs("kvo-relay: --replay and --zmq-bind go with --zmq, not "
+              "--discover\n",
+              stderr);
+        return KVO_EXIT_USAGE;
+    }
+    kvo_log_init("kvo-relay", o.level);
+    kvo_signals_init();
+    kvo_status st = relay_run(&o.cfg);
+    if (st == KVO_OK) return KVO_EXIT_OK;
+    if (st == KVO_ECHECK) {
+        fputs("kvo-relay: engine-hash mismatches (see first_mismatch)\n",
+              stderr);
+        return KVO_EXIT_FAIL;
+    }
+    fprintf(stderr, "kvo-relay: %s\n", kvo_strerror(st));
+    return KVO_EXIT_USAGE;
+}

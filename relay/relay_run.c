@@ -1,0 +1,614 @@
+/* relay_run.c -- the kvo-relay service: sources (from --zmq or --discover),
+ * the NATS publisher, the metrics HTTP server, the capture file and the
+ * pipeline, driven by one zmq_poll loop:
+ *
+ *   wait for NATS (serving HTTP) -> relay_pipe_start
+ *   loop: zmq_poll(SUBs, DEALERs, HTTP fd; timeout = nearest deadline)
+ *         read every socket until none has anything -> relay_pipe_flush
+ *         relay_pipe_tick (replay timeouts), HTTP, periodic stats line
+ *   exit: flush, stats JSON (stdout or --stats-json), close everything.
+ */
+#include "kvo_http.h"
+#include "relay_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <zmq.h>
+
+/* Log rate limits, one per note kind. */
+static const char *const note_kinds[] = {"decode", "reject",  "cleared",
+                                         "gap",    "replay",  "restart",
+                                         "frames", "buffer",  "publish",
+                                         "hash",   "other"};
+#define N_KINDS (sizeof(note_kinds) / sizeof(note_kinds[0]))
+
+typedef struct src_desc {
+    char *endpoint;
+    char *replay;   /* NULL = none */
+    uint32_t rank;
+} src_desc;
+
+typedef struct runner {
+    const relay_cfg *cfg;
+    void *zctx;
+    src_desc desc[RELAY_MAX_SOURCES];
+    relay_source *src[RELAY_MAX_SOURCES];
+    uint32_t nsrc;
+    relay_nats *nats;
+    relay_pipe *pipe;
+    kvo_http_server *http;
+    wire_cap_writer *cap;
+    bool cap_zmq, cap_nats;
+    uint64_t cap_errors;
+    kvo_ratelimit rl[N_KINDS];
+    uint64_t publisher_id;
+    char subject[512];
+    relay_rx rx;
+} runner;
+
+void relay_cfg_default(relay_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    c->topic = "";
+    c->zmq_hwm = 100000;
+    c->zmq_max_msg_bytes = 64ll << 20;
+    c->linger_ms = 100;
+    c->nats = "nats://127.0.0.1:4222";
+    c->nats_buffer_bytes = 64 << 20;
+    c->nats_reconnect_wait_ms = 250;
+    c->ns = "dynamo";
+    c->component = "backend";
+    c->block_size = 16;
+    c->replay_timeout_ms = 5000;
+    c->buffer_max_batches = 100000;
+    c->verify_algo = WIRE_ALGO_SHA256;
+    c->hash_seed = "0";
+    c->stats_interval_ms = 10000;
+}
+
+/* ---- callbacks from the pipe ---------------------------------------------*/
+
+static kvo_status on_publish(void *ctx, const char *subject, bool has_range,
+                             uint64_t first, uint64_t last,
+                             const uint8_t *body, size_t len) {
+    runner *r = ctx;
+    if (r->cap && r->cap_nats) {
+        wire_frame f[2] = {{(const uint8_t *)subject, strlen(subject)},
+                           {body, len}};
+        if (wire_cap_write(r->cap, kvo_unix_ns(), f, 2) != KVO_OK)
+            r->cap_errors++;
+    }
+    return relay_nats_publish(r->nats, subject, has_range, first, last, body,
+                              len);
+}
+
+static kvo_status on_replay_request(void *ctx, uint32_t src, uint64_t from) {
+    runner *r = ctx;
+    return relay_source_replay_request(r->src[src], from);
+}
+
+static void on_replay_abort(void *ctx, uint32_t src) {
+    runner *r = ctx;
+    relay_source_replay_abort(r->src[src]);
+}
+
+static void on_note(void *ctx, kvo_level lvl, const char *kind,
+                    const char *msg) {
+    runner *r = ctx;
+    size_t k = N_KINDS - 1;
+    for (size_t i = 0; i < N_KINDS; i++)
+        if (strcmp(kind, note_kinds[i]) == 0) k = i;
+    if (lvl <= KVO_LOG_WARN)
+        kvo_log_limited(&r->rl[k], lvl, "%s", msg);
+    else
+        kvo_log(lvl, "%s", msg);
+}
+
+/* ---- stats ---------------------------------------------------------------*/
+
+static relay_stats *stats_now(runner *r) {
+    relay_stats *st = relay_pipe_stats(r->pipe);
+    relay_nats_poll(r->nats, st);
+    return st;
+}
+
+static json_object *stats_json(runner *r) {
+    relay_stats *st = stats_now(r);
+    json_object *o = relay_stats_to_json(st);
+    json_object_object_add(o, "version", json_object_new_string(KVO_VERSION));
+    json_object_object_add(o, "publisher_id",
+                           json_object_new_uint64(r->publisher_id));
+    json_object_object_add(o, "worker_id",
+                           json_object_new_uint64(r->cfg->worker_id));
+    json_object_object_add(o, "subject", json_object_new_string(r->subject));
+    json_object_object_add(o, "capture_errors",
+                           json_object_new_uint64(r->cap_errors));
+    json_object *arr = json_object_new_array();
+    for (uint32_t i = 0; i < r->nsrc; i++) {
+        relay_src_info info;
+        relay_pipe_source_info(r->pipe, i, &info);
+        json_object *s = json_object_new_object();
+        json_object_object_add(s, "endpoint",
+                               json_object_new_string(r->desc[i].endpoint));
+        json_object_object_add(
+            s, "replay_endpoint",
+            r->desc[i].replay ? json_object_new_string(r->desc[i].replay)
+                              : NULL);
+        json_object_object_add(s, "dp_rank",
+                               json_object_new_uint64(info.dp_rank));
+        json_object_object_add(
+            s, "state",
+            json_object_new_string(info.state == RELAY_SRC_LIVE ? "live"
+                                                                : "replaying"));
+        json_object_object_add(
+            s, "last_seq",
+            info.has_next && info.next_seq > 0
+                ? json_object_new_uint64(info.next_seq - 1)
+                : NULL);
+        json_object_object_add(s, "buffered",
+                               json_object_new_uint64(info.buffered));
+        json_object_array_add(arr, s);
+    }
+    json_object_object_add(o, "sources", arr);
+    return o;
+}
+
+static void on_http(void *ctx, kvo_http_req *req) {
+    runner *r = ctx;
+    const char *path = kvo_http_req_path(req);
+    if (strcmp(kvo_http_req_method(req), "GET") != 0) {
+        kvo_http_respond_error(req, 405, "only GET");
+    } else if (strcmp(path, "/metrics") == 0) {
+        kvo_buf b;
+        kvo_buf_init(&b);
+        if (!r->pipe || relay_stats_to_prom(stats_now(r), &b) != KVO_OK)
+            kvo_http_respond_error(req, 500, "out of memory");
+        else
+            kvo_http_respond(req, 200, "text/plain; version=0.0.4", b.data,
+                             b.len);
+        kvo_buf_fini(&b);
+    } else if (strcmp(path, "/health") == 0) {
+        bool up = r->pipe && relay_nats_connected(r->nats);
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "status",
+                               json_object_new_string(up ? "ok" : "starting"));
+        json_object_object_add(o, "nats_connected",
+                               json_object_new_boolean(up));
+        kvo_http_respond_json(req, 200, o);
+    } else if (strcmp(path, "/stats") == 0) {
+        if (!r->pipe)
+            kvo_http_respond_error(req, 503, "starting");
+        else
+            kvo_http_respond_json(req, 200, stats_json(r));
+    } else {
+        kvo_http_respond_error(req, 404, "not found");
+    }
+}
+
+/* ---- discovery -----------------------------------------------------------*/
+
+/* An engine that binds everywhere lists a wildcard host (*, 0.0.0.0, [::]):
+ * connect to the host we discovered it through instead. */
+static char *endpoint_for(const char *ep, const char *base_url) {
+    const char *hs = strstr(ep, "://");
+    if (!hs) return kvo_strdup(ep);
+    hs += 3;
+    const char *colon = strrchr(hs, ':');
+    if (!colon) return kvo_strdup(ep);
+    size_t hl = (size_t)(colon - hs);
+    bool wildcard = (hl == 1 && hs[0] == '*') ||
+                    (hl == 7 && memcmp(hs, "0.0.0.0", 7) == 0) ||
+                    (hl == 4 && memcmp(hs, "[::]", 4) == 0);
+    if (!wildcard) return kvo_strdup(ep);
+    const char *bh = strstr(base_url, "://");
+    bh = bh ? bh + 3 : base_url;
+    size_t bl = strcspn(bh, ":/");
+    kvo_buf b;
+    kvo_buf_init(&b);
+    if (kvo_buf_printf(&b, "%.*s%.*s%s", (int)(hs - ep), ep, (int)bl, bh,
+                       colon) != KVO_OK ||
+        kvo_buf_cstr(&b) != KVO_OK) {
+        kvo_buf_fini(&b);
+        return NULL;
+    }
+    return (char *)b.data;
+}
+
+static kvo_status parse_sources(runner *r, const char *body,
+                                const char *base) {
+    json_object *j = json_tokener_parse(body);
+    kvo_status st = KVO_EPROTO;
+    if (!j || !json_object_is_type(j, json_type_array)) goto done;
+    size_t n = json_object_array_length(j);
+    for (size_t i = 0; i < n && r->nsrc < RELAY_MAX_SOURCES; i++) {
+        json_object *e = json_object_array_get_idx(j, i), *v;
+        if (!json_object_is_type(e, json_type_object)) continue;
+        if (json_object_object_get_ex(e, "transport", &v) &&
+            strcmp(json_object_get_string(v), "zmq") != 0)
+            continue;
+        if (!json_object_object_get_ex(e, "endpoint", &v) ||
+            !json_object_is_type(v, json_type_string))
+            continue;
+        src_desc *d = &r->desc[r->nsrc];
+        memset(d, 0, sizeof(*d));
+        d->endpoint = endpoint_for(json_object_get_string(v), base);
+        if (json_object_object_get_ex(e, "replay_endpoint", &v) &&
+            json_object_is_type(v, json_type_string))
+            d->replay = endpoint_for(json_object_get_string(v), base);
+        d->rank = r->cfg->dp_rank;
+        if (json_object_object_get_ex(e, "data_parallel_rank", &v) &&
+            json_object_is_type(v, json_type_int) &&
+            json_object_get_int64(v) >= 0)
+            d->rank = (uint32_t)json_object_get_int64(v);
+        if (!d->endpoint) {
+            st = KVO_ENOMEM;
+            goto done;
+        }
+        r->nsrc++;
+    }
+    st = r->nsrc ? KVO_OK : KVO_ENOTFOUND;
+done:
+    json_object_put(j);
+    return st;
+}
+
+static void serve_http(runner *r, long wait_ms) {
+    if (!r->http) {
+        zmq_poll(NULL, 0, wait_ms);
+        return;
+    }
+    zmq_pollitem_t it = {NULL, kvo_http_server_fd(r->http), ZMQ_POLLIN, 0};
+    long t = kvo_http_server_timeout_ms(r->http);
+    if (t < 0 || t > wait_ms) t = wait_ms;
+    zmq_poll(&it, 1, t);
+    kvo_http_server_run(r->http);
+}
+
+static kvo_status discover(runner *r) {
+    const char *base = r->cfg->discover;
+    char url[1024];
+    size_t bl = strlen(base);
+    while (bl && base[bl - 1] == '/') bl--;
+    snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl, base);
+    kvo_http_client *c = NULL;
+    kvo_status st = kvo_http_client_new(&c, 2000);
+    if (st != KVO_OK) return st;
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    bool said = false;
+    st = KVO_ETIMEDOUT;
+    while (!kvo_stop) {
+        kvo_status g = kvo_http_get(c, url, &resp);
+        if (g == KVO_OK && resp.status == 200) {
+            st = parse_sources(r, resp.body.data ? (char *)resp.body.data
+                                                 : "",
+                               base);
+            if (st == KVO_OK) break;
+            kvo_warn("discovery: %s lists no usable ZMQ source (%s)", url,
+                     kvo_strerror(st));
+        } else if (!said) {
+            kvo_info("discovery: waiting for %s (%s)", url,
+                     g == KVO_OK ? "not 200" : kvo_http_client_error(c));
+            said = true;
+        }
+        serve_http(r, 250);
+    }
+    kvo_http_resp_fini(&resp);
+    kvo_http_client_free(c);
+    return kvo_stop ? KVO_ETIMEDOUT : st;
+}
+
+/* ---- the loop ------------------------------------------------------------*/
+
+static void record_rx(runner *r, const relay_rx *rx, bool reply) {
+    if (!r->cap || !r->cap_zmq) return;
+    const wire_frame *f = rx->frames;
+    uint32_t n = rx->n < WIRE_CAP_MAX_FRAMES ? rx->n : WIRE_CAP_MAX_FRAMES;
+    wire_frame three[3];
+    if (reply) {
+        /* Replies as the 3 frames a SUB would have seen; end markers are
+         * protocol, not batches. */
+        if (n == 4 && f[0].len == 0) {
+            memcpy(three, f + 1, sizeof(three));
+        } else if (n == 3 && f[0].len == 0) {
+            three[0] = (wire_frame){(const uint8_t *)"", 0};
+            three[1] = f[1];
+            three[2] = f[2];
+        } else {
+            return;
+        }
+        if (three[2].len == 0) return;
+        f = three;
+        n = 3;
+    }
+    if (wire_cap_write(r->cap, kvo_unix_ns(), f, n) != KVO_OK)
+        r->cap_errors++;
+}
+
+/* Read everything waiting on every socket. Returns true if anything came. */
+static bool drain_sockets(runner *r) {
+    bool any = false, more = true;
+    while (more && !kvo_stop) {
+        more = false;
+        for (uint32_t i = 0; i < r->nsrc; i++) {
+            /* Replies first: they fill the hole the live batches wait on. */
+            for (int k = 0; k < 256; k++) {
+                kvo_status s = relay_source_recv_dealer(r->src[i], &r->rx);
+                if (s != KVO_OK) break;
+                record_rx(r, &r->rx, true);
+                relay_pipe_replay(r->pipe, i, r->rx.frames, r->rx.n,
+                                  kvo_now_ns());
+                more = any = true;
+            }
+            for (int k = 0; k < 256; k++) {
+                kvo_status s = relay_source_recv_sub(r->src[i], &r->rx);
+                if (s != KVO_OK) break;
+                record_rx(r, &r->rx, false);
+                relay_pipe_live(r->pipe, i, r->rx.frames, r->rx.n,
+                                kvo_now_ns());
+                more = any = true;
+            }
+        }
+    }
+    return any;
+}
+
+static void loop(runner *r) {
+    zmq_pollitem_t items[2 * RELAY_MAX_SOURCES + 1];
+    uint64_t interval = r->cfg->stats_interval_ms * 1000000u;
+    uint64_t next_stats = interval ? kvo_now_ns() + interval : 0;
+    while (!kvo_stop) {
+        int n = 0;
+        for (uint32_t i = 0; i < r->nsrc; i++) {
+            items[n++] = (zmq_pollitem_t){relay_source_sub(r->src[i]), 0,
+                                          ZMQ_POLLIN, 0};
+            void *d = relay_source_dealer(r->src[i]);
+            if (d) items[n++] = (zmq_pollitem_t){d, 0, ZMQ_POLLIN, 0};
+        }
+        long t = 100;
+        if (r->http) {
+            items[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(r->http),
+                                          ZMQ_POLLIN, 0};
+            long ht = kvo_http_server_timeout_ms(r->http);
+            if (ht >= 0 && ht < t) t = ht;
+        }
+        uint64_t now = kvo_now_ns();
+        uint64_t dl = relay_pipe_deadline(r->pipe);
+        if (dl) {
+            long dt = dl > now ? (long)((dl - now) / 1000000u) + 1 : 0;
+            if (dt < t) t = dt;
+        }
+        if (zmq_poll(items, n, t) < 0 && zmq_errno() != EINTR) {
+            kvo_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (drain_sockets(r)) relay_pipe_flush(r->pipe);
+        now = kvo_now_ns();
+        relay_pipe_tick(r->pipe, now);
+        relay_pipe_flush(r->pipe);
+        if (r->http) kvo_http_server_run(r->http);
+        if (next_stats && now >= next_stats) {
+            char line[768];
+            relay_stats_line(stats_now(r), line, sizeof(line));
+            kvo_info("stats: %s", line);
+            next_stats = now + interval;
+        }
+    }
+    relay_pipe_flush(r->pipe);
+}
+
+/* ---- setup and teardown --------------------------------------------------*/
+
+static void log_config(const runner *r) {
+    const relay_cfg *c = r->cfg;
+    kvo_info("kvo-relay %s", KVO_VERSION);
+    kvo_info("config: zmq=%s%s topic='%s' replay=%s discover=%s dp_rank=%u "
+             "hwm=%d max_msg_bytes=%" PRId64 " linger_ms=%d",
+             c->zmq ? c->zmq : "-", c->zmq_bind ? " (bind)" : "", c->topic,
+             c->replay ? c->replay : "-", c->discover ? c->discover : "-",
+             c->dp_rank, c->zmq_hwm, c->zmq_max_msg_bytes, c->linger_ms);
+    kvo_info("config: nats=%s buffer_bytes=%d auth=%s tls=%s subject=%s "
+             "worker_id=%" PRIu64 " publisher_id=%" PRIu64 " block_size=%u",
+             c->nats, c->nats_buffer_bytes,
+             c->nats_creds ? "creds"
+             : c->nats_token ? "token"
+             : c->nats_user  ? "user"
+                             : "none",
+             (c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
+              c->nats_tls_skip_verify)
+                 ? "on"
+                 : "off",
+             r->subject, c->worker_id, r->publisher_id, c->block_size);
+    char from[32] = "-";
+    if (c->replay_from_set)
+        snprintf(from, sizeof(from), "%" PRIu64, c->replay_from);
+    kvo_info("config: replay_from=%s replay_timeout_ms=%" PRIu64
+             " buffer_max_batches=%u verify=%s hash_seed=%s metrics=%s "
+             "stats_interval_ms=%" PRIu64 " record=%s",
+             from, c->replay_timeout_ms, c->buffer_max_batches,
+             c->verify ? wire_algo_name(c->verify_algo) : "off",
+             c->verify ? c->hash_seed : "-",
+             c->metrics_listen ? c->metrics_listen : "off",
+             c->stats_interval_ms, c->record ? c->record : "-");
+}
+
+static kvo_status write_exit_json(runner *r) {
+    json_object *o = stats_json(r);
+    const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+    kvo_status st = KVO_OK;
+    if (r->cfg->stats_json) {
+        FILE *f = fopen(r->cfg->stats_json, "w");
+        if (!f || fprintf(f, "%s\n", text) < 0) st = KVO_EIO;
+        if (f && fclose(f) != 0) st = KVO_EIO;
+        if (st != KVO_OK)
+            kvo_error("cannot write %s", r->cfg->stats_json);
+    } else {
+        printf("%s\n", text);
+        fflush(stdout);
+    }
+    json_object_put(o);
+    return st;
+}
+
+static kvo_status setup_sources(runner *r) {
+    const relay_cfg *c = r->cfg;
+    if (c->discover) {
+        kvo_status st = discover(r);
+        if (st != KVO_OK) return st;
+    } else {
+        r->desc[0].endpoint = kvo_strdup(c->zmq);
+        r->desc[0].replay = c->replay ? kvo_strdup(c->replay) : NULL;
+        r->desc[0].rank = c->dp_rank;
+        if (!r->desc[0].endpoint || (c->replay && !r->desc[0].replay))
+            return KVO_ENOMEM;
+        r->nsrc = 1;
+    }
+    for (uint32_t i = 0; i < r->nsrc; i++) {
+        relay_source_cfg sc = {
+            .endpoint = r->desc[i].endpoint,
+            .bind = c->zmq_bind && !c->discover,
+            .topic = c->topic,
+            .replay_endpoint = r->desc[i].replay,
+            .hwm = c->zmq_hwm,
+            .max_msg_bytes = c->zmq_max_msg_bytes,
+            .linger_ms = c->linger_ms,
+        };
+        kvo_status st = relay_source_new(&r->src[i], r->zctx, &sc);
+        if (st != KVO_OK) {
+            kvo_error("ZMQ source %s: %s", r->desc[i].endpoint,
+                      zmq_strerror(zmq_errno()));
+            return st;
+        }
+        kvo_info("source %u: %s%s replay=%s dp_rank=%u", i,
+                 r->desc[i].endpoint, sc.bind ? " (bind)" : "",
+                 r->desc[i].replay ? r->desc[i].replay : "-",
+                 r->desc[i].rank);
+        st = relay_pipe_source_add(r->pipe, r->desc[i].rank,
+                                   r->desc[i].replay != NULL, NULL);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+static kvo_status wait_nats(runner *r) {
+    bool said = false;
+    while (!kvo_stop && !relay_nats_connected(r->nats)) {
+        if (!said) kvo_info("waiting for NATS at %s", r->cfg->nats);
+        said = true;
+        serve_http(r, 50);
+    }
+    if (kvo_stop) return KVO_ETIMEDOUT;
+    kvo_info("NATS connected");
+    return KVO_OK;
+}
+
+kvo_status relay_run(const relay_cfg *cfg) {
+    if ((!cfg->zmq && !cfg->discover) || (cfg->zmq && cfg->discover))
+        return KVO_EINVAL;
+    runner r;
+    memset(&r, 0, sizeof(r));
+    r.cfg = cfg;
+    kvo_status st = KVO_OK;
+    r.publisher_id = cfg->publisher_id;
+    if (!cfg->publisher_id_set) {
+        if (getrandom(&r.publisher_id, sizeof(r.publisher_id), 0) !=
+            (ssize_t)sizeof(r.publisher_id))
+            r.publisher_id = kvo_unix_ns() ^ ((uint64_t)getpid() << 32);
+        r.publisher_id &= (uint64_t)INT64_MAX;
+    }
+    snprintf(r.subject, sizeof(r.subject), "namespace.%s.component.%s.kv-events",
+             cfg->ns, cfg->component);
+    log_config(&r);
+
+    if (cfg->metrics_listen) {
+        char host[256];
+        uint16_t port;
+        if (kvo_parse_hostport(cfg->metrics_listen, host, sizeof(host),
+                               &port) != KVO_OK) {
+            kvo_error("bad --metrics-listen '%s'", cfg->metrics_listen);
+            st = KVO_EINVAL;
+            goto done;
+        }
+        kvo_http_server_cfg hc = {.host = host, .port = port,
+                                  .handler = on_http, .ctx = &r};
+        st = kvo_http_server_new(&r.http, &hc);
+        if (st != KVO_OK) {
+            kvo_error("metrics server on %s: %s", cfg->metrics_listen,
+                      kvo_strerror(st));
+            goto done;
+        }
+        kvo_info("metrics on http://%s:%u/metrics", host,
+                 kvo_http_server_port(r.http));
+    }
+    if (cfg->record) {
+        st = wire_cap_create(&r.cap, cfg->record);
+        if (st != KVO_OK) {
+            kvo_error("cannot create capture %s: %s", cfg->record,
+                      kvo_strerror(st));
+            goto done;
+        }
+        r.cap_zmq = cfg->record_what != RELAY_RECORD_NATS;
+        r.cap_nats = cfg->record_what != RELAY_RECORD_ZMQ;
+    }
+    st = relay_nats_new(&r.nats, cfg);
+    if (st != KVO_OK) {
+        kvo_error("%s", r.nats ? relay_nats_last_error(r.nats) : kvo_strerror(st));
+        goto done;
+    }
+    relay_pipe_cfg pc = {
+        .worker_id = cfg->worker_id,
+        .block_size = cfg->block_size,
+        .publisher_id = r.publisher_id,
+        .subject = r.subject,
+        .replay_from_set = cfg->replay_from_set,
+        .replay_from = cfg->replay_from,
+        .replay_timeout_ms = cfg->replay_timeout_ms,
+        .buffer_max_batches = cfg->buffer_max_batches,
+        .verify = cfg->verify,
+        .verify_algo = cfg->verify_algo,
+        .hash_seed = cfg->hash_seed,
+    };
+    relay_out out = {.ctx = &r,
+                     .publish = on_publish,
+                     .replay_request = on_replay_request,
+                     .replay_abort = on_replay_abort,
+                     .note = on_note};
+    st = relay_pipe_new(&r.pipe, &pc, &out);
+    if (st != KVO_OK) {
+        kvo_error("pipeline: %s", kvo_strerror(st));
+        goto done;
+    }
+    r.zctx = zmq_ctx_new();
+    if (!r.zctx) {
+        st = KVO_ENET;
+        goto done;
+    }
+    st = setup_sources(&r);
+    if (st != KVO_OK) {
+        if (kvo_stop) st = KVO_OK; /* stopped while discovering */
+        goto done;
+    }
+    if (wait_nats(&r) == KVO_OK) {
+        relay_pipe_start(r.pipe, kvo_now_ns());
+        loop(&r);
+    }
+    char line[768];
+    relay_stats_line(stats_now(&r), line, sizeof(line));
+    kvo_info("final: %s", line);
+    if (write_exit_json(&r) != KVO_OK) st = KVO_EIO;
+    if (st == KVO_OK && cfg->verify && relay_pipe_stats(r.pipe)->hash_mismatches)
+        st = KVO_ECHECK;
+done:
+    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++) {
+        relay_source_free(r.src[i]);
+        kvo_free(r.desc[i].endpoint);
+        kvo_free(r.desc[i].replay);
+    }
+    if (r.zctx) zmq_ctx_term(r.zctx);
+    relay_nats_free(r.nats);
+    relay_pipe_free(r.pipe);
+    wire_cap_close(r.cap);
+    kvo_http_server_free(r.http);
+    return st;
+}
