@@ -147,10 +147,13 @@ START_TEST(spawn_and_find_report_missing_executables) {
     ck_assert_int_eq(kvo_find_exe("/bin/sh", out, sizeof(out)), KVO_OK);
     ck_assert_str_eq(out, "/bin/sh");
     ck_assert_int_eq(kvo_find_exe("sh", out, 3), KVO_ENOTFOUND); /* too small */
-    /* sbin directories are searched even when PATH lacks them (this test
-     * runs in its own process, so changing PATH is harmless). */
+    /* sbin directories are searched even when PATH lacks them. */
+    char *saved = kvo_strdup(getenv("PATH") ? getenv("PATH") : "");
     setenv("PATH", "/bin", 1);
-    ck_assert_int_eq(kvo_find_exe("nats-server", out, sizeof(out)), KVO_OK);
+    kvo_status st = kvo_find_exe("nats-server", out, sizeof(out));
+    setenv("PATH", saved, 1);
+    kvo_free(saved);
+    ck_assert_int_eq(st, KVO_OK);
     ck_assert_ptr_nonnull(strstr(out, "sbin/nats-server"));
     kvo_free(log);
     kvo_free(dir);
@@ -207,7 +210,10 @@ START_TEST(children_die_with_their_parent) {
     if (mid == 0) { /* a parent that spawns, reports the pid, and dies */
         kvo_proc p;
         char *argv[] = {"sleep", "300", NULL};
-        if (kvo_proc_spawn(&p, "orphan", argv, log) != KVO_OK) _exit(1);
+        kvo_status st = kvo_proc_spawn(&p, "orphan", argv, log);
+        kvo_free(log); /* keeps valgrind's report of this child clean */
+        kvo_free(dir);
+        if (st != KVO_OK) _exit(1);
         ssize_t w = write(fds[1], &p.pid, sizeof(p.pid));
         _exit(w == sizeof(p.pid) ? 0 : 1);
     }
@@ -353,6 +359,7 @@ static char *guarded_child_output(const char *dir, bool release) {
         memset(&p, 0, sizeof(p));
         snprintf(p.name, sizeof(p.name), "server");
         snprintf(p.log_path, sizeof(p.log_path), "%s", log);
+        kvo_free(log);
         kt_guard g;
         kt_guard_start(&g, &p);
         if (release) kt_guard_release(&g);
