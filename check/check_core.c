@@ -1,0 +1,711 @@
+/* check_core.c -- the pure part of the oracle: counters of every stage, the
+ * rules that say which counters must stay 0, the per-prompt judge and the
+ * verdict. No sockets, no clocks, no logging: the tests feed it by hand.
+ *
+ * Judging one prompt of n tokens, block size bs, cap = (n-1)//bs:
+ *
+ *   slot s:   index says  i[s] = min(score[s], cap)
+ *             engine says e[s] = probe hit blocks (already capped by it)
+ *   chosen c: engine says cached_tokens / bs   (must equal e[c] when probed)
+ *
+ *   diverged  <=>  some slot has i[s] != e[s]   (or the chosen one differs
+ *                  from the response)
+ *   first divergent block = min(i[s], e[s]) over diverging slots: the first
+ *                  block one side holds and the other does not.
+ *
+ * The likely reason, most specific first: the engine contradicting itself;
+ * a sibling rank of the same worker holding what this rank lacks (wrong
+ * rank); a rule counter that moved since the previous prompt (hash mismatch,
+ * unknown parent, seq gap, rejected event...); one that tripped earlier; and
+ * else the direction: index behind = missed store, index ahead = stale block.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- Counters ------------------------------------------------------------*/
+
+void check_counters_init(check_counters *c) { memset(c, 0, sizeof(*c)); }
+
+void check_counters_clear(check_counters *c) {
+    for (size_t i = 0; i < c->n; i++) {
+        kvo_free(c->items[i].stage);
+        kvo_free(c->items[i].name);
+    }
+    c->n = 0;
+    c->hint = 0;
+}
+
+void check_counters_fini(check_counters *c) {
+    check_counters_clear(c);
+    kvo_free(c->items);
+    memset(c, 0, sizeof(*c));
+}
+
+static long counters_find(const check_counters *c, const char *stage,
+                          const char *name) {
+    size_t n = c->n;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (c->hint + k) % n;
+        if (strcmp(c->items[i].name, name) == 0 &&
+            strcmp(c->items[i].stage, stage) == 0)
+            return (long)i;
+    }
+    return -1;
+}
+
+kvo_status check_counters_set(check_counters *c, const char *stage,
+                              const char *name, double value) {
+    long i = counters_find(c, stage, name);
+    if (i >= 0) {
+        c->items[i].value = value;
+        c->hint = ((size_t)i + 1) % c->n;
+        return KVO_OK;
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        check_counter *p = kvo_realloc(c->items, cap * sizeof(*p));
+        if (!p) return KVO_ENOMEM;
+        c->items = p;
+        c->cap = cap;
+    }
+    check_counter *it = &c->items[c->n];
+    it->stage = kvo_strdup(stage);
+    it->name = kvo_strdup(name);
+    if (!it->stage || !it->name) {
+        kvo_free(it->stage);
+        kvo_free(it->name);
+        return KVO_ENOMEM;
+    }
+    it->value = value;
+    c->n++;
+    c->hint = 0;
+    return KVO_OK;
+}
+
+double check_counters_get(const check_counters *c, const char *stage,
+                          const char *name) {
+    long i = counters_find(c, stage, name);
+    return i < 0 ? NAN : c->items[i].value;
+}
+
+/* Does s contain any of the '|'-separated alternatives of pat? */
+static bool contains_any(const char *s, const char *pat) {
+    const char *p = pat;
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len > 0) {
+            for (const char *q = s; *q; q++)
+                if (strncmp(q, p, len) == 0) return true;
+        }
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+double check_counters_sum(const check_counters *c, const char *stage_prefix,
+                          const char *match) {
+    double sum = 0;
+    size_t pl = strlen(stage_prefix);
+    for (size_t i = 0; i < c->n; i++)
+        if (strncmp(c->items[i].stage, stage_prefix, pl) == 0 &&
+            contains_any(c->items[i].name, match) &&
+            !isnan(c->items[i].value))
+            sum += c->items[i].value;
+    return sum;
+}
+
+kvo_status check_counters_copy(check_counters *dst,
+                               const check_counters *src) {
+    check_counters_clear(dst);
+    for (size_t i = 0; i < src->n; i++) {
+        kvo_status st = check_counters_set(dst, src->items[i].stage,
+                                           src->items[i].name,
+                                           src->items[i].value);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+kvo_status check_counters_rename_stage(check_counters *c, const char *from,
+                                       const char *to) {
+    for (size_t i = 0; i < c->n; i++) {
+        if (strcmp(c->items[i].stage, from) != 0) continue;
+        char *s = kvo_strdup(to);
+        if (!s) return KVO_ENOMEM;
+        kvo_free(c->items[i].stage);
+        c->items[i].stage = s;
+    }
+    return KVO_OK;
+}
+
+kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
+                                const check_counters *cur) {
+    check_counters_clear(out);
+    for (size_t i = 0; i < cur->n; i++) {
+        const check_counter *it = &cur->items[i];
+        double before = check_counters_get(prev, it->stage, it->name);
+        if (isnan(before)) before = 0;
+        if (!(it->value > before)) continue;
+        kvo_status st =
+            check_counters_set(out, it->stage, it->name, it->value - before);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
+kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
+                                     const char *text, size_t len) {
+    const char *p = text, *end = text + len;
+    char name[512];
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol) eol = end;
+        const char *q = p;
+        while (q < eol && (*q == ' ' || *q == '\t')) q++;
+        if (q < eol && *q != '#') {
+            /* name{labels} value [timestamp]: the key runs to the first
+             * blank outside the braces. */
+            const char *k = q;
+            int depth = 0;
+            bool quoted = false;
+            while (k < eol) {
+                if (quoted) {
+                    if (*k == '\\' && k + 1 < eol) k++;
+                    else if (*k == '"') quoted = false;
+                } else if (*k == '"') {
+                    quoted = true;
+                } else if (*k == '{') {
+                    depth++;
+                } else if (*k == '}') {
+                    depth--;
+                } else if ((*k == ' ' || *k == '\t') && depth == 0) {
+                    break;
+                }
+                k++;
+            }
+            size_t nl = (size_t)(k - q);
+            while (k < eol && (*k == ' ' || *k == '\t')) k++;
+            if (nl > 0 && nl < sizeof(name) && k < eol) {
+                char num[64];
+                size_t vl = 0;
+                while (k + vl < eol && k[vl] != ' ' && k[vl] != '\t' &&
+                       k[vl] != '\r' && vl + 1 < sizeof(num))
+                    vl++;
+                memcpy(num, k, vl);
+                num[vl] = '\0';
+                double v;
+                if (kvo_parse_double(num, &v) == KVO_OK ||
+                    (strcmp(num, "NaN") == 0 && (v = NAN, true)) ||
+                    (strcmp(num, "+Inf") == 0 && (v = INFINITY, true))) {
+                    memcpy(name, q, nl);
+                    name[nl] = '\0';
+                    kvo_status st = check_counters_set(c, stage, name, v);
+                    if (st != KVO_OK) return st;
+                }
+            }
+        }
+        p = eol + 1;
+    }
+    return KVO_OK;
+}
+
+static kvo_status parse_json_rec(check_counters *c, const char *stage,
+                                 json_object *j, char *path, size_t plen,
+                                 size_t cap, int depth) {
+    if (depth > 16) return KVO_OK;
+    kvo_status st = KVO_OK;
+    switch (json_object_get_type(j)) {
+    case json_type_int:
+        if (plen)
+            st = check_counters_set(
+                c, stage, path,
+                json_object_get_int64(j) < 0
+                    ? (double)json_object_get_int64(j)
+                    : (double)json_object_get_uint64(j));
+        break;
+    case json_type_double:
+        if (plen)
+            st = check_counters_set(c, stage, path, json_object_get_double(j));
+        break;
+    case json_type_boolean:
+        if (plen)
+            st = check_counters_set(c, stage, path,
+                                    json_object_get_boolean(j) ? 1 : 0);
+        break;
+    case json_type_object: {
+        json_object_object_foreach(j, key, val) {
+            int n = snprintf(path + plen, cap - plen, "%s%s", plen ? "." : "",
+                             key);
+            if (n < 0 || (size_t)n >= cap - plen) continue;
+            st = parse_json_rec(c, stage, val, path, plen + (size_t)n, cap,
+                                depth + 1);
+            path[plen] = '\0';
+            if (st != KVO_OK) break;
+        }
+        break;
+    }
+    case json_type_array: {
+        size_t n = json_object_array_length(j);
+        for (size_t i = 0; i < n && st == KVO_OK; i++) {
+            int w = snprintf(path + plen, cap - plen, "%s%zu", plen ? "." : "",
+                             i);
+            if (w < 0 || (size_t)w >= cap - plen) continue;
+            st = parse_json_rec(c, stage, json_object_array_get_idx(j, i),
+                                path, plen + (size_t)w, cap, depth + 1);
+            path[plen] = '\0';
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    return st;
+}
+
+kvo_status check_counters_parse_json(check_counters *c, const char *stage,
+                                     json_object *j) {
+    char path[512] = "";
+    return parse_json_rec(c, stage, j, path, 0, sizeof(path), 0);
+}
+
+/* ---- Reasons and rules ---------------------------------------------------*/
+
+const char *check_reason_name(check_reason r) {
+    static const char *names[CHECK_REASON_COUNT] = {
+        [CHECK_REASON_NONE] = "",
+        [CHECK_REASON_MISSED_STORE] = "missed store",
+        [CHECK_REASON_STALE_BLOCK] = "stale block",
+        [CHECK_REASON_HASH_MISMATCH] = "hash mismatch",
+        [CHECK_REASON_UNKNOWN_PARENT] = "unknown parent",
+        [CHECK_REASON_WRONG_RANK] = "wrong rank",
+        [CHECK_REASON_SEQ_GAP] = "seq gap",
+        [CHECK_REASON_REJECTED] = "rejected event",
+        [CHECK_REASON_ENGINE] = "engine inconsistent",
+    };
+    return (unsigned)r < CHECK_REASON_COUNT ? names[r] : "?";
+}
+
+/* Counters that must stay 0 on a correct pipeline, most telling first. The
+ * names are matched loosely (substrings) so that a stage may label its
+ * metrics as it likes; samples that are not counts (histograms, config) are
+ * excluded explicitly. */
+static const check_rule RULES[] = {
+    /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
+    {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
+     "engine hashes that are not H(parent, tokens) (--verify-engine-hash)"},
+    {"relay", "replay_failures", NULL, CHECK_REASON_SEQ_GAP,
+     "gaps the relay could not replay (the rank was cleared)"},
+    {"relay", "buffer_dropped|publish_dropped", NULL, CHECK_REASON_SEQ_GAP,
+     "batches or messages the relay had to drop"},
+    {"relay", "bad_msgs|decode_errors", NULL, CHECK_REASON_REJECTED,
+     "ZMQ messages the relay could not decode"},
+    {"relay", "rejects", NULL, CHECK_REASON_REJECTED,
+     "events the relay refused (block size, token count, medium, rank)"},
+    {"relay", "removes_unknown", NULL, CHECK_REASON_MISSED_STORE,
+     "removes of hashes the relay never saw stored"},
+    /* kvo-indexer */
+    {"indexer", "parent_not_found", NULL, CHECK_REASON_UNKNOWN_PARENT,
+     "stores whose parent the index does not hold"},
+    {"indexer", "gap", NULL, CHECK_REASON_SEQ_GAP,
+     "event-plane sequence gaps (lost NATS messages)"},
+    {"indexer", "dropped|slow_consumer", NULL, CHECK_REASON_SEQ_GAP,
+     "NATS messages the indexer dropped"},
+    {"indexer", "invalid_block|decode_error|undecodable|malformed", NULL,
+     CHECK_REASON_REJECTED, "messages or blocks the indexer refused"},
+    {"indexer", "block_not_found", NULL, CHECK_REASON_MISSED_STORE,
+     "removes of blocks the index never held"},
+};
+
+const check_rule *check_rules(size_t *n) {
+    *n = KVO_ARRAY_LEN(RULES);
+    return RULES;
+}
+
+const check_rule *check_rule_find(const char *stage, const char *name) {
+    for (size_t i = 0; i < KVO_ARRAY_LEN(RULES); i++) {
+        const check_rule *r = &RULES[i];
+        if (strncmp(stage, r->stage_prefix, strlen(r->stage_prefix)) != 0)
+            continue;
+        /* Histogram and summary samples are never rule counters. */
+        if (contains_any(name, "_bucket|_sum{|_count{|_seconds")) continue;
+        if (contains_any(name, "status=\"ok\"")) continue;
+        if (!contains_any(name, r->match)) continue;
+        if (r->except && contains_any(name, r->except)) continue;
+        return r;
+    }
+    return NULL;
+}
+
+/* ---- Judge -----------------------------------------------------------------*/
+
+/* The first tripped rule among the counters of c (rule-table order). */
+static const check_counter *first_rule_counter(const check_counters *c,
+                                               const check_rule **rule) {
+    const check_counter *best = NULL;
+    const check_rule *best_rule = NULL;
+    if (!c) return NULL;
+    for (size_t i = 0; i < c->n; i++) {
+        if (!(c->items[i].value > 0)) continue;
+        const check_rule *r = check_rule_find(c->items[i].stage,
+                                              c->items[i].name);
+        if (!r) continue;
+        if (!best_rule || r < best_rule) {
+            best = &c->items[i];
+            best_rule = r;
+        }
+    }
+    *rule = best_rule;
+    return best;
+}
+
+kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
+                              check_prompt *p) {
+    if (!o || !p || o->block_size == 0 || o->n_slots == 0 ||
+        o->chosen >= o->n_slots || o->dp_size == 0 || !o->index_scores)
+        return KVO_EINVAL;
+    uint32_t n = o->n_slots, bs = o->block_size;
+    uint32_t *scores = kvo_arena_alloc(a, n * sizeof(*scores));
+    int32_t *hits = kvo_arena_alloc(a, n * sizeof(*hits));
+    if (!scores || !hits) return KVO_ENOMEM;
+
+    memset(p, 0, sizeof(*p));
+    p->id = o->id;
+    p->slot = o->chosen;
+    p->worker = o->chosen / o->dp_size;
+    p->dp_rank = o->chosen % o->dp_size;
+    p->prompt_tokens = o->prompt_tokens;
+    p->prompt_blocks = (o->prompt_tokens + bs - 1) / bs;
+    p->cap = o->prompt_tokens ? (o->prompt_tokens - 1) / bs : 0;
+    p->index_scores = scores;
+    p->engine_hits = hits;
+    p->first_divergent_block = -1;
+    p->divergent_slot = -1;
+    p->ms = o->ms;
+    for (uint32_t s = 0; s < n; s++) {
+        scores[s] = o->index_scores[s];
+        hits[s] = o->probe_hits ? o->probe_hits[s] : -1;
+        if (hits[s] < -1) hits[s] = -1;
+    }
+    uint32_t cap = p->cap;
+#define CAPPED(s) (scores[s] < cap ? scores[s] : cap)
+    p->index_raw_blocks = scores[o->chosen];
+    p->index_hit_blocks = CAPPED(o->chosen);
+
+    /* The chosen slot's truth is the response; a probe that disagrees with
+     * it means the engine contradicts itself. */
+    bool engine_bad = false;
+    if (o->cached_tokens >= 0) {
+        int64_t blocks = o->cached_tokens / bs;
+        p->engine_hit_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+        if (o->cached_tokens % bs != 0 ||
+            (hits[o->chosen] >= 0 && hits[o->chosen] != p->engine_hit_blocks))
+            engine_bad = true;
+    } else {
+        p->engine_hit_blocks = hits[o->chosen];
+    }
+
+    /* Divergence per slot; the chosen slot uses the response. */
+    long first_block = -1, first_slot = -1;
+    for (uint32_t s = 0; s < n; s++) {
+        int32_t e = s == o->chosen ? p->engine_hit_blocks : hits[s];
+        if (e < 0) continue;
+        uint32_t i = CAPPED(s);
+        bool d = (uint32_t)e != i ||
+                 (s == o->chosen && hits[s] >= 0 && hits[s] != e);
+        if (!d) continue;
+        long b = (uint32_t)e < i ? e : (long)i;
+        if (s == o->chosen && hits[s] >= 0 && hits[s] < b) b = hits[s];
+        if (first_block < 0 || b < first_block ||
+            (b == first_block && s == o->chosen)) {
+            first_block = b;
+            first_slot = s;
+        }
+    }
+    if (first_slot < 0 && !engine_bad) return KVO_OK;
+    p->diverged = true;
+    if (first_slot < 0) { /* only the engine's two answers differ */
+        first_slot = o->chosen;
+        first_block = p->engine_hit_blocks < hits[o->chosen]
+                          ? p->engine_hit_blocks
+                          : hits[o->chosen];
+    }
+    p->first_divergent_block = (int32_t)first_block;
+    p->divergent_slot = (int32_t)first_slot;
+
+    uint32_t ds = (uint32_t)first_slot;
+    int32_t de = ds == o->chosen ? p->engine_hit_blocks : hits[ds];
+    uint32_t di = CAPPED(ds);
+    int len = snprintf(p->detail, sizeof(p->detail),
+                       "worker %u rank %u: engine %d blocks, index %u",
+                       ds / o->dp_size, ds % o->dp_size, de, di);
+    if (len < 0 || (size_t)len >= sizeof(p->detail)) len = 0;
+    size_t room = sizeof(p->detail) - (size_t)len;
+    char *tail = p->detail + len;
+
+    /* 1. The engine contradicts itself. */
+    if (engine_bad) {
+        p->reason = CHECK_REASON_ENGINE;
+        snprintf(tail, room, "; response says %lld cached tokens, probe %d "
+                 "blocks", (long long)o->cached_tokens, hits[o->chosen]);
+        return KVO_OK;
+    }
+    /* 2. A sibling rank of the same worker is off the other way. */
+    uint32_t w = ds / o->dp_size;
+    for (uint32_t r = 0; r < o->dp_size; r++) {
+        uint32_t s = w * o->dp_size + r;
+        if (s == ds) continue;
+        int32_t e = s == o->chosen ? p->engine_hit_blocks : hits[s];
+        if (e < 0) continue;
+        uint32_t i = CAPPED(s);
+        if (((uint32_t)de > di && i > (uint32_t)e) ||
+            ((uint32_t)de < di && i < (uint32_t)e)) {
+            p->reason = CHECK_REASON_WRONG_RANK;
+            snprintf(tail, room, "; rank %u: engine %d, index %u", r, e, i);
+            return KVO_OK;
+        }
+    }
+    /* 3. A rule counter that moved since the previous prompt, 4. or one that
+     * tripped earlier. */
+    const check_rule *rule = NULL;
+    const check_counter *c = first_rule_counter(o->moved, &rule);
+    const char *when = "+";
+    if (!c) {
+        c = first_rule_counter(o->total, &rule);
+        when = "earlier: ";
+    }
+    if (c) {
+        p->reason = rule->reason;
+        snprintf(tail, room, "; %s %s %s%.0f", c->stage, c->name, when,
+                 c->value);
+        return KVO_OK;
+    }
+    /* 5. The direction. */
+    p->reason = (uint32_t)de > di ? CHECK_REASON_MISSED_STORE
+                                  : CHECK_REASON_STALE_BLOCK;
+#undef CAPPED
+    return KVO_OK;
+}
+
+/* ---- Result ----------------------------------------------------------------*/
+
+void check_result_init(check_result *r) {
+    memset(r, 0, sizeof(*r));
+    kvo_arena_init(&r->arena);
+    check_counters_init(&r->counters);
+    r->error_prompt = -1;
+}
+
+void check_result_fini(check_result *r) {
+    kvo_free(r->slots);
+    kvo_free(r->prompts);
+    kvo_arena_fini(&r->arena);
+    check_counters_fini(&r->counters);
+    for (size_t i = 0; i < r->n_trips; i++) {
+        kvo_free(r->trips[i].stage);
+        kvo_free(r->trips[i].name);
+    }
+    kvo_free(r->trips);
+    memset(r, 0, sizeof(*r));
+}
+
+kvo_status check_result_slots(check_result *r, uint32_t n_workers,
+                              uint32_t dp_size, uint32_t block_size) {
+    if (n_workers == 0 || dp_size == 0 || block_size == 0 ||
+        (uint64_t)n_workers * dp_size > 65536)
+        return KVO_EINVAL;
+    check_slot_info *s = kvo_calloc((size_t)n_workers * dp_size, sizeof(*s));
+    if (!s) return KVO_ENOMEM;
+    for (uint32_t i = 0; i < n_workers * dp_size; i++) {
+        s[i].worker = i / dp_size;
+        s[i].dp_rank = i % dp_size;
+    }
+    kvo_free(r->slots);
+    r->slots = s;
+    r->n_slots = n_workers * dp_size;
+    r->dp_size = dp_size;
+    r->block_size = block_size;
+    return KVO_OK;
+}
+
+kvo_status check_result_add(check_result *r, const check_obs *o,
+                            const check_prompt **out) {
+    if (o->n_slots != r->n_slots || o->block_size != r->block_size)
+        return KVO_EINVAL;
+    if (r->n_prompts == r->cap_prompts) {
+        size_t cap = r->cap_prompts ? r->cap_prompts * 2 : 256;
+        check_prompt *p = kvo_realloc(r->prompts, cap * sizeof(*p));
+        if (!p) return KVO_ENOMEM;
+        r->prompts = p;
+        r->cap_prompts = cap;
+    }
+    check_prompt *p = &r->prompts[r->n_prompts];
+    kvo_status st = check_prompt_judge(o, &r->arena, p);
+    if (st != KVO_OK) return st;
+    r->n_prompts++;
+    if (out) *out = p;
+    return KVO_OK;
+}
+
+kvo_status check_result_trips(check_result *r, const check_counters *total,
+                              int64_t before_prompt) {
+    for (size_t i = 0; i < total->n; i++) {
+        const check_counter *c = &total->items[i];
+        if (!(c->value > 0)) continue;
+        const check_rule *rule = check_rule_find(c->stage, c->name);
+        if (!rule) continue;
+        size_t k;
+        for (k = 0; k < r->n_trips; k++)
+            if (strcmp(r->trips[k].stage, c->stage) == 0 &&
+                strcmp(r->trips[k].name, c->name) == 0)
+                break;
+        if (k < r->n_trips) {
+            r->trips[k].value = c->value;
+            continue;
+        }
+        if (r->n_trips == r->cap_trips) {
+            size_t cap = r->cap_trips ? r->cap_trips * 2 : 8;
+            check_trip *t = kvo_realloc(r->trips, cap * sizeof(*t));
+            if (!t) return KVO_ENOMEM;
+            r->trips = t;
+            r->cap_trips = cap;
+        }
+        check_trip *t = &r->trips[r->n_trips];
+        t->stage = kvo_strdup(c->stage);
+        t->name = kvo_strdup(c->name);
+        if (!t->stage || !t->name) {
+            kvo_free(t->stage);
+            kvo_free(t->name);
+            return KVO_ENOMEM;
+        }
+        t->value = c->value;
+        t->before_prompt = before_prompt;
+        t->rule = rule;
+        r->n_trips++;
+    }
+    return KVO_OK;
+}
+
+void check_result_error(check_result *r, int64_t prompt, const char *fmt,
+                        ...) {
+    if (r->error[0]) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->error, sizeof(r->error), fmt, ap);
+    va_end(ap);
+    r->error_prompt = prompt;
+}
+
+void check_result_totals(const check_result *r, check_totals *t) {
+    memset(t, 0, sizeof(*t));
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        const check_prompt *p = &r->prompts[i];
+        t->requests++;
+        t->prompt_tokens += p->prompt_tokens;
+        t->prompt_blocks += p->prompt_blocks;
+        if (p->engine_hit_blocks > 0)
+            t->engine_hit_tokens +=
+                (uint64_t)p->engine_hit_blocks * r->block_size;
+        t->index_hit_tokens += (uint64_t)p->index_hit_blocks * r->block_size;
+        t->index_raw_blocks += p->index_raw_blocks;
+        if (p->diverged) t->divergent++;
+    }
+}
+
+/* Worst first: divergent ones (by how far apart), then the lowest engine hit
+ * rate against what a cache could have served, then the longest. */
+static int worst_cmp(const void *a, const void *b) {
+    const check_prompt *x = *(const check_prompt *const *)a;
+    const check_prompt *y = *(const check_prompt *const *)b;
+    if (x->diverged != y->diverged) return x->diverged ? -1 : 1;
+    if (x->diverged) {
+        long dx = labs((long)x->engine_hit_blocks - (long)x->index_hit_blocks);
+        long dy = labs((long)y->engine_hit_blocks - (long)y->index_hit_blocks);
+        if (dx != dy) return dx > dy ? -1 : 1;
+    } else {
+        double hx = x->cap ? (double)x->engine_hit_blocks / x->cap : 1;
+        double hy = y->cap ? (double)y->engine_hit_blocks / y->cap : 1;
+        if (hx != hy) return hx < hy ? -1 : 1;
+        if (x->prompt_tokens != y->prompt_tokens)
+            return x->prompt_tokens > y->prompt_tokens ? -1 : 1;
+    }
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+size_t check_result_worst(const check_result *r, const check_prompt **out,
+                          size_t n) {
+    if (!n || !r->n_prompts) return 0;
+    const check_prompt **v = kvo_calloc(r->n_prompts, sizeof(*v));
+    if (!v) return 0;
+    for (size_t i = 0; i < r->n_prompts; i++) v[i] = &r->prompts[i];
+    qsort(v, r->n_prompts, sizeof(*v), worst_cmp);
+    if (n > r->n_prompts) n = r->n_prompts;
+    memcpy(out, v, n * sizeof(*v));
+    kvo_free(v);
+    return n;
+}
+
+/* ---- Verdict ---------------------------------------------------------------*/
+
+void check_verdict_decide(const check_result *r, check_verdict *out) {
+    memset(out, 0, sizeof(*out));
+    /* Candidates ordered by (request, kind): a run error at request x
+     * happened before its counters were read (kind 0), a tripped counter
+     * before its query (1), a divergence at the query (2). "At the end"
+     * sorts after every request. */
+#define POS(req, kind) \
+    ((req) < 0 ? UINT64_MAX - 3 + (kind) : (uint64_t)(req) * 3 + (kind))
+    const uint64_t none = UINT64_MAX;
+    uint64_t err_pos = r->error[0] ? POS(r->error_prompt, 0) : none;
+    const check_trip *tp = NULL;
+    uint64_t trip_pos = none;
+    for (size_t i = 0; i < r->n_trips; i++) {
+        uint64_t pos = POS(r->trips[i].before_prompt, 1);
+        if (pos < trip_pos) {
+            trip_pos = pos;
+            tp = &r->trips[i];
+        }
+    }
+    const check_prompt *dp = NULL;
+    uint64_t div_pos = none;
+    for (size_t i = 0; i < r->n_prompts && !dp; i++)
+        if (r->prompts[i].diverged) { /* trace order: the first is enough */
+            dp = &r->prompts[i];
+            div_pos = POS((int64_t)dp->id, 2);
+        }
+#undef POS
+    if (err_pos != none && err_pos <= trip_pos && err_pos <= div_pos) {
+        snprintf(out->cause, sizeof(out->cause), "%s", r->error);
+    } else if (tp && trip_pos <= div_pos) {
+        char when[48] = "at the end";
+        if (tp->before_prompt >= 0)
+            snprintf(when, sizeof(when), "first seen before prompt %lld",
+                     (long long)tp->before_prompt);
+        snprintf(out->cause, sizeof(out->cause), "%s: %s %s = %.0f, %s (%s)",
+                 check_reason_name(tp->rule->reason), tp->stage, tp->name,
+                 tp->value, when, tp->rule->what);
+        out->reason = tp->rule->reason;
+    } else if (dp) {
+        snprintf(out->cause, sizeof(out->cause),
+                 "%s: prompt %llu diverged at block %d (%s)",
+                 check_reason_name(dp->reason), (unsigned long long)dp->id,
+                 dp->first_divergent_block, dp->detail);
+        out->reason = dp->reason;
+    } else if (r->n_prompts == 0) {
+        snprintf(out->cause, sizeof(out->cause), "no request was checked");
+    } else {
+        out->pass = true;
+    }
+}
+
+const char *check_stage_name(check_stage s) {
+    static const char *names[CHECK_STAGE_COUNT] = {
+        "watermark wait", "counters", "index query", "engine probes",
+        "completion", "other"};
+    return (unsigned)s < CHECK_STAGE_COUNT ? names[s] : "?";
+}

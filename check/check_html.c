@@ -1,0 +1,444 @@
+/* check_html.c -- the HTML report: one self-contained page (inline CSS,
+ * inline SVG drawn here, a few lines of inline JS for hover details), no
+ * network, readable by a person debugging a falling hit rate.
+ *
+ * Page: verdict banner · summary table · hit rate over the trace (rolling
+ * window, engine vs index, all requests, then one small chart per slot) with
+ * divergences marked in red · the list of divergences with reasons · the
+ * worst prompts · counters per stage · where the time went.
+ *
+ * Plot geometry: x = position of the request in the run (trace order), y =
+ * hit rate in % of prompt tokens over the last W requests (token-weighted).
+ * The engine line is drawn wide and light, the index line thin and dashed on
+ * top of it, so a correct pipeline shows one line and a drift shows two.
+ */
+#include "check.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void esc(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
+static double pct(uint64_t a, uint64_t b) {
+    return b ? 100.0 * (double)a / (double)b : 0.0;
+}
+
+static const char CSS[] =
+    "body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,"
+    "sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 12px}"
+    "h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 8px;"
+    "border-bottom:1px solid #ddd;padding-bottom:4px}"
+    ".verdict{padding:10px 14px;border-radius:6px;font-weight:600;"
+    "font-size:16px}.pass{background:#e6f4ea;color:#1e6b34}"
+    ".fail{background:#fdecea;color:#a1261c}"
+    ".cause{font-weight:400;font-size:14px;margin-top:4px}"
+    "table{border-collapse:collapse;margin:6px 0}td,th{padding:3px 10px;"
+    "border-bottom:1px solid #eee;text-align:left;vertical-align:top}"
+    "th{background:#f6f6f6;font-weight:600}td.n{text-align:right;"
+    "font-variant-numeric:tabular-nums}tr.div td{background:#fff3f2}"
+    ".stage{display:inline-block;vertical-align:top;margin:0 18px 10px 0}"
+    ".bad{color:#a1261c;font-weight:600}.muted{color:#777}"
+    "svg text{font:11px system-ui,sans-serif;fill:#555}"
+    ".legend span{display:inline-block;margin-right:16px}"
+    ".sw{display:inline-block;width:22px;height:4px;vertical-align:middle;"
+    "margin-right:5px}"
+    "#tip{position:fixed;pointer-events:none;background:#222;color:#fff;"
+    "padding:6px 8px;border-radius:4px;font-size:12px;display:none;"
+    "white-space:pre}"
+    ".small{display:inline-block;margin:0 10px 10px 0}";
+
+enum { PLOT_W = 940, PLOT_H = 250, SMALL_W = 460, SMALL_H = 150,
+       MAX_POINTS = 900 };
+
+/* Rolling token-weighted rates over the prompts whose slot matches (slot <
+ * 0: all), evaluated at each such prompt. Writes (position, engine %,
+ * index %) triples; returns how many. */
+static size_t rolling(const check_result *r, long slot, size_t window,
+                      double *pos, double *eng, double *idx) {
+    size_t n = 0, head = 0;
+    uint64_t tok = 0, e = 0, i = 0;
+    size_t *members = kvo_calloc(r->n_prompts ? r->n_prompts : 1,
+                                 sizeof(*members));
+    if (!members) return 0;
+    size_t nm = 0;
+    for (size_t k = 0; k < r->n_prompts; k++) {
+        const check_prompt *p = &r->prompts[k];
+        if (slot >= 0 && p->slot != (uint32_t)slot) continue;
+        members[nm++] = k;
+        tok += p->prompt_tokens;
+        if (p->engine_hit_blocks > 0)
+            e += (uint64_t)p->engine_hit_blocks * r->block_size;
+        i += (uint64_t)p->index_hit_blocks * r->block_size;
+        if (nm - head > window) {
+            const check_prompt *o = &r->prompts[members[head++]];
+            tok -= o->prompt_tokens;
+            if (o->engine_hit_blocks > 0)
+                e -= (uint64_t)o->engine_hit_blocks * r->block_size;
+            i -= (uint64_t)o->index_hit_blocks * r->block_size;
+        }
+        pos[n] = (double)k;
+        eng[n] = pct(e, tok);
+        idx[n] = pct(i, tok);
+        n++;
+    }
+    kvo_free(members);
+    return n;
+}
+
+static void polyline(FILE *f, const double *pos, const double *val, size_t n,
+                     double x0, double xs, double y0, double ys,
+                     const char *attrs) {
+    if (n == 0) return;
+    size_t step = n > MAX_POINTS ? (n + MAX_POINTS - 1) / MAX_POINTS : 1;
+    fprintf(f, "<polyline fill=\"none\" %s points=\"", attrs);
+    for (size_t k = 0; k < n; k += step)
+        fprintf(f, "%.1f,%.1f ", x0 + pos[k] * xs, y0 - val[k] * ys);
+    if ((n - 1) % step)
+        fprintf(f, "%.1f,%.1f", x0 + pos[n - 1] * xs, y0 - val[n - 1] * ys);
+    fputs("\"/>\n", f);
+}
+
+/* One chart: frame, grid, the two lines, divergence marks. */
+static void chart(FILE *f, const check_result *r, long slot, size_t window,
+                  int w, int h, const char *id, const char *title) {
+    const double ml = 38, mr = 10, mt = 22, mb = 24;
+    double pw = w - ml - mr, ph = h - mt - mb;
+    size_t n = r->n_prompts;
+    double *pos = kvo_calloc(n ? n : 1, sizeof(double));
+    double *eng = kvo_calloc(n ? n : 1, sizeof(double));
+    double *idx = kvo_calloc(n ? n : 1, sizeof(double));
+    if (!pos || !eng || !idx) goto done;
+    size_t m = rolling(r, slot, window, pos, eng, idx);
+    double xs = pw / (double)(n > 1 ? n - 1 : 1), ys = ph / 100.0;
+    double y0 = mt + ph;
+    fprintf(f, "<svg %s%s%s class=\"plot\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" role=\"img\" data-slot=\"%ld\" "
+               "data-xs=\"%.6f\" data-ml=\"%.0f\">\n",
+            id ? "id=\"" : "", id ? id : "", id ? "\"" : "", w, h, w, h, slot,
+            xs, ml);
+    fprintf(f, "<text x=\"%.0f\" y=\"14\" style=\"font-weight:600\">", ml);
+    esc(f, title);
+    fputs("</text>\n", f);
+    for (int g = 0; g <= 100; g += 25) {
+        fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
+                   "stroke=\"%s\"/><text x=\"%.0f\" y=\"%.1f\" "
+                   "text-anchor=\"end\">%d%%</text>\n",
+                ml, ml + pw, y0 - g * ys, y0 - g * ys,
+                g ? "#eee" : "#999", ml - 4, y0 - g * ys + 4, g);
+    }
+    for (int t = 0; t <= 4 && n > 0; t++) {
+        size_t k = (size_t)((double)(n - 1) * t / 4);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">"
+                   "%llu</text>\n",
+                ml + (double)k * xs, (double)h - 6,
+                (unsigned long long)r->prompts[k].id);
+    }
+    for (size_t k = 0; k < n; k++) {
+        const check_prompt *p = &r->prompts[k];
+        if (!p->diverged) continue;
+        if (slot >= 0 && p->slot != (uint32_t)slot &&
+            p->divergent_slot != slot)
+            continue;
+        fprintf(f, "<line class=\"divmark\" x1=\"%.1f\" x2=\"%.1f\" "
+                   "y1=\"%.0f\" y2=\"%.1f\" stroke=\"#d93025\" "
+                   "stroke-opacity=\"0.55\"><title>prompt %llu: %s</title>"
+                   "</line>\n",
+                ml + (double)k * xs, ml + (double)k * xs, mt, y0,
+                (unsigned long long)p->id, check_reason_name(p->reason));
+    }
+    polyline(f, pos, eng, m, ml, xs, y0, ys,
+             "class=\"engine\" stroke=\"#4a90d9\" stroke-width=\"4\" "
+             "stroke-opacity=\"0.45\"");
+    polyline(f, pos, idx, m, ml, xs, y0, ys,
+             "class=\"index\" stroke=\"#c4540a\" stroke-width=\"1.4\" "
+             "stroke-dasharray=\"5 3\"");
+    fputs("</svg>\n", f);
+done:
+    kvo_free(pos);
+    kvo_free(eng);
+    kvo_free(idx);
+}
+
+static void summary_row(FILE *f, const char *k, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void summary_row(FILE *f, const char *k, const char *fmt, ...) {
+    char v[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof(v), fmt, ap);
+    va_end(ap);
+    fputs("<tr><th>", f);
+    esc(f, k);
+    fputs("</th><td class=\"n\">", f);
+    esc(f, v);
+    fputs("</td></tr>\n", f);
+}
+
+static void prompt_row(FILE *f, const check_prompt *p) {
+    fprintf(f, "<tr%s><td class=\"n\">%llu</td><td class=\"n\">%u</td>"
+               "<td class=\"n\">%u</td><td class=\"n\">%u</td>"
+               "<td class=\"n\">%u</td><td class=\"n\">%d</td>"
+               "<td class=\"n\">%u</td><td class=\"n\">",
+            p->diverged ? " class=\"div\"" : "", (unsigned long long)p->id,
+            p->worker, p->dp_rank, p->prompt_tokens, p->prompt_blocks,
+            p->engine_hit_blocks, p->index_hit_blocks);
+    if (p->diverged)
+        fprintf(f, "%d", p->first_divergent_block);
+    else
+        fputs("&ndash;", f);
+    fputs("</td><td>", f);
+    if (p->diverged) {
+        fputs("<b>", f);
+        esc(f, check_reason_name(p->reason));
+        fputs("</b> ", f);
+        esc(f, p->detail);
+    }
+    fputs("</td></tr>\n", f);
+}
+
+static const char PROMPT_HEAD[] =
+    "<tr><th>id</th><th>worker</th><th>rank</th><th>tokens</th>"
+    "<th>blocks</th><th>engine hit</th><th>index hit</th><th>first "
+    "divergent block</th><th>likely reason</th></tr>\n";
+
+static void counters_tables(FILE *f, const check_result *r) {
+    const check_counters *c = &r->counters;
+    if (c->n == 0) {
+        fputs("<p class=\"muted\">No counters were read.</p>\n", f);
+        return;
+    }
+    for (size_t i = 0; i < c->n; i++) {
+        size_t k;
+        for (k = 0; k < i; k++)
+            if (strcmp(c->items[k].stage, c->items[i].stage) == 0) break;
+        if (k < i) continue;
+        fputs("<div class=\"stage\"><table><tr><th colspan=\"2\">", f);
+        esc(f, c->items[i].stage);
+        fputs("</th></tr>\n", f);
+        for (size_t j = i; j < c->n; j++) {
+            const check_counter *it = &c->items[j];
+            if (strcmp(it->stage, c->items[i].stage) != 0) continue;
+            if (strstr(it->name, "_bucket")) continue;
+            bool rule = check_rule_find(it->stage, it->name) != NULL;
+            bool bad = rule && it->value > 0;
+            fprintf(f, "<tr><td%s>", bad ? " class=\"bad\"" : "");
+            esc(f, it->name);
+            fprintf(f, "%s</td><td class=\"n%s\">%.15g</td></tr>\n",
+                    rule ? " <span class=\"muted\" title=\"must stay 0\">"
+                           "(must be 0)</span>"
+                         : "",
+                    bad ? " bad" : "", it->value);
+        }
+        fputs("</table></div>\n", f);
+    }
+}
+
+static void time_bar(FILE *f, const check_result *r) {
+    static const char *colors[CHECK_STAGE_COUNT] = {
+        "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b", "#dddddd"};
+    double sum = 0;
+    for (int s = 0; s < CHECK_STAGE_COUNT; s++) sum += r->stage_s[s];
+    if (sum <= 0) {
+        fputs("<p class=\"muted\">No timing.</p>\n", f);
+        return;
+    }
+    fprintf(f, "<svg id=\"time-bar\" width=\"%d\" height=\"34\">\n", PLOT_W);
+    double x = 0;
+    for (int s = 0; s < CHECK_STAGE_COUNT; s++) {
+        double w = (PLOT_W - 2) * r->stage_s[s] / sum;
+        fprintf(f, "<rect x=\"%.1f\" y=\"2\" width=\"%.1f\" height=\"30\" "
+                   "fill=\"%s\"><title>%s: %.2f s (%.1f%%)</title></rect>\n",
+                x + 1, w, colors[s], check_stage_name((check_stage)s),
+                r->stage_s[s], 100 * r->stage_s[s] / sum);
+        x += w;
+    }
+    fputs("</svg>\n<p class=\"legend\">", f);
+    for (int s = 0; s < CHECK_STAGE_COUNT; s++)
+        fprintf(f, "<span><i class=\"sw\" style=\"background:%s\"></i>%s "
+                   "%.2f s (%.1f%%)</span>",
+                colors[s], check_stage_name((check_stage)s), r->stage_s[s],
+                100 * r->stage_s[s] / sum);
+    fputs("</p>\n", f);
+}
+
+/* Hover: the nearest request under the mouse, from a compact table; and a
+ * marker proving the page was laid out (tests read it from the DOM). */
+static const char JS[] =
+    "(function(){var P=JSON.parse(document.getElementById('pdata')"
+    ".textContent);var R=JSON.parse(document.getElementById('rnames')"
+    ".textContent);var tip=document.getElementById('tip');"
+    "document.querySelectorAll('svg.plot').forEach(function(s){"
+    "s.addEventListener('mousemove',function(ev){var b=s.getBoundingClientRect();"
+    "var xs=+s.dataset.xs,ml=+s.dataset.ml;var k=Math.round((ev.clientX-b.left"
+    "-ml)/xs);if(k<0||k>=P.length){tip.style.display='none';return;}"
+    "var p=P[k];tip.textContent='prompt '+p[0]+'  worker '+p[1]+' rank '+p[2]"
+    "+'\\ntokens '+p[3]+'  engine hit '+p[4]+'  index hit '+p[5]+' blocks'"
+    "+(p[6]?'\\nDIVERGED: '+R[p[6]]:'');tip.style.display='block';"
+    "tip.style.left=(ev.clientX+12)+'px';tip.style.top=(ev.clientY+12)+'px';});"
+    "s.addEventListener('mouseleave',function(){tip.style.display='none';});});"
+    "var main=document.querySelector('#hit-plot polyline.engine');"
+    "var ok=main&&main.getBBox().width>0&&document.getElementById('summary')"
+    ".getBoundingClientRect().height>0;"
+    "document.body.setAttribute('data-rendered',ok?'ok':'empty');"
+    "document.body.setAttribute('data-prompts',String(P.length));})();";
+
+kvo_status check_report_html(FILE *f, const check_result *r) {
+    check_totals t;
+    check_result_totals(r, &t);
+    fprintf(f, "<!doctype html>\n<html lang=\"en\"><head><meta "
+               "charset=\"utf-8\"><title>kvo-check report</title>\n<style>%s"
+               "</style></head>\n<body>\n<h1>kvo-check report</h1>\n",
+            CSS);
+    fprintf(f, "<div id=\"verdict\" class=\"verdict %s\">%s", 
+            r->verdict.pass ? "pass" : "fail",
+            r->verdict.pass ? "PASS &mdash; the index matched the engines on "
+                              "every prompt"
+                            : "FAIL");
+    if (!r->verdict.pass) {
+        fputs("<div class=\"cause\">", f);
+        esc(f, r->verdict.cause);
+        fputs("</div>", f);
+    }
+    fputs("</div>\n", f);
+
+    /* Summary */
+    fputs("<h2>Summary</h2>\n<table id=\"summary\">\n", f);
+    summary_row(f, "requests", "%llu of %llu", (unsigned long long)t.requests,
+                (unsigned long long)r->planned);
+    summary_row(f, "slots (worker x dp rank)", "%u (dp size %u)", r->n_slots,
+                r->dp_size);
+    summary_row(f, "block size", "%u", r->block_size);
+    summary_row(f, "prompt tokens", "%llu (%llu blocks)",
+                (unsigned long long)t.prompt_tokens,
+                (unsigned long long)t.prompt_blocks);
+    summary_row(f, "engine hit rate", "%.2f %%",
+                pct(t.engine_hit_tokens, t.prompt_tokens));
+    summary_row(f, "index hit rate (capped like the engine)", "%.2f %%",
+                pct(t.index_hit_tokens, t.prompt_tokens));
+    summary_row(f, "index score rate (uncapped)", "%.2f %%",
+                pct(t.index_raw_blocks, t.prompt_blocks));
+    summary_row(f, "divergent prompts", "%llu",
+                (unsigned long long)t.divergent);
+    if (r->wall_s > 0)
+        summary_row(f, "wall time", "%.2f s (%.1f requests/s)", r->wall_s,
+                    (double)t.requests / r->wall_s);
+    if (r->config[0]) summary_row(f, "configuration", "%s", r->config);
+    fputs("</table>\n", f);
+
+    /* Plots */
+    size_t n = r->n_prompts;
+    size_t window = n / 50;
+    if (window < 10) window = 10;
+    if (window > 200) window = 200;
+    fprintf(f, "<h2>Hit rate over the trace</h2>\n<p class=\"legend\">"
+               "<span><i class=\"sw\" style=\"background:#4a90d9;opacity:.5\">"
+               "</i>engine (cached tokens)</span><span><i class=\"sw\" "
+               "style=\"background:#c4540a\"></i>index (capped)</span><span>"
+               "<i class=\"sw\" style=\"background:#d93025;width:3px;"
+               "height:12px\"></i>divergent prompt</span> rolling window of "
+               "%zu requests, token-weighted; hover for details</p>\n",
+            window);
+    chart(f, r, -1, window, PLOT_W, PLOT_H, "hit-plot", "all requests");
+    fputs("<div id=\"slot-plots\">\n", f);
+    size_t sw = window / (r->n_slots ? r->n_slots : 1);
+    if (sw < 5) sw = 5;
+    for (uint32_t s = 0; s < r->n_slots; s++) {
+        char title[64];
+        snprintf(title, sizeof(title), "worker %u rank %u", r->slots[s].worker,
+                 r->slots[s].dp_rank);
+        fputs("<div class=\"small\">", f);
+        chart(f, r, s, sw, SMALL_W, SMALL_H, NULL, title);
+        fputs("</div>\n", f);
+    }
+    fputs("</div>\n", f);
+
+    /* Divergences */
+    fprintf(f, "<h2>Divergences (%llu)</h2>\n", (unsigned long long)t.divergent);
+    if (t.divergent == 0) {
+        fputs("<p id=\"divergences\">None: on every prompt, every worker's "
+              "index score (capped) equals the engine's hit blocks.</p>\n",
+              f);
+    } else {
+        fprintf(f, "<table id=\"divergences\">\n%s", PROMPT_HEAD);
+        size_t shown = 0;
+        for (size_t k = 0; k < n && shown < 2000; k++)
+            if (r->prompts[k].diverged) {
+                prompt_row(f, &r->prompts[k]);
+                shown++;
+            }
+        fputs("</table>\n", f);
+        if (shown < t.divergent)
+            fprintf(f, "<p class=\"muted\">first %zu shown; all are in the "
+                       "JSON report</p>\n",
+                    shown);
+    }
+    if (r->n_trips) {
+        fputs("<h2>Counters that must stay 0</h2>\n<table id=\"trips\"><tr>"
+              "<th>stage</th><th>counter</th><th>value</th><th>first seen "
+              "before prompt</th><th>meaning</th></tr>\n",
+              f);
+        for (size_t i = 0; i < r->n_trips; i++) {
+            const check_trip *tp = &r->trips[i];
+            fputs("<tr><td>", f);
+            esc(f, tp->stage);
+            fputs("</td><td class=\"bad\">", f);
+            esc(f, tp->name);
+            fprintf(f, "</td><td class=\"n\">%.15g</td><td class=\"n\">",
+                    tp->value);
+            if (tp->before_prompt >= 0)
+                fprintf(f, "%lld", (long long)tp->before_prompt);
+            else
+                fputs("end", f);
+            fputs("</td><td>", f);
+            esc(f, check_reason_name(tp->rule->reason));
+            fputs(": ", f);
+            esc(f, tp->rule->what);
+            fputs("</td></tr>\n", f);
+        }
+        fputs("</table>\n", f);
+    }
+
+    /* Worst prompts */
+    fputs("<h2>Worst prompts</h2>\n<p class=\"muted\">Divergent first, then "
+          "the lowest engine hit rate.</p>\n<table id=\"worst\">\n",
+          f);
+    fputs(PROMPT_HEAD, f);
+    const check_prompt *worst[20];
+    size_t nw = check_result_worst(r, worst, KVO_ARRAY_LEN(worst));
+    for (size_t k = 0; k < nw; k++) prompt_row(f, worst[k]);
+    fputs("</table>\n", f);
+
+    fputs("<h2>Counters per stage</h2>\n<div id=\"counters\">\n", f);
+    counters_tables(f, r);
+    fputs("</div>\n<h2>Where the time went</h2>\n", f);
+    time_bar(f, r);
+
+    /* Data for the hover, then the script. */
+    fputs("<div id=\"tip\"></div>\n<script type=\"application/json\" "
+          "id=\"rnames\">[",
+          f);
+    for (int k = 0; k < CHECK_REASON_COUNT; k++)
+        fprintf(f, "%s\"%s\"", k ? "," : "",
+                check_reason_name((check_reason)k));
+    fputs("]</script>\n<script type=\"application/json\" id=\"pdata\">[", f);
+    for (size_t k = 0; k < n; k++) {
+        const check_prompt *p = &r->prompts[k];
+        fprintf(f, "%s[%llu,%u,%u,%u,%d,%u,%d]", k ? "," : "",
+                (unsigned long long)p->id, p->worker, p->dp_rank,
+                p->prompt_tokens, p->engine_hit_blocks, p->index_hit_blocks,
+                p->diverged ? (int)p->reason : 0);
+    }
+    fprintf(f, "]</script>\n<script>%s</script>\n</body></html>\n", JS);
+    return ferror(f) ? KVO_EIO : KVO_OK;
+}

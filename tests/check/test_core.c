@@ -1,0 +1,474 @@
+/* The oracle's pure core: counters, rules, the per-prompt judge and the
+ * verdict, driven by hand-made observations. */
+#include "check.h"
+#include "kt.h"
+
+#include <math.h>
+#include <string.h>
+
+Suite *suite_core(void);
+
+/* A 2-worker x 2-rank observation builder. */
+typedef struct obs_fix {
+    uint32_t scores[4];
+    int32_t probes[4];
+    check_obs o;
+} obs_fix;
+
+static void fix_init(obs_fix *f, uint32_t tokens, uint32_t chosen,
+                     int64_t cached) {
+    memset(f, 0, sizeof(*f));
+    f->o.id = 7;
+    f->o.prompt_tokens = tokens;
+    f->o.block_size = 16;
+    f->o.n_slots = 4;
+    f->o.dp_size = 2;
+    f->o.chosen = chosen;
+    f->o.index_scores = f->scores;
+    f->o.probe_hits = f->probes;
+    f->o.cached_tokens = cached;
+}
+
+static void judge(obs_fix *f, check_prompt *p, kvo_arena *a) {
+    ck_assert_int_eq(check_prompt_judge(&f->o, a, p), KVO_OK);
+}
+
+START_TEST(agreeing_prompt_is_not_divergent) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 100, 2, 3 * 16);
+    uint32_t sc[4] = {0, 5, 3, 0};
+    int32_t pr[4] = {0, 5, 3, 0};
+    memcpy(f.scores, sc, sizeof(sc));
+    memcpy(f.probes, pr, sizeof(pr));
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(!p.diverged);
+    ck_assert_int_eq(p.first_divergent_block, -1);
+    ck_assert_uint_eq(p.worker, 1);
+    ck_assert_uint_eq(p.dp_rank, 0);
+    ck_assert_uint_eq(p.prompt_blocks, 7); /* ceil(100/16) */
+    ck_assert_uint_eq(p.cap, 6);           /* (100-1)//16 */
+    ck_assert_int_eq(p.engine_hit_blocks, 3);
+    ck_assert_uint_eq(p.index_hit_blocks, 3);
+    ck_assert_int_eq(p.reason, CHECK_REASON_NONE);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(index_score_is_capped_like_the_engine_before_comparing) {
+    /* 64 tokens = 4 full blocks; the engine never serves the last one. */
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 64, 0, 3 * 16);
+    f.scores[0] = 4;
+    f.probes[0] = 3;
+    f.scores[3] = 4;
+    f.probes[3] = 3;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(!p.diverged);
+    ck_assert_uint_eq(p.index_hit_blocks, 3);
+    ck_assert_uint_eq(p.index_raw_blocks, 4);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(index_behind_engine_is_a_missed_store_at_the_index_depth) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 1, 10 * 16);
+    f.scores[1] = 4;
+    f.probes[1] = 10;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.first_divergent_block, 4);
+    ck_assert_int_eq(p.divergent_slot, 1);
+    ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
+    ck_assert_msg(strstr(p.detail, "worker 0 rank 1: engine 10 blocks, "
+                                   "index 4") != NULL,
+                  "%s", p.detail);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 0, 0);
+    f.scores[2] = 6; /* worker 1 rank 0: index claims 6, engine evicted */
+    f.probes[2] = 2;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.divergent_slot, 2);
+    ck_assert_int_eq(p.first_divergent_block, 2);
+    ck_assert_int_eq(p.reason, CHECK_REASON_STALE_BLOCK);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 3, 5 * 16);
+    f.probes[3] = 5; /* engine: worker 1 rank 1 holds 5 */
+    f.scores[3] = 0; /* index: not there ... */
+    f.scores[2] = 5; /* ... but on rank 0 */
+    f.probes[2] = 0;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
+    ck_assert_int_eq(p.first_divergent_block, 0);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(a_rule_counter_that_moved_names_the_reason) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    check_counters moved, total;
+    check_counters_init(&moved);
+    check_counters_init(&total);
+    ck_assert_int_eq(check_counters_set(&moved, "indexer",
+                                        "kvo_indexer_events_total{type=\""
+                                        "stored\",status=\"parent_not_found\"}",
+                                        2),
+                     KVO_OK);
+    ck_assert_int_eq(check_counters_set(&moved, "relay 0.0",
+                                        "kvo_relay_hash_mismatches", 3),
+                     KVO_OK);
+    obs_fix f;
+    fix_init(&f, 200, 0, 8 * 16);
+    f.probes[0] = 8;
+    f.scores[0] = 1;
+    f.o.moved = &moved;
+    f.o.total = &total;
+    check_prompt p;
+    judge(&f, &p, &a);
+    /* both moved: the rule table puts hash mismatches first */
+    ck_assert_int_eq(p.reason, CHECK_REASON_HASH_MISMATCH);
+    ck_assert_msg(strstr(p.detail, "kvo_relay_hash_mismatches +3"), "%s",
+                  p.detail);
+    check_counters_clear(&moved);
+    /* nothing moved now, but the total remembers an earlier unknown parent */
+    ck_assert_int_eq(check_counters_set(&total, "indexer",
+                                        "kvo_indexer_parent_not_found_total",
+                                        1),
+                     KVO_OK);
+    judge(&f, &p, &a);
+    ck_assert_int_eq(p.reason, CHECK_REASON_UNKNOWN_PARENT);
+    ck_assert_msg(strstr(p.detail, "earlier: 1"), "%s", p.detail);
+    check_counters_fini(&moved);
+    check_counters_fini(&total);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(probe_disagreeing_with_the_response_is_the_engine_contradicting_itself) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 0, 4 * 16);
+    f.probes[0] = 6;
+    f.scores[0] = 4;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
+    ck_assert_int_eq(p.first_divergent_block, 4);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(unprobed_slots_are_not_compared_and_response_alone_is_truth) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 1, 3 * 16);
+    f.o.probe_hits = NULL; /* a real vLLM: no probe */
+    f.scores[0] = 9;       /* other workers cannot be checked */
+    f.scores[1] = 3;
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert(!p.diverged);
+    ck_assert_int_eq(p.engine_hits[0], -1);
+    f.scores[1] = 2;
+    judge(&f, &p, &a);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.first_divergent_block, 2);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(first_divergent_block_is_the_shallowest_over_all_slots) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 400, 0, 9 * 16);
+    f.probes[0] = 9;
+    f.scores[0] = 7; /* diverges at 7 */
+    f.probes[2] = 3;
+    f.scores[2] = 5; /* diverges at 3 */
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert_int_eq(p.first_divergent_block, 3);
+    ck_assert_int_eq(p.divergent_slot, 2);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(judge_refuses_nonsense_observations) {
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 100, 4, 0); /* chosen out of range */
+    check_prompt p;
+    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
+    fix_init(&f, 100, 0, 0);
+    f.o.block_size = 0;
+    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
+START_TEST(prometheus_text_becomes_counters_with_labels_verbatim) {
+    const char *text =
+        "# HELP kvo_relay_gaps sequence gaps seen\n"
+        "# TYPE kvo_relay_gaps counter\n"
+        "kvo_relay_gaps 3\n"
+        "kvo_relay_rejects{kind=\"block size\"} 2 1700000000000\n"
+        "kvo_idx_latency_bucket{le=\"+Inf\"} 10\n"
+        "weird{a=\"}\\\"x\"} NaN\n"
+        "garbage line without value\n"
+        "  \n"
+        "kvo_relay_gaps 4\n";
+    check_counters c;
+    check_counters_init(&c);
+    ck_assert_int_eq(check_counters_parse_prom(&c, "relay 0.0", text,
+                                               strlen(text)),
+                     KVO_OK);
+    ck_assert(check_counters_get(&c, "relay 0.0", "kvo_relay_gaps") == 4);
+    ck_assert(check_counters_get(&c, "relay 0.0",
+                                 "kvo_relay_rejects{kind=\"block size\"}") ==
+              2);
+    ck_assert(isnan(check_counters_get(&c, "relay 0.0",
+                                       "weird{a=\"}\\\"x\"}")));
+    ck_assert(check_counters_get(&c, "relay 0.0", "weird{a=\"}\\\"x\"}") !=
+              0);
+    ck_assert(isnan(check_counters_get(&c, "relay 0.1", "kvo_relay_gaps")));
+    ck_assert_uint_eq(c.n, 4);
+    check_counters_fini(&c);
+}
+END_TEST
+
+START_TEST(json_counters_are_flattened_by_dotted_path) {
+    json_object *j = json_tokener_parse(
+        "{\"gaps\": 1, \"rejects\": {\"token_count\": 2}, \"ok\": true,"
+        " \"name\": \"x\", \"list\": [5, {\"y\": 6}], \"big\": "
+        "18446744073709551615}");
+    check_counters c;
+    check_counters_init(&c);
+    ck_assert_int_eq(check_counters_parse_json(&c, "relay 1.0", j), KVO_OK);
+    ck_assert(check_counters_get(&c, "relay 1.0", "gaps") == 1);
+    ck_assert(check_counters_get(&c, "relay 1.0", "rejects.token_count") == 2);
+    ck_assert(check_counters_get(&c, "relay 1.0", "ok") == 1);
+    ck_assert(check_counters_get(&c, "relay 1.0", "list.1.y") == 6);
+    ck_assert(check_counters_get(&c, "relay 1.0", "big") > 1.8e19);
+    ck_assert(isnan(check_counters_get(&c, "relay 1.0", "name")));
+    json_object_put(j);
+    check_counters_fini(&c);
+}
+END_TEST
+
+START_TEST(moved_keeps_only_increases_and_rename_moves_a_stage) {
+    check_counters a, b, m;
+    check_counters_init(&a);
+    check_counters_init(&b);
+    check_counters_init(&m);
+    check_counters_set(&a, "indexer", "x", 1);
+    check_counters_set(&a, "indexer", "y", 5);
+    check_counters_set(&b, "indexer", "x", 3);
+    check_counters_set(&b, "indexer", "y", 5);
+    check_counters_set(&b, "relay 0.0", "z", 2);
+    ck_assert_int_eq(check_counters_moved(&m, &a, &b), KVO_OK);
+    ck_assert_uint_eq(m.n, 2);
+    ck_assert(check_counters_get(&m, "indexer", "x") == 2);
+    ck_assert(check_counters_get(&m, "relay 0.0", "z") == 2);
+    ck_assert(check_counters_sum(&b, "relay", "z") == 2);
+    ck_assert(check_counters_sum(&b, "indexer", "x|y") == 8);
+    ck_assert_int_eq(check_counters_rename_stage(&b, "relay 0.0",
+                                                 "relay 0.0 #1"),
+                     KVO_OK);
+    ck_assert(check_counters_get(&b, "relay 0.0 #1", "z") == 2);
+    check_counters_fini(&a);
+    check_counters_fini(&b);
+    check_counters_fini(&m);
+}
+END_TEST
+
+START_TEST(rules_catch_rejections_but_not_healthy_counters) {
+    ck_assert_ptr_nonnull(check_rule_find("relay 0.0",
+                                          "kvo_relay_hash_mismatches"));
+    ck_assert_ptr_nonnull(check_rule_find(
+        "relay 0.1", "kvo_relay_rejects{kind=\"block_size\"}"));
+    ck_assert_ptr_nonnull(check_rule_find(
+        "relay 0.1", "kvo_relay_replay_failures{kind=\"no_endpoint\"}"));
+    ck_assert_ptr_nonnull(check_rule_find("relay 2.0", "rejects.token_count"));
+    ck_assert_ptr_nonnull(check_rule_find(
+        "indexer", "kvo_indexer_events_total{type=\"stored\",status=\""
+                   "parent_not_found\"}"));
+    /* recovered gaps, duplicates, ok statuses and histograms are fine */
+    ck_assert_ptr_null(check_rule_find("relay 0.0", "kvo_relay_gaps"));
+    ck_assert_ptr_null(check_rule_find("relay 0.0",
+                                       "kvo_relay_duplicates_dropped"));
+    ck_assert_ptr_null(check_rule_find(
+        "indexer", "kvo_indexer_events_total{type=\"stored\",status=\"ok\"}"));
+    ck_assert_ptr_null(check_rule_find(
+        "indexer", "kvo_indexer_query_seconds_bucket{le=\"0.001\"}"));
+    ck_assert_ptr_null(check_rule_find("check", "hash_mismatches"));
+}
+END_TEST
+
+/* A result with three prompts on one slot. */
+static void three_prompts(check_result *r, bool diverge_at_2) {
+    check_result_init(r);
+    ck_assert_int_eq(check_result_slots(r, 1, 1, 16), KVO_OK);
+    for (uint64_t id = 0; id < 3; id++) {
+        uint32_t score = id == 2 && diverge_at_2 ? 1 : 2;
+        int32_t probe = 2;
+        check_obs o = {.id = id, .prompt_tokens = 100, .block_size = 16,
+                       .n_slots = 1, .dp_size = 1, .chosen = 0,
+                       .index_scores = &score, .probe_hits = &probe,
+                       .cached_tokens = 32};
+        ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
+    }
+}
+
+START_TEST(verdict_passes_only_a_clean_run) {
+    check_result r;
+    three_prompts(&r, false);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert(r.verdict.pass);
+    ck_assert_str_eq(r.verdict.cause, "");
+    check_result_fini(&r);
+
+    check_result_init(&r);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert(!r.verdict.pass); /* nothing checked is not a pass */
+    check_result_fini(&r);
+}
+END_TEST
+
+START_TEST(verdict_names_the_first_cause_in_trace_order) {
+    check_result r;
+    three_prompts(&r, true);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert(!r.verdict.pass);
+    ck_assert_msg(strstr(r.verdict.cause, "missed store: prompt 2 diverged "
+                                          "at block 1"),
+                  "%s", r.verdict.cause);
+
+    /* a counter that tripped before prompt 1 came first */
+    check_counters c;
+    check_counters_init(&c);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
+                       1);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_gaps", 9);
+    ck_assert_int_eq(check_result_trips(&r, &c, 1), KVO_OK);
+    ck_assert_uint_eq(r.n_trips, 1);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
+                       4);
+    ck_assert_int_eq(check_result_trips(&r, &c, 2), KVO_OK);
+    ck_assert_uint_eq(r.n_trips, 1);
+    ck_assert(r.trips[0].value == 4);
+    ck_assert_int_eq(r.trips[0].before_prompt, 1);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert_msg(strstr(r.verdict.cause, "rejected event: relay 0.0 "
+                                          "kvo_relay_rejects") &&
+                      strstr(r.verdict.cause, "before prompt 1"),
+                  "%s", r.verdict.cause);
+    ck_assert_int_eq(r.verdict.reason, CHECK_REASON_REJECTED);
+
+    /* a run error before prompt 0 beats both */
+    check_result_error(&r, 0, "watermark timeout before prompt 0");
+    check_result_error(&r, 1, "second error is ignored");
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert_str_eq(r.verdict.cause, "watermark timeout before prompt 0");
+    check_counters_fini(&c);
+    check_result_fini(&r);
+}
+END_TEST
+
+START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
+    check_result r;
+    three_prompts(&r, false);
+    check_counters c;
+    check_counters_init(&c);
+    check_counters_set(&c, "indexer", "kvo_indexer_block_not_found_total", 2);
+    ck_assert_int_eq(check_result_trips(&r, &c, -1), KVO_OK);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert(!r.verdict.pass);
+    ck_assert_msg(strstr(r.verdict.cause, "at the end"), "%s",
+                  r.verdict.cause);
+    check_counters_fini(&c);
+    check_result_fini(&r);
+}
+END_TEST
+
+START_TEST(totals_and_worst_prompts) {
+    check_result r;
+    three_prompts(&r, true);
+    check_totals t;
+    check_result_totals(&r, &t);
+    ck_assert_uint_eq(t.requests, 3);
+    ck_assert_uint_eq(t.prompt_tokens, 300);
+    ck_assert_uint_eq(t.engine_hit_tokens, 96);
+    ck_assert_uint_eq(t.index_hit_tokens, 5 * 16);
+    ck_assert_uint_eq(t.divergent, 1);
+    const check_prompt *w[5];
+    ck_assert_uint_eq(check_result_worst(&r, w, 5), 3);
+    ck_assert_uint_eq(w[0]->id, 2);
+    check_result_fini(&r);
+}
+END_TEST
+
+Suite *suite_core(void) {
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("judge");
+    tcase_add_test(tc, agreeing_prompt_is_not_divergent);
+    tcase_add_test(tc, index_score_is_capped_like_the_engine_before_comparing);
+    tcase_add_test(tc,
+                   index_behind_engine_is_a_missed_store_at_the_index_depth);
+    tcase_add_test(tc,
+                   index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block);
+    tcase_add_test(tc, blocks_on_the_sibling_rank_are_a_wrong_rank);
+    tcase_add_test(tc, a_rule_counter_that_moved_names_the_reason);
+    tcase_add_test(
+        tc, probe_disagreeing_with_the_response_is_the_engine_contradicting_itself);
+    tcase_add_test(tc,
+                   unprobed_slots_are_not_compared_and_response_alone_is_truth);
+    tcase_add_test(tc, first_divergent_block_is_the_shallowest_over_all_slots);
+    tcase_add_test(tc, judge_refuses_nonsense_observations);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("counters");
+    tcase_add_test(tc, prometheus_text_becomes_counters_with_labels_verbatim);
+    tcase_add_test(tc, json_counters_are_flattened_by_dotted_path);
+    tcase_add_test(tc, moved_keeps_only_increases_and_rename_moves_a_stage);
+    tcase_add_test(tc, rules_catch_rejections_but_not_healthy_counters);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("verdict");
+    tcase_add_test(tc, verdict_passes_only_a_clean_run);
+    tcase_add_test(tc, verdict_names_the_first_cause_in_trace_order);
+    tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
+    tcase_add_test(tc, totals_and_worst_prompts);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,262 @@
+/* The report writers: terminal summary, JSON lines, HTML (also rendered in a
+ * real headless chromium when one is installed). */
+#include "check.h"
+#include "kt.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+Suite *suite_report(void);
+
+/* 2 workers x 1 rank, n prompts; prompt `bad` diverges (stale block). */
+static void make_result(check_result *r, uint64_t n, int64_t bad) {
+    check_result_init(r);
+    ck_assert_int_eq(check_result_slots(r, 2, 1, 16), KVO_OK);
+    r->planned = n;
+    snprintf(r->config, sizeof(r->config), "workers=2 <policy>=kv");
+    for (uint64_t id = 0; id < n; id++) {
+        uint32_t hit = (uint32_t)(id % 7);
+        uint32_t scores[2] = {hit, id == (uint64_t)bad ? hit + 3 : hit};
+        int32_t probes[2] = {(int32_t)hit, (int32_t)hit};
+        check_obs o = {.id = id, .prompt_tokens = 200, .block_size = 16,
+                       .n_slots = 2, .dp_size = 1, .chosen = (uint32_t)(id % 2),
+                       .index_scores = scores, .probe_hits = probes,
+                       .cached_tokens = (int64_t)hit * 16, .ms = 1.5};
+        ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
+    }
+    check_counters_set(&r->counters, "indexer",
+                       "kvo_indexer_events_total{status=\"ok\"}", 42);
+    check_counters_set(&r->counters, "relay 0.0", "kvo_relay_gaps", 1);
+    r->wall_s = 2.0;
+    r->stage_s[CHECK_STAGE_SYNC] = 0.5;
+    r->stage_s[CHECK_STAGE_COMPLETE] = 1.0;
+    check_verdict_decide(r, &r->verdict);
+}
+
+static char *capture(void (*fn)(FILE *, void *), void *arg, size_t *len) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ck_assert_ptr_nonnull(f);
+    fn(f, arg);
+    fclose(f);
+    if (len) *len = n;
+    return buf;
+}
+
+static void do_summary(FILE *f, void *arg) {
+    check_report_summary(f, arg, 5);
+}
+
+START_TEST(terminal_summary_has_rates_counters_verdict_and_worst_prompts) {
+    check_result r;
+    make_result(&r, 10, 3);
+    char *s = capture(do_summary, &r, NULL);
+    ck_assert_msg(strstr(s, "10 of 10 requests"), "%s", s);
+    ck_assert_msg(strstr(s, "engine hit rate"), "%s", s);
+    ck_assert_msg(strstr(s, "divergent prompts  1"), "%s", s);
+    ck_assert_msg(strstr(s, "kvo_relay_gaps=1"), "%s", s);
+    ck_assert_msg(strstr(s, "verdict: FAIL: stale block: prompt 3"), "%s", s);
+    /* the worst prompt table starts with the divergent one */
+    char *w = strstr(s, "worst prompts");
+    ck_assert_ptr_nonnull(w);
+    ck_assert_msg(strstr(w, "      3      1"), "%s", w);
+    free(s);
+    check_result_fini(&r);
+}
+END_TEST
+
+static void do_json(FILE *f, void *arg) {
+    check_result *r = arg;
+    for (size_t i = 0; i < r->n_prompts; i++)
+        ck_assert_int_eq(check_report_json_prompt(f, r, &r->prompts[i]),
+                         KVO_OK);
+    ck_assert_int_eq(check_report_json_summary(f, r), KVO_OK);
+}
+
+START_TEST(json_lines_have_every_field_and_a_final_summary) {
+    check_result r;
+    make_result(&r, 4, 3);
+    char *s = capture(do_json, &r, NULL);
+    char *save = NULL;
+    int line = 0;
+    for (char *l = strtok_r(s, "\n", &save); l; l = strtok_r(NULL, "\n", &save),
+              line++) {
+        json_object *j = json_tokener_parse(l);
+        ck_assert_msg(j != NULL, "line %d is not JSON: %s", line, l);
+        if (line < 4) {
+            static const char *keys[] = {
+                "id", "worker", "dp_rank", "prompt_tokens", "prompt_blocks",
+                "engine_hit_blocks", "index_hit_blocks", "index_scores",
+                "diverged", "first_divergent_block", "reason"};
+            for (size_t k = 0; k < KVO_ARRAY_LEN(keys); k++)
+                ck_assert_msg(json_object_object_get_ex(j, keys[k], NULL),
+                              "missing %s in %s", keys[k], l);
+            json_object *v;
+            json_object_object_get_ex(j, "id", &v);
+            ck_assert_int_eq(json_object_get_int(v), line);
+            json_object_object_get_ex(j, "index_scores", &v);
+            ck_assert_uint_eq(json_object_array_length(v), 2);
+            json_object_object_get_ex(j, "diverged", &v);
+            ck_assert(json_object_get_boolean(v) == (line == 3));
+            json_object_object_get_ex(j, "reason", &v);
+            if (line == 3)
+                ck_assert_str_eq(json_object_get_string(v), "stale block");
+            else
+                ck_assert_ptr_null(v);
+            json_object_object_get_ex(j, "first_divergent_block", &v);
+            if (line == 3) ck_assert_int_eq(json_object_get_int(v), 3);
+        } else {
+            json_object *sum, *v;
+            ck_assert(json_object_object_get_ex(j, "summary", &sum));
+            ck_assert(json_object_object_get_ex(sum, "verdict", &v));
+            ck_assert_str_eq(json_object_get_string(v), "FAIL");
+            ck_assert(json_object_object_get_ex(sum, "cause", &v));
+            ck_assert_msg(strstr(json_object_get_string(v), "prompt 3"), "%s",
+                          json_object_get_string(v));
+            ck_assert(json_object_object_get_ex(sum, "divergent_prompts", &v));
+            ck_assert_int_eq(json_object_get_int(v), 1);
+            ck_assert(json_object_object_get_ex(sum, "counters", &v));
+            json_object *relay, *gaps;
+            ck_assert(json_object_object_get_ex(v, "relay 0.0", &relay));
+            ck_assert(json_object_object_get_ex(relay, "kvo_relay_gaps", &gaps));
+            ck_assert_int_eq(json_object_get_int(gaps), 1);
+        }
+        json_object_put(j);
+    }
+    ck_assert_int_eq(line, 5);
+    free(s);
+    check_result_fini(&r);
+}
+END_TEST
+
+static void do_html(FILE *f, void *arg) {
+    ck_assert_int_eq(check_report_html(f, arg), KVO_OK);
+}
+
+static size_t count(const char *s, const char *needle) {
+    size_t n = 0;
+    for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
+    check_result r;
+    make_result(&r, 300, 120);
+    char *s = capture(do_html, &r, NULL);
+    ck_assert(strncmp(s, "<!doctype html>", 15) == 0);
+    ck_assert_ptr_nonnull(strstr(s, "id=\"summary\""));
+    ck_assert_ptr_nonnull(strstr(s, "id=\"hit-plot\""));
+    /* all requests + one chart per slot, two lines each */
+    ck_assert_uint_eq(count(s, "<polyline"), 2 * (1 + 2));
+    /* the divergence: marked on the main plot and its slot's, and listed */
+    ck_assert_uint_ge(count(s, "class=\"divmark\""), 2);
+    ck_assert_ptr_nonnull(strstr(s, "<b>stale block</b>"));
+    ck_assert_ptr_nonnull(strstr(s, "kvo_relay_gaps"));
+    /* escaped, and nothing fetched from the network */
+    ck_assert_ptr_nonnull(strstr(s, "&lt;policy&gt;"));
+    ck_assert_ptr_null(strstr(s, "<policy>"));
+    ck_assert_ptr_null(strstr(s, "http://"));
+    ck_assert_ptr_null(strstr(s, "https://"));
+    ck_assert_ptr_null(strstr(s, " src="));
+    ck_assert_ptr_nonnull(strstr(s, "</html>"));
+    free(s);
+    check_result_fini(&r);
+}
+END_TEST
+
+START_TEST(html_of_an_empty_run_is_still_a_page) {
+    check_result r;
+    check_result_init(&r);
+    ck_assert_int_eq(check_result_slots(&r, 1, 1, 16), KVO_OK);
+    check_verdict_decide(&r, &r.verdict);
+    char *s = capture(do_html, &r, NULL);
+    ck_assert_ptr_nonnull(strstr(s, "no request was checked"));
+    ck_assert_ptr_nonnull(strstr(s, "</html>"));
+    free(s);
+    check_result_fini(&r);
+}
+END_TEST
+
+/* Render in real headless chromium (when installed): the script must have
+ * run and found the main plot laid out with a non-zero size. */
+int kt_check_html_renders(const char *html_path, char *why, size_t whysz);
+
+int kt_check_html_renders(const char *html_path, char *why, size_t whysz) {
+    const char *chromium = "/usr/bin/chromium";
+    if (access(chromium, X_OK) != 0) return -1;
+    char *dir = kt_tmpdir("chromium");
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s --headless --no-sandbox --disable-gpu --disable-quic "
+             "--no-first-run --disable-background-networking "
+             "--disable-component-update --disable-sync "
+             "--user-data-dir=%s/profile --dump-dom 'file://%s' "
+             ">%s/dom.html 2>%s/stderr.txt",
+             chromium, dir, html_path, dir, dir);
+    int rc = system(cmd);
+    char path[600];
+    snprintf(path, sizeof(path), "%s/dom.html", dir);
+    size_t len = 0;
+    uint8_t *dom = kt_read_file(path, &len);
+    int ok = 0;
+    if (rc != 0) {
+        snprintf(why, whysz, "chromium exited with %d", rc);
+    } else if (!strstr((char *)dom, "data-rendered=\"ok\"")) {
+        snprintf(why, whysz, "rendered DOM lacks data-rendered=\"ok\" "
+                             "(%zu bytes)", len);
+    } else if (!strstr((char *)dom, "id=\"summary\"") ||
+               !strstr((char *)dom, "<polyline")) {
+        snprintf(why, whysz, "rendered DOM lacks the summary or the plot");
+    } else {
+        ok = 1;
+    }
+    kvo_free(dom);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { /* leftovers in TMPDIR only */ }
+    kvo_free(dir);
+    return ok;
+}
+
+START_TEST(html_renders_in_headless_chromium) {
+    if (access("/usr/bin/chromium", X_OK) != 0) {
+        printf("NOTICE: /usr/bin/chromium not installed: skipping the HTML "
+               "rendering test\n");
+        return;
+    }
+    check_result r;
+    make_result(&r, 500, 250);
+    char *dir = kt_tmpdir("html");
+    char path[600];
+    snprintf(path, sizeof(path), "%s/report.html", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(check_report_html(f, &r), KVO_OK);
+    fclose(f);
+    char why[256] = "";
+    ck_assert_msg(kt_check_html_renders(path, why, sizeof(why)) == 1, "%s",
+                  why);
+    unlink(path);
+    rmdir(dir);
+    kvo_free(dir);
+    check_result_fini(&r);
+}
+END_TEST
+
+Suite *suite_report(void) {
+    Suite *s = suite_create("report");
+    TCase *tc = tcase_create("writers");
+    tcase_add_test(tc,
+                   terminal_summary_has_rates_counters_verdict_and_worst_prompts);
+    tcase_add_test(tc, json_lines_have_every_field_and_a_final_summary);
+    tcase_add_test(tc, html_is_self_contained_with_plots_divergences_and_counters);
+    tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("browser");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, html_renders_in_headless_chromium);
+    suite_add_tcase(s, tc);
+    return s;
+}
