@@ -262,30 +262,47 @@ static kvo_status get_hashes(dec *d, wire_event *e) {
     return KVO_OK;
 }
 
-/* Token ids: non-negative ints of any width. */
+/* Token ids: non-negative ints of any width. The hot loop of the decoder:
+ * it keeps the cursor in locals (stores to t[] could alias r->pos) and
+ * reads the widths vocabularies use (fixint, uint16, uint32) inline. */
 static kvo_status get_tokens(dec *d, wire_event *e) {
     uint32_t n;
     kvo_status st = wire_rd_array(&d->r, &n);
     if (st != KVO_OK) return fail_field(d, st, F_TOKENS, -1, "array");
     uint64_t *t = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*t));
     if (!t) return nomem(d);
-    wire_rd *r = &d->r;
+    const uint8_t *buf = d->r.buf;
+    size_t pos = d->r.pos, len = d->r.len;
     for (uint32_t i = 0; i < n; i++) {
-        /* Fast path for the common positive fixint / uint16 / uint32. */
-        if (r->pos < r->len && r->buf[r->pos] <= 0x7f) {
-            t[i] = r->buf[r->pos++];
-            continue;
+        if (pos < len) {
+            uint8_t b = buf[pos];
+            size_t room = len - pos;
+            if (b <= 0x7f) {
+                t[i] = b;
+                pos += 1;
+                continue;
+            }
+            /* uint16 and uint32 mix at random in real prompts: read both
+             * without a data-dependent branch (4 bytes, shifted for cd). */
+            if ((uint8_t)(b - 0xcd) < 2 && room >= 5) {
+                unsigned is16 = b == 0xcd;
+                t[i] = wire_be_w(buf + pos + 1, 4) >> (16 * is16);
+                pos += 5 - 2 * is16;
+                continue;
+            }
         }
-        size_t at = r->pos;
+        d->r.pos = pos; /* anything else: the general reader */
         bool neg;
-        st = wire_rd_int(r, &neg, &t[i]);
+        st = wire_rd_int(&d->r, &neg, &t[i]);
         if (st != KVO_OK) return fail_field(d, st, F_TOKENS, (long)i, "int");
         if (neg) {
-            r->pos = at; /* point the error at the value */
+            d->r.pos = pos; /* point the error at the value */
             return fail_field(d, KVO_EPROTO, F_TOKENS, (long)i,
                               "non-negative int");
         }
+        pos = d->r.pos;
     }
+    d->r.pos = pos;
     e->token_ids = t;
     e->n_tokens = n;
     return KVO_OK;

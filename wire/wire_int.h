@@ -76,6 +76,22 @@ static inline uint64_t wire_be(const uint8_t *p, unsigned n) {
     return v;
 }
 
+/* Big-endian 1, 2, 4 or 8 bytes (the msgpack widths), without a loop. */
+static inline uint64_t wire_be_w(const uint8_t *p, unsigned n) {
+    switch (n) {
+    case 1: return p[0];
+    case 2: return (uint64_t)p[0] << 8 | p[1];
+    case 4:
+        return (uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 |
+               (uint64_t)p[2] << 8 | p[3];
+    default:
+        return (uint64_t)p[0] << 56 | (uint64_t)p[1] << 48 |
+               (uint64_t)p[2] << 40 | (uint64_t)p[3] << 32 |
+               (uint64_t)p[4] << 24 | (uint64_t)p[5] << 16 |
+               (uint64_t)p[6] << 8 | p[7];
+    }
+}
+
 /* Next byte without consuming it; -1 at the end. */
 static inline int wire_rd_peek(const wire_rd *r) {
     return r->pos < r->len ? r->buf[r->pos] : -1;
@@ -110,7 +126,7 @@ static inline kvo_status wire_rd_int(wire_rd *r, bool *neg, uint64_t *v) {
     if (b < 0xcc || b > 0xd3) return KVO_EPROTO;
     unsigned n = 1u << ((b - 0xcc) & 3); /* cc..cf, d0..d3: 1, 2, 4, 8 */
     if (r->len - r->pos - 1 < n) return KVO_ETRUNC;
-    uint64_t x = wire_be(r->buf + r->pos + 1, n);
+    uint64_t x = wire_be_w(r->buf + r->pos + 1, n);
     if (b >= 0xd0) { /* signed: sign-extend from n bytes */
         unsigned shift = 64 - 8 * n;
         x = (uint64_t)((int64_t)(x << shift) >> shift);
@@ -137,7 +153,7 @@ static inline kvo_status wire_rd_container(wire_rd *r, bool map,
     unsigned w = b == b16 ? 2 : b == b16 + 1 ? 4 : 0;
     if (!w) return KVO_EPROTO;
     if (r->len - r->pos - 1 < w) return KVO_ETRUNC;
-    *n = (uint32_t)wire_be(r->buf + r->pos + 1, w);
+    *n = (uint32_t)wire_be_w(r->buf + r->pos + 1, w);
     r->pos += 1 + w;
     return KVO_OK;
 }
@@ -171,7 +187,7 @@ static inline kvo_status wire_rd_blob(wire_rd *r, bool bin,
     }
     size_t room = r->len - r->pos - 1;
     if (room < w) return KVO_ETRUNC;
-    if (w) len = (uint32_t)wire_be(r->buf + r->pos + 1, w);
+    if (w) len = (uint32_t)wire_be_w(r->buf + r->pos + 1, w);
     if (room - w < len) return KVO_ETRUNC;
     *p = r->buf + r->pos + 1 + w;
     *n = len;

@@ -153,6 +153,17 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len,
             return wire_fail(err, short_st, at,
                              "input ends where a value should start");
         uint8_t b = buf[pos++];
+        /* Fast paths for what batches are made of: fixints and ints. */
+        if (b <= 0x7f || b >= 0xe0) continue;
+        if (b >= 0xcc && b <= 0xd3) {
+            unsigned w = 1u << ((b - 0xcc) & 3);
+            if (w > avail - pos)
+                return wire_fail(err, short_st, at,
+                                 "int needs %u bytes but only %zu remain", w,
+                                 avail - pos);
+            pos += w;
+            continue;
+        }
         mp_head h = head_of(b);
         if (h.kind == H_BAD)
             return wire_fail(err, KVO_EPROTO, at, "reserved byte 0xc1");
@@ -161,7 +172,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len,
                              "input ends inside a %s header",
                              wire_mp_type_name(b));
         uint32_t n =
-            h.len_bytes ? (uint32_t)wire_be(buf + pos, h.len_bytes) : h.count;
+            h.len_bytes ? (uint32_t)wire_be_w(buf + pos, h.len_bytes) : h.count;
         pos += h.len_bytes;
 
         if (h.kind == H_ARRAY || h.kind == H_MAP) {
@@ -222,7 +233,7 @@ kvo_status wire_rd_double(wire_rd *r, double *out) {
     if (b == 0xcb || b == 0xca) {
         unsigned n = b == 0xcb ? 8 : 4;
         if (r->len - r->pos - 1 < n) return KVO_ETRUNC;
-        uint64_t bits = wire_be(r->buf + r->pos + 1, n);
+        uint64_t bits = wire_be_w(r->buf + r->pos + 1, n);
         if (n == 8) {
             double d;
             memcpy(&d, &bits, sizeof(d));
@@ -257,7 +268,7 @@ kvo_status wire_rd_skip(wire_rd *r) {
         if (h.kind == H_BAD) return KVO_EPROTO;
         if (h.len_bytes > r->len - pos) return KVO_ETRUNC;
         uint32_t n =
-            h.len_bytes ? (uint32_t)wire_be(r->buf + pos, h.len_bytes) : h.count;
+            h.len_bytes ? (uint32_t)wire_be_w(r->buf + pos, h.len_bytes) : h.count;
         pos += h.len_bytes;
         if (h.kind == H_ARRAY || h.kind == H_MAP) {
             uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;

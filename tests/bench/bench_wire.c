@@ -1,0 +1,325 @@
+/* bench_wire.c -- kvo-bench-wire: KVEventBatch decode and encode throughput
+ * next to baselines measured on the same bytes in the same run.
+ *
+ * Workload: one realistic batch = 32 BlockStored events, each 16 blocks of
+ * 16 tokens (16 u64 hashes, 256 token ids drawn below a 151,936-token
+ * vocabulary, a chained parent, extra_keys [None] * 16, group_idx 0,
+ * kv_cache_spec_kind "full_attention"), from splitmix64 seeded with 1, in
+ * the map layout (vLLM >= 0.24) and the array-v0.14 layout.
+ *
+ * Rows, per layout (each the median of --runs rounds of --iters calls; a
+ * round times every row once, so load drift hits all rows alike):
+ *   memcpy            copy the payload into another buffer
+ *   msgpack unpack    msgpack_unpack() into a long-lived zone cleared per
+ *                     call
+ *   msgpack next      msgpack_unpack_next() into a reused msgpack_unpacked
+ *                     (a fresh zone per call); the baseline is the faster
+ *   precheck          wire_precheck alone
+ *   precheck+unpack   what a msgpack-c based decoder costs before it even
+ *                     converts anything
+ *   decode            wire_batch_decode (pre-check + direct decode into a
+ *                     reused wire_batch)
+ *   encode            wire_batch_encode into a reused kvo_buf
+ * Times are this thread's CPU time. MB/s is payload bytes per second;
+ * events/s counts events; "x unpack" is the time relative to msgpack-c's
+ * faster entry point (goal for decode: <= 2). A checksum over what every
+ * decode produced proves the work was done (and equal between runs).
+ */
+#include "kvo.h"
+#include "wire.h"
+#include "wire_int.h"
+
+#include <inttypes.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define N_EVENTS 32
+#define N_BLOCKS 16
+#define BLOCK_TOKENS 16
+#define VOCAB 151936u
+
+static uint64_t rng_state = 1;
+
+static uint64_t splitmix64(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ z >> 27) * 0x94D049BB133111EBull;
+    return z ^ z >> 31;
+}
+
+/* Builds the workload batch (storage owned by the arena of b). */
+static void build_batch(wire_batch *b) {
+    wire_batch_init(b);
+    b->ts = 1760000000.25;
+    b->batch_len = 3;
+    b->dp_rank = (wire_int){true, 0};
+    b->n_events = N_EVENTS;
+    b->events = kvo_arena_alloc(&b->arena, N_EVENTS * sizeof(wire_event));
+    static uint8_t extra[3 + N_BLOCKS];
+    extra[0] = 0xdc, extra[1] = 0, extra[2] = N_BLOCKS;
+    memset(extra + 3, 0xc0, N_BLOCKS);
+    uint64_t parent = 0;
+    for (int e = 0; e < N_EVENTS; e++) {
+        wire_event *ev = &b->events[e];
+        memset(ev, 0, sizeof(*ev));
+        ev->type = WIRE_EV_STORED;
+        ev->n_hashes = N_BLOCKS;
+        ev->hashes = kvo_arena_alloc(&b->arena, N_BLOCKS * sizeof(wire_hash));
+        for (int k = 0; k < N_BLOCKS; k++)
+            ev->hashes[k] = (wire_hash){WIRE_HASH_UINT, 0, splitmix64(), NULL};
+        ev->parent = e ? (wire_hash){WIRE_HASH_UINT, 0, parent, NULL}
+                       : (wire_hash){WIRE_HASH_NONE, 0, 0, NULL};
+        parent = ev->hashes[N_BLOCKS - 1].key;
+        ev->n_tokens = N_BLOCKS * BLOCK_TOKENS;
+        ev->token_ids = kvo_arena_alloc(&b->arena, ev->n_tokens * sizeof(uint64_t));
+        for (uint32_t t = 0; t < ev->n_tokens; t++)
+            ev->token_ids[t] = splitmix64() % VOCAB;
+        ev->block_size = (wire_int){true, BLOCK_TOKENS};
+        ev->medium = (wire_str){"GPU", 3};
+        ev->extra_keys = (wire_raw){extra, sizeof(extra)};
+        ev->group_idx = (wire_int){true, 0};
+        ev->kv_cache_spec_kind = (wire_str){"full_attention", 14};
+    }
+}
+
+/* This thread's CPU time: the machine is shared, and wall time would count
+ * the moments another process held the CPU. */
+static uint64_t cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One timed step; returns non-zero on failure. */
+typedef int (*step_fn)(void *ctx);
+
+/* Time n steps in rounds: each round runs every step for iters calls, so
+ * drift in machine load hits all rows alike; the median round is kept.
+ * ns[s] = -1 when step s failed. */
+static void measure(step_fn *fns, size_t n, void *ctx, long iters, int runs,
+                    double *ns) {
+    double t[16][64];
+    for (size_t s = 0; s < n; s++) { /* warm-up */
+        ns[s] = 0;
+        for (long i = 0; i < iters / 4 + 1; i++)
+            if (fns[s](ctx)) ns[s] = -1;
+    }
+    for (int r = 0; r < runs; r++) {
+        for (size_t s = 0; s < n; s++) {
+            if (ns[s] < 0) continue;
+            uint64_t t0 = cpu_ns();
+            for (long i = 0; i < iters; i++)
+                if (fns[s](ctx)) ns[s] = -1;
+            t[s][r] = (double)(cpu_ns() - t0) / (double)iters;
+        }
+    }
+    for (size_t s = 0; s < n; s++) {
+        if (ns[s] < 0) continue;
+        qsort(t[s], (size_t)runs, sizeof(double), cmp_double);
+        ns[s] = t[s][runs / 2];
+    }
+}
+
+typedef struct ctx {
+    const uint8_t *payload;
+    size_t len;
+    uint8_t *copy;
+    msgpack_zone zone;
+    msgpack_unpacked unpacked;
+    wire_batch batch;
+    wire_batch src;
+    wire_format fmt;
+    kvo_buf out;
+    volatile uint64_t sink;
+} ctx;
+
+/* rotl-xor over every hash key and token of a batch. */
+static uint64_t batch_checksum(const wire_batch *b) {
+    uint64_t cs = 0;
+#define MIX(v) (cs = (cs << 5 | cs >> 59) ^ (uint64_t)(v))
+    for (uint32_t e = 0; e < b->n_events; e++) {
+        const wire_event *ev = &b->events[e];
+        MIX(ev->parent.key);
+        for (uint32_t k = 0; k < ev->n_hashes; k++) MIX(ev->hashes[k].key);
+        for (uint32_t t = 0; t < ev->n_tokens; t++) MIX(ev->token_ids[t]);
+    }
+#undef MIX
+    return cs;
+}
+
+static int step_memcpy(void *p) {
+    ctx *c = p;
+    memcpy(c->copy, c->payload, c->len);
+    c->sink += c->copy[c->len / 2];
+    return 0;
+}
+
+static int step_unpack_zone(void *p) {
+    ctx *c = p;
+    msgpack_object obj;
+    size_t off = 0;
+    msgpack_zone_clear(&c->zone);
+    if (msgpack_unpack((const char *)c->payload, c->len, &off, &c->zone, &obj) !=
+        MSGPACK_UNPACK_SUCCESS)
+        return 1;
+    c->sink += obj.via.array.size;
+    return 0;
+}
+
+static int step_unpack_next(void *p) {
+    ctx *c = p;
+    size_t off = 0;
+    if (msgpack_unpack_next(&c->unpacked, (const char *)c->payload, c->len,
+                            &off) != MSGPACK_UNPACK_SUCCESS)
+        return 1;
+    c->sink += c->unpacked.data.via.array.size;
+    return 0;
+}
+
+static int step_precheck(void *p) {
+    ctx *c = p;
+    return wire_precheck(c->payload, c->len, NULL, NULL, NULL) != KVO_OK;
+}
+
+static int step_precheck_unpack(void *p) {
+    return step_precheck(p) || step_unpack_zone(p);
+}
+
+static int step_decode(void *p) {
+    ctx *c = p;
+    if (wire_batch_decode(c->payload, c->len, NULL, &c->batch, NULL) != KVO_OK)
+        return 1;
+    c->sink += c->batch.n_events;
+    return 0;
+}
+
+static int step_encode(void *p) {
+    ctx *c = p;
+    kvo_buf_reset(&c->out);
+    return wire_batch_encode(&c->src, c->fmt, 0, &c->out) != KVO_OK;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvo-bench-wire [--iters N] [--runs N]\n"
+            "KVEventBatch decode/encode throughput next to memcpy and\n"
+            "msgpack-c unpack of the same bytes (32 BlockStored x 16 blocks\n"
+            "x 16 tokens; map and array-v0.14 layouts).\n");
+}
+
+typedef struct opts {
+    long iters;
+    int runs;
+} opts;
+
+static int set_opt(void *p, int code, const char *arg) {
+    opts *o = p;
+    uint32_t v;
+    switch (code) {
+    case 'i':
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return -1;
+        o->iters = v;
+        return 0;
+    case 'r':
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return -1;
+        o->runs = (int)v;
+        return 0;
+    case 'h': usage(stdout); exit(KVO_EXIT_OK);
+    case 'V': printf("kvo-bench-wire %s\n", KVO_VERSION); exit(KVO_EXIT_OK);
+    default: return -1;
+    }
+}
+
+int main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"iters", required_argument, NULL, 'i'},
+        {"runs", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0}};
+    opts o = {1000, 9};
+    if (kvo_getopt(argc, argv, longopts, set_opt, &o) < 0) {
+        usage(stderr);
+        return KVO_EXIT_USAGE;
+    }
+    static const wire_format fmts[] = {WIRE_FMT_MAP, WIRE_FMT_ARRAY_V0_14};
+    wire_batch src;
+    build_batch(&src);
+    printf("workload: %d BlockStored x %d blocks x %d tokens, splitmix64 seed 1; "
+           "%ld calls x %d runs, median\n",
+           N_EVENTS, N_BLOCKS, BLOCK_TOKENS, o.iters, o.runs);
+    printf("%-14s %-18s %10s %10s %12s %9s\n", "layout", "step", "ns/call",
+           "MB/s", "events/s", "x unpack");
+    int rc = KVO_EXIT_OK;
+    for (size_t f = 0; f < KVO_ARRAY_LEN(fmts); f++) {
+        ctx *c = calloc(1, sizeof(*c));
+        kvo_buf payload;
+        kvo_buf_init(&payload);
+        if (!c || wire_batch_encode(&src, fmts[f], 0, &payload) != KVO_OK) {
+            fprintf(stderr, "kvo-bench-wire: cannot build the workload\n");
+            return KVO_EXIT_FAIL;
+        }
+        c->payload = payload.data;
+        c->len = payload.len;
+        c->copy = malloc(payload.len);
+        msgpack_zone_init(&c->zone, MSGPACK_ZONE_CHUNK_SIZE);
+        msgpack_unpacked_init(&c->unpacked);
+        wire_batch_init(&c->batch);
+        c->src = src;
+        c->fmt = fmts[f];
+        kvo_buf_init(&c->out);
+
+        struct {
+            const char *name;
+            step_fn fn;
+        } steps[] = {
+            {"memcpy", step_memcpy},
+            {"msgpack unpack", step_unpack_zone},
+            {"msgpack next", step_unpack_next},
+            {"precheck", step_precheck},
+            {"precheck+unpack", step_precheck_unpack},
+            {"decode", step_decode},
+            {"encode", step_encode},
+        };
+        enum { N_STEPS = KVO_ARRAY_LEN(steps) };
+        step_fn fns[N_STEPS];
+        double ns[N_STEPS];
+        for (size_t s = 0; s < N_STEPS; s++) fns[s] = steps[s].fn;
+        measure(fns, N_STEPS, c, o.iters, o.runs, ns);
+        for (size_t s = 0; s < N_STEPS; s++) {
+            if (ns[s] < 0) {
+                fprintf(stderr, "kvo-bench-wire: %s failed\n", steps[s].name);
+                rc = KVO_EXIT_FAIL;
+            }
+        }
+        /* The baseline is msgpack-c's faster entry point. */
+        double base = ns[1] < ns[2] ? ns[1] : ns[2];
+        if (wire_batch_decode(c->payload, c->len, NULL, &c->batch, NULL) != KVO_OK)
+            rc = KVO_EXIT_FAIL;
+        printf("%-14s %zu bytes per batch, decoded checksum 0x%016" PRIx64 "\n",
+               wire_format_name(fmts[f]), c->len, batch_checksum(&c->batch));
+        for (size_t s = 0; s < KVO_ARRAY_LEN(steps); s++) {
+            double sec = ns[s] / 1e9;
+            printf("%-14s %-18s %10.0f %10.1f %12.0f %9.2f\n",
+                   wire_format_name(fmts[f]), steps[s].name, ns[s],
+                   (double)c->len / sec / 1e6, N_EVENTS / sec, ns[s] / base);
+        }
+        free(c->copy);
+        msgpack_zone_destroy(&c->zone);
+        msgpack_unpacked_destroy(&c->unpacked);
+        wire_batch_fini(&c->batch);
+        kvo_buf_fini(&c->out);
+        kvo_buf_fini(&payload);
+        free(c);
+    }
+    wire_batch_fini(&src);
+    return rc;
+}
