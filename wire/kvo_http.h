@@ -14,8 +14,10 @@
  * then. Streaming responses (SSE) are written with kvo_http_stream_*.
  * Request bodies larger than max_body get 413 without reaching the handler.
  *
- * The loop, with the MHD timeout honoured (MHD's epoll is edge-triggered:
- * work it left over shows up only as a 0 timeout, never as a readable fd):
+ * The poll MUST be bounded by kvo_http_server_timeout_ms(): MHD's epoll is
+ * edge-triggered, and answering a deferred request or writing a stream from
+ * the owner's thread does not make the fd readable -- both show up only as a
+ * 0 timeout (run again at once). The loop:
  *
  *   kvo_http_server *srv;
  *   kvo_http_server_cfg cfg = {.port = 8090, .handler = on_req, .ctx = app};

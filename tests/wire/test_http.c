@@ -34,6 +34,7 @@ typedef struct fix {
     atomic_bool stream_closed_seen;
     atomic_int idle_ok, idle_bad;
     atomic_bool stream_done;
+    atomic_bool wake_ok; /* timeout 0 right after a deferred answer */
     char base[64];
     /* server thread only */
     kvo_http_req *defer[MAX_HELD];
@@ -125,6 +126,9 @@ static void tick_defer(fix *f) {
                                json_object_new_int(f->defer_rounds));
         kvo_http_respond_json(r, 200, j);
     }
+    /* Resuming does not make the fd readable; the 0 timeout is what wakes
+     * the owner's poll. */
+    atomic_store(&f->wake_ok, kvo_http_server_timeout_ms(f->s) == 0);
     f->ndefer = 0;
     f->defer_rounds = 0;
 }
@@ -489,6 +493,8 @@ START_TEST(deferred_answers_arrive_after_several_rounds_in_any_order) {
         json_object_put(j);
         kvo_http_resp_fini(&jobs[i].resp);
     }
+    bool woke = atomic_load(&f.wake_ok);
+    ck_assert_msg(woke, "no 0 timeout after answering a deferred request");
     fix_stop(&f);
 }
 END_TEST
