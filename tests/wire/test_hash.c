@@ -386,6 +386,18 @@ START_TEST(pickle_frames_split_at_64k_where_cpython_splits_them) {
     for (size_t k = 0; k < 3; k++) assert_block_sha256(t, ns[k], "ab", NULL, want[k]);
     free(t);
 
+    /* (P, (1, 2) + tuple(range(70000, 70000 + 13100)), ("ab",)): the frame
+     * holds 65,535 bytes before the last int, one short of the target, so
+     * it must not split there (CPython: frames of 65,542 and 10 bytes). */
+    uint64_t *t2 = malloc(13102 * sizeof(*t2));
+    t2[0] = 1;
+    t2[1] = 2;
+    for (size_t i = 0; i < 13100; i++) t2[2 + i] = 70000 + i;
+    assert_block_sha256(
+        t2, 13102, "ab", NULL,
+        "0decb7227ec37eb5382ec0b8a6d693c16739ab3d510f0e3616cbca7565e3c925");
+    free(t2);
+
     /* Block size 8192 of ids >= 2^63 (9-byte LONG1s, 73 KiB, two frames):
      * (P, tuple(2**63 + i for i in range(8192)), None) */
     uint64_t *big = malloc(8192 * sizeof(*big));
