@@ -50,6 +50,7 @@
 #define SHUTDOWN_DRAIN_MS 1000
 #define CLIENT_MAX_BODY ((size_t)1 << 30)
 #define CLIENT_CONNECT_MS 5000L
+#define EXPECT_MIN_BODY (64u << 10)
 
 struct kvo_http_req {
     kvo_http_server *srv;
@@ -619,7 +620,12 @@ kvo_status kvo_http_post(kvo_http_client *c, const char *url,
     snprintf(ct, sizeof(ct), "Content-Type: %s",
              ctype ? ctype : "application/octet-stream");
     struct curl_slist *hdrs = curl_slist_append(NULL, ct);
-    struct curl_slist *h2 = hdrs ? curl_slist_append(hdrs, "Expect:") : NULL;
+    /* Small bodies go with the headers (no round trip for 100 Continue);
+     * large ones wait for it, so a server that refuses them (413) can say
+     * so before we push megabytes into a socket it is about to close. */
+    const char *expect = len > EXPECT_MIN_BODY ? "Expect: 100-continue"
+                                               : "Expect:";
+    struct curl_slist *h2 = hdrs ? curl_slist_append(hdrs, expect) : NULL;
     if (!h2) {
         curl_slist_free_all(hdrs);
         return KVO_ENOMEM;

@@ -434,6 +434,19 @@ START_TEST(oversized_body_gets_413_without_reaching_the_handler) {
     json_object_put(j);
     ck_assert_int_eq(handler_calls(&f), 1);
 
+    /* Large bodies too: the client waits for 100 Continue, so the 413 is
+     * not lost in a reset while it is still sending. */
+    size_t big_n = 8u << 20;
+    char *big_body = kvo_calloc(1, big_n);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain",
+                                       big_body, big_n, &r),
+                         KVO_OK);
+        ck_assert_int_eq(r.status, 413);
+    }
+    kvo_free(big_body);
+    ck_assert_int_eq(handler_calls(&f), 1);
+
     /* A declared length far beyond the limit is refused before any of the
      * body is read. */
     const char huge[] = "POST /echo HTTP/1.1\r\nHost: t\r\n"
