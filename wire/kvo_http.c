@@ -289,6 +289,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) s->conns++;
 }
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral" /* MHD's own formats */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     kvo_http_server *s = cls;
     char line[256];
@@ -297,6 +299,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
     kvo_log_limited(&s->log_rl, KVO_LOG_DEBUG, "libmicrohttpd: %s", line);
 }
+#pragma GCC diagnostic pop
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     kvo_http_req *r = cls;
