@@ -42,7 +42,7 @@ typedef struct fix {
     kvo_http_req *forever[MAX_HELD];
     int nforever;
     kvo_http_req *stream;
-    enum { ST_COUNT, ST_ENDLESS, ST_IDLE, ST_HOLD } stream_kind;
+    enum { ST_COUNT, ST_ENDLESS, ST_IDLE, ST_HOLD, ST_FLOOD } stream_kind;
     int stream_n, stream_i, stream_round;
 } fix;
 
@@ -54,7 +54,7 @@ static void sleep_ms(long ms) {
 /* Waits (bounded) for a condition another thread makes true. */
 #define WAIT_FOR(cond)                                                        \
     do {                                                                      \
-        for (int w_ = 0; w_ < 2000 && !(cond); w_++) sleep_ms(5);             \
+        for (int w_ = 0; w_ < 6000 && !(cond); w_++) sleep_ms(5);             \
         ck_assert_msg((cond), "timed out waiting for " #cond);                \
     } while (0)
 
@@ -99,6 +99,7 @@ static void on_req(void *ctx, kvo_http_req *r) {
         f->stream_kind = !strcmp(path, "/sse-endless") ? ST_ENDLESS
                          : !strcmp(path, "/sse-idle")  ? ST_IDLE
                          : !strcmp(path, "/sse-hold")  ? ST_HOLD
+                         : !strcmp(path, "/sse-flood") ? ST_FLOOD
                                                        : ST_COUNT;
         kvo_http_stream_start(r, 200, "text/event-stream");
         if (!strcmp(path, "/sse-inline")) { /* whole stream in the handler */
@@ -183,6 +184,18 @@ static void tick_stream(fix *f) {
         break;
     case ST_HOLD:
         break;
+    case ST_FLOOD: { /* 64 KiB a round to a client that never reads */
+        static char chunk[64 * 1024];
+        if (kvo_http_stream_closed(r)) {
+            atomic_store(&f->stream_closed_seen, true);
+            stream_finish(f);
+        } else if (round < 4000) { /* 250 MiB: far past the 64 MiB cap */
+            kvo_http_stream_write(r, chunk, sizeof(chunk));
+        } else {
+            stream_finish(f);
+        }
+        break;
+    }
     }
 }
 
@@ -602,6 +615,20 @@ START_TEST(client_leaving_mid_stream_closes_it_and_frees_it) {
 }
 END_TEST
 
+START_TEST(stream_to_a_client_that_never_reads_is_dropped_at_the_cap) {
+    fix f;
+    fix_start(&f, 0);
+    int fd = raw_connect(&f);
+    const char req[] = "GET /sse-flood HTTP/1.1\r\nHost: t\r\n\r\n";
+    raw_send(fd, req, strlen(req));
+    WAIT_FOR(atomic_load(&f.stream_done));
+    bool closed = atomic_load(&f.stream_closed_seen);
+    ck_assert_msg(closed, "unsent stream data grew past the cap");
+    close(fd);
+    fix_stop(&f);
+}
+END_TEST
+
 START_TEST(server_free_answers_pending_requests_with_503) {
     fix f;
     fix_start(&f, 0);
@@ -723,6 +750,7 @@ Suite *suite_http(void) {
     tcase_add_test(tc, stream_delivers_many_chunks_in_order);
     tcase_add_test(tc, idle_stream_suspends_instead_of_spinning);
     tcase_add_test(tc, client_leaving_mid_stream_closes_it_and_frees_it);
+    tcase_add_test(tc, stream_to_a_client_that_never_reads_is_dropped_at_the_cap);
     tcase_add_test(tc, server_free_answers_pending_requests_with_503);
     tcase_add_test(tc, client_reuses_its_connection);
     tcase_add_test(tc, client_reports_timeouts_and_refused_connections);
