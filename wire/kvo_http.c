@@ -64,7 +64,8 @@ struct kvo_http_req {
     bool handled;      /* the handler has been called */
     bool in_handler;   /* inside the access callback: queue directly */
     bool app_holds;    /* the owner still has to answer / end the stream */
-    bool answered;     /* a response exists (queued or parked) */
+    bool answered;     /* the owner answered (response queued or parked) */
+    bool queued;       /* MHD accepted a response for this request */
     bool suspended;    /* MHD_suspend_connection in effect */
     bool drain;        /* answered by server_free; wait for it to be sent */
     struct MHD_Response *parked; /* answer waiting for the access callback */
@@ -149,7 +150,7 @@ static void req_answer(kvo_http_req *r, unsigned status,
     }
     if (r->in_handler) {
         if (resp) {
-            MHD_queue_response(r->conn, status, resp);
+            r->queued = MHD_queue_response(r->conn, status, resp) == MHD_YES;
             MHD_destroy_response(resp);
         }
         return;
@@ -211,7 +212,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
         uint64_t n;
         if (cl && kvo_parse_u64(cl, &n) == KVO_OK && n > s->max_body) {
             /* Refuse before reading: MHD skips the body and closes. */
-            r->too_big = r->handled = r->answered = true;
+            r->too_big = r->handled = r->answered = r->queued = true;
             too_big_msg(s, msg, sizeof(msg));
             return queue_now(conn, 413, make_error(msg));
         }
@@ -236,10 +237,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     if (r->parked) { /* answer given while suspended: send it now */
         struct MHD_Response *resp = r->parked;
         r->parked = NULL;
+        r->queued = true;
         return queue_now(conn, r->parked_status, resp);
     }
     if (r->handled) {
-        if (r->answered) return MHD_YES; /* already queued */
+        /* Answered but nothing could be queued (out of memory): close. */
+        if (r->answered) return r->queued ? MHD_YES : MHD_NO;
         /* Resumed without an answer: only a stream reader suspends and
          * resumes; a plain request has nothing to do but wait again. */
         r->suspended = true;
@@ -250,13 +253,12 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     r->handled = true;
     if (r->too_big) {
         too_big_msg(s, msg, sizeof(msg));
-        r->answered = true;
+        r->answered = r->queued = true;
         return queue_now(conn, 413, make_error(msg));
     }
     if (r->body_oom || kvo_buf_cstr(&r->body) != KVO_OK) {
-        r->answered = true;
-        return queue_now(conn, 500,
-                         make_error("out of memory"));
+        r->answered = r->queued = true;
+        return queue_now(conn, 500, make_error("out of memory"));
     }
     r->app_holds = true;
     r->in_handler = true;
