@@ -123,10 +123,10 @@ kvo_status wire_seq_get(const uint8_t *p, size_t len, uint64_t *seq) {
 /* Decoder                                                                   */
 /* ======================================================================== */
 
-/* The smallest encoding of any valid event: ["BlockRemoved", []] is 15
- * bytes. A batch declaring more events than its bytes could hold at this
- * size is rejected before the event table is allocated. */
-#define MIN_EVENT_BYTES 15u
+/* The event table starts this small and doubles as events decode, so its
+ * size follows the events actually present (each takes >= 15 bytes of
+ * input), not the count a header claims. */
+#define EVENTS_FIRST 16u
 
 /* Map keys and array positions share one field list. Array position of a
  * BlockStored field = its index (0 is the tag); BlockRemoved has its own
@@ -559,17 +559,19 @@ static kvo_status decode_batch(dec *d) {
     if (st != KVO_OK)
         return wire_fail(d->err, st, at, "events: expected array, got %s",
                          found_name(d));
-    if ((uint64_t)n_ev * MIN_EVENT_BYTES > r->len - r->pos)
-        return wire_fail(d->err, KVO_EPROTO, at,
-                         "events: %" PRIu32 " events cannot fit in %zu bytes",
-                         n_ev, r->len - r->pos);
     wire_event *evs = NULL;
-    if (n_ev) {
-        evs = kvo_arena_alloc(&b->arena, (size_t)n_ev * sizeof(*evs));
-        if (!evs) return nomem(d);
-        memset(evs, 0, (size_t)n_ev * sizeof(*evs));
-    }
+    uint32_t cap = 0;
     for (d->ev = 0; d->ev < n_ev; d->ev++) {
+        if (d->ev == cap) { /* grow (the old table stays in the arena) */
+            cap = cap ? 2 * cap : EVENTS_FIRST;
+            if (cap > n_ev) cap = n_ev;
+            wire_event *grown =
+                kvo_arena_alloc(&b->arena, (size_t)cap * sizeof(*grown));
+            if (!grown) return nomem(d);
+            if (d->ev) memcpy(grown, evs, (size_t)d->ev * sizeof(*evs));
+            evs = grown;
+        }
+        memset(&evs[d->ev], 0, sizeof(*evs));
         st = decode_event(d, &evs[d->ev]);
         if (st != KVO_OK) return st;
     }
@@ -581,12 +583,16 @@ static kvo_status decode_batch(dec *d) {
         uint64_t v;
         if (!wire_rd_nil(r)) {
             st = wire_rd_int(r, &neg, &v);
-            if (st != KVO_OK || (!neg && v > (uint64_t)INT64_MAX))
-                return wire_fail(d->err, st == KVO_ETRUNC ? st : KVO_EPROTO,
-                                 at,
+            if (st != KVO_OK)
+                return wire_fail(d->err, st, at,
                                  "data_parallel_rank: expected int or nil, "
                                  "got %s",
                                  found_name(d));
+            if (!neg && v > (uint64_t)INT64_MAX)
+                return wire_fail(d->err, KVO_EPROTO, at,
+                                 "data_parallel_rank: %" PRIu64
+                                 " out of range",
+                                 v);
             b->dp_rank.set = true;
             b->dp_rank.v = (int64_t)v;
         }
