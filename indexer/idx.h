@@ -1,0 +1,248 @@
+/* idx.h -- the radix index (DESIGN §7): which worker holds which prefix.
+ *
+ * Three layers, one header:
+ *   idx_tree   a pure data structure (no sockets, clocks, logging or I/O):
+ *              RouterEvents in, per-worker leading-block scores out, with
+ *              Dynamo's radix-tree semantics (lib/kv-router/src/radix_tree.rs);
+ *              layout and invariants are drawn in idx_tree.c.
+ *   idx_feed   event-plane messages (DESIGN §6) into a tree: envelope
+ *              decoding, per-publisher dedup, gaps and watermarks, counters,
+ *              and the JSON shapes shared by the service and replay.
+ *   kvo-indexer  idx_service_run (NATS subscriber + HTTP API) and
+ *              idx_replay_run (offline: a capture file and JSON-lines queries).
+ *
+ * Workers are (worker_id, dp_rank) pairs. Scores are always sorted by
+ * worker_id, then dp_rank.
+ */
+#ifndef IDX_H
+#define IDX_H
+
+#include "kvo.h"
+#include "wire.h"
+
+#include <stdio.h>
+
+/* ======================================================================== */
+/* Tree                                                                      */
+/* ======================================================================== */
+
+typedef struct idx_tree idx_tree;
+
+/* Outcome of one RouterEvent (Dynamo's KvCacheEventError, plus ok). */
+typedef enum idx_evstatus {
+    IDX_EV_OK = 0,           /* "ok": applied in full */
+    IDX_EV_PARENT_NOT_FOUND, /* "parent_not_found": store rejected whole */
+    IDX_EV_BLOCK_NOT_FOUND,  /* "block_not_found": some removed hashes were
+                                unknown to the worker (the rest applied) */
+    IDX_EV_INVALID_BLOCK,    /* "invalid_block": a stored block is its own
+                                parent; blocks before it stay applied */
+    IDX_EV_STATUS_COUNT
+} idx_evstatus;
+
+const char *idx_evstatus_name(idx_evstatus s); /* "ok", ... (static) */
+/* "stored" / "removed" / "cleared" (static; "?" when out of range). */
+const char *idx_rtype_name(wire_rtype t);
+
+typedef struct idx_counters {
+    /* events[type][status], type = wire_rtype (index 0 unused) */
+    uint64_t events[4][IDX_EV_STATUS_COUNT];
+    uint64_t blocks_stored;    /* (block, worker) stores applied */
+    uint64_t blocks_removed;   /* removed hashes found and removed */
+    uint64_t blocks_not_found; /* removed hashes unknown to the worker */
+    uint64_t hash_mismatch;    /* stored block met a node stored under a
+                                  different block_hash (Dynamo warns) */
+} idx_counters;
+
+typedef struct idx_stats {
+    uint64_t nodes;       /* live tree nodes, root excluded */
+    uint64_t pairs;       /* (block hash, worker) lookup entries */
+    uint64_t workers;     /* known (worker_id, dp_rank) pairs */
+    uint64_t edge_alias;  /* extra parent edges (a node under two parents) */
+    uint64_t look_alias;  /* lookup entries not inlined in their node */
+    uint64_t sets;        /* nodes held by two workers or more */
+    uint64_t bytes;       /* memory held by the tree (capacities) */
+} idx_stats;
+
+typedef struct idx_score {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint32_t blocks; /* leading blocks of the query the worker holds */
+} idx_score;
+
+/* Query result, caller-owned and reusable (init once, fini once). */
+typedef struct idx_scores {
+    uint32_t isl_blocks; /* blocks in the query */
+    size_t n;            /* entries in v (workers scoring 0 are absent) */
+    size_t cap;
+    idx_score *v;        /* owned */
+} idx_scores;
+
+void idx_scores_init(idx_scores *s);
+void idx_scores_fini(idx_scores *s);
+
+typedef struct idx_worker {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint64_t blocks; /* entries in the worker's block_hash -> node map */
+} idx_worker;
+
+kvo_status idx_tree_new(idx_tree **out);
+void idx_tree_free(idx_tree *t); /* NULL is a no-op */
+
+/* Apply one RouterEvent (its tier is ignored: the feed filters tiers).
+ * *st gets the event's outcome, also counted. Returns KVO_OK, or
+ * KVO_ENOMEM: then the blocks before the failing one are applied, the
+ * tree is consistent and the event is not counted. */
+kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev,
+                          idx_evstatus *st);
+
+/* Scores of a query given as router hashes (tokens_hash per block): per
+ * worker, the number of leading blocks it holds, counted from block 0 with
+ * no gap, exact. out is replaced; KVO_ENOMEM leaves it empty. */
+kvo_status idx_tree_query(idx_tree *t, const uint64_t *hashes, size_t n,
+                          idx_scores *out);
+
+/* Drop every block of every dp_rank of worker_id and forget the worker. */
+kvo_status idx_tree_worker_remove(idx_tree *t, uint64_t worker_id);
+
+/* Known workers sorted by worker_id, dp_rank: *out is kvo_malloc'd (NULL
+ * when there are none), the caller frees it with kvo_free. */
+kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n);
+
+void idx_tree_counters(const idx_tree *t, idx_counters *out);
+void idx_tree_stats(const idx_tree *t, idx_stats *out);
+
+/* The tree as stored events, breadth first from the root: one event per
+ * (edge, worker holding the child), one block each, event_id counting from
+ * 0, tier device. Replaying them into an empty tree gives the same query
+ * answers. fn gets an event valid during the call; a status other than
+ * KVO_OK stops the dump and is returned. */
+typedef kvo_status (*idx_dump_fn)(void *ctx, const wire_revent *ev);
+kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx);
+
+/* Walk every structure and check every invariant of idx_tree.c's header.
+ * KVO_OK, or KVO_ESTATE with the first violation in msg. *unreachable (may
+ * be NULL) gets the number of live nodes reachable neither from the root
+ * nor from a lookup entry (only cycles fed by inconsistent hashes make
+ * them, as in Dynamo). For tests: O(size of the tree). */
+kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
+                          char *msg, size_t msgsz);
+
+/* Router hashes of a prompt (DESIGN §5): one per full block, with the seed
+ * of lora/salt (NULL = none). Returns the number of blocks written. */
+size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
+                       const char *lora, const char *salt, uint64_t *out);
+
+/* ======================================================================== */
+/* Feed: event-plane messages -> tree                                        */
+/* ======================================================================== */
+
+typedef struct idx_feed idx_feed;
+
+typedef struct idx_feed_counters {
+    uint64_t messages;    /* received, whatever became of them */
+    uint64_t applied;     /* decoded and applied */
+    uint64_t duplicates;  /* dropped: sequence not above the last one */
+    uint64_t gaps;        /* sequence jumps (first message above 0 too) */
+    uint64_t missed;      /* sequences jumped over */
+    uint64_t undecodable; /* not an event-plane message */
+    uint64_t bad_headers; /* malformed KVO-Zmq-Seq (message still applied) */
+    uint64_t other_tier;  /* RouterEvents of a non-device tier (skipped,
+                             as Dynamo's primary tree does) */
+    uint64_t enomem;      /* RouterEvents lost to allocation failure */
+} idx_feed_counters;
+
+/* Per publisher; what GET /watermark shows. */
+typedef struct idx_publisher {
+    uint64_t publisher_id;
+    uint64_t last_sequence;
+    uint64_t messages;   /* applied */
+    uint64_t gaps;
+    uint64_t duplicates;
+    bool has_zmq;        /* a KVO-Zmq-Seq header was seen */
+    uint64_t zmq_first;  /* lowest header start seen */
+    uint64_t zmq_last;   /* highest header end seen */
+} idx_publisher;
+
+kvo_status idx_feed_new(idx_feed **out); /* with an empty tree */
+void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
+idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
+
+/* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
+ * or NULL. Returns KVO_OK (applied), KVO_EEXIST (duplicate, dropped),
+ * a decode status (counted as undecodable; err says why) or KVO_ENOMEM. */
+kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
+                            const char *zmq_seq, wire_error *err);
+
+void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
+/* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
+kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
+                               size_t *n);
+
+/* ---- JSON shapes (json-c; the caller owns what is returned) -------------
+ * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,
+ *             "parent_not_found": n, "block_not_found": n,
+ *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
+ *             "not_found": n, "hash_mismatch": n}, "messages": n,
+ *             "applied": n, "duplicates": n, "gaps": n, "missed": n,
+ *             "undecodable": n, "bad_headers": n, "other_tier": n,
+ *             "enomem": n, "nodes": n, "pairs": n}
+ * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
+ * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
+ *             "blocks"}]} sorted
+ * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
+ *             "gaps", "duplicates", "zmq_seq_first", "zmq_seq_last"}]}
+ *             (zmq_* null until a KVO-Zmq-Seq header was seen)
+ * NULL return = out of memory. */
+json_object *idx_json_counters(const idx_feed *f);
+json_object *idx_json_workers(const idx_tree *t);
+json_object *idx_json_scores(const idx_scores *s);
+json_object *idx_json_watermark(const idx_feed *f);
+/* One stored RouterEvent in the event-plane JSON shape of the vectors. */
+json_object *idx_json_revent(const wire_revent *ev);
+
+/* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
+ * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
+ * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad
+ * request, KVO_ENOMEM. */
+kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
+                          int want_tokens, idx_scores *out, char *err,
+                          size_t errsz);
+
+/* ======================================================================== */
+/* kvo-indexer                                                               */
+/* ======================================================================== */
+
+typedef struct idx_service_cfg {
+    const char *nats_url;     /* default nats://127.0.0.1:4222 */
+    const char *nats_user;    /* with nats_password */
+    const char *nats_password;
+    const char *nats_token;
+    const char *nats_creds;   /* credentials file */
+    bool nats_tls;            /* require TLS */
+    const char *nats_tls_ca;  /* CA bundle */
+    const char *nats_tls_cert;/* client certificate (with key) */
+    const char *nats_tls_key;
+    bool nats_tls_skip_verify;
+    const char *subject;      /* default namespace.*.component.*.kv-events */
+    const char *http;         /* host:port, default 127.0.0.1:8090 (0 = any) */
+    uint32_t block_size;      /* default 16 */
+} idx_service_cfg;
+
+void idx_service_cfg_default(idx_service_cfg *cfg);
+/* Serve until kvo_stop. Logs "listening on http://HOST:PORT" once bound.
+ * KVO_OK on a clean stop; a setup error (NATS, HTTP bind) otherwise. */
+kvo_status idx_service_run(const idx_service_cfg *cfg);
+
+typedef struct idx_replay_cfg {
+    const char *events;  /* capture file of event-plane messages */
+    const char *queries; /* JSON lines, or NULL */
+    uint32_t block_size; /* default 16 */
+} idx_replay_cfg;
+
+/* Offline mode (DESIGN §3, issue 3): writes JSON lines to out. KVO_OK, or
+ * an input error with a one-line reason in err. */
+kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
+                          size_t errsz);
+
+#endif /* IDX_H */
