@@ -1,0 +1,17 @@
+/* test_relay: the relay pipeline behind its seam, then the kvo-relay
+ * process against a real ZMQ publisher and a real nats-server. */
+#include "kt.h"
+
+#include <stdlib.h>
+
+Suite *suite_pipe(void);
+Suite *suite_e2e(void);
+
+int main(void) {
+    SRunner *sr = srunner_create(suite_pipe());
+    srunner_add_suite(sr, suite_e2e());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

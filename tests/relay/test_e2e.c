@@ -1,0 +1,607 @@
+/* kvo-relay as a process: a real ZMQ publisher (PUB + replay ROUTER, in this
+ * test), a real nats-server, a NATS subscriber decoding what arrives. */
+#include "kvo_http.h"
+#include "tr.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+Suite *suite_e2e(void);
+
+#define SUBJECT "namespace.dynamo.component.backend.kv-events"
+#define WAIT_MS 15000
+
+typedef struct e2e {
+    kt_nats nats;
+    tproxy *proxy;
+    tpub *pub;
+    kt_proc relay;
+    char base[64];
+    char stats_path[600];
+    char cap_path[600];
+    tsub sub;
+    kvo_http_client *http;
+} e2e;
+
+/* extra: more relay arguments (NULL-terminated) or NULL. */
+static void e2e_start(e2e *e, const char *const *extra) {
+    memset(e, 0, sizeof(*e));
+    kt_nats_start(&e->nats);
+    e->proxy = tproxy_new(e->nats.port);
+    e->pub = tpub_new(true);
+    tsub_start(&e->sub, e->nats.url, SUBJECT);
+    uint16_t mport;
+    ck_assert(kvo_free_port(&mport) == KVO_OK);
+    char metrics[32], nats[64];
+    snprintf(metrics, sizeof(metrics), "127.0.0.1:%u", mport);
+    snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", mport);
+    snprintf(nats, sizeof(nats), "nats://127.0.0.1:%u", tproxy_port(e->proxy));
+    char *dir = kt_tmpdir("relay-e2e");
+    snprintf(e->stats_path, sizeof(e->stats_path), "%s/exit.json", dir);
+    snprintf(e->cap_path, sizeof(e->cap_path), "%s/relay.kvocap", dir);
+    kvo_free(dir);
+    const char *args[48] = {"--zmq", tpub_endpoint(e->pub),
+                            "--replay", tpub_replay_endpoint(e->pub),
+                            "--nats", nats,
+                            "--publisher-id", "9",
+                            "--worker-id", "3",
+                            "--metrics-listen", metrics,
+                            "--stats-interval-ms", "1000",
+                            "--replay-timeout-ms", "5000",
+                            "--nats-reconnect-wait-ms", "100",
+                            "--stats-json", e->stats_path,
+                            "--record", e->cap_path};
+    size_t n = 0;
+    while (args[n]) n++;
+    for (size_t i = 0; extra && extra[i]; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    kt_proc_start(&e->relay, "kvo-relay", args);
+    char url[128];
+    snprintf(url, sizeof(url), "%s/health", e->base);
+    kt_proc_wait_http(&e->relay, url, WAIT_MS);
+    ck_assert_msg(tpub_wait_subscriber(e->pub, WAIT_MS),
+                  "kvo-relay never subscribed");
+    ck_assert(kvo_http_client_new(&e->http, 5000) == KVO_OK);
+}
+
+static void e2e_stop(e2e *e) {
+    ck_assert_int_eq(kt_proc_stop(&e->relay), 0);
+    kvo_http_client_free(e->http);
+    tsub_stop(&e->sub);
+    tpub_free(e->pub);
+    tproxy_free(e->proxy);
+    kt_nats_stop(&e->nats);
+}
+
+static json_object *get_json(e2e *e, const char *path) {
+    char url[128];
+    snprintf(url, sizeof(url), "%s%s", e->base, path);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    ck_assert(kvo_http_get(e->http, url, &r) == KVO_OK);
+    ck_assert_int_eq(r.status, 200);
+    json_object *j = json_tokener_parse((const char *)r.body.data);
+    ck_assert_ptr_nonnull(j);
+    kvo_http_resp_fini(&r);
+    return j;
+}
+
+static uint64_t stat_of(json_object *j, const char *name, const char *sub) {
+    json_object *v;
+    ck_assert_msg(json_object_object_get_ex(j, name, &v), "no %s", name);
+    if (sub) ck_assert(json_object_object_get_ex(v, sub, &v));
+    return json_object_get_uint64(v);
+}
+
+static uint64_t stat(e2e *e, const char *name, const char *sub) {
+    json_object *j = get_json(e, "/stats");
+    uint64_t v = stat_of(j, name, sub);
+    json_object_put(j);
+    return v;
+}
+
+/* Wait until the relay has noticed that NATS is gone (messages written
+ * before that may sit in a dead socket: core NATS loses those). */
+static void wait_nats_down(e2e *e) {
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
+    for (;;) {
+        json_object *j = get_json(e, "/stats"), *v;
+        ck_assert(json_object_object_get_ex(j, "nats_connected", &v));
+        bool up = json_object_get_boolean(v);
+        json_object_put(j);
+        if (!up) return;
+        ck_assert_msg(kvo_now_ns() < end, "relay never noticed NATS down");
+        usleep(20000);
+    }
+}
+
+static void wait_stat(e2e *e, const char *name, uint64_t atleast) {
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
+    while (stat(e, name, NULL) < atleast) {
+        if (kvo_now_ns() > end) {
+            kvo_proc_dump_log(&e->relay.proc, 60);
+            ck_abort_msg("stat %s never reached %" PRIu64, name, atleast);
+        }
+        usleep(20000);
+    }
+}
+
+/* What arrived on NATS, at block level (merging does not change it). */
+typedef struct blk {
+    wire_rtype type;
+    uint32_t rank;
+    uint64_t hash, tokens_hash;
+} blk;
+
+typedef struct got {
+    blk b[4096];
+    size_t n;
+    uint64_t next_sequence; /* envelope sequences must be 0, 1, 2, ... */
+    bool has_wm;
+    uint64_t wm;
+} got;
+
+static void add_events(got *g, const wire_revent *ev, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const wire_revent *e = &ev[i];
+        if (e->type == WIRE_R_CLEARED) {
+            ck_assert_uint_lt(g->n, 4096);
+            g->b[g->n++] = (blk){WIRE_R_CLEARED, e->dp_rank, 0, 0};
+        }
+        for (uint32_t k = 0; e->type == WIRE_R_STORED && k < e->n_blocks; k++) {
+            ck_assert_uint_lt(g->n, 4096);
+            g->b[g->n++] = (blk){WIRE_R_STORED, e->dp_rank,
+                                 e->blocks[k].block_hash,
+                                 e->blocks[k].tokens_hash};
+        }
+        for (uint32_t k = 0; e->type == WIRE_R_REMOVED && k < e->n_removed; k++) {
+            ck_assert_uint_lt(g->n, 4096);
+            g->b[g->n++] = (blk){WIRE_R_REMOVED, e->dp_rank, e->removed[k], 0};
+        }
+    }
+}
+
+/* Read envelopes until the watermark reaches wm. */
+static void collect(e2e *e, got *g, uint64_t wm) {
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    while (!(g->has_wm && g->wm >= wm)) {
+        bool hr;
+        uint64_t first, last;
+        if (!tsub_next(&e->sub, WAIT_MS, &m, &hr, &first, &last)) {
+            kvo_proc_dump_log(&e->relay.proc, 80);
+            ck_abort_msg("no envelope within %d ms (watermark %" PRIu64
+                         " wanted %" PRIu64 ")",
+                         WAIT_MS, g->has_wm ? g->wm : 0, wm);
+        }
+        ck_assert_uint_eq(m.publisher_id, 9);
+        ck_assert_uint_eq(m.sequence, g->next_sequence);
+        g->next_sequence++;
+        for (uint32_t i = 0; i < m.n_events; i++)
+            ck_assert_uint_eq(m.events[i].worker_id, 3);
+        add_events(g, m.events, m.n_events);
+        if (hr) {
+            ck_assert_uint_le(first, last);
+            g->has_wm = true;
+            g->wm = last;
+        }
+    }
+    wire_plane_fini(&m);
+}
+
+static void tagged(kvo_buf *out, uint64_t k, int rank) {
+    tb b;
+    tb_begin(&b);
+    uint64_t h = 1000 + k;
+    tb_store(&b, false, 0, &h, 1);
+    tb_end(&b, rank, out);
+}
+
+static size_t stored_of(const got *g, uint64_t *h, size_t max) {
+    size_t k = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->b[i].type == WIRE_R_STORED && k < max) h[k++] = g->b[i].hash;
+    return k;
+}
+
+/* ---- tests -------------------------------------------------------------------*/
+
+START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
+    json_object *root = kt_load_json("tests/data/vectors/wire/vectors.json");
+    json_object *cases;
+    json_object_object_get_ex(root, "cases", &cases);
+    size_t nc = json_object_array_length(cases);
+    /* The reference: the same batches through the pipeline seam. */
+    relay_pipe_cfg cfg;
+    tr_cfg_default(&cfg);
+    cfg.worker_id = 3;
+    cfg.publisher_id = 9;
+    tr ref;
+    tr_init(&ref, &cfg, 1, true);
+    e2e e;
+    e2e_start(&e, NULL);
+    for (size_t c = 0; c < nc; c++) {
+        json_object *f;
+        json_object_object_get_ex(json_object_array_get_idx(cases, c), "file", &f);
+        char rel[256];
+        snprintf(rel, sizeof(rel), "tests/data/vectors/wire/%s",
+                 json_object_get_string(f));
+        char *path = kt_src_path(rel);
+        size_t len;
+        uint8_t *bytes = kt_read_file(path, &len);
+        kvo_free(path);
+        kvo_buf p = {bytes, len, len};
+        uint64_t seq = tpub_send(e.pub, &p, false);
+        tr_live(&ref, 0, seq, &p);
+        kvo_free(bytes);
+    }
+    tr_flush(&ref);
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, nc - 1);
+    got *want = kvo_calloc(1, sizeof(*want));
+    for (size_t i = 0; i < ref.n; i++)
+        add_events(want, ref.msgs[i].m.events, ref.msgs[i].m.n_events);
+    ck_assert_uint_gt(want->n, 30);
+    ck_assert_uint_eq(g->n, want->n);
+    for (size_t i = 0; i < g->n; i++) {
+        ck_assert_msg(g->b[i].type == want->b[i].type &&
+                          g->b[i].rank == want->b[i].rank &&
+                          g->b[i].hash == want->b[i].hash &&
+                          g->b[i].tokens_hash == want->b[i].tokens_hash,
+                      "block %zu differs from the pipeline's conversion", i);
+    }
+    /* /metrics and /stats agree with what was seen */
+    json_object *st = get_json(&e, "/stats");
+    ck_assert_uint_eq(stat_of(st, "batches_applied", NULL), nc);
+    ck_assert_uint_eq(stat_of(st, "gaps", NULL), 0);
+    ck_assert_uint_eq(stat_of(st, "publisher_id", NULL), 9);
+    ck_assert_uint_eq(stat_of(st, "rejects_total", NULL),
+                      relay_stats_rejects(tr_stats(&ref)));
+    json_object_put(st);
+    char url[128];
+    snprintf(url, sizeof(url), "%s/metrics", e.base);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    ck_assert(kvo_http_get(e.http, url, &r) == KVO_OK);
+    ck_assert_int_eq(r.status, 200);
+    char line[96];
+    snprintf(line, sizeof(line), "\nkvo_relay_batches_applied_total %zu\n", nc);
+    ck_assert_ptr_nonnull(strstr((const char *)r.body.data, line));
+    kvo_http_resp_fini(&r);
+    e2e_stop(&e);
+    /* The exit JSON and the capture. */
+    size_t jl;
+    uint8_t *jb = kt_read_file(e.stats_path, &jl);
+    json_object *ex = json_tokener_parse((const char *)jb);
+    ck_assert_ptr_nonnull(ex);
+    ck_assert_uint_eq(stat_of(ex, "batches_applied", NULL), nc);
+    ck_assert_uint_eq(stat_of(ex, "messages_published", NULL), g->next_sequence);
+    json_object_put(ex);
+    kvo_free(jb);
+    wire_cap_reader *cr;
+    ck_assert(wire_cap_open(&cr, e.cap_path, NULL) == KVO_OK);
+    wire_cap_record rec;
+    size_t zmq_recs = 0, nats_recs = 0;
+    kvo_status cs;
+    while ((cs = wire_cap_next(cr, &rec, NULL)) == KVO_OK) {
+        if (rec.n_frames == 3) zmq_recs++;
+        if (rec.n_frames == 2) {
+            nats_recs++;
+            ck_assert(rec.frames[0].len == strlen(SUBJECT) &&
+                      !memcmp(rec.frames[0].data, SUBJECT, strlen(SUBJECT)));
+        }
+    }
+    ck_assert_int_eq(cs, KVO_EOF);
+    wire_cap_free(cr);
+    ck_assert_uint_eq(zmq_recs, nc);
+    ck_assert_uint_eq(nats_recs, g->next_sequence);
+    kvo_free(g);
+    kvo_free(want);
+    tr_fini(&ref);
+    json_object_put(root);
+}
+END_TEST
+
+START_TEST(a_dropped_sequence_is_recovered_by_replay) {
+    e2e e;
+    e2e_start(&e, NULL);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    for (uint64_t i = 0; i < 12; i++) {
+        tagged(&p, i, 0);
+        tpub_send(e.pub, &p, i == 4 || i == 5); /* 4, 5 never reach the SUB */
+    }
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 11);
+    uint64_t h[32];
+    ck_assert_uint_eq(stored_of(g, h, 32), 12);
+    for (uint64_t i = 0; i < 12; i++) ck_assert_uint_eq(h[i], 1000 + i);
+    ck_assert_uint_eq(stat(&e, "gaps", NULL), 1);
+    ck_assert_uint_eq(stat(&e, "replays_completed", NULL), 1);
+    ck_assert_uint_eq(stat(&e, "cleared_emitted", NULL), 0);
+    ck_assert_uint_eq(stat(&e, "replay_failures_total", NULL), 0);
+    ck_assert_uint_ge(tpub_requests(e.pub), 1);
+    kvo_buf_fini(&p);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+START_TEST(a_publisher_restart_clears_and_resyncs) {
+    e2e e;
+    e2e_start(&e, NULL);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    for (uint64_t i = 0; i < 5; i++) {
+        tagged(&p, i, 0);
+        tpub_send(e.pub, &p, false);
+    }
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 4);
+    /* The engine restarts: its sequence starts over at 0, and the relay
+     * misses 0 and 1 of the new process. */
+    tpub_restart(e.pub);
+    for (uint64_t i = 0; i < 4; i++) {
+        tagged(&p, 100 + i, 0);
+        tpub_send(e.pub, &p, i < 2);
+    }
+    g->has_wm = false;
+    collect(&e, g, 3);
+    size_t cleared_at = g->n;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->b[i].type == WIRE_R_CLEARED) cleared_at = i;
+    ck_assert_uint_lt(cleared_at, g->n);
+    ck_assert_uint_eq(cleared_at, 5); /* after the first 5 stores */
+    uint64_t h[32];
+    ck_assert_uint_eq(stored_of(g, h, 32), 9);
+    for (uint64_t i = 0; i < 4; i++) ck_assert_uint_eq(h[5 + i], 1100 + i);
+    ck_assert_uint_eq(stat(&e, "restarts", NULL), 1);
+    ck_assert_uint_eq(stat(&e, "cleared_emitted", NULL), 1);
+    ck_assert_uint_eq(stat(&e, "replays_completed", NULL), 1);
+    kvo_buf_fini(&p);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+START_TEST(a_nats_server_restart_loses_nothing_that_fit_in_the_buffer) {
+    e2e e;
+    e2e_start(&e, NULL);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    for (uint64_t i = 0; i < 5; i++) {
+        tagged(&p, i, 0);
+        tpub_send(e.pub, &p, false);
+    }
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 4);
+    /* Server down; the relay keeps converting into its reconnect buffer. */
+    tproxy_gate(e.proxy, false);
+    kt_guard_release(&e.nats.guard);
+    kvo_proc_stop(&e.nats.proc, 5000);
+    wait_nats_down(&e);
+    for (uint64_t i = 5; i < 25; i++) {
+        tagged(&p, i, 0);
+        tpub_send(e.pub, &p, false);
+    }
+    wait_stat(&e, "batches_applied", 25);
+    ck_assert_uint_ge(stat(&e, "nats_buffered", NULL), 1);
+    /* Server back on the same port; the subscriber first, then the relay. */
+    kt_nats_restart(&e.nats);
+    tsub_wait_connected(&e.sub, WAIT_MS);
+    tproxy_gate(e.proxy, true);
+    collect(&e, g, 24);
+    uint64_t h[64];
+    ck_assert_uint_eq(stored_of(g, h, 64), 25);
+    for (uint64_t i = 0; i < 25; i++) ck_assert_uint_eq(h[i], 1000 + i);
+    ck_assert_uint_eq(stat(&e, "publish_dropped", NULL), 0);
+    ck_assert_uint_ge(stat(&e, "nats_reconnects", NULL), 1);
+    kvo_buf_fini(&p);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+START_TEST(a_nats_outage_beyond_the_buffer_is_counted_as_dropped) {
+    const char *extra[] = {"--nats-buffer-bytes", "2048", NULL};
+    e2e e;
+    e2e_start(&e, extra);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tagged(&p, 0, 0);
+    tpub_send(e.pub, &p, false);
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 0);
+    tproxy_gate(e.proxy, false);
+    kt_guard_release(&e.nats.guard);
+    kvo_proc_stop(&e.nats.proc, 5000);
+    wait_nats_down(&e);
+    /* one envelope per batch: wait for each before sending the next */
+    for (uint64_t i = 1; i < 40; i++) {
+        tagged(&p, i, 0);
+        tpub_send(e.pub, &p, false);
+        wait_stat(&e, "batches_applied", i + 1);
+    }
+    wait_stat(&e, "publish_dropped", 1);
+    json_object *st = get_json(&e, "/stats");
+    uint64_t dropped = stat_of(st, "publish_dropped", NULL);
+    uint64_t published = stat_of(st, "messages_published", NULL);
+    json_object_put(st);
+    kt_nats_restart(&e.nats);
+    tsub_wait_connected(&e.sub, WAIT_MS);
+    tproxy_gate(e.proxy, true);
+    /* What was buffered arrives; the next envelope's sequence shows the
+     * hole the dropped ones left (the indexer counts it as a gap). */
+    wait_stat(&e, "nats_reconnects", 1);
+    tagged(&p, 40, 0);
+    tpub_send(e.pub, &p, false);
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    bool hr = false;
+    uint64_t f, l = 0, received = 0, last_seq = 0;
+    while (!(hr && l == 40)) {
+        ck_assert_msg(tsub_next(&e.sub, WAIT_MS, &m, &hr, &f, &l),
+                      "batch 40 never arrived");
+        received++;
+        last_seq = m.sequence;
+    }
+    wire_plane_fini(&m);
+    ck_assert_uint_gt(dropped, 0);
+    ck_assert_uint_eq(received, published); /* 1..published-1, then 40 */
+    ck_assert_uint_eq(last_seq, published + dropped);
+    kvo_buf_fini(&p);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+/* ---- discovery -----------------------------------------------------------------*/
+
+typedef struct disco {
+    kvo_http_server *srv;
+    char body[1024];
+    volatile int stop;
+    volatile int hits;
+    pthread_t thr;
+} disco;
+
+static void disco_handler(void *ctx, kvo_http_req *req) {
+    disco *d = ctx;
+    d->hits++;
+    if (strcmp(kvo_http_req_path(req), "/kvo/event_sources") != 0 ||
+        d->hits < 3) { /* the engine is "not up" for the first two tries */
+        kvo_http_respond_error(req, 503, "starting");
+        return;
+    }
+    kvo_http_respond(req, 200, "application/json", d->body, strlen(d->body));
+}
+
+static void *disco_thread(void *arg) {
+    disco *d = arg;
+    while (!d->stop) {
+        zmq_pollitem_t it = {NULL, kvo_http_server_fd(d->srv), ZMQ_POLLIN, 0};
+        long t = kvo_http_server_timeout_ms(d->srv);
+        zmq_poll(&it, 1, t < 0 || t > 50 ? 50 : t);
+        kvo_http_server_run(d->srv);
+    }
+    return NULL;
+}
+
+START_TEST(discovery_relays_every_listed_rank) {
+    kt_nats nats;
+    kt_nats_start(&nats);
+    tpub *pub[2] = {tpub_new(true), tpub_new(false)};
+    disco d;
+    memset(&d, 0, sizeof(d));
+    kvo_http_server_cfg hc = {.handler = disco_handler, .ctx = &d};
+    ck_assert(kvo_http_server_new(&d.srv, &hc) == KVO_OK);
+    /* rank 1 listed with a wildcard host, as an engine binding 0.0.0.0 */
+    const char *ep1 = strrchr(tpub_endpoint(pub[1]), ':');
+    const char *rep1 = strrchr(tpub_replay_endpoint(pub[1]), ':');
+    snprintf(d.body, sizeof(d.body),
+             "[{\"transport\": \"zmq\", \"endpoint\": \"%s\", "
+             "\"replay_endpoint\": \"%s\", \"topic\": \"kv-events\", "
+             "\"data_parallel_rank\": 0, \"encoding\": \"msgpack\"},"
+             "{\"transport\": \"zmq\", \"endpoint\": \"tcp://0.0.0.0%s\", "
+             "\"replay_endpoint\": \"tcp://*%s\", \"topic\": \"kv-events\", "
+             "\"data_parallel_rank\": 1, \"encoding\": \"msgpack\"}]",
+             tpub_endpoint(pub[0]), tpub_replay_endpoint(pub[0]), ep1, rep1);
+    ck_assert_int_eq(pthread_create(&d.thr, NULL, disco_thread, &d), 0);
+    tsub sub;
+    tsub_start(&sub, nats.url, SUBJECT);
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u",
+             kvo_http_server_port(d.srv));
+    const char *args[] = {"--discover", url, "--nats", nats.url,
+                          "--publisher-id", "9", "--worker-id", "3",
+                          "--stats-interval-ms", "0", NULL};
+    kt_proc relay;
+    kt_proc_start(&relay, "kvo-relay", args);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(tpub_wait_subscriber(pub[i], WAIT_MS),
+                      "rank %d never subscribed", i);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    /* batches without a rank: the discovered rank applies; rank 1 also loses
+     * a batch, recovered through its (older-layout) replay socket */
+    for (int i = 0; i < 2; i++)
+        for (uint64_t k = 0; k < 3; k++) {
+            tagged(&p, (uint64_t)i * 100 + k, -1);
+            tpub_send(pub[i], &p, i == 1 && k == 1);
+        }
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    int seen[2] = {0, 0};
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
+    while ((seen[0] < 3 || seen[1] < 3) && kvo_now_ns() < end) {
+        bool hr;
+        uint64_t f, l;
+        if (!tsub_next(&sub, 1000, &m, &hr, &f, &l)) continue;
+        for (uint32_t i = 0; i < m.n_events; i++) {
+            const wire_revent *ev = &m.events[i];
+            if (ev->type != WIRE_R_STORED) continue;
+            ck_assert_uint_le(ev->dp_rank, 1);
+            for (uint32_t k = 0; k < ev->n_blocks; k++) {
+                uint64_t tag = ev->blocks[k].block_hash - 1000;
+                ck_assert_uint_eq(tag / 100, ev->dp_rank);
+                ck_assert_uint_eq(tag % 100, (uint64_t)seen[ev->dp_rank]);
+                seen[ev->dp_rank]++;
+            }
+        }
+    }
+    wire_plane_fini(&m);
+    if (seen[0] < 3 || seen[1] < 3) kvo_proc_dump_log(&relay.proc, 60);
+    ck_assert_int_eq(seen[0], 3);
+    ck_assert_int_eq(seen[1], 3);
+    ck_assert_int_eq(kt_proc_stop(&relay), 0);
+    d.stop = 1;
+    pthread_join(d.thr, NULL);
+    kvo_http_server_free(d.srv);
+    kvo_buf_fini(&p);
+    tsub_stop(&sub);
+    tpub_free(pub[0]);
+    tpub_free(pub[1]);
+    kt_nats_stop(&nats);
+}
+END_TEST
+
+START_TEST(usage_errors_exit_2_and_help_exits_0) {
+    const char *bad[][4] = {{NULL},
+                            {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        const char *args[6] = {NULL};
+        for (int k = 0; k < 4 && bad[i][k]; k++) args[k] = bad[i][k];
+        kt_proc pr;
+        kt_proc_start(&pr, "kvo-relay", args);
+        while (kvo_proc_alive(&pr.proc)) usleep(10000);
+        ck_assert_int_eq(pr.proc.exit_status, 2);
+        kt_proc_stop(&pr);
+    }
+    const char *help[] = {"--help", NULL};
+    kt_proc pr;
+    kt_proc_start(&pr, "kvo-relay", help);
+    while (kvo_proc_alive(&pr.proc)) usleep(10000);
+    ck_assert_int_eq(pr.proc.exit_status, 0);
+    kt_proc_stop(&pr);
+}
+END_TEST
+
+Suite *suite_e2e(void) {
+    Suite *s = suite_create("e2e");
+    TCase *tc = tcase_create("relay_process");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, every_vector_arrives_on_nats_as_the_pipeline_converts_it);
+    tcase_add_test(tc, a_dropped_sequence_is_recovered_by_replay);
+    tcase_add_test(tc, a_publisher_restart_clears_and_resyncs);
+    tcase_add_test(tc, a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
+    tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
+    tcase_add_test(tc, discovery_relays_every_listed_rank);
+    tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);
+    suite_add_tcase(s, tc);
+    return s;
+}

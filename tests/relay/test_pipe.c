@@ -1,0 +1,1158 @@
+/* The relay pipeline behind its seam: fake frames in, decoded envelopes and
+ * replay requests out. No sockets, no clocks but the ones the test hands in. */
+#include "tr.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+Suite *suite_pipe(void);
+
+#define MAXEV 20000
+
+/* One batch: a root store of block 1000+k (k = the batch's tag). */
+static void batch_tagged(kvo_buf *out, uint64_t k) {
+    tb b;
+    tb_begin(&b);
+    uint64_t h = 1000 + k;
+    tb_store(&b, false, 0, &h, 1);
+    tb_end(&b, 0, out);
+}
+
+/* Stored block hashes forwarded so far, in order. */
+static size_t stored_hashes(tr *t, uint64_t *out, size_t max) {
+    static const wire_revent *ev[MAXEV];
+    size_t n = tr_events(t, ev, MAXEV), k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i]->type == WIRE_R_STORED)
+            for (uint32_t j = 0; j < ev[i]->n_blocks; j++) {
+                ck_assert_uint_lt(k, max);
+                out[k++] = ev[i]->blocks[j].block_hash;
+            }
+    return k;
+}
+
+static size_t count_type(tr *t, wire_rtype type) {
+    static const wire_revent *ev[MAXEV];
+    size_t n = tr_events(t, ev, MAXEV), k = 0;
+    for (size_t i = 0; i < n; i++) k += ev[i]->type == type;
+    return k;
+}
+
+/* ---- every wire vector -----------------------------------------------------*/
+
+static uint64_t json_key(json_object *v) {
+    if (json_object_is_type(v, json_type_object)) {
+        json_object *hx;
+        ck_assert(json_object_object_get_ex(v, "bin", &hx));
+        size_t n;
+        uint8_t *b = kt_unhex(json_object_get_string(hx), &n);
+        uint64_t k = 0;
+        size_t from = n > 8 ? n - 8 : 0;
+        for (size_t i = from; i < n; i++) k = k << 8 | b[i];
+        kvo_free(b);
+        return k;
+    }
+    ck_assert(json_object_is_type(v, json_type_int));
+    const char *s = json_object_to_json_string(v);
+    if (s[0] == '-') return (uint64_t)json_object_get_int64(v);
+    return json_object_get_uint64(v);
+}
+
+static wire_tier json_tier(json_object *e) {
+    json_object *m;
+    if (!json_object_object_get_ex(e, "medium", &m) || !m) return WIRE_TIER_DEVICE;
+    const char *s = json_object_get_string(m);
+    if (!strcmp(s, "GPU")) return WIRE_TIER_DEVICE;
+    if (!strcmp(s, "CPU") || !strcmp(s, "CPU_PINNED")) return WIRE_TIER_HOST_PINNED;
+    if (!strcmp(s, "DISK")) return WIRE_TIER_DISK;
+    return WIRE_TIER_EXTERNAL;
+}
+
+/* The expected RouterEvents of one vector, built from its "fields" view by
+ * the rules of DESIGN §6 (independent of the decoder). */
+typedef struct xev {
+    wire_rtype type;
+    uint32_t rank;
+    wire_tier tier;
+    bool has_parent;
+    uint64_t parent;
+    uint32_t n;
+    uint64_t bh[64], th[64];
+} xev;
+
+static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
+                              uint32_t *rejected) {
+    json_object *evs, *rank;
+    ck_assert(json_object_object_get_ex(fields, "events", &evs));
+    uint32_t r = fallback;
+    if (json_object_object_get_ex(fields, "data_parallel_rank", &rank) && rank)
+        r = (uint32_t)json_object_get_int64(rank);
+    uint32_t nx = 0;
+    *rejected = 0;
+    for (size_t i = 0; i < json_object_array_length(evs); i++) {
+        json_object *e = json_object_array_get_idx(evs, i), *v, *hs, *toks;
+        json_object_object_get_ex(e, "type", &v);
+        const char *type = json_object_get_string(v);
+        xev *last = nx ? &x[nx - 1] : NULL;
+        if (!strcmp(type, "AllBlocksCleared")) {
+            x[nx++] = (xev){.type = WIRE_R_CLEARED, .rank = r};
+            continue;
+        }
+        json_object_object_get_ex(e, "block_hashes", &hs);
+        wire_tier tier = json_tier(e);
+        uint32_t nh = (uint32_t)json_object_array_length(hs);
+        if (!strcmp(type, "BlockRemoved")) {
+            if (!(last && last->type == WIRE_R_REMOVED && last->tier == tier)) {
+                x[nx++] = (xev){.type = WIRE_R_REMOVED, .rank = r, .tier = tier};
+                last = &x[nx - 1];
+            }
+            for (uint32_t k = 0; k < nh; k++)
+                last->bh[last->n++] = json_key(json_object_array_get_idx(hs, k));
+            continue;
+        }
+        json_object_object_get_ex(e, "token_ids", &toks);
+        json_object *bs;
+        json_object_object_get_ex(e, "block_size", &bs);
+        size_t nt = toks ? json_object_array_length(toks) : 0;
+        if (json_object_get_int64(bs) != 16 || nt != (size_t)nh * 16) {
+            (*rejected)++;
+            continue;
+        }
+        json_object *par, *lora;
+        json_object_object_get_ex(e, "parent_block_hash", &par);
+        const char *ln = NULL;
+        if (json_object_object_get_ex(e, "lora_name", &lora) && lora)
+            ln = json_object_get_string(lora);
+        uint64_t seed = wire_router_seed(ln, ln ? strlen(ln) : 0, NULL, 0);
+        bool hp = par != NULL;
+        uint64_t pk = hp ? json_key(par) : 0;
+        bool merge = last && last->type == WIRE_R_STORED && hp &&
+                     last->tier == tier && last->bh[last->n - 1] == pk;
+        if (!merge) {
+            x[nx++] = (xev){.type = WIRE_R_STORED, .rank = r, .tier = tier,
+                            .has_parent = hp, .parent = pk};
+            last = &x[nx - 1];
+        }
+        for (uint32_t k = 0; k < nh; k++) {
+            uint64_t tk[16];
+            for (int j = 0; j < 16; j++)
+                tk[j] = json_object_get_uint64(
+                    json_object_array_get_idx(toks, k * 16 + (size_t)j));
+            last->bh[last->n] = json_key(json_object_array_get_idx(hs, k));
+            last->th[last->n++] = wire_router_hash(tk, 16, seed);
+        }
+    }
+    return nx;
+}
+
+START_TEST(every_wire_vector_converts_to_the_event_plane) {
+    json_object *root = kt_load_json("tests/data/vectors/wire/vectors.json");
+    json_object *cases;
+    ck_assert(json_object_object_get_ex(root, "cases", &cases));
+    size_t ncases = json_object_array_length(cases);
+    ck_assert_uint_ge(ncases, 30);
+    static xev x[64];
+    static const wire_revent *ev[MAXEV];
+    uint64_t total_blocks = 0;
+    for (size_t c = 0; c < ncases; c++) {
+        json_object *cs = json_object_array_get_idx(cases, c), *f, *fields;
+        json_object_object_get_ex(cs, "file", &f);
+        json_object_object_get_ex(cs, "fields", &fields);
+        const char *name = json_object_get_string(f);
+        char rel[256];
+        snprintf(rel, sizeof(rel), "tests/data/vectors/wire/%s", name);
+        char *path = kt_src_path(rel);
+        size_t len;
+        uint8_t *bytes = kt_read_file(path, &len);
+        kvo_free(path);
+
+        tr t;
+        tr_init(&t, NULL, 2, true);
+        kvo_buf payload = {bytes, len, len};
+        tr_live(&t, 1, 5, &payload); /* source 1: fallback rank 1 */
+        tr_flush(&t);
+        uint32_t rejected;
+        uint32_t nx = expect_vector(fields, 1, x, &rejected);
+        size_t n = tr_events(&t, ev, MAXEV);
+        ck_assert_msg(n == nx, "%s: %zu router events, expected %u", name, n, nx);
+        ck_assert_msg(relay_stats_rejects(tr_stats(&t)) == rejected,
+                      "%s: rejects", name);
+        ck_assert_uint_eq(relay_stats_decode_errors(tr_stats(&t)), 0);
+        for (size_t i = 0; i < n; i++) {
+            const wire_revent *e = ev[i];
+            ck_assert_msg(e->type == x[i].type, "%s: event %zu type", name, i);
+            ck_assert_uint_eq(e->worker_id, 7);
+            ck_assert_uint_eq(e->event_id, i + 1);
+            ck_assert_msg(e->dp_rank == x[i].rank, "%s: rank %u != %u", name,
+                          e->dp_rank, x[i].rank);
+            if (e->type == WIRE_R_CLEARED) continue;
+            ck_assert_msg(e->tier == x[i].tier, "%s: tier", name);
+            if (e->type == WIRE_R_REMOVED) {
+                ck_assert_uint_eq(e->n_removed, x[i].n);
+                for (uint32_t k = 0; k < x[i].n; k++)
+                    ck_assert_uint_eq(e->removed[k], x[i].bh[k]);
+                continue;
+            }
+            ck_assert(e->has_parent == x[i].has_parent);
+            if (e->has_parent) ck_assert_uint_eq(e->parent_hash, x[i].parent);
+            ck_assert_uint_eq(e->n_blocks, x[i].n);
+            for (uint32_t k = 0; k < x[i].n; k++) {
+                ck_assert_msg(e->blocks[k].block_hash == x[i].bh[k],
+                              "%s: block %u hash", name, k);
+                ck_assert_msg(e->blocks[k].tokens_hash == x[i].th[k],
+                              "%s: block %u tokens_hash", name, k);
+            }
+            total_blocks += x[i].n;
+        }
+        /* The envelope: subject, publisher, sequences, watermark header. */
+        ck_assert_uint_ge(t.n, 1);
+        for (size_t i = 0; i < t.n; i++) {
+            ck_assert_str_eq(t.msgs[i].subject,
+                             "namespace.dynamo.component.backend.kv-events");
+            ck_assert_uint_eq(t.msgs[i].m.publisher_id, 42);
+            ck_assert_uint_eq(t.msgs[i].m.sequence, i);
+            ck_assert(t.msgs[i].m.topic.len == 9 &&
+                      !memcmp(t.msgs[i].m.topic.p, "kv-events", 9));
+        }
+        ck_assert(t.msgs[t.n - 1].has_range);
+        ck_assert_uint_eq(t.msgs[t.n - 1].first, 5);
+        ck_assert_uint_eq(t.msgs[t.n - 1].last, 5);
+        tr_fini(&t);
+        kvo_free(bytes);
+    }
+    ck_assert_uint_gt(total_blocks, 20);
+    json_object_put(root);
+}
+END_TEST
+
+/* The known router hash value of DESIGN §5 reaches the wire. */
+START_TEST(tokens_hash_is_the_dynamo_router_hash) {
+    tr t;
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.block_size = 4;
+    tr_init(&t, &c, 1, false);
+    tb b;
+    tb_begin(&b);
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [99], "
+               "\"parent_block_hash\": null, \"token_ids\": [1,2,3,4], "
+               "\"block_size\": 4, \"medium\": \"GPU\"}");
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tr_flush(&t);
+    const wire_revent *ev[4];
+    ck_assert_uint_eq(tr_events(&t, ev, 4), 1);
+    ck_assert_uint_eq(ev[0]->blocks[0].tokens_hash, 14643705804678351452ull);
+    ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 99);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- sequences ---------------------------------------------------------------*/
+
+START_TEST(gap_requests_replay_and_applies_in_order) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[8];
+    for (int i = 0; i < 8; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 1, &p[1]);
+    tr_live(&t, 0, 4, &p[4]); /* 2 and 3 lost */
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(t.req[0], 2);
+    tr_live(&t, 0, 5, &p[5]); /* buffered while the replay runs */
+    tr_flush(&t);
+    uint64_t wm;
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 1); /* nothing past the gap is claimed */
+    for (int i = 2; i <= 5; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 6, &p[6]);
+    tr_flush(&t);
+    uint64_t h[16];
+    size_t n = stored_hashes(&t, h, 16);
+    ck_assert_uint_eq(n, 7);
+    for (size_t i = 0; i < n; i++) ck_assert_uint_eq(h[i], 1000 + i);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->gaps, 1);
+    ck_assert_uint_eq(s->replays_requested, 1);
+    ck_assert_uint_eq(s->replays_completed, 1);
+    ck_assert_uint_eq(s->replays_applied, 4);
+    ck_assert_uint_eq(s->duplicates_dropped, 2); /* buffered 4 and 5 */
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 6);
+    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(older_replay_layout_without_topic_is_understood) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[4];
+    for (int i = 0; i < 4; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 3, &p[3]);
+    tr_reply(&t, 0, 1, &p[1], false);
+    tr_reply(&t, 0, 2, &p[2], false);
+    tr_end(&t, 0, false);
+    tr_flush(&t);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 4);
+    for (int i = 0; i < 4; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    ck_assert_uint_eq(tr_stats(&t)->replays_completed, 1);
+    for (int i = 0; i < 4; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(replay_window_exceeded_publishes_cleared) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[12];
+    for (int i = 0; i < 12; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    for (int i = 0; i < 3; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
+    tr_live(&t, 0, 10, &p[10]);
+    ck_assert_uint_eq(t.req[0], 3);
+    for (int i = 7; i <= 10; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 11, &p[11]);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->replay_failures[RELAY_window_exceeded], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    /* stored 0,1,2 | cleared (no header) | stored 7..11 */
+    static const wire_revent *ev[64];
+    size_t n = tr_events(&t, ev, 64);
+    size_t ci = n;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i]->type == WIRE_R_CLEARED) ci = i;
+    ck_assert_uint_lt(ci, n);
+    ck_assert_uint_eq(ev[ci]->dp_rank, 0);
+    ck_assert_uint_eq(ev[ci]->worker_id, 7);
+    uint64_t h[16];
+    ck_assert_uint_eq(stored_hashes(&t, h, 16), 8);
+    ck_assert_uint_eq(h[2], 1002);
+    ck_assert_uint_eq(h[3], 1007);
+    ck_assert_uint_eq(h[7], 1011);
+    for (size_t i = 0; i < t.n; i++)
+        for (uint32_t j = 0; j < t.msgs[i].m.n_events; j++)
+            if (t.msgs[i].m.events[j].type == WIRE_R_CLEARED)
+                ck_assert(!t.msgs[i].has_range);
+    for (int i = 0; i < 12; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(publisher_restart_clears_and_replays_from_zero) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[8], q[4], rm;
+    for (int i = 0; i < 8; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    for (int i = 0; i < 4; i++) {
+        kvo_buf_init(&q[i]);
+        batch_tagged(&q[i], 100u + (uint64_t)i);
+    }
+    for (int i = 0; i < 6; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
+    /* New process: seq 0 and 1 were missed, 2 arrives. */
+    tr_live(&t, 0, 2, &q[2]);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(t.req[0], 0);
+    for (int i = 0; i < 3; i++) tr_reply(&t, 0, (uint64_t)i, &q[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 3, &q[3]);
+    /* Dedup counts were reset: a remove of a pre-restart block is unknown. */
+    tb b;
+    tb_begin(&b);
+    uint64_t old = 1003;
+    tb_remove(&b, &old, 1);
+    kvo_buf_init(&rm);
+    tb_end(&b, 0, &rm);
+    tr_live(&t, 0, 4, &rm);
+    tr_flush(&t);
+    uint64_t h[16];
+    size_t n = stored_hashes(&t, h, 16);
+    ck_assert_uint_eq(n, 10);
+    for (int i = 0; i < 4; i++) ck_assert_uint_eq(h[6 + i], 1100u + (unsigned)i);
+    ck_assert_uint_eq(s->duplicates_dropped, 1);
+    ck_assert_uint_eq(s->removes_unknown, 1);
+    ck_assert_uint_eq(count_type(&t, WIRE_R_CLEARED), 1);
+    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
+    for (int i = 0; i < 4; i++) kvo_buf_fini(&q[i]);
+    kvo_buf_fini(&rm);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(replayed_duplicates_are_dropped_and_counted) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[8];
+    for (int i = 0; i < 8; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    for (int i = 0; i < 3; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
+    tr_live(&t, 0, 4, &p[4]);
+    ck_assert_uint_eq(t.req[0], 3);
+    /* A publisher that replays from further back than asked, and up to what
+     * it published meanwhile (5, 6 still queued on the SUB socket). */
+    for (int i = 1; i <= 6; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 5, &p[5]);
+    tr_live(&t, 0, 6, &p[6]);
+    tr_live(&t, 0, 7, &p[7]);
+    tr_flush(&t);
+    uint64_t h[16];
+    ck_assert_uint_eq(stored_hashes(&t, h, 16), 8);
+    for (int i = 0; i < 8; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    relay_stats *s = tr_stats(&t);
+    /* replies 1, 2; buffered 4; live 5, 6 */
+    ck_assert_uint_eq(s->duplicates_dropped, 5);
+    ck_assert_uint_eq(s->restarts, 0);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(gap_without_replay_endpoint_clears_and_goes_on) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    kvo_buf p[6];
+    for (int i = 0; i < 6; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 3, &p[3]);
+    tr_live(&t, 0, 4, &p[4]);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(t.nreq, 0);
+    ck_assert_uint_eq(s->gaps, 1);
+    ck_assert_uint_eq(s->replay_failures[RELAY_no_endpoint], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
+    ck_assert_uint_eq(h[1], 1003);
+    for (int i = 0; i < 6; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(replay_timeout_clears_and_drains_the_buffer) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[6];
+    for (int i = 0; i < 6; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 3, &p[3]);
+    tr_live(&t, 0, 4, &p[4]);
+    t.now += 500 * 1000000ull;
+    relay_pipe_tick(t.p, t.now); /* not yet */
+    ck_assert_uint_eq(tr_stats(&t)->replay_failures[RELAY_timeout], 0);
+    ck_assert_uint_ne(relay_pipe_deadline(t.p), 0);
+    t.now += 600 * 1000000ull;
+    relay_pipe_tick(t.p, t.now);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->replay_failures[RELAY_timeout], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(t.aborts, 1);
+    ck_assert_uint_eq(relay_pipe_deadline(t.p), 0);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
+    ck_assert_uint_eq(h[1], 1003);
+    ck_assert_uint_eq(h[2], 1004);
+    /* A late reply is stray, never applied. */
+    tr_reply(&t, 0, 1, &p[1], true);
+    ck_assert_uint_eq(tr_stats(&t)->replay_stray, 1);
+    for (int i = 0; i < 6; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(replay_from_start_publishes_cleared_then_replays) {
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.replay_from_set = true;
+    c.replay_from = 0;
+    tr t;
+    tr_init(&t, &c, 1, true);
+    relay_pipe_start(t.p, t.now);
+    ck_assert_uint_eq(t.n, 1); /* cleared, before anything else */
+    ck_assert_uint_eq(t.msgs[0].m.n_events, 1);
+    ck_assert(t.msgs[0].m.events[0].type == WIRE_R_CLEARED);
+    ck_assert(!t.msgs[0].has_range);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(t.req[0], 0);
+    kvo_buf p[5];
+    for (int i = 0; i < 5; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 3, &p[3]); /* live while replaying: buffered */
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 1);
+    for (int i = 0; i <= 3; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 4, &p[4]);
+    tr_flush(&t);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 5);
+    for (int i = 0; i < 5; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    for (int i = 0; i < 5; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(full_live_buffer_drops_then_replays_the_rest) {
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.buffer_max_batches = 2;
+    tr t;
+    tr_init(&t, &c, 1, true);
+    kvo_buf p[10];
+    for (int i = 0; i < 10; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    for (int i = 5; i <= 8; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->buffer_dropped, 2); /* 7 and 8 */
+    ck_assert_uint_eq(t.req[0], 1);
+    for (int i = 1; i <= 4; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true); /* drains 5, 6; asks again from 7 */
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 7);
+    for (int i = 7; i <= 8; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_end(&t, 0, true);
+    tr_live(&t, 0, 9, &p[9]);
+    tr_flush(&t);
+    uint64_t h[16];
+    ck_assert_uint_eq(stored_hashes(&t, h, 16), 10);
+    for (int i = 0; i < 10; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    for (int i = 0; i < 10; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- dedup -------------------------------------------------------------------*/
+
+START_TEST(two_copies_need_two_removes_before_one_is_forwarded) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t h = 777, other = 778;
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb b;
+    /* store, store (a second physical copy), remove, remove */
+    for (int step = 0; step < 4; step++) {
+        tb_begin(&b);
+        if (step < 2)
+            tb_store(&b, false, 0, &h, 1);
+        else
+            tb_remove(&b, &h, 1);
+        tb_end(&b, 0, &p);
+        tr_live(&t, 0, (uint64_t)step, &p);
+        tr_flush(&t);
+    }
+    /* a remove of a hash never stored: forwarded, counted */
+    tb_begin(&b);
+    tb_remove(&b, &other, 1);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 4, &p);
+    tr_flush(&t);
+    static const wire_revent *ev[16];
+    size_t n = tr_events(&t, ev, 16);
+    ck_assert_uint_eq(n, 4);
+    ck_assert(ev[2]->type == WIRE_R_REMOVED);
+    ck_assert_uint_eq(ev[2]->n_removed, 1);
+    ck_assert_uint_eq(ev[2]->removed[0], 777);
+    ck_assert_uint_eq(ev[3]->removed[0], 778);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->dedup_suppressed, 1);
+    ck_assert_uint_eq(s->removes_unknown, 1);
+    /* the suppressed remove still advanced the watermark: one envelope per
+     * flush, the third one empty */
+    ck_assert_uint_eq(t.n, 5);
+    ck_assert_uint_eq(t.msgs[2].m.n_events, 0);
+    ck_assert(t.msgs[2].has_range);
+    ck_assert_uint_eq(t.msgs[2].first, 2);
+    ck_assert_uint_eq(t.msgs[2].last, 2);
+    ck_assert_uint_eq(s->watermark_messages, 1);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(dedup_counts_are_per_rank_and_tier_and_reset_by_cleared) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t h = 555;
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, &h, 1);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tb_begin(&b);
+    tb_store(&b, false, 0, &h, 1);
+    tb_end(&b, 1, &p); /* same hash, other rank */
+    tr_live(&t, 0, 1, &p);
+    tb_begin(&b);
+    tb_store(&b, false, 0, &h, 1);
+    tb_cleared(&b); /* rank 0: counts reset */
+    tb_remove(&b, &h, 1);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 2, &p);
+    tb_begin(&b);
+    tb_remove(&b, &h, 1);
+    tb_end(&b, 1, &p);
+    tr_live(&t, 0, 3, &p);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->dedup_suppressed, 0);
+    ck_assert_uint_eq(s->removes_unknown, 1); /* rank 0 after cleared */
+    ck_assert_uint_eq(count_type(&t, WIRE_R_REMOVED), 2);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- batching ----------------------------------------------------------------*/
+
+START_TEST(messages_hold_at_most_128_events) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    tb b;
+    tb_begin(&b);
+    for (uint64_t i = 0; i < 200; i++) {
+        uint64_t h = 5000 + i;
+        tb_store(&b, false, 0, &h, 1); /* roots: no chain, no merge */
+    }
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 2);
+    ck_assert_uint_eq(t.msgs[0].m.n_events, 128);
+    ck_assert_uint_eq(t.msgs[1].m.n_events, 72);
+    ck_assert(!t.msgs[0].has_range); /* batch 0 not complete yet */
+    ck_assert(t.msgs[1].has_range);
+    ck_assert_uint_eq(t.msgs[1].first, 0);
+    ck_assert_uint_eq(t.msgs[1].last, 0);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(messages_hold_at_most_8192_blocks_and_chains_continue) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint32_t n = 10000;
+    uint64_t *h = kvo_malloc(n * sizeof(*h));
+    for (uint32_t i = 0; i < n; i++) h[i] = 900000 + i;
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, h, n);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 2);
+    const wire_revent *a = &t.msgs[0].m.events[0], *c = &t.msgs[1].m.events[0];
+    ck_assert_uint_eq(a->n_blocks, 8192);
+    ck_assert(!a->has_parent);
+    ck_assert_uint_eq(c->n_blocks, n - 8192);
+    ck_assert(c->has_parent);
+    ck_assert_uint_eq(c->parent_hash, h[8191]);
+    ck_assert_uint_eq(c->blocks[0].block_hash, h[8192]);
+    ck_assert_uint_eq(c->blocks[0].tokens_hash, tb_tokens_hash(h[8192], 16));
+    /* removes are split the same way */
+    tb_begin(&b);
+    tb_remove(&b, h, n);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 1, &p);
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 4);
+    ck_assert_uint_eq(t.msgs[2].m.events[0].n_removed, 8192);
+    ck_assert_uint_eq(t.msgs[3].m.events[0].n_removed, n - 8192);
+    kvo_free(h);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(stores_merge_only_while_the_chain_continues) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t a[2] = {11, 12}, c[1] = {13}, d[1] = {21}, e[1] = {22};
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, a, 2);
+    tb_store(&b, true, 12, c, 1);  /* continues 11,12 -> merged */
+    tb_store(&b, false, 0, d, 1);  /* new root -> new event */
+    tb_store(&b, true, 12, e, 1);  /* parent is not the last block -> new */
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    /* a second batch continuing the chain merges across batches */
+    uint64_t f = 23;
+    tb_begin(&b);
+    tb_store(&b, true, 22, &f, 1);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 1, &p);
+    tr_flush(&t);
+    static const wire_revent *ev[16];
+    size_t n = tr_events(&t, ev, 16);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_uint_eq(ev[0]->n_blocks, 3);
+    ck_assert_uint_eq(ev[0]->blocks[2].block_hash, 13);
+    ck_assert_uint_eq(ev[1]->n_blocks, 1);
+    ck_assert(!ev[1]->has_parent);
+    ck_assert_uint_eq(ev[2]->n_blocks, 2);
+    ck_assert_uint_eq(ev[2]->parent_hash, 12);
+    ck_assert_uint_eq(ev[2]->blocks[1].block_hash, 23);
+    ck_assert_uint_eq(t.n, 1);
+    ck_assert_uint_eq(t.msgs[0].first, 0);
+    ck_assert_uint_eq(t.msgs[0].last, 1);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(removes_merge_and_cleared_flushes) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t r1 = 31, r2 = 32, r3 = 33, s1 = 40, s2 = 41;
+    tb b;
+    tb_begin(&b);
+    tb_remove(&b, &r1, 1);
+    tb_remove(&b, &r2, 1);
+    tb_remove(&b, &r3, 1);
+    tb_store(&b, false, 0, &s1, 1);
+    tb_cleared(&b);
+    tb_store(&b, false, 0, &s2, 1);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 2);
+    ck_assert_uint_eq(t.msgs[0].m.n_events, 2); /* removed x3, stored */
+    ck_assert(t.msgs[0].m.events[0].type == WIRE_R_REMOVED);
+    ck_assert_uint_eq(t.msgs[0].m.events[0].n_removed, 3);
+    ck_assert_uint_eq(t.msgs[0].m.events[0].removed[2], 33);
+    ck_assert(t.msgs[0].m.events[1].type == WIRE_R_STORED);
+    ck_assert_uint_eq(t.msgs[1].m.n_events, 2); /* cleared, stored */
+    ck_assert(t.msgs[1].m.events[0].type == WIRE_R_CLEARED);
+    ck_assert(t.msgs[1].m.events[1].type == WIRE_R_STORED);
+    ck_assert(!t.msgs[0].has_range && t.msgs[1].has_range);
+    ck_assert_uint_eq(t.msgs[1].m.events[1].event_id, 4);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- bad input ---------------------------------------------------------------*/
+
+START_TEST(malformed_batches_are_counted_and_the_stream_goes_on) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    kvo_buf p[4];
+    for (int i = 0; i < 4; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    static const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
+    static const uint8_t junk[] = {0x93, 0xcb, 0x41};
+    kvo_buf bad1 = {(uint8_t *)huge, sizeof(huge), sizeof(huge)};
+    kvo_buf bad2 = {(uint8_t *)junk, sizeof(junk), sizeof(junk)};
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 1, &bad1);
+    tr_live(&t, 0, 2, &p[2]);
+    tr_live(&t, 0, 3, &bad2);
+    tr_live(&t, 0, 4, &p[3]);
+    /* wrong framing: skipped without consuming a sequence */
+    uint8_t s[8];
+    wire_seq_put(s, 5);
+    wire_frame two[2] = {{s, 8}, {p[0].data, p[0].len}};
+    relay_pipe_live(t.p, 0, two, 2, t.now);
+    wire_frame shortseq[3] = {{(const uint8_t *)"", 0}, {s, 4},
+                              {p[0].data, p[0].len}};
+    relay_pipe_live(t.p, 0, shortseq, 3, t.now);
+    tr_flush(&t);
+    relay_stats *st = tr_stats(&t);
+    ck_assert_uint_eq(relay_stats_decode_errors(st), 2);
+    ck_assert_uint_eq(st->bad_msgs[RELAY_frames], 1);
+    ck_assert_uint_eq(st->bad_msgs[RELAY_seq], 1);
+    ck_assert_uint_eq(st->gaps, 0);
+    ck_assert_uint_eq(t.nreq, 0);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
+    uint64_t wm;
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 4); /* undecodable batches still count */
+    for (int i = 0; i < 4; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
+START_TEST(invalid_events_are_rejected_by_kind_never_forwarded) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    tb b;
+    tb_begin(&b);
+    /* token count != blocks x block size */
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [1, 2], "
+               "\"parent_block_hash\": null, \"token_ids\": [1,2,3], "
+               "\"block_size\": 16, \"medium\": \"GPU\"}");
+    /* block size != --block-size */
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [3], "
+               "\"parent_block_hash\": null, \"token_ids\": [1,2,3,4,5,6,7,8], "
+               "\"block_size\": 8, \"medium\": \"GPU\"}");
+    /* unknown medium */
+    tb_raw(&b, "{\"type\": \"BlockRemoved\", \"block_hashes\": [4], "
+               "\"medium\": \"TAPE\"}");
+    /* offload store without tokens */
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [5], "
+               "\"parent_block_hash\": null, \"token_ids\": [], "
+               "\"block_size\": 16, \"medium\": \"CPU\"}");
+    /* no hashes */
+    tb_raw(&b, "{\"type\": \"BlockRemoved\", \"block_hashes\": [], "
+               "\"medium\": \"GPU\"}");
+    uint64_t good = 6;
+    tb_store(&b, false, 0, &good, 1);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    /* a rank that does not fit u32 */
+    json_object *jo = json_tokener_parse(
+        "{\"ts\": 1.0, \"events\": [{\"type\": \"AllBlocksCleared\"}], "
+        "\"data_parallel_rank\": 1099511627776}");
+    wire_batch wb;
+    wire_batch_init(&wb);
+    ck_assert_int_eq(wire_batch_from_json(jo, &wb, NULL), KVO_OK);
+    kvo_buf_reset(&p);
+    ck_assert_int_eq(wire_batch_encode(&wb, WIRE_FMT_MAP, 0, &p), KVO_OK);
+    wire_batch_fini(&wb);
+    json_object_put(jo);
+    tr_live(&t, 0, 1, &p);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->rejects[RELAY_token_count], 1);
+    ck_assert_uint_eq(s->rejects[RELAY_block_size], 1);
+    ck_assert_uint_eq(s->rejects[RELAY_medium], 1);
+    ck_assert_uint_eq(s->rejects[RELAY_no_tokens], 1);
+    ck_assert_uint_eq(s->rejects[RELAY_empty], 1);
+    ck_assert_uint_eq(s->rejects[RELAY_dp_rank], 1);
+    static const wire_revent *ev[8];
+    ck_assert_uint_eq(tr_events(&t, ev, 8), 1);
+    ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 6);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- engine-hash verification ------------------------------------------------*/
+
+static uint64_t low64_hex(const char *hex) {
+    size_t n;
+    uint8_t *b = kt_unhex(hex, &n);
+    uint64_t k = 0;
+    for (size_t i = n - 8; i < n; i++) k = k << 8 | b[i];
+    kvo_free(b);
+    return k;
+}
+
+static uint64_t first64_hex(const char *hex) {
+    size_t n;
+    uint8_t *b = kt_unhex(hex, &n);
+    uint64_t k = 0;
+    for (size_t i = 0; i < 8; i++) k = k << 8 | b[i];
+    kvo_free(b);
+    return k;
+}
+
+typedef enum { H_LOW64, H_FIRST8, H_BYTES } hform;
+
+/* One hash-vector case as two stores (block 0, then the rest chained), the
+ * salt carried in vLLM's extra_keys list. */
+static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
+                          kvo_buf *out1) {
+    json_object *toks, *blocks, *bsz, *lora, *salt;
+    json_object_object_get_ex(cs, "token_ids", &toks);
+    json_object_object_get_ex(cs, "blocks", &blocks);
+    json_object_object_get_ex(cs, "block_size", &bsz);
+    json_object_object_get_ex(cs, "lora_name", &lora);
+    json_object_object_get_ex(cs, "cache_salt", &salt);
+    int bs = json_object_get_int(bsz);
+    size_t nb = json_object_array_length(blocks);
+    for (int part = 0; part < 2; part++) {
+        size_t from = part ? 1 : 0, to = part ? nb : 1;
+        kvo_buf j;
+        kvo_buf_init(&j);
+        kvo_buf_printf(&j, "{\"ts\": 1.0, \"events\": [{\"type\": "
+                           "\"BlockStored\", \"block_hashes\": [");
+        char hx[2][80];
+        for (size_t i = from; i < to; i++) {
+            json_object *d;
+            json_object_object_get_ex(json_object_array_get_idx(blocks, i),
+                                      "digest", &d);
+            const char *dh = json_object_get_string(d);
+            if (form == H_BYTES)
+                kvo_buf_printf(&j, "%s{\"bin\": \"%s\"}", i > from ? "," : "", dh);
+            else
+                kvo_buf_printf(&j, "%s%" PRIu64, i > from ? "," : "",
+                               form == H_LOW64 ? low64_hex(dh) : first64_hex(dh));
+            if (i == 0) snprintf(hx[0], sizeof(hx[0]), "%s", dh);
+        }
+        if (part == 0) {
+            kvo_buf_printf(&j, "], \"parent_block_hash\": null");
+        } else {
+            if (form == H_BYTES)
+                kvo_buf_printf(&j, "], \"parent_block_hash\": {\"bin\": \"%s\"}",
+                               hx[0]);
+            else
+                kvo_buf_printf(&j, "], \"parent_block_hash\": %" PRIu64,
+                               form == H_LOW64 ? low64_hex(hx[0])
+                                               : first64_hex(hx[0]));
+        }
+        kvo_buf_printf(&j, ", \"token_ids\": [");
+        for (size_t k = from * (size_t)bs; k < to * (size_t)bs; k++)
+            kvo_buf_printf(&j, "%s%" PRIu64, k > from * (size_t)bs ? "," : "",
+                           json_object_get_uint64(json_object_array_get_idx(toks, k)));
+        kvo_buf_printf(&j, "], \"block_size\": %d, \"medium\": \"GPU\"", bs);
+        if (lora)
+            kvo_buf_printf(&j, ", \"lora_name\": \"%s\"", json_object_get_string(lora));
+        kvo_buf_printf(&j, ", \"extra_keys\": [");
+        for (size_t i = from; i < to; i++) {
+            const char *sep = i > from ? "," : "";
+            bool s = salt && i == 0;
+            if (!lora && !s)
+                kvo_buf_printf(&j, "%snull", sep);
+            else if (lora && s)
+                kvo_buf_printf(&j, "%s[\"%s\", \"%s\"]", sep,
+                               json_object_get_string(lora),
+                               json_object_get_string(salt));
+            else
+                kvo_buf_printf(&j, "%s[\"%s\"]", sep,
+                               json_object_get_string(lora ? lora : salt));
+        }
+        kvo_buf_printf(&j, "]}], \"data_parallel_rank\": 0}");
+        kvo_buf_cstr(&j);
+        json_object *jo = json_tokener_parse((const char *)j.data);
+        ck_assert_ptr_nonnull(jo);
+        wire_batch b;
+        wire_batch_init(&b);
+        wire_error err;
+        char eb[200];
+        ck_assert_msg(wire_batch_from_json(jo, &b, &err) == KVO_OK, "%s",
+                      wire_error_str(&err, eb, sizeof(eb)));
+        kvo_buf *out = part ? out1 : out0;
+        kvo_buf_reset(out);
+        ck_assert_int_eq(wire_batch_encode(&b, WIRE_FMT_MAP, 0, out), KVO_OK);
+        wire_batch_fini(&b);
+        json_object_put(jo);
+        kvo_buf_fini(&j);
+    }
+}
+
+START_TEST(engine_hash_verification_passes_good_streams_and_catches_first8) {
+    json_object *root = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
+    json_object *cases;
+    json_object_object_get_ex(root, "engine_hash_cases", &cases);
+    size_t checked = 0;
+    for (size_t c = 0; c < json_object_array_length(cases); c++) {
+        json_object *cs = json_object_array_get_idx(cases, c), *v;
+        json_object_object_get_ex(cs, "blocks", &v);
+        size_t nb = json_object_array_length(v);
+        if (nb < 2) continue;
+        json_object_object_get_ex(cs, "algo", &v);
+        relay_pipe_cfg cfg;
+        tr_cfg_default(&cfg);
+        cfg.verify = true;
+        ck_assert_int_eq(wire_algo_parse(json_object_get_string(v),
+                                         &cfg.verify_algo), KVO_OK);
+        json_object_object_get_ex(cs, "seed", &v);
+        cfg.hash_seed = json_object_get_string(v);
+        json_object_object_get_ex(cs, "block_size", &v);
+        cfg.block_size = (uint32_t)json_object_get_int(v);
+        json_object_object_get_ex(cs, "name", &v);
+        const char *name = json_object_get_string(v);
+        for (int form = H_LOW64; form <= H_BYTES; form++) {
+            kvo_buf a, b;
+            kvo_buf_init(&a);
+            kvo_buf_init(&b);
+            vector_stream(cs, (hform)form, &a, &b);
+            tr t;
+            tr_init(&t, &cfg, 1, false);
+            tr_live(&t, 0, 0, &a);
+            tr_live(&t, 0, 1, &b);
+            tr_flush(&t);
+            relay_stats *s = tr_stats(&t);
+            ck_assert_msg(s->hash_verified == nb, "%s form %d: verified %" PRIu64,
+                          name, form, s->hash_verified);
+            ck_assert_uint_eq(s->hash_unknown_parent, 0);
+            ck_assert_uint_eq(s->hash_unsupported, 0);
+            if (form == H_FIRST8) {
+                ck_assert_msg(s->hash_mismatches == nb, "%s: first-8 ints pass",
+                              name);
+                ck_assert(s->has_mismatch);
+                ck_assert_uint_eq(s->first_mismatch.seq, 0);
+                ck_assert_uint_eq(s->first_mismatch.event, 0);
+                ck_assert_uint_eq(s->first_mismatch.block, 0);
+            } else {
+                ck_assert_msg(s->hash_mismatches == 0, "%s form %d: mismatch",
+                              name, form);
+            }
+            tr_fini(&t);
+            kvo_buf_fini(&a);
+            kvo_buf_fini(&b);
+        }
+        checked++;
+    }
+    ck_assert_uint_ge(checked, 20);
+    json_object_put(root);
+}
+END_TEST
+
+START_TEST(unknown_parent_digest_is_counted_not_a_mismatch) {
+    relay_pipe_cfg cfg;
+    tr_cfg_default(&cfg);
+    cfg.verify = true;
+    cfg.verify_algo = WIRE_ALGO_SHA256;
+    cfg.hash_seed = "0";
+    tr t;
+    tr_init(&t, &cfg, 1, false);
+    uint64_t h = 4242;
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, true, 1234, &h, 1);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tb_end(&b, 0, &p);
+    tr_live(&t, 0, 0, &p);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->hash_unknown_parent, 1);
+    ck_assert_uint_eq(s->hash_mismatches, 0);
+    ck_assert_uint_eq(s->hash_verified, 0);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- stats views ---------------------------------------------------------------*/
+
+START_TEST(stats_render_as_json_and_prometheus) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    batch_tagged(&p, 1);
+    tr_live(&t, 0, 0, &p);
+    tr_live(&t, 0, 2, &p);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    json_object *j = relay_stats_to_json(s), *v, *k;
+    ck_assert(json_object_object_get_ex(j, "gaps", &v));
+    ck_assert_uint_eq(json_object_get_uint64(v), 1);
+    ck_assert(json_object_object_get_ex(j, "replay_failures", &v));
+    ck_assert(json_object_object_get_ex(v, "no_endpoint", &k));
+    ck_assert_uint_eq(json_object_get_uint64(k), 1);
+    ck_assert(json_object_object_get_ex(j, "first_mismatch", &v));
+    ck_assert_ptr_null(v);
+    json_object_put(j);
+    kvo_buf prom;
+    kvo_buf_init(&prom);
+    ck_assert_int_eq(relay_stats_to_prom(s, &prom), KVO_OK);
+    kvo_buf_cstr(&prom);
+    ck_assert_ptr_nonnull(strstr((char *)prom.data, "\nkvo_relay_gaps_total 1\n"));
+    ck_assert_ptr_nonnull(strstr(
+        (char *)prom.data,
+        "kvo_relay_replay_failures_total{kind=\"no_endpoint\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr((char *)prom.data,
+                                 "kvo_relay_cleared_emitted_total 1\n"));
+    kvo_buf_fini(&prom);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+Suite *suite_pipe(void) {
+    Suite *s = suite_create("pipe");
+    TCase *tc = tcase_create("convert");
+    tcase_add_test(tc, every_wire_vector_converts_to_the_event_plane);
+    tcase_add_test(tc, tokens_hash_is_the_dynamo_router_hash);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("sequence");
+    tcase_add_test(tc, gap_requests_replay_and_applies_in_order);
+    tcase_add_test(tc, older_replay_layout_without_topic_is_understood);
+    tcase_add_test(tc, replay_window_exceeded_publishes_cleared);
+    tcase_add_test(tc, publisher_restart_clears_and_replays_from_zero);
+    tcase_add_test(tc, replayed_duplicates_are_dropped_and_counted);
+    tcase_add_test(tc, gap_without_replay_endpoint_clears_and_goes_on);
+    tcase_add_test(tc, replay_timeout_clears_and_drains_the_buffer);
+    tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
+    tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("dedup");
+    tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);
+    tcase_add_test(tc, dedup_counts_are_per_rank_and_tier_and_reset_by_cleared);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("batching");
+    tcase_add_test(tc, messages_hold_at_most_128_events);
+    tcase_add_test(tc, messages_hold_at_most_8192_blocks_and_chains_continue);
+    tcase_add_test(tc, stores_merge_only_while_the_chain_continues);
+    tcase_add_test(tc, removes_merge_and_cleared_flushes);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bad_input");
+    tcase_add_test(tc, malformed_batches_are_counted_and_the_stream_goes_on);
+    tcase_add_test(tc, invalid_events_are_rejected_by_kind_never_forwarded);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("verify");
+    tcase_add_test(tc, engine_hash_verification_passes_good_streams_and_catches_first8);
+    tcase_add_test(tc, unknown_parent_digest_is_counted_not_a_mismatch);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("stats");
+    tcase_add_test(tc, stats_render_as_json_and_prometheus);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,604 @@
+/* tr.c -- relay test helpers (see tr.h). */
+#include "tr.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* ---- the pipeline seam ---------------------------------------------------*/
+
+static kvo_status cap_publish(void *ctx, const char *subject, bool has_range,
+                              uint64_t first, uint64_t last,
+                              const uint8_t *body, size_t len) {
+    tr *t = ctx;
+    if (t->n == t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 16;
+        tr_env *n = kvo_realloc(t->msgs, ncap * sizeof(*n));
+        ck_assert_ptr_nonnull(n);
+        t->msgs = n;
+        t->cap = ncap;
+    }
+    tr_env *m = &t->msgs[t->n];
+    memset(m, 0, sizeof(*m));
+    snprintf(m->subject, sizeof(m->subject), "%s", subject);
+    m->has_range = has_range;
+    m->first = first;
+    m->last = last;
+    wire_plane_init(&m->m);
+    wire_error err;
+    kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
+    char buf[256];
+    ck_assert_msg(st == KVO_OK, "published envelope does not decode: %s",
+                  wire_error_str(&err, buf, sizeof(buf)));
+    t->n++;
+    return KVO_OK;
+}
+
+static kvo_status cap_request(void *ctx, uint32_t src, uint64_t from) {
+    tr *t = ctx;
+    ck_assert_uint_lt(t->nreq, KVO_ARRAY_LEN(t->req));
+    t->req[t->nreq] = from;
+    t->req_src[t->nreq] = src;
+    t->nreq++;
+    return t->fail_requests ? KVO_ENET : KVO_OK;
+}
+
+static void cap_abort(void *ctx, uint32_t src) {
+    tr *t = ctx;
+    (void)src;
+    t->aborts++;
+}
+
+static void cap_note(void *ctx, kvo_level lvl, const char *kind,
+                     const char *msg) {
+    tr *t = ctx;
+    (void)lvl;
+    (void)kind;
+    (void)msg;
+    t->notes++;
+}
+
+void tr_cfg_default(relay_pipe_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    c->worker_id = 7;
+    c->block_size = 16;
+    c->publisher_id = 42;
+    c->subject = "namespace.dynamo.component.backend.kv-events";
+    c->replay_timeout_ms = 1000;
+}
+
+void tr_init(tr *t, const relay_pipe_cfg *cfg, uint32_t nsrc, bool replay) {
+    memset(t, 0, sizeof(*t));
+    relay_pipe_cfg def;
+    if (!cfg) {
+        tr_cfg_default(&def);
+        cfg = &def;
+    }
+    relay_out out = {.ctx = t,
+                     .publish = cap_publish,
+                     .replay_request = cap_request,
+                     .replay_abort = cap_abort,
+                     .note = cap_note};
+    ck_assert_int_eq(relay_pipe_new(&t->p, cfg, &out), KVO_OK);
+    for (uint32_t i = 0; i < nsrc; i++)
+        ck_assert_int_eq(relay_pipe_source_add(t->p, i, replay, NULL), KVO_OK);
+    t->now = 1000000000ull;
+}
+
+void tr_fini(tr *t) {
+    relay_pipe_free(t->p);
+    for (size_t i = 0; i < t->n; i++) wire_plane_fini(&t->msgs[i].m);
+    kvo_free(t->msgs);
+    memset(t, 0, sizeof(*t));
+}
+
+void tr_live(tr *t, uint32_t src, uint64_t seq, const kvo_buf *payload) {
+    uint8_t s[8];
+    wire_seq_put(s, seq);
+    wire_frame f[3] = {{(const uint8_t *)"kv-events", 9},
+                       {s, 8},
+                       {payload->data, payload->len}};
+    relay_pipe_live(t->p, src, f, 3, t->now);
+}
+
+void tr_reply(tr *t, uint32_t src, uint64_t seq, const kvo_buf *payload,
+              bool with_topic) {
+    uint8_t s[8];
+    wire_seq_put(s, seq);
+    wire_frame f[4] = {{(const uint8_t *)"", 0},
+                       {(const uint8_t *)"kv-events", 9},
+                       {s, 8},
+                       {payload->data, payload->len}};
+    if (with_topic) {
+        relay_pipe_replay(t->p, src, f, 4, t->now);
+    } else {
+        f[1] = f[2];
+        f[2] = f[3];
+        relay_pipe_replay(t->p, src, f, 3, t->now);
+    }
+}
+
+void tr_end(tr *t, uint32_t src, bool with_topic) {
+    uint8_t s[8];
+    wire_seq_put(s, WIRE_REPLAY_END);
+    wire_frame f[4] = {{(const uint8_t *)"", 0},
+                       {(const uint8_t *)"", 0},
+                       {s, 8},
+                       {(const uint8_t *)"", 0}};
+    if (with_topic) {
+        relay_pipe_replay(t->p, src, f, 4, t->now);
+    } else {
+        f[1] = f[2];
+        f[2] = f[3];
+        relay_pipe_replay(t->p, src, f, 3, t->now);
+    }
+}
+
+void tr_flush(tr *t) { relay_pipe_flush(t->p); }
+
+size_t tr_events(tr *t, const wire_revent **out, size_t max) {
+    size_t k = 0;
+    for (size_t i = 0; i < t->n; i++)
+        for (uint32_t j = 0; j < t->msgs[i].m.n_events; j++) {
+            ck_assert_uint_lt(k, max);
+            out[k++] = &t->msgs[i].m.events[j];
+        }
+    return k;
+}
+
+relay_stats *tr_stats(tr *t) { return relay_pipe_stats(t->p); }
+
+bool tr_watermark(const tr *t, uint64_t *last) {
+    bool any = false;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->msgs[i].has_range) {
+            *last = t->msgs[i].last;
+            any = true;
+        }
+    return any;
+}
+
+/* ---- batch payloads --------------------------------------------------------*/
+
+uint64_t tb_token(uint64_t h, uint32_t j) {
+    return ((h ^ (h >> 29)) * 2654435761u + j * 7919u) % 150000u;
+}
+
+uint64_t tb_tokens_hash(uint64_t h, uint32_t bs) {
+    uint64_t tok[64];
+    ck_assert_uint_le(bs, 64);
+    for (uint32_t j = 0; j < bs; j++) tok[j] = tb_token(h, j);
+    return wire_router_hash(tok, bs, WIRE_ROUTER_SEED);
+}
+
+void tb_begin(tb *b) {
+    kvo_buf_init(&b->j);
+    b->n = 0;
+    ck_assert(kvo_buf_printf(&b->j, "{\"ts\": 1.5, \"events\": [") == KVO_OK);
+}
+
+static void sep(tb *b) {
+    if (b->n++) ck_assert(kvo_buf_printf(&b->j, ",") == KVO_OK);
+}
+
+void tb_raw(tb *b, const char *json_event) {
+    sep(b);
+    ck_assert(kvo_buf_printf(&b->j, "%s", json_event) == KVO_OK);
+}
+
+void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
+              uint32_t n) {
+    sep(b);
+    kvo_buf *j = &b->j;
+    ck_assert(kvo_buf_printf(j, "{\"type\": \"BlockStored\", \"block_hashes\": [") ==
+              KVO_OK);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) == KVO_OK);
+    if (has_parent)
+        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": %" PRIu64, parent) ==
+                  KVO_OK);
+    else
+        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": null") == KVO_OK);
+    ck_assert(kvo_buf_printf(j, ", \"token_ids\": [") == KVO_OK);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < 16; k++)
+            ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i || k ? "," : "",
+                                     tb_token(h[i], k)) == KVO_OK);
+    ck_assert(kvo_buf_printf(j, "], \"block_size\": 16, \"lora_id\": null, "
+                                "\"medium\": \"GPU\"}") == KVO_OK);
+}
+
+void tb_remove(tb *b, const uint64_t *h, uint32_t n) {
+    sep(b);
+    kvo_buf *j = &b->j;
+    ck_assert(kvo_buf_printf(j, "{\"type\": \"BlockRemoved\", \"block_hashes\": [") ==
+              KVO_OK);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) == KVO_OK);
+    ck_assert(kvo_buf_printf(j, "], \"medium\": \"GPU\"}") == KVO_OK);
+}
+
+void tb_cleared(tb *b) { tb_raw(b, "{\"type\": \"AllBlocksCleared\"}"); }
+
+void tb_end(tb *b, int rank, kvo_buf *out) {
+    if (rank < 0)
+        ck_assert(kvo_buf_printf(&b->j, "], \"data_parallel_rank\": null}") ==
+                  KVO_OK);
+    else
+        ck_assert(kvo_buf_printf(&b->j, "], \"data_parallel_rank\": %d}", rank) ==
+                  KVO_OK);
+    ck_assert(kvo_buf_cstr(&b->j) == KVO_OK);
+    json_object *jo = json_tokener_parse((const char *)b->j.data);
+    ck_assert_msg(jo != NULL, "bad test JSON: %s", (const char *)b->j.data);
+    wire_batch batch;
+    wire_batch_init(&batch);
+    wire_error err;
+    char ebuf[256];
+    kvo_status st = wire_batch_from_json(jo, &batch, &err);
+    ck_assert_msg(st == KVO_OK, "from_json: %s",
+                  wire_error_str(&err, ebuf, sizeof(ebuf)));
+    kvo_buf_reset(out);
+    ck_assert_int_eq(wire_batch_encode(&batch, WIRE_FMT_MAP, 0, out), KVO_OK);
+    wire_batch_fini(&batch);
+    json_object_put(jo);
+    kvo_buf_fini(&b->j);
+}
+
+/* ---- a real ZMQ publisher ----------------------------------------------------*/
+
+typedef struct ring_item {
+    uint64_t seq;
+    uint8_t *data;
+    size_t len;
+} ring_item;
+
+struct tpub {
+    void *zctx;
+    void *pub;    /* XPUB: test thread only */
+    void *router; /* replay thread only */
+    bool with_topic;
+    char ep[64], rep[64];
+    pthread_t thr;
+    pthread_mutex_t mu;
+    ring_item *ring;
+    size_t n, cap;
+    uint64_t next_seq;
+    uint64_t requests;
+    volatile int stop;
+};
+
+static void send_frames(void *sock, const void *const *data,
+                        const size_t *len, int n) {
+    for (int i = 0; i < n; i++)
+        zmq_send(sock, data[i], len[i], i + 1 < n ? ZMQ_SNDMORE : 0);
+}
+
+static void *replay_thread(void *arg) {
+    tpub *p = arg;
+    while (!p->stop) {
+        zmq_pollitem_t it = {p->router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 50) <= 0) continue;
+        uint8_t id[256], f[3][64];
+        int idn = zmq_recv(p->router, id, sizeof(id), 0);
+        int nf = 0;
+        int more = 1;
+        size_t ml = sizeof(more);
+        int lens[3] = {0};
+        zmq_getsockopt(p->router, ZMQ_RCVMORE, &more, &ml);
+        while (more) {
+            int l = zmq_recv(p->router, nf < 3 ? f[nf] : f[2], 64, 0);
+            if (nf < 3) lens[nf] = l;
+            nf++;
+            zmq_getsockopt(p->router, ZMQ_RCVMORE, &more, &ml);
+        }
+        uint64_t start;
+        if (idn <= 0 || nf != 2 || lens[0] != 0 ||
+            wire_seq_get(f[1], (size_t)lens[1], &start) != KVO_OK)
+            continue;
+        pthread_mutex_lock(&p->mu);
+        p->requests++;
+        for (size_t i = 0; i < p->n; i++) {
+            ring_item *r = &p->ring[i];
+            if (r->seq < start) continue;
+            uint8_t s[8];
+            wire_seq_put(s, r->seq);
+            const void *d[5] = {id, "", "kv-events", s, r->data};
+            size_t l[5] = {(size_t)idn, 0, 9, 8, r->len};
+            if (p->with_topic) {
+                send_frames(p->router, d, l, 5);
+            } else {
+                const void *d2[4] = {id, "", s, r->data};
+                size_t l2[4] = {(size_t)idn, 0, 8, r->len};
+                send_frames(p->router, d2, l2, 4);
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        uint8_t e[8];
+        wire_seq_put(e, WIRE_REPLAY_END);
+        if (p->with_topic) {
+            const void *d[5] = {id, "", "", e, ""};
+            size_t l[5] = {(size_t)idn, 0, 0, 8, 0};
+            send_frames(p->router, d, l, 5);
+        } else {
+            const void *d[4] = {id, "", e, ""};
+            size_t l[4] = {(size_t)idn, 0, 8, 0};
+            send_frames(p->router, d, l, 4);
+        }
+    }
+    return NULL;
+}
+
+static void bind_free(void *sock, char *ep, size_t n) {
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    ck_assert_int_eq(zmq_bind(sock, "tcp://127.0.0.1:*"), 0);
+    size_t l = n;
+    ck_assert_int_eq(zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &l), 0);
+}
+
+tpub *tpub_new(bool with_topic) {
+    tpub *p = kvo_calloc(1, sizeof(*p));
+    ck_assert_ptr_nonnull(p);
+    p->with_topic = with_topic;
+    p->zctx = zmq_ctx_new();
+    p->pub = zmq_socket(p->zctx, ZMQ_XPUB);
+    p->router = zmq_socket(p->zctx, ZMQ_ROUTER);
+    int hwm = 0; /* unlimited: tests never want silent PUB drops */
+    zmq_setsockopt(p->pub, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    bind_free(p->pub, p->ep, sizeof(p->ep));
+    bind_free(p->router, p->rep, sizeof(p->rep));
+    pthread_mutex_init(&p->mu, NULL);
+    ck_assert_int_eq(pthread_create(&p->thr, NULL, replay_thread, p), 0);
+    return p;
+}
+
+void tpub_free(tpub *p) {
+    if (!p) return;
+    p->stop = 1;
+    pthread_join(p->thr, NULL);
+    zmq_close(p->pub);
+    zmq_close(p->router);
+    zmq_ctx_term(p->zctx);
+    for (size_t i = 0; i < p->n; i++) kvo_free(p->ring[i].data);
+    kvo_free(p->ring);
+    pthread_mutex_destroy(&p->mu);
+    kvo_free(p);
+}
+
+const char *tpub_endpoint(const tpub *p) { return p->ep; }
+const char *tpub_replay_endpoint(const tpub *p) { return p->rep; }
+
+bool tpub_wait_subscriber(tpub *p, long timeout_ms) {
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    while (kvo_now_ns() < end) {
+        zmq_pollitem_t it = {p->pub, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 50) <= 0) continue;
+        uint8_t b[256];
+        int n = zmq_recv(p->pub, b, sizeof(b), 0);
+        if (n >= 1 && b[0] == 1) return true;
+    }
+    return false;
+}
+
+uint64_t tpub_send(tpub *p, const kvo_buf *payload, bool drop) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t seq = p->next_seq++;
+    if (p->n == p->cap) {
+        size_t ncap = p->cap ? p->cap * 2 : 64;
+        p->ring = kvo_realloc(p->ring, ncap * sizeof(*p->ring));
+        ck_assert_ptr_nonnull(p->ring);
+        p->cap = ncap;
+    }
+    ring_item *r = &p->ring[p->n++];
+    r->seq = seq;
+    r->len = payload->len;
+    r->data = kvo_malloc(payload->len ? payload->len : 1);
+    memcpy(r->data, payload->data, payload->len);
+    pthread_mutex_unlock(&p->mu);
+    if (!drop) {
+        uint8_t s[8];
+        wire_seq_put(s, seq);
+        const void *d[3] = {"kv-events", s, payload->data};
+        size_t l[3] = {9, 8, payload->len};
+        send_frames(p->pub, d, l, 3);
+    }
+    return seq;
+}
+
+void tpub_restart(tpub *p) {
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->n; i++) kvo_free(p->ring[i].data);
+    p->n = 0;
+    p->next_seq = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tpub_trim(tpub *p, uint64_t keep_from) {
+    pthread_mutex_lock(&p->mu);
+    size_t k = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        if (p->ring[i].seq < keep_from)
+            kvo_free(p->ring[i].data);
+        else
+            p->ring[k++] = p->ring[i];
+    }
+    p->n = k;
+    pthread_mutex_unlock(&p->mu);
+}
+
+uint64_t tpub_requests(tpub *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t r = p->requests;
+    pthread_mutex_unlock(&p->mu);
+    return r;
+}
+
+/* ---- a gated TCP proxy -----------------------------------------------------------*/
+
+#define PROXY_PAIRS 16
+
+struct tproxy {
+    int lfd;
+    uint16_t port, target;
+    atomic_bool open;
+    atomic_bool stop;
+    int fd[PROXY_PAIRS][2]; /* client, upstream; -1 = free */
+    pthread_t thr;
+};
+
+static void pair_close(tproxy *p, int i) {
+    for (int k = 0; k < 2; k++)
+        if (p->fd[i][k] >= 0) close(p->fd[i][k]);
+    p->fd[i][0] = p->fd[i][1] = -1;
+}
+
+static int connect_local(uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+        return fd;
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+static void *proxy_thread(void *arg) {
+    tproxy *p = arg;
+    while (!atomic_load(&p->stop)) {
+        struct pollfd pf[1 + 2 * PROXY_PAIRS];
+        int map[1 + 2 * PROXY_PAIRS][2];
+        int n = 0;
+        pf[n++] = (struct pollfd){p->lfd, POLLIN, 0};
+        for (int i = 0; i < PROXY_PAIRS; i++)
+            for (int k = 0; k < 2 && p->fd[i][0] >= 0; k++) {
+                map[n][0] = i;
+                map[n][1] = k;
+                pf[n++] = (struct pollfd){p->fd[i][k], POLLIN, 0};
+            }
+        if (poll(pf, (nfds_t)n, 50) <= 0) continue;
+        if (pf[0].revents & POLLIN) {
+            int c = accept(p->lfd, NULL, NULL);
+            int u = c >= 0 && atomic_load(&p->open) ? connect_local(p->target)
+                                                    : -1;
+            int slot = -1;
+            for (int i = 0; i < PROXY_PAIRS && slot < 0; i++)
+                if (p->fd[i][0] < 0) slot = i;
+            if (c >= 0 && u >= 0 && slot >= 0) {
+                p->fd[slot][0] = c;
+                p->fd[slot][1] = u;
+            } else {
+                if (c >= 0) close(c);
+                if (u >= 0) close(u);
+            }
+        }
+        for (int j = 1; j < n; j++) {
+            if (!pf[j].revents) continue;
+            int i = map[j][0], k = map[j][1];
+            if (p->fd[i][0] < 0) continue;
+            char buf[65536];
+            ssize_t r = read(p->fd[i][k], buf, sizeof(buf));
+            bool ok = r > 0;
+            for (ssize_t off = 0; ok && off < r;) {
+                ssize_t w = write(p->fd[i][1 - k], buf + off, (size_t)(r - off));
+                if (w <= 0 && errno != EINTR) ok = false;
+                if (w > 0) off += w;
+            }
+            if (!ok) pair_close(p, i);
+        }
+    }
+    for (int i = 0; i < PROXY_PAIRS; i++) pair_close(p, i);
+    return NULL;
+}
+
+tproxy *tproxy_new(uint16_t target_port) {
+    tproxy *p = kvo_calloc(1, sizeof(*p));
+    ck_assert_ptr_nonnull(p);
+    for (int i = 0; i < PROXY_PAIRS; i++) p->fd[i][0] = p->fd[i][1] = -1;
+    p->target = target_port;
+    atomic_store(&p->open, true);
+    p->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(p->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(listen(p->lfd, 16), 0);
+    socklen_t al = sizeof(a);
+    getsockname(p->lfd, (struct sockaddr *)&a, &al);
+    p->port = ntohs(a.sin_port);
+    ck_assert_int_eq(pthread_create(&p->thr, NULL, proxy_thread, p), 0);
+    return p;
+}
+
+void tproxy_free(tproxy *p) {
+    if (!p) return;
+    atomic_store(&p->stop, true);
+    pthread_join(p->thr, NULL);
+    close(p->lfd);
+    kvo_free(p);
+}
+
+uint16_t tproxy_port(const tproxy *p) { return p->port; }
+void tproxy_gate(tproxy *p, bool open) { atomic_store(&p->open, open); }
+
+/* ---- a NATS subscriber ---------------------------------------------------------*/
+
+void tsub_start(tsub *s, const char *url, const char *subject) {
+    memset(s, 0, sizeof(*s));
+    natsOptions *o = NULL;
+    ck_assert(natsOptions_Create(&o) == NATS_OK);
+    natsOptions_SetURL(o, url);
+    natsOptions_SetMaxReconnect(o, -1);
+    natsOptions_SetReconnectWait(o, 50);
+    natsStatus st = natsConnection_Connect(&s->nc, o);
+    natsOptions_Destroy(o);
+    ck_assert_msg(st == NATS_OK, "NATS connect %s: %s", url,
+                  natsStatus_GetText(st));
+    st = natsConnection_SubscribeSync(&s->sub, s->nc, subject);
+    ck_assert(st == NATS_OK);
+    natsSubscription_SetPendingLimits(s->sub, -1, -1);
+    ck_assert(natsConnection_Flush(s->nc) == NATS_OK);
+}
+
+void tsub_wait_connected(tsub *s, long timeout_ms) {
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    while (natsConnection_Status(s->nc) != NATS_CONN_STATUS_CONNECTED) {
+        ck_assert_msg(kvo_now_ns() < end, "subscriber did not reconnect");
+        nats_Sleep(10);
+    }
+    ck_assert(natsConnection_FlushTimeout(s->nc, timeout_ms) == NATS_OK);
+}
+
+void tsub_stop(tsub *s) {
+    natsSubscription_Destroy(s->sub);
+    natsConnection_Destroy(s->nc);
+    memset(s, 0, sizeof(*s));
+}
+
+bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
+               uint64_t *first, uint64_t *last) {
+    natsMsg *msg = NULL;
+    if (natsSubscription_NextMsg(&msg, s->sub, timeout_ms) != NATS_OK)
+        return false;
+    wire_error err;
+    char buf[256];
+    kvo_status st = wire_plane_decode((const uint8_t *)natsMsg_GetData(msg),
+                                      (size_t)natsMsg_GetDataLength(msg), NULL,
+                                      m, &err);
+    ck_assert_msg(st == KVO_OK, "envelope: %s",
+                  wire_error_str(&err, buf, sizeof(buf)));
+    const char *v = NULL;
+    *has_range = natsMsgHeader_Get(msg, "KVO-Zmq-Seq", &v) == NATS_OK && v;
+    if (*has_range)
+        ck_assert_int_eq(sscanf(v, "%" SCNu64 "-%" SCNu64, first, last), 2);
+    natsMsg_Destroy(msg);
+    return true;
+}

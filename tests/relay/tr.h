@@ -1,0 +1,131 @@
+/* tr.h -- relay test helpers:
+ *   tr_*   the pipeline behind its seam: fake frames in, decoded envelopes
+ *          and replay requests captured;
+ *   tb_*   KVEventBatch payloads built from the JSON field view;
+ *   tpub_* a small real ZMQ publisher (XPUB + ROUTER replay, vLLM protocol)
+ *          for the integration tests;
+ *   tsub_* a NATS subscriber that decodes envelopes.
+ */
+#ifndef TR_H
+#define TR_H
+
+#include "kt.h"
+#include "relay.h"
+
+#include <nats/nats.h>
+#include <pthread.h>
+
+/* ---- the pipeline seam ---------------------------------------------------*/
+
+typedef struct tr_env {
+    char subject[160];
+    bool has_range;
+    uint64_t first, last;
+    wire_plane_msg m; /* decoded body */
+} tr_env;
+
+typedef struct tr {
+    relay_pipe *p;
+    tr_env *msgs;
+    size_t n, cap;
+    uint64_t req[256]; /* replay requests: from seq */
+    uint32_t req_src[256];
+    size_t nreq;
+    size_t aborts;
+    size_t notes;
+    bool fail_requests; /* replay_request returns KVO_ENET */
+    uint64_t now;       /* monotonic ns handed to the pipe */
+} tr;
+
+/* Sensible defaults for tests (worker 7, block size 16, publisher 42). */
+void tr_cfg_default(relay_pipe_cfg *c);
+/* nsrc sources, fallback rank = source index. cfg NULL = defaults. */
+void tr_init(tr *t, const relay_pipe_cfg *cfg, uint32_t nsrc, bool replay);
+void tr_fini(tr *t);
+void tr_live(tr *t, uint32_t src, uint64_t seq, const kvo_buf *payload);
+/* A replay reply in the >= 0.26 layout (or the older one). */
+void tr_reply(tr *t, uint32_t src, uint64_t seq, const kvo_buf *payload,
+              bool with_topic);
+void tr_end(tr *t, uint32_t src, bool with_topic);
+void tr_flush(tr *t);
+/* All RouterEvents published so far, in order (pointers into msgs). */
+size_t tr_events(tr *t, const wire_revent **out, size_t max);
+relay_stats *tr_stats(tr *t);
+/* The last KVO-Zmq-Seq end published (false when none). */
+bool tr_watermark(const tr *t, uint64_t *last);
+
+/* ---- batch payloads --------------------------------------------------------*/
+
+/* Token j of the block whose engine hash is h: a fixed function, so tests
+ * know every block's tokens from its hash. */
+uint64_t tb_token(uint64_t h, uint32_t j);
+/* tokens_hash the relay must compute for block h (block size bs, no LoRA). */
+uint64_t tb_tokens_hash(uint64_t h, uint32_t bs);
+
+typedef struct tb {
+    kvo_buf j;
+    int n;
+} tb;
+
+void tb_begin(tb *b);
+/* GPU store of n blocks (tokens from tb_token, block size 16). */
+void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
+              uint32_t n);
+/* Anything: raw JSON of one event. */
+void tb_raw(tb *b, const char *json_event);
+void tb_remove(tb *b, const uint64_t *h, uint32_t n);
+void tb_cleared(tb *b);
+/* Finish: rank < 0 = nil; encodes the map format into out (reset first). */
+void tb_end(tb *b, int rank, kvo_buf *out);
+
+/* ---- a real ZMQ publisher ----------------------------------------------------*/
+
+typedef struct tpub tpub;
+
+/* Binds XPUB and ROUTER on free loopback ports; a thread answers replay
+ * requests from the ring of every batch sent (vLLM protocol). */
+tpub *tpub_new(bool with_topic);
+void tpub_free(tpub *p);
+const char *tpub_endpoint(const tpub *p);
+const char *tpub_replay_endpoint(const tpub *p);
+/* Wait until a subscriber has subscribed (XPUB sees it). */
+bool tpub_wait_subscriber(tpub *p, long timeout_ms);
+/* Assign the next sequence, keep it for replay, send it unless drop. */
+uint64_t tpub_send(tpub *p, const kvo_buf *payload, bool drop);
+/* The publisher process "restarts": sequence back to 0, ring emptied. */
+void tpub_restart(tpub *p);
+/* Forget ring entries older than seq (replay window). */
+void tpub_trim(tpub *p, uint64_t keep_from);
+uint64_t tpub_requests(tpub *p);
+
+/* ---- a gated TCP proxy ---------------------------------------------------------
+ * Between the relay and nats-server, so a test decides when the relay may
+ * reconnect after a server restart (the subscriber must be back first, or
+ * core NATS delivers the flushed buffer to nobody). Closed gate: new
+ * connections are accepted and closed at once. */
+typedef struct tproxy tproxy;
+
+tproxy *tproxy_new(uint16_t target_port);
+void tproxy_free(tproxy *p);
+uint16_t tproxy_port(const tproxy *p);
+void tproxy_gate(tproxy *p, bool open);
+
+/* ---- a NATS subscriber ---------------------------------------------------------*/
+
+typedef struct tsub {
+    natsConnection *nc;
+    natsSubscription *sub;
+} tsub;
+
+/* Reconnects forever (50 ms wait) and resubscribes after a server restart. */
+void tsub_start(tsub *s, const char *url, const char *subject);
+/* After a server restart: wait until reconnected and the subscription is
+ * registered again (ck_assert on timeout). */
+void tsub_wait_connected(tsub *s, long timeout_ms);
+void tsub_stop(tsub *s);
+/* Next envelope within timeout_ms: true and *m decoded (m reset first),
+ * range from the header. */
+bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
+               uint64_t *first, uint64_t *last);
+
+#endif /* TR_H */
