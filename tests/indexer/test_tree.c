@@ -1,0 +1,529 @@
+/* test_tree: the radix tree against Dynamo's own radix-tree cases
+ * (lib/kv-router/src/radix_tree.rs tests) and the corners of DESIGN §7. */
+#include "idx_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define Q(...) U64S(__VA_ARGS__), NARGS(__VA_ARGS__)
+
+static idx_tree *tree_new(void) {
+    idx_tree *t = NULL;
+    ck_assert_int_eq(idx_tree_new(&t), KVO_OK);
+    return t;
+}
+
+static uint64_t nodes_of(const idx_tree *t) {
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    return st.nodes;
+}
+
+static uint64_t pairs_of(const idx_tree *t) {
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    return st.pairs;
+}
+
+/* Dynamo test_radix_tree: two workers sharing a prefix. */
+START_TEST(two_workers_share_a_prefix) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
+    ck_assert_uint_eq(nodes_of(t), 3);
+
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 4, 5)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 1, 0), 1);
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 3);
+    ck_assert_uint_eq(nodes_of(t), 5);
+    tt_check(t, true);
+
+    /* removing a leaf leaves it, empty, under its parent */
+    ck_assert_int_eq(tt_remove(t, 1, 0, Q(500)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 2);
+    ck_assert_uint_eq(nodes_of(t), 5);
+    ck_assert_uint_eq(tt_score(t, Q(1, 4, 5), 1, 0), 2);
+    /* removing its parent detaches it, and nothing refers to it any more */
+    ck_assert_int_eq(tt_remove(t, 1, 0, Q(400)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 1);
+    ck_assert_uint_eq(nodes_of(t), 4);
+    tt_check(t, true);
+
+    ck_assert_int_eq(tt_store(t, 1, 0, U64S(100), Q(2, 6, 7)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 1, 0), 2);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 6, 7), 1, 0), 4);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 6, 7), 0, 0), 2);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 4);
+    ck_assert_uint_eq(pairs_of(t), 7);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Dynamo test_radix_tree_apply_event_errors. */
+START_TEST(unknown_parent_rejects_the_whole_store) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(12345), Q(1, 2, 3)),
+                     IDX_EV_PARENT_NOT_FOUND);
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 0);
+    ck_assert_uint_eq(nodes_of(t), 0);
+    /* the worker is known from then on (Dynamo creates its lookup map) */
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
+    /* the parent must be in THAT worker's map */
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2)),
+                     IDX_EV_PARENT_NOT_FOUND);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
+    idx_counters c;
+    idx_tree_counters(t, &c);
+    ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_PARENT_NOT_FOUND], 2);
+    ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_OK], 1);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(unknown_removed_hashes_are_skipped_and_counted) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(100, 200, 300)),
+                     IDX_EV_BLOCK_NOT_FOUND);
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    /* the known hashes in a batch are applied, the unknown one skipped */
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(300, 999, 200)),
+                     IDX_EV_BLOCK_NOT_FOUND);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 1);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 1);
+    idx_counters c;
+    idx_tree_counters(t, &c);
+    ck_assert_uint_eq(c.events[WIRE_R_REMOVED][IDX_EV_BLOCK_NOT_FOUND], 2);
+    ck_assert_uint_eq(c.blocks_not_found, 4);
+    ck_assert_uint_eq(c.blocks_removed, 2);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Dynamo: a block whose hash is its own parent's is linked under itself,
+ * then the store fails with InvalidBlockSequence; earlier blocks stay. */
+START_TEST(self_referencing_block_is_invalid_and_keeps_dynamos_self_edge) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(1, 2, 3)),
+                     IDX_EV_INVALID_BLOCK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 1);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 1);
+    /* the self edge: 1 -> 1 -> 1 ... */
+    ck_assert_uint_eq(tt_score(t, Q(1, 1, 1, 1, 2), 0, 0), 4);
+    /* storing through it again meets the self edge itself */
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(1)), IDX_EV_INVALID_BLOCK);
+    /* a valid block before the bad one is applied */
+    uint64_t tok[] = {5, 1}, bh[] = {500, 100};
+    ck_assert_int_eq(tt_store_bh(t, 0, 0, U64S(100), tok, bh, 2),
+                     IDX_EV_OK); /* 1 -> 5 -> (1 relinked: not self) */
+    idx_counters c;
+    idx_tree_counters(t, &c);
+    ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_INVALID_BLOCK], 2);
+    tt_check(t, false);
+    /* dumping a cyclic graph terminates */
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Dynamo test_clear_all_blocks (one rank, so per-rank clearing agrees). */
+START_TEST(cleared_drops_every_block_of_the_worker) {
+    idx_tree *t = tree_new();
+    ck_assert_uint_eq(tt_nscores(t, Q(0)), 0);
+    ck_assert_int_eq(tt_clear(t, 0, 0), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
+
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(0, 1, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(0, 2, 3)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(0), 0, 0), 1);
+    ck_assert_uint_eq(tt_score(t, Q(0), 1, 0), 1);
+    ck_assert_int_eq(tt_clear(t, 0, 0), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
+    ck_assert_uint_eq(tt_nscores(t, Q(0, 2)), 1);
+    ck_assert_uint_eq(tt_score(t, Q(0, 2), 1, 0), 2);
+    ck_assert_uint_eq(tt_nscores(t, Q(0, 1, 3)), 1);
+    ck_assert_uint_eq(tt_score(t, Q(0, 1, 3), 1, 0), 1);
+    tt_check(t, true);
+
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(4, 5)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(4, 5), 0, 0), 2);
+    ck_assert_int_eq(tt_clear(t, 0, 0), IDX_EV_OK);
+    ck_assert_int_eq(tt_clear(t, 0, 0), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
+    ck_assert_int_eq(tt_clear(t, 1, 0), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 0);
+    ck_assert_uint_eq(pairs_of(t), 0);
+    tt_check(t, true);
+
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(6)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(6)), IDX_EV_OK);
+    ck_assert_int_eq(idx_tree_worker_remove(t, 0), KVO_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), UINT64_MAX);
+    ck_assert_uint_eq(tt_nscores(t, Q(6)), 1);
+    ck_assert_uint_eq(tt_score(t, Q(6), 1, 0), 1);
+    ck_assert_int_eq(idx_tree_worker_remove(t, 2), KVO_OK); /* unknown */
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 1);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Dynamo test_remove_worker_verifies_hash_removal. */
+START_TEST(remove_worker_forgets_every_rank) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 1, NULL, Q(1, 2)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 2, 0, NULL, Q(1, 4, 5)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_nscores(t, Q(1)), 4);
+    ck_assert_int_eq(idx_tree_worker_remove(t, 0), KVO_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), UINT64_MAX);
+    ck_assert_uint_eq(tt_blocks(t, 0, 1), UINT64_MAX);
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 2);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 1, 0), 3);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 2, 0), 1);
+    idx_worker *w;
+    size_t n;
+    ck_assert_int_eq(idx_tree_workers(t, &w, &n), KVO_OK);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_uint_eq(w[0].worker_id, 1);
+    ck_assert_uint_eq(w[1].worker_id, 2);
+    kvo_free(w);
+    /* a removed worker comes back on its next event */
+    ck_assert_int_eq(tt_store(t, 0, 1, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 1), 1);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(dp_ranks_are_independent_workers) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 7, 0, NULL, Q(1, 2)), IDX_EV_OK);
+    /* rank 1 of the same worker does not hold rank 0's parent */
+    ck_assert_int_eq(tt_store(t, 7, 1, U64S(200), Q(3)),
+                     IDX_EV_PARENT_NOT_FOUND);
+    ck_assert_int_eq(tt_store(t, 7, 1, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2), 7, 0), 2);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2), 7, 1), 1);
+    ck_assert_int_eq(tt_remove(t, 7, 1, Q(200)), IDX_EV_BLOCK_NOT_FOUND);
+    /* cleared is per (worker_id, dp_rank) (DESIGN §7) */
+    ck_assert_int_eq(tt_clear(t, 7, 1), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2), 7, 0), 2);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2), 7, 1), 0);
+    ck_assert_uint_eq(tt_blocks(t, 7, 1), 0);
+    /* scores come sorted by worker_id then dp_rank */
+    ck_assert_int_eq(tt_store(t, 3, 5, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 7, 1, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 3, 2, NULL, Q(1)), IDX_EV_OK);
+    idx_scores s;
+    idx_scores_init(&s);
+    ck_assert_int_eq(idx_tree_query(t, Q(1, 2), &s), KVO_OK);
+    ck_assert_uint_eq(s.isl_blocks, 2);
+    ck_assert_uint_eq(s.n, 4);
+    ck_assert(s.v[0].worker_id == 3 && s.v[0].dp_rank == 2 && s.v[0].blocks == 1);
+    ck_assert(s.v[1].worker_id == 3 && s.v[1].dp_rank == 5);
+    ck_assert(s.v[2].worker_id == 7 && s.v[2].dp_rank == 0 && s.v[2].blocks == 2);
+    ck_assert(s.v[3].worker_id == 7 && s.v[3].dp_rank == 1 && s.v[3].blocks == 1);
+    idx_scores_fini(&s);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(lora_and_base_prompts_do_not_collide) {
+    uint64_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = 1000 + (uint64_t)i;
+    uint64_t base[4], lora[4], salted[4];
+    ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, NULL, NULL, base), 4);
+    ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, "sql-adapter", NULL, lora), 4);
+    ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, NULL, "s1", salted), 4);
+    for (int i = 0; i < 4; i++) {
+        ck_assert(base[i] != lora[i]);
+        ck_assert(base[i] != salted[i]);
+    }
+    /* DESIGN §5 vector: [1,2,3,4] -> 14643705804678351452 */
+    uint64_t four[] = {1, 2, 3, 4}, h;
+    ck_assert_uint_eq(idx_prompt_hash(four, 4, 4, NULL, NULL, &h), 1);
+    ck_assert_uint_eq(h, 14643705804678351452ull);
+    ck_assert_uint_eq(idx_prompt_hash(four, 3, 4, NULL, NULL, &h), 0);
+
+    idx_tree *t = tree_new();
+    uint64_t bh[4] = {11, 12, 13, 14}, lbh[4] = {21, 22, 23, 24};
+    ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, base, bh, 4), IDX_EV_OK);
+    ck_assert_int_eq(tt_store_bh(t, 2, 0, NULL, lora, lbh, 4), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, base, 4, 1, 0), 4);
+    ck_assert_uint_eq(tt_score(t, base, 4, 2, 0), 0);
+    ck_assert_uint_eq(tt_score(t, lora, 4, 2, 0), 4);
+    ck_assert_uint_eq(tt_score(t, lora, 4, 1, 0), 0);
+    ck_assert_uint_eq(tt_nscores(t, salted, 4), 0);
+    idx_tree_free(t);
+}
+END_TEST
+
+typedef struct dumpbuf {
+    idx_tree *into;
+    size_t n;
+    size_t rejected;
+} dumpbuf;
+
+static kvo_status dump_into(void *ctx, const wire_revent *ev) {
+    dumpbuf *d = ctx;
+    ck_assert_int_eq(ev->type, WIRE_R_STORED);
+    ck_assert_uint_eq(ev->n_blocks, 1);
+    ck_assert_uint_eq(ev->event_id, d->n);
+    d->n++;
+    idx_evstatus st;
+    ck_assert_int_eq(idx_tree_apply(d->into, ev, &st), KVO_OK);
+    ck_assert(st == IDX_EV_OK || st == IDX_EV_PARENT_NOT_FOUND);
+    d->rejected += st == IDX_EV_PARENT_NOT_FOUND;
+    return KVO_OK;
+}
+
+START_TEST(dump_and_restore_give_the_same_answers) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3, 4)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 2, 5)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 3, NULL, Q(9, 8)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 2, 0, U64S(100), Q(2, 3)), IDX_EV_PARENT_NOT_FOUND);
+    ck_assert_int_eq(tt_store(t, 2, 0, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 2, 0, U64S(100), Q(2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(400)), IDX_EV_OK);
+    ck_assert_int_eq(tt_remove(t, 1, 0, Q(200)), IDX_EV_OK); /* 5 orphaned */
+
+    dumpbuf d = {tree_new(), 0, 0};
+    ck_assert_int_eq(idx_tree_dump(t, dump_into, &d), KVO_OK);
+    /* one event per (edge, worker of the child) */
+    ck_assert_uint_eq(d.n, 3 + 2 + 2 + 0 + 1 + 1 + 1); /* 1,2,3,4,5,9,8 */
+    /* worker 1 still holds 5 but no longer its parent 2: that event cannot
+     * be restored, and could never score (a gap at block 1) */
+    ck_assert_uint_eq(d.rejected, 1);
+    const uint64_t qs[][4] = {{1, 2, 3, 4}, {1, 2, 5, 0}, {9, 8, 0, 0},
+                              {1, 0, 0, 0}, {2, 3, 0, 0}};
+    for (size_t i = 0; i < 5; i++) {
+        idx_scores a, b;
+        idx_scores_init(&a);
+        idx_scores_init(&b);
+        ck_assert_int_eq(idx_tree_query(t, qs[i], 4, &a), KVO_OK);
+        ck_assert_int_eq(idx_tree_query(d.into, qs[i], 4, &b), KVO_OK);
+        ck_assert_uint_eq(a.n, b.n);
+        ck_assert_mem_eq(a.v, b.v, a.n * sizeof(idx_score));
+        idx_scores_fini(&a);
+        idx_scores_fini(&b);
+    }
+    tt_check(d.into, true);
+    idx_tree_free(d.into);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(duplicate_stores_are_idempotent) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2, 3)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
+    ck_assert_uint_eq(nodes_of(t), 3);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
+    /* one removal is enough: there are no per-copy counts in the index */
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(300)), IDX_EV_OK);
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(300)), IDX_EV_BLOCK_NOT_FOUND);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 2);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(a_node_losing_its_last_worker_detaches_its_children) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1)), IDX_EV_OK);
+    /* node 1 keeps worker 1: its children stay */
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(100)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 1, 0), 1);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 0); /* gap at block 0 */
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 1);
+    /* now empty: 2 and 3 are cut off, but worker 0 still maps them */
+    ck_assert_int_eq(tt_remove(t, 1, 0, Q(100)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 0);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 2);
+    tt_check(t, true);
+    /* re-storing 1 reuses the emptied node; the children stay cut off */
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 1);
+    /* a store may hang below a detached node: its parent is in the map */
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(300), Q(4)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 1);
+    /* storing 2 under 1 re-links the detached node with its subtree */
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 4);
+    ck_assert_uint_eq(nodes_of(t), 4);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 4);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+START_TEST(remove_mid_chain_then_restore) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3, 4)), IDX_EV_OK);
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(200)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 1);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 2);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(200), Q(3, 4)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 4);
+    ck_assert_uint_eq(nodes_of(t), 4);
+    tt_check(t, true);
+    /* removing everything deepest first leaves the first node, empty, under
+     * the root (as Dynamo does) */
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(400, 300, 200, 100)), IDX_EV_OK);
+    ck_assert_uint_eq(pairs_of(t), 0);
+    ck_assert_uint_eq(nodes_of(t), 1);
+    ck_assert_uint_eq(tt_nscores(t, Q(1)), 0);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Many workers on one chain: worker sets grow through every size class and
+ * shrink back; lookup entries move between inline and alias forms. */
+START_TEST(worker_sets_grow_and_shrink) {
+    idx_tree *t = tree_new();
+    for (uint64_t w = 0; w < 70; w++) {
+        ck_assert_int_eq(tt_store(t, w * 7919 % 101, (uint32_t)(w % 3), NULL,
+                                  Q(1, 2, 3)), IDX_EV_OK);
+        tt_check(t, true);
+    }
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 70);
+    ck_assert_uint_eq(pairs_of(t), 210);
+    for (uint64_t w = 0; w < 70; w++) {
+        uint64_t wid = (w * 37) % 70 * 7919 % 101;
+        uint32_t rank = (uint32_t)((w * 37) % 70 % 3);
+        ck_assert_int_eq(tt_remove(t, wid, rank, Q(300, 200)), IDX_EV_OK);
+        tt_check(t, true);
+    }
+    ck_assert_uint_eq(tt_nscores(t, Q(1)), 70);
+    ck_assert_uint_eq(tt_nscores(t, Q(1, 2)), 70);
+    for (uint64_t w = 0; w < 70; w++) {
+        ck_assert_int_eq(tt_remove(t, w * 7919 % 101, (uint32_t)(w % 3),
+                                   Q(100)), IDX_EV_OK);
+        tt_check(t, true);
+    }
+    ck_assert_uint_eq(pairs_of(t), 0);
+    ck_assert_uint_eq(nodes_of(t), 1);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* A node named by more than 255 lookup entries (one worker storing many
+ * block hashes with the same tokens under one parent) is freed only when
+ * the last of them goes. */
+START_TEST(reference_counts_beyond_255) {
+    idx_tree *t = tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
+    for (uint64_t i = 0; i < 600; i++) {
+        uint64_t bh = 1000 + i;
+        ck_assert_int_eq(tt_store_bh(t, 0, 0, U64S(100), U64S(7), &bh, 1),
+                         IDX_EV_OK);
+    }
+    idx_counters c;
+    idx_tree_counters(t, &c);
+    ck_assert_uint_eq(c.hash_mismatch, 599);
+    ck_assert_uint_eq(tt_blocks(t, 0, 0), 601);
+    ck_assert_uint_eq(nodes_of(t), 2);
+    tt_check(t, true);
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(100)), IDX_EV_OK); /* detach */
+    ck_assert_uint_eq(nodes_of(t), 2);
+    for (uint64_t i = 0; i < 600; i++) {
+        uint64_t bh = 1000 + (i * 7) % 600;
+        ck_assert_int_eq(tt_remove(t, 0, 0, &bh, 1), IDX_EV_OK);
+        if (i % 50 == 0) tt_check(t, true);
+    }
+    ck_assert_uint_eq(nodes_of(t), 1);
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+END_TEST
+
+/* Allocation failures at every point of a sequence: never a crash, the
+ * tree stays consistent, and a failed event is not counted. */
+START_TEST(allocation_failures_leave_a_consistent_tree) {
+    uint64_t tok[40], bh[40];
+    for (int i = 0; i < 40; i++) {
+        tok[i] = (uint64_t)i % 5 + 1;
+        bh[i] = 5000 + (uint64_t)i;
+    }
+    for (long k = 0; k < 120; k++) {
+        idx_tree *t = NULL;
+        kvo_alloc_fail_after(k);
+        kvo_status s = idx_tree_new(&t);
+        if (s != KVO_OK) {
+            kvo_alloc_fail_after(-1);
+            ck_assert_int_eq(s, KVO_ENOMEM);
+            continue;
+        }
+        for (int round = 0; round < 4; round++) {
+            for (uint64_t w = 0; w < 6; w++) {
+                wire_rblock b[40];
+                for (int i = 0; i < 40; i++) b[i] = (wire_rblock){bh[i], tok[i]};
+                wire_revent ev = {.worker_id = w, .type = WIRE_R_STORED,
+                                  .n_blocks = 40, .blocks = b};
+                idx_evstatus st;
+                s = idx_tree_apply(t, &ev, &st);
+                ck_assert(s == KVO_OK || s == KVO_ENOMEM);
+                uint64_t rm[3] = {bh[39 - w], bh[20], 77};
+                wire_revent r = {.worker_id = w, .type = WIRE_R_REMOVED,
+                                 .n_removed = 3, .removed = rm};
+                s = idx_tree_apply(t, &r, &st);
+                ck_assert(s == KVO_OK || s == KVO_ENOMEM);
+                if (w == 3) {
+                    wire_revent c = {.worker_id = 1, .type = WIRE_R_CLEARED};
+                    s = idx_tree_apply(t, &c, &st);
+                    ck_assert(s == KVO_OK || s == KVO_ENOMEM);
+                }
+                idx_scores sc;
+                idx_scores_init(&sc);
+                s = idx_tree_query(t, tok, 40, &sc);
+                ck_assert(s == KVO_OK || s == KVO_ENOMEM);
+                idx_scores_fini(&sc);
+            }
+        }
+        kvo_alloc_fail_after(-1);
+        tt_check(t, true);
+        idx_tree_free(t);
+    }
+}
+END_TEST
+
+Suite *suite_tree(void) {
+    Suite *s = suite_create("tree");
+    TCase *tc = tcase_create("dynamo");
+    tcase_add_test(tc, two_workers_share_a_prefix);
+    tcase_add_test(tc, unknown_parent_rejects_the_whole_store);
+    tcase_add_test(tc, unknown_removed_hashes_are_skipped_and_counted);
+    tcase_add_test(tc, self_referencing_block_is_invalid_and_keeps_dynamos_self_edge);
+    tcase_add_test(tc, cleared_drops_every_block_of_the_worker);
+    tcase_add_test(tc, remove_worker_forgets_every_rank);
+    tcase_add_test(tc, dp_ranks_are_independent_workers);
+    tcase_add_test(tc, lora_and_base_prompts_do_not_collide);
+    tcase_add_test(tc, dump_and_restore_give_the_same_answers);
+    tcase_add_test(tc, duplicate_stores_are_idempotent);
+    tcase_add_test(tc, a_node_losing_its_last_worker_detaches_its_children);
+    tcase_add_test(tc, remove_mid_chain_then_restore);
+    suite_add_tcase(s, tc);
+    TCase *tl = tcase_create("layout");
+    tcase_add_test(tl, worker_sets_grow_and_shrink);
+    tcase_add_test(tl, reference_counts_beyond_255);
+    tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
+    suite_add_tcase(s, tl);
+    return s;
+}
