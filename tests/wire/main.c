@@ -11,6 +11,7 @@ Suite *suite_http(void);
 Suite *suite_proc(void);
 Suite *suite_batch(void);
 Suite *suite_hostile(void);
+Suite *suite_tool(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_basics());
@@ -21,6 +22,7 @@ int main(void) {
     srunner_add_suite(sr, suite_proc());
     srunner_add_suite(sr, suite_batch());
     srunner_add_suite(sr, suite_hostile());
+    srunner_add_suite(sr, suite_tool());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -7,7 +7,6 @@
 #include "wire.h"
 #include "wire_test.h"
 
-#include <msgpack.h>
 #include <string.h>
 
 Suite *suite_batch(void);
@@ -308,30 +307,30 @@ static int sb_write(void *data, const char *p, size_t n) {
     return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
 }
 
-typedef struct mp {
-    kvo_buf b;
-    msgpack_packer pk;
-} mp;
-
-static void mp_init(mp *m) {
+void wt_mp_init(wt_mp *m) {
     kvo_buf_init(&m->b);
     msgpack_packer_init(&m->pk, &m->b, sb_write);
 }
 
-static void mp_str(mp *m, const char *s) {
+void wt_mp_str(wt_mp *m, const char *s) {
     msgpack_pack_str_with_body(&m->pk, s, strlen(s));
 }
 
-static void mp_raw(mp *m, const void *p, size_t n) {
+void wt_mp_raw(wt_mp *m, const void *p, size_t n) {
     ck_assert(kvo_buf_append(&m->b, p, n) == KVO_OK);
 }
 
-/* [ts, [<events written by the caller>...], rank] header for n events. */
-static void mp_batch_head(mp *m, uint32_t batch_len, uint32_t n_events) {
+void wt_mp_batch_head(wt_mp *m, uint32_t batch_len, uint32_t n_events) {
     msgpack_pack_array(&m->pk, batch_len);
     msgpack_pack_double(&m->pk, 1.5);
     msgpack_pack_array(&m->pk, n_events);
 }
+
+typedef wt_mp mp;
+#define mp_init wt_mp_init
+#define mp_str wt_mp_str
+#define mp_raw wt_mp_raw
+#define mp_batch_head wt_mp_batch_head
 
 static kvo_status decode_mp(mp *m, wire_batch *b, wire_error *err) {
     return wire_batch_decode(m->b.data, m->b.len, NULL, b, err);
