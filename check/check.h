@@ -350,12 +350,15 @@ typedef struct check_cfg {
                                   request, -1 = never */
     const char *log_dir;       /* NULL = a fresh temp dir */
     bool keep_logs;
+    bool discard_logs;         /* remove them even on FAIL (mutants) */
     const char *bin_dir;       /* NULL = next to /proc/self/exe, then PATH */
     /* running parts */
     const char *engines;       /* "URL,URL" */
     const char *indexer;       /* URL */
     const char *nats;          /* URL */
     const char *model;         /* NULL = first of /v1/models */
+    bool no_relays;            /* events reach NATS through the user's
+                                  relays: no exact watermark, settle */
     long settle_ms;            /* quiet period when there is no watermark */
     /* both */
     check_policy policy;

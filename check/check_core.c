@@ -122,6 +122,16 @@ double check_counters_sum(const check_counters *c, const char *stage_prefix,
 
 kvo_status check_counters_copy(check_counters *dst,
                                const check_counters *src) {
+    /* Fast path, once per prompt in the driver: same names, same order. */
+    bool same = dst->n == src->n;
+    for (size_t i = 0; same && i < src->n; i++)
+        same = strcmp(dst->items[i].name, src->items[i].name) == 0 &&
+               strcmp(dst->items[i].stage, src->items[i].stage) == 0;
+    if (same) {
+        for (size_t i = 0; i < src->n; i++)
+            dst->items[i].value = src->items[i].value;
+        return KVO_OK;
+    }
     check_counters_clear(dst);
     for (size_t i = 0; i < src->n; i++) {
         kvo_status st = check_counters_set(dst, src->items[i].stage,
@@ -303,7 +313,7 @@ static const check_rule RULES[] = {
      "gaps the relay could not replay (the rank was cleared)"},
     {"relay", "buffer_dropped|publish_dropped", NULL, CHECK_REASON_SEQ_GAP,
      "batches or messages the relay had to drop"},
-    {"relay", "bad_msgs|decode_errors", NULL, CHECK_REASON_REJECTED,
+    {"relay", "bad_msgs|bad_messages|decode_errors", NULL, CHECK_REASON_REJECTED,
      "ZMQ messages the relay could not decode"},
     {"relay", "rejects", NULL, CHECK_REASON_REJECTED,
      "events the relay refused (block size, token count, medium, rank)"},

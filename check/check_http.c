@@ -1,0 +1,510 @@
+/* check_http.c -- every HTTP call kvo-check makes, and the parsing of the
+ * answers (contracts: COMMON.md, DESIGN §9).
+ *
+ *   engine   GET  /kvo/state           last_seq per rank (kvo-mocker)
+ *            GET  /kvo/event_sources   ZMQ endpoints per rank (kvo-mocker)
+ *            POST /kvo/probe           hit blocks per rank, no side effects
+ *            POST /v1/completions      usage.prompt_tokens_details.cached_tokens
+ *            GET  /v1/models           model id for real engines
+ *   indexer  POST /query_by_hash       scores per (worker_id, dp_rank)
+ *            GET  /watermark           zmq_seq_last per publisher
+ *            GET  /metrics             counters (Prometheus text)
+ *   relay    GET  /metrics, /stats     counters, source state
+ *
+ * Request bodies are written by hand (numbers only, and the prompt JSON is
+ * built once per request by the driver); answers are parsed with json-c,
+ * which keeps u64 exact.
+ */
+#include "check_int.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* GET or POST, then parse a JSON answer (status 200 required). */
+static kvo_status call_json(kvo_http_client *c, const char *url,
+                            const char *body, size_t len, json_object **out,
+                            kvo_http_resp *resp, char *err, size_t errsz) {
+    *out = NULL;
+    kvo_status st = body ? kvo_http_post(c, url, "application/json", body,
+                                         len, resp)
+                         : kvo_http_get(c, url, resp);
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "%s %s: %s (%s)", body ? "POST" : "GET", url,
+                 kvo_strerror(st), kvo_http_client_error(c));
+        return st;
+    }
+    if (resp->status != 200) {
+        snprintf(err, errsz, "%s %s: HTTP %ld: %.200s", body ? "POST" : "GET",
+                 url, resp->status,
+                 resp->body.data ? (const char *)resp->body.data : "");
+        return KVO_EHTTP;
+    }
+    json_tokener *tok = json_tokener_new_ex(64);
+    if (!tok) return KVO_ENOMEM;
+    json_object *j = json_tokener_parse_ex(
+        tok, resp->body.data ? (const char *)resp->body.data : "",
+        (int)resp->body.len);
+    enum json_tokener_error je = json_tokener_get_error(tok);
+    json_tokener_free(tok);
+    if (!j || je != json_tokener_success) {
+        json_object_put(j);
+        snprintf(err, errsz, "%s: answer is not JSON: %.120s", url,
+                 resp->body.data ? (const char *)resp->body.data : "");
+        return KVO_EPROTO;
+    }
+    *out = j;
+    return KVO_OK;
+}
+
+static json_object *get_key(json_object *o, const char *k) {
+    json_object *v = NULL;
+    if (!o || !json_object_is_type(o, json_type_object) ||
+        !json_object_object_get_ex(o, k, &v))
+        return NULL;
+    return v;
+}
+
+/* An integer field (null/absent/wrong type: false). */
+static bool get_i64(json_object *o, const char *k, int64_t *out) {
+    json_object *v = get_key(o, k);
+    if (!v || !json_object_is_type(v, json_type_int)) return false;
+    *out = json_object_get_int64(v);
+    return true;
+}
+
+static bool get_u64(json_object *o, const char *k, uint64_t *out) {
+    json_object *v = get_key(o, k);
+    if (!v || !json_object_is_type(v, json_type_int)) return false;
+    *out = json_object_get_uint64(v);
+    return true;
+}
+
+/* ---- Engines --------------------------------------------------------------*/
+
+kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/kvo/state", e->url);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    if (st != KVO_OK) goto done;
+    json_object *ranks = get_key(j, "ranks");
+    if (!ranks || !json_object_is_type(ranks, json_type_array)) {
+        snprintf(err, errsz, "%s: no \"ranks\" array", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    size_t n = json_object_array_length(ranks);
+    for (size_t i = 0; i < n; i++) {
+        json_object *r = json_object_array_get_idx(ranks, i);
+        int64_t rank = (int64_t)i, seq = -1;
+        get_i64(r, "dp_rank", &rank);
+        uint64_t useq;
+        if (get_u64(r, "last_seq", &useq)) seq = (int64_t)useq;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            if (e->ranks[k].dp_rank == (uint32_t)rank)
+                e->ranks[k].last_seq = seq;
+    }
+    e->dirty = false;
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
+                               size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/kvo/state", e->url);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    json_object *ranks = st == KVO_OK ? get_key(j, "ranks") : NULL;
+    if (ranks && json_object_is_type(ranks, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(ranks) && st == KVO_OK;
+             i++) {
+            json_object *r = json_object_array_get_idx(ranks, i);
+            int64_t rank = (int64_t)i;
+            get_i64(r, "dp_rank", &rank);
+            char stage[48];
+            snprintf(stage, sizeof(stage), "engine %u.%lld", e->worker_id,
+                     (long long)rank);
+            static const char *keys[] = {"counters", "resident_blocks",
+                                         "free_blocks", "requests_finished",
+                                         "last_seq"};
+            for (size_t k = 0; k < KVO_ARRAY_LEN(keys) && st == KVO_OK; k++) {
+                json_object *v = get_key(r, keys[k]);
+                if (!v) continue;
+                if (json_object_is_type(v, json_type_object)) {
+                    st = check_counters_parse_json(c, stage, v);
+                } else if (json_object_is_type(v, json_type_int)) {
+                    st = check_counters_set(c, stage, keys[k],
+                                            (double)json_object_get_int64(v));
+                }
+            }
+        }
+    }
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/kvo/event_sources", e->url);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    if (st != KVO_OK) goto done;
+    if (!json_object_is_type(j, json_type_array)) {
+        snprintf(err, errsz, "%s: not a JSON array", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    size_t n = json_object_array_length(j);
+    if (n > CHK_MAX_DP) {
+        snprintf(err, errsz, "%s: %zu sources (at most %d)", url, n,
+                 CHK_MAX_DP);
+        st = KVO_ETOOBIG;
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *s = json_object_array_get_idx(j, i);
+        json_object *ep = get_key(s, "endpoint");
+        json_object *rep = get_key(s, "replay_endpoint");
+        json_object *topic = get_key(s, "topic");
+        int64_t rank = (int64_t)i;
+        get_i64(s, "data_parallel_rank", &rank);
+        if (!ep || !json_object_is_type(ep, json_type_string) || rank < 0 ||
+            rank >= CHK_MAX_DP) {
+            snprintf(err, errsz, "%s: source %zu has no endpoint or a bad "
+                                 "rank", url, i);
+            st = KVO_EPROTO;
+            goto done;
+        }
+        chk_rank *r = &e->ranks[i];
+        r->dp_rank = (uint32_t)rank;
+        snprintf(r->zmq, sizeof(r->zmq), "%s", json_object_get_string(ep));
+        r->replay[0] = '\0';
+        if (rep && json_object_is_type(rep, json_type_string))
+            snprintf(r->replay, sizeof(r->replay), "%s",
+                     json_object_get_string(rep));
+        r->topic[0] = '\0';
+        if (topic && json_object_is_type(topic, json_type_string))
+            snprintf(r->topic, sizeof(r->topic), "%s",
+                     json_object_get_string(topic));
+    }
+    e->n_ranks = (uint32_t)n;
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
+                            uint32_t block_size, int32_t *hits, char *err,
+                            size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/kvo/probe", e->url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = kvo_buf_printf(&body, "{\"%s\":",
+                                   p->trace_form ? "trace" : "token_ids");
+    if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
+    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+    if (st != KVO_OK) goto done;
+    st = call_json(e->http, url, (const char *)body.data, body.len, &j, &resp,
+                   err, errsz);
+    if (st != KVO_OK) goto done;
+    int64_t bs = -1;
+    get_i64(j, "block_size", &bs);
+    if (bs != (int64_t)block_size) {
+        snprintf(err, errsz, "%s: engine block size %lld, expected %u "
+                             "(--block-size)", url, (long long)bs, block_size);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    json_object *ranks = get_key(j, "ranks");
+    if (!ranks || !json_object_is_type(ranks, json_type_array)) {
+        snprintf(err, errsz, "%s: no \"ranks\" array", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    for (uint32_t k = 0; k < e->n_ranks; k++) hits[k] = -1;
+    size_t n = json_object_array_length(ranks);
+    for (size_t i = 0; i < n; i++) {
+        json_object *r = json_object_array_get_idx(ranks, i);
+        int64_t rank = (int64_t)i, h = -1;
+        get_i64(r, "dp_rank", &rank);
+        if (!get_i64(r, "hit_blocks", &h) || h < 0 || h > INT32_MAX) continue;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            if (e->ranks[k].dp_rank == (uint32_t)rank) hits[k] = (int32_t)h;
+    }
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    kvo_buf_fini(&body);
+    return st;
+}
+
+kvo_status chk_engine_complete(chk_engine *e, const char *model,
+                               const chk_prompt *p, uint32_t max_tokens,
+                               int dp_rank, const char *kv_params,
+                               chk_completion *out, char *err, size_t errsz) {
+    memset(out, 0, sizeof(*out));
+    out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
+        -1;
+    char url[256];
+    snprintf(url, sizeof(url), "%s/v1/completions", e->url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    json_object *mj = json_object_new_string(model);
+    kvo_status st = kvo_buf_printf(
+        &body, "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
+               "\"stream\":false,\"%s\":",
+        json_object_to_json_string_ext(mj, JSON_C_TO_STRING_PLAIN), max_tokens,
+        p->trace_form ? "trace" : "prompt");
+    json_object_put(mj);
+    if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
+    if (st == KVO_OK && dp_rank >= 0)
+        st = kvo_buf_printf(&body, ",\"data_parallel_rank\":%d", dp_rank);
+    if (st == KVO_OK && kv_params)
+        st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
+    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+    if (st != KVO_OK) goto done;
+    st = call_json(e->http, url, (const char *)body.data, body.len, &j, &resp,
+                   err, errsz);
+    if (st != KVO_OK) goto done;
+    json_object *usage = get_key(j, "usage");
+    get_i64(usage, "prompt_tokens", &out->prompt_tokens);
+    get_i64(get_key(usage, "prompt_tokens_details"), "cached_tokens",
+            &out->cached_tokens);
+    json_object *kvo = get_key(j, "kvo");
+    get_i64(kvo, "dp_rank", &out->dp_rank);
+    uint64_t seq;
+    if (get_u64(kvo, "last_seq", &seq)) out->last_seq = (int64_t)seq;
+    json_object *kv = get_key(j, "kv_transfer_params");
+    if (kv && !json_object_is_type(kv, json_type_null)) {
+        out->kv_transfer_params = kvo_strdup(
+            json_object_to_json_string_ext(kv, JSON_C_TO_STRING_PLAIN));
+        if (!out->kv_transfer_params) st = KVO_ENOMEM;
+    }
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    kvo_buf_fini(&body);
+    return st;
+}
+
+kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
+                            char *err, size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/v1/models", e->url);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    if (st != KVO_OK) goto done;
+    json_object *data = get_key(j, "data");
+    json_object *id = NULL;
+    if (data && json_object_is_type(data, json_type_array) &&
+        json_object_array_length(data) > 0)
+        id = get_key(json_object_array_get_idx(data, 0), "id");
+    if (!id || !json_object_is_type(id, json_type_string)) {
+        snprintf(err, errsz, "%s: no model listed (use --model)", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    snprintf(model, modelsz, "%s", json_object_get_string(id));
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+/* ---- Indexer ----------------------------------------------------------------*/
+
+kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
+                           uint32_t *scores, char *err, size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/query_by_hash", env->indexer_url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = kvo_buf_reserve(&body, 24 + n * 21);
+    if (st != KVO_OK) goto done;
+    st = kvo_buf_append(&body, "{\"tokens_hashes\":[", 18);
+    for (size_t i = 0; i < n && st == KVO_OK; i++)
+        st = kvo_buf_printf(&body, i ? ",%" PRIu64 : "%" PRIu64, hashes[i]);
+    if (st == KVO_OK) st = kvo_buf_append(&body, "]}", 2);
+    if (st != KVO_OK) goto done;
+    st = call_json(env->idx_http, url, (const char *)body.data, body.len, &j,
+                   &resp, err, errsz);
+    if (st != KVO_OK) goto done;
+    uint32_t slots = env->n_workers * env->dp_size;
+    for (uint32_t s = 0; s < slots; s++) scores[s] = 0;
+    json_object *arr = get_key(j, "scores");
+    if (!arr || !json_object_is_type(arr, json_type_array)) {
+        snprintf(err, errsz, "%s: no \"scores\" array", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    size_t m = json_object_array_length(arr);
+    for (size_t i = 0; i < m; i++) {
+        json_object *o = json_object_array_get_idx(arr, i);
+        uint64_t w, r, b;
+        if (!get_u64(o, "worker_id", &w) || !get_u64(o, "dp_rank", &r) ||
+            !get_u64(o, "blocks", &b))
+            continue;
+        /* workers that are not ours (a shared NATS) are not compared */
+        if (w >= env->n_workers || r >= env->dp_size) continue;
+        scores[w * env->dp_size + r] = b > UINT32_MAX ? UINT32_MAX
+                                                      : (uint32_t)b;
+    }
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    kvo_buf_fini(&body);
+    return st;
+}
+
+void chk_watermark_fini(chk_watermark *w) {
+    kvo_free(w->publisher);
+    kvo_free(w->zmq_last);
+    kvo_buf_fini(&w->raw);
+    memset(w, 0, sizeof(*w));
+}
+
+kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
+                               size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/watermark", env->indexer_url);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = call_json(env->idx_http, url, NULL, 0, &j, &resp, err,
+                              errsz);
+    if (st != KVO_OK) goto done;
+    kvo_buf_reset(&w->raw);
+    st = kvo_buf_append(&w->raw, resp.body.data, resp.body.len);
+    if (st != KVO_OK) goto done;
+    json_object *pubs = get_key(j, "publishers");
+    if (!pubs || !json_object_is_type(pubs, json_type_array)) {
+        snprintf(err, errsz, "%s: no \"publishers\" array", url);
+        st = KVO_EPROTO;
+        goto done;
+    }
+    size_t n = json_object_array_length(pubs);
+    uint64_t *p = kvo_realloc(w->publisher, (n ? n : 1) * sizeof(*p));
+    if (!p) {
+        st = KVO_ENOMEM;
+        goto done;
+    }
+    w->publisher = p;
+    int64_t *z = kvo_realloc(w->zmq_last, (n ? n : 1) * sizeof(*z));
+    if (!z) {
+        st = KVO_ENOMEM;
+        goto done;
+    }
+    w->zmq_last = z;
+    w->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_object *o = json_object_array_get_idx(pubs, i);
+        uint64_t id, last;
+        if (!get_u64(o, "publisher_id", &id)) continue;
+        w->publisher[w->n] = id;
+        w->zmq_last[w->n] = get_u64(o, "zmq_seq_last", &last) &&
+                                    last <= INT64_MAX
+                                ? (int64_t)last
+                                : -1;
+        w->n++;
+    }
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
+                          bool *present) {
+    for (size_t i = 0; i < w->n; i++)
+        if (w->publisher[i] == publisher) {
+            if (present) *present = true;
+            return w->zmq_last[i];
+        }
+    if (present) *present = false;
+    return -1;
+}
+
+static kvo_status read_prom(kvo_http_client *c, const char *url,
+                            const char *stage, check_counters *counters,
+                            char *err, size_t errsz) {
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    kvo_status st = kvo_http_get(c, url, &resp);
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "GET %s: %s (%s)", url, kvo_strerror(st),
+                 kvo_http_client_error(c));
+    } else if (resp.status != 200) {
+        snprintf(err, errsz, "GET %s: HTTP %ld", url, resp.status);
+        st = KVO_EHTTP;
+    } else {
+        st = check_counters_parse_prom(counters, stage,
+                                       (const char *)resp.body.data,
+                                       resp.body.len);
+    }
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+kvo_status chk_counters_indexer(chk_env *env, check_counters *c, char *err,
+                                size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
+    return read_prom(env->idx_http, url, "indexer", c, err, errsz);
+}
+
+kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
+                              size_t errsz) {
+    char url[128];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/metrics", r->metrics_port);
+    return read_prom(r->http, url, r->stage, c, err, errsz);
+}
+
+kvo_status chk_relay_live(chk_relay *r, bool *live) {
+    char url[128], err[256];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/stats", r->metrics_port);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    *live = false;
+    kvo_status st = call_json(r->http, url, NULL, 0, &j, &resp, err,
+                              sizeof(err));
+    if (st == KVO_OK) {
+        json_object *srcs = get_key(j, "sources");
+        bool all = srcs && json_object_is_type(srcs, json_type_array) &&
+                   json_object_array_length(srcs) > 0;
+        for (size_t i = 0; all && i < json_object_array_length(srcs); i++) {
+            json_object *state =
+                get_key(json_object_array_get_idx(srcs, i), "state");
+            all = state && json_object_is_type(state, json_type_string) &&
+                  strcmp(json_object_get_string(state), "live") == 0;
+        }
+        *live = all;
+    }
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}

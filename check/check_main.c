@@ -1,0 +1,388 @@
+/* kvo-check -- the oracle: drives a trace through engines, relays and an
+ * indexer and compares engine truth with the index, prompt by prompt.
+ *
+ *   kvo-check --spawn --trace FILE [options]     start everything, check
+ *   kvo-check --engines URL,... --trace FILE     check running parts
+ *   kvo-check mutants [--trace FILE] [--limit N] mutation-test the pipeline
+ *
+ * Exit: 0 PASS, 1 FAIL (one-line cause on stderr), 2 usage/setup error.
+ */
+#include "check.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    OPT_SPAWN = 256, OPT_TRACE, OPT_LIMIT, OPT_WORKERS, OPT_DECODE_WORKERS,
+    OPT_DP_SIZE, OPT_BLOCK_SIZE, OPT_NUM_GPU_BLOCKS, OPT_POLICY,
+    OPT_HASH_ALGO, OPT_HASH_SEED, OPT_EVENT_FORMAT, OPT_MUTATE, OPT_SEED,
+    OPT_REPLAY_BUFFER, OPT_VERIFY, OPT_NO_REPLAY, OPT_DROP_SEQ,
+    OPT_RELAY_RESTART_AT, OPT_LOG_DIR, OPT_KEEP_LOGS, OPT_BIN_DIR,
+    OPT_ENGINES, OPT_INDEXER, OPT_NATS, OPT_MODEL, OPT_NO_RELAYS,
+    OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST,
+    OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
+    OPT_ONLY, OPT_NO_PROGRESS
+};
+
+static const struct option OPTIONS[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {"spawn", no_argument, NULL, OPT_SPAWN},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"limit", required_argument, NULL, OPT_LIMIT},
+    {"workers", required_argument, NULL, OPT_WORKERS},
+    {"decode-workers", required_argument, NULL, OPT_DECODE_WORKERS},
+    {"dp-size", required_argument, NULL, OPT_DP_SIZE},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"num-gpu-blocks", required_argument, NULL, OPT_NUM_GPU_BLOCKS},
+    {"policy", required_argument, NULL, OPT_POLICY},
+    {"hash-algo", required_argument, NULL, OPT_HASH_ALGO},
+    {"hash-seed", required_argument, NULL, OPT_HASH_SEED},
+    {"event-format", required_argument, NULL, OPT_EVENT_FORMAT},
+    {"mutate", required_argument, NULL, OPT_MUTATE},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"replay-buffer", required_argument, NULL, OPT_REPLAY_BUFFER},
+    {"verify-engine-hash", no_argument, NULL, OPT_VERIFY},
+    {"no-replay", no_argument, NULL, OPT_NO_REPLAY},
+    {"drop-seq", required_argument, NULL, OPT_DROP_SEQ},
+    {"relay-restart-at", required_argument, NULL, OPT_RELAY_RESTART_AT},
+    {"log-dir", required_argument, NULL, OPT_LOG_DIR},
+    {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
+    {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
+    {"engines", required_argument, NULL, OPT_ENGINES},
+    {"indexer", required_argument, NULL, OPT_INDEXER},
+    {"nats", required_argument, NULL, OPT_NATS},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"no-relays", no_argument, NULL, OPT_NO_RELAYS},
+    {"settle-ms", required_argument, NULL, OPT_SETTLE_MS},
+    {"prompt-form", required_argument, NULL, OPT_PROMPT_FORM},
+    {"timeout-ms", required_argument, NULL, OPT_TIMEOUT_MS},
+    {"fail-fast", no_argument, NULL, OPT_FAIL_FAST},
+    {"report-json", required_argument, NULL, OPT_REPORT_JSON},
+    {"report-html", required_argument, NULL, OPT_REPORT_HTML},
+    {"worst", required_argument, NULL, OPT_WORST},
+    {"quiet", no_argument, NULL, OPT_QUIET},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"only", required_argument, NULL, OPT_ONLY},
+    {NULL, 0, NULL, 0}};
+
+static const char USAGE[] =
+    "usage: kvo-check --spawn --trace FILE [options]\n"
+    "       kvo-check --engines URL[,URL...] --trace FILE [options]\n"
+    "       kvo-check mutants [--trace FILE] [--limit N] [--only a,b]\n"
+    "\n"
+    "Drives a Mooncake trace through engines, kvo-relays and a kvo-indexer,\n"
+    "one request at a time, and checks prompt by prompt that the index's\n"
+    "score of every worker (capped at (n-1)//block_size) equals the engine's\n"
+    "cached prefix. Exit 0 PASS, 1 FAIL (cause on stderr), 2 setup error.\n"
+    "\n"
+    "What runs:\n"
+    "  --spawn                 start nats-server, kvo-mockers, one kvo-relay per\n"
+    "                          engine rank and a kvo-indexer (free loopback ports)\n"
+    "  --engines URL,...       running OpenAI-compatible engines (kvo-mocker or\n"
+    "                          vLLM; worker ids 0.. in this order)\n"
+    "  --indexer URL           a running kvo-indexer (default: spawn one)\n"
+    "  --nats URL              a running NATS (default: spawn nats-server)\n"
+    "  --no-relays             engines' events reach NATS through your relays\n"
+    "  --model NAME            model for completions (default: /v1/models)\n"
+    "  --settle-ms MS          quiet period before each query when there is no\n"
+    "                          exact watermark (500)\n"
+    "  --bin-dir DIR           where kvo-mocker/relay/indexer are (default:\n"
+    "                          next to kvo-check, then PATH)\n"
+    "Trace and routing:\n"
+    "  --trace FILE            Mooncake JSONL (timestamp, input_length,\n"
+    "                          output_length, hash_ids)\n"
+    "  --limit N               first N requests (0 = all)\n"
+    "  --policy P              round-robin (request i -> worker i mod N, rank\n"
+    "                          (i div N) mod dp) or kv (highest index score,\n"
+    "                          ties: least used, then lowest slot)\n"
+    "  --prompt-form F         auto|trace|tokens (auto: the trace extension\n"
+    "                          against kvo-mocker, token ids otherwise)\n"
+    "Spawned engines (kvo-mocker):\n"
+    "  --workers N             engines (4); prefill engines with decode workers\n"
+    "  --decode-workers N      disaggregated decode engines (0)\n"
+    "  --dp-size N             ranks per engine (1)\n"
+    "  --block-size N          (16)\n"
+    "  --num-gpu-blocks N      per rank (mocker default)\n"
+    "  --hash-algo A           sha256|sha256_cbor|xxhash|xxhash_cbor (sha256)\n"
+    "  --hash-seed S           PYTHONHASHSEED string (0)\n"
+    "  --event-format F        map|array-v0.14|array-late|... (map)\n"
+    "  --mutate NAME[,NAME]    kvo-mocker encoder mutants (see `mutants`)\n"
+    "  --seed N                generated tokens (0)\n"
+    "  --replay-buffer N       batches per rank (sized for the run)\n"
+    "Relays and fault injection:\n"
+    "  --verify-engine-hash    relays recompute every engine hash\n"
+    "  --relay-restart-at N    SIGKILL relay 0.0 before request N, start a\n"
+    "                          fresh one (replays from seq 0)\n"
+    "  --no-replay             relays without a replay endpoint\n"
+    "  --drop-seq N            drop ZMQ batch N of engine 0 rank 0 on its way\n"
+    "                          to the relay\n"
+    "Reports and run control:\n"
+    "  --report-json FILE      one JSON line per prompt, then a summary line\n"
+    "  --report-html FILE      a self-contained HTML report\n"
+    "  --worst N               rows of the worst-prompts table (10)\n"
+    "  --fail-fast             stop at the first failure\n"
+    "  --timeout-ms MS         one watermark wait or HTTP call (30000)\n"
+    "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
+    "  --keep-logs             keep the logs on PASS too\n"
+    "  --no-progress, --quiet  no progress bar / also no summary\n"
+    "  --log-level L           error|warn|info|debug (warn)\n"
+    "  --only a,b              mutants: run only these\n"
+    "  -h, --help, -V, --version\n"
+    "Every option also reads KVO_<NAME> from the environment.\n";
+
+typedef struct opts {
+    check_cfg cfg;
+    size_t worst;
+    bool quiet, no_progress;
+    kvo_level level;
+    const char *only;
+    bool limit_set, workers_set, dp_set, blocks_set;
+} opts;
+
+static int bad(const char *opt, const char *v) {
+    fprintf(stderr, "kvo-check: bad value for --%s: '%s'\n", opt, v);
+    return -1;
+}
+
+static int set_u32(uint32_t *out, const char *opt, const char *v) {
+    return kvo_parse_u32(v, out) == KVO_OK ? 0 : bad(opt, v);
+}
+
+static int set_u64(uint64_t *out, const char *opt, const char *v) {
+    return kvo_parse_u64(v, out) == KVO_OK ? 0 : bad(opt, v);
+}
+
+static int set_long(long *out, const char *opt, const char *v) {
+    int64_t x;
+    if (kvo_parse_i64(v, &x) != KVO_OK || x < 0) return bad(opt, v);
+    *out = (long)x;
+    return 0;
+}
+
+static int on_opt(void *ctx, int code, const char *v) {
+    opts *o = ctx;
+    check_cfg *c = &o->cfg;
+    int64_t i64;
+    switch (code) {
+    case 'h':
+        fputs(USAGE, stdout);
+        exit(KVO_EXIT_OK);
+    case 'V':
+        printf("kvo-check %s\n", KVO_VERSION);
+        exit(KVO_EXIT_OK);
+    case OPT_SPAWN: c->spawn = true; return 0;
+    case OPT_TRACE: c->trace = v; return 0;
+    case OPT_LIMIT:
+        o->limit_set = true;
+        return set_u64(&c->limit, "limit", v);
+    case OPT_WORKERS:
+        o->workers_set = true;
+        return set_u32(&c->workers, "workers", v);
+    case OPT_DECODE_WORKERS:
+        return set_u32(&c->decode_workers, "decode-workers", v);
+    case OPT_DP_SIZE:
+        o->dp_set = true;
+        return set_u32(&c->dp_size, "dp-size", v);
+    case OPT_BLOCK_SIZE: return set_u32(&c->block_size, "block-size", v);
+    case OPT_NUM_GPU_BLOCKS:
+        o->blocks_set = true;
+        return set_u64(&c->num_gpu_blocks, "num-gpu-blocks", v);
+    case OPT_POLICY:
+        if (strcmp(v, "round-robin") == 0)
+            c->policy = CHECK_POLICY_ROUND_ROBIN;
+        else if (strcmp(v, "kv") == 0)
+            c->policy = CHECK_POLICY_KV;
+        else
+            return bad("policy", v);
+        return 0;
+    case OPT_HASH_ALGO: c->hash_algo = v; return 0;
+    case OPT_HASH_SEED: c->hash_seed = v; return 0;
+    case OPT_EVENT_FORMAT: c->event_format = v; return 0;
+    case OPT_MUTATE: c->mutate = v; return 0;
+    case OPT_SEED: return set_u64(&c->seed, "seed", v);
+    case OPT_REPLAY_BUFFER:
+        return set_u64(&c->replay_buffer, "replay-buffer", v);
+    case OPT_VERIFY: c->verify_engine_hash = true; return 0;
+    case OPT_NO_REPLAY: c->no_replay = true; return 0;
+    case OPT_DROP_SEQ:
+        if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
+            return bad("drop-seq", v);
+        c->drop_seq = i64;
+        return 0;
+    case OPT_RELAY_RESTART_AT:
+        if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
+            return bad("relay-restart-at", v);
+        c->relay_restart_at = i64;
+        return 0;
+    case OPT_LOG_DIR: c->log_dir = v; return 0;
+    case OPT_KEEP_LOGS: c->keep_logs = true; return 0;
+    case OPT_BIN_DIR: c->bin_dir = v; return 0;
+    case OPT_ENGINES: c->engines = v; return 0;
+    case OPT_INDEXER: c->indexer = v; return 0;
+    case OPT_NATS: c->nats = v; return 0;
+    case OPT_MODEL: c->model = v; return 0;
+    case OPT_NO_RELAYS: c->no_relays = true; return 0;
+    case OPT_SETTLE_MS: return set_long(&c->settle_ms, "settle-ms", v);
+    case OPT_PROMPT_FORM:
+        if (strcmp(v, "auto") == 0)
+            c->prompt_form = CHECK_FORM_AUTO;
+        else if (strcmp(v, "trace") == 0)
+            c->prompt_form = CHECK_FORM_TRACE;
+        else if (strcmp(v, "tokens") == 0)
+            c->prompt_form = CHECK_FORM_TOKENS;
+        else
+            return bad("prompt-form", v);
+        return 0;
+    case OPT_TIMEOUT_MS:
+        if (set_long(&c->timeout_ms, "timeout-ms", v) != 0) return -1;
+        return c->timeout_ms > 0 ? 0 : bad("timeout-ms", v);
+    case OPT_FAIL_FAST: c->fail_fast = true; return 0;
+    case OPT_REPORT_JSON: c->report_json = v; return 0;
+    case OPT_REPORT_HTML: c->report_html = v; return 0;
+    case OPT_WORST: {
+        uint32_t w;
+        if (set_u32(&w, "worst", v) != 0) return -1;
+        o->worst = w;
+        return 0;
+    }
+    case OPT_QUIET: o->quiet = o->no_progress = true; return 0;
+    case OPT_NO_PROGRESS: o->no_progress = true; return 0;
+    case OPT_LOG_LEVEL:
+        return kvo_log_level_parse(v, &o->level) == KVO_OK
+                   ? 0
+                   : bad("log-level", v);
+    case OPT_ONLY: o->only = v; return 0;
+    default: return -1;
+    }
+}
+
+/* mutants without --trace: the bundled 1,000-request trace, found from the
+ * working directory or from the build tree (<repo>/build/bin/kvo-check). */
+static const char *default_trace(char *buf, size_t n) {
+    static const char rel[] = "traces/mooncake_conversation_1000.jsonl";
+    if (access(rel, R_OK) == 0) return rel;
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (len <= 0) return NULL;
+    self[len] = '\0';
+    for (int up = 0; up < 3; up++) {
+        char *slash = strrchr(self, '/');
+        if (!slash) break;
+        *slash = '\0';
+        snprintf(buf, n, "%s/%s", self, rel);
+        if (access(buf, R_OK) == 0) return buf;
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    memset(&o, 0, sizeof(o));
+    check_cfg_defaults(&o.cfg);
+    o.worst = 10;
+    o.level = KVO_LOG_WARN;
+    bool mutants = argc > 1 && strcmp(argv[1], "mutants") == 0;
+    if (mutants) {
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
+    int first = kvo_getopt(argc, argv, OPTIONS, on_opt, &o);
+    if (first < 0) {
+        fputs(USAGE, stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (first < argc) {
+        fprintf(stderr, "kvo-check: unexpected argument '%s' (see --help)\n",
+                argv[first]);
+        return KVO_EXIT_USAGE;
+    }
+    kvo_log_init("kvo-check", o.level);
+    kvo_signals_init();
+    check_cfg *c = &o.cfg;
+    c->progress = !o.no_progress && isatty(STDERR_FILENO);
+
+    if (mutants) {
+        /* A scenario that can observe every mutant: several workers, dp 2,
+         * a cache small enough to evict, engine hashes verified. */
+        char buf[PATH_MAX + 64];
+        c->spawn = true;
+        c->engines = NULL;
+        c->verify_engine_hash = true;
+        c->progress = false;
+        if (!o.workers_set) c->workers = 2;
+        if (!o.dp_set) c->dp_size = 2;
+        if (!o.blocks_set) c->num_gpu_blocks = 8192;
+        if (!o.limit_set) c->limit = 120;
+        if (!c->trace) c->trace = default_trace(buf, sizeof(buf));
+        if (!c->trace) {
+            fprintf(stderr, "kvo-check: no --trace given and "
+                            "traces/mooncake_conversation_1000.jsonl not "
+                            "found\n");
+            return KVO_EXIT_USAGE;
+        }
+        kvo_info("kvo-check %s mutants: trace %s limit %llu workers %u dp %u "
+                 "gpu blocks %llu", KVO_VERSION, c->trace,
+                 (unsigned long long)c->limit, c->workers, c->dp_size,
+                 (unsigned long long)c->num_gpu_blocks);
+        bool ok = false;
+        kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
+        if (st != KVO_OK) {
+            fprintf(stderr, "kvo-check: mutants: %s\n",
+                    st == KVO_EAGAIN ? "interrupted" : kvo_strerror(st));
+            return KVO_EXIT_USAGE;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvo-check: mutants: some mutant did not behave "
+                            "as expected (BAD rows above)\n");
+            return KVO_EXIT_FAIL;
+        }
+        printf("every mutant behaved as expected\n");
+        return KVO_EXIT_OK;
+    }
+
+    if (!c->spawn && !c->engines) {
+        fprintf(stderr, "kvo-check: give --spawn or --engines URL,... (see "
+                        "--help)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->spawn && c->engines) {
+        fprintf(stderr, "kvo-check: --spawn and --engines exclude each "
+                        "other\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (!c->trace) {
+        fprintf(stderr, "kvo-check: --trace FILE is required\n");
+        return KVO_EXIT_USAGE;
+    }
+    kvo_info("kvo-check %s: trace %s limit %llu %s", KVO_VERSION, c->trace,
+             (unsigned long long)c->limit,
+             c->spawn ? "spawn" : c->engines);
+
+    check_result res;
+    check_result_init(&res);
+    char err[600] = "";
+    kvo_status st = check_run(c, &res, err, sizeof(err));
+    int code;
+    if (st != KVO_OK) {
+        fprintf(stderr, "kvo-check: %s\n", err[0] ? err : kvo_strerror(st));
+        code = KVO_EXIT_USAGE;
+    } else {
+        if (!o.quiet) check_report_summary(stdout, &res, o.worst);
+        if (c->report_json) printf("JSON report: %s\n", c->report_json);
+        if (c->report_html) printf("HTML report: %s\n", c->report_html);
+        fflush(stdout);
+        if (res.verdict.pass) {
+            code = KVO_EXIT_OK;
+        } else {
+            fprintf(stderr, "kvo-check: FAIL: %s\n", res.verdict.cause);
+            code = KVO_EXIT_FAIL;
+        }
+    }
+    check_result_fini(&res);
+    return code;
+}

@@ -1,0 +1,116 @@
+/* check_mutants.c -- `kvo-check mutants`: the check once per encoder mutant
+ * of kvo-mocker (DESIGN §9), in a scenario where each can be observed, and
+ * a matrix of expected vs observed.
+ *
+ * The catalog (names, expected outcome, one-line description) is the
+ * mocker's own (mock_mutations()), so the two never disagree. A baseline run
+ * without any mutant comes first: if it fails, the matrix means nothing.
+ * Killed mutants run with fail-fast (the first divergence or tripped
+ * counter ends the run); benign ones run the whole shortened trace.
+ */
+#include "check.h"
+#include "mock.h"
+
+#include <string.h>
+
+const check_mutant *check_mutants(size_t *n) {
+    static check_mutant list[MOCK_MUT_COUNT];
+    static bool filled;
+    if (!filled) {
+        const mock_mutation_info *m = mock_mutations();
+        for (size_t i = 0; i < MOCK_MUT_COUNT; i++) {
+            list[i].name = m[i].name;
+            list[i].killed = m[i].killed;
+            list[i].what = m[i].what;
+        }
+        filled = true;
+    }
+    *n = MOCK_MUT_COUNT;
+    return list;
+}
+
+static bool wanted(const char *only, const char *name) {
+    if (!only || !*only) return true;
+    size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return false;
+}
+
+/* One row: run, then print. Returns whether it behaved as expected. */
+static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
+                kvo_status *setup) {
+    check_cfg cfg = *base;
+    cfg.mutate = name;
+    cfg.fail_fast = killed;
+    cfg.report_json = NULL;
+    cfg.report_html = NULL;
+    cfg.progress = false;
+    cfg.discard_logs = killed; /* an expected FAIL needs no logs */
+    check_result res;
+    check_result_init(&res);
+    char err[512] = "";
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = check_run(&cfg, &res, err, sizeof(err));
+    double s = (double)(kvo_now_ns() - t0) / 1e9;
+    bool ok;
+    const char *observed;
+    char how[480];
+    if (st != KVO_OK) {
+        ok = false;
+        observed = "error";
+        snprintf(how, sizeof(how), "setup: %s", err);
+        *setup = st;
+    } else {
+        observed = res.verdict.pass ? "passed" : "killed";
+        ok = res.verdict.pass != killed;
+        if (res.verdict.pass)
+            snprintf(how, sizeof(how), "%zu prompts, no divergence, no "
+                                       "rejected event", res.n_prompts);
+        else
+            snprintf(how, sizeof(how), "%s", res.verdict.cause);
+    }
+    fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %.300s\n", name ? name : "(none)",
+            killed ? "killed" : "benign", observed, ok ? "ok" : "BAD", s, how);
+    fflush(f);
+    check_result_fini(&res);
+    return ok;
+}
+
+kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
+                             bool *ok) {
+    size_t n;
+    const check_mutant *m = check_mutants(&n);
+    if (only && *only) { /* every name must exist */
+        char *list = kvo_strdup(only);
+        if (!list) return KVO_ENOMEM;
+        char *save = NULL;
+        for (char *p = strtok_r(list, ",", &save); p;
+             p = strtok_r(NULL, ",", &save)) {
+            size_t i;
+            for (i = 0; i < n && strcmp(m[i].name, p) != 0; i++) {}
+            if (i == n && strcmp(p, "none") != 0) {
+                fprintf(stderr, "kvo-check: unknown mutant '%s'\n", p);
+                kvo_free(list);
+                return KVO_EINVAL;
+            }
+        }
+        kvo_free(list);
+    }
+    fprintf(f, "%-18s %-8s %-8s %-4s %6s  %s\n", "mutant", "expected",
+            "observed", "", "time", "how (first cause)");
+    kvo_status setup = KVO_OK;
+    *ok = one(base, NULL, false, f, &setup);
+    if (setup != KVO_OK) return setup; /* nothing runs: say so once */
+    for (size_t i = 0; i < n && !kvo_stop; i++) {
+        if (!wanted(only, m[i].name)) continue;
+        *ok &= one(base, m[i].name, m[i].killed, f, &setup);
+    }
+    if (kvo_stop) return KVO_EAGAIN;
+    return KVO_OK;
+}

@@ -1,0 +1,613 @@
+/* check_run.c -- the lockstep driver (DESIGN §9).
+ *
+ * For request i of the trace, one at a time, each to completion:
+ *
+ *   sync      exact (kvo-mocker + our relays): every dirty engine's
+ *             /kvo/state gives each rank's last published ZMQ seq; poll the
+ *             indexer's /watermark until, for every publishing rank,
+ *             last_seq <= zmq_seq_last of the publisher id we gave that
+ *             rank's relay. Deadline --timeout-ms -> FAIL "watermark
+ *             timeout" (never a hang). Otherwise: the indexer's /watermark
+ *             unchanged for --settle-ms.
+ *   counters  indexer /metrics, and /metrics of the relays whose engine got
+ *             a request since the last read; what moved since request i-1.
+ *   query     router hashes of the prompt -> POST /query_by_hash.
+ *   probe     POST /kvo/probe on every publishing kvo-mocker.
+ *   send      the policy picks a slot: round-robin (request i -> worker
+ *             i mod N, rank (i div N) mod D) or kv (highest index score,
+ *             ties to the least-used slot, then the lowest); POST
+ *             /v1/completions with max_tokens = output_length (disaggregated:
+ *             max_tokens 1 to the prefill worker, then the whole request
+ *             with its kv_transfer_params to a decode worker, round-robin).
+ *   judge     check_result_add -> JSON line, progress bar.
+ *
+ * After the last request: a final sync and a read of every counter (also
+ * each engine's /kvo/state counters), the verdict, the reports.
+ */
+#include "check_int.h"
+#include "wire.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void check_cfg_defaults(check_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    c->workers = 4;
+    c->dp_size = 1;
+    c->block_size = 16;
+    c->hash_algo = "sha256";
+    c->hash_seed = "0";
+    c->seed = 0;
+    c->drop_seq = -1;
+    c->relay_restart_at = -1;
+    c->settle_ms = 500;
+    c->timeout_ms = 30000;
+    c->policy = CHECK_POLICY_ROUND_ROBIN;
+    c->prompt_form = CHECK_FORM_AUTO;
+}
+
+typedef struct run {
+    const check_cfg *cfg;
+    chk_env env;
+    check_trace trace;
+    check_result *res;
+    FILE *json;
+    uint32_t n_slots;
+    kvo_buf tokens;      /* u64 prompt tokens */
+    kvo_buf pjson;       /* the prompt as JSON (trace object or tokens) */
+    uint64_t *hashes;    /* router hashes of the prompt's full blocks */
+    size_t hashes_cap;
+    uint32_t *scores;    /* per slot */
+    int32_t *probes;     /* per slot */
+    uint64_t *used;      /* requests sent per slot */
+    uint64_t decode_rr;
+    bool trace_form;
+    check_counters prev, cur, moved;
+    chk_watermark wm;
+    char err[512];
+} run;
+
+static double secs(uint64_t t0) {
+    return (double)(kvo_now_ns() - t0) / 1e9;
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- sync -----------------------------------------------------------------*/
+
+/* Every publishing rank's last seq is covered by its relay's watermark?
+ * Writes the first one that is not into why. */
+static bool watermark_covers(run *r, char *why, size_t whysz) {
+    for (uint32_t i = 0; i < r->env.n_workers; i++) {
+        chk_engine *e = &r->env.engines[i];
+        for (uint32_t k = 0; k < e->n_ranks; k++) {
+            chk_rank *rk = &e->ranks[k];
+            if (rk->last_seq < 0 || rk->relay < 0) continue;
+            uint64_t pub = r->env.relays[rk->relay].publisher_id;
+            int64_t have = chk_watermark_get(&r->wm, pub, NULL);
+            if (have < rk->last_seq) {
+                snprintf(why, whysz, "engine %u rank %u published seq %lld, "
+                                     "the index has %lld from its relay "
+                                     "(publisher %" PRIu64 ")",
+                         i, rk->dp_rank, (long long)rk->last_seq,
+                         (long long)have, pub);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
+ * other: setup/transport error (r->err). */
+static kvo_status sync_exact(run *r, int64_t before) {
+    for (uint32_t i = 0; i < r->env.n_workers; i++) {
+        chk_engine *e = &r->env.engines[i];
+        if (!e->dirty) continue;
+        kvo_status st = chk_engine_state(e, r->err, sizeof(r->err));
+        if (st != KVO_OK) return st;
+    }
+    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    char why[320] = "";
+    for (long wait = 20;; wait = wait < 1000 ? wait * 2 : 1000) {
+        kvo_status st = chk_index_watermark(&r->env, &r->wm, r->err,
+                                            sizeof(r->err));
+        if (st != KVO_OK) return st;
+        if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
+        if (kvo_stop) return KVO_EAGAIN;
+        char dead[600];
+        if (chk_env_dead(&r->env, dead, sizeof(dead))) {
+            check_result_error(r->res, before, "before prompt %lld: %s",
+                               (long long)before, dead);
+            return KVO_ETIMEDOUT;
+        }
+        if (kvo_now_ns() > deadline) {
+            if (before >= 0)
+                check_result_error(r->res, before,
+                                   "watermark timeout before prompt %lld "
+                                   "(%ld ms): %s",
+                                   (long long)before, r->cfg->timeout_ms, why);
+            else
+                check_result_error(r->res, before,
+                                   "watermark timeout after the last prompt "
+                                   "(%ld ms): %s",
+                                   r->cfg->timeout_ms, why);
+            return KVO_ETIMEDOUT;
+        }
+        sleep_us(wait);
+    }
+}
+
+/* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
+static kvo_status sync_settle(run *r, int64_t before) {
+    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    kvo_buf last;
+    kvo_buf_init(&last);
+    uint64_t quiet_since = kvo_now_ns();
+    kvo_status st = KVO_OK;
+    for (;;) {
+        st = chk_index_watermark(&r->env, &r->wm, r->err, sizeof(r->err));
+        if (st != KVO_OK) break;
+        if (last.len != r->wm.raw.len ||
+            memcmp(last.data ? last.data : (uint8_t *)"",
+                   r->wm.raw.data ? r->wm.raw.data : (uint8_t *)"",
+                   last.len) != 0) {
+            kvo_buf_reset(&last);
+            if ((st = kvo_buf_append(&last, r->wm.raw.data, r->wm.raw.len)) !=
+                KVO_OK)
+                break;
+            quiet_since = kvo_now_ns();
+        }
+        if (kvo_now_ns() - quiet_since >=
+            (uint64_t)r->cfg->settle_ms * 1000000)
+            break;
+        if (kvo_stop) {
+            st = KVO_EAGAIN;
+            break;
+        }
+        if (kvo_now_ns() > deadline) {
+            check_result_error(r->res, before,
+                               "the index never settled for %ld ms within "
+                               "%ld ms before prompt %lld",
+                               r->cfg->settle_ms, r->cfg->timeout_ms,
+                               (long long)before);
+            st = KVO_ETIMEDOUT;
+            break;
+        }
+        sleep_us(10000);
+    }
+    kvo_buf_fini(&last);
+    return st;
+}
+
+static kvo_status sync_index(run *r, int64_t before) {
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = r->env.exact ? sync_exact(r, before)
+                                 : sync_settle(r, before);
+    r->res->stage_s[CHECK_STAGE_SYNC] += secs(t0);
+    return st;
+}
+
+/* ---- counters ---------------------------------------------------------------*/
+
+static kvo_status read_counters(run *r, int64_t before, bool all) {
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = chk_counters_indexer(&r->env, &r->cur, r->err,
+                                         sizeof(r->err));
+    for (uint32_t i = 0; i < r->env.n_relays && st == KVO_OK; i++) {
+        chk_relay *rl = &r->env.relays[i];
+        if (rl->retired || (!all && !rl->dirty)) continue;
+        st = chk_counters_relay(rl, &r->cur, r->err, sizeof(r->err));
+        rl->dirty = false;
+    }
+    if (st == KVO_OK) st = check_counters_moved(&r->moved, &r->prev, &r->cur);
+    if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
+    if (st == KVO_OK) st = check_result_trips(r->res, &r->cur, before);
+    r->res->stage_s[CHECK_STAGE_COUNTERS] += secs(t0);
+    return st;
+}
+
+/* ---- one request -------------------------------------------------------------*/
+
+/* The prompt: tokens (always: the router hashes need them) and its JSON. */
+static kvo_status build_prompt(run *r, const check_request *q, size_t *nb) {
+    kvo_status st = check_request_tokens(q, &r->tokens);
+    if (st != KVO_OK) return st;
+    const uint64_t *tok = (const uint64_t *)r->tokens.data;
+    size_t n = q->input_length;
+    size_t blocks = n / r->env.block_size;
+    if (blocks > r->hashes_cap) {
+        uint64_t *h = kvo_realloc(r->hashes, blocks * sizeof(*h));
+        if (!h) return KVO_ENOMEM;
+        r->hashes = h;
+        r->hashes_cap = blocks;
+    }
+    *nb = wire_router_hash_blocks(tok, n, r->env.block_size, WIRE_ROUTER_SEED,
+                                  r->hashes);
+    kvo_buf_reset(&r->pjson);
+    if (r->trace_form) {
+        st = kvo_buf_append(&r->pjson, "{\"hash_ids\":[", 13);
+        for (uint32_t i = 0; i < q->n_hash_ids && st == KVO_OK; i++)
+            st = kvo_buf_printf(&r->pjson, i ? ",%" PRIu64 : "%" PRIu64,
+                                q->hash_ids[i]);
+        if (st == KVO_OK)
+            st = kvo_buf_printf(&r->pjson, "],\"input_length\":%u}",
+                                q->input_length);
+    } else {
+        st = kvo_buf_reserve(&r->pjson, n * 7 + 2);
+        if (st == KVO_OK) st = kvo_buf_append(&r->pjson, "[", 1);
+        for (size_t i = 0; i < n && st == KVO_OK; i++)
+            st = kvo_buf_printf(&r->pjson, i ? ",%" PRIu64 : "%" PRIu64,
+                                tok[i]);
+        if (st == KVO_OK) st = kvo_buf_append(&r->pjson, "]", 1);
+    }
+    return st;
+}
+
+static uint32_t choose_slot(run *r, uint64_t i) {
+    uint32_t nw = r->env.n_workers, dp = r->env.dp_size;
+    if (r->cfg->policy == CHECK_POLICY_ROUND_ROBIN) {
+        uint32_t w = (uint32_t)(i % nw);
+        uint32_t k = (uint32_t)((i / nw) % dp);
+        return w * dp + k;
+    }
+    uint32_t best = 0;
+    for (uint32_t s = 1; s < r->n_slots; s++) {
+        if (r->scores[s] != r->scores[best]) {
+            if (r->scores[s] > r->scores[best]) best = s;
+        } else if (r->used[s] < r->used[best]) {
+            best = s;
+        }
+    }
+    return best;
+}
+
+/* KVO_OK: prompt judged (or a run error recorded and the run must stop:
+ * *stop); other: a setup/transport error in r->err. */
+static kvo_status do_request(run *r, uint64_t i, const check_request *q,
+                             bool *stop) {
+    uint64_t t_start = kvo_now_ns();
+    int64_t id = (int64_t)q->line;
+    kvo_status st;
+    *stop = false;
+
+    if (r->cfg->relay_restart_at >= 0 &&
+        (uint64_t)r->cfg->relay_restart_at == i) {
+        st = chk_relay_restart(&r->env, 0, 0, &r->cur, r->err,
+                               sizeof(r->err));
+        if (st != KVO_OK) return st;
+        check_counters_copy(&r->prev, &r->cur);
+        st = sync_index(r, id);
+        if (st == KVO_ETIMEDOUT) {
+            *stop = true;
+            return KVO_OK;
+        }
+        if (st != KVO_OK) return st;
+    }
+    if ((st = read_counters(r, id, i == 0)) != KVO_OK) return st;
+
+    uint64_t t0 = kvo_now_ns();
+    size_t nb = 0;
+    if ((st = build_prompt(r, q, &nb)) != KVO_OK) return st;
+    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+
+    t0 = kvo_now_ns();
+    st = chk_index_query(&r->env, r->hashes, nb, r->scores, r->err,
+                         sizeof(r->err));
+    r->res->stage_s[CHECK_STAGE_QUERY] += secs(t0);
+    if (st != KVO_OK) return st;
+
+    t0 = kvo_now_ns();
+    bool probed = false;
+    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
+    chk_prompt p = {.req = q, .trace_form = r->trace_form,
+                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
+    for (uint32_t w = 0; w < r->env.n_workers; w++) {
+        chk_engine *e = &r->env.engines[w];
+        if (!e->mocker) continue;
+        int32_t hits[CHK_MAX_DP];
+        st = chk_engine_probe(e, &p, r->env.block_size, hits, r->err,
+                              sizeof(r->err));
+        if (st != KVO_OK) return st;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            r->probes[e->ranks[k].slot] = hits[k];
+        probed = true;
+    }
+    r->res->stage_s[CHECK_STAGE_PROBE] += secs(t0);
+
+    uint32_t slot = choose_slot(r, i);
+    uint32_t dp = r->env.dp_size;
+    chk_engine *e = &r->env.engines[slot / dp];
+    uint32_t rank = slot % dp;
+    bool disagg = r->env.n_decode > 0;
+    t0 = kvo_now_ns();
+    chk_completion c;
+    st = chk_engine_complete(e, r->env.model, &p,
+                             disagg ? 1 : q->output_length,
+                             (e->mocker || dp > 1) ? (int)rank : -1, NULL, &c,
+                             r->err, sizeof(r->err));
+    if (st == KVO_OK && disagg) {
+        chk_engine *d =
+            &r->env.engines[r->env.n_workers +
+                            (uint32_t)(r->decode_rr++ % r->env.n_decode)];
+        chk_completion dc;
+        st = chk_engine_complete(d, r->env.model, &p, q->output_length, -1,
+                                 c.kv_transfer_params ? c.kv_transfer_params
+                                                      : "{}",
+                                 &dc, r->err, sizeof(r->err));
+        kvo_free(dc.kv_transfer_params);
+    }
+    kvo_free(c.kv_transfer_params);
+    r->res->stage_s[CHECK_STAGE_COMPLETE] += secs(t0);
+    if (st != KVO_OK) return st;
+    r->used[slot]++;
+    e->dirty = true;
+    for (uint32_t k = 0; k < r->env.n_relays; k++)
+        if (r->env.relays[k].engine == slot / dp) r->env.relays[k].dirty = true;
+
+    /* the engine must have seen the prompt we meant */
+    if (c.prompt_tokens >= 0 && c.prompt_tokens != q->input_length) {
+        check_result_error(r->res, id, "prompt %lld: the engine counted %lld "
+                                       "prompt tokens, the trace has %u",
+                           (long long)id, (long long)c.prompt_tokens,
+                           q->input_length);
+        *stop = true;
+        return KVO_OK;
+    }
+    if (c.dp_rank >= 0 && c.dp_rank != (int64_t)rank) {
+        check_result_error(r->res, id, "prompt %lld: sent to rank %u, the "
+                                       "engine ran it on rank %lld",
+                           (long long)id, rank, (long long)c.dp_rank);
+        *stop = true;
+        return KVO_OK;
+    }
+    if (c.cached_tokens < 0 && !probed) {
+        check_result_error(r->res, id, "prompt %lld: the engine reports no "
+                                       "usage.prompt_tokens_details."
+                                       "cached_tokens (vLLM: start it with "
+                                       "--enable-prompt-tokens-details)",
+                           (long long)id);
+        *stop = true;
+        return KVO_OK;
+    }
+
+    t0 = kvo_now_ns();
+    check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
+                   .block_size = r->env.block_size, .n_slots = r->n_slots,
+                   .dp_size = dp, .chosen = slot,
+                   .index_scores = r->scores,
+                   .probe_hits = probed ? r->probes : NULL,
+                   .cached_tokens = c.cached_tokens, .moved = &r->moved,
+                   .total = &r->cur, .ms = secs(t_start) * 1000};
+    const check_prompt *pr = NULL;
+    if ((st = check_result_add(r->res, &o, &pr)) != KVO_OK) return st;
+    if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK) {
+        snprintf(r->err, sizeof(r->err), "cannot write %s",
+                 r->cfg->report_json);
+        return KVO_EIO;
+    }
+    if (pr->diverged)
+        kvo_debug("prompt %llu diverged: %s: %s", (unsigned long long)pr->id,
+                  check_reason_name(pr->reason), pr->detail);
+    if (r->cfg->fail_fast && (pr->diverged || r->res->n_trips)) *stop = true;
+    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+    return KVO_OK;
+}
+
+/* ---- the run -------------------------------------------------------------------*/
+
+static void describe(run *r) {
+    const check_cfg *c = r->cfg;
+    char blocks[32] = "default";
+    if (c->num_gpu_blocks)
+        snprintf(blocks, sizeof(blocks), "%llu",
+                 (unsigned long long)c->num_gpu_blocks);
+    snprintf(r->res->config, sizeof(r->res->config),
+             "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s policy=%s "
+             "hash=%s format=%s mutate=%s prompts=%s%s%s%s watermark=%s",
+             c->spawn ? "spawn" : "attach", r->env.n_workers,
+             r->env.n_decode ? "+decode" : "", r->env.dp_size,
+             r->env.block_size, blocks,
+             c->policy == CHECK_POLICY_KV ? "kv" : "round-robin", c->hash_algo,
+             c->event_format ? c->event_format : "map",
+             c->mutate && *c->mutate ? c->mutate : "none",
+             r->trace_form ? "trace" : "tokens",
+             c->no_replay ? " no-replay" : "",
+             c->drop_seq >= 0 ? " drop-seq" : "",
+             c->relay_restart_at >= 0 ? " relay-restart" : "",
+             r->env.exact ? "exact" : "settle");
+}
+
+static void progress(run *r, uint64_t done, uint64_t total, uint64_t t_run,
+                     uint64_t *last) {
+    if (!r->cfg->progress) return;
+    uint64_t now = kvo_now_ns();
+    if (done != total && now - *last < 100000000ull) return;
+    *last = now;
+    check_report_progress(stderr, r->res, done, total, secs(t_run));
+    if (done == total) fputc('\n', stderr);
+}
+
+static kvo_status write_reports(run *r) {
+    kvo_status st = KVO_OK;
+    if (r->json) {
+        if (check_report_json_summary(r->json, r->res) != KVO_OK) st = KVO_EIO;
+        if (fclose(r->json) != 0) st = KVO_EIO;
+        r->json = NULL;
+    }
+    if (r->cfg->report_html) {
+        FILE *f = fopen(r->cfg->report_html, "w");
+        if (!f || check_report_html(f, r->res) != KVO_OK) st = KVO_EIO;
+        if (f && fclose(f) != 0) st = KVO_EIO;
+    }
+    return st;
+}
+
+kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
+                     size_t errsz) {
+    run r;
+    memset(&r, 0, sizeof(r));
+    r.cfg = cfg;
+    r.res = out;
+    kvo_buf_init(&r.tokens);
+    kvo_buf_init(&r.pjson);
+    check_counters_init(&r.prev);
+    check_counters_init(&r.cur);
+    check_counters_init(&r.moved);
+    bool env_up = false, failed_setup = true;
+    kvo_status st;
+    uint64_t t_all = kvo_now_ns();
+
+    if (!cfg->trace) {
+        snprintf(err, errsz, "--trace FILE is required");
+        st = KVO_EINVAL;
+        goto done;
+    }
+    if (cfg->block_size == 0 || cfg->dp_size == 0 || cfg->dp_size > CHK_MAX_DP ||
+        (cfg->spawn && (cfg->workers == 0 || cfg->workers +
+                                                     cfg->decode_workers >
+                                                 CHK_MAX_ENGINES))) {
+        snprintf(err, errsz, "bad sizes: workers 1..%d, dp size 1..%d, block "
+                             "size > 0", CHK_MAX_ENGINES, CHK_MAX_DP);
+        st = KVO_EINVAL;
+        goto done;
+    }
+    st = check_trace_load(&r.trace, cfg->trace, cfg->limit, r.err,
+                          sizeof(r.err));
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "%s", r.err);
+        goto done;
+    }
+    if (r.trace.rejected)
+        kvo_warn("%llu malformed trace lines skipped (first: %s)",
+                 (unsigned long long)r.trace.rejected, r.err);
+    if (r.trace.n == 0) {
+        snprintf(err, errsz, "%s: no request in the trace", cfg->trace);
+        st = KVO_EINVAL;
+        goto done;
+    }
+    if (cfg->report_json) {
+        r.json = fopen(cfg->report_json, "w");
+        if (!r.json) {
+            snprintf(err, errsz, "cannot write %s", cfg->report_json);
+            st = KVO_EIO;
+            goto done;
+        }
+    }
+    st = chk_env_start(&r.env, cfg, r.err, sizeof(r.err));
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "%s", kvo_stop ? "interrupted" : r.err);
+        if (kvo_stop) st = KVO_EAGAIN;
+        goto done;
+    }
+    env_up = true;
+    r.trace_form = cfg->prompt_form == CHECK_FORM_TRACE ||
+                   (cfg->prompt_form == CHECK_FORM_AUTO &&
+                    r.env.engines[0].mocker);
+    r.n_slots = r.env.n_workers * r.env.dp_size;
+    r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
+    r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
+    r.used = kvo_calloc(r.n_slots, sizeof(*r.used));
+    if (!r.scores || !r.probes || !r.used ||
+        check_result_slots(out, r.env.n_workers, r.env.dp_size,
+                           r.env.block_size) != KVO_OK) {
+        st = KVO_ENOMEM;
+        goto done;
+    }
+    out->planned = r.trace.n;
+    describe(&r);
+    kvo_info("%s", out->config);
+    kvo_info("trace %s: %zu requests; logs in %s", cfg->trace, r.trace.n,
+             r.env.log_dir);
+    failed_setup = false;
+
+    uint64_t t_run = kvo_now_ns(), last_bar = 0;
+    for (uint32_t i = 0; i < r.env.n_workers; i++) r.env.engines[i].dirty = true;
+    bool stopped = false;
+    for (size_t i = 0; i < r.trace.n && !stopped; i++) {
+        if (kvo_stop) break;
+        const check_request *q = &r.trace.reqs[i];
+        st = sync_index(&r, (int64_t)q->line);
+        if (st == KVO_ETIMEDOUT) break;
+        if (st != KVO_OK) goto transport;
+        st = do_request(&r, i, q, &stopped);
+        if (st != KVO_OK) goto transport;
+        progress(&r, i + 1, r.trace.n, t_run, &last_bar);
+    }
+    if (kvo_stop) {
+        snprintf(err, errsz, "interrupted");
+        st = KVO_EAGAIN;
+        goto done;
+    }
+    /* the events of the last request count too */
+    if (!out->error[0]) {
+        st = sync_index(&r, -1);
+        if (st != KVO_OK && st != KVO_ETIMEDOUT) goto transport;
+    }
+    st = KVO_OK;
+    goto finish;
+transport:
+    if (st == KVO_EAGAIN || kvo_stop) {
+        snprintf(err, errsz, "interrupted");
+        st = KVO_EAGAIN;
+        goto done;
+    }
+    /* a part stopped answering: that is a FAIL of the run, with its cause */
+    {
+        char dead[600];
+        if (chk_env_dead(&r.env, dead, sizeof(dead)))
+            check_result_error(out, (int64_t)out->n_prompts, "%s", dead);
+        else
+            check_result_error(out, (int64_t)out->n_prompts, "%s", r.err);
+    }
+    st = KVO_OK;
+finish:
+    out->wall_s = secs(t_run);
+    {
+        char e2[320];
+        for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
+        if (read_counters(&r, -1, true) != KVO_OK)
+            kvo_warn("final counters: %s", r.err);
+        for (uint32_t i = 0; i < r.env.n_workers; i++)
+            if (r.env.engines[i].mocker &&
+                chk_engine_counters(&r.env.engines[i], &r.cur, e2,
+                                    sizeof(e2)) != KVO_OK)
+                kvo_warn("engine counters: %s", e2);
+        check_counters_copy(&out->counters, &r.cur);
+    }
+    check_verdict_decide(out, &out->verdict);
+    if (write_reports(&r) != KVO_OK) {
+        snprintf(err, errsz, "cannot write the reports");
+        st = KVO_EIO;
+    }
+done:
+    (void)t_all;
+    if (r.json) fclose(r.json);
+    if (env_up) {
+        bool keep = cfg->keep_logs ||
+                    (!cfg->discard_logs &&
+                     (failed_setup || !out->verdict.pass || st != KVO_OK));
+        /* a part that died or stalled: show why at once */
+        if (out->error[0] && st == KVO_OK) chk_env_dump_logs(&r.env, 15);
+        chk_env_stop(&r.env, keep);
+    }
+    check_trace_fini(&r.trace);
+    kvo_buf_fini(&r.tokens);
+    kvo_buf_fini(&r.pjson);
+    kvo_free(r.hashes);
+    kvo_free(r.scores);
+    kvo_free(r.probes);
+    kvo_free(r.used);
+    chk_watermark_fini(&r.wm);
+    check_counters_fini(&r.prev);
+    check_counters_fini(&r.cur);
+    check_counters_fini(&r.moved);
+    return st;
+}

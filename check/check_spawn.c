@@ -1,0 +1,855 @@
+/* check_spawn.c -- the processes of a check: start (or attach to) them,
+ * wait until each is ready, restart a relay, stop them all.
+ *
+ * Start order, so that nothing published is missed:
+ *   nats-server -> kvo-indexer (subscribed once /health answers)
+ *   -> kvo-mocker x N (discovery: /kvo/event_sources)
+ *   -> kvo-relay per (engine, rank) with --replay-from 0: the relay first
+ *      publishes `cleared` (so the indexer lists its publisher id: proof
+ *      that relay -> NATS -> indexer works) and replays from 0; ready when
+ *      its /stats shows every source live.
+ * Ports: picked free (kvo_free_port) and retried when another process took
+ * one in between; ZMQ ports are picked by the mocker itself (port 0) and
+ * read back from discovery.
+ *
+ * --drop-seq N puts a forwarder between engine 0 rank 0 and its relay that
+ * drops the live batch with ZMQ sequence N (the replay endpoint stays
+ * direct, so a relay with replay recovers it and one without cannot).
+ */
+#include "check_int.h"
+#include "wire.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+enum { READY_MS = 20000, SPAWN_TRIES = 5 };
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
+                          size_t outsz) {
+    char path[PATH_MAX + 64];
+    if (bin_dir && *bin_dir) {
+        snprintf(path, sizeof(path), "%s/%s", bin_dir, name);
+        if (access(path, X_OK) == 0) {
+            snprintf(out, outsz, "%s", path);
+            return KVO_OK;
+        }
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(path, sizeof(path), "%s/%s", self, name);
+            if (access(path, X_OK) == 0) {
+                snprintf(out, outsz, "%s", path);
+                return KVO_OK;
+            }
+        }
+    }
+    return kvo_find_exe(name, out, outsz);
+}
+
+/* ---- The drop-seq forwarder --------------------------------------------- */
+
+struct chk_proxy {
+    void *ctx;
+    void *sub, *xpub;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    atomic_bool subscribed; /* the relay's SUB reached us */
+    atomic_ulong forwarded, dropped;
+    uint64_t drop_seq;
+    char endpoint[128];     /* where the relay connects */
+};
+
+static void *proxy_main(void *arg) {
+    chk_proxy *p = arg;
+    zmq_pollitem_t items[2] = {{p->sub, 0, ZMQ_POLLIN, 0},
+                               {p->xpub, 0, ZMQ_POLLIN, 0}};
+    zmq_msg_t frames[8];
+    while (!atomic_load(&p->stop)) {
+        if (zmq_poll(items, 2, 50) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (items[1].revents & ZMQ_POLLIN) { /* subscription messages */
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, p->xpub, ZMQ_DONTWAIT) >= 0 &&
+                zmq_msg_size(&m) > 0 &&
+                ((const uint8_t *)zmq_msg_data(&m))[0] == 1)
+                atomic_store(&p->subscribed, true);
+            zmq_msg_close(&m);
+        }
+        if (!(items[0].revents & ZMQ_POLLIN)) continue;
+        for (;;) { /* drain: one multipart message at a time */
+            int nf = 0, more = 1;
+            bool ok = true;
+            while (more) {
+                if (nf == 8) { /* not a KV-event message: drop the rest */
+                    zmq_msg_t skip;
+                    zmq_msg_init(&skip);
+                    zmq_msg_recv(&skip, p->sub, 0);
+                    more = zmq_msg_more(&skip);
+                    zmq_msg_close(&skip);
+                    ok = false;
+                    continue;
+                }
+                zmq_msg_init(&frames[nf]);
+                if (zmq_msg_recv(&frames[nf], p->sub,
+                                 nf == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+                    zmq_msg_close(&frames[nf]);
+                    break;
+                }
+                more = zmq_msg_more(&frames[nf]);
+                nf++;
+            }
+            if (nf == 0) break;
+            bool drop = false;
+            if (ok && nf == 3 && zmq_msg_size(&frames[1]) == 8) {
+                uint64_t seq;
+                if (wire_seq_get(zmq_msg_data(&frames[1]), 8, &seq) ==
+                        KVO_OK &&
+                    seq == p->drop_seq)
+                    drop = true;
+            }
+            for (int i = 0; i < nf; i++) {
+                if (ok && !drop)
+                    zmq_msg_send(&frames[i], p->xpub,
+                                 i + 1 < nf ? ZMQ_SNDMORE : 0);
+                zmq_msg_close(&frames[i]);
+            }
+            if (drop)
+                atomic_fetch_add(&p->dropped, 1);
+            else if (ok)
+                atomic_fetch_add(&p->forwarded, 1);
+        }
+    }
+    return NULL;
+}
+
+static void proxy_free(chk_proxy *p) {
+    if (!p) return;
+    if (p->started) {
+        atomic_store(&p->stop, true);
+        pthread_join(p->thread, NULL);
+    }
+    if (p->sub) zmq_close(p->sub);
+    if (p->xpub) zmq_close(p->xpub);
+    if (p->ctx) zmq_ctx_term(p->ctx);
+    kvo_free(p);
+}
+
+static kvo_status proxy_new(chk_proxy **out, const char *upstream,
+                            const char *topic, uint64_t drop_seq, char *err,
+                            size_t errsz) {
+    chk_proxy *p = kvo_calloc(1, sizeof(*p));
+    if (!p) return KVO_ENOMEM;
+    p->drop_seq = drop_seq;
+    int linger = 0, hwm = 0;
+    size_t len = sizeof(p->endpoint);
+    p->ctx = zmq_ctx_new();
+    if (!p->ctx) goto fail;
+    p->sub = zmq_socket(p->ctx, ZMQ_SUB);
+    p->xpub = zmq_socket(p->ctx, ZMQ_XPUB);
+    if (!p->sub || !p->xpub) goto fail;
+    zmq_setsockopt(p->sub, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(p->xpub, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(p->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(p->xpub, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    if (zmq_setsockopt(p->sub, ZMQ_SUBSCRIBE, topic, strlen(topic)) != 0 ||
+        zmq_connect(p->sub, upstream) != 0 ||
+        zmq_bind(p->xpub, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(p->xpub, ZMQ_LAST_ENDPOINT, p->endpoint, &len) != 0)
+        goto fail;
+    if (pthread_create(&p->thread, NULL, proxy_main, p) != 0) goto fail;
+    p->started = true;
+    *out = p;
+    return KVO_OK;
+fail:
+    snprintf(err, errsz, "drop-seq forwarder: %s", zmq_strerror(zmq_errno()));
+    proxy_free(p);
+    return KVO_ENET;
+}
+
+/* ---- Processes ------------------------------------------------------------ */
+
+static void log_path(const chk_env *env, const char *file, char *out,
+                     size_t outsz) {
+    snprintf(out, outsz, "%s/%s", env->log_dir, file);
+}
+
+/* argv builder */
+typedef struct args {
+    char *v[64];
+    char store[64][192];
+    int n;
+} args;
+
+static void arg(args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(args *a, const char *fmt, ...) {
+    if (a->n >= 63) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->store[a->n], sizeof(a->store[a->n]), fmt, ap);
+    va_end(ap);
+    a->v[a->n] = a->store[a->n];
+    a->n++;
+    a->v[a->n] = NULL;
+}
+
+/* Spawn, then wait for `ready` (an http URL, or "tcp:PORT"). On a port
+ * race (the child dies at once) the caller retries with new ports. */
+static kvo_status spawn_ready(kvo_proc *p, const char *name, args *a,
+                              const char *log, const char *ready, char *err,
+                              size_t errsz) {
+    kvo_status st = kvo_proc_spawn(p, name, a->v, log);
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "cannot start %s (%s): %s", name, a->v[0],
+                 kvo_strerror(st));
+        return st;
+    }
+    if (strncmp(ready, "tcp:", 4) == 0) {
+        uint32_t port = 0;
+        kvo_parse_u32(ready + 4, &port);
+        st = kvo_wait_tcp(p, "127.0.0.1", (uint16_t)port, READY_MS);
+    } else {
+        st = kvo_wait_http(p, ready, READY_MS);
+    }
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "%s not ready (%s): %s; log: %s", name,
+                 kvo_strerror(st),
+                 p->exited ? "it exited" : "still starting", log);
+        kvo_proc_stop(p, 2000);
+    }
+    return st;
+}
+
+static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
+    const check_cfg *c = env->cfg;
+    if (c->nats) {
+        snprintf(env->nats_url, sizeof(env->nats_url), "%s", c->nats);
+        return KVO_OK;
+    }
+    char exe[PATH_MAX];
+    if (kvo_find_exe("nats-server", exe, sizeof(exe)) != KVO_OK) {
+        snprintf(err, errsz, "nats-server not found in PATH or /usr/sbin: "
+                             "install it (apt-get install nats-server) or "
+                             "pass --nats URL");
+        return KVO_ENOTFOUND;
+    }
+    kvo_status st = KVO_ENET;
+    for (int t = 0; t < SPAWN_TRIES; t++) {
+        uint16_t port;
+        if ((st = kvo_free_port(&port)) != KVO_OK) break;
+        args a = {0};
+        arg(&a, "%s", exe);
+        arg(&a, "-a");
+        arg(&a, "127.0.0.1");
+        arg(&a, "-p");
+        arg(&a, "%u", port);
+        char log[1024], ready[32];
+        log_path(env, "nats-server.log", log, sizeof(log));
+        snprintf(ready, sizeof(ready), "tcp:%u", port);
+        st = spawn_ready(&env->nats, "nats-server", &a, log, ready, err,
+                         errsz);
+        if (st == KVO_OK) {
+            snprintf(env->nats_url, sizeof(env->nats_url),
+                     "nats://127.0.0.1:%u", port);
+            break;
+        }
+    }
+    return st;
+}
+
+static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
+    const check_cfg *c = env->cfg;
+    kvo_status st = kvo_http_client_new(&env->idx_http, c->timeout_ms);
+    if (st != KVO_OK) return st;
+    if (c->indexer) {
+        snprintf(env->indexer_url, sizeof(env->indexer_url), "%s", c->indexer);
+        size_t l = strlen(env->indexer_url);
+        if (l && env->indexer_url[l - 1] == '/') env->indexer_url[l - 1] = 0;
+        return KVO_OK;
+    }
+    char exe[PATH_MAX];
+    if (check_find_bin(env->bin_dir, "kvo-indexer", exe, sizeof(exe)) !=
+        KVO_OK) {
+        snprintf(err, errsz, "kvo-indexer not found next to kvo-check nor in "
+                             "PATH");
+        return KVO_ENOTFOUND;
+    }
+    for (int t = 0; t < SPAWN_TRIES; t++) {
+        uint16_t port;
+        if ((st = kvo_free_port(&port)) != KVO_OK) break;
+        args a = {0};
+        arg(&a, "%s", exe);
+        arg(&a, "--nats");
+        arg(&a, "%s", env->nats_url);
+        arg(&a, "--http");
+        arg(&a, "127.0.0.1:%u", port);
+        arg(&a, "--block-size");
+        arg(&a, "%u", env->block_size);
+        char log[1024], ready[96];
+        log_path(env, "kvo-indexer.log", log, sizeof(log));
+        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
+        st = spawn_ready(&env->indexer, "kvo-indexer", &a, log, ready, err,
+                         errsz);
+        if (st == KVO_OK) {
+            snprintf(env->indexer_url, sizeof(env->indexer_url),
+                     "http://127.0.0.1:%u", port);
+            break;
+        }
+    }
+    return st;
+}
+
+/* Replay buffer: the whole run must stay replayable (a restarted relay
+ * rebuilds the index from seq 0). ~40 batches per request on one rank is a
+ * generous bound for Mooncake prompts (prefill chunks + a store every 16
+ * generated tokens), spread over the ranks round-robin. */
+static uint64_t replay_buffer_for(const check_cfg *c, uint64_t requests) {
+    if (c->replay_buffer) return c->replay_buffer;
+    uint64_t b = requests * 64 + 10000;
+    return b > 4000000 ? 4000000 : b;
+}
+
+static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
+                               const char *role, uint64_t requests, char *err,
+                               size_t errsz) {
+    const check_cfg *c = env->cfg;
+    char exe[PATH_MAX];
+    if (check_find_bin(env->bin_dir, "kvo-mocker", exe, sizeof(exe)) !=
+        KVO_OK) {
+        snprintf(err, errsz, "kvo-mocker not found next to kvo-check nor in "
+                             "PATH");
+        return KVO_ENOTFOUND;
+    }
+    snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
+    kvo_status st = KVO_ENET;
+    for (int t = 0; t < SPAWN_TRIES; t++) {
+        uint16_t port;
+        if ((st = kvo_free_port(&port)) != KVO_OK) break;
+        args a = {0};
+        arg(&a, "%s", exe);
+        arg(&a, "--port");
+        arg(&a, "%u", port);
+        arg(&a, "--zmq-port");
+        arg(&a, "0");
+        arg(&a, "--replay-port");
+        arg(&a, "0");
+        arg(&a, "--speedup");
+        arg(&a, "0");
+        arg(&a, "--replay-buffer");
+        arg(&a, "%llu", (unsigned long long)replay_buffer_for(c, requests));
+        arg(&a, "--block-size");
+        arg(&a, "%u", c->block_size);
+        if (c->num_gpu_blocks) {
+            arg(&a, "--num-gpu-blocks");
+            arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
+        }
+        arg(&a, "--dp-size");
+        arg(&a, "%u", c->dp_size);
+        arg(&a, "--hash-algo");
+        arg(&a, "%s", c->hash_algo);
+        arg(&a, "--hash-seed");
+        arg(&a, "%s", c->hash_seed);
+        if (c->event_format) {
+            arg(&a, "--event-format");
+            arg(&a, "%s", c->event_format);
+        }
+        arg(&a, "--seed");
+        arg(&a, "%llu", (unsigned long long)(c->seed + index));
+        if (c->mutate && *c->mutate) {
+            arg(&a, "--mutate");
+            arg(&a, "%s", c->mutate);
+        }
+        if (role) {
+            arg(&a, "--role");
+            arg(&a, "%s", role);
+        }
+        char log[1024], ready[96], file[64];
+        snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
+        log_path(env, file, log, sizeof(log));
+        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
+        st = spawn_ready(&e->proc, e->name, &a, log, ready, err, errsz);
+        if (st == KVO_OK) {
+            snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
+            break;
+        }
+    }
+    return st;
+}
+
+static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
+                              const char *zmq_ep, char *err, size_t errsz) {
+    const check_cfg *c = env->cfg;
+    char exe[PATH_MAX];
+    if (check_find_bin(env->bin_dir, "kvo-relay", exe, sizeof(exe)) !=
+        KVO_OK) {
+        snprintf(err, errsz, "kvo-relay not found next to kvo-check nor in "
+                             "PATH");
+        return KVO_ENOTFOUND;
+    }
+    kvo_status st = KVO_ENET;
+    for (int t = 0; t < SPAWN_TRIES; t++) {
+        uint16_t port;
+        if ((st = kvo_free_port(&port)) != KVO_OK) break;
+        args a = {0};
+        arg(&a, "%s", exe);
+        arg(&a, "--zmq");
+        arg(&a, "%s", zmq_ep);
+        if (!c->no_replay && rk->replay[0]) {
+            arg(&a, "--replay");
+            arg(&a, "%s", rk->replay);
+            arg(&a, "--replay-from");
+            arg(&a, "0");
+        }
+        arg(&a, "--topic");
+        arg(&a, "%s", rk->topic);
+        arg(&a, "--nats");
+        arg(&a, "%s", env->nats_url);
+        arg(&a, "--worker-id");
+        arg(&a, "%u", env->engines[r->engine].worker_id);
+        arg(&a, "--publisher-id");
+        arg(&a, "%llu", (unsigned long long)r->publisher_id);
+        arg(&a, "--block-size");
+        arg(&a, "%u", env->block_size);
+        arg(&a, "--metrics-listen");
+        arg(&a, "127.0.0.1:%u", port);
+        if (c->verify_engine_hash) {
+            arg(&a, "--verify-engine-hash");
+            arg(&a, "%s", c->hash_algo);
+            arg(&a, "--hash-seed");
+            arg(&a, "%s", c->hash_seed);
+        }
+        char log[1024], ready[96], file[96];
+        snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
+                 r->dp_rank, (unsigned long long)r->publisher_id);
+        log_path(env, file, log, sizeof(log));
+        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
+        char name[64];
+        snprintf(name, sizeof(name), "kvo-relay[%u.%u]", r->engine,
+                 r->dp_rank);
+        st = spawn_ready(&r->proc, name, &a, log, ready, err, errsz);
+        if (st == KVO_OK) {
+            r->metrics_port = port;
+            break;
+        }
+    }
+    return st;
+}
+
+/* Ready: with --replay-from the relay's `cleared` reached the indexer (its
+ * publisher is listed) and every source is live (the replay ended). */
+static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
+                                   size_t errsz) {
+    const check_cfg *c = env->cfg;
+    const chk_engine *e = &env->engines[r->engine];
+    bool needs_cleared = false;
+    for (uint32_t k = 0; k < e->n_ranks; k++)
+        if (e->ranks[k].dp_rank == r->dp_rank)
+            needs_cleared = !c->no_replay && e->ranks[k].replay[0];
+    uint64_t deadline = kvo_now_ns() + (uint64_t)READY_MS * 1000000ull;
+    chk_watermark w;
+    memset(&w, 0, sizeof(w));
+    kvo_status st = KVO_OK;
+    for (long wait = 1;; wait = wait < 50 ? wait * 2 : 50) {
+        if (kvo_stop) {
+            st = KVO_EAGAIN;
+            break;
+        }
+        if (!kvo_proc_alive(&r->proc)) {
+            snprintf(err, errsz, "%s exited (status %d); log: %s",
+                     r->proc.name, r->proc.exit_status, r->proc.log_path);
+            st = KVO_ESTATE;
+            break;
+        }
+        bool listed = true, live = false;
+        if (needs_cleared) {
+            char e2[256];
+            if (chk_index_watermark(env, &w, e2, sizeof(e2)) == KVO_OK)
+                chk_watermark_get(&w, r->publisher_id, &listed);
+            else
+                listed = false;
+        }
+        if (listed) chk_relay_live(r, &live);
+        if (listed && live && (!env->proxy ||
+                               atomic_load(&env->proxy->subscribed)))
+            break;
+        if (kvo_now_ns() > deadline) {
+            snprintf(err, errsz, "%s not ready after %d ms (%s); log: %s",
+                     r->proc.name, READY_MS,
+                     !listed ? "its `cleared` never reached the indexer"
+                             : "its sources are not live",
+                     r->proc.log_path);
+            st = KVO_ETIMEDOUT;
+            break;
+        }
+        sleep_ms(wait);
+    }
+    chk_watermark_fini(&w);
+    return st;
+}
+
+static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
+                              char *err, size_t errsz) {
+    if (env->n_relays == env->cap_relays) {
+        uint32_t cap = env->cap_relays ? env->cap_relays * 2 : 16;
+        chk_relay *p = kvo_realloc(env->relays, cap * sizeof(*p));
+        if (!p) return KVO_ENOMEM;
+        env->relays = p;
+        env->cap_relays = cap;
+    }
+    chk_relay *r = &env->relays[env->n_relays];
+    memset(r, 0, sizeof(*r));
+    r->engine = engine;
+    r->dp_rank = env->engines[engine].ranks[rank].dp_rank;
+    r->publisher_id = env->publisher_base + env->publishers_made++;
+    r->dirty = true;
+    snprintf(r->stage, sizeof(r->stage), "relay %u.%u",
+             env->engines[engine].worker_id, r->dp_rank);
+    kvo_status st = kvo_http_client_new(&r->http, env->cfg->timeout_ms);
+    if (st != KVO_OK) return st;
+    chk_rank *rk = &env->engines[engine].ranks[rank];
+    const char *ep = rk->zmq;
+    if (env->cfg->drop_seq >= 0 && engine == 0 && rank == 0 && !env->proxy) {
+        st = proxy_new(&env->proxy, rk->zmq, rk->topic,
+                       (uint64_t)env->cfg->drop_seq, err, errsz);
+        if (st != KVO_OK) goto fail;
+    }
+    if (env->proxy && engine == 0 && rank == 0) ep = env->proxy->endpoint;
+    st = relay_spawn(env, r, rk, ep, err, errsz);
+    if (st != KVO_OK) goto fail;
+    env->n_relays++;
+    rk->relay = (int)(env->n_relays - 1);
+    st = relay_wait_ready(env, r, err, errsz);
+    return st;
+fail:
+    kvo_http_client_free(r->http);
+    r->http = NULL;
+    return st;
+}
+
+kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
+                             check_counters *counters, char *err,
+                             size_t errsz) {
+    chk_rank *rk = &env->engines[engine].ranks[rank];
+    if (rk->relay < 0) {
+        snprintf(err, errsz, "engine %u rank %u has no relay", engine, rank);
+        return KVO_EINVAL;
+    }
+    chk_relay *old = &env->relays[rk->relay];
+    /* its final counters stay in the report under a retired name */
+    if (counters) {
+        char e2[256];
+        chk_counters_relay(old, counters, e2, sizeof(e2));
+        char stage[sizeof(old->stage)];
+        snprintf(stage, sizeof(stage), "%.40s #%u", old->stage,
+                 env->publishers_made);
+        check_counters_rename_stage(counters, old->stage, stage);
+        snprintf(old->stage, sizeof(old->stage), "%s", stage);
+    }
+    kvo_info("SIGKILL %s (publisher %llu) and start a fresh relay",
+             old->proc.name, (unsigned long long)old->publisher_id);
+    kvo_proc_kill(&old->proc);
+    old->retired = true;
+    return start_relay(env, engine, rank, err, errsz);
+}
+
+/* ---- Engines ---------------------------------------------------------------*/
+
+static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
+    const check_cfg *c = env->cfg;
+    char *list = kvo_strdup(c->engines);
+    if (!list) return KVO_ENOMEM;
+    uint32_t n = 0;
+    for (char *p = list; *p; p++) n += *p == ',';
+    env->engines = kvo_calloc(n + 1, sizeof(chk_engine));
+    kvo_status st = env->engines ? KVO_OK : KVO_ENOMEM;
+    char *save = NULL;
+    for (char *u = strtok_r(list, ",", &save); u && st == KVO_OK;
+         u = strtok_r(NULL, ",", &save)) {
+        chk_engine *e = &env->engines[env->n_engines];
+        snprintf(e->url, sizeof(e->url), "%s", u);
+        size_t l = strlen(e->url);
+        while (l && e->url[l - 1] == '/') e->url[--l] = '\0';
+        snprintf(e->name, sizeof(e->name), "engine[%u]", env->n_engines);
+        e->worker_id = env->n_engines;
+        st = kvo_http_client_new(&e->http, c->timeout_ms);
+        if (st != KVO_OK) break;
+        env->n_engines++;
+    }
+    kvo_free(list);
+    if (st == KVO_OK && env->n_engines == 0) {
+        snprintf(err, errsz, "--engines lists no URL");
+        st = KVO_EINVAL;
+    }
+    return st;
+}
+
+/* Discovery of one engine: kvo-mocker tells its sources and ranks; any
+ * other engine is taken as cfg->dp_size ranks with unknown sources. */
+static kvo_status discover(chk_env *env, chk_engine *e, char *err,
+                           size_t errsz) {
+    char e2[320];
+    kvo_status st = chk_engine_sources(e, e2, sizeof(e2));
+    for (uint32_t k = 0; k < CHK_MAX_DP; k++) {
+        e->ranks[k].relay = -1;
+        e->ranks[k].last_seq = -1;
+        e->ranks[k].slot = UINT32_MAX;
+    }
+    if (st == KVO_OK) {
+        e->mocker = true;
+        if (e->n_ranks == 0) e->decode = true; /* publishes nothing */
+        return chk_engine_state(e, err, errsz);
+    }
+    if (env->cfg->spawn) {
+        snprintf(err, errsz, "%s", e2);
+        return st;
+    }
+    /* a real engine */
+    e->mocker = false;
+    e->n_ranks = env->cfg->dp_size;
+    for (uint32_t k = 0; k < e->n_ranks; k++) e->ranks[k].dp_rank = k;
+    return KVO_OK;
+}
+
+kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
+                         size_t errsz) {
+    memset(env, 0, sizeof(*env));
+    env->cfg = cfg;
+    env->block_size = cfg->block_size;
+    if (cfg->bin_dir) snprintf(env->bin_dir, sizeof(env->bin_dir), "%s",
+                               cfg->bin_dir);
+    uint64_t rnd = kvo_unix_ns() ^ ((uint64_t)getpid() << 40);
+    env->publisher_base = (rnd & 0x7fffffffull) << 20;
+    kvo_status st;
+    if (cfg->log_dir) {
+        snprintf(env->log_dir, sizeof(env->log_dir), "%s", cfg->log_dir);
+        if (mkdir(env->log_dir, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, errsz, "cannot create log dir %s: %s", env->log_dir,
+                     strerror(errno));
+            return KVO_EIO;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(env->log_dir, sizeof(env->log_dir), "%s/kvo-check-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(env->log_dir)) {
+            snprintf(err, errsz, "cannot create a log dir: %s",
+                     strerror(errno));
+            return KVO_EIO;
+        }
+        env->own_log_dir = true;
+    }
+
+    /* engines: spawned or attached */
+    uint64_t requests = cfg->limit ? cfg->limit : 20000;
+    if (cfg->spawn) {
+        env->n_engines = cfg->workers + cfg->decode_workers;
+        env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
+        if (!env->engines) return KVO_ENOMEM;
+    } else {
+        if ((st = attach_engines(env, err, errsz)) != KVO_OK) goto fail;
+    }
+    /* NATS and the indexer before any engine publishes */
+    bool need_relays = cfg->spawn || !cfg->indexer || !cfg->no_relays;
+    if (cfg->spawn || !cfg->indexer || need_relays)
+        if ((st = start_nats(env, err, errsz)) != KVO_OK) goto fail;
+    if ((st = start_indexer(env, err, errsz)) != KVO_OK) goto fail;
+
+    if (cfg->spawn) {
+        for (uint32_t i = 0; i < env->n_engines; i++) {
+            chk_engine *e = &env->engines[i];
+            e->worker_id = i;
+            const char *role = cfg->decode_workers == 0 ? NULL
+                               : i < cfg->workers       ? "prefill"
+                                                        : "decode";
+            if ((st = kvo_http_client_new(&e->http, cfg->timeout_ms)) !=
+                KVO_OK)
+                goto fail;
+            st = start_mocker(env, e, i, role, requests, err, errsz);
+            if (st != KVO_OK) goto fail;
+        }
+    }
+    for (uint32_t i = 0; i < env->n_engines; i++)
+        if ((st = discover(env, &env->engines[i], err, errsz)) != KVO_OK)
+            goto fail;
+    if (cfg->spawn && cfg->decode_workers)
+        for (uint32_t i = cfg->workers; i < env->n_engines; i++)
+            env->engines[i].decode = true;
+
+    /* publishing engines first: they are the workers the index knows */
+    for (uint32_t i = 0; i < env->n_engines; i++) {
+        chk_engine *e = &env->engines[i];
+        if (e->decode) {
+            env->n_decode++;
+            continue;
+        }
+        if (i != env->n_workers) {
+            snprintf(err, errsz, "engine %u publishes events but comes after "
+                                 "one that does not: list publishing engines "
+                                 "first", i);
+            st = KVO_EINVAL;
+            goto fail;
+        }
+        if (env->n_workers == 0) env->dp_size = e->n_ranks;
+        if (e->n_ranks != env->dp_size) {
+            snprintf(err, errsz, "engine %u has %u ranks, engine 0 has %u: "
+                                 "every engine needs the same dp size",
+                     i, e->n_ranks, env->dp_size);
+            st = KVO_EINVAL;
+            goto fail;
+        }
+        e->worker_id = env->n_workers++;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            e->ranks[k].slot = e->worker_id * env->dp_size +
+                               e->ranks[k].dp_rank;
+    }
+    if (env->n_workers == 0) {
+        snprintf(err, errsz, "no engine publishes KV events");
+        st = KVO_EINVAL;
+        goto fail;
+    }
+    for (uint32_t i = 0; i < env->n_workers; i++)
+        for (uint32_t k = 0; k < env->engines[i].n_ranks; k++)
+            if (env->engines[i].ranks[k].dp_rank >= env->dp_size) {
+                snprintf(err, errsz, "engine %u lists rank %u with dp size %u",
+                         i, env->engines[i].ranks[k].dp_rank, env->dp_size);
+                st = KVO_EPROTO;
+                goto fail;
+            }
+
+    /* relays, one per publishing rank */
+    bool spawn_relays = !cfg->no_relays;
+    bool all_mockers = true;
+    for (uint32_t i = 0; i < env->n_workers; i++) {
+        chk_engine *e = &env->engines[i];
+        all_mockers &= e->mocker;
+        if (!spawn_relays || !e->mocker) continue;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            if ((st = start_relay(env, i, k, err, errsz)) != KVO_OK) goto fail;
+    }
+    env->exact = all_mockers && spawn_relays;
+
+    /* model name */
+    if (cfg->model)
+        snprintf(env->model, sizeof(env->model), "%s", cfg->model);
+    else if (env->engines[0].mocker)
+        snprintf(env->model, sizeof(env->model), "kvo-mock");
+    if (!cfg->model) {
+        char e2[256];
+        if (chk_engine_model(&env->engines[0], env->model,
+                             sizeof(env->model), e2, sizeof(e2)) != KVO_OK &&
+            !env->engines[0].mocker) {
+            snprintf(err, errsz, "%s", e2);
+            st = KVO_EPROTO;
+            goto fail;
+        }
+    }
+    return KVO_OK;
+fail:
+    chk_env_dump_logs(env, 20);
+    chk_env_stop(env, true);
+    return st;
+}
+
+void chk_env_dump_logs(const chk_env *env, int lines) {
+    if (env->nats.pid || env->nats.exited) kvo_proc_dump_log(&env->nats, lines);
+    if (env->indexer.pid || env->indexer.exited)
+        kvo_proc_dump_log(&env->indexer, lines);
+    for (uint32_t i = 0; i < env->n_engines; i++)
+        if (env->engines[i].proc.pid || env->engines[i].proc.exited)
+            kvo_proc_dump_log(&env->engines[i].proc, lines);
+    for (uint32_t i = 0; i < env->n_relays; i++)
+        kvo_proc_dump_log(&env->relays[i].proc, lines);
+}
+
+bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
+    kvo_proc *procs[3] = {&env->nats, &env->indexer, NULL};
+    for (int i = 0; procs[i]; i++)
+        if (procs[i]->pid && !kvo_proc_alive(procs[i])) {
+            snprintf(why, whysz, "%s exited (status %d); log: %s",
+                     procs[i]->name, procs[i]->exit_status,
+                     procs[i]->log_path);
+            return true;
+        }
+    for (uint32_t i = 0; i < env->n_engines; i++) {
+        kvo_proc *p = &env->engines[i].proc;
+        if (p->pid && !kvo_proc_alive(p)) {
+            snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
+                     p->exit_status, p->log_path);
+            return true;
+        }
+    }
+    for (uint32_t i = 0; i < env->n_relays; i++) {
+        kvo_proc *p = &env->relays[i].proc;
+        if (!env->relays[i].retired && p->pid && !kvo_proc_alive(p)) {
+            snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
+                     p->exit_status, p->log_path);
+            return true;
+        }
+    }
+    return false;
+}
+
+void chk_env_stop(chk_env *env, bool keep_logs) {
+    /* relays first (they flush their exit JSON), then engines, indexer,
+     * NATS: the reverse of the start. */
+    for (uint32_t i = env->n_relays; i-- > 0;) {
+        kvo_proc_stop(&env->relays[i].proc, 3000);
+        kvo_http_client_free(env->relays[i].http);
+    }
+    proxy_free(env->proxy);
+    env->proxy = NULL;
+    for (uint32_t i = env->n_engines; i-- > 0;) {
+        kvo_proc_stop(&env->engines[i].proc, 3000);
+        kvo_http_client_free(env->engines[i].http);
+    }
+    kvo_proc_stop(&env->indexer, 3000);
+    kvo_http_client_free(env->idx_http);
+    kvo_proc_stop(&env->nats, 3000);
+    kvo_free(env->relays);
+    kvo_free(env->engines);
+    env->relays = NULL;
+    env->engines = NULL;
+    env->n_relays = env->n_engines = 0;
+    env->idx_http = NULL;
+    if (!env->log_dir[0]) return;
+    if (keep_logs) {
+        fprintf(stderr, "kvo-check: logs of every process are in %s\n",
+                env->log_dir);
+    } else if (env->own_log_dir) {
+        /* flat: one log file per process */
+        DIR *d = opendir(env->log_dir);
+        struct dirent *de;
+        while (d && (de = readdir(d)) != NULL) {
+            if (de->d_name[0] == '.') continue;
+            char path[1024];
+            snprintf(path, sizeof(path), "%s/%s", env->log_dir, de->d_name);
+            unlink(path);
+        }
+        if (d) closedir(d);
+        if (rmdir(env->log_dir) != 0)
+            kvo_warn("could not remove %s: %s", env->log_dir, strerror(errno));
+    }
+    env->log_dir[0] = '\0';
+}
