@@ -142,7 +142,13 @@ void wire_batch_reset(wire_batch *b);
 
 /* Decode one KVEventBatch payload. On success *b holds the batch (previous
  * contents replaced). On failure *b is reset and err (if non-NULL) says what
- * and where. lim NULL = defaults. */
+ * and where. lim NULL = defaults.
+ * Accepted: batches of >= 2 elements (extras ignored); map and array events
+ * mixed (dispatch per event); unknown map keys and extra array elements
+ * ignored; an unknown event type rejects the batch (KVO_EPROTO naming it:
+ * skipping it would lose events silently). Memory: the arena grows by at
+ * most ~40 bytes per input byte (a 1-byte hash becomes a 24-byte
+ * wire_hash), so lim->max_bytes bounds it. */
 kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
                              const wire_limits *lim, wire_batch *b,
                              wire_error *err);
@@ -169,7 +175,9 @@ enum {
 
 /* Append the msgpack payload of b in format f to out. Map format: required
  * keys always, optional keys only when set, in declaration order; array
- * formats: every field of the layout, nil when unset. */
+ * formats: every field of the layout, nil when unset. cache_salt and origin
+ * are written (when set) in both map formats; SGLang's metadata only in the
+ * lora_name slot of array formats. On failure out is left as it was. */
 kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
                              unsigned flags, kvo_buf *out);
 

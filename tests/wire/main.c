@@ -12,6 +12,7 @@ Suite *suite_proc(void);
 Suite *suite_batch(void);
 Suite *suite_hostile(void);
 Suite *suite_tool(void);
+Suite *suite_fuzz_replay(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_basics());
@@ -23,6 +24,7 @@ int main(void) {
     srunner_add_suite(sr, suite_batch());
     srunner_add_suite(sr, suite_hostile());
     srunner_add_suite(sr, suite_tool());
+    srunner_add_suite(sr, suite_fuzz_replay());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
