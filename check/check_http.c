@@ -130,7 +130,8 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
             int64_t rank = (int64_t)i;
             get_i64(r, "dp_rank", &rank);
             char stage[48];
-            snprintf(stage, sizeof(stage), "engine %u.%lld", e->worker_id,
+            snprintf(stage, sizeof(stage), "%s %u.%lld",
+                     e->decode ? "decode engine" : "engine", e->worker_id,
                      (long long)rank);
             static const char *keys[] = {"counters", "resident_blocks",
                                          "free_blocks", "requests_finished",

@@ -575,7 +575,7 @@ finish:
         for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
         if (read_counters(&r, -1, true) != KVO_OK)
             kvo_warn("final counters: %s", r.err);
-        for (uint32_t i = 0; i < r.env.n_workers; i++)
+        for (uint32_t i = 0; i < r.env.n_engines; i++)
             if (r.env.engines[i].mocker &&
                 chk_engine_counters(&r.env.engines[i], &r.cur, e2,
                                     sizeof(e2)) != KVO_OK)
