@@ -322,14 +322,15 @@ static const check_rule RULES[] = {
     /* kvo-indexer */
     {"indexer", "parent_not_found", NULL, CHECK_REASON_UNKNOWN_PARENT,
      "stores whose parent the index does not hold"},
-    {"indexer", "gap", NULL, CHECK_REASON_SEQ_GAP,
+    {"indexer", "gap|missed", NULL, CHECK_REASON_SEQ_GAP,
      "event-plane sequence gaps (lost NATS messages)"},
     {"indexer", "dropped|slow_consumer", NULL, CHECK_REASON_SEQ_GAP,
      "NATS messages the indexer dropped"},
-    {"indexer", "invalid_block|decode_error|undecodable|malformed", NULL,
-     CHECK_REASON_REJECTED, "messages or blocks the indexer refused"},
-    {"indexer", "block_not_found", NULL, CHECK_REASON_MISSED_STORE,
-     "removes of blocks the index never held"},
+    {"indexer",
+     "invalid_block|decode_error|undecodable|malformed|bad_header|enomem",
+     NULL, CHECK_REASON_REJECTED, "messages or blocks the indexer refused"},
+    {"indexer", "block_not_found|blocks_not_found|not_found", NULL,
+     CHECK_REASON_MISSED_STORE, "removes of blocks the index never held"},
 };
 
 const check_rule *check_rules(size_t *n) {

@@ -92,9 +92,21 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
                "blocks, Dynamo's router_kv_hit_rate)\n",
             pct(t.index_raw_blocks, t.prompt_blocks));
     fprintf(f, "  divergent prompts  %llu\n", (unsigned long long)t.divergent);
+    double stored = check_counters_sum(&r->counters, "relay",
+                                       "blocks_forwarded");
+    double removed = check_counters_sum(&r->counters, "relay",
+                                        "removes_forwarded");
+    double evicted = check_counters_sum(&r->counters, "engine ",
+                                        "blocks_removed");
+    if (stored + removed > 0)
+        fprintf(f, "  pipeline blocks    %.0f stored + %.0f removed forwarded "
+                   "by the relays%s (engines evicted %.0f)\n",
+                stored, removed, "", evicted);
     if (r->wall_s > 0) {
-        fprintf(f, "  wall time          %.2f s (%.1f requests/s)\n", r->wall_s,
-                (double)t.requests / r->wall_s);
+        fprintf(f, "  wall time          %.2f s (%.1f requests/s, %.0f "
+                   "pipeline blocks/s)\n",
+                r->wall_s, (double)t.requests / r->wall_s,
+                (stored + removed) / r->wall_s);
         double sum = 0;
         for (int s = 0; s < CHECK_STAGE_COUNT; s++) sum += r->stage_s[s];
         fprintf(f, "  time per stage    ");
@@ -244,6 +256,11 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
                            rate(t.index_raw_blocks, t.prompt_blocks));
     json_object_object_add(s, "divergent_prompts",
                            json_object_new_uint64(t.divergent));
+    json_object_object_add(
+        s, "pipeline_blocks",
+        json_object_new_int64((int64_t)(
+            check_counters_sum(&r->counters, "relay", "blocks_forwarded") +
+            check_counters_sum(&r->counters, "relay", "removes_forwarded"))));
     json_object_object_add(s, "block_size",
                            json_object_new_int64(r->block_size));
     json_object_object_add(s, "dp_size", json_object_new_int64(r->dp_size));
