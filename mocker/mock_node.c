@@ -1,0 +1,160 @@
+/* mock_node.c -- the process around the engines: one hasher shared by the
+ * ranks, and per rank an engine, a renderer (hash form, mutations) and a
+ * publisher (PUB + ROUTER replay, capture file). Both modes (HTTP server,
+ * trace replay) step ranks through node_step_begin / node_step_end.
+ *
+ * Endpoints of rank r: PUB tcp://<zmq-host>:<zmq-port + r>, ROUTER
+ * tcp://<zmq-host>:<replay-port + r>; port 0 picks a free port per socket.
+ * --zmq-endpoint replaces the PUB endpoint: a tcp endpoint's port gets + r,
+ * any other endpoint gets "-r" appended for ranks above 0.
+ */
+#include "mock_int.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+static void tcp_endpoint(char *out, size_t n, const char *host, uint16_t port,
+                         uint32_t r) {
+    if (port == 0) snprintf(out, n, "tcp://%s:*", host);
+    else snprintf(out, n, "tcp://%s:%u", host, (unsigned)(port + r));
+}
+
+static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
+    if (!c->zmq_endpoint) {
+        tcp_endpoint(out, n, c->zmq_host, c->zmq_port, r);
+        return;
+    }
+    const char *ep = c->zmq_endpoint;
+    const char *colon = strrchr(ep, ':');
+    uint32_t port;
+    if (strncmp(ep, "tcp://", 6) == 0 && colon && colon > ep + 5 &&
+        kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= 65535) {
+        if (port == 0) snprintf(out, n, "%.*s:*", (int)(colon - ep), ep);
+        else snprintf(out, n, "%.*s:%u", (int)(colon - ep), ep, port + r);
+        return;
+    }
+    if (r == 0) snprintf(out, n, "%s", ep);
+    else snprintf(out, n, "%s-%u", ep, r);
+}
+
+const char *node_advertise_host(const mock_node *n) {
+    const mock_cfg *c = n->cfg;
+    if (c->advertise_host && *c->advertise_host) return c->advertise_host;
+    if (strcmp(c->zmq_host, "*") == 0 || strcmp(c->zmq_host, "0.0.0.0") == 0)
+        return "127.0.0.1";
+    return c->zmq_host;
+}
+
+kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
+    memset(n, 0, sizeof(*n));
+    n->cfg = cfg;
+    kvo_status st = mock_hasher_new(&n->hasher, cfg->hash_algo, cfg->hash_seed,
+                                    cfg->hash_memo_log2);
+    if (st != KVO_OK) {
+        kvo_error("hasher: %s", kvo_strerror(st));
+        goto fail;
+    }
+    if (cfg->record) {
+        st = wire_cap_create(&n->rec, cfg->record);
+        if (st != KVO_OK) {
+            kvo_error("--record %s: %s", cfg->record, kvo_strerror(st));
+            goto fail;
+        }
+    }
+    bool events = cfg->prefix_caching && cfg->role != MOCK_ROLE_DECODE;
+    if (sockets && events) {
+        n->zctx = zmq_ctx_new();
+        if (!n->zctx) {
+            kvo_error("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+            st = KVO_ENET;
+            goto fail;
+        }
+    }
+    n->ranks = kvo_calloc(cfg->dp_size, sizeof(node_rank));
+    if (!n->ranks) {
+        st = KVO_ENOMEM;
+        goto fail;
+    }
+    n->n_ranks = cfg->dp_size;
+    for (uint32_t r = 0; r < cfg->dp_size; r++) {
+        node_rank *nr = &n->ranks[r];
+        if ((st = mock_engine_new(&nr->eng, cfg, r, n->hasher)) != KVO_OK ||
+            (st = mock_render_new(&nr->render, cfg)) != KVO_OK) {
+            kvo_error("rank %u: %s", r, kvo_strerror(st));
+            goto fail;
+        }
+        char ep[300], rep[300], err[400];
+        pub_endpoint(cfg, r, ep, sizeof(ep));
+        tcp_endpoint(rep, sizeof(rep), cfg->zmq_host, cfg->replay_port, r);
+        mock_pub_cfg pc = {.zmq_ctx = n->zctx,
+                           .endpoint = ep,
+                           .replay_endpoint = cfg->replay ? rep : NULL,
+                           .topic = cfg->topic,
+                           .hwm = cfg->zmq_hwm,
+                           .ring = cfg->replay_buffer,
+                           .ring_bytes = cfg->replay_buffer_bytes,
+                           .record = n->rec};
+        st = mock_pub_new(&nr->pub, &pc, err, sizeof(err));
+        if (st == KVO_OK) {
+            nr->source = n->zctx != NULL;
+            if (nr->source)
+                kvo_info("rank %u: publishing on %s, replay on %s", r,
+                         mock_pub_endpoint(nr->pub),
+                         cfg->replay ? mock_pub_replay_endpoint(nr->pub) : "(off)");
+            continue;
+        }
+        if (st != KVO_ENET || cfg->require_events) {
+            kvo_error("rank %u: event publisher: %s", r,
+                      *err ? err : kvo_strerror(st));
+            goto fail;
+        }
+        kvo_warn("rank %u: event publisher: %s; serving without an event "
+                 "source (--require-events makes this fatal)", r, err);
+        pc.zmq_ctx = NULL;
+        if ((st = mock_pub_new(&nr->pub, &pc, err, sizeof(err))) != KVO_OK)
+            goto fail;
+    }
+    return KVO_OK;
+fail:
+    node_fini(n);
+    return st;
+}
+
+void node_fini(mock_node *n) {
+    for (uint32_t r = 0; r < n->n_ranks; r++) {
+        node_rank *nr = &n->ranks[r];
+        mock_engine_free(nr->eng);
+        mock_render_free(nr->render);
+        mock_pub_free(nr->pub);
+    }
+    kvo_free(n->ranks);
+    if (n->zctx) zmq_ctx_term(n->zctx);
+    wire_cap_close(n->rec);
+    mock_hasher_free(n->hasher);
+    memset(n, 0, sizeof(*n));
+}
+
+kvo_status node_step_begin(mock_node *n, uint32_t r, double ts, mock_step *st) {
+    node_rank *nr = &n->ranks[r];
+    kvo_status s = mock_engine_schedule(nr->eng, ts, st);
+    if (s != KVO_OK) return s;
+    if (!st->batch) return KVO_OK;
+    const kvo_buf *pay;
+    uint32_t np;
+    s = mock_render_batch(nr->render, st->batch, st->aux, &pay, &np);
+    if (s != KVO_OK) {
+        static kvo_ratelimit rl;
+        nr->render_errors++;
+        kvo_log_limited(&rl, KVO_LOG_ERROR, "rank %u: encoding a batch: %s", r,
+                        kvo_strerror(s));
+        return KVO_OK;
+    }
+    for (uint32_t i = 0; i < np; i++)
+        mock_pub_send(nr->pub, pay[i].data, pay[i].len);
+    return KVO_OK;
+}
+
+void node_step_end(mock_node *n, uint32_t r) {
+    mock_engine_complete(n->ranks[r].eng);
+}

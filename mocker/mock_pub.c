@@ -1,0 +1,259 @@
+/* mock_pub.c -- one rank's event publisher, as vLLM's ZmqEventPublisher:
+ *
+ *   PUB     [topic][seq u64 BE][payload] per batch, seq from 0, +1 per batch
+ *   ROUTER  replay: request [identity]["" ][start seq u64 BE] (what a DEALER
+ *           sending ["", seq] or a REQ sending [seq] looks like); reply, for
+ *           every buffered batch with seq >= start, [identity]["" ][topic]
+ *           [seq][payload] (vLLM >= 0.26), then the end marker [identity]
+ *           ["" ][""][FF x 8][""]. A start older than the ring silently
+ *           begins at the oldest batch it still holds.
+ *   ring    the last `ring` batches (and at most ring_bytes of payload),
+ *           oldest dropped first.
+ *   record  every published message, 3 frames, to a capture file.
+ *
+ * Without a ZMQ context the publisher still numbers, buffers and records
+ * (trace mode with --record when no port could be bound). Sockets set
+ * ZMQ_LINGER; the ROUTER has no send high-water mark so a replay is never
+ * cut short by the default of 1000 messages.
+ */
+#include "mock_int.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+typedef struct ring_ent {
+    uint64_t seq;
+    uint8_t *data;
+    size_t len;
+} ring_ent;
+
+struct mock_pub {
+    void *pub;
+    void *router;
+    char endpoint[256];
+    char replay_endpoint[256];
+    char *topic;
+    size_t topic_len;
+    uint64_t next_seq;
+    ring_ent *ring;
+    uint32_t ring_cap, ring_head, ring_n;
+    uint64_t ring_bytes, ring_bytes_max;
+    wire_cap_writer *record;
+    mock_pub_stats st;
+};
+
+static void close_socket(void **s) {
+    if (*s) zmq_close(*s);
+    *s = NULL;
+}
+
+static kvo_status bind_socket(void *ctx, int type, const char *endpoint,
+                              int linger, int sndhwm, void **out, char *bound,
+                              size_t boundsz, char *err, size_t errsz) {
+    void *s = zmq_socket(ctx, type);
+    if (!s) {
+        snprintf(err, errsz, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+        return KVO_ENET;
+    }
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm));
+    if (zmq_bind(s, endpoint) != 0) {
+        snprintf(err, errsz, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        return KVO_ENET;
+    }
+    size_t n = boundsz;
+    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, bound, &n) != 0)
+        snprintf(bound, boundsz, "%s", endpoint);
+    *out = s;
+    return KVO_OK;
+}
+
+kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
+                        size_t errsz) {
+    char dummy[8];
+    if (!err || !errsz) {
+        err = dummy;
+        errsz = sizeof(dummy);
+    }
+    err[0] = '\0';
+    if (!out || !cfg) return KVO_EINVAL;
+    mock_pub *p = kvo_calloc(1, sizeof(*p));
+    if (!p) return KVO_ENOMEM;
+    kvo_status st = KVO_ENOMEM;
+    const char *topic = cfg->topic ? cfg->topic : "";
+    p->topic_len = strlen(topic);
+    p->topic = kvo_strdup(topic);
+    p->ring_cap = cfg->ring;
+    p->ring_bytes_max = cfg->ring_bytes ? cfg->ring_bytes : UINT64_MAX;
+    p->record = cfg->record;
+    if (!p->topic) goto fail;
+    if (p->ring_cap && !(p->ring = kvo_calloc(p->ring_cap, sizeof(ring_ent))))
+        goto fail;
+    if (cfg->zmq_ctx && cfg->endpoint) {
+        st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, 500,
+                         cfg->hwm > 0 ? cfg->hwm : 100000, &p->pub, p->endpoint,
+                         sizeof(p->endpoint), err, errsz);
+        if (st != KVO_OK) goto fail;
+        if (cfg->replay_endpoint) {
+            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint, 0, 0,
+                             &p->router, p->replay_endpoint,
+                             sizeof(p->replay_endpoint), err, errsz);
+            if (st != KVO_OK) goto fail;
+        }
+    }
+    *out = p;
+    return KVO_OK;
+fail:
+    mock_pub_free(p);
+    return st;
+}
+
+void mock_pub_free(mock_pub *p) {
+    if (!p) return;
+    close_socket(&p->pub);
+    close_socket(&p->router);
+    for (uint32_t i = 0; i < p->ring_n; i++)
+        kvo_free(p->ring[(p->ring_head + i) % p->ring_cap].data);
+    kvo_free(p->ring);
+    kvo_free(p->topic);
+    kvo_free(p);
+}
+
+const char *mock_pub_endpoint(const mock_pub *p) { return p->endpoint; }
+const char *mock_pub_replay_endpoint(const mock_pub *p) {
+    return p->replay_endpoint;
+}
+void *mock_pub_replay_socket(const mock_pub *p) { return p->router; }
+
+bool mock_pub_last_seq(const mock_pub *p, uint64_t *seq) {
+    if (p->next_seq == 0) return false;
+    *seq = p->next_seq - 1;
+    return true;
+}
+
+void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out) {
+    *out = p->st;
+    out->ring_len = p->ring_n;
+}
+
+static void ring_drop_oldest(mock_pub *p) {
+    ring_ent *e = &p->ring[p->ring_head];
+    p->ring_bytes -= e->len;
+    kvo_free(e->data);
+    e->data = NULL;
+    p->ring_head = (p->ring_head + 1) % p->ring_cap;
+    p->ring_n--;
+}
+
+static void ring_push(mock_pub *p, uint64_t seq, const uint8_t *data,
+                      size_t len) {
+    if (!p->ring_cap) return;
+    if (len > p->ring_bytes_max) {
+        /* Cannot be kept: empty the ring so replay never skips it silently
+         * in the middle (a client sees the first seq it gets back). */
+        while (p->ring_n) ring_drop_oldest(p);
+        return;
+    }
+    while (p->ring_n && (p->ring_n == p->ring_cap ||
+                         p->ring_bytes + len > p->ring_bytes_max))
+        ring_drop_oldest(p);
+    uint8_t *copy = kvo_malloc(len ? len : 1);
+    if (!copy) {
+        while (p->ring_n) ring_drop_oldest(p);
+        return;
+    }
+    memcpy(copy, data, len);
+    ring_ent *e = &p->ring[(p->ring_head + p->ring_n) % p->ring_cap];
+    e->seq = seq;
+    e->data = copy;
+    e->len = len;
+    p->ring_n++;
+    p->ring_bytes += len;
+}
+
+kvo_status mock_pub_send(mock_pub *p, const uint8_t *payload, size_t len) {
+    uint64_t seq = p->next_seq++;
+    uint8_t seqb[8];
+    wire_seq_put(seqb, seq);
+    p->st.batches++;
+    p->st.bytes += len;
+    if (p->pub) {
+        if (zmq_send(p->pub, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(p->pub, payload, len, ZMQ_DONTWAIT) < 0)
+            p->st.send_errors++;
+    }
+    ring_push(p, seq, payload, len);
+    if (p->record) {
+        wire_frame fr[3] = {{(const uint8_t *)p->topic, p->topic_len},
+                            {seqb, 8},
+                            {payload, len}};
+        if (wire_cap_write(p->record, kvo_unix_ns(), fr, 3) != KVO_OK)
+            p->st.record_errors++;
+    }
+    return KVO_OK;
+}
+
+/* One replay request from the ROUTER, all its frames; false when none. */
+static bool recv_request(void *s, zmq_msg_t *frames, int max, int *n) {
+    *n = 0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return *n > 0;
+        }
+        bool more = zmq_msg_more(&m);
+        if (*n < max) frames[(*n)++] = m;
+        else {
+            zmq_msg_close(&m);
+            (*n)++; /* counted, too many frames */
+        }
+        if (!more) return true;
+    }
+}
+
+static void send_frames(void *s, zmq_msg_t *id, const void *f[], size_t len[],
+                        int nf) {
+    zmq_send(s, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    for (int i = 0; i < nf; i++)
+        zmq_send(s, f[i], len[i], (i + 1 < nf ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+}
+
+void mock_pub_replay_serve(mock_pub *p) {
+    if (!p->router) return;
+    for (;;) {
+        zmq_msg_t fr[4];
+        int n;
+        if (!recv_request(p->router, fr, 4, &n)) return;
+        int kept = n < 4 ? n : 4;
+        uint64_t start = 0;
+        bool ok = n == 3 && zmq_msg_size(&fr[1]) == 0 &&
+                  wire_seq_get(zmq_msg_data(&fr[2]), zmq_msg_size(&fr[2]),
+                               &start) == KVO_OK;
+        if (!ok) {
+            p->st.bad_requests++;
+        } else {
+            p->st.replay_requests++;
+            uint8_t seqb[8];
+            for (uint32_t i = 0; i < p->ring_n; i++) {
+                ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
+                if (e->seq < start) continue;
+                wire_seq_put(seqb, e->seq);
+                const void *f[3] = {p->topic, seqb, e->data};
+                size_t len[3] = {p->topic_len, 8, e->len};
+                send_frames(p->router, &fr[0], f, len, 3);
+                p->st.replay_batches++;
+            }
+            wire_seq_put(seqb, WIRE_REPLAY_END);
+            const void *f[3] = {"", seqb, ""};
+            size_t len[3] = {0, 8, 0};
+            send_frames(p->router, &fr[0], f, len, 3);
+        }
+        for (int i = 0; i < kept; i++) zmq_msg_close(&fr[i]);
+    }
+}

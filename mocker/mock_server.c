@@ -1,0 +1,1093 @@
+/* mock_server.c -- kvo-mocker's service: the OpenAI HTTP API, the ground
+ * truth API and the event loop, on one thread.
+ *
+ *   loop:  each rank: finish its step when due; start the next step when it
+ *          has work (schedule -> render -> PUB; real time: complete() when
+ *          the modeled duration has passed; --speedup 0: at once)
+ *          abort requests whose stream client went away
+ *          zmq_poll(HTTP fd + every replay ROUTER, timeout): 0 while virtual
+ *          time has work, else the next step deadline, MHD's timeout, 100 ms
+ *          serve replays; kvo_http_server_run (handlers run here)
+ *
+ * A completion is a `call` with one `choice` per prompt, each an engine
+ * request whose callback (from mock_engine_complete) streams tokens or
+ * collects them; the last choice to finish answers the call.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+ * GET /health, POST /reset_prefix_cache, GET /metrics, GET /kvo/state,
+ * POST /kvo/probe, GET /kvo/event_sources. Request extensions: "trace"
+ * in place of "prompt", "data_parallel_rank" (or header
+ * X-data-parallel-rank), "lora_name", "cache_salt", "kv_transfer_params"
+ * (decode role), "return_token_ids". Responses add "kvo": {"dp_rank",
+ * "prefill_seq", "last_seq"} and usage.prompt_tokens_details.cached_tokens.
+ */
+#include "mock_int.h"
+#include "kvo_http.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#define MAX_PROMPTS 1024
+
+typedef struct call call;
+
+typedef struct choice {
+    call *k;
+    uint32_t index;
+    uint64_t req_id;
+    bool done;
+    mock_finish finish;
+    uint32_t n_prompt, n_output, cached;
+    bool prefill_seq_set;
+    uint64_t prefill_seq;
+    kvo_buf text;       /* non-stream: generated text */
+    kvo_buf tok;        /* generated token ids (uint64_t) when asked */
+    uint32_t *blocks;   /* prefill role: the request's blocks at finish */
+    uint32_t n_blocks;
+} choice;
+
+typedef struct server server;
+
+struct call {
+    server *s;
+    call *prev, *next;
+    kvo_http_req *req;
+    bool chat, stream, include_usage, return_token_ids;
+    bool cancel, cancel_listed, remote_prefill;
+    uint32_t rank;
+    uint32_t n_choices, n_done;
+    choice *choices;
+    char id[48];
+    long long created;
+    call *cancel_next;
+};
+
+struct server {
+    const mock_cfg *cfg;
+    mock_node node;
+    kvo_http_server *http;
+    call *calls;       /* live calls */
+    call *cancels;     /* calls whose stream client went away */
+    uint64_t rr;
+    uint64_t next_call;
+    uint64_t t0_ns;
+    long long started_unix;
+    uint64_t http_requests, http_errors;
+    uint64_t finished_length, finished_aborted;
+    kvo_buf scratch;
+};
+
+/* ---- small JSON helpers ---------------------------------------------------*/
+
+static json_object *u64_or_null(bool set, uint64_t v) {
+    return set ? json_object_new_uint64(v) : NULL;
+}
+
+static void respond_err(kvo_http_req *r, unsigned status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* vLLM's error body: {"object": "error", "message", "type", "param", "code"} */
+static void respond_err(kvo_http_req *r, unsigned status, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    json_object *j = json_object_new_object();
+    json_object_object_add(j, "object", json_object_new_string("error"));
+    json_object_object_add(j, "message", json_object_new_string(msg));
+    json_object_object_add(j, "type",
+                           json_object_new_string(status == 404   ? "NotFoundError"
+                                                  : status < 500 ? "BadRequestError"
+                                                                 : "InternalServerError"));
+    json_object_object_add(j, "param", NULL);
+    json_object_object_add(j, "code", json_object_new_int((int)status));
+    kvo_http_respond_json(r, status, j);
+}
+
+static bool get_bool(json_object *o, const char *k, bool def) {
+    json_object *v;
+    if (!json_object_object_get_ex(o, k, &v) || !v) return def;
+    return json_object_get_boolean(v);
+}
+
+/* Optional string field: NULL when absent or null; false when mistyped. */
+static bool get_str(json_object *o, const char *k, const char **out) {
+    json_object *v;
+    *out = NULL;
+    if (!json_object_object_get_ex(o, k, &v) || !v) return true;
+    if (!json_object_is_type(v, json_type_string)) return false;
+    *out = json_object_get_string(v);
+    return true;
+}
+
+/* ---- prompts --------------------------------------------------------------*/
+
+typedef struct prompt {
+    uint64_t *tok;
+    uint32_t n;
+    uint64_t *trace_ids; /* trace form: for the hash memo */
+    uint32_t n_trace;
+} prompt;
+
+typedef struct prompts {
+    prompt v[MAX_PROMPTS];
+    uint32_t n;
+} prompts;
+
+static void prompts_free(prompts *p) {
+    for (uint32_t i = 0; i < p->n; i++) {
+        kvo_free(p->v[i].tok);
+        kvo_free(p->v[i].trace_ids);
+    }
+    p->n = 0;
+}
+
+static const char *token_list(json_object *a, uint32_t max_len, prompt *out) {
+    size_t n = json_object_array_length(a);
+    if (n == 0) return "a prompt has no tokens";
+    if (n > max_len) return "prompt longer than max_model_len";
+    out->tok = kvo_malloc(n * sizeof(uint64_t));
+    if (!out->tok) return "out of memory";
+    for (size_t i = 0; i < n; i++) {
+        json_object *t = json_object_array_get_idx(a, i);
+        if (!json_object_is_type(t, json_type_int) || json_object_get_int64(t) < 0)
+            return "token ids must be integers >= 0";
+        out->tok[i] = json_object_get_uint64(t);
+    }
+    out->n = (uint32_t)n;
+    return NULL;
+}
+
+static const char *text_prompt(json_object *s, uint32_t max_len, prompt *out) {
+    size_t n = (size_t)json_object_get_string_len(s);
+    if (n == 0) return "a prompt has no tokens";
+    if (n > max_len) return "prompt longer than max_model_len";
+    out->tok = kvo_malloc(n * sizeof(uint64_t));
+    if (!out->tok) return "out of memory";
+    out->n = mock_tokenize(json_object_get_string(s), n, out->tok);
+    return NULL;
+}
+
+static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
+    json_object *ids, *len;
+    if (!json_object_is_type(t, json_type_object) ||
+        !json_object_object_get_ex(t, "hash_ids", &ids) ||
+        !json_object_is_type(ids, json_type_array) ||
+        !json_object_object_get_ex(t, "input_length", &len) ||
+        !json_object_is_type(len, json_type_int))
+        return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
+    size_t k = json_object_array_length(ids);
+    int64_t n = json_object_get_int64(len);
+    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0 || n > (int64_t)max_len)
+        return "trace: bad hash_ids or input_length";
+    out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
+    if (!out->trace_ids) return "out of memory";
+    for (size_t i = 0; i < k; i++) {
+        json_object *v = json_object_array_get_idx(ids, i);
+        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+            return "trace: hash_ids must be integers >= 0";
+        out->trace_ids[i] = json_object_get_uint64(v);
+    }
+    out->n_trace = (uint32_t)k;
+    if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
+        return "trace: input_length must be within (512*(k-1), 512*k] for k "
+               "hash_ids";
+    out->tok = kvo_malloc((size_t)n * sizeof(uint64_t));
+    if (!out->tok) return "out of memory";
+    mock_trace_tokens(out->trace_ids, (uint32_t)k, (uint32_t)n, out->tok);
+    out->n = (uint32_t)n;
+    return NULL;
+}
+
+/* "prompt": str | [int] | [str] | [[int]], or "trace": {...}. */
+static const char *parse_prompts(json_object *body, uint32_t max_len,
+                                 prompts *out) {
+    json_object *p, *t;
+    out->n = 0;
+    if (json_object_object_get_ex(body, "trace", &t) && t) {
+        out->n = 1;
+        return trace_prompt(t, max_len, &out->v[0]);
+    }
+    if (!json_object_object_get_ex(body, "prompt", &p) || !p)
+        return "prompt is required";
+    if (json_object_is_type(p, json_type_string)) {
+        out->n = 1;
+        return text_prompt(p, max_len, &out->v[0]);
+    }
+    if (!json_object_is_type(p, json_type_array) || json_object_array_length(p) == 0)
+        return "prompt must be a string, a token list or a list of them";
+    json_object *first = json_object_array_get_idx(p, 0);
+    if (json_object_is_type(first, json_type_int)) {
+        out->n = 1;
+        return token_list(p, max_len, &out->v[0]);
+    }
+    size_t n = json_object_array_length(p);
+    if (n > MAX_PROMPTS) return "too many prompts";
+    for (size_t i = 0; i < n; i++) {
+        json_object *e = json_object_array_get_idx(p, i);
+        out->n = (uint32_t)i + 1;
+        const char *err =
+            json_object_is_type(e, json_type_string)  ? text_prompt(e, max_len, &out->v[i])
+            : json_object_is_type(e, json_type_array) ? token_list(e, max_len, &out->v[i])
+                                                      : "prompt list items must be "
+                                                        "strings or token lists";
+        if (err) return err;
+    }
+    return NULL;
+}
+
+/* ---- calls ----------------------------------------------------------------*/
+
+static void call_free(call *k) {
+    if (!k) return;
+    for (uint32_t i = 0; i < k->n_choices; i++) {
+        kvo_buf_fini(&k->choices[i].text);
+        kvo_buf_fini(&k->choices[i].tok);
+        kvo_free(k->choices[i].blocks);
+    }
+    kvo_free(k->choices);
+    kvo_free(k);
+}
+
+static void call_unlink(call *k) {
+    server *s = k->s;
+    if (k->prev) k->prev->next = k->next;
+    else s->calls = k->next;
+    if (k->next) k->next->prev = k->prev;
+}
+
+static const char *finish_name(mock_finish f) {
+    return f == MOCK_FINISH_LENGTH ? "length" : f == MOCK_FINISH_ABORTED ? "abort" : NULL;
+}
+
+static json_object *usage_json(const call *k) {
+    uint64_t p = 0, c = 0, cached = 0;
+    for (uint32_t i = 0; i < k->n_choices; i++) {
+        p += k->choices[i].n_prompt;
+        c += k->choices[i].n_output;
+        cached += k->choices[i].cached;
+    }
+    json_object *u = json_object_new_object();
+    json_object_object_add(u, "prompt_tokens", json_object_new_uint64(p));
+    json_object_object_add(u, "total_tokens", json_object_new_uint64(p + c));
+    json_object_object_add(u, "completion_tokens", json_object_new_uint64(c));
+    json_object *d = json_object_new_object();
+    json_object_object_add(d, "cached_tokens", json_object_new_uint64(cached));
+    json_object_object_add(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static json_object *kvo_json(const call *k) {
+    server *s = k->s;
+    bool pset = false;
+    uint64_t pseq = 0, last = 0;
+    for (uint32_t i = 0; i < k->n_choices; i++) {
+        const choice *c = &k->choices[i];
+        if (c->prefill_seq_set && (!pset || c->prefill_seq > pseq)) {
+            pset = true;
+            pseq = c->prefill_seq;
+        }
+    }
+    bool lset = mock_pub_last_seq(s->node.ranks[k->rank].pub, &last);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "dp_rank", json_object_new_int((int)k->rank));
+    json_object_object_add(o, "prefill_seq", u64_or_null(pset, pseq));
+    json_object_object_add(o, "last_seq", u64_or_null(lset, last));
+    return o;
+}
+
+static json_object *transfer_json(const call *k) {
+    const server *s = k->s;
+    const choice *c = &k->choices[0];
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
+    char eid[128];
+    snprintf(eid, sizeof(eid), "%s-dp%u", s->cfg->model, k->rank);
+    json_object_object_add(o, "remote_engine_id", json_object_new_string(eid));
+    json_object *ids = json_object_new_array();
+    for (uint32_t i = 0; i < c->n_blocks; i++)
+        json_object_array_add(ids, json_object_new_int64(c->blocks[i]));
+    json_object_object_add(o, "remote_block_ids", ids);
+    json_object_object_add(o, "remote_host",
+                           json_object_new_string(node_advertise_host(&s->node)));
+    json_object_object_add(o, "remote_port",
+                           json_object_new_int(kvo_http_server_port(s->http)));
+    json_object_object_add(o, "tp_size", json_object_new_int(1));
+    return o;
+}
+
+static json_object *call_header(const call *k, const char *object) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "id", json_object_new_string(k->id));
+    json_object_object_add(o, "object", json_object_new_string(object));
+    json_object_object_add(o, "created", json_object_new_int64(k->created));
+    json_object_object_add(o, "model", json_object_new_string(k->s->cfg->model));
+    return o;
+}
+
+static json_object *token_ids_json(const choice *c) {
+    json_object *a = json_object_new_array();
+    const uint64_t *t = (const uint64_t *)c->tok.data;
+    for (size_t i = 0; i < c->tok.len / sizeof(uint64_t); i++)
+        json_object_array_add(a, json_object_new_uint64(t[i]));
+    return a;
+}
+
+static void sse(call *k, json_object *o) {
+    const char *js = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+    kvo_buf *b = &k->s->scratch;
+    kvo_buf_reset(b);
+    kvo_buf_printf(b, "data: %s\n\n", js);
+    kvo_http_stream_write(k->req, b->data, b->len);
+    json_object_put(o);
+}
+
+/* One streamed chunk: a token's text, or (text NULL) the finish. */
+static void sse_chunk(call *k, const choice *c, const char *text,
+                      const char *finish, bool first) {
+    json_object *o = call_header(k, k->chat ? "chat.completion.chunk" : "text_completion");
+    json_object *ch = json_object_new_object();
+    json_object_object_add(ch, "index", json_object_new_int((int)c->index));
+    if (k->chat) {
+        json_object *d = json_object_new_object();
+        if (first) json_object_object_add(d, "role", json_object_new_string("assistant"));
+        if (text) json_object_object_add(d, "content", json_object_new_string(text));
+        json_object_object_add(ch, "delta", d);
+    } else {
+        json_object_object_add(ch, "text", json_object_new_string(text ? text : ""));
+    }
+    json_object_object_add(ch, "logprobs", NULL);
+    json_object_object_add(ch, "finish_reason",
+                           finish ? json_object_new_string(finish) : NULL);
+    json_object *arr = json_object_new_array();
+    json_object_array_add(arr, ch);
+    json_object_object_add(o, "choices", arr);
+    sse(k, o);
+}
+
+/* The last choice finished: answer, unlink, free. */
+static void call_finish(call *k) {
+    server *s = k->s;
+    if (k->stream) {
+        if (k->include_usage && !k->cancel) {
+            json_object *o = call_header(k, k->chat ? "chat.completion.chunk"
+                                                    : "text_completion");
+            json_object_object_add(o, "choices", json_object_new_array());
+            json_object_object_add(o, "usage", usage_json(k));
+            json_object_object_add(o, "kvo", kvo_json(k));
+            if (s->cfg->role == MOCK_ROLE_PREFILL)
+                json_object_object_add(o, "kv_transfer_params", transfer_json(k));
+            sse(k, o);
+        }
+        if (!k->cancel) kvo_http_stream_write(k->req, "data: [DONE]\n\n", 14);
+        kvo_http_stream_end(k->req);
+    } else {
+        json_object *o = call_header(k, k->chat ? "chat.completion" : "text_completion");
+        json_object *arr = json_object_new_array();
+        for (uint32_t i = 0; i < k->n_choices; i++) {
+            choice *c = &k->choices[i];
+            kvo_buf_cstr(&c->text);
+            json_object *ch = json_object_new_object();
+            json_object_object_add(ch, "index", json_object_new_int((int)i));
+            const char *txt = c->text.data ? (const char *)c->text.data : "";
+            if (k->chat) {
+                json_object *m = json_object_new_object();
+                json_object_object_add(m, "role", json_object_new_string("assistant"));
+                json_object_object_add(m, "content", json_object_new_string(txt));
+                json_object_object_add(ch, "message", m);
+            } else {
+                json_object_object_add(ch, "text", json_object_new_string(txt));
+            }
+            json_object_object_add(ch, "logprobs", NULL);
+            const char *fr = finish_name(c->finish);
+            json_object_object_add(ch, "finish_reason", fr ? json_object_new_string(fr) : NULL);
+            json_object_object_add(ch, "stop_reason", NULL);
+            if (k->return_token_ids) json_object_object_add(ch, "token_ids", token_ids_json(c));
+            json_object_array_add(arr, ch);
+        }
+        json_object_object_add(o, "choices", arr);
+        json_object_object_add(o, "usage", usage_json(k));
+        json_object_object_add(o, "kvo", kvo_json(k));
+        if (s->cfg->role == MOCK_ROLE_PREFILL)
+            json_object_object_add(o, "kv_transfer_params", transfer_json(k));
+        kvo_http_respond_json(k->req, 200, o);
+    }
+    call_unlink(k);
+    call_free(k);
+}
+
+static void on_choice_output(void *user, const mock_output *o) {
+    choice *c = user;
+    call *k = c->k;
+    if (!k) return; /* a call that failed while queueing its choices */
+    server *s = k->s;
+    if (o->has_token) {
+        if (k->return_token_ids) kvo_buf_append(&c->tok, &o->token, sizeof(o->token));
+        if (k->stream) {
+            if (!k->cancel && kvo_http_stream_closed(k->req)) {
+                k->cancel = true;
+                if (!k->cancel_listed) {
+                    k->cancel_listed = true;
+                    k->cancel_next = s->cancels;
+                    s->cancels = k;
+                }
+            }
+            if (!k->cancel) {
+                char txt[32];
+                snprintf(txt, sizeof(txt), " t%llu", (unsigned long long)o->token);
+                sse_chunk(k, c, txt, NULL, o->n_output == 1);
+            }
+        } else {
+            mock_detokenize(&o->token, 1, &c->text);
+        }
+    }
+    if (o->finish == MOCK_FINISH_NONE) return;
+    c->done = true;
+    c->finish = o->finish;
+    c->n_prompt = o->n_prompt;
+    c->n_output = o->n_output;
+    c->cached = o->cached_tokens;
+    if (o->finish == MOCK_FINISH_LENGTH) s->finished_length++;
+    else s->finished_aborted++;
+    if (s->cfg->role == MOCK_ROLE_PREFILL && o->n_blocks && !c->blocks) {
+        c->blocks = kvo_malloc(o->n_blocks * sizeof(uint32_t));
+        if (c->blocks) {
+            memcpy(c->blocks, o->block_ids, o->n_blocks * sizeof(uint32_t));
+            c->n_blocks = o->n_blocks;
+        }
+    }
+    if (k->stream && !k->cancel) sse_chunk(k, c, NULL, finish_name(o->finish), false);
+    if (++k->n_done == k->n_choices) call_finish(k);
+}
+
+/* Abort the engine requests of calls whose stream client went away. Runs
+ * outside mock_engine_complete (abort must not run inside a callback). */
+static void process_cancels(server *s) {
+    while (s->cancels) {
+        call *k = s->cancels;
+        s->cancels = k->cancel_next;
+        k->cancel_listed = false;
+        uint64_t ids[MAX_PROMPTS];
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < k->n_choices; i++)
+            if (!k->choices[i].done) ids[n++] = k->choices[i].req_id;
+        mock_engine *e = s->node.ranks[k->rank].eng;
+        /* The last abort finishes (and frees) the call. */
+        for (uint32_t i = 0; i < n; i++) mock_engine_abort(e, ids[i]);
+    }
+}
+
+/* ---- handlers -------------------------------------------------------------*/
+
+static bool pick_rank(server *s, kvo_http_req *req, json_object *body,
+                      uint32_t *rank) {
+    json_object *v;
+    const char *h = kvo_http_req_header(req, "X-data-parallel-rank");
+    if (json_object_object_get_ex(body, "data_parallel_rank", &v) && v) {
+        if (!json_object_is_type(v, json_type_int)) return false;
+        int64_t r = json_object_get_int64(v);
+        if (r < 0 || r >= s->node.n_ranks) return false;
+        *rank = (uint32_t)r;
+        return true;
+    }
+    if (h) {
+        uint32_t r;
+        if (kvo_parse_u32(h, &r) != KVO_OK || r >= s->node.n_ranks) return false;
+        *rank = r;
+        return true;
+    }
+    *rank = (uint32_t)(s->rr++ % s->node.n_ranks);
+    return true;
+}
+
+static void handle_completion(server *s, kvo_http_req *req, bool chat) {
+    size_t len;
+    const uint8_t *raw = kvo_http_req_body(req, &len);
+    json_object *body = json_tokener_parse((const char *)raw);
+    prompts *ps = kvo_calloc(1, sizeof(*ps));
+    call *k = NULL;
+    const char *err = NULL;
+    unsigned code = 400;
+    uint32_t max_len = mock_cfg_max_model_len(s->cfg);
+    if (!ps) {
+        respond_err(req, 503, "out of memory");
+        goto done;
+    }
+    if (!body || !json_object_is_type(body, json_type_object)) {
+        err = "body must be a JSON object";
+        goto done;
+    }
+    if (chat) {
+        json_object *m;
+        if (!json_object_object_get_ex(body, "messages", &m) ||
+            !json_object_is_type(m, json_type_array)) {
+            err = "messages is required";
+            goto done;
+        }
+        kvo_buf_reset(&s->scratch);
+        if (mock_chat_template(m, &s->scratch) != KVO_OK) {
+            err = "messages must be [{\"role\": str, \"content\": str|parts}]";
+            goto done;
+        }
+        if (s->scratch.len == 0 || s->scratch.len > max_len) {
+            err = "prompt longer than max_model_len";
+            goto done;
+        }
+        ps->n = 1;
+        ps->v[0].tok = kvo_malloc(s->scratch.len * sizeof(uint64_t));
+        if (!ps->v[0].tok) {
+            err = "out of memory";
+            code = 503;
+            goto done;
+        }
+        ps->v[0].n = mock_tokenize((const char *)s->scratch.data, s->scratch.len,
+                                   ps->v[0].tok);
+    } else if ((err = parse_prompts(body, max_len, ps)) != NULL) {
+        goto done;
+    }
+    json_object *v;
+    int64_t max_tokens = 16;
+    if ((json_object_object_get_ex(body, "max_tokens", &v) && v) ||
+        (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
+        if (!json_object_is_type(v, json_type_int) ||
+            (max_tokens = json_object_get_int64(v)) < 1 || max_tokens > max_len) {
+            err = "max_tokens must be an integer >= 1";
+            goto done;
+        }
+    }
+    const char *lora, *salt;
+    if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
+        err = "lora_name and cache_salt must be strings";
+        goto done;
+    }
+    k = kvo_calloc(1, sizeof(*k));
+    if (!k || !(k->choices = kvo_calloc(ps->n, sizeof(choice)))) {
+        err = "out of memory";
+        code = 503;
+        goto done;
+    }
+    k->s = s;
+    k->req = req;
+    k->chat = chat;
+    k->stream = get_bool(body, "stream", false);
+    json_object *so;
+    if (json_object_object_get_ex(body, "stream_options", &so) && so)
+        k->include_usage = get_bool(so, "include_usage", false);
+    k->return_token_ids = get_bool(body, "return_token_ids", false);
+    json_object *ktp;
+    if (json_object_object_get_ex(body, "kv_transfer_params", &ktp) && ktp &&
+        json_object_is_type(ktp, json_type_object))
+        k->remote_prefill = get_bool(ktp, "do_remote_prefill", false);
+    if (!pick_rank(s, req, body, &k->rank)) {
+        err = "data_parallel_rank out of range";
+        goto done;
+    }
+    k->n_choices = ps->n;
+    k->created = (long long)time(NULL);
+    snprintf(k->id, sizeof(k->id), "%s-%016llx", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)++s->next_call);
+    mock_engine *e = s->node.ranks[k->rank].eng;
+    for (uint32_t i = 0; i < ps->n; i++) {
+        choice *c = &k->choices[i];
+        c->k = k;
+        c->index = i;
+        kvo_buf_init(&c->text);
+        kvo_buf_init(&c->tok);
+        if ((uint64_t)ps->v[i].n + (uint64_t)max_tokens > max_len) {
+            err = "prompt tokens + max_tokens exceed max_model_len";
+            goto done;
+        }
+    }
+    /* All validated: queue every choice (cannot fail half-way but for
+     * memory, and then the queued ones are aborted). */
+    for (uint32_t i = 0; i < ps->n; i++) {
+        choice *c = &k->choices[i];
+        mock_req_in in = {.tokens = ps->v[i].tok,
+                          .n_tokens = ps->v[i].n,
+                          .max_tokens = (uint32_t)max_tokens,
+                          .lora_name = lora,
+                          .cache_salt = salt,
+                          .trace = {ps->v[i].trace_ids, ps->v[i].n_trace},
+                          .remote_prefill = k->remote_prefill,
+                          .on_output = on_choice_output,
+                          .user = c};
+        kvo_status st = mock_engine_add(e, &in, &c->req_id);
+        if (st != KVO_OK) {
+            for (uint32_t j = 0; j < i; j++) {
+                k->choices[j].k = NULL; /* callbacks of aborted ones ignored */
+                k->choices[j].done = true;
+            }
+            err = kvo_strerror(st);
+            code = st == KVO_ENOMEM ? 503 : 400;
+            goto done;
+        }
+    }
+    k->next = s->calls;
+    if (s->calls) s->calls->prev = k;
+    s->calls = k;
+    if (k->stream) kvo_http_stream_start(req, 200, "text/event-stream");
+    k = NULL; /* owned by the live list */
+done:
+    if (err) {
+        s->http_errors++;
+        respond_err(req, code, "%s", err);
+    }
+    if (k) {
+        /* Queued choices of a call that failed half-way: abort them. */
+        bool queued = false;
+        for (uint32_t i = 0; i < k->n_choices; i++)
+            if (k->choices[i].req_id && k->choices[i].k == NULL) queued = true;
+        if (queued) {
+            k->n_done = 0;
+            for (uint32_t i = 0; i < k->n_choices; i++)
+                if (k->choices[i].req_id && k->choices[i].k == NULL)
+                    mock_engine_abort(s->node.ranks[k->rank].eng, k->choices[i].req_id);
+        }
+        call_free(k);
+    }
+    if (ps) {
+        prompts_free(ps);
+        kvo_free(ps);
+    }
+    if (body) json_object_put(body);
+}
+
+static void handle_models(server *s, kvo_http_req *req) {
+    json_object *m = json_object_new_object();
+    json_object_object_add(m, "id", json_object_new_string(s->cfg->model));
+    json_object_object_add(m, "object", json_object_new_string("model"));
+    json_object_object_add(m, "created", json_object_new_int64(s->started_unix));
+    json_object_object_add(m, "owned_by", json_object_new_string("vllm"));
+    json_object_object_add(m, "root", json_object_new_string(s->cfg->model));
+    json_object_object_add(m, "parent", NULL);
+    json_object_object_add(m, "max_model_len",
+                           json_object_new_int64(mock_cfg_max_model_len(s->cfg)));
+    json_object_object_add(m, "permission", json_object_new_array());
+    json_object *arr = json_object_new_array();
+    json_object_array_add(arr, m);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "object", json_object_new_string("list"));
+    json_object_object_add(o, "data", arr);
+    kvo_http_respond_json(req, 200, o);
+}
+
+static void handle_reset(server *s, kvo_http_req *req) {
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
+        mock_engine_stats st;
+        mock_engine_stats_get(s->node.ranks[r].eng, &st);
+        if (st.used_blocks > 0) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "success", json_object_new_boolean(0));
+            char msg[128];
+            snprintf(msg, sizeof(msg),
+                     "failed to reset the prefix cache: rank %u has %llu blocks "
+                     "in use", r, (unsigned long long)st.used_blocks);
+            json_object_object_add(o, "error", json_object_new_string(msg));
+            kvo_http_respond_json(req, 409, o);
+            return;
+        }
+    }
+    for (uint32_t r = 0; r < s->node.n_ranks; r++)
+        mock_engine_reset_prefix_cache(s->node.ranks[r].eng);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "success", json_object_new_boolean(1));
+    kvo_http_respond_json(req, 200, o);
+}
+
+static void prom(kvo_buf *b, const char *name, const char *type,
+                 const char *help) {
+    kvo_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void handle_metrics(server *s, kvo_http_req *req) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    uint32_t n = s->node.n_ranks;
+    mock_engine_stats st[64];
+    for (uint32_t r = 0; r < n && r < 64; r++)
+        mock_engine_stats_get(s->node.ranks[r].eng, &st[r]);
+    const char *m = s->cfg->model;
+#define SERIES(name, fmt, expr)                                                   \
+    for (uint32_t r = 0; r < n && r < 64; r++)                                    \
+        kvo_buf_printf(&b, "%s{engine=\"%u\",model_name=\"%s\"} " fmt "\n", name, \
+                       r, m, expr);
+    prom(&b, "vllm:num_requests_running", "gauge",
+         "Number of requests in model execution batches.");
+    SERIES("vllm:num_requests_running", "%llu",
+           (unsigned long long)st[r].requests_running)
+    prom(&b, "vllm:num_requests_waiting", "gauge",
+         "Number of requests waiting to be processed.");
+    SERIES("vllm:num_requests_waiting", "%llu",
+           (unsigned long long)st[r].requests_waiting)
+    prom(&b, "vllm:kv_cache_usage_perc", "gauge",
+         "KV-cache usage. 1 means 100 percent usage.");
+    SERIES("vllm:kv_cache_usage_perc", "%.6f", st[r].usage)
+    prom(&b, "vllm:gpu_cache_usage_perc", "gauge",
+         "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).");
+    SERIES("vllm:gpu_cache_usage_perc", "%.6f", st[r].usage)
+    prom(&b, "vllm:prefix_cache_queries", "counter",
+         "Prefix cache queries, in terms of number of queried tokens.");
+    SERIES("vllm:prefix_cache_queries_total", "%llu",
+           (unsigned long long)st[r].prefix_queries)
+    prom(&b, "vllm:prefix_cache_hits", "counter",
+         "Prefix cache hits, in terms of number of cached tokens.");
+    SERIES("vllm:prefix_cache_hits_total", "%llu",
+           (unsigned long long)st[r].prefix_hits)
+    prom(&b, "vllm:num_preemptions", "counter", "Cumulative number of preemptions.");
+    SERIES("vllm:num_preemptions_total", "%llu",
+           (unsigned long long)st[r].preemptions)
+    prom(&b, "vllm:prompt_tokens", "counter", "Number of prefill tokens processed.");
+    SERIES("vllm:prompt_tokens_total", "%llu",
+           (unsigned long long)st[r].prompt_tokens)
+    prom(&b, "vllm:generation_tokens", "counter",
+         "Number of generation tokens processed.");
+    SERIES("vllm:generation_tokens_total", "%llu",
+           (unsigned long long)st[r].generated_tokens)
+    prom(&b, "vllm:request_success", "counter", "Count of successfully processed requests.");
+    for (uint32_t r = 0; r < n && r < 64; r++)
+        kvo_buf_printf(&b,
+                       "vllm:request_success_total{engine=\"%u\",finished_reason="
+                       "\"length\",model_name=\"%s\"} %llu\n",
+                       r, m, (unsigned long long)st[r].requests_finished);
+#undef SERIES
+    kvo_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", b.data,
+                     b.len);
+    kvo_buf_fini(&b);
+}
+
+static json_object *counters_json(const mock_engine_stats *st,
+                                  const mock_pub_stats *ps, uint64_t render_err) {
+    json_object *c = json_object_new_object();
+#define C(name, v) json_object_object_add(c, name, json_object_new_uint64(v))
+    C("requests_added", st->requests_added);
+    C("requests_finished", st->requests_finished);
+    C("requests_aborted", st->requests_aborted);
+    C("requests_running", st->requests_running);
+    C("requests_waiting", st->requests_waiting);
+    C("steps", st->steps);
+    C("preemptions", st->preemptions);
+    C("prompt_tokens", st->prompt_tokens);
+    C("generated_tokens", st->generated_tokens);
+    C("computed_tokens", st->computed_tokens);
+    C("prefix_queries", st->prefix_queries);
+    C("prefix_hits", st->prefix_hits);
+    C("batches", st->batches);
+    C("events", st->events);
+    C("blocks_stored", st->blocks_stored);
+    C("blocks_removed", st->blocks_removed);
+    C("cleared", st->cleared);
+    C("used_blocks", st->used_blocks);
+    C("published_batches", ps->batches);
+    C("published_bytes", ps->bytes);
+    C("replay_requests", ps->replay_requests);
+    C("replay_batches", ps->replay_batches);
+    C("replay_bad_requests", ps->bad_requests);
+    C("replay_buffered", ps->ring_len);
+    C("send_errors", ps->send_errors);
+    C("record_errors", ps->record_errors);
+    C("render_errors", render_err);
+#undef C
+    return c;
+}
+
+static void handle_state(server *s, kvo_http_req *req) {
+    const mock_cfg *c = s->cfg;
+    json_object *w = json_object_new_object();
+    json_object_object_add(w, "role", json_object_new_string(mock_role_name(c->role)));
+    json_object_object_add(w, "block_size", json_object_new_int64(c->block_size));
+    json_object_object_add(w, "num_gpu_blocks", json_object_new_int64(c->num_gpu_blocks));
+    json_object_object_add(w, "hash_algo", json_object_new_string(wire_algo_name(c->hash_algo)));
+    json_object_object_add(w, "hash_seed", json_object_new_string(c->hash_seed));
+    json_object_object_add(w, "hash_bytes", json_object_new_boolean(c->hash_bytes));
+    json_object_object_add(w, "event_format",
+                           json_object_new_string(wire_format_name(c->event_format)));
+    json_object_object_add(w, "topic", json_object_new_string(c->topic));
+    json_object_object_add(w, "dp_size", json_object_new_int64(c->dp_size));
+    json_object_object_add(w, "model", json_object_new_string(c->model));
+    json_object_object_add(w, "prefix_caching", json_object_new_boolean(c->prefix_caching));
+    json_object_object_add(w, "max_model_len",
+                           json_object_new_int64(mock_cfg_max_model_len(c)));
+    json_object *muts = json_object_new_array();
+    const mock_mutation_info *m = mock_mutations();
+    for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
+        if (c->mutations & m[i].bit)
+            json_object_array_add(muts, json_object_new_string(m[i].name));
+    json_object_object_add(w, "mutations", muts);
+    json_object *ranks = json_object_new_array();
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
+        node_rank *nr = &s->node.ranks[r];
+        mock_engine_stats st;
+        mock_pub_stats ps;
+        mock_engine_stats_get(nr->eng, &st);
+        mock_pub_stats_get(nr->pub, &ps);
+        uint64_t last;
+        bool lset = mock_pub_last_seq(nr->pub, &last);
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "dp_rank", json_object_new_int64(r));
+        json_object_object_add(o, "last_seq", u64_or_null(lset, last));
+        json_object_object_add(o, "resident_blocks", json_object_new_uint64(st.resident_blocks));
+        json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
+        json_object_object_add(o, "requests_finished",
+                               json_object_new_uint64(st.requests_finished));
+        json_object_object_add(o, "counters", counters_json(&st, &ps, nr->render_errors));
+        json_object_array_add(ranks, o);
+    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "worker", w);
+    json_object_object_add(o, "ranks", ranks);
+    kvo_http_respond_json(req, 200, o);
+}
+
+static void handle_probe(server *s, kvo_http_req *req) {
+    size_t len;
+    const uint8_t *raw = kvo_http_req_body(req, &len);
+    json_object *body = json_tokener_parse((const char *)raw);
+    prompt p = {0};
+    mock_hash *h = NULL;
+    const char *err = NULL;
+    uint32_t bs = s->cfg->block_size;
+    uint32_t max_len = mock_cfg_max_model_len(s->cfg);
+    if (!body || !json_object_is_type(body, json_type_object)) {
+        err = "body must be a JSON object";
+        goto done;
+    }
+    json_object *t, *ids;
+    if (json_object_object_get_ex(body, "trace", &t) && t) {
+        err = trace_prompt(t, max_len, &p);
+    } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
+               json_object_is_type(ids, json_type_array)) {
+        err = token_list(ids, max_len, &p);
+    } else {
+        err = "token_ids or trace is required";
+    }
+    if (err) goto done;
+    const char *lora, *salt;
+    if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
+        err = "lora_name and cache_salt must be strings";
+        goto done;
+    }
+    if (lora && !*lora) lora = NULL;
+    if (salt && !*salt) salt = NULL;
+    uint32_t n = s->node.n_ranks;
+    uint32_t hits[64] = {0};
+    uint32_t cap = (p.n - 1) / bs;
+    if (s->cfg->prefix_caching && cap > 0) {
+        /* Hash only as far as some rank still hits: chunks that double. */
+        h = kvo_malloc((size_t)cap * sizeof(mock_hash));
+        if (!h) {
+            err = "out of memory";
+            goto done;
+        }
+        mock_trace_ref tr = {p.trace_ids, p.n_trace};
+        uint32_t done_blocks = 0, chunk = 32;
+        bool alive = true;
+        while (alive && done_blocks < cap) {
+            uint32_t k = cap - done_blocks < chunk ? cap - done_blocks : chunk;
+            kvo_status st = mock_hasher_blocks(
+                s->node.hasher, p.tok, bs, done_blocks, k,
+                done_blocks ? &h[done_blocks - 1] : NULL, lora, salt,
+                p.trace_ids ? &tr : NULL, h + done_blocks);
+            if (st != KVO_OK) {
+                err = kvo_strerror(st);
+                goto done;
+            }
+            done_blocks += k;
+            chunk *= 2;
+            alive = false;
+            for (uint32_t r = 0; r < n && r < 64; r++) {
+                hits[r] = mock_engine_probe(s->node.ranks[r].eng, h,
+                                            done_blocks * bs + 1);
+                if (hits[r] == done_blocks) alive = true;
+            }
+        }
+    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "block_size", json_object_new_int64(bs));
+    json_object_object_add(o, "prompt_blocks", json_object_new_int64((p.n + bs - 1) / bs));
+    json_object *arr = json_object_new_array();
+    for (uint32_t r = 0; r < n && r < 64; r++) {
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "dp_rank", json_object_new_int64(r));
+        json_object_object_add(e, "hit_blocks", json_object_new_int64(hits[r]));
+        json_object_array_add(arr, e);
+    }
+    json_object_object_add(o, "ranks", arr);
+    kvo_http_respond_json(req, 200, o);
+done:
+    if (err) respond_err(req, 400, "%s", err);
+    kvo_free(h);
+    kvo_free(p.tok);
+    kvo_free(p.trace_ids);
+    if (body) json_object_put(body);
+}
+
+/* tcp://bound-host:port -> tcp://advertise-host:port */
+static json_object *advertised(server *s, const char *bound) {
+    if (!bound || !*bound) return NULL;
+    const char *colon = strrchr(bound, ':');
+    if (strncmp(bound, "tcp://", 6) != 0 || !colon) return json_object_new_string(bound);
+    char buf[320];
+    snprintf(buf, sizeof(buf), "tcp://%s%s", node_advertise_host(&s->node), colon);
+    return json_object_new_string(buf);
+}
+
+static void handle_sources(server *s, kvo_http_req *req) {
+    json_object *arr = json_object_new_array();
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
+        node_rank *nr = &s->node.ranks[r];
+        if (!nr->source) continue;
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "transport", json_object_new_string("zmq"));
+        json_object_object_add(o, "endpoint", advertised(s, mock_pub_endpoint(nr->pub)));
+        json_object_object_add(o, "replay_endpoint",
+                               advertised(s, mock_pub_replay_endpoint(nr->pub)));
+        json_object_object_add(o, "topic", json_object_new_string(s->cfg->topic));
+        json_object_object_add(o, "data_parallel_rank", json_object_new_int64(r));
+        json_object_object_add(o, "encoding", json_object_new_string("msgpack"));
+        json_object_array_add(arr, o);
+    }
+    kvo_http_respond_json(req, 200, arr);
+}
+
+static void on_http(void *ctx, kvo_http_req *req) {
+    server *s = ctx;
+    s->http_requests++;
+    const char *m = kvo_http_req_method(req);
+    const char *p = kvo_http_req_path(req);
+    bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
+    if (strcmp(p, "/v1/completions") == 0 && post) handle_completion(s, req, false);
+    else if (strcmp(p, "/v1/chat/completions") == 0 && post)
+        handle_completion(s, req, true);
+    else if (strcmp(p, "/health") == 0 && get) kvo_http_respond(req, 200, "text/plain", "", 0);
+    else if (strcmp(p, "/v1/models") == 0 && get) handle_models(s, req);
+    else if (strcmp(p, "/reset_prefix_cache") == 0 && post) handle_reset(s, req);
+    else if (strcmp(p, "/metrics") == 0 && get) handle_metrics(s, req);
+    else if (strcmp(p, "/kvo/state") == 0 && get) handle_state(s, req);
+    else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req);
+    else if (strcmp(p, "/kvo/event_sources") == 0 && get) handle_sources(s, req);
+    else respond_err(req, 404, "no route for %s %s", m, p);
+}
+
+/* ---- the loop -------------------------------------------------------------*/
+
+static double model_now(const server *s) {
+    return (double)(kvo_now_ns() - s->t0_ns) / 1e6 * s->cfg->speedup;
+}
+
+/* Advance every rank; returns true when virtual time still has work. */
+static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
+    bool virt = s->cfg->speedup <= 0;
+    *busy = false;
+    *next_due_ms = -1;
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
+        node_rank *nr = &s->node.ranks[r];
+        double now = virt ? 0 : model_now(s);
+        if (nr->in_step) {
+            if (now < nr->step_end) {
+                double due = (nr->step_end - now) / s->cfg->speedup;
+                if (*next_due_ms < 0 || due < *next_due_ms) *next_due_ms = due;
+                continue;
+            }
+            nr->in_step = false;
+            node_step_end(&s->node, r);
+        }
+        if (!mock_engine_has_work(nr->eng) && !mock_engine_has_events(nr->eng))
+            continue;
+        mock_step st;
+        kvo_status rc = node_step_begin(&s->node, r, (double)kvo_unix_ns() / 1e9, &st);
+        if (rc != KVO_OK) return rc;
+        uint64_t last;
+        if (st.n_started && mock_pub_last_seq(nr->pub, &last)) {
+            for (uint32_t i = 0; i < st.n_started; i++) {
+                choice *c = st.started[i];
+                c->prefill_seq_set = true;
+                c->prefill_seq = last;
+            }
+        }
+        if (st.idle) continue;
+        if (virt) {
+            node_step_end(&s->node, r);
+            if (mock_engine_has_work(nr->eng)) *busy = true;
+        } else {
+            nr->in_step = true;
+            nr->step_end = now + st.duration_ms;
+            double due = st.duration_ms / s->cfg->speedup;
+            if (*next_due_ms < 0 || due < *next_due_ms) *next_due_ms = due;
+        }
+    }
+    return KVO_OK;
+}
+
+kvo_status mock_run_server(const mock_cfg *cfg) {
+    server *s = kvo_calloc(1, sizeof(*s));
+    if (!s) return KVO_ENOMEM;
+    s->cfg = cfg;
+    s->t0_ns = kvo_now_ns();
+    s->started_unix = (long long)time(NULL);
+    kvo_buf_init(&s->scratch);
+    kvo_status st = node_init(&s->node, cfg, true);
+    if (st != KVO_OK) {
+        kvo_free(s);
+        return st;
+    }
+    kvo_http_server_cfg hc = {.host = cfg->host, .port = cfg->port,
+                              .handler = on_http, .ctx = s};
+    st = kvo_http_server_new(&s->http, &hc);
+    if (st != KVO_OK) {
+        kvo_error("HTTP server on %s:%u: %s", cfg->host, (unsigned)cfg->port,
+                  kvo_strerror(st));
+        goto done;
+    }
+    kvo_info("listening on http://%s:%u", cfg->host,
+             (unsigned)kvo_http_server_port(s->http));
+    zmq_pollitem_t items[65];
+    uint32_t n_items = 0, rank_of[65];
+    items[n_items++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s->http), ZMQ_POLLIN, 0};
+    for (uint32_t r = 0; r < s->node.n_ranks && n_items < 65; r++) {
+        void *rs = mock_pub_replay_socket(s->node.ranks[r].pub);
+        if (!rs) continue;
+        rank_of[n_items] = r;
+        items[n_items++] = (zmq_pollitem_t){rs, 0, ZMQ_POLLIN, 0};
+    }
+    while (!kvo_stop) {
+        bool busy;
+        double due;
+        if ((st = step_ranks(s, &busy, &due)) != KVO_OK) {
+            kvo_error("engine step: %s", kvo_strerror(st));
+            break;
+        }
+        process_cancels(s);
+        long timeout = 100;
+        if (busy) timeout = 0;
+        else if (due >= 0 && due < timeout) timeout = (long)due + (due > (long)due);
+        long ht = kvo_http_server_timeout_ms(s->http);
+        if (ht >= 0 && ht < timeout) timeout = ht;
+        int rc = zmq_poll(items, (int)n_items, timeout);
+        if (rc > 0) {
+            for (uint32_t i = 1; i < n_items; i++)
+                if (items[i].revents & ZMQ_POLLIN)
+                    mock_pub_replay_serve(s->node.ranks[rank_of[i]].pub);
+        }
+        kvo_http_server_run(s->http);
+    }
+    if (kvo_stop) st = KVO_OK;
+    kvo_info("stopping: %llu HTTP requests, %llu finished, %llu aborted",
+             (unsigned long long)s->http_requests,
+             (unsigned long long)s->finished_length,
+             (unsigned long long)s->finished_aborted);
+done:
+    kvo_http_server_free(s->http); /* pending requests get 503 */
+    node_fini(&s->node);           /* engines drop requests, no callbacks */
+    while (s->calls) {
+        call *k = s->calls;
+        s->calls = k->next;
+        call_free(k);
+    }
+    kvo_buf_fini(&s->scratch);
+    kvo_free(s);
+    return st;
+}

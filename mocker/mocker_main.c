@@ -1,0 +1,291 @@
+/* kvo-mocker: a mock vLLM engine (block pool, scheduler, KV events over
+ * ZeroMQ, OpenAI HTTP API), or a trace replayer with --trace. */
+#include "mock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    OPT_HOST = 256, OPT_PORT, OPT_ZMQ_HOST, OPT_ZMQ_PORT, OPT_ZMQ_ENDPOINT,
+    OPT_REPLAY_PORT, OPT_NO_REPLAY, OPT_ADVERTISE, OPT_TOPIC, OPT_BLOCK_SIZE,
+    OPT_NUM_GPU_BLOCKS, OPT_MAX_SEQS, OPT_MAX_BATCHED, OPT_MAX_MODEL_LEN,
+    OPT_DP_SIZE, OPT_ROLE, OPT_NO_CACHING, OPT_CACHING, OPT_KV_TRANSFER,
+    OPT_HASH_ALGO, OPT_HASH_SEED, OPT_HASH_BYTES, OPT_HASH_MEMO,
+    OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
+    OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
+    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL
+};
+
+static const struct option options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {"host", required_argument, NULL, OPT_HOST},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"zmq-host", required_argument, NULL, OPT_ZMQ_HOST},
+    {"zmq-port", required_argument, NULL, OPT_ZMQ_PORT},
+    {"zmq-endpoint", required_argument, NULL, OPT_ZMQ_ENDPOINT},
+    {"replay-port", required_argument, NULL, OPT_REPLAY_PORT},
+    {"no-replay", no_argument, NULL, OPT_NO_REPLAY},
+    {"advertise-host", required_argument, NULL, OPT_ADVERTISE},
+    {"topic", required_argument, NULL, OPT_TOPIC},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"num-gpu-blocks", required_argument, NULL, OPT_NUM_GPU_BLOCKS},
+    {"max-num-seqs", required_argument, NULL, OPT_MAX_SEQS},
+    {"max-num-batched-tokens", required_argument, NULL, OPT_MAX_BATCHED},
+    {"max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN},
+    {"dp-size", required_argument, NULL, OPT_DP_SIZE},
+    {"role", required_argument, NULL, OPT_ROLE},
+    {"no-enable-prefix-caching", no_argument, NULL, OPT_NO_CACHING},
+    {"enable-prefix-caching", no_argument, NULL, OPT_CACHING},
+    {"kv-transfer-ms-per-block", required_argument, NULL, OPT_KV_TRANSFER},
+    {"hash-algo", required_argument, NULL, OPT_HASH_ALGO},
+    {"hash-seed", required_argument, NULL, OPT_HASH_SEED},
+    {"hash-bytes", no_argument, NULL, OPT_HASH_BYTES},
+    {"hash-memo", required_argument, NULL, OPT_HASH_MEMO},
+    {"event-format", required_argument, NULL, OPT_EVENT_FORMAT},
+    {"speedup", required_argument, NULL, OPT_SPEEDUP},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"mutate", required_argument, NULL, OPT_MUTATE},
+    {"record", required_argument, NULL, OPT_RECORD},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"replay-buffer", required_argument, NULL, OPT_REPLAY_BUFFER},
+    {"replay-buffer-mb", required_argument, NULL, OPT_REPLAY_BUFFER_MB},
+    {"zmq-hwm", required_argument, NULL, OPT_ZMQ_HWM},
+    {"require-events", no_argument, NULL, OPT_REQUIRE_EVENTS},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"summary-json", no_argument, NULL, OPT_SUMMARY_JSON},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {NULL, 0, NULL, 0}};
+
+static const char usage[] =
+    "usage: kvo-mocker [options]            serve the HTTP API + KV events\n"
+    "       kvo-mocker --trace FILE [options]  replay a Mooncake trace\n"
+    "\n"
+    "A mock vLLM engine: vLLM v1's block pool and scheduler, KV events over\n"
+    "ZeroMQ (PUB + replay ROUTER), the OpenAI HTTP API, and the engine's cache\n"
+    "as ground truth (/kvo/state, /kvo/probe).\n"
+    "\n"
+    "HTTP:\n"
+    "  --host H                  bind address (default 127.0.0.1)\n"
+    "  --port P                  (default 8000; 0 = pick a free port)\n"
+    "  --model NAME              served model name (default kvo-mock)\n"
+    "KV events (rank r of --dp-size uses port + r):\n"
+    "  --zmq-host H              PUB/ROUTER bind address (default 127.0.0.1)\n"
+    "  --zmq-port P              PUB port (default 5557; 0 = pick)\n"
+    "  --zmq-endpoint E          PUB endpoint instead (any ZeroMQ endpoint)\n"
+    "  --replay-port P           replay ROUTER port (default 5558; 0 = pick)\n"
+    "  --no-replay               no replay socket\n"
+    "  --advertise-host H        host written in /kvo/event_sources\n"
+    "  --topic T                 topic frame (default empty, as vLLM)\n"
+    "  --event-format F          map|map-next|array-v0.9.0|array-v0.9.1|\n"
+    "                            array-v0.10.2|array-v0.14|array-late (map)\n"
+    "  --hash-bytes              hashes as raw digests, not low-64 ints\n"
+    "  --replay-buffer N         batches kept for replay (default 10000)\n"
+    "  --replay-buffer-mb N      and at most N MiB of them (default 256)\n"
+    "  --zmq-hwm N               PUB high-water mark (default 100000)\n"
+    "  --require-events          fail when the publisher cannot bind\n"
+    "  --record FILE             capture every published message\n"
+    "Engine:\n"
+    "  --block-size N            (default 16)\n"
+    "  --num-gpu-blocks N        per rank, incl. the null block (default 16384)\n"
+    "  --max-num-seqs N          (default 256)\n"
+    "  --max-num-batched-tokens N (default 8192)\n"
+    "  --max-model-len N         (default (num-gpu-blocks - 1) * block-size)\n"
+    "  --dp-size N               data-parallel ranks (default 1)\n"
+    "  --role R                  aggregated|prefill|decode (default aggregated)\n"
+    "  --no-enable-prefix-caching  no prefix cache and no KV events\n"
+    "  --kv-transfer-ms-per-block X  decode role: latency per received block\n"
+    "  --hash-algo A             sha256|sha256_cbor|xxhash|xxhash_cbor (sha256)\n"
+    "  --hash-seed S             PYTHONHASHSEED of NONE_HASH (default \"0\")\n"
+    "  --hash-memo N             trace-prompt hash memo: 2^N rows of one trace\n"
+    "                            block each (default 14 = 25 MB; 0 = off)\n"
+    "  --speedup X               timing model / X; 0 = virtual time (default)\n"
+    "  --seed N                  generated tokens (default 0)\n"
+    "  --mutate NAME[,NAME]      corrupt the published events (below)\n"
+    "Trace mode:\n"
+    "  --trace FILE              Mooncake JSONL; no HTTP; summary on stdout\n"
+    "  --no-progress             no progress bar (shown on a terminal)\n"
+    "  --summary-json            the summary as one JSON line\n"
+    "Other:\n"
+    "  --log-level L             error|warn|info|debug (default info)\n"
+    "  -h, --help                this text\n"
+    "  -V, --version             print the version\n"
+    "\n"
+    "Every option also reads KVO_<NAME> from the environment.\n"
+    "Exit: 0 clean stop, 1 input failed (trace unreadable), 2 usage or setup.\n";
+
+typedef struct opts {
+    mock_cfg cfg;
+    kvo_level level;
+    bool help, version;
+} opts;
+
+static int bad(const char *opt, const char *arg) {
+    fprintf(stderr, "kvo-mocker: bad value for --%s: '%s'\n", opt, arg ? arg : "");
+    return -1;
+}
+
+static int port_opt(const char *name, const char *arg, uint16_t *out) {
+    uint32_t v;
+    if (kvo_parse_u32(arg, &v) || v > 65535) return bad(name, arg);
+    *out = (uint16_t)v;
+    return 0;
+}
+
+static int u32_opt(const char *name, const char *arg, uint32_t *out,
+                   uint32_t min) {
+    uint32_t v;
+    if (kvo_parse_u32(arg, &v) || v < min) return bad(name, arg);
+    *out = v;
+    return 0;
+}
+
+static int set_opt(void *ctx, int code, const char *arg) {
+    opts *o = ctx;
+    mock_cfg *c = &o->cfg;
+    double d;
+    uint32_t u;
+    switch (code) {
+    case 'h': o->help = true; return 0;
+    case 'V': o->version = true; return 0;
+    case OPT_HOST: c->host = arg; return 0;
+    case OPT_PORT: return port_opt("port", arg, &c->port);
+    case OPT_ZMQ_HOST: c->zmq_host = arg; return 0;
+    case OPT_ZMQ_PORT: return port_opt("zmq-port", arg, &c->zmq_port);
+    case OPT_ZMQ_ENDPOINT: c->zmq_endpoint = *arg ? arg : NULL; return 0;
+    case OPT_REPLAY_PORT: return port_opt("replay-port", arg, &c->replay_port);
+    case OPT_NO_REPLAY: c->replay = false; return 0;
+    case OPT_ADVERTISE: c->advertise_host = arg; return 0;
+    case OPT_TOPIC: c->topic = arg; return 0;
+    case OPT_BLOCK_SIZE: return u32_opt("block-size", arg, &c->block_size, 1);
+    case OPT_NUM_GPU_BLOCKS:
+        return u32_opt("num-gpu-blocks", arg, &c->num_gpu_blocks, 2);
+    case OPT_MAX_SEQS: return u32_opt("max-num-seqs", arg, &c->max_num_seqs, 1);
+    case OPT_MAX_BATCHED:
+        return u32_opt("max-num-batched-tokens", arg, &c->max_num_batched_tokens, 1);
+    case OPT_MAX_MODEL_LEN:
+        return u32_opt("max-model-len", arg, &c->max_model_len, 2);
+    case OPT_DP_SIZE:
+        if (u32_opt("dp-size", arg, &c->dp_size, 1)) return -1;
+        return c->dp_size > 64 ? bad("dp-size", arg) : 0;
+    case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : 0;
+    case OPT_NO_CACHING: c->prefix_caching = false; return 0;
+    case OPT_CACHING: c->prefix_caching = true; return 0;
+    case OPT_KV_TRANSFER:
+        if (kvo_parse_double(arg, &d) || d < 0) return bad("kv-transfer-ms-per-block", arg);
+        c->kv_transfer_ms_per_block = d;
+        return 0;
+    case OPT_HASH_ALGO:
+        return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg) : 0;
+    case OPT_HASH_SEED: c->hash_seed = arg; return 0;
+    case OPT_HASH_BYTES: c->hash_bytes = true; return 0;
+    case OPT_HASH_MEMO:
+        if (kvo_parse_u32(arg, &u) || u > 20) return bad("hash-memo", arg);
+        c->hash_memo_log2 = u;
+        return 0;
+    case OPT_EVENT_FORMAT:
+        return wire_format_parse(arg, &c->event_format) ? bad("event-format", arg) : 0;
+    case OPT_SPEEDUP:
+        if (kvo_parse_double(arg, &d) || d < 0) return bad("speedup", arg);
+        c->speedup = d;
+        return 0;
+    case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : 0;
+    case OPT_MUTATE: {
+        char which[64];
+        if (mock_mutate_parse(arg, &c->mutations, which, sizeof(which))) {
+            fprintf(stderr, "kvo-mocker: unknown mutation '%s' (see --help)\n", which);
+            return -1;
+        }
+        return 0;
+    }
+    case OPT_RECORD: c->record = *arg ? arg : NULL; return 0;
+    case OPT_TRACE: c->trace = *arg ? arg : NULL; return 0;
+    case OPT_REPLAY_BUFFER: return u32_opt("replay-buffer", arg, &c->replay_buffer, 0);
+    case OPT_REPLAY_BUFFER_MB:
+        if (kvo_parse_u32(arg, &u) || u == 0) return bad("replay-buffer-mb", arg);
+        c->replay_buffer_bytes = (uint64_t)u << 20;
+        return 0;
+    case OPT_ZMQ_HWM:
+        if (kvo_parse_u32(arg, &u) || u > INT32_MAX) return bad("zmq-hwm", arg);
+        c->zmq_hwm = (int)u;
+        return 0;
+    case OPT_REQUIRE_EVENTS: c->require_events = true; return 0;
+    case OPT_MODEL: c->model = arg; return 0;
+    case OPT_NO_PROGRESS: c->progress = false; return 0;
+    case OPT_SUMMARY_JSON: c->summary_json = true; return 0;
+    case OPT_LOG_LEVEL:
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+    default: return -1;
+    }
+}
+
+static void print_help(void) {
+    fputs(usage, stdout);
+    printf("\nMutations (--mutate; the published bytes only, never the engine):\n");
+    const mock_mutation_info *m = mock_mutations();
+    for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
+        printf("  %-20s %-7s %s\n", m[i].name, m[i].killed ? "killed" : "benign",
+               m[i].what);
+}
+
+static void log_config(const mock_cfg *c) {
+    char muts[512] = "";
+    const mock_mutation_info *m = mock_mutations();
+    for (unsigned i = 0; i < MOCK_MUT_COUNT; i++) {
+        if (!(c->mutations & m[i].bit)) continue;
+        size_t n = strlen(muts);
+        snprintf(muts + n, sizeof(muts) - n, "%s%s", n ? "," : "", m[i].name);
+    }
+    kvo_info("kvo-mocker %s: mode=%s model=%s role=%s dp_size=%u block_size=%u "
+             "num_gpu_blocks=%u max_num_seqs=%u max_num_batched_tokens=%u "
+             "max_model_len=%u prefix_caching=%s hash_algo=%s hash_seed=%s "
+             "hash_bytes=%s event_format=%s topic='%s' speedup=%g seed=%llu "
+             "mutate=%s record=%s",
+             KVO_VERSION, c->trace ? "trace" : "server", c->model,
+             mock_role_name(c->role), c->dp_size, c->block_size,
+             c->num_gpu_blocks, c->max_num_seqs, c->max_num_batched_tokens,
+             mock_cfg_max_model_len(c), c->prefix_caching ? "on" : "off",
+             wire_algo_name(c->hash_algo), c->hash_seed,
+             c->hash_bytes ? "on" : "off", wire_format_name(c->event_format),
+             c->topic, c->speedup, (unsigned long long)c->seed,
+             *muts ? muts : "none", c->record ? c->record : "none");
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    memset(&o, 0, sizeof(o));
+    mock_cfg_default(&o.cfg);
+    o.cfg.progress = true;
+    o.level = KVO_LOG_INFO;
+    int optind_ = kvo_getopt(argc, argv, options, set_opt, &o);
+    if (optind_ < 0) {
+        fprintf(stderr, "kvo-mocker: see --help\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (o.help) {
+        print_help();
+        return KVO_EXIT_OK;
+    }
+    if (o.version) {
+        printf("kvo-mocker %s\n", KVO_VERSION);
+        return KVO_EXIT_OK;
+    }
+    if (optind_ < argc) {
+        fprintf(stderr, "kvo-mocker: unexpected argument '%s' (see --help)\n",
+                argv[optind_]);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.cfg.dp_size > 1 && o.cfg.zmq_port && o.cfg.zmq_port + o.cfg.dp_size > 65536) {
+        fprintf(stderr, "kvo-mocker: --zmq-port + --dp-size exceeds 65535\n");
+        return KVO_EXIT_USAGE;
+    }
+    kvo_log_init("kvo-mocker", o.level);
+    kvo_signals_init();
+    log_config(&o.cfg);
+    kvo_status st = o.cfg.trace ? mock_run_trace(&o.cfg) : mock_run_server(&o.cfg);
+    if (st == KVO_OK) return KVO_EXIT_OK;
+    if (o.cfg.trace && (st == KVO_ENOTFOUND || st == KVO_EIO)) return KVO_EXIT_FAIL;
+    return KVO_EXIT_USAGE;
+}
