@@ -31,6 +31,11 @@ uint64_t *relay_map_get(relay_map *m, uint64_t key);
  * NULL only when out of memory. */
 uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added);
 bool relay_map_del(relay_map *m, uint64_t key);
+/* Reference-count step in one probe: absent -> RELAY_MAP_ABSENT; value 1
+ * (or 0) -> the entry is deleted, RELAY_MAP_GONE; more -> value-1,
+ * RELAY_MAP_HELD. */
+typedef enum { RELAY_MAP_ABSENT, RELAY_MAP_GONE, RELAY_MAP_HELD } relay_map_dec_result;
+relay_map_dec_result relay_map_dec(relay_map *m, uint64_t key);
 
 /* ---- ZMQ sources (relay_source.c) ---------------------------------------*/
 typedef struct relay_source relay_source;

@@ -1,16 +1,14 @@
 /* relay_map.c -- u64 -> u64 open-addressing map (see relay_int.h). */
 #include "relay_int.h"
 
+#include <stdint.h>
 #include <string.h>
 
-/* splitmix64 finalizer: block hashes are already well mixed, but keys from
- * tests and signed engines (-1, -2, ...) are not. */
+/* Fibonacci hashing (top bits of key * 2^64/phi): one multiply; spreads
+ * keys that share their low bits (small ints, signed -1, -2, ...) too. */
 static size_t slot_of(uint64_t key, size_t cap) {
-    uint64_t z = key;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (size_t)(z & (cap - 1));
+    unsigned shift = 64 - (unsigned)__builtin_ctzll((unsigned long long)cap);
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> shift);
 }
 
 void relay_map_init(relay_map *m) { memset(m, 0, sizeof(*m)); }
@@ -78,19 +76,19 @@ uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added) {
     return &m->slots[i].val;
 }
 
-bool relay_map_del(relay_map *m, uint64_t key) {
-    if (key == 0) {
-        if (!m->has_zero) return false;
-        m->has_zero = false;
-        m->len--;
-        return true;
-    }
-    if (!m->cap) return false;
+/* Slot index of key, or SIZE_MAX. */
+static size_t find(const relay_map *m, uint64_t key) {
+    if (!m->cap) return SIZE_MAX;
     size_t mask = m->cap - 1, i = slot_of(key, m->cap);
     while (m->slots[i].key != key) {
-        if (!m->slots[i].key) return false;
+        if (!m->slots[i].key) return SIZE_MAX;
         i = (i + 1) & mask;
     }
+    return i;
+}
+
+static void remove_at(relay_map *m, size_t i) {
+    size_t mask = m->cap - 1;
     /* Backward shift: pull later entries of the probe run into the hole when
      * their home slot does not lie cyclically in (hole, j]. */
     size_t hole = i;
@@ -105,5 +103,41 @@ bool relay_map_del(relay_map *m, uint64_t key) {
     m->slots[hole].key = 0;
     m->slots[hole].val = 0;
     m->len--;
+}
+
+bool relay_map_del(relay_map *m, uint64_t key) {
+    if (key == 0) {
+        if (!m->has_zero) return false;
+        m->has_zero = false;
+        m->len--;
+        return true;
+    }
+    size_t i = find(m, key);
+    if (i == SIZE_MAX) return false;
+    remove_at(m, i);
     return true;
+}
+
+relay_map_dec_result relay_map_dec(relay_map *m, uint64_t key) {
+    uint64_t *v;
+    size_t i = SIZE_MAX;
+    if (key == 0) {
+        if (!m->has_zero) return RELAY_MAP_ABSENT;
+        v = &m->zero_val;
+    } else {
+        i = find(m, key);
+        if (i == SIZE_MAX) return RELAY_MAP_ABSENT;
+        v = &m->slots[i].val;
+    }
+    if (*v > 1) {
+        (*v)--;
+        return RELAY_MAP_HELD;
+    }
+    if (key == 0) {
+        m->has_zero = false;
+        m->len--;
+    } else {
+        remove_at(m, i);
+    }
+    return RELAY_MAP_GONE;
 }

@@ -96,6 +96,10 @@ kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg) {
     if (s == NATS_OK) s = natsOptions_SetName(n->opts, "kvo-relay");
     if (s == NATS_OK) s = natsOptions_SetNoRandomize(n->opts, true);
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(n->opts, -1);
+    /* Write each envelope at once instead of waiting for nats.c's flusher
+     * thread (~1 ms): envelopes are already batched, and lockstep drivers
+     * (kvo-check) wait on every watermark. */
+    if (s == NATS_OK) s = natsOptions_SetSendAsap(n->opts, true);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(
             n->opts, cfg->nats_reconnect_wait_ms > 0

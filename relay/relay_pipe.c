@@ -100,9 +100,6 @@ struct relay_pipe {
     uint64_t event_id;  /* last RouterEvent id of the worker */
     wire_plane_msg msg;
     kvo_buf body;
-    wire_rblock *scratch_blocks; /* one event's converted blocks */
-    uint64_t *scratch_hashes;
-    uint32_t scratch_cap;
 
     /* engine-hash verification */
     wire_digest root;
@@ -258,10 +255,16 @@ static wire_revent *pend_new_event(relay_pipe *p, wire_rtype type,
     return e;
 }
 
+/* Append a validated store, converting as it goes: blocks are written
+ * straight into the pool; a store longer than the room left is split, the
+ * next part chained to the last block of the previous one. */
 static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
-                       bool has_parent, uint64_t parent,
-                       const wire_rblock *blocks, uint32_t n) {
-    while (n > 0) {
+                       const wire_event *e, uint64_t seed, relay_map *counts) {
+    uint32_t bs = p->cfg.block_size;
+    bool has_parent = e->parent.kind != WIRE_HASH_NONE;
+    uint64_t parent = e->parent.key;
+    uint32_t i = 0;
+    while (i < e->n_hashes) {
         uint32_t room = p->cfg.max_blocks - p->pnblocks - p->pnremoved;
         wire_revent *last = p->pn ? &p->pev[p->pn - 1] : NULL;
         bool merge = last && last->type == WIRE_R_STORED &&
@@ -272,26 +275,33 @@ static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
             relay_pipe_flush(p);
             continue;
         }
-        uint32_t take = n < room ? n : room;
+        uint32_t take = e->n_hashes - i < room ? e->n_hashes - i : room;
         if (!merge) {
             last = pend_new_event(p, WIRE_R_STORED, rank, tier);
             last->has_parent = has_parent;
             last->parent_hash = has_parent ? parent : 0;
             last->blocks = p->pblocks + p->pnblocks;
         }
-        memcpy(p->pblocks + p->pnblocks, blocks, take * sizeof(*blocks));
+        wire_rblock *dst = p->pblocks + p->pnblocks;
+        for (uint32_t k = 0; k < take; k++, i++) {
+            dst[k].block_hash = e->hashes[i].key;
+            dst[k].tokens_hash =
+                wire_router_hash(e->token_ids + (size_t)i * bs, bs, seed);
+            uint64_t *c = counts ? relay_map_put(counts, dst[k].block_hash,
+                                                 NULL)
+                                 : NULL;
+            if (c) (*c)++;
+        }
         p->pnblocks += take;
         last->n_blocks += take;
-        blocks += take;
-        n -= take;
         has_parent = true;
-        parent = last->blocks[last->n_blocks - 1].block_hash;
+        parent = dst[take - 1].block_hash;
     }
 }
 
 static void pend_remove(relay_pipe *p, uint32_t rank, wire_tier tier,
-                        const uint64_t *hashes, uint32_t n) {
-    while (n > 0) {
+                        uint64_t h) {
+    for (;;) {
         uint32_t room = p->cfg.max_blocks - p->pnblocks - p->pnremoved;
         wire_revent *last = p->pn ? &p->pev[p->pn - 1] : NULL;
         bool merge = last && last->type == WIRE_R_REMOVED &&
@@ -300,16 +310,13 @@ static void pend_remove(relay_pipe *p, uint32_t rank, wire_tier tier,
             relay_pipe_flush(p);
             continue;
         }
-        uint32_t take = n < room ? n : room;
         if (!merge) {
             last = pend_new_event(p, WIRE_R_REMOVED, rank, tier);
             last->removed = p->premoved + p->pnremoved;
         }
-        memcpy(p->premoved + p->pnremoved, hashes, take * sizeof(*hashes));
-        p->pnremoved += take;
-        last->n_removed += take;
-        hashes += take;
-        n -= take;
+        p->premoved[p->pnremoved++] = h;
+        last->n_removed++;
+        return;
     }
 }
 
@@ -556,11 +563,16 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
 /* ---- conversion ----------------------------------------------------------*/
 
 static bool medium_known(wire_str m) {
-    static const char *const known[] = {"GPU",  "CPU",     "CPU_PINNED",
-                                        "DISK", "STORAGE"};
+#define KNOWN(s) {s, sizeof(s) - 1}
+    static const struct {
+        const char *s;
+        uint32_t n;
+    } known[] = {KNOWN("GPU"), KNOWN("CPU"), KNOWN("CPU_PINNED"),
+                 KNOWN("DISK"), KNOWN("STORAGE")};
+#undef KNOWN
     if (!m.p) return true;
     for (size_t i = 0; i < KVO_ARRAY_LEN(known); i++)
-        if (strlen(known[i]) == m.len && memcmp(known[i], m.p, m.len) == 0)
+        if (known[i].n == m.len && memcmp(known[i].s, m.p, m.len) == 0)
             return true;
     return false;
 }
@@ -570,17 +582,6 @@ static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
     p->st.rejects[kind]++;
     note(p, KVO_LOG_WARN, "reject",
          "seq %" PRIu64 " event %u rejected: %s", p->cur_seq, ei, detail);
-}
-
-static bool scratch_fit(relay_pipe *p, uint32_t n) {
-    if (n <= p->scratch_cap) return true;
-    wire_rblock *b = kvo_realloc(p->scratch_blocks, n * sizeof(*b));
-    if (b) p->scratch_blocks = b;
-    uint64_t *h = kvo_realloc(p->scratch_hashes, n * sizeof(*h));
-    if (h) p->scratch_hashes = h;
-    if (!b || !h) return false;
-    p->scratch_cap = n;
-    return true;
 }
 
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
@@ -614,26 +615,11 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_token_count, ei, why);
         return;
     }
-    if (!scratch_fit(p, e->n_hashes)) {
-        p->st.decode_errors[KVO_ENOMEM]++;
-        return;
-    }
     if (p->cfg.verify) verify_store(p, e, ei, bs);
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
                                      e->cache_salt.p, e->cache_salt.len);
     rank_counts *rc = counts_of(p, rank);
-    for (uint32_t i = 0; i < e->n_hashes; i++) {
-        wire_rblock *b = &p->scratch_blocks[i];
-        b->block_hash = e->hashes[i].key;
-        b->tokens_hash =
-            wire_router_hash(e->token_ids + (size_t)i * bs, bs, seed);
-        uint64_t *c = rc ? relay_map_put(&rc->tier[tier], b->block_hash,
-                                         NULL)
-                         : NULL;
-        if (c) (*c)++;
-    }
-    pend_store(p, rank, tier, e->parent.kind != WIRE_HASH_NONE, e->parent.key,
-               p->scratch_blocks, e->n_hashes);
+    pend_store(p, rank, tier, e, seed, rc ? &rc->tier[tier] : NULL);
 }
 
 static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
@@ -649,29 +635,20 @@ static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_empty, ei, "BlockRemoved without block hashes");
         return;
     }
-    if (!scratch_fit(p, e->n_hashes)) {
-        p->st.decode_errors[KVO_ENOMEM]++;
-        return;
-    }
     wire_tier tier = wire_tier_from_medium(e->medium);
     rank_counts *rc = counts_of(p, rank);
-    uint32_t n = 0;
     for (uint32_t i = 0; i < e->n_hashes; i++) {
         uint64_t h = e->hashes[i].key;
-        uint64_t *c = rc ? relay_map_get(&rc->tier[tier], h) : NULL;
-        if (c && *c > 1) {
-            (*c)--;
+        relay_map_dec_result r =
+            rc ? relay_map_dec(&rc->tier[tier], h) : RELAY_MAP_ABSENT;
+        if (r == RELAY_MAP_HELD) {
             p->st.dedup_suppressed++;
             continue;
         }
-        if (c)
-            relay_map_del(&rc->tier[tier], h);
-        else
-            p->st.removes_unknown++;
+        if (r == RELAY_MAP_ABSENT) p->st.removes_unknown++;
         if (p->cfg.verify) digest_forget(p, h);
-        p->scratch_hashes[n++] = h;
+        pend_remove(p, rank, tier, h);
     }
-    if (n) pend_remove(p, rank, tier, p->scratch_hashes, n);
 }
 
 /* ---- applying a batch ----------------------------------------------------*/
@@ -708,15 +685,11 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     const wire_batch *b = &p->batch;
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
-        if (e->type == WIRE_EV_STORED) {
-            p->st.events_stored++;
-            p->st.blocks_stored += e->n_hashes;
-        } else if (e->type == WIRE_EV_REMOVED) {
-            p->st.events_removed++;
-            p->st.blocks_removed += e->n_hashes;
-        } else {
-            p->st.events_cleared++;
-        }
+        p->st.events_stored += e->type == WIRE_EV_STORED;
+        p->st.events_removed += e->type == WIRE_EV_REMOVED;
+        p->st.events_cleared += e->type == WIRE_EV_CLEARED;
+        if (e->type == WIRE_EV_STORED) p->st.blocks_stored += e->n_hashes;
+        if (e->type == WIRE_EV_REMOVED) p->st.blocks_removed += e->n_hashes;
     }
     uint32_t rank = s->fallback_rank;
     if (b->dp_rank.set) {
@@ -1099,8 +1072,6 @@ void relay_pipe_free(relay_pipe *p) {
     kvo_free(p->pev);
     kvo_free(p->pblocks);
     kvo_free(p->premoved);
-    kvo_free(p->scratch_blocks);
-    kvo_free(p->scratch_hashes);
     kvo_free(p);
 }
 
