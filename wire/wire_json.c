@@ -77,8 +77,9 @@ static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
     case MSGPACK_OBJECT_NEGATIVE_INTEGER: j = json_object_new_int64(o->via.i64); break;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64: j = json_object_new_double(o->via.f64); break;
-    case MSGPACK_OBJECT_STR:
-        j = json_object_new_string_len(o->via.str.ptr, (int)o->via.str.size);
+    case MSGPACK_OBJECT_STR: /* msgpack-c gives NULL for "" */
+        j = json_object_new_string_len(o->via.str.ptr ? o->via.str.ptr : "",
+                                       (int)o->via.str.size);
         break;
     case MSGPACK_OBJECT_BIN:
         j = hex_obj("bin", (const uint8_t *)o->via.bin.ptr, o->via.bin.size);
@@ -113,7 +114,8 @@ static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
             json_object *k = NULL, *v = NULL;
             char *key = NULL;
             if (kv->key.type == MSGPACK_OBJECT_STR) {
-                key = kvo_strndup(kv->key.via.str.ptr, kv->key.via.str.size);
+                const char *ks = kv->key.via.str.ptr;
+                key = kvo_strndup(ks ? ks : "", kv->key.via.str.size);
             } else if (mp_to_json(&kv->key, &k) == KVO_OK) {
                 /* JSON keys are strings: use the key's JSON text. */
                 key = kvo_strdup(k ? json_object_to_json_string_ext(
