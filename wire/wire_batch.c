@@ -156,7 +156,8 @@ static const struct {
     const char *name;
     uint8_t len;
 } field_names[F_COUNT] = {
-#define K(s) {s, sizeof(s) - 1}
+#define K(s)                                                                   \
+    { s, sizeof(s) - 1 }
     [F_TYPE] = K("type"),
     [F_HASHES] = K("block_hashes"),
     [F_PARENT] = K("parent_block_hash"),
@@ -236,8 +237,8 @@ static kvo_status get_hash(dec *d, field f, long idx, bool nil_ok,
         if (st == KVO_EPROTO) st = wire_rd_str(&d->r, &p, &n);
     }
     if (st != KVO_OK)
-        return fail_field(d, st, f, idx, nil_ok ? "int, bin or nil"
-                                                : "int or bin");
+        return fail_field(d, st, f, idx,
+                          nil_ok ? "int, bin or nil" : "int or bin");
     uint8_t *copy = kvo_arena_memdup(&d->b->arena, p, n);
     if (!copy) return nomem(d);
     h->kind = WIRE_HASH_BYTES;
@@ -378,12 +379,13 @@ static kvo_status get_type(dec *d, wire_ev_type *out) {
     }
     /* Skipping an event type we do not know would lose events silently. */
     return wire_fail(d->err, KVO_EPROTO, at,
-                     "events[%" PRIu32 "]: unknown event type \"%.*s\"",
-                     d->ev, (int)(n > 40 ? 40 : n), (const char *)p);
+                     "events[%" PRIu32 "]: unknown event type \"%.*s\"", d->ev,
+                     (int)(n > 40 ? 40 : n), (const char *)p);
 }
 
 /* One field value at the cursor into e. */
 static kvo_status get_field(dec *d, field f, wire_event *e) {
+    /* clang-format off */
     switch (f) {
     case F_TYPE: return get_type(d, &e->type);
     case F_HASHES: return get_hashes(d, e);
@@ -412,6 +414,7 @@ static kvo_status get_field(dec *d, field f, wire_event *e) {
     case F_ORIGIN: return get_opt_str(d, f, &e->origin);
     default: return KVO_EINVAL;
     }
+    /* clang-format on */
 }
 
 /* Keep only the fields the event's type has. */
@@ -460,9 +463,8 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
             st = wire_rd_skip(&d->r);
             if (st != KVO_OK)
                 return wire_fail(d->err, st, d->r.pos,
-                                 "events[%" PRIu32 "].%.*s: input ends",
-                                 d->ev, (int)(klen > 40 ? 40 : klen),
-                                 (const char *)k);
+                                 "events[%" PRIu32 "].%.*s: input ends", d->ev,
+                                 (int)(klen > 40 ? 40 : klen), (const char *)k);
             continue;
         }
         st = get_field(d, f, e);
@@ -514,8 +516,7 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
             st = wire_rd_skip(&d->r);
             if (st != KVO_OK)
                 return wire_fail(d->err, st, d->r.pos,
-                                 "events[%" PRIu32 "][%" PRIu32
-                                 "]: input ends",
+                                 "events[%" PRIu32 "][%" PRIu32 "]: input ends",
                                  d->ev, i);
             continue;
         }
@@ -590,8 +591,7 @@ static kvo_status decode_batch(dec *d) {
                                  found_name(d));
             if (!neg && v > (uint64_t)INT64_MAX)
                 return wire_fail(d->err, KVO_EPROTO, at,
-                                 "data_parallel_rank: %" PRIu64
-                                 " out of range",
+                                 "data_parallel_rank: %" PRIu64 " out of range",
                                  v);
             b->dp_rank.set = true;
             b->dp_rank.v = (int64_t)v;
@@ -600,8 +600,8 @@ static kvo_status decode_batch(dec *d) {
     for (uint32_t i = 3; i < n; i++) { /* extras of future versions */
         st = wire_rd_skip(r);
         if (st != KVO_OK)
-            return wire_fail(d->err, st, r->pos, "batch[%" PRIu32 "]: input ends",
-                             i);
+            return wire_fail(d->err, st, r->pos,
+                             "batch[%" PRIu32 "]: input ends", i);
     }
     return KVO_OK;
 }
@@ -634,9 +634,9 @@ static int buf_write(void *data, const char *p, size_t n) {
     return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
 }
 
-#define PUT(x)                                                              \
-    do {                                                                    \
-        if ((x) != 0) return KVO_ENOMEM;                                    \
+#define PUT(x)                                                                 \
+    do {                                                                       \
+        if ((x) != 0) return KVO_ENOMEM;                                       \
     } while (0)
 
 static int put_cstr(enc *w, const char *s) {
@@ -660,6 +660,7 @@ static int put_raw(enc *w, wire_raw v) {
 }
 
 static int put_hash(enc *w, const wire_hash *h) {
+    /* clang-format off */
     switch (h->kind) {
     case WIRE_HASH_UINT: return msgpack_pack_uint64(&w->pk, h->key);
     case WIRE_HASH_INT: return msgpack_pack_int64(&w->pk, (int64_t)h->key);
@@ -668,9 +669,11 @@ static int put_hash(enc *w, const wire_hash *h) {
                msgpack_pack_bin_body(&w->pk, h->bytes, h->len);
     default: return msgpack_pack_nil(&w->pk);
     }
+    /* clang-format on */
 }
 
 static kvo_status put_field(enc *w, const wire_event *e, field f) {
+    /* clang-format off */
     switch (f) {
     case F_TYPE: PUT(put_cstr(w, type_names[e->type])); break;
     case F_HASHES:
@@ -704,12 +707,14 @@ static kvo_status put_field(enc *w, const wire_event *e, field f) {
     case F_ORIGIN: PUT(put_str(w, e->origin)); break;
     default: return KVO_EINVAL;
     }
+    /* clang-format on */
     return KVO_OK;
 }
 
 /* Whether an optional map field carries a value (msgspec omit_defaults:
  * the defaults are all None). */
 static bool field_set(const wire_event *e, field f) {
+    /* clang-format off */
     switch (f) {
     case F_EXTRA_KEYS: return e->extra_keys.p != NULL;
     case F_GROUP_IDX: return e->group_idx.set;
@@ -722,6 +727,7 @@ static bool field_set(const wire_event *e, field f) {
     case F_ORIGIN: return e->origin.p != NULL;
     default: return true;
     }
+    /* clang-format on */
 }
 
 /* Map layout (vLLM >= 0.24), declaration order. Required keys first; the
@@ -729,12 +735,12 @@ static bool field_set(const wire_event *e, field f) {
  * are written when set in either map format. SGLang's array-only metadata
  * has no map key and is not written. */
 static const field map_stored[] = {
-    F_TYPE,       F_HASHES,    F_PARENT,    F_TOKENS,     F_BLOCK_SIZE,
-    F_LORA_ID,    F_MEDIUM,    F_LORA_NAME, F_EXTRA_KEYS, F_GROUP_IDX,
-    F_SPEC_KIND,  F_SPEC_WINDOW, F_LOCALITY, F_OWNERSHIP, F_SESSION_ID,
+    F_TYPE,       F_HASHES,      F_PARENT,    F_TOKENS,     F_BLOCK_SIZE,
+    F_LORA_ID,    F_MEDIUM,      F_LORA_NAME, F_EXTRA_KEYS, F_GROUP_IDX,
+    F_SPEC_KIND,  F_SPEC_WINDOW, F_LOCALITY,  F_OWNERSHIP,  F_SESSION_ID,
     F_CACHE_SALT, F_ORIGIN};
 #define MAP_STORED_REQUIRED 8u
-static const field map_removed[] = {F_TYPE,     F_HASHES,   F_MEDIUM,
+static const field map_removed[] = {F_TYPE,      F_HASHES,   F_MEDIUM,
                                     F_GROUP_IDX, F_LOCALITY, F_OWNERSHIP};
 #define MAP_REMOVED_REQUIRED 3u
 static const field map_cleared[] = {F_TYPE};
@@ -774,6 +780,7 @@ static kvo_status encode_map_event(enc *w, const wire_event *e) {
 
 /* Array layouts: element counts (incl. the tag) per format. */
 static void array_lens(wire_format f, uint32_t *stored, uint32_t *removed) {
+    /* clang-format off */
     switch (f) {
     case WIRE_FMT_ARRAY_V0_9_0:
     case WIRE_FMT_ARRAY_V0_9_1: *stored = 6, *removed = 2; break;
@@ -781,6 +788,7 @@ static void array_lens(wire_format f, uint32_t *stored, uint32_t *removed) {
     case WIRE_FMT_ARRAY_V0_14: *stored = 8, *removed = 3; break;
     default: *stored = STORED_ARRAY_FIELDS, *removed = 4; break;
     }
+    /* clang-format on */
 }
 
 static kvo_status encode_array_event(enc *w, const wire_event *e) {
@@ -814,8 +822,8 @@ static kvo_status check_event(const wire_event *e) {
     return KVO_OK;
 }
 
-kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
-                             unsigned flags, kvo_buf *out) {
+kvo_status wire_batch_encode(const wire_batch *b, wire_format f, unsigned flags,
+                             kvo_buf *out) {
     if (!b || !out || (unsigned)f >= WIRE_FMT_COUNT) return KVO_EINVAL;
     if (b->n_events && !b->events) return KVO_EINVAL;
     for (uint32_t i = 0; i < b->n_events; i++)

@@ -40,9 +40,8 @@
  * counter per level on the stack). */
 #define WIRE_DEPTH_CEILING 512u
 
-kvo_status wire_precheck(const uint8_t *buf, size_t len,
-                         const wire_limits *lim, size_t *end,
-                         wire_error *err);
+kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
+                         size_t *end, wire_error *err);
 
 /* Fill err (if non-NULL) with status, offset and a printf-style reason;
  * returns status so callers can `return wire_fail(...)`. */
@@ -72,15 +71,18 @@ typedef struct wire_rd {
 
 static inline uint64_t wire_be(const uint8_t *p, unsigned n) {
     uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
+    for (unsigned i = 0; i < n; i++)
+        v = v << 8 | p[i];
     return v;
 }
 
 /* Big-endian 1, 2, 4 or 8 bytes (the msgpack widths), without a loop. */
 static inline uint64_t wire_be_w(const uint8_t *p, unsigned n) {
     switch (n) {
-    case 1: return p[0];
-    case 2: return (uint64_t)p[0] << 8 | p[1];
+    case 1:
+        return p[0];
+    case 2:
+        return (uint64_t)p[0] << 8 | p[1];
     case 4:
         return (uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 |
                (uint64_t)p[2] << 8 | p[3];
@@ -140,8 +142,7 @@ static inline kvo_status wire_rd_int(wire_rd *r, bool *neg, uint64_t *v) {
 }
 
 /* Array or map header (map: n = pairs). */
-static inline kvo_status wire_rd_container(wire_rd *r, bool map,
-                                           uint32_t *n) {
+static inline kvo_status wire_rd_container(wire_rd *r, bool map, uint32_t *n) {
     if (r->pos >= r->len) return KVO_ETRUNC;
     uint8_t b = r->buf[r->pos];
     uint8_t fix = map ? 0x80 : 0x90, b16 = map ? 0xde : 0xdc;
@@ -167,8 +168,8 @@ static inline kvo_status wire_rd_map(wire_rd *r, uint32_t *n) {
 }
 
 /* str (bin = false) or bin (bin = true): pointer into buf and length. */
-static inline kvo_status wire_rd_blob(wire_rd *r, bool bin,
-                                      const uint8_t **p, uint32_t *n) {
+static inline kvo_status wire_rd_blob(wire_rd *r, bool bin, const uint8_t **p,
+                                      uint32_t *n) {
     if (r->pos >= r->len) return KVO_ETRUNC;
     uint8_t b = r->buf[r->pos];
     unsigned w;

@@ -32,12 +32,20 @@
 #define JSON_MAX_DEPTH 64
 
 /* Field names as they appear in the view, in view order. */
-static const char *const stored_fields[] = {
-    "block_hashes", "parent_block_hash", "token_ids",
-    "block_size", "lora_id", "medium",
-    "lora_name", "extra_keys", "group_idx",
-    "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",
-    "ownership", "session_id"};
+static const char *const stored_fields[] = {"block_hashes",
+                                            "parent_block_hash",
+                                            "token_ids",
+                                            "block_size",
+                                            "lora_id",
+                                            "medium",
+                                            "lora_name",
+                                            "extra_keys",
+                                            "group_idx",
+                                            "kv_cache_spec_kind",
+                                            "kv_cache_spec_sliding_window",
+                                            "locality",
+                                            "ownership",
+                                            "session_id"};
 #define STORED_ARRAY_NAMES 11u /* array positions 1..11 */
 static const char *const removed_fields[] = {
     "block_hashes", "medium", "group_idx", "locality", "ownership"};
@@ -70,6 +78,7 @@ static json_object *hex_obj(const char *key, const uint8_t *p, size_t n) {
 /* The JSON of a msgpack object (depth is bounded by the pre-check). */
 static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
     json_object *j = NULL;
+    /* clang-format off */
     switch (o->type) {
     case MSGPACK_OBJECT_NIL: *out = NULL; return KVO_OK;
     case MSGPACK_OBJECT_BOOLEAN: j = json_object_new_boolean(o->via.boolean); break;
@@ -94,6 +103,7 @@ static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
         }
         break;
     }
+    /* clang-format on */
     case MSGPACK_OBJECT_ARRAY:
         j = json_object_new_array_ext((int)o->via.array.size);
         if (!j) return KVO_ENOMEM;
@@ -133,7 +143,8 @@ static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
             kvo_free(key);
         }
         break;
-    default: return KVO_EPROTO;
+    default:
+        return KVO_EPROTO;
     }
     if (!j) return KVO_ENOMEM;
     *out = j;
@@ -158,12 +169,14 @@ static kvo_status raw_to_json(wire_raw raw, json_object **out) {
 }
 
 static json_object *hash_json(const wire_hash *h) {
+    /* clang-format off */
     switch (h->kind) {
     case WIRE_HASH_UINT: return json_object_new_uint64(h->key);
     case WIRE_HASH_INT: return json_object_new_int64((int64_t)h->key);
     case WIRE_HASH_BYTES: return hex_obj("bin", h->bytes, h->len);
     default: return NULL;
     }
+    /* clang-format on */
 }
 
 static json_object *str_json(wire_str s) {
@@ -222,14 +235,22 @@ static kvo_status field_json(const wire_event *e, const char *name,
         return raw_to_json(e->metadata, out);
     } else {
         const wire_str *s = NULL;
-        if (strcmp(name, "medium") == 0) s = &e->medium;
-        else if (strcmp(name, "lora_name") == 0) s = &e->lora_name;
-        else if (strcmp(name, "kv_cache_spec_kind") == 0) s = &e->kv_cache_spec_kind;
-        else if (strcmp(name, "locality") == 0) s = &e->locality;
-        else if (strcmp(name, "ownership") == 0) s = &e->ownership;
-        else if (strcmp(name, "session_id") == 0) s = &e->session_id;
-        else if (strcmp(name, "cache_salt") == 0) s = &e->cache_salt;
-        else if (strcmp(name, "origin") == 0) s = &e->origin;
+        if (strcmp(name, "medium") == 0)
+            s = &e->medium;
+        else if (strcmp(name, "lora_name") == 0)
+            s = &e->lora_name;
+        else if (strcmp(name, "kv_cache_spec_kind") == 0)
+            s = &e->kv_cache_spec_kind;
+        else if (strcmp(name, "locality") == 0)
+            s = &e->locality;
+        else if (strcmp(name, "ownership") == 0)
+            s = &e->ownership;
+        else if (strcmp(name, "session_id") == 0)
+            s = &e->session_id;
+        else if (strcmp(name, "cache_salt") == 0)
+            s = &e->cache_salt;
+        else if (strcmp(name, "origin") == 0)
+            s = &e->origin;
         if (!s) return KVO_EINVAL;
         if (!s->p) return KVO_OK;
         j = str_json(*s);
@@ -376,8 +397,7 @@ static int hexval(char c) {
 
 /* {"bin": "<hex>"} -> arena bytes: 1 = done, 0 = not a bin object,
  * -1 = out of memory. */
-static int bin_of(jdec *d, json_object *j, const uint8_t **p,
-                  uint32_t *len) {
+static int bin_of(jdec *d, json_object *j, const uint8_t **p, uint32_t *len) {
     json_object *h;
     if (!json_object_is_type(j, json_type_object) ||
         json_object_object_length(j) != 1 ||
@@ -470,7 +490,9 @@ static kvo_status pack_json(jdec *d, msgpack_packer *pk, json_object *j,
     const uint8_t *bp;
     uint32_t bn;
     switch (json_object_get_type(j)) {
-    case json_type_null: rc = msgpack_pack_nil(pk); break;
+    case json_type_null:
+        rc = msgpack_pack_nil(pk);
+        break;
     case json_type_boolean:
         rc = json_object_get_boolean(j) ? msgpack_pack_true(pk)
                                         : msgpack_pack_false(pk);
@@ -480,7 +502,9 @@ static kvo_status pack_json(jdec *d, msgpack_packer *pk, json_object *j,
         rc = neg ? msgpack_pack_int64(pk, (int64_t)v)
                  : msgpack_pack_uint64(pk, v);
         break;
-    case json_type_double: rc = msgpack_pack_double(pk, json_object_get_double(j)); break;
+    case json_type_double:
+        rc = msgpack_pack_double(pk, json_object_get_double(j));
+        break;
     case json_type_string: {
         size_t n = (size_t)json_object_get_string_len(j);
         rc = msgpack_pack_str_with_body(pk, json_object_get_string(j), n);
@@ -498,9 +522,13 @@ static kvo_status pack_json(jdec *d, msgpack_packer *pk, json_object *j,
     }
     case json_type_object:
         switch (bin_of(d, j, &bp, &bn)) {
-        case 1: rc = msgpack_pack_bin_with_body(pk, bp, bn); goto packed;
-        case -1: return KVO_ENOMEM;
-        default: break;
+        case 1:
+            rc = msgpack_pack_bin_with_body(pk, bp, bn);
+            goto packed;
+        case -1:
+            return KVO_ENOMEM;
+        default:
+            break;
         }
         rc = msgpack_pack_map(pk, (size_t)json_object_object_length(j));
         json_object_object_foreach(j, key, val) {
@@ -525,7 +553,8 @@ static kvo_status jraw(jdec *d, json_object *j, const char *field,
     kvo_status st = pack_json(d, &pk, j, 0);
     if (st == KVO_ETOOBIG) return jfail(d, field, -1, "nested too deep");
     if (st != KVO_OK) return jnomem(d);
-    uint8_t *p = kvo_arena_memdup(&d->b->arena, d->scratch.data, d->scratch.len);
+    uint8_t *p =
+        kvo_arena_memdup(&d->b->arena, d->scratch.data, d->scratch.len);
     if (!p) return jnomem(d);
     out->p = p;
     out->len = (uint32_t)d->scratch.len;
@@ -594,7 +623,8 @@ static kvo_status jevent(jdec *d, json_object *j, wire_event *e) {
         json_object_is_type(t, json_type_string))
         ts = json_object_get_string(t);
     for (int k = WIRE_EV_STORED; ts && k <= WIRE_EV_CLEARED; k++)
-        if (strcmp(ts, wire_ev_type_name((wire_ev_type)k)) == 0) e->type = (wire_ev_type)k;
+        if (strcmp(ts, wire_ev_type_name((wire_ev_type)k)) == 0)
+            e->type = (wire_ev_type)k;
     if (!e->type)
         return jfail(d, "type", -1,
                      "expected \"BlockStored\", \"BlockRemoved\" or "
@@ -607,7 +637,8 @@ static kvo_status jevent(jdec *d, json_object *j, wire_event *e) {
         return jfail(d, NULL, -1, "missing block_hashes");
     if ((st = jhashes(d, h, e)) != KVO_OK) return st;
     if ((st = jstr(d, GET("medium"), "medium", &e->medium)) != KVO_OK ||
-        (st = jint(d, GET("group_idx"), "group_idx", &e->group_idx)) != KVO_OK ||
+        (st = jint(d, GET("group_idx"), "group_idx", &e->group_idx)) !=
+            KVO_OK ||
         (st = jstr(d, GET("locality"), "locality", &e->locality)) != KVO_OK ||
         (st = jstr(d, GET("ownership"), "ownership", &e->ownership)) != KVO_OK)
         return st;
@@ -619,17 +650,22 @@ static kvo_status jevent(jdec *d, json_object *j, wire_event *e) {
     json_object *p = GET("parent_block_hash");
     if (p && (st = jhash(d, p, "parent_block_hash", -1, &e->parent)) != KVO_OK)
         return st;
-    if ((st = jint(d, GET("block_size"), "block_size", &e->block_size)) != KVO_OK ||
+    if ((st = jint(d, GET("block_size"), "block_size", &e->block_size)) !=
+            KVO_OK ||
         (st = jint(d, GET("lora_id"), "lora_id", &e->lora_id)) != KVO_OK ||
-        (st = jstr(d, GET("lora_name"), "lora_name", &e->lora_name)) != KVO_OK ||
-        (st = jraw(d, GET("extra_keys"), "extra_keys", &e->extra_keys)) != KVO_OK ||
+        (st = jstr(d, GET("lora_name"), "lora_name", &e->lora_name)) !=
+            KVO_OK ||
+        (st = jraw(d, GET("extra_keys"), "extra_keys", &e->extra_keys)) !=
+            KVO_OK ||
         (st = jstr(d, GET("kv_cache_spec_kind"), "kv_cache_spec_kind",
                    &e->kv_cache_spec_kind)) != KVO_OK ||
         (st = jint(d, GET("kv_cache_spec_sliding_window"),
                    "kv_cache_spec_sliding_window",
                    &e->kv_cache_spec_sliding_window)) != KVO_OK ||
-        (st = jstr(d, GET("session_id"), "session_id", &e->session_id)) != KVO_OK ||
-        (st = jstr(d, GET("cache_salt"), "cache_salt", &e->cache_salt)) != KVO_OK ||
+        (st = jstr(d, GET("session_id"), "session_id", &e->session_id)) !=
+            KVO_OK ||
+        (st = jstr(d, GET("cache_salt"), "cache_salt", &e->cache_salt)) !=
+            KVO_OK ||
         (st = jstr(d, GET("origin"), "origin", &e->origin)) != KVO_OK ||
         (st = jraw(d, GET("metadata"), "metadata", &e->metadata)) != KVO_OK)
         return st;
@@ -666,8 +702,8 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
         b->batch_len = 3;
         bool neg;
         uint64_t v;
-        if (rank && (!int_of(rank, &neg, &v) ||
-                     (!neg && v > (uint64_t)INT64_MAX))) {
+        if (rank &&
+            (!int_of(rank, &neg, &v) || (!neg && v > (uint64_t)INT64_MAX))) {
             st = wire_fail(err, KVO_EPROTO, 0,
                            "data_parallel_rank: expected an integer or null");
             goto done;

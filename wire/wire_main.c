@@ -37,7 +37,8 @@ static const char usage_text[] =
     "       TOKEN...            one line per full block; A: sha256,\n"
     "                           sha256_cbor, xxhash, xxhash_cbor print\n"
     "                           '<digest hex> <low64>', router prints\n"
-    "                           '<tokens_hash>'; S = PYTHONHASHSEED (default 0)\n"
+    "                           '<tokens_hash>'; S = PYTHONHASHSEED (default "
+    "0)\n"
     "  cat FILE                 every record of a capture (KVOCAP1) as one\n"
     "                           JSON line: time, frames, decoded batch or\n"
     "                           event-plane message, or the decode error\n"
@@ -56,9 +57,20 @@ static const char usage_text[] =
     "Exit: 0 ok, 1 the input failed (one line on stderr), 2 usage error.\n";
 
 enum {
-    OPT_FORMAT = 256, OPT_ALGO, OPT_SEED, OPT_BLOCK_SIZE, OPT_LORA, OPT_SALT,
-    OPT_PRETTY, OPT_REVERSE, OPT_MAX_BYTES, OPT_MAX_ELEMS, OPT_MAX_TOTAL,
-    OPT_MAX_DEPTH, OPT_MAX_STR, OPT_LOG_LEVEL
+    OPT_FORMAT = 256,
+    OPT_ALGO,
+    OPT_SEED,
+    OPT_BLOCK_SIZE,
+    OPT_LORA,
+    OPT_SALT,
+    OPT_PRETTY,
+    OPT_REVERSE,
+    OPT_MAX_BYTES,
+    OPT_MAX_ELEMS,
+    OPT_MAX_TOTAL,
+    OPT_MAX_DEPTH,
+    OPT_MAX_STR,
+    OPT_LOG_LEVEL
 };
 
 static const struct option options[] = {
@@ -104,26 +116,43 @@ static int set_opt(void *ctx, int code, const char *arg) {
     uint64_t u;
     uint32_t u32;
     switch (code) {
-    case 'h': o->help = true; return 0;
-    case 'V': o->version = true; return 0;
+    case 'h':
+        o->help = true;
+        return 0;
+    case 'V':
+        o->version = true;
+        return 0;
     case OPT_FORMAT:
-        return wire_format_parse(arg, &o->format) ? bad_value("format", arg) : 0;
+        return wire_format_parse(arg, &o->format) ? bad_value("format", arg)
+                                                  : 0;
     case OPT_ALGO:
         o->have_algo = true;
         o->router = strcmp(arg, "router") == 0;
         if (o->router) return 0;
         return wire_algo_parse(arg, &o->algo) ? bad_value("algo", arg) : 0;
-    case OPT_SEED: o->seed = arg; return 0;
+    case OPT_SEED:
+        o->seed = arg;
+        return 0;
     case OPT_BLOCK_SIZE:
-        if (kvo_parse_u32(arg, &u32) || u32 == 0) return bad_value("block-size", arg);
+        if (kvo_parse_u32(arg, &u32) || u32 == 0)
+            return bad_value("block-size", arg);
         o->block_size = u32;
         return 0;
-    case OPT_LORA: o->lora = arg; return 0;
-    case OPT_SALT: o->salt = arg; return 0;
-    case OPT_PRETTY: o->pretty = true; return 0;
-    case OPT_REVERSE: o->reverse = true; return 0;
+    case OPT_LORA:
+        o->lora = arg;
+        return 0;
+    case OPT_SALT:
+        o->salt = arg;
+        return 0;
+    case OPT_PRETTY:
+        o->pretty = true;
+        return 0;
+    case OPT_REVERSE:
+        o->reverse = true;
+        return 0;
     case OPT_MAX_BYTES:
-        if (kvo_parse_u64(arg, &u) || u == 0 || u > SIZE_MAX) return bad_value("max-bytes", arg);
+        if (kvo_parse_u64(arg, &u) || u == 0 || u > SIZE_MAX)
+            return bad_value("max-bytes", arg);
         o->lim.max_bytes = (size_t)u;
         return 0;
     case OPT_MAX_ELEMS:
@@ -143,8 +172,10 @@ static int set_opt(void *ctx, int code, const char *arg) {
         o->lim.max_str = u32;
         return 0;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad_value("log-level", arg) : 0;
-    default: return -1;
+        return kvo_log_level_parse(arg, &o->level) ? bad_value("log-level", arg)
+                                                   : 0;
+    default:
+        return -1;
     }
 }
 
@@ -200,7 +231,8 @@ static int json_flags(const opts *o) {
            JSON_C_TO_STRING_NOSLASHESCAPE;
 }
 
-/* ---- decode ----------------------------------------------------------------*/
+/* ---- decode
+ * ----------------------------------------------------------------*/
 
 static int cmd_decode(const opts *o, int argc, char **argv) {
     if (argc != 1) return fail(o, KVO_EXIT_USAGE, "expected one FILE or -");
@@ -211,7 +243,8 @@ static int cmd_decode(const opts *o, int argc, char **argv) {
     json_object *j = NULL;
     char why[600];
     int rc = KVO_EXIT_FAIL;
-    if (read_input(argv[0], o->lim.max_bytes, &in, why, sizeof(why)) != KVO_OK) {
+    if (read_input(argv[0], o->lim.max_bytes, &in, why, sizeof(why)) !=
+        KVO_OK) {
         fail(o, rc, "%s", why);
         goto done;
     }
@@ -225,7 +258,8 @@ static int cmd_decode(const opts *o, int argc, char **argv) {
         goto done;
     }
     printf("%s\n", json_object_to_json_string_ext(j, json_flags(o)));
-    rc = fflush(stdout) == 0 ? KVO_EXIT_OK : fail(o, KVO_EXIT_FAIL, "cannot write");
+    rc = fflush(stdout) == 0 ? KVO_EXIT_OK
+                             : fail(o, KVO_EXIT_FAIL, "cannot write");
 done:
     json_object_put(j);
     wire_batch_fini(&b);
@@ -233,10 +267,12 @@ done:
     return rc;
 }
 
-/* ---- encode ----------------------------------------------------------------*/
+/* ---- encode
+ * ----------------------------------------------------------------*/
 
 static int cmd_encode(const opts *o, int argc, char **argv) {
-    if (argc > 1) return fail(o, KVO_EXIT_USAGE, "expected at most one FILE or -");
+    if (argc > 1)
+        return fail(o, KVO_EXIT_USAGE, "expected at most one FILE or -");
     const char *path = argc ? argv[0] : "-";
     kvo_buf in, out;
     kvo_buf_init(&in);
@@ -248,7 +284,8 @@ static int cmd_encode(const opts *o, int argc, char **argv) {
     char why[600];
     int rc = KVO_EXIT_FAIL;
     /* JSON is bigger than the msgpack it describes: allow 4x. */
-    size_t max = o->lim.max_bytes > SIZE_MAX / 4 ? SIZE_MAX : o->lim.max_bytes * 4;
+    size_t max =
+        o->lim.max_bytes > SIZE_MAX / 4 ? SIZE_MAX : o->lim.max_bytes * 4;
     if (!tok) {
         fail(o, rc, "out of memory");
         goto done;
@@ -266,13 +303,17 @@ static int cmd_encode(const opts *o, int argc, char **argv) {
     if (jerr == json_tokener_continue) jerr = json_tokener_error_parse_eof;
     size_t end = json_tokener_get_parse_end(tok);
     if (jerr == json_tokener_success) { /* only whitespace may follow */
-        while (end < in.len && strchr(" \t\r\n", in.data[end])) end++;
+        while (end < in.len && strchr(" \t\r\n", in.data[end]))
+            end++;
         if (end < in.len) {
-            fail(o, rc, "EPROTO at byte %zu: JSON: trailing data after the object", end);
+            fail(o, rc,
+                 "EPROTO at byte %zu: JSON: trailing data after the object",
+                 end);
             goto done;
         }
     } else {
-        fail(o, rc, "EPROTO at byte %zu: JSON: %s", end, json_tokener_error_desc(jerr));
+        fail(o, rc, "EPROTO at byte %zu: JSON: %s", end,
+             json_tokener_error_desc(jerr));
         goto done;
     }
     wire_error err;
@@ -289,7 +330,8 @@ static int cmd_encode(const opts *o, int argc, char **argv) {
         rc = fail(o, KVO_EXIT_USAGE, "refusing to write binary to a terminal");
         goto done;
     }
-    if (fwrite(out.data, 1, out.len, stdout) != out.len || fflush(stdout) != 0) {
+    if (fwrite(out.data, 1, out.len, stdout) != out.len ||
+        fflush(stdout) != 0) {
         fail(o, rc, "cannot write the output");
         goto done;
     }
@@ -303,16 +345,19 @@ done:
     return rc;
 }
 
-/* ---- hash ------------------------------------------------------------------*/
+/* ---- hash
+ * ------------------------------------------------------------------*/
 
 static int cmd_hash(const opts *o, int argc, char **argv) {
     if (!o->have_algo) return fail(o, KVO_EXIT_USAGE, "--algo is required");
-    if (!o->block_size) return fail(o, KVO_EXIT_USAGE, "--block-size is required");
+    if (!o->block_size)
+        return fail(o, KVO_EXIT_USAGE, "--block-size is required");
     if (argc > 1 << 24) return fail(o, KVO_EXIT_USAGE, "too many tokens");
     /* Tokens: one per argument, or several separated by commas. */
     size_t cap = (size_t)argc + 1;
     for (int i = 0; i < argc; i++)
-        for (const char *p = argv[i]; *p; p++) cap += *p == ',';
+        for (const char *p = argv[i]; *p; p++)
+            cap += *p == ',';
     uint64_t *tokens = kvo_calloc(cap, sizeof(*tokens));
     uint64_t *hashes = kvo_calloc(cap / o->block_size + 1, sizeof(*hashes));
     kvo_buf scratch;
@@ -329,9 +374,11 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
             fail(o, rc, "out of memory");
             goto done;
         }
-        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        for (char *t = strtok_r(copy, ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
             if (kvo_parse_u64(t, &tokens[n]) != KVO_OK) {
-                fail(o, KVO_EXIT_USAGE, "token '%s' is not an unsigned integer", t);
+                fail(o, KVO_EXIT_USAGE, "token '%s' is not an unsigned integer",
+                     t);
                 kvo_free(copy);
                 rc = KVO_EXIT_USAGE;
                 goto done;
@@ -342,10 +389,12 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
     }
     size_t blocks = n / o->block_size;
     if (o->router) {
-        uint64_t seed = wire_router_seed(o->lora, o->lora ? strlen(o->lora) : 0,
-                                         o->salt, o->salt ? strlen(o->salt) : 0);
+        uint64_t seed =
+            wire_router_seed(o->lora, o->lora ? strlen(o->lora) : 0, o->salt,
+                             o->salt ? strlen(o->salt) : 0);
         wire_router_hash_blocks(tokens, n, o->block_size, seed, hashes);
-        for (size_t i = 0; i < blocks; i++) printf("%" PRIu64 "\n", hashes[i]);
+        for (size_t i = 0; i < blocks; i++)
+            printf("%" PRIu64 "\n", hashes[i]);
     } else {
         wire_digest parent, d;
         const char *seed = o->seed ? o->seed : "0";
@@ -357,20 +406,21 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
             /* The salt belongs to the first block of a prompt only. */
             wire_extra extra = {o->lora, i == 0 ? o->salt : NULL};
             bool any = extra.lora_name || extra.cache_salt;
-            kvo_status st = wire_engine_block(o->algo, &parent,
-                                              tokens + i * o->block_size,
-                                              o->block_size, any ? &extra : NULL,
-                                              &scratch, &d);
+            kvo_status st = wire_engine_block(
+                o->algo, &parent, tokens + i * o->block_size, o->block_size,
+                any ? &extra : NULL, &scratch, &d);
             if (st != KVO_OK) {
                 fail(o, rc, "block %zu: %s", i, kvo_strerror(st));
                 goto done;
             }
-            for (unsigned k = 0; k < d.len; k++) printf("%02x", d.b[k]);
+            for (unsigned k = 0; k < d.len; k++)
+                printf("%02x", d.b[k]);
             printf(" %" PRIu64 "\n", wire_digest_low64(&d));
             parent = d;
         }
     }
-    rc = fflush(stdout) == 0 ? KVO_EXIT_OK : fail(o, KVO_EXIT_FAIL, "cannot write");
+    rc = fflush(stdout) == 0 ? KVO_EXIT_OK
+                             : fail(o, KVO_EXIT_FAIL, "cannot write");
 done:
     kvo_buf_fini(&scratch);
     kvo_free(tokens);
@@ -378,7 +428,8 @@ done:
     return rc;
 }
 
-/* ---- cat -------------------------------------------------------------------*/
+/* ---- cat
+ * -------------------------------------------------------------------*/
 
 static bool add(json_object *o, const char *key, json_object *v) {
     if (json_object_object_add(o, key, v) == 0) return true;
@@ -387,7 +438,8 @@ static bool add(json_object *o, const char *key, json_object *v) {
 }
 
 static json_object *str_len(const uint8_t *p, size_t n) {
-    return json_object_new_string_len((const char *)p, (int)(n > INT32_MAX ? INT32_MAX : n));
+    return json_object_new_string_len((const char *)p,
+                                      (int)(n > INT32_MAX ? INT32_MAX : n));
 }
 
 /* "2026-11-30T09:43:28.123456789Z" */
@@ -397,7 +449,8 @@ static json_object *time_json(uint64_t unix_ns) {
     char s[64];
     if (!gmtime_r(&sec, &tm)) return json_object_new_string("?");
     size_t k = strftime(s, sizeof(s), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(s + k, sizeof(s) - k, ".%09" PRIu64 "Z", (uint64_t)(unix_ns % 1000000000u));
+    snprintf(s + k, sizeof(s) - k, ".%09" PRIu64 "Z",
+             (uint64_t)(unix_ns % 1000000000u));
     return json_object_new_string(s);
 }
 
@@ -406,7 +459,8 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
                        json_object *j, wire_batch *b, wire_plane_msg *m) {
     json_object *sizes = json_object_new_array();
     for (uint32_t i = 0; i < rec->n_frames; i++)
-        json_object_array_add(sizes, json_object_new_uint64(rec->frames[i].len));
+        json_object_array_add(sizes,
+                              json_object_new_uint64(rec->frames[i].len));
     add(j, "sizes", sizes);
     wire_error err;
     char why[600];
@@ -416,9 +470,11 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         add(j, "transport", json_object_new_string("zmq"));
         add(j, "topic", str_len(rec->frames[0].data, rec->frames[0].len));
         uint64_t seq;
-        if (wire_seq_get(rec->frames[1].data, rec->frames[1].len, &seq) != KVO_OK) {
-            add(j, "error", json_object_new_string(
-                                "EPROTO: the sequence frame is not 8 bytes"));
+        if (wire_seq_get(rec->frames[1].data, rec->frames[1].len, &seq) !=
+            KVO_OK) {
+            add(j, "error",
+                json_object_new_string(
+                    "EPROTO: the sequence frame is not 8 bytes"));
             return false;
         }
         add(j, "seq", json_object_new_uint64(seq));
@@ -428,7 +484,8 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         }
         if (wire_batch_decode(rec->frames[2].data, rec->frames[2].len, &o->lim,
                               b, &err) != KVO_OK) {
-            add(j, "error", json_object_new_string(wire_error_str(&err, why, sizeof(why))));
+            add(j, "error",
+                json_object_new_string(wire_error_str(&err, why, sizeof(why))));
             return false;
         }
         if (wire_batch_to_json(b, &view) != KVO_OK) return false;
@@ -439,9 +496,10 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         /* NATS: [subject][body] */
         add(j, "transport", json_object_new_string("nats"));
         add(j, "subject", str_len(rec->frames[0].data, rec->frames[0].len));
-        if (wire_plane_decode(rec->frames[1].data, rec->frames[1].len, &o->lim, m,
-                              &err) != KVO_OK) {
-            add(j, "error", json_object_new_string(wire_error_str(&err, why, sizeof(why))));
+        if (wire_plane_decode(rec->frames[1].data, rec->frames[1].len, &o->lim,
+                              m, &err) != KVO_OK) {
+            add(j, "error",
+                json_object_new_string(wire_error_str(&err, why, sizeof(why))));
             return false;
         }
         if (wire_plane_to_json(m, &view) != KVO_OK) return false;
@@ -449,9 +507,10 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         return true;
     }
     add(j, "transport", json_object_new_string("unknown"));
-    add(j, "error", json_object_new_string(
-                        "EPROTO: neither a ZMQ message (3 frames) nor a NATS "
-                        "message (2 frames)"));
+    add(j, "error",
+        json_object_new_string(
+            "EPROTO: neither a ZMQ message (3 frames) nor a NATS "
+            "message (2 frames)"));
     return false;
 }
 
@@ -495,8 +554,9 @@ static int cmd_cat(const opts *o, int argc, char **argv) {
         records++;
     }
     if (rc == KVO_EXIT_OK && bad)
-        rc = fail(o, KVO_EXIT_FAIL, "%" PRIu64 " of %" PRIu64 " records did not decode",
-                  bad, records);
+        rc = fail(o, KVO_EXIT_FAIL,
+                  "%" PRIu64 " of %" PRIu64 " records did not decode", bad,
+                  records);
     if (fflush(stdout) != 0) rc = fail(o, KVO_EXIT_FAIL, "cannot write");
     wire_plane_fini(&m);
     wire_batch_fini(&b);
@@ -504,7 +564,8 @@ static int cmd_cat(const opts *o, int argc, char **argv) {
     return rc;
 }
 
-/* ---- main ------------------------------------------------------------------*/
+/* ---- main
+ * ------------------------------------------------------------------*/
 
 int main(int argc, char **argv) {
     opts o = {.format = WIRE_FMT_MAP, .level = KVO_LOG_WARN};
@@ -512,9 +573,13 @@ int main(int argc, char **argv) {
     /* kvo-wire [--help|--version] COMMAND [options] ARGS */
     int cmd_at = 1;
     for (; cmd_at < argc && argv[cmd_at][0] == '-'; cmd_at++) {
-        if (!strcmp(argv[cmd_at], "-h") || !strcmp(argv[cmd_at], "--help")) o.help = true;
-        else if (!strcmp(argv[cmd_at], "-V") || !strcmp(argv[cmd_at], "--version")) o.version = true;
-        else break;
+        if (!strcmp(argv[cmd_at], "-h") || !strcmp(argv[cmd_at], "--help"))
+            o.help = true;
+        else if (!strcmp(argv[cmd_at], "-V") ||
+                 !strcmp(argv[cmd_at], "--version"))
+            o.version = true;
+        else
+            break;
     }
     if (o.help) {
         fputs(usage_text, stdout);
@@ -530,12 +595,18 @@ int main(int argc, char **argv) {
     }
     o.cmd = argv[cmd_at];
     int (*run)(const opts *, int, char **) = NULL;
-    if (!strcmp(o.cmd, "decode")) run = cmd_decode;
-    else if (!strcmp(o.cmd, "encode")) run = cmd_encode;
-    else if (!strcmp(o.cmd, "hash")) run = cmd_hash;
-    else if (!strcmp(o.cmd, "cat")) run = cmd_cat;
+    if (!strcmp(o.cmd, "decode"))
+        run = cmd_decode;
+    else if (!strcmp(o.cmd, "encode"))
+        run = cmd_encode;
+    else if (!strcmp(o.cmd, "hash"))
+        run = cmd_hash;
+    else if (!strcmp(o.cmd, "cat"))
+        run = cmd_cat;
     if (!run) {
-        fprintf(stderr, "kvo-wire: unknown command '%s' (decode, encode, hash, cat)\n", o.cmd);
+        fprintf(stderr,
+                "kvo-wire: unknown command '%s' (decode, encode, hash, cat)\n",
+                o.cmd);
         return KVO_EXIT_USAGE;
     }
     /* Options may come before or after the operands (the tokens of hash
@@ -556,7 +627,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < sub_argc; i++) {
         const char *a = sub_argv[i];
         if (!strcmp(a, "--")) {
-            while (++i < sub_argc) operands[n_ops++] = sub_argv[i];
+            while (++i < sub_argc)
+                operands[n_ops++] = sub_argv[i];
             break;
         }
         if (a[0] != '-' || a[1] == '\0') { /* "-" is stdin, an operand */

@@ -56,6 +56,7 @@ const char *wire_mp_type_name(uint8_t b) {
     if (b <= 0x8f) return "map";
     if (b <= 0x9f) return "array";
     if (b <= 0xbf) return "str";
+    /* clang-format off */
     switch (b) {
     case 0xc0: return "nil";
     case 0xc1: return "reserved byte 0xc1";
@@ -69,6 +70,7 @@ const char *wire_mp_type_name(uint8_t b) {
     case 0xde: case 0xdf: return "map";
     default: return "int"; /* 0xcc..0xd3 */
     }
+    /* clang-format on */
 }
 
 /* What one header byte announces. */
@@ -85,6 +87,7 @@ static mp_head head_of(uint8_t b) {
     if (b <= 0x8f) return (mp_head){0, 0, b & 0x0fu, H_MAP};
     if (b <= 0x9f) return (mp_head){0, 0, b & 0x0fu, H_ARRAY};
     if (b <= 0xbf) return (mp_head){0, 0, b & 0x1fu, H_BLOB};
+    /* clang-format off */
     switch (b) {
     case 0xc0: case 0xc2: case 0xc3: return h;
     case 0xc1: h.kind = H_BAD; return h;
@@ -110,11 +113,11 @@ static mp_head head_of(uint8_t b) {
     case 0xde: return (mp_head){2, 0, 0, H_MAP};
     default: return (mp_head){4, 0, 0, H_MAP}; /* 0xdf */
     }
+    /* clang-format on */
 }
 
-kvo_status wire_precheck(const uint8_t *buf, size_t len,
-                         const wire_limits *lim, size_t *end,
-                         wire_error *err) {
+kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
+                         size_t *end, wire_error *err) {
     wire_limits def;
     if (!lim) {
         wire_limits_default(&def);
@@ -168,8 +171,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len,
         if (h.kind == H_BAD)
             return wire_fail(err, KVO_EPROTO, at, "reserved byte 0xc1");
         if (h.len_bytes > avail - pos)
-            return wire_fail(err, short_st, at,
-                             "input ends inside a %s header",
+            return wire_fail(err, short_st, at, "input ends inside a %s header",
                              wire_mp_type_name(b));
         uint32_t n =
             h.len_bytes ? (uint32_t)wire_be_w(buf + pos, h.len_bytes) : h.count;
@@ -204,7 +206,8 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len,
         if (h.kind == H_BLOB) {
             if (n > lim->max_str)
                 return wire_fail(err, KVO_ETOOBIG, at,
-                                 "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
+                                 "%s of %" PRIu32
+                                 " bytes exceeds limit %" PRIu32,
                                  wire_mp_type_name(b), n, lim->max_str);
             payload += n;
         }
@@ -267,8 +270,9 @@ kvo_status wire_rd_skip(wire_rd *r) {
         mp_head h = head_of(b);
         if (h.kind == H_BAD) return KVO_EPROTO;
         if (h.len_bytes > r->len - pos) return KVO_ETRUNC;
-        uint32_t n =
-            h.len_bytes ? (uint32_t)wire_be_w(r->buf + pos, h.len_bytes) : h.count;
+        uint32_t n = h.len_bytes
+                         ? (uint32_t)wire_be_w(r->buf + pos, h.len_bytes)
+                         : h.count;
         pos += h.len_bytes;
         if (h.kind == H_ARRAY || h.kind == H_MAP) {
             uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;

@@ -74,7 +74,8 @@ static void build_batch(wire_batch *b) {
                        : (wire_hash){WIRE_HASH_NONE, 0, 0, NULL};
         parent = ev->hashes[N_BLOCKS - 1].key;
         ev->n_tokens = N_BLOCKS * BLOCK_TOKENS;
-        ev->token_ids = kvo_arena_alloc(&b->arena, ev->n_tokens * sizeof(uint64_t));
+        ev->token_ids =
+            kvo_arena_alloc(&b->arena, ev->n_tokens * sizeof(uint64_t));
         for (uint32_t t = 0; t < ev->n_tokens; t++)
             ev->token_ids[t] = splitmix64() % VOCAB;
         ev->block_size = (wire_int){true, BLOCK_TOKENS};
@@ -148,8 +149,10 @@ static uint64_t batch_checksum(const wire_batch *b) {
     for (uint32_t e = 0; e < b->n_events; e++) {
         const wire_event *ev = &b->events[e];
         MIX(ev->parent.key);
-        for (uint32_t k = 0; k < ev->n_hashes; k++) MIX(ev->hashes[k].key);
-        for (uint32_t t = 0; t < ev->n_tokens; t++) MIX(ev->token_ids[t]);
+        for (uint32_t k = 0; k < ev->n_hashes; k++)
+            MIX(ev->hashes[k].key);
+        for (uint32_t t = 0; t < ev->n_tokens; t++)
+            MIX(ev->token_ids[t]);
     }
 #undef MIX
     return cs;
@@ -167,8 +170,8 @@ static int step_unpack_zone(void *p) {
     msgpack_object obj;
     size_t off = 0;
     msgpack_zone_clear(&c->zone);
-    if (msgpack_unpack((const char *)c->payload, c->len, &off, &c->zone, &obj) !=
-        MSGPACK_UNPACK_SUCCESS)
+    if (msgpack_unpack((const char *)c->payload, c->len, &off, &c->zone,
+                       &obj) != MSGPACK_UNPACK_SUCCESS)
         return 1;
     c->sink += obj.via.array.size;
     return 0;
@@ -232,9 +235,14 @@ static int set_opt(void *p, int code, const char *arg) {
         if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return -1;
         o->runs = (int)v;
         return 0;
-    case 'h': usage(stdout); exit(KVO_EXIT_OK);
-    case 'V': printf("kvo-bench-wire %s\n", KVO_VERSION); exit(KVO_EXIT_OK);
-    default: return -1;
+    case 'h':
+        usage(stdout);
+        exit(KVO_EXIT_OK);
+    case 'V':
+        printf("kvo-bench-wire %s\n", KVO_VERSION);
+        exit(KVO_EXIT_OK);
+    default:
+        return -1;
     }
 }
 
@@ -253,9 +261,10 @@ int main(int argc, char **argv) {
     static const wire_format fmts[] = {WIRE_FMT_MAP, WIRE_FMT_ARRAY_V0_14};
     wire_batch src;
     build_batch(&src);
-    printf("workload: %d BlockStored x %d blocks x %d tokens, splitmix64 seed 1; "
-           "%ld calls x %d runs, median\n",
-           N_EVENTS, N_BLOCKS, BLOCK_TOKENS, o.iters, o.runs);
+    printf(
+        "workload: %d BlockStored x %d blocks x %d tokens, splitmix64 seed 1; "
+        "%ld calls x %d runs, median\n",
+        N_EVENTS, N_BLOCKS, BLOCK_TOKENS, o.iters, o.runs);
     printf("%-14s %-18s %10s %10s %12s %9s\n", "layout", "step", "ns/call",
            "MB/s", "events/s", "x unpack");
     int rc = KVO_EXIT_OK;
@@ -292,7 +301,8 @@ int main(int argc, char **argv) {
         enum { N_STEPS = KVO_ARRAY_LEN(steps) };
         step_fn fns[N_STEPS];
         double ns[N_STEPS];
-        for (size_t s = 0; s < N_STEPS; s++) fns[s] = steps[s].fn;
+        for (size_t s = 0; s < N_STEPS; s++)
+            fns[s] = steps[s].fn;
         measure(fns, N_STEPS, c, o.iters, o.runs, ns);
         for (size_t s = 0; s < N_STEPS; s++) {
             if (ns[s] < 0) {
@@ -302,7 +312,8 @@ int main(int argc, char **argv) {
         }
         /* The baseline is msgpack-c's faster entry point. */
         double base = ns[1] < ns[2] ? ns[1] : ns[2];
-        if (wire_batch_decode(c->payload, c->len, NULL, &c->batch, NULL) != KVO_OK)
+        if (wire_batch_decode(c->payload, c->len, NULL, &c->batch, NULL) !=
+            KVO_OK)
             rc = KVO_EXIT_FAIL;
         printf("%-14s %zu bytes per batch, decoded checksum 0x%016" PRIx64 "\n",
                wire_format_name(fmts[f]), c->len, batch_checksum(&c->batch));

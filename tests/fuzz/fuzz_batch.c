@@ -19,13 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FUZZ_CHECK(c)                                                       \
-    do {                                                                    \
-        if (!(c)) {                                                         \
-            fprintf(stderr, "fuzz_batch: check failed: %s (line %d)\n", #c, \
-                    __LINE__);                                              \
-            abort();                                                        \
-        }                                                                   \
+#define FUZZ_CHECK(c)                                                          \
+    do {                                                                       \
+        if (!(c)) {                                                            \
+            fprintf(stderr, "fuzz_batch: check failed: %s (line %d)\n", #c,    \
+                    __LINE__);                                                 \
+            abort();                                                           \
+        }                                                                      \
     } while (0)
 
 int kvo_fuzz_batch(const uint8_t *data, size_t size);
@@ -89,11 +89,13 @@ int kvo_fuzz_batch(const uint8_t *data, size_t size) {
     for (int f = 0; f < WIRE_FMT_COUNT; f++) {
         kvo_buf_reset(&out);
         FUZZ_CHECK(wire_batch_encode(&b, (wire_format)f, 0, &out) == KVO_OK);
-        FUZZ_CHECK(wire_batch_decode(out.data, out.len, NULL, &d, NULL) == KVO_OK);
+        FUZZ_CHECK(wire_batch_decode(out.data, out.len, NULL, &d, NULL) ==
+                   KVO_OK);
         FUZZ_CHECK(same_content(&b, &d, f != WIRE_FMT_ARRAY_V0_9_0));
         if (f == WIRE_FMT_MAP) {
             kvo_buf_reset(&again);
-            FUZZ_CHECK(wire_batch_encode(&d, WIRE_FMT_MAP, 0, &again) == KVO_OK);
+            FUZZ_CHECK(wire_batch_encode(&d, WIRE_FMT_MAP, 0, &again) ==
+                       KVO_OK);
             FUZZ_CHECK(again.len == out.len &&
                        memcmp(again.data, out.data, out.len) == 0);
         }

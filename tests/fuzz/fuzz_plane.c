@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FUZZ_CHECK(c)                                                       \
-    do {                                                                    \
-        if (!(c)) {                                                         \
-            fprintf(stderr, "fuzz_plane: check failed: %s (line %d)\n", #c, \
-                    __LINE__);                                              \
-            abort();                                                        \
-        }                                                                   \
+#define FUZZ_CHECK(c)                                                          \
+    do {                                                                       \
+        if (!(c)) {                                                            \
+            fprintf(stderr, "fuzz_plane: check failed: %s (line %d)\n", #c,    \
+                    __LINE__);                                                 \
+            abort();                                                           \
+        }                                                                      \
     } while (0)
 
 int kvo_fuzz_plane(const uint8_t *data, size_t size);
@@ -67,7 +67,8 @@ int kvo_fuzz_plane(const uint8_t *data, size_t size) {
     FUZZ_CHECK(wire_plane_decode(out.data, out.len, NULL, &d, NULL) == KVO_OK);
     FUZZ_CHECK(same_events(&m, &d));
     FUZZ_CHECK(wire_plane_encode(&d, &again) == KVO_OK);
-    FUZZ_CHECK(again.len == out.len && memcmp(again.data, out.data, out.len) == 0);
+    FUZZ_CHECK(again.len == out.len &&
+               memcmp(again.data, out.data, out.len) == 0);
 done:
     kvo_buf_fini(&out);
     kvo_buf_fini(&again);

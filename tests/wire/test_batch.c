@@ -53,7 +53,8 @@ bool wt_json_same(json_object *a, json_object *b, char *why, size_t n,
         if (json_object_get_double(a) == json_object_get_double(b)) return true;
         break;
     case json_type_boolean:
-        if (json_object_get_boolean(a) == json_object_get_boolean(b)) return true;
+        if (json_object_get_boolean(a) == json_object_get_boolean(b))
+            return true;
         break;
     case json_type_string:
         if (json_object_get_string_len(a) == json_object_get_string_len(b) &&
@@ -62,7 +63,8 @@ bool wt_json_same(json_object *a, json_object *b, char *why, size_t n,
             return true;
         break;
     case json_type_array: {
-        size_t la = json_object_array_length(a), lb = json_object_array_length(b);
+        size_t la = json_object_array_length(a),
+               lb = json_object_array_length(b);
         if (la != lb) {
             snprintf(why, n, "%s: %zu vs %zu elements", path, la, lb);
             return false;
@@ -88,7 +90,8 @@ bool wt_json_same(json_object *a, json_object *b, char *why, size_t n,
         }
         return true;
     }
-    default: return true;
+    default:
+        return true;
     }
     snprintf(why, n, "%s: %s vs %s", path, json_object_to_json_string(a),
              json_object_to_json_string(b));
@@ -111,7 +114,8 @@ const char *wt_name(json_object *c) {
 
 wire_format wt_format(json_object *c) {
     wire_format f;
-    const char *p = json_object_get_string(json_object_object_get(c, "profile"));
+    const char *p =
+        json_object_get_string(json_object_object_get(c, "profile"));
     ck_assert_msg(wire_format_parse(p, &f) == KVO_OK, "profile %s", p);
     return f;
 }
@@ -134,9 +138,10 @@ START_TEST(json_comparison_treats_absent_keys_as_null_and_nothing_else) {
         json_object *a = json_tokener_parse(cases_[i].a);
         json_object *b = json_tokener_parse(cases_[i].b);
         char why[256];
-        ck_assert_msg(wt_json_same(a, b, why, sizeof(why), "") == cases_[i].same &&
-                          wt_json_same(b, a, why, sizeof(why), "") == cases_[i].same,
-                      "%s vs %s", cases_[i].a, cases_[i].b);
+        ck_assert_msg(
+            wt_json_same(a, b, why, sizeof(why), "") == cases_[i].same &&
+                wt_json_same(b, a, why, sizeof(why), "") == cases_[i].same,
+            "%s vs %s", cases_[i].a, cases_[i].b);
         json_object_put(a);
         json_object_put(b);
     }
@@ -153,7 +158,9 @@ static void load_cases(void) {
     json_object_put(all);
 }
 
-static void put_cases(void) { json_object_put(cases); }
+static void put_cases(void) {
+    json_object_put(cases);
+}
 
 static void assert_fields(const wire_batch *b, json_object *c) {
     json_object *got;
@@ -266,8 +273,8 @@ START_TEST(hashes_normalize_to_their_u64_key) {
         size_t len;
         uint8_t *buf = wt_vector_bytes(c, &len);
         ck_assert(wire_batch_decode(buf, len, NULL, &b, NULL) == KVO_OK);
-        json_object *evs =
-            json_object_object_get(json_object_object_get(c, "fields"), "events");
+        json_object *evs = json_object_object_get(
+            json_object_object_get(c, "fields"), "events");
         for (uint32_t e = 0; e < b.n_events; e++) {
             json_object *je = json_object_array_get_idx(evs, e);
             json_object *hs = json_object_object_get(je, "block_hashes");
@@ -276,8 +283,9 @@ START_TEST(hashes_normalize_to_their_u64_key) {
                 wire_hash_kind kind;
                 uint64_t key =
                     key_of_json(json_object_array_get_idx(hs, k), &kind);
-                ck_assert_msg(ev->hashes[k].key == key && ev->hashes[k].kind == kind,
-                              "%s: events[%u].block_hashes[%u]", wt_name(c), e, k);
+                ck_assert_msg(
+                    ev->hashes[k].key == key && ev->hashes[k].kind == kind,
+                    "%s: events[%u].block_hashes[%u]", wt_name(c), e, k);
                 kinds[kind]++;
                 checked++;
             }
@@ -417,11 +425,12 @@ START_TEST(sglang_metadata_map_in_slot_eight_is_kept_verbatim) {
 
     json_object *j;
     ck_assert(wire_batch_to_json(&b, &j) == KVO_OK);
-    json_object *ev = json_object_array_get_idx(json_object_object_get(j, "events"), 0);
-    ck_assert_str_eq(json_object_to_json_string_ext(
-                         json_object_object_get(ev, "metadata"),
-                         JSON_C_TO_STRING_PLAIN),
-                     "{\"priority\":3,\"tags\":[{\"bin\":\"01ff\"}]}");
+    json_object *ev =
+        json_object_array_get_idx(json_object_object_get(j, "events"), 0);
+    ck_assert_str_eq(
+        json_object_to_json_string_ext(json_object_object_get(ev, "metadata"),
+                                       JSON_C_TO_STRING_PLAIN),
+        "{\"priority\":3,\"tags\":[{\"bin\":\"01ff\"}]}");
     ck_assert_ptr_null(json_object_object_get(ev, "lora_name"));
 
     /* exact bytes back, from the batch and from its JSON view */
@@ -461,11 +470,11 @@ static void mp_store_with_tokens(mp *m, const uint8_t *tok, size_t n,
 
 START_TEST(token_ids_of_any_int_width_are_read_and_negatives_rejected) {
     /* 5 as fixint, uint8..uint64 and int8..int64 */
-    const uint8_t tok[] = {0x05, 0xcc, 0x05, 0xcd, 0x00, 0x05,
-                           0xce, 0, 0, 0, 5, 0xcf, 0, 0, 0, 0, 0, 0, 0, 5,
-                           0xd0, 0x05, 0xd1, 0x00, 0x05, 0xd2, 0, 0, 0, 5,
-                           0xd3, 0, 0, 0, 0, 0, 0, 0, 5,
-                           0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    const uint8_t tok[] = {
+        0x05, 0xcc, 0x05, 0xcd, 0x00, 0x05, 0xce, 0,    0,    0,    5,    0xcf,
+        0,    0,    0,    0,    0,    0,    0,    5,    0xd0, 0x05, 0xd1, 0x00,
+        0x05, 0xd2, 0,    0,    0,    5,    0xd3, 0,    0,    0,    0,    0,
+        0,    0,    5,    0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     mp m;
     mp_init(&m);
     mp_store_with_tokens(&m, tok, sizeof(tok), 10);
@@ -474,7 +483,8 @@ START_TEST(token_ids_of_any_int_width_are_read_and_negatives_rejected) {
     wire_error err;
     ck_assert(decode_mp(&m, &b, &err) == KVO_OK);
     ck_assert_uint_eq(b.events[0].n_tokens, 10);
-    for (int i = 0; i < 9; i++) ck_assert(b.events[0].token_ids[i] == 5);
+    for (int i = 0; i < 9; i++)
+        ck_assert(b.events[0].token_ids[i] == 5);
     ck_assert(b.events[0].token_ids[9] == UINT64_MAX);
     kvo_buf_fini(&m.b);
 
@@ -485,7 +495,7 @@ START_TEST(token_ids_of_any_int_width_are_read_and_negatives_rejected) {
     ck_assert_msg(strstr(err.msg, "events[0].token_ids[1]") != NULL, "%s",
                   err.msg);
     ck_assert_uint_eq(m.b.data[err.offset], 0xd1); /* points at the value */
-    ck_assert_uint_eq(b.n_events, 0);             /* failed decode: reset */
+    ck_assert_uint_eq(b.n_events, 0);              /* failed decode: reset */
     wire_batch_fini(&b);
     kvo_buf_fini(&m.b);
 }
@@ -518,8 +528,8 @@ END_TEST
 START_TEST(bytes_hashes_of_any_length_normalize_to_last_eight_bytes) {
     const char *bins[] = {"01", "0102030405060708", "ff0102030405060708",
                           "00112233445566778899aabbccddeeff"};
-    const uint64_t keys[] = {0x01, 0x0102030405060708ull,
-                             0x0102030405060708ull, 0x8899aabbccddeeffull};
+    const uint64_t keys[] = {0x01, 0x0102030405060708ull, 0x0102030405060708ull,
+                             0x8899aabbccddeeffull};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bins); i++) {
         size_t n;
         uint8_t *raw = kt_unhex(bins[i], &n);
@@ -583,13 +593,15 @@ START_TEST(reversed_map_keys_decode_to_the_same_view) {
         uint8_t *buf = wt_vector_bytes(c, &len);
         ck_assert(wire_batch_decode(buf, len, NULL, &b, NULL) == KVO_OK);
         kvo_buf_reset(&out);
-        ck_assert(wire_batch_encode(&b, f, WIRE_ENC_REVERSE_KEYS, &out) == KVO_OK);
+        ck_assert(wire_batch_encode(&b, f, WIRE_ENC_REVERSE_KEYS, &out) ==
+                  KVO_OK);
         ck_assert_uint_eq(out.len, len);
         if (b.n_events && b.events[0].type != WIRE_EV_CLEARED) {
             ck_assert_msg(memcmp(out.data, buf, len) != 0, "%s", wt_name(c));
             reversed++;
         }
-        ck_assert(wire_batch_decode(out.data, out.len, NULL, &b2, NULL) == KVO_OK);
+        ck_assert(wire_batch_decode(out.data, out.len, NULL, &b2, NULL) ==
+                  KVO_OK);
         assert_fields(&b2, c);
         kvo_free(buf);
     }
@@ -618,9 +630,9 @@ START_TEST(every_vector_converts_between_formats_without_loss) {
         for (int f = 0; f < WIRE_FMT_COUNT; f++) {
             kvo_buf_reset(&out);
             ck_assert(wire_batch_encode(&b, (wire_format)f, 0, &out) == KVO_OK);
-            ck_assert_msg(wire_batch_decode(out.data, out.len, NULL, &b2, NULL) ==
-                              KVO_OK,
-                          "%s as %s", wt_name(c), wire_format_name((wire_format)f));
+            ck_assert_msg(
+                wire_batch_decode(out.data, out.len, NULL, &b2, NULL) == KVO_OK,
+                "%s as %s", wt_name(c), wire_format_name((wire_format)f));
             ck_assert_uint_eq(b2.n_events, b.n_events);
             ck_assert(b2.ts == b.ts);
             if (f != WIRE_FMT_ARRAY_V0_9_0)
@@ -651,7 +663,8 @@ END_TEST
 START_TEST(formats_and_sequence_frames_round_trip) {
     for (int f = 0; f < WIRE_FMT_COUNT; f++) {
         wire_format g;
-        ck_assert(wire_format_parse(wire_format_name((wire_format)f), &g) == KVO_OK);
+        ck_assert(wire_format_parse(wire_format_name((wire_format)f), &g) ==
+                  KVO_OK);
         ck_assert_int_eq(g, f);
     }
     wire_format g;
@@ -721,7 +734,8 @@ Suite *suite_batch(void) {
     Suite *s = suite_create("batch");
     TCase *tc = tcase_create("vectors");
     tcase_add_unchecked_fixture(tc, load_cases, put_cases);
-    tcase_add_test(tc, json_comparison_treats_absent_keys_as_null_and_nothing_else);
+    tcase_add_test(tc,
+                   json_comparison_treats_absent_keys_as_null_and_nothing_else);
     tcase_add_test(tc, every_wire_vector_decodes_to_its_fields);
     tcase_add_test(tc, every_wire_vector_reencodes_to_its_bytes);
     tcase_add_test(tc, every_wire_vector_encodes_from_its_fields_json);
@@ -731,11 +745,14 @@ Suite *suite_batch(void) {
     tcase_add_test(tc, every_vector_converts_between_formats_without_loss);
     suite_add_tcase(s, tc);
     tc = tcase_create("variants");
-    tcase_add_test(tc, map32_headers_extra_batch_elements_and_unknown_keys_are_accepted);
+    tcase_add_test(
+        tc, map32_headers_extra_batch_elements_and_unknown_keys_are_accepted);
     tcase_add_test(tc, sglang_metadata_map_in_slot_eight_is_kept_verbatim);
-    tcase_add_test(tc, token_ids_of_any_int_width_are_read_and_negatives_rejected);
+    tcase_add_test(tc,
+                   token_ids_of_any_int_width_are_read_and_negatives_rejected);
     tcase_add_test(tc, unknown_event_type_rejects_the_batch_naming_it);
-    tcase_add_test(tc, bytes_hashes_of_any_length_normalize_to_last_eight_bytes);
+    tcase_add_test(tc,
+                   bytes_hashes_of_any_length_normalize_to_last_eight_bytes);
     tcase_add_test(tc, formats_and_sequence_frames_round_trip);
     tcase_add_test(tc, from_json_rejects_bad_views_naming_the_field);
     suite_add_tcase(s, tc);

@@ -60,11 +60,12 @@ START_TEST(the_fuzz_checks_can_fail) {
      * decodable payload and break one of its invariants by hand. */
     wire_batch b;
     wire_batch_init(&b);
-    const uint8_t cleared[] = {0x93, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x91,
-                               0x91, 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c',
-                               'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd',
-                               0xc0};
-    ck_assert(wire_batch_decode(cleared, sizeof(cleared), NULL, &b, NULL) == KVO_OK);
+    const uint8_t cleared[] = {0x93, 0xcb, 0x3f, 0xf0, 0,    0,   0,   0,
+                               0,    0,    0x91, 0x91, 0xb0, 'A', 'l', 'l',
+                               'B',  'l',  'o',  'c',  'k',  's', 'C', 'l',
+                               'e',  'a',  'r',  'e',  'd',  0xc0};
+    ck_assert(wire_batch_decode(cleared, sizeof(cleared), NULL, &b, NULL) ==
+              KVO_OK);
     wire_batch other;
     wire_batch_init(&other);
     ck_assert(wire_batch_decode(cleared, sizeof(cleared), NULL, &other, NULL) ==

@@ -23,7 +23,9 @@ static void load_cases(void) {
     json_object_put(all);
 }
 
-static void put_cases(void) { json_object_put(cases); }
+static void put_cases(void) {
+    json_object_put(cases);
+}
 
 /* Decode from an exact-size heap copy, so ASan sees any over-read, and
  * check the shape of a rejection. Returns the status. */
@@ -170,9 +172,11 @@ START_TEST(huge_declared_lengths_are_refused_before_any_allocation) {
             ck_assert_msg(st == KVO_ETOOBIG || st == KVO_ETRUNC, "%s in %s: %s",
                           huge[i].name, keys[k], kvo_status_name(st));
             size_t at = m.b.len - 4 - n; /* where the huge header starts */
-            ck_assert_msg(err.offset == at, "%s in %s: offset %zu, header at %zu",
-                          huge[i].name, keys[k], err.offset, at);
-            ck_assert_int_eq(decode_no_alloc(m.b.data, m.b.len, NULL, &err), st);
+            ck_assert_msg(err.offset == at,
+                          "%s in %s: offset %zu, header at %zu", huge[i].name,
+                          keys[k], err.offset, at);
+            ck_assert_int_eq(decode_no_alloc(m.b.data, m.b.len, NULL, &err),
+                             st);
             kvo_buf_fini(&m.b);
         }
     }
@@ -222,7 +226,8 @@ static void nested_extra_keys(wt_mp *m, unsigned depth) {
     wt_mp_str(m, "token_ids");
     msgpack_pack_array(&m->pk, 0);
     wt_mp_str(m, "extra_keys");
-    for (unsigned i = 0; i < depth; i++) msgpack_pack_array(&m->pk, 1);
+    for (unsigned i = 0; i < depth; i++)
+        msgpack_pack_array(&m->pk, 1);
     msgpack_pack_nil(&m->pk);
     msgpack_pack_nil(&m->pk); /* rank */
 }
@@ -301,8 +306,8 @@ static const bad_field bad_fields[] = {
 };
 
 static const char *const stored_keys[] = {
-    "type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-    "lora_id", "medium", "lora_name"};
+    "type",    "block_hashes", "parent_block_hash", "token_ids", "block_size",
+    "lora_id", "medium",       "lora_name"};
 
 /* A valid BlockStored map with one field's value replaced (or appended). */
 static void stored_map_with(wt_mp *m, const char *key, const uint8_t *bad,
@@ -349,8 +354,9 @@ static void stored_map_with(wt_mp *m, const char *key, const uint8_t *bad,
 static bool stored_array_with(wt_mp *m, const char *key, const uint8_t *bad,
                               size_t n, size_t *bad_at) {
     static const char *const pos[] = {
-        "type", "block_hashes", "parent_block_hash", "token_ids",
-        "block_size", "lora_id", "medium", "lora_name", "extra_keys",
+        "type",      "block_hashes",       "parent_block_hash",
+        "token_ids", "block_size",         "lora_id",
+        "medium",    "lora_name",          "extra_keys",
         "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"};
     size_t at = KVO_ARRAY_LEN(pos);
     for (size_t i = 0; i < KVO_ARRAY_LEN(pos); i++)
@@ -402,7 +408,8 @@ START_TEST(wrong_types_in_every_field_are_rejected_naming_the_field) {
                           f->bad_hex, layout ? "array" : "map",
                           kvo_status_name(st));
             ck_assert_msg(strstr(err.msg, f->path), "%s = %s (%s): \"%s\"",
-                          f->key, f->bad_hex, layout ? "array" : "map", err.msg);
+                          f->key, f->bad_hex, layout ? "array" : "map",
+                          err.msg);
             ck_assert_msg(err.offset >= bad_at && err.offset < bad_at + n,
                           "%s = %s (%s): offset %zu, value at %zu", f->key,
                           f->bad_hex, layout ? "array" : "map", err.offset,
@@ -420,17 +427,17 @@ START_TEST(malformed_batches_and_events_are_rejected_with_a_reason) {
     static const struct {
         const char *hex, *needle;
     } bad[] = {
-        {"c0", "batch"},                                  /* not an array */
-        {"91cb3ff0000000000000", "batch"},                /* 1 element */
-        {"92a17890", "ts"},                               /* ts a str */
-        {"92cb3ff000000000000080", "events"},             /* events a map */
+        {"c0", "batch"},                      /* not an array */
+        {"91cb3ff0000000000000", "batch"},    /* 1 element */
+        {"92a17890", "ts"},                   /* ts a str */
+        {"92cb3ff000000000000080", "events"}, /* events a map */
         {"93cb3ff000000000000090a178", "data_parallel_rank"},
         {"93cb3ff000000000000090cfffffffffffffffff", "out of range"},
-        {"92cb3ff00000000000009105", "events[0]"},        /* event an int */
-        {"92cb3ff00000000000009190", "events[0]"},        /* empty array */
-        {"92cb3ff0000000000000918105c0", "key"},          /* int map key */
-        {"92cb3ff00000000000009181c40178c0", "key"},      /* bin map key */
-        {"92cb3ff00000000000009181a17803", "type"},       /* no type */
+        {"92cb3ff00000000000009105", "events[0]"},   /* event an int */
+        {"92cb3ff00000000000009190", "events[0]"},   /* empty array */
+        {"92cb3ff0000000000000918105c0", "key"},     /* int map key */
+        {"92cb3ff00000000000009181c40178c0", "key"}, /* bin map key */
+        {"92cb3ff00000000000009181a17803", "type"},  /* no type */
         /* BlockStored map without token_ids */
         {"92cb3ff00000000000009182a474797065ab426c6f636b53746f726564"
          "ac626c6f636b5f68617368657390",
@@ -441,7 +448,8 @@ START_TEST(malformed_batches_and_events_are_rejected_with_a_reason) {
         /* BlockStored array of 3 elements */
         {"92cb3ff00000000000009193ab426c6f636b53746f72656490c0", "at least"},
         /* events declaring more than their bytes could hold */
-        {"92cb3ff0000000000000dc0100" "9191919191919191919191919191919191",
+        {"92cb3ff0000000000000dc0100"
+         "9191919191919191919191919191919191",
          "declares 256"},
     };
     wire_batch b;
@@ -617,7 +625,8 @@ START_TEST(random_mutations_of_the_vectors_never_crash) {
         for (int f = 0; f < flips; f++) {
             size_t at = next_rand() % len;
             uint64_t r = next_rand();
-            buf[at] = (r & 1) ? (uint8_t)(r >> 8) : buf[at] ^ (uint8_t)(1u << (r >> 8) % 8);
+            buf[at] = (r & 1) ? (uint8_t)(r >> 8)
+                              : buf[at] ^ (uint8_t)(1u << (r >> 8) % 8);
         }
         wire_error err;
         if (decode_copy(buf, len, NULL, &b, &err) == KVO_OK) {
@@ -649,12 +658,14 @@ Suite *suite_hostile(void) {
     TCase *tc = tcase_create("hostile");
     tcase_set_timeout(tc, 300);
     tcase_add_unchecked_fixture(tc, load_cases, put_cases);
-    tcase_add_test(tc, every_strict_prefix_of_every_vector_is_rejected_as_truncated);
+    tcase_add_test(
+        tc, every_strict_prefix_of_every_vector_is_rejected_as_truncated);
     tcase_add_test(tc, empty_and_null_input_is_rejected);
     tcase_add_test(tc, huge_declared_lengths_are_refused_before_any_allocation);
     tcase_add_test(tc, a_64_MiB_token_array_claimed_in_6_bytes_is_refused);
     tcase_add_test(tc, nesting_100_deep_is_refused_unless_the_limit_allows_it);
-    tcase_add_test(tc, wrong_types_in_every_field_are_rejected_naming_the_field);
+    tcase_add_test(tc,
+                   wrong_types_in_every_field_are_rejected_naming_the_field);
     tcase_add_test(tc, malformed_batches_and_events_are_rejected_with_a_reason);
     tcase_add_test(tc, limits_are_configurable_and_enforced);
     tcase_add_test(tc, allocation_failures_never_crash_or_leak);

@@ -38,10 +38,10 @@ static char *tmp_path(const char *name) {
 }
 
 typedef struct result {
-    int code;       /* exit code; 128+signal when killed */
-    uint8_t *out;   /* stdout, NUL-terminated */
+    int code;     /* exit code; 128+signal when killed */
+    uint8_t *out; /* stdout, NUL-terminated */
     size_t out_len;
-    char *err;      /* stderr, NUL-terminated */
+    char *err; /* stderr, NUL-terminated */
     int err_lines;
 } result;
 
@@ -74,7 +74,8 @@ static result run(const char *fmt, ...) {
     r.err = kvo_realloc(e, elen + 1);
     r.err[elen] = '\0';
     r.err_lines = 0;
-    for (size_t i = 0; i < elen; i++) r.err_lines += r.err[i] == '\n';
+    for (size_t i = 0; i < elen; i++)
+        r.err_lines += r.err[i] == '\n';
     kvo_free(out);
     kvo_free(err);
     return r;
@@ -193,7 +194,8 @@ static void assert_input_failure(result *r, const char *needle,
                   r->err_lines, r->err);
     ck_assert_msg(strstr(r->err, needle), "%s: \"%s\" lacks \"%s\"", what,
                   r->err, needle);
-    ck_assert_msg(strncmp(r->err, "kvo-wire: ", 10) == 0, "%s: %s", what, r->err);
+    ck_assert_msg(strncmp(r->err, "kvo-wire: ", 10) == 0, "%s: %s", what,
+                  r->err);
 }
 
 START_TEST(bad_input_exits_1_with_one_line_naming_the_offset) {
@@ -228,7 +230,8 @@ START_TEST(bad_input_exits_1_with_one_line_naming_the_offset) {
     buf[at] = 0xa4;
     write_file(bad, buf, len);
     r = run("decode '%s'", bad);
-    snprintf(needle, sizeof(needle), "EPROTO at byte %zu: events[0].token_ids[0]", at);
+    snprintf(needle, sizeof(needle),
+             "EPROTO at byte %zu: events[0].token_ids[0]", at);
     assert_input_failure(&r, needle, "wrong type");
     result_free(&r);
     /* a limit given on the command line */
@@ -267,10 +270,19 @@ END_TEST
 
 START_TEST(usage_errors_exit_2_and_help_and_version_exit_0) {
     static const char *const usage_errors[] = {
-        "", "frobnicate", "decode", "decode a b", "encode --format nope",
-        "encode a b", "hash 1 2 3", "hash --algo sha256 1 2 3",
-        "hash --algo md5 --block-size 2 1 2", "hash --algo router --block-size 2 1 x",
-        "cat", "decode --no-such-option x", "decode --max-depth x y",
+        "",
+        "frobnicate",
+        "decode",
+        "decode a b",
+        "encode --format nope",
+        "encode a b",
+        "hash 1 2 3",
+        "hash --algo sha256 1 2 3",
+        "hash --algo md5 --block-size 2 1 2",
+        "hash --algo router --block-size 2 1 x",
+        "cat",
+        "decode --no-such-option x",
+        "decode --max-depth x y",
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(usage_errors); i++) {
         result r = run("%s", usage_errors[i]);
@@ -280,7 +292,8 @@ START_TEST(usage_errors_exit_2_and_help_and_version_exit_0) {
     }
     result r = run("--help");
     ck_assert_int_eq(r.code, 0);
-    ck_assert(strstr((char *)r.out, "usage: kvo-wire") && strstr((char *)r.out, "cat FILE"));
+    ck_assert(strstr((char *)r.out, "usage: kvo-wire") &&
+              strstr((char *)r.out, "cat FILE"));
     result_free(&r);
     r = run("decode --help");
     ck_assert_int_eq(r.code, 0);
@@ -298,8 +311,9 @@ static void tokens_arg(json_object *toks, char *out, size_t n) {
     size_t k = 0;
     out[0] = '\0';
     for (size_t i = 0; i < json_object_array_length(toks) && k + 24 < n; i++)
-        k += (size_t)snprintf(out + k, n - k, " %" PRIu64,
-                              json_object_get_uint64(json_object_array_get_idx(toks, i)));
+        k += (size_t)snprintf(
+            out + k, n - k, " %" PRIu64,
+            json_object_get_uint64(json_object_array_get_idx(toks, i)));
 }
 
 static void opt_arg(json_object *c, const char *key, const char *opt, char *out,
@@ -310,7 +324,8 @@ static void opt_arg(json_object *c, const char *key, const char *opt, char *out,
 }
 
 START_TEST(hash_prints_one_line_per_full_block_like_the_vectors) {
-    json_object *all = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
+    json_object *all =
+        kt_load_json("tests/data/vectors/hash/hash_vectors.json");
     static char toks[65536];
     char lora[256], salt[256], expect[8192];
     int runs = 0;
@@ -320,19 +335,21 @@ START_TEST(hash_prints_one_line_per_full_block_like_the_vectors) {
         tokens_arg(json_object_object_get(c, "token_ids"), toks, sizeof(toks));
         opt_arg(c, "lora_name", "--lora", lora, sizeof(lora));
         opt_arg(c, "cache_salt", "--salt", salt, sizeof(salt));
-        result r = run("hash --algo %s --seed '%s' --block-size %d%s%s --%s",
-                       json_object_get_string(json_object_object_get(c, "algo")),
-                       json_object_get_string(json_object_object_get(c, "seed")),
-                       json_object_get_int(json_object_object_get(c, "block_size")),
-                       lora, salt, toks);
+        result r =
+            run("hash --algo %s --seed '%s' --block-size %d%s%s --%s",
+                json_object_get_string(json_object_object_get(c, "algo")),
+                json_object_get_string(json_object_object_get(c, "seed")),
+                json_object_get_int(json_object_object_get(c, "block_size")),
+                lora, salt, toks);
         json_object *blocks = json_object_object_get(c, "blocks");
         size_t k = 0;
         expect[0] = '\0';
         for (size_t b = 0; b < json_object_array_length(blocks); b++) {
             json_object *blk = json_object_array_get_idx(blocks, b);
-            k += (size_t)snprintf(expect + k, sizeof(expect) - k, "%s %s\n",
-                                  json_object_get_string(json_object_object_get(blk, "digest")),
-                                  json_object_get_string(json_object_object_get(blk, "low64")));
+            k += (size_t)snprintf(
+                expect + k, sizeof(expect) - k, "%s %s\n",
+                json_object_get_string(json_object_object_get(blk, "digest")),
+                json_object_get_string(json_object_object_get(blk, "low64")));
         }
         ck_assert_msg(r.code == 0, "%s: exit %d: %s",
                       json_object_get_string(json_object_object_get(c, "name")),
@@ -349,15 +366,17 @@ START_TEST(hash_prints_one_line_per_full_block_like_the_vectors) {
         tokens_arg(json_object_object_get(c, "token_ids"), toks, sizeof(toks));
         opt_arg(c, "lora_name", "--lora", lora, sizeof(lora));
         opt_arg(c, "cache_salt", "--salt", salt, sizeof(salt));
-        result r = run("hash --algo router --block-size %d%s%s --%s",
-                       json_object_get_int(json_object_object_get(c, "block_size")),
-                       lora, salt, toks);
+        result r =
+            run("hash --algo router --block-size %d%s%s --%s",
+                json_object_get_int(json_object_object_get(c, "block_size")),
+                lora, salt, toks);
         json_object *hs = json_object_object_get(c, "tokens_hashes");
         size_t k = 0;
         expect[0] = '\0';
         for (size_t b = 0; b < json_object_array_length(hs); b++)
-            k += (size_t)snprintf(expect + k, sizeof(expect) - k, "%s\n",
-                                  json_object_get_string(json_object_array_get_idx(hs, b)));
+            k += (size_t)snprintf(
+                expect + k, sizeof(expect) - k, "%s\n",
+                json_object_get_string(json_object_array_get_idx(hs, b)));
         ck_assert_msg(r.code == 0 && strcmp((char *)r.out, expect) == 0,
                       "%s: exit %d:\n%s\nwant\n%s",
                       json_object_get_string(json_object_object_get(c, "name")),
@@ -378,12 +397,14 @@ static void write_capture(const char *path, size_t *n_records) {
     char *vp = kt_src_path("tests/data/vectors/wire/mixed_dp_set.bin");
     size_t vlen;
     uint8_t *v = kt_read_file(vp, &vlen);
-    char *pp = kt_src_path("tests/data/vectors/event_plane/stored_two_blocks.bin");
+    char *pp =
+        kt_src_path("tests/data/vectors/event_plane/stored_two_blocks.bin");
     size_t plen;
     uint8_t *pl = kt_read_file(pp, &plen);
     uint8_t seq[8];
     wire_seq_put(seq, 41);
-    wire_frame zmq[3] = {{(const uint8_t *)"kv-events", 9}, {seq, 8}, {v, vlen}};
+    wire_frame zmq[3] = {
+        {(const uint8_t *)"kv-events", 9}, {seq, 8}, {v, vlen}};
     ck_assert(wire_cap_write(w, 1764495808123456789ull, zmq, 3) == KVO_OK);
     const char *subj = "namespace.dynamo.component.backend.kv-events";
     wire_frame nats[2] = {{(const uint8_t *)subj, strlen(subj)}, {pl, plen}};
@@ -392,7 +413,8 @@ static void write_capture(const char *path, size_t *n_records) {
     zmq[2].len = vlen - 1; /* cut */
     ck_assert(wire_cap_write(w, 1764495808123456791ull, zmq, 3) == KVO_OK);
     wire_seq_put(seq, WIRE_REPLAY_END);
-    wire_frame end[3] = {{(const uint8_t *)"", 0}, {seq, 8}, {(const uint8_t *)"", 0}};
+    wire_frame end[3] = {
+        {(const uint8_t *)"", 0}, {seq, 8}, {(const uint8_t *)"", 0}};
     ck_assert(wire_cap_write(w, 1764495808123456792ull, end, 3) == KVO_OK);
     ck_assert(wire_cap_write(w, 1764495808123456793ull, zmq, 1) == KVO_OK);
     wire_seq_put(seq, 43);
@@ -412,7 +434,8 @@ START_TEST(cat_prints_every_record_and_goes_on_past_a_bad_one) {
     write_capture(cap, &n);
     result r = run("cat '%s'", cap);
     ck_assert_msg(r.code == 1, "exit %d", r.code);
-    ck_assert_msg(r.err_lines == 1 && strstr(r.err, "2 of 6 records did not decode"),
+    ck_assert_msg(r.err_lines == 1 &&
+                      strstr(r.err, "2 of 6 records did not decode"),
                   "%s", r.err);
     json_object *rec[8] = {NULL};
     size_t lines = 0;
@@ -447,18 +470,20 @@ START_TEST(cat_prints_every_record_and_goes_on_past_a_bad_one) {
     ck_assert_str_eq(json_object_get_string(GET(1, "transport")), "nats");
     ck_assert_str_eq(json_object_get_string(GET(1, "subject")),
                      "namespace.dynamo.component.backend.kv-events");
-    ck_assert_uint_eq(json_object_get_uint64(json_object_object_get(GET(1, "message"),
-                                                                    "publisher_id")),
+    ck_assert_uint_eq(json_object_get_uint64(json_object_object_get(
+                          GET(1, "message"), "publisher_id")),
                       42);
-    ck_assert_msg(strstr(json_object_get_string(GET(2, "error")), "ETRUNC at byte"),
-                  "%s", json_object_get_string(GET(2, "error")));
+    ck_assert_msg(
+        strstr(json_object_get_string(GET(2, "error")), "ETRUNC at byte"), "%s",
+        json_object_get_string(GET(2, "error")));
     ck_assert_ptr_null(GET(2, "batch"));
     ck_assert(json_object_get_boolean(GET(3, "end_of_replay")));
     ck_assert_ptr_nonnull(GET(4, "error"));
     ck_assert_uint_eq(json_object_get_uint64(GET(5, "seq")), 43);
     ck_assert(wt_json_same(GET(5, "batch"), fields, why, sizeof(why), ""));
 #undef GET
-    for (size_t i = 0; i < lines; i++) json_object_put(rec[i]);
+    for (size_t i = 0; i < lines; i++)
+        json_object_put(rec[i]);
     json_object_put(cases);
     result_free(&r);
 
@@ -470,7 +495,8 @@ START_TEST(cat_prints_every_record_and_goes_on_past_a_bad_one) {
     ck_assert_int_eq(r.code, 1);
     ck_assert_msg(r.err_lines == 1 && strstr(r.err, "ETRUNC"), "%s", r.err);
     lines = 0;
-    for (size_t i = 0; i < r.out_len; i++) lines += r.out[i] == '\n';
+    for (size_t i = 0; i < r.out_len; i++)
+        lines += r.out[i] == '\n';
     ck_assert_uint_eq(lines, n - 1);
     result_free(&r);
     /* not a capture at all */
