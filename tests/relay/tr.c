@@ -441,6 +441,90 @@ uint64_t tpub_requests(tpub *p) {
     return r;
 }
 
+/* ---- a ZMQ forwarder that loses chosen sequences -----------------------------*/
+
+struct tfwd {
+    void *zctx, *sub, *pub;
+    char ep[64];
+    uint64_t drop[16];
+    size_t ndrop;
+    atomic_uint_fast64_t dropped;
+    atomic_bool stop;
+    pthread_t thr;
+};
+
+static void *fwd_thread(void *arg) {
+    tfwd *f = arg;
+    zmq_msg_t part[3];
+    for (int i = 0; i < 3; i++) zmq_msg_init(&part[i]);
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t it[2] = {{f->sub, 0, ZMQ_POLLIN, 0},
+                                {f->pub, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(it, 2, 50) <= 0) continue;
+        if (it[1].revents) { /* subscriptions from the relay: not needed */
+            char b[256];
+            zmq_recv(f->pub, b, sizeof(b), ZMQ_DONTWAIT);
+        }
+        if (!it[0].revents) continue;
+        int k = 0;
+        bool more = true;
+        while (more) {
+            zmq_msg_t *m = &part[k < 3 ? k : 2];
+            if (zmq_msg_recv(m, f->sub, 0) < 0) break;
+            more = zmq_msg_more(m);
+            k++;
+        }
+        uint64_t seq;
+        if (k != 3 || wire_seq_get(zmq_msg_data(&part[1]), zmq_msg_size(&part[1]),
+                                   &seq) != KVO_OK)
+            continue;
+        bool drop = false;
+        for (size_t i = 0; i < f->ndrop; i++) drop |= f->drop[i] == seq;
+        if (drop) {
+            atomic_fetch_add(&f->dropped, 1);
+            continue;
+        }
+        for (int i = 0; i < 3; i++)
+            zmq_send(f->pub, zmq_msg_data(&part[i]), zmq_msg_size(&part[i]),
+                     i < 2 ? ZMQ_SNDMORE : 0);
+    }
+    for (int i = 0; i < 3; i++) zmq_msg_close(&part[i]);
+    return NULL;
+}
+
+tfwd *tfwd_new(const char *upstream, const uint64_t *drop, size_t ndrop) {
+    tfwd *f = kvo_calloc(1, sizeof(*f));
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_le(ndrop, 16);
+    memcpy(f->drop, drop, ndrop * sizeof(*drop));
+    f->ndrop = ndrop;
+    f->zctx = zmq_ctx_new();
+    f->sub = zmq_socket(f->zctx, ZMQ_SUB);
+    f->pub = zmq_socket(f->zctx, ZMQ_XPUB);
+    int linger = 0, hwm = 0;
+    zmq_setsockopt(f->sub, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(f->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(f->pub, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(f->sub, ZMQ_SUBSCRIBE, "", 0);
+    ck_assert_int_eq(zmq_connect(f->sub, upstream), 0);
+    bind_free(f->pub, f->ep, sizeof(f->ep));
+    ck_assert_int_eq(pthread_create(&f->thr, NULL, fwd_thread, f), 0);
+    return f;
+}
+
+void tfwd_free(tfwd *f) {
+    if (!f) return;
+    atomic_store(&f->stop, true);
+    pthread_join(f->thr, NULL);
+    zmq_close(f->sub);
+    zmq_close(f->pub);
+    zmq_ctx_term(f->zctx);
+    kvo_free(f);
+}
+
+const char *tfwd_endpoint(const tfwd *f) { return f->ep; }
+uint64_t tfwd_dropped(tfwd *f) { return atomic_load(&f->dropped); }
+
 /* ---- a gated TCP proxy -----------------------------------------------------------*/
 
 #define PROXY_PAIRS 16
@@ -601,4 +685,200 @@ bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
         ck_assert_int_eq(sscanf(v, "%" SCNu64 "-%" SCNu64, first, last), 2);
     natsMsg_Destroy(msg);
     return true;
+}
+
+/* ---- a kvo-relay process ---------------------------------------------------------*/
+
+void trelay_start(trelay *r, const char *const *args) {
+    memset(r, 0, sizeof(*r));
+    uint16_t port;
+    ck_assert(kvo_free_port(&port) == KVO_OK);
+    char listen[32];
+    snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+    snprintf(r->base, sizeof(r->base), "http://%s", listen);
+    const char *all[64];
+    size_t n = 0;
+    for (; args[n]; n++) {
+        ck_assert_uint_lt(n, 58);
+        all[n] = args[n];
+    }
+    all[n++] = "--metrics-listen";
+    all[n++] = listen;
+    all[n++] = "--stats-interval-ms";
+    all[n++] = "1000";
+    all[n] = NULL;
+    kt_proc_start(&r->p, "kvo-relay", all);
+    char url[128];
+    snprintf(url, sizeof(url), "%s/health", r->base);
+    kt_proc_wait_http(&r->p, url, 15000);
+    ck_assert(kvo_http_client_new(&r->http, 5000) == KVO_OK);
+}
+
+int trelay_stop(trelay *r) {
+    int st = kt_proc_stop(&r->p);
+    kvo_http_client_free(r->http);
+    r->http = NULL;
+    return st;
+}
+
+json_object *trelay_stats(trelay *r) {
+    char url[128];
+    snprintf(url, sizeof(url), "%s/stats", r->base);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    ck_assert(kvo_http_get(r->http, url, &resp) == KVO_OK);
+    ck_assert_int_eq(resp.status, 200);
+    json_object *j = json_tokener_parse((const char *)resp.body.data);
+    ck_assert_ptr_nonnull(j);
+    kvo_http_resp_fini(&resp);
+    return j;
+}
+
+uint64_t trelay_stat(trelay *r, const char *name) {
+    json_object *j = trelay_stats(r), *v;
+    ck_assert_msg(json_object_object_get_ex(j, name, &v), "no stat %s", name);
+    uint64_t x = json_object_get_uint64(v);
+    json_object_put(j);
+    return x;
+}
+
+void trelay_wait_stat(trelay *r, const char *name, uint64_t atleast) {
+    uint64_t end = kvo_now_ns() + 20000 * 1000000ull;
+    while (trelay_stat(r, name) < atleast) {
+        if (kvo_now_ns() > end) {
+            kvo_proc_dump_log(&r->p.proc, 60);
+            ck_abort_msg("stat %s never reached %" PRIu64, name, atleast);
+        }
+        usleep(20000);
+    }
+}
+
+void trelay_wait_nats_down(trelay *r) {
+    uint64_t end = kvo_now_ns() + 20000 * 1000000ull;
+    for (;;) {
+        json_object *j = trelay_stats(r), *v;
+        ck_assert(json_object_object_get_ex(j, "nats_connected", &v));
+        bool up = json_object_get_boolean(v);
+        json_object_put(j);
+        if (!up) return;
+        ck_assert_msg(kvo_now_ns() < end, "relay never noticed NATS down");
+        usleep(20000);
+    }
+}
+
+/* ---- the index a subscriber would build ---------------------------------------*/
+
+void tmodel_init(tmodel *m) { memset(m, 0, sizeof(*m)); }
+
+void tmodel_fini(tmodel *m) {
+    for (int i = 0; i < TMODEL_RANKS; i++) {
+        kvo_free(m->r[i].bh);
+        kvo_free(m->r[i].th);
+    }
+    memset(m, 0, sizeof(*m));
+}
+
+static size_t mslot(uint64_t k, size_t cap) {
+    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+static void mput(tmodel *m, uint32_t rank, uint64_t bh, uint64_t th) {
+    ck_assert_uint_lt(rank, TMODEL_RANKS);
+    ck_assert_uint_ne(bh, 0);
+    tmodel_rank *t = &m->r[rank];
+    if ((t->n + 1) * 2 > t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 1024;
+        uint64_t *nb = kvo_calloc(ncap, 8), *nt = kvo_calloc(ncap, 8);
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->bh[i]) continue;
+            size_t j = mslot(t->bh[i], ncap);
+            while (nb[j]) j = (j + 1) & (ncap - 1);
+            nb[j] = t->bh[i];
+            nt[j] = t->th[i];
+        }
+        kvo_free(t->bh);
+        kvo_free(t->th);
+        t->bh = nb;
+        t->th = nt;
+        t->cap = ncap;
+    }
+    size_t j = mslot(bh, t->cap);
+    while (t->bh[j] && t->bh[j] != bh) j = (j + 1) & (t->cap - 1);
+    if (!t->bh[j]) t->n++;
+    t->bh[j] = bh;
+    t->th[j] = th;
+}
+
+/* Delete by rebuilding the probe run after the hole (tests are small). */
+static void mdel(tmodel *m, uint32_t rank, uint64_t bh) {
+    tmodel_rank *t = &m->r[rank];
+    if (!t->cap) return;
+    size_t j = mslot(bh, t->cap);
+    while (t->bh[j] && t->bh[j] != bh) j = (j + 1) & (t->cap - 1);
+    if (!t->bh[j]) return;
+    t->bh[j] = 0;
+    t->n--;
+    for (size_t k = (j + 1) & (t->cap - 1); t->bh[k]; k = (k + 1) & (t->cap - 1)) {
+        uint64_t b = t->bh[k], h = t->th[k];
+        t->bh[k] = 0;
+        t->n--;
+        mput(m, rank, b, h);
+    }
+}
+
+void tmodel_apply(tmodel *m, const wire_plane_msg *msg) {
+    for (uint32_t i = 0; i < msg->n_events; i++) {
+        const wire_revent *e = &msg->events[i];
+        ck_assert_uint_lt(e->dp_rank, TMODEL_RANKS);
+        if (e->tier != WIRE_TIER_DEVICE) continue;
+        if (e->type == WIRE_R_CLEARED) {
+            tmodel_rank *t = &m->r[e->dp_rank];
+            if (t->cap) {
+                memset(t->bh, 0, t->cap * 8);
+                memset(t->th, 0, t->cap * 8);
+            }
+            t->n = 0;
+            m->cleared++;
+        }
+        for (uint32_t k = 0; e->type == WIRE_R_STORED && k < e->n_blocks; k++)
+            mput(m, e->dp_rank, e->blocks[k].block_hash, e->blocks[k].tokens_hash);
+        for (uint32_t k = 0; e->type == WIRE_R_REMOVED && k < e->n_removed; k++)
+            mdel(m, e->dp_rank, e->removed[k]);
+    }
+}
+
+uint32_t tmodel_hits(const tmodel *m, uint32_t rank, const uint64_t *tokens,
+                     size_t n, uint32_t bs) {
+    const tmodel_rank *t = &m->r[rank];
+    uint32_t hits = 0;
+    for (size_t b = 0; (b + 1) * bs <= n; b++) {
+        uint64_t th = wire_router_hash(tokens + b * bs, bs, WIRE_ROUTER_SEED);
+        bool found = false;
+        for (size_t i = 0; i < t->cap && !found; i++)
+            found = t->bh[i] && t->th[i] == th;
+        if (!found) break;
+        hits++;
+    }
+    return hits;
+}
+
+void tmodel_collect(tmodel *m, tsub *s, uint64_t wm, long timeout_ms) {
+    wire_plane_msg msg;
+    wire_plane_init(&msg);
+    while (!(m->has_wm && m->wm >= wm)) {
+        bool hr;
+        uint64_t first, last;
+        ck_assert_msg(tsub_next(s, timeout_ms, &msg, &hr, &first, &last),
+                      "no envelope within %ld ms (watermark %" PRIu64
+                      ", want %" PRIu64 ")",
+                      timeout_ms, m->has_wm ? m->wm : 0, wm);
+        ck_assert_uint_eq(msg.sequence, m->next_sequence);
+        m->next_sequence++;
+        tmodel_apply(m, &msg);
+        if (hr) {
+            m->has_wm = true;
+            m->wm = last;
+        }
+    }
+    wire_plane_fini(&msg);
 }

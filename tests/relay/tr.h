@@ -10,6 +10,7 @@
 #define TR_H
 
 #include "kt.h"
+#include "kvo_http.h"
 #include "relay.h"
 
 #include <nats/nats.h>
@@ -98,6 +99,16 @@ void tpub_restart(tpub *p);
 void tpub_trim(tpub *p, uint64_t keep_from);
 uint64_t tpub_requests(tpub *p);
 
+/* ---- a ZMQ forwarder that loses chosen sequences ---------------------------
+ * SUB (connected upstream) -> XPUB (bound here): every message but the
+ * dropped sequences, like a lossy network between engine and relay. */
+typedef struct tfwd tfwd;
+
+tfwd *tfwd_new(const char *upstream, const uint64_t *drop, size_t ndrop);
+void tfwd_free(tfwd *f);
+const char *tfwd_endpoint(const tfwd *f);
+uint64_t tfwd_dropped(tfwd *f);
+
 /* ---- a gated TCP proxy ---------------------------------------------------------
  * Between the relay and nats-server, so a test decides when the relay may
  * reconnect after a server restart (the subscriber must be back first, or
@@ -127,5 +138,52 @@ void tsub_stop(tsub *s);
  * range from the header. */
 bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
                uint64_t *first, uint64_t *last);
+
+/* ---- a kvo-relay process ---------------------------------------------------------*/
+
+typedef struct trelay {
+    kt_proc p;
+    char base[64]; /* http://127.0.0.1:<metrics port> */
+    kvo_http_client *http;
+} trelay;
+
+/* Starts bin/kvo-relay with args plus --metrics-listen (free port) and
+ * --stats-interval-ms 1000; waits for /health. */
+void trelay_start(trelay *r, const char *const *args);
+/* SIGTERM; returns the exit status. */
+int trelay_stop(trelay *r);
+/* GET /stats (caller puts). */
+json_object *trelay_stats(trelay *r);
+uint64_t trelay_stat(trelay *r, const char *name);
+void trelay_wait_stat(trelay *r, const char *name, uint64_t atleast);
+/* Wait until the relay reports NATS down. */
+void trelay_wait_nats_down(trelay *r);
+
+/* ---- the index a subscriber would build (block level) -------------------------
+ * Per dp rank: stored block hash -> tokens hash, exactly as an indexer applies
+ * stored / removed / cleared; enough to ask "how many leading blocks of this
+ * prompt does rank r hold" and compare with the engine's probe. */
+#define TMODEL_RANKS 4
+typedef struct tmodel_rank {
+    uint64_t *bh, *th; /* open addressing on bh (0 = empty) */
+    size_t cap, n;
+} tmodel_rank;
+
+typedef struct tmodel {
+    tmodel_rank r[TMODEL_RANKS];
+    uint64_t next_sequence; /* envelope sequences seen: 0, 1, ... */
+    bool has_wm;
+    uint64_t wm;
+    uint64_t cleared;
+} tmodel;
+
+void tmodel_init(tmodel *m);
+void tmodel_fini(tmodel *m);
+void tmodel_apply(tmodel *m, const wire_plane_msg *msg);
+/* Leading full blocks of tokens held by rank (router hash chain). */
+uint32_t tmodel_hits(const tmodel *m, uint32_t rank, const uint64_t *tokens,
+                     size_t n, uint32_t bs);
+/* Read envelopes from s into m until the watermark reaches wm. */
+void tmodel_collect(tmodel *m, tsub *s, uint64_t wm, long timeout_ms);
 
 #endif /* TR_H */

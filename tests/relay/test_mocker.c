@@ -1,0 +1,461 @@
+/* kvo-relay between a real kvo-mocker and a real nats-server: what arrives on
+ * NATS, applied like an indexer would, must match the engine's own cache
+ * (POST /kvo/probe) prompt by prompt -- through replays, engine restarts and
+ * NATS restarts. */
+#include "tr.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+Suite *suite_mocker(void);
+
+#define SUBJECT "namespace.dynamo.component.backend.kv-events"
+#define WAIT_MS 20000
+#define BS 16
+
+/* ---- kvo-mocker ------------------------------------------------------------*/
+
+typedef struct mk {
+    kt_proc p;
+    uint16_t http, zmq, replay;
+    char base[64], zmq_ep[64], replay_ep[64];
+    kvo_http_client *c;
+} mk;
+
+static void mk_start(mk *m, bool same_ports, const char *const *extra) {
+    if (!same_ports) {
+        ck_assert(kvo_free_port(&m->http) == KVO_OK);
+        ck_assert(kvo_free_port(&m->zmq) == KVO_OK);
+        ck_assert(kvo_free_port(&m->replay) == KVO_OK);
+    }
+    kvo_http_client *keep = same_ports ? m->c : NULL;
+    uint16_t h = m->http, z = m->zmq, r = m->replay;
+    memset(&m->p, 0, sizeof(m->p));
+    m->http = h;
+    m->zmq = z;
+    m->replay = r;
+    m->c = keep;
+    char hp[8], zp[8], rp[8];
+    snprintf(hp, sizeof(hp), "%u", h);
+    snprintf(zp, sizeof(zp), "%u", z);
+    snprintf(rp, sizeof(rp), "%u", r);
+    snprintf(m->base, sizeof(m->base), "http://127.0.0.1:%u", h);
+    snprintf(m->zmq_ep, sizeof(m->zmq_ep), "tcp://127.0.0.1:%u", z);
+    snprintf(m->replay_ep, sizeof(m->replay_ep), "tcp://127.0.0.1:%u", r);
+    const char *args[40] = {"--port", hp, "--zmq-port", zp, "--replay-port", rp,
+                            "--num-gpu-blocks", "40", "--block-size", "16",
+                            "--log-level", "warn", "--require-events"};
+    size_t n = 0;
+    while (args[n]) n++;
+    for (size_t i = 0; extra && extra[i]; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    char *exe = kt_bin_path("kvo-mocker");
+    ck_assert_msg(access(exe, X_OK) == 0, "%s not built", exe);
+    kvo_free(exe);
+    kt_proc_start(&m->p, "kvo-mocker", args);
+    char url[96];
+    snprintf(url, sizeof(url), "%s/health", m->base);
+    kt_proc_wait_http(&m->p, url, WAIT_MS);
+    if (!m->c) ck_assert(kvo_http_client_new(&m->c, 10000) == KVO_OK);
+}
+
+static void mk_stop(mk *m) { ck_assert_int_eq(kt_proc_stop(&m->p), 0); }
+
+static json_object *mk_post(mk *m, const char *path, const char *body) {
+    char url[128];
+    snprintf(url, sizeof(url), "%s%s", m->base, path);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    ck_assert(kvo_http_post(m->c, url, "application/json", body, strlen(body),
+                            &r) == KVO_OK);
+    ck_assert_msg(r.status == 200, "%s -> %ld: %s", path, r.status,
+                  (const char *)r.body.data);
+    json_object *j = json_tokener_parse((const char *)r.body.data);
+    ck_assert_ptr_nonnull(j);
+    kvo_http_resp_fini(&r);
+    return j;
+}
+
+static uint64_t mk_last_seq(mk *m, uint32_t rank) {
+    char url[128];
+    snprintf(url, sizeof(url), "%s/kvo/state", m->base);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    ck_assert(kvo_http_get(m->c, url, &r) == KVO_OK && r.status == 200);
+    json_object *j = json_tokener_parse((const char *)r.body.data), *ranks, *v;
+    kvo_http_resp_fini(&r);
+    ck_assert(json_object_object_get_ex(j, "ranks", &ranks));
+    json_object *rk = json_object_array_get_idx(ranks, rank);
+    ck_assert(json_object_object_get_ex(rk, "last_seq", &v) && v);
+    uint64_t s = json_object_get_uint64(v);
+    json_object_put(j);
+    return s;
+}
+
+static void tokens_json(kvo_buf *b, const uint64_t *t, size_t n) {
+    ck_assert(kvo_buf_printf(b, "[") == KVO_OK);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(kvo_buf_printf(b, "%s%" PRIu64, i ? "," : "", t[i]) == KVO_OK);
+    ck_assert(kvo_buf_printf(b, "]") == KVO_OK);
+}
+
+static void mk_complete(mk *m, const uint64_t *t, size_t n, int max_tokens,
+                        uint32_t rank) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    kvo_buf_printf(&b, "{\"model\": \"kvo-mock\", \"max_tokens\": %d, "
+                       "\"data_parallel_rank\": %u, \"prompt\": ",
+                   max_tokens, rank);
+    tokens_json(&b, t, n);
+    kvo_buf_printf(&b, "}");
+    kvo_buf_cstr(&b);
+    json_object_put(mk_post(m, "/v1/completions", (const char *)b.data));
+    kvo_buf_fini(&b);
+}
+
+static uint32_t mk_probe(mk *m, const uint64_t *t, size_t n, uint32_t rank) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    kvo_buf_printf(&b, "{\"token_ids\": ");
+    tokens_json(&b, t, n);
+    kvo_buf_printf(&b, "}");
+    kvo_buf_cstr(&b);
+    json_object *j = mk_post(m, "/kvo/probe", (const char *)b.data), *ranks, *v;
+    kvo_buf_fini(&b);
+    ck_assert(json_object_object_get_ex(j, "ranks", &ranks));
+    uint32_t hits = 0;
+    for (size_t i = 0; i < json_object_array_length(ranks); i++) {
+        json_object *r = json_object_array_get_idx(ranks, i);
+        json_object_object_get_ex(r, "dp_rank", &v);
+        if ((uint32_t)json_object_get_int(v) != rank) continue;
+        json_object_object_get_ex(r, "hit_blocks", &v);
+        hits = (uint32_t)json_object_get_int(v);
+    }
+    json_object_put(j);
+    return hits;
+}
+
+/* ---- prompts sharing prefixes ------------------------------------------------*/
+
+#define NP 48
+typedef struct prompts {
+    uint64_t tok[NP][112];
+    size_t n[NP];
+} prompts;
+
+static uint64_t prng(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Prompt i: 32 tokens of group i % 4, then 8..71 tokens of its own. */
+static void make_prompts(prompts *ps, uint64_t seed) {
+    for (int i = 0; i < NP; i++) {
+        uint64_t gs = 1000 + (uint64_t)(i % 4), s = seed * 7919 + (uint64_t)i;
+        for (int k = 0; k < 32; k++) ps->tok[i][k] = 1 + prng(&gs) % 30000;
+        size_t n = 32 + 8 + prng(&s) % 64;
+        for (size_t k = 32; k < n; k++) ps->tok[i][k] = 1 + prng(&s) % 30000;
+        ps->n[i] = n;
+    }
+}
+
+/* ---- one pipeline: nats-server, proxy, engine, relay, subscriber --------------*/
+
+typedef struct env {
+    kt_nats nats;
+    tproxy *proxy;
+    char relay_nats[64];
+    mk eng;
+    trelay rel;
+    tsub sub;
+    tmodel model;
+} env;
+
+static void env_start(env *e, const char *const *mocker_extra) {
+    memset(e, 0, sizeof(*e));
+    kt_nats_start(&e->nats);
+    e->proxy = tproxy_new(e->nats.port);
+    snprintf(e->relay_nats, sizeof(e->relay_nats), "nats://127.0.0.1:%u",
+             tproxy_port(e->proxy));
+    tsub_start(&e->sub, e->nats.url, SUBJECT);
+    tmodel_init(&e->model);
+    mk_start(&e->eng, false, mocker_extra);
+}
+
+/* relay arguments after the common ones */
+static void env_relay(env *e, const char *const *extra) {
+    const char *args[48] = {"--nats", e->relay_nats, "--publisher-id", "9",
+                            "--worker-id", "3", "--replay-from", "0",
+                            "--replay-timeout-ms", "5000",
+                            "--nats-reconnect-wait-ms", "100"};
+    size_t n = 0;
+    while (args[n]) n++;
+    for (size_t i = 0; extra[i]; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    trelay_start(&e->rel, args);
+}
+
+static void env_stop(env *e) {
+    ck_assert_int_eq(trelay_stop(&e->rel), 0);
+    mk_stop(&e->eng);
+    kvo_http_client_free(e->eng.c);
+    tmodel_fini(&e->model);
+    tsub_stop(&e->sub);
+    tproxy_free(e->proxy);
+    kt_nats_stop(&e->nats);
+}
+
+/* Wait for everything the engine published on rank, then compare every
+ * prompt's leading held blocks with the engine's probe. Returns how many
+ * prompts had a hit (so a test can tell it checked something). */
+static int check_rank(env *e, const prompts *ps, int from, int to,
+                      uint32_t rank) {
+    uint64_t last = mk_last_seq(&e->eng, rank);
+    tmodel_collect(&e->model, &e->sub, last, WAIT_MS);
+    int with_hits = 0;
+    for (int i = from; i < to; i++) {
+        uint32_t cap = (uint32_t)((ps->n[i] - 1) / BS);
+        uint32_t idx = tmodel_hits(&e->model, rank, ps->tok[i], ps->n[i], BS);
+        uint32_t eng = mk_probe(&e->eng, ps->tok[i], ps->n[i], rank);
+        if (idx > cap) idx = cap;
+        ck_assert_msg(idx == eng, "prompt %d rank %u: index holds %u blocks, "
+                      "engine %u", i, rank, idx, eng);
+        with_hits += eng > 0;
+    }
+    return with_hits;
+}
+
+static void send_prompts(env *e, const prompts *ps, int from, int to,
+                         uint32_t ranks) {
+    for (int i = from; i < to; i++)
+        mk_complete(&e->eng, ps->tok[i], ps->n[i], 3 + i % 20,
+                    (uint32_t)i % ranks);
+}
+
+/* ---- tests -------------------------------------------------------------------*/
+
+START_TEST(events_arrive_and_match_the_engine_cache) {
+    env e;
+    env_start(&e, NULL);
+    const char *extra[] = {"--zmq", e.eng.zmq_ep, "--replay", e.eng.replay_ep,
+                           "--verify-engine-hash", "sha256", "--hash-seed", "0",
+                           NULL};
+    env_relay(&e, extra);
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 1);
+    send_prompts(&e, ps, 0, NP, 1);
+    int hits = check_rank(&e, ps, 0, NP, 0);
+    ck_assert_int_gt(hits, 3);
+    json_object *st = trelay_stats(&e.rel), *v;
+#define STAT(name) \
+    (json_object_object_get_ex(st, name, &v), json_object_get_uint64(v))
+    ck_assert_uint_eq(STAT("decode_errors_total"), 0);
+    ck_assert_uint_eq(STAT("rejects_total"), 0);
+    ck_assert_uint_eq(STAT("replay_failures_total"), 0);
+    ck_assert_uint_gt(STAT("events_removed"), 0); /* the small pool evicted */
+    ck_assert_uint_gt(STAT("hash_verified"), 0);
+    ck_assert_uint_eq(STAT("hash_mismatches"), 0);
+    ck_assert_uint_eq(STAT("hash_unknown_parent"), 0);
+    json_object_put(st);
+    kvo_free(ps);
+    env_stop(&e);
+}
+END_TEST
+
+START_TEST(dropped_sequences_are_recovered_by_replay) {
+    env e;
+    env_start(&e, NULL);
+    uint64_t drop[] = {2, 5, 6, 11};
+    tfwd *fw = tfwd_new(e.eng.zmq_ep, drop, KVO_ARRAY_LEN(drop));
+    const char *extra[] = {"--zmq", tfwd_endpoint(fw), "--replay",
+                           e.eng.replay_ep, NULL};
+    env_relay(&e, extra);
+    trelay_wait_stat(&e.rel, "replays_completed", 1); /* the start replay */
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 2);
+    send_prompts(&e, ps, 0, 24, 1);
+    check_rank(&e, ps, 0, 24, 0);
+    ck_assert_uint_eq(tfwd_dropped(fw), KVO_ARRAY_LEN(drop));
+    ck_assert_uint_ge(trelay_stat(&e.rel, "gaps"), 1);
+    ck_assert_uint_ge(trelay_stat(&e.rel, "replays_completed"), 2);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "replay_failures_total"), 0);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "cleared_emitted"), 1); /* start */
+    kvo_free(ps);
+    env_stop(&e);
+    tfwd_free(fw);
+}
+END_TEST
+
+START_TEST(an_engine_restart_clears_and_resyncs) {
+    env e;
+    env_start(&e, NULL);
+    const char *extra[] = {"--zmq", e.eng.zmq_ep, "--replay", e.eng.replay_ep,
+                           NULL};
+    env_relay(&e, extra);
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 3);
+    send_prompts(&e, ps, 0, 30, 1);
+    check_rank(&e, ps, 0, 30, 0);
+    /* The engine process restarts on the same ports: empty cache, sequence
+     * from 0. Far fewer batches than before, so the relay sees it go back. */
+    mk_stop(&e.eng);
+    mk_start(&e.eng, true, NULL);
+    /* Batches published before the SUB socket reconnected are lost, and a
+     * relay can only tell a restart from the sequences it sees: keep the
+     * traffic going, as an engine would, until it has seen one. */
+    int sent = 30;
+    while (trelay_stat(&e.rel, "restarts") == 0) {
+        ck_assert_int_lt(sent, NP - 2);
+        send_prompts(&e, ps, sent, sent + 1, 1);
+        sent++;
+        usleep(50000);
+    }
+    send_prompts(&e, ps, sent, sent + 2, 1);
+    sent += 2;
+    e.model.has_wm = false;
+    check_rank(&e, ps, 0, sent, 0);
+    ck_assert_uint_ge(trelay_stat(&e.rel, "restarts"), 1);
+    ck_assert_uint_ge(trelay_stat(&e.rel, "cleared_emitted"), 2);
+    ck_assert_uint_ge(e.model.cleared, 2);
+    kvo_free(ps);
+    env_stop(&e);
+}
+END_TEST
+
+START_TEST(a_nats_restart_loses_nothing_that_fit_in_the_buffer) {
+    env e;
+    env_start(&e, NULL);
+    const char *extra[] = {"--zmq", e.eng.zmq_ep, "--replay", e.eng.replay_ep,
+                           NULL};
+    env_relay(&e, extra);
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 4);
+    send_prompts(&e, ps, 0, 12, 1);
+    check_rank(&e, ps, 0, 12, 0);
+    tproxy_gate(e.proxy, false);
+    kt_guard_release(&e.nats.guard);
+    kvo_proc_stop(&e.nats.proc, 5000);
+    trelay_wait_nats_down(&e.rel);
+    send_prompts(&e, ps, 12, 30, 1);
+    trelay_wait_stat(&e.rel, "batches_applied", mk_last_seq(&e.eng, 0) + 1);
+    ck_assert_uint_gt(trelay_stat(&e.rel, "nats_buffered"), 0);
+    kt_nats_restart(&e.nats);
+    tsub_wait_connected(&e.sub, WAIT_MS);
+    tproxy_gate(e.proxy, true);
+    check_rank(&e, ps, 0, 30, 0);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "publish_dropped"), 0);
+    ck_assert_uint_ge(trelay_stat(&e.rel, "nats_reconnects"), 1);
+    kvo_free(ps);
+    env_stop(&e);
+}
+END_TEST
+
+START_TEST(discovery_relays_both_ranks_of_a_dp2_engine) {
+    env e;
+    const char *mx[] = {"--dp-size", "2", "--zmq-port", "0", "--replay-port",
+                        "0", NULL};
+    env_start(&e, mx);
+    const char *extra[] = {"--discover", e.eng.base, NULL};
+    env_relay(&e, extra);
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 5);
+    send_prompts(&e, ps, 0, 32, 2);
+    /* both ranks: wait for each rank's last sequence through its own source;
+     * the shared watermark header cannot tell them apart, so wait on stats */
+    json_object *st;
+    uint64_t want0 = mk_last_seq(&e.eng, 0), want1 = mk_last_seq(&e.eng, 1);
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
+    for (;;) {
+        st = trelay_stats(&e.rel);
+        json_object *srcs, *v;
+        ck_assert(json_object_object_get_ex(st, "sources", &srcs));
+        ck_assert_uint_eq(json_object_array_length(srcs), 2);
+        bool done = true;
+        for (int i = 0; i < 2; i++) {
+            json_object *s = json_object_array_get_idx(srcs, i);
+            json_object_object_get_ex(s, "dp_rank", &v);
+            uint64_t r = json_object_get_uint64(v);
+            json_object_object_get_ex(s, "last_seq", &v);
+            done &= v && json_object_get_uint64(v) == (r ? want1 : want0);
+        }
+        json_object_put(st);
+        if (done) break;
+        ck_assert_msg(kvo_now_ns() < end, "sources never caught up");
+        usleep(20000);
+    }
+    /* then drain NATS: the relay has published everything it applied */
+    uint64_t published = trelay_stat(&e.rel, "messages_published");
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    while (e.model.next_sequence < published) {
+        bool hr;
+        uint64_t f, l;
+        ck_assert(tsub_next(&e.sub, WAIT_MS, &m, &hr, &f, &l));
+        ck_assert_uint_eq(m.sequence, e.model.next_sequence);
+        e.model.next_sequence++;
+        tmodel_apply(&e.model, &m);
+    }
+    wire_plane_fini(&m);
+    int hits = 0;
+    for (int i = 0; i < 32; i++) {
+        uint32_t rank = (uint32_t)i % 2;
+        uint32_t cap = (uint32_t)((ps->n[i] - 1) / BS);
+        uint32_t idx = tmodel_hits(&e.model, rank, ps->tok[i], ps->n[i], BS);
+        uint32_t eng = mk_probe(&e.eng, ps->tok[i], ps->n[i], rank);
+        ck_assert_msg((idx > cap ? cap : idx) == eng,
+                      "prompt %d rank %u: index %u engine %u", i, rank, idx, eng);
+        hits += eng > 0;
+    }
+    ck_assert_int_gt(hits, 3);
+    kvo_free(ps);
+    env_stop(&e);
+}
+END_TEST
+
+START_TEST(engine_hash_verification_catches_first8_int_hashes) {
+    env e;
+    const char *mx[] = {"--mutate", "int-hash-first8", NULL};
+    env_start(&e, mx);
+    const char *extra[] = {"--zmq", e.eng.zmq_ep, "--replay", e.eng.replay_ep,
+                           "--verify-engine-hash", "sha256", "--hash-seed", "0",
+                           NULL};
+    env_relay(&e, extra);
+    prompts *ps = kvo_malloc(sizeof(*ps));
+    make_prompts(ps, 6);
+    send_prompts(&e, ps, 0, 4, 1);
+    trelay_wait_stat(&e.rel, "hash_mismatches", 1);
+    json_object *st = trelay_stats(&e.rel), *fm, *v;
+    ck_assert(json_object_object_get_ex(st, "first_mismatch", &fm) && fm);
+    ck_assert(json_object_object_get_ex(fm, "seq", &v));
+    ck_assert(json_object_object_get_ex(fm, "expected", &v));
+    ck_assert_uint_eq(strlen(json_object_get_string(v)), 64);
+    json_object_put(st);
+    /* exit 1: the check failed */
+    ck_assert_int_eq(trelay_stop(&e.rel), 1);
+    mk_stop(&e.eng);
+    kvo_http_client_free(e.eng.c);
+    tmodel_fini(&e.model);
+    tsub_stop(&e.sub);
+    tproxy_free(e.proxy);
+    kt_nats_stop(&e.nats);
+    kvo_free(ps);
+}
+END_TEST
+
+Suite *suite_mocker(void) {
+    Suite *s = suite_create("mocker");
+    TCase *tc = tcase_create("relay_with_mocker");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, events_arrive_and_match_the_engine_cache);
+    tcase_add_test(tc, dropped_sequences_are_recovered_by_replay);
+    tcase_add_test(tc, an_engine_restart_clears_and_resyncs);
+    tcase_add_test(tc, a_nats_restart_loses_nothing_that_fit_in_the_buffer);
+    tcase_add_test(tc, discovery_relays_both_ranks_of_a_dp2_engine);
+    tcase_add_test(tc, engine_hash_verification_catches_first8_int_hashes);
+    suite_add_tcase(s, tc);
+    return s;
+}
