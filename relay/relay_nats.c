@@ -10,9 +10,11 @@
 #include "relay_int.h"
 
 #include <nats/nats.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 struct relay_nats {
     natsConnection *nc;
@@ -23,6 +25,9 @@ struct relay_nats {
     char err[256];
     char **servers;
     int nservers;
+    pthread_mutex_t mu; /* closed: the last callback nats.c will make */
+    pthread_cond_t cv;
+    bool closed;
     uint64_t held;       /* published while down, since the last reconnect */
     uint64_t held_total; /* every message that went through the buffer */
     uint64_t seen_reconnects;
@@ -45,6 +50,15 @@ static void on_connected(natsConnection *nc, void *closure) {
     (void)nc;
     relay_nats *n = closure;
     atomic_store(&n->connected_once, true);
+}
+
+static void on_closed(natsConnection *nc, void *closure) {
+    (void)nc;
+    relay_nats *n = closure;
+    pthread_mutex_lock(&n->mu);
+    n->closed = true;
+    pthread_cond_signal(&n->cv);
+    pthread_mutex_unlock(&n->mu);
 }
 
 static kvo_status fail(relay_nats *n, natsStatus s, const char *what) {
@@ -83,6 +97,8 @@ static kvo_status split_servers(relay_nats *n, const char *list) {
 kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg) {
     relay_nats *n = kvo_calloc(1, sizeof(*n));
     if (!n) return KVO_ENOMEM;
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_cond_init(&n->cv, NULL);
     kvo_status st = split_servers(n, cfg->nats ? cfg->nats
                                                : "nats://127.0.0.1:4222");
     if (st != KVO_OK) {
@@ -114,6 +130,7 @@ kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg) {
         s = natsOptions_SetDisconnectedCB(n->opts, on_disconnected, n);
     if (s == NATS_OK)
         s = natsOptions_SetReconnectedCB(n->opts, on_reconnected, n);
+    if (s == NATS_OK) s = natsOptions_SetClosedCB(n->opts, on_closed, n);
     if (s == NATS_OK && cfg->nats_user)
         s = natsOptions_SetUserInfo(n->opts, cfg->nats_user,
                                     cfg->nats_password);
@@ -156,8 +173,22 @@ void relay_nats_free(relay_nats *n) {
         if (natsConnection_Status(n->nc) == NATS_CONN_STATUS_CONNECTED)
             natsConnection_FlushTimeout(n->nc, 2000);
         natsConnection_Close(n->nc);
+        /* Callbacks run on nats.c's own thread and may still be queued
+         * (a disconnect just before the close): n must outlive them, and
+         * "closed" is the last one. */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 5;
+        pthread_mutex_lock(&n->mu);
+        while (!n->closed)
+            if (pthread_cond_timedwait(&n->cv, &n->mu, &dl) != 0) break;
+        bool closed = n->closed;
+        pthread_mutex_unlock(&n->mu);
         natsConnection_Destroy(n->nc);
+        if (!closed) return; /* leak rather than risk a late callback */
     }
+    pthread_mutex_destroy(&n->mu);
+    pthread_cond_destroy(&n->cv);
     natsOptions_Destroy(n->opts);
     for (int i = 0; i < n->nservers; i++) kvo_free(n->servers[i]);
     kvo_free(n->servers);

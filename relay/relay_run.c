@@ -44,6 +44,7 @@ typedef struct runner {
     uint64_t cap_errors;
     kvo_ratelimit rl[N_KINDS];
     uint64_t publisher_id;
+    uint64_t seen_disconnects, seen_reconnects;
     char subject[512];
     relay_rx rx;
 } runner;
@@ -388,6 +389,19 @@ static void loop(runner *r) {
         relay_pipe_tick(r->pipe, now);
         relay_pipe_flush(r->pipe);
         if (r->http) kvo_http_server_run(r->http);
+        relay_stats *st = stats_now(r);
+        if (st->nats_disconnects != r->seen_disconnects) {
+            r->seen_disconnects = st->nats_disconnects;
+            kvo_warn("NATS disconnected: buffering up to %d bytes while "
+                     "reconnecting",
+                     r->cfg->nats_buffer_bytes);
+        }
+        if (st->nats_reconnects != r->seen_reconnects) {
+            r->seen_reconnects = st->nats_reconnects;
+            kvo_info("NATS reconnected (%" PRIu64 " reconnects, %" PRIu64
+                     " envelopes dropped so far)",
+                     st->nats_reconnects, st->publish_dropped);
+        }
         if (next_stats && now >= next_stats) {
             char line[768];
             relay_stats_line(stats_now(r), line, sizeof(line));

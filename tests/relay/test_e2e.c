@@ -273,14 +273,11 @@ START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
     kvo_http_resp_fini(&r);
     e2e_stop(&e);
     /* The exit JSON and the capture. */
-    size_t jl;
-    uint8_t *jb = kt_read_file(e.stats_path, &jl);
-    json_object *ex = json_tokener_parse((const char *)jb);
+    json_object *ex = json_object_from_file(e.stats_path);
     ck_assert_ptr_nonnull(ex);
     ck_assert_uint_eq(stat_of(ex, "batches_applied", NULL), nc);
     ck_assert_uint_eq(stat_of(ex, "messages_published", NULL), g->next_sequence);
     json_object_put(ex);
-    kvo_free(jb);
     wire_cap_reader *cr;
     ck_assert(wire_cap_open(&cr, e.cap_path, NULL) == KVO_OK);
     wire_cap_record rec;
