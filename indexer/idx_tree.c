@@ -59,20 +59,25 @@
  *   la[i] = {block_hash, slot, node}, for entries that cannot be inlined
  *   (node shared by several workers, or a block_hash other than the node's).
  *
- *   edges    Robin Hood table (parent, tokens_hash) -> edge ref, holding the
- *            edges of parents with two children or more. A lone child is
- *            found through parent.child, so chains cost no table space.
- *   look     Robin Hood table (slot, block_hash) -> lookup ref: every
- *            worker's lookup in one table.
+ *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
+ *            parents with two children or more. A lone child is found
+ *            through parent.child, so chains cost no table space.
+ *   look     table (slot, block_hash) -> lookup ref: every worker's lookup
+ *            in one table.
  *   wmap     (worker_id, dp_rank) -> slot. Slots are never reused.
  *
- *   Tables store a u32 ref plus a u16 meta (fingerprint << 8 | distance+1,
- *   0 = empty; a distance from 254 on is saturated and recomputed from the
- *   key). The key lives in the node or alias record the ref names, so a probe
- *   reads the node only when the fingerprint matches, and removal is a
- *   backward shift on stored distances. home = fastrange(hash), load <= 7/8,
- *   growth x1.5. A single-worker block costs 32 + 1 bytes of slab plus one
- *   lookup slot (6 bytes / load).
+ *   Tables are bucketized cuckoo hash tables of u32 refs. A bucket is one
+ *   cache line: 8 tags (the top half of the key's hash) then 8 refs, probed
+ *   with one vector compare. A key lives in its primary bucket
+ *   fastrange(tag) or, when that is full, in its secondary (a scramble of
+ *   the tag), displacing others along a short random walk if need be; the
+ *   rare key no walk can place goes to a stash. spill[b] counts the keys of
+ *   primary b that live elsewhere, so a miss reads one line unless b spilled.
+ *   The key itself lives in the node or alias record the ref names (a probe
+ *   reads it only on a tag match); the tag alone places a key, so growing
+ *   never reads keys. Deletion just clears the slot. Load <= 15/16, growth
+ *   x1.25 (load stays within 0.75..0.94). A single-worker block costs 32 + 1
+ *   bytes of slab plus one lookup slot (8 bytes / load).
  *
  * Invariants (idx_tree_check verifies all of them)
  * ----------
@@ -87,13 +92,17 @@
  *  I5 a live node other than the root has parent != NIL or refs > 0 (else it
  *     would have been freed); nothing is left on the dying stack.
  *  I6 worker sets are sorted, duplicate-free, of 2+ valid slots.
- *  I7 table metas match their entries' hashes and homes (Robin Hood order).
+ *  I7 table tags match their entries' keys, keys sit in one of their two
+ *     buckets (or the stash), spill counts are exact (or stuck at 255).
  *  I8 free nodes and free alias records are exactly those on the free lists.
  */
 #include "idx.h"
 
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define NIL 0xFFFFFFFFu
 #define DEAD 0xFFFFFFFEu
@@ -134,12 +143,25 @@ typedef struct wslot {
     uint64_t blocks;  /* lookup entries */
 } wslot;
 
-typedef struct rh {
-    uint32_t *val;
-    uint16_t *meta;
-    uint32_t cap;
-    uint32_t len;
-} rh;
+#define BW 8         /* slots per table bucket */
+#define MAX_KICKS 64 /* cuckoo displacements before the stash */
+
+/* One cache line: the tags first, so a probe compares all 8 at once. */
+typedef struct bucket {
+    uint32_t tag[BW];
+    uint32_t ref[BW]; /* 0 = empty (ref 0, the root, is never stored) */
+} __attribute__((aligned(64))) bucket;
+
+typedef struct tab {
+    bucket *bk;       /* nb, cache-line aligned inside bk_mem */
+    void *bk_mem;
+    uint8_t *spill;   /* nb: keys of primary bucket b kept in their
+                         secondary (saturates at 255, then sticks) */
+    uint64_t *stash;  /* tag << 32 | ref: keys no bucket could take */
+    uint32_t nb, len; /* len counts the stash too */
+    uint32_t nstash, stash_cap;
+    uint32_t rng;     /* displacement choices */
+} tab;
 
 typedef struct ovf {
     uint32_t node;
@@ -160,12 +182,13 @@ struct idx_tree {
 
     uint32_t *sp;
     uint32_t sp_len, sp_cap, sp_live;
+    uint32_t sp_step; /* words one set growth may take */
     uint32_t sp_free[SET_CLASSES];
 
     ovf *ov;
     uint32_t ov_len, ov_cap;
 
-    rh edges, look;
+    tab edges, look;
 
     wslot *ws;
     uint32_t ws_len, ws_cap;
@@ -179,7 +202,7 @@ struct idx_tree {
 };
 
 /* ======================================================================== */
-/* Hashing and Robin Hood tables                                             */
+/* Hashing and tables                                                        */
 /* ======================================================================== */
 
 static inline uint64_t mix(uint64_t a, uint32_t b) {
@@ -192,12 +215,68 @@ static inline uint64_t mix(uint64_t a, uint32_t b) {
     return x;
 }
 
-static inline uint32_t rh_home(const rh *r, uint64_t h) {
-    return (uint32_t)(((unsigned __int128)h * r->cap) >> 64);
+/* The tag is the hash's top half. The primary bucket is fastrange(tag),
+ * the secondary a scramble of it, so neither growing nor displacing ever
+ * reads a key; tags also filter probes (bucket-mates share only the bits
+ * that chose the bucket). */
+static inline uint32_t tab_b1(const tab *r, uint32_t tag) {
+    return (uint32_t)(((uint64_t)tag * r->nb) >> 32);
 }
 
-static inline uint16_t rh_meta(uint64_t h, uint32_t dist) {
-    return (uint16_t)(((uint32_t)(h & 0xFF) << 8) | (dist < 254 ? dist + 1 : 255));
+static inline uint32_t tab_b2(const tab *r, uint32_t tag) {
+    uint32_t x = tag * 0x9E3779B1u;
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    return (uint32_t)(((uint64_t)x * r->nb) >> 32);
+}
+
+/* A position is bucket * BW + slot, or nb * BW + i for stash entry i. */
+static inline uint32_t pos_ref(const tab *r, uint32_t pos) {
+    uint32_t n = r->nb * BW;
+    return pos < n ? r->bk[pos / BW].ref[pos % BW] : (uint32_t)r->stash[pos - n];
+}
+
+static inline uint32_t pos_tag(const tab *r, uint32_t pos) {
+    uint32_t n = r->nb * BW;
+    return pos < n ? r->bk[pos / BW].tag[pos % BW]
+                   : (uint32_t)(r->stash[pos - n] >> 32);
+}
+
+static inline void tab_prefetch(const tab *r, uint64_t h) {
+    if (!r->nb) return;
+    uint32_t b = tab_b1(r, (uint32_t)(h >> 32));
+    __builtin_prefetch(&r->bk[b]);
+    __builtin_prefetch(&r->spill[b]);
+}
+
+/* Bit i set when tag[i] == tag (match) or ref[i] == 0 (hole). */
+static inline unsigned bucket_match(const bucket *b, uint32_t tag) {
+#ifdef __SSE2__
+    __m128i k = _mm_set1_epi32((int)tag);
+    __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag), k);
+    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag + 1), k);
+    return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
+                      _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
+#else
+    unsigned m = 0;
+    for (unsigned i = 0; i < BW; i++) m |= (unsigned)(b->tag[i] == tag) << i;
+    return m;
+#endif
+}
+
+static inline unsigned bucket_holes(const bucket *b) {
+#ifdef __SSE2__
+    __m128i z = _mm_setzero_si128();
+    __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref), z);
+    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref + 1), z);
+    return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
+                      _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
+#else
+    unsigned m = 0;
+    for (unsigned i = 0; i < BW; i++) m |= (unsigned)(b->ref[i] == 0) << i;
+    return m;
+#endif
 }
 
 /* Hash of the key an entry's ref names. */
@@ -216,79 +295,191 @@ static uint64_t ref_hash(const idx_tree *t, int kind, uint32_t v) {
     return mix(t->nd[v].block_hash, t->nd[v].wset);
 }
 
-static uint32_t rh_dist(const idx_tree *t, const rh *r, int kind,
-                        uint32_t pos) {
-    uint32_t d = r->meta[pos] & 0xFF;
-    if (d < 255) return d - 1;
-    uint32_t home = rh_home(r, ref_hash(t, kind, r->val[pos]));
-    return pos >= home ? pos - home : pos + r->cap - home;
+/* Does ref v name the key (a, b)? Edges: (tokens_hash, parent); lookup:
+ * (block_hash, slot). */
+static inline bool key_eq(const idx_tree *t, int kind, uint32_t v, uint64_t a,
+                          uint32_t b) {
+    if (kind == K_EDGE) {
+        if (v & TAG) {
+            const ealias *e = &t->ea[v & ~TAG];
+            return e->tokens_hash == a && e->parent == b;
+        }
+        return t->nd[v].tokens_hash == a && t->nd[v].parent == b;
+    }
+    if (v & TAG) {
+        const lalias *l = &t->la[v & ~TAG];
+        return l->block_hash == a && l->slot == b;
+    }
+    return t->nd[v].block_hash == a && t->nd[v].wset == b;
 }
 
-/* Insert a ref whose key is absent; capacity must be reserved. */
-static void rh_put(const idx_tree *t, rh *r, int kind, uint64_t h,
-                   uint32_t v) {
-    uint32_t pos = rh_home(r, h);
-    uint16_t fp = (uint16_t)((h & 0xFF) << 8);
-    uint32_t d = 0;
-    for (;;) {
-        uint16_t m = r->meta[pos];
-        if (m == 0) {
-            r->meta[pos] = (uint16_t)(fp | (d < 254 ? d + 1 : 255));
-            r->val[pos] = v;
+static inline uint32_t scan_bucket(const idx_tree *t, const tab *r, int kind,
+                                   uint32_t bk, uint32_t tag, uint64_t a,
+                                   uint32_t b) {
+    const bucket *k = &r->bk[bk];
+    for (unsigned m = bucket_match(k, tag) & ~bucket_holes(k); m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        if (key_eq(t, kind, k->ref[i], a, b)) return bk * BW + i;
+    }
+    return NIL;
+}
+
+/* Position of key (a, b), or NIL. */
+static inline uint32_t tab_find(const idx_tree *t, const tab *r, int kind,
+                                uint64_t a, uint32_t b) {
+    if (r->len == 0) return NIL;
+    uint32_t tag = (uint32_t)(mix(a, b) >> 32);
+    uint32_t b1 = tab_b1(r, tag);
+    uint32_t pos = scan_bucket(t, r, kind, b1, tag, a, b);
+    if (pos != NIL) return pos;
+    if (r->spill[b1]) {
+        uint32_t b2 = tab_b2(r, tag);
+        if (b2 != b1 && (pos = scan_bucket(t, r, kind, b2, tag, a, b)) != NIL)
+            return pos;
+    }
+    for (uint32_t j = 0; j < r->nstash; j++)
+        if ((uint32_t)(r->stash[j] >> 32) == tag &&
+            key_eq(t, kind, (uint32_t)r->stash[j], a, b))
+            return r->nb * BW + j;
+    return NIL;
+}
+
+static inline uint32_t ref_at(const tab *r, uint32_t pos) {
+    return pos_ref(r, pos);
+}
+
+static inline void ref_set(tab *r, uint32_t pos, uint32_t v) {
+    uint32_t n = r->nb * BW;
+    if (pos < n) r->bk[pos / BW].ref[pos % BW] = v;
+    else r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
+}
+
+/* A key with this tag now lives in (or left) bucket bk: keep spill[]. */
+static inline void spill_note(tab *r, uint32_t bk, uint32_t tag, bool in) {
+    uint32_t b1 = tab_b1(r, tag);
+    if (b1 == bk) return;
+    uint8_t *c = &r->spill[b1];
+    if (in) {
+        if (*c < 255) (*c)++;
+    } else if (*c != 255) {
+        (*c)--;
+    }
+}
+
+/* Insert (tag, v), an absent key. The stash must have room for one (a
+ * failed displacement walk parks its last key there); tab_reserve sees to
+ * it. */
+static void tab_put(tab *r, uint32_t tag, uint32_t v) {
+    uint32_t bk = tab_b1(r, tag);
+    unsigned h = bucket_holes(&r->bk[bk]);
+    if (h) {
+        unsigned i = (unsigned)__builtin_ctz(h);
+        r->bk[bk].tag[i] = tag;
+        r->bk[bk].ref[i] = v;
+        r->len++;
+        return;
+    }
+    bk = tab_b2(r, tag);
+    for (int k = 0; k < MAX_KICKS; k++) {
+        if ((h = bucket_holes(&r->bk[bk])) != 0) {
+            unsigned i = (unsigned)__builtin_ctz(h);
+            r->bk[bk].tag[i] = tag;
+            r->bk[bk].ref[i] = v;
+            spill_note(r, bk, tag, true);
             r->len++;
             return;
         }
-        uint32_t od = rh_dist(t, r, kind, pos);
-        if (od < d) { /* take from the rich */
-            uint32_t ov = r->val[pos];
-            uint16_t ofp = m & 0xFF00;
-            r->meta[pos] = (uint16_t)(fp | (d < 254 ? d + 1 : 255));
-            r->val[pos] = v;
-            v = ov;
-            fp = ofp;
-            d = od;
-        }
-        if (++pos == r->cap) pos = 0;
-        d++;
+        /* displace a random key of bk towards its other bucket */
+        r->rng ^= r->rng << 13;
+        r->rng ^= r->rng >> 17;
+        r->rng ^= r->rng << 5;
+        unsigned i = r->rng % BW;
+        uint32_t vt = r->bk[bk].tag[i], vv = r->bk[bk].ref[i];
+        r->bk[bk].tag[i] = tag;
+        r->bk[bk].ref[i] = v;
+        spill_note(r, bk, tag, true);
+        spill_note(r, bk, vt, false);
+        tag = vt;
+        v = vv;
+        uint32_t v1 = tab_b1(r, tag);
+        bk = bk == v1 ? tab_b2(r, tag) : v1;
     }
+    r->stash[r->nstash++] = (uint64_t)tag << 32 | v;
+    r->len++;
 }
 
-static void rh_del(const idx_tree *t, rh *r, int kind, uint32_t pos) {
-    for (;;) {
-        uint32_t nx = pos + 1 == r->cap ? 0 : pos + 1;
-        uint16_t m = r->meta[nx];
-        if (m == 0) break;
-        uint32_t d = rh_dist(t, r, kind, nx);
-        if (d == 0) break;
-        r->meta[pos] = (uint16_t)((m & 0xFF00) | (d - 1 < 254 ? d : 255));
-        r->val[pos] = r->val[nx];
-        pos = nx;
+static void tab_del(tab *r, uint32_t pos) {
+    uint32_t n = r->nb * BW;
+    if (pos >= n) {
+        r->stash[pos - n] = r->stash[--r->nstash];
+    } else {
+        bucket *k = &r->bk[pos / BW];
+        spill_note(r, pos / BW, k->tag[pos % BW], false);
+        k->tag[pos % BW] = 0;
+        k->ref[pos % BW] = 0;
     }
-    r->meta[pos] = 0;
     r->len--;
 }
 
-static kvo_status rh_reserve(const idx_tree *t, rh *r, int kind,
-                             uint32_t more) {
-    uint64_t need = (uint64_t)r->len + more;
-    if (need * 8 <= (uint64_t)r->cap * 7) return KVO_OK;
-    uint64_t cap = r->cap ? r->cap : 32;
-    while (need * 8 > cap * 7) cap = cap * 3 / 2 + 1;
+static kvo_status stash_room(tab *r, uint32_t more) {
+    if (r->stash_cap - r->nstash >= more) return KVO_OK;
+    uint64_t cap = (uint64_t)r->nstash + more + 16;
     if (cap > 0x7FFFFFFFu) return KVO_ETOOBIG;
-    rh n = {kvo_malloc(cap * sizeof(uint32_t)),
-            kvo_calloc(cap, sizeof(uint16_t)), (uint32_t)cap, 0};
-    if (!n.val || !n.meta) {
-        kvo_free(n.val);
-        kvo_free(n.meta);
-        return KVO_ENOMEM;
+    uint64_t *p = kvo_realloc(r->stash, cap * sizeof(uint64_t));
+    if (!p) return KVO_ENOMEM;
+    r->stash = p;
+    r->stash_cap = (uint32_t)cap;
+    return KVO_OK;
+}
+
+/* Room for `more` insertions: load <= 15/16 (growing x1.25, so the load
+ * stays within 0.75..0.94) and stash space for each. */
+static kvo_status tab_reserve(tab *r, uint32_t more) {
+    kvo_status s = stash_room(r, more);
+    if (s != KVO_OK) return s;
+    uint64_t need = (uint64_t)r->len + more;
+    if (need * 16 <= (uint64_t)r->nb * BW * 15) return KVO_OK;
+    uint64_t nb = r->nb ? r->nb : 4;
+    while (need * 16 > nb * BW * 15) nb = nb * 5 / 4 + 1;
+    if (nb * BW > 0x70000000u) return KVO_ETOOBIG;
+    tab n = {NULL, kvo_calloc(nb + 1, sizeof(bucket)), kvo_calloc(nb, 1),
+             NULL, (uint32_t)nb, 0, 0, 0, r->rng ? r->rng : 0x9E3779B9u};
+    if (!n.bk_mem || !n.spill || stash_room(&n, r->nstash + more) != KVO_OK)
+        goto fail;
+    n.bk = (bucket *)(((uintptr_t)n.bk_mem + 63) & ~(uintptr_t)63);
+    /* old buckets are walked in order and mostly hold primary keys, whose
+     * new primary buckets come in the same order: the new table fills
+     * nearly front to back */
+    for (uint32_t b = 0; b < r->nb; b++) {
+        const bucket *k = &r->bk[b];
+        for (unsigned m = ~bucket_holes(k) & 0xFFu; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            if (n.nstash == n.stash_cap && stash_room(&n, 16) != KVO_OK)
+                goto fail;
+            tab_put(&n, k->tag[i], k->ref[i]);
+        }
     }
-    for (uint32_t i = 0; i < r->cap; i++)
-        if (r->meta[i])
-            rh_put(t, &n, kind, ref_hash(t, kind, r->val[i]), r->val[i]);
-    kvo_free(r->val);
-    kvo_free(r->meta);
+    for (uint32_t j = 0; j < r->nstash; j++) {
+        if (n.nstash == n.stash_cap && stash_room(&n, 16) != KVO_OK) goto fail;
+        tab_put(&n, (uint32_t)(r->stash[j] >> 32), (uint32_t)r->stash[j]);
+    }
+    kvo_free(r->bk_mem);
+    kvo_free(r->spill);
+    kvo_free(r->stash);
     *r = n;
     return KVO_OK;
+fail:
+    kvo_free(n.bk_mem);
+    kvo_free(n.spill);
+    kvo_free(n.stash);
+    return KVO_ENOMEM;
+}
+
+/* Bring in the lookup slot of (w, bh): a later block's, while this one is
+ * worked on, AHEAD blocks ahead (about one memory latency of work). */
+#define AHEAD 8
+static inline void look_prefetch(const idx_tree *t, uint32_t w, uint64_t bh) {
+    tab_prefetch(&t->look, mix(bh, w));
 }
 
 /* ---- Edge refs ---------------------------------------------------------- */
@@ -303,27 +494,9 @@ static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].child : e;
 }
 
-static uint32_t edge_find(const idx_tree *t, uint32_t p, uint64_t th) {
-    const rh *r = &t->edges;
-    if (r->len == 0) return NIL;
-    uint64_t h = mix(th, p);
-    uint32_t pos = rh_home(r, h);
-    uint16_t fp = (uint16_t)((h & 0xFF) << 8);
-    for (uint32_t d = 1;; d++) {
-        uint16_t m = r->meta[pos];
-        uint32_t md = m & 0xFF;
-        if (md < d && md < 255) return NIL; /* empty, or poorer */
-        if ((m & 0xFF00) == fp) {
-            uint32_t v = r->val[pos];
-            if (v & TAG) {
-                const ealias *a = &t->ea[v & ~TAG];
-                if (a->tokens_hash == th && a->parent == p) return pos;
-            } else if (t->nd[v].tokens_hash == th && t->nd[v].parent == p) {
-                return pos;
-            }
-        }
-        if (++pos == r->cap) pos = 0;
-    }
+static inline uint32_t edge_find(const idx_tree *t, uint32_t p,
+                                  uint64_t th) {
+    return tab_find(t, &t->edges, K_EDGE, th, p);
 }
 
 /* The child of p under tokens_hash th, or NIL. */
@@ -339,7 +512,7 @@ static inline uint32_t child_find(const idx_tree *t, uint32_t p,
         if (a->next == NIL) return a->tokens_hash == th ? a->child : NIL;
     }
     uint32_t pos = edge_find(t, p, th);
-    return pos == NIL ? NIL : edge_child(t, t->edges.val[pos]);
+    return pos == NIL ? NIL : edge_child(t, ref_at(&t->edges, pos));
 }
 
 /* ---- Lookup refs -------------------------------------------------------- */
@@ -348,27 +521,9 @@ static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
     return (v & TAG) ? t->la[v & ~TAG].node : v;
 }
 
-static uint32_t look_find(const idx_tree *t, uint32_t slot, uint64_t bh) {
-    const rh *r = &t->look;
-    if (r->len == 0) return NIL;
-    uint64_t h = mix(bh, slot);
-    uint32_t pos = rh_home(r, h);
-    uint16_t fp = (uint16_t)((h & 0xFF) << 8);
-    for (uint32_t d = 1;; d++) {
-        uint16_t m = r->meta[pos];
-        uint32_t md = m & 0xFF;
-        if (md < d && md < 255) return NIL;
-        if ((m & 0xFF00) == fp) {
-            uint32_t v = r->val[pos];
-            if (v & TAG) {
-                const lalias *a = &t->la[v & ~TAG];
-                if (a->block_hash == bh && a->slot == slot) return pos;
-            } else if (t->nd[v].block_hash == bh && t->nd[v].wset == slot) {
-                return pos;
-            }
-        }
-        if (++pos == r->cap) pos = 0;
-    }
+static inline uint32_t look_find(const idx_tree *t, uint32_t slot,
+                                  uint64_t bh) {
+    return tab_find(t, &t->look, K_LOOK, bh, slot);
 }
 
 /* ======================================================================== */
@@ -537,8 +692,9 @@ static void set_release(idx_tree *t, uint32_t off) {
 }
 
 /* Room for one set to grow by one class (sets hold at most every slot). */
-static kvo_status sets_reserve(idx_tree *t) {
-    uint32_t words = 4u << class_for(t->ws_len + 1);
+static inline kvo_status sets_reserve(idx_tree *t) {
+    uint32_t words = t->sp_step; /* 4 << class_for(ws_len + 1) */
+    if (t->sp_cap - t->sp_len >= words) return KVO_OK;
     if (words > MAX_INDEX - t->sp_len) return KVO_ETOOBIG;
     return grow((void **)&t->sp, &t->sp_cap, t->sp_len + words,
                 sizeof(uint32_t));
@@ -559,8 +715,8 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
 static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
     uint64_t bh = t->nd[n].block_hash;
     uint32_t pos = look_find(t, w, bh);
-    if (pos == NIL || t->look.val[pos] != n) return;
-    t->look.val[pos] = TAG | la_new(t, bh, w, n);
+    if (pos == NIL || ref_at(&t->look, pos) != n) return;
+    ref_set(&t->look, pos, TAG | la_new(t, bh, w, n));
 }
 
 static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
@@ -647,8 +803,8 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
     }
     t->nd[p].child = e;
     if (was_single)
-        rh_put(t, &t->edges, K_EDGE, mix(edge_key(t, first), p), first);
-    if (first != NIL) rh_put(t, &t->edges, K_EDGE, mix(th, p), e);
+        tab_put(&t->edges, (uint32_t)(mix(edge_key(t, first), p) >> 32), first);
+    if (first != NIL) tab_put(&t->edges, (uint32_t)(mix(th, p) >> 32), e);
 }
 
 /* Queue n for release when nothing refers to it any more. */
@@ -669,7 +825,7 @@ static void detach(idx_tree *t, uint32_t p) {
         uint32_t nx = edge_next(t, e);
         if (hashed) {
             uint32_t pos = edge_find(t, p, edge_key(t, e));
-            rh_del(t, &t->edges, K_EDGE, pos);
+            tab_del(&t->edges, pos);
         }
         uint32_t c;
         if (e & TAG) {
@@ -705,29 +861,33 @@ static void drain(idx_tree *t) {
 /* Lookup entries                                                            */
 /* ======================================================================== */
 
-/* Map (w, bh) -> n. Returns the node it mapped to before (NIL when new). */
-static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint32_t n) {
-    uint32_t pos = look_find(t, w, bh);
+/* Map (w, bh) -> n. pos: the entry's position, NIL when (w, bh) is known
+ * to be absent, or FIND. Returns the node it mapped to before (NIL when
+ * new). */
+#define FIND DEAD
+static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint32_t n,
+                         uint32_t pos) {
+    if (pos == FIND) pos = look_find(t, w, bh);
     bool inl = t->nd[n].wset == w && t->nd[n].block_hash == bh;
     if (pos != NIL) {
-        uint32_t v = t->look.val[pos], old = look_node(t, v);
+        uint32_t v = ref_at(&t->look, pos), old = look_node(t, v);
         if (old == n) return NIL;
         if (v & TAG) {
             if (inl) {
                 la_release(t, v & ~TAG);
-                t->look.val[pos] = n;
+                ref_set(&t->look, pos, n);
             } else {
                 t->la[v & ~TAG].node = n;
             }
         } else {
-            t->look.val[pos] = inl ? n : (TAG | la_new(t, bh, w, n));
+            ref_set(&t->look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
         }
         ref_inc(t, n);
         ref_dec(t, old);
         return old;
     }
     uint32_t v = inl ? n : (TAG | la_new(t, bh, w, n));
-    rh_put(t, &t->look, K_LOOK, mix(bh, w), v);
+    tab_put(&t->look, (uint32_t)(mix(bh, w) >> 32), v);
     ref_inc(t, n);
     t->ws[w].blocks++;
     t->pairs++;
@@ -736,8 +896,8 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint32_t n) {
 
 /* Erase the lookup entry at pos; returns the node it named. */
 static uint32_t look_erase(idx_tree *t, uint32_t w, uint32_t pos) {
-    uint32_t v = t->look.val[pos], n = look_node(t, v);
-    rh_del(t, &t->look, K_LOOK, pos);
+    uint32_t v = ref_at(&t->look, pos), n = look_node(t, v);
+    tab_del(&t->look, pos);
     if (v & TAG) la_release(t, v & ~TAG);
     ref_dec(t, n);
     t->ws[w].blocks--;
@@ -801,6 +961,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
         for (uint32_t i = 0; i < t->ws_len; i++) wmap_insert(t, i);
     }
     s = t->ws_len++;
+    t->sp_step = 4u << class_for(t->ws_len + 1);
     t->ws[s] = (wslot){wid, rank, 1, 0};
     wmap_insert(t, s);
     *out = s;
@@ -835,10 +996,12 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->la);
     kvo_free(t->sp);
     kvo_free(t->ov);
-    kvo_free(t->edges.val);
-    kvo_free(t->edges.meta);
-    kvo_free(t->look.val);
-    kvo_free(t->look.meta);
+    kvo_free(t->edges.bk_mem);
+    kvo_free(t->edges.spill);
+    kvo_free(t->edges.stash);
+    kvo_free(t->look.bk_mem);
+    kvo_free(t->look.spill);
+    kvo_free(t->look.stash);
     kvo_free(t->ws);
     kvo_free(t->wmap);
     kvo_free(t->act);
@@ -849,24 +1012,25 @@ void idx_tree_free(idx_tree *t) {
 /* Applying events                                                           */
 /* ======================================================================== */
 
-/* Everything one store step may allocate, so that a step never fails
- * half-way: a node, an alias edge, two lookup aliases, two edge-table and
- * one lookup-table entries, a set growth, two overflow counts. */
-static kvo_status step_reserve(idx_tree *t) {
+/* Everything a store of n blocks may allocate, so that it never fails
+ * half-way: per block a node, an alias edge, two lookup aliases, two
+ * edge-table and one lookup-table entries, two overflow counts, and one set
+ * growth (sets_reserve, per block: the set pool moves). */
+static kvo_status store_reserve(idx_tree *t, uint32_t n) {
     kvo_status s;
-    if ((s = nodes_reserve(t, 1)) != KVO_OK) return s;
-    if ((s = grow((void **)&t->ea, &t->ea_cap, t->ea_len + 1,
+    if (n > MAX_INDEX / 2) return KVO_ETOOBIG;
+    if ((s = nodes_reserve(t, n)) != KVO_OK) return s;
+    if ((s = grow((void **)&t->ea, &t->ea_cap, t->ea_len + n,
                   sizeof(ealias))) != KVO_OK)
         return s;
-    if ((s = grow((void **)&t->la, &t->la_cap, t->la_len + 2,
+    if ((s = grow((void **)&t->la, &t->la_cap, t->la_len + 2 * n,
                   sizeof(lalias))) != KVO_OK)
         return s;
-    if ((s = grow((void **)&t->ov, &t->ov_cap, t->ov_len + 2,
+    if ((s = grow((void **)&t->ov, &t->ov_cap, t->ov_len + 2 * n,
                   sizeof(ovf))) != KVO_OK)
         return s;
-    if ((s = sets_reserve(t)) != KVO_OK) return s;
-    if ((s = rh_reserve(t, &t->edges, K_EDGE, 2)) != KVO_OK) return s;
-    return rh_reserve(t, &t->look, K_LOOK, 1);
+    if ((s = tab_reserve(&t->edges, 2 * n)) != KVO_OK) return s;
+    return tab_reserve(&t->look, n);
 }
 
 static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -878,15 +1042,20 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_PARENT_NOT_FOUND;
             return KVO_OK;
         }
-        cur = look_node(t, t->look.val[pos]);
+        cur = look_node(t, ref_at(&t->look, pos));
     }
+    kvo_status s = store_reserve(t, ev->n_blocks);
+    if (s != KVO_OK) return s;
     *st = IDX_EV_OK;
+    for (uint32_t i = 0; i < ev->n_blocks && i < AHEAD; i++)
+        look_prefetch(t, w, ev->blocks[i].block_hash);
     for (uint32_t i = 0; i < ev->n_blocks; i++) {
-        kvo_status s = step_reserve(t);
-        if (s != KVO_OK) return s;
+        if ((s = sets_reserve(t)) != KVO_OK) return s;
         uint64_t bh = ev->blocks[i].block_hash;
         uint64_t th = ev->blocks[i].tokens_hash;
-        uint32_t c = child_find(t, cur, th);
+        if (i + AHEAD < ev->n_blocks)
+            look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
+        uint32_t c = child_find(t, cur, th), pos = FIND;
         if (c != NIL) {
             if (c == cur) { /* a self edge left by an earlier event */
                 *st = IDX_EV_INVALID_BLOCK;
@@ -894,17 +1063,19 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             }
             if (t->nd[c].block_hash != bh) t->c.hash_mismatch++;
         } else {
-            uint32_t pos = look_find(t, w, bh);
-            c = pos != NIL ? look_node(t, t->look.val[pos])
+            pos = look_find(t, w, bh);
+            c = pos != NIL ? look_node(t, ref_at(&t->look, pos))
                            : node_new(t, bh, th);
             edge_add(t, cur, th, c);
             if (c == cur) { /* Dynamo links it, then rejects the block */
                 *st = IDX_EV_INVALID_BLOCK;
                 return KVO_OK;
             }
+            /* pos stays valid: nothing below moves lookup entries
+             * (outlining rewrites a value in place) */
         }
         wset_add(t, c, w);
-        uint32_t old = look_put(t, w, bh, c);
+        uint32_t old = look_put(t, w, bh, c, pos);
         if (old != NIL) maybe_free(t, old);
         drain(t);
         t->c.blocks_stored++;
@@ -924,17 +1095,21 @@ static void leave_node(idx_tree *t, uint32_t w, uint32_t v, uint32_t n) {
 static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
                                idx_evstatus *st) {
     *st = IDX_EV_OK;
+    for (uint32_t i = 0; i < ev->n_removed && i < AHEAD; i++)
+        look_prefetch(t, w, ev->removed[i]);
     for (uint32_t i = 0; i < ev->n_removed; i++) {
         kvo_status s = grow((void **)&t->la, &t->la_cap, t->la_len + 1,
                             sizeof(lalias));
         if (s != KVO_OK) return s;
+        if (i + AHEAD < ev->n_removed)
+            look_prefetch(t, w, ev->removed[i + AHEAD]);
         uint32_t pos = look_find(t, w, ev->removed[i]);
         if (pos == NIL) {
             t->c.blocks_not_found++;
             *st = IDX_EV_BLOCK_NOT_FOUND;
             continue;
         }
-        uint32_t v = t->look.val[pos];
+        uint32_t v = ref_at(&t->look, pos);
         uint32_t n = look_erase(t, w, pos);
         leave_node(t, w, v, n);
         maybe_free(t, n);
@@ -965,7 +1140,7 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     for (uint32_t x = 1; x < t->nd_len && k < n; x++) {
         if (t->nd[x].parent == DEAD || t->nd[x].wset != w) continue;
         uint32_t pos = look_find(t, w, t->nd[x].block_hash);
-        if (pos != NIL && t->look.val[pos] == x)
+        if (pos != NIL && ref_at(&t->look, pos) == x)
             list[k++] = (centry){t->nd[x].block_hash, x, x};
     }
     for (uint64_t i = 0; i < k; i++) {
@@ -1154,7 +1329,8 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
                  (uint64_t)t->ea_cap * sizeof(ealias) +
                  (uint64_t)t->la_cap * sizeof(lalias) +
                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
-                 (uint64_t)(t->edges.cap + t->look.cap) * 6 +
+                 (uint64_t)(t->edges.nb + t->look.nb) * (BW * 8 + 1) +
+                 (uint64_t)(t->edges.stash_cap + t->look.stash_cap) * 8 +
                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
                  (uint64_t)t->wmap_cap * 4;
 }
@@ -1260,32 +1436,56 @@ static uint64_t refs_of(const idx_tree *t, uint32_t n) {
     return r;
 }
 
-/* Structure of a Robin Hood table: metas agree with hashes and homes. */
-static bool rh_sane(const idx_tree *t, const rh *r, int kind, char *msg,
-                    size_t msgsz, const char *name) {
-    uint32_t used = 0;
-    for (uint32_t i = 0; i < r->cap; i++) {
-        if (!r->meta[i]) continue;
-        used++;
-        uint64_t h = ref_hash(t, kind, r->val[i]);
-        uint32_t home = rh_home(r, h);
-        uint32_t d = i >= home ? i - home : i + r->cap - home;
-        if (r->meta[i] != rh_meta(h, d)) {
-            snprintf(msg, msgsz, "%s[%u]: meta %04x, expected %04x", name, i,
-                     r->meta[i], rh_meta(h, d));
-            return false;
-        }
-        uint32_t nx = i + 1 == r->cap ? 0 : i + 1;
-        if (r->meta[nx] && rh_dist(t, r, kind, nx) > d + 1) {
-            snprintf(msg, msgsz, "%s[%u]: Robin Hood order broken", name, nx);
-            return false;
-        }
-    }
-    if (used != r->len) {
-        snprintf(msg, msgsz, "%s: %u entries, len %u", name, used, r->len);
+/* Structure of a table: tags agree with keys, keys sit in one of their
+ * two buckets, spill counts are right. */
+static bool tab_sane(const idx_tree *t, const tab *r, int kind, char *msg,
+                     size_t msgsz, const char *name) {
+    uint32_t used = 0, n = r->nb * BW;
+    uint32_t *spill = kvo_calloc(r->nb ? r->nb : 1, sizeof(uint32_t));
+    bool ok = false;
+    if (!spill) {
+        snprintf(msg, msgsz, "out of memory");
         return false;
     }
-    return true;
+    for (uint32_t i = 0; i < n + r->nstash; i++) {
+        uint32_t v = pos_ref(r, i);
+        if (!v) {
+            if (pos_tag(r, i)) {
+                snprintf(msg, msgsz, "%s[%u]: empty slot with a tag", name, i);
+                goto done;
+            }
+            continue;
+        }
+        used++;
+        uint32_t tag = pos_tag(r, i);
+        uint64_t h = ref_hash(t, kind, v);
+        if (tag != (uint32_t)(h >> 32)) {
+            snprintf(msg, msgsz, "%s[%u]: tag %08x, key hashes to %08x", name,
+                     i, tag, (uint32_t)(h >> 32));
+            goto done;
+        }
+        if (i >= n) continue;
+        uint32_t b1 = tab_b1(r, tag), b2 = tab_b2(r, tag);
+        if (i / BW != b1 && i / BW != b2) {
+            snprintf(msg, msgsz, "%s[%u]: key outside its buckets", name, i);
+            goto done;
+        }
+        if (i / BW != b1) spill[b1]++;
+    }
+    for (uint32_t b = 0; b < r->nb; b++)
+        if (r->spill[b] != 255 && r->spill[b] != spill[b]) {
+            snprintf(msg, msgsz, "%s: bucket %u spills %u, counted %u", name, b,
+                     r->spill[b], spill[b]);
+            goto done;
+        }
+    if (used != r->len) {
+        snprintf(msg, msgsz, "%s: %u entries, len %u", name, used, r->len);
+        goto done;
+    }
+    ok = true;
+done:
+    kvo_free(spill);
+    return ok;
 }
 
 kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
@@ -1379,7 +1579,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         }
         for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
             uint32_t pos = edge_find(t, p, edge_key(t, e));
-            if (len >= 2 && (pos == NIL || t->edges.val[pos] != e))
+            if (len >= 2 && (pos == NIL || ref_at(&t->edges, pos) != e))
                 FAIL("node %u: edge %016llx not hashed (or key repeated)", p,
                      (unsigned long long)edge_key(t, e));
             if (len == 1 && pos != NIL)
@@ -1399,18 +1599,18 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     if (ealive != t->ea_live) FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
     /* I3: lookup */
-    if (!rh_sane(t, &t->edges, K_EDGE, msg, msgsz, "edges")) {
+    if (!tab_sane(t, &t->edges, K_EDGE, msg, msgsz, "edges")) {
         s = KVO_ESTATE;
         goto done;
     }
-    if (!rh_sane(t, &t->look, K_LOOK, msg, msgsz, "look")) {
+    if (!tab_sane(t, &t->look, K_LOOK, msg, msgsz, "look")) {
         s = KVO_ESTATE;
         goto done;
     }
     uint32_t lalive = 0;
-    for (uint32_t i = 0; i < t->look.cap; i++) {
-        if (!t->look.meta[i]) continue;
-        uint32_t v = t->look.val[i], n, w;
+    for (uint32_t i = 0; i < t->look.nb * BW + t->look.nstash; i++) {
+        if (!pos_ref(&t->look, i)) continue;
+        uint32_t v = ref_at(&t->look, i), n, w;
         uint64_t bh;
         if (v & TAG) {
             uint32_t a = v & ~TAG;
@@ -1463,9 +1663,9 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     uint32_t head = 0, tail = 0;
     queue[tail++] = ROOT;
     seen[ROOT] = 1;
-    for (uint32_t i = 0; i < t->look.cap; i++) {
-        if (!t->look.meta[i]) continue;
-        uint32_t n = look_node(t, t->look.val[i]);
+    for (uint32_t i = 0; i < t->look.nb * BW + t->look.nstash; i++) {
+        if (!pos_ref(&t->look, i)) continue;
+        uint32_t n = look_node(t, ref_at(&t->look, i));
         if (!seen[n]) {
             seen[n] = 1;
             queue[tail++] = n;

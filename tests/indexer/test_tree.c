@@ -454,6 +454,46 @@ START_TEST(reference_counts_beyond_255) {
 }
 END_TEST
 
+/* Keys crafted to share one hash (idx_tree.c mixes the worker slot in as
+ * bh ^ slot * 0x9E3779B97F4A7C15, so these collide exactly): both buckets
+ * fill, the rest goes to the stash, and every answer stays right while the
+ * table grows around them. */
+START_TEST(colliding_keys_overflow_into_the_stash) {
+    idx_tree *t = tree_new();
+    const uint64_t X = 0x0123456789abcdefull;
+    for (uint64_t k = 0; k < 40; k++) {
+        uint64_t bh = X ^ (k * 0x9E3779B97F4A7C15ull);
+        ck_assert_int_eq(tt_store_bh(t, 100 + k, 0, NULL, U64S(5), &bh, 1),
+                         IDX_EV_OK);
+        tt_check(t, true);
+    }
+    /* grow the table past the colliding keys */
+    for (uint64_t i = 0; i < 3000; i++) {
+        uint64_t bh = 777000 + i;
+        ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, U64S(6 + i), &bh, 1),
+                         IDX_EV_OK);
+    }
+    tt_check(t, true);
+    ck_assert_uint_eq(tt_nscores(t, Q(5)), 40);
+    for (uint64_t k = 0; k < 40; k += 2) {
+        uint64_t bh = X ^ (k * 0x9E3779B97F4A7C15ull);
+        ck_assert_int_eq(tt_remove(t, 100 + k, 0, &bh, 1), IDX_EV_OK);
+        ck_assert_int_eq(tt_remove(t, 100 + k, 0, &bh, 1), IDX_EV_BLOCK_NOT_FOUND);
+        tt_check(t, true);
+    }
+    ck_assert_uint_eq(tt_nscores(t, Q(5)), 20);
+    for (uint64_t k = 1; k < 40; k += 2) {
+        ck_assert_uint_eq(tt_score(t, Q(5), 100 + k, 0), 1);
+        ck_assert_uint_eq(tt_blocks(t, 100 + k, 0), 1);
+    }
+    for (uint64_t k = 1; k < 40; k += 2) ck_assert_int_eq(tt_clear(t, 100 + k, 0), IDX_EV_OK);
+    tt_check(t, true);
+    ck_assert_uint_eq(tt_nscores(t, Q(5)), 0);
+    ck_assert_uint_eq(pairs_of(t), 3000);
+    idx_tree_free(t);
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -523,6 +563,7 @@ Suite *suite_tree(void) {
     TCase *tl = tcase_create("layout");
     tcase_add_test(tl, worker_sets_grow_and_shrink);
     tcase_add_test(tl, reference_counts_beyond_255);
+    tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
