@@ -110,7 +110,7 @@ typedef struct mock_cfg {
     const char *advertise_host;      /* host in advertised endpoints */
     const char *topic;               /* "" (vLLM's default) */
     uint32_t replay_buffer;          /* 10000 batches */
-    uint64_t replay_buffer_bytes;    /* 256 MiB over all buffered payloads */
+    uint64_t replay_buffer_bytes;    /* cap on buffered payload bytes; 0 none */
     int zmq_hwm;                     /* 100000 (vLLM's publisher default) */
     bool require_events;             /* publisher failure is fatal */
     const char *record;              /* capture file or NULL */

@@ -41,7 +41,7 @@ void mock_cfg_default(mock_cfg *c) {
     c->replay = true;
     c->topic = "";
     c->replay_buffer = 10000;
-    c->replay_buffer_bytes = 256ull << 20;
+    c->replay_buffer_bytes = 0; /* no byte cap: the count bounds it */
     c->zmq_hwm = 100000;
 }
 

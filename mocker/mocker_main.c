@@ -83,7 +83,7 @@ static const char usage[] =
     "                            array-v0.10.2|array-v0.14|array-late (map)\n"
     "  --hash-bytes              hashes as raw digests, not low-64 ints\n"
     "  --replay-buffer N         batches kept for replay (default 10000)\n"
-    "  --replay-buffer-mb N      and at most N MiB of them (default 256)\n"
+    "  --replay-buffer-mb N      and at most N MiB of them (default: no cap)\n"
     "  --zmq-hwm N               PUB high-water mark (default 100000)\n"
     "  --require-events          fail when the publisher cannot bind\n"
     "  --record FILE             capture every published message\n"

@@ -1,0 +1,296 @@
+/* The publisher: PUB frames, the ROUTER replay protocol (vLLM >= 0.26 form)
+ * with a real DEALER client, and capture files. Real ZeroMQ sockets on
+ * loopback ports picked by the kernel. */
+#include "mt.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+Suite *suite_pub(void);
+
+typedef struct env {
+    void *ctx;
+    mock_pub *pub;
+} env;
+
+static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+    e->ctx = zmq_ctx_new();
+    ck_assert_ptr_nonnull(e->ctx);
+    mock_pub_cfg pc = {.zmq_ctx = e->ctx,
+                       .endpoint = "tcp://127.0.0.1:*",
+                       .replay_endpoint = "tcp://127.0.0.1:*",
+                       .topic = topic,
+                       .hwm = 1000,
+                       .ring = ring,
+                       .record = rec};
+    char err[256];
+    ck_assert_msg(mock_pub_new(&e->pub, &pc, err, sizeof(err)) == KVO_OK, "%s", err);
+    ck_assert(strncmp(mock_pub_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
+    ck_assert(strncmp(mock_pub_replay_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
+}
+
+static void env_fini(env *e) {
+    mock_pub_free(e->pub);
+    zmq_ctx_term(e->ctx);
+}
+
+static void *sock(void *ctx, int type, const char *ep) {
+    void *s = zmq_socket(ctx, type);
+    int linger = 0, tmo = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    ck_assert_int_eq(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* One multipart message; returns the frame count (frames copied). */
+static int recv_msg(void *s, uint8_t fr[][256], size_t len[], int max) {
+    int n = 0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        ck_assert_msg(zmq_msg_recv(&m, s, 0) >= 0, "recv: %s", zmq_strerror(zmq_errno()));
+        if (n < max) {
+            len[n] = zmq_msg_size(&m) < 256 ? zmq_msg_size(&m) : 256;
+            memcpy(fr[n], zmq_msg_data(&m), len[n]);
+        }
+        n++;
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        if (!more) return n;
+    }
+}
+
+static uint64_t seq_of(const uint8_t *p, size_t n) {
+    uint64_t s;
+    ck_assert_int_eq(wire_seq_get(p, n, &s), KVO_OK);
+    return s;
+}
+
+static void send_request(void *dealer, uint64_t start) {
+    uint8_t seqb[8];
+    wire_seq_put(seqb, start);
+    ck_assert_int_eq(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
+    ck_assert_int_eq(zmq_send(dealer, seqb, 8, 0), 8);
+}
+
+/* Serve the ROUTER until a reply is waiting at the dealer. */
+static void serve(env *e, void *dealer) {
+    zmq_pollitem_t it = {dealer, 0, ZMQ_POLLIN, 0};
+    for (int i = 0; i < 500; i++) {
+        mock_pub_replay_serve(e->pub);
+        if (zmq_poll(&it, 1, 10) > 0) return;
+    }
+    ck_abort_msg("no replay reply");
+}
+
+START_TEST(pub_sends_topic_sequence_and_payload_frames) {
+    env e;
+    env_init(&e, "kv-events", 100, NULL);
+    void *sub = sock(e.ctx, ZMQ_SUB, mock_pub_endpoint(e.pub));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv", 2); /* a prefix match */
+    int tmo = 50;
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    /* Slow joiner: publish until the subscription is live. */
+    uint8_t fr[4][256];
+    size_t len[4];
+    uint64_t sent = 0;
+    int n = 0;
+    for (int tries = 0; tries < 200 && n == 0; tries++) {
+        mock_pub_send(e.pub, (const uint8_t *)"payload", 7);
+        sent++;
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sub, 0) >= 0) {
+            len[0] = zmq_msg_size(&m);
+            memcpy(fr[0], zmq_msg_data(&m), len[0]);
+            n = 1;
+            while (zmq_msg_more(&m)) {
+                zmq_msg_close(&m);
+                zmq_msg_init(&m);
+                zmq_msg_recv(&m, sub, 0);
+                len[n] = zmq_msg_size(&m);
+                memcpy(fr[n], zmq_msg_data(&m), len[n]);
+                n++;
+            }
+        }
+        zmq_msg_close(&m);
+    }
+    ck_assert_int_eq(n, 3);
+    ck_assert(len[0] == 9 && memcmp(fr[0], "kv-events", 9) == 0);
+    ck_assert_uint_eq(len[1], 8);
+    uint64_t first = seq_of(fr[1], len[1]);
+    ck_assert_uint_lt(first, sent);
+    ck_assert(len[2] == 7 && memcmp(fr[2], "payload", 7) == 0);
+    /* The next ones follow with seq + 1. */
+    tmo = 5000;
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    uint64_t end = sent + 3;
+    for (uint64_t k = first + 1; k < end; k++) {
+        if (k >= sent) {
+            mock_pub_send(e.pub, (const uint8_t *)"x", 1);
+            sent++;
+        }
+        ck_assert_int_eq(recv_msg(sub, fr, len, 4), 3);
+        ck_assert_uint_eq(seq_of(fr[1], len[1]), k);
+    }
+    uint64_t last;
+    ck_assert(mock_pub_last_seq(e.pub, &last));
+    ck_assert_uint_eq(last, sent - 1);
+    zmq_close(sub);
+    env_fini(&e);
+}
+END_TEST
+
+START_TEST(replay_sends_every_buffered_batch_from_start_then_the_end_marker) {
+    env e;
+    env_init(&e, "kv-events", 100, NULL);
+    char body[32];
+    for (int i = 0; i < 6; i++) {
+        snprintf(body, sizeof(body), "batch-%d", i);
+        mock_pub_send(e.pub, (const uint8_t *)body, strlen(body));
+    }
+    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    send_request(d, 2);
+    serve(&e, d);
+    uint8_t fr[8][256];
+    size_t len[8];
+    for (uint64_t k = 2; k < 6; k++) {
+        /* DEALER view: ["", topic, seq, payload] */
+        ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+        ck_assert_uint_eq(len[0], 0);
+        ck_assert(len[1] == 9 && memcmp(fr[1], "kv-events", 9) == 0);
+        ck_assert_uint_eq(seq_of(fr[2], len[2]), k);
+        snprintf(body, sizeof(body), "batch-%d", (int)k);
+        ck_assert(len[3] == strlen(body) && memcmp(fr[3], body, len[3]) == 0);
+    }
+    /* End marker: ["", "", FF x 8, ""] */
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+    ck_assert(len[0] == 0 && len[1] == 0 && len[3] == 0);
+    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    /* A start beyond the last batch: just the end marker. */
+    send_request(d, 99);
+    serve(&e, d);
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    mock_pub_stats ps;
+    mock_pub_stats_get(e.pub, &ps);
+    ck_assert_uint_eq(ps.replay_requests, 2);
+    ck_assert_uint_eq(ps.replay_batches, 4);
+    zmq_close(d);
+    env_fini(&e);
+}
+END_TEST
+
+START_TEST(replay_older_than_the_ring_silently_begins_at_the_oldest_batch) {
+    env e;
+    env_init(&e, "", 3, NULL);
+    for (int i = 0; i < 8; i++) mock_pub_send(e.pub, (const uint8_t *)"b", 1);
+    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    send_request(d, 0);
+    serve(&e, d);
+    uint8_t fr[8][256];
+    size_t len[8];
+    uint64_t want[] = {5, 6, 7, WIRE_REPLAY_END};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+        ck_assert_uint_eq(len[1], 0); /* the empty default topic */
+        ck_assert_uint_eq(seq_of(fr[2], len[2]), want[i]);
+    }
+    zmq_close(d);
+    env_fini(&e);
+}
+END_TEST
+
+START_TEST(malformed_replay_requests_are_counted_and_ignored) {
+    env e;
+    env_init(&e, "t", 10, NULL);
+    mock_pub_send(e.pub, (const uint8_t *)"b", 1);
+    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    /* No delimiter; a 3-byte seq; too many frames. */
+    zmq_send(d, "\0\0\0\0\0\0\0\0", 8, 0);
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, "abc", 3, 0);
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, "\0\0\0\0\0\0\0\0", 8, ZMQ_SNDMORE);
+    zmq_send(d, "x", 1, 0);
+    send_request(d, 0); /* then a good one */
+    serve(&e, d);
+    uint8_t fr[8][256];
+    size_t len[8];
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+    ck_assert_uint_eq(seq_of(fr[2], len[2]), 0);
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    mock_pub_stats ps;
+    mock_pub_stats_get(e.pub, &ps);
+    ck_assert_uint_eq(ps.bad_requests, 3);
+    ck_assert_uint_eq(ps.replay_requests, 1);
+    zmq_close(d);
+    env_fini(&e);
+}
+END_TEST
+
+START_TEST(record_writes_every_published_message_as_three_frames) {
+    char *dir = kt_tmpdir("pubrec");
+    char path[600];
+    snprintf(path, sizeof(path), "%s/cap.kvocap", dir);
+    wire_cap_writer *w;
+    ck_assert_int_eq(wire_cap_create(&w, path), KVO_OK);
+    /* No sockets at all: still numbered, buffered and recorded. */
+    mock_pub_cfg pc = {.topic = "kv", .ring = 4, .record = w};
+    mock_pub *p;
+    ck_assert_int_eq(mock_pub_new(&p, &pc, NULL, 0), KVO_OK);
+    ck_assert_str_eq(mock_pub_endpoint(p), "");
+    ck_assert_ptr_null(mock_pub_replay_socket(p));
+    uint64_t last;
+    ck_assert(!mock_pub_last_seq(p, &last));
+    for (int i = 0; i < 5; i++) mock_pub_send(p, (const uint8_t *)"abcdef", (size_t)i + 1);
+    mock_pub_free(p);
+    wire_cap_close(w);
+    wire_cap_reader *r;
+    ck_assert_int_eq(wire_cap_open(&r, path, NULL), KVO_OK);
+    wire_cap_record rec;
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_OK);
+        ck_assert_uint_eq(rec.n_frames, 3);
+        ck_assert(rec.frames[0].len == 2 && memcmp(rec.frames[0].data, "kv", 2) == 0);
+        ck_assert_uint_eq(seq_of(rec.frames[1].data, rec.frames[1].len), (uint64_t)i);
+        ck_assert_uint_eq(rec.frames[2].len, (size_t)i + 1);
+    }
+    ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_EOF);
+    wire_cap_free(r);
+    remove(path);
+    rmdir(dir);
+    kvo_free(dir);
+}
+END_TEST
+
+START_TEST(a_port_in_use_fails_the_bind_with_a_message) {
+    env e;
+    env_init(&e, "", 10, NULL);
+    mock_pub_cfg pc = {.zmq_ctx = e.ctx, .endpoint = mock_pub_endpoint(e.pub)};
+    mock_pub *p2 = NULL;
+    char err[256];
+    ck_assert_int_eq(mock_pub_new(&p2, &pc, err, sizeof(err)), KVO_ENET);
+    ck_assert_ptr_null(p2);
+    ck_assert_msg(strstr(err, "bind") != NULL, "%s", err);
+    env_fini(&e);
+}
+END_TEST
+
+Suite *suite_pub(void) {
+    Suite *s = suite_create("pub");
+    TCase *tc = tcase_create("pub");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, pub_sends_topic_sequence_and_payload_frames);
+    tcase_add_test(tc, replay_sends_every_buffered_batch_from_start_then_the_end_marker);
+    tcase_add_test(tc, replay_older_than_the_ring_silently_begins_at_the_oldest_batch);
+    tcase_add_test(tc, malformed_replay_requests_are_counted_and_ignored);
+    tcase_add_test(tc, record_writes_every_published_message_as_three_frames);
+    tcase_add_test(tc, a_port_in_use_fails_the_bind_with_a_message);
+    suite_add_tcase(s, tc);
+    return s;
+}
