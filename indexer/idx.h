@@ -142,7 +142,10 @@ typedef struct idx_feed idx_feed;
 typedef struct idx_feed_counters {
     uint64_t messages;    /* received, whatever became of them */
     uint64_t applied;     /* decoded and applied */
-    uint64_t duplicates;  /* dropped: sequence not above the last one */
+    uint64_t duplicates;  /* dropped: (publisher, sequence) already applied
+                             with the same body */
+    uint64_t restarts;    /* sequence went back with a new body: the
+                             publisher restarted (applied, counted) */
     uint64_t gaps;        /* sequence jumps (first message above 0 too) */
     uint64_t missed;      /* sequences jumped over */
     uint64_t undecodable; /* not an event-plane message */
@@ -158,7 +161,9 @@ typedef struct idx_publisher {
     uint64_t last_sequence;
     uint64_t messages;   /* applied */
     uint64_t gaps;
+    uint64_t missed;     /* sequences jumped over */
     uint64_t duplicates;
+    uint64_t restarts;
     bool has_zmq;        /* a KVO-Zmq-Seq header was seen */
     uint64_t zmq_first;  /* lowest header start seen */
     uint64_t zmq_last;   /* highest header end seen */
@@ -169,8 +174,13 @@ void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
 idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
 
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
- * or NULL. Returns KVO_OK (applied), KVO_EEXIST (duplicate, dropped),
- * a decode status (counted as undecodable; err says why) or KVO_ENOMEM. */
+ * or NULL. Messages apply in arrival order. A sequence at or below the
+ * publisher's last one is an exact duplicate (dropped) when its body matches
+ * the one seen with that sequence (the last 256 are remembered), else a
+ * publisher restart (applied). Returns KVO_OK (applied), KVO_EEXIST
+ * (duplicate, dropped), a decode status (counted as undecodable; err says
+ * why) or KVO_ENOMEM. A malformed header is counted; the message still
+ * applies. */
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
                             const char *zmq_seq, wire_error *err);
 
@@ -184,15 +194,17 @@ kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
  *             "parent_not_found": n, "block_not_found": n,
  *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
  *             "not_found": n, "hash_mismatch": n}, "messages": n,
- *             "applied": n, "duplicates": n, "gaps": n, "missed": n,
- *             "undecodable": n, "bad_headers": n, "other_tier": n,
- *             "enomem": n, "nodes": n, "pairs": n}
+ *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
+ *             "missed": n, "undecodable": n, "bad_headers": n,
+ *             "other_tier": n, "enomem": n, "nodes": n, "pairs": n,
+ *             "workers": n}
  * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
  * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
  *             "blocks"}]} sorted
  * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
- *             "gaps", "duplicates", "zmq_seq_first", "zmq_seq_last"}]}
- *             (zmq_* null until a KVO-Zmq-Seq header was seen)
+ *             "gaps", "missed", "duplicates", "restarts", "zmq_seq_first",
+ *             "zmq_seq_last"}]} (zmq_* null until a KVO-Zmq-Seq header was
+ *             seen; first = lowest start, last = highest end)
  * NULL return = out of memory. */
 json_object *idx_json_counters(const idx_feed *f);
 json_object *idx_json_workers(const idx_tree *t);

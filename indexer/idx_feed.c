@@ -1,8 +1,34 @@
 /* idx_feed.c -- event-plane messages into a tree (DESIGN §6), and the JSON
- * shapes the service and replay share. */
+ * shapes the service and replay share.
+ *
+ * A message is decoded into one reused wire_plane_msg (its arena keeps its
+ * memory), checked against its publisher's sequence, and its RouterEvents
+ * are applied in order. Only device-tier events reach the tree: lower tiers
+ * are Dynamo's separate lower-tier indexers, not the primary overlap.
+ */
 #include "idx.h"
 
+#include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
+
+#define RING 256 /* bodies remembered per publisher, for exact duplicates */
+
+typedef struct pub {
+    idx_publisher p;
+    uint64_t ring_seq[RING];
+    uint64_t ring_hash[RING];
+} pub;
+
+struct idx_feed {
+    idx_tree *tree;
+    wire_plane_msg msg;
+    wire_limits lim;
+    idx_feed_counters c;
+    pub **pubs; /* sorted by publisher_id */
+    size_t npubs, cap;
+};
 
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
                        const char *lora, const char *salt, uint64_t *out) {
@@ -10,4 +36,462 @@ size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
     uint64_t seed = wire_router_seed(lora, lora ? strlen(lora) : 0, salt,
                                      salt ? strlen(salt) : 0);
     return wire_router_hash_blocks(tokens, n, block_size, seed, out);
+}
+
+kvo_status idx_feed_new(idx_feed **out) {
+    idx_feed *f = kvo_calloc(1, sizeof(*f));
+    if (!f) return KVO_ENOMEM;
+    kvo_status s = idx_tree_new(&f->tree);
+    if (s != KVO_OK) {
+        kvo_free(f);
+        return s;
+    }
+    wire_plane_init(&f->msg);
+    wire_limits_default(&f->lim);
+    *out = f;
+    return KVO_OK;
+}
+
+void idx_feed_free(idx_feed *f) {
+    if (!f) return;
+    idx_tree_free(f->tree);
+    wire_plane_fini(&f->msg);
+    for (size_t i = 0; i < f->npubs; i++) kvo_free(f->pubs[i]);
+    kvo_free(f->pubs);
+    kvo_free(f);
+}
+
+idx_tree *idx_feed_tree(idx_feed *f) { return f->tree; }
+
+/* The publisher's state, created on first sight (*out NULL: no memory). */
+static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
+    size_t lo = 0, hi = f->npubs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (f->pubs[mid]->p.publisher_id < id) lo = mid + 1;
+        else hi = mid;
+    }
+    *fresh = false;
+    if (lo < f->npubs && f->pubs[lo]->p.publisher_id == id) {
+        *out = f->pubs[lo];
+        return KVO_OK;
+    }
+    if (f->npubs == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 8;
+        pub **v = kvo_realloc(f->pubs, cap * sizeof(*v));
+        if (!v) return KVO_ENOMEM;
+        f->pubs = v;
+        f->cap = cap;
+    }
+    pub *p = kvo_calloc(1, sizeof(*p));
+    if (!p) return KVO_ENOMEM;
+    p->p.publisher_id = id;
+    for (int i = 0; i < RING; i++) p->ring_seq[i] = UINT64_MAX;
+    memmove(&f->pubs[lo + 1], &f->pubs[lo], (f->npubs - lo) * sizeof(*f->pubs));
+    f->pubs[lo] = p;
+    f->npubs++;
+    *fresh = true;
+    *out = p;
+    return KVO_OK;
+}
+
+/* "A-B" (decimal, A <= B). */
+static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
+    const char *dash = strchr(s, '-');
+    if (!dash || dash == s || dash - s > 20) return false;
+    char first[24];
+    memcpy(first, s, (size_t)(dash - s));
+    first[dash - s] = '\0';
+    return kvo_parse_u64(first, a) == KVO_OK &&
+           kvo_parse_u64(dash + 1, b) == KVO_OK && *a <= *b;
+}
+
+kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
+                            const char *zmq_seq, wire_error *err) {
+    f->c.messages++;
+    kvo_status s = wire_plane_decode(body, len, &f->lim, &f->msg, err);
+    if (s != KVO_OK) {
+        if (s != KVO_ENOMEM) f->c.undecodable++;
+        return s;
+    }
+    const wire_plane_msg *m = &f->msg;
+    pub *p;
+    bool fresh;
+    if ((s = pub_get(f, m->publisher_id, &p, &fresh)) != KVO_OK) return s;
+    uint64_t seq = m->sequence, hash = XXH3_64bits(body, len);
+    uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
+    if (fresh) {
+        if (seq > 0) {
+            p->p.gaps++;
+            p->p.missed += seq;
+            f->c.gaps++;
+            f->c.missed += seq;
+        }
+    } else if (seq <= p->p.last_sequence) {
+        /* seen before with this body: an exact duplicate; with another
+         * body (or sequence 0 beyond memory): the publisher restarted */
+        bool remembered = *rs == seq;
+        if ((remembered && *rh == hash) || (!remembered && seq != 0)) {
+            p->p.duplicates++;
+            f->c.duplicates++;
+            return KVO_EEXIST;
+        }
+        p->p.restarts++;
+        f->c.restarts++;
+    } else if (seq > p->p.last_sequence + 1) {
+        p->p.gaps++;
+        p->p.missed += seq - p->p.last_sequence - 1;
+        f->c.gaps++;
+        f->c.missed += seq - p->p.last_sequence - 1;
+    }
+    *rs = seq;
+    *rh = hash;
+    p->p.last_sequence = seq;
+    p->p.messages++;
+    if (zmq_seq) {
+        uint64_t a, b;
+        if (!parse_zmq_seq(zmq_seq, &a, &b)) {
+            f->c.bad_headers++;
+        } else {
+            if (!p->p.has_zmq || a < p->p.zmq_first) p->p.zmq_first = a;
+            if (!p->p.has_zmq || b > p->p.zmq_last) p->p.zmq_last = b;
+            p->p.has_zmq = true;
+        }
+    }
+    kvo_status worst = KVO_OK;
+    for (uint32_t i = 0; i < m->n_events; i++) {
+        const wire_revent *ev = &m->events[i];
+        if (ev->tier != WIRE_TIER_DEVICE) {
+            f->c.other_tier++;
+            continue;
+        }
+        idx_evstatus st;
+        kvo_status a = idx_tree_apply(f->tree, ev, &st);
+        if (a != KVO_OK) {
+            f->c.enomem++;
+            worst = a;
+        }
+    }
+    f->c.applied++;
+    return worst;
+}
+
+void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
+    *out = f->c;
+}
+
+kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
+                               size_t *n) {
+    *out = NULL;
+    *n = 0;
+    if (!f->npubs) return KVO_OK;
+    idx_publisher *v = kvo_malloc(f->npubs * sizeof(*v));
+    if (!v) return KVO_ENOMEM;
+    for (size_t i = 0; i < f->npubs; i++) v[i] = f->pubs[i]->p;
+    *out = v;
+    *n = f->npubs;
+    return KVO_OK;
+}
+
+/* ======================================================================== */
+/* JSON                                                                      */
+/* ======================================================================== */
+
+/* json-c's adders do not fail in ways we can act on (they return -1 only
+ * when out of memory, and then the object is just incomplete); builders
+ * below check the objects they create. */
+static json_object *u64(uint64_t v) { return json_object_new_uint64(v); }
+
+static void put(json_object *o, const char *k, json_object *v, bool *ok) {
+    if (!v || json_object_object_add(o, k, v) != 0) {
+        json_object_put(v);
+        *ok = false;
+    }
+}
+
+static void push(json_object *a, json_object *v, bool *ok) {
+    if (!v || json_object_array_add(a, v) != 0) {
+        json_object_put(v);
+        *ok = false;
+    }
+}
+
+static json_object *done(json_object *o, bool ok) {
+    if (ok) return o;
+    json_object_put(o);
+    return NULL;
+}
+
+json_object *idx_json_counters(const idx_feed *f) {
+    idx_counters c;
+    idx_stats st;
+    idx_tree_counters(f->tree, &c);
+    idx_tree_stats(f->tree, &st);
+    bool ok = true;
+    json_object *o = json_object_new_object(), *ev = json_object_new_object();
+    if (!o || !ev) {
+        json_object_put(o);
+        json_object_put(ev);
+        return NULL;
+    }
+    for (int type = WIRE_R_STORED; type <= WIRE_R_CLEARED; type++) {
+        json_object *t = json_object_new_object();
+        for (int s = 0; t && s < IDX_EV_STATUS_COUNT; s++)
+            put(t, idx_evstatus_name((idx_evstatus)s), u64(c.events[type][s]), &ok);
+        put(ev, idx_rtype_name((wire_rtype)type), t, &ok);
+    }
+    put(o, "events", ev, &ok);
+    json_object *b = json_object_new_object();
+    if (b) {
+        put(b, "stored", u64(c.blocks_stored), &ok);
+        put(b, "removed", u64(c.blocks_removed), &ok);
+        put(b, "not_found", u64(c.blocks_not_found), &ok);
+        put(b, "hash_mismatch", u64(c.hash_mismatch), &ok);
+    }
+    put(o, "blocks", b, &ok);
+    const idx_feed_counters *k = &f->c;
+    put(o, "messages", u64(k->messages), &ok);
+    put(o, "applied", u64(k->applied), &ok);
+    put(o, "duplicates", u64(k->duplicates), &ok);
+    put(o, "restarts", u64(k->restarts), &ok);
+    put(o, "gaps", u64(k->gaps), &ok);
+    put(o, "missed", u64(k->missed), &ok);
+    put(o, "undecodable", u64(k->undecodable), &ok);
+    put(o, "bad_headers", u64(k->bad_headers), &ok);
+    put(o, "other_tier", u64(k->other_tier), &ok);
+    put(o, "enomem", u64(k->enomem), &ok);
+    put(o, "nodes", u64(st.nodes), &ok);
+    put(o, "pairs", u64(st.pairs), &ok);
+    put(o, "workers", u64(st.workers), &ok);
+    return done(o, ok);
+}
+
+json_object *idx_json_workers(const idx_tree *t) {
+    idx_worker *w;
+    size_t n;
+    if (idx_tree_workers(t, &w, &n) != KVO_OK) return NULL;
+    bool ok = true;
+    json_object *a = json_object_new_array_ext((int)n);
+    for (size_t i = 0; a && i < n; i++) {
+        json_object *o = json_object_new_object();
+        if (o) {
+            put(o, "worker_id", u64(w[i].worker_id), &ok);
+            put(o, "dp_rank", u64(w[i].dp_rank), &ok);
+            put(o, "blocks", u64(w[i].blocks), &ok);
+        }
+        push(a, o, &ok);
+    }
+    kvo_free(w);
+    return a ? done(a, ok) : NULL;
+}
+
+json_object *idx_json_scores(const idx_scores *s) {
+    bool ok = true;
+    json_object *o = json_object_new_object();
+    json_object *a = json_object_new_array_ext((int)s->n);
+    if (!o || !a) {
+        json_object_put(o);
+        json_object_put(a);
+        return NULL;
+    }
+    put(o, "isl_blocks", u64(s->isl_blocks), &ok);
+    for (size_t i = 0; i < s->n; i++) {
+        json_object *e = json_object_new_object();
+        if (e) {
+            put(e, "worker_id", u64(s->v[i].worker_id), &ok);
+            put(e, "dp_rank", u64(s->v[i].dp_rank), &ok);
+            put(e, "blocks", u64(s->v[i].blocks), &ok);
+        }
+        push(a, e, &ok);
+    }
+    put(o, "scores", a, &ok);
+    return done(o, ok);
+}
+
+json_object *idx_json_watermark(const idx_feed *f) {
+    bool ok = true;
+    json_object *o = json_object_new_object();
+    json_object *a = json_object_new_array_ext((int)f->npubs);
+    if (!o || !a) {
+        json_object_put(o);
+        json_object_put(a);
+        return NULL;
+    }
+    for (size_t i = 0; i < f->npubs; i++) {
+        const idx_publisher *p = &f->pubs[i]->p;
+        json_object *e = json_object_new_object();
+        if (e) {
+            put(e, "publisher_id", u64(p->publisher_id), &ok);
+            put(e, "last_sequence", u64(p->last_sequence), &ok);
+            put(e, "messages", u64(p->messages), &ok);
+            put(e, "gaps", u64(p->gaps), &ok);
+            put(e, "missed", u64(p->missed), &ok);
+            put(e, "duplicates", u64(p->duplicates), &ok);
+            put(e, "restarts", u64(p->restarts), &ok);
+            json_object_object_add(e, "zmq_seq_first",
+                                   p->has_zmq ? u64(p->zmq_first) : NULL);
+            json_object_object_add(e, "zmq_seq_last",
+                                   p->has_zmq ? u64(p->zmq_last) : NULL);
+        }
+        push(a, e, &ok);
+    }
+    put(o, "publishers", a, &ok);
+    return done(o, ok);
+}
+
+json_object *idx_json_revent(const wire_revent *ev) {
+    bool ok = true;
+    json_object *o = json_object_new_object(), *e = json_object_new_object();
+    json_object *data = json_object_new_object();
+    if (!o || !e || !data) {
+        json_object_put(o);
+        json_object_put(e);
+        json_object_put(data);
+        return NULL;
+    }
+    put(o, "worker_id", u64(ev->worker_id), &ok);
+    put(o, "storage_tier", json_object_new_string(wire_tier_name(ev->tier)), &ok);
+    put(e, "event_id", u64(ev->event_id), &ok);
+    if (ev->type == WIRE_R_STORED) {
+        json_object *st = json_object_new_object();
+        json_object *blocks = json_object_new_array_ext((int)ev->n_blocks);
+        if (st) {
+            json_object_object_add(st, "parent_hash",
+                                   ev->has_parent ? u64(ev->parent_hash) : NULL);
+            json_object_object_add(st, "start_position", NULL);
+        }
+        for (uint32_t i = 0; blocks && i < ev->n_blocks; i++) {
+            json_object *b = json_object_new_object();
+            if (b) {
+                put(b, "block_hash", u64(ev->blocks[i].block_hash), &ok);
+                put(b, "tokens_hash", u64(ev->blocks[i].tokens_hash), &ok);
+                json_object_object_add(b, "mm_extra_info", NULL);
+            }
+            push(blocks, b, &ok);
+        }
+        if (st) put(st, "blocks", blocks, &ok);
+        else json_object_put(blocks);
+        put(data, "stored", st, &ok);
+        put(e, "data", data, &ok);
+    } else if (ev->type == WIRE_R_REMOVED) {
+        json_object *rm = json_object_new_object();
+        json_object *h = json_object_new_array_ext((int)ev->n_removed);
+        for (uint32_t i = 0; h && i < ev->n_removed; i++)
+            push(h, u64(ev->removed[i]), &ok);
+        if (rm) put(rm, "block_hashes", h, &ok);
+        else json_object_put(h);
+        put(data, "removed", rm, &ok);
+        put(e, "data", data, &ok);
+    } else {
+        json_object_put(data);
+        put(e, "data", json_object_new_string("cleared"), &ok);
+    }
+    put(e, "dp_rank", u64(ev->dp_rank), &ok);
+    put(o, "event", e, &ok);
+    return done(o, ok);
+}
+
+/* ======================================================================== */
+/* Queries                                                                   */
+/* ======================================================================== */
+
+/* A JSON array of unsigned integers (at most max each) -> kvo_malloc'd. */
+static kvo_status u64_array(json_object *a, const char *name, uint64_t max,
+                            uint64_t **out, size_t *n, char *err,
+                            size_t errsz) {
+    if (!json_object_is_type(a, json_type_array)) {
+        snprintf(err, errsz, "%s: expected an array", name);
+        return KVO_EPROTO;
+    }
+    size_t len = json_object_array_length(a);
+    uint64_t *v = kvo_malloc((len ? len : 1) * sizeof(uint64_t));
+    if (!v) return KVO_ENOMEM;
+    for (size_t i = 0; i < len; i++) {
+        json_object *e = json_object_array_get_idx(a, i);
+        if (!json_object_is_type(e, json_type_int) || json_object_get_int64(e) < 0 ||
+            json_object_get_uint64(e) > max) {
+            snprintf(err, errsz, "%s[%zu]: expected an integer in 0..%" PRIu64,
+                     name, i, max);
+            kvo_free(v);
+            return KVO_EPROTO;
+        }
+        v[i] = json_object_get_uint64(e);
+    }
+    *out = v;
+    *n = len;
+    return KVO_OK;
+}
+
+static kvo_status opt_string(json_object *req, const char *name,
+                             const char **out, char *err, size_t errsz) {
+    json_object *v;
+    *out = NULL;
+    if (!json_object_object_get_ex(req, name, &v) || !v) return KVO_OK;
+    if (!json_object_is_type(v, json_type_string)) {
+        snprintf(err, errsz, "%s: expected a string", name);
+        return KVO_EPROTO;
+    }
+    *out = json_object_get_string(v);
+    return KVO_OK;
+}
+
+kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
+                          int want_tokens, idx_scores *out, char *err,
+                          size_t errsz) {
+    if (!json_object_is_type(req, json_type_object)) {
+        snprintf(err, errsz, "expected a JSON object");
+        return KVO_EPROTO;
+    }
+    json_object *tok = NULL, *hs = NULL;
+    json_object_object_get_ex(req, "token_ids", &tok);
+    json_object_object_get_ex(req, "tokens_hashes", &hs);
+    if (want_tokens == 1) hs = NULL;
+    if (want_tokens == 0) tok = NULL;
+    if (!tok && !hs) {
+        snprintf(err, errsz, "missing %s",
+                 want_tokens == 1   ? "token_ids"
+                 : want_tokens == 0 ? "tokens_hashes"
+                                    : "token_ids or tokens_hashes");
+        return KVO_EPROTO;
+    }
+    if (tok && hs) {
+        snprintf(err, errsz, "token_ids and tokens_hashes are exclusive");
+        return KVO_EPROTO;
+    }
+    uint64_t *v = NULL, *hashes = NULL;
+    size_t n = 0;
+    uint32_t isl;
+    kvo_status s;
+    if (hs) {
+        if ((s = u64_array(hs, "tokens_hashes", UINT64_MAX, &v, &n, err, errsz)) != KVO_OK)
+            return s;
+        s = idx_tree_query(t, v, n, out);
+        isl = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    } else {
+        const char *lora, *salt;
+        if ((s = opt_string(req, "lora_name", &lora, err, errsz)) != KVO_OK ||
+            (s = opt_string(req, "cache_salt", &salt, err, errsz)) != KVO_OK)
+            return s;
+        if (block_size == 0) {
+            snprintf(err, errsz, "block size 0");
+            return KVO_EINVAL;
+        }
+        if ((s = u64_array(tok, "token_ids", UINT32_MAX, &v, &n, err, errsz)) != KVO_OK)
+            return s;
+        size_t nb = n / block_size;
+        hashes = kvo_malloc((nb ? nb : 1) * sizeof(uint64_t));
+        if (!hashes) {
+            kvo_free(v);
+            return KVO_ENOMEM;
+        }
+        nb = idx_prompt_hash(v, n, block_size, lora, salt, hashes);
+        s = idx_tree_query(t, hashes, nb, out);
+        /* like Dynamo's hit rate: ceil(tokens / block_size) */
+        uint64_t ceil = (n + block_size - 1) / block_size;
+        isl = ceil > UINT32_MAX ? UINT32_MAX : (uint32_t)ceil;
+    }
+    if (s == KVO_OK) out->isl_blocks = isl;
+    kvo_free(v);
+    kvo_free(hashes);
+    return s;
 }
