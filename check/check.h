@@ -178,6 +178,7 @@ typedef enum check_stage {
     CHECK_STAGE_QUERY,    /* index query */
     CHECK_STAGE_PROBE,    /* /kvo/probe of every engine */
     CHECK_STAGE_COMPLETE, /* the completion itself */
+    CHECK_STAGE_SWEEP,    /* re-checking earlier prompts after the run */
     CHECK_STAGE_OTHER,    /* prompt synthesis, hashing, judging, reports */
     CHECK_STAGE_COUNT
 } check_stage;
@@ -213,6 +214,10 @@ typedef struct check_result {
 
     check_prompt *prompts;  /* owned, in trace order */
     size_t n_prompts, cap_prompts;
+    /* The sweep: after the last request, earlier prompts re-checked on
+     * every slot (no request sent; truth = the probes). */
+    check_prompt *sweep;    /* owned */
+    size_t n_sweep, cap_sweep, sweep_divergent;
     kvo_arena arena;        /* per-slot arrays of the prompts */
 
     check_counters counters; /* latest value of every counter, all stages */
@@ -236,6 +241,9 @@ kvo_status check_result_slots(check_result *r, uint32_t n_workers,
  * next append. */
 kvo_status check_result_add(check_result *r, const check_obs *o,
                             const check_prompt **out);
+/* Judge o as a sweep entry (o->cached_tokens must be -1: no request). */
+kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
+                                  const check_prompt **out);
 /* Record every rule counter of `total` that is non-zero and not yet
  * recorded, as first seen before prompt `before_prompt` (-1 = at end). */
 kvo_status check_result_trips(check_result *r, const check_counters *total,
@@ -249,8 +257,9 @@ void check_result_error(check_result *r, int64_t prompt, const char *fmt, ...)
 kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
                               check_prompt *p);
 
-/* PASS only when no prompt diverged, no rule counter tripped and no run
- * error happened; otherwise the first cause in trace order. */
+/* PASS only when no prompt diverged (during the run or in the sweep), no
+ * rule counter tripped and no run error happened; otherwise the first cause
+ * in trace order (the sweep comes last). */
 void check_verdict_decide(const check_result *r, check_verdict *out);
 
 /* Aggregates over the prompts. */
@@ -282,6 +291,9 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst);
 kvo_status check_report_json_prompt(FILE *f, const check_result *r,
                                     const check_prompt *p);
 kvo_status check_report_json_summary(FILE *f, const check_result *r);
+/* A divergent sweep entry: a prompt line with "sweep": true. */
+kvo_status check_report_json_sweep(FILE *f, const check_result *r,
+                                   const check_prompt *p);
 /* One self-contained HTML page (inline CSS, inline SVG, a little inline JS
  * for hover details; no network). */
 kvo_status check_report_html(FILE *f, const check_result *r);
@@ -365,6 +377,9 @@ typedef struct check_cfg {
     check_prompt_form prompt_form;
     long timeout_ms;           /* one watermark wait / one HTTP call */
     bool fail_fast;            /* stop at the first failure */
+    uint64_t sweep;            /* after the run, re-check the last N
+                                  distinct prompts on every slot (0 = off;
+                                  needs probes: kvo-mocker engines) */
     bool progress;             /* progress bar on stderr */
     const char *report_json;
     const char *report_html;

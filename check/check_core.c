@@ -515,6 +515,7 @@ void check_result_init(check_result *r) {
 void check_result_fini(check_result *r) {
     kvo_free(r->slots);
     kvo_free(r->prompts);
+    kvo_free(r->sweep);
     kvo_arena_fini(&r->arena);
     check_counters_fini(&r->counters);
     for (size_t i = 0; i < r->n_trips; i++) {
@@ -559,6 +560,38 @@ kvo_status check_result_add(check_result *r, const check_obs *o,
     kvo_status st = check_prompt_judge(o, &r->arena, p);
     if (st != KVO_OK) return st;
     r->n_prompts++;
+    if (out) *out = p;
+    return KVO_OK;
+}
+
+kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
+                                  const check_prompt **out) {
+    if (o->n_slots != r->n_slots || o->block_size != r->block_size ||
+        o->cached_tokens >= 0)
+        return KVO_EINVAL;
+    if (r->n_sweep == r->cap_sweep) {
+        size_t cap = r->cap_sweep ? r->cap_sweep * 2 : 64;
+        check_prompt *p = kvo_realloc(r->sweep, cap * sizeof(*p));
+        if (!p) return KVO_ENOMEM;
+        r->sweep = p;
+        r->cap_sweep = cap;
+    }
+    check_prompt *p = &r->sweep[r->n_sweep];
+    kvo_status st = check_prompt_judge(o, &r->arena, p);
+    if (st != KVO_OK) return st;
+    r->n_sweep++;
+    r->sweep_divergent += p->diverged;
+    if (p->diverged) { /* no request went anywhere: show the divergent slot */
+        uint32_t ds = (uint32_t)p->divergent_slot;
+        uint32_t cap = p->cap;
+        p->slot = ds;
+        p->worker = ds / o->dp_size;
+        p->dp_rank = ds % o->dp_size;
+        p->engine_hit_blocks = p->engine_hits[ds];
+        p->index_raw_blocks = p->index_scores[ds];
+        p->index_hit_blocks = p->index_scores[ds] < cap ? p->index_scores[ds]
+                                                        : cap;
+    }
     if (out) *out = p;
     return KVO_OK;
 }
@@ -676,8 +709,10 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
     const check_trip *tp = NULL;
     uint64_t trip_pos = none;
     for (size_t i = 0; i < r->n_trips; i++) {
+        /* counters first seen at the same read: the rule table's order is
+         * the causal one (a gap before the unknown parents it causes) */
         uint64_t pos = POS(r->trips[i].before_prompt, 1);
-        if (pos < trip_pos) {
+        if (pos < trip_pos || (pos == trip_pos && r->trips[i].rule < tp->rule)) {
             trip_pos = pos;
             tp = &r->trips[i];
         }
@@ -707,6 +742,16 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
                  check_reason_name(dp->reason), (unsigned long long)dp->id,
                  dp->first_divergent_block, dp->detail);
         out->reason = dp->reason;
+    } else if (r->sweep_divergent) {
+        const check_prompt *sp = NULL;
+        for (size_t i = 0; i < r->n_sweep && !sp; i++)
+            if (r->sweep[i].diverged) sp = &r->sweep[i];
+        snprintf(out->cause, sizeof(out->cause),
+                 "%s: re-checked after the run, prompt %llu diverged at "
+                 "block %d (%s)",
+                 check_reason_name(sp->reason), (unsigned long long)sp->id,
+                 sp->first_divergent_block, sp->detail);
+        out->reason = sp->reason;
     } else if (r->n_prompts == 0) {
         snprintf(out->cause, sizeof(out->cause), "no request was checked");
     } else {
@@ -717,6 +762,6 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
 const char *check_stage_name(check_stage s) {
     static const char *names[CHECK_STAGE_COUNT] = {
         "watermark wait", "counters", "index query", "engine probes",
-        "completion", "other"};
+        "completion", "sweep", "other"};
     return (unsigned)s < CHECK_STAGE_COUNT ? names[s] : "?";
 }

@@ -246,7 +246,8 @@ static void counters_tables(FILE *f, const check_result *r) {
 
 static void time_bar(FILE *f, const check_result *r) {
     static const char *colors[CHECK_STAGE_COUNT] = {
-        "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b", "#dddddd"};
+        "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b", "#e0b040",
+        "#dddddd"};
     double sum = 0;
     for (int s = 0; s < CHECK_STAGE_COUNT; s++) sum += r->stage_s[s];
     if (sum <= 0) {
@@ -330,6 +331,10 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
                 pct(t.index_raw_blocks, t.prompt_blocks));
     summary_row(f, "divergent prompts", "%llu",
                 (unsigned long long)t.divergent);
+    if (r->n_sweep)
+        summary_row(f, "re-checked after the run (sweep)",
+                    "%zu prompts, %zu divergent", r->n_sweep,
+                    r->sweep_divergent);
     if (r->wall_s > 0)
         summary_row(f, "wall time", "%.2f s (%.1f requests/s)", r->wall_s,
                     (double)t.requests / r->wall_s);
@@ -365,7 +370,7 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
 
     /* Divergences */
     fprintf(f, "<h2>Divergences (%llu)</h2>\n", (unsigned long long)t.divergent);
-    if (t.divergent == 0) {
+    if (t.divergent == 0 && r->sweep_divergent == 0) {
         fputs("<p id=\"divergences\">None: on every prompt, every worker's "
               "index score (capped) equals the engine's hit blocks.</p>\n",
               f);
@@ -377,8 +382,16 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
                 prompt_row(f, &r->prompts[k]);
                 shown++;
             }
+        for (size_t k = 0; k < r->n_sweep && shown < 2000; k++)
+            if (r->sweep[k].diverged) {
+                if (shown++ == t.divergent)
+                    fputs("<tr><th colspan=\"9\">re-checked after the run "
+                          "(sweep): no request sent, every worker probed"
+                          "</th></tr>\n", f);
+                prompt_row(f, &r->sweep[k]);
+            }
         fputs("</table>\n", f);
-        if (shown < t.divergent)
+        if (shown < t.divergent + r->sweep_divergent)
             fprintf(f, "<p class=\"muted\">first %zu shown; all are in the "
                        "JSON report</p>\n",
                     shown);

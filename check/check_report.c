@@ -92,6 +92,10 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
                "blocks, Dynamo's router_kv_hit_rate)\n",
             pct(t.index_raw_blocks, t.prompt_blocks));
     fprintf(f, "  divergent prompts  %llu\n", (unsigned long long)t.divergent);
+    if (r->n_sweep)
+        fprintf(f, "  sweep              %zu earlier prompts re-checked on every "
+                   "worker after the run, %zu divergent\n",
+                r->n_sweep, r->sweep_divergent);
     double stored = check_counters_sum(&r->counters, "relay",
                                        "blocks_forwarded");
     double removed = check_counters_sum(&r->counters, "relay",
@@ -100,8 +104,8 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
                                         "blocks_removed");
     if (stored + removed > 0)
         fprintf(f, "  pipeline blocks    %.0f stored + %.0f removed forwarded "
-                   "by the relays%s (engines evicted %.0f)\n",
-                stored, removed, "", evicted);
+                   "by the relays (engines evicted %.0f)\n",
+                stored, removed, evicted);
     if (r->wall_s > 0) {
         fprintf(f, "  wall time          %.2f s (%.1f requests/s, %.0f "
                    "pipeline blocks/s)\n",
@@ -160,14 +164,23 @@ static kvo_status put_line(FILE *f, json_object *j) {
     return st;
 }
 
+/* A number printed with `decimals` decimals (json-c's own %.17g shows
+ * 0.0359 as 0.035900000000000001). */
+static json_object *jnum(double v, int decimals) {
+    char txt[64];
+    snprintf(txt, sizeof(txt), "%.*f", decimals, v);
+    return json_object_new_double_s(v, txt);
+}
+
 static json_object *jstr_or_null(const char *s) {
     return s && *s ? json_object_new_string(s) : NULL;
 }
 
-kvo_status check_report_json_prompt(FILE *f, const check_result *r,
-                                    const check_prompt *p) {
+static kvo_status json_prompt(FILE *f, const check_result *r,
+                              const check_prompt *p, bool sweep) {
     json_object *j = json_object_new_object();
     if (!j) return KVO_ENOMEM;
+    if (sweep) json_object_object_add(j, "sweep", json_object_new_boolean(1));
     json_object_object_add(j, "id", json_object_new_uint64(p->id));
     json_object_object_add(j, "worker", json_object_new_int64(p->worker));
     json_object_object_add(j, "dp_rank", json_object_new_int64(p->dp_rank));
@@ -204,13 +217,22 @@ kvo_status check_report_json_prompt(FILE *f, const check_result *r,
                                        : NULL);
     json_object_object_add(j, "detail",
                            p->diverged ? jstr_or_null(p->detail) : NULL);
-    json_object_object_add(j, "ms", json_object_new_double(
-                                        round(p->ms * 1000) / 1000));
+    if (!sweep) json_object_object_add(j, "ms", jnum(p->ms, 3));
     return put_line(f, j);
 }
 
+kvo_status check_report_json_prompt(FILE *f, const check_result *r,
+                                    const check_prompt *p) {
+    return json_prompt(f, r, p, false);
+}
+
+kvo_status check_report_json_sweep(FILE *f, const check_result *r,
+                                   const check_prompt *p) {
+    return json_prompt(f, r, p, true);
+}
+
 static json_object *rate(uint64_t a, uint64_t b) {
-    return json_object_new_double(round(pct(a, b) * 100) / 10000);
+    return jnum(b ? (double)a / (double)b : 0, 6);
 }
 
 /* {"indexer": {"name": value, ...}, "relay 0.0": {...}} */
@@ -227,7 +249,7 @@ static json_object *counters_json(const check_counters *c) {
             isnan(v) || isinf(v) ? NULL
             : (v == floor(v) && fabs(v) < 9e15)
                 ? json_object_new_int64((int64_t)v)
-                : json_object_new_double(v);
+                : jnum(v, 6);
         json_object_object_add(st, c->items[i].name, jv);
     }
     return o;
@@ -256,6 +278,10 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
                            rate(t.index_raw_blocks, t.prompt_blocks));
     json_object_object_add(s, "divergent_prompts",
                            json_object_new_uint64(t.divergent));
+    json_object_object_add(s, "sweep_prompts",
+                           json_object_new_uint64(r->n_sweep));
+    json_object_object_add(s, "sweep_divergent",
+                           json_object_new_uint64(r->sweep_divergent));
     json_object_object_add(
         s, "pipeline_blocks",
         json_object_new_int64((int64_t)(
@@ -274,18 +300,14 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
         json_object_array_add(slots, so);
     }
     json_object_object_add(s, "slots", slots);
-    json_object_object_add(s, "wall_s", json_object_new_double(
-                                            round(r->wall_s * 1000) / 1000));
+    json_object_object_add(s, "wall_s", jnum(r->wall_s, 3));
     json_object_object_add(
         s, "requests_per_s",
-        json_object_new_double(r->wall_s > 0 ? round((double)t.requests /
-                                                     r->wall_s * 10) / 10
-                                             : 0));
+        jnum(r->wall_s > 0 ? (double)t.requests / r->wall_s : 0, 1));
     json_object *st = json_object_new_object();
     for (int i = 0; i < CHECK_STAGE_COUNT; i++)
         json_object_object_add(st, check_stage_name((check_stage)i),
-                               json_object_new_double(
-                                   round(r->stage_s[i] * 1000) / 1000));
+                               jnum(r->stage_s[i], 3));
     json_object_object_add(s, "stage_s", st);
     json_object_object_add(s, "counters", counters_json(&r->counters));
     json_object *trips = json_object_new_array();
@@ -295,8 +317,7 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
                                json_object_new_string(r->trips[i].stage));
         json_object_object_add(to, "counter",
                                json_object_new_string(r->trips[i].name));
-        json_object_object_add(to, "value",
-                               json_object_new_double(r->trips[i].value));
+        json_object_object_add(to, "value", jnum(r->trips[i].value, 0));
         json_object_object_add(
             to, "first_seen_before_prompt",
             r->trips[i].before_prompt < 0

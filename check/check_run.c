@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 void check_cfg_defaults(check_cfg *c) {
     memset(c, 0, sizeof(*c));
@@ -46,6 +47,7 @@ void check_cfg_defaults(check_cfg *c) {
     c->relay_restart_at = -1;
     c->settle_ms = 500;
     c->timeout_ms = 30000;
+    c->sweep = 1000;
     c->policy = CHECK_POLICY_ROUND_ROBIN;
     c->prompt_form = CHECK_FORM_AUTO;
 }
@@ -269,6 +271,41 @@ static uint32_t choose_slot(run *r, uint64_t i) {
     return best;
 }
 
+/* The prompt, the index's scores and every engine's probe, into
+ * r->scores / r->probes. */
+static kvo_status observe(run *r, const check_request *q, bool *probed) {
+    uint64_t t0 = kvo_now_ns();
+    size_t nb = 0;
+    kvo_status st = build_prompt(r, q, &nb);
+    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+    if (st != KVO_OK) return st;
+
+    t0 = kvo_now_ns();
+    st = chk_index_query(&r->env, r->hashes, nb, r->scores, r->err,
+                         sizeof(r->err));
+    r->res->stage_s[CHECK_STAGE_QUERY] += secs(t0);
+    if (st != KVO_OK) return st;
+
+    t0 = kvo_now_ns();
+    *probed = false;
+    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
+    chk_prompt p = {.req = q, .trace_form = r->trace_form,
+                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
+    for (uint32_t w = 0; w < r->env.n_workers && st == KVO_OK; w++) {
+        chk_engine *e = &r->env.engines[w];
+        if (!e->mocker) continue;
+        int32_t hits[CHK_MAX_DP];
+        st = chk_engine_probe(e, &p, r->env.block_size, hits, r->err,
+                              sizeof(r->err));
+        if (st != KVO_OK) break;
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            r->probes[e->ranks[k].slot] = hits[k];
+        *probed = true;
+    }
+    r->res->stage_s[CHECK_STAGE_PROBE] += secs(t0);
+    return st;
+}
+
 /* KVO_OK: prompt judged (or a run error recorded and the run must stop:
  * *stop); other: a setup/transport error in r->err. */
 static kvo_status do_request(run *r, uint64_t i, const check_request *q,
@@ -293,34 +330,11 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
     if ((st = read_counters(r, id, i == 0)) != KVO_OK) return st;
 
-    uint64_t t0 = kvo_now_ns();
-    size_t nb = 0;
-    if ((st = build_prompt(r, q, &nb)) != KVO_OK) return st;
-    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
-
-    t0 = kvo_now_ns();
-    st = chk_index_query(&r->env, r->hashes, nb, r->scores, r->err,
-                         sizeof(r->err));
-    r->res->stage_s[CHECK_STAGE_QUERY] += secs(t0);
-    if (st != KVO_OK) return st;
-
-    t0 = kvo_now_ns();
     bool probed = false;
-    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
+    if ((st = observe(r, q, &probed)) != KVO_OK) return st;
     chk_prompt p = {.req = q, .trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
-    for (uint32_t w = 0; w < r->env.n_workers; w++) {
-        chk_engine *e = &r->env.engines[w];
-        if (!e->mocker) continue;
-        int32_t hits[CHK_MAX_DP];
-        st = chk_engine_probe(e, &p, r->env.block_size, hits, r->err,
-                              sizeof(r->err));
-        if (st != KVO_OK) return st;
-        for (uint32_t k = 0; k < e->n_ranks; k++)
-            r->probes[e->ranks[k].slot] = hits[k];
-        probed = true;
-    }
-    r->res->stage_s[CHECK_STAGE_PROBE] += secs(t0);
+    uint64_t t0;
 
     uint32_t slot = choose_slot(r, i);
     uint32_t dp = r->env.dp_size;
@@ -401,7 +415,77 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     return KVO_OK;
 }
 
+/* ---- the sweep -------------------------------------------------------------------*/
+
+/* After the last request (synced, nothing running, probes side-effect
+ * free): the last cfg->sweep distinct prompts of the run, in trace order,
+ * compared on every slot. Stale blocks that no later request happened to
+ * touch (a missed remove) show up here. */
+static kvo_status sweep(run *r, size_t sent) {
+    if (!r->cfg->sweep || sent == 0) return KVO_OK;
+    bool any = false;
+    for (uint32_t w = 0; w < r->env.n_workers; w++)
+        any |= r->env.engines[w].mocker;
+    if (!any) return KVO_OK; /* no probe, no truth for unchosen workers */
+    uint64_t t0 = kvo_now_ns();
+    double before[CHECK_STAGE_COUNT];
+    memcpy(before, r->res->stage_s, sizeof(before));
+    size_t want = r->cfg->sweep < sent ? (size_t)r->cfg->sweep : sent;
+    size_t cap = 1;
+    while (cap < 2 * want + 2) cap <<= 1;
+    uint64_t *seen = kvo_calloc(cap, sizeof(*seen)); /* 0 = empty */
+    size_t *pick = kvo_calloc(want, sizeof(*pick));
+    kvo_status st = seen && pick ? KVO_OK : KVO_ENOMEM;
+    size_t n = 0;
+    for (size_t i = sent; i-- > 0 && n < want && st == KVO_OK;) {
+        const check_request *q = &r->trace.reqs[i];
+        uint64_t fp = XXH3_64bits_withSeed(q->hash_ids,
+                                           q->n_hash_ids * sizeof(uint64_t),
+                                           q->input_length) | 1;
+        size_t h = (size_t)fp & (cap - 1);
+        while (seen[h] && seen[h] != fp) h = (h + 1) & (cap - 1);
+        if (seen[h]) continue;
+        seen[h] = fp;
+        pick[n++] = i;
+    }
+    for (size_t k = n; k-- > 0 && st == KVO_OK;) { /* trace order */
+        if (kvo_stop) {
+            st = KVO_EAGAIN;
+            break;
+        }
+        const check_request *q = &r->trace.reqs[pick[k]];
+        bool probed = false;
+        if ((st = observe(r, q, &probed)) != KVO_OK) break;
+        check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
+                       .block_size = r->env.block_size, .n_slots = r->n_slots,
+                       .dp_size = r->env.dp_size, .chosen = 0,
+                       .index_scores = r->scores, .probe_hits = r->probes,
+                       .cached_tokens = -1, .moved = NULL, .total = &r->cur};
+        const check_prompt *pr = NULL;
+        if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
+        if (pr->diverged && r->json &&
+            check_report_json_sweep(r->json, r->res, pr) != KVO_OK) {
+            snprintf(r->err, sizeof(r->err), "cannot write %s",
+                     r->cfg->report_json);
+            st = KVO_EIO;
+        }
+        if (pr->diverged && r->cfg->fail_fast) break;
+    }
+    kvo_free(seen);
+    kvo_free(pick);
+    /* observe() charged its parts to query/probe: the sweep owns them */
+    memcpy(r->res->stage_s, before, sizeof(before));
+    r->res->stage_s[CHECK_STAGE_SWEEP] += secs(t0);
+    return st;
+}
+
 /* ---- the run -------------------------------------------------------------------*/
+
+static bool first_divergent(const check_result *res) {
+    for (size_t i = 0; i < res->n_prompts; i++)
+        if (res->prompts[i].diverged) return true;
+    return false;
+}
 
 static void describe(run *r) {
     const check_cfg *c = r->cfg;
@@ -531,6 +615,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     uint64_t t_run = kvo_now_ns(), last_bar = 0;
     for (uint32_t i = 0; i < r.env.n_workers; i++) r.env.engines[i].dirty = true;
     bool stopped = false;
+    size_t sent = 0;
     for (size_t i = 0; i < r.trace.n && !stopped; i++) {
         if (kvo_stop) break;
         const check_request *q = &r.trace.reqs[i];
@@ -539,6 +624,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         if (st != KVO_OK) goto transport;
         st = do_request(&r, i, q, &stopped);
         if (st != KVO_OK) goto transport;
+        sent = i + 1;
         progress(&r, i + 1, r.trace.n, t_run, &last_bar);
     }
     if (kvo_stop) {
@@ -546,10 +632,15 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         st = KVO_EAGAIN;
         goto done;
     }
-    /* the events of the last request count too */
+    /* the events of the last request count too; then the sweep */
     if (!out->error[0]) {
         st = sync_index(&r, -1);
         if (st != KVO_OK && st != KVO_ETIMEDOUT) goto transport;
+        if (st == KVO_OK && !(cfg->fail_fast && (out->n_trips ||
+                                                 first_divergent(out)))) {
+            st = sweep(&r, sent);
+            if (st != KVO_OK) goto transport;
+        }
     }
     st = KVO_OK;
     goto finish;

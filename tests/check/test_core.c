@@ -423,6 +423,44 @@ START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
 }
 END_TEST
 
+START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
+    check_result r;
+    three_prompts(&r, false);
+    /* after the run, prompt 1 re-checked: worker 0 holds 2 blocks in the
+     * index but the engine evicted them */
+    uint32_t score = 2;
+    int32_t probe = 0;
+    check_obs o = {.id = 1, .prompt_tokens = 100, .block_size = 16,
+                   .n_slots = 1, .dp_size = 1, .chosen = 0,
+                   .index_scores = &score, .probe_hits = &probe,
+                   .cached_tokens = 32};
+    ck_assert_int_eq(check_result_add_sweep(&r, &o, NULL), KVO_EINVAL);
+    o.cached_tokens = -1; /* a sweep sends no request */
+    const check_prompt *p = NULL;
+    ck_assert_int_eq(check_result_add_sweep(&r, &o, &p), KVO_OK);
+    ck_assert(p->diverged);
+    ck_assert_int_eq(p->reason, CHECK_REASON_STALE_BLOCK);
+    ck_assert_uint_eq(r.sweep_divergent, 1);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert(!r.verdict.pass);
+    ck_assert_msg(strstr(r.verdict.cause, "stale block: re-checked after the "
+                                          "run, prompt 1 diverged at block 0"),
+                  "%s", r.verdict.cause);
+    /* a divergence during the run comes first */
+    uint32_t bad = 0;
+    int32_t two = 2;
+    check_obs o2 = {.id = 3, .prompt_tokens = 100, .block_size = 16,
+                    .n_slots = 1, .dp_size = 1, .chosen = 0,
+                    .index_scores = &bad, .probe_hits = &two,
+                    .cached_tokens = 32};
+    ck_assert_int_eq(check_result_add(&r, &o2, NULL), KVO_OK);
+    check_verdict_decide(&r, &r.verdict);
+    ck_assert_msg(strstr(r.verdict.cause, "prompt 3 diverged"), "%s",
+                  r.verdict.cause);
+    check_result_fini(&r);
+}
+END_TEST
+
 START_TEST(totals_and_worst_prompts) {
     check_result r;
     three_prompts(&r, true);
@@ -468,6 +506,7 @@ Suite *suite_core(void) {
     tcase_add_test(tc, verdict_passes_only_a_clean_run);
     tcase_add_test(tc, verdict_names_the_first_cause_in_trace_order);
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
+    tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);
     suite_add_tcase(s, tc);
     return s;
