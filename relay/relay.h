@@ -19,8 +19,12 @@
 #include "wire.h"
 
 /* ---- Counters ------------------------------------------------------------
- * Every counter is in the periodic log line, GET /metrics (kvo_relay_<name>),
- * GET /stats and the exit JSON (same names). */
+ * Every counter is on GET /metrics (kvo_relay_<name>_total), in GET /stats
+ * and the exit JSON (key <name>), the main ones in the periodic log line.
+ * The service adds to the JSON: "version", "publisher_id", "worker_id",
+ * "subject", "capture_errors" and "sources": [{"endpoint",
+ * "replay_endpoint", "dp_rank", "state": "live"|"replaying", "last_seq":
+ * u64|null (last applied), "buffered"}]. */
 #define RELAY_COUNTERS(X)                                                     \
     X(batches_live, "batches received on the SUB socket")                     \
     X(batches_replayed, "batches received as replay replies")                 \
@@ -273,7 +277,8 @@ typedef struct relay_cfg {
 
 void relay_cfg_default(relay_cfg *c);
 /* Run until kvo_stop (or a fatal setup error). Writes the exit JSON.
- * KVO_OK on a clean stop; setup failures return their status. */
+ * KVO_OK on a clean stop; KVO_ECHECK when --verify-engine-hash counted
+ * mismatches; setup failures return their status. */
 kvo_status relay_run(const relay_cfg *cfg);
 
 #endif /* RELAY_H */

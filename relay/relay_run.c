@@ -11,6 +11,7 @@
 #include "kvo_http.h"
 #include "relay_int.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -327,20 +328,21 @@ static void record_rx(runner *r, const relay_rx *rx, bool reply) {
         r->cap_errors++;
 }
 
-/* Read everything waiting on every socket. Returns true if anything came. */
+/* Read what is waiting on every socket, replies first (they fill the hole
+ * the live batches wait on). Returns true when every socket ran dry; false
+ * when it stopped after a bounded amount of work so HTTP and the stats line
+ * are served under a flood too. */
 static bool drain_sockets(runner *r) {
-    bool any = false, more = true;
-    while (more && !kvo_stop) {
-        more = false;
+    for (int round = 0; round < 64 && !kvo_stop; round++) {
+        bool more = false;
         for (uint32_t i = 0; i < r->nsrc; i++) {
-            /* Replies first: they fill the hole the live batches wait on. */
             for (int k = 0; k < 256; k++) {
                 kvo_status s = relay_source_recv_dealer(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
                 record_rx(r, &r->rx, true);
                 relay_pipe_replay(r->pipe, i, r->rx.frames, r->rx.n,
                                   kvo_now_ns());
-                more = any = true;
+                more = true;
             }
             for (int k = 0; k < 256; k++) {
                 kvo_status s = relay_source_recv_sub(r->src[i], &r->rx);
@@ -348,11 +350,12 @@ static bool drain_sockets(runner *r) {
                 record_rx(r, &r->rx, false);
                 relay_pipe_live(r->pipe, i, r->rx.frames, r->rx.n,
                                 kvo_now_ns());
-                more = any = true;
+                more = true;
             }
         }
+        if (!more) return true;
     }
-    return any;
+    return false;
 }
 
 static void loop(runner *r) {
@@ -380,14 +383,17 @@ static void loop(runner *r) {
             long dt = dl > now ? (long)((dl - now) / 1000000u) + 1 : 0;
             if (dt < t) t = dt;
         }
-        if (zmq_poll(items, n, t) < 0 && zmq_errno() != EINTR) {
+        if (zmq_poll(items, n, t) < 0 && zmq_errno() != EINTR &&
+            zmq_errno() != ETERM) {
             kvo_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
-        if (drain_sockets(r)) relay_pipe_flush(r->pipe);
+        bool dry = drain_sockets(r);
         now = kvo_now_ns();
         relay_pipe_tick(r->pipe, now);
-        relay_pipe_flush(r->pipe);
+        /* Nothing more to read right now: publish what is pending, so a
+         * lockstep driver never waits on a batching timer. */
+        if (dry) relay_pipe_flush(r->pipe);
         if (r->http) kvo_http_server_run(r->http);
         relay_stats *st = stats_now(r);
         if (st->nats_disconnects != r->seen_disconnects) {
