@@ -16,8 +16,10 @@
  * copy (24 bytes per token) we would have to walk and copy again, and it
  * drops the byte spans we need to keep extra_keys and metadata verbatim
  * (re-packing an object is canonical, not exact). Measured by
- * tests/bench/bench_wire.c on the same bytes: pre-check + direct decode is
- * cheaper than msgpack_unpack_next alone (numbers in the report there).
+ * kvo-bench-wire (32 stores x 16 blocks x 16 tokens, same bytes, same run):
+ * pre-check + direct decode takes 0.65-0.7x the time of msgpack-c's unpack
+ * alone, while pre-check + unpack takes 1.3x before converting anything.
+ * msgpack-c still turns raw values into JSON (wire_json.c) and packs. */
  *
  * Batch  = [ts, events, data_parallel_rank?, ...extras ignored]
  * Event  = map {"type": ..., named fields}   (vLLM >= 0.24, SGLang maps)

@@ -6,6 +6,13 @@
  *                 [--salt SALT] TOKEN...   one line per full block
  *   kvo-wire cat FILE                      capture records, decoded
  *
+ * cat prints one JSON object per record: "record" (index), "offset",
+ * "time" (UTC, ns), "unix_ns", "sizes" (frame lengths), "transport" and
+ * then, for a ZMQ message (3 frames), "topic", "seq" and "batch" (the
+ * decode view) or "end_of_replay"; for a NATS message (2 frames),
+ * "subject" and "message" (wire_plane_to_json); or "error" when the record
+ * does not decode (cat goes on; the exit code is then 1).
+ *
  * Everything it does is in the library (wire_batch_*, wire_plane_*,
  * wire_cap_*, the hashes); this file reads input, prints, and maps statuses
  * to exit codes: 0 ok, 1 the input failed (one line on stderr naming what
