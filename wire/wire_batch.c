@@ -19,7 +19,7 @@
  * kvo-bench-wire (32 stores x 16 blocks x 16 tokens, same bytes, same run):
  * pre-check + direct decode takes 0.65-0.7x the time of msgpack-c's unpack
  * alone, while pre-check + unpack takes 1.3x before converting anything.
- * msgpack-c still turns raw values into JSON (wire_json.c) and packs. */
+ * msgpack-c still turns raw values into JSON (wire_json.c) and packs.
  *
  * Batch  = [ts, events, data_parallel_rank?, ...extras ignored]
  * Event  = map {"type": ..., named fields}   (vLLM >= 0.24, SGLang maps)
