@@ -10,12 +10,16 @@ Suite *suite_engine(void);
 Suite *suite_trace(void);
 Suite *suite_mutate(void);
 Suite *suite_pub(void);
+Suite *suite_workload(void);
+Suite *suite_http(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_engine());
     srunner_add_suite(sr, suite_trace());
     srunner_add_suite(sr, suite_mutate());
     srunner_add_suite(sr, suite_pub());
+    srunner_add_suite(sr, suite_workload());
+    srunner_add_suite(sr, suite_http());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

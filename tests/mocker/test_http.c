@@ -1,0 +1,646 @@
+/* The real kvo-mocker binary over real sockets: the OpenAI API shapes (incl.
+ * SSE), the ground-truth API, discovery, events on the advertised PUB and
+ * replay endpoints, reset, errors, roles, publisher failure, clean exit. */
+#include "mt.h"
+#include "kvo_http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
+
+Suite *suite_http(void);
+
+typedef struct mocker {
+    kt_proc p;
+    uint16_t port;
+    char url[64];
+    kvo_http_client *c;
+    kvo_http_resp r;
+} mocker;
+
+static void mocker_start(mocker *m, const char *const extra[]) {
+    const char *args[40];
+    char port[16];
+    int n = 0;
+    ck_assert_int_eq(kvo_free_port(&m->port), KVO_OK);
+    snprintf(port, sizeof(port), "%u", m->port);
+    args[n++] = "--port";
+    args[n++] = port;
+    args[n++] = "--zmq-port";
+    args[n++] = "0";
+    args[n++] = "--replay-port";
+    args[n++] = "0";
+    for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
+    args[n] = NULL;
+    kt_proc_start(&m->p, "kvo-mocker", args);
+    snprintf(m->url, sizeof(m->url), "http://127.0.0.1:%u", m->port);
+    char health[96];
+    snprintf(health, sizeof(health), "%s/health", m->url);
+    kt_proc_wait_http(&m->p, health, 15000);
+    ck_assert_int_eq(kvo_http_client_new(&m->c, 20000), KVO_OK);
+    kvo_http_resp_init(&m->r);
+}
+
+static int mocker_stop(mocker *m) {
+    kvo_http_resp_fini(&m->r);
+    kvo_http_client_free(m->c);
+    return kt_proc_stop(&m->p);
+}
+
+/* POST (body) or GET (body NULL); returns the parsed JSON (caller puts) or
+ * NULL when the body is not JSON; *status gets the HTTP status. */
+static json_object *call(mocker *m, const char *path, const char *body, long *status) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", m->url, path);
+    kvo_status st = body ? kvo_http_post(m->c, url, "application/json", body,
+                                         strlen(body), &m->r)
+                         : kvo_http_get(m->c, url, &m->r);
+    ck_assert_msg(st == KVO_OK, "%s: %s", path, kvo_strerror(st));
+    if (status) *status = m->r.status;
+    return json_tokener_parse((const char *)m->r.body.data);
+}
+
+static json_object *ok(mocker *m, const char *path, const char *body) {
+    long status;
+    json_object *j = call(m, path, body, &status);
+    ck_assert_msg(status == 200, "%s -> %ld: %s", path, status, (const char *)m->r.body.data);
+    ck_assert_ptr_nonnull(j);
+    return j;
+}
+
+static json_object *at(json_object *o, const char *path) {
+    /* "a.b.0.c" */
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", path);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ".", &save); tok && o; tok = strtok_r(NULL, ".", &save)) {
+        if (json_object_is_type(o, json_type_array)) o = json_object_array_get_idx(o, (size_t)atoi(tok));
+        else if (!json_object_object_get_ex(o, tok, &o)) return NULL;
+    }
+    return o;
+}
+
+static int64_t num(json_object *o, const char *path) {
+    json_object *v = at(o, path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_int), "%s: not an integer", path);
+    return json_object_get_int64(v);
+}
+
+static const char *str(json_object *o, const char *path) {
+    json_object *v = at(o, path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_string), "%s: not a string", path);
+    return json_object_get_string(v);
+}
+
+static const char prompt13[] =
+    "[1,2,3,4,5,6,7,8,9,10,11,12,13]";
+
+START_TEST(completions_report_cached_tokens_and_the_kvo_object) {
+    mocker m;
+    const char *extra[] = {"--block-size", "4", "--dp-size", "2", NULL};
+    mocker_start(&m, extra);
+    char body[256];
+    snprintf(body, sizeof(body),
+             "{\"prompt\": %s, \"max_tokens\": 3, \"data_parallel_rank\": 1}", prompt13);
+    json_object *j = ok(&m, "/v1/completions", body);
+    ck_assert_str_eq(str(j, "object"), "text_completion");
+    ck_assert_str_eq(str(j, "model"), "kvo-mock");
+    ck_assert(strncmp(str(j, "id"), "cmpl-", 5) == 0);
+    ck_assert_str_eq(str(j, "choices.0.finish_reason"), "length");
+    const char *text = str(j, "choices.0.text");
+    int words = 0;
+    for (const char *p = text; (p = strstr(p, " t")); p += 2) words++;
+    ck_assert_int_eq(words, 3);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 13);
+    ck_assert_int_eq(num(j, "usage.completion_tokens"), 3);
+    ck_assert_int_eq(num(j, "usage.total_tokens"), 16);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 0);
+    ck_assert_int_eq(num(j, "kvo.dp_rank"), 1);
+    ck_assert_int_eq(num(j, "kvo.prefill_seq"), 0);
+    ck_assert_int_eq(num(j, "kvo.last_seq"), 0);
+    json_object_put(j);
+    /* Again: (13 - 1) // 4 = 3 blocks hit, nothing new stored. */
+    j = ok(&m, "/v1/completions", body);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 12);
+    ck_assert_int_eq(num(j, "kvo.last_seq"), 0);
+    json_object_put(j);
+    /* The rank from the header; rank 0 has nothing cached. */
+    char url[128];
+    snprintf(url, sizeof(url), "%s/v1/completions", m.url);
+    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 2}", prompt13);
+    /* kvo_http has no header setter: send it raw. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(m.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "X-data-parallel-rank: 0\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    kvo_buf resp;
+    kvo_buf_init(&resp);
+    char chunk[4096];
+    ssize_t got;
+    while ((got = read(fd, chunk, sizeof(chunk))) > 0) kvo_buf_append(&resp, chunk, (size_t)got);
+    close(fd);
+    kvo_buf_cstr(&resp);
+    ck_assert(strstr((char *)resp.data, "200 OK") != NULL);
+    ck_assert_msg(strstr((char *)resp.data, "\"kvo\":{\"dp_rank\":0") != NULL, "%s",
+                  (char *)resp.data);
+    ck_assert(strstr((char *)resp.data, "\"cached_tokens\":0") != NULL);
+    kvo_buf_fini(&resp);
+    /* Ground truth agrees. */
+    j = ok(&m, "/kvo/probe", "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13]}");
+    ck_assert_int_eq(num(j, "block_size"), 4);
+    ck_assert_int_eq(num(j, "prompt_blocks"), 4);
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 3);
+    ck_assert_int_eq(num(j, "ranks.1.hit_blocks"), 3);
+    json_object_put(j);
+    j = ok(&m, "/kvo/probe", "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12]}");
+    ck_assert_int_eq(num(j, "ranks.1.hit_blocks"), 2); /* capped */
+    json_object_put(j);
+    j = ok(&m, "/kvo/state", NULL);
+    ck_assert_str_eq(str(j, "worker.role"), "aggregated");
+    ck_assert_int_eq(num(j, "worker.block_size"), 4);
+    ck_assert_int_eq(num(j, "worker.num_gpu_blocks"), 16384);
+    ck_assert_str_eq(str(j, "worker.hash_algo"), "sha256");
+    ck_assert_str_eq(str(j, "worker.event_format"), "map");
+    ck_assert_int_eq(num(j, "ranks.1.dp_rank"), 1);
+    ck_assert_int_eq(num(j, "ranks.1.last_seq"), 0);
+    ck_assert_int_eq(num(j, "ranks.0.last_seq"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.resident_blocks"), 3);
+    ck_assert_int_eq(num(j, "ranks.1.free_blocks"), 16383);
+    ck_assert_int_eq(num(j, "ranks.1.requests_finished"), 2);
+    ck_assert_int_eq(num(j, "ranks.1.counters.prefix_hits"), 12);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(every_prompt_form_chat_and_token_ids) {
+    mocker m;
+    const char *extra[] = {"--block-size", "4", NULL};
+    mocker_start(&m, extra);
+    json_object *j = ok(&m, "/v1/completions", "{\"prompt\": \"hello world!\"}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 12); /* one token per byte */
+    ck_assert_int_eq(num(j, "usage.completion_tokens"), 16); /* default max_tokens */
+    json_object_put(j);
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": [[5,6,7,8,9], [5,6,7,8,9,10]], \"max_tokens\": 2, "
+           "\"return_token_ids\": true}");
+    ck_assert_int_eq(num(j, "choices.0.index"), 0);
+    ck_assert_int_eq(num(j, "choices.1.index"), 1);
+    ck_assert_int_eq((int64_t)json_object_array_length(at(j, "choices.1.token_ids")), 2);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 11);
+    ck_assert_int_eq(num(j, "usage.completion_tokens"), 4);
+    json_object_put(j);
+    j = ok(&m, "/v1/completions", "{\"prompt\": [\"abcdefgh\", \"abcdefghi\"], \"max_tokens\": 1}");
+    ck_assert_int_eq((int64_t)json_object_array_length(at(j, "choices")), 2);
+    json_object_put(j);
+    /* The trace extension: the same tokens kvo-check synthesizes. */
+    j = ok(&m, "/v1/completions",
+           "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, \"max_tokens\": 1}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 600);
+    json_object_put(j);
+    j = ok(&m, "/kvo/probe", "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}}");
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 149);
+    ck_assert_int_eq(num(j, "prompt_blocks"), 150);
+    json_object_put(j);
+    char ids[8192] = "{\"token_ids\": [";
+    size_t len = strlen(ids);
+    for (uint32_t k = 0; k < 600; k++)
+        len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", k ? "," : "",
+                                wire_trace_token(k < 512 ? 11 : 12, k % 512));
+    snprintf(ids + len, sizeof(ids) - len, "]}");
+    j = ok(&m, "/kvo/probe", ids);
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 149);
+    json_object_put(j);
+    /* Chat, through the fixed template. */
+    j = ok(&m, "/v1/chat/completions",
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2}");
+    ck_assert_str_eq(str(j, "object"), "chat.completion");
+    ck_assert_str_eq(str(j, "choices.0.message.role"), "assistant");
+    ck_assert(strlen(str(j, "choices.0.message.content")) > 0);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 26); /* <|user|>\nhi\n<|assistant|>\n */
+    json_object_put(j);
+    /* LoRA and salt change the hashes: no hit across them. */
+    j = ok(&m, "/v1/completions", "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1}");
+    json_object_put(j);
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"lora_name\": \"a\"}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 0);
+    json_object_put(j);
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"cache_salt\": \"s\"}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 0);
+    json_object_put(j);
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"lora_name\": \"a\"}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 12);
+    json_object_put(j);
+    j = ok(&m, "/kvo/probe", "{\"token_ids\": [48,49,50,51,52,53,54,55,56,57,97,98,99,"
+                             "100,101,102], \"cache_salt\": \"s\"}");
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 3);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(stream_sends_server_sent_events_then_done) {
+    mocker m;
+    mocker_start(&m, NULL);
+    long status;
+    json_object *j = call(&m, "/v1/completions",
+                          "{\"prompt\": [1,2,3], \"max_tokens\": 4, \"stream\": true, "
+                          "\"stream_options\": {\"include_usage\": true}}",
+                          &status);
+    ck_assert_ptr_null(j);
+    ck_assert_int_eq(status, 200);
+    kvo_buf_cstr(&m.r.body);
+    char *body = (char *)m.r.body.data;
+    int chunks = 0, tokens = 0, finish = 0, usage = 0;
+    bool done = false;
+    char *save = NULL;
+    for (char *line = strtok_r(body, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+        ck_assert(!done);
+        if (strcmp(line + 6, "[DONE]") == 0) {
+            done = true;
+            continue;
+        }
+        json_object *c = json_tokener_parse(line + 6);
+        ck_assert_ptr_nonnull(c);
+        chunks++;
+        ck_assert_str_eq(str(c, "object"), "text_completion");
+        json_object *ch = at(c, "choices");
+        if (json_object_array_length(ch) == 0) {
+            usage++;
+            ck_assert_int_eq(num(c, "usage.completion_tokens"), 4);
+            ck_assert_int_eq(num(c, "usage.prompt_tokens_details.cached_tokens"), 0);
+            ck_assert_int_eq(num(c, "kvo.dp_rank"), 0);
+        } else if (json_object_get_type(at(c, "choices.0.finish_reason")) == json_type_null) {
+            tokens++;
+            ck_assert(strncmp(str(c, "choices.0.text"), " t", 2) == 0);
+        } else {
+            finish++;
+            ck_assert_str_eq(str(c, "choices.0.finish_reason"), "length");
+        }
+        json_object_put(c);
+    }
+    ck_assert(done);
+    ck_assert_int_eq(tokens, 4);
+    ck_assert_int_eq(finish, 1);
+    ck_assert_int_eq(usage, 1);
+    ck_assert_int_eq(chunks, 6);
+    /* Chat streams deltas, the role first. */
+    j = call(&m, "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+             "\"stream\": true}",
+             &status);
+    ck_assert_int_eq(status, 200);
+    kvo_buf_cstr(&m.r.body);
+    ck_assert(strstr((char *)m.r.body.data, "\"delta\":{\"role\":\"assistant\",\"content\":") != NULL);
+    ck_assert(strstr((char *)m.r.body.data, "chat.completion.chunk") != NULL);
+    ck_assert(strstr((char *)m.r.body.data, "data: [DONE]\n\n") != NULL);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(models_health_and_vllm_metric_names) {
+    mocker m;
+    const char *extra[] = {"--model", "my-model", "--dp-size", "2", NULL};
+    mocker_start(&m, extra);
+    json_object *j = ok(&m, "/v1/models", NULL);
+    ck_assert_str_eq(str(j, "object"), "list");
+    ck_assert_str_eq(str(j, "data.0.id"), "my-model");
+    ck_assert_str_eq(str(j, "data.0.object"), "model");
+    json_object_put(j);
+    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+                                  "\"data_parallel_rank\": 1}");
+    json_object_put(j);
+    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+                                  "\"data_parallel_rank\": 1}");
+    json_object_put(j);
+    long status;
+    call(&m, "/metrics", NULL, &status);
+    ck_assert_int_eq(status, 200);
+    kvo_buf_cstr(&m.r.body);
+    const char *t = (const char *)m.r.body.data;
+    static const char *const want[] = {
+        "# TYPE vllm:num_requests_running gauge",
+        "vllm:num_requests_running{engine=\"1\",model_name=\"my-model\"} 0",
+        "vllm:num_requests_waiting{engine=\"0\",model_name=\"my-model\"} 0",
+        "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"my-model\"} 0",
+        "vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"my-model\"}",
+        "# TYPE vllm:prefix_cache_queries counter",
+        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"my-model\"} 36",
+        "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"my-model\"} 16",
+        "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"my-model\"} 0",
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(want); i++)
+        ck_assert_msg(strstr(t, want[i]) != NULL, "missing '%s' in\n%s", want[i], t);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+static int recv_frames(void *s, uint8_t **fr, size_t *len, int max) {
+    int n = 0;
+    for (;;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, s, 0) < 0) {
+            zmq_msg_close(&msg);
+            return -1;
+        }
+        if (n < max) {
+            len[n] = zmq_msg_size(&msg);
+            fr[n] = kvo_malloc(len[n] + 1);
+            memcpy(fr[n], zmq_msg_data(&msg), len[n]);
+        }
+        n++;
+        bool more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+        if (!more) return n;
+    }
+}
+
+START_TEST(event_sources_advertise_endpoints_that_carry_the_events_and_replay) {
+    mocker m;
+    const char *extra[] = {"--block-size", "4", "--dp-size", "2", "--topic", "kv",
+                           "--advertise-host", "localhost", NULL};
+    mocker_start(&m, extra);
+    json_object *src = ok(&m, "/kvo/event_sources", NULL);
+    ck_assert_int_eq((int64_t)json_object_array_length(src), 2);
+    ck_assert_str_eq(str(src, "1.transport"), "zmq");
+    ck_assert_str_eq(str(src, "1.encoding"), "msgpack");
+    ck_assert_str_eq(str(src, "1.topic"), "kv");
+    ck_assert_int_eq(num(src, "1.data_parallel_rank"), 1);
+    const char *ep = str(src, "1.endpoint"), *rep = str(src, "1.replay_endpoint");
+    ck_assert(strncmp(ep, "tcp://localhost:", 16) == 0);
+    ck_assert(strncmp(rep, "tcp://localhost:", 16) == 0);
+    void *ctx = zmq_ctx_new();
+    void *sub = zmq_socket(ctx, ZMQ_SUB);
+    int linger = 0, tmo = 200;
+    zmq_setsockopt(sub, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    ck_assert_int_eq(zmq_connect(sub, ep), 0);
+    /* Slow joiner: send distinct prompts until one is seen. */
+    uint8_t *fr[4];
+    size_t len[4];
+    int n = -1;
+    uint32_t base = 0;
+    for (int tries = 0; tries < 100 && n < 0; tries++) {
+        base = 1000 + (uint32_t)tries * 10;
+        char body[256];
+        snprintf(body, sizeof(body),
+                 "{\"prompt\": [%u,%u,%u,%u,%u], \"max_tokens\": 1, \"data_parallel_rank\": 1}",
+                 base, base + 1, base + 2, base + 3, base + 4);
+        json_object_put(ok(&m, "/v1/completions", body));
+        n = recv_frames(sub, fr, len, 4);
+    }
+    ck_assert_int_eq(n, 3);
+    ck_assert(len[0] == 2 && memcmp(fr[0], "kv", 2) == 0);
+    wire_batch b;
+    wire_batch_init(&b);
+    ck_assert_int_eq(wire_batch_decode(fr[2], len[2], NULL, &b, NULL), KVO_OK);
+    ck_assert(b.dp_rank.set && b.dp_rank.v == 1);
+    ck_assert_int_eq(b.events[0].type, WIRE_EV_STORED);
+    /* The published hash is the engine hash of the prompt's first block. */
+    mock_hasher *h;
+    ck_assert_int_eq(mock_hasher_new(&h, WIRE_ALGO_SHA256, "0", 0), KVO_OK);
+    uint64_t toks[4] = {base, base + 1, base + 2, base + 3};
+    mock_hash hs;
+    mock_hasher_blocks(h, toks, 4, 0, 1, NULL, NULL, NULL, NULL, &hs);
+    ck_assert(b.events[0].hashes[0].key == hs.key);
+    uint64_t seq;
+    ck_assert_int_eq(wire_seq_get(fr[1], len[1], &seq), KVO_OK);
+    for (int i = 0; i < 3; i++) kvo_free(fr[i]);
+    /* Replay from 0 on the advertised ROUTER gives every batch so far. */
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    tmo = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    ck_assert_int_eq(zmq_connect(d, rep), 0);
+    uint8_t start[8];
+    wire_seq_put(start, 0);
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, start, 8, 0);
+    uint64_t want = 0;
+    for (;;) {
+        ck_assert_int_eq(recv_frames(d, fr, len, 4), 4);
+        uint64_t s;
+        ck_assert_int_eq(wire_seq_get(fr[2], len[2], &s), KVO_OK);
+        bool end = s == WIRE_REPLAY_END;
+        if (!end) {
+            ck_assert_uint_eq(s, want++);
+            ck_assert(len[1] == 2 && memcmp(fr[1], "kv", 2) == 0);
+        } else {
+            ck_assert(len[1] == 0 && len[3] == 0);
+        }
+        for (int i = 0; i < 4; i++) kvo_free(fr[i]);
+        if (end) break;
+    }
+    ck_assert_uint_eq(want, seq + 1);
+    /* reset_prefix_cache: success when idle; AllBlocksCleared follows. */
+    json_object *j = ok(&m, "/reset_prefix_cache", "");
+    ck_assert(json_object_get_boolean(at(j, "success")));
+    json_object_put(j);
+    ck_assert_int_eq(recv_frames(sub, fr, len, 4), 3);
+    ck_assert_int_eq(wire_batch_decode(fr[2], len[2], NULL, &b, NULL), KVO_OK);
+    ck_assert_uint_eq(b.n_events, 1);
+    ck_assert_int_eq(b.events[0].type, WIRE_EV_CLEARED);
+    for (int i = 0; i < 3; i++) kvo_free(fr[i]);
+    j = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(j, "ranks.1.resident_blocks"), 0);
+    json_object_put(j);
+    wire_batch_fini(&b);
+    mock_hasher_free(h);
+    zmq_close(sub);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    json_object_put(src);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(reset_prefix_cache_fails_while_a_request_holds_blocks) {
+    mocker m;
+    const char *extra[] = {"--speedup", "1", NULL};
+    mocker_start(&m, extra);
+    /* A real-time request of 100 tokens (>= 100 decode steps of >= 1 ms),
+     * sent raw so this thread does not wait for it. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(m.port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    const char *body = "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+                       "\"max_tokens\": 100, \"stream\": true}";
+    char req[512];
+    int n = snprintf(req, sizeof(req),
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    /* Wait for its first token: from then on it holds blocks. */
+    char buf[4096];
+    ssize_t got = 0;
+    size_t total = 0;
+    buf[0] = '\0';
+    while (!strstr(buf, "data: ") && total + 1 < sizeof(buf) &&
+           (got = read(fd, buf + total, sizeof(buf) - 1 - total)) > 0) {
+        total += (size_t)got;
+        buf[total] = '\0';
+    }
+    ck_assert_msg(strstr(buf, "data: ") != NULL, "no token streamed: %s", buf);
+    long status;
+    json_object *j = call(&m, "/reset_prefix_cache", "", &status);
+    ck_assert_int_eq(status, 409);
+    ck_assert(!json_object_get_boolean(at(j, "success")));
+    json_object_put(j);
+    while ((got = read(fd, buf, sizeof(buf))) > 0) {
+    }
+    close(fd);
+    j = call(&m, "/reset_prefix_cache", "", &status);
+    ck_assert_int_eq(status, 200);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(bad_requests_get_vllm_style_errors) {
+    mocker m;
+    const char *extra[] = {"--dp-size", "2", "--num-gpu-blocks", "10", "--block-size", "4", NULL};
+    mocker_start(&m, extra);
+    static const struct {
+        const char *path, *body;
+        long status;
+    } cases[] = {
+        {"/v1/completions", "{not json", 400},
+        {"/v1/completions", "[1,2]", 400},
+        {"/v1/completions", "{\"max_tokens\": 3}", 400},
+        {"/v1/completions", "{\"prompt\": [1, -2]}", 400},
+        {"/v1/completions", "{\"prompt\": [1, \"a\"]}", 400},
+        {"/v1/completions", "{\"prompt\": []}", 400},
+        {"/v1/completions", "{\"prompt\": [1], \"max_tokens\": 0}", 400},
+        {"/v1/completions", "{\"prompt\": [1], \"data_parallel_rank\": 2}", 400},
+        {"/v1/completions", "{\"prompt\": [1], \"lora_name\": 5}", 400},
+        {"/v1/completions", "{\"prompt\": \"0123456789012345678901234567890123456\"}", 400},
+        {"/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 34}", 400},
+        {"/v1/completions", "{\"trace\": {\"hash_ids\": [1], \"input_length\": 600}}", 400},
+        {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400},
+        {"/kvo/probe", "{\"tokens\": [1]}", 400},
+        {"/no/such/path", NULL, 404},
+        {"/v1/completions", NULL, 404}, /* GET */
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        long status;
+        json_object *j = call(&m, cases[i].path, cases[i].body, &status);
+        ck_assert_msg(status == cases[i].status, "case %zu: %ld", i, status);
+        ck_assert_msg(j && json_object_is_type(j, json_type_object), "case %zu", i);
+        ck_assert_str_eq(str(j, "object"), "error");
+        ck_assert(strlen(str(j, "message")) > 0);
+        ck_assert_int_eq(num(j, "code"), cases[i].status);
+        json_object_put(j);
+    }
+    /* Still serving. */
+    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(roles_prefill_returns_transfer_params_decode_advertises_no_source) {
+    mocker m;
+    const char *pre[] = {"--role", "prefill", "--block-size", "4", NULL};
+    mocker_start(&m, pre);
+    json_object *j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 50}");
+    ck_assert_int_eq(num(j, "usage.completion_tokens"), 1);
+    ck_assert(json_object_get_boolean(at(j, "kv_transfer_params.do_remote_prefill")));
+    ck_assert_int_eq((int64_t)json_object_array_length(at(j, "kv_transfer_params.remote_block_ids")), 3);
+    json_object_put(j);
+    j = ok(&m, "/kvo/event_sources", NULL);
+    ck_assert_int_eq((int64_t)json_object_array_length(j), 1);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+
+    const char *dec[] = {"--role", "decode", "--kv-transfer-ms-per-block", "1", NULL};
+    mocker_start(&m, dec);
+    j = ok(&m, "/kvo/event_sources", NULL);
+    ck_assert_int_eq((int64_t)json_object_array_length(j), 0);
+    json_object_put(j);
+    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 3, "
+                                  "\"kv_transfer_params\": {\"do_remote_prefill\": true}}");
+    ck_assert_int_eq(num(j, "usage.completion_tokens"), 3);
+    ck_assert_int_eq(json_object_get_type(at(j, "kvo.last_seq")), json_type_null);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+
+    const char *off[] = {"--no-enable-prefix-caching", NULL};
+    mocker_start(&m, off);
+    j = ok(&m, "/kvo/event_sources", NULL);
+    ck_assert_int_eq((int64_t)json_object_array_length(j), 0);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+START_TEST(a_taken_event_port_serves_without_a_source_unless_required) {
+    /* Hold a port with a bound PUB socket. */
+    void *ctx = zmq_ctx_new();
+    void *hold = zmq_socket(ctx, ZMQ_PUB);
+    int linger = 0;
+    zmq_setsockopt(hold, ZMQ_LINGER, &linger, sizeof(linger));
+    ck_assert_int_eq(zmq_bind(hold, "tcp://127.0.0.1:*"), 0);
+    char ep[128];
+    size_t n = sizeof(ep);
+    zmq_getsockopt(hold, ZMQ_LAST_ENDPOINT, ep, &n);
+    const char *taken = strrchr(ep, ':') + 1;
+    mocker m;
+    const char *extra[] = {"--zmq-port", taken, NULL};
+    mocker_start(&m, extra);
+    json_object *j = ok(&m, "/kvo/event_sources", NULL);
+    ck_assert_int_eq((int64_t)json_object_array_length(j), 0);
+    json_object_put(j);
+    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 2}"));
+    ck_assert_int_eq(mocker_stop(&m), 0);
+    /* --require-events: a setup error, exit 2. */
+    kt_proc p;
+    uint16_t port;
+    kvo_free_port(&port);
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%u", port);
+    const char *args[] = {"--port", ps, "--zmq-port", taken, "--require-events", NULL};
+    kt_proc_start(&p, "kvo-mocker", args);
+    for (int i = 0; i < 500 && kvo_proc_alive(&p.proc); i++) usleep(10000);
+    ck_assert(!kvo_proc_alive(&p.proc));
+    ck_assert_int_eq(p.proc.exit_status, 2);
+    kt_guard_release(&p.guard);
+    zmq_close(hold);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
+Suite *suite_http(void) {
+    Suite *s = suite_create("http");
+    TCase *tc = tcase_create("http");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, completions_report_cached_tokens_and_the_kvo_object);
+    tcase_add_test(tc, every_prompt_form_chat_and_token_ids);
+    tcase_add_test(tc, stream_sends_server_sent_events_then_done);
+    tcase_add_test(tc, models_health_and_vllm_metric_names);
+    tcase_add_test(tc, event_sources_advertise_endpoints_that_carry_the_events_and_replay);
+    tcase_add_test(tc, reset_prefix_cache_fails_while_a_request_holds_blocks);
+    tcase_add_test(tc, bad_requests_get_vllm_style_errors);
+    tcase_add_test(tc, roles_prefill_returns_transfer_params_decode_advertises_no_source);
+    tcase_add_test(tc, a_taken_event_port_serves_without_a_source_unless_required);
+    suite_add_tcase(s, tc);
+    return s;
+}
