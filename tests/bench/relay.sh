@@ -8,6 +8,7 @@
 # added latency = relay - pass-through. The targets run on CPU 1, the driver and
 # nats-server on CPU 0 (when taskset exists).
 #
+# Needs ~1.2 GB in $TMPDIR for the capture and as much RAM for the driver.
 # Env: KVO_BENCH_RELAY_CAPTURE=FILE reuses a capture; KVO_BENCH_RELAY_ROUNDS.
 set -euo pipefail
 bin="${KVO_BENCH_BIN:?run through scripts/bench}"
@@ -65,8 +66,9 @@ fi
 echo "capture: $cap ($(du -h "$cap" | cut -f1))"
 
 # ---- nats-server
+natsd=$(command -v nats-server || echo /usr/sbin/nats-server)
 nport=$(free_port)
-"${on0[@]}" nats-server -a 127.0.0.1 -p "$nport" >"$work/nats.log" 2>&1 &
+"${on0[@]}" "$natsd" -a 127.0.0.1 -p "$nport" >"$work/nats.log" 2>&1 &
 pids+=($!)
 wait_port "$nport"
 nats=nats://127.0.0.1:$nport
