@@ -238,8 +238,8 @@ kvo_status kvo_log_level_parse(const char *s, kvo_level *out) {
     return KVO_EINVAL;
 }
 
-static void log_line(kvo_level level, const char *suffix, const char *fmt,
-                     va_list ap) {
+__attribute__((format(printf, 3, 0))) static void
+log_line(kvo_level level, const char *suffix, const char *fmt, va_list ap) {
     char msg[1024];
     vsnprintf(msg, sizeof(msg), fmt, ap);
     struct timespec ts;
