@@ -55,6 +55,7 @@ typedef struct idx_counters {
 
 typedef struct idx_stats {
     uint64_t nodes;       /* live tree nodes, root excluded */
+    uint64_t held;        /* nodes some worker holds (resident blocks) */
     uint64_t pairs;       /* (block hash, worker) lookup entries */
     uint64_t workers;     /* known (worker_id, dp_rank) pairs */
     uint64_t edge_alias;  /* extra parent edges (a node under two parents) */
@@ -196,8 +197,8 @@ kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
  *             "not_found": n, "hash_mismatch": n}, "messages": n,
  *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
  *             "missed": n, "undecodable": n, "bad_headers": n,
- *             "other_tier": n, "enomem": n, "nodes": n, "pairs": n,
- *             "workers": n}
+ *             "other_tier": n, "enomem": n, "nodes": n,
+ *             "resident_blocks": n, "pairs": n, "workers": n}
  * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
  * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
  *             "blocks"}]} sorted

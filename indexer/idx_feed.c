@@ -261,6 +261,7 @@ json_object *idx_json_counters(const idx_feed *f) {
     put(o, "other_tier", u64(k->other_tier), &ok);
     put(o, "enomem", u64(k->enomem), &ok);
     put(o, "nodes", u64(st.nodes), &ok);
+    put(o, "resident_blocks", u64(st.held), &ok);
     put(o, "pairs", u64(st.pairs), &ok);
     put(o, "workers", u64(st.workers), &ok);
     return done(o, ok);

@@ -198,6 +198,7 @@ struct idx_tree {
     uint32_t *act; /* query scratch, ws_cap entries */
     uint32_t dying;
     uint64_t pairs;
+    uint64_t held; /* live nodes with a non-empty worker set */
     idx_counters c;
 };
 
@@ -723,6 +724,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     uint32_t ws = t->nd[n].wset;
     if (ws == NIL) {
         t->nd[n].wset = w;
+        t->held++;
         return;
     }
     if (!(ws & TAG)) {
@@ -763,7 +765,10 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
     uint32_t ws = t->nd[n].wset;
     if (ws == NIL) return;
     if (!(ws & TAG)) {
-        if (ws == w) t->nd[n].wset = NIL;
+        if (ws == w) {
+            t->nd[n].wset = NIL;
+            t->held--;
+        }
         return;
     }
     uint32_t off = ws & ~TAG;
@@ -848,6 +853,7 @@ static void drain(idx_tree *t) {
         uint32_t n = t->dying;
         t->dying = t->nd[n].next;
         detach(t, n);
+        if (t->nd[n].wset != NIL) t->held--;
         if (t->nd[n].wset != NIL && (t->nd[n].wset & TAG))
             set_release(t, t->nd[n].wset & ~TAG);
         t->nd[n].wset = NIL;
@@ -1320,6 +1326,7 @@ void idx_tree_counters(const idx_tree *t, idx_counters *out) { *out = t->c; }
 void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     memset(out, 0, sizeof(*out));
     out->nodes = t->nd_live;
+    out->held = t->held;
     out->pairs = t->pairs;
     for (uint32_t w = 0; w < t->ws_len; w++) out->workers += t->ws[w].present;
     out->edge_alias = t->ea_live;
@@ -1531,10 +1538,12 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
 
     /* I6 + set pool */
     uint32_t sets = 0;
+    uint64_t held = 0;
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
         uint32_t ws = t->nd[n].wset;
         if (ws == NIL) continue;
+        held++;
         if (!(ws & TAG)) {
             if (ws >= t->ws_len) FAIL("node %u: bad slot %u", n, ws);
             continue;
@@ -1553,6 +1562,9 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         sets++;
     }
     if (sets != t->sp_live) FAIL("%u sets in use, %u counted", t->sp_live, sets);
+    if (held != t->held)
+        FAIL("%llu nodes held, %llu counted", (unsigned long long)t->held,
+             (unsigned long long)held);
 
     /* I1, I2: child lists */
     uint32_t in_table = 0;

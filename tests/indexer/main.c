@@ -8,6 +8,8 @@ int main(void) {
     SRunner *sr = srunner_create(suite_tree());
     srunner_add_suite(sr, suite_model());
     srunner_add_suite(sr, suite_feed());
+    srunner_add_suite(sr, suite_replay());
+    srunner_add_suite(sr, suite_service());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

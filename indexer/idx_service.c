@@ -1,0 +1,669 @@
+/* idx_service.c -- kvo-indexer: NATS subscriber + HTTP API around a feed.
+ *
+ * One event loop owns the feed and the tree:
+ *
+ *   nats.c thread --on_msg--> inbox (mutex, bounded) --eventfd--+
+ *                                                               v
+ *   loop: poll({eventfd, kvo_http_server_fd}) -> drain inbox -> idx_feed_message
+ *                                             -> kvo_http_server_run -> handler
+ *
+ * nats.c runs its own threads; its callbacks only queue messages or bump
+ * atomic counters. A full inbox makes on_msg wait (the loop is behind), so
+ * nats.c's own pending limits take over and count slow-consumer drops.
+ * Messages apply in arrival order.
+ */
+#include "idx.h"
+#include "kvo_http.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define INBOX_MAX 262144 /* messages waiting for the loop */
+#define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
+
+/* Query latency histogram bounds, seconds. */
+static const double lat_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
+                                    1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1};
+#define NLAT (sizeof(lat_bounds) / sizeof(lat_bounds[0]))
+
+typedef struct svc {
+    const idx_service_cfg *cfg;
+    idx_feed *feed;
+    kvo_http_server *http;
+    idx_scores scores;
+
+    /* NATS (callbacks on nats.c threads) */
+    natsOptions *opts;
+    natsConnection *nc;
+    natsSubscription *sub;
+    char **servers;
+    int nservers;
+    atomic_uint_fast64_t disconnects, reconnects, slow_drops, inbox_drops;
+    atomic_bool connected_once;
+
+    pthread_mutex_t mu; /* inbox, closed */
+    pthread_cond_t cv;
+    natsMsg **inbox;
+    size_t inbox_len, inbox_cap;
+    bool stopping, closed;
+    int evfd;
+
+    /* loop-only state */
+    uint64_t seen_disconnects, seen_reconnects;
+    uint64_t lat_count[NLAT + 1];
+    double lat_sum;
+    uint64_t queries, bad_requests;
+    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem;
+} svc;
+
+void idx_service_cfg_default(idx_service_cfg *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->nats_url = "nats://127.0.0.1:4222";
+    cfg->subject = "namespace.*.component.*.kv-events";
+    cfg->http = "127.0.0.1:8090";
+    cfg->block_size = 16;
+}
+
+/* ======================================================================== */
+/* NATS callbacks (nats.c threads)                                           */
+/* ======================================================================== */
+
+static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
+                   void *closure) {
+    (void)nc;
+    (void)sub;
+    svc *s = closure;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping && s->inbox_len >= INBOX_MAX)
+        pthread_cond_wait(&s->cv, &s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        natsMsg_Destroy(m);
+        return;
+    }
+    if (s->inbox_len == s->inbox_cap) {
+        size_t cap = s->inbox_cap ? s->inbox_cap * 2 : 256;
+        natsMsg **q = kvo_realloc(s->inbox, cap * sizeof(*q));
+        if (!q) {
+            pthread_mutex_unlock(&s->mu);
+            atomic_fetch_add(&s->inbox_drops, 1);
+            natsMsg_Destroy(m);
+            return;
+        }
+        s->inbox = q;
+        s->inbox_cap = cap;
+    }
+    s->inbox[s->inbox_len++] = m;
+    bool wake = s->inbox_len == 1;
+    pthread_mutex_unlock(&s->mu);
+    if (wake) {
+        uint64_t one = 1;
+        ssize_t w = write(s->evfd, &one, sizeof(one));
+        (void)w; /* a full eventfd counter still wakes the loop */
+    }
+}
+
+static void on_connected(natsConnection *nc, void *closure) {
+    (void)nc;
+    atomic_store(&((svc *)closure)->connected_once, true);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure) {
+    (void)nc;
+    atomic_fetch_add(&((svc *)closure)->disconnects, 1);
+}
+
+static void on_reconnected(natsConnection *nc, void *closure) {
+    (void)nc;
+    svc *s = closure;
+    atomic_fetch_add(&s->reconnects, 1);
+    atomic_store(&s->connected_once, true);
+}
+
+static void on_closed(natsConnection *nc, void *closure) {
+    (void)nc;
+    svc *s = closure;
+    pthread_mutex_lock(&s->mu);
+    s->closed = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
+                     void *closure) {
+    (void)nc;
+    (void)sub;
+    if (err == NATS_SLOW_CONSUMER)
+        atomic_fetch_add(&((svc *)closure)->slow_drops, 1);
+}
+
+/* ======================================================================== */
+/* NATS setup                                                                */
+/* ======================================================================== */
+
+static kvo_status split_servers(svc *s, const char *list) {
+    char *copy = kvo_strdup(list);
+    if (!copy) return KVO_ENOMEM;
+    int cap = 1;
+    for (const char *c = list; *c; c++) cap += *c == ',';
+    s->servers = kvo_calloc((size_t)cap, sizeof(char *));
+    kvo_status st = s->servers ? KVO_OK : KVO_ENOMEM;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); st == KVO_OK && tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        if (!*tok) continue;
+        if (!(s->servers[s->nservers] = kvo_strdup(tok))) st = KVO_ENOMEM;
+        else s->nservers++;
+    }
+    kvo_free(copy);
+    return st == KVO_OK && s->nservers == 0 ? KVO_EINVAL : st;
+}
+
+static kvo_status nats_setup(svc *s) {
+    const idx_service_cfg *c = s->cfg;
+    kvo_status st = split_servers(s, c->nats_url);
+    if (st != KVO_OK) {
+        kvo_error("bad --nats '%s'", c->nats_url);
+        return st;
+    }
+    natsStatus n = natsOptions_Create(&s->opts);
+    if (n == NATS_OK)
+        n = natsOptions_SetServers(s->opts, (const char **)s->servers,
+                                   s->nservers);
+    if (n == NATS_OK) n = natsOptions_SetName(s->opts, "kvo-indexer");
+    if (n == NATS_OK) n = natsOptions_SetMaxReconnect(s->opts, -1);
+    if (n == NATS_OK) n = natsOptions_SetReconnectWait(s->opts, 250);
+    if (n == NATS_OK)
+        n = natsOptions_SetRetryOnFailedConnect(s->opts, true, on_connected, s);
+    if (n == NATS_OK) n = natsOptions_SetDisconnectedCB(s->opts, on_disconnected, s);
+    if (n == NATS_OK) n = natsOptions_SetReconnectedCB(s->opts, on_reconnected, s);
+    if (n == NATS_OK) n = natsOptions_SetClosedCB(s->opts, on_closed, s);
+    if (n == NATS_OK) n = natsOptions_SetErrorHandler(s->opts, on_error, s);
+    if (n == NATS_OK && c->nats_user)
+        n = natsOptions_SetUserInfo(s->opts, c->nats_user, c->nats_password);
+    if (n == NATS_OK && c->nats_token) n = natsOptions_SetToken(s->opts, c->nats_token);
+    if (n == NATS_OK && c->nats_creds)
+        n = natsOptions_SetUserCredentialsFromFiles(s->opts, c->nats_creds, NULL);
+    bool tls = c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
+               c->nats_tls_skip_verify;
+    if (n == NATS_OK && tls) n = natsOptions_SetSecure(s->opts, true);
+    if (n == NATS_OK && c->nats_tls_ca)
+        n = natsOptions_LoadCATrustedCertificates(s->opts, c->nats_tls_ca);
+    if (n == NATS_OK && c->nats_tls_cert)
+        n = natsOptions_LoadCertificatesChain(s->opts, c->nats_tls_cert,
+                                              c->nats_tls_key);
+    if (n == NATS_OK && c->nats_tls_skip_verify)
+        n = natsOptions_SkipServerVerification(s->opts, true);
+    if (n != NATS_OK) {
+        kvo_error("NATS options: %s (%s)", natsStatus_GetText(n),
+                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+        return KVO_ENATS;
+    }
+    n = natsConnection_Connect(&s->nc, s->opts);
+    if (n == NATS_NOT_YET_CONNECTED) {
+        kvo_warn("NATS %s not reachable yet; retrying in the background",
+                 c->nats_url);
+    } else if (n != NATS_OK) {
+        kvo_error("NATS connect to %s: %s (%s)", c->nats_url,
+                  natsStatus_GetText(n),
+                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+        s->nc = NULL;
+        return KVO_ENATS;
+    }
+    n = natsConnection_Subscribe(&s->sub, s->nc, c->subject, on_msg, s);
+    if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, 1 << 20, 1 << 30);
+    if (n == NATS_OK && natsConnection_Status(s->nc) == NATS_CONN_STATUS_CONNECTED)
+        n = natsConnection_FlushTimeout(s->nc, 5000);
+    if (n != NATS_OK) {
+        kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
+                  natsStatus_GetText(n),
+                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+        return KVO_ENATS;
+    }
+    return KVO_OK;
+}
+
+/* Stop deliveries, close, wait for nats.c's last callback, free. */
+static void nats_teardown(svc *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    bool closed = true;
+    if (s->sub) {
+        natsSubscription_Unsubscribe(s->sub);
+        natsSubscription_Destroy(s->sub);
+    }
+    if (s->nc) {
+        natsConnection_Close(s->nc);
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 5;
+        pthread_mutex_lock(&s->mu);
+        while (!s->closed)
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) != 0) break;
+        closed = s->closed;
+        pthread_mutex_unlock(&s->mu);
+        natsConnection_Destroy(s->nc);
+    }
+    natsOptions_Destroy(s->opts);
+    for (int i = 0; i < s->nservers; i++) kvo_free(s->servers[i]);
+    kvo_free(s->servers);
+    if (!closed) kvo_warn("NATS did not confirm the close in 5 s");
+}
+
+/* ======================================================================== */
+/* Messages                                                                  */
+/* ======================================================================== */
+
+static void apply_msg(svc *s, natsMsg *m) {
+    const char *hdr = NULL;
+    if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
+    idx_feed_counters before;
+    idx_feed_counters_get(s->feed, &before);
+    wire_error werr;
+    memset(&werr, 0, sizeof(werr));
+    kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
+                                     (size_t)natsMsg_GetDataLength(m), hdr, &werr);
+    idx_feed_counters after;
+    idx_feed_counters_get(s->feed, &after);
+    if (st == KVO_EEXIST) {
+        kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
+                        "duplicate message on %s dropped (%" PRIu64 " so far)",
+                        natsMsg_GetSubject(m), after.duplicates);
+    } else if (st == KVO_ENOMEM) {
+        kvo_log_limited(&s->rl_mem, KVO_LOG_ERROR,
+                        "out of memory applying a message on %s",
+                        natsMsg_GetSubject(m));
+    } else if (st != KVO_OK) {
+        char buf[256];
+        kvo_log_limited(&s->rl_bad, KVO_LOG_WARN,
+                        "undecodable message on %s (%d bytes): %s",
+                        natsMsg_GetSubject(m), natsMsg_GetDataLength(m),
+                        wire_error_str(&werr, buf, sizeof(buf)));
+    }
+    if (after.bad_headers != before.bad_headers)
+        kvo_log_limited(&s->rl_hdr, KVO_LOG_WARN,
+                        "malformed %s header '%s' on %s (message applied)",
+                        HDR_ZMQ_SEQ, hdr ? hdr : "", natsMsg_GetSubject(m));
+    if (after.gaps != before.gaps)
+        kvo_warn("sequence gap on %s: %" PRIu64 " message(s) missed so far",
+                 natsMsg_GetSubject(m), after.missed);
+    if (after.restarts != before.restarts)
+        kvo_warn("publisher restarted on %s (sequence went back)",
+                 natsMsg_GetSubject(m));
+}
+
+static void drain_inbox(svc *s) {
+    uint64_t junk;
+    ssize_t r = read(s->evfd, &junk, sizeof(junk));
+    (void)r;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        natsMsg **q = s->inbox;
+        size_t n = s->inbox_len;
+        s->inbox = NULL;
+        s->inbox_len = s->inbox_cap = 0;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        if (!n) {
+            kvo_free(q);
+            return;
+        }
+        for (size_t i = 0; i < n; i++) {
+            apply_msg(s, q[i]);
+            natsMsg_Destroy(q[i]);
+        }
+        kvo_free(q);
+    }
+}
+
+/* ======================================================================== */
+/* HTTP                                                                      */
+/* ======================================================================== */
+
+static json_object *parse_body(kvo_http_req *r, char *err, size_t errsz) {
+    size_t len;
+    const uint8_t *b = kvo_http_req_body(r, &len);
+    if (!b || !len) {
+        snprintf(err, errsz, "empty body: expected JSON");
+        return NULL;
+    }
+    if (len > INT32_MAX) {
+        snprintf(err, errsz, "body too large");
+        return NULL;
+    }
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+        snprintf(err, errsz, "out of memory");
+        return NULL;
+    }
+    json_object *j = json_tokener_parse_ex(tok, (const char *)b, (int)len);
+    enum json_tokener_error e = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (!j || e != json_tokener_success) {
+        snprintf(err, errsz, "bad JSON: %s",
+                 e == json_tokener_continue ? "unexpected end"
+                                            : json_tokener_error_desc(e));
+        json_object_put(j);
+        return NULL;
+    }
+    for (; used < len; used++)
+        if (b[used] != ' ' && b[used] != '\n' && b[used] != '\r' && b[used] != '\t') {
+            snprintf(err, errsz, "bad JSON: trailing bytes");
+            json_object_put(j);
+            return NULL;
+        }
+    return j;
+}
+
+static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
+    char err[200];
+    json_object *j = parse_body(r, err, sizeof(err));
+    if (!j) {
+        s->bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size,
+                                   j, want_tokens, &s->scores, err, sizeof(err));
+    double dt = (double)(kvo_now_ns() - t0) / 1e9;
+    json_object_put(j);
+    if (st == KVO_EPROTO) {
+        s->bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    if (st != KVO_OK) {
+        kvo_http_respond_error(r, 500, kvo_strerror(st));
+        return;
+    }
+    s->queries++;
+    s->lat_sum += dt;
+    size_t b = 0;
+    while (b < NLAT && dt > lat_bounds[b]) b++;
+    s->lat_count[b]++;
+    json_object *o = idx_json_scores(&s->scores);
+    if (!o) kvo_http_respond_error(r, 500, "out of memory");
+    else kvo_http_respond_json(r, 200, o);
+}
+
+typedef struct dumpctx {
+    kvo_buf *b;
+    bool first;
+} dumpctx;
+
+static kvo_status dump_one(void *ctx, const wire_revent *ev) {
+    dumpctx *d = ctx;
+    json_object *j = idx_json_revent(ev);
+    if (!j) return KVO_ENOMEM;
+    const char *txt = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
+    kvo_status s = kvo_buf_append(d->b, d->first ? "" : ",", d->first ? 0 : 1);
+    if (s == KVO_OK) s = kvo_buf_append(d->b, txt, strlen(txt));
+    d->first = false;
+    json_object_put(j);
+    return s;
+}
+
+static void do_dump(svc *s, kvo_http_req *r) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    dumpctx d = {&b, true};
+    kvo_status st = kvo_buf_append(&b, "[", 1);
+    if (st == KVO_OK) st = idx_tree_dump(idx_feed_tree(s->feed), dump_one, &d);
+    if (st == KVO_OK) st = kvo_buf_append(&b, "]", 1);
+    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    kvo_buf_fini(&b);
+}
+
+static const char *nats_state(const svc *s) {
+    if (!s->nc) return "none";
+    switch (natsConnection_Status(s->nc)) {
+    case NATS_CONN_STATUS_CONNECTED: return "connected";
+    case NATS_CONN_STATUS_CONNECTING: return "connecting";
+    case NATS_CONN_STATUS_RECONNECTING: return "reconnecting";
+    case NATS_CONN_STATUS_CLOSED: return "closed";
+    default: return "disconnected";
+    }
+}
+
+static void do_health(svc *s, kvo_http_req *r) {
+    json_object *o = json_object_new_object();
+    if (!o) {
+        kvo_http_respond_error(r, 500, "out of memory");
+        return;
+    }
+    json_object_object_add(o, "status", json_object_new_string("ok"));
+    json_object_object_add(o, "nats", json_object_new_string(nats_state(s)));
+    json_object_object_add(o, "subject", json_object_new_string(s->cfg->subject));
+    kvo_http_respond_json(r, 200, o);
+}
+
+static void do_counters(svc *s, kvo_http_req *r) {
+    json_object *o = idx_json_counters(s->feed);
+    if (!o) {
+        kvo_http_respond_error(r, 500, "out of memory");
+        return;
+    }
+    json_object_object_add(o, "slow_consumer_drops",
+                           json_object_new_uint64(atomic_load(&s->slow_drops)));
+    json_object_object_add(o, "inbox_drops",
+                           json_object_new_uint64(atomic_load(&s->inbox_drops)));
+    json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
+    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->bad_requests));
+    kvo_http_respond_json(r, 200, o);
+}
+
+static kvo_status metric(kvo_buf *b, const char *name, const char *type,
+                         const char *help, uint64_t v) {
+    return kvo_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n",
+                          name, help, name, type, name, v);
+}
+
+static void do_metrics(svc *s, kvo_http_req *r) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    idx_counters c;
+    idx_stats st;
+    idx_feed_counters f;
+    idx_tree_counters(idx_feed_tree(s->feed), &c);
+    idx_tree_stats(idx_feed_tree(s->feed), &st);
+    idx_feed_counters_get(s->feed, &f);
+    kvo_status e = kvo_buf_printf(
+        &b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
+            "and status.\n# TYPE kvo_indexer_events_total counter\n");
+    for (int t = WIRE_R_STORED; e == KVO_OK && t <= WIRE_R_CLEARED; t++)
+        for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++)
+            e = kvo_buf_printf(&b,
+                               "kvo_indexer_events_total{type=\"%s\",status=\"%s\"} "
+                               "%" PRIu64 "\n",
+                               idx_rtype_name((wire_rtype)t),
+                               idx_evstatus_name((idx_evstatus)k), c.events[t][k]);
+    if (e == KVO_OK)
+        e = kvo_buf_printf(
+            &b,
+            "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
+            "# TYPE kvo_indexer_blocks_total counter\n"
+            "kvo_indexer_blocks_total{op=\"stored\"} %" PRIu64 "\n"
+            "kvo_indexer_blocks_total{op=\"removed\"} %" PRIu64 "\n"
+            "kvo_indexer_blocks_total{op=\"not_found\"} %" PRIu64 "\n"
+            "kvo_indexer_blocks_total{op=\"hash_mismatch\"} %" PRIu64 "\n",
+            c.blocks_stored, c.blocks_removed, c.blocks_not_found,
+            c.hash_mismatch);
+    struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } m[] = {
+        {"kvo_indexer_resident_blocks", "gauge", "Blocks (tree nodes) held by at least one worker.", st.held},
+        {"kvo_indexer_tree_nodes", "gauge", "Tree nodes, including emptied ones Dynamo's rules keep.", st.nodes},
+        {"kvo_indexer_pairs", "gauge", "(block, worker) pairs: entries of the workers' lookups.", st.pairs},
+        {"kvo_indexer_workers", "gauge", "Known (worker_id, dp_rank) pairs.", st.workers},
+        {"kvo_indexer_memory_bytes", "gauge", "Memory held by the tree.", st.bytes},
+        {"kvo_indexer_messages_total", "counter", "Event-plane messages received.", f.messages},
+        {"kvo_indexer_messages_applied_total", "counter", "Messages decoded and applied.", f.applied},
+        {"kvo_indexer_duplicates_total", "counter", "Exact duplicates dropped.", f.duplicates},
+        {"kvo_indexer_restarts_total", "counter", "Publisher restarts seen.", f.restarts},
+        {"kvo_indexer_gaps_total", "counter", "Sequence gaps.", f.gaps},
+        {"kvo_indexer_missed_total", "counter", "Messages missed in gaps.", f.missed},
+        {"kvo_indexer_undecodable_total", "counter", "Undecodable messages.", f.undecodable},
+        {"kvo_indexer_bad_headers_total", "counter", "Malformed KVO-Zmq-Seq headers.", f.bad_headers},
+        {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
+        {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
+        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", atomic_load(&s->slow_drops)},
+        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", atomic_load(&s->disconnects)},
+        {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
+    };
+    for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
+        e = metric(&b, m[i].name, m[i].type, m[i].help, m[i].v);
+    if (e == KVO_OK)
+        e = kvo_buf_printf(&b, "# HELP kvo_indexer_query_seconds Query latency "
+                               "(parse excluded, hashing included).\n"
+                               "# TYPE kvo_indexer_query_seconds histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; e == KVO_OK && i < NLAT; i++) {
+        cum += s->lat_count[i];
+        e = kvo_buf_printf(&b, "kvo_indexer_query_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+                           lat_bounds[i], cum);
+    }
+    cum += s->lat_count[NLAT];
+    if (e == KVO_OK)
+        e = kvo_buf_printf(&b,
+                           "kvo_indexer_query_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
+                           "kvo_indexer_query_seconds_sum %.9f\n"
+                           "kvo_indexer_query_seconds_count %" PRIu64 "\n",
+                           cum, s->lat_sum, cum);
+    if (e != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(e));
+    else kvo_http_respond(r, 200, "text/plain; version=0.0.4", b.data, b.len);
+    kvo_buf_fini(&b);
+}
+
+static void handler(void *ctx, kvo_http_req *r) {
+    svc *s = ctx;
+    const char *m = kvo_http_req_method(r), *p = kvo_http_req_path(r);
+    bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
+    struct {
+        const char *path;
+        bool post;
+    } routes[] = {{"/query", true},     {"/query_by_hash", true},
+                  {"/dump", false},     {"/workers", false},
+                  {"/health", false},   {"/watermark", false},
+                  {"/metrics", false},  {"/counters", false}};
+    size_t i = 0;
+    while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
+    if (i == KVO_ARRAY_LEN(routes)) {
+        s->bad_requests++;
+        kvo_http_respond_error(r, 404, "no such endpoint");
+        return;
+    }
+    if (routes[i].post ? !post : !get) {
+        s->bad_requests++;
+        kvo_http_respond_error(r, 405, routes[i].post ? "use POST" : "use GET");
+        return;
+    }
+    json_object *o = NULL;
+    switch (i) {
+    case 0: do_query(s, r, 1); return;
+    case 1: do_query(s, r, 0); return;
+    case 2: do_dump(s, r); return;
+    case 3: o = idx_json_workers(idx_feed_tree(s->feed)); break;
+    case 4: do_health(s, r); return;
+    case 5: o = idx_json_watermark(s->feed); break;
+    case 6: do_metrics(s, r); return;
+    default: do_counters(s, r); return;
+    }
+    if (!o) kvo_http_respond_error(r, 500, "out of memory");
+    else kvo_http_respond_json(r, 200, o);
+}
+
+/* ======================================================================== */
+/* Loop                                                                      */
+/* ======================================================================== */
+
+static void log_nats_changes(svc *s) {
+    uint64_t d = atomic_load(&s->disconnects), r = atomic_load(&s->reconnects);
+    if (d != s->seen_disconnects) {
+        kvo_warn("NATS disconnected (%" PRIu64 " so far); reconnecting", d);
+        s->seen_disconnects = d;
+    }
+    if (r != s->seen_reconnects) {
+        kvo_info("NATS reconnected (%" PRIu64 " so far)", r);
+        s->seen_reconnects = r;
+    }
+}
+
+kvo_status idx_service_run(const idx_service_cfg *cfg) {
+    svc s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = cfg;
+    s.evfd = -1;
+    idx_scores_init(&s.scores);
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    kvo_status st = KVO_OK;
+    char host[256];
+    uint16_t port;
+    if (kvo_parse_hostport(cfg->http, host, sizeof(host), &port) != KVO_OK) {
+        kvo_error("bad --http '%s': expected HOST:PORT", cfg->http);
+        st = KVO_EINVAL;
+        goto done;
+    }
+    if (cfg->block_size == 0) {
+        kvo_error("--block-size must be at least 1");
+        st = KVO_EINVAL;
+        goto done;
+    }
+    s.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s.evfd < 0) {
+        kvo_error("eventfd: %s", strerror(errno));
+        st = KVO_EIO;
+        goto done;
+    }
+    if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
+    if ((st = nats_setup(&s)) != KVO_OK) goto done;
+    kvo_http_server_cfg hc = {host, port, 16u << 20, handler, &s};
+    if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
+        kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
+        goto done;
+    }
+    kvo_info("listening on http://%s:%u", host, kvo_http_server_port(s.http));
+    struct pollfd pf[2] = {{s.evfd, POLLIN, 0},
+                           {kvo_http_server_fd(s.http), POLLIN, 0}};
+    while (!kvo_stop) {
+        long t = kvo_http_server_timeout_ms(s.http);
+        int timeout = t < 0 || t > 200 ? 200 : (int)t;
+        int n = poll(pf, 2, timeout);
+        if (n < 0 && errno != EINTR) {
+            kvo_error("poll: %s", strerror(errno));
+            st = KVO_EIO;
+            break;
+        }
+        if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        kvo_http_server_run(s.http);
+        log_nats_changes(&s);
+    }
+    if (kvo_stop) kvo_info("stopping");
+done:
+    kvo_http_server_free(s.http);
+    nats_teardown(&s);
+    for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);
+    kvo_free(s.inbox);
+    idx_feed_free(s.feed);
+    idx_scores_fini(&s.scores);
+    if (s.evfd >= 0) close(s.evfd);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
+    return st;
+}

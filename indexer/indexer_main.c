@@ -1,0 +1,230 @@
+/* kvo-indexer: the radix index as a service (NATS in, HTTP out), or offline
+ * over a capture file (replay). */
+#include "idx.h"
+
+#include <nats/nats.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    OPT_NATS = 256, OPT_NATS_USER, OPT_NATS_PASSWORD, OPT_NATS_TOKEN,
+    OPT_NATS_CREDS, OPT_NATS_TLS, OPT_NATS_TLS_CA, OPT_NATS_TLS_CERT,
+    OPT_NATS_TLS_KEY, OPT_NATS_TLS_SKIP, OPT_SUBJECT, OPT_HTTP,
+    OPT_BLOCK_SIZE, OPT_LOG_LEVEL
+};
+
+static const struct option options[] = {
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {"nats", required_argument, NULL, OPT_NATS},
+    {"nats-user", required_argument, NULL, OPT_NATS_USER},
+    {"nats-password", required_argument, NULL, OPT_NATS_PASSWORD},
+    {"nats-token", required_argument, NULL, OPT_NATS_TOKEN},
+    {"nats-creds", required_argument, NULL, OPT_NATS_CREDS},
+    {"nats-tls", no_argument, NULL, OPT_NATS_TLS},
+    {"nats-tls-ca", required_argument, NULL, OPT_NATS_TLS_CA},
+    {"nats-tls-cert", required_argument, NULL, OPT_NATS_TLS_CERT},
+    {"nats-tls-key", required_argument, NULL, OPT_NATS_TLS_KEY},
+    {"nats-tls-skip-verify", no_argument, NULL, OPT_NATS_TLS_SKIP},
+    {"subject", required_argument, NULL, OPT_SUBJECT},
+    {"http", required_argument, NULL, OPT_HTTP},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {NULL, 0, NULL, 0}};
+
+static const char usage[] =
+    "usage: kvo-indexer [options]\n"
+    "       kvo-indexer replay EVENTS [QUERIES] [--block-size N]\n"
+    "\n"
+    "A radix index of KV-cache blocks per worker with the semantics of\n"
+    "Dynamo's radix tree, fed by the event plane (NATS) and answering\n"
+    "per-prompt hit queries over HTTP.\n"
+    "\n"
+    "Service:\n"
+    "  --nats URL[,URL...]     servers (default nats://127.0.0.1:4222)\n"
+    "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n"
+    "  --nats-tls              require TLS\n"
+    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"
+    "  --nats-tls-skip-verify  do not verify the server certificate\n"
+    "  --subject S             (default namespace.*.component.*.kv-events)\n"
+    "  --http HOST:PORT        HTTP API (default 127.0.0.1:8090; port 0 picks\n"
+    "                          one, logged as 'listening on http://HOST:PORT')\n"
+    "  --block-size N          tokens per block for token queries (default 16)\n"
+    "  --log-level L           error|warn|info|debug (default info)\n"
+    "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
+    "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
+    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]}; GET /dump /workers /health\n"
+    "  /watermark /metrics /counters.\n"
+    "\n"
+    "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
+    "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": [...]});\n"
+    "  prints one line per query, then {\"counters\", \"workers\", \"pairs\"}.\n"
+    "\n"
+    "  -h, --help              this text\n"
+    "  -V, --version           print the version\n"
+    "Every option also reads KVO_<NAME> from the environment.\n"
+    "Exit: 0 ok, 1 input failed (replay: unreadable or damaged capture, bad\n"
+    "query line), 2 usage or setup error.\n";
+
+typedef struct opts {
+    idx_service_cfg cfg;
+    kvo_level level;
+    bool help, version;
+} opts;
+
+static int bad(const char *opt, const char *arg) {
+    fprintf(stderr, "kvo-indexer: bad value for --%s: '%s'\n", opt,
+            arg ? arg : "");
+    return -1;
+}
+
+static int set_opt(void *ctx, int code, const char *arg) {
+    opts *o = ctx;
+    idx_service_cfg *c = &o->cfg;
+    switch (code) {
+    case 'h': o->help = true; return 0;
+    case 'V': o->version = true; return 0;
+    case OPT_NATS: c->nats_url = arg; return 0;
+    case OPT_NATS_USER: c->nats_user = arg; return 0;
+    case OPT_NATS_PASSWORD: c->nats_password = arg; return 0;
+    case OPT_NATS_TOKEN: c->nats_token = arg; return 0;
+    case OPT_NATS_CREDS: c->nats_creds = arg; return 0;
+    case OPT_NATS_TLS: c->nats_tls = true; return 0;
+    case OPT_NATS_TLS_CA: c->nats_tls_ca = arg; return 0;
+    case OPT_NATS_TLS_CERT: c->nats_tls_cert = arg; return 0;
+    case OPT_NATS_TLS_KEY: c->nats_tls_key = arg; return 0;
+    case OPT_NATS_TLS_SKIP: c->nats_tls_skip_verify = true; return 0;
+    case OPT_SUBJECT:
+        if (!*arg) return bad("subject", arg);
+        c->subject = arg;
+        return 0;
+    case OPT_HTTP: c->http = arg; return 0;
+    case OPT_BLOCK_SIZE:
+        if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
+            c->block_size > (1u << 20))
+            return bad("block-size", arg);
+        return 0;
+    case OPT_LOG_LEVEL:
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+    default: return -1;
+    }
+}
+
+/* kvo_getopt stops at the first operand; the replay contract puts options
+ * after EVENTS [QUERIES], so move options (and their values) first. */
+static void options_first(int argc, char **argv, const struct option *table) {
+    char **sorted = kvo_calloc((size_t)argc + 1, sizeof(char *));
+    if (!sorted) return;
+    int k = 1, n = 1;
+    sorted[0] = argv[0];
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 1; i < argc; i++) {
+            bool opt = argv[i][0] == '-' && argv[i][1] != '\0';
+            bool takes = false;
+            if (opt && argv[i][1] == '-' && !strchr(argv[i], '=')) {
+                for (const struct option *o = table; o->name; o++)
+                    if (strcmp(argv[i] + 2, o->name) == 0)
+                        takes = o->has_arg == required_argument;
+            }
+            if (pass == 0 && opt) {
+                sorted[k++] = argv[i];
+                if (takes && i + 1 < argc) sorted[k++] = argv[++i];
+            } else if (pass == 1) {
+                if (opt) {
+                    i += takes;
+                    continue;
+                }
+                sorted[k++] = argv[i];
+            }
+            n = k;
+        }
+    memcpy(argv, sorted, (size_t)n * sizeof(char *));
+    kvo_free(sorted);
+}
+
+static int run_replay(int argc, char **argv) {
+    opts o;
+    memset(&o, 0, sizeof(o));
+    idx_service_cfg_default(&o.cfg);
+    o.level = KVO_LOG_INFO;
+    static const struct option ropts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+        {NULL, 0, NULL, 0}};
+    options_first(argc, argv, ropts);
+    int idx = kvo_getopt(argc, argv, ropts, set_opt, &o);
+    if (idx < 0) {
+        fputs("kvo-indexer: see --help\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.help) {
+        fputs(usage, stdout);
+        return KVO_EXIT_OK;
+    }
+    if (o.version) {
+        printf("kvo-indexer %s\n", KVO_VERSION);
+        return KVO_EXIT_OK;
+    }
+    if (argc - idx < 1 || argc - idx > 2) {
+        fputs("kvo-indexer: replay takes EVENTS [QUERIES]; see --help\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    idx_replay_cfg rc = {argv[idx], argc - idx == 2 ? argv[idx + 1] : NULL,
+                         o.cfg.block_size};
+    char err[512];
+    kvo_status st = idx_replay_run(&rc, stdout, err, sizeof(err));
+    if (st == KVO_OK) return KVO_EXIT_OK;
+    fprintf(stderr, "kvo-indexer: %s\n", err[0] ? err : kvo_strerror(st));
+    return st == KVO_ENOMEM ? KVO_EXIT_USAGE : KVO_EXIT_FAIL;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "replay") == 0)
+        return run_replay(argc - 1, argv + 1);
+    opts o;
+    memset(&o, 0, sizeof(o));
+    idx_service_cfg_default(&o.cfg);
+    o.level = KVO_LOG_INFO;
+    int idx = kvo_getopt(argc, argv, options, set_opt, &o);
+    if (idx < 0) {
+        fputs("kvo-indexer: see --help\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.help) {
+        fputs(usage, stdout);
+        return KVO_EXIT_OK;
+    }
+    if (o.version) {
+        printf("kvo-indexer %s\n", KVO_VERSION);
+        return KVO_EXIT_OK;
+    }
+    if (idx < argc) {
+        fprintf(stderr, "kvo-indexer: unexpected argument '%s'\n", argv[idx]);
+        return KVO_EXIT_USAGE;
+    }
+    if ((o.cfg.nats_user != NULL) != (o.cfg.nats_password != NULL)) {
+        fputs("kvo-indexer: --nats-user and --nats-password go together\n",
+              stderr);
+        return KVO_EXIT_USAGE;
+    }
+    kvo_log_init("kvo-indexer", o.level);
+    kvo_signals_init();
+    const idx_service_cfg *c = &o.cfg;
+    kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
+             "auth=%s tls=%s",
+             KVO_VERSION, c->nats_url, c->subject, c->http, c->block_size,
+             c->nats_creds ? "creds" : c->nats_token ? "token"
+                                   : c->nats_user    ? "user"
+                                                     : "none",
+             c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
+                     c->nats_tls_skip_verify
+                 ? (c->nats_tls_skip_verify ? "on (no verify)" : "on")
+                 : "off");
+    kvo_status st = idx_service_run(&o.cfg);
+    nats_CloseAndWait(2000);
+    if (st == KVO_OK) return KVO_EXIT_OK;
+    fprintf(stderr, "kvo-indexer: %s\n", kvo_strerror(st));
+    return KVO_EXIT_USAGE;
+}
