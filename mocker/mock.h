@@ -228,7 +228,8 @@ typedef struct mock_step {
     uint32_t decode_reqs;      /* requests decoding one token */
     uint32_t preempted;        /* requests preempted in this step */
     /* Events (NULL when none); hashes are rendered as low-64 ints and
-     * dp rank set; valid until the next schedule. */
+     * dp rank set. Valid until mock_engine_complete (stored tokens and
+     * hashes point into the requests). */
     const wire_batch *batch;
     const mock_step_aux *aux;
     /* user pointers of requests scheduled for the first time */

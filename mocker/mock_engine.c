@@ -92,6 +92,12 @@ static kvo_status ev_grow(ev_builder *b) {
     mock_hash **rh = kvo_realloc(b->removed, cap * sizeof(*rh));
     if (!rh) return KVO_ENOMEM;
     b->removed = rh;
+    mock_hash *rf = kvo_realloc(b->removed_hash, cap * sizeof(*rf));
+    if (!rf) return KVO_ENOMEM;
+    b->removed_hash = rf;
+    wire_hash *rw = kvo_realloc(b->removed_wire, cap * sizeof(*rw));
+    if (!rw) return KVO_ENOMEM;
+    b->removed_wire = rw;
     b->cap = cap;
     return KVO_OK;
 }
@@ -123,25 +129,22 @@ static void hash_int_form(wire_hash *w, const mock_hash *h) {
     w->bytes = NULL;
 }
 
-/* pool callback: the block at the free-queue head still holds a hash. */
+/* pool callback: the block at the free-queue head still holds a hash. Its
+ * hash is copied (the block is about to be reused); the event's pointers
+ * into the per-event arrays are set when the step's batch is finished, as
+ * the arrays may still grow. */
 static void on_evict(void *ctx, uint32_t id) {
     mock_engine *e = ctx;
     e->st.blocks_removed++;
     if (!e->events) return;
     ev_builder *b = &e->ev;
     wire_event *ev = ev_push(b, WIRE_EV_REMOVED);
-    mock_hash *full = ev ? kvo_arena_alloc(&b->arena, sizeof(mock_hash)) : NULL;
-    wire_hash *wh = ev ? kvo_arena_alloc(&b->arena, sizeof(wire_hash)) : NULL;
-    if (!ev || !full || !wh) {
-        if (ev) b->n--;
-        return; /* out of memory: the event is lost, counted below */
-    }
-    *full = e->pool.hash[id];
-    hash_int_form(wh, full);
+    if (!ev) return; /* out of memory: the event is lost */
+    uint32_t i = b->n - 1;
+    b->removed_hash[i] = e->pool.hash[id];
+    hash_int_form(&b->removed_wire[i], &e->pool.hash[id]);
     ev->n_hashes = 1;
-    ev->hashes = wh;
-    b->removed[b->n - 1] = full;
-    b->removed_parent[b->n - 1] = e->pool.parent[id];
+    b->removed_parent[i] = e->pool.parent[id];
 }
 
 static int kvobuf_write(void *data, const char *p, size_t n) {
@@ -187,12 +190,11 @@ kvo_status eng_ev_stored(mock_engine *e, mock_req *r, uint32_t first,
     if (!ev) return KVO_ENOMEM;
     uint32_t i = b->n - 1;
     kvo_status st = KVO_ENOMEM;
-    mock_hash *full = kvo_arena_memdup(&b->arena, r->bh + first,
-                                       n * sizeof(mock_hash));
+    /* Hashes and tokens point into the request: it lives until complete(). */
+    mock_hash *full = r->bh + first;
     wire_hash *wh = kvo_arena_alloc(&b->arena, n * sizeof(wire_hash));
-    uint64_t *tok = kvo_arena_memdup(&b->arena, r->tokens + (size_t)first * bs,
-                                     (size_t)n * bs * sizeof(uint64_t));
-    if (!full || !wh || !tok) goto fail;
+    uint64_t *tok = r->tokens + (size_t)first * bs;
+    if (!wh) goto fail;
     for (uint32_t k = 0; k < n; k++) hash_int_form(&wh[k], &full[k]);
     ev->n_hashes = n;
     ev->hashes = wh;
@@ -287,6 +289,8 @@ void mock_engine_free(mock_engine *e) {
     kvo_free(b->stored);
     kvo_free(b->parent);
     kvo_free(b->removed);
+    kvo_free(b->removed_hash);
+    kvo_free(b->removed_wire);
     kvo_arena_fini(&b->arena);
     b->batch.events = NULL;
     b->batch.n_events = 0;
@@ -553,6 +557,11 @@ kvo_status mock_engine_schedule(mock_engine *e, double ts, mock_step *out) {
     out->batch = NULL;
     out->aux = NULL;
     if (b->n > 0) {
+        for (uint32_t i = 0; i < b->n; i++) {
+            if (b->ev[i].type != WIRE_EV_REMOVED) continue;
+            b->ev[i].hashes = &b->removed_wire[i];
+            b->removed[i] = &b->removed_hash[i];
+        }
         wire_batch *wb = &b->batch;
         wb->ts = ts;
         wb->batch_len = 3;

@@ -136,6 +136,8 @@ typedef struct ev_builder {
     mock_hash **stored;
     mock_hash *parent;
     mock_hash **removed;
+    mock_hash *removed_hash;  /* per event: a BlockRemoved's one hash */
+    wire_hash *removed_wire;  /* per event: its int form */
     uint32_t n, cap;
     kvo_arena arena;
     wire_batch batch;   /* points at ev; its own arena unused */

@@ -30,6 +30,7 @@ typedef struct trace_run {
     mock_node node;
     uint64_t started, finished, rejected, clamped, malformed;
     uint64_t prompt_tokens, cached_tokens, generated;
+    uint64_t finished_prompt_tokens; /* the hit rate's denominator */
     uint64_t total_lines;
     uint64_t wall0;
     uint64_t last_progress;
@@ -40,6 +41,7 @@ static void on_output(void *user, const mock_output *o) {
     trace_run *t = user;
     if (o->finish == MOCK_FINISH_NONE) return;
     t->finished++;
+    t->finished_prompt_tokens += o->n_prompt;
     t->cached_tokens += o->cached_tokens;
     t->generated += o->n_output;
 }
@@ -72,9 +74,9 @@ static void progress(trace_run *t, bool final) {
     double secs = (double)(now - t->wall0) / 1e9;
     fprintf(stderr, "\r[%s] %llu/%llu requests  %.1f%% cached  %.1f s%s", bar,
             (unsigned long long)t->finished, (unsigned long long)total,
-            t->prompt_tokens ? 100.0 * (double)t->cached_tokens /
-                                   (double)t->prompt_tokens
-                             : 0.0,
+            t->finished_prompt_tokens ? 100.0 * (double)t->cached_tokens /
+                                            (double)t->finished_prompt_tokens
+                                      : 0.0,
             secs, final ? "\n" : "");
     fflush(stderr);
 }
@@ -137,8 +139,9 @@ static void summary(trace_run *t, double model_ms, bool interrupted) {
     }
     mock_hasher_stats hs;
     mock_hasher_stats_get(t->node.hasher, &hs);
-    double hit = t->prompt_tokens ? (double)t->cached_tokens / (double)t->prompt_tokens
-                                  : 0.0;
+    double hit = t->finished_prompt_tokens ? (double)t->cached_tokens /
+                                                 (double)t->finished_prompt_tokens
+                                           : 0.0;
     double hash_s = (double)hs.ns / 1e9;
     if (c->summary_json) {
         printf("{\"trace\":\"%s\",\"interrupted\":%s,\"dp_size\":%u,"
@@ -176,8 +179,10 @@ static void summary(trace_run *t, double model_ms, bool interrupted) {
            (unsigned long long)t->finished, (unsigned long long)t->started,
            (unsigned long long)t->rejected, (unsigned long long)t->clamped,
            (unsigned long long)t->malformed);
-    printf("  prompt tokens   %llu, cached %llu (hit rate %.2f%%)\n",
+    printf("  prompt tokens   %llu started, %llu finished, cached %llu (hit rate "
+           "%.2f%% of finished)\n",
            (unsigned long long)t->prompt_tokens,
+           (unsigned long long)t->finished_prompt_tokens,
            (unsigned long long)t->cached_tokens, 100.0 * hit);
     printf("  generated       %llu tokens\n", (unsigned long long)t->generated);
     printf("  steps           %llu (%llu preemptions)\n",
