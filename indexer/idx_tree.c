@@ -75,9 +75,10 @@
  *   primary b that live elsewhere, so a miss reads one line unless b spilled.
  *   The key itself lives in the node or alias record the ref names (a probe
  *   reads it only on a tag match); the tag alone places a key, so growing
- *   never reads keys. Deletion just clears the slot. Load <= 15/16, growth
- *   x1.25 (load stays within 0.75..0.94). A single-worker block costs 32 + 1
- *   bytes of slab plus one lookup slot (8 bytes / load).
+ *   never reads keys, and a table grows in place (its pages stay). Deletion
+ *   just clears the slot. Load <= 15/16, growth x1.5 (load stays within
+ *   0.63..0.94). A single-worker block costs 32 + 1 bytes of slab plus one
+ *   lookup slot (8 bytes / load): 41.5 to 46 bytes per (block, worker).
  *
  * Invariants (idx_tree_check verifies all of them)
  * ----------
@@ -325,11 +326,11 @@ static inline uint32_t scan_bucket(const idx_tree *t, const tab *r, int kind,
     return NIL;
 }
 
-/* Position of key (a, b), or NIL. */
-static inline uint32_t tab_find(const idx_tree *t, const tab *r, int kind,
-                                uint64_t a, uint32_t b) {
+/* Position of key (a, b) whose hash is h, or NIL. */
+static inline uint32_t tab_find_h(const idx_tree *t, const tab *r, int kind,
+                                  uint64_t a, uint32_t b, uint64_t h) {
     if (r->len == 0) return NIL;
-    uint32_t tag = (uint32_t)(mix(a, b) >> 32);
+    uint32_t tag = (uint32_t)(h >> 32);
     uint32_t b1 = tab_b1(r, tag);
     uint32_t pos = scan_bucket(t, r, kind, b1, tag, a, b);
     if (pos != NIL) return pos;
@@ -343,6 +344,11 @@ static inline uint32_t tab_find(const idx_tree *t, const tab *r, int kind,
             key_eq(t, kind, (uint32_t)r->stash[j], a, b))
             return r->nb * BW + j;
     return NIL;
+}
+
+static inline uint32_t tab_find(const idx_tree *t, const tab *r, int kind,
+                                uint64_t a, uint32_t b) {
+    return tab_find_h(t, r, kind, a, b, mix(a, b));
 }
 
 static inline uint32_t ref_at(const tab *r, uint32_t pos) {
@@ -433,54 +439,105 @@ static kvo_status stash_room(tab *r, uint32_t more) {
     return KVO_OK;
 }
 
-/* Room for `more` insertions: load <= 15/16 (growing x1.25, so the load
- * stays within 0.75..0.94) and stash space for each. */
+static inline uint32_t b1_of(uint32_t tag, uint32_t nb) {
+    return (uint32_t)(((uint64_t)tag * nb) >> 32);
+}
+
+/* Grow to nb buckets in place, so the pages already touched stay in use
+ * (a fresh table per growth would fault in five times the final size).
+ * The primary bucket only ever moves up when the table grows, so one pass
+ * from the top bucket down moves primary keys into buckets already done
+ * (or back into their own); keys in secondaries or the stash, and those a
+ * bucket cannot hold, are put aside and re-inserted at the end. Everything that can fail comes
+ * before the realloc: then nothing changes on failure. */
+static kvo_status tab_grow(tab *r, uint32_t nb) {
+    uint32_t ob = r->nb;
+    uint8_t *spill = kvo_calloc(nb, 1);
+    if (!spill) return KVO_ENOMEM;
+    uint64_t out = r->nstash;
+    for (uint32_t b = 0; b < ob; b++) {
+        const bucket *k = &r->bk[b];
+        for (unsigned m = ~bucket_holes(k) & 0xFFu; m; m &= m - 1) {
+            uint32_t tag = k->tag[__builtin_ctz(m)];
+            if (b1_of(tag, ob) != b) out++;
+            else spill[b1_of(tag, nb)]++; /* at most 2 old buckets each */
+        }
+    }
+    for (uint32_t b = 0; b < nb; b++)
+        if (spill[b] > BW) out += spill[b] - BW;
+    uint64_t *aside = kvo_malloc((out ? out : 1) * sizeof(uint64_t));
+    if (!aside || out > 0x7FFFFFFFu || stash_room(r, (uint32_t)out) != KVO_OK) {
+        kvo_free(spill);
+        kvo_free(aside);
+        return KVO_ENOMEM;
+    }
+    size_t off = r->bk_mem ? (size_t)((char *)r->bk - (char *)r->bk_mem) : 0;
+    void *mem = kvo_realloc(r->bk_mem, ((size_t)nb + 1) * sizeof(bucket));
+    if (!mem) {
+        kvo_free(spill);
+        kvo_free(aside);
+        return KVO_ENOMEM;
+    }
+    bucket *bk = (bucket *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+    if ((size_t)((char *)bk - (char *)mem) != off)
+        memmove(bk, (char *)mem + off, (size_t)ob * sizeof(bucket));
+    memset(&bk[ob], 0, (size_t)(nb - ob) * sizeof(bucket));
+    r->bk_mem = mem;
+    r->bk = bk;
+    uint64_t k = 0;
+    for (uint32_t j = 0; j < r->nstash; j++) aside[k++] = r->stash[j];
+    r->nstash = 0;
+    for (uint32_t b = ob; b-- > 0;) {
+        bucket *c = &bk[b];
+        bucket was = *c;
+        memset(c, 0, sizeof(*c));
+        for (unsigned m = ~bucket_holes(&was) & 0xFFu; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            uint32_t tag = was.tag[i];
+            bucket *d = &bk[b1_of(tag, nb)];
+            unsigned h = b1_of(tag, ob) == b ? bucket_holes(d) : 0;
+            if (!h) { /* a secondary, or a full bucket: put aside */
+                aside[k++] = (uint64_t)tag << 32 | was.ref[i];
+                continue;
+            }
+            unsigned j = (unsigned)__builtin_ctz(h);
+            d->tag[j] = tag;
+            d->ref[j] = was.ref[i];
+        }
+    }
+    r->nb = nb;
+    r->len -= (uint32_t)k;
+    memset(spill, 0, nb);
+    kvo_free(r->spill);
+    r->spill = spill;
+    if (!r->rng) r->rng = 0x9E3779B9u;
+    for (uint64_t j = 0; j < k; j++)
+        tab_put(r, (uint32_t)(aside[j] >> 32), (uint32_t)aside[j]);
+    kvo_free(aside);
+    return KVO_OK;
+}
+
+/* Room for `more` insertions: load <= 15/16 (growing x1.5, so the load
+ * stays within 0.63..0.94) and stash space for each. */
 static kvo_status tab_reserve(tab *r, uint32_t more) {
     kvo_status s = stash_room(r, more);
     if (s != KVO_OK) return s;
     uint64_t need = (uint64_t)r->len + more;
     if (need * 16 <= (uint64_t)r->nb * BW * 15) return KVO_OK;
     uint64_t nb = r->nb ? r->nb : 4;
-    while (need * 16 > nb * BW * 15) nb = nb * 5 / 4 + 1;
+    while (need * 16 > nb * BW * 15) nb = nb * 3 / 2 + 1;
     if (nb * BW > 0x70000000u) return KVO_ETOOBIG;
-    tab n = {NULL, kvo_calloc(nb + 1, sizeof(bucket)), kvo_calloc(nb, 1),
-             NULL, (uint32_t)nb, 0, 0, 0, r->rng ? r->rng : 0x9E3779B9u};
-    if (!n.bk_mem || !n.spill || stash_room(&n, r->nstash + more) != KVO_OK)
-        goto fail;
-    n.bk = (bucket *)(((uintptr_t)n.bk_mem + 63) & ~(uintptr_t)63);
-    /* old buckets are walked in order and mostly hold primary keys, whose
-     * new primary buckets come in the same order: the new table fills
-     * nearly front to back */
-    for (uint32_t b = 0; b < r->nb; b++) {
-        const bucket *k = &r->bk[b];
-        for (unsigned m = ~bucket_holes(k) & 0xFFu; m; m &= m - 1) {
-            unsigned i = (unsigned)__builtin_ctz(m);
-            if (n.nstash == n.stash_cap && stash_room(&n, 16) != KVO_OK)
-                goto fail;
-            tab_put(&n, k->tag[i], k->ref[i]);
-        }
-    }
-    for (uint32_t j = 0; j < r->nstash; j++) {
-        if (n.nstash == n.stash_cap && stash_room(&n, 16) != KVO_OK) goto fail;
-        tab_put(&n, (uint32_t)(r->stash[j] >> 32), (uint32_t)r->stash[j]);
-    }
-    kvo_free(r->bk_mem);
-    kvo_free(r->spill);
-    kvo_free(r->stash);
-    *r = n;
-    return KVO_OK;
-fail:
-    kvo_free(n.bk_mem);
-    kvo_free(n.spill);
-    kvo_free(n.stash);
-    return KVO_ENOMEM;
+    return tab_grow(r, (uint32_t)nb);
 }
 
 /* Bring in the lookup slot of (w, bh): a later block's, while this one is
  * worked on, AHEAD blocks ahead (about one memory latency of work). */
 #define AHEAD 8
-static inline void look_prefetch(const idx_tree *t, uint32_t w, uint64_t bh) {
-    tab_prefetch(&t->look, mix(bh, w));
+static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
+                                     uint64_t bh) {
+    uint64_t h = mix(bh, w);
+    tab_prefetch(&t->look, h);
+    return h;
 }
 
 /* ---- Edge refs ---------------------------------------------------------- */
@@ -867,13 +924,13 @@ static void drain(idx_tree *t) {
 /* Lookup entries                                                            */
 /* ======================================================================== */
 
-/* Map (w, bh) -> n. pos: the entry's position, NIL when (w, bh) is known
- * to be absent, or FIND. Returns the node it mapped to before (NIL when
- * new). */
+/* Map (w, bh) -> n; h = mix(bh, w). pos: the entry's position, NIL when
+ * (w, bh) is known to be absent, or FIND. Returns the node it mapped to
+ * before (NIL when new). */
 #define FIND DEAD
-static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint32_t n,
-                         uint32_t pos) {
-    if (pos == FIND) pos = look_find(t, w, bh);
+static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
+                         uint32_t n, uint32_t pos) {
+    if (pos == FIND) pos = tab_find_h(t, &t->look, K_LOOK, bh, w, h);
     bool inl = t->nd[n].wset == w && t->nd[n].block_hash == bh;
     if (pos != NIL) {
         uint32_t v = ref_at(&t->look, pos), old = look_node(t, v);
@@ -893,7 +950,7 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint32_t n,
         return old;
     }
     uint32_t v = inl ? n : (TAG | la_new(t, bh, w, n));
-    tab_put(&t->look, (uint32_t)(mix(bh, w) >> 32), v);
+    tab_put(&t->look, (uint32_t)(h >> 32), v);
     ref_inc(t, n);
     t->ws[w].blocks++;
     t->pairs++;
@@ -1053,14 +1110,16 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
     kvo_status s = store_reserve(t, ev->n_blocks);
     if (s != KVO_OK) return s;
     *st = IDX_EV_OK;
+    uint64_t ring[AHEAD]; /* hashes of the blocks prefetched ahead */
     for (uint32_t i = 0; i < ev->n_blocks && i < AHEAD; i++)
-        look_prefetch(t, w, ev->blocks[i].block_hash);
+        ring[i] = look_prefetch(t, w, ev->blocks[i].block_hash);
     for (uint32_t i = 0; i < ev->n_blocks; i++) {
         if ((s = sets_reserve(t)) != KVO_OK) return s;
         uint64_t bh = ev->blocks[i].block_hash;
         uint64_t th = ev->blocks[i].tokens_hash;
+        uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_blocks)
-            look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
+            ring[i % AHEAD] = look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
         uint32_t c = child_find(t, cur, th), pos = FIND;
         if (c != NIL) {
             if (c == cur) { /* a self edge left by an earlier event */
@@ -1069,7 +1128,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             }
             if (t->nd[c].block_hash != bh) t->c.hash_mismatch++;
         } else {
-            pos = look_find(t, w, bh);
+            pos = tab_find_h(t, &t->look, K_LOOK, bh, w, h);
             c = pos != NIL ? look_node(t, ref_at(&t->look, pos))
                            : node_new(t, bh, th);
             edge_add(t, cur, th, c);
@@ -1081,7 +1140,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
              * (outlining rewrites a value in place) */
         }
         wset_add(t, c, w);
-        uint32_t old = look_put(t, w, bh, c, pos);
+        uint32_t old = look_put(t, w, bh, h, c, pos);
         if (old != NIL) maybe_free(t, old);
         drain(t);
         t->c.blocks_stored++;
@@ -1101,15 +1160,17 @@ static void leave_node(idx_tree *t, uint32_t w, uint32_t v, uint32_t n) {
 static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
                                idx_evstatus *st) {
     *st = IDX_EV_OK;
+    uint64_t ring[AHEAD];
     for (uint32_t i = 0; i < ev->n_removed && i < AHEAD; i++)
-        look_prefetch(t, w, ev->removed[i]);
+        ring[i] = look_prefetch(t, w, ev->removed[i]);
     for (uint32_t i = 0; i < ev->n_removed; i++) {
         kvo_status s = grow((void **)&t->la, &t->la_cap, t->la_len + 1,
                             sizeof(lalias));
         if (s != KVO_OK) return s;
+        uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_removed)
-            look_prefetch(t, w, ev->removed[i + AHEAD]);
-        uint32_t pos = look_find(t, w, ev->removed[i]);
+            ring[i % AHEAD] = look_prefetch(t, w, ev->removed[i + AHEAD]);
+        uint32_t pos = tab_find_h(t, &t->look, K_LOOK, ev->removed[i], w, h);
         if (pos == NIL) {
             t->c.blocks_not_found++;
             *st = IDX_EV_BLOCK_NOT_FOUND;
