@@ -494,6 +494,90 @@ START_TEST(colliding_keys_overflow_into_the_stash) {
 }
 END_TEST
 
+static uint64_t splitmix(uint64_t *s) {
+    *s += 0x9E3779B97F4A7C15ull;
+    uint64_t z = *s;
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ z >> 27) * 0x94D049BB133111EBull;
+    return z ^ z >> 31;
+}
+
+/* Tables at real sizes (several in-place growths, kicks, spills): an
+ * engine-like stream of prompts sharing prefixes over 32 workers, removed
+ * deepest first, with clears; the walker at checkpoints, and the tree
+ * answers like its own dump restored. */
+START_TEST(large_streams_keep_every_invariant) {
+    idx_tree *t = tree_new();
+    uint64_t rs = 99;
+    enum { PROMPTS = 3000, LEN = 48 };
+    static uint64_t tok[PROMPTS][LEN], bh[PROMPTS][LEN];
+    for (int p = 0; p < PROMPTS; p++) {
+        int shared = p >= 40 && p % 5 ? (int)(splitmix(&rs) % 24) : 0;
+        uint64_t parent = 0;
+        for (int d = 0; d < LEN; d++) {
+            tok[p][d] = d < shared ? tok[p % 40][d] : splitmix(&rs);
+            bh[p][d] = d < shared ? bh[p % 40][d] : (parent * 31 + tok[p][d]) | 1;
+            parent = bh[p][d];
+        }
+    }
+    static uint8_t held[32][PROMPTS];
+    uint64_t ops = 0, next_check = 20000;
+    while (ops < 400000) {
+        uint64_t w = splitmix(&rs) % 32;
+        int p = (int)(splitmix(&rs) % PROMPTS);
+        uint64_t r = splitmix(&rs) % 100;
+        if (r < 60) {
+            ck_assert_int_eq(tt_store_bh(t, w / 2, (uint32_t)(w % 2), NULL, tok[p],
+                                         bh[p], LEN), IDX_EV_OK);
+            held[w][p] = 1;
+            ops += LEN;
+        } else if (r < 99) {
+            uint64_t rev[LEN];
+            for (int d = 0; d < LEN; d++) rev[d] = bh[p][LEN - 1 - d];
+            tt_remove(t, w / 2, (uint32_t)(w % 2), rev, LEN);
+            for (int q = p % 40; q < PROMPTS; q += 40) held[w][q] = 0; /* shared prefixes */
+            ops += LEN;
+        } else {
+            ck_assert_int_eq(tt_clear(t, w / 2, (uint32_t)(w % 2)), IDX_EV_OK);
+            memset(held[w], 0, PROMPTS);
+        }
+        if (ops >= next_check) {
+            next_check += 40000;
+            tt_check(t, true);
+            dumpbuf d = {tree_new(), 0, 0};
+            ck_assert_int_eq(idx_tree_dump(t, dump_into, &d), KVO_OK);
+            tt_check(d.into, true);
+            for (int q = 0; q < 200; q++) {
+                int qp = (int)(splitmix(&rs) % PROMPTS);
+                idx_scores a, b;
+                idx_scores_init(&a);
+                idx_scores_init(&b);
+                ck_assert_int_eq(idx_tree_query(t, tok[qp], LEN, &a), KVO_OK);
+                ck_assert_int_eq(idx_tree_query(d.into, tok[qp], LEN, &b), KVO_OK);
+                ck_assert_uint_eq(a.n, b.n);
+                ck_assert_mem_eq(a.v, b.v, a.n * sizeof(idx_score));
+                /* a worker that stored the prompt and has not removed or
+                 * cleared it scores all of it, whatever others removed */
+                for (uint64_t ww = 0; ww < 32; ww++)
+                    if (held[ww][qp]) {
+                        bool found = false;
+                        for (size_t i = 0; i < a.n; i++)
+                            found |= a.v[i].worker_id == ww / 2 &&
+                                     a.v[i].dp_rank == ww % 2 &&
+                                     a.v[i].blocks == LEN;
+                        ck_assert_msg(found, "worker %llu lost prompt %d",
+                                      (unsigned long long)ww, qp);
+                    }
+                idx_scores_fini(&a);
+                idx_scores_fini(&b);
+            }
+            idx_tree_free(d.into);
+        }
+    }
+    idx_tree_free(t);
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -564,6 +648,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, worker_sets_grow_and_shrink);
     tcase_add_test(tl, reference_counts_beyond_255);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
+    tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
