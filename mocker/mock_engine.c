@@ -7,8 +7,9 @@
  * (so deepest-first when a request's blocks were freed tail-first), and one
  * BlockStored per cache_full_blocks call (the blocks a request's scheduled
  * tokens complete, with the parent's hash). The queue is drained into one
- * KVEventBatch per step, in the order things happened; a step's allocation
- * always evicts before the same request caches. Hashes go out as vLLM's
+ * KVEventBatch per step: an AllBlocksCleared queued by a reset, the step's
+ * removals in the order allocation evicted them, then its stores in
+ * scheduling order (ev_append_stores says why). Hashes go out as vLLM's
  * default int form (low 64 bits); the full digests ride along in the aux
  * arrays for mock_render (raw-digest form, mutations).
  */
@@ -184,7 +185,7 @@ kvo_status eng_ev_stored(mock_engine *e, mock_req *r, uint32_t first,
                          uint32_t n, bool decode) {
     e->st.blocks_stored += n;
     if (!e->events || n == 0) return KVO_OK;
-    ev_builder *b = &e->ev;
+    ev_builder *b = &e->evs;
     uint32_t bs = e->cfg.block_size;
     wire_event *ev = ev_push(b, WIRE_EV_STORED);
     if (!ev) return KVO_ENOMEM;
@@ -226,6 +227,40 @@ fail:
     return st;
 }
 
+static void ev_builder_fini(ev_builder *b) {
+    kvo_free(b->ev);
+    kvo_free(b->removed_parent);
+    kvo_free(b->decode_store);
+    kvo_free(b->stored);
+    kvo_free(b->parent);
+    kvo_free(b->removed);
+    kvo_free(b->removed_hash);
+    kvo_free(b->removed_wire);
+    kvo_arena_fini(&b->arena);
+    b->batch.events = NULL;
+    b->batch.n_events = 0;
+    wire_batch_fini(&b->batch);
+}
+
+/* The step's stores go after its removals (DESIGN §8: "one KVEventBatch per
+ * scheduler step, removals of the step before its stores"). vLLM's queue is
+ * in occurrence order, where each allocation evicts before it caches; the
+ * two orders differ only across requests of one step, and both rebuild the
+ * same index (a block stored in a step is held by its request, so it is
+ * never evicted in that step). */
+static kvo_status ev_append_stores(ev_builder *b, const ev_builder *s) {
+    for (uint32_t k = 0; k < s->n; k++) {
+        wire_event *ev = ev_push(b, WIRE_EV_STORED);
+        if (!ev) return KVO_ENOMEM;
+        uint32_t i = b->n - 1;
+        *ev = s->ev[k];
+        b->stored[i] = s->stored[k];
+        b->parent[i] = s->parent[k];
+        b->decode_store[i] = s->decode_store[k];
+    }
+    return KVO_OK;
+}
+
 /* ---- lifecycle ------------------------------------------------------------*/
 
 kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
@@ -244,6 +279,8 @@ kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
     e->next_id = 1;
     kvo_arena_init(&e->ev.arena);
     wire_batch_init(&e->ev.batch);
+    kvo_arena_init(&e->evs.arena);
+    wire_batch_init(&e->evs.batch);
     kvo_buf_init(&e->extra_buf);
     kvo_status st = pool_init(&e->pool, cfg->num_gpu_blocks, cfg->prefix_caching);
     if (st != KVO_OK) {
@@ -282,19 +319,8 @@ void mock_engine_free(mock_engine *e) {
     kvo_free(e->waiting.v);
     kvo_free(e->scheduled.v);
     kvo_free(e->started);
-    ev_builder *b = &e->ev;
-    kvo_free(b->ev);
-    kvo_free(b->removed_parent);
-    kvo_free(b->decode_store);
-    kvo_free(b->stored);
-    kvo_free(b->parent);
-    kvo_free(b->removed);
-    kvo_free(b->removed_hash);
-    kvo_free(b->removed_wire);
-    kvo_arena_fini(&b->arena);
-    b->batch.events = NULL;
-    b->batch.n_events = 0;
-    wire_batch_fini(&b->batch);
+    ev_builder_fini(&e->ev);
+    ev_builder_fini(&e->evs);
     kvo_buf_fini(&e->extra_buf);
     for (uint32_t i = 0; i < e->n_loras; i++) kvo_free(e->loras[i]);
     kvo_free(e->loras);
@@ -548,11 +574,14 @@ kvo_status mock_engine_schedule(mock_engine *e, double ts, mock_step *out) {
     ev_builder *b = &e->ev;
     b->n = 0;
     kvo_arena_reset(&b->arena);
+    e->evs.n = 0;
+    kvo_arena_reset(&e->evs.arena);
     if (e->pending_clear) {
         e->pending_clear = false;
         if (!ev_push(b, WIRE_EV_CLEARED)) return KVO_ENOMEM;
     }
     kvo_status st = sched_step(e, out);
+    if (st == KVO_OK) st = ev_append_stores(b, &e->evs);
     if (st != KVO_OK) return st;
     out->batch = NULL;
     out->aux = NULL;

@@ -159,7 +159,8 @@ struct mock_engine {
     bool step_open;        /* schedule done, complete pending */
     bool pending_clear;    /* AllBlocksCleared queued */
     uint64_t next_id;
-    ev_builder ev;
+    ev_builder ev;         /* the step's batch: cleared, removals, then */
+    ev_builder evs;        /* the stores, appended when the step ends */
     char **loras;          /* lora name -> id (index + 1) */
     uint32_t n_loras;
     mock_engine_stats st;

@@ -213,6 +213,40 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
 }
 END_TEST
 
+START_TEST(removals_of_a_step_come_before_its_stores) {
+    mock_cfg c;
+    mt_cfg(&c, 4, 10);
+    mt_eng m;
+    mt_eng_init(&m, &c, 0);
+    uint64_t a[16], b[16], x[12], y[12];
+    mt_iota(a, 16, 1);
+    mt_iota(b, 16, 101);
+    mt_iota(x, 12, 201);
+    mt_iota(y, 12, 301);
+    mt_out o[4] = {{0}};
+    mt_add(&m, a, 15, 1, &o[0]);
+    mt_add(&m, b, 15, 1, &o[1]);
+    mt_run(&m, NULL, NULL); /* 6 cached blocks, 3 empty */
+    /* Two requests in one step, each evicting and storing. */
+    mt_add(&m, x, 12, 1, &o[2]);
+    mt_add(&m, y, 12, 1, &o[3]);
+    mock_step st;
+    ck_assert(mt_step(&m, &st));
+    ck_assert_uint_eq(st.n_scheduled, 2);
+    mt_rec r = {0};
+    mt_record(&r, &m.last);
+    ck_assert_uint_eq(r.n, 5); /* 3 removals, 2 stores */
+    for (uint32_t i = 0; i < 3; i++) ck_assert_int_eq(r.type[i], WIRE_EV_REMOVED);
+    ck_assert_int_eq(r.type[3], WIRE_EV_STORED);
+    ck_assert_int_eq(r.type[4], WIRE_EV_STORED);
+    mock_hash hx, hy;
+    mock_hasher_blocks(m.h, x, 4, 0, 1, NULL, NULL, NULL, NULL, &hx);
+    mock_hasher_blocks(m.h, y, 4, 0, 1, NULL, NULL, NULL, NULL, &hy);
+    ck_assert(r.key[3] == hx.key && r.key[4] == hy.key); /* scheduling order */
+    mt_eng_fini(&m);
+}
+END_TEST
+
 START_TEST(decode_stores_each_block_its_tokens_fill_with_the_parent) {
     mock_cfg c;
     mt_cfg(&c, 4, 32);
@@ -702,6 +736,7 @@ Suite *suite_engine(void) {
     tcase_add_test(tc, hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy);
     tcase_add_test(tc, hit_blocks_are_touched_and_leave_the_free_queue_until_released);
     tcase_add_test(tc, eviction_pops_the_queue_head_deepest_first_one_removed_per_copy);
+    tcase_add_test(tc, removals_of_a_step_come_before_its_stores);
     tcase_add_test(tc, decode_stores_each_block_its_tokens_fill_with_the_parent);
     tcase_add_test(tc, chunked_prefill_stores_each_chunk_chained_to_the_previous);
     tcase_add_test(tc, preemption_recomputes_the_newest_request_from_scratch);
