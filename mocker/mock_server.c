@@ -30,6 +30,9 @@
 #include <zmq.h>
 
 #define MAX_PROMPTS 1024
+/* /kvo/probe answers for prompts the engine could not serve too (longer
+ * than max_model_len: it simply cannot hold them); bounded all the same. */
+#define PROBE_MAX_TOKENS (1u << 22)
 
 typedef struct call call;
 
@@ -125,6 +128,17 @@ static bool get_str(json_object *o, const char *k, const char **out) {
 
 /* ---- prompts --------------------------------------------------------------*/
 
+/* Error text with numbers (one thread: a static buffer is enough). */
+static const char *errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *errf(const char *fmt, ...) {
+    static char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
 typedef struct prompt {
     uint64_t *tok;
     uint32_t n;
@@ -148,7 +162,9 @@ static void prompts_free(prompts *p) {
 static const char *token_list(json_object *a, uint32_t max_len, prompt *out) {
     size_t n = json_object_array_length(a);
     if (n == 0) return "a prompt has no tokens";
-    if (n > max_len) return "prompt longer than max_model_len";
+    if (n > max_len)
+        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
+                    "is %u", n, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
     if (!out->tok) return "out of memory";
     for (size_t i = 0; i < n; i++) {
@@ -164,7 +180,9 @@ static const char *token_list(json_object *a, uint32_t max_len, prompt *out) {
 static const char *text_prompt(json_object *s, uint32_t max_len, prompt *out) {
     size_t n = (size_t)json_object_get_string_len(s);
     if (n == 0) return "a prompt has no tokens";
-    if (n > max_len) return "prompt longer than max_model_len";
+    if (n > max_len)
+        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
+                    "is %u", n, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
     if (!out->tok) return "out of memory";
     out->n = mock_tokenize(json_object_get_string(s), n, out->tok);
@@ -181,8 +199,11 @@ static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
         return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
     size_t k = json_object_array_length(ids);
     int64_t n = json_object_get_int64(len);
-    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0 || n > (int64_t)max_len)
-        return "trace: bad hash_ids or input_length";
+    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
+        return "trace: hash_ids must not be empty and input_length must be >= 1";
+    if (n > (int64_t)max_len)
+        return errf("the prompt has %lld tokens; this engine's limit "
+                    "(max_model_len) is %u", (long long)n, max_len);
     out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
     if (!out->trace_ids) return "out of memory";
     for (size_t i = 0; i < k; i++) {
@@ -533,8 +554,9 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
             err = "messages must be [{\"role\": str, \"content\": str|parts}]";
             goto done;
         }
-        if (s->scratch.len == 0 || s->scratch.len > max_len) {
-            err = "prompt longer than max_model_len";
+        if (s->scratch.len > max_len) {
+            err = errf("the prompt has %zu tokens; this engine's limit "
+                       "(max_model_len) is %u", s->scratch.len, max_len);
             goto done;
         }
         ps->n = 1;
@@ -598,7 +620,9 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         kvo_buf_init(&c->text);
         kvo_buf_init(&c->tok);
         if ((uint64_t)ps->v[i].n + (uint64_t)max_tokens > max_len) {
-            err = "prompt tokens + max_tokens exceed max_model_len";
+            err = errf("this engine's maximum context length (max_model_len) is %u "
+                       "tokens; the request asks for %u prompt + %lld completion",
+                       max_len, ps->v[i].n, (long long)max_tokens);
             goto done;
         }
     }
@@ -850,7 +874,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
     mock_hash *h = NULL;
     const char *err = NULL;
     uint32_t bs = s->cfg->block_size;
-    uint32_t max_len = mock_cfg_max_model_len(s->cfg);
+    uint32_t max_len = PROBE_MAX_TOKENS;
     if (!body || !json_object_is_type(body, json_type_object)) {
         err = "body must be a JSON object";
         goto done;
