@@ -645,6 +645,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, remove_mid_chain_then_restore);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
+    tcase_set_timeout(tl, 600);
     tcase_add_test(tl, worker_sets_grow_and_shrink);
     tcase_add_test(tl, reference_counts_beyond_255);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
