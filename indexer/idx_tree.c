@@ -29,8 +29,15 @@
  *  - freeing follows Rc: a node is released when no edge and no lookup entry
  *    refers to it. Nodes kept alive only by a cycle of edges leak, as Rc
  *    cycles do (only hashes repeating along a chain make cycles).
- * One deliberate difference: "cleared" drops the blocks of the emitting
- * (worker_id, dp_rank) only (DESIGN §7); Dynamo clears every rank.
+ * Deliberate differences (DESIGN §7 decides):
+ *  - "cleared" drops the blocks of the emitting (worker_id, dp_rank) only;
+ *    Dynamo clears every rank of the worker_id.
+ *  - queries intersect worker sets level by level. Dynamo's find_matches
+ *    assumes a child's set is a subset of its parent's and skips equal-size
+ *    sets, which only differs after the corners above (a worker that lost a
+ *    parent but kept its child).
+ *  - the dump visits each node once, so cycles end and shared subtrees are
+ *    not repeated (Dynamo's BFS would loop, or repeat them).
  *
  * Layout
  * ------
@@ -57,7 +64,9 @@
  *   node's second (third...) parent. A lookup entry is named the same way:
  *   n is the inline entry (n's single worker, n.block_hash) -> n; TAG|i is
  *   la[i] = {block_hash, slot, node}, for entries that cannot be inlined
- *   (node shared by several workers, or a block_hash other than the node's).
+ *   (node shared by several workers, or a block_hash other than the node's);
+ *   an inline entry is turned into an alias record before its node's set
+ *   stops being that one worker.
  *
  *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
  *            parents with two children or more. A lone child is found
