@@ -12,11 +12,19 @@
  *       The baseline: SUB -> publish the same payload bytes, no decoding
  *       (--send-asap: write each message at once, for the latency runs;
  *       kvo-relay always does, its envelopes being batched already).
+ *   kvo-bench-relay pipe --capture FILE [--limit N] [--rounds N]
+ *       The relay's pure pipeline alone (relay_pipe_live on every record, a
+ *       publish callback that only counts), and wire_batch_decode alone, on
+ *       the same records in memory: this thread's CPU time per batch, median
+ *       of --rounds (min-max), so other processes on the CPU do not count.
+ *       Run it under `valgrind --tool=callgrind` with --limit for
+ *       instruction counts.
  *   kvo-bench-relay synth --out FILE [--batches N]
  *       A synthetic capture (prefix-sharing stores, evictions) for when no
  *       kvo-mocker capture is at hand.
  */
 #include "kvo.h"
+#include "relay.h"
 #include "wire.h"
 
 #include <inttypes.h>
@@ -352,6 +360,130 @@ static int passthrough(int argc, char **argv) {
     return 0;
 }
 
+/* ---- the pipeline alone (CPU time) -----------------------------------------*/
+
+typedef struct sink {
+    uint64_t msgs, bytes, sum;
+} sink;
+
+static kvo_status sink_publish(void *ctx, const char *subject, bool has_range,
+                               uint64_t first, uint64_t last,
+                               const uint8_t *body, size_t len) {
+    (void)subject;
+    sink *k = ctx;
+    k->msgs++;
+    k->bytes += len;
+    k->sum += len ? body[len / 2] : 0; /* touch the bytes */
+    k->sum += has_range ? first ^ last : 0;
+    return KVO_OK;
+}
+
+static kvo_status sink_replay(void *ctx, uint32_t src, uint64_t from) {
+    (void)ctx;
+    (void)src;
+    (void)from;
+    return KVO_EINVAL; /* the capture has no gaps */
+}
+
+static uint64_t thread_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(const char *what, double *us, int rounds, double extra) {
+    qsort(us, (size_t)rounds, sizeof(*us), cmp_double);
+    printf("  %-22s %8.3f us/batch (%.3f-%.3f)", what, us[rounds / 2], us[0],
+           us[rounds - 1]);
+    if (extra > 0) printf("  %8.1f MB/s", extra / us[rounds / 2]);
+    printf("\n");
+}
+
+static int pipe_cmd(int argc, char **argv) {
+    const char *capture_path = NULL;
+    uint64_t limit = 0;
+    int rounds = 5;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--capture")) capture_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--limit")) limit = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "pipe: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!capture_path || rounds < 1 || rounds > 99) {
+        fprintf(stderr, "pipe: --capture FILE needed\n");
+        return 2;
+    }
+    capture c = {0};
+    if (load_capture(capture_path, limit, &c) != 0 || c.n == 0) return 2;
+    printf("pipe: %zu batches, %" PRIu64 " events, %" PRIu64
+           " blocks, %" PRIu64 " bytes; CPU time of this thread, median of "
+           "%d (min-max)\n",
+           c.n, c.events, c.blocks, c.bytes, rounds);
+    double us_pipe[99], us_dec[99];
+    sink k = {0};
+    uint64_t dec_sum = 0;
+    wire_batch b;
+    wire_batch_init(&b);
+    for (int r = 0; r < rounds; r++) {
+        relay_pipe_cfg pc = {.worker_id = 1, .block_size = 16,
+                             .publisher_id = 1,
+                             .subject = "namespace.dynamo.component.backend."
+                                        "kv-events"};
+        relay_out o = {.ctx = &k, .publish = sink_publish,
+                       .replay_request = sink_replay};
+        relay_pipe *p;
+        if (relay_pipe_new(&p, &pc, &o) != KVO_OK) return 2;
+        uint32_t si;
+        relay_pipe_source_add(p, 0, false, &si);
+        memset(&k, 0, sizeof(k));
+        uint64_t t0 = thread_ns();
+        for (size_t i = 0; i < c.n; i++) {
+            uint8_t s[8];
+            wire_seq_put(s, c.r[i].seq);
+            wire_frame f[3] = {{c.r[i].topic, c.r[i].topic_len}, {s, 8},
+                               {c.r[i].payload, c.r[i].len}};
+            relay_pipe_live(p, si, f, 3, 0);
+        }
+        relay_pipe_flush(p);
+        uint64_t t1 = thread_ns();
+        const relay_stats *st = relay_pipe_stats(p);
+        if (relay_stats_decode_errors(st) || relay_stats_rejects(st) ||
+            st->gaps) {
+            fprintf(stderr, "pipe: decode errors, rejects or gaps\n");
+            return 1;
+        }
+        relay_pipe_free(p);
+        us_pipe[r] = (double)(t1 - t0) / 1e3 / (double)c.n;
+
+        t0 = thread_ns();
+        for (size_t i = 0; i < c.n; i++) {
+            if (wire_batch_decode(c.r[i].payload, c.r[i].len, NULL, &b,
+                                  NULL) != KVO_OK)
+                return 1;
+            dec_sum += b.n_events;
+        }
+        t1 = thread_ns();
+        us_dec[r] = (double)(t1 - t0) / 1e3 / (double)c.n;
+    }
+    wire_batch_fini(&b);
+    double per = (double)c.bytes / (double)c.n; /* bytes/batch: B/us = MB/s */
+    report("pipeline", us_pipe, rounds, per);
+    report("wire_batch_decode", us_dec, rounds, per);
+    printf("  envelopes %" PRIu64 ", envelope bytes %" PRIu64
+           " (checksum %" PRIu64 ", %" PRIu64 ")\n",
+           k.msgs, k.bytes, k.sum, dec_sum / (uint64_t)rounds);
+    capture_free(&c);
+    return 0;
+}
+
 /* ---- a synthetic capture ---------------------------------------------------*/
 
 static uint64_t rng_state = 1;
@@ -433,7 +565,7 @@ static int synth(int argc, char **argv) {
 int main(int argc, char **argv) {
     kvo_signals_init();
     if (argc < 2 || !strcmp(argv[1], "--help")) {
-        fputs("usage: kvo-bench-relay drive|passthrough|synth [options] "
+        fputs("usage: kvo-bench-relay drive|passthrough|pipe|synth [options] "
               "(see the file header of tests/bench/bench_relay.c)\n",
               argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -444,6 +576,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "drive")) return drive(argc, argv);
     if (!strcmp(argv[1], "passthrough")) return passthrough(argc, argv);
+    if (!strcmp(argv[1], "pipe")) return pipe_cmd(argc, argv);
     if (!strcmp(argv[1], "synth")) return synth(argc, argv);
     fprintf(stderr, "kvo-bench-relay: unknown command %s\n", argv[1]);
     return 2;
