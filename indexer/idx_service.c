@@ -523,6 +523,7 @@ static void do_metrics(svc *s, kvo_http_req *r) {
         {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
         {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
         {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", atomic_load(&s->slow_drops)},
+        {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", atomic_load(&s->inbox_drops)},
         {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", atomic_load(&s->disconnects)},
         {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
     };
