@@ -8,8 +8,9 @@
  *                                             -> kvo_http_server_run -> handler
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
- * atomic counters. A full inbox makes on_msg wait (the loop is behind), so
- * nats.c's own pending limits take over and count slow-consumer drops.
+ * atomic counters. A full inbox (256k messages or 256 MiB) makes on_msg
+ * wait (the loop is behind), so nats.c's own pending limits take over and
+ * count slow-consumer drops.
  * Messages apply in arrival order.
  */
 #include "idx.h"
@@ -27,7 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define INBOX_MAX 262144 /* messages waiting for the loop */
+#define INBOX_MAX 262144           /* messages waiting for the loop */
+#define INBOX_BYTES (256u << 20)   /* and their bodies */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 
 /* Query latency histogram bounds, seconds. */
@@ -53,7 +55,7 @@ typedef struct svc {
     pthread_mutex_t mu; /* inbox, closed */
     pthread_cond_t cv;
     natsMsg **inbox;
-    size_t inbox_len, inbox_cap;
+    size_t inbox_len, inbox_cap, inbox_bytes;
     bool stopping, closed;
     int evfd;
 
@@ -83,7 +85,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     (void)sub;
     svc *s = closure;
     pthread_mutex_lock(&s->mu);
-    while (!s->stopping && s->inbox_len >= INBOX_MAX)
+    while (!s->stopping &&
+           (s->inbox_len >= INBOX_MAX || s->inbox_bytes >= INBOX_BYTES))
         pthread_cond_wait(&s->cv, &s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
@@ -103,6 +106,7 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         s->inbox_cap = cap;
     }
     s->inbox[s->inbox_len++] = m;
+    s->inbox_bytes += (size_t)natsMsg_GetDataLength(m);
     bool wake = s->inbox_len == 1;
     pthread_mutex_unlock(&s->mu);
     if (wake) {
@@ -313,7 +317,7 @@ static void drain_inbox(svc *s) {
         natsMsg **q = s->inbox;
         size_t n = s->inbox_len;
         s->inbox = NULL;
-        s->inbox_len = s->inbox_cap = 0;
+        s->inbox_len = s->inbox_cap = s->inbox_bytes = 0;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         if (!n) {
