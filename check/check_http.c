@@ -221,8 +221,8 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = call_json(e->http, url, (const char *)body.data, body.len, &j, &resp,
-                   err, errsz);
+    st = call_json(e->probe_http, url, (const char *)body.data, body.len, &j,
+                   &resp, err, errsz);
     if (st != KVO_OK) goto done;
     int64_t bs = -1;
     get_i64(j, "block_size", &bs);
@@ -344,12 +344,9 @@ kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
     json_object *j = NULL;
-    kvo_status st = kvo_buf_reserve(&body, 24 + n * 21);
-    if (st != KVO_OK) goto done;
-    st = kvo_buf_append(&body, "{\"tokens_hashes\":[", 18);
-    for (size_t i = 0; i < n && st == KVO_OK; i++)
-        st = kvo_buf_printf(&body, i ? ",%" PRIu64 : "%" PRIu64, hashes[i]);
-    if (st == KVO_OK) st = kvo_buf_append(&body, "]}", 2);
+    kvo_status st = kvo_buf_append(&body, "{\"tokens_hashes\":", 17);
+    if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
+    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
     st = call_json(env->idx_http, url, (const char *)body.data, body.len, &j,
                    &resp, err, errsz);
@@ -449,32 +446,59 @@ int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
     return -1;
 }
 
+kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
+                             kvo_http_resp *resp, char *err, size_t errsz) {
+    kvo_status st = kvo_http_get(c, url, resp);
+    if (st != KVO_OK) {
+        snprintf(err, errsz, "GET %s: %s (%s)", url, kvo_strerror(st),
+                 kvo_http_client_error(c));
+    } else if (resp->status != 200) {
+        snprintf(err, errsz, "GET %s: HTTP %ld", url, resp->status);
+        st = KVO_EHTTP;
+    }
+    return st;
+}
+
 static kvo_status read_prom(kvo_http_client *c, const char *url,
                             const char *stage, check_counters *counters,
                             char *err, size_t errsz) {
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
-    kvo_status st = kvo_http_get(c, url, &resp);
-    if (st != KVO_OK) {
-        snprintf(err, errsz, "GET %s: %s (%s)", url, kvo_strerror(st),
-                 kvo_http_client_error(c));
-    } else if (resp.status != 200) {
-        snprintf(err, errsz, "GET %s: HTTP %ld", url, resp.status);
-        st = KVO_EHTTP;
-    } else {
+    kvo_status st = chk_metrics_fetch(c, url, &resp, err, errsz);
+    if (st == KVO_OK)
         st = check_counters_parse_prom(counters, stage,
                                        (const char *)resp.body.data,
                                        resp.body.len);
-    }
     kvo_http_resp_fini(&resp);
     return st;
+}
+
+kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
+    kvo_status st = kvo_buf_reserve(b, n * 21 + 2);
+    if (st != KVO_OK) return st;
+    char *p = (char *)b->data + b->len;
+    *p++ = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i) *p++ = ',';
+        char tmp[20];
+        int k = 0;
+        uint64_t x = v[i];
+        do {
+            tmp[k++] = (char)('0' + x % 10);
+            x /= 10;
+        } while (x);
+        while (k) *p++ = tmp[--k];
+    }
+    *p++ = ']';
+    b->len = (size_t)(p - (char *)b->data);
+    return KVO_OK;
 }
 
 kvo_status chk_counters_indexer(chk_env *env, check_counters *c, char *err,
                                 size_t errsz) {
     char url[256];
     snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
-    return read_prom(env->idx_http, url, "indexer", c, err, errsz);
+    return read_prom(env->idx_metrics, url, "indexer", c, err, errsz);
 }
 
 kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,

@@ -42,7 +42,8 @@ typedef struct chk_engine {
     bool dirty;             /* got a request since /kvo/state was read */
     uint32_t n_ranks;
     chk_rank ranks[CHK_MAX_DP];
-    kvo_http_client *http;
+    kvo_http_client *http;  /* state, sources, completions */
+    kvo_http_client *probe_http; /* probes (they overlap the sync) */
     kvo_proc proc;          /* pid 0 when not spawned by us */
 } chk_engine;
 
@@ -70,7 +71,8 @@ typedef struct chk_env {
     char nats_url[160];
     kvo_proc indexer;
     char indexer_url[192];
-    kvo_http_client *idx_http;
+    kvo_http_client *idx_http;     /* watermark, query */
+    kvo_http_client *idx_metrics;  /* /metrics (overlaps the query) */
 
     chk_engine *engines;    /* publishing ones first, then decode ones */
     uint32_t n_engines;
@@ -89,6 +91,20 @@ typedef struct chk_env {
     chk_proxy *proxy;
 } chk_env;
 
+/* ---- check_pool.c -----------------------------------------------------------*/
+
+typedef struct chk_task chk_task;
+struct chk_task {
+    void (*fn)(chk_task *t); /* runs on any thread */
+};
+typedef struct chk_pool chk_pool;
+
+/* threads: workers besides the caller (0 = run everything inline). */
+kvo_status chk_pool_new(chk_pool **out, int threads);
+void chk_pool_free(chk_pool *p);
+/* Run every task once, concurrently; returns when all are done. */
+void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
+
 /* ---- check_spawn.c --------------------------------------------------------*/
 
 /* Start (or attach to) everything cfg asks for; err gets a one-line reason.
@@ -103,6 +119,9 @@ void chk_env_stop(chk_env *env, bool keep_logs);
 kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
                              check_counters *counters, char *err,
                              size_t errsz);
+/* CPU seconds (user + system) of every process we started, and of
+ * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
+kvo_status chk_env_cpu(chk_env *env, check_counters *c);
 /* Print the tail of every spawned process's log to stderr. */
 void chk_env_dump_logs(const chk_env *env, int lines);
 /* A process that died: its name and exit status into why; false if all
@@ -165,12 +184,16 @@ kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
                                size_t errsz);
 int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
                           bool *present);
-/* Counters: the indexer's /metrics into stage "indexer"; a relay's
- * /metrics into its stage. */
+/* Counters: fetch a /metrics body (any thread), then parse it into a
+ * stage (the caller's thread). */
+kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
+                             kvo_http_resp *resp, char *err, size_t errsz);
 kvo_status chk_counters_indexer(chk_env *env, check_counters *c, char *err,
                                 size_t errsz);
 kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
                               size_t errsz);
+/* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */
+kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
 /* Relay GET /stats: are all its sources live (initial replay done)? */
 kvo_status chk_relay_live(chk_relay *r, bool *live);
 

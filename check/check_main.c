@@ -23,7 +23,7 @@ enum {
     OPT_ENGINES, OPT_INDEXER, OPT_NATS, OPT_MODEL, OPT_NO_RELAYS,
     OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST,
     OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
-    OPT_ONLY, OPT_NO_PROGRESS
+    OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP
 };
 
 static const struct option OPTIONS[] = {
@@ -60,6 +60,7 @@ static const struct option OPTIONS[] = {
     {"prompt-form", required_argument, NULL, OPT_PROMPT_FORM},
     {"timeout-ms", required_argument, NULL, OPT_TIMEOUT_MS},
     {"fail-fast", no_argument, NULL, OPT_FAIL_FAST},
+    {"sweep", required_argument, NULL, OPT_SWEEP},
     {"report-json", required_argument, NULL, OPT_REPORT_JSON},
     {"report-html", required_argument, NULL, OPT_REPORT_HTML},
     {"worst", required_argument, NULL, OPT_WORST},
@@ -125,6 +126,8 @@ static const char USAGE[] =
     "  --report-html FILE      a self-contained HTML report\n"
     "  --worst N               rows of the worst-prompts table (10)\n"
     "  --fail-fast             stop at the first failure\n"
+    "  --sweep N               after the run, re-check the last N distinct\n"
+    "                          prompts on every worker (1000; 0 = off)\n"
     "  --timeout-ms MS         one watermark wait or HTTP call (30000)\n"
     "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
     "  --keep-logs             keep the logs on PASS too\n"
@@ -241,6 +244,7 @@ static int on_opt(void *ctx, int code, const char *v) {
         if (set_long(&c->timeout_ms, "timeout-ms", v) != 0) return -1;
         return c->timeout_ms > 0 ? 0 : bad("timeout-ms", v);
     case OPT_FAIL_FAST: c->fail_fast = true; return 0;
+    case OPT_SWEEP: return set_u64(&c->sweep, "sweep", v);
     case OPT_REPORT_JSON: c->report_json = v; return 0;
     case OPT_REPORT_HTML: c->report_html = v; return 0;
     case OPT_WORST: {

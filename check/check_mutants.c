@@ -64,7 +64,7 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
     if (st != KVO_OK) {
         ok = false;
         observed = "error";
-        snprintf(how, sizeof(how), "setup: %s", err);
+        snprintf(how, sizeof(how), "setup: %.400s", err);
         *setup = st;
     } else {
         observed = res.verdict.pass ? "passed" : "killed";

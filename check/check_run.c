@@ -1,6 +1,13 @@
 /* check_run.c -- the lockstep driver (DESIGN §9).
  *
- * For request i of the trace, one at a time, each to completion:
+ * For request i of the trace, one at a time, each to completion (calls on
+ * one line run concurrently on the task pool, check_pool.c):
+ *
+ *   A  sync ∥ probe     the engines answered request i-1, so their caches
+ *                       are final: probe them for prompt i while waiting
+ *                       for the index to catch up
+ *   B  query ∥ counters
+ *   C  send, judge
  *
  *   sync      exact (kvo-mocker + our relays): every dirty engine's
  *             /kvo/state gives each rank's last published ZMQ seq; poll the
@@ -68,10 +75,29 @@ typedef struct run {
     uint64_t *used;      /* requests sent per slot */
     uint64_t decode_rr;
     bool trace_form;
+    size_t nb;           /* full blocks of the prompt (hashes) */
     check_counters prev, cur, moved;
     chk_watermark wm;
+    chk_pool *pool;
+    struct rtask *tasks; /* n_workers + n_relays + 2 */
+    size_t cap_tasks;
     char err[512];
 } run;
+
+/* One concurrent call; the pool sees only .base. */
+typedef struct rtask {
+    chk_task base;
+    run *r;
+    chk_engine *e;     /* probe */
+    chk_relay *rl;     /* metrics of a relay (NULL with is_indexer) */
+    bool is_indexer;
+    int64_t before;    /* sync */
+    kvo_status st;
+    char err[512];
+    int32_t hits[CHK_MAX_DP];
+    kvo_http_resp resp;
+    double busy;       /* seconds this call took */
+} rtask;
 
 static double secs(uint64_t t0) {
     return (double)(kvo_now_ns() - t0) / 1e9;
@@ -109,18 +135,18 @@ static bool watermark_covers(run *r, char *why, size_t whysz) {
 
 /* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
  * other: setup/transport error (r->err). */
-static kvo_status sync_exact(run *r, int64_t before) {
+static kvo_status sync_exact(run *r, int64_t before, char *err,
+                             size_t errsz) {
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         if (!e->dirty) continue;
-        kvo_status st = chk_engine_state(e, r->err, sizeof(r->err));
+        kvo_status st = chk_engine_state(e, err, errsz);
         if (st != KVO_OK) return st;
     }
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     char why[320] = "";
     for (long wait = 20;; wait = wait < 1000 ? wait * 2 : 1000) {
-        kvo_status st = chk_index_watermark(&r->env, &r->wm, r->err,
-                                            sizeof(r->err));
+        kvo_status st = chk_index_watermark(&r->env, &r->wm, err, errsz);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
         if (kvo_stop) return KVO_EAGAIN;
@@ -148,14 +174,15 @@ static kvo_status sync_exact(run *r, int64_t before) {
 }
 
 /* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
-static kvo_status sync_settle(run *r, int64_t before) {
+static kvo_status sync_settle(run *r, int64_t before, char *err,
+                              size_t errsz) {
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     kvo_buf last;
     kvo_buf_init(&last);
     uint64_t quiet_since = kvo_now_ns();
     kvo_status st = KVO_OK;
     for (;;) {
-        st = chk_index_watermark(&r->env, &r->wm, r->err, sizeof(r->err));
+        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
         if (st != KVO_OK) break;
         if (last.len != r->wm.raw.len ||
             memcmp(last.data ? last.data : (uint8_t *)"",
@@ -191,35 +218,167 @@ static kvo_status sync_settle(run *r, int64_t before) {
 
 static kvo_status sync_index(run *r, int64_t before) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st = r->env.exact ? sync_exact(r, before)
-                                 : sync_settle(r, before);
+    kvo_status st =
+        r->env.exact ? sync_exact(r, before, r->err, sizeof(r->err))
+                     : sync_settle(r, before, r->err, sizeof(r->err));
     r->res->stage_s[CHECK_STAGE_SYNC] += secs(t0);
     return st;
 }
 
+/* ---- concurrent calls ---------------------------------------------------------*/
+
+static void task_sync(chk_task *base) {
+    rtask *t = (rtask *)base;
+    uint64_t t0 = kvo_now_ns();
+    t->st = t->r->env.exact
+                ? sync_exact(t->r, t->before, t->err, sizeof(t->err))
+                : sync_settle(t->r, t->before, t->err, sizeof(t->err));
+    t->busy = secs(t0);
+}
+
+static void task_probe(chk_task *base) {
+    rtask *t = (rtask *)base;
+    uint64_t t0 = kvo_now_ns();
+    run *r = t->r;
+    chk_prompt p = {.req = NULL, .trace_form = r->trace_form,
+                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
+    t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->hits, t->err,
+                             sizeof(t->err));
+    t->busy = secs(t0);
+}
+
+static void task_query(chk_task *base) {
+    rtask *t = (rtask *)base;
+    uint64_t t0 = kvo_now_ns();
+    t->st = chk_index_query(&t->r->env, t->r->hashes, t->r->nb, t->r->scores,
+                            t->err, sizeof(t->err));
+    t->busy = secs(t0);
+}
+
+static void task_metrics(chk_task *base) {
+    rtask *t = (rtask *)base;
+    uint64_t t0 = kvo_now_ns();
+    char url[256];
+    kvo_http_client *c;
+    if (t->is_indexer) {
+        snprintf(url, sizeof(url), "%s/metrics", t->r->env.indexer_url);
+        c = t->r->env.idx_metrics;
+    } else {
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/metrics",
+                 t->rl->metrics_port);
+        c = t->rl->http;
+    }
+    t->st = chk_metrics_fetch(c, url, &t->resp, t->err, sizeof(t->err));
+    t->busy = secs(t0);
+}
+
+/* A fresh task slot of the batch being built. */
+static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
+    if (*n >= r->cap_tasks) return NULL; /* sized for the run: cannot be */
+    rtask *t = &r->tasks[(*n)++];
+    kvo_http_resp keep = t->resp; /* its buffer is reused */
+    memset(t, 0, sizeof(*t));
+    t->resp = keep;
+    t->base.fn = fn;
+    t->r = r;
+    return t;
+}
+
+static void tasks_run(run *r, size_t n) {
+    chk_task *ptrs[CHK_MAX_ENGINES + 2 * CHK_MAX_DP + 8];
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < KVO_ARRAY_LEN(ptrs); i++)
+        ptrs[k++] = &r->tasks[i].base;
+    chk_pool_run(r->pool, ptrs, k);
+}
+
+/* The first failed task's status and message (KVO_OK if none). */
+static kvo_status tasks_status(run *r, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (r->tasks[i].st != KVO_OK) {
+            snprintf(r->err, sizeof(r->err), "%s", r->tasks[i].err);
+            return r->tasks[i].st;
+        }
+    return KVO_OK;
+}
+
+/* Probes of every publishing kvo-mocker for the prompt in r->pjson. */
+static void add_probes(run *r, size_t *n) {
+    for (uint32_t w = 0; w < r->env.n_workers; w++) {
+        chk_engine *e = &r->env.engines[w];
+        if (!e->mocker) continue;
+        rtask *t = task_add(r, n, task_probe);
+        if (t) t->e = e;
+    }
+}
+
+/* Probe results into r->probes; the slowest probe's time into the stage. */
+static bool merge_probes(run *r, size_t n) {
+    bool probed = false;
+    double busy = 0;
+    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
+    for (size_t i = 0; i < n; i++) {
+        rtask *t = &r->tasks[i];
+        if (t->base.fn != task_probe) continue;
+        for (uint32_t k = 0; k < t->e->n_ranks; k++)
+            r->probes[t->e->ranks[k].slot] = t->hits[k];
+        probed = true;
+        if (t->busy > busy) busy = t->busy;
+    }
+    r->res->stage_s[CHECK_STAGE_PROBE] += busy;
+    return probed;
+}
+
 /* ---- counters ---------------------------------------------------------------*/
 
-static kvo_status read_counters(run *r, int64_t before, bool all) {
-    uint64_t t0 = kvo_now_ns();
-    kvo_status st = chk_counters_indexer(&r->env, &r->cur, r->err,
-                                         sizeof(r->err));
-    for (uint32_t i = 0; i < r->env.n_relays && st == KVO_OK; i++) {
+/* Metric fetches of the indexer and of every relay whose engine got a
+ * request since its last read (all of them with `all`). */
+static void add_metrics(run *r, size_t *n, bool all) {
+    rtask *t = task_add(r, n, task_metrics);
+    if (t) t->is_indexer = true;
+    for (uint32_t i = 0; i < r->env.n_relays; i++) {
         chk_relay *rl = &r->env.relays[i];
         if (rl->retired || (!all && !rl->dirty)) continue;
-        st = chk_counters_relay(rl, &r->cur, r->err, sizeof(r->err));
+        if ((t = task_add(r, n, task_metrics)) != NULL) t->rl = rl;
         rl->dirty = false;
+    }
+}
+
+/* Fetched metrics into r->cur, what moved into r->moved, trips. */
+static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = KVO_OK;
+    double busy = 0;
+    for (size_t i = 0; i < n && st == KVO_OK; i++) {
+        rtask *t = &r->tasks[i];
+        if (t->base.fn != task_metrics) continue;
+        if (t->busy > busy) busy = t->busy;
+        st = check_counters_parse_prom(&r->cur,
+                                       t->is_indexer ? "indexer" : t->rl->stage,
+                                       (const char *)t->resp.body.data,
+                                       t->resp.body.len);
     }
     if (st == KVO_OK) st = check_counters_moved(&r->moved, &r->prev, &r->cur);
     if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
     if (st == KVO_OK) st = check_result_trips(r->res, &r->cur, before);
-    r->res->stage_s[CHECK_STAGE_COUNTERS] += secs(t0);
+    r->res->stage_s[CHECK_STAGE_COUNTERS] += busy + secs(t0);
+    return st;
+}
+
+/* Read every counter now (serially; start and end of the run). */
+static kvo_status read_counters(run *r, int64_t before, bool all) {
+    size_t n = 0;
+    add_metrics(r, &n, all);
+    tasks_run(r, n);
+    kvo_status st = tasks_status(r, n);
+    if (st == KVO_OK) st = merge_metrics(r, n, before);
     return st;
 }
 
 /* ---- one request -------------------------------------------------------------*/
 
 /* The prompt: tokens (always: the router hashes need them) and its JSON. */
-static kvo_status build_prompt(run *r, const check_request *q, size_t *nb) {
+static kvo_status build_prompt(run *r, const check_request *q) {
     kvo_status st = check_request_tokens(q, &r->tokens);
     if (st != KVO_OK) return st;
     const uint64_t *tok = (const uint64_t *)r->tokens.data;
@@ -231,24 +390,18 @@ static kvo_status build_prompt(run *r, const check_request *q, size_t *nb) {
         r->hashes = h;
         r->hashes_cap = blocks;
     }
-    *nb = wire_router_hash_blocks(tok, n, r->env.block_size, WIRE_ROUTER_SEED,
-                                  r->hashes);
+    r->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
+                                    WIRE_ROUTER_SEED, r->hashes);
     kvo_buf_reset(&r->pjson);
     if (r->trace_form) {
-        st = kvo_buf_append(&r->pjson, "{\"hash_ids\":[", 13);
-        for (uint32_t i = 0; i < q->n_hash_ids && st == KVO_OK; i++)
-            st = kvo_buf_printf(&r->pjson, i ? ",%" PRIu64 : "%" PRIu64,
-                                q->hash_ids[i]);
+        st = kvo_buf_append(&r->pjson, "{\"hash_ids\":", 12);
         if (st == KVO_OK)
-            st = kvo_buf_printf(&r->pjson, "],\"input_length\":%u}",
+            st = chk_json_u64s(&r->pjson, q->hash_ids, q->n_hash_ids);
+        if (st == KVO_OK)
+            st = kvo_buf_printf(&r->pjson, ",\"input_length\":%u}",
                                 q->input_length);
     } else {
-        st = kvo_buf_reserve(&r->pjson, n * 7 + 2);
-        if (st == KVO_OK) st = kvo_buf_append(&r->pjson, "[", 1);
-        for (size_t i = 0; i < n && st == KVO_OK; i++)
-            st = kvo_buf_printf(&r->pjson, i ? ",%" PRIu64 : "%" PRIu64,
-                                tok[i]);
-        if (st == KVO_OK) st = kvo_buf_append(&r->pjson, "]", 1);
+        st = chk_json_u64s(&r->pjson, tok, n);
     }
     return st;
 }
@@ -271,39 +424,18 @@ static uint32_t choose_slot(run *r, uint64_t i) {
     return best;
 }
 
-/* The prompt, the index's scores and every engine's probe, into
- * r->scores / r->probes. */
+/* The sweep's step: the prompt, then the index's scores ∥ every engine's
+ * probe, into r->scores / r->probes. */
 static kvo_status observe(run *r, const check_request *q, bool *probed) {
-    uint64_t t0 = kvo_now_ns();
-    size_t nb = 0;
-    kvo_status st = build_prompt(r, q, &nb);
-    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+    kvo_status st = build_prompt(r, q);
     if (st != KVO_OK) return st;
-
-    t0 = kvo_now_ns();
-    st = chk_index_query(&r->env, r->hashes, nb, r->scores, r->err,
-                         sizeof(r->err));
-    r->res->stage_s[CHECK_STAGE_QUERY] += secs(t0);
-    if (st != KVO_OK) return st;
-
-    t0 = kvo_now_ns();
-    *probed = false;
-    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
-    chk_prompt p = {.req = q, .trace_form = r->trace_form,
-                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
-    for (uint32_t w = 0; w < r->env.n_workers && st == KVO_OK; w++) {
-        chk_engine *e = &r->env.engines[w];
-        if (!e->mocker) continue;
-        int32_t hits[CHK_MAX_DP];
-        st = chk_engine_probe(e, &p, r->env.block_size, hits, r->err,
-                              sizeof(r->err));
-        if (st != KVO_OK) break;
-        for (uint32_t k = 0; k < e->n_ranks; k++)
-            r->probes[e->ranks[k].slot] = hits[k];
-        *probed = true;
-    }
-    r->res->stage_s[CHECK_STAGE_PROBE] += secs(t0);
-    return st;
+    size_t n = 0;
+    task_add(r, &n, task_query);
+    add_probes(r, &n);
+    tasks_run(r, n);
+    if ((st = tasks_status(r, n)) != KVO_OK) return st;
+    *probed = merge_probes(r, n);
+    return KVO_OK;
 }
 
 /* KVO_OK: prompt judged (or a run error recorded and the run must stop:
@@ -317,25 +449,43 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
 
     if (r->cfg->relay_restart_at >= 0 &&
         (uint64_t)r->cfg->relay_restart_at == i) {
+        /* (the index was synced before request i-1's query; its events
+         * may still be in flight: the new relay replays everything) */
         st = chk_relay_restart(&r->env, 0, 0, &r->cur, r->err,
                                sizeof(r->err));
         if (st != KVO_OK) return st;
         check_counters_copy(&r->prev, &r->cur);
-        st = sync_index(r, id);
-        if (st == KVO_ETIMEDOUT) {
-            *stop = true;
-            return KVO_OK;
-        }
-        if (st != KVO_OK) return st;
     }
-    if ((st = read_counters(r, id, i == 0)) != KVO_OK) return st;
+    uint64_t t0 = kvo_now_ns();
+    if ((st = build_prompt(r, q)) != KVO_OK) return st;
+    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
 
-    bool probed = false;
-    if ((st = observe(r, q, &probed)) != KVO_OK) return st;
+    /* A: wait for the index ∥ probe the engines (their caches are final) */
+    size_t n = 0;
+    rtask *ts = task_add(r, &n, task_sync);
+    ts->before = id;
+    add_probes(r, &n);
+    tasks_run(r, n);
+    r->res->stage_s[CHECK_STAGE_SYNC] += ts->busy;
+    if (ts->st == KVO_ETIMEDOUT) { /* a run error is recorded */
+        *stop = true;
+        return KVO_OK;
+    }
+    if ((st = tasks_status(r, n)) != KVO_OK) return st;
+    bool probed = merge_probes(r, n);
+
+    /* B: query the index ∥ read what moved in the counters */
+    n = 0;
+    rtask *tq = task_add(r, &n, task_query);
+    add_metrics(r, &n, i == 0);
+    tasks_run(r, n);
+    if ((st = tasks_status(r, n)) != KVO_OK) return st;
+    r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
+    if ((st = merge_metrics(r, n, id)) != KVO_OK) return st;
+
+    /* C: send */
     chk_prompt p = {.req = q, .trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
-    uint64_t t0;
-
     uint32_t slot = choose_slot(r, i);
     uint32_t dp = r->env.dp_size;
     chk_engine *e = &r->env.engines[slot / dp];
@@ -605,6 +755,18 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         st = KVO_ENOMEM;
         goto done;
     }
+    r.cap_tasks = r.env.n_workers + 2 * (size_t)r.env.n_relays + 8;
+    r.tasks = kvo_calloc(r.cap_tasks, sizeof(*r.tasks));
+    if (!r.tasks) {
+        st = KVO_ENOMEM;
+        goto done;
+    }
+    for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
+    {
+        size_t th = r.env.n_workers + r.env.n_relays + 1;
+        if (th > 16) th = 16;
+        if ((st = chk_pool_new(&r.pool, (int)th)) != KVO_OK) goto done;
+    }
     out->planned = r.trace.n;
     describe(&r);
     kvo_info("%s", out->config);
@@ -619,9 +781,6 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     for (size_t i = 0; i < r.trace.n && !stopped; i++) {
         if (kvo_stop) break;
         const check_request *q = &r.trace.reqs[i];
-        st = sync_index(&r, (int64_t)q->line);
-        if (st == KVO_ETIMEDOUT) break;
-        if (st != KVO_OK) goto transport;
         st = do_request(&r, i, q, &stopped);
         if (st != KVO_OK) goto transport;
         sent = i + 1;
@@ -671,6 +830,8 @@ finish:
                 chk_engine_counters(&r.env.engines[i], &r.cur, e2,
                                     sizeof(e2)) != KVO_OK)
                 kvo_warn("engine counters: %s", e2);
+        if (chk_env_cpu(&r.env, &r.cur) != KVO_OK)
+            kvo_warn("cpu times: out of memory");
         check_counters_copy(&out->counters, &r.cur);
     }
     check_verdict_decide(out, &out->verdict);
@@ -689,6 +850,10 @@ done:
         if (out->error[0] && st == KVO_OK) chk_env_dump_logs(&r.env, 15);
         chk_env_stop(&r.env, keep);
     }
+    chk_pool_free(r.pool);
+    for (size_t i = 0; r.tasks && i < r.cap_tasks; i++)
+        kvo_http_resp_fini(&r.tasks[i].resp);
+    kvo_free(r.tasks);
     check_trace_fini(&r.trace);
     kvo_buf_fini(&r.tokens);
     kvo_buf_fini(&r.pjson);

@@ -26,6 +26,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -282,6 +283,8 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
 static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
     const check_cfg *c = env->cfg;
     kvo_status st = kvo_http_client_new(&env->idx_http, c->timeout_ms);
+    if (st == KVO_OK)
+        st = kvo_http_client_new(&env->idx_metrics, c->timeout_ms);
     if (st != KVO_OK) return st;
     if (c->indexer) {
         snprintf(env->indexer_url, sizeof(env->indexer_url), "%s", c->indexer);
@@ -594,6 +597,7 @@ static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
         snprintf(e->name, sizeof(e->name), "engine[%u]", env->n_engines);
         e->worker_id = env->n_engines;
         st = kvo_http_client_new(&e->http, c->timeout_ms);
+        if (st == KVO_OK) st = kvo_http_client_new(&e->probe_http, c->timeout_ms);
         if (st != KVO_OK) break;
         env->n_engines++;
     }
@@ -684,7 +688,9 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
                                : i < cfg->workers       ? "prefill"
                                                         : "decode";
             if ((st = kvo_http_client_new(&e->http, cfg->timeout_ms)) !=
-                KVO_OK)
+                    KVO_OK ||
+                (st = kvo_http_client_new(&e->probe_http, cfg->timeout_ms)) !=
+                    KVO_OK)
                 goto fail;
             st = start_mocker(env, e, i, role, requests, err, errsz);
             if (st != KVO_OK) goto fail;
@@ -772,6 +778,51 @@ fail:
     return st;
 }
 
+/* utime + stime of a live child, in seconds (-1 when unreadable). */
+static double proc_cpu(const kvo_proc *p) {
+    if (!p->pid || p->exited) return -1;
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)p->pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *rp = strrchr(buf, ')'); /* the name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!rp || sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+                              "%lu %lu", &ut, &st) != 2)
+        return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return hz > 0 ? (double)(ut + st) / (double)hz : -1;
+}
+
+kvo_status chk_env_cpu(chk_env *env, check_counters *c) {
+    kvo_status st = KVO_OK;
+    const kvo_proc *fixed[2] = {&env->nats, &env->indexer};
+    for (int i = 0; i < 2 && st == KVO_OK; i++) {
+        double s = proc_cpu(fixed[i]);
+        if (s >= 0) st = check_counters_set(c, "cpu", fixed[i]->name, s);
+    }
+    for (uint32_t i = 0; i < env->n_engines && st == KVO_OK; i++) {
+        double s = proc_cpu(&env->engines[i].proc);
+        if (s >= 0)
+            st = check_counters_set(c, "cpu", env->engines[i].proc.name, s);
+    }
+    for (uint32_t i = 0; i < env->n_relays && st == KVO_OK; i++) {
+        double s = proc_cpu(&env->relays[i].proc);
+        if (s >= 0)
+            st = check_counters_set(c, "cpu", env->relays[i].proc.name, s);
+    }
+    struct rusage ru;
+    if (st == KVO_OK && getrusage(RUSAGE_SELF, &ru) == 0)
+        st = check_counters_set(
+            c, "cpu", "kvo-check",
+            (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+                (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+    return st;
+}
+
 void chk_env_dump_logs(const chk_env *env, int lines) {
     if (env->nats.pid || env->nats.exited) kvo_proc_dump_log(&env->nats, lines);
     if (env->indexer.pid || env->indexer.exited)
@@ -823,16 +874,18 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     for (uint32_t i = env->n_engines; i-- > 0;) {
         kvo_proc_stop(&env->engines[i].proc, 3000);
         kvo_http_client_free(env->engines[i].http);
+        kvo_http_client_free(env->engines[i].probe_http);
     }
     kvo_proc_stop(&env->indexer, 3000);
     kvo_http_client_free(env->idx_http);
+    kvo_http_client_free(env->idx_metrics);
     kvo_proc_stop(&env->nats, 3000);
     kvo_free(env->relays);
     kvo_free(env->engines);
     env->relays = NULL;
     env->engines = NULL;
     env->n_relays = env->n_engines = 0;
-    env->idx_http = NULL;
+    env->idx_http = env->idx_metrics = NULL;
     if (!env->log_dir[0]) return;
     if (keep_logs) {
         fprintf(stderr, "kvo-check: logs of every process are in %s\n",

@@ -1,0 +1,388 @@
+/* kvo-check end to end: the real binary drives real nats-server, kvo-mocker,
+ * kvo-relay and kvo-indexer processes. Each test asserts the exit code and
+ * reads the JSON report; a failing one prints kvo-check's output (and, on
+ * FAIL, kvo-check itself printed where the process logs are).
+ *
+ * Traces are shortened under sanitizers (every process is several times
+ * slower there); every scenario still exercises what it is about. */
+#include "check.h"
+#include "tc.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+Suite *suite_e2e(void);
+
+static char *trace1000(void) {
+    return kt_src_path("traces/mooncake_conversation_1000.jsonl");
+}
+
+static const char *summary_str(const tc_run *r, const char *key) {
+    json_object *v;
+    if (!r->summary || !json_object_object_get_ex(r->summary, key, &v) || !v)
+        return "";
+    return json_object_get_string(v);
+}
+
+/* PASS with zero divergences, every planned request checked. */
+static void assert_pass(const tc_run *r, size_t requests) {
+    if (r->exit_code != 0 || !r->summary) tc_dump(r);
+    ck_assert_msg(r->exit_code == 0, "kvo-check exited %d: %s", r->exit_code,
+                  summary_str(r, "cause"));
+    ck_assert_ptr_nonnull(r->summary);
+    ck_assert_str_eq(summary_str(r, "verdict"), "PASS");
+    ck_assert_int_eq(tc_int(r->summary, "divergent_prompts"), 0);
+    ck_assert_int_eq(tc_int(r->summary, "requests"), (int64_t)requests);
+    ck_assert_uint_eq(json_object_array_length(r->lines), requests);
+}
+
+START_TEST(the_quick_start_run_passes_with_evictions_and_renders) {
+    /* scripts/run: 4 workers, block size 16, a cache that evicts */
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "250" : "1000";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "4", "--block-size", "16",
+                          "--num-gpu-blocks", "8192", NULL};
+    tc_run r;
+    tc_check(&r, "quick", args, 900);
+    assert_pass(&r, (size_t)atoi(limit));
+    /* the cache really evicted, and the index followed */
+    double removed = tc_counter(&r, "engine ", "blocks_removed");
+    ck_assert_msg(removed > 1000, "only %.0f evictions", removed);
+    ck_assert_msg(tc_counter(&r, "relay", "removes_forwarded") > 0, "no "
+                  "remove reached the index");
+    /* the cache served something (3.7% here: round-robin over small
+     * caches; traces/README.md's 36.6% is for an unbounded one) and the
+     * index said exactly the same */
+    double hit = json_object_get_double(
+        json_object_object_get(r.summary, "engine_hit_rate"));
+    double ihit = json_object_get_double(
+        json_object_object_get(r.summary, "index_hit_rate"));
+    ck_assert_msg(hit > 0.01 && hit == ihit, "engine %.4f index %.4f", hit,
+                  ihit);
+    /* the HTML report, in a real browser when there is one */
+    char why[256] = "";
+    int rendered = tc_html_renders(r.html, why, sizeof(why));
+    if (rendered < 0)
+        printf("NOTICE: /usr/bin/chromium not installed: the HTML report was "
+               "not rendered\n");
+    else
+        ck_assert_msg(rendered == 1, "%s", why);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* A trace written by the test. */
+static char *write_trace(const char *dir, const char *const lines[]) {
+    char *path = kvo_malloc(600);
+    snprintf(path, 600, "%s/trace.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (size_t i = 0; lines[i]; i++) fprintf(f, "%s\n", lines[i]);
+    fclose(f);
+    return path;
+}
+
+START_TEST(a_measured_prompt_goes_from_miss_to_hit_to_evicted) {
+    /* One worker, 199 usable blocks. P = 1024 tokens = 64 blocks. */
+    char *dir = kt_tmpdir("measured");
+    const char *lines[] = {
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[9001,9002]}", /* P: never seen */
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[9001,9002]}", /* P again: cached */
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[7001,7002]}", /* fillers evict P ... */
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[7003,7004]}",
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[7005,7006]}",
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[7007,7008]}",
+        "{\"timestamp\":0,\"input_length\":1024,\"output_length\":1,"
+        "\"hash_ids\":[9001,9002]}", /* P after its eviction */
+        NULL};
+    char *trace = write_trace(dir, lines);
+    const char *args[] = {"--spawn", "--trace", trace, "--workers", "1",
+                          "--num-gpu-blocks", "200", NULL};
+    tc_run r;
+    tc_check(&r, "measured", args, 300);
+    assert_pass(&r, 7);
+    /* index hit as Dynamo reports it (uncapped score / prompt blocks) */
+    int64_t before = tc_int(tc_line(&r, 0), "index_raw_blocks");
+    int64_t cached = tc_int(tc_line(&r, 1), "index_raw_blocks");
+    int64_t evicted = tc_int(tc_line(&r, 6), "index_raw_blocks");
+    ck_assert_int_eq(tc_int(tc_line(&r, 1), "prompt_blocks"), 64);
+    ck_assert_msg(before == 0 && cached == 64 && evicted == 0,
+                  "index hit before/cached/evicted: %lld/%lld/%lld of 64",
+                  (long long)before, (long long)cached, (long long)evicted);
+    /* and the engine agreed each time (its hit is capped at 63) */
+    ck_assert_int_eq(tc_int(tc_line(&r, 0), "engine_hit_blocks"), 0);
+    ck_assert_int_eq(tc_int(tc_line(&r, 1), "engine_hit_blocks"), 63);
+    ck_assert_int_eq(tc_int(tc_line(&r, 6), "engine_hit_blocks"), 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+    rmdir(dir);
+    kvo_free(dir);
+}
+END_TEST
+
+START_TEST(disaggregated_prefill_publishes_and_decode_does_not) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "40" : "150";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--decode-workers", "2",
+                          "--num-gpu-blocks", "8192", "--policy", "kv", NULL};
+    tc_run r;
+    tc_check(&r, "disagg", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    /* only the prefill workers are index slots ... */
+    json_object *slots = json_object_object_get(r.summary, "slots");
+    ck_assert_uint_eq(json_object_array_length(slots), 2);
+    /* ... every request was decoded elsewhere, and the decode workers
+     * published nothing */
+    ck_assert_double_eq(tc_counter(&r, "decode engine", "requests_finished"),
+                        atof(limit));
+    ck_assert_double_eq(tc_counter(&r, "decode engine", "published_batches"),
+                        0);
+    ck_assert(tc_counter(&r, "engine ", "published_batches") > 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(dp_size_2_ranks_are_checked_separately) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "60" : "200";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--dp-size", "2",
+                          "--num-gpu-blocks", "8192", NULL};
+    tc_run r;
+    tc_check(&r, "dp2", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    json_object *l3 = tc_line(&r, 3); /* request 3 -> worker 1 rank 1 */
+    ck_assert_int_eq(tc_int(l3, "worker"), 1);
+    ck_assert_int_eq(tc_int(l3, "dp_rank"), 1);
+    ck_assert_uint_eq(json_object_array_length(
+                          json_object_object_get(l3, "index_scores")),
+                      4);
+    /* both ranks of both workers published */
+    for (int w = 0; w < 2; w++)
+        for (int k = 0; k < 2; k++) {
+            char stage[32];
+            snprintf(stage, sizeof(stage), "engine %d.%d", w, k);
+            ck_assert_msg(tc_counter(&r, stage, "published_batches") > 0,
+                          "%s published nothing", stage);
+        }
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "50" : "120";
+    const char *at = TC_SANITIZED ? "25" : "60";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--relay-restart-at", at, NULL};
+    tc_run r;
+    tc_check(&r, "restart", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    /* the old relay's last counters are kept under a retired name; the new
+     * one rebuilt worker 0 from a replay from seq 0 */
+    ck_assert(tc_counter(&r, "relay 0.0 #", "batches_applied") > 0);
+    ck_assert(tc_counter(&r, "relay 0.0", "replays_applied") > 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(a_dropped_batch_is_recovered_by_replay) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "20",
+                          "--workers", "1", "--drop-seq", "3", NULL};
+    tc_run r;
+    tc_check(&r, "drop-replay", args, 300);
+    assert_pass(&r, 20);
+    ck_assert(tc_counter(&r, "relay 0.0", "kvo_relay_gaps") >= 1);
+    ck_assert(tc_counter(&r, "relay 0.0", "replays_applied") >= 1);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(a_dropped_batch_without_replay_fails_as_a_seq_gap) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "20",
+                          "--workers", "1", "--drop-seq", "3", "--no-replay",
+                          NULL};
+    tc_run r;
+    tc_check(&r, "drop-noreplay", args, 300);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    ck_assert_msg(strncmp(summary_str(&r, "cause"), "seq gap:", 8) == 0,
+                  "cause: %s", summary_str(&r, "cause"));
+    /* the process logs were kept and their place printed */
+    char *out = tc_slurp(r.log);
+    ck_assert_msg(out && strstr(out, "logs of every process are in"), "%s",
+                  out ? out : "");
+    ck_assert_msg(strstr(out, "kvo-check: FAIL: seq gap"), "%s", out);
+    kvo_free(out);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "60" : "120";
+    const char *args[] = {"mutants", "--trace", trace, "--limit", limit, NULL};
+    tc_run r;
+    tc_check(&r, "mutants", args, 1500);
+    char *out = tc_slurp(r.log);
+    if (r.exit_code != 0) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 0);
+    size_t n;
+    const check_mutant *m = check_mutants(&n);
+    ck_assert_uint_eq(n, 17);
+    for (size_t i = 0; i < n; i++) {
+        char row[64];
+        snprintf(row, sizeof(row), "\n%-18s %-8s %-8s ok", m[i].name,
+                 m[i].killed ? "killed" : "benign",
+                 m[i].killed ? "killed" : "passed");
+        ck_assert_msg(strstr(out, row), "no row '%s' in:\n%s", row + 1, out);
+    }
+    ck_assert_ptr_nonnull(strstr(out, "every mutant behaved as expected"));
+    kvo_free(out);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* Children of pid (from /proc), for the Ctrl-C test. */
+static size_t children_of(pid_t pid, pid_t *out, size_t max) {
+    DIR *d = opendir("/proc");
+    size_t n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL && n < max) {
+        char path[300], buf[512];
+        snprintf(path, sizeof(path), "/proc/%s/stat", de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *rp = strrchr(buf, ')'); /* comm may hold spaces */
+        int ppid = 0;
+        char state;
+        if (rp && sscanf(rp + 2, "%c %d", &state, &ppid) == 2 && ppid == pid)
+            out[n++] = (pid_t)atoi(de->d_name);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+START_TEST(ctrl_c_stops_every_process_it_started) {
+    char *trace = trace1000();
+    char *dir = kt_tmpdir("sigint");
+    char log[600];
+    snprintf(log, sizeof(log), "%s/kvo-check.out", dir);
+    char *exe = kt_bin_path("kvo-check");
+    char *argv[] = {exe, "--spawn", "--trace", trace, "--workers", "2",
+                    "--num-gpu-blocks", "8192", NULL};
+    kvo_proc p;
+    memset(&p, 0, sizeof(p));
+    ck_assert_int_eq(kvo_proc_spawn(&p, "kvo-check", argv, log), KVO_OK);
+    /* nats-server, indexer, 2 mockers, 2 relays */
+    pid_t kids[32];
+    size_t nk = 0;
+    uint64_t deadline = kvo_now_ns() + 60 * 1000000000ull;
+    while ((nk = children_of(p.pid, kids, 32)) < 6 && kvo_proc_alive(&p) &&
+           kvo_now_ns() < deadline) {
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_msg(nk >= 6, "only %zu children appeared", nk);
+    kill(p.pid, SIGINT);
+    deadline = kvo_now_ns() + 60 * 1000000000ull;
+    while (kvo_proc_alive(&p) && kvo_now_ns() < deadline) {
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+    }
+    if (kvo_proc_alive(&p)) {
+        kvo_proc_stop(&p, 1000);
+        ck_abort_msg("kvo-check did not stop on SIGINT");
+    }
+    ck_assert_int_eq(p.exit_status, 2);
+    /* every child is gone (reaped by kvo-check, so not even a zombie) */
+    for (size_t i = 0; i < nk; i++)
+        ck_assert_msg(kill(kids[i], 0) != 0, "child %d still exists",
+                      (int)kids[i]);
+    char *out = tc_slurp(log);
+    ck_assert_msg(out && strstr(out, "interrupted"), "%s", out ? out : "");
+    kvo_free(out);
+    kvo_free(exe);
+    kvo_free(trace);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { /* a leftover temp dir only */ }
+    kvo_free(dir);
+}
+END_TEST
+
+START_TEST(usage_errors_exit_2_and_help_exits_0) {
+    const char *none[] = {"--trace", "x.jsonl", NULL};
+    tc_run r;
+    tc_check(&r, "usage", none, 60);
+    ck_assert_int_eq(r.exit_code, 2);
+    tc_free(&r, false);
+    const char *badpol[] = {"--spawn", "--trace", "x", "--policy", "lru", NULL};
+    tc_check(&r, "usage", badpol, 60);
+    ck_assert_int_eq(r.exit_code, 2);
+    tc_free(&r, false);
+    const char *missing[] = {"--spawn", "--trace", "/nonexistent.jsonl", NULL};
+    tc_check(&r, "usage", missing, 60);
+    ck_assert_int_eq(r.exit_code, 2);
+    char *out = tc_slurp(r.log);
+    ck_assert_msg(strstr(out, "/nonexistent.jsonl"), "%s", out);
+    kvo_free(out);
+    tc_free(&r, false);
+    const char *help[] = {"--help", NULL};
+    tc_check(&r, "usage", help, 60);
+    ck_assert_int_eq(r.exit_code, 0);
+    out = tc_slurp(r.log);
+    ck_assert_ptr_nonnull(strstr(out, "--report-html"));
+    kvo_free(out);
+    tc_free(&r, false);
+}
+END_TEST
+
+Suite *suite_e2e(void) {
+    Suite *s = suite_create("e2e");
+    TCase *tc = tcase_create("runs");
+    tcase_set_timeout(tc, 1800);
+    tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);
+    tcase_add_test(tc, the_quick_start_run_passes_with_evictions_and_renders);
+    tcase_add_test(tc, a_measured_prompt_goes_from_miss_to_hit_to_evicted);
+    tcase_add_test(tc, disaggregated_prefill_publishes_and_decode_does_not);
+    tcase_add_test(tc, dp_size_2_ranks_are_checked_separately);
+    tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
+    tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
+    tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
+    tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("mutants");
+    tcase_set_timeout(tc, 1800);
+    tcase_add_test(tc,
+                   mutants_matrix_kills_every_killed_mutant_and_spares_the_benign);
+    suite_add_tcase(s, tc);
+    return s;
+}
