@@ -153,7 +153,8 @@ typedef struct idx_feed_counters {
     uint64_t bad_headers; /* malformed KVO-Zmq-Seq (message still applied) */
     uint64_t other_tier;  /* RouterEvents of a non-device tier (skipped,
                              as Dynamo's primary tree does) */
-    uint64_t enomem;      /* RouterEvents lost to allocation failure */
+    uint64_t enomem;      /* RouterEvents lost to allocation failure (or a
+                             size limit of the tree) */
 } idx_feed_counters;
 
 /* Per publisher; what GET /watermark shows. */
