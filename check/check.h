@@ -141,6 +141,8 @@ typedef struct check_obs {
     const int32_t *probe_hits;   /* engine truth before the request, already
                                     capped; NULL or -1 = not probed */
     int64_t cached_tokens;       /* from the response; -1 = unknown */
+    const uint8_t *index_seen;   /* per slot: the index ever scored it
+                                    (NULL = unknown) */
     const check_counters *moved; /* rule counters that moved since the
                                     previous prompt (NULL = none known) */
     const check_counters *total; /* all counters so far (NULL = none) */

@@ -466,18 +466,25 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
                  "blocks", (long long)o->cached_tokens, hits[o->chosen]);
         return KVO_OK;
     }
-    /* 2. A sibling rank of the same worker is off the other way. */
+    /* 2. A sibling rank of the same worker is off the other way, or the
+     * index never scored this rank at all while a sibling covers it. */
     uint32_t w = ds / o->dp_size;
+    bool never = o->index_seen && !o->index_seen[ds];
     for (uint32_t r = 0; r < o->dp_size; r++) {
         uint32_t s = w * o->dp_size + r;
         if (s == ds) continue;
         int32_t e = s == o->chosen ? p->engine_hit_blocks : hits[s];
-        if (e < 0) continue;
         uint32_t i = CAPPED(s);
-        if (((uint32_t)de > di && i > (uint32_t)e) ||
-            ((uint32_t)de < di && i < (uint32_t)e)) {
+        if (e >= 0 && (((uint32_t)de > di && i > (uint32_t)e) ||
+                       ((uint32_t)de < di && i < (uint32_t)e))) {
             p->reason = CHECK_REASON_WRONG_RANK;
             snprintf(tail, room, "; rank %u: engine %d, index %u", r, e, i);
+            return KVO_OK;
+        }
+        if (never && (uint32_t)de > di && i >= (uint32_t)de) {
+            p->reason = CHECK_REASON_WRONG_RANK;
+            snprintf(tail, room, "; the index never scored rank %u, rank %u "
+                                 "holds %u", ds % o->dp_size, r, i);
             return KVO_OK;
         }
     }

@@ -144,6 +144,10 @@ static void chart(FILE *f, const check_result *r, long slot, size_t window,
                 ml + (double)k * xs, (double)h - 6,
                 (unsigned long long)r->prompts[k].id);
     }
+    size_t marks = 0;
+    for (size_t k = 0; k < n; k++) marks += r->prompts[k].diverged;
+    /* many marks: fainter, so the lines stay readable */
+    double opacity = marks > 50 ? 0.18 : 0.55;
     for (size_t k = 0; k < n; k++) {
         const check_prompt *p = &r->prompts[k];
         if (!p->diverged) continue;
@@ -152,9 +156,9 @@ static void chart(FILE *f, const check_result *r, long slot, size_t window,
             continue;
         fprintf(f, "<line class=\"divmark\" x1=\"%.1f\" x2=\"%.1f\" "
                    "y1=\"%.0f\" y2=\"%.1f\" stroke=\"#d93025\" "
-                   "stroke-opacity=\"0.55\"><title>prompt %llu: %s</title>"
+                   "stroke-opacity=\"%.2f\"><title>prompt %llu: %s</title>"
                    "</line>\n",
-                ml + (double)k * xs, ml + (double)k * xs, mt, y0,
+                ml + (double)k * xs, ml + (double)k * xs, mt, y0, opacity,
                 (unsigned long long)p->id, check_reason_name(p->reason));
     }
     polyline(f, pos, eng, m, ml, xs, y0, ys,

@@ -72,6 +72,7 @@ typedef struct run {
     size_t hashes_cap;
     uint32_t *scores;    /* per slot */
     int32_t *probes;     /* per slot */
+    uint8_t *seen;       /* per slot: the index ever scored it */
     uint64_t *used;      /* requests sent per slot */
     uint64_t decode_rr;
     bool trace_form;
@@ -543,9 +544,10 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
 
     t0 = kvo_now_ns();
+    for (uint32_t s = 0; s < r->n_slots; s++) r->seen[s] |= r->scores[s] > 0;
     check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
                    .block_size = r->env.block_size, .n_slots = r->n_slots,
-                   .dp_size = dp, .chosen = slot,
+                   .dp_size = dp, .chosen = slot, .index_seen = r->seen,
                    .index_scores = r->scores,
                    .probe_hits = probed ? r->probes : NULL,
                    .cached_tokens = c.cached_tokens, .moved = &r->moved,
@@ -609,6 +611,7 @@ static kvo_status sweep(run *r, size_t sent) {
         check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
                        .block_size = r->env.block_size, .n_slots = r->n_slots,
                        .dp_size = r->env.dp_size, .chosen = 0,
+                       .index_seen = r->seen,
                        .index_scores = r->scores, .probe_hits = r->probes,
                        .cached_tokens = -1, .moved = NULL, .total = &r->cur};
         const check_prompt *pr = NULL;
@@ -749,7 +752,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
     r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
     r.used = kvo_calloc(r.n_slots, sizeof(*r.used));
-    if (!r.scores || !r.probes || !r.used ||
+    r.seen = kvo_calloc(r.n_slots, sizeof(*r.seen));
+    if (!r.scores || !r.probes || !r.used || !r.seen ||
         check_result_slots(out, r.env.n_workers, r.env.dp_size,
                            r.env.block_size) != KVO_OK) {
         st = KVO_ENOMEM;
@@ -861,6 +865,7 @@ done:
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.used);
+    kvo_free(r.seen);
     chk_watermark_fini(&r.wm);
     check_counters_fini(&r.prev);
     check_counters_fini(&r.cur);

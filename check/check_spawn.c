@@ -862,24 +862,41 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
     return false;
 }
 
+/* Stop p; a process that does not exit 0 on SIGTERM (a crash, a
+ * sanitizer report, a hang killed after the grace) is worth a line. */
+static void stop_one(kvo_proc *p, bool *unclean) {
+    if (!p->pid) return;
+    bool was_running = kvo_proc_alive(p);
+    kvo_proc_stop(p, 3000);
+    if (p->exit_status != 0) {
+        kvo_warn("%s %s with status %d%s; log: %s", p->name,
+                 was_running ? "stopped" : "had exited", p->exit_status,
+                 p->exit_status == 128 + 9 ? " (killed after the grace)" : "",
+                 p->log_path);
+        *unclean = true;
+    }
+}
+
 void chk_env_stop(chk_env *env, bool keep_logs) {
     /* relays first (they flush their exit JSON), then engines, indexer,
      * NATS: the reverse of the start. */
+    bool unclean = false;
     for (uint32_t i = env->n_relays; i-- > 0;) {
-        kvo_proc_stop(&env->relays[i].proc, 3000);
+        if (!env->relays[i].retired) stop_one(&env->relays[i].proc, &unclean);
         kvo_http_client_free(env->relays[i].http);
     }
     proxy_free(env->proxy);
     env->proxy = NULL;
     for (uint32_t i = env->n_engines; i-- > 0;) {
-        kvo_proc_stop(&env->engines[i].proc, 3000);
+        stop_one(&env->engines[i].proc, &unclean);
         kvo_http_client_free(env->engines[i].http);
         kvo_http_client_free(env->engines[i].probe_http);
     }
-    kvo_proc_stop(&env->indexer, 3000);
+    stop_one(&env->indexer, &unclean);
     kvo_http_client_free(env->idx_http);
     kvo_http_client_free(env->idx_metrics);
-    kvo_proc_stop(&env->nats, 3000);
+    kvo_proc_stop(&env->nats, 3000); /* exits 1 on SIGTERM by design */
+    if (unclean) keep_logs = true;
     kvo_free(env->relays);
     kvo_free(env->engines);
     env->relays = NULL;

@@ -131,6 +131,32 @@ START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
 }
 END_TEST
 
+START_TEST(a_rank_the_index_never_scored_is_a_wrong_rank) {
+    /* both ranks share the prefix, so no sibling is in excess; but the
+     * index never saw rank 1 at all (its events carried no rank) */
+    kvo_arena a;
+    kvo_arena_init(&a);
+    obs_fix f;
+    fix_init(&f, 200, 1, 2 * 16);
+    f.probes[0] = 2;
+    f.scores[0] = 2;
+    f.probes[1] = 2; /* worker 0 rank 1 */
+    f.scores[1] = 0;
+    uint8_t seen[4] = {1, 0, 1, 1};
+    check_prompt p;
+    judge(&f, &p, &a);
+    ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE); /* no evidence */
+    f.o.index_seen = seen;
+    judge(&f, &p, &a);
+    ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
+    ck_assert_msg(strstr(p.detail, "never scored rank 1"), "%s", p.detail);
+    seen[1] = 1; /* it did score rank 1 before: a plain missed store */
+    judge(&f, &p, &a);
+    ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
+    kvo_arena_fini(&a);
+}
+END_TEST
+
 START_TEST(a_rule_counter_that_moved_names_the_reason) {
     kvo_arena a;
     kvo_arena_init(&a);
@@ -488,6 +514,7 @@ Suite *suite_core(void) {
     tcase_add_test(tc,
                    index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block);
     tcase_add_test(tc, blocks_on_the_sibling_rank_are_a_wrong_rank);
+    tcase_add_test(tc, a_rank_the_index_never_scored_is_a_wrong_rank);
     tcase_add_test(tc, a_rule_counter_that_moved_names_the_reason);
     tcase_add_test(
         tc, probe_disagreeing_with_the_response_is_the_engine_contradicting_itself);
