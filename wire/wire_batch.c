@@ -1,25 +1,50 @@
 /* wire_batch.c -- vLLM KVEventBatch payloads (the third ZMQ frame, DESIGN §4):
  * decoder, encoder, formats, the sequence frame.
  *
- * Decoding is two passes over the payload, both without recursion:
+ * Decoding is one pass over the payload, without recursion, with the wire_rd
+ * cursor (wire_int.h) straight into the caller's wire_batch: strings, bins,
+ * hashes, tokens and raw values (extra_keys, SGLang metadata) are copied
+ * into the batch's arena, so nothing points into the input.
  *
- *   1. wire_precheck (wire_precheck.c) walks the bytes and bounds sizes,
- *      counts, depth and str/bin lengths against wire_limits. Nothing is
- *      allocated before it has passed.
- *   2. A direct decode with the wire_rd cursor (wire_int.h) into the
- *      caller's wire_batch: strings, bins, hashes, tokens and raw values
- *      (extra_keys, SGLang metadata) are copied into the batch's arena, so
- *      nothing points into the input.
+ * Bounded allocation without a separate pre-check pass. The decoder checks
+ * what wire_precheck checks, at the header it is about to use:
+ *   - every array/map header: count <= max_elems, running sum of counts <=
+ *     max_total, nesting <= max_depth, and count (maps: 2 x pairs) <= the
+ *     bytes that remain (every element takes at least one byte);
+ *   - every str/bin it reads: length <= max_str and <= the bytes that remain;
+ *   - values it does not interpret (unknown keys, extra_keys and metadata
+ *     kept raw, extra array elements, batch extras) are skipped with
+ *     wire_walk, the pre-check's own loop, at their real depth and adding
+ *     to the same sum, so nesting below them is bounded too;
+ *   - the payload is at most max_bytes, with no trailing bytes.
+ * Every allocation is sized from a count or length that has already passed
+ * the "fits in the bytes that remain" check: hashes 24 B and tokens 8 B per
+ * declared element (each >= 1 input byte), copies of str/bin/raw spans of
+ * the input, and the event table, sized min(declared count, bytes left / 15
+ * + 1) events (no event decodes in fewer than 15 bytes: ["BlockRemoved",
+ * []], so a table that size always has the slot the next event needs). So
+ * the arena stays within ~40 bytes per input byte whatever the header claims
+ * (`dd ff ff ff ff` costs nothing: 2^32 elements do not fit in 0 bytes).
+ * A message the decoder accepts therefore passes wire_precheck too: the two
+ * check the same things over the same values.
  *
- * Why not msgpack-c's unpacker for pass 2 (the house prefers libraries, and
- * msgpack-c does the encoding here): its object tree is an intermediate
- * copy (24 bytes per token) we would have to walk and copy again, and it
- * drops the byte spans we need to keep extra_keys and metadata verbatim
- * (re-packing an object is canonical, not exact). Measured by
- * kvo-bench-wire (32 stores x 16 blocks x 16 tokens, same bytes, same run):
- * pre-check + direct decode takes 0.65-0.7x the time of msgpack-c's unpack
- * alone, while pre-check + unpack takes 1.3x before converting anything.
- * msgpack-c still turns raw values into JSON (wire_json.c) and packs.
+ * Error precedence: when decoding fails (wrong type, unknown event, out of
+ * memory, or a structural check), wire_precheck runs over the whole input
+ * and, if it finds something, its error is reported instead. Errors are
+ * then exactly those of the former two-pass decoder (a structural problem
+ * anywhere outranks a wrong type before it, and an allocation failure on a
+ * message that could never decode reports why it could not), and that pass
+ * only costs anything on bad input.
+ *
+ * Why not msgpack-c's unpacker: its object tree is an intermediate copy (24
+ * bytes per token) we would have to walk and copy again, it trusts declared
+ * lengths, and it drops the byte spans we need to keep extra_keys and
+ * metadata verbatim (re-packing an object is canonical, not exact). Measured
+ * by kvo-bench-wire (32 stores x 16 blocks x 16 tokens, same bytes, same
+ * run): the one-pass decode takes ~0.37x the time of msgpack-c's unpack
+ * alone (the former pre-check + decode took 0.65-0.7x; pre-check + unpack
+ * takes 1.3x before converting anything). msgpack-c still turns raw values
+ * into JSON (wire_json.c).
  *
  * Batch  = [ts, events, data_parallel_rank?, ...extras ignored]
  * Event  = map {"type": ..., named fields}   (vLLM >= 0.24, SGLang maps)
@@ -125,14 +150,15 @@ kvo_status wire_seq_get(const uint8_t *p, size_t len, uint64_t *seq) {
 /* Decoder                                                                   */
 /* ======================================================================== */
 
-/* The event table starts this small and doubles as events decode, so its
- * size follows the events actually present (each takes >= 15 bytes of
- * input), not the count a header claims. */
-#define EVENTS_FIRST 16u
+/* The smallest event that decodes: ["BlockRemoved", []] (an array event of
+ * BlockRemoved needs its tag and its hashes). The event table is sized from
+ * the declared count, but never beyond what the bytes left could hold. */
+#define MIN_EVENT_BYTES 15u
 
 /* Map keys and array positions share one field list. Array position of a
  * BlockStored field = its index (0 is the tag); BlockRemoved has its own
- * positions (removed_pos). */
+ * positions (removed_pos). The order is also the order writers put map keys
+ * in, which the key lookup exploits. */
 typedef enum field {
     F_TYPE = 0,
     F_HASHES,
@@ -185,11 +211,27 @@ static const struct {
 static const field removed_pos[] = {F_TYPE, F_HASHES, F_MEDIUM, F_GROUP_IDX};
 #define STORED_ARRAY_FIELDS 12u /* tag + 11 */
 
+/* Fields a type does not have (cleared once the type is known). */
+#define BIT(f) (1u << (f))
+#define STORED_ONLY                                                            \
+    (BIT(F_PARENT) | BIT(F_TOKENS) | BIT(F_BLOCK_SIZE) | BIT(F_LORA_ID) |      \
+     BIT(F_LORA_NAME) | BIT(F_EXTRA_KEYS) | BIT(F_SPEC_KIND) |                 \
+     BIT(F_SPEC_WINDOW) | BIT(F_SESSION_ID) | BIT(F_CACHE_SALT) |              \
+     BIT(F_ORIGIN))
+#define REMOVED_FIELDS                                                         \
+    (BIT(F_HASHES) | BIT(F_MEDIUM) | BIT(F_GROUP_IDX) | BIT(F_LOCALITY) |      \
+     BIT(F_OWNERSHIP))
+
+/* Nesting of what the decoder reads (the batch itself is depth 1). */
+enum { DEPTH_BATCH = 1, DEPTH_EVENTS, DEPTH_EVENT, DEPTH_FIELD };
+
 typedef struct dec {
     wire_rd r;
     wire_batch *b;
     wire_error *err;
     uint32_t ev; /* index of the event being decoded */
+    const wire_limits *lim;
+    uint64_t total; /* container sizes so far (lim->max_total) */
 } dec;
 
 static const char *found_name(const dec *d) {
@@ -207,6 +249,8 @@ static kvo_status fail_field(dec *d, kvo_status st, field f, long idx,
         snprintf(path + n, sizeof(path) - (size_t)n, "[%ld]", idx);
     if (st == KVO_ETRUNC)
         return wire_fail(d->err, st, d->r.pos, "%s: input ends", path);
+    if (st == KVO_ETOOBIG)
+        return wire_fail(d->err, st, d->r.pos, "%s: over a limit", path);
     if (!what)
         return wire_fail(d->err, st, d->r.pos, "%s: unexpected %s", path,
                          found_name(d));
@@ -217,6 +261,72 @@ static kvo_status fail_field(dec *d, kvo_status st, field f, long idx,
 static kvo_status nomem(dec *d) {
     return wire_fail(d->err, KVO_ENOMEM, d->r.pos, "out of memory");
 }
+
+/* ---- Structure, checked as it is read ------------------------------------
+ * What wire_precheck checks, at the point the decoder reaches it: a
+ * container's count against max_elems, max_total and the bytes left, its
+ * depth against max_depth; a str/bin length against max_str (the cursor
+ * checks it fits). Values the decoder does not interpret (unknown keys, raw
+ * values, extra elements) are walked with wire_walk, which applies the same
+ * checks below them. So every allocation is sized from a count already
+ * proven to fit in the input. */
+
+/* Array (map = false) or map header at the cursor, at nesting depth. On
+ * failure pos is unchanged and err says why (callers may say it better). */
+static kvo_status rd_container(dec *d, bool map, unsigned depth, uint32_t *n) {
+    size_t at = d->r.pos;
+    const char *what = map ? "map" : "array";
+    kvo_status st = wire_rd_container(&d->r, map, n);
+    if (st != KVO_OK)
+        return wire_fail(d->err, st, at, "expected %s, got %s", what,
+                         found_name(d));
+    const wire_limits *lim = d->lim;
+    d->total += *n;
+    uint64_t items = map ? 2 * (uint64_t)*n : *n;
+    if (*n > lim->max_elems)
+        st = wire_fail(d->err, KVO_ETOOBIG, at,
+                       "%s of %" PRIu32 " elements exceeds limit %" PRIu32,
+                       what, *n, lim->max_elems);
+    else if (d->total > lim->max_total)
+        st = wire_fail(d->err, KVO_ETOOBIG, at,
+                       "message holds more than %" PRIu64 " elements in all",
+                       lim->max_total);
+    else if (depth > lim->max_depth)
+        st = wire_fail(d->err, KVO_ETOOBIG, at, "nesting deeper than %" PRIu32,
+                       lim->max_depth);
+    else if (items > d->r.len - d->r.pos)
+        st = wire_fail(d->err, KVO_ETRUNC, at,
+                       "%s declares %" PRIu32
+                       " elements but only %zu bytes remain",
+                       what, *n, d->r.len - d->r.pos);
+    if (st != KVO_OK) d->r.pos = at;
+    return st;
+}
+
+/* str (bin = false) or bin, pointing into the input; errors as above. */
+static kvo_status rd_blob(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
+    size_t at = d->r.pos;
+    const char *what = bin ? "bin" : "str";
+    kvo_status st = wire_rd_blob(&d->r, bin, p, n);
+    if (st != KVO_OK)
+        return wire_fail(d->err, st, at, "expected %s, got %s", what,
+                         found_name(d));
+    if (*n > d->lim->max_str) {
+        d->r.pos = at;
+        return wire_fail(d->err, KVO_ETOOBIG, at,
+                         "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
+                         what, *n, d->lim->max_str);
+    }
+    return KVO_OK;
+}
+
+/* Skip one value held by a container at `depth`. */
+static kvo_status skip_value(dec *d, unsigned depth) {
+    return wire_walk(d->r.buf, d->r.len, &d->r.pos, depth, &d->total, d->lim,
+                     KVO_ETRUNC, d->err);
+}
+
+/* ---- Fields --------------------------------------------------------------*/
 
 /* A block hash: any int (two's-complement key) or bin/str bytes (last 8
  * bytes big-endian). nil only when nil_ok. */
@@ -232,11 +342,11 @@ static kvo_status get_hash(dec *d, field f, long idx, bool nil_ok,
         h->key = v;
         return KVO_OK;
     }
-    const uint8_t *p;
-    uint32_t n;
+    const uint8_t *p = NULL;
+    uint32_t n = 0;
     if (st == KVO_EPROTO) {
-        st = wire_rd_bin(&d->r, &p, &n);
-        if (st == KVO_EPROTO) st = wire_rd_str(&d->r, &p, &n);
+        st = rd_blob(d, true, &p, &n);
+        if (st == KVO_EPROTO) st = rd_blob(d, false, &p, &n);
     }
     if (st != KVO_OK)
         return fail_field(d, st, f, idx,
@@ -252,7 +362,7 @@ static kvo_status get_hash(dec *d, field f, long idx, bool nil_ok,
 
 static kvo_status get_hashes(dec *d, wire_event *e) {
     uint32_t n;
-    kvo_status st = wire_rd_array(&d->r, &n);
+    kvo_status st = rd_container(d, false, DEPTH_FIELD, &n);
     if (st != KVO_OK) return fail_field(d, st, F_HASHES, -1, "array");
     wire_hash *hs = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*hs));
     if (!hs) return nomem(d);
@@ -270,7 +380,7 @@ static kvo_status get_hashes(dec *d, wire_event *e) {
  * reads the widths vocabularies use (fixint, uint16, uint32) inline. */
 static kvo_status get_tokens(dec *d, wire_event *e) {
     uint32_t n;
-    kvo_status st = wire_rd_array(&d->r, &n);
+    kvo_status st = rd_container(d, false, DEPTH_FIELD, &n);
     if (st != KVO_OK) return fail_field(d, st, F_TOKENS, -1, "array");
     uint64_t *t = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*t));
     if (!t) return nomem(d);
@@ -329,8 +439,14 @@ static kvo_status get_opt_int(dec *d, field f, wire_int *out) {
     return KVO_OK;
 }
 
-static kvo_status copy_str(dec *d, const uint8_t *p, uint32_t n,
-                           wire_str *out) {
+static kvo_status get_opt_str(dec *d, field f, wire_str *out) {
+    out->p = NULL;
+    out->len = 0;
+    if (wire_rd_nil(&d->r)) return KVO_OK;
+    const uint8_t *p = NULL;
+    uint32_t n = 0;
+    kvo_status st = rd_blob(d, false, &p, &n);
+    if (st != KVO_OK) return fail_field(d, st, f, -1, "str or nil");
     char *s = kvo_arena_alloc(&d->b->arena, (size_t)n + 1);
     if (!s) return nomem(d);
     memcpy(s, p, n);
@@ -340,25 +456,14 @@ static kvo_status copy_str(dec *d, const uint8_t *p, uint32_t n,
     return KVO_OK;
 }
 
-static kvo_status get_opt_str(dec *d, field f, wire_str *out) {
-    out->p = NULL;
-    out->len = 0;
-    if (wire_rd_nil(&d->r)) return KVO_OK;
-    const uint8_t *p;
-    uint32_t n;
-    kvo_status st = wire_rd_str(&d->r, &p, &n);
-    if (st != KVO_OK) return fail_field(d, st, f, -1, "str or nil");
-    return copy_str(d, p, n, out);
-}
-
 /* Any value, kept as its exact bytes; nil = absent. */
 static kvo_status get_raw(dec *d, field f, wire_raw *out) {
     out->p = NULL;
     out->len = 0;
     if (wire_rd_nil(&d->r)) return KVO_OK;
     size_t at = d->r.pos;
-    kvo_status st = wire_rd_skip(&d->r);
-    if (st != KVO_OK) return fail_field(d, st, f, -1, NULL);
+    kvo_status st = skip_value(d, DEPTH_EVENT);
+    if (st != KVO_OK) return st;
     size_t n = d->r.pos - at;
     uint8_t *p = kvo_arena_memdup(&d->b->arena, d->r.buf + at, n);
     if (!p) return nomem(d);
@@ -368,16 +473,19 @@ static kvo_status get_raw(dec *d, field f, wire_raw *out) {
 }
 
 static kvo_status get_type(dec *d, wire_ev_type *out) {
-    const uint8_t *p;
-    uint32_t n;
+    const uint8_t *p = NULL;
+    uint32_t n = 0;
     size_t at = d->r.pos;
-    kvo_status st = wire_rd_str(&d->r, &p, &n);
+    kvo_status st = rd_blob(d, false, &p, &n);
     if (st != KVO_OK) return fail_field(d, st, F_TYPE, -1, "str");
-    for (int t = WIRE_EV_STORED; t <= WIRE_EV_CLEARED; t++) {
-        if (strlen(type_names[t]) == n && memcmp(type_names[t], p, n) == 0) {
-            *out = (wire_ev_type)t;
-            return KVO_OK;
-        }
+    /* The three names differ in length. */
+    wire_ev_type t = n == 11 ? WIRE_EV_STORED
+                     : n == 12 ? WIRE_EV_REMOVED
+                     : n == 16 ? WIRE_EV_CLEARED
+                               : (wire_ev_type)0;
+    if (t && memcmp(type_names[t], p, n) == 0) {
+        *out = t;
+        return KVO_OK;
     }
     /* Skipping an event type we do not know would lose events silently. */
     return wire_fail(d->err, KVO_EPROTO, at,
@@ -438,60 +546,69 @@ static void clear_foreign_fields(wire_event *e) {
     *e = keep;
 }
 
+/* The field a map key names, F_COUNT if none. Writers put keys in field
+ * order, so the search starts after the previous key's field and usually
+ * hits at once; length and first byte settle every other candidate without
+ * a memcmp (no two names share both). */
+static field find_field(const uint8_t *k, uint32_t n, unsigned from) {
+    for (unsigned i = 0; i < F_COUNT; i++) {
+        unsigned j = from + i < F_COUNT ? from + i : from + i - F_COUNT;
+        if (field_names[j].len == n && field_names[j].name[0] == k[0] &&
+            memcmp(field_names[j].name, k, n) == 0)
+            return (field)j;
+    }
+    return F_COUNT;
+}
+
 static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
     uint32_t n;
-    kvo_status st = wire_rd_map(&d->r, &n);
+    kvo_status st = rd_container(d, true, DEPTH_EVENT, &n);
     if (st != KVO_OK) return st;
     e->layout = WIRE_LAYOUT_MAP;
     e->map_len = n;
-    bool seen[F_COUNT] = {false};
+    uint32_t seen = 0;
+    unsigned next = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *k;
-        uint32_t klen;
-        st = wire_rd_str(&d->r, &k, &klen);
+        const uint8_t *k = NULL;
+        uint32_t klen = 0;
+        st = rd_blob(d, false, &k, &klen);
         if (st != KVO_OK)
             return wire_fail(d->err, st, d->r.pos,
                              "events[%" PRIu32 "]: expected str key, got %s",
                              d->ev, found_name(d));
-        field f = F_COUNT;
-        for (int j = 0; j < F_COUNT; j++) {
-            if (field_names[j].len == klen &&
-                memcmp(field_names[j].name, k, klen) == 0) {
-                f = (field)j;
-                break;
-            }
-        }
+        field f = klen ? find_field(k, klen, next) : F_COUNT;
         if (f == F_COUNT) { /* unknown keys are ignored */
-            st = wire_rd_skip(&d->r);
-            if (st != KVO_OK)
-                return wire_fail(d->err, st, d->r.pos,
-                                 "events[%" PRIu32 "].%.*s: input ends", d->ev,
-                                 (int)(klen > 40 ? 40 : klen), (const char *)k);
+            st = skip_value(d, DEPTH_EVENT);
+            if (st != KVO_OK) return st;
             continue;
         }
         st = get_field(d, f, e);
         if (st != KVO_OK) return st;
-        seen[f] = true;
+        seen |= BIT(f);
+        next = f + 1;
     }
-    if (!seen[F_TYPE])
+    if (!(seen & BIT(F_TYPE)))
         return wire_fail(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: map without \"type\"", d->ev);
     const char *missing = NULL;
-    if (e->type != WIRE_EV_CLEARED && !seen[F_HASHES])
+    if (e->type != WIRE_EV_CLEARED && !(seen & BIT(F_HASHES)))
         missing = "block_hashes";
-    else if (e->type == WIRE_EV_STORED && !seen[F_TOKENS])
+    else if (e->type == WIRE_EV_STORED && !(seen & BIT(F_TOKENS)))
         missing = "token_ids";
     if (missing)
         return wire_fail(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: %s without %s", d->ev,
                          type_names[e->type], missing);
-    clear_foreign_fields(e);
+    uint32_t own = e->type == WIRE_EV_STORED    ? ~0u
+                   : e->type == WIRE_EV_REMOVED ? BIT(F_TYPE) | REMOVED_FIELDS
+                                                : BIT(F_TYPE);
+    if (seen & ~own) clear_foreign_fields(e);
     return KVO_OK;
 }
 
 static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
     uint32_t n;
-    kvo_status st = wire_rd_array(&d->r, &n);
+    kvo_status st = rd_container(d, false, DEPTH_EVENT, &n);
     if (st != KVO_OK) return st;
     e->layout = WIRE_LAYOUT_ARRAY;
     e->array_len = n;
@@ -515,11 +632,8 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
                          d->ev, type_names[e->type], n, need);
     for (uint32_t i = 1; i < n; i++) {
         if (i >= known) { /* newer fields we do not know: ignored */
-            st = wire_rd_skip(&d->r);
-            if (st != KVO_OK)
-                return wire_fail(d->err, st, d->r.pos,
-                                 "events[%" PRIu32 "][%" PRIu32 "]: input ends",
-                                 d->ev, i);
+            st = skip_value(d, DEPTH_EVENT);
+            if (st != KVO_OK) return st;
             continue;
         }
         field f = e->type == WIRE_EV_STORED ? (field)i : removed_pos[i];
@@ -545,12 +659,13 @@ static kvo_status decode_batch(dec *d) {
     wire_batch *b = d->b;
     wire_rd *r = &d->r;
     uint32_t n;
-    kvo_status st = wire_rd_array(r, &n);
-    if (st != KVO_OK || n < 2)
+    kvo_status st = rd_container(d, false, DEPTH_BATCH, &n);
+    if (st == KVO_EPROTO || (st == KVO_OK && n < 2))
         return wire_fail(d->err, KVO_EPROTO, 0,
                          "batch: expected an array of at least 2 elements "
                          "[ts, events, dp_rank], got %s",
                          st == KVO_OK ? "a shorter array" : found_name(d));
+    if (st != KVO_OK) return st;
     b->batch_len = n;
     st = wire_rd_double(r, &b->ts);
     if (st != KVO_OK)
@@ -558,22 +673,24 @@ static kvo_status decode_batch(dec *d) {
                          found_name(d));
     size_t at = r->pos;
     uint32_t n_ev;
-    st = wire_rd_array(r, &n_ev);
+    st = rd_container(d, false, DEPTH_EVENTS, &n_ev);
     if (st != KVO_OK)
         return wire_fail(d->err, st, at, "events: expected array, got %s",
                          found_name(d));
+    /* Room for every event the bytes left could hold (see MIN_EVENT_BYTES):
+     * the declared count in a real batch, never more than ~20 bytes of
+     * table per input byte for a lying one. */
+    size_t cap = (r->len - r->pos) / MIN_EVENT_BYTES + 1;
+    if (cap > n_ev) cap = n_ev;
     wire_event *evs = NULL;
-    uint32_t cap = 0;
+    if (cap) {
+        evs = kvo_arena_alloc(&b->arena, cap * sizeof(*evs));
+        if (!evs) return nomem(d);
+    }
     for (d->ev = 0; d->ev < n_ev; d->ev++) {
-        if (d->ev == cap) { /* grow (the old table stays in the arena) */
-            cap = cap ? 2 * cap : EVENTS_FIRST;
-            if (cap > n_ev) cap = n_ev;
-            wire_event *grown =
-                kvo_arena_alloc(&b->arena, (size_t)cap * sizeof(*grown));
-            if (!grown) return nomem(d);
-            if (d->ev) memcpy(grown, evs, (size_t)d->ev * sizeof(*evs));
-            evs = grown;
-        }
+        if (d->ev == cap) /* more events than bytes: cannot happen */
+            return wire_fail(d->err, KVO_EPROTO, r->pos,
+                             "events[%" PRIu32 "]: past the end", d->ev);
         memset(&evs[d->ev], 0, sizeof(*evs));
         st = decode_event(d, &evs[d->ev]);
         if (st != KVO_OK) return st;
@@ -600,11 +717,13 @@ static kvo_status decode_batch(dec *d) {
         }
     }
     for (uint32_t i = 3; i < n; i++) { /* extras of future versions */
-        st = wire_rd_skip(r);
-        if (st != KVO_OK)
-            return wire_fail(d->err, st, r->pos,
-                             "batch[%" PRIu32 "]: input ends", i);
+        st = skip_value(d, DEPTH_BATCH);
+        if (st != KVO_OK) return st;
     }
+    if (r->pos != r->len)
+        return wire_fail(d->err, KVO_EPROTO, r->pos,
+                         "%zu trailing bytes after the value",
+                         r->len - r->pos);
     return KVO_OK;
 }
 
@@ -613,11 +732,27 @@ kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
                              wire_error *err) {
     wire_batch_reset(b);
     if (!buf && len) return wire_fail(err, KVO_EINVAL, 0, "no input");
-    kvo_status st = wire_precheck(buf, len, lim, NULL, err);
-    if (st != KVO_OK) return st;
-    dec d = {.r = {buf, len, 0}, .b = b, .err = err, .ev = 0};
-    st = decode_batch(&d);
-    if (st != KVO_OK) wire_batch_reset(b);
+    wire_limits def;
+    if (!lim) {
+        wire_limits_default(&def);
+        lim = &def;
+    }
+    kvo_status st = KVO_ETOOBIG;
+    if (len <= lim->max_bytes) {
+        dec d = {.r = {buf, len, 0}, .b = b, .err = err, .lim = lim};
+        st = decode_batch(&d);
+    }
+    if (st != KVO_OK) {
+        wire_batch_reset(b);
+        /* Report what the structural pre-check finds first, as if it had
+         * run before decoding: a broken structure anywhere outranks what the
+         * decoder tripped over (a wrong type, an allocation failure). */
+        wire_error pre;
+        if (wire_precheck(buf, len, lim, NULL, &pre) != KVO_OK) {
+            if (err) *err = pre;
+            st = pre.status;
+        }
+    }
     return st;
 }
 

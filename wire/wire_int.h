@@ -1,9 +1,11 @@
 /* wire_int.h -- internals shared by the wire/ decoders (not a public API).
  *
- * wire_precheck: the structural pre-check every wire/ decoder runs on bytes
- * from a socket or a file BEFORE anything is allocated for them (msgpack-c's
+ * wire_precheck: the structural pre-check wire/ decoders run on bytes from a
+ * socket or a file BEFORE anything is allocated for them (msgpack-c's
  * unpacker, for one, trusts declared lengths: the 5 bytes `dd ff ff ff ff`
- * make it try to allocate ~128 GiB of objects).
+ * make it try to allocate ~128 GiB of objects). The batch decoder, the hot
+ * one, makes the same checks as it reads instead (wire_walk below; the
+ * argument is in wire_batch.c's header).
  *
  * It walks one msgpack value iteratively (no recursion, no allocation) and
  * checks, against a wire_limits (NULL = wire_limits_default):
@@ -42,6 +44,17 @@
 
 kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
                          size_t *end, wire_error *err);
+
+/* The pre-check's walk over one value starting at buf[*pos], for decoders
+ * that check structure as they go: `depth` is the nesting of the container
+ * holding the value (0 = top level), *total the container sizes counted so
+ * far in this message (added to). Same checks and statuses as wire_precheck
+ * (short_st when the input ends: KVO_ETRUNC, or KVO_ETOOBIG when avail was
+ * clipped by max_bytes); lim must not be NULL. On success *pos is just past
+ * the value. Nothing is allocated. */
+kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *pos,
+                     unsigned depth, uint64_t *total, const wire_limits *lim,
+                     kvo_status short_st, wire_error *err);
 
 /* Fill err (if non-NULL) with status, offset and a printf-style reason;
  * returns status so callers can `return wire_fail(...)`. */

@@ -12,7 +12,9 @@
  * Each step reads one header, decrements left[d], and either skips a scalar
  * payload (after checking it fits) or pushes a container. Finished levels
  * are popped before the next header. Nothing is allocated; the stack is
- * WIRE_DEPTH_CEILING + 1 counters.
+ * WIRE_DEPTH_CEILING + 1 counters. wire_walk is that loop for one value
+ * anywhere in a message (the batch decoder skips unknown and raw values with
+ * it); wire_precheck is wire_walk over a whole buffer.
  */
 #include "wire_int.h"
 
@@ -116,33 +118,15 @@ static mp_head head_of(uint8_t b) {
     /* clang-format on */
 }
 
-kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
-                         size_t *end, wire_error *err) {
-    wire_limits def;
-    if (!lim) {
-        wire_limits_default(&def);
-        lim = &def;
-    }
-    /* Only max_bytes of the input may belong to the value. When the input
-     * is longer, running out of the allowed bytes is ETOOBIG, not ETRUNC. */
-    size_t avail = len;
-    bool clipped = false;
-    if (avail > lim->max_bytes) {
-        if (!end)
-            return wire_fail(err, KVO_ETOOBIG, 0,
-                             "message of %zu bytes exceeds limit %zu", len,
-                             lim->max_bytes);
-        avail = lim->max_bytes;
-        clipped = true;
-    }
-    kvo_status short_st = clipped ? KVO_ETOOBIG : KVO_ETRUNC;
+kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
+                     unsigned depth, uint64_t *total, const wire_limits *lim,
+                     kvo_status short_st, wire_error *err) {
     uint32_t max_depth = lim->max_depth < WIRE_DEPTH_CEILING
                              ? lim->max_depth
                              : WIRE_DEPTH_CEILING;
     uint64_t left[WIRE_DEPTH_CEILING + 1];
-    unsigned d = 0;
-    uint64_t total = 0;
-    size_t pos = 0;
+    unsigned d = 0; /* levels opened by this walk; depth + d in all */
+    size_t pos = *at_pos;
     left[0] = 1;
 
     for (;;) {
@@ -184,13 +168,13 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
                                  "%s of %" PRIu32
                                  " elements exceeds limit %" PRIu32,
                                  what, n, lim->max_elems);
-            total += n;
-            if (total > lim->max_total)
+            *total += n;
+            if (*total > lim->max_total)
                 return wire_fail(err, KVO_ETOOBIG, at,
                                  "message holds more than %" PRIu64
                                  " elements in all",
                                  lim->max_total);
-            if (d + 1 > max_depth)
+            if (depth + d + 1 > max_depth)
                 return wire_fail(err, KVO_ETOOBIG, at,
                                  "nesting deeper than %" PRIu32, max_depth);
             uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;
@@ -219,6 +203,34 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
     }
 
 finished:
+    *at_pos = pos;
+    return KVO_OK;
+}
+
+kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
+                         size_t *end, wire_error *err) {
+    wire_limits def;
+    if (!lim) {
+        wire_limits_default(&def);
+        lim = &def;
+    }
+    /* Only max_bytes of the input may belong to the value. When the input
+     * is longer, running out of the allowed bytes is ETOOBIG, not ETRUNC. */
+    size_t avail = len;
+    bool clipped = false;
+    if (avail > lim->max_bytes) {
+        if (!end)
+            return wire_fail(err, KVO_ETOOBIG, 0,
+                             "message of %zu bytes exceeds limit %zu", len,
+                             lim->max_bytes);
+        avail = lim->max_bytes;
+        clipped = true;
+    }
+    size_t pos = 0;
+    uint64_t total = 0;
+    kvo_status st = wire_walk(buf, avail, &pos, 0, &total, lim,
+                              clipped ? KVO_ETOOBIG : KVO_ETRUNC, err);
+    if (st != KVO_OK) return st;
     if (end) {
         *end = pos;
     } else if (pos != len) {
