@@ -46,10 +46,14 @@
 /* One sample as a stage exposes it: stage "indexer", "relay 1.0"
  * (worker.rank), "check"; name = the metric with its labels, verbatim
  * ("kvo_indexer_events_total{type=\"stored\",status=\"ok\"}"). */
+typedef struct check_rule check_rule;
+
 typedef struct check_counter {
     char *stage; /* owned */
     char *name;  /* owned */
     double value;
+    uint64_t key;            /* hash of (stage, name): lookups compare it */
+    const check_rule *rule;  /* check_rule_find(stage, name), cached */
 } check_counter;
 
 typedef struct check_counters {
@@ -111,13 +115,13 @@ const char *check_reason_name(check_reason r);
 /* A counter that must stay 0 on a correct pipeline. Matched against a
  * counter by stage prefix and by substrings of its name (all of `match`,
  * separated by '|' meaning "any of", none of `except`). */
-typedef struct check_rule {
+struct check_rule {
     const char *stage_prefix; /* "indexer", "relay" */
     const char *match;        /* "parent_not_found" or "a|b" */
     const char *except;       /* NULL or "a|b" */
     check_reason reason;
     const char *what;         /* "events with an unknown parent" */
-} check_rule;
+};
 
 /* The rule a counter falls under, NULL if it may move freely. The table is
  * in priority order: when several tripped counters moved, the first rule

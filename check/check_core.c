@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* ---- Counters ------------------------------------------------------------*/
 
@@ -45,26 +46,31 @@ void check_counters_fini(check_counters *c) {
     memset(c, 0, sizeof(*c));
 }
 
-static long counters_find(const check_counters *c, const char *stage,
-                          const char *name) {
+static uint64_t counter_key(const char *stage, const char *name) {
+    uint64_t h = XXH3_64bits(stage, strlen(stage));
+    return XXH3_64bits_withSeed(name, strlen(name), h);
+}
+
+static long find_key(const check_counters *c, uint64_t key, const char *stage,
+                     const char *name) {
     size_t n = c->n;
     for (size_t k = 0; k < n; k++) {
         size_t i = (c->hint + k) % n;
-        if (strcmp(c->items[i].name, name) == 0 &&
+        if (c->items[i].key == key && strcmp(c->items[i].name, name) == 0 &&
             strcmp(c->items[i].stage, stage) == 0)
             return (long)i;
     }
     return -1;
 }
 
-kvo_status check_counters_set(check_counters *c, const char *stage,
-                              const char *name, double value) {
-    long i = counters_find(c, stage, name);
-    if (i >= 0) {
-        c->items[i].value = value;
-        c->hint = ((size_t)i + 1) % c->n;
-        return KVO_OK;
-    }
+static long counters_find(const check_counters *c, const char *stage,
+                          const char *name) {
+    return find_key(c, counter_key(stage, name), stage, name);
+}
+
+/* Append a counter whose key and rule are known (no lookup). */
+static kvo_status counters_push(check_counters *c, const check_counter *src,
+                                double value) {
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 64;
         check_counter *p = kvo_realloc(c->items, cap * sizeof(*p));
@@ -73,17 +79,33 @@ kvo_status check_counters_set(check_counters *c, const char *stage,
         c->cap = cap;
     }
     check_counter *it = &c->items[c->n];
-    it->stage = kvo_strdup(stage);
-    it->name = kvo_strdup(name);
+    it->stage = kvo_strdup(src->stage);
+    it->name = kvo_strdup(src->name);
     if (!it->stage || !it->name) {
         kvo_free(it->stage);
         kvo_free(it->name);
         return KVO_ENOMEM;
     }
     it->value = value;
+    it->key = src->key;
+    it->rule = src->rule;
     c->n++;
     c->hint = 0;
     return KVO_OK;
+}
+
+kvo_status check_counters_set(check_counters *c, const char *stage,
+                              const char *name, double value) {
+    uint64_t key = counter_key(stage, name);
+    long i = find_key(c, key, stage, name);
+    if (i >= 0) {
+        c->items[i].value = value;
+        c->hint = ((size_t)i + 1) % c->n;
+        return KVO_OK;
+    }
+    check_counter it = {.stage = (char *)stage, .name = (char *)name,
+                        .key = key, .rule = check_rule_find(stage, name)};
+    return counters_push(c, &it, value);
 }
 
 double check_counters_get(const check_counters *c, const char *stage,
@@ -125,8 +147,7 @@ kvo_status check_counters_copy(check_counters *dst,
     /* Fast path, once per prompt in the driver: same names, same order. */
     bool same = dst->n == src->n;
     for (size_t i = 0; same && i < src->n; i++)
-        same = strcmp(dst->items[i].name, src->items[i].name) == 0 &&
-               strcmp(dst->items[i].stage, src->items[i].stage) == 0;
+        same = dst->items[i].key == src->items[i].key;
     if (same) {
         for (size_t i = 0; i < src->n; i++)
             dst->items[i].value = src->items[i].value;
@@ -150,6 +171,8 @@ kvo_status check_counters_rename_stage(check_counters *c, const char *from,
         if (!s) return KVO_ENOMEM;
         kvo_free(c->items[i].stage);
         c->items[i].stage = s;
+        c->items[i].key = counter_key(s, c->items[i].name);
+        c->items[i].rule = check_rule_find(s, c->items[i].name);
     }
     return KVO_OK;
 }
@@ -159,11 +182,16 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
     check_counters_clear(out);
     for (size_t i = 0; i < cur->n; i++) {
         const check_counter *it = &cur->items[i];
-        double before = check_counters_get(prev, it->stage, it->name);
+        double before;
+        if (i < prev->n && prev->items[i].key == it->key) {
+            before = prev->items[i].value; /* same layout: no search */
+        } else {
+            long k = find_key(prev, it->key, it->stage, it->name);
+            before = k < 0 ? NAN : prev->items[k].value;
+        }
         if (isnan(before)) before = 0;
         if (!(it->value > before)) continue;
-        kvo_status st =
-            check_counters_set(out, it->stage, it->name, it->value - before);
+        kvo_status st = counters_push(out, it, it->value - before);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
@@ -363,8 +391,7 @@ static const check_counter *first_rule_counter(const check_counters *c,
     if (!c) return NULL;
     for (size_t i = 0; i < c->n; i++) {
         if (!(c->items[i].value > 0)) continue;
-        const check_rule *r = check_rule_find(c->items[i].stage,
-                                              c->items[i].name);
+        const check_rule *r = c->items[i].rule;
         if (!r) continue;
         if (!best_rule || r < best_rule) {
             best = &c->items[i];
@@ -608,7 +635,7 @@ kvo_status check_result_trips(check_result *r, const check_counters *total,
     for (size_t i = 0; i < total->n; i++) {
         const check_counter *c = &total->items[i];
         if (!(c->value > 0)) continue;
-        const check_rule *rule = check_rule_find(c->stage, c->name);
+        const check_rule *rule = c->rule;
         if (!rule) continue;
         size_t k;
         for (k = 0; k < r->n_trips; k++)

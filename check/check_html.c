@@ -234,7 +234,7 @@ static void counters_tables(FILE *f, const check_result *r) {
             const check_counter *it = &c->items[j];
             if (strcmp(it->stage, c->items[i].stage) != 0) continue;
             if (strstr(it->name, "_bucket")) continue;
-            bool rule = check_rule_find(it->stage, it->name) != NULL;
+            bool rule = it->rule != NULL;
             bool bad = rule && it->value > 0;
             fprintf(f, "<tr><td%s>", bad ? " class=\"bad\"" : "");
             esc(f, it->name);

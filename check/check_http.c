@@ -478,16 +478,29 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
     if (st != KVO_OK) return st;
     char *p = (char *)b->data + b->len;
     *p++ = '[';
+    static const char pairs[201] =
+        "00010203040506070809101112131415161718192021222324252627282930313233"
+        "34353637383940414243444546474849505152535455565758596061626364656667"
+        "6869707172737475767778798081828384858687888990919293949596979899";
     for (size_t i = 0; i < n; i++) {
         if (i) *p++ = ',';
         char tmp[20];
-        int k = 0;
+        int k = 20;
         uint64_t x = v[i];
-        do {
-            tmp[k++] = (char)('0' + x % 10);
-            x /= 10;
-        } while (x);
-        while (k) *p++ = tmp[--k];
+        while (x >= 100) { /* two digits per division */
+            unsigned d = (unsigned)(x % 100) * 2;
+            x /= 100;
+            tmp[--k] = pairs[d + 1];
+            tmp[--k] = pairs[d];
+        }
+        if (x >= 10) {
+            tmp[--k] = pairs[x * 2 + 1];
+            tmp[--k] = pairs[x * 2];
+        } else {
+            tmp[--k] = (char)('0' + x);
+        }
+        memcpy(p, tmp + k, (size_t)(20 - k));
+        p += 20 - k;
     }
     *p++ = ']';
     b->len = (size_t)(p - (char *)b->data);

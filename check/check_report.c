@@ -54,7 +54,7 @@ static void print_counters(FILE *f, const check_result *r) {
         for (size_t j = i; j < c->n; j++) {
             const check_counter *it = &c->items[j];
             if (strcmp(it->stage, stage) != 0 || !counter_shown(it)) continue;
-            bool rule = check_rule_find(it->stage, it->name) != NULL;
+            bool rule = it->rule != NULL;
             char item[320];
             int n = snprintf(item, sizeof(item), " %s%s=%.15g",
                              rule ? "!" : "", it->name, it->value);

@@ -146,7 +146,9 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
     }
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     char why[320] = "";
-    for (long wait = 20;; wait = wait < 1000 ? wait * 2 : 1000) {
+    /* backoff capped at 200 us: the pipeline takes ~0.5-1 ms, a longer
+     * sleep would overshoot it by as much */
+    for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
         kvo_status st = chk_index_watermark(&r->env, &r->wm, err, errsz);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
