@@ -12,9 +12,9 @@
  *           | {"removed": {"block_hashes": [u64, ...]}}
  *           | "cleared"
  *
- * Encoding writes the keys in exactly that order with msgpack-c's packer
- * (shortest int, str and bin forms, as rmp-serde writes them), so the output
- * is byte-identical to Dynamo's and to the vectors.
+ * Encoding writes the keys in exactly that order, directly into the output
+ * buffer (shortest int, str and bin forms, as rmp-serde writes them), so the
+ * output is byte-identical to Dynamo's and to the vectors.
  *
  * Decoding: the envelope, and then the payload bin, each pass the
  * structural pre-check (wire_int.h) before anything is allocated; after
@@ -28,7 +28,7 @@
  */
 #include "wire_int.h"
 
-#include <msgpack.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -36,16 +36,22 @@
 /* Tiers                                                                     */
 /* ======================================================================== */
 
-static const char *const tier_names[WIRE_TIER_COUNT] = {
-    [WIRE_TIER_DEVICE] = "device",
-    [WIRE_TIER_HOST_PINNED] = "host_pinned",
-    [WIRE_TIER_DISK] = "disk",
-    [WIRE_TIER_EXTERNAL] = "external",
+static const struct {
+    const char *s;
+    uint8_t len;
+} tier_names[WIRE_TIER_COUNT] = {
+#define T(s)                                                                   \
+    { s, sizeof(s) - 1 }
+    [WIRE_TIER_DEVICE] = T("device"),
+    [WIRE_TIER_HOST_PINNED] = T("host_pinned"),
+    [WIRE_TIER_DISK] = T("disk"),
+    [WIRE_TIER_EXTERNAL] = T("external"),
+#undef T
 };
 
 const char *wire_tier_name(wire_tier t) {
     if ((unsigned)t >= WIRE_TIER_COUNT) return "unknown";
-    return tier_names[t];
+    return tier_names[t].s;
 }
 
 static bool mem_is(const void *p, size_t n, const char *lit) {
@@ -56,7 +62,7 @@ static bool mem_is(const void *p, size_t n, const char *lit) {
 kvo_status wire_tier_parse(const char *s, size_t len, wire_tier *out) {
     if (!s) return KVO_EINVAL;
     for (int t = 0; t < WIRE_TIER_COUNT; t++) {
-        if (mem_is(s, len, tier_names[t])) {
+        if (mem_is(s, len, tier_names[t].s)) {
             *out = (wire_tier)t;
             return KVO_OK;
         }
@@ -526,60 +532,125 @@ kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
 /* Encoder                                                                   */
 /* ======================================================================== */
 
-static int buf_write(void *data, const char *p, size_t n) {
-    return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
+/* Direct writes into reserved room: the key strings are constants with their
+ * fixstr header, ints take the shortest form (positive fixint, cc, cd, ce,
+ * cf: what msgpack-c and rmp-serde write), so the bytes are those of the
+ * vectors without a packer call per field. Room is reserved once per
+ * message from upper bounds (ENC_* below), so the writes need no checks. */
+
+static inline uint8_t *put_be(uint8_t *p, uint64_t v, unsigned n) {
+    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
+    return p + n;
 }
 
-static int pack_key(msgpack_packer *pk, const char *k) {
-    size_t n = strlen(k);
-    return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, k, n);
+static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
+    if (v < 0x80) {
+        *p++ = (uint8_t)v;
+        return p;
+    }
+    if (v <= 0xff) {
+        *p++ = 0xcc;
+        return put_be(p, v, 1);
+    }
+    if (v <= 0xffff) {
+        *p++ = 0xcd;
+        return put_be(p, v, 2);
+    }
+    if (v <= 0xffffffffu) {
+        *p++ = 0xce;
+        return put_be(p, v, 4);
+    }
+    *p++ = 0xcf;
+    return put_be(p, v, 8);
 }
 
-static int pack_router_event(msgpack_packer *pk, const wire_revent *ev) {
-    const char *tier = wire_tier_name(ev->tier);
-    int rc = msgpack_pack_map(pk, 3) || pack_key(pk, "worker_id") ||
-             msgpack_pack_uint64(pk, ev->worker_id) ||
-             pack_key(pk, "storage_tier") || pack_key(pk, tier) ||
-             pack_key(pk, "event") || msgpack_pack_map(pk, 3) ||
-             pack_key(pk, "event_id") ||
-             msgpack_pack_uint64(pk, ev->event_id) || pack_key(pk, "data");
-    if (rc) return rc;
+/* A str of fewer than 32 bytes (every key and tier name). */
+static inline uint8_t *put_fixstr(uint8_t *p, const char *s, size_t n) {
+    *p++ = (uint8_t)(0xa0 | n);
+    memcpy(p, s, n);
+    return p + n;
+}
+#define PUT_KEY(p, lit) ((p) = put_fixstr((p), lit, sizeof(lit) - 1))
+
+static inline uint8_t *put_array_header(uint8_t *p, uint32_t n) {
+    if (n < 16) {
+        *p++ = (uint8_t)(0x90 | n);
+        return p;
+    }
+    if (n <= 0xffff) {
+        *p++ = 0xdc;
+        return put_be(p, n, 2);
+    }
+    *p++ = 0xdd;
+    return put_be(p, n, 4);
+}
+
+/* Upper bounds of what the writers below produce. */
+#define ENC_ENVELOPE 96u /* + the topic string */
+#define ENC_EVENT 160u   /* a RouterEvent without its blocks/hashes */
+#define ENC_BLOCK 57u    /* {"block_hash", "tokens_hash", "mm_extra_info"} */
+#define ENC_HASH 9u
+
+static uint8_t *put_router_event(uint8_t *p, const wire_revent *ev) {
+    *p++ = 0x83;
+    PUT_KEY(p, "worker_id");
+    p = put_uint(p, ev->worker_id);
+    PUT_KEY(p, "storage_tier");
+    p = put_fixstr(p, tier_names[ev->tier].s, tier_names[ev->tier].len);
+    PUT_KEY(p, "event");
+    *p++ = 0x83;
+    PUT_KEY(p, "event_id");
+    p = put_uint(p, ev->event_id);
+    PUT_KEY(p, "data");
     switch (ev->type) {
     case WIRE_R_STORED:
-        rc = msgpack_pack_map(pk, 1) || pack_key(pk, "stored") ||
-             msgpack_pack_map(pk, 3) || pack_key(pk, "parent_hash") ||
-             (ev->has_parent ? msgpack_pack_uint64(pk, ev->parent_hash)
-                             : msgpack_pack_nil(pk)) ||
-             pack_key(pk, "start_position") || msgpack_pack_nil(pk) ||
-             pack_key(pk, "blocks") || msgpack_pack_array(pk, ev->n_blocks);
-        for (uint32_t i = 0; !rc && i < ev->n_blocks; i++)
-            rc = msgpack_pack_map(pk, 3) || pack_key(pk, "block_hash") ||
-                 msgpack_pack_uint64(pk, ev->blocks[i].block_hash) ||
-                 pack_key(pk, "tokens_hash") ||
-                 msgpack_pack_uint64(pk, ev->blocks[i].tokens_hash) ||
-                 pack_key(pk, "mm_extra_info") || msgpack_pack_nil(pk);
+        *p++ = 0x81;
+        PUT_KEY(p, "stored");
+        *p++ = 0x83;
+        PUT_KEY(p, "parent_hash");
+        if (ev->has_parent)
+            p = put_uint(p, ev->parent_hash);
+        else
+            *p++ = 0xc0;
+        PUT_KEY(p, "start_position");
+        *p++ = 0xc0;
+        PUT_KEY(p, "blocks");
+        p = put_array_header(p, ev->n_blocks);
+        for (uint32_t i = 0; i < ev->n_blocks; i++) {
+            *p++ = 0x83;
+            PUT_KEY(p, "block_hash");
+            p = put_uint(p, ev->blocks[i].block_hash);
+            PUT_KEY(p, "tokens_hash");
+            p = put_uint(p, ev->blocks[i].tokens_hash);
+            PUT_KEY(p, "mm_extra_info");
+            *p++ = 0xc0;
+        }
         break;
     case WIRE_R_REMOVED:
-        rc = msgpack_pack_map(pk, 1) || pack_key(pk, "removed") ||
-             msgpack_pack_map(pk, 1) || pack_key(pk, "block_hashes") ||
-             msgpack_pack_array(pk, ev->n_removed);
-        for (uint32_t i = 0; !rc && i < ev->n_removed; i++)
-            rc = msgpack_pack_uint64(pk, ev->removed[i]);
+        *p++ = 0x81;
+        PUT_KEY(p, "removed");
+        *p++ = 0x81;
+        PUT_KEY(p, "block_hashes");
+        p = put_array_header(p, ev->n_removed);
+        for (uint32_t i = 0; i < ev->n_removed; i++)
+            p = put_uint(p, ev->removed[i]);
         break;
-    case WIRE_R_CLEARED:
-        rc = pack_key(pk, "cleared");
+    default: /* WIRE_R_CLEARED (checked by the caller) */
+        PUT_KEY(p, "cleared");
         break;
-    default:
-        return -2;
     }
-    return rc || pack_key(pk, "dp_rank") || msgpack_pack_uint32(pk, ev->dp_rank);
+    PUT_KEY(p, "dp_rank");
+    return put_uint(p, ev->dp_rank);
 }
 
-/* The payload is packed after a 5-byte bin32 placeholder, which is then
- * shrunk to the shortest bin header (the payload moves by at most 3 bytes),
- * so no second buffer is needed. */
+/* The payload is written after a 5-byte bin32 header, which is then shrunk
+ * to the shortest bin header (the payload moves by at most 3 bytes, and
+ * only when it is under 64 KiB), so no second buffer is needed. */
 kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out) {
     if (!m || !out || (m->n_events && !m->events)) return KVO_EINVAL;
+    const char *topic = m->topic.p ? m->topic.p : "kv-events";
+    size_t tlen = m->topic.p ? m->topic.len : strlen(topic);
+    size_t room = ENC_ENVELOPE + tlen;
     for (uint32_t i = 0; i < m->n_events; i++) {
         const wire_revent *ev = &m->events[i];
         if ((ev->type == WIRE_R_STORED && ev->n_blocks && !ev->blocks) ||
@@ -587,34 +658,43 @@ kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out) {
             ev->type < WIRE_R_STORED || ev->type > WIRE_R_CLEARED ||
             (unsigned)ev->tier >= WIRE_TIER_COUNT)
             return KVO_EINVAL;
+        room += ENC_EVENT;
+        if (ev->type == WIRE_R_STORED) room += (size_t)ev->n_blocks * ENC_BLOCK;
+        if (ev->type == WIRE_R_REMOVED)
+            room += (size_t)ev->n_removed * ENC_HASH;
     }
-    size_t start = out->len;
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, buf_write);
-    const char *topic = m->topic.p ? m->topic.p : "kv-events";
-    size_t tlen = m->topic.p ? m->topic.len : strlen(topic);
-    int rc = msgpack_pack_map(&pk, 5) || pack_key(&pk, "publisher_id") ||
-             msgpack_pack_uint64(&pk, m->publisher_id) ||
-             pack_key(&pk, "sequence") ||
-             msgpack_pack_uint64(&pk, m->sequence) ||
-             pack_key(&pk, "published_at") ||
-             msgpack_pack_uint64(&pk, m->published_at) ||
-             pack_key(&pk, "topic") || msgpack_pack_str(&pk, tlen) ||
-             msgpack_pack_str_body(&pk, topic, tlen) ||
-             pack_key(&pk, "payload");
-    size_t hdr = out->len;
-    static const uint8_t placeholder[5] = {0xc6, 0, 0, 0, 0};
-    if (!rc) rc = kvo_buf_append(out, placeholder, 5) != KVO_OK;
+    if (kvo_buf_reserve(out, room) != KVO_OK) return KVO_ENOMEM;
+    uint8_t *start = out->data + out->len, *p = start;
+    *p++ = 0x85;
+    PUT_KEY(p, "publisher_id");
+    p = put_uint(p, m->publisher_id);
+    PUT_KEY(p, "sequence");
+    p = put_uint(p, m->sequence);
+    PUT_KEY(p, "published_at");
+    p = put_uint(p, m->published_at);
+    PUT_KEY(p, "topic");
+    if (tlen < 32) {
+        *p++ = (uint8_t)(0xa0 | tlen);
+    } else if (tlen <= 0xff) {
+        *p++ = 0xd9;
+        p = put_be(p, tlen, 1);
+    } else if (tlen <= 0xffff) {
+        *p++ = 0xda;
+        p = put_be(p, tlen, 2);
+    } else {
+        *p++ = 0xdb;
+        p = put_be(p, tlen, 4);
+    }
+    if (tlen) memcpy(p, topic, tlen);
+    p += tlen;
+    PUT_KEY(p, "payload");
+    uint8_t *h = p;
+    p += 5;
     bool single = m->single_form && m->n_events == 1;
-    if (!rc && !single) rc = msgpack_pack_array(&pk, m->n_events);
-    for (uint32_t i = 0; !rc && i < m->n_events; i++)
-        rc = pack_router_event(&pk, &m->events[i]);
-    if (rc) {
-        out->len = start;
-        return KVO_ENOMEM;
-    }
-    size_t plen = out->len - hdr - 5;
-    uint8_t *h = out->data + hdr;
+    if (!single) p = put_array_header(p, m->n_events);
+    for (uint32_t i = 0; i < m->n_events; i++)
+        p = put_router_event(p, &m->events[i]);
+    size_t plen = (size_t)(p - h) - 5;
     unsigned w;
     if (plen <= 0xff) {
         h[0] = 0xc4;
@@ -626,15 +706,14 @@ kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out) {
         h[0] = 0xc6;
         w = 4;
     } else {
-        out->len = start;
-        return KVO_ETOOBIG;
+        return KVO_ETOOBIG; /* out->len untouched: nothing appended */
     }
-    for (unsigned i = 0; i < w; i++)
-        h[1 + i] = (uint8_t)((uint64_t)plen >> (8 * (w - 1 - i)));
+    put_be(h + 1, plen, w);
     if (w < 4) {
         memmove(h + 1 + w, h + 5, plen);
-        out->len -= 4 - w;
+        p -= 4 - w;
     }
+    out->len += (size_t)(p - start);
     return KVO_OK;
 }
 
