@@ -351,6 +351,12 @@ START_TEST(models_health_and_vllm_metric_names) {
 }
 END_TEST
 
+static uint64_t seq_of_frame(const uint8_t *p, size_t n) {
+    uint64_t s;
+    ck_assert_int_eq(wire_seq_get(p, n, &s), KVO_OK);
+    return s;
+}
+
 static int recv_frames(void *s, uint8_t **fr, size_t *len, int max) {
     int n = 0;
     for (;;) {
@@ -628,6 +634,85 @@ START_TEST(a_taken_event_port_serves_without_a_source_unless_required) {
 }
 END_TEST
 
+/* kvo-mocker --trace on the first 150 requests, twice: the summary, and two
+ * captures whose every batch is identical (timestamps are model time with
+ * --speedup 0), numbered 0.. per rank, decodable, stamped with its rank. */
+static void run_trace(const char *dir, const char *trace, const char *cap,
+                      char *summary, size_t sz) {
+    char *exe = kt_bin_path("kvo-mocker");
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd),
+             "%s --trace %s --dp-size 2 --seed 3 --record %s --zmq-port 0 "
+             "--replay-port 0 --summary-json --log-level warn 2>%s/log",
+             exe, trace, cap, dir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(summary, 1, sz - 1, p);
+    summary[n] = '\0';
+    ck_assert_msg(pclose(p) == 0, "kvo-mocker --trace failed: %s", summary);
+    kvo_free(exe);
+}
+
+START_TEST(trace_mode_is_deterministic_and_records_every_batch) {
+    char *dir = kt_tmpdir("tracemode");
+    char trace[600], cap1[600], cap2[600];
+    snprintf(trace, sizeof(trace), "%s/t.jsonl", dir);
+    snprintf(cap1, sizeof(cap1), "%s/1.kvocap", dir);
+    snprintf(cap2, sizeof(cap2), "%s/2.kvocap", dir);
+    char *src = kt_src_path("traces/mooncake_conversation_1000.jsonl");
+    FILE *in = fopen(src, "r"), *out = fopen(trace, "w");
+    char line[65536];
+    for (int i = 0; i < 150 && fgets(line, sizeof(line), in); i++) fputs(line, out);
+    fputs("this line is not JSON\n", out);
+    fclose(in);
+    fclose(out);
+    kvo_free(src);
+    char s1[4096], s2[4096];
+    run_trace(dir, trace, cap1, s1, sizeof(s1));
+    run_trace(dir, trace, cap2, s2, sizeof(s2));
+    json_object *j = json_tokener_parse(s1);
+    ck_assert_msg(j != NULL, "summary is not JSON: %s", s1);
+    ck_assert_int_eq(num(j, "requests"), 150);
+    ck_assert_int_eq(num(j, "finished"), 150);
+    ck_assert_int_eq(num(j, "malformed"), 1);
+    ck_assert_int_eq(num(j, "dp_size"), 2);
+    int64_t batches = num(j, "published_batches");
+    ck_assert_int_gt(batches, 0);
+    ck_assert_int_gt(num(j, "blocks_stored"), 0);
+    json_object_put(j);
+    wire_cap_reader *r1, *r2;
+    ck_assert_int_eq(wire_cap_open(&r1, cap1, NULL), KVO_OK);
+    ck_assert_int_eq(wire_cap_open(&r2, cap2, NULL), KVO_OK);
+    wire_cap_record a, b;
+    wire_batch wb;
+    wire_batch_init(&wb);
+    uint64_t next[2] = {0, 0};
+    int64_t n = 0;
+    for (;;) {
+        kvo_status sa = wire_cap_next(r1, &a, NULL), sb = wire_cap_next(r2, &b, NULL);
+        ck_assert_int_eq(sa, sb);
+        if (sa == KVO_EOF) break;
+        ck_assert_int_eq(sa, KVO_OK);
+        ck_assert_uint_eq(a.n_frames, 3);
+        for (int f = 0; f < 3; f++) {
+            ck_assert_uint_eq(a.frames[f].len, b.frames[f].len);
+            ck_assert(memcmp(a.frames[f].data, b.frames[f].data, a.frames[f].len) == 0);
+        }
+        ck_assert_int_eq(wire_batch_decode(a.frames[2].data, a.frames[2].len, NULL, &wb,
+                                           NULL), KVO_OK);
+        ck_assert(wb.dp_rank.set && wb.dp_rank.v >= 0 && wb.dp_rank.v < 2);
+        uint64_t seq = seq_of_frame(a.frames[1].data, a.frames[1].len);
+        ck_assert_uint_eq(seq, next[wb.dp_rank.v]++);
+        n++;
+    }
+    ck_assert_int_eq(n, batches);
+    wire_batch_fini(&wb);
+    wire_cap_free(r1);
+    wire_cap_free(r2);
+    kvo_free(dir);
+}
+END_TEST
+
 Suite *suite_http(void) {
     Suite *s = suite_create("http");
     TCase *tc = tcase_create("http");
@@ -641,6 +726,7 @@ Suite *suite_http(void) {
     tcase_add_test(tc, bad_requests_get_vllm_style_errors);
     tcase_add_test(tc, roles_prefill_returns_transfer_params_decode_advertises_no_source);
     tcase_add_test(tc, a_taken_event_port_serves_without_a_source_unless_required);
+    tcase_add_test(tc, trace_mode_is_deterministic_and_records_every_batch);
     suite_add_tcase(s, tc);
     return s;
 }
