@@ -473,6 +473,7 @@ START_TEST(catalog_parses_names_and_rejects_unknown_ones) {
         ck_assert_uint_eq(mask, m[i].bit);
     }
     ck_assert_int_eq(killed, 12);
+    ck_assert_uint_eq(all, (1u << MOCK_MUT_COUNT) - 1);
     unsigned mask;
     ck_assert_int_eq(mock_mutate_parse("drop-removed,,bytes-hash", &mask, NULL, 0), KVO_OK);
     ck_assert_uint_eq(mask, MOCK_MUT_DROP_REMOVED | MOCK_MUT_BYTES_HASH);
