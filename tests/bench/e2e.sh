@@ -24,7 +24,8 @@ if [ "$limit" -gt 0 ]; then head -n "$limit" "$trace" > "$work/trace.jsonl"; tra
 
 t0=$(date +%s.%N)
 "$bin/kvo-mocker" --trace "$trace" --dp-size 4 --block-size 16 --speedup 0 \
-  --no-progress --summary-json --log-level warn > "$work/mocker.json"
+  --zmq-port 0 --replay-port 0 --no-progress --summary-json --log-level warn \
+  > "$work/mocker.json"
 t1=$(date +%s.%N)
 base=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}')
 echo "baseline: kvo-mocker trace mode, 4 ranks, no pipeline: ${base} s"
@@ -53,6 +54,12 @@ for policy in round-robin kv; do
     "$(awk -v x="$eng" 'BEGIN{print 100*x}')" "$(awk -v x="$idx" 'BEGIN{print 100*x}')" \
     "$verdict" "$shares"
   [ "$verdict" = PASS ] || { echo "$policy: not exact:"; cat "$work/$policy.out"; exit 1; }
+  cpu=$(grep -o '"cpu":{[^}]*}' "$sum" | sed 's/"cpu"://; s/[{}"]//g')
+  echo "$cpu" | awk -F, -v w="$wall" -v p="$policy" '{
+    for (i = 1; i <= NF; i++) { split($i, kv, ":"); n = kv[1]; sub(/\[.*/, "", n); c[n] += kv[2]; t += kv[2] }
+    printf "%-12s CPU seconds: ", p
+    for (n in c) printf "%s %.1f  ", n, c[n]
+    printf "(total %.1f in %.1f s of wall on %d cores)\n", t, w, '"$(nproc)"' }'
 done
 echo
 echo "target: < 30 s per policy with exact agreement (PASS)."

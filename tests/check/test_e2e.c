@@ -267,6 +267,95 @@ START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
 }
 END_TEST
 
+/* A kvo-mocker started by the test; returns its base URL (malloc'd). */
+static char *start_mocker(kt_proc *m, const char *blocks) {
+    uint16_t port;
+    ck_assert_int_eq(kvo_free_port(&port), KVO_OK);
+    char ps[16], url[96];
+    snprintf(ps, sizeof(ps), "%u", port);
+    const char *args[] = {"--port", ps, "--zmq-port", "0", "--replay-port",
+                          "0", "--num-gpu-blocks", blocks, "--log-level",
+                          "warn", NULL};
+    kt_proc_start(m, "kvo-mocker", args);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u/health", port);
+    kt_proc_wait_http(m, url, 20000);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u", port);
+    return kvo_strdup(url);
+}
+
+START_TEST(running_mockers_are_checked_with_exact_watermarks) {
+    /* --engines: the engines run already; kvo-check brings NATS, the
+     * relays (from /kvo/event_sources) and the indexer */
+    kt_proc m0, m1;
+    char *u0 = start_mocker(&m0, "8192"), *u1 = start_mocker(&m1, "8192");
+    char engines[256];
+    snprintf(engines, sizeof(engines), "%s,%s", u0, u1);
+    char *trace = trace1000();
+    const char *args[] = {"--engines", engines, "--trace", trace, "--limit",
+                          TC_SANITIZED ? "20" : "60", NULL};
+    tc_run r;
+    tc_check(&r, "attach", args, 600);
+    assert_pass(&r, TC_SANITIZED ? 20 : 60);
+    ck_assert_msg(strstr(summary_str(&r, "config"), "attach workers=2") &&
+                      strstr(summary_str(&r, "config"), "watermark=exact"),
+                  "%s", summary_str(&r, "config"));
+    tc_free(&r, false);
+    ck_assert_int_eq(kt_proc_stop(&m0), 0);
+    ck_assert_int_eq(kt_proc_stop(&m1), 0);
+    kvo_free(u0);
+    kvo_free(u1);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(an_external_pipeline_is_checked_after_a_quiet_period) {
+    /* Everything runs already -- engine, relay, NATS, indexer -- as a
+     * user's own deployment would: kvo-check only drives and compares, and
+     * without a watermark of its own relays it waits for quiet. */
+    kt_nats nats;
+    kt_nats_start(&nats);
+    kt_proc idx, relay, m;
+    uint16_t ip, rp;
+    ck_assert_int_eq(kvo_free_port(&ip), KVO_OK);
+    char ihost[32], iurl[96];
+    snprintf(ihost, sizeof(ihost), "127.0.0.1:%u", ip);
+    const char *iargs[] = {"--nats", nats.url, "--http", ihost, NULL};
+    kt_proc_start(&idx, "kvo-indexer", iargs);
+    snprintf(iurl, sizeof(iurl), "http://%s/health", ihost);
+    kt_proc_wait_http(&idx, iurl, 20000);
+    snprintf(iurl, sizeof(iurl), "http://%s", ihost);
+    char *engine = start_mocker(&m, "8192");
+    ck_assert_int_eq(kvo_free_port(&rp), KVO_OK);
+    char rhost[32], rurl[96];
+    snprintf(rhost, sizeof(rhost), "127.0.0.1:%u", rp);
+    const char *rargs[] = {"--discover", engine, "--nats", nats.url,
+                           "--worker-id", "0", "--replay-from", "0",
+                           "--metrics-listen", rhost, NULL};
+    kt_proc_start(&relay, "kvo-relay", rargs);
+    snprintf(rurl, sizeof(rurl), "http://%s/health", rhost);
+    kt_proc_wait_http(&relay, rurl, 20000);
+    char *trace = trace1000();
+    const char *args[] = {"--engines", engine, "--indexer", iurl, "--nats",
+                          nats.url, "--no-relays", "--settle-ms", "200",
+                          "--trace", trace, "--limit", "12", NULL};
+    tc_run r;
+    tc_check(&r, "external", args, 600);
+    assert_pass(&r, 12);
+    ck_assert_msg(strstr(summary_str(&r, "config"), "watermark=settle"), "%s",
+                  summary_str(&r, "config"));
+    /* the user's processes are left running: kvo-check stops only its own */
+    ck_assert(kvo_proc_alive(&relay.proc) && kvo_proc_alive(&idx.proc) &&
+              kvo_proc_alive(&m.proc));
+    tc_free(&r, false);
+    ck_assert_int_eq(kt_proc_stop(&relay), 0);
+    ck_assert_int_eq(kt_proc_stop(&m), 0);
+    ck_assert_int_eq(kt_proc_stop(&idx), 0);
+    kt_nats_stop(&nats);
+    kvo_free(engine);
+    kvo_free(trace);
+}
+END_TEST
+
 /* Children of pid (from /proc), for the Ctrl-C test. */
 static size_t children_of(pid_t pid, pid_t *out, size_t max) {
     DIR *d = opendir("/proc");
@@ -378,6 +467,8 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
+    tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
+    tcase_add_test(tc, an_external_pipeline_is_checked_after_a_quiet_period);
     suite_add_tcase(s, tc);
     tc = tcase_create("mutants");
     tcase_set_timeout(tc, 1800);
