@@ -862,13 +862,14 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
     return false;
 }
 
-/* Stop p; a process that does not exit 0 on SIGTERM (a crash, a
- * sanitizer report, a hang killed after the grace) is worth a line. */
+/* Stop p. Exit 1 is a verdict of the tool itself (kvo-relay exits 1 when
+ * --verify-engine-hash found mismatches); anything else but 0 -- a signal,
+ * a hang killed after the grace, LeakSanitizer's 23 -- is worth a line. */
 static void stop_one(kvo_proc *p, bool *unclean) {
     if (!p->pid) return;
     bool was_running = kvo_proc_alive(p);
     kvo_proc_stop(p, 3000);
-    if (p->exit_status != 0) {
+    if (p->exit_status != 0 && p->exit_status != 1) {
         kvo_warn("%s %s with status %d%s; log: %s", p->name,
                  was_running ? "stopped" : "had exited", p->exit_status,
                  p->exit_status == 128 + 9 ? " (killed after the grace)" : "",

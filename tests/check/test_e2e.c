@@ -127,6 +127,7 @@ START_TEST(a_measured_prompt_goes_from_miss_to_hit_to_evicted) {
     ck_assert_int_eq(tc_int(tc_line(&r, 1), "engine_hit_blocks"), 63);
     ck_assert_int_eq(tc_int(tc_line(&r, 6), "engine_hit_blocks"), 0);
     tc_free(&r, false);
+    unlink(trace);
     kvo_free(trace);
     rmdir(dir);
     kvo_free(dir);
