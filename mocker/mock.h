@@ -42,7 +42,7 @@ typedef enum mock_role {
 kvo_status mock_role_parse(const char *s, mock_role *out);
 const char *mock_role_name(mock_role r);
 
-/* Mutations (DESIGN §9). Bit i = mock_mutation_names()[i]. */
+/* Mutations (DESIGN §9). Bit i = mock_mutations()[i]. */
 enum {
     MOCK_MUT_FLIP_STORED_HASH = 1u << 0,
     MOCK_MUT_DROP_REMOVED = 1u << 1,
