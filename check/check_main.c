@@ -132,7 +132,7 @@ static const char USAGE[] =
     "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
     "  --keep-logs             keep the logs on PASS too\n"
     "  --no-progress, --quiet  no progress bar / also no summary\n"
-    "  --log-level L           error|warn|info|debug (warn)\n"
+    "  --log-level L           error|warn|info|debug (info; mutants: warn)\n"
     "  --only a,b              mutants: run only these\n"
     "  -h, --help, -V, --version\n"
     "Every option also reads KVO_<NAME> from the environment.\n";
@@ -143,7 +143,7 @@ typedef struct opts {
     bool quiet, no_progress;
     kvo_level level;
     const char *only;
-    bool limit_set, workers_set, dp_set, blocks_set;
+    bool limit_set, workers_set, dp_set, blocks_set, level_set;
 } opts;
 
 static int bad(const char *opt, const char *v) {
@@ -256,6 +256,7 @@ static int on_opt(void *ctx, int code, const char *v) {
     case OPT_QUIET: o->quiet = o->no_progress = true; return 0;
     case OPT_NO_PROGRESS: o->no_progress = true; return 0;
     case OPT_LOG_LEVEL:
+        o->level_set = true;
         return kvo_log_level_parse(v, &o->level) == KVO_OK
                    ? 0
                    : bad("log-level", v);
@@ -288,7 +289,7 @@ int main(int argc, char **argv) {
     memset(&o, 0, sizeof(o));
     check_cfg_defaults(&o.cfg);
     o.worst = 10;
-    o.level = KVO_LOG_WARN;
+    o.level = KVO_LOG_INFO;
     bool mutants = argc > 1 && strcmp(argv[1], "mutants") == 0;
     if (mutants) {
         argv[1] = argv[0];
@@ -305,6 +306,8 @@ int main(int argc, char **argv) {
                 argv[first]);
         return KVO_EXIT_USAGE;
     }
+    /* the matrix is the output of `mutants`: per-run lines only on demand */
+    if (mutants && !o.level_set) o.level = KVO_LOG_WARN;
     kvo_log_init("kvo-check", o.level);
     kvo_signals_init();
     check_cfg *c = &o.cfg;
