@@ -186,6 +186,25 @@ START_TEST(dp_size_2_ranks_are_checked_separately) {
 }
 END_TEST
 
+START_TEST(token_id_prompts_agree_with_the_trace_extension) {
+    /* the engine gets the prompt as token ids (as a real vLLM would) and is
+     * probed with token_ids: the same tokens, the same verdict */
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "25",
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--prompt-form", "tokens", NULL};
+    tc_run r;
+    tc_check(&r, "tokens", args, 300);
+    assert_pass(&r, 25);
+    ck_assert_msg(strstr(summary_str(&r, "config"), "prompts=tokens"), "%s",
+                  summary_str(&r, "config"));
+    /* prompt 4 shares trace block 0 with earlier prompts: a real hit */
+    ck_assert_int_eq(tc_int(tc_line(&r, 4), "engine_hit_blocks"), 32);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
@@ -464,6 +483,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_measured_prompt_goes_from_miss_to_hit_to_evicted);
     tcase_add_test(tc, disaggregated_prefill_publishes_and_decode_does_not);
     tcase_add_test(tc, dp_size_2_ranks_are_checked_separately);
+    tcase_add_test(tc, token_id_prompts_agree_with_the_trace_extension);
     tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
