@@ -405,8 +405,10 @@ START_TEST(ctrl_c_stops_every_process_it_started) {
     char log[600];
     snprintf(log, sizeof(log), "%s/kvo-check.out", dir);
     char *exe = kt_bin_path("kvo-check");
+    char logs[600];
+    snprintf(logs, sizeof(logs), "%s/logs", dir); /* kept: interrupted */
     char *argv[] = {exe, "--spawn", "--trace", trace, "--workers", "2",
-                    "--num-gpu-blocks", "8192", NULL};
+                    "--num-gpu-blocks", "8192", "--log-dir", logs, NULL};
     kvo_proc p;
     memset(&p, 0, sizeof(p));
     ck_assert_int_eq(kvo_proc_spawn(&p, "kvo-check", argv, log), KVO_OK);
