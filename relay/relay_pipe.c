@@ -562,18 +562,31 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
 
 /* ---- conversion ----------------------------------------------------------*/
 
-static bool medium_known(wire_str m) {
-#define KNOWN(s) {s, sizeof(s) - 1}
+/* The media the relay forwards (vLLM's names, exactly) and their tiers, as
+ * wire_tier_from_medium maps them; nil is GPU. false: unknown medium. */
+static bool medium_tier(wire_str m, wire_tier *tier) {
+#define KNOWN(s, t) {s, sizeof(s) - 1, t}
     static const struct {
         const char *s;
         uint32_t n;
-    } known[] = {KNOWN("GPU"), KNOWN("CPU"), KNOWN("CPU_PINNED"),
-                 KNOWN("DISK"), KNOWN("STORAGE")};
+        wire_tier t;
+    } known[] = {KNOWN("GPU", WIRE_TIER_DEVICE),
+                 KNOWN("CPU", WIRE_TIER_HOST_PINNED),
+                 KNOWN("CPU_PINNED", WIRE_TIER_HOST_PINNED),
+                 KNOWN("DISK", WIRE_TIER_DISK),
+                 KNOWN("STORAGE", WIRE_TIER_EXTERNAL)};
 #undef KNOWN
-    if (!m.p) return true;
-    for (size_t i = 0; i < KVO_ARRAY_LEN(known); i++)
-        if (known[i].n == m.len && memcmp(known[i].s, m.p, m.len) == 0)
+    if (!m.p) {
+        *tier = WIRE_TIER_DEVICE;
+        return true;
+    }
+    for (size_t i = 0; i < KVO_ARRAY_LEN(known); i++) {
+        if (known[i].n == m.len && known[i].s[0] == m.p[0] &&
+            memcmp(known[i].s, m.p, m.len) == 0) {
+            *tier = known[i].t;
             return true;
+        }
+    }
     return false;
 }
 
@@ -587,13 +600,13 @@ static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
                            uint32_t rank) {
     char why[160];
-    if (!medium_known(e->medium)) {
+    wire_tier tier;
+    if (!medium_tier(e->medium, &tier)) {
         snprintf(why, sizeof(why), "unknown medium '%.*s'",
                  (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
         reject(p, RELAY_medium, ei, why);
         return;
     }
-    wire_tier tier = wire_tier_from_medium(e->medium);
     uint32_t bs = p->cfg.block_size;
     if (e->n_hashes == 0) {
         reject(p, RELAY_empty, ei, "BlockStored without block hashes");
@@ -624,7 +637,8 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
 
 static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
                             uint32_t rank) {
-    if (!medium_known(e->medium)) {
+    wire_tier tier;
+    if (!medium_tier(e->medium, &tier)) {
         char why[64];
         snprintf(why, sizeof(why), "unknown medium '%.*s'",
                  (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
@@ -635,7 +649,6 @@ static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_empty, ei, "BlockRemoved without block hashes");
         return;
     }
-    wire_tier tier = wire_tier_from_medium(e->medium);
     rank_counts *rc = counts_of(p, rank);
     for (uint32_t i = 0; i < e->n_hashes; i++) {
         uint64_t h = e->hashes[i].key;

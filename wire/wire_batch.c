@@ -271,22 +271,16 @@ static kvo_status nomem(dec *d) {
  * checks below them. So every allocation is sized from a count already
  * proven to fit in the input. */
 
-/* Array (map = false) or map header at the cursor, at nesting depth. On
- * failure pos is unchanged and err says why (callers may say it better). */
-static kvo_status rd_container(dec *d, bool map, unsigned depth, uint32_t *n) {
-    size_t at = d->r.pos;
-    const char *what = map ? "map" : "array";
-    kvo_status st = wire_rd_container(&d->r, map, n);
-    if (st != KVO_OK)
-        return wire_fail(d->err, st, at, "expected %s, got %s", what,
-                         found_name(d));
+/* Why a container header read at `at` failed its checks (cold path). */
+static kvo_status container_fail(dec *d, size_t at, bool map, uint32_t n,
+                                 unsigned depth) {
     const wire_limits *lim = d->lim;
-    d->total += *n;
-    uint64_t items = map ? 2 * (uint64_t)*n : *n;
-    if (*n > lim->max_elems)
+    const char *what = map ? "map" : "array";
+    kvo_status st = KVO_OK;
+    if (n > lim->max_elems)
         st = wire_fail(d->err, KVO_ETOOBIG, at,
                        "%s of %" PRIu32 " elements exceeds limit %" PRIu32,
-                       what, *n, lim->max_elems);
+                       what, n, lim->max_elems);
     else if (d->total > lim->max_total)
         st = wire_fail(d->err, KVO_ETOOBIG, at,
                        "message holds more than %" PRIu64 " elements in all",
@@ -294,17 +288,35 @@ static kvo_status rd_container(dec *d, bool map, unsigned depth, uint32_t *n) {
     else if (depth > lim->max_depth)
         st = wire_fail(d->err, KVO_ETOOBIG, at, "nesting deeper than %" PRIu32,
                        lim->max_depth);
-    else if (items > d->r.len - d->r.pos)
+    else
         st = wire_fail(d->err, KVO_ETRUNC, at,
                        "%s declares %" PRIu32
                        " elements but only %zu bytes remain",
-                       what, *n, d->r.len - d->r.pos);
-    if (st != KVO_OK) d->r.pos = at;
+                       what, n, d->r.len - d->r.pos);
+    d->r.pos = at;
     return st;
 }
 
-/* str (bin = false) or bin, pointing into the input; errors as above. */
-static kvo_status rd_blob(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
+/* Array (map = false) or map header at the cursor, at nesting depth. On
+ * failure pos is unchanged and err says why (callers may say it better). */
+static inline kvo_status rd_container(dec *d, bool map, unsigned depth,
+                                      uint32_t *n) {
+    size_t at = d->r.pos;
+    kvo_status st = wire_rd_container(&d->r, map, n);
+    if (st != KVO_OK)
+        return wire_fail(d->err, st, at, "expected %s, got %s",
+                         map ? "map" : "array", found_name(d));
+    const wire_limits *lim = d->lim;
+    d->total += *n;
+    uint64_t items = map ? 2 * (uint64_t)*n : *n;
+    if (*n > lim->max_elems || d->total > lim->max_total ||
+        depth > lim->max_depth || items > d->r.len - d->r.pos)
+        return container_fail(d, at, map, *n, depth);
+    return KVO_OK;
+}
+
+/* str or bin that is not a short str, or any failure (cold path). */
+static kvo_status blob_slow(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
     size_t at = d->r.pos;
     const char *what = bin ? "bin" : "str";
     kvo_status st = wire_rd_blob(&d->r, bin, p, n);
@@ -320,10 +332,51 @@ static kvo_status rd_blob(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
     return KVO_OK;
 }
 
+/* str (bin = false) or bin, pointing into the input; errors as above.
+ * Keys, type names and media are fixstr: read inline. */
+static inline kvo_status rd_blob(dec *d, bool bin, const uint8_t **p,
+                                 uint32_t *n) {
+    size_t pos = d->r.pos;
+    if (!bin && pos < d->r.len) {
+        uint8_t b = d->r.buf[pos];
+        uint32_t len = b & 0x1fu;
+        if ((b & 0xe0) == 0xa0 && len < d->r.len - pos &&
+            len <= d->lim->max_str) {
+            *p = d->r.buf + pos + 1;
+            *n = len;
+            d->r.pos = pos + 1 + len;
+            return KVO_OK;
+        }
+    }
+    return blob_slow(d, bin, p, n);
+}
+
 /* Skip one value held by a container at `depth`. */
 static kvo_status skip_value(dec *d, unsigned depth) {
     return wire_walk(d->r.buf, d->r.len, &d->r.pos, depth, &d->total, d->lim,
                      KVO_ETRUNC, d->err);
+}
+
+/* n bytes of input equal a name of n bytes: for the short names here, two
+ * overlapping loads per side instead of a memcmp call. */
+static inline bool same_name(const uint8_t *k, const char *name, uint32_t n) {
+    if (n >= 8 && n <= 16) {
+        uint64_t a, b, c, e;
+        memcpy(&a, k, 8);
+        memcpy(&b, name, 8);
+        memcpy(&c, k + n - 8, 8);
+        memcpy(&e, name + n - 8, 8);
+        return a == b && c == e;
+    }
+    if (n >= 4 && n < 8) {
+        uint32_t a, b, c, e;
+        memcpy(&a, k, 4);
+        memcpy(&b, name, 4);
+        memcpy(&c, k + n - 4, 4);
+        memcpy(&e, name + n - 4, 4);
+        return a == b && c == e;
+    }
+    return memcmp(k, name, n) == 0;
 }
 
 /* ---- Fields --------------------------------------------------------------*/
@@ -361,7 +414,7 @@ static kvo_status get_hash(dec *d, field f, long idx, bool nil_ok,
 }
 
 static kvo_status get_hashes(dec *d, wire_event *e) {
-    uint32_t n;
+    uint32_t n = 0;
     kvo_status st = rd_container(d, false, DEPTH_FIELD, &n);
     if (st != KVO_OK) return fail_field(d, st, F_HASHES, -1, "array");
     wire_hash *hs = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*hs));
@@ -379,32 +432,34 @@ static kvo_status get_hashes(dec *d, wire_event *e) {
  * it keeps the cursor in locals (stores to t[] could alias r->pos) and
  * reads the widths vocabularies use (fixint, uint16, uint32) inline. */
 static kvo_status get_tokens(dec *d, wire_event *e) {
-    uint32_t n;
+    uint32_t n = 0;
     kvo_status st = rd_container(d, false, DEPTH_FIELD, &n);
     if (st != KVO_OK) return fail_field(d, st, F_TOKENS, -1, "array");
     uint64_t *t = kvo_arena_alloc(&d->b->arena, (size_t)n * sizeof(*t));
     if (!t) return nomem(d);
     const uint8_t *buf = d->r.buf;
     size_t pos = d->r.pos, len = d->r.len;
-    for (uint32_t i = 0; i < n; i++) {
-        if (pos < len) {
+    size_t fast_end = len > 4 ? len - 4 : 0; /* pos < fast_end: 5 bytes */
+    uint32_t i = 0;
+    while (i < n) {
+        while (i < n && pos < fast_end) {
             uint8_t b = buf[pos];
-            size_t room = len - pos;
             if (b <= 0x7f) {
-                t[i] = b;
+                t[i++] = b;
                 pos += 1;
-                continue;
-            }
-            /* uint16 and uint32 mix at random in real prompts: read both
-             * without a data-dependent branch (4 bytes, shifted for cd). */
-            if ((uint8_t)(b - 0xcd) < 2 && room >= 5) {
+            } else if ((uint8_t)(b - 0xcd) < 2) {
+                /* uint16 and uint32 mix at random in real prompts: read
+                 * both without a data-dependent branch (4 bytes, shifted
+                 * for cd). */
                 unsigned is16 = b == 0xcd;
-                t[i] = wire_be_w(buf + pos + 1, 4) >> (16 * is16);
+                t[i++] = wire_be_w(buf + pos + 1, 4) >> (16 * is16);
                 pos += 5 - 2 * is16;
-                continue;
+            } else {
+                break;
             }
         }
-        d->r.pos = pos; /* anything else: the general reader */
+        if (i == n) break;
+        d->r.pos = pos; /* anything else, and the last bytes */
         bool neg;
         st = wire_rd_int(&d->r, &neg, &t[i]);
         if (st != KVO_OK) return fail_field(d, st, F_TOKENS, (long)i, "int");
@@ -414,6 +469,7 @@ static kvo_status get_tokens(dec *d, wire_event *e) {
                               "non-negative int");
         }
         pos = d->r.pos;
+        i++;
     }
     d->r.pos = pos;
     e->token_ids = t;
@@ -483,7 +539,7 @@ static kvo_status get_type(dec *d, wire_ev_type *out) {
                      : n == 12 ? WIRE_EV_REMOVED
                      : n == 16 ? WIRE_EV_CLEARED
                                : (wire_ev_type)0;
-    if (t && memcmp(type_names[t], p, n) == 0) {
+    if (t && same_name(p, type_names[t], n)) {
         *out = t;
         return KVO_OK;
     }
@@ -546,22 +602,37 @@ static void clear_foreign_fields(wire_event *e) {
     *e = keep;
 }
 
-/* The field a map key names, F_COUNT if none. Writers put keys in field
- * order, so the search starts after the previous key's field and usually
- * hits at once; length and first byte settle every other candidate without
- * a memcmp (no two names share both). */
+/* The field a map key names, F_COUNT if none. The search starts at the
+ * field writers put next (key_after) and usually hits at once; length and
+ * first byte settle every other candidate (no two names share both). */
 static field find_field(const uint8_t *k, uint32_t n, unsigned from) {
     for (unsigned i = 0; i < F_COUNT; i++) {
         unsigned j = from + i < F_COUNT ? from + i : from + i - F_COUNT;
         if (field_names[j].len == n && field_names[j].name[0] == k[0] &&
-            memcmp(field_names[j].name, k, n) == 0)
+            same_name(k, field_names[j].name, n))
             return (field)j;
     }
     return F_COUNT;
 }
 
+/* The key writers put after f: the next field (the encoder's map_stored
+ * order is field order), except that BlockRemoved has only its own. */
+static unsigned key_after(wire_ev_type t, field f) {
+    if (t == WIRE_EV_REMOVED) {
+        /* clang-format off */
+        switch (f) {
+        case F_HASHES: return F_MEDIUM;
+        case F_MEDIUM: return F_GROUP_IDX;
+        case F_GROUP_IDX: return F_LOCALITY;
+        default: break;
+        }
+        /* clang-format on */
+    }
+    return f + 1 < F_COUNT ? f + 1 : 0;
+}
+
 static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
-    uint32_t n;
+    uint32_t n = 0;
     kvo_status st = rd_container(d, true, DEPTH_EVENT, &n);
     if (st != KVO_OK) return st;
     e->layout = WIRE_LAYOUT_MAP;
@@ -585,7 +656,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
         st = get_field(d, f, e);
         if (st != KVO_OK) return st;
         seen |= BIT(f);
-        next = f + 1;
+        next = key_after(e->type, f);
     }
     if (!(seen & BIT(F_TYPE)))
         return wire_fail(d->err, KVO_EPROTO, start,
@@ -607,7 +678,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
 }
 
 static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
-    uint32_t n;
+    uint32_t n = 0;
     kvo_status st = rd_container(d, false, DEPTH_EVENT, &n);
     if (st != KVO_OK) return st;
     e->layout = WIRE_LAYOUT_ARRAY;
@@ -658,7 +729,7 @@ static kvo_status decode_event(dec *d, wire_event *e) {
 static kvo_status decode_batch(dec *d) {
     wire_batch *b = d->b;
     wire_rd *r = &d->r;
-    uint32_t n;
+    uint32_t n = 0;
     kvo_status st = rd_container(d, false, DEPTH_BATCH, &n);
     if (st == KVO_EPROTO || (st == KVO_OK && n < 2))
         return wire_fail(d->err, KVO_EPROTO, 0,
@@ -672,7 +743,7 @@ static kvo_status decode_batch(dec *d) {
         return wire_fail(d->err, st, r->pos, "ts: expected float, got %s",
                          found_name(d));
     size_t at = r->pos;
-    uint32_t n_ev;
+    uint32_t n_ev = 0;
     st = rd_container(d, false, DEPTH_EVENTS, &n_ev);
     if (st != KVO_OK)
         return wire_fail(d->err, st, at, "events: expected array, got %s",
