@@ -7,7 +7,7 @@
 #include "relay.h"
 
 /* ---- u64 -> u64 map ------------------------------------------------------
- * Open addressing, linear probing, power-of-two capacity, load <= 1/2,
+ * Open addressing, linear probing, power-of-two capacity, load <= 1/4,
  * backward-shift deletion (no tombstones). Key 0 lives outside the table. */
 typedef struct relay_map_slot {
     uint64_t key; /* 0 = empty */

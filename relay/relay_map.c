@@ -63,7 +63,11 @@ uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added) {
         }
         return &m->zero_val;
     }
-    if ((m->len + 1) * 2 > m->cap && grow(m) != KVO_OK) return NULL;
+    /* Load <= 1/4: the dedup maps take a put and a remove per block, and
+     * linear probing's runs (probe loops, backward shifts) shorten sharply
+     * below 1/2 (W2 capture: pipeline 10.3 -> 9.4 us/batch, for 64 instead
+     * of 32 bytes per entry). */
+    if ((m->len + 1) * 4 > m->cap && grow(m) != KVO_OK) return NULL;
     size_t i = slot_of(key, m->cap);
     while (m->slots[i].key && m->slots[i].key != key)
         i = (i + 1) & (m->cap - 1);
