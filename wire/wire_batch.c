@@ -442,6 +442,17 @@ static kvo_status get_tokens(dec *d, wire_event *e) {
     size_t fast_end = len > 4 ? len - 4 : 0; /* pos < fast_end: 5 bytes */
     uint32_t i = 0;
     while (i < n) {
+        /* A run of uint16 ids (all of a vocabulary under 65,536 but the
+         * first 128): its headers sit 3 bytes apart, so they are found
+         * with loads that do not wait on each other, and read the same. */
+        uint32_t run = 0;
+        while (i + run < n && 3 * (size_t)(run + 1) <= len - pos &&
+               buf[pos + 3 * (size_t)run] == 0xcd)
+            run++;
+        for (uint32_t k = 0; k < run; k++)
+            t[i + k] = wire_be_w(buf + pos + 3 * (size_t)k + 1, 2);
+        i += run;
+        pos += 3 * (size_t)run;
         while (i < n && pos < fast_end) {
             uint8_t b = buf[pos];
             if (b <= 0x7f) {
@@ -450,10 +461,10 @@ static kvo_status get_tokens(dec *d, wire_event *e) {
             } else if ((uint8_t)(b - 0xcd) < 2) {
                 /* uint16 and uint32 mix at random in real prompts: read
                  * both without a data-dependent branch (4 bytes, shifted
-                 * for cd). */
-                unsigned is16 = b == 0xcd;
-                t[i++] = wire_be_w(buf + pos + 1, 4) >> (16 * is16);
-                pos += 5 - 2 * is16;
+                 * for cd), the next position one add away from b. */
+                unsigned wide = (unsigned)(b - 0xcd); /* cd 0, ce 1 */
+                t[i++] = wire_be_w(buf + pos + 1, 4) >> (16 - 16 * wide);
+                pos += 3 + 2 * wide;
             } else {
                 break;
             }
@@ -755,14 +766,16 @@ static kvo_status decode_batch(dec *d) {
     if (cap > n_ev) cap = n_ev;
     wire_event *evs = NULL;
     if (cap) {
+        /* One memset for the table: per event, its start-up cost was a
+         * quarter of the decoder's own time on small events. */
         evs = kvo_arena_alloc(&b->arena, cap * sizeof(*evs));
         if (!evs) return nomem(d);
+        memset(evs, 0, cap * sizeof(*evs));
     }
     for (d->ev = 0; d->ev < n_ev; d->ev++) {
         if (d->ev == cap) /* more events than bytes: cannot happen */
             return wire_fail(d->err, KVO_EPROTO, r->pos,
                              "events[%" PRIu32 "]: past the end", d->ev);
-        memset(&evs[d->ev], 0, sizeof(*evs));
         st = decode_event(d, &evs[d->ev]);
         if (st != KVO_OK) return st;
     }
