@@ -22,6 +22,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +98,10 @@ static void child_exec(const char *exe, char *const argv[], int logfd,
     setpgid(0, 0);
     if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) goto fail;
     if (getppid() != parent) _exit(127); /* the parent died already */
-    /* Dispositions the parent ignores survive exec: give them back. */
+    /* Dispositions the parent ignores survive exec: give them back. Every
+     * signal is blocked until then (see kvo_proc_spawn): one sent to the
+     * parent's group in this window stays pending and, unblocked below,
+     * meets the default action instead of the parent's handler. */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof(dfl));
     dfl.sa_handler = SIG_DFL;
@@ -133,8 +138,18 @@ kvo_status kvo_proc_spawn(kvo_proc *p, const char *name, char *const argv[],
         return KVO_EIO;
     }
     pid_t parent = getpid();
+    /* Until the child has reset its dispositions it runs the parent's
+     * handlers: a SIGTERM or SIGINT sent to the parent's process group (a
+     * terminal's Ctrl-C, timeout(1), kill -TERM -PGID) in that window would
+     * set the child's copy of a stop flag, which exec then discards -- the
+     * signal would be lost and the program would run on, deaf to the stop
+     * it was sent. So the fork happens with every signal blocked. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = fork();
     if (pid == 0) child_exec(exe, argv, logfd, pipefd[1], parent);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(pipefd[1]);
     close(logfd);
     if (pid < 0) {
@@ -218,6 +233,7 @@ void kvo_proc_stop(kvo_proc *p, long grace_ms) {
                                            1000000u;
     while (!leader_ended(p->pid) && ms_left(deadline) > 0)
         sleep_ms(ms_left(deadline) < 10 ? ms_left(deadline) : 10);
+    p->killed = !leader_ended(p->pid);
     kill_group_and_reap(p);
 }
 

@@ -14,6 +14,8 @@ typedef struct kvo_proc {
     char log_path[512]; /* stdout+stderr of the child */
     int exit_status;    /* after it ended: exit code, or 128+signal */
     bool exited;
+    bool killed;        /* kvo_proc_stop had to SIGKILL it: it outlived the
+                           grace after SIGTERM */
 } kvo_proc;
 
 /* Start argv[0] (searched in PATH if it has no '/') with stdout and stderr
@@ -23,7 +25,8 @@ kvo_status kvo_proc_spawn(kvo_proc *p, const char *name, char *const argv[],
                           const char *log_path);
 /* true while the child runs; reaps it (and fills exit_status) once it ends. */
 bool kvo_proc_alive(kvo_proc *p);
-/* SIGTERM, wait up to grace_ms, then SIGKILL; reaps. No-op if not running. */
+/* SIGTERM, wait up to grace_ms, then SIGKILL; reaps. No-op if not running.
+ * p->killed tells whether the SIGKILL was needed. */
 void kvo_proc_stop(kvo_proc *p, long grace_ms);
 /* SIGKILL at once, reaps (crash injection). */
 void kvo_proc_kill(kvo_proc *p);

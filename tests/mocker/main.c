@@ -12,6 +12,7 @@ Suite *suite_mutate(void);
 Suite *suite_pub(void);
 Suite *suite_workload(void);
 Suite *suite_http(void);
+Suite *suite_stop(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_engine());
@@ -20,6 +21,7 @@ int main(void) {
     srunner_add_suite(sr, suite_pub());
     srunner_add_suite(sr, suite_workload());
     srunner_add_suite(sr, suite_http());
+    srunner_add_suite(sr, suite_stop());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
