@@ -158,6 +158,17 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                               const char *salt, const mock_trace_ref *trace,
                               mock_hash *out);
 
+/* Hash block blk alone, for walks that stop at the first miss (the
+ * probe): prev = the hashes of blocks 0..blk-1 (the parent is prev[blk-1];
+ * the memo also needs the hash before the block's trace row), tokens = that
+ * block's block_size tokens. Uses and extends the trace memo like
+ * mock_hasher_blocks, so a probe leaves it warm for the completion. */
+kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
+                                  uint32_t block_size, uint32_t blk,
+                                  const mock_hash *prev, const char *lora,
+                                  const char *salt, const mock_trace_ref *trace,
+                                  mock_hash *out);
+
 typedef struct mock_hasher_stats {
     uint64_t computed;    /* digests computed */
     uint64_t memo_hits;   /* digests served by the memo */
@@ -274,6 +285,8 @@ void mock_engine_complete(mock_engine *e);
  * effects. hashes: the prompt's full-block hashes (n_tokens/block_size). */
 uint32_t mock_engine_probe(const mock_engine *e, const mock_hash *hashes,
                            uint32_t n_tokens);
+/* Is a block with this hash cached (prefix caching on)? No side effects. */
+bool mock_engine_cached(const mock_engine *e, uint64_t key);
 /* vLLM's reset_prefix_cache: true (and AllBlocksCleared queued for the next
  * step) only when no block is in use. */
 bool mock_engine_reset_prefix_cache(mock_engine *e);

@@ -508,6 +508,10 @@ uint32_t mock_engine_probe(const mock_engine *e, const mock_hash *hashes,
     return h;
 }
 
+bool mock_engine_cached(const mock_engine *e, uint64_t key) {
+    return e->cfg.prefix_caching && pool_lookup(&e->pool, key) != MOCK_NIL;
+}
+
 bool mock_engine_reset_prefix_cache(mock_engine *e) {
     if (!pool_reset(&e->pool)) return false;
     if (e->events) e->pending_clear = true;

@@ -168,3 +168,50 @@ done:
     h->st.ns += kvo_now_ns() - t0;
     return st;
 }
+
+kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
+                                  uint32_t block_size, uint32_t blk,
+                                  const mock_hash *prev, const char *lora,
+                                  const char *salt, const mock_trace_ref *trace,
+                                  mock_hash *out) {
+    if (!h || block_size == 0 || !tokens || !out || (blk && !prev))
+        return KVO_EINVAL;
+    uint64_t t0 = kvo_now_ns();
+    kvo_status st = KVO_OK;
+    const mock_hash *parent = blk ? &prev[blk - 1] : &h->root;
+    uint64_t start = (uint64_t)blk * block_size;
+    uint64_t t = start / WIRE_TRACE_BLOCK;
+    memo_row *row = NULL;
+    uint32_t j = 0;
+    if (trace && trace->hash_ids && !lora && !salt && memo_ready(h, block_size) &&
+        t < trace->n_hash_ids) {
+        j = (uint32_t)(start % WIRE_TRACE_BLOCK) / block_size;
+        uint32_t row_first = blk - j; /* the row's first block */
+        uint64_t row_parent = row_first ? prev[row_first - 1].key : h->root.key;
+        uint64_t hid = trace->hash_ids[t];
+        row = memo_slot(h, hid, row_parent);
+        if (row->n && row->hid == hid && row->parent == row_parent) {
+            if (row->n > j) {
+                *out = row->h[j];
+                h->st.memo_hits++;
+                goto done;
+            }
+        } else if (j == 0) { /* claim the slot, as mock_hasher_blocks does */
+            row->hid = hid;
+            row->parent = row_parent;
+            row->n = 0;
+        } else {
+            row = NULL; /* someone else's row: leave it */
+        }
+    }
+    wire_extra extra = {lora, blk == 0 ? salt : NULL};
+    st = hash_one(h, parent, tokens, block_size,
+                  (lora || (blk == 0 && salt)) ? &extra : NULL, out);
+    if (st == KVO_OK && row && row->n == j) { /* in order: extend the row */
+        row->h[j] = *out;
+        row->n = j + 1;
+    }
+done:
+    h->st.ns += kvo_now_ns() - t0;
+    return st;
+}

@@ -866,6 +866,45 @@ static void handle_state(server *s, kvo_http_req *req) {
     kvo_http_respond_json(req, 200, o);
 }
 
+/* Trace prompt of a probe: the hash ids and the length, validated as
+ * trace_prompt does, without synthesizing any token (the walk makes each
+ * block's tokens when it gets there). */
+static const char *probe_trace(json_object *t, prompt *out) {
+    json_object *ids, *len;
+    if (!json_object_is_type(t, json_type_object) ||
+        !json_object_object_get_ex(t, "hash_ids", &ids) ||
+        !json_object_is_type(ids, json_type_array) ||
+        !json_object_object_get_ex(t, "input_length", &len) ||
+        !json_object_is_type(len, json_type_int))
+        return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
+    size_t k = json_object_array_length(ids);
+    int64_t n = json_object_get_int64(len);
+    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
+        return "trace: hash_ids must not be empty and input_length must be >= 1";
+    if (n > (int64_t)PROBE_MAX_TOKENS)
+        return errf("the prompt has %lld tokens; probes take at most %u",
+                    (long long)n, PROBE_MAX_TOKENS);
+    out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
+    if (!out->trace_ids) return "out of memory";
+    for (size_t i = 0; i < k; i++) {
+        json_object *v = json_object_array_get_idx(ids, i);
+        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+            return "trace: hash_ids must be integers >= 0";
+        out->trace_ids[i] = json_object_get_uint64(v);
+    }
+    out->n_trace = (uint32_t)k;
+    if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
+        return "trace: input_length must be within (512*(k-1), 512*k] for k "
+               "hash_ids";
+    out->n = (uint32_t)n;
+    return NULL;
+}
+
+/* POST /kvo/probe: per rank, the leading cached blocks of the prompt, capped
+ * at (n-1)//block_size -- what the engine's prefix lookup would hit, with no
+ * side effect. The walk goes block by block and stops at the first block no
+ * rank still hits: a prompt that misses at block 0 costs one hash, whatever
+ * its length (kvo-check probes every engine for every prompt). */
 static void handle_probe(server *s, kvo_http_req *req) {
     size_t len;
     const uint8_t *raw = kvo_http_req_body(req, &len);
@@ -874,17 +913,16 @@ static void handle_probe(server *s, kvo_http_req *req) {
     mock_hash *h = NULL;
     const char *err = NULL;
     uint32_t bs = s->cfg->block_size;
-    uint32_t max_len = PROBE_MAX_TOKENS;
     if (!body || !json_object_is_type(body, json_type_object)) {
         err = "body must be a JSON object";
         goto done;
     }
     json_object *t, *ids;
     if (json_object_object_get_ex(body, "trace", &t) && t) {
-        err = trace_prompt(t, max_len, &p);
+        err = probe_trace(t, &p);
     } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
                json_object_is_type(ids, json_type_array)) {
-        err = token_list(ids, max_len, &p);
+        err = token_list(ids, PROBE_MAX_TOKENS, &p);
     } else {
         err = "token_ids or trace is required";
     }
@@ -896,44 +934,56 @@ static void handle_probe(server *s, kvo_http_req *req) {
     }
     if (lora && !*lora) lora = NULL;
     if (salt && !*salt) salt = NULL;
-    uint32_t n = s->node.n_ranks;
+    uint32_t n = s->node.n_ranks < 64 ? s->node.n_ranks : 64;
     uint32_t hits[64] = {0};
     uint32_t cap = (p.n - 1) / bs;
     if (s->cfg->prefix_caching && cap > 0) {
-        /* Hash only as far as some rank still hits: chunks that double. */
         h = kvo_malloc((size_t)cap * sizeof(mock_hash));
         if (!h) {
             err = "out of memory";
             goto done;
         }
         mock_trace_ref tr = {p.trace_ids, p.n_trace};
-        uint32_t done_blocks = 0, chunk = 32;
+        uint64_t *blk_tok = p.trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
+        if (p.trace_ids && !blk_tok) {
+            err = "out of memory";
+            goto done;
+        }
         bool alive = true;
-        while (alive && done_blocks < cap) {
-            uint32_t k = cap - done_blocks < chunk ? cap - done_blocks : chunk;
-            kvo_status st = mock_hasher_blocks(
-                s->node.hasher, p.tok, bs, done_blocks, k,
-                done_blocks ? &h[done_blocks - 1] : NULL, lora, salt,
-                p.trace_ids ? &tr : NULL, h + done_blocks);
+        for (uint32_t b = 0; alive && b < cap; b++) {
+            const uint64_t *tok = p.tok + (size_t)b * bs;
+            if (p.trace_ids) { /* this block's tokens, and only these */
+                for (uint32_t i = 0; i < bs; i++) {
+                    uint64_t k = (uint64_t)b * bs + i;
+                    blk_tok[i] = wire_trace_token(p.trace_ids[k / WIRE_TRACE_BLOCK],
+                                                  (uint32_t)(k % WIRE_TRACE_BLOCK));
+                }
+                tok = blk_tok;
+            }
+            kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h,
+                                                   lora, salt,
+                                                   p.trace_ids ? &tr : NULL, &h[b]);
             if (st != KVO_OK) {
+                kvo_free(blk_tok);
                 err = kvo_strerror(st);
                 goto done;
             }
-            done_blocks += k;
-            chunk *= 2;
             alive = false;
-            for (uint32_t r = 0; r < n && r < 64; r++) {
-                hits[r] = mock_engine_probe(s->node.ranks[r].eng, h,
-                                            done_blocks * bs + 1);
-                if (hits[r] == done_blocks) alive = true;
+            for (uint32_t r = 0; r < n; r++) {
+                if (hits[r] != b) continue; /* this rank missed earlier */
+                if (mock_engine_cached(s->node.ranks[r].eng, h[b].key)) {
+                    hits[r] = b + 1;
+                    alive = true;
+                }
             }
         }
+        kvo_free(blk_tok);
     }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
     json_object_object_add(o, "prompt_blocks", json_object_new_int64((p.n + bs - 1) / bs));
     json_object *arr = json_object_new_array();
-    for (uint32_t r = 0; r < n && r < 64; r++) {
+    for (uint32_t r = 0; r < n; r++) {
         json_object *e = json_object_new_object();
         json_object_object_add(e, "dp_rank", json_object_new_int64(r));
         json_object_object_add(e, "hit_blocks", json_object_new_int64(hits[r]));

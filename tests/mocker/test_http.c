@@ -713,6 +713,103 @@ START_TEST(trace_mode_is_deterministic_and_records_every_batch) {
 }
 END_TEST
 
+/* /kvo/probe stops at the first block no rank holds; its answer must stay
+ * exactly the engine's: for a stream of trace prompts sharing prefixes (and
+ * evicting: a small cache), on two ranks, the probe of each prompt -- in the
+ * trace form (memo-backed, tokens made block by block) and in the token form
+ * (plain hashing) -- equals the cached tokens the engine then reports for
+ * it on the rank it goes to, and the other rank's probe equals what that
+ * rank reports when the same prompt goes there next. */
+static void probe_bodies(const uint64_t *ids, uint32_t k, uint32_t n, const char *extra,
+                         char *trace, size_t tsz, char **tokens) {
+    size_t len = (size_t)snprintf(trace, tsz, "{\"trace\": {\"hash_ids\": [");
+    for (uint32_t i = 0; i < k; i++)
+        len += (size_t)snprintf(trace + len, tsz - len, "%s%llu", i ? "," : "",
+                                (unsigned long long)ids[i]);
+    snprintf(trace + len, tsz - len, "], \"input_length\": %u}%s}", n, extra);
+    uint64_t *tok = kvo_malloc(n * sizeof(uint64_t));
+    ck_assert_ptr_nonnull(tok);
+    mock_trace_tokens(ids, k, n, tok);
+    size_t cap = (size_t)n * 8 + 64 + strlen(extra);
+    char *b = kvo_malloc(cap);
+    ck_assert_ptr_nonnull(b);
+    len = (size_t)snprintf(b, cap, "{\"token_ids\": [");
+    for (uint32_t i = 0; i < n; i++)
+        len += (size_t)snprintf(b + len, cap - len, "%s%llu", i ? "," : "",
+                                (unsigned long long)tok[i]);
+    snprintf(b + len, cap - len, "]%s}", extra);
+    kvo_free(tok);
+    *tokens = b;
+}
+
+static int64_t probe_rank(mocker *m, const char *body, int rank) {
+    json_object *j = ok(m, "/kvo/probe", body);
+    char path[32];
+    snprintf(path, sizeof(path), "ranks.%d.hit_blocks", rank);
+    int64_t h = num(j, path);
+    json_object_put(j);
+    return h;
+}
+
+START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
+    mocker m;
+    const char *extra[] = {"--dp-size", "2", "--num-gpu-blocks", "400", "--seed", "5",
+                           NULL};
+    mocker_start(&m, extra);
+    uint64_t rng = 0x1234;
+    uint64_t stats[3] = {0, 0, 0}; /* zero hits, partial, full */
+    char trace[2048];
+    for (int i = 0; i < 120; i++) {
+        /* 1-3 trace blocks from a small id space: prefixes shared often */
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t k = 1 + (uint32_t)(rng >> 33) % 3;
+        uint64_t ids[3];
+        for (uint32_t b = 0; b < k; b++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            ids[b] = b == 0 ? (rng >> 40) % 4 : 10 * b + (rng >> 40) % 3;
+        }
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t n = 512 * (k - 1) + 1 + (uint32_t)(rng >> 33) % 512;
+        const char *lora = i % 7 == 3 ? ", \"lora_name\": \"l1\"" : "";
+        char *tokens;
+        probe_bodies(ids, k, n, lora, trace, sizeof(trace), &tokens);
+        int rank = i % 2;
+        int64_t pt[2], pk[2];
+        for (int r = 0; r < 2; r++) {
+            pt[r] = probe_rank(&m, trace, r);
+            pk[r] = probe_rank(&m, tokens, r);
+            ck_assert_msg(pt[r] == pk[r], "prompt %d rank %d: trace form %lld, token form %lld",
+                          i, r, (long long)pt[r], (long long)pk[r]);
+        }
+        char body[2400];
+        snprintf(body, sizeof(body), "%.*s, \"max_tokens\": %u, \"data_parallel_rank\": %d}",
+                 (int)strlen(trace) - 1, trace, 1 + (unsigned)(rng >> 50) % 40, rank);
+        json_object *j = ok(&m, "/v1/completions", body);
+        int64_t cached = num(j, "usage.prompt_tokens_details.cached_tokens");
+        json_object_put(j);
+        ck_assert_msg(cached == pt[rank] * 16, "prompt %d: probe %lld blocks, engine %lld tokens",
+                      i, (long long)pt[rank], (long long)cached);
+        /* the other rank, unchanged by that request: its probe is its truth */
+        int other = 1 - rank;
+        snprintf(body, sizeof(body), "%.*s, \"max_tokens\": 1, \"data_parallel_rank\": %d}",
+                 (int)strlen(trace) - 1, trace, other);
+        j = ok(&m, "/v1/completions", body);
+        cached = num(j, "usage.prompt_tokens_details.cached_tokens");
+        json_object_put(j);
+        ck_assert_msg(cached == pt[other] * 16, "prompt %d rank %d: probe %lld blocks, engine "
+                      "%lld tokens", i, other, (long long)pt[other], (long long)cached);
+        uint32_t cap = (n - 1) / 16;
+        stats[pt[rank] == 0 ? 0 : (uint32_t)pt[rank] == cap ? 2 : 1]++;
+        kvo_free(tokens);
+    }
+    /* the workload exercised every case */
+    ck_assert_msg(stats[0] && stats[1] && stats[2], "zero %llu, partial %llu, full %llu",
+                  (unsigned long long)stats[0], (unsigned long long)stats[1],
+                  (unsigned long long)stats[2]);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     Suite *s = suite_create("http");
     TCase *tc = tcase_create("http");
@@ -727,6 +824,7 @@ Suite *suite_http(void) {
     tcase_add_test(tc, roles_prefill_returns_transfer_params_decode_advertises_no_source);
     tcase_add_test(tc, a_taken_event_port_serves_without_a_source_unless_required);
     tcase_add_test(tc, trace_mode_is_deterministic_and_records_every_batch);
+    tcase_add_test(tc, probe_stops_at_the_first_miss_and_equals_the_engine_hit);
     suite_add_tcase(s, tc);
     return s;
 }
