@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,101 @@ uint8_t *kt_unhex(const char *hex, size_t *len) {
     return out;
 }
 
+/* ---- Temporary directories -----------------------------------------------
+ * Every directory kt_tmpdir makes in a test process goes when that process
+ * exits with status 0 -- under Check's fork mode, the test passed (a failed
+ * assertion _exits, skipping exit handlers) -- and stays otherwise, its path
+ * printed: a watcher forked at the first kt_tmpdir is told each path over a
+ * pipe and prints them when the pipe closes without the "removed" token
+ * (failed assertion, crash, timeout kill, or exit status != 0).
+ * KVO_TEST_KEEP=1 keeps them on success too. */
+
+#define KT_MAX_TMPDIRS 256
+
+static struct {
+    pid_t owner;      /* the process these belong to (0: none yet) */
+    int fd;           /* write end of the watcher's pipe */
+    char *dirs[KT_MAX_TMPDIRS];
+    size_t n;
+} tmps = {0, -1, {NULL}, 0};
+
+static void raw_puts(const char *s);
+
+/* The watcher: async-signal-safe calls only (forked from a test process
+ * that may run threads). Tokens: "+<path>\n" a directory, "=\n" removed. */
+static void tmp_watch(int fd) {
+    static char buf[1 << 16];
+    size_t n = 0;
+    for (;;) {
+        ssize_t k = read(fd, buf + n, sizeof(buf) - 1 - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        n += (size_t)k;
+        if (n == sizeof(buf) - 1) n = 0; /* cannot happen: bounded dirs */
+    }
+    buf[n] = '\0';
+    if (n >= 2 && buf[n - 2] == '=' && (n == 2 || buf[n - 3] == '\n')) _exit(0);
+    for (char *p = buf; *p;) {
+        char *e = p;
+        while (*e && *e != '\n') e++;
+        if (*p == '+' && e > p + 1) {
+            raw_puts("[kt] test files kept in ");
+            if (write(2, p + 1, (size_t)(e - p - 1)) < 0) {
+            }
+            raw_puts("\n");
+        }
+        p = *e ? e + 1 : e;
+    }
+    _exit(0);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag,
+                    struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void tmp_at_exit(int status, void *arg) {
+    (void)arg;
+    if (tmps.owner != getpid()) return; /* a fork of the owner exiting */
+    const char *keep = getenv("KVO_TEST_KEEP");
+    if (status == 0 && !(keep && *keep && strcmp(keep, "0") != 0)) {
+        for (size_t i = 0; i < tmps.n; i++)
+            nftw(tmps.dirs[i], rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (tmps.fd >= 0 && write(tmps.fd, "=\n", 2) < 0) {
+        }
+    }
+    for (size_t i = 0; i < tmps.n; i++) free(tmps.dirs[i]);
+    tmps.n = 0;
+    if (tmps.fd >= 0) close(tmps.fd);
+    tmps.fd = -1;
+}
+
+/* First kt_tmpdir of this process: a watcher and the exit handler. */
+static void tmp_track_start(void) {
+    if (tmps.fd >= 0) close(tmps.fd); /* the parent's, inherited */
+    for (size_t i = 0; i < tmps.n; i++) free(tmps.dirs[i]);
+    tmps.n = 0;
+    tmps.fd = -1;
+    tmps.owner = getpid();
+    int fds[2];
+    ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (dup2(fds[0], 0) < 0) _exit(1);
+        close_range(3, ~0u, 0);
+        close(1);
+        tmp_watch(0);
+    }
+    close(fds[0]);
+    tmps.fd = fds[1];
+    ck_assert_int_eq(on_exit(tmp_at_exit, NULL), 0);
+}
+
 char *kt_tmpdir(const char *tag) {
     const char *base = getenv("TMPDIR");
     if (!base || !*base) base = "/tmp";
@@ -80,6 +176,16 @@ char *kt_tmpdir(const char *tag) {
     snprintf(tmpl, sizeof(tmpl), "%s/kvo-test-%s-XXXXXX", base, tag);
     char *d = mkdtemp(tmpl);
     ck_assert_msg(d != NULL, "mkdtemp failed");
+    if (tmps.owner != getpid()) tmp_track_start();
+    if (tmps.n < KT_MAX_TMPDIRS) {
+        tmps.dirs[tmps.n] = strdup(d);
+        ck_assert_ptr_nonnull(tmps.dirs[tmps.n]);
+        tmps.n++;
+        char line[600];
+        int k = snprintf(line, sizeof(line), "+%s\n", d);
+        if (k > 0 && write(tmps.fd, line, (size_t)k) < 0) {
+        }
+    }
     return kvo_strdup(d);
 }
 
