@@ -780,12 +780,17 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         const check_prompt *sp = NULL;
         for (size_t i = 0; i < r->n_sweep && !sp; i++)
             if (r->sweep[i].diverged) sp = &r->sweep[i];
-        snprintf(out->cause, sizeof(out->cause),
-                 "%s: re-checked after the run, prompt %llu diverged at "
-                 "block %d (%s)",
-                 check_reason_name(sp->reason), (unsigned long long)sp->id,
-                 sp->first_divergent_block, sp->detail);
-        out->reason = sp->reason;
+        if (!sp) { /* counted but not kept: still a FAIL */
+            snprintf(out->cause, sizeof(out->cause),
+                     "re-checked after the run, a prompt diverged");
+        } else {
+            snprintf(out->cause, sizeof(out->cause),
+                     "%s: re-checked after the run, prompt %llu diverged at "
+                     "block %d (%s)",
+                     check_reason_name(sp->reason), (unsigned long long)sp->id,
+                     sp->first_divergent_block, sp->detail);
+            out->reason = sp->reason;
+        }
     } else if (r->n_prompts == 0) {
         snprintf(out->cause, sizeof(out->cause), "no request was checked");
     } else {

@@ -82,6 +82,53 @@ void mt_iota(uint64_t *t, uint32_t n, uint64_t first) {
     for (uint32_t i = 0; i < n; i++) t[i] = first + i;
 }
 
+/* Kept out of line, in this file, on purpose: a GCC 12.2 wrong-code bug (not
+ * UB -- clean under -O0 -fsanitize=address,undefined; correct with clang, -O1,
+ * -fno-ivopts, or -fno-ipa-pure-const -fno-ipa-modref together; also with
+ * -fno-strict-aliasing, which only changes ivopts' choice). When this
+ * function sits static next to its callers (test_engine.c), ivopts rewrites
+ * the stores r->type[r->n] ... as MEM[(T *)0B + off + (-3 * (sizetype)ctx) +
+ * iv * 4] (the pointer folded into the index, base literal 0);
+ * local-pure-const2 and modref2 then read those as NULL dereferences ("NULL
+ * memory access; terminating BB"), find the function pure, and callers keep
+ * r.n == 0 from `mt_rec r = {0}`. Standalone (gcc -O2 prints 0, expected 5):
+ *
+ *   #include <stdbool.h>
+ *   #include <stdint.h>
+ *   #include <stdio.h>
+ *   #include <stdlib.h>
+ *   typedef struct ev { uint32_t type, n_hashes; uint64_t *hashes;
+ *                       uint32_t parent_kind; uint64_t parent_key;
+ *                       char pad[264]; } ev;
+ *   typedef struct batch { uint32_t n_events; ev *events; } batch;
+ *   typedef struct rec { uint32_t n, type[256]; uint64_t key[256];
+ *                        uint32_t nh[256]; uint64_t parent[256];
+ *                        bool has_parent[256]; } rec;
+ *   static void record(void *ctx, const batch *b) {
+ *       rec *r = ctx;
+ *       for (uint32_t i = 0; i < b->n_events && r->n < 256; i++) {
+ *           const ev *e = &b->events[i];
+ *           r->type[r->n] = e->type;
+ *           r->nh[r->n] = e->n_hashes;
+ *           r->key[r->n] = e->n_hashes ? e->hashes[0] : 0;
+ *           r->has_parent[r->n] = e->parent_kind != 0;
+ *           r->parent[r->n] = e->parent_key;
+ *           r->n++;
+ *       }
+ *   }
+ *   void (*volatile keep)(void *, const batch *) = record;
+ *   int main(int argc, char **argv) {
+ *       batch b = {(uint32_t)argc + 4, calloc(8, sizeof(ev))};
+ *       rec r = {0};
+ *       record(&r, &b);
+ *       printf("recorded %u (expected %d)\n", r.n, argc + 4);
+ *       return r.n != (uint32_t)argc + 4;
+ *   }
+ *
+ * Across translation units (no LTO) the wrong "pure" never reaches a caller.
+ * Audit of the whole tree (every file compiled at -O2 and -O3 with
+ * -fdump-tree-local-pure-const2 -fdump-tree-modref2, grep "NULL memory
+ * access"): this function is the only 0B-based store pattern. */
 void mt_record(void *ctx, const wire_batch *b) {
     mt_rec *r = ctx;
     for (uint32_t i = 0; i < b->n_events && r->n < 256; i++) {
