@@ -6,7 +6,10 @@
 # run against the same nats-server. Throughput: 3 rounds each, median (min-max).
 # Latency: the first 2000 batches in lockstep (send one, wait for it on NATS);
 # added latency = relay - pass-through. The targets run on CPU 1, the driver and
-# nats-server on CPU 0 (when taskset exists).
+# nats-server on CPU 0 (when taskset exists). Because the CPUs are shared, the
+# CPU time each target used (user + sys, all its threads, from /proc) is shown
+# per batch next to the rates, and at the end the relay's pipeline alone
+# (kvo-bench-relay pipe: thread CPU time, no sockets) on the same capture.
 #
 # Needs ~1.2 GB in $TMPDIR for the capture and as much RAM for the driver.
 # Env: KVO_BENCH_RELAY_CAPTURE=FILE reuses a capture; KVO_BENCH_RELAY_ROUNDS.
@@ -94,6 +97,9 @@ run() {
   local out
   out=$("${on0[@]}" "$bin/kvo-bench-relay" "${args[@]}") || {
     kill "$target"; tail -20 "$work/target.log" >&2; exit 1; }
+  local cpu
+  cpu=$(awk -v t="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / t}' \
+          "/proc/$target/stat" 2>/dev/null || echo 0)
   kill -TERM "$target"
   wait "$target" || { echo "$mode exited badly" >&2; tail -20 "$work/target.log" >&2; exit 1; }
   if [ "$mode" = relay ] && [ "$ls" -eq 0 ]; then
@@ -102,7 +108,7 @@ run() {
       [ "$(jget "$k" "$ex")" = 0 ] || { echo "relay $k = $(jget "$k" "$ex")" >&2; exit 1; }
     done
   fi
-  echo "$out"
+  echo "${out%\}}, \"target_cpu_s\": $cpu}"
 }
 
 declare -A tp
@@ -114,6 +120,8 @@ for r in $(seq 1 "$rounds"); do
     for k in batches_per_s events_per_s blocks_per_s mb_per_s; do
       tp[$mode.$k]+="$(jget "$k" "$out") "
     done
+    tp[$mode.cpu_us_per_batch]+="$(awk -v c="$(jget target_cpu_s "$out")" \
+      -v n="$(jget batches "$out")" 'BEGIN{printf "%.2f", c * 1e6 / n}') "
   done
 done
 lat_raw=$(run raw "$lockstep"); echo "  lockstep raw: $lat_raw"
@@ -123,7 +131,7 @@ echo
 echo "W2 relay throughput: $(jget batches "$first") batches, $(jget events "$first") events," \
      "$(jget blocks "$first") blocks, $(jget bytes "$first") payload bytes; median of $rounds (min-max)"
 printf "%-14s %26s %26s %8s\n" metric pass-through kvo-relay ratio
-for k in batches_per_s events_per_s blocks_per_s mb_per_s; do
+for k in batches_per_s events_per_s blocks_per_s mb_per_s cpu_us_per_batch; do
   read -r rm rlo rhi < <(tr ' ' '\n' <<<"${tp[raw.$k]}" | grep . | median)
   read -r lm llo lhi < <(tr ' ' '\n' <<<"${tp[relay.$k]}" | grep . | median)
   printf "%-14s %26s %26s %8.2f\n" "$k" "$rm ($rlo-$rhi)" "$lm ($llo-$lhi)" \
@@ -135,4 +143,8 @@ printf "%-14s %26s %26s %8s\n" "lat p50 us" "$rp50" "$lp50" \
   "+$(awk -v a="$lp50" -v b="$rp50" 'BEGIN{printf "%.1f", a-b}')"
 printf "%-14s %26s %26s %8s\n" "lat p99 us" "$rp99" "$lp99" \
   "+$(awk -v a="$lp99" -v b="$rp99" 'BEGIN{printf "%.1f", a-b}')"
-echo "(goal: ratio >= 0.8; lockstep latency over the first $lockstep batches, ZMQ -> NATS subscriber)"
+echo "(goal: ratio >= 0.8; lockstep latency over the first $lockstep batches, ZMQ -> NATS subscriber;"
+echo " cpu_us_per_batch: CPU time of the target process, all threads, user + sys)"
+echo
+echo "+ ${on1[*]} kvo-bench-relay pipe --capture $cap --rounds 3"
+"${on1[@]}" "$bin/kvo-bench-relay" pipe --capture "$cap" --rounds 3
