@@ -190,6 +190,10 @@ void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
                                size_t *n);
+/* The highest KVO-Zmq-Seq end seen from one publisher: false when the
+ * publisher or its header is unknown so far. No allocation. */
+bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
+                       uint64_t *zmq_last);
 
 /* ---- JSON shapes (json-c; the caller owns what is returned) -------------
  * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,

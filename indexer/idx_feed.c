@@ -180,6 +180,21 @@ void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
     *out = f->c;
 }
 
+bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
+                       uint64_t *zmq_last) {
+    size_t lo = 0, hi = f->npubs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (f->pubs[mid]->p.publisher_id < publisher_id) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == f->npubs || f->pubs[lo]->p.publisher_id != publisher_id ||
+        !f->pubs[lo]->p.has_zmq)
+        return false;
+    *zmq_last = f->pubs[lo]->p.zmq_last;
+    return true;
+}
+
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
                                size_t *n) {
     *out = NULL;

@@ -12,6 +12,16 @@
  * wait (the loop is behind), so nats.c's own pending limits take over and
  * count slow-consumer drops.
  * Messages apply in arrival order.
+ *
+ * A query may wait for a watermark (kvo-check's lockstep): POST /query or
+ * /query_by_hash with "wait": {"zmq_seq": [[publisher_id, seq], ...],
+ * "timeout_ms": t} is answered once every listed publisher's KVO-Zmq-Seq
+ * watermark has reached its seq (checked after each drained inbox), or when
+ * t passes; the answer adds "covered" (which of the two) and "watermark"
+ * (GET /watermark's object at that moment); "metrics": true adds GET
+ * /metrics's text, read at the same moment. One round trip instead of
+ * polling /watermark, querying and reading the counters, and no poll
+ * interval to overshoot.
  */
 #include "idx.h"
 #include "kvo_http.h"
@@ -31,6 +41,22 @@
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
+#define WAIT_MAX 1024          /* queries held for a watermark */
+#define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
+#define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
+
+/* A query held until the watermark covers its pairs or its deadline. */
+typedef struct waiter {
+    struct waiter *next;
+    kvo_http_req *r;
+    json_object *body;   /* the parsed request, kept until answered */
+    uint64_t *hashes;    /* its tokens_hashes when scanned by hand, or NULL */
+    size_t n_hashes;
+    int want_tokens;
+    uint64_t deadline;   /* kvo_now_ns */
+    size_t n;
+    uint64_t pairs[];    /* n x (publisher_id, zmq seq) */
+} waiter;
 
 /* Query latency histogram bounds, seconds. */
 static const double lat_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
@@ -60,6 +86,8 @@ typedef struct svc {
     int evfd;
 
     /* loop-only state */
+    waiter *waiters;     /* queries waiting for a watermark, oldest first */
+    size_t n_waiters;
     uint64_t seen_disconnects, seen_reconnects;
     uint64_t lat_count[NLAT + 1];
     double lat_sum;
@@ -372,19 +400,27 @@ static json_object *parse_body(kvo_http_req *r, char *err, size_t errsz) {
     return j;
 }
 
-static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
+static kvo_status build_metrics(svc *s, kvo_buf *b);
+
+/* Run the query in j and answer r; with_wm: add "covered" and the
+ * watermark (a query that waited); "metrics": true in j adds GET
+ * /metrics's text as "metrics" (counters read at the same moment). */
+static void answer_query(svc *s, kvo_http_req *r, json_object *j,
+                         const uint64_t *hashes, size_t n_hashes,
+                         int want_tokens, bool with_wm, bool covered) {
     char err[200];
-    json_object *j = parse_body(r, err, sizeof(err));
-    if (!j) {
-        s->bad_requests++;
-        kvo_http_respond_error(r, 400, err);
-        return;
-    }
     uint64_t t0 = kvo_now_ns();
-    kvo_status st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size,
-                                   j, want_tokens, &s->scores, err, sizeof(err));
+    kvo_status st;
+    if (hashes) { /* tokens_hashes scanned by hand: as idx_query_json does */
+        st = idx_tree_query(idx_feed_tree(s->feed), hashes, n_hashes, &s->scores);
+        if (st == KVO_OK)
+            s->scores.isl_blocks = n_hashes > UINT32_MAX ? UINT32_MAX
+                                                         : (uint32_t)n_hashes;
+    } else {
+        st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size, j,
+                            want_tokens, &s->scores, err, sizeof(err));
+    }
     double dt = (double)(kvo_now_ns() - t0) / 1e9;
-    json_object_put(j);
     if (st == KVO_EPROTO) {
         s->bad_requests++;
         kvo_http_respond_error(r, 400, err);
@@ -400,8 +436,278 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
     while (b < NLAT && dt > lat_bounds[b]) b++;
     s->lat_count[b]++;
     json_object *o = idx_json_scores(&s->scores);
+    json_object *mq = NULL;
+    if (o && json_object_object_get_ex(j, "metrics", &mq) &&
+        json_object_get_boolean(mq)) { /* /metrics, read with the answer */
+        kvo_buf text;
+        kvo_buf_init(&text);
+        json_object *txt = NULL;
+        if (build_metrics(s, &text) == KVO_OK)
+            txt = json_object_new_string_len(
+                text.data ? (const char *)text.data : "", (int)text.len);
+        kvo_buf_fini(&text);
+        if (!txt) {
+            json_object_put(o);
+            o = NULL;
+        } else {
+            json_object_object_add(o, "metrics", txt);
+        }
+    }
+    if (o && with_wm) {
+        json_object *wm = idx_json_watermark(s->feed);
+        if (!wm) {
+            json_object_put(o);
+            o = NULL;
+        } else {
+            json_object_object_add(o, "covered", json_object_new_boolean(covered));
+            json_object_object_add(o, "watermark", wm);
+        }
+    }
     if (!o) kvo_http_respond_error(r, 500, "out of memory");
     else kvo_http_respond_json(r, 200, o);
+}
+
+/* Every pair's publisher has a watermark at or past its seq? */
+static bool wait_covered(const svc *s, const uint64_t *pairs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t last;
+        if (!idx_feed_zmq_last(s->feed, pairs[2 * i], &last) ||
+            last < pairs[2 * i + 1])
+            return false;
+    }
+    return true;
+}
+
+/* "wait": {"zmq_seq": [[publisher_id, seq], ...], "timeout_ms": t} into a
+ * waiter (not queued yet); NULL with err set when malformed. */
+static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
+    json_object *pairs = NULL, *tmo = NULL;
+    if (!json_object_is_type(w, json_type_object) ||
+        !json_object_object_get_ex(w, "zmq_seq", &pairs) ||
+        !json_object_is_type(pairs, json_type_array)) {
+        snprintf(err, errsz, "wait must be {\"zmq_seq\": [[publisher_id, "
+                             "seq], ...], \"timeout_ms\": n}");
+        return NULL;
+    }
+    int64_t ms = 30000;
+    if (json_object_object_get_ex(w, "timeout_ms", &tmo)) {
+        if (!json_object_is_type(tmo, json_type_int) ||
+            (ms = json_object_get_int64(tmo)) < 0 || ms > WAIT_MAX_MS) {
+            snprintf(err, errsz, "wait.timeout_ms must be 0..%d", WAIT_MAX_MS);
+            return NULL;
+        }
+    }
+    size_t n = json_object_array_length(pairs);
+    if (n > WAIT_MAX_PAIRS) {
+        snprintf(err, errsz, "wait.zmq_seq: at most %d pairs", WAIT_MAX_PAIRS);
+        return NULL;
+    }
+    waiter *wt = kvo_calloc(1, sizeof(*wt) + 2 * (n ? n : 1) * sizeof(uint64_t));
+    if (!wt) {
+        snprintf(err, errsz, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_object *p = json_object_array_get_idx(pairs, i);
+        json_object *a = NULL, *b = NULL;
+        if (json_object_is_type(p, json_type_array) &&
+            json_object_array_length(p) == 2) {
+            a = json_object_array_get_idx(p, 0);
+            b = json_object_array_get_idx(p, 1);
+        }
+        if (!a || !b || !json_object_is_type(a, json_type_int) ||
+            !json_object_is_type(b, json_type_int) ||
+            json_object_get_int64(a) < 0 || json_object_get_int64(b) < 0) {
+            snprintf(err, errsz, "wait.zmq_seq[%zu] must be [publisher_id, seq] "
+                                 "(integers >= 0)", i);
+            kvo_free(wt);
+            return NULL;
+        }
+        wt->pairs[2 * i] = json_object_get_uint64(a);
+        wt->pairs[2 * i + 1] = json_object_get_uint64(b);
+    }
+    wt->n = n;
+    wt->deadline = kvo_now_ns() + (uint64_t)ms * 1000000u;
+    return wt;
+}
+
+/* The body kvo-check sends for every prompt, {"tokens_hashes":[n,...],...},
+ * scanned by hand: json-c would make an object per number (hundreds per
+ * prompt). Only that exact shape -- no spaces in the array, plain decimal
+ * u64s without leading zeros, tokens_hashes first and only once -- takes
+ * this way; anything else (or anything odd) gets the general parse and its
+ * answers. On success: *hashes (kvo_malloc'd), *n, and *rest = the other
+ * members as a json-c object (the caller puts it). */
+static bool scan_hashes(const uint8_t *b, size_t len, uint64_t **hashes,
+                        size_t *n, json_object **rest) {
+    static const char head[] = "{\"tokens_hashes\":[";
+    const size_t hl = sizeof(head) - 1;
+    if (len < hl + 2 || memcmp(b, head, hl) != 0) return false;
+    size_t i = hl, k = 0, cap = 0;
+    uint64_t *v = NULL;
+    bool ok = false;
+    if (b[i] == ']') {
+        i++;
+        ok = true;
+    }
+    while (!ok && i < len) {
+        if (b[i] < '0' || b[i] > '9') break;
+        if (b[i] == '0' && i + 1 < len && b[i + 1] >= '0' && b[i + 1] <= '9')
+            break; /* leading zero: not JSON */
+        uint64_t x = 0;
+        bool over = false;
+        for (; i < len && b[i] >= '0' && b[i] <= '9'; i++) {
+            unsigned d = (unsigned)(b[i] - '0');
+            if (x > (UINT64_MAX - d) / 10) over = true;
+            x = x * 10 + d;
+        }
+        if (over || i >= len) break;
+        if (k == cap) {
+            size_t nc = cap ? cap * 2 : 1024;
+            uint64_t *nv = kvo_realloc(v, nc * sizeof(*v));
+            if (!nv) break;
+            v = nv;
+            cap = nc;
+        }
+        v[k++] = x;
+        if (b[i] == ']') {
+            i++;
+            ok = true;
+        } else if (b[i] != ',') {
+            break;
+        } else {
+            i++;
+        }
+    }
+    json_object *o = NULL;
+    if (ok && i < len && b[i] == '}') {
+        size_t e = i + 1;
+        while (e < len && (b[e] == ' ' || b[e] == '\n' || b[e] == '\r' || b[e] == '\t'))
+            e++;
+        ok = e == len && (o = json_object_new_object()) != NULL;
+    } else if (ok && i < len && b[i] == ',') {
+        /* the other members: "{" + the rest, through json-c */
+        json_tokener *tok = json_tokener_new();
+        ok = tok != NULL;
+        if (ok) {
+            json_tokener_parse_ex(tok, "{", 1);
+            o = json_tokener_parse_ex(tok, (const char *)b + i + 1, (int)(len - i - 1));
+            size_t used = json_tokener_get_parse_end(tok);
+            ok = o && json_tokener_get_error(tok) == json_tokener_success &&
+                 json_object_is_type(o, json_type_object) &&
+                 !json_object_object_get_ex(o, "tokens_hashes", NULL) &&
+                 !json_object_object_get_ex(o, "token_ids", NULL);
+            for (size_t e = i + 1 + used; ok && e < len; e++)
+                if (b[e] != ' ' && b[e] != '\n' && b[e] != '\r' && b[e] != '\t') ok = false;
+            json_tokener_free(tok);
+        }
+    } else {
+        ok = false;
+    }
+    if (!ok) {
+        json_object_put(o);
+        kvo_free(v);
+        return false;
+    }
+    *hashes = v;
+    *n = k;
+    *rest = o;
+    return true;
+}
+
+static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
+    char err[200];
+    uint64_t *hashes = NULL;
+    size_t n_hashes = 0;
+    json_object *j = NULL;
+    size_t blen;
+    const uint8_t *body = kvo_http_req_body(r, &blen);
+    if (want_tokens != 1 && scan_hashes(body, blen, &hashes, &n_hashes, &j)) {
+        if (!hashes) hashes = kvo_malloc(1); /* an empty list: still "given" */
+        if (!hashes) {
+            json_object_put(j);
+            kvo_http_respond_error(r, 500, "out of memory");
+            return;
+        }
+    } else {
+        j = parse_body(r, err, sizeof(err));
+    }
+    if (!j) {
+        s->bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    json_object *w = NULL;
+    if (json_object_is_type(j, json_type_object) &&
+        json_object_object_get_ex(j, "wait", &w)) {
+        waiter *wt = wait_parse(w, err, sizeof(err));
+        if (!wt) {
+            s->bad_requests++;
+            kvo_http_respond_error(r, 400, err);
+            kvo_free(hashes);
+            json_object_put(j);
+            return;
+        }
+        bool covered = wait_covered(s, wt->pairs, wt->n);
+        if (covered || kvo_now_ns() >= wt->deadline) {
+            answer_query(s, r, j, hashes, n_hashes, want_tokens, true, covered);
+            kvo_free(wt);
+            kvo_free(hashes);
+            json_object_put(j);
+            return;
+        }
+        if (s->n_waiters >= WAIT_MAX) {
+            kvo_http_respond_error(r, 503, "too many queries waiting");
+            kvo_free(wt);
+            kvo_free(hashes);
+            json_object_put(j);
+            return;
+        }
+        wt->r = r; /* held: answered by serve_waiters */
+        wt->body = j;
+        wt->hashes = hashes;
+        wt->n_hashes = n_hashes;
+        wt->want_tokens = want_tokens;
+        waiter **tail = &s->waiters;
+        while (*tail) tail = &(*tail)->next;
+        *tail = wt;
+        s->n_waiters++;
+        return;
+    }
+    answer_query(s, r, j, hashes, n_hashes, want_tokens, false, false);
+    kvo_free(hashes);
+    json_object_put(j);
+}
+
+/* Answer the waiting queries whose watermark is there or whose time is
+ * up, in arrival order. */
+static void serve_waiters(svc *s) {
+    if (!s->waiters) return;
+    uint64_t now = kvo_now_ns();
+    for (waiter **pp = &s->waiters; *pp;) {
+        waiter *w = *pp;
+        bool covered = wait_covered(s, w->pairs, w->n);
+        if (!covered && now < w->deadline) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        s->n_waiters--;
+        answer_query(s, w->r, w->body, w->hashes, w->n_hashes, w->want_tokens,
+                     true, covered);
+        json_object_put(w->body);
+        kvo_free(w->hashes);
+        kvo_free(w);
+    }
+}
+
+/* Milliseconds until the earliest waiting query times out (-1: none). */
+static long waiters_timeout_ms(const svc *s) {
+    if (!s->waiters) return -1;
+    uint64_t now = kvo_now_ns(), first = UINT64_MAX;
+    for (const waiter *w = s->waiters; w; w = w->next)
+        if (w->deadline < first) first = w->deadline;
+    return first <= now ? 0 : (long)((first - now) / 1000000u) + 1;
 }
 
 typedef struct dumpctx {
@@ -477,9 +783,8 @@ static kvo_status metric(kvo_buf *b, const char *name, const char *type,
                           name, help, name, type, name, v);
 }
 
-static void do_metrics(svc *s, kvo_http_req *r) {
-    kvo_buf b;
-    kvo_buf_init(&b);
+/* GET /metrics's Prometheus text into b. */
+static kvo_status build_metrics(svc *s, kvo_buf *b) {
     idx_counters c;
     idx_stats st;
     idx_feed_counters f;
@@ -487,18 +792,18 @@ static void do_metrics(svc *s, kvo_http_req *r) {
     idx_tree_stats(idx_feed_tree(s->feed), &st);
     idx_feed_counters_get(s->feed, &f);
     kvo_status e = kvo_buf_printf(
-        &b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
+        b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
             "and status.\n# TYPE kvo_indexer_events_total counter\n");
     for (int t = WIRE_R_STORED; e == KVO_OK && t <= WIRE_R_CLEARED; t++)
         for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++)
-            e = kvo_buf_printf(&b,
+            e = kvo_buf_printf(b,
                                "kvo_indexer_events_total{type=\"%s\",status=\"%s\"} "
                                "%" PRIu64 "\n",
                                idx_rtype_name((wire_rtype)t),
                                idx_evstatus_name((idx_evstatus)k), c.events[t][k]);
     if (e == KVO_OK)
         e = kvo_buf_printf(
-            &b,
+            b,
             "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
             "# TYPE kvo_indexer_blocks_total counter\n"
             "kvo_indexer_blocks_total{op=\"stored\"} %" PRIu64 "\n"
@@ -532,24 +837,31 @@ static void do_metrics(svc *s, kvo_http_req *r) {
         {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
     };
     for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
-        e = metric(&b, m[i].name, m[i].type, m[i].help, m[i].v);
+        e = metric(b, m[i].name, m[i].type, m[i].help, m[i].v);
     if (e == KVO_OK)
-        e = kvo_buf_printf(&b, "# HELP kvo_indexer_query_seconds Query latency "
+        e = kvo_buf_printf(b, "# HELP kvo_indexer_query_seconds Query latency "
                                "(parse excluded, hashing included).\n"
                                "# TYPE kvo_indexer_query_seconds histogram\n");
     uint64_t cum = 0;
     for (size_t i = 0; e == KVO_OK && i < NLAT; i++) {
         cum += s->lat_count[i];
-        e = kvo_buf_printf(&b, "kvo_indexer_query_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
                            lat_bounds[i], cum);
     }
     cum += s->lat_count[NLAT];
     if (e == KVO_OK)
-        e = kvo_buf_printf(&b,
+        e = kvo_buf_printf(b,
                            "kvo_indexer_query_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
                            "kvo_indexer_query_seconds_sum %.9f\n"
                            "kvo_indexer_query_seconds_count %" PRIu64 "\n",
                            cum, s->lat_sum, cum);
+    return e;
+}
+
+static void do_metrics(svc *s, kvo_http_req *r) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    kvo_status e = build_metrics(s, &b);
     if (e != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(e));
     else kvo_http_respond(r, 200, "text/plain; version=0.0.4", b.data, b.len);
     kvo_buf_fini(&b);
@@ -649,6 +961,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
         int timeout = t < 0 || t > 200 ? 200 : (int)t;
+        long wt = waiters_timeout_ms(&s);
+        if (wt >= 0 && wt < timeout) timeout = (int)wt;
         int n = poll(pf, 2, timeout);
         if (n < 0 && errno != EINTR) {
             kvo_error("poll: %s", strerror(errno));
@@ -656,12 +970,20 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
             break;
         }
         if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        serve_waiters(&s);
         kvo_http_server_run(s.http);
         log_nats_changes(&s);
     }
     if (kvo_stop) kvo_info("stopping");
 done:
-    kvo_http_server_free(s.http);
+    kvo_http_server_free(s.http); /* held queries get 503 */
+    while (s.waiters) {
+        waiter *w = s.waiters;
+        s.waiters = w->next;
+        json_object_put(w->body);
+        kvo_free(w->hashes);
+        kvo_free(w);
+    }
     nats_teardown(&s);
     for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);
     kvo_free(s.inbox);

@@ -8,10 +8,12 @@
 Suite *suite_core(void);
 Suite *suite_report(void);
 Suite *suite_e2e(void);
+Suite *suite_wait(void);
 
 int main(void) {
     SRunner *sr = srunner_create(suite_core());
     srunner_add_suite(sr, suite_report());
+    srunner_add_suite(sr, suite_wait());
     srunner_add_suite(sr, suite_e2e());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
