@@ -291,7 +291,7 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
     get_i64(get_key(usage, "prompt_tokens_details"), "cached_tokens",
             &out->cached_tokens);
     json_object *kvo = get_key(j, "kvo");
-    get_i64(kvo, "dp_rank", &out->dp_rank);
+    out->kvo = get_i64(kvo, "dp_rank", &out->dp_rank);
     uint64_t seq;
     if (get_u64(kvo, "last_seq", &seq)) out->last_seq = (int64_t)seq;
     json_object *kv = get_key(j, "kv_transfer_params");
@@ -335,22 +335,10 @@ done:
 
 /* ---- Indexer ----------------------------------------------------------------*/
 
-kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/query_by_hash", env->indexer_url);
-    kvo_buf body;
-    kvo_buf_init(&body);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = kvo_buf_append(&body, "{\"tokens_hashes\":", 17);
-    if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
-    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
-    if (st != KVO_OK) goto done;
-    st = call_json(env->idx_http, url, (const char *)body.data, body.len, &j,
-                   &resp, err, errsz);
-    if (st != KVO_OK) goto done;
+/* {"scores": [...]} of a query answer into scores per slot. */
+static kvo_status parse_scores(chk_env *env, json_object *j, const char *url,
+                               uint32_t *scores, char *err, size_t errsz) {
+    kvo_status st = KVO_OK;
     uint32_t slots = env->n_workers * env->dp_size;
     for (uint32_t s = 0; s < slots; s++) scores[s] = 0;
     json_object *arr = get_key(j, "scores");
@@ -370,6 +358,75 @@ kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
         if (w >= env->n_workers || r >= env->dp_size) continue;
         scores[w * env->dp_size + r] = b > UINT32_MAX ? UINT32_MAX
                                                       : (uint32_t)b;
+    }
+done:
+    return st;
+}
+
+static kvo_status parse_watermark(json_object *j, const char *url,
+                                  chk_watermark *w, char *err, size_t errsz);
+
+kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
+                           uint32_t *scores, char *err, size_t errsz) {
+    return chk_index_query_wait(env, hashes, n, NULL, 0, -1, scores, NULL,
+                                NULL, NULL, err, errsz);
+}
+
+kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
+                                const uint64_t *pairs, size_t npairs,
+                                long timeout_ms, uint32_t *scores,
+                                chk_watermark *wm, bool *covered,
+                                kvo_buf *metrics, char *err, size_t errsz) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/query_by_hash", env->indexer_url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    json_object *j = NULL;
+    kvo_status st = kvo_buf_append(&body, "{\"tokens_hashes\":", 17);
+    if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
+    if (st == KVO_OK && wm) {
+        st = kvo_buf_printf(&body, ",\"wait\":{\"timeout_ms\":%ld,\"zmq_seq\":[",
+                            timeout_ms < 0 ? 0 : timeout_ms);
+        for (size_t i = 0; st == KVO_OK && i < npairs; i++)
+            st = kvo_buf_printf(&body, "%s[%" PRIu64 ",%" PRIu64 "]",
+                                i ? "," : "", pairs[2 * i], pairs[2 * i + 1]);
+        if (st == KVO_OK) st = kvo_buf_append(&body, "]}", 2);
+    }
+    if (st == KVO_OK && metrics)
+        st = kvo_buf_append(&body, ",\"metrics\":true", 15);
+    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+    if (st != KVO_OK) goto done;
+    st = call_json(env->idx_http, url, (const char *)body.data, body.len, &j,
+                   &resp, err, errsz);
+    if (st != KVO_OK) goto done;
+    if ((st = parse_scores(env, j, url, scores, err, errsz)) != KVO_OK)
+        goto done;
+    if (wm) {
+        json_object *w = get_key(j, "watermark");
+        json_object *c = get_key(j, "covered");
+        if (!w || !c || !json_object_is_type(c, json_type_boolean)) {
+            snprintf(err, errsz, "%s: the indexer does not wait for "
+                                 "watermarks", url);
+            st = KVO_EUNSUPPORTED;
+            goto done;
+        }
+        *covered = json_object_get_boolean(c);
+        kvo_buf_reset(&wm->raw);
+        st = parse_watermark(w, url, wm, err, errsz);
+    }
+    if (st == KVO_OK && metrics) {
+        json_object *m = get_key(j, "metrics");
+        if (!m || !json_object_is_type(m, json_type_string)) {
+            snprintf(err, errsz, "%s: the indexer does not return its "
+                                 "metrics with a query", url);
+            st = KVO_EUNSUPPORTED;
+            goto done;
+        }
+        kvo_buf_reset(metrics);
+        st = kvo_buf_append(metrics, json_object_get_string(m),
+                            (size_t)json_object_get_string_len(m));
     }
 done:
     json_object_put(j);
@@ -397,7 +454,17 @@ kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
     if (st != KVO_OK) goto done;
     kvo_buf_reset(&w->raw);
     st = kvo_buf_append(&w->raw, resp.body.data, resp.body.len);
-    if (st != KVO_OK) goto done;
+    if (st == KVO_OK) st = parse_watermark(j, url, w, err, errsz);
+done:
+    json_object_put(j);
+    kvo_http_resp_fini(&resp);
+    return st;
+}
+
+/* {"publishers": [...]} into w (raw untouched). */
+static kvo_status parse_watermark(json_object *j, const char *url,
+                                  chk_watermark *w, char *err, size_t errsz) {
+    kvo_status st = KVO_OK;
     json_object *pubs = get_key(j, "publishers");
     if (!pubs || !json_object_is_type(pubs, json_type_array)) {
         snprintf(err, errsz, "%s: no \"publishers\" array", url);
@@ -430,8 +497,6 @@ kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
         w->n++;
     }
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
     return st;
 }
 

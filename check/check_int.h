@@ -152,7 +152,8 @@ typedef struct chk_completion {
     int64_t cached_tokens;   /* -1: not reported */
     int64_t prompt_tokens;   /* -1: not reported */
     int64_t dp_rank;         /* kvo.dp_rank, -1 */
-    int64_t last_seq;        /* kvo.last_seq, -1 */
+    int64_t last_seq;        /* kvo.last_seq, -1 (null: nothing published) */
+    bool kvo;                /* kvo-mocker's "kvo" object with its dp_rank */
     char *kv_transfer_params; /* JSON text (prefill role) or NULL; owned */
 } chk_completion;
 /* POST /v1/completions; dp_rank < 0: let the engine pick. kv_params: JSON
@@ -179,6 +180,17 @@ typedef struct chk_watermark {
     int64_t *zmq_last;
     kvo_buf raw;             /* the body (settle mode compares it) */
 } chk_watermark;
+/* The same query, answered by kvo-indexer once its watermark reaches seq
+ * for every (publisher, seq) in pairs, or after timeout_ms: scores, the
+ * watermark at that moment into wm (raw left empty) and whether it covered
+ * the pairs; metrics (if not NULL) gets the indexer's /metrics text read
+ * at that moment. KVO_EUNSUPPORTED: the indexer ignored the wait (no
+ * watermark or metrics in its answer): poll /watermark instead. */
+kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
+                                const uint64_t *pairs, size_t npairs,
+                                long timeout_ms, uint32_t *scores,
+                                chk_watermark *wm, bool *covered,
+                                kvo_buf *metrics, char *err, size_t errsz);
 void chk_watermark_fini(chk_watermark *w);
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
                                size_t errsz);

@@ -102,7 +102,10 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n) {
     p->next = 0;
     p->finished = 0;
     p->generation++;
-    pthread_cond_broadcast(&p->go);
+    /* wake only as many workers as there are tasks beside the caller's:
+     * a broadcast to idle threads is a futex storm per batch */
+    for (size_t k = 1; k < n && k <= (size_t)p->n_threads; k++)
+        pthread_cond_signal(&p->go);
     pthread_mutex_unlock(&p->mu);
     run_some(p);
     pthread_mutex_lock(&p->mu);

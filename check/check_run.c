@@ -3,19 +3,24 @@
  * For request i of the trace, one at a time, each to completion (calls on
  * one line run concurrently on the task pool, check_pool.c):
  *
- *   A  sync ∥ probe     the engines answered request i-1, so their caches
- *                       are final: probe them for prompt i while waiting
- *                       for the index to catch up
- *   B  query ∥ counters
+ *   A  sync+query ∥ probe   the engines answered request i-1, so their
+ *                           caches are final: probe them for prompt i
+ *                           while the index catches up and answers
+ *   B  counters
  *   C  send, judge
  *
- *   sync      exact (kvo-mocker + our relays): every dirty engine's
- *             /kvo/state gives each rank's last published ZMQ seq; poll the
- *             indexer's /watermark until, for every publishing rank,
- *             last_seq <= zmq_seq_last of the publisher id we gave that
- *             rank's relay. Deadline --timeout-ms -> FAIL "watermark
- *             timeout" (never a hang). Otherwise: the indexer's /watermark
- *             unchanged for --settle-ms.
+ *   sync      exact (kvo-mocker + our relays): each rank's last published
+ *             ZMQ seq comes with the completion that produced it (kvo.
+ *             last_seq: in lockstep the engine publishes nothing after its
+ *             answer), else from a dirty engine's /kvo/state. The query
+ *             carries them as a wait: kvo-indexer answers it once, for
+ *             every publishing rank, last_seq <= zmq_seq_last of the
+ *             publisher id we gave that rank's relay (slices of
+ *             WAIT_SLICE_MS, so a dead process or Ctrl-C is noticed).
+ *             Deadline --timeout-ms -> FAIL "watermark timeout" (never a
+ *             hang). An indexer that cannot wait: poll its /watermark, then
+ *             query (A sync ∥ probe, B query ∥ counters). Otherwise
+ *             (settle): the indexer's /watermark unchanged for --settle-ms.
  *   counters  indexer /metrics, and /metrics of the relays whose engine got
  *             a request since the last read; what moved since request i-1.
  *   query     router hashes of the prompt -> POST /query_by_hash.
@@ -70,12 +75,18 @@ typedef struct run {
     kvo_buf pjson;       /* the prompt as JSON (trace object or tokens) */
     uint64_t *hashes;    /* router hashes of the prompt's full blocks */
     size_t hashes_cap;
+    uint64_t *rh_keys;   /* router-hash memo: the trace hash id of a row */
+    uint8_t *rh_used;    /* the row holds rh_keys' hashes */
+    uint64_t *rh_rows;   /* 512/block_size hashes per row */
     uint32_t *scores;    /* per slot */
     int32_t *probes;     /* per slot */
     uint8_t *seen;       /* per slot: the index ever scored it */
     uint64_t *used;      /* requests sent per slot */
     uint64_t decode_rr;
     bool trace_form;
+    bool no_wait;        /* the indexer cannot hold a query for a watermark */
+    kvo_buf idx_metrics; /* its /metrics text, read with the waited query */
+    bool have_idx_metrics;
     size_t nb;           /* full blocks of the prompt (hashes) */
     check_counters prev, cur, moved;
     chk_watermark wm;
@@ -176,6 +187,65 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
     }
 }
 
+/* How long one query may wait in the indexer before we look at the world
+ * (dead processes, Ctrl-C, our deadline) and ask again. */
+#define WAIT_SLICE_MS 250
+
+/* Exact sync and the query in one call: the indexer answers once its
+ * watermark covers every publishing rank's last seq. Same outcomes as
+ * sync_exact; KVO_EUNSUPPORTED: fall back to it (r->no_wait is set). */
+static kvo_status sync_query(run *r, int64_t before, char *err,
+                             size_t errsz) {
+    for (uint32_t i = 0; i < r->env.n_workers; i++) {
+        chk_engine *e = &r->env.engines[i];
+        if (!e->dirty) continue;
+        kvo_status st = chk_engine_state(e, err, errsz);
+        if (st != KVO_OK) return st;
+    }
+    uint64_t pairs[2 * CHK_MAX_ENGINES * CHK_MAX_DP];
+    size_t np = 0;
+    for (uint32_t i = 0; i < r->env.n_workers; i++) {
+        chk_engine *e = &r->env.engines[i];
+        for (uint32_t k = 0; k < e->n_ranks; k++) {
+            chk_rank *rk = &e->ranks[k];
+            if (rk->last_seq < 0 || rk->relay < 0) continue;
+            pairs[2 * np] = r->env.relays[rk->relay].publisher_id;
+            pairs[2 * np + 1] = (uint64_t)rk->last_seq;
+            np++;
+        }
+    }
+    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    char why[320] = "";
+    for (;;) {
+        bool covered = false;
+        kvo_status st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs,
+                                             np, WAIT_SLICE_MS, r->scores,
+                                             &r->wm, &covered, &r->idx_metrics,
+                                             err, errsz);
+        if (st == KVO_EUNSUPPORTED) r->no_wait = true;
+        if (st != KVO_OK) return st;
+        /* our own rule decides (and says why not) */
+        if (watermark_covers(r, why, sizeof(why))) {
+            r->have_idx_metrics = true;
+            return KVO_OK;
+        }
+        if (kvo_stop) return KVO_EAGAIN;
+        char dead[600];
+        if (chk_env_dead(&r->env, dead, sizeof(dead))) {
+            check_result_error(r->res, before, "before prompt %lld: %s",
+                               (long long)before, dead);
+            return KVO_ETIMEDOUT;
+        }
+        if (kvo_now_ns() > deadline) {
+            check_result_error(r->res, before,
+                               "watermark timeout before prompt %lld "
+                               "(%ld ms): %s",
+                               (long long)before, r->cfg->timeout_ms, why);
+            return KVO_ETIMEDOUT;
+        }
+    }
+}
+
 /* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
 static kvo_status sync_settle(run *r, int64_t before, char *err,
                               size_t errsz) {
@@ -236,6 +306,13 @@ static void task_sync(chk_task *base) {
     t->st = t->r->env.exact
                 ? sync_exact(t->r, t->before, t->err, sizeof(t->err))
                 : sync_settle(t->r, t->before, t->err, sizeof(t->err));
+    t->busy = secs(t0);
+}
+
+static void task_sync_query(chk_task *base) {
+    rtask *t = (rtask *)base;
+    uint64_t t0 = kvo_now_ns();
+    t->st = sync_query(t->r, t->before, t->err, sizeof(t->err));
     t->busy = secs(t0);
 }
 
@@ -337,8 +414,9 @@ static bool merge_probes(run *r, size_t n) {
 /* Metric fetches of the indexer and of every relay whose engine got a
  * request since its last read (all of them with `all`). */
 static void add_metrics(run *r, size_t *n, bool all) {
-    rtask *t = task_add(r, n, task_metrics);
-    if (t) t->is_indexer = true;
+    rtask *t;
+    if (!r->have_idx_metrics && (t = task_add(r, n, task_metrics)) != NULL)
+        t->is_indexer = true;
     for (uint32_t i = 0; i < r->env.n_relays; i++) {
         chk_relay *rl = &r->env.relays[i];
         if (rl->retired || (!all && !rl->dirty)) continue;
@@ -352,6 +430,11 @@ static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
     uint64_t t0 = kvo_now_ns();
     kvo_status st = KVO_OK;
     double busy = 0;
+    if (r->have_idx_metrics) /* came with the waited query */
+        st = check_counters_parse_prom(&r->cur, "indexer",
+                                       (const char *)r->idx_metrics.data,
+                                       r->idx_metrics.len);
+    r->have_idx_metrics = false;
     for (size_t i = 0; i < n && st == KVO_OK; i++) {
         rtask *t = &r->tasks[i];
         if (t->base.fn != task_metrics) continue;
@@ -380,11 +463,57 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
 
 /* ---- one request -------------------------------------------------------------*/
 
-/* The prompt: tokens (always: the router hashes need them) and its JSON. */
+/* Router hashes of a trace prompt from a memo of trace blocks: a router
+ * hash covers one block's tokens only (no chaining), and the tokens of trace
+ * block h are wire_trace_token(h, j), so the hashes of the full blocks
+ * inside trace block h are a function of h alone (block size dividing 512).
+ * Direct-mapped rows keyed by h: the same values wire_router_hash_blocks
+ * gives over the synthesized tokens, without synthesizing them again. */
+#define RH_ROWS_LOG2 14
+
+static bool rh_memo_hashes(run *r, const check_request *q) {
+    uint32_t bs = r->env.block_size;
+    if (bs == 0 || WIRE_TRACE_BLOCK % bs != 0) return false;
+    uint32_t per = WIRE_TRACE_BLOCK / bs;
+    if (!r->rh_rows) {
+        size_t rows = (size_t)1 << RH_ROWS_LOG2;
+        r->rh_keys = kvo_malloc(rows * sizeof(*r->rh_keys));
+        r->rh_used = kvo_calloc(rows, sizeof(*r->rh_used));
+        r->rh_rows = kvo_malloc(rows * per * sizeof(*r->rh_rows));
+        if (!r->rh_keys || !r->rh_used || !r->rh_rows) {
+            kvo_free(r->rh_keys);
+            kvo_free(r->rh_used);
+            kvo_free(r->rh_rows);
+            r->rh_keys = NULL;
+            r->rh_used = NULL;
+            r->rh_rows = NULL;
+            return false;
+        }
+    }
+    size_t nb = q->input_length / bs, k = 0;
+    for (uint32_t t = 0; t < q->n_hash_ids && k < nb; t++) {
+        uint64_t h = q->hash_ids[t];
+        size_t slot = (size_t)((h * 0x9E3779B97F4A7C15ull) >> (64 - RH_ROWS_LOG2));
+        uint64_t *row = r->rh_rows + slot * per;
+        if (!r->rh_used[slot] || r->rh_keys[slot] != h) {
+            uint64_t tok[WIRE_TRACE_BLOCK];
+            for (uint32_t j = 0; j < WIRE_TRACE_BLOCK; j++) tok[j] = wire_trace_token(h, j);
+            wire_router_hash_blocks(tok, WIRE_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
+            r->rh_keys[slot] = h;
+            r->rh_used[slot] = 1;
+        }
+        size_t take = nb - k < per ? nb - k : per;
+        memcpy(r->hashes + k, row, take * sizeof(uint64_t));
+        k += take;
+    }
+    r->nb = k;
+    return true;
+}
+
+/* The prompt: its router hashes and its JSON (tokens only when the JSON or
+ * the hashes need them). */
 static kvo_status build_prompt(run *r, const check_request *q) {
-    kvo_status st = check_request_tokens(q, &r->tokens);
-    if (st != KVO_OK) return st;
-    const uint64_t *tok = (const uint64_t *)r->tokens.data;
+    kvo_status st = KVO_OK;
     size_t n = q->input_length;
     size_t blocks = n / r->env.block_size;
     if (blocks > r->hashes_cap) {
@@ -393,8 +522,13 @@ static kvo_status build_prompt(run *r, const check_request *q) {
         r->hashes = h;
         r->hashes_cap = blocks;
     }
-    r->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
-                                    WIRE_ROUTER_SEED, r->hashes);
+    const uint64_t *tok = NULL;
+    if (!r->trace_form || !rh_memo_hashes(r, q)) {
+        if ((st = check_request_tokens(q, &r->tokens)) != KVO_OK) return st;
+        tok = (const uint64_t *)r->tokens.data;
+        r->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
+                                        WIRE_ROUTER_SEED, r->hashes);
+    }
     kvo_buf_reset(&r->pjson);
     if (r->trace_form) {
         st = kvo_buf_append(&r->pjson, "{\"hash_ids\":", 12);
@@ -463,13 +597,24 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     if ((st = build_prompt(r, q)) != KVO_OK) return st;
     r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
 
-    /* A: wait for the index ∥ probe the engines (their caches are final) */
+    /* A: wait for the index (and query it, when it can hold the query for
+     * the watermark) ∥ probe the engines (their caches are final) */
+    bool merged = r->env.exact && !r->no_wait;
     size_t n = 0;
-    rtask *ts = task_add(r, &n, task_sync);
+    rtask *ts = task_add(r, &n, merged ? task_sync_query : task_sync);
     ts->before = id;
     add_probes(r, &n);
     tasks_run(r, n);
-    r->res->stage_s[CHECK_STAGE_SYNC] += ts->busy;
+    if (merged && ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
+        kvo_info("%s; polling /watermark instead", ts->err);
+        n = 0;
+        ts = task_add(r, &n, task_sync);
+        ts->before = id;
+        add_probes(r, &n);
+        tasks_run(r, n);
+        merged = false;
+    }
+    r->res->stage_s[CHECK_STAGE_SYNC] += ts->busy; /* merged: incl. the query */
     if (ts->st == KVO_ETIMEDOUT) { /* a run error is recorded */
         *stop = true;
         return KVO_OK;
@@ -477,13 +622,13 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
     bool probed = merge_probes(r, n);
 
-    /* B: query the index ∥ read what moved in the counters */
+    /* B: query the index (unless done) ∥ read what moved in the counters */
     n = 0;
-    rtask *tq = task_add(r, &n, task_query);
+    rtask *tq = merged ? NULL : task_add(r, &n, task_query);
     add_metrics(r, &n, i == 0);
     tasks_run(r, n);
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
-    r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
+    if (tq) r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
     if ((st = merge_metrics(r, n, id)) != KVO_OK) return st;
 
     /* C: send */
@@ -515,7 +660,15 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     r->res->stage_s[CHECK_STAGE_COMPLETE] += secs(t0);
     if (st != KVO_OK) return st;
     r->used[slot]++;
-    e->dirty = true;
+    /* kvo-mocker says what it had published when it answered; in lockstep
+     * nothing follows the answer, so that is the rank's last seq (no
+     * /kvo/state round trip). Any other engine: read its state. */
+    if (e->mocker && c.kvo && c.dp_rank == (int64_t)rank && !disagg) {
+        for (uint32_t k = 0; k < e->n_ranks; k++)
+            if (e->ranks[k].dp_rank == rank) e->ranks[k].last_seq = c.last_seq;
+    } else {
+        e->dirty = true;
+    }
     for (uint32_t k = 0; k < r->env.n_relays; k++)
         if (r->env.relays[k].engine == slot / dp) r->env.relays[k].dirty = true;
 
@@ -697,6 +850,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     r.res = out;
     kvo_buf_init(&r.tokens);
     kvo_buf_init(&r.pjson);
+    kvo_buf_init(&r.idx_metrics);
     check_counters_init(&r.prev);
     check_counters_init(&r.cur);
     check_counters_init(&r.moved);
@@ -768,11 +922,11 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         goto done;
     }
     for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
-    {
-        size_t th = r.env.n_workers + r.env.n_relays + 1;
-        if (th > 16) th = 16;
-        if ((st = chk_pool_new(&r.pool, (int)th)) != KVO_OK) goto done;
-    }
+    /* One worker beside the driver: the index wait runs on one thread
+     * while the other probes the engines one after the other (a probe is
+     * one short round trip; the wait is longer). More threads cost more in
+     * wake-ups and context switches than they overlap. */
+    if ((st = chk_pool_new(&r.pool, 1)) != KVO_OK) goto done;
     out->planned = r.trace.n;
     describe(&r);
     kvo_info("%s", out->config);
@@ -863,7 +1017,11 @@ done:
     check_trace_fini(&r.trace);
     kvo_buf_fini(&r.tokens);
     kvo_buf_fini(&r.pjson);
+    kvo_buf_fini(&r.idx_metrics);
     kvo_free(r.hashes);
+    kvo_free(r.rh_keys);
+    kvo_free(r.rh_used);
+    kvo_free(r.rh_rows);
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.used);

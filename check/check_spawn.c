@@ -280,11 +280,21 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
     return st;
 }
 
+
+/* Every HTTP client of the run gives up its request in flight on Ctrl-C /
+ * SIGTERM, so kvo-check stops within about a second even while an engine
+ * is busy (then stops what it started). */
+static kvo_status client_new(kvo_http_client **out, long timeout_ms) {
+    kvo_status st = kvo_http_client_new(out, timeout_ms);
+    if (st == KVO_OK) kvo_http_client_abort_on(*out, &kvo_stop);
+    return st;
+}
+
 static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
     const check_cfg *c = env->cfg;
-    kvo_status st = kvo_http_client_new(&env->idx_http, c->timeout_ms);
+    kvo_status st = client_new(&env->idx_http, c->timeout_ms);
     if (st == KVO_OK)
-        st = kvo_http_client_new(&env->idx_metrics, c->timeout_ms);
+        st = client_new(&env->idx_metrics, c->timeout_ms);
     if (st != KVO_OK) return st;
     if (c->indexer) {
         snprintf(env->indexer_url, sizeof(env->indexer_url), "%s", c->indexer);
@@ -529,7 +539,7 @@ static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
     r->dirty = true;
     snprintf(r->stage, sizeof(r->stage), "relay %u.%u",
              env->engines[engine].worker_id, r->dp_rank);
-    kvo_status st = kvo_http_client_new(&r->http, env->cfg->timeout_ms);
+    kvo_status st = client_new(&r->http, env->cfg->timeout_ms);
     if (st != KVO_OK) return st;
     chk_rank *rk = &env->engines[engine].ranks[rank];
     const char *ep = rk->zmq;
@@ -596,8 +606,8 @@ static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
         while (l && e->url[l - 1] == '/') e->url[--l] = '\0';
         snprintf(e->name, sizeof(e->name), "engine[%u]", env->n_engines);
         e->worker_id = env->n_engines;
-        st = kvo_http_client_new(&e->http, c->timeout_ms);
-        if (st == KVO_OK) st = kvo_http_client_new(&e->probe_http, c->timeout_ms);
+        st = client_new(&e->http, c->timeout_ms);
+        if (st == KVO_OK) st = client_new(&e->probe_http, c->timeout_ms);
         if (st != KVO_OK) break;
         env->n_engines++;
     }
@@ -687,9 +697,9 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
             const char *role = cfg->decode_workers == 0 ? NULL
                                : i < cfg->workers       ? "prefill"
                                                         : "decode";
-            if ((st = kvo_http_client_new(&e->http, cfg->timeout_ms)) !=
+            if ((st = client_new(&e->http, cfg->timeout_ms)) !=
                     KVO_OK ||
-                (st = kvo_http_client_new(&e->probe_http, cfg->timeout_ms)) !=
+                (st = client_new(&e->probe_http, cfg->timeout_ms)) !=
                     KVO_OK)
                 goto fail;
             st = start_mocker(env, e, i, role, requests, err, errsz);

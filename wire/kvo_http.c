@@ -522,6 +522,7 @@ struct kvo_http_client {
     CURL *h;
     kvo_http_resp *cur; /* response being filled */
     bool overflow;
+    const volatile sig_atomic_t *abort_flag; /* kvo_http_client_abort_on */
     char err[CURL_ERROR_SIZE];
 };
 
@@ -585,6 +586,24 @@ void kvo_http_client_free(kvo_http_client *c) {
 
 const char *kvo_http_client_error(const kvo_http_client *c) { return c->err; }
 
+static int on_progress(void *ctx, curl_off_t dt, curl_off_t dn, curl_off_t ut,
+                       curl_off_t un) {
+    (void)dt;
+    (void)dn;
+    (void)ut;
+    (void)un;
+    const kvo_http_client *c = ctx;
+    return c->abort_flag && *c->abort_flag ? 1 : 0;
+}
+
+void kvo_http_client_abort_on(kvo_http_client *c,
+                              const volatile sig_atomic_t *flag) {
+    c->abort_flag = flag;
+    curl_easy_setopt(c->h, CURLOPT_XFERINFOFUNCTION, flag ? on_progress : NULL);
+    curl_easy_setopt(c->h, CURLOPT_XFERINFODATA, c);
+    curl_easy_setopt(c->h, CURLOPT_NOPROGRESS, flag ? 0L : 1L);
+}
+
 static kvo_status perform(kvo_http_client *c, const char *url,
                           kvo_http_resp *resp) {
     kvo_buf_reset(&resp->body);
@@ -596,6 +615,10 @@ static kvo_status perform(kvo_http_client *c, const char *url,
     CURLcode rc = curl_easy_perform(c->h);
     c->cur = NULL;
     if (rc == CURLE_OPERATION_TIMEDOUT) return KVO_ETIMEDOUT;
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+        snprintf(c->err, sizeof(c->err), "interrupted");
+        return KVO_EAGAIN;
+    }
     if (c->overflow) {
         snprintf(c->err, sizeof(c->err), "response body over %zu bytes",
                  CLIENT_MAX_BODY);

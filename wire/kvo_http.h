@@ -136,5 +136,11 @@ kvo_status kvo_http_post(kvo_http_client *c, const char *url,
 /* curl's text for the last failure ("" after a success); valid until the
  * next request on c. */
 const char *kvo_http_client_error(const kvo_http_client *c);
+/* Give up a request in flight once *flag turns nonzero (a stop flag, e.g.
+ * &kvo_stop): the call returns KVO_EAGAIN within about a second (libcurl
+ * looks at it between reads and at least once a second). NULL (the
+ * default): requests only end by answer, error or timeout. */
+void kvo_http_client_abort_on(kvo_http_client *c,
+                              const volatile sig_atomic_t *flag);
 
 #endif /* KVO_HTTP_H */
