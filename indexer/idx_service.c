@@ -555,12 +555,13 @@ static bool scan_hashes(const uint8_t *b, size_t len, uint64_t **hashes,
         if (b[i] == '0' && i + 1 < len && b[i + 1] >= '0' && b[i + 1] <= '9')
             break; /* leading zero: not JSON */
         uint64_t x = 0;
+        size_t start = i;
         bool over = false;
-        for (; i < len && b[i] >= '0' && b[i] <= '9'; i++) {
-            unsigned d = (unsigned)(b[i] - '0');
-            if (x > (UINT64_MAX - d) / 10) over = true;
-            x = x * 10 + d;
-        }
+        for (; i < len && b[i] >= '0' && b[i] <= '9' && i - start < 19; i++)
+            x = x * 10 + (unsigned)(b[i] - '0'); /* 19 digits cannot overflow */
+        for (; i < len && b[i] >= '0' && b[i] <= '9'; i++)
+            over |= __builtin_mul_overflow(x, 10u, &x) ||
+                    __builtin_add_overflow(x, (unsigned)(b[i] - '0'), &x);
         if (over || i >= len) break;
         if (k == cap) {
             size_t nc = cap ? cap * 2 : 1024;
@@ -777,10 +778,44 @@ static void do_counters(svc *s, kvo_http_req *r) {
     kvo_http_respond_json(r, 200, o);
 }
 
+/* The text is built for every waited query (kvo-check reads the counters
+ * once per prompt): plain appends, no printf but for the two floats. */
+static kvo_status put_s(kvo_buf *b, const char *s) {
+    return kvo_buf_append(b, s, strlen(s));
+}
+
+static kvo_status put_u64(kvo_buf *b, uint64_t v) {
+    char tmp[20];
+    int k = 20;
+    do {
+        tmp[--k] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return kvo_buf_append(b, tmp + k, (size_t)(20 - k));
+}
+
+/* "name value\n" */
+static kvo_status put_line(kvo_buf *b, const char *name, uint64_t v) {
+    kvo_status e = put_s(b, name);
+    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
+    if (e == KVO_OK) e = put_u64(b, v);
+    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
+    return e;
+}
+
 static kvo_status metric(kvo_buf *b, const char *name, const char *type,
                          const char *help, uint64_t v) {
-    return kvo_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %" PRIu64 "\n",
-                          name, help, name, type, name, v);
+    kvo_status e = put_s(b, "# HELP ");
+    if (e == KVO_OK) e = put_s(b, name);
+    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
+    if (e == KVO_OK) e = put_s(b, help);
+    if (e == KVO_OK) e = put_s(b, "\n# TYPE ");
+    if (e == KVO_OK) e = put_s(b, name);
+    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
+    if (e == KVO_OK) e = put_s(b, type);
+    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
+    if (e == KVO_OK) e = put_line(b, name, v);
+    return e;
 }
 
 /* GET /metrics's Prometheus text into b. */
@@ -795,23 +830,23 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
         b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
             "and status.\n# TYPE kvo_indexer_events_total counter\n");
     for (int t = WIRE_R_STORED; e == KVO_OK && t <= WIRE_R_CLEARED; t++)
-        for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++)
-            e = kvo_buf_printf(b,
-                               "kvo_indexer_events_total{type=\"%s\",status=\"%s\"} "
-                               "%" PRIu64 "\n",
-                               idx_rtype_name((wire_rtype)t),
-                               idx_evstatus_name((idx_evstatus)k), c.events[t][k]);
+        for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++) {
+            e = put_s(b, "kvo_indexer_events_total{type=\"");
+            if (e == KVO_OK) e = put_s(b, idx_rtype_name((wire_rtype)t));
+            if (e == KVO_OK) e = put_s(b, "\",status=\"");
+            if (e == KVO_OK) e = put_s(b, idx_evstatus_name((idx_evstatus)k));
+            if (e == KVO_OK) e = put_s(b, "\"}");
+            if (e == KVO_OK) e = put_line(b, "", c.events[t][k]);
+        }
     if (e == KVO_OK)
-        e = kvo_buf_printf(
-            b,
-            "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
-            "# TYPE kvo_indexer_blocks_total counter\n"
-            "kvo_indexer_blocks_total{op=\"stored\"} %" PRIu64 "\n"
-            "kvo_indexer_blocks_total{op=\"removed\"} %" PRIu64 "\n"
-            "kvo_indexer_blocks_total{op=\"not_found\"} %" PRIu64 "\n"
-            "kvo_indexer_blocks_total{op=\"hash_mismatch\"} %" PRIu64 "\n",
-            c.blocks_stored, c.blocks_removed, c.blocks_not_found,
-            c.hash_mismatch);
+        e = put_s(b, "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
+                     "# TYPE kvo_indexer_blocks_total counter\n");
+    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"stored\"}", c.blocks_stored);
+    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"removed\"}", c.blocks_removed);
+    if (e == KVO_OK)
+        e = put_line(b, "kvo_indexer_blocks_total{op=\"not_found\"}", c.blocks_not_found);
+    if (e == KVO_OK)
+        e = put_line(b, "kvo_indexer_blocks_total{op=\"hash_mismatch\"}", c.hash_mismatch);
     struct {
         const char *name, *type, *help;
         uint64_t v;
@@ -842,19 +877,22 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
         e = kvo_buf_printf(b, "# HELP kvo_indexer_query_seconds Query latency "
                                "(parse excluded, hashing included).\n"
                                "# TYPE kvo_indexer_query_seconds histogram\n");
+    static char bucket[NLAT][80]; /* the labels, formatted once */
+    if (!bucket[0][0])
+        for (size_t i = 0; i < NLAT; i++)
+            snprintf(bucket[i], sizeof(bucket[i]),
+                     "kvo_indexer_query_seconds_bucket{le=\"%g\"}", lat_bounds[i]);
     uint64_t cum = 0;
     for (size_t i = 0; e == KVO_OK && i < NLAT; i++) {
         cum += s->lat_count[i];
-        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
-                           lat_bounds[i], cum);
+        e = put_line(b, bucket[i], cum);
     }
     cum += s->lat_count[NLAT];
     if (e == KVO_OK)
-        e = kvo_buf_printf(b,
-                           "kvo_indexer_query_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
-                           "kvo_indexer_query_seconds_sum %.9f\n"
-                           "kvo_indexer_query_seconds_count %" PRIu64 "\n",
-                           cum, s->lat_sum, cum);
+        e = put_line(b, "kvo_indexer_query_seconds_bucket{le=\"+Inf\"}", cum);
+    if (e == KVO_OK)
+        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_sum %.9f\n", s->lat_sum);
+    if (e == KVO_OK) e = put_line(b, "kvo_indexer_query_seconds_count", cum);
     return e;
 }
 
