@@ -63,6 +63,7 @@ typedef struct chk_proxy chk_proxy; /* --drop-seq: a ZMQ forwarder */
 
 typedef struct chk_env {
     const check_cfg *cfg;
+    const check_trace *trace; /* the run's requests (replay buffer size) */
     char log_dir[512];
     bool own_log_dir;       /* created by us (removed on PASS) */
     char bin_dir[512];
@@ -108,9 +109,10 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
 /* ---- check_spawn.c --------------------------------------------------------*/
 
 /* Start (or attach to) everything cfg asks for; err gets a one-line reason.
- * On failure everything already started is stopped again. */
-kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
-                         size_t errsz);
+ * trace (may be NULL) sizes the engines' replay buffers. On failure
+ * everything already started is stopped again. */
+kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
+                         const check_trace *trace, char *err, size_t errsz);
 /* Stop everything we started (reverse order). keep_logs: leave the log
  * directory and print where it is; else remove it when we created it. */
 void chk_env_stop(chk_env *env, bool keep_logs);

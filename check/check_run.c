@@ -104,6 +104,8 @@ typedef struct rtask {
     chk_relay *rl;     /* metrics of a relay (NULL with is_indexer) */
     bool is_indexer;
     int64_t before;    /* sync */
+    struct rtask *after; /* sync: metric reads to run once it is done */
+    size_t n_after;
     kvo_status st;
     char err[512];
     int32_t hits[CHK_MAX_DP];
@@ -309,11 +311,17 @@ static void task_sync(chk_task *base) {
     t->busy = secs(t0);
 }
 
+static void task_metrics(chk_task *base);
+
+/* The waited query, then (on this same thread, no second dispatch) the
+ * relay counters that must be read after it. */
 static void task_sync_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = sync_query(t->r, t->before, t->err, sizeof(t->err));
     t->busy = secs(t0);
+    for (size_t i = 0; t->st == KVO_OK && i < t->n_after; i++)
+        task_metrics(&t->after[i].base);
 }
 
 static void task_probe(chk_task *base) {
@@ -413,9 +421,10 @@ static bool merge_probes(run *r, size_t n) {
 
 /* Metric fetches of the indexer and of every relay whose engine got a
  * request since its last read (all of them with `all`). */
-static void add_metrics(run *r, size_t *n, bool all) {
+static void add_metrics(run *r, size_t *n, bool all, bool no_indexer) {
     rtask *t;
-    if (!r->have_idx_metrics && (t = task_add(r, n, task_metrics)) != NULL)
+    if (!no_indexer && !r->have_idx_metrics &&
+        (t = task_add(r, n, task_metrics)) != NULL)
         t->is_indexer = true;
     for (uint32_t i = 0; i < r->env.n_relays; i++) {
         chk_relay *rl = &r->env.relays[i];
@@ -454,7 +463,7 @@ static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
 /* Read every counter now (serially; start and end of the run). */
 static kvo_status read_counters(run *r, int64_t before, bool all) {
     size_t n = 0;
-    add_metrics(r, &n, all);
+    add_metrics(r, &n, all, false);
     tasks_run(r, n);
     kvo_status st = tasks_status(r, n);
     if (st == KVO_OK) st = merge_metrics(r, n, before);
@@ -604,9 +613,17 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     rtask *ts = task_add(r, &n, merged ? task_sync_query : task_sync);
     ts->before = id;
     add_probes(r, &n);
-    tasks_run(r, n);
+    size_t batch = n;
+    if (merged) { /* the relays' counters follow the wait on its thread */
+        add_metrics(r, &n, i == 0, true);
+        ts->after = &r->tasks[batch];
+        ts->n_after = n - batch;
+    }
+    tasks_run(r, batch);
     if (merged && ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
         kvo_info("%s; polling /watermark instead", ts->err);
+        for (uint32_t k = 0; k < r->env.n_relays; k++) /* not read after all */
+            r->env.relays[k].dirty = true;
         n = 0;
         ts = task_add(r, &n, task_sync);
         ts->before = id;
@@ -622,13 +639,16 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
     bool probed = merge_probes(r, n);
 
-    /* B: query the index (unless done) ∥ read what moved in the counters */
-    n = 0;
-    rtask *tq = merged ? NULL : task_add(r, &n, task_query);
-    add_metrics(r, &n, i == 0);
-    tasks_run(r, n);
-    if ((st = tasks_status(r, n)) != KVO_OK) return st;
-    if (tq) r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
+    /* B: query the index and read what moved in the counters (merged: done
+     * in A already, they only need merging) */
+    if (!merged) {
+        n = 0;
+        rtask *tq = task_add(r, &n, task_query);
+        add_metrics(r, &n, i == 0, false);
+        tasks_run(r, n);
+        if ((st = tasks_status(r, n)) != KVO_OK) return st;
+        r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
+    }
     if ((st = merge_metrics(r, n, id)) != KVO_OK) return st;
 
     /* C: send */
@@ -894,7 +914,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
             goto done;
         }
     }
-    st = chk_env_start(&r.env, cfg, r.err, sizeof(r.err));
+    st = chk_env_start(&r.env, cfg, &r.trace, r.err, sizeof(r.err));
     if (st != KVO_OK) {
         snprintf(err, errsz, "%s", kvo_stop ? "interrupted" : r.err);
         if (kvo_stop) st = KVO_EAGAIN;

@@ -334,12 +334,31 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
     return st;
 }
 
-/* Replay buffer: the whole run must stay replayable (a restarted relay
- * rebuilds the index from seq 0). ~40 batches per request on one rank is a
- * generous bound for Mooncake prompts (prefill chunks + a store every 16
- * generated tokens), spread over the ranks round-robin. */
-static uint64_t replay_buffer_for(const check_cfg *c, uint64_t requests) {
+/* Replay buffer (batches per rank). A relay restarted mid-run rebuilds the
+ * index from seq 0, so with --relay-restart-at the whole run must stay
+ * replayable: ~40 batches per request on one rank is a generous bound for
+ * Mooncake prompts (prefill chunks + a store every 16 generated tokens),
+ * spread over the ranks round-robin. Otherwise a replay only ever fills a
+ * gap, and in lockstep a relay can be behind by one request's batches at
+ * most (the next request waits for its watermark): a step publishes only
+ * when it allocates or fills blocks, so one request makes at most two
+ * batches per block of prompt and output. Keeping the whole run instead
+ * costs each engine a copy of every batch it ever published (hundreds of
+ * MB, page faults on every one) for nothing. */
+static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
+                                  uint64_t requests) {
     if (c->replay_buffer) return c->replay_buffer;
+    if (c->relay_restart_at < 0 && t && t->n && c->block_size) {
+        uint64_t most = 0;
+        for (size_t i = 0; i < t->n; i++) {
+            uint64_t toks = (uint64_t)t->reqs[i].input_length +
+                            t->reqs[i].output_length;
+            uint64_t b = 2 * ((toks + c->block_size - 1) / c->block_size) + 2;
+            if (b > most) most = b;
+        }
+        uint64_t b = 2 * most; /* and a margin as large again */
+        return b < 10000 ? 10000 : b;
+    }
     uint64_t b = requests * 64 + 10000;
     return b > 4000000 ? 4000000 : b;
 }
@@ -371,7 +390,8 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
         arg(&a, "--speedup");
         arg(&a, "0");
         arg(&a, "--replay-buffer");
-        arg(&a, "%llu", (unsigned long long)replay_buffer_for(c, requests));
+        arg(&a, "%llu",
+            (unsigned long long)replay_buffer_for(c, env->trace, requests));
         arg(&a, "--block-size");
         arg(&a, "%u", c->block_size);
         if (c->num_gpu_blocks) {
@@ -646,10 +666,11 @@ static kvo_status discover(chk_env *env, chk_engine *e, char *err,
     return KVO_OK;
 }
 
-kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
-                         size_t errsz) {
+kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
+                         const check_trace *trace, char *err, size_t errsz) {
     memset(env, 0, sizeof(*env));
     env->cfg = cfg;
+    env->trace = trace;
     env->block_size = cfg->block_size;
     if (cfg->bin_dir) snprintf(env->bin_dir, sizeof(env->bin_dir), "%s",
                                cfg->bin_dir);
@@ -676,7 +697,9 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg, char *err,
     }
 
     /* engines: spawned or attached */
-    uint64_t requests = cfg->limit ? cfg->limit : 20000;
+    uint64_t requests = trace && trace->n ? trace->n
+                        : cfg->limit           ? cfg->limit
+                                               : 20000;
     if (cfg->spawn) {
         env->n_engines = cfg->workers + cfg->decode_workers;
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
