@@ -1057,6 +1057,7 @@ static double model_now(const server *s) {
 /* Longest run of back-to-back virtual-time steps of one rank between two
  * looks at HTTP and replay requests. */
 #define VIRT_SLICE_NS 2000000ull
+#define VIRT_CLOCK_STEPS 8
 
 /* Advance every rank; returns true when virtual time still has work. */
 static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
@@ -1078,13 +1079,17 @@ static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
         }
         /* Virtual time: steps back to back for up to VIRT_SLICE_NS, then
          * the loop serves HTTP and replays again (one poll and one MHD run
-         * per step cost more than a decode step itself). */
+         * per step cost more than a decode step itself). The clocks are
+         * read every VIRT_CLOCK_STEPS steps: batch timestamps are wall
+         * time to within those few steps. */
         uint64_t slice_end = virt ? kvo_now_ns() + VIRT_SLICE_NS : 0;
+        double ts = (double)kvo_unix_ns() / 1e9;
+        uint32_t steps = 0;
     again:
         if (!mock_engine_has_work(nr->eng) && !mock_engine_has_events(nr->eng))
             continue;
         mock_step st;
-        kvo_status rc = node_step_begin(&s->node, r, (double)kvo_unix_ns() / 1e9, &st);
+        kvo_status rc = node_step_begin(&s->node, r, ts, &st);
         if (rc != KVO_OK) return rc;
         uint64_t last;
         if (st.n_started && mock_pub_last_seq(nr->pub, &last)) {
@@ -1098,8 +1103,13 @@ static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
         if (virt) {
             node_step_end(&s->node, r);
             if (!mock_engine_has_work(nr->eng)) continue;
-            if (!kvo_stop && !s->answered && kvo_now_ns() < slice_end)
-                goto again;
+            if (kvo_stop || s->answered) {
+                *busy = true;
+                continue;
+            }
+            if (++steps % VIRT_CLOCK_STEPS != 0) goto again;
+            ts = (double)kvo_unix_ns() / 1e9;
+            if (kvo_now_ns() < slice_end) goto again;
             *busy = true;
         } else {
             nr->in_step = true;
