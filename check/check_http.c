@@ -207,8 +207,8 @@ done:
 }
 
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
-                            uint32_t block_size, int32_t *hits, char *err,
-                            size_t errsz) {
+                            uint32_t block_size, bool warm, int32_t *hits,
+                            char *err, size_t errsz) {
     char url[256];
     snprintf(url, sizeof(url), "%s/kvo/probe", e->url);
     kvo_buf body;
@@ -219,6 +219,8 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     kvo_status st = kvo_buf_printf(&body, "{\"%s\":",
                                    p->trace_form ? "trace" : "token_ids");
     if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
+    if (st == KVO_OK && warm && p->trace_form)
+        st = kvo_buf_append(&body, ",\"warm\":true", 12);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
     st = call_json(e->probe_http, url, (const char *)body.data, body.len, &j,

@@ -146,10 +146,11 @@ typedef struct chk_prompt {
     const char *json;        /* the object or the array */
     size_t len;
 } chk_prompt;
-/* POST /kvo/probe: hits[rank] for every rank of e. */
+/* POST /kvo/probe: hits[rank] for every rank of e. warm (trace form): the
+ * prompt goes to e next -- kvo-mocker hashes it ahead, after answering. */
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
-                            uint32_t block_size, int32_t *hits, char *err,
-                            size_t errsz);
+                            uint32_t block_size, bool warm, int32_t *hits,
+                            char *err, size_t errsz);
 typedef struct chk_completion {
     int64_t cached_tokens;   /* -1: not reported */
     int64_t prompt_tokens;   /* -1: not reported */

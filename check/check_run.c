@@ -103,6 +103,7 @@ typedef struct rtask {
     chk_engine *e;     /* probe */
     chk_relay *rl;     /* metrics of a relay (NULL with is_indexer) */
     bool is_indexer;
+    bool warm;         /* probe: this engine gets the prompt next */
     int64_t before;    /* sync */
     struct rtask *after; /* sync: metric reads to run once it is done */
     size_t n_after;
@@ -330,8 +331,8 @@ static void task_probe(chk_task *base) {
     run *r = t->r;
     chk_prompt p = {.req = NULL, .trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
-    t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->hits, t->err,
-                             sizeof(t->err));
+    t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
+                             t->err, sizeof(t->err));
     t->busy = secs(t0);
 }
 
@@ -390,13 +391,17 @@ static kvo_status tasks_status(run *r, size_t n) {
     return KVO_OK;
 }
 
-/* Probes of every publishing kvo-mocker for the prompt in r->pjson. */
-static void add_probes(run *r, size_t *n) {
+/* Probes of every publishing kvo-mocker for the prompt in r->pjson; warm:
+ * the worker the prompt goes to next (or -1). */
+static void add_probes(run *r, size_t *n, int64_t warm) {
     for (uint32_t w = 0; w < r->env.n_workers; w++) {
         chk_engine *e = &r->env.engines[w];
         if (!e->mocker) continue;
         rtask *t = task_add(r, n, task_probe);
-        if (t) t->e = e;
+        if (t) {
+            t->e = e;
+            t->warm = (int64_t)w == warm;
+        }
     }
 }
 
@@ -577,7 +582,7 @@ static kvo_status observe(run *r, const check_request *q, bool *probed) {
     if (st != KVO_OK) return st;
     size_t n = 0;
     task_add(r, &n, task_query);
-    add_probes(r, &n);
+    add_probes(r, &n, -1);
     tasks_run(r, n);
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
     *probed = merge_probes(r, n);
@@ -609,10 +614,15 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     /* A: wait for the index (and query it, when it can hold the query for
      * the watermark) ∥ probe the engines (their caches are final) */
     bool merged = r->env.exact && !r->no_wait;
+    /* round-robin knows the next worker already: its engine may hash the
+     * prompt while we wait (kv decides only once the index has answered) */
+    int64_t next = r->cfg->policy == CHECK_POLICY_ROUND_ROBIN && !r->env.n_decode
+                       ? (int64_t)(choose_slot(r, i) / r->env.dp_size)
+                       : -1;
     size_t n = 0;
     rtask *ts = task_add(r, &n, merged ? task_sync_query : task_sync);
     ts->before = id;
-    add_probes(r, &n);
+    add_probes(r, &n, next);
     size_t batch = n;
     if (merged) { /* the relays' counters follow the wait on its thread */
         add_metrics(r, &n, i == 0, true);
@@ -627,7 +637,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         n = 0;
         ts = task_add(r, &n, task_sync);
         ts->before = id;
-        add_probes(r, &n);
+        add_probes(r, &n, -1);
         tasks_run(r, n);
         merged = false;
     }

@@ -80,6 +80,8 @@ struct server {
     uint64_t http_requests, http_errors;
     uint64_t finished_length, finished_aborted;
     bool answered;     /* a call was answered: let the loop send it */
+    uint64_t *warm_ids; /* a probe's "warm" prompt (trace form), hashed */
+    uint32_t warm_n_ids, warm_len; /* after the answer went out */
     kvo_buf scratch;
 };
 
@@ -907,32 +909,101 @@ static const char *probe_trace(json_object *t, prompt *out) {
  * side effect. The walk goes block by block and stops at the first block no
  * rank still hits: a prompt that misses at block 0 costs one hash, whatever
  * its length (kvo-check probes every engine for every prompt). */
+/* A plain decimal u64 at *pp (no sign, no leading zero), advancing *pp. */
+static bool scan_u64(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
+    const uint8_t *p = *pp;
+    if (p >= end || *p < '0' || *p > '9') return false;
+    if (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9') return false;
+    uint64_t x = 0;
+    for (; p < end && *p >= '0' && *p <= '9'; p++)
+        if (__builtin_mul_overflow(x, 10u, &x) ||
+            __builtin_add_overflow(x, (unsigned)(*p - '0'), &x))
+            return false;
+    *pp = p;
+    *out = x;
+    return true;
+}
+
+static bool scan_lit(const uint8_t **pp, const uint8_t *end, const char *lit) {
+    size_t n = strlen(lit);
+    if ((size_t)(end - *pp) < n || memcmp(*pp, lit, n) != 0) return false;
+    *pp += n;
+    return true;
+}
+
+/* kvo-check's probe, {"trace":{"hash_ids":[...],"input_length":n}} (and
+ * ,"warm":true before the last brace), read by hand (it comes for every engine on every prompt; json-c's objects and
+ * tables cost more than the probe's walk). Only that exact, valid shape:
+ * anything else -- or any value trace_prompt would refuse -- takes the
+ * general parse and gets its answer. */
+static bool scan_probe(const uint8_t *b, size_t len, prompt *out, bool *warm) {
+    const uint8_t *p = b, *end = b + len;
+    if (!scan_lit(&p, end, "{\"trace\":{\"hash_ids\":[")) return false;
+    uint64_t *ids = NULL, n;
+    uint32_t k = 0, cap = 0;
+    for (;;) {
+        if (k == cap) {
+            cap = cap ? cap * 2 : 64;
+            uint64_t *v = cap <= MOCK_TRACE_MAX_IDS
+                              ? kvo_realloc(ids, cap * sizeof(uint64_t))
+                              : NULL;
+            if (!v) goto no;
+            ids = v;
+        }
+        if (!scan_u64(&p, end, &ids[k])) goto no;
+        k++;
+        if (p < end && *p == ',') p++;
+        else break;
+    }
+    if (!scan_lit(&p, end, "],\"input_length\":") || !scan_u64(&p, end, &n) ||
+        !scan_lit(&p, end, "}"))
+        goto no;
+    *warm = scan_lit(&p, end, ",\"warm\":true");
+    if (!scan_lit(&p, end, "}")) goto no;
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    if (p != end || n == 0 || n > PROBE_MAX_TOKENS ||
+        mock_trace_validate(ids, k, (uint32_t)n) != KVO_OK)
+        goto no;
+    out->trace_ids = ids;
+    out->n_trace = k;
+    out->n = (uint32_t)n;
+    return true;
+no:
+    kvo_free(ids);
+    return false;
+}
+
 static void handle_probe(server *s, kvo_http_req *req) {
     size_t len;
     const uint8_t *raw = kvo_http_req_body(req, &len);
-    json_object *body = json_tokener_parse((const char *)raw);
+    json_object *body = NULL;
     prompt p = {0};
     mock_hash *h = NULL;
     const char *err = NULL;
+    const char *lora = NULL, *salt = NULL;
     uint32_t bs = s->cfg->block_size;
-    if (!body || !json_object_is_type(body, json_type_object)) {
-        err = "body must be a JSON object";
-        goto done;
-    }
-    json_object *t, *ids;
-    if (json_object_object_get_ex(body, "trace", &t) && t) {
-        err = probe_trace(t, &p);
-    } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
-               json_object_is_type(ids, json_type_array)) {
-        err = token_list(ids, PROBE_MAX_TOKENS, &p);
-    } else {
-        err = "token_ids or trace is required";
-    }
-    if (err) goto done;
-    const char *lora, *salt;
-    if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-        err = "lora_name and cache_salt must be strings";
-        goto done;
+    bool warm = false;
+    if (!scan_probe(raw, len, &p, &warm)) {
+        body = json_tokener_parse((const char *)raw);
+        if (!body || !json_object_is_type(body, json_type_object)) {
+            err = "body must be a JSON object";
+            goto done;
+        }
+        json_object *t, *ids;
+        if (json_object_object_get_ex(body, "trace", &t) && t) {
+            err = probe_trace(t, &p);
+        } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
+                   json_object_is_type(ids, json_type_array)) {
+            err = token_list(ids, PROBE_MAX_TOKENS, &p);
+        } else {
+            err = "token_ids or trace is required";
+        }
+        if (err) goto done;
+        if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
+            err = "lora_name and cache_salt must be strings";
+            goto done;
+        }
+        warm = get_bool(body, "warm", false);
     }
     if (lora && !*lora) lora = NULL;
     if (salt && !*salt) salt = NULL;
@@ -993,12 +1064,41 @@ static void handle_probe(server *s, kvo_http_req *req) {
     }
     json_object_object_add(o, "ranks", arr);
     kvo_http_respond_json(req, 200, o);
+    /* "warm": this prompt comes next; hash it once the answer is out */
+    if (warm && p.trace_ids && !lora && !salt && s->cfg->prefix_caching) {
+        kvo_free(s->warm_ids);
+        s->warm_ids = p.trace_ids;
+        s->warm_n_ids = p.n_trace;
+        s->warm_len = p.n;
+        p.trace_ids = NULL;
+    }
 done:
     if (err) respond_err(req, 400, "%s", err);
     kvo_free(h);
     kvo_free(p.tok);
     kvo_free(p.trace_ids);
     if (body) json_object_put(body);
+}
+
+/* The prompt a probe announced with "warm": its block hashes into the
+ * trace memo now, while the client is busy elsewhere (kvo-check waits for
+ * the index), so the completion that follows finds them computed. Changes
+ * nothing but the memo: the same hashes, earlier. */
+static void warm_memo(server *s) {
+    if (!s->warm_ids) return;
+    uint32_t bs = s->cfg->block_size, nb = s->warm_len / bs;
+    uint64_t *tok = nb ? kvo_malloc((size_t)s->warm_len * sizeof(uint64_t)) : NULL;
+    mock_hash *h = nb ? kvo_malloc((size_t)nb * sizeof(mock_hash)) : NULL;
+    if (tok && h) {
+        mock_trace_tokens(s->warm_ids, s->warm_n_ids, s->warm_len, tok);
+        mock_trace_ref tr = {s->warm_ids, s->warm_n_ids};
+        (void)mock_hasher_blocks(s->node.hasher, tok, bs, 0, nb, NULL, NULL,
+                                 NULL, &tr, h); /* a failure only costs the memo */
+    }
+    kvo_free(tok);
+    kvo_free(h);
+    kvo_free(s->warm_ids);
+    s->warm_ids = NULL;
 }
 
 /* tcp://bound-host:port -> tcp://advertise-host:port */
@@ -1172,6 +1272,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
                     mock_pub_replay_serve(s->node.ranks[rank_of[i]].pub);
         }
         kvo_http_server_run(s->http);
+        warm_memo(s);
     }
     if (kvo_stop) st = KVO_OK;
     kvo_info("stopping: %llu HTTP requests, %llu finished, %llu aborted",
@@ -1187,6 +1288,7 @@ done:
         call_free(k);
     }
     kvo_buf_fini(&s->scratch);
+    kvo_free(s->warm_ids);
     kvo_free(s);
     return st;
 }

@@ -775,11 +775,23 @@ START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
         probe_bodies(ids, k, n, lora, trace, sizeof(trace), &tokens);
         int rank = i % 2;
         int64_t pt[2], pk[2];
+        /* kvo-check's compact shape (read by hand) when there is no LoRA */
+        char compact[2048];
+        size_t cl = (size_t)snprintf(compact, sizeof(compact), "{\"trace\":{\"hash_ids\":[");
+        for (uint32_t b = 0; b < k; b++)
+            cl += (size_t)snprintf(compact + cl, sizeof(compact) - cl, "%s%llu", b ? "," : "",
+                                   (unsigned long long)ids[b]);
+        snprintf(compact + cl, sizeof(compact) - cl, "],\"input_length\":%u}}", n);
         for (int r = 0; r < 2; r++) {
             pt[r] = probe_rank(&m, trace, r);
             pk[r] = probe_rank(&m, tokens, r);
             ck_assert_msg(pt[r] == pk[r], "prompt %d rank %d: trace form %lld, token form %lld",
                           i, r, (long long)pt[r], (long long)pk[r]);
+            if (!*lora) {
+                int64_t pc = probe_rank(&m, compact, r);
+                ck_assert_msg(pc == pt[r], "prompt %d rank %d: compact %lld, spaced %lld", i,
+                              r, (long long)pc, (long long)pt[r]);
+            }
         }
         char body[2400];
         snprintf(body, sizeof(body), "%.*s, \"max_tokens\": %u, \"data_parallel_rank\": %d}",
@@ -810,6 +822,161 @@ START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
 }
 END_TEST
 
+/* kvo-check's probe body is read by hand; every body must get exactly the
+ * answer the general JSON parse gives it (errors included). */
+START_TEST(the_hand_read_probe_answers_as_the_general_parse) {
+    mocker m;
+    const char *extra[] = {"--dp-size", "2", NULL};
+    mocker_start(&m, extra);
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, "
+                       "\"max_tokens\": 1, \"data_parallel_rank\": 1}"));
+    static const char *const bodies[] = {
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}",
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1024}}",
+        "{\"trace\":{\"hash_ids\":[11,13],\"input_length\":513}}",
+        "{\"trace\":{\"hash_ids\":[11],\"input_length\":1}}",
+        "{\"trace\":{\"hash_ids\":[0],\"input_length\":16}}",
+        "{\"trace\":{\"hash_ids\":[18446744073709551615],\"input_length\":17}}",
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}  \n",
+        /* not for the reader: the general answers */
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1025}}",
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":512}}",
+        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":0}}",
+        "{\"trace\":{\"hash_ids\":[],\"input_length\":5}}",
+        "{\"trace\":{\"hash_ids\":[011],\"input_length\":5}}",
+        "{\"trace\":{\"hash_ids\":[-11],\"input_length\":5}}",
+        "{\"trace\":{\"hash_ids\":[18446744073709551616],\"input_length\":5}}",
+        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5}} x",
+        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"lora_name\":\"a\"}",
+        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5.0}}",
+        "{\"trace\":{\"hash_ids\":[11],\"input_length\":99999999}}",
+        "{\"trace\":{\"hash_ids\":[11,],\"input_length\":5}}",
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bodies); i++) {
+        /* the same request with one space: never the hand reader's */
+        char spaced[512];
+        snprintf(spaced, sizeof(spaced), "{ %s", bodies[i] + 1);
+        long sa, sb;
+        json_object *a = call(&m, "/kvo/probe", bodies[i], &sa);
+        char ta[1024];
+        snprintf(ta, sizeof(ta), "%s", a ? json_object_to_json_string(a) : "null");
+        json_object *b = call(&m, "/kvo/probe", spaced, &sb);
+        const char *tb = b ? json_object_to_json_string(b) : "null";
+        ck_assert_msg(sa == sb && strcmp(ta, tb) == 0, "%s -> %ld %s\n%s -> %ld %s", bodies[i],
+                      sa, ta, spaced, sb, tb);
+        json_object_put(a);
+        json_object_put(b);
+    }
+    json_object *j = ok(&m, "/kvo/probe", bodies[0]);
+    ck_assert_int_eq(num(j, "ranks.1.hit_blocks"), 37); /* (600-1)//16 */
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 0);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+/* Every batch rank 0 published so far, from its replay socket (seq 0 on),
+ * decoded; the number of batches. */
+static uint32_t replay_all(mocker *m, wire_batch *out, uint32_t max) {
+    json_object *src = ok(m, "/kvo/event_sources", NULL);
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0, tmo = 10000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    ck_assert_int_eq(zmq_connect(d, str(src, "0.replay_endpoint")), 0);
+    json_object_put(src);
+    uint8_t seq0[8] = {0};
+    zmq_send(d, "", 0, ZMQ_SNDMORE);
+    zmq_send(d, seq0, 8, 0);
+    uint32_t n = 0;
+    for (;;) {
+        uint8_t *fr[4];
+        size_t len[4];
+        int k = recv_frames(d, fr, len, 4);
+        ck_assert_int_eq(k, 4); /* "", topic, seq, payload */
+        bool end = len[3] == 0;
+        if (!end) {
+            ck_assert_uint_lt(n, max);
+            wire_batch_init(&out[n]);
+            ck_assert_int_eq(wire_batch_decode(fr[3], len[3], NULL, &out[n], NULL), KVO_OK);
+            n++;
+        }
+        for (int i = 0; i < 4; i++) kvo_free(fr[i]);
+        if (end) break;
+    }
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    return n;
+}
+
+/* "warm" on a probe only moves hashing earlier: two engines fed the same
+ * prompts, one with every probe warmed, answer the same cached tokens and
+ * publish the same events (hashes, parents, tokens), batch by batch. */
+START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
+    mocker a, b;
+    const char *extra[] = {"--num-gpu-blocks", "300", "--seed", "9", NULL};
+    mocker_start(&a, extra);
+    mocker_start(&b, extra);
+    uint64_t rng = 77;
+    for (int i = 0; i < 40; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t k = 1 + (uint32_t)(rng >> 33) % 3;
+        char ids[96] = "";
+        size_t il = 0;
+        for (uint32_t t = 0; t < k; t++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            il += (size_t)snprintf(ids + il, sizeof(ids) - il, "%s%llu", t ? "," : "",
+                                   (unsigned long long)(t == 0 ? (rng >> 40) % 3
+                                                               : 10 * t + (rng >> 40) % 4));
+        }
+        uint32_t n = 512 * (k - 1) + 1 + (uint32_t)(rng >> 35) % 512;
+        char probe[256], warm[256], body[320];
+        snprintf(probe, sizeof(probe), "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u}}",
+                 ids, n);
+        snprintf(warm, sizeof(warm),
+                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"warm\":true}", ids, n);
+        snprintf(body, sizeof(body),
+                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"max_tokens\":%u}", ids,
+                 n, 1 + (unsigned)(rng >> 52) % 40);
+        json_object *pa = ok(&a, "/kvo/probe", warm), *pb = ok(&b, "/kvo/probe", probe);
+        ck_assert_int_eq(num(pa, "ranks.0.hit_blocks"), num(pb, "ranks.0.hit_blocks"));
+        json_object_put(pa);
+        json_object_put(pb);
+        json_object *ca = ok(&a, "/v1/completions", body), *cb = ok(&b, "/v1/completions", body);
+        ck_assert_int_eq(num(ca, "usage.prompt_tokens_details.cached_tokens"),
+                         num(cb, "usage.prompt_tokens_details.cached_tokens"));
+        ck_assert_int_eq(num(ca, "kvo.last_seq"), num(cb, "kvo.last_seq"));
+        json_object_put(ca);
+        json_object_put(cb);
+    }
+    static wire_batch ba[4096], bb[4096];
+    uint32_t na = replay_all(&a, ba, 4096), nb = replay_all(&b, bb, 4096);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_uint_gt(na, 40);
+    for (uint32_t i = 0; i < na; i++) {
+        ck_assert_uint_eq(ba[i].n_events, bb[i].n_events);
+        for (uint32_t e = 0; e < ba[i].n_events; e++) {
+            const wire_event *x = &ba[i].events[e], *y = &bb[i].events[e];
+            ck_assert_int_eq(x->type, y->type);
+            ck_assert_uint_eq(x->n_hashes, y->n_hashes);
+            for (uint32_t h = 0; h < x->n_hashes; h++)
+                ck_assert(x->hashes[h].key == y->hashes[h].key);
+            ck_assert(x->parent.key == y->parent.key && x->parent.kind == y->parent.kind);
+            ck_assert_uint_eq(x->n_tokens, y->n_tokens);
+            if (x->n_tokens)
+                ck_assert(memcmp(x->token_ids, y->token_ids,
+                                 x->n_tokens * sizeof(uint64_t)) == 0);
+        }
+        wire_batch_fini(&ba[i]);
+        wire_batch_fini(&bb[i]);
+    }
+    ck_assert_int_eq(mocker_stop(&a), 0);
+    ck_assert_int_eq(mocker_stop(&b), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     Suite *s = suite_create("http");
     TCase *tc = tcase_create("http");
@@ -825,6 +992,8 @@ Suite *suite_http(void) {
     tcase_add_test(tc, a_taken_event_port_serves_without_a_source_unless_required);
     tcase_add_test(tc, trace_mode_is_deterministic_and_records_every_batch);
     tcase_add_test(tc, probe_stops_at_the_first_miss_and_equals_the_engine_hit);
+    tcase_add_test(tc, the_hand_read_probe_answers_as_the_general_parse);
+    tcase_add_test(tc, a_warmed_probe_changes_nothing_but_when_the_hashing_happens);
     suite_add_tcase(s, tc);
     return s;
 }
