@@ -1,4 +1,6 @@
-/* wire_int.h -- internals shared by the wire/ decoders (not a public API).
+/* wire_int.h -- internals shared by the wire/ decoders and encoders (not a
+ * public API): the structural pre-check, a bounds-checked msgpack cursor,
+ * and the writers of msgpack into reserved room (at the end).
  *
  * wire_precheck: the structural pre-check wire/ decoders run on bytes from a
  * socket or a file BEFORE anything is allocated for them (msgpack-c's
@@ -37,6 +39,9 @@
 #define WIRE_INT_H
 
 #include "wire.h"
+
+#include <endian.h>
+#include <string.h>
 
 /* Hard ceiling on nesting whatever the limits say (the walk keeps one
  * counter per level on the stack). */
@@ -224,5 +229,122 @@ kvo_status wire_rd_double(wire_rd *r, double *out);
 
 /* Skip one whole value (iterative; bounded by the input). */
 kvo_status wire_rd_skip(wire_rd *r);
+
+/* ---- Writing msgpack into reserved room ----------------------------------
+ * The encoders (wire_batch.c, wire_plane.c) reserve an upper bound of what
+ * they write once per message and then write through a bare cursor with
+ * these: no checks, no calls. Each returns the cursor past what it wrote.
+ * The forms are the ones msgpack-c's packer and rmp-serde choose (so the
+ * bytes equal theirs): ints in the shortest form, non-negative ones always
+ * unsigned (fixint, cc, cd, ce, cf), negative ones negative fixint or
+ * d0..d3; str as fixstr, str8, str16, str32; bin as bin8, bin16, bin32;
+ * array/map as fix, 16, 32. Most bytes each needs: ints 9, headers 5. */
+/* The low n bytes of v, big-endian; n is 1, 2, 4 or 8 (the msgpack
+ * widths): one store each (a loop over the bytes stayed a loop at -O2, and
+ * byte stores were merged with their neighbours into shift-and-or code). */
+static inline uint8_t *wire_put_be(uint8_t *p, uint64_t v, unsigned n) {
+    uint16_t v16;
+    uint32_t v32;
+    uint64_t v64;
+    switch (n) {
+    case 1:
+        p[0] = (uint8_t)v;
+        break;
+    case 2:
+        v16 = htobe16((uint16_t)v);
+        memcpy(p, &v16, 2);
+        break;
+    case 4:
+        v32 = htobe32((uint32_t)v);
+        memcpy(p, &v32, 4);
+        break;
+    default:
+        v64 = htobe64(v);
+        memcpy(p, &v64, 8);
+        break;
+    }
+    return p + n;
+}
+
+static inline uint8_t *wire_put_uint(uint8_t *p, uint64_t v) {
+    if (v < 0x80) {
+        *p = (uint8_t)v;
+        return p + 1;
+    }
+    if (v <= 0xff) {
+        *p = 0xcc;
+        return wire_put_be(p + 1, v, 1);
+    }
+    if (v <= 0xffff) {
+        *p = 0xcd;
+        return wire_put_be(p + 1, v, 2);
+    }
+    if (v <= 0xffffffffu) {
+        *p = 0xce;
+        return wire_put_be(p + 1, v, 4);
+    }
+    *p = 0xcf;
+    return wire_put_be(p + 1, v, 8);
+}
+
+static inline uint8_t *wire_put_int(uint8_t *p, int64_t v) {
+    if (v >= 0) return wire_put_uint(p, (uint64_t)v);
+    if (v >= -32) {
+        *p = (uint8_t)v;
+        return p + 1;
+    }
+    if (v >= INT8_MIN) {
+        *p = 0xd0;
+        return wire_put_be(p + 1, (uint64_t)v, 1);
+    }
+    if (v >= INT16_MIN) {
+        *p = 0xd1;
+        return wire_put_be(p + 1, (uint64_t)v, 2);
+    }
+    if (v >= INT32_MIN) {
+        *p = 0xd2;
+        return wire_put_be(p + 1, (uint64_t)v, 4);
+    }
+    *p = 0xd3;
+    return wire_put_be(p + 1, (uint64_t)v, 8);
+}
+
+/* Array (map = false) or map header; n is pairs for a map. */
+static inline uint8_t *wire_put_container(uint8_t *p, bool map, uint32_t n) {
+    if (n < 16) {
+        *p = (uint8_t)((map ? 0x80 : 0x90) | n);
+        return p + 1;
+    }
+    if (n <= 0xffff) {
+        *p = map ? 0xde : 0xdc;
+        return wire_put_be(p + 1, n, 2);
+    }
+    *p = map ? 0xdf : 0xdd;
+    return wire_put_be(p + 1, n, 4);
+}
+
+/* str (bin = false) or bin: header, then the n bytes of s. */
+static inline uint8_t *wire_put_blob(uint8_t *p, bool bin, const void *s,
+                                     uint32_t n) {
+    if (!bin && n < 32) {
+        *p++ = (uint8_t)(0xa0 | n);
+    } else if (n <= 0xff) {
+        *p++ = bin ? 0xc4 : 0xd9;
+        p = wire_put_be(p, n, 1);
+    } else if (n <= 0xffff) {
+        *p++ = bin ? 0xc5 : 0xda;
+        p = wire_put_be(p, n, 2);
+    } else {
+        *p++ = bin ? 0xc6 : 0xdb;
+        p = wire_put_be(p, n, 4);
+    }
+    if (n) memcpy(p, s, n);
+    return p + n;
+}
+
+/* A constant key or name of fewer than 32 bytes, as a fixstr. */
+#define WIRE_PUT_KEY(p, lit)                                                   \
+    ((p)[0] = (uint8_t)(0xa0 | (sizeof(lit) - 1)),                             \
+     memcpy((p) + 1, lit, sizeof(lit) - 1), (p) += sizeof(lit))
 
 #endif /* WIRE_INT_H */

@@ -532,58 +532,12 @@ kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
 /* Encoder                                                                   */
 /* ======================================================================== */
 
-/* Direct writes into reserved room: the key strings are constants with their
- * fixstr header, ints take the shortest form (positive fixint, cc, cd, ce,
- * cf: what msgpack-c and rmp-serde write), so the bytes are those of the
- * vectors without a packer call per field. Room is reserved once per
- * message from upper bounds (ENC_* below), so the writes need no checks. */
-
-static inline uint8_t *put_be(uint8_t *p, uint64_t v, unsigned n) {
-    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
-    return p + n;
-}
-
-static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
-    if (v < 0x80) {
-        *p++ = (uint8_t)v;
-        return p;
-    }
-    if (v <= 0xff) {
-        *p++ = 0xcc;
-        return put_be(p, v, 1);
-    }
-    if (v <= 0xffff) {
-        *p++ = 0xcd;
-        return put_be(p, v, 2);
-    }
-    if (v <= 0xffffffffu) {
-        *p++ = 0xce;
-        return put_be(p, v, 4);
-    }
-    *p++ = 0xcf;
-    return put_be(p, v, 8);
-}
-
-/* A str of fewer than 32 bytes (every key and tier name). */
-static inline uint8_t *put_fixstr(uint8_t *p, const char *s, size_t n) {
-    *p++ = (uint8_t)(0xa0 | n);
-    memcpy(p, s, n);
-    return p + n;
-}
-#define PUT_KEY(p, lit) ((p) = put_fixstr((p), lit, sizeof(lit) - 1))
-
-static inline uint8_t *put_array_header(uint8_t *p, uint32_t n) {
-    if (n < 16) {
-        *p++ = (uint8_t)(0x90 | n);
-        return p;
-    }
-    if (n <= 0xffff) {
-        *p++ = 0xdc;
-        return put_be(p, n, 2);
-    }
-    *p++ = 0xdd;
-    return put_be(p, n, 4);
-}
+/* Direct writes into reserved room with wire_int.h's wire_put_*: the key
+ * strings are constants with their fixstr header, ints take the shortest
+ * form (positive fixint, cc, cd, ce, cf: what msgpack-c and rmp-serde
+ * write), so the bytes are those of the vectors without a packer call per
+ * field. Room is reserved once per message from upper bounds (ENC_* below),
+ * so the writes need no checks. */
 
 /* Upper bounds of what the writers below produce. */
 #define ENC_ENVELOPE 96u /* + the topic string */
@@ -593,54 +547,55 @@ static inline uint8_t *put_array_header(uint8_t *p, uint32_t n) {
 
 static uint8_t *put_router_event(uint8_t *p, const wire_revent *ev) {
     *p++ = 0x83;
-    PUT_KEY(p, "worker_id");
-    p = put_uint(p, ev->worker_id);
-    PUT_KEY(p, "storage_tier");
-    p = put_fixstr(p, tier_names[ev->tier].s, tier_names[ev->tier].len);
-    PUT_KEY(p, "event");
+    WIRE_PUT_KEY(p, "worker_id");
+    p = wire_put_uint(p, ev->worker_id);
+    WIRE_PUT_KEY(p, "storage_tier");
+    p = wire_put_blob(p, false, tier_names[ev->tier].s,
+                      tier_names[ev->tier].len);
+    WIRE_PUT_KEY(p, "event");
     *p++ = 0x83;
-    PUT_KEY(p, "event_id");
-    p = put_uint(p, ev->event_id);
-    PUT_KEY(p, "data");
+    WIRE_PUT_KEY(p, "event_id");
+    p = wire_put_uint(p, ev->event_id);
+    WIRE_PUT_KEY(p, "data");
     switch (ev->type) {
     case WIRE_R_STORED:
         *p++ = 0x81;
-        PUT_KEY(p, "stored");
+        WIRE_PUT_KEY(p, "stored");
         *p++ = 0x83;
-        PUT_KEY(p, "parent_hash");
+        WIRE_PUT_KEY(p, "parent_hash");
         if (ev->has_parent)
-            p = put_uint(p, ev->parent_hash);
+            p = wire_put_uint(p, ev->parent_hash);
         else
             *p++ = 0xc0;
-        PUT_KEY(p, "start_position");
+        WIRE_PUT_KEY(p, "start_position");
         *p++ = 0xc0;
-        PUT_KEY(p, "blocks");
-        p = put_array_header(p, ev->n_blocks);
+        WIRE_PUT_KEY(p, "blocks");
+        p = wire_put_container(p, false, ev->n_blocks);
         for (uint32_t i = 0; i < ev->n_blocks; i++) {
             *p++ = 0x83;
-            PUT_KEY(p, "block_hash");
-            p = put_uint(p, ev->blocks[i].block_hash);
-            PUT_KEY(p, "tokens_hash");
-            p = put_uint(p, ev->blocks[i].tokens_hash);
-            PUT_KEY(p, "mm_extra_info");
+            WIRE_PUT_KEY(p, "block_hash");
+            p = wire_put_uint(p, ev->blocks[i].block_hash);
+            WIRE_PUT_KEY(p, "tokens_hash");
+            p = wire_put_uint(p, ev->blocks[i].tokens_hash);
+            WIRE_PUT_KEY(p, "mm_extra_info");
             *p++ = 0xc0;
         }
         break;
     case WIRE_R_REMOVED:
         *p++ = 0x81;
-        PUT_KEY(p, "removed");
+        WIRE_PUT_KEY(p, "removed");
         *p++ = 0x81;
-        PUT_KEY(p, "block_hashes");
-        p = put_array_header(p, ev->n_removed);
+        WIRE_PUT_KEY(p, "block_hashes");
+        p = wire_put_container(p, false, ev->n_removed);
         for (uint32_t i = 0; i < ev->n_removed; i++)
-            p = put_uint(p, ev->removed[i]);
+            p = wire_put_uint(p, ev->removed[i]);
         break;
     default: /* WIRE_R_CLEARED (checked by the caller) */
-        PUT_KEY(p, "cleared");
+        WIRE_PUT_KEY(p, "cleared");
         break;
     }
-    PUT_KEY(p, "dp_rank");
-    return put_uint(p, ev->dp_rank);
+    WIRE_PUT_KEY(p, "dp_rank");
+    return wire_put_uint(p, ev->dp_rank);
 }
 
 /* The payload is written after a 5-byte bin32 header, which is then shrunk
@@ -666,32 +621,19 @@ kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out) {
     if (kvo_buf_reserve(out, room) != KVO_OK) return KVO_ENOMEM;
     uint8_t *start = out->data + out->len, *p = start;
     *p++ = 0x85;
-    PUT_KEY(p, "publisher_id");
-    p = put_uint(p, m->publisher_id);
-    PUT_KEY(p, "sequence");
-    p = put_uint(p, m->sequence);
-    PUT_KEY(p, "published_at");
-    p = put_uint(p, m->published_at);
-    PUT_KEY(p, "topic");
-    if (tlen < 32) {
-        *p++ = (uint8_t)(0xa0 | tlen);
-    } else if (tlen <= 0xff) {
-        *p++ = 0xd9;
-        p = put_be(p, tlen, 1);
-    } else if (tlen <= 0xffff) {
-        *p++ = 0xda;
-        p = put_be(p, tlen, 2);
-    } else {
-        *p++ = 0xdb;
-        p = put_be(p, tlen, 4);
-    }
-    if (tlen) memcpy(p, topic, tlen);
-    p += tlen;
-    PUT_KEY(p, "payload");
+    WIRE_PUT_KEY(p, "publisher_id");
+    p = wire_put_uint(p, m->publisher_id);
+    WIRE_PUT_KEY(p, "sequence");
+    p = wire_put_uint(p, m->sequence);
+    WIRE_PUT_KEY(p, "published_at");
+    p = wire_put_uint(p, m->published_at);
+    WIRE_PUT_KEY(p, "topic");
+    p = wire_put_blob(p, false, topic, (uint32_t)tlen);
+    WIRE_PUT_KEY(p, "payload");
     uint8_t *h = p;
     p += 5;
     bool single = m->single_form && m->n_events == 1;
-    if (!single) p = put_array_header(p, m->n_events);
+    if (!single) p = wire_put_container(p, false, m->n_events);
     for (uint32_t i = 0; i < m->n_events; i++)
         p = put_router_event(p, &m->events[i]);
     size_t plen = (size_t)(p - h) - 5;
@@ -708,7 +650,7 @@ kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out) {
     } else {
         return KVO_ETOOBIG; /* out->len untouched: nothing appended */
     }
-    put_be(h + 1, plen, w);
+    wire_put_be(h + 1, plen, w);
     if (w < 4) {
         memmove(h + 1 + w, h + 5, plen);
         p -= 4 - w;
