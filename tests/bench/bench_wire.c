@@ -3,9 +3,11 @@
  *
  * Workload: one realistic batch = 32 BlockStored events, each 16 blocks of
  * 16 tokens (16 u64 hashes, 256 token ids drawn below a 151,936-token
- * vocabulary, a chained parent, extra_keys [None] * 16, group_idx 0,
- * kv_cache_spec_kind "full_attention"), from splitmix64 seeded with 1, in
- * the map layout (vLLM >= 0.24) and the array-v0.14 layout.
+ * vocabulary -- Qwen's: ids take 1, 2 and 4 bytes at random -- or --vocab N
+ * (32000: the trace prompts of kvo-mocker, 2 bytes each), a chained parent,
+ * extra_keys [None] * 16, group_idx 0, kv_cache_spec_kind "full_attention"),
+ * from splitmix64 seeded with 1, in the map layout (vLLM >= 0.24) and the
+ * array-v0.14 layout.
  *
  * Rows, per layout (each the median of --runs rounds of --iters calls; a
  * round times every row once, so load drift hits all rows alike):
@@ -19,10 +21,16 @@
  *                     converts anything
  *   decode            wire_batch_decode (pre-check + direct decode into a
  *                     reused wire_batch)
+ *   msgpack pack      msgpack-c's packer writing the same bytes as encode,
+ *                     at its cheapest: room reserved once per batch, a
+ *                     write callback that only copies (no memcpy call for
+ *                     the <= 9 bytes of one value)
  *   encode            wire_batch_encode into a reused kvo_buf
  * Times are this thread's CPU time. MB/s is payload bytes per second;
  * events/s counts events; "x unpack" is the time relative to msgpack-c's
- * faster entry point (goal for decode: <= 2). A checksum over what every
+ * faster entry point (goal for decode: <= 2); "x pack" the time relative
+ * to msgpack pack (the encoder writes msgpack directly because the packer
+ * stayed several times slower, see wire_batch.c). A checksum over what every
  * decode produced proves the work was done (and equal between runs).
  */
 #include "kvo.h"
@@ -39,9 +47,9 @@
 #define N_EVENTS 32
 #define N_BLOCKS 16
 #define BLOCK_TOKENS 16
-#define VOCAB 151936u
 
 static uint64_t rng_state = 1;
+static uint32_t vocab = 151936; /* --vocab */
 
 static uint64_t splitmix64(void) {
     uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
@@ -77,7 +85,7 @@ static void build_batch(wire_batch *b) {
         ev->token_ids =
             kvo_arena_alloc(&b->arena, ev->n_tokens * sizeof(uint64_t));
         for (uint32_t t = 0; t < ev->n_tokens; t++)
-            ev->token_ids[t] = splitmix64() % VOCAB;
+            ev->token_ids[t] = splitmix64() % vocab;
         ev->block_size = (wire_int){true, BLOCK_TOKENS};
         ev->medium = (wire_str){"GPU", 3};
         ev->extra_keys = (wire_raw){extra, sizeof(extra)};
@@ -204,6 +212,99 @@ static int step_decode(void *p) {
     return 0;
 }
 
+/* msgpack pack: the write callback of a packer whose room is reserved. */
+static int pack_write(void *data, const char *p, size_t n) {
+    kvo_buf *b = data;
+    uint8_t *d = b->data + b->len;
+    b->len += n;
+    if (n > 9) {
+        memcpy(d, p, n);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) /* one int or header: inlined copy */
+        d[i] = (uint8_t)p[i];
+    return 0;
+}
+
+static void pack_key(msgpack_packer *pk, bool map, const char *key) {
+    if (map) msgpack_pack_str_with_body(pk, key, strlen(key));
+}
+
+static void pack_str(msgpack_packer *pk, wire_str s) {
+    if (s.p)
+        msgpack_pack_str_with_body(pk, s.p, s.len);
+    else
+        msgpack_pack_nil(pk);
+}
+
+static void pack_int(msgpack_packer *pk, wire_int v) {
+    if (v.set)
+        msgpack_pack_int64(pk, v.v);
+    else
+        msgpack_pack_nil(pk);
+}
+
+/* The workload's events (BlockStored with int hashes) in the map layout
+ * (the keys the encoder writes for them) or array-v0.14. */
+static void pack_event(msgpack_packer *pk, kvo_buf *out, bool map,
+                       const wire_event *ev) {
+    if (map)
+        msgpack_pack_map(pk, 11);
+    else
+        msgpack_pack_array(pk, 8);
+    pack_key(pk, map, "type");
+    msgpack_pack_str_with_body(pk, "BlockStored", 11);
+    pack_key(pk, map, "block_hashes");
+    msgpack_pack_array(pk, ev->n_hashes);
+    for (uint32_t k = 0; k < ev->n_hashes; k++)
+        msgpack_pack_uint64(pk, ev->hashes[k].key);
+    pack_key(pk, map, "parent_block_hash");
+    if (ev->parent.kind == WIRE_HASH_NONE)
+        msgpack_pack_nil(pk);
+    else
+        msgpack_pack_uint64(pk, ev->parent.key);
+    pack_key(pk, map, "token_ids");
+    msgpack_pack_array(pk, ev->n_tokens);
+    for (uint32_t t = 0; t < ev->n_tokens; t++)
+        msgpack_pack_uint64(pk, ev->token_ids[t]);
+    pack_key(pk, map, "block_size");
+    pack_int(pk, ev->block_size);
+    pack_key(pk, map, "lora_id");
+    pack_int(pk, ev->lora_id);
+    pack_key(pk, map, "medium");
+    pack_str(pk, ev->medium);
+    pack_key(pk, map, "lora_name");
+    pack_str(pk, ev->lora_name);
+    if (!map) return;
+    pack_key(pk, map, "extra_keys");
+    pack_write(out, (const char *)ev->extra_keys.p, ev->extra_keys.len);
+    pack_key(pk, map, "group_idx");
+    pack_int(pk, ev->group_idx);
+    pack_key(pk, map, "kv_cache_spec_kind");
+    pack_str(pk, ev->kv_cache_spec_kind);
+}
+
+static int step_pack(void *p) {
+    ctx *c = p;
+    const wire_batch *b = &c->src;
+    kvo_buf_reset(&c->out);
+    /* an upper bound: 9 bytes per int, 64 per field */
+    size_t room = 64;
+    for (uint32_t e = 0; e < b->n_events; e++)
+        room += 9 * ((size_t)b->events[e].n_hashes + b->events[e].n_tokens) +
+                12 * 64 + b->events[e].extra_keys.len;
+    if (kvo_buf_reserve(&c->out, room) != KVO_OK) return 1;
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &c->out, pack_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, b->ts);
+    msgpack_pack_array(&pk, b->n_events);
+    for (uint32_t e = 0; e < b->n_events; e++)
+        pack_event(&pk, &c->out, c->fmt == WIRE_FMT_MAP, &b->events[e]);
+    pack_int(&pk, b->dp_rank);
+    return 0;
+}
+
 static int step_encode(void *p) {
     ctx *c = p;
     kvo_buf_reset(&c->out);
@@ -212,10 +313,11 @@ static int step_encode(void *p) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvo-bench-wire [--iters N] [--runs N]\n"
+            "usage: kvo-bench-wire [--iters N] [--runs N] [--vocab N]\n"
             "KVEventBatch decode/encode throughput next to memcpy and\n"
             "msgpack-c unpack of the same bytes (32 BlockStored x 16 blocks\n"
-            "x 16 tokens; map and array-v0.14 layouts).\n");
+            "x 16 tokens; map and array-v0.14 layouts). Token ids are drawn\n"
+            "below --vocab (default 151936).\n");
 }
 
 typedef struct opts {
@@ -235,6 +337,10 @@ static int set_opt(void *p, int code, const char *arg) {
         if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return -1;
         o->runs = (int)v;
         return 0;
+    case 'v':
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return -1;
+        vocab = v;
+        return 0;
     case 'h':
         usage(stdout);
         exit(KVO_EXIT_OK);
@@ -250,6 +356,7 @@ int main(int argc, char **argv) {
     static const struct option longopts[] = {
         {"iters", required_argument, NULL, 'i'},
         {"runs", required_argument, NULL, 'r'},
+        {"vocab", required_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0}};
@@ -261,12 +368,11 @@ int main(int argc, char **argv) {
     static const wire_format fmts[] = {WIRE_FMT_MAP, WIRE_FMT_ARRAY_V0_14};
     wire_batch src;
     build_batch(&src);
-    printf(
-        "workload: %d BlockStored x %d blocks x %d tokens, splitmix64 seed 1; "
-        "%ld calls x %d runs, median\n",
-        N_EVENTS, N_BLOCKS, BLOCK_TOKENS, o.iters, o.runs);
-    printf("%-14s %-18s %10s %10s %12s %9s\n", "layout", "step", "ns/call",
-           "MB/s", "events/s", "x unpack");
+    printf("workload: %d BlockStored x %d blocks x %d tokens below %" PRIu32
+           ", splitmix64 seed 1; %ld calls x %d runs, median\n",
+           N_EVENTS, N_BLOCKS, BLOCK_TOKENS, vocab, o.iters, o.runs);
+    printf("%-14s %-18s %10s %10s %12s %9s %7s\n", "layout", "step", "ns/call",
+           "MB/s", "events/s", "x unpack", "x pack");
     int rc = KVO_EXIT_OK;
     for (size_t f = 0; f < KVO_ARRAY_LEN(fmts); f++) {
         ctx *c = calloc(1, sizeof(*c));
@@ -285,6 +391,13 @@ int main(int argc, char **argv) {
         c->src = src;
         c->fmt = fmts[f];
         kvo_buf_init(&c->out);
+        /* The packer baseline must write the very bytes encode writes. */
+        if (step_pack(c) || c->out.len != payload.len ||
+            memcmp(c->out.data, payload.data, payload.len) != 0) {
+            fprintf(stderr, "kvo-bench-wire: msgpack pack differs from "
+                            "wire_batch_encode\n");
+            return KVO_EXIT_FAIL;
+        }
 
         struct {
             const char *name;
@@ -296,6 +409,7 @@ int main(int argc, char **argv) {
             {"precheck", step_precheck},
             {"precheck+unpack", step_precheck_unpack},
             {"decode", step_decode},
+            {"msgpack pack", step_pack},
             {"encode", step_encode},
         };
         enum { N_STEPS = KVO_ARRAY_LEN(steps) };
@@ -311,7 +425,7 @@ int main(int argc, char **argv) {
             }
         }
         /* The baseline is msgpack-c's faster entry point. */
-        double base = ns[1] < ns[2] ? ns[1] : ns[2];
+        double base = ns[1] < ns[2] ? ns[1] : ns[2], pack = ns[N_STEPS - 2];
         if (wire_batch_decode(c->payload, c->len, NULL, &c->batch, NULL) !=
             KVO_OK)
             rc = KVO_EXIT_FAIL;
@@ -319,9 +433,10 @@ int main(int argc, char **argv) {
                wire_format_name(fmts[f]), c->len, batch_checksum(&c->batch));
         for (size_t s = 0; s < KVO_ARRAY_LEN(steps); s++) {
             double sec = ns[s] / 1e9;
-            printf("%-14s %-18s %10.0f %10.1f %12.0f %9.2f\n",
+            printf("%-14s %-18s %10.0f %10.1f %12.0f %9.2f %7.2f\n",
                    wire_format_name(fmts[f]), steps[s].name, ns[s],
-                   (double)c->len / sec / 1e6, N_EVENTS / sec, ns[s] / base);
+                   (double)c->len / sec / 1e6, N_EVENTS / sec, ns[s] / base,
+                   ns[s] / pack);
         }
         free(c->copy);
         msgpack_zone_destroy(&c->zone);

@@ -7,6 +7,7 @@
 #include "wire.h"
 #include "wire_test.h"
 
+#include <inttypes.h>
 #include <string.h>
 
 Suite *suite_batch(void);
@@ -730,6 +731,526 @@ START_TEST(from_json_rejects_bad_views_naming_the_field) {
 }
 END_TEST
 
+/* ---- The former encoder, as the reference --------------------------------
+ * wire_batch_encode writes msgpack directly; before, it called msgpack-c's
+ * packer once per value. That encoder lives on here only, as the reference
+ * the direct writer must equal byte for byte on random batches. Fields in
+ * the order of the array layouts (BlockStored position = index; 0 is the
+ * tag); the map orders and required counts are those of vLLM's structs. */
+enum {
+    R_TYPE,
+    R_HASHES,
+    R_PARENT,
+    R_TOKENS,
+    R_BLOCK_SIZE,
+    R_LORA_ID,
+    R_MEDIUM,
+    R_LORA_NAME,
+    R_EXTRA_KEYS,
+    R_GROUP_IDX,
+    R_SPEC_KIND,
+    R_SPEC_WINDOW,
+    R_LOCALITY,
+    R_OWNERSHIP,
+    R_SESSION_ID,
+    R_CACHE_SALT,
+    R_ORIGIN,
+    R_COUNT
+};
+static const char *const ref_keys[R_COUNT] = {"type",
+                                              "block_hashes",
+                                              "parent_block_hash",
+                                              "token_ids",
+                                              "block_size",
+                                              "lora_id",
+                                              "medium",
+                                              "lora_name",
+                                              "extra_keys",
+                                              "group_idx",
+                                              "kv_cache_spec_kind",
+                                              "kv_cache_spec_sliding_window",
+                                              "locality",
+                                              "ownership",
+                                              "session_id",
+                                              "cache_salt",
+                                              "origin"};
+static const int ref_removed_pos[] = {R_TYPE, R_HASHES, R_MEDIUM, R_GROUP_IDX};
+static const int ref_map_removed[] = {R_TYPE,      R_HASHES,   R_MEDIUM,
+                                      R_GROUP_IDX, R_LOCALITY, R_OWNERSHIP};
+
+typedef struct ref_enc {
+    msgpack_packer pk;
+    kvo_buf *out;
+    wire_format fmt;
+} ref_enc;
+
+static int ref_write(void *data, const char *p, size_t n) {
+    return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
+}
+
+static void ref_cstr(ref_enc *w, const char *s) {
+    msgpack_pack_str_with_body(&w->pk, s, strlen(s));
+}
+
+static void ref_str(ref_enc *w, wire_str s) {
+    if (!s.p) {
+        msgpack_pack_nil(&w->pk);
+        return;
+    }
+    msgpack_pack_str(&w->pk, s.len);
+    msgpack_pack_str_body(&w->pk, s.p, s.len);
+}
+
+static void ref_int(ref_enc *w, wire_int v) {
+    if (v.set)
+        msgpack_pack_int64(&w->pk, v.v);
+    else
+        msgpack_pack_nil(&w->pk);
+}
+
+static void ref_raw(ref_enc *w, wire_raw v) {
+    if (v.p)
+        ck_assert(kvo_buf_append(w->out, v.p, v.len) == KVO_OK);
+    else
+        msgpack_pack_nil(&w->pk);
+}
+
+static void ref_hash(ref_enc *w, const wire_hash *h) {
+    if (h->kind == WIRE_HASH_UINT) {
+        msgpack_pack_uint64(&w->pk, h->key);
+    } else if (h->kind == WIRE_HASH_INT) {
+        msgpack_pack_int64(&w->pk, (int64_t)h->key);
+    } else if (h->kind == WIRE_HASH_BYTES) {
+        msgpack_pack_bin(&w->pk, h->len);
+        msgpack_pack_bin_body(&w->pk, h->bytes, h->len);
+    } else {
+        msgpack_pack_nil(&w->pk);
+    }
+}
+
+static void ref_field(ref_enc *w, const wire_event *e, int f) {
+    static const char *const types[] = {"", "BlockStored", "BlockRemoved",
+                                        "AllBlocksCleared"};
+    switch (f) {
+    case R_TYPE:
+        ref_cstr(w, types[e->type]);
+        break;
+    case R_HASHES:
+        msgpack_pack_array(&w->pk, e->n_hashes);
+        for (uint32_t i = 0; i < e->n_hashes; i++)
+            ref_hash(w, &e->hashes[i]);
+        break;
+    case R_PARENT:
+        ref_hash(w, &e->parent);
+        break;
+    case R_TOKENS:
+        msgpack_pack_array(&w->pk, e->n_tokens);
+        for (uint32_t i = 0; i < e->n_tokens; i++)
+            msgpack_pack_uint64(&w->pk, e->token_ids[i]);
+        break;
+    case R_BLOCK_SIZE:
+        ref_int(w, e->block_size);
+        break;
+    case R_LORA_ID:
+        ref_int(w, e->lora_id);
+        break;
+    case R_MEDIUM:
+        ref_str(w, e->medium);
+        break;
+    case R_LORA_NAME:
+        if (e->metadata.p && w->fmt >= WIRE_FMT_ARRAY_V0_9_0)
+            ref_raw(w, e->metadata);
+        else
+            ref_str(w, e->lora_name);
+        break;
+    case R_EXTRA_KEYS:
+        ref_raw(w, e->extra_keys);
+        break;
+    case R_GROUP_IDX:
+        ref_int(w, e->group_idx);
+        break;
+    case R_SPEC_KIND:
+        ref_str(w, e->kv_cache_spec_kind);
+        break;
+    case R_SPEC_WINDOW:
+        ref_int(w, e->kv_cache_spec_sliding_window);
+        break;
+    case R_LOCALITY:
+        ref_str(w, e->locality);
+        break;
+    case R_OWNERSHIP:
+        ref_str(w, e->ownership);
+        break;
+    case R_SESSION_ID:
+        ref_str(w, e->session_id);
+        break;
+    case R_CACHE_SALT:
+        ref_str(w, e->cache_salt);
+        break;
+    default:
+        ref_str(w, e->origin);
+        break;
+    }
+}
+
+static bool ref_set(const wire_event *e, int f) {
+    switch (f) {
+    case R_EXTRA_KEYS:
+        return e->extra_keys.p;
+    case R_GROUP_IDX:
+        return e->group_idx.set;
+    case R_SPEC_KIND:
+        return e->kv_cache_spec_kind.p;
+    case R_SPEC_WINDOW:
+        return e->kv_cache_spec_sliding_window.set;
+    case R_LOCALITY:
+        return e->locality.p;
+    case R_OWNERSHIP:
+        return e->ownership.p;
+    case R_SESSION_ID:
+        return e->session_id.p;
+    case R_CACHE_SALT:
+        return e->cache_salt.p;
+    case R_ORIGIN:
+        return e->origin.p;
+    default:
+        return true;
+    }
+}
+
+static void ref_map_event(ref_enc *w, const wire_event *e, unsigned flags) {
+    int all[R_COUNT], keys[R_COUNT];
+    size_t n_all = 1, n_req = 1;
+    all[0] = R_TYPE;
+    if (e->type == WIRE_EV_STORED) {
+        for (int f = 0; f < R_COUNT; f++)
+            all[f] = f;
+        n_all = R_COUNT, n_req = 8;
+    } else if (e->type == WIRE_EV_REMOVED) {
+        memcpy(all, ref_map_removed, sizeof(ref_map_removed));
+        n_all = KVO_ARRAY_LEN(ref_map_removed), n_req = 3;
+    }
+    uint32_t n = 0;
+    for (size_t i = 0; i < n_all; i++)
+        if (i < n_req || ref_set(e, all[i])) keys[n++] = all[i];
+    if (w->fmt == WIRE_FMT_MAP_NEXT && e->type == WIRE_EV_STORED) {
+        uint8_t h[3] = {0xde, (uint8_t)(n >> 8), (uint8_t)n};
+        ck_assert(kvo_buf_append(w->out, h, 3) == KVO_OK);
+    } else {
+        msgpack_pack_map(&w->pk, n);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int f = flags & WIRE_ENC_REVERSE_KEYS ? keys[n - 1 - i] : keys[i];
+        ref_cstr(w, ref_keys[f]);
+        ref_field(w, e, f);
+    }
+}
+
+static void ref_array_event(ref_enc *w, const wire_event *e) {
+    uint32_t n_stored = 12, n_removed = 4;
+    if (w->fmt <= WIRE_FMT_ARRAY_V0_9_1)
+        n_stored = 6, n_removed = 2;
+    else if (w->fmt == WIRE_FMT_ARRAY_V0_10_2)
+        n_stored = 7, n_removed = 3;
+    else if (w->fmt == WIRE_FMT_ARRAY_V0_14)
+        n_stored = 8, n_removed = 3;
+    uint32_t n = e->type == WIRE_EV_STORED    ? n_stored
+                 : e->type == WIRE_EV_REMOVED ? n_removed
+                                              : 1;
+    msgpack_pack_array(&w->pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        ref_field(w, e,
+                  e->type == WIRE_EV_REMOVED ? ref_removed_pos[i] : (int)i);
+}
+
+static bool ref_valid(const wire_batch *b) {
+    if (b->n_events && !b->events) return false;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        const wire_event *e = &b->events[i];
+        if (e->type < WIRE_EV_STORED || e->type > WIRE_EV_CLEARED) return false;
+        if (e->type == WIRE_EV_CLEARED) continue;
+        if (e->n_hashes && !e->hashes) return false;
+        for (uint32_t k = 0; k < e->n_hashes; k++)
+            if (e->hashes[k].kind == WIRE_HASH_NONE ||
+                (e->hashes[k].kind == WIRE_HASH_BYTES && e->hashes[k].len &&
+                 !e->hashes[k].bytes))
+                return false;
+        if (e->type == WIRE_EV_STORED && e->n_tokens && !e->token_ids)
+            return false;
+    }
+    return true;
+}
+
+/* What the former encoder returned and appended. */
+static kvo_status ref_encode(const wire_batch *b, wire_format f, unsigned flags,
+                             kvo_buf *out) {
+    if (!ref_valid(b)) return KVO_EINVAL;
+    ref_enc w = {.out = out, .fmt = f};
+    msgpack_packer_init(&w.pk, out, ref_write);
+    msgpack_pack_array(&w.pk, f == WIRE_FMT_ARRAY_V0_9_0 ? 2 : 3);
+    msgpack_pack_double(&w.pk, b->ts);
+    msgpack_pack_array(&w.pk, b->n_events);
+    bool map = f == WIRE_FMT_MAP || f == WIRE_FMT_MAP_NEXT;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        if (map)
+            ref_map_event(&w, &b->events[i], flags);
+        else
+            ref_array_event(&w, &b->events[i]);
+    }
+    if (f != WIRE_FMT_ARRAY_V0_9_0) ref_int(&w, b->dp_rank);
+    return KVO_OK;
+}
+
+/* ---- Random batches covering every msgpack form the encoder writes ------*/
+
+static uint64_t diff_rng;
+static uint64_t diff_next(void) {
+    uint64_t z = (diff_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ z >> 27) * 0x94D049BB133111EBull;
+    return z ^ z >> 31;
+}
+
+static bool one_in(uint64_t n) {
+    return diff_next() % n == 0;
+}
+
+/* lo, hi, or anything between (boundaries a third of the time each). */
+static uint64_t in_range(uint64_t lo, uint64_t hi) {
+    uint64_t r = diff_next();
+    if (r % 3 == 0) return lo;
+    if (r % 3 == 1) return hi;
+    uint64_t span = hi - lo;
+    return span == UINT64_MAX ? diff_next() : lo + diff_next() % (span + 1);
+}
+
+/* A u64 of every msgpack width: fixint, cc, cd, ce, cf below and above
+ * 2^63. */
+static uint64_t any_u64(void) {
+    static const uint64_t lo[] = {
+        0, 0x80, 0x100, 0x10000, 0x100000000ull, 0x8000000000000000ull};
+    static const uint64_t hi[] = {
+        0x7f, 0xff, 0xffff, 0xffffffffull, 0x7fffffffffffffffull, UINT64_MAX};
+    size_t c = diff_next() % KVO_ARRAY_LEN(lo);
+    return in_range(lo[c], hi[c]);
+}
+
+/* An i64 of every width, negative (negative fixint, d0..d3) or not. */
+static int64_t any_i64(void) {
+    static const int64_t lo[] = {-32, -128, -32768, INT32_MIN, INT64_MIN};
+    static const int64_t hi[] = {-1, -33, -129, -32769, (int64_t)INT32_MIN - 1};
+    if (one_in(2)) return (int64_t)any_u64();
+    size_t c = diff_next() % KVO_ARRAY_LEN(lo);
+    return (int64_t)in_range((uint64_t)lo[c], (uint64_t)hi[c]);
+}
+
+/* Bytes to point strings, bins and raw values at. */
+#define POOL_BYTES 70000u
+static uint8_t diff_pool[POOL_BYTES];
+
+typedef struct diff_seen {
+    long str8, str16, str32, bin8, bin16, bin32, arr16, arr32, invalid;
+} diff_seen;
+
+/* A length of every str/bin header width: fix (str only), 8, 16 and 32
+ * bits, at and around the boundaries; long ones rare. */
+static uint32_t any_len(bool bin, diff_seen *seen) {
+    uint64_t r = diff_next() % 1000;
+    uint32_t n;
+    if (r < 700)
+        n = (uint32_t)in_range(0, 31);
+    else if (r < 950)
+        n = (uint32_t)in_range(32, 255);
+    else if (r < 995)
+        n = (uint32_t)in_range(256, 65535);
+    else
+        n = (uint32_t)in_range(65536, POOL_BYTES);
+    long *c[] = {bin ? &seen->bin8 : NULL, bin ? &seen->bin8 : &seen->str8,
+                 bin ? &seen->bin16 : &seen->str16,
+                 bin ? &seen->bin32 : &seen->str32};
+    long *k = c[n < 32 ? 0 : n < 256 ? 1 : n < 65536 ? 2 : 3];
+    if (k) (*k)++;
+    return n;
+}
+
+static const uint8_t *pool_at(uint32_t n) {
+    return diff_pool + diff_next() % (POOL_BYTES - n + 1);
+}
+
+static wire_str any_str(diff_seen *seen) {
+    if (one_in(3)) return (wire_str){NULL, 0};
+    uint32_t n = any_len(false, seen);
+    return (wire_str){(const char *)pool_at(n), n};
+}
+
+static wire_int any_int(void) {
+    if (one_in(3)) return (wire_int){false, 0};
+    return (wire_int){true, any_i64()};
+}
+
+/* Raw values are copied verbatim: any bytes do. */
+static wire_raw any_raw(void) {
+    if (one_in(2)) return (wire_raw){NULL, 0};
+    uint32_t n = (uint32_t)(one_in(20) ? in_range(0, 600) : in_range(0, 40));
+    return (wire_raw){pool_at(n), n};
+}
+
+/* Hash kinds with any key: the writer packs UINT unsigned and INT signed
+ * whatever the value. */
+static wire_hash any_hash(bool nil_ok, bool short_bins, diff_seen *seen) {
+    uint64_t r = diff_next() % 8;
+    if (nil_ok && r == 0) return (wire_hash){WIRE_HASH_NONE, 0, 0, NULL};
+    if (r < 4) return (wire_hash){WIRE_HASH_UINT, 0, any_u64(), NULL};
+    if (r < 6) return (wire_hash){WIRE_HASH_INT, 0, (uint64_t)any_i64(), NULL};
+    uint32_t n = short_bins ? (uint32_t)in_range(0, 40) : any_len(true, seen);
+    return (wire_hash){WIRE_HASH_BYTES, n, diff_next(), pool_at(n)};
+}
+
+/* A count of every array header width (fix, 16, 32), mostly small. */
+static uint32_t any_count(uint32_t small, diff_seen *seen) {
+    uint64_t r = diff_next() % 1000;
+    uint32_t n = r < 990   ? (uint32_t)in_range(0, small)
+                 : r < 998 ? (uint32_t)in_range(16, 70)
+                           : (uint32_t)in_range(65535, 65537);
+    if (n >= 16 && n <= 0xffff) seen->arr16++;
+    if (n > 0xffff) seen->arr32++;
+    return n;
+}
+
+static void random_event(wire_batch *b, wire_event *e, diff_seen *seen) {
+    memset(e, 0, sizeof(*e));
+    e->type = (wire_ev_type)(1 + diff_next() % 3);
+    e->n_hashes = any_count(17, seen);
+    e->hashes =
+        kvo_arena_alloc(&b->arena, (e->n_hashes + 1) * sizeof(wire_hash));
+    ck_assert_ptr_nonnull(e->hashes);
+    for (uint32_t i = 0; i < e->n_hashes; i++)
+        e->hashes[i] = any_hash(false, e->n_hashes > 64, seen);
+    e->parent = any_hash(true, false, seen);
+    e->n_tokens = any_count(48, seen);
+    e->token_ids =
+        kvo_arena_alloc(&b->arena, (e->n_tokens + 1) * sizeof(uint64_t));
+    ck_assert_ptr_nonnull(e->token_ids);
+    bool vocab = one_in(2); /* a real vocabulary, or every width */
+    for (uint32_t i = 0; i < e->n_tokens; i++)
+        e->token_ids[i] = vocab ? diff_next() % 151936 : any_u64();
+    e->block_size = any_int();
+    e->lora_id = any_int();
+    e->medium = any_str(seen);
+    e->lora_name = any_str(seen);
+    e->metadata = one_in(4) ? any_raw() : (wire_raw){NULL, 0};
+    e->extra_keys = any_raw();
+    e->group_idx = any_int();
+    e->kv_cache_spec_kind = any_str(seen);
+    e->kv_cache_spec_sliding_window = any_int();
+    e->locality = any_str(seen);
+    e->ownership = any_str(seen);
+    e->session_id = any_str(seen);
+    e->cache_salt = any_str(seen);
+    e->origin = any_str(seen);
+    /* Now and then something the encoder must refuse. */
+    if (one_in(200)) {
+        seen->invalid++;
+        switch (diff_next() % 5) {
+        case 0:
+            e->type = (wire_ev_type)(one_in(2) ? 0 : 4);
+            break;
+        case 1:
+            e->n_hashes = 1 + e->n_hashes,
+            e->hashes[e->n_hashes - 1] =
+                (wire_hash){WIRE_HASH_NONE, 0, 0, NULL};
+            break;
+        case 2:
+            e->n_hashes = 1, e->hashes = NULL;
+            break;
+        case 3:
+            e->n_hashes = 1,
+            e->hashes[0] = (wire_hash){WIRE_HASH_BYTES, 3, 0, NULL};
+            break;
+        default:
+            e->n_tokens = 1, e->token_ids = NULL;
+            break;
+        }
+    }
+}
+
+START_TEST(encoder_equals_msgpack_c_packer_on_random_batches) {
+    const uint64_t seed = 20260419;
+    diff_rng = seed;
+    fprintf(stderr, "batch: encoder differential seed %" PRIu64 "\n", seed);
+    for (size_t i = 0; i < POOL_BYTES; i++)
+        diff_pool[i] = (uint8_t)diff_next();
+    diff_seen seen = {0};
+    long formats[WIRE_FMT_COUNT] = {0}, reversed = 0, map16 = 0;
+    wire_batch b;
+    wire_batch_init(&b);
+    kvo_buf got, want;
+    kvo_buf_init(&got);
+    kvo_buf_init(&want);
+    for (int round = 0; round < 20000; round++) {
+        wire_batch_reset(&b);
+        uint64_t bits = diff_next();
+        if (one_in(2))
+            memcpy(&b.ts, &bits, sizeof(bits)); /* NaNs too */
+        else
+            b.ts = (double)(bits >> 11) / 1024.0;
+        b.dp_rank = any_int();
+        b.n_events =
+            one_in(500) ? (uint32_t)in_range(16, 40) : (uint32_t)in_range(0, 4);
+        b.events =
+            kvo_arena_alloc(&b.arena, (b.n_events + 1) * sizeof(wire_event));
+        ck_assert_ptr_nonnull(b.events);
+        for (uint32_t e = 0; e < b.n_events; e++)
+            random_event(&b, &b.events[e], &seen);
+        wire_format f = (wire_format)(diff_next() % WIRE_FMT_COUNT);
+        unsigned flags = one_in(3) ? WIRE_ENC_REVERSE_KEYS : 0;
+        /* Both append after what the buffer already holds. */
+        uint32_t pre = (uint32_t)(diff_next() % 8);
+        kvo_buf_reset(&got);
+        kvo_buf_reset(&want);
+        ck_assert(kvo_buf_append(&got, diff_pool, pre) == KVO_OK);
+        ck_assert(kvo_buf_append(&want, diff_pool, pre) == KVO_OK);
+        kvo_status st_want = ref_encode(&b, f, flags, &want);
+        kvo_status st_got = wire_batch_encode(&b, f, flags, &got);
+        ck_assert_msg(st_got == st_want, "round %d: status %s, want %s", round,
+                      kvo_strerror(st_got), kvo_strerror(st_want));
+        if (st_want != KVO_OK) {
+            ck_assert_uint_eq(got.len, pre); /* nothing appended */
+            continue;
+        }
+        size_t at = 0;
+        while (at < got.len && at < want.len && got.data[at] == want.data[at])
+            at++;
+        ck_assert_msg(got.len == want.len && at == got.len,
+                      "round %d (%s%s): %zu vs %zu bytes, first difference "
+                      "at %zu",
+                      round, wire_format_name(f), flags ? ", reversed" : "",
+                      got.len, want.len, at);
+        formats[f]++;
+        if (flags) reversed++;
+        for (uint32_t e = 0; e < b.n_events; e++)
+            if (f == WIRE_FMT_MAP_NEXT && b.events[e].type == WIRE_EV_STORED)
+                map16++;
+    }
+    for (int f = 0; f < WIRE_FMT_COUNT; f++)
+        ck_assert_int_gt(formats[f], 1000);
+    ck_assert_int_gt(reversed, 1000);
+    ck_assert_int_gt(map16, 1000);
+    ck_assert_int_gt(seen.str8, 0);
+    ck_assert_int_gt(seen.str16, 0);
+    ck_assert_int_gt(seen.str32, 0);
+    ck_assert_int_gt(seen.bin8, 0);
+    ck_assert_int_gt(seen.bin16, 0);
+    ck_assert_int_gt(seen.bin32, 0);
+    ck_assert_int_gt(seen.arr16, 0);
+    ck_assert_int_gt(seen.arr32, 0);
+    ck_assert_int_gt(seen.invalid, 10);
+    kvo_buf_fini(&got);
+    kvo_buf_fini(&want);
+    wire_batch_fini(&b);
+}
+END_TEST
+
 Suite *suite_batch(void) {
     Suite *s = suite_create("batch");
     TCase *tc = tcase_create("vectors");
@@ -755,6 +1276,10 @@ Suite *suite_batch(void) {
                    bytes_hashes_of_any_length_normalize_to_last_eight_bytes);
     tcase_add_test(tc, formats_and_sequence_frames_round_trip);
     tcase_add_test(tc, from_json_rejects_bad_views_naming_the_field);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("encoder");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, encoder_equals_msgpack_c_packer_on_random_batches);
     suite_add_tcase(s, tc);
     return s;
 }
