@@ -15,17 +15,40 @@
  * (trace mode with --record when no port could be bound). Sockets set
  * ZMQ_LINGER; the ROUTER has no send high-water mark so a replay is never
  * cut short by the default of 1000 messages.
+ *
+ * A payload is copied once, into a reference-counted block that the ring
+ * and the PUB frame share (zmq_msg_init_data: libzmq's I/O thread drops
+ * its reference when the frame is on the wire), instead of once for the
+ * ring and once more inside zmq_send.
  */
 #include "mock_int.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <zmq.h>
 
+/* One published payload, shared by the ring and libzmq's I/O thread. */
+typedef struct payload {
+    atomic_uint refs;
+    size_t len;
+    uint8_t data[];
+} payload;
+
+static void payload_unref(payload *p) {
+    if (p && atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
+        kvo_free(p);
+}
+
+/* libzmq's free callback (its I/O thread): the frame has gone. */
+static void payload_sent(void *data, void *hint) {
+    (void)data;
+    payload_unref(hint);
+}
+
 typedef struct ring_ent {
     uint64_t seq;
-    uint8_t *data;
-    size_t len;
+    payload *p;
 } ring_ent;
 
 struct mock_pub {
@@ -115,7 +138,7 @@ void mock_pub_free(mock_pub *p) {
     close_socket(&p->pub);
     close_socket(&p->router);
     for (uint32_t i = 0; i < p->ring_n; i++)
-        kvo_free(p->ring[(p->ring_head + i) % p->ring_cap].data);
+        payload_unref(p->ring[(p->ring_head + i) % p->ring_cap].p);
     kvo_free(p->ring);
     kvo_free(p->topic);
     kvo_free(p);
@@ -140,59 +163,78 @@ void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out) {
 
 static void ring_drop_oldest(mock_pub *p) {
     ring_ent *e = &p->ring[p->ring_head];
-    p->ring_bytes -= e->len;
-    kvo_free(e->data);
-    e->data = NULL;
+    p->ring_bytes -= e->p->len;
+    payload_unref(e->p);
+    e->p = NULL;
     p->ring_head = (p->ring_head + 1) % p->ring_cap;
     p->ring_n--;
 }
 
-static void ring_push(mock_pub *p, uint64_t seq, const uint8_t *data,
-                      size_t len) {
-    if (!p->ring_cap) return;
-    if (len > p->ring_bytes_max) {
-        /* Cannot be kept: empty the ring so replay never skips it silently
-         * in the middle (a client sees the first seq it gets back). */
+/* Keep pl (one reference, given) for replay; pl NULL (no memory for the
+ * copy): the ring is emptied, so replay never skips a batch silently in
+ * the middle (a client sees the first seq it gets back). */
+static void ring_push(mock_pub *p, uint64_t seq, payload *pl, size_t len) {
+    if (!p->ring_cap) {
+        payload_unref(pl);
+        return;
+    }
+    if (!pl || len > p->ring_bytes_max) { /* cannot be kept */
         while (p->ring_n) ring_drop_oldest(p);
+        payload_unref(pl);
         return;
     }
     while (p->ring_n && (p->ring_n == p->ring_cap ||
                          p->ring_bytes + len > p->ring_bytes_max))
         ring_drop_oldest(p);
-    uint8_t *copy = kvo_malloc(len ? len : 1);
-    if (!copy) {
-        while (p->ring_n) ring_drop_oldest(p);
-        return;
-    }
-    memcpy(copy, data, len);
     ring_ent *e = &p->ring[(p->ring_head + p->ring_n) % p->ring_cap];
     e->seq = seq;
-    e->data = copy;
-    e->len = len;
+    e->p = pl;
     p->ring_n++;
     p->ring_bytes += len;
 }
 
-kvo_status mock_pub_send(mock_pub *p, const uint8_t *payload, size_t len) {
+/* The payload frame: zero-copy from pl when there is one (a reference
+ * goes to libzmq), else copied by zmq_send. */
+static int send_payload(void *s, payload *pl, const uint8_t *data, size_t len) {
+    if (!pl) return zmq_send(s, data, len, ZMQ_DONTWAIT);
+    zmq_msg_t m;
+    atomic_fetch_add_explicit(&pl->refs, 1, memory_order_relaxed);
+    if (zmq_msg_init_data(&m, pl->data, len, payload_sent, pl) != 0) {
+        payload_unref(pl);
+        return zmq_send(s, data, len, ZMQ_DONTWAIT);
+    }
+    int rc = zmq_msg_send(&m, s, ZMQ_DONTWAIT);
+    if (rc < 0) zmq_msg_close(&m); /* not sent: drops libzmq's reference */
+    return rc;
+}
+
+kvo_status mock_pub_send(mock_pub *p, const uint8_t *data, size_t len) {
     uint64_t seq = p->next_seq++;
     uint8_t seqb[8];
     wire_seq_put(seqb, seq);
     p->st.batches++;
     p->st.bytes += len;
+    payload *pl = NULL;
+    if (p->ring_cap && len <= p->ring_bytes_max &&
+        (pl = kvo_malloc(sizeof(*pl) + (len ? len : 1))) != NULL) {
+        atomic_init(&pl->refs, 1); /* the ring's */
+        pl->len = len;
+        memcpy(pl->data, data, len);
+    }
     if (p->pub) {
         if (zmq_send(p->pub, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-            zmq_send(p->pub, payload, len, ZMQ_DONTWAIT) < 0)
+            send_payload(p->pub, pl, data, len) < 0)
             p->st.send_errors++;
     }
-    ring_push(p, seq, payload, len);
     if (p->record) {
         wire_frame fr[3] = {{(const uint8_t *)p->topic, p->topic_len},
                             {seqb, 8},
-                            {payload, len}};
+                            {data, len}};
         if (wire_cap_write(p->record, kvo_unix_ns(), fr, 3) != KVO_OK)
             p->st.record_errors++;
     }
+    ring_push(p, seq, pl, len); /* gives the ring its reference */
     return KVO_OK;
 }
 
@@ -244,8 +286,8 @@ void mock_pub_replay_serve(mock_pub *p) {
                 ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
                 if (e->seq < start) continue;
                 wire_seq_put(seqb, e->seq);
-                const void *f[3] = {p->topic, seqb, e->data};
-                size_t len[3] = {p->topic_len, 8, e->len};
+                const void *f[3] = {p->topic, seqb, e->p->data};
+                size_t len[3] = {p->topic_len, 8, e->p->len};
                 send_frames(p->router, &fr[0], f, len, 3);
                 p->st.replay_batches++;
             }

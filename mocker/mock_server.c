@@ -219,9 +219,8 @@ static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
     if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
         return "trace: input_length must be within (512*(k-1), 512*k] for k "
                "hash_ids";
-    out->tok = kvo_malloc((size_t)n * sizeof(uint64_t));
-    if (!out->tok) return "out of memory";
-    mock_trace_tokens(out->trace_ids, (uint32_t)k, (uint32_t)n, out->tok);
+    /* no tokens: the engine makes them from the ids at admission, in its
+     * own array (a copy of ~100 KB per Mooncake prompt saved) */
     out->n = (uint32_t)n;
     return NULL;
 }
@@ -1228,18 +1227,23 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
     s->t0_ns = kvo_now_ns();
     s->started_unix = (long long)time(NULL);
     kvo_buf_init(&s->scratch);
-    kvo_status st = node_init(&s->node, cfg, true);
-    if (st != KVO_OK) {
-        kvo_free(s);
-        return st;
-    }
+    /* HTTP first: its port is usually a fixed one the caller picked, and
+     * the event sockets' "port 0" must not take it from us (requests wait
+     * in the backlog until the loop runs) */
     kvo_http_server_cfg hc = {.host = cfg->host, .port = cfg->port,
                               .handler = on_http, .ctx = s};
-    st = kvo_http_server_new(&s->http, &hc);
+    kvo_status st = kvo_http_server_new(&s->http, &hc);
     if (st != KVO_OK) {
         kvo_error("HTTP server on %s:%u: %s", cfg->host, (unsigned)cfg->port,
                   kvo_strerror(st));
-        goto done;
+        kvo_free(s);
+        return st;
+    }
+    st = node_init(&s->node, cfg, true);
+    if (st != KVO_OK) {
+        kvo_http_server_free(s->http);
+        kvo_free(s);
+        return st;
     }
     kvo_info("listening on http://%s:%u", cfg->host,
              (unsigned)kvo_http_server_port(s->http));
@@ -1279,7 +1283,6 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
              (unsigned long long)s->http_requests,
              (unsigned long long)s->finished_length,
              (unsigned long long)s->finished_aborted);
-done:
     kvo_http_server_free(s->http); /* pending requests get 503 */
     node_fini(&s->node);           /* engines drop requests, no callbacks */
     while (s->calls) {

@@ -1,6 +1,7 @@
 /* helpers.c -- see mt.h. */
 #include "mt.h"
 
+#include <stdio.h>
 #include <string.h>
 
 void mt_on_output(void *user, const mock_output *o) {
@@ -139,5 +140,27 @@ void mt_record(void *ctx, const wire_batch *b) {
         r->has_parent[r->n] = e->parent.kind != WIRE_HASH_NONE;
         r->parent[r->n] = e->parent.key;
         r->n++;
+    }
+}
+
+uint16_t mt_mocker_spawn(kt_proc *p, const char *const args[]) {
+    for (int attempt = 0;; attempt++) {
+        uint16_t port;
+        ck_assert_int_eq(kvo_free_port(&port), KVO_OK);
+        char ps[16], url[64];
+        snprintf(ps, sizeof(ps), "%u", port);
+        const char *argv[48] = {"--port", ps};
+        int n = 2;
+        for (int i = 0; args && args[i] && n < 47; i++) argv[n++] = args[i];
+        argv[n] = NULL;
+        kt_proc_start(p, "kvo-mocker", argv);
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/health", port);
+        kvo_status st = kvo_wait_http(&p->proc, url, 15000);
+        if (st == KVO_ESTATE && p->proc.exit_status == 2 && attempt < 4) {
+            kt_guard_release(&p->guard); /* a lost port race: try again */
+            continue;
+        }
+        kt_proc_wait_http(p, url, 15000); /* fails the test with the log */
+        return port;
     }
 }

@@ -54,6 +54,12 @@ typedef struct mt_rec {
 /* An mt_batch_fn: appends b's events to the mt_rec ctx. */
 void mt_record(void *ctx, const wire_batch *b);
 
+/* Start the kvo-mocker binary with --port <a free port> and args, and wait
+ * for /health. Another process can take the port between kvo_free_port and
+ * the bind (the mocker then exits 2 at once): retried on a fresh port.
+ * Returns the port. */
+uint16_t mt_mocker_spawn(kt_proc *p, const char *const args[]);
+
 /* tokens 1..n */
 void mt_iota(uint64_t *t, uint32_t n, uint64_t first);
 

@@ -25,23 +25,15 @@ typedef struct mocker {
 
 static void mocker_start(mocker *m, const char *const extra[]) {
     const char *args[40];
-    char port[16];
     int n = 0;
-    ck_assert_int_eq(kvo_free_port(&m->port), KVO_OK);
-    snprintf(port, sizeof(port), "%u", m->port);
-    args[n++] = "--port";
-    args[n++] = port;
     args[n++] = "--zmq-port";
     args[n++] = "0";
     args[n++] = "--replay-port";
     args[n++] = "0";
     for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
-    kt_proc_start(&m->p, "kvo-mocker", args);
+    m->port = mt_mocker_spawn(&m->p, args);
     snprintf(m->url, sizeof(m->url), "http://127.0.0.1:%u", m->port);
-    char health[96];
-    snprintf(health, sizeof(health), "%s/health", m->url);
-    kt_proc_wait_http(&m->p, health, 15000);
     ck_assert_int_eq(kvo_http_client_new(&m->c, 20000), KVO_OK);
     kvo_http_resp_init(&m->r);
 }

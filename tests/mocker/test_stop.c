@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -34,13 +35,8 @@ typedef struct srv {
 
 static void srv_start(srv *s, const char *const extra[]) {
     const char *args[32];
-    char port[16];
     int n = 0;
     memset(s, 0, sizeof(*s));
-    ck_assert_int_eq(kvo_free_port(&s->port), KVO_OK);
-    snprintf(port, sizeof(port), "%u", s->port);
-    args[n++] = "--port";
-    args[n++] = port;
     args[n++] = "--zmq-port";
     args[n++] = "0";
     args[n++] = "--replay-port";
@@ -51,11 +47,9 @@ static void srv_start(srv *s, const char *const extra[]) {
     args[n++] = "debug";
     for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
-    kt_proc_start(&s->p, "kvo-mocker", args);
+    s->port = mt_mocker_spawn(&s->p, args);
     snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%u", s->port);
     char url[128];
-    snprintf(url, sizeof(url), "%s/health", s->url);
-    kt_proc_wait_http(&s->p, url, 15000);
     /* the advertised endpoints */
     kvo_http_client *c;
     kvo_http_resp r;
@@ -231,18 +225,37 @@ START_TEST(sigterm_stops_a_server_whose_replay_and_pub_clients_never_read) {
 }
 END_TEST
 
+/* The PUB endpoint rank 0 logged ("rank 0: publishing on tcp://H:P"). */
+static void logged_endpoint(kt_proc *p, char *ep, size_t epsz) {
+    for (int i = 0; i < 2000; i++) {
+        FILE *f = fopen(p->proc.log_path, "rb");
+        if (f) {
+            char buf[8192];
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[len] = '\0';
+            const char *at = strstr(buf, "rank 0: publishing on ");
+            if (at && sscanf(at + strlen("rank 0: publishing on "), "%63[^,]", ep) == 1) {
+                (void)epsz;
+                return;
+            }
+        }
+        ck_assert_msg(kvo_proc_alive(&p->proc), "kvo-mocker exited before publishing");
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&p->proc, 40);
+    ck_abort_msg("kvo-mocker never logged its PUB endpoint");
+}
+
 /* Trace mode on the whole conversation trace: SIGTERM once events flow. */
 static void trace_stop(const char *speedup, const char *moment) {
-    uint16_t zp;
-    ck_assert_int_eq(kvo_free_port(&zp), KVO_OK);
-    char zps[16], ep[64];
-    snprintf(zps, sizeof(zps), "%u", zp);
-    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", zp);
+    char ep[64];
     char *trace = kt_src_path("traces/mooncake_conversation.jsonl");
-    const char *args[] = {"--trace", trace, "--zmq-port", zps, "--replay-port", "0",
-                          "--speedup", speedup, "--no-progress", NULL};
+    const char *args[] = {"--trace", trace, "--zmq-port", "0", "--replay-port", "0",
+                          "--speedup", speedup, "--no-progress", "--require-events", NULL};
     kt_proc p;
     kt_proc_start(&p, "kvo-mocker", args);
+    logged_endpoint(&p, ep, sizeof(ep));
     void *ctx = zmq_ctx_new();
     void *sub = zsock(ctx, ZMQ_SUB, ep, 0);
     zmq_msg_t m;
