@@ -553,8 +553,10 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
             chain = got;
             have_chain = true;
         }
-        if (have_chain) digest_remember(p, h->key, &chain);
-        parent = chain;
+        if (have_chain) {
+            digest_remember(p, h->key, &chain);
+            parent = chain; /* read next only when have_chain */
+        }
         have = have_chain;
     }
     msgpack_unpacked_destroy(&up);
