@@ -1,0 +1,18 @@
+/* test_nats: the NATS client setup kvo-indexer and kvo-relay share
+ * (kvo_nats): options and configuration, the connection against a real
+ * nats-server. */
+#include "kt.h"
+
+#include <stdlib.h>
+
+Suite *suite_cfg(void);
+Suite *suite_conn(void);
+
+int main(void) {
+    SRunner *sr = srunner_create(suite_cfg());
+    srunner_add_suite(sr, suite_conn());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
