@@ -18,6 +18,7 @@
 #define IDX_H
 
 #include "kvo.h"
+#include "kvo_nats.h"
 #include "wire.h"
 
 #include <stdio.h>
@@ -232,16 +233,8 @@ kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
 /* ======================================================================== */
 
 typedef struct idx_service_cfg {
-    const char *nats_url;     /* default nats://127.0.0.1:4222 */
-    const char *nats_user;    /* with nats_password */
-    const char *nats_password;
-    const char *nats_token;
-    const char *nats_creds;   /* credentials file */
-    bool nats_tls;            /* require TLS */
-    const char *nats_tls_ca;  /* CA bundle */
-    const char *nats_tls_cert;/* client certificate (with key) */
-    const char *nats_tls_key;
-    bool nats_tls_skip_verify;
+    kvo_nats_cfg nats;        /* the --nats* options (buffer_bytes unused:
+                                 the indexer publishes nothing) */
     const char *subject;      /* default namespace.*.component.*.kv-events */
     const char *http;         /* host:port, default 127.0.0.1:8090 (0 = any) */
     uint32_t block_size;      /* default 16 */

@@ -35,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #define INBOX_MAX 262144           /* messages waiting for the loop */
@@ -70,19 +69,15 @@ typedef struct svc {
     idx_scores scores;
 
     /* NATS (callbacks on nats.c threads) */
-    natsOptions *opts;
-    natsConnection *nc;
+    kvo_nats *nats;
     natsSubscription *sub;
-    char **servers;
-    int nservers;
-    atomic_uint_fast64_t disconnects, reconnects, slow_drops, inbox_drops;
-    atomic_bool connected_once;
+    atomic_uint_fast64_t slow_drops, inbox_drops;
 
-    pthread_mutex_t mu; /* inbox, closed */
+    pthread_mutex_t mu; /* inbox, stopping */
     pthread_cond_t cv;
     natsMsg **inbox;
     size_t inbox_len, inbox_cap, inbox_bytes;
-    bool stopping, closed;
+    bool stopping;
     int evfd;
 
     /* loop-only state */
@@ -97,7 +92,7 @@ typedef struct svc {
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
     memset(cfg, 0, sizeof(*cfg));
-    cfg->nats_url = "nats://127.0.0.1:4222";
+    kvo_nats_cfg_default(&cfg->nats);
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
     cfg->block_size = 16;
@@ -144,32 +139,6 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     }
 }
 
-static void on_connected(natsConnection *nc, void *closure) {
-    (void)nc;
-    atomic_store(&((svc *)closure)->connected_once, true);
-}
-
-static void on_disconnected(natsConnection *nc, void *closure) {
-    (void)nc;
-    atomic_fetch_add(&((svc *)closure)->disconnects, 1);
-}
-
-static void on_reconnected(natsConnection *nc, void *closure) {
-    (void)nc;
-    svc *s = closure;
-    atomic_fetch_add(&s->reconnects, 1);
-    atomic_store(&s->connected_once, true);
-}
-
-static void on_closed(natsConnection *nc, void *closure) {
-    (void)nc;
-    svc *s = closure;
-    pthread_mutex_lock(&s->mu);
-    s->closed = true;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
 static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
                      void *closure) {
     (void)nc;
@@ -182,80 +151,33 @@ static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
 /* NATS setup                                                                */
 /* ======================================================================== */
 
-static kvo_status split_servers(svc *s, const char *list) {
-    char *copy = kvo_strdup(list);
-    if (!copy) return KVO_ENOMEM;
-    int cap = 1;
-    for (const char *c = list; *c; c++) cap += *c == ',';
-    s->servers = kvo_calloc((size_t)cap, sizeof(char *));
-    kvo_status st = s->servers ? KVO_OK : KVO_ENOMEM;
-    char *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); st == KVO_OK && tok;
-         tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ') tok++;
-        if (!*tok) continue;
-        if (!(s->servers[s->nservers] = kvo_strdup(tok))) st = KVO_ENOMEM;
-        else s->nservers++;
-    }
-    kvo_free(copy);
-    return st == KVO_OK && s->nservers == 0 ? KVO_EINVAL : st;
-}
-
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
-    kvo_status st = split_servers(s, c->nats_url);
+    char err[512];
+    kvo_status st = kvo_nats_new(&s->nats, &c->nats, "kvo-indexer", err,
+                                 sizeof(err));
+    natsStatus n = NATS_OK;
+    if (st == KVO_OK)
+        n = natsOptions_SetErrorHandler(kvo_nats_options(s->nats), on_error, s);
+    if (st == KVO_OK && n != NATS_OK) {
+        snprintf(err, sizeof(err), "NATS options: %s", natsStatus_GetText(n));
+        st = KVO_ENATS;
+    }
+    if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
+    if (st == KVO_EAGAIN) {
+        kvo_warn("NATS %s not reachable yet; retrying in the background",
+                 c->nats.url);
+        st = KVO_OK;
+    }
     if (st != KVO_OK) {
-        kvo_error("bad --nats '%s'", c->nats_url);
+        kvo_error("%s (servers %s)", err, c->nats.url);
         return st;
     }
-    natsStatus n = natsOptions_Create(&s->opts);
-    if (n == NATS_OK)
-        n = natsOptions_SetServers(s->opts, (const char **)s->servers,
-                                   s->nservers);
-    if (n == NATS_OK) n = natsOptions_SetName(s->opts, "kvo-indexer");
-    if (n == NATS_OK) n = natsOptions_SetMaxReconnect(s->opts, -1);
-    if (n == NATS_OK) n = natsOptions_SetReconnectWait(s->opts, 250);
-    if (n == NATS_OK)
-        n = natsOptions_SetRetryOnFailedConnect(s->opts, true, on_connected, s);
-    if (n == NATS_OK) n = natsOptions_SetDisconnectedCB(s->opts, on_disconnected, s);
-    if (n == NATS_OK) n = natsOptions_SetReconnectedCB(s->opts, on_reconnected, s);
-    if (n == NATS_OK) n = natsOptions_SetClosedCB(s->opts, on_closed, s);
-    if (n == NATS_OK) n = natsOptions_SetErrorHandler(s->opts, on_error, s);
-    if (n == NATS_OK && c->nats_user)
-        n = natsOptions_SetUserInfo(s->opts, c->nats_user, c->nats_password);
-    if (n == NATS_OK && c->nats_token) n = natsOptions_SetToken(s->opts, c->nats_token);
-    if (n == NATS_OK && c->nats_creds)
-        n = natsOptions_SetUserCredentialsFromFiles(s->opts, c->nats_creds, NULL);
-    bool tls = c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
-               c->nats_tls_skip_verify;
-    if (n == NATS_OK && tls) n = natsOptions_SetSecure(s->opts, true);
-    if (n == NATS_OK && c->nats_tls_ca)
-        n = natsOptions_LoadCATrustedCertificates(s->opts, c->nats_tls_ca);
-    if (n == NATS_OK && c->nats_tls_cert)
-        n = natsOptions_LoadCertificatesChain(s->opts, c->nats_tls_cert,
-                                              c->nats_tls_key);
-    if (n == NATS_OK && c->nats_tls_skip_verify)
-        n = natsOptions_SkipServerVerification(s->opts, true);
-    if (n != NATS_OK) {
-        kvo_error("NATS options: %s (%s)", natsStatus_GetText(n),
-                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
-        return KVO_ENATS;
-    }
-    n = natsConnection_Connect(&s->nc, s->opts);
-    if (n == NATS_NOT_YET_CONNECTED) {
-        kvo_warn("NATS %s not reachable yet; retrying in the background",
-                 c->nats_url);
-    } else if (n != NATS_OK) {
-        kvo_error("NATS connect to %s: %s (%s)", c->nats_url,
-                  natsStatus_GetText(n),
-                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
-        s->nc = NULL;
-        return KVO_ENATS;
-    }
-    n = natsConnection_Subscribe(&s->sub, s->nc, c->subject, on_msg, s);
+    natsConnection *nc = kvo_nats_conn(s->nats);
+    n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
     if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, 1 << 20, 1 << 30);
-    if (n == NATS_OK && natsConnection_Status(s->nc) == NATS_CONN_STATUS_CONNECTED)
-        n = natsConnection_FlushTimeout(s->nc, 5000);
+    if (n == NATS_OK && kvo_nats_up(s->nats))
+        n = natsConnection_FlushTimeout(nc, 5000);
     if (n != NATS_OK) {
         kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
                   natsStatus_GetText(n),
@@ -265,33 +187,17 @@ static kvo_status nats_setup(svc *s) {
     return KVO_OK;
 }
 
-/* Stop deliveries, close, wait for nats.c's last callback, free. */
+/* Stop deliveries, close (bounded: see kvo_nats.h), free. */
 static void nats_teardown(svc *s) {
     pthread_mutex_lock(&s->mu);
-    s->stopping = true;
+    s->stopping = true; /* on_msg waiting for inbox room gives up */
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    bool closed = true;
-    if (s->sub) {
-        natsSubscription_Unsubscribe(s->sub);
-        natsSubscription_Destroy(s->sub);
-    }
-    if (s->nc) {
-        natsConnection_Close(s->nc);
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        dl.tv_sec += 5;
-        pthread_mutex_lock(&s->mu);
-        while (!s->closed)
-            if (pthread_cond_timedwait(&s->cv, &s->mu, &dl) != 0) break;
-        closed = s->closed;
-        pthread_mutex_unlock(&s->mu);
-        natsConnection_Destroy(s->nc);
-    }
-    natsOptions_Destroy(s->opts);
-    for (int i = 0; i < s->nservers; i++) kvo_free(s->servers[i]);
-    kvo_free(s->servers);
-    if (!closed) kvo_warn("NATS did not confirm the close in 5 s");
+    if (!s->nats) return;
+    bool closed = kvo_nats_close(s->nats, 0);
+    natsSubscription_Destroy(s->sub);
+    kvo_nats_free(s->nats);
+    if (!closed) kvo_warn("NATS did not confirm the close");
 }
 
 /* ======================================================================== */
@@ -741,8 +647,9 @@ static void do_dump(svc *s, kvo_http_req *r) {
 }
 
 static const char *nats_state(const svc *s) {
-    if (!s->nc) return "none";
-    switch (natsConnection_Status(s->nc)) {
+    natsConnection *nc = s->nats ? kvo_nats_conn(s->nats) : NULL;
+    if (!nc) return "none";
+    switch (natsConnection_Status(nc)) {
     case NATS_CONN_STATUS_CONNECTED: return "connected";
     case NATS_CONN_STATUS_CONNECTING: return "connecting";
     case NATS_CONN_STATUS_RECONNECTING: return "reconnecting";
@@ -868,7 +775,7 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
         {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
         {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", atomic_load(&s->slow_drops)},
         {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", atomic_load(&s->inbox_drops)},
-        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", atomic_load(&s->disconnects)},
+        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", kvo_nats_disconnects(s->nats)},
         {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
     };
     for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
@@ -948,7 +855,7 @@ static void handler(void *ctx, kvo_http_req *r) {
 /* ======================================================================== */
 
 static void log_nats_changes(svc *s) {
-    uint64_t d = atomic_load(&s->disconnects), r = atomic_load(&s->reconnects);
+    uint64_t d = kvo_nats_disconnects(s->nats), r = kvo_nats_reconnects(s->nats);
     if (d != s->seen_disconnects) {
         kvo_warn("NATS disconnected (%" PRIu64 " so far); reconnecting", d);
         s->seen_disconnects = d;

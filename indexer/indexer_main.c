@@ -7,26 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    OPT_NATS = 256, OPT_NATS_USER, OPT_NATS_PASSWORD, OPT_NATS_TOKEN,
-    OPT_NATS_CREDS, OPT_NATS_TLS, OPT_NATS_TLS_CA, OPT_NATS_TLS_CERT,
-    OPT_NATS_TLS_KEY, OPT_NATS_TLS_SKIP, OPT_SUBJECT, OPT_HTTP,
-    OPT_BLOCK_SIZE, OPT_LOG_LEVEL
-};
+enum { OPT_SUBJECT = 256, OPT_HTTP, OPT_BLOCK_SIZE, OPT_LOG_LEVEL };
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
-    {"nats", required_argument, NULL, OPT_NATS},
-    {"nats-user", required_argument, NULL, OPT_NATS_USER},
-    {"nats-password", required_argument, NULL, OPT_NATS_PASSWORD},
-    {"nats-token", required_argument, NULL, OPT_NATS_TOKEN},
-    {"nats-creds", required_argument, NULL, OPT_NATS_CREDS},
-    {"nats-tls", no_argument, NULL, OPT_NATS_TLS},
-    {"nats-tls-ca", required_argument, NULL, OPT_NATS_TLS_CA},
-    {"nats-tls-cert", required_argument, NULL, OPT_NATS_TLS_CERT},
-    {"nats-tls-key", required_argument, NULL, OPT_NATS_TLS_KEY},
-    {"nats-tls-skip-verify", no_argument, NULL, OPT_NATS_TLS_SKIP},
+    KVO_NATS_OPTIONS,
     {"subject", required_argument, NULL, OPT_SUBJECT},
     {"http", required_argument, NULL, OPT_HTTP},
     {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
@@ -42,11 +28,7 @@ static const char usage[] =
     "per-prompt hit queries over HTTP.\n"
     "\n"
     "Service:\n"
-    "  --nats URL[,URL...]     servers (default nats://127.0.0.1:4222)\n"
-    "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n"
-    "  --nats-tls              require TLS\n"
-    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"
-    "  --nats-tls-skip-verify  do not verify the server certificate\n"
+    KVO_NATS_USAGE
     "  --subject S             (default namespace.*.component.*.kv-events)\n"
     "  --http HOST:PORT        HTTP API (default 127.0.0.1:8090; port 0 picks\n"
     "                          one, logged as 'listening on http://HOST:PORT')\n"
@@ -82,19 +64,12 @@ static int bad(const char *opt, const char *arg) {
 static int set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     idx_service_cfg *c = &o->cfg;
+    int r = kvo_nats_opt_set(&c->nats, code, arg);
+    if (r != KVO_NATS_OPT_OTHER)
+        return r == KVO_NATS_OPT_OK ? 0 : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
     case 'h': o->help = true; return 0;
     case 'V': o->version = true; return 0;
-    case OPT_NATS: c->nats_url = arg; return 0;
-    case OPT_NATS_USER: c->nats_user = arg; return 0;
-    case OPT_NATS_PASSWORD: c->nats_password = arg; return 0;
-    case OPT_NATS_TOKEN: c->nats_token = arg; return 0;
-    case OPT_NATS_CREDS: c->nats_creds = arg; return 0;
-    case OPT_NATS_TLS: c->nats_tls = true; return 0;
-    case OPT_NATS_TLS_CA: c->nats_tls_ca = arg; return 0;
-    case OPT_NATS_TLS_CERT: c->nats_tls_cert = arg; return 0;
-    case OPT_NATS_TLS_KEY: c->nats_tls_key = arg; return 0;
-    case OPT_NATS_TLS_SKIP: c->nats_tls_skip_verify = true; return 0;
     case OPT_SUBJECT:
         if (!*arg) return bad("subject", arg);
         c->subject = arg;
@@ -204,24 +179,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kvo-indexer: unexpected argument '%s'\n", argv[idx]);
         return KVO_EXIT_USAGE;
     }
-    if ((o.cfg.nats_user != NULL) != (o.cfg.nats_password != NULL)) {
-        fputs("kvo-indexer: --nats-user and --nats-password go together\n",
-              stderr);
+    char err[256];
+    if (kvo_nats_cfg_check(&o.cfg.nats, err, sizeof(err)) != KVO_OK) {
+        fprintf(stderr, "kvo-indexer: %s\n", err);
         return KVO_EXIT_USAGE;
     }
     kvo_log_init("kvo-indexer", o.level);
     kvo_signals_init();
     const idx_service_cfg *c = &o.cfg;
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
-             "auth=%s tls=%s",
-             KVO_VERSION, c->nats_url, c->subject, c->http, c->block_size,
-             c->nats_creds ? "creds" : c->nats_token ? "token"
-                                   : c->nats_user    ? "user"
-                                                     : "none",
-             c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
-                     c->nats_tls_skip_verify
-                 ? (c->nats_tls_skip_verify ? "on (no verify)" : "on")
-                 : "off");
+             "auth=%s tls=%s reconnect_wait_ms=%d",
+             KVO_VERSION, c->nats.url, c->subject, c->http, c->block_size,
+             kvo_nats_cfg_auth(&c->nats), kvo_nats_cfg_tls(&c->nats),
+             c->nats.reconnect_wait_ms);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(2000);
     if (st == KVO_OK) return KVO_EXIT_OK;
