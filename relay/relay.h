@@ -16,6 +16,7 @@
 #define RELAY_H
 
 #include "kvo.h"
+#include "kvo_nats.h"
 #include "wire.h"
 
 /* ---- Counters ------------------------------------------------------------
@@ -245,13 +246,7 @@ typedef struct relay_cfg {
     int zmq_hwm;                /* ZMQ_RCVHWM/SNDHWM */
     int64_t zmq_max_msg_bytes;  /* ZMQ_MAXMSGSIZE */
     int linger_ms;              /* ZMQ_LINGER */
-    /* NATS */
-    const char *nats;           /* comma-separated URLs */
-    const char *nats_user, *nats_password, *nats_token, *nats_creds;
-    const char *nats_tls_ca, *nats_tls_cert, *nats_tls_key;
-    bool nats_tls, nats_tls_skip_verify;
-    int nats_buffer_bytes;      /* reconnect buffer */
-    int nats_reconnect_wait_ms;
+    kvo_nats_cfg nats;          /* the --nats* options */
     /* event plane */
     const char *ns, *component;
     uint64_t worker_id;

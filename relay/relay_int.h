@@ -75,9 +75,13 @@ kvo_status relay_source_recv_dealer(relay_source *s, relay_rx *rx);
 /* ---- NATS publisher (relay_nats.c) --------------------------------------*/
 typedef struct relay_nats relay_nats;
 
-/* Connect (retrying in the background when the server is not up yet). */
-kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg);
-void relay_nats_free(relay_nats *n); /* flushes (bounded), closes */
+/* Connect (retrying in the background when the server is not up yet). On
+ * failure err says why. */
+kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg, char *err,
+                          size_t errsz);
+/* Flushes while connected (2 s at most), closes (bounded: kvo_nats.h). */
+void relay_nats_free(relay_nats *n);
+/* As nats.c's callbacks last said: never waits for nats.c's lock. */
 bool relay_nats_connected(relay_nats *n);
 /* Publish with an optional KVO-Zmq-Seq header. KVO_EAGAIN when the message
  * could not be sent or buffered (reconnect buffer full). */
@@ -86,7 +90,5 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               const uint8_t *body, size_t len);
 /* Counters set by nats.c callbacks (read on the loop thread). */
 void relay_nats_poll(relay_nats *n, relay_stats *st);
-/* Last error text from nats.c (static storage). */
-const char *relay_nats_last_error(relay_nats *n);
 
 #endif /* RELAY_INT_H */

@@ -7,10 +7,7 @@
 
 enum {
     OPT_ZMQ = 256, OPT_ZMQ_BIND, OPT_TOPIC, OPT_REPLAY, OPT_DISCOVER,
-    OPT_DP_RANK, OPT_ZMQ_HWM, OPT_ZMQ_MAX, OPT_LINGER, OPT_NATS,
-    OPT_NATS_USER, OPT_NATS_PASSWORD, OPT_NATS_TOKEN, OPT_NATS_CREDS,
-    OPT_NATS_TLS, OPT_NATS_TLS_CA, OPT_NATS_TLS_CERT, OPT_NATS_TLS_KEY,
-    OPT_NATS_TLS_SKIP, OPT_NATS_BUFFER, OPT_NATS_RECONNECT_WAIT, OPT_NS,
+    OPT_DP_RANK, OPT_ZMQ_HWM, OPT_ZMQ_MAX, OPT_LINGER, OPT_NATS_BUFFER, OPT_NS,
     OPT_COMPONENT, OPT_WORKER_ID, OPT_PUBLISHER_ID, OPT_BLOCK_SIZE,
     OPT_REPLAY_FROM, OPT_REPLAY_TIMEOUT, OPT_REPLAY_BUFFER, OPT_VERIFY,
     OPT_HASH_SEED, OPT_METRICS, OPT_STATS_INTERVAL, OPT_STATS_JSON,
@@ -29,18 +26,10 @@ static const struct option options[] = {
     {"zmq-hwm", required_argument, NULL, OPT_ZMQ_HWM},
     {"zmq-max-msg-bytes", required_argument, NULL, OPT_ZMQ_MAX},
     {"linger-ms", required_argument, NULL, OPT_LINGER},
-    {"nats", required_argument, NULL, OPT_NATS},
-    {"nats-user", required_argument, NULL, OPT_NATS_USER},
-    {"nats-password", required_argument, NULL, OPT_NATS_PASSWORD},
-    {"nats-token", required_argument, NULL, OPT_NATS_TOKEN},
-    {"nats-creds", required_argument, NULL, OPT_NATS_CREDS},
-    {"nats-tls", no_argument, NULL, OPT_NATS_TLS},
-    {"nats-tls-ca", required_argument, NULL, OPT_NATS_TLS_CA},
-    {"nats-tls-cert", required_argument, NULL, OPT_NATS_TLS_CERT},
-    {"nats-tls-key", required_argument, NULL, OPT_NATS_TLS_KEY},
-    {"nats-tls-skip-verify", no_argument, NULL, OPT_NATS_TLS_SKIP},
+    KVO_NATS_OPTIONS,
+    /* Relay only: nats.c's reconnect buffer holds what a client publishes
+     * while disconnected, and the indexer publishes nothing. */
     {"nats-buffer-bytes", required_argument, NULL, OPT_NATS_BUFFER},
-    {"nats-reconnect-wait-ms", required_argument, NULL, OPT_NATS_RECONNECT_WAIT},
     {"namespace", required_argument, NULL, OPT_NS},
     {"component", required_argument, NULL, OPT_COMPONENT},
     {"worker-id", required_argument, NULL, OPT_WORKER_ID},
@@ -78,13 +67,8 @@ static const char usage[] =
     "  --zmq-max-msg-bytes N   ZMQ_MAXMSGSIZE (default 67108864; -1 = none)\n"
     "  --linger-ms N           ZMQ_LINGER (default 100)\n"
     "NATS:\n"
-    "  --nats URL[,URL...]     servers (default nats://127.0.0.1:4222)\n"
-    "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n"
-    "  --nats-tls              require TLS\n"
-    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"
-    "  --nats-tls-skip-verify  do not verify the server certificate\n"
+    KVO_NATS_USAGE
     "  --nats-buffer-bytes N   reconnect buffer (default 67108864)\n"
-    "  --nats-reconnect-wait-ms N  (default 250)\n"
     "Event plane:\n"
     "  --namespace NS          (default dynamo)\n"
     "  --component C           (default backend); subject\n"
@@ -131,6 +115,9 @@ static int set_opt(void *ctx, int code, const char *arg) {
     uint64_t u;
     int64_t i;
     uint32_t u32;
+    int r = kvo_nats_opt_set(&c->nats, code, arg);
+    if (r != KVO_NATS_OPT_OTHER)
+        return r == KVO_NATS_OPT_OK ? 0 : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
     case 'h': o->help = true; return 0;
     case 'V': o->version = true; return 0;
@@ -155,25 +142,10 @@ static int set_opt(void *ctx, int code, const char *arg) {
             return bad("linger-ms", arg);
         c->linger_ms = (int)u32;
         return 0;
-    case OPT_NATS: c->nats = arg; return 0;
-    case OPT_NATS_USER: c->nats_user = arg; return 0;
-    case OPT_NATS_PASSWORD: c->nats_password = arg; return 0;
-    case OPT_NATS_TOKEN: c->nats_token = arg; return 0;
-    case OPT_NATS_CREDS: c->nats_creds = arg; return 0;
-    case OPT_NATS_TLS: c->nats_tls = true; return 0;
-    case OPT_NATS_TLS_CA: c->nats_tls_ca = arg; return 0;
-    case OPT_NATS_TLS_CERT: c->nats_tls_cert = arg; return 0;
-    case OPT_NATS_TLS_KEY: c->nats_tls_key = arg; return 0;
-    case OPT_NATS_TLS_SKIP: c->nats_tls_skip_verify = true; return 0;
     case OPT_NATS_BUFFER:
         if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
             return bad("nats-buffer-bytes", arg);
-        c->nats_buffer_bytes = (int)u32;
-        return 0;
-    case OPT_NATS_RECONNECT_WAIT:
-        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
-            return bad("nats-reconnect-wait-ms", arg);
-        c->nats_reconnect_wait_ms = (int)u32;
+        c->nats.buffer_bytes = (int)u32;
         return 0;
     case OPT_NS: c->ns = arg; return 0;
     case OPT_COMPONENT: c->component = arg; return 0;
@@ -262,6 +234,11 @@ int main(int argc, char **argv) {
         fputs("kvo-relay: --replay and --zmq-bind go with --zmq, not "
               "--discover\n",
               stderr);
+        return KVO_EXIT_USAGE;
+    }
+    char err[256];
+    if (kvo_nats_cfg_check(&o.cfg.nats, err, sizeof(err)) != KVO_OK) {
+        fprintf(stderr, "kvo-relay: %s\n", err);
         return KVO_EXIT_USAGE;
     }
     kvo_log_init("kvo-relay", o.level);

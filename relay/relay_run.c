@@ -56,9 +56,8 @@ void relay_cfg_default(relay_cfg *c) {
     c->zmq_hwm = 100000;
     c->zmq_max_msg_bytes = 64ll << 20;
     c->linger_ms = 100;
-    c->nats = "nats://127.0.0.1:4222";
-    c->nats_buffer_bytes = 64 << 20;
-    c->nats_reconnect_wait_ms = 250;
+    kvo_nats_cfg_default(&c->nats);
+    c->nats.buffer_bytes = 64 << 20;
     c->ns = "dynamo";
     c->component = "backend";
     c->block_size = 16;
@@ -400,7 +399,7 @@ static void loop(runner *r) {
             r->seen_disconnects = st->nats_disconnects;
             kvo_warn("NATS disconnected: buffering up to %d bytes while "
                      "reconnecting",
-                     r->cfg->nats_buffer_bytes);
+                     r->cfg->nats.buffer_bytes);
         }
         if (st->nats_reconnects != r->seen_reconnects) {
             r->seen_reconnects = st->nats_reconnects;
@@ -428,17 +427,11 @@ static void log_config(const runner *r) {
              c->zmq ? c->zmq : "-", c->zmq_bind ? " (bind)" : "", c->topic,
              c->replay ? c->replay : "-", c->discover ? c->discover : "-",
              c->dp_rank, c->zmq_hwm, c->zmq_max_msg_bytes, c->linger_ms);
-    kvo_info("config: nats=%s buffer_bytes=%d auth=%s tls=%s subject=%s "
-             "worker_id=%" PRIu64 " publisher_id=%" PRIu64 " block_size=%u",
-             c->nats, c->nats_buffer_bytes,
-             c->nats_creds ? "creds"
-             : c->nats_token ? "token"
-             : c->nats_user  ? "user"
-                             : "none",
-             (c->nats_tls || c->nats_tls_ca || c->nats_tls_cert ||
-              c->nats_tls_skip_verify)
-                 ? "on"
-                 : "off",
+    kvo_info("config: nats=%s buffer_bytes=%d reconnect_wait_ms=%d auth=%s "
+             "tls=%s subject=%s worker_id=%" PRIu64 " publisher_id=%" PRIu64
+             " block_size=%u",
+             c->nats.url, c->nats.buffer_bytes, c->nats.reconnect_wait_ms,
+             kvo_nats_cfg_auth(&c->nats), kvo_nats_cfg_tls(&c->nats),
              r->subject, c->worker_id, r->publisher_id, c->block_size);
     char from[32] = "-";
     if (c->replay_from_set)
@@ -514,7 +507,7 @@ static kvo_status setup_sources(runner *r) {
 static kvo_status wait_nats(runner *r) {
     bool said = false;
     while (!kvo_stop && !relay_nats_connected(r->nats)) {
-        if (!said) kvo_info("waiting for NATS at %s", r->cfg->nats);
+        if (!said) kvo_info("waiting for NATS at %s", r->cfg->nats.url);
         said = true;
         serve_http(r, 50);
     }
@@ -571,9 +564,10 @@ kvo_status relay_run(const relay_cfg *cfg) {
         r.cap_zmq = cfg->record_what != RELAY_RECORD_NATS;
         r.cap_nats = cfg->record_what != RELAY_RECORD_ZMQ;
     }
-    st = relay_nats_new(&r.nats, cfg);
+    char err[512];
+    st = relay_nats_new(&r.nats, cfg, err, sizeof(err));
     if (st != KVO_OK) {
-        kvo_error("%s", r.nats ? relay_nats_last_error(r.nats) : kvo_strerror(st));
+        kvo_error("%s (servers %s)", err, cfg->nats.url);
         goto done;
     }
     relay_pipe_cfg pc = {
