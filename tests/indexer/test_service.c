@@ -249,18 +249,10 @@ END_TEST
  * the same token sends; --nats-user without --nats-password is a usage
  * error. */
 START_TEST(service_passes_nats_credentials_through) {
-    uint16_t port;
-    ck_assert_int_eq(kvo_free_port(&port), KVO_OK);
-    char exe[512], ps[16], url[64], log[700];
-    ck_assert_int_eq(kvo_find_exe("nats-server", exe, sizeof(exe)), KVO_OK);
-    snprintf(ps, sizeof(ps), "%u", port);
-    snprintf(url, sizeof(url), "nats://127.0.0.1:%u", port);
-    char *dir = kt_tmpdir("nats-auth");
-    snprintf(log, sizeof(log), "%s/nats-server.log", dir);
-    char *const nargv[] = {exe, "-a", "127.0.0.1", "-p", ps, "--auth", "s3cret", NULL};
-    kvo_proc ns;
-    ck_assert_int_eq(kvo_proc_spawn(&ns, "nats-server", nargv, log), KVO_OK);
-    ck_assert_int_eq(kvo_wait_tcp(&ns, "127.0.0.1", port, 10000), KVO_OK);
+    static const char *const token[] = {"--auth", "s3cret", NULL};
+    kt_nats ns;
+    kt_nats_start_args(&ns, token);
+    const char *url = ns.url;
 
     env e;
     memset(&e, 0, sizeof(e));
@@ -287,7 +279,7 @@ START_TEST(service_passes_nats_credentials_through) {
     kvo_http_client_free(e.http);
     natsConnection_Destroy(e.nc);
     ck_assert_int_eq(kt_proc_stop(&e.idx), 0);
-    kvo_proc_stop(&ns, 5000);
+    kt_nats_stop(&ns);
 
     kt_proc p;
     const char *bad[] = {"--nats", url, "--nats-user", "u", NULL};
@@ -296,7 +288,6 @@ START_TEST(service_passes_nats_credentials_through) {
     ck_assert(!kvo_proc_alive(&p.proc));
     ck_assert_int_eq(p.proc.exit_status, 2);
     kt_proc_stop(&p);
-    kvo_free(dir);
 }
 END_TEST
 

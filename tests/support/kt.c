@@ -298,7 +298,13 @@ static bool nats_try_start(kt_nats *n) {
     char port[8], log[600];
     snprintf(port, sizeof(port), "%u", (unsigned)n->port);
     snprintf(log, sizeof(log), "%s/nats-server.log", n->dir);
-    char *argv[] = {"nats-server", "-a", "127.0.0.1", "-p", port, NULL};
+    char *argv[24] = {"nats-server", "-a", "127.0.0.1", "-p", port};
+    size_t k = 5;
+    for (size_t i = 0; n->extra && n->extra[i]; i++) {
+        ck_assert_msg(k + 1 < KVO_ARRAY_LEN(argv), "too many nats-server args");
+        argv[k++] = (char *)n->extra[i];
+    }
+    argv[k] = NULL;
     kvo_status st = kvo_proc_spawn(&n->proc, "nats-server", argv, log);
     ck_assert_msg(st == KVO_OK, "cannot start nats-server: %s",
                   kvo_strerror(st));
@@ -318,8 +324,11 @@ static bool nats_try_start(kt_nats *n) {
     return true;
 }
 
-void kt_nats_start(kt_nats *n) {
+void kt_nats_start(kt_nats *n) { kt_nats_start_args(n, NULL); }
+
+void kt_nats_start_args(kt_nats *n, const char *const extra[]) {
     memset(n, 0, sizeof(*n));
+    n->extra = extra;
     char exe[1024];
     ck_assert_msg(kvo_find_exe("nats-server", exe, sizeof(exe)) == KVO_OK,
                   "nats-server not found in PATH or /usr/sbin "

@@ -45,10 +45,14 @@ typedef struct kt_nats {
     char url[64];     /* nats://127.0.0.1:<port> */
     char dir[512];
     kt_guard guard;
+    const char *const *extra; /* more nats-server arguments, or NULL */
 } kt_nats;
 
 /* Start (ck_assert on failure: nats-server missing, not ready in time). */
 void kt_nats_start(kt_nats *n);
+/* The same with more nats-server arguments, NULL-terminated (e.g. {"--auth",
+ * "T", NULL}); restarts use them too, so extra must outlive n. */
+void kt_nats_start_args(kt_nats *n, const char *const extra[]);
 /* Stop and start again on the same port (for reconnect tests). */
 void kt_nats_restart(kt_nats *n);
 /* Stop; prints the server's log first when KVO_TEST_LOGS is set (not "0"). */
