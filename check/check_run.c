@@ -37,6 +37,7 @@
  * each engine's /kvo/state counters), the verdict, the reports.
  */
 #include "check_int.h"
+#include "mock.h"
 #include "wire.h"
 
 #include <inttypes.h>
@@ -872,6 +873,34 @@ static kvo_status write_reports(run *r) {
     return st;
 }
 
+/* Spawned kvo-mockers refuse a prompt longer than their max_model_len
+ * ((num_gpu_blocks - 1) x block_size), as vLLM does; say so before
+ * starting anything rather than failing mid-run on an HTTP 400. */
+static kvo_status fits_spawned_engines(const check_cfg *cfg,
+                                       const check_trace *t, char *err,
+                                       size_t errsz) {
+    mock_cfg mc;
+    mock_cfg_default(&mc);
+    mc.block_size = cfg->block_size;
+    if (cfg->num_gpu_blocks) mc.num_gpu_blocks = (uint32_t)cfg->num_gpu_blocks;
+    uint32_t limit = mock_cfg_max_model_len(&mc);
+    for (size_t i = 0; i < t->n; i++) {
+        const check_request *q = &t->reqs[i];
+        if (q->input_length <= limit) continue;
+        uint64_t need = (q->input_length + cfg->block_size - 1) /
+                            cfg->block_size + 1;
+        snprintf(err, errsz, "trace line %" PRIu64 " has a %u-token prompt, "
+                             "more than the engines can hold (max_model_len "
+                             "%u = (num_gpu_blocks %u - 1) x block size %u): "
+                             "use --num-gpu-blocks %" PRIu64 " or more, or "
+                             "--limit the trace",
+                 q->line, q->input_length, limit, mc.num_gpu_blocks,
+                 cfg->block_size, need);
+        return KVO_EINVAL;
+    }
+    return KVO_OK;
+}
+
 kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
                      size_t errsz) {
     run r;
@@ -916,6 +945,9 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         st = KVO_EINVAL;
         goto done;
     }
+    if (cfg->spawn && (st = fits_spawned_engines(cfg, &r.trace, err, errsz)) !=
+                          KVO_OK)
+        goto done;
     if (cfg->report_json) {
         r.json = fopen(cfg->report_json, "w");
         if (!r.json) {

@@ -466,6 +466,19 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     ck_assert_msg(strstr(out, "/nonexistent.jsonl"), "%s", out);
     kvo_free(out);
     tc_free(&r, false);
+    /* a prompt longer than the spawned engines can hold: said before
+     * anything starts, not as an HTTP 400 in the middle of the run */
+    char *trace = trace1000();
+    const char *small[] = {"--spawn", "--trace", trace, "--limit", "20",
+                           "--num-gpu-blocks", "1000", NULL};
+    tc_check(&r, "usage", small, 60);
+    ck_assert_int_eq(r.exit_code, 2);
+    out = tc_slurp(r.log);
+    ck_assert_msg(strstr(out, "use --num-gpu-blocks 1448 or more"), "%s", out);
+    ck_assert_msg(!strstr(out, "kvo-mocker"), "spawned anyway: %s", out);
+    kvo_free(out);
+    tc_free(&r, false);
+    kvo_free(trace);
     const char *help[] = {"--help", NULL};
     tc_check(&r, "usage", help, 60);
     ck_assert_int_eq(r.exit_code, 0);
