@@ -71,13 +71,9 @@ static long counters_find(const check_counters *c, const char *stage,
 /* Append a counter whose key and rule are known (no lookup). */
 static kvo_status counters_push(check_counters *c, const check_counter *src,
                                 double value) {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 64;
-        check_counter *p = kvo_realloc(c->items, cap * sizeof(*p));
-        if (!p) return KVO_ENOMEM;
-        c->items = p;
-        c->cap = cap;
-    }
+    kvo_status st = kvo_grow(&c->items, &c->cap, c->n + 1, sizeof(*c->items),
+                             64);
+    if (st != KVO_OK) return st;
     check_counter *it = &c->items[c->n];
     it->stage = kvo_strdup(src->stage);
     it->name = kvo_strdup(src->name);
@@ -583,15 +579,11 @@ kvo_status check_result_add(check_result *r, const check_obs *o,
                             const check_prompt **out) {
     if (o->n_slots != r->n_slots || o->block_size != r->block_size)
         return KVO_EINVAL;
-    if (r->n_prompts == r->cap_prompts) {
-        size_t cap = r->cap_prompts ? r->cap_prompts * 2 : 256;
-        check_prompt *p = kvo_realloc(r->prompts, cap * sizeof(*p));
-        if (!p) return KVO_ENOMEM;
-        r->prompts = p;
-        r->cap_prompts = cap;
-    }
+    kvo_status st = kvo_grow(&r->prompts, &r->cap_prompts, r->n_prompts + 1,
+                             sizeof(*r->prompts), 256);
+    if (st != KVO_OK) return st;
     check_prompt *p = &r->prompts[r->n_prompts];
-    kvo_status st = check_prompt_judge(o, &r->arena, p);
+    st = check_prompt_judge(o, &r->arena, p);
     if (st != KVO_OK) return st;
     r->n_prompts++;
     if (out) *out = p;
@@ -603,15 +595,11 @@ kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
     if (o->n_slots != r->n_slots || o->block_size != r->block_size ||
         o->cached_tokens >= 0)
         return KVO_EINVAL;
-    if (r->n_sweep == r->cap_sweep) {
-        size_t cap = r->cap_sweep ? r->cap_sweep * 2 : 64;
-        check_prompt *p = kvo_realloc(r->sweep, cap * sizeof(*p));
-        if (!p) return KVO_ENOMEM;
-        r->sweep = p;
-        r->cap_sweep = cap;
-    }
+    kvo_status st = kvo_grow(&r->sweep, &r->cap_sweep, r->n_sweep + 1,
+                             sizeof(*r->sweep), 64);
+    if (st != KVO_OK) return st;
     check_prompt *p = &r->sweep[r->n_sweep];
-    kvo_status st = check_prompt_judge(o, &r->arena, p);
+    st = check_prompt_judge(o, &r->arena, p);
     if (st != KVO_OK) return st;
     r->n_sweep++;
     r->sweep_divergent += p->diverged;
@@ -646,13 +634,9 @@ kvo_status check_result_trips(check_result *r, const check_counters *total,
             r->trips[k].value = c->value;
             continue;
         }
-        if (r->n_trips == r->cap_trips) {
-            size_t cap = r->cap_trips ? r->cap_trips * 2 : 8;
-            check_trip *t = kvo_realloc(r->trips, cap * sizeof(*t));
-            if (!t) return KVO_ENOMEM;
-            r->trips = t;
-            r->cap_trips = cap;
-        }
+        kvo_status st = kvo_grow(&r->trips, &r->cap_trips, r->n_trips + 1,
+                                 sizeof(*r->trips), 8);
+        if (st != KVO_OK) return st;
         check_trip *t = &r->trips[r->n_trips];
         t->stage = kvo_strdup(c->stage);
         t->name = kvo_strdup(c->name);

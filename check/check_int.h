@@ -85,7 +85,8 @@ typedef struct chk_env {
     bool exact;             /* exact watermarks (kvo-mocker + our relays) */
 
     chk_relay *relays;
-    uint32_t n_relays, cap_relays;
+    uint32_t n_relays;
+    size_t cap_relays;
     uint64_t publisher_base;
     uint32_t publishers_made;
 

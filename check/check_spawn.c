@@ -544,13 +544,9 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
 
 static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
                               char *err, size_t errsz) {
-    if (env->n_relays == env->cap_relays) {
-        uint32_t cap = env->cap_relays ? env->cap_relays * 2 : 16;
-        chk_relay *p = kvo_realloc(env->relays, cap * sizeof(*p));
-        if (!p) return KVO_ENOMEM;
-        env->relays = p;
-        env->cap_relays = cap;
-    }
+    kvo_status st = kvo_grow(&env->relays, &env->cap_relays,
+                             env->n_relays + 1, sizeof(*env->relays), 16);
+    if (st != KVO_OK) return st;
     chk_relay *r = &env->relays[env->n_relays];
     memset(r, 0, sizeof(*r));
     r->engine = engine;
@@ -559,7 +555,7 @@ static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
     r->dirty = true;
     snprintf(r->stage, sizeof(r->stage), "relay %u.%u",
              env->engines[engine].worker_id, r->dp_rank);
-    kvo_status st = client_new(&r->http, env->cfg->timeout_ms);
+    st = client_new(&r->http, env->cfg->timeout_ms);
     if (st != KVO_OK) return st;
     chk_rank *rk = &env->engines[engine].ranks[rank];
     const char *ep = rk->zmq;

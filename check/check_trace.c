@@ -44,16 +44,9 @@ kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
             snprintf(err, errsz, "trace %s: %s", path, kvo_strerror(st));
             goto done;
         }
-        if (t->n == cap) {
-            size_t ncap = cap ? cap * 2 : 1024;
-            check_request *p = kvo_realloc(t->reqs, ncap * sizeof(*p));
-            if (!p) {
-                st = KVO_ENOMEM;
-                goto done;
-            }
-            t->reqs = p;
-            cap = ncap;
-        }
+        if ((st = kvo_grow(&t->reqs, &cap, t->n + 1, sizeof(*t->reqs),
+                           1024)) != KVO_OK)
+            goto done;
         uint64_t *ids = kvo_arena_memdup(&store->arena, req.hash_ids,
                                          req.n_hash_ids * sizeof(uint64_t));
         if (!ids && req.n_hash_ids) {

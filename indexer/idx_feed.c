@@ -76,13 +76,9 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
         *out = f->pubs[lo];
         return KVO_OK;
     }
-    if (f->npubs == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 8;
-        pub **v = kvo_realloc(f->pubs, cap * sizeof(*v));
-        if (!v) return KVO_ENOMEM;
-        f->pubs = v;
-        f->cap = cap;
-    }
+    kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
+                             sizeof(*f->pubs), 8);
+    if (st != KVO_OK) return st;
     pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
     p->p.publisher_id = id;

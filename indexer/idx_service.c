@@ -116,17 +116,12 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         natsMsg_Destroy(m);
         return;
     }
-    if (s->inbox_len == s->inbox_cap) {
-        size_t cap = s->inbox_cap ? s->inbox_cap * 2 : 256;
-        natsMsg **q = kvo_realloc(s->inbox, cap * sizeof(*q));
-        if (!q) {
-            pthread_mutex_unlock(&s->mu);
-            atomic_fetch_add(&s->inbox_drops, 1);
-            natsMsg_Destroy(m);
-            return;
-        }
-        s->inbox = q;
-        s->inbox_cap = cap;
+    if (kvo_grow(&s->inbox, &s->inbox_cap, s->inbox_len + 1,
+                 sizeof(*s->inbox), 256) != KVO_OK) {
+        pthread_mutex_unlock(&s->mu);
+        atomic_fetch_add(&s->inbox_drops, 1);
+        natsMsg_Destroy(m);
+        return;
     }
     s->inbox[s->inbox_len++] = m;
     s->inbox_bytes += (size_t)natsMsg_GetDataLength(m);
@@ -469,13 +464,8 @@ static bool scan_hashes(const uint8_t *b, size_t len, uint64_t **hashes,
             over |= __builtin_mul_overflow(x, 10u, &x) ||
                     __builtin_add_overflow(x, (unsigned)(b[i] - '0'), &x);
         if (over || i >= len) break;
-        if (k == cap) {
-            size_t nc = cap ? cap * 2 : 1024;
-            uint64_t *nv = kvo_realloc(v, nc * sizeof(*v));
-            if (!nv) break;
-            v = nv;
-            cap = nc;
-        }
+        if (k == cap && kvo_grow(&v, &cap, k + 1, sizeof(*v), 1024) != KVO_OK)
+            break;
         v[k++] = x;
         if (b[i] == ']') {
             i++;

@@ -120,7 +120,8 @@ typedef struct mock_req {
 
 typedef struct req_vec {
     mock_req **v;
-    uint32_t n, cap;
+    uint32_t n;
+    size_t cap;
 } req_vec;
 
 /* Waiting deque: ring buffer. */
@@ -155,7 +156,8 @@ struct mock_engine {
     req_deque waiting;
     req_vec scheduled;     /* this step, in schedule order */
     void **started;        /* users first scheduled this step */
-    uint32_t n_started, cap_started;
+    uint32_t n_started;
+    size_t cap_started;
     bool step_open;        /* schedule done, complete pending */
     bool pending_clear;    /* AllBlocksCleared queued */
     uint64_t next_id;

@@ -124,7 +124,7 @@ struct mock_render {
     unsigned flags;
     uint64_t stores_seen; /* drop-store counter */
     wire_event *ev;       /* the mutated copy */
-    uint32_t cap_ev;
+    size_t cap_ev;
     kvo_arena arena;
     kvo_buf *out;
     uint32_t cap_out;
@@ -185,13 +185,8 @@ static kvo_status render_hash(mock_render *r, const mock_hash *h, bool flip,
 }
 
 static wire_event *push_ev(mock_render *r, uint32_t *n) {
-    if (*n == r->cap_ev) {
-        uint32_t cap = r->cap_ev ? r->cap_ev * 2 : 64;
-        wire_event *v = kvo_realloc(r->ev, cap * sizeof(*v));
-        if (!v) return NULL;
-        r->ev = v;
-        r->cap_ev = cap;
-    }
+    if (kvo_grow(&r->ev, &r->cap_ev, *n + 1, sizeof(*r->ev), 64) != KVO_OK)
+        return NULL;
     return &r->ev[(*n)++];
 }
 

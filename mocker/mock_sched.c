@@ -35,13 +35,8 @@
 #include <string.h>
 
 static kvo_status vec_push(req_vec *v, mock_req *r) {
-    if (v->n == v->cap) {
-        uint32_t cap = v->cap ? v->cap * 2 : 64;
-        mock_req **p = kvo_realloc(v->v, cap * sizeof(*p));
-        if (!p) return KVO_ENOMEM;
-        v->v = p;
-        v->cap = cap;
-    }
+    kvo_status st = kvo_grow(&v->v, &v->cap, v->n + 1, sizeof(*v->v), 64);
+    if (st != KVO_OK) return st;
     v->v[v->n++] = r;
     return KVO_OK;
 }
@@ -143,13 +138,9 @@ static kvo_status mark_scheduled(mock_engine *e, mock_req *r, uint32_t n,
     if (st != KVO_OK) return st;
     if (!r->started) {
         r->started = true;
-        if (e->n_started == e->cap_started) {
-            uint32_t cap = e->cap_started ? e->cap_started * 2 : 64;
-            void **v = kvo_realloc(e->started, cap * sizeof(*v));
-            if (!v) return KVO_ENOMEM;
-            e->started = v;
-            e->cap_started = cap;
-        }
+        st = kvo_grow(&e->started, &e->cap_started, e->n_started + 1,
+                      sizeof(*e->started), 64);
+        if (st != KVO_OK) return st;
         e->started[e->n_started++] = r->user;
     }
     return KVO_OK;

@@ -939,16 +939,13 @@ static bool scan_probe(const uint8_t *b, size_t len, prompt *out, bool *warm) {
     const uint8_t *p = b, *end = b + len;
     if (!scan_lit(&p, end, "{\"trace\":{\"hash_ids\":[")) return false;
     uint64_t *ids = NULL, n;
-    uint32_t k = 0, cap = 0;
+    uint32_t k = 0;
+    size_t cap = 0;
     for (;;) {
-        if (k == cap) {
-            cap = cap ? cap * 2 : 64;
-            uint64_t *v = cap <= MOCK_TRACE_MAX_IDS
-                              ? kvo_realloc(ids, cap * sizeof(uint64_t))
-                              : NULL;
-            if (!v) goto no;
-            ids = v;
-        }
+        if (k == MOCK_TRACE_MAX_IDS ||
+            (k == cap &&
+             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), 64) != KVO_OK))
+            goto no;
         if (!scan_u64(&p, end, &ids[k])) goto no;
         k++;
         if (p < end && *p == ',') p++;

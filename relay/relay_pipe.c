@@ -62,7 +62,8 @@ typedef struct source {
     uint64_t deadline;  /* REPLAYING: monotonic ns */
     bool dirty;         /* forwarded something since the last cleared */
     held *buf;          /* live batches waiting for the replay */
-    uint32_t nbuf, capbuf;
+    uint32_t nbuf;
+    size_t capbuf;
     size_t buf_bytes;
     bool overflowed;
 } source;
@@ -756,13 +757,9 @@ static void buffer_push(relay_pipe *p, source *s, uint64_t seq,
     if (s->nbuf >= p->cfg.buffer_max_batches ||
         s->buf_bytes + len > p->cfg.buffer_max_bytes)
         goto drop;
-    if (s->nbuf == s->capbuf) {
-        uint32_t ncap = s->capbuf ? s->capbuf * 2 : 64;
-        held *n = kvo_realloc(s->buf, ncap * sizeof(*n));
-        if (!n) goto drop;
-        s->buf = n;
-        s->capbuf = ncap;
-    }
+    if (kvo_grow(&s->buf, &s->capbuf, s->nbuf + 1, sizeof(*s->buf), 64) !=
+        KVO_OK)
+        goto drop;
     uint8_t *copy = kvo_malloc(len ? len : 1);
     if (!copy) goto drop;
     memcpy(copy, payload, len);

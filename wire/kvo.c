@@ -2,6 +2,7 @@
  * buffers, arenas, clocks, logging, number parsing, options, signals. */
 #include "kvo.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -127,6 +128,30 @@ kvo_status kvo_buf_cstr(kvo_buf *b) {
     kvo_status st = kvo_buf_reserve(b, 0);
     if (st != KVO_OK) return st;
     b->data[b->len] = '\0';
+    return KVO_OK;
+}
+
+/* ---- Growable arrays -----------------------------------------------------*/
+
+kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need,
+                    size_t elem_size, size_t first_cap) {
+    assert(first_cap > 0 && elem_size > 0);
+    if (need <= *cap) return KVO_OK;
+    size_t n = *cap ? *cap : first_cap;
+    while (n < need) {
+        if (n > SIZE_MAX / 2) return KVO_ENOMEM;
+        n *= 2;
+    }
+    if (n > SIZE_MAX / elem_size) return KVO_ENOMEM;
+    /* items_pp is a T **: copy the pointer by its bytes (object pointers
+     * share one representation on every platform we build for), as a store
+     * through a void ** would break strict aliasing */
+    void *items;
+    memcpy(&items, items_pp, sizeof(items));
+    items = kvo_realloc(items, n * elem_size);
+    if (!items) return KVO_ENOMEM;
+    memcpy(items_pp, &items, sizeof(items));
+    *cap = n;
     return KVO_OK;
 }
 

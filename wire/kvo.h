@@ -80,6 +80,18 @@ kvo_status kvo_buf_printf(kvo_buf *b, const char *fmt, ...)
 /* NUL-terminates without counting the NUL in len. */
 kvo_status kvo_buf_cstr(kvo_buf *b);
 
+/* ---- Growable arrays -------------------------------------------------------
+ * Make room for `need` items in the array *items_pp (any T **, pointing to
+ * an array of *cap items of elem_size bytes, or to NULL with *cap == 0):
+ * when need > *cap, the new capacity is first_cap (> 0) or *cap, doubled
+ * until it holds need. KVO_ENOMEM (allocation failed or the size would
+ * overflow) leaves the array and *cap unchanged. Typical push:
+ *     if ((st = kvo_grow(&v->items, &v->cap, v->n + 1, sizeof(*v->items),
+ *                        64)) != KVO_OK) return st;
+ *     v->items[v->n++] = x; */
+kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need,
+                    size_t elem_size, size_t first_cap);
+
 /* ---- Arena (bump allocator, caller-owned storage) ------------------------
  * Everything allocated from an arena lives until kvo_arena_reset() or
  * kvo_arena_fini(). reset keeps the largest chunk, so a decoder that reuses

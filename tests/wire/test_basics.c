@@ -26,6 +26,32 @@ START_TEST(buffer_grows_and_printf_appends) {
 }
 END_TEST
 
+START_TEST(grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure) {
+    uint32_t *v = NULL;
+    size_t cap = 0;
+    ck_assert(kvo_grow(&v, &cap, 1, sizeof(*v), 8) == KVO_OK);
+    ck_assert_uint_eq(cap, 8);
+    for (uint32_t i = 0; i < 8; i++) v[i] = i;
+    ck_assert(kvo_grow(&v, &cap, 8, sizeof(*v), 8) == KVO_OK); /* fits */
+    ck_assert_uint_eq(cap, 8);
+    ck_assert(kvo_grow(&v, &cap, 9, sizeof(*v), 8) == KVO_OK);
+    ck_assert_uint_eq(cap, 16);
+    ck_assert(kvo_grow(&v, &cap, 100, sizeof(*v), 8) == KVO_OK);
+    ck_assert_uint_eq(cap, 128);
+    uint32_t *before = v;
+    kvo_alloc_fail_after(0);
+    ck_assert(kvo_grow(&v, &cap, 129, sizeof(*v), 8) == KVO_ENOMEM);
+    kvo_alloc_fail_after(-1);
+    ck_assert_ptr_eq(v, before);
+    ck_assert_uint_eq(cap, 128);
+    ck_assert(kvo_grow(&v, &cap, SIZE_MAX / 2, sizeof(*v), 8) == KVO_ENOMEM);
+    ck_assert(kvo_grow(&v, &cap, SIZE_MAX, 1, 8) == KVO_ENOMEM);
+    ck_assert_uint_eq(cap, 128);
+    for (uint32_t i = 0; i < 8; i++) ck_assert_uint_eq(v[i], i);
+    kvo_free(v);
+}
+END_TEST
+
 START_TEST(arena_is_aligned_and_reset_keeps_memory) {
     kvo_arena a;
     kvo_arena_init(&a);
@@ -80,6 +106,8 @@ Suite *suite_basics(void) {
     TCase *tc = tcase_create("basics");
     tcase_add_test(tc, status_names_and_messages_come_from_one_table);
     tcase_add_test(tc, buffer_grows_and_printf_appends);
+    tcase_add_test(tc,
+                   grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure);
     tcase_add_test(tc, arena_is_aligned_and_reset_keeps_memory);
     tcase_add_test(tc, parsers_reject_trailing_garbage_and_overflow);
     tcase_add_test(tc, allocation_failure_injection_fails_the_nth_call);
