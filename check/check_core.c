@@ -68,6 +68,18 @@ static long counters_find(const check_counters *c, const char *stage,
     return find_key(c, counter_key(stage, name), stage, name);
 }
 
+/* Owned copies of a counter's stage and name: both, or neither and
+ * KVO_ENOMEM. */
+static kvo_status names_dup(const check_counter *src, char **stage,
+                            char **name) {
+    *stage = kvo_strdup(src->stage);
+    *name = kvo_strdup(src->name);
+    if (*stage && *name) return KVO_OK;
+    kvo_free(*stage);
+    kvo_free(*name);
+    return KVO_ENOMEM;
+}
+
 /* Append a counter whose key and rule are known (no lookup). */
 static kvo_status counters_push(check_counters *c, const check_counter *src,
                                 double value) {
@@ -75,13 +87,7 @@ static kvo_status counters_push(check_counters *c, const check_counter *src,
                              64);
     if (st != KVO_OK) return st;
     check_counter *it = &c->items[c->n];
-    it->stage = kvo_strdup(src->stage);
-    it->name = kvo_strdup(src->name);
-    if (!it->stage || !it->name) {
-        kvo_free(it->stage);
-        kvo_free(it->name);
-        return KVO_ENOMEM;
-    }
+    if ((st = names_dup(src, &it->stage, &it->name)) != KVO_OK) return st;
     it->value = value;
     it->key = src->key;
     it->rule = src->rule;
@@ -638,13 +644,7 @@ kvo_status check_result_trips(check_result *r, const check_counters *total,
                                  sizeof(*r->trips), 8);
         if (st != KVO_OK) return st;
         check_trip *t = &r->trips[r->n_trips];
-        t->stage = kvo_strdup(c->stage);
-        t->name = kvo_strdup(c->name);
-        if (!t->stage || !t->name) {
-            kvo_free(t->stage);
-            kvo_free(t->name);
-            return KVO_ENOMEM;
-        }
+        if ((st = names_dup(c, &t->stage, &t->name)) != KVO_OK) return st;
         t->value = c->value;
         t->before_prompt = before_prompt;
         t->rule = rule;
