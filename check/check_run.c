@@ -149,44 +149,59 @@ static bool watermark_covers(run *r, char *why, size_t whysz) {
     return true;
 }
 
-/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
- * other: setup/transport error (r->err). */
-static kvo_status sync_exact(run *r, int64_t before, char *err,
-                             size_t errsz) {
+/* The engines that published since they were last asked report their last
+ * sequences: what the index must cover. */
+static kvo_status engines_refresh(run *r, char *err, size_t errsz) {
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         if (!e->dirty) continue;
         kvo_status st = chk_engine_state(e, err, errsz);
         if (st != KVO_OK) return st;
     }
+    return KVO_OK;
+}
+
+/* Between two looks at a watermark that does not cover yet: KVO_EAGAIN on
+ * Ctrl-C; KVO_ETIMEDOUT (run error recorded) when a process died or the
+ * deadline passed; KVO_OK to look again. */
+static kvo_status sync_keep_waiting(run *r, int64_t before,
+                                    uint64_t deadline, const char *why) {
+    if (kvo_stop) return KVO_EAGAIN;
+    char dead[600];
+    if (chk_env_dead(&r->env, dead, sizeof(dead))) {
+        check_result_error(r->res, before, "before prompt %lld: %s",
+                           (long long)before, dead);
+        return KVO_ETIMEDOUT;
+    }
+    if (kvo_now_ns() <= deadline) return KVO_OK;
+    if (before >= 0)
+        check_result_error(r->res, before,
+                           "watermark timeout before prompt %lld (%ld ms): %s",
+                           (long long)before, r->cfg->timeout_ms, why);
+    else
+        check_result_error(r->res, before,
+                           "watermark timeout after the last prompt "
+                           "(%ld ms): %s",
+                           r->cfg->timeout_ms, why);
+    return KVO_ETIMEDOUT;
+}
+
+/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
+ * other: setup/transport error (r->err). */
+static kvo_status sync_exact(run *r, int64_t before, char *err,
+                             size_t errsz) {
+    kvo_status st = engines_refresh(r, err, errsz);
+    if (st != KVO_OK) return st;
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     char why[320] = "";
     /* backoff capped at 200 us: the pipeline takes ~0.5-1 ms, a longer
      * sleep would overshoot it by as much */
     for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
-        kvo_status st = chk_index_watermark(&r->env, &r->wm, err, errsz);
+        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
-        if (kvo_stop) return KVO_EAGAIN;
-        char dead[600];
-        if (chk_env_dead(&r->env, dead, sizeof(dead))) {
-            check_result_error(r->res, before, "before prompt %lld: %s",
-                               (long long)before, dead);
-            return KVO_ETIMEDOUT;
-        }
-        if (kvo_now_ns() > deadline) {
-            if (before >= 0)
-                check_result_error(r->res, before,
-                                   "watermark timeout before prompt %lld "
-                                   "(%ld ms): %s",
-                                   (long long)before, r->cfg->timeout_ms, why);
-            else
-                check_result_error(r->res, before,
-                                   "watermark timeout after the last prompt "
-                                   "(%ld ms): %s",
-                                   r->cfg->timeout_ms, why);
-            return KVO_ETIMEDOUT;
-        }
+        if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
+            return st;
         sleep_us(wait);
     }
 }
@@ -200,12 +215,8 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
  * sync_exact; KVO_EUNSUPPORTED: fall back to it (r->no_wait is set). */
 static kvo_status sync_query(run *r, int64_t before, char *err,
                              size_t errsz) {
-    for (uint32_t i = 0; i < r->env.n_workers; i++) {
-        chk_engine *e = &r->env.engines[i];
-        if (!e->dirty) continue;
-        kvo_status st = chk_engine_state(e, err, errsz);
-        if (st != KVO_OK) return st;
-    }
+    kvo_status st = engines_refresh(r, err, errsz);
+    if (st != KVO_OK) return st;
     uint64_t pairs[2 * CHK_MAX_ENGINES * CHK_MAX_DP];
     size_t np = 0;
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
@@ -222,10 +233,9 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
     char why[320] = "";
     for (;;) {
         bool covered = false;
-        kvo_status st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs,
-                                             np, WAIT_SLICE_MS, r->scores,
-                                             &r->wm, &covered, &r->idx_metrics,
-                                             err, errsz);
+        st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs, np,
+                                  WAIT_SLICE_MS, r->scores, &r->wm, &covered,
+                                  &r->idx_metrics, err, errsz);
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
         if (st != KVO_OK) return st;
         /* our own rule decides (and says why not) */
@@ -233,20 +243,8 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
             r->have_idx_metrics = true;
             return KVO_OK;
         }
-        if (kvo_stop) return KVO_EAGAIN;
-        char dead[600];
-        if (chk_env_dead(&r->env, dead, sizeof(dead))) {
-            check_result_error(r->res, before, "before prompt %lld: %s",
-                               (long long)before, dead);
-            return KVO_ETIMEDOUT;
-        }
-        if (kvo_now_ns() > deadline) {
-            check_result_error(r->res, before,
-                               "watermark timeout before prompt %lld "
-                               "(%ld ms): %s",
-                               (long long)before, r->cfg->timeout_ms, why);
-            return KVO_ETIMEDOUT;
-        }
+        if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
+            return st;
     }
 }
 
