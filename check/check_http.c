@@ -18,42 +18,66 @@
 #include "check_int.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* GET or POST, then parse a JSON answer (status 200 required). */
-static kvo_status call_json(kvo_http_client *c, const char *url,
-                            const char *body, size_t len, json_object **out,
-                            kvo_http_resp *resp, char *err, size_t errsz) {
-    *out = NULL;
-    kvo_status st = body ? kvo_http_post(c, url, "application/json", body,
-                                         len, resp)
-                         : kvo_http_get(c, url, resp);
+/* One call with a JSON answer: json_call_init (names the URL),
+ * json_call_send, then json_call_fini whatever happened in between. */
+typedef struct json_call {
+    char url[256];      /* also named in every error message */
+    kvo_http_resp resp; /* the raw answer */
+    json_object *j;     /* its parse (owned); NULL until sent and parsed */
+} json_call;
+
+static void json_call_init(json_call *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void json_call_init(json_call *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->url, sizeof(c->url), fmt, ap);
+    va_end(ap);
+    kvo_http_resp_init(&c->resp);
+    c->j = NULL;
+}
+
+static void json_call_fini(json_call *c) {
+    json_object_put(c->j);
+    c->j = NULL;
+    kvo_http_resp_fini(&c->resp);
+}
+
+/* GET (body NULL) or POST the JSON body to c->url, then parse the answer
+ * into c->j (status 200 required). */
+static kvo_status json_call_send(json_call *c, kvo_http_client *h,
+                                 const kvo_buf *body, char *err,
+                                 size_t errsz) {
+    const char *method = body ? "POST" : "GET";
+    kvo_status st = body ? kvo_http_post(h, c->url, "application/json",
+                                         body->data, body->len, &c->resp)
+                         : kvo_http_get(h, c->url, &c->resp);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s %s: %s (%s)", body ? "POST" : "GET", url,
-                 kvo_strerror(st), kvo_http_client_error(c));
+        snprintf(err, errsz, "%s %s: %s (%s)", method, c->url,
+                 kvo_strerror(st), kvo_http_client_error(h));
         return st;
     }
-    if (resp->status != 200) {
-        snprintf(err, errsz, "%s %s: HTTP %ld: %.200s", body ? "POST" : "GET",
-                 url, resp->status,
-                 resp->body.data ? (const char *)resp->body.data : "");
+    const char *text = c->resp.body.data ? (const char *)c->resp.body.data : "";
+    if (c->resp.status != 200) {
+        snprintf(err, errsz, "%s %s: HTTP %ld: %.200s", method, c->url,
+                 c->resp.status, text);
         return KVO_EHTTP;
     }
     json_tokener *tok = json_tokener_new_ex(64);
     if (!tok) return KVO_ENOMEM;
-    json_object *j = json_tokener_parse_ex(
-        tok, resp->body.data ? (const char *)resp->body.data : "",
-        (int)resp->body.len);
+    json_object *j = json_tokener_parse_ex(tok, text, (int)c->resp.body.len);
     enum json_tokener_error je = json_tokener_get_error(tok);
     json_tokener_free(tok);
     if (!j || je != json_tokener_success) {
         json_object_put(j);
-        snprintf(err, errsz, "%s: answer is not JSON: %.120s", url,
-                 resp->body.data ? (const char *)resp->body.data : "");
+        snprintf(err, errsz, "%s: answer is not JSON: %.120s", c->url, text);
         return KVO_EPROTO;
     }
-    *out = j;
+    c->j = j;
     return KVO_OK;
 }
 
@@ -83,16 +107,13 @@ static bool get_u64(json_object *o, const char *k, uint64_t *out) {
 /* ---- Engines --------------------------------------------------------------*/
 
 kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/kvo/state", e->url);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    json_call jc;
+    json_call_init(&jc, "%s/kvo/state", e->url);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
     if (st != KVO_OK) goto done;
-    json_object *ranks = get_key(j, "ranks");
+    json_object *ranks = get_key(jc.j, "ranks");
     if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"ranks\" array", url);
+        snprintf(err, errsz, "%s: no \"ranks\" array", jc.url);
         st = KVO_EPROTO;
         goto done;
     }
@@ -109,20 +130,16 @@ kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz) {
     }
     e->dirty = false;
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
 
 kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
                                size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/kvo/state", e->url);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
-    json_object *ranks = st == KVO_OK ? get_key(j, "ranks") : NULL;
+    json_call jc;
+    json_call_init(&jc, "%s/kvo/state", e->url);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
+    json_object *ranks = st == KVO_OK ? get_key(jc.j, "ranks") : NULL;
     if (ranks && json_object_is_type(ranks, json_type_array)) {
         for (size_t i = 0; i < json_object_array_length(ranks) && st == KVO_OK;
              i++) {
@@ -148,33 +165,29 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
             }
         }
     }
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
 
 kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/kvo/event_sources", e->url);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    json_call jc;
+    json_call_init(&jc, "%s/kvo/event_sources", e->url);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
     if (st != KVO_OK) goto done;
-    if (!json_object_is_type(j, json_type_array)) {
-        snprintf(err, errsz, "%s: not a JSON array", url);
+    if (!json_object_is_type(jc.j, json_type_array)) {
+        snprintf(err, errsz, "%s: not a JSON array", jc.url);
         st = KVO_EPROTO;
         goto done;
     }
-    size_t n = json_object_array_length(j);
+    size_t n = json_object_array_length(jc.j);
     if (n > CHK_MAX_DP) {
-        snprintf(err, errsz, "%s: %zu sources (at most %d)", url, n,
+        snprintf(err, errsz, "%s: %zu sources (at most %d)", jc.url, n,
                  CHK_MAX_DP);
         st = KVO_ETOOBIG;
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        json_object *s = json_object_array_get_idx(j, i);
+        json_object *s = json_object_array_get_idx(jc.j, i);
         json_object *ep = get_key(s, "endpoint");
         json_object *rep = get_key(s, "replay_endpoint");
         json_object *topic = get_key(s, "topic");
@@ -183,7 +196,7 @@ kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
         if (!ep || !json_object_is_type(ep, json_type_string) || rank < 0 ||
             rank >= CHK_MAX_DP) {
             snprintf(err, errsz, "%s: source %zu has no endpoint or a bad "
-                                 "rank", url, i);
+                                 "rank", jc.url, i);
             st = KVO_EPROTO;
             goto done;
         }
@@ -201,21 +214,17 @@ kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
     }
     e->n_ranks = (uint32_t)n;
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
 
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
                             char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/kvo/probe", e->url);
+    json_call jc;
+    json_call_init(&jc, "%s/kvo/probe", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
     kvo_status st = kvo_buf_printf(&body, "{\"%s\":",
                                    p->trace_form ? "trace" : "token_ids");
     if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
@@ -223,20 +232,20 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
         st = kvo_buf_append(&body, ",\"warm\":true", 12);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = call_json(e->probe_http, url, (const char *)body.data, body.len, &j,
-                   &resp, err, errsz);
+    st = json_call_send(&jc, e->probe_http, &body, err, errsz);
     if (st != KVO_OK) goto done;
     int64_t bs = -1;
-    get_i64(j, "block_size", &bs);
+    get_i64(jc.j, "block_size", &bs);
     if (bs != (int64_t)block_size) {
         snprintf(err, errsz, "%s: engine block size %lld, expected %u "
-                             "(--block-size)", url, (long long)bs, block_size);
+                             "(--block-size)",
+                 jc.url, (long long)bs, block_size);
         st = KVO_EPROTO;
         goto done;
     }
-    json_object *ranks = get_key(j, "ranks");
+    json_object *ranks = get_key(jc.j, "ranks");
     if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"ranks\" array", url);
+        snprintf(err, errsz, "%s: no \"ranks\" array", jc.url);
         st = KVO_EPROTO;
         goto done;
     }
@@ -251,8 +260,7 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
             if (e->ranks[k].dp_rank == (uint32_t)rank) hits[k] = (int32_t)h;
     }
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
 }
@@ -264,13 +272,10 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
     memset(out, 0, sizeof(*out));
     out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
         -1;
-    char url[256];
-    snprintf(url, sizeof(url), "%s/v1/completions", e->url);
+    json_call jc;
+    json_call_init(&jc, "%s/v1/completions", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
     json_object *mj = json_object_new_string(model);
     kvo_status st = kvo_buf_printf(
         &body, "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
@@ -285,53 +290,47 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = call_json(e->http, url, (const char *)body.data, body.len, &j, &resp,
-                   err, errsz);
+    st = json_call_send(&jc, e->http, &body, err, errsz);
     if (st != KVO_OK) goto done;
-    json_object *usage = get_key(j, "usage");
+    json_object *usage = get_key(jc.j, "usage");
     get_i64(usage, "prompt_tokens", &out->prompt_tokens);
     get_i64(get_key(usage, "prompt_tokens_details"), "cached_tokens",
             &out->cached_tokens);
-    json_object *kvo = get_key(j, "kvo");
+    json_object *kvo = get_key(jc.j, "kvo");
     out->kvo = get_i64(kvo, "dp_rank", &out->dp_rank);
     uint64_t seq;
     if (get_u64(kvo, "last_seq", &seq)) out->last_seq = (int64_t)seq;
-    json_object *kv = get_key(j, "kv_transfer_params");
+    json_object *kv = get_key(jc.j, "kv_transfer_params");
     if (kv && !json_object_is_type(kv, json_type_null)) {
         out->kv_transfer_params = kvo_strdup(
             json_object_to_json_string_ext(kv, JSON_C_TO_STRING_PLAIN));
         if (!out->kv_transfer_params) st = KVO_ENOMEM;
     }
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
 }
 
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
                             char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/v1/models", e->url);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = call_json(e->http, url, NULL, 0, &j, &resp, err, errsz);
+    json_call jc;
+    json_call_init(&jc, "%s/v1/models", e->url);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
     if (st != KVO_OK) goto done;
-    json_object *data = get_key(j, "data");
+    json_object *data = get_key(jc.j, "data");
     json_object *id = NULL;
     if (data && json_object_is_type(data, json_type_array) &&
         json_object_array_length(data) > 0)
         id = get_key(json_object_array_get_idx(data, 0), "id");
     if (!id || !json_object_is_type(id, json_type_string)) {
-        snprintf(err, errsz, "%s: no model listed (use --model)", url);
+        snprintf(err, errsz, "%s: no model listed (use --model)", jc.url);
         st = KVO_EPROTO;
         goto done;
     }
     snprintf(model, modelsz, "%s", json_object_get_string(id));
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
 
@@ -379,13 +378,10 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
                                 kvo_buf *metrics, char *err, size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/query_by_hash", env->indexer_url);
+    json_call jc;
+    json_call_init(&jc, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
     kvo_status st = kvo_buf_append(&body, "{\"tokens_hashes\":", 17);
     if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
     if (st == KVO_OK && wm) {
@@ -400,29 +396,28 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
         st = kvo_buf_append(&body, ",\"metrics\":true", 15);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = call_json(env->idx_http, url, (const char *)body.data, body.len, &j,
-                   &resp, err, errsz);
+    st = json_call_send(&jc, env->idx_http, &body, err, errsz);
     if (st != KVO_OK) goto done;
-    if ((st = parse_scores(env, j, url, scores, err, errsz)) != KVO_OK)
+    if ((st = parse_scores(env, jc.j, jc.url, scores, err, errsz)) != KVO_OK)
         goto done;
     if (wm) {
-        json_object *w = get_key(j, "watermark");
-        json_object *c = get_key(j, "covered");
+        json_object *w = get_key(jc.j, "watermark");
+        json_object *c = get_key(jc.j, "covered");
         if (!w || !c || !json_object_is_type(c, json_type_boolean)) {
             snprintf(err, errsz, "%s: the indexer does not wait for "
-                                 "watermarks", url);
+                                 "watermarks", jc.url);
             st = KVO_EUNSUPPORTED;
             goto done;
         }
         *covered = json_object_get_boolean(c);
         kvo_buf_reset(&wm->raw);
-        st = parse_watermark(w, url, wm, err, errsz);
+        st = parse_watermark(w, jc.url, wm, err, errsz);
     }
     if (st == KVO_OK && metrics) {
-        json_object *m = get_key(j, "metrics");
+        json_object *m = get_key(jc.j, "metrics");
         if (!m || !json_object_is_type(m, json_type_string)) {
             snprintf(err, errsz, "%s: the indexer does not return its "
-                                 "metrics with a query", url);
+                                 "metrics with a query", jc.url);
             st = KVO_EUNSUPPORTED;
             goto done;
         }
@@ -431,8 +426,7 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                             (size_t)json_object_get_string_len(m));
     }
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
 }
@@ -446,20 +440,15 @@ void chk_watermark_fini(chk_watermark *w) {
 
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
                                size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/watermark", env->indexer_url);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
-    kvo_status st = call_json(env->idx_http, url, NULL, 0, &j, &resp, err,
-                              errsz);
+    json_call jc;
+    json_call_init(&jc, "%s/watermark", env->indexer_url);
+    kvo_status st = json_call_send(&jc, env->idx_http, NULL, err, errsz);
     if (st != KVO_OK) goto done;
     kvo_buf_reset(&w->raw);
-    st = kvo_buf_append(&w->raw, resp.body.data, resp.body.len);
-    if (st == KVO_OK) st = parse_watermark(j, url, w, err, errsz);
+    st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
+    if (st == KVO_OK) st = parse_watermark(jc.j, jc.url, w, err, errsz);
 done:
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
 
@@ -589,16 +578,13 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
 }
 
 kvo_status chk_relay_live(chk_relay *r, bool *live) {
-    char url[128], err[256];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%u/stats", r->metrics_port);
-    kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    json_object *j = NULL;
+    char err[256];
+    json_call jc;
+    json_call_init(&jc, "http://127.0.0.1:%u/stats", r->metrics_port);
     *live = false;
-    kvo_status st = call_json(r->http, url, NULL, 0, &j, &resp, err,
-                              sizeof(err));
+    kvo_status st = json_call_send(&jc, r->http, NULL, err, sizeof(err));
     if (st == KVO_OK) {
-        json_object *srcs = get_key(j, "sources");
+        json_object *srcs = get_key(jc.j, "sources");
         bool all = srcs && json_object_is_type(srcs, json_type_array) &&
                    json_object_array_length(srcs) > 0;
         for (size_t i = 0; all && i < json_object_array_length(srcs); i++) {
@@ -609,7 +595,6 @@ kvo_status chk_relay_live(chk_relay *r, bool *live) {
         }
         *live = all;
     }
-    json_object_put(j);
-    kvo_http_resp_fini(&resp);
+    json_call_fini(&jc);
     return st;
 }
