@@ -192,7 +192,11 @@ static const char *text_prompt(json_object *s, uint32_t max_len, prompt *out) {
     return NULL;
 }
 
-static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
+/* {"hash_ids": [...], "input_length": n} into out (ids and length, no
+ * tokens), n at most max_len; a longer prompt is refused naming the limit
+ * ("the prompt has N tokens; <limit_what> <max_len>"). */
+static const char *trace_prompt(json_object *t, uint32_t max_len,
+                                const char *limit_what, prompt *out) {
     json_object *ids, *len;
     if (!json_object_is_type(t, json_type_object) ||
         !json_object_object_get_ex(t, "hash_ids", &ids) ||
@@ -205,8 +209,8 @@ static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
     if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
         return "trace: hash_ids must not be empty and input_length must be >= 1";
     if (n > (int64_t)max_len)
-        return errf("the prompt has %lld tokens; this engine's limit "
-                    "(max_model_len) is %u", (long long)n, max_len);
+        return errf("the prompt has %lld tokens; %s %u", (long long)n,
+                    limit_what, max_len);
     out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
     if (!out->trace_ids) return "out of memory";
     for (size_t i = 0; i < k; i++) {
@@ -220,7 +224,8 @@ static const char *trace_prompt(json_object *t, uint32_t max_len, prompt *out) {
         return "trace: input_length must be within (512*(k-1), 512*k] for k "
                "hash_ids";
     /* no tokens: the engine makes them from the ids at admission, in its
-     * own array (a copy of ~100 KB per Mooncake prompt saved) */
+     * own array (a copy of ~100 KB per Mooncake prompt saved); a probe's
+     * walk makes each block's tokens when it gets there */
     out->n = (uint32_t)n;
     return NULL;
 }
@@ -232,7 +237,8 @@ static const char *parse_prompts(json_object *body, uint32_t max_len,
     out->n = 0;
     if (json_object_object_get_ex(body, "trace", &t) && t) {
         out->n = 1;
-        return trace_prompt(t, max_len, &out->v[0]);
+        return trace_prompt(t, max_len, "this engine's limit (max_model_len) is",
+                            &out->v[0]);
     }
     if (!json_object_object_get_ex(body, "prompt", &p) || !p)
         return "prompt is required";
@@ -869,40 +875,6 @@ static void handle_state(server *s, kvo_http_req *req) {
     kvo_http_respond_json(req, 200, o);
 }
 
-/* Trace prompt of a probe: the hash ids and the length, validated as
- * trace_prompt does, without synthesizing any token (the walk makes each
- * block's tokens when it gets there). */
-static const char *probe_trace(json_object *t, prompt *out) {
-    json_object *ids, *len;
-    if (!json_object_is_type(t, json_type_object) ||
-        !json_object_object_get_ex(t, "hash_ids", &ids) ||
-        !json_object_is_type(ids, json_type_array) ||
-        !json_object_object_get_ex(t, "input_length", &len) ||
-        !json_object_is_type(len, json_type_int))
-        return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
-    size_t k = json_object_array_length(ids);
-    int64_t n = json_object_get_int64(len);
-    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
-        return "trace: hash_ids must not be empty and input_length must be >= 1";
-    if (n > (int64_t)PROBE_MAX_TOKENS)
-        return errf("the prompt has %lld tokens; probes take at most %u",
-                    (long long)n, PROBE_MAX_TOKENS);
-    out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
-    if (!out->trace_ids) return "out of memory";
-    for (size_t i = 0; i < k; i++) {
-        json_object *v = json_object_array_get_idx(ids, i);
-        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-            return "trace: hash_ids must be integers >= 0";
-        out->trace_ids[i] = json_object_get_uint64(v);
-    }
-    out->n_trace = (uint32_t)k;
-    if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
-        return "trace: input_length must be within (512*(k-1), 512*k] for k "
-               "hash_ids";
-    out->n = (uint32_t)n;
-    return NULL;
-}
-
 /* POST /kvo/probe: per rank, the leading cached blocks of the prompt, capped
  * at (n-1)//block_size -- what the engine's prefix lookup would hit, with no
  * side effect. The walk goes block by block and stops at the first block no
@@ -987,7 +959,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
         }
         json_object *t, *ids;
         if (json_object_object_get_ex(body, "trace", &t) && t) {
-            err = probe_trace(t, &p);
+            err = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p);
         } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
                    json_object_is_type(ids, json_type_array)) {
             err = token_list(ids, PROBE_MAX_TOKENS, &p);
