@@ -309,12 +309,9 @@ static kvo_status event_json(const wire_event *e, json_object **out) {
     }
     st = KVO_OK;
 done:
-    if (st != KVO_OK) {
-        json_object_put(o);
-        return st;
-    }
-    *out = o;
-    return KVO_OK;
+    if (st == KVO_OK) *out = o;
+    else json_object_put(o);
+    return st;
 }
 
 kvo_status wire_batch_to_json(const wire_batch *b, json_object **out) {
@@ -352,12 +349,9 @@ kvo_status wire_batch_to_json(const wire_batch *b, json_object **out) {
     }
     st = KVO_OK;
 done:
-    if (st != KVO_OK) {
-        json_object_put(o);
-        return st;
-    }
-    *out = o;
-    return KVO_OK;
+    if (st == KVO_OK) *out = o;
+    else json_object_put(o);
+    return st;
 }
 
 /* ======================================================================== */
