@@ -85,6 +85,15 @@ static kvo_status family(kvo_buf *out, const char *name, const char *type,
                           name, help, name, type);
 }
 
+/* A family with one unlabelled sample. */
+static kvo_status single(kvo_buf *out, const char *name, const char *type,
+                         const char *help, uint64_t v) {
+    kvo_status st = family(out, name, type, help);
+    if (st == KVO_OK)
+        st = kvo_buf_printf(out, "kvo_relay_%s %" PRIu64 "\n", name, v);
+    return st;
+}
+
 static kvo_status labelled(kvo_buf *out, const char *name, const char *help,
                            const uint64_t *v, const char *const *names,
                            int n) {
@@ -98,10 +107,8 @@ static kvo_status labelled(kvo_buf *out, const char *name, const char *help,
 kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
     kvo_status st = KVO_OK;
 #define PROM(name, help)                                                      \
-    if (st == KVO_OK) st = family(out, #name "_total", "counter", help);      \
     if (st == KVO_OK)                                                         \
-        st = kvo_buf_printf(out, "kvo_relay_" #name "_total %" PRIu64 "\n",   \
-                            s->name);
+        st = single(out, #name "_total", "counter", help, s->name);
     RELAY_COUNTERS(PROM)
 #undef PROM
     if (st == KVO_OK)
@@ -124,28 +131,19 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
                       "gaps the replay could not cover, by kind",
                       s->replay_failures, fail_names, RELAY_REPLAY_FAIL_COUNT);
     if (st == KVO_OK)
-        st = family(out, "buffer_depth", "gauge",
-                    "live batches waiting for a replay");
+        st = single(out, "buffer_depth", "gauge",
+                    "live batches waiting for a replay", s->buffer_depth);
     if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_buffer_depth %" PRIu64 "\n",
-                            s->buffer_depth);
+        st = single(out, "nats_buffered", "gauge",
+                    "messages held in the NATS reconnect buffer",
+                    s->nats_buffered);
     if (st == KVO_OK)
-        st = family(out, "nats_buffered", "gauge",
-                    "messages held in the NATS reconnect buffer");
+        st = single(out, "nats_buffered_total", "counter",
+                    "messages that went through the reconnect buffer",
+                    s->nats_buffered_total);
     if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_nats_buffered %" PRIu64 "\n",
-                            s->nats_buffered);
-    if (st == KVO_OK)
-        st = family(out, "nats_buffered_total", "counter",
-                    "messages that went through the reconnect buffer");
-    if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_nats_buffered_total %" PRIu64 "\n",
-                            s->nats_buffered_total);
-    if (st == KVO_OK)
-        st = family(out, "nats_connected", "gauge", "1 when NATS is up");
-    if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_nats_connected %d\n",
-                            s->nats_connected ? 1 : 0);
+        st = single(out, "nats_connected", "gauge", "1 when NATS is up",
+                    s->nats_connected ? 1 : 0);
     return st;
 }
 
