@@ -43,6 +43,11 @@ static void sleep_ms(long ms) {
     }
 }
 
+/* The monotonic time ms milliseconds from now (negative ms: now). */
+static uint64_t deadline_in(long ms) {
+    return kvo_now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000u;
+}
+
 static long ms_left(uint64_t deadline_ns) {
     uint64_t now = kvo_now_ns();
     return now >= deadline_ns ? 0 : (long)((deadline_ns - now) / 1000000u);
@@ -229,8 +234,7 @@ static void kill_group_and_reap(kvo_proc *p) {
 void kvo_proc_stop(kvo_proc *p, long grace_ms) {
     if (!p || p->pid <= 0) return;
     kill(-p->pid, SIGTERM);
-    uint64_t deadline = kvo_now_ns() + (uint64_t)(grace_ms > 0 ? grace_ms : 0) *
-                                           1000000u;
+    uint64_t deadline = deadline_in(grace_ms);
     while (!leader_ended(p->pid) && ms_left(deadline) > 0)
         sleep_ms(ms_left(deadline) < 10 ? ms_left(deadline) : 10);
     p->killed = !leader_ended(p->pid);
@@ -333,9 +337,7 @@ kvo_status kvo_wait_tcp(kvo_proc *p, const char *host, uint16_t port,
     if (getaddrinfo(host ? host : "127.0.0.1", portstr, &hints, &ai) != 0 ||
         !ai)
         return KVO_EINVAL;
-    uint64_t deadline = kvo_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms
-                                                                 : 0) *
-                                           1000000u;
+    uint64_t deadline = deadline_in(timeout_ms);
     kvo_status st = KVO_ETIMEDOUT;
     for (;;) {
         if (p && !kvo_proc_alive(p)) {
@@ -359,9 +361,7 @@ kvo_status kvo_wait_tcp(kvo_proc *p, const char *host, uint16_t port,
 }
 
 kvo_status kvo_wait_http(kvo_proc *p, const char *url, long timeout_ms) {
-    uint64_t deadline = kvo_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms
-                                                                 : 0) *
-                                           1000000u;
+    uint64_t deadline = deadline_in(timeout_ms);
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
     kvo_status st = KVO_ETIMEDOUT;
