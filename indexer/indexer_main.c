@@ -118,30 +118,39 @@ static void options_first(int argc, char **argv, const struct option *table) {
     kvo_free(sorted);
 }
 
+/* Defaults, then the options of `table` into o: -1 to go on with the
+ * operands from *first, or the exit code (usage error, --help, --version). */
+static int opts_parse(int argc, char **argv, const struct option *table,
+                      opts *o, int *first) {
+    memset(o, 0, sizeof(*o));
+    idx_service_cfg_default(&o->cfg);
+    o->level = KVO_LOG_INFO;
+    *first = kvo_getopt(argc, argv, table, set_opt, o);
+    if (*first < 0) {
+        fputs("kvo-indexer: see --help\n", stderr);
+        return KVO_EXIT_USAGE;
+    }
+    if (o->help) {
+        fputs(usage, stdout);
+        return KVO_EXIT_OK;
+    }
+    if (o->version) {
+        printf("kvo-indexer %s\n", KVO_VERSION);
+        return KVO_EXIT_OK;
+    }
+    return -1;
+}
+
 static int run_replay(int argc, char **argv) {
-    opts o;
-    memset(&o, 0, sizeof(o));
-    idx_service_cfg_default(&o.cfg);
-    o.level = KVO_LOG_INFO;
     static const struct option ropts[] = {
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
         {NULL, 0, NULL, 0}};
     options_first(argc, argv, ropts);
-    int idx = kvo_getopt(argc, argv, ropts, set_opt, &o);
-    if (idx < 0) {
-        fputs("kvo-indexer: see --help\n", stderr);
-        return KVO_EXIT_USAGE;
-    }
-    if (o.help) {
-        fputs(usage, stdout);
-        return KVO_EXIT_OK;
-    }
-    if (o.version) {
-        printf("kvo-indexer %s\n", KVO_VERSION);
-        return KVO_EXIT_OK;
-    }
+    opts o;
+    int idx, exit_code = opts_parse(argc, argv, ropts, &o, &idx);
+    if (exit_code >= 0) return exit_code;
     if (argc - idx < 1 || argc - idx > 2) {
         fputs("kvo-indexer: replay takes EVENTS [QUERIES]; see --help\n", stderr);
         return KVO_EXIT_USAGE;
@@ -159,22 +168,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "replay") == 0)
         return run_replay(argc - 1, argv + 1);
     opts o;
-    memset(&o, 0, sizeof(o));
-    idx_service_cfg_default(&o.cfg);
-    o.level = KVO_LOG_INFO;
-    int idx = kvo_getopt(argc, argv, options, set_opt, &o);
-    if (idx < 0) {
-        fputs("kvo-indexer: see --help\n", stderr);
-        return KVO_EXIT_USAGE;
-    }
-    if (o.help) {
-        fputs(usage, stdout);
-        return KVO_EXIT_OK;
-    }
-    if (o.version) {
-        printf("kvo-indexer %s\n", KVO_VERSION);
-        return KVO_EXIT_OK;
-    }
+    int idx, exit_code = opts_parse(argc, argv, options, &o, &idx);
+    if (exit_code >= 0) return exit_code;
     if (idx < argc) {
         fprintf(stderr, "kvo-indexer: unexpected argument '%s'\n", argv[idx]);
         return KVO_EXIT_USAGE;
