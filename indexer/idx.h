@@ -180,7 +180,8 @@ idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
  * or NULL. Messages apply in arrival order. A sequence at or below the
  * publisher's last one is an exact duplicate (dropped) when its body matches
  * the one seen with that sequence (the last 256 are remembered), else a
- * publisher restart (applied). Returns KVO_OK (applied), KVO_EEXIST
+ * publisher restart (applied); one too old to be remembered is taken for a
+ * duplicate, unless it is 0 (a restart). Returns KVO_OK (applied), KVO_EEXIST
  * (duplicate, dropped), a decode status (counted as undecodable; err says
  * why) or KVO_ENOMEM. A malformed header is counted; the message still
  * applies. */
