@@ -402,6 +402,10 @@ kvo_status mock_trace_validate(const uint64_t *hash_ids, uint32_t n_ids,
 /* The prompt (DESIGN §8): input_length tokens into out. */
 void mock_trace_tokens(const uint64_t *hash_ids, uint32_t n_ids,
                        uint32_t input_length, uint64_t *out);
+/* Tokens [first, first + n) of that prompt into out (a block the probe
+ * walks to); first + n must not pass 512 tokens per hash id. */
+void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
+                          uint64_t *out);
 
 /* ======================================================================== */
 /* Text                                                                      */

@@ -992,15 +992,11 @@ static void handle_probe(server *s, kvo_http_req *req) {
         }
         bool alive = true;
         for (uint32_t b = 0; alive && b < cap; b++) {
-            const uint64_t *tok = p.tok + (size_t)b * bs;
-            if (p.trace_ids) { /* this block's tokens, and only these */
-                for (uint32_t i = 0; i < bs; i++) {
-                    uint64_t k = (uint64_t)b * bs + i;
-                    blk_tok[i] = wire_trace_token(p.trace_ids[k / WIRE_TRACE_BLOCK],
-                                                  (uint32_t)(k % WIRE_TRACE_BLOCK));
-                }
-                tok = blk_tok;
-            }
+            const uint64_t *tok = blk_tok;
+            if (p.trace_ids) /* this block's tokens, and only these */
+                mock_trace_tokens_at(p.trace_ids, (uint64_t)b * bs, bs, blk_tok);
+            else
+                tok = p.tok + (size_t)b * bs;
             kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h,
                                                    lora, salt,
                                                    p.trace_ids ? &tr : NULL, &h[b]);

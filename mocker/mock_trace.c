@@ -147,12 +147,20 @@ kvo_status mock_trace_validate(const uint64_t *hash_ids, uint32_t n_ids,
     return KVO_OK;
 }
 
+void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
+                          uint64_t *out) {
+    uint64_t b = first / WIRE_TRACE_BLOCK;
+    uint32_t j = (uint32_t)(first % WIRE_TRACE_BLOCK);
+    for (uint32_t k = 0; k < n; b++, j = 0)
+        for (; j < WIRE_TRACE_BLOCK && k < n; j++)
+            out[k++] = wire_trace_token(hash_ids[b], j);
+}
+
 void mock_trace_tokens(const uint64_t *hash_ids, uint32_t n_ids,
                        uint32_t input_length, uint64_t *out) {
-    uint32_t k = 0;
-    for (uint32_t b = 0; b < n_ids && k < input_length; b++)
-        for (uint32_t j = 0; j < WIRE_TRACE_BLOCK && k < input_length; j++)
-            out[k++] = wire_trace_token(hash_ids[b], j);
+    uint64_t all = (uint64_t)n_ids * WIRE_TRACE_BLOCK;
+    mock_trace_tokens_at(hash_ids, 0,
+                         input_length < all ? input_length : (uint32_t)all, out);
 }
 
 static kvo_status parse_line(mock_trace *t, const char *p, size_t n,

@@ -54,6 +54,14 @@ START_TEST(prompt_is_the_trace_blocks_tokens_cut_to_input_length) {
     uint64_t *tok2 = kvo_malloc(1024 * sizeof(uint64_t));
     mock_trace_tokens(ids, 2, 1024, tok2);
     ck_assert(memcmp(tok, tok2, 1024 * sizeof(uint64_t)) == 0);
+    /* Any slice (the probe's one block at a time, across a trace block's
+     * end too) is that slice of the prompt. */
+    static const uint32_t from[] = {0, 16, 500, 511, 512, 1000, 1084};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(from); i++) {
+        memset(tok2, 0xff, 16 * sizeof(uint64_t));
+        mock_trace_tokens_at(ids, from[i], 16, tok2);
+        ck_assert(memcmp(tok + from[i], tok2, 16 * sizeof(uint64_t)) == 0);
+    }
     /* input_length must fall in (512 (k-1), 512 k]. */
     ck_assert_int_eq(mock_trace_validate(ids, 3, 1024), KVO_EPROTO);
     ck_assert_int_eq(mock_trace_validate(ids, 3, 1025), KVO_OK);
