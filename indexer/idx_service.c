@@ -636,16 +636,14 @@ static void do_dump(svc *s, kvo_http_req *r) {
     kvo_buf_fini(&b);
 }
 
+/* From kvo_nats's callback state: natsConnection_Status waits for the
+ * connection lock, which a hanging reconnect attempt holds for up to the
+ * connect timeout -- and this loop is the only one serving queries. (The
+ * connection is reconnected forever and closed only at shutdown.) */
 static const char *nats_state(const svc *s) {
-    natsConnection *nc = s->nats ? kvo_nats_conn(s->nats) : NULL;
-    if (!nc) return "none";
-    switch (natsConnection_Status(nc)) {
-    case NATS_CONN_STATUS_CONNECTED: return "connected";
-    case NATS_CONN_STATUS_CONNECTING: return "connecting";
-    case NATS_CONN_STATUS_RECONNECTING: return "reconnecting";
-    case NATS_CONN_STATUS_CLOSED: return "closed";
-    default: return "disconnected";
-    }
+    if (!s->nats || !kvo_nats_conn(s->nats)) return "none";
+    if (kvo_nats_up(s->nats)) return "connected";
+    return kvo_nats_disconnects(s->nats) ? "reconnecting" : "connecting";
 }
 
 static void do_health(svc *s, kvo_http_req *r) {
