@@ -585,7 +585,7 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     if ((json_object_object_get_ex(body, "max_tokens", &v) && v) ||
         (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
         if (!json_object_is_type(v, json_type_int) ||
-            (max_tokens = json_object_get_int64(v)) < 1 || max_tokens > max_len) {
+            (max_tokens = json_object_get_int64(v)) < 1) {
             err = "max_tokens must be an integer >= 1";
             goto done;
         }
@@ -635,8 +635,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
             goto done;
         }
     }
-    /* All validated: queue every choice (cannot fail half-way but for
-     * memory, and then the queued ones are aborted). */
+    /* All validated (max_tokens <= max_len too): queue every choice (cannot
+     * fail half-way but for memory, and then the queued ones are aborted). */
     for (uint32_t i = 0; i < ps->n; i++) {
         choice *c = &k->choices[i];
         mock_req_in in = {.tokens = ps->v[i].tok,
@@ -651,8 +651,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         kvo_status st = mock_engine_add(e, &in, &c->req_id);
         if (st != KVO_OK) {
             for (uint32_t j = 0; j < i; j++) {
-                k->choices[j].k = NULL; /* callbacks of aborted ones ignored */
-                k->choices[j].done = true;
+                k->choices[j].k = NULL; /* its abort callback is ignored */
+                mock_engine_abort(e, k->choices[j].req_id);
             }
             err = kvo_strerror(st);
             code = st == KVO_ENOMEM ? 503 : 400;
@@ -669,19 +669,7 @@ done:
         s->http_errors++;
         respond_err(req, code, "%s", err);
     }
-    if (k) {
-        /* Queued choices of a call that failed half-way: abort them. */
-        bool queued = false;
-        for (uint32_t i = 0; i < k->n_choices; i++)
-            if (k->choices[i].req_id && k->choices[i].k == NULL) queued = true;
-        if (queued) {
-            k->n_done = 0;
-            for (uint32_t i = 0; i < k->n_choices; i++)
-                if (k->choices[i].req_id && k->choices[i].k == NULL)
-                    mock_engine_abort(s->node.ranks[k->rank].eng, k->choices[i].req_id);
-        }
-        call_free(k);
-    }
+    call_free(k);
     if (ps) {
         prompts_free(ps);
         kvo_free(ps);

@@ -549,6 +549,13 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         ck_assert_int_eq(num(j, "code"), cases[i].status);
         json_object_put(j);
     }
+    /* A max_tokens beyond the context is refused naming the limit. */
+    long status;
+    json_object *j = call(&m, "/v1/completions",
+                          "{\"prompt\": [1], \"max_tokens\": 99999999999}", &status);
+    ck_assert_int_eq(status, 400);
+    ck_assert_msg(strstr(str(j, "message"), "max_model_len) is 36"), "%s", str(j, "message"));
+    json_object_put(j);
     /* Still serving. */
     json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
     ck_assert_int_eq(mocker_stop(&m), 0);
