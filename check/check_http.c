@@ -563,13 +563,6 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
     return KVO_OK;
 }
 
-kvo_status chk_counters_indexer(chk_env *env, check_counters *c, char *err,
-                                size_t errsz) {
-    char url[256];
-    snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
-    return read_prom(env->idx_metrics, url, "indexer", c, err, errsz);
-}
-
 kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
                               size_t errsz) {
     char url[128];

@@ -142,7 +142,6 @@ kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz);
  * object {"hash_ids": [...], "input_length": n} (kvo-mocker's extension) or
  * the token-id array [t0, t1, ...]. */
 typedef struct chk_prompt {
-    const check_request *req;
     bool trace_form;
     const char *json;        /* the object or the array */
     size_t len;
@@ -204,8 +203,6 @@ int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
  * stage (the caller's thread). */
 kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
                              kvo_http_resp *resp, char *err, size_t errsz);
-kvo_status chk_counters_indexer(chk_env *env, check_counters *c, char *err,
-                                size_t errsz);
 kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
                               size_t errsz);
 /* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */

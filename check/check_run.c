@@ -328,7 +328,7 @@ static void task_probe(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     run *r = t->r;
-    chk_prompt p = {.req = NULL, .trace_form = r->trace_form,
+    chk_prompt p = {.trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
                              t->err, sizeof(t->err));
@@ -661,7 +661,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     if ((st = merge_metrics(r, n, id)) != KVO_OK) return st;
 
     /* C: send */
-    chk_prompt p = {.req = q, .trace_form = r->trace_form,
+    chk_prompt p = {.trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
     uint32_t slot = choose_slot(r, i);
     uint32_t dp = r->env.dp_size;
@@ -913,7 +913,6 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     check_counters_init(&r.moved);
     bool env_up = false, failed_setup = true;
     kvo_status st;
-    uint64_t t_all = kvo_now_ns();
 
     if (!cfg->trace) {
         snprintf(err, errsz, "--trace FILE is required");
@@ -1060,7 +1059,6 @@ finish:
         st = KVO_EIO;
     }
 done:
-    (void)t_all;
     if (r.json) fclose(r.json);
     if (env_up) {
         bool keep = cfg->keep_logs ||

@@ -75,7 +75,6 @@ struct chk_proxy {
     bool started;
     atomic_bool stop;
     atomic_bool subscribed; /* the relay's SUB reached us */
-    atomic_ulong forwarded, dropped;
     uint64_t drop_seq;
     char endpoint[128];     /* where the relay connects */
 };
@@ -137,10 +136,6 @@ static void *proxy_main(void *arg) {
                                  i + 1 < nf ? ZMQ_SNDMORE : 0);
                 zmq_msg_close(&frames[i]);
             }
-            if (drop)
-                atomic_fetch_add(&p->dropped, 1);
-            else if (ok)
-                atomic_fetch_add(&p->forwarded, 1);
         }
     }
     return NULL;
