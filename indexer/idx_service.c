@@ -10,7 +10,8 @@
  * nats.c runs its own threads; its callbacks only queue messages or bump
  * atomic counters. A full inbox (256k messages or 256 MiB) makes on_msg
  * wait (the loop is behind), so nats.c's own pending limits take over and
- * count slow-consumer drops.
+ * drop messages (natsSubscription_GetDropped counts them; the loop logs
+ * every count that rises).
  * Messages apply in arrival order.
  *
  * A query may wait for a watermark (kvo-check's lockstep): POST /query or
@@ -71,7 +72,7 @@ typedef struct svc {
     /* NATS (callbacks on nats.c threads) */
     kvo_nats *nats;
     natsSubscription *sub;
-    atomic_uint_fast64_t slow_drops, inbox_drops;
+    atomic_uint_fast64_t inbox_drops;
 
     pthread_mutex_t mu; /* inbox, stopping */
     pthread_cond_t cv;
@@ -83,11 +84,13 @@ typedef struct svc {
     /* loop-only state */
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
     size_t n_waiters;
-    uint64_t seen_disconnects, seen_reconnects;
+    uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
+        seen_inbox_drops;
+    uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     uint64_t lat_count[NLAT + 1];
     double lat_sum;
     uint64_t queries, bad_requests;
-    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem;
+    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop;
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -134,12 +137,16 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     }
 }
 
-static void on_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
-                     void *closure) {
-    (void)nc;
-    (void)sub;
-    if (err == NATS_SLOW_CONSUMER)
-        atomic_fetch_add(&((svc *)closure)->slow_drops, 1);
+/* Messages nats.c dropped on the subscription (its pending limits were
+ * reached). Its slow-consumer error callback fires once per episode, not
+ * per message, so the count comes from the subscription. Only rises: a
+ * failed read (subscription closing) keeps the last count. */
+static uint64_t nats_dropped(svc *s) {
+    int64_t n;
+    if (s->sub && natsSubscription_GetDropped(s->sub, &n) == NATS_OK &&
+        (uint64_t)n > s->nats_dropped)
+        s->nats_dropped = (uint64_t)n;
+    return s->nats_dropped;
 }
 
 /* ======================================================================== */
@@ -151,13 +158,6 @@ static kvo_status nats_setup(svc *s) {
     char err[512];
     kvo_status st = kvo_nats_new(&s->nats, &c->nats, "kvo-indexer", err,
                                  sizeof(err));
-    natsStatus n = NATS_OK;
-    if (st == KVO_OK)
-        n = natsOptions_SetErrorHandler(kvo_nats_options(s->nats), on_error, s);
-    if (st == KVO_OK && n != NATS_OK) {
-        snprintf(err, sizeof(err), "NATS options: %s", natsStatus_GetText(n));
-        st = KVO_ENATS;
-    }
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
         kvo_warn("NATS %s not reachable yet; retrying in the background",
@@ -169,7 +169,7 @@ static kvo_status nats_setup(svc *s) {
         return st;
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
-    n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
+    natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
     if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, 1 << 20, 1 << 30);
     if (n == NATS_OK && kvo_nats_up(s->nats))
         n = natsConnection_FlushTimeout(nc, 5000);
@@ -665,7 +665,7 @@ static void do_counters(svc *s, kvo_http_req *r) {
         return;
     }
     json_object_object_add(o, "slow_consumer_drops",
-                           json_object_new_uint64(atomic_load(&s->slow_drops)));
+                           json_object_new_uint64(nats_dropped(s)));
     json_object_object_add(o, "inbox_drops",
                            json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
@@ -761,7 +761,7 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
         {"kvo_indexer_bad_headers_total", "counter", "Malformed KVO-Zmq-Seq headers.", f.bad_headers},
         {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
         {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
-        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", atomic_load(&s->slow_drops)},
+        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", nats_dropped(s)},
         {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", atomic_load(&s->inbox_drops)},
         {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", kvo_nats_disconnects(s->nats)},
         {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
@@ -842,7 +842,19 @@ static void handler(void *ctx, kvo_http_req *r) {
 /* Loop                                                                      */
 /* ======================================================================== */
 
+/* Connection changes, and messages dropped before the loop saw them
+ * (counted on nats.c's threads, logged here). */
 static void log_nats_changes(svc *s) {
+    uint64_t slow = nats_dropped(s), inbox = atomic_load(&s->inbox_drops);
+    if (slow != s->seen_nats_dropped || inbox != s->seen_inbox_drops) {
+        kvo_log_limited(&s->rl_drop, KVO_LOG_WARN,
+                        "messages dropped before indexing: %" PRIu64
+                        " by nats.c (slow consumer), %" PRIu64
+                        " for want of memory (so far)",
+                        slow, inbox);
+        s->seen_nats_dropped = slow;
+        s->seen_inbox_drops = inbox;
+    }
     uint64_t d = kvo_nats_disconnects(s->nats), r = kvo_nats_reconnects(s->nats);
     if (d != s->seen_disconnects) {
         kvo_warn("NATS disconnected (%" PRIu64 " so far); reconnecting", d);
