@@ -39,16 +39,6 @@ struct wire_cap_writer {
     char *vbuf; /* stdio buffer, owned */
 };
 
-static void put_be(uint8_t *p, uint64_t v, unsigned n) {
-    for (unsigned i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * (n - 1 - i)));
-}
-
-static uint64_t get_be(const uint8_t *p, unsigned n) {
-    uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
 static kvo_status open_status(void) {
     return errno == ENOENT ? KVO_ENOTFOUND : KVO_EIO;
 }
@@ -88,12 +78,12 @@ kvo_status wire_cap_write(wire_cap_writer *w, uint64_t unix_ns,
         if (frames[i].len && !frames[i].data) return KVO_EINVAL;
     }
     uint8_t hdr[CAP_REC_HDR];
-    put_be(hdr, unix_ns, 8);
-    put_be(hdr + 8, n_frames, 4);
+    wire_put_be(hdr, unix_ns, 8);
+    wire_put_be(hdr + 8, n_frames, 4);
     if (fwrite(hdr, 1, CAP_REC_HDR, w->f) != CAP_REC_HDR) return KVO_EIO;
     for (uint32_t i = 0; i < n_frames; i++) {
         uint8_t len[4];
-        put_be(len, frames[i].len, 4);
+        wire_put_be(len, frames[i].len, 4);
         if (fwrite(len, 1, 4, w->f) != 4) return KVO_EIO;
         if (frames[i].len &&
             fwrite(frames[i].data, 1, frames[i].len, w->f) != frames[i].len)
@@ -226,7 +216,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
         return KVO_EOF;
     }
     if (got < CAP_REC_HDR) return truncated(r, rec_off, err, "record header");
-    uint32_t n = (uint32_t)get_be(hdr + 8, 4);
+    uint32_t n = (uint32_t)wire_be_w(hdr + 8, 4);
     if (n > WIRE_CAP_MAX_FRAMES) {
         wire_fail(&r->sticky_err, KVO_ETOOBIG, (size_t)rec_off + 8,
                   "record at byte %llu: %u frames (max %u)",
@@ -242,7 +232,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
         uint64_t len_at = r->pos;
         if (read_some(r, lb, 4) < 4)
             return truncated(r, rec_off, err, "a frame length");
-        uint64_t fl = get_be(lb, 4);
+        uint64_t fl = wire_be_w(lb, 4);
         if (fl > r->lim.max_bytes) {
             wire_fail(&r->sticky_err, KVO_ETOOBIG, (size_t)len_at,
                       "frame of %llu bytes exceeds the limit of %zu",
@@ -262,7 +252,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
             fl -= k;
         }
     }
-    rec->unix_ns = get_be(hdr, 8);
+    rec->unix_ns = wire_be_w(hdr, 8);
     rec->n_frames = n;
     rec->offset = rec_off;
     for (uint32_t i = 0; i < n; i++) {
