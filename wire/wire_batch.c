@@ -1096,7 +1096,10 @@ static kvo_status event_room(const wire_event *e, size_t *room) {
             e->locality.len + e->ownership.len;
         break;
     case WIRE_EV_STORED:
-        if (e->n_tokens && !e->token_ids) return KVO_EINVAL;
+        if ((e->n_tokens && !e->token_ids) ||
+            (e->parent.kind == WIRE_HASH_BYTES && e->parent.len &&
+             !e->parent.bytes))
+            return KVO_EINVAL;
         r = 5 + KVO_ARRAY_LEN(map_stored) * ROOM_FIELD +
             9 * (size_t)e->n_tokens + e->parent.len + e->medium.len +
             e->lora_name.len + e->metadata.len + e->extra_keys.len +

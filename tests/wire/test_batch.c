@@ -686,6 +686,27 @@ START_TEST(formats_and_sequence_frames_round_trip) {
 }
 END_TEST
 
+START_TEST(encoder_refuses_a_bytes_parent_without_its_bytes) {
+    /* The block hashes were checked; a parent that claims bytes it does
+     * not have was copied from NULL. */
+    wire_hash h = {WIRE_HASH_UINT, 0, 7, NULL};
+    wire_event e = {.type = WIRE_EV_STORED, .n_hashes = 1, .hashes = &h,
+                    .parent = {WIRE_HASH_BYTES, 32, 0, NULL}};
+    wire_batch b = {.batch_len = 3, .n_events = 1, .events = &e};
+    kvo_buf out;
+    kvo_buf_init(&out);
+    ck_assert(kvo_buf_append(&out, "x", 1) == KVO_OK);
+    for (int f = 0; f < WIRE_FMT_COUNT; f++)
+        ck_assert_int_eq(wire_batch_encode(&b, (wire_format)f, 0, &out),
+                         KVO_EINVAL);
+    ck_assert_uint_eq(out.len, 1); /* nothing appended */
+    static const uint8_t digest[32] = {1};
+    e.parent.bytes = digest;
+    ck_assert_int_eq(wire_batch_encode(&b, WIRE_FMT_MAP, 0, &out), KVO_OK);
+    kvo_buf_fini(&out);
+}
+END_TEST
+
 START_TEST(from_json_rejects_bad_views_naming_the_field) {
     static const struct {
         const char *json, *needle;
@@ -1275,6 +1296,7 @@ Suite *suite_batch(void) {
     tcase_add_test(tc,
                    bytes_hashes_of_any_length_normalize_to_last_eight_bytes);
     tcase_add_test(tc, formats_and_sequence_frames_round_trip);
+    tcase_add_test(tc, encoder_refuses_a_bytes_parent_without_its_bytes);
     tcase_add_test(tc, from_json_rejects_bad_views_naming_the_field);
     suite_add_tcase(s, tc);
     tc = tcase_create("encoder");
