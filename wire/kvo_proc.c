@@ -326,6 +326,32 @@ static bool tcp_try(const struct addrinfo *ai, long wait_ms) {
     return ok;
 }
 
+/* Tries ready(ctx, wait_ms) until it answers KVO_OK, the child dies
+ * (KVO_ESTATE) or timeout_ms passes (KVO_ETIMEDOUT), sleeping
+ * POLL_SLEEP_MS between tries; KVO_EAGAIN = not yet, anything else gives
+ * up with that status. wait_ms is what is left, at least 1. */
+static kvo_status poll_ready(kvo_proc *p, long timeout_ms,
+                             kvo_status (*ready)(void *ctx, long wait_ms),
+                             void *ctx) {
+    uint64_t deadline = deadline_in(timeout_ms);
+    for (;;) {
+        if (p && !kvo_proc_alive(p)) return KVO_ESTATE;
+        long left = ms_left(deadline);
+        kvo_status st = ready(ctx, left > 0 ? left : 1);
+        if (st != KVO_EAGAIN) return st;
+        left = ms_left(deadline);
+        if (left == 0) return KVO_ETIMEDOUT;
+        sleep_ms(left < POLL_SLEEP_MS ? left : POLL_SLEEP_MS);
+    }
+}
+
+/* Something accepts on one of the addresses (each try up to 200 ms). */
+static kvo_status tcp_ready(void *ctx, long wait_ms) {
+    for (const struct addrinfo *a = ctx; a; a = a->ai_next)
+        if (tcp_try(a, wait_ms < 200 ? wait_ms : 200)) return KVO_OK;
+    return KVO_EAGAIN;
+}
+
 kvo_status kvo_wait_tcp(kvo_proc *p, const char *host, uint16_t port,
                         long timeout_ms) {
     char portstr[8];
@@ -337,58 +363,26 @@ kvo_status kvo_wait_tcp(kvo_proc *p, const char *host, uint16_t port,
     if (getaddrinfo(host ? host : "127.0.0.1", portstr, &hints, &ai) != 0 ||
         !ai)
         return KVO_EINVAL;
-    uint64_t deadline = deadline_in(timeout_ms);
-    kvo_status st = KVO_ETIMEDOUT;
-    for (;;) {
-        if (p && !kvo_proc_alive(p)) {
-            st = KVO_ESTATE;
-            break;
-        }
-        long left = ms_left(deadline);
-        bool up = false;
-        for (const struct addrinfo *a = ai; a && !up; a = a->ai_next)
-            up = tcp_try(a, left < 200 ? (left > 0 ? left : 1) : 200);
-        if (up) {
-            st = KVO_OK;
-            break;
-        }
-        left = ms_left(deadline);
-        if (left == 0) break;
-        sleep_ms(left < POLL_SLEEP_MS ? left : POLL_SLEEP_MS);
-    }
+    kvo_status st = poll_ready(p, timeout_ms, tcp_ready, ai);
     freeaddrinfo(ai);
     return st;
 }
 
-kvo_status kvo_wait_http(kvo_proc *p, const char *url, long timeout_ms) {
-    uint64_t deadline = deadline_in(timeout_ms);
+/* GET url answers 200 (each try up to 1 s). A fresh client per try: a
+ * half-started server can leave a kept-alive connection in a bad state. */
+static kvo_status http_ready(void *ctx, long wait_ms) {
+    const char *url = ctx;
+    kvo_http_client *c = NULL;
+    if (kvo_http_client_new(&c, wait_ms < 1000 ? wait_ms : 1000) != KVO_OK)
+        return KVO_EHTTP;
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
-    kvo_status st = KVO_ETIMEDOUT;
-    for (;;) {
-        if (p && !kvo_proc_alive(p)) {
-            st = KVO_ESTATE;
-            break;
-        }
-        long left = ms_left(deadline);
-        /* A fresh client per try: a half-started server can leave a
-         * kept-alive connection in a bad state. */
-        kvo_http_client *c = NULL;
-        if (kvo_http_client_new(&c, left < 1000 ? (left > 0 ? left : 1) : 1000) !=
-            KVO_OK) {
-            st = KVO_EHTTP;
-            break;
-        }
-        bool ok = kvo_http_get(c, url, &resp) == KVO_OK && resp.status == 200;
-        kvo_http_client_free(c);
-        if (ok) {
-            st = KVO_OK;
-            break;
-        }
-        left = ms_left(deadline);
-        if (left == 0) break;
-        sleep_ms(left < POLL_SLEEP_MS ? left : POLL_SLEEP_MS);
-    }
+    bool ok = kvo_http_get(c, url, &resp) == KVO_OK && resp.status == 200;
     kvo_http_resp_fini(&resp);
-    return st;
+    kvo_http_client_free(c);
+    return ok ? KVO_OK : KVO_EAGAIN;
+}
+
+kvo_status kvo_wait_http(kvo_proc *p, const char *url, long timeout_ms) {
+    return poll_ready(p, timeout_ms, http_ready, (void *)url);
 }
