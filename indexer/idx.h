@@ -221,6 +221,12 @@ json_object *idx_json_watermark(const idx_feed *f);
 /* One stored RouterEvent in the event-plane JSON shape of the vectors. */
 json_object *idx_json_revent(const wire_revent *ev);
 
+/* text (len bytes) as exactly one JSON value, followed by nothing but
+ * whitespace (json-c alone stops after the first value and ignores the
+ * rest). NULL with err = "bad JSON: ..." otherwise (or out of memory). */
+json_object *idx_json_parse(const char *text, size_t len, char *err,
+                            size_t errsz);
+
 /* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
  * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
  * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad

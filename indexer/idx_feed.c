@@ -403,6 +403,38 @@ json_object *idx_json_revent(const wire_revent *ev) {
     return done(o, ok);
 }
 
+json_object *idx_json_parse(const char *text, size_t len, char *err,
+                            size_t errsz) {
+    if (len > INT32_MAX) {
+        snprintf(err, errsz, "bad JSON: too large");
+        return NULL;
+    }
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+        snprintf(err, errsz, "out of memory");
+        return NULL;
+    }
+    json_object *j = json_tokener_parse_ex(tok, text, (int)len);
+    enum json_tokener_error e = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (!j || e != json_tokener_success) {
+        snprintf(err, errsz, "bad JSON: %s",
+                 e == json_tokener_continue ? "unexpected end"
+                                            : json_tokener_error_desc(e));
+        json_object_put(j);
+        return NULL;
+    }
+    for (; used < len; used++)
+        if (text[used] != ' ' && text[used] != '\n' && text[used] != '\r' &&
+            text[used] != '\t') {
+            snprintf(err, errsz, "bad JSON: trailing bytes");
+            json_object_put(j);
+            return NULL;
+        }
+    return j;
+}
+
 /* ======================================================================== */
 /* Queries                                                                   */
 /* ======================================================================== */

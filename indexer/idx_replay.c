@@ -135,16 +135,15 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
             goto done;
         }
         uint64_t lineno = 0, nq = 0;
-        while (getline(&line, &linecap, qf) >= 0) {
+        ssize_t len;
+        while ((len = getline(&line, &linecap, qf)) >= 0) {
             lineno++;
             if (blank(line)) continue;
-            enum json_tokener_error jerr;
-            json_object *j = json_tokener_parse_verbose(line, &jerr);
+            char jerr[160] = "expected a JSON object";
+            json_object *j = idx_json_parse(line, (size_t)len, jerr, sizeof(jerr));
             if (!j || !json_object_is_type(j, json_type_object)) {
                 snprintf(err, errsz, "%s:%llu: %s", cfg->queries,
-                         (unsigned long long)lineno,
-                         j ? "expected a JSON object"
-                           : json_tokener_error_desc(jerr));
+                         (unsigned long long)lineno, jerr);
                 json_object_put(j);
                 s = KVO_EPROTO;
                 goto done;

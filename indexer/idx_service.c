@@ -272,33 +272,7 @@ static json_object *parse_body(kvo_http_req *r, char *err, size_t errsz) {
         snprintf(err, errsz, "empty body: expected JSON");
         return NULL;
     }
-    if (len > INT32_MAX) {
-        snprintf(err, errsz, "body too large");
-        return NULL;
-    }
-    json_tokener *tok = json_tokener_new();
-    if (!tok) {
-        snprintf(err, errsz, "out of memory");
-        return NULL;
-    }
-    json_object *j = json_tokener_parse_ex(tok, (const char *)b, (int)len);
-    enum json_tokener_error e = json_tokener_get_error(tok);
-    size_t used = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    if (!j || e != json_tokener_success) {
-        snprintf(err, errsz, "bad JSON: %s",
-                 e == json_tokener_continue ? "unexpected end"
-                                            : json_tokener_error_desc(e));
-        json_object_put(j);
-        return NULL;
-    }
-    for (; used < len; used++)
-        if (b[used] != ' ' && b[used] != '\n' && b[used] != '\r' && b[used] != '\t') {
-            snprintf(err, errsz, "bad JSON: trailing bytes");
-            json_object_put(j);
-            return NULL;
-        }
-    return j;
+    return idx_json_parse((const char *)b, len, err, errsz);
 }
 
 static kvo_status build_metrics(svc *s, kvo_buf *b);

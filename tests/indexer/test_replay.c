@@ -190,6 +190,18 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     kvo_free(out);
     kvo_free(err);
 
+    /* json-c alone would take the first object and drop the rest */
+    write_file(path, "{\"apply\": 1}\n{\"apply\": 1}{\"apply\": 2}\n");
+    ck_assert_int_eq(run(dir, args, &out, &err), 1);
+    ck_assert_msg(strstr(err, "bad.jsonl:2: bad JSON: trailing bytes"), "%s", err);
+    kvo_free(out);
+    kvo_free(err);
+    write_file(path, "{\"tokens_hashes\": [1]} x\n");
+    ck_assert_int_eq(run(dir, args, &out, &err), 1);
+    ck_assert_msg(strstr(err, "bad.jsonl:1: bad JSON: trailing bytes"), "%s", err);
+    kvo_free(out);
+    kvo_free(err);
+
     /* a capture cut short: what was read is applied and reported */
     size_t len;
     uint8_t *b = kt_read_file(cap, &len);
