@@ -351,56 +351,20 @@ json_object *idx_json_watermark(const idx_feed *f) {
     return done(o, ok);
 }
 
+/* The shape is wire_plane_to_json's: the event goes through it alone, in
+ * a message of one, and comes back out. */
 json_object *idx_json_revent(const wire_revent *ev) {
-    bool ok = true;
-    json_object *o = json_object_new_object(), *e = json_object_new_object();
-    json_object *data = json_object_new_object();
-    if (!o || !e || !data) {
-        json_object_put(o);
-        json_object_put(e);
-        json_object_put(data);
-        return NULL;
-    }
-    put(o, "worker_id", u64(ev->worker_id), &ok);
-    put(o, "storage_tier", json_object_new_string(wire_tier_name(ev->tier)), &ok);
-    put(e, "event_id", u64(ev->event_id), &ok);
-    if (ev->type == WIRE_R_STORED) {
-        json_object *st = json_object_new_object();
-        json_object *blocks = json_object_new_array_ext((int)ev->n_blocks);
-        if (st) {
-            json_object_object_add(st, "parent_hash",
-                                   ev->has_parent ? u64(ev->parent_hash) : NULL);
-            json_object_object_add(st, "start_position", NULL);
-        }
-        for (uint32_t i = 0; blocks && i < ev->n_blocks; i++) {
-            json_object *b = json_object_new_object();
-            if (b) {
-                put(b, "block_hash", u64(ev->blocks[i].block_hash), &ok);
-                put(b, "tokens_hash", u64(ev->blocks[i].tokens_hash), &ok);
-                json_object_object_add(b, "mm_extra_info", NULL);
-            }
-            push(blocks, b, &ok);
-        }
-        if (st) put(st, "blocks", blocks, &ok);
-        else json_object_put(blocks);
-        put(data, "stored", st, &ok);
-        put(e, "data", data, &ok);
-    } else if (ev->type == WIRE_R_REMOVED) {
-        json_object *rm = json_object_new_object();
-        json_object *h = json_object_new_array_ext((int)ev->n_removed);
-        for (uint32_t i = 0; h && i < ev->n_removed; i++)
-            push(h, u64(ev->removed[i]), &ok);
-        if (rm) put(rm, "block_hashes", h, &ok);
-        else json_object_put(h);
-        put(data, "removed", rm, &ok);
-        put(e, "data", data, &ok);
-    } else {
-        json_object_put(data);
-        put(e, "data", json_object_new_string("cleared"), &ok);
-    }
-    put(e, "dp_rank", u64(ev->dp_rank), &ok);
-    put(o, "event", e, &ok);
-    return done(o, ok);
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    m.n_events = 1;
+    m.events = (wire_revent *)ev; /* read only */
+    json_object *j, *evs, *e = NULL;
+    if (wire_plane_to_json(&m, &j) != KVO_OK) return NULL;
+    if (json_object_object_get_ex(j, "router_events", &evs))
+        e = json_object_get(json_object_array_get_idx(evs, 0));
+    json_object_put(j);
+    wire_plane_fini(&m);
+    return e;
 }
 
 json_object *idx_json_parse(const char *text, size_t len, char *err,
