@@ -76,7 +76,7 @@
     X(medium, "unknown medium")                                              \
     X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
     X(empty, "event without block hashes")                                   \
-    X(dp_rank, "data_parallel_rank out of range")
+    X(dp_rank, "data_parallel_rank out of range (or too many ranks)")
 
 #define RELAY_REPLAY_FAIL_KINDS(X)                                            \
     X(no_endpoint, "no replay endpoint")                                      \

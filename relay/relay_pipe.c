@@ -41,6 +41,7 @@
 #define DEFAULT_MAX_EVENTS 128u
 #define DEFAULT_MAX_BLOCKS 8192u
 #define DEFAULT_VERIFY_MAX (4u << 20)
+#define MAX_RANKS 1024u
 
 typedef struct held {
     uint64_t seq;
@@ -155,9 +156,13 @@ static const char *const fail_names[] = {
 
 /* ---- dedup reference counts ----------------------------------------------*/
 
+/* The dedup counts of rank, added on first sight. NULL when out of memory
+ * or when MAX_RANKS ranks are known already (only a broken publisher sends
+ * that many: each costs a table and a step of this search). */
 static rank_counts *counts_of(relay_pipe *p, uint32_t rank) {
     for (uint32_t i = 0; i < p->nranks; i++)
         if (p->ranks[i].rank == rank) return &p->ranks[i];
+    if (p->nranks >= MAX_RANKS) return NULL;
     rank_counts *n =
         kvo_realloc(p->ranks, (p->nranks + 1) * sizeof(*p->ranks));
     if (!n) return NULL;
@@ -601,7 +606,7 @@ static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
 }
 
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
-                           uint32_t rank) {
+                           uint32_t rank, rank_counts *rc) {
     char why[160];
     wire_tier tier;
     if (!medium_tier(e->medium, &tier)) {
@@ -634,12 +639,11 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
     if (p->cfg.verify) verify_store(p, e, ei, bs);
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
                                      e->cache_salt.p, e->cache_salt.len);
-    rank_counts *rc = counts_of(p, rank);
     pend_store(p, rank, tier, e, seed, rc ? &rc->tier[tier] : NULL);
 }
 
 static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
-                            uint32_t rank) {
+                            uint32_t rank, rank_counts *rc) {
     wire_tier tier;
     if (!medium_tier(e->medium, &tier)) {
         char why[64];
@@ -652,7 +656,6 @@ static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_empty, ei, "BlockRemoved without block hashes");
         return;
     }
-    rank_counts *rc = counts_of(p, rank);
     for (uint32_t i = 0; i < e->n_hashes; i++) {
         uint64_t h = e->hashes[i].key;
         relay_map_dec_result r =
@@ -708,17 +711,19 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
         if (e->type == WIRE_EV_REMOVED) p->st.blocks_removed += e->n_hashes;
     }
     uint32_t rank = s->fallback_rank;
-    if (b->dp_rank.set) {
-        if (b->dp_rank.v < 0 || b->dp_rank.v > (int64_t)UINT32_MAX) {
-            p->st.rejects[RELAY_dp_rank] += b->n_events;
-            note(p, KVO_LOG_WARN, "reject",
-                 "seq %" PRIu64 ": data_parallel_rank %" PRId64
-                 " out of range, %u events rejected",
-                 seq, b->dp_rank.v, b->n_events);
-            batch_done(p, seq);
-            return;
-        }
-        rank = (uint32_t)b->dp_rank.v;
+    bool fits = !b->dp_rank.set ||
+                (b->dp_rank.v >= 0 && b->dp_rank.v <= (int64_t)UINT32_MAX);
+    if (fits && b->dp_rank.set) rank = (uint32_t)b->dp_rank.v;
+    rank_counts *rc = fits ? counts_of(p, rank) : NULL;
+    if (!fits || (!rc && p->nranks >= MAX_RANKS)) {
+        p->st.rejects[RELAY_dp_rank] += b->n_events;
+        note(p, KVO_LOG_WARN, "reject",
+             "seq %" PRIu64 ": data_parallel_rank %" PRId64
+             " out of range or beyond %u distinct ranks, %u events rejected",
+             seq, fits ? (int64_t)rank : b->dp_rank.v, MAX_RANKS,
+             b->n_events);
+        batch_done(p, seq);
+        return;
     }
     s->rank = rank;
     for (uint32_t i = 0; i < b->n_events; i++) {
@@ -727,10 +732,10 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
         uint64_t sent0 = p->st.messages_published;
         switch (e->type) {
         case WIRE_EV_STORED:
-            convert_stored(p, e, i, rank);
+            convert_stored(p, e, i, rank, rc);
             break;
         case WIRE_EV_REMOVED:
-            convert_removed(p, e, i, rank);
+            convert_removed(p, e, i, rank, rc);
             break;
         case WIRE_EV_CLEARED:
             pend_cleared(p, rank);

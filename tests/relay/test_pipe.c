@@ -641,11 +641,21 @@ START_TEST(dedup_counts_are_per_rank_and_tier_and_reset_by_cleared) {
     tb_remove(&b, &h, 1);
     tb_end(&b, 1, &p);
     tr_live(&t, 0, 3, &p);
+    /* two copies on the GPU; a remove from the CPU tier is not one of them */
+    uint64_t g = 556;
+    tb_begin(&b);
+    tb_store(&b, false, 0, &g, 1);
+    tb_store(&b, false, 0, &g, 1);
+    tb_raw(&b, "{\"type\": \"BlockRemoved\", \"block_hashes\": [556], "
+               "\"medium\": \"CPU\"}");
+    tb_end(&b, 1, &p);
+    tr_live(&t, 0, 4, &p);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->dedup_suppressed, 0);
-    ck_assert_uint_eq(s->removes_unknown, 1); /* rank 0 after cleared */
-    ck_assert_uint_eq(count_type(&t, WIRE_R_REMOVED), 2);
+    /* rank 0 after cleared; the CPU remove */
+    ck_assert_uint_eq(s->removes_unknown, 2);
+    ck_assert_uint_eq(count_type(&t, WIRE_R_REMOVED), 3);
     kvo_buf_fini(&p);
     tr_fini(&t);
 }
@@ -885,6 +895,39 @@ START_TEST(invalid_events_are_rejected_by_kind_never_forwarded) {
     static const wire_revent *ev[8];
     ck_assert_uint_eq(tr_events(&t, ev, 8), 1);
     ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 6);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
+/* Every distinct rank costs a table of dedup counts: a publisher cycling
+ * through ranks gets its batches past the 1024th rank rejected, and the
+ * ranks already known go on. */
+START_TEST(ranks_beyond_the_table_are_rejected_not_allocated) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    kvo_buf p;
+    kvo_buf_init(&p);
+    for (int r = 0; r <= 1024; r++) {
+        tb b;
+        tb_begin(&b);
+        uint64_t h = 1000 + (uint64_t)r;
+        tb_store(&b, false, 0, &h, 1);
+        tb_end(&b, r, &p);
+        tr_live(&t, 0, (uint64_t)r, &p);
+    }
+    batch_tagged(&p, 2000); /* rank 0 */
+    tr_live(&t, 0, 1025, &p);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->rejects[RELAY_dp_rank], 1);
+    static uint64_t h[2048];
+    ck_assert_uint_eq(stored_hashes(&t, h, 2048), 1025);
+    ck_assert_uint_eq(h[1023], 2023);
+    ck_assert_uint_eq(h[1024], 3000);
+    uint64_t wm;
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 1025);
     kvo_buf_fini(&p);
     tr_fini(&t);
 }
@@ -1146,6 +1189,7 @@ Suite *suite_pipe(void) {
     tc = tcase_create("bad_input");
     tcase_add_test(tc, malformed_batches_are_counted_and_the_stream_goes_on);
     tcase_add_test(tc, invalid_events_are_rejected_by_kind_never_forwarded);
+    tcase_add_test(tc, ranks_beyond_the_table_are_rejected_not_allocated);
     suite_add_tcase(s, tc);
     tc = tcase_create("verify");
     tcase_add_test(tc, engine_hash_verification_passes_good_streams_and_catches_first8);
