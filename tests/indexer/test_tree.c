@@ -107,6 +107,12 @@ START_TEST(unknown_removed_hashes_are_skipped_and_counted) {
 }
 END_TEST
 
+static kvo_status count_event(void *ctx, const wire_revent *ev) {
+    (void)ev;
+    (*(size_t *)ctx)++;
+    return KVO_OK;
+}
+
 /* Dynamo: a block whose hash is its own parent's is linked under itself,
  * then the store fails with InvalidBlockSequence; earlier blocks stay. */
 START_TEST(self_referencing_block_is_invalid_and_keeps_dynamos_self_edge) {
@@ -128,7 +134,11 @@ START_TEST(self_referencing_block_is_invalid_and_keeps_dynamos_self_edge) {
     idx_tree_counters(t, &c);
     ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_INVALID_BLOCK], 2);
     tt_check(t, false);
-    /* dumping a cyclic graph terminates */
+    /* dumping the cycles terminates: one event per edge (root->1, 1->1,
+     * 1->5, 5->1), each held by worker 0 */
+    size_t events = 0;
+    ck_assert_int_eq(idx_tree_dump(t, count_event, &events), KVO_OK);
+    ck_assert_uint_eq(events, 4);
     idx_tree_free(t);
 }
 END_TEST
