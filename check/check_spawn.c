@@ -187,11 +187,6 @@ fail:
 
 /* ---- Processes ------------------------------------------------------------ */
 
-static void log_path(const chk_env *env, const char *file, char *out,
-                     size_t outsz) {
-    snprintf(out, outsz, "%s/%s", env->log_dir, file);
-}
-
 /* argv builder */
 typedef struct args {
     char *v[64];
@@ -211,23 +206,35 @@ static void arg(args *a, const char *fmt, ...) {
     a->v[a->n] = NULL;
 }
 
-/* Spawn, then wait for `ready` (an http URL, or "tcp:PORT"). On a port
- * race (the child dies at once) the caller retries with new ports. */
-static kvo_status spawn_ready(kvo_proc *p, const char *name, args *a,
-                              const char *log, const char *ready, char *err,
-                              size_t errsz) {
+/* A sibling binary (check_find_bin), or KVO_ENOTFOUND with err saying so. */
+static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
+                               size_t exesz, char *err, size_t errsz) {
+    if (check_find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
+    snprintf(err, errsz, "%s not found next to kvo-check nor in PATH", name);
+    return KVO_ENOTFOUND;
+}
+
+/* Spawn with its log in env's log dir as `file`, then wait until it
+ * listens on 127.0.0.1:port (http: GET /health answers 200; else a TCP
+ * accept). On a port race (the child dies at once) the caller retries with
+ * a new port. */
+static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
+                              args *a, const char *file, uint16_t port,
+                              bool http, char *err, size_t errsz) {
+    char log[1024];
+    snprintf(log, sizeof(log), "%s/%s", env->log_dir, file);
     kvo_status st = kvo_proc_spawn(p, name, a->v, log);
     if (st != KVO_OK) {
         snprintf(err, errsz, "cannot start %s (%s): %s", name, a->v[0],
                  kvo_strerror(st));
         return st;
     }
-    if (strncmp(ready, "tcp:", 4) == 0) {
-        uint32_t port = 0;
-        kvo_parse_u32(ready + 4, &port);
-        st = kvo_wait_tcp(p, "127.0.0.1", (uint16_t)port, READY_MS);
+    if (http) {
+        char url[64];
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/health", port);
+        st = kvo_wait_http(p, url, READY_MS);
     } else {
-        st = kvo_wait_http(p, ready, READY_MS);
+        st = kvo_wait_tcp(p, "127.0.0.1", port, READY_MS);
     }
     if (st != KVO_OK) {
         snprintf(err, errsz, "%s not ready (%s): %s; log: %s", name,
@@ -252,8 +259,8 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
         return KVO_ENOTFOUND;
     }
     kvo_status st = KVO_ENET;
-    for (int t = 0; t < SPAWN_TRIES; t++) {
-        uint16_t port;
+    uint16_t port = 0;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
         if ((st = kvo_free_port(&port)) != KVO_OK) break;
         args a = {0};
         arg(&a, "%s", exe);
@@ -261,17 +268,12 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
         arg(&a, "127.0.0.1");
         arg(&a, "-p");
         arg(&a, "%u", port);
-        char log[1024], ready[32];
-        log_path(env, "nats-server.log", log, sizeof(log));
-        snprintf(ready, sizeof(ready), "tcp:%u", port);
-        st = spawn_ready(&env->nats, "nats-server", &a, log, ready, err,
-                         errsz);
-        if (st == KVO_OK) {
-            snprintf(env->nats_url, sizeof(env->nats_url),
-                     "nats://127.0.0.1:%u", port);
-            break;
-        }
+        st = spawn_ready(env, &env->nats, "nats-server", &a, "nats-server.log",
+                         port, false, err, errsz);
     }
+    if (st == KVO_OK)
+        snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
+                 port);
     return st;
 }
 
@@ -298,14 +300,11 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
         return KVO_OK;
     }
     char exe[PATH_MAX];
-    if (check_find_bin(env->bin_dir, "kvo-indexer", exe, sizeof(exe)) !=
-        KVO_OK) {
-        snprintf(err, errsz, "kvo-indexer not found next to kvo-check nor in "
-                             "PATH");
+    if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err, errsz) != KVO_OK)
         return KVO_ENOTFOUND;
-    }
-    for (int t = 0; t < SPAWN_TRIES; t++) {
-        uint16_t port;
+    st = KVO_ENET;
+    uint16_t port = 0;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
         if ((st = kvo_free_port(&port)) != KVO_OK) break;
         args a = {0};
         arg(&a, "%s", exe);
@@ -315,17 +314,12 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
         arg(&a, "127.0.0.1:%u", port);
         arg(&a, "--block-size");
         arg(&a, "%u", env->block_size);
-        char log[1024], ready[96];
-        log_path(env, "kvo-indexer.log", log, sizeof(log));
-        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
-        st = spawn_ready(&env->indexer, "kvo-indexer", &a, log, ready, err,
-                         errsz);
-        if (st == KVO_OK) {
-            snprintf(env->indexer_url, sizeof(env->indexer_url),
-                     "http://127.0.0.1:%u", port);
-            break;
-        }
+        st = spawn_ready(env, &env->indexer, "kvo-indexer", &a,
+                         "kvo-indexer.log", port, true, err, errsz);
     }
+    if (st == KVO_OK)
+        snprintf(env->indexer_url, sizeof(env->indexer_url),
+                 "http://127.0.0.1:%u", port);
     return st;
 }
 
@@ -363,16 +357,14 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
                                size_t errsz) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (check_find_bin(env->bin_dir, "kvo-mocker", exe, sizeof(exe)) !=
-        KVO_OK) {
-        snprintf(err, errsz, "kvo-mocker not found next to kvo-check nor in "
-                             "PATH");
+    if (find_sibling(env, "kvo-mocker", exe, sizeof(exe), err, errsz) != KVO_OK)
         return KVO_ENOTFOUND;
-    }
     snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
+    char file[64];
+    snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
     kvo_status st = KVO_ENET;
-    for (int t = 0; t < SPAWN_TRIES; t++) {
-        uint16_t port;
+    uint16_t port = 0;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
         if ((st = kvo_free_port(&port)) != KVO_OK) break;
         args a = {0};
         arg(&a, "%s", exe);
@@ -413,16 +405,11 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
             arg(&a, "--role");
             arg(&a, "%s", role);
         }
-        char log[1024], ready[96], file[64];
-        snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
-        log_path(env, file, log, sizeof(log));
-        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
-        st = spawn_ready(&e->proc, e->name, &a, log, ready, err, errsz);
-        if (st == KVO_OK) {
-            snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
-            break;
-        }
+        st = spawn_ready(env, &e->proc, e->name, &a, file, port, true, err,
+                         errsz);
     }
+    if (st == KVO_OK)
+        snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
     return st;
 }
 
@@ -430,15 +417,15 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
                               const char *zmq_ep, char *err, size_t errsz) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (check_find_bin(env->bin_dir, "kvo-relay", exe, sizeof(exe)) !=
-        KVO_OK) {
-        snprintf(err, errsz, "kvo-relay not found next to kvo-check nor in "
-                             "PATH");
+    if (find_sibling(env, "kvo-relay", exe, sizeof(exe), err, errsz) != KVO_OK)
         return KVO_ENOTFOUND;
-    }
+    char file[96], name[64];
+    snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
+             r->dp_rank, (unsigned long long)r->publisher_id);
+    snprintf(name, sizeof(name), "kvo-relay[%u.%u]", r->engine, r->dp_rank);
     kvo_status st = KVO_ENET;
-    for (int t = 0; t < SPAWN_TRIES; t++) {
-        uint16_t port;
+    uint16_t port = 0;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
         if ((st = kvo_free_port(&port)) != KVO_OK) break;
         args a = {0};
         arg(&a, "%s", exe);
@@ -468,20 +455,10 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
             arg(&a, "--hash-seed");
             arg(&a, "%s", c->hash_seed);
         }
-        char log[1024], ready[96], file[96];
-        snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
-                 r->dp_rank, (unsigned long long)r->publisher_id);
-        log_path(env, file, log, sizeof(log));
-        snprintf(ready, sizeof(ready), "http://127.0.0.1:%u/health", port);
-        char name[64];
-        snprintf(name, sizeof(name), "kvo-relay[%u.%u]", r->engine,
-                 r->dp_rank);
-        st = spawn_ready(&r->proc, name, &a, log, ready, err, errsz);
-        if (st == KVO_OK) {
-            r->metrics_port = port;
-            break;
-        }
+        st = spawn_ready(env, &r->proc, name, &a, file, port, true, err,
+                         errsz);
     }
+    if (st == KVO_OK) r->metrics_port = port;
     return st;
 }
 
