@@ -63,14 +63,20 @@ void idx_feed_free(idx_feed *f) {
 
 idx_tree *idx_feed_tree(idx_feed *f) { return f->tree; }
 
-/* The publisher's state, created on first sight (*out NULL: no memory). */
-static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
+/* Where publisher id is in pubs, or would be inserted. */
+static size_t pub_pos(const idx_feed *f, uint64_t id) {
     size_t lo = 0, hi = f->npubs;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
         if (f->pubs[mid]->p.publisher_id < id) lo = mid + 1;
         else hi = mid;
     }
+    return lo;
+}
+
+/* The publisher's state, created on first sight. */
+static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
+    size_t lo = pub_pos(f, id);
     *fresh = false;
     if (lo < f->npubs && f->pubs[lo]->p.publisher_id == id) {
         *out = f->pubs[lo];
@@ -178,12 +184,7 @@ void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
 
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last) {
-    size_t lo = 0, hi = f->npubs;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (f->pubs[mid]->p.publisher_id < publisher_id) lo = mid + 1;
-        else hi = mid;
-    }
+    size_t lo = pub_pos(f, publisher_id);
     if (lo == f->npubs || f->pubs[lo]->p.publisher_id != publisher_id ||
         !f->pubs[lo]->p.has_zmq)
         return false;
