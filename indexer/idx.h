@@ -93,8 +93,10 @@ void idx_tree_free(idx_tree *t); /* NULL is a no-op */
 
 /* Apply one RouterEvent (its tier is ignored: the feed filters tiers).
  * *st gets the event's outcome, also counted. Returns KVO_OK, or
- * KVO_ENOMEM: then the blocks before the failing one are applied, the
- * tree is consistent and the event is not counted. */
+ * KVO_ENOMEM or KVO_ETOOBIG (a size limit of the tree: about 2^31 nodes,
+ * 2^24 workers): then the blocks before the failing one are applied, the
+ * tree is consistent and the event is not counted. KVO_EINVAL: not a
+ * stored/removed/cleared event. */
 kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev,
                           idx_evstatus *st);
 
