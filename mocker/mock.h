@@ -366,6 +366,7 @@ bool mock_pub_last_seq(const mock_pub *p, uint64_t *seq);
 typedef struct mock_pub_stats {
     uint64_t batches, bytes, replay_requests, replay_batches, bad_requests,
         send_errors, record_errors, ring_len;
+    uint64_t replay_cut; /* replies cut short: client's queue full or gone */
 } mock_pub_stats;
 void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out);
 

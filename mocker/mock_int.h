@@ -214,6 +214,9 @@ void node_fini(mock_node *n);
 /* Schedule one step of rank r at batch time ts and publish its events. */
 kvo_status node_step_begin(mock_node *n, uint32_t r, double ts, mock_step *st);
 void node_step_end(mock_node *n, uint32_t r);
+/* Serve rank r's pending replay requests; malformed requests and replies
+ * cut short (counted by the publisher) get a rate-limited log line. */
+void node_replay_serve(mock_node *n, uint32_t r);
 /* Host written in advertised endpoints. */
 const char *node_advertise_host(const mock_node *n);
 

@@ -13,20 +13,28 @@
  *
  * Without a ZMQ context the publisher still numbers, buffers and records
  * (trace mode with --record when no port could be bound). Sockets set
- * ZMQ_LINGER; the ROUTER has no send high-water mark so a replay is never
- * cut short by the default of 1000 messages.
+ * ZMQ_LINGER. The ROUTER's send high-water mark holds REPLAY_QUEUED whole
+ * replays per client: one replay is never cut short (as by libzmq's default
+ * of 1000 messages), and a client that asks again and again without reading
+ * costs a bounded queue. With ZMQ_ROUTER_MANDATORY a reply that does not fit
+ * (or whose client is gone) is cut short and counted (replay_cut) instead
+ * of vanishing; the client sees no end marker.
  *
- * A payload is copied once, into a reference-counted block that the ring
- * and the PUB frame share (zmq_msg_init_data: libzmq's I/O thread drops
- * its reference when the frame is on the wire), instead of once for the
- * ring and once more inside zmq_send.
+ * A payload is copied once, into a reference-counted block that the ring,
+ * the PUB frame and every replay of it share (zmq_msg_init_data: libzmq's
+ * I/O thread drops its reference when the frame is on the wire), instead of
+ * once for the ring and once more inside each zmq_send.
  */
 #include "mock_int.h"
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <zmq.h>
+
+/* Whole replays (ring + end marker) the ROUTER queues per client. */
+#define REPLAY_QUEUED 4
 
 /* One published payload, shared by the ring and libzmq's I/O thread. */
 typedef struct payload {
@@ -120,10 +128,15 @@ kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
                          sizeof(p->endpoint), err, errsz);
         if (st != KVO_OK) goto fail;
         if (cfg->replay_endpoint) {
-            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint, 0, 0,
-                             &p->router, p->replay_endpoint,
-                             sizeof(p->replay_endpoint), err, errsz);
+            uint64_t hwm = REPLAY_QUEUED * ((uint64_t)p->ring_cap + 1);
+            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint, 0,
+                             hwm < INT_MAX ? (int)hwm : INT_MAX, &p->router,
+                             p->replay_endpoint, sizeof(p->replay_endpoint),
+                             err, errsz);
             if (st != KVO_OK) goto fail;
+            int mandatory = 1;
+            zmq_setsockopt(p->router, ZMQ_ROUTER_MANDATORY, &mandatory,
+                           sizeof(mandatory));
         }
     }
     *out = p;
@@ -258,12 +271,22 @@ static bool recv_request(void *s, zmq_msg_t *frames, int max, int *n) {
     }
 }
 
-static void send_frames(void *s, zmq_msg_t *id, const void *f[], size_t len[],
-                        int nf) {
-    zmq_send(s, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+/* [id]["" ][topic][seq][pl's block] to one client, or with pl NULL the
+ * end marker's [id]["" ][""][seq][""]. False when the client's queue is
+ * full or the client is gone (ROUTER_MANDATORY refuses the first frame;
+ * once that is taken, the rest of the message is too). */
+static bool send_reply(mock_pub *p, zmq_msg_t *id, const uint8_t seqb[8],
+                       payload *pl) {
+    void *s = p->router;
+    if (zmq_send(s, zmq_msg_data(id), zmq_msg_size(id),
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return false;
     zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    for (int i = 0; i < nf; i++)
-        zmq_send(s, f[i], len[i], (i + 1 < nf ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    zmq_send(s, p->topic, pl ? p->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    zmq_send(s, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (pl) send_payload(s, pl, pl->data, pl->len);
+    else zmq_send(s, "", 0, ZMQ_DONTWAIT);
+    return true;
 }
 
 void mock_pub_replay_serve(mock_pub *p) {
@@ -282,19 +305,15 @@ void mock_pub_replay_serve(mock_pub *p) {
         } else {
             p->st.replay_requests++;
             uint8_t seqb[8];
-            for (uint32_t i = 0; i < p->ring_n; i++) {
+            bool sent = true;
+            for (uint32_t i = 0; sent && i < p->ring_n; i++) {
                 ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
                 if (e->seq < start) continue;
                 wire_seq_put(seqb, e->seq);
-                const void *f[3] = {p->topic, seqb, e->p->data};
-                size_t len[3] = {p->topic_len, 8, e->p->len};
-                send_frames(p->router, &fr[0], f, len, 3);
-                p->st.replay_batches++;
+                if ((sent = send_reply(p, &fr[0], seqb, e->p))) p->st.replay_batches++;
             }
             wire_seq_put(seqb, WIRE_REPLAY_END);
-            const void *f[3] = {"", seqb, ""};
-            size_t len[3] = {0, 8, 0};
-            send_frames(p->router, &fr[0], f, len, 3);
+            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) p->st.replay_cut++;
         }
         for (int i = 0; i < kept; i++) zmq_msg_close(&fr[i]);
     }

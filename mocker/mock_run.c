@@ -96,8 +96,7 @@ static void serve_replays(trace_run *t, long timeout_ms) {
         return;
     }
     if (zmq_poll(items, n, timeout_ms) <= 0) return;
-    for (uint32_t r = 0; r < t->node.n_ranks; r++)
-        mock_pub_replay_serve(t->node.ranks[r].pub);
+    for (uint32_t r = 0; r < t->node.n_ranks; r++) node_replay_serve(&t->node, r);
 }
 
 /* Real time: wait until model time T is due on the wall clock. */

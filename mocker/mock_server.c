@@ -807,6 +807,7 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("replay_requests", ps->replay_requests);
     C("replay_batches", ps->replay_batches);
     C("replay_bad_requests", ps->bad_requests);
+    C("replay_cut", ps->replay_cut);
     C("replay_buffered", ps->ring_len);
     C("send_errors", ps->send_errors);
     C("record_errors", ps->record_errors);
@@ -1226,7 +1227,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
         if (rc > 0) {
             for (uint32_t i = 1; i < n_items; i++)
                 if (items[i].revents & ZMQ_POLLIN)
-                    mock_pub_replay_serve(s->node.ranks[rank_of[i]].pub);
+                    node_replay_serve(&s->node, rank_of[i]);
         }
         kvo_http_server_run(s->http);
         warm_memo(s);

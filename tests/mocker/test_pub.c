@@ -233,6 +233,42 @@ START_TEST(malformed_replay_requests_are_counted_and_ignored) {
 }
 END_TEST
 
+/* A client that asks for replays over and over and never reads gets a
+ * bounded queue: the replies that do not fit are cut short and counted
+ * (without a bound, libzmq would queue all 100 replays, 50 MB here), and a
+ * client that reads still gets every batch and the end marker. */
+START_TEST(a_client_that_never_reads_its_replays_has_them_cut_short_and_counted) {
+    env e;
+    env_init(&e, "t", 8, NULL);
+    static uint8_t big[64 << 10];
+    for (int i = 0; i < 8; i++) mock_pub_send(e.pub, big, sizeof(big));
+    void *idle = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    for (int i = 0; i < 100; i++) send_request(idle, 0);
+    mock_pub_stats ps = {0};
+    for (int i = 0; i < 1000 && ps.replay_requests < 100; i++) {
+        mock_pub_replay_serve(e.pub);
+        mock_pub_stats_get(e.pub, &ps);
+        usleep(5000);
+    }
+    ck_assert_uint_eq(ps.replay_requests, 100);
+    ck_assert_msg(ps.replay_cut > 0, "all 100 replays queued for a client that never reads");
+    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    send_request(d, 0);
+    serve(&e, d);
+    uint8_t fr[8][256];
+    size_t len[8];
+    for (uint64_t want = 0; want < 8; want++) {
+        ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+        ck_assert_uint_eq(seq_of(fr[2], len[2]), want);
+    }
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    zmq_close(d);
+    zmq_close(idle);
+    env_fini(&e);
+}
+END_TEST
+
 START_TEST(record_writes_every_published_message_as_three_frames) {
     char *dir = kt_tmpdir("pubrec");
     char path[600];
@@ -289,6 +325,7 @@ Suite *suite_pub(void) {
     tcase_add_test(tc, replay_sends_every_buffered_batch_from_start_then_the_end_marker);
     tcase_add_test(tc, replay_older_than_the_ring_silently_begins_at_the_oldest_batch);
     tcase_add_test(tc, malformed_replay_requests_are_counted_and_ignored);
+    tcase_add_test(tc, a_client_that_never_reads_its_replays_has_them_cut_short_and_counted);
     tcase_add_test(tc, record_writes_every_published_message_as_three_frames);
     tcase_add_test(tc, a_port_in_use_fails_the_bind_with_a_message);
     suite_add_tcase(s, tc);
