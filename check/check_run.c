@@ -93,6 +93,7 @@ typedef struct run {
     chk_watermark wm;
     chk_pool *pool;
     struct rtask *tasks; /* n_workers + n_relays + 2 */
+    chk_task **task_ptrs; /* as many: what chk_pool_run takes */
     size_t cap_tasks;
     char err[512];
 } run;
@@ -373,11 +374,8 @@ static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
 }
 
 static void tasks_run(run *r, size_t n) {
-    chk_task *ptrs[CHK_MAX_ENGINES + 2 * CHK_MAX_DP + 8];
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < KVO_ARRAY_LEN(ptrs); i++)
-        ptrs[k++] = &r->tasks[i].base;
-    chk_pool_run(r->pool, ptrs, k);
+    for (size_t i = 0; i < n; i++) r->task_ptrs[i] = &r->tasks[i].base;
+    chk_pool_run(r->pool, r->task_ptrs, n);
 }
 
 /* The first failed task's status and message (KVO_OK if none). */
@@ -976,7 +974,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     }
     r.cap_tasks = r.env.n_workers + 2 * (size_t)r.env.n_relays + 8;
     r.tasks = kvo_calloc(r.cap_tasks, sizeof(*r.tasks));
-    if (!r.tasks) {
+    r.task_ptrs = kvo_calloc(r.cap_tasks, sizeof(*r.task_ptrs));
+    if (!r.tasks || !r.task_ptrs) {
         st = KVO_ENOMEM;
         goto done;
     }
@@ -1072,6 +1071,7 @@ done:
     for (size_t i = 0; r.tasks && i < r.cap_tasks; i++)
         kvo_http_resp_fini(&r.tasks[i].resp);
     kvo_free(r.tasks);
+    kvo_free(r.task_ptrs);
     check_trace_fini(&r.trace);
     kvo_buf_fini(&r.tokens);
     kvo_buf_fini(&r.pjson);
