@@ -22,7 +22,8 @@
  * (GET /watermark's object at that moment); "metrics": true adds GET
  * /metrics's text, read at the same moment. One round trip instead of
  * polling /watermark, querying and reading the counters, and no poll
- * interval to overshoot.
+ * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
+ * request bodies) wait at once; one more is answered 503.
  */
 #include "idx.h"
 #include "kvo_http.h"
@@ -42,6 +43,7 @@
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
+#define WAIT_MAX_BYTES (64u << 20) /* and their request bodies */
 #define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
 #define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
 
@@ -52,6 +54,7 @@ typedef struct waiter {
     json_object *body;   /* the parsed request, kept until answered */
     uint64_t *hashes;    /* its tokens_hashes when scanned by hand, or NULL */
     size_t n_hashes;
+    size_t body_len;     /* request bytes, counted in wait_bytes */
     int want_tokens;
     uint64_t deadline;   /* kvo_now_ns */
     size_t n;
@@ -83,7 +86,7 @@ typedef struct svc {
 
     /* loop-only state */
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
-    size_t n_waiters;
+    size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
         seen_inbox_drops;
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
@@ -527,7 +530,7 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
             json_object_put(j);
             return;
         }
-        if (s->n_waiters >= WAIT_MAX) {
+        if (s->n_waiters >= WAIT_MAX || blen > WAIT_MAX_BYTES - s->wait_bytes) {
             kvo_http_respond_error(r, 503, "too many queries waiting");
             kvo_free(wt);
             kvo_free(hashes);
@@ -542,7 +545,9 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
         waiter **tail = &s->waiters;
         while (*tail) tail = &(*tail)->next;
         *tail = wt;
+        wt->body_len = blen;
         s->n_waiters++;
+        s->wait_bytes += blen;
         return;
     }
     answer_query(s, r, j, hashes, n_hashes, want_tokens, false, false);
@@ -564,6 +569,7 @@ static void serve_waiters(svc *s) {
         }
         *pp = w->next;
         s->n_waiters--;
+        s->wait_bytes -= w->body_len;
         answer_query(s, w->r, w->body, w->hashes, w->n_hashes, w->want_tokens,
                      true, covered);
         json_object_put(w->body);
