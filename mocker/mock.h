@@ -148,7 +148,6 @@ typedef struct mock_hasher mock_hasher;
 kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
                            const char *seed, uint32_t memo_log2);
 void mock_hasher_free(mock_hasher *h);
-const mock_hash *mock_hasher_root(const mock_hasher *h);
 /* Hash full blocks [first, first + n) of a token sequence, chaining from
  * parent (NULL = root; must be block first - 1's hash). lora/salt may be
  * NULL; trace may be NULL. */
@@ -198,7 +197,6 @@ typedef struct mock_output {
     mock_finish finish;      /* != NONE: last callback for this request */
     uint32_t cached_tokens;  /* vLLM's num_cached_tokens (first schedule) */
     uint32_t n_prompt;
-    const uint64_t *output;  /* all generated tokens (n_output) */
     const uint32_t *block_ids; /* the request's blocks (n_blocks), valid in
                                   the callback only (kv_transfer_params) */
     uint32_t n_blocks;

@@ -622,8 +622,7 @@ void eng_abort_deliver(mock_engine *e, mock_req *r) {
         .finish = MOCK_FINISH_ABORTED,
         .cached_tokens =
             r->num_cached_tokens > 0 ? (uint32_t)r->num_cached_tokens : 0,
-        .n_prompt = r->n_prompt,
-        .output = r->tokens ? r->tokens + r->n_prompt : NULL};
+        .n_prompt = r->n_prompt};
     if (r->on_output) r->on_output(r->user, &o);
     e->st.requests_aborted++;
     eng_req_destroy(r);

@@ -71,8 +71,6 @@ void mock_hasher_free(mock_hasher *h) {
     kvo_free(h);
 }
 
-const mock_hash *mock_hasher_root(const mock_hasher *h) { return &h->root; }
-
 void mock_hasher_stats_get(const mock_hasher *h, mock_hasher_stats *out) {
     *out = h->st;
 }

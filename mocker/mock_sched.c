@@ -303,7 +303,6 @@ void sched_complete(mock_engine *e) {
                                  ? (uint32_t)r->num_cached_tokens
                                  : 0,
             .n_prompt = r->n_prompt,
-            .output = r->tokens + r->n_prompt,
             .block_ids = r->blocks,
             .n_blocks = r->n_blocks};
         if (r->on_output) r->on_output(r->user, &o);
