@@ -258,6 +258,7 @@ static wire_revent *pend_new_event(relay_pipe *p, wire_rtype type,
     e->dp_rank = rank;
     e->type = type;
     touch(p);
+    p->src[p->psrc].dirty = true; /* it will be forwarded */
     return e;
 }
 
@@ -728,8 +729,6 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     s->rank = rank;
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
-        uint32_t pn0 = p->pn, nb0 = p->pnblocks, nr0 = p->pnremoved;
-        uint64_t sent0 = p->st.messages_published;
         switch (e->type) {
         case WIRE_EV_STORED:
             convert_stored(p, e, i, rank, rc);
@@ -742,9 +741,6 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
             counts_reset(p, rank);
             break;
         }
-        if (p->pn != pn0 || p->pnblocks != nb0 || p->pnremoved != nr0 ||
-            p->st.messages_published != sent0)
-            s->dirty = true;
     }
     batch_done(p, seq);
 }

@@ -534,6 +534,35 @@ START_TEST(replay_from_start_publishes_cleared_then_replays) {
 }
 END_TEST
 
+/* A cleared says nothing new when nothing was forwarded since the last one:
+ * a start replay that times out before any batch publishes no second. */
+START_TEST(a_failure_with_nothing_forwarded_publishes_no_second_cleared) {
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.replay_from_set = true;
+    tr t;
+    tr_init(&t, &c, 1, true);
+    relay_pipe_start(t.p, t.now);
+    t.now += 2000 * 1000000ull;
+    relay_pipe_tick(t.p, t.now);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->replay_failures[RELAY_timeout], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    /* once something was forwarded, the next failure clears again */
+    kvo_buf p;
+    kvo_buf_init(&p);
+    batch_tagged(&p, 0);
+    tr_live(&t, 0, 0, &p);
+    tr_live(&t, 0, 2, &p);
+    t.now += 2000 * 1000000ull;
+    relay_pipe_tick(t.p, t.now);
+    ck_assert_uint_eq(s->replay_failures[RELAY_timeout], 2);
+    ck_assert_uint_eq(s->cleared_emitted, 2);
+    kvo_buf_fini(&p);
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(full_live_buffer_drops_then_replays_the_rest) {
     relay_pipe_cfg c;
     tr_cfg_default(&c);
@@ -1175,6 +1204,7 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, replay_timeout_clears_and_drains_the_buffer);
     tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
+    tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
     suite_add_tcase(s, tc);
     tc = tcase_create("dedup");
     tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);
