@@ -182,7 +182,9 @@ kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
                              unsigned flags, kvo_buf *out);
 
 /* The normalized JSON view of DESIGN §3 / the vectors' "fields". Caller owns
- * the returned object (json_object_put). */
+ * the returned object (json_object_put). KVO_EPROTO when a raw value
+ * (extra_keys, metadata) is not one msgpack value within the default
+ * wire_limits (a batch decoded under wider limits can hold one). */
 kvo_status wire_batch_to_json(const wire_batch *b, json_object **out);
 /* The inverse: fills b (its arena owns the data). */
 kvo_status wire_batch_from_json(json_object *j, wire_batch *b,

@@ -260,8 +260,10 @@ static int cmd_decode(const opts *o, int argc, char **argv) {
         fail(o, rc, "%s", wire_error_str(&err, why, sizeof(why)));
         goto done;
     }
-    if (wire_batch_to_json(&b, &j) != KVO_OK) {
-        fail(o, rc, "out of memory");
+    kvo_status st = wire_batch_to_json(&b, &j);
+    if (st != KVO_OK) {
+        fail(o, rc, "%s: no JSON view: %s", kvo_status_name(st),
+             kvo_strerror(st));
         goto done;
     }
     printf("%s\n", json_object_to_json_string_ext(j, json_flags(o)));
@@ -461,7 +463,17 @@ static json_object *time_json(uint64_t unix_ns) {
     return json_object_new_string(s);
 }
 
-/* Decode one record's frames into rec_json; false = did not decode. */
+/* A record that decoded but has no JSON view (a raw extra_keys value the
+ * view's msgpack-c reader refuses, or out of memory) still says why. */
+static bool view_failed(json_object *j, kvo_status st) {
+    char why[96];
+    snprintf(why, sizeof(why), "%s: no JSON view: %s", kvo_status_name(st),
+             kvo_strerror(st));
+    add(j, "error", json_object_new_string(why));
+    return false;
+}
+
+/* Decode one record's frames into j; false = did not decode. */
 static bool cat_record(const opts *o, const wire_cap_record *rec,
                        json_object *j, wire_batch *b, wire_plane_msg *m) {
     json_object *sizes = json_object_new_array();
@@ -495,7 +507,8 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
                 json_object_new_string(wire_error_str(&err, why, sizeof(why))));
             return false;
         }
-        if (wire_batch_to_json(b, &view) != KVO_OK) return false;
+        kvo_status st = wire_batch_to_json(b, &view);
+        if (st != KVO_OK) return view_failed(j, st);
         add(j, "batch", view);
         return true;
     }
@@ -509,7 +522,8 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
                 json_object_new_string(wire_error_str(&err, why, sizeof(why))));
             return false;
         }
-        if (wire_plane_to_json(m, &view) != KVO_OK) return false;
+        kvo_status st = wire_plane_to_json(m, &view);
+        if (st != KVO_OK) return view_failed(j, st);
         add(j, "message", view);
         return true;
     }

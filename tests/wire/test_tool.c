@@ -262,6 +262,28 @@ START_TEST(bad_input_exits_1_with_one_line_naming_the_offset) {
     r = run("encode '%s'", bad);
     assert_input_failure(&r, "trailing", "trailing");
     result_free(&r);
+    /* extra_keys nested 40 deep: decodes with --max-depth 100, but its JSON
+     * view (read under the default limits) cannot be built -- said so, not
+     * reported as out of memory */
+    static const char head[] =
+        "\x93\xcb\x3f\xf0\0\0\0\0\0\0\x91\x85"
+        "\xa4type\xab" "BlockStored\xac" "block_hashes\x91\x01"
+        "\xb1parent_block_hash\xc0\xa9token_ids\x91\x01"
+        "\xaa" "extra_keys";
+    uint8_t deep[160];
+    size_t dn = sizeof(head) - 1;
+    memcpy(deep, head, dn);
+    memset(deep + dn, 0x91, 40);
+    dn += 40;
+    deep[dn++] = 0x00;
+    deep[dn++] = 0xc0; /* data_parallel_rank */
+    write_file(bad, deep, dn);
+    r = run("decode '%s'", bad);
+    assert_input_failure(&r, "ETOOBIG", "deep extra_keys");
+    result_free(&r);
+    r = run("decode --max-depth 100 '%s'", bad);
+    assert_input_failure(&r, "EPROTO: no JSON view", "deep extra_keys view");
+    result_free(&r);
     kvo_free(buf);
     kvo_free(vec);
     kvo_free(bad);
