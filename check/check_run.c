@@ -476,7 +476,7 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
 
 /* Router hashes of a trace prompt from a memo of trace blocks: a router
  * hash covers one block's tokens only (no chaining), and the tokens of trace
- * block h are wire_trace_token(h, j), so the hashes of the full blocks
+ * block h are mock_trace_token(h, j), so the hashes of the full blocks
  * inside trace block h are a function of h alone (block size dividing 512).
  * Direct-mapped rows keyed by h: the same values wire_router_hash_blocks
  * gives over the synthesized tokens, without synthesizing them again. */
@@ -484,8 +484,8 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
 
 static bool rh_memo_hashes(run *r, const check_request *q) {
     uint32_t bs = r->env.block_size;
-    if (bs == 0 || WIRE_TRACE_BLOCK % bs != 0) return false;
-    uint32_t per = WIRE_TRACE_BLOCK / bs;
+    if (bs == 0 || MOCK_TRACE_BLOCK % bs != 0) return false;
+    uint32_t per = MOCK_TRACE_BLOCK / bs;
     if (!r->rh_rows) {
         size_t rows = (size_t)1 << RH_ROWS_LOG2;
         r->rh_keys = kvo_malloc(rows * sizeof(*r->rh_keys));
@@ -507,9 +507,9 @@ static bool rh_memo_hashes(run *r, const check_request *q) {
         size_t slot = (size_t)((h * 0x9E3779B97F4A7C15ull) >> (64 - RH_ROWS_LOG2));
         uint64_t *row = r->rh_rows + slot * per;
         if (!r->rh_used[slot] || r->rh_keys[slot] != h) {
-            uint64_t tok[WIRE_TRACE_BLOCK];
-            for (uint32_t j = 0; j < WIRE_TRACE_BLOCK; j++) tok[j] = wire_trace_token(h, j);
-            wire_router_hash_blocks(tok, WIRE_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
+            uint64_t tok[MOCK_TRACE_BLOCK];
+            for (uint32_t j = 0; j < MOCK_TRACE_BLOCK; j++) tok[j] = mock_trace_token(h, j);
+            wire_router_hash_blocks(tok, MOCK_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
             r->rh_keys[slot] = h;
             r->rh_used[slot] = 1;
         }

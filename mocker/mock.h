@@ -136,7 +136,7 @@ typedef struct mock_hash {
 /* Which trace blocks a prompt came from, so the hasher can use its memo:
  * the engine hash of a block lying inside one 512-token trace block depends
  * only on (trace hash id, offset in the trace block, parent hash) when the
- * request has no LoRA and no salt -- the tokens are wire_trace_token(id, j).
+ * request has no LoRA and no salt -- the tokens are mock_trace_token(id, j).
  * Never given for arbitrary token prompts. */
 typedef struct mock_trace_ref {
     const uint64_t *hash_ids;
@@ -373,6 +373,13 @@ void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out);
 /* ======================================================================== */
 
 typedef struct mock_trace mock_trace;
+
+/* Token j of trace block h in a 32,000-token vocabulary (DESIGN §8):
+ * kvo-mocker and kvo-check both call it, so they synthesize identical
+ * prompts. */
+#define MOCK_TRACE_BLOCK 512u
+#define MOCK_TRACE_VOCAB 32000u
+uint32_t mock_trace_token(uint64_t hash_id, uint32_t j);
 
 typedef struct mock_trace_req {
     uint64_t line;        /* 1-based line number */

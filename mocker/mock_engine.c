@@ -332,13 +332,6 @@ uint32_t mock_engine_rank(const mock_engine *e) { return e->rank; }
 
 /* ---- requests -------------------------------------------------------------*/
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* LoRA ids as vLLM's LoRARequest.lora_int_id: 1, 2, ... by first use. */
 static kvo_status lora_id_of(mock_engine *e, const char *name, int64_t *id) {
     for (uint32_t i = 0; i < e->n_loras; i++) {
@@ -474,7 +467,7 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
         goto fail;
     r->id = e->next_id++;
     r->rng = e->cfg.seed ^ ((uint64_t)e->rank << 48) ^ (r->id * 0xD1B54A32D192ED03ull);
-    splitmix(&r->rng);
+    kvo_splitmix64(&r->rng);
     st = eng_deque_push(&e->waiting, r, false);
     if (st != KVO_OK) goto fail;
     r->status = REQ_WAITING;
@@ -488,7 +481,7 @@ fail:
 }
 
 uint64_t eng_sample_token(mock_req *r) {
-    return splitmix(&r->rng) % WIRE_TRACE_VOCAB;
+    return kvo_splitmix64(&r->rng) % MOCK_TRACE_VOCAB;
 }
 
 bool mock_engine_has_work(const mock_engine *e) {

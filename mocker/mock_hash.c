@@ -5,7 +5,7 @@
  * request (request.block_hashes), and a Mooncake replay has ~9M of them.
  *
  * The memo: a trace hash id stands for its 512-token block *and everything
- * before it*, and the block's tokens are wire_trace_token(id, j). So, for a
+ * before it*, and the block's tokens are mock_trace_token(id, j). So, for a
  * request with no LoRA and no salt, the engine hashes of the full blocks
  * inside one trace block are a pure function of (trace hash id, block size,
  * hash of the block before the trace block). The memo keys a *row* -- the
@@ -76,10 +76,7 @@ void mock_hasher_stats_get(const mock_hasher *h, mock_hasher_stats *out) {
 }
 
 static memo_row *memo_slot(mock_hasher *h, uint64_t hid, uint64_t parent) {
-    uint64_t z = hid * 0x9E3779B97F4A7C15ull ^ parent;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    uint64_t z = kvo_mix64(hid * 0x9E3779B97F4A7C15ull ^ parent);
     size_t i = (size_t)(z & (((uint64_t)1 << h->memo_log2) - 1));
     return (memo_row *)(h->memo + i * h->row_size);
 }
@@ -88,9 +85,9 @@ static memo_row *memo_slot(mock_hasher *h, uint64_t hid, uint64_t parent) {
 static bool memo_ready(mock_hasher *h, uint32_t bs) {
     if (h->memo_log2 == 0 || h->memo_failed) return false;
     if (h->memo) return bs == h->memo_bs;
-    if (bs == 0 || WIRE_TRACE_BLOCK % bs != 0) return false;
+    if (bs == 0 || MOCK_TRACE_BLOCK % bs != 0) return false;
     h->memo_bs = bs;
-    h->row_len = WIRE_TRACE_BLOCK / bs;
+    h->row_len = MOCK_TRACE_BLOCK / bs;
     h->row_size = sizeof(memo_row) + h->row_len * sizeof(mock_hash);
     h->memo = kvo_calloc((size_t)1 << h->memo_log2, h->row_size);
     if (!h->memo) h->memo_failed = true; /* hash without it */
@@ -124,8 +121,8 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
     while (k < n) {
         uint32_t blk = first + k;
         uint64_t start = (uint64_t)blk * block_size;
-        uint64_t t = start / WIRE_TRACE_BLOCK;
-        if (use_memo && start % WIRE_TRACE_BLOCK == 0 && t < trace->n_hash_ids) {
+        uint64_t t = start / MOCK_TRACE_BLOCK;
+        if (use_memo && start % MOCK_TRACE_BLOCK == 0 && t < trace->n_hash_ids) {
             /* A row: the blocks of trace block t that are wanted. */
             uint32_t want = n - k < h->row_len ? n - k : h->row_len;
             uint64_t hid = trace->hash_ids[t];
@@ -177,12 +174,12 @@ kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
     kvo_status st = KVO_OK;
     const mock_hash *parent = blk ? &prev[blk - 1] : &h->root;
     uint64_t start = (uint64_t)blk * block_size;
-    uint64_t t = start / WIRE_TRACE_BLOCK;
+    uint64_t t = start / MOCK_TRACE_BLOCK;
     memo_row *row = NULL;
     uint32_t j = 0;
     if (trace && trace->hash_ids && !lora && !salt && memo_ready(h, block_size) &&
         t < trace->n_hash_ids) {
-        j = (uint32_t)(start % WIRE_TRACE_BLOCK) / block_size;
+        j = (uint32_t)(start % MOCK_TRACE_BLOCK) / block_size;
         uint32_t row_first = blk - j; /* the row's first block */
         uint64_t row_parent = row_first ? prev[row_first - 1].key : h->root.key;
         uint64_t hid = trace->hash_ids[t];

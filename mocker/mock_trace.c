@@ -3,7 +3,7 @@
  * One JSON object per line: {"timestamp": ms, "input_length": n,
  * "output_length": m, "hash_ids": [id, ...]}; one hash id per 512-token
  * trace block, standing for that block and everything before it. The
- * prompt is, for each id h in order, tokens wire_trace_token(h, 0..511),
+ * prompt is, for each id h in order, tokens mock_trace_token(h, 0..511),
  * concatenated and cut to input_length.
  *
  * The reader is bounded: a line longer than MOCK_TRACE_MAX_LINE, or with
@@ -17,6 +17,14 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+
+/* Token j of trace block h: splitmix64's finalizer applied to a mix of
+ * (h, j), reduced to the vocabulary. Any fixed function would do; this one
+ * is cheap and spreads neighbouring ids. */
+uint32_t mock_trace_token(uint64_t hash_id, uint32_t j) {
+    uint64_t x = kvo_mix64(hash_id * 0x9E3779B97F4A7C15ull + j);
+    return (uint32_t)(x % MOCK_TRACE_VOCAB);
+}
 
 struct mock_trace {
     FILE *f;
@@ -141,24 +149,24 @@ kvo_status mock_trace_validate(const uint64_t *hash_ids, uint32_t n_ids,
     (void)hash_ids;
     if (n_ids == 0 || input_length == 0 || n_ids > MOCK_TRACE_MAX_IDS)
         return KVO_EPROTO;
-    uint64_t hi = (uint64_t)n_ids * WIRE_TRACE_BLOCK;
-    if (input_length > hi || input_length <= hi - WIRE_TRACE_BLOCK)
+    uint64_t hi = (uint64_t)n_ids * MOCK_TRACE_BLOCK;
+    if (input_length > hi || input_length <= hi - MOCK_TRACE_BLOCK)
         return KVO_EPROTO;
     return KVO_OK;
 }
 
 void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
                           uint64_t *out) {
-    uint64_t b = first / WIRE_TRACE_BLOCK;
-    uint32_t j = (uint32_t)(first % WIRE_TRACE_BLOCK);
+    uint64_t b = first / MOCK_TRACE_BLOCK;
+    uint32_t j = (uint32_t)(first % MOCK_TRACE_BLOCK);
     for (uint32_t k = 0; k < n; b++, j = 0)
-        for (; j < WIRE_TRACE_BLOCK && k < n; j++)
-            out[k++] = wire_trace_token(hash_ids[b], j);
+        for (; j < MOCK_TRACE_BLOCK && k < n; j++)
+            out[k++] = mock_trace_token(hash_ids[b], j);
 }
 
 void mock_trace_tokens(const uint64_t *hash_ids, uint32_t n_ids,
                        uint32_t input_length, uint64_t *out) {
-    uint64_t all = (uint64_t)n_ids * WIRE_TRACE_BLOCK;
+    uint64_t all = (uint64_t)n_ids * MOCK_TRACE_BLOCK;
     mock_trace_tokens_at(hash_ids, 0,
                          input_length < all ? input_length : (uint32_t)all, out);
 }
@@ -235,7 +243,7 @@ static kvo_status parse_line(mock_trace *t, const char *p, size_t n,
                  "line %llu: input_length %u does not fit %zu hash_ids of %u "
                  "tokens",
                  (unsigned long long)t->line, req->input_length, k,
-                 WIRE_TRACE_BLOCK);
+                 MOCK_TRACE_BLOCK);
         goto done;
     }
     req->line = t->line;

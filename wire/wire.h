@@ -371,11 +371,4 @@ void wire_seq_put(uint8_t out[8], uint64_t seq);
 kvo_status wire_seq_get(const uint8_t *p, size_t len, uint64_t *seq);
 #define WIRE_REPLAY_END UINT64_MAX /* FF x 8: end-of-replay marker */
 
-/* Mooncake trace blocks (DESIGN §8): token j of trace block h in a
- * 32,000-token vocabulary. Shared by kvo-mocker and kvo-check so both
- * synthesize identical prompts. */
-#define WIRE_TRACE_BLOCK 512u
-#define WIRE_TRACE_VOCAB 32000u
-uint32_t wire_trace_token(uint64_t hash_id, uint32_t j);
-
 #endif /* WIRE_H */

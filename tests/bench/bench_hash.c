@@ -18,6 +18,7 @@
  * proves the work was done and that two runs did the same work.
  */
 #define OPENSSL_SUPPRESS_DEPRECATED
+#include "mock.h"
 #include "wire.h"
 
 #include <inttypes.h>
@@ -73,7 +74,7 @@ static void bench_router(const cfg *c, uint32_t bs) {
         exit(2);
     }
     for (size_t i = 0; i < n; i++) {
-        tok[i] = wire_trace_token(i / WIRE_TRACE_BLOCK, (uint32_t)(i % 512));
+        tok[i] = mock_trace_token(i / MOCK_TRACE_BLOCK, (uint32_t)(i % 512));
         le[i] = (uint32_t)tok[i]; /* x86: host order is little-endian */
     }
     double t_wire[16], t_raw[16], t_cpy[16];

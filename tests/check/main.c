@@ -3,20 +3,19 @@
  * (nats-server, kvo-mocker, kvo-relay, kvo-indexer). */
 #include "kt.h"
 
-#include <stdlib.h>
-
 Suite *suite_core(void);
 Suite *suite_report(void);
-Suite *suite_e2e(void);
+Suite *suite_browser(void);
 Suite *suite_wait(void);
+Suite *suite_e2e(void);
 
-int main(void) {
-    SRunner *sr = srunner_create(suite_core());
-    srunner_add_suite(sr, suite_report());
-    srunner_add_suite(sr, suite_wait());
-    srunner_add_suite(sr, suite_e2e());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+int main(int argc, char **argv) {
+    static kt_suite_fn *const suites[] = {
+        suite_core,
+        suite_report,
+        suite_browser,
+        suite_wait,
+        suite_e2e,
+    };
+    return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -1,17 +1,20 @@
 /* test_indexer: the radix tree, its reference model, the feed, replay mode
  * and the service. One suite per area. */
-#include "idx_test.h"
+#include "kt.h"
 
-#include <stdlib.h>
+Suite *suite_tree(void);
+Suite *suite_model(void);
+Suite *suite_feed(void);
+Suite *suite_replay(void);
+Suite *suite_service(void);
 
-int main(void) {
-    SRunner *sr = srunner_create(suite_tree());
-    srunner_add_suite(sr, suite_model());
-    srunner_add_suite(sr, suite_feed());
-    srunner_add_suite(sr, suite_replay());
-    srunner_add_suite(sr, suite_service());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+int main(int argc, char **argv) {
+    static kt_suite_fn *const suites[] = {
+        suite_tree,
+        suite_model,
+        suite_feed,
+        suite_replay,
+        suite_service,
+    };
+    return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

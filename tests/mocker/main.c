@@ -4,8 +4,6 @@
  * against the indexer's tree. */
 #include "kt.h"
 
-#include <stdlib.h>
-
 Suite *suite_engine(void);
 Suite *suite_trace(void);
 Suite *suite_mutate(void);
@@ -14,16 +12,15 @@ Suite *suite_workload(void);
 Suite *suite_http(void);
 Suite *suite_stop(void);
 
-int main(void) {
-    SRunner *sr = srunner_create(suite_engine());
-    srunner_add_suite(sr, suite_trace());
-    srunner_add_suite(sr, suite_mutate());
-    srunner_add_suite(sr, suite_pub());
-    srunner_add_suite(sr, suite_workload());
-    srunner_add_suite(sr, suite_http());
-    srunner_add_suite(sr, suite_stop());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+int main(int argc, char **argv) {
+    static kt_suite_fn *const suites[] = {
+        suite_engine,
+        suite_trace,
+        suite_mutate,
+        suite_pub,
+        suite_workload,
+        suite_http,
+        suite_stop,
+    };
+    return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -210,7 +210,7 @@ START_TEST(every_prompt_form_chat_and_token_ids) {
     size_t len = strlen(ids);
     for (uint32_t k = 0; k < 600; k++)
         len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", k ? "," : "",
-                                wire_trace_token(k < 512 ? 11 : 12, k % 512));
+                                mock_trace_token(k < 512 ? 11 : 12, k % 512));
     snprintf(ids + len, sizeof(ids) - len, "]}");
     j = ok(&m, "/kvo/probe", ids);
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 149);

@@ -3,18 +3,15 @@
  * against kvo-mocker (the engine's own cache as the reference). */
 #include "kt.h"
 
-#include <stdlib.h>
-
 Suite *suite_pipe(void);
 Suite *suite_e2e(void);
 Suite *suite_mocker(void);
 
-int main(void) {
-    SRunner *sr = srunner_create(suite_pipe());
-    srunner_add_suite(sr, suite_e2e());
-    srunner_add_suite(sr, suite_mocker());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+int main(int argc, char **argv) {
+    static kt_suite_fn *const suites[] = {
+        suite_pipe,
+        suite_e2e,
+        suite_mocker,
+    };
+    return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -86,4 +86,18 @@ void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms);
  * is set. */
 int kt_proc_stop(kt_proc *p);
 
+/* ---- Running suites --------------------------------------------------------
+ * Every test binary's main: kt_main(argc, argv, suites, n). With no argument
+ * it runs every suite; with one (ctest passes it: one ctest per suite) only
+ * the suite of that name. Exit: 0 all passed; 1 a test failed, or no test
+ * ran (a misspelt suite must not pass); KT_SKIPPED when every test passed
+ * and at least one called kt_skip (ctest reports the suite as skipped). */
+typedef Suite *kt_suite_fn(void);
+#define KT_SKIPPED 77
+int kt_main(int argc, char **argv, kt_suite_fn *const suites[], size_t n);
+/* Say that this test cannot run here and why (then return from the test):
+ * printed, and turns the binary's exit status into KT_SKIPPED when nothing
+ * failed. */
+void kt_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif /* KT_H */

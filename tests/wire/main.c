@@ -1,32 +1,23 @@
-/* test_wire: the codec and the shared basics. One suite per area. */
+/* test_wire: the codec. One suite per area. */
 #include "kt.h"
 
-#include <stdlib.h>
-
-Suite *suite_basics(void);
 Suite *suite_hash(void);
 Suite *suite_plane(void);
 Suite *suite_capture(void);
-Suite *suite_http(void);
-Suite *suite_proc(void);
 Suite *suite_batch(void);
 Suite *suite_hostile(void);
 Suite *suite_tool(void);
 Suite *suite_fuzz_replay(void);
 
-int main(void) {
-    SRunner *sr = srunner_create(suite_basics());
-    srunner_add_suite(sr, suite_hash());
-    srunner_add_suite(sr, suite_plane());
-    srunner_add_suite(sr, suite_capture());
-    srunner_add_suite(sr, suite_http());
-    srunner_add_suite(sr, suite_proc());
-    srunner_add_suite(sr, suite_batch());
-    srunner_add_suite(sr, suite_hostile());
-    srunner_add_suite(sr, suite_tool());
-    srunner_add_suite(sr, suite_fuzz_replay());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+int main(int argc, char **argv) {
+    static kt_suite_fn *const suites[] = {
+        suite_hash,
+        suite_plane,
+        suite_capture,
+        suite_batch,
+        suite_hostile,
+        suite_tool,
+        suite_fuzz_replay,
+    };
+    return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -113,6 +113,20 @@ void *kvo_arena_memdup(kvo_arena *a, const void *p, size_t n);
 uint64_t kvo_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t kvo_unix_ns(void); /* CLOCK_REALTIME */
 
+/* ---- Mixing and pseudo-random numbers -------------------------------------
+ * splitmix64 (Steele, Lea, Flood): kvo_mix64 is its finalizer, a bijection
+ * that spreads neighbouring inputs; kvo_splitmix64 advances *state by the
+ * golden-ratio increment and returns the mixed value. Deterministic, not
+ * for secrets. */
+static inline uint64_t kvo_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t kvo_splitmix64(uint64_t *state) {
+    return kvo_mix64(*state += 0x9E3779B97F4A7C15ull);
+}
+
 /* ---- Logging --------------------------------------------------------------*/
 typedef enum kvo_level {
     KVO_LOG_ERROR = 0,
