@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,35 @@ const char *kvo_strerror(kvo_status s) {
 const char *kvo_status_name(kvo_status s) {
     if ((unsigned)s >= KVO_STATUS_COUNT) return "UNKNOWN";
     return status_name[s];
+}
+
+/* ---- Error detail --------------------------------------------------------*/
+
+kvo_status kvo_err_set(kvo_err *e, kvo_status st, size_t offset,
+                       const char *fmt, ...) {
+    if (!e) return st;
+    e->status = st;
+    e->offset = offset;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *kvo_err_str(const kvo_err *e, char *buf, size_t n) {
+    if (!buf || n == 0) return "";
+    if (!e) {
+        snprintf(buf, n, "no error");
+        return buf;
+    }
+    const char *msg = e->msg[0] ? e->msg : kvo_strerror(e->status);
+    if (e->offset == KVO_ERR_NO_OFFSET)
+        snprintf(buf, n, "%s: %s", kvo_status_name(e->status), msg);
+    else
+        snprintf(buf, n, "%s at byte %zu: %s", kvo_status_name(e->status),
+                 e->offset, msg);
+    return buf;
 }
 
 /* ---- Allocation ----------------------------------------------------------*/
@@ -236,6 +266,13 @@ static uint64_t clock_ns(clockid_t id) {
 uint64_t kvo_now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 uint64_t kvo_unix_ns(void) { return clock_ns(CLOCK_REALTIME); }
 
+void kvo_sleep_us(long us) {
+    if (us <= 0) return;
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR && !kvo_stop) {
+    }
+}
+
 /* ---- Logging -------------------------------------------------------------*/
 
 static char log_program[64] = "kvo";
@@ -380,7 +417,9 @@ static void env_name(const char *longname, char *out, size_t n) {
 int kvo_getopt(int argc, char **argv, const struct option *longopts,
                kvo_opt_setter set, void *ctx) {
     for (const struct option *o = longopts; o->name; o++) {
-        if (o->flag) continue;
+        if (o->flag || strcmp(o->name, "help") == 0 ||
+            strcmp(o->name, "version") == 0)
+            continue;
         char name[128];
         env_name(o->name, name, sizeof(name));
         const char *v = getenv(name);

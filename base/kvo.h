@@ -33,6 +33,7 @@
     X(EEXIST, "already exists")                        /* duplicate */        \
     X(ETIMEDOUT, "timed out")                          /* deadline passed */  \
     X(EAGAIN, "try again")                             /* not ready yet */    \
+    X(EINTR, "interrupted")                            /* stop requested */   \
     X(ENET, "network error")                           /* zmq/socket */       \
     X(ENATS, "NATS error")                             /* nats.c failure */   \
     X(EHTTP, "HTTP error")                             /* MHD/curl failure */ \
@@ -50,6 +51,25 @@ typedef enum kvo_status {
 const char *kvo_strerror(kvo_status s);
 /* Static name for a status ("EPROTO"). Never NULL. */
 const char *kvo_status_name(kvo_status s);
+
+/* ---- Error detail ---------------------------------------------------------
+ * The one way a failing call says why, beside its kvo_status: a one-line
+ * message and, for input read from bytes, the offset where it went wrong.
+ * Callers that do not care pass NULL. */
+#define KVO_ERR_NO_OFFSET SIZE_MAX
+typedef struct kvo_err {
+    kvo_status status; /* same as the call's return value */
+    size_t offset;     /* byte offset in the input, or KVO_ERR_NO_OFFSET */
+    char msg[200];     /* "events[2].token_ids: expected int, got str" */
+} kvo_err;
+
+/* Fill *e (when not NULL) and return st, so a failure is one line:
+ *     return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET, "bad %s", x); */
+kvo_status kvo_err_set(kvo_err *e, kvo_status st, size_t offset,
+                       const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* "EPROTO at byte 17: <msg>" (or "EPROTO: <msg>") into buf; returns buf. */
+const char *kvo_err_str(const kvo_err *e, char *buf, size_t n);
 
 /* ---- Allocation ----------------------------------------------------------
  * All allocation goes through these so tests can inject failures:
@@ -112,6 +132,10 @@ void *kvo_arena_memdup(kvo_arena *a, const void *p, size_t n);
 /* ---- Clocks ---------------------------------------------------------------*/
 uint64_t kvo_now_ns(void);  /* CLOCK_MONOTONIC */
 uint64_t kvo_unix_ns(void); /* CLOCK_REALTIME */
+/* Sleep us microseconds (<= 0: not at all). A signal ends it early once
+ * kvo_stop is set, so loops that poll kvo_stop see it at once; other
+ * signals do not shorten it. */
+void kvo_sleep_us(long us);
 
 /* ---- Mixing and pseudo-random numbers -------------------------------------
  * splitmix64 (Steele, Lea, Flood): kvo_mix64 is its finalizer, a bijection
@@ -171,6 +195,8 @@ kvo_status kvo_parse_hostport(const char *s, char *host, size_t hostsz,
  * fallbacks: for every long option "--foo-bar" the variable KVO_FOO_BAR, when
  * set, is passed to set() first (flags: any value but "0" or "" sets them).
  * set() returns 0 on success or prints its own message and returns -1.
+ * Options that act instead of configuring (--help, --version) never read
+ * the environment: KVO_HELP=1 must not turn every program into its help.
  * Returns optind (index of the first operand) or -1 on a usage error. */
 typedef int (*kvo_opt_setter)(void *ctx, int code, const char *arg);
 int kvo_getopt(int argc, char **argv, const struct option *longopts,

@@ -37,12 +37,6 @@
 #define POLL_SLEEP_MS 20
 #define DUMP_TAIL_BYTES (256u << 10)
 
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* The monotonic time ms milliseconds from now (negative ms: now). */
 static uint64_t deadline_in(long ms) {
     return kvo_now_ns() + (uint64_t)(ms > 0 ? ms : 0) * 1000000u;
@@ -236,7 +230,7 @@ void kvo_proc_stop(kvo_proc *p, long grace_ms) {
     kill(-p->pid, SIGTERM);
     uint64_t deadline = deadline_in(grace_ms);
     while (!leader_ended(p->pid) && ms_left(deadline) > 0)
-        sleep_ms(ms_left(deadline) < 10 ? ms_left(deadline) : 10);
+        kvo_sleep_us((ms_left(deadline) < 10 ? ms_left(deadline) : 10) * 1000L);
     p->killed = !leader_ended(p->pid);
     kill_group_and_reap(p);
 }
@@ -341,7 +335,7 @@ static kvo_status poll_ready(kvo_proc *p, long timeout_ms,
         if (st != KVO_EAGAIN) return st;
         left = ms_left(deadline);
         if (left == 0) return KVO_ETIMEDOUT;
-        sleep_ms(left < POLL_SLEEP_MS ? left : POLL_SLEEP_MS);
+        kvo_sleep_us((left < POLL_SLEEP_MS ? left : POLL_SLEEP_MS) * 1000L);
     }
 }
 

@@ -120,11 +120,6 @@ static double secs(uint64_t t0) {
     return (double)(kvo_now_ns() - t0) / 1e9;
 }
 
-static void sleep_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
-    nanosleep(&ts, NULL);
-}
-
 /* ---- sync -----------------------------------------------------------------*/
 
 /* Every publishing rank's last seq is covered by its relay's watermark?
@@ -203,7 +198,7 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
             return st;
-        sleep_us(wait);
+        kvo_sleep_us(wait);
     }
 }
 
@@ -286,7 +281,7 @@ static kvo_status sync_settle(run *r, int64_t before, char *err,
             st = KVO_ETIMEDOUT;
             break;
         }
-        sleep_us(10000);
+        kvo_sleep_us(10000);
     }
     kvo_buf_fini(&last);
     return st;

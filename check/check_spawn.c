@@ -34,11 +34,6 @@
 
 enum { READY_MS = 20000, SPAWN_TRIES = 5 };
 
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
                           size_t outsz) {
     char path[PATH_MAX + 64];
@@ -508,7 +503,7 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
             st = KVO_ETIMEDOUT;
             break;
         }
-        sleep_ms(wait);
+        kvo_sleep_us(wait * 1000L);
     }
     chk_watermark_fini(&w);
     return st;

@@ -89,10 +89,7 @@ static void serve_replays(trace_run *t, long timeout_ms) {
         if (s) items[n++] = (zmq_pollitem_t){s, 0, ZMQ_POLLIN, 0};
     }
     if (n == 0) {
-        if (timeout_ms > 0) {
-            struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000};
-            nanosleep(&ts, NULL);
-        }
+        kvo_sleep_us(timeout_ms * 1000L);
         return;
     }
     if (zmq_poll(items, n, timeout_ms) <= 0) return;

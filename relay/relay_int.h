@@ -1,41 +1,10 @@
-/* relay_int.h -- internals shared by the relay_*.c files: a u64 -> u64 hash
- * map (dedup reference counts, engine digests) and the pieces relay_run.c
- * glues together (ZMQ sources, the NATS publisher). */
+/* relay_int.h -- internals shared by the relay_*.c files: the pieces
+ * relay_run.c glues together (ZMQ sources, the NATS publisher). */
 #ifndef RELAY_INT_H
 #define RELAY_INT_H
 
+#include "kvo_map.h"
 #include "relay.h"
-
-/* ---- u64 -> u64 map ------------------------------------------------------
- * Open addressing, linear probing, power-of-two capacity, load <= 1/4,
- * backward-shift deletion (no tombstones). Key 0 lives outside the table. */
-typedef struct relay_map_slot {
-    uint64_t key; /* 0 = empty */
-    uint64_t val;
-} relay_map_slot;
-
-typedef struct relay_map {
-    relay_map_slot *slots;
-    size_t cap; /* 0 or a power of two */
-    size_t len; /* entries, key 0 included */
-    bool has_zero;
-    uint64_t zero_val;
-} relay_map;
-
-void relay_map_init(relay_map *m);
-void relay_map_fini(relay_map *m);
-void relay_map_clear(relay_map *m); /* keeps memory */
-/* Pointer to the value of key, or NULL. Valid until the next put/del. */
-uint64_t *relay_map_get(relay_map *m, uint64_t key);
-/* Pointer to the value of key, inserted as 0 when absent (*added true).
- * NULL only when out of memory. */
-uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added);
-bool relay_map_del(relay_map *m, uint64_t key);
-/* Reference-count step in one probe: absent -> RELAY_MAP_ABSENT; value 1
- * (or 0) -> the entry is deleted, RELAY_MAP_GONE; more -> value-1,
- * RELAY_MAP_HELD. */
-typedef enum { RELAY_MAP_ABSENT, RELAY_MAP_GONE, RELAY_MAP_HELD } relay_map_dec_result;
-relay_map_dec_result relay_map_dec(relay_map *m, uint64_t key);
 
 /* ---- ZMQ sources (relay_source.c) ---------------------------------------*/
 typedef struct relay_source relay_source;

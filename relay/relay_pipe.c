@@ -71,7 +71,7 @@ typedef struct source {
 
 typedef struct rank_counts {
     uint32_t rank;
-    relay_map tier[WIRE_TIER_COUNT];
+    kvo_map tier[WIRE_TIER_COUNT];
 } rank_counts;
 
 struct relay_pipe {
@@ -105,7 +105,7 @@ struct relay_pipe {
 
     /* engine-hash verification */
     wire_digest root;
-    relay_map digests; /* normalized key -> index into dpool */
+    kvo_map digests; /* normalized key -> index into dpool */
     wire_digest *dpool;
     uint32_t dlen, dcap;
     uint32_t *dfree;
@@ -169,7 +169,7 @@ static rank_counts *counts_of(relay_pipe *p, uint32_t rank) {
     p->ranks = n;
     rank_counts *rc = &p->ranks[p->nranks++];
     rc->rank = rank;
-    for (int t = 0; t < WIRE_TIER_COUNT; t++) relay_map_init(&rc->tier[t]);
+    for (int t = 0; t < WIRE_TIER_COUNT; t++) kvo_map_init(&rc->tier[t]);
     return rc;
 }
 
@@ -177,7 +177,7 @@ static void counts_reset(relay_pipe *p, uint32_t rank) {
     for (uint32_t i = 0; i < p->nranks; i++)
         if (p->ranks[i].rank == rank)
             for (int t = 0; t < WIRE_TIER_COUNT; t++)
-                relay_map_clear(&p->ranks[i].tier[t]);
+                kvo_map_clear(&p->ranks[i].tier[t]);
 }
 
 /* ---- pending message -----------------------------------------------------*/
@@ -266,7 +266,7 @@ static wire_revent *pend_new_event(relay_pipe *p, wire_rtype type,
  * straight into the pool; a store longer than the room left is split, the
  * next part chained to the last block of the previous one. */
 static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
-                       const wire_event *e, uint64_t seed, relay_map *counts) {
+                       const wire_event *e, uint64_t seed, kvo_map *counts) {
     uint32_t bs = p->cfg.block_size;
     bool has_parent = e->parent.kind != WIRE_HASH_NONE;
     uint64_t parent = e->parent.key;
@@ -294,7 +294,7 @@ static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
             dst[k].block_hash = e->hashes[i].key;
             dst[k].tokens_hash =
                 wire_router_hash(e->token_ids + (size_t)i * bs, bs, seed);
-            uint64_t *c = counts ? relay_map_put(counts, dst[k].block_hash,
+            uint64_t *c = counts ? kvo_map_put(counts, dst[k].block_hash,
                                                  NULL)
                                  : NULL;
             if (c) (*c)++;
@@ -365,7 +365,7 @@ static void lost(relay_pipe *p, uint32_t si, relay_replay_fail kind) {
 
 static void digest_remember(relay_pipe *p, uint64_t key,
                             const wire_digest *d) {
-    uint64_t *ix = relay_map_get(&p->digests, key);
+    uint64_t *ix = kvo_map_get(&p->digests, key);
     if (ix) {
         p->dpool[*ix] = *d;
         return;
@@ -386,7 +386,7 @@ static void digest_remember(relay_pipe *p, uint64_t key,
         }
         slot = p->dlen++;
     }
-    ix = relay_map_put(&p->digests, key, NULL);
+    ix = kvo_map_put(&p->digests, key, NULL);
     if (!ix) {
         p->dfree[p->nfree++] = slot;
         return;
@@ -396,10 +396,10 @@ static void digest_remember(relay_pipe *p, uint64_t key,
 }
 
 static void digest_forget(relay_pipe *p, uint64_t key) {
-    uint64_t *ix = relay_map_get(&p->digests, key);
+    uint64_t *ix = kvo_map_get(&p->digests, key);
     if (!ix) return;
     p->dfree[p->nfree++] = (uint32_t)*ix;
-    relay_map_del(&p->digests, key);
+    kvo_map_del(&p->digests, key);
 }
 
 /* Extra keys of every block as (lora, salt) strings, from the event's
@@ -483,7 +483,7 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
     if (root) {
         parent = p->root;
     } else {
-        uint64_t *ix = relay_map_get(&p->digests, e->parent.key);
+        uint64_t *ix = kvo_map_get(&p->digests, e->parent.key);
         have = ix != NULL;
         if (ix) parent = p->dpool[*ix];
     }
@@ -659,13 +659,13 @@ static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
     }
     for (uint32_t i = 0; i < e->n_hashes; i++) {
         uint64_t h = e->hashes[i].key;
-        relay_map_dec_result r =
-            rc ? relay_map_dec(&rc->tier[tier], h) : RELAY_MAP_ABSENT;
-        if (r == RELAY_MAP_HELD) {
+        kvo_map_dec_result r =
+            rc ? kvo_map_dec(&rc->tier[tier], h) : KVO_MAP_ABSENT;
+        if (r == KVO_MAP_HELD) {
             p->st.dedup_suppressed++;
             continue;
         }
-        if (r == RELAY_MAP_ABSENT) p->st.removes_unknown++;
+        if (r == KVO_MAP_ABSENT) p->st.removes_unknown++;
         if (p->cfg.verify) digest_forget(p, h);
         pend_remove(p, rank, tier, h);
     }
@@ -690,7 +690,7 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     p->psrc = si;
     p->cur_seq = seq;
 
-    wire_error err;
+    kvo_err err;
     kvo_status st = wire_batch_decode(payload, len, p->cfg.limits, &p->batch,
                                       &err);
     if (st != KVO_OK) {
@@ -698,7 +698,7 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
         char buf[256];
         note(p, KVO_LOG_WARN, "decode",
              "source %u seq %" PRIu64 ": undecodable batch (%zu bytes): %s",
-             si, seq, len, wire_error_str(&err, buf, sizeof(buf)));
+             si, seq, len, kvo_err_str(&err, buf, sizeof(buf)));
         batch_done(p, seq);
         return;
     }
@@ -1042,7 +1042,7 @@ kvo_status relay_pipe_new(relay_pipe **out, const relay_pipe_cfg *cfg,
     wire_plane_init(&p->msg);
     kvo_buf_init(&p->body);
     kvo_buf_init(&p->hscratch);
-    relay_map_init(&p->digests);
+    kvo_map_init(&p->digests);
     p->subject = kvo_strdup(cfg->subject);
     p->pev = kvo_calloc(p->cfg.max_events, sizeof(*p->pev));
     p->pblocks = kvo_calloc(p->cfg.max_blocks, sizeof(*p->pblocks));
@@ -1072,13 +1072,13 @@ void relay_pipe_free(relay_pipe *p) {
     kvo_free(p->src);
     for (uint32_t i = 0; i < p->nranks; i++)
         for (int t = 0; t < WIRE_TIER_COUNT; t++)
-            relay_map_fini(&p->ranks[i].tier[t]);
+            kvo_map_fini(&p->ranks[i].tier[t]);
     kvo_free(p->ranks);
     wire_batch_fini(&p->batch);
     wire_plane_fini(&p->msg);
     kvo_buf_fini(&p->body);
     kvo_buf_fini(&p->hscratch);
-    relay_map_fini(&p->digests);
+    kvo_map_fini(&p->digests);
     kvo_free(p->dpool);
     kvo_free(p->dfree);
     kvo_free(p->subject);

@@ -8,7 +8,7 @@
  * allocate).
  *
  * Bad input: decoders return KVO_EPROTO / KVO_ETRUNC / KVO_ETOOBIG and fill a
- * wire_error with the byte offset and a one-line reason. They never assert
+ * kvo_err with the byte offset and a one-line reason. They never assert
  * on input and never allocate more than the limits allow.
  */
 #ifndef WIRE_H
@@ -35,14 +35,6 @@ typedef struct wire_limits {
 
 void wire_limits_default(wire_limits *lim);
 
-typedef struct wire_error {
-    kvo_status status; /* same as the return value */
-    size_t offset;     /* byte offset in the input where it went wrong */
-    char msg[160];     /* "events[2].token_ids: expected int, got str" */
-} wire_error;
-
-/* "EPROTO at byte 17: events[2].token_ids: ..." into buf. */
-const char *wire_error_str(const wire_error *err, char *buf, size_t n);
 
 /* ======================================================================== */
 /* vLLM KV-event batches (the third ZMQ frame)                               */
@@ -151,7 +143,7 @@ void wire_batch_reset(wire_batch *b);
  * wire_hash), so lim->max_bytes bounds it. */
 kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
                              const wire_limits *lim, wire_batch *b,
-                             wire_error *err);
+                             kvo_err *err);
 
 /* Encoder layouts (DESIGN §3 names). */
 typedef enum wire_format {
@@ -188,7 +180,7 @@ kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
 kvo_status wire_batch_to_json(const wire_batch *b, json_object **out);
 /* The inverse: fills b (its arena owns the data). */
 kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
-                                wire_error *err);
+                                kvo_err *err);
 
 /* ======================================================================== */
 /* Hashes (DESIGN §5)                                                        */
@@ -315,7 +307,7 @@ void wire_plane_reset(wire_plane_msg *m);
 /* Decode an envelope and its RouterEvent payload (array or single map). */
 kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
                              const wire_limits *lim, wire_plane_msg *m,
-                             wire_error *err);
+                             kvo_err *err);
 /* Encode envelope + payload (array form, or single form when
  * m->single_form and n_events == 1); byte-identical to the vectors. */
 kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out);
@@ -359,7 +351,7 @@ kvo_status wire_cap_open(wire_cap_reader **out, const char *path,
 /* KVO_OK with a record, KVO_EOF at a clean end, KVO_ETRUNC / KVO_EPROTO /
  * KVO_ETOOBIG on damage (err says where). */
 kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
-                         wire_error *err);
+                         kvo_err *err);
 void wire_cap_free(wire_cap_reader *r);
 
 /* ======================================================================== */

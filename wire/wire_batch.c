@@ -244,7 +244,7 @@ enum { DEPTH_BATCH = 1, DEPTH_EVENTS, DEPTH_EVENT, DEPTH_FIELD };
 typedef struct dec {
     wire_rd r;
     wire_batch *b;
-    wire_error *err;
+    kvo_err *err;
     uint32_t ev; /* index of the event being decoded */
     const wire_limits *lim;
     uint64_t total; /* container sizes so far (lim->max_total) */
@@ -264,18 +264,18 @@ static kvo_status fail_field(dec *d, kvo_status st, field f, long idx,
     if (idx >= 0 && n > 0 && (size_t)n < sizeof(path))
         snprintf(path + n, sizeof(path) - (size_t)n, "[%ld]", idx);
     if (st == KVO_ETRUNC)
-        return wire_fail(d->err, st, d->r.pos, "%s: input ends", path);
+        return kvo_err_set(d->err, st, d->r.pos, "%s: input ends", path);
     if (st == KVO_ETOOBIG)
-        return wire_fail(d->err, st, d->r.pos, "%s: over a limit", path);
+        return kvo_err_set(d->err, st, d->r.pos, "%s: over a limit", path);
     if (!what)
-        return wire_fail(d->err, st, d->r.pos, "%s: unexpected %s", path,
+        return kvo_err_set(d->err, st, d->r.pos, "%s: unexpected %s", path,
                          found_name(d));
-    return wire_fail(d->err, st, d->r.pos, "%s: expected %s, got %s", path,
+    return kvo_err_set(d->err, st, d->r.pos, "%s: expected %s, got %s", path,
                      what, found_name(d));
 }
 
 static kvo_status nomem(dec *d) {
-    return wire_fail(d->err, KVO_ENOMEM, d->r.pos, "out of memory");
+    return kvo_err_set(d->err, KVO_ENOMEM, d->r.pos, "out of memory");
 }
 
 /* ---- Structure, checked as it is read ------------------------------------
@@ -294,18 +294,18 @@ static kvo_status container_fail(dec *d, size_t at, bool map, uint32_t n,
     const char *what = map ? "map" : "array";
     kvo_status st = KVO_OK;
     if (n > lim->max_elems)
-        st = wire_fail(d->err, KVO_ETOOBIG, at,
+        st = kvo_err_set(d->err, KVO_ETOOBIG, at,
                        "%s of %" PRIu32 " elements exceeds limit %" PRIu32,
                        what, n, lim->max_elems);
     else if (d->total > lim->max_total)
-        st = wire_fail(d->err, KVO_ETOOBIG, at,
+        st = kvo_err_set(d->err, KVO_ETOOBIG, at,
                        "message holds more than %" PRIu64 " elements in all",
                        lim->max_total);
     else if (depth > lim->max_depth)
-        st = wire_fail(d->err, KVO_ETOOBIG, at, "nesting deeper than %" PRIu32,
+        st = kvo_err_set(d->err, KVO_ETOOBIG, at, "nesting deeper than %" PRIu32,
                        lim->max_depth);
     else
-        st = wire_fail(d->err, KVO_ETRUNC, at,
+        st = kvo_err_set(d->err, KVO_ETRUNC, at,
                        "%s declares %" PRIu32
                        " elements but only %zu bytes remain",
                        what, n, d->r.len - d->r.pos);
@@ -320,7 +320,7 @@ static inline kvo_status rd_container(dec *d, bool map, unsigned depth,
     size_t at = d->r.pos;
     kvo_status st = wire_rd_container(&d->r, map, n);
     if (st != KVO_OK)
-        return wire_fail(d->err, st, at, "expected %s, got %s",
+        return kvo_err_set(d->err, st, at, "expected %s, got %s",
                          map ? "map" : "array", found_name(d));
     const wire_limits *lim = d->lim;
     d->total += *n;
@@ -337,11 +337,11 @@ static kvo_status blob_slow(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
     const char *what = bin ? "bin" : "str";
     kvo_status st = wire_rd_blob(&d->r, bin, p, n);
     if (st != KVO_OK)
-        return wire_fail(d->err, st, at, "expected %s, got %s", what,
+        return kvo_err_set(d->err, st, at, "expected %s, got %s", what,
                          found_name(d));
     if (*n > d->lim->max_str) {
         d->r.pos = at;
-        return wire_fail(d->err, KVO_ETOOBIG, at,
+        return kvo_err_set(d->err, KVO_ETOOBIG, at,
                          "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
                          what, *n, d->lim->max_str);
     }
@@ -571,7 +571,7 @@ static kvo_status get_type(dec *d, wire_ev_type *out) {
         return KVO_OK;
     }
     /* Skipping an event type we do not know would lose events silently. */
-    return wire_fail(d->err, KVO_EPROTO, at,
+    return kvo_err_set(d->err, KVO_EPROTO, at,
                      "events[%" PRIu32 "]: unknown event type \"%.*s\"", d->ev,
                      (int)(n > 40 ? 40 : n), (const char *)p);
 }
@@ -671,7 +671,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
         uint32_t klen = 0;
         st = rd_blob(d, false, &k, &klen);
         if (st != KVO_OK)
-            return wire_fail(d->err, st, d->r.pos,
+            return kvo_err_set(d->err, st, d->r.pos,
                              "events[%" PRIu32 "]: expected str key, got %s",
                              d->ev, found_name(d));
         field f = klen ? find_field(k, klen, next) : F_COUNT;
@@ -686,7 +686,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
         next = key_after(e->type, f);
     }
     if (!(seen & BIT(F_TYPE)))
-        return wire_fail(d->err, KVO_EPROTO, start,
+        return kvo_err_set(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: map without \"type\"", d->ev);
     const char *missing = NULL;
     if (e->type != WIRE_EV_CLEARED && !(seen & BIT(F_HASHES)))
@@ -694,7 +694,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
     else if (e->type == WIRE_EV_STORED && !(seen & BIT(F_TOKENS)))
         missing = "token_ids";
     if (missing)
-        return wire_fail(d->err, KVO_EPROTO, start,
+        return kvo_err_set(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: %s without %s", d->ev,
                          type_names[e->type], missing);
     uint32_t own = e->type == WIRE_EV_STORED    ? ~0u
@@ -711,7 +711,7 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
     e->layout = WIRE_LAYOUT_ARRAY;
     e->array_len = n;
     if (n == 0)
-        return wire_fail(d->err, KVO_EPROTO, start,
+        return kvo_err_set(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: empty array", d->ev);
     st = get_type(d, &e->type);
     if (st != KVO_OK) return st;
@@ -724,7 +724,7 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
         need = 2; /* tag, hashes */
     }
     if (n < need)
-        return wire_fail(d->err, KVO_EPROTO, start,
+        return kvo_err_set(d->err, KVO_EPROTO, start,
                          "events[%" PRIu32 "]: %s array of %" PRIu32
                          " elements, need at least %" PRIu32,
                          d->ev, type_names[e->type], n, need);
@@ -748,7 +748,7 @@ static kvo_status decode_event(dec *d, wire_event *e) {
         return decode_map_event(d, start, e);
     if (c >= 0 && ((c & 0xf0) == 0x90 || c == 0xdc || c == 0xdd))
         return decode_array_event(d, start, e);
-    return wire_fail(d->err, c < 0 ? KVO_ETRUNC : KVO_EPROTO, start,
+    return kvo_err_set(d->err, c < 0 ? KVO_ETRUNC : KVO_EPROTO, start,
                      "events[%" PRIu32 "]: expected map or array, got %s",
                      d->ev, found_name(d));
 }
@@ -759,7 +759,7 @@ static kvo_status decode_batch(dec *d) {
     uint32_t n = 0;
     kvo_status st = rd_container(d, false, DEPTH_BATCH, &n);
     if (st == KVO_EPROTO || (st == KVO_OK && n < 2))
-        return wire_fail(d->err, KVO_EPROTO, 0,
+        return kvo_err_set(d->err, KVO_EPROTO, 0,
                          "batch: expected an array of at least 2 elements "
                          "[ts, events, dp_rank], got %s",
                          st == KVO_OK ? "a shorter array" : found_name(d));
@@ -767,13 +767,13 @@ static kvo_status decode_batch(dec *d) {
     b->batch_len = n;
     st = wire_rd_double(r, &b->ts);
     if (st != KVO_OK)
-        return wire_fail(d->err, st, r->pos, "ts: expected float, got %s",
+        return kvo_err_set(d->err, st, r->pos, "ts: expected float, got %s",
                          found_name(d));
     size_t at = r->pos;
     uint32_t n_ev = 0;
     st = rd_container(d, false, DEPTH_EVENTS, &n_ev);
     if (st != KVO_OK)
-        return wire_fail(d->err, st, at, "events: expected array, got %s",
+        return kvo_err_set(d->err, st, at, "events: expected array, got %s",
                          found_name(d));
     /* Room for every event the bytes left could hold (see MIN_EVENT_BYTES):
      * the declared count in a real batch, never more than ~20 bytes of
@@ -790,7 +790,7 @@ static kvo_status decode_batch(dec *d) {
     }
     for (d->ev = 0; d->ev < n_ev; d->ev++) {
         if (d->ev == cap) /* more events than bytes: cannot happen */
-            return wire_fail(d->err, KVO_EPROTO, r->pos,
+            return kvo_err_set(d->err, KVO_EPROTO, r->pos,
                              "events[%" PRIu32 "]: past the end", d->ev);
         st = decode_event(d, &evs[d->ev]);
         if (st != KVO_OK) return st;
@@ -804,12 +804,12 @@ static kvo_status decode_batch(dec *d) {
         if (!wire_rd_nil(r)) {
             st = wire_rd_int(r, &neg, &v);
             if (st != KVO_OK)
-                return wire_fail(d->err, st, at,
+                return kvo_err_set(d->err, st, at,
                                  "data_parallel_rank: expected int or nil, "
                                  "got %s",
                                  found_name(d));
             if (!neg && v > (uint64_t)INT64_MAX)
-                return wire_fail(d->err, KVO_EPROTO, at,
+                return kvo_err_set(d->err, KVO_EPROTO, at,
                                  "data_parallel_rank: %" PRIu64 " out of range",
                                  v);
             b->dp_rank.set = true;
@@ -821,7 +821,7 @@ static kvo_status decode_batch(dec *d) {
         if (st != KVO_OK) return st;
     }
     if (r->pos != r->len)
-        return wire_fail(d->err, KVO_EPROTO, r->pos,
+        return kvo_err_set(d->err, KVO_EPROTO, r->pos,
                          "%zu trailing bytes after the value",
                          r->len - r->pos);
     return KVO_OK;
@@ -829,9 +829,9 @@ static kvo_status decode_batch(dec *d) {
 
 kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
                              const wire_limits *lim, wire_batch *b,
-                             wire_error *err) {
+                             kvo_err *err) {
     wire_batch_reset(b);
-    if (!buf && len) return wire_fail(err, KVO_EINVAL, 0, "no input");
+    if (!buf && len) return kvo_err_set(err, KVO_EINVAL, 0, "no input");
     wire_limits def;
     if (!lim) {
         wire_limits_default(&def);
@@ -847,7 +847,7 @@ kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
         /* Report what the structural pre-check finds first, as if it had
          * run before decoding: a broken structure anywhere outranks what the
          * decoder tripped over (a wrong type, an allocation failure). */
-        wire_error pre;
+        kvo_err pre;
         if (wire_precheck(buf, len, lim, NULL, &pre) != KVO_OK) {
             if (err) *err = pre;
             st = pre.status;

@@ -114,7 +114,7 @@ struct wire_cap_reader {
     wire_limits lim;
     kvo_buf buf;       /* frames of the current record */
     kvo_status sticky; /* KVO_OK, or the error that lost the framing */
-    wire_error sticky_err;
+    kvo_err sticky_err;
 };
 
 /* Read up to n bytes; returns how many were read (short = end of file or
@@ -179,30 +179,30 @@ void wire_cap_free(wire_cap_reader *r) {
 /* Ends a read that ran out of file inside the record at rec_off: rewind to
  * it so the record can be read again once it is complete. */
 static kvo_status truncated(wire_cap_reader *r, uint64_t rec_off,
-                            wire_error *err, const char *what) {
+                            kvo_err *err, const char *what) {
     if (ferror(r->f)) {
         clearerr(r->f);
-        return wire_fail(err, KVO_EIO, (size_t)r->pos, "read error in %s",
+        return kvo_err_set(err, KVO_EIO, (size_t)r->pos, "read error in %s",
                          what);
     }
     clearerr(r->f);
     uint64_t at = r->pos;
     if (fseeko(r->f, (off_t)rec_off, SEEK_SET) == 0) r->pos = rec_off;
-    return wire_fail(err, KVO_ETRUNC, (size_t)rec_off,
+    return kvo_err_set(err, KVO_ETRUNC, (size_t)rec_off,
                      "record at byte %llu: file ends in %s (byte %llu)",
                      (unsigned long long)rec_off, what,
                      (unsigned long long)at);
 }
 
 /* Records the error that lost the framing; every later call returns it. */
-static kvo_status make_sticky(wire_cap_reader *r, wire_error *err) {
+static kvo_status make_sticky(wire_cap_reader *r, kvo_err *err) {
     r->sticky = r->sticky_err.status;
     if (err) *err = r->sticky_err;
     return r->sticky;
 }
 
 kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
-                         wire_error *err) {
+                         kvo_err *err) {
     if (!r || !rec) return KVO_EINVAL;
     if (r->sticky != KVO_OK) {
         if (err) *err = r->sticky_err;
@@ -218,7 +218,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
     if (got < CAP_REC_HDR) return truncated(r, rec_off, err, "record header");
     uint32_t n = (uint32_t)wire_be_w(hdr + 8, 4);
     if (n > WIRE_CAP_MAX_FRAMES) {
-        wire_fail(&r->sticky_err, KVO_ETOOBIG, (size_t)rec_off + 8,
+        kvo_err_set(&r->sticky_err, KVO_ETOOBIG, (size_t)rec_off + 8,
                   "record at byte %llu: %u frames (max %u)",
                   (unsigned long long)rec_off, n, WIRE_CAP_MAX_FRAMES);
         return make_sticky(r, err);
@@ -234,7 +234,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
             return truncated(r, rec_off, err, "a frame length");
         uint64_t fl = wire_be_w(lb, 4);
         if (fl > r->lim.max_bytes) {
-            wire_fail(&r->sticky_err, KVO_ETOOBIG, (size_t)len_at,
+            kvo_err_set(&r->sticky_err, KVO_ETOOBIG, (size_t)len_at,
                       "frame of %llu bytes exceeds the limit of %zu",
                       (unsigned long long)fl, r->lim.max_bytes);
             return make_sticky(r, err);
@@ -244,7 +244,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
         while (fl > 0) {
             size_t step = fl < READ_STEP ? (size_t)fl : READ_STEP;
             if (kvo_buf_reserve(&r->buf, step) != KVO_OK)
-                return wire_fail(err, KVO_ENOMEM, (size_t)r->pos,
+                return kvo_err_set(err, KVO_ENOMEM, (size_t)r->pos,
                                  "out of memory for a frame");
             size_t k = read_some(r, r->buf.data + r->buf.len, step);
             r->buf.len += k;

@@ -48,7 +48,7 @@
 #define WIRE_DEPTH_CEILING 512u
 
 kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
-                         size_t *end, wire_error *err);
+                         size_t *end, kvo_err *err);
 
 /* The pre-check's walk over one value starting at buf[*pos], for decoders
  * that check structure as they go: `depth` is the nesting of the container
@@ -59,13 +59,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
  * the value. Nothing is allocated. */
 kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *pos,
                      unsigned depth, uint64_t *total, const wire_limits *lim,
-                     kvo_status short_st, wire_error *err);
-
-/* Fill err (if non-NULL) with status, offset and a printf-style reason;
- * returns status so callers can `return wire_fail(...)`. */
-kvo_status wire_fail(wire_error *err, kvo_status status, size_t offset,
-                     const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+                     kvo_status short_st, kvo_err *err);
 
 /* Human name of the msgpack type whose first byte is b ("int", "str",
  * "map", ...), for "expected X, got Y" messages. */

@@ -360,7 +360,7 @@ done:
 
 typedef struct jdec {
     wire_batch *b;
-    wire_error *err;
+    kvo_err *err;
     uint32_t ev;
     kvo_buf scratch; /* msgpack of raw values before they go to the arena */
 } jdec;
@@ -375,11 +375,11 @@ static kvo_status jfail(jdec *d, const char *field, long idx,
         snprintf(path, sizeof(path), "events[%" PRIu32 "].%s", d->ev, field);
     else
         snprintf(path, sizeof(path), "events[%" PRIu32 "]", d->ev);
-    return wire_fail(d->err, KVO_EPROTO, 0, "%s: %s", path, what);
+    return kvo_err_set(d->err, KVO_EPROTO, 0, "%s: %s", path, what);
 }
 
 static kvo_status jnomem(jdec *d) {
-    return wire_fail(d->err, KVO_ENOMEM, 0, "out of memory");
+    return kvo_err_set(d->err, KVO_ENOMEM, 0, "out of memory");
 }
 
 static int hexval(char c) {
@@ -668,7 +668,7 @@ static kvo_status jevent(jdec *d, json_object *j, wire_event *e) {
 }
 
 kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
-                                wire_error *err) {
+                                kvo_err *err) {
     if (!b) return KVO_EINVAL;
     wire_batch_reset(b);
     jdec d = {.b = b, .err = err};
@@ -676,19 +676,19 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
     kvo_status st;
     json_object *ts, *evs, *rank;
     if (!json_object_is_type(j, json_type_object)) {
-        st = wire_fail(err, KVO_EPROTO, 0, "batch: expected a JSON object");
+        st = kvo_err_set(err, KVO_EPROTO, 0, "batch: expected a JSON object");
         goto done;
     }
     if (!json_object_object_get_ex(j, "ts", &ts) ||
         !(json_object_is_type(ts, json_type_double) ||
           json_object_is_type(ts, json_type_int))) {
-        st = wire_fail(err, KVO_EPROTO, 0, "ts: expected a number");
+        st = kvo_err_set(err, KVO_EPROTO, 0, "ts: expected a number");
         goto done;
     }
     b->ts = json_object_get_double(ts);
     if (!json_object_object_get_ex(j, "events", &evs) ||
         !json_object_is_type(evs, json_type_array)) {
-        st = wire_fail(err, KVO_EPROTO, 0, "events: expected an array");
+        st = kvo_err_set(err, KVO_EPROTO, 0, "events: expected an array");
         goto done;
     }
     b->batch_len = 2;
@@ -698,7 +698,7 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
         uint64_t v;
         if (rank &&
             (!int_of(rank, &neg, &v) || (!neg && v > (uint64_t)INT64_MAX))) {
-            st = wire_fail(err, KVO_EPROTO, 0,
+            st = kvo_err_set(err, KVO_EPROTO, 0,
                            "data_parallel_rank: expected an integer or null");
             goto done;
         }
@@ -709,7 +709,7 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
     }
     size_t n = json_object_array_length(evs);
     if (n > UINT32_MAX) {
-        st = wire_fail(err, KVO_ETOOBIG, 0, "events: too many");
+        st = kvo_err_set(err, KVO_ETOOBIG, 0, "events: too many");
         goto done;
     }
     wire_event *ev = kvo_arena_alloc(&b->arena, n * sizeof(*ev));

@@ -255,9 +255,9 @@ static int cmd_decode(const opts *o, int argc, char **argv) {
         fail(o, rc, "%s", why);
         goto done;
     }
-    wire_error err;
+    kvo_err err;
     if (wire_batch_decode(in.data, in.len, &o->lim, &b, &err) != KVO_OK) {
-        fail(o, rc, "%s", wire_error_str(&err, why, sizeof(why)));
+        fail(o, rc, "%s", kvo_err_str(&err, why, sizeof(why)));
         goto done;
     }
     kvo_status st = wire_batch_to_json(&b, &j);
@@ -325,7 +325,7 @@ static int cmd_encode(const opts *o, int argc, char **argv) {
              json_tokener_error_desc(jerr));
         goto done;
     }
-    wire_error err;
+    kvo_err err;
     if (wire_batch_from_json(j, &b, &err) != KVO_OK) {
         fail(o, rc, "%s: %s", kvo_status_name(err.status), err.msg);
         goto done;
@@ -481,7 +481,7 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         json_object_array_add(sizes,
                               json_object_new_uint64(rec->frames[i].len));
     add(j, "sizes", sizes);
-    wire_error err;
+    kvo_err err;
     char why[600];
     json_object *view = NULL;
     if (rec->n_frames == 3) {
@@ -504,7 +504,7 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         if (wire_batch_decode(rec->frames[2].data, rec->frames[2].len, &o->lim,
                               b, &err) != KVO_OK) {
             add(j, "error",
-                json_object_new_string(wire_error_str(&err, why, sizeof(why))));
+                json_object_new_string(kvo_err_str(&err, why, sizeof(why))));
             return false;
         }
         kvo_status st = wire_batch_to_json(b, &view);
@@ -519,7 +519,7 @@ static bool cat_record(const opts *o, const wire_cap_record *rec,
         if (wire_plane_decode(rec->frames[1].data, rec->frames[1].len, &o->lim,
                               m, &err) != KVO_OK) {
             add(j, "error",
-                json_object_new_string(wire_error_str(&err, why, sizeof(why))));
+                json_object_new_string(kvo_err_str(&err, why, sizeof(why))));
             return false;
         }
         kvo_status st = wire_plane_to_json(m, &view);
@@ -551,13 +551,13 @@ static int cmd_cat(const opts *o, int argc, char **argv) {
     int rc = KVO_EXIT_OK;
     for (;;) {
         wire_cap_record rec;
-        wire_error err;
+        kvo_err err;
         st = wire_cap_next(r, &rec, &err);
         if (st == KVO_EOF) break;
         if (st != KVO_OK) {
             char why[600];
             rc = fail(o, KVO_EXIT_FAIL, "%s: %s", argv[0],
-                      wire_error_str(&err, why, sizeof(why)));
+                      kvo_err_str(&err, why, sizeof(why)));
             break;
         }
         json_object *j = json_object_new_object();

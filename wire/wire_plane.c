@@ -115,7 +115,7 @@ typedef struct dec {
     wire_rd r;
     size_t base; /* offset of r.buf in the envelope, for error offsets */
     wire_plane_msg *m;
-    wire_error *err;
+    kvo_err *err;
     const char *where; /* "events[3]" etc., for messages */
     char where_buf[48];
 } dec;
@@ -123,9 +123,9 @@ typedef struct dec {
 static kvo_status expected(dec *d, kvo_status st, const char *field,
                            const char *what) {
     if (st == KVO_ETRUNC)
-        return wire_fail(d->err, st, d->base + d->r.pos, "%s%s: input ends",
+        return kvo_err_set(d->err, st, d->base + d->r.pos, "%s%s: input ends",
                          d->where, field);
-    return wire_fail(d->err, KVO_EPROTO, d->base + d->r.pos,
+    return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
                      "%s%s: expected %s, got %s", d->where, field, what,
                      wire_rd_peek(&d->r) < 0
                          ? "end of input"
@@ -139,7 +139,7 @@ static kvo_status rd_u64(dec *d, const char *field, uint64_t *v) {
     if (st != KVO_OK) return expected(d, st, field, "unsigned int");
     if (neg) {
         d->r.pos = at;
-        return wire_fail(d->err, KVO_EPROTO, d->base + at,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
                          "%s%s: negative value", d->where, field);
     }
     return KVO_OK;
@@ -171,14 +171,14 @@ static kvo_status rd_skip(dec *d, const char *field) {
 static kvo_status seen_once(dec *d, unsigned *seen, unsigned bit,
                             size_t key_at, const char *key) {
     if (*seen & (1u << bit))
-        return wire_fail(d->err, KVO_EPROTO, d->base + key_at,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
                          "%sduplicate key \"%s\"", d->where, key);
     *seen |= 1u << bit;
     return KVO_OK;
 }
 
 static kvo_status missing(dec *d, size_t map_at, const char *key) {
-    return wire_fail(d->err, KVO_EPROTO, d->base + map_at,
+    return kvo_err_set(d->err, KVO_EPROTO, d->base + map_at,
                      "%smissing key \"%s\"", d->where, key);
 }
 
@@ -188,7 +188,7 @@ static void *arena_array(dec *d, size_t n, size_t size) {
 }
 
 static kvo_status oom(dec *d) {
-    return wire_fail(d->err, KVO_ENOMEM, d->base + d->r.pos,
+    return kvo_err_set(d->err, KVO_ENOMEM, d->base + d->r.pos,
                      "%sout of memory", d->where);
 }
 
@@ -205,7 +205,7 @@ static kvo_status dec_blocks(dec *d, wire_revent *ev) {
     kvo_status st = rd_array(d, "blocks", &n);
     if (st != KVO_OK) return st;
     if ((size_t)n > (d->r.len - d->r.pos) / MIN_BLOCK_BYTES)
-        return wire_fail(d->err, KVO_EPROTO, d->base + d->r.pos,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
                          "%sblocks: %u blocks cannot fit in %zu bytes",
                          d->where, n, d->r.len - d->r.pos);
     ev->blocks = arena_array(d, n, sizeof(*ev->blocks));
@@ -287,7 +287,7 @@ static kvo_status dec_removed(dec *d, wire_revent *ev) {
             continue;
         }
         if (have)
-            return wire_fail(d->err, KVO_EPROTO, d->base + key_at,
+            return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
                              "%sduplicate key \"block_hashes\"", d->where);
         have = true;
         uint32_t n;
@@ -314,7 +314,7 @@ static kvo_status dec_data(dec *d, wire_revent *ev) {
             return KVO_OK;
         }
         d->r.pos = at;
-        return wire_fail(d->err, KVO_EPROTO, d->base + at,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
                          "%sdata: unknown event kind \"%.*s\"", d->where,
                          (int)(n > 32 ? 32 : n), (const char *)p);
     }
@@ -322,7 +322,7 @@ static kvo_status dec_data(dec *d, wire_revent *ev) {
     kvo_status st = rd_map(d, "data", &nk);
     if (st != KVO_OK) return st;
     if (nk != 1)
-        return wire_fail(d->err, KVO_EPROTO, d->base + at,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
                          "%sdata: expected one key, got %u", d->where, nk);
     size_t key_at = d->r.pos;
     if ((st = rd_key(d, "data", &p, &n)) != KVO_OK) return st;
@@ -332,7 +332,7 @@ static kvo_status dec_data(dec *d, wire_revent *ev) {
         ev->type = WIRE_R_CLEARED;
         return rd_skip(d, "cleared");
     }
-    return wire_fail(d->err, KVO_EPROTO, d->base + key_at,
+    return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
                      "%sdata: unknown event kind \"%.*s\"", d->where,
                      (int)(n > 32 ? 32 : n), (const char *)p);
 }
@@ -363,7 +363,7 @@ static kvo_status dec_event(dec *d, wire_revent *ev) {
                 (st = rd_u64(d, "dp_rank", &r)))
                 return st;
             if (r > UINT32_MAX)
-                return wire_fail(d->err, KVO_EPROTO, d->base + at,
+                return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
                                  "%sdp_rank: %llu exceeds u32", d->where,
                                  (unsigned long long)r);
             ev->dp_rank = (uint32_t)r;
@@ -401,7 +401,7 @@ static kvo_status dec_router_event(dec *d, wire_revent *ev) {
             if ((st = wire_rd_str(&d->r, &tp, &tn)) != KVO_OK)
                 return expected(d, st, "storage_tier", "str");
             if (wire_tier_parse((const char *)tp, tn, &ev->tier) != KVO_OK)
-                return wire_fail(d->err, KVO_EPROTO, d->base + at,
+                return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
                                  "%sstorage_tier: unknown tier \"%.*s\"",
                                  d->where, (int)(tn > 32 ? 32 : tn),
                                  (const char *)tp);
@@ -429,7 +429,7 @@ static kvo_status dec_payload(dec *d) {
         if (st != KVO_OK) return st;
     }
     if ((size_t)n > (d->r.len - d->r.pos) / MIN_EVENT_BYTES + m->single_form)
-        return wire_fail(d->err, KVO_EPROTO, d->base + d->r.pos,
+        return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
                          "payload: %u events cannot fit in %zu bytes", n,
                          d->r.len - d->r.pos);
     m->events = arena_array(d, n, sizeof(*m->events));
@@ -515,9 +515,9 @@ static kvo_status dec_envelope(dec *d, const wire_limits *lim) {
 
 kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
                              const wire_limits *lim, wire_plane_msg *m,
-                             wire_error *err) {
+                             kvo_err *err) {
     wire_plane_reset(m);
-    if (!buf && len) return wire_fail(err, KVO_EINVAL, 0, "no input");
+    if (!buf && len) return kvo_err_set(err, KVO_EINVAL, 0, "no input");
     kvo_status st = wire_precheck(buf, len, lim, NULL, err);
     if (st == KVO_OK) {
         dec d = {.r = {buf, len, 0}, .base = 0, .m = m, .err = err,

@@ -30,29 +30,6 @@ void wire_limits_default(wire_limits *lim) {
     lim->max_str = 1u << 20;
 }
 
-kvo_status wire_fail(wire_error *err, kvo_status status, size_t offset,
-                     const char *fmt, ...) {
-    if (!err) return status;
-    err->status = status;
-    err->offset = offset;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-const char *wire_error_str(const wire_error *err, char *buf, size_t n) {
-    if (!buf || n == 0) return "";
-    if (!err) {
-        snprintf(buf, n, "no error");
-        return buf;
-    }
-    snprintf(buf, n, "%s at byte %zu: %s", kvo_status_name(err->status),
-             err->offset, err->msg[0] ? err->msg : kvo_strerror(err->status));
-    return buf;
-}
-
 const char *wire_mp_type_name(uint8_t b) {
     if (b <= 0x7f || b >= 0xe0) return "int";
     if (b <= 0x8f) return "map";
@@ -120,7 +97,7 @@ static mp_head head_of(uint8_t b) {
 
 kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
                      unsigned depth, uint64_t *total, const wire_limits *lim,
-                     kvo_status short_st, wire_error *err) {
+                     kvo_status short_st, kvo_err *err) {
     uint32_t max_depth = lim->max_depth < WIRE_DEPTH_CEILING
                              ? lim->max_depth
                              : WIRE_DEPTH_CEILING;
@@ -137,7 +114,7 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         left[d]--;
         size_t at = pos;
         if (pos >= avail)
-            return wire_fail(err, short_st, at,
+            return kvo_err_set(err, short_st, at,
                              "input ends where a value should start");
         uint8_t b = buf[pos++];
         /* Fast paths for what batches are made of: fixints and ints. */
@@ -145,7 +122,7 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         if (b >= 0xcc && b <= 0xd3) {
             unsigned w = 1u << ((b - 0xcc) & 3);
             if (w > avail - pos)
-                return wire_fail(err, short_st, at,
+                return kvo_err_set(err, short_st, at,
                                  "int needs %u bytes but only %zu remain", w,
                                  avail - pos);
             pos += w;
@@ -153,9 +130,9 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         }
         mp_head h = head_of(b);
         if (h.kind == H_BAD)
-            return wire_fail(err, KVO_EPROTO, at, "reserved byte 0xc1");
+            return kvo_err_set(err, KVO_EPROTO, at, "reserved byte 0xc1");
         if (h.len_bytes > avail - pos)
-            return wire_fail(err, short_st, at, "input ends inside a %s header",
+            return kvo_err_set(err, short_st, at, "input ends inside a %s header",
                              wire_mp_type_name(b));
         uint32_t n =
             h.len_bytes ? (uint32_t)wire_be_w(buf + pos, h.len_bytes) : h.count;
@@ -164,22 +141,22 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         if (h.kind == H_ARRAY || h.kind == H_MAP) {
             const char *what = h.kind == H_MAP ? "map" : "array";
             if (n > lim->max_elems)
-                return wire_fail(err, KVO_ETOOBIG, at,
+                return kvo_err_set(err, KVO_ETOOBIG, at,
                                  "%s of %" PRIu32
                                  " elements exceeds limit %" PRIu32,
                                  what, n, lim->max_elems);
             *total += n;
             if (*total > lim->max_total)
-                return wire_fail(err, KVO_ETOOBIG, at,
+                return kvo_err_set(err, KVO_ETOOBIG, at,
                                  "message holds more than %" PRIu64
                                  " elements in all",
                                  lim->max_total);
             if (depth + d + 1 > max_depth)
-                return wire_fail(err, KVO_ETOOBIG, at,
+                return kvo_err_set(err, KVO_ETOOBIG, at,
                                  "nesting deeper than %" PRIu32, max_depth);
             uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;
             if (items > avail - pos)
-                return wire_fail(err, short_st, at,
+                return kvo_err_set(err, short_st, at,
                                  "%s declares %" PRIu32
                                  " elements but only %zu bytes remain",
                                  what, n, avail - pos);
@@ -189,14 +166,14 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         uint64_t payload = h.fixed;
         if (h.kind == H_BLOB) {
             if (n > lim->max_str)
-                return wire_fail(err, KVO_ETOOBIG, at,
+                return kvo_err_set(err, KVO_ETOOBIG, at,
                                  "%s of %" PRIu32
                                  " bytes exceeds limit %" PRIu32,
                                  wire_mp_type_name(b), n, lim->max_str);
             payload += n;
         }
         if (payload > avail - pos)
-            return wire_fail(err, short_st, at,
+            return kvo_err_set(err, short_st, at,
                              "%s needs %" PRIu64 " bytes but only %zu remain",
                              wire_mp_type_name(b), payload, avail - pos);
         pos += (size_t)payload;
@@ -208,7 +185,7 @@ finished:
 }
 
 kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
-                         size_t *end, wire_error *err) {
+                         size_t *end, kvo_err *err) {
     wire_limits def;
     if (!lim) {
         wire_limits_default(&def);
@@ -220,7 +197,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
     bool clipped = false;
     if (avail > lim->max_bytes) {
         if (!end)
-            return wire_fail(err, KVO_ETOOBIG, 0,
+            return kvo_err_set(err, KVO_ETOOBIG, 0,
                              "message of %zu bytes exceeds limit %zu", len,
                              lim->max_bytes);
         avail = lim->max_bytes;
@@ -234,7 +211,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
     if (end) {
         *end = pos;
     } else if (pos != len) {
-        return wire_fail(err, KVO_EPROTO, pos,
+        return kvo_err_set(err, KVO_EPROTO, pos,
                          "%zu trailing bytes after the value", len - pos);
     }
     return KVO_OK;

@@ -80,7 +80,7 @@ int kvo_fuzz_batch(const uint8_t *data, size_t size) {
     kvo_buf out, again;
     kvo_buf_init(&out);
     kvo_buf_init(&again);
-    wire_error err;
+    kvo_err err;
     kvo_status st = wire_batch_decode(data, size, NULL, &b, &err);
     if (st != KVO_OK) {
         FUZZ_CHECK(err.status == st && err.offset <= size && b.n_events == 0);

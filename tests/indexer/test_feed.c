@@ -19,7 +19,7 @@ static uint8_t *vector(const char *name, size_t *len) {
 static kvo_status feed_vector(idx_feed *f, const char *name, const char *hdr) {
     size_t len;
     uint8_t *b = vector(name, &len);
-    wire_error err;
+    kvo_err err;
     kvo_status s = idx_feed_message(f, b, len, hdr, &err);
     kvo_free(b);
     return s;
@@ -192,7 +192,7 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
     uint8_t *b = vector("mixed_dp2", &len);
     uint64_t undecodable = 0;
     for (size_t cut = 0; cut < len; cut++) {
-        wire_error err;
+        kvo_err err;
         kvo_status s = idx_feed_message(f, b, cut, NULL, &err);
         ck_assert_msg(s != KVO_OK, "prefix of %zu bytes applied", cut);
         undecodable++;

@@ -59,7 +59,7 @@ bool mt_step(mt_eng *m, mock_step *st) {
         uint32_t n;
         ck_assert_int_eq(mock_render_batch(m->r, st->batch, st->aux, &pay, &n), KVO_OK);
         ck_assert_uint_eq(n, 1);
-        wire_error err;
+        kvo_err err;
         ck_assert_msg(wire_batch_decode(pay[0].data, pay[0].len, NULL, &m->last,
                                         &err) == KVO_OK,
                       "published batch does not decode: %s", err.msg);

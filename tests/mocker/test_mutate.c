@@ -107,7 +107,7 @@ static uint32_t render(fixture *f, unsigned mut, bool bytes, wire_batch *out,
     ck_assert_int_eq(mock_render_batch(r, &f->b, &f->aux, &pay, &n), KVO_OK);
     ck_assert_uint_le(n, max);
     for (uint32_t i = 0; i < n; i++) {
-        wire_error err;
+        kvo_err err;
         ck_assert_msg(wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i], &err) ==
                           KVO_OK,
                       "mutated payload does not decode: %s", err.msg);

@@ -1053,10 +1053,10 @@ static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
         ck_assert_ptr_nonnull(jo);
         wire_batch b;
         wire_batch_init(&b);
-        wire_error err;
+        kvo_err err;
         char eb[200];
         ck_assert_msg(wire_batch_from_json(jo, &b, &err) == KVO_OK, "%s",
-                      wire_error_str(&err, eb, sizeof(eb)));
+                      kvo_err_str(&err, eb, sizeof(eb)));
         kvo_buf *out = part ? out1 : out0;
         kvo_buf_reset(out);
         ck_assert_int_eq(wire_batch_encode(&b, WIRE_FMT_MAP, 0, out), KVO_OK);

@@ -33,11 +33,11 @@ static kvo_status cap_publish(void *ctx, const char *subject, bool has_range,
     m->first = first;
     m->last = last;
     wire_plane_init(&m->m);
-    wire_error err;
+    kvo_err err;
     kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
     char buf[256];
     ck_assert_msg(st == KVO_OK, "published envelope does not decode: %s",
-                  wire_error_str(&err, buf, sizeof(buf)));
+                  kvo_err_str(&err, buf, sizeof(buf)));
     t->n++;
     return KVO_OK;
 }
@@ -240,11 +240,11 @@ void tb_end(tb *b, int rank, kvo_buf *out) {
     ck_assert_msg(jo != NULL, "bad test JSON: %s", (const char *)b->j.data);
     wire_batch batch;
     wire_batch_init(&batch);
-    wire_error err;
+    kvo_err err;
     char ebuf[256];
     kvo_status st = wire_batch_from_json(jo, &batch, &err);
     ck_assert_msg(st == KVO_OK, "from_json: %s",
-                  wire_error_str(&err, ebuf, sizeof(ebuf)));
+                  kvo_err_str(&err, ebuf, sizeof(ebuf)));
     kvo_buf_reset(out);
     ck_assert_int_eq(wire_batch_encode(&batch, WIRE_FMT_MAP, 0, out), KVO_OK);
     wire_batch_fini(&batch);
@@ -672,13 +672,13 @@ bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
     natsMsg *msg = NULL;
     if (natsSubscription_NextMsg(&msg, s->sub, timeout_ms) != NATS_OK)
         return false;
-    wire_error err;
+    kvo_err err;
     char buf[256];
     kvo_status st = wire_plane_decode((const uint8_t *)natsMsg_GetData(msg),
                                       (size_t)natsMsg_GetDataLength(msg), NULL,
                                       m, &err);
     ck_assert_msg(st == KVO_OK, "envelope: %s",
-                  wire_error_str(&err, buf, sizeof(buf)));
+                  kvo_err_str(&err, buf, sizeof(buf)));
     const char *v = NULL;
     *has_range = natsMsgHeader_Get(msg, "KVO-Zmq-Seq", &v) == NATS_OK && v;
     if (*has_range)

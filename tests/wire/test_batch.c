@@ -183,11 +183,11 @@ START_TEST(every_wire_vector_decodes_to_its_fields) {
         json_object *c = json_object_array_get_idx(cases, i);
         size_t len;
         uint8_t *buf = wt_vector_bytes(c, &len);
-        wire_error err;
+        kvo_err err;
         kvo_status st = wire_batch_decode(buf, len, NULL, &b, &err);
         char es[256];
         ck_assert_msg(st == KVO_OK, "%s: %s", wt_name(c),
-                      wire_error_str(&err, es, sizeof(es)));
+                      kvo_err_str(&err, es, sizeof(es)));
         assert_fields(&b, c);
         kvo_free(buf);
     }
@@ -227,12 +227,12 @@ START_TEST(every_wire_vector_encodes_from_its_fields_json) {
     kvo_buf_init(&out);
     for (size_t i = 0; i < n; i++) {
         json_object *c = json_object_array_get_idx(cases, i);
-        wire_error err;
+        kvo_err err;
         char es[256];
         kvo_status st =
             wire_batch_from_json(json_object_object_get(c, "fields"), &b, &err);
         ck_assert_msg(st == KVO_OK, "%s: %s", wt_name(c),
-                      wire_error_str(&err, es, sizeof(es)));
+                      kvo_err_str(&err, es, sizeof(es)));
         kvo_buf_reset(&out);
         ck_assert(wire_batch_encode(&b, wt_format(c), 0, &out) == KVO_OK);
         size_t len;
@@ -341,7 +341,7 @@ typedef wt_mp mp;
 #define mp_raw wt_mp_raw
 #define mp_batch_head wt_mp_batch_head
 
-static kvo_status decode_mp(mp *m, wire_batch *b, wire_error *err) {
+static kvo_status decode_mp(mp *m, wire_batch *b, kvo_err *err) {
     return wire_batch_decode(m->b.data, m->b.len, NULL, b, err);
 }
 
@@ -372,7 +372,7 @@ START_TEST(map32_headers_extra_batch_elements_and_unknown_keys_are_accepted) {
     msgpack_pack_map(&m.pk, 0);
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode_mp(&m, &b, &err) == KVO_OK);
     ck_assert_uint_eq(b.batch_len, 5);
     ck_assert(b.dp_rank.set && b.dp_rank.v == 2);
@@ -481,7 +481,7 @@ START_TEST(token_ids_of_any_int_width_are_read_and_negatives_rejected) {
     mp_store_with_tokens(&m, tok, sizeof(tok), 10);
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode_mp(&m, &b, &err) == KVO_OK);
     ck_assert_uint_eq(b.events[0].n_tokens, 10);
     for (int i = 0; i < 9; i++)
@@ -514,12 +514,12 @@ START_TEST(unknown_event_type_rejects_the_batch_naming_it) {
     msgpack_pack_nil(&m.pk);
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode_mp(&m, &b, &err) == KVO_EPROTO);
     ck_assert_msg(strstr(err.msg, "events[1]") && strstr(err.msg, "BlockMoved"),
                   "%s", err.msg);
     char s[256];
-    wire_error_str(&err, s, sizeof(s));
+    kvo_err_str(&err, s, sizeof(s));
     ck_assert_msg(strncmp(s, "EPROTO at byte ", 15) == 0, "%s", s);
     wire_batch_fini(&b);
     kvo_buf_fini(&m.b);
@@ -740,7 +740,7 @@ START_TEST(from_json_rejects_bad_views_naming_the_field) {
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         json_object *j = json_tokener_parse(bad[i].json);
         ck_assert_ptr_nonnull(j);
-        wire_error err;
+        kvo_err err;
         ck_assert_msg(wire_batch_from_json(j, &b, &err) == KVO_EPROTO, "%s",
                       bad[i].json);
         ck_assert_msg(strstr(err.msg, bad[i].needle), "%s -> %s", bad[i].json,

@@ -68,7 +68,7 @@ START_TEST(records_round_trip_with_exact_layout) {
     wire_cap_reader *r;
     ck_assert(wire_cap_open(&r, path, NULL) == KVO_OK);
     wire_cap_record rec;
-    wire_error err;
+    kvo_err err;
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
     ck_assert(rec.unix_ns == 1700000000123456789ull && rec.n_frames == 3);
     ck_assert_uint_eq(rec.offset, REC0);
@@ -114,7 +114,7 @@ START_TEST(big_frames_and_sixteen_frames_round_trip_reusing_one_buffer) {
     wire_cap_reader *r;
     ck_assert(wire_cap_open(&r, path, NULL) == KVO_OK);
     wire_cap_record rec;
-    wire_error err;
+    kvo_err err;
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
     ck_assert(rec.n_frames == 1 && rec.frames[0].len == big);
     ck_assert(memcmp(rec.frames[0].data, data, big) == 0);
@@ -157,7 +157,7 @@ START_TEST(every_cut_of_a_file_reads_whole_records_then_etrunc_or_eof) {
         }
         ck_assert(st == KVO_OK);
         wire_cap_record rec;
-        wire_error err;
+        kvo_err err;
         size_t whole = 0;
         while ((st = wire_cap_next(r, &rec, &err)) == KVO_OK) {
             ck_assert_uint_eq(rec.offset, recs[whole]);
@@ -192,7 +192,7 @@ START_TEST(a_truncated_record_is_read_once_a_live_writer_completes_it) {
     wire_cap_reader *r;
     ck_assert(wire_cap_open(&r, path, NULL) == KVO_OK);
     wire_cap_record rec;
-    wire_error err;
+    kvo_err err;
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_ETRUNC);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_ETRUNC);
@@ -240,7 +240,7 @@ START_TEST(huge_frame_lengths_and_counts_are_refused_without_allocating) {
     wire_cap_reader *r;
     ck_assert(wire_cap_open(&r, path, NULL) == KVO_OK);
     wire_cap_record rec;
-    wire_error err;
+    kvo_err err;
     kvo_alloc_fail_after(0);
     kvo_status st = wire_cap_next(r, &rec, &err);
     kvo_alloc_fail_after(-1);

@@ -31,7 +31,7 @@ static void put_cases(void) {
  * check the shape of a rejection. Returns the status. */
 static kvo_status decode_copy(const uint8_t *p, size_t n,
                               const wire_limits *lim, wire_batch *b,
-                              wire_error *err) {
+                              kvo_err *err) {
     uint8_t *copy = kvo_malloc(n);
     ck_assert_ptr_nonnull(copy);
     if (n) memcpy(copy, p, n);
@@ -52,7 +52,7 @@ static kvo_status decode_copy(const uint8_t *p, size_t n,
 /* Decode with every allocation failing: a rejection must come before the
  * decoder allocates anything. */
 static kvo_status decode_no_alloc(const uint8_t *p, size_t n,
-                                  const wire_limits *lim, wire_error *err) {
+                                  const wire_limits *lim, kvo_err *err) {
     wire_batch b;
     wire_batch_init(&b);
     kvo_alloc_fail_after(0);
@@ -72,14 +72,14 @@ START_TEST(every_strict_prefix_of_every_vector_is_rejected_as_truncated) {
         size_t len;
         uint8_t *buf = wt_vector_bytes(c, &len);
         for (size_t k = 0; k < len; k++) {
-            wire_error err;
+            kvo_err err;
             kvo_status st = decode_copy(buf, k, NULL, &b, &err);
             ck_assert_msg(st == KVO_ETRUNC, "%s: prefix of %zu bytes: %s",
                           wt_name(c), k, kvo_status_name(st));
             prefixes++;
         }
         /* and the whole thing still decodes into the same batch object */
-        wire_error err;
+        kvo_err err;
         ck_assert(decode_copy(buf, len, NULL, &b, &err) == KVO_OK);
         kvo_free(buf);
     }
@@ -91,7 +91,7 @@ END_TEST
 START_TEST(empty_and_null_input_is_rejected) {
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(wire_batch_decode(NULL, 0, NULL, &b, &err) == KVO_ETRUNC);
     ck_assert(wire_batch_decode(NULL, 5, NULL, &b, &err) == KVO_EINVAL);
     ck_assert(wire_batch_decode((const uint8_t *)"", 0, NULL, &b, NULL) ==
@@ -157,7 +157,7 @@ START_TEST(huge_declared_lengths_are_refused_before_any_allocation) {
     for (size_t i = 0; i < KVO_ARRAY_LEN(huge); i++) {
         const uint8_t *h = huge[i].bytes;
         size_t n = huge[i].len;
-        wire_error err;
+        kvo_err err;
         /* alone, as the whole payload */
         kvo_status st = decode_copy(h, n, NULL, &b, &err);
         ck_assert_msg(st == KVO_ETOOBIG || st == KVO_ETRUNC, "%s alone: %s",
@@ -181,7 +181,7 @@ START_TEST(huge_declared_lengths_are_refused_before_any_allocation) {
         }
     }
     /* The 5 bytes that make msgpack-c try to allocate ~128 GiB. */
-    wire_error err;
+    kvo_err err;
     const uint8_t dd[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
     ck_assert(decode_copy(dd, sizeof(dd), NULL, &b, &err) == KVO_ETOOBIG);
     ck_assert_msg(strstr(err.msg, "4294967295"), "%s", err.msg);
@@ -193,7 +193,7 @@ START_TEST(a_64_MiB_token_array_claimed_in_6_bytes_is_refused) {
     const uint8_t claim[] = {0xdd, 0x04, 0x00, 0x00, 0x00, 0x00};
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode_copy(claim, sizeof(claim), NULL, &b, &err) == KVO_ETOOBIG);
     ck_assert(decode_no_alloc(claim, sizeof(claim), NULL, &err) == KVO_ETOOBIG);
 
@@ -235,7 +235,7 @@ static void nested_extra_keys(wt_mp *m, unsigned depth) {
 START_TEST(nesting_100_deep_is_refused_unless_the_limit_allows_it) {
     wire_batch b;
     wire_batch_init(&b);
-    wire_error err;
+    kvo_err err;
     wt_mp m;
     nested_extra_keys(&m, 100);
     ck_assert(decode_copy(m.b.data, m.b.len, NULL, &b, &err) == KVO_ETOOBIG);
@@ -402,7 +402,7 @@ START_TEST(wrong_types_in_every_field_are_rejected_naming_the_field) {
             } else {
                 array_cases++;
             }
-            wire_error err;
+            kvo_err err;
             kvo_status st = decode_copy(m.b.data, m.b.len, NULL, &b, &err);
             ck_assert_msg(st == KVO_EPROTO, "%s = %s (%s): %s", f->key,
                           f->bad_hex, layout ? "array" : "map",
@@ -457,7 +457,7 @@ START_TEST(malformed_batches_and_events_are_rejected_with_a_reason) {
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         size_t n;
         uint8_t *p = kt_unhex(bad[i].hex, &n);
-        wire_error err;
+        kvo_err err;
         kvo_status st = decode_copy(p, n, NULL, &b, &err);
         ck_assert_msg(st != KVO_OK, "%s decoded", bad[i].hex);
         ck_assert_msg(strstr(err.msg, bad[i].needle), "%s: \"%s\"", bad[i].hex,
@@ -508,7 +508,7 @@ START_TEST(limits_are_configurable_and_enforced) {
                 *(uint64_t *)fp = v;
             else
                 *(uint32_t *)fp = (uint32_t)v;
-            wire_error err;
+            kvo_err err;
             kvo_status st = decode_copy(buf, len, &lim, &b, &err);
             ck_assert_msg(st == (over ? KVO_OK : KVO_ETOOBIG),
                           "limit %zu = %" PRIu64 ": %s", i, v,
@@ -533,7 +533,7 @@ START_TEST(allocation_failures_never_crash_or_leak) {
         for (long k = 0;; k++) {
             wire_batch b;
             wire_batch_init(&b);
-            wire_error err;
+            kvo_err err;
             kvo_alloc_fail_after(k);
             kvo_status st = wire_batch_decode(buf, len, NULL, &b, &err);
             kvo_alloc_fail_after(-1);
@@ -628,7 +628,7 @@ START_TEST(random_mutations_of_the_vectors_never_crash) {
             buf[at] = (r & 1) ? (uint8_t)(r >> 8)
                               : buf[at] ^ (uint8_t)(1u << (r >> 8) % 8);
         }
-        wire_error err;
+        kvo_err err;
         if (decode_copy(buf, len, NULL, &b, &err) == KVO_OK) {
             /* what decodes re-encodes and decodes again */
             kvo_buf_reset(&out);

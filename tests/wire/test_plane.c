@@ -31,7 +31,7 @@ static void assert_json_eq(json_object *got, json_object *want,
 }
 
 static kvo_status decode(const uint8_t *b, size_t n, wire_plane_msg *m,
-                         wire_error *err) {
+                         kvo_err *err) {
     memset(err, 0, sizeof(*err));
     return wire_plane_decode(b, n, NULL, m, err);
 }
@@ -100,7 +100,7 @@ static void mk_one_event(mk *k, const char *tier, const void *data,
 
 static kvo_status decode_event(const char *tier, const char *data_hex,
                                int64_t worker, uint64_t dp_rank,
-                               wire_plane_msg *m, wire_error *err) {
+                               wire_plane_msg *m, kvo_err *err) {
     size_t dlen;
     uint8_t *data = kt_unhex(data_hex, &dlen);
     mk p, e;
@@ -138,11 +138,11 @@ START_TEST(every_vector_decodes_to_its_json_and_reencodes_identically) {
         ck_assert_msg(hlen == len && memcmp(hex, bin, len) == 0,
                       "%s: .bin and hex differ", name);
 
-        wire_error err;
+        kvo_err err;
         kvo_status st = decode(bin, len, &m, &err);
         char eb[256];
         ck_assert_msg(st == KVO_OK, "%s: %s", name,
-                      wire_error_str(&err, eb, sizeof(eb)));
+                      kvo_err_str(&err, eb, sizeof(eb)));
         ck_assert_int_eq(m.single_form,
                          json_object_object_get(c, "payload_form") != NULL);
         ck_assert_uint_eq(m.topic.len, 9);
@@ -182,7 +182,7 @@ START_TEST(single_event_payload_is_the_same_event_as_a_one_element_array) {
     wire_plane_msg a, b;
     wire_plane_init(&a);
     wire_plane_init(&b);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode(single, n1, &a, &err) == KVO_OK);
     ck_assert(decode(array, n2, &b, &err) == KVO_OK);
     ck_assert(a.single_form && !b.single_form);
@@ -223,7 +223,7 @@ START_TEST(every_strict_prefix_of_every_vector_is_rejected) {
             /* A heap copy of exactly n bytes, so ASan sees any over-read. */
             uint8_t *pre = malloc(n ? n : 1);
             memcpy(pre, bin, n);
-            wire_error err;
+            kvo_err err;
             kvo_status st = decode(pre, n, &m, &err);
             ck_assert_msg(st == KVO_ETRUNC, "case %zu prefix %zu: %s", i, n,
                           kvo_status_name(st));
@@ -253,7 +253,7 @@ START_TEST(huge_declared_lengths_are_refused_before_allocating) {
     for (size_t i = 0; i < KVO_ARRAY_LEN(hostile); i++) {
         size_t n;
         uint8_t *b = kt_unhex(hostile[i], &n);
-        wire_error err;
+        kvo_err err;
         kvo_alloc_fail_after(0); /* nothing may be allocated for these */
         kvo_status st = decode(b, n, &m, &err);
         kvo_alloc_fail_after(-1);
@@ -266,7 +266,7 @@ START_TEST(huge_declared_lengths_are_refused_before_allocating) {
     const uint8_t big[] = {0xdd, 0xff, 0xff, 0xff, 0xff, 0x00};
     mk e;
     mk_envelope(&e, big, sizeof(big), 0);
-    wire_error err;
+    kvo_err err;
     kvo_status st = decode((uint8_t *)e.sb.data, e.sb.size, &m, &err);
     ck_assert(st == KVO_ETRUNC || st == KVO_ETOOBIG);
     ck_assert_uint_ge(err.offset, e.sb.size - sizeof(big)); /* in the bin */
@@ -296,7 +296,7 @@ START_TEST(deep_nesting_in_an_unknown_key_is_refused) {
     mk_envelope(&e, payload, n, 0);
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode((uint8_t *)e.sb.data, e.sb.size, &m, &err) == KVO_ETOOBIG);
     msgpack_sbuffer_destroy(&e.sb);
     wire_plane_fini(&m);
@@ -306,7 +306,7 @@ END_TEST
 START_TEST(wrong_types_are_refused_with_field_and_offset) {
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     /* Negative worker id. */
     ck_assert(decode_event("device", DATA_CLEARED, -5, 0, &m, &err) ==
               KVO_EPROTO);
@@ -378,7 +378,7 @@ START_TEST(missing_and_duplicate_envelope_keys_are_refused) {
     mk_envelope(&e, &empty_array, 1, 0);
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode((uint8_t *)e.sb.data, e.sb.size, &m, &err) == KVO_OK);
     ck_assert_uint_eq(m.n_events, 0);
     ck_assert(m.publisher_id == 1 && m.sequence == 2 && m.published_at == 3);
@@ -455,10 +455,10 @@ START_TEST(unknown_keys_are_skipped_at_every_level) {
     mk_envelope(&e, p.sb.data, p.sb.size, 2);
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     char eb[256];
     ck_assert_msg(decode((uint8_t *)e.sb.data, e.sb.size, &m, &err) == KVO_OK,
-                  "%s", wire_error_str(&err, eb, sizeof(eb)));
+                  "%s", kvo_err_str(&err, eb, sizeof(eb)));
     ck_assert_uint_eq(m.n_events, 1);
     wire_revent *ev = &m.events[0];
     ck_assert(ev->type == WIRE_R_STORED && ev->worker_id == 4 &&
@@ -492,7 +492,7 @@ START_TEST(optional_router_event_fields_take_older_dynamo_defaults) {
     mk_envelope(&e, p.sb.data, p.sb.size, 0);
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode((uint8_t *)e.sb.data, e.sb.size, &m, &err) == KVO_OK);
     ck_assert(m.single_form && m.n_events == 1);
     ck_assert(m.events[0].tier == WIRE_TIER_DEVICE &&
@@ -539,10 +539,10 @@ START_TEST(big_messages_round_trip_through_bin16_and_bin32_payloads) {
         ck_assert(memcmp(out.data, "prefix", 6) == 0);
         wire_plane_msg m;
         wire_plane_init(&m);
-        wire_error err;
+        kvo_err err;
         char eb[256];
         ck_assert_msg(decode(out.data + 6, out.len - 6, &m, &err) == KVO_OK,
-                      "%zu: %s", nb, wire_error_str(&err, eb, sizeof(eb)));
+                      "%zu: %s", nb, kvo_err_str(&err, eb, sizeof(eb)));
         json_object *a, *b;
         in.topic = m.topic; /* "kv-events" is the default on encode */
         wire_plane_to_json(&in, &a);
@@ -599,7 +599,7 @@ START_TEST(decoding_into_a_reused_message_does_not_allocate) {
     uint8_t *bin = kt_read_file(path, &len);
     wire_plane_msg m;
     wire_plane_init(&m);
-    wire_error err;
+    kvo_err err;
     ck_assert(decode(bin, len, &m, &err) == KVO_OK);
     kvo_alloc_fail_after(0);
     kvo_status st = KVO_OK;

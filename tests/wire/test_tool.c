@@ -208,12 +208,12 @@ START_TEST(bad_input_exits_1_with_one_line_naming_the_offset) {
     result r = run("decode '%s'", bad);
     wire_batch b;
     wire_batch_init(&b);
-    wire_error e;
+    kvo_err e;
     ck_assert(wire_batch_decode(buf, 100, NULL, &b, &e) == KVO_ETRUNC);
     wire_batch_fini(&b);
     char needle[256], es[200];
     snprintf(needle, sizeof(needle), "kvo-wire: decode: %s\n",
-             wire_error_str(&e, es, sizeof(es)));
+             kvo_err_str(&e, es, sizeof(es)));
     ck_assert_str_eq(r.err, needle); /* the library's reason, verbatim */
     assert_input_failure(&r, "ETRUNC at byte 86", "truncated");
     result_free(&r);

@@ -1,5 +1,5 @@
-/* relay_map.c -- u64 -> u64 open-addressing map (see relay_int.h). */
-#include "relay_int.h"
+/* kvo_map.c -- u64 -> u64 open-addressing map (see kvo_map.h). */
+#include "kvo_map.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -11,21 +11,21 @@ static size_t slot_of(uint64_t key, size_t cap) {
     return (size_t)((key * 0x9E3779B97F4A7C15ull) >> shift);
 }
 
-void relay_map_init(relay_map *m) { memset(m, 0, sizeof(*m)); }
+void kvo_map_init(kvo_map *m) { memset(m, 0, sizeof(*m)); }
 
-void relay_map_fini(relay_map *m) {
+void kvo_map_fini(kvo_map *m) {
     kvo_free(m->slots);
     memset(m, 0, sizeof(*m));
 }
 
-void relay_map_clear(relay_map *m) {
+void kvo_map_clear(kvo_map *m) {
     if (m->slots) memset(m->slots, 0, m->cap * sizeof(*m->slots));
     m->len = 0;
     m->has_zero = false;
     m->zero_val = 0;
 }
 
-uint64_t *relay_map_get(relay_map *m, uint64_t key) {
+uint64_t *kvo_map_get(kvo_map *m, uint64_t key) {
     if (key == 0) return m->has_zero ? &m->zero_val : NULL;
     if (!m->cap) return NULL;
     for (size_t i = slot_of(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
@@ -34,9 +34,9 @@ uint64_t *relay_map_get(relay_map *m, uint64_t key) {
     }
 }
 
-static kvo_status grow(relay_map *m) {
+static kvo_status grow(kvo_map *m) {
     size_t ncap = m->cap ? m->cap * 2 : 64;
-    relay_map_slot *ns = kvo_calloc(ncap, sizeof(*ns));
+    kvo_map_slot *ns = kvo_calloc(ncap, sizeof(*ns));
     if (!ns) return KVO_ENOMEM;
     for (size_t i = 0; i < m->cap; i++) {
         if (!m->slots[i].key) continue;
@@ -50,7 +50,7 @@ static kvo_status grow(relay_map *m) {
     return KVO_OK;
 }
 
-uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added) {
+uint64_t *kvo_map_put(kvo_map *m, uint64_t key, bool *added) {
     bool dummy;
     if (!added) added = &dummy;
     *added = false;
@@ -81,7 +81,7 @@ uint64_t *relay_map_put(relay_map *m, uint64_t key, bool *added) {
 }
 
 /* Slot index of key, or SIZE_MAX. */
-static size_t find(const relay_map *m, uint64_t key) {
+static size_t find(const kvo_map *m, uint64_t key) {
     if (!m->cap) return SIZE_MAX;
     size_t mask = m->cap - 1, i = slot_of(key, m->cap);
     while (m->slots[i].key != key) {
@@ -91,7 +91,7 @@ static size_t find(const relay_map *m, uint64_t key) {
     return i;
 }
 
-static void remove_at(relay_map *m, size_t i) {
+static void remove_at(kvo_map *m, size_t i) {
     size_t mask = m->cap - 1;
     /* Backward shift: pull later entries of the probe run into the hole when
      * their home slot does not lie cyclically in (hole, j]. */
@@ -109,7 +109,7 @@ static void remove_at(relay_map *m, size_t i) {
     m->len--;
 }
 
-bool relay_map_del(relay_map *m, uint64_t key) {
+bool kvo_map_del(kvo_map *m, uint64_t key) {
     if (key == 0) {
         if (!m->has_zero) return false;
         m->has_zero = false;
@@ -122,20 +122,20 @@ bool relay_map_del(relay_map *m, uint64_t key) {
     return true;
 }
 
-relay_map_dec_result relay_map_dec(relay_map *m, uint64_t key) {
+kvo_map_dec_result kvo_map_dec(kvo_map *m, uint64_t key) {
     uint64_t *v;
     size_t i = SIZE_MAX;
     if (key == 0) {
-        if (!m->has_zero) return RELAY_MAP_ABSENT;
+        if (!m->has_zero) return KVO_MAP_ABSENT;
         v = &m->zero_val;
     } else {
         i = find(m, key);
-        if (i == SIZE_MAX) return RELAY_MAP_ABSENT;
+        if (i == SIZE_MAX) return KVO_MAP_ABSENT;
         v = &m->slots[i].val;
     }
     if (*v > 1) {
         (*v)--;
-        return RELAY_MAP_HELD;
+        return KVO_MAP_HELD;
     }
     if (key == 0) {
         m->has_zero = false;
@@ -143,5 +143,5 @@ relay_map_dec_result relay_map_dec(relay_map *m, uint64_t key) {
     } else {
         remove_at(m, i);
     }
-    return RELAY_MAP_GONE;
+    return KVO_MAP_GONE;
 }
