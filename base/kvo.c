@@ -428,7 +428,7 @@ int kvo_getopt(int argc, char **argv, const struct option *longopts,
             if (!*v || strcmp(v, "0") == 0) continue;
             v = NULL;
         }
-        if (set(ctx, o->val, v) != 0) {
+        if (set(ctx, o->val, v) != KVO_OK) {
             fprintf(stderr, "%s: bad value in environment %s\n", argv[0],
                     name);
             return -1;
@@ -453,7 +453,7 @@ int kvo_getopt(int argc, char **argv, const struct option *longopts,
     while ((c = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
         if (c == '?' || c == ':') return -1;
         if (c == 0) continue;
-        if (set(ctx, c, optarg) != 0) return -1;
+        if (set(ctx, c, optarg) != KVO_OK) return -1;
     }
     return optind;
 }

@@ -194,11 +194,11 @@ kvo_status kvo_parse_hostport(const char *s, char *host, size_t hostsz,
  * kvo_getopt runs getopt_long over argv after applying environment
  * fallbacks: for every long option "--foo-bar" the variable KVO_FOO_BAR, when
  * set, is passed to set() first (flags: any value but "0" or "" sets them).
- * set() returns 0 on success or prints its own message and returns -1.
+ * set() returns KVO_OK, or prints its own message and returns a failure.
  * Options that act instead of configuring (--help, --version) never read
  * the environment: KVO_HELP=1 must not turn every program into its help.
  * Returns optind (index of the first operand) or -1 on a usage error. */
-typedef int (*kvo_opt_setter)(void *ctx, int code, const char *arg);
+typedef kvo_status (*kvo_opt_setter)(void *ctx, int code, const char *arg);
 int kvo_getopt(int argc, char **argv, const struct option *longopts,
                kvo_opt_setter set, void *ctx);
 

@@ -146,27 +146,27 @@ typedef struct opts {
     bool limit_set, workers_set, dp_set, blocks_set, level_set;
 } opts;
 
-static int bad(const char *opt, const char *v) {
+static kvo_status bad(const char *opt, const char *v) {
     fprintf(stderr, "kvo-check: bad value for --%s: '%s'\n", opt, v);
-    return -1;
+    return KVO_EINVAL;
 }
 
-static int set_u32(uint32_t *out, const char *opt, const char *v) {
-    return kvo_parse_u32(v, out) == KVO_OK ? 0 : bad(opt, v);
+static kvo_status set_u32(uint32_t *out, const char *opt, const char *v) {
+    return kvo_parse_u32(v, out) == KVO_OK ? KVO_OK : bad(opt, v);
 }
 
-static int set_u64(uint64_t *out, const char *opt, const char *v) {
-    return kvo_parse_u64(v, out) == KVO_OK ? 0 : bad(opt, v);
+static kvo_status set_u64(uint64_t *out, const char *opt, const char *v) {
+    return kvo_parse_u64(v, out) == KVO_OK ? KVO_OK : bad(opt, v);
 }
 
-static int set_long(long *out, const char *opt, const char *v) {
+static kvo_status set_long(long *out, const char *opt, const char *v) {
     int64_t x;
     if (kvo_parse_i64(v, &x) != KVO_OK || x < 0) return bad(opt, v);
     *out = (long)x;
-    return 0;
+    return KVO_OK;
 }
 
-static int on_opt(void *ctx, int code, const char *v) {
+static kvo_status on_opt(void *ctx, int code, const char *v) {
     opts *o = ctx;
     check_cfg *c = &o->cfg;
     int64_t i64;
@@ -177,8 +177,8 @@ static int on_opt(void *ctx, int code, const char *v) {
     case 'V':
         printf("kvo-check %s\n", KVO_VERSION);
         exit(KVO_EXIT_OK);
-    case OPT_SPAWN: c->spawn = true; return 0;
-    case OPT_TRACE: c->trace = v; return 0;
+    case OPT_SPAWN: c->spawn = true; return KVO_OK;
+    case OPT_TRACE: c->trace = v; return KVO_OK;
     case OPT_LIMIT:
         o->limit_set = true;
         return set_u64(&c->limit, "limit", v);
@@ -201,34 +201,34 @@ static int on_opt(void *ctx, int code, const char *v) {
             c->policy = CHECK_POLICY_KV;
         else
             return bad("policy", v);
-        return 0;
-    case OPT_HASH_ALGO: c->hash_algo = v; return 0;
-    case OPT_HASH_SEED: c->hash_seed = v; return 0;
-    case OPT_EVENT_FORMAT: c->event_format = v; return 0;
-    case OPT_MUTATE: c->mutate = v; return 0;
+        return KVO_OK;
+    case OPT_HASH_ALGO: c->hash_algo = v; return KVO_OK;
+    case OPT_HASH_SEED: c->hash_seed = v; return KVO_OK;
+    case OPT_EVENT_FORMAT: c->event_format = v; return KVO_OK;
+    case OPT_MUTATE: c->mutate = v; return KVO_OK;
     case OPT_SEED: return set_u64(&c->seed, "seed", v);
     case OPT_REPLAY_BUFFER:
         return set_u64(&c->replay_buffer, "replay-buffer", v);
-    case OPT_VERIFY: c->verify_engine_hash = true; return 0;
-    case OPT_NO_REPLAY: c->no_replay = true; return 0;
+    case OPT_VERIFY: c->verify_engine_hash = true; return KVO_OK;
+    case OPT_NO_REPLAY: c->no_replay = true; return KVO_OK;
     case OPT_DROP_SEQ:
         if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
             return bad("drop-seq", v);
         c->drop_seq = i64;
-        return 0;
+        return KVO_OK;
     case OPT_RELAY_RESTART_AT:
         if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
             return bad("relay-restart-at", v);
         c->relay_restart_at = i64;
-        return 0;
-    case OPT_LOG_DIR: c->log_dir = v; return 0;
-    case OPT_KEEP_LOGS: c->keep_logs = true; return 0;
-    case OPT_BIN_DIR: c->bin_dir = v; return 0;
-    case OPT_ENGINES: c->engines = v; return 0;
-    case OPT_INDEXER: c->indexer = v; return 0;
-    case OPT_NATS: c->nats = v; return 0;
-    case OPT_MODEL: c->model = v; return 0;
-    case OPT_NO_RELAYS: c->no_relays = true; return 0;
+        return KVO_OK;
+    case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;
+    case OPT_KEEP_LOGS: c->keep_logs = true; return KVO_OK;
+    case OPT_BIN_DIR: c->bin_dir = v; return KVO_OK;
+    case OPT_ENGINES: c->engines = v; return KVO_OK;
+    case OPT_INDEXER: c->indexer = v; return KVO_OK;
+    case OPT_NATS: c->nats = v; return KVO_OK;
+    case OPT_MODEL: c->model = v; return KVO_OK;
+    case OPT_NO_RELAYS: c->no_relays = true; return KVO_OK;
     case OPT_SETTLE_MS: return set_long(&c->settle_ms, "settle-ms", v);
     case OPT_PROMPT_FORM:
         if (strcmp(v, "auto") == 0)
@@ -239,29 +239,29 @@ static int on_opt(void *ctx, int code, const char *v) {
             c->prompt_form = CHECK_FORM_TOKENS;
         else
             return bad("prompt-form", v);
-        return 0;
+        return KVO_OK;
     case OPT_TIMEOUT_MS:
-        if (set_long(&c->timeout_ms, "timeout-ms", v) != 0) return -1;
-        return c->timeout_ms > 0 ? 0 : bad("timeout-ms", v);
-    case OPT_FAIL_FAST: c->fail_fast = true; return 0;
+        if (set_long(&c->timeout_ms, "timeout-ms", v) != KVO_OK) return KVO_EINVAL;
+        return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
+    case OPT_FAIL_FAST: c->fail_fast = true; return KVO_OK;
     case OPT_SWEEP: return set_u64(&c->sweep, "sweep", v);
-    case OPT_REPORT_JSON: c->report_json = v; return 0;
-    case OPT_REPORT_HTML: c->report_html = v; return 0;
+    case OPT_REPORT_JSON: c->report_json = v; return KVO_OK;
+    case OPT_REPORT_HTML: c->report_html = v; return KVO_OK;
     case OPT_WORST: {
         uint32_t w;
-        if (set_u32(&w, "worst", v) != 0) return -1;
+        if (set_u32(&w, "worst", v) != KVO_OK) return KVO_EINVAL;
         o->worst = w;
-        return 0;
+        return KVO_OK;
     }
-    case OPT_QUIET: o->quiet = o->no_progress = true; return 0;
-    case OPT_NO_PROGRESS: o->no_progress = true; return 0;
+    case OPT_QUIET: o->quiet = o->no_progress = true; return KVO_OK;
+    case OPT_NO_PROGRESS: o->no_progress = true; return KVO_OK;
     case OPT_LOG_LEVEL:
         o->level_set = true;
         return kvo_log_level_parse(v, &o->level) == KVO_OK
-                   ? 0
+                   ? KVO_OK
                    : bad("log-level", v);
-    case OPT_ONLY: o->only = v; return 0;
-    default: return -1;
+    case OPT_ONLY: o->only = v; return KVO_OK;
+    default: return KVO_EINVAL;
     }
 }
 

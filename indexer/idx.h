@@ -188,7 +188,7 @@ idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
  * why) or KVO_ENOMEM. A malformed header is counted; the message still
  * applies. */
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, wire_error *err);
+                            const char *zmq_seq, kvo_err *err);
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */

@@ -109,7 +109,7 @@ static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
 }
 
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, wire_error *err) {
+                            const char *zmq_seq, kvo_err *err) {
     f->c.messages++;
     kvo_status s = wire_plane_decode(body, len, &f->lim, &f->msg, err);
     if (s != KVO_OK) {

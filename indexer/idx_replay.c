@@ -28,7 +28,7 @@ typedef struct replay {
 static kvo_status apply_records(replay *r, uint64_t k) {
     for (uint64_t i = 0; i < k && !r->ended; i++) {
         wire_cap_record rec;
-        wire_error werr;
+        kvo_err werr;
         kvo_status s = wire_cap_next(r->cap, &rec, &werr);
         if (s == KVO_EOF) {
             r->ended = true;
@@ -36,7 +36,7 @@ static kvo_status apply_records(replay *r, uint64_t k) {
         }
         if (s != KVO_OK) {
             r->ended = true;
-            wire_error_str(&werr, r->damage, sizeof(r->damage));
+            kvo_err_str(&werr, r->damage, sizeof(r->damage));
             break;
         }
         r->records++;

@@ -207,7 +207,7 @@ static void apply_msg(svc *s, natsMsg *m) {
     if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
     idx_feed_counters before;
     idx_feed_counters_get(s->feed, &before);
-    wire_error werr;
+    kvo_err werr;
     memset(&werr, 0, sizeof(werr));
     kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
                                      (size_t)natsMsg_GetDataLength(m), hdr, &werr);
@@ -226,7 +226,7 @@ static void apply_msg(svc *s, natsMsg *m) {
         kvo_log_limited(&s->rl_bad, KVO_LOG_WARN,
                         "undecodable message on %s (%d bytes): %s",
                         natsMsg_GetSubject(m), natsMsg_GetDataLength(m),
-                        wire_error_str(&werr, buf, sizeof(buf)));
+                        kvo_err_str(&werr, buf, sizeof(buf)));
     }
     if (after.bad_headers != before.bad_headers)
         kvo_log_limited(&s->rl_hdr, KVO_LOG_WARN,

@@ -61,28 +61,28 @@ static int bad(const char *opt, const char *arg) {
     return -1;
 }
 
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     idx_service_cfg *c = &o->cfg;
     int r = kvo_nats_opt_set(&c->nats, code, arg);
     if (r != KVO_NATS_OPT_OTHER)
-        return r == KVO_NATS_OPT_OK ? 0 : bad(kvo_nats_opt_name(code), arg);
+        return r == KVO_NATS_OPT_OK ? KVO_OK : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
-    case 'h': o->help = true; return 0;
-    case 'V': o->version = true; return 0;
+    case 'h': o->help = true; return KVO_OK;
+    case 'V': o->version = true; return KVO_OK;
     case OPT_SUBJECT:
         if (!*arg) return bad("subject", arg);
         c->subject = arg;
-        return 0;
-    case OPT_HTTP: c->http = arg; return 0;
+        return KVO_OK;
+    case OPT_HTTP: c->http = arg; return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
             c->block_size > (1u << 20))
             return bad("block-size", arg);
-        return 0;
+        return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
-    default: return -1;
+    default: return KVO_EINVAL;
     }
 }
 

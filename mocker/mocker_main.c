@@ -142,23 +142,23 @@ static int u32_opt(const char *name, const char *arg, uint32_t *out,
     return 0;
 }
 
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     mock_cfg *c = &o->cfg;
     double d;
     uint32_t u;
     switch (code) {
-    case 'h': o->help = true; return 0;
-    case 'V': o->version = true; return 0;
-    case OPT_HOST: c->host = arg; return 0;
+    case 'h': o->help = true; return KVO_OK;
+    case 'V': o->version = true; return KVO_OK;
+    case OPT_HOST: c->host = arg; return KVO_OK;
     case OPT_PORT: return port_opt("port", arg, &c->port);
-    case OPT_ZMQ_HOST: c->zmq_host = arg; return 0;
+    case OPT_ZMQ_HOST: c->zmq_host = arg; return KVO_OK;
     case OPT_ZMQ_PORT: return port_opt("zmq-port", arg, &c->zmq_port);
-    case OPT_ZMQ_ENDPOINT: c->zmq_endpoint = *arg ? arg : NULL; return 0;
+    case OPT_ZMQ_ENDPOINT: c->zmq_endpoint = *arg ? arg : NULL; return KVO_OK;
     case OPT_REPLAY_PORT: return port_opt("replay-port", arg, &c->replay_port);
-    case OPT_NO_REPLAY: c->replay = false; return 0;
-    case OPT_ADVERTISE: c->advertise_host = arg; return 0;
-    case OPT_TOPIC: c->topic = arg; return 0;
+    case OPT_NO_REPLAY: c->replay = false; return KVO_OK;
+    case OPT_ADVERTISE: c->advertise_host = arg; return KVO_OK;
+    case OPT_TOPIC: c->topic = arg; return KVO_OK;
     case OPT_BLOCK_SIZE: return u32_opt("block-size", arg, &c->block_size, 1);
     case OPT_NUM_GPU_BLOCKS:
         return u32_opt("num-gpu-blocks", arg, &c->num_gpu_blocks, 2);
@@ -168,56 +168,56 @@ static int set_opt(void *ctx, int code, const char *arg) {
     case OPT_MAX_MODEL_LEN:
         return u32_opt("max-model-len", arg, &c->max_model_len, 2);
     case OPT_DP_SIZE:
-        if (u32_opt("dp-size", arg, &c->dp_size, 1)) return -1;
+        if (u32_opt("dp-size", arg, &c->dp_size, 1)) return KVO_EINVAL;
         return c->dp_size > 64 ? bad("dp-size", arg) : 0;
     case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : 0;
-    case OPT_NO_CACHING: c->prefix_caching = false; return 0;
-    case OPT_CACHING: c->prefix_caching = true; return 0;
+    case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
+    case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
     case OPT_KV_TRANSFER:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("kv-transfer-ms-per-block", arg);
         c->kv_transfer_ms_per_block = d;
-        return 0;
+        return KVO_OK;
     case OPT_HASH_ALGO:
         return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg) : 0;
-    case OPT_HASH_SEED: c->hash_seed = arg; return 0;
-    case OPT_HASH_BYTES: c->hash_bytes = true; return 0;
+    case OPT_HASH_SEED: c->hash_seed = arg; return KVO_OK;
+    case OPT_HASH_BYTES: c->hash_bytes = true; return KVO_OK;
     case OPT_HASH_MEMO:
         if (kvo_parse_u32(arg, &u) || u > 20) return bad("hash-memo", arg);
         c->hash_memo_log2 = u;
-        return 0;
+        return KVO_OK;
     case OPT_EVENT_FORMAT:
         return wire_format_parse(arg, &c->event_format) ? bad("event-format", arg) : 0;
     case OPT_SPEEDUP:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("speedup", arg);
         c->speedup = d;
-        return 0;
+        return KVO_OK;
     case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : 0;
     case OPT_MUTATE: {
         char which[64];
         if (mock_mutate_parse(arg, &c->mutations, which, sizeof(which))) {
             fprintf(stderr, "kvo-mocker: unknown mutation '%s' (see --help)\n", which);
-            return -1;
+            return KVO_EINVAL;
         }
-        return 0;
+        return KVO_OK;
     }
-    case OPT_RECORD: c->record = *arg ? arg : NULL; return 0;
-    case OPT_TRACE: c->trace = *arg ? arg : NULL; return 0;
+    case OPT_RECORD: c->record = *arg ? arg : NULL; return KVO_OK;
+    case OPT_TRACE: c->trace = *arg ? arg : NULL; return KVO_OK;
     case OPT_REPLAY_BUFFER: return u32_opt("replay-buffer", arg, &c->replay_buffer, 0);
     case OPT_REPLAY_BUFFER_MB:
         if (kvo_parse_u32(arg, &u) || u == 0) return bad("replay-buffer-mb", arg);
         c->replay_buffer_bytes = (uint64_t)u << 20;
-        return 0;
+        return KVO_OK;
     case OPT_ZMQ_HWM:
         if (kvo_parse_u32(arg, &u) || u > INT32_MAX) return bad("zmq-hwm", arg);
         c->zmq_hwm = (int)u;
-        return 0;
-    case OPT_REQUIRE_EVENTS: c->require_events = true; return 0;
-    case OPT_MODEL: c->model = arg; return 0;
-    case OPT_NO_PROGRESS: c->progress = false; return 0;
-    case OPT_SUMMARY_JSON: c->summary_json = true; return 0;
+        return KVO_OK;
+    case OPT_REQUIRE_EVENTS: c->require_events = true; return KVO_OK;
+    case OPT_MODEL: c->model = arg; return KVO_OK;
+    case OPT_NO_PROGRESS: c->progress = false; return KVO_OK;
+    case OPT_SUMMARY_JSON: c->summary_json = true; return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
-    default: return -1;
+    default: return KVO_EINVAL;
     }
 }
 

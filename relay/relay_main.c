@@ -109,7 +109,7 @@ static int bad(const char *opt, const char *arg) {
     return -1;
 }
 
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     relay_cfg *c = &o->cfg;
     uint64_t u;
@@ -117,77 +117,77 @@ static int set_opt(void *ctx, int code, const char *arg) {
     uint32_t u32;
     int r = kvo_nats_opt_set(&c->nats, code, arg);
     if (r != KVO_NATS_OPT_OTHER)
-        return r == KVO_NATS_OPT_OK ? 0 : bad(kvo_nats_opt_name(code), arg);
+        return r == KVO_NATS_OPT_OK ? KVO_OK : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
-    case 'h': o->help = true; return 0;
-    case 'V': o->version = true; return 0;
-    case OPT_ZMQ: c->zmq = arg; return 0;
-    case OPT_ZMQ_BIND: c->zmq_bind = true; return 0;
-    case OPT_TOPIC: c->topic = arg; return 0;
-    case OPT_REPLAY: c->replay = *arg ? arg : NULL; return 0;
-    case OPT_DISCOVER: c->discover = arg; return 0;
+    case 'h': o->help = true; return KVO_OK;
+    case 'V': o->version = true; return KVO_OK;
+    case OPT_ZMQ: c->zmq = arg; return KVO_OK;
+    case OPT_ZMQ_BIND: c->zmq_bind = true; return KVO_OK;
+    case OPT_TOPIC: c->topic = arg; return KVO_OK;
+    case OPT_REPLAY: c->replay = *arg ? arg : NULL; return KVO_OK;
+    case OPT_DISCOVER: c->discover = arg; return KVO_OK;
     case OPT_DP_RANK:
         return kvo_parse_u32(arg, &c->dp_rank) ? bad("dp-rank", arg) : 0;
     case OPT_ZMQ_HWM:
         if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
             return bad("zmq-hwm", arg);
         c->zmq_hwm = (int)u32;
-        return 0;
+        return KVO_OK;
     case OPT_ZMQ_MAX:
         if (kvo_parse_i64(arg, &i) || i < -1) return bad("zmq-max-msg-bytes", arg);
         c->zmq_max_msg_bytes = i;
-        return 0;
+        return KVO_OK;
     case OPT_LINGER:
         if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
             return bad("linger-ms", arg);
         c->linger_ms = (int)u32;
-        return 0;
+        return KVO_OK;
     case OPT_NATS_BUFFER:
         if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
             return bad("nats-buffer-bytes", arg);
         c->nats.buffer_bytes = (int)u32;
-        return 0;
-    case OPT_NS: c->ns = arg; return 0;
-    case OPT_COMPONENT: c->component = arg; return 0;
+        return KVO_OK;
+    case OPT_NS: c->ns = arg; return KVO_OK;
+    case OPT_COMPONENT: c->component = arg; return KVO_OK;
     case OPT_WORKER_ID:
         return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg) : 0;
     case OPT_PUBLISHER_ID:
         if (kvo_parse_u64(arg, &c->publisher_id)) return bad("publisher-id", arg);
         c->publisher_id_set = true;
-        return 0;
+        return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
             c->block_size > (1u << 20))
             return bad("block-size", arg);
-        return 0;
+        return KVO_OK;
     case OPT_REPLAY_FROM:
         if (kvo_parse_u64(arg, &c->replay_from) || c->replay_from == UINT64_MAX)
             return bad("replay-from", arg);
         c->replay_from_set = true;
-        return 0;
+        return KVO_OK;
     case OPT_REPLAY_TIMEOUT:
         if (kvo_parse_u64(arg, &u) || u == 0 || u > 86400000u)
             return bad("replay-timeout-ms", arg);
         c->replay_timeout_ms = u;
-        return 0;
+        return KVO_OK;
     case OPT_REPLAY_BUFFER:
         if (kvo_parse_u32(arg, &c->buffer_max_batches) ||
             c->buffer_max_batches == 0)
             return bad("replay-buffer-batches", arg);
-        return 0;
+        return KVO_OK;
     case OPT_VERIFY:
         if (wire_algo_parse(arg, &c->verify_algo))
             return bad("verify-engine-hash", arg);
         c->verify = true;
-        return 0;
-    case OPT_HASH_SEED: c->hash_seed = arg; return 0;
-    case OPT_METRICS: c->metrics_listen = *arg ? arg : NULL; return 0;
+        return KVO_OK;
+    case OPT_HASH_SEED: c->hash_seed = arg; return KVO_OK;
+    case OPT_METRICS: c->metrics_listen = *arg ? arg : NULL; return KVO_OK;
     case OPT_STATS_INTERVAL:
         return kvo_parse_u64(arg, &c->stats_interval_ms)
                    ? bad("stats-interval-ms", arg)
                    : 0;
-    case OPT_STATS_JSON: c->stats_json = arg; return 0;
-    case OPT_RECORD: c->record = arg; return 0;
+    case OPT_STATS_JSON: c->stats_json = arg; return KVO_OK;
+    case OPT_RECORD: c->record = arg; return KVO_OK;
     case OPT_RECORD_WHAT:
         if (strcmp(arg, "both") == 0)
             c->record_what = RELAY_RECORD_BOTH;
@@ -197,10 +197,10 @@ static int set_opt(void *ctx, int code, const char *arg) {
             c->record_what = RELAY_RECORD_NATS;
         else
             return bad("record-what", arg);
-        return 0;
+        return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
-    default: return -1;
+    default: return KVO_EINVAL;
     }
 }
 

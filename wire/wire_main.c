@@ -118,71 +118,71 @@ static int bad_value(const char *opt, const char *arg) {
     return -1;
 }
 
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     uint64_t u;
     uint32_t u32;
     switch (code) {
     case 'h':
         o->help = true;
-        return 0;
+        return KVO_OK;
     case 'V':
         o->version = true;
-        return 0;
+        return KVO_OK;
     case OPT_FORMAT:
         return wire_format_parse(arg, &o->format) ? bad_value("format", arg)
                                                   : 0;
     case OPT_ALGO:
         o->have_algo = true;
         o->router = strcmp(arg, "router") == 0;
-        if (o->router) return 0;
+        if (o->router) return KVO_OK;
         return wire_algo_parse(arg, &o->algo) ? bad_value("algo", arg) : 0;
     case OPT_SEED:
         o->seed = arg;
-        return 0;
+        return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &u32) || u32 == 0)
             return bad_value("block-size", arg);
         o->block_size = u32;
-        return 0;
+        return KVO_OK;
     case OPT_LORA:
         o->lora = arg;
-        return 0;
+        return KVO_OK;
     case OPT_SALT:
         o->salt = arg;
-        return 0;
+        return KVO_OK;
     case OPT_PRETTY:
         o->pretty = true;
-        return 0;
+        return KVO_OK;
     case OPT_REVERSE:
         o->reverse = true;
-        return 0;
+        return KVO_OK;
     case OPT_MAX_BYTES:
         if (kvo_parse_u64(arg, &u) || u == 0 || u > SIZE_MAX)
             return bad_value("max-bytes", arg);
         o->lim.max_bytes = (size_t)u;
-        return 0;
+        return KVO_OK;
     case OPT_MAX_ELEMS:
         if (kvo_parse_u32(arg, &u32)) return bad_value("max-elems", arg);
         o->lim.max_elems = u32;
-        return 0;
+        return KVO_OK;
     case OPT_MAX_TOTAL:
         if (kvo_parse_u64(arg, &u)) return bad_value("max-total", arg);
         o->lim.max_total = u;
-        return 0;
+        return KVO_OK;
     case OPT_MAX_DEPTH:
         if (kvo_parse_u32(arg, &u32)) return bad_value("max-depth", arg);
         o->lim.max_depth = u32;
-        return 0;
+        return KVO_OK;
     case OPT_MAX_STR:
         if (kvo_parse_u32(arg, &u32)) return bad_value("max-str", arg);
         o->lim.max_str = u32;
-        return 0;
+        return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad_value("log-level", arg)
                                                    : 0;
     default:
-        return -1;
+        return KVO_EINVAL;
     }
 }
 

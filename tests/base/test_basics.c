@@ -206,11 +206,11 @@ START_TEST(prometheus_writer_prefixes_names_and_keeps_the_first_failure) {
 END_TEST
 
 static int help_seen;
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     (void)ctx;
     (void)arg;
     if (code == 'h') help_seen = 1;
-    return 0;
+    return KVO_OK;
 }
 
 START_TEST(help_and_version_never_come_from_the_environment) {

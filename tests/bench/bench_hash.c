@@ -204,7 +204,7 @@ static const struct option longopts[] = {
     {"runs", required_argument, NULL, OPT_RUNS},
     {NULL, 0, NULL, 0}};
 
-static int set_opt(void *ctx, int code, const char *arg) {
+static kvo_status set_opt(void *ctx, int code, const char *arg) {
     cfg *c = ctx;
     uint64_t v;
     switch (code) {
@@ -222,14 +222,14 @@ static int set_opt(void *ctx, int code, const char *arg) {
         if (kvo_parse_u64(arg, &v) != KVO_OK || v == 0 ||
             (code == OPT_RUNS && v > 16)) {
             fprintf(stderr, "kvo-bench-hash: bad value '%s'\n", arg);
-            return -1;
+            return KVO_EINVAL;
         }
         if (code == OPT_TOKENS) c->router_tokens = (size_t)v;
         if (code == OPT_BLOCKS) c->engine_blocks = (size_t)v;
         if (code == OPT_RUNS) c->runs = (int)v;
-        return 0;
+        return KVO_OK;
     default:
-        return -1;
+        return KVO_EINVAL;
     }
 }
 

@@ -325,22 +325,22 @@ typedef struct opts {
     int runs;
 } opts;
 
-static int set_opt(void *p, int code, const char *arg) {
+static kvo_status set_opt(void *p, int code, const char *arg) {
     opts *o = p;
     uint32_t v;
     switch (code) {
     case 'i':
-        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return -1;
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return KVO_EINVAL;
         o->iters = v;
-        return 0;
+        return KVO_OK;
     case 'r':
-        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return -1;
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return KVO_EINVAL;
         o->runs = (int)v;
-        return 0;
+        return KVO_OK;
     case 'v':
-        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return -1;
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return KVO_EINVAL;
         vocab = v;
-        return 0;
+        return KVO_OK;
     case 'h':
         usage(stdout);
         exit(KVO_EXIT_OK);
@@ -348,7 +348,7 @@ static int set_opt(void *p, int code, const char *arg) {
         printf("kvo-bench-wire %s\n", KVO_VERSION);
         exit(KVO_EXIT_OK);
     default:
-        return -1;
+        return KVO_EINVAL;
     }
 }
 

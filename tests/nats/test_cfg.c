@@ -84,8 +84,8 @@ START_TEST(other_codes_and_bad_numbers_are_told_apart) {
 }
 END_TEST
 
-static int set_cfg(void *ctx, int code, const char *arg) {
-    return kvo_nats_opt_set(ctx, code, arg) == KVO_NATS_OPT_OK ? 0 : -1;
+static kvo_status set_cfg(void *ctx, int code, const char *arg) {
+    return kvo_nats_opt_set(ctx, code, arg) == KVO_NATS_OPT_OK ? KVO_OK : -1;
 }
 
 /* kvo_getopt over the shared table: KVO_NATS_* from the environment first,
