@@ -55,10 +55,10 @@ typedef struct opts {
     bool help, version;
 } opts;
 
-static int bad(const char *opt, const char *arg) {
+static kvo_status bad(const char *opt, const char *arg) {
     fprintf(stderr, "kvo-indexer: bad value for --%s: '%s'\n", opt,
             arg ? arg : "");
-    return -1;
+    return KVO_EINVAL;
 }
 
 static kvo_status set_opt(void *ctx, int code, const char *arg) {
@@ -81,7 +81,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             return bad("block-size", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
     default: return KVO_EINVAL;
     }
 }

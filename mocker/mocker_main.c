@@ -122,24 +122,24 @@ typedef struct opts {
     bool help, version;
 } opts;
 
-static int bad(const char *opt, const char *arg) {
+static kvo_status bad(const char *opt, const char *arg) {
     fprintf(stderr, "kvo-mocker: bad value for --%s: '%s'\n", opt, arg ? arg : "");
-    return -1;
+    return KVO_EINVAL;
 }
 
-static int port_opt(const char *name, const char *arg, uint16_t *out) {
+static kvo_status port_opt(const char *name, const char *arg, uint16_t *out) {
     uint32_t v;
     if (kvo_parse_u32(arg, &v) || v > 65535) return bad(name, arg);
     *out = (uint16_t)v;
-    return 0;
+    return KVO_OK;
 }
 
-static int u32_opt(const char *name, const char *arg, uint32_t *out,
+static kvo_status u32_opt(const char *name, const char *arg, uint32_t *out,
                    uint32_t min) {
     uint32_t v;
     if (kvo_parse_u32(arg, &v) || v < min) return bad(name, arg);
     *out = v;
-    return 0;
+    return KVO_OK;
 }
 
 static kvo_status set_opt(void *ctx, int code, const char *arg) {
@@ -169,8 +169,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return u32_opt("max-model-len", arg, &c->max_model_len, 2);
     case OPT_DP_SIZE:
         if (u32_opt("dp-size", arg, &c->dp_size, 1)) return KVO_EINVAL;
-        return c->dp_size > 64 ? bad("dp-size", arg) : 0;
-    case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : 0;
+        return c->dp_size > 64 ? bad("dp-size", arg) : KVO_OK;
+    case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : KVO_OK;
     case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
     case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
     case OPT_KV_TRANSFER:
@@ -178,7 +178,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->kv_transfer_ms_per_block = d;
         return KVO_OK;
     case OPT_HASH_ALGO:
-        return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg) : 0;
+        return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg) : KVO_OK;
     case OPT_HASH_SEED: c->hash_seed = arg; return KVO_OK;
     case OPT_HASH_BYTES: c->hash_bytes = true; return KVO_OK;
     case OPT_HASH_MEMO:
@@ -186,12 +186,12 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->hash_memo_log2 = u;
         return KVO_OK;
     case OPT_EVENT_FORMAT:
-        return wire_format_parse(arg, &c->event_format) ? bad("event-format", arg) : 0;
+        return wire_format_parse(arg, &c->event_format) ? bad("event-format", arg) : KVO_OK;
     case OPT_SPEEDUP:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("speedup", arg);
         c->speedup = d;
         return KVO_OK;
-    case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : 0;
+    case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : KVO_OK;
     case OPT_MUTATE: {
         char which[64];
         if (mock_mutate_parse(arg, &c->mutations, which, sizeof(which))) {
@@ -216,7 +216,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_NO_PROGRESS: c->progress = false; return KVO_OK;
     case OPT_SUMMARY_JSON: c->summary_json = true; return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
     default: return KVO_EINVAL;
     }
 }

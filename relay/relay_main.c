@@ -103,10 +103,10 @@ typedef struct opts {
     bool help, version;
 } opts;
 
-static int bad(const char *opt, const char *arg) {
+static kvo_status bad(const char *opt, const char *arg) {
     fprintf(stderr, "kvo-relay: bad value for --%s: '%s'\n", opt,
             arg ? arg : "");
-    return -1;
+    return KVO_EINVAL;
 }
 
 static kvo_status set_opt(void *ctx, int code, const char *arg) {
@@ -127,7 +127,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_REPLAY: c->replay = *arg ? arg : NULL; return KVO_OK;
     case OPT_DISCOVER: c->discover = arg; return KVO_OK;
     case OPT_DP_RANK:
-        return kvo_parse_u32(arg, &c->dp_rank) ? bad("dp-rank", arg) : 0;
+        return kvo_parse_u32(arg, &c->dp_rank) ? bad("dp-rank", arg) : KVO_OK;
     case OPT_ZMQ_HWM:
         if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
             return bad("zmq-hwm", arg);
@@ -150,7 +150,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_NS: c->ns = arg; return KVO_OK;
     case OPT_COMPONENT: c->component = arg; return KVO_OK;
     case OPT_WORKER_ID:
-        return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg) : 0;
+        return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg) : KVO_OK;
     case OPT_PUBLISHER_ID:
         if (kvo_parse_u64(arg, &c->publisher_id)) return bad("publisher-id", arg);
         c->publisher_id_set = true;
@@ -185,7 +185,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_STATS_INTERVAL:
         return kvo_parse_u64(arg, &c->stats_interval_ms)
                    ? bad("stats-interval-ms", arg)
-                   : 0;
+                   : KVO_OK;
     case OPT_STATS_JSON: c->stats_json = arg; return KVO_OK;
     case OPT_RECORD: c->record = arg; return KVO_OK;
     case OPT_RECORD_WHAT:
@@ -199,7 +199,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             return bad("record-what", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : 0;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
     default: return KVO_EINVAL;
     }
 }

@@ -112,10 +112,10 @@ typedef struct opts {
     kvo_level level;
 } opts;
 
-static int bad_value(const char *opt, const char *arg) {
+static kvo_status bad_value(const char *opt, const char *arg) {
     fprintf(stderr, "kvo-wire: bad value for --%s: '%s'\n", opt,
             arg ? arg : "");
-    return -1;
+    return KVO_EINVAL;
 }
 
 static kvo_status set_opt(void *ctx, int code, const char *arg) {
@@ -131,12 +131,12 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_FORMAT:
         return wire_format_parse(arg, &o->format) ? bad_value("format", arg)
-                                                  : 0;
+                                                  : KVO_OK;
     case OPT_ALGO:
         o->have_algo = true;
         o->router = strcmp(arg, "router") == 0;
         if (o->router) return KVO_OK;
-        return wire_algo_parse(arg, &o->algo) ? bad_value("algo", arg) : 0;
+        return wire_algo_parse(arg, &o->algo) ? bad_value("algo", arg) : KVO_OK;
     case OPT_SEED:
         o->seed = arg;
         return KVO_OK;
@@ -180,7 +180,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad_value("log-level", arg)
-                                                   : 0;
+                                                   : KVO_OK;
     default:
         return KVO_EINVAL;
     }
