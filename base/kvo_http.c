@@ -28,6 +28,23 @@
  * not notice a client that went away; the next write resumes it, the send
  * fails, MHD completes the request with an error, and stream_closed turns
  * true.
+ *
+ * Hostile clients. Every connection has a record (its MHD socket context)
+ * in one of three phases; the run reaps, with shutdown(2), those that stay
+ * too long in the first two, so half-open connections cannot pile up:
+ *
+ *   HEAD  connected or between keep-alive requests, headers not complete:
+ *         at most head_timeout_ms
+ *   BODY  headers complete, body being read: at most body_timeout_ms
+ *   APP   the handler has the request (deferred answers and streams wait
+ *         as long as the owner likes): never reaped
+ *
+ * One client address holds at most max_client_conns connections (MHD's
+ * per-IP limit), and the bodies of all requests not yet freed hold at most
+ * max_inflight bytes: over it a request is answered 503. Protocol errors
+ * libmicrohttpd answers itself (a malformed request line, headers beyond
+ * CONN_MEMORY, a bad Content-Length) carry its own compiled-in bodies: MHD
+ * 0.9.x has no hook to replace them. Everything this file answers is JSON.
  */
 #include "kvo_http.h"
 
@@ -39,18 +56,36 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #define DEFAULT_MAX_BODY (64u << 20)
 #define STREAM_MAX_PENDING (64u << 20) /* unsent stream bytes per request */
 #define STREAM_BLOCK (32u << 10)       /* content reader buffer size */
-#define CONN_LIMIT 1024u
+#define DEFAULT_MAX_CONNS 2048u
+#define DEFAULT_MAX_CLIENT_CONNS 256u
+#define DEFAULT_MAX_INFLIGHT (256u << 20) /* body bytes of live requests */
+#define DEFAULT_HEAD_TIMEOUT_MS 10000L
+#define DEFAULT_BODY_TIMEOUT_MS 10000L
+#define REAP_EVERY_MS 250L       /* how often phase deadlines are checked */
+#define FD_HEADROOM 64u          /* descriptors beyond connections */
 #define CONN_MEMORY (128u << 10) /* per-connection pool: headers + buffers */
+/* MHD's own idle timeout, a backstop behind the phase deadlines. */
 #define CONN_IDLE_TIMEOUT_S 300u
 #define SHUTDOWN_DRAIN_MS 1000
 #define CLIENT_MAX_BODY ((size_t)1 << 30)
 #define CLIENT_CONNECT_MS 5000L
 #define EXPECT_MIN_BODY (64u << 10)
+
+/* A connection's record, MHD's socket context for it. */
+typedef enum conn_phase { PHASE_HEAD, PHASE_BODY, PHASE_APP } conn_phase;
+typedef struct conn_rec {
+    struct conn_rec *prev, *next; /* srv->conn_recs */
+    int fd;
+    conn_phase phase;
+    uint64_t since; /* kvo_now_ns when the phase began */
+    bool reaped;    /* shutdown(2) done; MHD will close it */
+} conn_rec;
 
 struct kvo_http_req {
     kvo_http_server *srv;
@@ -60,6 +95,8 @@ struct kvo_http_req {
     char *path;
     kvo_buf body;
     bool too_big;      /* body over max_body: 413, handler not called */
+    bool busy;         /* bodies in flight over max_inflight: 503 */
+    size_t charged;    /* body bytes counted in srv->inflight */
     bool body_oom;     /* body could not be stored: 500 */
     bool handled;      /* the handler has been called */
     bool in_handler;   /* inside the access callback: queue directly */
@@ -80,13 +117,15 @@ struct kvo_http_server {
     struct MHD_Daemon *d;
     kvo_http_handler handler;
     void *ctx;
-    size_t max_body;
+    size_t max_body, max_inflight, inflight;
+    uint64_t head_timeout_ns, body_timeout_ns, next_reap;
     uint16_t port;
     int fd;
     bool resumed; /* a connection was resumed since the last run */
-    uint64_t conns;
+    kvo_http_server_stats st;
     kvo_http_req *reqs;
-    kvo_ratelimit log_rl;
+    conn_rec *conn_recs;
+    kvo_ratelimit log_rl, reap_rl, busy_rl;
 };
 
 /* ---- Request bookkeeping ------------------------------------------------- */
@@ -115,6 +154,7 @@ static kvo_http_req *req_new(kvo_http_server *s, struct MHD_Connection *conn,
 
 static void req_free(kvo_http_req *r) {
     kvo_http_server *s = r->srv;
+    s->inflight -= r->charged;
     if (r->prev) r->prev->next = r->next;
     else s->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
@@ -195,6 +235,35 @@ static void too_big_msg(const kvo_http_server *s, char *buf, size_t n) {
     snprintf(buf, n, "request body exceeds %zu bytes", s->max_body);
 }
 
+static void busy_msg(kvo_http_server *s, char *buf, size_t n) {
+    snprintf(buf, n, "server busy: request bodies in flight would exceed %zu "
+                     "bytes; retry later", s->max_inflight);
+    s->st.busy_refused++;
+    kvo_log_limited(&s->busy_rl, KVO_LOG_WARN, "http: %s", buf);
+}
+
+static conn_rec *rec_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void rec_phase(struct MHD_Connection *conn, conn_phase phase) {
+    conn_rec *c = rec_of(conn);
+    if (!c) return;
+    c->phase = phase;
+    c->since = kvo_now_ns();
+}
+
+/* Charge n more body bytes of r against the in-flight cap. */
+static bool charge_body(kvo_http_req *r, size_t n) {
+    kvo_http_server *s = r->srv;
+    if (n > s->max_inflight - s->inflight) return false;
+    s->inflight += n;
+    r->charged += n;
+    return true;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
                                  const char *url, const char *method,
                                  const char *version, const char *upload,
@@ -207,6 +276,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
         r = req_new(s, conn, method, url);
         if (!r) return MHD_NO;
         *con_cls = r;
+        rec_phase(conn, PHASE_BODY);
         const char *cl = MHD_lookup_connection_value(
             conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         uint64_t n;
@@ -216,18 +286,28 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
             too_big_msg(s, msg, sizeof(msg));
             return queue_now(conn, 413, make_error(msg));
         }
+        if (cl && n > s->max_inflight - s->inflight) {
+            r->busy = r->handled = r->answered = r->queued = true;
+            busy_msg(s, msg, sizeof(msg));
+            return queue_now(conn, 503, make_error(msg));
+        }
         return MHD_YES;
     }
 
     if (*upload_size) { /* a piece of the body */
-        if (!r->too_big && !r->body_oom) {
+        if (!r->too_big && !r->body_oom && !r->busy) {
             if (*upload_size > s->max_body - r->body.len) {
                 r->too_big = true; /* keep reading, keep nothing */
-                kvo_buf_fini(&r->body);
+            } else if (!charge_body(r, *upload_size)) {
+                r->busy = true;
             } else if (kvo_buf_append(&r->body, upload, *upload_size) !=
                        KVO_OK) {
                 r->body_oom = true;
+            }
+            if (r->too_big || r->busy || r->body_oom) {
                 kvo_buf_fini(&r->body);
+                s->inflight -= r->charged;
+                r->charged = 0;
             }
         }
         *upload_size = 0;
@@ -251,10 +331,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     }
 
     r->handled = true;
+    rec_phase(conn, PHASE_APP);
     if (r->too_big) {
         too_big_msg(s, msg, sizeof(msg));
         r->answered = r->queued = true;
         return queue_now(conn, 413, make_error(msg));
+    }
+    if (r->busy) {
+        busy_msg(s, msg, sizeof(msg));
+        r->answered = r->queued = true;
+        return queue_now(conn, 503, make_error(msg));
     }
     if (r->body_oom || kvo_buf_cstr(&r->body) != KVO_OK) {
         r->answered = r->queued = true;
@@ -273,6 +359,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
 
 static void on_completed(void *cls, struct MHD_Connection *conn,
                          void **con_cls, enum MHD_RequestTerminationCode toe) {
+    rec_phase(conn, PHASE_HEAD); /* the next request's headers, if any */
     kvo_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
@@ -288,7 +375,65 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
                           void **socket_ctx,
                           enum MHD_ConnectionNotificationCode toe) {
     kvo_http_server *s = cls;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED) s->conns++;
+    conn_rec *c = *socket_ctx;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (!c) return;
+        if (c->prev) c->prev->next = c->next;
+        else s->conn_recs = c->next;
+        if (c->next) c->next->prev = c->prev;
+        kvo_free(c);
+        *socket_ctx = NULL;
+        return;
+    }
+    s->st.conns++;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    c = ci ? kvo_calloc(1, sizeof(*c)) : NULL;
+    if (!c) return; /* not tracked: MHD's idle timeout still applies */
+    c->fd = ci->connect_fd;
+    c->phase = PHASE_HEAD;
+    c->since = kvo_now_ns();
+    c->next = s->conn_recs;
+    if (c->next) c->next->prev = c;
+    s->conn_recs = c;
+    *socket_ctx = c;
+}
+
+/* Shut down connections that stayed too long reading headers or a body;
+ * MHD sees the end of the stream and closes them. */
+static void reap(kvo_http_server *s) {
+    uint64_t now = kvo_now_ns();
+    if (now < s->next_reap) return;
+    s->next_reap = now + REAP_EVERY_MS * 1000000ull;
+    for (conn_rec *c = s->conn_recs; c; c = c->next) {
+        if (c->reaped || c->phase == PHASE_APP) continue;
+        uint64_t limit = c->phase == PHASE_HEAD ? s->head_timeout_ns
+                                                : s->body_timeout_ns;
+        if (now - c->since <= limit) continue;
+        c->reaped = true;
+        shutdown(c->fd, SHUT_RDWR);
+        if (c->phase == PHASE_HEAD)
+            s->st.head_timeouts++;
+        else
+            s->st.body_timeouts++;
+        kvo_log_limited(&s->reap_rl, KVO_LOG_WARN,
+                        "http: closed a connection that sent no complete "
+                        "%s within %llu ms",
+                        c->phase == PHASE_HEAD ? "request head" : "body",
+                        (unsigned long long)(limit / 1000000));
+    }
+}
+
+/* Let this process hold max_conns connections (plus its other
+ * descriptors): raise the soft descriptor limit toward the hard one. */
+static void fd_room(unsigned max_conns) {
+    struct rlimit rl;
+    rlim_t want = (rlim_t)max_conns + FD_HEADROOM;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want
+                      ? want
+                      : rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
 }
 
 #pragma GCC diagnostic push
@@ -332,6 +477,19 @@ kvo_status kvo_http_server_new(kvo_http_server **out,
     s->handler = cfg->handler;
     s->ctx = cfg->ctx;
     s->max_body = cfg->max_body ? cfg->max_body : DEFAULT_MAX_BODY;
+    s->max_inflight =
+        cfg->max_inflight ? cfg->max_inflight : DEFAULT_MAX_INFLIGHT;
+    if (s->max_inflight < s->max_body) s->max_inflight = s->max_body;
+    long head_ms = cfg->head_timeout_ms > 0 ? cfg->head_timeout_ms
+                                            : DEFAULT_HEAD_TIMEOUT_MS;
+    long body_ms = cfg->body_timeout_ms > 0 ? cfg->body_timeout_ms
+                                            : DEFAULT_BODY_TIMEOUT_MS;
+    s->head_timeout_ns = (uint64_t)head_ms * 1000000u;
+    s->body_timeout_ns = (uint64_t)body_ms * 1000000u;
+    unsigned max_conns = cfg->max_conns ? cfg->max_conns : DEFAULT_MAX_CONNS;
+    unsigned per_client = cfg->max_client_conns ? cfg->max_client_conns
+                                                : DEFAULT_MAX_CLIENT_CONNS;
+    fd_room(max_conns);
     s->fd = -1;
 
     char port[8];
@@ -351,7 +509,8 @@ kvo_status kvo_http_server_new(kvo_http_server **out,
         flags, cfg->port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
         ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
+        MHD_OPTION_CONNECTION_LIMIT, max_conns,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_IDLE_TIMEOUT_S,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
@@ -411,19 +570,29 @@ uint16_t kvo_http_server_port(const kvo_http_server *s) { return s->port; }
 int kvo_http_server_fd(const kvo_http_server *s) { return s->fd; }
 
 uint64_t kvo_http_server_conn_count(const kvo_http_server *s) {
-    return s->conns;
+    return s->st.conns;
+}
+
+void kvo_http_server_stats_get(const kvo_http_server *s,
+                               kvo_http_server_stats *out) {
+    *out = s->st;
 }
 
 long kvo_http_server_timeout_ms(const kvo_http_server *s) {
     if (s->resumed) return 0;
+    long reap_ms = -1; /* the reaper wakes while connections can expire */
+    for (const conn_rec *c = s->conn_recs; c && reap_ms < 0; c = c->next)
+        if (!c->reaped && c->phase != PHASE_APP) reap_ms = REAP_EVERY_MS;
     MHD_UNSIGNED_LONG_LONG t;
-    if (MHD_get_timeout(s->d, &t) != MHD_YES) return -1;
-    return t > (MHD_UNSIGNED_LONG_LONG)LONG_MAX ? LONG_MAX : (long)t;
+    if (MHD_get_timeout(s->d, &t) != MHD_YES) return reap_ms;
+    long mhd = t > (MHD_UNSIGNED_LONG_LONG)LONG_MAX ? LONG_MAX : (long)t;
+    return reap_ms >= 0 && reap_ms < mhd ? reap_ms : mhd;
 }
 
 void kvo_http_server_run(kvo_http_server *s) {
     s->resumed = false;
     MHD_run(s->d);
+    reap(s);
 }
 
 /* ---- Request accessors --------------------------------------------------- */

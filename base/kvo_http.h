@@ -33,12 +33,19 @@
  *   }
  *   kvo_http_server_free(srv);   // pending requests get 503
  *
- * Limits: 1024 concurrent connections, 128 KiB of request line + headers
- * per connection, idle keep-alive connections closed after 300 s, at most
- * 64 MiB of unsent stream data per request (beyond that the stream is
- * dropped and reported closed). Suspended (deferred) connections never
- * time out. Not thread-safe: every call on one server and its requests
- * comes from one thread.
+ * Limits (kvo_http_server_cfg; 0 = the default): max_conns connections
+ * (2048), max_client_conns from one client address (256), 128 KiB of
+ * request line + headers per connection; a connection that has not sent a
+ * complete request head within head_timeout_ms (10 s, counted from its
+ * start or its previous answer, so idle keep-alive connections too) or a
+ * complete body within body_timeout_ms (10 s) is closed; request bodies of
+ * all live requests together at most max_inflight bytes (256 MiB; a request
+ * beyond it gets 503); at most 64 MiB of unsent stream data per request
+ * (beyond that the stream is dropped and reported closed). Requests the
+ * handler holds (deferred, streams) never time out. Error answers are JSON
+ * {"error": msg}, except the protocol errors libmicrohttpd answers itself.
+ * Not thread-safe: every call on one server and its requests comes from
+ * one thread.
  */
 #ifndef KVO_HTTP_H
 #define KVO_HTTP_H
@@ -58,7 +65,20 @@ typedef struct kvo_http_server_cfg {
     size_t max_body;         /* 0 = 64 MiB */
     kvo_http_handler handler;
     void *ctx;
+    size_t max_inflight;     /* bodies of live requests; 0 = 256 MiB */
+    unsigned max_conns;      /* 0 = 2048 */
+    unsigned max_client_conns; /* per client address; 0 = 256 */
+    long head_timeout_ms;    /* 0 = 10 s */
+    long body_timeout_ms;    /* 0 = 10 s */
 } kvo_http_server_cfg;
+
+/* What the server refused or cut, for a service's /metrics. */
+typedef struct kvo_http_server_stats {
+    uint64_t conns;         /* TCP connections accepted */
+    uint64_t head_timeouts; /* closed: no complete request head in time */
+    uint64_t body_timeouts; /* closed: no complete body in time */
+    uint64_t busy_refused;  /* 503: bodies in flight over max_inflight */
+} kvo_http_server_stats;
 
 kvo_status kvo_http_server_new(kvo_http_server **out,
                                const kvo_http_server_cfg *cfg);
@@ -70,7 +90,9 @@ uint16_t kvo_http_server_port(const kvo_http_server *s); /* bound port */
 int kvo_http_server_fd(const kvo_http_server *s);        /* for zmq_poll */
 /* TCP connections accepted so far (tests: keep-alive reuse; metrics). */
 uint64_t kvo_http_server_conn_count(const kvo_http_server *s);
-/* Milliseconds until libmicrohttpd wants to run again (-1 = no deadline). */
+void kvo_http_server_stats_get(const kvo_http_server *s,
+                               kvo_http_server_stats *out);
+/* Milliseconds until the server wants to run again (-1 = no deadline). */
 long kvo_http_server_timeout_ms(const kvo_http_server *s);
 /* Process whatever is ready; never blocks. */
 void kvo_http_server_run(kvo_http_server *s);

@@ -875,7 +875,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
-    kvo_http_server_cfg hc = {host, port, 16u << 20, handler, &s};
+    kvo_http_server_cfg hc = {.host = host, .port = port, .max_body = 16u << 20,
+                              .handler = handler, .ctx = &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;

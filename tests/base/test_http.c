@@ -212,17 +212,23 @@ static void *srv_loop(void *arg) {
     return NULL;
 }
 
-static void fix_start(fix *f, size_t max_body) {
+/* Start with cfg (host, port, handler and ctx are filled in here). */
+static void fix_start_cfg(fix *f, kvo_http_server_cfg cfg) {
     memset(f, 0, sizeof(*f));
-    kvo_http_server_cfg cfg = {
-        .host = "127.0.0.1", .port = 0, .max_body = max_body,
-        .handler = on_req, .ctx = f};
+    cfg.host = "127.0.0.1";
+    cfg.port = 0;
+    cfg.handler = on_req;
+    cfg.ctx = f;
     ck_assert_int_eq(kvo_http_server_new(&f->s, &cfg), KVO_OK);
     ck_assert_uint_ne(kvo_http_server_port(f->s), 0);
     ck_assert_int_ge(kvo_http_server_fd(f->s), 0);
     snprintf(f->base, sizeof(f->base), "http://127.0.0.1:%u",
              (unsigned)kvo_http_server_port(f->s));
     ck_assert_int_eq(pthread_create(&f->th, NULL, srv_loop, f), 0);
+}
+
+static void fix_start(fix *f, size_t max_body) {
+    fix_start_cfg(f, (kvo_http_server_cfg){.max_body = max_body});
 }
 
 static int held_count(fix *f) { return atomic_load(&f->held); }
@@ -247,6 +253,21 @@ static char *url(const fix *f, const char *path) {
 }
 
 /* ---- Raw socket client --------------------------------------------------- */
+
+/* A connection from another loopback address (127.0.0.2): another client
+ * as far as per-client limits go. */
+static int raw_connect_from(const fix *f, uint32_t src) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(src)};
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(kvo_http_server_port(f->s)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
 
 static int raw_connect(const fix *f) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -491,6 +512,135 @@ START_TEST(oversized_body_gets_413_without_reaching_the_handler) {
     ck_assert_int_eq(kvo_http_get(c, url(&f, "/hello"), &r), KVO_OK);
     ck_assert_int_eq(r.status, 200);
 
+    kvo_http_resp_fini(&r);
+    kvo_http_client_free(c);
+    fix_stop(&f);
+}
+END_TEST
+
+static kvo_http_server_stats stats_of(fix *f) {
+    kvo_http_server_stats st;
+    kvo_http_server_stats_get(f->s, &st); /* counters: a torn read is fine */
+    return st;
+}
+
+/* 2,000 half-open connections from one client: the others are still
+ * served at once, and the hostile ones are cut after the head deadline. */
+START_TEST(half_open_connections_cannot_starve_other_clients) {
+    enum { HOSTILE = 2000 };
+    fix f;
+    fix_start_cfg(&f, (kvo_http_server_cfg){.max_client_conns = 64,
+                                            .head_timeout_ms = 1000});
+    static int fds[HOSTILE];
+    int opened = 0;
+    for (int i = 0; i < HOSTILE; i++) {
+        fds[i] = raw_connect_from(&f, 0x7f000002); /* 127.0.0.2 */
+        raw_send(fds[i], "GET /hello HTTP/1.1\r\nHo", 24); /* never ends */
+        opened++;
+    }
+    kvo_http_client *c;
+    ck_assert_int_eq(kvo_http_client_new(&c, 5000), KVO_OK);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    for (int i = 0; i < 20; i++) {
+        ck_assert_int_eq(kvo_http_get(c, url(&f, "/hello"), &r), KVO_OK);
+        ck_assert_int_eq(r.status, 200);
+    }
+    /* every hostile connection ends: refused over the per-client cap, or
+     * closed at the head deadline */
+    for (int i = 0; i < opened; i++) {
+        struct timeval tv = {10, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        char b[256];
+        ssize_t k;
+        while ((k = recv(fds[i], b, sizeof(b), 0)) > 0) {
+        }
+        ck_assert_msg(k == 0 || errno == ECONNRESET, "connection %d still "
+                      "open (%s)", i, strerror(errno));
+        close(fds[i]);
+    }
+    ck_assert_uint_ge(stats_of(&f).head_timeouts, 1);
+    ck_assert_uint_le(stats_of(&f).head_timeouts, 64);
+    ck_assert_int_eq(kvo_http_get(c, url(&f, "/hello"), &r), KVO_OK);
+    ck_assert_int_eq(r.status, 200);
+    kvo_http_resp_fini(&r);
+    kvo_http_client_free(c);
+    fix_stop(&f);
+}
+END_TEST
+
+/* A body that stops half-way is cut at the body deadline; the handler
+ * never sees it. */
+START_TEST(a_stalled_body_is_cut_at_its_deadline) {
+    fix f;
+    fix_start_cfg(&f, (kvo_http_server_cfg){.body_timeout_ms = 500});
+    int fd = raw_connect(&f);
+    const char head[] = "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                        "Content-Length: 100\r\n\r\n0123456789";
+    raw_send(fd, head, strlen(head));
+    char *resp = raw_read_all(fd); /* returns once the server closes */
+    close(fd);
+    ck_assert_str_eq(resp, "");
+    free(resp);
+    ck_assert_uint_eq(stats_of(&f).body_timeouts, 1);
+    ck_assert_int_eq(handler_calls(&f), 0);
+    fix_stop(&f);
+}
+END_TEST
+
+/* Bodies in flight are capped per process: a request whose body would pass
+ * the cap gets a JSON 503 while another body is still arriving. */
+START_TEST(bodies_in_flight_are_capped_per_process) {
+    fix f;
+    fix_start_cfg(&f, (kvo_http_server_cfg){.max_body = 1 << 20,
+                                            .max_inflight = 1 << 20});
+    /* an upload of 1 MiB that stops 10 bytes short holds the whole cap */
+    int slow = raw_connect(&f);
+    kvo_buf req;
+    kvo_buf_init(&req);
+    kvo_buf_printf(&req, "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                         "Content-Length: %d\r\n\r\n", 1 << 20);
+    size_t head = req.len;
+    ck_assert(kvo_buf_reserve(&req, 1 << 20) == KVO_OK);
+    memset(req.data + head, 'x', 1 << 20);
+    req.len = head + (1 << 20) - 10;
+    raw_send(slow, (char *)req.data, req.len);
+    WAIT_FOR(stats_of(&f).conns >= 1);
+    /* the server has read it once a small request is answered behind it */
+    kvo_http_client *c;
+    ck_assert_int_eq(kvo_http_client_new(&c, 5000), KVO_OK);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    for (int tries = 0;; tries++) {
+        ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain",
+                                       "0123456789abcdef", 16, &r),
+                         KVO_OK);
+        if (r.status == 503) break;
+        ck_assert_int_eq(r.status, 200); /* the slow body not read yet */
+        ck_assert_int_lt(tries, 1000);
+        sleep_ms(5);
+    }
+    json_object *j = parse_body(&r);
+    ck_assert_ptr_nonnull(strstr(jstr(j, "error"), "server busy"));
+    json_object_put(j);
+    ck_assert_uint_ge(stats_of(&f).busy_refused, 1);
+    /* the slow upload completes and is served; then there is room again */
+    raw_send(slow, "xxxxxxxxxx", 10);
+    char buf[64];
+    ck_assert_int_gt(recv(slow, buf, sizeof(buf), 0), 0);
+    ck_assert(!strncmp(buf, "HTTP/1.1 200", 12));
+    close(slow);
+    int calls = handler_calls(&f);
+    for (int tries = 0;; tries++) {
+        ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain",
+                                       "0123456789abcdef", 16, &r),
+                         KVO_OK);
+        if (r.status == 200) break;
+        ck_assert_int_lt(tries, 1000);
+        sleep_ms(5);
+    }
+    ck_assert_int_gt(handler_calls(&f), calls);
+    kvo_buf_fini(&req);
     kvo_http_resp_fini(&r);
     kvo_http_client_free(c);
     fix_stop(&f);
@@ -746,6 +896,9 @@ Suite *suite_http(void) {
     tcase_add_test(tc, get_post_json_and_404_round_trip);
     tcase_add_test(tc, request_headers_and_query_args_reach_the_handler);
     tcase_add_test(tc, oversized_body_gets_413_without_reaching_the_handler);
+    tcase_add_test(tc, half_open_connections_cannot_starve_other_clients);
+    tcase_add_test(tc, a_stalled_body_is_cut_at_its_deadline);
+    tcase_add_test(tc, bodies_in_flight_are_capped_per_process);
     tcase_add_test(tc, deferred_answers_arrive_after_several_rounds_in_any_order);
     tcase_add_test(tc, stream_delivers_many_chunks_in_order);
     tcase_add_test(tc, idle_stream_suspends_instead_of_spinning);
