@@ -6,7 +6,7 @@
  * are applied in order. Only device-tier events reach the tree: lower tiers
  * are Dynamo's separate lower-tier indexers, not the primary overlap.
  */
-#include "idx.h"
+#include "idx_int.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * At the end the rest is applied and {"counters", "workers", "pairs"} is
  * printed. Blank lines are skipped; anything else is an input error.
  */
-#include "idx.h"
+#include "idx_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -25,8 +25,9 @@
  * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
  * request bodies) wait at once; one more is answered 503.
  */
-#include "idx.h"
+#include "idx_int.h"
 #include "kvo_http.h"
+#include "kvo_nats.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -73,6 +74,7 @@ typedef struct svc {
     idx_scores scores;
 
     /* NATS (callbacks on nats.c threads) */
+    kvo_nats_cfg nats_cfg; /* cfg->nats, or the defaults */
     kvo_nats *nats;
     natsSubscription *sub;
     atomic_uint_fast64_t inbox_drops;
@@ -98,7 +100,6 @@ typedef struct svc {
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
     memset(cfg, 0, sizeof(*cfg));
-    kvo_nats_cfg_default(&cfg->nats);
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
     cfg->block_size = 16;
@@ -159,16 +160,16 @@ static uint64_t nats_dropped(svc *s) {
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
     char err[512];
-    kvo_status st = kvo_nats_new(&s->nats, &c->nats, "kvo-indexer", err,
+    kvo_status st = kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err,
                                  sizeof(err));
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
         kvo_warn("NATS %s not reachable yet; retrying in the background",
-                 c->nats.url);
+                 s->nats_cfg.url);
         st = KVO_OK;
     }
     if (st != KVO_OK) {
-        kvo_error("%s (servers %s)", err, c->nats.url);
+        kvo_error("%s (servers %s)", err, s->nats_cfg.url);
         return st;
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
@@ -850,6 +851,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     svc s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
+    if (cfg->nats) s.nats_cfg = *cfg->nats;
+    else kvo_nats_cfg_default(&s.nats_cfg);
     s.evfd = -1;
     idx_scores_init(&s.scores);
     pthread_mutex_init(&s.mu, NULL);

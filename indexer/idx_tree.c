@@ -106,7 +106,7 @@
  *     buckets (or the stash), spill counts are exact (or stuck at 255).
  *  I8 free nodes and free alias records are exactly those on the free lists.
  */
-#include "idx.h"
+#include "idx_int.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,7 +2,7 @@
 #ifndef IDX_TEST_H
 #define IDX_TEST_H
 
-#include "idx.h"
+#include "idx_int.h"
 #include "kt.h"
 
 Suite *suite_tree(void);
