@@ -150,17 +150,33 @@ kvo_status idx_feed_new(idx_feed **out); /* with an empty tree */
 void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
 idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
 
+/* What idx_feed_message did with one message (also counted in
+ * idx_feed_counters), for a caller that logs it. */
+typedef struct idx_feed_result {
+    uint64_t publisher_id, sequence; /* the envelope's (0 if undecodable) */
+    bool applied;     /* decoded and applied (see lost) */
+    bool duplicate;   /* an exact duplicate: dropped */
+    bool undecodable; /* not an event-plane message (err says why) */
+    bool restart;     /* the sequence went back with a new body */
+    bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
+    uint64_t missed;  /* a gap: sequences jumped over before this one */
+    uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
+    uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
+} idx_feed_result;
+
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
  * or NULL. Messages apply in arrival order. A sequence at or below the
  * publisher's last one is an exact duplicate (dropped) when its body matches
  * the one seen with that sequence (the last 256 are remembered), else a
  * publisher restart (applied); one too old to be remembered is taken for a
  * duplicate, unless it is 0 (a restart). Returns KVO_OK (applied), KVO_EEXIST
- * (duplicate, dropped), a decode status (counted as undecodable; err says
- * why) or KVO_ENOMEM. A malformed header is counted; the message still
- * applies. */
+ * (duplicate, dropped), a decode status (undecodable; err says why),
+ * KVO_ENOMEM, or the tree's KVO_ENOMEM / KVO_ETOOBIG (applied but for the
+ * events lost). A malformed header is counted; the message still applies.
+ * *res (may be NULL) says what happened, whatever the return. */
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, kvo_err *err);
+                            const char *zmq_seq, idx_feed_result *res,
+                            kvo_err *err);
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
 

@@ -45,7 +45,7 @@ static kvo_status apply_records(replay *r, uint64_t k) {
             continue;
         }
         s = idx_feed_message(r->feed, rec.frames[1].data, rec.frames[1].len,
-                             NULL, NULL);
+                             NULL, NULL, NULL);
         if (s == KVO_ENOMEM) return s;
     }
     return KVO_OK;

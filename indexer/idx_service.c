@@ -90,7 +90,8 @@ typedef struct svc {
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
     size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
-        seen_inbox_drops;
+        seen_inbox_drops; /* other threads' counters, last polled values
+                             (log_nats_changes) */
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     uint64_t lat_count[NLAT + 1];
     double lat_sum;
@@ -203,42 +204,46 @@ static void nats_teardown(svc *s) {
 /* Messages                                                                  */
 /* ======================================================================== */
 
+/* Apply one message and log what became of it (rate-limited where a
+ * publisher can repeat it every message). */
 static void apply_msg(svc *s, natsMsg *m) {
     const char *hdr = NULL;
     if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
-    idx_feed_counters before;
-    idx_feed_counters_get(s->feed, &before);
     kvo_err werr;
     memset(&werr, 0, sizeof(werr));
+    idx_feed_result res;
     kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
-                                     (size_t)natsMsg_GetDataLength(m), hdr, &werr);
-    idx_feed_counters after;
-    idx_feed_counters_get(s->feed, &after);
-    if (st == KVO_EEXIST) {
+                                     (size_t)natsMsg_GetDataLength(m), hdr,
+                                     &res, &werr);
+    const char *subject = natsMsg_GetSubject(m);
+    if (res.duplicate) {
         kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
-                        "duplicate message on %s dropped (%" PRIu64 " so far)",
-                        natsMsg_GetSubject(m), after.duplicates);
-    } else if (st == KVO_ENOMEM) {
-        kvo_log_limited(&s->rl_mem, KVO_LOG_ERROR,
-                        "out of memory applying a message on %s",
-                        natsMsg_GetSubject(m));
-    } else if (st != KVO_OK) {
+                        "duplicate message on %s dropped (publisher %" PRIu64
+                        ", sequence %" PRIu64 ")",
+                        subject, res.publisher_id, res.sequence);
+    } else if (res.undecodable) {
         char buf[256];
         kvo_log_limited(&s->rl_bad, KVO_LOG_WARN,
-                        "undecodable message on %s (%d bytes): %s",
-                        natsMsg_GetSubject(m), natsMsg_GetDataLength(m),
+                        "undecodable message on %s (%d bytes): %s", subject,
+                        natsMsg_GetDataLength(m),
                         kvo_err_str(&werr, buf, sizeof(buf)));
+    } else if (st != KVO_OK) { /* out of memory, or a size limit of the tree */
+        kvo_log_limited(&s->rl_mem, KVO_LOG_ERROR,
+                        "%s applying a message on %s (%u RouterEvent(s) lost)",
+                        kvo_strerror(st), subject, res.lost);
     }
-    if (after.bad_headers != before.bad_headers)
+    if (res.bad_header)
         kvo_log_limited(&s->rl_hdr, KVO_LOG_WARN,
                         "malformed %s header '%s' on %s (message applied)",
-                        HDR_ZMQ_SEQ, hdr ? hdr : "", natsMsg_GetSubject(m));
-    if (after.gaps != before.gaps)
-        kvo_warn("sequence gap on %s: %" PRIu64 " message(s) missed so far",
-                 natsMsg_GetSubject(m), after.missed);
-    if (after.restarts != before.restarts)
-        kvo_warn("publisher restarted on %s (sequence went back)",
-                 natsMsg_GetSubject(m));
+                        HDR_ZMQ_SEQ, hdr ? hdr : "", subject);
+    if (res.missed)
+        kvo_warn("sequence gap on %s: publisher %" PRIu64 " missed %" PRIu64
+                 " message(s) before sequence %" PRIu64,
+                 subject, res.publisher_id, res.missed, res.sequence);
+    if (res.restart)
+        kvo_warn("publisher %" PRIu64 " restarted on %s (sequence went back "
+                 "to %" PRIu64 ")",
+                 res.publisher_id, subject, res.sequence);
 }
 
 static void drain_inbox(svc *s) {
@@ -823,8 +828,13 @@ static void handler(void *ctx, kvo_http_req *r) {
 /* Loop                                                                      */
 /* ======================================================================== */
 
-/* Connection changes, and messages dropped before the loop saw them
- * (counted on nats.c's threads, logged here). */
+/* Connection changes, and messages dropped before the loop saw them.
+ * These are counted on nats.c's threads (kvo_nats's connection callbacks,
+ * on_msg's inbox drops, the subscription's own drop count), which must not
+ * log or touch the loop's state: the loop polls them once per turn and logs
+ * each that moved since its last look (the seen_* copies). This is polling
+ * another thread's counters, the only way to hear of these events; what a
+ * call of the loop's own did comes back from the call (idx_feed_result). */
 static void log_nats_changes(svc *s) {
     uint64_t slow = nats_dropped(s), inbox = atomic_load(&s->inbox_drops);
     if (slow != s->seen_nats_dropped || inbox != s->seen_inbox_drops) {

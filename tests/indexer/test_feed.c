@@ -20,7 +20,7 @@ static kvo_status feed_vector(idx_feed *f, const char *name, const char *hdr) {
     size_t len;
     uint8_t *b = vector(name, &len);
     kvo_err err;
-    kvo_status s = idx_feed_message(f, b, len, hdr, &err);
+    kvo_status s = idx_feed_message(f, b, len, hdr, NULL, &err);
     kvo_free(b);
     return s;
 }
@@ -126,7 +126,7 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
     /* a publisher first heard at sequence 5 missed 0..4 */
     size_t len;
     uint8_t *b = envelope(77, 5, 1, WIRE_TIER_DEVICE, 1, &len);
-    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL), KVO_OK);
+    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL, NULL), KVO_OK);
     kvo_free(b);
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.gaps, 2);
@@ -135,24 +135,95 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
 }
 END_TEST
 
+/* The result names what became of each message, as the counters count
+ * it: the service logs from it. */
+START_TEST(message_result_says_what_happened) {
+    idx_feed *f = feed_new();
+    idx_feed_result r;
+    size_t len;
+    uint8_t *b = envelope(5, 0, 1, WIRE_TIER_DEVICE, 2, &len);
+    ck_assert_int_eq(idx_feed_message(f, b, len, "1-2", &r, NULL), KVO_OK);
+    ck_assert(r.applied && !r.duplicate && !r.undecodable && !r.restart &&
+              !r.bad_header);
+    ck_assert_uint_eq(r.publisher_id, 5);
+    ck_assert_uint_eq(r.sequence, 0);
+    ck_assert_uint_eq(r.missed + r.other_tier + r.lost, 0);
+    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, &r, NULL), KVO_EEXIST);
+    ck_assert(r.duplicate && !r.applied);
+    ck_assert_uint_eq(r.publisher_id, 5);
+    kvo_free(b);
+    /* sequence 4 after 0: 1..3 missed; and a malformed header */
+    b = envelope(5, 4, 1, WIRE_TIER_DEVICE, 1, &len);
+    ck_assert_int_eq(idx_feed_message(f, b, len, "x", &r, NULL), KVO_OK);
+    ck_assert(r.applied && r.bad_header && !r.restart);
+    ck_assert_uint_eq(r.sequence, 4);
+    ck_assert_uint_eq(r.missed, 3);
+    kvo_free(b);
+    /* sequence 0 again with another body: a restart, applied */
+    b = envelope(5, 0, 2, WIRE_TIER_DEVICE, 1, &len);
+    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, &r, NULL), KVO_OK);
+    ck_assert(r.applied && r.restart && !r.duplicate);
+    ck_assert_uint_eq(r.missed, 0);
+    kvo_free(b);
+    b = envelope(5, 1, 1, WIRE_TIER_HOST_PINNED, 1, &len);
+    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, &r, NULL), KVO_OK);
+    ck_assert(r.applied);
+    ck_assert_uint_eq(r.other_tier, 1);
+    kvo_free(b);
+    const uint8_t junk[] = {0x93, 0x01, 0x02};
+    kvo_err err;
+    ck_assert_int_ne(idx_feed_message(f, junk, sizeof(junk), NULL, &r, &err),
+                     KVO_OK);
+    ck_assert(r.undecodable && !r.applied);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.messages, 6);
+    ck_assert_uint_eq(k.applied, 4);
+    ck_assert_uint_eq(k.duplicates + k.restarts + k.gaps + k.bad_headers +
+                          k.other_tier + k.undecodable, 6);
+    ck_assert_uint_eq(k.missed, 3);
+    idx_feed_free(f);
+
+    /* allocation failures: nothing applied, or applied with events lost */
+    bool lost = false;
+    b = envelope(6, 0, 1, WIRE_TIER_DEVICE, 3, &len);
+    for (long n = 0; n < 200; n++) {
+        f = feed_new();
+        kvo_alloc_fail_after(n);
+        kvo_status s = idx_feed_message(f, b, len, NULL, &r, NULL);
+        kvo_alloc_fail_after(-1);
+        ck_assert(!r.duplicate && !r.undecodable);
+        if (s == KVO_OK) ck_assert(r.applied && r.lost == 0);
+        else ck_assert(s == KVO_ENOMEM && (r.applied == (r.lost == 1)));
+        idx_feed_counters_get(f, &k);
+        ck_assert_uint_eq(k.enomem, r.lost);
+        lost |= r.lost > 0;
+        idx_feed_free(f);
+        if (s == KVO_OK) break;
+    }
+    ck_assert(lost);
+    kvo_free(b);
+}
+END_TEST
+
 START_TEST(zmq_seq_headers_make_the_watermark) {
     idx_feed *f = feed_new();
     size_t len;
     uint8_t *b0 = envelope(5, 0, 1, WIRE_TIER_DEVICE, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b0, len, "10-14", NULL), KVO_OK);
+    ck_assert_int_eq(idx_feed_message(f, b0, len, "10-14", NULL, NULL), KVO_OK);
     kvo_free(b0);
     uint8_t *b1 = envelope(5, 1, 1, WIRE_TIER_DEVICE, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b1, len, "15-15", NULL), KVO_OK);
+    ck_assert_int_eq(idx_feed_message(f, b1, len, "15-15", NULL, NULL), KVO_OK);
     kvo_free(b1);
     const char *bad[] = {"x-1", "9-3", "15", "-3", "1-", "1-2-3",
                          "99999999999999999999-1", ""};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         uint8_t *b = envelope(5, 2 + i, 1, WIRE_TIER_DEVICE, 1, &len);
-        ck_assert_int_eq(idx_feed_message(f, b, len, bad[i], NULL), KVO_OK);
+        ck_assert_int_eq(idx_feed_message(f, b, len, bad[i], NULL, NULL), KVO_OK);
         kvo_free(b);
     }
     uint8_t *b2 = envelope(6, 0, 2, WIRE_TIER_DEVICE, 1, &len);
-    ck_assert_int_eq(idx_feed_message(f, b2, len, NULL, NULL), KVO_OK);
+    ck_assert_int_eq(idx_feed_message(f, b2, len, NULL, NULL, NULL), KVO_OK);
     kvo_free(b2);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
@@ -176,7 +247,7 @@ START_TEST(lower_tiers_are_counted_not_indexed) {
     idx_feed *f = feed_new();
     size_t len;
     uint8_t *b = envelope(1, 0, 3, WIRE_TIER_HOST_PINNED, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL), KVO_OK);
+    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL, NULL), KVO_OK);
     kvo_free(b);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
@@ -193,12 +264,12 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
     uint64_t undecodable = 0;
     for (size_t cut = 0; cut < len; cut++) {
         kvo_err err;
-        kvo_status s = idx_feed_message(f, b, cut, NULL, &err);
+        kvo_status s = idx_feed_message(f, b, cut, NULL, NULL, &err);
         ck_assert_msg(s != KVO_OK, "prefix of %zu bytes applied", cut);
         undecodable++;
     }
     const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
-    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL), KVO_OK);
+    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL, NULL), KVO_OK);
     undecodable++;
     /* flipped bytes: whatever decodes applies, the rest is counted */
     uint8_t *m = kvo_malloc(len);
@@ -207,7 +278,7 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
         memcpy(m, b, len);
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         m[(seed >> 33) % len] ^= (uint8_t)(1u << ((seed >> 20) & 7));
-        idx_feed_message(f, m, len, "1-2", NULL);
+        idx_feed_message(f, m, len, "1-2", NULL, NULL);
     }
     kvo_free(m);
     idx_feed_counters k;
@@ -324,6 +395,7 @@ Suite *suite_feed(void) {
     TCase *tc = tcase_create("feed");
     tcase_add_test(tc, shared_vectors_apply_in_order);
     tcase_add_test(tc, duplicates_are_dropped_gaps_and_restarts_counted);
+    tcase_add_test(tc, message_result_says_what_happened);
     tcase_add_test(tc, zmq_seq_headers_make_the_watermark);
     tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);
