@@ -69,6 +69,25 @@ kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
                           int want_tokens, idx_scores *out, char *err,
                           size_t errsz);
 
+/* ---- The service's /metrics text ---------------------------------------- */
+
+#define IDX_LAT_BOUNDS 11 /* query latency histogram bounds (idx_service.c) */
+
+/* What the service counts beside the feed, for /metrics. */
+typedef struct idx_service_stats {
+    uint64_t slow_consumer_drops; /* messages nats.c dropped */
+    uint64_t inbox_drops;      /* dropped for want of memory before the loop */
+    uint64_t nats_disconnects;
+    uint64_t bad_requests;     /* HTTP requests answered 4xx */
+    uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
+                                               the last: above every bound */
+    double lat_sum;            /* seconds */
+} idx_service_stats;
+
+/* GET /metrics's Prometheus text for f and st, appended to out. */
+kvo_status idx_metrics_text(idx_feed *f, const idx_service_stats *st,
+                            kvo_buf *out);
+
 /* ---- Test seam: the invariant walker -------------------------------------- */
 
 /* Walk every structure and check every invariant of idx_tree.c's header.

@@ -63,9 +63,9 @@ typedef struct waiter {
 } waiter;
 
 /* Query latency histogram bounds, seconds. */
-static const double lat_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
-                                    1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1};
-#define NLAT (sizeof(lat_bounds) / sizeof(lat_bounds[0]))
+static const double lat_bounds[IDX_LAT_BOUNDS] = {
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1};
+#define NLAT IDX_LAT_BOUNDS
 
 typedef struct svc {
     const idx_service_cfg *cfg;
@@ -93,9 +93,8 @@ typedef struct svc {
         seen_inbox_drops; /* other threads' counters, last polled values
                              (log_nats_changes) */
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
-    uint64_t lat_count[NLAT + 1];
-    double lat_sum;
-    uint64_t queries, bad_requests;
+    idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
+    uint64_t queries;
     kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop;
 } svc;
 
@@ -306,7 +305,7 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
     }
     double dt = (double)(kvo_now_ns() - t0) / 1e9;
     if (st == KVO_EPROTO) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
     }
@@ -315,10 +314,10 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
         return;
     }
     s->queries++;
-    s->lat_sum += dt;
+    s->stats.lat_sum += dt;
     size_t b = 0;
     while (b < NLAT && dt > lat_bounds[b]) b++;
-    s->lat_count[b]++;
+    s->stats.lat_count[b]++;
     json_object *o = idx_json_scores(&s->scores);
     json_object *mq = NULL;
     if (o && json_object_object_get_ex(j, "metrics", &mq) &&
@@ -513,7 +512,7 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
         j = parse_body(r, err, sizeof(err));
     }
     if (!j) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
     }
@@ -522,7 +521,7 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
         json_object_object_get_ex(j, "wait", &w)) {
         waiter *wt = wait_parse(w, err, sizeof(err));
         if (!wt) {
-            s->bad_requests++;
+            s->stats.bad_requests++;
             kvo_http_respond_error(r, 400, err);
             kvo_free(hashes);
             json_object_put(j);
@@ -655,7 +654,7 @@ static void do_counters(svc *s, kvo_http_req *r) {
     json_object_object_add(o, "inbox_drops",
                            json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
-    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->bad_requests));
+    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->stats.bad_requests));
     kvo_http_respond_json(r, 200, o);
 }
 
@@ -699,14 +698,14 @@ static kvo_status metric(kvo_buf *b, const char *name, const char *type,
     return e;
 }
 
-/* GET /metrics's Prometheus text into b. */
-static kvo_status build_metrics(svc *s, kvo_buf *b) {
+kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
+                            kvo_buf *b) {
     idx_counters c;
     idx_stats st;
     idx_feed_counters f;
-    idx_tree_counters(idx_feed_tree(s->feed), &c);
-    idx_tree_stats(idx_feed_tree(s->feed), &st);
-    idx_feed_counters_get(s->feed, &f);
+    idx_tree_counters(idx_feed_tree(feed), &c);
+    idx_tree_stats(idx_feed_tree(feed), &st);
+    idx_feed_counters_get(feed, &f);
     kvo_status e = kvo_buf_printf(
         b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
             "and status.\n# TYPE kvo_indexer_events_total counter\n");
@@ -747,9 +746,9 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
         {"kvo_indexer_bad_headers_total", "counter", "Malformed KVO-Zmq-Seq headers.", f.bad_headers},
         {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
         {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
-        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", nats_dropped(s)},
-        {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", atomic_load(&s->inbox_drops)},
-        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", kvo_nats_disconnects(s->nats)},
+        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", s->slow_consumer_drops},
+        {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", s->inbox_drops},
+        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", s->nats_disconnects},
         {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
     };
     for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
@@ -777,6 +776,15 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
     return e;
 }
 
+/* GET /metrics's Prometheus text into b, with the counters of nats.c's
+ * threads read now. */
+static kvo_status build_metrics(svc *s, kvo_buf *b) {
+    s->stats.slow_consumer_drops = nats_dropped(s);
+    s->stats.inbox_drops = atomic_load(&s->inbox_drops);
+    s->stats.nats_disconnects = kvo_nats_disconnects(s->nats);
+    return idx_metrics_text(s->feed, &s->stats, b);
+}
+
 static void do_metrics(svc *s, kvo_http_req *r) {
     kvo_buf b;
     kvo_buf_init(&b);
@@ -800,12 +808,12 @@ static void handler(void *ctx, kvo_http_req *r) {
     size_t i = 0;
     while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
     if (i == KVO_ARRAY_LEN(routes)) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 404, "no such endpoint");
         return;
     }
     if (routes[i].post ? !post : !get) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 405, routes[i].post ? "use POST" : "use GET");
         return;
     }

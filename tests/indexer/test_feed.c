@@ -291,6 +291,145 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
 }
 END_TEST
 
+/* GET /metrics's text, every line of it (the memory gauge only by its
+ * name: it follows the tree's growth policy): the names, HELP and TYPE
+ * lines, labels and values kvo-check and Prometheus read. */
+START_TEST(metrics_text_is_pinned_line_by_line) {
+    idx_feed *f = feed_new();
+    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
+    ck_assert_int_eq(feed_vector(f, "removed_one", NULL), KVO_OK);
+    ck_assert_int_eq(feed_vector(f, "removed_one", NULL), KVO_EEXIST);
+    ck_assert_int_eq(feed_vector(f, "mixed_dp2", "13-20"), KVO_OK);
+    ck_assert_int_eq(feed_vector(f, "legacy_single_event", "x"), KVO_OK);
+    const uint8_t junk[] = {0x93, 0x01, 0x02};
+    ck_assert_int_ne(idx_feed_message(f, junk, sizeof(junk), NULL, NULL, NULL),
+                     KVO_OK);
+    idx_service_stats st = {.slow_consumer_drops = 3, .inbox_drops = 2,
+                            .nats_disconnects = 1, .bad_requests = 4,
+                            .lat_count = {1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+                            .lat_sum = 0.000123456};
+    static const char *const want[] = {
+        "# HELP kvo_indexer_events_total RouterEvents applied, by type and status.",
+        "# TYPE kvo_indexer_events_total counter",
+        "kvo_indexer_events_total{type=\"stored\",status=\"ok\"} 4",
+        "kvo_indexer_events_total{type=\"stored\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"invalid_block\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"ok\"} 2",
+        "kvo_indexer_events_total{type=\"removed\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"invalid_block\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"ok\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"invalid_block\"} 0",
+        "# HELP kvo_indexer_blocks_total Block operations, by outcome.",
+        "# TYPE kvo_indexer_blocks_total counter",
+        "kvo_indexer_blocks_total{op=\"stored\"} 6",
+        "kvo_indexer_blocks_total{op=\"removed\"} 3",
+        "kvo_indexer_blocks_total{op=\"not_found\"} 0",
+        "kvo_indexer_blocks_total{op=\"hash_mismatch\"} 0",
+        "# HELP kvo_indexer_resident_blocks Blocks (tree nodes) held by at least one worker.",
+        "# TYPE kvo_indexer_resident_blocks gauge",
+        "kvo_indexer_resident_blocks 2",
+        "# HELP kvo_indexer_tree_nodes Tree nodes, including emptied ones Dynamo's rules keep.",
+        "# TYPE kvo_indexer_tree_nodes gauge",
+        "kvo_indexer_tree_nodes 2",
+        "# HELP kvo_indexer_pairs (block, worker) pairs: entries of the workers' lookups.",
+        "# TYPE kvo_indexer_pairs gauge",
+        "kvo_indexer_pairs 2",
+        "# HELP kvo_indexer_workers Known (worker_id, dp_rank) pairs.",
+        "# TYPE kvo_indexer_workers gauge",
+        "kvo_indexer_workers 2",
+        "# HELP kvo_indexer_memory_bytes Memory held by the tree.",
+        "# TYPE kvo_indexer_memory_bytes gauge",
+        "kvo_indexer_memory_bytes ",
+        "# HELP kvo_indexer_messages_total Event-plane messages received.",
+        "# TYPE kvo_indexer_messages_total counter",
+        "kvo_indexer_messages_total 6",
+        "# HELP kvo_indexer_messages_applied_total Messages decoded and applied.",
+        "# TYPE kvo_indexer_messages_applied_total counter",
+        "kvo_indexer_messages_applied_total 4",
+        "# HELP kvo_indexer_duplicates_total Exact duplicates dropped.",
+        "# TYPE kvo_indexer_duplicates_total counter",
+        "kvo_indexer_duplicates_total 1",
+        "# HELP kvo_indexer_restarts_total Publisher restarts seen.",
+        "# TYPE kvo_indexer_restarts_total counter",
+        "kvo_indexer_restarts_total 1",
+        "# HELP kvo_indexer_gaps_total Sequence gaps.",
+        "# TYPE kvo_indexer_gaps_total counter",
+        "kvo_indexer_gaps_total 1",
+        "# HELP kvo_indexer_missed_total Messages missed in gaps.",
+        "# TYPE kvo_indexer_missed_total counter",
+        "kvo_indexer_missed_total 1",
+        "# HELP kvo_indexer_undecodable_total Undecodable messages.",
+        "# TYPE kvo_indexer_undecodable_total counter",
+        "kvo_indexer_undecodable_total 1",
+        "# HELP kvo_indexer_bad_headers_total Malformed KVO-Zmq-Seq headers.",
+        "# TYPE kvo_indexer_bad_headers_total counter",
+        "kvo_indexer_bad_headers_total 1",
+        "# HELP kvo_indexer_other_tier_total RouterEvents of non-device tiers (not indexed).",
+        "# TYPE kvo_indexer_other_tier_total counter",
+        "kvo_indexer_other_tier_total 0",
+        "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation failure.",
+        "# TYPE kvo_indexer_enomem_total counter",
+        "kvo_indexer_enomem_total 0",
+        "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
+        "# TYPE kvo_indexer_slow_consumer_drops_total counter",
+        "kvo_indexer_slow_consumer_drops_total 3",
+        "# HELP kvo_indexer_inbox_dropped_total Messages dropped for want of memory before the loop saw them.",
+        "# TYPE kvo_indexer_inbox_dropped_total counter",
+        "kvo_indexer_inbox_dropped_total 2",
+        "# HELP kvo_indexer_nats_disconnects_total NATS disconnects.",
+        "# TYPE kvo_indexer_nats_disconnects_total counter",
+        "kvo_indexer_nats_disconnects_total 1",
+        "# HELP kvo_indexer_bad_requests_total HTTP requests answered 4xx.",
+        "# TYPE kvo_indexer_bad_requests_total counter",
+        "kvo_indexer_bad_requests_total 4",
+        "# HELP kvo_indexer_query_seconds Query latency (parse excluded, hashing included).",
+        "# TYPE kvo_indexer_query_seconds histogram",
+        "kvo_indexer_query_seconds_bucket{le=\"1e-06\"} 1",
+        "kvo_indexer_query_seconds_bucket{le=\"2.5e-06\"} 1",
+        "kvo_indexer_query_seconds_bucket{le=\"5e-06\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"1e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"2.5e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"5e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.0001\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.00025\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.001\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.01\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.1\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"+Inf\"} 4",
+        "kvo_indexer_query_seconds_sum 0.000123456",
+        "kvo_indexer_query_seconds_count 4",
+    };
+    kvo_buf b;
+    kvo_buf_init(&b);
+    ck_assert_int_eq(idx_metrics_text(f, &st, &b), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&b), KVO_OK);
+    const char *line = (const char *)b.data;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(want); i++) {
+        const char *nl = strchr(line, '\n');
+        ck_assert_msg(nl, "line %zu missing: %s", i + 1, want[i]);
+        size_t len = strlen(want[i]);
+        if (strcmp(want[i], "kvo_indexer_memory_bytes ") == 0)
+            ck_assert_msg(strncmp(line, want[i], len) == 0 &&
+                              strspn(line + len, "0123456789") ==
+                                  (size_t)(nl - line) - len,
+                          "line %zu: %.*s", i + 1, (int)(nl - line), line);
+        else
+            ck_assert_msg((size_t)(nl - line) == len &&
+                              strncmp(line, want[i], len) == 0,
+                          "line %zu: %.*s, want %s", i + 1, (int)(nl - line),
+                          line, want[i]);
+        line = nl + 1;
+    }
+    ck_assert_str_eq(line, "");
+    kvo_buf_fini(&b);
+    idx_feed_free(f);
+}
+END_TEST
+
 static kvo_status query(idx_tree *t, const char *json, int want, idx_scores *s,
                         char *err) {
     json_object *j = json_tokener_parse(json);
@@ -401,6 +540,7 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);
     tcase_add_test(tc, query_json_answers_and_rejects);
     tcase_add_test(tc, json_shapes_of_counters_workers_and_events);
+    tcase_add_test(tc, metrics_text_is_pinned_line_by_line);
     suite_add_tcase(s, tc);
     return s;
 }
