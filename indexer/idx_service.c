@@ -28,6 +28,7 @@
 #include "idx_int.h"
 #include "kvo_http.h"
 #include "kvo_nats.h"
+#include "kvo_prom.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -658,46 +659,6 @@ static void do_counters(svc *s, kvo_http_req *r) {
     kvo_http_respond_json(r, 200, o);
 }
 
-/* The text is built for every waited query (kvo-check reads the counters
- * once per prompt): plain appends, no printf but for the two floats. */
-static kvo_status put_s(kvo_buf *b, const char *s) {
-    return kvo_buf_append(b, s, strlen(s));
-}
-
-static kvo_status put_u64(kvo_buf *b, uint64_t v) {
-    char tmp[20];
-    int k = 20;
-    do {
-        tmp[--k] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return kvo_buf_append(b, tmp + k, (size_t)(20 - k));
-}
-
-/* "name value\n" */
-static kvo_status put_line(kvo_buf *b, const char *name, uint64_t v) {
-    kvo_status e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_u64(b, v);
-    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
-    return e;
-}
-
-static kvo_status metric(kvo_buf *b, const char *name, const char *type,
-                         const char *help, uint64_t v) {
-    kvo_status e = put_s(b, "# HELP ");
-    if (e == KVO_OK) e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_s(b, help);
-    if (e == KVO_OK) e = put_s(b, "\n# TYPE ");
-    if (e == KVO_OK) e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_s(b, type);
-    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
-    if (e == KVO_OK) e = put_line(b, name, v);
-    return e;
-}
-
 kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                             kvo_buf *b) {
     idx_counters c;
@@ -706,74 +667,82 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
     idx_tree_counters(idx_feed_tree(feed), &c);
     idx_tree_stats(idx_feed_tree(feed), &st);
     idx_feed_counters_get(feed, &f);
-    kvo_status e = kvo_buf_printf(
-        b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
-            "and status.\n# TYPE kvo_indexer_events_total counter\n");
-    for (int t = WIRE_R_STORED; e == KVO_OK && t <= WIRE_R_CLEARED; t++)
-        for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++) {
-            e = put_s(b, "kvo_indexer_events_total{type=\"");
-            if (e == KVO_OK) e = put_s(b, idx_rtype_name((wire_rtype)t));
-            if (e == KVO_OK) e = put_s(b, "\",status=\"");
-            if (e == KVO_OK) e = put_s(b, idx_evstatus_name((idx_evstatus)k));
-            if (e == KVO_OK) e = put_s(b, "\"}");
-            if (e == KVO_OK) e = put_line(b, "", c.events[t][k]);
-        }
-    if (e == KVO_OK)
-        e = put_s(b, "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
-                     "# TYPE kvo_indexer_blocks_total counter\n");
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"stored\"}", c.blocks_stored);
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"removed\"}", c.blocks_removed);
-    if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_blocks_total{op=\"not_found\"}", c.blocks_not_found);
-    if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_blocks_total{op=\"hash_mismatch\"}", c.hash_mismatch);
-    struct {
-        const char *name, *type, *help;
-        uint64_t v;
-    } m[] = {
-        {"kvo_indexer_resident_blocks", "gauge", "Blocks (tree nodes) held by at least one worker.", st.held},
-        {"kvo_indexer_tree_nodes", "gauge", "Tree nodes, including emptied ones Dynamo's rules keep.", st.nodes},
-        {"kvo_indexer_pairs", "gauge", "(block, worker) pairs: entries of the workers' lookups.", st.pairs},
-        {"kvo_indexer_workers", "gauge", "Known (worker_id, dp_rank) pairs.", st.workers},
-        {"kvo_indexer_memory_bytes", "gauge", "Memory held by the tree.", st.bytes},
-        {"kvo_indexer_messages_total", "counter", "Event-plane messages received.", f.messages},
-        {"kvo_indexer_messages_applied_total", "counter", "Messages decoded and applied.", f.applied},
-        {"kvo_indexer_duplicates_total", "counter", "Exact duplicates dropped.", f.duplicates},
-        {"kvo_indexer_restarts_total", "counter", "Publisher restarts seen.", f.restarts},
-        {"kvo_indexer_gaps_total", "counter", "Sequence gaps.", f.gaps},
-        {"kvo_indexer_missed_total", "counter", "Messages missed in gaps.", f.missed},
-        {"kvo_indexer_undecodable_total", "counter", "Undecodable messages.", f.undecodable},
-        {"kvo_indexer_bad_headers_total", "counter", "Malformed KVO-Zmq-Seq headers.", f.bad_headers},
-        {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
-        {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
-        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", s->slow_consumer_drops},
-        {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", s->inbox_drops},
-        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", s->nats_disconnects},
-        {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
-    };
-    for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
-        e = metric(b, m[i].name, m[i].type, m[i].help, m[i].v);
-    if (e == KVO_OK)
-        e = kvo_buf_printf(b, "# HELP kvo_indexer_query_seconds Query latency "
-                               "(parse excluded, hashing included).\n"
-                               "# TYPE kvo_indexer_query_seconds histogram\n");
-    static char bucket[NLAT][80]; /* the labels, formatted once */
-    if (!bucket[0][0])
-        for (size_t i = 0; i < NLAT; i++)
-            snprintf(bucket[i], sizeof(bucket[i]),
-                     "kvo_indexer_query_seconds_bucket{le=\"%g\"}", lat_bounds[i]);
+    kvo_prom p;
+    kvo_prom_init(&p, b, "kvo_indexer_");
+    kvo_prom_family(&p, "events_total", "counter",
+                    "RouterEvents applied, by type and status.");
+    for (int t = WIRE_R_STORED; t <= WIRE_R_CLEARED; t++)
+        for (int k = 0; k < IDX_EV_STATUS_COUNT; k++)
+            kvo_prom_u64(&p, "events_total", c.events[t][k],
+                         "type=\"%s\",status=\"%s\"",
+                         idx_rtype_name((wire_rtype)t),
+                         idx_evstatus_name((idx_evstatus)k));
+    kvo_prom_family(&p, "blocks_total", "counter",
+                    "Block operations, by outcome.");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_stored, "op=\"stored\"");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_removed, "op=\"removed\"");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_not_found, "op=\"not_found\"");
+    kvo_prom_u64(&p, "blocks_total", c.hash_mismatch, "op=\"hash_mismatch\"");
+    kvo_prom_gauge(&p, "resident_blocks",
+                   "Blocks (tree nodes) held by at least one worker.", st.held);
+    kvo_prom_gauge(&p, "tree_nodes",
+                   "Tree nodes, including emptied ones Dynamo's rules keep.",
+                   st.nodes);
+    kvo_prom_gauge(&p, "pairs",
+                   "(block, worker) pairs: entries of the workers' lookups.",
+                   st.pairs);
+    kvo_prom_gauge(&p, "workers", "Known (worker_id, dp_rank) pairs.",
+                   st.workers);
+    kvo_prom_gauge(&p, "memory_bytes", "Memory held by the tree.", st.bytes);
+    kvo_prom_counter(&p, "messages_total", "Event-plane messages received.",
+                     f.messages);
+    kvo_prom_counter(&p, "messages_applied_total",
+                     "Messages decoded and applied.", f.applied);
+    kvo_prom_counter(&p, "duplicates_total", "Exact duplicates dropped.",
+                     f.duplicates);
+    kvo_prom_counter(&p, "restarts_total", "Publisher restarts seen.",
+                     f.restarts);
+    kvo_prom_counter(&p, "gaps_total", "Sequence gaps.", f.gaps);
+    kvo_prom_counter(&p, "missed_total", "Messages missed in gaps.", f.missed);
+    kvo_prom_counter(&p, "undecodable_total", "Undecodable messages.",
+                     f.undecodable);
+    kvo_prom_counter(&p, "bad_headers_total", "Malformed KVO-Zmq-Seq headers.",
+                     f.bad_headers);
+    kvo_prom_counter(&p, "other_tier_total",
+                     "RouterEvents of non-device tiers (not indexed).",
+                     f.other_tier);
+    kvo_prom_counter(&p, "enomem_total",
+                     "RouterEvents lost to allocation failure.", f.enomem);
+    kvo_prom_counter(&p, "slow_consumer_drops_total",
+                     "Messages nats.c dropped (slow consumer).",
+                     s->slow_consumer_drops);
+    kvo_prom_counter(&p, "inbox_dropped_total",
+                     "Messages dropped for want of memory before the loop "
+                     "saw them.",
+                     s->inbox_drops);
+    kvo_prom_counter(&p, "nats_disconnects_total", "NATS disconnects.",
+                     s->nats_disconnects);
+    kvo_prom_counter(&p, "bad_requests_total", "HTTP requests answered 4xx.",
+                     s->bad_requests);
+    kvo_prom_family(&p, "query_seconds", "histogram",
+                    "Query latency (parse excluded, hashing included).");
     uint64_t cum = 0;
-    for (size_t i = 0; e == KVO_OK && i < NLAT; i++) {
+    for (size_t i = 0; i < NLAT; i++) {
         cum += s->lat_count[i];
-        e = put_line(b, bucket[i], cum);
+        kvo_prom_u64(&p, "query_seconds_bucket", cum, "le=\"%g\"",
+                     lat_bounds[i]);
     }
     cum += s->lat_count[NLAT];
+    kvo_prom_u64(&p, "query_seconds_bucket", cum, "le=\"+Inf\"");
+    /* The sum keeps its fixed nanosecond text (%.9f), which kvo_prom_f64
+     * (%.17g) would change; it joins the writer's sticky status. */
+    kvo_status e = kvo_prom_status(&p);
     if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_query_seconds_bucket{le=\"+Inf\"}", cum);
-    if (e == KVO_OK)
-        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_sum %.9f\n", s->lat_sum);
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_query_seconds_count", cum);
-    return e;
+        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_sum %.9f\n",
+                           s->lat_sum);
+    if (e != KVO_OK) return e;
+    kvo_prom_u64(&p, "query_seconds_count", cum, NULL);
+    return kvo_prom_status(&p);
 }
 
 /* GET /metrics's Prometheus text into b, with the counters of nats.c's
