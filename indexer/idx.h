@@ -184,6 +184,8 @@ void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
 
 struct kvo_nats_cfg; /* kvo_nats.h */
 
+#define IDX_BLOCK_SIZE_DEFAULT 16 /* tokens per block of a token query */
+
 typedef struct idx_service_cfg {
     const struct kvo_nats_cfg *nats; /* the --nats* options, owned by the
                                         caller (NULL: kvo_nats_cfg_default's;

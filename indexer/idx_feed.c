@@ -14,6 +14,8 @@
 #include <xxhash.h>
 
 #define RING 256 /* bodies remembered per publisher, for exact duplicates */
+#define PUBS_FIRST_CAP 8 /* publisher slots allocated at first */
+#define U64_DIGITS 20    /* decimal digits of the largest u64 */
 
 typedef struct pub {
     idx_publisher p;
@@ -83,7 +85,7 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
         return KVO_OK;
     }
     kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
-                             sizeof(*f->pubs), 8);
+                             sizeof(*f->pubs), PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
     pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
@@ -100,8 +102,8 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
 /* "A-B" (decimal, A <= B). */
 static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
     const char *dash = strchr(s, '-');
-    if (!dash || dash == s || dash - s > 20) return false;
-    char first[24];
+    if (!dash || dash == s || dash - s > U64_DIGITS) return false;
+    char first[U64_DIGITS + 1];
     memcpy(first, s, (size_t)(dash - s));
     first[dash - s] = '\0';
     return kvo_parse_u64(first, a) == KVO_OK &&

@@ -274,7 +274,10 @@ tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
 #define TAG 0x80000000u
 #define ROOT 0u
 #define SET_CLASSES 26 /* class c = a block of 4 << c words */
+#define SET_MIN_WORDS 4 /* words of class 0: a header and 3 slots */
+#define SET_CLASS_SHIFT 24 /* set header word: class << 24 | count */
 #define SET_MAX_COUNT 0xFFFFFFu
+#define REFS_SPILL 255 /* refs[] is a u8; from 255 on, ov[] counts the rest */
 
 typedef struct node {
     uint64_t tokens_hash;
@@ -411,8 +414,11 @@ static inline uint32_t look_find(const idx_tree *t, uint32_t w, uint64_t bh) {
 /* ---- Worker sets: header word = class << 24 | count, then the slots ---- */
 
 static inline uint32_t set_count(const uint32_t *s) { return s[0] & SET_MAX_COUNT; }
-static inline uint32_t set_class(const uint32_t *s) { return s[0] >> 24; }
-static inline uint32_t class_items(uint32_t cls) { return (4u << cls) - 1; }
+static inline uint32_t set_class(const uint32_t *s) {
+    return s[0] >> SET_CLASS_SHIFT;
+}
+static inline uint32_t class_words(uint32_t cls) { return SET_MIN_WORDS << cls; }
+static inline uint32_t class_items(uint32_t cls) { return class_words(cls) - 1; }
 
 /* ---- Reference counts beyond 255: ov[], sorted by node ------------------ */
 

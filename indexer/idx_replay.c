@@ -116,7 +116,7 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
     size_t linecap = 0;
     idx_scores sc;
     idx_scores_init(&sc);
-    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint32_t bs = cfg->block_size ? cfg->block_size : IDX_BLOCK_SIZE_DEFAULT;
     kvo_status s = wire_cap_open(&r.cap, cfg->events, NULL);
     if (s != KVO_OK) {
         snprintf(err, errsz, "%s: %s", cfg->events,

@@ -43,11 +43,23 @@
 
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
+#define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies */
 #define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
 #define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
+#define WAIT_DEFAULT_MS 30000  /* a wait without "timeout_ms" */
+/* nats.c's pending limits on the subscription: what it holds for on_msg
+ * while the inbox is full, before it drops (and counts) messages */
+#define NATS_PENDING_MSGS (1 << 20)
+#define NATS_PENDING_BYTES (1 << 30)
+#define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
+#define HTTP_MAX_BODY (16u << 20) /* request body bytes the server accepts */
+#define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
+                            looked at least this often */
+#define NS_PER_MS 1000000u
+#define NS_PER_S 1e9
 
 /* A query held until the watermark covers its pairs or its deadline. */
 typedef struct waiter {
@@ -103,7 +115,7 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     memset(cfg, 0, sizeof(*cfg));
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
-    cfg->block_size = 16;
+    cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
 }
 
 /* ======================================================================== */
@@ -125,7 +137,7 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         return;
     }
     if (kvo_grow(&s->inbox, &s->inbox_cap, s->inbox_len + 1,
-                 sizeof(*s->inbox), 256) != KVO_OK) {
+                 sizeof(*s->inbox), INBOX_FIRST_CAP) != KVO_OK) {
         pthread_mutex_unlock(&s->mu);
         atomic_fetch_add(&s->inbox_drops, 1);
         natsMsg_Destroy(m);
@@ -175,9 +187,10 @@ static kvo_status nats_setup(svc *s) {
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
     natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
-    if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, 1 << 20, 1 << 30);
+    if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
+                                              NATS_PENDING_BYTES);
     if (n == NATS_OK && kvo_nats_up(s->nats))
-        n = natsConnection_FlushTimeout(nc, 5000);
+        n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS);
     if (n != NATS_OK) {
         kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
                   natsStatus_GetText(n),
@@ -304,7 +317,7 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
         st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size, j,
                             want_tokens, &s->scores, err, sizeof(err));
     }
-    double dt = (double)(kvo_now_ns() - t0) / 1e9;
+    double dt = (double)(kvo_now_ns() - t0) / NS_PER_S;
     if (st == KVO_EPROTO) {
         s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
@@ -373,7 +386,7 @@ static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
                              "seq], ...], \"timeout_ms\": n}");
         return NULL;
     }
-    int64_t ms = 30000;
+    int64_t ms = WAIT_DEFAULT_MS;
     if (json_object_object_get_ex(w, "timeout_ms", &tmo)) {
         if (!json_object_is_type(tmo, json_type_int) ||
             (ms = json_object_get_int64(tmo)) < 0 || ms > WAIT_MAX_MS) {
@@ -411,7 +424,7 @@ static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
         wt->pairs[2 * i + 1] = json_object_get_uint64(b);
     }
     wt->n = n;
-    wt->deadline = kvo_now_ns() + (uint64_t)ms * 1000000u;
+    wt->deadline = kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
     return wt;
 }
 
@@ -590,7 +603,7 @@ static long waiters_timeout_ms(const svc *s) {
     uint64_t now = kvo_now_ns(), first = UINT64_MAX;
     for (const waiter *w = s->waiters; w; w = w->next)
         if (w->deadline < first) first = w->deadline;
-    return first <= now ? 0 : (long)((first - now) / 1000000u) + 1;
+    return first <= now ? 0 : (long)((first - now) / NS_PER_MS) + 1;
 }
 
 typedef struct dumpctx {
@@ -865,7 +878,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
-    kvo_http_server_cfg hc = {host, port, 16u << 20, handler, &s};
+    kvo_http_server_cfg hc = {host, port, HTTP_MAX_BODY, handler, &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;
@@ -875,7 +888,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
                            {kvo_http_server_fd(s.http), POLLIN, 0}};
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
-        int timeout = t < 0 || t > 200 ? 200 : (int)t;
+        int timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : (int)t;
         long wt = waiters_timeout_ms(&s);
         if (wt >= 0 && wt < timeout) timeout = (int)wt;
         int n = poll(pf, 2, timeout);

@@ -105,7 +105,11 @@
 #include <string.h>
 
 #define MAX_INDEX 0x7FFFFF00u /* nodes, alias records, set-pool words */
-#define MAX_SLOTS 0x00FFFFF0u
+#define MAX_SLOTS 0x00FFFFF0u /* worker slots: about 2^24 workers */
+#define POOL_FIRST_CAP 64     /* entries of a pool's first allocation */
+#define SLOTS_FIRST_CAP 16    /* worker slots allocated at first */
+#define WMAP_FIRST_CAP 32     /* worker map entries at first (power of 2) */
+#define SORT_INSERTION_MAX 16 /* scores sorted by insertion up to this many */
 
 /* ======================================================================== */
 /* Finding children and lookup slots (the probes are in idx_int.h)           */
@@ -144,7 +148,7 @@ static inline uint32_t child_find(const idx_tree *t, uint32_t p,
 static kvo_status grow(void **p, uint32_t *cap, uint32_t need, size_t elem) {
     if (need <= *cap) return KVO_OK;
     if (need > MAX_INDEX) return KVO_ETOOBIG;
-    uint64_t n = *cap ? *cap : 64;
+    uint64_t n = *cap ? *cap : POOL_FIRST_CAP;
     while (n < need) n = n * 3 / 2 + 1;
     if (n > MAX_INDEX) n = MAX_INDEX;
     void *q = kvo_realloc(*p, (size_t)n * elem);
@@ -229,7 +233,7 @@ static void la_release(idx_tree *t, uint32_t a) {
 /* ---- Reference counts --------------------------------------------------- */
 
 static void ref_inc(idx_tree *t, uint32_t n) {
-    if (t->refs[n] < 255) {
+    if (t->refs[n] < REFS_SPILL) {
         t->refs[n]++;
         return;
     }
@@ -244,7 +248,7 @@ static void ref_inc(idx_tree *t, uint32_t n) {
 }
 
 static void ref_dec(idx_tree *t, uint32_t n) {
-    if (t->refs[n] == 255) {
+    if (t->refs[n] == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) {
             if (--t->ov[i].extra == 0) {
@@ -273,16 +277,16 @@ static uint32_t set_new(idx_tree *t, uint32_t cls) {
         t->sp_free[cls] = t->sp[off + 1];
     } else {
         off = t->sp_len;
-        t->sp_len += 4u << cls;
+        t->sp_len += class_words(cls);
     }
-    t->sp[off] = cls << 24;
+    t->sp[off] = cls << SET_CLASS_SHIFT;
     t->sp_live++;
     return off;
 }
 
 static void set_release(idx_tree *t, uint32_t off) {
     uint32_t cls = set_class(&t->sp[off]);
-    t->sp[off] = cls << 24;
+    t->sp[off] = cls << SET_CLASS_SHIFT;
     t->sp[off + 1] = t->sp_free[cls];
     t->sp_free[cls] = off;
     t->sp_live--;
@@ -290,7 +294,7 @@ static void set_release(idx_tree *t, uint32_t off) {
 
 /* Room for one set to grow by one class (sets hold at most every slot). */
 static inline kvo_status sets_reserve(idx_tree *t) {
-    uint32_t words = t->sp_step; /* 4 << class_for(ws_len + 1) */
+    uint32_t words = t->sp_step; /* class_words(class_for(ws_len + 1)) */
     if (t->sp_cap - t->sp_len >= words) return KVO_OK;
     if (words > MAX_INDEX - t->sp_len) return KVO_ETOOBIG;
     return grow((void **)&t->sp, &t->sp_cap, t->sp_len + words,
@@ -342,7 +346,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     if (cnt + 1 <= class_items(cls)) {
         memmove(&s[2 + i], &s[1 + i], (cnt - i) * sizeof(uint32_t));
         s[1 + i] = w;
-        s[0] = cls << 24 | (cnt + 1);
+        s[0] = cls << SET_CLASS_SHIFT | (cnt + 1);
         return;
     }
     uint32_t noff = set_new(t, cls + 1); /* reserved: sp does not move */
@@ -350,7 +354,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     memcpy(&d[1], &s[1], i * sizeof(uint32_t));
     d[1 + i] = w;
     memcpy(&d[2 + i], &s[1 + i], (cnt - i) * sizeof(uint32_t));
-    d[0] = (cls + 1) << 24 | (cnt + 1);
+    d[0] = (cls + 1) << SET_CLASS_SHIFT | (cnt + 1);
     set_release(t, off);
     t->nd[n].wset = TAG | noff;
 }
@@ -377,7 +381,7 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
         t->nd[n].wset = s[1];
         set_release(t, off);
     } else {
-        s[0] = set_class(s) << 24 | cnt;
+        s[0] = set_class(s) << SET_CLASS_SHIFT | cnt;
     }
 }
 
@@ -529,7 +533,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
     }
     if (t->ws_len >= MAX_SLOTS) return KVO_ETOOBIG;
     if (t->ws_len + 1 > t->ws_cap) {
-        uint32_t cap = t->ws_cap ? t->ws_cap * 2 : 16;
+        uint32_t cap = t->ws_cap ? t->ws_cap * 2 : SLOTS_FIRST_CAP;
         wslot *w = kvo_realloc(t->ws, cap * sizeof(wslot));
         if (!w) return KVO_ENOMEM;
         t->ws = w;
@@ -539,7 +543,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
         t->ws_cap = cap;
     }
     if ((t->ws_len + 1) * 2 > t->wmap_cap) {
-        uint32_t cap = t->wmap_cap ? t->wmap_cap * 2 : 32;
+        uint32_t cap = t->wmap_cap ? t->wmap_cap * 2 : WMAP_FIRST_CAP;
         uint32_t *m = kvo_malloc(cap * sizeof(uint32_t));
         if (!m) return KVO_ENOMEM;
         memset(m, 0xFF, cap * sizeof(uint32_t));
@@ -549,7 +553,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
         for (uint32_t i = 0; i < t->ws_len; i++) wmap_insert(t, i);
     }
     s = t->ws_len++;
-    t->sp_step = 4u << class_for(t->ws_len + 1);
+    t->sp_step = class_words(class_for(t->ws_len + 1));
     t->ws[s] = (wslot){wid, rank, 1, 0};
     wmap_insert(t, s);
     *out = s;
@@ -803,7 +807,7 @@ static int score_cmp(const void *a, const void *b) {
 }
 
 static void scores_sort(idx_scores *out) {
-    if (out->n > 16) {
+    if (out->n > SORT_INSERTION_MAX) {
         qsort(out->v, out->n, sizeof(idx_score), score_cmp);
         return;
     }

@@ -20,7 +20,7 @@ static bool live(const idx_tree *t, uint32_t n) {
 
 static uint64_t refs_of(const idx_tree *t, uint32_t n) {
     uint64_t r = t->refs[n];
-    if (r == 255) {
+    if (r == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) r += t->ov[i].extra;
     }
@@ -103,7 +103,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         if (off >= t->sp_len) FAIL("node %u: set offset %u", n, off);
         const uint32_t *st = &t->sp[off];
         uint32_t cnt = set_count(st), cls = set_class(st);
-        if (cls >= SET_CLASSES || off + (4u << cls) > t->sp_len ||
+        if (cls >= SET_CLASSES || off + class_words(cls) > t->sp_len ||
             cnt > class_items(cls) || cnt < 2)
             FAIL("node %u: set header %08x", n, st[0]);
         for (uint32_t i = 0; i < cnt; i++) {
@@ -209,7 +209,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     /* I4, I5 */
     for (uint32_t i = 0; i < t->ov_len; i++)
         if ((i && t->ov[i - 1].node >= t->ov[i].node) || !t->ov[i].extra ||
-            t->ov[i].node >= N || t->refs[t->ov[i].node] != 255)
+            t->ov[i].node >= N || t->refs[t->ov[i].node] != REFS_SPILL)
             FAIL("overflow entry %u", i);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;

@@ -8,7 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Long-option codes, above every short option's character. */
 enum { OPT_SUBJECT = 256, OPT_HTTP, OPT_BLOCK_SIZE, OPT_LOG_LEVEL };
+
+#define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
+#define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -79,7 +83,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_HTTP: c->http = arg; return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
-            c->block_size > (1u << 20))
+            c->block_size > BLOCK_SIZE_MAX)
             return bad("block-size", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
@@ -192,7 +196,7 @@ int main(int argc, char **argv) {
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
              o.nats.reconnect_wait_ms);
     kvo_status st = idx_service_run(&o.cfg);
-    nats_CloseAndWait(2000);
+    nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;
     fprintf(stderr, "kvo-indexer: %s\n", kvo_strerror(st));
     return KVO_EXIT_USAGE;
