@@ -368,16 +368,15 @@ static inline uint64_t edge_key(const idx_tree *t, uint32_t e) {
 static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].child : e;
 }
+static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
+    return (e & TAG) ? t->ea[e & ~TAG].parent : t->nd[e].parent;
+}
 
 /* Does edge ref v name the key (tokens_hash th, parent p)? */
 static inline bool edge_eq(const void *owner, uint32_t v, uint64_t th,
                            uint32_t p) {
     const idx_tree *t = owner;
-    if (v & TAG) {
-        const ealias *e = &t->ea[v & ~TAG];
-        return e->tokens_hash == th && e->parent == p;
-    }
-    return t->nd[v].tokens_hash == th && t->nd[v].parent == p;
+    return edge_key(t, v) == th && edge_parent(t, v) == p;
 }
 
 static inline uint32_t edge_find(const idx_tree *t, uint32_t p, uint64_t th) {
@@ -389,16 +388,19 @@ static inline uint32_t edge_find(const idx_tree *t, uint32_t p, uint64_t th) {
 static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
     return (v & TAG) ? t->la[v & ~TAG].node : v;
 }
+static inline uint64_t look_block_hash(const idx_tree *t, uint32_t v) {
+    return (v & TAG) ? t->la[v & ~TAG].block_hash : t->nd[v].block_hash;
+}
+/* An inline entry's slot is its node's single worker. */
+static inline uint32_t look_slot(const idx_tree *t, uint32_t v) {
+    return (v & TAG) ? t->la[v & ~TAG].slot : t->nd[v].wset;
+}
 
 /* Does lookup ref v name the key (block_hash bh, slot w)? */
 static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
                            uint32_t w) {
     const idx_tree *t = owner;
-    if (v & TAG) {
-        const lalias *l = &t->la[v & ~TAG];
-        return l->block_hash == bh && l->slot == w;
-    }
-    return t->nd[v].block_hash == bh && t->nd[v].wset == w;
+    return look_block_hash(t, v) == bh && look_slot(t, v) == w;
 }
 
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */

@@ -29,21 +29,11 @@ static uint64_t refs_of(const idx_tree *t, uint32_t n) {
 
 /* Key hashes of the two tables' refs, for idx_tab_check. */
 static uint64_t edge_hash(const void *owner, uint32_t v) {
-    const idx_tree *t = owner;
-    if (v & TAG) {
-        const ealias *a = &t->ea[v & ~TAG];
-        return mix(a->tokens_hash, a->parent);
-    }
-    return mix(t->nd[v].tokens_hash, t->nd[v].parent);
+    return mix(edge_key(owner, v), edge_parent(owner, v));
 }
 
 static uint64_t look_hash(const void *owner, uint32_t v) {
-    const idx_tree *t = owner;
-    if (v & TAG) {
-        const lalias *a = &t->la[v & ~TAG];
-        return mix(a->block_hash, a->slot);
-    }
-    return mix(t->nd[v].block_hash, t->nd[v].wset);
+    return mix(look_block_hash(owner, v), look_slot(owner, v));
 }
 
 kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
