@@ -57,7 +57,7 @@
 #define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
 #define HTTP_MAX_BODY (16u << 20) /* request body bytes the server accepts */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
-                            looked at least this often */
+                            checked at least this often */
 #define NS_PER_MS 1000000u
 #define NS_PER_S 1e9
 
@@ -187,7 +187,8 @@ static kvo_status nats_setup(svc *s) {
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
     natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
-    if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
+    if (n == NATS_OK)
+        n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
                                               NATS_PENDING_BYTES);
     if (n == NATS_OK && kvo_nats_up(s->nats))
         n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS);
