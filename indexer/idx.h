@@ -1,31 +1,27 @@
 /* idx.h -- the radix index (DESIGN §7): which worker holds which prefix.
  *
- * Three layers, one header:
- *   idx_tree   a pure data structure (no sockets, clocks, logging or I/O):
- *              RouterEvents in, per-worker leading-block scores out, with
- *              Dynamo's radix-tree semantics (lib/kv-router/src/radix_tree.rs);
- *              layout and invariants are drawn in idx_tree.c.
- *   idx_feed   event-plane messages (DESIGN §6) into a tree: envelope
- *              decoding, per-publisher dedup, gaps and watermarks, counters,
- *              and the JSON shapes shared by the service and replay.
+ *   idx_tree     a pure data structure (no sockets, clocks, logging or I/O):
+ *                RouterEvents in, per-worker leading-block scores out, with
+ *                Dynamo's radix-tree semantics (lib/kv-router/src/radix_tree.rs);
+ *                layout and invariants are drawn in idx_tree.c.
+ *   idx_feed     event-plane messages (DESIGN §6) into a tree: envelope
+ *                decoding, per-publisher dedup, gaps and watermarks, counters.
  *   kvo-indexer  idx_service_run (NATS subscriber + HTTP API) and
- *              idx_replay_run (offline: a capture file and JSON-lines queries).
+ *                idx_replay_run (offline: a capture file and JSON-lines queries).
  *
- * Workers are (worker_id, dp_rank) pairs. Scores are always sorted by
- * worker_id, then dp_rank.
+ * Workers are (worker_id, dp_rank) pairs; scores are always sorted by
+ * worker_id, then dp_rank. What the module's own files share (JSON shapes,
+ * the tables, the invariant walker) is in idx_int.h.
  */
 #ifndef IDX_H
 #define IDX_H
 
 #include "kvo.h"
-#include "kvo_nats.h"
 #include "wire.h"
 
 #include <stdio.h>
 
-/* ======================================================================== */
-/* Tree                                                                      */
-/* ======================================================================== */
+/* ---- Tree ---------------------------------------------------------------- */
 
 typedef struct idx_tree idx_tree;
 
@@ -55,14 +51,14 @@ typedef struct idx_counters {
 } idx_counters;
 
 typedef struct idx_stats {
-    uint64_t nodes;       /* live tree nodes, root excluded */
-    uint64_t held;        /* nodes some worker holds (resident blocks) */
-    uint64_t pairs;       /* (block hash, worker) lookup entries */
-    uint64_t workers;     /* known (worker_id, dp_rank) pairs */
-    uint64_t edge_alias;  /* extra parent edges (a node under two parents) */
-    uint64_t look_alias;  /* lookup entries not inlined in their node */
-    uint64_t sets;        /* nodes held by two workers or more */
-    uint64_t bytes;       /* memory held by the tree (capacities) */
+    uint64_t nodes;      /* live tree nodes, root excluded */
+    uint64_t held;       /* nodes some worker holds (resident blocks) */
+    uint64_t pairs;      /* (block hash, worker) lookup entries */
+    uint64_t workers;    /* known (worker_id, dp_rank) pairs */
+    uint64_t edge_alias; /* extra parent edges (a node under two parents) */
+    uint64_t look_alias; /* lookup entries not inlined in their node */
+    uint64_t sets;       /* nodes held by two workers or more */
+    uint64_t bytes;      /* memory held by the tree (capacities) */
 } idx_stats;
 
 typedef struct idx_score {
@@ -76,7 +72,7 @@ typedef struct idx_scores {
     uint32_t isl_blocks; /* blocks in the query */
     size_t n;            /* entries in v (workers scoring 0 are absent) */
     size_t cap;
-    idx_score *v;        /* owned */
+    idx_score *v; /* owned */
 } idx_scores;
 
 void idx_scores_init(idx_scores *s);
@@ -124,22 +120,12 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out);
 typedef kvo_status (*idx_dump_fn)(void *ctx, const wire_revent *ev);
 kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx);
 
-/* Walk every structure and check every invariant of idx_tree.c's header.
- * KVO_OK, or KVO_ESTATE with the first violation in msg. *unreachable (may
- * be NULL) gets the number of live nodes reachable neither from the root
- * nor from a lookup entry (only cycles fed by inconsistent hashes make
- * them, as in Dynamo). For tests: O(size of the tree). */
-kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
-                          char *msg, size_t msgsz);
-
 /* Router hashes of a prompt (DESIGN §5): one per full block, with the seed
  * of lora/salt (NULL = none). Returns the number of blocks written. */
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
                        const char *lora, const char *salt, uint64_t *out);
 
-/* ======================================================================== */
-/* Feed: event-plane messages -> tree                                        */
-/* ======================================================================== */
+/* ---- Feed: event-plane messages -> tree ----------------------------------- */
 
 typedef struct idx_feed idx_feed;
 
@@ -160,23 +146,23 @@ typedef struct idx_feed_counters {
                              size limit of the tree) */
 } idx_feed_counters;
 
-/* Per publisher; what GET /watermark shows. */
-typedef struct idx_publisher {
-    uint64_t publisher_id;
-    uint64_t last_sequence;
-    uint64_t messages;   /* applied */
-    uint64_t gaps;
-    uint64_t missed;     /* sequences jumped over */
-    uint64_t duplicates;
-    uint64_t restarts;
-    bool has_zmq;        /* a KVO-Zmq-Seq header was seen */
-    uint64_t zmq_first;  /* lowest header start seen */
-    uint64_t zmq_last;   /* highest header end seen */
-} idx_publisher;
-
 kvo_status idx_feed_new(idx_feed **out); /* with an empty tree */
 void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
 idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
+
+/* What idx_feed_message did with one message (also counted in
+ * idx_feed_counters), for a caller that logs it. */
+typedef struct idx_feed_result {
+    uint64_t publisher_id, sequence; /* the envelope's (0 if undecodable) */
+    bool applied;     /* decoded and applied (see lost) */
+    bool duplicate;   /* an exact duplicate: dropped */
+    bool undecodable; /* not an event-plane message (err says why) */
+    bool restart;     /* the sequence went back with a new body */
+    bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
+    uint64_t missed;  /* a gap: sequences jumped over before this one */
+    uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
+    uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
+} idx_feed_result;
 
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
  * or NULL. Messages apply in arrival order. A sequence at or below the
@@ -184,72 +170,33 @@ idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
  * the one seen with that sequence (the last 256 are remembered), else a
  * publisher restart (applied); one too old to be remembered is taken for a
  * duplicate, unless it is 0 (a restart). Returns KVO_OK (applied), KVO_EEXIST
- * (duplicate, dropped), a decode status (counted as undecodable; err says
- * why) or KVO_ENOMEM. A malformed header is counted; the message still
- * applies. */
+ * (duplicate, dropped), a decode status (undecodable; err says why),
+ * KVO_ENOMEM, or the tree's KVO_ENOMEM / KVO_ETOOBIG (applied but for the
+ * events lost). A malformed header is counted; the message still applies.
+ * *res (may be NULL) says what happened, whatever the return. */
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, kvo_err *err);
+                            const char *zmq_seq, idx_feed_result *res,
+                            kvo_err *err);
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out);
-/* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
-kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
-                               size_t *n);
-/* The highest KVO-Zmq-Seq end seen from one publisher: false when the
- * publisher or its header is unknown so far. No allocation. */
-bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
-                       uint64_t *zmq_last);
 
-/* ---- JSON shapes (json-c; the caller owns what is returned) -------------
- * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,
- *             "parent_not_found": n, "block_not_found": n,
- *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
- *             "not_found": n, "hash_mismatch": n}, "messages": n,
- *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
- *             "missed": n, "undecodable": n, "bad_headers": n,
- *             "other_tier": n, "enomem": n, "nodes": n,
- *             "resident_blocks": n, "pairs": n, "workers": n}
- * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
- * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
- *             "blocks"}]} sorted
- * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
- *             "gaps", "missed", "duplicates", "restarts", "zmq_seq_first",
- *             "zmq_seq_last"}]} (zmq_* null until a KVO-Zmq-Seq header was
- *             seen; first = lowest start, last = highest end)
- * NULL return = out of memory. */
-json_object *idx_json_counters(const idx_feed *f);
-json_object *idx_json_workers(const idx_tree *t);
-json_object *idx_json_scores(const idx_scores *s);
-json_object *idx_json_watermark(const idx_feed *f);
-/* One stored RouterEvent in the event-plane JSON shape of the vectors. */
-json_object *idx_json_revent(const wire_revent *ev);
+/* ---- kvo-indexer ---------------------------------------------------------- */
 
-/* text (len bytes) as exactly one JSON value, followed by nothing but
- * whitespace (json-c alone stops after the first value and ignores the
- * rest). NULL with err = "bad JSON: ..." otherwise (or out of memory). */
-json_object *idx_json_parse(const char *text, size_t len, char *err,
-                            size_t errsz);
+struct kvo_nats_cfg; /* kvo_nats.h */
 
-/* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
- * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
- * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad
- * request, KVO_ENOMEM. */
-kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
-                          int want_tokens, idx_scores *out, char *err,
-                          size_t errsz);
-
-/* ======================================================================== */
-/* kvo-indexer                                                               */
-/* ======================================================================== */
+#define IDX_BLOCK_SIZE_DEFAULT 16 /* tokens per block of a token query */
 
 typedef struct idx_service_cfg {
-    kvo_nats_cfg nats;        /* the --nats* options (buffer_bytes unused:
-                                 the indexer publishes nothing) */
-    const char *subject;      /* default namespace.*.component.*.kv-events */
-    const char *http;         /* host:port, default 127.0.0.1:8090 (0 = any) */
-    uint32_t block_size;      /* default 16 */
+    const struct kvo_nats_cfg *nats; /* the --nats* options, owned by the
+                                        caller (NULL: kvo_nats_cfg_default's;
+                                        buffer_bytes unused: the indexer
+                                        publishes nothing) */
+    const char *subject; /* default namespace.*.component.*.kv-events */
+    const char *http;    /* host:port, default 127.0.0.1:8090 (0 = any) */
+    uint32_t block_size; /* default 16 */
 } idx_service_cfg;
 
-void idx_service_cfg_default(idx_service_cfg *cfg);
+void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */
 /* Serve until kvo_stop. Logs "listening on http://HOST:PORT" once bound.
  * KVO_OK on a clean stop; a setup error (NATS, HTTP bind) otherwise. */
 kvo_status idx_service_run(const idx_service_cfg *cfg);

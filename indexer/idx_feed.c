@@ -6,7 +6,7 @@
  * are applied in order. Only device-tier events reach the tree: lower tiers
  * are Dynamo's separate lower-tier indexers, not the primary overlap.
  */
-#include "idx.h"
+#include "idx_int.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -14,6 +14,8 @@
 #include <xxhash.h>
 
 #define RING 256 /* bodies remembered per publisher, for exact duplicates */
+#define PUBS_FIRST_CAP 8 /* publisher slots allocated at first */
+#define U64_DIGITS 20    /* decimal digits of the largest u64 */
 
 typedef struct pub {
     idx_publisher p;
@@ -83,7 +85,7 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
         return KVO_OK;
     }
     kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
-                             sizeof(*f->pubs), 8);
+                             sizeof(*f->pubs), PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
     pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
@@ -100,8 +102,8 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
 /* "A-B" (decimal, A <= B). */
 static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
     const char *dash = strchr(s, '-');
-    if (!dash || dash == s || dash - s > 20) return false;
-    char first[24];
+    if (!dash || dash == s || dash - s > U64_DIGITS) return false;
+    char first[U64_DIGITS + 1];
     memcpy(first, s, (size_t)(dash - s));
     first[dash - s] = '\0';
     return kvo_parse_u64(first, a) == KVO_OK &&
@@ -109,42 +111,44 @@ static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
 }
 
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, kvo_err *err) {
+                            const char *zmq_seq, idx_feed_result *res,
+                            kvo_err *err) {
+    idx_feed_result r;
+    memset(&r, 0, sizeof(r));
     f->c.messages++;
     kvo_status s = wire_plane_decode(body, len, &f->lim, &f->msg, err);
     if (s != KVO_OK) {
-        if (s != KVO_ENOMEM) f->c.undecodable++;
-        return s;
+        r.undecodable = s != KVO_ENOMEM;
+        goto done;
     }
     const wire_plane_msg *m = &f->msg;
+    r.publisher_id = m->publisher_id;
+    r.sequence = m->sequence;
     pub *p;
     bool fresh;
-    if ((s = pub_get(f, m->publisher_id, &p, &fresh)) != KVO_OK) return s;
+    if ((s = pub_get(f, m->publisher_id, &p, &fresh)) != KVO_OK) goto done;
     uint64_t seq = m->sequence, hash = XXH3_64bits(body, len);
     uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
     if (fresh) {
-        if (seq > 0) {
-            p->p.gaps++;
-            p->p.missed += seq;
-            f->c.gaps++;
-            f->c.missed += seq;
-        }
+        r.missed = seq; /* first heard above 0: 0..seq-1 were missed */
     } else if (seq <= p->p.last_sequence) {
         /* seen before with this body: an exact duplicate; with another
          * body (or sequence 0 beyond memory): the publisher restarted */
         bool remembered = *rs == seq;
         if ((remembered && *rh == hash) || (!remembered && seq != 0)) {
             p->p.duplicates++;
-            f->c.duplicates++;
-            return KVO_EEXIST;
+            r.duplicate = true;
+            s = KVO_EEXIST;
+            goto done;
         }
         p->p.restarts++;
-        f->c.restarts++;
-    } else if (seq > p->p.last_sequence + 1) {
+        r.restart = true;
+    } else {
+        r.missed = seq - p->p.last_sequence - 1;
+    }
+    if (r.missed) {
         p->p.gaps++;
-        p->p.missed += seq - p->p.last_sequence - 1;
-        f->c.gaps++;
-        f->c.missed += seq - p->p.last_sequence - 1;
+        p->p.missed += r.missed;
     }
     *rs = seq;
     *rh = hash;
@@ -153,29 +157,39 @@ kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
     if (zmq_seq) {
         uint64_t a, b;
         if (!parse_zmq_seq(zmq_seq, &a, &b)) {
-            f->c.bad_headers++;
+            r.bad_header = true;
         } else {
             if (!p->p.has_zmq || a < p->p.zmq_first) p->p.zmq_first = a;
             if (!p->p.has_zmq || b > p->p.zmq_last) p->p.zmq_last = b;
             p->p.has_zmq = true;
         }
     }
-    kvo_status worst = KVO_OK;
     for (uint32_t i = 0; i < m->n_events; i++) {
         const wire_revent *ev = &m->events[i];
         if (ev->tier != WIRE_TIER_DEVICE) {
-            f->c.other_tier++;
+            r.other_tier++;
             continue;
         }
         idx_evstatus st;
         kvo_status a = idx_tree_apply(f->tree, ev, &st);
         if (a != KVO_OK) {
-            f->c.enomem++;
-            worst = a;
+            r.lost++;
+            s = a;
         }
     }
-    f->c.applied++;
-    return worst;
+    r.applied = true;
+done:
+    f->c.applied += r.applied;
+    f->c.duplicates += r.duplicate;
+    f->c.undecodable += r.undecodable;
+    f->c.restarts += r.restart;
+    f->c.gaps += r.missed != 0;
+    f->c.missed += r.missed;
+    f->c.bad_headers += r.bad_header;
+    f->c.other_tier += r.other_tier;
+    f->c.enomem += r.lost;
+    if (res) *res = r;
+    return s;
 }
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {

@@ -11,7 +11,7 @@
  * At the end the rest is applied and {"counters", "workers", "pairs"} is
  * printed. Blank lines are skipped; anything else is an input error.
  */
-#include "idx.h"
+#include "idx_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +45,7 @@ static kvo_status apply_records(replay *r, uint64_t k) {
             continue;
         }
         s = idx_feed_message(r->feed, rec.frames[1].data, rec.frames[1].len,
-                             NULL, NULL);
+                             NULL, NULL, NULL);
         if (s == KVO_ENOMEM) return s;
     }
     return KVO_OK;
@@ -116,7 +116,7 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
     size_t linecap = 0;
     idx_scores sc;
     idx_scores_init(&sc);
-    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint32_t bs = cfg->block_size ? cfg->block_size : IDX_BLOCK_SIZE_DEFAULT;
     kvo_status s = wire_cap_open(&r.cap, cfg->events, NULL);
     if (s != KVO_OK) {
         snprintf(err, errsz, "%s: %s", cfg->events,

@@ -25,8 +25,10 @@
  * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
  * request bodies) wait at once; one more is answered 503.
  */
-#include "idx.h"
+#include "idx_int.h"
 #include "kvo_http.h"
+#include "kvo_nats.h"
+#include "kvo_prom.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -41,11 +43,23 @@
 
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
+#define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies */
 #define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
 #define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
+#define WAIT_DEFAULT_MS 30000  /* a wait without "timeout_ms" */
+/* nats.c's pending limits on the subscription: what it holds for on_msg
+ * while the inbox is full, before it drops (and counts) messages */
+#define NATS_PENDING_MSGS (1 << 20)
+#define NATS_PENDING_BYTES (1 << 30)
+#define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
+#define HTTP_MAX_BODY (16u << 20) /* request body bytes the server accepts */
+#define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
+                            checked at least this often */
+#define NS_PER_MS 1000000u
+#define NS_PER_S 1e9
 
 /* A query held until the watermark covers its pairs or its deadline. */
 typedef struct waiter {
@@ -62,9 +76,9 @@ typedef struct waiter {
 } waiter;
 
 /* Query latency histogram bounds, seconds. */
-static const double lat_bounds[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
-                                    1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1};
-#define NLAT (sizeof(lat_bounds) / sizeof(lat_bounds[0]))
+static const double lat_bounds[IDX_LAT_BOUNDS] = {
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 1e-1};
+#define NLAT IDX_LAT_BOUNDS
 
 typedef struct svc {
     const idx_service_cfg *cfg;
@@ -73,6 +87,7 @@ typedef struct svc {
     idx_scores scores;
 
     /* NATS (callbacks on nats.c threads) */
+    kvo_nats_cfg nats_cfg; /* cfg->nats, or the defaults */
     kvo_nats *nats;
     natsSubscription *sub;
     atomic_uint_fast64_t inbox_drops;
@@ -88,20 +103,19 @@ typedef struct svc {
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
     size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
-        seen_inbox_drops;
+        seen_inbox_drops; /* other threads' counters, last polled values
+                             (log_nats_changes) */
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
-    uint64_t lat_count[NLAT + 1];
-    double lat_sum;
-    uint64_t queries, bad_requests;
+    idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
+    uint64_t queries;
     kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop;
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
     memset(cfg, 0, sizeof(*cfg));
-    kvo_nats_cfg_default(&cfg->nats);
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
-    cfg->block_size = 16;
+    cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
 }
 
 /* ======================================================================== */
@@ -123,7 +137,7 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         return;
     }
     if (kvo_grow(&s->inbox, &s->inbox_cap, s->inbox_len + 1,
-                 sizeof(*s->inbox), 256) != KVO_OK) {
+                 sizeof(*s->inbox), INBOX_FIRST_CAP) != KVO_OK) {
         pthread_mutex_unlock(&s->mu);
         atomic_fetch_add(&s->inbox_drops, 1);
         natsMsg_Destroy(m);
@@ -159,23 +173,25 @@ static uint64_t nats_dropped(svc *s) {
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
     char err[512];
-    kvo_status st = kvo_nats_new(&s->nats, &c->nats, "kvo-indexer", err,
+    kvo_status st = kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err,
                                  sizeof(err));
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
         kvo_warn("NATS %s not reachable yet; retrying in the background",
-                 c->nats.url);
+                 s->nats_cfg.url);
         st = KVO_OK;
     }
     if (st != KVO_OK) {
-        kvo_error("%s (servers %s)", err, c->nats.url);
+        kvo_error("%s (servers %s)", err, s->nats_cfg.url);
         return st;
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
     natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
-    if (n == NATS_OK) n = natsSubscription_SetPendingLimits(s->sub, 1 << 20, 1 << 30);
+    if (n == NATS_OK)
+        n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
+                                              NATS_PENDING_BYTES);
     if (n == NATS_OK && kvo_nats_up(s->nats))
-        n = natsConnection_FlushTimeout(nc, 5000);
+        n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS);
     if (n != NATS_OK) {
         kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
                   natsStatus_GetText(n),
@@ -202,42 +218,46 @@ static void nats_teardown(svc *s) {
 /* Messages                                                                  */
 /* ======================================================================== */
 
+/* Apply one message and log what became of it (rate-limited where a
+ * publisher can repeat it every message). */
 static void apply_msg(svc *s, natsMsg *m) {
     const char *hdr = NULL;
     if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
-    idx_feed_counters before;
-    idx_feed_counters_get(s->feed, &before);
     kvo_err werr;
     memset(&werr, 0, sizeof(werr));
+    idx_feed_result res;
     kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
-                                     (size_t)natsMsg_GetDataLength(m), hdr, &werr);
-    idx_feed_counters after;
-    idx_feed_counters_get(s->feed, &after);
-    if (st == KVO_EEXIST) {
+                                     (size_t)natsMsg_GetDataLength(m), hdr,
+                                     &res, &werr);
+    const char *subject = natsMsg_GetSubject(m);
+    if (res.duplicate) {
         kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
-                        "duplicate message on %s dropped (%" PRIu64 " so far)",
-                        natsMsg_GetSubject(m), after.duplicates);
-    } else if (st == KVO_ENOMEM) {
-        kvo_log_limited(&s->rl_mem, KVO_LOG_ERROR,
-                        "out of memory applying a message on %s",
-                        natsMsg_GetSubject(m));
-    } else if (st != KVO_OK) {
+                        "duplicate message on %s dropped (publisher %" PRIu64
+                        ", sequence %" PRIu64 ")",
+                        subject, res.publisher_id, res.sequence);
+    } else if (res.undecodable) {
         char buf[256];
         kvo_log_limited(&s->rl_bad, KVO_LOG_WARN,
-                        "undecodable message on %s (%d bytes): %s",
-                        natsMsg_GetSubject(m), natsMsg_GetDataLength(m),
+                        "undecodable message on %s (%d bytes): %s", subject,
+                        natsMsg_GetDataLength(m),
                         kvo_err_str(&werr, buf, sizeof(buf)));
+    } else if (st != KVO_OK) { /* out of memory, or a size limit of the tree */
+        kvo_log_limited(&s->rl_mem, KVO_LOG_ERROR,
+                        "%s applying a message on %s (%u RouterEvent(s) lost)",
+                        kvo_strerror(st), subject, res.lost);
     }
-    if (after.bad_headers != before.bad_headers)
+    if (res.bad_header)
         kvo_log_limited(&s->rl_hdr, KVO_LOG_WARN,
                         "malformed %s header '%s' on %s (message applied)",
-                        HDR_ZMQ_SEQ, hdr ? hdr : "", natsMsg_GetSubject(m));
-    if (after.gaps != before.gaps)
-        kvo_warn("sequence gap on %s: %" PRIu64 " message(s) missed so far",
-                 natsMsg_GetSubject(m), after.missed);
-    if (after.restarts != before.restarts)
-        kvo_warn("publisher restarted on %s (sequence went back)",
-                 natsMsg_GetSubject(m));
+                        HDR_ZMQ_SEQ, hdr ? hdr : "", subject);
+    if (res.missed)
+        kvo_warn("sequence gap on %s: publisher %" PRIu64 " missed %" PRIu64
+                 " message(s) before sequence %" PRIu64,
+                 subject, res.publisher_id, res.missed, res.sequence);
+    if (res.restart)
+        kvo_warn("publisher %" PRIu64 " restarted on %s (sequence went back "
+                 "to %" PRIu64 ")",
+                 res.publisher_id, subject, res.sequence);
 }
 
 static void drain_inbox(svc *s) {
@@ -298,9 +318,9 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
         st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size, j,
                             want_tokens, &s->scores, err, sizeof(err));
     }
-    double dt = (double)(kvo_now_ns() - t0) / 1e9;
+    double dt = (double)(kvo_now_ns() - t0) / NS_PER_S;
     if (st == KVO_EPROTO) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
     }
@@ -309,10 +329,10 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
         return;
     }
     s->queries++;
-    s->lat_sum += dt;
+    s->stats.lat_sum += dt;
     size_t b = 0;
     while (b < NLAT && dt > lat_bounds[b]) b++;
-    s->lat_count[b]++;
+    s->stats.lat_count[b]++;
     json_object *o = idx_json_scores(&s->scores);
     json_object *mq = NULL;
     if (o && json_object_object_get_ex(j, "metrics", &mq) &&
@@ -367,7 +387,7 @@ static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
                              "seq], ...], \"timeout_ms\": n}");
         return NULL;
     }
-    int64_t ms = 30000;
+    int64_t ms = WAIT_DEFAULT_MS;
     if (json_object_object_get_ex(w, "timeout_ms", &tmo)) {
         if (!json_object_is_type(tmo, json_type_int) ||
             (ms = json_object_get_int64(tmo)) < 0 || ms > WAIT_MAX_MS) {
@@ -405,7 +425,7 @@ static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
         wt->pairs[2 * i + 1] = json_object_get_uint64(b);
     }
     wt->n = n;
-    wt->deadline = kvo_now_ns() + (uint64_t)ms * 1000000u;
+    wt->deadline = kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
     return wt;
 }
 
@@ -507,7 +527,7 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
         j = parse_body(r, err, sizeof(err));
     }
     if (!j) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
     }
@@ -516,7 +536,7 @@ static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
         json_object_object_get_ex(j, "wait", &w)) {
         waiter *wt = wait_parse(w, err, sizeof(err));
         if (!wt) {
-            s->bad_requests++;
+            s->stats.bad_requests++;
             kvo_http_respond_error(r, 400, err);
             kvo_free(hashes);
             json_object_put(j);
@@ -584,7 +604,7 @@ static long waiters_timeout_ms(const svc *s) {
     uint64_t now = kvo_now_ns(), first = UINT64_MAX;
     for (const waiter *w = s->waiters; w; w = w->next)
         if (w->deadline < first) first = w->deadline;
-    return first <= now ? 0 : (long)((first - now) / 1000000u) + 1;
+    return first <= now ? 0 : (long)((first - now) / NS_PER_MS) + 1;
 }
 
 typedef struct dumpctx {
@@ -649,126 +669,103 @@ static void do_counters(svc *s, kvo_http_req *r) {
     json_object_object_add(o, "inbox_drops",
                            json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
-    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->bad_requests));
+    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->stats.bad_requests));
     kvo_http_respond_json(r, 200, o);
 }
 
-/* The text is built for every waited query (kvo-check reads the counters
- * once per prompt): plain appends, no printf but for the two floats. */
-static kvo_status put_s(kvo_buf *b, const char *s) {
-    return kvo_buf_append(b, s, strlen(s));
-}
-
-static kvo_status put_u64(kvo_buf *b, uint64_t v) {
-    char tmp[20];
-    int k = 20;
-    do {
-        tmp[--k] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return kvo_buf_append(b, tmp + k, (size_t)(20 - k));
-}
-
-/* "name value\n" */
-static kvo_status put_line(kvo_buf *b, const char *name, uint64_t v) {
-    kvo_status e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_u64(b, v);
-    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
-    return e;
-}
-
-static kvo_status metric(kvo_buf *b, const char *name, const char *type,
-                         const char *help, uint64_t v) {
-    kvo_status e = put_s(b, "# HELP ");
-    if (e == KVO_OK) e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_s(b, help);
-    if (e == KVO_OK) e = put_s(b, "\n# TYPE ");
-    if (e == KVO_OK) e = put_s(b, name);
-    if (e == KVO_OK) e = kvo_buf_append(b, " ", 1);
-    if (e == KVO_OK) e = put_s(b, type);
-    if (e == KVO_OK) e = kvo_buf_append(b, "\n", 1);
-    if (e == KVO_OK) e = put_line(b, name, v);
-    return e;
-}
-
-/* GET /metrics's Prometheus text into b. */
-static kvo_status build_metrics(svc *s, kvo_buf *b) {
+kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
+                            kvo_buf *b) {
     idx_counters c;
     idx_stats st;
     idx_feed_counters f;
-    idx_tree_counters(idx_feed_tree(s->feed), &c);
-    idx_tree_stats(idx_feed_tree(s->feed), &st);
-    idx_feed_counters_get(s->feed, &f);
-    kvo_status e = kvo_buf_printf(
-        b, "# HELP kvo_indexer_events_total RouterEvents applied, by type "
-            "and status.\n# TYPE kvo_indexer_events_total counter\n");
-    for (int t = WIRE_R_STORED; e == KVO_OK && t <= WIRE_R_CLEARED; t++)
-        for (int k = 0; e == KVO_OK && k < IDX_EV_STATUS_COUNT; k++) {
-            e = put_s(b, "kvo_indexer_events_total{type=\"");
-            if (e == KVO_OK) e = put_s(b, idx_rtype_name((wire_rtype)t));
-            if (e == KVO_OK) e = put_s(b, "\",status=\"");
-            if (e == KVO_OK) e = put_s(b, idx_evstatus_name((idx_evstatus)k));
-            if (e == KVO_OK) e = put_s(b, "\"}");
-            if (e == KVO_OK) e = put_line(b, "", c.events[t][k]);
-        }
-    if (e == KVO_OK)
-        e = put_s(b, "# HELP kvo_indexer_blocks_total Block operations, by outcome.\n"
-                     "# TYPE kvo_indexer_blocks_total counter\n");
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"stored\"}", c.blocks_stored);
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_blocks_total{op=\"removed\"}", c.blocks_removed);
-    if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_blocks_total{op=\"not_found\"}", c.blocks_not_found);
-    if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_blocks_total{op=\"hash_mismatch\"}", c.hash_mismatch);
-    struct {
-        const char *name, *type, *help;
-        uint64_t v;
-    } m[] = {
-        {"kvo_indexer_resident_blocks", "gauge", "Blocks (tree nodes) held by at least one worker.", st.held},
-        {"kvo_indexer_tree_nodes", "gauge", "Tree nodes, including emptied ones Dynamo's rules keep.", st.nodes},
-        {"kvo_indexer_pairs", "gauge", "(block, worker) pairs: entries of the workers' lookups.", st.pairs},
-        {"kvo_indexer_workers", "gauge", "Known (worker_id, dp_rank) pairs.", st.workers},
-        {"kvo_indexer_memory_bytes", "gauge", "Memory held by the tree.", st.bytes},
-        {"kvo_indexer_messages_total", "counter", "Event-plane messages received.", f.messages},
-        {"kvo_indexer_messages_applied_total", "counter", "Messages decoded and applied.", f.applied},
-        {"kvo_indexer_duplicates_total", "counter", "Exact duplicates dropped.", f.duplicates},
-        {"kvo_indexer_restarts_total", "counter", "Publisher restarts seen.", f.restarts},
-        {"kvo_indexer_gaps_total", "counter", "Sequence gaps.", f.gaps},
-        {"kvo_indexer_missed_total", "counter", "Messages missed in gaps.", f.missed},
-        {"kvo_indexer_undecodable_total", "counter", "Undecodable messages.", f.undecodable},
-        {"kvo_indexer_bad_headers_total", "counter", "Malformed KVO-Zmq-Seq headers.", f.bad_headers},
-        {"kvo_indexer_other_tier_total", "counter", "RouterEvents of non-device tiers (not indexed).", f.other_tier},
-        {"kvo_indexer_enomem_total", "counter", "RouterEvents lost to allocation failure.", f.enomem},
-        {"kvo_indexer_slow_consumer_drops_total", "counter", "Messages nats.c dropped (slow consumer).", nats_dropped(s)},
-        {"kvo_indexer_inbox_dropped_total", "counter", "Messages dropped for want of memory before the loop saw them.", atomic_load(&s->inbox_drops)},
-        {"kvo_indexer_nats_disconnects_total", "counter", "NATS disconnects.", kvo_nats_disconnects(s->nats)},
-        {"kvo_indexer_bad_requests_total", "counter", "HTTP requests answered 4xx.", s->bad_requests},
-    };
-    for (size_t i = 0; e == KVO_OK && i < KVO_ARRAY_LEN(m); i++)
-        e = metric(b, m[i].name, m[i].type, m[i].help, m[i].v);
-    if (e == KVO_OK)
-        e = kvo_buf_printf(b, "# HELP kvo_indexer_query_seconds Query latency "
-                               "(parse excluded, hashing included).\n"
-                               "# TYPE kvo_indexer_query_seconds histogram\n");
-    static char bucket[NLAT][80]; /* the labels, formatted once */
-    if (!bucket[0][0])
-        for (size_t i = 0; i < NLAT; i++)
-            snprintf(bucket[i], sizeof(bucket[i]),
-                     "kvo_indexer_query_seconds_bucket{le=\"%g\"}", lat_bounds[i]);
+    idx_tree_counters(idx_feed_tree(feed), &c);
+    idx_tree_stats(idx_feed_tree(feed), &st);
+    idx_feed_counters_get(feed, &f);
+    kvo_prom p;
+    kvo_prom_init(&p, b, "kvo_indexer_");
+    kvo_prom_family(&p, "events_total", "counter",
+                    "RouterEvents applied, by type and status.");
+    for (int t = WIRE_R_STORED; t <= WIRE_R_CLEARED; t++)
+        for (int k = 0; k < IDX_EV_STATUS_COUNT; k++)
+            kvo_prom_u64(&p, "events_total", c.events[t][k],
+                         "type=\"%s\",status=\"%s\"",
+                         idx_rtype_name((wire_rtype)t),
+                         idx_evstatus_name((idx_evstatus)k));
+    kvo_prom_family(&p, "blocks_total", "counter",
+                    "Block operations, by outcome.");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_stored, "op=\"stored\"");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_removed, "op=\"removed\"");
+    kvo_prom_u64(&p, "blocks_total", c.blocks_not_found, "op=\"not_found\"");
+    kvo_prom_u64(&p, "blocks_total", c.hash_mismatch, "op=\"hash_mismatch\"");
+    kvo_prom_gauge(&p, "resident_blocks",
+                   "Blocks (tree nodes) held by at least one worker.", st.held);
+    kvo_prom_gauge(&p, "tree_nodes",
+                   "Tree nodes, including emptied ones Dynamo's rules keep.",
+                   st.nodes);
+    kvo_prom_gauge(&p, "pairs",
+                   "(block, worker) pairs: entries of the workers' lookups.",
+                   st.pairs);
+    kvo_prom_gauge(&p, "workers", "Known (worker_id, dp_rank) pairs.",
+                   st.workers);
+    kvo_prom_gauge(&p, "memory_bytes", "Memory held by the tree.", st.bytes);
+    kvo_prom_counter(&p, "messages_total", "Event-plane messages received.",
+                     f.messages);
+    kvo_prom_counter(&p, "messages_applied_total",
+                     "Messages decoded and applied.", f.applied);
+    kvo_prom_counter(&p, "duplicates_total", "Exact duplicates dropped.",
+                     f.duplicates);
+    kvo_prom_counter(&p, "restarts_total", "Publisher restarts seen.",
+                     f.restarts);
+    kvo_prom_counter(&p, "gaps_total", "Sequence gaps.", f.gaps);
+    kvo_prom_counter(&p, "missed_total", "Messages missed in gaps.", f.missed);
+    kvo_prom_counter(&p, "undecodable_total", "Undecodable messages.",
+                     f.undecodable);
+    kvo_prom_counter(&p, "bad_headers_total", "Malformed KVO-Zmq-Seq headers.",
+                     f.bad_headers);
+    kvo_prom_counter(&p, "other_tier_total",
+                     "RouterEvents of non-device tiers (not indexed).",
+                     f.other_tier);
+    kvo_prom_counter(&p, "enomem_total",
+                     "RouterEvents lost to allocation failure.", f.enomem);
+    kvo_prom_counter(&p, "slow_consumer_drops_total",
+                     "Messages nats.c dropped (slow consumer).",
+                     s->slow_consumer_drops);
+    kvo_prom_counter(&p, "inbox_dropped_total",
+                     "Messages dropped for want of memory before the loop "
+                     "saw them.",
+                     s->inbox_drops);
+    kvo_prom_counter(&p, "nats_disconnects_total", "NATS disconnects.",
+                     s->nats_disconnects);
+    kvo_prom_counter(&p, "bad_requests_total", "HTTP requests answered 4xx.",
+                     s->bad_requests);
+    kvo_prom_family(&p, "query_seconds", "histogram",
+                    "Query latency (parse excluded, hashing included).");
     uint64_t cum = 0;
-    for (size_t i = 0; e == KVO_OK && i < NLAT; i++) {
+    for (size_t i = 0; i < NLAT; i++) {
         cum += s->lat_count[i];
-        e = put_line(b, bucket[i], cum);
+        kvo_prom_u64(&p, "query_seconds_bucket", cum, "le=\"%g\"",
+                     lat_bounds[i]);
     }
     cum += s->lat_count[NLAT];
+    kvo_prom_u64(&p, "query_seconds_bucket", cum, "le=\"+Inf\"");
+    /* The sum keeps its fixed nanosecond text (%.9f), which kvo_prom_f64
+     * (%.17g) would change; it joins the writer's sticky status. */
+    kvo_status e = kvo_prom_status(&p);
     if (e == KVO_OK)
-        e = put_line(b, "kvo_indexer_query_seconds_bucket{le=\"+Inf\"}", cum);
-    if (e == KVO_OK)
-        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_sum %.9f\n", s->lat_sum);
-    if (e == KVO_OK) e = put_line(b, "kvo_indexer_query_seconds_count", cum);
-    return e;
+        e = kvo_buf_printf(b, "kvo_indexer_query_seconds_sum %.9f\n",
+                           s->lat_sum);
+    if (e != KVO_OK) return e;
+    kvo_prom_u64(&p, "query_seconds_count", cum, NULL);
+    return kvo_prom_status(&p);
+}
+
+/* GET /metrics's Prometheus text into b, with the counters of nats.c's
+ * threads read now. */
+static kvo_status build_metrics(svc *s, kvo_buf *b) {
+    s->stats.slow_consumer_drops = nats_dropped(s);
+    s->stats.inbox_drops = atomic_load(&s->inbox_drops);
+    s->stats.nats_disconnects = kvo_nats_disconnects(s->nats);
+    return idx_metrics_text(s->feed, &s->stats, b);
 }
 
 static void do_metrics(svc *s, kvo_http_req *r) {
@@ -794,12 +791,12 @@ static void handler(void *ctx, kvo_http_req *r) {
     size_t i = 0;
     while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
     if (i == KVO_ARRAY_LEN(routes)) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 404, "no such endpoint");
         return;
     }
     if (routes[i].post ? !post : !get) {
-        s->bad_requests++;
+        s->stats.bad_requests++;
         kvo_http_respond_error(r, 405, routes[i].post ? "use POST" : "use GET");
         return;
     }
@@ -822,8 +819,13 @@ static void handler(void *ctx, kvo_http_req *r) {
 /* Loop                                                                      */
 /* ======================================================================== */
 
-/* Connection changes, and messages dropped before the loop saw them
- * (counted on nats.c's threads, logged here). */
+/* Connection changes, and messages dropped before the loop saw them.
+ * These are counted on nats.c's threads (kvo_nats's connection callbacks,
+ * on_msg's inbox drops, the subscription's own drop count), which must not
+ * log or touch the loop's state: the loop polls them once per turn and logs
+ * each that moved since its last look (the seen_* copies). This is polling
+ * another thread's counters, the only way to hear of these events; what a
+ * call of the loop's own did comes back from the call (idx_feed_result). */
 static void log_nats_changes(svc *s) {
     uint64_t slow = nats_dropped(s), inbox = atomic_load(&s->inbox_drops);
     if (slow != s->seen_nats_dropped || inbox != s->seen_inbox_drops) {
@@ -850,6 +852,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     svc s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
+    if (cfg->nats) s.nats_cfg = *cfg->nats;
+    else kvo_nats_cfg_default(&s.nats_cfg);
     s.evfd = -1;
     idx_scores_init(&s.scores);
     pthread_mutex_init(&s.mu, NULL);
@@ -875,8 +879,9 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
-    kvo_http_server_cfg hc = {.host = host, .port = port, .max_body = 16u << 20,
-                              .handler = handler, .ctx = &s};
+    kvo_http_server_cfg hc = {.host = host, .port = port,
+                              .max_body = HTTP_MAX_BODY, .handler = handler,
+                              .ctx = &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;
@@ -886,7 +891,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
                            {kvo_http_server_fd(s.http), POLLIN, 0}};
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
-        int timeout = t < 0 || t > 200 ? 200 : (int)t;
+        int timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : (int)t;
         long wt = waiters_timeout_ms(&s);
         if (wt >= 0 && wt < timeout) timeout = (int)wt;
         int n = poll(pf, 2, timeout);

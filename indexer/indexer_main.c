@@ -1,13 +1,18 @@
 /* kvo-indexer: the radix index as a service (NATS in, HTTP out), or offline
  * over a capture file (replay). */
 #include "idx.h"
+#include "kvo_nats.h"
 
 #include <nats/nats.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Long-option codes, above every short option's character. */
 enum { OPT_SUBJECT = 256, OPT_HTTP, OPT_BLOCK_SIZE, OPT_LOG_LEVEL };
+
+#define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
+#define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -50,7 +55,8 @@ static const char usage[] =
     "query line), 2 usage or setup error.\n";
 
 typedef struct opts {
-    idx_service_cfg cfg;
+    idx_service_cfg cfg; /* cfg.nats points at nats */
+    kvo_nats_cfg nats;
     kvo_level level;
     bool help, version;
 } opts;
@@ -64,7 +70,7 @@ static kvo_status bad(const char *opt, const char *arg) {
 static kvo_status set_opt(void *ctx, int code, const char *arg) {
     opts *o = ctx;
     idx_service_cfg *c = &o->cfg;
-    int r = kvo_nats_opt_set(&c->nats, code, arg);
+    int r = kvo_nats_opt_set(&o->nats, code, arg);
     if (r != KVO_NATS_OPT_OTHER)
         return r == KVO_NATS_OPT_OK ? KVO_OK : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
@@ -77,7 +83,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_HTTP: c->http = arg; return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
-            c->block_size > (1u << 20))
+            c->block_size > BLOCK_SIZE_MAX)
             return bad("block-size", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
@@ -124,6 +130,8 @@ static int opts_parse(int argc, char **argv, const struct option *table,
                       opts *o, int *first) {
     memset(o, 0, sizeof(*o));
     idx_service_cfg_default(&o->cfg);
+    kvo_nats_cfg_default(&o->nats);
+    o->cfg.nats = &o->nats;
     o->level = KVO_LOG_INFO;
     *first = kvo_getopt(argc, argv, table, set_opt, o);
     if (*first < 0) {
@@ -175,7 +183,7 @@ int main(int argc, char **argv) {
         return KVO_EXIT_USAGE;
     }
     char err[256];
-    if (kvo_nats_cfg_check(&o.cfg.nats, err, sizeof(err)) != KVO_OK) {
+    if (kvo_nats_cfg_check(&o.nats, err, sizeof(err)) != KVO_OK) {
         fprintf(stderr, "kvo-indexer: %s\n", err);
         return KVO_EXIT_USAGE;
     }
@@ -184,11 +192,11 @@ int main(int argc, char **argv) {
     const idx_service_cfg *c = &o.cfg;
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
              "auth=%s tls=%s reconnect_wait_ms=%d",
-             KVO_VERSION, c->nats.url, c->subject, c->http, c->block_size,
-             kvo_nats_cfg_auth(&c->nats), kvo_nats_cfg_tls(&c->nats),
-             c->nats.reconnect_wait_ms);
+             KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
+             kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
+             o.nats.reconnect_wait_ms);
     kvo_status st = idx_service_run(&o.cfg);
-    nats_CloseAndWait(2000);
+    nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;
     fprintf(stderr, "kvo-indexer: %s\n", kvo_strerror(st));
     return KVO_EXIT_USAGE;

@@ -1,7 +1,33 @@
-/* helpers.c -- event builders and assertions for the indexer suites. */
+/* helpers.c -- fixtures, event builders and assertions for the indexer
+ * suites (see idx_test.h). */
 #include "idx_test.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
+
+idx_tree *tt_tree_new(void) {
+    idx_tree *t = NULL;
+    ck_assert_int_eq(idx_tree_new(&t), KVO_OK);
+    return t;
+}
+
+void tt_tree_done(idx_tree *t) {
+    tt_check(t, true);
+    idx_tree_free(t);
+}
+
+uint64_t tt_nodes(const idx_tree *t) {
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    return st.nodes;
+}
+
+uint64_t tt_pairs(const idx_tree *t) {
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    return st.pairs;
+}
 
 idx_evstatus tt_store_bh(idx_tree *t, uint64_t wid, uint32_t rank,
                          const uint64_t *parent, const uint64_t *tok,
@@ -89,4 +115,111 @@ void tt_check(const idx_tree *t, bool strict) {
     if (strict)
         ck_assert_msg(unreachable == 0, "%llu unreachable nodes",
                       (unsigned long long)unreachable);
+}
+
+typedef struct restore {
+    idx_tree *into;
+    size_t events, rejected;
+} restore;
+
+static kvo_status restore_one(void *ctx, const wire_revent *ev) {
+    restore *r = ctx;
+    ck_assert_int_eq(ev->type, WIRE_R_STORED);
+    ck_assert_int_eq(ev->tier, WIRE_TIER_DEVICE);
+    ck_assert_uint_eq(ev->n_blocks, 1);
+    ck_assert_uint_eq(ev->event_id, r->events);
+    r->events++;
+    idx_evstatus st;
+    ck_assert_int_eq(idx_tree_apply(r->into, ev, &st), KVO_OK);
+    ck_assert(st == IDX_EV_OK || st == IDX_EV_PARENT_NOT_FOUND);
+    r->rejected += st == IDX_EV_PARENT_NOT_FOUND;
+    return KVO_OK;
+}
+
+idx_tree *tt_restore(const idx_tree *t, size_t *events, size_t *rejected) {
+    restore r = {tt_tree_new(), 0, 0};
+    ck_assert_int_eq(idx_tree_dump(t, restore_one, &r), KVO_OK);
+    if (events) *events = r.events;
+    if (rejected) *rejected = r.rejected;
+    return r.into;
+}
+
+void tt_same_answers(idx_tree *a, idx_tree *b, const uint64_t *q, size_t n) {
+    idx_scores x, y;
+    idx_scores_init(&x);
+    idx_scores_init(&y);
+    ck_assert_int_eq(idx_tree_query(a, q, n, &x), KVO_OK);
+    ck_assert_int_eq(idx_tree_query(b, q, n, &y), KVO_OK);
+    ck_assert_uint_eq(x.isl_blocks, y.isl_blocks);
+    ck_assert_uint_eq(x.n, y.n);
+    if (x.n) ck_assert_mem_eq(x.v, y.v, x.n * sizeof(idx_score));
+    idx_scores_fini(&x);
+    idx_scores_fini(&y);
+}
+
+const char *const tt_plane_sequence[4] = {"stored_two_blocks", "removed_one",
+                                          "cleared", "mixed_dp2"};
+
+uint8_t *tt_vector(const char *name, size_t *len) {
+    char rel[256];
+    snprintf(rel, sizeof(rel), "tests/data/vectors/event_plane/%s.bin", name);
+    char *path = kt_src_path(rel);
+    uint8_t *b = kt_read_file(path, len);
+    kvo_free(path);
+    return b;
+}
+
+idx_feed *tt_feed_new(void) {
+    idx_feed *f = NULL;
+    ck_assert_int_eq(idx_feed_new(&f), KVO_OK);
+    return f;
+}
+
+idx_feed *tt_feed_of(const char *name, ...) {
+    idx_feed *f = tt_feed_new();
+    va_list ap;
+    va_start(ap, name);
+    for (; name; name = va_arg(ap, const char *))
+        ck_assert_msg(tt_feed_vector(f, name, NULL) == KVO_OK, "%s", name);
+    va_end(ap);
+    return f;
+}
+
+kvo_status tt_feed_vector(idx_feed *f, const char *name, const char *hdr) {
+    size_t len;
+    uint8_t *b = tt_vector(name, &len);
+    kvo_err err;
+    kvo_status s = idx_feed_message(f, b, len, hdr, NULL, &err);
+    kvo_free(b);
+    return s;
+}
+
+json_object *tt_json_at(json_object *o, const char *path) {
+    char key[128];
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ".");
+        ck_assert_uint_lt(n, sizeof(key));
+        memcpy(key, p, n);
+        key[n] = '\0';
+        json_object *v = NULL;
+        ck_assert_msg(json_object_object_get_ex(o, key, &v) && v,
+                      "%s: no member %s", path, key);
+        o = v;
+        p += n + (p[n] == '.');
+    }
+    return o;
+}
+
+uint64_t tt_json_u64(json_object *o, const char *path) {
+    json_object *v = tt_json_at(o, path);
+    ck_assert_msg(json_object_is_type(v, json_type_int), "%s: not an integer",
+                  path);
+    return json_object_get_uint64(v);
+}
+
+void tt_json_eq(json_object *j, const char *want) {
+    ck_assert_ptr_nonnull(j);
+    ck_assert_str_eq(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN),
+                     want);
+    json_object_put(j);
 }

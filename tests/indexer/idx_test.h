@@ -1,8 +1,8 @@
-/* idx_test.h -- helpers shared by the indexer test suites. */
+/* idx_test.h -- fixtures and helpers shared by the indexer test suites. */
 #ifndef IDX_TEST_H
 #define IDX_TEST_H
 
-#include "idx.h"
+#include "idx_int.h"
 #include "kt.h"
 
 Suite *suite_tree(void);
@@ -10,6 +10,14 @@ Suite *suite_model(void);
 Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
+
+/* ---- Trees ---------------------------------------------------------------- */
+
+idx_tree *tt_tree_new(void); /* an empty tree */
+/* The invariant walker passes and leaves nothing unreachable; then free. */
+void tt_tree_done(idx_tree *t);
+uint64_t tt_nodes(const idx_tree *t); /* idx_stats.nodes */
+uint64_t tt_pairs(const idx_tree *t); /* idx_stats.pairs */
 
 /* Events as Dynamo's test_utils build them: block i of a store has
  * tokens_hash = tok[i] and block_hash = tok[i] * 100; a parent is given as
@@ -33,6 +41,37 @@ uint64_t tt_blocks(const idx_tree *t, uint64_t wid, uint32_t rank);
 /* The invariant walker must pass (and, if strict, leave nothing
  * unreachable). */
 void tt_check(const idx_tree *t, bool strict);
+
+/* A new tree restored from t's dump. Every dumped event is a one-block
+ * device store numbered from 0 and restores as ok or parent_not_found;
+ * *events and *rejected (may be NULL) get the counts. */
+idx_tree *tt_restore(const idx_tree *t, size_t *events, size_t *rejected);
+/* a and b give the same scores, in the same order, to the query. */
+void tt_same_answers(idx_tree *a, idx_tree *b, const uint64_t *q, size_t n);
+
+/* ---- Event-plane messages ------------------------------------------------- */
+
+/* The shared vector tests/data/vectors/event_plane/NAME.bin (kvo_free). */
+uint8_t *tt_vector(const char *name, size_t *len);
+/* The vectors of one publisher (42), sequences 0..3 in order: two blocks
+ * stored by worker (7, 0), one removed, the worker cleared, then a message
+ * of two dp ranks. Suites replay them through the feed, a capture, NATS. */
+extern const char *const tt_plane_sequence[4];
+
+idx_feed *tt_feed_new(void); /* an empty feed */
+/* A feed fed the named vectors in order (NULL-terminated), each applied. */
+idx_feed *tt_feed_of(const char *name, ...) __attribute__((sentinel));
+/* idx_feed_message of a vector, with an optional KVO-Zmq-Seq header. */
+kvo_status tt_feed_vector(idx_feed *f, const char *name, const char *hdr);
+
+/* ---- JSON ------------------------------------------------------------------ */
+
+/* The member at a dotted path ("counters.events.stored.ok"), which must be
+ * there; borrowed from o. */
+json_object *tt_json_at(json_object *o, const char *path);
+uint64_t tt_json_u64(json_object *o, const char *path);
+/* j (non-NULL) prints as want (json-c's plain form); j is put. */
+void tt_json_eq(json_object *j, const char *want);
 
 #define U64S(...) ((const uint64_t[]){__VA_ARGS__})
 #define NARGS(...) (sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))

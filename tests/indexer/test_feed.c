@@ -7,24 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint8_t *vector(const char *name, size_t *len) {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "tests/data/vectors/event_plane/%s.bin", name);
-    char *path = kt_src_path(rel);
-    uint8_t *b = kt_read_file(path, len);
-    kvo_free(path);
-    return b;
-}
-
-static kvo_status feed_vector(idx_feed *f, const char *name, const char *hdr) {
-    size_t len;
-    uint8_t *b = vector(name, &len);
-    kvo_err err;
-    kvo_status s = idx_feed_message(f, b, len, hdr, &err);
-    kvo_free(b);
-    return s;
-}
-
 /* An envelope around one stored RouterEvent of n blocks (tokens_hash i+1,
  * block_hash 100 (i+1)), encoded with the codec. */
 static uint8_t *envelope(uint64_t pub, uint64_t seq, uint64_t worker,
@@ -51,25 +33,31 @@ static uint8_t *envelope(uint64_t pub, uint64_t seq, uint64_t worker,
     return out.data;
 }
 
-static idx_feed *feed_new(void) {
-    idx_feed *f = NULL;
-    ck_assert_int_eq(idx_feed_new(&f), KVO_OK);
-    return f;
+/* Feed f one envelope(pub, seq, worker, tier, n) with header hdr (may be
+ * NULL); *r (may be NULL) gets the result. */
+static kvo_status feed_envelope(idx_feed *f, uint64_t pub, uint64_t seq,
+                                uint64_t worker, wire_tier tier, uint32_t n,
+                                const char *hdr, idx_feed_result *r) {
+    size_t len;
+    uint8_t *b = envelope(pub, seq, worker, tier, n, &len);
+    kvo_status s = idx_feed_message(f, b, len, hdr, r, NULL);
+    kvo_free(b);
+    return s;
 }
 
 START_TEST(shared_vectors_apply_in_order) {
-    idx_feed *f = feed_new();
+    idx_feed *f = tt_feed_new();
     idx_tree *t = idx_feed_tree(f);
-    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
     ck_assert_uint_eq(tt_blocks(t, 7, 0), 2);
     /* tokens [1,2,3,4] hash to the vector's first tokens_hash */
     uint64_t q[] = {14643705804678351452ull, 16777012769546811212ull};
     ck_assert_uint_eq(tt_score(t, q, 2, 7, 0), 2);
-    ck_assert_int_eq(feed_vector(f, "removed_one", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "removed_one", NULL), KVO_OK);
     ck_assert_uint_eq(tt_score(t, q, 2, 7, 0), 1);
-    ck_assert_int_eq(feed_vector(f, "cleared", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "cleared", NULL), KVO_OK);
     ck_assert_uint_eq(tt_blocks(t, 7, 0), 0);
-    ck_assert_int_eq(feed_vector(f, "mixed_dp2", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "mixed_dp2", NULL), KVO_OK);
     ck_assert_uint_eq(tt_blocks(t, 9, 2), 0);
     idx_counters c;
     idx_tree_counters(t, &c);
@@ -84,8 +72,7 @@ START_TEST(shared_vectors_apply_in_order) {
     ck_assert_uint_eq(k.applied, 4);
     ck_assert_uint_eq(k.gaps + k.duplicates + k.undecodable, 0);
     /* the single-RouterEvent form (older Dynamo) from another publisher */
-    idx_feed *g = feed_new();
-    ck_assert_int_eq(feed_vector(g, "legacy_single_event", NULL), KVO_OK);
+    idx_feed *g = tt_feed_of("legacy_single_event", NULL);
     ck_assert_uint_eq(tt_blocks(idx_feed_tree(g), 7, 0), 2);
     idx_feed_free(g);
     tt_check(t, true);
@@ -94,22 +81,20 @@ START_TEST(shared_vectors_apply_in_order) {
 END_TEST
 
 START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
-    idx_feed *f = feed_new();
-    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
-    ck_assert_int_eq(feed_vector(f, "removed_one", NULL), KVO_OK);
+    idx_feed *f = tt_feed_of("stored_two_blocks", "removed_one", NULL);
     /* the same (publisher, sequence, body) again: dropped */
-    ck_assert_int_eq(feed_vector(f, "removed_one", NULL), KVO_EEXIST);
-    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_EEXIST);
+    ck_assert_int_eq(tt_feed_vector(f, "removed_one", NULL), KVO_EEXIST);
+    ck_assert_int_eq(tt_feed_vector(f, "stored_two_blocks", NULL), KVO_EEXIST);
     ck_assert_uint_eq(tt_blocks(idx_feed_tree(f), 7, 0), 1);
     /* sequence 2 is skipped */
-    ck_assert_int_eq(feed_vector(f, "mixed_dp2", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "mixed_dp2", NULL), KVO_OK);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.duplicates, 2);
     ck_assert_uint_eq(k.gaps, 1);
     ck_assert_uint_eq(k.missed, 1);
     /* sequence 0 again with another body: the publisher restarted */
-    ck_assert_int_eq(feed_vector(f, "legacy_single_event", NULL), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "legacy_single_event", NULL), KVO_OK);
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.restarts, 1);
     ck_assert_uint_eq(k.applied, 4);
@@ -124,10 +109,8 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
     ck_assert_uint_eq(p[0].gaps, 1);
     kvo_free(p);
     /* a publisher first heard at sequence 5 missed 0..4 */
-    size_t len;
-    uint8_t *b = envelope(77, 5, 1, WIRE_TIER_DEVICE, 1, &len);
-    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL), KVO_OK);
-    kvo_free(b);
+    ck_assert_int_eq(feed_envelope(f, 77, 5, 1, WIRE_TIER_DEVICE, 1, NULL, NULL),
+                     KVO_OK);
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.gaps, 2);
     ck_assert_uint_eq(k.missed, 6);
@@ -135,49 +118,108 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
 }
 END_TEST
 
-START_TEST(zmq_seq_headers_make_the_watermark) {
-    idx_feed *f = feed_new();
+/* The result names what became of each message, as the counters count
+ * it: the service logs from it. */
+START_TEST(message_result_says_what_happened) {
+    idx_feed *f = tt_feed_new();
+    idx_feed_result r;
+    ck_assert_int_eq(feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 2, "1-2", &r),
+                     KVO_OK);
+    ck_assert(r.applied && !r.duplicate && !r.undecodable && !r.restart &&
+              !r.bad_header);
+    ck_assert_uint_eq(r.publisher_id, 5);
+    ck_assert_uint_eq(r.sequence, 0);
+    ck_assert_uint_eq(r.missed + r.other_tier + r.lost, 0);
+    ck_assert_int_eq(feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 2, NULL, &r),
+                     KVO_EEXIST);
+    ck_assert(r.duplicate && !r.applied);
+    ck_assert_uint_eq(r.publisher_id, 5);
+    /* sequence 4 after 0: 1..3 missed; and a malformed header */
+    ck_assert_int_eq(feed_envelope(f, 5, 4, 1, WIRE_TIER_DEVICE, 1, "x", &r),
+                     KVO_OK);
+    ck_assert(r.applied && r.bad_header && !r.restart);
+    ck_assert_uint_eq(r.sequence, 4);
+    ck_assert_uint_eq(r.missed, 3);
+    /* sequence 0 again with another body: a restart, applied */
+    ck_assert_int_eq(feed_envelope(f, 5, 0, 2, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert(r.applied && r.restart && !r.duplicate);
+    ck_assert_uint_eq(r.missed, 0);
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 1, 1, WIRE_TIER_HOST_PINNED, 1, NULL, &r), KVO_OK);
+    ck_assert(r.applied);
+    ck_assert_uint_eq(r.other_tier, 1);
+    const uint8_t junk[] = {0x93, 0x01, 0x02};
+    kvo_err err;
+    ck_assert_int_ne(idx_feed_message(f, junk, sizeof(junk), NULL, &r, &err),
+                     KVO_OK);
+    ck_assert(r.undecodable && !r.applied);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.messages, 6);
+    ck_assert_uint_eq(k.applied, 4);
+    uint64_t once[] = {k.duplicates, k.restarts,   k.gaps,
+                       k.bad_headers, k.other_tier, k.undecodable};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(once); i++)
+        ck_assert_uint_eq(once[i], 1);
+    ck_assert_uint_eq(k.missed, 3);
+    idx_feed_free(f);
+
+    /* allocation failures: nothing applied, or applied with events lost */
+    bool lost = false;
     size_t len;
-    uint8_t *b0 = envelope(5, 0, 1, WIRE_TIER_DEVICE, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b0, len, "10-14", NULL), KVO_OK);
-    kvo_free(b0);
-    uint8_t *b1 = envelope(5, 1, 1, WIRE_TIER_DEVICE, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b1, len, "15-15", NULL), KVO_OK);
-    kvo_free(b1);
+    uint8_t *b = envelope(6, 0, 1, WIRE_TIER_DEVICE, 3, &len);
+    for (long n = 0; n < 200; n++) {
+        f = tt_feed_new();
+        kvo_alloc_fail_after(n);
+        kvo_status s = idx_feed_message(f, b, len, NULL, &r, NULL);
+        kvo_alloc_fail_after(-1);
+        ck_assert(!r.duplicate && !r.undecodable);
+        if (s == KVO_OK) ck_assert(r.applied && r.lost == 0);
+        else ck_assert(s == KVO_ENOMEM && (r.applied == (r.lost == 1)));
+        idx_feed_counters_get(f, &k);
+        ck_assert_uint_eq(k.enomem, r.lost);
+        lost |= r.lost > 0;
+        idx_feed_free(f);
+        if (s == KVO_OK) break;
+    }
+    ck_assert(lost);
+    kvo_free(b);
+}
+END_TEST
+
+START_TEST(zmq_seq_headers_make_the_watermark) {
+    idx_feed *f = tt_feed_new();
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 2, "10-14", NULL), KVO_OK);
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 1, 1, WIRE_TIER_DEVICE, 2, "15-15", NULL), KVO_OK);
     const char *bad[] = {"x-1", "9-3", "15", "-3", "1-", "1-2-3",
                          "99999999999999999999-1", ""};
-    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
-        uint8_t *b = envelope(5, 2 + i, 1, WIRE_TIER_DEVICE, 1, &len);
-        ck_assert_int_eq(idx_feed_message(f, b, len, bad[i], NULL), KVO_OK);
-        kvo_free(b);
-    }
-    uint8_t *b2 = envelope(6, 0, 2, WIRE_TIER_DEVICE, 1, &len);
-    ck_assert_int_eq(idx_feed_message(f, b2, len, NULL, NULL), KVO_OK);
-    kvo_free(b2);
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++)
+        ck_assert_int_eq(feed_envelope(f, 5, 2 + i, 1, WIRE_TIER_DEVICE, 1,
+                                       bad[i], NULL),
+                         KVO_OK);
+    ck_assert_int_eq(feed_envelope(f, 6, 0, 2, WIRE_TIER_DEVICE, 1, NULL, NULL),
+                     KVO_OK);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.bad_headers, KVO_ARRAY_LEN(bad));
-    json_object *w = idx_json_watermark(f);
-    ck_assert_ptr_nonnull(w);
-    const char *s = json_object_to_json_string_ext(w, JSON_C_TO_STRING_PLAIN);
-    ck_assert_str_eq(s,
-                     "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":9,"
-                     "\"messages\":10,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
-                     "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":15},"
-                     "{\"publisher_id\":6,\"last_sequence\":0,\"messages\":1,"
-                     "\"gaps\":0,\"missed\":0,\"duplicates\":0,\"restarts\":0,"
-                     "\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
-    json_object_put(w);
+    tt_json_eq(idx_json_watermark(f),
+               "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":9,"
+               "\"messages\":10,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
+               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":15},"
+               "{\"publisher_id\":6,\"last_sequence\":0,\"messages\":1,"
+               "\"gaps\":0,\"missed\":0,\"duplicates\":0,\"restarts\":0,"
+               "\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
     idx_feed_free(f);
 }
 END_TEST
 
 START_TEST(lower_tiers_are_counted_not_indexed) {
-    idx_feed *f = feed_new();
-    size_t len;
-    uint8_t *b = envelope(1, 0, 3, WIRE_TIER_HOST_PINNED, 2, &len);
-    ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL), KVO_OK);
-    kvo_free(b);
+    idx_feed *f = tt_feed_new();
+    ck_assert_int_eq(
+        feed_envelope(f, 1, 0, 3, WIRE_TIER_HOST_PINNED, 2, NULL, NULL), KVO_OK);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.other_tier, 1);
@@ -187,18 +229,18 @@ START_TEST(lower_tiers_are_counted_not_indexed) {
 END_TEST
 
 START_TEST(hostile_bytes_are_counted_and_never_crash) {
-    idx_feed *f = feed_new();
+    idx_feed *f = tt_feed_new();
     size_t len;
-    uint8_t *b = vector("mixed_dp2", &len);
+    uint8_t *b = tt_vector("mixed_dp2", &len);
     uint64_t undecodable = 0;
     for (size_t cut = 0; cut < len; cut++) {
         kvo_err err;
-        kvo_status s = idx_feed_message(f, b, cut, NULL, &err);
+        kvo_status s = idx_feed_message(f, b, cut, NULL, NULL, &err);
         ck_assert_msg(s != KVO_OK, "prefix of %zu bytes applied", cut);
         undecodable++;
     }
     const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
-    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL), KVO_OK);
+    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL, NULL), KVO_OK);
     undecodable++;
     /* flipped bytes: whatever decodes applies, the rest is counted */
     uint8_t *m = kvo_malloc(len);
@@ -207,7 +249,7 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
         memcpy(m, b, len);
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         m[(seed >> 33) % len] ^= (uint8_t)(1u << ((seed >> 20) & 7));
-        idx_feed_message(f, m, len, "1-2", NULL);
+        idx_feed_message(f, m, len, "1-2", NULL, NULL);
     }
     kvo_free(m);
     idx_feed_counters k;
@@ -230,8 +272,7 @@ static kvo_status query(idx_tree *t, const char *json, int want, idx_scores *s,
 }
 
 START_TEST(query_json_answers_and_rejects) {
-    idx_feed *f = feed_new();
-    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
+    idx_feed *f = tt_feed_of("stored_two_blocks", NULL);
     idx_tree *t = idx_feed_tree(f);
     idx_scores s;
     idx_scores_init(&s);
@@ -252,11 +293,8 @@ START_TEST(query_json_answers_and_rejects) {
                               "16777012769546811212, 5]}", 0, &s, err), KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 3);
     ck_assert_uint_eq(s.v[0].blocks, 2);
-    json_object *j = idx_json_scores(&s);
-    ck_assert_str_eq(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN),
-                     "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
-                     "\"dp_rank\":0,\"blocks\":2}]}");
-    json_object_put(j);
+    tt_json_eq(idx_json_scores(&s), "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
+                                    "\"dp_rank\":0,\"blocks\":2}]}");
     const char *bad[][2] = {
         {"[1,2]", "expected a JSON object"},
         {"{}", "missing token_ids"},
@@ -282,39 +320,27 @@ START_TEST(query_json_answers_and_rejects) {
 END_TEST
 
 START_TEST(json_shapes_of_counters_workers_and_events) {
-    idx_feed *f = feed_new();
-    ck_assert_int_eq(feed_vector(f, "stored_two_blocks", NULL), KVO_OK);
-    ck_assert_int_eq(feed_vector(f, "mixed_dp2", NULL), KVO_OK);
+    idx_feed *f = tt_feed_of("stored_two_blocks", "mixed_dp2", NULL);
     json_object *c = idx_json_counters(f);
     ck_assert_ptr_nonnull(c);
-    json_object *ev, *st, *v;
-    ck_assert(json_object_object_get_ex(c, "events", &ev));
-    ck_assert(json_object_object_get_ex(ev, "stored", &st));
-    ck_assert(json_object_object_get_ex(st, "ok", &v));
-    ck_assert_uint_eq(json_object_get_uint64(v), 3);
-    ck_assert(json_object_object_get_ex(st, "parent_not_found", &v));
-    ck_assert(json_object_object_get_ex(c, "gaps", &v));
-    ck_assert_uint_eq(json_object_get_uint64(v), 1);
-    ck_assert(json_object_object_get_ex(c, "pairs", &v));
-    ck_assert_uint_eq(json_object_get_uint64(v), 2);
+    ck_assert_uint_eq(tt_json_u64(c, "events.stored.ok"), 3);
+    ck_assert_uint_eq(tt_json_u64(c, "events.stored.parent_not_found"), 0);
+    ck_assert_uint_eq(tt_json_u64(c, "gaps"), 1);
+    ck_assert_uint_eq(tt_json_u64(c, "pairs"), 2);
     json_object_put(c);
-    json_object *w = idx_json_workers(idx_feed_tree(f));
-    ck_assert_str_eq(json_object_to_json_string_ext(w, JSON_C_TO_STRING_PLAIN),
-                     "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":2},"
-                     "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
-    json_object_put(w);
+    tt_json_eq(idx_json_workers(idx_feed_tree(f)),
+               "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":2},"
+               "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
     wire_rblock b = {18446744073709551615ull, 1};
     wire_revent e = {.worker_id = 3, .dp_rank = 1, .event_id = 4,
                      .type = WIRE_R_STORED, .has_parent = true,
                      .parent_hash = 9, .n_blocks = 1, .blocks = &b};
-    json_object *j = idx_json_revent(&e);
-    ck_assert_str_eq(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN),
-                     "{\"worker_id\":3,\"storage_tier\":\"device\",\"event\":"
-                     "{\"event_id\":4,\"data\":{\"stored\":{\"parent_hash\":9,"
-                     "\"start_position\":null,\"blocks\":[{\"block_hash\":"
-                     "18446744073709551615,\"tokens_hash\":1,\"mm_extra_info\":"
-                     "null}]}},\"dp_rank\":1}}");
-    json_object_put(j);
+    tt_json_eq(idx_json_revent(&e),
+               "{\"worker_id\":3,\"storage_tier\":\"device\",\"event\":"
+               "{\"event_id\":4,\"data\":{\"stored\":{\"parent_hash\":9,"
+               "\"start_position\":null,\"blocks\":[{\"block_hash\":"
+               "18446744073709551615,\"tokens_hash\":1,\"mm_extra_info\":"
+               "null}]}},\"dp_rank\":1}}");
     idx_feed_free(f);
 }
 END_TEST
@@ -324,6 +350,7 @@ Suite *suite_feed(void) {
     TCase *tc = tcase_create("feed");
     tcase_add_test(tc, shared_vectors_apply_in_order);
     tcase_add_test(tc, duplicates_are_dropped_gaps_and_restarts_counted);
+    tcase_add_test(tc, message_result_says_what_happened);
     tcase_add_test(tc, zmq_seq_headers_make_the_watermark);
     tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);

@@ -291,11 +291,6 @@ static void compare_state(const idx_tree *t, const model *m, uint64_t seed,
     ck_assert_uint_eq(st.pairs, pairs);
 }
 
-static kvo_status restore_cb(void *ctx, const wire_revent *ev) {
-    idx_evstatus st;
-    return idx_tree_apply(ctx, ev, &st);
-}
-
 /* ---- Random streams ----------------------------------------------------- */
 
 static uint64_t chain_hash(uint64_t parent, uint64_t t) {
@@ -311,8 +306,7 @@ static void run_model(uint64_t seed, long steps, bool chaotic) {
     uint64_t rs = seed;
     model m;
     memset(&m, 0, sizeof(m));
-    idx_tree *t = NULL;
-    ck_assert_int_eq(idx_tree_new(&t), KVO_OK);
+    idx_tree *t = tt_tree_new();
     const uint64_t wids[] = {0, 1, 7, 1ull << 63};
     for (long step = 0; step < steps; step++) {
         uint64_t wid = wids[rnd(&rs, 4)];
@@ -386,8 +380,7 @@ static void run_model(uint64_t seed, long steps, bool chaotic) {
         compare_state(t, &m, seed, step);
         idx_tree *restored = NULL;
         if (!chaotic && step % 10 == 0) {
-            ck_assert_int_eq(idx_tree_new(&restored), KVO_OK);
-            ck_assert_int_eq(idx_tree_dump(t, restore_cb, restored), KVO_OK);
+            restored = tt_restore(t, NULL, NULL);
             tt_check(restored, true);
         }
         compare_queries(t, &m, &rs, seed, step, restored);

@@ -44,12 +44,21 @@ static uint16_t logged_port(kt_proc *p) {
     return 0;
 }
 
-static void env_start(env *e, const char *const extra[]) {
+/* nats-server (wanting token, when not NULL), then kvo-indexer on it
+ * (--http on a free port, --block-size 4, the token, then extra), ready
+ * to answer; then the test's own NATS connection and HTTP client. */
+static void env_start(env *e, const char *token, const char *const extra[]) {
     memset(e, 0, sizeof(*e));
-    kt_nats_start(&e->nats);
+    const char *auth[] = {"--auth", token, NULL};
+    if (token) kt_nats_start_args(&e->nats, auth);
+    else kt_nats_start(&e->nats);
     const char *args[16] = {"--nats", e->nats.url, "--http", "127.0.0.1:0",
                             "--block-size", "4"};
     int n = 6;
+    if (token) {
+        args[n++] = "--nats-token";
+        args[n++] = token;
+    }
     for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
     kt_proc_start(&e->idx, "kvo-indexer", args);
@@ -58,7 +67,12 @@ static void env_start(env *e, const char *const extra[]) {
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);
     kt_proc_wait_http(&e->idx, url, 10000);
-    ck_assert_int_eq(natsConnection_ConnectTo(&e->nc, e->nats.url), NATS_OK);
+    natsOptions *o;
+    ck_assert_int_eq(natsOptions_Create(&o), NATS_OK);
+    ck_assert_int_eq(natsOptions_SetURL(o, e->nats.url), NATS_OK);
+    if (token) ck_assert_int_eq(natsOptions_SetToken(o, token), NATS_OK);
+    ck_assert_int_eq(natsConnection_Connect(&e->nc, o), NATS_OK);
+    natsOptions_Destroy(o);
     ck_assert_int_eq(kvo_http_client_new(&e->http, 5000), KVO_OK);
     kvo_http_resp_init(&e->resp);
 }
@@ -83,14 +97,10 @@ static void publish(env *e, const uint8_t *b, size_t len, const char *hdr) {
 }
 
 static void publish_vector(env *e, const char *name, const char *hdr) {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "tests/data/vectors/event_plane/%s.bin", name);
-    char *path = kt_src_path(rel);
     size_t len;
-    uint8_t *b = kt_read_file(path, &len);
+    uint8_t *b = tt_vector(name, &len);
     publish(e, b, len, hdr);
     kvo_free(b);
-    kvo_free(path);
 }
 
 static json_object *get_json(env *e, const char *path) {
@@ -116,9 +126,8 @@ static long post(env *e, const char *path, const char *body, char **out) {
 }
 
 static uint64_t counter(env *e, const char *key) {
-    json_object *j = get_json(e, "/counters"), *v;
-    ck_assert_msg(json_object_object_get_ex(j, key, &v), "no counter %s", key);
-    uint64_t r = json_object_get_uint64(v);
+    json_object *j = get_json(e, "/counters");
+    uint64_t r = tt_json_u64(j, key);
     json_object_put(j);
     return r;
 }
@@ -128,12 +137,9 @@ static uint64_t tt_blocks_http(env *e) {
     json_object *j = get_json(e, "/workers");
     uint64_t r = UINT64_MAX;
     for (size_t i = 0; i < json_object_array_length(j); i++) {
-        json_object *w = json_object_array_get_idx(j, i), *id, *rank, *b;
-        json_object_object_get_ex(w, "worker_id", &id);
-        json_object_object_get_ex(w, "dp_rank", &rank);
-        json_object_object_get_ex(w, "blocks", &b);
-        if (json_object_get_uint64(id) == 7 && json_object_get_uint64(rank) == 0)
-            r = json_object_get_uint64(b);
+        json_object *w = json_object_array_get_idx(j, i);
+        if (tt_json_u64(w, "worker_id") == 7 && tt_json_u64(w, "dp_rank") == 0)
+            r = tt_json_u64(w, "blocks");
     }
     json_object_put(j);
     return r;
@@ -151,7 +157,7 @@ static void wait_messages(env *e, uint64_t n) {
 
 START_TEST(service_indexes_the_event_plane_and_answers_http) {
     env e;
-    env_start(&e, NULL);
+    env_start(&e, NULL, NULL);
     char *out, q[256];
     snprintf(q, sizeof(q), "{\"tokens_hashes\": [%llu, %llu, 3]}",
              (unsigned long long)H1, (unsigned long long)H2);
@@ -183,29 +189,21 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
     ck_assert_uint_eq(counter(&e, "undecodable"), 1);
     ck_assert_uint_eq(counter(&e, "applied"), 3);
 
-    json_object *w = get_json(&e, "/watermark");
-    ck_assert_str_eq(json_object_to_json_string_ext(w, JSON_C_TO_STRING_PLAIN),
-                     "{\"publishers\":[{\"publisher_id\":42,\"last_sequence\":3,"
-                     "\"messages\":3,\"gaps\":1,\"missed\":1,\"duplicates\":1,"
-                     "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":20}]}");
-    json_object_put(w);
-    w = get_json(&e, "/workers");
-    ck_assert_str_eq(json_object_to_json_string_ext(w, JSON_C_TO_STRING_PLAIN),
-                     "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":1},"
-                     "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
-    json_object_put(w);
-    w = get_json(&e, "/dump");
-    ck_assert_str_eq(json_object_to_json_string_ext(w, JSON_C_TO_STRING_PLAIN),
-                     "[{\"worker_id\":7,\"storage_tier\":\"device\",\"event\":"
-                     "{\"event_id\":0,\"data\":{\"stored\":{\"parent_hash\":null,"
-                     "\"start_position\":null,\"blocks\":[{\"block_hash\":"
-                     "14643705804678351452,\"tokens_hash\":14643705804678351452,"
-                     "\"mm_extra_info\":null}]}},\"dp_rank\":0}}]");
-    json_object_put(w);
-    w = get_json(&e, "/health");
-    json_object *v;
-    ck_assert(json_object_object_get_ex(w, "nats", &v));
-    ck_assert_str_eq(json_object_get_string(v), "connected");
+    tt_json_eq(get_json(&e, "/watermark"),
+               "{\"publishers\":[{\"publisher_id\":42,\"last_sequence\":3,"
+               "\"messages\":3,\"gaps\":1,\"missed\":1,\"duplicates\":1,"
+               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":20}]}");
+    tt_json_eq(get_json(&e, "/workers"),
+               "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":1},"
+               "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
+    tt_json_eq(get_json(&e, "/dump"),
+               "[{\"worker_id\":7,\"storage_tier\":\"device\",\"event\":"
+               "{\"event_id\":0,\"data\":{\"stored\":{\"parent_hash\":null,"
+               "\"start_position\":null,\"blocks\":[{\"block_hash\":"
+               "14643705804678351452,\"tokens_hash\":14643705804678351452,"
+               "\"mm_extra_info\":null}]}},\"dp_rank\":0}}]");
+    json_object *w = get_json(&e, "/health");
+    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "nats")), "connected");
     json_object_put(w);
 
     char url[256];
@@ -249,25 +247,8 @@ END_TEST
  * the same token sends; --nats-user without --nats-password is a usage
  * error. */
 START_TEST(service_passes_nats_credentials_through) {
-    static const char *const token[] = {"--auth", "s3cret", NULL};
-    kt_nats ns;
-    kt_nats_start_args(&ns, token);
-    const char *url = ns.url;
-
     env e;
-    memset(&e, 0, sizeof(e));
-    const char *args[] = {"--nats", url, "--nats-token", "s3cret", "--http",
-                          "127.0.0.1:0", NULL};
-    kt_proc_start(&e.idx, "kvo-indexer", args);
-    snprintf(e.base, sizeof(e.base), "http://127.0.0.1:%u", logged_port(&e.idx));
-    ck_assert_int_eq(kvo_http_client_new(&e.http, 5000), KVO_OK);
-    kvo_http_resp_init(&e.resp);
-    natsOptions *o;
-    ck_assert_int_eq(natsOptions_Create(&o), NATS_OK);
-    ck_assert_int_eq(natsOptions_SetURL(o, url), NATS_OK);
-    ck_assert_int_eq(natsOptions_SetToken(o, "s3cret"), NATS_OK);
-    ck_assert_int_eq(natsConnection_Connect(&e.nc, o), NATS_OK);
-    natsOptions_Destroy(o);
+    env_start(&e, "s3cret", NULL);
     /* publish until the indexer, once subscribed, has applied one */
     for (int i = 0; i < 400 && counter(&e, "applied") == 0; i++) {
         publish_vector(&e, "stored_two_blocks", NULL);
@@ -275,19 +256,152 @@ START_TEST(service_passes_nats_credentials_through) {
     }
     ck_assert_uint_ge(counter(&e, "applied"), 1);
     ck_assert_uint_eq(tt_blocks_http(&e), 2);
-    kvo_http_resp_fini(&e.resp);
-    kvo_http_client_free(e.http);
-    natsConnection_Destroy(e.nc);
-    ck_assert_int_eq(kt_proc_stop(&e.idx), 0);
-    kt_nats_stop(&ns);
 
     kt_proc p;
-    const char *bad[] = {"--nats", url, "--nats-user", "u", NULL};
+    const char *bad[] = {"--nats", e.nats.url, "--nats-user", "u", NULL};
     kt_proc_start(&p, "kvo-indexer", bad);
     for (int i = 0; i < 500 && kvo_proc_alive(&p.proc); i++) usleep(10000);
     ck_assert(!kvo_proc_alive(&p.proc));
     ck_assert_int_eq(p.proc.exit_status, 2);
     kt_proc_stop(&p);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* GET /metrics's text, every line of it (the memory gauge only by its
+ * name: it follows the tree's growth policy): the names, HELP and TYPE
+ * lines, labels and values kvo-check and Prometheus read. */
+START_TEST(metrics_text_is_pinned_line_by_line) {
+    idx_feed *f = tt_feed_of("stored_two_blocks", "removed_one", NULL);
+    ck_assert_int_eq(tt_feed_vector(f, "removed_one", NULL), KVO_EEXIST);
+    ck_assert_int_eq(tt_feed_vector(f, "mixed_dp2", "13-20"), KVO_OK);
+    ck_assert_int_eq(tt_feed_vector(f, "legacy_single_event", "x"), KVO_OK);
+    const uint8_t junk[] = {0x93, 0x01, 0x02};
+    ck_assert_int_ne(idx_feed_message(f, junk, sizeof(junk), NULL, NULL, NULL),
+                     KVO_OK);
+    idx_service_stats st = {.slow_consumer_drops = 3, .inbox_drops = 2,
+                            .nats_disconnects = 1, .bad_requests = 4,
+                            .lat_count = {1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+                            .lat_sum = 0.000123456};
+    static const char *const want[] = {
+        "# HELP kvo_indexer_events_total RouterEvents applied, by type and status.",
+        "# TYPE kvo_indexer_events_total counter",
+        "kvo_indexer_events_total{type=\"stored\",status=\"ok\"} 4",
+        "kvo_indexer_events_total{type=\"stored\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"invalid_block\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"ok\"} 2",
+        "kvo_indexer_events_total{type=\"removed\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"invalid_block\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"ok\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"parent_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"invalid_block\"} 0",
+        "# HELP kvo_indexer_blocks_total Block operations, by outcome.",
+        "# TYPE kvo_indexer_blocks_total counter",
+        "kvo_indexer_blocks_total{op=\"stored\"} 6",
+        "kvo_indexer_blocks_total{op=\"removed\"} 3",
+        "kvo_indexer_blocks_total{op=\"not_found\"} 0",
+        "kvo_indexer_blocks_total{op=\"hash_mismatch\"} 0",
+        "# HELP kvo_indexer_resident_blocks Blocks (tree nodes) held by at least one worker.",
+        "# TYPE kvo_indexer_resident_blocks gauge",
+        "kvo_indexer_resident_blocks 2",
+        "# HELP kvo_indexer_tree_nodes Tree nodes, including emptied ones Dynamo's rules keep.",
+        "# TYPE kvo_indexer_tree_nodes gauge",
+        "kvo_indexer_tree_nodes 2",
+        "# HELP kvo_indexer_pairs (block, worker) pairs: entries of the workers' lookups.",
+        "# TYPE kvo_indexer_pairs gauge",
+        "kvo_indexer_pairs 2",
+        "# HELP kvo_indexer_workers Known (worker_id, dp_rank) pairs.",
+        "# TYPE kvo_indexer_workers gauge",
+        "kvo_indexer_workers 2",
+        "# HELP kvo_indexer_memory_bytes Memory held by the tree.",
+        "# TYPE kvo_indexer_memory_bytes gauge",
+        "kvo_indexer_memory_bytes ",
+        "# HELP kvo_indexer_messages_total Event-plane messages received.",
+        "# TYPE kvo_indexer_messages_total counter",
+        "kvo_indexer_messages_total 6",
+        "# HELP kvo_indexer_messages_applied_total Messages decoded and applied.",
+        "# TYPE kvo_indexer_messages_applied_total counter",
+        "kvo_indexer_messages_applied_total 4",
+        "# HELP kvo_indexer_duplicates_total Exact duplicates dropped.",
+        "# TYPE kvo_indexer_duplicates_total counter",
+        "kvo_indexer_duplicates_total 1",
+        "# HELP kvo_indexer_restarts_total Publisher restarts seen.",
+        "# TYPE kvo_indexer_restarts_total counter",
+        "kvo_indexer_restarts_total 1",
+        "# HELP kvo_indexer_gaps_total Sequence gaps.",
+        "# TYPE kvo_indexer_gaps_total counter",
+        "kvo_indexer_gaps_total 1",
+        "# HELP kvo_indexer_missed_total Messages missed in gaps.",
+        "# TYPE kvo_indexer_missed_total counter",
+        "kvo_indexer_missed_total 1",
+        "# HELP kvo_indexer_undecodable_total Undecodable messages.",
+        "# TYPE kvo_indexer_undecodable_total counter",
+        "kvo_indexer_undecodable_total 1",
+        "# HELP kvo_indexer_bad_headers_total Malformed KVO-Zmq-Seq headers.",
+        "# TYPE kvo_indexer_bad_headers_total counter",
+        "kvo_indexer_bad_headers_total 1",
+        "# HELP kvo_indexer_other_tier_total RouterEvents of non-device tiers (not indexed).",
+        "# TYPE kvo_indexer_other_tier_total counter",
+        "kvo_indexer_other_tier_total 0",
+        "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation failure.",
+        "# TYPE kvo_indexer_enomem_total counter",
+        "kvo_indexer_enomem_total 0",
+        "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
+        "# TYPE kvo_indexer_slow_consumer_drops_total counter",
+        "kvo_indexer_slow_consumer_drops_total 3",
+        "# HELP kvo_indexer_inbox_dropped_total Messages dropped for want of memory before the loop saw them.",
+        "# TYPE kvo_indexer_inbox_dropped_total counter",
+        "kvo_indexer_inbox_dropped_total 2",
+        "# HELP kvo_indexer_nats_disconnects_total NATS disconnects.",
+        "# TYPE kvo_indexer_nats_disconnects_total counter",
+        "kvo_indexer_nats_disconnects_total 1",
+        "# HELP kvo_indexer_bad_requests_total HTTP requests answered 4xx.",
+        "# TYPE kvo_indexer_bad_requests_total counter",
+        "kvo_indexer_bad_requests_total 4",
+        "# HELP kvo_indexer_query_seconds Query latency (parse excluded, hashing included).",
+        "# TYPE kvo_indexer_query_seconds histogram",
+        "kvo_indexer_query_seconds_bucket{le=\"1e-06\"} 1",
+        "kvo_indexer_query_seconds_bucket{le=\"2.5e-06\"} 1",
+        "kvo_indexer_query_seconds_bucket{le=\"5e-06\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"1e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"2.5e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"5e-05\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.0001\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.00025\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.001\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.01\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"0.1\"} 3",
+        "kvo_indexer_query_seconds_bucket{le=\"+Inf\"} 4",
+        "kvo_indexer_query_seconds_sum 0.000123456",
+        "kvo_indexer_query_seconds_count 4",
+    };
+    kvo_buf b;
+    kvo_buf_init(&b);
+    ck_assert_int_eq(idx_metrics_text(f, &st, &b), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&b), KVO_OK);
+    const char *line = (const char *)b.data;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(want); i++) {
+        const char *nl = strchr(line, '\n');
+        ck_assert_msg(nl, "line %zu missing: %s", i + 1, want[i]);
+        size_t len = strlen(want[i]);
+        if (strcmp(want[i], "kvo_indexer_memory_bytes ") == 0)
+            ck_assert_msg(strncmp(line, want[i], len) == 0 &&
+                              strspn(line + len, "0123456789") ==
+                                  (size_t)(nl - line) - len,
+                          "line %zu: %.*s", i + 1, (int)(nl - line), line);
+        else
+            ck_assert_msg((size_t)(nl - line) == len &&
+                              strncmp(line, want[i], len) == 0,
+                          "line %zu: %.*s, want %s", i + 1, (int)(nl - line),
+                          line, want[i]);
+        line = nl + 1;
+    }
+    ck_assert_str_eq(line, "");
+    kvo_buf_fini(&b);
+    idx_feed_free(f);
 }
 END_TEST
 
@@ -298,5 +412,8 @@ Suite *suite_service(void) {
     tcase_add_test(tc, service_indexes_the_event_plane_and_answers_http);
     tcase_add_test(tc, service_passes_nats_credentials_through);
     suite_add_tcase(s, tc);
+    TCase *tm = tcase_create("metrics");
+    tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
+    suite_add_tcase(s, tm);
     return s;
 }

@@ -7,48 +7,30 @@
 
 #define Q(...) U64S(__VA_ARGS__), NARGS(__VA_ARGS__)
 
-static idx_tree *tree_new(void) {
-    idx_tree *t = NULL;
-    ck_assert_int_eq(idx_tree_new(&t), KVO_OK);
-    return t;
-}
-
-static uint64_t nodes_of(const idx_tree *t) {
-    idx_stats st;
-    idx_tree_stats(t, &st);
-    return st.nodes;
-}
-
-static uint64_t pairs_of(const idx_tree *t) {
-    idx_stats st;
-    idx_tree_stats(t, &st);
-    return st.pairs;
-}
-
 /* Dynamo test_radix_tree: two workers sharing a prefix. */
 START_TEST(two_workers_share_a_prefix) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
-    ck_assert_uint_eq(nodes_of(t), 3);
+    ck_assert_uint_eq(tt_nodes(t), 3);
 
     ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 4, 5)), IDX_EV_OK);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 1, 0), 1);
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 3);
-    ck_assert_uint_eq(nodes_of(t), 5);
+    ck_assert_uint_eq(tt_nodes(t), 5);
     tt_check(t, true);
 
     /* removing a leaf leaves it, empty, under its parent */
     ck_assert_int_eq(tt_remove(t, 1, 0, Q(500)), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 2);
-    ck_assert_uint_eq(nodes_of(t), 5);
+    ck_assert_uint_eq(tt_nodes(t), 5);
     ck_assert_uint_eq(tt_score(t, Q(1, 4, 5), 1, 0), 2);
     /* removing its parent detaches it, and nothing refers to it any more */
     ck_assert_int_eq(tt_remove(t, 1, 0, Q(400)), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 1);
-    ck_assert_uint_eq(nodes_of(t), 4);
+    ck_assert_uint_eq(tt_nodes(t), 4);
     tt_check(t, true);
 
     ck_assert_int_eq(tt_store(t, 1, 0, U64S(100), Q(2, 6, 7)), IDX_EV_OK);
@@ -58,19 +40,18 @@ START_TEST(two_workers_share_a_prefix) {
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 6, 7), 0, 0), 2);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 4);
-    ck_assert_uint_eq(pairs_of(t), 7);
-    tt_check(t, true);
-    idx_tree_free(t);
+    ck_assert_uint_eq(tt_pairs(t), 7);
+    tt_tree_done(t);
 }
 END_TEST
 
 /* Dynamo test_radix_tree_apply_event_errors. */
 START_TEST(unknown_parent_rejects_the_whole_store) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, U64S(12345), Q(1, 2, 3)),
                      IDX_EV_PARENT_NOT_FOUND);
     ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 0);
-    ck_assert_uint_eq(nodes_of(t), 0);
+    ck_assert_uint_eq(tt_nodes(t), 0);
     /* the worker is known from then on (Dynamo creates its lookup map) */
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
     /* the parent must be in THAT worker's map */
@@ -82,13 +63,12 @@ START_TEST(unknown_parent_rejects_the_whole_store) {
     idx_tree_counters(t, &c);
     ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_PARENT_NOT_FOUND], 2);
     ck_assert_uint_eq(c.events[WIRE_R_STORED][IDX_EV_OK], 1);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 START_TEST(unknown_removed_hashes_are_skipped_and_counted) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(100, 200, 300)),
                      IDX_EV_BLOCK_NOT_FOUND);
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
@@ -102,8 +82,7 @@ START_TEST(unknown_removed_hashes_are_skipped_and_counted) {
     ck_assert_uint_eq(c.events[WIRE_R_REMOVED][IDX_EV_BLOCK_NOT_FOUND], 2);
     ck_assert_uint_eq(c.blocks_not_found, 4);
     ck_assert_uint_eq(c.blocks_removed, 2);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
@@ -116,7 +95,7 @@ static kvo_status count_event(void *ctx, const wire_revent *ev) {
 /* Dynamo: a block whose hash is its own parent's is linked under itself,
  * then the store fails with InvalidBlockSequence; earlier blocks stay. */
 START_TEST(self_referencing_block_is_invalid_and_keeps_dynamos_self_edge) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(1, 2, 3)),
                      IDX_EV_INVALID_BLOCK);
@@ -145,7 +124,7 @@ END_TEST
 
 /* Dynamo test_clear_all_blocks (one rank, so per-rank clearing agrees). */
 START_TEST(cleared_drops_every_block_of_the_worker) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_uint_eq(tt_nscores(t, Q(0)), 0);
     ck_assert_int_eq(tt_clear(t, 0, 0), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
@@ -169,7 +148,7 @@ START_TEST(cleared_drops_every_block_of_the_worker) {
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 0);
     ck_assert_int_eq(tt_clear(t, 1, 0), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 0);
-    ck_assert_uint_eq(pairs_of(t), 0);
+    ck_assert_uint_eq(tt_pairs(t), 0);
     tt_check(t, true);
 
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(6)), IDX_EV_OK);
@@ -180,14 +159,13 @@ START_TEST(cleared_drops_every_block_of_the_worker) {
     ck_assert_uint_eq(tt_score(t, Q(6), 1, 0), 1);
     ck_assert_int_eq(idx_tree_worker_remove(t, 2), KVO_OK); /* unknown */
     ck_assert_uint_eq(tt_blocks(t, 1, 0), 1);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 /* Dynamo test_remove_worker_verifies_hash_removal. */
 START_TEST(remove_worker_forgets_every_rank) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 0, 1, NULL, Q(1, 2)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
@@ -209,13 +187,12 @@ START_TEST(remove_worker_forgets_every_rank) {
     /* a removed worker comes back on its next event */
     ck_assert_int_eq(tt_store(t, 0, 1, NULL, Q(1)), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 0, 1), 1);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 START_TEST(dp_ranks_are_independent_workers) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 7, 0, NULL, Q(1, 2)), IDX_EV_OK);
     /* rank 1 of the same worker does not hold rank 0's parent */
     ck_assert_int_eq(tt_store(t, 7, 1, U64S(200), Q(3)),
@@ -243,8 +220,7 @@ START_TEST(dp_ranks_are_independent_workers) {
     ck_assert(s.v[2].worker_id == 7 && s.v[2].dp_rank == 0 && s.v[2].blocks == 2);
     ck_assert(s.v[3].worker_id == 7 && s.v[3].dp_rank == 1 && s.v[3].blocks == 1);
     idx_scores_fini(&s);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
@@ -265,7 +241,7 @@ START_TEST(lora_and_base_prompts_do_not_collide) {
     ck_assert_uint_eq(h, 14643705804678351452ull);
     ck_assert_uint_eq(idx_prompt_hash(four, 3, 4, NULL, NULL, &h), 0);
 
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     uint64_t bh[4] = {11, 12, 13, 14}, lbh[4] = {21, 22, 23, 24};
     ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, base, bh, 4), IDX_EV_OK);
     ck_assert_int_eq(tt_store_bh(t, 2, 0, NULL, lora, lbh, 4), IDX_EV_OK);
@@ -278,27 +254,8 @@ START_TEST(lora_and_base_prompts_do_not_collide) {
 }
 END_TEST
 
-typedef struct dumpbuf {
-    idx_tree *into;
-    size_t n;
-    size_t rejected;
-} dumpbuf;
-
-static kvo_status dump_into(void *ctx, const wire_revent *ev) {
-    dumpbuf *d = ctx;
-    ck_assert_int_eq(ev->type, WIRE_R_STORED);
-    ck_assert_uint_eq(ev->n_blocks, 1);
-    ck_assert_uint_eq(ev->event_id, d->n);
-    d->n++;
-    idx_evstatus st;
-    ck_assert_int_eq(idx_tree_apply(d->into, ev, &st), KVO_OK);
-    ck_assert(st == IDX_EV_OK || st == IDX_EV_PARENT_NOT_FOUND);
-    d->rejected += st == IDX_EV_PARENT_NOT_FOUND;
-    return KVO_OK;
-}
-
 START_TEST(dump_and_restore_give_the_same_answers) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3, 4)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 2, 5)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 3, NULL, Q(9, 8)), IDX_EV_OK);
@@ -308,51 +265,39 @@ START_TEST(dump_and_restore_give_the_same_answers) {
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(400)), IDX_EV_OK);
     ck_assert_int_eq(tt_remove(t, 1, 0, Q(200)), IDX_EV_OK); /* 5 orphaned */
 
-    dumpbuf d = {tree_new(), 0, 0};
-    ck_assert_int_eq(idx_tree_dump(t, dump_into, &d), KVO_OK);
+    size_t events, rejected;
+    idx_tree *r = tt_restore(t, &events, &rejected);
     /* one event per (edge, worker of the child) */
-    ck_assert_uint_eq(d.n, 3 + 2 + 2 + 0 + 1 + 1 + 1); /* 1,2,3,4,5,9,8 */
+    ck_assert_uint_eq(events, 3 + 2 + 2 + 0 + 1 + 1 + 1); /* 1,2,3,4,5,9,8 */
     /* worker 1 still holds 5 but no longer its parent 2: that event cannot
      * be restored, and could never score (a gap at block 1) */
-    ck_assert_uint_eq(d.rejected, 1);
+    ck_assert_uint_eq(rejected, 1);
     const uint64_t qs[][4] = {{1, 2, 3, 4}, {1, 2, 5, 0}, {9, 8, 0, 0},
                               {1, 0, 0, 0}, {2, 3, 0, 0}};
-    for (size_t i = 0; i < 5; i++) {
-        idx_scores a, b;
-        idx_scores_init(&a);
-        idx_scores_init(&b);
-        ck_assert_int_eq(idx_tree_query(t, qs[i], 4, &a), KVO_OK);
-        ck_assert_int_eq(idx_tree_query(d.into, qs[i], 4, &b), KVO_OK);
-        ck_assert_uint_eq(a.n, b.n);
-        ck_assert_mem_eq(a.v, b.v, a.n * sizeof(idx_score));
-        idx_scores_fini(&a);
-        idx_scores_fini(&b);
-    }
-    tt_check(d.into, true);
-    idx_tree_free(d.into);
+    for (size_t i = 0; i < 5; i++) tt_same_answers(t, r, qs[i], 4);
+    tt_tree_done(r);
     idx_tree_free(t);
 }
 END_TEST
 
 START_TEST(duplicate_stores_are_idempotent) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2, 3)), IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 3);
-    ck_assert_uint_eq(nodes_of(t), 3);
+    ck_assert_uint_eq(tt_nodes(t), 3);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 3);
     /* one removal is enough: there are no per-copy counts in the index */
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(300)), IDX_EV_OK);
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(300)), IDX_EV_BLOCK_NOT_FOUND);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3), 0, 0), 2);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 START_TEST(a_node_losing_its_last_worker_detaches_its_children) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1)), IDX_EV_OK);
     /* node 1 keeps worker 1: its children stay */
@@ -374,15 +319,14 @@ START_TEST(a_node_losing_its_last_worker_detaches_its_children) {
     /* storing 2 under 1 re-links the detached node with its subtree */
     ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(2)), IDX_EV_OK);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 4);
-    ck_assert_uint_eq(nodes_of(t), 4);
+    ck_assert_uint_eq(tt_nodes(t), 4);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 4);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 START_TEST(remove_mid_chain_then_restore) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3, 4)), IDX_EV_OK);
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(200)), IDX_EV_OK);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 1);
@@ -391,30 +335,29 @@ START_TEST(remove_mid_chain_then_restore) {
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 2);
     ck_assert_int_eq(tt_store(t, 0, 0, U64S(200), Q(3, 4)), IDX_EV_OK);
     ck_assert_uint_eq(tt_score(t, Q(1, 2, 3, 4), 0, 0), 4);
-    ck_assert_uint_eq(nodes_of(t), 4);
+    ck_assert_uint_eq(tt_nodes(t), 4);
     tt_check(t, true);
     /* removing everything deepest first leaves the first node, empty, under
      * the root (as Dynamo does) */
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(400, 300, 200, 100)), IDX_EV_OK);
-    ck_assert_uint_eq(pairs_of(t), 0);
-    ck_assert_uint_eq(nodes_of(t), 1);
+    ck_assert_uint_eq(tt_pairs(t), 0);
+    ck_assert_uint_eq(tt_nodes(t), 1);
     ck_assert_uint_eq(tt_nscores(t, Q(1)), 0);
-    tt_check(t, true);
-    idx_tree_free(t);
+    tt_tree_done(t);
 }
 END_TEST
 
 /* Many workers on one chain: worker sets grow through every size class and
  * shrink back; lookup entries move between inline and alias forms. */
 START_TEST(worker_sets_grow_and_shrink) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     for (uint64_t w = 0; w < 70; w++) {
         ck_assert_int_eq(tt_store(t, w * 7919 % 101, (uint32_t)(w % 3), NULL,
                                   Q(1, 2, 3)), IDX_EV_OK);
         tt_check(t, true);
     }
     ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 70);
-    ck_assert_uint_eq(pairs_of(t), 210);
+    ck_assert_uint_eq(tt_pairs(t), 210);
     for (uint64_t w = 0; w < 70; w++) {
         uint64_t wid = (w * 37) % 70 * 7919 % 101;
         uint32_t rank = (uint32_t)((w * 37) % 70 % 3);
@@ -428,8 +371,8 @@ START_TEST(worker_sets_grow_and_shrink) {
                                    Q(100)), IDX_EV_OK);
         tt_check(t, true);
     }
-    ck_assert_uint_eq(pairs_of(t), 0);
-    ck_assert_uint_eq(nodes_of(t), 1);
+    ck_assert_uint_eq(tt_pairs(t), 0);
+    ck_assert_uint_eq(tt_nodes(t), 1);
     idx_tree_free(t);
 }
 END_TEST
@@ -438,7 +381,7 @@ END_TEST
  * block hashes with the same tokens under one parent) is freed only when
  * the last of them goes. */
 START_TEST(reference_counts_beyond_255) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
     for (uint64_t i = 0; i < 600; i++) {
         uint64_t bh = 1000 + i;
@@ -449,18 +392,17 @@ START_TEST(reference_counts_beyond_255) {
     idx_tree_counters(t, &c);
     ck_assert_uint_eq(c.hash_mismatch, 599);
     ck_assert_uint_eq(tt_blocks(t, 0, 0), 601);
-    ck_assert_uint_eq(nodes_of(t), 2);
+    ck_assert_uint_eq(tt_nodes(t), 2);
     tt_check(t, true);
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(100)), IDX_EV_OK); /* detach */
-    ck_assert_uint_eq(nodes_of(t), 2);
+    ck_assert_uint_eq(tt_nodes(t), 2);
     for (uint64_t i = 0; i < 600; i++) {
         uint64_t bh = 1000 + (i * 7) % 600;
         ck_assert_int_eq(tt_remove(t, 0, 0, &bh, 1), IDX_EV_OK);
         if (i % 50 == 0) tt_check(t, true);
     }
-    ck_assert_uint_eq(nodes_of(t), 1);
-    tt_check(t, true);
-    idx_tree_free(t);
+    ck_assert_uint_eq(tt_nodes(t), 1);
+    tt_tree_done(t);
 }
 END_TEST
 
@@ -469,7 +411,7 @@ END_TEST
  * fill, the rest goes to the stash, and every answer stays right while the
  * table grows around them. */
 START_TEST(colliding_keys_overflow_into_the_stash) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     const uint64_t X = 0x0123456789abcdefull;
     for (uint64_t k = 0; k < 40; k++) {
         uint64_t bh = X ^ (k * 0x9E3779B97F4A7C15ull);
@@ -499,7 +441,7 @@ START_TEST(colliding_keys_overflow_into_the_stash) {
     for (uint64_t k = 1; k < 40; k += 2) ck_assert_int_eq(tt_clear(t, 100 + k, 0), IDX_EV_OK);
     tt_check(t, true);
     ck_assert_uint_eq(tt_nscores(t, Q(5)), 0);
-    ck_assert_uint_eq(pairs_of(t), 3000);
+    ck_assert_uint_eq(tt_pairs(t), 3000);
     idx_tree_free(t);
 }
 END_TEST
@@ -517,7 +459,7 @@ static uint64_t splitmix(uint64_t *s) {
  * deepest first, with clears; the walker at checkpoints, and the tree
  * answers like its own dump restored. */
 START_TEST(large_streams_keep_every_invariant) {
-    idx_tree *t = tree_new();
+    idx_tree *t = tt_tree_new();
     uint64_t rs = 99;
     enum { PROMPTS = 3000, LEN = 48 };
     static uint64_t tok[PROMPTS][LEN], bh[PROMPTS][LEN];
@@ -554,34 +496,21 @@ START_TEST(large_streams_keep_every_invariant) {
         if (ops >= next_check) {
             next_check += 40000;
             tt_check(t, true);
-            dumpbuf d = {tree_new(), 0, 0};
-            ck_assert_int_eq(idx_tree_dump(t, dump_into, &d), KVO_OK);
-            tt_check(d.into, true);
+            idx_tree *restored = tt_restore(t, NULL, NULL);
+            tt_check(restored, true);
             for (int q = 0; q < 200; q++) {
                 int qp = (int)(splitmix(&rs) % PROMPTS);
-                idx_scores a, b;
-                idx_scores_init(&a);
-                idx_scores_init(&b);
-                ck_assert_int_eq(idx_tree_query(t, tok[qp], LEN, &a), KVO_OK);
-                ck_assert_int_eq(idx_tree_query(d.into, tok[qp], LEN, &b), KVO_OK);
-                ck_assert_uint_eq(a.n, b.n);
-                ck_assert_mem_eq(a.v, b.v, a.n * sizeof(idx_score));
+                tt_same_answers(t, restored, tok[qp], LEN);
                 /* a worker that stored the prompt and has not removed or
                  * cleared it scores all of it, whatever others removed */
                 for (uint64_t ww = 0; ww < 32; ww++)
-                    if (held[ww][qp]) {
-                        bool found = false;
-                        for (size_t i = 0; i < a.n; i++)
-                            found |= a.v[i].worker_id == ww / 2 &&
-                                     a.v[i].dp_rank == ww % 2 &&
-                                     a.v[i].blocks == LEN;
-                        ck_assert_msg(found, "worker %llu lost prompt %d",
+                    if (held[ww][qp])
+                        ck_assert_msg(tt_score(t, tok[qp], LEN, ww / 2,
+                                               (uint32_t)(ww % 2)) == LEN,
+                                      "worker %llu lost prompt %d",
                                       (unsigned long long)ww, qp);
-                    }
-                idx_scores_fini(&a);
-                idx_scores_fini(&b);
             }
-            idx_tree_free(d.into);
+            idx_tree_free(restored);
         }
     }
     idx_tree_free(t);

@@ -8,7 +8,7 @@
  *     (/kvo/probe's answer) equal the index's score capped at
  *     (n - 1) // block_size: the events describe the cache exactly. */
 #include "mt.h"
-#include "idx.h"
+#include "idx_int.h" /* idx_tree_check */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,457 @@
+/* idx_int.h -- what the indexer's own files share, and its test seams
+ * (idx_tree_check). Users call idx.h; only indexer/'s files and tests
+ * include this.
+ */
+#ifndef IDX_INT_H
+#define IDX_INT_H
+
+#include "idx.h"
+
+/* ---- Feed internals ------------------------------------------------------ */
+
+/* Per publisher; what GET /watermark shows. */
+typedef struct idx_publisher {
+    uint64_t publisher_id;
+    uint64_t last_sequence;
+    uint64_t messages; /* applied */
+    uint64_t gaps;
+    uint64_t missed; /* sequences jumped over */
+    uint64_t duplicates;
+    uint64_t restarts;
+    bool has_zmq;       /* a KVO-Zmq-Seq header was seen */
+    uint64_t zmq_first; /* lowest header start seen */
+    uint64_t zmq_last;  /* highest header end seen */
+} idx_publisher;
+
+/* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
+kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
+                               size_t *n);
+/* The highest KVO-Zmq-Seq end seen from one publisher: false when the
+ * publisher or its header is unknown so far. No allocation. */
+bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
+                       uint64_t *zmq_last);
+
+/* ---- JSON shapes (json-c; the caller owns what is returned) -------------
+ * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,
+ *             "parent_not_found": n, "block_not_found": n,
+ *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
+ *             "not_found": n, "hash_mismatch": n}, "messages": n,
+ *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
+ *             "missed": n, "undecodable": n, "bad_headers": n,
+ *             "other_tier": n, "enomem": n, "nodes": n,
+ *             "resident_blocks": n, "pairs": n, "workers": n}
+ * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
+ * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
+ *             "blocks"}]} sorted
+ * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
+ *             "gaps", "missed", "duplicates", "restarts", "zmq_seq_first",
+ *             "zmq_seq_last"}]} (zmq_* null until a KVO-Zmq-Seq header was
+ *             seen; first = lowest start, last = highest end)
+ * NULL return = out of memory. */
+json_object *idx_json_counters(const idx_feed *f);
+json_object *idx_json_workers(const idx_tree *t);
+json_object *idx_json_scores(const idx_scores *s);
+json_object *idx_json_watermark(const idx_feed *f);
+/* One stored RouterEvent in the event-plane JSON shape of the vectors. */
+json_object *idx_json_revent(const wire_revent *ev);
+
+/* text (len bytes) as exactly one JSON value, followed by nothing but
+ * whitespace (json-c alone stops after the first value and ignores the
+ * rest). NULL with err = "bad JSON: ..." otherwise (or out of memory). */
+json_object *idx_json_parse(const char *text, size_t len, char *err,
+                            size_t errsz);
+
+/* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
+ * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
+ * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad
+ * request, KVO_ENOMEM. */
+kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
+                          int want_tokens, idx_scores *out, char *err,
+                          size_t errsz);
+
+/* ---- The service's /metrics text ---------------------------------------- */
+
+#define IDX_LAT_BOUNDS 11 /* query latency histogram bounds (idx_service.c) */
+
+/* What the service counts beside the feed, for /metrics. */
+typedef struct idx_service_stats {
+    uint64_t slow_consumer_drops; /* messages nats.c dropped */
+    uint64_t inbox_drops;      /* dropped for want of memory before the loop */
+    uint64_t nats_disconnects;
+    uint64_t bad_requests;     /* HTTP requests answered 4xx */
+    uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
+                                               the last: above every bound */
+    double lat_sum;            /* seconds */
+} idx_service_stats;
+
+/* GET /metrics's Prometheus text for f and st, appended to out. */
+kvo_status idx_metrics_text(idx_feed *f, const idx_service_stats *st,
+                            kvo_buf *out);
+
+/* ---- Test seam: the invariant walker -------------------------------------- */
+
+/* Walk every structure and check every invariant of idx_tree.c's header.
+ * KVO_OK, or KVO_ESTATE with the first violation in msg. *unreachable (may
+ * be NULL) gets the number of live nodes reachable neither from the root
+ * nor from a lookup entry (only cycles fed by inconsistent hashes make
+ * them, as in Dynamo). For tests: O(size of the tree). */
+kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
+                          char *msg, size_t msgsz);
+
+/* ======================================================================== */
+/* The tree's layout: only for the files that define IDX_TREE_LAYOUT before  */
+/* including this header (idx_tree.c, idx_table.c, idx_verify.c), so that    */
+/* its short names (node, tab, NIL, TAG, mix...) stay out of everyone else's */
+/* ======================================================================== */
+#ifdef IDX_TREE_LAYOUT
+
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+/* ---- Tables (idx_table.c draws them) ------------------------------------ */
+
+#define NIL 0xFFFFFFFFu /* no node, edge, slot, set or table position */
+#define BW 8            /* slots per table bucket */
+#define CACHE_LINE 64   /* bytes: one bucket */
+#define BUCKET_ALL ((1u << BW) - 1) /* a mask with every slot of a bucket */
+
+/* One cache line: the tags first, so a probe compares all 8 at once. */
+typedef struct bucket {
+    uint32_t tag[BW];
+    uint32_t ref[BW]; /* 0 = empty (ref 0, the root, is never stored) */
+} __attribute__((aligned(CACHE_LINE))) bucket;
+_Static_assert(sizeof(bucket) == CACHE_LINE, "a bucket is one cache line");
+
+typedef struct tab {
+    bucket *bk; /* nb, cache-line aligned inside bk_mem */
+    void *bk_mem;
+    uint8_t *spill;  /* nb: keys of primary bucket b kept in their
+                        secondary (saturates at 255, then sticks) */
+    uint64_t *stash; /* tag << 32 | ref: keys no bucket could take */
+    uint32_t nb, len; /* len counts the stash too */
+    uint32_t nstash, stash_cap;
+    uint32_t rng; /* displacement choices */
+} tab;
+
+/* The owner's view of its keys: does ref v name the key (a, b)? and the
+ * 64-bit hash of the key v names. The table stores neither keys nor
+ * hashes, only the top half of the hash (the tag). */
+typedef bool (*tab_eq_fn)(const void *owner, uint32_t v, uint64_t a,
+                          uint32_t b);
+typedef uint64_t (*tab_hash_fn)(const void *owner, uint32_t v);
+
+/* Insert (tag, v), an absent key. idx_tab_reserve must have made room (a
+ * failed displacement walk parks its last key in the stash). */
+void idx_tab_put(tab *r, uint32_t tag, uint32_t v);
+/* Clear the entry at position pos. */
+void idx_tab_del(tab *r, uint32_t pos);
+/* Room for `more` insertions; KVO_ENOMEM or KVO_ETOOBIG change nothing. */
+kvo_status idx_tab_reserve(tab *r, uint32_t more);
+void idx_tab_fini(tab *r); /* frees; the table is empty again */
+uint64_t idx_tab_bytes(const tab *r); /* memory held (capacities) */
+/* Invariant I7 of idx_tree.c: tags match their keys' hashes, keys sit in
+ * one of their two buckets (or the stash), spill counts are exact (or
+ * stuck). false with the first violation in msg, prefixed with name. */
+bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,
+                   const char *name, char *msg, size_t msgsz);
+
+static inline uint32_t tab_hash_tag(uint64_t h) { return (uint32_t)(h >> 32); }
+
+/* The tag is the hash's top half. The primary bucket is fastrange(tag),
+ * the secondary a scramble of it, so neither growing nor displacing ever
+ * reads a key; tags also filter probes (bucket-mates share only the bits
+ * that chose the bucket). */
+static inline uint32_t tab_b1(const tab *r, uint32_t tag) {
+    return (uint32_t)(((uint64_t)tag * r->nb) >> 32);
+}
+
+static inline uint32_t tab_b2(const tab *r, uint32_t tag) {
+    uint32_t x = tag * 0x9E3779B1u;
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    return (uint32_t)(((uint64_t)x * r->nb) >> 32);
+}
+
+/* Positions: bucket * BW + slot, or nb * BW + i for stash entry i; every
+ * entry sits below tab_positions. */
+static inline uint32_t tab_positions(const tab *r) {
+    return r->nb * BW + r->nstash;
+}
+
+static inline uint32_t tab_ref(const tab *r, uint32_t pos) {
+    uint32_t n = r->nb * BW;
+    return pos < n ? r->bk[pos / BW].ref[pos % BW] : (uint32_t)r->stash[pos - n];
+}
+
+static inline uint32_t tab_tag(const tab *r, uint32_t pos) {
+    uint32_t n = r->nb * BW;
+    return pos < n ? r->bk[pos / BW].tag[pos % BW]
+                   : (uint32_t)(r->stash[pos - n] >> 32);
+}
+
+/* Point the entry at pos at another ref with the same key. */
+static inline void tab_ref_set(tab *r, uint32_t pos, uint32_t v) {
+    uint32_t n = r->nb * BW;
+    if (pos < n) r->bk[pos / BW].ref[pos % BW] = v;
+    else r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
+}
+
+static inline void tab_prefetch(const tab *r, uint64_t h) {
+    if (!r->nb) return;
+    uint32_t b = tab_b1(r, tab_hash_tag(h));
+    __builtin_prefetch(&r->bk[b]);
+    __builtin_prefetch(&r->spill[b]);
+}
+
+/* Bit i set when tag[i] == tag (match) or ref[i] == 0 (hole). */
+static inline unsigned bucket_match(const bucket *b, uint32_t tag) {
+#ifdef __SSE2__
+    __m128i k = _mm_set1_epi32((int)tag);
+    __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag), k);
+    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag + 1), k);
+    return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
+                      _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
+#else
+    unsigned m = 0;
+    for (unsigned i = 0; i < BW; i++) m |= (unsigned)(b->tag[i] == tag) << i;
+    return m;
+#endif
+}
+
+static inline unsigned bucket_holes(const bucket *b) {
+#ifdef __SSE2__
+    __m128i z = _mm_setzero_si128();
+    __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref), z);
+    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref + 1), z);
+    return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
+                      _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
+#else
+    unsigned m = 0;
+    for (unsigned i = 0; i < BW; i++) m |= (unsigned)(b->ref[i] == 0) << i;
+    return m;
+#endif
+}
+
+/* Always inlined, with eq a constant at each use, so that the compare is
+ * a direct (and inlined) call. */
+static inline __attribute__((always_inline)) uint32_t
+tab_scan(const tab *r, uint32_t bk, uint32_t tag, tab_eq_fn eq,
+         const void *owner, uint64_t a, uint32_t b) {
+    const bucket *k = &r->bk[bk];
+    for (unsigned m = bucket_match(k, tag) & ~bucket_holes(k); m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctz(m);
+        if (eq(owner, k->ref[i], a, b)) return bk * BW + i;
+    }
+    return NIL;
+}
+
+/* Position of key (a, b) whose hash is h, or NIL. */
+static inline __attribute__((always_inline)) uint32_t
+tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
+           uint64_t a, uint32_t b) {
+    if (r->len == 0) return NIL;
+    uint32_t tag = tab_hash_tag(h);
+    uint32_t b1 = tab_b1(r, tag);
+    uint32_t pos = tab_scan(r, b1, tag, eq, owner, a, b);
+    if (pos != NIL) return pos;
+    if (r->spill[b1]) {
+        uint32_t b2 = tab_b2(r, tag);
+        if (b2 != b1 && (pos = tab_scan(r, b2, tag, eq, owner, a, b)) != NIL)
+            return pos;
+    }
+    for (uint32_t j = 0; j < r->nstash; j++)
+        if ((uint32_t)(r->stash[j] >> 32) == tag &&
+            eq(owner, (uint32_t)r->stash[j], a, b))
+            return r->nb * BW + j;
+    return NIL;
+}
+
+/* ---- The tree (idx_tree.c draws it; idx_verify.c walks it) -------------- */
+
+#define DEAD 0xFFFFFFFEu
+#define TAG 0x80000000u
+#define ROOT 0u
+#define SET_CLASSES 26 /* class c = a block of 4 << c words */
+#define SET_MIN_WORDS 4 /* words of class 0: a header and 3 slots */
+#define SET_CLASS_SHIFT 24 /* set header word: class << 24 | count */
+#define SET_MAX_COUNT 0xFFFFFFu
+#define REFS_SPILL 255 /* refs[] is a u8; from 255 on, ov[] counts the rest */
+
+typedef struct node {
+    uint64_t tokens_hash;
+    uint64_t block_hash;
+    uint32_t parent;
+    uint32_t wset;
+    uint32_t child;
+    uint32_t next;
+} node;
+
+typedef struct ealias {
+    uint64_t tokens_hash;
+    uint32_t parent; /* DEAD when free */
+    uint32_t child;
+    uint32_t next; /* list link, or free-list link */
+    uint32_t spare;
+} ealias;
+
+typedef struct lalias {
+    uint64_t block_hash;
+    uint32_t slot; /* NIL when free */
+    uint32_t node; /* or free-list link */
+} lalias;
+
+typedef struct wslot {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint32_t present; /* known to the tree (Dynamo: has a lookup map) */
+    uint64_t blocks;  /* lookup entries */
+} wslot;
+
+typedef struct ovf {
+    uint32_t node;
+    uint32_t extra; /* refs beyond 255 */
+} ovf;
+
+struct idx_tree {
+    node *nd;
+    uint8_t *refs;
+    uint32_t nd_len, nd_cap, nd_free, nd_live; /* nd_live excludes root */
+
+    ealias *ea;
+    uint32_t ea_len, ea_cap, ea_free, ea_live;
+    lalias *la;
+    uint32_t la_len, la_cap, la_free, la_live;
+
+    uint32_t *sp;
+    uint32_t sp_len, sp_cap, sp_live;
+    uint32_t sp_step; /* words one set growth may take */
+    uint32_t sp_free[SET_CLASSES];
+
+    ovf *ov;
+    uint32_t ov_len, ov_cap;
+
+    tab edges, look;
+
+    wslot *ws;
+    uint32_t ws_len, ws_cap;
+    uint32_t *wmap; /* power of two, NIL = empty */
+    uint32_t wmap_cap;
+
+    uint32_t *act; /* query scratch, ws_cap entries */
+    uint32_t dying;
+    uint64_t pairs;
+    uint64_t held; /* live nodes with a non-empty worker set */
+    idx_counters c;
+};
+
+/* The hash of the tables' keys (and of the worker map's). */
+static inline uint64_t mix(uint64_t a, uint32_t b) {
+    uint64_t x = a ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
+    x ^= x >> 32;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 32;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 32;
+    return x;
+}
+
+/* ---- Edge refs: n = n's primary edge, TAG|i = alias edge ea[i] ---------- */
+
+static inline uint32_t edge_next(const idx_tree *t, uint32_t e) {
+    return (e & TAG) ? t->ea[e & ~TAG].next : t->nd[e].next;
+}
+static inline uint64_t edge_key(const idx_tree *t, uint32_t e) {
+    return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : t->nd[e].tokens_hash;
+}
+static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
+    return (e & TAG) ? t->ea[e & ~TAG].child : e;
+}
+static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
+    return (e & TAG) ? t->ea[e & ~TAG].parent : t->nd[e].parent;
+}
+
+/* Does edge ref v name the key (tokens_hash th, parent p)? */
+static inline bool edge_eq(const void *owner, uint32_t v, uint64_t th,
+                           uint32_t p) {
+    const idx_tree *t = owner;
+    return edge_key(t, v) == th && edge_parent(t, v) == p;
+}
+
+static inline uint32_t edge_find(const idx_tree *t, uint32_t p, uint64_t th) {
+    return tab_find_h(&t->edges, mix(th, p), edge_eq, t, th, p);
+}
+
+/* ---- Lookup refs: n = inline entry of node n, TAG|i = la[i] ------------ */
+
+static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
+    return (v & TAG) ? t->la[v & ~TAG].node : v;
+}
+static inline uint64_t look_block_hash(const idx_tree *t, uint32_t v) {
+    return (v & TAG) ? t->la[v & ~TAG].block_hash : t->nd[v].block_hash;
+}
+/* An inline entry's slot is its node's single worker. */
+static inline uint32_t look_slot(const idx_tree *t, uint32_t v) {
+    return (v & TAG) ? t->la[v & ~TAG].slot : t->nd[v].wset;
+}
+
+/* Does lookup ref v name the key (block_hash bh, slot w)? */
+static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
+                           uint32_t w) {
+    const idx_tree *t = owner;
+    return look_block_hash(t, v) == bh && look_slot(t, v) == w;
+}
+
+/* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
+static inline uint32_t look_find_h(const idx_tree *t, uint32_t w, uint64_t bh,
+                                   uint64_t h) {
+    return tab_find_h(&t->look, h, look_eq, t, bh, w);
+}
+
+static inline uint32_t look_find(const idx_tree *t, uint32_t w, uint64_t bh) {
+    return look_find_h(t, w, bh, mix(bh, w));
+}
+
+/* ---- Worker sets: header word = class << 24 | count, then the slots ---- */
+
+static inline uint32_t set_count(const uint32_t *s) { return s[0] & SET_MAX_COUNT; }
+static inline uint32_t set_class(const uint32_t *s) {
+    return s[0] >> SET_CLASS_SHIFT;
+}
+static inline uint32_t class_words(uint32_t cls) { return SET_MIN_WORDS << cls; }
+static inline uint32_t class_items(uint32_t cls) { return class_words(cls) - 1; }
+
+/* ---- Reference counts beyond 255: ov[], sorted by node ------------------ */
+
+/* Where node n is in ov, or would be inserted. */
+static inline uint32_t ov_find(const idx_tree *t, uint32_t n) {
+    uint32_t lo = 0, hi = t->ov_len;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (t->ov[mid].node < n) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* ---- Worker map: (worker_id, dp_rank) -> slot, linear probing ----------- */
+
+static inline uint32_t wmap_home(const idx_tree *t, uint64_t wid,
+                                 uint32_t rank) {
+    return (uint32_t)mix(wid, rank) & (t->wmap_cap - 1);
+}
+
+static inline uint32_t slot_find(const idx_tree *t, uint64_t wid,
+                                 uint32_t rank) {
+    if (!t->wmap_cap) return NIL;
+    for (uint32_t i = wmap_home(t, wid, rank);; i = (i + 1) & (t->wmap_cap - 1)) {
+        uint32_t s = t->wmap[i];
+        if (s == NIL) return NIL;
+        if (t->ws[s].worker_id == wid && t->ws[s].dp_rank == rank) return s;
+    }
+}
+
+#endif /* IDX_TREE_LAYOUT */
+
+#endif /* IDX_INT_H */

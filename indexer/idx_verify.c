@@ -1,0 +1,242 @@
+/* idx_verify.c -- idx_tree_check: walks every structure of the tree and
+ * checks the invariants I1-I8 drawn in idx_tree.c's header. A test seam
+ * (idx_int.h): O(size of the tree), never on the service's path.
+ */
+#define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
+#include "idx_int.h"
+
+#include <stdio.h>
+
+#define FAIL(...)                                                             \
+    do {                                                                      \
+        snprintf(msg, msgsz, __VA_ARGS__);                                    \
+        s = KVO_ESTATE;                                                       \
+        goto done;                                                            \
+    } while (0)
+
+static bool live(const idx_tree *t, uint32_t n) {
+    return n < t->nd_len && t->nd[n].parent != DEAD;
+}
+
+static uint64_t refs_of(const idx_tree *t, uint32_t n) {
+    uint64_t r = t->refs[n];
+    if (r == REFS_SPILL) {
+        uint32_t i = ov_find(t, n);
+        if (i < t->ov_len && t->ov[i].node == n) r += t->ov[i].extra;
+    }
+    return r;
+}
+
+/* Key hashes of the two tables' refs, for idx_tab_check. */
+static uint64_t edge_hash(const void *owner, uint32_t v) {
+    return mix(edge_key(owner, v), edge_parent(owner, v));
+}
+
+static uint64_t look_hash(const void *owner, uint32_t v) {
+    return mix(look_block_hash(owner, v), look_slot(owner, v));
+}
+
+kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
+                          char *msg, size_t msgsz) {
+    kvo_status s = KVO_OK;
+    uint32_t N = t->nd_len;
+    uint64_t *want = kvo_calloc(N, sizeof(uint64_t)); /* expected refs */
+    uint32_t *prim = kvo_calloc(N, sizeof(uint32_t)); /* primary edges seen */
+    uint64_t *per_slot = kvo_calloc(t->ws_len + 1, sizeof(uint64_t));
+    uint32_t *queue = kvo_malloc((size_t)(N + 1) * sizeof(uint32_t));
+    uint8_t *seen = kvo_calloc(N, 1);
+    if (!want || !prim || !per_slot || !queue || !seen) {
+        s = KVO_ENOMEM;
+        snprintf(msg, msgsz, "out of memory");
+        goto done;
+    }
+    if (t->dying != NIL) FAIL("dying stack not empty");
+    if (t->nd[ROOT].parent != NIL || t->nd[ROOT].wset != NIL)
+        FAIL("root has a parent or workers");
+
+    /* I8: free nodes */
+    uint32_t nfree = 0;
+    for (uint32_t n = t->nd_free; n != NIL; n = t->nd[n].next) {
+        if (n >= N || t->nd[n].parent != DEAD) FAIL("free list holds node %u", n);
+        if (++nfree > N) FAIL("free list loops");
+    }
+    uint32_t nlive = 0;
+    for (uint32_t n = 1; n < N; n++) nlive += t->nd[n].parent != DEAD;
+    if (nlive != t->nd_live || nlive + nfree + 1 != N)
+        FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
+             nlive, nfree, N);
+    uint32_t eafree = 0, lafree = 0;
+    for (uint32_t a = t->ea_free; a != NIL; a = t->ea[a].next) {
+        if (a >= t->ea_len || t->ea[a].parent != DEAD) FAIL("ea free list");
+        if (++eafree > t->ea_len) FAIL("ea free list loops");
+    }
+    for (uint32_t a = t->la_free; a != NIL; a = t->la[a].node) {
+        if (a >= t->la_len || t->la[a].slot != NIL) FAIL("la free list");
+        if (++lafree > t->la_len) FAIL("la free list loops");
+    }
+    if (eafree + t->ea_live != t->ea_len || lafree + t->la_live != t->la_len)
+        FAIL("alias pool counts");
+
+    /* I6 + set pool */
+    uint32_t sets = 0;
+    uint64_t held = 0;
+    for (uint32_t n = 1; n < N; n++) {
+        if (!live(t, n)) continue;
+        uint32_t ws = t->nd[n].wset;
+        if (ws == NIL) continue;
+        held++;
+        if (!(ws & TAG)) {
+            if (ws >= t->ws_len) FAIL("node %u: bad slot %u", n, ws);
+            continue;
+        }
+        uint32_t off = ws & ~TAG;
+        if (off >= t->sp_len) FAIL("node %u: set offset %u", n, off);
+        const uint32_t *st = &t->sp[off];
+        uint32_t cnt = set_count(st), cls = set_class(st);
+        if (cls >= SET_CLASSES || off + class_words(cls) > t->sp_len ||
+            cnt > class_items(cls) || cnt < 2)
+            FAIL("node %u: set header %08x", n, st[0]);
+        for (uint32_t i = 0; i < cnt; i++) {
+            if (st[1 + i] >= t->ws_len) FAIL("node %u: set slot", n);
+            if (i && st[i] >= st[1 + i]) FAIL("node %u: set not sorted", n);
+        }
+        sets++;
+    }
+    if (sets != t->sp_live) FAIL("%u sets in use, %u counted", t->sp_live, sets);
+    if (held != t->held)
+        FAIL("%llu nodes held, %llu counted", (unsigned long long)t->held,
+             (unsigned long long)held);
+
+    /* I1, I2: child lists */
+    uint32_t in_table = 0;
+    for (uint32_t p = 0; p < N; p++) {
+        if (!live(t, p)) continue;
+        uint32_t len = 0;
+        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+            if (++len > N + t->ea_len) FAIL("node %u: child list loops", p);
+            uint32_t c;
+            if (e & TAG) {
+                uint32_t a = e & ~TAG;
+                if (a >= t->ea_len || t->ea[a].parent != p)
+                    FAIL("node %u: alias edge %u", p, a);
+                c = t->ea[a].child;
+                if (!live(t, c)) FAIL("alias edge %u to dead node %u", a, c);
+                want[c]++;
+            } else {
+                c = e;
+                if (!live(t, c) || t->nd[c].parent != p)
+                    FAIL("node %u: child %u has parent %u", p, c,
+                         c < N ? t->nd[c].parent : 0);
+                prim[c]++;
+            }
+        }
+        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+            uint32_t pos = edge_find(t, p, edge_key(t, e));
+            if (len >= 2 && (pos == NIL || tab_ref(&t->edges, pos) != e))
+                FAIL("node %u: edge %016llx not hashed (or key repeated)", p,
+                     (unsigned long long)edge_key(t, e));
+            if (len == 1 && pos != NIL)
+                FAIL("node %u: lone edge in the table", p);
+        }
+        if (len >= 2) in_table += len;
+    }
+    if (in_table != t->edges.len)
+        FAIL("edge table holds %u, lists %u", t->edges.len, in_table);
+    for (uint32_t n = 1; n < N; n++) {
+        if (!live(t, n)) continue;
+        if (t->nd[n].parent != NIL && prim[n] != 1)
+            FAIL("node %u listed %u times under its parent", n, prim[n]);
+    }
+    uint32_t ealive = 0;
+    for (uint32_t a = 0; a < t->ea_len; a++) ealive += t->ea[a].parent != DEAD;
+    if (ealive != t->ea_live) FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
+
+    /* I3: lookup */
+    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz) ||
+        !idx_tab_check(&t->look, look_hash, t, "look", msg, msgsz)) {
+        s = KVO_ESTATE;
+        goto done;
+    }
+    uint32_t lalive = 0;
+    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
+        if (!tab_ref(&t->look, i)) continue;
+        uint32_t v = tab_ref(&t->look, i), n, w;
+        uint64_t bh;
+        if (v & TAG) {
+            uint32_t a = v & ~TAG;
+            if (a >= t->la_len || t->la[a].slot == NIL) FAIL("look[%u]: free alias", i);
+            lalive++;
+            n = t->la[a].node;
+            w = t->la[a].slot;
+            bh = t->la[a].block_hash;
+        } else {
+            n = v;
+            if (!live(t, n)) FAIL("look[%u]: dead node %u", i, n);
+            w = t->nd[n].wset;
+            bh = t->nd[n].block_hash;
+            if (w == NIL || (w & TAG)) FAIL("look[%u]: inline entry, node %u has set %08x", i, n, w);
+        }
+        if (!live(t, n)) FAIL("look[%u]: names dead node %u", i, n);
+        if (w >= t->ws_len) FAIL("look[%u]: slot %u", i, w);
+        if (look_find(t, w, bh) != i) FAIL("look[%u]: key repeated or unreachable", i);
+        want[n]++;
+        per_slot[w]++;
+    }
+    if (lalive != t->la_live) FAIL("lookup aliases: %u live, %u in table", t->la_live, lalive);
+    uint64_t pairs = 0;
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        if (per_slot[w] != t->ws[w].blocks)
+            FAIL("slot %u: %llu entries, blocks %llu", w,
+                 (unsigned long long)per_slot[w],
+                 (unsigned long long)t->ws[w].blocks);
+        if (!t->ws[w].present && t->ws[w].blocks) FAIL("absent slot %u holds blocks", w);
+        if (slot_find(t, t->ws[w].worker_id, t->ws[w].dp_rank) != w)
+            FAIL("slot %u not in the worker map", w);
+        pairs += per_slot[w];
+    }
+    if (pairs != t->pairs) FAIL("pairs %llu, counted %llu", (unsigned long long)t->pairs, (unsigned long long)pairs);
+
+    /* I4, I5 */
+    for (uint32_t i = 0; i < t->ov_len; i++)
+        if ((i && t->ov[i - 1].node >= t->ov[i].node) || !t->ov[i].extra ||
+            t->ov[i].node >= N || t->refs[t->ov[i].node] != REFS_SPILL)
+            FAIL("overflow entry %u", i);
+    for (uint32_t n = 1; n < N; n++) {
+        if (!live(t, n)) continue;
+        if (refs_of(t, n) != want[n])
+            FAIL("node %u: refs %llu, counted %llu", n,
+                 (unsigned long long)refs_of(t, n), (unsigned long long)want[n]);
+        if (t->nd[n].parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
+    }
+
+    /* Reachability: from the root and from every lookup entry. */
+    uint32_t head = 0, tail = 0;
+    queue[tail++] = ROOT;
+    seen[ROOT] = 1;
+    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
+        if (!tab_ref(&t->look, i)) continue;
+        uint32_t n = look_node(t, tab_ref(&t->look, i));
+        if (!seen[n]) {
+            seen[n] = 1;
+            queue[tail++] = n;
+        }
+    }
+    while (head < tail) {
+        uint32_t p = queue[head++];
+        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+            uint32_t c = edge_child(t, e);
+            if (!seen[c]) {
+                seen[c] = 1;
+                queue[tail++] = c;
+            }
+        }
+    }
+    if (unreachable) *unreachable = nlive + 1 - tail;
+done:
+    kvo_free(want);
+    kvo_free(prim);
+    kvo_free(per_slot);
+    kvo_free(queue);
+    kvo_free(seen);
+    return s;
+}
