@@ -139,17 +139,22 @@ kvo_status kvo_buf_append(kvo_buf *b, const void *p, size_t n) {
     return KVO_OK;
 }
 
+/* Formats once into the room already there; only text that does not fit
+ * is formatted a second time, after the buffer grew. */
 kvo_status kvo_buf_printf(kvo_buf *b, const char *fmt, ...) {
+    size_t room = b->cap > b->len ? b->cap - b->len : 0;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(room ? (char *)b->data + b->len : NULL, room, fmt, ap);
     va_end(ap);
     if (n < 0) return KVO_EINVAL;
-    kvo_status st = kvo_buf_reserve(b, (size_t)n);
-    if (st != KVO_OK) return st;
-    va_start(ap, fmt);
-    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
+    if ((size_t)n >= room) {
+        kvo_status st = kvo_buf_reserve(b, (size_t)n);
+        if (st != KVO_OK) return st;
+        va_start(ap, fmt);
+        vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
     b->len += (size_t)n;
     return KVO_OK;
 }
