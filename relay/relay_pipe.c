@@ -29,6 +29,7 @@
  * It carries KVO-Zmq-Seq: first-last only when some batch completed in it,
  * so a watermark never claims a batch whose tail is still unpublished.
  */
+#include "kvo_map.h"
 #include "relay_int.h"
 
 #include <msgpack.h>

@@ -1,7 +1,7 @@
 /* relay_stats.c -- the relay's counters as JSON, Prometheus text and one
- * log line. Names come from the X-macro tables in relay.h, so the three
+ * log line. Names come from the X-macro tables in relay_int.h, so the three
  * views never drift. */
-#include "relay.h"
+#include "relay_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
 
 #include "kt.h"
 #include "kvo_http.h"
-#include "relay.h"
+#include "relay_int.h"
 
 #include <nats/nats.h>
 #include <pthread.h>
