@@ -1188,6 +1188,63 @@ START_TEST(stats_render_as_json_and_prometheus) {
 }
 END_TEST
 
+/* The /metrics text is a contract (dashboards, kvo-check): its first
+ * family, a labelled family and the last gauge, line for line, and one
+ * HELP/TYPE pair per family. An append that fails fails the whole call. */
+START_TEST(prometheus_text_keeps_its_lines) {
+    relay_stats s;
+    memset(&s, 0, sizeof(s));
+    s.batches_live = 3;
+    s.decode_errors[KVO_ENOMEM] = 2;
+    s.rejects[RELAY_medium] = 5;
+    s.nats_connected = true;
+    kvo_buf prom;
+    kvo_buf_init(&prom);
+    ck_assert_int_eq(relay_stats_to_prom(&s, &prom), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&prom), KVO_OK);
+    const char *text = (const char *)prom.data;
+    static const char first[] =
+        "# HELP kvo_relay_batches_live_total batches received on the SUB "
+        "socket\n"
+        "# TYPE kvo_relay_batches_live_total counter\n"
+        "kvo_relay_batches_live_total 3\n"
+        "# HELP kvo_relay_batches_replayed_total batches received as replay "
+        "replies\n";
+    ck_assert_int_eq(strncmp(text, first, strlen(first)), 0);
+    ck_assert_ptr_nonnull(strstr(
+        text, "\n# HELP kvo_relay_decode_errors_total undecodable batches by "
+              "status\n"
+              "# TYPE kvo_relay_decode_errors_total counter\n"
+              "kvo_relay_decode_errors_total{kind=\"ENOMEM\"} 2\n"
+              "kvo_relay_decode_errors_total{kind=\"EINVAL\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(
+        text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
+              "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
+    static const char last[] =
+        "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
+        "# TYPE kvo_relay_nats_connected gauge\n"
+        "kvo_relay_nats_connected 1\n";
+    ck_assert_uint_gt(prom.len, strlen(last));
+    ck_assert_str_eq(text + prom.len - strlen(last), last);
+    size_t families = 0, helps = 0;
+    for (const char *c = text; (c = strstr(c, "# TYPE ")); c++) families++;
+    for (const char *c = text; (c = strstr(c, "# HELP ")); c++) helps++;
+    size_t counters = 0;
+#define COUNT(name, help) counters++;
+    RELAY_COUNTERS(COUNT)
+#undef COUNT
+    ck_assert_uint_eq(families, counters + 4 + 4); /* labelled, gauges */
+    ck_assert_uint_eq(helps, families);
+    kvo_buf_fini(&prom);
+    kvo_buf_init(&prom);
+    kvo_alloc_fail_after(3);
+    kvo_status st = relay_stats_to_prom(&s, &prom);
+    kvo_alloc_fail_after(-1);
+    ck_assert_int_eq(st, KVO_ENOMEM);
+    kvo_buf_fini(&prom);
+}
+END_TEST
+
 Suite *suite_pipe(void) {
     Suite *s = suite_create("pipe");
     TCase *tc = tcase_create("convert");
@@ -1227,6 +1284,7 @@ Suite *suite_pipe(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("stats");
     tcase_add_test(tc, stats_render_as_json_and_prometheus);
+    tcase_add_test(tc, prometheus_text_keeps_its_lines);
     suite_add_tcase(s, tc);
     return s;
 }
