@@ -28,6 +28,21 @@
 /* Most sources (ZMQ publishers) one pipe serves. */
 #define RELAY_MAX_SOURCES 64
 
+/* What a relay_pipe_cfg field left 0 becomes, and what it bounds. */
+#define RELAY_PIPE_REPLAY_TIMEOUT_MS 5000u /* a replay silent this long failed */
+#define RELAY_PIPE_BUFFER_BATCHES 100000u  /* live batches held per source while
+                                            * its replay runs ... */
+#define RELAY_PIPE_BUFFER_BYTES (256u << 20) /* ... and their payload bytes */
+#define RELAY_PIPE_MAX_EVENTS 128u  /* RouterEvents per envelope (DESIGN §6);
+                                     * also the most a cfg may ask for */
+#define RELAY_PIPE_MAX_BLOCKS 8192u /* stored blocks + removed hashes per
+                                     * envelope; also the most */
+#define RELAY_PIPE_VERIFY_BLOCKS (4u << 20) /* engine digests remembered for
+                                             * --verify-engine-hash */
+
+/* Times handed to the pipe are nanoseconds; configured ones milliseconds. */
+#define RELAY_NS_PER_MS 1000000u
+
 /* ---- Counters ------------------------------------------------------------
  * Every counter is on GET /metrics (kvo_relay_<name>_total), in GET /stats
  * and the exit JSON (key <name>), the main ones in the periodic log line
@@ -99,13 +114,17 @@ typedef enum {
 } relay_replay_fail;
 #undef RELAY_ENUM_KIND
 
+/* Bytes kept of a mismatching byte-string hash: a whole SHA-256 digest. */
+#define RELAY_MISMATCH_BYTES 32
+
 typedef struct relay_mismatch {
     uint64_t seq;      /* ZMQ sequence of the batch */
     uint32_t event;    /* index of the event in the batch */
     uint32_t block;    /* index of the block in the event */
     wire_digest expected;
-    wire_hash got;     /* bytes copied into got_bytes */
-    uint8_t got_bytes[32];
+    wire_hash got;     /* bytes copied into got_bytes (the first
+                        * RELAY_MISMATCH_BYTES; got.bytes is NULL) */
+    uint8_t got_bytes[RELAY_MISMATCH_BYTES];
 } relay_mismatch;
 
 typedef struct relay_stats {
@@ -159,15 +178,16 @@ typedef struct relay_pipe_cfg {
     const char *subject;          /* namespace.<ns>.component.<c>.kv-events */
     bool replay_from_set;         /* --replay-from given */
     uint64_t replay_from;
-    uint64_t replay_timeout_ms;   /* 0 = 5000 */
-    uint32_t buffer_max_batches;  /* 0 = 100,000 */
-    size_t buffer_max_bytes;      /* 0 = 256 MiB */
-    uint32_t max_events;          /* per message; 0 = 128 (DESIGN §6) */
-    uint32_t max_blocks;          /* per message; 0 = 8192 */
+    /* 0 below = the RELAY_PIPE_* default above */
+    uint64_t replay_timeout_ms;   /* RELAY_PIPE_REPLAY_TIMEOUT_MS */
+    uint32_t buffer_max_batches;  /* RELAY_PIPE_BUFFER_BATCHES */
+    size_t buffer_max_bytes;      /* RELAY_PIPE_BUFFER_BYTES */
+    uint32_t max_events;          /* per message; RELAY_PIPE_MAX_EVENTS */
+    uint32_t max_blocks;          /* per message; RELAY_PIPE_MAX_BLOCKS */
     bool verify;                  /* --verify-engine-hash */
     wire_algo verify_algo;
     const char *hash_seed;        /* PYTHONHASHSEED string ("0") */
-    uint32_t verify_max_blocks;   /* digests remembered; 0 = 4M */
+    uint32_t verify_max_blocks;   /* RELAY_PIPE_VERIFY_BLOCKS */
     const wire_limits *limits;    /* decoder limits; NULL = defaults */
 } relay_pipe_cfg;
 
@@ -231,7 +251,9 @@ void relay_pipe_source_info(const relay_pipe *p, uint32_t src,
 json_object *relay_stats_to_json(const relay_stats *s);
 /* Prometheus text exposition (kvo_relay_* names), appended to out. */
 kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out);
-/* One short line for the periodic log. */
+/* One short line for the periodic log; a buffer of RELAY_STATS_LINE_MAX
+ * holds it with every counter at its largest. */
+#define RELAY_STATS_LINE_MAX 768
 void relay_stats_line(const relay_stats *s, char *buf, size_t n);
 
 /* ==== The service's parts ==================================================*/

@@ -66,7 +66,7 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)body,
                                   (int)len);
     if (s == NATS_OK && has_range) {
-        char v[48];
+        char v[48]; /* "<u64>-<u64>": 41 bytes at most */
         snprintf(v, sizeof(v), "%" PRIu64 "-%" PRIu64, first, last);
         s = natsMsgHeader_Set(m, "KVO-Zmq-Seq", v);
     }

@@ -18,6 +18,31 @@
 #include <sys/random.h>
 #include <zmq.h>
 
+/* Defaults of relay_cfg (relay_main.c's --help says the same numbers). */
+#define DEFAULT_ZMQ_HWM 100000 /* messages a socket queues before ZMQ drops */
+#define DEFAULT_ZMQ_MAX_MSG_BYTES (64ll << 20) /* a bigger message is refused */
+#define DEFAULT_LINGER_MS 100  /* closing a socket waits this long to send */
+#define DEFAULT_NATS_BUFFER_BYTES (64 << 20) /* envelopes held while NATS is
+                                              * down (nats.c's buffer) */
+#define DEFAULT_BLOCK_SIZE 16  /* vLLM's */
+#define DEFAULT_STATS_INTERVAL_MS 10000 /* between periodic stats lines */
+
+/* The loop and the waits around it. */
+#define LOOP_POLL_MS 100       /* longest zmq_poll: how late kvo_stop is seen */
+#define NATS_WAIT_POLL_MS 50   /* start-up: NATS checked this often while
+                                * HTTP is served */
+#define DISCOVERY_RETRY_MS 250 /* between GETs of the engine's sources */
+#define DISCOVERY_TIMEOUT_MS 2000 /* one such GET */
+/* drain_sockets' bounds: messages read from one socket in a pass (a flooding
+ * source cannot starve the others), and passes before HTTP, the replay
+ * timeouts and the stats line get their turn. */
+#define DRAIN_PER_SOCKET 256
+#define DRAIN_ROUNDS 64
+/* Longest subject (namespace.<ns>.component.<c>.kv-events) and discovery
+ * URL; longer ones are refused at start. */
+#define SUBJECT_MAX 512
+#define DISCOVERY_URL_MAX 1024
+
 /* Log rate limits, one per note kind. */
 static const char *const note_kinds[] = {"decode", "reject",  "cleared",
                                          "gap",    "replay",  "restart",
@@ -46,26 +71,26 @@ typedef struct runner {
     kvo_ratelimit rl[N_KINDS];
     uint64_t publisher_id;
     uint64_t seen_disconnects, seen_reconnects;
-    char subject[512];
+    char subject[SUBJECT_MAX];
     relay_rx rx;
 } runner;
 
 void relay_cfg_default(relay_cfg *c) {
     memset(c, 0, sizeof(*c));
     c->topic = "";
-    c->zmq_hwm = 100000;
-    c->zmq_max_msg_bytes = 64ll << 20;
-    c->linger_ms = 100;
+    c->zmq_hwm = DEFAULT_ZMQ_HWM;
+    c->zmq_max_msg_bytes = DEFAULT_ZMQ_MAX_MSG_BYTES;
+    c->linger_ms = DEFAULT_LINGER_MS;
     kvo_nats_cfg_default(&c->nats);
-    c->nats.buffer_bytes = 64 << 20;
+    c->nats.buffer_bytes = DEFAULT_NATS_BUFFER_BYTES;
     c->ns = "dynamo";
     c->component = "backend";
-    c->block_size = 16;
-    c->replay_timeout_ms = 5000;
-    c->buffer_max_batches = 100000;
+    c->block_size = DEFAULT_BLOCK_SIZE;
+    c->replay_timeout_ms = RELAY_PIPE_REPLAY_TIMEOUT_MS;
+    c->buffer_max_batches = RELAY_PIPE_BUFFER_BATCHES;
     c->verify_algo = WIRE_ALGO_SHA256;
     c->hash_seed = "0";
-    c->stats_interval_ms = 10000;
+    c->stats_interval_ms = DEFAULT_STATS_INTERVAL_MS;
 }
 
 /* ---- callbacks from the pipe ---------------------------------------------*/
@@ -268,12 +293,17 @@ static void serve_http(runner *r, long wait_ms) {
 
 static kvo_status discover(runner *r) {
     const char *base = r->cfg->discover;
-    char url[1024];
+    char url[DISCOVERY_URL_MAX];
     size_t bl = strlen(base);
     while (bl && base[bl - 1] == '/') bl--;
-    snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl, base);
+    int ul = snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl,
+                      base);
+    if (ul < 0 || (size_t)ul >= sizeof(url)) {
+        kvo_error("--discover URL longer than %d bytes", DISCOVERY_URL_MAX);
+        return KVO_EINVAL;
+    }
     kvo_http_client *c = NULL;
-    kvo_status st = kvo_http_client_new(&c, 2000);
+    kvo_status st = kvo_http_client_new(&c, DISCOVERY_TIMEOUT_MS);
     if (st != KVO_OK) return st;
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
@@ -293,7 +323,7 @@ static kvo_status discover(runner *r) {
                      g == KVO_OK ? "not 200" : kvo_http_client_error(c));
             said = true;
         }
-        serve_http(r, 250);
+        serve_http(r, DISCOVERY_RETRY_MS);
     }
     kvo_http_resp_fini(&resp);
     kvo_http_client_free(c);
@@ -332,10 +362,10 @@ static void record_rx(runner *r, const relay_rx *rx, bool reply) {
  * when it stopped after a bounded amount of work so HTTP and the stats line
  * are served under a flood too. */
 static bool drain_sockets(runner *r) {
-    for (int round = 0; round < 64 && !kvo_stop; round++) {
+    for (int round = 0; round < DRAIN_ROUNDS && !kvo_stop; round++) {
         bool more = false;
         for (uint32_t i = 0; i < r->nsrc; i++) {
-            for (int k = 0; k < 256; k++) {
+            for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
                 kvo_status s = relay_source_recv_dealer(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
                 record_rx(r, &r->rx, true);
@@ -343,7 +373,7 @@ static bool drain_sockets(runner *r) {
                                   kvo_now_ns());
                 more = true;
             }
-            for (int k = 0; k < 256; k++) {
+            for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
                 kvo_status s = relay_source_recv_sub(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
                 record_rx(r, &r->rx, false);
@@ -359,7 +389,7 @@ static bool drain_sockets(runner *r) {
 
 static void loop(runner *r) {
     zmq_pollitem_t items[2 * RELAY_MAX_SOURCES + 1];
-    uint64_t interval = r->cfg->stats_interval_ms * 1000000u;
+    uint64_t interval = r->cfg->stats_interval_ms * RELAY_NS_PER_MS;
     uint64_t next_stats = interval ? kvo_now_ns() + interval : 0;
     while (!kvo_stop) {
         int n = 0;
@@ -369,7 +399,7 @@ static void loop(runner *r) {
             void *d = relay_source_dealer(r->src[i]);
             if (d) items[n++] = (zmq_pollitem_t){d, 0, ZMQ_POLLIN, 0};
         }
-        long t = 100;
+        long t = LOOP_POLL_MS;
         if (r->http) {
             items[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(r->http),
                                           ZMQ_POLLIN, 0};
@@ -379,7 +409,7 @@ static void loop(runner *r) {
         uint64_t now = kvo_now_ns();
         uint64_t dl = relay_pipe_deadline(r->pipe);
         if (dl) {
-            long dt = dl > now ? (long)((dl - now) / 1000000u) + 1 : 0;
+            long dt = dl > now ? (long)((dl - now) / RELAY_NS_PER_MS) + 1 : 0;
             if (dt < t) t = dt;
         }
         if (zmq_poll(items, n, t) < 0 && zmq_errno() != EINTR &&
@@ -408,7 +438,7 @@ static void loop(runner *r) {
                      st->nats_reconnects, st->publish_dropped);
         }
         if (next_stats && now >= next_stats) {
-            char line[768];
+            char line[RELAY_STATS_LINE_MAX];
             relay_stats_line(stats_now(r), line, sizeof(line));
             kvo_info("stats: %s", line);
             next_stats = now + interval;
@@ -509,7 +539,7 @@ static kvo_status wait_nats(runner *r) {
     while (!kvo_stop && !relay_nats_connected(r->nats)) {
         if (!said) kvo_info("waiting for NATS at %s", r->cfg->nats.url);
         said = true;
-        serve_http(r, 50);
+        serve_http(r, NATS_WAIT_POLL_MS);
     }
     if (kvo_stop) return KVO_ETIMEDOUT;
     kvo_info("NATS connected");
@@ -530,9 +560,17 @@ kvo_status relay_run(const relay_cfg *cfg) {
             r.publisher_id = kvo_unix_ns() ^ ((uint64_t)getpid() << 32);
         r.publisher_id &= (uint64_t)INT64_MAX;
     }
-    snprintf(r.subject, sizeof(r.subject), "namespace.%s.component.%s.kv-events",
-             cfg->ns, cfg->component);
+    int sl = snprintf(r.subject, sizeof(r.subject),
+                      "namespace.%s.component.%s.kv-events", cfg->ns,
+                      cfg->component);
     log_config(&r);
+    if (sl < 0 || (size_t)sl >= sizeof(r.subject)) {
+        kvo_error("subject for --namespace and --component longer than %d "
+                  "bytes",
+                  SUBJECT_MAX - 1);
+        st = KVO_EINVAL;
+        goto done;
+    }
 
     if (cfg->metrics_listen) {
         char host[256];
@@ -607,7 +645,7 @@ kvo_status relay_run(const relay_cfg *cfg) {
         relay_pipe_start(r.pipe, kvo_now_ns());
         loop(&r);
     }
-    char line[768];
+    char line[RELAY_STATS_LINE_MAX];
     relay_stats_line(stats_now(&r), line, sizeof(line));
     kvo_info("final: %s", line);
     if (write_exit_json(&r) != KVO_OK) st = KVO_EIO;

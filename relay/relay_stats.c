@@ -24,8 +24,8 @@ static json_object *kinds(const uint64_t *v, const char *const *names,
 }
 
 static json_object *hex(const uint8_t *b, size_t n) {
-    char s[65];
-    if (n > 32) n = 32;
+    char s[2 * RELAY_MISMATCH_BYTES + 1];
+    if (n > RELAY_MISMATCH_BYTES) n = RELAY_MISMATCH_BYTES;
     for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", b[i]);
     s[2 * n] = '\0';
     return json_object_new_string(s);

@@ -566,10 +566,15 @@ START_TEST(discovery_relays_every_listed_rank) {
 END_TEST
 
 START_TEST(usage_errors_exit_2_and_help_exits_0) {
+    /* a subject that would not fit is refused, not cut */
+    char long_ns[600];
+    memset(long_ns, 'n', sizeof(long_ns) - 1);
+    long_ns[sizeof(long_ns) - 1] = '\0';
     const char *bad[][4] = {{NULL},
                             {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
                             {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"}};
+                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--namespace", long_ns}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         const char *args[6] = {NULL};
         for (int k = 0; k < 4 && bad[i][k]; k++) args[k] = bad[i][k];
