@@ -309,7 +309,17 @@ bool relay_nats_connected(relay_nats *n);
 kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               bool has_range, uint64_t first, uint64_t last,
                               const uint8_t *body, size_t len);
-/* Counters set by nats.c callbacks (read on the loop thread). */
-void relay_nats_poll(relay_nats *n, relay_stats *st);
+/* Fill st's NATS counters and gauges (nats_*): what nats.c's callbacks
+ * last said, read on the loop thread. No side effects. */
+void relay_nats_stats(relay_nats *n, relay_stats *st);
+
+/* What the connection did since the previous relay_nats_watch, for the log.
+ * Call it from one place only (the loop): each call takes the news. */
+typedef struct relay_nats_news {
+    bool went_down;      /* disconnected (once or more) */
+    bool came_back;      /* reconnected (once or more) */
+    uint64_t reconnects; /* reconnections so far */
+} relay_nats_news;
+relay_nats_news relay_nats_watch(relay_nats *n);
 
 #endif /* RELAY_INT_H */

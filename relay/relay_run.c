@@ -70,7 +70,6 @@ typedef struct runner {
     uint64_t cap_errors;
     kvo_ratelimit rl[N_KINDS];
     uint64_t publisher_id;
-    uint64_t seen_disconnects, seen_reconnects;
     char subject[SUBJECT_MAX];
     relay_rx rx;
 } runner;
@@ -135,7 +134,7 @@ static void on_note(void *ctx, kvo_level lvl, const char *kind,
 
 static relay_stats *stats_now(runner *r) {
     relay_stats *st = relay_pipe_stats(r->pipe);
-    relay_nats_poll(r->nats, st);
+    relay_nats_stats(r->nats, st);
     return st;
 }
 
@@ -424,19 +423,16 @@ static void loop(runner *r) {
          * lockstep driver never waits on a batching timer. */
         if (dry) relay_pipe_flush(r->pipe);
         if (r->http) kvo_http_server_run(r->http);
-        relay_stats *st = stats_now(r);
-        if (st->nats_disconnects != r->seen_disconnects) {
-            r->seen_disconnects = st->nats_disconnects;
+        relay_nats_news news = relay_nats_watch(r->nats);
+        if (news.went_down)
             kvo_warn("NATS disconnected: buffering up to %d bytes while "
                      "reconnecting",
                      r->cfg->nats.buffer_bytes);
-        }
-        if (st->nats_reconnects != r->seen_reconnects) {
-            r->seen_reconnects = st->nats_reconnects;
+        if (news.came_back)
             kvo_info("NATS reconnected (%" PRIu64 " reconnects, %" PRIu64
                      " envelopes dropped so far)",
-                     st->nats_reconnects, st->publish_dropped);
-        }
+                     news.reconnects,
+                     relay_pipe_stats(r->pipe)->publish_dropped);
         if (next_stats && now >= next_stats) {
             char line[RELAY_STATS_LINE_MAX];
             relay_stats_line(stats_now(r), line, sizeof(line));

@@ -396,6 +396,10 @@ START_TEST(a_nats_server_restart_loses_nothing_that_fit_in_the_buffer) {
     for (uint64_t i = 0; i < 25; i++) ck_assert_uint_eq(h[i], 1000 + i);
     ck_assert_uint_eq(stat(&e, "publish_dropped", NULL), 0);
     ck_assert_uint_ge(stat(&e, "nats_reconnects", NULL), 1);
+    ck_assert_uint_eq(stat(&e, "nats_buffered", NULL), 0); /* all flushed */
+    /* and the loop logged both */
+    tr_wait_log(&e.relay.proc, "NATS disconnected: buffering", WAIT_MS);
+    tr_wait_log(&e.relay.proc, "NATS reconnected (", WAIT_MS);
     kvo_buf_fini(&p);
     kvo_free(g);
     e2e_stop(&e);

@@ -766,6 +766,22 @@ void trelay_wait_nats_down(trelay *r) {
     }
 }
 
+void tr_wait_log(const kvo_proc *p, const char *needle, long timeout_ms) {
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        size_t len;
+        uint8_t *log = kt_read_file(p->log_path, &len);
+        bool found = memmem(log, len, needle, strlen(needle)) != NULL;
+        kvo_free(log);
+        if (found) return;
+        if (kvo_now_ns() > end) {
+            kvo_proc_dump_log(p, 60);
+            ck_abort_msg("the log never said '%s'", needle);
+        }
+        usleep(20000);
+    }
+}
+
 /* ---- the index a subscriber would build ---------------------------------------*/
 
 void tmodel_init(tmodel *m) { memset(m, 0, sizeof(*m)); }

@@ -159,6 +159,10 @@ void trelay_wait_stat(trelay *r, const char *name, uint64_t atleast);
 /* Wait until the relay reports NATS down. */
 void trelay_wait_nats_down(trelay *r);
 
+/* Wait until p's log holds needle (dumps the log and fails after
+ * timeout_ms). */
+void tr_wait_log(const kvo_proc *p, const char *needle, long timeout_ms);
+
 /* ---- the index a subscriber would build (block level) -------------------------
  * Per dp rank: stored block hash -> tokens hash, exactly as an indexer applies
  * stored / removed / cleared; enough to ask "how many leading blocks of this
