@@ -788,7 +788,7 @@ drop:
          seq);
 }
 
-static void request_replay(relay_pipe *p, uint32_t si, uint64_t from);
+static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from);
 
 /* Apply the buffered live batches in order. After a failure the first hole
  * is accepted as is (the index was cleared already); after a replay that
@@ -837,12 +837,16 @@ static void replay_failed(relay_pipe *p, uint32_t si, relay_replay_fail why) {
     drain(p, si, true);
 }
 
-static void request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
+/* Ask source si for every batch from `from` on. true: the replay is
+ * outstanding (the source is REPLAYING); false: it could not be asked (no
+ * endpoint, or the request failed), the loss is counted and the source takes
+ * whatever comes next. */
+static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
     source *s = &p->src[si];
     if (!s->has_replay) {
         lost(p, si, RELAY_no_endpoint);
         s->has_next = false;
-        return;
+        return false;
     }
     s->state = RELAY_SRC_REPLAYING;
     s->want = from;
@@ -854,7 +858,22 @@ static void request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
     note(p, KVO_LOG_INFO, "replay", "source %u: replay requested from %" PRIu64,
          si, from);
     kvo_status st = p->out.replay_request(p->out.ctx, si, from);
-    if (st != KVO_OK) replay_failed(p, si, RELAY_request_failed);
+    if (st != KVO_OK) {
+        replay_failed(p, si, RELAY_request_failed);
+        return false;
+    }
+    return true;
+}
+
+/* Live batch seq came after a hole that starts at from: ask for the hole and
+ * hold seq until the replay has filled it; when no replay can be asked, seq
+ * is taken as it is. */
+static void replay_then(relay_pipe *p, uint32_t si, uint64_t from,
+                        uint64_t seq, const uint8_t *payload, size_t len) {
+    if (request_replay(p, si, from))
+        buffer_push(p, &p->src[si], seq, payload, len);
+    else
+        apply(p, si, seq, payload, len, false);
 }
 
 static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
@@ -882,11 +901,7 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
             apply(p, si, seq, payload, len, false);
             return;
         }
-        request_replay(p, si, 0);
-        if (s->state == RELAY_SRC_REPLAYING)
-            buffer_push(p, s, seq, payload, len);
-        else
-            apply(p, si, seq, payload, len, false);
+        replay_then(p, si, 0, seq, payload, len);
         return;
     }
     s->has_live = true;
@@ -907,11 +922,7 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
     note(p, KVO_LOG_WARN, "gap",
          "source %u: sequence gap, expected %" PRIu64 " got %" PRIu64, si,
          s->next, seq);
-    request_replay(p, si, s->next);
-    if (s->state == RELAY_SRC_REPLAYING)
-        buffer_push(p, s, seq, payload, len);
-    else
-        apply(p, si, seq, payload, len, false);
+    replay_then(p, si, s->next, seq, payload, len);
 }
 
 static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,

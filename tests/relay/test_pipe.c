@@ -497,6 +497,38 @@ START_TEST(replay_timeout_clears_and_drains_the_buffer) {
 }
 END_TEST
 
+/* A replay request the transport refuses: counted, cleared, and the batch
+ * after the hole is taken at once (never held for a replay that will not
+ * come). */
+START_TEST(a_replay_request_that_cannot_be_sent_clears_and_goes_on) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    t.fail_requests = true;
+    kvo_buf p[5];
+    for (int i = 0; i < 5; i++) {
+        kvo_buf_init(&p[i]);
+        batch_tagged(&p[i], (uint64_t)i);
+    }
+    tr_live(&t, 0, 0, &p[0]);
+    tr_live(&t, 0, 3, &p[3]);
+    tr_live(&t, 0, 4, &p[4]);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(s->replay_failures[RELAY_request_failed], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(s->live_buffered, 0);
+    ck_assert_uint_eq(t.aborts, 1);
+    ck_assert_uint_eq(relay_pipe_deadline(t.p), 0);
+    uint64_t h[8];
+    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
+    ck_assert_uint_eq(h[1], 1003);
+    ck_assert_uint_eq(h[2], 1004);
+    for (int i = 0; i < 5; i++) kvo_buf_fini(&p[i]);
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(replay_from_start_publishes_cleared_then_replays) {
     relay_pipe_cfg c;
     tr_cfg_default(&c);
@@ -1259,6 +1291,7 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, replayed_duplicates_are_dropped_and_counted);
     tcase_add_test(tc, gap_without_replay_endpoint_clears_and_goes_on);
     tcase_add_test(tc, replay_timeout_clears_and_drains_the_buffer);
+    tcase_add_test(tc, a_replay_request_that_cannot_be_sent_clears_and_goes_on);
     tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
     tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
