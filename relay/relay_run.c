@@ -240,13 +240,25 @@ static char *endpoint_for(const char *ep, const char *base_url) {
     return (char *)b.data;
 }
 
+/* Forget every source description (the slot past the last may hold half
+ * of one). */
+static void desc_clear(runner *r) {
+    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++) {
+        kvo_free(r->desc[i].endpoint);
+        kvo_free(r->desc[i].replay);
+        memset(&r->desc[i], 0, sizeof(r->desc[i]));
+    }
+    r->nsrc = 0;
+}
+
+/* The sources an engine lists; on failure none (a retry starts afresh). */
 static kvo_status parse_sources(runner *r, const char *body,
                                 const char *base) {
     json_object *j = json_tokener_parse(body);
     kvo_status st = KVO_EPROTO;
     if (!j || !json_object_is_type(j, json_type_array)) goto done;
     size_t n = json_object_array_length(j);
-    for (size_t i = 0; i < n && r->nsrc < RELAY_MAX_SOURCES; i++) {
+    for (size_t i = 0; i < n; i++) {
         json_object *e = json_object_array_get_idx(j, i), *v;
         if (!json_object_is_type(e, json_type_object)) continue;
         if (json_object_object_get_ex(e, "transport", &v) &&
@@ -255,6 +267,10 @@ static kvo_status parse_sources(runner *r, const char *body,
         if (!json_object_object_get_ex(e, "endpoint", &v) ||
             !json_object_is_type(v, json_type_string))
             continue;
+        if (r->nsrc == RELAY_MAX_SOURCES) {
+            st = KVO_ETOOBIG; /* refused whole: never a silent subset */
+            goto done;
+        }
         src_desc *d = &r->desc[r->nsrc];
         memset(d, 0, sizeof(*d));
         d->endpoint = endpoint_for(json_object_get_string(v), base);
@@ -274,6 +290,7 @@ static kvo_status parse_sources(runner *r, const char *body,
     }
     st = r->nsrc ? KVO_OK : KVO_ENOTFOUND;
 done:
+    if (st != KVO_OK) desc_clear(r);
     json_object_put(j);
     return st;
 }
@@ -315,6 +332,11 @@ static kvo_status discover(runner *r) {
                                                  : "",
                                base);
             if (st == KVO_OK) break;
+            if (st == KVO_ETOOBIG) {
+                kvo_error("discovery: %s lists more than %d ZMQ sources", url,
+                          RELAY_MAX_SOURCES);
+                break;
+            }
             kvo_warn("discovery: %s lists no usable ZMQ source (%s)", url,
                      kvo_strerror(st));
         } else if (!said) {
@@ -648,11 +670,9 @@ kvo_status relay_run(const relay_cfg *cfg) {
     if (st == KVO_OK && cfg->verify && relay_pipe_stats(r.pipe)->hash_mismatches)
         st = KVO_ECHECK;
 done:
-    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++) {
+    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++)
         relay_source_free(r.src[i]);
-        kvo_free(r.desc[i].endpoint);
-        kvo_free(r.desc[i].replay);
-    }
+    desc_clear(&r);
     if (r.zctx) zmq_ctx_term(r.zctx);
     relay_nats_free(r.nats);
     relay_pipe_free(r.pipe);

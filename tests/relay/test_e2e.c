@@ -354,7 +354,7 @@ END_TEST
 
 typedef struct disco {
     kvo_http_server *srv;
-    char body[1024];
+    char body[8192];
     volatile int stop;
     volatile int hits;
     pthread_t thr;
@@ -460,6 +460,40 @@ START_TEST(discovery_relays_every_listed_rank) {
 }
 END_TEST
 
+/* An engine listing more sources than a relay serves is refused whole (exit
+ * 2, said in the log), never served in part. */
+START_TEST(discovery_refuses_more_sources_than_it_serves) {
+    disco d;
+    memset(&d, 0, sizeof(d));
+    kvo_http_server_cfg hc = {.handler = disco_handler, .ctx = &d};
+    ck_assert(kvo_http_server_new(&d.srv, &hc) == KVO_OK);
+    size_t off = 0;
+    d.body[off++] = '[';
+    for (int i = 0; i <= RELAY_MAX_SOURCES; i++)
+        off += (size_t)snprintf(d.body + off, sizeof(d.body) - off,
+                                "%s{\"transport\": \"zmq\", \"endpoint\": "
+                                "\"tcp://127.0.0.1:%d\"}",
+                                i ? "," : "", 20000 + i);
+    ck_assert_uint_lt(off + 2, sizeof(d.body));
+    d.body[off++] = ']';
+    ck_assert_int_eq(pthread_create(&d.thr, NULL, disco_thread, &d), 0);
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u",
+             kvo_http_server_port(d.srv));
+    const char *args[] = {"--discover", url, "--nats", "nats://127.0.0.1:1",
+                          "--stats-interval-ms", "0", NULL};
+    kt_proc relay;
+    kt_proc_start(&relay, "kvo-relay", args);
+    while (kvo_proc_alive(&relay.proc)) usleep(10000);
+    ck_assert_int_eq(relay.proc.exit_status, 2);
+    tr_wait_log(&relay.proc, "lists more than 64 ZMQ sources", WAIT_MS);
+    kt_proc_stop(&relay);
+    d.stop = 1;
+    pthread_join(d.thr, NULL);
+    kvo_http_server_free(d.srv);
+}
+END_TEST
+
 START_TEST(usage_errors_exit_2_and_help_exits_0) {
     /* a subject that would not fit is refused, not cut */
     char long_ns[600];
@@ -498,6 +532,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
     tcase_add_test(tc, discovery_relays_every_listed_rank);
+    tcase_add_test(tc, discovery_refuses_more_sources_than_it_serves);
     tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);
     suite_add_tcase(s, tc);
     return s;
