@@ -28,17 +28,20 @@
 /* Most sources (ZMQ publishers) one pipe serves. */
 #define RELAY_MAX_SOURCES 64
 
-/* What a relay_pipe_cfg field left 0 becomes, and what it bounds. */
-#define RELAY_PIPE_REPLAY_TIMEOUT_MS 5000u /* a replay silent this long failed */
-#define RELAY_PIPE_BUFFER_BATCHES 100000u  /* live batches held per source while
-                                            * its replay runs ... */
-#define RELAY_PIPE_BUFFER_BYTES (256u << 20) /* ... and their payload bytes */
-#define RELAY_PIPE_MAX_EVENTS 128u  /* RouterEvents per envelope (DESIGN §6);
-                                     * also the most a cfg may ask for */
-#define RELAY_PIPE_MAX_BLOCKS 8192u /* stored blocks + removed hashes per
-                                     * envelope; also the most */
-#define RELAY_PIPE_VERIFY_BLOCKS (4u << 20) /* engine digests remembered for
-                                             * --verify-engine-hash */
+/* What a relay_pipe_cfg field left 0 becomes, and what it bounds:
+ *   REPLAY_TIMEOUT_MS  a replay silent this long has failed;
+ *   BUFFER_BATCHES/BYTES  live batches (and their payload bytes) held per
+ *                      source while its replay runs;
+ *   MAX_EVENTS         RouterEvents per envelope (DESIGN §6), and the most a
+ *                      cfg may ask for;
+ *   MAX_BLOCKS         stored blocks + removed hashes per envelope, likewise;
+ *   VERIFY_BLOCKS      engine digests remembered for --verify-engine-hash. */
+#define RELAY_PIPE_REPLAY_TIMEOUT_MS 5000u
+#define RELAY_PIPE_BUFFER_BATCHES 100000u
+#define RELAY_PIPE_BUFFER_BYTES (256u << 20)
+#define RELAY_PIPE_MAX_EVENTS 128u
+#define RELAY_PIPE_MAX_BLOCKS 8192u
+#define RELAY_PIPE_VERIFY_BLOCKS (4u << 20)
 
 /* Times handed to the pipe are nanoseconds; configured ones milliseconds. */
 #define RELAY_NS_PER_MS 1000000u

@@ -97,8 +97,7 @@ void relay_nats_stats(relay_nats *n, relay_stats *st) {
     st->nats_disconnects = kvo_nats_disconnects(n->k);
     st->nats_reconnects = kvo_nats_reconnects(n->k);
     st->nats_connected = relay_nats_connected(n);
-    st->nats_buffered =
-        n->held_epoch == st->nats_reconnects ? n->held : 0;
+    st->nats_buffered = n->held_epoch == st->nats_reconnects ? n->held : 0;
     st->nats_buffered_total = n->held_total;
 }
 

@@ -18,21 +18,25 @@
 #include <sys/random.h>
 #include <zmq.h>
 
-/* Defaults of relay_cfg (relay_main.c's --help says the same numbers). */
-#define DEFAULT_ZMQ_HWM 100000 /* messages a socket queues before ZMQ drops */
-#define DEFAULT_ZMQ_MAX_MSG_BYTES (64ll << 20) /* a bigger message is refused */
-#define DEFAULT_LINGER_MS 100  /* closing a socket waits this long to send */
-#define DEFAULT_NATS_BUFFER_BYTES (64 << 20) /* envelopes held while NATS is
-                                              * down (nats.c's buffer) */
-#define DEFAULT_BLOCK_SIZE 16  /* vLLM's */
-#define DEFAULT_STATS_INTERVAL_MS 10000 /* between periodic stats lines */
+/* Defaults of relay_cfg (relay_main.c's --help says the same numbers):
+ * messages a ZMQ socket queues before it drops; the largest ZMQ message
+ * accepted (one batch); how long closing a socket may wait to send; the
+ * bytes nats.c buffers while NATS is down; vLLM's block size; the time
+ * between periodic stats lines. */
+#define DEFAULT_ZMQ_HWM 100000
+#define DEFAULT_ZMQ_MAX_MSG_BYTES (64ll << 20)
+#define DEFAULT_LINGER_MS 100
+#define DEFAULT_NATS_BUFFER_BYTES (64 << 20)
+#define DEFAULT_BLOCK_SIZE 16
+#define DEFAULT_STATS_INTERVAL_MS 10000
 
-/* The loop and the waits around it. */
-#define LOOP_POLL_MS 100       /* longest zmq_poll: how late kvo_stop is seen */
-#define NATS_WAIT_POLL_MS 50   /* start-up: NATS checked this often while
-                                * HTTP is served */
-#define DISCOVERY_RETRY_MS 250 /* between GETs of the engine's sources */
-#define DISCOVERY_TIMEOUT_MS 2000 /* one such GET */
+/* The loop's longest zmq_poll (how late kvo_stop is seen); how often NATS
+ * is checked at start-up while HTTP is served; the wait between GETs of the
+ * engine's sources, and the timeout of one. */
+#define LOOP_POLL_MS 100
+#define NATS_WAIT_POLL_MS 50
+#define DISCOVERY_RETRY_MS 250
+#define DISCOVERY_TIMEOUT_MS 2000
 /* drain_sockets' bounds: messages read from one socket in a pass (a flooding
  * source cannot starve the others), and passes before HTTP, the replay
  * timeouts and the stats line get their turn. */
