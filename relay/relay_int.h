@@ -1,10 +1,265 @@
-/* relay_int.h -- internals shared by the relay_*.c files: the pieces
- * relay_run.c glues together (ZMQ sources, the NATS publisher). */
+/* relay_int.h -- the relay's internals: the pipeline (relay_pipe.c) with
+ * its counters, the counters' views (relay_stats.c), and the pieces
+ * relay_run.c glues together (ZMQ sources, the NATS publisher). Tests and
+ * benchmarks of the relay include it; programs use relay.h.
+ */
 #ifndef RELAY_INT_H
 #define RELAY_INT_H
 
-#include "kvo_map.h"
+#include "kvo.h"
 #include "relay.h"
+#include "wire.h"
+
+/* ==== The pipeline =========================================================
+ *
+ * relay_pipe is the pure part of the relay: no sockets, no clocks of its
+ * own, no logging. ZMQ frames go in (relay_pipe_live, relay_pipe_replay);
+ * envelopes, replay requests and log lines come out through a relay_out
+ * table; times are handed in by the caller. It depends on kvo.h and wire.h
+ * only. The per-source state machine is drawn in relay_pipe.c.
+ *
+ *   relay_pipe_new -> relay_pipe_source_add (per publisher)
+ *     -> relay_pipe_start (after the output is up)
+ *     -> { relay_pipe_live | relay_pipe_replay }* relay_pipe_flush
+ *        relay_pipe_tick (replay timeouts; relay_pipe_deadline says when)
+ *     -> relay_pipe_free
+ */
+
+/* Most sources (ZMQ publishers) one pipe serves. */
+#define RELAY_MAX_SOURCES 64
+
+/* What a relay_pipe_cfg field left 0 becomes, and what it bounds:
+ *   REPLAY_TIMEOUT_MS  a replay silent this long has failed;
+ *   BUFFER_BATCHES/BYTES  live batches (and their payload bytes) held per
+ *                      source while its replay runs;
+ *   MAX_EVENTS         RouterEvents per envelope (DESIGN §6), and the most a
+ *                      cfg may ask for;
+ *   MAX_BLOCKS         stored blocks + removed hashes per envelope, likewise;
+ *   VERIFY_BLOCKS      engine digests remembered for --verify-engine-hash. */
+#define RELAY_PIPE_REPLAY_TIMEOUT_MS 5000u
+#define RELAY_PIPE_BUFFER_BATCHES 100000u
+#define RELAY_PIPE_BUFFER_BYTES (256u << 20)
+#define RELAY_PIPE_MAX_EVENTS 128u
+#define RELAY_PIPE_MAX_BLOCKS 8192u
+#define RELAY_PIPE_VERIFY_BLOCKS (4u << 20)
+
+/* Times handed to the pipe are nanoseconds; configured ones milliseconds. */
+#define RELAY_NS_PER_MS 1000000u
+
+/* ---- Counters ------------------------------------------------------------
+ * Every counter is on GET /metrics (kvo_relay_<name>_total), in GET /stats
+ * and the exit JSON (key <name>), the main ones in the periodic log line
+ * (relay.h says what the service adds). */
+#define RELAY_COUNTERS(X)                                                     \
+    X(batches_live, "batches received on the SUB socket")                     \
+    X(batches_replayed, "batches received as replay replies")                 \
+    X(batches_applied, "batches applied in sequence order")                   \
+    X(events_stored, "BlockStored events decoded")                            \
+    X(events_removed, "BlockRemoved events decoded")                          \
+    X(events_cleared, "AllBlocksCleared events decoded")                      \
+    X(blocks_stored, "blocks in BlockStored events decoded")                  \
+    X(blocks_removed, "hashes in BlockRemoved events decoded")                \
+    X(gaps, "sequence gaps seen")                                             \
+    X(replays_requested, "replay requests sent")                              \
+    X(replays_completed, "replays that reached their end marker")             \
+    X(replays_applied, "batches applied from replay replies")                 \
+    X(replay_stray, "replay replies with no replay outstanding")              \
+    X(restarts, "publisher restarts (sequence went back)")                    \
+    X(cleared_emitted, "cleared events the relay emitted itself")             \
+    X(duplicates_dropped, "batches dropped because seq <= last applied")      \
+    X(live_buffered, "live batches buffered while a replay ran")              \
+    X(buffer_dropped, "live batches dropped: replay buffer full")             \
+    X(buffer_discarded, "buffered batches discarded by a restart")            \
+    X(dedup_suppressed, "removes held back: other copies still stored")       \
+    X(removes_unknown, "removes of hashes with no stored copy (forwarded)")   \
+    X(revents_stored, "stored RouterEvents forwarded")                        \
+    X(revents_removed, "removed RouterEvents forwarded")                      \
+    X(revents_cleared, "cleared RouterEvents forwarded")                      \
+    X(blocks_forwarded, "stored blocks forwarded")                            \
+    X(removes_forwarded, "removed hashes forwarded")                          \
+    X(messages_published, "envelopes published")                              \
+    X(watermark_messages, "envelopes with an empty payload (watermark only)") \
+    X(bytes_published, "envelope bytes published")                            \
+    X(publish_dropped, "envelopes NATS could not send or buffer")             \
+    X(nats_disconnects, "NATS disconnections")                                \
+    X(nats_reconnects, "NATS reconnections")                                  \
+    X(hash_verified, "stored blocks whose engine hash was recomputed")        \
+    X(hash_mismatches, "stored blocks whose engine hash did not match")       \
+    X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")    \
+    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")
+
+/* Counted by kind (label "kind" on /metrics, an object in JSON). */
+#define RELAY_BAD_MSG_KINDS(X)                                                \
+    X(frames, "not exactly 3 frames")                                         \
+    X(seq, "sequence frame not 8 bytes")                                      \
+    X(replay_frames, "replay reply with an unknown frame layout")
+
+#define RELAY_REJECT_KINDS(X)                                                 \
+    X(token_count, "token count != blocks x block_size")                     \
+    X(block_size, "block_size != --block-size")                              \
+    X(medium, "unknown medium")                                              \
+    X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
+    X(empty, "event without block hashes")                                   \
+    X(dp_rank, "data_parallel_rank out of range (or too many ranks)")
+
+#define RELAY_REPLAY_FAIL_KINDS(X)                                            \
+    X(no_endpoint, "no replay endpoint")                                      \
+    X(window_exceeded, "first replayed seq > requested")                      \
+    X(incomplete, "replay ended before the gap was covered")                 \
+    X(timeout, "no replay reply within --replay-timeout-ms")                  \
+    X(request_failed, "the replay request could not be sent")
+
+#define RELAY_ENUM_KIND(name, help) RELAY_##name,
+typedef enum { RELAY_BAD_MSG_KINDS(RELAY_ENUM_KIND) RELAY_BAD_MSG_COUNT } relay_bad_msg;
+typedef enum { RELAY_REJECT_KINDS(RELAY_ENUM_KIND) RELAY_REJECT_COUNT } relay_reject;
+typedef enum {
+    RELAY_REPLAY_FAIL_KINDS(RELAY_ENUM_KIND) RELAY_REPLAY_FAIL_COUNT
+} relay_replay_fail;
+#undef RELAY_ENUM_KIND
+
+/* Bytes kept of a mismatching byte-string hash: a whole SHA-256 digest. */
+#define RELAY_MISMATCH_BYTES 32
+
+typedef struct relay_mismatch {
+    uint64_t seq;      /* ZMQ sequence of the batch */
+    uint32_t event;    /* index of the event in the batch */
+    uint32_t block;    /* index of the block in the event */
+    wire_digest expected;
+    wire_hash got;     /* bytes copied into got_bytes (the first
+                        * RELAY_MISMATCH_BYTES; got.bytes is NULL) */
+    uint8_t got_bytes[RELAY_MISMATCH_BYTES];
+} relay_mismatch;
+
+typedef struct relay_stats {
+#define RELAY_FIELD(name, help) uint64_t name;
+    RELAY_COUNTERS(RELAY_FIELD)
+#undef RELAY_FIELD
+    uint64_t bad_msgs[RELAY_BAD_MSG_COUNT];
+    uint64_t decode_errors[KVO_STATUS_COUNT]; /* by status (EPROTO...) */
+    uint64_t rejects[RELAY_REJECT_COUNT];
+    uint64_t replay_failures[RELAY_REPLAY_FAIL_COUNT];
+    /* Gauges, filled in by whoever owns the value. */
+    uint64_t buffer_depth;        /* live batches waiting for replays */
+    uint64_t nats_buffered;       /* messages in the reconnect buffer */
+    uint64_t nats_buffered_total; /* messages that went through it */
+    bool nats_connected;
+    bool has_mismatch;
+    relay_mismatch first_mismatch;
+} relay_stats;
+
+/* Sums over the labelled counters, for the JSON totals and the log line. */
+uint64_t relay_stats_decode_errors(const relay_stats *s);
+uint64_t relay_stats_rejects(const relay_stats *s);
+uint64_t relay_stats_replay_failures(const relay_stats *s);
+
+/* ---- The pipeline seam ---------------------------------------------------*/
+
+/* Where the pipeline's output goes. Callbacks run inside pipe calls, on the
+ * caller's thread; pointers they receive are valid during the call only. */
+typedef struct relay_out {
+    void *ctx;
+    /* One envelope for subject. has_range: the message carries the header
+     * KVO-Zmq-Seq: first-last. A non-OK status counts as publish_dropped. */
+    kvo_status (*publish)(void *ctx, const char *subject, bool has_range,
+                          uint64_t first, uint64_t last, const uint8_t *body,
+                          size_t len);
+    /* Ask source src's replay endpoint for every batch from seq on. */
+    kvo_status (*replay_request)(void *ctx, uint32_t src, uint64_t from_seq);
+    /* Forget an outstanding replay of src (its late replies must never
+     * reach the pipe: e.g. reopen the DEALER). May be NULL. */
+    void (*replay_abort)(void *ctx, uint32_t src);
+    /* A line worth logging; kind names the site so the receiver can rate
+     * limit per kind ("decode", "reject", "cleared", ...). May be NULL. */
+    void (*note)(void *ctx, kvo_level level, const char *kind,
+                 const char *msg);
+} relay_out;
+
+typedef struct relay_pipe_cfg {
+    uint64_t worker_id;
+    uint32_t block_size;          /* expected engine block size (16) */
+    uint64_t publisher_id;
+    const char *subject;          /* namespace.<ns>.component.<c>.kv-events */
+    bool replay_from_set;         /* --replay-from given */
+    uint64_t replay_from;
+    /* 0 below = the RELAY_PIPE_* default above */
+    uint64_t replay_timeout_ms;   /* RELAY_PIPE_REPLAY_TIMEOUT_MS */
+    uint32_t buffer_max_batches;  /* RELAY_PIPE_BUFFER_BATCHES */
+    size_t buffer_max_bytes;      /* RELAY_PIPE_BUFFER_BYTES */
+    uint32_t max_events;          /* per message; RELAY_PIPE_MAX_EVENTS */
+    uint32_t max_blocks;          /* per message; RELAY_PIPE_MAX_BLOCKS */
+    bool verify;                  /* --verify-engine-hash */
+    wire_algo verify_algo;
+    const char *hash_seed;        /* PYTHONHASHSEED string ("0") */
+    uint32_t verify_max_blocks;   /* RELAY_PIPE_VERIFY_BLOCKS */
+    const wire_limits *limits;    /* decoder limits; NULL = defaults */
+} relay_pipe_cfg;
+
+typedef struct relay_pipe relay_pipe;
+
+typedef enum relay_src_state {
+    RELAY_SRC_LIVE = 0,
+    RELAY_SRC_REPLAYING
+} relay_src_state;
+
+/* Read-only view of one source (for /stats and tests). */
+typedef struct relay_src_info {
+    uint32_t dp_rank;     /* last rank seen (or the fallback) */
+    relay_src_state state;
+    bool has_next;
+    uint64_t next_seq;    /* next sequence expected */
+    uint32_t buffered;    /* live batches waiting */
+} relay_src_info;
+
+/* cfg and out are copied (strings must outlive the pipe). */
+kvo_status relay_pipe_new(relay_pipe **out, const relay_pipe_cfg *cfg,
+                          const relay_out *o);
+void relay_pipe_free(relay_pipe *p);
+/* Add a source (one ZMQ publisher). fallback_rank is used for batches that
+ * carry no data_parallel_rank. Ids are 0, 1, ... in order; KVO_ETOOBIG
+ * past RELAY_MAX_SOURCES. */
+kvo_status relay_pipe_source_add(relay_pipe *p, uint32_t fallback_rank,
+                                 bool has_replay, uint32_t *id);
+/* Begin: with replay_from_set, publish cleared per source and request the
+ * replay (live batches are buffered meanwhile). Call once, when publish
+ * can deliver (the service: once NATS is up).
+ * Times are monotonic nanoseconds (kvo_now_ns) supplied by the caller. */
+void relay_pipe_start(relay_pipe *p, uint64_t now_ns);
+/* One SUB message as frames (must be exactly 3: topic, seq, payload). */
+void relay_pipe_live(relay_pipe *p, uint32_t src, const wire_frame *frames,
+                     uint32_t n, uint64_t now_ns);
+/* One DEALER message: ["", topic, seq, payload] or ["", seq, payload];
+ * seq FF x 8 with an empty payload ends the replay. */
+void relay_pipe_replay(relay_pipe *p, uint32_t src, const wire_frame *frames,
+                       uint32_t n, uint64_t now_ns);
+/* Publish what is pending (the caller's socket has nothing more to read). */
+void relay_pipe_flush(relay_pipe *p);
+/* Replay timeouts. */
+void relay_pipe_tick(relay_pipe *p, uint64_t now_ns);
+/* Earliest replay deadline (0 = none), for the poll timeout. */
+uint64_t relay_pipe_deadline(const relay_pipe *p);
+
+/* Valid until the next pipe call. */
+relay_stats *relay_pipe_stats(relay_pipe *p);
+uint32_t relay_pipe_source_count(const relay_pipe *p);
+void relay_pipe_source_info(const relay_pipe *p, uint32_t src,
+                            relay_src_info *out);
+
+/* ==== Stats views (relay_stats.c) ==========================================*/
+
+/* {"batches_live": n, ..., "bad_msgs": {...}, "decode_errors": {"EPROTO": n},
+ *  "rejects": {...}, "replay_failures": {...}, "buffer_depth": n,
+ *  "nats_buffered": n, "nats_buffered_total": n, "nats_connected": b,
+ *  "first_mismatch": null | {"seq", "event", "block", "expected", "got"}}
+ * Caller owns the object. */
+json_object *relay_stats_to_json(const relay_stats *s);
+/* Prometheus text exposition (kvo_relay_* names), appended to out. */
+kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out);
+/* One short line for the periodic log; a buffer of RELAY_STATS_LINE_MAX
+ * holds it with every counter at its largest. */
+#define RELAY_STATS_LINE_MAX 768
+void relay_stats_line(const relay_stats *s, char *buf, size_t n);
+
+/* ==== The service's parts ==================================================*/
 
 /* ---- ZMQ sources (relay_source.c) ---------------------------------------*/
 typedef struct relay_source relay_source;
@@ -57,7 +312,17 @@ bool relay_nats_connected(relay_nats *n);
 kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               bool has_range, uint64_t first, uint64_t last,
                               const uint8_t *body, size_t len);
-/* Counters set by nats.c callbacks (read on the loop thread). */
-void relay_nats_poll(relay_nats *n, relay_stats *st);
+/* Fill st's NATS counters and gauges (nats_*): what nats.c's callbacks
+ * last said, read on the loop thread. No side effects. */
+void relay_nats_stats(relay_nats *n, relay_stats *st);
+
+/* What the connection did since the previous relay_nats_watch, for the log.
+ * Call it from one place only (the loop): each call takes the news. */
+typedef struct relay_nats_news {
+    bool went_down;      /* disconnected (once or more) */
+    bool came_back;      /* reconnected (once or more) */
+    uint64_t reconnects; /* reconnections so far */
+} relay_nats_news;
+relay_nats_news relay_nats_watch(relay_nats *n);
 
 #endif /* RELAY_INT_H */

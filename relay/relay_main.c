@@ -14,6 +14,12 @@ enum {
     OPT_RECORD, OPT_RECORD_WHAT, OPT_LOG_LEVEL
 };
 
+/* --block-size above this is refused: no engine has blocks that large, so
+ * a bigger value is a mistake, not a setting. */
+#define MAX_BLOCK_SIZE (1u << 20)
+/* --replay-timeout-ms above a day is refused (surely a typo). */
+#define MAX_REPLAY_TIMEOUT_MS 86400000u
+
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
@@ -157,7 +163,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &c->block_size) || c->block_size == 0 ||
-            c->block_size > (1u << 20))
+            c->block_size > MAX_BLOCK_SIZE)
             return bad("block-size", arg);
         return KVO_OK;
     case OPT_REPLAY_FROM:
@@ -166,7 +172,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->replay_from_set = true;
         return KVO_OK;
     case OPT_REPLAY_TIMEOUT:
-        if (kvo_parse_u64(arg, &u) || u == 0 || u > 86400000u)
+        if (kvo_parse_u64(arg, &u) || u == 0 || u > MAX_REPLAY_TIMEOUT_MS)
             return bad("replay-timeout-ms", arg);
         c->replay_timeout_ms = u;
         return KVO_OK;

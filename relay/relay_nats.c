@@ -4,8 +4,14 @@
  * reconnect buffer), and envelopes published with the KVO-Zmq-Seq header.
  *
  * nats.c 3.4 does not expose its buffer size, so "buffered" counts the
- * messages accepted while the connection was down (they sit in the
- * reconnect buffer until the reconnect flushes them). */
+ * messages accepted while the connection was down: they sit in the
+ * reconnect buffer until the next reconnect flushes them. Each is counted
+ * against the reconnect it waits for (held_epoch = the reconnect count when
+ * it was published), so once that reconnect happened they are gone.
+ *
+ * kvo_nats says what the connection did only as counters bumped by nats.c's
+ * threads; relay_nats_watch is the one place that turns them into news for
+ * the loop. */
 #include "relay_int.h"
 
 #include <stdio.h>
@@ -15,9 +21,10 @@
 
 struct relay_nats {
     kvo_nats *k;
-    uint64_t held;       /* published while down, since the last reconnect */
+    uint64_t held;       /* published while down, waiting for ... */
+    uint64_t held_epoch; /* ... the reconnect after this many reconnects */
     uint64_t held_total; /* every message that went through the buffer */
-    uint64_t seen_reconnects;
+    uint64_t told_disconnects, told_reconnects; /* by relay_nats_watch */
 };
 
 kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg, char *err,
@@ -66,7 +73,7 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
     natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)body,
                                   (int)len);
     if (s == NATS_OK && has_range) {
-        char v[48];
+        char v[48]; /* "<u64>-<u64>": 41 bytes at most */
         snprintf(v, sizeof(v), "%" PRIu64 "-%" PRIu64, first, last);
         s = natsMsgHeader_Set(m, "KVO-Zmq-Seq", v);
     }
@@ -75,6 +82,9 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
     natsMsg_Destroy(m);
     if (s == NATS_OK) {
         if (down) {
+            uint64_t epoch = kvo_nats_reconnects(n->k);
+            if (epoch != n->held_epoch) n->held = 0; /* those were flushed */
+            n->held_epoch = epoch;
             n->held++;
             n->held_total++;
         }
@@ -83,14 +93,21 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
     return s == NATS_INSUFFICIENT_BUFFER ? KVO_EAGAIN : KVO_ENATS;
 }
 
-void relay_nats_poll(relay_nats *n, relay_stats *st) {
+void relay_nats_stats(relay_nats *n, relay_stats *st) {
     st->nats_disconnects = kvo_nats_disconnects(n->k);
     st->nats_reconnects = kvo_nats_reconnects(n->k);
     st->nats_connected = relay_nats_connected(n);
-    if (st->nats_connected && n->seen_reconnects != st->nats_reconnects) {
-        n->seen_reconnects = st->nats_reconnects;
-        n->held = 0; /* flushed to the server on reconnect */
-    }
-    st->nats_buffered = n->held;
+    st->nats_buffered = n->held_epoch == st->nats_reconnects ? n->held : 0;
     st->nats_buffered_total = n->held_total;
+}
+
+relay_nats_news relay_nats_watch(relay_nats *n) {
+    relay_nats_news news = {0};
+    uint64_t d = kvo_nats_disconnects(n->k), r = kvo_nats_reconnects(n->k);
+    news.went_down = d != n->told_disconnects;
+    news.came_back = r != n->told_reconnects;
+    news.reconnects = r;
+    n->told_disconnects = d;
+    n->told_reconnects = r;
+    return news;
 }

@@ -29,19 +29,27 @@
  * It carries KVO-Zmq-Seq: first-last only when some batch completed in it,
  * so a watermark never claims a batch whose tail is still unpublished.
  */
+#include "kvo_map.h"
 #include "relay_int.h"
 
 #include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
 
-#define DEFAULT_TIMEOUT_MS 5000u
-#define DEFAULT_BUF_BATCHES 100000u
-#define DEFAULT_BUF_BYTES (256u << 20)
-#define DEFAULT_MAX_EVENTS 128u
-#define DEFAULT_MAX_BLOCKS 8192u
-#define DEFAULT_VERIFY_MAX (4u << 20)
+/* Distinct data_parallel_ranks given dedup counts (see counts_of). */
 #define MAX_RANKS 1024u
+/* A note longer than this is cut (it is one log line). */
+#define NOTE_MAX 512
+/* Bytes of an unknown medium name quoted in a note. */
+#define MEDIUM_SHOWN 32
+/* First capacities of the held-batch array and the digest pool. */
+#define HELD_FIRST_CAP 64
+#define DIGESTS_FIRST_CAP 1024u
+/* A byte-string block hash this long is the engine's whole digest. */
+#define XXH128_DIGEST_BYTES 16
+#define SHA256_DIGEST_BYTES 32
+/* The envelope's topic field (DESIGN §6). */
+static const char envelope_topic[] = "kv-events";
 
 typedef struct held {
     uint64_t seq;
@@ -121,7 +129,7 @@ static void note(relay_pipe *p, kvo_level lvl, const char *kind,
 static void note(relay_pipe *p, kvo_level lvl, const char *kind,
                  const char *fmt, ...) {
     if (!p->out.note) return;
-    char msg[512];
+    char msg[NOTE_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -197,9 +205,9 @@ static void publish(relay_pipe *p, const wire_revent *ev, uint32_t n,
                     bool has_range, uint64_t first, uint64_t last) {
     p->msg.publisher_id = p->cfg.publisher_id;
     p->msg.sequence = p->sequence++;
-    p->msg.published_at = kvo_unix_ns() / 1000000u;
-    p->msg.topic.p = "kv-events";
-    p->msg.topic.len = 9;
+    p->msg.published_at = kvo_unix_ns() / RELAY_NS_PER_MS;
+    p->msg.topic.p = envelope_topic;
+    p->msg.topic.len = sizeof(envelope_topic) - 1;
     p->msg.single_form = false;
     p->msg.n_events = n;
     p->msg.events = (wire_revent *)ev;
@@ -376,7 +384,7 @@ static void digest_remember(relay_pipe *p, uint64_t key,
     } else {
         if (p->dlen >= p->cfg.verify_max_blocks) return;
         if (p->dlen == p->dcap) {
-            uint32_t ncap = p->dcap ? p->dcap * 2 : 1024;
+            uint32_t ncap = p->dcap ? p->dcap * 2 : DIGESTS_FIRST_CAP;
             wire_digest *n = kvo_realloc(p->dpool, ncap * sizeof(*n));
             uint32_t *f = kvo_realloc(p->dfree, ncap * sizeof(*f));
             if (n) p->dpool = n;
@@ -535,7 +543,9 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
                         m->got = *h;
                         m->got.bytes = NULL;
                         if (h->kind == WIRE_HASH_BYTES) {
-                            uint32_t n = h->len < 32 ? h->len : 32;
+                            uint32_t n = h->len < RELAY_MISMATCH_BYTES
+                                             ? h->len
+                                             : RELAY_MISMATCH_BYTES;
                             memcpy(m->got_bytes, h->bytes, n);
                         }
                         note(p, KVO_LOG_WARN, "hash",
@@ -552,7 +562,8 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
          * full, else ours. */
         wire_digest chain;
         bool have_chain = false;
-        if (h->kind == WIRE_HASH_BYTES && (h->len == 16 || h->len == 32)) {
+        if (h->kind == WIRE_HASH_BYTES &&
+            (h->len == XXH128_DIGEST_BYTES || h->len == SHA256_DIGEST_BYTES)) {
             chain.len = (uint8_t)h->len;
             memcpy(chain.b, h->bytes, h->len);
             have_chain = true;
@@ -606,16 +617,23 @@ static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
          "seq %" PRIu64 " event %u rejected: %s", p->cur_seq, ei, detail);
 }
 
+/* The event's tier; false (the event rejected) when its medium is unknown. */
+static bool event_tier(relay_pipe *p, const wire_event *e, uint32_t ei,
+                       wire_tier *tier) {
+    if (medium_tier(e->medium, tier)) return true;
+    char why[64];
+    snprintf(why, sizeof(why), "unknown medium '%.*s'",
+             (int)(e->medium.len > MEDIUM_SHOWN ? MEDIUM_SHOWN : e->medium.len),
+             e->medium.p);
+    reject(p, RELAY_medium, ei, why);
+    return false;
+}
+
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
                            uint32_t rank, rank_counts *rc) {
     char why[160];
     wire_tier tier;
-    if (!medium_tier(e->medium, &tier)) {
-        snprintf(why, sizeof(why), "unknown medium '%.*s'",
-                 (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
-        reject(p, RELAY_medium, ei, why);
-        return;
-    }
+    if (!event_tier(p, e, ei, &tier)) return;
     uint32_t bs = p->cfg.block_size;
     if (e->n_hashes == 0) {
         reject(p, RELAY_empty, ei, "BlockStored without block hashes");
@@ -646,13 +664,7 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
 static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
                             uint32_t rank, rank_counts *rc) {
     wire_tier tier;
-    if (!medium_tier(e->medium, &tier)) {
-        char why[64];
-        snprintf(why, sizeof(why), "unknown medium '%.*s'",
-                 (int)(e->medium.len > 32 ? 32 : e->medium.len), e->medium.p);
-        reject(p, RELAY_medium, ei, why);
-        return;
-    }
+    if (!event_tier(p, e, ei, &tier)) return;
     if (e->n_hashes == 0) {
         reject(p, RELAY_empty, ei, "BlockRemoved without block hashes");
         return;
@@ -758,8 +770,8 @@ static void buffer_push(relay_pipe *p, source *s, uint64_t seq,
     if (s->nbuf >= p->cfg.buffer_max_batches ||
         s->buf_bytes + len > p->cfg.buffer_max_bytes)
         goto drop;
-    if (kvo_grow(&s->buf, &s->capbuf, s->nbuf + 1, sizeof(*s->buf), 64) !=
-        KVO_OK)
+    if (kvo_grow(&s->buf, &s->capbuf, s->nbuf + 1, sizeof(*s->buf),
+                 HELD_FIRST_CAP) != KVO_OK)
         goto drop;
     uint8_t *copy = kvo_malloc(len ? len : 1);
     if (!copy) goto drop;
@@ -776,7 +788,7 @@ drop:
          seq);
 }
 
-static void request_replay(relay_pipe *p, uint32_t si, uint64_t from);
+static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from);
 
 /* Apply the buffered live batches in order. After a failure the first hole
  * is accepted as is (the index was cleared already); after a replay that
@@ -825,24 +837,43 @@ static void replay_failed(relay_pipe *p, uint32_t si, relay_replay_fail why) {
     drain(p, si, true);
 }
 
-static void request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
+/* Ask source si for every batch from `from` on. true: the replay is
+ * outstanding (the source is REPLAYING); false: it could not be asked (no
+ * endpoint, or the request failed), the loss is counted and the source takes
+ * whatever comes next. */
+static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
     source *s = &p->src[si];
     if (!s->has_replay) {
         lost(p, si, RELAY_no_endpoint);
         s->has_next = false;
-        return;
+        return false;
     }
     s->state = RELAY_SRC_REPLAYING;
     s->want = from;
     s->got_reply = false;
-    s->deadline = p->now + p->cfg.replay_timeout_ms * 1000000u;
+    s->deadline = p->now + p->cfg.replay_timeout_ms * RELAY_NS_PER_MS;
     s->has_next = true;
     s->next = from;
     p->st.replays_requested++;
     note(p, KVO_LOG_INFO, "replay", "source %u: replay requested from %" PRIu64,
          si, from);
     kvo_status st = p->out.replay_request(p->out.ctx, si, from);
-    if (st != KVO_OK) replay_failed(p, si, RELAY_request_failed);
+    if (st != KVO_OK) {
+        replay_failed(p, si, RELAY_request_failed);
+        return false;
+    }
+    return true;
+}
+
+/* Live batch seq came after a hole that starts at from: ask for the hole and
+ * hold seq until the replay has filled it; when no replay can be asked, seq
+ * is taken as it is. */
+static void replay_then(relay_pipe *p, uint32_t si, uint64_t from,
+                        uint64_t seq, const uint8_t *payload, size_t len) {
+    if (request_replay(p, si, from))
+        buffer_push(p, &p->src[si], seq, payload, len);
+    else
+        apply(p, si, seq, payload, len, false);
 }
 
 static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
@@ -870,11 +901,7 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
             apply(p, si, seq, payload, len, false);
             return;
         }
-        request_replay(p, si, 0);
-        if (s->state == RELAY_SRC_REPLAYING)
-            buffer_push(p, s, seq, payload, len);
-        else
-            apply(p, si, seq, payload, len, false);
+        replay_then(p, si, 0, seq, payload, len);
         return;
     }
     s->has_live = true;
@@ -895,11 +922,7 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
     note(p, KVO_LOG_WARN, "gap",
          "source %u: sequence gap, expected %" PRIu64 " got %" PRIu64, si,
          s->next, seq);
-    request_replay(p, si, s->next);
-    if (s->state == RELAY_SRC_REPLAYING)
-        buffer_push(p, s, seq, payload, len);
-    else
-        apply(p, si, seq, payload, len, false);
+    replay_then(p, si, s->next, seq, payload, len);
 }
 
 static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
@@ -909,7 +932,7 @@ static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
         p->st.replay_stray++;
         return;
     }
-    s->deadline = p->now + p->cfg.replay_timeout_ms * 1000000u;
+    s->deadline = p->now + p->cfg.replay_timeout_ms * RELAY_NS_PER_MS;
     if (end) {
         p->st.replays_completed++;
         note(p, KVO_LOG_INFO, "replay",
@@ -1029,15 +1052,18 @@ kvo_status relay_pipe_new(relay_pipe **out, const relay_pipe_cfg *cfg,
     if (!p) return KVO_ENOMEM;
     p->cfg = *cfg;
     p->out = *o;
-    if (!p->cfg.replay_timeout_ms) p->cfg.replay_timeout_ms = DEFAULT_TIMEOUT_MS;
+    if (!p->cfg.replay_timeout_ms)
+        p->cfg.replay_timeout_ms = RELAY_PIPE_REPLAY_TIMEOUT_MS;
     if (!p->cfg.buffer_max_batches)
-        p->cfg.buffer_max_batches = DEFAULT_BUF_BATCHES;
-    if (!p->cfg.buffer_max_bytes) p->cfg.buffer_max_bytes = DEFAULT_BUF_BYTES;
-    if (!p->cfg.max_events || p->cfg.max_events > DEFAULT_MAX_EVENTS)
-        p->cfg.max_events = DEFAULT_MAX_EVENTS;
-    if (!p->cfg.max_blocks || p->cfg.max_blocks > DEFAULT_MAX_BLOCKS)
-        p->cfg.max_blocks = DEFAULT_MAX_BLOCKS;
-    if (!p->cfg.verify_max_blocks) p->cfg.verify_max_blocks = DEFAULT_VERIFY_MAX;
+        p->cfg.buffer_max_batches = RELAY_PIPE_BUFFER_BATCHES;
+    if (!p->cfg.buffer_max_bytes)
+        p->cfg.buffer_max_bytes = RELAY_PIPE_BUFFER_BYTES;
+    if (!p->cfg.max_events || p->cfg.max_events > RELAY_PIPE_MAX_EVENTS)
+        p->cfg.max_events = RELAY_PIPE_MAX_EVENTS;
+    if (!p->cfg.max_blocks || p->cfg.max_blocks > RELAY_PIPE_MAX_BLOCKS)
+        p->cfg.max_blocks = RELAY_PIPE_MAX_BLOCKS;
+    if (!p->cfg.verify_max_blocks)
+        p->cfg.verify_max_blocks = RELAY_PIPE_VERIFY_BLOCKS;
     wire_batch_init(&p->batch);
     wire_plane_init(&p->msg);
     kvo_buf_init(&p->body);

@@ -18,6 +18,35 @@
 #include <sys/random.h>
 #include <zmq.h>
 
+/* Defaults of relay_cfg (relay_main.c's --help says the same numbers):
+ * messages a ZMQ socket queues before it drops; the largest ZMQ message
+ * accepted (one batch); how long closing a socket may wait to send; the
+ * bytes nats.c buffers while NATS is down; vLLM's block size; the time
+ * between periodic stats lines. */
+#define DEFAULT_ZMQ_HWM 100000
+#define DEFAULT_ZMQ_MAX_MSG_BYTES (64ll << 20)
+#define DEFAULT_LINGER_MS 100
+#define DEFAULT_NATS_BUFFER_BYTES (64 << 20)
+#define DEFAULT_BLOCK_SIZE 16
+#define DEFAULT_STATS_INTERVAL_MS 10000
+
+/* The loop's longest zmq_poll (how late kvo_stop is seen); how often NATS
+ * is checked at start-up while HTTP is served; the wait between GETs of the
+ * engine's sources, and the timeout of one. */
+#define LOOP_POLL_MS 100
+#define NATS_WAIT_POLL_MS 50
+#define DISCOVERY_RETRY_MS 250
+#define DISCOVERY_TIMEOUT_MS 2000
+/* drain_sockets' bounds: messages read from one socket in a pass (a flooding
+ * source cannot starve the others), and passes before HTTP, the replay
+ * timeouts and the stats line get their turn. */
+#define DRAIN_PER_SOCKET 256
+#define DRAIN_ROUNDS 64
+/* Longest subject (namespace.<ns>.component.<c>.kv-events) and discovery
+ * URL; longer ones are refused at start. */
+#define SUBJECT_MAX 512
+#define DISCOVERY_URL_MAX 1024
+
 /* Log rate limits, one per note kind. */
 static const char *const note_kinds[] = {"decode", "reject",  "cleared",
                                          "gap",    "replay",  "restart",
@@ -45,27 +74,26 @@ typedef struct runner {
     uint64_t cap_errors;
     kvo_ratelimit rl[N_KINDS];
     uint64_t publisher_id;
-    uint64_t seen_disconnects, seen_reconnects;
-    char subject[512];
+    char subject[SUBJECT_MAX];
     relay_rx rx;
 } runner;
 
 void relay_cfg_default(relay_cfg *c) {
     memset(c, 0, sizeof(*c));
     c->topic = "";
-    c->zmq_hwm = 100000;
-    c->zmq_max_msg_bytes = 64ll << 20;
-    c->linger_ms = 100;
+    c->zmq_hwm = DEFAULT_ZMQ_HWM;
+    c->zmq_max_msg_bytes = DEFAULT_ZMQ_MAX_MSG_BYTES;
+    c->linger_ms = DEFAULT_LINGER_MS;
     kvo_nats_cfg_default(&c->nats);
-    c->nats.buffer_bytes = 64 << 20;
+    c->nats.buffer_bytes = DEFAULT_NATS_BUFFER_BYTES;
     c->ns = "dynamo";
     c->component = "backend";
-    c->block_size = 16;
-    c->replay_timeout_ms = 5000;
-    c->buffer_max_batches = 100000;
+    c->block_size = DEFAULT_BLOCK_SIZE;
+    c->replay_timeout_ms = RELAY_PIPE_REPLAY_TIMEOUT_MS;
+    c->buffer_max_batches = RELAY_PIPE_BUFFER_BATCHES;
     c->verify_algo = WIRE_ALGO_SHA256;
     c->hash_seed = "0";
-    c->stats_interval_ms = 10000;
+    c->stats_interval_ms = DEFAULT_STATS_INTERVAL_MS;
 }
 
 /* ---- callbacks from the pipe ---------------------------------------------*/
@@ -110,7 +138,7 @@ static void on_note(void *ctx, kvo_level lvl, const char *kind,
 
 static relay_stats *stats_now(runner *r) {
     relay_stats *st = relay_pipe_stats(r->pipe);
-    relay_nats_poll(r->nats, st);
+    relay_nats_stats(r->nats, st);
     return st;
 }
 
@@ -216,13 +244,25 @@ static char *endpoint_for(const char *ep, const char *base_url) {
     return (char *)b.data;
 }
 
+/* Forget every source description (the slot past the last may hold half
+ * of one). */
+static void desc_clear(runner *r) {
+    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++) {
+        kvo_free(r->desc[i].endpoint);
+        kvo_free(r->desc[i].replay);
+        memset(&r->desc[i], 0, sizeof(r->desc[i]));
+    }
+    r->nsrc = 0;
+}
+
+/* The sources an engine lists; on failure none (a retry starts afresh). */
 static kvo_status parse_sources(runner *r, const char *body,
                                 const char *base) {
     json_object *j = json_tokener_parse(body);
     kvo_status st = KVO_EPROTO;
     if (!j || !json_object_is_type(j, json_type_array)) goto done;
     size_t n = json_object_array_length(j);
-    for (size_t i = 0; i < n && r->nsrc < RELAY_MAX_SOURCES; i++) {
+    for (size_t i = 0; i < n; i++) {
         json_object *e = json_object_array_get_idx(j, i), *v;
         if (!json_object_is_type(e, json_type_object)) continue;
         if (json_object_object_get_ex(e, "transport", &v) &&
@@ -231,6 +271,10 @@ static kvo_status parse_sources(runner *r, const char *body,
         if (!json_object_object_get_ex(e, "endpoint", &v) ||
             !json_object_is_type(v, json_type_string))
             continue;
+        if (r->nsrc == RELAY_MAX_SOURCES) {
+            st = KVO_ETOOBIG; /* refused whole: never a silent subset */
+            goto done;
+        }
         src_desc *d = &r->desc[r->nsrc];
         memset(d, 0, sizeof(*d));
         d->endpoint = endpoint_for(json_object_get_string(v), base);
@@ -250,6 +294,7 @@ static kvo_status parse_sources(runner *r, const char *body,
     }
     st = r->nsrc ? KVO_OK : KVO_ENOTFOUND;
 done:
+    if (st != KVO_OK) desc_clear(r);
     json_object_put(j);
     return st;
 }
@@ -268,12 +313,17 @@ static void serve_http(runner *r, long wait_ms) {
 
 static kvo_status discover(runner *r) {
     const char *base = r->cfg->discover;
-    char url[1024];
+    char url[DISCOVERY_URL_MAX];
     size_t bl = strlen(base);
     while (bl && base[bl - 1] == '/') bl--;
-    snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl, base);
+    int ul = snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl,
+                      base);
+    if (ul < 0 || (size_t)ul >= sizeof(url)) {
+        kvo_error("--discover URL longer than %d bytes", DISCOVERY_URL_MAX);
+        return KVO_EINVAL;
+    }
     kvo_http_client *c = NULL;
-    kvo_status st = kvo_http_client_new(&c, 2000);
+    kvo_status st = kvo_http_client_new(&c, DISCOVERY_TIMEOUT_MS);
     if (st != KVO_OK) return st;
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
@@ -286,6 +336,11 @@ static kvo_status discover(runner *r) {
                                                  : "",
                                base);
             if (st == KVO_OK) break;
+            if (st == KVO_ETOOBIG) {
+                kvo_error("discovery: %s lists more than %d ZMQ sources", url,
+                          RELAY_MAX_SOURCES);
+                break;
+            }
             kvo_warn("discovery: %s lists no usable ZMQ source (%s)", url,
                      kvo_strerror(st));
         } else if (!said) {
@@ -293,7 +348,7 @@ static kvo_status discover(runner *r) {
                      g == KVO_OK ? "not 200" : kvo_http_client_error(c));
             said = true;
         }
-        serve_http(r, 250);
+        serve_http(r, DISCOVERY_RETRY_MS);
     }
     kvo_http_resp_fini(&resp);
     kvo_http_client_free(c);
@@ -332,10 +387,10 @@ static void record_rx(runner *r, const relay_rx *rx, bool reply) {
  * when it stopped after a bounded amount of work so HTTP and the stats line
  * are served under a flood too. */
 static bool drain_sockets(runner *r) {
-    for (int round = 0; round < 64 && !kvo_stop; round++) {
+    for (int round = 0; round < DRAIN_ROUNDS && !kvo_stop; round++) {
         bool more = false;
         for (uint32_t i = 0; i < r->nsrc; i++) {
-            for (int k = 0; k < 256; k++) {
+            for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
                 kvo_status s = relay_source_recv_dealer(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
                 record_rx(r, &r->rx, true);
@@ -343,7 +398,7 @@ static bool drain_sockets(runner *r) {
                                   kvo_now_ns());
                 more = true;
             }
-            for (int k = 0; k < 256; k++) {
+            for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
                 kvo_status s = relay_source_recv_sub(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
                 record_rx(r, &r->rx, false);
@@ -359,7 +414,7 @@ static bool drain_sockets(runner *r) {
 
 static void loop(runner *r) {
     zmq_pollitem_t items[2 * RELAY_MAX_SOURCES + 1];
-    uint64_t interval = r->cfg->stats_interval_ms * 1000000u;
+    uint64_t interval = r->cfg->stats_interval_ms * RELAY_NS_PER_MS;
     uint64_t next_stats = interval ? kvo_now_ns() + interval : 0;
     while (!kvo_stop) {
         int n = 0;
@@ -369,7 +424,7 @@ static void loop(runner *r) {
             void *d = relay_source_dealer(r->src[i]);
             if (d) items[n++] = (zmq_pollitem_t){d, 0, ZMQ_POLLIN, 0};
         }
-        long t = 100;
+        long t = LOOP_POLL_MS;
         if (r->http) {
             items[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(r->http),
                                           ZMQ_POLLIN, 0};
@@ -379,7 +434,7 @@ static void loop(runner *r) {
         uint64_t now = kvo_now_ns();
         uint64_t dl = relay_pipe_deadline(r->pipe);
         if (dl) {
-            long dt = dl > now ? (long)((dl - now) / 1000000u) + 1 : 0;
+            long dt = dl > now ? (long)((dl - now) / RELAY_NS_PER_MS) + 1 : 0;
             if (dt < t) t = dt;
         }
         if (zmq_poll(items, n, t) < 0 && zmq_errno() != EINTR &&
@@ -394,21 +449,18 @@ static void loop(runner *r) {
          * lockstep driver never waits on a batching timer. */
         if (dry) relay_pipe_flush(r->pipe);
         if (r->http) kvo_http_server_run(r->http);
-        relay_stats *st = stats_now(r);
-        if (st->nats_disconnects != r->seen_disconnects) {
-            r->seen_disconnects = st->nats_disconnects;
+        relay_nats_news news = relay_nats_watch(r->nats);
+        if (news.went_down)
             kvo_warn("NATS disconnected: buffering up to %d bytes while "
                      "reconnecting",
                      r->cfg->nats.buffer_bytes);
-        }
-        if (st->nats_reconnects != r->seen_reconnects) {
-            r->seen_reconnects = st->nats_reconnects;
+        if (news.came_back)
             kvo_info("NATS reconnected (%" PRIu64 " reconnects, %" PRIu64
                      " envelopes dropped so far)",
-                     st->nats_reconnects, st->publish_dropped);
-        }
+                     news.reconnects,
+                     relay_pipe_stats(r->pipe)->publish_dropped);
         if (next_stats && now >= next_stats) {
-            char line[768];
+            char line[RELAY_STATS_LINE_MAX];
             relay_stats_line(stats_now(r), line, sizeof(line));
             kvo_info("stats: %s", line);
             next_stats = now + interval;
@@ -509,7 +561,7 @@ static kvo_status wait_nats(runner *r) {
     while (!kvo_stop && !relay_nats_connected(r->nats)) {
         if (!said) kvo_info("waiting for NATS at %s", r->cfg->nats.url);
         said = true;
-        serve_http(r, 50);
+        serve_http(r, NATS_WAIT_POLL_MS);
     }
     if (kvo_stop) return KVO_ETIMEDOUT;
     kvo_info("NATS connected");
@@ -530,9 +582,17 @@ kvo_status relay_run(const relay_cfg *cfg) {
             r.publisher_id = kvo_unix_ns() ^ ((uint64_t)getpid() << 32);
         r.publisher_id &= (uint64_t)INT64_MAX;
     }
-    snprintf(r.subject, sizeof(r.subject), "namespace.%s.component.%s.kv-events",
-             cfg->ns, cfg->component);
+    int sl = snprintf(r.subject, sizeof(r.subject),
+                      "namespace.%s.component.%s.kv-events", cfg->ns,
+                      cfg->component);
     log_config(&r);
+    if (sl < 0 || (size_t)sl >= sizeof(r.subject)) {
+        kvo_error("subject for --namespace and --component longer than %d "
+                  "bytes",
+                  SUBJECT_MAX - 1);
+        st = KVO_EINVAL;
+        goto done;
+    }
 
     if (cfg->metrics_listen) {
         char host[256];
@@ -607,18 +667,16 @@ kvo_status relay_run(const relay_cfg *cfg) {
         relay_pipe_start(r.pipe, kvo_now_ns());
         loop(&r);
     }
-    char line[768];
+    char line[RELAY_STATS_LINE_MAX];
     relay_stats_line(stats_now(&r), line, sizeof(line));
     kvo_info("final: %s", line);
     if (write_exit_json(&r) != KVO_OK) st = KVO_EIO;
     if (st == KVO_OK && cfg->verify && relay_pipe_stats(r.pipe)->hash_mismatches)
         st = KVO_ECHECK;
 done:
-    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++) {
+    for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++)
         relay_source_free(r.src[i]);
-        kvo_free(r.desc[i].endpoint);
-        kvo_free(r.desc[i].replay);
-    }
+    desc_clear(&r);
     if (r.zctx) zmq_ctx_term(r.zctx);
     relay_nats_free(r.nats);
     relay_pipe_free(r.pipe);

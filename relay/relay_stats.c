@@ -1,7 +1,8 @@
-/* relay_stats.c -- the relay's counters as JSON, Prometheus text and one
- * log line. Names come from the X-macro tables in relay.h, so the three
- * views never drift. */
-#include "relay.h"
+/* relay_stats.c -- the relay's counters as JSON, Prometheus text (written
+ * by base's kvo_prom) and one log line. Names come from the X-macro tables
+ * in relay_int.h, so the three views never drift. */
+#include "kvo_prom.h"
+#include "relay_int.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -23,8 +24,8 @@ static json_object *kinds(const uint64_t *v, const char *const *names,
 }
 
 static json_object *hex(const uint8_t *b, size_t n) {
-    char s[65];
-    if (n > 32) n = 32;
+    char s[2 * RELAY_MISMATCH_BYTES + 1];
+    if (n > RELAY_MISMATCH_BYTES) n = RELAY_MISMATCH_BYTES;
     for (size_t i = 0; i < n; i++) snprintf(s + 2 * i, 3, "%02x", b[i]);
     s[2 * n] = '\0';
     return json_object_new_string(s);
@@ -79,72 +80,43 @@ json_object *relay_stats_to_json(const relay_stats *s) {
     return o;
 }
 
-static kvo_status family(kvo_buf *out, const char *name, const char *type,
-                         const char *help) {
-    return kvo_buf_printf(out, "# HELP kvo_relay_%s %s\n# TYPE kvo_relay_%s %s\n",
-                          name, help, name, type);
-}
-
-/* A family with one unlabelled sample. */
-static kvo_status single(kvo_buf *out, const char *name, const char *type,
-                         const char *help, uint64_t v) {
-    kvo_status st = family(out, name, type, help);
-    if (st == KVO_OK)
-        st = kvo_buf_printf(out, "kvo_relay_%s %" PRIu64 "\n", name, v);
-    return st;
-}
-
-static kvo_status labelled(kvo_buf *out, const char *name, const char *help,
-                           const uint64_t *v, const char *const *names,
-                           int n) {
-    kvo_status st = family(out, name, "counter", help);
-    for (int i = 0; i < n && st == KVO_OK; i++)
-        st = kvo_buf_printf(out, "kvo_relay_%s{kind=\"%s\"} %" PRIu64 "\n",
-                            name, names[i], v[i]);
-    return st;
+/* A counter family with one sample per kind (label kind="<name>"). */
+static void by_kind(kvo_prom *p, const char *name, const char *help,
+                    const uint64_t *v, const char *const *names, int n) {
+    kvo_prom_family(p, name, "counter", help);
+    for (int i = 0; i < n; i++)
+        kvo_prom_u64(p, name, v[i], "kind=\"%s\"", names[i]);
 }
 
 kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
-    kvo_status st = KVO_OK;
-#define PROM(name, help)                                                      \
-    if (st == KVO_OK)                                                         \
-        st = single(out, #name "_total", "counter", help, s->name);
+    kvo_prom p;
+    kvo_prom_init(&p, out, "kvo_relay_");
+#define PROM(name, help) kvo_prom_counter(&p, #name "_total", help, s->name);
     RELAY_COUNTERS(PROM)
 #undef PROM
-    if (st == KVO_OK)
-        st = labelled(out, "bad_messages_total", "messages skipped by kind",
-                      s->bad_msgs, bad_names, RELAY_BAD_MSG_COUNT);
-    if (st == KVO_OK)
-        st = family(out, "decode_errors_total", "counter",
+    by_kind(&p, "bad_messages_total", "messages skipped by kind", s->bad_msgs,
+            bad_names, RELAY_BAD_MSG_COUNT);
+    kvo_prom_family(&p, "decode_errors_total", "counter",
                     "undecodable batches by status");
-    for (int i = 1; i < KVO_STATUS_COUNT && st == KVO_OK; i++)
-        st = kvo_buf_printf(out,
-                            "kvo_relay_decode_errors_total{kind=\"%s\"} "
-                            "%" PRIu64 "\n",
-                            kvo_status_name((kvo_status)i),
-                            s->decode_errors[i]);
-    if (st == KVO_OK)
-        st = labelled(out, "rejects_total", "events rejected by kind",
-                      s->rejects, reject_names, RELAY_REJECT_COUNT);
-    if (st == KVO_OK)
-        st = labelled(out, "replay_failures_total",
-                      "gaps the replay could not cover, by kind",
-                      s->replay_failures, fail_names, RELAY_REPLAY_FAIL_COUNT);
-    if (st == KVO_OK)
-        st = single(out, "buffer_depth", "gauge",
-                    "live batches waiting for a replay", s->buffer_depth);
-    if (st == KVO_OK)
-        st = single(out, "nats_buffered", "gauge",
-                    "messages held in the NATS reconnect buffer",
-                    s->nats_buffered);
-    if (st == KVO_OK)
-        st = single(out, "nats_buffered_total", "counter",
-                    "messages that went through the reconnect buffer",
-                    s->nats_buffered_total);
-    if (st == KVO_OK)
-        st = single(out, "nats_connected", "gauge", "1 when NATS is up",
-                    s->nats_connected ? 1 : 0);
-    return st;
+    for (int i = KVO_OK + 1; i < KVO_STATUS_COUNT; i++)
+        kvo_prom_u64(&p, "decode_errors_total", s->decode_errors[i],
+                     "kind=\"%s\"", kvo_status_name((kvo_status)i));
+    by_kind(&p, "rejects_total", "events rejected by kind", s->rejects,
+            reject_names, RELAY_REJECT_COUNT);
+    by_kind(&p, "replay_failures_total",
+            "gaps the replay could not cover, by kind", s->replay_failures,
+            fail_names, RELAY_REPLAY_FAIL_COUNT);
+    kvo_prom_gauge(&p, "buffer_depth", "live batches waiting for a replay",
+                   s->buffer_depth);
+    kvo_prom_gauge(&p, "nats_buffered",
+                   "messages held in the NATS reconnect buffer",
+                   s->nats_buffered);
+    kvo_prom_counter(&p, "nats_buffered_total",
+                     "messages that went through the reconnect buffer",
+                     s->nats_buffered_total);
+    kvo_prom_gauge(&p, "nats_connected", "1 when NATS is up",
+                   s->nats_connected ? 1 : 0);
+    return kvo_prom_status(&p);
 }
 
 void relay_stats_line(const relay_stats *s, char *buf, size_t n) {

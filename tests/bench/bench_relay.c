@@ -24,7 +24,7 @@
  *       kvo-mocker capture is at hand.
  */
 #include "kvo.h"
-#include "relay.h"
+#include "relay_int.h"
 #include "wire.h"
 
 #include <inttypes.h>

@@ -15,41 +15,27 @@ Suite *suite_e2e(void);
 #define WAIT_MS 15000
 
 typedef struct e2e {
-    kt_nats nats;
-    tproxy *proxy;
+    tnet net;
     tpub *pub;
-    kt_proc relay;
-    char base[64];
+    trelay rel;
     char stats_path[600];
     char cap_path[600];
-    tsub sub;
-    kvo_http_client *http;
 } e2e;
 
 /* extra: more relay arguments (NULL-terminated) or NULL. */
 static void e2e_start(e2e *e, const char *const *extra) {
     memset(e, 0, sizeof(*e));
-    kt_nats_start(&e->nats);
-    e->proxy = tproxy_new(e->nats.port);
+    tnet_start(&e->net, SUBJECT);
     e->pub = tpub_new(true);
-    tsub_start(&e->sub, e->nats.url, SUBJECT);
-    uint16_t mport;
-    ck_assert(kvo_free_port(&mport) == KVO_OK);
-    char metrics[32], nats[64];
-    snprintf(metrics, sizeof(metrics), "127.0.0.1:%u", mport);
-    snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", mport);
-    snprintf(nats, sizeof(nats), "nats://127.0.0.1:%u", tproxy_port(e->proxy));
     char *dir = kt_tmpdir("relay-e2e");
     snprintf(e->stats_path, sizeof(e->stats_path), "%s/exit.json", dir);
     snprintf(e->cap_path, sizeof(e->cap_path), "%s/relay.kvocap", dir);
     kvo_free(dir);
     const char *args[48] = {"--zmq", tpub_endpoint(e->pub),
                             "--replay", tpub_replay_endpoint(e->pub),
-                            "--nats", nats,
+                            "--nats", e->net.relay_url,
                             "--publisher-id", "9",
                             "--worker-id", "3",
-                            "--metrics-listen", metrics,
-                            "--stats-interval-ms", "1000",
                             "--replay-timeout-ms", "5000",
                             "--nats-reconnect-wait-ms", "100",
                             "--stats-json", e->stats_path,
@@ -58,75 +44,28 @@ static void e2e_start(e2e *e, const char *const *extra) {
     while (args[n]) n++;
     for (size_t i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
-    kt_proc_start(&e->relay, "kvo-relay", args);
-    char url[128];
-    snprintf(url, sizeof(url), "%s/health", e->base);
-    kt_proc_wait_http(&e->relay, url, WAIT_MS);
+    trelay_start(&e->rel, args);
     ck_assert_msg(tpub_wait_subscriber(e->pub, WAIT_MS),
                   "kvo-relay never subscribed");
-    ck_assert(kvo_http_client_new(&e->http, 5000) == KVO_OK);
 }
 
 static void e2e_stop(e2e *e) {
-    ck_assert_int_eq(kt_proc_stop(&e->relay), 0);
-    kvo_http_client_free(e->http);
-    tsub_stop(&e->sub);
+    ck_assert_int_eq(trelay_stop(&e->rel), 0);
     tpub_free(e->pub);
-    tproxy_free(e->proxy);
-    kt_nats_stop(&e->nats);
+    tnet_stop(&e->net);
 }
 
-static json_object *get_json(e2e *e, const char *path) {
-    char url[128];
-    snprintf(url, sizeof(url), "%s%s", e->base, path);
-    kvo_http_resp r;
-    kvo_http_resp_init(&r);
-    ck_assert(kvo_http_get(e->http, url, &r) == KVO_OK);
-    ck_assert_int_eq(r.status, 200);
-    json_object *j = json_tokener_parse((const char *)r.body.data);
-    ck_assert_ptr_nonnull(j);
-    kvo_http_resp_fini(&r);
-    return j;
-}
-
-static uint64_t stat_of(json_object *j, const char *name, const char *sub) {
-    json_object *v;
-    ck_assert_msg(json_object_object_get_ex(j, name, &v), "no %s", name);
-    if (sub) ck_assert(json_object_object_get_ex(v, sub, &v));
-    return json_object_get_uint64(v);
-}
-
-static uint64_t stat(e2e *e, const char *name, const char *sub) {
-    json_object *j = get_json(e, "/stats");
-    uint64_t v = stat_of(j, name, sub);
-    json_object_put(j);
-    return v;
-}
-
-/* Wait until the relay has noticed that NATS is gone (messages written
- * before that may sit in a dead socket: core NATS loses those). */
-static void wait_nats_down(e2e *e) {
-    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
-    for (;;) {
-        json_object *j = get_json(e, "/stats"), *v;
-        ck_assert(json_object_object_get_ex(j, "nats_connected", &v));
-        bool up = json_object_get_boolean(v);
-        json_object_put(j);
-        if (!up) return;
-        ck_assert_msg(kvo_now_ns() < end, "relay never noticed NATS down");
-        usleep(20000);
+/* Tagged batches first..last (rank 0) to the publisher; drop(seq) says which
+ * never reach the SUB socket (NULL: none). */
+static void send_tags(e2e *e, uint64_t first, uint64_t last,
+                      bool (*drop)(uint64_t seq)) {
+    kvo_buf p;
+    kvo_buf_init(&p);
+    for (uint64_t i = first; i <= last; i++) {
+        tb_tagged(&p, i, 0);
+        tpub_send(e->pub, &p, drop && drop(i));
     }
-}
-
-static void wait_stat(e2e *e, const char *name, uint64_t atleast) {
-    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull;
-    while (stat(e, name, NULL) < atleast) {
-        if (kvo_now_ns() > end) {
-            kvo_proc_dump_log(&e->relay.proc, 60);
-            ck_abort_msg("stat %s never reached %" PRIu64, name, atleast);
-        }
-        usleep(20000);
-    }
+    kvo_buf_fini(&p);
 }
 
 /* What arrived on NATS, at block level (merging does not change it). */
@@ -171,8 +110,8 @@ static void collect(e2e *e, got *g, uint64_t wm) {
     while (!(g->has_wm && g->wm >= wm)) {
         bool hr;
         uint64_t first, last;
-        if (!tsub_next(&e->sub, WAIT_MS, &m, &hr, &first, &last)) {
-            kvo_proc_dump_log(&e->relay.proc, 80);
+        if (!tsub_next(&e->net.sub, WAIT_MS, &m, &hr, &first, &last)) {
+            kvo_proc_dump_log(&e->rel.p.proc, 80);
             ck_abort_msg("no envelope within %d ms (watermark %" PRIu64
                          " wanted %" PRIu64 ")",
                          WAIT_MS, g->has_wm ? g->wm : 0, wm);
@@ -190,14 +129,6 @@ static void collect(e2e *e, got *g, uint64_t wm) {
         }
     }
     wire_plane_fini(&m);
-}
-
-static void tagged(kvo_buf *out, uint64_t k, int rank) {
-    tb b;
-    tb_begin(&b);
-    uint64_t h = 1000 + k;
-    tb_store(&b, false, 0, &h, 1);
-    tb_end(&b, rank, out);
 }
 
 static size_t stored_of(const got *g, uint64_t *h, size_t max) {
@@ -254,19 +185,15 @@ START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
                       "block %zu differs from the pipeline's conversion", i);
     }
     /* /metrics and /stats agree with what was seen */
-    json_object *st = get_json(&e, "/stats");
-    ck_assert_uint_eq(stat_of(st, "batches_applied", NULL), nc);
-    ck_assert_uint_eq(stat_of(st, "gaps", NULL), 0);
-    ck_assert_uint_eq(stat_of(st, "publisher_id", NULL), 9);
-    ck_assert_uint_eq(stat_of(st, "rejects_total", NULL),
+    json_object *st = trelay_stats(&e.rel);
+    ck_assert_uint_eq(tr_json_u64(st, "batches_applied"), nc);
+    ck_assert_uint_eq(tr_json_u64(st, "gaps"), 0);
+    ck_assert_uint_eq(tr_json_u64(st, "publisher_id"), 9);
+    ck_assert_uint_eq(tr_json_u64(st, "rejects_total"),
                       relay_stats_rejects(tr_stats(&ref)));
     json_object_put(st);
-    char url[128];
-    snprintf(url, sizeof(url), "%s/metrics", e.base);
     kvo_http_resp r;
-    kvo_http_resp_init(&r);
-    ck_assert(kvo_http_get(e.http, url, &r) == KVO_OK);
-    ck_assert_int_eq(r.status, 200);
+    trelay_get(&e.rel, "/metrics", &r);
     char line[96];
     snprintf(line, sizeof(line), "\nkvo_relay_batches_applied_total %zu\n", nc);
     ck_assert_ptr_nonnull(strstr((const char *)r.body.data, line));
@@ -275,8 +202,8 @@ START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
     /* The exit JSON and the capture. */
     json_object *ex = json_object_from_file(e.stats_path);
     ck_assert_ptr_nonnull(ex);
-    ck_assert_uint_eq(stat_of(ex, "batches_applied", NULL), nc);
-    ck_assert_uint_eq(stat_of(ex, "messages_published", NULL), g->next_sequence);
+    ck_assert_uint_eq(tr_json_u64(ex, "batches_applied"), nc);
+    ck_assert_uint_eq(tr_json_u64(ex, "messages_published"), g->next_sequence);
     json_object_put(ex);
     wire_cap_reader *cr;
     ck_assert(wire_cap_open(&cr, e.cap_path, NULL) == KVO_OK);
@@ -302,49 +229,39 @@ START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
 }
 END_TEST
 
+static bool drop_4_and_5(uint64_t tag) { return tag == 4 || tag == 5; }
+
 START_TEST(a_dropped_sequence_is_recovered_by_replay) {
     e2e e;
     e2e_start(&e, NULL);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    for (uint64_t i = 0; i < 12; i++) {
-        tagged(&p, i, 0);
-        tpub_send(e.pub, &p, i == 4 || i == 5); /* 4, 5 never reach the SUB */
-    }
+    send_tags(&e, 0, 11, drop_4_and_5); /* 4, 5 never reach the SUB */
     got *g = kvo_calloc(1, sizeof(*g));
     collect(&e, g, 11);
     uint64_t h[32];
     ck_assert_uint_eq(stored_of(g, h, 32), 12);
     for (uint64_t i = 0; i < 12; i++) ck_assert_uint_eq(h[i], 1000 + i);
-    ck_assert_uint_eq(stat(&e, "gaps", NULL), 1);
-    ck_assert_uint_eq(stat(&e, "replays_completed", NULL), 1);
-    ck_assert_uint_eq(stat(&e, "cleared_emitted", NULL), 0);
-    ck_assert_uint_eq(stat(&e, "replay_failures_total", NULL), 0);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "gaps"), 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "replays_completed"), 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "cleared_emitted"), 0);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "replay_failures_total"), 0);
     ck_assert_uint_ge(tpub_requests(e.pub), 1);
-    kvo_buf_fini(&p);
     kvo_free(g);
     e2e_stop(&e);
 }
 END_TEST
 
+static bool drop_100_and_101(uint64_t tag) { return tag < 102; }
+
 START_TEST(a_publisher_restart_clears_and_resyncs) {
     e2e e;
     e2e_start(&e, NULL);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    for (uint64_t i = 0; i < 5; i++) {
-        tagged(&p, i, 0);
-        tpub_send(e.pub, &p, false);
-    }
+    send_tags(&e, 0, 4, NULL);
     got *g = kvo_calloc(1, sizeof(*g));
     collect(&e, g, 4);
     /* The engine restarts: its sequence starts over at 0, and the relay
-     * misses 0 and 1 of the new process. */
+     * misses 0 and 1 of the new process (tagged 100 + seq). */
     tpub_restart(e.pub);
-    for (uint64_t i = 0; i < 4; i++) {
-        tagged(&p, 100 + i, 0);
-        tpub_send(e.pub, &p, i < 2);
-    }
+    send_tags(&e, 100, 103, drop_100_and_101);
     g->has_wm = false;
     collect(&e, g, 3);
     size_t cleared_at = g->n;
@@ -355,10 +272,9 @@ START_TEST(a_publisher_restart_clears_and_resyncs) {
     uint64_t h[32];
     ck_assert_uint_eq(stored_of(g, h, 32), 9);
     for (uint64_t i = 0; i < 4; i++) ck_assert_uint_eq(h[5 + i], 1100 + i);
-    ck_assert_uint_eq(stat(&e, "restarts", NULL), 1);
-    ck_assert_uint_eq(stat(&e, "cleared_emitted", NULL), 1);
-    ck_assert_uint_eq(stat(&e, "replays_completed", NULL), 1);
-    kvo_buf_fini(&p);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "restarts"), 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "cleared_emitted"), 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "replays_completed"), 1);
     kvo_free(g);
     e2e_stop(&e);
 }
@@ -367,36 +283,26 @@ END_TEST
 START_TEST(a_nats_server_restart_loses_nothing_that_fit_in_the_buffer) {
     e2e e;
     e2e_start(&e, NULL);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    for (uint64_t i = 0; i < 5; i++) {
-        tagged(&p, i, 0);
-        tpub_send(e.pub, &p, false);
-    }
+    send_tags(&e, 0, 4, NULL);
     got *g = kvo_calloc(1, sizeof(*g));
     collect(&e, g, 4);
     /* Server down; the relay keeps converting into its reconnect buffer. */
-    tproxy_gate(e.proxy, false);
-    kt_guard_release(&e.nats.guard);
-    kvo_proc_stop(&e.nats.proc, 5000);
-    wait_nats_down(&e);
-    for (uint64_t i = 5; i < 25; i++) {
-        tagged(&p, i, 0);
-        tpub_send(e.pub, &p, false);
-    }
-    wait_stat(&e, "batches_applied", 25);
-    ck_assert_uint_ge(stat(&e, "nats_buffered", NULL), 1);
-    /* Server back on the same port; the subscriber first, then the relay. */
-    kt_nats_restart(&e.nats);
-    tsub_wait_connected(&e.sub, WAIT_MS);
-    tproxy_gate(e.proxy, true);
+    tnet_down(&e.net, &e.rel);
+    send_tags(&e, 5, 24, NULL);
+    trelay_wait_stat(&e.rel, "batches_applied", 25);
+    ck_assert_uint_ge(trelay_stat(&e.rel, "nats_buffered"), 1);
+    tnet_up(&e.net, WAIT_MS);
     collect(&e, g, 24);
     uint64_t h[64];
     ck_assert_uint_eq(stored_of(g, h, 64), 25);
     for (uint64_t i = 0; i < 25; i++) ck_assert_uint_eq(h[i], 1000 + i);
-    ck_assert_uint_eq(stat(&e, "publish_dropped", NULL), 0);
-    ck_assert_uint_ge(stat(&e, "nats_reconnects", NULL), 1);
-    kvo_buf_fini(&p);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "publish_dropped"), 0);
+    /* nats.c reports the reconnect after flushing: wait, do not assume */
+    trelay_wait_stat(&e.rel, "nats_reconnects", 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "nats_buffered"), 0); /* all flushed */
+    /* and the loop logged both */
+    tr_wait_log(&e.rel.p.proc, "NATS disconnected: buffering", WAIT_MS);
+    tr_wait_log(&e.rel.p.proc, "NATS reconnected (", WAIT_MS);
     kvo_free(g);
     e2e_stop(&e);
 }
@@ -406,41 +312,31 @@ START_TEST(a_nats_outage_beyond_the_buffer_is_counted_as_dropped) {
     const char *extra[] = {"--nats-buffer-bytes", "2048", NULL};
     e2e e;
     e2e_start(&e, extra);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tagged(&p, 0, 0);
-    tpub_send(e.pub, &p, false);
+    send_tags(&e, 0, 0, NULL);
     got *g = kvo_calloc(1, sizeof(*g));
     collect(&e, g, 0);
-    tproxy_gate(e.proxy, false);
-    kt_guard_release(&e.nats.guard);
-    kvo_proc_stop(&e.nats.proc, 5000);
-    wait_nats_down(&e);
+    tnet_down(&e.net, &e.rel);
     /* one envelope per batch: wait for each before sending the next */
     for (uint64_t i = 1; i < 40; i++) {
-        tagged(&p, i, 0);
-        tpub_send(e.pub, &p, false);
-        wait_stat(&e, "batches_applied", i + 1);
+        send_tags(&e, i, i, NULL);
+        trelay_wait_stat(&e.rel, "batches_applied", i + 1);
     }
-    wait_stat(&e, "publish_dropped", 1);
-    json_object *st = get_json(&e, "/stats");
-    uint64_t dropped = stat_of(st, "publish_dropped", NULL);
-    uint64_t published = stat_of(st, "messages_published", NULL);
+    trelay_wait_stat(&e.rel, "publish_dropped", 1);
+    json_object *st = trelay_stats(&e.rel);
+    uint64_t dropped = tr_json_u64(st, "publish_dropped");
+    uint64_t published = tr_json_u64(st, "messages_published");
     json_object_put(st);
-    kt_nats_restart(&e.nats);
-    tsub_wait_connected(&e.sub, WAIT_MS);
-    tproxy_gate(e.proxy, true);
+    tnet_up(&e.net, WAIT_MS);
     /* What was buffered arrives; the next envelope's sequence shows the
      * hole the dropped ones left (the indexer counts it as a gap). */
-    wait_stat(&e, "nats_reconnects", 1);
-    tagged(&p, 40, 0);
-    tpub_send(e.pub, &p, false);
+    trelay_wait_stat(&e.rel, "nats_reconnects", 1);
+    send_tags(&e, 40, 40, NULL);
     wire_plane_msg m;
     wire_plane_init(&m);
     bool hr = false;
     uint64_t f, l = 0, received = 0, last_seq = 0;
     while (!(hr && l == 40)) {
-        ck_assert_msg(tsub_next(&e.sub, WAIT_MS, &m, &hr, &f, &l),
+        ck_assert_msg(tsub_next(&e.net.sub, WAIT_MS, &m, &hr, &f, &l),
                       "batch 40 never arrived");
         received++;
         last_seq = m.sequence;
@@ -449,7 +345,6 @@ START_TEST(a_nats_outage_beyond_the_buffer_is_counted_as_dropped) {
     ck_assert_uint_gt(dropped, 0);
     ck_assert_uint_eq(received, published); /* 1..published-1, then 40 */
     ck_assert_uint_eq(last_seq, published + dropped);
-    kvo_buf_fini(&p);
     kvo_free(g);
     e2e_stop(&e);
 }
@@ -459,7 +354,7 @@ END_TEST
 
 typedef struct disco {
     kvo_http_server *srv;
-    char body[1024];
+    char body[8192];
     volatile int stop;
     volatile int hits;
     pthread_t thr;
@@ -526,7 +421,7 @@ START_TEST(discovery_relays_every_listed_rank) {
      * a batch, recovered through its (older-layout) replay socket */
     for (int i = 0; i < 2; i++)
         for (uint64_t k = 0; k < 3; k++) {
-            tagged(&p, (uint64_t)i * 100 + k, -1);
+            tb_tagged(&p, (uint64_t)i * 100 + k, -1);
             tpub_send(pub[i], &p, i == 1 && k == 1);
         }
     wire_plane_msg m;
@@ -565,11 +460,50 @@ START_TEST(discovery_relays_every_listed_rank) {
 }
 END_TEST
 
+/* An engine listing more sources than a relay serves is refused whole (exit
+ * 2, said in the log), never served in part. */
+START_TEST(discovery_refuses_more_sources_than_it_serves) {
+    disco d;
+    memset(&d, 0, sizeof(d));
+    kvo_http_server_cfg hc = {.handler = disco_handler, .ctx = &d};
+    ck_assert(kvo_http_server_new(&d.srv, &hc) == KVO_OK);
+    size_t off = 0;
+    d.body[off++] = '[';
+    for (int i = 0; i <= RELAY_MAX_SOURCES; i++)
+        off += (size_t)snprintf(d.body + off, sizeof(d.body) - off,
+                                "%s{\"transport\": \"zmq\", \"endpoint\": "
+                                "\"tcp://127.0.0.1:%d\"}",
+                                i ? "," : "", 20000 + i);
+    ck_assert_uint_lt(off + 2, sizeof(d.body));
+    d.body[off++] = ']';
+    ck_assert_int_eq(pthread_create(&d.thr, NULL, disco_thread, &d), 0);
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%u",
+             kvo_http_server_port(d.srv));
+    const char *args[] = {"--discover", url, "--nats", "nats://127.0.0.1:1",
+                          "--stats-interval-ms", "0", NULL};
+    kt_proc relay;
+    kt_proc_start(&relay, "kvo-relay", args);
+    while (kvo_proc_alive(&relay.proc)) usleep(10000);
+    ck_assert_int_eq(relay.proc.exit_status, 2);
+    tr_wait_log(&relay.proc, "lists more than 64 ZMQ sources", WAIT_MS);
+    kt_proc_stop(&relay);
+    d.stop = 1;
+    pthread_join(d.thr, NULL);
+    kvo_http_server_free(d.srv);
+}
+END_TEST
+
 START_TEST(usage_errors_exit_2_and_help_exits_0) {
+    /* a subject that would not fit is refused, not cut */
+    char long_ns[600];
+    memset(long_ns, 'n', sizeof(long_ns) - 1);
+    long_ns[sizeof(long_ns) - 1] = '\0';
     const char *bad[][4] = {{NULL},
                             {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
                             {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"}};
+                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--namespace", long_ns}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         const char *args[6] = {NULL};
         for (int k = 0; k < 4 && bad[i][k]; k++) args[k] = bad[i][k];
@@ -598,6 +532,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
     tcase_add_test(tc, discovery_relays_every_listed_rank);
+    tcase_add_test(tc, discovery_refuses_more_sources_than_it_serves);
     tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);
     suite_add_tcase(s, tc);
     return s;

@@ -10,35 +10,6 @@ Suite *suite_pipe(void);
 
 #define MAXEV 20000
 
-/* One batch: a root store of block 1000+k (k = the batch's tag). */
-static void batch_tagged(kvo_buf *out, uint64_t k) {
-    tb b;
-    tb_begin(&b);
-    uint64_t h = 1000 + k;
-    tb_store(&b, false, 0, &h, 1);
-    tb_end(&b, 0, out);
-}
-
-/* Stored block hashes forwarded so far, in order. */
-static size_t stored_hashes(tr *t, uint64_t *out, size_t max) {
-    static const wire_revent *ev[MAXEV];
-    size_t n = tr_events(t, ev, MAXEV), k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i]->type == WIRE_R_STORED)
-            for (uint32_t j = 0; j < ev[i]->n_blocks; j++) {
-                ck_assert_uint_lt(k, max);
-                out[k++] = ev[i]->blocks[j].block_hash;
-            }
-    return k;
-}
-
-static size_t count_type(tr *t, wire_rtype type) {
-    static const wire_revent *ev[MAXEV];
-    size_t n = tr_events(t, ev, MAXEV), k = 0;
-    for (size_t i = 0; i < n; i++) k += ev[i]->type == type;
-    return k;
-}
-
 /* ---- every wire vector -----------------------------------------------------*/
 
 static uint64_t json_key(json_object *v) {
@@ -238,16 +209,12 @@ START_TEST(tokens_hash_is_the_dynamo_router_hash) {
     tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [99], "
                "\"parent_block_hash\": null, \"token_ids\": [1,2,3,4], "
                "\"block_size\": 4, \"medium\": \"GPU\"}");
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tr_flush(&t);
     const wire_revent *ev[4];
     ck_assert_uint_eq(tr_events(&t, ev, 4), 1);
     ck_assert_uint_eq(ev[0]->blocks[0].tokens_hash, 14643705804678351452ull);
     ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 99);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -257,29 +224,20 @@ END_TEST
 START_TEST(gap_requests_replay_and_applies_in_order) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[8];
-    for (int i = 0; i < 8; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 0, &p[0]);
-    tr_live(&t, 0, 1, &p[1]);
-    tr_live(&t, 0, 4, &p[4]); /* 2 and 3 lost */
+    tr_live_seqs(&t, 0, 0, 1);
+    tr_live_tag(&t, 0, 4, 4); /* 2 and 3 lost */
     ck_assert_uint_eq(t.nreq, 1);
     ck_assert_uint_eq(t.req[0], 2);
-    tr_live(&t, 0, 5, &p[5]); /* buffered while the replay runs */
+    tr_live_tag(&t, 0, 5, 5); /* buffered while the replay runs */
     tr_flush(&t);
     uint64_t wm;
     ck_assert(tr_watermark(&t, &wm));
     ck_assert_uint_eq(wm, 1); /* nothing past the gap is claimed */
-    for (int i = 2; i <= 5; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 2, 5, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 6, &p[6]);
+    tr_live_tag(&t, 0, 6, 6);
     tr_flush(&t);
-    uint64_t h[16];
-    size_t n = stored_hashes(&t, h, 16);
-    ck_assert_uint_eq(n, 7);
-    for (size_t i = 0; i < n; i++) ck_assert_uint_eq(h[i], 1000 + i);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 6);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->gaps, 1);
     ck_assert_uint_eq(s->replays_requested, 1);
@@ -290,7 +248,6 @@ START_TEST(gap_requests_replay_and_applies_in_order) {
     ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
     ck_assert(tr_watermark(&t, &wm));
     ck_assert_uint_eq(wm, 6);
-    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -298,22 +255,13 @@ END_TEST
 START_TEST(older_replay_layout_without_topic_is_understood) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[4];
-    for (int i = 0; i < 4; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 0, &p[0]);
-    tr_live(&t, 0, 3, &p[3]);
-    tr_reply(&t, 0, 1, &p[1], false);
-    tr_reply(&t, 0, 2, &p[2], false);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_tag(&t, 0, 3, 3);
+    tr_reply_seqs(&t, 0, 1, 2, false);
     tr_end(&t, 0, false);
     tr_flush(&t);
-    uint64_t h[8];
-    ck_assert_uint_eq(stored_hashes(&t, h, 8), 4);
-    for (int i = 0; i < 4; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    tr_expect_tags(&t, 0, 1, 2, 3);
     ck_assert_uint_eq(tr_stats(&t)->replays_completed, 1);
-    for (int i = 0; i < 4; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -321,17 +269,12 @@ END_TEST
 START_TEST(replay_window_exceeded_publishes_cleared) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[12];
-    for (int i = 0; i < 12; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    for (int i = 0; i < 3; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
-    tr_live(&t, 0, 10, &p[10]);
+    tr_live_seqs(&t, 0, 0, 2);
+    tr_live_tag(&t, 0, 10, 10);
     ck_assert_uint_eq(t.req[0], 3);
-    for (int i = 7; i <= 10; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 7, 10, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 11, &p[11]);
+    tr_live_tag(&t, 0, 11, 11);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->replay_failures[RELAY_window_exceeded], 1);
@@ -345,16 +288,11 @@ START_TEST(replay_window_exceeded_publishes_cleared) {
     ck_assert_uint_lt(ci, n);
     ck_assert_uint_eq(ev[ci]->dp_rank, 0);
     ck_assert_uint_eq(ev[ci]->worker_id, 7);
-    uint64_t h[16];
-    ck_assert_uint_eq(stored_hashes(&t, h, 16), 8);
-    ck_assert_uint_eq(h[2], 1002);
-    ck_assert_uint_eq(h[3], 1007);
-    ck_assert_uint_eq(h[7], 1011);
+    tr_expect_tags(&t, 0, 1, 2, 7, 8, 9, 10, 11);
     for (size_t i = 0; i < t.n; i++)
         for (uint32_t j = 0; j < t.msgs[i].m.n_events; j++)
             if (t.msgs[i].m.events[j].type == WIRE_R_CLEARED)
                 ck_assert(!t.msgs[i].has_range);
-    for (int i = 0; i < 12; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -362,45 +300,29 @@ END_TEST
 START_TEST(publisher_restart_clears_and_replays_from_zero) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[8], q[4], rm;
-    for (int i = 0; i < 8; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    for (int i = 0; i < 4; i++) {
-        kvo_buf_init(&q[i]);
-        batch_tagged(&q[i], 100u + (uint64_t)i);
-    }
-    for (int i = 0; i < 6; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
-    /* New process: seq 0 and 1 were missed, 2 arrives. */
-    tr_live(&t, 0, 2, &q[2]);
+    tr_live_seqs(&t, 0, 0, 5);
+    /* New process (its batches tagged 100 + seq): seq 0 and 1 were missed,
+     * 2 arrives. */
+    tr_live_tag(&t, 0, 2, 102);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->restarts, 1);
     ck_assert_uint_eq(s->cleared_emitted, 1);
     ck_assert_uint_eq(t.nreq, 1);
     ck_assert_uint_eq(t.req[0], 0);
-    for (int i = 0; i < 3; i++) tr_reply(&t, 0, (uint64_t)i, &q[i], true);
+    for (uint64_t i = 0; i < 3; i++) tr_reply_tag(&t, 0, i, 100 + i, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 3, &q[3]);
+    tr_live_tag(&t, 0, 3, 103);
     /* Dedup counts were reset: a remove of a pre-restart block is unknown. */
     tb b;
     tb_begin(&b);
-    uint64_t old = 1003;
+    uint64_t old = TB_TAG_BLOCK + 3;
     tb_remove(&b, &old, 1);
-    kvo_buf_init(&rm);
-    tb_end(&b, 0, &rm);
-    tr_live(&t, 0, 4, &rm);
+    tr_live_tb(&t, 0, 4, &b, 0);
     tr_flush(&t);
-    uint64_t h[16];
-    size_t n = stored_hashes(&t, h, 16);
-    ck_assert_uint_eq(n, 10);
-    for (int i = 0; i < 4; i++) ck_assert_uint_eq(h[6 + i], 1100u + (unsigned)i);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 100, 101, 102, 103);
     ck_assert_uint_eq(s->duplicates_dropped, 1);
     ck_assert_uint_eq(s->removes_unknown, 1);
-    ck_assert_uint_eq(count_type(&t, WIRE_R_CLEARED), 1);
-    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
-    for (int i = 0; i < 4; i++) kvo_buf_fini(&q[i]);
-    kvo_buf_fini(&rm);
+    ck_assert_uint_eq(tr_count(&t, WIRE_R_CLEARED), 1);
     tr_fini(&t);
 }
 END_TEST
@@ -408,31 +330,21 @@ END_TEST
 START_TEST(replayed_duplicates_are_dropped_and_counted) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[8];
-    for (int i = 0; i < 8; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    for (int i = 0; i < 3; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
-    tr_live(&t, 0, 4, &p[4]);
+    tr_live_seqs(&t, 0, 0, 2);
+    tr_live_tag(&t, 0, 4, 4);
     ck_assert_uint_eq(t.req[0], 3);
     /* A publisher that replays from further back than asked, and up to what
      * it published meanwhile (5, 6 still queued on the SUB socket). */
-    for (int i = 1; i <= 6; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 1, 6, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 5, &p[5]);
-    tr_live(&t, 0, 6, &p[6]);
-    tr_live(&t, 0, 7, &p[7]);
+    tr_live_seqs(&t, 0, 5, 7);
     tr_flush(&t);
-    uint64_t h[16];
-    ck_assert_uint_eq(stored_hashes(&t, h, 16), 8);
-    for (int i = 0; i < 8; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 6, 7);
     relay_stats *s = tr_stats(&t);
     /* replies 1, 2; buffered 4; live 5, 6 */
     ck_assert_uint_eq(s->duplicates_dropped, 5);
     ck_assert_uint_eq(s->restarts, 0);
     ck_assert_uint_eq(s->cleared_emitted, 0);
-    for (int i = 0; i < 8; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -440,24 +352,15 @@ END_TEST
 START_TEST(gap_without_replay_endpoint_clears_and_goes_on) {
     tr t;
     tr_init(&t, NULL, 1, false);
-    kvo_buf p[6];
-    for (int i = 0; i < 6; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 0, &p[0]);
-    tr_live(&t, 0, 3, &p[3]);
-    tr_live(&t, 0, 4, &p[4]);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_seqs(&t, 0, 3, 4);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(t.nreq, 0);
     ck_assert_uint_eq(s->gaps, 1);
     ck_assert_uint_eq(s->replay_failures[RELAY_no_endpoint], 1);
     ck_assert_uint_eq(s->cleared_emitted, 1);
-    uint64_t h[8];
-    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
-    ck_assert_uint_eq(h[1], 1003);
-    for (int i = 0; i < 6; i++) kvo_buf_fini(&p[i]);
+    tr_expect_tags(&t, 0, 3, 4);
     tr_fini(&t);
 }
 END_TEST
@@ -465,14 +368,8 @@ END_TEST
 START_TEST(replay_timeout_clears_and_drains_the_buffer) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[6];
-    for (int i = 0; i < 6; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 0, &p[0]);
-    tr_live(&t, 0, 3, &p[3]);
-    tr_live(&t, 0, 4, &p[4]);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_seqs(&t, 0, 3, 4);
     t.now += 500 * 1000000ull;
     relay_pipe_tick(t.p, t.now); /* not yet */
     ck_assert_uint_eq(tr_stats(&t)->replay_failures[RELAY_timeout], 0);
@@ -485,14 +382,33 @@ START_TEST(replay_timeout_clears_and_drains_the_buffer) {
     ck_assert_uint_eq(s->cleared_emitted, 1);
     ck_assert_uint_eq(t.aborts, 1);
     ck_assert_uint_eq(relay_pipe_deadline(t.p), 0);
-    uint64_t h[8];
-    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
-    ck_assert_uint_eq(h[1], 1003);
-    ck_assert_uint_eq(h[2], 1004);
+    tr_expect_tags(&t, 0, 3, 4);
     /* A late reply is stray, never applied. */
-    tr_reply(&t, 0, 1, &p[1], true);
+    tr_reply_tag(&t, 0, 1, 1, true);
     ck_assert_uint_eq(tr_stats(&t)->replay_stray, 1);
-    for (int i = 0; i < 6; i++) kvo_buf_fini(&p[i]);
+    tr_expect_tags(&t, 0, 3, 4);
+    tr_fini(&t);
+}
+END_TEST
+
+/* A replay request the transport refuses: counted, cleared, and the batch
+ * after the hole is taken at once (never held for a replay that will not
+ * come). */
+START_TEST(a_replay_request_that_cannot_be_sent_clears_and_goes_on) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    t.fail_requests = true;
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_seqs(&t, 0, 3, 4);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(s->replay_failures[RELAY_request_failed], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(s->live_buffered, 0);
+    ck_assert_uint_eq(t.aborts, 1);
+    ck_assert_uint_eq(relay_pipe_deadline(t.p), 0);
+    tr_expect_tags(&t, 0, 3, 4);
     tr_fini(&t);
 }
 END_TEST
@@ -511,25 +427,17 @@ START_TEST(replay_from_start_publishes_cleared_then_replays) {
     ck_assert(!t.msgs[0].has_range);
     ck_assert_uint_eq(t.nreq, 1);
     ck_assert_uint_eq(t.req[0], 0);
-    kvo_buf p[5];
-    for (int i = 0; i < 5; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 3, &p[3]); /* live while replaying: buffered */
+    tr_live_tag(&t, 0, 3, 3); /* live while replaying: buffered */
     tr_flush(&t);
     ck_assert_uint_eq(t.n, 1);
-    for (int i = 0; i <= 3; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 0, 3, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 4, &p[4]);
+    tr_live_tag(&t, 0, 4, 4);
     tr_flush(&t);
-    uint64_t h[8];
-    ck_assert_uint_eq(stored_hashes(&t, h, 8), 5);
-    for (int i = 0; i < 5; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->cleared_emitted, 1);
     ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
-    for (int i = 0; i < 5; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -549,16 +457,12 @@ START_TEST(a_failure_with_nothing_forwarded_publishes_no_second_cleared) {
     ck_assert_uint_eq(s->replay_failures[RELAY_timeout], 1);
     ck_assert_uint_eq(s->cleared_emitted, 1);
     /* once something was forwarded, the next failure clears again */
-    kvo_buf p;
-    kvo_buf_init(&p);
-    batch_tagged(&p, 0);
-    tr_live(&t, 0, 0, &p);
-    tr_live(&t, 0, 2, &p);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_tag(&t, 0, 2, 0);
     t.now += 2000 * 1000000ull;
     relay_pipe_tick(t.p, t.now);
     ck_assert_uint_eq(s->replay_failures[RELAY_timeout], 2);
     ck_assert_uint_eq(s->cleared_emitted, 2);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -569,29 +473,21 @@ START_TEST(full_live_buffer_drops_then_replays_the_rest) {
     c.buffer_max_batches = 2;
     tr t;
     tr_init(&t, &c, 1, true);
-    kvo_buf p[10];
-    for (int i = 0; i < 10; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
-    tr_live(&t, 0, 0, &p[0]);
-    for (int i = 5; i <= 8; i++) tr_live(&t, 0, (uint64_t)i, &p[i]);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_seqs(&t, 0, 5, 8);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->buffer_dropped, 2); /* 7 and 8 */
     ck_assert_uint_eq(t.req[0], 1);
-    for (int i = 1; i <= 4; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 1, 4, true);
     tr_end(&t, 0, true); /* drains 5, 6; asks again from 7 */
     ck_assert_uint_eq(t.nreq, 2);
     ck_assert_uint_eq(t.req[1], 7);
-    for (int i = 7; i <= 8; i++) tr_reply(&t, 0, (uint64_t)i, &p[i], true);
+    tr_reply_seqs(&t, 0, 7, 8, true);
     tr_end(&t, 0, true);
-    tr_live(&t, 0, 9, &p[9]);
+    tr_live_tag(&t, 0, 9, 9);
     tr_flush(&t);
-    uint64_t h[16];
-    ck_assert_uint_eq(stored_hashes(&t, h, 16), 10);
-    for (int i = 0; i < 10; i++) ck_assert_uint_eq(h[i], 1000u + (unsigned)i);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9);
     ck_assert_uint_eq(s->cleared_emitted, 0);
-    for (int i = 0; i < 10; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -602,8 +498,6 @@ START_TEST(two_copies_need_two_removes_before_one_is_forwarded) {
     tr t;
     tr_init(&t, NULL, 1, false);
     uint64_t h = 777, other = 778;
-    kvo_buf p;
-    kvo_buf_init(&p);
     tb b;
     /* store, store (a second physical copy), remove, remove */
     for (int step = 0; step < 4; step++) {
@@ -612,15 +506,13 @@ START_TEST(two_copies_need_two_removes_before_one_is_forwarded) {
             tb_store(&b, false, 0, &h, 1);
         else
             tb_remove(&b, &h, 1);
-        tb_end(&b, 0, &p);
-        tr_live(&t, 0, (uint64_t)step, &p);
+        tr_live_tb(&t, 0, (uint64_t)step, &b, 0);
         tr_flush(&t);
     }
     /* a remove of a hash never stored: forwarded, counted */
     tb_begin(&b);
     tb_remove(&b, &other, 1);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 4, &p);
+    tr_live_tb(&t, 0, 4, &b, 0);
     tr_flush(&t);
     static const wire_revent *ev[16];
     size_t n = tr_events(&t, ev, 16);
@@ -640,7 +532,6 @@ START_TEST(two_copies_need_two_removes_before_one_is_forwarded) {
     ck_assert_uint_eq(t.msgs[2].first, 2);
     ck_assert_uint_eq(t.msgs[2].last, 2);
     ck_assert_uint_eq(s->watermark_messages, 1);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -649,27 +540,21 @@ START_TEST(dedup_counts_are_per_rank_and_tier_and_reset_by_cleared) {
     tr t;
     tr_init(&t, NULL, 1, false);
     uint64_t h = 555;
-    kvo_buf p;
-    kvo_buf_init(&p);
     tb b;
     tb_begin(&b);
     tb_store(&b, false, 0, &h, 1);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tb_begin(&b);
     tb_store(&b, false, 0, &h, 1);
-    tb_end(&b, 1, &p); /* same hash, other rank */
-    tr_live(&t, 0, 1, &p);
+    tr_live_tb(&t, 0, 1, &b, 1); /* same hash, other rank */
     tb_begin(&b);
     tb_store(&b, false, 0, &h, 1);
     tb_cleared(&b); /* rank 0: counts reset */
     tb_remove(&b, &h, 1);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 2, &p);
+    tr_live_tb(&t, 0, 2, &b, 0);
     tb_begin(&b);
     tb_remove(&b, &h, 1);
-    tb_end(&b, 1, &p);
-    tr_live(&t, 0, 3, &p);
+    tr_live_tb(&t, 0, 3, &b, 1);
     /* two copies on the GPU; a remove from the CPU tier is not one of them */
     uint64_t g = 556;
     tb_begin(&b);
@@ -677,15 +562,13 @@ START_TEST(dedup_counts_are_per_rank_and_tier_and_reset_by_cleared) {
     tb_store(&b, false, 0, &g, 1);
     tb_raw(&b, "{\"type\": \"BlockRemoved\", \"block_hashes\": [556], "
                "\"medium\": \"CPU\"}");
-    tb_end(&b, 1, &p);
-    tr_live(&t, 0, 4, &p);
+    tr_live_tb(&t, 0, 4, &b, 1);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->dedup_suppressed, 0);
     /* rank 0 after cleared; the CPU remove */
     ck_assert_uint_eq(s->removes_unknown, 2);
-    ck_assert_uint_eq(count_type(&t, WIRE_R_REMOVED), 3);
-    kvo_buf_fini(&p);
+    ck_assert_uint_eq(tr_count(&t, WIRE_R_REMOVED), 3);
     tr_fini(&t);
 }
 END_TEST
@@ -701,10 +584,7 @@ START_TEST(messages_hold_at_most_128_events) {
         uint64_t h = 5000 + i;
         tb_store(&b, false, 0, &h, 1); /* roots: no chain, no merge */
     }
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tr_flush(&t);
     ck_assert_uint_eq(t.n, 2);
     ck_assert_uint_eq(t.msgs[0].m.n_events, 128);
@@ -713,7 +593,6 @@ START_TEST(messages_hold_at_most_128_events) {
     ck_assert(t.msgs[1].has_range);
     ck_assert_uint_eq(t.msgs[1].first, 0);
     ck_assert_uint_eq(t.msgs[1].last, 0);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -727,10 +606,7 @@ START_TEST(messages_hold_at_most_8192_blocks_and_chains_continue) {
     tb b;
     tb_begin(&b);
     tb_store(&b, false, 0, h, n);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tr_flush(&t);
     ck_assert_uint_eq(t.n, 2);
     const wire_revent *a = &t.msgs[0].m.events[0], *c = &t.msgs[1].m.events[0];
@@ -744,14 +620,12 @@ START_TEST(messages_hold_at_most_8192_blocks_and_chains_continue) {
     /* removes are split the same way */
     tb_begin(&b);
     tb_remove(&b, h, n);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 1, &p);
+    tr_live_tb(&t, 0, 1, &b, 0);
     tr_flush(&t);
     ck_assert_uint_eq(t.n, 4);
     ck_assert_uint_eq(t.msgs[2].m.events[0].n_removed, 8192);
     ck_assert_uint_eq(t.msgs[3].m.events[0].n_removed, n - 8192);
     kvo_free(h);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -766,16 +640,12 @@ START_TEST(stores_merge_only_while_the_chain_continues) {
     tb_store(&b, true, 12, c, 1);  /* continues 11,12 -> merged */
     tb_store(&b, false, 0, d, 1);  /* new root -> new event */
     tb_store(&b, true, 12, e, 1);  /* parent is not the last block -> new */
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     /* a second batch continuing the chain merges across batches */
     uint64_t f = 23;
     tb_begin(&b);
     tb_store(&b, true, 22, &f, 1);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 1, &p);
+    tr_live_tb(&t, 0, 1, &b, 0);
     tr_flush(&t);
     static const wire_revent *ev[16];
     size_t n = tr_events(&t, ev, 16);
@@ -790,7 +660,6 @@ START_TEST(stores_merge_only_while_the_chain_continues) {
     ck_assert_uint_eq(t.n, 1);
     ck_assert_uint_eq(t.msgs[0].first, 0);
     ck_assert_uint_eq(t.msgs[0].last, 1);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -807,10 +676,7 @@ START_TEST(removes_merge_and_cleared_flushes) {
     tb_store(&b, false, 0, &s1, 1);
     tb_cleared(&b);
     tb_store(&b, false, 0, &s2, 1);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tr_flush(&t);
     ck_assert_uint_eq(t.n, 2);
     ck_assert_uint_eq(t.msgs[0].m.n_events, 2); /* removed x3, stored */
@@ -823,7 +689,6 @@ START_TEST(removes_merge_and_cleared_flushes) {
     ck_assert(t.msgs[1].m.events[1].type == WIRE_R_STORED);
     ck_assert(!t.msgs[0].has_range && t.msgs[1].has_range);
     ck_assert_uint_eq(t.msgs[1].m.events[1].event_id, 4);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -833,27 +698,24 @@ END_TEST
 START_TEST(malformed_batches_are_counted_and_the_stream_goes_on) {
     tr t;
     tr_init(&t, NULL, 1, true);
-    kvo_buf p[4];
-    for (int i = 0; i < 4; i++) {
-        kvo_buf_init(&p[i]);
-        batch_tagged(&p[i], (uint64_t)i);
-    }
     static const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t junk[] = {0x93, 0xcb, 0x41};
     kvo_buf bad1 = {(uint8_t *)huge, sizeof(huge), sizeof(huge)};
     kvo_buf bad2 = {(uint8_t *)junk, sizeof(junk), sizeof(junk)};
-    tr_live(&t, 0, 0, &p[0]);
+    tr_live_tag(&t, 0, 0, 0);
     tr_live(&t, 0, 1, &bad1);
-    tr_live(&t, 0, 2, &p[2]);
+    tr_live_tag(&t, 0, 2, 2);
     tr_live(&t, 0, 3, &bad2);
-    tr_live(&t, 0, 4, &p[3]);
-    /* wrong framing: skipped without consuming a sequence */
+    tr_live_tag(&t, 0, 4, 3);
+    /* wrong framing, around a good payload: skipped without consuming a
+     * sequence */
     uint8_t s[8];
     wire_seq_put(s, 5);
-    wire_frame two[2] = {{s, 8}, {p[0].data, p[0].len}};
+    const kvo_buf *good = &t.batch; /* tag 3 */
+    wire_frame two[2] = {{s, 8}, {good->data, good->len}};
     relay_pipe_live(t.p, 0, two, 2, t.now);
     wire_frame shortseq[3] = {{(const uint8_t *)"", 0}, {s, 4},
-                              {p[0].data, p[0].len}};
+                              {good->data, good->len}};
     relay_pipe_live(t.p, 0, shortseq, 3, t.now);
     tr_flush(&t);
     relay_stats *st = tr_stats(&t);
@@ -862,12 +724,10 @@ START_TEST(malformed_batches_are_counted_and_the_stream_goes_on) {
     ck_assert_uint_eq(st->bad_msgs[RELAY_seq], 1);
     ck_assert_uint_eq(st->gaps, 0);
     ck_assert_uint_eq(t.nreq, 0);
-    uint64_t h[8];
-    ck_assert_uint_eq(stored_hashes(&t, h, 8), 3);
+    tr_expect_tags(&t, 0, 2, 3);
     uint64_t wm;
     ck_assert(tr_watermark(&t, &wm));
     ck_assert_uint_eq(wm, 4); /* undecodable batches still count */
-    for (int i = 0; i < 4; i++) kvo_buf_fini(&p[i]);
     tr_fini(&t);
 }
 END_TEST
@@ -897,10 +757,7 @@ START_TEST(invalid_events_are_rejected_by_kind_never_forwarded) {
                "\"medium\": \"GPU\"}");
     uint64_t good = 6;
     tb_store(&b, false, 0, &good, 1);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     /* a rank that does not fit u32 */
     json_object *jo = json_tokener_parse(
         "{\"ts\": 1.0, \"events\": [{\"type\": \"AllBlocksCleared\"}], "
@@ -908,7 +765,8 @@ START_TEST(invalid_events_are_rejected_by_kind_never_forwarded) {
     wire_batch wb;
     wire_batch_init(&wb);
     ck_assert_int_eq(wire_batch_from_json(jo, &wb, NULL), KVO_OK);
-    kvo_buf_reset(&p);
+    kvo_buf p;
+    kvo_buf_init(&p);
     ck_assert_int_eq(wire_batch_encode(&wb, WIRE_FMT_MAP, 0, &p), KVO_OK);
     wire_batch_fini(&wb);
     json_object_put(jo);
@@ -935,29 +793,21 @@ END_TEST
 START_TEST(ranks_beyond_the_table_are_rejected_not_allocated) {
     tr t;
     tr_init(&t, NULL, 1, false);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    for (int r = 0; r <= 1024; r++) {
-        tb b;
-        tb_begin(&b);
-        uint64_t h = 1000 + (uint64_t)r;
-        tb_store(&b, false, 0, &h, 1);
-        tb_end(&b, r, &p);
-        tr_live(&t, 0, (uint64_t)r, &p);
+    for (int r = 0; r <= 1024; r++) { /* batch r: rank r, tag r */
+        tb_tagged(&t.batch, (uint64_t)r, r);
+        tr_live(&t, 0, (uint64_t)r, &t.batch);
     }
-    batch_tagged(&p, 2000); /* rank 0 */
-    tr_live(&t, 0, 1025, &p);
+    tr_live_tag(&t, 0, 1025, 2000); /* rank 0 */
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->rejects[RELAY_dp_rank], 1);
     static uint64_t h[2048];
-    ck_assert_uint_eq(stored_hashes(&t, h, 2048), 1025);
-    ck_assert_uint_eq(h[1023], 2023);
-    ck_assert_uint_eq(h[1024], 3000);
+    ck_assert_uint_eq(tr_stored(&t, h, 2048), 1025);
+    ck_assert_uint_eq(h[1023], TB_TAG_BLOCK + 1023);
+    ck_assert_uint_eq(h[1024], TB_TAG_BLOCK + 2000);
     uint64_t wm;
     ck_assert(tr_watermark(&t, &wm));
     ck_assert_uint_eq(wm, 1025);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -1137,16 +987,12 @@ START_TEST(unknown_parent_digest_is_counted_not_a_mismatch) {
     tb b;
     tb_begin(&b);
     tb_store(&b, true, 1234, &h, 1);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    tb_end(&b, 0, &p);
-    tr_live(&t, 0, 0, &p);
+    tr_live_tb(&t, 0, 0, &b, 0);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->hash_unknown_parent, 1);
     ck_assert_uint_eq(s->hash_mismatches, 0);
     ck_assert_uint_eq(s->hash_verified, 0);
-    kvo_buf_fini(&p);
     tr_fini(&t);
 }
 END_TEST
@@ -1156,11 +1002,8 @@ END_TEST
 START_TEST(stats_render_as_json_and_prometheus) {
     tr t;
     tr_init(&t, NULL, 1, false);
-    kvo_buf p;
-    kvo_buf_init(&p);
-    batch_tagged(&p, 1);
-    tr_live(&t, 0, 0, &p);
-    tr_live(&t, 0, 2, &p);
+    tr_live_tag(&t, 0, 0, 1);
+    tr_live_tag(&t, 0, 2, 1);
     tr_flush(&t);
     relay_stats *s = tr_stats(&t);
     json_object *j = relay_stats_to_json(s), *v, *k;
@@ -1183,8 +1026,64 @@ START_TEST(stats_render_as_json_and_prometheus) {
     ck_assert_ptr_nonnull(strstr((char *)prom.data,
                                  "kvo_relay_cleared_emitted_total 1\n"));
     kvo_buf_fini(&prom);
-    kvo_buf_fini(&p);
     tr_fini(&t);
+}
+END_TEST
+
+/* The /metrics text is a contract (dashboards, kvo-check): its first
+ * family, a labelled family and the last gauge, line for line, and one
+ * HELP/TYPE pair per family. An append that fails fails the whole call. */
+START_TEST(prometheus_text_keeps_its_lines) {
+    relay_stats s;
+    memset(&s, 0, sizeof(s));
+    s.batches_live = 3;
+    s.decode_errors[KVO_ENOMEM] = 2;
+    s.rejects[RELAY_medium] = 5;
+    s.nats_connected = true;
+    kvo_buf prom;
+    kvo_buf_init(&prom);
+    ck_assert_int_eq(relay_stats_to_prom(&s, &prom), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&prom), KVO_OK);
+    const char *text = (const char *)prom.data;
+    static const char first[] =
+        "# HELP kvo_relay_batches_live_total batches received on the SUB "
+        "socket\n"
+        "# TYPE kvo_relay_batches_live_total counter\n"
+        "kvo_relay_batches_live_total 3\n"
+        "# HELP kvo_relay_batches_replayed_total batches received as replay "
+        "replies\n";
+    ck_assert_int_eq(strncmp(text, first, strlen(first)), 0);
+    ck_assert_ptr_nonnull(strstr(
+        text, "\n# HELP kvo_relay_decode_errors_total undecodable batches by "
+              "status\n"
+              "# TYPE kvo_relay_decode_errors_total counter\n"
+              "kvo_relay_decode_errors_total{kind=\"ENOMEM\"} 2\n"
+              "kvo_relay_decode_errors_total{kind=\"EINVAL\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(
+        text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
+              "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
+    static const char last[] =
+        "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
+        "# TYPE kvo_relay_nats_connected gauge\n"
+        "kvo_relay_nats_connected 1\n";
+    ck_assert_uint_gt(prom.len, strlen(last));
+    ck_assert_str_eq(text + prom.len - strlen(last), last);
+    size_t families = 0, helps = 0;
+    for (const char *c = text; (c = strstr(c, "# TYPE ")); c++) families++;
+    for (const char *c = text; (c = strstr(c, "# HELP ")); c++) helps++;
+    size_t counters = 0;
+#define COUNT(name, help) counters++;
+    RELAY_COUNTERS(COUNT)
+#undef COUNT
+    ck_assert_uint_eq(families, counters + 4 + 4); /* labelled, gauges */
+    ck_assert_uint_eq(helps, families);
+    kvo_buf_fini(&prom);
+    kvo_buf_init(&prom);
+    kvo_alloc_fail_after(3);
+    kvo_status st = relay_stats_to_prom(&s, &prom);
+    kvo_alloc_fail_after(-1);
+    ck_assert_int_eq(st, KVO_ENOMEM);
+    kvo_buf_fini(&prom);
 }
 END_TEST
 
@@ -1202,6 +1101,7 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, replayed_duplicates_are_dropped_and_counted);
     tcase_add_test(tc, gap_without_replay_endpoint_clears_and_goes_on);
     tcase_add_test(tc, replay_timeout_clears_and_drains_the_buffer);
+    tcase_add_test(tc, a_replay_request_that_cannot_be_sent_clears_and_goes_on);
     tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
     tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
@@ -1227,6 +1127,7 @@ Suite *suite_pipe(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("stats");
     tcase_add_test(tc, stats_render_as_json_and_prometheus);
+    tcase_add_test(tc, prometheus_text_keeps_its_lines);
     suite_add_tcase(s, tc);
     return s;
 }

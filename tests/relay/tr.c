@@ -88,6 +88,7 @@ void tr_init(tr *t, const relay_pipe_cfg *cfg, uint32_t nsrc, bool replay) {
                      .replay_abort = cap_abort,
                      .note = cap_note};
     ck_assert_int_eq(relay_pipe_new(&t->p, cfg, &out), KVO_OK);
+    kvo_buf_init(&t->batch);
     for (uint32_t i = 0; i < nsrc; i++)
         ck_assert_int_eq(relay_pipe_source_add(t->p, i, replay, NULL), KVO_OK);
     t->now = 1000000000ull;
@@ -97,6 +98,7 @@ void tr_fini(tr *t) {
     relay_pipe_free(t->p);
     for (size_t i = 0; i < t->n; i++) wire_plane_fini(&t->msgs[i].m);
     kvo_free(t->msgs);
+    kvo_buf_fini(&t->batch);
     memset(t, 0, sizeof(*t));
 }
 
@@ -166,7 +168,74 @@ bool tr_watermark(const tr *t, uint64_t *last) {
     return any;
 }
 
+void tr_live_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag) {
+    tb_tagged(&t->batch, tag, 0);
+    tr_live(t, src, seq, &t->batch);
+}
+
+void tr_reply_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag,
+                  bool with_topic) {
+    tb_tagged(&t->batch, tag, 0);
+    tr_reply(t, src, seq, &t->batch, with_topic);
+}
+
+void tr_live_seqs(tr *t, uint32_t src, uint64_t first, uint64_t last) {
+    for (uint64_t seq = first; seq <= last; seq++)
+        tr_live_tag(t, src, seq, seq);
+}
+
+void tr_reply_seqs(tr *t, uint32_t src, uint64_t first, uint64_t last,
+                   bool with_topic) {
+    for (uint64_t seq = first; seq <= last; seq++)
+        tr_reply_tag(t, src, seq, seq, with_topic);
+}
+
+void tr_live_tb(tr *t, uint32_t src, uint64_t seq, tb *b, int rank) {
+    tb_end(b, rank, &t->batch);
+    tr_live(t, src, seq, &t->batch);
+}
+
+/* Every RouterEvent published so far, for the counting helpers below. */
+#define TR_MAX_EVENTS 20000
+static const wire_revent *all_events[TR_MAX_EVENTS];
+
+size_t tr_stored(tr *t, uint64_t *out, size_t max) {
+    size_t n = tr_events(t, all_events, TR_MAX_EVENTS), k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (all_events[i]->type == WIRE_R_STORED)
+            for (uint32_t j = 0; j < all_events[i]->n_blocks; j++) {
+                ck_assert_uint_lt(k, max);
+                out[k++] = all_events[i]->blocks[j].block_hash;
+            }
+    return k;
+}
+
+size_t tr_count(tr *t, wire_rtype type) {
+    size_t n = tr_events(t, all_events, TR_MAX_EVENTS), k = 0;
+    for (size_t i = 0; i < n; i++) k += all_events[i]->type == type;
+    return k;
+}
+
+void tr_expect_tags_(tr *t, const uint64_t *tags, size_t n) {
+    uint64_t got[256];
+    ck_assert_uint_le(n, KVO_ARRAY_LEN(got));
+    size_t k = tr_stored(t, got, KVO_ARRAY_LEN(got));
+    ck_assert_msg(k == n, "%zu blocks stored, expected %zu", k, n);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(got[i] == TB_TAG_BLOCK + tags[i],
+                      "stored block %zu is %" PRIu64 ", expected tag %" PRIu64,
+                      i, got[i], tags[i]);
+}
+
 /* ---- batch payloads --------------------------------------------------------*/
+
+void tb_tagged(kvo_buf *out, uint64_t tag, int rank) {
+    tb b;
+    tb_begin(&b);
+    uint64_t h = TB_TAG_BLOCK + tag;
+    tb_store(&b, false, 0, &h, 1);
+    tb_end(&b, rank, out);
+}
 
 uint64_t tb_token(uint64_t h, uint32_t j) {
     return ((h ^ (h >> 29)) * 2654435761u + j * 7919u) % 150000u;
@@ -721,23 +790,32 @@ int trelay_stop(trelay *r) {
     return st;
 }
 
-json_object *trelay_stats(trelay *r) {
+void trelay_get(trelay *r, const char *path, kvo_http_resp *resp) {
     char url[128];
-    snprintf(url, sizeof(url), "%s/stats", r->base);
+    snprintf(url, sizeof(url), "%s%s", r->base, path);
+    kvo_http_resp_init(resp);
+    ck_assert(kvo_http_get(r->http, url, resp) == KVO_OK);
+    ck_assert_msg(resp->status == 200, "GET %s: %ld", path, resp->status);
+}
+
+json_object *trelay_stats(trelay *r) {
     kvo_http_resp resp;
-    kvo_http_resp_init(&resp);
-    ck_assert(kvo_http_get(r->http, url, &resp) == KVO_OK);
-    ck_assert_int_eq(resp.status, 200);
+    trelay_get(r, "/stats", &resp);
     json_object *j = json_tokener_parse((const char *)resp.body.data);
     ck_assert_ptr_nonnull(j);
     kvo_http_resp_fini(&resp);
     return j;
 }
 
-uint64_t trelay_stat(trelay *r, const char *name) {
-    json_object *j = trelay_stats(r), *v;
+uint64_t tr_json_u64(json_object *j, const char *name) {
+    json_object *v;
     ck_assert_msg(json_object_object_get_ex(j, name, &v), "no stat %s", name);
-    uint64_t x = json_object_get_uint64(v);
+    return json_object_get_uint64(v);
+}
+
+uint64_t trelay_stat(trelay *r, const char *name) {
+    json_object *j = trelay_stats(r);
+    uint64_t x = tr_json_u64(j, name);
     json_object_put(j);
     return x;
 }
@@ -762,6 +840,52 @@ void trelay_wait_nats_down(trelay *r) {
         json_object_put(j);
         if (!up) return;
         ck_assert_msg(kvo_now_ns() < end, "relay never noticed NATS down");
+        usleep(20000);
+    }
+}
+
+/* ---- NATS between a relay and a subscriber -------------------------------------*/
+
+void tnet_start(tnet *n, const char *subject) {
+    memset(n, 0, sizeof(*n));
+    kt_nats_start(&n->nats);
+    n->proxy = tproxy_new(n->nats.port);
+    snprintf(n->relay_url, sizeof(n->relay_url), "nats://127.0.0.1:%u",
+             tproxy_port(n->proxy));
+    tsub_start(&n->sub, n->nats.url, subject);
+}
+
+void tnet_stop(tnet *n) {
+    tsub_stop(&n->sub);
+    tproxy_free(n->proxy);
+    kt_nats_stop(&n->nats);
+}
+
+void tnet_down(tnet *n, trelay *r) {
+    tproxy_gate(n->proxy, false);
+    kt_guard_release(&n->nats.guard);
+    kvo_proc_stop(&n->nats.proc, 5000);
+    trelay_wait_nats_down(r);
+}
+
+void tnet_up(tnet *n, long timeout_ms) {
+    kt_nats_restart(&n->nats);
+    tsub_wait_connected(&n->sub, timeout_ms);
+    tproxy_gate(n->proxy, true);
+}
+
+void tr_wait_log(const kvo_proc *p, const char *needle, long timeout_ms) {
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        size_t len;
+        uint8_t *log = kt_read_file(p->log_path, &len);
+        bool found = memmem(log, len, needle, strlen(needle)) != NULL;
+        kvo_free(log);
+        if (found) return;
+        if (kvo_now_ns() > end) {
+            kvo_proc_dump_log(p, 60);
+            ck_abort_msg("the log never said '%s'", needle);
+        }
         usleep(20000);
     }
 }

@@ -1,17 +1,22 @@
 /* tr.h -- relay test helpers:
- *   tr_*   the pipeline behind its seam: fake frames in, decoded envelopes
- *          and replay requests captured;
- *   tb_*   KVEventBatch payloads built from the JSON field view;
- *   tpub_* a small real ZMQ publisher (XPUB + ROUTER replay, vLLM protocol)
- *          for the integration tests;
- *   tsub_* a NATS subscriber that decodes envelopes.
+ *   tr_*     the pipeline behind its seam: fake frames in, decoded envelopes
+ *            and replay requests captured; tagged batches in, and the
+ *            stored blocks checked by tag (tr_expect_tags);
+ *   tb_*     KVEventBatch payloads built from the JSON field view;
+ *   tpub_*   a small real ZMQ publisher (XPUB + ROUTER replay, vLLM
+ *            protocol) for the integration tests;
+ *   tfwd_*, tproxy_*  a lossy ZMQ forwarder and a gated TCP proxy;
+ *   tsub_*   a NATS subscriber that decodes envelopes;
+ *   trelay_* a kvo-relay process and its /stats;
+ *   tnet_*   nats-server + proxy + subscriber, with server outages;
+ *   tmodel_* the block-level index a subscriber would build.
  */
 #ifndef TR_H
 #define TR_H
 
 #include "kt.h"
 #include "kvo_http.h"
-#include "relay.h"
+#include "relay_int.h"
 
 #include <nats/nats.h>
 #include <pthread.h>
@@ -36,6 +41,7 @@ typedef struct tr {
     size_t notes;
     bool fail_requests; /* replay_request returns KVO_ENET */
     uint64_t now;       /* monotonic ns handed to the pipe */
+    kvo_buf batch;      /* payload scratch of the tr_*_seqs/tag/tb calls */
 } tr;
 
 /* Sensible defaults for tests (worker 7, block size 16, publisher 42). */
@@ -55,6 +61,26 @@ relay_stats *tr_stats(tr *t);
 /* The last KVO-Zmq-Seq end published (false when none). */
 bool tr_watermark(const tr *t, uint64_t *last);
 
+/* Tagged batches (tb_tagged, rank 0) without payload bookkeeping: live
+ * batch (or replay reply) seq of src holding tag; live batches (replies)
+ * first..last of src, each holding its own seq as tag. */
+void tr_live_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag);
+void tr_reply_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag,
+                  bool with_topic);
+void tr_live_seqs(tr *t, uint32_t src, uint64_t first, uint64_t last);
+void tr_reply_seqs(tr *t, uint32_t src, uint64_t first, uint64_t last,
+                   bool with_topic);
+/* Stored block hashes forwarded so far, in order (ck_assert when more than
+ * max); forwarded RouterEvents of one type. */
+size_t tr_stored(tr *t, uint64_t *out, size_t max);
+size_t tr_count(tr *t, wire_rtype type);
+/* The blocks stored so far are exactly those of the tagged batches given,
+ * in this order: tr_expect_tags(&t, 0, 1, 2, 7). */
+#define tr_expect_tags(t, ...)                                                \
+    tr_expect_tags_((t), (const uint64_t[]){__VA_ARGS__},                     \
+                    sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
+void tr_expect_tags_(tr *t, const uint64_t *tags, size_t n);
+
 /* ---- batch payloads --------------------------------------------------------*/
 
 /* Token j of the block whose engine hash is h: a fixed function, so tests
@@ -68,6 +94,11 @@ typedef struct tb {
     int n;
 } tb;
 
+/* A tagged batch: one root GPU store of block TB_TAG_BLOCK + tag, so a test
+ * can tell batches apart by the blocks forwarded. rank < 0 = nil. */
+#define TB_TAG_BLOCK 1000u
+void tb_tagged(kvo_buf *out, uint64_t tag, int rank);
+
 void tb_begin(tb *b);
 /* GPU store of n blocks (tokens from tb_token, block size 16). */
 void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
@@ -78,6 +109,8 @@ void tb_remove(tb *b, const uint64_t *h, uint32_t n);
 void tb_cleared(tb *b);
 /* Finish: rank < 0 = nil; encodes the map format into out (reset first). */
 void tb_end(tb *b, int rank, kvo_buf *out);
+/* Finish b with rank and hand it to t's pipe as live batch seq of src. */
+void tr_live_tb(tr *t, uint32_t src, uint64_t seq, tb *b, int rank);
 
 /* ---- a real ZMQ publisher ----------------------------------------------------*/
 
@@ -152,12 +185,40 @@ typedef struct trelay {
 void trelay_start(trelay *r, const char *const *args);
 /* SIGTERM; returns the exit status. */
 int trelay_stop(trelay *r);
+/* GET path, which must answer 200 (resp initialised by the call; the
+ * caller finis it). */
+void trelay_get(trelay *r, const char *path, kvo_http_resp *resp);
 /* GET /stats (caller puts). */
 json_object *trelay_stats(trelay *r);
 uint64_t trelay_stat(trelay *r, const char *name);
+/* Member name of a stats object as u64 (ck_assert when absent). */
+uint64_t tr_json_u64(json_object *j, const char *name);
 void trelay_wait_stat(trelay *r, const char *name, uint64_t atleast);
 /* Wait until the relay reports NATS down. */
 void trelay_wait_nats_down(trelay *r);
+
+/* ---- NATS between a relay and a subscriber ---------------------------------
+ * A real nats-server, a gated proxy in front of it for the relay and a
+ * subscriber. tnet_down stops the server and waits until the relay has
+ * noticed (what it wrote before may sit in a dead socket: core NATS loses
+ * that); tnet_up starts it again on the same port, lets the subscriber back
+ * first, then the relay (or core NATS would deliver the relay's flushed
+ * buffer to nobody). */
+typedef struct tnet {
+    kt_nats nats;
+    tproxy *proxy;
+    tsub sub;
+    char relay_url[64]; /* the relay's --nats: through the proxy */
+} tnet;
+
+void tnet_start(tnet *n, const char *subject);
+void tnet_stop(tnet *n);
+void tnet_down(tnet *n, trelay *r);
+void tnet_up(tnet *n, long timeout_ms);
+
+/* Wait until p's log holds needle (dumps the log and fails after
+ * timeout_ms). */
+void tr_wait_log(const kvo_proc *p, const char *needle, long timeout_ms);
 
 /* ---- the index a subscriber would build (block level) -------------------------
  * Per dp rank: stored block hash -> tokens hash, exactly as an indexer applies
