@@ -19,7 +19,7 @@
  * unknown parent, seq gap, rejected event...); one that tripped earlier; and
  * else the direction: index behind = missed store, index ahead = stale block.
  */
-#include "check.h"
+#include "kvo_check.h"
 
 #include <math.h>
 #include <stdio.h>

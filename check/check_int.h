@@ -16,7 +16,7 @@
 #ifndef KVO_CHECK_INT_H
 #define KVO_CHECK_INT_H
 
-#include "check.h"
+#include "kvo_check.h"
 #include "kvo_http.h"
 #include "kvo_proc.h"
 

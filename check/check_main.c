@@ -7,7 +7,7 @@
  *
  * Exit: 0 PASS, 1 FAIL (one-line cause on stderr), 2 usage/setup error.
  */
-#include "check.h"
+#include "kvo_check.h"
 
 #include <limits.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  * Killed mutants run with fail-fast (the first divergence or tripped
  * counter ends the run); benign ones run the whole shortened trace.
  */
-#include "check.h"
+#include "kvo_check.h"
 #include "mock.h"
 
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The oracle's pure core: counters, rules, the per-prompt judge and the
  * verdict, driven by hand-made observations. */
-#include "check.h"
+#include "kvo_check.h"
 #include "kt.h"
 
 #include <math.h>

@@ -5,7 +5,7 @@
  *
  * Traces are shortened under sanitizers (every process is several times
  * slower there); every scenario still exercises what it is about. */
-#include "check.h"
+#include "kvo_check.h"
 #include "tc.h"
 
 #include <dirent.h>

@@ -1,6 +1,6 @@
 /* The report writers: terminal summary, JSON lines, HTML (also rendered in a
  * real headless chromium when one is installed). */
-#include "check.h"
+#include "kvo_check.h"
 #include "tc.h"
 
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* check.h -- kvo-check, the oracle (DESIGN §9): drives a trace through
+/* kvo_check.h -- kvo-check, the oracle (DESIGN §9): drives a trace through
  * engines, relays and an indexer, one request at a time, and asserts prompt
  * by prompt that the index matches the engines' caches.
  *
