@@ -19,7 +19,7 @@
  * unknown parent, seq gap, rejected event...); one that tripped earlier; and
  * else the direction: index behind = missed store, index ahead = stale block.
  */
-#include "kvo_check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -541,14 +541,18 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
 
 /* ---- Result ----------------------------------------------------------------*/
 
-void check_result_init(check_result *r) {
-    memset(r, 0, sizeof(*r));
+kvo_status check_result_new(check_result **out) {
+    check_result *r = kvo_calloc(1, sizeof(*r));
+    if (!r) return KVO_ENOMEM;
     kvo_arena_init(&r->arena);
     check_counters_init(&r->counters);
     r->error_prompt = -1;
+    *out = r;
+    return KVO_OK;
 }
 
-void check_result_fini(check_result *r) {
+void check_result_free(check_result *r) {
+    if (!r) return;
     kvo_free(r->slots);
     kvo_free(r->prompts);
     kvo_free(r->sweep);
@@ -559,7 +563,7 @@ void check_result_fini(check_result *r) {
         kvo_free(r->trips[i].name);
     }
     kvo_free(r->trips);
-    memset(r, 0, sizeof(*r));
+    kvo_free(r);
 }
 
 kvo_status check_result_slots(check_result *r, uint32_t n_workers,
@@ -780,6 +784,11 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
     } else {
         out->pass = true;
     }
+}
+
+bool check_result_passed(const check_result *r, const char **cause) {
+    if (cause) *cause = r->verdict.cause;
+    return r->verdict.pass;
 }
 
 const char *check_stage_name(check_stage s) {

@@ -12,7 +12,7 @@
  * The engine line is drawn wide and light, the index line thin and dashed on
  * top of it, so a correct pipeline shows one line and a drift shows two.
  */
-#include "kvo_check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdlib.h>

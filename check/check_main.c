@@ -370,26 +370,27 @@ int main(int argc, char **argv) {
              (unsigned long long)c->limit,
              c->spawn ? "spawn" : c->engines);
 
-    check_result res;
-    check_result_init(&res);
+    check_result *res = NULL;
     char err[600] = "";
-    kvo_status st = check_run(c, &res, err, sizeof(err));
+    kvo_status st = check_result_new(&res);
+    if (st == KVO_OK) st = check_run(c, res, err, sizeof(err));
     int code;
+    const char *cause;
     if (st != KVO_OK) {
         fprintf(stderr, "kvo-check: %s\n", err[0] ? err : kvo_strerror(st));
         code = KVO_EXIT_USAGE;
     } else {
-        if (!o.quiet) check_report_summary(stdout, &res, o.worst);
+        if (!o.quiet) check_report_summary(stdout, res, o.worst);
         if (c->report_json) printf("JSON report: %s\n", c->report_json);
         if (c->report_html) printf("HTML report: %s\n", c->report_html);
         fflush(stdout);
-        if (res.verdict.pass) {
+        if (check_result_passed(res, &cause)) {
             code = KVO_EXIT_OK;
         } else {
-            fprintf(stderr, "kvo-check: FAIL: %s\n", res.verdict.cause);
+            fprintf(stderr, "kvo-check: FAIL: %s\n", cause);
             code = KVO_EXIT_FAIL;
         }
     }
-    check_result_fini(&res);
+    check_result_free(res);
     return code;
 }

@@ -1,7 +1,7 @@
 /* check_report.c -- the terminal report (progress bar, summary, counters of
  * every stage, the worst prompts) and the JSON lines report (one line per
  * prompt, then one summary line). Pure writers over a check_result. */
-#include "kvo_check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -34,16 +34,17 @@
 
 enum { READY_MS = 20000, SPAWN_TRIES = 5 };
 
-kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
-                          size_t outsz) {
-    char path[PATH_MAX + 64];
-    if (bin_dir && *bin_dir) {
-        snprintf(path, sizeof(path), "%s/%s", bin_dir, name);
-        if (access(path, X_OK) == 0) {
-            snprintf(out, outsz, "%s", path);
-            return KVO_OK;
-        }
-    }
+/* out = dir/name when that fits and is an executable. */
+static bool exe_in(const char *dir, const char *name, char *out, size_t outsz) {
+    int n = snprintf(out, outsz, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < outsz && access(out, X_OK) == 0;
+}
+
+/* A sibling executable: bin_dir, then next to /proc/self/exe, then PATH. */
+static kvo_status find_bin(const char *bin_dir, const char *name, char *out,
+                           size_t outsz) {
+    if (bin_dir && *bin_dir && exe_in(bin_dir, name, out, outsz))
+        return KVO_OK;
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n > 0) {
@@ -51,11 +52,7 @@ kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(path, sizeof(path), "%s/%s", self, name);
-            if (access(path, X_OK) == 0) {
-                snprintf(out, outsz, "%s", path);
-                return KVO_OK;
-            }
+            if (exe_in(self, name, out, outsz)) return KVO_OK;
         }
     }
     return kvo_find_exe(name, out, outsz);
@@ -201,10 +198,10 @@ static void arg(args *a, const char *fmt, ...) {
     a->v[a->n] = NULL;
 }
 
-/* A sibling binary (check_find_bin), or KVO_ENOTFOUND with err saying so. */
+/* A sibling binary (find_bin), or KVO_ENOTFOUND with err saying so. */
 static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
                                size_t exesz, char *err, size_t errsz) {
-    if (check_find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
+    if (find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
     snprintf(err, errsz, "%s not found next to kvo-check nor in PATH", name);
     return KVO_ENOTFOUND;
 }

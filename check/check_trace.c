@@ -2,7 +2,7 @@
  * the prompt synthesis are kvo-mocker's (mock_trace_*), so both sides build
  * the very same prompts; this file only keeps the requests in memory with
  * 0-based line ids. */
-#include "kvo_check.h"
+#include "check_int.h"
 #include "mock.h"
 
 #include <string.h>

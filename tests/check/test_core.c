@@ -1,6 +1,6 @@
 /* The oracle's pure core: counters, rules, the per-prompt judge and the
  * verdict, driven by hand-made observations. */
-#include "kvo_check.h"
+#include "check_int.h"
 #include "kt.h"
 
 #include <math.h>
@@ -364,8 +364,9 @@ START_TEST(rules_catch_rejections_but_not_healthy_counters) {
 END_TEST
 
 /* A result with three prompts on one slot. */
-static void three_prompts(check_result *r, bool diverge_at_2) {
-    check_result_init(r);
+static check_result *three_prompts(bool diverge_at_2) {
+    check_result *r = NULL;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
     ck_assert_int_eq(check_result_slots(r, 1, 1, 16), KVO_OK);
     for (uint64_t id = 0; id < 3; id++) {
         uint32_t score = id == 2 && diverge_at_2 ? 1 : 2;
@@ -376,31 +377,35 @@ static void three_prompts(check_result *r, bool diverge_at_2) {
                        .cached_tokens = 32};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
+    return r;
 }
 
 START_TEST(verdict_passes_only_a_clean_run) {
-    check_result r;
-    three_prompts(&r, false);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(r.verdict.pass);
-    ck_assert_str_eq(r.verdict.cause, "");
-    check_result_fini(&r);
+    check_result *r = three_prompts(false);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(r->verdict.pass);
+    ck_assert_str_eq(r->verdict.cause, "");
+    const char *cause = NULL;
+    ck_assert(check_result_passed(r, &cause));
+    ck_assert_str_eq(cause, "");
+    check_result_free(r);
 
-    check_result_init(&r);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass); /* nothing checked is not a pass */
-    check_result_fini(&r);
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass); /* nothing checked is not a pass */
+    ck_assert(!check_result_passed(r, &cause));
+    ck_assert_str_eq(cause, "no request was checked");
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(verdict_names_the_first_cause_in_trace_order) {
-    check_result r;
-    three_prompts(&r, true);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "missed store: prompt 2 diverged "
-                                          "at block 1"),
-                  "%s", r.verdict.cause);
+    check_result *r = three_prompts(true);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "missed store: prompt 2 diverged "
+                                           "at block 1"),
+                  "%s", r->verdict.cause);
 
     /* a counter that tripped before prompt 1 came first */
     check_counters c;
@@ -408,50 +413,48 @@ START_TEST(verdict_names_the_first_cause_in_trace_order) {
     check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
                        1);
     check_counters_set(&c, "relay 0.0", "kvo_relay_gaps", 9);
-    ck_assert_int_eq(check_result_trips(&r, &c, 1), KVO_OK);
-    ck_assert_uint_eq(r.n_trips, 1);
+    ck_assert_int_eq(check_result_trips(r, &c, 1), KVO_OK);
+    ck_assert_uint_eq(r->n_trips, 1);
     check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
                        4);
-    ck_assert_int_eq(check_result_trips(&r, &c, 2), KVO_OK);
-    ck_assert_uint_eq(r.n_trips, 1);
-    ck_assert(r.trips[0].value == 4);
-    ck_assert_int_eq(r.trips[0].before_prompt, 1);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_msg(strstr(r.verdict.cause, "rejected event: relay 0.0 "
-                                          "kvo_relay_rejects") &&
-                      strstr(r.verdict.cause, "before prompt 1"),
-                  "%s", r.verdict.cause);
-    ck_assert_int_eq(r.verdict.reason, CHECK_REASON_REJECTED);
+    ck_assert_int_eq(check_result_trips(r, &c, 2), KVO_OK);
+    ck_assert_uint_eq(r->n_trips, 1);
+    ck_assert(r->trips[0].value == 4);
+    ck_assert_int_eq(r->trips[0].before_prompt, 1);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_msg(strstr(r->verdict.cause, "rejected event: relay 0.0 "
+                                           "kvo_relay_rejects") &&
+                      strstr(r->verdict.cause, "before prompt 1"),
+                  "%s", r->verdict.cause);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_REJECTED);
 
     /* a run error before prompt 0 beats both */
-    check_result_error(&r, 0, "watermark timeout before prompt 0");
-    check_result_error(&r, 1, "second error is ignored");
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_str_eq(r.verdict.cause, "watermark timeout before prompt 0");
+    check_result_error(r, 0, "watermark timeout before prompt 0");
+    check_result_error(r, 1, "second error is ignored");
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_str_eq(r->verdict.cause, "watermark timeout before prompt 0");
     check_counters_fini(&c);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
-    check_result r;
-    three_prompts(&r, false);
+    check_result *r = three_prompts(false);
     check_counters c;
     check_counters_init(&c);
     check_counters_set(&c, "indexer", "kvo_indexer_block_not_found_total", 2);
-    ck_assert_int_eq(check_result_trips(&r, &c, -1), KVO_OK);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "at the end"), "%s",
-                  r.verdict.cause);
+    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "at the end"), "%s",
+                  r->verdict.cause);
     check_counters_fini(&c);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
-    check_result r;
-    three_prompts(&r, false);
+    check_result *r = three_prompts(false);
     /* after the run, prompt 1 re-checked: worker 0 holds 2 blocks in the
      * index but the engine evicted them */
     uint32_t score = 2;
@@ -460,18 +463,18 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
                    .n_slots = 1, .dp_size = 1, .chosen = 0,
                    .index_scores = &score, .probe_hits = &probe,
                    .cached_tokens = 32};
-    ck_assert_int_eq(check_result_add_sweep(&r, &o, NULL), KVO_EINVAL);
+    ck_assert_int_eq(check_result_add_sweep(r, &o, NULL), KVO_EINVAL);
     o.cached_tokens = -1; /* a sweep sends no request */
     const check_prompt *p = NULL;
-    ck_assert_int_eq(check_result_add_sweep(&r, &o, &p), KVO_OK);
+    ck_assert_int_eq(check_result_add_sweep(r, &o, &p), KVO_OK);
     ck_assert(p->diverged);
     ck_assert_int_eq(p->reason, CHECK_REASON_STALE_BLOCK);
-    ck_assert_uint_eq(r.sweep_divergent, 1);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "stale block: re-checked after the "
-                                          "run, prompt 1 diverged at block 0"),
-                  "%s", r.verdict.cause);
+    ck_assert_uint_eq(r->sweep_divergent, 1);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "stale block: re-checked after the "
+                                           "run, prompt 1 diverged at block 0"),
+                  "%s", r->verdict.cause);
     /* a divergence during the run comes first */
     uint32_t bad = 0;
     int32_t two = 2;
@@ -479,28 +482,27 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
                     .n_slots = 1, .dp_size = 1, .chosen = 0,
                     .index_scores = &bad, .probe_hits = &two,
                     .cached_tokens = 32};
-    ck_assert_int_eq(check_result_add(&r, &o2, NULL), KVO_OK);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_msg(strstr(r.verdict.cause, "prompt 3 diverged"), "%s",
-                  r.verdict.cause);
-    check_result_fini(&r);
+    ck_assert_int_eq(check_result_add(r, &o2, NULL), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_msg(strstr(r->verdict.cause, "prompt 3 diverged"), "%s",
+                  r->verdict.cause);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(totals_and_worst_prompts) {
-    check_result r;
-    three_prompts(&r, true);
+    check_result *r = three_prompts(true);
     check_totals t;
-    check_result_totals(&r, &t);
+    check_result_totals(r, &t);
     ck_assert_uint_eq(t.requests, 3);
     ck_assert_uint_eq(t.prompt_tokens, 300);
     ck_assert_uint_eq(t.engine_hit_tokens, 96);
     ck_assert_uint_eq(t.index_hit_tokens, 5 * 16);
     ck_assert_uint_eq(t.divergent, 1);
     const check_prompt *w[5];
-    ck_assert_uint_eq(check_result_worst(&r, w, 5), 3);
+    ck_assert_uint_eq(check_result_worst(r, w, 5), 3);
     ck_assert_uint_eq(w[0]->id, 2);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
