@@ -50,22 +50,20 @@ static void json_call_fini(json_call *c) {
 /* GET (body NULL) or POST the JSON body to c->url, then parse the answer
  * into c->j (status 200 required). */
 static kvo_status json_call_send(json_call *c, kvo_http_client *h,
-                                 const kvo_buf *body, char *err,
-                                 size_t errsz) {
+                                 const kvo_buf *body, kvo_err *err) {
     const char *method = body ? "POST" : "GET";
     kvo_status st = body ? kvo_http_post(h, c->url, "application/json",
                                          body->data, body->len, &c->resp)
                          : kvo_http_get(h, c->url, &c->resp);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s %s: %s (%s)", method, c->url,
-                 kvo_strerror(st), kvo_http_client_error(h));
-        return st;
+        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s %s: %s (%s)", method,
+                           c->url, kvo_strerror(st), kvo_http_client_error(h));
     }
     const char *text = c->resp.body.data ? (const char *)c->resp.body.data : "";
     if (c->resp.status != 200) {
-        snprintf(err, errsz, "%s %s: HTTP %ld: %.200s", method, c->url,
-                 c->resp.status, text);
-        return KVO_EHTTP;
+        return kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET,
+                           "%s %s: HTTP %ld: %.200s", method, c->url,
+                           c->resp.status, text);
     }
     json_tokener *tok = json_tokener_new_ex(64);
     if (!tok) return KVO_ENOMEM;
@@ -74,8 +72,8 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
     json_tokener_free(tok);
     if (!j || je != json_tokener_success) {
         json_object_put(j);
-        snprintf(err, errsz, "%s: answer is not JSON: %.120s", c->url, text);
-        return KVO_EPROTO;
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "%s: answer is not JSON: %.120s", c->url, text);
     }
     c->j = j;
     return KVO_OK;
@@ -106,15 +104,15 @@ static bool get_u64(json_object *o, const char *k, uint64_t *out) {
 
 /* ---- Engines --------------------------------------------------------------*/
 
-kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz) {
+kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/state", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err);
     if (st != KVO_OK) goto done;
     json_object *ranks = get_key(jc.j, "ranks");
     if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"ranks\" array", jc.url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: no \"ranks\" array", jc.url);
         goto done;
     }
     size_t n = json_object_array_length(ranks);
@@ -134,11 +132,10 @@ done:
     return st;
 }
 
-kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
-                               size_t errsz) {
+kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/state", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err);
     json_object *ranks = st == KVO_OK ? get_key(jc.j, "ranks") : NULL;
     if (ranks && json_object_is_type(ranks, json_type_array)) {
         for (size_t i = 0; i < json_object_array_length(ranks) && st == KVO_OK;
@@ -169,21 +166,20 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
     return st;
 }
 
-kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
+kvo_status chk_engine_sources(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/event_sources", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err);
     if (st != KVO_OK) goto done;
     if (!json_object_is_type(jc.j, json_type_array)) {
-        snprintf(err, errsz, "%s: not a JSON array", jc.url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: not a JSON array", jc.url);
         goto done;
     }
     size_t n = json_object_array_length(jc.j);
     if (n > CHK_MAX_DP) {
-        snprintf(err, errsz, "%s: %zu sources (at most %d)", jc.url, n,
-                 CHK_MAX_DP);
-        st = KVO_ETOOBIG;
+        st = kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                         "%s: %zu sources (at most %d)", jc.url, n, CHK_MAX_DP);
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
@@ -195,9 +191,9 @@ kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz) {
         get_i64(s, "data_parallel_rank", &rank);
         if (!ep || !json_object_is_type(ep, json_type_string) || rank < 0 ||
             rank >= CHK_MAX_DP) {
-            snprintf(err, errsz, "%s: source %zu has no endpoint or a bad "
-                                 "rank", jc.url, i);
-            st = KVO_EPROTO;
+            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "%s: source %zu has no endpoint or a bad rank",
+                             jc.url, i);
             goto done;
         }
         chk_rank *r = &e->ranks[i];
@@ -220,7 +216,7 @@ done:
 
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            char *err, size_t errsz) {
+                            kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/probe", e->url);
     kvo_buf body;
@@ -232,21 +228,21 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
         st = kvo_buf_append(&body, ",\"warm\":true", 12);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, e->probe_http, &body, err, errsz);
+    st = json_call_send(&jc, e->probe_http, &body, err);
     if (st != KVO_OK) goto done;
     int64_t bs = -1;
     get_i64(jc.j, "block_size", &bs);
     if (bs != (int64_t)block_size) {
-        snprintf(err, errsz, "%s: engine block size %lld, expected %u "
-                             "(--block-size)",
-                 jc.url, (long long)bs, block_size);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: engine block size %lld, expected %u "
+                         "(--block-size)",
+                         jc.url, (long long)bs, block_size);
         goto done;
     }
     json_object *ranks = get_key(jc.j, "ranks");
     if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"ranks\" array", jc.url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: no \"ranks\" array", jc.url);
         goto done;
     }
     for (uint32_t k = 0; k < e->n_ranks; k++) hits[k] = -1;
@@ -268,7 +264,7 @@ done:
 kvo_status chk_engine_complete(chk_engine *e, const char *model,
                                const chk_prompt *p, uint32_t max_tokens,
                                int dp_rank, const char *kv_params,
-                               chk_completion *out, char *err, size_t errsz) {
+                               chk_completion *out, kvo_err *err) {
     memset(out, 0, sizeof(*out));
     out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
         -1;
@@ -290,7 +286,7 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, e->http, &body, err, errsz);
+    st = json_call_send(&jc, e->http, &body, err);
     if (st != KVO_OK) goto done;
     json_object *usage = get_key(jc.j, "usage");
     get_i64(usage, "prompt_tokens", &out->prompt_tokens);
@@ -313,10 +309,10 @@ done:
 }
 
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
-                            char *err, size_t errsz) {
+                            kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/v1/models", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err, errsz);
+    kvo_status st = json_call_send(&jc, e->http, NULL, err);
     if (st != KVO_OK) goto done;
     json_object *data = get_key(jc.j, "data");
     json_object *id = NULL;
@@ -324,8 +320,8 @@ kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
         json_object_array_length(data) > 0)
         id = get_key(json_object_array_get_idx(data, 0), "id");
     if (!id || !json_object_is_type(id, json_type_string)) {
-        snprintf(err, errsz, "%s: no model listed (use --model)", jc.url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: no model listed (use --model)", jc.url);
         goto done;
     }
     snprintf(model, modelsz, "%s", json_object_get_string(id));
@@ -338,14 +334,14 @@ done:
 
 /* {"scores": [...]} of a query answer into scores per slot. */
 static kvo_status parse_scores(chk_env *env, json_object *j, const char *url,
-                               uint32_t *scores, char *err, size_t errsz) {
+                               uint32_t *scores, kvo_err *err) {
     kvo_status st = KVO_OK;
     uint32_t slots = env->n_workers * env->dp_size;
     for (uint32_t s = 0; s < slots; s++) scores[s] = 0;
     json_object *arr = get_key(j, "scores");
     if (!arr || !json_object_is_type(arr, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"scores\" array", url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: no \"scores\" array", url);
         goto done;
     }
     size_t m = json_object_array_length(arr);
@@ -365,19 +361,19 @@ done:
 }
 
 static kvo_status parse_watermark(json_object *j, const char *url,
-                                  chk_watermark *w, char *err, size_t errsz);
+                                  chk_watermark *w, kvo_err *err);
 
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, char *err, size_t errsz) {
-    return chk_index_query_wait(env, hashes, n, NULL, 0, -1, scores, NULL,
-                                NULL, NULL, err, errsz);
+                           uint32_t *scores, kvo_err *err) {
+    return chk_index_query_wait(env, hashes, n, NULL, 0, -1, scores, NULL, NULL,
+                                NULL, err);
 }
 
 kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 const uint64_t *pairs, size_t npairs,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
-                                kvo_buf *metrics, char *err, size_t errsz) {
+                                kvo_buf *metrics, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
@@ -396,29 +392,30 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
         st = kvo_buf_append(&body, ",\"metrics\":true", 15);
     if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
     if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, env->idx_http, &body, err, errsz);
+    st = json_call_send(&jc, env->idx_http, &body, err);
     if (st != KVO_OK) goto done;
-    if ((st = parse_scores(env, jc.j, jc.url, scores, err, errsz)) != KVO_OK)
+    if ((st = parse_scores(env, jc.j, jc.url, scores, err)) != KVO_OK)
         goto done;
     if (wm) {
         json_object *w = get_key(jc.j, "watermark");
         json_object *c = get_key(jc.j, "covered");
         if (!w || !c || !json_object_is_type(c, json_type_boolean)) {
-            snprintf(err, errsz, "%s: the indexer does not wait for "
-                                 "watermarks", jc.url);
-            st = KVO_EUNSUPPORTED;
+            st = kvo_err_set(err, KVO_EUNSUPPORTED, KVO_ERR_NO_OFFSET,
+                             "%s: the indexer does not wait for watermarks",
+                             jc.url);
             goto done;
         }
         *covered = json_object_get_boolean(c);
         kvo_buf_reset(&wm->raw);
-        st = parse_watermark(w, jc.url, wm, err, errsz);
+        st = parse_watermark(w, jc.url, wm, err);
     }
     if (st == KVO_OK && metrics) {
         json_object *m = get_key(jc.j, "metrics");
         if (!m || !json_object_is_type(m, json_type_string)) {
-            snprintf(err, errsz, "%s: the indexer does not return its "
-                                 "metrics with a query", jc.url);
-            st = KVO_EUNSUPPORTED;
+            st = kvo_err_set(err, KVO_EUNSUPPORTED, KVO_ERR_NO_OFFSET,
+                             "%s: the indexer does not return its metrics "
+                             "with a query",
+                             jc.url);
             goto done;
         }
         kvo_buf_reset(metrics);
@@ -438,15 +435,14 @@ void chk_watermark_fini(chk_watermark *w) {
     memset(w, 0, sizeof(*w));
 }
 
-kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
-                               size_t errsz) {
+kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/watermark", env->indexer_url);
-    kvo_status st = json_call_send(&jc, env->idx_http, NULL, err, errsz);
+    kvo_status st = json_call_send(&jc, env->idx_http, NULL, err);
     if (st != KVO_OK) goto done;
     kvo_buf_reset(&w->raw);
     st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
-    if (st == KVO_OK) st = parse_watermark(jc.j, jc.url, w, err, errsz);
+    if (st == KVO_OK) st = parse_watermark(jc.j, jc.url, w, err);
 done:
     json_call_fini(&jc);
     return st;
@@ -454,12 +450,12 @@ done:
 
 /* {"publishers": [...]} into w (raw untouched). */
 static kvo_status parse_watermark(json_object *j, const char *url,
-                                  chk_watermark *w, char *err, size_t errsz) {
+                                  chk_watermark *w, kvo_err *err) {
     kvo_status st = KVO_OK;
     json_object *pubs = get_key(j, "publishers");
     if (!pubs || !json_object_is_type(pubs, json_type_array)) {
-        snprintf(err, errsz, "%s: no \"publishers\" array", url);
-        st = KVO_EPROTO;
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "%s: no \"publishers\" array", url);
         goto done;
     }
     size_t n = json_object_array_length(pubs);
@@ -503,24 +499,24 @@ int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
 }
 
 kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
-                             kvo_http_resp *resp, char *err, size_t errsz) {
+                             kvo_http_resp *resp, kvo_err *err) {
     kvo_status st = kvo_http_get(c, url, resp);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "GET %s: %s (%s)", url, kvo_strerror(st),
-                 kvo_http_client_error(c));
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "GET %s: %s (%s)", url,
+                    kvo_strerror(st), kvo_http_client_error(c));
     } else if (resp->status != 200) {
-        snprintf(err, errsz, "GET %s: HTTP %ld", url, resp->status);
-        st = KVO_EHTTP;
+        st = kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET, "GET %s: HTTP %ld",
+                         url, resp->status);
     }
     return st;
 }
 
 static kvo_status read_prom(kvo_http_client *c, const char *url,
                             const char *stage, check_counters *counters,
-                            char *err, size_t errsz) {
+                            kvo_err *err) {
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
-    kvo_status st = chk_metrics_fetch(c, url, &resp, err, errsz);
+    kvo_status st = chk_metrics_fetch(c, url, &resp, err);
     if (st == KVO_OK)
         st = check_counters_parse_prom(counters, stage,
                                        (const char *)resp.body.data,
@@ -563,19 +559,17 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
     return KVO_OK;
 }
 
-kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
-                              size_t errsz) {
+kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err) {
     char url[128];
     snprintf(url, sizeof(url), "http://127.0.0.1:%u/metrics", r->metrics_port);
-    return read_prom(r->http, url, r->stage, c, err, errsz);
+    return read_prom(r->http, url, r->stage, c, err);
 }
 
 kvo_status chk_relay_live(chk_relay *r, bool *live) {
-    char err[256];
     json_call jc;
     json_call_init(&jc, "http://127.0.0.1:%u/stats", r->metrics_port);
     *live = false;
-    kvo_status st = json_call_send(&jc, r->http, NULL, err, sizeof(err));
+    kvo_status st = json_call_send(&jc, r->http, NULL, NULL);
     if (st == KVO_OK) {
         json_object *srcs = get_key(jc.j, "sources");
         bool all = srcs && json_object_is_type(srcs, json_type_array) &&

@@ -334,12 +334,14 @@ typedef struct check_trace {
     check_request *reqs; /* owned */
     size_t n;
     uint64_t rejected;   /* lines the reader refused */
+    char first_rejected[256]; /* why it refused the first one ("" none) */
     void *impl;          /* the reader's own storage */
 } check_trace;
 
-/* Load at most limit requests (0 = all). err gets a one-line reason. */
+/* Load at most limit requests (0 = all); malformed lines are skipped and
+ * counted. err gets a one-line reason. */
 kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
-                            char *err, size_t errsz);
+                            kvo_err *err);
 void check_trace_fini(check_trace *t);
 /* The prompt tokens of DESIGN §8 into tokens (u64 each; replaced). */
 kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens);
@@ -437,15 +439,14 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
  * trace (may be NULL) sizes the engines' replay buffers. On failure
  * everything already started is stopped again. */
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
-                         const check_trace *trace, char *err, size_t errsz);
+                         const check_trace *trace, kvo_err *err);
 /* Stop everything we started (reverse order). keep_logs: leave the log
  * directory and print where it is; else remove it when we created it. */
 void chk_env_stop(chk_env *env, bool keep_logs);
 /* SIGKILL the relay of (engine, rank) and start a fresh one (new publisher
  * id, --replay-from 0). Its last counters move to stage "<stage> #n". */
 kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, char *err,
-                             size_t errsz);
+                             check_counters *counters, kvo_err *err);
 /* CPU seconds (user + system) of every process we started, and of
  * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
 kvo_status chk_env_cpu(chk_env *env, check_counters *c);
@@ -458,10 +459,10 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz);
 /* ---- check_http.c ----------------------------------------------------------*/
 
 /* GET /kvo/state of e: last_seq per rank (and rank count on first call). */
-kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz);
+kvo_status chk_engine_state(chk_engine *e, kvo_err *err);
 /* GET /kvo/event_sources into e's ranks (zmq, replay, topic); n_ranks is
  * set from it; 0 sources = an engine that publishes nothing. */
-kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz);
+kvo_status chk_engine_sources(chk_engine *e, kvo_err *err);
 /* One prompt, serialized once for every call that carries it: the trace
  * object {"hash_ids": [...], "input_length": n} (kvo-mocker's extension) or
  * the token-id array [t0, t1, ...]. */
@@ -474,7 +475,7 @@ typedef struct chk_prompt {
  * prompt goes to e next -- kvo-mocker hashes it ahead, after answering. */
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            char *err, size_t errsz);
+                            kvo_err *err);
 typedef struct chk_completion {
     int64_t cached_tokens;   /* -1: not reported */
     int64_t prompt_tokens;   /* -1: not reported */
@@ -488,18 +489,17 @@ typedef struct chk_completion {
 kvo_status chk_engine_complete(chk_engine *e, const char *model,
                                const chk_prompt *p, uint32_t max_tokens,
                                int dp_rank, const char *kv_params,
-                               chk_completion *out, char *err, size_t errsz);
+                               chk_completion *out, kvo_err *err);
 /* GET /kvo/state: every rank's counters, resident and free blocks into
  * stage "engine <worker>.<rank>". */
-kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
-                               size_t errsz);
+kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err);
 /* GET /v1/models: the first model id. */
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
-                            char *err, size_t errsz);
+                            kvo_err *err);
 
 /* Indexer: scores per slot for the prompt's router hashes. */
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, char *err, size_t errsz);
+                           uint32_t *scores, kvo_err *err);
 /* Indexer GET /watermark: zmq_seq_last of publisher (-1 null or absent). */
 typedef struct chk_watermark {
     size_t n;
@@ -517,18 +517,16 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 const uint64_t *pairs, size_t npairs,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
-                                kvo_buf *metrics, char *err, size_t errsz);
+                                kvo_buf *metrics, kvo_err *err);
 void chk_watermark_fini(chk_watermark *w);
-kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
-                               size_t errsz);
+kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err);
 int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
                           bool *present);
 /* Counters: fetch a /metrics body (any thread), then parse it into a
  * stage (the caller's thread). */
 kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
-                             kvo_http_resp *resp, char *err, size_t errsz);
-kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
-                              size_t errsz);
+                             kvo_http_resp *resp, kvo_err *err);
+kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err);
 /* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */
 kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
 /* Relay GET /stats: are all its sources live (initial replay done)? */

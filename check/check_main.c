@@ -371,13 +371,14 @@ int main(int argc, char **argv) {
              c->spawn ? "spawn" : c->engines);
 
     check_result *res = NULL;
-    char err[600] = "";
+    kvo_err err = {0};
     kvo_status st = check_result_new(&res);
-    if (st == KVO_OK) st = check_run(c, res, err, sizeof(err));
+    if (st == KVO_OK) st = check_run(c, res, &err);
     int code;
     const char *cause;
     if (st != KVO_OK) {
-        fprintf(stderr, "kvo-check: %s\n", err[0] ? err : kvo_strerror(st));
+        fprintf(stderr, "kvo-check: %s\n",
+                err.msg[0] ? err.msg : kvo_strerror(st));
         code = KVO_EXIT_USAGE;
     } else {
         if (!o.quiet) check_report_summary(stdout, res, o.worst);

@@ -53,10 +53,10 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
     cfg.progress = false;
     cfg.discard_logs = killed; /* an expected FAIL needs no logs */
     check_result *res = NULL;
-    char err[512] = "";
+    kvo_err err = {0};
     uint64_t t0 = kvo_now_ns();
     kvo_status st = check_result_new(&res);
-    if (st == KVO_OK) st = check_run(&cfg, res, err, sizeof(err));
+    if (st == KVO_OK) st = check_run(&cfg, res, &err);
     double s = (double)(kvo_now_ns() - t0) / 1e9;
     bool ok;
     const char *observed;
@@ -65,7 +65,7 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
         ok = false;
         observed = "error";
         snprintf(how, sizeof(how), "setup: %.400s",
-                 err[0] ? err : kvo_strerror(st));
+                 err.msg[0] ? err.msg : kvo_strerror(st));
         *setup = st;
     } else {
         observed = res->verdict.pass ? "passed" : "killed";

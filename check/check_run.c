@@ -95,7 +95,7 @@ typedef struct run {
     struct rtask *tasks; /* n_workers + n_relays + 2 */
     chk_task **task_ptrs; /* as many: what chk_pool_run takes */
     size_t cap_tasks;
-    char err[512];
+    kvo_err err;
 } run;
 
 /* One concurrent call; the pool sees only .base. */
@@ -110,7 +110,7 @@ typedef struct rtask {
     struct rtask *after; /* sync: metric reads to run once it is done */
     size_t n_after;
     kvo_status st;
-    char err[512];
+    kvo_err err;
     int32_t hits[CHK_MAX_DP];
     kvo_http_resp resp;
     double busy;       /* seconds this call took */
@@ -147,11 +147,11 @@ static bool watermark_covers(run *r, char *why, size_t whysz) {
 
 /* The engines that published since they were last asked report their last
  * sequences: what the index must cover. */
-static kvo_status engines_refresh(run *r, char *err, size_t errsz) {
+static kvo_status engines_refresh(run *r, kvo_err *err) {
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         if (!e->dirty) continue;
-        kvo_status st = chk_engine_state(e, err, errsz);
+        kvo_status st = chk_engine_state(e, err);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
@@ -184,16 +184,15 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
 
 /* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
  * other: setup/transport error (r->err). */
-static kvo_status sync_exact(run *r, int64_t before, char *err,
-                             size_t errsz) {
-    kvo_status st = engines_refresh(r, err, errsz);
+static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
+    kvo_status st = engines_refresh(r, err);
     if (st != KVO_OK) return st;
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     char why[320] = "";
     /* backoff capped at 200 us: the pipeline takes ~0.5-1 ms, a longer
      * sleep would overshoot it by as much */
     for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
-        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
+        st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
@@ -209,9 +208,8 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
 /* Exact sync and the query in one call: the indexer answers once its
  * watermark covers every publishing rank's last seq. Same outcomes as
  * sync_exact; KVO_EUNSUPPORTED: fall back to it (r->no_wait is set). */
-static kvo_status sync_query(run *r, int64_t before, char *err,
-                             size_t errsz) {
-    kvo_status st = engines_refresh(r, err, errsz);
+static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
+    kvo_status st = engines_refresh(r, err);
     if (st != KVO_OK) return st;
     uint64_t pairs[2 * CHK_MAX_ENGINES * CHK_MAX_DP];
     size_t np = 0;
@@ -231,7 +229,7 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
         bool covered = false;
         st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs, np,
                                   WAIT_SLICE_MS, r->scores, &r->wm, &covered,
-                                  &r->idx_metrics, err, errsz);
+                                  &r->idx_metrics, err);
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
         if (st != KVO_OK) return st;
         /* our own rule decides (and says why not) */
@@ -245,15 +243,14 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
 }
 
 /* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
-static kvo_status sync_settle(run *r, int64_t before, char *err,
-                              size_t errsz) {
+static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     kvo_buf last;
     kvo_buf_init(&last);
     uint64_t quiet_since = kvo_now_ns();
     kvo_status st = KVO_OK;
     for (;;) {
-        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
+        st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) break;
         if (last.len != r->wm.raw.len ||
             memcmp(last.data ? last.data : (uint8_t *)"",
@@ -289,9 +286,8 @@ static kvo_status sync_settle(run *r, int64_t before, char *err,
 
 static kvo_status sync_index(run *r, int64_t before) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st =
-        r->env.exact ? sync_exact(r, before, r->err, sizeof(r->err))
-                     : sync_settle(r, before, r->err, sizeof(r->err));
+    kvo_status st = r->env.exact ? sync_exact(r, before, &r->err)
+                                 : sync_settle(r, before, &r->err);
     r->res->stage_s[CHECK_STAGE_SYNC] += secs(t0);
     return st;
 }
@@ -301,9 +297,8 @@ static kvo_status sync_index(run *r, int64_t before) {
 static void task_sync(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
-    t->st = t->r->env.exact
-                ? sync_exact(t->r, t->before, t->err, sizeof(t->err))
-                : sync_settle(t->r, t->before, t->err, sizeof(t->err));
+    t->st = t->r->env.exact ? sync_exact(t->r, t->before, &t->err)
+                            : sync_settle(t->r, t->before, &t->err);
     t->busy = secs(t0);
 }
 
@@ -314,7 +309,7 @@ static void task_metrics(chk_task *base);
 static void task_sync_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
-    t->st = sync_query(t->r, t->before, t->err, sizeof(t->err));
+    t->st = sync_query(t->r, t->before, &t->err);
     t->busy = secs(t0);
     for (size_t i = 0; t->st == KVO_OK && i < t->n_after; i++)
         task_metrics(&t->after[i].base);
@@ -327,7 +322,7 @@ static void task_probe(chk_task *base) {
     chk_prompt p = {.trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
-                             t->err, sizeof(t->err));
+                             &t->err);
     t->busy = secs(t0);
 }
 
@@ -335,7 +330,7 @@ static void task_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = chk_index_query(&t->r->env, t->r->hashes, t->r->nb, t->r->scores,
-                            t->err, sizeof(t->err));
+                            &t->err);
     t->busy = secs(t0);
 }
 
@@ -352,7 +347,7 @@ static void task_metrics(chk_task *base) {
                  t->rl->metrics_port);
         c = t->rl->http;
     }
-    t->st = chk_metrics_fetch(c, url, &t->resp, t->err, sizeof(t->err));
+    t->st = chk_metrics_fetch(c, url, &t->resp, &t->err);
     t->busy = secs(t0);
 }
 
@@ -377,7 +372,7 @@ static void tasks_run(run *r, size_t n) {
 static kvo_status tasks_status(run *r, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (r->tasks[i].st != KVO_OK) {
-            snprintf(r->err, sizeof(r->err), "%s", r->tasks[i].err);
+            r->err = r->tasks[i].err;
             return r->tasks[i].st;
         }
     return KVO_OK;
@@ -594,8 +589,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         (uint64_t)r->cfg->relay_restart_at == i) {
         /* (the index was synced before request i-1's query; its events
          * may still be in flight: the new relay replays everything) */
-        st = chk_relay_restart(&r->env, 0, 0, &r->cur, r->err,
-                               sizeof(r->err));
+        st = chk_relay_restart(&r->env, 0, 0, &r->cur, &r->err);
         if (st != KVO_OK) return st;
         check_counters_copy(&r->prev, &r->cur);
     }
@@ -623,7 +617,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
     tasks_run(r, batch);
     if (merged && ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
-        kvo_info("%s; polling /watermark instead", ts->err);
+        kvo_info("%s; polling /watermark instead", ts->err.msg);
         for (uint32_t k = 0; k < r->env.n_relays; k++) /* not read after all */
             r->env.relays[k].dirty = true;
         n = 0;
@@ -663,19 +657,17 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     bool disagg = r->env.n_decode > 0;
     t0 = kvo_now_ns();
     chk_completion c;
-    st = chk_engine_complete(e, r->env.model, &p,
-                             disagg ? 1 : q->output_length,
+    st = chk_engine_complete(e, r->env.model, &p, disagg ? 1 : q->output_length,
                              (e->mocker || dp > 1) ? (int)rank : -1, NULL, &c,
-                             r->err, sizeof(r->err));
+                             &r->err);
     if (st == KVO_OK && disagg) {
         chk_engine *d =
             &r->env.engines[r->env.n_workers +
                             (uint32_t)(r->decode_rr++ % r->env.n_decode)];
         chk_completion dc;
-        st = chk_engine_complete(d, r->env.model, &p, q->output_length, -1,
-                                 c.kv_transfer_params ? c.kv_transfer_params
-                                                      : "{}",
-                                 &dc, r->err, sizeof(r->err));
+        st = chk_engine_complete(
+            d, r->env.model, &p, q->output_length, -1,
+            c.kv_transfer_params ? c.kv_transfer_params : "{}", &dc, &r->err);
         kvo_free(dc.kv_transfer_params);
     }
     kvo_free(c.kv_transfer_params);
@@ -732,9 +724,8 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     const check_prompt *pr = NULL;
     if ((st = check_result_add(r->res, &o, &pr)) != KVO_OK) return st;
     if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK) {
-        snprintf(r->err, sizeof(r->err), "cannot write %s",
-                 r->cfg->report_json);
-        return KVO_EIO;
+        return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                           "cannot write %s", r->cfg->report_json);
     }
     if (pr->diverged)
         kvo_debug("prompt %llu diverged: %s: %s", (unsigned long long)pr->id,
@@ -795,9 +786,8 @@ static kvo_status sweep(run *r, size_t sent) {
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
         if (pr->diverged && r->json &&
             check_report_json_sweep(r->json, r->res, pr) != KVO_OK) {
-            snprintf(r->err, sizeof(r->err), "cannot write %s",
-                     r->cfg->report_json);
-            st = KVO_EIO;
+            st = kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                             "cannot write %s", r->cfg->report_json);
         }
         if (pr->diverged && r->cfg->fail_fast) break;
     }
@@ -810,6 +800,11 @@ static kvo_status sweep(run *r, size_t sent) {
 }
 
 /* ---- the run -------------------------------------------------------------------*/
+
+/* st, with the detail a callee left in e, for our caller. */
+static kvo_status err_pass(kvo_err *err, kvo_status st, const kvo_err *e) {
+    return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", e->msg);
+}
 
 static bool first_divergent(const check_result *res) {
     for (size_t i = 0; i < res->n_prompts; i++)
@@ -868,8 +863,7 @@ static kvo_status write_reports(run *r) {
  * ((num_gpu_blocks - 1) x block_size), as vLLM does; say so before
  * starting anything rather than failing mid-run on an HTTP 400. */
 static kvo_status fits_spawned_engines(const check_cfg *cfg,
-                                       const check_trace *t, char *err,
-                                       size_t errsz) {
+                                       const check_trace *t, kvo_err *err) {
     mock_cfg mc;
     mock_cfg_default(&mc);
     mc.block_size = cfg->block_size;
@@ -880,20 +874,19 @@ static kvo_status fits_spawned_engines(const check_cfg *cfg,
         if (q->input_length <= limit) continue;
         uint64_t need = (q->input_length + cfg->block_size - 1) /
                             cfg->block_size + 1;
-        snprintf(err, errsz, "trace line %" PRIu64 " has a %u-token prompt, "
-                             "more than the engines can hold (max_model_len "
-                             "%u = (num_gpu_blocks %u - 1) x block size %u): "
-                             "use --num-gpu-blocks %" PRIu64 " or more, or "
-                             "--limit the trace",
-                 q->line, q->input_length, limit, mc.num_gpu_blocks,
-                 cfg->block_size, need);
-        return KVO_EINVAL;
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "trace line %" PRIu64 " has a %u-token prompt, "
+                           "more than the engines can hold (max_model_len "
+                           "%u = (num_gpu_blocks %u - 1) x block size %u): "
+                           "use --num-gpu-blocks %" PRIu64 " or more, or "
+                           "--limit the trace",
+                           q->line, q->input_length, limit, mc.num_gpu_blocks,
+                           cfg->block_size, need);
     }
     return KVO_OK;
 }
 
-kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
-                     size_t errsz) {
+kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     run r;
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
@@ -908,48 +901,49 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     kvo_status st;
 
     if (!cfg->trace) {
-        snprintf(err, errsz, "--trace FILE is required");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "--trace FILE is required");
         goto done;
     }
     if (cfg->block_size == 0 || cfg->dp_size == 0 || cfg->dp_size > CHK_MAX_DP ||
         (cfg->spawn && (cfg->workers == 0 || cfg->workers +
                                                      cfg->decode_workers >
                                                  CHK_MAX_ENGINES))) {
-        snprintf(err, errsz, "bad sizes: workers 1..%d, dp size 1..%d, block "
-                             "size > 0", CHK_MAX_ENGINES, CHK_MAX_DP);
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "bad sizes: workers 1..%d, dp size 1..%d, block size "
+                         "> 0",
+                         CHK_MAX_ENGINES, CHK_MAX_DP);
         goto done;
     }
-    st = check_trace_load(&r.trace, cfg->trace, cfg->limit, r.err,
-                          sizeof(r.err));
+    st = check_trace_load(&r.trace, cfg->trace, cfg->limit, &r.err);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s", r.err);
+        err_pass(err, st, &r.err);
         goto done;
     }
     if (r.trace.rejected)
         kvo_warn("%llu malformed trace lines skipped (first: %s)",
-                 (unsigned long long)r.trace.rejected, r.err);
+                 (unsigned long long)r.trace.rejected, r.trace.first_rejected);
     if (r.trace.n == 0) {
-        snprintf(err, errsz, "%s: no request in the trace", cfg->trace);
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "%s: no request in the trace", cfg->trace);
         goto done;
     }
-    if (cfg->spawn && (st = fits_spawned_engines(cfg, &r.trace, err, errsz)) !=
-                          KVO_OK)
+    if (cfg->spawn && (st = fits_spawned_engines(cfg, &r.trace, err)) != KVO_OK)
         goto done;
     if (cfg->report_json) {
         r.json = fopen(cfg->report_json, "w");
         if (!r.json) {
-            snprintf(err, errsz, "cannot write %s", cfg->report_json);
-            st = KVO_EIO;
+            st = kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET, "cannot write %s",
+                             cfg->report_json);
             goto done;
         }
     }
-    st = chk_env_start(&r.env, cfg, &r.trace, r.err, sizeof(r.err));
+    st = chk_env_start(&r.env, cfg, &r.trace, &r.err);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s", kvo_stop ? "interrupted" : r.err);
-        if (kvo_stop) st = KVO_EAGAIN;
+        if (kvo_stop)
+            st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
+        else
+            err_pass(err, st, &r.err);
         goto done;
     }
     env_up = true;
@@ -1000,8 +994,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         progress(&r, i + 1, r.trace.n, t_run, &last_bar);
     }
     if (kvo_stop) {
-        snprintf(err, errsz, "interrupted");
-        st = KVO_EAGAIN;
+        st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* the events of the last request count too; then the sweep */
@@ -1018,8 +1011,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     goto finish;
 transport:
     if (st == KVO_EAGAIN || kvo_stop) {
-        snprintf(err, errsz, "interrupted");
-        st = KVO_EAGAIN;
+        st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* a part stopped answering: that is a FAIL of the run, with its cause */
@@ -1028,29 +1020,28 @@ transport:
         if (chk_env_dead(&r.env, dead, sizeof(dead)))
             check_result_error(out, (int64_t)out->n_prompts, "%s", dead);
         else
-            check_result_error(out, (int64_t)out->n_prompts, "%s", r.err);
+            check_result_error(out, (int64_t)out->n_prompts, "%s", r.err.msg);
     }
     st = KVO_OK;
 finish:
     out->wall_s = secs(t_run);
     {
-        char e2[320];
+        kvo_err e2 = {0};
         for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
         if (read_counters(&r, -1, true) != KVO_OK)
-            kvo_warn("final counters: %s", r.err);
+            kvo_warn("final counters: %s", r.err.msg);
         for (uint32_t i = 0; i < r.env.n_engines; i++)
             if (r.env.engines[i].mocker &&
-                chk_engine_counters(&r.env.engines[i], &r.cur, e2,
-                                    sizeof(e2)) != KVO_OK)
-                kvo_warn("engine counters: %s", e2);
+                chk_engine_counters(&r.env.engines[i], &r.cur, &e2) != KVO_OK)
+                kvo_warn("engine counters: %s", e2.msg);
         if (chk_env_cpu(&r.env, &r.cur) != KVO_OK)
             kvo_warn("cpu times: out of memory");
         check_counters_copy(&out->counters, &r.cur);
     }
     check_verdict_decide(out, &out->verdict);
     if (write_reports(&r) != KVO_OK) {
-        snprintf(err, errsz, "cannot write the reports");
-        st = KVO_EIO;
+        st = kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                         "cannot write the reports");
     }
 done:
     if (r.json) fclose(r.json);

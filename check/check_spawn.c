@@ -146,8 +146,8 @@ static void proxy_free(chk_proxy *p) {
 }
 
 static kvo_status proxy_new(chk_proxy **out, const char *upstream,
-                            const char *topic, uint64_t drop_seq, char *err,
-                            size_t errsz) {
+                            const char *topic, uint64_t drop_seq,
+                            kvo_err *err) {
     chk_proxy *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
     p->drop_seq = drop_seq;
@@ -172,7 +172,8 @@ static kvo_status proxy_new(chk_proxy **out, const char *upstream,
     *out = p;
     return KVO_OK;
 fail:
-    snprintf(err, errsz, "drop-seq forwarder: %s", zmq_strerror(zmq_errno()));
+    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET, "drop-seq forwarder: %s",
+                zmq_strerror(zmq_errno()));
     proxy_free(p);
     return KVO_ENET;
 }
@@ -200,10 +201,10 @@ static void arg(args *a, const char *fmt, ...) {
 
 /* A sibling binary (find_bin), or KVO_ENOTFOUND with err saying so. */
 static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
-                               size_t exesz, char *err, size_t errsz) {
+                               size_t exesz, kvo_err *err) {
     if (find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
-    snprintf(err, errsz, "%s not found next to kvo-check nor in PATH", name);
-    return KVO_ENOTFOUND;
+    return kvo_err_set(err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
+                       "%s not found next to kvo-check nor in PATH", name);
 }
 
 /* Spawn with its log in env's log dir as `file`, then wait until it
@@ -212,14 +213,14 @@ static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
  * a new port. */
 static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
                               args *a, const char *file, uint16_t port,
-                              bool http, char *err, size_t errsz) {
+                              bool http, kvo_err *err) {
     char log[1024];
     snprintf(log, sizeof(log), "%s/%s", env->log_dir, file);
     kvo_status st = kvo_proc_spawn(p, name, a->v, log);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "cannot start %s (%s): %s", name, a->v[0],
-                 kvo_strerror(st));
-        return st;
+        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                           "cannot start %s (%s): %s", name, a->v[0],
+                           kvo_strerror(st));
     }
     if (http) {
         char url[64];
@@ -229,15 +230,15 @@ static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
         st = kvo_wait_tcp(p, "127.0.0.1", port, READY_MS);
     }
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s not ready (%s): %s; log: %s", name,
-                 kvo_strerror(st),
-                 p->exited ? "it exited" : "still starting", log);
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                    "%s not ready (%s): %s; log: %s", name, kvo_strerror(st),
+                    p->exited ? "it exited" : "still starting", log);
         kvo_proc_stop(p, 2000);
     }
     return st;
 }
 
-static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
+static kvo_status start_nats(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     if (c->nats) {
         snprintf(env->nats_url, sizeof(env->nats_url), "%s", c->nats);
@@ -245,10 +246,10 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
     }
     char exe[PATH_MAX];
     if (kvo_find_exe("nats-server", exe, sizeof(exe)) != KVO_OK) {
-        snprintf(err, errsz, "nats-server not found in PATH or /usr/sbin: "
-                             "install it (apt-get install nats-server) or "
-                             "pass --nats URL");
-        return KVO_ENOTFOUND;
+        return kvo_err_set(err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
+                           "nats-server not found in PATH or /usr/sbin: "
+                           "install it (apt-get install nats-server) or "
+                           "pass --nats URL");
     }
     kvo_status st = KVO_ENET;
     uint16_t port = 0;
@@ -261,14 +262,13 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
         arg(&a, "-p");
         arg(&a, "%u", port);
         st = spawn_ready(env, &env->nats, "nats-server", &a, "nats-server.log",
-                         port, false, err, errsz);
+                         port, false, err);
     }
     if (st == KVO_OK)
         snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
                  port);
     return st;
 }
-
 
 /* Every HTTP client of the run gives up its request in flight on Ctrl-C /
  * SIGTERM, so kvo-check stops within about a second even while an engine
@@ -279,7 +279,7 @@ static kvo_status client_new(kvo_http_client **out, long timeout_ms) {
     return st;
 }
 
-static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
+static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     kvo_status st = client_new(&env->idx_http, c->timeout_ms);
     if (st == KVO_OK)
@@ -292,7 +292,7 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
         return KVO_OK;
     }
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
     st = KVO_ENET;
     uint16_t port = 0;
@@ -307,7 +307,7 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
         arg(&a, "--block-size");
         arg(&a, "%u", env->block_size);
         st = spawn_ready(env, &env->indexer, "kvo-indexer", &a,
-                         "kvo-indexer.log", port, true, err, errsz);
+                         "kvo-indexer.log", port, true, err);
     }
     if (st == KVO_OK)
         snprintf(env->indexer_url, sizeof(env->indexer_url),
@@ -345,11 +345,11 @@ static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
 }
 
 static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
-                               const char *role, uint64_t requests, char *err,
-                               size_t errsz) {
+                               const char *role, uint64_t requests,
+                               kvo_err *err) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-mocker", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-mocker", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
     snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
     char file[64];
@@ -397,8 +397,7 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
             arg(&a, "--role");
             arg(&a, "%s", role);
         }
-        st = spawn_ready(env, &e->proc, e->name, &a, file, port, true, err,
-                         errsz);
+        st = spawn_ready(env, &e->proc, e->name, &a, file, port, true, err);
     }
     if (st == KVO_OK)
         snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
@@ -406,10 +405,10 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
 }
 
 static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
-                              const char *zmq_ep, char *err, size_t errsz) {
+                              const char *zmq_ep, kvo_err *err) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-relay", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-relay", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
     char file[96], name[64];
     snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
@@ -447,8 +446,7 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
             arg(&a, "--hash-seed");
             arg(&a, "%s", c->hash_seed);
         }
-        st = spawn_ready(env, &r->proc, name, &a, file, port, true, err,
-                         errsz);
+        st = spawn_ready(env, &r->proc, name, &a, file, port, true, err);
     }
     if (st == KVO_OK) r->metrics_port = port;
     return st;
@@ -456,8 +454,7 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
 
 /* Ready: with --replay-from the relay's `cleared` reached the indexer (its
  * publisher is listed) and every source is live (the replay ended). */
-static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
-                                   size_t errsz) {
+static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
     const check_cfg *c = env->cfg;
     const chk_engine *e = &env->engines[r->engine];
     bool needs_cleared = false;
@@ -474,15 +471,14 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
             break;
         }
         if (!kvo_proc_alive(&r->proc)) {
-            snprintf(err, errsz, "%s exited (status %d); log: %s",
-                     r->proc.name, r->proc.exit_status, r->proc.log_path);
-            st = KVO_ESTATE;
+            st = kvo_err_set(err, KVO_ESTATE, KVO_ERR_NO_OFFSET,
+                             "%s exited (status %d); log: %s", r->proc.name,
+                             r->proc.exit_status, r->proc.log_path);
             break;
         }
         bool listed = true, live = false;
         if (needs_cleared) {
-            char e2[256];
-            if (chk_index_watermark(env, &w, e2, sizeof(e2)) == KVO_OK)
+            if (chk_index_watermark(env, &w, NULL) == KVO_OK)
                 chk_watermark_get(&w, r->publisher_id, &listed);
             else
                 listed = false;
@@ -492,12 +488,12 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
                                atomic_load(&env->proxy->subscribed)))
             break;
         if (kvo_now_ns() > deadline) {
-            snprintf(err, errsz, "%s not ready after %d ms (%s); log: %s",
-                     r->proc.name, READY_MS,
-                     !listed ? "its `cleared` never reached the indexer"
-                             : "its sources are not live",
-                     r->proc.log_path);
-            st = KVO_ETIMEDOUT;
+            st = kvo_err_set(err, KVO_ETIMEDOUT, KVO_ERR_NO_OFFSET,
+                             "%s not ready after %d ms (%s); log: %s",
+                             r->proc.name, READY_MS,
+                             !listed ? "its `cleared` never reached the indexer"
+                                     : "its sources are not live",
+                             r->proc.log_path);
             break;
         }
         kvo_sleep_us(wait * 1000L);
@@ -507,7 +503,7 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
 }
 
 static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
-                              char *err, size_t errsz) {
+                              kvo_err *err) {
     kvo_status st = kvo_grow(&env->relays, &env->cap_relays,
                              env->n_relays + 1, sizeof(*env->relays), 16);
     if (st != KVO_OK) return st;
@@ -525,15 +521,15 @@ static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
     const char *ep = rk->zmq;
     if (env->cfg->drop_seq >= 0 && engine == 0 && rank == 0 && !env->proxy) {
         st = proxy_new(&env->proxy, rk->zmq, rk->topic,
-                       (uint64_t)env->cfg->drop_seq, err, errsz);
+                       (uint64_t)env->cfg->drop_seq, err);
         if (st != KVO_OK) goto fail;
     }
     if (env->proxy && engine == 0 && rank == 0) ep = env->proxy->endpoint;
-    st = relay_spawn(env, r, rk, ep, err, errsz);
+    st = relay_spawn(env, r, rk, ep, err);
     if (st != KVO_OK) goto fail;
     env->n_relays++;
     rk->relay = (int)(env->n_relays - 1);
-    st = relay_wait_ready(env, r, err, errsz);
+    st = relay_wait_ready(env, r, err);
     return st;
 fail:
     kvo_http_client_free(r->http);
@@ -542,18 +538,16 @@ fail:
 }
 
 kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, char *err,
-                             size_t errsz) {
+                             check_counters *counters, kvo_err *err) {
     chk_rank *rk = &env->engines[engine].ranks[rank];
     if (rk->relay < 0) {
-        snprintf(err, errsz, "engine %u rank %u has no relay", engine, rank);
-        return KVO_EINVAL;
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "engine %u rank %u has no relay", engine, rank);
     }
     chk_relay *old = &env->relays[rk->relay];
     /* its final counters stay in the report under a retired name */
     if (counters) {
-        char e2[256];
-        chk_counters_relay(old, counters, e2, sizeof(e2));
+        chk_counters_relay(old, counters, NULL);
         char stage[sizeof(old->stage)];
         snprintf(stage, sizeof(stage), "%.40s #%u", old->stage,
                  env->publishers_made);
@@ -564,12 +558,12 @@ kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
              old->proc.name, (unsigned long long)old->publisher_id);
     kvo_proc_kill(&old->proc);
     old->retired = true;
-    return start_relay(env, engine, rank, err, errsz);
+    return start_relay(env, engine, rank, err);
 }
 
 /* ---- Engines ---------------------------------------------------------------*/
 
-static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
+static kvo_status attach_engines(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     char *list = kvo_strdup(c->engines);
     if (!list) return KVO_ENOMEM;
@@ -593,18 +587,17 @@ static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
     }
     kvo_free(list);
     if (st == KVO_OK && env->n_engines == 0) {
-        snprintf(err, errsz, "--engines lists no URL");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "--engines lists no URL");
     }
     return st;
 }
 
 /* Discovery of one engine: kvo-mocker tells its sources and ranks; any
  * other engine is taken as cfg->dp_size ranks with unknown sources. */
-static kvo_status discover(chk_env *env, chk_engine *e, char *err,
-                           size_t errsz) {
-    char e2[320];
-    kvo_status st = chk_engine_sources(e, e2, sizeof(e2));
+static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
+    kvo_err e2 = {0};
+    kvo_status st = chk_engine_sources(e, &e2);
     for (uint32_t k = 0; k < CHK_MAX_DP; k++) {
         e->ranks[k].relay = -1;
         e->ranks[k].last_seq = -1;
@@ -613,11 +606,10 @@ static kvo_status discover(chk_env *env, chk_engine *e, char *err,
     if (st == KVO_OK) {
         e->mocker = true;
         if (e->n_ranks == 0) e->decode = true; /* publishes nothing */
-        return chk_engine_state(e, err, errsz);
+        return chk_engine_state(e, err);
     }
     if (env->cfg->spawn) {
-        snprintf(err, errsz, "%s", e2);
-        return st;
+        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", e2.msg);
     }
     /* a real engine */
     e->mocker = false;
@@ -627,7 +619,7 @@ static kvo_status discover(chk_env *env, chk_engine *e, char *err,
 }
 
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
-                         const check_trace *trace, char *err, size_t errsz) {
+                         const check_trace *trace, kvo_err *err) {
     memset(env, 0, sizeof(*env));
     env->cfg = cfg;
     env->trace = trace;
@@ -640,18 +632,17 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     if (cfg->log_dir) {
         snprintf(env->log_dir, sizeof(env->log_dir), "%s", cfg->log_dir);
         if (mkdir(env->log_dir, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, errsz, "cannot create log dir %s: %s", env->log_dir,
-                     strerror(errno));
-            return KVO_EIO;
+            return kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                               "cannot create log dir %s: %s", env->log_dir,
+                               strerror(errno));
         }
     } else {
         const char *tmp = getenv("TMPDIR");
         snprintf(env->log_dir, sizeof(env->log_dir), "%s/kvo-check-XXXXXX",
                  tmp && *tmp ? tmp : "/tmp");
         if (!mkdtemp(env->log_dir)) {
-            snprintf(err, errsz, "cannot create a log dir: %s",
-                     strerror(errno));
-            return KVO_EIO;
+            return kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                               "cannot create a log dir: %s", strerror(errno));
         }
         env->own_log_dir = true;
     }
@@ -665,13 +656,13 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
         if (!env->engines) return KVO_ENOMEM;
     } else {
-        if ((st = attach_engines(env, err, errsz)) != KVO_OK) goto fail;
+        if ((st = attach_engines(env, err)) != KVO_OK) goto fail;
     }
     /* NATS and the indexer before any engine publishes */
     bool need_relays = cfg->spawn || !cfg->indexer || !cfg->no_relays;
     if (cfg->spawn || !cfg->indexer || need_relays)
-        if ((st = start_nats(env, err, errsz)) != KVO_OK) goto fail;
-    if ((st = start_indexer(env, err, errsz)) != KVO_OK) goto fail;
+        if ((st = start_nats(env, err)) != KVO_OK) goto fail;
+    if ((st = start_indexer(env, err)) != KVO_OK) goto fail;
 
     if (cfg->spawn) {
         for (uint32_t i = 0; i < env->n_engines; i++) {
@@ -685,13 +676,12 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                 (st = client_new(&e->probe_http, cfg->timeout_ms)) !=
                     KVO_OK)
                 goto fail;
-            st = start_mocker(env, e, i, role, requests, err, errsz);
+            st = start_mocker(env, e, i, role, requests, err);
             if (st != KVO_OK) goto fail;
         }
     }
     for (uint32_t i = 0; i < env->n_engines; i++)
-        if ((st = discover(env, &env->engines[i], err, errsz)) != KVO_OK)
-            goto fail;
+        if ((st = discover(env, &env->engines[i], err)) != KVO_OK) goto fail;
     if (cfg->spawn && cfg->decode_workers)
         for (uint32_t i = cfg->workers; i < env->n_engines; i++)
             env->engines[i].decode = true;
@@ -704,18 +694,19 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
             continue;
         }
         if (i != env->n_workers) {
-            snprintf(err, errsz, "engine %u publishes events but comes after "
-                                 "one that does not: list publishing engines "
-                                 "first", i);
-            st = KVO_EINVAL;
+            st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                             "engine %u publishes events but comes after "
+                             "one that does not: list publishing engines "
+                             "first",
+                             i);
             goto fail;
         }
         if (env->n_workers == 0) env->dp_size = e->n_ranks;
         if (e->n_ranks != env->dp_size) {
-            snprintf(err, errsz, "engine %u has %u ranks, engine 0 has %u: "
-                                 "every engine needs the same dp size",
-                     i, e->n_ranks, env->dp_size);
-            st = KVO_EINVAL;
+            st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                             "engine %u has %u ranks, engine 0 has %u: "
+                             "every engine needs the same dp size",
+                             i, e->n_ranks, env->dp_size);
             goto fail;
         }
         e->worker_id = env->n_workers++;
@@ -724,16 +715,17 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                                e->ranks[k].dp_rank;
     }
     if (env->n_workers == 0) {
-        snprintf(err, errsz, "no engine publishes KV events");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "no engine publishes KV events");
         goto fail;
     }
     for (uint32_t i = 0; i < env->n_workers; i++)
         for (uint32_t k = 0; k < env->engines[i].n_ranks; k++)
             if (env->engines[i].ranks[k].dp_rank >= env->dp_size) {
-                snprintf(err, errsz, "engine %u lists rank %u with dp size %u",
-                         i, env->engines[i].ranks[k].dp_rank, env->dp_size);
-                st = KVO_EPROTO;
+                st =
+                    kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                                "engine %u lists rank %u with dp size %u", i,
+                                env->engines[i].ranks[k].dp_rank, env->dp_size);
                 goto fail;
             }
 
@@ -745,7 +737,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         all_mockers &= e->mocker;
         if (!spawn_relays || !e->mocker) continue;
         for (uint32_t k = 0; k < e->n_ranks; k++)
-            if ((st = start_relay(env, i, k, err, errsz)) != KVO_OK) goto fail;
+            if ((st = start_relay(env, i, k, err)) != KVO_OK) goto fail;
     }
     env->exact = all_mockers && spawn_relays;
 
@@ -755,12 +747,11 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     else if (env->engines[0].mocker)
         snprintf(env->model, sizeof(env->model), "kvo-mock");
     if (!cfg->model) {
-        char e2[256];
-        if (chk_engine_model(&env->engines[0], env->model,
-                             sizeof(env->model), e2, sizeof(e2)) != KVO_OK &&
+        kvo_err e2 = {0};
+        if (chk_engine_model(&env->engines[0], env->model, sizeof(env->model),
+                             &e2) != KVO_OK &&
             !env->engines[0].mocker) {
-            snprintf(err, errsz, "%s", e2);
-            st = KVO_EPROTO;
+            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "%s", e2.msg);
             goto fail;
         }
     }

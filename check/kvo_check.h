@@ -2,12 +2,14 @@
  * engines, relays and an indexer, one request at a time, and passes only
  * when, prompt by prompt, the index matched every engine's cache.
  *
- *   check_cfg cfg;                      check_result *res;
- *   check_cfg_defaults(&cfg);           check_result_new(&res);
- *   cfg.spawn = true;                   char err[512];
- *   cfg.trace = "trace.jsonl";          if (check_run(&cfg, res, err, 512) == KVO_OK)
- *                                           check_report_summary(stdout, res, 10);
- *   const char *cause;  bool pass = check_result_passed(res, &cause);
+ *   check_cfg cfg;
+ *   check_cfg_defaults(&cfg);
+ *   cfg.spawn = true, cfg.trace = "trace.jsonl";
+ *   check_result *res;   kvo_err err;   const char *cause;
+ *   if (check_result_new(&res) == KVO_OK && check_run(&cfg, res, &err) ==
+ * KVO_OK) { check_report_summary(stdout, res, 10); bool pass =
+ * check_result_passed(res, &cause);
+ *   }
  *   check_result_free(res);
  *
  * How a run works (driver, judge, counters, processes): check_int.h.
@@ -92,8 +94,7 @@ void check_result_free(check_result *r); /* NULL: no-op */
 /* Run the check into a fresh result. KVO_OK when the run happened (PASS or
  * FAIL: check_result_passed; the reports are written); KVO_EAGAIN when
  * interrupted (kvo_stop); another status is a setup error, err says what. */
-kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
-                     size_t errsz);
+kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err);
 
 /* PASS? *cause (may be NULL) gets the first cause of a FAIL ("" on PASS),
  * owned by r. */
