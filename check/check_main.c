@@ -339,8 +339,8 @@ int main(int argc, char **argv) {
         bool ok = false;
         kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
         if (st != KVO_OK) {
-            fprintf(stderr, "kvo-check: mutants: %s\n",
-                    st == KVO_EAGAIN ? "interrupted" : kvo_strerror(st));
+            /* kvo_strerror(KVO_EINTR) is "interrupted" */
+            fprintf(stderr, "kvo-check: mutants: %s\n", kvo_strerror(st));
             return KVO_EXIT_USAGE;
         }
         if (!ok) {

@@ -112,6 +112,6 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
         if (!wanted(only, m[i].name)) continue;
         *ok &= one(base, m[i].name, m[i].killed, f, &setup);
     }
-    if (kvo_stop) return KVO_EAGAIN;
+    if (kvo_stop) return KVO_EINTR;
     return KVO_OK;
 }

@@ -157,12 +157,12 @@ static kvo_status engines_refresh(run *r, kvo_err *err) {
     return KVO_OK;
 }
 
-/* Between two looks at a watermark that does not cover yet: KVO_EAGAIN on
+/* Between two looks at a watermark that does not cover yet: KVO_EINTR on
  * Ctrl-C; KVO_ETIMEDOUT (run error recorded) when a process died or the
  * deadline passed; KVO_OK to look again. */
 static kvo_status sync_keep_waiting(run *r, int64_t before,
                                     uint64_t deadline, const char *why) {
-    if (kvo_stop) return KVO_EAGAIN;
+    if (kvo_stop) return KVO_EINTR;
     char dead[600];
     if (chk_env_dead(&r->env, dead, sizeof(dead))) {
         check_result_error(r->res, before, "before prompt %lld: %s",
@@ -182,7 +182,7 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
     return KVO_ETIMEDOUT;
 }
 
-/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
+/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EINTR stopped;
  * other: setup/transport error (r->err). */
 static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
     kvo_status st = engines_refresh(r, err);
@@ -266,7 +266,7 @@ static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
             (uint64_t)r->cfg->settle_ms * 1000000)
             break;
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         if (kvo_now_ns() > deadline) {
@@ -770,7 +770,7 @@ static kvo_status sweep(run *r, size_t sent) {
     }
     for (size_t k = n; k-- > 0 && st == KVO_OK;) { /* trace order */
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         const check_request *q = &r->trace.reqs[pick[k]];
@@ -941,7 +941,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     st = chk_env_start(&r.env, cfg, &r.trace, &r.err);
     if (st != KVO_OK) {
         if (kvo_stop)
-            st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
+            st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET,
+                             "interrupted");
         else
             err_pass(err, st, &r.err);
         goto done;
@@ -994,7 +995,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         progress(&r, i + 1, r.trace.n, t_run, &last_bar);
     }
     if (kvo_stop) {
-        st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
+        st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* the events of the last request count too; then the sweep */
@@ -1010,8 +1011,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     st = KVO_OK;
     goto finish;
 transport:
-    if (st == KVO_EAGAIN || kvo_stop) {
-        st = kvo_err_set(err, KVO_EAGAIN, KVO_ERR_NO_OFFSET, "interrupted");
+    if (st == KVO_EINTR || kvo_stop) {
+        st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* a part stopped answering: that is a FAIL of the run, with its cause */

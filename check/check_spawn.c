@@ -467,7 +467,7 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
     kvo_status st = KVO_OK;
     for (long wait = 1;; wait = wait < 50 ? wait * 2 : 50) {
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         if (!kvo_proc_alive(&r->proc)) {

@@ -92,7 +92,7 @@ kvo_status check_result_new(check_result **out);
 void check_result_free(check_result *r); /* NULL: no-op */
 
 /* Run the check into a fresh result. KVO_OK when the run happened (PASS or
- * FAIL: check_result_passed; the reports are written); KVO_EAGAIN when
+ * FAIL: check_result_passed; the reports are written); KVO_EINTR when
  * interrupted (kvo_stop); another status is a setup error, err says what. */
 kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err);
 
@@ -123,7 +123,7 @@ const check_mutant *check_mutants(size_t *n);
 
 /* Run base once per mutant (only `only` when non-NULL: "a,b") and print the
  * matrix to f. *ok = every mutant behaved as expected. A setup error of one
- * run is reported in its row and counts as unexpected; KVO_EAGAIN when
+ * run is reported in its row and counts as unexpected; KVO_EINTR when
  * interrupted. */
 kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
                              bool *ok);
