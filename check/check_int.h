@@ -435,6 +435,28 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
 
 /* ---- check_spawn.c --------------------------------------------------------*/
 
+/* A child's command line: heap strings in a growable array, NULL-terminated,
+ * as many and as long as they come. The first failure (out of memory)
+ * sticks in st and later chk_arg calls do nothing, so a builder looks at st
+ * once, before it spawns. One argument may be the port the child listens
+ * on, written by chk_args_set_port before each try. */
+typedef struct chk_args {
+    char **v;                /* owned, each string too; v[n] == NULL */
+    size_t n, cap;
+    kvo_status st;           /* KVO_OK or the first failure */
+    size_t port_at;          /* index of the port argument, SIZE_MAX none */
+    const char *port_prefix; /* written before the port ("127.0.0.1:") */
+} chk_args;
+
+void chk_args_init(chk_args *a);
+void chk_args_fini(chk_args *a);
+void chk_arg(chk_args *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The port argument: prefix (borrowed, static) then the port. */
+void chk_arg_port(chk_args *a, const char *prefix);
+/* KVO_EINVAL: no port argument (or st failed); KVO_ENOMEM. */
+kvo_status chk_args_set_port(chk_args *a, uint16_t port);
+
 /* Start (or attach to) everything cfg asks for; err gets a one-line reason.
  * trace (may be NULL) sizes the engines' replay buffers. On failure
  * everything already started is stopped again. */

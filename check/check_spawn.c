@@ -180,23 +180,64 @@ fail:
 
 /* ---- Processes ------------------------------------------------------------ */
 
-/* argv builder */
-typedef struct args {
-    char *v[64];
-    char store[64][192];
-    int n;
-} args;
+/* A child's command line (check_int.h). */
+void chk_args_init(chk_args *a) {
+    memset(a, 0, sizeof(*a));
+    a->port_at = SIZE_MAX;
+    a->port_prefix = "";
+}
 
-static void arg(args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void arg(args *a, const char *fmt, ...) {
-    if (a->n >= 63) return;
+void chk_args_fini(chk_args *a) {
+    for (size_t i = 0; i < a->n; i++) kvo_free(a->v[i]);
+    kvo_free(a->v);
+    chk_args_init(a);
+}
+
+/* fmt and ap as a heap string (NULL: out of memory). */
+static char *vformat(const char *fmt, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
+    char *s = len < 0 ? NULL : kvo_malloc((size_t)len + 1);
+    if (s) vsnprintf(s, (size_t)len + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
+void chk_arg(chk_args *a, const char *fmt, ...) {
+    if (a->st != KVO_OK) return;
+    a->st = kvo_grow(&a->v, &a->cap, a->n + 2, sizeof(*a->v), 16);
+    if (a->st != KVO_OK) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->store[a->n], sizeof(a->store[a->n]), fmt, ap);
+    char *s = vformat(fmt, ap);
     va_end(ap);
-    a->v[a->n] = a->store[a->n];
-    a->n++;
+    if (!s) {
+        a->st = KVO_ENOMEM;
+        return;
+    }
+    a->v[a->n++] = s;
     a->v[a->n] = NULL;
+}
+
+void chk_arg_port(chk_args *a, const char *prefix) {
+    if (a->st != KVO_OK) return;
+    a->port_at = a->n;
+    a->port_prefix = prefix;
+    chk_arg(a, "%s0", prefix);
+}
+
+kvo_status chk_args_set_port(chk_args *a, uint16_t port) {
+    if (a->st != KVO_OK || a->port_at >= a->n) return KVO_EINVAL;
+    char buf[16];
+    int len = snprintf(buf, sizeof(buf), "%u", port);
+    char *s = kvo_malloc(strlen(a->port_prefix) + (size_t)len + 1);
+    if (!s) return KVO_ENOMEM;
+    strcpy(s, a->port_prefix);
+    strcat(s, buf);
+    kvo_free(a->v[a->port_at]);
+    a->v[a->port_at] = s;
+    return KVO_OK;
 }
 
 /* A sibling binary (find_bin), or KVO_ENOTFOUND with err saying so. */
@@ -209,11 +250,10 @@ static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
 
 /* Spawn with its log in env's log dir as `file`, then wait until it
  * listens on 127.0.0.1:port (http: GET /health answers 200; else a TCP
- * accept). On a port race (the child dies at once) the caller retries with
- * a new port. */
+ * accept). */
 static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
-                              args *a, const char *file, uint16_t port,
-                              bool http, kvo_err *err) {
+                              const chk_args *a, const char *file,
+                              uint16_t port, bool http, kvo_err *err) {
     char log[1024];
     snprintf(log, sizeof(log), "%s/%s", env->log_dir, file);
     kvo_status st = kvo_proc_spawn(p, name, a->v, log);
@@ -238,6 +278,30 @@ static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
     return st;
 }
 
+/* Start a child that listens on a free loopback port: pick one, write it
+ * into a's port argument, spawn_ready. Another process may take the port
+ * between the pick and the child's bind (the child then dies at once), so
+ * up to SPAWN_TRIES ports are tried. *port = the one it listens on. */
+static kvo_status spawn_on_free_port(const chk_env *env, kvo_proc *p,
+                                     const char *name, chk_args *a,
+                                     const char *file, bool http,
+                                     uint16_t *port, kvo_err *err) {
+    if (a->st != KVO_OK)
+        return kvo_err_set(err, a->st, KVO_ERR_NO_OFFSET,
+                           "the command line of %s: %s", name,
+                           kvo_strerror(a->st));
+    kvo_status st = KVO_ENET;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
+        if ((st = kvo_free_port(port)) != KVO_OK) break;
+        if ((st = chk_args_set_port(a, *port)) != KVO_OK)
+            return kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                               "the command line of %s: %s", name,
+                               kvo_strerror(st));
+        st = spawn_ready(env, p, name, a, file, *port, http, err);
+    }
+    return st;
+}
+
 static kvo_status start_nats(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     if (c->nats) {
@@ -251,19 +315,17 @@ static kvo_status start_nats(chk_env *env, kvo_err *err) {
                            "install it (apt-get install nats-server) or "
                            "pass --nats URL");
     }
-    kvo_status st = KVO_ENET;
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "-a");
+    chk_arg(&a, "127.0.0.1");
+    chk_arg(&a, "-p");
+    chk_arg_port(&a, "");
     uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "-a");
-        arg(&a, "127.0.0.1");
-        arg(&a, "-p");
-        arg(&a, "%u", port);
-        st = spawn_ready(env, &env->nats, "nats-server", &a, "nats-server.log",
-                         port, false, err);
-    }
+    kvo_status st = spawn_on_free_port(env, &env->nats, "nats-server", &a,
+                                       "nats-server.log", false, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
                  port);
@@ -294,21 +356,19 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     char exe[PATH_MAX];
     if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
-    st = KVO_ENET;
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--nats");
+    chk_arg(&a, "%s", env->nats_url);
+    chk_arg(&a, "--http");
+    chk_arg_port(&a, "127.0.0.1:");
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", env->block_size);
     uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--nats");
-        arg(&a, "%s", env->nats_url);
-        arg(&a, "--http");
-        arg(&a, "127.0.0.1:%u", port);
-        arg(&a, "--block-size");
-        arg(&a, "%u", env->block_size);
-        st = spawn_ready(env, &env->indexer, "kvo-indexer", &a,
-                         "kvo-indexer.log", port, true, err);
-    }
+    st = spawn_on_free_port(env, &env->indexer, "kvo-indexer", &a,
+                            "kvo-indexer.log", true, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(env->indexer_url, sizeof(env->indexer_url),
                  "http://127.0.0.1:%u", port);
@@ -354,51 +414,50 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
     snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
     char file[64];
     snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
-    kvo_status st = KVO_ENET;
-    uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--port");
-        arg(&a, "%u", port);
-        arg(&a, "--zmq-port");
-        arg(&a, "0");
-        arg(&a, "--replay-port");
-        arg(&a, "0");
-        arg(&a, "--speedup");
-        arg(&a, "0");
-        arg(&a, "--replay-buffer");
-        arg(&a, "%llu",
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--port");
+    chk_arg_port(&a, "");
+    chk_arg(&a, "--zmq-port");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--replay-port");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--speedup");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--replay-buffer");
+    chk_arg(&a, "%llu",
             (unsigned long long)replay_buffer_for(c, env->trace, requests));
-        arg(&a, "--block-size");
-        arg(&a, "%u", c->block_size);
-        if (c->num_gpu_blocks) {
-            arg(&a, "--num-gpu-blocks");
-            arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
-        }
-        arg(&a, "--dp-size");
-        arg(&a, "%u", c->dp_size);
-        arg(&a, "--hash-algo");
-        arg(&a, "%s", c->hash_algo);
-        arg(&a, "--hash-seed");
-        arg(&a, "%s", c->hash_seed);
-        if (c->event_format) {
-            arg(&a, "--event-format");
-            arg(&a, "%s", c->event_format);
-        }
-        arg(&a, "--seed");
-        arg(&a, "%llu", (unsigned long long)(c->seed + index));
-        if (c->mutate && *c->mutate) {
-            arg(&a, "--mutate");
-            arg(&a, "%s", c->mutate);
-        }
-        if (role) {
-            arg(&a, "--role");
-            arg(&a, "%s", role);
-        }
-        st = spawn_ready(env, &e->proc, e->name, &a, file, port, true, err);
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", c->block_size);
+    if (c->num_gpu_blocks) {
+        chk_arg(&a, "--num-gpu-blocks");
+        chk_arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
     }
+    chk_arg(&a, "--dp-size");
+    chk_arg(&a, "%u", c->dp_size);
+    chk_arg(&a, "--hash-algo");
+    chk_arg(&a, "%s", c->hash_algo);
+    chk_arg(&a, "--hash-seed");
+    chk_arg(&a, "%s", c->hash_seed);
+    if (c->event_format) {
+        chk_arg(&a, "--event-format");
+        chk_arg(&a, "%s", c->event_format);
+    }
+    chk_arg(&a, "--seed");
+    chk_arg(&a, "%llu", (unsigned long long)(c->seed + index));
+    if (c->mutate && *c->mutate) {
+        chk_arg(&a, "--mutate");
+        chk_arg(&a, "%s", c->mutate);
+    }
+    if (role) {
+        chk_arg(&a, "--role");
+        chk_arg(&a, "%s", role);
+    }
+    uint16_t port = 0;
+    kvo_status st = spawn_on_free_port(env, &e->proc, e->name, &a, file,
+                                       true, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
     return st;
@@ -414,40 +473,39 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
     snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
              r->dp_rank, (unsigned long long)r->publisher_id);
     snprintf(name, sizeof(name), "kvo-relay[%u.%u]", r->engine, r->dp_rank);
-    kvo_status st = KVO_ENET;
-    uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--zmq");
-        arg(&a, "%s", zmq_ep);
-        if (!c->no_replay && rk->replay[0]) {
-            arg(&a, "--replay");
-            arg(&a, "%s", rk->replay);
-            arg(&a, "--replay-from");
-            arg(&a, "0");
-        }
-        arg(&a, "--topic");
-        arg(&a, "%s", rk->topic);
-        arg(&a, "--nats");
-        arg(&a, "%s", env->nats_url);
-        arg(&a, "--worker-id");
-        arg(&a, "%u", env->engines[r->engine].worker_id);
-        arg(&a, "--publisher-id");
-        arg(&a, "%llu", (unsigned long long)r->publisher_id);
-        arg(&a, "--block-size");
-        arg(&a, "%u", env->block_size);
-        arg(&a, "--metrics-listen");
-        arg(&a, "127.0.0.1:%u", port);
-        if (c->verify_engine_hash) {
-            arg(&a, "--verify-engine-hash");
-            arg(&a, "%s", c->hash_algo);
-            arg(&a, "--hash-seed");
-            arg(&a, "%s", c->hash_seed);
-        }
-        st = spawn_ready(env, &r->proc, name, &a, file, port, true, err);
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--zmq");
+    chk_arg(&a, "%s", zmq_ep);
+    if (!c->no_replay && rk->replay[0]) {
+        chk_arg(&a, "--replay");
+        chk_arg(&a, "%s", rk->replay);
+        chk_arg(&a, "--replay-from");
+        chk_arg(&a, "0");
     }
+    chk_arg(&a, "--topic");
+    chk_arg(&a, "%s", rk->topic);
+    chk_arg(&a, "--nats");
+    chk_arg(&a, "%s", env->nats_url);
+    chk_arg(&a, "--worker-id");
+    chk_arg(&a, "%u", env->engines[r->engine].worker_id);
+    chk_arg(&a, "--publisher-id");
+    chk_arg(&a, "%llu", (unsigned long long)r->publisher_id);
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", env->block_size);
+    chk_arg(&a, "--metrics-listen");
+    chk_arg_port(&a, "127.0.0.1:");
+    if (c->verify_engine_hash) {
+        chk_arg(&a, "--verify-engine-hash");
+        chk_arg(&a, "%s", c->hash_algo);
+        chk_arg(&a, "--hash-seed");
+        chk_arg(&a, "%s", c->hash_seed);
+    }
+    uint16_t port = 0;
+    kvo_status st = spawn_on_free_port(env, &r->proc, name, &a, file, true,
+                                       &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK) r->metrics_port = port;
     return st;
 }

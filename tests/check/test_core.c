@@ -506,6 +506,57 @@ START_TEST(totals_and_worst_prompts) {
 }
 END_TEST
 
+START_TEST(a_command_line_keeps_every_argument_whole) {
+    /* 200 arguments of 300 characters: none dropped, none cut short */
+    char big[301];
+    memset(big, 'x', 300);
+    big[300] = '\0';
+    chk_args a;
+    chk_args_init(&a);
+    ck_assert_int_eq(chk_args_set_port(&a, 1), KVO_EINVAL); /* no port yet */
+    for (int i = 0; i < 200; i++) chk_arg(&a, "%d-%s", i, big);
+    chk_arg_port(&a, "127.0.0.1:");
+    ck_assert_int_eq(a.st, KVO_OK);
+    ck_assert_uint_eq(a.n, 201);
+    ck_assert_ptr_null(a.v[201]);
+    for (int i = 0; i < 200; i++) {
+        char want[320];
+        snprintf(want, sizeof(want), "%d-%s", i, big);
+        ck_assert_str_eq(a.v[i], want);
+    }
+    /* the port argument is rewritten on every try */
+    ck_assert_int_eq(chk_args_set_port(&a, 4222), KVO_OK);
+    ck_assert_str_eq(a.v[200], "127.0.0.1:4222");
+    ck_assert_int_eq(chk_args_set_port(&a, 65535), KVO_OK);
+    ck_assert_str_eq(a.v[200], "127.0.0.1:65535");
+    chk_args_fini(&a);
+}
+END_TEST
+
+START_TEST(a_command_line_out_of_memory_fails_instead_of_dropping) {
+    bool failed = false, whole = false;
+    for (long budget = 0; budget < 80; budget++) {
+        chk_args a;
+        chk_args_init(&a);
+        kvo_alloc_fail_after(budget);
+        for (int i = 0; i < 40; i++) chk_arg(&a, "--arg-%d", i);
+        kvo_alloc_fail_after(-1);
+        if (a.st == KVO_OK) {
+            ck_assert_uint_eq(a.n, 40);
+            whole = true;
+        } else {
+            /* the failure sticks: what came after it was not added */
+            ck_assert_int_eq(a.st, KVO_ENOMEM);
+            ck_assert_uint_lt(a.n, 40);
+            ck_assert_int_eq(chk_args_set_port(&a, 1), KVO_EINVAL);
+            failed = true;
+        }
+        chk_args_fini(&a);
+    }
+    ck_assert(failed && whole);
+}
+END_TEST
+
 Suite *suite_core(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("judge");
@@ -537,6 +588,10 @@ Suite *suite_core(void) {
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("argv");
+    tcase_add_test(tc, a_command_line_keeps_every_argument_whole);
+    tcase_add_test(tc, a_command_line_out_of_memory_fails_instead_of_dropping);
     suite_add_tcase(s, tc);
     return s;
 }
