@@ -327,6 +327,7 @@ const char *check_reason_name(check_reason r) {
         [CHECK_REASON_SEQ_GAP] = "seq gap",
         [CHECK_REASON_REJECTED] = "rejected event",
         [CHECK_REASON_ENGINE] = "engine inconsistent",
+        [CHECK_REASON_ENGINE_ERROR] = "engine error",
     };
     return (unsigned)r < CHECK_REASON_COUNT ? names[r] : "?";
 }
@@ -336,6 +337,32 @@ const char *check_reason_name(check_reason r) {
  * metrics as it likes; samples that are not counts (histograms, config) are
  * excluded explicitly. */
 static const check_rule RULES[] = {
+    /* kvo-mocker: the per-rank counters of GET /kvo/state, stage "engine
+     * <worker>.<rank>" (read after the last request). First in the table:
+     * an engine that failed to publish is the cause of whatever the relay
+     * and the index show next. Errors, not activity:
+     *   render_errors        step batches it could not encode (never sent)
+     *   send_errors          batches its ZMQ PUB socket refused
+     *   replay_cut           replays cut short (the relay's gap stays open)
+     *   replay_bad_requests  replay requests it could not read
+     *   ...lost...           events counted as lost (no kvo-mocker counter
+     *                        today; an engine that keeps one trips it)
+     * Activity may move freely: requests_aborted (a client went away),
+     * preemptions, replay_requests and replay_batches (recovery that
+     * worked), cleared, blocks_removed, ... . record_errors counts writes to
+     * a --record capture file, beside the event stream, not in it. A decode
+     * engine (stage "decode engine ...") publishes nothing the index holds,
+     * so "engine" as a stage prefix leaves it out. */
+    {"engine", "render_errors", NULL, CHECK_REASON_ENGINE_ERROR,
+     "step batches the engine could not encode: their events were never "
+     "published"},
+    {"engine", "send_errors", NULL, CHECK_REASON_ENGINE_ERROR,
+     "batches the engine's ZMQ socket refused to publish"},
+    {"engine", "replay_cut|replay_bad_requests", NULL,
+     CHECK_REASON_ENGINE_ERROR,
+     "replays the engine cut short, or replay requests it could not read"},
+    {"engine", "lost", NULL, CHECK_REASON_ENGINE_ERROR,
+     "events the engine counted as lost"},
     /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
     {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
      "engine hashes that are not H(parent, tokens) (--verify-engine-hash)"},

@@ -123,6 +123,7 @@ typedef enum check_reason {
     CHECK_REASON_SEQ_GAP,        /* "seq gap": events lost in transport */
     CHECK_REASON_REJECTED,       /* "rejected event": decode/validation */
     CHECK_REASON_ENGINE,         /* "engine inconsistent": probe != response */
+    CHECK_REASON_ENGINE_ERROR,   /* "engine error": it failed to publish */
     CHECK_REASON_COUNT
 } check_reason;
 

@@ -34,7 +34,8 @@
  *   judge     check_result_add -> JSON line, progress bar.
  *
  * After the last request: a final sync and a read of every counter (also
- * each engine's /kvo/state counters), the verdict, the reports.
+ * each engine's /kvo/state counters, whose error counters must stay 0 like
+ * the relays' and the indexer's), the verdict, the reports.
  */
 #include "check_int.h"
 #include "mock.h"
@@ -1035,6 +1036,10 @@ finish:
             if (r.env.engines[i].mocker &&
                 chk_engine_counters(&r.env.engines[i], &r.cur, &e2) != KVO_OK)
                 kvo_warn("engine counters: %s", e2.msg);
+        /* the engines' error counters, read only now, trip like the rest */
+        if (check_result_trips(out, &r.cur, -1) != KVO_OK)
+            check_result_error(out, -1, "recording the engines' counters: %s",
+                               kvo_strerror(KVO_ENOMEM));
         if (chk_env_cpu(&r.env, &r.cur) != KVO_OK)
             kvo_warn("cpu times: out of memory");
         check_counters_copy(&out->counters, &r.cur);

@@ -360,6 +360,25 @@ START_TEST(rules_catch_rejections_but_not_healthy_counters) {
     ck_assert_ptr_null(check_rule_find(
         "indexer", "kvo_indexer_query_seconds_bucket{le=\"0.001\"}"));
     ck_assert_ptr_null(check_rule_find("check", "hash_mismatches"));
+    /* an engine's errors, not its activity (kvo-mocker's /kvo/state) */
+    static const char *const engine_errors[] = {
+        "render_errors", "send_errors", "replay_cut", "replay_bad_requests"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(engine_errors); i++)
+        ck_assert_msg(check_rule_find("engine 0.1", engine_errors[i]),
+                      "%s", engine_errors[i]);
+    static const char *const engine_activity[] = {
+        "requests_added", "requests_finished", "requests_aborted",
+        "requests_running", "requests_waiting", "steps", "preemptions",
+        "prompt_tokens", "generated_tokens", "computed_tokens",
+        "prefix_queries", "prefix_hits", "batches", "events",
+        "blocks_stored", "blocks_removed", "cleared", "used_blocks",
+        "published_batches", "published_bytes", "replay_requests",
+        "replay_batches", "replay_buffered", "record_errors",
+        "resident_blocks", "free_blocks", "last_seq"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(engine_activity); i++)
+        ck_assert_msg(!check_rule_find("engine 0.1", engine_activity[i]),
+                      "%s", engine_activity[i]);
+    ck_assert_ptr_null(check_rule_find("decode engine 1.0", "render_errors"));
 }
 END_TEST
 
@@ -448,6 +467,39 @@ START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
     ck_assert(!r->verdict.pass);
     ck_assert_msg(strstr(r->verdict.cause, "at the end"), "%s",
                   r->verdict.cause);
+    check_counters_fini(&c);
+    check_result_free(r);
+}
+END_TEST
+
+START_TEST(an_engine_error_counter_that_moved_fails_the_run) {
+    /* kvo-mocker's /kvo/state counters, read after the last request, of an
+     * otherwise clean run */
+    check_result *r = three_prompts(false);
+    check_counters c;
+    check_counters_init(&c);
+    /* activity, however much of it, is no cause; nor is a decode engine,
+     * which publishes nothing the index holds */
+    check_counters_set(&c, "engine 1.0", "requests_aborted", 3);
+    check_counters_set(&c, "engine 1.0", "replay_requests", 5);
+    check_counters_set(&c, "engine 1.0", "replay_batches", 50);
+    check_counters_set(&c, "engine 1.0", "preemptions", 7);
+    check_counters_set(&c, "engine 1.0", "blocks_removed", 900);
+    check_counters_set(&c, "engine 1.0", "record_errors", 1);
+    check_counters_set(&c, "decode engine 2.0", "render_errors", 4);
+    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_msg(r->verdict.pass, "%s", r->verdict.cause);
+    /* worker 1 rank 0 could not encode two batches: their events never
+     * left it, whatever the index then shows */
+    check_counters_set(&c, "engine 1.0", "render_errors", 2);
+    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_ENGINE_ERROR);
+    ck_assert_msg(strstr(r->verdict.cause, "engine error: engine 1.0 "
+                                           "render_errors = 2, at the end"),
+                  "%s", r->verdict.cause);
     check_counters_fini(&c);
     check_result_free(r);
 }
@@ -586,6 +638,7 @@ Suite *suite_core(void) {
     tcase_add_test(tc, verdict_passes_only_a_clean_run);
     tcase_add_test(tc, verdict_names_the_first_cause_in_trace_order);
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
+    tcase_add_test(tc, an_engine_error_counter_that_moved_fails_the_run);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);
     suite_add_tcase(s, tc);
