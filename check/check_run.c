@@ -190,8 +190,6 @@ static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
     if (st != KVO_OK) return st;
     uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
     char why[320] = "";
-    /* backoff capped at 200 us: the pipeline takes ~0.5-1 ms, a longer
-     * sleep would overshoot it by as much */
     for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
         st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) return st;
@@ -972,9 +970,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     }
     for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
     /* One worker beside the driver: the index wait runs on one thread
-     * while the other probes the engines one after the other (a probe is
-     * one short round trip; the wait is longer). More threads cost more in
-     * wake-ups and context switches than they overlap. */
+     * while the other probes the engines one after the other. */
     if ((st = chk_pool_new(&r.pool, 1)) != KVO_OK) goto done;
     out->planned = r.trace.n;
     describe(&r);

@@ -383,9 +383,7 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
  * gap, and in lockstep a relay can be behind by one request's batches at
  * most (the next request waits for its watermark): a step publishes only
  * when it allocates or fills blocks, so one request makes at most two
- * batches per block of prompt and output. Keeping the whole run instead
- * costs each engine a copy of every batch it ever published (hundreds of
- * MB, page faults on every one) for nothing. */
+ * batches per block of prompt and output. */
 static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
                                   uint64_t requests) {
     if (c->replay_buffer) return c->replay_buffer;
