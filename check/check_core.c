@@ -29,6 +29,15 @@
 
 /* ---- Counters ------------------------------------------------------------*/
 
+/* A Prometheus sample's name with its labels, and its value's text: longer
+ * ones are skipped, not cut (a cut name would be another counter). */
+#define PROM_NAME_MAX 512
+#define PROM_VALUE_MAX 64
+/* A JSON counter object: nesting levels flattened, and the length of a
+ * leaf's dotted path; deeper or longer leaves are skipped. */
+#define JSON_DEPTH_MAX 16
+#define JSON_PATH_MAX 512
+
 void check_counters_init(check_counters *c) { memset(c, 0, sizeof(*c)); }
 
 void check_counters_clear(check_counters *c) {
@@ -202,7 +211,7 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
 kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
                                      const char *text, size_t len) {
     const char *p = text, *end = text + len;
-    char name[512];
+    char name[PROM_NAME_MAX];
     while (p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         if (!eol) eol = end;
@@ -232,7 +241,7 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
             size_t nl = (size_t)(k - q);
             while (k < eol && (*k == ' ' || *k == '\t')) k++;
             if (nl > 0 && nl < sizeof(name) && k < eol) {
-                char num[64];
+                char num[PROM_VALUE_MAX];
                 size_t vl = 0;
                 while (k + vl < eol && k[vl] != ' ' && k[vl] != '\t' &&
                        k[vl] != '\r' && vl + 1 < sizeof(num))
@@ -258,7 +267,7 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
 static kvo_status parse_json_rec(check_counters *c, const char *stage,
                                  json_object *j, char *path, size_t plen,
                                  size_t cap, int depth) {
-    if (depth > 16) return KVO_OK;
+    if (depth > JSON_DEPTH_MAX) return KVO_OK;
     kvo_status st = KVO_OK;
     switch (json_object_get_type(j)) {
     case json_type_int:
@@ -310,7 +319,7 @@ static kvo_status parse_json_rec(check_counters *c, const char *stage,
 
 kvo_status check_counters_parse_json(check_counters *c, const char *stage,
                                      json_object *j) {
-    char path[512] = "";
+    char path[JSON_PATH_MAX] = "";
     return parse_json_rec(c, stage, j, path, 0, sizeof(path), 0);
 }
 
@@ -593,10 +602,14 @@ void check_result_free(check_result *r) {
     kvo_free(r);
 }
 
+/* Slots (workers x ranks) a result accepts: bounds its per-slot arrays,
+ * far above what the driver can start (CHK_MAX_ENGINES x CHK_MAX_DP). */
+#define SLOTS_MAX 65536
+
 kvo_status check_result_slots(check_result *r, uint32_t n_workers,
                               uint32_t dp_size, uint32_t block_size) {
     if (n_workers == 0 || dp_size == 0 || block_size == 0 ||
-        (uint64_t)n_workers * dp_size > 65536)
+        (uint64_t)n_workers * dp_size > SLOTS_MAX)
         return KVO_EINVAL;
     check_slot_info *s = kvo_calloc((size_t)n_workers * dp_size, sizeof(*s));
     if (!s) return KVO_ENOMEM;
@@ -751,8 +764,9 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
      * happened before its counters were read (kind 0), a tripped counter
      * before its query (1), a divergence at the query (2). "At the end"
      * sorts after every request. */
+    enum { KINDS = 3 };
 #define POS(req, kind) \
-    ((req) < 0 ? UINT64_MAX - 3 + (kind) : (uint64_t)(req) * 3 + (kind))
+    ((req) < 0 ? UINT64_MAX - KINDS + (kind) : (uint64_t)(req) * KINDS + (kind))
     const uint64_t none = UINT64_MAX;
     uint64_t err_pos = r->error[0] ? POS(r->error_prompt, 0) : none;
     const check_trip *tp = NULL;

@@ -22,6 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Nesting a JSON answer may have; characters of an answer quoted in an
+ * error (the body of an HTTP error, an answer that is not JSON). */
+enum { ANSWER_DEPTH_MAX = 64, ERROR_QUOTE = 200, NOT_JSON_QUOTE = 120 };
+/* Decimal digits of the largest u64. */
+enum { U64_DIGITS = 20 };
+
 /* One call with a JSON answer: json_call_init (names the URL),
  * json_call_send, then json_call_fini whatever happened in between. */
 typedef struct json_call {
@@ -62,10 +68,10 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
     const char *text = c->resp.body.data ? (const char *)c->resp.body.data : "";
     if (c->resp.status != 200) {
         return kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET,
-                           "%s %s: HTTP %ld: %.200s", method, c->url,
-                           c->resp.status, text);
+                           "%s %s: HTTP %ld: %.*s", method, c->url,
+                           c->resp.status, ERROR_QUOTE, text);
     }
-    json_tokener *tok = json_tokener_new_ex(64);
+    json_tokener *tok = json_tokener_new_ex(ANSWER_DEPTH_MAX);
     if (!tok) return KVO_ENOMEM;
     json_object *j = json_tokener_parse_ex(tok, text, (int)c->resp.body.len);
     enum json_tokener_error je = json_tokener_get_error(tok);
@@ -73,7 +79,8 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
     if (!j || je != json_tokener_success) {
         json_object_put(j);
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "%s: answer is not JSON: %.120s", c->url, text);
+                           "%s: answer is not JSON: %.*s", c->url,
+                           NOT_JSON_QUOTE, text);
     }
     c->j = j;
     return KVO_OK;
@@ -225,8 +232,8 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                                    p->trace_form ? "trace" : "token_ids");
     if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
     if (st == KVO_OK && warm && p->trace_form)
-        st = kvo_buf_append(&body, ",\"warm\":true", 12);
-    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+        st = CHK_BUF_LIT(&body, ",\"warm\":true");
+    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st != KVO_OK) goto done;
     st = json_call_send(&jc, e->probe_http, &body, err);
     if (st != KVO_OK) goto done;
@@ -284,7 +291,7 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
         st = kvo_buf_printf(&body, ",\"data_parallel_rank\":%d", dp_rank);
     if (st == KVO_OK && kv_params)
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
-    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st != KVO_OK) goto done;
     st = json_call_send(&jc, e->http, &body, err);
     if (st != KVO_OK) goto done;
@@ -378,7 +385,7 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
     json_call_init(&jc, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_status st = kvo_buf_append(&body, "{\"tokens_hashes\":", 17);
+    kvo_status st = CHK_BUF_LIT(&body, "{\"tokens_hashes\":");
     if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
     if (st == KVO_OK && wm) {
         st = kvo_buf_printf(&body, ",\"wait\":{\"timeout_ms\":%ld,\"zmq_seq\":[",
@@ -386,11 +393,11 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
         for (size_t i = 0; st == KVO_OK && i < npairs; i++)
             st = kvo_buf_printf(&body, "%s[%" PRIu64 ",%" PRIu64 "]",
                                 i ? "," : "", pairs[2 * i], pairs[2 * i + 1]);
-        if (st == KVO_OK) st = kvo_buf_append(&body, "]}", 2);
+        if (st == KVO_OK) st = CHK_BUF_LIT(&body, "]}");
     }
     if (st == KVO_OK && metrics)
-        st = kvo_buf_append(&body, ",\"metrics\":true", 15);
-    if (st == KVO_OK) st = kvo_buf_append(&body, "}", 1);
+        st = CHK_BUF_LIT(&body, ",\"metrics\":true");
+    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st != KVO_OK) goto done;
     st = json_call_send(&jc, env->idx_http, &body, err);
     if (st != KVO_OK) goto done;
@@ -526,7 +533,8 @@ static kvo_status read_prom(kvo_http_client *c, const char *url,
 }
 
 kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
-    kvo_status st = kvo_buf_reserve(b, n * 21 + 2);
+    /* each number and its comma, and the brackets */
+    kvo_status st = kvo_buf_reserve(b, n * (U64_DIGITS + 1) + 2);
     if (st != KVO_OK) return st;
     char *p = (char *)b->data + b->len;
     *p++ = '[';
@@ -536,8 +544,8 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
         "6869707172737475767778798081828384858687888990919293949596979899";
     for (size_t i = 0; i < n; i++) {
         if (i) *p++ = ',';
-        char tmp[20];
-        int k = 20;
+        char tmp[U64_DIGITS];
+        int k = U64_DIGITS;
         uint64_t x = v[i];
         while (x >= 100) { /* two digits per division */
             unsigned d = (unsigned)(x % 100) * 2;
@@ -551,8 +559,8 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n) {
         } else {
             tmp[--k] = (char)('0' + x);
         }
-        memcpy(p, tmp + k, (size_t)(20 - k));
-        p += 20 - k;
+        memcpy(p, tmp + k, (size_t)(U64_DIGITS - k));
+        p += U64_DIGITS - k;
     }
     *p++ = ']';
     b->len = (size_t)(p - (char *)b->data);

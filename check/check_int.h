@@ -347,6 +347,8 @@ void check_trace_fini(check_trace *t);
 /* The prompt tokens of DESIGN §8 into tokens (u64 each; replaced). */
 kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens);
 
+/* Ranks per engine (chk_engine.ranks is an array of them) and engines per
+ * run (--workers + --decode-workers) that kvo-check accepts. */
 #define CHK_MAX_DP 16
 #define CHK_MAX_ENGINES 256
 
@@ -550,6 +552,8 @@ int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
 kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
                              kvo_http_resp *resp, kvo_err *err);
 kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err);
+/* Append a string literal to b (its length counted by the compiler). */
+#define CHK_BUF_LIT(b, lit) kvo_buf_append((b), "" lit, sizeof(lit) - 1)
 /* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */
 kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
 /* Relay GET /stats: are all its sources live (initial replay done)? */

@@ -266,7 +266,9 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
 }
 
 /* mutants without --trace: the bundled 1,000-request trace, found from the
- * working directory or from the build tree (<repo>/build/bin/kvo-check). */
+ * working directory or from the build tree (<repo>/build/bin/kvo-check):
+ * up to TRACE_LEVELS_UP directories above kvo-check. */
+enum { TRACE_LEVELS_UP = 3 };
 static const char *default_trace(char *buf, size_t n) {
     static const char rel[] = "traces/mooncake_conversation_1000.jsonl";
     if (access(rel, R_OK) == 0) return rel;
@@ -274,7 +276,7 @@ static const char *default_trace(char *buf, size_t n) {
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (len <= 0) return NULL;
     self[len] = '\0';
-    for (int up = 0; up < 3; up++) {
+    for (int up = 0; up < TRACE_LEVELS_UP; up++) {
         char *slash = strrchr(self, '/');
         if (!slash) break;
         *slash = '\0';

@@ -66,6 +66,25 @@ void check_cfg_defaults(check_cfg *c) {
     c->prompt_form = CHECK_FORM_AUTO;
 }
 
+/* Between two looks at a watermark that does not cover yet, the driver
+ * sleeps SYNC_BACKOFF_MIN_US, doubling up to SYNC_BACKOFF_MAX_US: the most
+ * it can be late to notice that the index caught up. */
+#define SYNC_BACKOFF_MIN_US 20
+#define SYNC_BACKOFF_MAX_US 200
+/* How long one query may wait in the indexer before we look at the world
+ * (dead processes, Ctrl-C, our deadline) and ask again. */
+#define WAIT_SLICE_MS 250
+/* Settle mode: how often the indexer's /watermark is read while waiting
+ * for it to stay unchanged for --settle-ms. */
+#define SETTLE_POLL_US 10000
+/* Threads of the task pool beside the driver's own. */
+#define POOL_THREADS 1
+/* The progress bar is redrawn at most once per this many ns. */
+#define PROGRESS_EVERY_NS 100000000ull
+/* Lines of each process's log printed when a part died or stalled. */
+#define RUN_ERROR_LOG_LINES 15
+#define NS_PER_MS 1000000ull
+
 typedef struct run {
     const check_cfg *cfg;
     chk_env env;
@@ -79,7 +98,7 @@ typedef struct run {
     size_t hashes_cap;
     uint64_t *rh_keys;   /* router-hash memo: the trace hash id of a row */
     uint8_t *rh_used;    /* the row holds rh_keys' hashes */
-    uint64_t *rh_rows;   /* 512/block_size hashes per row */
+    uint64_t *rh_rows;   /* MOCK_TRACE_BLOCK/block_size hashes per row */
     uint32_t *scores;    /* per slot */
     int32_t *probes;     /* per slot */
     uint8_t *seen;       /* per slot: the index ever scored it */
@@ -93,9 +112,10 @@ typedef struct run {
     check_counters prev, cur, moved;
     chk_watermark wm;
     chk_pool *pool;
-    struct rtask *tasks; /* n_workers + n_relays + 2 */
+    struct rtask *tasks; /* cap_tasks: tasks_cap() */
     chk_task **task_ptrs; /* as many: what chk_pool_run takes */
     size_t cap_tasks;
+    bool tasks_overflow; /* a batch outgrew cap_tasks (cannot happen) */
     kvo_err err;
 } run;
 
@@ -119,6 +139,11 @@ typedef struct rtask {
 
 static double secs(uint64_t t0) {
     return (double)(kvo_now_ns() - t0) / 1e9;
+}
+
+/* The monotonic time ms from now, in ns. */
+static uint64_t ns_after_ms(long ms) {
+    return kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
 }
 
 /* ---- sync -----------------------------------------------------------------*/
@@ -188,9 +213,10 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
 static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
     kvo_status st = engines_refresh(r, err);
     if (st != KVO_OK) return st;
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     char why[320] = "";
-    for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
+    for (long wait = SYNC_BACKOFF_MIN_US;;
+         wait = wait < SYNC_BACKOFF_MAX_US ? wait * 2 : SYNC_BACKOFF_MAX_US) {
         st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
@@ -199,10 +225,6 @@ static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
         kvo_sleep_us(wait);
     }
 }
-
-/* How long one query may wait in the indexer before we look at the world
- * (dead processes, Ctrl-C, our deadline) and ask again. */
-#define WAIT_SLICE_MS 250
 
 /* Exact sync and the query in one call: the indexer answers once its
  * watermark covers every publishing rank's last seq. Same outcomes as
@@ -222,7 +244,7 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
             np++;
         }
     }
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     char why[320] = "";
     for (;;) {
         bool covered = false;
@@ -243,7 +265,7 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
 
 /* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
 static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     kvo_buf last;
     kvo_buf_init(&last);
     uint64_t quiet_since = kvo_now_ns();
@@ -262,7 +284,7 @@ static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
             quiet_since = kvo_now_ns();
         }
         if (kvo_now_ns() - quiet_since >=
-            (uint64_t)r->cfg->settle_ms * 1000000)
+            (uint64_t)r->cfg->settle_ms * NS_PER_MS)
             break;
         if (kvo_stop) {
             st = KVO_EINTR;
@@ -277,7 +299,7 @@ static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
             st = KVO_ETIMEDOUT;
             break;
         }
-        kvo_sleep_us(10000);
+        kvo_sleep_us(SETTLE_POLL_US);
     }
     kvo_buf_fini(&last);
     return st;
@@ -350,9 +372,22 @@ static void task_metrics(chk_task *base) {
     t->busy = secs(t0);
 }
 
-/* A fresh task slot of the batch being built. */
+/* Room for the largest batch of concurrent calls: the sync (or the query),
+ * a probe per publishing engine, and a /metrics read of the indexer and of
+ * every live relay. A relay restart appends a relay and retires the old
+ * one (which is no longer read), so the relays at the start are as many as
+ * will ever be read at once. */
+static size_t tasks_cap(const chk_env *env) {
+    return 2 + (size_t)env->n_workers + env->n_relays;
+}
+
+/* A fresh task slot of the batch being built; NULL past tasks_cap, which
+ * tasks_status then reports (the batch is not run short silently). */
 static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
-    if (*n >= r->cap_tasks) return NULL; /* sized for the run: cannot be */
+    if (*n >= r->cap_tasks) {
+        r->tasks_overflow = true;
+        return NULL;
+    }
     rtask *t = &r->tasks[(*n)++];
     kvo_http_resp keep = t->resp; /* its buffer is reused */
     memset(t, 0, sizeof(*t));
@@ -369,6 +404,11 @@ static void tasks_run(run *r, size_t n) {
 
 /* The first failed task's status and message (KVO_OK if none). */
 static kvo_status tasks_status(run *r, size_t n) {
+    if (r->tasks_overflow)
+        return kvo_err_set(&r->err, KVO_ESTATE, KVO_ERR_NO_OFFSET,
+                           "a batch of concurrent calls outgrew its %zu "
+                           "slots",
+                           r->cap_tasks);
     for (size_t i = 0; i < n; i++)
         if (r->tasks[i].st != KVO_OK) {
             r->err = r->tasks[i].err;
@@ -493,7 +533,7 @@ static bool rh_memo_hashes(run *r, const check_request *q) {
     size_t nb = q->input_length / bs, k = 0;
     for (uint32_t t = 0; t < q->n_hash_ids && k < nb; t++) {
         uint64_t h = q->hash_ids[t];
-        size_t slot = (size_t)((h * 0x9E3779B97F4A7C15ull) >> (64 - RH_ROWS_LOG2));
+        size_t slot = (size_t)(kvo_mix64(h) >> (64 - RH_ROWS_LOG2));
         uint64_t *row = r->rh_rows + slot * per;
         if (!r->rh_used[slot] || r->rh_keys[slot] != h) {
             uint64_t tok[MOCK_TRACE_BLOCK];
@@ -531,7 +571,7 @@ static kvo_status build_prompt(run *r, const check_request *q) {
     }
     kvo_buf_reset(&r->pjson);
     if (r->trace_form) {
-        st = kvo_buf_append(&r->pjson, "{\"hash_ids\":", 12);
+        st = CHK_BUF_LIT(&r->pjson, "{\"hash_ids\":");
         if (st == KVO_OK)
             st = chk_json_u64s(&r->pjson, q->hash_ids, q->n_hash_ids);
         if (st == KVO_OK)
@@ -750,6 +790,7 @@ static kvo_status sweep(run *r, size_t sent) {
     double before[CHECK_STAGE_COUNT];
     memcpy(before, r->res->stage_s, sizeof(before));
     size_t want = r->cfg->sweep < sent ? (size_t)r->cfg->sweep : sent;
+    /* an open-addressing set of prompt fingerprints, at most half full */
     size_t cap = 1;
     while (cap < 2 * want + 2) cap <<= 1;
     uint64_t *seen = kvo_calloc(cap, sizeof(*seen)); /* 0 = empty */
@@ -837,7 +878,7 @@ static void progress(run *r, uint64_t done, uint64_t total, uint64_t t_run,
                      uint64_t *last) {
     if (!r->cfg->progress) return;
     uint64_t now = kvo_now_ns();
-    if (done != total && now - *last < 100000000ull) return;
+    if (done != total && now - *last < PROGRESS_EVERY_NS) return;
     *last = now;
     check_report_progress(stderr, r->res, done, total, secs(t_run));
     if (done == total) fputc('\n', stderr);
@@ -961,7 +1002,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         st = KVO_ENOMEM;
         goto done;
     }
-    r.cap_tasks = r.env.n_workers + 2 * (size_t)r.env.n_relays + 8;
+    r.cap_tasks = tasks_cap(&r.env);
     r.tasks = kvo_calloc(r.cap_tasks, sizeof(*r.tasks));
     r.task_ptrs = kvo_calloc(r.cap_tasks, sizeof(*r.task_ptrs));
     if (!r.tasks || !r.task_ptrs) {
@@ -971,7 +1012,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
     /* One worker beside the driver: the index wait runs on one thread
      * while the other probes the engines one after the other. */
-    if ((st = chk_pool_new(&r.pool, 1)) != KVO_OK) goto done;
+    if ((st = chk_pool_new(&r.pool, POOL_THREADS)) != KVO_OK) goto done;
     out->planned = r.trace.n;
     describe(&r);
     kvo_info("%s", out->config);
@@ -1052,7 +1093,8 @@ done:
                     (!cfg->discard_logs &&
                      (failed_setup || !out->verdict.pass || st != KVO_OK));
         /* a part that died or stalled: show why at once */
-        if (out->error[0] && st == KVO_OK) chk_env_dump_logs(&r.env, 15);
+        if (out->error[0] && st == KVO_OK)
+            chk_env_dump_logs(&r.env, RUN_ERROR_LOG_LINES);
         chk_env_stop(&r.env, keep);
     }
     chk_pool_free(r.pool);

@@ -32,7 +32,34 @@
 #include <unistd.h>
 #include <zmq.h>
 
-enum { READY_MS = 20000, SPAWN_TRIES = 5 };
+/* A child gets READY_MS to answer; SPAWN_TRIES free ports are tried when
+ * another process takes one first. While waiting for a relay, the longest
+ * sleep between two looks is READY_POLL_MAX_MS. */
+enum { READY_MS = 20000, SPAWN_TRIES = 5, READY_POLL_MAX_MS = 50 };
+/* Grace between SIGTERM and SIGKILL for a child we stop, and for one that
+ * never got ready. */
+enum { STOP_GRACE_MS = 3000, NOT_READY_GRACE_MS = 2000 };
+/* Lines of each process's log printed when the set-up failed. */
+enum { SETUP_LOG_LINES = 20 };
+/* The drop-seq forwarder notices it must stop within PROXY_POLL_MS. A
+ * KV-event message has 3 frames: one of more than PROXY_MAX_FRAMES is not
+ * one and is dropped whole. */
+enum { PROXY_POLL_MS = 50, PROXY_MAX_FRAMES = 8 };
+/* Replay buffers, in batches per rank: never fewer than REPLAY_MIN; for a
+ * whole run (--relay-restart-at) REPLAY_PER_REQUEST per request (a
+ * generous bound on what a Mooncake request publishes), at most
+ * REPLAY_MAX. REQUESTS_UNKNOWN: the run's length when neither a trace nor
+ * --limit says it. */
+#define REPLAY_MIN 10000
+#define REPLAY_PER_REQUEST 64
+#define REPLAY_MAX 4000000
+#define REQUESTS_UNKNOWN 20000
+/* Publisher ids of a run: a random 31-bit base shifted left by
+ * PUBLISHER_RUN_BITS, so a run's relays (numbered from the base) never
+ * reach another run's range and every id stays below 2^51, exact even
+ * where a JSON reader keeps numbers as doubles. */
+#define PUBLISHER_BASE_MASK 0x7fffffffull
+#define PUBLISHER_RUN_BITS 20
 
 /* out = dir/name when that fits and is an executable. */
 static bool exe_in(const char *dir, const char *name, char *out, size_t outsz) {
@@ -75,9 +102,9 @@ static void *proxy_main(void *arg) {
     chk_proxy *p = arg;
     zmq_pollitem_t items[2] = {{p->sub, 0, ZMQ_POLLIN, 0},
                                {p->xpub, 0, ZMQ_POLLIN, 0}};
-    zmq_msg_t frames[8];
+    zmq_msg_t frames[PROXY_MAX_FRAMES];
     while (!atomic_load(&p->stop)) {
-        if (zmq_poll(items, 2, 50) < 0) {
+        if (zmq_poll(items, 2, PROXY_POLL_MS) < 0) {
             if (errno == EINTR) continue;
             break;
         }
@@ -95,7 +122,7 @@ static void *proxy_main(void *arg) {
             int nf = 0, more = 1;
             bool ok = true;
             while (more) {
-                if (nf == 8) { /* not a KV-event message: drop the rest */
+                if (nf == PROXY_MAX_FRAMES) { /* not a KV-event message */
                     zmq_msg_t skip;
                     zmq_msg_init(&skip);
                     zmq_msg_recv(&skip, p->sub, 0);
@@ -273,7 +300,7 @@ static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
         kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
                     "%s not ready (%s): %s; log: %s", name, kvo_strerror(st),
                     p->exited ? "it exited" : "still starting", log);
-        kvo_proc_stop(p, 2000);
+        kvo_proc_stop(p, NOT_READY_GRACE_MS);
     }
     return st;
 }
@@ -396,10 +423,10 @@ static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
             if (b > most) most = b;
         }
         uint64_t b = 2 * most; /* and a margin as large again */
-        return b < 10000 ? 10000 : b;
+        return b < REPLAY_MIN ? REPLAY_MIN : b;
     }
-    uint64_t b = requests * 64 + 10000;
-    return b > 4000000 ? 4000000 : b;
+    uint64_t b = requests * REPLAY_PER_REQUEST + REPLAY_MIN;
+    return b > REPLAY_MAX ? REPLAY_MAX : b;
 }
 
 static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
@@ -517,11 +544,12 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
     for (uint32_t k = 0; k < e->n_ranks; k++)
         if (e->ranks[k].dp_rank == r->dp_rank)
             needs_cleared = !c->no_replay && e->ranks[k].replay[0];
-    uint64_t deadline = kvo_now_ns() + (uint64_t)READY_MS * 1000000ull;
+    uint64_t deadline = kvo_now_ns() + (uint64_t)READY_MS * 1000000;
     chk_watermark w;
     memset(&w, 0, sizeof(w));
     kvo_status st = KVO_OK;
-    for (long wait = 1;; wait = wait < 50 ? wait * 2 : 50) {
+    for (long wait = 1;;
+         wait = wait < READY_POLL_MAX_MS ? wait * 2 : READY_POLL_MAX_MS) {
         if (kvo_stop) {
             st = KVO_EINTR;
             break;
@@ -683,7 +711,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     if (cfg->bin_dir) snprintf(env->bin_dir, sizeof(env->bin_dir), "%s",
                                cfg->bin_dir);
     uint64_t rnd = kvo_unix_ns() ^ ((uint64_t)getpid() << 40);
-    env->publisher_base = (rnd & 0x7fffffffull) << 20;
+    env->publisher_base = (rnd & PUBLISHER_BASE_MASK) << PUBLISHER_RUN_BITS;
     kvo_status st;
     if (cfg->log_dir) {
         snprintf(env->log_dir, sizeof(env->log_dir), "%s", cfg->log_dir);
@@ -706,7 +734,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     /* engines: spawned or attached */
     uint64_t requests = trace && trace->n ? trace->n
                         : cfg->limit           ? cfg->limit
-                                               : 20000;
+                                               : REQUESTS_UNKNOWN;
     if (cfg->spawn) {
         env->n_engines = cfg->workers + cfg->decode_workers;
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
@@ -813,7 +841,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     }
     return KVO_OK;
 fail:
-    chk_env_dump_logs(env, 20);
+    chk_env_dump_logs(env, SETUP_LOG_LINES);
     chk_env_stop(env, true);
     return st;
 }
@@ -908,11 +936,12 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
 static void stop_one(kvo_proc *p, bool *unclean) {
     if (!p->pid) return;
     bool was_running = kvo_proc_alive(p);
-    kvo_proc_stop(p, 3000);
+    kvo_proc_stop(p, STOP_GRACE_MS);
     if (p->exit_status != 0 && p->exit_status != 1) {
         kvo_warn("%s %s with status %d%s; log: %s", p->name,
                  was_running ? "stopped" : "had exited", p->exit_status,
-                 p->exit_status == 128 + 9 ? " (killed after the grace)" : "",
+                 p->exit_status == 128 + SIGKILL ? " (killed after the grace)"
+                                                 : "",
                  p->log_path);
         *unclean = true;
     }
@@ -936,7 +965,7 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     stop_one(&env->indexer, &unclean);
     kvo_http_client_free(env->idx_http);
     kvo_http_client_free(env->idx_metrics);
-    kvo_proc_stop(&env->nats, 3000); /* exits 1 on SIGTERM by design */
+    kvo_proc_stop(&env->nats, STOP_GRACE_MS); /* exits 1 on SIGTERM */
     if (unclean) keep_logs = true;
     kvo_free(env->relays);
     kvo_free(env->engines);
