@@ -109,32 +109,45 @@ static bool get_u64(json_object *o, const char *k, uint64_t *out) {
     return true;
 }
 
+/* The array j[key] of an answer from url; NULL (and err says so) when
+ * there is none. */
+static json_object *array_of(json_object *j, const char *key, const char *url,
+                             kvo_err *err) {
+    json_object *a = get_key(j, key);
+    if (a && json_object_is_type(a, json_type_array)) return a;
+    kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "%s: no \"%s\" array",
+                url, key);
+    return NULL;
+}
+
 /* ---- Engines --------------------------------------------------------------*/
+
+/* Entry i of a "ranks" array, and e's rank it speaks of ("dp_rank", else
+ * its position): NULL when e has no such rank. */
+static chk_rank *rank_entry(chk_engine *e, json_object *ranks, size_t i,
+                            json_object **entry) {
+    *entry = json_object_array_get_idx(ranks, i);
+    int64_t rank = (int64_t)i;
+    get_i64(*entry, "dp_rank", &rank);
+    for (uint32_t k = 0; k < e->n_ranks; k++)
+        if (e->ranks[k].dp_rank == (uint64_t)rank) return &e->ranks[k];
+    return NULL;
+}
 
 kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/state", e->url);
     kvo_status st = json_call_send(&jc, e->http, NULL, err);
-    if (st != KVO_OK) goto done;
-    json_object *ranks = get_key(jc.j, "ranks");
-    if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: no \"ranks\" array", jc.url);
-        goto done;
+    json_object *ranks = NULL;
+    if (st == KVO_OK && !(ranks = array_of(jc.j, "ranks", jc.url, err)))
+        st = KVO_EPROTO;
+    for (size_t i = 0; ranks && i < json_object_array_length(ranks); i++) {
+        json_object *r;
+        chk_rank *rk = rank_entry(e, ranks, i, &r);
+        uint64_t seq;
+        if (rk) rk->last_seq = get_u64(r, "last_seq", &seq) ? (int64_t)seq : -1;
     }
-    size_t n = json_object_array_length(ranks);
-    for (size_t i = 0; i < n; i++) {
-        json_object *r = json_object_array_get_idx(ranks, i);
-        int64_t rank = (int64_t)i, seq = -1;
-        get_i64(r, "dp_rank", &rank);
-        uint64_t useq;
-        if (get_u64(r, "last_seq", &useq)) seq = (int64_t)useq;
-        for (uint32_t k = 0; k < e->n_ranks; k++)
-            if (e->ranks[k].dp_rank == (uint32_t)rank)
-                e->ranks[k].last_seq = seq;
-    }
-    e->dirty = false;
-done:
+    if (st == KVO_OK) e->dirty = false;
     json_call_fini(&jc);
     return st;
 }
@@ -143,29 +156,29 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, "%s/kvo/state", e->url);
     kvo_status st = json_call_send(&jc, e->http, NULL, err);
-    json_object *ranks = st == KVO_OK ? get_key(jc.j, "ranks") : NULL;
-    if (ranks && json_object_is_type(ranks, json_type_array)) {
-        for (size_t i = 0; i < json_object_array_length(ranks) && st == KVO_OK;
-             i++) {
-            json_object *r = json_object_array_get_idx(ranks, i);
-            int64_t rank = (int64_t)i;
-            get_i64(r, "dp_rank", &rank);
-            char stage[48];
-            snprintf(stage, sizeof(stage), "%s %u.%lld",
-                     e->decode ? "decode engine" : "engine", e->worker_id,
-                     (long long)rank);
-            static const char *keys[] = {"counters", "resident_blocks",
-                                         "free_blocks", "requests_finished",
-                                         "last_seq"};
-            for (size_t k = 0; k < KVO_ARRAY_LEN(keys) && st == KVO_OK; k++) {
-                json_object *v = get_key(r, keys[k]);
-                if (!v) continue;
-                if (json_object_is_type(v, json_type_object)) {
-                    st = check_counters_parse_json(c, stage, v);
-                } else if (json_object_is_type(v, json_type_int)) {
-                    st = check_counters_set(c, stage, keys[k],
-                                            (double)json_object_get_int64(v));
-                }
+    /* an answer without ranks has no counters to read */
+    json_object *ranks =
+        st == KVO_OK ? array_of(jc.j, "ranks", jc.url, NULL) : NULL;
+    for (size_t i = 0;
+         ranks && i < json_object_array_length(ranks) && st == KVO_OK; i++) {
+        json_object *r = json_object_array_get_idx(ranks, i);
+        int64_t rank = (int64_t)i;
+        get_i64(r, "dp_rank", &rank);
+        char stage[48];
+        snprintf(stage, sizeof(stage), "%s %u.%lld",
+                 e->decode ? "decode engine" : "engine", e->worker_id,
+                 (long long)rank);
+        static const char *keys[] = {"counters", "resident_blocks",
+                                     "free_blocks", "requests_finished",
+                                     "last_seq"};
+        for (size_t k = 0; k < KVO_ARRAY_LEN(keys) && st == KVO_OK; k++) {
+            json_object *v = get_key(r, keys[k]);
+            if (!v) continue;
+            if (json_object_is_type(v, json_type_object)) {
+                st = check_counters_parse_json(c, stage, v);
+            } else if (json_object_is_type(v, json_type_int)) {
+                st = check_counters_set(c, stage, keys[k],
+                                        (double)json_object_get_int64(v));
             }
         }
     }
@@ -246,21 +259,19 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                          jc.url, (long long)bs, block_size);
         goto done;
     }
-    json_object *ranks = get_key(jc.j, "ranks");
-    if (!ranks || !json_object_is_type(ranks, json_type_array)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: no \"ranks\" array", jc.url);
+    json_object *ranks = array_of(jc.j, "ranks", jc.url, err);
+    if (!ranks) {
+        st = KVO_EPROTO;
         goto done;
     }
     for (uint32_t k = 0; k < e->n_ranks; k++) hits[k] = -1;
-    size_t n = json_object_array_length(ranks);
-    for (size_t i = 0; i < n; i++) {
-        json_object *r = json_object_array_get_idx(ranks, i);
-        int64_t rank = (int64_t)i, h = -1;
-        get_i64(r, "dp_rank", &rank);
-        if (!get_i64(r, "hit_blocks", &h) || h < 0 || h > INT32_MAX) continue;
-        for (uint32_t k = 0; k < e->n_ranks; k++)
-            if (e->ranks[k].dp_rank == (uint32_t)rank) hits[k] = (int32_t)h;
+    for (size_t i = 0; i < json_object_array_length(ranks); i++) {
+        json_object *r;
+        chk_rank *rk = rank_entry(e, ranks, i, &r);
+        int64_t h = -1;
+        if (!rk || !get_i64(r, "hit_blocks", &h) || h < 0 || h > INT32_MAX)
+            continue;
+        hits[rk - e->ranks] = (int32_t)h;
     }
 done:
     json_call_fini(&jc);
@@ -345,10 +356,9 @@ static kvo_status parse_scores(chk_env *env, json_object *j, const char *url,
     kvo_status st = KVO_OK;
     uint32_t slots = env->n_workers * env->dp_size;
     for (uint32_t s = 0; s < slots; s++) scores[s] = 0;
-    json_object *arr = get_key(j, "scores");
-    if (!arr || !json_object_is_type(arr, json_type_array)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: no \"scores\" array", url);
+    json_object *arr = array_of(j, "scores", url, err);
+    if (!arr) {
+        st = KVO_EPROTO;
         goto done;
     }
     size_t m = json_object_array_length(arr);
@@ -459,10 +469,9 @@ done:
 static kvo_status parse_watermark(json_object *j, const char *url,
                                   chk_watermark *w, kvo_err *err) {
     kvo_status st = KVO_OK;
-    json_object *pubs = get_key(j, "publishers");
-    if (!pubs || !json_object_is_type(pubs, json_type_array)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: no \"publishers\" array", url);
+    json_object *pubs = array_of(j, "publishers", url, err);
+    if (!pubs) {
+        st = KVO_EPROTO;
         goto done;
     }
     size_t n = json_object_array_length(pubs);

@@ -476,14 +476,14 @@ kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
  * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
 kvo_status chk_env_cpu(chk_env *env, check_counters *c);
 /* Print the tail of every spawned process's log to stderr. */
-void chk_env_dump_logs(const chk_env *env, int lines);
+void chk_env_dump_logs(chk_env *env, int lines);
 /* A process that died: its name and exit status into why; false if all
  * live. */
 bool chk_env_dead(chk_env *env, char *why, size_t whysz);
 
 /* ---- check_http.c ----------------------------------------------------------*/
 
-/* GET /kvo/state of e: last_seq per rank (and rank count on first call). */
+/* GET /kvo/state of e: every rank's last_seq (-1: nothing published). */
 kvo_status chk_engine_state(chk_engine *e, kvo_err *err);
 /* GET /kvo/event_sources into e's ranks (zmq, replay, topic); n_ranks is
  * set from it; 0 sources = an engine that publishes nothing. */

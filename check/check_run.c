@@ -96,9 +96,11 @@ typedef struct run {
     kvo_buf pjson;       /* the prompt as JSON (trace object or tokens) */
     uint64_t *hashes;    /* router hashes of the prompt's full blocks */
     size_t hashes_cap;
-    uint64_t *rh_keys;   /* router-hash memo: the trace hash id of a row */
-    uint8_t *rh_used;    /* the row holds rh_keys' hashes */
-    uint64_t *rh_rows;   /* MOCK_TRACE_BLOCK/block_size hashes per row */
+    struct rh_memo {     /* router hashes of trace blocks: rh_memo_hashes */
+        uint64_t *keys;  /* the trace hash id of a row */
+        uint8_t *used;   /* the row holds keys' hashes */
+        uint64_t *rows;  /* MOCK_TRACE_BLOCK/block_size hashes per row */
+    } rh;
     uint32_t *scores;    /* per slot */
     int32_t *probes;     /* per slot */
     uint8_t *seen;       /* per slot: the index ever scored it */
@@ -397,6 +399,27 @@ static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
     return t;
 }
 
+/* Room for tasks_cap(env) tasks, their answer buffers reused from batch to
+ * batch. */
+static kvo_status tasks_init(run *r) {
+    r->cap_tasks = tasks_cap(&r->env);
+    r->tasks = kvo_calloc(r->cap_tasks, sizeof(*r->tasks));
+    r->task_ptrs = kvo_calloc(r->cap_tasks, sizeof(*r->task_ptrs));
+    if (!r->tasks || !r->task_ptrs) return KVO_ENOMEM;
+    for (size_t i = 0; i < r->cap_tasks; i++)
+        kvo_http_resp_init(&r->tasks[i].resp);
+    return KVO_OK;
+}
+
+static void tasks_fini(run *r) {
+    for (size_t i = 0; r->tasks && i < r->cap_tasks; i++)
+        kvo_http_resp_fini(&r->tasks[i].resp);
+    kvo_free(r->tasks);
+    kvo_free(r->task_ptrs);
+    r->tasks = NULL;
+    r->task_ptrs = NULL;
+}
+
 static void tasks_run(run *r, size_t n) {
     for (size_t i = 0; i < n; i++) r->task_ptrs[i] = &r->tasks[i].base;
     chk_pool_run(r->pool, r->task_ptrs, n);
@@ -506,27 +529,31 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
 /* Router hashes of a trace prompt from a memo of trace blocks: a router
  * hash covers one block's tokens only (no chaining), and the tokens of trace
  * block h are mock_trace_token(h, j), so the hashes of the full blocks
- * inside trace block h are a function of h alone (block size dividing 512).
+ * inside trace block h are a function of h alone (block size dividing
+ * MOCK_TRACE_BLOCK).
  * Direct-mapped rows keyed by h: the same values wire_router_hash_blocks
  * gives over the synthesized tokens, without synthesizing them again. */
 #define RH_ROWS_LOG2 14
+
+static void rh_memo_fini(struct rh_memo *m) {
+    kvo_free(m->keys);
+    kvo_free(m->used);
+    kvo_free(m->rows);
+    memset(m, 0, sizeof(*m));
+}
 
 static bool rh_memo_hashes(run *r, const check_request *q) {
     uint32_t bs = r->env.block_size;
     if (bs == 0 || MOCK_TRACE_BLOCK % bs != 0) return false;
     uint32_t per = MOCK_TRACE_BLOCK / bs;
-    if (!r->rh_rows) {
+    struct rh_memo *m = &r->rh;
+    if (!m->rows) {
         size_t rows = (size_t)1 << RH_ROWS_LOG2;
-        r->rh_keys = kvo_malloc(rows * sizeof(*r->rh_keys));
-        r->rh_used = kvo_calloc(rows, sizeof(*r->rh_used));
-        r->rh_rows = kvo_malloc(rows * per * sizeof(*r->rh_rows));
-        if (!r->rh_keys || !r->rh_used || !r->rh_rows) {
-            kvo_free(r->rh_keys);
-            kvo_free(r->rh_used);
-            kvo_free(r->rh_rows);
-            r->rh_keys = NULL;
-            r->rh_used = NULL;
-            r->rh_rows = NULL;
+        m->keys = kvo_malloc(rows * sizeof(*m->keys));
+        m->used = kvo_calloc(rows, sizeof(*m->used));
+        m->rows = kvo_malloc(rows * per * sizeof(*m->rows));
+        if (!m->keys || !m->used || !m->rows) {
+            rh_memo_fini(m); /* hash the tokens instead */
             return false;
         }
     }
@@ -534,13 +561,13 @@ static bool rh_memo_hashes(run *r, const check_request *q) {
     for (uint32_t t = 0; t < q->n_hash_ids && k < nb; t++) {
         uint64_t h = q->hash_ids[t];
         size_t slot = (size_t)(kvo_mix64(h) >> (64 - RH_ROWS_LOG2));
-        uint64_t *row = r->rh_rows + slot * per;
-        if (!r->rh_used[slot] || r->rh_keys[slot] != h) {
+        uint64_t *row = m->rows + slot * per;
+        if (!m->used[slot] || m->keys[slot] != h) {
             uint64_t tok[MOCK_TRACE_BLOCK];
             for (uint32_t j = 0; j < MOCK_TRACE_BLOCK; j++) tok[j] = mock_trace_token(h, j);
             wire_router_hash_blocks(tok, MOCK_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
-            r->rh_keys[slot] = h;
-            r->rh_used[slot] = 1;
+            m->keys[slot] = h;
+            m->used[slot] = 1;
         }
         size_t take = nb - k < per ? nb - k : per;
         memcpy(r->hashes + k, row, take * sizeof(uint64_t));
@@ -1002,14 +1029,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         st = KVO_ENOMEM;
         goto done;
     }
-    r.cap_tasks = tasks_cap(&r.env);
-    r.tasks = kvo_calloc(r.cap_tasks, sizeof(*r.tasks));
-    r.task_ptrs = kvo_calloc(r.cap_tasks, sizeof(*r.task_ptrs));
-    if (!r.tasks || !r.task_ptrs) {
-        st = KVO_ENOMEM;
-        goto done;
-    }
-    for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
+    if ((st = tasks_init(&r)) != KVO_OK) goto done;
     /* One worker beside the driver: the index wait runs on one thread
      * while the other probes the engines one after the other. */
     if ((st = chk_pool_new(&r.pool, POOL_THREADS)) != KVO_OK) goto done;
@@ -1098,18 +1118,13 @@ done:
         chk_env_stop(&r.env, keep);
     }
     chk_pool_free(r.pool);
-    for (size_t i = 0; r.tasks && i < r.cap_tasks; i++)
-        kvo_http_resp_fini(&r.tasks[i].resp);
-    kvo_free(r.tasks);
-    kvo_free(r.task_ptrs);
+    tasks_fini(&r);
     check_trace_fini(&r.trace);
     kvo_buf_fini(&r.tokens);
     kvo_buf_fini(&r.pjson);
     kvo_buf_fini(&r.idx_metrics);
     kvo_free(r.hashes);
-    kvo_free(r.rh_keys);
-    kvo_free(r.rh_used);
-    kvo_free(r.rh_rows);
+    rh_memo_fini(&r.rh);
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.used);

@@ -865,22 +865,28 @@ static double proc_cpu(const kvo_proc *p) {
     return hz > 0 ? (double)(ut + st) / (double)hz : -1;
 }
 
+/* Process i of the ones we may have started, in start order: nats-server,
+ * kvo-indexer, the engines, the relays (*retired: killed and replaced);
+ * NULL past the last. One not started has pid 0 and has not exited. */
+static kvo_proc *env_proc(chk_env *env, size_t i, bool *retired) {
+    *retired = false;
+    if (i == 0) return &env->nats;
+    if (i == 1) return &env->indexer;
+    i -= 2;
+    if (i < env->n_engines) return &env->engines[i].proc;
+    i -= env->n_engines;
+    if (i >= env->n_relays) return NULL;
+    *retired = env->relays[i].retired;
+    return &env->relays[i].proc;
+}
+
 kvo_status chk_env_cpu(chk_env *env, check_counters *c) {
     kvo_status st = KVO_OK;
-    const kvo_proc *fixed[2] = {&env->nats, &env->indexer};
-    for (int i = 0; i < 2 && st == KVO_OK; i++) {
-        double s = proc_cpu(fixed[i]);
-        if (s >= 0) st = check_counters_set(c, "cpu", fixed[i]->name, s);
-    }
-    for (uint32_t i = 0; i < env->n_engines && st == KVO_OK; i++) {
-        double s = proc_cpu(&env->engines[i].proc);
-        if (s >= 0)
-            st = check_counters_set(c, "cpu", env->engines[i].proc.name, s);
-    }
-    for (uint32_t i = 0; i < env->n_relays && st == KVO_OK; i++) {
-        double s = proc_cpu(&env->relays[i].proc);
-        if (s >= 0)
-            st = check_counters_set(c, "cpu", env->relays[i].proc.name, s);
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; st == KVO_OK && (p = env_proc(env, i, &retired)); i++) {
+        double s = proc_cpu(p);
+        if (s >= 0) st = check_counters_set(c, "cpu", p->name, s);
     }
     struct rusage ru;
     if (st == KVO_OK && getrusage(RUSAGE_SELF, &ru) == 0)
@@ -891,42 +897,22 @@ kvo_status chk_env_cpu(chk_env *env, check_counters *c) {
     return st;
 }
 
-void chk_env_dump_logs(const chk_env *env, int lines) {
-    if (env->nats.pid || env->nats.exited) kvo_proc_dump_log(&env->nats, lines);
-    if (env->indexer.pid || env->indexer.exited)
-        kvo_proc_dump_log(&env->indexer, lines);
-    for (uint32_t i = 0; i < env->n_engines; i++)
-        if (env->engines[i].proc.pid || env->engines[i].proc.exited)
-            kvo_proc_dump_log(&env->engines[i].proc, lines);
-    for (uint32_t i = 0; i < env->n_relays; i++)
-        kvo_proc_dump_log(&env->relays[i].proc, lines);
+void chk_env_dump_logs(chk_env *env, int lines) {
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; (p = env_proc(env, i, &retired)) != NULL; i++)
+        if (p->pid || p->exited) kvo_proc_dump_log(p, lines);
 }
 
 bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
-    kvo_proc *procs[3] = {&env->nats, &env->indexer, NULL};
-    for (int i = 0; procs[i]; i++)
-        if (procs[i]->pid && !kvo_proc_alive(procs[i])) {
-            snprintf(why, whysz, "%s exited (status %d); log: %s",
-                     procs[i]->name, procs[i]->exit_status,
-                     procs[i]->log_path);
-            return true;
-        }
-    for (uint32_t i = 0; i < env->n_engines; i++) {
-        kvo_proc *p = &env->engines[i].proc;
-        if (p->pid && !kvo_proc_alive(p)) {
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; (p = env_proc(env, i, &retired)) != NULL; i++)
+        if (!retired && p->pid && !kvo_proc_alive(p)) {
             snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
                      p->exit_status, p->log_path);
             return true;
         }
-    }
-    for (uint32_t i = 0; i < env->n_relays; i++) {
-        kvo_proc *p = &env->relays[i].proc;
-        if (!env->relays[i].retired && p->pid && !kvo_proc_alive(p)) {
-            snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
-                     p->exit_status, p->log_path);
-            return true;
-        }
-    }
     return false;
 }
 
