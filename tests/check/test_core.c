@@ -8,16 +8,19 @@
 
 Suite *suite_core(void);
 
-/* A 2-worker x 2-rank observation builder. */
+/* A 2-worker x 2-rank observation builder, and the arena its judged
+ * prompts' per-slot arrays live in (until fix_fini). */
 typedef struct obs_fix {
     uint32_t scores[4];
     int32_t probes[4];
     check_obs o;
+    kvo_arena arena;
 } obs_fix;
 
 static void fix_init(obs_fix *f, uint32_t tokens, uint32_t chosen,
                      int64_t cached) {
     memset(f, 0, sizeof(*f));
+    kvo_arena_init(&f->arena);
     f->o.id = 7;
     f->o.prompt_tokens = tokens;
     f->o.block_size = 16;
@@ -29,13 +32,13 @@ static void fix_init(obs_fix *f, uint32_t tokens, uint32_t chosen,
     f->o.cached_tokens = cached;
 }
 
-static void judge(obs_fix *f, check_prompt *p, kvo_arena *a) {
-    ck_assert_int_eq(check_prompt_judge(&f->o, a, p), KVO_OK);
+static void fix_fini(obs_fix *f) { kvo_arena_fini(&f->arena); }
+
+static void judge(obs_fix *f, check_prompt *p) {
+    ck_assert_int_eq(check_prompt_judge(&f->o, &f->arena, p), KVO_OK);
 }
 
 START_TEST(agreeing_prompt_is_not_divergent) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 100, 2, 3 * 16);
     uint32_t sc[4] = {0, 5, 3, 0};
@@ -43,7 +46,7 @@ START_TEST(agreeing_prompt_is_not_divergent) {
     memcpy(f.scores, sc, sizeof(sc));
     memcpy(f.probes, pr, sizeof(pr));
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_int_eq(p.first_divergent_block, -1);
     ck_assert_uint_eq(p.worker, 1);
@@ -53,14 +56,12 @@ START_TEST(agreeing_prompt_is_not_divergent) {
     ck_assert_int_eq(p.engine_hit_blocks, 3);
     ck_assert_uint_eq(p.index_hit_blocks, 3);
     ck_assert_int_eq(p.reason, CHECK_REASON_NONE);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_score_is_capped_like_the_engine_before_comparing) {
     /* 64 tokens = 4 full blocks; the engine never serves the last one. */
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 64, 0, 3 * 16);
     f.scores[0] = 4;
@@ -68,23 +69,21 @@ START_TEST(index_score_is_capped_like_the_engine_before_comparing) {
     f.scores[3] = 4;
     f.probes[3] = 3;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_uint_eq(p.index_hit_blocks, 3);
     ck_assert_uint_eq(p.index_raw_blocks, 4);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_behind_engine_is_a_missed_store_at_the_index_depth) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 10 * 16);
     f.scores[1] = 4;
     f.probes[1] = 10;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.first_divergent_block, 4);
     ck_assert_int_eq(p.divergent_slot, 1);
@@ -92,30 +91,26 @@ START_TEST(index_behind_engine_is_a_missed_store_at_the_index_depth) {
     ck_assert_msg(strstr(p.detail, "worker 0 rank 1: engine 10 blocks, "
                                    "index 4") != NULL,
                   "%s", p.detail);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 0, 0);
     f.scores[2] = 6; /* worker 1 rank 0: index claims 6, engine evicted */
     f.probes[2] = 2;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.divergent_slot, 2);
     ck_assert_int_eq(p.first_divergent_block, 2);
     ck_assert_int_eq(p.reason, CHECK_REASON_STALE_BLOCK);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 3, 5 * 16);
     f.probes[3] = 5; /* engine: worker 1 rank 1 holds 5 */
@@ -123,19 +118,17 @@ START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
     f.scores[2] = 5; /* ... but on rank 0 */
     f.probes[2] = 0;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
     ck_assert_int_eq(p.first_divergent_block, 0);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(a_rank_the_index_never_scored_is_a_wrong_rank) {
     /* both ranks share the prefix, so no sibling is in excess; but the
      * index never saw rank 1 at all (its events carried no rank) */
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 2 * 16);
     f.probes[0] = 2;
@@ -144,22 +137,20 @@ START_TEST(a_rank_the_index_never_scored_is_a_wrong_rank) {
     f.scores[1] = 0;
     uint8_t seen[4] = {1, 0, 1, 1};
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE); /* no evidence */
     f.o.index_seen = seen;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
     ck_assert_msg(strstr(p.detail, "never scored rank 1"), "%s", p.detail);
     seen[1] = 1; /* it did score rank 1 before: a plain missed store */
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(a_rule_counter_that_moved_names_the_reason) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     check_counters moved, total;
     check_counters_init(&moved);
     check_counters_init(&total);
@@ -178,7 +169,7 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
     f.o.moved = &moved;
     f.o.total = &total;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     /* both moved: the rule table puts hash mismatches first */
     ck_assert_int_eq(p.reason, CHECK_REASON_HASH_MISMATCH);
     ck_assert_msg(strstr(p.detail, "kvo_relay_hash_mismatches +3"), "%s",
@@ -189,54 +180,48 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
                                         "kvo_indexer_parent_not_found_total",
                                         1),
                      KVO_OK);
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_UNKNOWN_PARENT);
     ck_assert_msg(strstr(p.detail, "earlier: 1"), "%s", p.detail);
     check_counters_fini(&moved);
     check_counters_fini(&total);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(probe_disagreeing_with_the_response_is_the_engine_contradicting_itself) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 0, 4 * 16);
     f.probes[0] = 6;
     f.scores[0] = 4;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
     ck_assert_int_eq(p.first_divergent_block, 4);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(unprobed_slots_are_not_compared_and_response_alone_is_truth) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 3 * 16);
     f.o.probe_hits = NULL; /* a real vLLM: no probe */
     f.scores[0] = 9;       /* other workers cannot be checked */
     f.scores[1] = 3;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_int_eq(p.engine_hits[0], -1);
     f.scores[1] = 2;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.first_divergent_block, 2);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(first_divergent_block_is_the_shallowest_over_all_slots) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 400, 0, 9 * 16);
     f.probes[0] = 9;
@@ -244,24 +229,23 @@ START_TEST(first_divergent_block_is_the_shallowest_over_all_slots) {
     f.probes[2] = 3;
     f.scores[2] = 5; /* diverges at 3 */
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.first_divergent_block, 3);
     ck_assert_int_eq(p.divergent_slot, 2);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(judge_refuses_nonsense_observations) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 100, 4, 0); /* chosen out of range */
     check_prompt p;
-    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
+    ck_assert_int_eq(check_prompt_judge(&f.o, &f.arena, &p), KVO_EINVAL);
+    fix_fini(&f);
     fix_init(&f, 100, 0, 0);
     f.o.block_size = 0;
-    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
-    kvo_arena_fini(&a);
+    ck_assert_int_eq(check_prompt_judge(&f.o, &f.arena, &p), KVO_EINVAL);
+    fix_fini(&f);
 }
 END_TEST
 
