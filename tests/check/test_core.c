@@ -441,13 +441,18 @@ START_TEST(verdict_names_the_first_cause_in_trace_order) {
 }
 END_TEST
 
+/* r's verdict once c's rule counters are recorded, as read at the end. */
+static void decide_at_end(check_result *r, const check_counters *c) {
+    ck_assert_int_eq(check_result_trips(r, c, -1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+}
+
 START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
     check_result *r = three_prompts(false);
     check_counters c;
     check_counters_init(&c);
     check_counters_set(&c, "indexer", "kvo_indexer_block_not_found_total", 2);
-    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
-    check_verdict_decide(r, &r->verdict);
+    decide_at_end(r, &c);
     ck_assert(!r->verdict.pass);
     ck_assert_msg(strstr(r->verdict.cause, "at the end"), "%s",
                   r->verdict.cause);
@@ -464,21 +469,24 @@ START_TEST(an_engine_error_counter_that_moved_fails_the_run) {
     check_counters_init(&c);
     /* activity, however much of it, is no cause; nor is a decode engine,
      * which publishes nothing the index holds */
-    check_counters_set(&c, "engine 1.0", "requests_aborted", 3);
-    check_counters_set(&c, "engine 1.0", "replay_requests", 5);
-    check_counters_set(&c, "engine 1.0", "replay_batches", 50);
-    check_counters_set(&c, "engine 1.0", "preemptions", 7);
-    check_counters_set(&c, "engine 1.0", "blocks_removed", 900);
-    check_counters_set(&c, "engine 1.0", "record_errors", 1);
-    check_counters_set(&c, "decode engine 2.0", "render_errors", 4);
-    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
-    check_verdict_decide(r, &r->verdict);
+    static const struct {
+        const char *stage, *name;
+        double value;
+    } fine[] = {{"engine 1.0", "requests_aborted", 3},
+                {"engine 1.0", "replay_requests", 5},
+                {"engine 1.0", "replay_batches", 50},
+                {"engine 1.0", "preemptions", 7},
+                {"engine 1.0", "blocks_removed", 900},
+                {"engine 1.0", "record_errors", 1},
+                {"decode engine 2.0", "render_errors", 4}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(fine); i++)
+        check_counters_set(&c, fine[i].stage, fine[i].name, fine[i].value);
+    decide_at_end(r, &c);
     ck_assert_msg(r->verdict.pass, "%s", r->verdict.cause);
     /* worker 1 rank 0 could not encode two batches: their events never
      * left it, whatever the index then shows */
     check_counters_set(&c, "engine 1.0", "render_errors", 2);
-    ck_assert_int_eq(check_result_trips(r, &c, -1), KVO_OK);
-    check_verdict_decide(r, &r->verdict);
+    decide_at_end(r, &c);
     ck_assert(!r->verdict.pass);
     ck_assert_int_eq(r->verdict.reason, CHECK_REASON_ENGINE_ERROR);
     ck_assert_msg(strstr(r->verdict.cause, "engine error: engine 1.0 "
