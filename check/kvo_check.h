@@ -5,10 +5,13 @@
  *   check_cfg cfg;
  *   check_cfg_defaults(&cfg);
  *   cfg.spawn = true, cfg.trace = "trace.jsonl";
- *   check_result *res;   kvo_err err;   const char *cause;
- *   if (check_result_new(&res) == KVO_OK && check_run(&cfg, res, &err) ==
- * KVO_OK) { check_report_summary(stdout, res, 10); bool pass =
- * check_result_passed(res, &cause);
+ *   check_result *res;
+ *   kvo_err err;
+ *   if (check_result_new(&res) == KVO_OK &&
+ *       check_run(&cfg, res, &err) == KVO_OK) {
+ *       check_report_summary(stdout, res, 10);
+ *       const char *cause;
+ *       bool pass = check_result_passed(res, &cause);
  *   }
  *   check_result_free(res);
  *
