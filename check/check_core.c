@@ -19,7 +19,7 @@
  * unknown parent, seq gap, rejected event...); one that tripped earlier; and
  * else the direction: index behind = missed store, index ahead = stale block.
  */
-#include "check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +28,15 @@
 #include <xxhash.h>
 
 /* ---- Counters ------------------------------------------------------------*/
+
+/* A Prometheus sample's name with its labels, and its value's text: longer
+ * ones are skipped, not cut (a cut name would be another counter). */
+#define PROM_NAME_MAX 512
+#define PROM_VALUE_MAX 64
+/* A JSON counter object: nesting levels flattened, and the length of a
+ * leaf's dotted path; deeper or longer leaves are skipped. */
+#define JSON_DEPTH_MAX 16
+#define JSON_PATH_MAX 512
 
 void check_counters_init(check_counters *c) { memset(c, 0, sizeof(*c)); }
 
@@ -202,7 +211,7 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
 kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
                                      const char *text, size_t len) {
     const char *p = text, *end = text + len;
-    char name[512];
+    char name[PROM_NAME_MAX];
     while (p < end) {
         const char *eol = memchr(p, '\n', (size_t)(end - p));
         if (!eol) eol = end;
@@ -232,7 +241,7 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
             size_t nl = (size_t)(k - q);
             while (k < eol && (*k == ' ' || *k == '\t')) k++;
             if (nl > 0 && nl < sizeof(name) && k < eol) {
-                char num[64];
+                char num[PROM_VALUE_MAX];
                 size_t vl = 0;
                 while (k + vl < eol && k[vl] != ' ' && k[vl] != '\t' &&
                        k[vl] != '\r' && vl + 1 < sizeof(num))
@@ -258,7 +267,7 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
 static kvo_status parse_json_rec(check_counters *c, const char *stage,
                                  json_object *j, char *path, size_t plen,
                                  size_t cap, int depth) {
-    if (depth > 16) return KVO_OK;
+    if (depth > JSON_DEPTH_MAX) return KVO_OK;
     kvo_status st = KVO_OK;
     switch (json_object_get_type(j)) {
     case json_type_int:
@@ -310,7 +319,7 @@ static kvo_status parse_json_rec(check_counters *c, const char *stage,
 
 kvo_status check_counters_parse_json(check_counters *c, const char *stage,
                                      json_object *j) {
-    char path[512] = "";
+    char path[JSON_PATH_MAX] = "";
     return parse_json_rec(c, stage, j, path, 0, sizeof(path), 0);
 }
 
@@ -327,6 +336,7 @@ const char *check_reason_name(check_reason r) {
         [CHECK_REASON_SEQ_GAP] = "seq gap",
         [CHECK_REASON_REJECTED] = "rejected event",
         [CHECK_REASON_ENGINE] = "engine inconsistent",
+        [CHECK_REASON_ENGINE_ERROR] = "engine error",
     };
     return (unsigned)r < CHECK_REASON_COUNT ? names[r] : "?";
 }
@@ -336,6 +346,32 @@ const char *check_reason_name(check_reason r) {
  * metrics as it likes; samples that are not counts (histograms, config) are
  * excluded explicitly. */
 static const check_rule RULES[] = {
+    /* kvo-mocker: the per-rank counters of GET /kvo/state, stage "engine
+     * <worker>.<rank>" (read after the last request). First in the table:
+     * an engine that failed to publish is the cause of whatever the relay
+     * and the index show next. Errors, not activity:
+     *   render_errors        step batches it could not encode (never sent)
+     *   send_errors          batches its ZMQ PUB socket refused
+     *   replay_cut           replays cut short (the relay's gap stays open)
+     *   replay_bad_requests  replay requests it could not read
+     *   ...lost...           events counted as lost (no kvo-mocker counter
+     *                        today; an engine that keeps one trips it)
+     * Activity may move freely: requests_aborted (a client went away),
+     * preemptions, replay_requests and replay_batches (recovery that
+     * worked), cleared, blocks_removed, ... . record_errors counts writes to
+     * a --record capture file, beside the event stream, not in it. A decode
+     * engine (stage "decode engine ...") publishes nothing the index holds,
+     * so "engine" as a stage prefix leaves it out. */
+    {"engine", "render_errors", NULL, CHECK_REASON_ENGINE_ERROR,
+     "step batches the engine could not encode: their events were never "
+     "published"},
+    {"engine", "send_errors", NULL, CHECK_REASON_ENGINE_ERROR,
+     "batches the engine's ZMQ socket refused to publish"},
+    {"engine", "replay_cut|replay_bad_requests", NULL,
+     CHECK_REASON_ENGINE_ERROR,
+     "replays the engine cut short, or replay requests it could not read"},
+    {"engine", "lost", NULL, CHECK_REASON_ENGINE_ERROR,
+     "events the engine counted as lost"},
     /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
     {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
      "engine hashes that are not H(parent, tokens) (--verify-engine-hash)"},
@@ -541,14 +577,18 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
 
 /* ---- Result ----------------------------------------------------------------*/
 
-void check_result_init(check_result *r) {
-    memset(r, 0, sizeof(*r));
+kvo_status check_result_new(check_result **out) {
+    check_result *r = kvo_calloc(1, sizeof(*r));
+    if (!r) return KVO_ENOMEM;
     kvo_arena_init(&r->arena);
     check_counters_init(&r->counters);
     r->error_prompt = -1;
+    *out = r;
+    return KVO_OK;
 }
 
-void check_result_fini(check_result *r) {
+void check_result_free(check_result *r) {
+    if (!r) return;
     kvo_free(r->slots);
     kvo_free(r->prompts);
     kvo_free(r->sweep);
@@ -559,13 +599,17 @@ void check_result_fini(check_result *r) {
         kvo_free(r->trips[i].name);
     }
     kvo_free(r->trips);
-    memset(r, 0, sizeof(*r));
+    kvo_free(r);
 }
+
+/* Slots (workers x ranks) a result accepts: bounds its per-slot arrays,
+ * far above what the driver can start (CHK_MAX_ENGINES x CHK_MAX_DP). */
+#define SLOTS_MAX 65536
 
 kvo_status check_result_slots(check_result *r, uint32_t n_workers,
                               uint32_t dp_size, uint32_t block_size) {
     if (n_workers == 0 || dp_size == 0 || block_size == 0 ||
-        (uint64_t)n_workers * dp_size > 65536)
+        (uint64_t)n_workers * dp_size > SLOTS_MAX)
         return KVO_EINVAL;
     check_slot_info *s = kvo_calloc((size_t)n_workers * dp_size, sizeof(*s));
     if (!s) return KVO_ENOMEM;
@@ -720,8 +764,9 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
      * happened before its counters were read (kind 0), a tripped counter
      * before its query (1), a divergence at the query (2). "At the end"
      * sorts after every request. */
+    enum { KINDS = 3 };
 #define POS(req, kind) \
-    ((req) < 0 ? UINT64_MAX - 3 + (kind) : (uint64_t)(req) * 3 + (kind))
+    ((req) < 0 ? UINT64_MAX - KINDS + (kind) : (uint64_t)(req) * KINDS + (kind))
     const uint64_t none = UINT64_MAX;
     uint64_t err_pos = r->error[0] ? POS(r->error_prompt, 0) : none;
     const check_trip *tp = NULL;
@@ -780,6 +825,11 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
     } else {
         out->pass = true;
     }
+}
+
+bool check_result_passed(const check_result *r, const char **cause) {
+    if (cause) *cause = r->verdict.cause;
+    return r->verdict.pass;
 }
 
 const char *check_stage_name(check_stage s) {

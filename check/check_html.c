@@ -12,7 +12,7 @@
  * The engine line is drawn wide and light, the index line thin and dashed on
  * top of it, so a correct pipeline shows one line and a drift shows two.
  */
-#include "check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -60,6 +60,15 @@ static const char CSS[] =
 
 enum { PLOT_W = 940, PLOT_H = 250, SMALL_W = 460, SMALL_H = 150,
        MAX_POINTS = 900 };
+/* The rolling window: a WINDOW_SPANS-th of the run, within WINDOW_MIN and
+ * WINDOW_MAX requests (a slot's chart: its share, at least
+ * SLOT_WINDOW_MIN). Past MANY_MARKS divergence marks a chart draws them
+ * fainter so its lines stay readable. */
+enum { WINDOW_SPANS = 50, WINDOW_MIN = 10, WINDOW_MAX = 200,
+       SLOT_WINDOW_MIN = 5, MANY_MARKS = 50 };
+/* Rows of the divergence list (the JSON report has them all) and of the
+ * worst-prompts table. */
+enum { DIVERGENCE_ROWS = 2000, WORST_ROWS = 20 };
 
 /* Rolling token-weighted rates over the prompts whose slot matches (slot <
  * 0: all), evaluated at each such prompt. Writes (position, engine %,
@@ -147,7 +156,7 @@ static void chart(FILE *f, const check_result *r, long slot, size_t window,
     size_t marks = 0;
     for (size_t k = 0; k < n; k++) marks += r->prompts[k].diverged;
     /* many marks: fainter, so the lines stay readable */
-    double opacity = marks > 50 ? 0.18 : 0.55;
+    double opacity = marks > MANY_MARKS ? 0.18 : 0.55;
     for (size_t k = 0; k < n; k++) {
         const check_prompt *p = &r->prompts[k];
         if (!p->diverged) continue;
@@ -347,9 +356,9 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
 
     /* Plots */
     size_t n = r->n_prompts;
-    size_t window = n / 50;
-    if (window < 10) window = 10;
-    if (window > 200) window = 200;
+    size_t window = n / WINDOW_SPANS;
+    if (window < WINDOW_MIN) window = WINDOW_MIN;
+    if (window > WINDOW_MAX) window = WINDOW_MAX;
     fprintf(f, "<h2>Hit rate over the trace</h2>\n<p class=\"legend\">"
                "<span><i class=\"sw\" style=\"background:#4a90d9;opacity:.5\">"
                "</i>engine (cached tokens)</span><span><i class=\"sw\" "
@@ -361,7 +370,7 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     chart(f, r, -1, window, PLOT_W, PLOT_H, "hit-plot", "all requests");
     fputs("<div id=\"slot-plots\">\n", f);
     size_t sw = window / (r->n_slots ? r->n_slots : 1);
-    if (sw < 5) sw = 5;
+    if (sw < SLOT_WINDOW_MIN) sw = SLOT_WINDOW_MIN;
     for (uint32_t s = 0; s < r->n_slots; s++) {
         char title[64];
         snprintf(title, sizeof(title), "worker %u rank %u", r->slots[s].worker,
@@ -381,12 +390,12 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     } else {
         fprintf(f, "<table id=\"divergences\">\n%s", PROMPT_HEAD);
         size_t shown = 0;
-        for (size_t k = 0; k < n && shown < 2000; k++)
+        for (size_t k = 0; k < n && shown < DIVERGENCE_ROWS; k++)
             if (r->prompts[k].diverged) {
                 prompt_row(f, &r->prompts[k]);
                 shown++;
             }
-        for (size_t k = 0; k < r->n_sweep && shown < 2000; k++)
+        for (size_t k = 0; k < r->n_sweep && shown < DIVERGENCE_ROWS; k++)
             if (r->sweep[k].diverged) {
                 if (shown++ == t.divergent)
                     fputs("<tr><th colspan=\"9\">re-checked after the run "
@@ -431,7 +440,7 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
           "the lowest engine hit rate.</p>\n<table id=\"worst\">\n",
           f);
     fputs(PROMPT_HEAD, f);
-    const check_prompt *worst[20];
+    const check_prompt *worst[WORST_ROWS];
     size_t nw = check_result_worst(r, worst, KVO_ARRAY_LEN(worst));
     for (size_t k = 0; k < nw; k++) prompt_row(f, worst[k]);
     fputs("</table>\n", f);

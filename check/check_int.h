@@ -1,5 +1,32 @@
-/* check_int.h -- what the driver (check_run.c), the process set-up
- * (check_spawn.c) and the HTTP calls (check_http.c) share.
+/* check_int.h -- kvo-check's internals, shared by its files and by the
+ * tests (kvo_check.h is what a user calls).
+ *
+ *   trace (check_trace.c)
+ *     │ request r
+ *     ▼
+ *   driver (check_run.c), per request:
+ *     1 sync      every engine rank's last published ZMQ seq <= the index's
+ *                 watermark for that rank's relay (or: quiet for settle-ms)
+ *     2 counters  indexer /metrics, relays /metrics (what moved since r-1)
+ *     3 index     POST /query_by_hash           -> index_scores[slot]
+ *     4 truth     POST /kvo/probe on every engine -> probe_hits[slot]
+ *     5 send      policy picks a slot; POST /v1/completions -> cached_tokens
+ *     │ check_obs
+ *     ▼
+ *   judge (check_core.c, pure):  per slot  min(score, (n-1)//bs)  vs  hits
+ *     │ check_prompt (diverged, first divergent block, likely reason)
+ *     ▼
+ *   check_result ──▶ verdict (check_core.c) ──▶ reports (check_report.c:
+ *                    terminal + JSON lines; check_html.c: one HTML file)
+ *
+ * A "slot" is one (worker_id, dp_rank) pair the index can score: one engine
+ * rank that publishes events. slot = worker * dp_size + dp_rank.
+ *
+ * Part 1, the pure core: the judge, the verdict, the counters and the report
+ * writers see only what the index said, what the engines said and the
+ * counters, so the unit tests drive them with hand-made observations.
+ *
+ * Part 2, the driver and the processes it talks to:
  *
  *   chk_env                          everything the run talks to
  *   ├─ nats-server   (spawned, or --nats)
@@ -12,14 +39,316 @@
  * A rank is a slot (index-visible) when its engine publishes events:
  * slot = worker_id * dp_size + dp_rank, worker_id = engine index among the
  * publishing engines. Decode-role engines come last and have no slots.
+ * Processes (check_spawn.c): nats-server, kvo-mocker per worker, kvo-relay
+ * per (worker, rank), kvo-indexer; free loopback ports, readiness by
+ * polling, stopped on every path (also Ctrl-C); logs kept on failure.
  */
 #ifndef KVO_CHECK_INT_H
 #define KVO_CHECK_INT_H
 
-#include "check.h"
+#include "kvo_check.h"
 #include "kvo_http.h"
 #include "kvo_proc.h"
 
+#include <json-c/json.h>
+
+/* ######################################################################## */
+/* Part 1: the pure core (check_core.c, check_report.c, check_html.c)       */
+/* ######################################################################## */
+
+/* ======================================================================== */
+/* Counters of every stage                                                   */
+/* ======================================================================== */
+
+/* One sample as a stage exposes it: stage "indexer", "relay 1.0"
+ * (worker.rank), "check"; name = the metric with its labels, verbatim
+ * ("kvo_indexer_events_total{type=\"stored\",status=\"ok\"}"). */
+typedef struct check_rule check_rule;
+
+typedef struct check_counter {
+    char *stage; /* owned */
+    char *name;  /* owned */
+    double value;
+    uint64_t key;            /* hash of (stage, name): lookups compare it */
+    const check_rule *rule;  /* check_rule_find(stage, name), cached */
+} check_counter;
+
+typedef struct check_counters {
+    check_counter *items; /* owned; in insertion order */
+    size_t n, cap;
+    size_t hint; /* where the next lookup starts (re-parses keep order) */
+} check_counters;
+
+void check_counters_init(check_counters *c);
+void check_counters_fini(check_counters *c);
+void check_counters_clear(check_counters *c);
+kvo_status check_counters_set(check_counters *c, const char *stage,
+                              const char *name, double value);
+/* NAN when absent. */
+double check_counters_get(const check_counters *c, const char *stage,
+                          const char *name);
+/* Sum of every counter of stages starting with stage_prefix whose name
+ * contains match (0 when none). */
+double check_counters_sum(const check_counters *c, const char *stage_prefix,
+                          const char *match);
+kvo_status check_counters_copy(check_counters *dst, const check_counters *src);
+/* Renames every counter of stage `from` to stage `to` (a relay that was
+ * replaced keeps its final counters under "relay 0.0 #1"). */
+kvo_status check_counters_rename_stage(check_counters *c, const char *from,
+                                       const char *to);
+/* out = every counter of cur that is larger than in prev (absent in prev =
+ * 0), valued by the increase. */
+kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
+                                const check_counters *cur);
+/* Prometheus text exposition: every sample line becomes a counter of stage
+ * (replacing an earlier value). Comments and malformed lines are skipped. */
+kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
+                                     const char *text, size_t len);
+/* A JSON object: every numeric (or boolean) leaf, named by its dotted path
+ * ("nats.dropped", "gaps.0"). */
+kvo_status check_counters_parse_json(check_counters *c, const char *stage,
+                                     json_object *j);
+
+/* ======================================================================== */
+/* Reasons and the rules that turn counters into causes                      */
+/* ======================================================================== */
+
+typedef enum check_reason {
+    CHECK_REASON_NONE = 0,
+    CHECK_REASON_MISSED_STORE,   /* "missed store": index behind the engine */
+    CHECK_REASON_STALE_BLOCK,    /* "stale block": index holds evicted blocks */
+    CHECK_REASON_HASH_MISMATCH,  /* "hash mismatch": engine hash not H(tokens) */
+    CHECK_REASON_UNKNOWN_PARENT, /* "unknown parent": store rejected */
+    CHECK_REASON_WRONG_RANK,     /* "wrong rank": blocks on a sibling rank */
+    CHECK_REASON_SEQ_GAP,        /* "seq gap": events lost in transport */
+    CHECK_REASON_REJECTED,       /* "rejected event": decode/validation */
+    CHECK_REASON_ENGINE,         /* "engine inconsistent": probe != response */
+    CHECK_REASON_ENGINE_ERROR,   /* "engine error": it failed to publish */
+    CHECK_REASON_COUNT
+} check_reason;
+
+/* "missed store", ... ("" for NONE). */
+const char *check_reason_name(check_reason r);
+
+/* A counter that must stay 0 on a correct pipeline. Matched against a
+ * counter by stage prefix and by substrings of its name (all of `match`,
+ * separated by '|' meaning "any of", none of `except`). */
+struct check_rule {
+    const char *stage_prefix; /* "indexer", "relay" */
+    const char *match;        /* "parent_not_found" or "a|b" */
+    const char *except;       /* NULL or "a|b" */
+    check_reason reason;
+    const char *what;         /* "events with an unknown parent" */
+};
+
+/* The rule a counter falls under, NULL if it may move freely. The table is
+ * in priority order: when several tripped counters moved, the first rule
+ * names the reason. */
+const check_rule *check_rule_find(const char *stage, const char *name);
+const check_rule *check_rules(size_t *n);
+
+/* ======================================================================== */
+/* One prompt: observation in, judgement out                                 */
+/* ======================================================================== */
+
+/* What the driver saw for one request. Arrays have n_slots entries. */
+typedef struct check_obs {
+    uint64_t id;                 /* 0-based trace line */
+    uint32_t prompt_tokens;
+    uint32_t block_size;
+    uint32_t n_slots;
+    uint32_t dp_size;            /* slots per worker (worker = slot / dp) */
+    uint32_t chosen;             /* slot the request went to */
+    const uint32_t *index_scores; /* as the index answered (uncapped) */
+    const int32_t *probe_hits;   /* engine truth before the request, already
+                                    capped; NULL or -1 = not probed */
+    int64_t cached_tokens;       /* from the response; -1 = unknown */
+    const uint8_t *index_seen;   /* per slot: the index ever scored it
+                                    (NULL = unknown) */
+    const check_counters *moved; /* rule counters that moved since the
+                                    previous prompt (NULL = none known) */
+    const check_counters *total; /* all counters so far (NULL = none) */
+    double ms;                   /* wall time spent on this prompt */
+} check_obs;
+
+typedef struct check_prompt {
+    uint64_t id;
+    uint32_t slot, worker, dp_rank; /* where the request went */
+    uint32_t prompt_tokens;
+    uint32_t prompt_blocks;      /* ceil(tokens / block_size) */
+    uint32_t cap;                /* (tokens - 1) // block_size */
+    int32_t engine_hit_blocks;   /* chosen slot: cached_tokens / bs (or the
+                                    probe when the response had none) */
+    uint32_t index_hit_blocks;   /* chosen slot, capped */
+    uint32_t index_raw_blocks;   /* chosen slot, uncapped (Dynamo's score) */
+    uint32_t *index_scores;      /* per slot, uncapped (result-owned) */
+    int32_t *engine_hits;        /* per slot, -1 unknown (result-owned) */
+    bool diverged;
+    int32_t first_divergent_block; /* -1 when not diverged */
+    int32_t divergent_slot;        /* slot of the first divergence, -1 */
+    check_reason reason;
+    char detail[200];            /* "worker 1 rank 0: engine 12, index 8; ..." */
+    double ms;
+} check_prompt;
+
+/* ======================================================================== */
+/* A whole run                                                                */
+/* ======================================================================== */
+
+/* Where the driver's wall time went. */
+typedef enum check_stage {
+    CHECK_STAGE_SYNC = 0, /* waiting for the watermark / settle */
+    CHECK_STAGE_COUNTERS, /* reading /metrics of the indexer and relays */
+    CHECK_STAGE_QUERY,    /* index query */
+    CHECK_STAGE_PROBE,    /* /kvo/probe of every engine */
+    CHECK_STAGE_COMPLETE, /* the completion itself */
+    CHECK_STAGE_SWEEP,    /* re-checking earlier prompts after the run */
+    CHECK_STAGE_OTHER,    /* prompt synthesis, hashing, judging, reports */
+    CHECK_STAGE_COUNT
+} check_stage;
+
+const char *check_stage_name(check_stage s);
+
+/* A rule counter that became non-zero, and when it was first seen. */
+typedef struct check_trip {
+    char *stage, *name; /* owned */
+    double value;       /* latest value */
+    int64_t before_prompt; /* seen before this prompt's query; -1 = at end */
+    const check_rule *rule;
+} check_trip;
+
+typedef struct check_slot_info {
+    uint32_t worker;
+    uint32_t dp_rank;
+} check_slot_info;
+
+typedef struct check_verdict {
+    bool pass;
+    char cause[400]; /* "" when pass */
+    check_reason reason;
+} check_verdict;
+
+struct check_result {
+    /* set up by the driver before the first prompt */
+    uint32_t block_size;
+    uint32_t n_slots, dp_size;
+    check_slot_info *slots; /* owned */
+    uint64_t planned;       /* requests the run meant to send */
+    char config[512];       /* one line: the effective configuration */
+
+    check_prompt *prompts;  /* owned, in trace order */
+    size_t n_prompts, cap_prompts;
+    /* The sweep: after the last request, earlier prompts re-checked on
+     * every slot (no request sent; truth = the probes). */
+    check_prompt *sweep;    /* owned */
+    size_t n_sweep, cap_sweep, sweep_divergent;
+    kvo_arena arena;        /* per-slot arrays of the prompts */
+
+    check_counters counters; /* latest value of every counter, all stages */
+    check_trip *trips;
+    size_t n_trips, cap_trips;
+
+    char error[320];        /* a run error that stopped it (timeout...) */
+    int64_t error_prompt;   /* where it happened, -1 none */
+
+    double wall_s;
+    double stage_s[CHECK_STAGE_COUNT];
+    check_verdict verdict;  /* by check_verdict_decide */
+};
+
+/* Declare the slots (before any prompt). */
+kvo_status check_result_slots(check_result *r, uint32_t n_workers,
+                              uint32_t dp_size, uint32_t block_size);
+/* Judge o and append the prompt; *out (may be NULL) points at it until the
+ * next append. */
+kvo_status check_result_add(check_result *r, const check_obs *o,
+                            const check_prompt **out);
+/* Judge o as a sweep entry (o->cached_tokens must be -1: no request). */
+kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
+                                  const check_prompt **out);
+/* Record every rule counter of `total` that is non-zero and not yet
+ * recorded, as first seen before prompt `before_prompt` (-1 = at end). */
+kvo_status check_result_trips(check_result *r, const check_counters *total,
+                              int64_t before_prompt);
+/* Record a run error (first one wins). */
+void check_result_error(check_result *r, int64_t prompt, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The pure judge behind check_result_add: fills *p (index_scores and
+ * engine_hits point into a, which must outlive p). */
+kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
+                              check_prompt *p);
+
+/* PASS only when no prompt diverged (during the run or in the sweep), no
+ * rule counter tripped and no run error happened; otherwise the first cause
+ * in trace order (the sweep comes last). */
+void check_verdict_decide(const check_result *r, check_verdict *out);
+
+/* Aggregates over the prompts. */
+typedef struct check_totals {
+    uint64_t requests, prompt_tokens, prompt_blocks;
+    uint64_t engine_hit_tokens; /* sum of engine_hit_blocks * bs */
+    uint64_t index_hit_tokens;  /* sum of index_hit_blocks * bs (capped) */
+    uint64_t index_raw_blocks;  /* sum of uncapped chosen scores */
+    uint64_t divergent;
+} check_totals;
+
+void check_result_totals(const check_result *r, check_totals *t);
+/* The n worst prompts into out (divergent first, by distance; then the
+ * lowest engine hit rate). Returns how many were written. Pointers are valid
+ * until the next check_result_add. */
+size_t check_result_worst(const check_result *r, const check_prompt **out,
+                          size_t n);
+
+/* ======================================================================== */
+/* Reports written while the run goes (the rest: kvo_check.h)               */
+/* ======================================================================== */
+
+/* One progress line ("\r[####....] 523/1000 ..."), for a terminal. */
+void check_report_progress(FILE *f, const check_result *r, uint64_t done,
+                           uint64_t total, double elapsed_s);
+/* One JSON line for prompt p. */
+kvo_status check_report_json_prompt(FILE *f, const check_result *r,
+                                    const check_prompt *p);
+/* A divergent sweep entry: a prompt line with "sweep": true. */
+kvo_status check_report_json_sweep(FILE *f, const check_result *r,
+                                   const check_prompt *p);
+
+/* ######################################################################## */
+/* Part 2: the driver (check_trace.c, check_run.c, check_spawn.c,           */
+/* check_http.c, check_pool.c)                                              */
+/* ######################################################################## */
+
+/* ======================================================================== */
+/* Trace (Mooncake JSONL) and prompts                                        */
+/* ======================================================================== */
+
+typedef struct check_request {
+    uint64_t line;          /* 0-based line of the trace */
+    uint32_t input_length;  /* prompt tokens */
+    uint32_t output_length; /* max_tokens */
+    uint32_t n_hash_ids;
+    const uint64_t *hash_ids;
+} check_request;
+
+typedef struct check_trace {
+    check_request *reqs; /* owned */
+    size_t n;
+    uint64_t rejected;   /* lines the reader refused */
+    char first_rejected[256]; /* why it refused the first one ("" none) */
+    void *impl;          /* the reader's own storage */
+} check_trace;
+
+/* Load at most limit requests (0 = all); malformed lines are skipped and
+ * counted. err gets a one-line reason. */
+kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
+                            kvo_err *err);
+void check_trace_fini(check_trace *t);
+/* The prompt tokens of DESIGN §8 into tokens (u64 each; replaced). */
+kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens);
+
+/* Ranks per engine (chk_engine.ranks is an array of them) and engines per
+ * run (--workers + --decode-workers) that kvo-check accepts. */
 #define CHK_MAX_DP 16
 #define CHK_MAX_ENGINES 256
 
@@ -109,35 +438,56 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
 
 /* ---- check_spawn.c --------------------------------------------------------*/
 
+/* A child's command line: heap strings in a growable array, NULL-terminated,
+ * as many and as long as they come. The first failure (out of memory)
+ * sticks in st and later chk_arg calls do nothing, so a builder looks at st
+ * once, before it spawns. One argument may be the port the child listens
+ * on, written by chk_args_set_port before each try. */
+typedef struct chk_args {
+    char **v;                /* owned, each string too; v[n] == NULL */
+    size_t n, cap;
+    kvo_status st;           /* KVO_OK or the first failure */
+    size_t port_at;          /* index of the port argument, SIZE_MAX none */
+    const char *port_prefix; /* written before the port ("127.0.0.1:") */
+} chk_args;
+
+void chk_args_init(chk_args *a);
+void chk_args_fini(chk_args *a);
+void chk_arg(chk_args *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* The port argument: prefix (borrowed, static) then the port. */
+void chk_arg_port(chk_args *a, const char *prefix);
+/* KVO_EINVAL: no port argument (or st failed); KVO_ENOMEM. */
+kvo_status chk_args_set_port(chk_args *a, uint16_t port);
+
 /* Start (or attach to) everything cfg asks for; err gets a one-line reason.
  * trace (may be NULL) sizes the engines' replay buffers. On failure
  * everything already started is stopped again. */
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
-                         const check_trace *trace, char *err, size_t errsz);
+                         const check_trace *trace, kvo_err *err);
 /* Stop everything we started (reverse order). keep_logs: leave the log
  * directory and print where it is; else remove it when we created it. */
 void chk_env_stop(chk_env *env, bool keep_logs);
 /* SIGKILL the relay of (engine, rank) and start a fresh one (new publisher
  * id, --replay-from 0). Its last counters move to stage "<stage> #n". */
 kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, char *err,
-                             size_t errsz);
+                             check_counters *counters, kvo_err *err);
 /* CPU seconds (user + system) of every process we started, and of
  * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
 kvo_status chk_env_cpu(chk_env *env, check_counters *c);
 /* Print the tail of every spawned process's log to stderr. */
-void chk_env_dump_logs(const chk_env *env, int lines);
+void chk_env_dump_logs(chk_env *env, int lines);
 /* A process that died: its name and exit status into why; false if all
  * live. */
 bool chk_env_dead(chk_env *env, char *why, size_t whysz);
 
 /* ---- check_http.c ----------------------------------------------------------*/
 
-/* GET /kvo/state of e: last_seq per rank (and rank count on first call). */
-kvo_status chk_engine_state(chk_engine *e, char *err, size_t errsz);
+/* GET /kvo/state of e: every rank's last_seq (-1: nothing published). */
+kvo_status chk_engine_state(chk_engine *e, kvo_err *err);
 /* GET /kvo/event_sources into e's ranks (zmq, replay, topic); n_ranks is
  * set from it; 0 sources = an engine that publishes nothing. */
-kvo_status chk_engine_sources(chk_engine *e, char *err, size_t errsz);
+kvo_status chk_engine_sources(chk_engine *e, kvo_err *err);
 /* One prompt, serialized once for every call that carries it: the trace
  * object {"hash_ids": [...], "input_length": n} (kvo-mocker's extension) or
  * the token-id array [t0, t1, ...]. */
@@ -150,7 +500,7 @@ typedef struct chk_prompt {
  * prompt goes to e next -- kvo-mocker hashes it ahead, after answering. */
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            char *err, size_t errsz);
+                            kvo_err *err);
 typedef struct chk_completion {
     int64_t cached_tokens;   /* -1: not reported */
     int64_t prompt_tokens;   /* -1: not reported */
@@ -164,18 +514,17 @@ typedef struct chk_completion {
 kvo_status chk_engine_complete(chk_engine *e, const char *model,
                                const chk_prompt *p, uint32_t max_tokens,
                                int dp_rank, const char *kv_params,
-                               chk_completion *out, char *err, size_t errsz);
+                               chk_completion *out, kvo_err *err);
 /* GET /kvo/state: every rank's counters, resident and free blocks into
  * stage "engine <worker>.<rank>". */
-kvo_status chk_engine_counters(chk_engine *e, check_counters *c, char *err,
-                               size_t errsz);
+kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err);
 /* GET /v1/models: the first model id. */
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
-                            char *err, size_t errsz);
+                            kvo_err *err);
 
 /* Indexer: scores per slot for the prompt's router hashes. */
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, char *err, size_t errsz);
+                           uint32_t *scores, kvo_err *err);
 /* Indexer GET /watermark: zmq_seq_last of publisher (-1 null or absent). */
 typedef struct chk_watermark {
     size_t n;
@@ -193,18 +542,18 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 const uint64_t *pairs, size_t npairs,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
-                                kvo_buf *metrics, char *err, size_t errsz);
+                                kvo_buf *metrics, kvo_err *err);
 void chk_watermark_fini(chk_watermark *w);
-kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, char *err,
-                               size_t errsz);
+kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err);
 int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
                           bool *present);
 /* Counters: fetch a /metrics body (any thread), then parse it into a
  * stage (the caller's thread). */
 kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
-                             kvo_http_resp *resp, char *err, size_t errsz);
-kvo_status chk_counters_relay(chk_relay *r, check_counters *c, char *err,
-                              size_t errsz);
+                             kvo_http_resp *resp, kvo_err *err);
+kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err);
+/* Append a string literal to b (its length counted by the compiler). */
+#define CHK_BUF_LIT(b, lit) kvo_buf_append((b), "" lit, sizeof(lit) - 1)
 /* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */
 kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
 /* Relay GET /stats: are all its sources live (initial replay done)? */

@@ -7,7 +7,7 @@
  *
  * Exit: 0 PASS, 1 FAIL (one-line cause on stderr), 2 usage/setup error.
  */
-#include "check.h"
+#include "kvo_check.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -159,9 +159,29 @@ static kvo_status set_u64(uint64_t *out, const char *opt, const char *v) {
     return kvo_parse_u64(v, out) == KVO_OK ? KVO_OK : bad(opt, v);
 }
 
-static kvo_status set_long(long *out, const char *opt, const char *v) {
+/* v as one of names (NULL-terminated): *out = its position, which is the
+ * enum value it names. */
+static kvo_status set_choice(int *out, const char *opt, const char *v,
+                             const char *const names[]) {
+    for (int i = 0; names[i]; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return KVO_OK;
+        }
+    return bad(opt, v);
+}
+
+/* A count that may not be negative. */
+static kvo_status set_i64(int64_t *out, const char *opt, const char *v) {
     int64_t x;
     if (kvo_parse_i64(v, &x) != KVO_OK || x < 0) return bad(opt, v);
+    *out = x;
+    return KVO_OK;
+}
+
+static kvo_status set_long(long *out, const char *opt, const char *v) {
+    int64_t x;
+    if (set_i64(&x, opt, v) != KVO_OK) return KVO_EINVAL;
     *out = (long)x;
     return KVO_OK;
 }
@@ -169,7 +189,7 @@ static kvo_status set_long(long *out, const char *opt, const char *v) {
 static kvo_status on_opt(void *ctx, int code, const char *v) {
     opts *o = ctx;
     check_cfg *c = &o->cfg;
-    int64_t i64;
+    int choice;
     switch (code) {
     case 'h':
         fputs(USAGE, stdout);
@@ -194,14 +214,15 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_NUM_GPU_BLOCKS:
         o->blocks_set = true;
         return set_u64(&c->num_gpu_blocks, "num-gpu-blocks", v);
-    case OPT_POLICY:
-        if (strcmp(v, "round-robin") == 0)
-            c->policy = CHECK_POLICY_ROUND_ROBIN;
-        else if (strcmp(v, "kv") == 0)
-            c->policy = CHECK_POLICY_KV;
-        else
-            return bad("policy", v);
+    case OPT_POLICY: {
+        static const char *const names[] = {
+            [CHECK_POLICY_ROUND_ROBIN] = "round-robin",
+            [CHECK_POLICY_KV] = "kv", NULL};
+        if (set_choice(&choice, "policy", v, names) != KVO_OK)
+            return KVO_EINVAL;
+        c->policy = (check_policy)choice;
         return KVO_OK;
+    }
     case OPT_HASH_ALGO: c->hash_algo = v; return KVO_OK;
     case OPT_HASH_SEED: c->hash_seed = v; return KVO_OK;
     case OPT_EVENT_FORMAT: c->event_format = v; return KVO_OK;
@@ -211,16 +232,9 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return set_u64(&c->replay_buffer, "replay-buffer", v);
     case OPT_VERIFY: c->verify_engine_hash = true; return KVO_OK;
     case OPT_NO_REPLAY: c->no_replay = true; return KVO_OK;
-    case OPT_DROP_SEQ:
-        if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
-            return bad("drop-seq", v);
-        c->drop_seq = i64;
-        return KVO_OK;
+    case OPT_DROP_SEQ: return set_i64(&c->drop_seq, "drop-seq", v);
     case OPT_RELAY_RESTART_AT:
-        if (kvo_parse_i64(v, &i64) != KVO_OK || i64 < 0)
-            return bad("relay-restart-at", v);
-        c->relay_restart_at = i64;
-        return KVO_OK;
+        return set_i64(&c->relay_restart_at, "relay-restart-at", v);
     case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;
     case OPT_KEEP_LOGS: c->keep_logs = true; return KVO_OK;
     case OPT_BIN_DIR: c->bin_dir = v; return KVO_OK;
@@ -230,16 +244,16 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_MODEL: c->model = v; return KVO_OK;
     case OPT_NO_RELAYS: c->no_relays = true; return KVO_OK;
     case OPT_SETTLE_MS: return set_long(&c->settle_ms, "settle-ms", v);
-    case OPT_PROMPT_FORM:
-        if (strcmp(v, "auto") == 0)
-            c->prompt_form = CHECK_FORM_AUTO;
-        else if (strcmp(v, "trace") == 0)
-            c->prompt_form = CHECK_FORM_TRACE;
-        else if (strcmp(v, "tokens") == 0)
-            c->prompt_form = CHECK_FORM_TOKENS;
-        else
-            return bad("prompt-form", v);
+    case OPT_PROMPT_FORM: {
+        static const char *const names[] = {[CHECK_FORM_AUTO] = "auto",
+                                            [CHECK_FORM_TRACE] = "trace",
+                                            [CHECK_FORM_TOKENS] = "tokens",
+                                            NULL};
+        if (set_choice(&choice, "prompt-form", v, names) != KVO_OK)
+            return KVO_EINVAL;
+        c->prompt_form = (check_prompt_form)choice;
         return KVO_OK;
+    }
     case OPT_TIMEOUT_MS:
         if (set_long(&c->timeout_ms, "timeout-ms", v) != KVO_OK) return KVO_EINVAL;
         return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
@@ -266,7 +280,9 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
 }
 
 /* mutants without --trace: the bundled 1,000-request trace, found from the
- * working directory or from the build tree (<repo>/build/bin/kvo-check). */
+ * working directory or from the build tree (<repo>/build/bin/kvo-check):
+ * up to TRACE_LEVELS_UP directories above kvo-check. */
+enum { TRACE_LEVELS_UP = 3 };
 static const char *default_trace(char *buf, size_t n) {
     static const char rel[] = "traces/mooncake_conversation_1000.jsonl";
     if (access(rel, R_OK) == 0) return rel;
@@ -274,7 +290,7 @@ static const char *default_trace(char *buf, size_t n) {
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (len <= 0) return NULL;
     self[len] = '\0';
-    for (int up = 0; up < 3; up++) {
+    for (int up = 0; up < TRACE_LEVELS_UP; up++) {
         char *slash = strrchr(self, '/');
         if (!slash) break;
         *slash = '\0';
@@ -339,8 +355,8 @@ int main(int argc, char **argv) {
         bool ok = false;
         kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
         if (st != KVO_OK) {
-            fprintf(stderr, "kvo-check: mutants: %s\n",
-                    st == KVO_EAGAIN ? "interrupted" : kvo_strerror(st));
+            /* kvo_strerror(KVO_EINTR) is "interrupted" */
+            fprintf(stderr, "kvo-check: mutants: %s\n", kvo_strerror(st));
             return KVO_EXIT_USAGE;
         }
         if (!ok) {
@@ -370,26 +386,28 @@ int main(int argc, char **argv) {
              (unsigned long long)c->limit,
              c->spawn ? "spawn" : c->engines);
 
-    check_result res;
-    check_result_init(&res);
-    char err[600] = "";
-    kvo_status st = check_run(c, &res, err, sizeof(err));
+    check_result *res = NULL;
+    kvo_err err = {0};
+    kvo_status st = check_result_new(&res);
+    if (st == KVO_OK) st = check_run(c, res, &err);
     int code;
+    const char *cause;
     if (st != KVO_OK) {
-        fprintf(stderr, "kvo-check: %s\n", err[0] ? err : kvo_strerror(st));
+        fprintf(stderr, "kvo-check: %s\n",
+                err.msg[0] ? err.msg : kvo_strerror(st));
         code = KVO_EXIT_USAGE;
     } else {
-        if (!o.quiet) check_report_summary(stdout, &res, o.worst);
+        if (!o.quiet) check_report_summary(stdout, res, o.worst);
         if (c->report_json) printf("JSON report: %s\n", c->report_json);
         if (c->report_html) printf("HTML report: %s\n", c->report_html);
         fflush(stdout);
-        if (res.verdict.pass) {
+        if (check_result_passed(res, &cause)) {
             code = KVO_EXIT_OK;
         } else {
-            fprintf(stderr, "kvo-check: FAIL: %s\n", res.verdict.cause);
+            fprintf(stderr, "kvo-check: FAIL: %s\n", cause);
             code = KVO_EXIT_FAIL;
         }
     }
-    check_result_fini(&res);
+    check_result_free(res);
     return code;
 }

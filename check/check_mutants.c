@@ -8,7 +8,7 @@
  * Killed mutants run with fail-fast (the first divergence or tripped
  * counter ends the run); benign ones run the whole shortened trace.
  */
-#include "check.h"
+#include "check_int.h"
 #include "mock.h"
 
 #include <string.h>
@@ -52,11 +52,11 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
     cfg.report_html = NULL;
     cfg.progress = false;
     cfg.discard_logs = killed; /* an expected FAIL needs no logs */
-    check_result res;
-    check_result_init(&res);
-    char err[512] = "";
+    check_result *res = NULL;
+    kvo_err err = {0};
     uint64_t t0 = kvo_now_ns();
-    kvo_status st = check_run(&cfg, &res, err, sizeof(err));
+    kvo_status st = check_result_new(&res);
+    if (st == KVO_OK) st = check_run(&cfg, res, &err);
     double s = (double)(kvo_now_ns() - t0) / 1e9;
     bool ok;
     const char *observed;
@@ -64,21 +64,22 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
     if (st != KVO_OK) {
         ok = false;
         observed = "error";
-        snprintf(how, sizeof(how), "setup: %.400s", err);
+        snprintf(how, sizeof(how), "setup: %.400s",
+                 err.msg[0] ? err.msg : kvo_strerror(st));
         *setup = st;
     } else {
-        observed = res.verdict.pass ? "passed" : "killed";
-        ok = res.verdict.pass != killed;
-        if (res.verdict.pass)
+        observed = res->verdict.pass ? "passed" : "killed";
+        ok = res->verdict.pass != killed;
+        if (res->verdict.pass)
             snprintf(how, sizeof(how), "%zu prompts, no divergence, no "
-                                       "rejected event", res.n_prompts);
+                                       "rejected event", res->n_prompts);
         else
-            snprintf(how, sizeof(how), "%s", res.verdict.cause);
+            snprintf(how, sizeof(how), "%s", res->verdict.cause);
     }
     fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %.300s\n", name ? name : "(none)",
             killed ? "killed" : "benign", observed, ok ? "ok" : "BAD", s, how);
     fflush(f);
-    check_result_fini(&res);
+    check_result_free(res);
     return ok;
 }
 
@@ -111,6 +112,6 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
         if (!wanted(only, m[i].name)) continue;
         *ok &= one(base, m[i].name, m[i].killed, f, &setup);
     }
-    if (kvo_stop) return KVO_EAGAIN;
+    if (kvo_stop) return KVO_EINTR;
     return KVO_OK;
 }

@@ -102,8 +102,8 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n) {
     p->next = 0;
     p->finished = 0;
     p->generation++;
-    /* wake only as many workers as there are tasks beside the caller's:
-     * a broadcast to idle threads is a futex storm per batch */
+    /* wake only as many workers as there are tasks beside the caller's
+     * (any other would find nothing to grab) */
     for (size_t k = 1; k < n && k <= (size_t)p->n_threads; k++)
         pthread_cond_signal(&p->go);
     pthread_mutex_unlock(&p->mu);

@@ -1,7 +1,7 @@
 /* check_report.c -- the terminal report (progress bar, summary, counters of
  * every stage, the worst prompts) and the JSON lines report (one line per
  * prompt, then one summary line). Pure writers over a check_result. */
-#include "check.h"
+#include "check_int.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +31,10 @@ void check_report_progress(FILE *f, const check_result *r, uint64_t done,
     fflush(f);
 }
 
+/* A stage's name takes STAGE_W columns, and its counters wrap past
+ * WRAP_COL. */
+enum { STAGE_W = 14, WRAP_COL = 110 };
+
 /* Histogram samples and zero values are noise in a terminal summary. */
 static bool counter_shown(const check_counter *c) {
     if (strstr(c->name, "_bucket") || strstr(c->name, "_sum") ||
@@ -49,7 +53,7 @@ static void print_counters(FILE *f, const check_result *r) {
             if (strcmp(c->items[k].stage, c->items[i].stage) == 0) break;
         if (k < i) continue;
         const char *stage = c->items[i].stage;
-        size_t col = (size_t)fprintf(f, "  %-14s", stage);
+        size_t col = (size_t)fprintf(f, "  %-*s", STAGE_W, stage);
         size_t shown = 0;
         for (size_t j = i; j < c->n; j++) {
             const check_counter *it = &c->items[j];
@@ -59,9 +63,8 @@ static void print_counters(FILE *f, const check_result *r) {
             int n = snprintf(item, sizeof(item), " %s%s=%.15g",
                              rule ? "!" : "", it->name, it->value);
             if (n < 0) continue;
-            if (col + (size_t)n > 110 && shown) {
-                fprintf(f, "\n  %-14s", "");
-                col = 16;
+            if (col + (size_t)n > WRAP_COL && shown) {
+                col = (size_t)fprintf(f, "\n  %-*s", STAGE_W, "") - 1;
             }
             fputs(item, f);
             col += (size_t)n;

@@ -34,7 +34,8 @@
  *   judge     check_result_add -> JSON line, progress bar.
  *
  * After the last request: a final sync and a read of every counter (also
- * each engine's /kvo/state counters), the verdict, the reports.
+ * each engine's /kvo/state counters, whose error counters must stay 0 like
+ * the relays' and the indexer's), the verdict, the reports.
  */
 #include "check_int.h"
 #include "mock.h"
@@ -65,6 +66,25 @@ void check_cfg_defaults(check_cfg *c) {
     c->prompt_form = CHECK_FORM_AUTO;
 }
 
+/* Between two looks at a watermark that does not cover yet, the driver
+ * sleeps SYNC_BACKOFF_MIN_US, doubling up to SYNC_BACKOFF_MAX_US: the most
+ * it can be late to notice that the index caught up. */
+#define SYNC_BACKOFF_MIN_US 20
+#define SYNC_BACKOFF_MAX_US 200
+/* How long one query may wait in the indexer before we look at the world
+ * (dead processes, Ctrl-C, our deadline) and ask again. */
+#define WAIT_SLICE_MS 250
+/* Settle mode: how often the indexer's /watermark is read while waiting
+ * for it to stay unchanged for --settle-ms. */
+#define SETTLE_POLL_US 10000
+/* Threads of the task pool beside the driver's own. */
+#define POOL_THREADS 1
+/* The progress bar is redrawn at most once per this many ns. */
+#define PROGRESS_EVERY_NS 100000000ull
+/* Lines of each process's log printed when a part died or stalled. */
+#define RUN_ERROR_LOG_LINES 15
+#define NS_PER_MS 1000000ull
+
 typedef struct run {
     const check_cfg *cfg;
     chk_env env;
@@ -76,9 +96,11 @@ typedef struct run {
     kvo_buf pjson;       /* the prompt as JSON (trace object or tokens) */
     uint64_t *hashes;    /* router hashes of the prompt's full blocks */
     size_t hashes_cap;
-    uint64_t *rh_keys;   /* router-hash memo: the trace hash id of a row */
-    uint8_t *rh_used;    /* the row holds rh_keys' hashes */
-    uint64_t *rh_rows;   /* 512/block_size hashes per row */
+    struct rh_memo {     /* router hashes of trace blocks: rh_memo_hashes */
+        uint64_t *keys;  /* the trace hash id of a row */
+        uint8_t *used;   /* the row holds keys' hashes */
+        uint64_t *rows;  /* MOCK_TRACE_BLOCK/block_size hashes per row */
+    } rh;
     uint32_t *scores;    /* per slot */
     int32_t *probes;     /* per slot */
     uint8_t *seen;       /* per slot: the index ever scored it */
@@ -92,10 +114,11 @@ typedef struct run {
     check_counters prev, cur, moved;
     chk_watermark wm;
     chk_pool *pool;
-    struct rtask *tasks; /* n_workers + n_relays + 2 */
+    struct rtask *tasks; /* cap_tasks: tasks_cap() */
     chk_task **task_ptrs; /* as many: what chk_pool_run takes */
     size_t cap_tasks;
-    char err[512];
+    bool tasks_overflow; /* a batch outgrew cap_tasks (cannot happen) */
+    kvo_err err;
 } run;
 
 /* One concurrent call; the pool sees only .base. */
@@ -110,7 +133,7 @@ typedef struct rtask {
     struct rtask *after; /* sync: metric reads to run once it is done */
     size_t n_after;
     kvo_status st;
-    char err[512];
+    kvo_err err;
     int32_t hits[CHK_MAX_DP];
     kvo_http_resp resp;
     double busy;       /* seconds this call took */
@@ -118,6 +141,11 @@ typedef struct rtask {
 
 static double secs(uint64_t t0) {
     return (double)(kvo_now_ns() - t0) / 1e9;
+}
+
+/* The monotonic time ms from now, in ns. */
+static uint64_t ns_after_ms(long ms) {
+    return kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
 }
 
 /* ---- sync -----------------------------------------------------------------*/
@@ -147,22 +175,22 @@ static bool watermark_covers(run *r, char *why, size_t whysz) {
 
 /* The engines that published since they were last asked report their last
  * sequences: what the index must cover. */
-static kvo_status engines_refresh(run *r, char *err, size_t errsz) {
+static kvo_status engines_refresh(run *r, kvo_err *err) {
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         if (!e->dirty) continue;
-        kvo_status st = chk_engine_state(e, err, errsz);
+        kvo_status st = chk_engine_state(e, err);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
 }
 
-/* Between two looks at a watermark that does not cover yet: KVO_EAGAIN on
+/* Between two looks at a watermark that does not cover yet: KVO_EINTR on
  * Ctrl-C; KVO_ETIMEDOUT (run error recorded) when a process died or the
  * deadline passed; KVO_OK to look again. */
 static kvo_status sync_keep_waiting(run *r, int64_t before,
                                     uint64_t deadline, const char *why) {
-    if (kvo_stop) return KVO_EAGAIN;
+    if (kvo_stop) return KVO_EINTR;
     char dead[600];
     if (chk_env_dead(&r->env, dead, sizeof(dead))) {
         check_result_error(r->res, before, "before prompt %lld: %s",
@@ -182,18 +210,16 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
     return KVO_ETIMEDOUT;
 }
 
-/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EAGAIN stopped;
+/* KVO_OK synced; KVO_ETIMEDOUT (run error recorded); KVO_EINTR stopped;
  * other: setup/transport error (r->err). */
-static kvo_status sync_exact(run *r, int64_t before, char *err,
-                             size_t errsz) {
-    kvo_status st = engines_refresh(r, err, errsz);
+static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
+    kvo_status st = engines_refresh(r, err);
     if (st != KVO_OK) return st;
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     char why[320] = "";
-    /* backoff capped at 200 us: the pipeline takes ~0.5-1 ms, a longer
-     * sleep would overshoot it by as much */
-    for (long wait = 20;; wait = wait < 200 ? wait * 2 : 200) {
-        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
+    for (long wait = SYNC_BACKOFF_MIN_US;;
+         wait = wait < SYNC_BACKOFF_MAX_US ? wait * 2 : SYNC_BACKOFF_MAX_US) {
+        st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) return st;
         if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
@@ -202,16 +228,11 @@ static kvo_status sync_exact(run *r, int64_t before, char *err,
     }
 }
 
-/* How long one query may wait in the indexer before we look at the world
- * (dead processes, Ctrl-C, our deadline) and ask again. */
-#define WAIT_SLICE_MS 250
-
 /* Exact sync and the query in one call: the indexer answers once its
  * watermark covers every publishing rank's last seq. Same outcomes as
  * sync_exact; KVO_EUNSUPPORTED: fall back to it (r->no_wait is set). */
-static kvo_status sync_query(run *r, int64_t before, char *err,
-                             size_t errsz) {
-    kvo_status st = engines_refresh(r, err, errsz);
+static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
+    kvo_status st = engines_refresh(r, err);
     if (st != KVO_OK) return st;
     uint64_t pairs[2 * CHK_MAX_ENGINES * CHK_MAX_DP];
     size_t np = 0;
@@ -225,13 +246,13 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
             np++;
         }
     }
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     char why[320] = "";
     for (;;) {
         bool covered = false;
         st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs, np,
                                   WAIT_SLICE_MS, r->scores, &r->wm, &covered,
-                                  &r->idx_metrics, err, errsz);
+                                  &r->idx_metrics, err);
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
         if (st != KVO_OK) return st;
         /* our own rule decides (and says why not) */
@@ -245,15 +266,14 @@ static kvo_status sync_query(run *r, int64_t before, char *err,
 }
 
 /* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
-static kvo_status sync_settle(run *r, int64_t before, char *err,
-                              size_t errsz) {
-    uint64_t deadline = kvo_now_ns() + (uint64_t)r->cfg->timeout_ms * 1000000;
+static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
+    uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     kvo_buf last;
     kvo_buf_init(&last);
     uint64_t quiet_since = kvo_now_ns();
     kvo_status st = KVO_OK;
     for (;;) {
-        st = chk_index_watermark(&r->env, &r->wm, err, errsz);
+        st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) break;
         if (last.len != r->wm.raw.len ||
             memcmp(last.data ? last.data : (uint8_t *)"",
@@ -266,10 +286,10 @@ static kvo_status sync_settle(run *r, int64_t before, char *err,
             quiet_since = kvo_now_ns();
         }
         if (kvo_now_ns() - quiet_since >=
-            (uint64_t)r->cfg->settle_ms * 1000000)
+            (uint64_t)r->cfg->settle_ms * NS_PER_MS)
             break;
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         if (kvo_now_ns() > deadline) {
@@ -281,7 +301,7 @@ static kvo_status sync_settle(run *r, int64_t before, char *err,
             st = KVO_ETIMEDOUT;
             break;
         }
-        kvo_sleep_us(10000);
+        kvo_sleep_us(SETTLE_POLL_US);
     }
     kvo_buf_fini(&last);
     return st;
@@ -289,9 +309,8 @@ static kvo_status sync_settle(run *r, int64_t before, char *err,
 
 static kvo_status sync_index(run *r, int64_t before) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st =
-        r->env.exact ? sync_exact(r, before, r->err, sizeof(r->err))
-                     : sync_settle(r, before, r->err, sizeof(r->err));
+    kvo_status st = r->env.exact ? sync_exact(r, before, &r->err)
+                                 : sync_settle(r, before, &r->err);
     r->res->stage_s[CHECK_STAGE_SYNC] += secs(t0);
     return st;
 }
@@ -301,9 +320,8 @@ static kvo_status sync_index(run *r, int64_t before) {
 static void task_sync(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
-    t->st = t->r->env.exact
-                ? sync_exact(t->r, t->before, t->err, sizeof(t->err))
-                : sync_settle(t->r, t->before, t->err, sizeof(t->err));
+    t->st = t->r->env.exact ? sync_exact(t->r, t->before, &t->err)
+                            : sync_settle(t->r, t->before, &t->err);
     t->busy = secs(t0);
 }
 
@@ -314,7 +332,7 @@ static void task_metrics(chk_task *base);
 static void task_sync_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
-    t->st = sync_query(t->r, t->before, t->err, sizeof(t->err));
+    t->st = sync_query(t->r, t->before, &t->err);
     t->busy = secs(t0);
     for (size_t i = 0; t->st == KVO_OK && i < t->n_after; i++)
         task_metrics(&t->after[i].base);
@@ -327,7 +345,7 @@ static void task_probe(chk_task *base) {
     chk_prompt p = {.trace_form = r->trace_form,
                     .json = (const char *)r->pjson.data, .len = r->pjson.len};
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
-                             t->err, sizeof(t->err));
+                             &t->err);
     t->busy = secs(t0);
 }
 
@@ -335,7 +353,7 @@ static void task_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = chk_index_query(&t->r->env, t->r->hashes, t->r->nb, t->r->scores,
-                            t->err, sizeof(t->err));
+                            &t->err);
     t->busy = secs(t0);
 }
 
@@ -352,13 +370,26 @@ static void task_metrics(chk_task *base) {
                  t->rl->metrics_port);
         c = t->rl->http;
     }
-    t->st = chk_metrics_fetch(c, url, &t->resp, t->err, sizeof(t->err));
+    t->st = chk_metrics_fetch(c, url, &t->resp, &t->err);
     t->busy = secs(t0);
 }
 
-/* A fresh task slot of the batch being built. */
+/* Room for the largest batch of concurrent calls: the sync (or the query),
+ * a probe per publishing engine, and a /metrics read of the indexer and of
+ * every live relay. A relay restart appends a relay and retires the old
+ * one (which is no longer read), so the relays at the start are as many as
+ * will ever be read at once. */
+static size_t tasks_cap(const chk_env *env) {
+    return 2 + (size_t)env->n_workers + env->n_relays;
+}
+
+/* A fresh task slot of the batch being built; NULL past tasks_cap, which
+ * tasks_status then reports (the batch is not run short silently). */
 static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
-    if (*n >= r->cap_tasks) return NULL; /* sized for the run: cannot be */
+    if (*n >= r->cap_tasks) {
+        r->tasks_overflow = true;
+        return NULL;
+    }
     rtask *t = &r->tasks[(*n)++];
     kvo_http_resp keep = t->resp; /* its buffer is reused */
     memset(t, 0, sizeof(*t));
@@ -368,6 +399,27 @@ static rtask *task_add(run *r, size_t *n, void (*fn)(chk_task *)) {
     return t;
 }
 
+/* Room for tasks_cap(env) tasks, their answer buffers reused from batch to
+ * batch. */
+static kvo_status tasks_init(run *r) {
+    r->cap_tasks = tasks_cap(&r->env);
+    r->tasks = kvo_calloc(r->cap_tasks, sizeof(*r->tasks));
+    r->task_ptrs = kvo_calloc(r->cap_tasks, sizeof(*r->task_ptrs));
+    if (!r->tasks || !r->task_ptrs) return KVO_ENOMEM;
+    for (size_t i = 0; i < r->cap_tasks; i++)
+        kvo_http_resp_init(&r->tasks[i].resp);
+    return KVO_OK;
+}
+
+static void tasks_fini(run *r) {
+    for (size_t i = 0; r->tasks && i < r->cap_tasks; i++)
+        kvo_http_resp_fini(&r->tasks[i].resp);
+    kvo_free(r->tasks);
+    kvo_free(r->task_ptrs);
+    r->tasks = NULL;
+    r->task_ptrs = NULL;
+}
+
 static void tasks_run(run *r, size_t n) {
     for (size_t i = 0; i < n; i++) r->task_ptrs[i] = &r->tasks[i].base;
     chk_pool_run(r->pool, r->task_ptrs, n);
@@ -375,9 +427,14 @@ static void tasks_run(run *r, size_t n) {
 
 /* The first failed task's status and message (KVO_OK if none). */
 static kvo_status tasks_status(run *r, size_t n) {
+    if (r->tasks_overflow)
+        return kvo_err_set(&r->err, KVO_ESTATE, KVO_ERR_NO_OFFSET,
+                           "a batch of concurrent calls outgrew its %zu "
+                           "slots",
+                           r->cap_tasks);
     for (size_t i = 0; i < n; i++)
         if (r->tasks[i].st != KVO_OK) {
-            snprintf(r->err, sizeof(r->err), "%s", r->tasks[i].err);
+            r->err = r->tasks[i].err;
             return r->tasks[i].st;
         }
     return KVO_OK;
@@ -472,41 +529,45 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
 /* Router hashes of a trace prompt from a memo of trace blocks: a router
  * hash covers one block's tokens only (no chaining), and the tokens of trace
  * block h are mock_trace_token(h, j), so the hashes of the full blocks
- * inside trace block h are a function of h alone (block size dividing 512).
+ * inside trace block h are a function of h alone (block size dividing
+ * MOCK_TRACE_BLOCK).
  * Direct-mapped rows keyed by h: the same values wire_router_hash_blocks
  * gives over the synthesized tokens, without synthesizing them again. */
 #define RH_ROWS_LOG2 14
+
+static void rh_memo_fini(struct rh_memo *m) {
+    kvo_free(m->keys);
+    kvo_free(m->used);
+    kvo_free(m->rows);
+    memset(m, 0, sizeof(*m));
+}
 
 static bool rh_memo_hashes(run *r, const check_request *q) {
     uint32_t bs = r->env.block_size;
     if (bs == 0 || MOCK_TRACE_BLOCK % bs != 0) return false;
     uint32_t per = MOCK_TRACE_BLOCK / bs;
-    if (!r->rh_rows) {
+    struct rh_memo *m = &r->rh;
+    if (!m->rows) {
         size_t rows = (size_t)1 << RH_ROWS_LOG2;
-        r->rh_keys = kvo_malloc(rows * sizeof(*r->rh_keys));
-        r->rh_used = kvo_calloc(rows, sizeof(*r->rh_used));
-        r->rh_rows = kvo_malloc(rows * per * sizeof(*r->rh_rows));
-        if (!r->rh_keys || !r->rh_used || !r->rh_rows) {
-            kvo_free(r->rh_keys);
-            kvo_free(r->rh_used);
-            kvo_free(r->rh_rows);
-            r->rh_keys = NULL;
-            r->rh_used = NULL;
-            r->rh_rows = NULL;
+        m->keys = kvo_malloc(rows * sizeof(*m->keys));
+        m->used = kvo_calloc(rows, sizeof(*m->used));
+        m->rows = kvo_malloc(rows * per * sizeof(*m->rows));
+        if (!m->keys || !m->used || !m->rows) {
+            rh_memo_fini(m); /* hash the tokens instead */
             return false;
         }
     }
     size_t nb = q->input_length / bs, k = 0;
     for (uint32_t t = 0; t < q->n_hash_ids && k < nb; t++) {
         uint64_t h = q->hash_ids[t];
-        size_t slot = (size_t)((h * 0x9E3779B97F4A7C15ull) >> (64 - RH_ROWS_LOG2));
-        uint64_t *row = r->rh_rows + slot * per;
-        if (!r->rh_used[slot] || r->rh_keys[slot] != h) {
+        size_t slot = (size_t)(kvo_mix64(h) >> (64 - RH_ROWS_LOG2));
+        uint64_t *row = m->rows + slot * per;
+        if (!m->used[slot] || m->keys[slot] != h) {
             uint64_t tok[MOCK_TRACE_BLOCK];
             for (uint32_t j = 0; j < MOCK_TRACE_BLOCK; j++) tok[j] = mock_trace_token(h, j);
             wire_router_hash_blocks(tok, MOCK_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
-            r->rh_keys[slot] = h;
-            r->rh_used[slot] = 1;
+            m->keys[slot] = h;
+            m->used[slot] = 1;
         }
         size_t take = nb - k < per ? nb - k : per;
         memcpy(r->hashes + k, row, take * sizeof(uint64_t));
@@ -537,7 +598,7 @@ static kvo_status build_prompt(run *r, const check_request *q) {
     }
     kvo_buf_reset(&r->pjson);
     if (r->trace_form) {
-        st = kvo_buf_append(&r->pjson, "{\"hash_ids\":", 12);
+        st = CHK_BUF_LIT(&r->pjson, "{\"hash_ids\":");
         if (st == KVO_OK)
             st = chk_json_u64s(&r->pjson, q->hash_ids, q->n_hash_ids);
         if (st == KVO_OK)
@@ -594,8 +655,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         (uint64_t)r->cfg->relay_restart_at == i) {
         /* (the index was synced before request i-1's query; its events
          * may still be in flight: the new relay replays everything) */
-        st = chk_relay_restart(&r->env, 0, 0, &r->cur, r->err,
-                               sizeof(r->err));
+        st = chk_relay_restart(&r->env, 0, 0, &r->cur, &r->err);
         if (st != KVO_OK) return st;
         check_counters_copy(&r->prev, &r->cur);
     }
@@ -623,7 +683,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
     tasks_run(r, batch);
     if (merged && ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
-        kvo_info("%s; polling /watermark instead", ts->err);
+        kvo_info("%s; polling /watermark instead", ts->err.msg);
         for (uint32_t k = 0; k < r->env.n_relays; k++) /* not read after all */
             r->env.relays[k].dirty = true;
         n = 0;
@@ -663,19 +723,17 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     bool disagg = r->env.n_decode > 0;
     t0 = kvo_now_ns();
     chk_completion c;
-    st = chk_engine_complete(e, r->env.model, &p,
-                             disagg ? 1 : q->output_length,
+    st = chk_engine_complete(e, r->env.model, &p, disagg ? 1 : q->output_length,
                              (e->mocker || dp > 1) ? (int)rank : -1, NULL, &c,
-                             r->err, sizeof(r->err));
+                             &r->err);
     if (st == KVO_OK && disagg) {
         chk_engine *d =
             &r->env.engines[r->env.n_workers +
                             (uint32_t)(r->decode_rr++ % r->env.n_decode)];
         chk_completion dc;
-        st = chk_engine_complete(d, r->env.model, &p, q->output_length, -1,
-                                 c.kv_transfer_params ? c.kv_transfer_params
-                                                      : "{}",
-                                 &dc, r->err, sizeof(r->err));
+        st = chk_engine_complete(
+            d, r->env.model, &p, q->output_length, -1,
+            c.kv_transfer_params ? c.kv_transfer_params : "{}", &dc, &r->err);
         kvo_free(dc.kv_transfer_params);
     }
     kvo_free(c.kv_transfer_params);
@@ -732,9 +790,8 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     const check_prompt *pr = NULL;
     if ((st = check_result_add(r->res, &o, &pr)) != KVO_OK) return st;
     if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK) {
-        snprintf(r->err, sizeof(r->err), "cannot write %s",
-                 r->cfg->report_json);
-        return KVO_EIO;
+        return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                           "cannot write %s", r->cfg->report_json);
     }
     if (pr->diverged)
         kvo_debug("prompt %llu diverged: %s: %s", (unsigned long long)pr->id,
@@ -760,6 +817,7 @@ static kvo_status sweep(run *r, size_t sent) {
     double before[CHECK_STAGE_COUNT];
     memcpy(before, r->res->stage_s, sizeof(before));
     size_t want = r->cfg->sweep < sent ? (size_t)r->cfg->sweep : sent;
+    /* an open-addressing set of prompt fingerprints, at most half full */
     size_t cap = 1;
     while (cap < 2 * want + 2) cap <<= 1;
     uint64_t *seen = kvo_calloc(cap, sizeof(*seen)); /* 0 = empty */
@@ -779,7 +837,7 @@ static kvo_status sweep(run *r, size_t sent) {
     }
     for (size_t k = n; k-- > 0 && st == KVO_OK;) { /* trace order */
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         const check_request *q = &r->trace.reqs[pick[k]];
@@ -795,9 +853,8 @@ static kvo_status sweep(run *r, size_t sent) {
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
         if (pr->diverged && r->json &&
             check_report_json_sweep(r->json, r->res, pr) != KVO_OK) {
-            snprintf(r->err, sizeof(r->err), "cannot write %s",
-                     r->cfg->report_json);
-            st = KVO_EIO;
+            st = kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                             "cannot write %s", r->cfg->report_json);
         }
         if (pr->diverged && r->cfg->fail_fast) break;
     }
@@ -810,6 +867,11 @@ static kvo_status sweep(run *r, size_t sent) {
 }
 
 /* ---- the run -------------------------------------------------------------------*/
+
+/* st, with the detail a callee left in e, for our caller. */
+static kvo_status err_pass(kvo_err *err, kvo_status st, const kvo_err *e) {
+    return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", e->msg);
+}
 
 static bool first_divergent(const check_result *res) {
     for (size_t i = 0; i < res->n_prompts; i++)
@@ -843,7 +905,7 @@ static void progress(run *r, uint64_t done, uint64_t total, uint64_t t_run,
                      uint64_t *last) {
     if (!r->cfg->progress) return;
     uint64_t now = kvo_now_ns();
-    if (done != total && now - *last < 100000000ull) return;
+    if (done != total && now - *last < PROGRESS_EVERY_NS) return;
     *last = now;
     check_report_progress(stderr, r->res, done, total, secs(t_run));
     if (done == total) fputc('\n', stderr);
@@ -868,8 +930,7 @@ static kvo_status write_reports(run *r) {
  * ((num_gpu_blocks - 1) x block_size), as vLLM does; say so before
  * starting anything rather than failing mid-run on an HTTP 400. */
 static kvo_status fits_spawned_engines(const check_cfg *cfg,
-                                       const check_trace *t, char *err,
-                                       size_t errsz) {
+                                       const check_trace *t, kvo_err *err) {
     mock_cfg mc;
     mock_cfg_default(&mc);
     mc.block_size = cfg->block_size;
@@ -880,20 +941,19 @@ static kvo_status fits_spawned_engines(const check_cfg *cfg,
         if (q->input_length <= limit) continue;
         uint64_t need = (q->input_length + cfg->block_size - 1) /
                             cfg->block_size + 1;
-        snprintf(err, errsz, "trace line %" PRIu64 " has a %u-token prompt, "
-                             "more than the engines can hold (max_model_len "
-                             "%u = (num_gpu_blocks %u - 1) x block size %u): "
-                             "use --num-gpu-blocks %" PRIu64 " or more, or "
-                             "--limit the trace",
-                 q->line, q->input_length, limit, mc.num_gpu_blocks,
-                 cfg->block_size, need);
-        return KVO_EINVAL;
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "trace line %" PRIu64 " has a %u-token prompt, "
+                           "more than the engines can hold (max_model_len "
+                           "%u = (num_gpu_blocks %u - 1) x block size %u): "
+                           "use --num-gpu-blocks %" PRIu64 " or more, or "
+                           "--limit the trace",
+                           q->line, q->input_length, limit, mc.num_gpu_blocks,
+                           cfg->block_size, need);
     }
     return KVO_OK;
 }
 
-kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
-                     size_t errsz) {
+kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     run r;
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
@@ -908,48 +968,50 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     kvo_status st;
 
     if (!cfg->trace) {
-        snprintf(err, errsz, "--trace FILE is required");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "--trace FILE is required");
         goto done;
     }
     if (cfg->block_size == 0 || cfg->dp_size == 0 || cfg->dp_size > CHK_MAX_DP ||
         (cfg->spawn && (cfg->workers == 0 || cfg->workers +
                                                      cfg->decode_workers >
                                                  CHK_MAX_ENGINES))) {
-        snprintf(err, errsz, "bad sizes: workers 1..%d, dp size 1..%d, block "
-                             "size > 0", CHK_MAX_ENGINES, CHK_MAX_DP);
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "bad sizes: workers 1..%d, dp size 1..%d, block size "
+                         "> 0",
+                         CHK_MAX_ENGINES, CHK_MAX_DP);
         goto done;
     }
-    st = check_trace_load(&r.trace, cfg->trace, cfg->limit, r.err,
-                          sizeof(r.err));
+    st = check_trace_load(&r.trace, cfg->trace, cfg->limit, &r.err);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s", r.err);
+        err_pass(err, st, &r.err);
         goto done;
     }
     if (r.trace.rejected)
         kvo_warn("%llu malformed trace lines skipped (first: %s)",
-                 (unsigned long long)r.trace.rejected, r.err);
+                 (unsigned long long)r.trace.rejected, r.trace.first_rejected);
     if (r.trace.n == 0) {
-        snprintf(err, errsz, "%s: no request in the trace", cfg->trace);
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "%s: no request in the trace", cfg->trace);
         goto done;
     }
-    if (cfg->spawn && (st = fits_spawned_engines(cfg, &r.trace, err, errsz)) !=
-                          KVO_OK)
+    if (cfg->spawn && (st = fits_spawned_engines(cfg, &r.trace, err)) != KVO_OK)
         goto done;
     if (cfg->report_json) {
         r.json = fopen(cfg->report_json, "w");
         if (!r.json) {
-            snprintf(err, errsz, "cannot write %s", cfg->report_json);
-            st = KVO_EIO;
+            st = kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET, "cannot write %s",
+                             cfg->report_json);
             goto done;
         }
     }
-    st = chk_env_start(&r.env, cfg, &r.trace, r.err, sizeof(r.err));
+    st = chk_env_start(&r.env, cfg, &r.trace, &r.err);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s", kvo_stop ? "interrupted" : r.err);
-        if (kvo_stop) st = KVO_EAGAIN;
+        if (kvo_stop)
+            st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET,
+                             "interrupted");
+        else
+            err_pass(err, st, &r.err);
         goto done;
     }
     env_up = true;
@@ -967,19 +1029,10 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         st = KVO_ENOMEM;
         goto done;
     }
-    r.cap_tasks = r.env.n_workers + 2 * (size_t)r.env.n_relays + 8;
-    r.tasks = kvo_calloc(r.cap_tasks, sizeof(*r.tasks));
-    r.task_ptrs = kvo_calloc(r.cap_tasks, sizeof(*r.task_ptrs));
-    if (!r.tasks || !r.task_ptrs) {
-        st = KVO_ENOMEM;
-        goto done;
-    }
-    for (size_t i = 0; i < r.cap_tasks; i++) kvo_http_resp_init(&r.tasks[i].resp);
+    if ((st = tasks_init(&r)) != KVO_OK) goto done;
     /* One worker beside the driver: the index wait runs on one thread
-     * while the other probes the engines one after the other (a probe is
-     * one short round trip; the wait is longer). More threads cost more in
-     * wake-ups and context switches than they overlap. */
-    if ((st = chk_pool_new(&r.pool, 1)) != KVO_OK) goto done;
+     * while the other probes the engines one after the other. */
+    if ((st = chk_pool_new(&r.pool, POOL_THREADS)) != KVO_OK) goto done;
     out->planned = r.trace.n;
     describe(&r);
     kvo_info("%s", out->config);
@@ -1000,8 +1053,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
         progress(&r, i + 1, r.trace.n, t_run, &last_bar);
     }
     if (kvo_stop) {
-        snprintf(err, errsz, "interrupted");
-        st = KVO_EAGAIN;
+        st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* the events of the last request count too; then the sweep */
@@ -1017,9 +1069,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, char *err,
     st = KVO_OK;
     goto finish;
 transport:
-    if (st == KVO_EAGAIN || kvo_stop) {
-        snprintf(err, errsz, "interrupted");
-        st = KVO_EAGAIN;
+    if (st == KVO_EINTR || kvo_stop) {
+        st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
     /* a part stopped answering: that is a FAIL of the run, with its cause */
@@ -1028,29 +1079,32 @@ transport:
         if (chk_env_dead(&r.env, dead, sizeof(dead)))
             check_result_error(out, (int64_t)out->n_prompts, "%s", dead);
         else
-            check_result_error(out, (int64_t)out->n_prompts, "%s", r.err);
+            check_result_error(out, (int64_t)out->n_prompts, "%s", r.err.msg);
     }
     st = KVO_OK;
 finish:
     out->wall_s = secs(t_run);
     {
-        char e2[320];
+        kvo_err e2 = {0};
         for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
         if (read_counters(&r, -1, true) != KVO_OK)
-            kvo_warn("final counters: %s", r.err);
+            kvo_warn("final counters: %s", r.err.msg);
         for (uint32_t i = 0; i < r.env.n_engines; i++)
             if (r.env.engines[i].mocker &&
-                chk_engine_counters(&r.env.engines[i], &r.cur, e2,
-                                    sizeof(e2)) != KVO_OK)
-                kvo_warn("engine counters: %s", e2);
+                chk_engine_counters(&r.env.engines[i], &r.cur, &e2) != KVO_OK)
+                kvo_warn("engine counters: %s", e2.msg);
+        /* the engines' error counters, read only now, trip like the rest */
+        if (check_result_trips(out, &r.cur, -1) != KVO_OK)
+            check_result_error(out, -1, "recording the engines' counters: %s",
+                               kvo_strerror(KVO_ENOMEM));
         if (chk_env_cpu(&r.env, &r.cur) != KVO_OK)
             kvo_warn("cpu times: out of memory");
         check_counters_copy(&out->counters, &r.cur);
     }
     check_verdict_decide(out, &out->verdict);
     if (write_reports(&r) != KVO_OK) {
-        snprintf(err, errsz, "cannot write the reports");
-        st = KVO_EIO;
+        st = kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                         "cannot write the reports");
     }
 done:
     if (r.json) fclose(r.json);
@@ -1059,22 +1113,18 @@ done:
                     (!cfg->discard_logs &&
                      (failed_setup || !out->verdict.pass || st != KVO_OK));
         /* a part that died or stalled: show why at once */
-        if (out->error[0] && st == KVO_OK) chk_env_dump_logs(&r.env, 15);
+        if (out->error[0] && st == KVO_OK)
+            chk_env_dump_logs(&r.env, RUN_ERROR_LOG_LINES);
         chk_env_stop(&r.env, keep);
     }
     chk_pool_free(r.pool);
-    for (size_t i = 0; r.tasks && i < r.cap_tasks; i++)
-        kvo_http_resp_fini(&r.tasks[i].resp);
-    kvo_free(r.tasks);
-    kvo_free(r.task_ptrs);
+    tasks_fini(&r);
     check_trace_fini(&r.trace);
     kvo_buf_fini(&r.tokens);
     kvo_buf_fini(&r.pjson);
     kvo_buf_fini(&r.idx_metrics);
     kvo_free(r.hashes);
-    kvo_free(r.rh_keys);
-    kvo_free(r.rh_used);
-    kvo_free(r.rh_rows);
+    rh_memo_fini(&r.rh);
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.used);

@@ -32,18 +32,46 @@
 #include <unistd.h>
 #include <zmq.h>
 
-enum { READY_MS = 20000, SPAWN_TRIES = 5 };
+/* A child gets READY_MS to answer; SPAWN_TRIES free ports are tried when
+ * another process takes one first. While waiting for a relay, the longest
+ * sleep between two looks is READY_POLL_MAX_MS. */
+enum { READY_MS = 20000, SPAWN_TRIES = 5, READY_POLL_MAX_MS = 50 };
+/* Grace between SIGTERM and SIGKILL for a child we stop, and for one that
+ * never got ready. */
+enum { STOP_GRACE_MS = 3000, NOT_READY_GRACE_MS = 2000 };
+/* Lines of each process's log printed when the set-up failed. */
+enum { SETUP_LOG_LINES = 20 };
+/* The drop-seq forwarder notices it must stop within PROXY_POLL_MS. A
+ * KV-event message has 3 frames: one of more than PROXY_MAX_FRAMES is not
+ * one and is dropped whole. */
+enum { PROXY_POLL_MS = 50, PROXY_MAX_FRAMES = 8 };
+/* Replay buffers, in batches per rank: never fewer than REPLAY_MIN; for a
+ * whole run (--relay-restart-at) REPLAY_PER_REQUEST per request (a
+ * generous bound on what a Mooncake request publishes), at most
+ * REPLAY_MAX. REQUESTS_UNKNOWN: the run's length when neither a trace nor
+ * --limit says it. */
+#define REPLAY_MIN 10000
+#define REPLAY_PER_REQUEST 64
+#define REPLAY_MAX 4000000
+#define REQUESTS_UNKNOWN 20000
+/* Publisher ids of a run: a random 31-bit base shifted left by
+ * PUBLISHER_RUN_BITS, so a run's relays (numbered from the base) never
+ * reach another run's range and every id stays below 2^51, exact even
+ * where a JSON reader keeps numbers as doubles. */
+#define PUBLISHER_BASE_MASK 0x7fffffffull
+#define PUBLISHER_RUN_BITS 20
 
-kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
-                          size_t outsz) {
-    char path[PATH_MAX + 64];
-    if (bin_dir && *bin_dir) {
-        snprintf(path, sizeof(path), "%s/%s", bin_dir, name);
-        if (access(path, X_OK) == 0) {
-            snprintf(out, outsz, "%s", path);
-            return KVO_OK;
-        }
-    }
+/* out = dir/name when that fits and is an executable. */
+static bool exe_in(const char *dir, const char *name, char *out, size_t outsz) {
+    int n = snprintf(out, outsz, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < outsz && access(out, X_OK) == 0;
+}
+
+/* A sibling executable: bin_dir, then next to /proc/self/exe, then PATH. */
+static kvo_status find_bin(const char *bin_dir, const char *name, char *out,
+                           size_t outsz) {
+    if (bin_dir && *bin_dir && exe_in(bin_dir, name, out, outsz))
+        return KVO_OK;
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n > 0) {
@@ -51,11 +79,7 @@ kvo_status check_find_bin(const char *bin_dir, const char *name, char *out,
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(path, sizeof(path), "%s/%s", self, name);
-            if (access(path, X_OK) == 0) {
-                snprintf(out, outsz, "%s", path);
-                return KVO_OK;
-            }
+            if (exe_in(self, name, out, outsz)) return KVO_OK;
         }
     }
     return kvo_find_exe(name, out, outsz);
@@ -78,9 +102,9 @@ static void *proxy_main(void *arg) {
     chk_proxy *p = arg;
     zmq_pollitem_t items[2] = {{p->sub, 0, ZMQ_POLLIN, 0},
                                {p->xpub, 0, ZMQ_POLLIN, 0}};
-    zmq_msg_t frames[8];
+    zmq_msg_t frames[PROXY_MAX_FRAMES];
     while (!atomic_load(&p->stop)) {
-        if (zmq_poll(items, 2, 50) < 0) {
+        if (zmq_poll(items, 2, PROXY_POLL_MS) < 0) {
             if (errno == EINTR) continue;
             break;
         }
@@ -98,7 +122,7 @@ static void *proxy_main(void *arg) {
             int nf = 0, more = 1;
             bool ok = true;
             while (more) {
-                if (nf == 8) { /* not a KV-event message: drop the rest */
+                if (nf == PROXY_MAX_FRAMES) { /* not a KV-event message */
                     zmq_msg_t skip;
                     zmq_msg_init(&skip);
                     zmq_msg_recv(&skip, p->sub, 0);
@@ -149,8 +173,8 @@ static void proxy_free(chk_proxy *p) {
 }
 
 static kvo_status proxy_new(chk_proxy **out, const char *upstream,
-                            const char *topic, uint64_t drop_seq, char *err,
-                            size_t errsz) {
+                            const char *topic, uint64_t drop_seq,
+                            kvo_err *err) {
     chk_proxy *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
     p->drop_seq = drop_seq;
@@ -175,54 +199,95 @@ static kvo_status proxy_new(chk_proxy **out, const char *upstream,
     *out = p;
     return KVO_OK;
 fail:
-    snprintf(err, errsz, "drop-seq forwarder: %s", zmq_strerror(zmq_errno()));
+    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET, "drop-seq forwarder: %s",
+                zmq_strerror(zmq_errno()));
     proxy_free(p);
     return KVO_ENET;
 }
 
 /* ---- Processes ------------------------------------------------------------ */
 
-/* argv builder */
-typedef struct args {
-    char *v[64];
-    char store[64][192];
-    int n;
-} args;
+/* A child's command line (check_int.h). */
+void chk_args_init(chk_args *a) {
+    memset(a, 0, sizeof(*a));
+    a->port_at = SIZE_MAX;
+    a->port_prefix = "";
+}
 
-static void arg(args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void arg(args *a, const char *fmt, ...) {
-    if (a->n >= 63) return;
+void chk_args_fini(chk_args *a) {
+    for (size_t i = 0; i < a->n; i++) kvo_free(a->v[i]);
+    kvo_free(a->v);
+    chk_args_init(a);
+}
+
+/* fmt and ap as a heap string (NULL: out of memory). */
+static char *vformat(const char *fmt, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
+    char *s = len < 0 ? NULL : kvo_malloc((size_t)len + 1);
+    if (s) vsnprintf(s, (size_t)len + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
+void chk_arg(chk_args *a, const char *fmt, ...) {
+    if (a->st != KVO_OK) return;
+    a->st = kvo_grow(&a->v, &a->cap, a->n + 2, sizeof(*a->v), 16);
+    if (a->st != KVO_OK) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->store[a->n], sizeof(a->store[a->n]), fmt, ap);
+    char *s = vformat(fmt, ap);
     va_end(ap);
-    a->v[a->n] = a->store[a->n];
-    a->n++;
+    if (!s) {
+        a->st = KVO_ENOMEM;
+        return;
+    }
+    a->v[a->n++] = s;
     a->v[a->n] = NULL;
 }
 
-/* A sibling binary (check_find_bin), or KVO_ENOTFOUND with err saying so. */
+void chk_arg_port(chk_args *a, const char *prefix) {
+    if (a->st != KVO_OK) return;
+    a->port_at = a->n;
+    a->port_prefix = prefix;
+    chk_arg(a, "%s0", prefix);
+}
+
+kvo_status chk_args_set_port(chk_args *a, uint16_t port) {
+    if (a->st != KVO_OK || a->port_at >= a->n) return KVO_EINVAL;
+    char buf[16];
+    int len = snprintf(buf, sizeof(buf), "%u", port);
+    char *s = kvo_malloc(strlen(a->port_prefix) + (size_t)len + 1);
+    if (!s) return KVO_ENOMEM;
+    strcpy(s, a->port_prefix);
+    strcat(s, buf);
+    kvo_free(a->v[a->port_at]);
+    a->v[a->port_at] = s;
+    return KVO_OK;
+}
+
+/* A sibling binary (find_bin), or KVO_ENOTFOUND with err saying so. */
 static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
-                               size_t exesz, char *err, size_t errsz) {
-    if (check_find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
-    snprintf(err, errsz, "%s not found next to kvo-check nor in PATH", name);
-    return KVO_ENOTFOUND;
+                               size_t exesz, kvo_err *err) {
+    if (find_bin(env->bin_dir, name, exe, exesz) == KVO_OK) return KVO_OK;
+    return kvo_err_set(err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
+                       "%s not found next to kvo-check nor in PATH", name);
 }
 
 /* Spawn with its log in env's log dir as `file`, then wait until it
  * listens on 127.0.0.1:port (http: GET /health answers 200; else a TCP
- * accept). On a port race (the child dies at once) the caller retries with
- * a new port. */
+ * accept). */
 static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
-                              args *a, const char *file, uint16_t port,
-                              bool http, char *err, size_t errsz) {
+                              const chk_args *a, const char *file,
+                              uint16_t port, bool http, kvo_err *err) {
     char log[1024];
     snprintf(log, sizeof(log), "%s/%s", env->log_dir, file);
     kvo_status st = kvo_proc_spawn(p, name, a->v, log);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "cannot start %s (%s): %s", name, a->v[0],
-                 kvo_strerror(st));
-        return st;
+        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                           "cannot start %s (%s): %s", name, a->v[0],
+                           kvo_strerror(st));
     }
     if (http) {
         char url[64];
@@ -232,15 +297,39 @@ static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
         st = kvo_wait_tcp(p, "127.0.0.1", port, READY_MS);
     }
     if (st != KVO_OK) {
-        snprintf(err, errsz, "%s not ready (%s): %s; log: %s", name,
-                 kvo_strerror(st),
-                 p->exited ? "it exited" : "still starting", log);
-        kvo_proc_stop(p, 2000);
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                    "%s not ready (%s): %s; log: %s", name, kvo_strerror(st),
+                    p->exited ? "it exited" : "still starting", log);
+        kvo_proc_stop(p, NOT_READY_GRACE_MS);
     }
     return st;
 }
 
-static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
+/* Start a child that listens on a free loopback port: pick one, write it
+ * into a's port argument, spawn_ready. Another process may take the port
+ * between the pick and the child's bind (the child then dies at once), so
+ * up to SPAWN_TRIES ports are tried. *port = the one it listens on. */
+static kvo_status spawn_on_free_port(const chk_env *env, kvo_proc *p,
+                                     const char *name, chk_args *a,
+                                     const char *file, bool http,
+                                     uint16_t *port, kvo_err *err) {
+    if (a->st != KVO_OK)
+        return kvo_err_set(err, a->st, KVO_ERR_NO_OFFSET,
+                           "the command line of %s: %s", name,
+                           kvo_strerror(a->st));
+    kvo_status st = KVO_ENET;
+    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
+        if ((st = kvo_free_port(port)) != KVO_OK) break;
+        if ((st = chk_args_set_port(a, *port)) != KVO_OK)
+            return kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                               "the command line of %s: %s", name,
+                               kvo_strerror(st));
+        st = spawn_ready(env, p, name, a, file, *port, http, err);
+    }
+    return st;
+}
+
+static kvo_status start_nats(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     if (c->nats) {
         snprintf(env->nats_url, sizeof(env->nats_url), "%s", c->nats);
@@ -248,30 +337,27 @@ static kvo_status start_nats(chk_env *env, char *err, size_t errsz) {
     }
     char exe[PATH_MAX];
     if (kvo_find_exe("nats-server", exe, sizeof(exe)) != KVO_OK) {
-        snprintf(err, errsz, "nats-server not found in PATH or /usr/sbin: "
-                             "install it (apt-get install nats-server) or "
-                             "pass --nats URL");
-        return KVO_ENOTFOUND;
+        return kvo_err_set(err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
+                           "nats-server not found in PATH or /usr/sbin: "
+                           "install it (apt-get install nats-server) or "
+                           "pass --nats URL");
     }
-    kvo_status st = KVO_ENET;
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "-a");
+    chk_arg(&a, "127.0.0.1");
+    chk_arg(&a, "-p");
+    chk_arg_port(&a, "");
     uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "-a");
-        arg(&a, "127.0.0.1");
-        arg(&a, "-p");
-        arg(&a, "%u", port);
-        st = spawn_ready(env, &env->nats, "nats-server", &a, "nats-server.log",
-                         port, false, err, errsz);
-    }
+    kvo_status st = spawn_on_free_port(env, &env->nats, "nats-server", &a,
+                                       "nats-server.log", false, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
                  port);
     return st;
 }
-
 
 /* Every HTTP client of the run gives up its request in flight on Ctrl-C /
  * SIGTERM, so kvo-check stops within about a second even while an engine
@@ -282,7 +368,7 @@ static kvo_status client_new(kvo_http_client **out, long timeout_ms) {
     return st;
 }
 
-static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
+static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     kvo_status st = client_new(&env->idx_http, c->timeout_ms);
     if (st == KVO_OK)
@@ -295,23 +381,21 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
         return KVO_OK;
     }
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
-    st = KVO_ENET;
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--nats");
+    chk_arg(&a, "%s", env->nats_url);
+    chk_arg(&a, "--http");
+    chk_arg_port(&a, "127.0.0.1:");
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", env->block_size);
     uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--nats");
-        arg(&a, "%s", env->nats_url);
-        arg(&a, "--http");
-        arg(&a, "127.0.0.1:%u", port);
-        arg(&a, "--block-size");
-        arg(&a, "%u", env->block_size);
-        st = spawn_ready(env, &env->indexer, "kvo-indexer", &a,
-                         "kvo-indexer.log", port, true, err, errsz);
-    }
+    st = spawn_on_free_port(env, &env->indexer, "kvo-indexer", &a,
+                            "kvo-indexer.log", true, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(env->indexer_url, sizeof(env->indexer_url),
                  "http://127.0.0.1:%u", port);
@@ -326,9 +410,7 @@ static kvo_status start_indexer(chk_env *env, char *err, size_t errsz) {
  * gap, and in lockstep a relay can be behind by one request's batches at
  * most (the next request waits for its watermark): a step publishes only
  * when it allocates or fills blocks, so one request makes at most two
- * batches per block of prompt and output. Keeping the whole run instead
- * costs each engine a copy of every batch it ever published (hundreds of
- * MB, page faults on every one) for nothing. */
+ * batches per block of prompt and output. */
 static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
                                   uint64_t requests) {
     if (c->replay_buffer) return c->replay_buffer;
@@ -341,151 +423,146 @@ static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
             if (b > most) most = b;
         }
         uint64_t b = 2 * most; /* and a margin as large again */
-        return b < 10000 ? 10000 : b;
+        return b < REPLAY_MIN ? REPLAY_MIN : b;
     }
-    uint64_t b = requests * 64 + 10000;
-    return b > 4000000 ? 4000000 : b;
+    uint64_t b = requests * REPLAY_PER_REQUEST + REPLAY_MIN;
+    return b > REPLAY_MAX ? REPLAY_MAX : b;
 }
 
 static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
-                               const char *role, uint64_t requests, char *err,
-                               size_t errsz) {
+                               const char *role, uint64_t requests,
+                               kvo_err *err) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-mocker", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-mocker", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
     snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
     char file[64];
     snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
-    kvo_status st = KVO_ENET;
-    uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--port");
-        arg(&a, "%u", port);
-        arg(&a, "--zmq-port");
-        arg(&a, "0");
-        arg(&a, "--replay-port");
-        arg(&a, "0");
-        arg(&a, "--speedup");
-        arg(&a, "0");
-        arg(&a, "--replay-buffer");
-        arg(&a, "%llu",
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--port");
+    chk_arg_port(&a, "");
+    chk_arg(&a, "--zmq-port");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--replay-port");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--speedup");
+    chk_arg(&a, "0");
+    chk_arg(&a, "--replay-buffer");
+    chk_arg(&a, "%llu",
             (unsigned long long)replay_buffer_for(c, env->trace, requests));
-        arg(&a, "--block-size");
-        arg(&a, "%u", c->block_size);
-        if (c->num_gpu_blocks) {
-            arg(&a, "--num-gpu-blocks");
-            arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
-        }
-        arg(&a, "--dp-size");
-        arg(&a, "%u", c->dp_size);
-        arg(&a, "--hash-algo");
-        arg(&a, "%s", c->hash_algo);
-        arg(&a, "--hash-seed");
-        arg(&a, "%s", c->hash_seed);
-        if (c->event_format) {
-            arg(&a, "--event-format");
-            arg(&a, "%s", c->event_format);
-        }
-        arg(&a, "--seed");
-        arg(&a, "%llu", (unsigned long long)(c->seed + index));
-        if (c->mutate && *c->mutate) {
-            arg(&a, "--mutate");
-            arg(&a, "%s", c->mutate);
-        }
-        if (role) {
-            arg(&a, "--role");
-            arg(&a, "%s", role);
-        }
-        st = spawn_ready(env, &e->proc, e->name, &a, file, port, true, err,
-                         errsz);
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", c->block_size);
+    if (c->num_gpu_blocks) {
+        chk_arg(&a, "--num-gpu-blocks");
+        chk_arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
     }
+    chk_arg(&a, "--dp-size");
+    chk_arg(&a, "%u", c->dp_size);
+    chk_arg(&a, "--hash-algo");
+    chk_arg(&a, "%s", c->hash_algo);
+    chk_arg(&a, "--hash-seed");
+    chk_arg(&a, "%s", c->hash_seed);
+    if (c->event_format) {
+        chk_arg(&a, "--event-format");
+        chk_arg(&a, "%s", c->event_format);
+    }
+    chk_arg(&a, "--seed");
+    chk_arg(&a, "%llu", (unsigned long long)(c->seed + index));
+    if (c->mutate && *c->mutate) {
+        chk_arg(&a, "--mutate");
+        chk_arg(&a, "%s", c->mutate);
+    }
+    if (role) {
+        chk_arg(&a, "--role");
+        chk_arg(&a, "%s", role);
+    }
+    uint16_t port = 0;
+    kvo_status st = spawn_on_free_port(env, &e->proc, e->name, &a, file,
+                                       true, &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK)
         snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
     return st;
 }
 
 static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
-                              const char *zmq_ep, char *err, size_t errsz) {
+                              const char *zmq_ep, kvo_err *err) {
     const check_cfg *c = env->cfg;
     char exe[PATH_MAX];
-    if (find_sibling(env, "kvo-relay", exe, sizeof(exe), err, errsz) != KVO_OK)
+    if (find_sibling(env, "kvo-relay", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
     char file[96], name[64];
     snprintf(file, sizeof(file), "kvo-relay-%u.%u-%llx.log", r->engine,
              r->dp_rank, (unsigned long long)r->publisher_id);
     snprintf(name, sizeof(name), "kvo-relay[%u.%u]", r->engine, r->dp_rank);
-    kvo_status st = KVO_ENET;
-    uint16_t port = 0;
-    for (int t = 0; t < SPAWN_TRIES && st != KVO_OK; t++) {
-        if ((st = kvo_free_port(&port)) != KVO_OK) break;
-        args a = {0};
-        arg(&a, "%s", exe);
-        arg(&a, "--zmq");
-        arg(&a, "%s", zmq_ep);
-        if (!c->no_replay && rk->replay[0]) {
-            arg(&a, "--replay");
-            arg(&a, "%s", rk->replay);
-            arg(&a, "--replay-from");
-            arg(&a, "0");
-        }
-        arg(&a, "--topic");
-        arg(&a, "%s", rk->topic);
-        arg(&a, "--nats");
-        arg(&a, "%s", env->nats_url);
-        arg(&a, "--worker-id");
-        arg(&a, "%u", env->engines[r->engine].worker_id);
-        arg(&a, "--publisher-id");
-        arg(&a, "%llu", (unsigned long long)r->publisher_id);
-        arg(&a, "--block-size");
-        arg(&a, "%u", env->block_size);
-        arg(&a, "--metrics-listen");
-        arg(&a, "127.0.0.1:%u", port);
-        if (c->verify_engine_hash) {
-            arg(&a, "--verify-engine-hash");
-            arg(&a, "%s", c->hash_algo);
-            arg(&a, "--hash-seed");
-            arg(&a, "%s", c->hash_seed);
-        }
-        st = spawn_ready(env, &r->proc, name, &a, file, port, true, err,
-                         errsz);
+    chk_args a;
+    chk_args_init(&a);
+    chk_arg(&a, "%s", exe);
+    chk_arg(&a, "--zmq");
+    chk_arg(&a, "%s", zmq_ep);
+    if (!c->no_replay && rk->replay[0]) {
+        chk_arg(&a, "--replay");
+        chk_arg(&a, "%s", rk->replay);
+        chk_arg(&a, "--replay-from");
+        chk_arg(&a, "0");
     }
+    chk_arg(&a, "--topic");
+    chk_arg(&a, "%s", rk->topic);
+    chk_arg(&a, "--nats");
+    chk_arg(&a, "%s", env->nats_url);
+    chk_arg(&a, "--worker-id");
+    chk_arg(&a, "%u", env->engines[r->engine].worker_id);
+    chk_arg(&a, "--publisher-id");
+    chk_arg(&a, "%llu", (unsigned long long)r->publisher_id);
+    chk_arg(&a, "--block-size");
+    chk_arg(&a, "%u", env->block_size);
+    chk_arg(&a, "--metrics-listen");
+    chk_arg_port(&a, "127.0.0.1:");
+    if (c->verify_engine_hash) {
+        chk_arg(&a, "--verify-engine-hash");
+        chk_arg(&a, "%s", c->hash_algo);
+        chk_arg(&a, "--hash-seed");
+        chk_arg(&a, "%s", c->hash_seed);
+    }
+    uint16_t port = 0;
+    kvo_status st = spawn_on_free_port(env, &r->proc, name, &a, file, true,
+                                       &port, err);
+    chk_args_fini(&a);
     if (st == KVO_OK) r->metrics_port = port;
     return st;
 }
 
 /* Ready: with --replay-from the relay's `cleared` reached the indexer (its
  * publisher is listed) and every source is live (the replay ended). */
-static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
-                                   size_t errsz) {
+static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
     const check_cfg *c = env->cfg;
     const chk_engine *e = &env->engines[r->engine];
     bool needs_cleared = false;
     for (uint32_t k = 0; k < e->n_ranks; k++)
         if (e->ranks[k].dp_rank == r->dp_rank)
             needs_cleared = !c->no_replay && e->ranks[k].replay[0];
-    uint64_t deadline = kvo_now_ns() + (uint64_t)READY_MS * 1000000ull;
+    uint64_t deadline = kvo_now_ns() + (uint64_t)READY_MS * 1000000;
     chk_watermark w;
     memset(&w, 0, sizeof(w));
     kvo_status st = KVO_OK;
-    for (long wait = 1;; wait = wait < 50 ? wait * 2 : 50) {
+    for (long wait = 1;;
+         wait = wait < READY_POLL_MAX_MS ? wait * 2 : READY_POLL_MAX_MS) {
         if (kvo_stop) {
-            st = KVO_EAGAIN;
+            st = KVO_EINTR;
             break;
         }
         if (!kvo_proc_alive(&r->proc)) {
-            snprintf(err, errsz, "%s exited (status %d); log: %s",
-                     r->proc.name, r->proc.exit_status, r->proc.log_path);
-            st = KVO_ESTATE;
+            st = kvo_err_set(err, KVO_ESTATE, KVO_ERR_NO_OFFSET,
+                             "%s exited (status %d); log: %s", r->proc.name,
+                             r->proc.exit_status, r->proc.log_path);
             break;
         }
         bool listed = true, live = false;
         if (needs_cleared) {
-            char e2[256];
-            if (chk_index_watermark(env, &w, e2, sizeof(e2)) == KVO_OK)
+            if (chk_index_watermark(env, &w, NULL) == KVO_OK)
                 chk_watermark_get(&w, r->publisher_id, &listed);
             else
                 listed = false;
@@ -495,12 +572,12 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
                                atomic_load(&env->proxy->subscribed)))
             break;
         if (kvo_now_ns() > deadline) {
-            snprintf(err, errsz, "%s not ready after %d ms (%s); log: %s",
-                     r->proc.name, READY_MS,
-                     !listed ? "its `cleared` never reached the indexer"
-                             : "its sources are not live",
-                     r->proc.log_path);
-            st = KVO_ETIMEDOUT;
+            st = kvo_err_set(err, KVO_ETIMEDOUT, KVO_ERR_NO_OFFSET,
+                             "%s not ready after %d ms (%s); log: %s",
+                             r->proc.name, READY_MS,
+                             !listed ? "its `cleared` never reached the indexer"
+                                     : "its sources are not live",
+                             r->proc.log_path);
             break;
         }
         kvo_sleep_us(wait * 1000L);
@@ -510,7 +587,7 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, char *err,
 }
 
 static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
-                              char *err, size_t errsz) {
+                              kvo_err *err) {
     kvo_status st = kvo_grow(&env->relays, &env->cap_relays,
                              env->n_relays + 1, sizeof(*env->relays), 16);
     if (st != KVO_OK) return st;
@@ -528,15 +605,15 @@ static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
     const char *ep = rk->zmq;
     if (env->cfg->drop_seq >= 0 && engine == 0 && rank == 0 && !env->proxy) {
         st = proxy_new(&env->proxy, rk->zmq, rk->topic,
-                       (uint64_t)env->cfg->drop_seq, err, errsz);
+                       (uint64_t)env->cfg->drop_seq, err);
         if (st != KVO_OK) goto fail;
     }
     if (env->proxy && engine == 0 && rank == 0) ep = env->proxy->endpoint;
-    st = relay_spawn(env, r, rk, ep, err, errsz);
+    st = relay_spawn(env, r, rk, ep, err);
     if (st != KVO_OK) goto fail;
     env->n_relays++;
     rk->relay = (int)(env->n_relays - 1);
-    st = relay_wait_ready(env, r, err, errsz);
+    st = relay_wait_ready(env, r, err);
     return st;
 fail:
     kvo_http_client_free(r->http);
@@ -545,18 +622,16 @@ fail:
 }
 
 kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, char *err,
-                             size_t errsz) {
+                             check_counters *counters, kvo_err *err) {
     chk_rank *rk = &env->engines[engine].ranks[rank];
     if (rk->relay < 0) {
-        snprintf(err, errsz, "engine %u rank %u has no relay", engine, rank);
-        return KVO_EINVAL;
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "engine %u rank %u has no relay", engine, rank);
     }
     chk_relay *old = &env->relays[rk->relay];
     /* its final counters stay in the report under a retired name */
     if (counters) {
-        char e2[256];
-        chk_counters_relay(old, counters, e2, sizeof(e2));
+        chk_counters_relay(old, counters, NULL);
         char stage[sizeof(old->stage)];
         snprintf(stage, sizeof(stage), "%.40s #%u", old->stage,
                  env->publishers_made);
@@ -567,12 +642,12 @@ kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
              old->proc.name, (unsigned long long)old->publisher_id);
     kvo_proc_kill(&old->proc);
     old->retired = true;
-    return start_relay(env, engine, rank, err, errsz);
+    return start_relay(env, engine, rank, err);
 }
 
 /* ---- Engines ---------------------------------------------------------------*/
 
-static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
+static kvo_status attach_engines(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     char *list = kvo_strdup(c->engines);
     if (!list) return KVO_ENOMEM;
@@ -596,18 +671,17 @@ static kvo_status attach_engines(chk_env *env, char *err, size_t errsz) {
     }
     kvo_free(list);
     if (st == KVO_OK && env->n_engines == 0) {
-        snprintf(err, errsz, "--engines lists no URL");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "--engines lists no URL");
     }
     return st;
 }
 
 /* Discovery of one engine: kvo-mocker tells its sources and ranks; any
  * other engine is taken as cfg->dp_size ranks with unknown sources. */
-static kvo_status discover(chk_env *env, chk_engine *e, char *err,
-                           size_t errsz) {
-    char e2[320];
-    kvo_status st = chk_engine_sources(e, e2, sizeof(e2));
+static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
+    kvo_err e2 = {0};
+    kvo_status st = chk_engine_sources(e, &e2);
     for (uint32_t k = 0; k < CHK_MAX_DP; k++) {
         e->ranks[k].relay = -1;
         e->ranks[k].last_seq = -1;
@@ -616,11 +690,10 @@ static kvo_status discover(chk_env *env, chk_engine *e, char *err,
     if (st == KVO_OK) {
         e->mocker = true;
         if (e->n_ranks == 0) e->decode = true; /* publishes nothing */
-        return chk_engine_state(e, err, errsz);
+        return chk_engine_state(e, err);
     }
     if (env->cfg->spawn) {
-        snprintf(err, errsz, "%s", e2);
-        return st;
+        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", e2.msg);
     }
     /* a real engine */
     e->mocker = false;
@@ -630,7 +703,7 @@ static kvo_status discover(chk_env *env, chk_engine *e, char *err,
 }
 
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
-                         const check_trace *trace, char *err, size_t errsz) {
+                         const check_trace *trace, kvo_err *err) {
     memset(env, 0, sizeof(*env));
     env->cfg = cfg;
     env->trace = trace;
@@ -638,23 +711,22 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     if (cfg->bin_dir) snprintf(env->bin_dir, sizeof(env->bin_dir), "%s",
                                cfg->bin_dir);
     uint64_t rnd = kvo_unix_ns() ^ ((uint64_t)getpid() << 40);
-    env->publisher_base = (rnd & 0x7fffffffull) << 20;
+    env->publisher_base = (rnd & PUBLISHER_BASE_MASK) << PUBLISHER_RUN_BITS;
     kvo_status st;
     if (cfg->log_dir) {
         snprintf(env->log_dir, sizeof(env->log_dir), "%s", cfg->log_dir);
         if (mkdir(env->log_dir, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, errsz, "cannot create log dir %s: %s", env->log_dir,
-                     strerror(errno));
-            return KVO_EIO;
+            return kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                               "cannot create log dir %s: %s", env->log_dir,
+                               strerror(errno));
         }
     } else {
         const char *tmp = getenv("TMPDIR");
         snprintf(env->log_dir, sizeof(env->log_dir), "%s/kvo-check-XXXXXX",
                  tmp && *tmp ? tmp : "/tmp");
         if (!mkdtemp(env->log_dir)) {
-            snprintf(err, errsz, "cannot create a log dir: %s",
-                     strerror(errno));
-            return KVO_EIO;
+            return kvo_err_set(err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                               "cannot create a log dir: %s", strerror(errno));
         }
         env->own_log_dir = true;
     }
@@ -662,19 +734,19 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     /* engines: spawned or attached */
     uint64_t requests = trace && trace->n ? trace->n
                         : cfg->limit           ? cfg->limit
-                                               : 20000;
+                                               : REQUESTS_UNKNOWN;
     if (cfg->spawn) {
         env->n_engines = cfg->workers + cfg->decode_workers;
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
         if (!env->engines) return KVO_ENOMEM;
     } else {
-        if ((st = attach_engines(env, err, errsz)) != KVO_OK) goto fail;
+        if ((st = attach_engines(env, err)) != KVO_OK) goto fail;
     }
     /* NATS and the indexer before any engine publishes */
     bool need_relays = cfg->spawn || !cfg->indexer || !cfg->no_relays;
     if (cfg->spawn || !cfg->indexer || need_relays)
-        if ((st = start_nats(env, err, errsz)) != KVO_OK) goto fail;
-    if ((st = start_indexer(env, err, errsz)) != KVO_OK) goto fail;
+        if ((st = start_nats(env, err)) != KVO_OK) goto fail;
+    if ((st = start_indexer(env, err)) != KVO_OK) goto fail;
 
     if (cfg->spawn) {
         for (uint32_t i = 0; i < env->n_engines; i++) {
@@ -688,13 +760,12 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                 (st = client_new(&e->probe_http, cfg->timeout_ms)) !=
                     KVO_OK)
                 goto fail;
-            st = start_mocker(env, e, i, role, requests, err, errsz);
+            st = start_mocker(env, e, i, role, requests, err);
             if (st != KVO_OK) goto fail;
         }
     }
     for (uint32_t i = 0; i < env->n_engines; i++)
-        if ((st = discover(env, &env->engines[i], err, errsz)) != KVO_OK)
-            goto fail;
+        if ((st = discover(env, &env->engines[i], err)) != KVO_OK) goto fail;
     if (cfg->spawn && cfg->decode_workers)
         for (uint32_t i = cfg->workers; i < env->n_engines; i++)
             env->engines[i].decode = true;
@@ -707,18 +778,19 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
             continue;
         }
         if (i != env->n_workers) {
-            snprintf(err, errsz, "engine %u publishes events but comes after "
-                                 "one that does not: list publishing engines "
-                                 "first", i);
-            st = KVO_EINVAL;
+            st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                             "engine %u publishes events but comes after "
+                             "one that does not: list publishing engines "
+                             "first",
+                             i);
             goto fail;
         }
         if (env->n_workers == 0) env->dp_size = e->n_ranks;
         if (e->n_ranks != env->dp_size) {
-            snprintf(err, errsz, "engine %u has %u ranks, engine 0 has %u: "
-                                 "every engine needs the same dp size",
-                     i, e->n_ranks, env->dp_size);
-            st = KVO_EINVAL;
+            st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                             "engine %u has %u ranks, engine 0 has %u: "
+                             "every engine needs the same dp size",
+                             i, e->n_ranks, env->dp_size);
             goto fail;
         }
         e->worker_id = env->n_workers++;
@@ -727,16 +799,17 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                                e->ranks[k].dp_rank;
     }
     if (env->n_workers == 0) {
-        snprintf(err, errsz, "no engine publishes KV events");
-        st = KVO_EINVAL;
+        st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "no engine publishes KV events");
         goto fail;
     }
     for (uint32_t i = 0; i < env->n_workers; i++)
         for (uint32_t k = 0; k < env->engines[i].n_ranks; k++)
             if (env->engines[i].ranks[k].dp_rank >= env->dp_size) {
-                snprintf(err, errsz, "engine %u lists rank %u with dp size %u",
-                         i, env->engines[i].ranks[k].dp_rank, env->dp_size);
-                st = KVO_EPROTO;
+                st =
+                    kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                                "engine %u lists rank %u with dp size %u", i,
+                                env->engines[i].ranks[k].dp_rank, env->dp_size);
                 goto fail;
             }
 
@@ -748,7 +821,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         all_mockers &= e->mocker;
         if (!spawn_relays || !e->mocker) continue;
         for (uint32_t k = 0; k < e->n_ranks; k++)
-            if ((st = start_relay(env, i, k, err, errsz)) != KVO_OK) goto fail;
+            if ((st = start_relay(env, i, k, err)) != KVO_OK) goto fail;
     }
     env->exact = all_mockers && spawn_relays;
 
@@ -758,18 +831,17 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     else if (env->engines[0].mocker)
         snprintf(env->model, sizeof(env->model), "kvo-mock");
     if (!cfg->model) {
-        char e2[256];
-        if (chk_engine_model(&env->engines[0], env->model,
-                             sizeof(env->model), e2, sizeof(e2)) != KVO_OK &&
+        kvo_err e2 = {0};
+        if (chk_engine_model(&env->engines[0], env->model, sizeof(env->model),
+                             &e2) != KVO_OK &&
             !env->engines[0].mocker) {
-            snprintf(err, errsz, "%s", e2);
-            st = KVO_EPROTO;
+            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "%s", e2.msg);
             goto fail;
         }
     }
     return KVO_OK;
 fail:
-    chk_env_dump_logs(env, 20);
+    chk_env_dump_logs(env, SETUP_LOG_LINES);
     chk_env_stop(env, true);
     return st;
 }
@@ -793,22 +865,28 @@ static double proc_cpu(const kvo_proc *p) {
     return hz > 0 ? (double)(ut + st) / (double)hz : -1;
 }
 
+/* Process i of the ones we may have started, in start order: nats-server,
+ * kvo-indexer, the engines, the relays (*retired: killed and replaced);
+ * NULL past the last. One not started has pid 0 and has not exited. */
+static kvo_proc *env_proc(chk_env *env, size_t i, bool *retired) {
+    *retired = false;
+    if (i == 0) return &env->nats;
+    if (i == 1) return &env->indexer;
+    i -= 2;
+    if (i < env->n_engines) return &env->engines[i].proc;
+    i -= env->n_engines;
+    if (i >= env->n_relays) return NULL;
+    *retired = env->relays[i].retired;
+    return &env->relays[i].proc;
+}
+
 kvo_status chk_env_cpu(chk_env *env, check_counters *c) {
     kvo_status st = KVO_OK;
-    const kvo_proc *fixed[2] = {&env->nats, &env->indexer};
-    for (int i = 0; i < 2 && st == KVO_OK; i++) {
-        double s = proc_cpu(fixed[i]);
-        if (s >= 0) st = check_counters_set(c, "cpu", fixed[i]->name, s);
-    }
-    for (uint32_t i = 0; i < env->n_engines && st == KVO_OK; i++) {
-        double s = proc_cpu(&env->engines[i].proc);
-        if (s >= 0)
-            st = check_counters_set(c, "cpu", env->engines[i].proc.name, s);
-    }
-    for (uint32_t i = 0; i < env->n_relays && st == KVO_OK; i++) {
-        double s = proc_cpu(&env->relays[i].proc);
-        if (s >= 0)
-            st = check_counters_set(c, "cpu", env->relays[i].proc.name, s);
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; st == KVO_OK && (p = env_proc(env, i, &retired)); i++) {
+        double s = proc_cpu(p);
+        if (s >= 0) st = check_counters_set(c, "cpu", p->name, s);
     }
     struct rusage ru;
     if (st == KVO_OK && getrusage(RUSAGE_SELF, &ru) == 0)
@@ -819,42 +897,22 @@ kvo_status chk_env_cpu(chk_env *env, check_counters *c) {
     return st;
 }
 
-void chk_env_dump_logs(const chk_env *env, int lines) {
-    if (env->nats.pid || env->nats.exited) kvo_proc_dump_log(&env->nats, lines);
-    if (env->indexer.pid || env->indexer.exited)
-        kvo_proc_dump_log(&env->indexer, lines);
-    for (uint32_t i = 0; i < env->n_engines; i++)
-        if (env->engines[i].proc.pid || env->engines[i].proc.exited)
-            kvo_proc_dump_log(&env->engines[i].proc, lines);
-    for (uint32_t i = 0; i < env->n_relays; i++)
-        kvo_proc_dump_log(&env->relays[i].proc, lines);
+void chk_env_dump_logs(chk_env *env, int lines) {
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; (p = env_proc(env, i, &retired)) != NULL; i++)
+        if (p->pid || p->exited) kvo_proc_dump_log(p, lines);
 }
 
 bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
-    kvo_proc *procs[3] = {&env->nats, &env->indexer, NULL};
-    for (int i = 0; procs[i]; i++)
-        if (procs[i]->pid && !kvo_proc_alive(procs[i])) {
-            snprintf(why, whysz, "%s exited (status %d); log: %s",
-                     procs[i]->name, procs[i]->exit_status,
-                     procs[i]->log_path);
-            return true;
-        }
-    for (uint32_t i = 0; i < env->n_engines; i++) {
-        kvo_proc *p = &env->engines[i].proc;
-        if (p->pid && !kvo_proc_alive(p)) {
+    bool retired;
+    kvo_proc *p;
+    for (size_t i = 0; (p = env_proc(env, i, &retired)) != NULL; i++)
+        if (!retired && p->pid && !kvo_proc_alive(p)) {
             snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
                      p->exit_status, p->log_path);
             return true;
         }
-    }
-    for (uint32_t i = 0; i < env->n_relays; i++) {
-        kvo_proc *p = &env->relays[i].proc;
-        if (!env->relays[i].retired && p->pid && !kvo_proc_alive(p)) {
-            snprintf(why, whysz, "%s exited (status %d); log: %s", p->name,
-                     p->exit_status, p->log_path);
-            return true;
-        }
-    }
     return false;
 }
 
@@ -864,11 +922,12 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz) {
 static void stop_one(kvo_proc *p, bool *unclean) {
     if (!p->pid) return;
     bool was_running = kvo_proc_alive(p);
-    kvo_proc_stop(p, 3000);
+    kvo_proc_stop(p, STOP_GRACE_MS);
     if (p->exit_status != 0 && p->exit_status != 1) {
         kvo_warn("%s %s with status %d%s; log: %s", p->name,
                  was_running ? "stopped" : "had exited", p->exit_status,
-                 p->exit_status == 128 + 9 ? " (killed after the grace)" : "",
+                 p->exit_status == 128 + SIGKILL ? " (killed after the grace)"
+                                                 : "",
                  p->log_path);
         *unclean = true;
     }
@@ -892,7 +951,7 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     stop_one(&env->indexer, &unclean);
     kvo_http_client_free(env->idx_http);
     kvo_http_client_free(env->idx_metrics);
-    kvo_proc_stop(&env->nats, 3000); /* exits 1 on SIGTERM by design */
+    kvo_proc_stop(&env->nats, STOP_GRACE_MS); /* exits 1 on SIGTERM */
     if (unclean) keep_logs = true;
     kvo_free(env->relays);
     kvo_free(env->engines);

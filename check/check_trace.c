@@ -2,7 +2,7 @@
  * the prompt synthesis are kvo-mocker's (mock_trace_*), so both sides build
  * the very same prompts; this file only keeps the requests in memory with
  * 0-based line ids. */
-#include "check.h"
+#include "check_int.h"
 #include "mock.h"
 
 #include <string.h>
@@ -12,7 +12,7 @@ typedef struct trace_store {
 } trace_store;
 
 kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
-                            char *err, size_t errsz) {
+                            kvo_err *err) {
     memset(t, 0, sizeof(*t));
     trace_store *store = kvo_calloc(1, sizeof(*store));
     if (!store) return KVO_ENOMEM;
@@ -22,13 +22,13 @@ kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
     size_t cap = 0;
     kvo_status st = mock_trace_open(&mt, path);
     if (st != KVO_OK) {
-        snprintf(err, errsz, "cannot read trace %s: %s", path,
-                 kvo_strerror(st));
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "cannot read trace %s: %s",
+                    path, kvo_strerror(st));
         goto done;
     }
     while (limit == 0 || t->n < limit) {
         mock_trace_req req;
-        char msg[256] = "";
+        char msg[sizeof(t->first_rejected)] = "";
         st = mock_trace_next(mt, &req, msg, sizeof(msg));
         if (st == KVO_EOF) {
             st = KVO_OK;
@@ -37,11 +37,14 @@ kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
         if (st == KVO_EPROTO || st == KVO_ETOOBIG) {
             /* counted by the reader; the caller logs the total */
             t->rejected = mock_trace_malformed(mt);
-            if (t->rejected == 1) snprintf(err, errsz, "%s", msg);
+            if (t->rejected == 1)
+                snprintf(t->first_rejected, sizeof(t->first_rejected), "%s",
+                         msg);
             continue;
         }
         if (st != KVO_OK) {
-            snprintf(err, errsz, "trace %s: %s", path, kvo_strerror(st));
+            kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "trace %s: %s", path,
+                        kvo_strerror(st));
             goto done;
         }
         if ((st = kvo_grow(&t->reqs, &cap, t->n + 1, sizeof(*t->reqs),

@@ -1,6 +1,6 @@
 /* The oracle's pure core: counters, rules, the per-prompt judge and the
  * verdict, driven by hand-made observations. */
-#include "check.h"
+#include "check_int.h"
 #include "kt.h"
 
 #include <math.h>
@@ -8,16 +8,19 @@
 
 Suite *suite_core(void);
 
-/* A 2-worker x 2-rank observation builder. */
+/* A 2-worker x 2-rank observation builder, and the arena its judged
+ * prompts' per-slot arrays live in (until fix_fini). */
 typedef struct obs_fix {
     uint32_t scores[4];
     int32_t probes[4];
     check_obs o;
+    kvo_arena arena;
 } obs_fix;
 
 static void fix_init(obs_fix *f, uint32_t tokens, uint32_t chosen,
                      int64_t cached) {
     memset(f, 0, sizeof(*f));
+    kvo_arena_init(&f->arena);
     f->o.id = 7;
     f->o.prompt_tokens = tokens;
     f->o.block_size = 16;
@@ -29,13 +32,13 @@ static void fix_init(obs_fix *f, uint32_t tokens, uint32_t chosen,
     f->o.cached_tokens = cached;
 }
 
-static void judge(obs_fix *f, check_prompt *p, kvo_arena *a) {
-    ck_assert_int_eq(check_prompt_judge(&f->o, a, p), KVO_OK);
+static void fix_fini(obs_fix *f) { kvo_arena_fini(&f->arena); }
+
+static void judge(obs_fix *f, check_prompt *p) {
+    ck_assert_int_eq(check_prompt_judge(&f->o, &f->arena, p), KVO_OK);
 }
 
 START_TEST(agreeing_prompt_is_not_divergent) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 100, 2, 3 * 16);
     uint32_t sc[4] = {0, 5, 3, 0};
@@ -43,7 +46,7 @@ START_TEST(agreeing_prompt_is_not_divergent) {
     memcpy(f.scores, sc, sizeof(sc));
     memcpy(f.probes, pr, sizeof(pr));
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_int_eq(p.first_divergent_block, -1);
     ck_assert_uint_eq(p.worker, 1);
@@ -53,14 +56,12 @@ START_TEST(agreeing_prompt_is_not_divergent) {
     ck_assert_int_eq(p.engine_hit_blocks, 3);
     ck_assert_uint_eq(p.index_hit_blocks, 3);
     ck_assert_int_eq(p.reason, CHECK_REASON_NONE);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_score_is_capped_like_the_engine_before_comparing) {
     /* 64 tokens = 4 full blocks; the engine never serves the last one. */
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 64, 0, 3 * 16);
     f.scores[0] = 4;
@@ -68,23 +69,21 @@ START_TEST(index_score_is_capped_like_the_engine_before_comparing) {
     f.scores[3] = 4;
     f.probes[3] = 3;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_uint_eq(p.index_hit_blocks, 3);
     ck_assert_uint_eq(p.index_raw_blocks, 4);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_behind_engine_is_a_missed_store_at_the_index_depth) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 10 * 16);
     f.scores[1] = 4;
     f.probes[1] = 10;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.first_divergent_block, 4);
     ck_assert_int_eq(p.divergent_slot, 1);
@@ -92,30 +91,26 @@ START_TEST(index_behind_engine_is_a_missed_store_at_the_index_depth) {
     ck_assert_msg(strstr(p.detail, "worker 0 rank 1: engine 10 blocks, "
                                    "index 4") != NULL,
                   "%s", p.detail);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 0, 0);
     f.scores[2] = 6; /* worker 1 rank 0: index claims 6, engine evicted */
     f.probes[2] = 2;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.divergent_slot, 2);
     ck_assert_int_eq(p.first_divergent_block, 2);
     ck_assert_int_eq(p.reason, CHECK_REASON_STALE_BLOCK);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 3, 5 * 16);
     f.probes[3] = 5; /* engine: worker 1 rank 1 holds 5 */
@@ -123,19 +118,17 @@ START_TEST(blocks_on_the_sibling_rank_are_a_wrong_rank) {
     f.scores[2] = 5; /* ... but on rank 0 */
     f.probes[2] = 0;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
     ck_assert_int_eq(p.first_divergent_block, 0);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(a_rank_the_index_never_scored_is_a_wrong_rank) {
     /* both ranks share the prefix, so no sibling is in excess; but the
      * index never saw rank 1 at all (its events carried no rank) */
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 2 * 16);
     f.probes[0] = 2;
@@ -144,22 +137,20 @@ START_TEST(a_rank_the_index_never_scored_is_a_wrong_rank) {
     f.scores[1] = 0;
     uint8_t seen[4] = {1, 0, 1, 1};
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE); /* no evidence */
     f.o.index_seen = seen;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
     ck_assert_msg(strstr(p.detail, "never scored rank 1"), "%s", p.detail);
     seen[1] = 1; /* it did score rank 1 before: a plain missed store */
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(a_rule_counter_that_moved_names_the_reason) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     check_counters moved, total;
     check_counters_init(&moved);
     check_counters_init(&total);
@@ -178,7 +169,7 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
     f.o.moved = &moved;
     f.o.total = &total;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     /* both moved: the rule table puts hash mismatches first */
     ck_assert_int_eq(p.reason, CHECK_REASON_HASH_MISMATCH);
     ck_assert_msg(strstr(p.detail, "kvo_relay_hash_mismatches +3"), "%s",
@@ -189,54 +180,48 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
                                         "kvo_indexer_parent_not_found_total",
                                         1),
                      KVO_OK);
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.reason, CHECK_REASON_UNKNOWN_PARENT);
     ck_assert_msg(strstr(p.detail, "earlier: 1"), "%s", p.detail);
     check_counters_fini(&moved);
     check_counters_fini(&total);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(probe_disagreeing_with_the_response_is_the_engine_contradicting_itself) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 0, 4 * 16);
     f.probes[0] = 6;
     f.scores[0] = 4;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
     ck_assert_int_eq(p.first_divergent_block, 4);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(unprobed_slots_are_not_compared_and_response_alone_is_truth) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 200, 1, 3 * 16);
     f.o.probe_hits = NULL; /* a real vLLM: no probe */
     f.scores[0] = 9;       /* other workers cannot be checked */
     f.scores[1] = 3;
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(!p.diverged);
     ck_assert_int_eq(p.engine_hits[0], -1);
     f.scores[1] = 2;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert(p.diverged);
     ck_assert_int_eq(p.first_divergent_block, 2);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(first_divergent_block_is_the_shallowest_over_all_slots) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 400, 0, 9 * 16);
     f.probes[0] = 9;
@@ -244,24 +229,23 @@ START_TEST(first_divergent_block_is_the_shallowest_over_all_slots) {
     f.probes[2] = 3;
     f.scores[2] = 5; /* diverges at 3 */
     check_prompt p;
-    judge(&f, &p, &a);
+    judge(&f, &p);
     ck_assert_int_eq(p.first_divergent_block, 3);
     ck_assert_int_eq(p.divergent_slot, 2);
-    kvo_arena_fini(&a);
+    fix_fini(&f);
 }
 END_TEST
 
 START_TEST(judge_refuses_nonsense_observations) {
-    kvo_arena a;
-    kvo_arena_init(&a);
     obs_fix f;
     fix_init(&f, 100, 4, 0); /* chosen out of range */
     check_prompt p;
-    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
+    ck_assert_int_eq(check_prompt_judge(&f.o, &f.arena, &p), KVO_EINVAL);
+    fix_fini(&f);
     fix_init(&f, 100, 0, 0);
     f.o.block_size = 0;
-    ck_assert_int_eq(check_prompt_judge(&f.o, &a, &p), KVO_EINVAL);
-    kvo_arena_fini(&a);
+    ck_assert_int_eq(check_prompt_judge(&f.o, &f.arena, &p), KVO_EINVAL);
+    fix_fini(&f);
 }
 END_TEST
 
@@ -360,12 +344,32 @@ START_TEST(rules_catch_rejections_but_not_healthy_counters) {
     ck_assert_ptr_null(check_rule_find(
         "indexer", "kvo_indexer_query_seconds_bucket{le=\"0.001\"}"));
     ck_assert_ptr_null(check_rule_find("check", "hash_mismatches"));
+    /* an engine's errors, not its activity (kvo-mocker's /kvo/state) */
+    static const char *const engine_errors[] = {
+        "render_errors", "send_errors", "replay_cut", "replay_bad_requests"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(engine_errors); i++)
+        ck_assert_msg(check_rule_find("engine 0.1", engine_errors[i]),
+                      "%s", engine_errors[i]);
+    static const char *const engine_activity[] = {
+        "requests_added", "requests_finished", "requests_aborted",
+        "requests_running", "requests_waiting", "steps", "preemptions",
+        "prompt_tokens", "generated_tokens", "computed_tokens",
+        "prefix_queries", "prefix_hits", "batches", "events",
+        "blocks_stored", "blocks_removed", "cleared", "used_blocks",
+        "published_batches", "published_bytes", "replay_requests",
+        "replay_batches", "replay_buffered", "record_errors",
+        "resident_blocks", "free_blocks", "last_seq"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(engine_activity); i++)
+        ck_assert_msg(!check_rule_find("engine 0.1", engine_activity[i]),
+                      "%s", engine_activity[i]);
+    ck_assert_ptr_null(check_rule_find("decode engine 1.0", "render_errors"));
 }
 END_TEST
 
 /* A result with three prompts on one slot. */
-static void three_prompts(check_result *r, bool diverge_at_2) {
-    check_result_init(r);
+static check_result *three_prompts(bool diverge_at_2) {
+    check_result *r = NULL;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
     ck_assert_int_eq(check_result_slots(r, 1, 1, 16), KVO_OK);
     for (uint64_t id = 0; id < 3; id++) {
         uint32_t score = id == 2 && diverge_at_2 ? 1 : 2;
@@ -376,31 +380,35 @@ static void three_prompts(check_result *r, bool diverge_at_2) {
                        .cached_tokens = 32};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
+    return r;
 }
 
 START_TEST(verdict_passes_only_a_clean_run) {
-    check_result r;
-    three_prompts(&r, false);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(r.verdict.pass);
-    ck_assert_str_eq(r.verdict.cause, "");
-    check_result_fini(&r);
+    check_result *r = three_prompts(false);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(r->verdict.pass);
+    ck_assert_str_eq(r->verdict.cause, "");
+    const char *cause = NULL;
+    ck_assert(check_result_passed(r, &cause));
+    ck_assert_str_eq(cause, "");
+    check_result_free(r);
 
-    check_result_init(&r);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass); /* nothing checked is not a pass */
-    check_result_fini(&r);
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass); /* nothing checked is not a pass */
+    ck_assert(!check_result_passed(r, &cause));
+    ck_assert_str_eq(cause, "no request was checked");
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(verdict_names_the_first_cause_in_trace_order) {
-    check_result r;
-    three_prompts(&r, true);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "missed store: prompt 2 diverged "
-                                          "at block 1"),
-                  "%s", r.verdict.cause);
+    check_result *r = three_prompts(true);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "missed store: prompt 2 diverged "
+                                           "at block 1"),
+                  "%s", r->verdict.cause);
 
     /* a counter that tripped before prompt 1 came first */
     check_counters c;
@@ -408,50 +416,89 @@ START_TEST(verdict_names_the_first_cause_in_trace_order) {
     check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
                        1);
     check_counters_set(&c, "relay 0.0", "kvo_relay_gaps", 9);
-    ck_assert_int_eq(check_result_trips(&r, &c, 1), KVO_OK);
-    ck_assert_uint_eq(r.n_trips, 1);
+    ck_assert_int_eq(check_result_trips(r, &c, 1), KVO_OK);
+    ck_assert_uint_eq(r->n_trips, 1);
     check_counters_set(&c, "relay 0.0", "kvo_relay_rejects{kind=\"medium\"}",
                        4);
-    ck_assert_int_eq(check_result_trips(&r, &c, 2), KVO_OK);
-    ck_assert_uint_eq(r.n_trips, 1);
-    ck_assert(r.trips[0].value == 4);
-    ck_assert_int_eq(r.trips[0].before_prompt, 1);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_msg(strstr(r.verdict.cause, "rejected event: relay 0.0 "
-                                          "kvo_relay_rejects") &&
-                      strstr(r.verdict.cause, "before prompt 1"),
-                  "%s", r.verdict.cause);
-    ck_assert_int_eq(r.verdict.reason, CHECK_REASON_REJECTED);
+    ck_assert_int_eq(check_result_trips(r, &c, 2), KVO_OK);
+    ck_assert_uint_eq(r->n_trips, 1);
+    ck_assert(r->trips[0].value == 4);
+    ck_assert_int_eq(r->trips[0].before_prompt, 1);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_msg(strstr(r->verdict.cause, "rejected event: relay 0.0 "
+                                           "kvo_relay_rejects") &&
+                      strstr(r->verdict.cause, "before prompt 1"),
+                  "%s", r->verdict.cause);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_REJECTED);
 
     /* a run error before prompt 0 beats both */
-    check_result_error(&r, 0, "watermark timeout before prompt 0");
-    check_result_error(&r, 1, "second error is ignored");
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_str_eq(r.verdict.cause, "watermark timeout before prompt 0");
+    check_result_error(r, 0, "watermark timeout before prompt 0");
+    check_result_error(r, 1, "second error is ignored");
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_str_eq(r->verdict.cause, "watermark timeout before prompt 0");
     check_counters_fini(&c);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
+/* r's verdict once c's rule counters are recorded, as read at the end. */
+static void decide_at_end(check_result *r, const check_counters *c) {
+    ck_assert_int_eq(check_result_trips(r, c, -1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+}
+
 START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
-    check_result r;
-    three_prompts(&r, false);
+    check_result *r = three_prompts(false);
     check_counters c;
     check_counters_init(&c);
     check_counters_set(&c, "indexer", "kvo_indexer_block_not_found_total", 2);
-    ck_assert_int_eq(check_result_trips(&r, &c, -1), KVO_OK);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "at the end"), "%s",
-                  r.verdict.cause);
+    decide_at_end(r, &c);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "at the end"), "%s",
+                  r->verdict.cause);
     check_counters_fini(&c);
-    check_result_fini(&r);
+    check_result_free(r);
+}
+END_TEST
+
+START_TEST(an_engine_error_counter_that_moved_fails_the_run) {
+    /* kvo-mocker's /kvo/state counters, read after the last request, of an
+     * otherwise clean run */
+    check_result *r = three_prompts(false);
+    check_counters c;
+    check_counters_init(&c);
+    /* activity, however much of it, is no cause; nor is a decode engine,
+     * which publishes nothing the index holds */
+    static const struct {
+        const char *stage, *name;
+        double value;
+    } fine[] = {{"engine 1.0", "requests_aborted", 3},
+                {"engine 1.0", "replay_requests", 5},
+                {"engine 1.0", "replay_batches", 50},
+                {"engine 1.0", "preemptions", 7},
+                {"engine 1.0", "blocks_removed", 900},
+                {"engine 1.0", "record_errors", 1},
+                {"decode engine 2.0", "render_errors", 4}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(fine); i++)
+        check_counters_set(&c, fine[i].stage, fine[i].name, fine[i].value);
+    decide_at_end(r, &c);
+    ck_assert_msg(r->verdict.pass, "%s", r->verdict.cause);
+    /* worker 1 rank 0 could not encode two batches: their events never
+     * left it, whatever the index then shows */
+    check_counters_set(&c, "engine 1.0", "render_errors", 2);
+    decide_at_end(r, &c);
+    ck_assert(!r->verdict.pass);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_ENGINE_ERROR);
+    ck_assert_msg(strstr(r->verdict.cause, "engine error: engine 1.0 "
+                                           "render_errors = 2, at the end"),
+                  "%s", r->verdict.cause);
+    check_counters_fini(&c);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
-    check_result r;
-    three_prompts(&r, false);
+    check_result *r = three_prompts(false);
     /* after the run, prompt 1 re-checked: worker 0 holds 2 blocks in the
      * index but the engine evicted them */
     uint32_t score = 2;
@@ -460,18 +507,18 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
                    .n_slots = 1, .dp_size = 1, .chosen = 0,
                    .index_scores = &score, .probe_hits = &probe,
                    .cached_tokens = 32};
-    ck_assert_int_eq(check_result_add_sweep(&r, &o, NULL), KVO_EINVAL);
+    ck_assert_int_eq(check_result_add_sweep(r, &o, NULL), KVO_EINVAL);
     o.cached_tokens = -1; /* a sweep sends no request */
     const check_prompt *p = NULL;
-    ck_assert_int_eq(check_result_add_sweep(&r, &o, &p), KVO_OK);
+    ck_assert_int_eq(check_result_add_sweep(r, &o, &p), KVO_OK);
     ck_assert(p->diverged);
     ck_assert_int_eq(p->reason, CHECK_REASON_STALE_BLOCK);
-    ck_assert_uint_eq(r.sweep_divergent, 1);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert(!r.verdict.pass);
-    ck_assert_msg(strstr(r.verdict.cause, "stale block: re-checked after the "
-                                          "run, prompt 1 diverged at block 0"),
-                  "%s", r.verdict.cause);
+    ck_assert_uint_eq(r->sweep_divergent, 1);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "stale block: re-checked after the "
+                                           "run, prompt 1 diverged at block 0"),
+                  "%s", r->verdict.cause);
     /* a divergence during the run comes first */
     uint32_t bad = 0;
     int32_t two = 2;
@@ -479,28 +526,78 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
                     .n_slots = 1, .dp_size = 1, .chosen = 0,
                     .index_scores = &bad, .probe_hits = &two,
                     .cached_tokens = 32};
-    ck_assert_int_eq(check_result_add(&r, &o2, NULL), KVO_OK);
-    check_verdict_decide(&r, &r.verdict);
-    ck_assert_msg(strstr(r.verdict.cause, "prompt 3 diverged"), "%s",
-                  r.verdict.cause);
-    check_result_fini(&r);
+    ck_assert_int_eq(check_result_add(r, &o2, NULL), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_msg(strstr(r->verdict.cause, "prompt 3 diverged"), "%s",
+                  r->verdict.cause);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(totals_and_worst_prompts) {
-    check_result r;
-    three_prompts(&r, true);
+    check_result *r = three_prompts(true);
     check_totals t;
-    check_result_totals(&r, &t);
+    check_result_totals(r, &t);
     ck_assert_uint_eq(t.requests, 3);
     ck_assert_uint_eq(t.prompt_tokens, 300);
     ck_assert_uint_eq(t.engine_hit_tokens, 96);
     ck_assert_uint_eq(t.index_hit_tokens, 5 * 16);
     ck_assert_uint_eq(t.divergent, 1);
     const check_prompt *w[5];
-    ck_assert_uint_eq(check_result_worst(&r, w, 5), 3);
+    ck_assert_uint_eq(check_result_worst(r, w, 5), 3);
     ck_assert_uint_eq(w[0]->id, 2);
-    check_result_fini(&r);
+    check_result_free(r);
+}
+END_TEST
+
+START_TEST(a_command_line_keeps_every_argument_whole) {
+    /* 200 arguments of 300 characters: none dropped, none cut short */
+    char big[301];
+    memset(big, 'x', 300);
+    big[300] = '\0';
+    chk_args a;
+    chk_args_init(&a);
+    ck_assert_int_eq(chk_args_set_port(&a, 1), KVO_EINVAL); /* no port yet */
+    for (int i = 0; i < 200; i++) chk_arg(&a, "%d-%s", i, big);
+    chk_arg_port(&a, "127.0.0.1:");
+    ck_assert_int_eq(a.st, KVO_OK);
+    ck_assert_uint_eq(a.n, 201);
+    ck_assert_ptr_null(a.v[201]);
+    for (int i = 0; i < 200; i++) {
+        char want[320];
+        snprintf(want, sizeof(want), "%d-%s", i, big);
+        ck_assert_str_eq(a.v[i], want);
+    }
+    /* the port argument is rewritten on every try */
+    ck_assert_int_eq(chk_args_set_port(&a, 4222), KVO_OK);
+    ck_assert_str_eq(a.v[200], "127.0.0.1:4222");
+    ck_assert_int_eq(chk_args_set_port(&a, 65535), KVO_OK);
+    ck_assert_str_eq(a.v[200], "127.0.0.1:65535");
+    chk_args_fini(&a);
+}
+END_TEST
+
+START_TEST(a_command_line_out_of_memory_fails_instead_of_dropping) {
+    bool failed = false, whole = false;
+    for (long budget = 0; budget < 80; budget++) {
+        chk_args a;
+        chk_args_init(&a);
+        kvo_alloc_fail_after(budget);
+        for (int i = 0; i < 40; i++) chk_arg(&a, "--arg-%d", i);
+        kvo_alloc_fail_after(-1);
+        if (a.st == KVO_OK) {
+            ck_assert_uint_eq(a.n, 40);
+            whole = true;
+        } else {
+            /* the failure sticks: what came after it was not added */
+            ck_assert_int_eq(a.st, KVO_ENOMEM);
+            ck_assert_uint_lt(a.n, 40);
+            ck_assert_int_eq(chk_args_set_port(&a, 1), KVO_EINVAL);
+            failed = true;
+        }
+        chk_args_fini(&a);
+    }
+    ck_assert(failed && whole);
 }
 END_TEST
 
@@ -533,8 +630,13 @@ Suite *suite_core(void) {
     tcase_add_test(tc, verdict_passes_only_a_clean_run);
     tcase_add_test(tc, verdict_names_the_first_cause_in_trace_order);
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
+    tcase_add_test(tc, an_engine_error_counter_that_moved_fails_the_run);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("argv");
+    tcase_add_test(tc, a_command_line_keeps_every_argument_whole);
+    tcase_add_test(tc, a_command_line_out_of_memory_fails_instead_of_dropping);
     suite_add_tcase(s, tc);
     return s;
 }

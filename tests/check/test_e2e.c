@@ -5,7 +5,8 @@
  *
  * Traces are shortened under sanitizers (every process is several times
  * slower there); every scenario still exercises what it is about. */
-#include "check.h"
+#include "kvo_check.h"
+#include "kvo_http.h"
 #include "tc.h"
 
 #include <dirent.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 Suite *suite_e2e(void);
 
@@ -328,6 +330,80 @@ START_TEST(running_mockers_are_checked_with_exact_watermarks) {
 }
 END_TEST
 
+/* GET base+path as JSON (the caller puts it). */
+static json_object *get_json(const char *base, const char *path) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", base, path);
+    kvo_http_client *h;
+    ck_assert_int_eq(kvo_http_client_new(&h, 10000), KVO_OK);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    ck_assert_int_eq(kvo_http_get(h, url, &resp), KVO_OK);
+    ck_assert_int_eq(resp.status, 200);
+    ck_assert_int_eq(kvo_buf_cstr(&resp.body), KVO_OK);
+    json_object *j = json_tokener_parse((const char *)resp.body.data);
+    ck_assert_msg(j != NULL, "%s: not JSON", url);
+    kvo_http_resp_fini(&resp);
+    kvo_http_client_free(h);
+    return j;
+}
+
+/* counters.replay_bad_requests of rank 0 in an engine's /kvo/state. */
+static int64_t bad_replay_requests(const char *engine) {
+    json_object *st = get_json(engine, "/kvo/state"), *ranks, *c, *v;
+    ck_assert(json_object_object_get_ex(st, "ranks", &ranks));
+    json_object *r0 = json_object_array_get_idx(ranks, 0);
+    ck_assert(json_object_object_get_ex(r0, "counters", &c) &&
+              json_object_object_get_ex(c, "replay_bad_requests", &v));
+    int64_t n = json_object_get_int64(v);
+    json_object_put(st);
+    return n;
+}
+
+START_TEST(an_engine_error_counter_fails_an_otherwise_clean_run) {
+    /* A stray client sends a running kvo-mocker a replay request it cannot
+     * read (no delimiter, no seq): the engine counts it in
+     * replay_bad_requests. Every prompt then agrees, but an engine error
+     * counter moved: FAIL, naming the engine, its rank and the counter. */
+    kt_proc m;
+    char *engine = start_mocker(&m, "8192");
+    json_object *srcs = get_json(engine, "/kvo/event_sources"), *ep;
+    ck_assert(json_object_object_get_ex(json_object_array_get_idx(srcs, 0),
+                                        "replay_endpoint", &ep));
+    void *ctx = zmq_ctx_new();
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof(linger));
+    ck_assert_int_eq(zmq_connect(d, json_object_get_string(ep)), 0);
+    ck_assert_int_eq(zmq_send(d, "abc", 3, 0), 3);
+    json_object_put(srcs);
+    /* until the engine has read it (its loop serves replays as they come) */
+    for (int i = 0; i < 1000 && bad_replay_requests(engine) == 0; i++) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(bad_replay_requests(engine), 1);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+
+    char *trace = trace1000();
+    const char *args[] = {"--engines", engine, "--trace", trace, "--limit",
+                          "5", NULL};
+    tc_run r;
+    tc_check(&r, "engine-error", args, 300);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_int_eq(tc_int(r.summary, "divergent_prompts"), 0);
+    const char *want = "engine error: engine 0.0 replay_bad_requests = 1,";
+    ck_assert_msg(strncmp(summary_str(&r, "cause"), want, strlen(want)) == 0,
+                  "cause: %s", summary_str(&r, "cause"));
+    tc_free(&r, false);
+    ck_assert_int_eq(kt_proc_stop(&m), 0);
+    kvo_free(engine);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(an_external_pipeline_is_checked_after_a_quiet_period) {
     /* Everything runs already -- engine, relay, NATS, indexer -- as a
      * user's own deployment would: kvo-check only drives and compares, and
@@ -504,6 +580,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
     tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
+    tcase_add_test(tc, an_engine_error_counter_fails_an_otherwise_clean_run);
     tcase_add_test(tc, an_external_pipeline_is_checked_after_a_quiet_period);
     suite_add_tcase(s, tc);
     tc = tcase_create("mutants");

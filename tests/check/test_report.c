@@ -1,6 +1,6 @@
 /* The report writers: terminal summary, JSON lines, HTML (also rendered in a
  * real headless chromium when one is installed). */
-#include "check.h"
+#include "check_int.h"
 #include "tc.h"
 
 #include <stdlib.h>
@@ -12,8 +12,9 @@ Suite *suite_report(void);
 Suite *suite_browser(void);
 
 /* 2 workers x 1 rank, n prompts; prompt `bad` diverges (stale block). */
-static void make_result(check_result *r, uint64_t n, int64_t bad) {
-    check_result_init(r);
+static check_result *make_result(uint64_t n, int64_t bad) {
+    check_result *r = NULL;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
     ck_assert_int_eq(check_result_slots(r, 2, 1, 16), KVO_OK);
     r->planned = n;
     snprintf(r->config, sizeof(r->config), "workers=2 <policy>=kv");
@@ -34,6 +35,7 @@ static void make_result(check_result *r, uint64_t n, int64_t bad) {
     r->stage_s[CHECK_STAGE_SYNC] = 0.5;
     r->stage_s[CHECK_STAGE_COMPLETE] = 1.0;
     check_verdict_decide(r, &r->verdict);
+    return r;
 }
 
 /* What fn writes to a FILE, as a malloc'd string (through a temp file:
@@ -59,9 +61,8 @@ static void do_summary(FILE *f, void *arg) {
 }
 
 START_TEST(terminal_summary_has_rates_counters_verdict_and_worst_prompts) {
-    check_result r;
-    make_result(&r, 10, 3);
-    char *s = capture(do_summary, &r, NULL);
+    check_result *r = make_result(10, 3);
+    char *s = capture(do_summary, r, NULL);
     ck_assert_msg(strstr(s, "10 of 10 requests"), "%s", s);
     ck_assert_msg(strstr(s, "engine hit rate"), "%s", s);
     ck_assert_msg(strstr(s, "divergent prompts  1"), "%s", s);
@@ -72,7 +73,7 @@ START_TEST(terminal_summary_has_rates_counters_verdict_and_worst_prompts) {
     ck_assert_ptr_nonnull(w);
     ck_assert_msg(strstr(w, "      3      1"), "%s", w);
     kvo_free(s);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
@@ -85,9 +86,8 @@ static void do_json(FILE *f, void *arg) {
 }
 
 START_TEST(json_lines_have_every_field_and_a_final_summary) {
-    check_result r;
-    make_result(&r, 4, 3);
-    char *s = capture(do_json, &r, NULL);
+    check_result *r = make_result(4, 3);
+    char *s = capture(do_json, r, NULL);
     char *save = NULL;
     int line = 0;
     for (char *l = strtok_r(s, "\n", &save); l; l = strtok_r(NULL, "\n", &save),
@@ -136,7 +136,7 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
     }
     ck_assert_int_eq(line, 5);
     kvo_free(s);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
@@ -151,9 +151,8 @@ static size_t count(const char *s, const char *needle) {
 }
 
 START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
-    check_result r;
-    make_result(&r, 300, 120);
-    char *s = capture(do_html, &r, NULL);
+    check_result *r = make_result(300, 120);
+    char *s = capture(do_html, r, NULL);
     ck_assert(strncmp(s, "<!doctype html>", 15) == 0);
     ck_assert_ptr_nonnull(strstr(s, "id=\"summary\""));
     ck_assert_ptr_nonnull(strstr(s, "id=\"hit-plot\""));
@@ -171,20 +170,20 @@ START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
     ck_assert_ptr_null(strstr(s, " src="));
     ck_assert_ptr_nonnull(strstr(s, "</html>"));
     kvo_free(s);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
 START_TEST(html_of_an_empty_run_is_still_a_page) {
-    check_result r;
-    check_result_init(&r);
-    ck_assert_int_eq(check_result_slots(&r, 1, 1, 16), KVO_OK);
-    check_verdict_decide(&r, &r.verdict);
-    char *s = capture(do_html, &r, NULL);
+    check_result *r = NULL;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    ck_assert_int_eq(check_result_slots(r, 1, 1, 16), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    char *s = capture(do_html, r, NULL);
     ck_assert_ptr_nonnull(strstr(s, "no request was checked"));
     ck_assert_ptr_nonnull(strstr(s, "</html>"));
     kvo_free(s);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 
@@ -194,21 +193,20 @@ START_TEST(html_renders_in_headless_chromium) {
                 "rendered in a browser");
         return;
     }
-    check_result r;
-    make_result(&r, 500, 250);
+    check_result *r = make_result(500, 250);
     char *dir = kt_tmpdir("html");
     char path[600];
     snprintf(path, sizeof(path), "%s/report.html", dir);
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(check_report_html(f, &r), KVO_OK);
+    ck_assert_int_eq(check_report_html(f, r), KVO_OK);
     fclose(f);
     char why[256] = "";
     ck_assert_msg(tc_html_renders(path, why, sizeof(why)) == 1, "%s", why);
     unlink(path);
     rmdir(dir);
     kvo_free(dir);
-    check_result_fini(&r);
+    check_result_free(r);
 }
 END_TEST
 

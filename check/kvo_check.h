@@ -1,0 +1,134 @@
+/* kvo_check.h -- kvo-check, the oracle (DESIGN §9): drives a trace through
+ * engines, relays and an indexer, one request at a time, and passes only
+ * when, prompt by prompt, the index matched every engine's cache.
+ *
+ *   check_cfg cfg;
+ *   check_cfg_defaults(&cfg);
+ *   cfg.spawn = true, cfg.trace = "trace.jsonl";
+ *   check_result *res;
+ *   kvo_err err;
+ *   if (check_result_new(&res) == KVO_OK &&
+ *       check_run(&cfg, res, &err) == KVO_OK) {
+ *       check_report_summary(stdout, res, 10);
+ *       const char *cause;
+ *       bool pass = check_result_passed(res, &cause);
+ *   }
+ *   check_result_free(res);
+ *
+ * How a run works (driver, judge, counters, processes): check_int.h.
+ */
+#ifndef KVO_CHECK_H
+#define KVO_CHECK_H
+
+#include "kvo.h"
+
+#include <stdio.h>
+
+/* ---- Configuration --------------------------------------------------------*/
+
+typedef enum check_policy {
+    CHECK_POLICY_ROUND_ROBIN = 0, /* request i -> worker i mod N */
+    CHECK_POLICY_KV               /* highest index score */
+} check_policy;
+
+typedef enum check_prompt_form {
+    CHECK_FORM_AUTO = 0, /* trace form against kvo-mocker, tokens otherwise */
+    CHECK_FORM_TRACE,
+    CHECK_FORM_TOKENS
+} check_prompt_form;
+
+/* Strings are borrowed: they must outlive the run. */
+typedef struct check_cfg {
+    const char *trace;
+    uint64_t limit;            /* 0 = whole trace */
+    /* --spawn */
+    bool spawn;
+    uint32_t workers;          /* engines (prefill engines when disagg) */
+    uint32_t decode_workers;   /* > 0: disaggregated (decode engines) */
+    uint32_t dp_size;
+    uint32_t block_size;
+    uint64_t num_gpu_blocks;   /* 0 = mocker default */
+    const char *hash_algo;     /* "sha256" */
+    const char *hash_seed;     /* "0" */
+    const char *event_format;  /* NULL = mocker default */
+    const char *mutate;        /* NULL = none */
+    uint64_t seed;
+    uint64_t replay_buffer;    /* 0 = sized for the run */
+    bool verify_engine_hash;
+    bool no_replay;            /* relays without replay (fault injection) */
+    int64_t drop_seq;          /* drop ZMQ seq N of worker 0 rank 0, -1 */
+    int64_t relay_restart_at;  /* SIGKILL+restart relay 0.0 before this
+                                  request, -1 = never */
+    const char *log_dir;       /* NULL = a fresh temp dir */
+    bool keep_logs;
+    bool discard_logs;         /* remove them even on FAIL (mutants) */
+    const char *bin_dir;       /* NULL = next to /proc/self/exe, then PATH */
+    /* running parts */
+    const char *engines;       /* "URL,URL" */
+    const char *indexer;       /* URL */
+    const char *nats;          /* URL */
+    const char *model;         /* NULL = first of /v1/models */
+    bool no_relays;            /* events reach NATS through the user's
+                                  relays: no exact watermark, settle */
+    long settle_ms;            /* quiet period when there is no watermark */
+    /* both */
+    check_policy policy;
+    check_prompt_form prompt_form;
+    long timeout_ms;           /* one watermark wait / one HTTP call */
+    bool fail_fast;            /* stop at the first failure */
+    uint64_t sweep;            /* after the run, re-check the last N
+                                  distinct prompts on every slot (0 = off;
+                                  needs probes: kvo-mocker engines) */
+    bool progress;             /* progress bar on stderr */
+    const char *report_json;
+    const char *report_html;
+} check_cfg;
+
+void check_cfg_defaults(check_cfg *c);
+
+/* ---- A run and its result -------------------------------------------------*/
+
+/* Every prompt's judgement, the counters of every stage and the verdict. */
+typedef struct check_result check_result;
+
+kvo_status check_result_new(check_result **out);
+void check_result_free(check_result *r); /* NULL: no-op */
+
+/* Run the check into a fresh result. KVO_OK when the run happened (PASS or
+ * FAIL: check_result_passed; the reports are written); KVO_EINTR when
+ * interrupted (kvo_stop); another status is a setup error, err says what. */
+kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err);
+
+/* PASS? *cause (may be NULL) gets the first cause of a FAIL ("" on PASS),
+ * owned by r. */
+bool check_result_passed(const check_result *r, const char **cause);
+
+/* ---- Reports (pure writers over a result) ---------------------------------*/
+
+/* Summary, counters of every stage, verdict, and the worst prompts. */
+void check_report_summary(FILE *f, const check_result *r, size_t worst);
+/* The final JSON line (after one line per prompt, written by the run). */
+kvo_status check_report_json_summary(FILE *f, const check_result *r);
+/* One self-contained HTML page (inline CSS, inline SVG, a little inline JS
+ * for hover details; no network). */
+kvo_status check_report_html(FILE *f, const check_result *r);
+
+/* ---- Mutation testing -----------------------------------------------------*/
+
+typedef struct check_mutant {
+    const char *name;  /* kvo-mocker --mutate NAME */
+    bool killed;       /* expected: the check must fail (else: must pass) */
+    const char *what;  /* one line */
+} check_mutant;
+
+/* The catalog, static. */
+const check_mutant *check_mutants(size_t *n);
+
+/* Run base once per mutant (only `only` when non-NULL: "a,b") and print the
+ * matrix to f. *ok = every mutant behaved as expected. A setup error of one
+ * run is reported in its row and counts as unexpected; KVO_EINTR when
+ * interrupted. */
+kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
+                             bool *ok);
+
+#endif /* KVO_CHECK_H */
