@@ -60,7 +60,7 @@ const char *kvo_status_name(kvo_status s);
 typedef struct kvo_err {
     kvo_status status; /* same as the call's return value */
     size_t offset;     /* byte offset in the input, or KVO_ERR_NO_OFFSET */
-    char msg[200];     /* "events[2].token_ids: expected int, got str" */
+    char msg[512];     /* "events[2].token_ids: expected int, got str" */
 } kvo_err;
 
 /* Fill *e (when not NULL) and return st, so a failure is one line:
