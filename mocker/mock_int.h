@@ -1,16 +1,20 @@
 /* mock_int.h -- internals shared by the mocker's files (not public).
  *
- * One rank = one mock_engine:
+ * One rank = one mock_engine (mock_engine.c draws how its parts depend on
+ * each other):
  *
  *   mock_engine
- *     pool      mock_pool: blocks[0..N) (block 0 = vLLM's null block, never
- *               free), the free queue (doubly linked through blocks, head =
- *               next to evict) and the cached map key -> copies (doubly
- *               linked through blocks in insertion order; lookups return
- *               the oldest copy, as vLLM's BlockHashToBlockMap).
- *     running   requests in admission order (preemption pops the last)
- *     waiting   deque (preempted requests go back to the front)
- *     ev        the step's events being built (wire_event + aux arrays)
+ *     sched     mock_sched: the requests and the pool
+ *       pool      mock_pool: blocks[0..N) (block 0 = vLLM's null block,
+ *                 never free), the free queue (doubly linked through
+ *                 blocks, head = next to evict) and the cached map key ->
+ *                 copies (doubly linked through blocks in insertion order;
+ *                 lookups return the oldest copy, as vLLM's
+ *                 BlockHashToBlockMap).
+ *       running   requests in admission order (preemption pops the last)
+ *       waiting   deque (preempted requests go back to the front)
+ *     ev        step_events: the step's events being built (wire_event +
+ *               aux arrays)
  *
  * Invariants: a block is in the free queue iff ref == 0 (and it is not the
  * null block); a block is in the cached map iff cached; every block of a
@@ -40,7 +44,10 @@ typedef struct pool_slot {
     uint32_t head, tail; /* head == MOCK_NIL: empty slot */
 } pool_slot;
 
-typedef void (*pool_evict_fn)(void *ctx, uint32_t id);
+/* A cached block is being evicted: its hash and its parent's (d.len 0 =
+ * root), valid during the call only. */
+typedef void (*pool_evict_fn)(void *ctx, const mock_hash *hash,
+                              const mock_hash *parent);
 
 typedef struct mock_pool {
     uint32_t n;          /* num_gpu_blocks */
@@ -53,6 +60,7 @@ typedef struct mock_pool {
     pool_slot *map;
     uint32_t map_mask;
     uint32_t n_cached;   /* blocks holding a hash */
+    uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
 } mock_pool;
@@ -77,7 +85,7 @@ void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
 bool pool_reset(mock_pool *p);
 double pool_usage(const mock_pool *p);
 
-/* ---- Requests and the engine (mock_engine.c, mock_sched.c) ---------------*/
+/* ---- Requests (mock_req.c) -----------------------------------------------*/
 
 typedef enum req_status {
     REQ_WAITING = 0,
@@ -101,12 +109,12 @@ typedef struct mock_req {
     uint32_t n_blocks, cap_blocks;
     uint32_t num_cached_block;
     uint32_t n_hit_ids;      /* waiting: blocks[0..n) = last prefix hit */
-    bool materialized;       /* tokens and bh filled (eng_req_materialize) */
+    bool materialized;       /* tokens and bh filled (req_materialize) */
     uint64_t *trace_ids;     /* trace prompt: hash ids until materialized */
     uint32_t n_trace;
     char *lora;
     char *salt;
-    int64_t lora_id;
+    int64_t lora_id;         /* set by the engine (its LoRA table) */
     bool remote_prefill;
     uint32_t num_preemptions;
     uint64_t rng;
@@ -130,6 +138,32 @@ typedef struct req_deque {
     uint32_t head, n, cap;
 } req_deque;
 
+/* A WAITING request for in (prompt copied), capped at max_tokens, with id
+ * and its token rng seeded from (seed, rank, id); freed with req_free. The
+ * caller has validated in. */
+kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
+                   uint32_t block_size, uint64_t id, uint64_t seed,
+                   uint32_t rank);
+void req_free(mock_req *r);
+/* Fill the prompt tokens (trace form) and the prompt's block hashes, once. */
+kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h);
+/* Append a generated token; hash the block it completes. */
+kvo_status req_append_token(mock_req *r, const mock_cfg *cfg, mock_hasher *h,
+                            uint64_t tok);
+uint64_t req_sample_token(mock_req *r);
+/* FINISH_ABORTED to the request's callback, then free it. */
+void req_abort_deliver(mock_req *r);
+
+kvo_status req_vec_push(req_vec *v, mock_req *r);
+kvo_status req_deque_push(req_deque *d, mock_req *r, bool front);
+/* The i-th request from the front (i < n). */
+mock_req *req_deque_at(const req_deque *d, uint32_t i);
+mock_req *req_deque_pop_front(req_deque *d);
+/* Remove the i-th request from the front, keeping the order. */
+void req_deque_remove(req_deque *d, uint32_t i);
+
+/* ---- The step's events (mock_events.c) -----------------------------------*/
+
 typedef struct ev_builder {
     wire_event *ev;
     mock_hash *removed_parent;
@@ -145,45 +179,77 @@ typedef struct ev_builder {
     mock_step_aux aux;
 } ev_builder;
 
+typedef struct step_events {
+    bool enabled;      /* publish KV events (caching on, not decode role) */
+    ev_builder ev;     /* the step's batch: cleared, removals, then */
+    ev_builder stores; /* the stores, appended when the step ends */
+    kvo_buf extra_buf; /* msgpack scratch for extra_keys */
+} step_events;
+
+void events_init(step_events *s, bool enabled);
+void events_fini(step_events *s);
+/* Start a step's batch (empty). */
+void events_begin(step_events *s);
+kvo_status events_cleared(step_events *s);
+/* pool_evict_fn (ctx = the step_events): one BlockRemoved. */
+void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent);
+/* One BlockStored: request r's blocks [first, first + n), pointing into r. */
+kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
+                         uint32_t n, uint32_t block_size, bool decode);
+/* Close the batch: *batch NULL when it holds no event; both valid until the
+ * next events_begin. */
+kvo_status events_finish(step_events *s, double ts, uint32_t rank,
+                         const wire_batch **batch, const mock_step_aux **aux);
+
+/* ---- The scheduler (mock_sched.c) ----------------------------------------*/
+
+typedef struct mock_sched {
+    const mock_cfg *cfg;    /* the engine's copy */
+    uint32_t max_model_len;
+    mock_hasher *hasher;    /* shared, not owned */
+    step_events *ev;        /* where stores (and, via the pool, removals)
+                               go; the engine's */
+    mock_engine_stats *st;  /* the engine's counters this code keeps */
+    mock_pool pool;
+    req_vec running;
+    req_deque waiting;
+    req_vec scheduled;      /* this step, in schedule order */
+    void **started;         /* users first scheduled this step */
+    uint32_t n_started;
+    size_t cap_started;
+    bool step_open;         /* schedule done, complete pending */
+} mock_sched;
+
+kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
+                      mock_hasher *hasher, step_events *ev,
+                      mock_engine_stats *st);
+/* Frees every queued request (no callbacks) and the pool. */
+void sched_fini(mock_sched *s);
+/* Queue r (WAITING, at the back); the scheduler owns it on KVO_OK. */
+kvo_status sched_add(mock_sched *s, mock_req *r);
+bool sched_has_work(const mock_sched *s);
+const mock_req *sched_find_running(const mock_sched *s, uint64_t req_id);
+kvo_status sched_step(mock_sched *s, mock_step *out);
+void sched_complete(mock_sched *s);
+/* Drop a request wherever it is (deferred to complete() inside an open
+ * step); KVO_ENOTFOUND when unknown. */
+kvo_status sched_abort(mock_sched *s, uint64_t req_id);
+
+/* ---- The engine (mock_engine.c) ------------------------------------------*/
+
 struct mock_engine {
     mock_cfg cfg;
     uint32_t rank;
     uint32_t max_model_len;
-    bool events;           /* publish KV events (caching on, not decode) */
     mock_hasher *hasher;
-    mock_pool pool;
-    req_vec running;
-    req_deque waiting;
-    req_vec scheduled;     /* this step, in schedule order */
-    void **started;        /* users first scheduled this step */
-    uint32_t n_started;
-    size_t cap_started;
-    bool step_open;        /* schedule done, complete pending */
+    mock_sched sched;
+    step_events ev;
     bool pending_clear;    /* AllBlocksCleared queued */
     uint64_t next_id;
-    ev_builder ev;         /* the step's batch: cleared, removals, then */
-    ev_builder evs;        /* the stores, appended when the step ends */
     char **loras;          /* lora name -> id (index + 1) */
     uint32_t n_loras;
     mock_engine_stats st;
-    kvo_buf extra_buf;     /* msgpack scratch for extra_keys */
 };
-
-/* mock_sched.c */
-kvo_status sched_step(mock_engine *e, mock_step *out);
-void sched_complete(mock_engine *e);
-void sched_free_req(mock_engine *e, mock_req *r);
-
-/* mock_engine.c helpers used by the scheduler */
-kvo_status eng_ev_stored(mock_engine *e, mock_req *r, uint32_t first,
-                         uint32_t n, bool decode);
-kvo_status eng_req_append_token(mock_engine *e, mock_req *r, uint64_t tok);
-void eng_req_destroy(mock_req *r);
-kvo_status eng_req_materialize(mock_engine *e, mock_req *r);
-uint64_t eng_sample_token(mock_req *r);
-kvo_status eng_deque_push(req_deque *d, mock_req *r, bool front);
-/* FINISH_ABORTED to the request's callback, then destroy it. */
-void eng_abort_deliver(mock_engine *e, mock_req *r);
 
 /* ---- The process: ranks with their publishers (mock_node.c) -------------*/
 

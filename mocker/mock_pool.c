@@ -189,7 +189,8 @@ void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
         q_unlink(p, id);
         pool_block *b = &p->blocks[id];
         if (b->cached) {
-            if (p->on_evict) p->on_evict(p->evict_ctx, id);
+            p->evicted++;
+            if (p->on_evict) p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id]);
             uncache(p, id);
         }
         b->ref = 1;
