@@ -3,7 +3,7 @@
 #define MT_H
 
 #include "kt.h"
-#include "mock.h"
+#include "mock_int.h"
 
 /* What a request's callbacks reported. */
 typedef struct mt_out {
