@@ -42,6 +42,7 @@
 #ifndef MOCK_INT_H
 #define MOCK_INT_H
 
+#include "kvo_map.h"
 #include "mock.h"
 
 /* ======================================================================== */
@@ -318,11 +319,6 @@ typedef struct pool_block {
     bool in_free;
 } pool_block;
 
-typedef struct pool_slot {
-    uint64_t key;
-    uint32_t head, tail; /* head == MOCK_NIL: empty slot */
-} pool_slot;
-
 /* A cached block is being evicted: its hash and its parent's (d.len 0 =
  * root), valid during the call only. */
 typedef void (*pool_evict_fn)(void *ctx, const mock_hash *hash,
@@ -336,8 +332,7 @@ typedef struct mock_pool {
     uint32_t head, tail; /* free queue */
     uint32_t n_free;
     bool caching;
-    pool_slot *map;
-    uint32_t map_mask;
+    kvo_map map;         /* hash key -> copies (mock_pool.c) */
     uint32_t n_cached;   /* blocks holding a hash */
     uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
@@ -353,9 +348,10 @@ void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* Pop n blocks from the free-queue head (caller checked n <= n_free);
  * cached ones are evicted first (on_evict per block, in pop order). */
 void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
-/* Mark a full block cached under h (appended to its copies). */
-void pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
-                const mock_hash *parent);
+/* Mark a full block cached under h (appended to its copies). KVO_ENOMEM
+ * (the map could not grow) leaves the pool unchanged. */
+kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
+                      const mock_hash *parent);
 /* ref - 1 for each, in order; blocks reaching 0 join the queue tail in
  * that order (so the first given is evicted first). */
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);

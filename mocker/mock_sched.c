@@ -173,8 +173,11 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
     uint32_t full = (uint32_t)(to_cache / bs);
     if (r->num_cached_block >= full) return KVO_OK;
     uint32_t first = r->num_cached_block;
-    for (uint32_t k = first; k < full; k++)
-        pool_cache(p, r->blocks[k], &r->bh[k], k ? &r->bh[k - 1] : NULL);
+    for (uint32_t k = first; k < full; k++) {
+        kvo_status st =
+            pool_cache(p, r->blocks[k], &r->bh[k], k ? &r->bh[k - 1] : NULL);
+        if (st != KVO_OK) return st;
+    }
     r->num_cached_block = full;
     s->st->blocks_stored += full - first;
     return events_stored(s->ev, r, first, full - first, bs, decode);
