@@ -558,6 +558,11 @@ void node_step_end(mock_node *n, uint32_t r);
 /* Serve rank r's pending replay requests; malformed requests and replies
  * cut short (counted by the publisher) get a rate-limited log line. */
 void node_replay_serve(mock_node *n, uint32_t r);
+/* GET /metrics for every rank, vLLM's names (mock_metrics.c), appended
+ * to out. KVO_ENOMEM / KVO_ETOOBIG (labels too long: a huge model name)
+ * when the text could not be written; out then holds a partial text. */
+kvo_status node_metrics_write(const mock_node *n, const char *model,
+                              kvo_buf *out);
 /* Host written in advertised endpoints. */
 const char *node_advertise_host(const mock_node *n);
 

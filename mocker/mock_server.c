@@ -23,6 +23,7 @@
  */
 #include "mock_int.h"
 #include "kvo_http.h"
+#include "kvo_prom.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -719,64 +720,14 @@ static void handle_reset(server *s, kvo_http_req *req) {
     kvo_http_respond_json(req, 200, o);
 }
 
-static void prom(kvo_buf *b, const char *name, const char *type,
-                 const char *help) {
-    kvo_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 static void handle_metrics(server *s, kvo_http_req *req) {
     kvo_buf b;
     kvo_buf_init(&b);
-    uint32_t n = s->node.n_ranks;
-    mock_engine_stats st[64];
-    for (uint32_t r = 0; r < n && r < 64; r++)
-        mock_engine_stats_get(s->node.ranks[r].eng, &st[r]);
-    const char *m = s->cfg->model;
-#define SERIES(name, fmt, expr)                                                   \
-    for (uint32_t r = 0; r < n && r < 64; r++)                                    \
-        kvo_buf_printf(&b, "%s{engine=\"%u\",model_name=\"%s\"} " fmt "\n", name, \
-                       r, m, expr);
-    prom(&b, "vllm:num_requests_running", "gauge",
-         "Number of requests in model execution batches.");
-    SERIES("vllm:num_requests_running", "%llu",
-           (unsigned long long)st[r].requests_running)
-    prom(&b, "vllm:num_requests_waiting", "gauge",
-         "Number of requests waiting to be processed.");
-    SERIES("vllm:num_requests_waiting", "%llu",
-           (unsigned long long)st[r].requests_waiting)
-    prom(&b, "vllm:kv_cache_usage_perc", "gauge",
-         "KV-cache usage. 1 means 100 percent usage.");
-    SERIES("vllm:kv_cache_usage_perc", "%.6f", st[r].usage)
-    prom(&b, "vllm:gpu_cache_usage_perc", "gauge",
-         "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).");
-    SERIES("vllm:gpu_cache_usage_perc", "%.6f", st[r].usage)
-    prom(&b, "vllm:prefix_cache_queries", "counter",
-         "Prefix cache queries, in terms of number of queried tokens.");
-    SERIES("vllm:prefix_cache_queries_total", "%llu",
-           (unsigned long long)st[r].prefix_queries)
-    prom(&b, "vllm:prefix_cache_hits", "counter",
-         "Prefix cache hits, in terms of number of cached tokens.");
-    SERIES("vllm:prefix_cache_hits_total", "%llu",
-           (unsigned long long)st[r].prefix_hits)
-    prom(&b, "vllm:num_preemptions", "counter", "Cumulative number of preemptions.");
-    SERIES("vllm:num_preemptions_total", "%llu",
-           (unsigned long long)st[r].preemptions)
-    prom(&b, "vllm:prompt_tokens", "counter", "Number of prefill tokens processed.");
-    SERIES("vllm:prompt_tokens_total", "%llu",
-           (unsigned long long)st[r].prompt_tokens)
-    prom(&b, "vllm:generation_tokens", "counter",
-         "Number of generation tokens processed.");
-    SERIES("vllm:generation_tokens_total", "%llu",
-           (unsigned long long)st[r].generated_tokens)
-    prom(&b, "vllm:request_success", "counter", "Count of successfully processed requests.");
-    for (uint32_t r = 0; r < n && r < 64; r++)
-        kvo_buf_printf(&b,
-                       "vllm:request_success_total{engine=\"%u\",finished_reason="
-                       "\"length\",model_name=\"%s\"} %llu\n",
-                       r, m, (unsigned long long)st[r].requests_finished);
-#undef SERIES
-    kvo_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", b.data,
-                     b.len);
+    kvo_status st = node_metrics_write(&s->node, s->cfg->model, &b);
+    if (st == KVO_OK)
+        kvo_http_respond(req, 200, KVO_PROM_CTYPE, b.data, b.len);
+    else
+        respond_err(req, 500, "writing the metrics failed: %s", kvo_strerror(st));
     kvo_buf_fini(&b);
 }
 

@@ -343,6 +343,27 @@ START_TEST(models_health_and_vllm_metric_names) {
 }
 END_TEST
 
+/* kvo_prom refuses labels it cannot hold (a 600-character model name):
+ * /metrics answers 500 with vLLM's JSON error, never a cut text. */
+START_TEST(metrics_that_cannot_be_written_answer_500_with_a_json_error) {
+    static char model[600];
+    memset(model, 'x', sizeof(model) - 1);
+    mocker m;
+    const char *extra[] = {"--model", model, NULL};
+    mocker_start(&m, extra);
+    long status;
+    json_object *j = call(&m, "/metrics", NULL, &status);
+    ck_assert_int_eq(status, 500);
+    ck_assert_msg(j != NULL, "not JSON: %s", (const char *)m.r.body.data);
+    ck_assert_str_eq(str(j, "object"), "error");
+    ck_assert_int_eq(num(j, "code"), 500);
+    ck_assert_msg(strstr(str(j, "message"), "metrics") != NULL, "%s", str(j, "message"));
+    json_object_put(j);
+    json_object_put(ok(&m, "/kvo/state", NULL)); /* still serving */
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 static uint64_t seq_of_frame(const uint8_t *p, size_t n) {
     uint64_t s;
     ck_assert_int_eq(wire_seq_get(p, n, &s), KVO_OK);
@@ -984,6 +1005,7 @@ Suite *suite_http(void) {
     tcase_add_test(tc, every_prompt_form_chat_and_token_ids);
     tcase_add_test(tc, stream_sends_server_sent_events_then_done);
     tcase_add_test(tc, models_health_and_vllm_metric_names);
+    tcase_add_test(tc, metrics_that_cannot_be_written_answer_500_with_a_json_error);
     tcase_add_test(tc, event_sources_advertise_endpoints_that_carry_the_events_and_replay);
     tcase_add_test(tc, reset_prefix_cache_fails_while_a_request_holds_blocks);
     tcase_add_test(tc, bad_requests_get_vllm_style_errors);
