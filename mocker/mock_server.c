@@ -132,17 +132,6 @@ static bool get_str(json_object *o, const char *k, const char **out) {
 
 /* ---- prompts --------------------------------------------------------------*/
 
-/* Error text with numbers (one thread: a static buffer is enough). */
-static const char *errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *errf(const char *fmt, ...) {
-    static char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
 typedef struct prompt {
     uint64_t *tok;
     uint32_t n;
@@ -163,110 +152,141 @@ static void prompts_free(prompts *p) {
     p->n = 0;
 }
 
-static const char *token_list(json_object *a, uint32_t max_len, prompt *out) {
+/* Failing parsers fill err with the answer's message; the status says what
+ * kind of failure (EPROTO: wrong shape, ETOOBIG: over a limit, ENOMEM). */
+
+static kvo_status too_many_tokens(kvo_err *err, uint64_t n, const char *limit_what,
+                                  uint32_t max_len) {
+    return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                       "the prompt has %llu tokens; %s %u", (unsigned long long)n,
+                       limit_what, max_len);
+}
+
+#define ENGINE_LIMIT "this engine's limit (max_model_len) is"
+
+static kvo_status token_list(json_object *a, uint32_t max_len, prompt *out,
+                             kvo_err *err) {
     size_t n = json_object_array_length(a);
-    if (n == 0) return "a prompt has no tokens";
-    if (n > max_len)
-        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
-                    "is %u", n, max_len);
+    if (n == 0)
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "a prompt has no tokens");
+    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok) return "out of memory";
+    if (!out->tok)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_object *t = json_object_array_get_idx(a, i);
         if (!json_object_is_type(t, json_type_int) || json_object_get_int64(t) < 0)
-            return "token ids must be integers >= 0";
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "token ids must be integers >= 0");
         out->tok[i] = json_object_get_uint64(t);
     }
     out->n = (uint32_t)n;
-    return NULL;
+    return KVO_OK;
 }
 
-static const char *text_prompt(json_object *s, uint32_t max_len, prompt *out) {
+static kvo_status text_prompt(json_object *s, uint32_t max_len, prompt *out,
+                              kvo_err *err) {
     size_t n = (size_t)json_object_get_string_len(s);
-    if (n == 0) return "a prompt has no tokens";
-    if (n > max_len)
-        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
-                    "is %u", n, max_len);
+    if (n == 0)
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "a prompt has no tokens");
+    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok) return "out of memory";
+    if (!out->tok)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     out->n = mock_tokenize(json_object_get_string(s), n, out->tok);
-    return NULL;
+    return KVO_OK;
 }
 
 /* {"hash_ids": [...], "input_length": n} into out (ids and length, no
  * tokens), n at most max_len; a longer prompt is refused naming the limit
  * ("the prompt has N tokens; <limit_what> <max_len>"). */
-static const char *trace_prompt(json_object *t, uint32_t max_len,
-                                const char *limit_what, prompt *out) {
+static kvo_status trace_prompt(json_object *t, uint32_t max_len,
+                               const char *limit_what, prompt *out,
+                               kvo_err *err) {
     json_object *ids, *len;
     if (!json_object_is_type(t, json_type_object) ||
         !json_object_object_get_ex(t, "hash_ids", &ids) ||
         !json_object_is_type(ids, json_type_array) ||
         !json_object_object_get_ex(t, "input_length", &len) ||
         !json_object_is_type(len, json_type_int))
-        return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace must be {\"hash_ids\": [...], "
+                           "\"input_length\": n}");
     size_t k = json_object_array_length(ids);
     int64_t n = json_object_get_int64(len);
     if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
-        return "trace: hash_ids must not be empty and input_length must be >= 1";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace: hash_ids must not be empty and input_length "
+                           "must be >= 1");
     if (n > (int64_t)max_len)
-        return errf("the prompt has %lld tokens; %s %u", (long long)n,
-                    limit_what, max_len);
+        return too_many_tokens(err, (uint64_t)n, limit_what, max_len);
     out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
-    if (!out->trace_ids) return "out of memory";
+    if (!out->trace_ids)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     for (size_t i = 0; i < k; i++) {
         json_object *v = json_object_array_get_idx(ids, i);
         if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-            return "trace: hash_ids must be integers >= 0";
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "trace: hash_ids must be integers >= 0");
         out->trace_ids[i] = json_object_get_uint64(v);
     }
     out->n_trace = (uint32_t)k;
     if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
-        return "trace: input_length must be within (512*(k-1), 512*k] for k "
-               "hash_ids";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace: input_length must be within (512*(k-1), "
+                           "512*k] for k hash_ids");
     /* no tokens: the engine makes them from the ids at admission, in its
      * own array (a copy of ~100 KB per Mooncake prompt saved); a probe's
      * walk makes each block's tokens when it gets there */
     out->n = (uint32_t)n;
-    return NULL;
+    return KVO_OK;
 }
 
 /* "prompt": str | [int] | [str] | [[int]], or "trace": {...}. */
-static const char *parse_prompts(json_object *body, uint32_t max_len,
-                                 prompts *out) {
+static kvo_status parse_prompts(json_object *body, uint32_t max_len,
+                                prompts *out, kvo_err *err) {
     json_object *p, *t;
     out->n = 0;
     if (json_object_object_get_ex(body, "trace", &t) && t) {
         out->n = 1;
-        return trace_prompt(t, max_len, "this engine's limit (max_model_len) is",
-                            &out->v[0]);
+        return trace_prompt(t, max_len, ENGINE_LIMIT, &out->v[0], err);
     }
     if (!json_object_object_get_ex(body, "prompt", &p) || !p)
-        return "prompt is required";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "prompt is required");
     if (json_object_is_type(p, json_type_string)) {
         out->n = 1;
-        return text_prompt(p, max_len, &out->v[0]);
+        return text_prompt(p, max_len, &out->v[0], err);
     }
     if (!json_object_is_type(p, json_type_array) || json_object_array_length(p) == 0)
-        return "prompt must be a string, a token list or a list of them";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "prompt must be a string, a token list or a list "
+                           "of them");
     json_object *first = json_object_array_get_idx(p, 0);
     if (json_object_is_type(first, json_type_int)) {
         out->n = 1;
-        return token_list(p, max_len, &out->v[0]);
+        return token_list(p, max_len, &out->v[0], err);
     }
     size_t n = json_object_array_length(p);
-    if (n > MAX_PROMPTS) return "too many prompts";
+    if (n > MAX_PROMPTS)
+        return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                           "too many prompts");
     for (size_t i = 0; i < n; i++) {
         json_object *e = json_object_array_get_idx(p, i);
         out->n = (uint32_t)i + 1;
-        const char *err =
-            json_object_is_type(e, json_type_string)  ? text_prompt(e, max_len, &out->v[i])
-            : json_object_is_type(e, json_type_array) ? token_list(e, max_len, &out->v[i])
-                                                      : "prompt list items must be "
-                                                        "strings or token lists";
-        if (err) return err;
+        kvo_status st;
+        if (json_object_is_type(e, json_type_string))
+            st = text_prompt(e, max_len, &out->v[i], err);
+        else if (json_object_is_type(e, json_type_array))
+            st = token_list(e, max_len, &out->v[i], err);
+        else
+            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "prompt list items must be strings or token lists");
+        if (st != KVO_OK) return st;
     }
-    return NULL;
+    return KVO_OK;
 }
 
 /* ---- calls ----------------------------------------------------------------*/
@@ -541,7 +561,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     json_object *body = json_tokener_parse((const char *)raw);
     prompts *ps = kvo_calloc(1, sizeof(*ps));
     call *k = NULL;
-    const char *err = NULL;
+    kvo_err err;
+    kvo_status st = KVO_OK;
     unsigned code = 400;
     uint32_t max_len = mock_cfg_max_model_len(s->cfg);
     if (!ps) {
@@ -549,36 +570,39 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         goto done;
     }
     if (!body || !json_object_is_type(body, json_type_object)) {
-        err = "body must be a JSON object";
+        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "body must be a JSON object");
         goto done;
     }
     if (chat) {
         json_object *m;
         if (!json_object_object_get_ex(body, "messages", &m) ||
             !json_object_is_type(m, json_type_array)) {
-            err = "messages is required";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "messages is required");
             goto done;
         }
         kvo_buf_reset(&s->scratch);
         if (mock_chat_template(m, &s->scratch) != KVO_OK) {
-            err = "messages must be [{\"role\": str, \"content\": str|parts}]";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "messages must be [{\"role\": str, \"content\": "
+                             "str|parts}]");
             goto done;
         }
         if (s->scratch.len > max_len) {
-            err = errf("the prompt has %zu tokens; this engine's limit "
-                       "(max_model_len) is %u", s->scratch.len, max_len);
+            st = too_many_tokens(&err, s->scratch.len, ENGINE_LIMIT, max_len);
             goto done;
         }
         ps->n = 1;
         ps->v[0].tok = kvo_malloc(s->scratch.len * sizeof(uint64_t));
         if (!ps->v[0].tok) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             code = 503;
             goto done;
         }
         ps->v[0].n = mock_tokenize((const char *)s->scratch.data, s->scratch.len,
                                    ps->v[0].tok);
-    } else if ((err = parse_prompts(body, max_len, ps)) != NULL) {
+    } else if ((st = parse_prompts(body, max_len, ps, &err)) != KVO_OK) {
         goto done;
     }
     json_object *v;
@@ -587,18 +611,20 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
         if (!json_object_is_type(v, json_type_int) ||
             (max_tokens = json_object_get_int64(v)) < 1) {
-            err = "max_tokens must be an integer >= 1";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "max_tokens must be an integer >= 1");
             goto done;
         }
     }
     const char *lora, *salt;
     if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-        err = "lora_name and cache_salt must be strings";
+        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "lora_name and cache_salt must be strings");
         goto done;
     }
     k = kvo_calloc(1, sizeof(*k));
     if (!k || !(k->choices = kvo_calloc(ps->n, sizeof(choice)))) {
-        err = "out of memory";
+        st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
         code = 503;
         goto done;
     }
@@ -615,7 +641,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         json_object_is_type(ktp, json_type_object))
         k->remote_prefill = get_bool(ktp, "do_remote_prefill", false);
     if (!pick_rank(s, req, body, &k->rank)) {
-        err = "data_parallel_rank out of range";
+        st = kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "data_parallel_rank out of range");
         goto done;
     }
     k->n_choices = ps->n;
@@ -630,9 +657,11 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         kvo_buf_init(&c->text);
         kvo_buf_init(&c->tok);
         if ((uint64_t)ps->v[i].n + (uint64_t)max_tokens > max_len) {
-            err = errf("this engine's maximum context length (max_model_len) is %u "
-                       "tokens; the request asks for %u prompt + %lld completion",
-                       max_len, ps->v[i].n, (long long)max_tokens);
+            st = kvo_err_set(&err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                             "this engine's maximum context length (max_model_len) "
+                             "is %u tokens; the request asks for %u prompt + %lld "
+                             "completion",
+                             max_len, ps->v[i].n, (long long)max_tokens);
             goto done;
         }
     }
@@ -649,13 +678,13 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
                           .remote_prefill = k->remote_prefill,
                           .on_output = on_choice_output,
                           .user = c};
-        kvo_status st = mock_engine_add(e, &in, &c->req_id);
+        st = mock_engine_add(e, &in, &c->req_id);
         if (st != KVO_OK) {
             for (uint32_t j = 0; j < i; j++) {
                 k->choices[j].k = NULL; /* its abort callback is ignored */
                 mock_engine_abort(e, k->choices[j].req_id);
             }
-            err = kvo_strerror(st);
+            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
             code = st == KVO_ENOMEM ? 503 : 400;
             goto done;
         }
@@ -666,9 +695,9 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     if (k->stream) kvo_http_stream_start(req, 200, "text/event-stream");
     k = NULL; /* owned by the live list */
 done:
-    if (err) {
+    if (st != KVO_OK) {
         s->http_errors++;
-        respond_err(req, code, "%s", err);
+        respond_err(req, code, "%s", err.msg);
     }
     call_free(k);
     if (ps) {
@@ -887,28 +916,32 @@ static void handle_probe(server *s, kvo_http_req *req) {
     json_object *body = NULL;
     prompt p = {0};
     mock_hash *h = NULL;
-    const char *err = NULL;
+    kvo_err err;
+    kvo_status st = KVO_OK;
     const char *lora = NULL, *salt = NULL;
     uint32_t bs = s->cfg->block_size;
     bool warm = false;
     if (!scan_probe(raw, len, &p, &warm)) {
         body = json_tokener_parse((const char *)raw);
         if (!body || !json_object_is_type(body, json_type_object)) {
-            err = "body must be a JSON object";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "body must be a JSON object");
             goto done;
         }
         json_object *t, *ids;
         if (json_object_object_get_ex(body, "trace", &t) && t) {
-            err = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p);
+            st = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p, &err);
         } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
                    json_object_is_type(ids, json_type_array)) {
-            err = token_list(ids, PROBE_MAX_TOKENS, &p);
+            st = token_list(ids, PROBE_MAX_TOKENS, &p, &err);
         } else {
-            err = "token_ids or trace is required";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "token_ids or trace is required");
         }
-        if (err) goto done;
+        if (st != KVO_OK) goto done;
         if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-            err = "lora_name and cache_salt must be strings";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "lora_name and cache_salt must be strings");
             goto done;
         }
         warm = get_bool(body, "warm", false);
@@ -921,13 +954,13 @@ static void handle_probe(server *s, kvo_http_req *req) {
     if (s->cfg->prefix_caching && cap > 0) {
         h = kvo_malloc((size_t)cap * sizeof(mock_hash));
         if (!h) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             goto done;
         }
         mock_trace_ref tr = {p.trace_ids, p.n_trace};
         uint64_t *blk_tok = p.trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
         if (p.trace_ids && !blk_tok) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             goto done;
         }
         bool alive = true;
@@ -937,12 +970,11 @@ static void handle_probe(server *s, kvo_http_req *req) {
                 mock_trace_tokens_at(p.trace_ids, (uint64_t)b * bs, bs, blk_tok);
             else
                 tok = p.tok + (size_t)b * bs;
-            kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h,
-                                                   lora, salt,
-                                                   p.trace_ids ? &tr : NULL, &h[b]);
+            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, lora,
+                                        salt, p.trace_ids ? &tr : NULL, &h[b]);
             if (st != KVO_OK) {
                 kvo_free(blk_tok);
-                err = kvo_strerror(st);
+                kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
                 goto done;
             }
             alive = false;
@@ -977,7 +1009,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
         p.trace_ids = NULL;
     }
 done:
-    if (err) respond_err(req, 400, "%s", err);
+    if (st != KVO_OK) respond_err(req, 400, "%s", err.msg);
     kvo_free(h);
     kvo_free(p.tok);
     kvo_free(p.trace_ids);
