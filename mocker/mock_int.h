@@ -267,8 +267,16 @@ const char *mock_pub_replay_endpoint(const mock_pub *p);
 /* ROUTER socket to poll (NULL when none). */
 void *mock_pub_replay_socket(const mock_pub *p);
 kvo_status mock_pub_send(mock_pub *p, const uint8_t *payload, size_t len);
-/* Serve every pending replay request (non-blocking). */
-void mock_pub_replay_serve(mock_pub *p);
+/* What one mock_pub_replay_serve call did (the totals are in the stats). */
+typedef struct mock_replay_served {
+    uint32_t requests;     /* well-formed requests answered */
+    uint32_t bad_requests; /* malformed requests, ignored */
+    uint32_t cut;          /* replies cut short: client's queue full or gone */
+    uint64_t batches;      /* buffered batches sent */
+} mock_replay_served;
+/* Serve every pending replay request (non-blocking); out (may be NULL)
+ * says what was done. */
+void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out);
 /* Last sequence published; false when none yet. */
 bool mock_pub_last_seq(const mock_pub *p, uint64_t *seq);
 

@@ -162,18 +162,19 @@ void node_step_end(mock_node *n, uint32_t r) {
 void node_replay_serve(mock_node *n, uint32_t r) {
     static kvo_ratelimit rl_bad, rl_cut;
     mock_pub *pub = n->ranks[r].pub;
-    mock_pub_stats a, b;
-    mock_pub_stats_get(pub, &a);
-    mock_pub_replay_serve(pub);
-    mock_pub_stats_get(pub, &b);
-    if (b.bad_requests > a.bad_requests)
+    mock_replay_served done;
+    mock_pub_replay_serve(pub, &done);
+    if (!done.bad_requests && !done.cut) return;
+    mock_pub_stats ps;
+    mock_pub_stats_get(pub, &ps); /* the totals, for the log line */
+    if (done.bad_requests)
         kvo_log_limited(&rl_bad, KVO_LOG_WARN,
                         "rank %u: malformed replay request ignored (want "
                         "[\"\", start seq u64 BE]); %llu so far",
-                        r, (unsigned long long)b.bad_requests);
-    if (b.replay_cut > a.replay_cut)
+                        r, (unsigned long long)ps.bad_requests);
+    if (done.cut)
         kvo_log_limited(&rl_cut, KVO_LOG_WARN,
                         "rank %u: replay cut short (the client does not read "
                         "or is gone); %llu so far",
-                        r, (unsigned long long)b.replay_cut);
+                        r, (unsigned long long)ps.replay_cut);
 }

@@ -289,12 +289,14 @@ static bool send_reply(mock_pub *p, zmq_msg_t *id, const uint8_t seqb[8],
     return true;
 }
 
-void mock_pub_replay_serve(mock_pub *p) {
+void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out) {
+    mock_replay_served done = {0};
+    if (out) *out = done;
     if (!p->router) return;
     for (;;) {
         zmq_msg_t fr[4];
         int n;
-        if (!recv_request(p->router, fr, 4, &n)) return;
+        if (!recv_request(p->router, fr, 4, &n)) break;
         int kept = n < 4 ? n : 4;
         uint64_t start = 0;
         bool ok = n == 3 && zmq_msg_size(&fr[1]) == 0 &&
@@ -302,19 +304,28 @@ void mock_pub_replay_serve(mock_pub *p) {
                                &start) == KVO_OK;
         if (!ok) {
             p->st.bad_requests++;
+            done.bad_requests++;
         } else {
             p->st.replay_requests++;
+            done.requests++;
             uint8_t seqb[8];
             bool sent = true;
             for (uint32_t i = 0; sent && i < p->ring_n; i++) {
                 ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
                 if (e->seq < start) continue;
                 wire_seq_put(seqb, e->seq);
-                if ((sent = send_reply(p, &fr[0], seqb, e->p))) p->st.replay_batches++;
+                if ((sent = send_reply(p, &fr[0], seqb, e->p))) {
+                    p->st.replay_batches++;
+                    done.batches++;
+                }
             }
             wire_seq_put(seqb, WIRE_REPLAY_END);
-            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) p->st.replay_cut++;
+            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) {
+                p->st.replay_cut++;
+                done.cut++;
+            }
         }
         for (int i = 0; i < kept; i++) zmq_msg_close(&fr[i]);
     }
+    if (out) *out = done;
 }

@@ -13,9 +13,22 @@ Suite *suite_pub(void);
 typedef struct env {
     void *ctx;
     mock_pub *pub;
+    mock_replay_served served; /* summed over every serve call */
 } env;
 
+/* One mock_pub_replay_serve, its report added to e->served. */
+static void serve_once(env *e) {
+    mock_replay_served d;
+    memset(&d, 0xff, sizeof(d)); /* every field must be written */
+    mock_pub_replay_serve(e->pub, &d);
+    e->served.requests += d.requests;
+    e->served.bad_requests += d.bad_requests;
+    e->served.cut += d.cut;
+    e->served.batches += d.batches;
+}
+
 static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+    memset(e, 0, sizeof(*e));
     e->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(e->ctx);
     mock_pub_cfg pc = {.zmq_ctx = e->ctx,
@@ -80,7 +93,7 @@ static void send_request(void *dealer, uint64_t start) {
 static void serve(env *e, void *dealer) {
     zmq_pollitem_t it = {dealer, 0, ZMQ_POLLIN, 0};
     for (int i = 0; i < 500; i++) {
-        mock_pub_replay_serve(e->pub);
+        serve_once(e);
         if (zmq_poll(&it, 1, 10) > 0) return;
     }
     ck_abort_msg("no replay reply");
@@ -228,6 +241,11 @@ START_TEST(malformed_replay_requests_are_counted_and_ignored) {
     mock_pub_stats_get(e.pub, &ps);
     ck_assert_uint_eq(ps.bad_requests, 3);
     ck_assert_uint_eq(ps.replay_requests, 1);
+    /* The calls said so themselves. */
+    ck_assert_uint_eq(e.served.bad_requests, 3);
+    ck_assert_uint_eq(e.served.requests, 1);
+    ck_assert_uint_eq(e.served.batches, 1);
+    ck_assert_uint_eq(e.served.cut, 0);
     zmq_close(d);
     env_fini(&e);
 }
@@ -246,12 +264,15 @@ START_TEST(a_client_that_never_reads_its_replays_has_them_cut_short_and_counted)
     for (int i = 0; i < 100; i++) send_request(idle, 0);
     mock_pub_stats ps = {0};
     for (int i = 0; i < 1000 && ps.replay_requests < 100; i++) {
-        mock_pub_replay_serve(e.pub);
+        serve_once(&e);
         mock_pub_stats_get(e.pub, &ps);
         usleep(5000);
     }
     ck_assert_uint_eq(ps.replay_requests, 100);
     ck_assert_msg(ps.replay_cut > 0, "all 100 replays queued for a client that never reads");
+    ck_assert_uint_eq(e.served.requests, 100);
+    ck_assert_uint_eq(e.served.cut, ps.replay_cut);
+    ck_assert_uint_eq(e.served.batches, ps.replay_batches);
     void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
     send_request(d, 0);
     serve(&e, d);
