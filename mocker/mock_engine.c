@@ -202,6 +202,7 @@ void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out) {
     out->requests_running = e->sched.running.n;
     out->requests_waiting = e->sched.waiting.n;
     out->blocks_removed = p->evicted;
+    out->events_lost_enomem = e->ev.lost_enomem;
     out->resident_blocks = p->n_cached;
     out->free_blocks = p->n_free;
     out->used_blocks = p->n - 1 - p->n_free;
@@ -264,6 +265,7 @@ kvo_status mock_engine_schedule(mock_engine *e, double ts, mock_step *out) {
     if (st == KVO_OK)
         st = events_finish(&e->ev, ts, e->rank, &out->batch, &out->aux);
     if (st != KVO_OK) return st;
+    out->events_lost = e->ev.step_lost;
     if (out->batch) {
         e->st.batches++;
         e->st.events += out->batch->n_events;

@@ -124,6 +124,7 @@ void events_fini(step_events *s) {
 void events_begin(step_events *s) {
     builder_reset(&s->ev);
     builder_reset(&s->stores);
+    s->step_lost = 0;
 }
 
 kvo_status events_cleared(step_events *s) {
@@ -139,7 +140,11 @@ void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent) 
     if (!s->enabled) return;
     ev_builder *b = &s->ev;
     wire_event *ev = builder_push(b, WIRE_EV_REMOVED);
-    if (!ev) return; /* out of memory: the event is lost */
+    if (!ev) { /* out of memory: the event is lost, and counted */
+        s->step_lost++;
+        s->lost_enomem++;
+        return;
+    }
     uint32_t i = b->n - 1;
     b->removed_hash[i] = *hash;
     hash_int_form(&b->removed_wire[i], hash);

@@ -151,6 +151,8 @@ typedef struct mock_step {
     uint32_t prefill_tokens;   /* new prompt tokens computed */
     uint32_t decode_reqs;      /* requests decoding one token */
     uint32_t preempted;        /* requests preempted in this step */
+    uint32_t events_lost;      /* events that could not be queued (out of
+                                  memory): the batch lacks them */
     /* Events (NULL when none); hashes are rendered as low-64 ints and
      * dp rank set. Valid until mock_engine_complete (stored tokens and
      * hashes point into the requests). */
@@ -168,6 +170,7 @@ typedef struct mock_engine_stats {
     uint64_t prompt_tokens, generated_tokens, computed_tokens;
     uint64_t prefix_queries, prefix_hits; /* tokens, as vLLM's counters */
     uint64_t batches, events, blocks_stored, blocks_removed, cleared;
+    uint64_t events_lost_enomem; /* events lost to out of memory */
     uint64_t resident_blocks; /* blocks holding a hash (cached) */
     uint64_t free_blocks;     /* in the free queue (cached or not) */
     uint64_t used_blocks;     /* ref > 0 */
@@ -277,13 +280,20 @@ typedef struct mock_replay_served {
 /* Serve every pending replay request (non-blocking); out (may be NULL)
  * says what was done. */
 void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out);
-/* Last sequence published; false when none yet. */
+/* The batch that should have had the next sequence number is lost (it
+ * could not be rendered): the number is used up, so subscribers see a gap,
+ * and the replay ring is emptied, so no replay bridges the gap either (a
+ * replay then starts after the request: the client sees the loss). */
+void mock_pub_skip(mock_pub *p);
+/* Last sequence number used (published, or skipped for a lost batch);
+ * false when none yet. */
 bool mock_pub_last_seq(const mock_pub *p, uint64_t *seq);
 
 typedef struct mock_pub_stats {
     uint64_t batches, bytes, replay_requests, replay_batches, bad_requests,
         send_errors, record_errors, ring_len;
     uint64_t replay_cut; /* replies cut short: client's queue full or gone */
+    uint64_t skipped;    /* sequence numbers of batches lost (mock_pub_skip) */
 } mock_pub_stats;
 void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out);
 
@@ -467,6 +477,8 @@ typedef struct step_events {
     ev_builder ev;     /* the step's batch: cleared, removals, then */
     ev_builder stores; /* the stores, appended when the step ends */
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
+    uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
+    uint64_t lost_enomem; /* ... and ever */
 } step_events;
 
 void events_init(step_events *s, bool enabled);

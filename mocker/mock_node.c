@@ -136,18 +136,34 @@ void node_fini(mock_node *n) {
 }
 
 kvo_status node_step_begin(mock_node *n, uint32_t r, double ts, mock_step *st) {
+    static kvo_ratelimit rl_render, rl_lost;
     node_rank *nr = &n->ranks[r];
     kvo_status s = mock_engine_schedule(nr->eng, ts, st);
     if (s != KVO_OK) return s;
+    if (st->events_lost) {
+        mock_engine_stats es;
+        mock_engine_stats_get(nr->eng, &es); /* the total, for the log line */
+        kvo_log_limited(&rl_lost, KVO_LOG_ERROR,
+                        "rank %u: %u KV event(s) lost to out of memory in a "
+                        "step (%llu so far); the index will diverge",
+                        r, st->events_lost,
+                        (unsigned long long)es.events_lost_enomem);
+    }
     if (!st->batch) return KVO_OK;
     const kvo_buf *pay;
     uint32_t np;
     s = mock_render_batch(nr->render, st->batch, st->aux, &pay, &np);
     if (s != KVO_OK) {
-        static kvo_ratelimit rl;
+        /* The batch is lost: its sequence number goes unused, so the relay
+         * sees a real gap (and no replay can fill it). */
+        uint64_t lost = 0;
         nr->render_errors++;
-        kvo_log_limited(&rl, KVO_LOG_ERROR, "rank %u: encoding a batch: %s", r,
-                        kvo_strerror(s));
+        mock_pub_skip(nr->pub);
+        mock_pub_last_seq(nr->pub, &lost);
+        kvo_log_limited(&rl_render, KVO_LOG_ERROR,
+                        "rank %u: encoding a batch: %s; the batch is lost, its "
+                        "sequence %llu skipped", r, kvo_strerror(s),
+                        (unsigned long long)lost);
         return KVO_OK;
     }
     for (uint32_t i = 0; i < np; i++)

@@ -35,6 +35,7 @@ typedef struct trace_run {
     uint64_t wall0;
     uint64_t last_progress;
     bool tty;
+    zmq_pollitem_t *items; /* one per rank: the replay ROUTERs to poll */
 } trace_run;
 
 static void on_output(void *user, const mock_output *o) {
@@ -82,17 +83,16 @@ static void progress(trace_run *t, bool final) {
 }
 
 static void serve_replays(trace_run *t, long timeout_ms) {
-    zmq_pollitem_t items[64];
     int n = 0;
-    for (uint32_t r = 0; r < t->node.n_ranks && n < 64; r++) {
+    for (uint32_t r = 0; r < t->node.n_ranks; r++) {
         void *s = mock_pub_replay_socket(t->node.ranks[r].pub);
-        if (s) items[n++] = (zmq_pollitem_t){s, 0, ZMQ_POLLIN, 0};
+        if (s) t->items[n++] = (zmq_pollitem_t){s, 0, ZMQ_POLLIN, 0};
     }
     if (n == 0) {
         kvo_sleep_us(timeout_ms * 1000L);
         return;
     }
-    if (zmq_poll(items, n, timeout_ms) <= 0) return;
+    if (zmq_poll(t->items, n, timeout_ms) <= 0) return;
     for (uint32_t r = 0; r < t->node.n_ranks; r++) node_replay_serve(&t->node, r);
 }
 
@@ -213,9 +213,11 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
         kvo_error("--trace %s: %s", cfg->trace, kvo_strerror(st));
         return st;
     }
-    if ((st = node_init(&t.node, cfg, true)) != KVO_OK) {
-        mock_trace_free(tr);
-        return st;
+    double now = 0; /* model ms */
+    if ((st = node_init(&t.node, cfg, true)) != KVO_OK) goto done;
+    if (!(t.items = kvo_calloc(t.node.n_ranks, sizeof(*t.items)))) {
+        st = KVO_ENOMEM;
+        goto done;
     }
     t.tty = cfg->progress && isatty(2);
     if (t.tty) t.total_lines = count_lines(cfg->trace);
@@ -223,7 +225,6 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
     kvo_ratelimit rl_bad = {0}, rl_rej = {0};
     t.wall0 = kvo_now_ns();
 
-    double now = 0;           /* model ms */
     double t0_trace = -1;     /* first timestamp: the model clock's origin */
     mock_trace_req req;
     bool have_req = false, eof = false;
@@ -330,5 +331,6 @@ done:
     if (st == KVO_OK) summary(&t, now, kvo_stop != 0);
     mock_trace_free(tr);
     node_fini(&t.node);
+    kvo_free(t.items);
     return st;
 }

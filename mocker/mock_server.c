@@ -792,6 +792,8 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("send_errors", ps->send_errors);
     C("record_errors", ps->record_errors);
     C("render_errors", render_err);
+    C("skipped_seqs", ps->skipped);
+    C("events_lost_enomem", st->events_lost_enomem);
 #undef C
     return c;
 }
@@ -916,6 +918,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
     json_object *body = NULL;
     prompt p = {0};
     mock_hash *h = NULL;
+    uint32_t *hits = NULL;
     kvo_err err;
     kvo_status st = KVO_OK;
     const char *lora = NULL, *salt = NULL;
@@ -948,8 +951,12 @@ static void handle_probe(server *s, kvo_http_req *req) {
     }
     if (lora && !*lora) lora = NULL;
     if (salt && !*salt) salt = NULL;
-    uint32_t n = s->node.n_ranks < 64 ? s->node.n_ranks : 64;
-    uint32_t hits[64] = {0};
+    uint32_t n = s->node.n_ranks;
+    hits = kvo_calloc(n, sizeof(*hits)); /* per rank: leading blocks held */
+    if (!hits) {
+        st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
+        goto done;
+    }
     uint32_t cap = (p.n - 1) / bs;
     if (s->cfg->prefix_caching && cap > 0) {
         h = kvo_malloc((size_t)cap * sizeof(mock_hash));
@@ -1010,6 +1017,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
     }
 done:
     if (st != KVO_OK) respond_err(req, 400, "%s", err.msg);
+    kvo_free(hits);
     kvo_free(h);
     kvo_free(p.tok);
     kvo_free(p.trace_ids);
@@ -1160,6 +1168,9 @@ static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
 kvo_status mock_run_server(const mock_cfg *cfg) {
     server *s = kvo_calloc(1, sizeof(*s));
     if (!s) return KVO_ENOMEM;
+    zmq_pollitem_t *items = NULL; /* [0] HTTP, then every replay ROUTER */
+    uint32_t *rank_of = NULL;     /* items[i]'s rank */
+    uint32_t n_items = 0;
     s->cfg = cfg;
     s->t0_ns = kvo_now_ns();
     s->started_unix = (long long)time(NULL);
@@ -1173,21 +1184,19 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
     if (st != KVO_OK) {
         kvo_error("HTTP server on %s:%u: %s", cfg->host, (unsigned)cfg->port,
                   kvo_strerror(st));
-        kvo_free(s);
-        return st;
+        goto done;
     }
-    st = node_init(&s->node, cfg, true);
-    if (st != KVO_OK) {
-        kvo_http_server_free(s->http);
-        kvo_free(s);
-        return st;
+    if ((st = node_init(&s->node, cfg, true)) != KVO_OK) goto done;
+    items = kvo_calloc(s->node.n_ranks + 1, sizeof(*items));
+    rank_of = kvo_calloc(s->node.n_ranks + 1, sizeof(*rank_of));
+    if (!items || !rank_of) {
+        st = KVO_ENOMEM;
+        goto done;
     }
     kvo_info("listening on http://%s:%u", cfg->host,
              (unsigned)kvo_http_server_port(s->http));
-    zmq_pollitem_t items[65];
-    uint32_t n_items = 0, rank_of[65];
     items[n_items++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s->http), ZMQ_POLLIN, 0};
-    for (uint32_t r = 0; r < s->node.n_ranks && n_items < 65; r++) {
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
         void *rs = mock_pub_replay_socket(s->node.ranks[r].pub);
         if (!rs) continue;
         rank_of[n_items] = r;
@@ -1220,6 +1229,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
              (unsigned long long)s->http_requests,
              (unsigned long long)s->finished_length,
              (unsigned long long)s->finished_aborted);
+done:
     kvo_http_server_free(s->http); /* pending requests get 503 */
     node_fini(&s->node);           /* engines drop requests, no callbacks */
     while (s->calls) {
@@ -1227,6 +1237,8 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
         s->calls = k->next;
         call_free(k);
     }
+    kvo_free(items);
+    kvo_free(rank_of);
     kvo_buf_fini(&s->scratch);
     kvo_free(s->warm_ids);
     kvo_free(s);

@@ -172,6 +172,10 @@ START_TEST(completions_report_cached_tokens_and_the_kvo_object) {
     ck_assert_int_eq(num(j, "ranks.1.free_blocks"), 16383);
     ck_assert_int_eq(num(j, "ranks.1.requests_finished"), 2);
     ck_assert_int_eq(num(j, "ranks.1.counters.prefix_hits"), 12);
+    /* losses are counted where a reader of the state sees them */
+    ck_assert_int_eq(num(j, "ranks.1.counters.events_lost_enomem"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.render_errors"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.skipped_seqs"), 0);
     json_object_put(j);
     ck_assert_int_eq(mocker_stop(&m), 0);
 }

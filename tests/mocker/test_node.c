@@ -105,11 +105,102 @@ START_TEST(metrics_report_a_failed_write_instead_of_a_partial_text) {
 }
 END_TEST
 
+/* One step of rank 0 with a request of n tokens (ids from first), run to
+ * its end; returns node_step_begin's status. */
+static kvo_status node_step_with(mock_node *n, uint32_t tokens, uint64_t first,
+                                 mt_out *out, long fail_after) {
+    uint64_t t[256];
+    ck_assert_uint_le(tokens, 256);
+    mt_iota(t, tokens, first);
+    mock_req_in in = {.tokens = t, .n_tokens = tokens, .max_tokens = 1,
+                      .on_output = mt_on_output, .user = out};
+    ck_assert_int_eq(mock_engine_add(n->ranks[0].eng, &in, NULL), KVO_OK);
+    mock_step st;
+    kvo_alloc_fail_after(fail_after);
+    kvo_status rc = node_step_begin(n, 0, 1.0, &st);
+    kvo_alloc_fail_after(-1);
+    if (rc == KVO_OK) node_step_end(n, 0);
+    return rc;
+}
+
+/* A batch that cannot be rendered is lost, and the relay must be able to
+ * tell: its sequence number is used up (the next batch comes one later),
+ * the replay ring is emptied (no replay bridges the hole), and the loss is
+ * counted. Every allocation of a step whose payload outgrows the render
+ * buffer is failed in turn; the ones that hit the renderer are checked. */
+START_TEST(a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number) {
+    uint32_t render_failures = 0;
+    for (long k = 0; k < 64; k++) {
+        mock_cfg c;
+        mock_node n;
+        mt_cfg(&c, 4, 128);
+        ck_assert_int_eq(node_init(&n, &c, false), KVO_OK);
+        node_rank *nr = &n.ranks[0];
+        mt_out o[3] = {{0}};
+        ck_assert_int_eq(node_step_with(&n, 4, 1, &o[0], -1), KVO_OK); /* seq 0 */
+        kvo_status rc = node_step_with(&n, 240, 1000, &o[1], k);
+        mock_pub_stats ps;
+        mock_pub_stats_get(nr->pub, &ps);
+        uint64_t last = 99;
+        ck_assert(mock_pub_last_seq(nr->pub, &last));
+        if (rc != KVO_OK || nr->render_errors == 0) { /* the engine failed, or
+                                                         nothing did */
+            ck_assert_uint_eq(ps.skipped, 0);
+            node_fini(&n);
+            continue;
+        }
+        render_failures++;
+        ck_assert_uint_eq(nr->render_errors, 1);
+        ck_assert_uint_eq(ps.batches, 1);  /* only the first went out */
+        ck_assert_uint_eq(ps.skipped, 1);
+        ck_assert_uint_eq(last, 1);        /* ... but seq 1 is used up */
+        ck_assert_uint_eq(ps.ring_len, 0); /* and no replay bridges it */
+        ck_assert_int_eq(node_step_with(&n, 8, 5000, &o[2], -1), KVO_OK);
+        mock_pub_stats_get(nr->pub, &ps);
+        ck_assert(mock_pub_last_seq(nr->pub, &last));
+        ck_assert_uint_eq(last, 2);
+        ck_assert_uint_eq(ps.batches, 2);
+        ck_assert_uint_eq(ps.ring_len, 1);
+        node_fini(&n);
+    }
+    ck_assert_msg(render_failures > 0, "no injected failure reached the renderer");
+}
+END_TEST
+
+/* A BlockRemoved that cannot be queued (out of memory) is counted, for the
+ * step and in total, and the batch holds the events that could be. */
+START_TEST(an_eviction_event_lost_to_out_of_memory_is_counted) {
+    step_events ev;
+    events_init(&ev, true);
+    events_begin(&ev);
+    mock_hash a = {.key = 11}, b = {.key = 12}, root = {0};
+    kvo_alloc_fail_after(0);
+    events_on_evict(&ev, &a, &root);
+    kvo_alloc_fail_after(-1);
+    ck_assert_uint_eq(ev.step_lost, 1);
+    ck_assert_uint_eq(ev.lost_enomem, 1);
+    events_on_evict(&ev, &b, &root);
+    const wire_batch *batch;
+    const mock_step_aux *aux;
+    ck_assert_int_eq(events_finish(&ev, 1.0, 0, &batch, &aux), KVO_OK);
+    ck_assert_ptr_nonnull(batch);
+    ck_assert_uint_eq(batch->n_events, 1);
+    ck_assert_int_eq(batch->events[0].type, WIRE_EV_REMOVED);
+    ck_assert(batch->events[0].hashes[0].key == 12);
+    events_begin(&ev); /* the next step starts clean; the total stays */
+    ck_assert_uint_eq(ev.step_lost, 0);
+    ck_assert_uint_eq(ev.lost_enomem, 1);
+    events_fini(&ev);
+}
+END_TEST
+
 Suite *suite_node(void) {
     Suite *s = suite_create("node");
     TCase *tc = tcase_create("node");
     tcase_add_test(tc, metrics_text_is_vllms_names_one_sample_per_rank);
     tcase_add_test(tc, metrics_report_a_failed_write_instead_of_a_partial_text);
+    tcase_add_test(tc, a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number);
+    tcase_add_test(tc, an_eviction_event_lost_to_out_of_memory_is_counted);
     suite_add_tcase(s, tc);
     return s;
 }
