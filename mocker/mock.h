@@ -55,7 +55,8 @@ typedef struct mock_cfg {
     wire_algo hash_algo;             /* sha256 */
     const char *hash_seed;           /* "0" (PYTHONHASHSEED) */
     uint64_t seed;                   /* generated tokens */
-    uint32_t hash_memo_log2;         /* trace-prompt memo: 2^n rows (14); 0 off */
+    uint32_t hash_memo_log2;         /* trace-prompt memo: 2^n rows (14); 0 off;
+                                        at most MOCK_MEMO_LOG2_MAX */
     /* events */
     bool hash_bytes;                 /* publish raw digests */
     wire_format event_format;        /* map */
@@ -83,6 +84,10 @@ typedef struct mock_cfg {
     bool progress;                   /* progress bar (trace mode, on a tty) */
     bool summary_json;               /* trace summary as one JSON line */
 } mock_cfg;
+
+/* Largest hash_memo_log2: 2^20 rows of one trace block's digests (about
+ * 1.6 GB at block size 16) bound the memo's memory. */
+#define MOCK_MEMO_LOG2_MAX 20
 
 void mock_cfg_default(mock_cfg *c);
 /* Effective max_model_len. */

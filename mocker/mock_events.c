@@ -22,6 +22,8 @@
 
 /* First capacity of a builder's per-event arrays. */
 #define EV_FIRST_CAP 64
+/* A wire_str of a string literal. */
+#define WIRE_LIT(s) ((wire_str){s, sizeof(s) - 1})
 
 static void builder_init(ev_builder *b) {
     memset(b, 0, sizeof(*b));
@@ -94,7 +96,7 @@ static wire_event *builder_push(ev_builder *b, wire_ev_type type) {
     b->stored[i] = NULL;
     b->removed[i] = NULL;
     if (type != WIRE_EV_CLEARED) {
-        ev->medium = (wire_str){"GPU", 3};
+        ev->medium = WIRE_LIT("GPU");
         ev->group_idx = (wire_int){true, 0};
     }
     return ev;
@@ -221,7 +223,7 @@ kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
     void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);
     if (!ek) goto fail;
     ev->extra_keys = (wire_raw){ek, (uint32_t)s->extra_buf.len};
-    ev->kv_cache_spec_kind = (wire_str){"full_attention", 14};
+    ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
     b->stored[i] = full;
     b->decode_store[i] = decode;
     return KVO_OK;

@@ -47,7 +47,7 @@ struct mock_hasher {
 
 kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
                            const char *seed, uint32_t memo_log2) {
-    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT || memo_log2 > 20)
+    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT || memo_log2 > MOCK_MEMO_LOG2_MAX)
         return KVO_EINVAL;
     mock_hasher *h = kvo_calloc(1, sizeof(*h));
     if (!h) return KVO_ENOMEM;

@@ -29,7 +29,7 @@ static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
     const char *colon = strrchr(ep, ':');
     uint32_t port;
     if (strncmp(ep, "tcp://", 6) == 0 && colon && colon > ep + 5 &&
-        kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= 65535) {
+        kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= UINT16_MAX) {
         if (port == 0) snprintf(out, n, "%.*s:*", (int)(colon - ep), ep);
         else snprintf(out, n, "%.*s:%u", (int)(colon - ep), ep, port + r);
         return;

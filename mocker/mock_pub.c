@@ -35,6 +35,13 @@
 
 /* Whole replays (ring + end marker) the ROUTER queues per client. */
 #define REPLAY_QUEUED 4
+/* How long a closing PUB may still send queued batches; a ROUTER's
+ * replies are dropped at once. */
+#define PUB_LINGER_MS 500
+#define ROUTER_LINGER_MS 0
+/* PUB send high-water mark when none is configured (vLLM's publisher
+ * default): batches queued per subscriber before ZeroMQ drops them. */
+#define PUB_HWM_DEFAULT 100000
 
 /* One published payload, shared by the ring and libzmq's I/O thread. */
 typedef struct payload {
@@ -123,13 +130,15 @@ kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
     if (p->ring_cap && !(p->ring = kvo_calloc(p->ring_cap, sizeof(ring_ent))))
         goto fail;
     if (cfg->zmq_ctx && cfg->endpoint) {
-        st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, 500,
-                         cfg->hwm > 0 ? cfg->hwm : 100000, &p->pub, p->endpoint,
+        st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, PUB_LINGER_MS,
+                         cfg->hwm > 0 ? cfg->hwm : PUB_HWM_DEFAULT, &p->pub,
+                         p->endpoint,
                          sizeof(p->endpoint), err, errsz);
         if (st != KVO_OK) goto fail;
         if (cfg->replay_endpoint) {
             uint64_t hwm = REPLAY_QUEUED * ((uint64_t)p->ring_cap + 1);
-            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint, 0,
+            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint,
+                             ROUTER_LINGER_MS,
                              hwm < INT_MAX ? (int)hwm : INT_MAX, &p->router,
                              p->replay_endpoint, sizeof(p->replay_endpoint),
                              err, errsz);

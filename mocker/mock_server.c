@@ -30,7 +30,16 @@
 #include <time.h>
 #include <zmq.h>
 
+/* Prompts one completion request may carry (choices). */
 #define MAX_PROMPTS 1024
+/* OpenAI's (and vLLM's) max_tokens when a request names none. */
+#define DEFAULT_MAX_TOKENS 16
+/* The loop's longest poll when nothing is due: how late a stop is seen. */
+#define IDLE_POLL_MS 100
+/* First capacity of the hand-read probe's id list. */
+#define PROBE_IDS_FIRST_CAP 64
+/* The stream's last event. */
+static const char sse_done[] = "data: [DONE]\n\n";
 /* /kvo/probe answers for prompts the engine could not serve too (longer
  * than max_model_len: it simply cannot hold them); bounded all the same. */
 #define PROBE_MAX_TOKENS (1u << 22)
@@ -434,7 +443,7 @@ static void call_finish(call *k) {
                 json_object_object_add(o, "kv_transfer_params", transfer_json(k));
             sse(k, o);
         }
-        if (!k->cancel) kvo_http_stream_write(k->req, "data: [DONE]\n\n", 14);
+        if (!k->cancel) kvo_http_stream_write(k->req, sse_done, sizeof(sse_done) - 1);
         kvo_http_stream_end(k->req);
     } else {
         json_object *o = call_header(k, k->chat ? "chat.completion" : "text_completion");
@@ -606,7 +615,7 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         goto done;
     }
     json_object *v;
-    int64_t max_tokens = 16;
+    int64_t max_tokens = DEFAULT_MAX_TOKENS;
     if ((json_object_object_get_ex(body, "max_tokens", &v) && v) ||
         (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
         if (!json_object_is_type(v, json_type_int) ||
@@ -887,7 +896,8 @@ static bool scan_probe(const uint8_t *b, size_t len, prompt *out, bool *warm) {
     for (;;) {
         if (k == MOCK_TRACE_MAX_IDS ||
             (k == cap &&
-             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), 64) != KVO_OK))
+             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), PROBE_IDS_FIRST_CAP) !=
+                 KVO_OK))
             goto no;
         if (!scan_u64(&p, end, &ids[k])) goto no;
         k++;
@@ -1210,7 +1220,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
             break;
         }
         process_cancels(s);
-        long timeout = 100;
+        long timeout = IDLE_POLL_MS;
         if (busy) timeout = 0;
         else if (due >= 0 && due < timeout) timeout = (long)due + (due > (long)due);
         long ht = kvo_http_server_timeout_ms(s->http);
