@@ -247,8 +247,8 @@ static kvo_status trace_prompt(json_object *t, uint32_t max_len,
                            "trace: input_length must be within (512*(k-1), "
                            "512*k] for k hash_ids");
     /* no tokens: the engine makes them from the ids at admission, in its
-     * own array (a copy of ~100 KB per Mooncake prompt saved); a probe's
-     * walk makes each block's tokens when it gets there */
+     * own array; a probe's walk makes each block's tokens when it gets
+     * there */
     out->n = (uint32_t)n;
     return KVO_OK;
 }
