@@ -195,12 +195,11 @@ START_TEST(an_eviction_event_lost_to_out_of_memory_is_counted) {
 END_TEST
 
 Suite *suite_node(void) {
-    Suite *s = suite_create("node");
-    TCase *tc = tcase_create("node");
-    tcase_add_test(tc, metrics_text_is_vllms_names_one_sample_per_rank);
-    tcase_add_test(tc, metrics_report_a_failed_write_instead_of_a_partial_text);
-    tcase_add_test(tc, a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number);
-    tcase_add_test(tc, an_eviction_event_lost_to_out_of_memory_is_counted);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        metrics_text_is_vllms_names_one_sample_per_rank,
+        metrics_report_a_failed_write_instead_of_a_partial_text,
+        a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number,
+        an_eviction_event_lost_to_out_of_memory_is_counted,
+    };
+    return mt_suite(suite_create("node"), 0, tests, KVO_ARRAY_LEN(tests));
 }
