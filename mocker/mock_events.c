@@ -51,34 +51,36 @@ static void builder_reset(ev_builder *b) {
     kvo_arena_reset(&b->arena);
 }
 
+/* One per-event array from the builder's capacity to the next (base's
+ * kvo_grow: 64, then doubling). */
+static kvo_status grow_array(const ev_builder *b, void *items_pp, size_t elem,
+                             size_t *cap) {
+    *cap = b->cap;
+    return kvo_grow(items_pp, cap, (size_t)b->n + 1, elem, EV_FIRST_CAP);
+}
+
+/* Room for one more event in every per-event array. They share b->cap: each
+ * grows from it to the same next capacity, and b->cap moves only when all
+ * have (one that fails leaves the ones before it larger, which is
+ * harmless). */
 static kvo_status builder_grow(ev_builder *b) {
     if (b->n < b->cap) return KVO_OK;
-    uint32_t cap = b->cap ? b->cap * 2 : EV_FIRST_CAP;
-    wire_event *ev = kvo_realloc(b->ev, cap * sizeof(*ev));
-    if (!ev) return KVO_ENOMEM;
-    b->ev = ev;
-    mock_hash *rp = kvo_realloc(b->removed_parent, cap * sizeof(*rp));
-    if (!rp) return KVO_ENOMEM;
-    b->removed_parent = rp;
-    bool *ds = kvo_realloc(b->decode_store, cap * sizeof(*ds));
-    if (!ds) return KVO_ENOMEM;
-    b->decode_store = ds;
-    mock_hash **sh = kvo_realloc(b->stored, cap * sizeof(*sh));
-    if (!sh) return KVO_ENOMEM;
-    b->stored = sh;
-    mock_hash *pa = kvo_realloc(b->parent, cap * sizeof(*pa));
-    if (!pa) return KVO_ENOMEM;
-    b->parent = pa;
-    mock_hash **rh = kvo_realloc(b->removed, cap * sizeof(*rh));
-    if (!rh) return KVO_ENOMEM;
-    b->removed = rh;
-    mock_hash *rf = kvo_realloc(b->removed_hash, cap * sizeof(*rf));
-    if (!rf) return KVO_ENOMEM;
-    b->removed_hash = rf;
-    wire_hash *rw = kvo_realloc(b->removed_wire, cap * sizeof(*rw));
-    if (!rw) return KVO_ENOMEM;
-    b->removed_wire = rw;
-    b->cap = cap;
+    size_t cap = 0;
+    kvo_status st;
+    if ((st = grow_array(b, &b->ev, sizeof(*b->ev), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_parent, sizeof(*b->removed_parent),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->decode_store, sizeof(*b->decode_store),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->stored, sizeof(*b->stored), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->parent, sizeof(*b->parent), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed, sizeof(*b->removed), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_hash, sizeof(*b->removed_hash),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_wire, sizeof(*b->removed_wire),
+                         &cap)) != KVO_OK)
+        return st;
+    b->cap = (uint32_t)cap;
     return KVO_OK;
 }
 
