@@ -303,8 +303,9 @@ void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out);
  * ids, both >= 1). */
 kvo_status mock_trace_validate(const uint64_t *hash_ids, uint32_t n_ids,
                                uint32_t input_length);
-/* Tokens [first, first + n) of that prompt into out (a block the probe
- * walks to); first + n must not pass 512 tokens per hash id. */
+/* Tokens [first, first + n) of the prompt mock_trace_tokens makes, into
+ * out (a block the probe walks to); first + n must not pass 512 tokens per
+ * hash id. */
 void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
                           uint64_t *out);
 
@@ -555,7 +556,7 @@ typedef struct node_rank {
     bool source;            /* PUB bound: advertised in event_sources */
     bool in_step;           /* scheduled, complete() pending (real time) */
     double step_end;        /* model ms when the open step ends */
-    uint64_t render_errors;
+    uint64_t render_errors; /* batches lost unrendered (sequence skipped) */
 } node_rank;
 
 typedef struct mock_node {
