@@ -11,11 +11,10 @@
  * hash of the block before the trace block). The memo keys a *row* -- the
  * digests of one trace block's blocks, in order -- by exactly that,
  * including the parent, so a trace that reuses an id under another prefix
- * still gets correct hashes, just no hit. One row is one memory miss for 32
- * blocks (block size 16); a per-block memo costs a cache miss per block,
- * about what SHA-256 itself costs (measured: slower than no memo at all).
- * It is direct-mapped (a collision overwrites), so memory is fixed:
- * 2^memo_log2 rows of 512/block_size digests. Its biggest win is a prompt
+ * still gets correct hashes, just no hit. A row is one memory access for
+ * all the blocks of a trace block (32 at block size 16). It is
+ * direct-mapped (a collision overwrites), so memory is fixed: 2^memo_log2
+ * rows of 512/block_size digests. Its biggest win is a prompt
  * hashed twice in a row -- kvo-check's /kvo/probe, then the completion.
  * Never used for arbitrary token prompts (nothing ties their tokens to an
  * id), nor with LoRA or salt, nor when the block size does not divide 512.
@@ -47,7 +46,7 @@ struct mock_hasher {
 
 kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
                            const char *seed, uint32_t memo_log2) {
-    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT || memo_log2 > 20)
+    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT || memo_log2 > MOCK_MEMO_LOG2_MAX)
         return KVO_EINVAL;
     mock_hasher *h = kvo_calloc(1, sizeof(*h));
     if (!h) return KVO_ENOMEM;

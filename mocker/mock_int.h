@@ -1,16 +1,39 @@
-/* mock_int.h -- internals shared by the mocker's files (not public).
+/* mock_int.h -- the mocker's internals: what its files share, and the
+ * seams tests/mocker drives (the engine without sockets, the renderer, the
+ * publisher). Nothing outside mocker/ and tests/mocker includes it.
  *
- * One rank = one mock_engine:
+ *   mock_engine   one data-parallel rank: vLLM v1's BlockPool (physical
+ *                 blocks, free queue in eviction order, hash -> copies map)
+ *                 and Scheduler (running first, then waiting; token budget;
+ *                 chunked prefill; recompute preemption). Pure: no sockets,
+ *                 no clocks, no logging. A step is two calls:
+ *                   mock_engine_schedule()  allocate, evict, cache, build the
+ *                                           step's KV events (vLLM publishes
+ *                                           here), model the step's duration
+ *                   mock_engine_complete()  sample one token per request whose
+ *                                           prompt is computed, finish and
+ *                                           free (tail first)
+ *   mock_render   clean engine batch -> the batch(es) as published: hash form
+ *                 (low-64 int or raw digest) and the --mutate catalog.
+ *   mock_pub      one rank's ZMQ PUB + ROUTER replay ring (+ capture file).
+ *   mock_node     the ranks of one process with their renderers and
+ *                 publishers; mock_server.c and mock_run.c drive it.
+ *
+ * One rank = one mock_engine (mock_engine.c draws how its parts depend on
+ * each other):
  *
  *   mock_engine
- *     pool      mock_pool: blocks[0..N) (block 0 = vLLM's null block, never
- *               free), the free queue (doubly linked through blocks, head =
- *               next to evict) and the cached map key -> copies (doubly
- *               linked through blocks in insertion order; lookups return
- *               the oldest copy, as vLLM's BlockHashToBlockMap).
- *     running   requests in admission order (preemption pops the last)
- *     waiting   deque (preempted requests go back to the front)
- *     ev        the step's events being built (wire_event + aux arrays)
+ *     sched     mock_sched: the requests and the pool
+ *       pool      mock_pool: blocks[0..N) (block 0 = vLLM's null block,
+ *                 never free), the free queue (doubly linked through
+ *                 blocks, head = next to evict) and the cached map key ->
+ *                 copies (doubly linked through blocks in insertion order;
+ *                 lookups return the oldest copy, as vLLM's
+ *                 BlockHashToBlockMap).
+ *       running   requests in admission order (preemption pops the last)
+ *       waiting   deque (preempted requests go back to the front)
+ *     ev        step_events: the step's events being built (wire_event +
+ *               aux arrays)
  *
  * Invariants: a block is in the free queue iff ref == 0 (and it is not the
  * null block); a block is in the cached map iff cached; every block of a
@@ -19,7 +42,287 @@
 #ifndef MOCK_INT_H
 #define MOCK_INT_H
 
+#include "kvo_map.h"
 #include "mock.h"
+
+/* ======================================================================== */
+/* Internal API: used across the mocker's files and by tests/mocker          */
+/* ======================================================================== */
+
+/* Mutation bits (mock.h has the catalog). */
+enum {
+    MOCK_MUT_FLIP_STORED_HASH = 1u << 0,
+    MOCK_MUT_DROP_REMOVED = 1u << 1,
+    MOCK_MUT_TOKEN_PLUS_ONE = 1u << 2,
+    MOCK_MUT_WRONG_PARENT = 1u << 3,
+    MOCK_MUT_DROP_DP_RANK = 1u << 4,
+    MOCK_MUT_DROP_STORE = 1u << 5,
+    MOCK_MUT_BLOCK_SIZE_OFF = 1u << 6,
+    MOCK_MUT_TRUNCATE_TOKENS = 1u << 7,
+    MOCK_MUT_SWAP_REMOVED_HASH = 1u << 8,
+    MOCK_MUT_SKIP_DECODE_STORES = 1u << 9,
+    MOCK_MUT_INT_HASH_FIRST8 = 1u << 10,
+    MOCK_MUT_DUP_STORE = 1u << 11,
+    MOCK_MUT_REORDER_KEYS = 1u << 12,
+    MOCK_MUT_LEGACY_ARRAY = 1u << 13,
+    MOCK_MUT_BYTES_HASH = 1u << 14,
+    MOCK_MUT_SPLIT_BATCHES = 1u << 15,
+    MOCK_MUT_MERGE_REMOVES = 1u << 16
+};
+_Static_assert(MOCK_MUT_MERGE_REMOVES == 1u << (MOCK_MUT_COUNT - 1),
+               "MOCK_MUT_COUNT counts every mutation bit");
+
+/* ---- Hasher extras (mock_hash.c) -----------------------------------------*/
+
+/* Hash block blk alone, for walks that stop at the first miss (the
+ * probe): prev = the hashes of blocks 0..blk-1 (the parent is prev[blk-1];
+ * the memo also needs the hash before the block's trace row), tokens = that
+ * block's block_size tokens. Uses and extends the trace memo like
+ * mock_hasher_blocks, so a probe leaves it warm for the completion. */
+kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
+                                  uint32_t block_size, uint32_t blk,
+                                  const mock_hash *prev, const char *lora,
+                                  const char *salt, const mock_trace_ref *trace,
+                                  mock_hash *out);
+
+typedef struct mock_hasher_stats {
+    uint64_t computed;    /* digests computed */
+    uint64_t memo_hits;   /* digests served by the memo */
+    uint64_t ns;          /* time spent computing digests */
+} mock_hasher_stats;
+void mock_hasher_stats_get(const mock_hasher *h, mock_hasher_stats *out);
+
+/* ---- Engine, one rank (mock_engine.c) ------------------------------------*/
+
+typedef struct mock_engine mock_engine;
+
+typedef enum mock_finish {
+    MOCK_FINISH_NONE = 0,
+    MOCK_FINISH_LENGTH,  /* max_tokens reached ("length") */
+    MOCK_FINISH_ABORTED  /* mock_engine_abort / shutdown */
+} mock_finish;
+
+/* Delivered by mock_engine_complete (and abort) for each request that
+ * produced a token or ended. */
+typedef struct mock_output {
+    uint64_t req_id;
+    uint64_t token;          /* the new token (valid when has_token) */
+    bool has_token;
+    uint32_t n_output;       /* tokens generated so far */
+    mock_finish finish;      /* != NONE: last callback for this request */
+    uint32_t cached_tokens;  /* vLLM's num_cached_tokens (first schedule) */
+    uint32_t n_prompt;
+    const uint32_t *block_ids; /* the request's blocks (n_blocks), valid in
+                                  the callback only (kv_transfer_params) */
+    uint32_t n_blocks;
+} mock_output;
+
+typedef void (*mock_output_fn)(void *user, const mock_output *o);
+
+typedef struct mock_req_in {
+    const uint64_t *tokens;  /* prompt (copied); NULL: the trace prompt of
+                                trace.hash_ids cut to n_tokens */
+    uint32_t n_tokens;
+    uint32_t max_tokens;     /* >= 1 (the prefill role caps it at 1) */
+    const char *lora_name;   /* NULL = none */
+    const char *cache_salt;  /* NULL = none */
+    mock_trace_ref trace;    /* the prompt's trace hash ids (enables the
+                                hash memo), or {NULL, 0} */
+    bool remote_prefill;     /* decode role: the prompt's KV is received */
+    mock_output_fn on_output;
+    void *user;
+} mock_req_in;
+
+/* The step's events as the engine produced them (ground truth, before any
+ * mutation), with what mutations need to know per event. */
+typedef struct mock_step_aux {
+    mock_hash *removed_parent; /* per event: BlockRemoved's block's parent
+                                  (key 0, d.len 0 = root) */
+    bool *decode_store;        /* per event: BlockStored made at decode */
+    mock_hash **stored;        /* per event: BlockStored's full hashes */
+    mock_hash *parent;         /* per event: BlockStored's parent (len 0) */
+    mock_hash **removed;       /* per event: BlockRemoved's full hashes */
+} mock_step_aux;
+
+typedef struct mock_step {
+    bool idle;                 /* nothing was scheduled */
+    double duration_ms;        /* modeled, before --speedup */
+    uint32_t n_scheduled;      /* requests in the step */
+    uint32_t prefill_tokens;   /* new prompt tokens computed */
+    uint32_t decode_reqs;      /* requests decoding one token */
+    uint32_t preempted;        /* requests preempted in this step */
+    uint32_t events_lost;      /* events that could not be queued (out of
+                                  memory): the batch lacks them */
+    /* Events (NULL when none); hashes are rendered as low-64 ints and
+     * dp rank set. Valid until mock_engine_complete (stored tokens and
+     * hashes point into the requests). */
+    const wire_batch *batch;
+    const mock_step_aux *aux;
+    /* user pointers of requests scheduled for the first time */
+    void *const *started;
+    uint32_t n_started;
+} mock_step;
+
+typedef struct mock_engine_stats {
+    uint64_t requests_added, requests_finished, requests_aborted;
+    uint64_t requests_running, requests_waiting;
+    uint64_t steps, preemptions;
+    uint64_t prompt_tokens, generated_tokens, computed_tokens;
+    uint64_t prefix_queries, prefix_hits; /* tokens, as vLLM's counters */
+    uint64_t batches, events, blocks_stored, blocks_removed, cleared;
+    uint64_t events_lost_enomem; /* events lost to out of memory */
+    uint64_t resident_blocks; /* blocks holding a hash (cached) */
+    uint64_t free_blocks;     /* in the free queue (cached or not) */
+    uint64_t used_blocks;     /* ref > 0 */
+    double usage;             /* vLLM's kv_cache_usage (0..1) */
+} mock_engine_stats;
+
+/* hasher is shared, not owned (must outlive the engine). */
+kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
+                           uint32_t dp_rank, mock_hasher *hasher);
+void mock_engine_free(mock_engine *e);
+uint32_t mock_engine_rank(const mock_engine *e);
+
+/* Queue a request (WAITING). KVO_EINVAL: empty prompt, max_tokens 0, or no
+ * tokens and no valid trace; KVO_ETOOBIG: prompt + max_tokens >
+ * max_model_len. Tokens and hashes are computed when the request first
+ * competes for admission. */
+kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
+                           uint64_t *req_id);
+/* Drop a request wherever it is (its callback gets FINISH_ABORTED). */
+kvo_status mock_engine_abort(mock_engine *e, uint64_t req_id);
+bool mock_engine_has_work(const mock_engine *e);
+
+kvo_status mock_engine_schedule(mock_engine *e, double ts, mock_step *out);
+/* Finish the scheduled step: sample, deliver outputs, free finished. */
+void mock_engine_complete(mock_engine *e);
+
+/* Leading cached blocks of a prompt, capped at (n-1)//block_size; no side
+ * effects. hashes: the prompt's full-block hashes (n_tokens/block_size). */
+uint32_t mock_engine_probe(const mock_engine *e, const mock_hash *hashes,
+                           uint32_t n_tokens);
+/* Is a block with this hash cached (prefix caching on)? No side effects. */
+bool mock_engine_cached(const mock_engine *e, uint64_t key);
+/* vLLM's reset_prefix_cache: true (and AllBlocksCleared queued for the next
+ * step) only when no block is in use. */
+bool mock_engine_reset_prefix_cache(mock_engine *e);
+/* Queued events that the next schedule will publish even if idle. */
+bool mock_engine_has_events(const mock_engine *e);
+
+void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out);
+
+/* Inspection (tests, /kvo/state). */
+typedef struct mock_block_info {
+    uint32_t ref;
+    bool cached;      /* holds a hash */
+    bool in_free_queue;
+    mock_hash hash;   /* when cached */
+} mock_block_info;
+kvo_status mock_engine_block(const mock_engine *e, uint32_t block_id,
+                             mock_block_info *out);
+/* Free queue from head (evicted first); returns the count written. */
+uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
+                                uint32_t max);
+/* Physical copies of a hash, in lookup order; returns the count. */
+uint32_t mock_engine_copies(const mock_engine *e, uint64_t key,
+                            uint32_t *ids, uint32_t max);
+/* A request's blocks (req_to_blocks); KVO_ENOTFOUND when not running. */
+kvo_status mock_engine_req_blocks(const mock_engine *e, uint64_t req_id,
+                                  const uint32_t **ids, uint32_t *n);
+
+/* ---- Rendering and mutations (mock_mutate.c) -----------------------------*/
+
+/* Renders one rank's clean step batches as published. Keeps per-rank
+ * mutation state (the drop-store counter). */
+typedef struct mock_render mock_render;
+
+kvo_status mock_render_new(mock_render **out, const mock_cfg *cfg);
+void mock_render_free(mock_render *r);
+/* Payloads for one clean batch: *out = an array of *n_out buffers
+ * (split-batches gives one per event; a batch whose events were all dropped
+ * gives none). The buffers belong to r and stay valid until the next call. */
+kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
+                             const mock_step_aux *aux, const kvo_buf **out,
+                             uint32_t *n_out);
+
+/* ---- Publisher, one rank (mock_pub.c) ------------------------------------*/
+
+typedef struct mock_pub mock_pub;
+
+typedef struct mock_pub_cfg {
+    void *zmq_ctx;            /* NULL: no sockets (seq, ring, record only) */
+    const char *endpoint;     /* PUB bind endpoint ("tcp://127.0.0.1:0") */
+    const char *replay_endpoint; /* ROUTER bind endpoint or NULL */
+    const char *topic;
+    int hwm;
+    uint32_t ring;            /* batches kept for replay */
+    uint64_t ring_bytes;
+    wire_cap_writer *record;  /* shared, not owned; NULL = none */
+} mock_pub_cfg;
+
+/* KVO_ENET when a bind fails (the message says which endpoint in err). */
+kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
+                        size_t errsz);
+void mock_pub_free(mock_pub *p);
+/* The bound endpoints ("tcp://127.0.0.1:41234"), "" when none. */
+const char *mock_pub_endpoint(const mock_pub *p);
+const char *mock_pub_replay_endpoint(const mock_pub *p);
+/* ROUTER socket to poll (NULL when none). */
+void *mock_pub_replay_socket(const mock_pub *p);
+kvo_status mock_pub_send(mock_pub *p, const uint8_t *payload, size_t len);
+/* What one mock_pub_replay_serve call did (the totals are in the stats). */
+typedef struct mock_replay_served {
+    uint32_t requests;     /* well-formed requests answered */
+    uint32_t bad_requests; /* malformed requests, ignored */
+    uint32_t cut;          /* replies cut short: client's queue full or gone */
+    uint64_t batches;      /* buffered batches sent */
+} mock_replay_served;
+/* Serve every pending replay request (non-blocking); out (may be NULL)
+ * says what was done. */
+void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out);
+/* The batch that should have had the next sequence number is lost (it
+ * could not be rendered): the number is used up, so subscribers see a gap,
+ * and the replay ring is emptied, so no replay bridges the gap either (a
+ * replay then starts after the request: the client sees the loss). */
+void mock_pub_skip(mock_pub *p);
+/* Last sequence number used (published, or skipped for a lost batch);
+ * false when none yet. */
+bool mock_pub_last_seq(const mock_pub *p, uint64_t *seq);
+
+typedef struct mock_pub_stats {
+    uint64_t batches, bytes, replay_requests, replay_batches, bad_requests,
+        send_errors, record_errors, ring_len;
+    uint64_t replay_cut; /* replies cut short: client's queue full or gone */
+    uint64_t skipped;    /* sequence numbers of batches lost (mock_pub_skip) */
+} mock_pub_stats;
+void mock_pub_stats_get(const mock_pub *p, mock_pub_stats *out);
+
+/* ---- Trace extras (mock_trace.c) -----------------------------------------*/
+
+/* Check a request's shape (input_length within (512(k-1), 512k] for k hash
+ * ids, both >= 1). */
+kvo_status mock_trace_validate(const uint64_t *hash_ids, uint32_t n_ids,
+                               uint32_t input_length);
+/* Tokens [first, first + n) of the prompt mock_trace_tokens makes, into
+ * out (a block the probe walks to); first + n must not pass 512 tokens per
+ * hash id. */
+void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
+                          uint64_t *out);
+
+/* ---- Text (mock_text.c) --------------------------------------------------*/
+
+/* The mock tokenizer: one token per UTF-8 byte (token id = byte value), so
+ * a shared text prefix is a shared token prefix. Returns the count. */
+uint32_t mock_tokenize(const char *text, size_t len, uint64_t *out);
+/* Text for generated tokens: " t<id>" per token, appended to b. */
+kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b);
+/* The chat template: for each message "<|role|>\n" content "\n", then
+ * "<|assistant|>\n". Appends to b. */
+kvo_status mock_chat_template(json_object *messages, kvo_buf *b);
+
+/* ======================================================================== */
+/* Internals of the files                                                    */
+/* ======================================================================== */
 
 #define MOCK_NIL UINT32_MAX
 
@@ -35,12 +338,10 @@ typedef struct pool_block {
     bool in_free;
 } pool_block;
 
-typedef struct pool_slot {
-    uint64_t key;
-    uint32_t head, tail; /* head == MOCK_NIL: empty slot */
-} pool_slot;
-
-typedef void (*pool_evict_fn)(void *ctx, uint32_t id);
+/* A cached block is being evicted: its hash and its parent's (d.len 0 =
+ * root), valid during the call only. */
+typedef void (*pool_evict_fn)(void *ctx, const mock_hash *hash,
+                              const mock_hash *parent);
 
 typedef struct mock_pool {
     uint32_t n;          /* num_gpu_blocks */
@@ -50,9 +351,9 @@ typedef struct mock_pool {
     uint32_t head, tail; /* free queue */
     uint32_t n_free;
     bool caching;
-    pool_slot *map;
-    uint32_t map_mask;
+    kvo_map map;         /* hash key -> copies (mock_pool.c) */
     uint32_t n_cached;   /* blocks holding a hash */
+    uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
 } mock_pool;
@@ -66,9 +367,10 @@ void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* Pop n blocks from the free-queue head (caller checked n <= n_free);
  * cached ones are evicted first (on_evict per block, in pop order). */
 void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
-/* Mark a full block cached under h (appended to its copies). */
-void pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
-                const mock_hash *parent);
+/* Mark a full block cached under h (appended to its copies). KVO_ENOMEM
+ * (the map could not grow) leaves the pool unchanged. */
+kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
+                      const mock_hash *parent);
 /* ref - 1 for each, in order; blocks reaching 0 join the queue tail in
  * that order (so the first given is evicted first). */
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
@@ -77,7 +379,7 @@ void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
 bool pool_reset(mock_pool *p);
 double pool_usage(const mock_pool *p);
 
-/* ---- Requests and the engine (mock_engine.c, mock_sched.c) ---------------*/
+/* ---- Requests (mock_req.c) -----------------------------------------------*/
 
 typedef enum req_status {
     REQ_WAITING = 0,
@@ -101,12 +403,12 @@ typedef struct mock_req {
     uint32_t n_blocks, cap_blocks;
     uint32_t num_cached_block;
     uint32_t n_hit_ids;      /* waiting: blocks[0..n) = last prefix hit */
-    bool materialized;       /* tokens and bh filled (eng_req_materialize) */
+    bool materialized;       /* tokens and bh filled (req_materialize) */
     uint64_t *trace_ids;     /* trace prompt: hash ids until materialized */
     uint32_t n_trace;
     char *lora;
     char *salt;
-    int64_t lora_id;
+    int64_t lora_id;         /* set by the engine (its LoRA table) */
     bool remote_prefill;
     uint32_t num_preemptions;
     uint64_t rng;
@@ -130,6 +432,32 @@ typedef struct req_deque {
     uint32_t head, n, cap;
 } req_deque;
 
+/* A WAITING request for in (prompt copied), capped at max_tokens, with id
+ * and its token rng seeded from (seed, rank, id); freed with req_free. The
+ * caller has validated in. */
+kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
+                   uint32_t block_size, uint64_t id, uint64_t seed,
+                   uint32_t rank);
+void req_free(mock_req *r);
+/* Fill the prompt tokens (trace form) and the prompt's block hashes, once. */
+kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h);
+/* Append a generated token; hash the block it completes. */
+kvo_status req_append_token(mock_req *r, const mock_cfg *cfg, mock_hasher *h,
+                            uint64_t tok);
+uint64_t req_sample_token(mock_req *r);
+/* FINISH_ABORTED to the request's callback, then free it. */
+void req_abort_deliver(mock_req *r);
+
+kvo_status req_vec_push(req_vec *v, mock_req *r);
+kvo_status req_deque_push(req_deque *d, mock_req *r, bool front);
+/* The i-th request from the front (i < n). */
+mock_req *req_deque_at(const req_deque *d, uint32_t i);
+mock_req *req_deque_pop_front(req_deque *d);
+/* Remove the i-th request from the front, keeping the order. */
+void req_deque_remove(req_deque *d, uint32_t i);
+
+/* ---- The step's events (mock_events.c) -----------------------------------*/
+
 typedef struct ev_builder {
     wire_event *ev;
     mock_hash *removed_parent;
@@ -145,45 +473,79 @@ typedef struct ev_builder {
     mock_step_aux aux;
 } ev_builder;
 
+typedef struct step_events {
+    bool enabled;      /* publish KV events (caching on, not decode role) */
+    ev_builder ev;     /* the step's batch: cleared, removals, then */
+    ev_builder stores; /* the stores, appended when the step ends */
+    kvo_buf extra_buf; /* msgpack scratch for extra_keys */
+    uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
+    uint64_t lost_enomem; /* ... and ever */
+} step_events;
+
+void events_init(step_events *s, bool enabled);
+void events_fini(step_events *s);
+/* Start a step's batch (empty). */
+void events_begin(step_events *s);
+kvo_status events_cleared(step_events *s);
+/* pool_evict_fn (ctx = the step_events): one BlockRemoved. */
+void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent);
+/* One BlockStored: request r's blocks [first, first + n), pointing into r. */
+kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
+                         uint32_t n, uint32_t block_size, bool decode);
+/* Close the batch: *batch NULL when it holds no event; both valid until the
+ * next events_begin. */
+kvo_status events_finish(step_events *s, double ts, uint32_t rank,
+                         const wire_batch **batch, const mock_step_aux **aux);
+
+/* ---- The scheduler (mock_sched.c) ----------------------------------------*/
+
+typedef struct mock_sched {
+    const mock_cfg *cfg;    /* the engine's copy */
+    uint32_t max_model_len;
+    mock_hasher *hasher;    /* shared, not owned */
+    step_events *ev;        /* where stores (and, via the pool, removals)
+                               go; the engine's */
+    mock_engine_stats *st;  /* the engine's counters this code keeps */
+    mock_pool pool;
+    req_vec running;
+    req_deque waiting;
+    req_vec scheduled;      /* this step, in schedule order */
+    void **started;         /* users first scheduled this step */
+    uint32_t n_started;
+    size_t cap_started;
+    bool step_open;         /* schedule done, complete pending */
+} mock_sched;
+
+kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
+                      mock_hasher *hasher, step_events *ev,
+                      mock_engine_stats *st);
+/* Frees every queued request (no callbacks) and the pool. */
+void sched_fini(mock_sched *s);
+/* Queue r (WAITING, at the back); the scheduler owns it on KVO_OK. */
+kvo_status sched_add(mock_sched *s, mock_req *r);
+bool sched_has_work(const mock_sched *s);
+const mock_req *sched_find_running(const mock_sched *s, uint64_t req_id);
+kvo_status sched_step(mock_sched *s, mock_step *out);
+void sched_complete(mock_sched *s);
+/* Drop a request wherever it is (deferred to complete() inside an open
+ * step); KVO_ENOTFOUND when unknown. */
+kvo_status sched_abort(mock_sched *s, uint64_t req_id);
+
+/* ---- The engine (mock_engine.c) ------------------------------------------*/
+
 struct mock_engine {
     mock_cfg cfg;
     uint32_t rank;
     uint32_t max_model_len;
-    bool events;           /* publish KV events (caching on, not decode) */
     mock_hasher *hasher;
-    mock_pool pool;
-    req_vec running;
-    req_deque waiting;
-    req_vec scheduled;     /* this step, in schedule order */
-    void **started;        /* users first scheduled this step */
-    uint32_t n_started;
-    size_t cap_started;
-    bool step_open;        /* schedule done, complete pending */
+    mock_sched sched;
+    step_events ev;
     bool pending_clear;    /* AllBlocksCleared queued */
     uint64_t next_id;
-    ev_builder ev;         /* the step's batch: cleared, removals, then */
-    ev_builder evs;        /* the stores, appended when the step ends */
     char **loras;          /* lora name -> id (index + 1) */
     uint32_t n_loras;
     mock_engine_stats st;
-    kvo_buf extra_buf;     /* msgpack scratch for extra_keys */
 };
-
-/* mock_sched.c */
-kvo_status sched_step(mock_engine *e, mock_step *out);
-void sched_complete(mock_engine *e);
-void sched_free_req(mock_engine *e, mock_req *r);
-
-/* mock_engine.c helpers used by the scheduler */
-kvo_status eng_ev_stored(mock_engine *e, mock_req *r, uint32_t first,
-                         uint32_t n, bool decode);
-kvo_status eng_req_append_token(mock_engine *e, mock_req *r, uint64_t tok);
-void eng_req_destroy(mock_req *r);
-kvo_status eng_req_materialize(mock_engine *e, mock_req *r);
-uint64_t eng_sample_token(mock_req *r);
-kvo_status eng_deque_push(req_deque *d, mock_req *r, bool front);
-/* FINISH_ABORTED to the request's callback, then destroy it. */
-void eng_abort_deliver(mock_engine *e, mock_req *r);
 
 /* ---- The process: ranks with their publishers (mock_node.c) -------------*/
 
@@ -194,7 +556,7 @@ typedef struct node_rank {
     bool source;            /* PUB bound: advertised in event_sources */
     bool in_step;           /* scheduled, complete() pending (real time) */
     double step_end;        /* model ms when the open step ends */
-    uint64_t render_errors;
+    uint64_t render_errors; /* batches lost unrendered (sequence skipped) */
 } node_rank;
 
 typedef struct mock_node {
@@ -217,6 +579,11 @@ void node_step_end(mock_node *n, uint32_t r);
 /* Serve rank r's pending replay requests; malformed requests and replies
  * cut short (counted by the publisher) get a rate-limited log line. */
 void node_replay_serve(mock_node *n, uint32_t r);
+/* GET /metrics for every rank, vLLM's names (mock_metrics.c), appended
+ * to out. KVO_ENOMEM / KVO_ETOOBIG (labels too long: a huge model name)
+ * when the text could not be written; out then holds a partial text. */
+kvo_status node_metrics_write(const mock_node *n, const char *model,
+                              kvo_buf *out);
 /* Host written in advertised endpoints. */
 const char *node_advertise_host(const mock_node *n);
 

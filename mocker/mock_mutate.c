@@ -47,6 +47,11 @@
 #include <stdio.h>
 #include <string.h>
 
+/* drop-store drops the DROP_STORE_EVERY-th BlockStored, then the next ... */
+#define DROP_STORE_EVERY 50
+/* First capacity of the mutated event copy. */
+#define MUT_EV_FIRST_CAP 64
+
 static const mock_mutation_info catalog[MOCK_MUT_COUNT] = {
     {"flip-stored-hash", MOCK_MUT_FLIP_STORED_HASH, true,
      "XOR 1 into every BlockStored block hash"},
@@ -185,7 +190,8 @@ static kvo_status render_hash(mock_render *r, const mock_hash *h, bool flip,
 }
 
 static wire_event *push_ev(mock_render *r, uint32_t *n) {
-    if (kvo_grow(&r->ev, &r->cap_ev, *n + 1, sizeof(*r->ev), 64) != KVO_OK)
+    if (kvo_grow(&r->ev, &r->cap_ev, *n + 1, sizeof(*r->ev), MUT_EV_FIRST_CAP) !=
+        KVO_OK)
         return NULL;
     return &r->ev[(*n)++];
 }
@@ -195,7 +201,7 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
                                 wire_event *dst) {
     kvo_status st;
     *dst = *src;
-    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash) + 1);
+    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
     if (!hs) return KVO_ENOMEM;
     bool flip = r->mut & MOCK_MUT_FLIP_STORED_HASH;
     for (uint32_t k = 0; k < src->n_hashes; k++) {
@@ -219,7 +225,7 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
     if (r->mut & (MOCK_MUT_TOKEN_PLUS_ONE | MOCK_MUT_TRUNCATE_TOKENS)) {
         uint32_t n = src->n_tokens;
         if ((r->mut & MOCK_MUT_TRUNCATE_TOKENS) && n > 0) n--;
-        uint64_t *t = kvo_arena_alloc(&r->arena, (size_t)n * sizeof(uint64_t) + 8);
+        uint64_t *t = kvo_arena_alloc(&r->arena, (size_t)n * sizeof(uint64_t));
         if (!t) return KVO_ENOMEM;
         for (uint32_t k = 0; k < n; k++)
             t[k] = src->token_ids[k] + ((r->mut & MOCK_MUT_TOKEN_PLUS_ONE) ? 1 : 0);
@@ -236,7 +242,7 @@ static kvo_status render_removed(mock_render *r, const wire_event *src,
                                  wire_event *dst) {
     kvo_status st;
     *dst = *src;
-    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash) + 1);
+    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
     if (!hs) return KVO_ENOMEM;
     for (uint32_t k = 0; k < src->n_hashes; k++) {
         const mock_hash *h = NULL;
@@ -316,7 +322,7 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
         const wire_event *src = &clean->events[i];
         if (src->type == WIRE_EV_STORED) {
             r->stores_seen++;
-            if ((r->mut & MOCK_MUT_DROP_STORE) && r->stores_seen % 50 == 0)
+            if ((r->mut & MOCK_MUT_DROP_STORE) && r->stores_seen % DROP_STORE_EVERY == 0)
                 continue;
             if ((r->mut & MOCK_MUT_SKIP_DECODE_STORES) && aux &&
                 aux->decode_store && aux->decode_store[i])

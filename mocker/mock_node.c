@@ -29,7 +29,7 @@ static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
     const char *colon = strrchr(ep, ':');
     uint32_t port;
     if (strncmp(ep, "tcp://", 6) == 0 && colon && colon > ep + 5 &&
-        kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= 65535) {
+        kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= UINT16_MAX) {
         if (port == 0) snprintf(out, n, "%.*s:*", (int)(colon - ep), ep);
         else snprintf(out, n, "%.*s:%u", (int)(colon - ep), ep, port + r);
         return;
@@ -136,18 +136,34 @@ void node_fini(mock_node *n) {
 }
 
 kvo_status node_step_begin(mock_node *n, uint32_t r, double ts, mock_step *st) {
+    static kvo_ratelimit rl_render, rl_lost;
     node_rank *nr = &n->ranks[r];
     kvo_status s = mock_engine_schedule(nr->eng, ts, st);
     if (s != KVO_OK) return s;
+    if (st->events_lost) {
+        mock_engine_stats es;
+        mock_engine_stats_get(nr->eng, &es); /* the total, for the log line */
+        kvo_log_limited(&rl_lost, KVO_LOG_ERROR,
+                        "rank %u: %u KV event(s) lost to out of memory in a "
+                        "step (%llu so far); the index will diverge",
+                        r, st->events_lost,
+                        (unsigned long long)es.events_lost_enomem);
+    }
     if (!st->batch) return KVO_OK;
     const kvo_buf *pay;
     uint32_t np;
     s = mock_render_batch(nr->render, st->batch, st->aux, &pay, &np);
     if (s != KVO_OK) {
-        static kvo_ratelimit rl;
+        /* The batch is lost: its sequence number goes unused, so the relay
+         * sees a real gap (and no replay can fill it). */
+        uint64_t lost = 0;
         nr->render_errors++;
-        kvo_log_limited(&rl, KVO_LOG_ERROR, "rank %u: encoding a batch: %s", r,
-                        kvo_strerror(s));
+        mock_pub_skip(nr->pub);
+        mock_pub_last_seq(nr->pub, &lost);
+        kvo_log_limited(&rl_render, KVO_LOG_ERROR,
+                        "rank %u: encoding a batch: %s; the batch is lost, its "
+                        "sequence %llu skipped", r, kvo_strerror(s),
+                        (unsigned long long)lost);
         return KVO_OK;
     }
     for (uint32_t i = 0; i < np; i++)
@@ -162,18 +178,19 @@ void node_step_end(mock_node *n, uint32_t r) {
 void node_replay_serve(mock_node *n, uint32_t r) {
     static kvo_ratelimit rl_bad, rl_cut;
     mock_pub *pub = n->ranks[r].pub;
-    mock_pub_stats a, b;
-    mock_pub_stats_get(pub, &a);
-    mock_pub_replay_serve(pub);
-    mock_pub_stats_get(pub, &b);
-    if (b.bad_requests > a.bad_requests)
+    mock_replay_served done;
+    mock_pub_replay_serve(pub, &done);
+    if (!done.bad_requests && !done.cut) return;
+    mock_pub_stats ps;
+    mock_pub_stats_get(pub, &ps); /* the totals, for the log line */
+    if (done.bad_requests)
         kvo_log_limited(&rl_bad, KVO_LOG_WARN,
                         "rank %u: malformed replay request ignored (want "
                         "[\"\", start seq u64 BE]); %llu so far",
-                        r, (unsigned long long)b.bad_requests);
-    if (b.replay_cut > a.replay_cut)
+                        r, (unsigned long long)ps.bad_requests);
+    if (done.cut)
         kvo_log_limited(&rl_cut, KVO_LOG_WARN,
                         "rank %u: replay cut short (the client does not read "
                         "or is gone); %llu so far",
-                        r, (unsigned long long)b.replay_cut);
+                        r, (unsigned long long)ps.replay_cut);
 }

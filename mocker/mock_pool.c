@@ -6,12 +6,14 @@
  *                at the tail, hit blocks unlinked from the middle (touch).
  *                Initially blocks 1..N-1 in id order (block 0 is the null
  *                block vLLM pops at start-up and never frees).
- *   cached map:  open addressing on the hash's low 64 bits (linear probing,
- *                backward-shift deletion, never more than N keys so it
- *                never grows); each slot heads a list of the physical
- *                copies of that hash, oldest first. A lookup returns the
- *                oldest copy, as `get_one_block` returns the first entry of
- *                the insertion-ordered dict.
+ *   cached map:  base's kvo_map, the hash's low 64 bits -> the list of the
+ *                physical copies of that hash, oldest first, linked through
+ *                the blocks (cprev/cnext); the value packs the list's head
+ *                (low 32 bits) and tail (high 32 bits), so appending a copy
+ *                walks nothing. A lookup returns the head, the oldest copy,
+ *                as `get_one_block` returns the first entry of the
+ *                insertion-ordered dict. At most N-1 keys, so the map stops
+ *                growing once it has held that many.
  *
  * Two digests that agree in their low 64 bits are one key here: that is
  * the identity every consumer of the int form uses anyway (p ~ 2^-64).
@@ -20,28 +22,24 @@
 
 #include <string.h>
 
-static uint64_t slot_hash(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return k;
+/* The map's value: a list's head and tail block ids. */
+static uint64_t copies_pack(uint32_t head, uint32_t tail) {
+    return (uint64_t)tail << 32 | head;
 }
+static uint32_t copies_head(uint64_t v) { return (uint32_t)v; }
+static uint32_t copies_tail(uint64_t v) { return (uint32_t)(v >> 32); }
 
 kvo_status pool_init(mock_pool *p, uint32_t n, bool caching) {
     memset(p, 0, sizeof(*p));
     if (n < 2) return KVO_EINVAL;
-    uint32_t cap = 16;
-    while (cap < 2u * n && cap < (1u << 31)) cap <<= 1;
     p->blocks = kvo_calloc(n, sizeof(*p->blocks));
     p->hash = kvo_calloc(n, sizeof(*p->hash));
     p->parent = kvo_calloc(n, sizeof(*p->parent));
-    p->map = kvo_malloc((size_t)cap * sizeof(*p->map));
-    if (!p->blocks || !p->hash || !p->parent || !p->map) {
+    kvo_map_init(&p->map);
+    if (!p->blocks || !p->hash || !p->parent) {
         pool_fini(p);
         return KVO_ENOMEM;
     }
-    for (uint32_t i = 0; i < cap; i++) p->map[i].head = MOCK_NIL;
-    p->map_mask = cap - 1;
     p->n = n;
     p->caching = caching;
     /* Block 0 is the null block: ref never maintained, never free. */
@@ -63,7 +61,7 @@ void pool_fini(mock_pool *p) {
     kvo_free(p->blocks);
     kvo_free(p->hash);
     kvo_free(p->parent);
-    kvo_free(p->map);
+    kvo_map_fini(&p->map);
     memset(p, 0, sizeof(*p));
 }
 
@@ -93,42 +91,17 @@ static void q_append(mock_pool *p, uint32_t id) {
 
 /* ---- cached map -----------------------------------------------------------*/
 
-static uint32_t map_find(const mock_pool *p, uint64_t key) {
-    uint32_t i = (uint32_t)slot_hash(key) & p->map_mask;
-    for (;;) {
-        const pool_slot *s = &p->map[i];
-        if (s->head == MOCK_NIL) return MOCK_NIL;
-        if (s->key == key) return i;
-        i = (i + 1) & p->map_mask;
-    }
-}
-
-static void map_delete_slot(mock_pool *p, uint32_t i) {
-    /* Backward-shift deletion keeps probe chains intact without tombstones. */
-    uint32_t j = i;
-    for (;;) {
-        j = (j + 1) & p->map_mask;
-        pool_slot *s = &p->map[j];
-        if (s->head == MOCK_NIL) break;
-        uint32_t home = (uint32_t)slot_hash(s->key) & p->map_mask;
-        /* Move s into the hole at i when its home is not in (i, j]. */
-        bool between = (i <= j) ? (home > i && home <= j)
-                                : (home > i || home <= j);
-        if (!between) {
-            p->map[i] = *s;
-            i = j;
-        }
-    }
-    p->map[i].head = MOCK_NIL;
-}
-
 uint32_t pool_lookup(const mock_pool *p, uint64_t key) {
-    uint32_t i = map_find(p, key);
-    return i == MOCK_NIL ? MOCK_NIL : p->map[i].head;
+    /* kvo_map_get does not modify the map; it only lacks a const form. */
+    const uint64_t *v = kvo_map_get((kvo_map *)&p->map, key);
+    return v ? copies_head(*v) : MOCK_NIL;
 }
 
-void pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
-                const mock_hash *parent) {
+kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
+                      const mock_hash *parent) {
+    bool added;
+    uint64_t *v = kvo_map_put(&p->map, h->key, &added);
+    if (!v) return KVO_ENOMEM; /* nothing changed */
     pool_block *b = &p->blocks[id];
     b->cached = true;
     b->key = h->key;
@@ -136,37 +109,31 @@ void pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
     if (parent) p->parent[id] = *parent;
     else memset(&p->parent[id], 0, sizeof(mock_hash));
     b->cnext = MOCK_NIL;
-    uint32_t i = (uint32_t)slot_hash(h->key) & p->map_mask;
-    for (;;) {
-        pool_slot *s = &p->map[i];
-        if (s->head == MOCK_NIL) {
-            s->key = h->key;
-            s->head = s->tail = id;
-            b->cprev = MOCK_NIL;
-            break;
-        }
-        if (s->key == h->key) {
-            b->cprev = s->tail;
-            p->blocks[s->tail].cnext = id;
-            s->tail = id;
-            break;
-        }
-        i = (i + 1) & p->map_mask;
+    if (added) {
+        b->cprev = MOCK_NIL;
+        *v = copies_pack(id, id);
+    } else {
+        uint32_t tail = copies_tail(*v);
+        b->cprev = tail;
+        p->blocks[tail].cnext = id;
+        *v = copies_pack(copies_head(*v), id);
     }
     p->n_cached++;
+    return KVO_OK;
 }
 
 /* Drop block id's hash (vLLM _maybe_evict_cached_block minus the event). */
 static void uncache(mock_pool *p, uint32_t id) {
     pool_block *b = &p->blocks[id];
-    uint32_t i = map_find(p, b->key);
-    if (i != MOCK_NIL) {
-        pool_slot *s = &p->map[i];
+    uint64_t *v = kvo_map_get(&p->map, b->key);
+    if (v) {
+        uint32_t head = copies_head(*v), tail = copies_tail(*v);
         if (b->cprev != MOCK_NIL) p->blocks[b->cprev].cnext = b->cnext;
-        else s->head = b->cnext;
+        else head = b->cnext;
         if (b->cnext != MOCK_NIL) p->blocks[b->cnext].cprev = b->cprev;
-        else s->tail = b->cprev;
-        if (s->head == MOCK_NIL) map_delete_slot(p, i);
+        else tail = b->cprev;
+        if (head == MOCK_NIL) kvo_map_del(&p->map, b->key);
+        else *v = copies_pack(head, tail);
     }
     b->cprev = b->cnext = MOCK_NIL;
     b->cached = false;
@@ -189,7 +156,8 @@ void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
         q_unlink(p, id);
         pool_block *b = &p->blocks[id];
         if (b->cached) {
-            if (p->on_evict) p->on_evict(p->evict_ctx, id);
+            p->evicted++;
+            if (p->on_evict) p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id]);
             uncache(p, id);
         }
         b->ref = 1;
@@ -212,7 +180,7 @@ bool pool_reset(mock_pool *p) {
         b->cached = false;
         b->cprev = b->cnext = MOCK_NIL;
     }
-    for (uint32_t i = 0; i <= p->map_mask; i++) p->map[i].head = MOCK_NIL;
+    kvo_map_clear(&p->map);
     p->n_cached = 0;
     return true;
 }

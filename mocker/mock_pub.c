@@ -35,6 +35,13 @@
 
 /* Whole replays (ring + end marker) the ROUTER queues per client. */
 #define REPLAY_QUEUED 4
+/* How long a closing PUB may still send queued batches; a ROUTER's
+ * replies are dropped at once. */
+#define PUB_LINGER_MS 500
+#define ROUTER_LINGER_MS 0
+/* PUB send high-water mark when none is configured (vLLM's publisher
+ * default): batches queued per subscriber before ZeroMQ drops them. */
+#define PUB_HWM_DEFAULT 100000
 
 /* One published payload, shared by the ring and libzmq's I/O thread. */
 typedef struct payload {
@@ -123,13 +130,15 @@ kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
     if (p->ring_cap && !(p->ring = kvo_calloc(p->ring_cap, sizeof(ring_ent))))
         goto fail;
     if (cfg->zmq_ctx && cfg->endpoint) {
-        st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, 500,
-                         cfg->hwm > 0 ? cfg->hwm : 100000, &p->pub, p->endpoint,
+        st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, PUB_LINGER_MS,
+                         cfg->hwm > 0 ? cfg->hwm : PUB_HWM_DEFAULT, &p->pub,
+                         p->endpoint,
                          sizeof(p->endpoint), err, errsz);
         if (st != KVO_OK) goto fail;
         if (cfg->replay_endpoint) {
             uint64_t hwm = REPLAY_QUEUED * ((uint64_t)p->ring_cap + 1);
-            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint, 0,
+            st = bind_socket(cfg->zmq_ctx, ZMQ_ROUTER, cfg->replay_endpoint,
+                             ROUTER_LINGER_MS,
                              hwm < INT_MAX ? (int)hwm : INT_MAX, &p->router,
                              p->replay_endpoint, sizeof(p->replay_endpoint),
                              err, errsz);
@@ -251,6 +260,12 @@ kvo_status mock_pub_send(mock_pub *p, const uint8_t *data, size_t len) {
     return KVO_OK;
 }
 
+void mock_pub_skip(mock_pub *p) {
+    p->next_seq++;
+    p->st.skipped++;
+    ring_push(p, 0, NULL, 0); /* empties the ring */
+}
+
 /* One replay request from the ROUTER, all its frames; false when none. */
 static bool recv_request(void *s, zmq_msg_t *frames, int max, int *n) {
     *n = 0;
@@ -289,12 +304,14 @@ static bool send_reply(mock_pub *p, zmq_msg_t *id, const uint8_t seqb[8],
     return true;
 }
 
-void mock_pub_replay_serve(mock_pub *p) {
+void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out) {
+    mock_replay_served done = {0};
+    if (out) *out = done;
     if (!p->router) return;
     for (;;) {
         zmq_msg_t fr[4];
         int n;
-        if (!recv_request(p->router, fr, 4, &n)) return;
+        if (!recv_request(p->router, fr, 4, &n)) break;
         int kept = n < 4 ? n : 4;
         uint64_t start = 0;
         bool ok = n == 3 && zmq_msg_size(&fr[1]) == 0 &&
@@ -302,19 +319,28 @@ void mock_pub_replay_serve(mock_pub *p) {
                                &start) == KVO_OK;
         if (!ok) {
             p->st.bad_requests++;
+            done.bad_requests++;
         } else {
             p->st.replay_requests++;
+            done.requests++;
             uint8_t seqb[8];
             bool sent = true;
             for (uint32_t i = 0; sent && i < p->ring_n; i++) {
                 ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
                 if (e->seq < start) continue;
                 wire_seq_put(seqb, e->seq);
-                if ((sent = send_reply(p, &fr[0], seqb, e->p))) p->st.replay_batches++;
+                if ((sent = send_reply(p, &fr[0], seqb, e->p))) {
+                    p->st.replay_batches++;
+                    done.batches++;
+                }
             }
             wire_seq_put(seqb, WIRE_REPLAY_END);
-            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) p->st.replay_cut++;
+            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) {
+                p->st.replay_cut++;
+                done.cut++;
+            }
         }
         for (int i = 0; i < kept; i++) zmq_msg_close(&fr[i]);
     }
+    if (out) *out = done;
 }

@@ -25,6 +25,18 @@
 #include <unistd.h>
 #include <zmq.h>
 
+/* The progress bar: redrawn at most every PROGRESS_INTERVAL_NS, BAR_WIDTH
+ * characters wide. */
+#define PROGRESS_INTERVAL_NS 200000000ull
+#define BAR_WIDTH 30
+/* Real time: the longest wait between two looks at replay requests. */
+#define WAIT_SLICE_MS 100
+/* Virtual time: replay requests (and the bar) are looked at once every
+ * SERVE_EVERY_LOOPS events (a power of two). */
+#define SERVE_EVERY_LOOPS 1024
+/* count_lines' read size. */
+#define COUNT_CHUNK (64u << 10)
+
 typedef struct trace_run {
     const mock_cfg *cfg;
     mock_node node;
@@ -35,6 +47,7 @@ typedef struct trace_run {
     uint64_t wall0;
     uint64_t last_progress;
     bool tty;
+    zmq_pollitem_t *items; /* one per rank: the replay ROUTERs to poll */
 } trace_run;
 
 static void on_output(void *user, const mock_output *o) {
@@ -49,7 +62,7 @@ static void on_output(void *user, const mock_output *o) {
 static uint64_t count_lines(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
-    char buf[1 << 16];
+    char buf[COUNT_CHUNK];
     size_t n;
     uint64_t lines = 0;
     while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
@@ -62,15 +75,15 @@ static uint64_t count_lines(const char *path) {
 static void progress(trace_run *t, bool final) {
     if (!t->tty) return;
     uint64_t now = kvo_now_ns();
-    if (!final && now - t->last_progress < 200000000ull) return;
+    if (!final && now - t->last_progress < PROGRESS_INTERVAL_NS) return;
     t->last_progress = now;
     uint64_t total = t->total_lines ? t->total_lines : 1;
     double frac = (double)t->finished / (double)total;
     if (frac > 1) frac = 1;
-    char bar[31];
-    int fill = (int)(frac * 30);
-    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
-    bar[30] = '\0';
+    char bar[BAR_WIDTH + 1];
+    int fill = (int)(frac * BAR_WIDTH);
+    for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[BAR_WIDTH] = '\0';
     double secs = (double)(now - t->wall0) / 1e9;
     fprintf(stderr, "\r[%s] %llu/%llu requests  %.1f%% cached  %.1f s%s", bar,
             (unsigned long long)t->finished, (unsigned long long)total,
@@ -82,17 +95,16 @@ static void progress(trace_run *t, bool final) {
 }
 
 static void serve_replays(trace_run *t, long timeout_ms) {
-    zmq_pollitem_t items[64];
     int n = 0;
-    for (uint32_t r = 0; r < t->node.n_ranks && n < 64; r++) {
+    for (uint32_t r = 0; r < t->node.n_ranks; r++) {
         void *s = mock_pub_replay_socket(t->node.ranks[r].pub);
-        if (s) items[n++] = (zmq_pollitem_t){s, 0, ZMQ_POLLIN, 0};
+        if (s) t->items[n++] = (zmq_pollitem_t){s, 0, ZMQ_POLLIN, 0};
     }
     if (n == 0) {
         kvo_sleep_us(timeout_ms * 1000L);
         return;
     }
-    if (zmq_poll(items, n, timeout_ms) <= 0) return;
+    if (zmq_poll(t->items, n, timeout_ms) <= 0) return;
     for (uint32_t r = 0; r < t->node.n_ranks; r++) node_replay_serve(&t->node, r);
 }
 
@@ -105,7 +117,8 @@ static void wait_until(trace_run *t, double model_ms) {
         double now_ns = (double)(kvo_now_ns() - t->wall0);
         if (now_ns >= due_ns) return;
         double left_ms = (due_ns - now_ns) / 1e6;
-        serve_replays(t, left_ms > 100 ? 100 : (long)ceil(left_ms));
+        serve_replays(t, left_ms > WAIT_SLICE_MS ? WAIT_SLICE_MS
+                                                 : (long)ceil(left_ms));
     }
 }
 
@@ -213,9 +226,11 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
         kvo_error("--trace %s: %s", cfg->trace, kvo_strerror(st));
         return st;
     }
-    if ((st = node_init(&t.node, cfg, true)) != KVO_OK) {
-        mock_trace_free(tr);
-        return st;
+    double now = 0; /* model ms */
+    if ((st = node_init(&t.node, cfg, true)) != KVO_OK) goto done;
+    if (!(t.items = kvo_calloc(t.node.n_ranks, sizeof(*t.items)))) {
+        st = KVO_ENOMEM;
+        goto done;
     }
     t.tty = cfg->progress && isatty(2);
     if (t.tty) t.total_lines = count_lines(cfg->trace);
@@ -223,7 +238,6 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
     kvo_ratelimit rl_bad = {0}, rl_rej = {0};
     t.wall0 = kvo_now_ns();
 
-    double now = 0;           /* model ms */
     double t0_trace = -1;     /* first timestamp: the model clock's origin */
     mock_trace_req req;
     bool have_req = false, eof = false;
@@ -277,7 +291,7 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
         }
         double next_arr = have_req ? req.timestamp_ms - t0_trace : INFINITY;
         if (isinf(next_done) && isinf(next_arr)) break; /* all done */
-        if ((++loops & 1023) == 0) {
+        if ((++loops & (SERVE_EVERY_LOOPS - 1)) == 0) {
             serve_replays(&t, 0);
             progress(&t, false);
         }
@@ -330,5 +344,6 @@ done:
     if (st == KVO_OK) summary(&t, now, kvo_stop != 0);
     mock_trace_free(tr);
     node_fini(&t.node);
+    kvo_free(t.items);
     return st;
 }

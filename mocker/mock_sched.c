@@ -34,18 +34,67 @@
 
 #include <string.h>
 
-static kvo_status vec_push(req_vec *v, mock_req *r) {
-    kvo_status st = kvo_grow(&v->v, &v->cap, v->n + 1, sizeof(*v->v), 64);
-    if (st != KVO_OK) return st;
-    v->v[v->n++] = r;
+/* Step timing (DESIGN §8): prefill ms = PREFILL_A t^2 + PREFILL_B t +
+ * PREFILL_C; decode ms = max(DECODE_MIN, DECODE_A u^2 + DECODE_B u +
+ * DECODE_C). */
+#define PREFILL_A 4.209989e-7
+#define PREFILL_B 0.01518344
+#define PREFILL_C 16.50142
+#define DECODE_A (-25.74)
+#define DECODE_B 54.01
+#define DECODE_C 5.74
+#define DECODE_MIN 1.0
+
+/* First capacity of the started-users array. */
+#define STARTED_FIRST_CAP 64
+
+kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
+                      mock_hasher *hasher, step_events *ev,
+                      mock_engine_stats *st) {
+    memset(s, 0, sizeof(*s));
+    s->cfg = cfg;
+    s->max_model_len = max_model_len;
+    s->hasher = hasher;
+    s->ev = ev;
+    s->st = st;
+    kvo_status rc = pool_init(&s->pool, cfg->num_gpu_blocks, cfg->prefix_caching);
+    if (rc != KVO_OK) return rc;
+    s->pool.on_evict = events_on_evict;
+    s->pool.evict_ctx = ev;
     return KVO_OK;
+}
+
+void sched_fini(mock_sched *s) {
+    for (uint32_t i = 0; i < s->running.n; i++) req_free(s->running.v[i]);
+    for (uint32_t i = 0; i < s->waiting.n; i++)
+        req_free(req_deque_at(&s->waiting, i));
+    kvo_free(s->running.v);
+    kvo_free(s->waiting.v);
+    kvo_free(s->scheduled.v);
+    kvo_free(s->started);
+    pool_fini(&s->pool);
+    memset(s, 0, sizeof(*s));
+}
+
+kvo_status sched_add(mock_sched *s, mock_req *r) {
+    return req_deque_push(&s->waiting, r, false);
+}
+
+bool sched_has_work(const mock_sched *s) {
+    return s->running.n > 0 || s->waiting.n > 0;
+}
+
+const mock_req *sched_find_running(const mock_sched *s, uint64_t req_id) {
+    for (uint32_t i = 0; i < s->running.n; i++)
+        if (s->running.v[i]->id == req_id) return s->running.v[i];
+    return NULL;
 }
 
 /* KVCacheManager.free: blocks released in reverse (tail first) so that the
  * request's deepest blocks become the next eviction candidates. */
-void sched_free_req(mock_engine *e, mock_req *r) {
+static void free_req_blocks(mock_sched *s, mock_req *r) {
     for (uint32_t k = r->n_blocks; k-- > 0;)
-        pool_release(&e->pool, &r->blocks[k], 1);
+        pool_release(&s->pool, &r->blocks[k], 1);
     r->n_blocks = 0;
     r->num_cached_block = 0;
 }
@@ -59,44 +108,44 @@ void sched_free_req(mock_engine *e, mock_req *r) {
  * the last attempt are kept and revalidated first: a block that is still
  * cached under the same key and is its key's oldest copy is exactly what
  * the lookup would return -- a plain array read instead of a hash probe. */
-static uint32_t computed_blocks(mock_engine *e, mock_req *r) {
-    if (!e->cfg.prefix_caching) return 0;
-    uint32_t bs = e->cfg.block_size;
+static uint32_t computed_blocks(mock_sched *s, mock_req *r) {
+    if (!s->cfg->prefix_caching) return 0;
+    uint32_t bs = s->cfg->block_size;
     uint32_t cap = (r->n_tokens - 1) / bs;
     if (cap > r->n_bh) cap = r->n_bh;
     uint32_t *ids = r->blocks;
     uint32_t n = 0;
     uint32_t known = r->n_hit_ids < cap ? r->n_hit_ids : cap;
-    const pool_block *pb = e->pool.blocks;
+    const pool_block *pb = s->pool.blocks;
     while (n < known) {
         const pool_block *b = &pb[ids[n]];
         if (!b->cached || b->key != r->bh[n].key || b->cprev != MOCK_NIL) break;
         n++;
     }
     while (n < cap) {
-        uint32_t id = pool_lookup(&e->pool, r->bh[n].key);
+        uint32_t id = pool_lookup(&s->pool, r->bh[n].key);
         if (id == MOCK_NIL) break;
         ids[n++] = id;
     }
     r->n_hit_ids = n;
     if (r->num_preemptions == 0) {
-        e->st.prefix_queries += r->n_tokens;
-        e->st.prefix_hits += (uint64_t)n * bs;
+        s->st->prefix_queries += r->n_tokens;
+        s->st->prefix_hits += (uint64_t)n * bs;
     }
     return n;
 }
 
 /* allocate_slots. *ok = false (nothing changed) when the pool cannot supply
  * the blocks. */
-static kvo_status allocate_slots(mock_engine *e, mock_req *r,
+static kvo_status allocate_slots(mock_sched *s, mock_req *r,
                                  uint32_t num_new, uint32_t new_computed,
                                  const uint32_t *hit, uint32_t n_hit,
                                  bool decode, bool *ok) {
-    mock_pool *p = &e->pool;
-    uint32_t bs = e->cfg.block_size;
+    mock_pool *p = &s->pool;
+    uint32_t bs = s->cfg->block_size;
     uint64_t num_computed = (uint64_t)r->num_computed + new_computed;
     uint64_t need = num_computed + num_new;
-    if (need > e->max_model_len) need = e->max_model_len;
+    if (need > s->max_model_len) need = s->max_model_len;
     uint32_t required = (uint32_t)((need + bs - 1) / bs);
     uint32_t have = n_hit + r->n_blocks;
     uint32_t n_new = required > have ? required - have : 0;
@@ -118,41 +167,45 @@ static kvo_status allocate_slots(mock_engine *e, mock_req *r,
         pool_alloc(p, n_new, r->blocks + r->n_blocks);
         r->n_blocks += n_new;
     }
-    if (!e->cfg.prefix_caching) return KVO_OK;
+    if (!s->cfg->prefix_caching) return KVO_OK;
     uint64_t to_cache = num_computed + num_new;
     if (to_cache > r->n_tokens) to_cache = r->n_tokens;
     uint32_t full = (uint32_t)(to_cache / bs);
     if (r->num_cached_block >= full) return KVO_OK;
     uint32_t first = r->num_cached_block;
-    for (uint32_t k = first; k < full; k++)
-        pool_cache(p, r->blocks[k], &r->bh[k], k ? &r->bh[k - 1] : NULL);
+    for (uint32_t k = first; k < full; k++) {
+        kvo_status st =
+            pool_cache(p, r->blocks[k], &r->bh[k], k ? &r->bh[k - 1] : NULL);
+        if (st != KVO_OK) return st;
+    }
     r->num_cached_block = full;
-    return eng_ev_stored(e, r, first, full - first, decode);
+    s->st->blocks_stored += full - first;
+    return events_stored(s->ev, r, first, full - first, bs, decode);
 }
 
-static kvo_status mark_scheduled(mock_engine *e, mock_req *r, uint32_t n,
+static kvo_status mark_scheduled(mock_sched *s, mock_req *r, uint32_t n,
                                  bool decode) {
     r->sched_tokens = n;
     r->sched_decode = decode;
-    kvo_status st = vec_push(&e->scheduled, r);
+    kvo_status st = req_vec_push(&s->scheduled, r);
     if (st != KVO_OK) return st;
     if (!r->started) {
         r->started = true;
-        st = kvo_grow(&e->started, &e->cap_started, e->n_started + 1,
-                      sizeof(*e->started), 64);
+        st = kvo_grow(&s->started, &s->cap_started, s->n_started + 1,
+                      sizeof(*s->started), STARTED_FIRST_CAP);
         if (st != KVO_OK) return st;
-        e->started[e->n_started++] = r->user;
+        s->started[s->n_started++] = r->user;
     }
     return KVO_OK;
 }
 
-static kvo_status preempt(mock_engine *e, mock_req *v) {
-    sched_free_req(e, v);
+static kvo_status preempt(mock_sched *s, mock_req *v) {
+    free_req_blocks(s, v);
     v->status = REQ_PREEMPTED;
     v->num_computed = 0;
     v->num_preemptions++;
-    e->st.preemptions++;
-    return eng_deque_push(&e->waiting, v, true); /* prepend_request */
+    s->st->preemptions++;
+    return req_deque_push(&s->waiting, v, true); /* prepend_request */
 }
 
 static bool is_decode(const mock_req *r, uint32_t num_new) {
@@ -161,30 +214,31 @@ static bool is_decode(const mock_req *r, uint32_t num_new) {
 }
 
 static double prefill_ms(double t) {
-    return 4.209989e-7 * t * t + 0.01518344 * t + 16.50142;
+    return PREFILL_A * t * t + PREFILL_B * t + PREFILL_C;
 }
 
 static double decode_ms(double u) {
-    double d = -25.74 * u * u + 54.01 * u + 5.74;
-    return d < 1.0 ? 1.0 : d;
+    double d = DECODE_A * u * u + DECODE_B * u + DECODE_C;
+    return d < DECODE_MIN ? DECODE_MIN : d;
 }
 
-kvo_status sched_step(mock_engine *e, mock_step *out) {
+kvo_status sched_step(mock_sched *s, mock_step *out) {
     memset(out, 0, sizeof(*out));
-    e->scheduled.n = 0;
-    e->n_started = 0;
-    uint32_t budget = e->cfg.max_num_batched_tokens;
+    s->scheduled.n = 0;
+    s->n_started = 0;
+    const mock_cfg *cfg = s->cfg;
+    uint32_t budget = cfg->max_num_batched_tokens;
     uint32_t preempted = 0;
     kvo_status st = KVO_OK;
     bool ok;
 
     /* 1. running requests */
-    for (uint32_t i = 0; i < e->running.n && budget > 0;) {
-        mock_req *r = e->running.v[i];
+    for (uint32_t i = 0; i < s->running.n && budget > 0;) {
+        mock_req *r = s->running.v[i];
         uint32_t num_new = r->n_tokens - r->num_computed;
         if (num_new > budget) num_new = budget;
-        uint32_t room = e->max_model_len - 1 > r->num_computed
-                            ? e->max_model_len - 1 - r->num_computed
+        uint32_t room = s->max_model_len - 1 > r->num_computed
+                            ? s->max_model_len - 1 - r->num_computed
                             : 0;
         if (num_new > room) num_new = room;
         if (num_new == 0) {
@@ -194,11 +248,11 @@ kvo_status sched_step(mock_engine *e, mock_step *out) {
         bool decode = is_decode(r, num_new);
         bool scheduled = true;
         for (;;) {
-            st = allocate_slots(e, r, num_new, 0, NULL, 0, decode, &ok);
+            st = allocate_slots(s, r, num_new, 0, NULL, 0, decode, &ok);
             if (st != KVO_OK) return st;
             if (ok) break;
-            mock_req *victim = e->running.v[--e->running.n];
-            if ((st = preempt(e, victim)) != KVO_OK) return st;
+            mock_req *victim = s->running.v[--s->running.n];
+            if ((st = preempt(s, victim)) != KVO_OK) return st;
             preempted++;
             if (victim == r) {
                 scheduled = false;
@@ -206,93 +260,95 @@ kvo_status sched_step(mock_engine *e, mock_step *out) {
             }
         }
         if (!scheduled) break;
-        if ((st = mark_scheduled(e, r, num_new, decode)) != KVO_OK) return st;
+        if ((st = mark_scheduled(s, r, num_new, decode)) != KVO_OK) return st;
         budget -= num_new;
         i++;
     }
 
     /* 2. waiting requests, only when nothing was preempted */
-    while (preempted == 0 && e->waiting.n > 0 && budget > 0 &&
-           e->running.n < e->cfg.max_num_seqs) {
-        req_deque *d = &e->waiting;
-        mock_req *r = d->v[d->head];
-        uint32_t bs = e->cfg.block_size;
-        if ((st = eng_req_materialize(e, r)) != KVO_OK) return st;
-        uint32_t n_hit = computed_blocks(e, r);
+    while (preempted == 0 && s->waiting.n > 0 && budget > 0 &&
+           s->running.n < cfg->max_num_seqs) {
+        mock_req *r = req_deque_at(&s->waiting, 0);
+        uint32_t bs = cfg->block_size;
+        if ((st = req_materialize(r, cfg, s->hasher)) != KVO_OK) return st;
+        uint32_t n_hit = computed_blocks(s, r);
         uint32_t num_computed = n_hit * bs;
         uint32_t num_new = r->n_tokens - num_computed;
         if (num_new > budget) num_new = budget;
-        st = allocate_slots(e, r, num_new, num_computed, r->blocks, n_hit,
+        st = allocate_slots(s, r, num_new, num_computed, r->blocks, n_hit,
                             false, &ok);
         if (st != KVO_OK) return st;
         if (!ok) break;
-        d->head = (d->head + 1) % d->cap;
-        d->n--;
-        if ((st = vec_push(&e->running, r)) != KVO_OK) return st;
+        req_deque_pop_front(&s->waiting);
+        if ((st = req_vec_push(&s->running, r)) != KVO_OK) return st;
         r->status = REQ_RUNNING;
         r->n_hit_ids = 0;
         r->num_computed = num_computed;
         if (r->num_cached_tokens < 0) r->num_cached_tokens = num_computed;
-        if ((st = mark_scheduled(e, r, num_new, false)) != KVO_OK) return st;
+        if ((st = mark_scheduled(s, r, num_new, false)) != KVO_OK) return st;
         budget -= num_new;
     }
 
     /* 3. update_after_schedule, and the step's modeled duration */
     uint64_t prefill_tokens = 0, transfer_blocks = 0;
     uint32_t decode_reqs = 0;
-    for (uint32_t i = 0; i < e->scheduled.n; i++) {
-        mock_req *r = e->scheduled.v[i];
+    for (uint32_t i = 0; i < s->scheduled.n; i++) {
+        mock_req *r = s->scheduled.v[i];
         if (r->sched_decode) decode_reqs++;
-        else if (r->remote_prefill && e->cfg.role == MOCK_ROLE_DECODE)
-            transfer_blocks += (r->sched_tokens + e->cfg.block_size - 1) /
-                               e->cfg.block_size;
+        else if (r->remote_prefill && cfg->role == MOCK_ROLE_DECODE)
+            transfer_blocks += (r->sched_tokens + cfg->block_size - 1) /
+                               cfg->block_size;
         else prefill_tokens += r->sched_tokens;
         r->num_computed += r->sched_tokens;
-        e->st.computed_tokens += r->sched_tokens;
+        s->st->computed_tokens += r->sched_tokens;
     }
-    out->n_scheduled = e->scheduled.n;
+    out->n_scheduled = s->scheduled.n;
     out->prefill_tokens = (uint32_t)prefill_tokens;
     out->decode_reqs = decode_reqs;
     out->preempted = preempted;
-    out->idle = e->scheduled.n == 0;
+    out->idle = s->scheduled.n == 0;
     double ms = 0;
     if (prefill_tokens) ms += prefill_ms((double)prefill_tokens);
-    if (decode_reqs) ms += decode_ms(pool_usage(&e->pool));
-    ms += (double)transfer_blocks * e->cfg.kv_transfer_ms_per_block;
+    if (decode_reqs) ms += decode_ms(pool_usage(&s->pool));
+    ms += (double)transfer_blocks * cfg->kv_transfer_ms_per_block;
     out->duration_ms = ms;
-    out->started = e->started;
-    out->n_started = e->n_started;
+    out->started = s->started;
+    out->n_started = s->n_started;
     if (!out->idle) {
-        e->step_open = true;
-        e->st.steps++;
+        s->step_open = true;
+        s->st->steps++;
     }
     return KVO_OK;
 }
 
-void sched_complete(mock_engine *e) {
-    e->step_open = false;
+/* A request leaves the engine: its blocks go back to the pool. */
+static void finish_req(mock_sched *s, mock_req *r) {
+    free_req_blocks(s, r);
+    r->status = REQ_FINISHED;
+}
+
+void sched_complete(mock_sched *s) {
+    s->step_open = false;
     bool removed = false;
-    for (uint32_t i = 0; i < e->scheduled.n; i++) {
-        mock_req *r = e->scheduled.v[i];
+    for (uint32_t i = 0; i < s->scheduled.n; i++) {
+        mock_req *r = s->scheduled.v[i];
         r->sched_tokens = 0;
         if (r->aborted) {
-            sched_free_req(e, r);
-            r->status = REQ_FINISHED;
+            finish_req(s, r);
             removed = true;
             continue;
         }
         if (r->num_computed < r->n_tokens) continue; /* partial prefill */
-        uint64_t tok = eng_sample_token(r);
-        if (eng_req_append_token(e, r, tok) != KVO_OK) {
+        uint64_t tok = req_sample_token(r);
+        if (req_append_token(r, s->cfg, s->hasher, tok) != KVO_OK) {
             r->aborted = true; /* cannot happen: sized at add */
-            sched_free_req(e, r);
-            r->status = REQ_FINISHED;
+            finish_req(s, r);
             removed = true;
             continue;
         }
-        e->st.generated_tokens++;
+        s->st->generated_tokens++;
         uint32_t n_out = r->n_tokens - r->n_prompt;
-        bool done = n_out >= r->max_tokens || r->n_tokens >= e->max_model_len;
+        bool done = n_out >= r->max_tokens || r->n_tokens >= s->max_model_len;
         mock_output o = {
             .req_id = r->id,
             .token = tok,
@@ -307,22 +363,52 @@ void sched_complete(mock_engine *e) {
             .n_blocks = r->n_blocks};
         if (r->on_output) r->on_output(r->user, &o);
         if (done) {
-            sched_free_req(e, r);
-            r->status = REQ_FINISHED;
-            e->st.requests_finished++;
+            finish_req(s, r);
+            s->st->requests_finished++;
             removed = true;
         }
     }
     if (!removed) return;
     uint32_t k = 0;
-    for (uint32_t i = 0; i < e->running.n; i++) {
-        mock_req *r = e->running.v[i];
+    for (uint32_t i = 0; i < s->running.n; i++) {
+        mock_req *r = s->running.v[i];
         if (r->status != REQ_FINISHED) {
-            e->running.v[k++] = r;
+            s->running.v[k++] = r;
             continue;
         }
-        if (r->aborted) eng_abort_deliver(e, r); /* destroys */
-        else eng_req_destroy(r);
+        if (r->aborted) {
+            s->st->requests_aborted++;
+            req_abort_deliver(r); /* frees r */
+        } else {
+            req_free(r);
+        }
     }
-    e->running.n = k;
+    s->running.n = k;
+}
+
+kvo_status sched_abort(mock_sched *s, uint64_t req_id) {
+    for (uint32_t i = 0; i < s->running.n; i++) {
+        mock_req *r = s->running.v[i];
+        if (r->id != req_id) continue;
+        if (s->step_open) {
+            r->aborted = true; /* in the open step: complete() ends it */
+            return KVO_OK;
+        }
+        free_req_blocks(s, r);
+        memmove(&s->running.v[i], &s->running.v[i + 1],
+                (s->running.n - i - 1) * sizeof(mock_req *));
+        s->running.n--;
+        s->st->requests_aborted++;
+        req_abort_deliver(r);
+        return KVO_OK;
+    }
+    for (uint32_t i = 0; i < s->waiting.n; i++) {
+        mock_req *r = req_deque_at(&s->waiting, i);
+        if (r->id != req_id) continue;
+        req_deque_remove(&s->waiting, i);
+        s->st->requests_aborted++;
+        req_abort_deliver(r);
+        return KVO_OK;
+    }
+    return KVO_ENOTFOUND;
 }

@@ -23,13 +23,23 @@
  */
 #include "mock_int.h"
 #include "kvo_http.h"
+#include "kvo_prom.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
 
+/* Prompts one completion request may carry (choices). */
 #define MAX_PROMPTS 1024
+/* OpenAI's (and vLLM's) max_tokens when a request names none. */
+#define DEFAULT_MAX_TOKENS 16
+/* The loop's longest poll when nothing is due: how late a stop is seen. */
+#define IDLE_POLL_MS 100
+/* First capacity of the hand-read probe's id list. */
+#define PROBE_IDS_FIRST_CAP 64
+/* The stream's last event. */
+static const char sse_done[] = "data: [DONE]\n\n";
 /* /kvo/probe answers for prompts the engine could not serve too (longer
  * than max_model_len: it simply cannot hold them); bounded all the same. */
 #define PROBE_MAX_TOKENS (1u << 22)
@@ -131,17 +141,6 @@ static bool get_str(json_object *o, const char *k, const char **out) {
 
 /* ---- prompts --------------------------------------------------------------*/
 
-/* Error text with numbers (one thread: a static buffer is enough). */
-static const char *errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static const char *errf(const char *fmt, ...) {
-    static char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
 typedef struct prompt {
     uint64_t *tok;
     uint32_t n;
@@ -162,110 +161,141 @@ static void prompts_free(prompts *p) {
     p->n = 0;
 }
 
-static const char *token_list(json_object *a, uint32_t max_len, prompt *out) {
+/* Failing parsers fill err with the answer's message; the status says what
+ * kind of failure (EPROTO: wrong shape, ETOOBIG: over a limit, ENOMEM). */
+
+static kvo_status too_many_tokens(kvo_err *err, uint64_t n, const char *limit_what,
+                                  uint32_t max_len) {
+    return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                       "the prompt has %llu tokens; %s %u", (unsigned long long)n,
+                       limit_what, max_len);
+}
+
+#define ENGINE_LIMIT "this engine's limit (max_model_len) is"
+
+static kvo_status token_list(json_object *a, uint32_t max_len, prompt *out,
+                             kvo_err *err) {
     size_t n = json_object_array_length(a);
-    if (n == 0) return "a prompt has no tokens";
-    if (n > max_len)
-        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
-                    "is %u", n, max_len);
+    if (n == 0)
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "a prompt has no tokens");
+    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok) return "out of memory";
+    if (!out->tok)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_object *t = json_object_array_get_idx(a, i);
         if (!json_object_is_type(t, json_type_int) || json_object_get_int64(t) < 0)
-            return "token ids must be integers >= 0";
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "token ids must be integers >= 0");
         out->tok[i] = json_object_get_uint64(t);
     }
     out->n = (uint32_t)n;
-    return NULL;
+    return KVO_OK;
 }
 
-static const char *text_prompt(json_object *s, uint32_t max_len, prompt *out) {
+static kvo_status text_prompt(json_object *s, uint32_t max_len, prompt *out,
+                              kvo_err *err) {
     size_t n = (size_t)json_object_get_string_len(s);
-    if (n == 0) return "a prompt has no tokens";
-    if (n > max_len)
-        return errf("the prompt has %zu tokens; this engine's limit (max_model_len) "
-                    "is %u", n, max_len);
+    if (n == 0)
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "a prompt has no tokens");
+    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
     out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok) return "out of memory";
+    if (!out->tok)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     out->n = mock_tokenize(json_object_get_string(s), n, out->tok);
-    return NULL;
+    return KVO_OK;
 }
 
 /* {"hash_ids": [...], "input_length": n} into out (ids and length, no
  * tokens), n at most max_len; a longer prompt is refused naming the limit
  * ("the prompt has N tokens; <limit_what> <max_len>"). */
-static const char *trace_prompt(json_object *t, uint32_t max_len,
-                                const char *limit_what, prompt *out) {
+static kvo_status trace_prompt(json_object *t, uint32_t max_len,
+                               const char *limit_what, prompt *out,
+                               kvo_err *err) {
     json_object *ids, *len;
     if (!json_object_is_type(t, json_type_object) ||
         !json_object_object_get_ex(t, "hash_ids", &ids) ||
         !json_object_is_type(ids, json_type_array) ||
         !json_object_object_get_ex(t, "input_length", &len) ||
         !json_object_is_type(len, json_type_int))
-        return "trace must be {\"hash_ids\": [...], \"input_length\": n}";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace must be {\"hash_ids\": [...], "
+                           "\"input_length\": n}");
     size_t k = json_object_array_length(ids);
     int64_t n = json_object_get_int64(len);
     if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
-        return "trace: hash_ids must not be empty and input_length must be >= 1";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace: hash_ids must not be empty and input_length "
+                           "must be >= 1");
     if (n > (int64_t)max_len)
-        return errf("the prompt has %lld tokens; %s %u", (long long)n,
-                    limit_what, max_len);
+        return too_many_tokens(err, (uint64_t)n, limit_what, max_len);
     out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
-    if (!out->trace_ids) return "out of memory";
+    if (!out->trace_ids)
+        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
     for (size_t i = 0; i < k; i++) {
         json_object *v = json_object_array_get_idx(ids, i);
         if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-            return "trace: hash_ids must be integers >= 0";
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "trace: hash_ids must be integers >= 0");
         out->trace_ids[i] = json_object_get_uint64(v);
     }
     out->n_trace = (uint32_t)k;
     if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
-        return "trace: input_length must be within (512*(k-1), 512*k] for k "
-               "hash_ids";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "trace: input_length must be within (512*(k-1), "
+                           "512*k] for k hash_ids");
     /* no tokens: the engine makes them from the ids at admission, in its
-     * own array (a copy of ~100 KB per Mooncake prompt saved); a probe's
-     * walk makes each block's tokens when it gets there */
+     * own array; a probe's walk makes each block's tokens when it gets
+     * there */
     out->n = (uint32_t)n;
-    return NULL;
+    return KVO_OK;
 }
 
 /* "prompt": str | [int] | [str] | [[int]], or "trace": {...}. */
-static const char *parse_prompts(json_object *body, uint32_t max_len,
-                                 prompts *out) {
+static kvo_status parse_prompts(json_object *body, uint32_t max_len,
+                                prompts *out, kvo_err *err) {
     json_object *p, *t;
     out->n = 0;
     if (json_object_object_get_ex(body, "trace", &t) && t) {
         out->n = 1;
-        return trace_prompt(t, max_len, "this engine's limit (max_model_len) is",
-                            &out->v[0]);
+        return trace_prompt(t, max_len, ENGINE_LIMIT, &out->v[0], err);
     }
     if (!json_object_object_get_ex(body, "prompt", &p) || !p)
-        return "prompt is required";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "prompt is required");
     if (json_object_is_type(p, json_type_string)) {
         out->n = 1;
-        return text_prompt(p, max_len, &out->v[0]);
+        return text_prompt(p, max_len, &out->v[0], err);
     }
     if (!json_object_is_type(p, json_type_array) || json_object_array_length(p) == 0)
-        return "prompt must be a string, a token list or a list of them";
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "prompt must be a string, a token list or a list "
+                           "of them");
     json_object *first = json_object_array_get_idx(p, 0);
     if (json_object_is_type(first, json_type_int)) {
         out->n = 1;
-        return token_list(p, max_len, &out->v[0]);
+        return token_list(p, max_len, &out->v[0], err);
     }
     size_t n = json_object_array_length(p);
-    if (n > MAX_PROMPTS) return "too many prompts";
+    if (n > MAX_PROMPTS)
+        return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                           "too many prompts");
     for (size_t i = 0; i < n; i++) {
         json_object *e = json_object_array_get_idx(p, i);
         out->n = (uint32_t)i + 1;
-        const char *err =
-            json_object_is_type(e, json_type_string)  ? text_prompt(e, max_len, &out->v[i])
-            : json_object_is_type(e, json_type_array) ? token_list(e, max_len, &out->v[i])
-                                                      : "prompt list items must be "
-                                                        "strings or token lists";
-        if (err) return err;
+        kvo_status st;
+        if (json_object_is_type(e, json_type_string))
+            st = text_prompt(e, max_len, &out->v[i], err);
+        else if (json_object_is_type(e, json_type_array))
+            st = token_list(e, max_len, &out->v[i], err);
+        else
+            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "prompt list items must be strings or token lists");
+        if (st != KVO_OK) return st;
     }
-    return NULL;
+    return KVO_OK;
 }
 
 /* ---- calls ----------------------------------------------------------------*/
@@ -413,7 +443,7 @@ static void call_finish(call *k) {
                 json_object_object_add(o, "kv_transfer_params", transfer_json(k));
             sse(k, o);
         }
-        if (!k->cancel) kvo_http_stream_write(k->req, "data: [DONE]\n\n", 14);
+        if (!k->cancel) kvo_http_stream_write(k->req, sse_done, sizeof(sse_done) - 1);
         kvo_http_stream_end(k->req);
     } else {
         json_object *o = call_header(k, k->chat ? "chat.completion" : "text_completion");
@@ -540,7 +570,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     json_object *body = json_tokener_parse((const char *)raw);
     prompts *ps = kvo_calloc(1, sizeof(*ps));
     call *k = NULL;
-    const char *err = NULL;
+    kvo_err err;
+    kvo_status st = KVO_OK;
     unsigned code = 400;
     uint32_t max_len = mock_cfg_max_model_len(s->cfg);
     if (!ps) {
@@ -548,56 +579,61 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         goto done;
     }
     if (!body || !json_object_is_type(body, json_type_object)) {
-        err = "body must be a JSON object";
+        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "body must be a JSON object");
         goto done;
     }
     if (chat) {
         json_object *m;
         if (!json_object_object_get_ex(body, "messages", &m) ||
             !json_object_is_type(m, json_type_array)) {
-            err = "messages is required";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "messages is required");
             goto done;
         }
         kvo_buf_reset(&s->scratch);
         if (mock_chat_template(m, &s->scratch) != KVO_OK) {
-            err = "messages must be [{\"role\": str, \"content\": str|parts}]";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "messages must be [{\"role\": str, \"content\": "
+                             "str|parts}]");
             goto done;
         }
         if (s->scratch.len > max_len) {
-            err = errf("the prompt has %zu tokens; this engine's limit "
-                       "(max_model_len) is %u", s->scratch.len, max_len);
+            st = too_many_tokens(&err, s->scratch.len, ENGINE_LIMIT, max_len);
             goto done;
         }
         ps->n = 1;
         ps->v[0].tok = kvo_malloc(s->scratch.len * sizeof(uint64_t));
         if (!ps->v[0].tok) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             code = 503;
             goto done;
         }
         ps->v[0].n = mock_tokenize((const char *)s->scratch.data, s->scratch.len,
                                    ps->v[0].tok);
-    } else if ((err = parse_prompts(body, max_len, ps)) != NULL) {
+    } else if ((st = parse_prompts(body, max_len, ps, &err)) != KVO_OK) {
         goto done;
     }
     json_object *v;
-    int64_t max_tokens = 16;
+    int64_t max_tokens = DEFAULT_MAX_TOKENS;
     if ((json_object_object_get_ex(body, "max_tokens", &v) && v) ||
         (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
         if (!json_object_is_type(v, json_type_int) ||
             (max_tokens = json_object_get_int64(v)) < 1) {
-            err = "max_tokens must be an integer >= 1";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "max_tokens must be an integer >= 1");
             goto done;
         }
     }
     const char *lora, *salt;
     if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-        err = "lora_name and cache_salt must be strings";
+        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "lora_name and cache_salt must be strings");
         goto done;
     }
     k = kvo_calloc(1, sizeof(*k));
     if (!k || !(k->choices = kvo_calloc(ps->n, sizeof(choice)))) {
-        err = "out of memory";
+        st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
         code = 503;
         goto done;
     }
@@ -614,7 +650,8 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         json_object_is_type(ktp, json_type_object))
         k->remote_prefill = get_bool(ktp, "do_remote_prefill", false);
     if (!pick_rank(s, req, body, &k->rank)) {
-        err = "data_parallel_rank out of range";
+        st = kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                         "data_parallel_rank out of range");
         goto done;
     }
     k->n_choices = ps->n;
@@ -629,9 +666,11 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         kvo_buf_init(&c->text);
         kvo_buf_init(&c->tok);
         if ((uint64_t)ps->v[i].n + (uint64_t)max_tokens > max_len) {
-            err = errf("this engine's maximum context length (max_model_len) is %u "
-                       "tokens; the request asks for %u prompt + %lld completion",
-                       max_len, ps->v[i].n, (long long)max_tokens);
+            st = kvo_err_set(&err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                             "this engine's maximum context length (max_model_len) "
+                             "is %u tokens; the request asks for %u prompt + %lld "
+                             "completion",
+                             max_len, ps->v[i].n, (long long)max_tokens);
             goto done;
         }
     }
@@ -648,13 +687,13 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
                           .remote_prefill = k->remote_prefill,
                           .on_output = on_choice_output,
                           .user = c};
-        kvo_status st = mock_engine_add(e, &in, &c->req_id);
+        st = mock_engine_add(e, &in, &c->req_id);
         if (st != KVO_OK) {
             for (uint32_t j = 0; j < i; j++) {
                 k->choices[j].k = NULL; /* its abort callback is ignored */
                 mock_engine_abort(e, k->choices[j].req_id);
             }
-            err = kvo_strerror(st);
+            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
             code = st == KVO_ENOMEM ? 503 : 400;
             goto done;
         }
@@ -665,9 +704,9 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     if (k->stream) kvo_http_stream_start(req, 200, "text/event-stream");
     k = NULL; /* owned by the live list */
 done:
-    if (err) {
+    if (st != KVO_OK) {
         s->http_errors++;
-        respond_err(req, code, "%s", err);
+        respond_err(req, code, "%s", err.msg);
     }
     call_free(k);
     if (ps) {
@@ -719,64 +758,14 @@ static void handle_reset(server *s, kvo_http_req *req) {
     kvo_http_respond_json(req, 200, o);
 }
 
-static void prom(kvo_buf *b, const char *name, const char *type,
-                 const char *help) {
-    kvo_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
 static void handle_metrics(server *s, kvo_http_req *req) {
     kvo_buf b;
     kvo_buf_init(&b);
-    uint32_t n = s->node.n_ranks;
-    mock_engine_stats st[64];
-    for (uint32_t r = 0; r < n && r < 64; r++)
-        mock_engine_stats_get(s->node.ranks[r].eng, &st[r]);
-    const char *m = s->cfg->model;
-#define SERIES(name, fmt, expr)                                                   \
-    for (uint32_t r = 0; r < n && r < 64; r++)                                    \
-        kvo_buf_printf(&b, "%s{engine=\"%u\",model_name=\"%s\"} " fmt "\n", name, \
-                       r, m, expr);
-    prom(&b, "vllm:num_requests_running", "gauge",
-         "Number of requests in model execution batches.");
-    SERIES("vllm:num_requests_running", "%llu",
-           (unsigned long long)st[r].requests_running)
-    prom(&b, "vllm:num_requests_waiting", "gauge",
-         "Number of requests waiting to be processed.");
-    SERIES("vllm:num_requests_waiting", "%llu",
-           (unsigned long long)st[r].requests_waiting)
-    prom(&b, "vllm:kv_cache_usage_perc", "gauge",
-         "KV-cache usage. 1 means 100 percent usage.");
-    SERIES("vllm:kv_cache_usage_perc", "%.6f", st[r].usage)
-    prom(&b, "vllm:gpu_cache_usage_perc", "gauge",
-         "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).");
-    SERIES("vllm:gpu_cache_usage_perc", "%.6f", st[r].usage)
-    prom(&b, "vllm:prefix_cache_queries", "counter",
-         "Prefix cache queries, in terms of number of queried tokens.");
-    SERIES("vllm:prefix_cache_queries_total", "%llu",
-           (unsigned long long)st[r].prefix_queries)
-    prom(&b, "vllm:prefix_cache_hits", "counter",
-         "Prefix cache hits, in terms of number of cached tokens.");
-    SERIES("vllm:prefix_cache_hits_total", "%llu",
-           (unsigned long long)st[r].prefix_hits)
-    prom(&b, "vllm:num_preemptions", "counter", "Cumulative number of preemptions.");
-    SERIES("vllm:num_preemptions_total", "%llu",
-           (unsigned long long)st[r].preemptions)
-    prom(&b, "vllm:prompt_tokens", "counter", "Number of prefill tokens processed.");
-    SERIES("vllm:prompt_tokens_total", "%llu",
-           (unsigned long long)st[r].prompt_tokens)
-    prom(&b, "vllm:generation_tokens", "counter",
-         "Number of generation tokens processed.");
-    SERIES("vllm:generation_tokens_total", "%llu",
-           (unsigned long long)st[r].generated_tokens)
-    prom(&b, "vllm:request_success", "counter", "Count of successfully processed requests.");
-    for (uint32_t r = 0; r < n && r < 64; r++)
-        kvo_buf_printf(&b,
-                       "vllm:request_success_total{engine=\"%u\",finished_reason="
-                       "\"length\",model_name=\"%s\"} %llu\n",
-                       r, m, (unsigned long long)st[r].requests_finished);
-#undef SERIES
-    kvo_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", b.data,
-                     b.len);
+    kvo_status st = node_metrics_write(&s->node, s->cfg->model, &b);
+    if (st == KVO_OK)
+        kvo_http_respond(req, 200, KVO_PROM_CTYPE, b.data, b.len);
+    else
+        respond_err(req, 500, "writing the metrics failed: %s", kvo_strerror(st));
     kvo_buf_fini(&b);
 }
 
@@ -812,6 +801,8 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("send_errors", ps->send_errors);
     C("record_errors", ps->record_errors);
     C("render_errors", render_err);
+    C("skipped_seqs", ps->skipped);
+    C("events_lost_enomem", st->events_lost_enomem);
 #undef C
     return c;
 }
@@ -905,7 +896,8 @@ static bool scan_probe(const uint8_t *b, size_t len, prompt *out, bool *warm) {
     for (;;) {
         if (k == MOCK_TRACE_MAX_IDS ||
             (k == cap &&
-             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), 64) != KVO_OK))
+             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), PROBE_IDS_FIRST_CAP) !=
+                 KVO_OK))
             goto no;
         if (!scan_u64(&p, end, &ids[k])) goto no;
         k++;
@@ -936,47 +928,56 @@ static void handle_probe(server *s, kvo_http_req *req) {
     json_object *body = NULL;
     prompt p = {0};
     mock_hash *h = NULL;
-    const char *err = NULL;
+    uint32_t *hits = NULL;
+    kvo_err err;
+    kvo_status st = KVO_OK;
     const char *lora = NULL, *salt = NULL;
     uint32_t bs = s->cfg->block_size;
     bool warm = false;
     if (!scan_probe(raw, len, &p, &warm)) {
         body = json_tokener_parse((const char *)raw);
         if (!body || !json_object_is_type(body, json_type_object)) {
-            err = "body must be a JSON object";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "body must be a JSON object");
             goto done;
         }
         json_object *t, *ids;
         if (json_object_object_get_ex(body, "trace", &t) && t) {
-            err = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p);
+            st = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p, &err);
         } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
                    json_object_is_type(ids, json_type_array)) {
-            err = token_list(ids, PROBE_MAX_TOKENS, &p);
+            st = token_list(ids, PROBE_MAX_TOKENS, &p, &err);
         } else {
-            err = "token_ids or trace is required";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "token_ids or trace is required");
         }
-        if (err) goto done;
+        if (st != KVO_OK) goto done;
         if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-            err = "lora_name and cache_salt must be strings";
+            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                             "lora_name and cache_salt must be strings");
             goto done;
         }
         warm = get_bool(body, "warm", false);
     }
     if (lora && !*lora) lora = NULL;
     if (salt && !*salt) salt = NULL;
-    uint32_t n = s->node.n_ranks < 64 ? s->node.n_ranks : 64;
-    uint32_t hits[64] = {0};
+    uint32_t n = s->node.n_ranks;
+    hits = kvo_calloc(n, sizeof(*hits)); /* per rank: leading blocks held */
+    if (!hits) {
+        st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
+        goto done;
+    }
     uint32_t cap = (p.n - 1) / bs;
     if (s->cfg->prefix_caching && cap > 0) {
         h = kvo_malloc((size_t)cap * sizeof(mock_hash));
         if (!h) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             goto done;
         }
         mock_trace_ref tr = {p.trace_ids, p.n_trace};
         uint64_t *blk_tok = p.trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
         if (p.trace_ids && !blk_tok) {
-            err = "out of memory";
+            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             goto done;
         }
         bool alive = true;
@@ -986,12 +987,11 @@ static void handle_probe(server *s, kvo_http_req *req) {
                 mock_trace_tokens_at(p.trace_ids, (uint64_t)b * bs, bs, blk_tok);
             else
                 tok = p.tok + (size_t)b * bs;
-            kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h,
-                                                   lora, salt,
-                                                   p.trace_ids ? &tr : NULL, &h[b]);
+            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, lora,
+                                        salt, p.trace_ids ? &tr : NULL, &h[b]);
             if (st != KVO_OK) {
                 kvo_free(blk_tok);
-                err = kvo_strerror(st);
+                kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
                 goto done;
             }
             alive = false;
@@ -1026,7 +1026,8 @@ static void handle_probe(server *s, kvo_http_req *req) {
         p.trace_ids = NULL;
     }
 done:
-    if (err) respond_err(req, 400, "%s", err);
+    if (st != KVO_OK) respond_err(req, 400, "%s", err.msg);
+    kvo_free(hits);
     kvo_free(h);
     kvo_free(p.tok);
     kvo_free(p.trace_ids);
@@ -1177,6 +1178,9 @@ static kvo_status step_ranks(server *s, bool *busy, double *next_due_ms) {
 kvo_status mock_run_server(const mock_cfg *cfg) {
     server *s = kvo_calloc(1, sizeof(*s));
     if (!s) return KVO_ENOMEM;
+    zmq_pollitem_t *items = NULL; /* [0] HTTP, then every replay ROUTER */
+    uint32_t *rank_of = NULL;     /* items[i]'s rank */
+    uint32_t n_items = 0;
     s->cfg = cfg;
     s->t0_ns = kvo_now_ns();
     s->started_unix = (long long)time(NULL);
@@ -1190,21 +1194,19 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
     if (st != KVO_OK) {
         kvo_error("HTTP server on %s:%u: %s", cfg->host, (unsigned)cfg->port,
                   kvo_strerror(st));
-        kvo_free(s);
-        return st;
+        goto done;
     }
-    st = node_init(&s->node, cfg, true);
-    if (st != KVO_OK) {
-        kvo_http_server_free(s->http);
-        kvo_free(s);
-        return st;
+    if ((st = node_init(&s->node, cfg, true)) != KVO_OK) goto done;
+    items = kvo_calloc(s->node.n_ranks + 1, sizeof(*items));
+    rank_of = kvo_calloc(s->node.n_ranks + 1, sizeof(*rank_of));
+    if (!items || !rank_of) {
+        st = KVO_ENOMEM;
+        goto done;
     }
     kvo_info("listening on http://%s:%u", cfg->host,
              (unsigned)kvo_http_server_port(s->http));
-    zmq_pollitem_t items[65];
-    uint32_t n_items = 0, rank_of[65];
     items[n_items++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s->http), ZMQ_POLLIN, 0};
-    for (uint32_t r = 0; r < s->node.n_ranks && n_items < 65; r++) {
+    for (uint32_t r = 0; r < s->node.n_ranks; r++) {
         void *rs = mock_pub_replay_socket(s->node.ranks[r].pub);
         if (!rs) continue;
         rank_of[n_items] = r;
@@ -1218,7 +1220,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
             break;
         }
         process_cancels(s);
-        long timeout = 100;
+        long timeout = IDLE_POLL_MS;
         if (busy) timeout = 0;
         else if (due >= 0 && due < timeout) timeout = (long)due + (due > (long)due);
         long ht = kvo_http_server_timeout_ms(s->http);
@@ -1237,6 +1239,7 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
              (unsigned long long)s->http_requests,
              (unsigned long long)s->finished_length,
              (unsigned long long)s->finished_aborted);
+done:
     kvo_http_server_free(s->http); /* pending requests get 503 */
     node_fini(&s->node);           /* engines drop requests, no callbacks */
     while (s->calls) {
@@ -1244,6 +1247,8 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
         s->calls = k->next;
         call_free(k);
     }
+    kvo_free(items);
+    kvo_free(rank_of);
     kvo_buf_fini(&s->scratch);
     kvo_free(s->warm_ids);
     kvo_free(s);

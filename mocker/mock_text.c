@@ -18,8 +18,8 @@ uint32_t mock_tokenize(const char *text, size_t len, uint64_t *out) {
 
 kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b) {
     for (uint32_t i = 0; i < n; i++) { /* " t<decimal>", without printf */
-        char tmp[24];
-        int k = 24;
+        char tmp[24]; /* " t" and at most 20 digits */
+        int k = (int)sizeof(tmp);
         uint64_t v = tokens[i];
         do {
             tmp[--k] = (char)('0' + v % 10);
@@ -27,7 +27,7 @@ kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b) {
         } while (v);
         tmp[--k] = 't';
         tmp[--k] = ' ';
-        kvo_status st = kvo_buf_append(b, tmp + k, (size_t)(24 - k));
+        kvo_status st = kvo_buf_append(b, tmp + k, sizeof(tmp) - (size_t)k);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;

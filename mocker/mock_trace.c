@@ -39,7 +39,11 @@ struct mock_trace {
     json_tokener *tok;
 };
 
+/* Bytes read from the file at a time (the buffer also holds a whole line
+ * of up to MOCK_TRACE_MAX_LINE). */
 #define READ_CHUNK (1u << 20)
+/* JSON nesting a trace line may have (it needs 2). */
+#define TRACE_JSON_DEPTH 16
 
 kvo_status mock_trace_open(mock_trace **out, const char *path) {
     if (!out || !path) return KVO_EINVAL;
@@ -47,7 +51,7 @@ kvo_status mock_trace_open(mock_trace **out, const char *path) {
     if (!t) return KVO_ENOMEM;
     t->cap = MOCK_TRACE_MAX_LINE + READ_CHUNK;
     t->buf = kvo_malloc(t->cap);
-    t->tok = json_tokener_new_ex(16);
+    t->tok = json_tokener_new_ex(TRACE_JSON_DEPTH);
     if (!t->buf || !t->tok) {
         mock_trace_free(t);
         return KVO_ENOMEM;

@@ -6,6 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Ranks one process runs (--dp-size): each has its own block pool, its
+ * publisher and two ports. */
+#define MAX_DP_SIZE 64
+/* --replay-buffer-mb is in MiB. */
+#define MIB (1u << 20)
+
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_ZMQ_HOST, OPT_ZMQ_PORT, OPT_ZMQ_ENDPOINT,
     OPT_REPLAY_PORT, OPT_NO_REPLAY, OPT_ADVERTISE, OPT_TOPIC, OPT_BLOCK_SIZE,
@@ -129,7 +135,7 @@ static kvo_status bad(const char *opt, const char *arg) {
 
 static kvo_status port_opt(const char *name, const char *arg, uint16_t *out) {
     uint32_t v;
-    if (kvo_parse_u32(arg, &v) || v > 65535) return bad(name, arg);
+    if (kvo_parse_u32(arg, &v) || v > UINT16_MAX) return bad(name, arg);
     *out = (uint16_t)v;
     return KVO_OK;
 }
@@ -169,7 +175,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return u32_opt("max-model-len", arg, &c->max_model_len, 2);
     case OPT_DP_SIZE:
         if (u32_opt("dp-size", arg, &c->dp_size, 1)) return KVO_EINVAL;
-        return c->dp_size > 64 ? bad("dp-size", arg) : KVO_OK;
+        return c->dp_size > MAX_DP_SIZE ? bad("dp-size", arg) : KVO_OK;
     case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : KVO_OK;
     case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
     case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
@@ -182,7 +188,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_HASH_SEED: c->hash_seed = arg; return KVO_OK;
     case OPT_HASH_BYTES: c->hash_bytes = true; return KVO_OK;
     case OPT_HASH_MEMO:
-        if (kvo_parse_u32(arg, &u) || u > 20) return bad("hash-memo", arg);
+        if (kvo_parse_u32(arg, &u) || u > MOCK_MEMO_LOG2_MAX)
+            return bad("hash-memo", arg);
         c->hash_memo_log2 = u;
         return KVO_OK;
     case OPT_EVENT_FORMAT:
@@ -205,7 +212,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_REPLAY_BUFFER: return u32_opt("replay-buffer", arg, &c->replay_buffer, 0);
     case OPT_REPLAY_BUFFER_MB:
         if (kvo_parse_u32(arg, &u) || u == 0) return bad("replay-buffer-mb", arg);
-        c->replay_buffer_bytes = (uint64_t)u << 20;
+        c->replay_buffer_bytes = (uint64_t)u * MIB;
         return KVO_OK;
     case OPT_ZMQ_HWM:
         if (kvo_parse_u32(arg, &u) || u > INT32_MAX) return bad("zmq-hwm", arg);
@@ -277,7 +284,8 @@ int main(int argc, char **argv) {
                 argv[optind_]);
         return KVO_EXIT_USAGE;
     }
-    if (o.cfg.dp_size > 1 && o.cfg.zmq_port && o.cfg.zmq_port + o.cfg.dp_size > 65536) {
+    if (o.cfg.dp_size > 1 && o.cfg.zmq_port &&
+        o.cfg.zmq_port + o.cfg.dp_size - 1 > UINT16_MAX) {
         fprintf(stderr, "kvo-mocker: --zmq-port + --dp-size exceeds 65535\n");
         return KVO_EXIT_USAGE;
     }

@@ -1,8 +1,13 @@
 /* helpers.c -- see mt.h. */
 #include "mt.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
 
 void mt_on_output(void *user, const mock_output *o) {
     mt_out *out = user;
@@ -32,6 +37,12 @@ void mt_eng_init(mt_eng *m, const mock_cfg *c, uint32_t rank) {
     wire_batch_init(&m->last);
 }
 
+void mt_eng_start(mt_eng *m, uint32_t block_size, uint32_t num_gpu_blocks) {
+    mock_cfg c;
+    mt_cfg(&c, block_size, num_gpu_blocks);
+    mt_eng_init(m, &c, 0);
+}
+
 void mt_eng_fini(mt_eng *m) {
     mock_engine_free(m->e);
     mock_render_free(m->r);
@@ -39,13 +50,36 @@ void mt_eng_fini(mt_eng *m) {
     wire_batch_fini(&m->last);
 }
 
+mock_req_in mt_req(const uint64_t *tok, uint32_t n, uint32_t max_tokens,
+                   mt_out *out) {
+    return (mock_req_in){.tokens = tok, .n_tokens = n, .max_tokens = max_tokens,
+                         .on_output = mt_on_output, .user = out};
+}
+
 uint64_t mt_add(mt_eng *m, const uint64_t *tok, uint32_t n, uint32_t max_tokens,
                 mt_out *out) {
-    mock_req_in in = {.tokens = tok, .n_tokens = n, .max_tokens = max_tokens,
-                      .on_output = mt_on_output, .user = out};
+    mock_req_in in = mt_req(tok, n, max_tokens, out);
     uint64_t id = 0;
     ck_assert_int_eq(mock_engine_add(m->e, &in, &id), KVO_OK);
     return id;
+}
+
+mock_engine_stats mt_stats(const mt_eng *m) {
+    mock_engine_stats s;
+    mock_engine_stats_get(m->e, &s);
+    return s;
+}
+
+mock_block_info mt_block(const mt_eng *m, uint32_t id) {
+    mock_block_info bi;
+    ck_assert_int_eq(mock_engine_block(m->e, id, &bi), KVO_OK);
+    return bi;
+}
+
+void mt_hash(mt_eng *m, const uint64_t *tok, uint32_t n_blocks, mock_hash *out) {
+    ck_assert_int_eq(mock_hasher_blocks(m->h, tok, m->cfg.block_size, 0, n_blocks,
+                                        NULL, NULL, NULL, NULL, out),
+                     KVO_OK);
 }
 
 bool mt_step(mt_eng *m, mock_step *st) {
@@ -79,8 +113,87 @@ uint32_t mt_run(mt_eng *m, mt_batch_fn fn, void *ctx) {
     return steps;
 }
 
+uint64_t mt_add_run(mt_eng *m, const uint64_t *tok, uint32_t n,
+                    uint32_t max_tokens, mt_out *out, mt_rec *rec) {
+    uint64_t id = mt_add(m, tok, n, max_tokens, out);
+    mt_run(m, rec ? mt_record : NULL, rec);
+    return id;
+}
+
 void mt_iota(uint64_t *t, uint32_t n, uint64_t first) {
     for (uint32_t i = 0; i < n; i++) t[i] = first + i;
+}
+
+void *mt_zsock(void *ctx, int type, const char *ep, int rcvtimeo_ms, int rcvhwm) {
+    void *s = zmq_socket(ctx, type);
+    ck_assert_ptr_nonnull(s);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &rcvtimeo_ms, sizeof(rcvtimeo_ms));
+    if (rcvhwm) zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
+    ck_assert_msg(zmq_connect(s, ep) == 0, "connect %s: %s", ep,
+                  zmq_strerror(zmq_errno()));
+    return s;
+}
+
+uint64_t mt_seq(const uint8_t *p, size_t n) {
+    uint64_t s;
+    ck_assert_int_eq(wire_seq_get(p, n, &s), KVO_OK);
+    return s;
+}
+
+void mt_replay_request(void *dealer, uint64_t start) {
+    uint8_t seqb[8];
+    wire_seq_put(seqb, start);
+    ck_assert_int_eq(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
+    ck_assert_int_eq(zmq_send(dealer, seqb, 8, 0), 8);
+}
+
+int mt_recv_frames(void *s, uint8_t **fr, size_t *len, int max) {
+    int n = 0;
+    for (;;) {
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, s, 0) < 0) {
+            zmq_msg_close(&msg);
+            for (int i = 0; i < n && i < max; i++) kvo_free(fr[i]);
+            return -1;
+        }
+        if (n < max) {
+            len[n] = zmq_msg_size(&msg);
+            fr[n] = kvo_malloc(len[n] + 1);
+            memcpy(fr[n], zmq_msg_data(&msg), len[n]);
+        }
+        n++;
+        bool more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+        if (!more) return n;
+    }
+}
+
+int mt_raw_post(uint16_t port, const char *path, const char *extra_headers,
+                const char *body) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    char req[1024];
+    int n = snprintf(req, sizeof(req),
+                     "POST %s HTTP/1.1\r\nHost: x\r\n%s"
+                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                     path, extra_headers ? extra_headers : "", strlen(body), body);
+    ck_assert(n > 0 && (size_t)n < sizeof(req));
+    ck_assert_int_eq(write(fd, req, (size_t)n), n);
+    return fd;
+}
+
+Suite *mt_suite(Suite *s, int timeout_s, const TTest *const *tests, size_t n) {
+    TCase *tc = tcase_create("mocker");
+    if (timeout_s > 0) tcase_set_timeout(tc, timeout_s);
+    for (size_t i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
 }
 
 /* Kept out of line, in this file, on purpose: a GCC 12.2 wrong-code bug (not

@@ -11,6 +11,7 @@ Suite *suite_pub(void);
 Suite *suite_workload(void);
 Suite *suite_http(void);
 Suite *suite_stop(void);
+Suite *suite_node(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -21,6 +22,7 @@ int main(int argc, char **argv) {
         suite_workload,
         suite_http,
         suite_stop,
+        suite_node,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

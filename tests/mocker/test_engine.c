@@ -22,23 +22,28 @@ static uint32_t copies(mt_eng *m, uint64_t key) {
     return mock_engine_copies(m->e, key, ids, 64);
 }
 
-static mock_block_info block(mt_eng *m, uint32_t id) {
-    mock_block_info bi;
-    ck_assert_int_eq(mock_engine_block(m->e, id, &bi), KVO_OK);
-    return bi;
+/* An engine for c, and t = tokens 1..12 (with block size 4: the three full
+ * blocks H0, H1, H2). */
+static void start_with(mt_eng *m, const mock_cfg *c, uint64_t t[12]) {
+    mt_eng_init(m, c, 0);
+    mt_iota(t, 12, 1);
+}
+
+/* The engine most cases use: block size 4, blocks blocks. */
+static void start(mt_eng *m, uint32_t blocks, uint64_t t[12]) {
+    mock_cfg c;
+    mt_cfg(&c, 4, blocks);
+    start_with(m, &c, t);
 }
 
 START_TEST(fresh_pool_queues_every_block_but_the_null_block_in_id_order) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
+    mt_eng_start(&m, 4, 10);
     uint32_t ids[16];
     ck_assert_uint_eq(free_queue(&m, ids), 9);
     for (uint32_t i = 0; i < 9; i++) ck_assert_uint_eq(ids[i], i + 1);
-    ck_assert(!block(&m, 0).in_free_queue);
-    mock_engine_stats st;
-    mock_engine_stats_get(m.e, &st);
+    ck_assert(!mt_block(&m, 0).in_free_queue);
+    mock_engine_stats st = mt_stats(&m);
     ck_assert_uint_eq(st.free_blocks, 9);
     ck_assert(st.usage == 0.0);
     mt_eng_fini(&m);
@@ -46,12 +51,9 @@ START_TEST(fresh_pool_queues_every_block_but_the_null_block_in_id_order) {
 END_TEST
 
 START_TEST(prefill_stores_every_full_block_with_the_vllm_fields) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start(&m, 10, t);
     mt_out out = {0};
     mt_add(&m, t, 12, 1, &out);
     ck_assert(mt_step(&m, NULL));
@@ -81,24 +83,19 @@ START_TEST(prefill_stores_every_full_block_with_the_vllm_fields) {
     ck_assert_uint_eq(free_queue(&m, ids), 9);
     static const uint32_t want[] = {4, 5, 6, 7, 8, 9, 3, 2, 1};
     for (uint32_t i = 0; i < 9; i++) ck_assert_uint_eq(ids[i], want[i]);
-    ck_assert(block(&m, 3).cached && block(&m, 3).hash.key == H2);
+    ck_assert(mt_block(&m, 3).cached && mt_block(&m, 3).hash.key == H2);
     mt_eng_fini(&m);
 }
 END_TEST
 
 START_TEST(hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start(&m, 10, t);
     mt_out o1 = {0}, o2 = {0};
-    mt_add(&m, t, 12, 1, &o1);
-    mt_run(&m, NULL, NULL);
+    mt_add_run(&m, t, 12, 1, &o1, NULL);
     mock_hash hs[3];
-    ck_assert_int_eq(mock_hasher_blocks(m.h, t, 4, 0, 3, NULL, NULL, NULL, NULL, hs),
-                     KVO_OK);
+    mt_hash(&m, t, 3, hs);
     ck_assert_uint_eq(mock_engine_probe(m.e, hs, 12), 2); /* (12-1)//4 */
     ck_assert_uint_eq(mock_engine_probe(m.e, hs, 13), 3);
     mt_add(&m, t, 12, 1, &o2);
@@ -119,8 +116,7 @@ START_TEST(hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy) {
     ck_assert_uint_eq(ids[0], 3);
     ck_assert_uint_eq(ids[1], 4);
     ck_assert_uint_eq(copies(&m, H0), 1);
-    mock_engine_stats s;
-    mock_engine_stats_get(m.e, &s);
+    mock_engine_stats s = mt_stats(&m);
     ck_assert_uint_eq(s.prefix_queries, 24);
     ck_assert_uint_eq(s.prefix_hits, 8);
     mt_eng_fini(&m);
@@ -128,32 +124,27 @@ START_TEST(hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy) {
 END_TEST
 
 START_TEST(hit_blocks_are_touched_and_leave_the_free_queue_until_released) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start(&m, 10, t);
     mt_out o1 = {0}, o2 = {0}, o3 = {0};
-    mt_add(&m, t, 12, 1, &o1);
-    mt_run(&m, NULL, NULL);
-    ck_assert_uint_eq(block(&m, 1).ref, 0);
-    ck_assert(block(&m, 1).in_free_queue);
+    mt_add_run(&m, t, 12, 1, &o1, NULL);
+    ck_assert_uint_eq(mt_block(&m, 1).ref, 0);
+    ck_assert(mt_block(&m, 1).in_free_queue);
     /* Two requests sharing the prefix run at once. */
     mt_add(&m, t, 12, 3, &o2);
     mt_add(&m, t, 12, 3, &o3);
     mt_step(&m, NULL);
-    ck_assert_uint_eq(block(&m, 1).ref, 2);
-    ck_assert_uint_eq(block(&m, 2).ref, 2);
-    ck_assert(!block(&m, 1).in_free_queue);
-    ck_assert(!block(&m, 2).in_free_queue);
+    ck_assert_uint_eq(mt_block(&m, 1).ref, 2);
+    ck_assert_uint_eq(mt_block(&m, 2).ref, 2);
+    ck_assert(!mt_block(&m, 1).in_free_queue);
+    ck_assert(!mt_block(&m, 2).in_free_queue);
     mt_run(&m, NULL, NULL);
-    ck_assert_uint_eq(block(&m, 1).ref, 0);
-    ck_assert(block(&m, 1).in_free_queue);
+    ck_assert_uint_eq(mt_block(&m, 1).ref, 0);
+    ck_assert(mt_block(&m, 1).in_free_queue);
     ck_assert_uint_eq(o2.cached, 8);
     ck_assert_uint_eq(o3.cached, 8);
-    mock_engine_stats s;
-    mock_engine_stats_get(m.e, &s);
+    mock_engine_stats s = mt_stats(&m);
     ck_assert_uint_eq(s.used_blocks, 0);
     ck_assert_uint_eq(s.free_blocks, 9);
     mt_eng_fini(&m);
@@ -161,16 +152,13 @@ START_TEST(hit_blocks_are_touched_and_leave_the_free_queue_until_released) {
 END_TEST
 
 START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
+    mt_eng_start(&m, 4, 10);
     uint64_t t[12], u[40];
     mt_iota(t, 12, 1);
     mt_iota(u, 40, 1000);
     mt_out o[4] = {{0}};
-    mt_add(&m, t, 12, 1, &o[0]);
-    mt_run(&m, NULL, NULL);
+    mt_add_run(&m, t, 12, 1, &o[0], NULL);
     mt_add(&m, t, 12, 1, &o[1]); /* second copy of H2 in block 4 */
     mt_run(&m, NULL, NULL);
     uint32_t ids[16];
@@ -179,8 +167,7 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
     for (uint32_t i = 0; i < 9; i++) ck_assert_uint_eq(ids[i], q[i]);
     /* 6 fresh blocks: 5..9 are empty, then block 3 (H2, oldest copy). */
     mt_rec r = {0};
-    mt_add(&m, u, 23, 1, &o[2]);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, u, 23, 1, &o[2], &r);
     ck_assert_uint_eq(r.n, 2);
     ck_assert_int_eq(r.type[0], WIRE_EV_REMOVED);
     ck_assert(r.key[0] == H2 && r.nh[0] == 1);
@@ -189,13 +176,12 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
     /* The other copy stays cached and still serves hits. */
     ck_assert_uint_eq(copies(&m, H2), 1);
     mock_hash hs[3];
-    mock_hasher_blocks(m.h, t, 4, 0, 3, NULL, NULL, NULL, NULL, hs);
+    mt_hash(&m, t, 3, hs);
     ck_assert_uint_eq(mock_engine_probe(m.e, hs, 13), 3);
     /* Everything: removals of the remaining chain come deepest first, all
      * before the step's store. */
     memset(&r, 0, sizeof(r));
-    mt_add(&m, u + 1, 35, 1, &o[3]);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, u + 1, 35, 1, &o[3], &r);
     uint32_t k = 0;
     while (k < r.n && r.type[k] == WIRE_EV_REMOVED) k++;
     ck_assert_uint_eq(k, r.n - 1);
@@ -214,10 +200,8 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
 END_TEST
 
 START_TEST(removals_of_a_step_come_before_its_stores) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 10);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
+    mt_eng_start(&m, 4, 10);
     uint64_t a[16], b[16], x[12], y[12];
     mt_iota(a, 16, 1);
     mt_iota(b, 16, 101);
@@ -225,8 +209,7 @@ START_TEST(removals_of_a_step_come_before_its_stores) {
     mt_iota(y, 12, 301);
     mt_out o[4] = {{0}};
     mt_add(&m, a, 15, 1, &o[0]);
-    mt_add(&m, b, 15, 1, &o[1]);
-    mt_run(&m, NULL, NULL); /* 6 cached blocks, 3 empty */
+    mt_add_run(&m, b, 15, 1, &o[1], NULL); /* 6 cached blocks, 3 empty */
     /* Two requests in one step, each evicting and storing. */
     mt_add(&m, x, 12, 1, &o[2]);
     mt_add(&m, y, 12, 1, &o[3]);
@@ -240,18 +223,16 @@ START_TEST(removals_of_a_step_come_before_its_stores) {
     ck_assert_int_eq(r.type[3], WIRE_EV_STORED);
     ck_assert_int_eq(r.type[4], WIRE_EV_STORED);
     mock_hash hx, hy;
-    mock_hasher_blocks(m.h, x, 4, 0, 1, NULL, NULL, NULL, NULL, &hx);
-    mock_hasher_blocks(m.h, y, 4, 0, 1, NULL, NULL, NULL, NULL, &hy);
+    mt_hash(&m, x, 1, &hx);
+    mt_hash(&m, y, 1, &hy);
     ck_assert(r.key[3] == hx.key && r.key[4] == hy.key); /* scheduling order */
     mt_eng_fini(&m);
 }
 END_TEST
 
 START_TEST(decode_stores_each_block_its_tokens_fill_with_the_parent) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 32);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
+    mt_eng_start(&m, 4, 32);
     uint64_t t[6];
     mt_iota(t, 6, 1);
     mt_out out = {0};
@@ -277,7 +258,7 @@ START_TEST(decode_stores_each_block_its_tokens_fill_with_the_parent) {
     memcpy(all, t, sizeof(t));
     memcpy(all + 6, out.tokens, 8 * sizeof(uint64_t));
     mock_hash hs[3];
-    mock_hasher_blocks(m.h, all, 4, 0, 3, NULL, NULL, NULL, NULL, hs);
+    mt_hash(&m, all, 3, hs);
     for (uint32_t i = 0; i < 3; i++) {
         ck_assert(r.key[i] == hs[i].key);
         ck_assert_uint_eq(r.nh[i], 1);
@@ -296,7 +277,7 @@ START_TEST(chunked_prefill_stores_each_chunk_chained_to_the_previous) {
     uint64_t t[20];
     mt_iota(t, 20, 1);
     mock_hash hs[5];
-    mock_hasher_blocks(m.h, t, 4, 0, 5, NULL, NULL, NULL, NULL, hs);
+    mt_hash(&m, t, 5, hs);
     mt_out out = {0};
     mt_add(&m, t, 20, 1, &out);
     uint32_t want_n[] = {2, 2, 1}, first[] = {0, 2, 4};
@@ -349,8 +330,7 @@ static void run_pair(uint32_t blocks, mt_out *a, mt_out *b, uint64_t *preempt) {
             ck_assert_int_eq(mock_engine_req_blocks(m.e, idb, &ids, &n), KVO_ENOTFOUND);
         }
     }
-    mock_engine_stats s;
-    mock_engine_stats_get(m.e, &s);
+    mock_engine_stats s = mt_stats(&m);
     *preempt = s.preemptions;
     ck_assert_uint_eq(s.used_blocks, 0);
     mt_eng_fini(&m);
@@ -383,8 +363,7 @@ START_TEST(data_parallel_ranks_are_independent_and_stamp_their_rank) {
     uint64_t t[12];
     mt_iota(t, 12, 1);
     mt_out o = {0};
-    mock_req_in in = {.tokens = t, .n_tokens = 12, .max_tokens = 1,
-                      .on_output = mt_on_output, .user = &o};
+    mock_req_in in = mt_req(t, 12, 1, &o);
     ck_assert_int_eq(mock_engine_add(e1, &in, NULL), KVO_OK);
     mock_step st;
     ck_assert_int_eq(mock_engine_schedule(e1, 0, &st), KVO_OK);
@@ -405,12 +384,9 @@ START_TEST(data_parallel_ranks_are_independent_and_stamp_their_rank) {
 END_TEST
 
 START_TEST(reset_prefix_cache_clears_only_when_no_block_is_in_use) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 16);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start(&m, 16, t);
     mt_out o = {0};
     mt_add(&m, t, 12, 3, &o);
     mt_step(&m, NULL);
@@ -424,13 +400,11 @@ START_TEST(reset_prefix_cache_clears_only_when_no_block_is_in_use) {
     ck_assert(st.idle);
     ck_assert_uint_eq(m.last.n_events, 1);
     ck_assert_int_eq(m.last.events[0].type, WIRE_EV_CLEARED);
-    mock_engine_stats s;
-    mock_engine_stats_get(m.e, &s);
+    mock_engine_stats s = mt_stats(&m);
     ck_assert_uint_eq(s.resident_blocks, 0);
     /* Nothing is evicted afterwards: the hashes are gone. */
     mt_rec r = {0};
-    mt_add(&m, t, 12, 1, &o);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, t, 12, 1, &o, &r);
     ck_assert_uint_eq(o.cached, 0);
     ck_assert_uint_eq(r.n, 1);
     ck_assert_int_eq(r.type[0], WIRE_EV_STORED);
@@ -443,15 +417,12 @@ START_TEST(without_prefix_caching_nothing_hits_and_nothing_is_published) {
     mt_cfg(&c, 4, 16);
     c.prefix_caching = false;
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start_with(&m, &c, t);
     mt_out o1 = {0}, o2 = {0};
     mt_rec r = {0};
-    mt_add(&m, t, 12, 2, &o1);
-    mt_run(&m, mt_record, &r);
-    mt_add(&m, t, 12, 2, &o2);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, t, 12, 2, &o1, &r);
+    mt_add_run(&m, t, 12, 2, &o2, &r);
     ck_assert_uint_eq(r.n, 0);
     ck_assert_uint_eq(o2.cached, 0);
     ck_assert_uint_eq(o2.n_output, 2);
@@ -465,13 +436,11 @@ START_TEST(roles_prefill_caps_at_one_token_decode_publishes_nothing) {
     mt_cfg(&c, 4, 16);
     c.role = MOCK_ROLE_PREFILL;
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start_with(&m, &c, t);
     mt_out o = {0};
     mt_rec r = {0};
-    mt_add(&m, t, 12, 50, &o);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, t, 12, 50, &o, &r);
     ck_assert_uint_eq(o.n_output, 1);
     ck_assert_uint_eq(o.n_blocks_at_finish, 3);
     ck_assert_uint_eq(r.n, 1);
@@ -490,8 +459,7 @@ START_TEST(roles_prefill_caps_at_one_token_decode_publishes_nothing) {
     ck_assert_uint_eq(st.prefill_tokens, 0);
     ck_assert(fabs(st.duration_ms - 3 * 2.5) < 1e-9); /* 12 tokens = 3 blocks */
     mt_run(&m, mt_record, &r);
-    mt_add(&m, t, 12, 2, &o3);
-    mt_run(&m, mt_record, &r);
+    mt_add_run(&m, t, 12, 2, &o3, &r);
     ck_assert_uint_eq(r.n, 0);
     ck_assert_uint_eq(o3.cached, 8); /* it still caches, silently */
     mt_eng_fini(&m);
@@ -508,8 +476,7 @@ START_TEST(generated_tokens_depend_on_the_seed_only) {
         c.seed = i == 2 ? 99 : 5;
         mt_eng m;
         mt_eng_init(&m, &c, 0);
-        mt_add(&m, t, 10, 20, &o[i]);
-        mt_run(&m, NULL, NULL);
+        mt_add_run(&m, t, 10, 20, &o[i], NULL);
         mt_eng_fini(&m);
     }
     ck_assert(memcmp(o[0].tokens, o[1].tokens, 20 * 8) == 0);
@@ -519,10 +486,8 @@ START_TEST(generated_tokens_depend_on_the_seed_only) {
 END_TEST
 
 START_TEST(decode_step_duration_follows_the_usage_model) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 11);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
+    mt_eng_start(&m, 4, 11);
     uint64_t t[8];
     mt_iota(t, 8, 1);
     mt_out o = {0};
@@ -682,8 +647,7 @@ START_TEST(requests_beyond_max_model_len_are_refused) {
     uint64_t t[12];
     mt_iota(t, 12, 1);
     mt_out o = {0};
-    mock_req_in in = {.tokens = t, .n_tokens = 12, .max_tokens = 1,
-                      .on_output = mt_on_output, .user = &o};
+    mock_req_in in = mt_req(t, 12, 1, &o);
     ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_ETOOBIG);
     in.n_tokens = 11;
     ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
@@ -699,12 +663,9 @@ START_TEST(requests_beyond_max_model_len_are_refused) {
 END_TEST
 
 START_TEST(aborted_requests_release_their_blocks) {
-    mock_cfg c;
-    mt_cfg(&c, 4, 64);
     mt_eng m;
-    mt_eng_init(&m, &c, 0);
     uint64_t t[12];
-    mt_iota(t, 12, 1);
+    start(&m, 64, t);
     mt_out o1 = {0}, o2 = {0};
     uint64_t a = mt_add(&m, t, 12, 100, &o1);
     uint64_t b = mt_add(&m, t, 12, 100, &o2);
@@ -719,8 +680,7 @@ START_TEST(aborted_requests_release_their_blocks) {
     mock_engine_complete(m.e);
     ck_assert_int_eq(o2.finish, MOCK_FINISH_ABORTED);
     ck_assert_int_eq(mock_engine_abort(m.e, b), KVO_ENOTFOUND);
-    mock_engine_stats s;
-    mock_engine_stats_get(m.e, &s);
+    mock_engine_stats s = mt_stats(&m);
     ck_assert_uint_eq(s.used_blocks, 0);
     ck_assert(!mock_engine_has_work(m.e));
     mt_eng_fini(&m);
@@ -728,28 +688,26 @@ START_TEST(aborted_requests_release_their_blocks) {
 END_TEST
 
 Suite *suite_engine(void) {
-    Suite *s = suite_create("engine");
-    TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, fresh_pool_queues_every_block_but_the_null_block_in_id_order);
-    tcase_add_test(tc, prefill_stores_every_full_block_with_the_vllm_fields);
-    tcase_add_test(tc, hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy);
-    tcase_add_test(tc, hit_blocks_are_touched_and_leave_the_free_queue_until_released);
-    tcase_add_test(tc, eviction_pops_the_queue_head_deepest_first_one_removed_per_copy);
-    tcase_add_test(tc, removals_of_a_step_come_before_its_stores);
-    tcase_add_test(tc, decode_stores_each_block_its_tokens_fill_with_the_parent);
-    tcase_add_test(tc, chunked_prefill_stores_each_chunk_chained_to_the_previous);
-    tcase_add_test(tc, preemption_recomputes_the_newest_request_from_scratch);
-    tcase_add_test(tc, data_parallel_ranks_are_independent_and_stamp_their_rank);
-    tcase_add_test(tc, reset_prefix_cache_clears_only_when_no_block_is_in_use);
-    tcase_add_test(tc, without_prefix_caching_nothing_hits_and_nothing_is_published);
-    tcase_add_test(tc, roles_prefill_caps_at_one_token_decode_publishes_nothing);
-    tcase_add_test(tc, generated_tokens_depend_on_the_seed_only);
-    tcase_add_test(tc, decode_step_duration_follows_the_usage_model);
-    tcase_add_test(tc, published_hashes_match_every_engine_hash_vector);
-    tcase_add_test(tc, trace_hash_memo_gives_the_hashes_plain_hashing_gives);
-    tcase_add_test(tc, requests_beyond_max_model_len_are_refused);
-    tcase_add_test(tc, aborted_requests_release_their_blocks);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        fresh_pool_queues_every_block_but_the_null_block_in_id_order,
+        prefill_stores_every_full_block_with_the_vllm_fields,
+        hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy,
+        hit_blocks_are_touched_and_leave_the_free_queue_until_released,
+        eviction_pops_the_queue_head_deepest_first_one_removed_per_copy,
+        removals_of_a_step_come_before_its_stores,
+        decode_stores_each_block_its_tokens_fill_with_the_parent,
+        chunked_prefill_stores_each_chunk_chained_to_the_previous,
+        preemption_recomputes_the_newest_request_from_scratch,
+        data_parallel_ranks_are_independent_and_stamp_their_rank,
+        reset_prefix_cache_clears_only_when_no_block_is_in_use,
+        without_prefix_caching_nothing_hits_and_nothing_is_published,
+        roles_prefill_caps_at_one_token_decode_publishes_nothing,
+        generated_tokens_depend_on_the_seed_only,
+        decode_step_duration_follows_the_usage_model,
+        published_hashes_match_every_engine_hash_vector,
+        trace_hash_memo_gives_the_hashes_plain_hashing_gives,
+        requests_beyond_max_model_len_are_refused,
+        aborted_requests_release_their_blocks,
+    };
+    return mt_suite(suite_create("engine"), 120, tests, KVO_ARRAY_LEN(tests));
 }

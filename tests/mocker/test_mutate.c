@@ -497,28 +497,27 @@ START_TEST(hash_bytes_option_publishes_digests_without_any_mutation) {
 END_TEST
 
 Suite *suite_mutate(void) {
-    Suite *s = suite_create("mutate");
-    TCase *tc = tcase_create("mutate");
-    tcase_add_test(tc, clean_rendering_publishes_the_engine_batch_as_is);
-    tcase_add_test(tc, flip_stored_hash_xors_one_into_stored_block_hashes_only);
-    tcase_add_test(tc, drop_removed_publishes_no_block_removed);
-    tcase_add_test(tc, token_plus_one_adds_one_to_every_stored_token);
-    tcase_add_test(tc, wrong_parent_nils_the_parent_of_chained_stores);
-    tcase_add_test(tc, drop_dp_rank_nils_the_batch_rank_only);
-    tcase_add_test(tc, drop_store_drops_every_fiftieth_stored_event);
-    tcase_add_test(tc, block_size_off_declares_one_more);
-    tcase_add_test(tc, truncate_tokens_drops_the_last_token_of_each_store);
-    tcase_add_test(tc, swap_removed_hash_names_the_parent_of_a_non_root_block);
-    tcase_add_test(tc, skip_decode_stores_drops_stores_made_while_decoding);
-    tcase_add_test(tc, int_hash_first8_takes_the_first_eight_digest_bytes_everywhere);
-    tcase_add_test(tc, dup_store_publishes_each_store_twice_in_a_row);
-    tcase_add_test(tc, reorder_keys_changes_bytes_but_not_one_decoded_field);
-    tcase_add_test(tc, legacy_array_encodes_events_as_array_late);
-    tcase_add_test(tc, bytes_hash_publishes_raw_digests_with_the_same_keys);
-    tcase_add_test(tc, split_batches_gives_one_event_per_batch_in_order);
-    tcase_add_test(tc, merge_removes_folds_consecutive_removals_into_one_event);
-    tcase_add_test(tc, catalog_parses_names_and_rejects_unknown_ones);
-    tcase_add_test(tc, hash_bytes_option_publishes_digests_without_any_mutation);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        clean_rendering_publishes_the_engine_batch_as_is,
+        flip_stored_hash_xors_one_into_stored_block_hashes_only,
+        drop_removed_publishes_no_block_removed,
+        token_plus_one_adds_one_to_every_stored_token,
+        wrong_parent_nils_the_parent_of_chained_stores,
+        drop_dp_rank_nils_the_batch_rank_only,
+        drop_store_drops_every_fiftieth_stored_event,
+        block_size_off_declares_one_more,
+        truncate_tokens_drops_the_last_token_of_each_store,
+        swap_removed_hash_names_the_parent_of_a_non_root_block,
+        skip_decode_stores_drops_stores_made_while_decoding,
+        int_hash_first8_takes_the_first_eight_digest_bytes_everywhere,
+        dup_store_publishes_each_store_twice_in_a_row,
+        reorder_keys_changes_bytes_but_not_one_decoded_field,
+        legacy_array_encodes_events_as_array_late,
+        bytes_hash_publishes_raw_digests_with_the_same_keys,
+        split_batches_gives_one_event_per_batch_in_order,
+        merge_removes_folds_consecutive_removals_into_one_event,
+        catalog_parses_names_and_rejects_unknown_ones,
+        hash_bytes_option_publishes_digests_without_any_mutation,
+    };
+    return mt_suite(suite_create("mutate"), 0, tests, KVO_ARRAY_LEN(tests));
 }

@@ -13,9 +13,22 @@ Suite *suite_pub(void);
 typedef struct env {
     void *ctx;
     mock_pub *pub;
+    mock_replay_served served; /* summed over every serve call */
 } env;
 
+/* One mock_pub_replay_serve, its report added to e->served. */
+static void serve_once(env *e) {
+    mock_replay_served d;
+    memset(&d, 0xff, sizeof(d)); /* every field must be written */
+    mock_pub_replay_serve(e->pub, &d);
+    e->served.requests += d.requests;
+    e->served.bad_requests += d.bad_requests;
+    e->served.cut += d.cut;
+    e->served.batches += d.batches;
+}
+
 static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+    memset(e, 0, sizeof(*e));
     e->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(e->ctx);
     mock_pub_cfg pc = {.zmq_ctx = e->ctx,
@@ -36,15 +49,6 @@ static void env_fini(env *e) {
     zmq_ctx_term(e->ctx);
 }
 
-static void *sock(void *ctx, int type, const char *ep) {
-    void *s = zmq_socket(ctx, type);
-    int linger = 0, tmo = 5000;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
-    ck_assert_int_eq(zmq_connect(s, ep), 0);
-    return s;
-}
-
 /* One multipart message; returns the frame count (frames copied). */
 static int recv_msg(void *s, uint8_t fr[][256], size_t len[], int max) {
     int n = 0;
@@ -63,33 +67,34 @@ static int recv_msg(void *s, uint8_t fr[][256], size_t len[], int max) {
     }
 }
 
-static uint64_t seq_of(const uint8_t *p, size_t n) {
-    uint64_t s;
-    ck_assert_int_eq(wire_seq_get(p, n, &s), KVO_OK);
-    return s;
-}
-
-static void send_request(void *dealer, uint64_t start) {
-    uint8_t seqb[8];
-    wire_seq_put(seqb, start);
-    ck_assert_int_eq(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
-    ck_assert_int_eq(zmq_send(dealer, seqb, 8, 0), 8);
-}
-
 /* Serve the ROUTER until a reply is waiting at the dealer. */
 static void serve(env *e, void *dealer) {
     zmq_pollitem_t it = {dealer, 0, ZMQ_POLLIN, 0};
     for (int i = 0; i < 500; i++) {
-        mock_pub_replay_serve(e->pub);
+        serve_once(e);
         if (zmq_poll(&it, 1, 10) > 0) return;
     }
     ck_abort_msg("no replay reply");
 }
 
+/* A replay client of e's ROUTER. */
+static void *dealer(env *e) {
+    return mt_zsock(e->ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e->pub), 5000, 0);
+}
+
+/* A replay client that asked for every batch from start on; its reply is
+ * waiting. */
+static void *replay_from(env *e, uint64_t start) {
+    void *d = dealer(e);
+    mt_replay_request(d, start);
+    serve(e, d);
+    return d;
+}
+
 START_TEST(pub_sends_topic_sequence_and_payload_frames) {
     env e;
     env_init(&e, "kv-events", 100, NULL);
-    void *sub = sock(e.ctx, ZMQ_SUB, mock_pub_endpoint(e.pub));
+    void *sub = mt_zsock(e.ctx, ZMQ_SUB, mock_pub_endpoint(e.pub), 5000, 0);
     zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv", 2); /* a prefix match */
     int tmo = 50;
     zmq_setsockopt(sub, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
@@ -121,7 +126,7 @@ START_TEST(pub_sends_topic_sequence_and_payload_frames) {
     ck_assert_int_eq(n, 3);
     ck_assert(len[0] == 9 && memcmp(fr[0], "kv-events", 9) == 0);
     ck_assert_uint_eq(len[1], 8);
-    uint64_t first = seq_of(fr[1], len[1]);
+    uint64_t first = mt_seq(fr[1], len[1]);
     ck_assert_uint_lt(first, sent);
     ck_assert(len[2] == 7 && memcmp(fr[2], "payload", 7) == 0);
     /* The next ones follow with seq + 1. */
@@ -134,7 +139,7 @@ START_TEST(pub_sends_topic_sequence_and_payload_frames) {
             sent++;
         }
         ck_assert_int_eq(recv_msg(sub, fr, len, 4), 3);
-        ck_assert_uint_eq(seq_of(fr[1], len[1]), k);
+        ck_assert_uint_eq(mt_seq(fr[1], len[1]), k);
     }
     uint64_t last;
     ck_assert(mock_pub_last_seq(e.pub, &last));
@@ -152,9 +157,7 @@ START_TEST(replay_sends_every_buffered_batch_from_start_then_the_end_marker) {
         snprintf(body, sizeof(body), "batch-%d", i);
         mock_pub_send(e.pub, (const uint8_t *)body, strlen(body));
     }
-    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
-    send_request(d, 2);
-    serve(&e, d);
+    void *d = replay_from(&e, 2);
     uint8_t fr[8][256];
     size_t len[8];
     for (uint64_t k = 2; k < 6; k++) {
@@ -162,19 +165,19 @@ START_TEST(replay_sends_every_buffered_batch_from_start_then_the_end_marker) {
         ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
         ck_assert_uint_eq(len[0], 0);
         ck_assert(len[1] == 9 && memcmp(fr[1], "kv-events", 9) == 0);
-        ck_assert_uint_eq(seq_of(fr[2], len[2]), k);
+        ck_assert_uint_eq(mt_seq(fr[2], len[2]), k);
         snprintf(body, sizeof(body), "batch-%d", (int)k);
         ck_assert(len[3] == strlen(body) && memcmp(fr[3], body, len[3]) == 0);
     }
     /* End marker: ["", "", FF x 8, ""] */
     ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
     ck_assert(len[0] == 0 && len[1] == 0 && len[3] == 0);
-    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    ck_assert_uint_eq(mt_seq(fr[2], len[2]), WIRE_REPLAY_END);
     /* A start beyond the last batch: just the end marker. */
-    send_request(d, 99);
+    mt_replay_request(d, 99);
     serve(&e, d);
     ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
-    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    ck_assert_uint_eq(mt_seq(fr[2], len[2]), WIRE_REPLAY_END);
     mock_pub_stats ps;
     mock_pub_stats_get(e.pub, &ps);
     ck_assert_uint_eq(ps.replay_requests, 2);
@@ -188,16 +191,14 @@ START_TEST(replay_older_than_the_ring_silently_begins_at_the_oldest_batch) {
     env e;
     env_init(&e, "", 3, NULL);
     for (int i = 0; i < 8; i++) mock_pub_send(e.pub, (const uint8_t *)"b", 1);
-    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
-    send_request(d, 0);
-    serve(&e, d);
+    void *d = replay_from(&e, 0);
     uint8_t fr[8][256];
     size_t len[8];
     uint64_t want[] = {5, 6, 7, WIRE_REPLAY_END};
     for (int i = 0; i < 4; i++) {
         ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
         ck_assert_uint_eq(len[1], 0); /* the empty default topic */
-        ck_assert_uint_eq(seq_of(fr[2], len[2]), want[i]);
+        ck_assert_uint_eq(mt_seq(fr[2], len[2]), want[i]);
     }
     zmq_close(d);
     env_fini(&e);
@@ -208,7 +209,7 @@ START_TEST(malformed_replay_requests_are_counted_and_ignored) {
     env e;
     env_init(&e, "t", 10, NULL);
     mock_pub_send(e.pub, (const uint8_t *)"b", 1);
-    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
+    void *d = dealer(&e);
     /* No delimiter; a 3-byte seq; too many frames. */
     zmq_send(d, "\0\0\0\0\0\0\0\0", 8, 0);
     zmq_send(d, "", 0, ZMQ_SNDMORE);
@@ -216,18 +217,23 @@ START_TEST(malformed_replay_requests_are_counted_and_ignored) {
     zmq_send(d, "", 0, ZMQ_SNDMORE);
     zmq_send(d, "\0\0\0\0\0\0\0\0", 8, ZMQ_SNDMORE);
     zmq_send(d, "x", 1, 0);
-    send_request(d, 0); /* then a good one */
+    mt_replay_request(d, 0); /* then a good one */
     serve(&e, d);
     uint8_t fr[8][256];
     size_t len[8];
     ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
-    ck_assert_uint_eq(seq_of(fr[2], len[2]), 0);
+    ck_assert_uint_eq(mt_seq(fr[2], len[2]), 0);
     ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
-    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    ck_assert_uint_eq(mt_seq(fr[2], len[2]), WIRE_REPLAY_END);
     mock_pub_stats ps;
     mock_pub_stats_get(e.pub, &ps);
     ck_assert_uint_eq(ps.bad_requests, 3);
     ck_assert_uint_eq(ps.replay_requests, 1);
+    /* The calls said so themselves. */
+    ck_assert_uint_eq(e.served.bad_requests, 3);
+    ck_assert_uint_eq(e.served.requests, 1);
+    ck_assert_uint_eq(e.served.batches, 1);
+    ck_assert_uint_eq(e.served.cut, 0);
     zmq_close(d);
     env_fini(&e);
 }
@@ -242,27 +248,28 @@ START_TEST(a_client_that_never_reads_its_replays_has_them_cut_short_and_counted)
     env_init(&e, "t", 8, NULL);
     static uint8_t big[64 << 10];
     for (int i = 0; i < 8; i++) mock_pub_send(e.pub, big, sizeof(big));
-    void *idle = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
-    for (int i = 0; i < 100; i++) send_request(idle, 0);
+    void *idle = dealer(&e);
+    for (int i = 0; i < 100; i++) mt_replay_request(idle, 0);
     mock_pub_stats ps = {0};
     for (int i = 0; i < 1000 && ps.replay_requests < 100; i++) {
-        mock_pub_replay_serve(e.pub);
+        serve_once(&e);
         mock_pub_stats_get(e.pub, &ps);
         usleep(5000);
     }
     ck_assert_uint_eq(ps.replay_requests, 100);
     ck_assert_msg(ps.replay_cut > 0, "all 100 replays queued for a client that never reads");
-    void *d = sock(e.ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e.pub));
-    send_request(d, 0);
-    serve(&e, d);
+    ck_assert_uint_eq(e.served.requests, 100);
+    ck_assert_uint_eq(e.served.cut, ps.replay_cut);
+    ck_assert_uint_eq(e.served.batches, ps.replay_batches);
+    void *d = replay_from(&e, 0);
     uint8_t fr[8][256];
     size_t len[8];
     for (uint64_t want = 0; want < 8; want++) {
         ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
-        ck_assert_uint_eq(seq_of(fr[2], len[2]), want);
+        ck_assert_uint_eq(mt_seq(fr[2], len[2]), want);
     }
     ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
-    ck_assert_uint_eq(seq_of(fr[2], len[2]), WIRE_REPLAY_END);
+    ck_assert_uint_eq(mt_seq(fr[2], len[2]), WIRE_REPLAY_END);
     zmq_close(d);
     zmq_close(idle);
     env_fini(&e);
@@ -293,7 +300,7 @@ START_TEST(record_writes_every_published_message_as_three_frames) {
         ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_OK);
         ck_assert_uint_eq(rec.n_frames, 3);
         ck_assert(rec.frames[0].len == 2 && memcmp(rec.frames[0].data, "kv", 2) == 0);
-        ck_assert_uint_eq(seq_of(rec.frames[1].data, rec.frames[1].len), (uint64_t)i);
+        ck_assert_uint_eq(mt_seq(rec.frames[1].data, rec.frames[1].len), (uint64_t)i);
         ck_assert_uint_eq(rec.frames[2].len, (size_t)i + 1);
     }
     ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_EOF);
@@ -318,16 +325,14 @@ START_TEST(a_port_in_use_fails_the_bind_with_a_message) {
 END_TEST
 
 Suite *suite_pub(void) {
-    Suite *s = suite_create("pub");
-    TCase *tc = tcase_create("pub");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, pub_sends_topic_sequence_and_payload_frames);
-    tcase_add_test(tc, replay_sends_every_buffered_batch_from_start_then_the_end_marker);
-    tcase_add_test(tc, replay_older_than_the_ring_silently_begins_at_the_oldest_batch);
-    tcase_add_test(tc, malformed_replay_requests_are_counted_and_ignored);
-    tcase_add_test(tc, a_client_that_never_reads_its_replays_has_them_cut_short_and_counted);
-    tcase_add_test(tc, record_writes_every_published_message_as_three_frames);
-    tcase_add_test(tc, a_port_in_use_fails_the_bind_with_a_message);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        pub_sends_topic_sequence_and_payload_frames,
+        replay_sends_every_buffered_batch_from_start_then_the_end_marker,
+        replay_older_than_the_ring_silently_begins_at_the_oldest_batch,
+        malformed_replay_requests_are_counted_and_ignored,
+        a_client_that_never_reads_its_replays_has_them_cut_short_and_counted,
+        record_writes_every_published_message_as_three_frames,
+        a_port_in_use_fails_the_bind_with_a_message,
+    };
+    return mt_suite(suite_create("pub"), 60, tests, KVO_ARRAY_LEN(tests));
 }

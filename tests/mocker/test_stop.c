@@ -7,16 +7,13 @@
 #include "mt.h"
 #include "kvo_http.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -81,35 +78,8 @@ static void stop_clean(kt_proc *p, const char *moment) {
                   moment, p->proc.exit_status);
 }
 
-static void *zsock(void *ctx, int type, const char *ep, int rcvhwm) {
-    void *s = zmq_socket(ctx, type);
-    ck_assert_ptr_nonnull(s);
-    int linger = 0, tmo = 10000;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
-    if (rcvhwm) zmq_setsockopt(s, ZMQ_RCVHWM, &rcvhwm, sizeof(rcvhwm));
-    if (type == ZMQ_SUB) zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
-    ck_assert_int_eq(zmq_connect(s, ep), 0);
-    return s;
-}
-
-/* A raw TCP client that sends one HTTP request and never reads the answer
- * (the server holds it: a pending request on a connection it cannot
- * drain). Returns the socket. */
-static int raw_request(uint16_t port, const char *path, const char *body) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    char req[1024];
-    int n = snprintf(req, sizeof(req),
-                     "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     "application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     path, strlen(body), body);
-    ck_assert_int_eq(write(fd, req, (size_t)n), n);
-    return fd;
-}
+/* Receive timeout of the test's ZeroMQ clients. */
+#define ZMQ_TMO_MS 10000
 
 static void post_ok(kvo_http_client *c, const srv *s, const char *path,
                     const char *body) {
@@ -156,8 +126,9 @@ START_TEST(sigterm_stops_a_server_with_a_client_on_every_socket) {
         srv s;
         srv_start(&s, NULL);
         void *ctx = zmq_ctx_new();
-        void *sub = zsock(ctx, ZMQ_SUB, s.pub, 0);
-        void *dealer = zsock(ctx, ZMQ_DEALER, s.replay, 0);
+        void *sub = mt_zsock(ctx, ZMQ_SUB, s.pub, ZMQ_TMO_MS, 0);
+        zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+        void *dealer = mt_zsock(ctx, ZMQ_DEALER, s.replay, ZMQ_TMO_MS, 0);
         kvo_http_client *c; /* keep-alive: stays connected, idle */
         ck_assert_int_eq(kvo_http_client_new(&c, 10000), KVO_OK);
         sub_joined(sub, c, &s); /* connected for real */
@@ -173,13 +144,13 @@ END_TEST
 START_TEST(sigterm_stops_a_server_with_a_completion_and_a_stream_in_flight) {
     /* Real time (--speedup 1): 4000 decode steps take far longer than the
      * test, so both requests are still running when SIGTERM lands. */
-    const char *extra[] = {"--speedup", "1", NULL};
     for (int i = 0; i < ROUNDS; i++) {
         srv s;
-        srv_start(&s, extra);
-        int a = raw_request(s.port, "/v1/completions",
+        srv_start(&s, MT_ARGS("--speedup", "1"));
+        /* raw requests whose answers are never read: the server holds them */
+        int a = mt_raw_post(s.port, "/v1/completions", NULL,
                             "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 4000}");
-        int b = raw_request(s.port, "/v1/completions",
+        int b = mt_raw_post(s.port, "/v1/completions", NULL,
                             "{\"prompt\": [9,8,7,6,5], \"max_tokens\": 4000, "
                             "\"stream\": true}");
         usleep(100000 * (useconds_t)(i + 1));
@@ -195,7 +166,8 @@ START_TEST(sigterm_stops_a_server_whose_replay_and_pub_clients_never_read) {
         srv s;
         srv_start(&s, NULL);
         void *ctx = zmq_ctx_new();
-        void *sub = zsock(ctx, ZMQ_SUB, s.pub, 1);
+        void *sub = mt_zsock(ctx, ZMQ_SUB, s.pub, ZMQ_TMO_MS, 1);
+        zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
         kvo_http_client *c;
         ck_assert_int_eq(kvo_http_client_new(&c, 10000), KVO_OK);
         sub_joined(sub, c, &s);
@@ -207,10 +179,8 @@ START_TEST(sigterm_stops_a_server_whose_replay_and_pub_clients_never_read) {
                      "\"max_tokens\": 64}", k + 100);
             post_ok(c, &s, "/v1/completions", body);
         }
-        void *dealer = zsock(ctx, ZMQ_DEALER, s.replay, 1);
-        uint8_t seq[8] = {0};
-        ck_assert_int_eq(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
-        ck_assert_int_eq(zmq_send(dealer, seq, 8, 0), 8);
+        void *dealer = mt_zsock(ctx, ZMQ_DEALER, s.replay, ZMQ_TMO_MS, 1);
+        mt_replay_request(dealer, 0);
         /* the reply has begun (then its socket fills up: never read) */
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -257,7 +227,8 @@ static void trace_stop(const char *speedup, const char *moment) {
     kt_proc_start(&p, "kvo-mocker", args);
     logged_endpoint(&p, ep, sizeof(ep));
     void *ctx = zmq_ctx_new();
-    void *sub = zsock(ctx, ZMQ_SUB, ep, 0);
+    void *sub = mt_zsock(ctx, ZMQ_SUB, ep, ZMQ_TMO_MS, 0);
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
     zmq_msg_t m;
     zmq_msg_init(&m);
     int got = zmq_msg_recv(&m, sub, 0);
@@ -355,15 +326,13 @@ START_TEST(a_stop_signal_to_the_spawner_group_is_never_swallowed_by_a_child) {
 END_TEST
 
 Suite *suite_stop(void) {
-    Suite *s = suite_create("stop");
-    TCase *tc = tcase_create("stop");
-    tcase_set_timeout(tc, 180);
-    tcase_add_test(tc, sigterm_stops_an_idle_server_at_once);
-    tcase_add_test(tc, sigterm_stops_a_server_with_a_client_on_every_socket);
-    tcase_add_test(tc, sigterm_stops_a_server_with_a_completion_and_a_stream_in_flight);
-    tcase_add_test(tc, sigterm_stops_a_server_whose_replay_and_pub_clients_never_read);
-    tcase_add_test(tc, sigterm_stops_a_trace_replay_midway);
-    tcase_add_test(tc, a_stop_signal_to_the_spawner_group_is_never_swallowed_by_a_child);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        sigterm_stops_an_idle_server_at_once,
+        sigterm_stops_a_server_with_a_client_on_every_socket,
+        sigterm_stops_a_server_with_a_completion_and_a_stream_in_flight,
+        sigterm_stops_a_server_whose_replay_and_pub_clients_never_read,
+        sigterm_stops_a_trace_replay_midway,
+        a_stop_signal_to_the_spawner_group_is_never_swallowed_by_a_child,
+    };
+    return mt_suite(suite_create("stop"), 180, tests, KVO_ARRAY_LEN(tests));
 }

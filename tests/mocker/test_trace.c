@@ -134,12 +134,10 @@ START_TEST(malformed_lines_are_counted_and_skipped_never_fatal) {
 END_TEST
 
 Suite *suite_trace(void) {
-    Suite *s = suite_create("trace");
-    TCase *tc = tcase_create("trace");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, reader_returns_every_request_of_the_bundled_1000_line_trace);
-    tcase_add_test(tc, prompt_is_the_trace_blocks_tokens_cut_to_input_length);
-    tcase_add_test(tc, malformed_lines_are_counted_and_skipped_never_fatal);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        reader_returns_every_request_of_the_bundled_1000_line_trace,
+        prompt_is_the_trace_blocks_tokens_cut_to_input_length,
+        malformed_lines_are_counted_and_skipped_never_fatal,
+    };
+    return mt_suite(suite_create("trace"), 120, tests, KVO_ARRAY_LEN(tests));
 }

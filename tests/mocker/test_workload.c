@@ -248,11 +248,9 @@ START_TEST(random_workload_with_a_roomier_pool_and_bigger_chunks) {
 END_TEST
 
 Suite *suite_workload(void) {
-    Suite *s = suite_create("workload");
-    TCase *tc = tcase_create("workload");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, random_workload_events_rebuild_the_cache_exactly_in_the_index);
-    tcase_add_test(tc, random_workload_with_a_roomier_pool_and_bigger_chunks);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {
+        random_workload_events_rebuild_the_cache_exactly_in_the_index,
+        random_workload_with_a_roomier_pool_and_bigger_chunks,
+    };
+    return mt_suite(suite_create("workload"), 600, tests, KVO_ARRAY_LEN(tests));
 }

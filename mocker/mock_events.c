@@ -1,0 +1,280 @@
+/* mock_events.c -- one step's KV-event batch, built the way vLLM's
+ * BlockPool queues its events.
+ *
+ *   ev      AllBlocksCleared (queued by a reset), then one BlockRemoved per
+ *           evicted block, at the moment allocation pops it from the free
+ *           queue (the pool's evict callback: deepest first when a
+ *           request's blocks were freed tail first)
+ *   stores  one BlockStored per cache_full_blocks call (the blocks a
+ *           request's scheduled tokens complete, with the parent's hash),
+ *           in scheduling order; appended to ev when the step ends
+ *           (events_finish says why)
+ *
+ * Hashes go out as vLLM's default int form (low 64 bits); the full digests
+ * ride along in the aux arrays for mock_render (raw-digest form,
+ * mutations). Stored tokens and hashes point into the requests, which live
+ * until mock_engine_complete.
+ */
+#include "mock_int.h"
+
+#include <msgpack.h>
+#include <string.h>
+
+/* First capacity of a builder's per-event arrays. */
+#define EV_FIRST_CAP 64
+/* A wire_str of a string literal. */
+#define WIRE_LIT(s) ((wire_str){s, sizeof(s) - 1})
+
+static void builder_init(ev_builder *b) {
+    memset(b, 0, sizeof(*b));
+    kvo_arena_init(&b->arena);
+    wire_batch_init(&b->batch);
+}
+
+static void builder_fini(ev_builder *b) {
+    kvo_free(b->ev);
+    kvo_free(b->removed_parent);
+    kvo_free(b->decode_store);
+    kvo_free(b->stored);
+    kvo_free(b->parent);
+    kvo_free(b->removed);
+    kvo_free(b->removed_hash);
+    kvo_free(b->removed_wire);
+    kvo_arena_fini(&b->arena);
+    b->batch.events = NULL;
+    b->batch.n_events = 0;
+    wire_batch_fini(&b->batch);
+}
+
+static void builder_reset(ev_builder *b) {
+    b->n = 0;
+    kvo_arena_reset(&b->arena);
+}
+
+/* One per-event array from the builder's capacity to the next (base's
+ * kvo_grow: 64, then doubling). */
+static kvo_status grow_array(const ev_builder *b, void *items_pp, size_t elem,
+                             size_t *cap) {
+    *cap = b->cap;
+    return kvo_grow(items_pp, cap, (size_t)b->n + 1, elem, EV_FIRST_CAP);
+}
+
+/* Room for one more event in every per-event array. They share b->cap: each
+ * grows from it to the same next capacity, and b->cap moves only when all
+ * have (one that fails leaves the ones before it larger, which is
+ * harmless). */
+static kvo_status builder_grow(ev_builder *b) {
+    if (b->n < b->cap) return KVO_OK;
+    size_t cap = 0;
+    kvo_status st;
+    if ((st = grow_array(b, &b->ev, sizeof(*b->ev), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_parent, sizeof(*b->removed_parent),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->decode_store, sizeof(*b->decode_store),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->stored, sizeof(*b->stored), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->parent, sizeof(*b->parent), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed, sizeof(*b->removed), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_hash, sizeof(*b->removed_hash),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_wire, sizeof(*b->removed_wire),
+                         &cap)) != KVO_OK)
+        return st;
+    b->cap = (uint32_t)cap;
+    return KVO_OK;
+}
+
+/* A fresh event slot with vLLM's BlockPool defaults filled in. */
+static wire_event *builder_push(ev_builder *b, wire_ev_type type) {
+    if (builder_grow(b) != KVO_OK) return NULL;
+    uint32_t i = b->n++;
+    wire_event *ev = &b->ev[i];
+    memset(ev, 0, sizeof(*ev));
+    ev->type = type;
+    ev->layout = WIRE_LAYOUT_MAP;
+    memset(&b->removed_parent[i], 0, sizeof(mock_hash));
+    memset(&b->parent[i], 0, sizeof(mock_hash));
+    b->decode_store[i] = false;
+    b->stored[i] = NULL;
+    b->removed[i] = NULL;
+    if (type != WIRE_EV_CLEARED) {
+        ev->medium = WIRE_LIT("GPU");
+        ev->group_idx = (wire_int){true, 0};
+    }
+    return ev;
+}
+
+static void hash_int_form(wire_hash *w, const mock_hash *h) {
+    w->kind = WIRE_HASH_UINT;
+    w->len = 0;
+    w->key = h->key;
+    w->bytes = NULL;
+}
+
+void events_init(step_events *s, bool enabled) {
+    memset(s, 0, sizeof(*s));
+    s->enabled = enabled;
+    builder_init(&s->ev);
+    builder_init(&s->stores);
+    kvo_buf_init(&s->extra_buf);
+}
+
+void events_fini(step_events *s) {
+    builder_fini(&s->ev);
+    builder_fini(&s->stores);
+    kvo_buf_fini(&s->extra_buf);
+}
+
+void events_begin(step_events *s) {
+    builder_reset(&s->ev);
+    builder_reset(&s->stores);
+    s->step_lost = 0;
+}
+
+kvo_status events_cleared(step_events *s) {
+    if (!s->enabled) return KVO_OK;
+    return builder_push(&s->ev, WIRE_EV_CLEARED) ? KVO_OK : KVO_ENOMEM;
+}
+
+/* The hash is copied (the block is about to be reused); the event's
+ * pointers into the per-event arrays are set by events_finish, as the
+ * arrays may still grow. */
+void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent) {
+    step_events *s = ctx;
+    if (!s->enabled) return;
+    ev_builder *b = &s->ev;
+    wire_event *ev = builder_push(b, WIRE_EV_REMOVED);
+    if (!ev) { /* out of memory: the event is lost, and counted */
+        s->step_lost++;
+        s->lost_enomem++;
+        return;
+    }
+    uint32_t i = b->n - 1;
+    b->removed_hash[i] = *hash;
+    hash_int_form(&b->removed_wire[i], hash);
+    ev->n_hashes = 1;
+    b->removed_parent[i] = *parent;
+}
+
+static int kvobuf_write(void *data, const char *p, size_t n) {
+    return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
+}
+
+/* extra_keys of n blocks from first: per block nil, or the tuple the hash
+ * used -- (lora_name,) / (lora_name, cache_salt) / (cache_salt,), the salt
+ * on block 0 only. */
+static kvo_status extra_keys_msgpack(kvo_buf *b, uint32_t first, uint32_t n,
+                                     const char *lora, const char *salt) {
+    kvo_buf_reset(b);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, b, kvobuf_write);
+    if (msgpack_pack_array(&pk, n)) return KVO_ENOMEM;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *k[2];
+        uint32_t nk = 0;
+        if (lora) k[nk++] = lora;
+        if (salt && first + i == 0) k[nk++] = salt;
+        if (nk == 0) {
+            if (msgpack_pack_nil(&pk)) return KVO_ENOMEM;
+            continue;
+        }
+        if (msgpack_pack_array(&pk, nk)) return KVO_ENOMEM;
+        for (uint32_t j = 0; j < nk; j++) {
+            size_t len = strlen(k[j]);
+            if (msgpack_pack_str(&pk, len) ||
+                msgpack_pack_str_body(&pk, k[j], len))
+                return KVO_ENOMEM;
+        }
+    }
+    return KVO_OK;
+}
+
+kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
+                         uint32_t n, uint32_t block_size, bool decode) {
+    if (!s->enabled || n == 0) return KVO_OK;
+    ev_builder *b = &s->stores;
+    uint32_t bs = block_size;
+    wire_event *ev = builder_push(b, WIRE_EV_STORED);
+    if (!ev) return KVO_ENOMEM;
+    uint32_t i = b->n - 1;
+    kvo_status st = KVO_ENOMEM;
+    /* Hashes and tokens point into the request: it lives until complete(). */
+    mock_hash *full = r->bh + first;
+    wire_hash *wh = kvo_arena_alloc(&b->arena, n * sizeof(wire_hash));
+    uint64_t *tok = r->tokens + (size_t)first * bs;
+    if (!wh) goto fail;
+    for (uint32_t k = 0; k < n; k++) hash_int_form(&wh[k], &full[k]);
+    ev->n_hashes = n;
+    ev->hashes = wh;
+    if (first > 0) {
+        hash_int_form(&ev->parent, &r->bh[first - 1]);
+        b->parent[i] = r->bh[first - 1];
+    } else {
+        ev->parent.kind = WIRE_HASH_NONE;
+    }
+    ev->n_tokens = n * bs;
+    ev->token_ids = tok;
+    ev->block_size = (wire_int){true, bs};
+    if (r->lora) {
+        ev->lora_id = (wire_int){true, r->lora_id};
+        ev->lora_name = (wire_str){r->lora, (uint32_t)strlen(r->lora)};
+    }
+    st = extra_keys_msgpack(&s->extra_buf, first, n, r->lora, r->salt);
+    if (st != KVO_OK) goto fail;
+    st = KVO_ENOMEM;
+    void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);
+    if (!ek) goto fail;
+    ev->extra_keys = (wire_raw){ek, (uint32_t)s->extra_buf.len};
+    ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
+    b->stored[i] = full;
+    b->decode_store[i] = decode;
+    return KVO_OK;
+fail:
+    b->n--;
+    return st;
+}
+
+/* The step's stores go after its removals (DESIGN §8: "one KVEventBatch per
+ * scheduler step, removals of the step before its stores"). vLLM's queue is
+ * in occurrence order, where each allocation evicts before it caches; the
+ * two orders differ only across requests of one step, and both rebuild the
+ * same index (a block stored in a step is held by its request, so it is
+ * never evicted in that step). */
+static kvo_status append_stores(ev_builder *b, const ev_builder *s) {
+    for (uint32_t k = 0; k < s->n; k++) {
+        wire_event *ev = builder_push(b, WIRE_EV_STORED);
+        if (!ev) return KVO_ENOMEM;
+        uint32_t i = b->n - 1;
+        *ev = s->ev[k];
+        b->stored[i] = s->stored[k];
+        b->parent[i] = s->parent[k];
+        b->decode_store[i] = s->decode_store[k];
+    }
+    return KVO_OK;
+}
+
+kvo_status events_finish(step_events *s, double ts, uint32_t rank,
+                         const wire_batch **batch, const mock_step_aux **aux) {
+    ev_builder *b = &s->ev;
+    *batch = NULL;
+    *aux = NULL;
+    kvo_status st = append_stores(b, &s->stores);
+    if (st != KVO_OK) return st;
+    if (b->n == 0) return KVO_OK;
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (b->ev[i].type != WIRE_EV_REMOVED) continue;
+        b->ev[i].hashes = &b->removed_wire[i];
+        b->removed[i] = &b->removed_hash[i];
+    }
+    wire_batch *wb = &b->batch;
+    wb->ts = ts;
+    wb->batch_len = 3;
+    wb->dp_rank = (wire_int){true, rank};
+    wb->n_events = b->n;
+    wb->events = b->ev;
+    b->aux = (mock_step_aux){b->removed_parent, b->decode_store, b->stored,
+                             b->parent, b->removed};
+    *batch = wb;
+    *aux = &b->aux;
+    return KVO_OK;
+}
