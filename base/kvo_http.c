@@ -411,11 +411,11 @@ static void reap(kvo_http_server *s) {
                                                 : s->body_timeout_ns;
         if (now - c->since <= limit) continue;
         c->reaped = true;
-        shutdown(c->fd, SHUT_RDWR);
-        if (c->phase == PHASE_HEAD)
+        if (c->phase == PHASE_HEAD) /* counted before the client can see */
             s->st.head_timeouts++;
         else
             s->st.body_timeouts++;
+        shutdown(c->fd, SHUT_RDWR);
         kvo_log_limited(&s->reap_rl, KVO_LOG_WARN,
                         "http: closed a connection that sent no complete "
                         "%s within %llu ms",
