@@ -316,6 +316,93 @@ kvo_status wire_plane_encode(const wire_plane_msg *m, kvo_buf *out);
 kvo_status wire_plane_to_json(const wire_plane_msg *m, json_object **out);
 
 /* ======================================================================== */
+/* Event-plane recovery (docs/recovery.md)                                   */
+/* ======================================================================== */
+
+/* Subjects under namespace.<ns>.component.<component>. */
+typedef enum wire_subject_kind {
+    WIRE_SUBJ_EVENTS = 0, /* .kv-events: the event plane itself */
+    WIRE_SUBJ_RELAYS,     /* .kv-relays: announces (start, heartbeat) */
+    WIRE_SUBJ_DISCOVER,   /* .kv-relays.discover: who is there? */
+    WIRE_SUBJ_RECOVERY    /* .kv-recovery.<publisher_id> */
+} wire_subject_kind;
+
+/* The subject into out (n bytes, NUL-terminated). KVO_ETOOBIG when it does
+ * not fit; KVO_EINVAL when ns or component is empty or holds '.', '*', '>'
+ * or white space (a NATS token). publisher_id is used by RECOVERY only. */
+kvo_status wire_subject(char *out, size_t n, const char *ns,
+                        const char *component, wire_subject_kind kind,
+                        uint64_t publisher_id);
+
+#define WIRE_HDR_ZMQ_SEQ "KVO-Zmq-Seq"   /* "first-last" ZMQ seqs covered */
+#define WIRE_HDR_RECOVERY "KVO-Recovery" /* what a recovery reply is */
+#define WIRE_ANNOUNCE_MAX_RANKS 1024
+
+/* A relay's announce. Decoded strings and arrays point into the kvo_json
+ * document given to the decoder (valid while it is). */
+typedef struct wire_announce {
+    uint64_t publisher_id;
+    uint64_t worker_id;
+    uint32_t n_ranks;
+    const uint64_t *ranks;        /* dp ranks, each < 2^32 */
+    const char *recovery_subject;
+    bool has_last;                /* false: nothing published yet */
+    uint64_t last_sequence;
+    uint64_t started_at_ms;       /* unix ms: a restart changes it */
+    uint32_t heartbeat_ms;
+} wire_announce;
+
+kvo_status wire_announce_encode(const wire_announce *a, kvo_buf *out);
+
+/* A recovery request: a dump, or the envelopes from from_sequence on. */
+typedef struct wire_recovery_req {
+    bool dump;
+    uint64_t from_sequence;
+} wire_recovery_req;
+
+kvo_status wire_recovery_req_encode(const wire_recovery_req *r, kvo_buf *out);
+
+/* What one message of a recovery reply stream is (its KVO-Recovery
+ * header). */
+typedef enum wire_reply_kind {
+    WIRE_REPLY_EVENTS = 0, /* an envelope from the ring */
+    WIRE_REPLY_DUMP,       /* an envelope of a dump */
+    WIRE_REPLY_END,        /* the end, with a count */
+    WIRE_REPLY_TOO_NEW     /* nothing to send */
+} wire_reply_kind;
+
+const char *wire_reply_kind_name(wire_reply_kind k);
+kvo_status wire_reply_kind_parse(const char *s, wire_reply_kind *out);
+
+/* The body of an END or TOO_NEW message. */
+typedef struct wire_reply_end {
+    wire_reply_kind kind;   /* END: EVENTS or DUMP, what came before */
+    uint64_t sent;          /* END: envelopes sent before it */
+    bool has_as_of;         /* END of a dump, TOO_NEW: the sequence below */
+    uint64_t as_of;         /* DUMP: the state is as of this envelope;
+                               TOO_NEW: the relay's last sequence */
+    uint64_t blocks;        /* END of a dump: blocks in it */
+} wire_reply_end;
+
+kvo_status wire_reply_end_encode(wire_reply_kind what,
+                                 const wire_reply_end *e, kvo_buf *out);
+
+struct kvo_json; /* kvo_json.h */
+
+/* Decoders: one strict JSON object (kvo_json); unknown keys ignored, a
+ * missing or mistyped field is KVO_EPROTO naming it. doc holds the parse
+ * and must outlive what points into it. */
+kvo_status wire_announce_decode(struct kvo_json *doc, const void *body,
+                                size_t len, wire_announce *a, kvo_err *err);
+kvo_status wire_recovery_req_decode(struct kvo_json *doc, const void *body,
+                                    size_t len, wire_recovery_req *r,
+                                    kvo_err *err);
+/* what: END or TOO_NEW (the header said which). */
+kvo_status wire_reply_end_decode(struct kvo_json *doc, wire_reply_kind what,
+                                 const void *body, size_t len,
+                                 wire_reply_end *e, kvo_err *err);
+
+/* ======================================================================== */
 /* Capture files (DESIGN §3)                                                 */
 /* ======================================================================== */
 

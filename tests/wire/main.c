@@ -7,6 +7,7 @@ Suite *suite_capture(void);
 Suite *suite_batch(void);
 Suite *suite_hostile(void);
 Suite *suite_tool(void);
+Suite *suite_recovery(void);
 Suite *suite_fuzz_replay(void);
 
 int main(int argc, char **argv) {
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
         suite_batch,
         suite_hostile,
         suite_tool,
+        suite_recovery,
         suite_fuzz_replay,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
