@@ -265,52 +265,44 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
 }
 
 static kvo_status parse_json_rec(check_counters *c, const char *stage,
-                                 json_object *j, char *path, size_t plen,
+                                 const kvo_jv *j, char *path, size_t plen,
                                  size_t cap, int depth) {
     if (depth > JSON_DEPTH_MAX) return KVO_OK;
     kvo_status st = KVO_OK;
-    switch (json_object_get_type(j)) {
-    case json_type_int:
-        if (plen)
-            st = check_counters_set(
-                c, stage, path,
-                json_object_get_int64(j) < 0
-                    ? (double)json_object_get_int64(j)
-                    : (double)json_object_get_uint64(j));
+    double v;
+    bool b;
+    switch (j->type) {
+    case KVO_JSON_INT:
+    case KVO_JSON_REAL:
+        if (plen && kvo_json_num(j, &v))
+            st = check_counters_set(c, stage, path, v);
         break;
-    case json_type_double:
-        if (plen)
-            st = check_counters_set(c, stage, path, json_object_get_double(j));
+    case KVO_JSON_BOOL:
+        if (plen && kvo_json_bool(j, &b))
+            st = check_counters_set(c, stage, path, b ? 1 : 0);
         break;
-    case json_type_boolean:
-        if (plen)
-            st = check_counters_set(c, stage, path,
-                                    json_object_get_boolean(j) ? 1 : 0);
-        break;
-    case json_type_object: {
-        json_object_object_foreach(j, key, val) {
+    case KVO_JSON_OBJ:
+        for (uint32_t i = 0; i < j->len && st == KVO_OK; i++) {
+            const kvo_jmember *m = &j->v.members[i];
             int n = snprintf(path + plen, cap - plen, "%s%s", plen ? "." : "",
-                             key);
-            if (n < 0 || (size_t)n >= cap - plen) continue;
-            st = parse_json_rec(c, stage, val, path, plen + (size_t)n, cap,
-                                depth + 1);
+                             m->key);
+            if (n >= 0 && (size_t)n < cap - plen)
+                st = parse_json_rec(c, stage, &m->value, path,
+                                    plen + (size_t)n, cap, depth + 1);
             path[plen] = '\0';
-            if (st != KVO_OK) break;
         }
         break;
-    }
-    case json_type_array: {
-        size_t n = json_object_array_length(j);
-        for (size_t i = 0; i < n && st == KVO_OK; i++) {
-            int w = snprintf(path + plen, cap - plen, "%s%zu", plen ? "." : "",
+    case KVO_JSON_ARR:
+        for (uint32_t i = 0; i < j->len && st == KVO_OK; i++) {
+            kvo_jv e;
+            int n = snprintf(path + plen, cap - plen, "%s%u", plen ? "." : "",
                              i);
-            if (w < 0 || (size_t)w >= cap - plen) continue;
-            st = parse_json_rec(c, stage, json_object_array_get_idx(j, i),
-                                path, plen + (size_t)w, cap, depth + 1);
+            if (n >= 0 && (size_t)n < cap - plen && kvo_json_at(j, i, &e))
+                st = parse_json_rec(c, stage, &e, path, plen + (size_t)n, cap,
+                                    depth + 1);
             path[plen] = '\0';
         }
         break;
-    }
     default:
         break;
     }
@@ -318,7 +310,7 @@ static kvo_status parse_json_rec(check_counters *c, const char *stage,
 }
 
 kvo_status check_counters_parse_json(check_counters *c, const char *stage,
-                                     json_object *j) {
+                                     const kvo_jv *j) {
     char path[JSON_PATH_MAX] = "";
     return parse_json_rec(c, stage, j, path, 0, sizeof(path), 0);
 }

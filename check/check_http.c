@@ -1,4 +1,4 @@
-/* check_http.c -- every HTTP call kvo-check makes, and the parsing of the
+/* check_http.c -- every HTTP call kvo-check makes, and the reading of the
  * answers (contracts: COMMON.md, DESIGN §9).
  *
  *   engine   GET  /kvo/state           last_seq per rank (kvo-mocker)
@@ -12,221 +12,471 @@
  *   relay    GET  /metrics, /stats     counters, source state
  *
  * Request bodies are written by hand (numbers only, and the prompt JSON is
- * built once per request by the driver); answers are parsed with json-c,
- * which keeps u64 exact.
+ * built once per request by the driver; a kv_transfer_params object passed
+ * on goes through json-c's writer). The answers come from services under
+ * test, which may be wrong or hostile, so each is read in two steps:
+ *
+ *   1 parse   base's strict reader (kvo_json.h): exactly one JSON value,
+ *             exact integers, valid UTF-8, at most ANSWER_MEM_MAX bytes of
+ *             tree whatever the answer's size;
+ *   2 fields  every field kvo-check uses is checked for its type and its
+ *             range: a count or id that does not fit where it goes is
+ *             refused, never clamped or wrapped.
+ *
+ * Whatever is wrong becomes one error naming the call, the place in the
+ * answer and what was there:
+ *
+ *   GET http://127.0.0.1:4001/watermark: bad JSON answer: trailing
+ *       characters after the JSON value (byte 41, near "...}]} x")
+ *   POST http://127.0.0.1:4002/kvo/probe: ranks[1].hit_blocks: expected an
+ *       integer in [0, 2147483647], got -3
+ *
+ * An answer and its parse live in the call's json_call, on the stack of the
+ * calling thread, for that call only: a hostile answer's memory is gone
+ * when the call returns. The outputs (hits, scores, a watermark, a
+ * completion, an engine's ranks, counters) are written only once the whole
+ * answer has passed: a call that fails leaves them as they were.
  */
 #include "check_int.h"
+#include "kvo_json.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Nesting a JSON answer may have; characters of an answer quoted in an
- * error (the body of an HTTP error, an answer that is not JSON). */
-enum { ANSWER_DEPTH_MAX = 64, ERROR_QUOTE = 200, NOT_JSON_QUOTE = 120 };
+/* Nesting a JSON answer may have; bytes of an answer quoted in an error
+ * (the body of an HTTP error; around the place where a parse failed, from
+ * NEAR_BEFORE bytes before it). */
+enum { ANSWER_DEPTH_MAX = 64, ERROR_QUOTE = 200, NEAR_QUOTE = 60,
+       NEAR_BEFORE = 30 };
+/* Bytes the parse of one answer may take (tree and parse stacks). Every
+ * answer kvo-check reads is kilobytes; one that needs more is refused, so
+ * a hostile service costs the body the client holds (up to 1 GiB, its own
+ * cap) plus this, never a multiple of the body. */
+#define ANSWER_MEM_MAX ((size_t)64 << 20)
 /* Decimal digits of the largest u64. */
 enum { U64_DIGITS = 20 };
+/* A field the readers below look for: may it be absent (or null)? */
+enum { OPTIONAL = 0, REQUIRED = 1 };
+/* rank_entry: the entry speaks of a rank the engine does not have. */
+#define NO_RANK UINT32_MAX
 
-/* One call with a JSON answer: json_call_init (names the URL),
- * json_call_send, then json_call_fini whatever happened in between. */
+/* One call with a JSON answer: json_call_init (names the URL and where
+ * errors go), json_call_send, then json_call_fini whatever happened. */
 typedef struct json_call {
-    char url[256];      /* also named in every error message */
-    kvo_http_resp resp; /* the raw answer */
-    json_object *j;     /* its parse (owned); NULL until sent and parsed */
+    const char *method;  /* "GET" or "POST" */
+    char url[256];       /* named in every error message */
+    kvo_err *err;        /* the caller's (may be NULL) */
+    kvo_http_resp resp;  /* the raw answer */
+    kvo_json doc;        /* its parse */
+    const kvo_jv *root;  /* once sent and parsed; NULL before */
 } json_call;
 
-static void json_call_init(json_call *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void json_call_init(json_call *c, const char *fmt, ...) {
+static void json_call_init(json_call *c, kvo_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void json_call_init(json_call *c, kvo_err *err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->url, sizeof(c->url), fmt, ap);
     va_end(ap);
+    c->method = "GET";
+    c->err = err;
     kvo_http_resp_init(&c->resp);
-    c->j = NULL;
+    kvo_json_init(&c->doc);
+    c->root = NULL;
 }
 
 static void json_call_fini(json_call *c) {
-    json_object_put(c->j);
-    c->j = NULL;
+    kvo_json_fini(&c->doc);
     kvo_http_resp_fini(&c->resp);
+    c->root = NULL;
 }
 
-/* GET (body NULL) or POST the JSON body to c->url, then parse the answer
- * into c->j (status 200 required). */
+/* The error "METHOD URL: what" into c->err; returns st. */
+static kvo_status answer_err(const json_call *c, kvo_status st,
+                             const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static kvo_status answer_err(const json_call *c, kvo_status st,
+                             const char *fmt, ...) {
+    char what[sizeof c->err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    return kvo_err_set(c->err, st, KVO_ERR_NO_OFFSET, "%s %s: %s", c->method,
+                       c->url, what);
+}
+
+/* Up to max bytes of p[0, n) for an error message, into out (4 * max + 4
+ * bytes): printable ASCII as it is, every other byte as \xNN (an answer
+ * may hold anything; the message goes to a terminal and into the JSON
+ * report), "..." when cut. */
+static const char *quote(char *out, size_t outsz, const uint8_t *p, size_t n,
+                         size_t max) {
+    size_t o = 0, i = 0;
+    for (; i < n && i < max && o + 5 <= outsz; i++) {
+        if (p[i] >= 0x20 && p[i] < 0x7f)
+            out[o++] = (char)p[i];
+        else
+            o += (size_t)snprintf(out + o, outsz - o, "\\x%02x", p[i]);
+    }
+    if (i < n && o + 4 <= outsz) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* GET (body NULL) or POST the JSON body to c->url; a 200 answer is then
+ * parsed into c->root. */
 static kvo_status json_call_send(json_call *c, kvo_http_client *h,
-                                 const kvo_buf *body, kvo_err *err) {
-    const char *method = body ? "POST" : "GET";
+                                 const kvo_buf *body) {
+    c->method = body ? "POST" : "GET";
     kvo_status st = body ? kvo_http_post(h, c->url, "application/json",
                                          body->data, body->len, &c->resp)
                          : kvo_http_get(h, c->url, &c->resp);
+    if (st != KVO_OK)
+        return answer_err(c, st, "%s (%s)", kvo_strerror(st),
+                          kvo_http_client_error(h));
+    const uint8_t *text =
+        c->resp.body.data ? c->resp.body.data : (const uint8_t *)"";
+    size_t len = c->resp.body.len;
+    char q[4 * ERROR_QUOTE + 4];
+    if (c->resp.status != 200)
+        return answer_err(c, KVO_EHTTP, "HTTP %ld: %s", c->resp.status,
+                          quote(q, sizeof(q), text, len, ERROR_QUOTE));
+    kvo_json_limits lim = {.max_depth = ANSWER_DEPTH_MAX,
+                           .max_mem = ANSWER_MEM_MAX};
+    kvo_err perr;
+    st = kvo_json_parse(&c->doc, text, len, &lim, &perr);
     if (st != KVO_OK) {
-        return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s %s: %s (%s)", method,
-                           c->url, kvo_strerror(st), kvo_http_client_error(h));
+        size_t at = perr.offset < len ? perr.offset : len;
+        size_t from = at > NEAR_BEFORE ? at - NEAR_BEFORE : 0;
+        return answer_err(c, st, "bad JSON answer: %s (byte %zu, near \"%s\")",
+                          perr.msg, at,
+                          quote(q, sizeof(q), text + from, len - from,
+                                NEAR_QUOTE));
     }
-    const char *text = c->resp.body.data ? (const char *)c->resp.body.data : "";
-    if (c->resp.status != 200) {
-        return kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET,
-                           "%s %s: HTTP %ld: %.*s", method, c->url,
-                           c->resp.status, ERROR_QUOTE, text);
-    }
-    json_tokener *tok = json_tokener_new_ex(ANSWER_DEPTH_MAX);
-    if (!tok) return KVO_ENOMEM;
-    json_object *j = json_tokener_parse_ex(tok, text, (int)c->resp.body.len);
-    enum json_tokener_error je = json_tokener_get_error(tok);
-    json_tokener_free(tok);
-    if (!j || je != json_tokener_success) {
-        json_object_put(j);
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "%s: answer is not JSON: %.*s", c->url,
-                           NOT_JSON_QUOTE, text);
-    }
-    c->j = j;
+    c->root = c->doc.root;
     return KVO_OK;
 }
 
-static json_object *get_key(json_object *o, const char *k) {
-    json_object *v = NULL;
-    if (!o || !json_object_is_type(o, json_type_object) ||
-        !json_object_object_get_ex(o, k, &v))
-        return NULL;
-    return v;
+/* ---- Reading fields ----------------------------------------------------------
+ * where: the place of the object in the answer ("ranks[2]", "usage"), NULL
+ * for the root; it only names the field in errors. Each reader takes a NULL
+ * obj as an object without members. */
+
+/* What the answer held where a value was expected ("-3", "a string"). */
+static const char *describe(const kvo_jv *v, char *buf, size_t n) {
+    if (!v) return "nothing";
+    switch (v->type) {
+    case KVO_JSON_NULL: return "null";
+    case KVO_JSON_BOOL: return v->v.b ? "true" : "false";
+    case KVO_JSON_INT:
+        if (v->neg)
+            snprintf(buf, n, "-%" PRIu64, 0 - v->v.u);
+        else
+            snprintf(buf, n, "%" PRIu64, v->v.u);
+        return buf;
+    case KVO_JSON_REAL: snprintf(buf, n, "%g", v->v.d); return buf;
+    case KVO_JSON_STR: return "a string";
+    case KVO_JSON_ARR: return "an array";
+    default: return "an object";
+    }
 }
 
-/* An integer field (null/absent/wrong type: false). */
-static bool get_i64(json_object *o, const char *k, int64_t *out) {
-    json_object *v = get_key(o, k);
-    if (!v || !json_object_is_type(v, json_type_int)) return false;
-    *out = json_object_get_int64(v);
-    return true;
+static const char *type_name(kvo_jtype t) {
+    switch (t) {
+    case KVO_JSON_BOOL: return "true or false";
+    case KVO_JSON_STR: return "a string";
+    case KVO_JSON_ARR: return "an array";
+    default: return "an object";
+    }
 }
 
-static bool get_u64(json_object *o, const char *k, uint64_t *out) {
-    json_object *v = get_key(o, k);
-    if (!v || !json_object_is_type(v, json_type_int)) return false;
-    *out = json_object_get_uint64(v);
-    return true;
+/* "where.key" into buf. */
+static const char *field_name(char *buf, size_t n, const char *where,
+                              const char *key) {
+    snprintf(buf, n, "%s%s%s", where ? where : "", where ? "." : "", key);
+    return buf;
 }
 
-/* The array j[key] of an answer from url; NULL (and err says so) when
- * there is none. */
-static json_object *array_of(json_object *j, const char *key, const char *url,
-                             kvo_err *err) {
-    json_object *a = get_key(j, key);
-    if (a && json_object_is_type(a, json_type_array)) return a;
-    kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "%s: no \"%s\" array",
-                url, key);
-    return NULL;
+/* Member key of obj of type t into *out. Absent or null: an error when
+ * need, else KVO_OK with *out = NULL. */
+static kvo_status get_typed(const json_call *c, const kvo_jv *obj,
+                            const char *where, const char *key, kvo_jtype t,
+                            int need, const kvo_jv **out) {
+    const kvo_jv *v = kvo_json_get(obj, key);
+    *out = NULL;
+    if (kvo_json_is(v, t)) {
+        *out = v;
+        return KVO_OK;
+    }
+    if (!need && (!v || v->type == KVO_JSON_NULL)) return KVO_OK;
+    char name[96], got[32];
+    return answer_err(c, KVO_EPROTO, "%s: expected %s%s, got %s",
+                      field_name(name, sizeof(name), where, key),
+                      need ? "" : "null or ", type_name(t),
+                      describe(v, got, sizeof(got)));
+}
+
+/* Integer member key of obj in [0, max] into *out. Absent or null: an
+ * error when need, else KVO_OK with *out untouched. */
+static kvo_status get_uint(const json_call *c, const kvo_jv *obj,
+                           const char *where, const char *key, uint64_t max,
+                           int need, uint64_t *out) {
+    const kvo_jv *v = kvo_json_get(obj, key);
+    if (!need && (!v || v->type == KVO_JSON_NULL)) return KVO_OK;
+    uint64_t u;
+    if (kvo_json_u64(v, &u) && u <= max) {
+        *out = u;
+        return KVO_OK;
+    }
+    char name[96], got[32];
+    return answer_err(c, KVO_EPROTO,
+                      "%s: expected %san integer in [0, %" PRIu64 "], got %s",
+                      field_name(name, sizeof(name), where, key),
+                      need ? "" : "null or ", max,
+                      describe(v, got, sizeof(got)));
+}
+
+/* String member key of obj copied into dst[dstsz]; one that does not fit
+ * is an error (never cut). Absent or null: an error when need, else dst
+ * untouched. */
+static kvo_status get_str_into(const json_call *c, const kvo_jv *obj,
+                               const char *where, const char *key, int need,
+                               char *dst, size_t dstsz) {
+    const kvo_jv *v;
+    kvo_status st = get_typed(c, obj, where, key, KVO_JSON_STR, need, &v);
+    if (st != KVO_OK || !v) return st;
+    if (v->len >= dstsz) {
+        char name[96];
+        return answer_err(c, KVO_ETOOBIG, "%s: %u bytes, at most %zu",
+                          field_name(name, sizeof(name), where, key), v->len,
+                          dstsz - 1);
+    }
+    memcpy(dst, v->v.s, (size_t)v->len + 1);
+    return KVO_OK;
+}
+
+/* Element i of arr, which must be an object, into *out; name gets its
+ * place ("ranks[3]", or "[3]" with arr_name ""). */
+static kvo_status elem_obj(const json_call *c, const kvo_jv *arr,
+                           const char *arr_name, size_t i, kvo_jv *out,
+                           char *name, size_t namesz) {
+    snprintf(name, namesz, "%s[%zu]", arr_name, i);
+    if (kvo_json_at(arr, i, out) && out->type == KVO_JSON_OBJ) return KVO_OK;
+    char got[32];
+    return answer_err(c, KVO_EPROTO, "%s: expected an object, got %s", name,
+                      describe(out, got, sizeof(got)));
+}
+
+/* v rebuilt as json-c objects (*out; NULL is JSON's null); false when out
+ * of memory. */
+static bool to_json_c(const kvo_jv *v, json_object **out) {
+    json_object *o = NULL;
+    switch (v->type) {
+    case KVO_JSON_NULL: *out = NULL; return true;
+    case KVO_JSON_BOOL: o = json_object_new_boolean(v->v.b); break;
+    case KVO_JSON_INT:
+        o = v->neg ? json_object_new_int64((int64_t)v->v.u)
+                   : json_object_new_uint64(v->v.u);
+        break;
+    case KVO_JSON_REAL: o = json_object_new_double(v->v.d); break;
+    case KVO_JSON_STR: o = json_object_new_string_len(v->v.s, (int)v->len); break;
+    case KVO_JSON_ARR:
+        o = json_object_new_array_ext((int)v->len);
+        for (uint32_t i = 0; o && i < v->len; i++) {
+            kvo_jv e;
+            json_object *x = NULL;
+            if (!kvo_json_at(v, i, &e) || !to_json_c(&e, &x) ||
+                json_object_array_add(o, x) != 0) {
+                json_object_put(x);
+                json_object_put(o);
+                o = NULL;
+            }
+        }
+        break;
+    case KVO_JSON_OBJ:
+        o = json_object_new_object();
+        for (uint32_t i = 0; o && i < v->len; i++) {
+            const kvo_jmember *m = &v->v.members[i];
+            json_object *x = NULL;
+            if (!to_json_c(&m->value, &x) ||
+                json_object_object_add(o, m->key, x) != 0) {
+                json_object_put(x);
+                json_object_put(o);
+                o = NULL;
+            }
+        }
+        break;
+    }
+    *out = o;
+    return o != NULL;
+}
+
+/* v as JSON text, through json-c's writer (kvo-check writes its JSON with
+ * json-c): malloc'd, NULL when out of memory. */
+static char *json_text(const kvo_jv *v) {
+    json_object *j;
+    if (!to_json_c(v, &j)) return NULL;
+    const char *s = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
+    char *copy = s ? kvo_strdup(s) : NULL;
+    json_object_put(j);
+    return copy;
 }
 
 /* ---- Engines --------------------------------------------------------------*/
 
-/* Entry i of a "ranks" array, and e's rank it speaks of ("dp_rank", else
- * its position): NULL when e has no such rank. */
-static chk_rank *rank_entry(chk_engine *e, json_object *ranks, size_t i,
-                            json_object **entry) {
-    *entry = json_object_array_get_idx(ranks, i);
-    int64_t rank = (int64_t)i;
-    get_i64(*entry, "dp_rank", &rank);
-    for (uint32_t k = 0; k < e->n_ranks; k++)
-        if (e->ranks[k].dp_rank == (uint64_t)rank) return &e->ranks[k];
-    return NULL;
+/* Entry i of a "ranks" array (name gets "ranks[i]") and the index in
+ * e->ranks of the rank it speaks of ("dp_rank", else its position):
+ * *k = NO_RANK when e has no such rank. */
+static kvo_status rank_entry(const json_call *c, const chk_engine *e,
+                             const kvo_jv *ranks, size_t i, kvo_jv *entry,
+                             char *name, size_t namesz, uint32_t *k) {
+    *k = NO_RANK;
+    kvo_status st = elem_obj(c, ranks, "ranks", i, entry, name, namesz);
+    uint64_t rank = i;
+    if (st == KVO_OK)
+        st = get_uint(c, entry, name, "dp_rank", UINT32_MAX, OPTIONAL, &rank);
+    for (uint32_t r = 0; st == KVO_OK && r < e->n_ranks; r++)
+        if (e->ranks[r].dp_rank == rank) *k = r;
+    return st;
 }
 
 kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/kvo/state", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err);
-    json_object *ranks = NULL;
-    if (st == KVO_OK && !(ranks = array_of(jc.j, "ranks", jc.url, err)))
-        st = KVO_EPROTO;
-    for (size_t i = 0; ranks && i < json_object_array_length(ranks); i++) {
-        json_object *r;
-        chk_rank *rk = rank_entry(e, ranks, i, &r);
-        uint64_t seq;
-        if (rk) rk->last_seq = get_u64(r, "last_seq", &seq) ? (int64_t)seq : -1;
+    json_call_init(&jc, err, "%s/kvo/state", e->url);
+    int64_t seq[CHK_MAX_DP];
+    for (uint32_t k = 0; k < e->n_ranks; k++) seq[k] = e->ranks[k].last_seq;
+    const kvo_jv *ranks = NULL;
+    kvo_status st = json_call_send(&jc, e->http, NULL);
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, REQUIRED,
+                       &ranks);
+    for (size_t i = 0; st == KVO_OK && i < ranks->len; i++) {
+        kvo_jv r;
+        char name[32];
+        uint32_t k;
+        uint64_t last = UINT64_MAX; /* null or absent: nothing published */
+        st = rank_entry(&jc, e, ranks, i, &r, name, sizeof(name), &k);
+        if (st != KVO_OK || k == NO_RANK) continue;
+        st = get_uint(&jc, &r, name, "last_seq", INT64_MAX, OPTIONAL, &last);
+        seq[k] = last == UINT64_MAX ? -1 : (int64_t)last;
     }
-    if (st == KVO_OK) e->dirty = false;
+    if (st == KVO_OK) {
+        for (uint32_t k = 0; k < e->n_ranks; k++) e->ranks[k].last_seq = seq[k];
+        e->dirty = false;
+    }
     json_call_fini(&jc);
+    return st;
+}
+
+/* The counters of one entry of /kvo/state's "ranks" into stage: every
+ * numeric leaf of its "counters" object, and its counts. */
+static kvo_status rank_counters(const json_call *c, const kvo_jv *r,
+                                const char *where, const char *stage,
+                                check_counters *out) {
+    const kvo_jv *obj;
+    kvo_status st =
+        get_typed(c, r, where, "counters", KVO_JSON_OBJ, OPTIONAL, &obj);
+    if (st == KVO_OK && obj) st = check_counters_parse_json(out, stage, obj);
+    static const char *const counts[] = {"resident_blocks", "free_blocks",
+                                         "requests_finished", "last_seq"};
+    for (size_t k = 0; k < KVO_ARRAY_LEN(counts) && st == KVO_OK; k++) {
+        uint64_t v = UINT64_MAX; /* absent or null */
+        st = get_uint(c, r, where, counts[k], INT64_MAX, OPTIONAL, &v);
+        if (st == KVO_OK && v != UINT64_MAX)
+            st = check_counters_set(out, stage, counts[k], (double)v);
+    }
     return st;
 }
 
 kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/kvo/state", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err);
+    json_call_init(&jc, err, "%s/kvo/state", e->url);
+    check_counters got; /* c takes them once the whole answer passed */
+    check_counters_init(&got);
+    const kvo_jv *ranks = NULL;
+    kvo_status st = json_call_send(&jc, e->http, NULL);
     /* an answer without ranks has no counters to read */
-    json_object *ranks =
-        st == KVO_OK ? array_of(jc.j, "ranks", jc.url, NULL) : NULL;
-    for (size_t i = 0;
-         ranks && i < json_object_array_length(ranks) && st == KVO_OK; i++) {
-        json_object *r = json_object_array_get_idx(ranks, i);
-        int64_t rank = (int64_t)i;
-        get_i64(r, "dp_rank", &rank);
-        char stage[48];
-        snprintf(stage, sizeof(stage), "%s %u.%lld",
-                 e->decode ? "decode engine" : "engine", e->worker_id,
-                 (long long)rank);
-        static const char *keys[] = {"counters", "resident_blocks",
-                                     "free_blocks", "requests_finished",
-                                     "last_seq"};
-        for (size_t k = 0; k < KVO_ARRAY_LEN(keys) && st == KVO_OK; k++) {
-            json_object *v = get_key(r, keys[k]);
-            if (!v) continue;
-            if (json_object_is_type(v, json_type_object)) {
-                st = check_counters_parse_json(c, stage, v);
-            } else if (json_object_is_type(v, json_type_int)) {
-                st = check_counters_set(c, stage, keys[k],
-                                        (double)json_object_get_int64(v));
-            }
-        }
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, OPTIONAL,
+                       &ranks);
+    for (size_t i = 0; st == KVO_OK && ranks && i < ranks->len; i++) {
+        kvo_jv r;
+        char name[32], stage[48];
+        uint64_t rank = i;
+        st = elem_obj(&jc, ranks, "ranks", i, &r, name, sizeof(name));
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "dp_rank", UINT32_MAX, OPTIONAL,
+                          &rank);
+        if (st != KVO_OK) break;
+        snprintf(stage, sizeof(stage), "%s %u.%" PRIu64,
+                 e->decode ? "decode engine" : "engine", e->worker_id, rank);
+        st = rank_counters(&jc, &r, name, stage, &got);
     }
+    for (size_t i = 0; st == KVO_OK && i < got.n; i++)
+        st = check_counters_set(c, got.items[i].stage, got.items[i].name,
+                                got.items[i].value);
+    check_counters_fini(&got);
     json_call_fini(&jc);
+    return st;
+}
+
+/* Source i of /kvo/event_sources into out (dp_rank, zmq, replay, topic). */
+static kvo_status source_entry(const json_call *c, size_t i, chk_rank *out) {
+    kvo_jv s;
+    char name[32];
+    uint64_t rank = i;
+    out->replay[0] = out->topic[0] = '\0';
+    kvo_status st = elem_obj(c, c->root, "", i, &s, name, sizeof(name));
+    if (st == KVO_OK)
+        st = get_uint(c, &s, name, "data_parallel_rank", CHK_MAX_DP - 1,
+                      OPTIONAL, &rank);
+    if (st == KVO_OK)
+        st = get_str_into(c, &s, name, "endpoint", REQUIRED, out->zmq,
+                          sizeof(out->zmq));
+    if (st == KVO_OK)
+        st = get_str_into(c, &s, name, "replay_endpoint", OPTIONAL,
+                          out->replay, sizeof(out->replay));
+    if (st == KVO_OK)
+        st = get_str_into(c, &s, name, "topic", OPTIONAL, out->topic,
+                          sizeof(out->topic));
+    out->dp_rank = (uint32_t)rank;
     return st;
 }
 
 kvo_status chk_engine_sources(chk_engine *e, kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/kvo/event_sources", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err);
+    json_call_init(&jc, err, "%s/kvo/event_sources", e->url);
+    chk_rank got[CHK_MAX_DP];
+    size_t n = 0;
+    kvo_status st = json_call_send(&jc, e->http, NULL);
     if (st != KVO_OK) goto done;
-    if (!json_object_is_type(jc.j, json_type_array)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: not a JSON array", jc.url);
+    if (!kvo_json_is(jc.root, KVO_JSON_ARR)) {
+        char what[32];
+        st = answer_err(&jc, KVO_EPROTO, "expected an array of sources, got %s",
+                        describe(jc.root, what, sizeof(what)));
         goto done;
     }
-    size_t n = json_object_array_length(jc.j);
+    n = jc.root->len;
     if (n > CHK_MAX_DP) {
-        st = kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                         "%s: %zu sources (at most %d)", jc.url, n, CHK_MAX_DP);
+        st = answer_err(&jc, KVO_ETOOBIG, "%zu sources (at most %d)", n,
+                        CHK_MAX_DP);
         goto done;
     }
+    for (size_t i = 0; i < n && st == KVO_OK; i++)
+        st = source_entry(&jc, i, &got[i]);
+    if (st != KVO_OK) goto done;
     for (size_t i = 0; i < n; i++) {
-        json_object *s = json_object_array_get_idx(jc.j, i);
-        json_object *ep = get_key(s, "endpoint");
-        json_object *rep = get_key(s, "replay_endpoint");
-        json_object *topic = get_key(s, "topic");
-        int64_t rank = (int64_t)i;
-        get_i64(s, "data_parallel_rank", &rank);
-        if (!ep || !json_object_is_type(ep, json_type_string) || rank < 0 ||
-            rank >= CHK_MAX_DP) {
-            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "%s: source %zu has no endpoint or a bad rank",
-                             jc.url, i);
-            goto done;
-        }
         chk_rank *r = &e->ranks[i];
-        r->dp_rank = (uint32_t)rank;
-        snprintf(r->zmq, sizeof(r->zmq), "%s", json_object_get_string(ep));
-        r->replay[0] = '\0';
-        if (rep && json_object_is_type(rep, json_type_string))
-            snprintf(r->replay, sizeof(r->replay), "%s",
-                     json_object_get_string(rep));
-        r->topic[0] = '\0';
-        if (topic && json_object_is_type(topic, json_type_string))
-            snprintf(r->topic, sizeof(r->topic), "%s",
-                     json_object_get_string(topic));
+        r->dp_rank = got[i].dp_rank;
+        memcpy(r->zmq, got[i].zmq, sizeof(r->zmq));
+        memcpy(r->replay, got[i].replay, sizeof(r->replay));
+        memcpy(r->topic, got[i].topic, sizeof(r->topic));
     }
     e->n_ranks = (uint32_t)n;
 done:
@@ -238,7 +488,7 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
                             kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/kvo/probe", e->url);
+    json_call_init(&jc, err, "%s/kvo/probe", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
     kvo_status st = kvo_buf_printf(&body, "{\"%s\":",
@@ -248,35 +498,76 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
         st = CHK_BUF_LIT(&body, ",\"warm\":true");
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, e->probe_http, &body, err);
+    st = json_call_send(&jc, e->probe_http, &body);
     if (st != KVO_OK) goto done;
-    int64_t bs = -1;
-    get_i64(jc.j, "block_size", &bs);
-    if (bs != (int64_t)block_size) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: engine block size %lld, expected %u "
-                         "(--block-size)",
-                         jc.url, (long long)bs, block_size);
+    uint64_t bs = 0;
+    st = get_uint(&jc, jc.root, NULL, "block_size", UINT32_MAX, REQUIRED, &bs);
+    if (st != KVO_OK) goto done;
+    if (bs != block_size) {
+        st = answer_err(&jc, KVO_EPROTO,
+                        "engine block size %" PRIu64 ", expected %u "
+                        "(--block-size)",
+                        bs, block_size);
         goto done;
     }
-    json_object *ranks = array_of(jc.j, "ranks", jc.url, err);
-    if (!ranks) {
-        st = KVO_EPROTO;
-        goto done;
+    const kvo_jv *ranks;
+    st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, REQUIRED, &ranks);
+    if (st != KVO_OK) goto done;
+    int32_t got[CHK_MAX_DP];
+    for (uint32_t k = 0; k < e->n_ranks; k++) got[k] = -1;
+    for (size_t i = 0; st == KVO_OK && i < ranks->len; i++) {
+        kvo_jv r;
+        char name[32];
+        uint32_t k;
+        uint64_t h = 0;
+        st = rank_entry(&jc, e, ranks, i, &r, name, sizeof(name), &k);
+        if (st != KVO_OK || k == NO_RANK) continue;
+        st = get_uint(&jc, &r, name, "hit_blocks", INT32_MAX, REQUIRED, &h);
+        got[k] = (int32_t)h;
     }
-    for (uint32_t k = 0; k < e->n_ranks; k++) hits[k] = -1;
-    for (size_t i = 0; i < json_object_array_length(ranks); i++) {
-        json_object *r;
-        chk_rank *rk = rank_entry(e, ranks, i, &r);
-        int64_t h = -1;
-        if (!rk || !get_i64(r, "hit_blocks", &h) || h < 0 || h > INT32_MAX)
-            continue;
-        hits[rk - e->ranks] = (int32_t)h;
-    }
+    if (st == KVO_OK) memcpy(hits, got, e->n_ranks * sizeof(*hits));
 done:
     json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
+}
+
+/* What kvo-check reads of a completion's answer, into out (written only
+ * when all of it is right; out->kv_transfer_params is then owned). */
+static kvo_status read_completion(const json_call *c, chk_completion *out) {
+    const kvo_jv *usage, *details = NULL, *kvo = NULL;
+    /* UINT64_MAX: absent or null (every field's range ends below it) */
+    uint64_t prompt = UINT64_MAX, cached = UINT64_MAX, rank = UINT64_MAX,
+             seq = UINT64_MAX;
+    kvo_status st =
+        get_typed(c, c->root, NULL, "usage", KVO_JSON_OBJ, OPTIONAL, &usage);
+    if (st == KVO_OK)
+        st = get_uint(c, usage, "usage", "prompt_tokens", INT64_MAX, OPTIONAL,
+                      &prompt);
+    if (st == KVO_OK)
+        st = get_typed(c, usage, "usage", "prompt_tokens_details",
+                       KVO_JSON_OBJ, OPTIONAL, &details);
+    if (st == KVO_OK)
+        st = get_uint(c, details, "usage.prompt_tokens_details",
+                      "cached_tokens", INT64_MAX, OPTIONAL, &cached);
+    if (st == KVO_OK)
+        st = get_typed(c, c->root, NULL, "kvo", KVO_JSON_OBJ, OPTIONAL, &kvo);
+    if (st == KVO_OK)
+        st = get_uint(c, kvo, "kvo", "dp_rank", UINT32_MAX, OPTIONAL, &rank);
+    if (st == KVO_OK)
+        st = get_uint(c, kvo, "kvo", "last_seq", INT64_MAX, OPTIONAL, &seq);
+    if (st != KVO_OK) return st;
+    const kvo_jv *kv = kvo_json_get(c->root, "kv_transfer_params");
+    char *params = NULL;
+    if (kv && kv->type != KVO_JSON_NULL && !(params = json_text(kv)))
+        return KVO_ENOMEM;
+    out->prompt_tokens = prompt == UINT64_MAX ? -1 : (int64_t)prompt;
+    out->cached_tokens = cached == UINT64_MAX ? -1 : (int64_t)cached;
+    out->kvo = rank != UINT64_MAX;
+    out->dp_rank = out->kvo ? (int64_t)rank : -1;
+    out->last_seq = seq == UINT64_MAX ? -1 : (int64_t)seq;
+    out->kv_transfer_params = params;
+    return KVO_OK;
 }
 
 kvo_status chk_engine_complete(chk_engine *e, const char *model,
@@ -287,7 +578,7 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
     out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
         -1;
     json_call jc;
-    json_call_init(&jc, "%s/v1/completions", e->url);
+    json_call_init(&jc, err, "%s/v1/completions", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
     json_object *mj = json_object_new_string(model);
@@ -303,24 +594,8 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
     if (st == KVO_OK && kv_params)
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
-    if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, e->http, &body, err);
-    if (st != KVO_OK) goto done;
-    json_object *usage = get_key(jc.j, "usage");
-    get_i64(usage, "prompt_tokens", &out->prompt_tokens);
-    get_i64(get_key(usage, "prompt_tokens_details"), "cached_tokens",
-            &out->cached_tokens);
-    json_object *kvo = get_key(jc.j, "kvo");
-    out->kvo = get_i64(kvo, "dp_rank", &out->dp_rank);
-    uint64_t seq;
-    if (get_u64(kvo, "last_seq", &seq)) out->last_seq = (int64_t)seq;
-    json_object *kv = get_key(jc.j, "kv_transfer_params");
-    if (kv && !json_object_is_type(kv, json_type_null)) {
-        out->kv_transfer_params = kvo_strdup(
-            json_object_to_json_string_ext(kv, JSON_C_TO_STRING_PLAIN));
-        if (!out->kv_transfer_params) st = KVO_ENOMEM;
-    }
-done:
+    if (st == KVO_OK) st = json_call_send(&jc, e->http, &body);
+    if (st == KVO_OK) st = read_completion(&jc, out);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
@@ -329,20 +604,18 @@ done:
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
                             kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/v1/models", e->url);
-    kvo_status st = json_call_send(&jc, e->http, NULL, err);
+    json_call_init(&jc, err, "%s/v1/models", e->url);
+    kvo_status st = json_call_send(&jc, e->http, NULL);
     if (st != KVO_OK) goto done;
-    json_object *data = get_key(jc.j, "data");
-    json_object *id = NULL;
-    if (data && json_object_is_type(data, json_type_array) &&
-        json_object_array_length(data) > 0)
-        id = get_key(json_object_array_get_idx(data, 0), "id");
-    if (!id || !json_object_is_type(id, json_type_string)) {
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "%s: no model listed (use --model)", jc.url);
+    kvo_jv first;
+    const kvo_jv *id = NULL;
+    if (kvo_json_at(kvo_json_get(jc.root, "data"), 0, &first))
+        id = kvo_json_get(&first, "id");
+    if (!kvo_json_is(id, KVO_JSON_STR)) {
+        st = answer_err(&jc, KVO_EPROTO, "no model listed (use --model)");
         goto done;
     }
-    snprintf(model, modelsz, "%s", json_object_get_string(id));
+    st = get_str_into(&jc, &first, "data[0]", "id", REQUIRED, model, modelsz);
 done:
     json_call_fini(&jc);
     return st;
@@ -350,35 +623,111 @@ done:
 
 /* ---- Indexer ----------------------------------------------------------------*/
 
-/* {"scores": [...]} of a query answer into scores per slot. */
-static kvo_status parse_scores(chk_env *env, json_object *j, const char *url,
-                               uint32_t *scores, kvo_err *err) {
-    kvo_status st = KVO_OK;
-    uint32_t slots = env->n_workers * env->dp_size;
-    for (uint32_t s = 0; s < slots; s++) scores[s] = 0;
-    json_object *arr = array_of(j, "scores", url, err);
-    if (!arr) {
-        st = KVO_EPROTO;
-        goto done;
+/* The indexer's answers are read twice: once to check every field, then
+ * (nothing was wrong) to write the outputs; out NULL = check only. */
+
+/* {"scores": [{"worker_id", "dp_rank", "blocks"}, ...]} of a query answer
+ * into scores per slot; workers that are not ours (a shared NATS) are not
+ * compared. */
+static kvo_status read_scores(const chk_env *env, const json_call *c,
+                              uint32_t *scores) {
+    const kvo_jv *arr;
+    kvo_status st =
+        get_typed(c, c->root, NULL, "scores", KVO_JSON_ARR, REQUIRED, &arr);
+    for (uint32_t s = 0; scores && s < env->n_workers * env->dp_size; s++)
+        scores[s] = 0;
+    for (size_t i = 0; st == KVO_OK && i < arr->len; i++) {
+        kvo_jv o;
+        char name[32];
+        uint64_t w = 0, r = 0, b = 0;
+        st = elem_obj(c, arr, "scores", i, &o, name, sizeof(name));
+        if (st == KVO_OK)
+            st = get_uint(c, &o, name, "worker_id", UINT64_MAX, REQUIRED, &w);
+        if (st == KVO_OK)
+            st = get_uint(c, &o, name, "dp_rank", UINT32_MAX, REQUIRED, &r);
+        if (st == KVO_OK)
+            st = get_uint(c, &o, name, "blocks", UINT32_MAX, REQUIRED, &b);
+        if (st == KVO_OK && scores && w < env->n_workers && r < env->dp_size)
+            scores[w * env->dp_size + r] = (uint32_t)b;
     }
-    size_t m = json_object_array_length(arr);
-    for (size_t i = 0; i < m; i++) {
-        json_object *o = json_object_array_get_idx(arr, i);
-        uint64_t w, r, b;
-        if (!get_u64(o, "worker_id", &w) || !get_u64(o, "dp_rank", &r) ||
-            !get_u64(o, "blocks", &b))
-            continue;
-        /* workers that are not ours (a shared NATS) are not compared */
-        if (w >= env->n_workers || r >= env->dp_size) continue;
-        scores[w * env->dp_size + r] = b > UINT32_MAX ? UINT32_MAX
-                                                      : (uint32_t)b;
-    }
-done:
     return st;
 }
 
-static kvo_status parse_watermark(json_object *j, const char *url,
-                                  chk_watermark *w, kvo_err *err);
+/* {"publishers": [{"publisher_id", "zmq_seq_last"}, ...]} of obj (at
+ * where) into w (raw untouched). */
+static kvo_status read_watermark(const json_call *c, const kvo_jv *obj,
+                                 const char *where, chk_watermark *w) {
+    const kvo_jv *pubs;
+    char arr_name[48];
+    field_name(arr_name, sizeof(arr_name), where, "publishers");
+    kvo_status st =
+        get_typed(c, obj, where, "publishers", KVO_JSON_ARR, REQUIRED, &pubs);
+    if (st != KVO_OK) return st;
+    size_t n = pubs->len;
+    if (w) {
+        uint64_t *p = kvo_realloc(w->publisher, (n ? n : 1) * sizeof(*p));
+        if (p) w->publisher = p;
+        int64_t *z = kvo_realloc(w->zmq_last, (n ? n : 1) * sizeof(*z));
+        if (z) w->zmq_last = z;
+        if (!p || !z) return KVO_ENOMEM;
+        w->n = n;
+    }
+    for (size_t i = 0; st == KVO_OK && i < n; i++) {
+        kvo_jv o;
+        char name[64];
+        uint64_t id = 0, last = UINT64_MAX; /* null: nothing applied */
+        st = elem_obj(c, pubs, arr_name, i, &o, name, sizeof(name));
+        if (st == KVO_OK)
+            st = get_uint(c, &o, name, "publisher_id", UINT64_MAX, REQUIRED,
+                          &id);
+        if (st == KVO_OK)
+            st = get_uint(c, &o, name, "zmq_seq_last", INT64_MAX, OPTIONAL,
+                          &last);
+        if (st == KVO_OK && w) {
+            w->publisher[i] = id;
+            w->zmq_last[i] = last == UINT64_MAX ? -1 : (int64_t)last;
+        }
+    }
+    return st;
+}
+
+/* A waited query's "covered" and "watermark" into *covered and wm.
+ * KVO_EUNSUPPORTED when the answer has neither: the indexer ignored the
+ * wait. */
+static kvo_status read_wait(const json_call *c, chk_watermark *wm,
+                            bool *covered) {
+    const kvo_jv *w = kvo_json_get(c->root, "watermark");
+    const kvo_jv *cov = kvo_json_get(c->root, "covered");
+    if (!w || !cov)
+        return answer_err(c, KVO_EUNSUPPORTED,
+                          "the indexer does not wait for watermarks");
+    kvo_status st;
+    if ((st = get_typed(c, c->root, NULL, "covered", KVO_JSON_BOOL, REQUIRED,
+                        &cov)) != KVO_OK ||
+        (st = get_typed(c, c->root, NULL, "watermark", KVO_JSON_OBJ, REQUIRED,
+                        &w)) != KVO_OK ||
+        (st = read_watermark(c, w, "watermark", wm)) != KVO_OK)
+        return st;
+    if (wm) {
+        *covered = cov->v.b;
+        kvo_buf_reset(&wm->raw);
+    }
+    return KVO_OK;
+}
+
+/* The indexer's /metrics text that came with a query into metrics. */
+static kvo_status read_metrics(const json_call *c, kvo_buf *metrics) {
+    const kvo_jv *m;
+    kvo_status st =
+        get_typed(c, c->root, NULL, "metrics", KVO_JSON_STR, OPTIONAL, &m);
+    if (st == KVO_OK && !m)
+        st = answer_err(c, KVO_EUNSUPPORTED,
+                        "the indexer does not return its metrics with a "
+                        "query");
+    if (st != KVO_OK || !metrics) return st;
+    kvo_buf_reset(metrics);
+    return kvo_buf_append(metrics, m->v.s, m->len);
+}
 
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
                            uint32_t *scores, kvo_err *err) {
@@ -392,7 +741,7 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 chk_watermark *wm, bool *covered,
                                 kvo_buf *metrics, kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/query_by_hash", env->indexer_url);
+    json_call_init(&jc, err, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
     kvo_buf_init(&body);
     kvo_status st = CHK_BUF_LIT(&body, "{\"tokens_hashes\":");
@@ -408,38 +757,13 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
     if (st == KVO_OK && metrics)
         st = CHK_BUF_LIT(&body, ",\"metrics\":true");
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
-    if (st != KVO_OK) goto done;
-    st = json_call_send(&jc, env->idx_http, &body, err);
-    if (st != KVO_OK) goto done;
-    if ((st = parse_scores(env, jc.j, jc.url, scores, err)) != KVO_OK)
-        goto done;
-    if (wm) {
-        json_object *w = get_key(jc.j, "watermark");
-        json_object *c = get_key(jc.j, "covered");
-        if (!w || !c || !json_object_is_type(c, json_type_boolean)) {
-            st = kvo_err_set(err, KVO_EUNSUPPORTED, KVO_ERR_NO_OFFSET,
-                             "%s: the indexer does not wait for watermarks",
-                             jc.url);
-            goto done;
-        }
-        *covered = json_object_get_boolean(c);
-        kvo_buf_reset(&wm->raw);
-        st = parse_watermark(w, jc.url, wm, err);
+    if (st == KVO_OK) st = json_call_send(&jc, env->idx_http, &body);
+    for (int write = 0; write < 2 && st == KVO_OK; write++) {
+        st = read_scores(env, &jc, write ? scores : NULL);
+        if (st == KVO_OK && wm) st = read_wait(&jc, write ? wm : NULL, covered);
+        if (st == KVO_OK && metrics)
+            st = read_metrics(&jc, write ? metrics : NULL);
     }
-    if (st == KVO_OK && metrics) {
-        json_object *m = get_key(jc.j, "metrics");
-        if (!m || !json_object_is_type(m, json_type_string)) {
-            st = kvo_err_set(err, KVO_EUNSUPPORTED, KVO_ERR_NO_OFFSET,
-                             "%s: the indexer does not return its metrics "
-                             "with a query",
-                             jc.url);
-            goto done;
-        }
-        kvo_buf_reset(metrics);
-        st = kvo_buf_append(metrics, json_object_get_string(m),
-                            (size_t)json_object_get_string_len(m));
-    }
-done:
     json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;
@@ -454,52 +778,15 @@ void chk_watermark_fini(chk_watermark *w) {
 
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err) {
     json_call jc;
-    json_call_init(&jc, "%s/watermark", env->indexer_url);
-    kvo_status st = json_call_send(&jc, env->idx_http, NULL, err);
-    if (st != KVO_OK) goto done;
-    kvo_buf_reset(&w->raw);
-    st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
-    if (st == KVO_OK) st = parse_watermark(jc.j, jc.url, w, err);
-done:
+    json_call_init(&jc, err, "%s/watermark", env->indexer_url);
+    kvo_status st = json_call_send(&jc, env->idx_http, NULL);
+    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, NULL);
+    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, w);
+    if (st == KVO_OK) {
+        kvo_buf_reset(&w->raw);
+        st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
+    }
     json_call_fini(&jc);
-    return st;
-}
-
-/* {"publishers": [...]} into w (raw untouched). */
-static kvo_status parse_watermark(json_object *j, const char *url,
-                                  chk_watermark *w, kvo_err *err) {
-    kvo_status st = KVO_OK;
-    json_object *pubs = array_of(j, "publishers", url, err);
-    if (!pubs) {
-        st = KVO_EPROTO;
-        goto done;
-    }
-    size_t n = json_object_array_length(pubs);
-    uint64_t *p = kvo_realloc(w->publisher, (n ? n : 1) * sizeof(*p));
-    if (!p) {
-        st = KVO_ENOMEM;
-        goto done;
-    }
-    w->publisher = p;
-    int64_t *z = kvo_realloc(w->zmq_last, (n ? n : 1) * sizeof(*z));
-    if (!z) {
-        st = KVO_ENOMEM;
-        goto done;
-    }
-    w->zmq_last = z;
-    w->n = 0;
-    for (size_t i = 0; i < n; i++) {
-        json_object *o = json_object_array_get_idx(pubs, i);
-        uint64_t id, last;
-        if (!get_u64(o, "publisher_id", &id)) continue;
-        w->publisher[w->n] = id;
-        w->zmq_last[w->n] = get_u64(o, "zmq_seq_last", &last) &&
-                                    last <= INT64_MAX
-                                ? (int64_t)last
-                                : -1;
-        w->n++;
-    }
-done:
     return st;
 }
 
@@ -584,21 +871,24 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err) {
 
 kvo_status chk_relay_live(chk_relay *r, bool *live) {
     json_call jc;
-    json_call_init(&jc, "http://127.0.0.1:%u/stats", r->metrics_port);
-    *live = false;
-    kvo_status st = json_call_send(&jc, r->http, NULL, NULL);
-    if (st == KVO_OK) {
-        json_object *srcs = get_key(jc.j, "sources");
-        bool all = srcs && json_object_is_type(srcs, json_type_array) &&
-                   json_object_array_length(srcs) > 0;
-        for (size_t i = 0; all && i < json_object_array_length(srcs); i++) {
-            json_object *state =
-                get_key(json_object_array_get_idx(srcs, i), "state");
-            all = state && json_object_is_type(state, json_type_string) &&
-                  strcmp(json_object_get_string(state), "live") == 0;
-        }
-        *live = all;
+    json_call_init(&jc, NULL, "http://127.0.0.1:%u/stats", r->metrics_port);
+    const kvo_jv *srcs = NULL;
+    kvo_status st = json_call_send(&jc, r->http, NULL);
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "sources", KVO_JSON_ARR, REQUIRED,
+                       &srcs);
+    bool all = st == KVO_OK && srcs->len > 0;
+    for (size_t i = 0; all && i < srcs->len; i++) {
+        kvo_jv s;
+        char name[32];
+        const kvo_jv *state = NULL;
+        st = elem_obj(&jc, srcs, "sources", i, &s, name, sizeof(name));
+        if (st == KVO_OK)
+            st = get_typed(&jc, &s, name, "state", KVO_JSON_STR, REQUIRED,
+                           &state);
+        all = st == KVO_OK && strcmp(state->v.s, "live") == 0;
     }
+    *live = all;
     json_call_fini(&jc);
     return st;
 }

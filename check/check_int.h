@@ -48,6 +48,7 @@
 
 #include "kvo_check.h"
 #include "kvo_http.h"
+#include "kvo_json.h"
 #include "kvo_proc.h"
 
 #include <json-c/json.h>
@@ -104,10 +105,11 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
  * (replacing an earlier value). Comments and malformed lines are skipped. */
 kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
                                      const char *text, size_t len);
-/* A JSON object: every numeric (or boolean) leaf, named by its dotted path
- * ("nats.dropped", "gaps.0"). */
+/* A JSON object (parsed by kvo_json): every numeric (or boolean) leaf,
+ * named by its dotted path ("nats.dropped", "gaps.0"), members in key
+ * order. */
 kvo_status check_counters_parse_json(check_counters *c, const char *stage,
-                                     json_object *j);
+                                     const kvo_jv *j);
 
 /* ======================================================================== */
 /* Reasons and the rules that turn counters into causes                      */

@@ -7,6 +7,7 @@ Suite *suite_core(void);
 Suite *suite_report(void);
 Suite *suite_browser(void);
 Suite *suite_wait(void);
+Suite *suite_answers(void);
 Suite *suite_e2e(void);
 
 int main(int argc, char **argv) {
@@ -15,6 +16,7 @@ int main(int argc, char **argv) {
         suite_report,
         suite_browser,
         suite_wait,
+        suite_answers,
         suite_e2e,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));

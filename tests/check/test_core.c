@@ -280,20 +280,28 @@ START_TEST(prometheus_text_becomes_counters_with_labels_verbatim) {
 END_TEST
 
 START_TEST(json_counters_are_flattened_by_dotted_path) {
-    json_object *j = json_tokener_parse(
+    static const char text[] =
         "{\"gaps\": 1, \"rejects\": {\"token_count\": 2}, \"ok\": true,"
         " \"name\": \"x\", \"list\": [5, {\"y\": 6}], \"big\": "
-        "18446744073709551615}");
+        "18446744073709551615, \"neg\": -3, \"ints\": [7, 8]}";
+    kvo_json j;
+    kvo_json_init(&j);
+    ck_assert_int_eq(kvo_json_parse(&j, text, sizeof(text) - 1, NULL, NULL),
+                     KVO_OK);
     check_counters c;
     check_counters_init(&c);
-    ck_assert_int_eq(check_counters_parse_json(&c, "relay 1.0", j), KVO_OK);
+    ck_assert_int_eq(check_counters_parse_json(&c, "relay 1.0", j.root),
+                     KVO_OK);
     ck_assert(check_counters_get(&c, "relay 1.0", "gaps") == 1);
     ck_assert(check_counters_get(&c, "relay 1.0", "rejects.token_count") == 2);
     ck_assert(check_counters_get(&c, "relay 1.0", "ok") == 1);
     ck_assert(check_counters_get(&c, "relay 1.0", "list.1.y") == 6);
     ck_assert(check_counters_get(&c, "relay 1.0", "big") > 1.8e19);
     ck_assert(isnan(check_counters_get(&c, "relay 1.0", "name")));
-    json_object_put(j);
+    /* a negative leaf, and a packed array of integers (no nodes) */
+    ck_assert(check_counters_get(&c, "relay 1.0", "neg") == -3);
+    ck_assert(check_counters_get(&c, "relay 1.0", "ints.1") == 8);
+    kvo_json_fini(&j);
     check_counters_fini(&c);
 }
 END_TEST

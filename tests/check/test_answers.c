@@ -1,0 +1,710 @@
+/* kvo-check reading answers from services that answer wrong. A fake
+ * service (a kvo_http server in a child process, so that what the client
+ * side holds can be measured alone) answers each of kvo-check's calls with
+ * a good answer, then with hostile ones: bytes after the JSON, invalid
+ * UTF-8, integers beyond their range, 200 MB bodies. Every one must end in
+ * an error naming the call (method and URL) and what was wrong, with the
+ * memory kvo-check needed bounded by the answer's size, never a multiple.
+ *
+ * The fake is told what to answer over HTTP itself:
+ *   POST /fake/answer?path=P      body = the answer to give for path P
+ *   POST /fake/huge?path=P&kind=K a 200 MB answer made in the child:
+ *                                 K = number (one integer of that many
+ *                                 digits) or array (that many bytes of
+ *                                 "0,0,...")
+ * Any other path gets its answer, or 404. */
+#include "check_int.h"
+#include "tc.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+Suite *suite_answers(void);
+
+#define FAKE_ROUTES 16
+#define HUGE_BYTES ((size_t)200 << 20)
+
+/* ---- the fake service (child process) ---------------------------------------*/
+
+typedef struct route {
+    char path[64];
+    uint8_t *body; /* owned */
+    size_t len;
+    char huge;     /* 0, 'n' (number) or 'a' (array) */
+} route;
+
+static route routes[FAKE_ROUTES]; /* the child's */
+
+static route *route_for(const char *path, bool add) {
+    for (size_t i = 0; i < FAKE_ROUTES; i++)
+        if (strcmp(routes[i].path, path) == 0) return &routes[i];
+    for (size_t i = 0; add && i < FAKE_ROUTES; i++)
+        if (!routes[i].path[0]) {
+            snprintf(routes[i].path, sizeof(routes[i].path), "%s", path);
+            return &routes[i];
+        }
+    return NULL;
+}
+
+/* {"publishers":[{"publisher_id":<digits>}]} or {"publishers":[0,0,...]},
+ * HUGE_BYTES long. */
+static void answer_huge(kvo_http_req *req, char kind) {
+    static const char num_head[] = "{\"publishers\":[{\"publisher_id\":";
+    static const char num_tail[] = "}]}";
+    static const char arr_head[] = "{\"publishers\":[";
+    static const char arr_tail[] = "0]}";
+    const char *head = kind == 'n' ? num_head : arr_head;
+    const char *tail = kind == 'n' ? num_tail : arr_tail;
+    size_t hl = strlen(head), tl = strlen(tail);
+    char *b = malloc(HUGE_BYTES);
+    if (!b) _exit(3);
+    memcpy(b, head, hl);
+    for (size_t i = hl; i < HUGE_BYTES - tl; i++)
+        b[i] = kind == 'n' ? (char)('1' + i % 9) : (i - hl) % 2 ? ',' : '0';
+    memcpy(b + HUGE_BYTES - tl, tail, tl);
+    kvo_http_respond(req, 200, "application/json", b, HUGE_BYTES);
+    free(b);
+}
+
+static void fake_on_req(void *ctx, kvo_http_req *req) {
+    (void)ctx;
+    const char *path = kvo_http_req_path(req);
+    const char *for_path = kvo_http_req_arg(req, "path");
+    if (strncmp(path, "/fake/", 6) == 0) {
+        route *r = for_path ? route_for(for_path, true) : NULL;
+        if (!r) {
+            kvo_http_respond_error(req, 400, "no path or no room");
+            return;
+        }
+        free(r->body);
+        r->body = NULL;
+        r->len = 0;
+        r->huge = 0;
+        if (strcmp(path, "/fake/huge") == 0) {
+            const char *kind = kvo_http_req_arg(req, "kind");
+            r->huge = kind ? kind[0] : 'n';
+        } else {
+            size_t n;
+            const uint8_t *b = kvo_http_req_body(req, &n);
+            r->body = malloc(n ? n : 1);
+            if (!r->body) _exit(3);
+            memcpy(r->body, b, n);
+            r->len = n;
+        }
+        kvo_http_respond(req, 200, "text/plain", "ok", 2);
+        return;
+    }
+    route *r = route_for(path, false);
+    if (!r)
+        kvo_http_respond_error(req, 404, "no such path");
+    else if (r->huge)
+        answer_huge(req, r->huge);
+    else
+        kvo_http_respond(req, 200, "application/json", r->body, r->len);
+}
+
+/* The child: serve until the parent closes ctl (or dies). */
+static void fake_serve(int port_fd, int ctl_fd) {
+    kvo_http_server *s;
+    kvo_http_server_cfg cfg = {.host = "127.0.0.1", .handler = fake_on_req};
+    if (kvo_http_server_new(&s, &cfg) != KVO_OK) _exit(2);
+    uint16_t port = kvo_http_server_port(s);
+    if (write(port_fd, &port, sizeof(port)) != (ssize_t)sizeof(port)) _exit(2);
+    for (;;) {
+        struct pollfd p[2] = {{kvo_http_server_fd(s), POLLIN, 0},
+                              {ctl_fd, POLLIN, 0}};
+        long t = kvo_http_server_timeout_ms(s);
+        poll(p, 2, t < 0 || t > 20 ? 20 : (int)t);
+        if (p[1].revents) break;
+        kvo_http_server_run(s);
+    }
+    kvo_http_server_free(s);
+    _exit(0);
+}
+
+/* ---- the test's side ---------------------------------------------------------*/
+
+typedef struct fake {
+    pid_t pid;
+    int ctl; /* closing it stops the child */
+    uint16_t port;
+    char base[64];
+    kvo_http_client *http; /* to set answers */
+} fake;
+
+static void fake_start(fake *f) {
+    memset(f, 0, sizeof(*f));
+    int port_pipe[2], ctl_pipe[2];
+    ck_assert_int_eq(pipe(port_pipe), 0);
+    ck_assert_int_eq(pipe(ctl_pipe), 0);
+    f->pid = fork();
+    ck_assert_int_ge(f->pid, 0);
+    if (f->pid == 0) {
+        close(port_pipe[0]);
+        close(ctl_pipe[1]);
+        fake_serve(port_pipe[1], ctl_pipe[0]);
+    }
+    close(port_pipe[1]);
+    close(ctl_pipe[0]);
+    f->ctl = ctl_pipe[1];
+    struct pollfd p = {port_pipe[0], POLLIN, 0};
+    ck_assert_msg(poll(&p, 1, 10000) == 1, "the fake service did not start");
+    ck_assert_int_eq(read(port_pipe[0], &f->port, sizeof(f->port)),
+                     (ssize_t)sizeof(f->port));
+    close(port_pipe[0]);
+    snprintf(f->base, sizeof(f->base), "http://127.0.0.1:%u", f->port);
+    ck_assert_int_eq(kvo_http_client_new(&f->http, 60000), KVO_OK);
+}
+
+static void fake_stop(fake *f) {
+    kvo_http_client_free(f->http);
+    close(f->ctl);
+    int status = 0;
+    ck_assert_int_eq(waitpid(f->pid, &status, 0), f->pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the fake service ended with status %d", status);
+}
+
+/* POST /fake/<what>?path=<path><more> with body. */
+static void fake_set(fake *f, const char *what, const char *path,
+                     const char *more, const void *body, size_t len) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/fake/%s?path=%s%s", f->base, what, path,
+             more);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    ck_assert_int_eq(kvo_http_post(f->http, url, "application/json", body,
+                                   len, &r),
+                     KVO_OK);
+    ck_assert_int_eq(r.status, 200);
+    kvo_http_resp_fini(&r);
+}
+
+/* Answer path with a HUGE_BYTES answer of kind 'n' or 'a' (answer_huge). */
+static void fake_huge(fake *f, const char *path, char kind) {
+    char more[16];
+    snprintf(more, sizeof(more), "&kind=%c", kind);
+    fake_set(f, "huge", path, more, "", 0);
+}
+
+/* Answer path with text (NUL-terminated). */
+static void fake_answer(fake *f, const char *path, const char *text) {
+    fake_set(f, "answer", path, "", text, strlen(text));
+}
+
+/* What kvo-check calls, pointed at the fake: one engine with one rank, an
+ * indexer, a relay whose /stats is the fake's. */
+typedef struct target {
+    chk_engine e;
+    chk_env env;
+    chk_relay rl;
+    kvo_http_client *http;
+} target;
+
+static void target_init(target *t, const fake *f) {
+    memset(t, 0, sizeof(*t));
+    ck_assert_int_eq(kvo_http_client_new(&t->http, 60000), KVO_OK);
+    snprintf(t->e.url, sizeof(t->e.url), "%s", f->base);
+    t->e.http = t->e.probe_http = t->http;
+    t->e.n_ranks = 1;
+    t->e.ranks[0].last_seq = -1;
+    snprintf(t->env.indexer_url, sizeof(t->env.indexer_url), "%s", f->base);
+    t->env.idx_http = t->env.idx_metrics = t->http;
+    t->env.n_workers = t->env.dp_size = 1;
+    t->rl.http = t->http;
+    t->rl.metrics_port = f->port;
+}
+
+static void target_fini(target *t) { kvo_http_client_free(t->http); }
+
+static const chk_prompt PROMPT = {.trace_form = false, .json = "[1,2,3,4]",
+                                  .len = 9};
+
+/* Each call kvo-check makes, as it makes it; what it read goes into got. */
+typedef struct reading {
+    int32_t hits[CHK_MAX_DP];
+    chk_completion c;
+    char model[128];
+    check_counters counters;
+    uint32_t scores[1];
+    chk_watermark wm;
+    bool covered, live;
+    kvo_buf metrics;
+} reading;
+
+static void reading_init(reading *g) {
+    memset(g, 0, sizeof(*g));
+    check_counters_init(&g->counters);
+    kvo_buf_init(&g->metrics);
+}
+
+static void reading_fini(reading *g) {
+    kvo_free(g->c.kv_transfer_params);
+    check_counters_fini(&g->counters);
+    chk_watermark_fini(&g->wm);
+    kvo_buf_fini(&g->metrics);
+}
+
+typedef kvo_status call_fn(target *t, reading *g, kvo_err *err);
+
+static kvo_status call_state(target *t, reading *g, kvo_err *err) {
+    (void)g;
+    return chk_engine_state(&t->e, err);
+}
+static kvo_status call_counters(target *t, reading *g, kvo_err *err) {
+    return chk_engine_counters(&t->e, &g->counters, err);
+}
+static kvo_status call_sources(target *t, reading *g, kvo_err *err) {
+    (void)g;
+    return chk_engine_sources(&t->e, err);
+}
+static kvo_status call_probe(target *t, reading *g, kvo_err *err) {
+    return chk_engine_probe(&t->e, &PROMPT, 16, false, g->hits, err);
+}
+static kvo_status call_complete(target *t, reading *g, kvo_err *err) {
+    kvo_free(g->c.kv_transfer_params);
+    return chk_engine_complete(&t->e, "m", &PROMPT, 1, 0, NULL, &g->c, err);
+}
+static kvo_status call_model(target *t, reading *g, kvo_err *err) {
+    return chk_engine_model(&t->e, g->model, sizeof(g->model), err);
+}
+static kvo_status call_query(target *t, reading *g, kvo_err *err) {
+    static const uint64_t hashes[] = {1, 2}, pairs[] = {7, 3};
+    return chk_index_query_wait(&t->env, hashes, 2, pairs, 1, 10, g->scores,
+                                &g->wm, &g->covered, &g->metrics, err);
+}
+static kvo_status call_watermark(target *t, reading *g, kvo_err *err) {
+    return chk_index_watermark(&t->env, &g->wm, err);
+}
+/* The relay's readiness poll says only "not live" and the status. */
+static kvo_status call_relay(target *t, reading *g, kvo_err *err) {
+    (void)err;
+    return chk_relay_live(&t->rl, &g->live);
+}
+
+typedef struct endpoint {
+    const char *method, *path;
+    const char *good; /* an answer the call reads without complaint */
+    call_fn *call;
+} endpoint;
+
+static const endpoint ENDPOINTS[] = {
+    {"GET", "/kvo/state",
+     "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":5,\"resident_blocks\":1,"
+     "\"free_blocks\":2,\"requests_finished\":3,"
+     "\"counters\":{\"render_errors\":0,\"nested\":{\"x\":4}}}]}",
+     call_state},
+    {"GET", "/kvo/state", NULL, call_counters}, /* the same answer */
+    {"GET", "/kvo/event_sources",
+     "[{\"endpoint\":\"tcp://127.0.0.1:5557\",\"replay_endpoint\":null,"
+     "\"topic\":\"kv\",\"data_parallel_rank\":0}]",
+     call_sources},
+    {"POST", "/kvo/probe",
+     "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,\"hit_blocks\":3}]}",
+     call_probe},
+    {"POST", "/v1/completions",
+     "{\"usage\":{\"prompt_tokens\":4,\"prompt_tokens_details\":"
+     "{\"cached_tokens\":0}},\"kvo\":{\"dp_rank\":0,\"last_seq\":null},"
+     "\"kv_transfer_params\":{\"ids\":[1,2],\"host\":\"h\\u00e9\","
+     "\"on\":true,\"r\":0.5,\"n\":null}}",
+     call_complete},
+    {"GET", "/v1/models", "{\"data\":[{\"id\":\"m\"}]}", call_model},
+    {"POST", "/query_by_hash",
+     "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":2},"
+     "{\"worker_id\":9,\"dp_rank\":0,\"blocks\":7}],\"covered\":true,"
+     "\"watermark\":{\"publishers\":[{\"publisher_id\":7,"
+     "\"zmq_seq_last\":3}]},\"metrics\":\"x 1\\n\"}",
+     call_query},
+    {"GET", "/watermark",
+     "{\"publishers\":[{\"publisher_id\":18446744073709551615,"
+     "\"zmq_seq_last\":null},{\"publisher_id\":7,\"zmq_seq_last\":3}]}",
+     call_watermark},
+    {"GET", "/stats", "{\"sources\":[{\"state\":\"live\"}]}", call_relay},
+};
+
+static const char *good_answer(size_t i) {
+    while (!ENDPOINTS[i].good) i--;
+    return ENDPOINTS[i].good;
+}
+
+/* Every endpoint's answer, each made by how(good, out). */
+static void answer_all(fake *f, void (*how)(const char *good, kvo_buf *out)) {
+    for (size_t i = 0; i < KVO_ARRAY_LEN(ENDPOINTS); i++) {
+        if (!ENDPOINTS[i].good) continue;
+        kvo_buf b;
+        kvo_buf_init(&b);
+        how(ENDPOINTS[i].good, &b);
+        fake_set(f, "answer", ENDPOINTS[i].path, "", b.data, b.len);
+        kvo_buf_fini(&b);
+    }
+}
+
+/* "METHOD http://127.0.0.1:PORT/path: " + what: the start of an error. */
+static void expect_error(const fake *f, size_t i, kvo_status st,
+                         const kvo_err *err, const char *what) {
+    const endpoint *ep = &ENDPOINTS[i];
+    ck_assert_msg(st != KVO_OK, "%s %s: accepted", ep->method, ep->path);
+    if (ep->call == call_relay) return; /* no err to read */
+    char want[512];
+    snprintf(want, sizeof(want), "%s %s%s: %s", ep->method, f->base, ep->path,
+             what);
+    ck_assert_msg(strncmp(err->msg, want, strlen(want)) == 0,
+                  "want \"%s...\"\n got \"%s\"", want, err->msg);
+    ck_assert_int_eq(err->status, st);
+}
+
+static void as_is(const char *good, kvo_buf *out) {
+    kvo_buf_append(out, good, strlen(good));
+}
+
+START_TEST(good_answers_are_read_field_by_field) {
+    fake f;
+    fake_start(&f);
+    answer_all(&f, as_is);
+    target t;
+    target_init(&t, &f);
+    reading g;
+    reading_init(&g);
+    for (size_t i = 0; i < KVO_ARRAY_LEN(ENDPOINTS); i++) {
+        kvo_err err = {0};
+        kvo_status st = ENDPOINTS[i].call(&t, &g, &err);
+        ck_assert_msg(st == KVO_OK, "%s: %s", ENDPOINTS[i].path, err.msg);
+        if (ENDPOINTS[i].call == call_sources) {
+            ck_assert_str_eq(t.e.ranks[0].zmq, "tcp://127.0.0.1:5557");
+            ck_assert_str_eq(t.e.ranks[0].replay, "");
+            ck_assert_str_eq(t.e.ranks[0].topic, "kv");
+        }
+    }
+    ck_assert_int_eq(t.e.ranks[0].last_seq, 5);
+    ck_assert(check_counters_get(&g.counters, "engine 0.0", "render_errors") ==
+              0);
+    ck_assert(check_counters_get(&g.counters, "engine 0.0", "nested.x") == 4);
+    ck_assert(check_counters_get(&g.counters, "engine 0.0",
+                                 "requests_finished") == 3);
+    ck_assert_int_eq(g.hits[0], 3);
+    ck_assert_int_eq(g.c.prompt_tokens, 4);
+    ck_assert_int_eq(g.c.cached_tokens, 0);
+    ck_assert(g.c.kvo);
+    ck_assert_int_eq(g.c.dp_rank, 0);
+    ck_assert_int_eq(g.c.last_seq, -1);
+    /* passed on as JSON (members in key order, the string re-escaped) */
+    ck_assert_str_eq(g.c.kv_transfer_params,
+                     "{\"host\":\"h\xc3\xa9\",\"ids\":[1,2],\"n\":null,"
+                     "\"on\":true,\"r\":0.5}");
+    ck_assert_str_eq(g.model, "m");
+    ck_assert_uint_eq(g.scores[0], 2); /* worker 9 is not ours */
+    ck_assert(g.covered);
+    ck_assert(g.metrics.len == 4 && memcmp(g.metrics.data, "x 1\n", 4) == 0);
+    /* the last read: /watermark's */
+    ck_assert_uint_eq(g.wm.n, 2);
+    bool present;
+    ck_assert_int_eq(chk_watermark_get(&g.wm, UINT64_MAX, &present), -1);
+    ck_assert(present);
+    ck_assert_int_eq(chk_watermark_get(&g.wm, 7, NULL), 3);
+    ck_assert(g.live);
+    reading_fini(&g);
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
+/* Every call, its endpoint answering how(its good answer): each must fail
+ * with error, its message quoting quoted(good) (the bytes near the fault,
+ * as the error shows them). The relay's readiness poll has no message: it
+ * must say "not live". */
+static void every_call_refuses(void (*how)(const char *good, kvo_buf *out),
+                               const char *error,
+                               void (*quoted)(const char *good, char *out,
+                                              size_t n)) {
+    fake f;
+    fake_start(&f);
+    answer_all(&f, how);
+    target t;
+    target_init(&t, &f);
+    for (size_t i = 0; i < KVO_ARRAY_LEN(ENDPOINTS); i++) {
+        reading g;
+        reading_init(&g);
+        kvo_err err = {0};
+        kvo_status st = ENDPOINTS[i].call(&t, &g, &err);
+        expect_error(&f, i, st, &err, error);
+        if (ENDPOINTS[i].call == call_relay) {
+            ck_assert(!g.live);
+        } else {
+            char q[128];
+            quoted(good_answer(i), q, sizeof(q));
+            ck_assert_msg(strstr(err.msg, q), "no %s in %s", q, err.msg);
+        }
+        reading_fini(&g);
+    }
+    target_fini(&t);
+    fake_stop(&f);
+}
+
+static void with_trailing_bytes(const char *good, kvo_buf *out) {
+    kvo_buf_printf(out, "%s x", good);
+}
+
+static void trailing_quoted(const char *good, char *out, size_t n) {
+    snprintf(out, n, "%s x\")", good + strlen(good) - 10);
+}
+
+START_TEST(bytes_after_the_json_are_an_error_naming_the_call) {
+    every_call_refuses(with_trailing_bytes,
+                       "bad JSON answer: trailing characters after the JSON "
+                       "value (byte ",
+                       trailing_quoted);
+}
+END_TEST
+
+/* A string member "junk" (an element for an array answer) holding a byte
+ * that is not UTF-8 (0xC3 then '(' : a lead byte without its follower). */
+static void with_bad_utf8(const char *good, kvo_buf *out) {
+    kvo_buf_printf(out, "%c%s\"\xc3(\",%s", good[0],
+                   good[0] == '{' ? "\"junk\":" : "", good + 1);
+}
+
+/* the byte is quoted escaped: the message stays printable */
+static void bad_utf8_quoted(const char *good, char *out, size_t n) {
+    (void)good;
+    snprintf(out, n, "\"\\xc3(\"");
+}
+
+START_TEST(invalid_utf8_in_an_answer_is_an_error_naming_the_call) {
+    every_call_refuses(with_bad_utf8,
+                       "bad JSON answer: invalid UTF-8 in a string (byte ",
+                       bad_utf8_quoted);
+}
+END_TEST
+
+/* One call, one answer, what the error must say after "METHOD URL: ". */
+typedef struct bad_case {
+    size_t endpoint; /* into ENDPOINTS */
+    const char *answer;
+    const char *error;
+} bad_case;
+
+enum { EP_STATE, EP_COUNTERS, EP_SOURCES, EP_PROBE, EP_COMPLETE, EP_MODEL,
+       EP_QUERY, EP_WATERMARK, EP_RELAY };
+
+#define M16 "mmmmmmmmmmmmmmmm"
+
+static const bad_case BAD[] = {
+    /* a hash beyond u64 */
+    {EP_WATERMARK,
+     "{\"publishers\":[{\"publisher_id\":18446744073709551616,"
+     "\"zmq_seq_last\":1}]}",
+     "bad JSON answer: integer out of range (byte 31, near "},
+    {EP_QUERY,
+     "{\"scores\":[{\"worker_id\":99999999999999999999,\"dp_rank\":0,"
+     "\"blocks\":1}]}",
+     "bad JSON answer: integer out of range (byte 24, "},
+    /* counts that do not fit where they go: refused, not clamped */
+    {EP_QUERY,
+     "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":4294967296}]}",
+     "scores[0].blocks: expected an integer in [0, 4294967295], got "
+     "4294967296"},
+    {EP_WATERMARK,
+     "{\"publishers\":[{\"publisher_id\":1,"
+     "\"zmq_seq_last\":9223372036854775808}]}",
+     "publishers[0].zmq_seq_last: expected null or an integer in [0, "
+     "9223372036854775807], got 9223372036854775808"},
+    {EP_STATE, "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":18446744073709551615}]}",
+     "ranks[0].last_seq: expected null or an integer in [0, "
+     "9223372036854775807], got 18446744073709551615"},
+    {EP_PROBE,
+     "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,\"hit_blocks\":-1}]}",
+     "ranks[0].hit_blocks: expected an integer in [0, 2147483647], got -1"},
+    {EP_PROBE,
+     "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,"
+     "\"hit_blocks\":2147483648}]}",
+     "ranks[0].hit_blocks: expected an integer in [0, 2147483647], got "
+     "2147483648"},
+    {EP_PROBE, "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0}]}",
+     "ranks[0].hit_blocks: expected an integer in [0, 2147483647], got "
+     "nothing"},
+    {EP_PROBE, "{\"block_size\":16,\"ranks\":[{\"dp_rank\":4294967296}]}",
+     "ranks[0].dp_rank: expected null or an integer in [0, 4294967295], got "
+     "4294967296"},
+    {EP_COMPLETE,
+     "{\"usage\":{\"prompt_tokens\":4,\"prompt_tokens_details\":"
+     "{\"cached_tokens\":-16}}}",
+     "usage.prompt_tokens_details.cached_tokens: expected null or an "
+     "integer in [0, 9223372036854775807], got -16"},
+    {EP_COMPLETE, "{\"usage\":{\"prompt_tokens\":4.5}}",
+     "usage.prompt_tokens: expected null or an integer in [0, "
+     "9223372036854775807], got 4.5"},
+    {EP_COMPLETE, "{\"usage\":[4]}",
+     "usage: expected null or an object, got an array"},
+    {EP_SOURCES, "[{\"endpoint\":\"tcp://h:1\",\"data_parallel_rank\":16}]",
+     "[0].data_parallel_rank: expected null or an integer in [0, 15], got 16"},
+    {EP_SOURCES, "[{\"endpoint\":5}]",
+     "[0].endpoint: expected a string, got 5"},
+    {EP_SOURCES, "[7]", "[0]: expected an object, got 7"},
+    {EP_SOURCES, "{\"endpoint\":\"tcp://h:1\"}",
+     "expected an array of sources, got an object"},
+    {EP_COUNTERS, "{\"ranks\":[{\"resident_blocks\":-1}]}",
+     "ranks[0].resident_blocks: expected null or an integer in [0, "
+     "9223372036854775807], got -1"},
+    {EP_COUNTERS, "{\"ranks\":[{\"counters\":[1]}]}",
+     "ranks[0].counters: expected null or an object, got an array"},
+    {EP_QUERY, "{\"scores\":[{\"worker_id\":0,\"blocks\":1}]}",
+     "scores[0].dp_rank: expected an integer in [0, 4294967295], got "
+     "nothing"},
+    {EP_QUERY,
+     "{\"scores\":[],\"covered\":1,\"watermark\":{\"publishers\":[]},"
+     "\"metrics\":\"\"}",
+     "covered: expected true or false, got 1"},
+    {EP_QUERY,
+     "{\"scores\":[],\"covered\":true,\"watermark\":{\"publishers\":"
+     "[{\"zmq_seq_last\":1}]},\"metrics\":\"\"}",
+     "watermark.publishers[0].publisher_id: expected an integer in [0, "
+     "18446744073709551615], got nothing"},
+    {EP_QUERY,
+     "{\"scores\":[],\"covered\":true,\"watermark\":{\"publishers\":[]},"
+     "\"metrics\":3}",
+     "metrics: expected null or a string, got 3"},
+    /* a repeated key: which one would count? */
+    {EP_PROBE,
+     "{\"block_size\":16,\"block_size\":32,\"ranks\":[]}",
+     "bad JSON answer: duplicate key \"block_size\" in an object (byte 0, "},
+    /* what does not fit kvo-check's fields is refused, not cut */
+    {EP_MODEL, "{\"data\":[{\"id\":\"" M16 M16 M16 M16 M16 M16 M16 M16 "\"}]}",
+     "data[0].id: 128 bytes, at most 127"},
+    {EP_MODEL, "{\"data\":[]}", "no model listed (use --model)"},
+    {EP_WATERMARK, "", "bad JSON answer: the input ends where a value should "
+                       "start (byte 0, near \"\")"},
+    {EP_WATERMARK, "{\"publishers\":[{\"publisher_id\":1}",
+     "bad JSON answer: the input ends inside an array (byte 14, "},
+};
+
+START_TEST(values_out_of_their_range_are_errors_never_clamped) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    for (size_t i = 0; i < KVO_ARRAY_LEN(BAD); i++) {
+        const bad_case *b = &BAD[i];
+        fake_answer(&f, ENDPOINTS[b->endpoint].path, b->answer);
+        reading g;
+        reading_init(&g);
+        for (int k = 0; k < CHK_MAX_DP; k++) g.hits[k] = -7;
+        g.scores[0] = 77;
+        kvo_err err = {0};
+        kvo_status st = ENDPOINTS[b->endpoint].call(&t, &g, &err);
+        expect_error(&f, b->endpoint, st, &err, b->error);
+        /* a failed read leaves what it would have written as it was */
+        ck_assert_int_eq(g.hits[0], -7);
+        ck_assert_uint_eq(g.scores[0], 77);
+        ck_assert_uint_eq(g.wm.n, 0);
+        ck_assert_ptr_null(g.c.kv_transfer_params);
+        ck_assert_uint_eq(g.counters.n, 0);
+        reading_fini(&g);
+    }
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
+/* Resident set size now, and the most it has been, in KiB. */
+static long rss_now_kib(void) {
+    long pages = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fscanf(f, "%ld %ld", &pages, &resident), 2);
+    fclose(f);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static long rss_peak_kib(void) {
+    struct rusage ru;
+    ck_assert_int_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+START_TEST(a_200_mb_answer_is_refused_in_memory_bounded_by_its_size) {
+    /* The client takes up to 1 GiB of body; reading it must not need more
+     * than about the body again (json-c needed ~30 bytes per byte of an
+     * integer array). Under a sanitizer the allocator keeps freed blocks in
+     * quarantine: the bound is looser there, still far below 30x. */
+    const long bound_kib =
+        (long)(HUGE_BYTES / 1024) * (TC_SANITIZED ? 4 : 2);
+    static const struct {
+        char kind;
+        const char *error;
+    } huge[] = {
+        {'n', "bad JSON answer: integer out of range (byte 31, "},
+        {'a', "bad JSON answer: the document needs more than 67108864 bytes "
+              "(byte "},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(huge); i++) {
+        fake f;
+        fake_start(&f);
+        fake_huge(&f, "/watermark", huge[i].kind);
+        target t;
+        target_init(&t, &f);
+        reading g;
+        reading_init(&g);
+        long before = rss_now_kib();
+        kvo_err err = {0};
+        kvo_status st = call_watermark(&t, &g, &err);
+        long grew = rss_peak_kib() - before;
+        expect_error(&f, EP_WATERMARK, st, &err, huge[i].error);
+        ck_assert_msg(grew < bound_kib,
+                      "reading a %zu MiB answer took %ld MiB (at most %ld)",
+                      HUGE_BYTES >> 20, grew / 1024, bound_kib / 1024);
+        reading_fini(&g);
+        target_fini(&t);
+        fake_stop(&f);
+    }
+}
+END_TEST
+
+START_TEST(kvo_check_stops_with_the_error_naming_the_call) {
+    /* The user's view: an engine whose /kvo/state holds a sequence number
+     * beyond u64 stops kvo-check at setup (exit 2) with the error on
+     * stderr, naming the call. */
+    fake f;
+    fake_start(&f);
+    fake_answer(&f, "/kvo/event_sources",
+                "[{\"endpoint\":\"tcp://127.0.0.1:1\",\"data_parallel_rank\":0}]");
+    fake_answer(&f, "/kvo/state",
+                "{\"ranks\":[{\"dp_rank\":0,"
+                "\"last_seq\":18446744073709551616}]}");
+    char *trace = kt_src_path("traces/mooncake_conversation_1000.jsonl");
+    const char *args[] = {"--engines", f.base, "--trace", trace, "--limit",
+                          "1", NULL};
+    tc_run r;
+    tc_check(&r, "bad-answer", args, 120);
+    char *out = tc_slurp(r.log);
+    if (r.exit_code != 2) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 2);
+    char want[256];
+    snprintf(want, sizeof(want),
+             "GET %s/kvo/state: bad JSON answer: integer out of range "
+             "(byte 34, near ",
+             f.base);
+    ck_assert_msg(strstr(out, want), "want \"%s\" in:\n%s", want, out);
+    kvo_free(out);
+    kvo_free(trace);
+    tc_free(&r, false);
+    fake_stop(&f);
+}
+END_TEST
+
+Suite *suite_answers(void) {
+    Suite *s = suite_create("answers");
+    TCase *tc = tcase_create("answers");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, good_answers_are_read_field_by_field);
+    tcase_add_test(tc, bytes_after_the_json_are_an_error_naming_the_call);
+    tcase_add_test(tc, invalid_utf8_in_an_answer_is_an_error_naming_the_call);
+    tcase_add_test(tc, values_out_of_their_range_are_errors_never_clamped);
+    tcase_add_test(tc, a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
+    tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
+    suite_add_tcase(s, tc);
+    return s;
+}
