@@ -144,8 +144,9 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
         c->resp.body.data ? c->resp.body.data : (const uint8_t *)"";
     size_t len = c->resp.body.len;
     char q[4 * ERROR_QUOTE + 4];
-    if (c->resp.status != 200)
-        return answer_err(c, KVO_EHTTP, "HTTP %ld: %s", c->resp.status,
+    if (c->resp.status != 200) /* 404: the service lacks the endpoint */
+        return answer_err(c, c->resp.status == 404 ? KVO_ENOTFOUND : KVO_EHTTP,
+                          "HTTP %ld: %s", c->resp.status,
                           quote(q, sizeof(q), text, len, ERROR_QUOTE));
     kvo_json_limits lim = {.max_depth = ANSWER_DEPTH_MAX,
                            .max_mem = ANSWER_MEM_MAX};

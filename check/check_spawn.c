@@ -692,9 +692,10 @@ static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
         if (e->n_ranks == 0) e->decode = true; /* publishes nothing */
         return chk_engine_state(e, err);
     }
-    if (env->cfg->spawn) {
+    /* Only an engine without the endpoint (404) is a real engine; a
+     * kvo-mocker that answers it badly, or not at all, is an error. */
+    if (env->cfg->spawn || st != KVO_ENOTFOUND)
         return kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", e2.msg);
-    }
     /* a real engine */
     e->mocker = false;
     e->n_ranks = env->cfg->dp_size;

@@ -695,6 +695,32 @@ START_TEST(kvo_check_stops_with_the_error_naming_the_call) {
 }
 END_TEST
 
+/* A kvo-mocker whose /kvo/event_sources answer is malformed is an error,
+ * not a real engine: only a 404 (the endpoint does not exist) makes
+ * kvo-check treat the engine as a real one. */
+START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
+    fake f;
+    fake_start(&f);
+    fake_answer(&f, "/kvo/event_sources", "[{\"endpoint\": 5}] trailing");
+    char *trace = kt_src_path("traces/mooncake_conversation_1000.jsonl");
+    const char *args[] = {"--engines", f.base, "--trace", trace, "--limit",
+                          "1", NULL};
+    tc_run r;
+    tc_check(&r, "bad-sources", args, 120);
+    char *out = tc_slurp(r.log);
+    if (r.exit_code != 2) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 2);
+    char want[256];
+    snprintf(want, sizeof(want), "GET %s/kvo/event_sources: bad JSON answer",
+             f.base);
+    ck_assert_msg(strstr(out, want), "want \"%s\" in:\n%s", want, out);
+    kvo_free(out);
+    kvo_free(trace);
+    tc_free(&r, false);
+    fake_stop(&f);
+}
+END_TEST
+
 Suite *suite_answers(void) {
     Suite *s = suite_create("answers");
     TCase *tc = tcase_create("answers");
@@ -705,6 +731,7 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, values_out_of_their_range_are_errors_never_clamped);
     tcase_add_test(tc, a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
     tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
+    tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);
     suite_add_tcase(s, tc);
     return s;
 }
