@@ -96,6 +96,7 @@
 
 #define RELAY_REJECT_KINDS(X)                                                 \
     X(token_count, "token count != blocks x block_size")                     \
+    X(token_range, "token id >= 2^32 (the router hashes u32 ids)")           \
     X(block_size, "block_size != --block-size")                              \
     X(medium, "unknown medium")                                              \
     X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \

@@ -655,6 +655,16 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_token_count, ei, why);
         return;
     }
+    for (uint32_t i = 0; i < e->n_tokens; i++) {
+        if (e->token_ids[i] > UINT32_MAX) {
+            /* The router hashes ids as u32 (DESIGN §5): hashing this one
+             * truncated would alias it with its low 32 bits. */
+            snprintf(why, sizeof(why), "token_ids[%u] = %" PRIu64
+                     " does not fit 32 bits", i, e->token_ids[i]);
+            reject(p, RELAY_token_range, ei, why);
+            return;
+        }
+    }
     if (p->cfg.verify) verify_store(p, e, ei, bs);
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
                                      e->cache_salt.p, e->cache_salt.len);

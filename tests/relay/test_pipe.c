@@ -90,6 +90,14 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
             (*rejected)++;
             continue;
         }
+        bool wide = false; /* a token id the u32 router hash cannot take */
+        for (size_t k = 0; k < nt; k++)
+            wide |= json_object_get_uint64(json_object_array_get_idx(
+                        toks, k)) > UINT32_MAX;
+        if (wide) {
+            (*rejected)++;
+            continue;
+        }
         json_object *par, *lora;
         json_object_object_get_ex(e, "parent_block_hash", &par);
         const char *ln = NULL;
@@ -790,6 +798,42 @@ END_TEST
 /* Every distinct rank costs a table of dedup counts: a publisher cycling
  * through ranks gets its batches past the 1024th rank rejected, and the
  * ranks already known go on. */
+/* DESIGN §5 hashes token ids as u32: an id that does not fit would be
+ * hashed truncated (and collide with its low 32 bits), so the store is
+ * refused and counted; the largest u32 id still converts. */
+START_TEST(token_ids_beyond_u32_are_rejected_never_truncated) {
+    tr t;
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.block_size = 4;
+    tr_init(&t, &c, 1, false);
+    tb b;
+    tb_begin(&b);
+    /* 2^32 + 1 would hash as 1 */
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [98], "
+               "\"parent_block_hash\": null, "
+               "\"token_ids\": [4294967297,2,3,4], "
+               "\"block_size\": 4, \"medium\": \"GPU\"}");
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [99], "
+               "\"parent_block_hash\": null, "
+               "\"token_ids\": [1,2,3,4294967295], "
+               "\"block_size\": 4, \"medium\": \"GPU\"}");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->rejects[RELAY_token_range], 1);
+    ck_assert_uint_eq(relay_stats_rejects(s), 1);
+    const wire_revent *ev[4];
+    ck_assert_uint_eq(tr_events(&t, ev, 4), 1);
+    ck_assert_uint_eq(ev[0]->n_blocks, 1);
+    ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 99);
+    uint64_t want[4] = {1, 2, 3, 4294967295u};
+    ck_assert_uint_eq(ev[0]->blocks[0].tokens_hash,
+                      wire_router_hash(want, 4, WIRE_ROUTER_SEED));
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(ranks_beyond_the_table_are_rejected_not_allocated) {
     tr t;
     tr_init(&t, NULL, 1, false);
@@ -1120,6 +1164,7 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, malformed_batches_are_counted_and_the_stream_goes_on);
     tcase_add_test(tc, invalid_events_are_rejected_by_kind_never_forwarded);
     tcase_add_test(tc, ranks_beyond_the_table_are_rejected_not_allocated);
+    tcase_add_test(tc, token_ids_beyond_u32_are_rejected_never_truncated);
     suite_add_tcase(s, tc);
     tc = tcase_create("verify");
     tcase_add_test(tc, engine_hash_verification_passes_good_streams_and_catches_first8);
