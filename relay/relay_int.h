@@ -322,6 +322,12 @@ typedef struct relay_source_cfg {
     int linger_ms;
 } relay_source_cfg;
 
+/* A connecting SUB that lost its connection and whose monitor has not said
+ * "retrying" this long is given up by libzmq (a protocol error: it never
+ * reconnects) and is made anew. libzmq says "retrying" right after the
+ * disconnect, so this only bounds how late a dead SUB is noticed. */
+#define RELAY_SOURCE_REOPEN_MS 500u
+
 kvo_status relay_source_new(relay_source **out, void *zctx,
                             const relay_source_cfg *cfg);
 void relay_source_free(relay_source *s);
@@ -331,6 +337,21 @@ void *relay_source_dealer(relay_source *s); /* NULL when none open */
 kvo_status relay_source_replay_request(relay_source *s, uint64_t from_seq);
 /* Close the DEALER: replies to earlier requests are gone with it. */
 void relay_source_replay_abort(relay_source *s);
+/* The PAIR sockets that receive the SUB's and the DEALER's monitor events,
+ * for zmq_poll (the DEALER's is NULL when no DEALER is open). */
+void *relay_source_sub_monitor(relay_source *s);
+void *relay_source_dealer_monitor(relay_source *s);
+/* The next thing the sockets did: KVO_OK with *what, KVO_EAGAIN when
+ * nothing is waiting. A connecting SUB given up by libzmq
+ * (RELAY_SOURCE_REOPEN_MS) is made anew here (RELAY_LINK_SUB_REOPENED);
+ * when that fails the old one is kept, the status and err say why, and a
+ * call RELAY_SOURCE_REOPEN_MS later tries again. Read everything the SUB
+ * holds before calling (a reopen drops it). */
+kvo_status relay_source_event(relay_source *s, uint64_t now_ns,
+                              relay_link *what, kvo_err *err);
+/* When relay_source_event must be called again even if no monitor socket
+ * is readable (monotonic ns; 0 = no such time). */
+uint64_t relay_source_deadline(const relay_source *s);
 
 /* One received multipart message; frames valid until the next recv. */
 typedef struct relay_rx {
