@@ -93,52 +93,61 @@ static relay_source *source_new(void *zctx, const char *ep,
 /* A frame over ZMQ_MAXMSGSIZE is a protocol error: libzmq drops the
  * connection and never reconnects that SUB. The source says so, makes a
  * new SUB after RELAY_SOURCE_REOPEN_MS, and the new one receives. */
-START_TEST(a_sub_dropped_for_an_oversize_frame_is_made_anew) {
-    void *zctx = zmq_ctx_new();
-    void *pub = pub_bind(zctx, "tcp://127.0.0.1:*");
+/* A PUB on a free port and a source subscribed to it, connected and
+ * receiving. */
+typedef struct live {
+    void *zctx;
+    void *pub;
     char ep[128];
-    size_t el = sizeof(ep);
-    ck_assert_int_eq(zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, ep, &el), 0);
-    relay_source *s = source_new(zctx, ep, NULL);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
-    sub_gets_through(pub, s);
-    void *old = relay_source_sub(s);
-    pub_send(pub, 2 * MAX_MSG);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_DOWN);
-    ck_assert_uint_ne(relay_source_deadline(s), 0);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT),
+    relay_source *s;
+} live;
+
+static void live_start(live *l) {
+    l->zctx = zmq_ctx_new();
+    l->pub = pub_bind(l->zctx, "tcp://127.0.0.1:*");
+    size_t el = sizeof(l->ep);
+    ck_assert_int_eq(zmq_getsockopt(l->pub, ZMQ_LAST_ENDPOINT, l->ep, &el), 0);
+    l->s = source_new(l->zctx, l->ep, NULL);
+    ck_assert_int_eq(expect_link(l->s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
+    sub_gets_through(l->pub, l->s);
+}
+
+static void live_stop(live *l) {
+    relay_source_free(l->s);
+    zmq_close(l->pub);
+    zmq_ctx_term(l->zctx);
+}
+
+START_TEST(a_sub_dropped_for_an_oversize_frame_is_made_anew) {
+    live l;
+    live_start(&l);
+    void *old = relay_source_sub(l.s);
+    pub_send(l.pub, 2 * MAX_MSG);
+    ck_assert_int_eq(expect_link(l.s, RELAY_LINK_COUNT), RELAY_LINK_SUB_DOWN);
+    ck_assert_uint_ne(relay_source_deadline(l.s), 0);
+    ck_assert_int_eq(expect_link(l.s, RELAY_LINK_COUNT),
                      RELAY_LINK_SUB_REOPENED);
-    ck_assert_ptr_ne(relay_source_sub(s), old);
-    ck_assert_uint_eq(relay_source_deadline(s), 0);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
-    sub_gets_through(pub, s);
-    relay_source_free(s);
-    zmq_close(pub);
-    zmq_ctx_term(zctx);
+    ck_assert_ptr_ne(relay_source_sub(l.s), old);
+    ck_assert_uint_eq(relay_source_deadline(l.s), 0);
+    ck_assert_int_eq(expect_link(l.s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
+    sub_gets_through(l.pub, l.s);
+    live_stop(&l);
 }
 END_TEST
 
 /* A publisher that goes away and comes back is libzmq's to reconnect (its
  * monitor says "retrying"): down, then up again on the same SUB. */
 START_TEST(a_sub_whose_publisher_comes_back_is_left_to_libzmq) {
-    void *zctx = zmq_ctx_new();
-    void *pub = pub_bind(zctx, "tcp://127.0.0.1:*");
-    char ep[128];
-    size_t el = sizeof(ep);
-    ck_assert_int_eq(zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, ep, &el), 0);
-    relay_source *s = source_new(zctx, ep, NULL);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
-    sub_gets_through(pub, s);
-    void *sub = relay_source_sub(s);
-    zmq_close(pub);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_DOWN);
-    pub = pub_bind(zctx, ep);
-    ck_assert_int_eq(expect_link(s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
-    ck_assert_ptr_eq(relay_source_sub(s), sub);
-    sub_gets_through(pub, s);
-    relay_source_free(s);
-    zmq_close(pub);
-    zmq_ctx_term(zctx);
+    live l;
+    live_start(&l);
+    void *sub = relay_source_sub(l.s);
+    zmq_close(l.pub);
+    ck_assert_int_eq(expect_link(l.s, RELAY_LINK_COUNT), RELAY_LINK_SUB_DOWN);
+    l.pub = pub_bind(l.zctx, l.ep);
+    ck_assert_int_eq(expect_link(l.s, RELAY_LINK_COUNT), RELAY_LINK_SUB_UP);
+    ck_assert_ptr_eq(relay_source_sub(l.s), sub);
+    sub_gets_through(l.pub, l.s);
+    live_stop(&l);
 }
 END_TEST
 
