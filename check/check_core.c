@@ -367,6 +367,9 @@ static const check_rule RULES[] = {
     /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
     {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
      "engine hashes that are not H(parent, tokens) (--verify-engine-hash)"},
+    {"relay", "oversize", NULL, CHECK_REASON_SEQ_GAP,
+     "batches over the relay's --zmq-max-msg-bytes: lost (the rank was "
+     "cleared)"},
     {"relay", "replay_failures", NULL, CHECK_REASON_SEQ_GAP,
      "gaps the relay could not replay (the rank was cleared)"},
     {"relay", "buffer_dropped|publish_dropped", NULL, CHECK_REASON_SEQ_GAP,

@@ -13,8 +13,9 @@
  * every counter by name, plus "version", "publisher_id", "worker_id",
  * "subject", "capture_errors" and "sources": [{"endpoint",
  * "replay_endpoint", "dp_rank", "state": "live"|"replaying", "last_seq":
- * u64|null (last applied), "buffered"}]), GET /health. The counters are
- * listed once, in relay_int.h's RELAY_COUNTERS table.
+ * u64|null (last applied), "buffered", "connected": bool (the SUB), and the
+ * source's own counters}]), GET /health. The counters are listed once, in
+ * relay_int.h's RELAY_COUNTERS and RELAY_SOURCE_COUNTERS tables.
  *
  * The pipeline itself (relay_pipe: frames in, envelopes out, no sockets)
  * and the other internals are in relay_int.h.

@@ -86,7 +86,22 @@
     X(hash_verified, "stored blocks whose engine hash was recomputed")        \
     X(hash_mismatches, "stored blocks whose engine hash did not match")       \
     X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")    \
-    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")
+    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")   \
+    RELAY_SOURCE_COUNTERS(X)
+
+/* Counted per source as well (relay_stats.src[i]; the totals are in
+ * RELAY_COUNTERS): each source's are in its /stats "sources" entry and on
+ * /metrics as kvo_relay_source_<name>_total{source="<i>"}. What the ZMQ
+ * sockets did comes from libzmq's socket monitor (relay_source_event). */
+#define RELAY_SOURCE_COUNTERS(X)                                              \
+    X(zmq_disconnects, "ZMQ connections lost (SUB or replay DEALER)")        \
+    X(zmq_reconnects, "SUB connections back after a loss (then replayed)")   \
+    X(zmq_protocol_errors, "ZMTP handshakes failed (protocol, auth, other)") \
+    X(zmq_sockets_reopened,                                                   \
+      "SUBs recreated: libzmq dropped them for good (e.g. a frame over "      \
+      "--zmq-max-msg-bytes)")                                                 \
+    X(oversize, "batches lost: their frame broke the replay connection "     \
+                "twice (over --zmq-max-msg-bytes); the rank was cleared")
 
 /* Counted by kind (label "kind" on /metrics, an object in JSON). */
 #define RELAY_BAD_MSG_KINDS(X)                                                \
@@ -96,6 +111,7 @@
 
 #define RELAY_REJECT_KINDS(X)                                                 \
     X(token_count, "token count != blocks x block_size")                     \
+    X(token_range, "token id >= 2^32 (the router hashes u32 ids)")           \
     X(block_size, "block_size != --block-size")                              \
     X(medium, "unknown medium")                                              \
     X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
@@ -130,10 +146,18 @@ typedef struct relay_mismatch {
     uint8_t got_bytes[RELAY_MISMATCH_BYTES];
 } relay_mismatch;
 
+typedef struct relay_src_stats {
+#define RELAY_FIELD(name, help) uint64_t name;
+    RELAY_SOURCE_COUNTERS(RELAY_FIELD)
+#undef RELAY_FIELD
+} relay_src_stats;
+
 typedef struct relay_stats {
 #define RELAY_FIELD(name, help) uint64_t name;
     RELAY_COUNTERS(RELAY_FIELD)
 #undef RELAY_FIELD
+    uint32_t n_src;                     /* sources in src[] */
+    relay_src_stats src[RELAY_MAX_SOURCES];
     uint64_t bad_msgs[RELAY_BAD_MSG_COUNT];
     uint64_t decode_errors[KVO_STATUS_COUNT]; /* by status (EPROTO...) */
     uint64_t rejects[RELAY_REJECT_COUNT];
@@ -201,10 +225,23 @@ typedef enum relay_src_state {
     RELAY_SRC_REPLAYING
 } relay_src_state;
 
+/* What a source's ZMQ sockets did, as libzmq's socket monitor tells it
+ * (relay_source_event reads it, relay_pipe_link acts on it). */
+typedef enum relay_link {
+    RELAY_LINK_SUB_UP = 0,       /* the SUB finished a handshake */
+    RELAY_LINK_SUB_DOWN,         /* the SUB lost its connection */
+    RELAY_LINK_SUB_REOPENED,     /* libzmq would not reconnect it: the SUB
+                                  * was closed and made anew */
+    RELAY_LINK_REPLAY_DOWN,      /* the replay DEALER lost its connection */
+    RELAY_LINK_HANDSHAKE_FAILED, /* a handshake failed (either socket) */
+    RELAY_LINK_COUNT
+} relay_link;
+
 /* Read-only view of one source (for /stats and tests). */
 typedef struct relay_src_info {
     uint32_t dp_rank;     /* last rank seen (or the fallback) */
     relay_src_state state;
+    bool connected;       /* the SUB is up, as the last link event said */
     bool has_next;
     uint64_t next_seq;    /* next sequence expected */
     uint32_t buffered;    /* live batches waiting */
@@ -233,6 +270,15 @@ void relay_pipe_replay(relay_pipe *p, uint32_t src, const wire_frame *frames,
                        uint32_t n, uint64_t now_ns);
 /* Publish what is pending (the caller's socket has nothing more to read). */
 void relay_pipe_flush(relay_pipe *p);
+/* What src's sockets did. A SUB that comes back after a loss may have
+ * missed batches: the pipe replays from its next sequence. A replay whose
+ * connection drops is asked again from where it stopped; when it drops
+ * twice right before the same batch, that batch cannot be received (libzmq
+ * drops a connection on a frame over ZMQ_MAXMSGSIZE, on the DEALER as on
+ * the SUB): it is counted as oversize, the rank cleared, the watermark
+ * moved past it, and the replay goes on after it. */
+void relay_pipe_link(relay_pipe *p, uint32_t src, relay_link what,
+                     uint64_t now_ns);
 /* Replay timeouts. */
 void relay_pipe_tick(relay_pipe *p, uint64_t now_ns);
 /* Earliest replay deadline (0 = none), for the poll timeout. */
@@ -258,6 +304,8 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out);
  * holds it with every counter at its largest. */
 #define RELAY_STATS_LINE_MAX 768
 void relay_stats_line(const relay_stats *s, char *buf, size_t n);
+/* Adds one source's counters (RELAY_SOURCE_COUNTERS) to the object o. */
+void relay_src_stats_to_json(const relay_src_stats *s, json_object *o);
 
 /* ==== The service's parts ==================================================*/
 
@@ -274,6 +322,12 @@ typedef struct relay_source_cfg {
     int linger_ms;
 } relay_source_cfg;
 
+/* A connecting SUB that lost its connection and whose monitor has not said
+ * "retrying" this long is given up by libzmq (a protocol error: it never
+ * reconnects) and is made anew. libzmq says "retrying" right after the
+ * disconnect, so this only bounds how late a dead SUB is noticed. */
+#define RELAY_SOURCE_REOPEN_MS 500u
+
 kvo_status relay_source_new(relay_source **out, void *zctx,
                             const relay_source_cfg *cfg);
 void relay_source_free(relay_source *s);
@@ -283,6 +337,21 @@ void *relay_source_dealer(relay_source *s); /* NULL when none open */
 kvo_status relay_source_replay_request(relay_source *s, uint64_t from_seq);
 /* Close the DEALER: replies to earlier requests are gone with it. */
 void relay_source_replay_abort(relay_source *s);
+/* The PAIR sockets that receive the SUB's and the DEALER's monitor events,
+ * for zmq_poll (the DEALER's is NULL when no DEALER is open). */
+void *relay_source_sub_monitor(relay_source *s);
+void *relay_source_dealer_monitor(relay_source *s);
+/* The next thing the sockets did: KVO_OK with *what, KVO_EAGAIN when
+ * nothing is waiting. A connecting SUB given up by libzmq
+ * (RELAY_SOURCE_REOPEN_MS) is made anew here (RELAY_LINK_SUB_REOPENED);
+ * when that fails the old one is kept, the status and err say why, and a
+ * call RELAY_SOURCE_REOPEN_MS later tries again. Read everything the SUB
+ * holds before calling (a reopen drops it). */
+kvo_status relay_source_event(relay_source *s, uint64_t now_ns,
+                              relay_link *what, kvo_err *err);
+/* When relay_source_event must be called again even if no monitor socket
+ * is readable (monotonic ns; 0 = no such time). */
+uint64_t relay_source_deadline(const relay_source *s);
 
 /* One received multipart message; frames valid until the next recv. */
 typedef struct relay_rx {

@@ -70,7 +70,11 @@ static const char usage[] =
     "  --discover URL          GET URL/kvo/event_sources, one source per entry\n"
     "  --dp-rank R             rank for batches without one (default 0)\n"
     "  --zmq-hwm N             ZMQ high-water mark (default 100000)\n"
-    "  --zmq-max-msg-bytes N   ZMQ_MAXMSGSIZE (default 67108864; -1 = none)\n"
+    "  --zmq-max-msg-bytes N   ZMQ_MAXMSGSIZE (default 67108864; -1 = none);\n"
+    "                          a larger batch drops the connection: the relay\n"
+    "                          reconnects, counts the batch as oversize (as\n"
+    "                          an unreplayable gap without --replay), clears\n"
+    "                          the rank and goes on\n"
     "  --linger-ms N           ZMQ_LINGER (default 100)\n"
     "NATS:\n"
     KVO_NATS_USAGE

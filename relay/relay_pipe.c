@@ -16,6 +16,17 @@
  * "cleared" is only emitted when something was forwarded for the source
  * since its last cleared (a second one would say nothing new).
  *
+ * The sockets' own news comes in through relay_pipe_link: a SUB back after
+ * a loss may have missed batches (PUB drops what a gone subscriber would
+ * get), so the source replays from next, LIVE or not (a replay asked before
+ * the loss cannot hold what was published during it). A replay whose
+ * connection drops is asked again from next; dropping twice with next
+ * unchanged means batch next itself breaks the connection (libzmq drops a
+ * connection on a frame over ZMQ_MAXMSGSIZE and never reconnects on its
+ * own): it is counted as oversize, cleared (as a gap that cannot be
+ * replayed), marked done for the watermark, and the replay asked from the
+ * batch after it.
+ *
  * An applied batch is decoded, each event validated and converted to
  * RouterEvents, passed through the dedup reference counts (per dp_rank and
  * tier) and appended to the pending message:
@@ -75,6 +86,10 @@ typedef struct source {
     size_t capbuf;
     size_t buf_bytes;
     bool overflowed;
+    bool link_up;       /* the SUB is connected (last link event) */
+    bool link_was_up;   /* it was once: the next SUB_UP is a reconnect */
+    bool broke;         /* REPLAYING: a replay connection dropped ... */
+    uint64_t broke_at;  /* ... with next == broke_at */
 } source;
 
 typedef struct rank_counts {
@@ -155,6 +170,9 @@ uint64_t relay_stats_replay_failures(const relay_stats *s) {
         t += s->replay_failures[i];
     return t;
 }
+
+/* Count a per-source counter and its total. */
+#define SRC_COUNT(p, si, name) ((p)->st.src[si].name++, (p)->st.name++)
 
 static const char *const fail_names[] = {
 #define RELAY_NAME(name, help) #name,
@@ -655,6 +673,16 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
         reject(p, RELAY_token_count, ei, why);
         return;
     }
+    for (uint32_t i = 0; i < e->n_tokens; i++) {
+        if (e->token_ids[i] > UINT32_MAX) {
+            /* The router hashes ids as u32 (DESIGN §5): hashing this one
+             * truncated would alias it with its low 32 bits. */
+            snprintf(why, sizeof(why), "token_ids[%u] = %" PRIu64
+                     " does not fit 32 bits", i, e->token_ids[i]);
+            reject(p, RELAY_token_range, ei, why);
+            return;
+        }
+    }
     if (p->cfg.verify) verify_store(p, e, ei, bs);
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
                                      e->cache_salt.p, e->cache_salt.len);
@@ -796,6 +824,7 @@ static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from);
 static void drain(relay_pipe *p, uint32_t si, bool after_failure) {
     source *s = &p->src[si];
     s->state = RELAY_SRC_LIVE;
+    s->broke = false; /* that replay is over */
     uint32_t n = s->nbuf;
     held *items = s->buf;
     s->buf = NULL;
@@ -1013,6 +1042,91 @@ void relay_pipe_replay(relay_pipe *p, uint32_t si, const wire_frame *f,
     on_reply(p, si, seq, fp->data, fp->len, end);
 }
 
+/* Batch next of si cannot be received (relay_pipe_link says why): count
+ * it, clear the rank as for a gap no replay can fill, and mark the batch
+ * done so the watermark passes it (a lockstep driver waiting for it would
+ * otherwise wait for ever). */
+static void skip_oversize(relay_pipe *p, uint32_t si) {
+    source *s = &p->src[si];
+    uint64_t seq = s->next;
+    SRC_COUNT(p, si, oversize);
+    note(p, KVO_LOG_WARN, "oversize",
+         "source %u: batch %" PRIu64 " lost: the replay connection dropped "
+         "twice right before it (a frame over --zmq-max-msg-bytes?)",
+         si, seq);
+    if (s->dirty) emit_cleared(p, si, "oversize batch");
+    if (!pend_empty(p) && p->psrc != si) relay_pipe_flush(p);
+    p->psrc = si;
+    p->cur_seq = seq;
+    batch_done(p, seq);
+    s->next = seq + 1;
+    s->broke = false;
+}
+
+/* The replay connection of si dropped: what was in flight is gone. */
+static void replay_link_lost(relay_pipe *p, uint32_t si) {
+    source *s = &p->src[si];
+    if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
+    if (s->state != RELAY_SRC_REPLAYING) return; /* reopened on demand */
+    if (s->broke && s->broke_at == s->next) {
+        skip_oversize(p, si);
+    } else {
+        s->broke = true;
+        s->broke_at = s->next;
+        note(p, KVO_LOG_WARN, "link",
+             "source %u: replay connection lost at %" PRIu64 ", asking again",
+             si, s->next);
+    }
+    request_replay(p, si, s->next);
+}
+
+void relay_pipe_link(relay_pipe *p, uint32_t si, relay_link what,
+                     uint64_t now_ns) {
+    if (si >= p->nsrc) return;
+    p->now = now_ns;
+    source *s = &p->src[si];
+    switch (what) {
+    case RELAY_LINK_SUB_UP:
+        s->link_up = true;
+        if (!s->link_was_up) {
+            s->link_was_up = true;
+            return; /* the first connection: nothing was missed yet */
+        }
+        SRC_COUNT(p, si, zmq_reconnects);
+        note(p, KVO_LOG_INFO, "link",
+             "source %u: SUB connection back%s", si,
+             s->has_next && s->has_replay ? ", replaying what it missed" : "");
+        if (!s->has_next || !s->has_replay) return; /* the next batch shows it */
+        if (s->state == RELAY_SRC_REPLAYING && p->out.replay_abort)
+            p->out.replay_abort(p->out.ctx, si);
+        request_replay(p, si, s->next);
+        return;
+    case RELAY_LINK_SUB_DOWN:
+        s->link_up = false;
+        SRC_COUNT(p, si, zmq_disconnects);
+        note(p, KVO_LOG_WARN, "link", "source %u: SUB connection lost", si);
+        return;
+    case RELAY_LINK_SUB_REOPENED:
+        SRC_COUNT(p, si, zmq_sockets_reopened);
+        note(p, KVO_LOG_WARN, "reopen",
+             "source %u: libzmq gave the SUB up (protocol error, e.g. a "
+             "frame over --zmq-max-msg-bytes): made a new one",
+             si);
+        return;
+    case RELAY_LINK_REPLAY_DOWN:
+        SRC_COUNT(p, si, zmq_disconnects);
+        replay_link_lost(p, si);
+        return;
+    case RELAY_LINK_HANDSHAKE_FAILED:
+        SRC_COUNT(p, si, zmq_protocol_errors);
+        note(p, KVO_LOG_WARN, "handshake", "source %u: ZMTP handshake failed",
+             si);
+        return;
+    case RELAY_LINK_COUNT:
+        break;
+    }
+}
+
 void relay_pipe_tick(relay_pipe *p, uint64_t now_ns) {
     p->now = now_ns;
     for (uint32_t i = 0; i < p->nsrc; i++) {
@@ -1130,6 +1244,7 @@ kvo_status relay_pipe_source_add(relay_pipe *p, uint32_t fallback_rank,
 }
 
 relay_stats *relay_pipe_stats(relay_pipe *p) {
+    p->st.n_src = p->nsrc;
     uint64_t depth = 0;
     for (uint32_t i = 0; i < p->nsrc; i++) depth += p->src[i].nbuf;
     p->st.buffer_depth = depth;
@@ -1145,6 +1260,7 @@ void relay_pipe_source_info(const relay_pipe *p, uint32_t si,
     const source *s = &p->src[si];
     out->dp_rank = s->rank;
     out->state = s->state;
+    out->connected = s->link_up;
     out->has_next = s->has_next;
     out->next_seq = s->next;
     out->buffered = s->nbuf;

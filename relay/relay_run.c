@@ -3,8 +3,10 @@
  * pipeline, driven by one zmq_poll loop:
  *
  *   wait for NATS (serving HTTP) -> relay_pipe_start
- *   loop: zmq_poll(SUBs, DEALERs, HTTP fd; timeout = nearest deadline)
+ *   loop: zmq_poll(SUBs, DEALERs, their monitors, HTTP fd; timeout =
+ *         nearest deadline)
  *         read every socket until none has anything -> relay_pipe_flush
+ *         the sockets' monitor events -> relay_pipe_link
  *         relay_pipe_tick (replay timeouts), HTTP, periodic stats line
  *   exit: flush, stats JSON (stdout or --stats-json), close everything.
  */
@@ -42,16 +44,19 @@
  * timeouts and the stats line get their turn. */
 #define DRAIN_PER_SOCKET 256
 #define DRAIN_ROUNDS 64
+/* Monitor events taken from one source per loop turn (a flapping
+ * connection cannot starve the rest of the loop). */
+#define LINK_EVENTS_PER_TURN 64
 /* Longest subject (namespace.<ns>.component.<c>.kv-events) and discovery
  * URL; longer ones are refused at start. */
 #define SUBJECT_MAX 512
 #define DISCOVERY_URL_MAX 1024
 
 /* Log rate limits, one per note kind. */
-static const char *const note_kinds[] = {"decode", "reject",  "cleared",
-                                         "gap",    "replay",  "restart",
-                                         "frames", "buffer",  "publish",
-                                         "hash",   "other"};
+static const char *const note_kinds[] = {
+    "decode",  "reject", "cleared", "gap",    "replay",    "restart",
+    "frames",  "buffer", "publish", "hash",   "link",      "reopen",
+    "handshake", "oversize", "other"};
 #define N_KINDS (sizeof(note_kinds) / sizeof(note_kinds[0]))
 
 typedef struct src_desc {
@@ -122,14 +127,19 @@ static void on_replay_abort(void *ctx, uint32_t src) {
     relay_source_replay_abort(r->src[src]);
 }
 
-static void on_note(void *ctx, kvo_level lvl, const char *kind,
-                    const char *msg) {
-    runner *r = ctx;
+/* The rate limit of a note kind ("other" for one not listed). */
+static kvo_ratelimit *limit_of(runner *r, const char *kind) {
     size_t k = N_KINDS - 1;
     for (size_t i = 0; i < N_KINDS; i++)
         if (strcmp(kind, note_kinds[i]) == 0) k = i;
+    return &r->rl[k];
+}
+
+static void on_note(void *ctx, kvo_level lvl, const char *kind,
+                    const char *msg) {
+    runner *r = ctx;
     if (lvl <= KVO_LOG_WARN)
-        kvo_log_limited(&r->rl[k], lvl, "%s", msg);
+        kvo_log_limited(limit_of(r, kind), lvl, "%s", msg);
     else
         kvo_log(lvl, "%s", msg);
 }
@@ -177,6 +187,9 @@ static json_object *stats_json(runner *r) {
                 : NULL);
         json_object_object_add(s, "buffered",
                                json_object_new_uint64(info.buffered));
+        json_object_object_add(s, "connected",
+                               json_object_new_boolean(info.connected));
+        relay_src_stats_to_json(&st->src[i], s);
         json_object_array_add(arr, s);
     }
     json_object_object_add(o, "sources", arr);
@@ -382,6 +395,19 @@ static void record_rx(runner *r, const relay_rx *rx, bool reply) {
         r->cap_errors++;
 }
 
+/* Hand every reply the DEALER of source i holds to the pipe (at most
+ * DRAIN_PER_SOCKET); true when there was one. */
+static bool drain_replies(runner *r, uint32_t i) {
+    bool any = false;
+    for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
+        if (relay_source_recv_dealer(r->src[i], &r->rx) != KVO_OK) break;
+        record_rx(r, &r->rx, true);
+        relay_pipe_replay(r->pipe, i, r->rx.frames, r->rx.n, kvo_now_ns());
+        any = true;
+    }
+    return any;
+}
+
 /* Read what is waiting on every socket, replies first (they fill the hole
  * the live batches wait on). Returns true when every socket ran dry; false
  * when it stopped after a bounded amount of work so HTTP and the stats line
@@ -390,14 +416,7 @@ static bool drain_sockets(runner *r) {
     for (int round = 0; round < DRAIN_ROUNDS && !kvo_stop; round++) {
         bool more = false;
         for (uint32_t i = 0; i < r->nsrc; i++) {
-            for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
-                kvo_status s = relay_source_recv_dealer(r->src[i], &r->rx);
-                if (s != KVO_OK) break;
-                record_rx(r, &r->rx, true);
-                relay_pipe_replay(r->pipe, i, r->rx.frames, r->rx.n,
-                                  kvo_now_ns());
-                more = true;
-            }
+            more |= drain_replies(r, i);
             for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
                 kvo_status s = relay_source_recv_sub(r->src[i], &r->rx);
                 if (s != KVO_OK) break;
@@ -412,8 +431,33 @@ static bool drain_sockets(runner *r) {
     return false;
 }
 
+/* What the sockets' monitors said, to the pipe. Runs after drain_sockets:
+ * a dropped connection's last batches are read before its loss is told. */
+static void watch_links(runner *r) {
+    for (uint32_t i = 0; i < r->nsrc; i++) {
+        for (int k = 0; k < LINK_EVENTS_PER_TURN; k++) {
+            relay_link what;
+            kvo_err err;
+            kvo_status st =
+                relay_source_event(r->src[i], kvo_now_ns(), &what, &err);
+            if (st == KVO_EAGAIN) break;
+            if (st != KVO_OK) {
+                char buf[600];
+                kvo_log_limited(limit_of(r, "reopen"), KVO_LOG_ERROR,
+                                "source %u: %s; trying again", i,
+                                kvo_err_str(&err, buf, sizeof(buf)));
+                break;
+            }
+            /* libzmq may say "disconnected" just before it hands over the
+             * last replies it read: take them first. */
+            if (what == RELAY_LINK_REPLAY_DOWN) drain_replies(r, i);
+            relay_pipe_link(r->pipe, i, what, kvo_now_ns());
+        }
+    }
+}
+
 static void loop(runner *r) {
-    zmq_pollitem_t items[2 * RELAY_MAX_SOURCES + 1];
+    zmq_pollitem_t items[4 * RELAY_MAX_SOURCES + 1];
     uint64_t interval = r->cfg->stats_interval_ms * RELAY_NS_PER_MS;
     uint64_t next_stats = interval ? kvo_now_ns() + interval : 0;
     while (!kvo_stop) {
@@ -421,8 +465,12 @@ static void loop(runner *r) {
         for (uint32_t i = 0; i < r->nsrc; i++) {
             items[n++] = (zmq_pollitem_t){relay_source_sub(r->src[i]), 0,
                                           ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){relay_source_sub_monitor(r->src[i]),
+                                          0, ZMQ_POLLIN, 0};
             void *d = relay_source_dealer(r->src[i]);
             if (d) items[n++] = (zmq_pollitem_t){d, 0, ZMQ_POLLIN, 0};
+            void *dm = relay_source_dealer_monitor(r->src[i]);
+            if (dm) items[n++] = (zmq_pollitem_t){dm, 0, ZMQ_POLLIN, 0};
         }
         long t = LOOP_POLL_MS;
         if (r->http) {
@@ -433,6 +481,10 @@ static void loop(runner *r) {
         }
         uint64_t now = kvo_now_ns();
         uint64_t dl = relay_pipe_deadline(r->pipe);
+        for (uint32_t i = 0; i < r->nsrc; i++) {
+            uint64_t sd = relay_source_deadline(r->src[i]);
+            if (sd && (!dl || sd < dl)) dl = sd;
+        }
         if (dl) {
             long dt = dl > now ? (long)((dl - now) / RELAY_NS_PER_MS) + 1 : 0;
             if (dt < t) t = dt;
@@ -443,6 +495,7 @@ static void loop(runner *r) {
             break;
         }
         bool dry = drain_sockets(r);
+        watch_links(r);
         now = kvo_now_ns();
         relay_pipe_tick(r->pipe, now);
         /* Nothing more to read right now: publish what is pending, so a

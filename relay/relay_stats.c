@@ -80,6 +80,12 @@ json_object *relay_stats_to_json(const relay_stats *s) {
     return o;
 }
 
+void relay_src_stats_to_json(const relay_src_stats *s, json_object *o) {
+#define ADD(name, help) json_object_object_add(o, #name, u64(s->name));
+    RELAY_SOURCE_COUNTERS(ADD)
+#undef ADD
+}
+
 /* A counter family with one sample per kind (label kind="<name>"). */
 static void by_kind(kvo_prom *p, const char *name, const char *help,
                     const uint64_t *v, const char *const *names, int n) {
@@ -106,6 +112,14 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
     by_kind(&p, "replay_failures_total",
             "gaps the replay could not cover, by kind", s->replay_failures,
             fail_names, RELAY_REPLAY_FAIL_COUNT);
+    uint32_t nsrc = s->n_src < RELAY_MAX_SOURCES ? s->n_src : RELAY_MAX_SOURCES;
+#define PROM(name, help)                                                      \
+    kvo_prom_family(&p, "source_" #name "_total", "counter", help);           \
+    for (uint32_t i = 0; i < nsrc; i++)                                       \
+        kvo_prom_u64(&p, "source_" #name "_total", s->src[i].name,            \
+                     "source=\"%u\"", i);
+    RELAY_SOURCE_COUNTERS(PROM)
+#undef PROM
     kvo_prom_gauge(&p, "buffer_depth", "live batches waiting for a replay",
                    s->buffer_depth);
     kvo_prom_gauge(&p, "nats_buffered",
@@ -129,7 +143,8 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              " msgs=%" PRIu64 " bytes=%" PRIu64 " dropped=%" PRIu64
              " reconnects=%" PRIu64 " live_buffered=%" PRIu64
              " nats_buffered=%" PRIu64
-             " hash_mismatches=%" PRIu64,
+             " hash_mismatches=%" PRIu64 " zmq_disconnects=%" PRIu64
+             " oversize=%" PRIu64,
              s->batches_applied, s->events_stored, s->events_removed,
              s->events_cleared, s->blocks_stored,
              relay_stats_decode_errors(s), relay_stats_rejects(s), s->gaps,
@@ -138,5 +153,5 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              s->duplicates_dropped, s->dedup_suppressed, s->removes_unknown,
              s->messages_published, s->bytes_published, s->publish_dropped,
              s->nats_reconnects, s->buffer_depth, s->nats_buffered,
-             s->hash_mismatches);
+             s->hash_mismatches, s->zmq_disconnects, s->oversize);
 }

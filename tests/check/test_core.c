@@ -449,6 +449,45 @@ START_TEST(verdict_names_the_first_cause_in_trace_order) {
 }
 END_TEST
 
+/* A batch over the relay's --zmq-max-msg-bytes is lost (the relay counts
+ * it as oversize and clears the rank); the index then refuses stores that
+ * chain from it and the relay sees removes of blocks it never forwarded.
+ * All trip at the same read: the verdict names the oversize batch. The
+ * relay's connection counters are activity, not errors. */
+START_TEST(an_oversize_batch_is_named_before_what_it_causes) {
+    ck_assert_ptr_nonnull(check_rule_find("relay 0.0", "oversize"));
+    ck_assert_ptr_nonnull(check_rule_find(
+        "relay 1.0", "kvo_relay_source_oversize_total{source=\"0\"}"));
+    static const char *const activity[] = {
+        "kvo_relay_zmq_disconnects_total", "kvo_relay_zmq_reconnects_total",
+        "kvo_relay_zmq_sockets_reopened_total",
+        "kvo_relay_source_zmq_disconnects_total{source=\"0\"}"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(activity); i++)
+        ck_assert_msg(!check_rule_find("relay 0.0", activity[i]), "%s",
+                      activity[i]);
+    check_result *r = three_prompts(false);
+    check_counters c;
+    check_counters_init(&c);
+    check_counters_set(&c, "indexer",
+                       "kvo_indexer_events_total{type=\"stored\",status=\""
+                       "parent_not_found\"}",
+                       1914);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_removes_unknown_total", 7);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_zmq_disconnects_total", 3);
+    check_counters_set(&c, "relay 0.0", "kvo_relay_oversize_total", 2);
+    ck_assert_int_eq(check_result_trips(r, &c, 1), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert(!r->verdict.pass);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_SEQ_GAP);
+    ck_assert_msg(strstr(r->verdict.cause, "relay 0.0 kvo_relay_oversize_total"
+                                           " = 2, first seen before prompt 1") &&
+                      strstr(r->verdict.cause, "--zmq-max-msg-bytes"),
+                  "%s", r->verdict.cause);
+    check_counters_fini(&c);
+    check_result_free(r);
+}
+END_TEST
+
 /* r's verdict once c's rule counters are recorded, as read at the end. */
 static void decide_at_end(check_result *r, const check_counters *c) {
     ck_assert_int_eq(check_result_trips(r, c, -1), KVO_OK);
@@ -637,6 +676,7 @@ Suite *suite_core(void) {
     tc = tcase_create("verdict");
     tcase_add_test(tc, verdict_passes_only_a_clean_run);
     tcase_add_test(tc, verdict_names_the_first_cause_in_trace_order);
+    tcase_add_test(tc, an_oversize_batch_is_named_before_what_it_causes);
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
     tcase_add_test(tc, an_engine_error_counter_that_moved_fails_the_run);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);

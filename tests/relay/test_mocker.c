@@ -424,6 +424,80 @@ START_TEST(engine_hash_verification_catches_first8_int_hashes) {
 }
 END_TEST
 
+/* Tokens 1..30000 from seed s, n of them (3 msgpack bytes each, mostly). */
+static void fresh_tokens(uint64_t *t, size_t n, uint64_t s) {
+    for (size_t i = 0; i < n; i++) t[i] = 1 + prng(&s) % 30000;
+}
+
+/* Leading blocks the subscriber's index holds for t, against the engine's
+ * probe; returns the engine's. */
+static uint32_t same_hits(env *e, const uint64_t *t, size_t n) {
+    uint32_t cap = (uint32_t)((n - 1) / BS);
+    uint32_t idx = tmodel_hits(&e->model, 0, t, n, BS);
+    uint32_t eng = mk_probe(&e->eng, t, n, 0);
+    ck_assert_msg((idx > cap ? cap : idx) == eng, "index %u, engine %u", idx,
+                  eng);
+    return eng;
+}
+
+/* One batch over --zmq-max-msg-bytes: libzmq drops the SUB's connection
+ * for good, and the DEALER's when the batch is replayed. The relay must
+ * notice, make a new SUB, count the batch as oversize, clear the rank, let
+ * the watermark pass the batch, and keep forwarding what comes after. */
+START_TEST(an_oversize_batch_is_counted_and_the_relay_goes_on) {
+    env e;
+    env_start(&e, NULL);
+    const char *small_frames[] = {"--zmq-max-msg-bytes", "1024", NULL};
+    env_relay(&e, NULL, small_frames);
+    trelay_wait_stat(&e.rel, "replays_completed", 1); /* the start replay */
+    uint64_t a[40], big[30 * BS + 1], c[40], d[40];
+    fresh_tokens(a, 40, 11);
+    fresh_tokens(big, KVO_ARRAY_LEN(big), 12);
+    fresh_tokens(c, 40, 13);
+    fresh_tokens(d, 40, 14);
+    mk_complete(&e.eng, a, 40, 2, 0);
+    tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
+    ck_assert_uint_eq(same_hits(&e, a, 40), 2);
+    /* 30 blocks stored in one step: about 1.7 KB */
+    mk_complete(&e.eng, big, KVO_ARRAY_LEN(big), 2, 0);
+    mk_complete(&e.eng, c, 40, 2, 0);
+    tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
+    ck_assert_uint_eq(same_hits(&e, c, 40), 2);
+    ck_assert_uint_eq(e.model.cleared, 2); /* at start, and for the batch */
+    mk_complete(&e.eng, d, 40, 2, 0);
+    tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
+    ck_assert_uint_eq(same_hits(&e, d, 40), 2);
+    json_object *st = trelay_stats(&e.rel), *srcs, *v;
+    ck_assert_uint_eq(tr_json_u64(st, "oversize"), 1);
+    ck_assert_uint_eq(tr_json_u64(st, "zmq_sockets_reopened"), 1);
+    ck_assert_uint_ge(tr_json_u64(st, "zmq_reconnects"), 1);
+    /* the SUB's connection, then the DEALER's twice */
+    ck_assert_uint_ge(tr_json_u64(st, "zmq_disconnects"), 3);
+    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2);
+    ck_assert_uint_eq(tr_json_u64(st, "replay_failures_total"), 0);
+    ck_assert(json_object_object_get_ex(st, "sources", &srcs));
+    json_object *s0 = json_object_array_get_idx(srcs, 0);
+    ck_assert_uint_eq(tr_json_u64(s0, "oversize"), 1);
+    ck_assert(json_object_object_get_ex(s0, "connected", &v));
+    ck_assert(json_object_get_boolean(v));
+    ck_assert(json_object_object_get_ex(s0, "state", &v));
+    ck_assert_str_eq(json_object_get_string(v), "live");
+    json_object_put(st);
+    kvo_http_resp r;
+    trelay_get(&e.rel, "/metrics", &r);
+    const char *text = (const char *)r.body.data;
+    ck_assert_ptr_nonnull(strstr(text, "\nkvo_relay_oversize_total 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "\nkvo_relay_source_oversize_total{source=\"0\"} 1\n"));
+    kvo_http_resp_fini(&r);
+    tr_wait_log(&e.rel.p.proc, "SUB connection lost", WAIT_MS);
+    tr_wait_log(&e.rel.p.proc, "libzmq gave the SUB up", WAIT_MS);
+    tr_wait_log(&e.rel.p.proc, "lost: the replay connection dropped twice",
+                WAIT_MS);
+    env_stop(&e, 0);
+}
+END_TEST
+
 Suite *suite_mocker(void) {
     Suite *s = suite_create("mocker");
     TCase *tc = tcase_create("relay_with_mocker");
@@ -434,6 +508,7 @@ Suite *suite_mocker(void) {
     tcase_add_test(tc, a_nats_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, discovery_relays_both_ranks_of_a_dp2_engine);
     tcase_add_test(tc, engine_hash_verification_catches_first8_int_hashes);
+    tcase_add_test(tc, an_oversize_batch_is_counted_and_the_relay_goes_on);
     suite_add_tcase(s, tc);
     return s;
 }

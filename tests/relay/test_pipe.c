@@ -90,6 +90,14 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
             (*rejected)++;
             continue;
         }
+        bool wide = false; /* a token id the u32 router hash cannot take */
+        for (size_t k = 0; k < nt; k++)
+            wide |= json_object_get_uint64(json_object_array_get_idx(
+                        toks, k)) > UINT32_MAX;
+        if (wide) {
+            (*rejected)++;
+            continue;
+        }
         json_object *par, *lora;
         json_object_object_get_ex(e, "parent_block_hash", &par);
         const char *ln = NULL;
@@ -492,6 +500,186 @@ START_TEST(full_live_buffer_drops_then_replays_the_rest) {
 }
 END_TEST
 
+/* ---- the sockets' news (relay_pipe_link) -------------------------------------*/
+
+static void tell(tr *t, uint32_t src, relay_link what) {
+    relay_pipe_link(t->p, src, what, t->now);
+}
+
+/* A PUB drops what a gone subscriber would have got, and in lockstep
+ * nothing may come after the lost batches to show the gap: a SUB that comes
+ * back replays from the next sequence at once. Its first connection is no
+ * reconnect and asks nothing. */
+START_TEST(a_sub_back_after_a_loss_replays_from_the_next_sequence) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    ck_assert_uint_eq(t.nreq, 0);
+    tr_live_seqs(&t, 0, 0, 2);
+    tell(&t, 0, RELAY_LINK_SUB_DOWN);
+    relay_src_info info;
+    relay_pipe_source_info(t.p, 0, &info);
+    ck_assert(!info.connected);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    relay_pipe_source_info(t.p, 0, &info);
+    ck_assert(info.connected);
+    ck_assert_int_eq(info.state, RELAY_SRC_REPLAYING);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(t.req[0], 3);
+    /* 3 and 4 were published while the SUB was down; 5 arrives live */
+    tr_live_tag(&t, 0, 5, 5);
+    tr_reply_seqs(&t, 0, 3, 5, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->zmq_disconnects, 1);
+    ck_assert_uint_eq(s->zmq_reconnects, 1);
+    ck_assert_uint_eq(s->src[0].zmq_disconnects, 1);
+    ck_assert_uint_eq(s->src[0].zmq_reconnects, 1);
+    ck_assert_uint_eq(s->gaps, 0);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* A SUB that was replaying when it lost its connection asks again from
+ * where the replay got to: the first request was sent before the loss and
+ * cannot hold what was published during it. The buffer is kept. */
+START_TEST(a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_tag(&t, 0, 2, 2); /* gap: replay from 1, 2 held */
+    ck_assert_uint_eq(t.nreq, 1);
+    tell(&t, 0, RELAY_LINK_SUB_DOWN);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    ck_assert_uint_eq(t.aborts, 1);
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 1);
+    tr_live_tag(&t, 0, 4, 4); /* 3 was lost while the SUB was down */
+    tr_reply_seqs(&t, 0, 1, 3, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4);
+    ck_assert_uint_eq(relay_stats_replay_failures(tr_stats(&t)), 0);
+    ck_assert_uint_eq(tr_stats(&t)->cleared_emitted, 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* libzmq drops a connection on a frame over ZMQ_MAXMSGSIZE, the DEALER's
+ * as the SUB's. A replay that drops twice right before the same batch can
+ * never deliver it: the batch is counted as oversize, the rank cleared,
+ * the watermark moved past it, and the replay asked from the next one. */
+START_TEST(a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed) {
+    tr t;
+    tr_init(&t, NULL, 2, true);
+    tell(&t, 1, RELAY_LINK_SUB_UP);
+    tr_live_seqs(&t, 1, 0, 1);
+    /* batch 2 is too big: the SUB is dropped for good and made anew */
+    tell(&t, 1, RELAY_LINK_SUB_DOWN);
+    tell(&t, 1, RELAY_LINK_SUB_REOPENED);
+    tell(&t, 1, RELAY_LINK_SUB_UP);
+    ck_assert_uint_eq(t.nreq, 1);
+    ck_assert_uint_eq(t.req[0], 2);
+    /* the replay's first reply is 2 again: dropped, asked again */
+    tell(&t, 1, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(t.aborts, 1);
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 2);
+    ck_assert_uint_eq(tr_stats(&t)->oversize, 0);
+    tell(&t, 1, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(t.aborts, 2);
+    ck_assert_uint_eq(t.nreq, 3);
+    ck_assert_uint_eq(t.req[2], 3);
+    tr_flush(&t);
+    uint64_t wm;
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 2);
+    tr_reply_seqs(&t, 1, 3, 4, true);
+    tr_end(&t, 1, true);
+    tr_flush(&t);
+    ck_assert(tr_watermark(&t, &wm));
+    ck_assert_uint_eq(wm, 4);
+    const wire_revent *ev[16];
+    size_t n = tr_events(&t, ev, 16);
+    ck_assert_uint_eq(n, 5); /* 0, 1, cleared, 3, 4 */
+    ck_assert_int_eq(ev[2]->type, WIRE_R_CLEARED);
+    ck_assert_uint_eq(ev[2]->dp_rank, 0); /* the rank its batches carried */
+    tr_expect_tags(&t, 0, 1, 3, 4);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->oversize, 1);
+    ck_assert_uint_eq(s->src[1].oversize, 1);
+    ck_assert_uint_eq(s->src[0].oversize, 0);
+    ck_assert_uint_eq(s->src[1].zmq_disconnects, 3);
+    ck_assert_uint_eq(s->src[1].zmq_sockets_reopened, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    ck_assert_uint_eq(s->batches_applied, 4);
+    /* both views: the total, and per source */
+    json_object *j = relay_stats_to_json(s), *v;
+    ck_assert(json_object_object_get_ex(j, "oversize", &v));
+    ck_assert_uint_eq(json_object_get_uint64(v), 1);
+    json_object_put(j);
+    j = json_object_new_object();
+    relay_src_stats_to_json(&s->src[1], j);
+    ck_assert(json_object_object_get_ex(j, "oversize", &v));
+    ck_assert_uint_eq(json_object_get_uint64(v), 1);
+    ck_assert(json_object_object_get_ex(j, "zmq_sockets_reopened", &v));
+    ck_assert_uint_eq(json_object_get_uint64(v), 1);
+    json_object_put(j);
+    kvo_buf prom;
+    kvo_buf_init(&prom);
+    ck_assert_int_eq(relay_stats_to_prom(s, &prom), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&prom), KVO_OK);
+    const char *text = (const char *)prom.data;
+    ck_assert_ptr_nonnull(strstr(text, "\nkvo_relay_oversize_total 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "\nkvo_relay_source_oversize_total{source=\"0\"} 0\n"
+                     "kvo_relay_source_oversize_total{source=\"1\"} 1\n"));
+    kvo_buf_fini(&prom);
+    tr_fini(&t);
+}
+END_TEST
+
+/* Progress between two drops means the connection, not a batch, failed:
+ * asked again each time, nothing lost, nothing counted as oversize. */
+START_TEST(a_replay_that_drops_after_progress_is_asked_again_not_oversize) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_live_tag(&t, 0, 3, 3); /* replay from 1 */
+    tr_reply_tag(&t, 0, 1, 1, true);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(t.req[t.nreq - 1], 2);
+    tr_reply_tag(&t, 0, 2, 2, true);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(t.nreq, 3);
+    ck_assert_uint_eq(t.req[2], 3);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->oversize, 0);
+    ck_assert_uint_eq(s->zmq_disconnects, 2);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    /* a drop outside a replay only closes the DEALER (reopened on demand),
+     * and a failed handshake is counted */
+    size_t aborts = t.aborts;
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    tell(&t, 0, RELAY_LINK_HANDSHAKE_FAILED);
+    ck_assert_uint_eq(t.aborts, aborts + 1);
+    ck_assert_uint_eq(t.nreq, 3);
+    ck_assert_uint_eq(tr_stats(&t)->zmq_protocol_errors, 1);
+    ck_assert_uint_eq(tr_stats(&t)->src[0].zmq_protocol_errors, 1);
+    tr_fini(&t);
+}
+END_TEST
+
 /* ---- dedup -------------------------------------------------------------------*/
 
 START_TEST(two_copies_need_two_removes_before_one_is_forwarded) {
@@ -790,6 +978,42 @@ END_TEST
 /* Every distinct rank costs a table of dedup counts: a publisher cycling
  * through ranks gets its batches past the 1024th rank rejected, and the
  * ranks already known go on. */
+/* DESIGN §5 hashes token ids as u32: an id that does not fit would be
+ * hashed truncated (and collide with its low 32 bits), so the store is
+ * refused and counted; the largest u32 id still converts. */
+START_TEST(token_ids_beyond_u32_are_rejected_never_truncated) {
+    tr t;
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.block_size = 4;
+    tr_init(&t, &c, 1, false);
+    tb b;
+    tb_begin(&b);
+    /* 2^32 + 1 would hash as 1 */
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [98], "
+               "\"parent_block_hash\": null, "
+               "\"token_ids\": [4294967297,2,3,4], "
+               "\"block_size\": 4, \"medium\": \"GPU\"}");
+    tb_raw(&b, "{\"type\": \"BlockStored\", \"block_hashes\": [99], "
+               "\"parent_block_hash\": null, "
+               "\"token_ids\": [1,2,3,4294967295], "
+               "\"block_size\": 4, \"medium\": \"GPU\"}");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->rejects[RELAY_token_range], 1);
+    ck_assert_uint_eq(relay_stats_rejects(s), 1);
+    const wire_revent *ev[4];
+    ck_assert_uint_eq(tr_events(&t, ev, 4), 1);
+    ck_assert_uint_eq(ev[0]->n_blocks, 1);
+    ck_assert_uint_eq(ev[0]->blocks[0].block_hash, 99);
+    uint64_t want[4] = {1, 2, 3, 4294967295u};
+    ck_assert_uint_eq(ev[0]->blocks[0].tokens_hash,
+                      wire_router_hash(want, 4, WIRE_ROUTER_SEED));
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(ranks_beyond_the_table_are_rejected_not_allocated) {
     tr t;
     tr_init(&t, NULL, 1, false);
@@ -1071,11 +1295,15 @@ START_TEST(prometheus_text_keeps_its_lines) {
     size_t families = 0, helps = 0;
     for (const char *c = text; (c = strstr(c, "# TYPE ")); c++) families++;
     for (const char *c = text; (c = strstr(c, "# HELP ")); c++) helps++;
-    size_t counters = 0;
+    size_t counters = 0, per_source = 0;
 #define COUNT(name, help) counters++;
     RELAY_COUNTERS(COUNT)
 #undef COUNT
-    ck_assert_uint_eq(families, counters + 4 + 4); /* labelled, gauges */
+#define COUNT(name, help) per_source++;
+    RELAY_SOURCE_COUNTERS(COUNT)
+#undef COUNT
+    /* totals, per source, labelled by kind, gauges */
+    ck_assert_uint_eq(families, counters + per_source + 4 + 4);
     ck_assert_uint_eq(helps, families);
     kvo_buf_fini(&prom);
     kvo_buf_init(&prom);
@@ -1084,6 +1312,27 @@ START_TEST(prometheus_text_keeps_its_lines) {
     kvo_alloc_fail_after(-1);
     ck_assert_int_eq(st, KVO_ENOMEM);
     kvo_buf_fini(&prom);
+}
+END_TEST
+
+/* RELAY_STATS_LINE_MAX holds the log line with every counter at its
+ * largest: the last field is whole. */
+START_TEST(the_stats_line_fits_its_buffer_at_the_largest_counts) {
+    relay_stats s;
+    memset(&s, 0xff, sizeof(s));
+    s.n_src = 0;
+    for (int i = 0; i < KVO_STATUS_COUNT; i++) s.decode_errors[i] = 0;
+    for (int i = 0; i < RELAY_REJECT_COUNT; i++) s.rejects[i] = 0;
+    for (int i = 0; i < RELAY_REPLAY_FAIL_COUNT; i++) s.replay_failures[i] = 0;
+    s.decode_errors[KVO_EPROTO] = UINT64_MAX;
+    s.rejects[RELAY_medium] = UINT64_MAX;
+    s.replay_failures[RELAY_timeout] = UINT64_MAX;
+    char line[RELAY_STATS_LINE_MAX];
+    relay_stats_line(&s, line, sizeof(line));
+    static const char tail[] = " oversize=18446744073709551615";
+    size_t n = strlen(line);
+    ck_assert_uint_gt(n, strlen(tail));
+    ck_assert_str_eq(line + n - strlen(tail), tail);
 }
 END_TEST
 
@@ -1106,6 +1355,13 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
     tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
     suite_add_tcase(s, tc);
+    tc = tcase_create("link");
+    tcase_add_test(tc, a_sub_back_after_a_loss_replays_from_the_next_sequence);
+    tcase_add_test(tc, a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer);
+    tcase_add_test(tc,
+                   a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed);
+    tcase_add_test(tc, a_replay_that_drops_after_progress_is_asked_again_not_oversize);
+    suite_add_tcase(s, tc);
     tc = tcase_create("dedup");
     tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);
     tcase_add_test(tc, dedup_counts_are_per_rank_and_tier_and_reset_by_cleared);
@@ -1120,6 +1376,7 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, malformed_batches_are_counted_and_the_stream_goes_on);
     tcase_add_test(tc, invalid_events_are_rejected_by_kind_never_forwarded);
     tcase_add_test(tc, ranks_beyond_the_table_are_rejected_not_allocated);
+    tcase_add_test(tc, token_ids_beyond_u32_are_rejected_never_truncated);
     suite_add_tcase(s, tc);
     tc = tcase_create("verify");
     tcase_add_test(tc, engine_hash_verification_passes_good_streams_and_catches_first8);
@@ -1128,6 +1385,7 @@ Suite *suite_pipe(void) {
     tc = tcase_create("stats");
     tcase_add_test(tc, stats_render_as_json_and_prometheus);
     tcase_add_test(tc, prometheus_text_keeps_its_lines);
+    tcase_add_test(tc, the_stats_line_fits_its_buffer_at_the_largest_counts);
     suite_add_tcase(s, tc);
     return s;
 }
