@@ -3,8 +3,10 @@
  * Per source (one ZMQ publisher) a small state machine keeps the sequence:
  *
  *   LIVE ----- seq == next ------------------> apply
- *     |  ----- seq <  next ------------------> duplicate (live lagging a replay)
- *     |  ----- seq <= last live seq ---------> restart: cleared, replay from 0
+ *     |  ----- seq <  next, same bytes as ---> duplicate (live lagging a replay)
+ *     |        the batch applied as seq
+ *     |  ----- seq <  next, other bytes, ----> restart: cleared, replay from 0
+ *     |        or seq <= last live seq
  *     |  ----- seq >  next (gap) ------------> request replay(next), buffer seq
  *     v                                        (no endpoint: cleared, accept)
  *   REPLAYING: live batches are buffered (bounded); replies are applied in
@@ -43,6 +45,8 @@
 #include "kvo_map.h"
 #include "relay_int.h"
 
+#include <xxhash.h>
+
 #include <msgpack.h>
 #include <stdio.h>
 #include <string.h>
@@ -68,6 +72,10 @@ typedef struct held {
     uint8_t *data;
 } held;
 
+/* The last SEEN_RING applied batches of a source, by seq % SEEN_RING: a
+ * live batch behind next is a duplicate only if it is the batch applied. */
+#define SEEN_RING 256
+
 typedef struct source {
     uint32_t fallback_rank;
     uint32_t rank; /* last rank seen, for the cleared the relay emits */
@@ -90,6 +98,8 @@ typedef struct source {
     bool link_was_up;   /* it was once: the next SUB_UP is a reconnect */
     bool broke;         /* REPLAYING: a replay connection dropped ... */
     uint64_t broke_at;  /* ... with next == broke_at */
+    uint64_t seen_seq[SEEN_RING];  /* seq + 1 of the batch in the slot */
+    uint64_t seen_hash[SEEN_RING]; /* XXH3-64 of its payload */
 } source;
 
 typedef struct rank_counts {
@@ -719,9 +729,20 @@ static void batch_done(relay_pipe *p, uint64_t seq) {
     p->p_last = seq;
 }
 
+/* The batch applied as seq had exactly these bytes (and is remembered). */
+static bool seen_same(const source *s, uint64_t seq, const uint8_t *payload,
+                      size_t len) {
+    uint32_t k = (uint32_t)(seq % SEEN_RING);
+    return s->seen_seq[k] == seq + 1 &&
+           s->seen_hash[k] == XXH3_64bits(payload, len);
+}
+
 static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
                   const uint8_t *payload, size_t len, bool replayed) {
     source *s = &p->src[si];
+    uint32_t k = (uint32_t)(seq % SEEN_RING);
+    s->seen_seq[k] = seq + 1;
+    s->seen_hash[k] = XXH3_64bits(payload, len);
     s->next = seq + 1;
     s->has_next = true;
     p->st.batches_applied++;
@@ -908,13 +929,19 @@ static void replay_then(relay_pipe *p, uint32_t si, uint64_t from,
 static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
                     const uint8_t *payload, size_t len) {
     source *s = &p->src[si];
-    if (s->has_live && seq <= s->live_last) {
+    /* Behind next while LIVE: the same batch late (its bytes were applied
+     * as seq), or a publisher that started over -- also when no live batch
+     * was seen yet (everything so far came through a replay). */
+    bool went_back = (s->has_live && seq <= s->live_last) ||
+                     (s->state == RELAY_SRC_LIVE && s->has_next &&
+                      seq < s->next && !seen_same(s, seq, payload, len));
+    if (went_back) {
         /* The publisher started over: nothing we hold is valid. */
         p->st.restarts++;
         note(p, KVO_LOG_WARN, "restart",
              "source %u: sequence went back from %" PRIu64 " to %" PRIu64
              " (publisher restart)",
-             si, s->live_last, seq);
+             si, s->has_live ? s->live_last : s->next - 1, seq);
         if (s->state == RELAY_SRC_REPLAYING) {
             if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
             p->st.buffer_discarded += s->nbuf;

@@ -450,6 +450,33 @@ START_TEST(replay_from_start_publishes_cleared_then_replays) {
 }
 END_TEST
 
+/* Everything so far came through the start replay (the SUB joined late):
+ * a live batch behind next is the same batch late only if its bytes are
+ * those applied; other bytes mean the publisher started over. */
+START_TEST(a_live_batch_behind_a_replay_is_a_restart_unless_it_is_the_same) {
+    relay_pipe_cfg c;
+    tr_cfg_default(&c);
+    c.replay_from_set = true;
+    c.replay_from = 0;
+    tr t;
+    tr_init(&t, &c, 1, true);
+    relay_pipe_start(t.p, t.now);
+    tr_reply_seqs(&t, 0, 0, 9, true);
+    tr_end(&t, 0, true);
+    tr_live_tag(&t, 0, 9, 9); /* the same batch 9, late: a duplicate */
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 0);
+    ck_assert_uint_eq(s->duplicates_dropped, 1);
+    tr_live_tag(&t, 0, 2, 1002); /* seq 2 again, other bytes: a restart */
+    tr_flush(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 2);
+    ck_assert_uint_eq(t.req[t.nreq - 1], 0); /* replays the new run */
+    tr_fini(&t);
+}
+END_TEST
+
 /* A cleared says nothing new when nothing was forwarded since the last one:
  * a start replay that times out before any batch publishes no second. */
 START_TEST(a_failure_with_nothing_forwarded_publishes_no_second_cleared) {
@@ -1354,6 +1381,8 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
     tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
+    tcase_add_test(tc,
+                   a_live_batch_behind_a_replay_is_a_restart_unless_it_is_the_same);
     suite_add_tcase(s, tc);
     tc = tcase_create("link");
     tcase_add_test(tc, a_sub_back_after_a_loss_replays_from_the_next_sequence);
