@@ -194,6 +194,7 @@ typedef struct idx_service_cfg {
     const char *subject; /* default namespace.*.component.*.kv-events */
     const char *http;    /* host:port, default 127.0.0.1:8090 (0 = any) */
     uint32_t block_size; /* default 16 */
+    size_t max_body;     /* request body bytes, default 16 MiB */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

@@ -382,139 +382,31 @@ json_object *idx_json_revent(const wire_revent *ev) {
     return e;
 }
 
-json_object *idx_json_parse(const char *text, size_t len, char *err,
-                            size_t errsz) {
-    if (len > INT32_MAX) {
-        snprintf(err, errsz, "bad JSON: too large");
-        return NULL;
-    }
-    json_tokener *tok = json_tokener_new();
-    if (!tok) {
-        snprintf(err, errsz, "out of memory");
-        return NULL;
-    }
-    json_object *j = json_tokener_parse_ex(tok, text, (int)len);
-    enum json_tokener_error e = json_tokener_get_error(tok);
-    size_t used = json_tokener_get_parse_end(tok);
-    json_tokener_free(tok);
-    if (!j || e != json_tokener_success) {
-        snprintf(err, errsz, "bad JSON: %s",
-                 e == json_tokener_continue ? "unexpected end"
-                                            : json_tokener_error_desc(e));
-        json_object_put(j);
-        return NULL;
-    }
-    for (; used < len; used++)
-        if (text[used] != ' ' && text[used] != '\n' && text[used] != '\r' &&
-            text[used] != '\t') {
-            snprintf(err, errsz, "bad JSON: trailing bytes");
-            json_object_put(j);
-            return NULL;
-        }
-    return j;
-}
-
 /* ======================================================================== */
 /* Queries                                                                   */
 /* ======================================================================== */
 
-/* A JSON array of unsigned integers (at most max each) -> kvo_malloc'd. */
-static kvo_status u64_array(json_object *a, const char *name, uint64_t max,
-                            uint64_t **out, size_t *n, char *err,
-                            size_t errsz) {
-    if (!json_object_is_type(a, json_type_array)) {
-        snprintf(err, errsz, "%s: expected an array", name);
-        return KVO_EPROTO;
-    }
-    size_t len = json_object_array_length(a);
-    uint64_t *v = kvo_malloc((len ? len : 1) * sizeof(uint64_t));
-    if (!v) return KVO_ENOMEM;
-    for (size_t i = 0; i < len; i++) {
-        json_object *e = json_object_array_get_idx(a, i);
-        if (!json_object_is_type(e, json_type_int) || json_object_get_int64(e) < 0 ||
-            json_object_get_uint64(e) > max) {
-            snprintf(err, errsz, "%s[%zu]: expected an integer in 0..%" PRIu64,
-                     name, i, max);
-            kvo_free(v);
-            return KVO_EPROTO;
-        }
-        v[i] = json_object_get_uint64(e);
-    }
-    *out = v;
-    *n = len;
-    return KVO_OK;
-}
-
-static kvo_status opt_string(json_object *req, const char *name,
-                             const char **out, char *err, size_t errsz) {
-    json_object *v;
-    *out = NULL;
-    if (!json_object_object_get_ex(req, name, &v) || !v) return KVO_OK;
-    if (!json_object_is_type(v, json_type_string)) {
-        snprintf(err, errsz, "%s: expected a string", name);
-        return KVO_EPROTO;
-    }
-    *out = json_object_get_string(v);
-    return KVO_OK;
-}
-
-kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
-                          int want_tokens, idx_scores *out, char *err,
-                          size_t errsz) {
-    if (!json_object_is_type(req, json_type_object)) {
-        snprintf(err, errsz, "expected a JSON object");
-        return KVO_EPROTO;
-    }
-    json_object *tok = NULL, *hs = NULL;
-    json_object_object_get_ex(req, "token_ids", &tok);
-    json_object_object_get_ex(req, "tokens_hashes", &hs);
-    if (want_tokens == 1) hs = NULL;
-    if (want_tokens == 0) tok = NULL;
-    if (!tok && !hs) {
-        snprintf(err, errsz, "missing %s",
-                 want_tokens == 1   ? "token_ids"
-                 : want_tokens == 0 ? "tokens_hashes"
-                                    : "token_ids or tokens_hashes");
-        return KVO_EPROTO;
-    }
-    if (tok && hs) {
-        snprintf(err, errsz, "token_ids and tokens_hashes are exclusive");
-        return KVO_EPROTO;
-    }
-    uint64_t *v = NULL, *hashes = NULL;
-    size_t n = 0;
-    uint32_t isl;
+kvo_status idx_request_query(idx_tree *t, uint32_t block_size,
+                             const idx_request *q, idx_scores *out) {
+    static const uint64_t none[1];
     kvo_status s;
-    if (hs) {
-        if ((s = u64_array(hs, "tokens_hashes", UINT64_MAX, &v, &n, err, errsz)) != KVO_OK)
-            return s;
-        s = idx_tree_query(t, v, n, out);
-        isl = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    uint32_t isl;
+    if (q->kind == IDX_REQ_HASHES) {
+        s = idx_tree_query(t, q->n ? q->v : none, q->n, out);
+        isl = q->n > UINT32_MAX ? UINT32_MAX : (uint32_t)q->n;
     } else {
-        const char *lora, *salt;
-        if ((s = opt_string(req, "lora_name", &lora, err, errsz)) != KVO_OK ||
-            (s = opt_string(req, "cache_salt", &salt, err, errsz)) != KVO_OK)
-            return s;
-        if (block_size == 0) {
-            snprintf(err, errsz, "block size 0");
-            return KVO_EINVAL;
-        }
-        if ((s = u64_array(tok, "token_ids", UINT32_MAX, &v, &n, err, errsz)) != KVO_OK)
-            return s;
-        size_t nb = n / block_size;
-        hashes = kvo_malloc((nb ? nb : 1) * sizeof(uint64_t));
-        if (!hashes) {
-            kvo_free(v);
-            return KVO_ENOMEM;
-        }
-        nb = idx_prompt_hash(v, n, block_size, lora, salt, hashes);
+        if (q->kind != IDX_REQ_TOKENS || block_size == 0) return KVO_EINVAL;
+        size_t nb = q->n / block_size;
+        uint64_t *hashes = kvo_malloc((nb ? nb : 1) * sizeof(uint64_t));
+        if (!hashes) return KVO_ENOMEM;
+        nb = idx_prompt_hash(q->n ? q->v : none, q->n, block_size, q->lora,
+                             q->salt, hashes);
         s = idx_tree_query(t, hashes, nb, out);
+        kvo_free(hashes);
         /* like Dynamo's hit rate: ceil(tokens / block_size) */
-        uint64_t ceil = (n + block_size - 1) / block_size;
+        uint64_t ceil = ((uint64_t)q->n + block_size - 1) / block_size;
         isl = ceil > UINT32_MAX ? UINT32_MAX : (uint32_t)ceil;
     }
     if (s == KVO_OK) out->isl_blocks = isl;
-    kvo_free(v);
-    kvo_free(hashes);
     return s;
 }

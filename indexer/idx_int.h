@@ -6,6 +6,7 @@
 #define IDX_INT_H
 
 #include "idx.h"
+#include "kvo_json.h"
 
 /* ---- Feed internals ------------------------------------------------------ */
 
@@ -55,19 +56,57 @@ json_object *idx_json_watermark(const idx_feed *f);
 /* One stored RouterEvent in the event-plane JSON shape of the vectors. */
 json_object *idx_json_revent(const wire_revent *ev);
 
-/* text (len bytes) as exactly one JSON value, followed by nothing but
- * whitespace (json-c alone stops after the first value and ignores the
- * rest). NULL with err = "bad JSON: ..." otherwise (or out of memory). */
-json_object *idx_json_parse(const char *text, size_t len, char *err,
-                            size_t errsz);
+/* ---- Requests: query bodies (idx_request.c) ------------------------------
+ * The one reading path of POST /query, POST /query_by_hash and replay's
+ * query lines: kvo_json (strict: one value, exact integers, valid UTF-8,
+ * memory proportional to the body), then the shape:
+ *   {"token_ids": [u32...], "lora_name"?: str|null, "cache_salt"?: str|null}
+ *   {"tokens_hashes": [u64...]}
+ *   {"apply": K}                               (replay lines only)
+ * each with optional "metrics": bool|null and "wait": {"zmq_seq":
+ * [[publisher_id, seq], ...], "timeout_ms"?: 0..600000 (default 30000)}.
+ * Other members are ignored. Pure: no tree, clock or socket. */
+typedef enum idx_req_kind {
+    IDX_REQ_TOKENS = 1, /* accept-mask bits too */
+    IDX_REQ_HASHES = 2,
+    IDX_REQ_APPLY = 4,
+} idx_req_kind;
 
-/* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
- * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
- * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad
- * request, KVO_ENOMEM. */
-kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
-                          int want_tokens, idx_scores *out, char *err,
-                          size_t errsz);
+#define IDX_WAIT_MAX_PAIRS 4096   /* (publisher, seq) pairs per wait */
+#define IDX_WAIT_MAX_MS 600000    /* longest wait a query may ask for */
+#define IDX_WAIT_DEFAULT_MS 30000 /* a wait without "timeout_ms" */
+
+/* Everything points into doc: valid until the next parse or fini. */
+typedef struct idx_request {
+    idx_req_kind kind;
+    const uint64_t *v;  /* TOKENS: token ids (each < 2^32); HASHES: tokens
+                           hashes; n of them (v may be NULL when n is 0) */
+    size_t n;
+    const char *lora, *salt; /* TOKENS: NULL = none */
+    uint64_t apply;          /* APPLY: records to apply */
+    bool metrics;            /* "metrics": true */
+    bool wait;               /* a "wait" clause was given */
+    uint32_t timeout_ms;     /* wait: how long at most */
+    size_t n_pairs;
+    const uint64_t *pairs;   /* wait: n_pairs x (publisher_id, zmq seq) */
+    kvo_json doc;
+} idx_request;
+
+void idx_request_init(idx_request *q);
+void idx_request_fini(idx_request *q);
+/* body[0, len) into q, which must be one of the kinds in accept (a mask
+ * of idx_req_kind). KVO_OK; KVO_EPROTO / KVO_ETRUNC / KVO_ETOOBIG (a bad
+ * request: err->msg names where, "bad JSON at tokens_hashes[3]: integer
+ * out of range", "token_ids[0]: expected an integer in 0..4294967295");
+ * KVO_ENOMEM. A failed parse leaves q empty (kind 0). */
+kvo_status idx_request_parse(idx_request *q, const void *body, size_t len,
+                             unsigned accept, kvo_err *err);
+
+/* Run a TOKENS or HASHES request on t: out gets the scores and isl_blocks
+ * (tokens: ceil(tokens / block_size), like Dynamo's hit rate). KVO_OK,
+ * KVO_ENOMEM, KVO_EINVAL (block_size 0 or another kind). */
+kvo_status idx_request_query(idx_tree *t, uint32_t block_size,
+                             const idx_request *q, idx_scores *out);
 
 /* ---- The service's /metrics text ---------------------------------------- */
 

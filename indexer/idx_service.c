@@ -23,7 +23,12 @@
  * /metrics's text, read at the same moment. One round trip instead of
  * polling /watermark, querying and reading the counters, and no poll
  * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
- * request bodies) wait at once; one more is answered 503.
+ * request bodies and their parsed trees) wait at once; one more is
+ * answered 503.
+ *
+ * Request bodies are read by idx_request_parse alone (kvo_json: strict, in
+ * memory proportional to the body, arrays never copied); every error is a
+ * JSON {"error": "..."} naming where.
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -46,16 +51,13 @@
 #define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
-#define WAIT_MAX_BYTES (64u << 20) /* and their request bodies */
-#define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
-#define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
-#define WAIT_DEFAULT_MS 30000  /* a wait without "timeout_ms" */
+#define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
 /* nats.c's pending limits on the subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
 #define NATS_PENDING_BYTES (1 << 30)
 #define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
-#define HTTP_MAX_BODY (16u << 20) /* request body bytes the server accepts */
+#define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
 #define NS_PER_MS 1000000u
@@ -65,14 +67,9 @@
 typedef struct waiter {
     struct waiter *next;
     kvo_http_req *r;
-    json_object *body;   /* the parsed request, kept until answered */
-    uint64_t *hashes;    /* its tokens_hashes when scanned by hand, or NULL */
-    size_t n_hashes;
-    size_t body_len;     /* request bytes, counted in wait_bytes */
-    int want_tokens;
-    uint64_t deadline;   /* kvo_now_ns */
-    size_t n;
-    uint64_t pairs[];    /* n x (publisher_id, zmq seq) */
+    idx_request q;     /* the parsed request, kept until answered */
+    size_t cost;       /* body bytes + parse memory, counted in wait_bytes */
+    uint64_t deadline; /* kvo_now_ns */
 } waiter;
 
 /* Query latency histogram bounds, seconds. */
@@ -116,6 +113,7 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
     cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
+    cfg->max_body = HTTP_MAX_BODY;
 }
 
 /* ======================================================================== */
@@ -288,42 +286,23 @@ static void drain_inbox(svc *s) {
 /* HTTP                                                                      */
 /* ======================================================================== */
 
-static json_object *parse_body(kvo_http_req *r, char *err, size_t errsz) {
-    size_t len;
-    const uint8_t *b = kvo_http_req_body(r, &len);
-    if (!b || !len) {
-        snprintf(err, errsz, "empty body: expected JSON");
-        return NULL;
-    }
-    return idx_json_parse((const char *)b, len, err, errsz);
+static void waiter_free(waiter *w) {
+    if (!w) return;
+    idx_request_fini(&w->q);
+    kvo_free(w);
 }
 
 static kvo_status build_metrics(svc *s, kvo_buf *b);
 
-/* Run the query in j and answer r; with_wm: add "covered" and the
- * watermark (a query that waited); "metrics": true in j adds GET
- * /metrics's text as "metrics" (counters read at the same moment). */
-static void answer_query(svc *s, kvo_http_req *r, json_object *j,
-                         const uint64_t *hashes, size_t n_hashes,
-                         int want_tokens, bool with_wm, bool covered) {
-    char err[200];
+/* Run the query q and answer r; with_wm: add "covered" and the watermark
+ * (a query that waited); "metrics": true adds GET /metrics's
+ * text as "metrics" (counters read at the same moment). */
+static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
+                         bool with_wm, bool covered) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st;
-    if (hashes) { /* tokens_hashes scanned by hand: as idx_query_json does */
-        st = idx_tree_query(idx_feed_tree(s->feed), hashes, n_hashes, &s->scores);
-        if (st == KVO_OK)
-            s->scores.isl_blocks = n_hashes > UINT32_MAX ? UINT32_MAX
-                                                         : (uint32_t)n_hashes;
-    } else {
-        st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size, j,
-                            want_tokens, &s->scores, err, sizeof(err));
-    }
+    kvo_status st = idx_request_query(idx_feed_tree(s->feed), s->cfg->block_size,
+                                      q, &s->scores);
     double dt = (double)(kvo_now_ns() - t0) / NS_PER_S;
-    if (st == KVO_EPROTO) {
-        s->stats.bad_requests++;
-        kvo_http_respond_error(r, 400, err);
-        return;
-    }
     if (st != KVO_OK) {
         kvo_http_respond_error(r, 500, kvo_strerror(st));
         return;
@@ -334,9 +313,7 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
     while (b < NLAT && dt > lat_bounds[b]) b++;
     s->stats.lat_count[b]++;
     json_object *o = idx_json_scores(&s->scores);
-    json_object *mq = NULL;
-    if (o && json_object_object_get_ex(j, "metrics", &mq) &&
-        json_object_get_boolean(mq)) { /* /metrics, read with the answer */
+    if (o && q->metrics) { /* /metrics, read with the answer */
         kvo_buf text;
         kvo_buf_init(&text);
         json_object *txt = NULL;
@@ -376,203 +353,51 @@ static bool wait_covered(const svc *s, const uint64_t *pairs, size_t n) {
     return true;
 }
 
-/* "wait": {"zmq_seq": [[publisher_id, seq], ...], "timeout_ms": t} into a
- * waiter (not queued yet); NULL with err set when malformed. */
-static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
-    json_object *pairs = NULL, *tmo = NULL;
-    if (!json_object_is_type(w, json_type_object) ||
-        !json_object_object_get_ex(w, "zmq_seq", &pairs) ||
-        !json_object_is_type(pairs, json_type_array)) {
-        snprintf(err, errsz, "wait must be {\"zmq_seq\": [[publisher_id, "
-                             "seq], ...], \"timeout_ms\": n}");
-        return NULL;
-    }
-    int64_t ms = WAIT_DEFAULT_MS;
-    if (json_object_object_get_ex(w, "timeout_ms", &tmo)) {
-        if (!json_object_is_type(tmo, json_type_int) ||
-            (ms = json_object_get_int64(tmo)) < 0 || ms > WAIT_MAX_MS) {
-            snprintf(err, errsz, "wait.timeout_ms must be 0..%d", WAIT_MAX_MS);
-            return NULL;
-        }
-    }
-    size_t n = json_object_array_length(pairs);
-    if (n > WAIT_MAX_PAIRS) {
-        snprintf(err, errsz, "wait.zmq_seq: at most %d pairs", WAIT_MAX_PAIRS);
-        return NULL;
-    }
-    waiter *wt = kvo_calloc(1, sizeof(*wt) + 2 * (n ? n : 1) * sizeof(uint64_t));
-    if (!wt) {
-        snprintf(err, errsz, "out of memory");
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_object *p = json_object_array_get_idx(pairs, i);
-        json_object *a = NULL, *b = NULL;
-        if (json_object_is_type(p, json_type_array) &&
-            json_object_array_length(p) == 2) {
-            a = json_object_array_get_idx(p, 0);
-            b = json_object_array_get_idx(p, 1);
-        }
-        if (!a || !b || !json_object_is_type(a, json_type_int) ||
-            !json_object_is_type(b, json_type_int) ||
-            json_object_get_int64(a) < 0 || json_object_get_int64(b) < 0) {
-            snprintf(err, errsz, "wait.zmq_seq[%zu] must be [publisher_id, seq] "
-                                 "(integers >= 0)", i);
-            kvo_free(wt);
-            return NULL;
-        }
-        wt->pairs[2 * i] = json_object_get_uint64(a);
-        wt->pairs[2 * i + 1] = json_object_get_uint64(b);
-    }
-    wt->n = n;
-    wt->deadline = kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
-    return wt;
-}
-
-/* The body kvo-check sends for every prompt, {"tokens_hashes":[n,...],...},
- * scanned by hand: json-c would make an object per number (hundreds per
- * prompt). Only that exact shape -- no spaces in the array, plain decimal
- * u64s without leading zeros, tokens_hashes first and only once -- takes
- * this way; anything else (or anything odd) gets the general parse and its
- * answers. On success: *hashes (kvo_malloc'd), *n, and *rest = the other
- * members as a json-c object (the caller puts it). */
-static bool scan_hashes(const uint8_t *b, size_t len, uint64_t **hashes,
-                        size_t *n, json_object **rest) {
-    static const char head[] = "{\"tokens_hashes\":[";
-    const size_t hl = sizeof(head) - 1;
-    if (len < hl + 2 || memcmp(b, head, hl) != 0) return false;
-    size_t i = hl, k = 0, cap = 0;
-    uint64_t *v = NULL;
-    bool ok = false;
-    if (b[i] == ']') {
-        i++;
-        ok = true;
-    }
-    while (!ok && i < len) {
-        if (b[i] < '0' || b[i] > '9') break;
-        if (b[i] == '0' && i + 1 < len && b[i + 1] >= '0' && b[i + 1] <= '9')
-            break; /* leading zero: not JSON */
-        uint64_t x = 0;
-        size_t start = i;
-        bool over = false;
-        for (; i < len && b[i] >= '0' && b[i] <= '9' && i - start < 19; i++)
-            x = x * 10 + (unsigned)(b[i] - '0'); /* 19 digits cannot overflow */
-        for (; i < len && b[i] >= '0' && b[i] <= '9'; i++)
-            over |= __builtin_mul_overflow(x, 10u, &x) ||
-                    __builtin_add_overflow(x, (unsigned)(b[i] - '0'), &x);
-        if (over || i >= len) break;
-        if (k == cap && kvo_grow(&v, &cap, k + 1, sizeof(*v), 1024) != KVO_OK)
-            break;
-        v[k++] = x;
-        if (b[i] == ']') {
-            i++;
-            ok = true;
-        } else if (b[i] != ',') {
-            break;
-        } else {
-            i++;
-        }
-    }
-    json_object *o = NULL;
-    if (ok && i < len && b[i] == '}') {
-        size_t e = i + 1;
-        while (e < len && (b[e] == ' ' || b[e] == '\n' || b[e] == '\r' || b[e] == '\t'))
-            e++;
-        ok = e == len && (o = json_object_new_object()) != NULL;
-    } else if (ok && i < len && b[i] == ',') {
-        /* the other members: "{" + the rest, through json-c */
-        json_tokener *tok = json_tokener_new();
-        ok = tok != NULL;
-        if (ok) {
-            json_tokener_parse_ex(tok, "{", 1);
-            o = json_tokener_parse_ex(tok, (const char *)b + i + 1, (int)(len - i - 1));
-            size_t used = json_tokener_get_parse_end(tok);
-            ok = o && json_tokener_get_error(tok) == json_tokener_success &&
-                 json_object_is_type(o, json_type_object) &&
-                 !json_object_object_get_ex(o, "tokens_hashes", NULL) &&
-                 !json_object_object_get_ex(o, "token_ids", NULL);
-            for (size_t e = i + 1 + used; ok && e < len; e++)
-                if (b[e] != ' ' && b[e] != '\n' && b[e] != '\r' && b[e] != '\t') ok = false;
-            json_tokener_free(tok);
-        }
-    } else {
-        ok = false;
-    }
-    if (!ok) {
-        json_object_put(o);
-        kvo_free(v);
-        return false;
-    }
-    *hashes = v;
-    *n = k;
-    *rest = o;
-    return true;
-}
-
-static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
-    char err[200];
-    uint64_t *hashes = NULL;
-    size_t n_hashes = 0;
-    json_object *j = NULL;
+/* POST /query (accept = IDX_REQ_TOKENS) or /query_by_hash (HASHES): the
+ * body through idx_request_parse, then answered at once or held as a
+ * waiter until its watermark or deadline. */
+static void do_query(svc *s, kvo_http_req *r, unsigned accept) {
     size_t blen;
     const uint8_t *body = kvo_http_req_body(r, &blen);
-    if (want_tokens != 1 && scan_hashes(body, blen, &hashes, &n_hashes, &j)) {
-        if (!hashes) hashes = kvo_malloc(1); /* an empty list: still "given" */
-        if (!hashes) {
-            json_object_put(j);
-            kvo_http_respond_error(r, 500, "out of memory");
-            return;
-        }
-    } else {
-        j = parse_body(r, err, sizeof(err));
-    }
-    if (!j) {
-        s->stats.bad_requests++;
-        kvo_http_respond_error(r, 400, err);
+    waiter *w = kvo_calloc(1, sizeof(*w));
+    if (!w) {
+        kvo_http_respond_error(r, 500, "out of memory");
         return;
     }
-    json_object *w = NULL;
-    if (json_object_is_type(j, json_type_object) &&
-        json_object_object_get_ex(j, "wait", &w)) {
-        waiter *wt = wait_parse(w, err, sizeof(err));
-        if (!wt) {
-            s->stats.bad_requests++;
-            kvo_http_respond_error(r, 400, err);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        bool covered = wait_covered(s, wt->pairs, wt->n);
-        if (covered || kvo_now_ns() >= wt->deadline) {
-            answer_query(s, r, j, hashes, n_hashes, want_tokens, true, covered);
-            kvo_free(wt);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        if (s->n_waiters >= WAIT_MAX || blen > WAIT_MAX_BYTES - s->wait_bytes) {
-            kvo_http_respond_error(r, 503, "too many queries waiting");
-            kvo_free(wt);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        wt->r = r; /* held: answered by serve_waiters */
-        wt->body = j;
-        wt->hashes = hashes;
-        wt->n_hashes = n_hashes;
-        wt->want_tokens = want_tokens;
-        waiter **tail = &s->waiters;
-        while (*tail) tail = &(*tail)->next;
-        *tail = wt;
-        wt->body_len = blen;
-        s->n_waiters++;
-        s->wait_bytes += blen;
+    idx_request_init(&w->q);
+    kvo_err err;
+    kvo_status st = idx_request_parse(&w->q, body, blen, accept, &err);
+    if (st != KVO_OK) {
+        if (st != KVO_ENOMEM) s->stats.bad_requests++;
+        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
+        waiter_free(w);
         return;
     }
-    answer_query(s, r, j, hashes, n_hashes, want_tokens, false, false);
-    kvo_free(hashes);
-    json_object_put(j);
+    if (!w->q.wait) {
+        answer_query(s, r, &w->q, false, false);
+        waiter_free(w);
+        return;
+    }
+    uint64_t now = kvo_now_ns();
+    w->deadline = now + (uint64_t)w->q.timeout_ms * NS_PER_MS;
+    bool covered = wait_covered(s, w->q.pairs, w->q.n_pairs);
+    if (covered || now >= w->deadline) {
+        answer_query(s, r, &w->q, true, covered);
+        waiter_free(w);
+        return;
+    }
+    w->cost = blen + w->q.doc.mem;
+    if (s->n_waiters >= WAIT_MAX || w->cost > WAIT_MAX_BYTES - s->wait_bytes) {
+        kvo_http_respond_error(r, 503, "too many queries waiting");
+        waiter_free(w);
+        return;
+    }
+    w->r = r; /* held: answered by serve_waiters */
+    waiter **tail = &s->waiters;
+    while (*tail) tail = &(*tail)->next;
+    *tail = w;
+    s->n_waiters++;
+    s->wait_bytes += w->cost;
 }
 
 /* Answer the waiting queries whose watermark is there or whose time is
@@ -582,19 +407,16 @@ static void serve_waiters(svc *s) {
     uint64_t now = kvo_now_ns();
     for (waiter **pp = &s->waiters; *pp;) {
         waiter *w = *pp;
-        bool covered = wait_covered(s, w->pairs, w->n);
+        bool covered = wait_covered(s, w->q.pairs, w->q.n_pairs);
         if (!covered && now < w->deadline) {
             pp = &w->next;
             continue;
         }
         *pp = w->next;
         s->n_waiters--;
-        s->wait_bytes -= w->body_len;
-        answer_query(s, w->r, w->body, w->hashes, w->n_hashes, w->want_tokens,
-                     true, covered);
-        json_object_put(w->body);
-        kvo_free(w->hashes);
-        kvo_free(w);
+        s->wait_bytes -= w->cost;
+        answer_query(s, w->r, &w->q, true, covered);
+        waiter_free(w);
     }
 }
 
@@ -802,8 +624,8 @@ static void handler(void *ctx, kvo_http_req *r) {
     }
     json_object *o = NULL;
     switch (i) {
-    case 0: do_query(s, r, 1); return;
-    case 1: do_query(s, r, 0); return;
+    case 0: do_query(s, r, IDX_REQ_TOKENS); return;
+    case 1: do_query(s, r, IDX_REQ_HASHES); return;
     case 2: do_dump(s, r); return;
     case 3: o = idx_json_workers(idx_feed_tree(s->feed)); break;
     case 4: do_health(s, r); return;
@@ -880,8 +702,9 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
-                              .max_body = HTTP_MAX_BODY, .handler = handler,
-                              .ctx = &s};
+                              .max_body = cfg->max_body ? cfg->max_body
+                                                        : HTTP_MAX_BODY,
+                              .handler = handler, .ctx = &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;
@@ -911,9 +734,7 @@ done:
     while (s.waiters) {
         waiter *w = s.waiters;
         s.waiters = w->next;
-        json_object_put(w->body);
-        kvo_free(w->hashes);
-        kvo_free(w);
+        waiter_free(w);
     }
     nats_teardown(&s);
     for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);

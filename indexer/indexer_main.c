@@ -9,9 +9,16 @@
 #include <string.h>
 
 /* Long-option codes, above every short option's character. */
-enum { OPT_SUBJECT = 256, OPT_HTTP, OPT_BLOCK_SIZE, OPT_LOG_LEVEL };
+enum {
+    OPT_SUBJECT = 256,
+    OPT_HTTP,
+    OPT_BLOCK_SIZE,
+    OPT_LOG_LEVEL,
+    OPT_MAX_BODY,
+};
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
+#define MAX_BODY_MAX (1ull << 30)   /* largest --max-body */
 #define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 
 static const struct option options[] = {
@@ -22,6 +29,7 @@ static const struct option options[] = {
     {"http", required_argument, NULL, OPT_HTTP},
     {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -39,10 +47,12 @@ static const char usage[] =
     "                          one, logged as 'listening on http://HOST:PORT')\n"
     "  --block-size N          tokens per block for token queries (default 16)\n"
     "  --log-level L           error|warn|info|debug (default info)\n"
+    "  --max-body BYTES        largest request body (default 16777216)\n"
     "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
     "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
-    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]}; GET /dump /workers /health\n"
-    "  /watermark /metrics /counters.\n"
+    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
+    "  valid UTF-8, one value); GET /dump /workers /health /watermark\n"
+    "  /metrics /counters.\n"
     "\n"
     "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
     "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": [...]});\n"
@@ -88,6 +98,13 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
+    case OPT_MAX_BODY: {
+        uint64_t v;
+        if (kvo_parse_u64(arg, &v) || v == 0 || v > MAX_BODY_MAX)
+            return bad("max-body", arg);
+        c->max_body = (size_t)v;
+        return KVO_OK;
+    }
     default: return KVO_EINVAL;
     }
 }
@@ -191,10 +208,10 @@ int main(int argc, char **argv) {
     kvo_signals_init();
     const idx_service_cfg *c = &o.cfg;
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
-             "auth=%s tls=%s reconnect_wait_ms=%d",
+             "auth=%s tls=%s reconnect_wait_ms=%d max_body=%zu",
              KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
-             o.nats.reconnect_wait_ms);
+             o.nats.reconnect_wait_ms, c->max_body);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;

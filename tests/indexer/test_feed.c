@@ -45,6 +45,15 @@ static kvo_status feed_envelope(idx_feed *f, uint64_t pub, uint64_t seq,
     return s;
 }
 
+/* The feed's publishers (kvo_free), which must be n. */
+static idx_publisher *publishers(const idx_feed *f, size_t n) {
+    idx_publisher *p;
+    size_t got;
+    ck_assert_int_eq(idx_feed_publishers(f, &p, &got), KVO_OK);
+    ck_assert_uint_eq(got, n);
+    return p;
+}
+
 START_TEST(shared_vectors_apply_in_order) {
     idx_feed *f = tt_feed_new();
     idx_tree *t = idx_feed_tree(f);
@@ -98,10 +107,7 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.restarts, 1);
     ck_assert_uint_eq(k.applied, 4);
-    idx_publisher *p;
-    size_t n;
-    ck_assert_int_eq(idx_feed_publishers(f, &p, &n), KVO_OK);
-    ck_assert_uint_eq(n, 1);
+    idx_publisher *p = publishers(f, 1);
     ck_assert_uint_eq(p[0].publisher_id, 42);
     ck_assert_uint_eq(p[0].last_sequence, 0);
     ck_assert_uint_eq(p[0].messages, 4);
@@ -216,6 +222,95 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
 }
 END_TEST
 
+/* Request bodies: one strict reading (kvo_json) for every endpoint and for
+ * replay; errors name where. Each of these was accepted (json-c clamped
+ * 2^64 and 20-digit numbers, took 01, passed invalid UTF-8) or refused
+ * without a place before. */
+START_TEST(request_bodies_are_read_strictly) {
+    static const struct {
+        const char *body;
+        unsigned accept;
+        const char *why; /* NULL: accepted */
+    } cases[] = {
+        {"{\"tokens_hashes\":[18446744073709551615]}", IDX_REQ_HASHES, NULL},
+        {"{\"tokens_hashes\":[18446744073709551616]}", IDX_REQ_HASHES,
+         "bad JSON at tokens_hashes[0]: integer out of range"},
+        {"{ \"tokens_hashes\" : [1, 2, 99999999999999999999] }", IDX_REQ_HASHES,
+         "bad JSON at tokens_hashes[2]: integer out of range"},
+        {"{\"tokens_hashes\":[1,01]}", IDX_REQ_HASHES,
+         "bad JSON at tokens_hashes[1]: a number has a leading zero"},
+        {"{\"tokens_hashes\":[1]} x", IDX_REQ_HASHES,
+         "bad JSON: trailing characters after the JSON value"},
+        {"{\"tokens_hashes\":[1]}{}", IDX_REQ_HASHES, "trailing characters"},
+        {"{\"tokens_hashes\":[1]}\n\t ", IDX_REQ_HASHES, NULL},
+        {"{\"token_ids\":[1],\"lora_name\":\"\xff\"}", IDX_REQ_TOKENS,
+         "bad JSON at lora_name: invalid UTF-8"},
+        {"{\"token_ids\":[1],\"cache_salt\":\"\xed\xa0\x80\"}", IDX_REQ_TOKENS,
+         "bad JSON at cache_salt: invalid UTF-8"},
+        {"{\"token_ids\":[1],\"lora_name\":\"\\u0000\"}", IDX_REQ_TOKENS,
+         "lora_name"},
+        {"{\"tokens_hashes\":[1],\"tokens_hashes\":[2]}", IDX_REQ_HASHES,
+         "duplicate key"},
+        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[1,18446744073709551616]]}}",
+         IDX_REQ_HASHES, "bad JSON at wait.zmq_seq[0][1]: integer out of range"},
+        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[1]]}}", IDX_REQ_HASHES,
+         "wait.zmq_seq[0] must be"},
+        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[],\"timeout_ms\":600001}}",
+         IDX_REQ_HASHES, "wait.timeout_ms must be 0..600000"},
+        {"{\"tokens_hashes\":[1],\"wait\":null}", IDX_REQ_HASHES, "wait must be"},
+        {"{\"tokens_hashes\":[1],\"metrics\":1}", IDX_REQ_HASHES,
+         "metrics: expected true or false"},
+        {"{\"tokens_hashes\":[1,-1]}", IDX_REQ_HASHES,
+         "tokens_hashes[1]: expected an integer >= 0"},
+        {"{\"token_ids\":[4294967296]}", IDX_REQ_TOKENS,
+         "token_ids[0]: expected an integer in 0..4294967295"},
+        {"{\"tokens_hashes\":[1", IDX_REQ_HASHES, "bad JSON at tokens_hashes:"},
+        {"", IDX_REQ_HASHES, "empty body"},
+        {"{\"apply\":-1}", IDX_REQ_APPLY, "apply: expected a count"},
+        {"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+         "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+         IDX_REQ_HASHES, "nesting deeper than 64"},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        idx_request q;
+        idx_request_init(&q);
+        kvo_err err;
+        kvo_status st = idx_request_parse(&q, cases[i].body,
+                                          strlen(cases[i].body), cases[i].accept,
+                                          &err);
+        if (!cases[i].why)
+            ck_assert_msg(st == KVO_OK, "%s: %s", cases[i].body, err.msg);
+        else
+            ck_assert_msg(st != KVO_OK && strstr(err.msg, cases[i].why),
+                          "%s: %s (want %s)", cases[i].body,
+                          st == KVO_OK ? "accepted" : err.msg, cases[i].why);
+        idx_request_fini(&q);
+    }
+    /* a NUL inside the body is not its end */
+    idx_request q;
+    idx_request_init(&q);
+    ck_assert_int_eq(idx_request_parse(&q, "{\"tokens_hashes\":[1]}\0x", 23,
+                                       IDX_REQ_HASHES, NULL),
+                     KVO_EPROTO);
+    /* what a request holds, pointing into its tree */
+    const char *body = "{\"token_ids\":[1,2,3],\"lora_name\":\"l\",\"metrics\":true,"
+                       "\"wait\":{\"zmq_seq\":[[7,8],[9,10]]}}";
+    ck_assert_int_eq(idx_request_parse(&q, body, strlen(body), IDX_REQ_TOKENS,
+                                       NULL),
+                     KVO_OK);
+    ck_assert_int_eq(q.kind, IDX_REQ_TOKENS);
+    ck_assert_uint_eq(q.n, 3);
+    ck_assert_uint_eq(q.v[2], 3);
+    ck_assert_str_eq(q.lora, "l");
+    ck_assert_ptr_null(q.salt);
+    ck_assert(q.metrics && q.wait);
+    ck_assert_uint_eq(q.timeout_ms, IDX_WAIT_DEFAULT_MS);
+    ck_assert_uint_eq(q.n_pairs, 2);
+    ck_assert_uint_eq(q.pairs[3], 10);
+    idx_request_fini(&q);
+}
+END_TEST
+
 START_TEST(lower_tiers_are_counted_not_indexed) {
     idx_feed *f = tt_feed_new();
     ck_assert_int_eq(
@@ -262,14 +357,23 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
 }
 END_TEST
 
-static kvo_status query(idx_tree *t, const char *json, int want, idx_scores *s,
-                        char *err) {
-    json_object *j = json_tokener_parse(json);
-    ck_assert_ptr_nonnull(j);
-    kvo_status st = idx_query_json(t, 4, j, want, s, err, 200);
-    json_object_put(j);
+/* The request in json, parsed as a request of the kinds in accept and run
+ * on t (block size 4); err gets the reason of a failure. */
+static kvo_status query(idx_tree *t, const char *json, unsigned accept,
+                        idx_scores *s, char *err) {
+    idx_request q;
+    idx_request_init(&q);
+    kvo_err e;
+    kvo_status st = idx_request_parse(&q, json, strlen(json), accept, &e);
+    if (st == KVO_OK) st = idx_request_query(t, 4, &q, s);
+    else snprintf(err, 200, "%.199s", e.msg);
+    idx_request_fini(&q);
     return st;
 }
+
+#define TOK IDX_REQ_TOKENS
+#define HASH IDX_REQ_HASHES
+#define EITHER (IDX_REQ_TOKENS | IDX_REQ_HASHES)
 
 START_TEST(query_json_answers_and_rejects) {
     idx_feed *f = tt_feed_of("stored_two_blocks", NULL);
@@ -278,19 +382,19 @@ START_TEST(query_json_answers_and_rejects) {
     idx_scores_init(&s);
     char err[200];
     /* tokens [1,2,3,4] with block size 4 hash to the first block */
-    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4,5,6]}", 1, &s, err), KVO_OK);
+    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4,5,6]}", TOK, &s, err), KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 2);
     ck_assert_uint_eq(s.n, 1);
     ck_assert_uint_eq(s.v[0].worker_id, 7);
     ck_assert_uint_eq(s.v[0].blocks, 1);
     ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4], \"lora_name\": \"x\"}",
-                           1, &s, err), KVO_OK);
+                           TOK, &s, err), KVO_OK);
     ck_assert_uint_eq(s.n, 0);
     ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4], \"lora_name\": null,"
-                              " \"cache_salt\": null}", -1, &s, err), KVO_OK);
+                              " \"cache_salt\": null}", EITHER, &s, err), KVO_OK);
     ck_assert_uint_eq(s.n, 1);
     ck_assert_int_eq(query(t, "{\"tokens_hashes\": [14643705804678351452, "
-                              "16777012769546811212, 5]}", 0, &s, err), KVO_OK);
+                              "16777012769546811212, 5]}", HASH, &s, err), KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 3);
     ck_assert_uint_eq(s.v[0].blocks, 2);
     tt_json_eq(idx_json_scores(&s), "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
@@ -307,12 +411,12 @@ START_TEST(query_json_answers_and_rejects) {
         {"{\"tokens_hashes\": [1]}", "missing token_ids"},
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
-        ck_assert_int_eq(query(t, bad[i][0], 1, &s, err), KVO_EPROTO);
+        ck_assert_int_eq(query(t, bad[i][0], TOK, &s, err), KVO_EPROTO);
         ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [-1]}", 0, &s, err), KVO_EPROTO);
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [\"1\"]}", 0, &s, err), KVO_EPROTO);
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [1], \"token_ids\": [1]}", -1, &s, err),
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [-1]}", HASH, &s, err), KVO_EPROTO);
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [\"1\"]}", HASH, &s, err), KVO_EPROTO);
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [1], \"token_ids\": [1]}", EITHER, &s, err),
                      KVO_EPROTO);
     idx_scores_fini(&s);
     idx_feed_free(f);
@@ -352,6 +456,7 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, duplicates_are_dropped_gaps_and_restarts_counted);
     tcase_add_test(tc, message_result_says_what_happened);
     tcase_add_test(tc, zmq_seq_headers_make_the_watermark);
+    tcase_add_test(tc, request_bodies_are_read_strictly);
     tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);
     tcase_add_test(tc, query_json_answers_and_rejects);

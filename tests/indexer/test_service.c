@@ -268,6 +268,68 @@ START_TEST(service_passes_nats_credentials_through) {
 }
 END_TEST
 
+/* The error text of a JSON error answer (borrowed from j). */
+static const char *error_of(json_object *j) {
+    return json_object_get_string(tt_json_at(j, "error"));
+}
+
+/* Every body goes through one strict reader: numbers out of u64, leading
+ * zeros, trailing bytes and invalid UTF-8 are 400s in JSON naming where
+ * (json-c clamped, took or passed them); valid answers are unchanged; a
+ * body over --max-body is a 413. */
+START_TEST(service_reads_request_bodies_strictly) {
+    env e;
+    const char *extra[] = {"--max-body", "4096", NULL};
+    env_start(&e, NULL, extra);
+    publish_vector(&e, "stored_two_blocks", "10-12");
+    wait_messages(&e, 1);
+    static const struct {
+        const char *path, *body, *error;
+    } bad[] = {
+        {"/query_by_hash", "{\"tokens_hashes\": [18446744073709551616]}",
+         "bad JSON at tokens_hashes[0]: integer out of range"},
+        {"/query_by_hash", "{\"tokens_hashes\":[1,2,3,100000000000000000000]}",
+         "bad JSON at tokens_hashes[3]: integer out of range"},
+        {"/query_by_hash", "{\"tokens_hashes\":[01]}",
+         "bad JSON at tokens_hashes[0]: a number has a leading zero"},
+        {"/query_by_hash", "{\"tokens_hashes\":[1]}garbage",
+         "bad JSON: trailing characters after the JSON value"},
+        {"/query", "{\"token_ids\":[1],\"lora_name\":\"a\xc0\xaf\"}",
+         "bad JSON at lora_name: invalid UTF-8 in a string"},
+        {"/query_by_hash",
+         "{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[42,-1]]}}",
+         "wait.zmq_seq[0] must be [publisher_id, seq] (integers >= 0)"},
+    };
+    char *out;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(post(&e, bad[i].path, bad[i].body, &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j != NULL, "%s: not JSON: %s", bad[i].body, out);
+        ck_assert_str_eq(error_of(j), bad[i].error);
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(counter(&e, "bad_requests"), KVO_ARRAY_LEN(bad));
+    /* --max-body: a longer body is refused before it is read */
+    char big[5000];
+    memset(big, ' ', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    memcpy(big, "{\"tokens_hashes\":[]}", 20);
+    ck_assert_int_eq(post(&e, "/query_by_hash", big, &out), 413);
+    ck_assert_msg(strstr(out, "\"error\""), "%s", out);
+    /* kvo-check's compact shape and a spaced one answer alike */
+    static const char *const same[] = {
+        "{\"tokens_hashes\":[14643705804678351452,16777012769546811212,3]}",
+        " { \"tokens_hashes\" : [ 14643705804678351452 , 16777012769546811212 ,"
+        " 3 ] , \"other\" : {\"x\": [1.5, null]} }\n"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(same); i++) {
+        ck_assert_int_eq(post(&e, "/query_by_hash", same[i], &out), 200);
+        ck_assert_str_eq(out, "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
+                              "\"dp_rank\":0,\"blocks\":2}]}");
+    }
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 /* GET /metrics's text, every line of it (the memory gauge only by its
  * name: it follows the tree's growth policy): the names, HELP and TYPE
  * lines, labels and values kvo-check and Prometheus read. */
@@ -411,6 +473,7 @@ Suite *suite_service(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, service_indexes_the_event_plane_and_answers_http);
     tcase_add_test(tc, service_passes_nats_credentials_through);
+    tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("metrics");
     tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
