@@ -10,6 +10,7 @@ Suite *suite_model(void);
 Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
+Suite *suite_fuzz_query(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 
