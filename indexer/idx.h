@@ -137,7 +137,9 @@ typedef struct idx_feed_counters {
     uint64_t restarts;    /* sequence went back with a new body: the
                              publisher restarted (applied, counted) */
     uint64_t gaps;        /* sequence jumps (first message above 0 too) */
-    uint64_t missed;      /* sequences jumped over */
+    uint64_t missed;      /* sequences jumped over (saturates at 2^64-1) */
+    uint64_t rewinds;     /* a jump undone: the next message went back
+                             into the jumped-over range (see below) */
     uint64_t undecodable; /* not an event-plane message */
     uint64_t bad_headers; /* malformed KVO-Zmq-Seq (message still applied) */
     uint64_t other_tier;  /* RouterEvents of a non-device tier (skipped,
@@ -158,8 +160,11 @@ typedef struct idx_feed_result {
     bool duplicate;   /* an exact duplicate: dropped */
     bool undecodable; /* not an event-plane message (err says why) */
     bool restart;     /* the sequence went back with a new body */
+    bool rewind;      /* the sequence went back into the range the previous
+                         message jumped over: that jump is undone */
     bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
     uint64_t missed;  /* a gap: sequences jumped over before this one */
+    uint64_t jumped_from; /* rewind: the sequence the undone jump reached */
     uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
     uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
 } idx_feed_result;
@@ -169,7 +174,16 @@ typedef struct idx_feed_result {
  * publisher's last one is an exact duplicate (dropped) when its body matches
  * the one seen with that sequence (the last 256 are remembered), else a
  * publisher restart (applied); one too old to be remembered is taken for a
- * duplicate, unless it is 0 (a restart). Returns KVO_OK (applied), KVO_EEXIST
+ * duplicate, unless it is 0 (a restart). One exception: right after a jump
+ * (a gap, or a first message above 0), a message that goes back into the
+ * jumped-over range is no duplicate -- nothing was seen there -- but the
+ * stream going on where it was: the jump is taken for bogus (one spoofed
+ * or corrupt sequence), the message applies and the sequence follows it
+ * (a rewind; the jump's gap stays counted). A restart or a rewind also
+ * restarts the KVO-Zmq-Seq watermark (zmq_seq_first/last) at this
+ * message's header: otherwise the highest end seen is kept, so a bogus
+ * header end holds until the publisher restarts.
+ * Returns KVO_OK (applied), KVO_EEXIST
  * (duplicate, dropped), a decode status (undecodable; err says why),
  * KVO_ENOMEM, or the tree's KVO_ENOMEM / KVO_ETOOBIG (applied but for the
  * events lost). A malformed header is counted; the message still applies.

@@ -5,6 +5,20 @@
  * memory), checked against its publisher's sequence, and its RouterEvents
  * are applied in order. Only device-tier events reach the tree: lower tiers
  * are Dynamo's separate lower-tier indexers, not the primary overlap.
+ *
+ * Sequence rule per publisher, on a message with sequence seq that
+ * is not an exact duplicate (the ring holds seq with the same body hash):
+ *
+ *   first heard         missed = seq (0..seq-1 went by unheard)
+ *   seq > last          missed = seq - last - 1
+ *   seq in the range the previous message jumped over, not remembered:
+ *                       a rewind (the jump was bogus): last = seq
+ *   seq <= last, remembered with another body, or 0: a restart: last = seq
+ *   seq <= last, otherwise: taken for an old duplicate, dropped
+ *
+ * A message with missed > 0 leaves its publisher in a jump (from the old
+ * last, or from nothing when first heard) until the next applied message.
+ * Counters saturate instead of wrapping.
  */
 #include "idx_int.h"
 
@@ -17,8 +31,17 @@
 #define PUBS_FIRST_CAP 8 /* publisher slots allocated at first */
 #define U64_DIGITS 20    /* decimal digits of the largest u64 */
 
+/* What the previous applied message did to the sequence. */
+typedef enum jump_state {
+    JUMP_NONE = 0,
+    JUMP_FROM,  /* jumped ahead from jump_from */
+    JUMP_FIRST, /* first heard above 0 */
+} jump_state;
+
 typedef struct pub {
     idx_publisher p;
+    jump_state jump;
+    uint64_t jump_from; /* JUMP_FROM: last_sequence before the jump */
     uint64_t ring_seq[RING];
     uint64_t ring_hash[RING];
 } pub;
@@ -31,6 +54,11 @@ struct idx_feed {
     pub **pubs; /* sorted by publisher_id */
     size_t npubs, cap;
 };
+
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
 
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
                        const char *lora, const char *salt, uint64_t *out) {
@@ -76,14 +104,14 @@ static size_t pub_pos(const idx_feed *f, uint64_t id) {
     return lo;
 }
 
-/* The publisher's state, created on first sight. */
-static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
-    size_t lo = pub_pos(f, id);
-    *fresh = false;
-    if (lo < f->npubs && f->pubs[lo]->p.publisher_id == id) {
-        *out = f->pubs[lo];
-        return KVO_OK;
-    }
+static pub *pub_find(const idx_feed *f, uint64_t id) {
+    size_t i = pub_pos(f, id);
+    return i < f->npubs && f->pubs[i]->p.publisher_id == id ? f->pubs[i]
+                                                            : NULL;
+}
+
+/* A new publisher's state, in its place in pubs. */
+static kvo_status pub_add(idx_feed *f, uint64_t id, pub **out) {
     kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
                              sizeof(*f->pubs), PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
@@ -91,10 +119,10 @@ static kvo_status pub_get(idx_feed *f, uint64_t id, pub **out, bool *fresh) {
     if (!p) return KVO_ENOMEM;
     p->p.publisher_id = id;
     for (int i = 0; i < RING; i++) p->ring_seq[i] = UINT64_MAX;
-    memmove(&f->pubs[lo + 1], &f->pubs[lo], (f->npubs - lo) * sizeof(*f->pubs));
-    f->pubs[lo] = p;
+    size_t pos = pub_pos(f, id);
+    memmove(&f->pubs[pos + 1], &f->pubs[pos], (f->npubs - pos) * sizeof(*f->pubs));
+    f->pubs[pos] = p;
     f->npubs++;
-    *fresh = true;
     *out = p;
     return KVO_OK;
 }
@@ -108,6 +136,55 @@ static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
     first[dash - s] = '\0';
     return kvo_parse_u64(first, a) == KVO_OK &&
            kvo_parse_u64(dash + 1, b) == KVO_OK && *a <= *b;
+}
+
+/* The sequence rule of the file header for a tracked publisher (fresh:
+ * first heard). Fills r; false when the message is a duplicate. */
+static bool track(pub *p, bool fresh, uint64_t seq, uint64_t hash,
+                  idx_feed_result *r) {
+    uint64_t last = p->p.last_sequence;
+    uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
+    bool remembered = *rs == seq;
+    if (fresh) {
+        r->missed = seq;
+    } else if (seq <= last) {
+        bool in_jump = p->jump != JUMP_NONE && seq < last && !remembered &&
+                       seq != 0 && /* 0: a restart, as ever */
+                       (p->jump == JUMP_FIRST || seq > p->jump_from);
+        if (remembered && *rh == hash) {
+            p->p.duplicates++;
+            r->duplicate = true;
+            return false;
+        }
+        if (in_jump) {
+            r->rewind = true;
+            r->jumped_from = last;
+            if (p->jump == JUMP_FROM && seq - p->jump_from > 1)
+                r->missed = seq - p->jump_from - 1;
+        } else if (!remembered && seq != 0) {
+            p->p.duplicates++;
+            r->duplicate = true;
+            return false;
+        } else {
+            p->p.restarts++;
+            r->restart = true;
+        }
+    } else {
+        r->missed = seq - last - 1;
+    }
+    if (r->missed) {
+        p->p.gaps++;
+        p->p.missed = sat_add(p->p.missed, r->missed);
+    }
+    p->jump = r->missed && !r->rewind ? (fresh ? JUMP_FIRST : JUMP_FROM)
+                                      : JUMP_NONE;
+    p->jump_from = last;
+    if (r->restart || r->rewind) p->p.has_zmq = false;
+    *rs = seq;
+    *rh = hash;
+    p->p.last_sequence = seq;
+    p->p.messages++;
+    return true;
 }
 
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
@@ -124,36 +201,16 @@ kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
     const wire_plane_msg *m = &f->msg;
     r.publisher_id = m->publisher_id;
     r.sequence = m->sequence;
-    pub *p;
-    bool fresh;
-    if ((s = pub_get(f, m->publisher_id, &p, &fresh)) != KVO_OK) goto done;
-    uint64_t seq = m->sequence, hash = XXH3_64bits(body, len);
-    uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
-    if (fresh) {
-        r.missed = seq; /* first heard above 0: 0..seq-1 were missed */
-    } else if (seq <= p->p.last_sequence) {
-        /* seen before with this body: an exact duplicate; with another
-         * body (or sequence 0 beyond memory): the publisher restarted */
-        bool remembered = *rs == seq;
-        if ((remembered && *rh == hash) || (!remembered && seq != 0)) {
-            p->p.duplicates++;
-            r.duplicate = true;
-            s = KVO_EEXIST;
-            goto done;
-        }
-        p->p.restarts++;
-        r.restart = true;
-    } else {
-        r.missed = seq - p->p.last_sequence - 1;
+    pub *p = pub_find(f, m->publisher_id);
+    bool fresh = false;
+    if (!p) {
+        if ((s = pub_add(f, m->publisher_id, &p)) != KVO_OK) goto done;
+        fresh = true;
     }
-    if (r.missed) {
-        p->p.gaps++;
-        p->p.missed += r.missed;
+    if (!track(p, fresh, m->sequence, XXH3_64bits(body, len), &r)) {
+        s = KVO_EEXIST;
+        goto done;
     }
-    *rs = seq;
-    *rh = hash;
-    p->p.last_sequence = seq;
-    p->p.messages++;
     if (zmq_seq) {
         uint64_t a, b;
         if (!parse_zmq_seq(zmq_seq, &a, &b)) {
@@ -183,8 +240,9 @@ done:
     f->c.duplicates += r.duplicate;
     f->c.undecodable += r.undecodable;
     f->c.restarts += r.restart;
+    f->c.rewinds += r.rewind;
     f->c.gaps += r.missed != 0;
-    f->c.missed += r.missed;
+    f->c.missed = sat_add(f->c.missed, r.missed);
     f->c.bad_headers += r.bad_header;
     f->c.other_tier += r.other_tier;
     f->c.enomem += r.lost;
@@ -198,11 +256,9 @@ void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
 
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last) {
-    size_t lo = pub_pos(f, publisher_id);
-    if (lo == f->npubs || f->pubs[lo]->p.publisher_id != publisher_id ||
-        !f->pubs[lo]->p.has_zmq)
-        return false;
-    *zmq_last = f->pubs[lo]->p.zmq_last;
+    const pub *p = pub_find(f, publisher_id);
+    if (!p || !p->p.has_zmq) return false;
+    *zmq_last = p->p.zmq_last;
     return true;
 }
 
@@ -275,17 +331,11 @@ json_object *idx_json_counters(const idx_feed *f) {
         put(b, "hash_mismatch", u64(c.hash_mismatch), &ok);
     }
     put(o, "blocks", b, &ok);
-    const idx_feed_counters *k = &f->c;
-    put(o, "messages", u64(k->messages), &ok);
-    put(o, "applied", u64(k->applied), &ok);
-    put(o, "duplicates", u64(k->duplicates), &ok);
-    put(o, "restarts", u64(k->restarts), &ok);
-    put(o, "gaps", u64(k->gaps), &ok);
-    put(o, "missed", u64(k->missed), &ok);
-    put(o, "undecodable", u64(k->undecodable), &ok);
-    put(o, "bad_headers", u64(k->bad_headers), &ok);
-    put(o, "other_tier", u64(k->other_tier), &ok);
-    put(o, "enomem", u64(k->enomem), &ok);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+#define IDX_PUT(field, key, prom, type, help) put(o, key, u64(k.field), &ok);
+    IDX_FEED_COUNTERS(IDX_PUT)
+#undef IDX_PUT
     put(o, "nodes", u64(st.nodes), &ok);
     put(o, "resident_blocks", u64(st.held), &ok);
     put(o, "pairs", u64(st.pairs), &ok);

@@ -16,13 +16,39 @@ typedef struct idx_publisher {
     uint64_t last_sequence;
     uint64_t messages; /* applied */
     uint64_t gaps;
-    uint64_t missed; /* sequences jumped over */
+    uint64_t missed; /* sequences jumped over (saturating) */
     uint64_t duplicates;
     uint64_t restarts;
-    bool has_zmq;       /* a KVO-Zmq-Seq header was seen */
+    bool has_zmq;       /* a KVO-Zmq-Seq header was seen (since the last
+                           restart or rewind) */
     uint64_t zmq_first; /* lowest header start seen */
     uint64_t zmq_last;  /* highest header end seen */
 } idx_publisher;
+
+/* idx_feed_counters, one row each and in this order everywhere: the
+ * field, its key in the counters JSON, its /metrics name (after
+ * "kvo_indexer_"), kvo_prom_counter (or _gauge), and the help text. */
+#define IDX_FEED_COUNTERS(X)                                                   \
+    X(messages, "messages", "messages_total", counter,                         \
+      "Event-plane messages received.")                                        \
+    X(applied, "applied", "messages_applied_total", counter,                   \
+      "Messages decoded and applied.")                                         \
+    X(duplicates, "duplicates", "duplicates_total", counter,                   \
+      "Exact duplicates dropped.")                                             \
+    X(restarts, "restarts", "restarts_total", counter,                         \
+      "Publisher restarts seen.")                                              \
+    X(gaps, "gaps", "gaps_total", counter, "Sequence gaps.")                   \
+    X(missed, "missed", "missed_total", counter, "Messages missed in gaps.")   \
+    X(rewinds, "rewinds", "rewinds_total", counter,                            \
+      "Sequence jumps undone by the next message (bogus sequences).")          \
+    X(undecodable, "undecodable", "undecodable_total", counter,                \
+      "Undecodable messages.")                                                 \
+    X(bad_headers, "bad_headers", "bad_headers_total", counter,                \
+      "Malformed KVO-Zmq-Seq headers.")                                        \
+    X(other_tier, "other_tier", "other_tier_total", counter,                   \
+      "RouterEvents of non-device tiers (not indexed).")                       \
+    X(enomem, "enomem", "enomem_total", counter,                               \
+      "RouterEvents lost to allocation failure.")
 
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
@@ -38,8 +64,8 @@ bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
  *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
  *             "not_found": n, "hash_mismatch": n}, "messages": n,
  *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
- *             "missed": n, "undecodable": n, "bad_headers": n,
- *             "other_tier": n, "enomem": n, "nodes": n,
+ *             "missed": n, "rewinds": n, "undecodable": n,
+ *             "bad_headers": n, "other_tier": n, "enomem": n, "nodes": n,
  *             "resident_blocks": n, "pairs": n, "workers": n}
  * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
  * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",

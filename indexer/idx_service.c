@@ -105,7 +105,8 @@ typedef struct svc {
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
-    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop;
+    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop, rl_gap, rl_restart,
+        rl_rewind;
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -216,8 +217,8 @@ static void nats_teardown(svc *s) {
 /* Messages                                                                  */
 /* ======================================================================== */
 
-/* Apply one message and log what became of it (rate-limited where a
- * publisher can repeat it every message). */
+/* Apply one message and log what became of it (rate-limited: a publisher
+ * can repeat any of it every message). */
 static void apply_msg(svc *s, natsMsg *m) {
     const char *hdr = NULL;
     if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
@@ -249,13 +250,21 @@ static void apply_msg(svc *s, natsMsg *m) {
                         "malformed %s header '%s' on %s (message applied)",
                         HDR_ZMQ_SEQ, hdr ? hdr : "", subject);
     if (res.missed)
-        kvo_warn("sequence gap on %s: publisher %" PRIu64 " missed %" PRIu64
-                 " message(s) before sequence %" PRIu64,
-                 subject, res.publisher_id, res.missed, res.sequence);
+        kvo_log_limited(&s->rl_gap, KVO_LOG_WARN,
+                        "sequence gap on %s: publisher %" PRIu64
+                        " missed %" PRIu64 " message(s) before sequence %" PRIu64,
+                        subject, res.publisher_id, res.missed, res.sequence);
     if (res.restart)
-        kvo_warn("publisher %" PRIu64 " restarted on %s (sequence went back "
-                 "to %" PRIu64 ")",
-                 res.publisher_id, subject, res.sequence);
+        kvo_log_limited(&s->rl_restart, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " restarted on %s (sequence went "
+                        "back to %" PRIu64 ")",
+                        res.publisher_id, subject, res.sequence);
+    if (res.rewind)
+        kvo_log_limited(&s->rl_rewind, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " on %s went on at sequence %" PRIu64
+                        " after jumping to %" PRIu64 ": the jump is taken for "
+                        "bogus and the sequence follows the stream",
+                        res.publisher_id, subject, res.sequence, res.jumped_from);
 }
 
 static void drain_inbox(svc *s) {
@@ -530,25 +539,10 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
     kvo_prom_gauge(&p, "workers", "Known (worker_id, dp_rank) pairs.",
                    st.workers);
     kvo_prom_gauge(&p, "memory_bytes", "Memory held by the tree.", st.bytes);
-    kvo_prom_counter(&p, "messages_total", "Event-plane messages received.",
-                     f.messages);
-    kvo_prom_counter(&p, "messages_applied_total",
-                     "Messages decoded and applied.", f.applied);
-    kvo_prom_counter(&p, "duplicates_total", "Exact duplicates dropped.",
-                     f.duplicates);
-    kvo_prom_counter(&p, "restarts_total", "Publisher restarts seen.",
-                     f.restarts);
-    kvo_prom_counter(&p, "gaps_total", "Sequence gaps.", f.gaps);
-    kvo_prom_counter(&p, "missed_total", "Messages missed in gaps.", f.missed);
-    kvo_prom_counter(&p, "undecodable_total", "Undecodable messages.",
-                     f.undecodable);
-    kvo_prom_counter(&p, "bad_headers_total", "Malformed KVO-Zmq-Seq headers.",
-                     f.bad_headers);
-    kvo_prom_counter(&p, "other_tier_total",
-                     "RouterEvents of non-device tiers (not indexed).",
-                     f.other_tier);
-    kvo_prom_counter(&p, "enomem_total",
-                     "RouterEvents lost to allocation failure.", f.enomem);
+#define IDX_PROM(field, key, prom, type, help)                                 \
+    kvo_prom_##type(&p, prom, help, f.field);
+    IDX_FEED_COUNTERS(IDX_PROM)
+#undef IDX_PROM
     kvo_prom_counter(&p, "slow_consumer_drops_total",
                      "Messages nats.c dropped (slow consumer).",
                      s->slow_consumer_drops);

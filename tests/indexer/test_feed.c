@@ -222,6 +222,123 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
 }
 END_TEST
 
+/* A restart (sequence 0 again, another body) restarts the KVO-Zmq-Seq
+ * watermark too: the highest end seen before it belongs to the old run. */
+START_TEST(a_restart_restarts_the_zmq_watermark) {
+    idx_feed *f = tt_feed_new();
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 2, "10-14", NULL), KVO_OK);
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 1, 1, WIRE_TIER_DEVICE, 2, "15-20", NULL), KVO_OK);
+    idx_feed_result r;
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 0, 2, WIRE_TIER_DEVICE, 1, "0-3", &r), KVO_OK);
+    ck_assert(r.restart);
+    uint64_t last;
+    ck_assert(idx_feed_zmq_last(f, 5, &last));
+    ck_assert_uint_eq(last, 3);
+    /* a restart without a header: no watermark until one comes */
+    ck_assert_int_eq(feed_envelope(f, 5, 0, 3, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert(r.restart);
+    ck_assert(!idx_feed_zmq_last(f, 5, &last));
+    tt_json_eq(idx_json_watermark(f),
+               "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":0,"
+               "\"messages\":4,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
+               "\"restarts\":2,\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
+    idx_feed_free(f);
+}
+END_TEST
+
+/* One spoofed (or corrupt) sequence far ahead, header and all: the next
+ * genuine message goes on below it, is applied, and the sequence and the
+ * watermark follow it (old code: every later message was a "duplicate"). */
+START_TEST(a_bogus_jump_is_undone_by_the_next_message) {
+    idx_feed *f = tt_feed_new();
+    idx_tree *t = idx_feed_tree(f);
+    idx_feed_result r;
+    const char *hdr[] = {"0-0", "1-1", "2-2"};
+    for (uint64_t i = 0; i < 3; i++)
+        ck_assert_int_eq(
+            feed_envelope(f, 9, i, 1, WIRE_TIER_DEVICE, 1, hdr[i], NULL), KVO_OK);
+    const uint64_t far = 1000000000000ull;
+    ck_assert_int_eq(feed_envelope(f, 9, far, 1, WIRE_TIER_DEVICE, 1,
+                                   "3-18446744073709551615", &r),
+                     KVO_OK);
+    ck_assert_uint_eq(r.missed, far - 3);
+    ck_assert_int_eq(feed_envelope(f, 9, 3, 2, WIRE_TIER_DEVICE, 1, "3-3", &r),
+                     KVO_OK);
+    ck_assert(r.applied && r.rewind && !r.duplicate && !r.restart);
+    ck_assert_uint_eq(r.jumped_from, far);
+    ck_assert_uint_eq(r.missed, 0);
+    ck_assert_uint_eq(tt_blocks(t, 2, 0), 1);
+    ck_assert_int_eq(feed_envelope(f, 9, 4, 3, WIRE_TIER_DEVICE, 1, "4-4", &r),
+                     KVO_OK);
+    ck_assert(r.applied && !r.rewind);
+    ck_assert_uint_eq(r.missed, 0);
+    ck_assert_uint_eq(tt_blocks(t, 3, 0), 1);
+    uint64_t last;
+    ck_assert(idx_feed_zmq_last(f, 9, &last));
+    ck_assert_uint_eq(last, 4);
+    /* duplicates stay duplicates */
+    ck_assert_int_eq(feed_envelope(f, 9, 3, 2, WIRE_TIER_DEVICE, 1, "3-3", &r),
+                     KVO_EEXIST);
+    /* a genuine gap confirmed by the next message: an old sequence after
+     * it is an old duplicate again, not a rewind */
+    ck_assert_int_eq(feed_envelope(f, 9, 10, 4, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert_uint_eq(r.missed, 5);
+    ck_assert_int_eq(feed_envelope(f, 9, 11, 4, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert_int_eq(feed_envelope(f, 9, 7, 5, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_EEXIST);
+    ck_assert_uint_eq(tt_blocks(t, 5, 0), UINT64_MAX);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.rewinds, 1);
+    ck_assert_uint_eq(k.gaps, 2);
+    ck_assert_uint_eq(k.duplicates, 2);
+    idx_publisher *p = publishers(f, 1);
+    ck_assert_uint_eq(p[0].last_sequence, 11);
+    kvo_free(p);
+    idx_feed_free(f);
+}
+END_TEST
+
+/* Counters saturate: a publisher first heard at 2^64-1 counts 2^64-1
+ * missed, and the next gap elsewhere leaves the total there (old code
+ * wrapped it to 2). Its next genuine message, at 5, is applied. */
+START_TEST(counters_saturate_instead_of_wrapping) {
+    idx_feed *f = tt_feed_new();
+    idx_feed_result r;
+    ck_assert_int_eq(
+        feed_envelope(f, 1, UINT64_MAX, 1, WIRE_TIER_DEVICE, 1, NULL, &r), KVO_OK);
+    ck_assert_uint_eq(r.missed, UINT64_MAX);
+    ck_assert_int_eq(feed_envelope(f, 1, 5, 2, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert(r.applied && r.rewind);
+    ck_assert_uint_eq(r.missed, 0);
+    ck_assert_int_eq(feed_envelope(f, 1, 6, 2, WIRE_TIER_DEVICE, 2, NULL, &r),
+                     KVO_OK);
+    ck_assert(r.applied && !r.rewind);
+    ck_assert_int_eq(feed_envelope(f, 2, 3, 3, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert_uint_eq(r.missed, 3);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.missed, UINT64_MAX);
+    ck_assert_uint_eq(k.gaps, 2);
+    ck_assert_uint_eq(k.applied, 4);
+    idx_publisher *p = publishers(f, 2);
+    ck_assert_uint_eq(p[0].missed, UINT64_MAX);
+    ck_assert_uint_eq(p[0].last_sequence, 6);
+    ck_assert_uint_eq(p[1].missed, 3);
+    kvo_free(p);
+    ck_assert_uint_eq(tt_blocks(idx_feed_tree(f), 2, 0), 2);
+    idx_feed_free(f);
+}
+END_TEST
+
 /* Request bodies: one strict reading (kvo_json) for every endpoint and for
  * replay; errors name where. Each of these was accepted (json-c clamped
  * 2^64 and 20-digit numbers, took 01, passed invalid UTF-8) or refused
@@ -456,6 +573,9 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, duplicates_are_dropped_gaps_and_restarts_counted);
     tcase_add_test(tc, message_result_says_what_happened);
     tcase_add_test(tc, zmq_seq_headers_make_the_watermark);
+    tcase_add_test(tc, a_restart_restarts_the_zmq_watermark);
+    tcase_add_test(tc, a_bogus_jump_is_undone_by_the_next_message);
+    tcase_add_test(tc, counters_saturate_instead_of_wrapping);
     tcase_add_test(tc, request_bodies_are_read_strictly);
     tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);
