@@ -6,7 +6,21 @@
  * are applied in order. Only device-tier events reach the tree: lower tiers
  * are Dynamo's separate lower-tier indexers, not the primary overlap.
  *
- * Sequence rule per publisher, on a message with sequence seq that
+ * Publishers (idx.h says what is kept and for how long):
+ *
+ *   pubs[0, npubs)  sorted by publisher_id, npubs <= max_pubs, each a pub:
+ *                   its idx_publisher, when it was last heard (the feed's
+ *                   clock), its jump state and the ring of its last RING
+ *                   (sequence, body hash) pairs
+ *   gone[]          a ring of the last max_pubs forgotten (id, last
+ *                   sequence), oldest at gone_head once full; gone_at maps
+ *                   an id to its ring position + 1 (a slot reused for
+ *                   another id is no longer pointed at)
+ *
+ * oldest_ms is at or below every tracked publisher's heard_ms, so an
+ * expiry that cannot find anyone idle returns without a scan.
+ *
+ * Sequence rule per tracked publisher, on a message with sequence seq that
  * is not an exact duplicate (the ring holds seq with the same body hash):
  *
  *   first heard         missed = seq (0..seq-1 went by unheard)
@@ -21,6 +35,7 @@
  * Counters saturate instead of wrapping.
  */
 #include "idx_int.h"
+#include "kvo_map.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -40,11 +55,16 @@ typedef enum jump_state {
 
 typedef struct pub {
     idx_publisher p;
+    uint64_t heard_ms;  /* the feed's clock at its last message */
     jump_state jump;
     uint64_t jump_from; /* JUMP_FROM: last_sequence before the jump */
     uint64_t ring_seq[RING];
     uint64_t ring_hash[RING];
 } pub;
+
+typedef struct gone {
+    uint64_t id, last_sequence;
+} gone;
 
 struct idx_feed {
     idx_tree *tree;
@@ -53,6 +73,12 @@ struct idx_feed {
     idx_feed_counters c;
     pub **pubs; /* sorted by publisher_id */
     size_t npubs, cap;
+    size_t max_pubs;
+    uint64_t idle_ms; /* 0 = never forget */
+    uint64_t now_ms, oldest_ms;
+    gone *gone;       /* max_pubs slots, allocated at the first expiry */
+    size_t gone_len, gone_head;
+    kvo_map gone_at;  /* id -> position in gone + 1 */
 };
 
 static uint64_t sat_add(uint64_t a, uint64_t b) {
@@ -68,7 +94,7 @@ size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
     return wire_router_hash_blocks(tokens, n, block_size, seed, out);
 }
 
-kvo_status idx_feed_new(idx_feed **out) {
+kvo_status idx_feed_new(idx_feed **out, const idx_feed_cfg *cfg) {
     idx_feed *f = kvo_calloc(1, sizeof(*f));
     if (!f) return KVO_ENOMEM;
     kvo_status s = idx_tree_new(&f->tree);
@@ -78,6 +104,10 @@ kvo_status idx_feed_new(idx_feed **out) {
     }
     wire_plane_init(&f->msg);
     wire_limits_default(&f->lim);
+    f->max_pubs = cfg && cfg->max_publishers ? cfg->max_publishers
+                                             : IDX_MAX_PUBLISHERS_DEFAULT;
+    f->idle_ms = cfg ? cfg->publisher_idle_ms : 0;
+    kvo_map_init(&f->gone_at);
     *out = f;
     return KVO_OK;
 }
@@ -88,10 +118,16 @@ void idx_feed_free(idx_feed *f) {
     wire_plane_fini(&f->msg);
     for (size_t i = 0; i < f->npubs; i++) kvo_free(f->pubs[i]);
     kvo_free(f->pubs);
+    kvo_free(f->gone);
+    kvo_map_fini(&f->gone_at);
     kvo_free(f);
 }
 
 idx_tree *idx_feed_tree(idx_feed *f) { return f->tree; }
+
+void idx_feed_set_clock(idx_feed *f, uint64_t now_ms) {
+    if (now_ms > f->now_ms) f->now_ms = now_ms;
+}
 
 /* Where publisher id is in pubs, or would be inserted. */
 static size_t pub_pos(const idx_feed *f, uint64_t id) {
@@ -110,15 +146,72 @@ static pub *pub_find(const idx_feed *f, uint64_t id) {
                                                             : NULL;
 }
 
-/* A new publisher's state, in its place in pubs. */
-static kvo_status pub_add(idx_feed *f, uint64_t id, pub **out) {
+/* Keep a forgotten publisher's last sequence (best effort: out of memory,
+ * it is forgotten whole). */
+static void remember(idx_feed *f, uint64_t id, uint64_t last_sequence) {
+    if (!f->gone && !(f->gone = kvo_malloc(f->max_pubs * sizeof(*f->gone))))
+        return;
+    size_t pos;
+    if (f->gone_len < f->max_pubs) {
+        pos = f->gone_len++;
+    } else { /* the oldest goes */
+        pos = f->gone_head;
+        f->gone_head = (f->gone_head + 1) % f->max_pubs;
+        uint64_t *at = kvo_map_get(&f->gone_at, f->gone[pos].id);
+        if (at && *at == pos + 1) kvo_map_del(&f->gone_at, f->gone[pos].id);
+    }
+    bool added;
+    uint64_t *at = kvo_map_put(&f->gone_at, id, &added);
+    if (!at) return;
+    f->gone[pos] = (gone){id, last_sequence};
+    *at = pos + 1;
+}
+
+/* A forgotten publisher's last sequence, taken out of the memory. */
+static bool recall(idx_feed *f, uint64_t id, uint64_t *last_sequence) {
+    uint64_t *at = kvo_map_get(&f->gone_at, id);
+    if (!at) return false;
+    *last_sequence = f->gone[*at - 1].last_sequence;
+    kvo_map_del(&f->gone_at, id);
+    return true;
+}
+
+size_t idx_feed_expire(idx_feed *f) {
+    if (!f->idle_ms || f->now_ms < f->oldest_ms ||
+        f->now_ms - f->oldest_ms < f->idle_ms)
+        return 0;
+    size_t k = 0, n = 0;
+    uint64_t oldest = f->now_ms;
+    for (size_t i = 0; i < f->npubs; i++) {
+        pub *p = f->pubs[i];
+        if (f->now_ms - p->heard_ms >= f->idle_ms) {
+            remember(f, p->p.publisher_id, p->p.last_sequence);
+            kvo_free(p);
+            n++;
+            continue;
+        }
+        if (p->heard_ms < oldest) oldest = p->heard_ms;
+        f->pubs[k++] = p;
+    }
+    f->npubs = k;
+    f->oldest_ms = oldest;
+    f->c.publishers_expired += n;
+    return n;
+}
+
+/* A new publisher's state, in its place in pubs; one forgotten before
+ * (back) comes back with its last sequence. */
+static kvo_status pub_add(idx_feed *f, uint64_t id, bool back, uint64_t last,
+                          pub **out) {
     kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
                              sizeof(*f->pubs), PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
     pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
     p->p.publisher_id = id;
+    p->heard_ms = f->now_ms;
     for (int i = 0; i < RING; i++) p->ring_seq[i] = UINT64_MAX;
+    if (back) p->p.last_sequence = last;
     size_t pos = pub_pos(f, id);
     memmove(&f->pubs[pos + 1], &f->pubs[pos], (f->npubs - pos) * sizeof(*f->pubs));
     f->pubs[pos] = p;
@@ -140,11 +233,12 @@ static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
 
 /* The sequence rule of the file header for a tracked publisher (fresh:
  * first heard). Fills r; false when the message is a duplicate. */
-static bool track(pub *p, bool fresh, uint64_t seq, uint64_t hash,
-                  idx_feed_result *r) {
+static bool track(idx_feed *f, pub *p, bool fresh, uint64_t seq,
+                  uint64_t hash, idx_feed_result *r) {
     uint64_t last = p->p.last_sequence;
     uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
     bool remembered = *rs == seq;
+    p->heard_ms = f->now_ms;
     if (fresh) {
         r->missed = seq;
     } else if (seq <= last) {
@@ -203,11 +297,20 @@ kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
     r.sequence = m->sequence;
     pub *p = pub_find(f, m->publisher_id);
     bool fresh = false;
-    if (!p) {
-        if ((s = pub_add(f, m->publisher_id, &p)) != KVO_OK) goto done;
-        fresh = true;
+    if (!p) { /* recalled first: making room may push it out */
+        uint64_t last = 0;
+        bool back = recall(f, m->publisher_id, &last);
+        if (f->npubs >= f->max_pubs) r.expired = (uint32_t)idx_feed_expire(f);
+        if (f->npubs >= f->max_pubs) {
+            r.untracked = true;
+        } else {
+            s = pub_add(f, m->publisher_id, back, last, &p);
+            fresh = !back;
+        }
+        if (!p && back) remember(f, m->publisher_id, last);
+        if (s != KVO_OK) goto done;
     }
-    if (!track(p, fresh, m->sequence, XXH3_64bits(body, len), &r)) {
+    if (p && !track(f, p, fresh, m->sequence, XXH3_64bits(body, len), &r)) {
         s = KVO_EEXIST;
         goto done;
     }
@@ -215,7 +318,7 @@ kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
         uint64_t a, b;
         if (!parse_zmq_seq(zmq_seq, &a, &b)) {
             r.bad_header = true;
-        } else {
+        } else if (p) {
             if (!p->p.has_zmq || a < p->p.zmq_first) p->p.zmq_first = a;
             if (!p->p.has_zmq || b > p->p.zmq_last) p->p.zmq_last = b;
             p->p.has_zmq = true;
@@ -246,12 +349,14 @@ done:
     f->c.bad_headers += r.bad_header;
     f->c.other_tier += r.other_tier;
     f->c.enomem += r.lost;
+    f->c.publishers_refused += r.untracked;
     if (res) *res = r;
     return s;
 }
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
     *out = f->c;
+    out->publishers = f->npubs;
 }
 
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,

@@ -27,7 +27,7 @@ typedef struct idx_publisher {
 
 /* idx_feed_counters, one row each and in this order everywhere: the
  * field, its key in the counters JSON, its /metrics name (after
- * "kvo_indexer_"), kvo_prom_counter (or _gauge), and the help text. */
+ * "kvo_indexer_"), kvo_prom_counter or kvo_prom_gauge, and the help text. */
 #define IDX_FEED_COUNTERS(X)                                                   \
     X(messages, "messages", "messages_total", counter,                         \
       "Event-plane messages received.")                                        \
@@ -48,7 +48,14 @@ typedef struct idx_publisher {
     X(other_tier, "other_tier", "other_tier_total", counter,                   \
       "RouterEvents of non-device tiers (not indexed).")                       \
     X(enomem, "enomem", "enomem_total", counter,                               \
-      "RouterEvents lost to allocation failure.")
+      "RouterEvents lost to allocation failure.")                              \
+    X(publishers, "publishers", "publishers", gauge,                           \
+      "Publishers whose sequences are tracked.")                               \
+    X(publishers_refused, "publishers_refused", "publishers_refused_total",    \
+      counter,                                                                 \
+      "Messages applied untracked: the publisher table was full.")             \
+    X(publishers_expired, "publishers_expired", "publishers_expired_total",    \
+      counter, "Publishers forgotten after being idle.")
 
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
@@ -65,8 +72,10 @@ bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
  *             "not_found": n, "hash_mismatch": n}, "messages": n,
  *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
  *             "missed": n, "rewinds": n, "undecodable": n,
- *             "bad_headers": n, "other_tier": n, "enomem": n, "nodes": n,
- *             "resident_blocks": n, "pairs": n, "workers": n}
+ *             "bad_headers": n, "other_tier": n, "enomem": n,
+ *             "publishers": n, "publishers_refused": n,
+ *             "publishers_expired": n, "nodes": n, "resident_blocks": n,
+ *             "pairs": n, "workers": n}
  * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
  * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
  *             "blocks"}]} sorted

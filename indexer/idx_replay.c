@@ -12,7 +12,7 @@
  * printed. Blank lines are skipped; anything else is an input error.
  * Lines are read as the service reads request bodies (idx_request_parse:
  * strict JSON, exact integers, valid UTF-8); "wait" and "metrics" are
- * checked and ignored.
+ * checked and ignored. The feed never forgets a publisher here (no clock).
  */
 #include "idx_int.h"
 
@@ -129,7 +129,7 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
                  s == KVO_EPROTO ? "not a capture file" : kvo_strerror(s));
         goto done;
     }
-    if ((s = idx_feed_new(&r.feed)) != KVO_OK) {
+    if ((s = idx_feed_new(&r.feed, NULL)) != KVO_OK) {
         snprintf(err, errsz, "%s", kvo_strerror(s));
         goto done;
     }

@@ -28,7 +28,8 @@
  *
  * Request bodies are read by idx_request_parse alone (kvo_json: strict, in
  * memory proportional to the body, arrays never copied); every error is a
- * JSON {"error": "..."} naming where.
+ * JSON {"error": "..."} naming where. Each loop turn sets the feed's clock
+ * and forgets idle publishers (idx.h).
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -106,7 +107,7 @@ typedef struct svc {
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
     kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop, rl_gap, rl_restart,
-        rl_rewind;
+        rl_rewind, rl_full, rl_expired;
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -114,6 +115,8 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
     cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
+    cfg->feed.max_publishers = IDX_MAX_PUBLISHERS_DEFAULT;
+    cfg->feed.publisher_idle_ms = IDX_PUBLISHER_IDLE_MS_DEFAULT;
     cfg->max_body = HTTP_MAX_BODY;
 }
 
@@ -217,6 +220,13 @@ static void nats_teardown(svc *s) {
 /* Messages                                                                  */
 /* ======================================================================== */
 
+static void log_expired(svc *s, size_t n) {
+    kvo_log_limited(&s->rl_expired, KVO_LOG_INFO,
+                    "forgot %zu publisher(s) not heard from for %" PRIu64
+                    " ms (their sequence state; the index keeps their blocks)",
+                    n, s->cfg->feed.publisher_idle_ms);
+}
+
 /* Apply one message and log what became of it (rate-limited: a publisher
  * can repeat any of it every message). */
 static void apply_msg(svc *s, natsMsg *m) {
@@ -265,6 +275,16 @@ static void apply_msg(svc *s, natsMsg *m) {
                         " after jumping to %" PRIu64 ": the jump is taken for "
                         "bogus and the sequence follows the stream",
                         res.publisher_id, subject, res.sequence, res.jumped_from);
+    if (res.untracked) {
+        idx_feed_counters k;
+        idx_feed_counters_get(s->feed, &k);
+        kvo_log_limited(&s->rl_full, KVO_LOG_WARN,
+                        "publisher table full (%" PRIu64 " publishers): a message "
+                        "of publisher %" PRIu64 " on %s applied without sequence "
+                        "tracking (counted in publishers_refused)",
+                        k.publishers, res.publisher_id, subject);
+    }
+    if (res.expired) log_expired(s, res.expired);
 }
 
 static void drain_inbox(svc *s) {
@@ -693,7 +713,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         st = KVO_EIO;
         goto done;
     }
-    if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
+    if ((st = idx_feed_new(&s.feed, &cfg->feed)) != KVO_OK) goto done;
+    idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
                               .max_body = cfg->max_body ? cfg->max_body
@@ -717,7 +738,10 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
             st = KVO_EIO;
             break;
         }
+        idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
         if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        size_t gone = idx_feed_expire(s.feed);
+        if (gone) log_expired(&s, gone);
         serve_waiters(&s);
         kvo_http_server_run(s.http);
         log_nats_changes(&s);

@@ -7,39 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* An envelope around one stored RouterEvent of n blocks (tokens_hash i+1,
- * block_hash 100 (i+1)), encoded with the codec. */
-static uint8_t *envelope(uint64_t pub, uint64_t seq, uint64_t worker,
-                         wire_tier tier, uint32_t n, size_t *len) {
-    wire_rblock b[8];
-    for (uint32_t i = 0; i < n; i++) b[i] = (wire_rblock){100 * (i + 1), i + 1};
-    wire_revent ev = {.worker_id = worker, .tier = tier, .event_id = seq + 1,
-                      .type = WIRE_R_STORED, .n_blocks = n, .blocks = b};
-    wire_plane_msg m;
-    wire_plane_init(&m);
-    m.publisher_id = pub;
-    m.sequence = seq;
-    m.published_at = 1700000000000ull + seq;
-    m.topic = (wire_str){"kv-events", 9};
-    m.n_events = 1;
-    m.events = &ev;
-    kvo_buf out;
-    kvo_buf_init(&out);
-    ck_assert_int_eq(wire_plane_encode(&m, &out), KVO_OK);
-    m.events = NULL;
-    m.n_events = 0;
-    wire_plane_fini(&m);
-    *len = out.len;
-    return out.data;
-}
-
-/* Feed f one envelope(pub, seq, worker, tier, n) with header hdr (may be
+/* Feed f one tt_envelope(pub, seq, worker, tier, n) with header hdr (may be
  * NULL); *r (may be NULL) gets the result. */
 static kvo_status feed_envelope(idx_feed *f, uint64_t pub, uint64_t seq,
                                 uint64_t worker, wire_tier tier, uint32_t n,
                                 const char *hdr, idx_feed_result *r) {
     size_t len;
-    uint8_t *b = envelope(pub, seq, worker, tier, n, &len);
+    uint8_t *b = tt_envelope(pub, seq, worker, tier, n, &len);
     kvo_status s = idx_feed_message(f, b, len, hdr, r, NULL);
     kvo_free(b);
     return s;
@@ -174,7 +148,7 @@ START_TEST(message_result_says_what_happened) {
     /* allocation failures: nothing applied, or applied with events lost */
     bool lost = false;
     size_t len;
-    uint8_t *b = envelope(6, 0, 1, WIRE_TIER_DEVICE, 3, &len);
+    uint8_t *b = tt_envelope(6, 0, 1, WIRE_TIER_DEVICE, 3, &len);
     for (long n = 0; n < 200; n++) {
         f = tt_feed_new();
         kvo_alloc_fail_after(n);
@@ -335,6 +309,123 @@ START_TEST(counters_saturate_instead_of_wrapping) {
     ck_assert_uint_eq(p[1].missed, 3);
     kvo_free(p);
     ck_assert_uint_eq(tt_blocks(idx_feed_tree(f), 2, 0), 2);
+    idx_feed_free(f);
+}
+END_TEST
+
+static idx_feed *feed_with(uint32_t max_publishers, uint64_t idle_ms) {
+    idx_feed *f = NULL;
+    idx_feed_cfg cfg = {max_publishers, idle_ms};
+    ck_assert_int_eq(idx_feed_new(&f, &cfg), KVO_OK);
+    return f;
+}
+
+/* 5,000 publishers into a table of 100: the table stays at 100, every
+ * message still applies, and the 4,900 untracked ones are counted. */
+START_TEST(a_full_publisher_table_applies_untracked_and_counts) {
+    idx_feed *f = feed_with(100, 0);
+    idx_feed_result r;
+    for (uint64_t i = 0; i < 5000; i++) {
+        ck_assert_int_eq(feed_envelope(f, 1000 + i, 3, i, WIRE_TIER_DEVICE, 1,
+                                       "1-2", &r),
+                         KVO_OK);
+        ck_assert(r.applied);
+        ck_assert(r.untracked == (i >= 100));
+        ck_assert_uint_eq(r.missed, i < 100 ? 3 : 0);
+    }
+    /* untracked: no dedup either, the message applies again */
+    ck_assert_int_eq(
+        feed_envelope(f, 5999, 3, 4999, WIRE_TIER_DEVICE, 1, NULL, &r), KVO_OK);
+    ck_assert(r.untracked && r.applied);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.publishers, 100);
+    ck_assert_uint_eq(k.publishers_refused, 4901);
+    ck_assert_uint_eq(k.applied, 5001);
+    ck_assert_uint_eq(k.gaps, 100);
+    ck_assert_uint_eq(tt_blocks(idx_feed_tree(f), 4999, 0), 1);
+    idx_publisher *p = publishers(f, 100);
+    ck_assert_uint_eq(p[0].publisher_id, 1000);
+    ck_assert_uint_eq(p[99].publisher_id, 1099);
+    kvo_free(p);
+    uint64_t last;
+    ck_assert(!idx_feed_zmq_last(f, 1100, &last));
+    idx_feed_free(f);
+}
+END_TEST
+
+/* Publishers idle for publisher_idle_ms are forgotten -- their sequence
+ * state, never their blocks -- and one that comes back goes on from the
+ * sequence it had, without a false gap. */
+START_TEST(idle_publishers_are_forgotten_not_their_blocks) {
+    idx_feed *f = feed_with(2, 1000);
+    idx_tree *t = idx_feed_tree(f);
+    idx_feed_result r;
+    idx_feed_set_clock(f, 10);
+    for (uint64_t i = 0; i < 3; i++)
+        ck_assert_int_eq(
+            feed_envelope(f, 1, i, 1, WIRE_TIER_DEVICE, 2, NULL, NULL), KVO_OK);
+    ck_assert_int_eq(feed_envelope(f, 2, 0, 2, WIRE_TIER_DEVICE, 1, NULL, NULL),
+                     KVO_OK);
+    idx_feed_set_clock(f, 500);
+    ck_assert_int_eq(feed_envelope(f, 2, 1, 2, WIRE_TIER_DEVICE, 1, NULL, NULL),
+                     KVO_OK);
+    idx_feed_set_clock(f, 1009);
+    ck_assert_uint_eq(idx_feed_expire(f), 0);
+    idx_feed_set_clock(f, 1010);
+    ck_assert_uint_eq(idx_feed_expire(f), 1); /* 1, heard at 10 */
+    ck_assert_uint_eq(idx_feed_expire(f), 0);
+    uint64_t last;
+    ck_assert(!idx_feed_zmq_last(f, 1, &last));
+    ck_assert_uint_eq(tt_blocks(t, 1, 0), 2); /* the blocks stay */
+    ck_assert_int_eq(feed_envelope(f, 3, 0, 3, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert(!r.untracked);
+    /* 1 comes back, full table: 2 (heard at 500) makes room; 1 goes on */
+    idx_feed_set_clock(f, 1600);
+    ck_assert_int_eq(feed_envelope(f, 1, 3, 1, WIRE_TIER_DEVICE, 3, "7-7", &r),
+                     KVO_OK);
+    ck_assert(r.applied && !r.untracked && !r.restart);
+    ck_assert_uint_eq(r.expired, 1);
+    ck_assert_uint_eq(r.missed, 0);
+    ck_assert_int_eq(feed_envelope(f, 1, 2, 1, WIRE_TIER_DEVICE, 2, NULL, &r),
+                     KVO_EEXIST); /* old: a duplicate, as before */
+    /* full, nobody idle (1 at 1600, 3 at 1010): untracked */
+    ck_assert_int_eq(feed_envelope(f, 4, 0, 4, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert(r.untracked && r.applied);
+    idx_feed_counters k;
+    idx_feed_counters_get(f, &k);
+    ck_assert_uint_eq(k.publishers_expired, 2);
+    ck_assert_uint_eq(k.publishers_refused, 1);
+    ck_assert_uint_eq(k.publishers, 2);
+    ck_assert_uint_eq(k.gaps, 0);
+    tt_json_eq(idx_json_watermark(f),
+               "{\"publishers\":[{\"publisher_id\":1,\"last_sequence\":3,"
+               "\"messages\":1,\"gaps\":0,\"missed\":0,\"duplicates\":1,"
+               "\"restarts\":0,\"zmq_seq_first\":7,\"zmq_seq_last\":7},"
+               "{\"publisher_id\":3,\"last_sequence\":0,\"messages\":1,"
+               "\"gaps\":0,\"missed\":0,\"duplicates\":0,\"restarts\":0,"
+               "\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
+    idx_feed_free(f);
+
+    /* the memory of the forgotten is bounded too (max_publishers of them):
+     * with room for one, the oldest forgotten is forgotten whole */
+    f = feed_with(1, 10);
+    for (uint64_t p = 1; p <= 3; p++) {
+        idx_feed_set_clock(f, 20 * p);
+        ck_assert_int_eq(
+            feed_envelope(f, p, 0, p, WIRE_TIER_DEVICE, 1, NULL, &r), KVO_OK);
+    }
+    idx_feed_set_clock(f, 80);
+    /* 2 is still remembered (sequence 0): no gap; 1 is not: first heard */
+    ck_assert_int_eq(feed_envelope(f, 2, 1, 2, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert_uint_eq(r.missed, 0);
+    idx_feed_set_clock(f, 100);
+    ck_assert_int_eq(feed_envelope(f, 1, 1, 1, WIRE_TIER_DEVICE, 1, NULL, &r),
+                     KVO_OK);
+    ck_assert_uint_eq(r.missed, 1);
     idx_feed_free(f);
 }
 END_TEST
@@ -576,6 +667,8 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, a_restart_restarts_the_zmq_watermark);
     tcase_add_test(tc, a_bogus_jump_is_undone_by_the_next_message);
     tcase_add_test(tc, counters_saturate_instead_of_wrapping);
+    tcase_add_test(tc, a_full_publisher_table_applies_untracked_and_counts);
+    tcase_add_test(tc, idle_publishers_are_forgotten_not_their_blocks);
     tcase_add_test(tc, request_bodies_are_read_strictly);
     tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);

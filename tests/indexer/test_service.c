@@ -268,10 +268,79 @@ START_TEST(service_passes_nats_credentials_through) {
 }
 END_TEST
 
+/* Publish n envelopes (tt_envelope(pub0 + i, seq, worker0 + i, device,
+ * blocks)) with one flush at the end. */
+static void publish_many(env *e, uint64_t pub0, uint64_t seq, uint64_t worker0,
+                         uint32_t blocks, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        uint8_t *b = tt_envelope(pub0 + i, seq, worker0 + i, WIRE_TIER_DEVICE,
+                                 blocks, &len);
+        ck_assert_int_eq(natsConnection_Publish(e->nc, SUBJECT, b, (int)len),
+                         NATS_OK);
+        kvo_free(b);
+    }
+    ck_assert_int_eq(natsConnection_FlushTimeout(e->nc, 10000), NATS_OK);
+}
+
+/* GET path: status and body (NUL-terminated, in e->resp). */
+static long get(env *e, const char *path, const char **out) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", e->base, path);
+    ck_assert_int_eq(kvo_http_get(e->http, url, &e->resp), KVO_OK);
+    kvo_buf_cstr(&e->resp.body);
+    *out = (const char *)e->resp.body.data;
+    return e->resp.status;
+}
+
 /* The error text of a JSON error answer (borrowed from j). */
 static const char *error_of(json_object *j) {
     return json_object_get_string(tt_json_at(j, "error"));
 }
+
+/* 5,000 publishers into --max-publishers 100: the table stays at 100,
+ * every message applies and the 4,900 untracked are counted. */
+START_TEST(service_bounds_publishers) {
+    env e;
+    const char *extra[] = {"--max-publishers", "100", NULL};
+    env_start(&e, NULL, extra);
+    publish_many(&e, 1000, 0, 0, 1, 5000);
+    wait_messages(&e, 5000);
+    ck_assert_uint_eq(counter(&e, "publishers"), 100);
+    ck_assert_uint_eq(counter(&e, "publishers_refused"), 4900);
+    ck_assert_uint_eq(counter(&e, "applied"), 5000);
+
+    const char *out;
+    ck_assert_int_eq(get(&e, "/metrics", &out), 200);
+    ck_assert_msg(strstr(out, "kvo_indexer_publishers 100\n") &&
+                      strstr(out, "kvo_indexer_publishers_refused_total 4900\n"),
+                  "%s", out);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* Publishers not heard from for --publisher-idle-ms are forgotten (their
+ * sequence state: the blocks stay), and one that comes back goes on
+ * without a false gap. */
+START_TEST(service_forgets_idle_publishers) {
+    env e;
+    const char *extra[] = {"--publisher-idle-ms", "50", NULL};
+    env_start(&e, NULL, extra);
+    publish_many(&e, 1, 0, 7, 2, 3);
+    wait_messages(&e, 3);
+    for (int i = 0; i < 2000 && counter(&e, "publishers_expired") < 3; i++)
+        usleep(5000);
+    ck_assert_uint_eq(counter(&e, "publishers_expired"), 3);
+    ck_assert_uint_eq(counter(&e, "publishers"), 0);
+    tt_json_eq(get_json(&e, "/watermark"), "{\"publishers\":[]}");
+    ck_assert_uint_eq(tt_blocks_http(&e), 2);
+    publish_many(&e, 1, 1, 7, 2, 1);
+    wait_messages(&e, 4);
+    ck_assert_uint_eq(counter(&e, "gaps"), 0);
+    ck_assert_uint_eq(counter(&e, "duplicates"), 0);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
 
 /* Every body goes through one strict reader: numbers out of u64, leading
  * zeros, trailing bytes and invalid UTF-8 are 400s in JSON naming where
@@ -414,6 +483,15 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation failure.",
         "# TYPE kvo_indexer_enomem_total counter",
         "kvo_indexer_enomem_total 0",
+        "# HELP kvo_indexer_publishers Publishers whose sequences are tracked.",
+        "# TYPE kvo_indexer_publishers gauge",
+        "kvo_indexer_publishers 1",
+        "# HELP kvo_indexer_publishers_refused_total Messages applied untracked: the publisher table was full.",
+        "# TYPE kvo_indexer_publishers_refused_total counter",
+        "kvo_indexer_publishers_refused_total 0",
+        "# HELP kvo_indexer_publishers_expired_total Publishers forgotten after being idle.",
+        "# TYPE kvo_indexer_publishers_expired_total counter",
+        "kvo_indexer_publishers_expired_total 0",
         "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
         "# TYPE kvo_indexer_slow_consumer_drops_total counter",
         "kvo_indexer_slow_consumer_drops_total 3",
@@ -476,6 +554,8 @@ Suite *suite_service(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, service_indexes_the_event_plane_and_answers_http);
     tcase_add_test(tc, service_passes_nats_credentials_through);
+    tcase_add_test(tc, service_bounds_publishers);
+    tcase_add_test(tc, service_forgets_idle_publishers);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("metrics");
