@@ -490,16 +490,23 @@ json_object *idx_json_scores(const idx_scores *s) {
     return done(o, ok);
 }
 
-json_object *idx_json_watermark(const idx_feed *f) {
+json_object *idx_json_watermark(const idx_feed *f, const idx_page *page) {
+    size_t from = 0, to = f->npubs;
+    if (page && page->has_after) {
+        from = pub_pos(f, page->after);
+        if (from < f->npubs && f->pubs[from]->p.publisher_id == page->after)
+            from++;
+    }
+    if (page && to - from > page->limit) to = from + page->limit;
     bool ok = true;
     json_object *o = json_object_new_object();
-    json_object *a = json_object_new_array_ext((int)f->npubs);
+    json_object *a = json_object_new_array_ext((int)(to - from));
     if (!o || !a) {
         json_object_put(o);
         json_object_put(a);
         return NULL;
     }
-    for (size_t i = 0; i < f->npubs; i++) {
+    for (size_t i = from; i < to; i++) {
         const idx_publisher *p = &f->pubs[i]->p;
         json_object *e = json_object_new_object();
         if (e) {
@@ -518,6 +525,8 @@ json_object *idx_json_watermark(const idx_feed *f) {
         push(a, e, &ok);
     }
     put(o, "publishers", a, &ok);
+    if (to < f->npubs && to > from) /* more follow */
+        put(o, "next", u64(f->pubs[to - 1]->p.publisher_id), &ok);
     return done(o, ok);
 }
 

@@ -65,6 +65,17 @@ kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last);
 
+/* ---- Pages of a long answer (GET /watermark, GET /dump) ------------------
+ * ?after=K&limit=N: the entries whose key is above K (all when has_after
+ * is false), at most limit of them. */
+typedef struct idx_page {
+    bool has_after;
+    uint64_t after;
+    size_t limit;
+} idx_page;
+
+#define IDX_WATERMARK_PAGE 1000 /* default and largest /watermark limit */
+
 /* ---- JSON shapes (json-c; the caller owns what is returned) -------------
  * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,
  *             "parent_not_found": n, "block_not_found": n,
@@ -81,13 +92,16 @@ bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
  *             "blocks"}]} sorted
  * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
  *             "gaps", "missed", "duplicates", "restarts", "zmq_seq_first",
- *             "zmq_seq_last"}]} (zmq_* null until a KVO-Zmq-Seq header was
- *             seen; first = lowest start, last = highest end)
+ *             "zmq_seq_last"}], "next": id} (zmq_* null until a
+ *             KVO-Zmq-Seq header was seen; first = lowest start, last =
+ *             highest end), sorted by publisher_id, the page's publishers
+ *             only; "next" (the last publisher_id listed) only when more
+ *             publishers follow: ask again with ?after=next
  * NULL return = out of memory. */
 json_object *idx_json_counters(const idx_feed *f);
 json_object *idx_json_workers(const idx_tree *t);
 json_object *idx_json_scores(const idx_scores *s);
-json_object *idx_json_watermark(const idx_feed *f);
+json_object *idx_json_watermark(const idx_feed *f, const idx_page *page);
 /* One stored RouterEvent in the event-plane JSON shape of the vectors. */
 json_object *idx_json_revent(const wire_revent *ev);
 

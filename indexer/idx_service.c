@@ -28,8 +28,11 @@
  *
  * Request bodies are read by idx_request_parse alone (kvo_json: strict, in
  * memory proportional to the body, arrays never copied); every error is a
- * JSON {"error": "..."} naming where. Each loop turn sets the feed's clock
- * and forgets idle publishers (idx.h).
+ * JSON {"error": "..."} naming where. Long answers come in pages: GET
+ * /watermark?after=ID&limit=N (IDX_WATERMARK_PAGE at most, "next" while
+ * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most); an unpaged
+ * /dump larger than one page is refused, never built whole. Each loop turn
+ * sets the feed's clock and forgets idle publishers (idx.h).
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -53,6 +56,7 @@
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
+#define DUMP_PAGE 100000       /* events in one /dump answer */
 /* nats.c's pending limits on the subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
@@ -323,8 +327,8 @@ static void waiter_free(waiter *w) {
 
 static kvo_status build_metrics(svc *s, kvo_buf *b);
 
-/* Run the query q and answer r; with_wm: add "covered" and the watermark
- * (a query that waited); "metrics": true adds GET /metrics's
+/* Run the query q and answer r; with_wm: add "covered" and the watermark's
+ * first page (a query that waited); "metrics": true adds GET /metrics's
  * text as "metrics" (counters read at the same moment). */
 static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
                          bool with_wm, bool covered) {
@@ -358,7 +362,8 @@ static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
         }
     }
     if (o && with_wm) {
-        json_object *wm = idx_json_watermark(s->feed);
+        idx_page first = {.limit = IDX_WATERMARK_PAGE};
+        json_object *wm = idx_json_watermark(s->feed, &first);
         if (!wm) {
             json_object_put(o);
             o = NULL;
@@ -458,30 +463,103 @@ static long waiters_timeout_ms(const svc *s) {
     return first <= now ? 0 : (long)((first - now) / NS_PER_MS) + 1;
 }
 
+/* ?after=K&limit=N into pg (limit 1..max, default max). false with a
+ * message in err when either is malformed. */
+static bool page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
+                      size_t errsz) {
+    const char *a = kvo_http_req_arg(r, "after"), *l = kvo_http_req_arg(r, "limit");
+    uint64_t n = max;
+    memset(pg, 0, sizeof(*pg));
+    if (a && kvo_parse_u64(a, &pg->after) != KVO_OK) {
+        snprintf(err, errsz, "after must be an integer in 0..%" PRIu64,
+                 UINT64_MAX);
+        return false;
+    }
+    if (l && (kvo_parse_u64(l, &n) != KVO_OK || n == 0 || n > max)) {
+        snprintf(err, errsz, "limit must be 1..%zu", max);
+        return false;
+    }
+    pg->has_after = a != NULL;
+    pg->limit = (size_t)n;
+    return true;
+}
+
+static void do_watermark(svc *s, kvo_http_req *r) {
+    idx_page pg;
+    char err[128];
+    if (!page_args(r, IDX_WATERMARK_PAGE, &pg, err, sizeof(err))) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    json_object *o = idx_json_watermark(s->feed, &pg);
+    if (!o) kvo_http_respond_error(r, 500, "out of memory");
+    else kvo_http_respond_json(r, 200, o);
+}
+
+/* The dump's events at positions (from 0, in idx_tree_dump's order) above
+ * after (all when !has_after), at most limit of them; more: one more
+ * followed. */
 typedef struct dumpctx {
     kvo_buf *b;
-    bool first;
+    idx_page pg;
+    uint64_t pos;   /* position of the next event */
+    size_t written;
+    bool more;
 } dumpctx;
 
 static kvo_status dump_one(void *ctx, const wire_revent *ev) {
     dumpctx *d = ctx;
+    uint64_t pos = d->pos++;
+    if (d->pg.has_after && pos <= d->pg.after) return KVO_OK;
+    if (d->written == d->pg.limit) {
+        d->more = true;
+        return KVO_EOF; /* stops the dump */
+    }
     json_object *j = idx_json_revent(ev);
     if (!j) return KVO_ENOMEM;
     const char *txt = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
-    kvo_status s = kvo_buf_append(d->b, d->first ? "" : ",", d->first ? 0 : 1);
+    kvo_status s = kvo_buf_append(d->b, d->written ? "," : "", d->written ? 1 : 0);
     if (s == KVO_OK) s = kvo_buf_append(d->b, txt, strlen(txt));
-    d->first = false;
+    d->written++;
     json_object_put(j);
     return s;
 }
 
+/* GET /dump: the whole dump as a JSON array when it has at most
+ * DUMP_PAGE events (a larger one must be paged); with ?after=K and/or
+ * ?limit=N: {"events": [...], "next": K'} ("next", the position of the
+ * last event listed, only when more follow). */
 static void do_dump(svc *s, kvo_http_req *r) {
+    dumpctx d = {0};
+    char err[160];
+    bool paged = kvo_http_req_arg(r, "after") || kvo_http_req_arg(r, "limit");
+    if (!page_args(r, DUMP_PAGE, &d.pg, err, sizeof(err))) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
     kvo_buf b;
     kvo_buf_init(&b);
-    dumpctx d = {&b, true};
-    kvo_status st = kvo_buf_append(&b, "[", 1);
+    d.b = &b;
+    kvo_status st = kvo_buf_append(&b, paged ? "{\"events\":[" : "[",
+                                   paged ? 11 : 1);
     if (st == KVO_OK) st = idx_tree_dump(idx_feed_tree(s->feed), dump_one, &d);
+    if (st == KVO_EOF) st = KVO_OK;
+    if (st == KVO_OK && d.more && !paged) {
+        s->stats.bad_requests++;
+        snprintf(err, sizeof(err),
+                 "the dump holds more than %d events: page it with "
+                 "/dump?limit=N&after=K",
+                 DUMP_PAGE);
+        kvo_http_respond_error(r, 400, err);
+        kvo_buf_fini(&b);
+        return;
+    }
     if (st == KVO_OK) st = kvo_buf_append(&b, "]", 1);
+    if (st == KVO_OK && paged && d.more)
+        st = kvo_buf_printf(&b, ",\"next\":%" PRIu64, d.pos - 2);
+    if (st == KVO_OK && paged) st = kvo_buf_append(&b, "}", 1);
     if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
     else kvo_http_respond(r, 200, "application/json", b.data, b.len);
     kvo_buf_fini(&b);
@@ -643,7 +721,7 @@ static void handler(void *ctx, kvo_http_req *r) {
     case 2: do_dump(s, r); return;
     case 3: o = idx_json_workers(idx_feed_tree(s->feed)); break;
     case 4: do_health(s, r); return;
-    case 5: o = idx_json_watermark(s->feed); break;
+    case 5: do_watermark(s, r); return;
     case 6: do_metrics(s, r); return;
     default: do_counters(s, r); return;
     }

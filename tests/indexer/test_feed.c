@@ -185,7 +185,7 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.bad_headers, KVO_ARRAY_LEN(bad));
-    tt_json_eq(idx_json_watermark(f),
+    tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":9,"
                "\"messages\":10,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
                "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":15},"
@@ -216,7 +216,7 @@ START_TEST(a_restart_restarts_the_zmq_watermark) {
                      KVO_OK);
     ck_assert(r.restart);
     ck_assert(!idx_feed_zmq_last(f, 5, &last));
-    tt_json_eq(idx_json_watermark(f),
+    tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":0,"
                "\"messages\":4,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
                "\"restarts\":2,\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
@@ -350,6 +350,27 @@ START_TEST(a_full_publisher_table_applies_untracked_and_counts) {
     kvo_free(p);
     uint64_t last;
     ck_assert(!idx_feed_zmq_last(f, 1100, &last));
+    /* the watermark in pages of 30: 30, 30, 30, 10; "next" until the end */
+    idx_page pg = {.limit = 30};
+    uint64_t seen = 0;
+    for (int page = 0; page < 4; page++) {
+        json_object *w = idx_json_watermark(f, &pg);
+        json_object *a = tt_json_at(w, "publishers");
+        size_t len = json_object_array_length(a);
+        ck_assert_uint_eq(len, page < 3 ? 30 : 10);
+        for (size_t i = 0; i < len; i++)
+            ck_assert_uint_eq(
+                tt_json_u64(json_object_array_get_idx(a, i), "publisher_id"),
+                1000 + seen++);
+        json_object *next;
+        ck_assert(json_object_object_get_ex(w, "next", &next) == (page < 3));
+        if (page < 3) ck_assert_uint_eq(tt_json_u64(w, "next"), 1000 + seen - 1);
+        pg.has_after = true;
+        pg.after = 1000 + seen - 1;
+        json_object_put(w);
+    }
+    /* after the last one: an empty page */
+    tt_json_eq(idx_json_watermark(f, &pg), "{\"publishers\":[]}");
     idx_feed_free(f);
 }
 END_TEST
@@ -400,7 +421,7 @@ START_TEST(idle_publishers_are_forgotten_not_their_blocks) {
     ck_assert_uint_eq(k.publishers_refused, 1);
     ck_assert_uint_eq(k.publishers, 2);
     ck_assert_uint_eq(k.gaps, 0);
-    tt_json_eq(idx_json_watermark(f),
+    tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":1,\"last_sequence\":3,"
                "\"messages\":1,\"gaps\":0,\"missed\":0,\"duplicates\":1,"
                "\"restarts\":0,\"zmq_seq_first\":7,\"zmq_seq_last\":7},"

@@ -298,9 +298,53 @@ static const char *error_of(json_object *j) {
     return json_object_get_string(tt_json_at(j, "error"));
 }
 
+/* The /dump events, unpaged or in pages of limit, as one JSON array text
+ * (kvo_free'd by the caller); *pages gets the number of requests. */
+static char *dump_all(env *e, size_t limit, size_t *pages) {
+    kvo_buf all;
+    kvo_buf_init(&all);
+    kvo_buf_append(&all, "[", 1);
+    char path[128];
+    bool more = true, first = true;
+    uint64_t after = 0;
+    *pages = 0;
+    while (more) {
+        if (first) snprintf(path, sizeof(path), "/dump?limit=%zu", limit);
+        else snprintf(path, sizeof(path), "/dump?after=%llu&limit=%zu",
+                      (unsigned long long)after, limit);
+        json_object *j = get_json(e, path);
+        json_object *ev = tt_json_at(j, "events"), *next;
+        size_t n = json_object_array_length(ev);
+        ck_assert_uint_le(n, limit);
+        for (size_t i = 0; i < n; i++) {
+            const char *t = json_object_to_json_string_ext(
+                json_object_array_get_idx(ev, i), JSON_C_TO_STRING_PLAIN);
+            if (!(first && i == 0)) kvo_buf_append(&all, ",", 1);
+            kvo_buf_append(&all, t, strlen(t));
+        }
+        more = json_object_object_get_ex(j, "next", &next);
+        if (more) {
+            ck_assert_uint_eq(n, limit);
+            after = tt_json_u64(j, "next");
+            /* the cursor is the last event's position = its event_id */
+            ck_assert_uint_eq(
+                after, tt_json_u64(json_object_array_get_idx(ev, n - 1),
+                                   "event.event_id"));
+        }
+        first = false;
+        (*pages)++;
+        json_object_put(j);
+    }
+    kvo_buf_append(&all, "]", 1);
+    kvo_buf_cstr(&all);
+    return (char *)all.data;
+}
+
 /* 5,000 publishers into --max-publishers 100: the table stays at 100,
- * every message applies and the 4,900 untracked are counted. */
-START_TEST(service_bounds_publishers) {
+ * every message applies and the 4,900 untracked are counted; /watermark
+ * and /dump answer in pages, and an unpaged /dump too large is refused
+ * with a reason instead of built whole. */
+START_TEST(service_bounds_publishers_and_pages_long_answers) {
     env e;
     const char *extra[] = {"--max-publishers", "100", NULL};
     env_start(&e, NULL, extra);
@@ -310,7 +354,66 @@ START_TEST(service_bounds_publishers) {
     ck_assert_uint_eq(counter(&e, "publishers_refused"), 4900);
     ck_assert_uint_eq(counter(&e, "applied"), 5000);
 
+    /* the watermark: all 100 at once, or pages of 30 with a cursor */
+    json_object *w = get_json(&e, "/watermark");
+    ck_assert_uint_eq(json_object_array_length(tt_json_at(w, "publishers")), 100);
+    ck_assert(!json_object_object_get_ex(w, "next", NULL));
+    json_object_put(w);
+    uint64_t seen = 0;
+    char path[128] = "/watermark?limit=30";
+    for (int page = 0;; page++) {
+        w = get_json(&e, path);
+        json_object *a = tt_json_at(w, "publishers"), *next;
+        for (size_t i = 0; i < json_object_array_length(a); i++)
+            ck_assert_uint_eq(
+                tt_json_u64(json_object_array_get_idx(a, i), "publisher_id"),
+                1000 + seen++);
+        bool more = json_object_object_get_ex(w, "next", &next);
+        if (more)
+            snprintf(path, sizeof(path), "/watermark?after=%llu&limit=30",
+                     (unsigned long long)tt_json_u64(w, "next"));
+        json_object_put(w);
+        ck_assert_int_le(page, 3);
+        if (!more) break;
+    }
+    ck_assert_uint_eq(seen, 100);
     const char *out;
+    static const char *const bad[] = {"/watermark?limit=0",
+                                      "/watermark?limit=1001",
+                                      "/watermark?after=x", "/dump?limit=100001",
+                                      "/dump?after=-1"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(get(&e, bad[i], &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j && error_of(j), "%s: %s", bad[i], out);
+        json_object_put(j);
+    }
+
+    /* the dump (5,000 events): whole, and in pages that add up to it */
+    ck_assert_int_eq(get(&e, "/dump", &out), 200);
+    char *whole = kvo_malloc(strlen(out) + 1);
+    strcpy(whole, out);
+    size_t pages;
+    char *paged = dump_all(&e, 2000, &pages);
+    ck_assert_uint_eq(pages, 3);
+    ck_assert_str_eq(paged, whole);
+    kvo_free(paged);
+    kvo_free(whole);
+
+    /* 100 chains of 1,000 blocks: 104,900 events, more than one answer */
+    publish_many(&e, 1000, 1, 0, 1000, 100);
+    wait_messages(&e, 5100);
+    ck_assert_int_eq(get(&e, "/dump", &out), 400);
+    json_object *j = json_tokener_parse(out);
+    ck_assert_msg(j && strstr(error_of(j), "page it"), "%s", out);
+    json_object_put(j);
+    paged = dump_all(&e, 100000, &pages);
+    ck_assert_uint_eq(pages, 2);
+    json_object *events = json_tokener_parse(paged);
+    ck_assert_uint_eq(json_object_array_length(events), 104900);
+    json_object_put(events);
+    kvo_free(paged);
+
     ck_assert_int_eq(get(&e, "/metrics", &out), 200);
     ck_assert_msg(strstr(out, "kvo_indexer_publishers 100\n") &&
                       strstr(out, "kvo_indexer_publishers_refused_total 4900\n"),
@@ -554,7 +657,7 @@ Suite *suite_service(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, service_indexes_the_event_plane_and_answers_http);
     tcase_add_test(tc, service_passes_nats_credentials_through);
-    tcase_add_test(tc, service_bounds_publishers);
+    tcase_add_test(tc, service_bounds_publishers_and_pages_long_answers);
     tcase_add_test(tc, service_forgets_idle_publishers);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
