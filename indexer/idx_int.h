@@ -6,6 +6,7 @@
 #define IDX_INT_H
 
 #include "idx.h"
+#include "kvo_http.h"
 #include "kvo_json.h"
 
 /* ---- Feed internals ------------------------------------------------------ */
@@ -167,6 +168,7 @@ typedef struct idx_service_stats {
     uint64_t inbox_drops;      /* dropped for want of memory before the loop */
     uint64_t nats_disconnects;
     uint64_t bad_requests;     /* HTTP requests answered 4xx */
+    kvo_http_server_stats http; /* what the HTTP server refused or cut */
     uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
                                                the last: above every bound */
     double lat_sum;            /* seconds */

@@ -599,6 +599,15 @@ static void do_counters(svc *s, kvo_http_req *r) {
                            json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
     json_object_object_add(o, "bad_requests", json_object_new_uint64(s->stats.bad_requests));
+    kvo_http_server_stats h;
+    kvo_http_server_stats_get(s->http, &h);
+    json_object_object_add(o, "http_connections", json_object_new_uint64(h.conns));
+    json_object_object_add(o, "http_head_timeouts",
+                           json_object_new_uint64(h.head_timeouts));
+    json_object_object_add(o, "http_body_timeouts",
+                           json_object_new_uint64(h.body_timeouts));
+    json_object_object_add(o, "http_busy_refused",
+                           json_object_new_uint64(h.busy_refused));
     kvo_http_respond_json(r, 200, o);
 }
 
@@ -652,6 +661,18 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                      s->nats_disconnects);
     kvo_prom_counter(&p, "bad_requests_total", "HTTP requests answered 4xx.",
                      s->bad_requests);
+    kvo_prom_counter(&p, "http_connections_total", "TCP connections accepted.",
+                     s->http.conns);
+    kvo_prom_counter(&p, "http_head_timeouts_total",
+                     "Connections closed: no complete request head in time.",
+                     s->http.head_timeouts);
+    kvo_prom_counter(&p, "http_body_timeouts_total",
+                     "Connections closed: no complete request body in time.",
+                     s->http.body_timeouts);
+    kvo_prom_counter(&p, "http_busy_refused_total",
+                     "Requests answered 503: request bodies in flight over "
+                     "the cap.",
+                     s->http.busy_refused);
     kvo_prom_family(&p, "query_seconds", "histogram",
                     "Query latency (parse excluded, hashing included).");
     uint64_t cum = 0;
@@ -679,6 +700,7 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
     s->stats.slow_consumer_drops = nats_dropped(s);
     s->stats.inbox_drops = atomic_load(&s->inbox_drops);
     s->stats.nats_disconnects = kvo_nats_disconnects(s->nats);
+    kvo_http_server_stats_get(s->http, &s->stats.http);
     return idx_metrics_text(s->feed, &s->stats, b);
 }
 

@@ -416,7 +416,8 @@ START_TEST(service_bounds_publishers_and_pages_long_answers) {
 
     ck_assert_int_eq(get(&e, "/metrics", &out), 200);
     ck_assert_msg(strstr(out, "kvo_indexer_publishers 100\n") &&
-                      strstr(out, "kvo_indexer_publishers_refused_total 4900\n"),
+                      strstr(out, "kvo_indexer_publishers_refused_total 4900\n") &&
+                      strstr(out, "kvo_indexer_http_connections_total "),
                   "%s", out);
     ck_assert_int_eq(env_stop(&e), 0);
 }
@@ -515,6 +516,8 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
                      KVO_OK);
     idx_service_stats st = {.slow_consumer_drops = 3, .inbox_drops = 2,
                             .nats_disconnects = 1, .bad_requests = 4,
+                            .http = {.conns = 5, .head_timeouts = 6,
+                                     .body_timeouts = 7, .busy_refused = 8},
                             .lat_count = {1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1},
                             .lat_sum = 0.000123456};
     static const char *const want[] = {
@@ -607,6 +610,18 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_bad_requests_total HTTP requests answered 4xx.",
         "# TYPE kvo_indexer_bad_requests_total counter",
         "kvo_indexer_bad_requests_total 4",
+        "# HELP kvo_indexer_http_connections_total TCP connections accepted.",
+        "# TYPE kvo_indexer_http_connections_total counter",
+        "kvo_indexer_http_connections_total 5",
+        "# HELP kvo_indexer_http_head_timeouts_total Connections closed: no complete request head in time.",
+        "# TYPE kvo_indexer_http_head_timeouts_total counter",
+        "kvo_indexer_http_head_timeouts_total 6",
+        "# HELP kvo_indexer_http_body_timeouts_total Connections closed: no complete request body in time.",
+        "# TYPE kvo_indexer_http_body_timeouts_total counter",
+        "kvo_indexer_http_body_timeouts_total 7",
+        "# HELP kvo_indexer_http_busy_refused_total Requests answered 503: request bodies in flight over the cap.",
+        "# TYPE kvo_indexer_http_busy_refused_total counter",
+        "kvo_indexer_http_busy_refused_total 8",
         "# HELP kvo_indexer_query_seconds Query latency (parse excluded, hashing included).",
         "# TYPE kvo_indexer_query_seconds histogram",
         "kvo_indexer_query_seconds_bucket{le=\"1e-06\"} 1",
