@@ -56,7 +56,8 @@
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
-#define DUMP_PAGE 100000       /* events in one /dump answer */
+#define DUMP_PAGE 10000        /* events in one /dump answer (the loop
+                                  serves nothing else while it builds) */
 /* nats.c's pending limits on the subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)

@@ -64,7 +64,7 @@ static const char usage[] =
     "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
     "  valid UTF-8, one value); GET /workers /health /metrics /counters;\n"
     "  GET /watermark[?after=ID&limit=N] (pages of at most 1000 publishers,\n"
-    "  \"next\" when more follow); GET /dump (at most 100000 events) or\n"
+    "  \"next\" when more follow); GET /dump (at most 10000 events) or\n"
     "  /dump?after=K&limit=N -> {\"events\", \"next\"}.\n"
     "\n"
     "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
