@@ -219,6 +219,12 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run("replay --help", 0, "usage: kvo-indexer", NULL);
     expect_run("--version", 0, "kvo-indexer " KVO_VERSION, NULL);
     expect_run("--no-such-option", 2, NULL, NULL);
+    /* the service's bounds refuse values that would unbound them */
+    expect_run("--max-publishers 0", 2, NULL, "--max-publishers");
+    expect_run("--max-publishers 1048577", 2, NULL, "--max-publishers");
+    expect_run("--publisher-idle-ms -1", 2, NULL, "--publisher-idle-ms");
+    expect_run("--max-body 0", 2, NULL, "--max-body");
+    expect_run("--max-body 1073741825", 2, NULL, "--max-body");
 }
 END_TEST
 
