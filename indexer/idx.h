@@ -137,18 +137,54 @@ typedef struct idx_feed_counters {
     uint64_t restarts;    /* sequence went back with a new body: the
                              publisher restarted (applied, counted) */
     uint64_t gaps;        /* sequence jumps (first message above 0 too) */
-    uint64_t missed;      /* sequences jumped over */
+    uint64_t missed;      /* sequences jumped over (saturates at 2^64-1) */
+    uint64_t rewinds;     /* a jump undone: the next message went back
+                             into the jumped-over range (see below) */
     uint64_t undecodable; /* not an event-plane message */
     uint64_t bad_headers; /* malformed KVO-Zmq-Seq (message still applied) */
     uint64_t other_tier;  /* RouterEvents of a non-device tier (skipped,
                              as Dynamo's primary tree does) */
     uint64_t enomem;      /* RouterEvents lost to allocation failure (or a
                              size limit of the tree) */
+    uint64_t publishers;  /* a gauge: publishers tracked now */
+    uint64_t publishers_refused; /* messages from a new publisher that the
+                                    full table could not take: applied
+                                    untracked (no dedup, gaps, watermark) */
+    uint64_t publishers_expired; /* publishers forgotten for being idle */
 } idx_feed_counters;
 
-kvo_status idx_feed_new(idx_feed **out); /* with an empty tree */
+/* The publisher table: at most max_publishers tracked at once, each with
+ * its sequence state (last sequence, the last 256 bodies' hashes, the
+ * KVO-Zmq-Seq watermark, its counters: about 4 KiB). A publisher not heard
+ * from for publisher_idle_ms is forgotten: its sequence state and counters
+ * go, never the index's blocks (those belong to workers, not publishers).
+ * Its last sequence is kept in a memory of the last max_publishers
+ * forgotten ones (16 bytes each), so one that comes back continues its
+ * sequence (no false gap) with fresh counters. When the table is full and
+ * nobody is idle, a new publisher's messages are still applied -- the
+ * index must not drift from the engines -- but untracked, and counted
+ * (publishers_refused): established publishers keep their state, however
+ * many ids a flood brings. */
+#define IDX_MAX_PUBLISHERS_DEFAULT 4096
+#define IDX_PUBLISHER_IDLE_MS_DEFAULT 600000 /* 10 minutes */
+
+typedef struct idx_feed_cfg {
+    uint32_t max_publishers;    /* 0 = IDX_MAX_PUBLISHERS_DEFAULT */
+    uint64_t publisher_idle_ms; /* 0 = never forget */
+} idx_feed_cfg;
+
+/* With an empty tree; cfg NULL = the defaults, never forgetting (the
+ * feed's clock stands at 0 until idx_feed_set_clock). */
+kvo_status idx_feed_new(idx_feed **out, const idx_feed_cfg *cfg);
 void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
 idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
+
+/* The feed reads no clock: the caller says what time it is (monotonic ms,
+ * never going back), and messages from then on are stamped with it. */
+void idx_feed_set_clock(idx_feed *f, uint64_t now_ms);
+/* Forget the publishers idle for publisher_idle_ms at the feed's clock;
+ * returns how many (also counted). Cheap when nobody can be idle yet. */
+size_t idx_feed_expire(idx_feed *f);
 
 /* What idx_feed_message did with one message (also counted in
  * idx_feed_counters), for a caller that logs it. */
@@ -158,10 +194,15 @@ typedef struct idx_feed_result {
     bool duplicate;   /* an exact duplicate: dropped */
     bool undecodable; /* not an event-plane message (err says why) */
     bool restart;     /* the sequence went back with a new body */
+    bool rewind;      /* the sequence went back into the range the previous
+                         message jumped over: that jump is undone */
+    bool untracked;   /* the publisher table is full: applied, untracked */
     bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
     uint64_t missed;  /* a gap: sequences jumped over before this one */
+    uint64_t jumped_from; /* rewind: the sequence the undone jump reached */
     uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
     uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
+    uint32_t expired;    /* idle publishers forgotten to make room */
 } idx_feed_result;
 
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
@@ -169,7 +210,16 @@ typedef struct idx_feed_result {
  * publisher's last one is an exact duplicate (dropped) when its body matches
  * the one seen with that sequence (the last 256 are remembered), else a
  * publisher restart (applied); one too old to be remembered is taken for a
- * duplicate, unless it is 0 (a restart). Returns KVO_OK (applied), KVO_EEXIST
+ * duplicate, unless it is 0 (a restart). One exception: right after a jump
+ * (a gap, or a first message above 0), a message that goes back into the
+ * jumped-over range is no duplicate -- nothing was seen there -- but the
+ * stream going on where it was: the jump is taken for bogus (one spoofed
+ * or corrupt sequence), the message applies and the sequence follows it
+ * (a rewind; the jump's gap stays counted). A restart or a rewind also
+ * restarts the KVO-Zmq-Seq watermark (zmq_seq_first/last) at this
+ * message's header: otherwise the highest end seen is kept, so a bogus
+ * header end holds until the publisher restarts or is forgotten.
+ * Returns KVO_OK (applied), KVO_EEXIST
  * (duplicate, dropped), a decode status (undecodable; err says why),
  * KVO_ENOMEM, or the tree's KVO_ENOMEM / KVO_ETOOBIG (applied but for the
  * events lost). A malformed header is counted; the message still applies.
@@ -194,6 +244,9 @@ typedef struct idx_service_cfg {
     const char *subject; /* default namespace.*.component.*.kv-events */
     const char *http;    /* host:port, default 127.0.0.1:8090 (0 = any) */
     uint32_t block_size; /* default 16 */
+    idx_feed_cfg feed;   /* the publisher table; default 4096 publishers,
+                            forgotten after 10 minutes idle */
+    size_t max_body;     /* request body bytes, default 16 MiB */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

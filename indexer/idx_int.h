@@ -6,6 +6,8 @@
 #define IDX_INT_H
 
 #include "idx.h"
+#include "kvo_http.h"
+#include "kvo_json.h"
 
 /* ---- Feed internals ------------------------------------------------------ */
 
@@ -15,13 +17,46 @@ typedef struct idx_publisher {
     uint64_t last_sequence;
     uint64_t messages; /* applied */
     uint64_t gaps;
-    uint64_t missed; /* sequences jumped over */
+    uint64_t missed; /* sequences jumped over (saturating) */
     uint64_t duplicates;
     uint64_t restarts;
-    bool has_zmq;       /* a KVO-Zmq-Seq header was seen */
+    bool has_zmq;       /* a KVO-Zmq-Seq header was seen (since the last
+                           restart or rewind) */
     uint64_t zmq_first; /* lowest header start seen */
     uint64_t zmq_last;  /* highest header end seen */
 } idx_publisher;
+
+/* idx_feed_counters, one row each and in this order everywhere: the
+ * field, its key in the counters JSON, its /metrics name (after
+ * "kvo_indexer_"), kvo_prom_counter or kvo_prom_gauge, and the help text. */
+#define IDX_FEED_COUNTERS(X)                                                   \
+    X(messages, "messages", "messages_total", counter,                         \
+      "Event-plane messages received.")                                        \
+    X(applied, "applied", "messages_applied_total", counter,                   \
+      "Messages decoded and applied.")                                         \
+    X(duplicates, "duplicates", "duplicates_total", counter,                   \
+      "Exact duplicates dropped.")                                             \
+    X(restarts, "restarts", "restarts_total", counter,                         \
+      "Publisher restarts seen.")                                              \
+    X(gaps, "gaps", "gaps_total", counter, "Sequence gaps.")                   \
+    X(missed, "missed", "missed_total", counter, "Messages missed in gaps.")   \
+    X(rewinds, "rewinds", "rewinds_total", counter,                            \
+      "Sequence jumps undone by the next message (bogus sequences).")          \
+    X(undecodable, "undecodable", "undecodable_total", counter,                \
+      "Undecodable messages.")                                                 \
+    X(bad_headers, "bad_headers", "bad_headers_total", counter,                \
+      "Malformed KVO-Zmq-Seq headers.")                                        \
+    X(other_tier, "other_tier", "other_tier_total", counter,                   \
+      "RouterEvents of non-device tiers (not indexed).")                       \
+    X(enomem, "enomem", "enomem_total", counter,                               \
+      "RouterEvents lost to allocation failure.")                              \
+    X(publishers, "publishers", "publishers", gauge,                           \
+      "Publishers whose sequences are tracked.")                               \
+    X(publishers_refused, "publishers_refused", "publishers_refused_total",    \
+      counter,                                                                 \
+      "Messages applied untracked: the publisher table was full.")             \
+    X(publishers_expired, "publishers_expired", "publishers_expired_total",    \
+      counter, "Publishers forgotten after being idle.")
 
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
@@ -31,43 +66,97 @@ kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last);
 
+/* ---- Pages of a long answer (GET /watermark, GET /dump) ------------------
+ * ?after=K&limit=N: the entries whose key is above K (all when has_after
+ * is false), at most limit of them. */
+typedef struct idx_page {
+    bool has_after;
+    uint64_t after;
+    size_t limit;
+} idx_page;
+
+#define IDX_WATERMARK_PAGE 1000 /* default and largest /watermark limit */
+
 /* ---- JSON shapes (json-c; the caller owns what is returned) -------------
  * counters:  {"events": {"stored"|"removed"|"cleared": {"ok": n,
  *             "parent_not_found": n, "block_not_found": n,
  *             "invalid_block": n}}, "blocks": {"stored": n, "removed": n,
  *             "not_found": n, "hash_mismatch": n}, "messages": n,
  *             "applied": n, "duplicates": n, "restarts": n, "gaps": n,
- *             "missed": n, "undecodable": n, "bad_headers": n,
- *             "other_tier": n, "enomem": n, "nodes": n,
- *             "resident_blocks": n, "pairs": n, "workers": n}
+ *             "missed": n, "rewinds": n, "undecodable": n,
+ *             "bad_headers": n, "other_tier": n, "enomem": n,
+ *             "publishers": n, "publishers_refused": n,
+ *             "publishers_expired": n, "nodes": n, "resident_blocks": n,
+ *             "pairs": n, "workers": n}
  * workers:   [{"worker_id", "dp_rank", "blocks"}] sorted
  * scores:    {"isl_blocks": n, "scores": [{"worker_id", "dp_rank",
  *             "blocks"}]} sorted
  * watermark: {"publishers": [{"publisher_id", "last_sequence", "messages",
  *             "gaps", "missed", "duplicates", "restarts", "zmq_seq_first",
- *             "zmq_seq_last"}]} (zmq_* null until a KVO-Zmq-Seq header was
- *             seen; first = lowest start, last = highest end)
+ *             "zmq_seq_last"}], "next": id} (zmq_* null until a
+ *             KVO-Zmq-Seq header was seen; first = lowest start, last =
+ *             highest end), sorted by publisher_id, the page's publishers
+ *             only; "next" (the last publisher_id listed) only when more
+ *             publishers follow: ask again with ?after=next
  * NULL return = out of memory. */
 json_object *idx_json_counters(const idx_feed *f);
 json_object *idx_json_workers(const idx_tree *t);
 json_object *idx_json_scores(const idx_scores *s);
-json_object *idx_json_watermark(const idx_feed *f);
+json_object *idx_json_watermark(const idx_feed *f, const idx_page *page);
 /* One stored RouterEvent in the event-plane JSON shape of the vectors. */
 json_object *idx_json_revent(const wire_revent *ev);
 
-/* text (len bytes) as exactly one JSON value, followed by nothing but
- * whitespace (json-c alone stops after the first value and ignores the
- * rest). NULL with err = "bad JSON: ..." otherwise (or out of memory). */
-json_object *idx_json_parse(const char *text, size_t len, char *err,
-                            size_t errsz);
+/* ---- Requests: query bodies (idx_request.c) ------------------------------
+ * The one reading path of POST /query, POST /query_by_hash and replay's
+ * query lines: kvo_json (strict: one value, exact integers, valid UTF-8,
+ * memory proportional to the body), then the shape:
+ *   {"token_ids": [u32...], "lora_name"?: str|null, "cache_salt"?: str|null}
+ *   {"tokens_hashes": [u64...]}
+ *   {"apply": K}                               (replay lines only)
+ * each with optional "metrics": bool|null and "wait": {"zmq_seq":
+ * [[publisher_id, seq], ...], "timeout_ms"?: 0..600000 (default 30000)}.
+ * Other members are ignored. Pure: no tree, clock or socket. */
+typedef enum idx_req_kind {
+    IDX_REQ_TOKENS = 1, /* accept-mask bits too */
+    IDX_REQ_HASHES = 2,
+    IDX_REQ_APPLY = 4,
+} idx_req_kind;
 
-/* Run a JSON query: {"token_ids": [...], "lora_name"?, "cache_salt"?} or
- * {"tokens_hashes": [...]}. want_tokens: 1 = token_ids required, 0 =
- * tokens_hashes required, -1 = either. KVO_EPROTO (err says why) for a bad
- * request, KVO_ENOMEM. */
-kvo_status idx_query_json(idx_tree *t, uint32_t block_size, json_object *req,
-                          int want_tokens, idx_scores *out, char *err,
-                          size_t errsz);
+#define IDX_WAIT_MAX_PAIRS 4096   /* (publisher, seq) pairs per wait */
+#define IDX_WAIT_MAX_MS 600000    /* longest wait a query may ask for */
+#define IDX_WAIT_DEFAULT_MS 30000 /* a wait without "timeout_ms" */
+
+/* Everything points into doc: valid until the next parse or fini. */
+typedef struct idx_request {
+    idx_req_kind kind;
+    const uint64_t *v;  /* TOKENS: token ids (each < 2^32); HASHES: tokens
+                           hashes; n of them (v may be NULL when n is 0) */
+    size_t n;
+    const char *lora, *salt; /* TOKENS: NULL = none */
+    uint64_t apply;          /* APPLY: records to apply */
+    bool metrics;            /* "metrics": true */
+    bool wait;               /* a "wait" clause was given */
+    uint32_t timeout_ms;     /* wait: how long at most */
+    size_t n_pairs;
+    const uint64_t *pairs;   /* wait: n_pairs x (publisher_id, zmq seq) */
+    kvo_json doc;
+} idx_request;
+
+void idx_request_init(idx_request *q);
+void idx_request_fini(idx_request *q);
+/* body[0, len) into q, which must be one of the kinds in accept (a mask
+ * of idx_req_kind). KVO_OK; KVO_EPROTO / KVO_ETRUNC / KVO_ETOOBIG (a bad
+ * request: err->msg names where, "bad JSON at tokens_hashes[3]: integer
+ * out of range", "token_ids[0]: expected an integer in 0..4294967295");
+ * KVO_ENOMEM. A failed parse leaves q empty (kind 0). */
+kvo_status idx_request_parse(idx_request *q, const void *body, size_t len,
+                             unsigned accept, kvo_err *err);
+
+/* Run a TOKENS or HASHES request on t: out gets the scores and isl_blocks
+ * (tokens: ceil(tokens / block_size), like Dynamo's hit rate). KVO_OK,
+ * KVO_ENOMEM, KVO_EINVAL (block_size 0 or another kind). */
+kvo_status idx_request_query(idx_tree *t, uint32_t block_size,
+                             const idx_request *q, idx_scores *out);
 
 /* ---- The service's /metrics text ---------------------------------------- */
 
@@ -79,6 +168,7 @@ typedef struct idx_service_stats {
     uint64_t inbox_drops;      /* dropped for want of memory before the loop */
     uint64_t nats_disconnects;
     uint64_t bad_requests;     /* HTTP requests answered 4xx */
+    kvo_http_server_stats http; /* what the HTTP server refused or cut */
     uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
                                                the last: above every bound */
     double lat_sum;            /* seconds */

@@ -10,6 +10,9 @@
  *                                         "scores"} (i counts from 0)
  * At the end the rest is applied and {"counters", "workers", "pairs"} is
  * printed. Blank lines are skipped; anything else is an input error.
+ * Lines are read as the service reads request bodies (idx_request_parse:
+ * strict JSON, exact integers, valid UTF-8); "wait" and "metrics" are
+ * checked and ignored. The feed never forgets a publisher here (no clock).
  */
 #include "idx_int.h"
 
@@ -100,9 +103,10 @@ static kvo_status print_final(FILE *out, replay *r) {
     return print_json(out, o);
 }
 
-static bool blank(const char *s) {
-    for (; *s; s++)
-        if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n') return false;
+static bool blank(const char *s, size_t len) {
+    for (size_t i = 0; i < len; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
+            return false;
     return true;
 }
 
@@ -116,6 +120,8 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
     size_t linecap = 0;
     idx_scores sc;
     idx_scores_init(&sc);
+    idx_request q;
+    idx_request_init(&q);
     uint32_t bs = cfg->block_size ? cfg->block_size : IDX_BLOCK_SIZE_DEFAULT;
     kvo_status s = wire_cap_open(&r.cap, cfg->events, NULL);
     if (s != KVO_OK) {
@@ -123,7 +129,7 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
                  s == KVO_EPROTO ? "not a capture file" : kvo_strerror(s));
         goto done;
     }
-    if ((s = idx_feed_new(&r.feed)) != KVO_OK) {
+    if ((s = idx_feed_new(&r.feed, NULL)) != KVO_OK) {
         snprintf(err, errsz, "%s", kvo_strerror(s));
         goto done;
     }
@@ -138,39 +144,24 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
         ssize_t len;
         while ((len = getline(&line, &linecap, qf)) >= 0) {
             lineno++;
-            if (blank(line)) continue;
-            char jerr[160] = "expected a JSON object";
-            json_object *j = idx_json_parse(line, (size_t)len, jerr, sizeof(jerr));
-            if (!j || !json_object_is_type(j, json_type_object)) {
+            if (blank(line, (size_t)len)) continue;
+            kvo_err qerr;
+            s = idx_request_parse(&q, line, (size_t)len,
+                                  IDX_REQ_TOKENS | IDX_REQ_HASHES | IDX_REQ_APPLY,
+                                  &qerr);
+            if (s != KVO_OK) {
                 snprintf(err, errsz, "%s:%llu: %s", cfg->queries,
-                         (unsigned long long)lineno, jerr);
-                json_object_put(j);
-                s = KVO_EPROTO;
+                         (unsigned long long)lineno, qerr.msg);
                 goto done;
             }
-            json_object *k;
-            if (json_object_object_get_ex(j, "apply", &k)) {
-                if (!json_object_is_type(k, json_type_int) ||
-                    json_object_get_int64(k) < 0) {
-                    snprintf(err, errsz, "%s:%llu: apply: expected a count",
-                             cfg->queries, (unsigned long long)lineno);
-                    json_object_put(j);
-                    s = KVO_EPROTO;
-                    goto done;
-                }
-                s = apply_records(&r, json_object_get_uint64(k));
+            if (q.kind == IDX_REQ_APPLY) {
+                s = apply_records(&r, q.apply);
             } else {
-                char qerr[160];
-                s = idx_query_json(idx_feed_tree(r.feed), bs, j, -1, &sc, qerr,
-                                   sizeof(qerr));
-                if (s == KVO_EPROTO)
-                    snprintf(err, errsz, "%s:%llu: %s", cfg->queries,
-                             (unsigned long long)lineno, qerr);
+                s = idx_request_query(idx_feed_tree(r.feed), bs, &q, &sc);
                 if (s == KVO_OK) s = print_query(out, nq++, &sc);
             }
-            json_object_put(j);
             if (s != KVO_OK) {
-                if (!err[0]) snprintf(err, errsz, "%s", kvo_strerror(s));
+                snprintf(err, errsz, "%s", kvo_strerror(s));
                 goto done;
             }
         }
@@ -195,6 +186,7 @@ done:
     free(line); /* getline's buffer comes from malloc */
     if (qf) fclose(qf);
     idx_scores_fini(&sc);
+    idx_request_fini(&q);
     idx_feed_free(r.feed);
     wire_cap_free(r.cap);
     return s;

@@ -23,7 +23,16 @@
  * /metrics's text, read at the same moment. One round trip instead of
  * polling /watermark, querying and reading the counters, and no poll
  * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
- * request bodies) wait at once; one more is answered 503.
+ * request bodies and their parsed trees) wait at once; one more is
+ * answered 503.
+ *
+ * Request bodies are read by idx_request_parse alone (kvo_json: strict, in
+ * memory proportional to the body, arrays never copied); every error is a
+ * JSON {"error": "..."} naming where. Long answers come in pages: GET
+ * /watermark?after=ID&limit=N (IDX_WATERMARK_PAGE at most, "next" while
+ * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most); an unpaged
+ * /dump larger than one page is refused, never built whole. Each loop turn
+ * sets the feed's clock and forgets idle publishers (idx.h).
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -46,16 +55,15 @@
 #define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
 #define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
 #define WAIT_MAX 1024          /* queries held for a watermark */
-#define WAIT_MAX_BYTES (64u << 20) /* and their request bodies */
-#define WAIT_MAX_PAIRS 4096    /* (publisher, seq) pairs per query */
-#define WAIT_MAX_MS 600000     /* longest wait a query may ask for */
-#define WAIT_DEFAULT_MS 30000  /* a wait without "timeout_ms" */
+#define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
+#define DUMP_PAGE 10000        /* events in one /dump answer (the loop
+                                  serves nothing else while it builds) */
 /* nats.c's pending limits on the subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
 #define NATS_PENDING_BYTES (1 << 30)
 #define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
-#define HTTP_MAX_BODY (16u << 20) /* request body bytes the server accepts */
+#define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
 #define NS_PER_MS 1000000u
@@ -65,14 +73,9 @@
 typedef struct waiter {
     struct waiter *next;
     kvo_http_req *r;
-    json_object *body;   /* the parsed request, kept until answered */
-    uint64_t *hashes;    /* its tokens_hashes when scanned by hand, or NULL */
-    size_t n_hashes;
-    size_t body_len;     /* request bytes, counted in wait_bytes */
-    int want_tokens;
-    uint64_t deadline;   /* kvo_now_ns */
-    size_t n;
-    uint64_t pairs[];    /* n x (publisher_id, zmq seq) */
+    idx_request q;     /* the parsed request, kept until answered */
+    size_t cost;       /* body bytes + parse memory, counted in wait_bytes */
+    uint64_t deadline; /* kvo_now_ns */
 } waiter;
 
 /* Query latency histogram bounds, seconds. */
@@ -108,7 +111,8 @@ typedef struct svc {
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
-    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop;
+    kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop, rl_gap, rl_restart,
+        rl_rewind, rl_full, rl_expired;
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -116,6 +120,9 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->subject = "namespace.*.component.*.kv-events";
     cfg->http = "127.0.0.1:8090";
     cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
+    cfg->feed.max_publishers = IDX_MAX_PUBLISHERS_DEFAULT;
+    cfg->feed.publisher_idle_ms = IDX_PUBLISHER_IDLE_MS_DEFAULT;
+    cfg->max_body = HTTP_MAX_BODY;
 }
 
 /* ======================================================================== */
@@ -218,8 +225,15 @@ static void nats_teardown(svc *s) {
 /* Messages                                                                  */
 /* ======================================================================== */
 
-/* Apply one message and log what became of it (rate-limited where a
- * publisher can repeat it every message). */
+static void log_expired(svc *s, size_t n) {
+    kvo_log_limited(&s->rl_expired, KVO_LOG_INFO,
+                    "forgot %zu publisher(s) not heard from for %" PRIu64
+                    " ms (their sequence state; the index keeps their blocks)",
+                    n, s->cfg->feed.publisher_idle_ms);
+}
+
+/* Apply one message and log what became of it (rate-limited: a publisher
+ * can repeat any of it every message). */
 static void apply_msg(svc *s, natsMsg *m) {
     const char *hdr = NULL;
     if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
@@ -251,13 +265,31 @@ static void apply_msg(svc *s, natsMsg *m) {
                         "malformed %s header '%s' on %s (message applied)",
                         HDR_ZMQ_SEQ, hdr ? hdr : "", subject);
     if (res.missed)
-        kvo_warn("sequence gap on %s: publisher %" PRIu64 " missed %" PRIu64
-                 " message(s) before sequence %" PRIu64,
-                 subject, res.publisher_id, res.missed, res.sequence);
+        kvo_log_limited(&s->rl_gap, KVO_LOG_WARN,
+                        "sequence gap on %s: publisher %" PRIu64
+                        " missed %" PRIu64 " message(s) before sequence %" PRIu64,
+                        subject, res.publisher_id, res.missed, res.sequence);
     if (res.restart)
-        kvo_warn("publisher %" PRIu64 " restarted on %s (sequence went back "
-                 "to %" PRIu64 ")",
-                 res.publisher_id, subject, res.sequence);
+        kvo_log_limited(&s->rl_restart, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " restarted on %s (sequence went "
+                        "back to %" PRIu64 ")",
+                        res.publisher_id, subject, res.sequence);
+    if (res.rewind)
+        kvo_log_limited(&s->rl_rewind, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " on %s went on at sequence %" PRIu64
+                        " after jumping to %" PRIu64 ": the jump is taken for "
+                        "bogus and the sequence follows the stream",
+                        res.publisher_id, subject, res.sequence, res.jumped_from);
+    if (res.untracked) {
+        idx_feed_counters k;
+        idx_feed_counters_get(s->feed, &k);
+        kvo_log_limited(&s->rl_full, KVO_LOG_WARN,
+                        "publisher table full (%" PRIu64 " publishers): a message "
+                        "of publisher %" PRIu64 " on %s applied without sequence "
+                        "tracking (counted in publishers_refused)",
+                        k.publishers, res.publisher_id, subject);
+    }
+    if (res.expired) log_expired(s, res.expired);
 }
 
 static void drain_inbox(svc *s) {
@@ -288,42 +320,23 @@ static void drain_inbox(svc *s) {
 /* HTTP                                                                      */
 /* ======================================================================== */
 
-static json_object *parse_body(kvo_http_req *r, char *err, size_t errsz) {
-    size_t len;
-    const uint8_t *b = kvo_http_req_body(r, &len);
-    if (!b || !len) {
-        snprintf(err, errsz, "empty body: expected JSON");
-        return NULL;
-    }
-    return idx_json_parse((const char *)b, len, err, errsz);
+static void waiter_free(waiter *w) {
+    if (!w) return;
+    idx_request_fini(&w->q);
+    kvo_free(w);
 }
 
 static kvo_status build_metrics(svc *s, kvo_buf *b);
 
-/* Run the query in j and answer r; with_wm: add "covered" and the
- * watermark (a query that waited); "metrics": true in j adds GET
- * /metrics's text as "metrics" (counters read at the same moment). */
-static void answer_query(svc *s, kvo_http_req *r, json_object *j,
-                         const uint64_t *hashes, size_t n_hashes,
-                         int want_tokens, bool with_wm, bool covered) {
-    char err[200];
+/* Run the query q and answer r; with_wm: add "covered" and the watermark's
+ * first page (a query that waited); "metrics": true adds GET /metrics's
+ * text as "metrics" (counters read at the same moment). */
+static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
+                         bool with_wm, bool covered) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st;
-    if (hashes) { /* tokens_hashes scanned by hand: as idx_query_json does */
-        st = idx_tree_query(idx_feed_tree(s->feed), hashes, n_hashes, &s->scores);
-        if (st == KVO_OK)
-            s->scores.isl_blocks = n_hashes > UINT32_MAX ? UINT32_MAX
-                                                         : (uint32_t)n_hashes;
-    } else {
-        st = idx_query_json(idx_feed_tree(s->feed), s->cfg->block_size, j,
-                            want_tokens, &s->scores, err, sizeof(err));
-    }
+    kvo_status st = idx_request_query(idx_feed_tree(s->feed), s->cfg->block_size,
+                                      q, &s->scores);
     double dt = (double)(kvo_now_ns() - t0) / NS_PER_S;
-    if (st == KVO_EPROTO) {
-        s->stats.bad_requests++;
-        kvo_http_respond_error(r, 400, err);
-        return;
-    }
     if (st != KVO_OK) {
         kvo_http_respond_error(r, 500, kvo_strerror(st));
         return;
@@ -334,9 +347,7 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
     while (b < NLAT && dt > lat_bounds[b]) b++;
     s->stats.lat_count[b]++;
     json_object *o = idx_json_scores(&s->scores);
-    json_object *mq = NULL;
-    if (o && json_object_object_get_ex(j, "metrics", &mq) &&
-        json_object_get_boolean(mq)) { /* /metrics, read with the answer */
+    if (o && q->metrics) { /* /metrics, read with the answer */
         kvo_buf text;
         kvo_buf_init(&text);
         json_object *txt = NULL;
@@ -352,7 +363,8 @@ static void answer_query(svc *s, kvo_http_req *r, json_object *j,
         }
     }
     if (o && with_wm) {
-        json_object *wm = idx_json_watermark(s->feed);
+        idx_page first = {.limit = IDX_WATERMARK_PAGE};
+        json_object *wm = idx_json_watermark(s->feed, &first);
         if (!wm) {
             json_object_put(o);
             o = NULL;
@@ -376,203 +388,51 @@ static bool wait_covered(const svc *s, const uint64_t *pairs, size_t n) {
     return true;
 }
 
-/* "wait": {"zmq_seq": [[publisher_id, seq], ...], "timeout_ms": t} into a
- * waiter (not queued yet); NULL with err set when malformed. */
-static waiter *wait_parse(json_object *w, char *err, size_t errsz) {
-    json_object *pairs = NULL, *tmo = NULL;
-    if (!json_object_is_type(w, json_type_object) ||
-        !json_object_object_get_ex(w, "zmq_seq", &pairs) ||
-        !json_object_is_type(pairs, json_type_array)) {
-        snprintf(err, errsz, "wait must be {\"zmq_seq\": [[publisher_id, "
-                             "seq], ...], \"timeout_ms\": n}");
-        return NULL;
-    }
-    int64_t ms = WAIT_DEFAULT_MS;
-    if (json_object_object_get_ex(w, "timeout_ms", &tmo)) {
-        if (!json_object_is_type(tmo, json_type_int) ||
-            (ms = json_object_get_int64(tmo)) < 0 || ms > WAIT_MAX_MS) {
-            snprintf(err, errsz, "wait.timeout_ms must be 0..%d", WAIT_MAX_MS);
-            return NULL;
-        }
-    }
-    size_t n = json_object_array_length(pairs);
-    if (n > WAIT_MAX_PAIRS) {
-        snprintf(err, errsz, "wait.zmq_seq: at most %d pairs", WAIT_MAX_PAIRS);
-        return NULL;
-    }
-    waiter *wt = kvo_calloc(1, sizeof(*wt) + 2 * (n ? n : 1) * sizeof(uint64_t));
-    if (!wt) {
-        snprintf(err, errsz, "out of memory");
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_object *p = json_object_array_get_idx(pairs, i);
-        json_object *a = NULL, *b = NULL;
-        if (json_object_is_type(p, json_type_array) &&
-            json_object_array_length(p) == 2) {
-            a = json_object_array_get_idx(p, 0);
-            b = json_object_array_get_idx(p, 1);
-        }
-        if (!a || !b || !json_object_is_type(a, json_type_int) ||
-            !json_object_is_type(b, json_type_int) ||
-            json_object_get_int64(a) < 0 || json_object_get_int64(b) < 0) {
-            snprintf(err, errsz, "wait.zmq_seq[%zu] must be [publisher_id, seq] "
-                                 "(integers >= 0)", i);
-            kvo_free(wt);
-            return NULL;
-        }
-        wt->pairs[2 * i] = json_object_get_uint64(a);
-        wt->pairs[2 * i + 1] = json_object_get_uint64(b);
-    }
-    wt->n = n;
-    wt->deadline = kvo_now_ns() + (uint64_t)ms * NS_PER_MS;
-    return wt;
-}
-
-/* The body kvo-check sends for every prompt, {"tokens_hashes":[n,...],...},
- * scanned by hand: json-c would make an object per number (hundreds per
- * prompt). Only that exact shape -- no spaces in the array, plain decimal
- * u64s without leading zeros, tokens_hashes first and only once -- takes
- * this way; anything else (or anything odd) gets the general parse and its
- * answers. On success: *hashes (kvo_malloc'd), *n, and *rest = the other
- * members as a json-c object (the caller puts it). */
-static bool scan_hashes(const uint8_t *b, size_t len, uint64_t **hashes,
-                        size_t *n, json_object **rest) {
-    static const char head[] = "{\"tokens_hashes\":[";
-    const size_t hl = sizeof(head) - 1;
-    if (len < hl + 2 || memcmp(b, head, hl) != 0) return false;
-    size_t i = hl, k = 0, cap = 0;
-    uint64_t *v = NULL;
-    bool ok = false;
-    if (b[i] == ']') {
-        i++;
-        ok = true;
-    }
-    while (!ok && i < len) {
-        if (b[i] < '0' || b[i] > '9') break;
-        if (b[i] == '0' && i + 1 < len && b[i + 1] >= '0' && b[i + 1] <= '9')
-            break; /* leading zero: not JSON */
-        uint64_t x = 0;
-        size_t start = i;
-        bool over = false;
-        for (; i < len && b[i] >= '0' && b[i] <= '9' && i - start < 19; i++)
-            x = x * 10 + (unsigned)(b[i] - '0'); /* 19 digits cannot overflow */
-        for (; i < len && b[i] >= '0' && b[i] <= '9'; i++)
-            over |= __builtin_mul_overflow(x, 10u, &x) ||
-                    __builtin_add_overflow(x, (unsigned)(b[i] - '0'), &x);
-        if (over || i >= len) break;
-        if (k == cap && kvo_grow(&v, &cap, k + 1, sizeof(*v), 1024) != KVO_OK)
-            break;
-        v[k++] = x;
-        if (b[i] == ']') {
-            i++;
-            ok = true;
-        } else if (b[i] != ',') {
-            break;
-        } else {
-            i++;
-        }
-    }
-    json_object *o = NULL;
-    if (ok && i < len && b[i] == '}') {
-        size_t e = i + 1;
-        while (e < len && (b[e] == ' ' || b[e] == '\n' || b[e] == '\r' || b[e] == '\t'))
-            e++;
-        ok = e == len && (o = json_object_new_object()) != NULL;
-    } else if (ok && i < len && b[i] == ',') {
-        /* the other members: "{" + the rest, through json-c */
-        json_tokener *tok = json_tokener_new();
-        ok = tok != NULL;
-        if (ok) {
-            json_tokener_parse_ex(tok, "{", 1);
-            o = json_tokener_parse_ex(tok, (const char *)b + i + 1, (int)(len - i - 1));
-            size_t used = json_tokener_get_parse_end(tok);
-            ok = o && json_tokener_get_error(tok) == json_tokener_success &&
-                 json_object_is_type(o, json_type_object) &&
-                 !json_object_object_get_ex(o, "tokens_hashes", NULL) &&
-                 !json_object_object_get_ex(o, "token_ids", NULL);
-            for (size_t e = i + 1 + used; ok && e < len; e++)
-                if (b[e] != ' ' && b[e] != '\n' && b[e] != '\r' && b[e] != '\t') ok = false;
-            json_tokener_free(tok);
-        }
-    } else {
-        ok = false;
-    }
-    if (!ok) {
-        json_object_put(o);
-        kvo_free(v);
-        return false;
-    }
-    *hashes = v;
-    *n = k;
-    *rest = o;
-    return true;
-}
-
-static void do_query(svc *s, kvo_http_req *r, int want_tokens) {
-    char err[200];
-    uint64_t *hashes = NULL;
-    size_t n_hashes = 0;
-    json_object *j = NULL;
+/* POST /query (accept = IDX_REQ_TOKENS) or /query_by_hash (HASHES): the
+ * body through idx_request_parse, then answered at once or held as a
+ * waiter until its watermark or deadline. */
+static void do_query(svc *s, kvo_http_req *r, unsigned accept) {
     size_t blen;
     const uint8_t *body = kvo_http_req_body(r, &blen);
-    if (want_tokens != 1 && scan_hashes(body, blen, &hashes, &n_hashes, &j)) {
-        if (!hashes) hashes = kvo_malloc(1); /* an empty list: still "given" */
-        if (!hashes) {
-            json_object_put(j);
-            kvo_http_respond_error(r, 500, "out of memory");
-            return;
-        }
-    } else {
-        j = parse_body(r, err, sizeof(err));
-    }
-    if (!j) {
-        s->stats.bad_requests++;
-        kvo_http_respond_error(r, 400, err);
+    waiter *w = kvo_calloc(1, sizeof(*w));
+    if (!w) {
+        kvo_http_respond_error(r, 500, "out of memory");
         return;
     }
-    json_object *w = NULL;
-    if (json_object_is_type(j, json_type_object) &&
-        json_object_object_get_ex(j, "wait", &w)) {
-        waiter *wt = wait_parse(w, err, sizeof(err));
-        if (!wt) {
-            s->stats.bad_requests++;
-            kvo_http_respond_error(r, 400, err);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        bool covered = wait_covered(s, wt->pairs, wt->n);
-        if (covered || kvo_now_ns() >= wt->deadline) {
-            answer_query(s, r, j, hashes, n_hashes, want_tokens, true, covered);
-            kvo_free(wt);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        if (s->n_waiters >= WAIT_MAX || blen > WAIT_MAX_BYTES - s->wait_bytes) {
-            kvo_http_respond_error(r, 503, "too many queries waiting");
-            kvo_free(wt);
-            kvo_free(hashes);
-            json_object_put(j);
-            return;
-        }
-        wt->r = r; /* held: answered by serve_waiters */
-        wt->body = j;
-        wt->hashes = hashes;
-        wt->n_hashes = n_hashes;
-        wt->want_tokens = want_tokens;
-        waiter **tail = &s->waiters;
-        while (*tail) tail = &(*tail)->next;
-        *tail = wt;
-        wt->body_len = blen;
-        s->n_waiters++;
-        s->wait_bytes += blen;
+    idx_request_init(&w->q);
+    kvo_err err;
+    kvo_status st = idx_request_parse(&w->q, body, blen, accept, &err);
+    if (st != KVO_OK) {
+        if (st != KVO_ENOMEM) s->stats.bad_requests++;
+        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
+        waiter_free(w);
         return;
     }
-    answer_query(s, r, j, hashes, n_hashes, want_tokens, false, false);
-    kvo_free(hashes);
-    json_object_put(j);
+    if (!w->q.wait) {
+        answer_query(s, r, &w->q, false, false);
+        waiter_free(w);
+        return;
+    }
+    uint64_t now = kvo_now_ns();
+    w->deadline = now + (uint64_t)w->q.timeout_ms * NS_PER_MS;
+    bool covered = wait_covered(s, w->q.pairs, w->q.n_pairs);
+    if (covered || now >= w->deadline) {
+        answer_query(s, r, &w->q, true, covered);
+        waiter_free(w);
+        return;
+    }
+    w->cost = blen + w->q.doc.mem;
+    if (s->n_waiters >= WAIT_MAX || w->cost > WAIT_MAX_BYTES - s->wait_bytes) {
+        kvo_http_respond_error(r, 503, "too many queries waiting");
+        waiter_free(w);
+        return;
+    }
+    w->r = r; /* held: answered by serve_waiters */
+    waiter **tail = &s->waiters;
+    while (*tail) tail = &(*tail)->next;
+    *tail = w;
+    s->n_waiters++;
+    s->wait_bytes += w->cost;
 }
 
 /* Answer the waiting queries whose watermark is there or whose time is
@@ -582,19 +442,16 @@ static void serve_waiters(svc *s) {
     uint64_t now = kvo_now_ns();
     for (waiter **pp = &s->waiters; *pp;) {
         waiter *w = *pp;
-        bool covered = wait_covered(s, w->pairs, w->n);
+        bool covered = wait_covered(s, w->q.pairs, w->q.n_pairs);
         if (!covered && now < w->deadline) {
             pp = &w->next;
             continue;
         }
         *pp = w->next;
         s->n_waiters--;
-        s->wait_bytes -= w->body_len;
-        answer_query(s, w->r, w->body, w->hashes, w->n_hashes, w->want_tokens,
-                     true, covered);
-        json_object_put(w->body);
-        kvo_free(w->hashes);
-        kvo_free(w);
+        s->wait_bytes -= w->cost;
+        answer_query(s, w->r, &w->q, true, covered);
+        waiter_free(w);
     }
 }
 
@@ -607,30 +464,103 @@ static long waiters_timeout_ms(const svc *s) {
     return first <= now ? 0 : (long)((first - now) / NS_PER_MS) + 1;
 }
 
+/* ?after=K&limit=N into pg (limit 1..max, default max). false with a
+ * message in err when either is malformed. */
+static bool page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
+                      size_t errsz) {
+    const char *a = kvo_http_req_arg(r, "after"), *l = kvo_http_req_arg(r, "limit");
+    uint64_t n = max;
+    memset(pg, 0, sizeof(*pg));
+    if (a && kvo_parse_u64(a, &pg->after) != KVO_OK) {
+        snprintf(err, errsz, "after must be an integer in 0..%" PRIu64,
+                 UINT64_MAX);
+        return false;
+    }
+    if (l && (kvo_parse_u64(l, &n) != KVO_OK || n == 0 || n > max)) {
+        snprintf(err, errsz, "limit must be 1..%zu", max);
+        return false;
+    }
+    pg->has_after = a != NULL;
+    pg->limit = (size_t)n;
+    return true;
+}
+
+static void do_watermark(svc *s, kvo_http_req *r) {
+    idx_page pg;
+    char err[128];
+    if (!page_args(r, IDX_WATERMARK_PAGE, &pg, err, sizeof(err))) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    json_object *o = idx_json_watermark(s->feed, &pg);
+    if (!o) kvo_http_respond_error(r, 500, "out of memory");
+    else kvo_http_respond_json(r, 200, o);
+}
+
+/* The dump's events at positions (from 0, in idx_tree_dump's order) above
+ * after (all when !has_after), at most limit of them; more: one more
+ * followed. */
 typedef struct dumpctx {
     kvo_buf *b;
-    bool first;
+    idx_page pg;
+    uint64_t pos;   /* position of the next event */
+    size_t written;
+    bool more;
 } dumpctx;
 
 static kvo_status dump_one(void *ctx, const wire_revent *ev) {
     dumpctx *d = ctx;
+    uint64_t pos = d->pos++;
+    if (d->pg.has_after && pos <= d->pg.after) return KVO_OK;
+    if (d->written == d->pg.limit) {
+        d->more = true;
+        return KVO_EOF; /* stops the dump */
+    }
     json_object *j = idx_json_revent(ev);
     if (!j) return KVO_ENOMEM;
     const char *txt = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
-    kvo_status s = kvo_buf_append(d->b, d->first ? "" : ",", d->first ? 0 : 1);
+    kvo_status s = kvo_buf_append(d->b, d->written ? "," : "", d->written ? 1 : 0);
     if (s == KVO_OK) s = kvo_buf_append(d->b, txt, strlen(txt));
-    d->first = false;
+    d->written++;
     json_object_put(j);
     return s;
 }
 
+/* GET /dump: the whole dump as a JSON array when it has at most
+ * DUMP_PAGE events (a larger one must be paged); with ?after=K and/or
+ * ?limit=N: {"events": [...], "next": K'} ("next", the position of the
+ * last event listed, only when more follow). */
 static void do_dump(svc *s, kvo_http_req *r) {
+    dumpctx d = {0};
+    char err[160];
+    bool paged = kvo_http_req_arg(r, "after") || kvo_http_req_arg(r, "limit");
+    if (!page_args(r, DUMP_PAGE, &d.pg, err, sizeof(err))) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
     kvo_buf b;
     kvo_buf_init(&b);
-    dumpctx d = {&b, true};
-    kvo_status st = kvo_buf_append(&b, "[", 1);
+    d.b = &b;
+    kvo_status st = kvo_buf_append(&b, paged ? "{\"events\":[" : "[",
+                                   paged ? 11 : 1);
     if (st == KVO_OK) st = idx_tree_dump(idx_feed_tree(s->feed), dump_one, &d);
+    if (st == KVO_EOF) st = KVO_OK;
+    if (st == KVO_OK && d.more && !paged) {
+        s->stats.bad_requests++;
+        snprintf(err, sizeof(err),
+                 "the dump holds more than %d events: page it with "
+                 "/dump?limit=N&after=K",
+                 DUMP_PAGE);
+        kvo_http_respond_error(r, 400, err);
+        kvo_buf_fini(&b);
+        return;
+    }
     if (st == KVO_OK) st = kvo_buf_append(&b, "]", 1);
+    if (st == KVO_OK && paged && d.more)
+        st = kvo_buf_printf(&b, ",\"next\":%" PRIu64, d.pos - 2);
+    if (st == KVO_OK && paged) st = kvo_buf_append(&b, "}", 1);
     if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
     else kvo_http_respond(r, 200, "application/json", b.data, b.len);
     kvo_buf_fini(&b);
@@ -670,6 +600,15 @@ static void do_counters(svc *s, kvo_http_req *r) {
                            json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
     json_object_object_add(o, "bad_requests", json_object_new_uint64(s->stats.bad_requests));
+    kvo_http_server_stats h;
+    kvo_http_server_stats_get(s->http, &h);
+    json_object_object_add(o, "http_connections", json_object_new_uint64(h.conns));
+    json_object_object_add(o, "http_head_timeouts",
+                           json_object_new_uint64(h.head_timeouts));
+    json_object_object_add(o, "http_body_timeouts",
+                           json_object_new_uint64(h.body_timeouts));
+    json_object_object_add(o, "http_busy_refused",
+                           json_object_new_uint64(h.busy_refused));
     kvo_http_respond_json(r, 200, o);
 }
 
@@ -708,25 +647,10 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
     kvo_prom_gauge(&p, "workers", "Known (worker_id, dp_rank) pairs.",
                    st.workers);
     kvo_prom_gauge(&p, "memory_bytes", "Memory held by the tree.", st.bytes);
-    kvo_prom_counter(&p, "messages_total", "Event-plane messages received.",
-                     f.messages);
-    kvo_prom_counter(&p, "messages_applied_total",
-                     "Messages decoded and applied.", f.applied);
-    kvo_prom_counter(&p, "duplicates_total", "Exact duplicates dropped.",
-                     f.duplicates);
-    kvo_prom_counter(&p, "restarts_total", "Publisher restarts seen.",
-                     f.restarts);
-    kvo_prom_counter(&p, "gaps_total", "Sequence gaps.", f.gaps);
-    kvo_prom_counter(&p, "missed_total", "Messages missed in gaps.", f.missed);
-    kvo_prom_counter(&p, "undecodable_total", "Undecodable messages.",
-                     f.undecodable);
-    kvo_prom_counter(&p, "bad_headers_total", "Malformed KVO-Zmq-Seq headers.",
-                     f.bad_headers);
-    kvo_prom_counter(&p, "other_tier_total",
-                     "RouterEvents of non-device tiers (not indexed).",
-                     f.other_tier);
-    kvo_prom_counter(&p, "enomem_total",
-                     "RouterEvents lost to allocation failure.", f.enomem);
+#define IDX_PROM(field, key, prom, type, help)                                 \
+    kvo_prom_##type(&p, prom, help, f.field);
+    IDX_FEED_COUNTERS(IDX_PROM)
+#undef IDX_PROM
     kvo_prom_counter(&p, "slow_consumer_drops_total",
                      "Messages nats.c dropped (slow consumer).",
                      s->slow_consumer_drops);
@@ -738,6 +662,18 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                      s->nats_disconnects);
     kvo_prom_counter(&p, "bad_requests_total", "HTTP requests answered 4xx.",
                      s->bad_requests);
+    kvo_prom_counter(&p, "http_connections_total", "TCP connections accepted.",
+                     s->http.conns);
+    kvo_prom_counter(&p, "http_head_timeouts_total",
+                     "Connections closed: no complete request head in time.",
+                     s->http.head_timeouts);
+    kvo_prom_counter(&p, "http_body_timeouts_total",
+                     "Connections closed: no complete request body in time.",
+                     s->http.body_timeouts);
+    kvo_prom_counter(&p, "http_busy_refused_total",
+                     "Requests answered 503: request bodies in flight over "
+                     "the cap.",
+                     s->http.busy_refused);
     kvo_prom_family(&p, "query_seconds", "histogram",
                     "Query latency (parse excluded, hashing included).");
     uint64_t cum = 0;
@@ -765,6 +701,7 @@ static kvo_status build_metrics(svc *s, kvo_buf *b) {
     s->stats.slow_consumer_drops = nats_dropped(s);
     s->stats.inbox_drops = atomic_load(&s->inbox_drops);
     s->stats.nats_disconnects = kvo_nats_disconnects(s->nats);
+    kvo_http_server_stats_get(s->http, &s->stats.http);
     return idx_metrics_text(s->feed, &s->stats, b);
 }
 
@@ -802,12 +739,12 @@ static void handler(void *ctx, kvo_http_req *r) {
     }
     json_object *o = NULL;
     switch (i) {
-    case 0: do_query(s, r, 1); return;
-    case 1: do_query(s, r, 0); return;
+    case 0: do_query(s, r, IDX_REQ_TOKENS); return;
+    case 1: do_query(s, r, IDX_REQ_HASHES); return;
     case 2: do_dump(s, r); return;
     case 3: o = idx_json_workers(idx_feed_tree(s->feed)); break;
     case 4: do_health(s, r); return;
-    case 5: o = idx_json_watermark(s->feed); break;
+    case 5: do_watermark(s, r); return;
     case 6: do_metrics(s, r); return;
     default: do_counters(s, r); return;
     }
@@ -877,11 +814,13 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         st = KVO_EIO;
         goto done;
     }
-    if ((st = idx_feed_new(&s.feed)) != KVO_OK) goto done;
+    if ((st = idx_feed_new(&s.feed, &cfg->feed)) != KVO_OK) goto done;
+    idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
-                              .max_body = HTTP_MAX_BODY, .handler = handler,
-                              .ctx = &s};
+                              .max_body = cfg->max_body ? cfg->max_body
+                                                        : HTTP_MAX_BODY,
+                              .handler = handler, .ctx = &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;
@@ -900,7 +839,10 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
             st = KVO_EIO;
             break;
         }
+        idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
         if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        size_t gone = idx_feed_expire(s.feed);
+        if (gone) log_expired(&s, gone);
         serve_waiters(&s);
         kvo_http_server_run(s.http);
         log_nats_changes(&s);
@@ -911,9 +853,7 @@ done:
     while (s.waiters) {
         waiter *w = s.waiters;
         s.waiters = w->next;
-        json_object_put(w->body);
-        kvo_free(w->hashes);
-        kvo_free(w);
+        waiter_free(w);
     }
     nats_teardown(&s);
     for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);

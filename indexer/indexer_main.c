@@ -9,9 +9,19 @@
 #include <string.h>
 
 /* Long-option codes, above every short option's character. */
-enum { OPT_SUBJECT = 256, OPT_HTTP, OPT_BLOCK_SIZE, OPT_LOG_LEVEL };
+enum {
+    OPT_SUBJECT = 256,
+    OPT_HTTP,
+    OPT_BLOCK_SIZE,
+    OPT_LOG_LEVEL,
+    OPT_MAX_PUBLISHERS,
+    OPT_PUBLISHER_IDLE_MS,
+    OPT_MAX_BODY,
+};
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
+#define MAX_PUBLISHERS_MAX (1u << 20) /* largest --max-publishers (4 KiB each) */
+#define MAX_BODY_MAX (1ull << 30)   /* largest --max-body */
 #define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 
 static const struct option options[] = {
@@ -22,6 +32,9 @@ static const struct option options[] = {
     {"http", required_argument, NULL, OPT_HTTP},
     {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"max-publishers", required_argument, NULL, OPT_MAX_PUBLISHERS},
+    {"publisher-idle-ms", required_argument, NULL, OPT_PUBLISHER_IDLE_MS},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -39,10 +52,20 @@ static const char usage[] =
     "                          one, logged as 'listening on http://HOST:PORT')\n"
     "  --block-size N          tokens per block for token queries (default 16)\n"
     "  --log-level L           error|warn|info|debug (default info)\n"
+    "  --max-publishers N      publishers whose sequences are tracked (default\n"
+    "                          4096); beyond, messages still apply, untracked,\n"
+    "                          and are counted (publishers_refused)\n"
+    "  --publisher-idle-ms T   forget a publisher's sequence state after T ms\n"
+    "                          without a message (default 600000; 0 = never);\n"
+    "                          its blocks stay indexed\n"
+    "  --max-body BYTES        largest request body (default 16777216)\n"
     "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
     "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
-    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]}; GET /dump /workers /health\n"
-    "  /watermark /metrics /counters.\n"
+    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
+    "  valid UTF-8, one value); GET /workers /health /metrics /counters;\n"
+    "  GET /watermark[?after=ID&limit=N] (pages of at most 1000 publishers,\n"
+    "  \"next\" when more follow); GET /dump (at most 10000 events) or\n"
+    "  /dump?after=K&limit=N -> {\"events\", \"next\"}.\n"
     "\n"
     "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
     "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": [...]});\n"
@@ -88,6 +111,23 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
+    case OPT_MAX_PUBLISHERS:
+        if (kvo_parse_u32(arg, &c->feed.max_publishers) ||
+            c->feed.max_publishers == 0 ||
+            c->feed.max_publishers > MAX_PUBLISHERS_MAX)
+            return bad("max-publishers", arg);
+        return KVO_OK;
+    case OPT_PUBLISHER_IDLE_MS:
+        return kvo_parse_u64(arg, &c->feed.publisher_idle_ms)
+                   ? bad("publisher-idle-ms", arg)
+                   : KVO_OK;
+    case OPT_MAX_BODY: {
+        uint64_t v;
+        if (kvo_parse_u64(arg, &v) || v == 0 || v > MAX_BODY_MAX)
+            return bad("max-body", arg);
+        c->max_body = (size_t)v;
+        return KVO_OK;
+    }
     default: return KVO_EINVAL;
     }
 }
@@ -191,10 +231,12 @@ int main(int argc, char **argv) {
     kvo_signals_init();
     const idx_service_cfg *c = &o.cfg;
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
-             "auth=%s tls=%s reconnect_wait_ms=%d",
+             "auth=%s tls=%s reconnect_wait_ms=%d max_publishers=%u "
+             "publisher_idle_ms=%llu max_body=%zu",
              KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
-             o.nats.reconnect_wait_ms);
+             o.nats.reconnect_wait_ms, c->feed.max_publishers,
+             (unsigned long long)c->feed.publisher_idle_ms, c->max_body);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;

@@ -169,9 +169,35 @@ uint8_t *tt_vector(const char *name, size_t *len) {
     return b;
 }
 
+uint8_t *tt_envelope(uint64_t pub, uint64_t seq, uint64_t worker,
+                     wire_tier tier, uint32_t n, size_t *len) {
+    wire_rblock *b = kvo_calloc(n ? n : 1, sizeof(*b));
+    ck_assert_ptr_nonnull(b);
+    for (uint32_t i = 0; i < n; i++) b[i] = (wire_rblock){100 * (i + 1), i + 1};
+    wire_revent ev = {.worker_id = worker, .tier = tier, .event_id = seq + 1,
+                      .type = WIRE_R_STORED, .n_blocks = n, .blocks = b};
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    m.publisher_id = pub;
+    m.sequence = seq;
+    m.published_at = 1700000000000ull + seq;
+    m.topic = (wire_str){"kv-events", 9};
+    m.n_events = 1;
+    m.events = &ev;
+    kvo_buf out;
+    kvo_buf_init(&out);
+    ck_assert_int_eq(wire_plane_encode(&m, &out), KVO_OK);
+    m.events = NULL;
+    m.n_events = 0;
+    wire_plane_fini(&m);
+    kvo_free(b);
+    *len = out.len;
+    return out.data;
+}
+
 idx_feed *tt_feed_new(void) {
     idx_feed *f = NULL;
-    ck_assert_int_eq(idx_feed_new(&f), KVO_OK);
+    ck_assert_int_eq(idx_feed_new(&f, NULL), KVO_OK);
     return f;
 }
 

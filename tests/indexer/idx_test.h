@@ -10,6 +10,7 @@ Suite *suite_model(void);
 Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
+Suite *suite_fuzz_query(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 
@@ -57,6 +58,12 @@ uint8_t *tt_vector(const char *name, size_t *len);
  * stored by worker (7, 0), one removed, the worker cleared, then a message
  * of two dp ranks. Suites replay them through the feed, a capture, NATS. */
 extern const char *const tt_plane_sequence[4];
+
+/* An envelope (publisher pub, sequence seq) around one stored RouterEvent
+ * of worker (worker, 0) and tier: a chain of n blocks from the root, block
+ * i with tokens_hash i+1 and block_hash 100 (i+1). kvo_free the bytes. */
+uint8_t *tt_envelope(uint64_t pub, uint64_t seq, uint64_t worker,
+                     wire_tier tier, uint32_t n, size_t *len);
 
 idx_feed *tt_feed_new(void); /* an empty feed */
 /* A feed fed the named vectors in order (NULL-terminated), each applied. */

@@ -7,6 +7,7 @@ Suite *suite_model(void);
 Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
+Suite *suite_fuzz_query(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -15,6 +16,7 @@ int main(int argc, char **argv) {
         suite_feed,
         suite_replay,
         suite_service,
+        suite_fuzz_query,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -184,9 +184,21 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run(args, 1, NULL, "bad.jsonl:1:");
     /* json-c alone would take the first object and drop the rest */
     write_file(path, "{\"apply\": 1}\n{\"apply\": 1}{\"apply\": 2}\n");
-    expect_run(args, 1, NULL, "bad.jsonl:2: bad JSON: trailing bytes");
+    expect_run(args, 1, NULL, "bad.jsonl:2: bad JSON: trailing characters");
     write_file(path, "{\"tokens_hashes\": [1]} x\n");
-    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON: trailing bytes");
+    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON: trailing characters");
+    /* one strict reader, as the service's: json-c clamped 2^64, took 01
+     * and passed invalid UTF-8 */
+    write_file(path, "{\"apply\": 1}\n{\"tokens_hashes\": [18446744073709551616]}\n");
+    expect_run(args, 1, NULL,
+               "bad.jsonl:2: bad JSON at tokens_hashes[0]: integer out of range");
+    write_file(path, "{\"tokens_hashes\": [01]}\n");
+    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at tokens_hashes[0]: a "
+                              "number has a leading zero");
+    write_file(path, "{\"token_ids\": [1], \"lora_name\": \"\xff\"}\n");
+    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at lora_name: invalid UTF-8");
+    write_file(path, "{\"apply\": 18446744073709551616}\n");
+    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at apply: integer out of range");
 
     /* a capture cut short: what was read is applied and reported */
     size_t len;
@@ -207,6 +219,12 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run("replay --help", 0, "usage: kvo-indexer", NULL);
     expect_run("--version", 0, "kvo-indexer " KVO_VERSION, NULL);
     expect_run("--no-such-option", 2, NULL, NULL);
+    /* the service's bounds refuse values that would unbound them */
+    expect_run("--max-publishers 0", 2, NULL, "--max-publishers");
+    expect_run("--max-publishers 1048577", 2, NULL, "--max-publishers");
+    expect_run("--publisher-idle-ms -1", 2, NULL, "--publisher-idle-ms");
+    expect_run("--max-body 0", 2, NULL, "--max-body");
+    expect_run("--max-body 1073741825", 2, NULL, "--max-body");
 }
 END_TEST
 

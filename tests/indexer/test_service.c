@@ -268,6 +268,241 @@ START_TEST(service_passes_nats_credentials_through) {
 }
 END_TEST
 
+/* Publish n envelopes (tt_envelope(pub0 + i, seq, worker0 + i, device,
+ * blocks)) with one flush at the end. */
+static void publish_many(env *e, uint64_t pub0, uint64_t seq, uint64_t worker0,
+                         uint32_t blocks, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        uint8_t *b = tt_envelope(pub0 + i, seq, worker0 + i, WIRE_TIER_DEVICE,
+                                 blocks, &len);
+        ck_assert_int_eq(natsConnection_Publish(e->nc, SUBJECT, b, (int)len),
+                         NATS_OK);
+        kvo_free(b);
+    }
+    ck_assert_int_eq(natsConnection_FlushTimeout(e->nc, 10000), NATS_OK);
+}
+
+/* GET path: status and body (NUL-terminated, in e->resp). */
+static long get(env *e, const char *path, const char **out) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", e->base, path);
+    ck_assert_int_eq(kvo_http_get(e->http, url, &e->resp), KVO_OK);
+    kvo_buf_cstr(&e->resp.body);
+    *out = (const char *)e->resp.body.data;
+    return e->resp.status;
+}
+
+/* The error text of a JSON error answer (borrowed from j). */
+static const char *error_of(json_object *j) {
+    return json_object_get_string(tt_json_at(j, "error"));
+}
+
+/* The /dump events, unpaged or in pages of limit, as one JSON array text
+ * (kvo_free'd by the caller); *pages gets the number of requests. */
+static char *dump_all(env *e, size_t limit, size_t *pages) {
+    kvo_buf all;
+    kvo_buf_init(&all);
+    kvo_buf_append(&all, "[", 1);
+    char path[128];
+    bool more = true, first = true;
+    uint64_t after = 0;
+    *pages = 0;
+    while (more) {
+        if (first) snprintf(path, sizeof(path), "/dump?limit=%zu", limit);
+        else snprintf(path, sizeof(path), "/dump?after=%llu&limit=%zu",
+                      (unsigned long long)after, limit);
+        json_object *j = get_json(e, path);
+        json_object *ev = tt_json_at(j, "events"), *next;
+        size_t n = json_object_array_length(ev);
+        ck_assert_uint_le(n, limit);
+        for (size_t i = 0; i < n; i++) {
+            const char *t = json_object_to_json_string_ext(
+                json_object_array_get_idx(ev, i), JSON_C_TO_STRING_PLAIN);
+            if (!(first && i == 0)) kvo_buf_append(&all, ",", 1);
+            kvo_buf_append(&all, t, strlen(t));
+        }
+        more = json_object_object_get_ex(j, "next", &next);
+        if (more) {
+            ck_assert_uint_eq(n, limit);
+            after = tt_json_u64(j, "next");
+            /* the cursor is the last event's position = its event_id */
+            ck_assert_uint_eq(
+                after, tt_json_u64(json_object_array_get_idx(ev, n - 1),
+                                   "event.event_id"));
+        }
+        first = false;
+        (*pages)++;
+        json_object_put(j);
+    }
+    kvo_buf_append(&all, "]", 1);
+    kvo_buf_cstr(&all);
+    return (char *)all.data;
+}
+
+/* 5,000 publishers into --max-publishers 100: the table stays at 100,
+ * every message applies and the 4,900 untracked are counted; /watermark
+ * and /dump answer in pages, and an unpaged /dump too large is refused
+ * with a reason instead of built whole. */
+START_TEST(service_bounds_publishers_and_pages_long_answers) {
+    env e;
+    const char *extra[] = {"--max-publishers", "100", NULL};
+    env_start(&e, NULL, extra);
+    publish_many(&e, 1000, 0, 0, 1, 5000);
+    wait_messages(&e, 5000);
+    ck_assert_uint_eq(counter(&e, "publishers"), 100);
+    ck_assert_uint_eq(counter(&e, "publishers_refused"), 4900);
+    ck_assert_uint_eq(counter(&e, "applied"), 5000);
+
+    /* the watermark: all 100 at once, or pages of 30 with a cursor */
+    json_object *w = get_json(&e, "/watermark");
+    ck_assert_uint_eq(json_object_array_length(tt_json_at(w, "publishers")), 100);
+    ck_assert(!json_object_object_get_ex(w, "next", NULL));
+    json_object_put(w);
+    uint64_t seen = 0;
+    char path[128] = "/watermark?limit=30";
+    for (int page = 0;; page++) {
+        w = get_json(&e, path);
+        json_object *a = tt_json_at(w, "publishers"), *next;
+        for (size_t i = 0; i < json_object_array_length(a); i++)
+            ck_assert_uint_eq(
+                tt_json_u64(json_object_array_get_idx(a, i), "publisher_id"),
+                1000 + seen++);
+        bool more = json_object_object_get_ex(w, "next", &next);
+        if (more)
+            snprintf(path, sizeof(path), "/watermark?after=%llu&limit=30",
+                     (unsigned long long)tt_json_u64(w, "next"));
+        json_object_put(w);
+        ck_assert_int_le(page, 3);
+        if (!more) break;
+    }
+    ck_assert_uint_eq(seen, 100);
+    const char *out;
+    static const char *const bad[] = {"/watermark?limit=0",
+                                      "/watermark?limit=1001",
+                                      "/watermark?after=x", "/dump?limit=10001",
+                                      "/dump?after=-1"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(get(&e, bad[i], &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j && error_of(j), "%s: %s", bad[i], out);
+        json_object_put(j);
+    }
+
+    /* the dump (5,000 events): whole, and in pages that add up to it */
+    ck_assert_int_eq(get(&e, "/dump", &out), 200);
+    char *whole = kvo_malloc(strlen(out) + 1);
+    strcpy(whole, out);
+    size_t pages;
+    char *paged = dump_all(&e, 2000, &pages);
+    ck_assert_uint_eq(pages, 3);
+    ck_assert_str_eq(paged, whole);
+    kvo_free(paged);
+    kvo_free(whole);
+
+    /* 10 chains of 1,000 blocks: 14,990 events, more than one answer */
+    publish_many(&e, 1000, 1, 0, 1000, 10);
+    wait_messages(&e, 5010);
+    ck_assert_int_eq(get(&e, "/dump", &out), 400);
+    json_object *j = json_tokener_parse(out);
+    ck_assert_msg(j && strstr(error_of(j), "page it"), "%s", out);
+    json_object_put(j);
+    paged = dump_all(&e, 10000, &pages);
+    ck_assert_uint_eq(pages, 2);
+    json_object *events = json_tokener_parse(paged);
+    ck_assert_uint_eq(json_object_array_length(events), 14990);
+    json_object_put(events);
+    kvo_free(paged);
+
+    ck_assert_int_eq(get(&e, "/metrics", &out), 200);
+    ck_assert_msg(strstr(out, "kvo_indexer_publishers 100\n") &&
+                      strstr(out, "kvo_indexer_publishers_refused_total 4900\n") &&
+                      strstr(out, "kvo_indexer_http_connections_total "),
+                  "%s", out);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* Publishers not heard from for --publisher-idle-ms are forgotten (their
+ * sequence state: the blocks stay), and one that comes back goes on
+ * without a false gap. */
+START_TEST(service_forgets_idle_publishers) {
+    env e;
+    const char *extra[] = {"--publisher-idle-ms", "50", NULL};
+    env_start(&e, NULL, extra);
+    publish_many(&e, 1, 0, 7, 2, 3);
+    wait_messages(&e, 3);
+    for (int i = 0; i < 2000 && counter(&e, "publishers_expired") < 3; i++)
+        usleep(5000);
+    ck_assert_uint_eq(counter(&e, "publishers_expired"), 3);
+    ck_assert_uint_eq(counter(&e, "publishers"), 0);
+    tt_json_eq(get_json(&e, "/watermark"), "{\"publishers\":[]}");
+    ck_assert_uint_eq(tt_blocks_http(&e), 2);
+    publish_many(&e, 1, 1, 7, 2, 1);
+    wait_messages(&e, 4);
+    ck_assert_uint_eq(counter(&e, "gaps"), 0);
+    ck_assert_uint_eq(counter(&e, "duplicates"), 0);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* Every body goes through one strict reader: numbers out of u64, leading
+ * zeros, trailing bytes and invalid UTF-8 are 400s in JSON naming where
+ * (json-c clamped, took or passed them); valid answers are unchanged; a
+ * body over --max-body is a 413. */
+START_TEST(service_reads_request_bodies_strictly) {
+    env e;
+    const char *extra[] = {"--max-body", "4096", NULL};
+    env_start(&e, NULL, extra);
+    publish_vector(&e, "stored_two_blocks", "10-12");
+    wait_messages(&e, 1);
+    static const struct {
+        const char *path, *body, *error;
+    } bad[] = {
+        {"/query_by_hash", "{\"tokens_hashes\": [18446744073709551616]}",
+         "bad JSON at tokens_hashes[0]: integer out of range"},
+        {"/query_by_hash", "{\"tokens_hashes\":[1,2,3,100000000000000000000]}",
+         "bad JSON at tokens_hashes[3]: integer out of range"},
+        {"/query_by_hash", "{\"tokens_hashes\":[01]}",
+         "bad JSON at tokens_hashes[0]: a number has a leading zero"},
+        {"/query_by_hash", "{\"tokens_hashes\":[1]}garbage",
+         "bad JSON: trailing characters after the JSON value"},
+        {"/query", "{\"token_ids\":[1],\"lora_name\":\"a\xc0\xaf\"}",
+         "bad JSON at lora_name: invalid UTF-8 in a string"},
+        {"/query_by_hash",
+         "{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[42,-1]]}}",
+         "wait.zmq_seq[0] must be [publisher_id, seq] (integers >= 0)"},
+    };
+    char *out;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(post(&e, bad[i].path, bad[i].body, &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j != NULL, "%s: not JSON: %s", bad[i].body, out);
+        ck_assert_str_eq(error_of(j), bad[i].error);
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(counter(&e, "bad_requests"), KVO_ARRAY_LEN(bad));
+    /* --max-body: a longer body is refused before it is read */
+    char big[5000];
+    memset(big, ' ', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    memcpy(big, "{\"tokens_hashes\":[]}", 20);
+    ck_assert_int_eq(post(&e, "/query_by_hash", big, &out), 413);
+    ck_assert_msg(strstr(out, "\"error\""), "%s", out);
+    /* kvo-check's compact shape and a spaced one answer alike */
+    static const char *const same[] = {
+        "{\"tokens_hashes\":[14643705804678351452,16777012769546811212,3]}",
+        " { \"tokens_hashes\" : [ 14643705804678351452 , 16777012769546811212 ,"
+        " 3 ] , \"other\" : {\"x\": [1.5, null]} }\n"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(same); i++) {
+        ck_assert_int_eq(post(&e, "/query_by_hash", same[i], &out), 200);
+        ck_assert_str_eq(out, "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
+                              "\"dp_rank\":0,\"blocks\":2}]}");
+    }
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 /* GET /metrics's text, every line of it (the memory gauge only by its
  * name: it follows the tree's growth policy): the names, HELP and TYPE
  * lines, labels and values kvo-check and Prometheus read. */
@@ -281,6 +516,8 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
                      KVO_OK);
     idx_service_stats st = {.slow_consumer_drops = 3, .inbox_drops = 2,
                             .nats_disconnects = 1, .bad_requests = 4,
+                            .http = {.conns = 5, .head_timeouts = 6,
+                                     .body_timeouts = 7, .busy_refused = 8},
                             .lat_count = {1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1},
                             .lat_sum = 0.000123456};
     static const char *const want[] = {
@@ -337,6 +574,9 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_missed_total Messages missed in gaps.",
         "# TYPE kvo_indexer_missed_total counter",
         "kvo_indexer_missed_total 1",
+        "# HELP kvo_indexer_rewinds_total Sequence jumps undone by the next message (bogus sequences).",
+        "# TYPE kvo_indexer_rewinds_total counter",
+        "kvo_indexer_rewinds_total 0",
         "# HELP kvo_indexer_undecodable_total Undecodable messages.",
         "# TYPE kvo_indexer_undecodable_total counter",
         "kvo_indexer_undecodable_total 1",
@@ -349,6 +589,15 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation failure.",
         "# TYPE kvo_indexer_enomem_total counter",
         "kvo_indexer_enomem_total 0",
+        "# HELP kvo_indexer_publishers Publishers whose sequences are tracked.",
+        "# TYPE kvo_indexer_publishers gauge",
+        "kvo_indexer_publishers 1",
+        "# HELP kvo_indexer_publishers_refused_total Messages applied untracked: the publisher table was full.",
+        "# TYPE kvo_indexer_publishers_refused_total counter",
+        "kvo_indexer_publishers_refused_total 0",
+        "# HELP kvo_indexer_publishers_expired_total Publishers forgotten after being idle.",
+        "# TYPE kvo_indexer_publishers_expired_total counter",
+        "kvo_indexer_publishers_expired_total 0",
         "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
         "# TYPE kvo_indexer_slow_consumer_drops_total counter",
         "kvo_indexer_slow_consumer_drops_total 3",
@@ -361,6 +610,18 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_bad_requests_total HTTP requests answered 4xx.",
         "# TYPE kvo_indexer_bad_requests_total counter",
         "kvo_indexer_bad_requests_total 4",
+        "# HELP kvo_indexer_http_connections_total TCP connections accepted.",
+        "# TYPE kvo_indexer_http_connections_total counter",
+        "kvo_indexer_http_connections_total 5",
+        "# HELP kvo_indexer_http_head_timeouts_total Connections closed: no complete request head in time.",
+        "# TYPE kvo_indexer_http_head_timeouts_total counter",
+        "kvo_indexer_http_head_timeouts_total 6",
+        "# HELP kvo_indexer_http_body_timeouts_total Connections closed: no complete request body in time.",
+        "# TYPE kvo_indexer_http_body_timeouts_total counter",
+        "kvo_indexer_http_body_timeouts_total 7",
+        "# HELP kvo_indexer_http_busy_refused_total Requests answered 503: request bodies in flight over the cap.",
+        "# TYPE kvo_indexer_http_busy_refused_total counter",
+        "kvo_indexer_http_busy_refused_total 8",
         "# HELP kvo_indexer_query_seconds Query latency (parse excluded, hashing included).",
         "# TYPE kvo_indexer_query_seconds histogram",
         "kvo_indexer_query_seconds_bucket{le=\"1e-06\"} 1",
@@ -411,6 +672,9 @@ Suite *suite_service(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, service_indexes_the_event_plane_and_answers_http);
     tcase_add_test(tc, service_passes_nats_credentials_through);
+    tcase_add_test(tc, service_bounds_publishers_and_pages_long_answers);
+    tcase_add_test(tc, service_forgets_idle_publishers);
+    tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("metrics");
     tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
