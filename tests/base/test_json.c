@@ -3,7 +3,6 @@
 #include "kt.h"
 #include "kvo_json.h"
 
-#include <dirent.h>
 #include <string.h>
 
 #define KVO_FUZZ_REPLAY
@@ -231,32 +230,9 @@ START_TEST(a_document_is_reusable_and_failed_parses_leave_no_root) {
 }
 END_TEST
 
-static size_t replay_dir(const char *sub) {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "tests/fuzz/%s", sub);
-    char *path = kt_src_path(rel);
-    DIR *d = opendir(path);
-    ck_assert_msg(d != NULL, "cannot open %s", path);
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        char file[1024];
-        snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
-        size_t size;
-        uint8_t *data = kt_read_file(file, &size);
-        kvo_fuzz_json(data, size); /* aborts on a broken check */
-        kvo_free(data);
-        n++;
-    }
-    closedir(d);
-    kvo_free(path);
-    return n;
-}
-
 START_TEST(fuzz_corpus_and_crashes_replay_cleanly) {
-    ck_assert_uint_ge(replay_dir("corpus/json"), 20);
-    replay_dir("crashes/json");
+    ck_assert_uint_ge(kt_fuzz_replay("corpus/json", kvo_fuzz_json), 20);
+    kt_fuzz_replay("crashes/json", kvo_fuzz_json);
 }
 END_TEST
 

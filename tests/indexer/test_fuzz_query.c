@@ -4,44 +4,15 @@
  * able to fail. */
 #include "idx_test.h"
 
-#include <dirent.h>
 #include <string.h>
 
 #define KVO_FUZZ_REPLAY
 #include "../fuzz/fuzz_query.c"
 
-/* Runs kvo_fuzz_query over every regular file in tests/fuzz/<sub>;
- * returns the count. */
-static size_t replay_dir(const char *sub) {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "tests/fuzz/%s", sub);
-    char *path = kt_src_path(rel);
-    DIR *d = opendir(path);
-    ck_assert_msg(d != NULL, "cannot open %s", path);
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue; /* ., .., .gitkeep */
-        size_t len = strlen(path) + strlen(e->d_name) + 2;
-        char *file = kvo_malloc(len);
-        ck_assert_ptr_nonnull(file);
-        snprintf(file, len, "%s/%s", path, e->d_name);
-        size_t size;
-        uint8_t *data = kt_read_file(file, &size);
-        kvo_fuzz_query(data, size); /* aborts on a broken check */
-        kvo_free(data);
-        kvo_free(file);
-        n++;
-    }
-    closedir(d);
-    kvo_free(path);
-    return n;
-}
-
 START_TEST(query_corpus_and_crashes_replay_cleanly) {
-    size_t n = replay_dir("corpus/query");
+    size_t n = kt_fuzz_replay("corpus/query", kvo_fuzz_query);
     ck_assert_uint_ge(n, 7); /* at least the seeds */
-    replay_dir("crashes/query");
+    kt_fuzz_replay("crashes/query", kvo_fuzz_query);
 }
 END_TEST
 

@@ -2,6 +2,7 @@
  * built executables. */
 #include "kt.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
@@ -417,6 +418,29 @@ int kt_proc_stop(kt_proc *p) {
     kt_guard_release(&p->guard);
     kvo_proc_stop(&p->proc, 10000);
     return p->proc.exit_status;
+}
+
+size_t kt_fuzz_replay(const char *sub, int (*fn)(const uint8_t *, size_t)) {
+    char rel[256];
+    snprintf(rel, sizeof(rel), "tests/fuzz/%s", sub);
+    char *path = kt_src_path(rel);
+    DIR *d = opendir(path);
+    ck_assert_msg(d != NULL, "cannot open %s", path);
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue; /* ., .., .gitkeep */
+        char *file = join(path, e->d_name);
+        size_t size;
+        uint8_t *data = kt_read_file(file, &size);
+        fn(data, size);
+        kvo_free(data);
+        kvo_free(file);
+        n++;
+    }
+    closedir(d);
+    kvo_free(path);
+    return n;
 }
 
 /* ---- Running suites ------------------------------------------------------

@@ -86,6 +86,11 @@ void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms);
  * is set. */
 int kt_proc_stop(kt_proc *p);
 
+/* Runs fn (a fuzz target's check, which aborts on a broken invariant) over
+ * every regular file in tests/fuzz/<sub> ("corpus/json", "crashes/json");
+ * returns how many. */
+size_t kt_fuzz_replay(const char *sub, int (*fn)(const uint8_t *, size_t));
+
 /* ---- Running suites --------------------------------------------------------
  * Every test binary's main: kt_main(argc, argv, suites, n). With no argument
  * it runs every suite; with one (ctest passes it: one ctest per suite) only

@@ -4,7 +4,6 @@
 #include "kt.h"
 #include "wire.h"
 
-#include <dirent.h>
 #include <string.h>
 
 #define KVO_FUZZ_REPLAY
@@ -14,44 +13,17 @@
 
 Suite *suite_fuzz_replay(void);
 
-/* Runs fn over every regular file in tests/fuzz/<sub>; returns the count. */
-static size_t replay_dir(const char *sub, int (*fn)(const uint8_t *, size_t)) {
-    char rel[256];
-    snprintf(rel, sizeof(rel), "tests/fuzz/%s", sub);
-    char *path = kt_src_path(rel);
-    DIR *d = opendir(path);
-    ck_assert_msg(d != NULL, "cannot open %s", path);
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue; /* ., .., .gitkeep */
-        size_t len = strlen(path) + strlen(e->d_name) + 2;
-        char *file = kvo_malloc(len);
-        ck_assert_ptr_nonnull(file);
-        snprintf(file, len, "%s/%s", path, e->d_name);
-        size_t size;
-        uint8_t *data = kt_read_file(file, &size);
-        fn(data, size); /* aborts on a broken check */
-        kvo_free(data);
-        kvo_free(file);
-        n++;
-    }
-    closedir(d);
-    kvo_free(path);
-    return n;
-}
-
 START_TEST(batch_corpus_and_crashes_replay_cleanly) {
-    size_t n = replay_dir("corpus/batch", kvo_fuzz_batch);
+    size_t n = kt_fuzz_replay("corpus/batch", kvo_fuzz_batch);
     ck_assert_uint_ge(n, 31); /* at least the wire vectors */
-    replay_dir("crashes/batch", kvo_fuzz_batch);
+    kt_fuzz_replay("crashes/batch", kvo_fuzz_batch);
 }
 END_TEST
 
 START_TEST(plane_corpus_and_crashes_replay_cleanly) {
-    size_t n = replay_dir("corpus/plane", kvo_fuzz_plane);
+    size_t n = kt_fuzz_replay("corpus/plane", kvo_fuzz_plane);
     ck_assert_uint_ge(n, 5); /* at least the event-plane vectors */
-    replay_dir("crashes/plane", kvo_fuzz_plane);
+    kt_fuzz_replay("crashes/plane", kvo_fuzz_plane);
 }
 END_TEST
 
