@@ -128,10 +128,10 @@ static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
 /* The child of p under tokens_hash th, or NIL. */
 static inline uint32_t child_find(const idx_tree *t, uint32_t p,
                                   uint64_t th) {
-    uint32_t e = t->nd[p].child;
+    uint32_t e = ND(t, p).child;
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
-        const node *c = &t->nd[e];
+        const node *c = &ND(t, e);
         if (c->next == NIL) return c->tokens_hash == th ? e : NIL;
     } else {
         const ealias *a = &t->ea[e & ~TAG];
@@ -163,17 +163,10 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
     if (more > MAX_INDEX - t->nd_len) return KVO_ETOOBIG;
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
-    uint32_t cap = t->nd_cap;
-    kvo_status s = grow((void **)&t->nd, &cap, need, sizeof(node));
-    if (s != KVO_OK) return s;
-    uint32_t rcap = t->nd_cap;
-    uint8_t *r = t->refs;
-    if (rcap < cap) {
-        r = kvo_realloc(t->refs, cap);
-        if (!r) return KVO_ENOMEM; /* nd keeps its larger block: harmless */
-    }
-    t->refs = r;
-    t->nd_cap = cap;
+    kvo_status s = idx_segv_reserve(&t->nd, need, sizeof(node));
+    if (s == KVO_OK) s = idx_segv_reserve(&t->refs, need, 1);
+    if (s != KVO_OK) return s; /* nd may keep a new segment: harmless */
+    t->nd_cap = t->nd.cap < t->refs.cap ? t->nd.cap : t->refs.cap;
     return KVO_OK;
 }
 
@@ -181,12 +174,12 @@ static uint32_t node_new(idx_tree *t, uint64_t bh, uint64_t th) {
     uint32_t n;
     if (t->nd_free != NIL) {
         n = t->nd_free;
-        t->nd_free = t->nd[n].next;
+        t->nd_free = ND(t, n).next;
     } else {
         n = t->nd_len++;
     }
-    t->nd[n] = (node){th, bh, NIL, NIL, NIL, NIL};
-    t->refs[n] = 0;
+    ND(t, n) = (node){th, bh, NIL, NIL, NIL, NIL};
+    REFS(t, n) = 0;
     t->nd_live++;
     return n;
 }
@@ -233,8 +226,8 @@ static void la_release(idx_tree *t, uint32_t a) {
 /* ---- Reference counts --------------------------------------------------- */
 
 static void ref_inc(idx_tree *t, uint32_t n) {
-    if (t->refs[n] < REFS_SPILL) {
-        t->refs[n]++;
+    if (REFS(t, n) < REFS_SPILL) {
+        REFS(t, n)++;
         return;
     }
     uint32_t i = ov_find(t, n);
@@ -248,7 +241,7 @@ static void ref_inc(idx_tree *t, uint32_t n) {
 }
 
 static void ref_dec(idx_tree *t, uint32_t n) {
-    if (t->refs[n] == REFS_SPILL) {
+    if (REFS(t, n) == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) {
             if (--t->ov[i].extra == 0) {
@@ -259,7 +252,7 @@ static void ref_dec(idx_tree *t, uint32_t n) {
             return;
         }
     }
-    t->refs[n]--;
+    REFS(t, n)--;
 }
 
 /* ---- Worker sets -------------------------------------------------------- */
@@ -314,16 +307,16 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
 /* Turn the inline lookup entry (w, n.block_hash) -> n, if there is one,
  * into an alias record: n's worker set is about to stop being {w}. */
 static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
-    uint64_t bh = t->nd[n].block_hash;
+    uint64_t bh = ND(t, n).block_hash;
     uint32_t pos = look_find(t, w, bh);
     if (pos == NIL || tab_ref(&t->look, pos) != n) return;
     tab_ref_set(&t->look, pos, TAG | la_new(t, bh, w, n));
 }
 
 static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = t->nd[n].wset;
+    uint32_t ws = ND(t, n).wset;
     if (ws == NIL) {
-        t->nd[n].wset = w;
+        ND(t, n).wset = w;
         t->held++;
         return;
     }
@@ -335,7 +328,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
         s[0] |= 2;
         s[1] = ws < w ? ws : w;
         s[2] = ws < w ? w : ws;
-        t->nd[n].wset = TAG | off;
+        ND(t, n).wset = TAG | off;
         return;
     }
     uint32_t off = ws & ~TAG;
@@ -356,17 +349,17 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     memcpy(&d[2 + i], &s[1 + i], (cnt - i) * sizeof(uint32_t));
     d[0] = (cls + 1) << SET_CLASS_SHIFT | (cnt + 1);
     set_release(t, off);
-    t->nd[n].wset = TAG | noff;
+    ND(t, n).wset = TAG | noff;
 }
 
 /* Remove w from n's set (no-op when absent). The caller has already
  * outlined any inline lookup entry that depends on the set being {w}. */
 static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = t->nd[n].wset;
+    uint32_t ws = ND(t, n).wset;
     if (ws == NIL) return;
     if (!(ws & TAG)) {
         if (ws == w) {
-            t->nd[n].wset = NIL;
+            ND(t, n).wset = NIL;
             t->held--;
         }
         return;
@@ -378,7 +371,7 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
     memmove(&s[1 + i], &s[2 + i], (cnt - i - 1) * sizeof(uint32_t));
     cnt--;
     if (cnt == 1) {
-        t->nd[n].wset = s[1];
+        ND(t, n).wset = s[1];
         set_release(t, off);
     } else {
         s[0] = set_class(s) << SET_CLASS_SHIFT | cnt;
@@ -392,13 +385,13 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
 /* Add the edge (p, th) -> c (absent so far). It becomes c's primary edge when
  * c has none; otherwise an alias edge that holds a reference on c. */
 static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
-    uint32_t first = t->nd[p].child;
+    uint32_t first = ND(t, p).child;
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
-    if (t->nd[c].parent == NIL && c != p) {
-        t->nd[c].parent = p;
-        t->nd[c].tokens_hash = th;
-        t->nd[c].next = first;
+    if (ND(t, c).parent == NIL && c != p) {
+        ND(t, c).parent = p;
+        ND(t, c).tokens_hash = th;
+        ND(t, c).next = first;
         e = c;
     } else {
         uint32_t a = ea_new(t);
@@ -406,7 +399,7 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
         ref_inc(t, c);
         e = TAG | a;
     }
-    t->nd[p].child = e;
+    ND(t, p).child = e;
     if (was_single)
         idx_tab_put(&t->edges, tab_hash_tag(mix(edge_key(t, first), p)), first);
     if (first != NIL) idx_tab_put(&t->edges, tab_hash_tag(mix(th, p)), e);
@@ -414,18 +407,18 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
 
 /* Queue n for release when nothing refers to it any more. */
 static void maybe_free(idx_tree *t, uint32_t n) {
-    if (n == ROOT || t->nd[n].parent != NIL || t->refs[n] != 0) return;
-    t->nd[n].parent = DEAD;
-    t->nd[n].next = t->dying;
+    if (n == ROOT || ND(t, n).parent != NIL || REFS(t, n) != 0) return;
+    ND(t, n).parent = DEAD;
+    ND(t, n).next = t->dying;
     t->dying = n;
 }
 
 /* Drop every edge from p to its children (Dynamo: children.clear()). */
 static void detach(idx_tree *t, uint32_t p) {
-    uint32_t e = t->nd[p].child;
+    uint32_t e = ND(t, p).child;
     if (e == NIL) return;
     bool hashed = edge_next(t, e) != NIL;
-    t->nd[p].child = NIL;
+    ND(t, p).child = NIL;
     while (e != NIL) {
         uint32_t nx = edge_next(t, e);
         if (hashed) {
@@ -439,8 +432,8 @@ static void detach(idx_tree *t, uint32_t p) {
             ref_dec(t, c);
         } else {
             c = e;
-            t->nd[c].parent = NIL;
-            t->nd[c].next = NIL;
+            ND(t, c).parent = NIL;
+            ND(t, c).next = NIL;
         }
         maybe_free(t, c);
         e = nx;
@@ -451,13 +444,13 @@ static void detach(idx_tree *t, uint32_t p) {
 static void drain(idx_tree *t) {
     while (t->dying != NIL) {
         uint32_t n = t->dying;
-        t->dying = t->nd[n].next;
+        t->dying = ND(t, n).next;
         detach(t, n);
-        if (t->nd[n].wset != NIL) t->held--;
-        if (t->nd[n].wset != NIL && (t->nd[n].wset & TAG))
-            set_release(t, t->nd[n].wset & ~TAG);
-        t->nd[n].wset = NIL;
-        t->nd[n].next = t->nd_free;
+        if (ND(t, n).wset != NIL) t->held--;
+        if (ND(t, n).wset != NIL && (ND(t, n).wset & TAG))
+            set_release(t, ND(t, n).wset & ~TAG);
+        ND(t, n).wset = NIL;
+        ND(t, n).next = t->nd_free;
         t->nd_free = n;
         t->nd_live--;
     }
@@ -474,7 +467,7 @@ static void drain(idx_tree *t) {
 static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
                          uint32_t n, uint32_t pos) {
     if (pos == FIND) pos = look_find_h(t, w, bh, h);
-    bool inl = t->nd[n].wset == w && t->nd[n].block_hash == bh;
+    bool inl = ND(t, n).wset == w && ND(t, n).block_hash == bh;
     if (pos != NIL) {
         uint32_t v = tab_ref(&t->look, pos), old = look_node(t, v);
         if (old == n) return NIL;
@@ -573,8 +566,8 @@ kvo_status idx_tree_new(idx_tree **out) {
         idx_tree_free(t);
         return KVO_ENOMEM;
     }
-    t->nd[ROOT] = (node){0, 0, NIL, NIL, NIL, NIL};
-    t->refs[ROOT] = 0;
+    ND(t, ROOT) = (node){0, 0, NIL, NIL, NIL, NIL};
+    REFS(t, ROOT) = 0;
     t->nd_len = 1;
     *out = t;
     return KVO_OK;
@@ -582,8 +575,8 @@ kvo_status idx_tree_new(idx_tree **out) {
 
 void idx_tree_free(idx_tree *t) {
     if (!t) return;
-    kvo_free(t->nd);
-    kvo_free(t->refs);
+    idx_segv_fini(&t->nd, sizeof(node));
+    idx_segv_fini(&t->refs, 1);
     kvo_free(t->ea);
     kvo_free(t->la);
     kvo_free(t->sp);
@@ -651,7 +644,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                 *st = IDX_EV_INVALID_BLOCK;
                 return KVO_OK;
             }
-            if (t->nd[c].block_hash != bh) t->c.hash_mismatch++;
+            if (ND(t, c).block_hash != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
             c = pos != NIL ? look_node(t, tab_ref(&t->look, pos))
@@ -677,9 +670,9 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
 /* After w lost its lookup entry (value v) for node n: w leaves n's set, and
  * an emptied n detaches its children. */
 static void leave_node(idx_tree *t, uint32_t w, uint32_t v, uint32_t n) {
-    if ((v & TAG) && t->nd[n].wset == w) look_outline(t, n, w);
+    if ((v & TAG) && ND(t, n).wset == w) look_outline(t, n, w);
     wset_del(t, n, w);
-    if (t->nd[n].wset == NIL) detach(t, n);
+    if (ND(t, n).wset == NIL) detach(t, n);
 }
 
 static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -730,10 +723,10 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
         if (t->la[a].slot == w)
             list[k++] = (centry){t->la[a].block_hash, t->la[a].node, TAG};
     for (uint32_t x = 1; x < t->nd_len && k < n; x++) {
-        if (t->nd[x].parent == DEAD || t->nd[x].wset != w) continue;
-        uint32_t pos = look_find(t, w, t->nd[x].block_hash);
+        if (ND(t, x).parent == DEAD || ND(t, x).wset != w) continue;
+        uint32_t pos = look_find(t, w, ND(t, x).block_hash);
         if (pos != NIL && tab_ref(&t->look, pos) == x)
-            list[k++] = (centry){t->nd[x].block_hash, x, x};
+            list[k++] = (centry){ND(t, x).block_hash, x, x};
     }
     for (uint64_t i = 0; i < k; i++) {
         uint32_t pos = look_find(t, w, list[i].block_hash);
@@ -742,7 +735,7 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     for (uint64_t i = 0; i < k; i++) {
         uint32_t x = list[i].node;
         wset_del(t, x, w);
-        if (t->nd[x].wset == NIL) detach(t, x);
+        if (ND(t, x).wset == NIL) detach(t, x);
     }
     for (uint64_t i = 0; i < k; i++) maybe_free(t, list[i].node);
     drain(t);
@@ -832,11 +825,11 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
     }
     if (n == 0) return KVO_OK;
     uint32_t c = child_find(t, ROOT, h[0]);
-    if (c == NIL || t->nd[c].wset == NIL) return KVO_OK;
+    if (c == NIL || ND(t, c).wset == NIL) return KVO_OK;
 
     /* act: the workers present at every node so far, sorted */
     uint32_t *act = t->act, na;
-    uint32_t curws = t->nd[c].wset;
+    uint32_t curws = ND(t, c).wset;
     if (!(curws & TAG)) {
         act[0] = curws;
         na = 1;
@@ -850,7 +843,7 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
     for (size_t i = 1; i < n; i++) {
         uint32_t nx = child_find(t, cur, h[i]);
         if (nx == NIL) break;
-        uint32_t ws = t->nd[nx].wset;
+        uint32_t ws = ND(t, nx).wset;
         if (ws != curws) {
             if (ws == NIL) break;
             if (!(ws & TAG)) {
@@ -918,7 +911,7 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes = sizeof(*t) + (uint64_t)t->nd_cap * (sizeof(node) + 1) +
+    out->bytes = sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
                  (uint64_t)t->ea_cap * sizeof(ealias) +
                  (uint64_t)t->la_cap * sizeof(lalias) +
                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
@@ -973,13 +966,13 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
     uint64_t id = 0;
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             ev.has_parent = p != ROOT;
-            ev.parent_hash = p != ROOT ? t->nd[p].block_hash : 0;
-            blk.block_hash = t->nd[c].block_hash;
+            ev.parent_hash = p != ROOT ? ND(t, p).block_hash : 0;
+            blk.block_hash = ND(t, c).block_hash;
             blk.tokens_hash = edge_key(t, e);
-            uint32_t ws = t->nd[c].wset;
+            uint32_t ws = ND(t, c).wset;
             uint32_t one = ws, cnt = ws == NIL ? 0 : 1;
             const uint32_t *items = &one;
             if (ws != NIL && (ws & TAG)) {

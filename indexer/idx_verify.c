@@ -15,11 +15,11 @@
     } while (0)
 
 static bool live(const idx_tree *t, uint32_t n) {
-    return n < t->nd_len && t->nd[n].parent != DEAD;
+    return n < t->nd_len && ND(t, n).parent != DEAD;
 }
 
 static uint64_t refs_of(const idx_tree *t, uint32_t n) {
-    uint64_t r = t->refs[n];
+    uint64_t r = REFS(t, n);
     if (r == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) r += t->ov[i].extra;
@@ -51,17 +51,17 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         goto done;
     }
     if (t->dying != NIL) FAIL("dying stack not empty");
-    if (t->nd[ROOT].parent != NIL || t->nd[ROOT].wset != NIL)
+    if (ND(t, ROOT).parent != NIL || ND(t, ROOT).wset != NIL)
         FAIL("root has a parent or workers");
 
     /* I8: free nodes */
     uint32_t nfree = 0;
-    for (uint32_t n = t->nd_free; n != NIL; n = t->nd[n].next) {
-        if (n >= N || t->nd[n].parent != DEAD) FAIL("free list holds node %u", n);
+    for (uint32_t n = t->nd_free; n != NIL; n = ND(t, n).next) {
+        if (n >= N || ND(t, n).parent != DEAD) FAIL("free list holds node %u", n);
         if (++nfree > N) FAIL("free list loops");
     }
     uint32_t nlive = 0;
-    for (uint32_t n = 1; n < N; n++) nlive += t->nd[n].parent != DEAD;
+    for (uint32_t n = 1; n < N; n++) nlive += ND(t, n).parent != DEAD;
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);
@@ -82,7 +82,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     uint64_t held = 0;
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        uint32_t ws = t->nd[n].wset;
+        uint32_t ws = ND(t, n).wset;
         if (ws == NIL) continue;
         held++;
         if (!(ws & TAG)) {
@@ -112,7 +112,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     for (uint32_t p = 0; p < N; p++) {
         if (!live(t, p)) continue;
         uint32_t len = 0;
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             if (++len > N + t->ea_len) FAIL("node %u: child list loops", p);
             uint32_t c;
             if (e & TAG) {
@@ -124,13 +124,13 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
                 want[c]++;
             } else {
                 c = e;
-                if (!live(t, c) || t->nd[c].parent != p)
+                if (!live(t, c) || ND(t, c).parent != p)
                     FAIL("node %u: child %u has parent %u", p, c,
-                         c < N ? t->nd[c].parent : 0);
+                         c < N ? ND(t, c).parent : 0);
                 prim[c]++;
             }
         }
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t pos = edge_find(t, p, edge_key(t, e));
             if (len >= 2 && (pos == NIL || tab_ref(&t->edges, pos) != e))
                 FAIL("node %u: edge %016llx not hashed (or key repeated)", p,
@@ -144,7 +144,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         FAIL("edge table holds %u, lists %u", t->edges.len, in_table);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        if (t->nd[n].parent != NIL && prim[n] != 1)
+        if (ND(t, n).parent != NIL && prim[n] != 1)
             FAIL("node %u listed %u times under its parent", n, prim[n]);
     }
     uint32_t ealive = 0;
@@ -172,8 +172,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         } else {
             n = v;
             if (!live(t, n)) FAIL("look[%u]: dead node %u", i, n);
-            w = t->nd[n].wset;
-            bh = t->nd[n].block_hash;
+            w = ND(t, n).wset;
+            bh = ND(t, n).block_hash;
             if (w == NIL || (w & TAG)) FAIL("look[%u]: inline entry, node %u has set %08x", i, n, w);
         }
         if (!live(t, n)) FAIL("look[%u]: names dead node %u", i, n);
@@ -199,14 +199,14 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     /* I4, I5 */
     for (uint32_t i = 0; i < t->ov_len; i++)
         if ((i && t->ov[i - 1].node >= t->ov[i].node) || !t->ov[i].extra ||
-            t->ov[i].node >= N || t->refs[t->ov[i].node] != REFS_SPILL)
+            t->ov[i].node >= N || REFS(t, t->ov[i].node) != REFS_SPILL)
             FAIL("overflow entry %u", i);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
         if (refs_of(t, n) != want[n])
             FAIL("node %u: refs %llu, counted %llu", n,
                  (unsigned long long)refs_of(t, n), (unsigned long long)want[n]);
-        if (t->nd[n].parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
+        if (ND(t, n).parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
     }
 
     /* Reachability: from the root and from every lookup entry. */
@@ -223,7 +223,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     }
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             if (!seen[c]) {
                 seen[c] = 1;

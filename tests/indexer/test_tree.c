@@ -517,6 +517,43 @@ START_TEST(large_streams_keep_every_invariant) {
 }
 END_TEST
 
+/* Past HUGE_BYTES (2 MiB) the node segments and the tables are mapped memory
+ * (idx_mem_alloc), not kvo_malloc'd: a tree of 2,400 prompts x 128 blocks
+ * (307,200 nodes: node segments of 2 and 4 MiB, a lookup table over 2 MiB)
+ * answers every prompt in full, keeps every invariant, and empties down
+ * to the root's emptied children. */
+START_TEST(large_trees_live_in_mapped_segments) {
+    idx_tree *t = tt_tree_new();
+    enum { PROMPTS = 2400, LEN = 128 };
+    uint64_t rs = 7, tok[LEN], bh[LEN];
+    for (int p = 0; p < PROMPTS; p++) {
+        for (int d = 0; d < LEN; d++) {
+            tok[d] = splitmix(&rs);
+            bh[d] = splitmix(&rs);
+        }
+        ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, tok, bh, LEN), IDX_EV_OK);
+    }
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    ck_assert_uint_eq(st.nodes, (uint64_t)PROMPTS * LEN);
+    ck_assert_uint_gt(st.bytes, (uint64_t)6 << 20); /* 3 x HUGE_BYTES */
+    tt_check(t, true);
+    rs = 7;
+    for (int p = 0; p < PROMPTS; p++) {
+        for (int d = 0; d < LEN; d++) {
+            tok[d] = splitmix(&rs);
+            bh[LEN - 1 - d] = splitmix(&rs);
+        }
+        ck_assert_uint_eq(tt_score(t, tok, LEN, 1, 0), LEN);
+        ck_assert_int_eq(tt_remove(t, 1, 0, bh, LEN), IDX_EV_OK);
+    }
+    ck_assert_uint_eq(tt_pairs(t), 0);
+    /* Dynamo: an emptied child of the root stays under it, with no worker */
+    ck_assert_uint_eq(tt_nodes(t), PROMPTS);
+    tt_tree_done(t);
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -589,6 +626,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, reference_counts_beyond_255);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
+    tcase_add_test(tl, large_trees_live_in_mapped_segments);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
