@@ -346,6 +346,7 @@ typedef struct wslot {
     uint32_t dp_rank;
     uint32_t present; /* known to the tree (Dynamo: has a lookup map) */
     uint64_t blocks;  /* lookup entries */
+    tab look;         /* this worker's lookup: block_hash -> lookup ref */
 } wslot;
 
 typedef struct ovf {
@@ -371,7 +372,7 @@ struct idx_tree {
     ovf *ov;
     uint32_t ov_len, ov_cap;
 
-    tab edges, look;
+    tab edges;
 
     wslot *ws;
     uint32_t ws_len, ws_cap;
@@ -454,7 +455,7 @@ static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
 static inline uint32_t look_find_h(const idx_tree *t, uint32_t w, uint64_t bh,
                                    uint64_t h) {
-    return tab_find_h(&t->look, h, look_eq, t, bh, w);
+    return tab_find_h(&t->ws[w].look, h, look_eq, t, bh, w);
 }
 
 static inline uint32_t look_find(const idx_tree *t, uint32_t w, uint64_t bh) {

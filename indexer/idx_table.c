@@ -250,7 +250,11 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
     uint64_t need = (uint64_t)r->len + more;
     if (need * LOAD_DEN <= (uint64_t)r->nb * BW * LOAD_NUM) return KVO_OK;
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;
-    while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = nb * 3 / 2 + 1;
+    /* x4 while a table is below HUGE_BYTES: each growth writes a fresh
+     * table, and small ones are first-touched 4 KiB pages (~15 us a fault
+     * here): 1.33x the final size touched instead of 3x. x1.5 beyond. */
+    while (need * LOAD_DEN > nb * BW * LOAD_NUM)
+        nb = nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 3 / 2 + 1;
     if (nb * BW > TAB_MAX_SLOTS) return KVO_ETOOBIG;
     return tab_grow(r, (uint32_t)nb, more);
 }

@@ -121,7 +121,7 @@
 static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
                                      uint64_t bh) {
     uint64_t h = mix(bh, w);
-    tab_prefetch(&t->look, h);
+    tab_prefetch(&t->ws[w].look, h);
     return h;
 }
 
@@ -309,8 +309,8 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
 static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
     uint64_t bh = ND(t, n).block_hash;
     uint32_t pos = look_find(t, w, bh);
-    if (pos == NIL || tab_ref(&t->look, pos) != n) return;
-    tab_ref_set(&t->look, pos, TAG | la_new(t, bh, w, n));
+    if (pos == NIL || tab_ref(&t->ws[w].look, pos) != n) return;
+    tab_ref_set(&t->ws[w].look, pos, TAG | la_new(t, bh, w, n));
 }
 
 static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
@@ -469,24 +469,24 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
     if (pos == FIND) pos = look_find_h(t, w, bh, h);
     bool inl = ND(t, n).wset == w && ND(t, n).block_hash == bh;
     if (pos != NIL) {
-        uint32_t v = tab_ref(&t->look, pos), old = look_node(t, v);
+        uint32_t v = tab_ref(&t->ws[w].look, pos), old = look_node(t, v);
         if (old == n) return NIL;
         if (v & TAG) {
             if (inl) {
                 la_release(t, v & ~TAG);
-                tab_ref_set(&t->look, pos, n);
+                tab_ref_set(&t->ws[w].look, pos, n);
             } else {
                 t->la[v & ~TAG].node = n;
             }
         } else {
-            tab_ref_set(&t->look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
+            tab_ref_set(&t->ws[w].look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
         }
         ref_inc(t, n);
         ref_dec(t, old);
         return old;
     }
     uint32_t v = inl ? n : (TAG | la_new(t, bh, w, n));
-    idx_tab_put(&t->look, tab_hash_tag(h), v);
+    idx_tab_put(&t->ws[w].look, tab_hash_tag(h), v);
     ref_inc(t, n);
     t->ws[w].blocks++;
     t->pairs++;
@@ -495,8 +495,8 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
 
 /* Erase the lookup entry at pos; returns the node it named. */
 static uint32_t look_erase(idx_tree *t, uint32_t w, uint32_t pos) {
-    uint32_t v = tab_ref(&t->look, pos), n = look_node(t, v);
-    idx_tab_del(&t->look, pos);
+    uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
+    idx_tab_del(&t->ws[w].look, pos);
     if (v & TAG) la_release(t, v & ~TAG);
     ref_dec(t, n);
     t->ws[w].blocks--;
@@ -547,7 +547,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
     }
     s = t->ws_len++;
     t->sp_step = class_words(class_for(t->ws_len + 1));
-    t->ws[s] = (wslot){wid, rank, 1, 0};
+    t->ws[s] = (wslot){.worker_id = wid, .dp_rank = rank, .present = 1};
     wmap_insert(t, s);
     *out = s;
     return KVO_OK;
@@ -582,7 +582,7 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->sp);
     kvo_free(t->ov);
     idx_tab_fini(&t->edges);
-    idx_tab_fini(&t->look);
+    for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
     kvo_free(t->wmap);
     kvo_free(t->act);
@@ -597,7 +597,7 @@ void idx_tree_free(idx_tree *t) {
  * half-way: per block a node, an alias edge, two lookup aliases, two
  * edge-table and one lookup-table entries, two overflow counts, and one set
  * growth (sets_reserve, per block: the set pool moves). */
-static kvo_status store_reserve(idx_tree *t, uint32_t n) {
+static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     kvo_status s;
     if (n > MAX_INDEX / 2) return KVO_ETOOBIG;
     if ((s = nodes_reserve(t, n)) != KVO_OK) return s;
@@ -611,7 +611,7 @@ static kvo_status store_reserve(idx_tree *t, uint32_t n) {
                   sizeof(ovf))) != KVO_OK)
         return s;
     if ((s = idx_tab_reserve(&t->edges, 2 * n)) != KVO_OK) return s;
-    return idx_tab_reserve(&t->look, n);
+    return idx_tab_reserve(&t->ws[w].look, n);
 }
 
 static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -623,9 +623,9 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_PARENT_NOT_FOUND;
             return KVO_OK;
         }
-        cur = look_node(t, tab_ref(&t->look, pos));
+        cur = look_node(t, tab_ref(&t->ws[w].look, pos));
     }
-    kvo_status s = store_reserve(t, ev->n_blocks);
+    kvo_status s = store_reserve(t, w, ev->n_blocks);
     if (s != KVO_OK) return s;
     *st = IDX_EV_OK;
     uint64_t ring[AHEAD]; /* hashes of the blocks prefetched ahead */
@@ -647,7 +647,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             if (ND(t, c).block_hash != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
-            c = pos != NIL ? look_node(t, tab_ref(&t->look, pos))
+            c = pos != NIL ? look_node(t, tab_ref(&t->ws[w].look, pos))
                            : node_new(t, bh, th);
             edge_add(t, cur, th, c);
             if (c == cur) { /* Dynamo links it, then rejects the block */
@@ -694,7 +694,7 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_BLOCK_NOT_FOUND;
             continue;
         }
-        uint32_t v = tab_ref(&t->look, pos);
+        uint32_t v = tab_ref(&t->ws[w].look, pos);
         uint32_t n = look_erase(t, w, pos);
         leave_node(t, w, v, n);
         maybe_free(t, n);
@@ -710,23 +710,20 @@ typedef struct centry {
     uint32_t v;
 } centry;
 
-/* Drop every lookup entry of slot w (Dynamo: remove_or_clear_worker_blocks).
- * All entries are erased first, so no inline entry of w needs outlining;
- * then w leaves the nodes; then unreferenced nodes are released. */
+/* Drop every lookup entry of slot w (Dynamo: remove_or_clear_worker_blocks),
+ * in O(w's entries): its own table lists them. All entries are erased
+ * first, so no inline entry of w needs outlining; then w leaves the nodes;
+ * then unreferenced nodes are released. */
 static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     uint64_t n = t->ws[w].blocks;
     if (n == 0) return KVO_OK;
     centry *list = kvo_malloc(n * sizeof(centry));
     if (!list) return KVO_ENOMEM;
+    tab *lk = &t->ws[w].look;
     uint64_t k = 0;
-    for (uint32_t a = 0; a < t->la_len && k < n; a++)
-        if (t->la[a].slot == w)
-            list[k++] = (centry){t->la[a].block_hash, t->la[a].node, TAG};
-    for (uint32_t x = 1; x < t->nd_len && k < n; x++) {
-        if (ND(t, x).parent == DEAD || ND(t, x).wset != w) continue;
-        uint32_t pos = look_find(t, w, ND(t, x).block_hash);
-        if (pos != NIL && tab_ref(&t->look, pos) == x)
-            list[k++] = (centry){ND(t, x).block_hash, x, x};
+    for (uint32_t i = 0; i < tab_positions(lk) && k < n; i++) {
+        uint32_t v = tab_ref(lk, i);
+        if (v) list[k++] = (centry){look_block_hash(t, v), look_node(t, v), v};
     }
     for (uint64_t i = 0; i < k; i++) {
         uint32_t pos = look_find(t, w, list[i].block_hash);
@@ -907,15 +904,18 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->nodes = t->nd_live;
     out->held = t->held;
     out->pairs = t->pairs;
-    for (uint32_t w = 0; w < t->ws_len; w++) out->workers += t->ws[w].present;
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        out->workers += t->ws[w].present;
+        out->bytes += idx_tab_bytes(&t->ws[w].look);
+    }
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes = sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
+    out->bytes += sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
                  (uint64_t)t->ea_cap * sizeof(ealias) +
                  (uint64_t)t->la_cap * sizeof(lalias) +
                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
-                 idx_tab_bytes(&t->edges) + idx_tab_bytes(&t->look) +
+                 idx_tab_bytes(&t->edges) +
                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
                  (uint64_t)t->wmap_cap * 4;
 }
@@ -942,6 +942,82 @@ kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n) {
     qsort(v, k, sizeof(*v), worker_cmp);
     *out = v;
     *n = k;
+    return KVO_OK;
+}
+
+/* The block a lookup ref v of w names, in the API's terms. */
+static idx_block block_of(const idx_tree *t, uint32_t v) {
+    uint32_t n = look_node(t, v), p = ND(t, n).parent;
+    bool hp = p != NIL && p != ROOT;
+    return (idx_block){look_block_hash(t, v), ND(t, n).tokens_hash, hp,
+                       hp ? ND(t, p).block_hash : 0};
+}
+
+kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
+                                  uint32_t dp_rank, idx_block_fn fn,
+                                  void *ctx) {
+    if (!t || !fn) return KVO_EINVAL;
+    uint32_t w = slot_find(t, worker_id, dp_rank);
+    if (w == NIL) return KVO_OK;
+    const tab *lk = &t->ws[w].look;
+    for (uint32_t i = 0; i < tab_positions(lk); i++) {
+        uint32_t v = tab_ref(lk, i);
+        if (!v) continue;
+        idx_block b = block_of(t, v);
+        kvo_status s = fn(ctx, &b);
+        if (s != KVO_OK) return s;
+    }
+    return KVO_OK;
+}
+
+static bool slot_less(const idx_tree *t, uint32_t a, uint32_t b) {
+    const wslot *x = &t->ws[a], *y = &t->ws[b];
+    return x->worker_id != y->worker_id ? x->worker_id < y->worker_id
+                                        : x->dp_rank < y->dp_rank;
+}
+
+kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank, uint64_t block_hash,
+                               idx_block_info *out) {
+    if (!t || !out) return KVO_EINVAL;
+    memset(out, 0, sizeof(*out));
+    uint32_t w = slot_find(t, worker_id, dp_rank);
+    uint32_t pos = w == NIL ? NIL : look_find(t, w, block_hash);
+    if (pos == NIL) return KVO_OK;
+    uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
+    out->held = true;
+    out->block = block_of(t, v);
+    out->node_block_hash = ND(t, n).block_hash;
+    uint32_t ws = ND(t, n).wset, one = ws, cnt = ws == NIL ? 0 : 1;
+    const uint32_t *items = &one;
+    if (ws != NIL && (ws & TAG)) {
+        items = &t->sp[(ws & ~TAG) + 1];
+        cnt = set_count(&t->sp[ws & ~TAG]);
+    }
+    /* the IDX_INFO_OTHERS smallest others, by insertion: sets are sorted by
+     * slot, not by worker id */
+    uint32_t best[IDX_INFO_OTHERS];
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint32_t x = items[i];
+        if (x == w) {
+            out->in_set = true;
+            continue;
+        }
+        out->others++;
+        uint32_t k = out->listed;
+        if (k == IDX_INFO_OTHERS) {
+            if (!slot_less(t, x, best[k - 1])) continue;
+            k--;
+        } else {
+            out->listed++;
+        }
+        for (; k > 0 && slot_less(t, x, best[k - 1]); k--) best[k] = best[k - 1];
+        best[k] = x;
+    }
+    for (uint32_t i = 0; i < out->listed; i++) {
+        out->other[i].worker_id = t->ws[best[i]].worker_id;
+        out->other[i].dp_rank = t->ws[best[i]].dp_rank;
+    }
     return KVO_OK;
 }
 

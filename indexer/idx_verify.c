@@ -151,36 +151,48 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     for (uint32_t a = 0; a < t->ea_len; a++) ealive += t->ea[a].parent != DEAD;
     if (ealive != t->ea_live) FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
-    /* I3: lookup */
-    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz) ||
-        !idx_tab_check(&t->look, look_hash, t, "look", msg, msgsz)) {
+    /* I3: lookup, one table per slot */
+    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz)) {
         s = KVO_ESTATE;
         goto done;
     }
     uint32_t lalive = 0;
-    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
-        if (!tab_ref(&t->look, i)) continue;
-        uint32_t v = tab_ref(&t->look, i), n, w;
-        uint64_t bh;
-        if (v & TAG) {
-            uint32_t a = v & ~TAG;
-            if (a >= t->la_len || t->la[a].slot == NIL) FAIL("look[%u]: free alias", i);
-            lalive++;
-            n = t->la[a].node;
-            w = t->la[a].slot;
-            bh = t->la[a].block_hash;
-        } else {
-            n = v;
-            if (!live(t, n)) FAIL("look[%u]: dead node %u", i, n);
-            w = ND(t, n).wset;
-            bh = ND(t, n).block_hash;
-            if (w == NIL || (w & TAG)) FAIL("look[%u]: inline entry, node %u has set %08x", i, n, w);
+    for (uint32_t sw = 0; sw < t->ws_len; sw++) {
+        const tab *lk = &t->ws[sw].look;
+        char name[32];
+        snprintf(name, sizeof(name), "look of slot %u", sw);
+        if (!idx_tab_check(lk, look_hash, t, name, msg, msgsz)) {
+            s = KVO_ESTATE;
+            goto done;
         }
-        if (!live(t, n)) FAIL("look[%u]: names dead node %u", i, n);
-        if (w >= t->ws_len) FAIL("look[%u]: slot %u", i, w);
-        if (look_find(t, w, bh) != i) FAIL("look[%u]: key repeated or unreachable", i);
-        want[n]++;
-        per_slot[w]++;
+        for (uint32_t i = 0; i < tab_positions(lk); i++) {
+            if (!tab_ref(lk, i)) continue;
+            uint32_t v = tab_ref(lk, i), n, w;
+            uint64_t bh;
+            if (v & TAG) {
+                uint32_t a = v & ~TAG;
+                if (a >= t->la_len || t->la[a].slot == NIL)
+                    FAIL("%s[%u]: free alias", name, i);
+                lalive++;
+                n = t->la[a].node;
+                w = t->la[a].slot;
+                bh = t->la[a].block_hash;
+            } else {
+                n = v;
+                if (!live(t, n)) FAIL("%s[%u]: dead node %u", name, i, n);
+                w = ND(t, n).wset;
+                bh = ND(t, n).block_hash;
+                if (w == NIL || (w & TAG))
+                    FAIL("%s[%u]: inline entry, node %u has set %08x", name, i,
+                         n, w);
+            }
+            if (!live(t, n)) FAIL("%s[%u]: names dead node %u", name, i, n);
+            if (w != sw) FAIL("%s[%u]: entry of slot %u", name, i, w);
+            if (look_find(t, w, bh) != i)
+                FAIL("%s[%u]: key repeated or unreachable", name, i);
+            want[n]++;
+            per_slot[w]++;
+        }
     }
     if (lalive != t->la_live) FAIL("lookup aliases: %u live, %u in table", t->la_live, lalive);
     uint64_t pairs = 0;
@@ -213,12 +225,15 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     uint32_t head = 0, tail = 0;
     queue[tail++] = ROOT;
     seen[ROOT] = 1;
-    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
-        if (!tab_ref(&t->look, i)) continue;
-        uint32_t n = look_node(t, tab_ref(&t->look, i));
-        if (!seen[n]) {
-            seen[n] = 1;
-            queue[tail++] = n;
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        const tab *lk = &t->ws[w].look;
+        for (uint32_t i = 0; i < tab_positions(lk); i++) {
+            if (!tab_ref(lk, i)) continue;
+            uint32_t n = look_node(t, tab_ref(lk, i));
+            if (!seen[n]) {
+                seen[n] = 1;
+                queue[tail++] = n;
+            }
         }
     }
     while (head < tail) {
