@@ -42,6 +42,10 @@
  * Layout
  * ------
  *   nd[]     slab of 32-byte nodes addressed by u32 index; 0 is the root.
+ *            A segmented array (idx_int.h): segment k holds 64 << k nodes,
+ *            allocated when first needed and never moved, so growth copies
+ *            nothing and leaves no moved pages behind; segments of 2 MiB and
+ *            more are huge pages (idx_mem_alloc).
  *
  *       0             8             16       20     24      28      32
  *       +-------------+-------------+--------+------+-------+------+
@@ -56,8 +60,9 @@
  *     child   first edge of this node's child list
  *     next    the following edge in the parent's child list (primary edge);
  *             the free-list / dying-stack link of free nodes
- *   refs[]   u8 per node: lookup entries + alias edges pointing at it (from
- *            255 on, the rest is counted in the sorted side array ov[])
+ *   refs[]   u8 per node, segmented like nd: lookup entries + alias edges
+ *            pointing at it (from 255 on, the rest is counted in the sorted
+ *            side array ov[])
  *
  *   An edge is named by a u32 "ref": a node index n is n's primary edge;
  *   TAG|i is ea[i], an alias edge {tokens_hash, parent, child, next} for a
@@ -71,11 +76,12 @@
  *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
  *            parents with two children or more. A lone child is found
  *            through parent.child, so chains cost no table space.
- *   look     table (slot, block_hash) -> lookup ref: every worker's lookup
- *            in one table.
+ *   ws[w].look  table block_hash -> lookup ref, one per worker slot (as
+ *            Dynamo keeps one map per worker): listing or clearing a worker
+ *            costs O(its blocks). Keys are still hashed with the slot.
  *   wmap     (worker_id, dp_rank) -> slot. Slots are never reused.
  *
- *   Both tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
+ *   The tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
  *   draws them): an entry is a tag (the top half of the key's hash) and a
  *   ref, and the key itself is read from the node or alias record the ref
  *   names. A single-worker block costs 32 + 1 bytes of slab plus one
@@ -87,8 +93,9 @@
  *     nd[parent]'s child list; alias edges appear once in ea[].parent's list.
  *  I2 keys are unique within a child list; the edges of a list of 2+ are all
  *     in `edges`, those of a list of 1 are not.
- *  I3 an inline lookup ref n sits at key (nd[n].wset, nd[n].block_hash) and
- *     nd[n].wset is a single slot; every lookup key is unique; per-slot entry
+ *  I3 an inline lookup ref n sits at key (nd[n].wset, nd[n].block_hash), in
+ *     the table of slot nd[n].wset, and nd[n].wset is a single slot; every
+ *     entry of ws[w].look is w's; every lookup key is unique; per-slot entry
  *     counts equal ws[].blocks and their sum equals pairs.
  *  I4 refs[n] (+ ov) = lookup entries naming n + alias edges to n.
  *  I5 a live node other than the root has parent != NIL or refs > 0 (else it
