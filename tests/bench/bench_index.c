@@ -15,6 +15,15 @@
  *             worker)): one insert per (block, worker) pair for apply, 128
  *             lookups per query. What a block op cannot beat.
  *
+ *   kvo-bench-index service SIZE NATS_URL HTTP_URL
+ *             against a running kvo-indexer: one thread POSTs hit queries
+ *             to HTTP_URL/query_by_hash in a closed loop while the main
+ *             thread publishes SIZE's stored events to NATS_URL as
+ *             event-plane messages (<= 128 events / 8,192 blocks each, as
+ *             the relay batches them) as fast as nats.c takes them; query
+ *             latency idle, while the apply streams in, and after it
+ *             (GET /counters "applied" reaching the message count).
+ *
  * Every workload value comes from BENCH.md's splitmix64 order; the workload
  * checksum and the query score sum are printed, and a run whose sums differ
  * from BENCH.md's exits 1 with "DIFFERENT" on stdout (the tree is wrong, or
@@ -26,6 +35,10 @@
  * Output: human lines, plus "metric NAME VALUE" lines for tests/bench/index.sh.
  */
 #include "idx.h"
+#include "kvo_http.h"
+
+#include <nats/nats.h>
+#include <pthread.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -476,7 +489,204 @@ static void report(const wl *w, pass *p, bool is_floor) {
     metric("remove_cpu_mbps", mops(p->removed, p->remove.cpu_ns));
 }
 
+/* ---- The service under a streaming apply ------------------------------------ */
+
+typedef struct qloop {
+    wl *w;
+    const char *url; /* .../query_by_hash */
+    volatile int stop;
+    uint64_t *t0, *dt; /* start (monotonic ns) and latency of each query */
+    size_t n, cap;
+    uint64_t errors;
+} qloop;
+
+static void *query_loop(void *arg) {
+    qloop *q = arg;
+    kvo_http_client *c = NULL;
+    if (kvo_http_client_new(&c, 10000) != KVO_OK) return NULL;
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    uint64_t rs = 12345;
+    char *body = malloc(BLOCKS * 24 + 64);
+    while (!q->stop && q->n < q->cap) {
+        int wk = (int)(kvo_splitmix64(&rs) % (uint64_t)q->w->workers);
+        int i = (int)(kvo_splitmix64(&rs) % (uint64_t)q->w->prompts);
+        size_t len = (size_t)sprintf(body, "{\"tokens_hashes\":[");
+        for (int d = 0; d < BLOCKS; d++)
+            len += (size_t)sprintf(body + len, "%s%llu", d ? "," : "",
+                                   (unsigned long long)(d < PRE
+                                       ? q->w->pre_tok[i % GROUPS][d]
+                                       : q->w->suf_tok[sidx(q->w, wk, i, d - PRE)]));
+        len += (size_t)sprintf(body + len, "]}");
+        uint64_t t0 = kvo_now_ns();
+        kvo_status s = kvo_http_post(c, q->url, "application/json", body, len, &resp);
+        uint64_t dt = kvo_now_ns() - t0;
+        if (s != KVO_OK || resp.status != 200) {
+            q->errors++;
+            continue;
+        }
+        q->t0[q->n] = t0;
+        q->dt[q->n++] = dt;
+    }
+    free(body);
+    kvo_http_resp_fini(&resp);
+    kvo_http_client_free(c);
+    return NULL;
+}
+
+static uint64_t applied_messages(kvo_http_client *c, const char *base) {
+    char url[512];
+    snprintf(url, sizeof(url), "%s/counters", base);
+    kvo_http_resp r;
+    kvo_http_resp_init(&r);
+    uint64_t n = 0;
+    if (kvo_http_get(c, url, &r) == KVO_OK && r.status == 200) {
+        const char *p = r.body.data ? strstr((const char *)r.body.data, "\"applied\"") : NULL;
+        if (p) n = strtoull(strchr(p, ':') + 1, NULL, 10);
+    }
+    kvo_http_resp_fini(&r);
+    return n;
+}
+
+static void lat_row(const char *name, qloop *q, uint64_t from, uint64_t to) {
+    uint64_t *v = malloc((q->n ? q->n : 1) * sizeof(uint64_t));
+    size_t k = 0;
+    uint64_t mx = 0;
+    for (size_t i = 0; i < q->n; i++)
+        if (q->t0[i] >= from && q->t0[i] < to) {
+            v[k++] = q->dt[i];
+            if (q->dt[i] > mx) mx = q->dt[i];
+        }
+    double p50 = pct_us(v, k, 50), p99 = pct_us(v, k, 99);
+    printf("query %-7s %6zu queries: p50 %.0f us, p99 %.0f us, max %.0f us\n",
+           name, k, p50, p99, mx / 1e3);
+    char m[64];
+    snprintf(m, sizeof(m), "svc_%s_p50_us", name);
+    metric(m, p50);
+    snprintf(m, sizeof(m), "svc_%s_p99_us", name);
+    metric(m, p99);
+    snprintf(m, sizeof(m), "svc_%s_max_us", name);
+    metric(m, mx / 1e3);
+    free(v);
+}
+
+static int service_run(wl *w, const char *nats_url, const char *http) {
+    /* every stored event, batched as the relay batches them */
+    size_t nev = (size_t)w->workers * (size_t)w->prompts;
+    wire_rblock *blk = malloc(nev * BLOCKS * sizeof(wire_rblock));
+    wire_revent *ev = calloc(nev, sizeof(wire_revent));
+    kvo_buf *msgs = calloc(nev, sizeof(kvo_buf));
+    uint64_t *event_id = calloc((size_t)w->workers, sizeof(uint64_t));
+    if (!blk || !ev || !msgs || !event_id) return die("service", KVO_ENOMEM);
+    size_t k = 0, nmsg = 0, first = 0, blocks = 0;
+    for (int i = 0; i < w->prompts; i++)
+        for (int wk = 0; wk < w->workers; wk++) {
+            bool hp;
+            uint32_t n = store_blocks(w, i, wk, blk + k * BLOCKS, &hp);
+            ev[k] = (wire_revent){.worker_id = (uint64_t)wk, .tier = WIRE_TIER_DEVICE,
+                                  .event_id = ++event_id[wk], .type = WIRE_R_STORED,
+                                  .has_parent = hp,
+                                  .parent_hash = w->pre_blk[i % GROUPS][PRE - 1],
+                                  .n_blocks = n, .blocks = blk + k * BLOCKS};
+            k++;
+        }
+    for (size_t e = 0; e <= nev; e++) {
+        bool flush = e == nev || e - first == 128 || blocks + ev[e].n_blocks > 8192;
+        if (flush && e > first) {
+            wire_plane_msg m;
+            wire_plane_init(&m);
+            m.publisher_id = 1;
+            m.sequence = nmsg;
+            m.published_at = 0;
+            m.topic.p = "kv-events";
+            m.topic.len = 9;
+            m.n_events = (uint32_t)(e - first);
+            m.events = ev + first;
+            kvo_buf_init(&msgs[nmsg]);
+            kvo_status s = wire_plane_encode(&m, &msgs[nmsg]);
+            m.events = NULL;
+            m.n_events = 0;
+            wire_plane_fini(&m);
+            if (s != KVO_OK) return die("encode", s);
+            nmsg++;
+            first = e;
+            blocks = 0;
+        }
+        if (e < nev) blocks += ev[e].n_blocks;
+    }
+    natsConnection *nc = NULL;
+    if (natsConnection_ConnectTo(&nc, nats_url) != NATS_OK) {
+        fprintf(stderr, "kvo-bench-index: cannot connect to %s\n", nats_url);
+        return 2;
+    }
+    char qurl[512];
+    snprintf(qurl, sizeof(qurl), "%s/query_by_hash", http);
+    qloop q = {.w = w, .url = qurl, .cap = 2000000};
+    q.t0 = malloc(q.cap * sizeof(uint64_t));
+    q.dt = malloc(q.cap * sizeof(uint64_t));
+    kvo_http_client *c = NULL;
+    if (!q.t0 || !q.dt || kvo_http_client_new(&c, 10000) != KVO_OK)
+        return die("service", KVO_ENOMEM);
+    uint64_t applied0 = applied_messages(c, http);
+    pthread_t th;
+    pthread_create(&th, NULL, query_loop, &q);
+    kvo_sleep_us(1000000); /* idle queries */
+    uint64_t t_pub = kvo_now_ns();
+    for (size_t i = 0; i < nmsg; i++)
+        if (natsConnection_Publish(nc, "namespace.dynamo.component.backend.kv-events",
+                                   msgs[i].data, (int)msgs[i].len) != NATS_OK)
+            return die("publish", KVO_ENATS);
+    natsConnection_Flush(nc);
+    uint64_t t_flushed = kvo_now_ns();
+    uint64_t t_done = 0;
+    while (!t_done) {
+        if (applied_messages(c, http) >= applied0 + nmsg) t_done = kvo_now_ns();
+        else kvo_sleep_us(2000);
+        if (kvo_now_ns() - t_pub > 600ull * 1000000000ull) {
+            fprintf(stderr, "kvo-bench-index: the indexer did not apply every "
+                            "message in 600 s\n");
+            q.stop = 1;
+            pthread_join(th, NULL);
+            return 1;
+        }
+    }
+    kvo_sleep_us(1000000); /* queries after the apply */
+    uint64_t t_end = kvo_now_ns();
+    q.stop = 1;
+    pthread_join(th, NULL);
+    printf("service: %zu messages (%zu stored events, %llu blocks) published in "
+           "%.0f ms, applied after %.0f ms; %llu query errors\n",
+           nmsg, nev,
+           (unsigned long long)((uint64_t)w->workers * (uint64_t)w->prompts * SUF +
+                                (uint64_t)w->workers * GROUPS * PRE),
+           (t_flushed - t_pub) / 1e6, (t_done - t_pub) / 1e6,
+           (unsigned long long)q.errors);
+    metric("svc_apply_ms", (t_done - t_pub) / 1e6);
+    lat_row("idle", &q, 0, t_pub);
+    lat_row("apply", &q, t_pub, t_done);
+    lat_row("after", &q, t_done, t_end);
+    kvo_http_client_free(c);
+    natsConnection_Destroy(nc);
+    for (size_t i = 0; i < nmsg; i++) kvo_buf_fini(&msgs[i]);
+    free(msgs);
+    free(ev);
+    free(blk);
+    free(event_id);
+    free(q.t0);
+    free(q.dt);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    bool service = argc > 1 && !strcmp(argv[1], "service");
+    if (service) {
+        if (argc != 5) {
+            fprintf(stderr, "usage: kvo-bench-index service SIZE NATS_URL HTTP_URL\n");
+            return 2;
+        }
+        argv++;
+        argc = 2;
+    }
     const char *size = argc > 1 ? argv[1] : "w1";
     const char *proto = argc > 2 ? argv[2] : "cold";
     bool is_floor = argc > 3 && !strcmp(argv[3], "floor");
@@ -519,6 +729,7 @@ int main(int argc, char **argv) {
                 w->suf_blk[sidx(w, wk, i, d)] = gen(w);
             }
     w->q_seed = w->s;
+    if (service) return service_run(w, argv[2], argv[3]);
     printf("workload %s, %s%s: %d workers, %d prefix groups x %d shared blocks "
            "+ %d unique blocks per prompt, %d prompts per worker, %d queries\n",
            size, proto, is_floor ? ", floor (u64 table)" : ", tree", w->workers,

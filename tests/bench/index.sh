@@ -16,9 +16,15 @@
 # kernel's first touch. A run whose checksum or score sum differs from
 # BENCH.md's fails the script.
 #
+# Then the service (when nats-server is installed): query latency of a
+# kvo-indexer (CPU 1) idle, while KVO_BENCH_INDEX_SERVICE_SIZE's (w1x4)
+# stores stream in over NATS as fast as they can be published, and after
+# (kvo-bench-index service; the client and nats-server on CPU 0).
+#
 # Env: KVO_BENCH_INDEX_SIZES (default "w1 w1x4 w1x16"; also w1-1m,
 # one-worker-1m), KVO_BENCH_INDEX_PROTOCOLS ("cold warm"),
-# KVO_BENCH_INDEX_RUNS (3).
+# KVO_BENCH_INDEX_RUNS (3), KVO_BENCH_INDEX_SERVICE_SIZE (w1x4; "none"
+# skips the service).
 set -euo pipefail
 bin="${KVO_BENCH_BIN:?run through scripts/bench}/kvo-bench-index"
 pin=()
@@ -27,7 +33,13 @@ sizes=${KVO_BENCH_INDEX_SIZES:-w1 w1x4 w1x16}
 protocols=${KVO_BENCH_INDEX_PROTOCOLS:-cold warm}
 runs=${KVO_BENCH_INDEX_RUNS:-3}
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 
 # One run into $tmp/NAME; a failed run (wrong sums, error) stops everything.
 run1() {
@@ -140,3 +152,44 @@ for size in $sizes; do
     echo
   done
 done
+
+# ---- The service under a streaming apply ---------------------------------
+svc_size=${KVO_BENCH_INDEX_SERVICE_SIZE:-w1x4}
+if [ "$svc_size" = none ]; then exit 0; fi
+if ! command -v nats-server >/dev/null; then
+  echo "(service: nats-server not installed, skipped)"
+  exit 0
+fi
+on0=() on1=()
+if command -v taskset >/dev/null; then on0=(taskset -c 0) on1=(taskset -c 1); fi
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+}
+wait_port() {
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "port $1 never opened" >&2
+  return 1
+}
+np=$(free_port) hp=$(free_port)
+"${on0[@]}" nats-server -a 127.0.0.1 -p "$np" >"$tmp/nats.log" 2>&1 &
+pids+=($!)
+wait_port "$np"
+"${on1[@]}" "${KVO_BENCH_BIN}/kvo-indexer" --nats "nats://127.0.0.1:$np" \
+  --http "127.0.0.1:$hp" >"$tmp/indexer.log" 2>&1 &
+pids+=($!)
+wait_port "$hp"
+echo "+ ${on0[*]} $bin service $svc_size nats://127.0.0.1:$np http://127.0.0.1:$hp   (indexer on CPU 1)"
+if ! "${on0[@]}" "$bin" service "$svc_size" "nats://127.0.0.1:$np" \
+     "http://127.0.0.1:$hp" >"$tmp/service" 2>&1; then
+  cat "$tmp/service" "$tmp/indexer.log" >&2
+  exit 1
+fi
+grep -v '^metric' "$tmp/service" | sed 's/^/  /'
+echo "  (a query arriving while the loop drains its inbox waits for the whole drain)"
