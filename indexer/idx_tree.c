@@ -845,7 +845,26 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
     size_t depth = 1;
     uint32_t cur = c;
     for (size_t i = 1; i < n; i++) {
-        uint32_t nx = child_find(t, cur, h[i]);
+        /* Chains are allocated in order, so cur's child is most often cur
+         * + 1: when cur + 1's primary edge is (cur, h[i]) it is the child
+         * for h[i] (keys are unique in a child list, I2), and no child list
+         * needs reading. Run along such a chain while the worker set stays
+         * the same: no load waits for another, so the walk streams. */
+        const node *np = nd_at(t, cur);
+        uint32_t lim = seg_first(seg_of(cur) + 1); /* np[1] stays in cur's segment */
+        if (lim > t->nd_len) lim = t->nd_len;
+        while (i < n && cur + 1 < lim && np[1].parent == cur &&
+               np[1].tokens_hash == h[i] && np[1].wset == curws) {
+            np++;
+            cur++;
+            i++;
+        }
+        depth = i;
+        if (i == n) break;
+        uint32_t nx = cur + 1 < lim && np[1].parent == cur &&
+                              np[1].tokens_hash == h[i]
+                          ? cur + 1
+                          : child_find(t, cur, h[i]);
         if (nx == NIL) break;
         uint32_t ws = ND(t, nx).wset;
         if (ws != curws) {
