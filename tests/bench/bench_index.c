@@ -120,6 +120,17 @@ static uint64_t peak_rss_bytes(void) {
     return (uint64_t)kb * 1024;
 }
 
+/* Transparent huge pages the process holds (smaps_rollup), bytes. */
+static uint64_t thp_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    unsigned long kb = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 static uint64_t cpu_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -218,6 +229,7 @@ typedef struct pass {
     phase apply, query, remove;
     uint64_t ops, events, removed;
     uint64_t rss0, rss1; /* around apply */
+    uint64_t thp1;       /* huge pages held after apply */
     uint64_t pairs, pairs_left, nodes_left, tree_bytes;
     uint64_t *lat[KINDS];
     size_t nlat[KINDS];
@@ -268,6 +280,7 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
         }
     phase_end(&p->apply);
     p->rss1 = rss_bytes();
+    p->thp1 = thp_bytes();
     idx_stats ist;
     idx_tree_stats(t, &ist);
     p->pairs = ist.pairs;
@@ -433,9 +446,10 @@ static void report(const wl *w, pass *p, bool is_floor) {
            p->apply.cpu_ns / 1e6, mops(p->ops, p->apply.cpu_ns), p->apply.faults);
     double bpp = p->pairs ? (double)(p->rss1 - p->rss0) / (double)p->pairs : 0;
     printf("memory: %llu pairs, RSS +%.1f MB = %.1f B per pair (own "
-           "accounting %.1f B per pair)\n",
+           "accounting %.1f B per pair; %.0f MB in huge pages)\n",
            (unsigned long long)p->pairs, (p->rss1 - p->rss0) / 1048576.0, bpp,
-           p->pairs ? (double)p->tree_bytes / (double)p->pairs : 0);
+           p->pairs ? (double)p->tree_bytes / (double)p->pairs : 0,
+           p->thp1 / 1048576.0);
     metric("apply_mops", mops(p->ops, p->apply.wall_ns));
     metric("apply_cpu_mops", mops(p->ops, p->apply.cpu_ns));
     metric("apply_faults", (double)p->apply.faults);
