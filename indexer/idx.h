@@ -120,6 +120,59 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out);
 typedef kvo_status (*idx_dump_fn)(void *ctx, const wire_revent *ev);
 kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx);
 
+/* ---- Per-worker views (read-only: checkpoints and diagnosis) -------------
+ * A block a worker holds is an entry of its block_hash -> node map. Its
+ * node's tokens_hash and parent are those of the node's primary edge, the
+ * first edge that linked it and still does: has_parent is false for a child
+ * of the root and for a node detached from its parent (Dynamo's corner: its
+ * parent lost its last worker), and parent_block_hash is then 0. After
+ * inconsistent streams a node can also hang under other parents (alias
+ * edges); they are not reported. */
+typedef struct idx_block {
+    uint64_t block_hash;        /* the key the worker stored it under */
+    uint64_t tokens_hash;       /* the node's */
+    bool has_parent;
+    uint64_t parent_block_hash; /* the parent node's block_hash */
+} idx_block;
+
+/* fn gets one block valid during the call; a status other than KVO_OK
+ * stops the walk and is returned. */
+typedef kvo_status (*idx_block_fn)(void *ctx, const idx_block *b);
+
+/* Every block (worker_id, dp_rank) holds, in no particular order; nothing
+ * (KVO_OK) for an unknown worker. O(the worker's blocks). fn must not
+ * change the tree. */
+kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
+                                  uint32_t dp_rank, idx_block_fn fn,
+                                  void *ctx);
+
+#define IDX_INFO_OTHERS 8 /* other holders listed by idx_tree_block_info */
+
+typedef struct idx_block_info {
+    bool held;         /* the worker's map has block_hash; the rest of the
+                          struct is zero when it does not */
+    idx_block block;   /* as idx_tree_worker_blocks gives it */
+    uint64_t node_block_hash; /* the node's own block_hash: differs from
+                                 block.block_hash only after a hash
+                                 mismatch (Dynamo warns) */
+    bool in_set;       /* the worker is in the node's worker set (false
+                          only after inconsistent streams) */
+    uint32_t others;   /* other (worker_id, dp_rank) in the node's set */
+    uint32_t listed;   /* min(others, IDX_INFO_OTHERS): entries in other */
+    struct {
+        uint64_t worker_id;
+        uint32_t dp_rank;
+    } other[IDX_INFO_OTHERS]; /* the first of them, sorted by worker_id,
+                                 dp_rank */
+} idx_block_info;
+
+/* Does (worker_id, dp_rank) hold block_hash, and at which node: *out is
+ * filled (held = false when not). KVO_EINVAL for NULL t or out; no
+ * allocation. */
+kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank, uint64_t block_hash,
+                               idx_block_info *out);
+
 /* Router hashes of a prompt (DESIGN §5): one per full block, with the seed
  * of lora/salt (NULL = none). Returns the number of blocks written. */
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,

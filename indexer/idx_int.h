@@ -358,6 +358,45 @@ tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
     return NIL;
 }
 
+/* ---- Memory that never moves (idx_table.c) ------------------------------
+ * Large blocks (HUGE_BYTES and more) are mapped 2 MiB-aligned and advised
+ * as transparent huge pages: one fault per 2 MiB instead of 512, and far
+ * fewer TLB misses when probes land at random. Smaller ones come from
+ * kvo_malloc (so tests can make them fail). Nothing is ever realloc'd:
+ * glibc grows a large block by mremap, and on this kind of machine each
+ * 4 KiB page moved that way costs ~5 us again at its next first touch. */
+#define HUGE_BYTES ((size_t)2 << 20)
+
+void *idx_mem_alloc(size_t bytes); /* NULL when out of memory */
+void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
+
+/* A segmented array: element i lives in segment k = log2(i / SEG0 + 1),
+ * which holds SEG0 << k elements, allocated when the array first needs it
+ * and never moved, copied or freed before the array is. base[k] is biased
+ * by the segment's first index, so an element is one shift, one bit scan
+ * and one load away. */
+#define SEG0_SHIFT 6 /* segment 0 holds 64 elements */
+#define SEG_MAX 26   /* 64 * (2^26 - 1) elements: beyond any u32 index */
+
+typedef struct segv {
+    uintptr_t base[SEG_MAX]; /* segment k's address - first(k) * elem */
+    uint32_t nseg;           /* segments allocated */
+    uint32_t cap;            /* elements they hold */
+} segv;
+
+static inline uint32_t seg_of(uint32_t i) {
+    return 31u - (uint32_t)__builtin_clz((i >> SEG0_SHIFT) + 1);
+}
+static inline uint32_t seg_first(uint32_t k) {
+    return ((1u << k) - 1) << SEG0_SHIFT;
+}
+static inline void *segv_at(const segv *v, uint32_t i, size_t elem) {
+    return (void *)(v->base[seg_of(i)] + (uintptr_t)i * elem);
+}
+/* Room for need elements; KVO_ENOMEM changes nothing. */
+kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem);
+void idx_segv_fini(segv *v, size_t elem); /* frees; empty again */
+
 /* ---- The tree (idx_tree.c draws it; idx_verify.c walks it) -------------- */
 
 #define DEAD 0xFFFFFFFEu
@@ -397,6 +436,7 @@ typedef struct wslot {
     uint32_t dp_rank;
     uint32_t present; /* known to the tree (Dynamo: has a lookup map) */
     uint64_t blocks;  /* lookup entries */
+    tab look;         /* this worker's lookup: block_hash -> lookup ref */
 } wslot;
 
 typedef struct ovf {
@@ -405,8 +445,8 @@ typedef struct ovf {
 } ovf;
 
 struct idx_tree {
-    node *nd;
-    uint8_t *refs;
+    segv nd;   /* node, by index */
+    segv refs; /* uint8_t, by node index; same capacity as nd */
     uint32_t nd_len, nd_cap, nd_free, nd_live; /* nd_live excludes root */
 
     ealias *ea;
@@ -422,7 +462,7 @@ struct idx_tree {
     ovf *ov;
     uint32_t ov_len, ov_cap;
 
-    tab edges, look;
+    tab edges;
 
     wslot *ws;
     uint32_t ws_len, ws_cap;
@@ -435,6 +475,15 @@ struct idx_tree {
     uint64_t held; /* live nodes with a non-empty worker set */
     idx_counters c;
 };
+
+static inline node *nd_at(const idx_tree *t, uint32_t n) {
+    return (node *)segv_at(&t->nd, n, sizeof(node));
+}
+static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
+    return (uint8_t *)segv_at(&t->refs, n, 1);
+}
+#define ND(t, n) (*nd_at((t), (n)))
+#define REFS(t, n) (*refs_at((t), (n)))
 
 /* The hash of the tables' keys (and of the worker map's). */
 static inline uint64_t mix(uint64_t a, uint32_t b) {
@@ -450,16 +499,16 @@ static inline uint64_t mix(uint64_t a, uint32_t b) {
 /* ---- Edge refs: n = n's primary edge, TAG|i = alias edge ea[i] ---------- */
 
 static inline uint32_t edge_next(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].next : t->nd[e].next;
+    return (e & TAG) ? t->ea[e & ~TAG].next : ND(t, e).next;
 }
 static inline uint64_t edge_key(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : t->nd[e].tokens_hash;
+    return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : ND(t, e).tokens_hash;
 }
 static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].child : e;
 }
 static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].parent : t->nd[e].parent;
+    return (e & TAG) ? t->ea[e & ~TAG].parent : ND(t, e).parent;
 }
 
 /* Does edge ref v name the key (tokens_hash th, parent p)? */
@@ -479,11 +528,11 @@ static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
     return (v & TAG) ? t->la[v & ~TAG].node : v;
 }
 static inline uint64_t look_block_hash(const idx_tree *t, uint32_t v) {
-    return (v & TAG) ? t->la[v & ~TAG].block_hash : t->nd[v].block_hash;
+    return (v & TAG) ? t->la[v & ~TAG].block_hash : ND(t, v).block_hash;
 }
 /* An inline entry's slot is its node's single worker. */
 static inline uint32_t look_slot(const idx_tree *t, uint32_t v) {
-    return (v & TAG) ? t->la[v & ~TAG].slot : t->nd[v].wset;
+    return (v & TAG) ? t->la[v & ~TAG].slot : ND(t, v).wset;
 }
 
 /* Does lookup ref v name the key (block_hash bh, slot w)? */
@@ -496,7 +545,7 @@ static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
 static inline uint32_t look_find_h(const idx_tree *t, uint32_t w, uint64_t bh,
                                    uint64_t h) {
-    return tab_find_h(&t->look, h, look_eq, t, bh, w);
+    return tab_find_h(&t->ws[w].look, h, look_eq, t, bh, w);
 }
 
 static inline uint32_t look_find(const idx_tree *t, uint32_t w, uint64_t bh) {

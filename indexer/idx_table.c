@@ -31,14 +31,73 @@
  *   stash. spill[b] counts the keys of primary b that live elsewhere, so a
  *   miss reads one line unless b spilled. A probe reads the key (through the
  *   owner's compare) only on a tag match; the tag alone places a key, so
- *   growing never reads keys, and a table grows in place (its pages stay).
- *   Deletion just clears the slot. Load <= 15/16, growth x1.5 (load stays
- *   within 0.63..0.94).
+ *   growing never reads keys: it moves every (tag, ref) into a fresh table
+ *   (idx_mem_alloc: huge pages from 2 MiB on, never an mremap).
+ *   Deletion just clears the slot. Load <= 15/16; growth x4 below 512 KiB,
+ *   x2 beyond (load within 0.47..0.94), by splitting each bucket into its
+ *   2 or 4 successors (tab_grow).
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
 #include "idx_int.h"
 
+#include <assert.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* ======================================================================== */
+/* Memory that never moves                                                   */
+/* ======================================================================== */
+
+void *idx_mem_alloc(size_t bytes) {
+    if (bytes < HUGE_BYTES) return kvo_malloc(bytes ? bytes : 1);
+    size_t len = (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+    /* map one huge page more, then trim to a 2 MiB-aligned range */
+    char *m = mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    uintptr_t a = ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+    size_t head = a - (uintptr_t)m;
+    if (head) munmap(m, head);
+    munmap((char *)a + len, HUGE_BYTES - head);
+#ifdef MADV_HUGEPAGE
+    madvise((void *)a, len, MADV_HUGEPAGE); /* advice: failure is harmless */
+#endif
+    return (void *)a;
+}
+
+void idx_mem_free(void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes < HUGE_BYTES) {
+        kvo_free(p);
+        return;
+    }
+    munmap(p, (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1));
+}
+
+kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem) {
+    while (v->cap < need) {
+        uint32_t k = v->nseg;
+        if (k >= SEG_MAX) return KVO_ETOOBIG;
+        size_t n = (size_t)1 << (k + SEG0_SHIFT);
+        char *m = idx_mem_alloc(n * elem);
+        if (!m) return KVO_ENOMEM;
+        v->base[k] = (uintptr_t)m - (uintptr_t)seg_first(k) * elem;
+        v->nseg = k + 1;
+        v->cap = seg_first(k + 1);
+    }
+    return KVO_OK;
+}
+
+void idx_segv_fini(segv *v, size_t elem) {
+    for (uint32_t k = 0; k < v->nseg; k++)
+        idx_mem_free((void *)(v->base[k] + (uintptr_t)seg_first(k) * elem),
+                     ((size_t)1 << (k + SEG0_SHIFT)) * elem);
+    memset(v, 0, sizeof(*v));
+}
+
+/* ======================================================================== */
+/* Tables                                                                    */
+/* ======================================================================== */
 
 #define MAX_KICKS 64 /* cuckoo displacements before the stash */
 #define SPILL_STUCK 255  /* spill[] saturates here, then sticks */
@@ -62,7 +121,9 @@ static inline void spill_note(tab *r, uint32_t bk, uint32_t tag, bool in) {
     }
 }
 
-void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
+/* Insert (tag, v); false (and a key lost) only when the stash is full,
+ * which idx_tab_reserve rules out and tab_grow handles. */
+static bool put(tab *r, uint32_t tag, uint32_t v) {
     uint32_t bk = tab_b1(r, tag);
     unsigned h = bucket_holes(&r->bk[bk]);
     if (h) {
@@ -70,7 +131,7 @@ void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
         r->bk[bk].tag[i] = tag;
         r->bk[bk].ref[i] = v;
         r->len++;
-        return;
+        return true;
     }
     bk = tab_b2(r, tag);
     for (int k = 0; k < MAX_KICKS; k++) {
@@ -80,7 +141,7 @@ void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
             r->bk[bk].ref[i] = v;
             spill_note(r, bk, tag, true);
             r->len++;
-            return;
+            return true;
         }
         /* displace a random key of bk towards its other bucket */
         r->rng ^= r->rng << 13;
@@ -97,8 +158,16 @@ void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
         uint32_t v1 = tab_b1(r, tag);
         bk = bk == v1 ? tab_b2(r, tag) : v1;
     }
+    if (r->nstash == r->stash_cap) return false;
     r->stash[r->nstash++] = (uint64_t)tag << 32 | v;
     r->len++;
+    return true;
+}
+
+void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
+    bool ok = put(r, tag, v);
+    assert(ok); /* idx_tab_reserve made room */
+    (void)ok;
 }
 
 void idx_tab_del(tab *r, uint32_t pos) {
@@ -125,84 +194,82 @@ static kvo_status stash_room(tab *r, uint32_t more) {
     return KVO_OK;
 }
 
-static inline uint32_t b1_of(uint32_t tag, uint32_t nb) {
-    return (uint32_t)(((uint64_t)tag * nb) >> 32);
+static size_t bk_bytes(uint32_t nb) { /* one bucket more, to align bk */
+    return ((size_t)nb + 1) * sizeof(bucket);
 }
 
-/* Grow to nb buckets in place, so the pages already touched stay in use
- * (a fresh table per growth would fault in five times the final size).
- * The primary bucket only ever moves up when the table grows, so one pass
- * from the top bucket down moves primary keys into buckets already done
- * (or back into their own); keys in secondaries or the stash, and those a
- * bucket cannot hold, are put aside and re-inserted at the end. Everything
- * that can fail comes before the realloc: then nothing changes on failure. */
-static kvo_status tab_grow(tab *r, uint32_t nb) {
-    uint32_t ob = r->nb;
-    uint8_t *spill = kvo_calloc(nb, 1);
-    if (!spill) return KVO_ENOMEM;
-    uint64_t out = r->nstash;
-    for (uint32_t b = 0; b < ob; b++) {
-        const bucket *k = &r->bk[b];
-        for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m; m &= m - 1) {
-            uint32_t tag = k->tag[__builtin_ctz(m)];
-            if (b1_of(tag, ob) != b) out++;
-            else spill[b1_of(tag, nb)]++; /* at most 2 old buckets each */
-        }
-    }
-    for (uint32_t b = 0; b < nb; b++)
-        if (spill[b] > BW) out += spill[b] - BW;
-    uint64_t *aside = kvo_malloc((out ? out : 1) * sizeof(uint64_t));
-    if (!aside || out > STASH_MAX || stash_room(r, (uint32_t)out) != KVO_OK) {
-        kvo_free(spill);
-        kvo_free(aside);
-        return KVO_ENOMEM;
-    }
-    size_t off = r->bk_mem ? (size_t)((char *)r->bk - (char *)r->bk_mem) : 0;
-    /* one bucket more than nb, to align bk inside it */
-    void *mem = kvo_realloc(r->bk_mem, ((size_t)nb + 1) * sizeof(bucket));
-    if (!mem) {
-        kvo_free(spill);
-        kvo_free(aside);
-        return KVO_ENOMEM;
-    }
-    bucket *bk = (bucket *)(((uintptr_t)mem + CACHE_LINE - 1) &
-                            ~(uintptr_t)(CACHE_LINE - 1));
-    if ((size_t)((char *)bk - (char *)mem) != off)
-        memmove(bk, (char *)mem + off, (size_t)ob * sizeof(bucket));
-    memset(&bk[ob], 0, (size_t)(nb - ob) * sizeof(bucket));
-    r->bk_mem = mem;
-    r->bk = bk;
-    uint64_t k = 0;
-    for (uint32_t j = 0; j < r->nstash; j++) aside[k++] = r->stash[j];
-    r->nstash = 0;
-    for (uint32_t b = ob; b-- > 0;) {
-        bucket *c = &bk[b];
-        bucket was = *c;
-        memset(c, 0, sizeof(*c));
-        for (unsigned m = ~bucket_holes(&was) & BUCKET_ALL; m; m &= m - 1) {
-            unsigned i = (unsigned)__builtin_ctz(m);
-            uint32_t tag = was.tag[i];
-            bucket *d = &bk[b1_of(tag, nb)];
-            unsigned h = b1_of(tag, ob) == b ? bucket_holes(d) : 0;
-            if (!h) { /* a secondary, or a full bucket: put aside */
-                aside[k++] = (uint64_t)tag << 32 | was.ref[i];
-                continue;
-            }
-            unsigned j = (unsigned)__builtin_ctz(h);
-            d->tag[j] = tag;
-            d->ref[j] = was.ref[i];
-        }
-    }
-    r->nb = nb;
-    r->len -= (uint32_t)k;
-    memset(spill, 0, nb);
+static void tab_free_mem(tab *r) {
+    if (r->bk_mem) idx_mem_free(r->bk_mem, bk_bytes(r->nb));
     kvo_free(r->spill);
-    r->spill = spill;
-    if (!r->rng) r->rng = RNG_SEED;
-    for (uint64_t j = 0; j < k; j++)
-        idx_tab_put(r, (uint32_t)(aside[j] >> 32), (uint32_t)aside[j]);
-    kvo_free(aside);
-    return KVO_OK;
+    kvo_free(r->stash);
+}
+
+/* Move every entry into a fresh table of nb buckets, with stash room for
+ * `more` insertions after it. The tag alone places a key, so no key is
+ * read. A fresh table, not one grown in place: growing a large block in
+ * place is an mremap, whose moved pages cost a first touch again (see
+ * idx_mem_alloc); huge pages make touching the new one cheap. On the
+ * (astronomically rare) stash overflow the move starts over one size up.
+ * Nothing changes on failure. */
+static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
+    for (;;) {
+        tab g;
+        memset(&g, 0, sizeof(g));
+        g.nb = nb;
+        g.rng = r->rng ? r->rng : RNG_SEED;
+        g.stash_cap = r->nstash + more + STASH_SLACK;
+        g.bk_mem = idx_mem_alloc(bk_bytes(nb));
+        g.spill = kvo_calloc(nb, 1);
+        g.stash = kvo_malloc((size_t)g.stash_cap * sizeof(uint64_t));
+        if (!g.bk_mem || !g.spill || !g.stash) {
+            tab_free_mem(&g);
+            return KVO_ENOMEM;
+        }
+        g.bk = (bucket *)(((uintptr_t)g.bk_mem + CACHE_LINE - 1) &
+                          ~(uintptr_t)(CACHE_LINE - 1));
+        if (bk_bytes(nb) < HUGE_BYTES) /* mapped memory comes zeroed */
+            memset(g.bk, 0, (size_t)nb * sizeof(bucket));
+        bool ok = true;
+        uint32_t from = 0; /* positions moved by the split below */
+        if (r->nb && nb % r->nb == 0) {
+            /* Growing by a whole factor f: both buckets of a key are
+             * fastrange(x, nb), and floor(f * y) lies in [f * floor(y),
+             * f * floor(y) + f - 1], so the keys of old bucket b go to new
+             * buckets f*b .. f*b+f-1, in the same role (primary or
+             * secondary), and those f buckets get no other key: no bucket
+             * can overflow, and the move is one sequential pass instead of
+             * a random write per key. */
+            for (uint32_t b = 0; b < r->nb; b++) {
+                const bucket *k = &r->bk[b];
+                for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m; m &= m - 1) {
+                    unsigned i = (unsigned)__builtin_ctz(m);
+                    uint32_t tag = k->tag[i];
+                    bool prim = tab_b1(r, tag) == b;
+                    uint32_t d = prim ? tab_b1(&g, tag) : tab_b2(&g, tag);
+                    unsigned hole = bucket_holes(&g.bk[d]);
+                    assert(hole); /* see above */
+                    unsigned j = (unsigned)__builtin_ctz(hole);
+                    g.bk[d].tag[j] = tag;
+                    g.bk[d].ref[j] = k->ref[i];
+                    g.len++;
+                    if (!prim) spill_note(&g, d, tag, true);
+                }
+            }
+            from = r->nb * BW;
+        }
+        for (uint32_t i = from; ok && i < tab_positions(r); i++) {
+            uint32_t v = tab_ref(r, i);
+            if (v) ok = put(&g, tab_tag(r, i), v);
+        }
+        if (ok) {
+            tab_free_mem(r);
+            *r = g;
+            return KVO_OK;
+        }
+        tab_free_mem(&g);
+        if ((uint64_t)nb * 2 > TAB_MAX_SLOTS / BW) return KVO_ETOOBIG;
+        nb = nb * 2;
+    }
 }
 
 kvo_status idx_tab_reserve(tab *r, uint32_t more) {
@@ -211,15 +278,18 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
     uint64_t need = (uint64_t)r->len + more;
     if (need * LOAD_DEN <= (uint64_t)r->nb * BW * LOAD_NUM) return KVO_OK;
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;
-    while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = nb * 3 / 2 + 1;
+    /* x4 while a table is below HUGE_BYTES: each growth writes a fresh
+     * table, and small ones are first-touched 4 KiB pages (~15 us a fault
+     * here): 1.33x the final size touched instead of 3x. x2 beyond. Whole
+     * factors let tab_grow split buckets in one sequential pass. */
+    while (need * LOAD_DEN > nb * BW * LOAD_NUM)
+        nb = nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 2;
     if (nb * BW > TAB_MAX_SLOTS) return KVO_ETOOBIG;
-    return tab_grow(r, (uint32_t)nb);
+    return tab_grow(r, (uint32_t)nb, more);
 }
 
 void idx_tab_fini(tab *r) {
-    kvo_free(r->bk_mem);
-    kvo_free(r->spill);
-    kvo_free(r->stash);
+    tab_free_mem(r);
     memset(r, 0, sizeof(*r));
 }
 

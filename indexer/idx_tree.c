@@ -42,6 +42,10 @@
  * Layout
  * ------
  *   nd[]     slab of 32-byte nodes addressed by u32 index; 0 is the root.
+ *            A segmented array (idx_int.h): segment k holds 64 << k nodes,
+ *            allocated when first needed and never moved, so growth copies
+ *            nothing and leaves no moved pages behind; segments of 2 MiB and
+ *            more are huge pages (idx_mem_alloc).
  *
  *       0             8             16       20     24      28      32
  *       +-------------+-------------+--------+------+-------+------+
@@ -56,8 +60,9 @@
  *     child   first edge of this node's child list
  *     next    the following edge in the parent's child list (primary edge);
  *             the free-list / dying-stack link of free nodes
- *   refs[]   u8 per node: lookup entries + alias edges pointing at it (from
- *            255 on, the rest is counted in the sorted side array ov[])
+ *   refs[]   u8 per node, segmented like nd: lookup entries + alias edges
+ *            pointing at it (from 255 on, the rest is counted in the sorted
+ *            side array ov[])
  *
  *   An edge is named by a u32 "ref": a node index n is n's primary edge;
  *   TAG|i is ea[i], an alias edge {tokens_hash, parent, child, next} for a
@@ -71,11 +76,12 @@
  *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
  *            parents with two children or more. A lone child is found
  *            through parent.child, so chains cost no table space.
- *   look     table (slot, block_hash) -> lookup ref: every worker's lookup
- *            in one table.
+ *   ws[w].look  table block_hash -> lookup ref, one per worker slot (as
+ *            Dynamo keeps one map per worker): listing or clearing a worker
+ *            costs O(its blocks). Keys are still hashed with the slot.
  *   wmap     (worker_id, dp_rank) -> slot. Slots are never reused.
  *
- *   Both tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
+ *   The tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
  *   draws them): an entry is a tag (the top half of the key's hash) and a
  *   ref, and the key itself is read from the node or alias record the ref
  *   names. A single-worker block costs 32 + 1 bytes of slab plus one
@@ -87,8 +93,9 @@
  *     nd[parent]'s child list; alias edges appear once in ea[].parent's list.
  *  I2 keys are unique within a child list; the edges of a list of 2+ are all
  *     in `edges`, those of a list of 1 are not.
- *  I3 an inline lookup ref n sits at key (nd[n].wset, nd[n].block_hash) and
- *     nd[n].wset is a single slot; every lookup key is unique; per-slot entry
+ *  I3 an inline lookup ref n sits at key (nd[n].wset, nd[n].block_hash), in
+ *     the table of slot nd[n].wset, and nd[n].wset is a single slot; every
+ *     entry of ws[w].look is w's; every lookup key is unique; per-slot entry
  *     counts equal ws[].blocks and their sum equals pairs.
  *  I4 refs[n] (+ ov) = lookup entries naming n + alias edges to n.
  *  I5 a live node other than the root has parent != NIL or refs > 0 (else it
@@ -121,17 +128,17 @@
 static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
                                      uint64_t bh) {
     uint64_t h = mix(bh, w);
-    tab_prefetch(&t->look, h);
+    tab_prefetch(&t->ws[w].look, h);
     return h;
 }
 
 /* The child of p under tokens_hash th, or NIL. */
 static inline uint32_t child_find(const idx_tree *t, uint32_t p,
                                   uint64_t th) {
-    uint32_t e = t->nd[p].child;
+    uint32_t e = ND(t, p).child;
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
-        const node *c = &t->nd[e];
+        const node *c = &ND(t, e);
         if (c->next == NIL) return c->tokens_hash == th ? e : NIL;
     } else {
         const ealias *a = &t->ea[e & ~TAG];
@@ -163,17 +170,10 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
     if (more > MAX_INDEX - t->nd_len) return KVO_ETOOBIG;
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
-    uint32_t cap = t->nd_cap;
-    kvo_status s = grow((void **)&t->nd, &cap, need, sizeof(node));
-    if (s != KVO_OK) return s;
-    uint32_t rcap = t->nd_cap;
-    uint8_t *r = t->refs;
-    if (rcap < cap) {
-        r = kvo_realloc(t->refs, cap);
-        if (!r) return KVO_ENOMEM; /* nd keeps its larger block: harmless */
-    }
-    t->refs = r;
-    t->nd_cap = cap;
+    kvo_status s = idx_segv_reserve(&t->nd, need, sizeof(node));
+    if (s == KVO_OK) s = idx_segv_reserve(&t->refs, need, 1);
+    if (s != KVO_OK) return s; /* nd may keep a new segment: harmless */
+    t->nd_cap = t->nd.cap < t->refs.cap ? t->nd.cap : t->refs.cap;
     return KVO_OK;
 }
 
@@ -181,12 +181,12 @@ static uint32_t node_new(idx_tree *t, uint64_t bh, uint64_t th) {
     uint32_t n;
     if (t->nd_free != NIL) {
         n = t->nd_free;
-        t->nd_free = t->nd[n].next;
+        t->nd_free = ND(t, n).next;
     } else {
         n = t->nd_len++;
     }
-    t->nd[n] = (node){th, bh, NIL, NIL, NIL, NIL};
-    t->refs[n] = 0;
+    ND(t, n) = (node){th, bh, NIL, NIL, NIL, NIL};
+    REFS(t, n) = 0;
     t->nd_live++;
     return n;
 }
@@ -233,8 +233,8 @@ static void la_release(idx_tree *t, uint32_t a) {
 /* ---- Reference counts --------------------------------------------------- */
 
 static void ref_inc(idx_tree *t, uint32_t n) {
-    if (t->refs[n] < REFS_SPILL) {
-        t->refs[n]++;
+    if (REFS(t, n) < REFS_SPILL) {
+        REFS(t, n)++;
         return;
     }
     uint32_t i = ov_find(t, n);
@@ -248,7 +248,7 @@ static void ref_inc(idx_tree *t, uint32_t n) {
 }
 
 static void ref_dec(idx_tree *t, uint32_t n) {
-    if (t->refs[n] == REFS_SPILL) {
+    if (REFS(t, n) == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) {
             if (--t->ov[i].extra == 0) {
@@ -259,7 +259,7 @@ static void ref_dec(idx_tree *t, uint32_t n) {
             return;
         }
     }
-    t->refs[n]--;
+    REFS(t, n)--;
 }
 
 /* ---- Worker sets -------------------------------------------------------- */
@@ -314,16 +314,16 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
 /* Turn the inline lookup entry (w, n.block_hash) -> n, if there is one,
  * into an alias record: n's worker set is about to stop being {w}. */
 static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
-    uint64_t bh = t->nd[n].block_hash;
+    uint64_t bh = ND(t, n).block_hash;
     uint32_t pos = look_find(t, w, bh);
-    if (pos == NIL || tab_ref(&t->look, pos) != n) return;
-    tab_ref_set(&t->look, pos, TAG | la_new(t, bh, w, n));
+    if (pos == NIL || tab_ref(&t->ws[w].look, pos) != n) return;
+    tab_ref_set(&t->ws[w].look, pos, TAG | la_new(t, bh, w, n));
 }
 
 static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = t->nd[n].wset;
+    uint32_t ws = ND(t, n).wset;
     if (ws == NIL) {
-        t->nd[n].wset = w;
+        ND(t, n).wset = w;
         t->held++;
         return;
     }
@@ -335,7 +335,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
         s[0] |= 2;
         s[1] = ws < w ? ws : w;
         s[2] = ws < w ? w : ws;
-        t->nd[n].wset = TAG | off;
+        ND(t, n).wset = TAG | off;
         return;
     }
     uint32_t off = ws & ~TAG;
@@ -356,17 +356,17 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     memcpy(&d[2 + i], &s[1 + i], (cnt - i) * sizeof(uint32_t));
     d[0] = (cls + 1) << SET_CLASS_SHIFT | (cnt + 1);
     set_release(t, off);
-    t->nd[n].wset = TAG | noff;
+    ND(t, n).wset = TAG | noff;
 }
 
 /* Remove w from n's set (no-op when absent). The caller has already
  * outlined any inline lookup entry that depends on the set being {w}. */
 static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = t->nd[n].wset;
+    uint32_t ws = ND(t, n).wset;
     if (ws == NIL) return;
     if (!(ws & TAG)) {
         if (ws == w) {
-            t->nd[n].wset = NIL;
+            ND(t, n).wset = NIL;
             t->held--;
         }
         return;
@@ -378,7 +378,7 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
     memmove(&s[1 + i], &s[2 + i], (cnt - i - 1) * sizeof(uint32_t));
     cnt--;
     if (cnt == 1) {
-        t->nd[n].wset = s[1];
+        ND(t, n).wset = s[1];
         set_release(t, off);
     } else {
         s[0] = set_class(s) << SET_CLASS_SHIFT | cnt;
@@ -392,13 +392,13 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
 /* Add the edge (p, th) -> c (absent so far). It becomes c's primary edge when
  * c has none; otherwise an alias edge that holds a reference on c. */
 static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
-    uint32_t first = t->nd[p].child;
+    uint32_t first = ND(t, p).child;
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
-    if (t->nd[c].parent == NIL && c != p) {
-        t->nd[c].parent = p;
-        t->nd[c].tokens_hash = th;
-        t->nd[c].next = first;
+    if (ND(t, c).parent == NIL && c != p) {
+        ND(t, c).parent = p;
+        ND(t, c).tokens_hash = th;
+        ND(t, c).next = first;
         e = c;
     } else {
         uint32_t a = ea_new(t);
@@ -406,7 +406,7 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
         ref_inc(t, c);
         e = TAG | a;
     }
-    t->nd[p].child = e;
+    ND(t, p).child = e;
     if (was_single)
         idx_tab_put(&t->edges, tab_hash_tag(mix(edge_key(t, first), p)), first);
     if (first != NIL) idx_tab_put(&t->edges, tab_hash_tag(mix(th, p)), e);
@@ -414,18 +414,18 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
 
 /* Queue n for release when nothing refers to it any more. */
 static void maybe_free(idx_tree *t, uint32_t n) {
-    if (n == ROOT || t->nd[n].parent != NIL || t->refs[n] != 0) return;
-    t->nd[n].parent = DEAD;
-    t->nd[n].next = t->dying;
+    if (n == ROOT || ND(t, n).parent != NIL || REFS(t, n) != 0) return;
+    ND(t, n).parent = DEAD;
+    ND(t, n).next = t->dying;
     t->dying = n;
 }
 
 /* Drop every edge from p to its children (Dynamo: children.clear()). */
 static void detach(idx_tree *t, uint32_t p) {
-    uint32_t e = t->nd[p].child;
+    uint32_t e = ND(t, p).child;
     if (e == NIL) return;
     bool hashed = edge_next(t, e) != NIL;
-    t->nd[p].child = NIL;
+    ND(t, p).child = NIL;
     while (e != NIL) {
         uint32_t nx = edge_next(t, e);
         if (hashed) {
@@ -439,8 +439,8 @@ static void detach(idx_tree *t, uint32_t p) {
             ref_dec(t, c);
         } else {
             c = e;
-            t->nd[c].parent = NIL;
-            t->nd[c].next = NIL;
+            ND(t, c).parent = NIL;
+            ND(t, c).next = NIL;
         }
         maybe_free(t, c);
         e = nx;
@@ -451,13 +451,13 @@ static void detach(idx_tree *t, uint32_t p) {
 static void drain(idx_tree *t) {
     while (t->dying != NIL) {
         uint32_t n = t->dying;
-        t->dying = t->nd[n].next;
+        t->dying = ND(t, n).next;
         detach(t, n);
-        if (t->nd[n].wset != NIL) t->held--;
-        if (t->nd[n].wset != NIL && (t->nd[n].wset & TAG))
-            set_release(t, t->nd[n].wset & ~TAG);
-        t->nd[n].wset = NIL;
-        t->nd[n].next = t->nd_free;
+        if (ND(t, n).wset != NIL) t->held--;
+        if (ND(t, n).wset != NIL && (ND(t, n).wset & TAG))
+            set_release(t, ND(t, n).wset & ~TAG);
+        ND(t, n).wset = NIL;
+        ND(t, n).next = t->nd_free;
         t->nd_free = n;
         t->nd_live--;
     }
@@ -474,26 +474,26 @@ static void drain(idx_tree *t) {
 static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
                          uint32_t n, uint32_t pos) {
     if (pos == FIND) pos = look_find_h(t, w, bh, h);
-    bool inl = t->nd[n].wset == w && t->nd[n].block_hash == bh;
+    bool inl = ND(t, n).wset == w && ND(t, n).block_hash == bh;
     if (pos != NIL) {
-        uint32_t v = tab_ref(&t->look, pos), old = look_node(t, v);
+        uint32_t v = tab_ref(&t->ws[w].look, pos), old = look_node(t, v);
         if (old == n) return NIL;
         if (v & TAG) {
             if (inl) {
                 la_release(t, v & ~TAG);
-                tab_ref_set(&t->look, pos, n);
+                tab_ref_set(&t->ws[w].look, pos, n);
             } else {
                 t->la[v & ~TAG].node = n;
             }
         } else {
-            tab_ref_set(&t->look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
+            tab_ref_set(&t->ws[w].look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
         }
         ref_inc(t, n);
         ref_dec(t, old);
         return old;
     }
     uint32_t v = inl ? n : (TAG | la_new(t, bh, w, n));
-    idx_tab_put(&t->look, tab_hash_tag(h), v);
+    idx_tab_put(&t->ws[w].look, tab_hash_tag(h), v);
     ref_inc(t, n);
     t->ws[w].blocks++;
     t->pairs++;
@@ -502,8 +502,8 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
 
 /* Erase the lookup entry at pos; returns the node it named. */
 static uint32_t look_erase(idx_tree *t, uint32_t w, uint32_t pos) {
-    uint32_t v = tab_ref(&t->look, pos), n = look_node(t, v);
-    idx_tab_del(&t->look, pos);
+    uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
+    idx_tab_del(&t->ws[w].look, pos);
     if (v & TAG) la_release(t, v & ~TAG);
     ref_dec(t, n);
     t->ws[w].blocks--;
@@ -554,7 +554,7 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
     }
     s = t->ws_len++;
     t->sp_step = class_words(class_for(t->ws_len + 1));
-    t->ws[s] = (wslot){wid, rank, 1, 0};
+    t->ws[s] = (wslot){.worker_id = wid, .dp_rank = rank, .present = 1};
     wmap_insert(t, s);
     *out = s;
     return KVO_OK;
@@ -573,8 +573,8 @@ kvo_status idx_tree_new(idx_tree **out) {
         idx_tree_free(t);
         return KVO_ENOMEM;
     }
-    t->nd[ROOT] = (node){0, 0, NIL, NIL, NIL, NIL};
-    t->refs[ROOT] = 0;
+    ND(t, ROOT) = (node){0, 0, NIL, NIL, NIL, NIL};
+    REFS(t, ROOT) = 0;
     t->nd_len = 1;
     *out = t;
     return KVO_OK;
@@ -582,14 +582,14 @@ kvo_status idx_tree_new(idx_tree **out) {
 
 void idx_tree_free(idx_tree *t) {
     if (!t) return;
-    kvo_free(t->nd);
-    kvo_free(t->refs);
+    idx_segv_fini(&t->nd, sizeof(node));
+    idx_segv_fini(&t->refs, 1);
     kvo_free(t->ea);
     kvo_free(t->la);
     kvo_free(t->sp);
     kvo_free(t->ov);
     idx_tab_fini(&t->edges);
-    idx_tab_fini(&t->look);
+    for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
     kvo_free(t->wmap);
     kvo_free(t->act);
@@ -604,7 +604,7 @@ void idx_tree_free(idx_tree *t) {
  * half-way: per block a node, an alias edge, two lookup aliases, two
  * edge-table and one lookup-table entries, two overflow counts, and one set
  * growth (sets_reserve, per block: the set pool moves). */
-static kvo_status store_reserve(idx_tree *t, uint32_t n) {
+static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     kvo_status s;
     if (n > MAX_INDEX / 2) return KVO_ETOOBIG;
     if ((s = nodes_reserve(t, n)) != KVO_OK) return s;
@@ -618,7 +618,7 @@ static kvo_status store_reserve(idx_tree *t, uint32_t n) {
                   sizeof(ovf))) != KVO_OK)
         return s;
     if ((s = idx_tab_reserve(&t->edges, 2 * n)) != KVO_OK) return s;
-    return idx_tab_reserve(&t->look, n);
+    return idx_tab_reserve(&t->ws[w].look, n);
 }
 
 static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -630,9 +630,9 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_PARENT_NOT_FOUND;
             return KVO_OK;
         }
-        cur = look_node(t, tab_ref(&t->look, pos));
+        cur = look_node(t, tab_ref(&t->ws[w].look, pos));
     }
-    kvo_status s = store_reserve(t, ev->n_blocks);
+    kvo_status s = store_reserve(t, w, ev->n_blocks);
     if (s != KVO_OK) return s;
     *st = IDX_EV_OK;
     uint64_t ring[AHEAD]; /* hashes of the blocks prefetched ahead */
@@ -651,10 +651,10 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                 *st = IDX_EV_INVALID_BLOCK;
                 return KVO_OK;
             }
-            if (t->nd[c].block_hash != bh) t->c.hash_mismatch++;
+            if (ND(t, c).block_hash != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
-            c = pos != NIL ? look_node(t, tab_ref(&t->look, pos))
+            c = pos != NIL ? look_node(t, tab_ref(&t->ws[w].look, pos))
                            : node_new(t, bh, th);
             edge_add(t, cur, th, c);
             if (c == cur) { /* Dynamo links it, then rejects the block */
@@ -677,9 +677,9 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
 /* After w lost its lookup entry (value v) for node n: w leaves n's set, and
  * an emptied n detaches its children. */
 static void leave_node(idx_tree *t, uint32_t w, uint32_t v, uint32_t n) {
-    if ((v & TAG) && t->nd[n].wset == w) look_outline(t, n, w);
+    if ((v & TAG) && ND(t, n).wset == w) look_outline(t, n, w);
     wset_del(t, n, w);
-    if (t->nd[n].wset == NIL) detach(t, n);
+    if (ND(t, n).wset == NIL) detach(t, n);
 }
 
 static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -701,7 +701,7 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_BLOCK_NOT_FOUND;
             continue;
         }
-        uint32_t v = tab_ref(&t->look, pos);
+        uint32_t v = tab_ref(&t->ws[w].look, pos);
         uint32_t n = look_erase(t, w, pos);
         leave_node(t, w, v, n);
         maybe_free(t, n);
@@ -717,23 +717,20 @@ typedef struct centry {
     uint32_t v;
 } centry;
 
-/* Drop every lookup entry of slot w (Dynamo: remove_or_clear_worker_blocks).
- * All entries are erased first, so no inline entry of w needs outlining;
- * then w leaves the nodes; then unreferenced nodes are released. */
+/* Drop every lookup entry of slot w (Dynamo: remove_or_clear_worker_blocks),
+ * in O(w's entries): its own table lists them. All entries are erased
+ * first, so no inline entry of w needs outlining; then w leaves the nodes;
+ * then unreferenced nodes are released. */
 static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     uint64_t n = t->ws[w].blocks;
     if (n == 0) return KVO_OK;
     centry *list = kvo_malloc(n * sizeof(centry));
     if (!list) return KVO_ENOMEM;
+    tab *lk = &t->ws[w].look;
     uint64_t k = 0;
-    for (uint32_t a = 0; a < t->la_len && k < n; a++)
-        if (t->la[a].slot == w)
-            list[k++] = (centry){t->la[a].block_hash, t->la[a].node, TAG};
-    for (uint32_t x = 1; x < t->nd_len && k < n; x++) {
-        if (t->nd[x].parent == DEAD || t->nd[x].wset != w) continue;
-        uint32_t pos = look_find(t, w, t->nd[x].block_hash);
-        if (pos != NIL && tab_ref(&t->look, pos) == x)
-            list[k++] = (centry){t->nd[x].block_hash, x, x};
+    for (uint32_t i = 0; i < tab_positions(lk) && k < n; i++) {
+        uint32_t v = tab_ref(lk, i);
+        if (v) list[k++] = (centry){look_block_hash(t, v), look_node(t, v), v};
     }
     for (uint64_t i = 0; i < k; i++) {
         uint32_t pos = look_find(t, w, list[i].block_hash);
@@ -742,7 +739,7 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     for (uint64_t i = 0; i < k; i++) {
         uint32_t x = list[i].node;
         wset_del(t, x, w);
-        if (t->nd[x].wset == NIL) detach(t, x);
+        if (ND(t, x).wset == NIL) detach(t, x);
     }
     for (uint64_t i = 0; i < k; i++) maybe_free(t, list[i].node);
     drain(t);
@@ -832,11 +829,11 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
     }
     if (n == 0) return KVO_OK;
     uint32_t c = child_find(t, ROOT, h[0]);
-    if (c == NIL || t->nd[c].wset == NIL) return KVO_OK;
+    if (c == NIL || ND(t, c).wset == NIL) return KVO_OK;
 
     /* act: the workers present at every node so far, sorted */
     uint32_t *act = t->act, na;
-    uint32_t curws = t->nd[c].wset;
+    uint32_t curws = ND(t, c).wset;
     if (!(curws & TAG)) {
         act[0] = curws;
         na = 1;
@@ -848,9 +845,28 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
     size_t depth = 1;
     uint32_t cur = c;
     for (size_t i = 1; i < n; i++) {
-        uint32_t nx = child_find(t, cur, h[i]);
+        /* Chains are allocated in order, so cur's child is most often cur
+         * + 1: when cur + 1's primary edge is (cur, h[i]) it is the child
+         * for h[i] (keys are unique in a child list, I2), and no child list
+         * needs reading. Run along such a chain while the worker set stays
+         * the same: no load waits for another, so the walk streams. */
+        const node *np = nd_at(t, cur);
+        uint32_t lim = seg_first(seg_of(cur) + 1); /* np[1] stays in cur's segment */
+        if (lim > t->nd_len) lim = t->nd_len;
+        while (i < n && cur + 1 < lim && np[1].parent == cur &&
+               np[1].tokens_hash == h[i] && np[1].wset == curws) {
+            np++;
+            cur++;
+            i++;
+        }
+        depth = i;
+        if (i == n) break;
+        uint32_t nx = cur + 1 < lim && np[1].parent == cur &&
+                              np[1].tokens_hash == h[i]
+                          ? cur + 1
+                          : child_find(t, cur, h[i]);
         if (nx == NIL) break;
-        uint32_t ws = t->nd[nx].wset;
+        uint32_t ws = ND(t, nx).wset;
         if (ws != curws) {
             if (ws == NIL) break;
             if (!(ws & TAG)) {
@@ -914,15 +930,18 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->nodes = t->nd_live;
     out->held = t->held;
     out->pairs = t->pairs;
-    for (uint32_t w = 0; w < t->ws_len; w++) out->workers += t->ws[w].present;
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        out->workers += t->ws[w].present;
+        out->bytes += idx_tab_bytes(&t->ws[w].look);
+    }
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes = sizeof(*t) + (uint64_t)t->nd_cap * (sizeof(node) + 1) +
+    out->bytes += sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
                  (uint64_t)t->ea_cap * sizeof(ealias) +
                  (uint64_t)t->la_cap * sizeof(lalias) +
                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
-                 idx_tab_bytes(&t->edges) + idx_tab_bytes(&t->look) +
+                 idx_tab_bytes(&t->edges) +
                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
                  (uint64_t)t->wmap_cap * 4;
 }
@@ -952,6 +971,82 @@ kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n) {
     return KVO_OK;
 }
 
+/* The block a lookup ref v of w names, in the API's terms. */
+static idx_block block_of(const idx_tree *t, uint32_t v) {
+    uint32_t n = look_node(t, v), p = ND(t, n).parent;
+    bool hp = p != NIL && p != ROOT;
+    return (idx_block){look_block_hash(t, v), ND(t, n).tokens_hash, hp,
+                       hp ? ND(t, p).block_hash : 0};
+}
+
+kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
+                                  uint32_t dp_rank, idx_block_fn fn,
+                                  void *ctx) {
+    if (!t || !fn) return KVO_EINVAL;
+    uint32_t w = slot_find(t, worker_id, dp_rank);
+    if (w == NIL) return KVO_OK;
+    const tab *lk = &t->ws[w].look;
+    for (uint32_t i = 0; i < tab_positions(lk); i++) {
+        uint32_t v = tab_ref(lk, i);
+        if (!v) continue;
+        idx_block b = block_of(t, v);
+        kvo_status s = fn(ctx, &b);
+        if (s != KVO_OK) return s;
+    }
+    return KVO_OK;
+}
+
+static bool slot_less(const idx_tree *t, uint32_t a, uint32_t b) {
+    const wslot *x = &t->ws[a], *y = &t->ws[b];
+    return x->worker_id != y->worker_id ? x->worker_id < y->worker_id
+                                        : x->dp_rank < y->dp_rank;
+}
+
+kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank, uint64_t block_hash,
+                               idx_block_info *out) {
+    if (!t || !out) return KVO_EINVAL;
+    memset(out, 0, sizeof(*out));
+    uint32_t w = slot_find(t, worker_id, dp_rank);
+    uint32_t pos = w == NIL ? NIL : look_find(t, w, block_hash);
+    if (pos == NIL) return KVO_OK;
+    uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
+    out->held = true;
+    out->block = block_of(t, v);
+    out->node_block_hash = ND(t, n).block_hash;
+    uint32_t ws = ND(t, n).wset, one = ws, cnt = ws == NIL ? 0 : 1;
+    const uint32_t *items = &one;
+    if (ws != NIL && (ws & TAG)) {
+        items = &t->sp[(ws & ~TAG) + 1];
+        cnt = set_count(&t->sp[ws & ~TAG]);
+    }
+    /* the IDX_INFO_OTHERS smallest others, by insertion: sets are sorted by
+     * slot, not by worker id */
+    uint32_t best[IDX_INFO_OTHERS];
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint32_t x = items[i];
+        if (x == w) {
+            out->in_set = true;
+            continue;
+        }
+        out->others++;
+        uint32_t k = out->listed;
+        if (k == IDX_INFO_OTHERS) {
+            if (!slot_less(t, x, best[k - 1])) continue;
+            k--;
+        } else {
+            out->listed++;
+        }
+        for (; k > 0 && slot_less(t, x, best[k - 1]); k--) best[k] = best[k - 1];
+        best[k] = x;
+    }
+    for (uint32_t i = 0; i < out->listed; i++) {
+        out->other[i].worker_id = t->ws[best[i]].worker_id;
+        out->other[i].dp_rank = t->ws[best[i]].dp_rank;
+    }
+    return KVO_OK;
+}
+
 kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
     kvo_status s = KVO_OK;
     uint8_t *seen = kvo_calloc(t->nd_len, 1);
@@ -973,13 +1068,13 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
     uint64_t id = 0;
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             ev.has_parent = p != ROOT;
-            ev.parent_hash = p != ROOT ? t->nd[p].block_hash : 0;
-            blk.block_hash = t->nd[c].block_hash;
+            ev.parent_hash = p != ROOT ? ND(t, p).block_hash : 0;
+            blk.block_hash = ND(t, c).block_hash;
             blk.tokens_hash = edge_key(t, e);
-            uint32_t ws = t->nd[c].wset;
+            uint32_t ws = ND(t, c).wset;
             uint32_t one = ws, cnt = ws == NIL ? 0 : 1;
             const uint32_t *items = &one;
             if (ws != NIL && (ws & TAG)) {

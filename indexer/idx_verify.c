@@ -15,11 +15,11 @@
     } while (0)
 
 static bool live(const idx_tree *t, uint32_t n) {
-    return n < t->nd_len && t->nd[n].parent != DEAD;
+    return n < t->nd_len && ND(t, n).parent != DEAD;
 }
 
 static uint64_t refs_of(const idx_tree *t, uint32_t n) {
-    uint64_t r = t->refs[n];
+    uint64_t r = REFS(t, n);
     if (r == REFS_SPILL) {
         uint32_t i = ov_find(t, n);
         if (i < t->ov_len && t->ov[i].node == n) r += t->ov[i].extra;
@@ -51,17 +51,17 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         goto done;
     }
     if (t->dying != NIL) FAIL("dying stack not empty");
-    if (t->nd[ROOT].parent != NIL || t->nd[ROOT].wset != NIL)
+    if (ND(t, ROOT).parent != NIL || ND(t, ROOT).wset != NIL)
         FAIL("root has a parent or workers");
 
     /* I8: free nodes */
     uint32_t nfree = 0;
-    for (uint32_t n = t->nd_free; n != NIL; n = t->nd[n].next) {
-        if (n >= N || t->nd[n].parent != DEAD) FAIL("free list holds node %u", n);
+    for (uint32_t n = t->nd_free; n != NIL; n = ND(t, n).next) {
+        if (n >= N || ND(t, n).parent != DEAD) FAIL("free list holds node %u", n);
         if (++nfree > N) FAIL("free list loops");
     }
     uint32_t nlive = 0;
-    for (uint32_t n = 1; n < N; n++) nlive += t->nd[n].parent != DEAD;
+    for (uint32_t n = 1; n < N; n++) nlive += ND(t, n).parent != DEAD;
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);
@@ -82,7 +82,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     uint64_t held = 0;
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        uint32_t ws = t->nd[n].wset;
+        uint32_t ws = ND(t, n).wset;
         if (ws == NIL) continue;
         held++;
         if (!(ws & TAG)) {
@@ -112,7 +112,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     for (uint32_t p = 0; p < N; p++) {
         if (!live(t, p)) continue;
         uint32_t len = 0;
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             if (++len > N + t->ea_len) FAIL("node %u: child list loops", p);
             uint32_t c;
             if (e & TAG) {
@@ -124,13 +124,13 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
                 want[c]++;
             } else {
                 c = e;
-                if (!live(t, c) || t->nd[c].parent != p)
+                if (!live(t, c) || ND(t, c).parent != p)
                     FAIL("node %u: child %u has parent %u", p, c,
-                         c < N ? t->nd[c].parent : 0);
+                         c < N ? ND(t, c).parent : 0);
                 prim[c]++;
             }
         }
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t pos = edge_find(t, p, edge_key(t, e));
             if (len >= 2 && (pos == NIL || tab_ref(&t->edges, pos) != e))
                 FAIL("node %u: edge %016llx not hashed (or key repeated)", p,
@@ -144,43 +144,55 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         FAIL("edge table holds %u, lists %u", t->edges.len, in_table);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        if (t->nd[n].parent != NIL && prim[n] != 1)
+        if (ND(t, n).parent != NIL && prim[n] != 1)
             FAIL("node %u listed %u times under its parent", n, prim[n]);
     }
     uint32_t ealive = 0;
     for (uint32_t a = 0; a < t->ea_len; a++) ealive += t->ea[a].parent != DEAD;
     if (ealive != t->ea_live) FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
-    /* I3: lookup */
-    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz) ||
-        !idx_tab_check(&t->look, look_hash, t, "look", msg, msgsz)) {
+    /* I3: lookup, one table per slot */
+    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz)) {
         s = KVO_ESTATE;
         goto done;
     }
     uint32_t lalive = 0;
-    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
-        if (!tab_ref(&t->look, i)) continue;
-        uint32_t v = tab_ref(&t->look, i), n, w;
-        uint64_t bh;
-        if (v & TAG) {
-            uint32_t a = v & ~TAG;
-            if (a >= t->la_len || t->la[a].slot == NIL) FAIL("look[%u]: free alias", i);
-            lalive++;
-            n = t->la[a].node;
-            w = t->la[a].slot;
-            bh = t->la[a].block_hash;
-        } else {
-            n = v;
-            if (!live(t, n)) FAIL("look[%u]: dead node %u", i, n);
-            w = t->nd[n].wset;
-            bh = t->nd[n].block_hash;
-            if (w == NIL || (w & TAG)) FAIL("look[%u]: inline entry, node %u has set %08x", i, n, w);
+    for (uint32_t sw = 0; sw < t->ws_len; sw++) {
+        const tab *lk = &t->ws[sw].look;
+        char name[32];
+        snprintf(name, sizeof(name), "look of slot %u", sw);
+        if (!idx_tab_check(lk, look_hash, t, name, msg, msgsz)) {
+            s = KVO_ESTATE;
+            goto done;
         }
-        if (!live(t, n)) FAIL("look[%u]: names dead node %u", i, n);
-        if (w >= t->ws_len) FAIL("look[%u]: slot %u", i, w);
-        if (look_find(t, w, bh) != i) FAIL("look[%u]: key repeated or unreachable", i);
-        want[n]++;
-        per_slot[w]++;
+        for (uint32_t i = 0; i < tab_positions(lk); i++) {
+            if (!tab_ref(lk, i)) continue;
+            uint32_t v = tab_ref(lk, i), n, w;
+            uint64_t bh;
+            if (v & TAG) {
+                uint32_t a = v & ~TAG;
+                if (a >= t->la_len || t->la[a].slot == NIL)
+                    FAIL("%s[%u]: free alias", name, i);
+                lalive++;
+                n = t->la[a].node;
+                w = t->la[a].slot;
+                bh = t->la[a].block_hash;
+            } else {
+                n = v;
+                if (!live(t, n)) FAIL("%s[%u]: dead node %u", name, i, n);
+                w = ND(t, n).wset;
+                bh = ND(t, n).block_hash;
+                if (w == NIL || (w & TAG))
+                    FAIL("%s[%u]: inline entry, node %u has set %08x", name, i,
+                         n, w);
+            }
+            if (!live(t, n)) FAIL("%s[%u]: names dead node %u", name, i, n);
+            if (w != sw) FAIL("%s[%u]: entry of slot %u", name, i, w);
+            if (look_find(t, w, bh) != i)
+                FAIL("%s[%u]: key repeated or unreachable", name, i);
+            want[n]++;
+            per_slot[w]++;
+        }
     }
     if (lalive != t->la_live) FAIL("lookup aliases: %u live, %u in table", t->la_live, lalive);
     uint64_t pairs = 0;
@@ -199,31 +211,34 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     /* I4, I5 */
     for (uint32_t i = 0; i < t->ov_len; i++)
         if ((i && t->ov[i - 1].node >= t->ov[i].node) || !t->ov[i].extra ||
-            t->ov[i].node >= N || t->refs[t->ov[i].node] != REFS_SPILL)
+            t->ov[i].node >= N || REFS(t, t->ov[i].node) != REFS_SPILL)
             FAIL("overflow entry %u", i);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
         if (refs_of(t, n) != want[n])
             FAIL("node %u: refs %llu, counted %llu", n,
                  (unsigned long long)refs_of(t, n), (unsigned long long)want[n]);
-        if (t->nd[n].parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
+        if (ND(t, n).parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
     }
 
     /* Reachability: from the root and from every lookup entry. */
     uint32_t head = 0, tail = 0;
     queue[tail++] = ROOT;
     seen[ROOT] = 1;
-    for (uint32_t i = 0; i < tab_positions(&t->look); i++) {
-        if (!tab_ref(&t->look, i)) continue;
-        uint32_t n = look_node(t, tab_ref(&t->look, i));
-        if (!seen[n]) {
-            seen[n] = 1;
-            queue[tail++] = n;
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        const tab *lk = &t->ws[w].look;
+        for (uint32_t i = 0; i < tab_positions(lk); i++) {
+            if (!tab_ref(lk, i)) continue;
+            uint32_t n = look_node(t, tab_ref(lk, i));
+            if (!seen[n]) {
+                seen[n] = 1;
+                queue[tail++] = n;
+            }
         }
     }
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = t->nd[p].child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             if (!seen[c]) {
                 seen[c] = 1;

@@ -25,6 +25,9 @@ typedef struct mkid {
 } mkid;
 struct mnode {
     uint64_t bh;
+    mnode *prim; /* the parent of its primary edge (the first edge that
+                    linked it and still does), NULL when none */
+    uint64_t tok; /* that edge's key (the one it was created under before) */
     mkid *kids;
     size_t nk, ck;
     int *ws; /* model worker indices, unordered */
@@ -95,7 +98,11 @@ static void m_drop_worker(mnode *n, int w) {
             n->ws[i] = n->ws[--n->nw];
             break;
         }
-    if (n->nw == 0) n->nk = 0; /* Dynamo: children.clear() */
+    if (n->nw == 0) { /* Dynamo: children.clear() */
+        for (size_t i = 0; i < n->nk; i++)
+            if (n->kids[i].n->prim == n) n->kids[i].n->prim = NULL;
+        n->nk = 0;
+    }
 }
 
 static idx_evstatus m_store(model *m, int w, bool has_parent, uint64_t parent,
@@ -120,9 +127,14 @@ static idx_evstatus m_store(model *m, int w, bool has_parent, uint64_t parent,
                 child = calloc(1, sizeof(mnode));
                 ck_assert_ptr_nonnull(child);
                 child->bh = b[i].block_hash;
+                child->tok = b[i].tokens_hash;
                 PUSH(m->all, m->nall, m->call, child);
             }
             PUSH(cur->kids, cur->nk, cur->ck, ((mkid){b[i].tokens_hash, child}));
+            if (!child->prim && child != cur) {
+                child->prim = cur;
+                child->tok = b[i].tokens_hash;
+            }
             if (child == cur) return IDX_EV_INVALID_BLOCK;
         }
         if (!m_has(child, w)) PUSH(child->ws, child->nw, child->cw, w);
@@ -247,6 +259,102 @@ static void compare_queries(idx_tree *t, const model *m, uint64_t *rs,
         compare_query(t, m, q, n, seed, step);
         if (restored) compare_query(restored, m, q, n, seed, step);
     }
+}
+
+typedef struct blist {
+    idx_block v[512];
+    size_t n;
+} blist;
+
+static kvo_status collect_block(void *ctx, const idx_block *b) {
+    blist *l = ctx;
+    ck_assert_uint_lt(l->n, 512);
+    l->v[l->n++] = *b;
+    return KVO_OK;
+}
+
+/* idx_tree_worker_blocks and idx_tree_block_info against the model: the
+ * same blocks per worker, the same nodes (block_hash, worker set); on
+ * consistent streams also the same tokens_hash and primary parent (on
+ * chaotic ones the tree frees nodes that only cycles keep, which the model
+ * never does, so primary edges may differ there). */
+static void compare_views(const idx_tree *t, const model *m, bool chaotic,
+                          uint64_t *rs, uint64_t seed, long step) {
+    static blist got;
+    for (size_t i = 0; i < m->nw; i++) {
+        const mworker *W = &m->w[i];
+        got.n = 0;
+        ck_assert_int_eq(idx_tree_worker_blocks(t, W->wid, W->rank,
+                                                collect_block, &got), KVO_OK);
+        ck_assert_msg(got.n == W->nl,
+                      "seed %llu step %ld: worker (%llu,%u) lists %zu blocks, "
+                      "model %zu", (unsigned long long)seed, step,
+                      (unsigned long long)W->wid, W->rank, got.n, W->nl);
+        for (size_t j = 0; j < W->nl; j++) {
+            const mlook *l = &W->l[j];
+            const idx_block *b = NULL;
+            for (size_t k = 0; k < got.n; k++)
+                if (got.v[k].block_hash == l->bh) b = &got.v[k];
+            ck_assert_msg(b != NULL, "seed %llu step %ld: block %llu not listed",
+                          (unsigned long long)seed, step,
+                          (unsigned long long)l->bh);
+            idx_block_info in;
+            ck_assert_int_eq(idx_tree_block_info(t, W->wid, W->rank, l->bh, &in),
+                             KVO_OK);
+            ck_assert(in.held);
+            ck_assert(in.block.block_hash == b->block_hash &&
+                      in.block.tokens_hash == b->tokens_hash &&
+                      in.block.has_parent == b->has_parent &&
+                      in.block.parent_block_hash == b->parent_block_hash);
+            ck_assert_uint_eq(in.node_block_hash, l->n->bh);
+            bool mine = m_has(l->n, (int)i);
+            ck_assert_msg(in.in_set == mine, "seed %llu step %ld: in_set",
+                          (unsigned long long)seed, step);
+            ck_assert_uint_eq(in.others, l->n->nw - (mine ? 1 : 0));
+            ck_assert_uint_eq(in.listed, in.others < IDX_INFO_OTHERS
+                                             ? in.others : IDX_INFO_OTHERS);
+            for (uint32_t k = 0; k < in.listed; k++) {
+                bool there = false;
+                for (size_t x = 0; x < l->n->nw; x++) {
+                    const mworker *o = &m->w[l->n->ws[x]];
+                    there |= o->wid == in.other[k].worker_id &&
+                             o->rank == in.other[k].dp_rank &&
+                             l->n->ws[x] != (int)i;
+                }
+                ck_assert_msg(there, "seed %llu step %ld: listed holder not in "
+                              "the model's set", (unsigned long long)seed, step);
+                if (k)
+                    ck_assert(in.other[k - 1].worker_id < in.other[k].worker_id ||
+                              (in.other[k - 1].worker_id == in.other[k].worker_id &&
+                               in.other[k - 1].dp_rank < in.other[k].dp_rank));
+            }
+            if (chaotic) continue;
+            const mnode *p = l->n->prim;
+            bool hp = p && p != &m->root;
+            ck_assert_msg(b->tokens_hash == l->n->tok && b->has_parent == hp &&
+                          b->parent_block_hash == (hp ? p->bh : 0),
+                          "seed %llu step %ld: block %llu: tokens %llu parent "
+                          "%d/%llu, model %llu %d/%llu",
+                          (unsigned long long)seed, step,
+                          (unsigned long long)l->bh,
+                          (unsigned long long)b->tokens_hash, b->has_parent,
+                          (unsigned long long)b->parent_block_hash,
+                          (unsigned long long)l->n->tok, hp,
+                          (unsigned long long)(hp ? p->bh : 0));
+        }
+        /* a hash the worker does not hold */
+        uint64_t other = rng_next(rs) | 1;
+        if (!m_look((mworker *)W, other)) {
+            idx_block_info in;
+            ck_assert_int_eq(idx_tree_block_info(t, W->wid, W->rank, other, &in),
+                             KVO_OK);
+            ck_assert(!in.held && in.others == 0 && in.block.block_hash == 0);
+        }
+    }
+    got.n = 0; /* an unknown worker holds nothing */
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 12345, 9, collect_block, &got),
+                     KVO_OK);
+    ck_assert_uint_eq(got.n, 0);
 }
 
 static void compare_state(const idx_tree *t, const model *m, uint64_t seed,
@@ -378,6 +486,7 @@ static void run_model(uint64_t seed, long steps, bool chaotic) {
                           (unsigned long long)seed, step,
                           (unsigned long long)unreachable);
         compare_state(t, &m, seed, step);
+        compare_views(t, &m, chaotic, &rs, seed, step);
         idx_tree *restored = NULL;
         if (!chaotic && step % 10 == 0) {
             restored = tt_restore(t, NULL, NULL);

@@ -517,6 +517,103 @@ START_TEST(large_streams_keep_every_invariant) {
 }
 END_TEST
 
+static kvo_status collect2(void *ctx, const idx_block *b) {
+    idx_block *v = ctx;
+    size_t i = v[0].block_hash == 0 ? 0 : 1; /* the test's blocks are != 0 */
+    ck_assert_uint_lt(i, 2);
+    v[i] = *b;
+    return KVO_OK;
+}
+
+/* The oracle's views: a worker's blocks with their parents, and who else
+ * holds a block, listed by worker id whatever order the workers came in;
+ * a parent that loses its last worker leaves its child parentless. */
+START_TEST(worker_views_give_parents_and_other_holders) {
+    idx_tree *t = tt_tree_new();
+    for (uint64_t w = 12; w-- > 0;) /* slots in descending worker order */
+        ck_assert_int_eq(tt_store(t, 100 + w, 0, NULL, U64S(1, 2), 2), IDX_EV_OK);
+    idx_block_info in;
+    ck_assert_int_eq(idx_tree_block_info(t, 105, 0, 200, &in), KVO_OK);
+    ck_assert(in.held && in.in_set);
+    ck_assert_uint_eq(in.block.block_hash, 200);
+    ck_assert_uint_eq(in.block.tokens_hash, 2);
+    ck_assert(in.block.has_parent);
+    ck_assert_uint_eq(in.block.parent_block_hash, 100);
+    ck_assert_uint_eq(in.node_block_hash, 200);
+    ck_assert_uint_eq(in.others, 11);
+    ck_assert_uint_eq(in.listed, IDX_INFO_OTHERS);
+    const uint64_t want[IDX_INFO_OTHERS] = {100, 101, 102, 103, 104, 106, 107, 108};
+    for (int i = 0; i < IDX_INFO_OTHERS; i++) {
+        ck_assert_uint_eq(in.other[i].worker_id, want[i]);
+        ck_assert_uint_eq(in.other[i].dp_rank, 0);
+    }
+    ck_assert_int_eq(idx_tree_block_info(t, 105, 1, 200, &in), KVO_OK);
+    ck_assert(!in.held); /* another rank */
+    ck_assert_int_eq(idx_tree_block_info(t, 105, 0, 300, &in), KVO_OK);
+    ck_assert(!in.held);
+
+    idx_block b[2];
+    memset(b, 0, sizeof(b));
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 105, 0, collect2, b), KVO_OK);
+    if (b[0].block_hash == 200) {
+        idx_block x = b[0];
+        b[0] = b[1];
+        b[1] = x;
+    }
+    ck_assert_uint_eq(b[0].block_hash, 100);
+    ck_assert_uint_eq(b[0].tokens_hash, 1);
+    ck_assert(!b[0].has_parent); /* a child of the root */
+    ck_assert_uint_eq(b[1].block_hash, 200);
+    ck_assert(b[1].has_parent);
+    ck_assert_uint_eq(b[1].parent_block_hash, 100);
+
+    for (uint64_t w = 0; w < 12; w++) /* block 100 loses every worker */
+        ck_assert_int_eq(tt_remove(t, 100 + w, 0, U64S(100), 1), IDX_EV_OK);
+    ck_assert_int_eq(idx_tree_block_info(t, 105, 0, 200, &in), KVO_OK);
+    ck_assert(in.held && !in.block.has_parent); /* detached */
+    ck_assert_uint_eq(in.block.parent_block_hash, 0);
+    ck_assert_uint_eq(in.others, 11);
+    tt_tree_done(t);
+}
+END_TEST
+
+/* Past HUGE_BYTES (2 MiB) the node segments and the tables are mapped memory
+ * (idx_mem_alloc), not kvo_malloc'd: a tree of 2,400 prompts x 128 blocks
+ * (307,200 nodes: node segments of 2 and 4 MiB, a lookup table over 2 MiB)
+ * answers every prompt in full, keeps every invariant, and empties down
+ * to the root's emptied children. */
+START_TEST(large_trees_live_in_mapped_segments) {
+    idx_tree *t = tt_tree_new();
+    enum { PROMPTS = 2400, LEN = 128 };
+    uint64_t rs = 7, tok[LEN], bh[LEN];
+    for (int p = 0; p < PROMPTS; p++) {
+        for (int d = 0; d < LEN; d++) {
+            tok[d] = splitmix(&rs);
+            bh[d] = splitmix(&rs);
+        }
+        ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, tok, bh, LEN), IDX_EV_OK);
+    }
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    ck_assert_uint_eq(st.nodes, (uint64_t)PROMPTS * LEN);
+    ck_assert_uint_gt(st.bytes, (uint64_t)6 << 20); /* 3 x HUGE_BYTES */
+    tt_check(t, true);
+    rs = 7;
+    for (int p = 0; p < PROMPTS; p++) {
+        for (int d = 0; d < LEN; d++) {
+            tok[d] = splitmix(&rs);
+            bh[LEN - 1 - d] = splitmix(&rs);
+        }
+        ck_assert_uint_eq(tt_score(t, tok, LEN, 1, 0), LEN);
+        ck_assert_int_eq(tt_remove(t, 1, 0, bh, LEN), IDX_EV_OK);
+    }
+    ck_assert_uint_eq(tt_pairs(t), 0);
+    /* Dynamo: an emptied child of the root stays under it, with no worker */
+    ck_assert_uint_eq(tt_nodes(t), PROMPTS);
+    tt_tree_done(t);
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -582,6 +679,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, duplicate_stores_are_idempotent);
     tcase_add_test(tc, a_node_losing_its_last_worker_detaches_its_children);
     tcase_add_test(tc, remove_mid_chain_then_restore);
+    tcase_add_test(tc, worker_views_give_parents_and_other_holders);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);
@@ -589,6 +687,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, reference_counts_beyond_255);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
+    tcase_add_test(tl, large_trees_live_in_mapped_segments);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
