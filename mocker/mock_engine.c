@@ -21,8 +21,9 @@
  *
  * A step: mock_engine_schedule opens the batch (an AllBlocksCleared a reset
  * queued goes first), lets the scheduler allocate, evict (BlockRemoved, in
- * eviction order) and cache (BlockStored), then closes the batch (stores
- * after removals); mock_engine_complete samples, finishes and frees.
+ * eviction order) and cache (BlockStored) request by request, then closes
+ * the batch (events in the order they happened); mock_engine_complete
+ * samples, finishes and frees.
  */
 #include "mock_int.h"
 

@@ -475,8 +475,7 @@ typedef struct ev_builder {
 
 typedef struct step_events {
     bool enabled;      /* publish KV events (caching on, not decode role) */
-    ev_builder ev;     /* the step's batch: cleared, removals, then */
-    ev_builder stores; /* the stores, appended when the step ends */
+    ev_builder ev;     /* the step's batch, in occurrence order */
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
     uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
     uint64_t lost_enomem; /* ... and ever */

@@ -199,33 +199,77 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
 }
 END_TEST
 
-START_TEST(removals_of_a_step_come_before_its_stores) {
+/* DESIGN §8: per request the step allocates for (running first, then the
+ * newly scheduled, in scheduling order), the BlockRemoved of the blocks its
+ * allocation evicted, then its BlockStored -- not every removal first.
+ * Block size 4, 12 usable blocks, 16 tokens a step: W's 11 cached blocks
+ * wait in the free queue deepest first (block 12 empty before them); P is
+ * prefilled in two chunks, and its second chunk shares a step with X and
+ * Y, each evicting W's blocks and storing its own. */
+START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
+    mock_cfg c;
+    mt_cfg(&c, 4, 13);
+    c.max_num_batched_tokens = 16;
     mt_eng m;
-    mt_eng_start(&m, 4, 10);
-    uint64_t a[16], b[16], x[12], y[12];
-    mt_iota(a, 16, 1);
-    mt_iota(b, 16, 101);
-    mt_iota(x, 12, 201);
-    mt_iota(y, 12, 301);
+    mt_eng_init(&m, &c, 0);
+    uint64_t w[44], p[20], x[8], y[8];
+    mt_iota(w, 44, 1000);
+    mt_iota(p, 20, 2000);
+    mt_iota(x, 8, 3000);
+    mt_iota(y, 8, 4000);
+    mock_hash hw[11], hp[5], hx[2], hy[2];
+    mt_hash(&m, w, 11, hw);
+    mt_hash(&m, p, 5, hp);
+    mt_hash(&m, x, 2, hx);
+    mt_hash(&m, y, 2, hy);
     mt_out o[4] = {{0}};
-    mt_add(&m, a, 15, 1, &o[0]);
-    mt_add_run(&m, b, 15, 1, &o[1], NULL); /* 6 cached blocks, 3 empty */
-    /* Two requests in one step, each evicting and storing. */
-    mt_add(&m, x, 12, 1, &o[2]);
-    mt_add(&m, y, 12, 1, &o[3]);
+    mt_add_run(&m, w, 44, 1, &o[0], NULL);
+    /* step 1: P's first 16 tokens take block 12 (empty) and W's 10, 9, 8 */
+    mt_add(&m, p, 20, 1, &o[1]);
+    mt_rec r = {0};
+    ck_assert(mt_step(&m, NULL));
+    mt_record(&r, &m.last);
+    /* step 2: P's last 4 tokens, X whole, Y's first 4 */
+    mt_add(&m, x, 8, 1, &o[2]);
+    mt_add(&m, y, 8, 1, &o[3]);
     mock_step st;
     ck_assert(mt_step(&m, &st));
-    ck_assert_uint_eq(st.n_scheduled, 2);
-    mt_rec r = {0};
+    ck_assert_uint_eq(st.n_scheduled, 3);
     mt_record(&r, &m.last);
-    ck_assert_uint_eq(r.n, 5); /* 3 removals, 2 stores */
-    for (uint32_t i = 0; i < 3; i++) ck_assert_int_eq(r.type[i], WIRE_EV_REMOVED);
-    ck_assert_int_eq(r.type[3], WIRE_EV_STORED);
-    ck_assert_int_eq(r.type[4], WIRE_EV_STORED);
-    mock_hash hx, hy;
-    mt_hash(&m, x, 1, &hx);
-    mt_hash(&m, y, 1, &hy);
-    ck_assert(r.key[3] == hx.key && r.key[4] == hy.key); /* scheduling order */
+    static const struct {
+        wire_ev_type type;
+        char who;     /* w, p, x, y: whose hashes */
+        int first, n; /* hashes [first, first + n) */
+        int parent;   /* index of the parent in who's hashes, -1 none */
+    } want[] = {
+        /* step 1: one request */
+        {WIRE_EV_REMOVED, 'w', 10, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 9, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 8, 1, 0},
+        {WIRE_EV_STORED, 'p', 0, 4, -1},
+        /* step 2: P (running) first, then X and Y in scheduling order */
+        {WIRE_EV_REMOVED, 'w', 7, 1, 0},
+        {WIRE_EV_STORED, 'p', 4, 1, 3},
+        {WIRE_EV_REMOVED, 'w', 6, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 5, 1, 0},
+        {WIRE_EV_STORED, 'x', 0, 2, -1},
+        {WIRE_EV_REMOVED, 'w', 4, 1, 0},
+        {WIRE_EV_STORED, 'y', 0, 1, -1},
+    };
+    ck_assert_uint_eq(r.n, KVO_ARRAY_LEN(want));
+    for (uint32_t i = 0; i < r.n; i++) {
+        const mock_hash *h = want[i].who == 'w'   ? hw
+                             : want[i].who == 'p' ? hp
+                             : want[i].who == 'x' ? hx
+                                                  : hy;
+        ck_assert_msg(r.type[i] == want[i].type, "event %u: type %d", i, r.type[i]);
+        ck_assert_msg(r.key[i] == h[want[i].first].key, "event %u: hash", i);
+        ck_assert_uint_eq(r.nh[i], (uint32_t)want[i].n);
+        if (want[i].type == WIRE_EV_STORED) {
+            ck_assert(r.has_parent[i] == (want[i].parent >= 0));
+            if (want[i].parent >= 0) ck_assert(r.parent[i] == h[want[i].parent].key);
+        }
+    }
     mt_eng_fini(&m);
 }
 END_TEST
@@ -694,7 +738,7 @@ Suite *suite_engine(void) {
         hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy,
         hit_blocks_are_touched_and_leave_the_free_queue_until_released,
         eviction_pops_the_queue_head_deepest_first_one_removed_per_copy,
-        removals_of_a_step_come_before_its_stores,
+        a_steps_events_go_request_by_request_removals_before_stores,
         decode_stores_each_block_its_tokens_fill_with_the_parent,
         chunked_prefill_stores_each_chunk_chained_to_the_previous,
         preemption_recomputes_the_newest_request_from_scratch,
