@@ -125,6 +125,25 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                               const char *salt, const mock_trace_ref *trace,
                               mock_hash *out);
 
+/* ---- The cached set --------------------------------------------------------
+ * A checkpoint compares an engine's cached blocks with an index's, per
+ * (worker, rank), by digest first: the sum mod 2^64, over every distinct
+ * cached block hash h (the published u64 key, low 64 bits; copies once),
+ * of
+ *     kvo_mix64(h ^ kvo_mix64(parent_or_0 + 0x9E3779B97F4A7C15))
+ * where parent_or_0 is the parent block's hash, 0 for a first block. Any
+ * holder of the same (hash, parent) set gets the same digest, whatever the
+ * order it gained and lost them in; kvo-mocker keeps it incrementally
+ * (/kvo/state cached_digest), the indexer computes it over its blocks. */
+typedef struct mock_cached_block {
+    uint64_t hash;
+    uint64_t parent;  /* when has_parent */
+    bool has_parent;
+} mock_cached_block;
+
+/* One block's term of the digest. */
+uint64_t mock_block_digest(uint64_t hash, bool has_parent, uint64_t parent);
+
 /* ---- Mooncake traces ------------------------------------------------------*/
 
 typedef struct mock_trace mock_trace;

@@ -208,6 +208,14 @@ void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out) {
     out->free_blocks = p->n_free;
     out->used_blocks = p->n - 1 - p->n_free;
     out->usage = pool_usage(p);
+    out->cached_distinct = p->n_distinct;
+    out->cached_digest = p->digest;
+}
+
+kvo_status mock_engine_cached_blocks(const mock_engine *e, bool has_after,
+                                     uint64_t after, mock_cached_block *out,
+                                     uint32_t max, uint32_t *n, bool *more) {
+    return pool_list(&e->sched.pool, has_after, after, out, max, n, more);
 }
 
 kvo_status mock_engine_block(const mock_engine *e, uint32_t block_id,

@@ -175,6 +175,10 @@ typedef struct mock_engine_stats {
     uint64_t free_blocks;     /* in the free queue (cached or not) */
     uint64_t used_blocks;     /* ref > 0 */
     double usage;             /* vLLM's kv_cache_usage (0..1) */
+    /* The cached set: distinct hashes (copies once) and their digest
+     * (mock_block_digest, summed mod 2^64) */
+    uint64_t cached_distinct;
+    uint64_t cached_digest;
 } mock_engine_stats;
 
 /* hasher is shared, not owned (must outlive the engine). */
@@ -226,6 +230,13 @@ uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
 /* Physical copies of a hash, in lookup order; returns the count. */
 uint32_t mock_engine_copies(const mock_engine *e, uint64_t key,
                             uint32_t *ids, uint32_t max);
+/* The engine's cached set (its own hashes: --mutate changes only what is
+ * published): distinct hashes above after (all when !has_after), sorted,
+ * with their parents; the first max into out (*n), *more when more
+ * remain. KVO_ENOMEM leaves out unwritten. */
+kvo_status mock_engine_cached_blocks(const mock_engine *e, bool has_after,
+                                     uint64_t after, mock_cached_block *out,
+                                     uint32_t max, uint32_t *n, bool *more);
 /* A request's blocks (req_to_blocks); KVO_ENOTFOUND when not running. */
 kvo_status mock_engine_req_blocks(const mock_engine *e, uint64_t req_id,
                                   const uint32_t **ids, uint32_t *n);
@@ -353,6 +364,8 @@ typedef struct mock_pool {
     bool caching;
     kvo_map map;         /* hash key -> copies (mock_pool.c) */
     uint32_t n_cached;   /* blocks holding a hash */
+    uint32_t n_distinct; /* keys in the map (copies counted once) */
+    uint64_t digest;     /* sum of their mock_block_digest terms */
     uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
@@ -377,6 +390,12 @@ void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* vLLM reset_prefix_cache: false unless every block but the null block is
  * free; drops every hash. */
 bool pool_reset(mock_pool *p);
+/* The cached set above after (every key when !has_after), sorted by key:
+ * the first max into out, *n of them; *more when keys remain past those.
+ * KVO_ENOMEM (a scratch array of n_distinct keys) writes nothing. */
+kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
+                     mock_cached_block *out, uint32_t max, uint32_t *n,
+                     bool *more);
 double pool_usage(const mock_pool *p);
 
 /* ---- Requests (mock_req.c) -----------------------------------------------*/

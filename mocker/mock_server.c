@@ -15,8 +15,8 @@
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
  * GET /health, POST /reset_prefix_cache, GET /metrics, GET /kvo/state,
- * POST /kvo/probe, GET /kvo/event_sources. Request extensions: "trace"
- * in place of "prompt", "data_parallel_rank" (or header
+ * POST /kvo/probe, GET /kvo/blocks, GET /kvo/event_sources. Request
+ * extensions: "trace" in place of "prompt", "data_parallel_rank" (or header
  * X-data-parallel-rank), "lora_name", "cache_salt", "kv_transfer_params"
  * (decode role), "return_token_ids". Responses add "kvo": {"dp_rank",
  * "prefill_seq", "last_seq"} and usage.prompt_tokens_details.cached_tokens.
@@ -25,6 +25,7 @@
 #include "kvo_http.h"
 #include "kvo_prom.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +39,8 @@
 #define IDLE_POLL_MS 100
 /* First capacity of the hand-read probe's id list. */
 #define PROBE_IDS_FIRST_CAP 64
+/* Most hashes one GET /kvo/blocks answer lists (and its default). */
+#define BLOCKS_PAGE_MAX 100000u
 /* The stream's last event. */
 static const char sse_done[] = "data: [DONE]\n\n";
 /* /kvo/probe answers for prompts the engine could not serve too (longer
@@ -843,6 +846,8 @@ static void handle_state(server *s, kvo_http_req *req) {
         json_object_object_add(o, "dp_rank", json_object_new_int64(r));
         json_object_object_add(o, "last_seq", u64_or_null(lset, last));
         json_object_object_add(o, "resident_blocks", json_object_new_uint64(st.resident_blocks));
+        json_object_object_add(o, "cached_distinct", json_object_new_uint64(st.cached_distinct));
+        json_object_object_add(o, "cached_digest", json_object_new_uint64(st.cached_digest));
         json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
         json_object_object_add(o, "requests_finished",
                                json_object_new_uint64(st.requests_finished));
@@ -1055,6 +1060,65 @@ static void warm_memo(server *s) {
     s->warm_ids = NULL;
 }
 
+/* GET /kvo/blocks?rank=R[&after=H][&limit=N]: rank R's cached set, the
+ * engine's own hashes (--mutate corrupts only what is published), sorted:
+ *   {"rank": R, "count": C, "digest": D,
+ *    "blocks": [[block_hash, parent_hash|null], ...], "next": H|null}
+ * count and digest cover the whole set (mock.h says how the digest is
+ * made); blocks holds at most N (default and most BLOCKS_PAGE_MAX) hashes
+ * above H; next, when more remain, is the after= of the next page. */
+static void handle_blocks(server *s, kvo_http_req *req) {
+    const char *rs = kvo_http_req_arg(req, "rank");
+    const char *as = kvo_http_req_arg(req, "after");
+    const char *ls = kvo_http_req_arg(req, "limit");
+    uint32_t rank, limit = BLOCKS_PAGE_MAX;
+    uint64_t after = 0;
+    if (!rs || kvo_parse_u32(rs, &rank) != KVO_OK || rank >= s->node.n_ranks) {
+        respond_err(req, 400, "rank must be a data-parallel rank in [0, %u)",
+                    s->node.n_ranks);
+        return;
+    }
+    if (as && kvo_parse_u64(as, &after) != KVO_OK) {
+        respond_err(req, 400, "after must be a block hash (an integer in [0, 2^64))");
+        return;
+    }
+    if (ls && (kvo_parse_u32(ls, &limit) != KVO_OK || limit == 0 ||
+               limit > BLOCKS_PAGE_MAX)) {
+        respond_err(req, 400, "limit must be an integer in [1, %u]", BLOCKS_PAGE_MAX);
+        return;
+    }
+    const mock_engine *e = s->node.ranks[rank].eng;
+    mock_engine_stats st;
+    mock_engine_stats_get(e, &st);
+    uint32_t cap = st.cached_distinct < limit ? (uint32_t)st.cached_distinct : limit;
+    mock_cached_block *b = kvo_malloc(((size_t)cap + 1) * sizeof(*b));
+    uint32_t n = 0;
+    bool more = false;
+    kvo_buf out;
+    kvo_buf_init(&out);
+    kvo_status rc = b ? mock_engine_cached_blocks(e, as != NULL, after, b, cap, &n, &more)
+                      : KVO_ENOMEM;
+    if (rc == KVO_OK)
+        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"count\":%" PRIu64
+                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+                            rank, st.cached_distinct, st.cached_digest);
+    for (uint32_t i = 0; i < n && rc == KVO_OK; i++) {
+        if (b[i].has_parent)
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",%" PRIu64 "]", i ? "," : "",
+                                b[i].hash, b[i].parent);
+        else
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",null]", i ? "," : "", b[i].hash);
+    }
+    if (rc == KVO_OK) {
+        if (more) rc = kvo_buf_printf(&out, "],\"next\":%" PRIu64 "}", b[n - 1].hash);
+        else rc = kvo_buf_printf(&out, "],\"next\":null}");
+    }
+    if (rc == KVO_OK) kvo_http_respond(req, 200, "application/json", out.data, out.len);
+    else respond_err(req, 503, "listing the cached blocks: %s", kvo_strerror(rc));
+    kvo_buf_fini(&out);
+    kvo_free(b);
+}
+
 /* tcp://bound-host:port -> tcp://advertise-host:port */
 static json_object *advertised(server *s, const char *bound) {
     if (!bound || !*bound) return NULL;
@@ -1098,6 +1162,7 @@ static void on_http(void *ctx, kvo_http_req *req) {
     else if (strcmp(p, "/metrics") == 0 && get) handle_metrics(s, req);
     else if (strcmp(p, "/kvo/state") == 0 && get) handle_state(s, req);
     else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req);
+    else if (strcmp(p, "/kvo/blocks") == 0 && get) handle_blocks(s, req);
     else if (strcmp(p, "/kvo/event_sources") == 0 && get) handle_sources(s, req);
     else respond_err(req, 404, "no route for %s %s", m, p);
 }

@@ -731,6 +731,101 @@ START_TEST(aborted_requests_release_their_blocks) {
 }
 END_TEST
 
+/* The digest of a list of cached blocks, recomputed from scratch. */
+static uint64_t digest_of(const mock_cached_block *b, uint32_t n) {
+    uint64_t d = 0;
+    for (uint32_t i = 0; i < n; i++)
+        d += mock_block_digest(b[i].hash, b[i].has_parent, b[i].parent);
+    return d;
+}
+
+/* Every page of the cached set, max at a time, into all (returns the
+ * count); each page sorted and continuing the previous one. */
+static uint32_t list_all(mt_eng *m, uint32_t max, mock_cached_block *all) {
+    uint32_t total = 0, n;
+    bool more = true, has_after = false;
+    uint64_t after = 0;
+    while (more) {
+        ck_assert_int_eq(mock_engine_cached_blocks(m->e, has_after, after, all + total,
+                                                   max, &n, &more), KVO_OK);
+        ck_assert(more ? n == max : n <= max);
+        for (uint32_t i = 0; i < n; i++)
+            ck_assert(total + i == 0 || all[total + i - 1].hash < all[total + i].hash);
+        total += n;
+        if (n) {
+            after = all[total - 1].hash;
+            has_after = true;
+        }
+    }
+    return total;
+}
+
+START_TEST(the_cached_set_counts_copies_once_with_parents_and_its_digest) {
+    mt_eng m;
+    uint64_t t[12];
+    start(&m, 10, t);
+    mt_out o[3] = {{0}};
+    mock_cached_block b[16];
+    mock_engine_stats s = mt_stats(&m);
+    ck_assert_uint_eq(s.cached_distinct, 0);
+    ck_assert(s.cached_digest == 0);
+    /* H0 <- H1 <- H2, then a second copy of H2 */
+    mt_add_run(&m, t, 12, 1, &o[0], NULL);
+    mt_add_run(&m, t, 12, 1, &o[1], NULL);
+    ck_assert_uint_eq(copies(&m, H2), 2);
+    s = mt_stats(&m);
+    ck_assert_uint_eq(s.resident_blocks, 4);
+    ck_assert_uint_eq(s.cached_distinct, 3);
+    ck_assert_uint_eq(list_all(&m, 100, b), 3);
+    const uint64_t hs[3] = {H0, H1, H2};
+    for (uint32_t i = 0; i < 3; i++) {
+        uint32_t k = 0; /* H_k is b[i] */
+        while (hs[k] != b[i].hash) k++;
+        ck_assert(b[i].has_parent == (k > 0));
+        if (k) ck_assert(b[i].parent == hs[k - 1]);
+    }
+    ck_assert(s.cached_digest == digest_of(b, 3));
+    ck_assert(s.cached_digest != 0);
+    /* pages of one and of two give the same list */
+    mock_cached_block p1[16], p2[16];
+    ck_assert_uint_eq(list_all(&m, 1, p1), 3);
+    ck_assert_uint_eq(list_all(&m, 2, p2), 3);
+    ck_assert(memcmp(p1, b, 3 * sizeof(*b)) == 0 && memcmp(p2, b, 3 * sizeof(*b)) == 0);
+    uint32_t n;
+    bool more;
+    ck_assert_int_eq(mock_engine_cached_blocks(m.e, true, b[2].hash, p1, 8, &n, &more),
+                     KVO_OK);
+    ck_assert(n == 0 && !more);
+    /* Evictions: u's 6 blocks pop 5..9 (empty) and 3, H2's oldest copy (H2
+     * stays: block 4 holds it); a longer prompt then takes the rest. */
+    uint64_t u[32];
+    mt_iota(u, 32, 500);
+    mt_add(&m, u, 23, 1, &o[2]); /* 6 blocks: 5..9 and block 3 */
+    mock_step st;
+    mt_step(&m, &st);
+    s = mt_stats(&m);
+    ck_assert_uint_eq(copies(&m, H2), 1);
+    uint32_t k = list_all(&m, 100, b);
+    ck_assert_uint_eq(k, s.cached_distinct);
+    ck_assert_uint_eq(k, 3 + 5); /* H0..H2 and u's 5 full blocks */
+    ck_assert(s.cached_digest == digest_of(b, k));
+    mt_run(&m, NULL, NULL);
+    mt_add_run(&m, u + 1, 31, 1, &o[2], NULL); /* evicts H2's last copy */
+    ck_assert_uint_eq(copies(&m, H2), 0);
+    s = mt_stats(&m);
+    k = list_all(&m, 100, b);
+    ck_assert_uint_eq(k, s.cached_distinct);
+    for (uint32_t i = 0; i < k; i++) ck_assert(b[i].hash != H2);
+    ck_assert(s.cached_digest == digest_of(b, k));
+    /* a reset empties it */
+    ck_assert(mock_engine_reset_prefix_cache(m.e));
+    s = mt_stats(&m);
+    ck_assert(s.cached_distinct == 0 && s.cached_digest == 0);
+    ck_assert_uint_eq(list_all(&m, 100, b), 0);
+    mt_eng_fini(&m);
+}
+END_TEST
+
 Suite *suite_engine(void) {
     const TTest *tests[] = {
         fresh_pool_queues_every_block_but_the_null_block_in_id_order,
@@ -752,6 +847,7 @@ Suite *suite_engine(void) {
         trace_hash_memo_gives_the_hashes_plain_hashing_gives,
         requests_beyond_max_model_len_are_refused,
         aborted_requests_release_their_blocks,
+        the_cached_set_counts_copies_once_with_parents_and_its_digest,
     };
     return mt_suite(suite_create("engine"), 120, tests, KVO_ARRAY_LEN(tests));
 }

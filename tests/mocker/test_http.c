@@ -945,6 +945,102 @@ START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
 }
 END_TEST
 
+static uint64_t u64_at(json_object *o, const char *path) {
+    json_object *v = at(o, path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_int), "%s: not an integer", path);
+    return json_object_get_uint64(v);
+}
+
+/* GET /kvo/blocks: the engine's own cached set (a --mutate'd publisher
+ * corrupts only the events), sorted, paged, with the digest /kvo/state
+ * shows; bad arguments get JSON errors. */
+START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--block-size", "4", "--dp-size", "2", "--mutate",
+                             "flip-stored-hash"));
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13], \"max_tokens\": 1, "
+                       "\"data_parallel_rank\": 1}"));
+    mock_hasher *h;
+    ck_assert_int_eq(mock_hasher_new(&h, WIRE_ALGO_SHA256, "0", 0), KVO_OK);
+    uint64_t t[12];
+    mt_iota(t, 12, 1);
+    mock_hash hs[3];
+    ck_assert_int_eq(mock_hasher_blocks(h, t, 4, 0, 3, NULL, NULL, NULL, NULL, hs), KVO_OK);
+    mock_hasher_free(h);
+    json_object *j = ok(&m, "/kvo/blocks?rank=1", NULL);
+    ck_assert_int_eq(num(j, "rank"), 1);
+    ck_assert_int_eq(num(j, "count"), 3);
+    ck_assert_int_eq(json_object_get_type(at(j, "next")), json_type_null);
+    json_object *blocks = at(j, "blocks");
+    ck_assert_uint_eq(json_object_array_length(blocks), 3);
+    uint64_t digest = 0, prev = 0;
+    for (size_t i = 0; i < 3; i++) {
+        char path[32];
+        snprintf(path, sizeof(path), "blocks.%zu.0", i);
+        uint64_t key = u64_at(j, path);
+        ck_assert(i == 0 || key > prev);
+        prev = key;
+        int k = 0; /* the engine's hash, not the published (flipped) one */
+        while (k < 3 && hs[k].key != key) k++;
+        ck_assert_msg(k < 3, "%s: %llu is not an engine hash", path, (unsigned long long)key);
+        snprintf(path, sizeof(path), "blocks.%zu.1", i);
+        if (k == 0) {
+            ck_assert_int_eq(json_object_get_type(at(j, path)), json_type_null);
+        } else {
+            ck_assert(u64_at(j, path) == hs[k - 1].key);
+        }
+        digest += mock_block_digest(key, k > 0, k > 0 ? hs[k - 1].key : 0);
+    }
+    ck_assert(u64_at(j, "digest") == digest);
+    json_object *state = ok(&m, "/kvo/state", NULL);
+    ck_assert(u64_at(state, "ranks.1.cached_digest") == digest);
+    ck_assert_int_eq(num(state, "ranks.1.cached_distinct"), 3);
+    ck_assert_int_eq(num(state, "ranks.0.cached_distinct"), 0);
+    ck_assert(u64_at(state, "ranks.0.cached_digest") == 0);
+    json_object_put(state);
+    /* pages of one, each starting after the previous page's next */
+    char path[96];
+    snprintf(path, sizeof(path), "/kvo/blocks?rank=1&limit=1");
+    for (size_t i = 0; i < 3; i++) {
+        json_object *pg = ok(&m, path, NULL);
+        ck_assert_int_eq(num(pg, "count"), 3);
+        ck_assert_uint_eq(json_object_array_length(at(pg, "blocks")), 1);
+        char want[32];
+        snprintf(want, sizeof(want), "blocks.%zu.0", i);
+        uint64_t key = u64_at(pg, "blocks.0.0");
+        ck_assert(key == u64_at(j, want));
+        if (i < 2) {
+            ck_assert(u64_at(pg, "next") == key);
+        } else {
+            ck_assert_int_eq(json_object_get_type(at(pg, "next")), json_type_null);
+        }
+        snprintf(path, sizeof(path), "/kvo/blocks?rank=1&limit=1&after=%llu",
+                 (unsigned long long)key);
+        json_object_put(pg);
+    }
+    json_object_put(j);
+    j = ok(&m, "/kvo/blocks?rank=0", NULL);
+    ck_assert_int_eq(num(j, "count"), 0);
+    ck_assert_uint_eq(json_object_array_length(at(j, "blocks")), 0);
+    json_object_put(j);
+    static const char *const bad[] = {
+        "/kvo/blocks", "/kvo/blocks?rank=2", "/kvo/blocks?rank=x",
+        "/kvo/blocks?rank=0&limit=0", "/kvo/blocks?rank=0&limit=100001",
+        "/kvo/blocks?rank=0&after=-1", "/kvo/blocks?rank=0&after=18446744073709551616",
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        long status;
+        j = call(&m, bad[i], NULL, &status);
+        ck_assert_msg(status == 400, "%s -> %ld", bad[i], status);
+        ck_assert_msg(j != NULL, "%s: not JSON", bad[i]);
+        ck_assert_str_eq(str(j, "object"), "error");
+        json_object_put(j);
+    }
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     const TTest *tests[] = {
         completions_report_cached_tokens_and_the_kvo_object,
@@ -961,6 +1057,7 @@ Suite *suite_http(void) {
         probe_stops_at_the_first_miss_and_equals_the_engine_hit,
         the_hand_read_probe_answers_as_the_general_parse,
         a_warmed_probe_changes_nothing_but_when_the_hashing_happens,
+        kvo_blocks_lists_the_engines_own_hashes_in_pages,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }
