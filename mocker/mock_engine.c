@@ -159,6 +159,8 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
     if (r->lora && (st = lora_id_of(e, r->lora, &r->lora_id)) != KVO_OK)
         goto fail;
     if ((st = sched_add(&e->sched, r)) != KVO_OK) goto fail;
+    uint64_t inflight = (uint64_t)e->sched.running.n + e->sched.waiting.n;
+    if (inflight > e->st.max_inflight) e->st.max_inflight = inflight;
     e->next_id++;
     e->st.requests_added++;
     e->st.prompt_tokens += in->n_tokens;

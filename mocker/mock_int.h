@@ -151,6 +151,8 @@ typedef struct mock_step {
     uint32_t prefill_tokens;   /* new prompt tokens computed */
     uint32_t decode_reqs;      /* requests decoding one token */
     uint32_t preempted;        /* requests preempted in this step */
+    uint32_t evicted;          /* cached blocks its allocations evicted */
+    uint32_t stored;           /* blocks it cached (BlockStored's hashes) */
     uint32_t events_lost;      /* events that could not be queued (out of
                                   memory): the batch lacks them */
     /* Events (NULL when none); hashes are rendered as low-64 ints and
@@ -167,6 +169,13 @@ typedef struct mock_engine_stats {
     uint64_t requests_added, requests_finished, requests_aborted;
     uint64_t requests_running, requests_waiting;
     uint64_t steps, preemptions;
+    /* The regime (how loaded the engine was): steps that scheduled >= 2
+     * requests; the most requests running after one step's scheduling;
+     * requests whose prefill took several steps (chunked prefill, counted
+     * once each); blocks evicted in steps that also stored blocks; the
+     * most requests in the engine (running + waiting) at once. */
+    uint64_t steps_multi, max_running, prefills_split;
+    uint64_t evictions_in_store_steps, max_inflight;
     uint64_t prompt_tokens, generated_tokens, computed_tokens;
     uint64_t prefix_queries, prefix_hits; /* tokens, as vLLM's counters */
     uint64_t batches, events, blocks_stored, blocks_removed, cleared;
@@ -378,8 +387,9 @@ uint32_t pool_lookup(const mock_pool *p, uint64_t key);
 /* ref + 1; leaves the free queue when ref was 0. */
 void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* Pop n blocks from the free-queue head (caller checked n <= n_free);
- * cached ones are evicted first (on_evict per block, in pop order). */
-void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
+ * cached ones are evicted first (on_evict per block, in pop order).
+ * Returns how many were evicted. */
+uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
 /* Mark a full block cached under h (appended to its copies). KVO_ENOMEM
  * (the map could not grow) leaves the pool unchanged. */
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
@@ -434,6 +444,7 @@ typedef struct mock_req {
     uint32_t sched_tokens;   /* tokens scheduled in the current step */
     bool sched_decode;       /* the current step is a decode for it */
     bool started;
+    bool split;              /* a step left its prefill partial (counted) */
     bool aborted;            /* abort requested during an open step */
     mock_output_fn on_output;
     void *user;

@@ -176,12 +176,14 @@ void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n) {
     }
 }
 
-void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
+uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
+    uint32_t evicted = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t id = p->head;
         q_unlink(p, id);
         pool_block *b = &p->blocks[id];
         if (b->cached) {
+            evicted++;
             p->evicted++;
             if (p->on_evict) p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id]);
             uncache(p, id);
@@ -189,6 +191,7 @@ void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
         b->ref = 1;
         out[k] = id;
     }
+    return evicted;
 }
 
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n) {

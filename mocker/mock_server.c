@@ -783,6 +783,11 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("requests_waiting", st->requests_waiting);
     C("steps", st->steps);
     C("preemptions", st->preemptions);
+    C("steps_multi", st->steps_multi);
+    C("max_running", st->max_running);
+    C("prefills_split", st->prefills_split);
+    C("evictions_in_store_steps", st->evictions_in_store_steps);
+    C("max_inflight", st->max_inflight);
     C("prompt_tokens", st->prompt_tokens);
     C("generated_tokens", st->generated_tokens);
     C("computed_tokens", st->computed_tokens);

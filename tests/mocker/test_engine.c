@@ -199,43 +199,55 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
 }
 END_TEST
 
-/* DESIGN §8: per request the step allocates for (running first, then the
- * newly scheduled, in scheduling order), the BlockRemoved of the blocks its
- * allocation evicted, then its BlockStored -- not every removal first.
- * Block size 4, 12 usable blocks, 16 tokens a step: W's 11 cached blocks
- * wait in the free queue deepest first (block 12 empty before them); P is
- * prefilled in two chunks, and its second chunk shares a step with X and
- * Y, each evicting W's blocks and storing its own. */
-START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
+/* A loaded step. Block size 4, 12 usable blocks, 16 tokens a step: W (44
+ * tokens, prefilled in three chunks) leaves 11 cached blocks in the free
+ * queue deepest first, block 12 empty before them; then P (20 tokens) is
+ * prefilled in two chunks, and its second chunk shares a step with X (8
+ * tokens) and Y's first 4 of 8, each evicting W's blocks and storing its
+ * own. The two steps' events go to r (NULL: not kept); h* get the
+ * requests' block hashes. */
+typedef struct loaded {
+    mt_eng m;
+    uint64_t w[44], p[20], x[8], y[8];
+    mock_hash hw[11], hp[5], hx[2], hy[2];
+    mt_out o[4];
+    mock_step st1, st2;
+} loaded;
+
+static void loaded_steps(loaded *l, mt_rec *r) {
     mock_cfg c;
     mt_cfg(&c, 4, 13);
     c.max_num_batched_tokens = 16;
-    mt_eng m;
-    mt_eng_init(&m, &c, 0);
-    uint64_t w[44], p[20], x[8], y[8];
-    mt_iota(w, 44, 1000);
-    mt_iota(p, 20, 2000);
-    mt_iota(x, 8, 3000);
-    mt_iota(y, 8, 4000);
-    mock_hash hw[11], hp[5], hx[2], hy[2];
-    mt_hash(&m, w, 11, hw);
-    mt_hash(&m, p, 5, hp);
-    mt_hash(&m, x, 2, hx);
-    mt_hash(&m, y, 2, hy);
-    mt_out o[4] = {{0}};
-    mt_add_run(&m, w, 44, 1, &o[0], NULL);
+    memset(l, 0, sizeof(*l));
+    mt_eng_init(&l->m, &c, 0);
+    mt_iota(l->w, 44, 1000);
+    mt_iota(l->p, 20, 2000);
+    mt_iota(l->x, 8, 3000);
+    mt_iota(l->y, 8, 4000);
+    mt_hash(&l->m, l->w, 11, l->hw);
+    mt_hash(&l->m, l->p, 5, l->hp);
+    mt_hash(&l->m, l->x, 2, l->hx);
+    mt_hash(&l->m, l->y, 2, l->hy);
+    mt_add_run(&l->m, l->w, 44, 1, &l->o[0], NULL);
     /* step 1: P's first 16 tokens take block 12 (empty) and W's 10, 9, 8 */
-    mt_add(&m, p, 20, 1, &o[1]);
-    mt_rec r = {0};
-    ck_assert(mt_step(&m, NULL));
-    mt_record(&r, &m.last);
+    mt_add(&l->m, l->p, 20, 1, &l->o[1]);
+    ck_assert(mt_step(&l->m, &l->st1));
+    if (r) mt_record(r, &l->m.last);
     /* step 2: P's last 4 tokens, X whole, Y's first 4 */
-    mt_add(&m, x, 8, 1, &o[2]);
-    mt_add(&m, y, 8, 1, &o[3]);
-    mock_step st;
-    ck_assert(mt_step(&m, &st));
-    ck_assert_uint_eq(st.n_scheduled, 3);
-    mt_record(&r, &m.last);
+    mt_add(&l->m, l->x, 8, 1, &l->o[2]);
+    mt_add(&l->m, l->y, 8, 1, &l->o[3]);
+    ck_assert(mt_step(&l->m, &l->st2));
+    ck_assert_uint_eq(l->st2.n_scheduled, 3);
+    if (r) mt_record(r, &l->m.last);
+}
+
+/* DESIGN §8: per request the step allocates for (running first, then the
+ * newly scheduled, in scheduling order), the BlockRemoved of the blocks its
+ * allocation evicted, then its BlockStored -- not every removal first. */
+START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
+    loaded l;
+    mt_rec r = {0};
+    loaded_steps(&l, &r);
     static const struct {
         wire_ev_type type;
         char who;     /* w, p, x, y: whose hashes */
@@ -258,10 +270,10 @@ START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
     };
     ck_assert_uint_eq(r.n, KVO_ARRAY_LEN(want));
     for (uint32_t i = 0; i < r.n; i++) {
-        const mock_hash *h = want[i].who == 'w'   ? hw
-                             : want[i].who == 'p' ? hp
-                             : want[i].who == 'x' ? hx
-                                                  : hy;
+        const mock_hash *h = want[i].who == 'w'   ? l.hw
+                             : want[i].who == 'p' ? l.hp
+                             : want[i].who == 'x' ? l.hx
+                                                  : l.hy;
         ck_assert_msg(r.type[i] == want[i].type, "event %u: type %d", i, r.type[i]);
         ck_assert_msg(r.key[i] == h[want[i].first].key, "event %u: hash", i);
         ck_assert_uint_eq(r.nh[i], (uint32_t)want[i].n);
@@ -270,7 +282,45 @@ START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
             if (want[i].parent >= 0) ck_assert(r.parent[i] == h[want[i].parent].key);
         }
     }
-    mt_eng_fini(&m);
+    mt_eng_fini(&l.m);
+}
+END_TEST
+
+/* The regime counters prove a load was real: the loaded steps above, then
+ * a step that evicts without storing. */
+START_TEST(regime_counters_count_batched_chunked_and_evicting_steps) {
+    loaded l;
+    loaded_steps(&l, NULL);
+    ck_assert_uint_eq(l.st1.evicted, 3);
+    ck_assert_uint_eq(l.st1.stored, 4);
+    ck_assert_uint_eq(l.st2.evicted, 4);
+    ck_assert_uint_eq(l.st2.stored, 4);
+    mock_engine_stats s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.steps, 5);          /* W's three chunks, then two */
+    ck_assert_uint_eq(s.steps_multi, 1);    /* P, X and Y */
+    ck_assert_uint_eq(s.max_running, 3);
+    ck_assert_uint_eq(s.prefills_split, 3); /* W, P, Y */
+    ck_assert_uint_eq(s.evictions_in_store_steps, 7);
+    ck_assert_uint_eq(s.max_inflight, 3);   /* P running, X and Y waiting */
+    ck_assert_uint_eq(s.preemptions, 0);
+    mt_run(&l.m, NULL, NULL); /* Y's last 4 tokens: one more eviction, a store */
+    s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.evictions_in_store_steps, 8);
+    /* 3 tokens fill no block: the step evicts W's next block, stores none */
+    uint64_t z[3] = {7, 8, 9};
+    mt_out oz = {0};
+    mt_add(&l.m, z, 3, 1, &oz);
+    mock_step st;
+    ck_assert(mt_step(&l.m, &st));
+    ck_assert_uint_eq(st.evicted, 1);
+    ck_assert_uint_eq(st.stored, 0);
+    s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.evictions_in_store_steps, 8);
+    ck_assert_uint_eq(s.blocks_removed, 9);
+    ck_assert_uint_eq(s.steps_multi, 1);
+    ck_assert_uint_eq(s.prefills_split, 3);
+    ck_assert_uint_eq(s.max_inflight, 3);
+    mt_eng_fini(&l.m);
 }
 END_TEST
 
@@ -834,6 +884,7 @@ Suite *suite_engine(void) {
         hit_blocks_are_touched_and_leave_the_free_queue_until_released,
         eviction_pops_the_queue_head_deepest_first_one_removed_per_copy,
         a_steps_events_go_request_by_request_removals_before_stores,
+        regime_counters_count_batched_chunked_and_evicting_steps,
         decode_stores_each_block_its_tokens_fill_with_the_parent,
         chunked_prefill_stores_each_chunk_chained_to_the_previous,
         preemption_recomputes_the_newest_request_from_scratch,

@@ -159,6 +159,13 @@ START_TEST(completions_report_cached_tokens_and_the_kvo_object) {
     ck_assert_int_eq(num(j, "ranks.1.free_blocks"), 16383);
     ck_assert_int_eq(num(j, "ranks.1.requests_finished"), 2);
     ck_assert_int_eq(num(j, "ranks.1.counters.prefix_hits"), 12);
+    /* the regime counters (one request at a time: no load) */
+    ck_assert_int_eq(num(j, "ranks.1.counters.steps_multi"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.max_running"), 1);
+    ck_assert_int_eq(num(j, "ranks.1.counters.prefills_split"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.preemptions"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.evictions_in_store_steps"), 0);
+    ck_assert_int_eq(num(j, "ranks.1.counters.max_inflight"), 1);
     /* losses are counted where a reader of the state sees them */
     ck_assert_int_eq(num(j, "ranks.1.counters.events_lost_enomem"), 0);
     ck_assert_int_eq(num(j, "ranks.1.counters.render_errors"), 0);
