@@ -55,6 +55,9 @@ typedef struct mock_cfg {
     wire_algo hash_algo;             /* sha256 */
     const char *hash_seed;           /* "0" (PYTHONHASHSEED) */
     uint64_t seed;                   /* generated tokens */
+    uint64_t vocab_size;             /* token ids of a request must be
+                                        below it: 2^32 (what a router hashes
+                                        as u32); at least MOCK_TRACE_VOCAB */
     uint32_t hash_memo_log2;         /* trace-prompt memo: 2^n rows (14); 0 off;
                                         at most MOCK_MEMO_LOG2_MAX */
     /* events */
@@ -153,6 +156,8 @@ typedef struct mock_trace mock_trace;
  * prompts. */
 #define MOCK_TRACE_BLOCK 512u
 #define MOCK_TRACE_VOCAB 32000u
+/* --vocab-size's default: ids a router's u32 token hash holds exactly. */
+#define MOCK_DEFAULT_VOCAB (1ull << 32)
 uint32_t mock_trace_token(uint64_t hash_id, uint32_t j);
 
 typedef struct mock_trace_req {

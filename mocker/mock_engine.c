@@ -45,6 +45,7 @@ void mock_cfg_default(mock_cfg *c) {
     c->hash_algo = WIRE_ALGO_SHA256;
     c->hash_seed = "0";
     c->hash_memo_log2 = 14;
+    c->vocab_size = MOCK_DEFAULT_VOCAB;
     c->event_format = WIRE_FMT_MAP;
     c->dp_size = 1;
     c->model = "kvo-mock";

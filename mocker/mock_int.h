@@ -42,6 +42,7 @@
 #ifndef MOCK_INT_H
 #define MOCK_INT_H
 
+#include "kvo_json.h"
 #include "kvo_map.h"
 #include "mock.h"
 
@@ -337,8 +338,72 @@ uint32_t mock_tokenize(const char *text, size_t len, uint64_t *out);
 /* Text for generated tokens: " t<id>" per token, appended to b. */
 kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b);
 /* The chat template: for each message "<|role|>\n" content "\n", then
- * "<|assistant|>\n". Appends to b. */
-kvo_status mock_chat_template(json_object *messages, kvo_buf *b);
+ * "<|assistant|>\n". Appends to b. KVO_EINVAL when messages is not
+ * [{"role": str, "content": str | null | [part, ...]}, ...] (the text
+ * parts' "text" are concatenated, other parts skipped); KVO_ENOMEM. */
+kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b);
+
+/* ---- Request bodies (mock_request.c) -------------------------------------
+ * Pure: body bytes -> a parsed request or a kvo_err (KVO_EPROTO wrong
+ * shape, KVO_ETOOBIG over a limit, KVO_EINVAL a value out of range, all
+ * answered 400; KVO_ENOMEM, 503). Every pointer in a parsed request points
+ * into its own storage (the tree of the body, an arena): valid until its
+ * _fini or the next parse into it. */
+
+/* Prompts one completion request may carry (its choices). */
+#define MOCK_MAX_PROMPTS 1024u
+
+typedef struct mock_req_limits {
+    uint32_t max_len;    /* tokens of one prompt (with max_tokens) */
+    uint64_t vocab_size; /* token ids must be below it */
+    uint32_t n_ranks;    /* data_parallel_rank must be below it */
+} mock_req_limits;
+
+typedef struct mock_prompt {
+    const uint64_t *tok;       /* n token ids; NULL in the trace form */
+    uint32_t n;                /* tokens (the trace form's input_length) */
+    const uint64_t *trace_ids; /* the trace form's hash ids, else NULL */
+    uint32_t n_trace;
+} mock_prompt;
+
+/* POST /v1/completions and /v1/chat/completions. */
+typedef struct mock_completion_req {
+    kvo_json doc;               /* the body's tree */
+    kvo_arena arena;            /* prompts[], tokens made from text */
+    kvo_buf text;               /* the chat template's text */
+    mock_prompt *prompts;       /* 1..MOCK_MAX_PROMPTS */
+    uint32_t n_prompts;
+    uint64_t max_tokens;        /* >= 1; 16 when absent */
+    const char *lora, *salt;    /* NULL: none (absent, null or "") */
+    bool stream, include_usage, return_token_ids, remote_prefill;
+    bool has_rank;              /* "data_parallel_rank" given: rank */
+    uint32_t rank;
+} mock_completion_req;
+
+void mock_completion_req_init(mock_completion_req *c);
+void mock_completion_req_fini(mock_completion_req *c);
+/* chat: "messages" through mock_chat_template instead of "prompt". */
+kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
+                                 size_t len, bool chat,
+                                 const mock_req_limits *lim, kvo_err *err);
+
+/* POST /kvo/probe: {"token_ids": [...]} or {"trace": {...}}, with
+ * "lora_name", "cache_salt", "warm". */
+typedef struct mock_probe_req {
+    kvo_json doc;
+    mock_prompt prompt;
+    const char *lora, *salt;
+    bool warm;
+} mock_probe_req;
+
+void mock_probe_req_init(mock_probe_req *p);
+void mock_probe_req_fini(mock_probe_req *p);
+kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
+                            const mock_req_limits *lim, kvo_err *err);
+
+/* POST /reset_prefix_cache: an empty body, or a JSON object (its members
+ * are ignored). */
+kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err);
 
 /* ======================================================================== */
 /* Internals of the files                                                    */

@@ -41,17 +41,23 @@ static int mocker_stop(mocker *m) {
     return kt_proc_stop(&m->p);
 }
 
-/* POST (body) or GET (body NULL); returns the parsed JSON (caller puts) or
- * NULL when the body is not JSON; *status gets the HTTP status. */
-static json_object *call(mocker *m, const char *path, const char *body, long *status) {
+/* POST the len bytes of body (or GET: body NULL); returns the parsed JSON
+ * (caller puts) or NULL when the answer is not JSON; *status gets the HTTP
+ * status. */
+static json_object *call_n(mocker *m, const char *path, const char *body, size_t len,
+                           long *status) {
     char url[256];
     snprintf(url, sizeof(url), "%s%s", m->url, path);
-    kvo_status st = body ? kvo_http_post(m->c, url, "application/json", body,
-                                         strlen(body), &m->r)
+    kvo_status st = body ? kvo_http_post(m->c, url, "application/json", body, len, &m->r)
                          : kvo_http_get(m->c, url, &m->r);
     ck_assert_msg(st == KVO_OK, "%s: %s", path, kvo_strerror(st));
     if (status) *status = m->r.status;
     return json_tokener_parse((const char *)m->r.body.data);
+}
+
+/* call_n of a C string (or GET). */
+static json_object *call(mocker *m, const char *path, const char *body, long *status) {
+    return call_n(m, path, body, body ? strlen(body) : 0, status);
 }
 
 static json_object *ok(mocker *m, const char *path, const char *body) {
@@ -489,10 +495,40 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         long status;
         const char *message;
     } cases[] = {
-        {"/v1/completions", "{not json", 400, "body must be a JSON object"},
+        {"/v1/completions", "{not json", 400,
+         "cannot read the body as JSON (byte 1: expected a key string)"},
         {"/v1/completions", "[1,2]", 400, "body must be a JSON object"},
+        /* strict: one value then whitespace only, exact integers, UTF-8 */
+        {"/v1/completions", "{\"prompt\": [1,2,3]} x", 400,
+         "cannot read the body as JSON (byte 20: trailing characters after the JSON "
+         "value)"},
+        {"/v1/completions", "{\"prompt\": [18446744073709551616]}", 400,
+         "cannot read the body as JSON (byte 12: integer out of range)"},
+        {"/v1/completions", "{\"prompt\": \"\xff\"}", 400, NULL},
+        {"/v1/completions", "{\"prompt\": [1], \"prompt\": [2]}", 400, NULL},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
+                                 "\"\xc0\xaf\"}]}", 400, NULL},
+        /* token ids inside the vocabulary (--vocab-size, 2^32 by default) */
+        {"/v1/completions", "{\"prompt\": [1, 4294967296]}", 400,
+         "token id 4294967296 at prompt[1] is outside the vocabulary (--vocab-size "
+         "4294967296)"},
+        {"/v1/completions", "{\"prompt\": [[1], [2, 3, 4294967297]]}", 400,
+         "token id 4294967297 at prompt[1][2] is outside the vocabulary (--vocab-size "
+         "4294967296)"},
+        {"/v1/completions", "{\"prompt\": [4294967295], \"max_tokens\": 1}", 200, NULL},
+        {"/kvo/probe", "{\"token_ids\": [5, 18446744073709551615]}", 400,
+         "token id 18446744073709551615 at token_ids[1] is outside the vocabulary "
+         "(--vocab-size 4294967296)"},
+        {"/v1/completions", "{\"prompt\": [1], \"stream\": 1}", 400,
+         "stream must be true or false"},
+        {"/v1/completions", "{\"prompt\": [1], \"stream_options\": []}", 400,
+         "stream_options must be an object"},
+        {"/reset_prefix_cache", "x", 400,
+         "cannot read the body as JSON (byte 0: expected a JSON value)"},
+        {"/reset_prefix_cache", "{} {}", 400, NULL},
         {"/v1/completions", "{\"max_tokens\": 3}", 400, "prompt is required"},
-        {"/v1/completions", "{\"prompt\": [1, -2]}", 400, "token ids must be integers >= 0"},
+        {"/v1/completions", "{\"prompt\": [1, -2]}", 400,
+         "token ids must be integers >= 0 (prompt[1]: expected an integer >= 0)"},
         {"/v1/completions", "{\"prompt\": [1, \"a\"]}", 400, NULL},
         {"/v1/completions", "{\"prompt\": []}", 400,
          "prompt must be a string, a token list or a list of them"},
@@ -523,6 +559,8 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         {"/kvo/probe", "{\"tokens\": [1]}", 400, "token_ids or trace is required"},
         {"/kvo/probe", "{\"trace\": {\"hash_ids\": [1], \"input_length\": 6000000}}", 400,
          "the prompt has 6000000 tokens; probes take at most 4194304"},
+        {"/kvo/probe", "{\"token_ids\": [1], \"warm\": \"yes\"}", 400,
+         "warm must be true or false"},
         {"/no/such/path", NULL, 404, "no route for GET /no/such/path"},
         {"/v1/completions", NULL, 404, NULL}, /* GET */
     };
@@ -539,9 +577,16 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         }
         json_object_put(j);
     }
-    /* A max_tokens beyond the context is refused naming the limit. */
+    /* Nothing after a NUL byte is ignored: a body is all its bytes. */
+    static const char nul[] = "{\"prompt\": [1,2,3]}\0garbage";
     long status;
-    json_object *j = call(&m, "/v1/completions",
+    json_object *j = call_n(&m, "/v1/completions", nul, sizeof(nul) - 1, &status);
+    ck_assert_int_eq(status, 400);
+    ck_assert_str_eq(str(j, "message"), "cannot read the body as JSON (byte 19: trailing "
+                                        "characters after the JSON value)");
+    json_object_put(j);
+    /* A max_tokens beyond the context is refused naming the limit. */
+    j = call(&m, "/v1/completions",
                           "{\"prompt\": [1], \"max_tokens\": 99999999999}", &status);
     ck_assert_int_eq(status, 400);
     ck_assert_msg(strstr(str(j, "message"), "max_model_len) is 36"), "%s", str(j, "message"));
@@ -549,6 +594,39 @@ START_TEST(bad_requests_get_vllm_style_errors) {
     /* Still serving. */
     json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
     ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+/* --vocab-size bounds the token ids a request may carry (prompts and
+ * probes), naming itself in the refusal; below the trace vocabulary it is
+ * a usage error. */
+START_TEST(vocab_size_bounds_token_ids_and_not_below_the_trace_vocabulary) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--vocab-size", "50000"));
+    json_object *j = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(j, "worker.vocab_size"), 50000);
+    json_object_put(j);
+    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [49999, 3], \"max_tokens\": 1}"));
+    json_object_put(ok(&m, "/kvo/probe", "{\"token_ids\": [49999, 3]}"));
+    long status;
+    j = call(&m, "/v1/completions", "{\"prompt\": [[1], [7, 50000]]}", &status);
+    ck_assert_int_eq(status, 400);
+    ck_assert_str_eq(str(j, "message"), "token id 50000 at prompt[1][1] is outside the "
+                                        "vocabulary (--vocab-size 50000)");
+    json_object_put(j);
+    j = call(&m, "/kvo/probe", "{\"token_ids\": [50000]}", &status);
+    ck_assert_int_eq(status, 400);
+    ck_assert_str_eq(str(j, "message"), "token id 50000 at token_ids[0] is outside the "
+                                        "vocabulary (--vocab-size 50000)");
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+    kt_proc p;
+    const char *args[] = {"--port", "0", "--vocab-size", "31999", NULL};
+    kt_proc_start(&p, "kvo-mocker", args);
+    for (int i = 0; i < 500 && kvo_proc_alive(&p.proc); i++) usleep(10000);
+    ck_assert(!kvo_proc_alive(&p.proc));
+    ck_assert_int_eq(p.proc.exit_status, 2);
+    kt_guard_release(&p.guard);
 }
 END_TEST
 
@@ -758,7 +836,7 @@ START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
         probe_bodies(ids, k, n, lora, trace, sizeof(trace), &tokens);
         int rank = i % 2;
         int64_t pt[2], pk[2];
-        /* kvo-check's compact shape (read by hand) when there is no LoRA */
+        /* kvo-check's compact shape when there is no LoRA */
         char compact[2048];
         size_t cl = (size_t)snprintf(compact, sizeof(compact), "{\"trace\":{\"hash_ids\":[");
         for (uint32_t b = 0; b < k; b++)
@@ -805,52 +883,63 @@ START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
 }
 END_TEST
 
-/* kvo-check's probe body is read by hand; every body must get exactly the
- * answer the general JSON parse gives it (errors included). */
-START_TEST(the_hand_read_probe_answers_as_the_general_parse) {
+/* One reader for every probe body: kvo-check's compact shape and the same
+ * body with a space get the same status, and the same answer when it is
+ * 200 (a fast path for the compact shape once answered differently). */
+START_TEST(a_probe_answers_alike_with_or_without_whitespace) {
     mocker m;
     mocker_start(&m, MT_ARGS("--dp-size", "2"));
     json_object_put(ok(&m, "/v1/completions",
                        "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, "
                        "\"max_tokens\": 1, \"data_parallel_rank\": 1}"));
-    static const char *const bodies[] = {
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}",
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1024}}",
-        "{\"trace\":{\"hash_ids\":[11,13],\"input_length\":513}}",
-        "{\"trace\":{\"hash_ids\":[11],\"input_length\":1}}",
-        "{\"trace\":{\"hash_ids\":[0],\"input_length\":16}}",
-        "{\"trace\":{\"hash_ids\":[18446744073709551615],\"input_length\":17}}",
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}  \n",
-        /* not for the reader: the general answers */
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1025}}",
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":512}}",
-        "{\"trace\":{\"hash_ids\":[11,12],\"input_length\":0}}",
-        "{\"trace\":{\"hash_ids\":[],\"input_length\":5}}",
-        "{\"trace\":{\"hash_ids\":[011],\"input_length\":5}}",
-        "{\"trace\":{\"hash_ids\":[-11],\"input_length\":5}}",
-        "{\"trace\":{\"hash_ids\":[18446744073709551616],\"input_length\":5}}",
-        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5}} x",
-        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"lora_name\":\"a\"}",
-        "{\"trace\":{\"hash_ids\":[11],\"input_length\":5.0}}",
-        "{\"trace\":{\"hash_ids\":[11],\"input_length\":99999999}}",
-        "{\"trace\":{\"hash_ids\":[11,],\"input_length\":5}}",
+    static const struct {
+        const char *body;
+        long status;
+    } cases[] = {
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}", 200},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1024}}", 200},
+        {"{\"trace\":{\"hash_ids\":[11,13],\"input_length\":513}}", 200},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":1}}", 200},
+        {"{\"trace\":{\"hash_ids\":[0],\"input_length\":16}}", 200},
+        {"{\"trace\":{\"hash_ids\":[18446744073709551615],\"input_length\":17}}", 200},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}  \n", 200},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"lora_name\":\"a\"}", 200},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600},\"warm\":true}", 200},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1025}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":512}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":0}}", 400},
+        {"{\"trace\":{\"hash_ids\":[],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[011],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[-11],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[18446744073709551616],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5}} x", 400},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5.0}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":99999999}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11,],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"warm\":1}", 400},
     };
-    for (size_t i = 0; i < KVO_ARRAY_LEN(bodies); i++) {
-        /* the same request with one space: never the hand reader's */
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        /* the same request with one space */
         char spaced[512];
-        snprintf(spaced, sizeof(spaced), "{ %s", bodies[i] + 1);
+        snprintf(spaced, sizeof(spaced), "{ %s", cases[i].body + 1);
         long sa, sb;
-        json_object *a = call(&m, "/kvo/probe", bodies[i], &sa);
+        json_object *a = call(&m, "/kvo/probe", cases[i].body, &sa);
         char ta[1024];
         snprintf(ta, sizeof(ta), "%s", a ? json_object_to_json_string(a) : "null");
         json_object *b = call(&m, "/kvo/probe", spaced, &sb);
         const char *tb = b ? json_object_to_json_string(b) : "null";
-        ck_assert_msg(sa == sb && strcmp(ta, tb) == 0, "%s -> %ld %s\n%s -> %ld %s", bodies[i],
-                      sa, ta, spaced, sb, tb);
+        ck_assert_msg(sa == cases[i].status && sb == sa, "%s -> %ld %s\n%s -> %ld %s",
+                      cases[i].body, sa, ta, spaced, sb, tb);
+        ck_assert_msg(a && b, "%s: an answer that is not JSON", cases[i].body);
+        if (sa == 200)
+            ck_assert_msg(strcmp(ta, tb) == 0, "%s -> %s\n%s -> %s", cases[i].body, ta,
+                          spaced, tb);
+        else
+            ck_assert_str_eq(str(b, "object"), "error");
         json_object_put(a);
         json_object_put(b);
     }
-    json_object *j = ok(&m, "/kvo/probe", bodies[0]);
+    json_object *j = ok(&m, "/kvo/probe", cases[0].body);
     ck_assert_int_eq(num(j, "ranks.1.hit_blocks"), 37); /* (600-1)//16 */
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 0);
     json_object_put(j);
@@ -1058,11 +1147,12 @@ Suite *suite_http(void) {
         event_sources_advertise_endpoints_that_carry_the_events_and_replay,
         reset_prefix_cache_fails_while_a_request_holds_blocks,
         bad_requests_get_vllm_style_errors,
+        vocab_size_bounds_token_ids_and_not_below_the_trace_vocabulary,
         roles_prefill_returns_transfer_params_decode_advertises_no_source,
         a_taken_event_port_serves_without_a_source_unless_required,
         trace_mode_is_deterministic_and_records_every_batch,
         probe_stops_at_the_first_miss_and_equals_the_engine_hit,
-        the_hand_read_probe_answers_as_the_general_parse,
+        a_probe_answers_alike_with_or_without_whitespace,
         a_warmed_probe_changes_nothing_but_when_the_hashing_happens,
         kvo_blocks_lists_the_engines_own_hashes_in_pages,
     };
