@@ -579,6 +579,23 @@ static json_object *counters_json(const mock_engine_stats *st,
     return c;
 }
 
+/* The process's own counters (one HTTP server for every rank): base's
+ * HTTP server stats and the requests this service answered. */
+static json_object *process_counters_json(const server *s) {
+    kvo_http_server_stats hs;
+    kvo_http_server_stats_get(s->http, &hs);
+    json_object *c = json_object_new_object();
+#define C(name, v) json_object_object_add(c, name, json_object_new_uint64(v))
+    C("http_conns", hs.conns);
+    C("http_head_timeouts", hs.head_timeouts);
+    C("http_body_timeouts", hs.body_timeouts);
+    C("http_busy_refused", hs.busy_refused);
+    C("http_requests", s->http_requests);
+    C("http_errors", s->http_errors);
+#undef C
+    return c;
+}
+
 static void handle_state(server *s, kvo_http_req *req) {
     const mock_cfg *c = s->cfg;
     json_object *w = json_object_new_object();
@@ -626,6 +643,7 @@ static void handle_state(server *s, kvo_http_req *req) {
     }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "worker", w);
+    json_object_object_add(o, "counters", process_counters_json(s));
     json_object_object_add(o, "ranks", ranks);
     kvo_http_respond_json(req, 200, o);
 }

@@ -564,12 +564,14 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         {"/no/such/path", NULL, 404, "no route for GET /no/such/path"},
         {"/v1/completions", NULL, 404, NULL}, /* GET */
     };
+    int64_t errors = 0;
     for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
         long status;
         json_object *j = call(&m, cases[i].path, cases[i].body, &status);
         ck_assert_msg(status == cases[i].status, "case %zu: %ld", i, status);
         ck_assert_msg(j && json_object_is_type(j, json_type_object), "case %zu", i);
         if (status != 200) {
+            errors++;
             ck_assert_str_eq(str(j, "object"), "error");
             ck_assert(strlen(str(j, "message")) > 0);
             ck_assert_int_eq(num(j, "code"), cases[i].status);
@@ -593,6 +595,29 @@ START_TEST(bad_requests_get_vllm_style_errors) {
     json_object_put(j);
     /* Still serving. */
     json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
+    /* The process's counters: every error answer, and base's HTTP server
+     * stats (one keep-alive connection, nothing refused or timed out). */
+    j = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(j, "counters.http_errors"), errors + 2);
+    ck_assert_int_gt(num(j, "counters.http_requests"), (int64_t)KVO_ARRAY_LEN(cases) + 3);
+    ck_assert_int_ge(num(j, "counters.http_conns"), 1);
+    ck_assert_int_eq(num(j, "counters.http_head_timeouts"), 0);
+    ck_assert_int_eq(num(j, "counters.http_body_timeouts"), 0);
+    ck_assert_int_eq(num(j, "counters.http_busy_refused"), 0);
+    json_object_put(j);
+    int fd = mt_raw_post(m.port, "/reset_prefix_cache", "Connection: close\r\n", "");
+    char buf[256];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+    int64_t conns = 0;
+    j = ok(&m, "/kvo/state", NULL);
+    conns = num(j, "counters.http_conns");
+    json_object_put(j);
+    j = ok(&m, "/kvo/state", NULL); /* the same keep-alive connection */
+    ck_assert_int_eq(num(j, "counters.http_conns"), conns);
+    json_object_put(j);
+    ck_assert_int_ge(conns, 2);
     ck_assert_int_eq(mocker_stop(&m), 0);
 }
 END_TEST
