@@ -11,7 +11,18 @@
  *
  * A completion is a `call` with one `choice` per prompt, each an engine
  * request whose callback (from mock_engine_complete) streams tokens or
- * collects them; the last choice to finish answers the call.
+ * collects them; the last choice to finish answers the call. Any number of
+ * calls are in flight at once (a rank's step batches every running
+ * request), each answered when its own last choice finishes, in whatever
+ * order that happens. The answer's "kvo" block, per call:
+ *   last_seq     the rank's last ZMQ sequence when the answer is made:
+ *                every event of the call's requests is in a batch <= it
+ *                (the final step published before it completed; under load
+ *                later batches carry other requests' events)
+ *   prefill_seq  the rank's last sequence after the step that first
+ *                scheduled the request (the batch of its first stores when
+ *                that step stored any; the latest over the choices); null
+ *                while the rank has published nothing
  *
  * Request bodies are read by mock_request.c (pure parsers over base's
  * strict kvo_json); every error answer is vLLM's JSON error.

@@ -1066,6 +1066,88 @@ START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
 }
 END_TEST
 
+/* The seq (index in batches) of the first batch storing hash key; -1. */
+static int64_t seq_storing(const wire_batch *b, uint32_t n, uint64_t key) {
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t e = 0; e < b[i].n_events; e++) {
+            const wire_event *ev = &b[i].events[e];
+            if (ev->type != WIRE_EV_STORED) continue;
+            for (uint32_t k = 0; k < ev->n_hashes; k++)
+                if (ev->hashes[k].key == key) return i;
+        }
+    return -1;
+}
+
+/* Load, in real time: a long streamed request and a short one share
+ * steps; the short one is answered while the long one still streams; each
+ * answer's kvo block keeps its meaning (prefill_seq: the batch of its first
+ * stores; last_seq: at or past every batch with its events), and the
+ * regime counters show the overlap. */
+START_TEST(concurrent_completions_share_steps_and_are_answered_as_they_finish) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--block-size", "4", "--speedup", "1"));
+    /* A: 400 decode steps of >= 5 ms each (the timing model at low usage) */
+    int fd = mt_raw_post(m.port, "/v1/completions", "Connection: close\r\n",
+                         "{\"prompt\": [1,2,3,4,5,6,7,8], \"max_tokens\": 400, "
+                         "\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
+    kvo_buf a;
+    kvo_buf_init(&a);
+    char chunk[4096];
+    ssize_t got;
+    while ((a.len < 6 || !memmem(a.data, a.len, "data: ", 6)) &&
+           (got = read(fd, chunk, sizeof(chunk))) > 0)
+        kvo_buf_append(&a, chunk, (size_t)got);
+    /* B, while A runs */
+    json_object *b = ok(&m, "/v1/completions",
+                        "{\"prompt\": [101,102,103,104,105,106,107,108,109], "
+                        "\"max_tokens\": 2}");
+    json_object *st = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(st, "ranks.0.counters.requests_running"), 1); /* A, still */
+    ck_assert_int_eq(num(st, "ranks.0.counters.requests_finished"), 1); /* B */
+    ck_assert_int_ge(num(st, "ranks.0.counters.steps_multi"), 1);
+    ck_assert_int_eq(num(st, "ranks.0.counters.max_running"), 2);
+    ck_assert_int_eq(num(st, "ranks.0.counters.max_inflight"), 2);
+    json_object_put(st);
+    while ((got = read(fd, chunk, sizeof(chunk))) > 0) kvo_buf_append(&a, chunk, (size_t)got);
+    close(fd);
+    kvo_buf_cstr(&a);
+    const char *u = strstr((const char *)a.data, "\"usage\"");
+    ck_assert_msg(u != NULL, "no usage chunk: %.200s", (const char *)a.data);
+    const char *line = u;
+    while (line > (const char *)a.data && line[-1] != '\n') line--;
+    ck_assert(strncmp(line, "data: ", 6) == 0);
+    const char *eol = strchr(line, '\n');
+    char *one = kvo_strndup(line + 6, (size_t)(eol - line - 6));
+    json_object *au = json_tokener_parse(one);
+    kvo_free(one);
+    ck_assert_ptr_nonnull(au);
+    ck_assert_int_eq(num(au, "usage.completion_tokens"), 400);
+    static wire_batch batches[4096];
+    uint32_t n = replay_all(&m, batches, 4096);
+    mock_hasher *h;
+    ck_assert_int_eq(mock_hasher_new(&h, WIRE_ALGO_SHA256, "0", 0), KVO_OK);
+    uint64_t ta[4] = {1, 2, 3, 4}, tb[4] = {101, 102, 103, 104};
+    mock_hash ha, hb;
+    mock_hasher_blocks(h, ta, 4, 0, 1, NULL, NULL, NULL, NULL, &ha);
+    mock_hasher_blocks(h, tb, 4, 0, 1, NULL, NULL, NULL, NULL, &hb);
+    mock_hasher_free(h);
+    int64_t sa = seq_storing(batches, n, ha.key), sb = seq_storing(batches, n, hb.key);
+    ck_assert(sa == 0 && sb > sa);
+    ck_assert_int_eq(num(au, "kvo.prefill_seq"), sa);
+    ck_assert_int_eq(num(b, "kvo.prefill_seq"), sb);
+    ck_assert_int_ge(num(b, "kvo.last_seq"), sb);
+    /* A decoded on after B's answer: its stores went on past B's last_seq,
+     * and A's answer came after every batch (nothing ran after it) */
+    ck_assert_int_lt(num(b, "kvo.last_seq"), num(au, "kvo.last_seq"));
+    ck_assert_int_eq(num(au, "kvo.last_seq"), (int64_t)n - 1);
+    for (uint32_t i = 0; i < n; i++) wire_batch_fini(&batches[i]);
+    json_object_put(au);
+    json_object_put(b);
+    kvo_buf_fini(&a);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 static uint64_t u64_at(json_object *o, const char *path) {
     json_object *v = at(o, path);
     ck_assert_msg(v && json_object_is_type(v, json_type_int), "%s: not an integer", path);
@@ -1180,6 +1262,7 @@ Suite *suite_http(void) {
         a_probe_answers_alike_with_or_without_whitespace,
         a_warmed_probe_changes_nothing_but_when_the_hashing_happens,
         kvo_blocks_lists_the_engines_own_hashes_in_pages,
+        concurrent_completions_share_steps_and_are_answered_as_they_finish,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }
