@@ -4,6 +4,7 @@
 #include "mt.h"
 #include "kvo_http.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1066,6 +1067,52 @@ START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
 }
 END_TEST
 
+/* The process's peak resident memory (VmHWM), in bytes. */
+static uint64_t peak_rss(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    uint64_t kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmHWM: %" SCNu64 " kB", &kb) == 1) break;
+    fclose(f);
+    ck_assert_uint_gt(kb, 0);
+    return kb << 10;
+}
+
+/* A 50 MB body of 25M one-digit token ids cost one heap object per token
+ * before its 400 (1.8 GB); read in place by the strict reader it costs a
+ * bounded multiple of its size (the reader's budget is 16 bytes per byte;
+ * the server holds the body once more). */
+START_TEST(a_50_mb_token_array_costs_a_bounded_multiple_of_its_size) {
+    mocker m;
+    mocker_start(&m, NULL);
+    size_t len = (50u << 20) - 1; /* "[7,7,...,7]" */
+    char *body = kvo_malloc(len);
+    ck_assert_ptr_nonnull(body);
+    body[0] = '[';
+    for (size_t i = 1; i < len; i += 2) {
+        body[i] = '7';
+        body[i + 1] = ',';
+    }
+    body[len - 1] = ']';
+    uint64_t before = peak_rss(m.p.proc.pid);
+    long status;
+    json_object *j = call_n(&m, "/v1/completions", body, len, &status);
+    kvo_free(body);
+    ck_assert_int_eq(status, 400);
+    ck_assert_str_eq(str(j, "message"), "body must be a JSON object");
+    json_object_put(j);
+    uint64_t grew = peak_rss(m.p.proc.pid) - before;
+    fprintf(stderr, "a %zu-byte token array: the mocker's peak grew by %" PRIu64 " MB\n",
+            len, grew >> 20);
+    ck_assert_msg(grew < 17 * (uint64_t)len, "peak grew by %" PRIu64 " MB", grew >> 20);
+    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 1}"));
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 /* The seq (index in batches) of the first batch storing hash key; -1. */
 static int64_t seq_storing(const wire_batch *b, uint32_t n, uint64_t key) {
     for (uint32_t i = 0; i < n; i++)
@@ -1263,6 +1310,7 @@ Suite *suite_http(void) {
         a_warmed_probe_changes_nothing_but_when_the_hashing_happens,
         kvo_blocks_lists_the_engines_own_hashes_in_pages,
         concurrent_completions_share_steps_and_are_answered_as_they_finish,
+        a_50_mb_token_array_costs_a_bounded_multiple_of_its_size,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }
