@@ -1084,7 +1084,20 @@ static uint64_t peak_rss(pid_t pid) {
 /* A 50 MB body of 25M one-digit token ids cost one heap object per token
  * before its 400 (1.8 GB); read in place by the strict reader it costs a
  * bounded multiple of its size (the reader's budget is 16 bytes per byte;
- * the server holds the body once more). */
+ * the server holds the body once more). Under AddressSanitizer freed
+ * blocks wait in its quarantine (256 MB) and nothing grows in place, so
+ * the bound there is looser (the json-c reader's peak was far above
+ * either). */
+#if defined(__SANITIZE_ADDRESS__) /* gcc */
+#define PEAK_PER_BODY_BYTE 24
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang */
+#define PEAK_PER_BODY_BYTE 24
+#endif
+#endif
+#ifndef PEAK_PER_BODY_BYTE
+#define PEAK_PER_BODY_BYTE 17
+#endif
 START_TEST(a_50_mb_token_array_costs_a_bounded_multiple_of_its_size) {
     mocker m;
     mocker_start(&m, NULL);
@@ -1107,7 +1120,8 @@ START_TEST(a_50_mb_token_array_costs_a_bounded_multiple_of_its_size) {
     uint64_t grew = peak_rss(m.p.proc.pid) - before;
     fprintf(stderr, "a %zu-byte token array: the mocker's peak grew by %" PRIu64 " MB\n",
             len, grew >> 20);
-    ck_assert_msg(grew < 17 * (uint64_t)len, "peak grew by %" PRIu64 " MB", grew >> 20);
+    ck_assert_msg(grew < PEAK_PER_BODY_BYTE * (uint64_t)len, "peak grew by %" PRIu64 " MB",
+                  grew >> 20);
     json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 1}"));
     ck_assert_int_eq(mocker_stop(&m), 0);
 }
