@@ -348,7 +348,8 @@ kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b);
  * shape, KVO_ETOOBIG over a limit, KVO_EINVAL a value out of range, all
  * answered 400; KVO_ENOMEM, 503). Every pointer in a parsed request points
  * into its own storage (the tree of the body, an arena): valid until its
- * _fini or the next parse into it. */
+ * _fini or the next parse into it. A refused body leaves the request empty
+ * (no prompts, every field zero). */
 
 /* Prompts one completion request may carry (its choices). */
 #define MOCK_MAX_PROMPTS 1024u

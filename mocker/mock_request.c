@@ -266,10 +266,9 @@ static void completion_reset(mock_completion_req *c) {
     c->rank = 0;
 }
 
-kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
-                                 size_t len, bool chat,
-                                 const mock_req_limits *lim, kvo_err *err) {
-    completion_reset(c);
+static kvo_status completion_parse(mock_completion_req *c, const void *body,
+                                   size_t len, bool chat,
+                                   const mock_req_limits *lim, kvo_err *err) {
     kvo_status st = parse_object(&c->doc, body, len, err);
     if (st != KVO_OK) return st;
     const kvo_jv *o = c->doc.root, *v;
@@ -321,6 +320,15 @@ kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
     return KVO_OK;
 }
 
+kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
+                                 size_t len, bool chat,
+                                 const mock_req_limits *lim, kvo_err *err) {
+    completion_reset(c);
+    kvo_status st = completion_parse(c, body, len, chat, lim, err);
+    if (st != KVO_OK) completion_reset(c); /* a refused body leaves nothing */
+    return st;
+}
+
 void mock_probe_req_init(mock_probe_req *p) {
     memset(p, 0, sizeof(*p));
     kvo_json_init(&p->doc);
@@ -331,11 +339,14 @@ void mock_probe_req_fini(mock_probe_req *p) {
     memset(p, 0, sizeof(*p));
 }
 
-kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
-                            const mock_req_limits *lim, kvo_err *err) {
+static void probe_reset(mock_probe_req *p) {
     memset(&p->prompt, 0, sizeof(p->prompt));
     p->lora = p->salt = NULL;
     p->warm = false;
+}
+
+static kvo_status probe_parse(mock_probe_req *p, const void *body, size_t len,
+                              const mock_req_limits *lim, kvo_err *err) {
     kvo_status st = parse_object(&p->doc, body, len, err);
     if (st != KVO_OK) return st;
     const kvo_jv *o = p->doc.root, *t = member(o, "trace"),
@@ -350,6 +361,14 @@ kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
     if (st != KVO_OK) return st;
     if ((st = get_lora_salt(o, &p->lora, &p->salt, err)) != KVO_OK) return st;
     return get_bool(o, "warm", false, &p->warm, err);
+}
+
+kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
+                            const mock_req_limits *lim, kvo_err *err) {
+    probe_reset(p);
+    kvo_status st = probe_parse(p, body, len, lim, err);
+    if (st != KVO_OK) probe_reset(p); /* a refused body leaves nothing */
+    return st;
 }
 
 kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err) {

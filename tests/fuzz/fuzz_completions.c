@@ -3,8 +3,8 @@
  * /v1/completions and /v1/chat/completions.
  *
  * For every input, under small limits: the parse returns; a refusal is a
- * 4xx kind (EPROTO, ETRUNC, ETOOBIG, EINVAL) or ENOMEM with a message; an
- * accepted request holds only what the handler may rely on (1..1024
+ * 4xx kind (EPROTO, ETRUNC, ETOOBIG, EINVAL) or ENOMEM with a message and
+ * leaves the request empty; an accepted request holds only what the handler may rely on (1..1024
  * prompts of 1..max_len tokens, every id below the vocabulary, a valid
  * trace form, max_tokens >= 1 within the context, a rank in range, no
  * empty LoRA or salt); memory stays within a small multiple of the input;
@@ -112,6 +112,9 @@ int kvo_fuzz_completions(const uint8_t *data, size_t size) {
         if (st != KVO_OK) {
             CFUZZ_CHECK(cfuzz_refusal(st));
             CFUZZ_CHECK(err.status == st && err.msg[0] != '\0');
+            /* a refused body leaves nothing */
+            CFUZZ_CHECK(c.n_prompts == 0 && c.prompts == NULL && c.max_tokens == 0);
+            CFUZZ_CHECK(!c.lora && !c.salt && !c.stream && !c.has_rank);
         } else {
             cfuzz_check(&c, chat, size);
             /* parsed into storage another request used, it reads the same */

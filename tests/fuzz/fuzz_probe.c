@@ -3,8 +3,8 @@
  * (mock_reset_parse) beside it.
  *
  * For every input, under small limits: the parse returns; a refusal is a
- * 4xx kind (EPROTO, ETRUNC, ETOOBIG, EINVAL) or ENOMEM with a message; an
- * accepted probe holds one prompt of 1..max_len tokens (every id below the
+ * 4xx kind (EPROTO, ETRUNC, ETOOBIG, EINVAL) or ENOMEM with a message and
+ * leaves the probe empty; an accepted probe holds one prompt of 1..max_len tokens (every id below the
  * vocabulary, or a valid trace form) and no empty LoRA or salt; the tree
  * stays within its budget; parsing again into used storage gives the same
  * probe; a body the probe reads as an object is a valid reset body
@@ -61,6 +61,8 @@ int kvo_fuzz_probe(const uint8_t *data, size_t size) {
         PFUZZ_CHECK(st == KVO_EPROTO || st == KVO_ETRUNC || st == KVO_ETOOBIG ||
                     st == KVO_EINVAL || st == KVO_ENOMEM);
         PFUZZ_CHECK(err.status == st && err.msg[0] != '\0');
+        PFUZZ_CHECK(p.prompt.n == 0 && !p.prompt.tok && !p.prompt.trace_ids && !p.lora &&
+                    !p.salt && !p.warm); /* a refused body leaves nothing */
     } else {
         const mock_prompt *q = &p.prompt;
         PFUZZ_CHECK(q->n >= 1 && q->n <= pfuzz_lim.max_len);
