@@ -151,6 +151,17 @@ static inline uint64_t kvo_splitmix64(uint64_t *state) {
     return kvo_mix64(*state += 0x9E3779B97F4A7C15ull);
 }
 
+/* One block's term of a cached-block-set digest: the engine (kvo-mocker's
+ * /kvo/state cached_digest) and the index (kvo-indexer's /blocks digest)
+ * each sum it, mod 2^64, over their distinct blocks, so kvo-check compares
+ * two numbers before it compares two lists. parent: the block's parent
+ * hash, or none (has_parent false: a first block). */
+static inline uint64_t kvo_block_digest(uint64_t hash, bool has_parent,
+                                        uint64_t parent) {
+    return kvo_mix64(hash ^ kvo_mix64((has_parent ? parent : 0) +
+                                      0x9E3779B97F4A7C15ull));
+}
+
 /* ---- Logging --------------------------------------------------------------*/
 typedef enum kvo_level {
     KVO_LOG_ERROR = 0,

@@ -55,6 +55,9 @@ typedef struct mock_cfg {
     wire_algo hash_algo;             /* sha256 */
     const char *hash_seed;           /* "0" (PYTHONHASHSEED) */
     uint64_t seed;                   /* generated tokens */
+    uint64_t vocab_size;             /* token ids of a request must be
+                                        below it: 2^32 (what a router hashes
+                                        as u32); at least MOCK_TRACE_VOCAB */
     uint32_t hash_memo_log2;         /* trace-prompt memo: 2^n rows (14); 0 off;
                                         at most MOCK_MEMO_LOG2_MAX */
     /* events */
@@ -125,6 +128,24 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                               const char *salt, const mock_trace_ref *trace,
                               mock_hash *out);
 
+/* ---- The cached set --------------------------------------------------------
+ * A checkpoint compares an engine's cached blocks with an index's, per
+ * (worker, rank), by digest first: the sum mod 2^64, over every distinct
+ * cached block hash h (the published u64 key, low 64 bits; copies once),
+ * of
+ *     kvo_mix64(h ^ kvo_mix64(parent_or_0 + 0x9E3779B97F4A7C15))
+ * where parent_or_0 is the parent block's hash, 0 for a first block. Any
+ * holder of the same (hash, parent) set gets the same digest, whatever the
+ * order it gained and lost them in; kvo-mocker keeps it incrementally
+ * (/kvo/state cached_digest), the indexer computes it over its blocks;
+ * each term is kvo_block_digest (kvo.h). */
+typedef struct mock_cached_block {
+    uint64_t hash;
+    uint64_t parent;  /* when has_parent */
+    bool has_parent;
+} mock_cached_block;
+
+
 /* ---- Mooncake traces ------------------------------------------------------*/
 
 typedef struct mock_trace mock_trace;
@@ -134,6 +155,8 @@ typedef struct mock_trace mock_trace;
  * prompts. */
 #define MOCK_TRACE_BLOCK 512u
 #define MOCK_TRACE_VOCAB 32000u
+/* --vocab-size's default: ids a router's u32 token hash holds exactly. */
+#define MOCK_DEFAULT_VOCAB (1ull << 32)
 uint32_t mock_trace_token(uint64_t hash_id, uint32_t j);
 
 typedef struct mock_trace_req {

@@ -21,8 +21,9 @@
  *
  * A step: mock_engine_schedule opens the batch (an AllBlocksCleared a reset
  * queued goes first), lets the scheduler allocate, evict (BlockRemoved, in
- * eviction order) and cache (BlockStored), then closes the batch (stores
- * after removals); mock_engine_complete samples, finishes and frees.
+ * eviction order) and cache (BlockStored) request by request, then closes
+ * the batch (events in the order they happened); mock_engine_complete
+ * samples, finishes and frees.
  */
 #include "mock_int.h"
 
@@ -44,6 +45,7 @@ void mock_cfg_default(mock_cfg *c) {
     c->hash_algo = WIRE_ALGO_SHA256;
     c->hash_seed = "0";
     c->hash_memo_log2 = 14;
+    c->vocab_size = MOCK_DEFAULT_VOCAB;
     c->event_format = WIRE_FMT_MAP;
     c->dp_size = 1;
     c->model = "kvo-mock";
@@ -158,6 +160,8 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
     if (r->lora && (st = lora_id_of(e, r->lora, &r->lora_id)) != KVO_OK)
         goto fail;
     if ((st = sched_add(&e->sched, r)) != KVO_OK) goto fail;
+    uint64_t inflight = (uint64_t)e->sched.running.n + e->sched.waiting.n;
+    if (inflight > e->st.max_inflight) e->st.max_inflight = inflight;
     e->next_id++;
     e->st.requests_added++;
     e->st.prompt_tokens += in->n_tokens;
@@ -207,6 +211,14 @@ void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out) {
     out->free_blocks = p->n_free;
     out->used_blocks = p->n - 1 - p->n_free;
     out->usage = pool_usage(p);
+    out->cached_distinct = p->n_distinct;
+    out->cached_digest = p->digest;
+}
+
+kvo_status mock_engine_cached_blocks(const mock_engine *e, bool has_after,
+                                     uint64_t after, mock_cached_block *out,
+                                     uint32_t max, uint32_t *n, bool *more) {
+    return pool_list(&e->sched.pool, has_after, after, out, max, n, more);
 }
 
 kvo_status mock_engine_block(const mock_engine *e, uint32_t block_id,

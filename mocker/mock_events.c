@@ -1,14 +1,20 @@
 /* mock_events.c -- one step's KV-event batch, built the way vLLM's
- * BlockPool queues its events.
+ * BlockPool queues its events: in the order they happen (DESIGN §8).
  *
- *   ev      AllBlocksCleared (queued by a reset), then one BlockRemoved per
- *           evicted block, at the moment allocation pops it from the free
- *           queue (the pool's evict callback: deepest first when a
- *           request's blocks were freed tail first)
- *   stores  one BlockStored per cache_full_blocks call (the blocks a
- *           request's scheduled tokens complete, with the parent's hash),
- *           in scheduling order; appended to ev when the step ends
- *           (events_finish says why)
+ *   [AllBlocksCleared]            queued by a reset, first
+ *   for each request the step allocates for (running ones first, then the
+ *   newly scheduled, in scheduling order):
+ *     BlockRemoved ...            one per cached block its allocation
+ *                                 evicted, at the moment the pool pops it
+ *                                 from the free queue (the evict callback:
+ *                                 deepest first when a request's blocks
+ *                                 were freed tail first)
+ *     BlockStored                 the blocks its scheduled tokens complete
+ *                                 (one cache_full_blocks call, with the
+ *                                 parent's hash)
+ *
+ * So under load a step's removals and stores interleave, request by
+ * request, exactly as vLLM's event queue has them.
  *
  * Hashes go out as vLLM's default int form (low 64 bits); the full digests
  * ride along in the aux arrays for mock_render (raw-digest form,
@@ -115,19 +121,16 @@ void events_init(step_events *s, bool enabled) {
     memset(s, 0, sizeof(*s));
     s->enabled = enabled;
     builder_init(&s->ev);
-    builder_init(&s->stores);
     kvo_buf_init(&s->extra_buf);
 }
 
 void events_fini(step_events *s) {
     builder_fini(&s->ev);
-    builder_fini(&s->stores);
     kvo_buf_fini(&s->extra_buf);
 }
 
 void events_begin(step_events *s) {
     builder_reset(&s->ev);
-    builder_reset(&s->stores);
     s->step_lost = 0;
 }
 
@@ -192,7 +195,7 @@ static kvo_status extra_keys_msgpack(kvo_buf *b, uint32_t first, uint32_t n,
 kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
                          uint32_t n, uint32_t block_size, bool decode) {
     if (!s->enabled || n == 0) return KVO_OK;
-    ev_builder *b = &s->stores;
+    ev_builder *b = &s->ev;
     uint32_t bs = block_size;
     wire_event *ev = builder_push(b, WIRE_EV_STORED);
     if (!ev) return KVO_ENOMEM;
@@ -234,32 +237,11 @@ fail:
     return st;
 }
 
-/* The step's stores go after its removals (DESIGN §8: "one KVEventBatch per
- * scheduler step, removals of the step before its stores"). vLLM's queue is
- * in occurrence order, where each allocation evicts before it caches; the
- * two orders differ only across requests of one step, and both rebuild the
- * same index (a block stored in a step is held by its request, so it is
- * never evicted in that step). */
-static kvo_status append_stores(ev_builder *b, const ev_builder *s) {
-    for (uint32_t k = 0; k < s->n; k++) {
-        wire_event *ev = builder_push(b, WIRE_EV_STORED);
-        if (!ev) return KVO_ENOMEM;
-        uint32_t i = b->n - 1;
-        *ev = s->ev[k];
-        b->stored[i] = s->stored[k];
-        b->parent[i] = s->parent[k];
-        b->decode_store[i] = s->decode_store[k];
-    }
-    return KVO_OK;
-}
-
 kvo_status events_finish(step_events *s, double ts, uint32_t rank,
                          const wire_batch **batch, const mock_step_aux **aux) {
     ev_builder *b = &s->ev;
     *batch = NULL;
     *aux = NULL;
-    kvo_status st = append_stores(b, &s->stores);
-    if (st != KVO_OK) return st;
     if (b->n == 0) return KVO_OK;
     for (uint32_t i = 0; i < b->n; i++) {
         if (b->ev[i].type != WIRE_EV_REMOVED) continue;

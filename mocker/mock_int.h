@@ -42,6 +42,7 @@
 #ifndef MOCK_INT_H
 #define MOCK_INT_H
 
+#include "kvo_json.h"
 #include "kvo_map.h"
 #include "mock.h"
 
@@ -151,6 +152,8 @@ typedef struct mock_step {
     uint32_t prefill_tokens;   /* new prompt tokens computed */
     uint32_t decode_reqs;      /* requests decoding one token */
     uint32_t preempted;        /* requests preempted in this step */
+    uint32_t evicted;          /* cached blocks its allocations evicted */
+    uint32_t stored;           /* blocks it cached (BlockStored's hashes) */
     uint32_t events_lost;      /* events that could not be queued (out of
                                   memory): the batch lacks them */
     /* Events (NULL when none); hashes are rendered as low-64 ints and
@@ -167,6 +170,13 @@ typedef struct mock_engine_stats {
     uint64_t requests_added, requests_finished, requests_aborted;
     uint64_t requests_running, requests_waiting;
     uint64_t steps, preemptions;
+    /* The regime (how loaded the engine was): steps that scheduled >= 2
+     * requests; the most requests running after one step's scheduling;
+     * requests whose prefill took several steps (chunked prefill, counted
+     * once each); blocks evicted in steps that also stored blocks; the
+     * most requests in the engine (running + waiting) at once. */
+    uint64_t steps_multi, max_running, prefills_split;
+    uint64_t evictions_in_store_steps, max_inflight;
     uint64_t prompt_tokens, generated_tokens, computed_tokens;
     uint64_t prefix_queries, prefix_hits; /* tokens, as vLLM's counters */
     uint64_t batches, events, blocks_stored, blocks_removed, cleared;
@@ -175,6 +185,10 @@ typedef struct mock_engine_stats {
     uint64_t free_blocks;     /* in the free queue (cached or not) */
     uint64_t used_blocks;     /* ref > 0 */
     double usage;             /* vLLM's kv_cache_usage (0..1) */
+    /* The cached set: distinct hashes (copies once) and their digest
+     * (kvo_block_digest, summed mod 2^64) */
+    uint64_t cached_distinct;
+    uint64_t cached_digest;
 } mock_engine_stats;
 
 /* hasher is shared, not owned (must outlive the engine). */
@@ -226,6 +240,13 @@ uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
 /* Physical copies of a hash, in lookup order; returns the count. */
 uint32_t mock_engine_copies(const mock_engine *e, uint64_t key,
                             uint32_t *ids, uint32_t max);
+/* The engine's cached set (its own hashes: --mutate changes only what is
+ * published): distinct hashes above after (all when !has_after), sorted,
+ * with their parents; the first max into out (*n), *more when more
+ * remain. KVO_ENOMEM leaves out unwritten. */
+kvo_status mock_engine_cached_blocks(const mock_engine *e, bool has_after,
+                                     uint64_t after, mock_cached_block *out,
+                                     uint32_t max, uint32_t *n, bool *more);
 /* A request's blocks (req_to_blocks); KVO_ENOTFOUND when not running. */
 kvo_status mock_engine_req_blocks(const mock_engine *e, uint64_t req_id,
                                   const uint32_t **ids, uint32_t *n);
@@ -317,8 +338,73 @@ uint32_t mock_tokenize(const char *text, size_t len, uint64_t *out);
 /* Text for generated tokens: " t<id>" per token, appended to b. */
 kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b);
 /* The chat template: for each message "<|role|>\n" content "\n", then
- * "<|assistant|>\n". Appends to b. */
-kvo_status mock_chat_template(json_object *messages, kvo_buf *b);
+ * "<|assistant|>\n". Appends to b. KVO_EINVAL when messages is not
+ * [{"role": str, "content": str | null | [part, ...]}, ...] (the text
+ * parts' "text" are concatenated, other parts skipped); KVO_ENOMEM. */
+kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b);
+
+/* ---- Request bodies (mock_request.c) -------------------------------------
+ * Pure: body bytes -> a parsed request or a kvo_err (KVO_EPROTO wrong
+ * shape, KVO_ETOOBIG over a limit, KVO_EINVAL a value out of range, all
+ * answered 400; KVO_ENOMEM, 503). Every pointer in a parsed request points
+ * into its own storage (the tree of the body, an arena): valid until its
+ * _fini or the next parse into it. A refused body leaves the request empty
+ * (no prompts, every field zero). */
+
+/* Prompts one completion request may carry (its choices). */
+#define MOCK_MAX_PROMPTS 1024u
+
+typedef struct mock_req_limits {
+    uint32_t max_len;    /* tokens of one prompt (with max_tokens) */
+    uint64_t vocab_size; /* token ids must be below it */
+    uint32_t n_ranks;    /* data_parallel_rank must be below it */
+} mock_req_limits;
+
+typedef struct mock_prompt {
+    const uint64_t *tok;       /* n token ids; NULL in the trace form */
+    uint32_t n;                /* tokens (the trace form's input_length) */
+    const uint64_t *trace_ids; /* the trace form's hash ids, else NULL */
+    uint32_t n_trace;
+} mock_prompt;
+
+/* POST /v1/completions and /v1/chat/completions. */
+typedef struct mock_completion_req {
+    kvo_json doc;               /* the body's tree */
+    kvo_arena arena;            /* prompts[], tokens made from text */
+    kvo_buf text;               /* the chat template's text */
+    mock_prompt *prompts;       /* 1..MOCK_MAX_PROMPTS */
+    uint32_t n_prompts;
+    uint64_t max_tokens;        /* >= 1; 16 when absent */
+    const char *lora, *salt;    /* NULL: none (absent, null or "") */
+    bool stream, include_usage, return_token_ids, remote_prefill;
+    bool has_rank;              /* "data_parallel_rank" given: rank */
+    uint32_t rank;
+} mock_completion_req;
+
+void mock_completion_req_init(mock_completion_req *c);
+void mock_completion_req_fini(mock_completion_req *c);
+/* chat: "messages" through mock_chat_template instead of "prompt". */
+kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
+                                 size_t len, bool chat,
+                                 const mock_req_limits *lim, kvo_err *err);
+
+/* POST /kvo/probe: {"token_ids": [...]} or {"trace": {...}}, with
+ * "lora_name", "cache_salt", "warm". */
+typedef struct mock_probe_req {
+    kvo_json doc;
+    mock_prompt prompt;
+    const char *lora, *salt;
+    bool warm;
+} mock_probe_req;
+
+void mock_probe_req_init(mock_probe_req *p);
+void mock_probe_req_fini(mock_probe_req *p);
+kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
+                            const mock_req_limits *lim, kvo_err *err);
+
+/* POST /reset_prefix_cache: an empty body, or a JSON object (its members
+ * are ignored). */
+kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err);
 
 /* ======================================================================== */
 /* Internals of the files                                                    */
@@ -353,6 +439,8 @@ typedef struct mock_pool {
     bool caching;
     kvo_map map;         /* hash key -> copies (mock_pool.c) */
     uint32_t n_cached;   /* blocks holding a hash */
+    uint32_t n_distinct; /* keys in the map (copies counted once) */
+    uint64_t digest;     /* sum of their kvo_block_digest terms */
     uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
@@ -365,8 +453,9 @@ uint32_t pool_lookup(const mock_pool *p, uint64_t key);
 /* ref + 1; leaves the free queue when ref was 0. */
 void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* Pop n blocks from the free-queue head (caller checked n <= n_free);
- * cached ones are evicted first (on_evict per block, in pop order). */
-void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
+ * cached ones are evicted first (on_evict per block, in pop order).
+ * Returns how many were evicted. */
+uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
 /* Mark a full block cached under h (appended to its copies). KVO_ENOMEM
  * (the map could not grow) leaves the pool unchanged. */
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
@@ -377,6 +466,12 @@ void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* vLLM reset_prefix_cache: false unless every block but the null block is
  * free; drops every hash. */
 bool pool_reset(mock_pool *p);
+/* The cached set above after (every key when !has_after), sorted by key:
+ * the first max into out, *n of them; *more when keys remain past those.
+ * KVO_ENOMEM (a scratch array of n_distinct keys) writes nothing. */
+kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
+                     mock_cached_block *out, uint32_t max, uint32_t *n,
+                     bool *more);
 double pool_usage(const mock_pool *p);
 
 /* ---- Requests (mock_req.c) -----------------------------------------------*/
@@ -415,6 +510,7 @@ typedef struct mock_req {
     uint32_t sched_tokens;   /* tokens scheduled in the current step */
     bool sched_decode;       /* the current step is a decode for it */
     bool started;
+    bool split;              /* a step left its prefill partial (counted) */
     bool aborted;            /* abort requested during an open step */
     mock_output_fn on_output;
     void *user;
@@ -475,8 +571,7 @@ typedef struct ev_builder {
 
 typedef struct step_events {
     bool enabled;      /* publish KV events (caching on, not decode role) */
-    ev_builder ev;     /* the step's batch: cleared, removals, then */
-    ev_builder stores; /* the stores, appended when the step ends */
+    ev_builder ev;     /* the step's batch, in occurrence order */
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
     uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
     uint64_t lost_enomem; /* ... and ever */

@@ -17,10 +17,24 @@
  *
  * Two digests that agree in their low 64 bits are one key here: that is
  * the identity every consumer of the int form uses anyway (p ~ 2^-64).
+ *
+ * The cached set (what /kvo/blocks lists and a checkpoint compares with
+ * the index): every distinct key, once however many copies hold it, with
+ * its parent's key. n_distinct counts them and digest sums their
+ * kvo_block_digest terms mod 2^64, both kept as the first copy of a key
+ * is cached and its last copy evicted -- an order-independent digest that
+ * any holder of the same (hash, parent) set computes alike.
  */
 #include "mock_int.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* The digest term of block id's hash (its parent from the cold array). */
+static uint64_t block_term(const mock_pool *p, uint32_t id) {
+    const mock_hash *par = &p->parent[id];
+    return kvo_block_digest(p->blocks[id].key, par->d.len != 0, par->key);
+}
 
 /* The map's value: a list's head and tail block ids. */
 static uint64_t copies_pack(uint32_t head, uint32_t tail) {
@@ -112,6 +126,8 @@ kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
     if (added) {
         b->cprev = MOCK_NIL;
         *v = copies_pack(id, id);
+        p->n_distinct++;
+        p->digest += block_term(p, id);
     } else {
         uint32_t tail = copies_tail(*v);
         b->cprev = tail;
@@ -132,8 +148,13 @@ static void uncache(mock_pool *p, uint32_t id) {
         else head = b->cnext;
         if (b->cnext != MOCK_NIL) p->blocks[b->cnext].cprev = b->cprev;
         else tail = b->cprev;
-        if (head == MOCK_NIL) kvo_map_del(&p->map, b->key);
-        else *v = copies_pack(head, tail);
+        if (head == MOCK_NIL) { /* its last copy: the key leaves the set */
+            kvo_map_del(&p->map, b->key);
+            p->n_distinct--;
+            p->digest -= block_term(p, id);
+        } else {
+            *v = copies_pack(head, tail);
+        }
     }
     b->cprev = b->cnext = MOCK_NIL;
     b->cached = false;
@@ -150,12 +171,14 @@ void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n) {
     }
 }
 
-void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
+uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
+    uint32_t evicted = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t id = p->head;
         q_unlink(p, id);
         pool_block *b = &p->blocks[id];
         if (b->cached) {
+            evicted++;
             p->evicted++;
             if (p->on_evict) p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id]);
             uncache(p, id);
@@ -163,6 +186,7 @@ void pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
         b->ref = 1;
         out[k] = id;
     }
+    return evicted;
 }
 
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n) {
@@ -182,7 +206,45 @@ bool pool_reset(mock_pool *p) {
     }
     kvo_map_clear(&p->map);
     p->n_cached = 0;
+    p->n_distinct = 0;
+    p->digest = 0;
     return true;
+}
+
+static int key_cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
+                     mock_cached_block *out, uint32_t max, uint32_t *n,
+                     bool *more) {
+    *n = 0;
+    *more = false;
+    if (p->n_distinct == 0) return KVO_OK;
+    uint64_t *keys = kvo_malloc((size_t)p->n_distinct * sizeof(uint64_t));
+    if (!keys) return KVO_ENOMEM;
+    /* a key's oldest copy (head of its list) stands for the key once */
+    uint32_t k = 0;
+    for (uint32_t id = 1; id < p->n; id++) {
+        const pool_block *b = &p->blocks[id];
+        if (!b->cached || b->cprev != MOCK_NIL) continue;
+        if (has_after && b->key <= after) continue;
+        keys[k++] = b->key;
+    }
+    qsort(keys, k, sizeof(uint64_t), key_cmp);
+    uint32_t take = k < max ? k : max;
+    for (uint32_t i = 0; i < take; i++) {
+        uint32_t id = pool_lookup(p, keys[i]);
+        const mock_hash *par = &p->parent[id];
+        out[i] = (mock_cached_block){.hash = keys[i],
+                                     .has_parent = par->d.len != 0,
+                                     .parent = par->key};
+    }
+    kvo_free(keys);
+    *n = take;
+    *more = k > take;
+    return KVO_OK;
 }
 
 double pool_usage(const mock_pool *p) {

@@ -136,11 +136,11 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r) {
 }
 
 /* allocate_slots. *ok = false (nothing changed) when the pool cannot supply
- * the blocks. */
+ * the blocks. What it evicted and stored is added to out's counts. */
 static kvo_status allocate_slots(mock_sched *s, mock_req *r,
                                  uint32_t num_new, uint32_t new_computed,
                                  const uint32_t *hit, uint32_t n_hit,
-                                 bool decode, bool *ok) {
+                                 bool decode, mock_step *out, bool *ok) {
     mock_pool *p = &s->pool;
     uint32_t bs = s->cfg->block_size;
     uint64_t num_computed = (uint64_t)r->num_computed + new_computed;
@@ -164,7 +164,7 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
         r->num_cached_block = n_hit; /* a new request's computed blocks */
     }
     if (n_new) {
-        pool_alloc(p, n_new, r->blocks + r->n_blocks);
+        out->evicted += pool_alloc(p, n_new, r->blocks + r->n_blocks);
         r->n_blocks += n_new;
     }
     if (!s->cfg->prefix_caching) return KVO_OK;
@@ -180,6 +180,7 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
     }
     r->num_cached_block = full;
     s->st->blocks_stored += full - first;
+    out->stored += full - first;
     return events_stored(s->ev, r, first, full - first, bs, decode);
 }
 
@@ -248,7 +249,7 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
         bool decode = is_decode(r, num_new);
         bool scheduled = true;
         for (;;) {
-            st = allocate_slots(s, r, num_new, 0, NULL, 0, decode, &ok);
+            st = allocate_slots(s, r, num_new, 0, NULL, 0, decode, out, &ok);
             if (st != KVO_OK) return st;
             if (ok) break;
             mock_req *victim = s->running.v[--s->running.n];
@@ -276,7 +277,7 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
         uint32_t num_new = r->n_tokens - num_computed;
         if (num_new > budget) num_new = budget;
         st = allocate_slots(s, r, num_new, num_computed, r->blocks, n_hit,
-                            false, &ok);
+                            false, out, &ok);
         if (st != KVO_OK) return st;
         if (!ok) break;
         req_deque_pop_front(&s->waiting);
@@ -301,6 +302,10 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
         else prefill_tokens += r->sched_tokens;
         r->num_computed += r->sched_tokens;
         s->st->computed_tokens += r->sched_tokens;
+        if (!r->split && r->num_computed < r->n_tokens) { /* chunked */
+            r->split = true;
+            s->st->prefills_split++;
+        }
     }
     out->n_scheduled = s->scheduled.n;
     out->prefill_tokens = (uint32_t)prefill_tokens;
@@ -318,6 +323,9 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
         s->step_open = true;
         s->st->steps++;
     }
+    if (s->scheduled.n >= 2) s->st->steps_multi++;
+    if (s->running.n > s->st->max_running) s->st->max_running = s->running.n;
+    if (out->stored) s->st->evictions_in_store_steps += out->evicted;
     return KVO_OK;
 }
 

@@ -11,12 +11,26 @@
  *
  * A completion is a `call` with one `choice` per prompt, each an engine
  * request whose callback (from mock_engine_complete) streams tokens or
- * collects them; the last choice to finish answers the call.
+ * collects them; the last choice to finish answers the call. Any number of
+ * calls are in flight at once (a rank's step batches every running
+ * request), each answered when its own last choice finishes, in whatever
+ * order that happens. The answer's "kvo" block, per call:
+ *   last_seq     the rank's last ZMQ sequence when the answer is made:
+ *                every event of the call's requests is in a batch <= it
+ *                (the final step published before it completed; under load
+ *                later batches carry other requests' events)
+ *   prefill_seq  the rank's last sequence after the step that first
+ *                scheduled the request (the batch of its first stores when
+ *                that step stored any; the latest over the choices); null
+ *                while the rank has published nothing
+ *
+ * Request bodies are read by mock_request.c (pure parsers over base's
+ * strict kvo_json); every error answer is vLLM's JSON error.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
  * GET /health, POST /reset_prefix_cache, GET /metrics, GET /kvo/state,
- * POST /kvo/probe, GET /kvo/event_sources. Request extensions: "trace"
- * in place of "prompt", "data_parallel_rank" (or header
+ * POST /kvo/probe, GET /kvo/blocks, GET /kvo/event_sources. Request
+ * extensions: "trace" in place of "prompt", "data_parallel_rank" (or header
  * X-data-parallel-rank), "lora_name", "cache_salt", "kv_transfer_params"
  * (decode role), "return_token_ids". Responses add "kvo": {"dp_rank",
  * "prefill_seq", "last_seq"} and usage.prompt_tokens_details.cached_tokens.
@@ -25,19 +39,16 @@
 #include "kvo_http.h"
 #include "kvo_prom.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
 
-/* Prompts one completion request may carry (choices). */
-#define MAX_PROMPTS 1024
-/* OpenAI's (and vLLM's) max_tokens when a request names none. */
-#define DEFAULT_MAX_TOKENS 16
 /* The loop's longest poll when nothing is due: how late a stop is seen. */
 #define IDLE_POLL_MS 100
-/* First capacity of the hand-read probe's id list. */
-#define PROBE_IDS_FIRST_CAP 64
+/* Most hashes one GET /kvo/blocks answer lists (and its default). */
+#define BLOCKS_PAGE_MAX 100000u
 /* The stream's last event. */
 static const char sse_done[] = "data: [DONE]\n\n";
 /* /kvo/probe answers for prompts the engine could not serve too (longer
@@ -87,7 +98,7 @@ struct server {
     uint64_t next_call;
     uint64_t t0_ns;
     long long started_unix;
-    uint64_t http_requests, http_errors;
+    uint64_t http_requests, http_errors; /* answered; of them errors */
     uint64_t finished_length, finished_aborted;
     bool answered;     /* a call was answered: let the loop send it */
     uint64_t *warm_ids; /* a probe's "warm" prompt (trace form), hashed */
@@ -101,11 +112,14 @@ static json_object *u64_or_null(bool set, uint64_t v) {
     return set ? json_object_new_uint64(v) : NULL;
 }
 
-static void respond_err(kvo_http_req *r, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static void respond_err(server *s, kvo_http_req *r, unsigned status,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-/* vLLM's error body: {"object": "error", "message", "type", "param", "code"} */
-static void respond_err(kvo_http_req *r, unsigned status, const char *fmt, ...) {
+/* vLLM's error body: {"object": "error", "message", "type", "param", "code"};
+ * counted in http_errors. */
+static void respond_err(server *s, kvo_http_req *r, unsigned status,
+                        const char *fmt, ...) {
+    s->http_errors++;
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -121,181 +135,6 @@ static void respond_err(kvo_http_req *r, unsigned status, const char *fmt, ...) 
     json_object_object_add(j, "param", NULL);
     json_object_object_add(j, "code", json_object_new_int((int)status));
     kvo_http_respond_json(r, status, j);
-}
-
-static bool get_bool(json_object *o, const char *k, bool def) {
-    json_object *v;
-    if (!json_object_object_get_ex(o, k, &v) || !v) return def;
-    return json_object_get_boolean(v);
-}
-
-/* Optional string field: NULL when absent or null; false when mistyped. */
-static bool get_str(json_object *o, const char *k, const char **out) {
-    json_object *v;
-    *out = NULL;
-    if (!json_object_object_get_ex(o, k, &v) || !v) return true;
-    if (!json_object_is_type(v, json_type_string)) return false;
-    *out = json_object_get_string(v);
-    return true;
-}
-
-/* ---- prompts --------------------------------------------------------------*/
-
-typedef struct prompt {
-    uint64_t *tok;
-    uint32_t n;
-    uint64_t *trace_ids; /* trace form: for the hash memo */
-    uint32_t n_trace;
-} prompt;
-
-typedef struct prompts {
-    prompt v[MAX_PROMPTS];
-    uint32_t n;
-} prompts;
-
-static void prompts_free(prompts *p) {
-    for (uint32_t i = 0; i < p->n; i++) {
-        kvo_free(p->v[i].tok);
-        kvo_free(p->v[i].trace_ids);
-    }
-    p->n = 0;
-}
-
-/* Failing parsers fill err with the answer's message; the status says what
- * kind of failure (EPROTO: wrong shape, ETOOBIG: over a limit, ENOMEM). */
-
-static kvo_status too_many_tokens(kvo_err *err, uint64_t n, const char *limit_what,
-                                  uint32_t max_len) {
-    return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                       "the prompt has %llu tokens; %s %u", (unsigned long long)n,
-                       limit_what, max_len);
-}
-
-#define ENGINE_LIMIT "this engine's limit (max_model_len) is"
-
-static kvo_status token_list(json_object *a, uint32_t max_len, prompt *out,
-                             kvo_err *err) {
-    size_t n = json_object_array_length(a);
-    if (n == 0)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "a prompt has no tokens");
-    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
-    out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok)
-        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        json_object *t = json_object_array_get_idx(a, i);
-        if (!json_object_is_type(t, json_type_int) || json_object_get_int64(t) < 0)
-            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                               "token ids must be integers >= 0");
-        out->tok[i] = json_object_get_uint64(t);
-    }
-    out->n = (uint32_t)n;
-    return KVO_OK;
-}
-
-static kvo_status text_prompt(json_object *s, uint32_t max_len, prompt *out,
-                              kvo_err *err) {
-    size_t n = (size_t)json_object_get_string_len(s);
-    if (n == 0)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "a prompt has no tokens");
-    if (n > max_len) return too_many_tokens(err, n, ENGINE_LIMIT, max_len);
-    out->tok = kvo_malloc(n * sizeof(uint64_t));
-    if (!out->tok)
-        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-    out->n = mock_tokenize(json_object_get_string(s), n, out->tok);
-    return KVO_OK;
-}
-
-/* {"hash_ids": [...], "input_length": n} into out (ids and length, no
- * tokens), n at most max_len; a longer prompt is refused naming the limit
- * ("the prompt has N tokens; <limit_what> <max_len>"). */
-static kvo_status trace_prompt(json_object *t, uint32_t max_len,
-                               const char *limit_what, prompt *out,
-                               kvo_err *err) {
-    json_object *ids, *len;
-    if (!json_object_is_type(t, json_type_object) ||
-        !json_object_object_get_ex(t, "hash_ids", &ids) ||
-        !json_object_is_type(ids, json_type_array) ||
-        !json_object_object_get_ex(t, "input_length", &len) ||
-        !json_object_is_type(len, json_type_int))
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "trace must be {\"hash_ids\": [...], "
-                           "\"input_length\": n}");
-    size_t k = json_object_array_length(ids);
-    int64_t n = json_object_get_int64(len);
-    if (k == 0 || k > MOCK_TRACE_MAX_IDS || n <= 0)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "trace: hash_ids must not be empty and input_length "
-                           "must be >= 1");
-    if (n > (int64_t)max_len)
-        return too_many_tokens(err, (uint64_t)n, limit_what, max_len);
-    out->trace_ids = kvo_malloc(k * sizeof(uint64_t));
-    if (!out->trace_ids)
-        return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-    for (size_t i = 0; i < k; i++) {
-        json_object *v = json_object_array_get_idx(ids, i);
-        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
-            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                               "trace: hash_ids must be integers >= 0");
-        out->trace_ids[i] = json_object_get_uint64(v);
-    }
-    out->n_trace = (uint32_t)k;
-    if (mock_trace_validate(out->trace_ids, (uint32_t)k, (uint32_t)n) != KVO_OK)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "trace: input_length must be within (512*(k-1), "
-                           "512*k] for k hash_ids");
-    /* no tokens: the engine makes them from the ids at admission, in its
-     * own array; a probe's walk makes each block's tokens when it gets
-     * there */
-    out->n = (uint32_t)n;
-    return KVO_OK;
-}
-
-/* "prompt": str | [int] | [str] | [[int]], or "trace": {...}. */
-static kvo_status parse_prompts(json_object *body, uint32_t max_len,
-                                prompts *out, kvo_err *err) {
-    json_object *p, *t;
-    out->n = 0;
-    if (json_object_object_get_ex(body, "trace", &t) && t) {
-        out->n = 1;
-        return trace_prompt(t, max_len, ENGINE_LIMIT, &out->v[0], err);
-    }
-    if (!json_object_object_get_ex(body, "prompt", &p) || !p)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "prompt is required");
-    if (json_object_is_type(p, json_type_string)) {
-        out->n = 1;
-        return text_prompt(p, max_len, &out->v[0], err);
-    }
-    if (!json_object_is_type(p, json_type_array) || json_object_array_length(p) == 0)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "prompt must be a string, a token list or a list "
-                           "of them");
-    json_object *first = json_object_array_get_idx(p, 0);
-    if (json_object_is_type(first, json_type_int)) {
-        out->n = 1;
-        return token_list(p, max_len, &out->v[0], err);
-    }
-    size_t n = json_object_array_length(p);
-    if (n > MAX_PROMPTS)
-        return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                           "too many prompts");
-    for (size_t i = 0; i < n; i++) {
-        json_object *e = json_object_array_get_idx(p, i);
-        out->n = (uint32_t)i + 1;
-        kvo_status st;
-        if (json_object_is_type(e, json_type_string))
-            st = text_prompt(e, max_len, &out->v[i], err);
-        else if (json_object_is_type(e, json_type_array))
-            st = token_list(e, max_len, &out->v[i], err);
-        else
-            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "prompt list items must be strings or token lists");
-        if (st != KVO_OK) return st;
-    }
-    return KVO_OK;
 }
 
 /* ---- calls ----------------------------------------------------------------*/
@@ -339,7 +178,7 @@ static json_object *usage_json(const call *k) {
     return u;
 }
 
-static json_object *kvo_json(const call *k) {
+static json_object *kvo_ext_json(const call *k) {
     server *s = k->s;
     bool pset = false;
     uint64_t pseq = 0, last = 0;
@@ -438,7 +277,7 @@ static void call_finish(call *k) {
                                                     : "text_completion");
             json_object_object_add(o, "choices", json_object_new_array());
             json_object_object_add(o, "usage", usage_json(k));
-            json_object_object_add(o, "kvo", kvo_json(k));
+            json_object_object_add(o, "kvo", kvo_ext_json(k));
             if (s->cfg->role == MOCK_ROLE_PREFILL)
                 json_object_object_add(o, "kv_transfer_params", transfer_json(k));
             sse(k, o);
@@ -471,7 +310,7 @@ static void call_finish(call *k) {
         }
         json_object_object_add(o, "choices", arr);
         json_object_object_add(o, "usage", usage_json(k));
-        json_object_object_add(o, "kvo", kvo_json(k));
+        json_object_object_add(o, "kvo", kvo_ext_json(k));
         if (s->cfg->role == MOCK_ROLE_PREFILL)
             json_object_object_add(o, "kv_transfer_params", transfer_json(k));
         kvo_http_respond_json(k->req, 200, o);
@@ -531,7 +370,7 @@ static void process_cancels(server *s) {
         call *k = s->cancels;
         s->cancels = k->cancel_next;
         k->cancel_listed = false;
-        uint64_t ids[MAX_PROMPTS];
+        uint64_t ids[MOCK_MAX_PROMPTS];
         uint32_t n = 0;
         for (uint32_t i = 0; i < k->n_choices; i++)
             if (!k->choices[i].done) ids[n++] = k->choices[i].req_id;
@@ -543,15 +382,13 @@ static void process_cancels(server *s) {
 
 /* ---- handlers -------------------------------------------------------------*/
 
-static bool pick_rank(server *s, kvo_http_req *req, json_object *body,
+/* The rank a completion goes to: its "data_parallel_rank", else the
+ * X-data-parallel-rank header, else round robin. */
+static bool pick_rank(server *s, kvo_http_req *req, const mock_completion_req *c,
                       uint32_t *rank) {
-    json_object *v;
     const char *h = kvo_http_req_header(req, "X-data-parallel-rank");
-    if (json_object_object_get_ex(body, "data_parallel_rank", &v) && v) {
-        if (!json_object_is_type(v, json_type_int)) return false;
-        int64_t r = json_object_get_int64(v);
-        if (r < 0 || r >= s->node.n_ranks) return false;
-        *rank = (uint32_t)r;
+    if (c->has_rank) {
+        *rank = c->rank; /* the parser checked the range */
         return true;
     }
     if (h) {
@@ -564,137 +401,77 @@ static bool pick_rank(server *s, kvo_http_req *req, json_object *body,
     return true;
 }
 
+/* What a request body may hold here. */
+static mock_req_limits req_limits(const server *s, uint32_t max_len) {
+    return (mock_req_limits){.max_len = max_len,
+                             .vocab_size = s->cfg->vocab_size,
+                             .n_ranks = s->node.n_ranks};
+}
+
+/* The answer's status for a failed parse or add. */
+static unsigned err_code(kvo_status st) { return st == KVO_ENOMEM ? 503 : 400; }
+
 static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     size_t len;
     const uint8_t *raw = kvo_http_req_body(req, &len);
-    json_object *body = json_tokener_parse((const char *)raw);
-    prompts *ps = kvo_calloc(1, sizeof(*ps));
+    mock_completion_req c;
     call *k = NULL;
     kvo_err err;
-    kvo_status st = KVO_OK;
-    unsigned code = 400;
-    uint32_t max_len = mock_cfg_max_model_len(s->cfg);
-    if (!ps) {
-        respond_err(req, 503, "out of memory");
-        goto done;
-    }
-    if (!body || !json_object_is_type(body, json_type_object)) {
-        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "body must be a JSON object");
-        goto done;
-    }
-    if (chat) {
-        json_object *m;
-        if (!json_object_object_get_ex(body, "messages", &m) ||
-            !json_object_is_type(m, json_type_array)) {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "messages is required");
-            goto done;
-        }
-        kvo_buf_reset(&s->scratch);
-        if (mock_chat_template(m, &s->scratch) != KVO_OK) {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "messages must be [{\"role\": str, \"content\": "
-                             "str|parts}]");
-            goto done;
-        }
-        if (s->scratch.len > max_len) {
-            st = too_many_tokens(&err, s->scratch.len, ENGINE_LIMIT, max_len);
-            goto done;
-        }
-        ps->n = 1;
-        ps->v[0].tok = kvo_malloc(s->scratch.len * sizeof(uint64_t));
-        if (!ps->v[0].tok) {
-            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-            code = 503;
-            goto done;
-        }
-        ps->v[0].n = mock_tokenize((const char *)s->scratch.data, s->scratch.len,
-                                   ps->v[0].tok);
-    } else if ((st = parse_prompts(body, max_len, ps, &err)) != KVO_OK) {
-        goto done;
-    }
-    json_object *v;
-    int64_t max_tokens = DEFAULT_MAX_TOKENS;
-    if ((json_object_object_get_ex(body, "max_tokens", &v) && v) ||
-        (json_object_object_get_ex(body, "max_completion_tokens", &v) && v)) {
-        if (!json_object_is_type(v, json_type_int) ||
-            (max_tokens = json_object_get_int64(v)) < 1) {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "max_tokens must be an integer >= 1");
-            goto done;
-        }
-    }
-    const char *lora, *salt;
-    if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-        st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "lora_name and cache_salt must be strings");
-        goto done;
-    }
+    mock_completion_req_init(&c);
+    mock_req_limits lim = req_limits(s, mock_cfg_max_model_len(s->cfg));
+    kvo_status st = mock_completion_parse(&c, raw, len, chat, &lim, &err);
+    if (st != KVO_OK) goto done;
     k = kvo_calloc(1, sizeof(*k));
-    if (!k || !(k->choices = kvo_calloc(ps->n, sizeof(choice)))) {
+    if (!k || !(k->choices = kvo_calloc(c.n_prompts, sizeof(choice)))) {
         st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-        code = 503;
         goto done;
     }
     k->s = s;
     k->req = req;
     k->chat = chat;
-    k->stream = get_bool(body, "stream", false);
-    json_object *so;
-    if (json_object_object_get_ex(body, "stream_options", &so) && so)
-        k->include_usage = get_bool(so, "include_usage", false);
-    k->return_token_ids = get_bool(body, "return_token_ids", false);
-    json_object *ktp;
-    if (json_object_object_get_ex(body, "kv_transfer_params", &ktp) && ktp &&
-        json_object_is_type(ktp, json_type_object))
-        k->remote_prefill = get_bool(ktp, "do_remote_prefill", false);
-    if (!pick_rank(s, req, body, &k->rank)) {
+    k->stream = c.stream;
+    k->include_usage = c.include_usage;
+    k->return_token_ids = c.return_token_ids;
+    k->remote_prefill = c.remote_prefill;
+    if (!pick_rank(s, req, &c, &k->rank)) {
         st = kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
                          "data_parallel_rank out of range");
         goto done;
     }
-    k->n_choices = ps->n;
+    k->n_choices = c.n_prompts;
     k->created = (long long)time(NULL);
     snprintf(k->id, sizeof(k->id), "%s-%016llx", chat ? "chatcmpl" : "cmpl",
              (unsigned long long)++s->next_call);
-    mock_engine *e = s->node.ranks[k->rank].eng;
-    for (uint32_t i = 0; i < ps->n; i++) {
-        choice *c = &k->choices[i];
-        c->k = k;
-        c->index = i;
-        kvo_buf_init(&c->text);
-        kvo_buf_init(&c->tok);
-        if ((uint64_t)ps->v[i].n + (uint64_t)max_tokens > max_len) {
-            st = kvo_err_set(&err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                             "this engine's maximum context length (max_model_len) "
-                             "is %u tokens; the request asks for %u prompt + %lld "
-                             "completion",
-                             max_len, ps->v[i].n, (long long)max_tokens);
-            goto done;
-        }
+    for (uint32_t i = 0; i < c.n_prompts; i++) {
+        choice *ch = &k->choices[i];
+        ch->k = k;
+        ch->index = i;
+        kvo_buf_init(&ch->text);
+        kvo_buf_init(&ch->tok);
     }
     /* All validated (max_tokens <= max_len too): queue every choice (cannot
-     * fail half-way but for memory, and then the queued ones are aborted). */
-    for (uint32_t i = 0; i < ps->n; i++) {
-        choice *c = &k->choices[i];
-        mock_req_in in = {.tokens = ps->v[i].tok,
-                          .n_tokens = ps->v[i].n,
-                          .max_tokens = (uint32_t)max_tokens,
-                          .lora_name = lora,
-                          .cache_salt = salt,
-                          .trace = {ps->v[i].trace_ids, ps->v[i].n_trace},
+     * fail half-way but for memory, and then the queued ones are aborted).
+     * The engine copies the prompts out of the body. */
+    mock_engine *e = s->node.ranks[k->rank].eng;
+    for (uint32_t i = 0; i < c.n_prompts; i++) {
+        choice *ch = &k->choices[i];
+        const mock_prompt *pr = &c.prompts[i];
+        mock_req_in in = {.tokens = pr->tok,
+                          .n_tokens = pr->n,
+                          .max_tokens = (uint32_t)c.max_tokens,
+                          .lora_name = c.lora,
+                          .cache_salt = c.salt,
+                          .trace = {pr->trace_ids, pr->n_trace},
                           .remote_prefill = k->remote_prefill,
                           .on_output = on_choice_output,
-                          .user = c};
-        st = mock_engine_add(e, &in, &c->req_id);
+                          .user = ch};
+        st = mock_engine_add(e, &in, &ch->req_id);
         if (st != KVO_OK) {
             for (uint32_t j = 0; j < i; j++) {
                 k->choices[j].k = NULL; /* its abort callback is ignored */
                 mock_engine_abort(e, k->choices[j].req_id);
             }
             kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
-            code = st == KVO_ENOMEM ? 503 : 400;
             goto done;
         }
     }
@@ -704,16 +481,9 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     if (k->stream) kvo_http_stream_start(req, 200, "text/event-stream");
     k = NULL; /* owned by the live list */
 done:
-    if (st != KVO_OK) {
-        s->http_errors++;
-        respond_err(req, code, "%s", err.msg);
-    }
+    if (st != KVO_OK) respond_err(s, req, err_code(st), "%s", err.msg);
     call_free(k);
-    if (ps) {
-        prompts_free(ps);
-        kvo_free(ps);
-    }
-    if (body) json_object_put(body);
+    mock_completion_req_fini(&c);
 }
 
 static void handle_models(server *s, kvo_http_req *req) {
@@ -736,6 +506,14 @@ static void handle_models(server *s, kvo_http_req *req) {
 }
 
 static void handle_reset(server *s, kvo_http_req *req) {
+    size_t len;
+    const uint8_t *raw = kvo_http_req_body(req, &len);
+    kvo_err err;
+    kvo_status rc = mock_reset_parse(raw, len, &err);
+    if (rc != KVO_OK) {
+        respond_err(s, req, err_code(rc), "%s", err.msg);
+        return;
+    }
     for (uint32_t r = 0; r < s->node.n_ranks; r++) {
         mock_engine_stats st;
         mock_engine_stats_get(s->node.ranks[r].eng, &st);
@@ -765,7 +543,7 @@ static void handle_metrics(server *s, kvo_http_req *req) {
     if (st == KVO_OK)
         kvo_http_respond(req, 200, KVO_PROM_CTYPE, b.data, b.len);
     else
-        respond_err(req, 500, "writing the metrics failed: %s", kvo_strerror(st));
+        respond_err(s, req, 500, "writing the metrics failed: %s", kvo_strerror(st));
     kvo_buf_fini(&b);
 }
 
@@ -780,6 +558,11 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("requests_waiting", st->requests_waiting);
     C("steps", st->steps);
     C("preemptions", st->preemptions);
+    C("steps_multi", st->steps_multi);
+    C("max_running", st->max_running);
+    C("prefills_split", st->prefills_split);
+    C("evictions_in_store_steps", st->evictions_in_store_steps);
+    C("max_inflight", st->max_inflight);
     C("prompt_tokens", st->prompt_tokens);
     C("generated_tokens", st->generated_tokens);
     C("computed_tokens", st->computed_tokens);
@@ -807,6 +590,23 @@ static json_object *counters_json(const mock_engine_stats *st,
     return c;
 }
 
+/* The process's own counters (one HTTP server for every rank): base's
+ * HTTP server stats and the requests this service answered. */
+static json_object *process_counters_json(const server *s) {
+    kvo_http_server_stats hs;
+    kvo_http_server_stats_get(s->http, &hs);
+    json_object *c = json_object_new_object();
+#define C(name, v) json_object_object_add(c, name, json_object_new_uint64(v))
+    C("http_conns", hs.conns);
+    C("http_head_timeouts", hs.head_timeouts);
+    C("http_body_timeouts", hs.body_timeouts);
+    C("http_busy_refused", hs.busy_refused);
+    C("http_requests", s->http_requests);
+    C("http_errors", s->http_errors);
+#undef C
+    return c;
+}
+
 static void handle_state(server *s, kvo_http_req *req) {
     const mock_cfg *c = s->cfg;
     json_object *w = json_object_new_object();
@@ -824,6 +624,7 @@ static void handle_state(server *s, kvo_http_req *req) {
     json_object_object_add(w, "prefix_caching", json_object_new_boolean(c->prefix_caching));
     json_object_object_add(w, "max_model_len",
                            json_object_new_int64(mock_cfg_max_model_len(c)));
+    json_object_object_add(w, "vocab_size", json_object_new_uint64(c->vocab_size));
     json_object *muts = json_object_new_array();
     const mock_mutation_info *m = mock_mutations();
     for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
@@ -843,6 +644,8 @@ static void handle_state(server *s, kvo_http_req *req) {
         json_object_object_add(o, "dp_rank", json_object_new_int64(r));
         json_object_object_add(o, "last_seq", u64_or_null(lset, last));
         json_object_object_add(o, "resident_blocks", json_object_new_uint64(st.resident_blocks));
+        json_object_object_add(o, "cached_distinct", json_object_new_uint64(st.cached_distinct));
+        json_object_object_add(o, "cached_digest", json_object_new_uint64(st.cached_digest));
         json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
         json_object_object_add(o, "requests_finished",
                                json_object_new_uint64(st.requests_finished));
@@ -851,6 +654,7 @@ static void handle_state(server *s, kvo_http_req *req) {
     }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "worker", w);
+    json_object_object_add(o, "counters", process_counters_json(s));
     json_object_object_add(o, "ranks", ranks);
     kvo_http_respond_json(req, 200, o);
 }
@@ -860,137 +664,45 @@ static void handle_state(server *s, kvo_http_req *req) {
  * side effect. The walk goes block by block and stops at the first block no
  * rank still hits: a prompt that misses at block 0 costs one hash, whatever
  * its length (kvo-check probes every engine for every prompt). */
-/* A plain decimal u64 at *pp (no sign, no leading zero), advancing *pp. */
-static bool scan_u64(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
-    const uint8_t *p = *pp;
-    if (p >= end || *p < '0' || *p > '9') return false;
-    if (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9') return false;
-    uint64_t x = 0;
-    for (; p < end && *p >= '0' && *p <= '9'; p++)
-        if (__builtin_mul_overflow(x, 10u, &x) ||
-            __builtin_add_overflow(x, (unsigned)(*p - '0'), &x))
-            return false;
-    *pp = p;
-    *out = x;
-    return true;
-}
-
-static bool scan_lit(const uint8_t **pp, const uint8_t *end, const char *lit) {
-    size_t n = strlen(lit);
-    if ((size_t)(end - *pp) < n || memcmp(*pp, lit, n) != 0) return false;
-    *pp += n;
-    return true;
-}
-
-/* kvo-check's probe, {"trace":{"hash_ids":[...],"input_length":n}} (and
- * ,"warm":true before the last brace), read by hand (it comes for every engine on every prompt; json-c's objects and
- * tables cost more than the probe's walk). Only that exact, valid shape:
- * anything else -- or any value trace_prompt would refuse -- takes the
- * general parse and gets its answer. */
-static bool scan_probe(const uint8_t *b, size_t len, prompt *out, bool *warm) {
-    const uint8_t *p = b, *end = b + len;
-    if (!scan_lit(&p, end, "{\"trace\":{\"hash_ids\":[")) return false;
-    uint64_t *ids = NULL, n;
-    uint32_t k = 0;
-    size_t cap = 0;
-    for (;;) {
-        if (k == MOCK_TRACE_MAX_IDS ||
-            (k == cap &&
-             kvo_grow(&ids, &cap, k + 1, sizeof(*ids), PROBE_IDS_FIRST_CAP) !=
-                 KVO_OK))
-            goto no;
-        if (!scan_u64(&p, end, &ids[k])) goto no;
-        k++;
-        if (p < end && *p == ',') p++;
-        else break;
-    }
-    if (!scan_lit(&p, end, "],\"input_length\":") || !scan_u64(&p, end, &n) ||
-        !scan_lit(&p, end, "}"))
-        goto no;
-    *warm = scan_lit(&p, end, ",\"warm\":true");
-    if (!scan_lit(&p, end, "}")) goto no;
-    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
-    if (p != end || n == 0 || n > PROBE_MAX_TOKENS ||
-        mock_trace_validate(ids, k, (uint32_t)n) != KVO_OK)
-        goto no;
-    out->trace_ids = ids;
-    out->n_trace = k;
-    out->n = (uint32_t)n;
-    return true;
-no:
-    kvo_free(ids);
-    return false;
-}
-
 static void handle_probe(server *s, kvo_http_req *req) {
     size_t len;
     const uint8_t *raw = kvo_http_req_body(req, &len);
-    json_object *body = NULL;
-    prompt p = {0};
+    mock_probe_req pr;
     mock_hash *h = NULL;
     uint32_t *hits = NULL;
+    uint64_t *blk_tok = NULL;
     kvo_err err;
-    kvo_status st = KVO_OK;
-    const char *lora = NULL, *salt = NULL;
     uint32_t bs = s->cfg->block_size;
-    bool warm = false;
-    if (!scan_probe(raw, len, &p, &warm)) {
-        body = json_tokener_parse((const char *)raw);
-        if (!body || !json_object_is_type(body, json_type_object)) {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "body must be a JSON object");
-            goto done;
-        }
-        json_object *t, *ids;
-        if (json_object_object_get_ex(body, "trace", &t) && t) {
-            st = trace_prompt(t, PROBE_MAX_TOKENS, "probes take at most", &p, &err);
-        } else if (json_object_object_get_ex(body, "token_ids", &ids) &&
-                   json_object_is_type(ids, json_type_array)) {
-            st = token_list(ids, PROBE_MAX_TOKENS, &p, &err);
-        } else {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "token_ids or trace is required");
-        }
-        if (st != KVO_OK) goto done;
-        if (!get_str(body, "lora_name", &lora) || !get_str(body, "cache_salt", &salt)) {
-            st = kvo_err_set(&err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "lora_name and cache_salt must be strings");
-            goto done;
-        }
-        warm = get_bool(body, "warm", false);
-    }
-    if (lora && !*lora) lora = NULL;
-    if (salt && !*salt) salt = NULL;
+    mock_probe_req_init(&pr);
+    mock_req_limits lim = req_limits(s, PROBE_MAX_TOKENS);
+    kvo_status st = mock_probe_parse(&pr, raw, len, &lim, &err);
+    if (st != KVO_OK) goto done;
+    const mock_prompt *p = &pr.prompt;
     uint32_t n = s->node.n_ranks;
     hits = kvo_calloc(n, sizeof(*hits)); /* per rank: leading blocks held */
     if (!hits) {
         st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
         goto done;
     }
-    uint32_t cap = (p.n - 1) / bs;
+    uint32_t cap = (p->n - 1) / bs;
     if (s->cfg->prefix_caching && cap > 0) {
         h = kvo_malloc((size_t)cap * sizeof(mock_hash));
-        if (!h) {
+        blk_tok = p->trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
+        if (!h || (p->trace_ids && !blk_tok)) {
             st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
             goto done;
         }
-        mock_trace_ref tr = {p.trace_ids, p.n_trace};
-        uint64_t *blk_tok = p.trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
-        if (p.trace_ids && !blk_tok) {
-            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
-            goto done;
-        }
+        mock_trace_ref tr = {p->trace_ids, p->n_trace};
         bool alive = true;
         for (uint32_t b = 0; alive && b < cap; b++) {
             const uint64_t *tok = blk_tok;
-            if (p.trace_ids) /* this block's tokens, and only these */
-                mock_trace_tokens_at(p.trace_ids, (uint64_t)b * bs, bs, blk_tok);
+            if (p->trace_ids) /* this block's tokens, and only these */
+                mock_trace_tokens_at(p->trace_ids, (uint64_t)b * bs, bs, blk_tok);
             else
-                tok = p.tok + (size_t)b * bs;
-            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, lora,
-                                        salt, p.trace_ids ? &tr : NULL, &h[b]);
+                tok = p->tok + (size_t)b * bs;
+            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, pr.lora,
+                                        pr.salt, p->trace_ids ? &tr : NULL, &h[b]);
             if (st != KVO_OK) {
-                kvo_free(blk_tok);
                 kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
                 goto done;
             }
@@ -1003,11 +715,10 @@ static void handle_probe(server *s, kvo_http_req *req) {
                 }
             }
         }
-        kvo_free(blk_tok);
     }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
-    json_object_object_add(o, "prompt_blocks", json_object_new_int64((p.n + bs - 1) / bs));
+    json_object_object_add(o, "prompt_blocks", json_object_new_int64((p->n + bs - 1) / bs));
     json_object *arr = json_object_new_array();
     for (uint32_t r = 0; r < n; r++) {
         json_object *e = json_object_new_object();
@@ -1018,20 +729,22 @@ static void handle_probe(server *s, kvo_http_req *req) {
     json_object_object_add(o, "ranks", arr);
     kvo_http_respond_json(req, 200, o);
     /* "warm": this prompt comes next; hash it once the answer is out */
-    if (warm && p.trace_ids && !lora && !salt && s->cfg->prefix_caching) {
-        kvo_free(s->warm_ids);
-        s->warm_ids = p.trace_ids;
-        s->warm_n_ids = p.n_trace;
-        s->warm_len = p.n;
-        p.trace_ids = NULL;
+    if (pr.warm && p->trace_ids && !pr.lora && !pr.salt && s->cfg->prefix_caching) {
+        uint64_t *ids = kvo_malloc((size_t)p->n_trace * sizeof(uint64_t));
+        if (ids) { /* without it, only the memo stays cold */
+            memcpy(ids, p->trace_ids, (size_t)p->n_trace * sizeof(uint64_t));
+            kvo_free(s->warm_ids);
+            s->warm_ids = ids;
+            s->warm_n_ids = p->n_trace;
+            s->warm_len = p->n;
+        }
     }
 done:
-    if (st != KVO_OK) respond_err(req, 400, "%s", err.msg);
+    if (st != KVO_OK) respond_err(s, req, err_code(st), "%s", err.msg);
     kvo_free(hits);
     kvo_free(h);
-    kvo_free(p.tok);
-    kvo_free(p.trace_ids);
-    if (body) json_object_put(body);
+    kvo_free(blk_tok);
+    mock_probe_req_fini(&pr);
 }
 
 /* The prompt a probe announced with "warm": its block hashes into the
@@ -1053,6 +766,65 @@ static void warm_memo(server *s) {
     kvo_free(h);
     kvo_free(s->warm_ids);
     s->warm_ids = NULL;
+}
+
+/* GET /kvo/blocks?rank=R[&after=H][&limit=N]: rank R's cached set, the
+ * engine's own hashes (--mutate corrupts only what is published), sorted:
+ *   {"rank": R, "count": C, "digest": D,
+ *    "blocks": [[block_hash, parent_hash|null], ...], "next": H|null}
+ * count and digest cover the whole set (mock.h says how the digest is
+ * made); blocks holds at most N (default and most BLOCKS_PAGE_MAX) hashes
+ * above H; next, when more remain, is the after= of the next page. */
+static void handle_blocks(server *s, kvo_http_req *req) {
+    const char *rs = kvo_http_req_arg(req, "rank");
+    const char *as = kvo_http_req_arg(req, "after");
+    const char *ls = kvo_http_req_arg(req, "limit");
+    uint32_t rank, limit = BLOCKS_PAGE_MAX;
+    uint64_t after = 0;
+    if (!rs || kvo_parse_u32(rs, &rank) != KVO_OK || rank >= s->node.n_ranks) {
+        respond_err(s, req, 400, "rank must be a data-parallel rank in [0, %u)",
+                    s->node.n_ranks);
+        return;
+    }
+    if (as && kvo_parse_u64(as, &after) != KVO_OK) {
+        respond_err(s, req, 400, "after must be a block hash (an integer in [0, 2^64))");
+        return;
+    }
+    if (ls && (kvo_parse_u32(ls, &limit) != KVO_OK || limit == 0 ||
+               limit > BLOCKS_PAGE_MAX)) {
+        respond_err(s, req, 400, "limit must be an integer in [1, %u]", BLOCKS_PAGE_MAX);
+        return;
+    }
+    const mock_engine *e = s->node.ranks[rank].eng;
+    mock_engine_stats st;
+    mock_engine_stats_get(e, &st);
+    uint32_t cap = st.cached_distinct < limit ? (uint32_t)st.cached_distinct : limit;
+    mock_cached_block *b = kvo_malloc(((size_t)cap + 1) * sizeof(*b));
+    uint32_t n = 0;
+    bool more = false;
+    kvo_buf out;
+    kvo_buf_init(&out);
+    kvo_status rc = b ? mock_engine_cached_blocks(e, as != NULL, after, b, cap, &n, &more)
+                      : KVO_ENOMEM;
+    if (rc == KVO_OK)
+        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"count\":%" PRIu64
+                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+                            rank, st.cached_distinct, st.cached_digest);
+    for (uint32_t i = 0; i < n && rc == KVO_OK; i++) {
+        if (b[i].has_parent)
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",%" PRIu64 "]", i ? "," : "",
+                                b[i].hash, b[i].parent);
+        else
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",null]", i ? "," : "", b[i].hash);
+    }
+    if (rc == KVO_OK) {
+        if (more) rc = kvo_buf_printf(&out, "],\"next\":%" PRIu64 "}", b[n - 1].hash);
+        else rc = kvo_buf_printf(&out, "],\"next\":null}");
+    }
+    if (rc == KVO_OK) kvo_http_respond(req, 200, "application/json", out.data, out.len);
+    else respond_err(s, req, 503, "listing the cached blocks: %s", kvo_strerror(rc));
+    kvo_buf_fini(&out);
+    kvo_free(b);
 }
 
 /* tcp://bound-host:port -> tcp://advertise-host:port */
@@ -1098,8 +870,9 @@ static void on_http(void *ctx, kvo_http_req *req) {
     else if (strcmp(p, "/metrics") == 0 && get) handle_metrics(s, req);
     else if (strcmp(p, "/kvo/state") == 0 && get) handle_state(s, req);
     else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req);
+    else if (strcmp(p, "/kvo/blocks") == 0 && get) handle_blocks(s, req);
     else if (strcmp(p, "/kvo/event_sources") == 0 && get) handle_sources(s, req);
-    else respond_err(req, 404, "no route for %s %s", m, p);
+    else respond_err(s, req, 404, "no route for %s %s", m, p);
 }
 
 /* ---- the loop -------------------------------------------------------------*/

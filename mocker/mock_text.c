@@ -33,40 +33,36 @@ kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b) {
     return KVO_OK;
 }
 
-kvo_status mock_chat_template(json_object *messages, kvo_buf *b) {
-    if (!messages || !json_object_is_type(messages, json_type_array))
-        return KVO_EINVAL;
-    size_t n = json_object_array_length(messages);
-    for (size_t i = 0; i < n; i++) {
-        json_object *m = json_object_array_get_idx(messages, i), *role, *content;
-        if (!json_object_is_type(m, json_type_object) ||
-            !json_object_object_get_ex(m, "role", &role) ||
-            !json_object_is_type(role, json_type_string))
-            return KVO_EINVAL;
-        kvo_status st = kvo_buf_printf(b, "<|%s|>\n", json_object_get_string(role));
-        if (st != KVO_OK) return st;
-        if (json_object_object_get_ex(m, "content", &content) &&
-            !json_object_is_type(content, json_type_null)) {
-            if (json_object_is_type(content, json_type_string)) {
-                st = kvo_buf_append(b, json_object_get_string(content),
-                                    (size_t)json_object_get_string_len(content));
-            } else if (json_object_is_type(content, json_type_array)) {
-                /* OpenAI content parts: the text parts, concatenated. */
-                size_t k = json_object_array_length(content);
-                for (size_t j = 0; j < k && st == KVO_OK; j++) {
-                    json_object *part = json_object_array_get_idx(content, j), *txt;
-                    if (json_object_is_type(part, json_type_object) &&
-                        json_object_object_get_ex(part, "text", &txt) &&
-                        json_object_is_type(txt, json_type_string))
-                        st = kvo_buf_append(b, json_object_get_string(txt),
-                                            (size_t)json_object_get_string_len(txt));
-                }
-            } else {
-                return KVO_EINVAL;
+kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b) {
+    if (!kvo_json_is(messages, KVO_JSON_ARR)) return KVO_EINVAL;
+    for (size_t i = 0; i < messages->len; i++) {
+        kvo_jv m;
+        kvo_json_at(messages, i, &m);
+        size_t rlen;
+        const char *role = kvo_json_str(kvo_json_get(&m, "role"), &rlen);
+        if (!role) return KVO_EINVAL;
+        kvo_status st;
+        if ((st = kvo_buf_append(b, "<|", 2)) != KVO_OK ||
+            (st = kvo_buf_append(b, role, rlen)) != KVO_OK ||
+            (st = kvo_buf_append(b, "|>\n", 3)) != KVO_OK)
+            return st;
+        const kvo_jv *content = kvo_json_get(&m, "content");
+        if (kvo_json_is(content, KVO_JSON_STR)) {
+            st = kvo_buf_append(b, content->v.s, content->len);
+        } else if (kvo_json_is(content, KVO_JSON_ARR)) {
+            /* OpenAI content parts: the text parts, concatenated. */
+            for (size_t j = 0; j < content->len && st == KVO_OK; j++) {
+                kvo_jv part;
+                kvo_json_at(content, j, &part);
+                size_t tlen;
+                const char *txt = kvo_json_str(kvo_json_get(&part, "text"), &tlen);
+                if (txt) st = kvo_buf_append(b, txt, tlen);
             }
-            if (st != KVO_OK) return st;
+        } else if (content && !kvo_json_is(content, KVO_JSON_NULL)) {
+            return KVO_EINVAL;
         }
+        if (st != KVO_OK) return st;
         if ((st = kvo_buf_append(b, "\n", 1)) != KVO_OK) return st;
     }
-    return kvo_buf_printf(b, "<|assistant|>\n");
+    return kvo_buf_append(b, "<|assistant|>\n", 14);
 }

@@ -20,7 +20,7 @@ enum {
     OPT_HASH_ALGO, OPT_HASH_SEED, OPT_HASH_BYTES, OPT_HASH_MEMO,
     OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
     OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
-    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL
+    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE
 };
 
 static const struct option options[] = {
@@ -52,6 +52,7 @@ static const struct option options[] = {
     {"event-format", required_argument, NULL, OPT_EVENT_FORMAT},
     {"speedup", required_argument, NULL, OPT_SPEEDUP},
     {"seed", required_argument, NULL, OPT_SEED},
+    {"vocab-size", required_argument, NULL, OPT_VOCAB_SIZE},
     {"mutate", required_argument, NULL, OPT_MUTATE},
     {"record", required_argument, NULL, OPT_RECORD},
     {"trace", required_argument, NULL, OPT_TRACE},
@@ -109,6 +110,8 @@ static const char usage[] =
     "                            block each (default 14 = 25 MB; 0 = off)\n"
     "  --speedup X               timing model / X; 0 = virtual time (default)\n"
     "  --seed N                  generated tokens (default 0)\n"
+    "  --vocab-size N            token ids of requests must be below N\n"
+    "                            (default 4294967296; at least 32000)\n"
     "  --mutate NAME[,NAME]      corrupt the published events (below)\n"
     "Trace mode:\n"
     "  --trace FILE              Mooncake JSONL; no HTTP; summary on stdout\n"
@@ -199,6 +202,16 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->speedup = d;
         return KVO_OK;
     case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : KVO_OK;
+    case OPT_VOCAB_SIZE:
+        /* trace prompts and generated tokens use ids below 32000 */
+        if (kvo_parse_u64(arg, &c->vocab_size) || c->vocab_size < MOCK_TRACE_VOCAB) {
+            fprintf(stderr,
+                    "kvo-mocker: bad value for --vocab-size: '%s' (an integer >= "
+                    "%u: trace prompts and generated tokens use ids below %u)\n",
+                    arg, MOCK_TRACE_VOCAB, MOCK_TRACE_VOCAB);
+            return KVO_EINVAL;
+        }
+        return KVO_OK;
     case OPT_MUTATE: {
         char which[64];
         if (mock_mutate_parse(arg, &c->mutations, which, sizeof(which))) {
@@ -249,7 +262,7 @@ static void log_config(const mock_cfg *c) {
              "num_gpu_blocks=%u max_num_seqs=%u max_num_batched_tokens=%u "
              "max_model_len=%u prefix_caching=%s hash_algo=%s hash_seed=%s "
              "hash_bytes=%s event_format=%s topic='%s' speedup=%g seed=%llu "
-             "mutate=%s record=%s",
+             "vocab_size=%llu mutate=%s record=%s",
              KVO_VERSION, c->trace ? "trace" : "server", c->model,
              mock_role_name(c->role), c->dp_size, c->block_size,
              c->num_gpu_blocks, c->max_num_seqs, c->max_num_batched_tokens,
@@ -257,7 +270,8 @@ static void log_config(const mock_cfg *c) {
              wire_algo_name(c->hash_algo), c->hash_seed,
              c->hash_bytes ? "on" : "off", wire_format_name(c->event_format),
              c->topic, c->speedup, (unsigned long long)c->seed,
-             *muts ? muts : "none", c->record ? c->record : "none");
+             (unsigned long long)c->vocab_size, *muts ? muts : "none",
+             c->record ? c->record : "none");
 }
 
 int main(int argc, char **argv) {

@@ -1,7 +1,8 @@
 /* test_mocker: the mock engine (block pool, scheduler, hashes), its trace
  * reader, renderer and mutations, publisher and replay protocol, the HTTP
- * API of the real kvo-mocker binary, and a long random workload checked
- * against the indexer's tree. */
+ * API of the real kvo-mocker binary, its request body parsers (and their
+ * fuzz corpora), and a long random workload checked against the indexer's
+ * tree. */
 #include "kt.h"
 
 Suite *suite_engine(void);
@@ -12,6 +13,7 @@ Suite *suite_workload(void);
 Suite *suite_http(void);
 Suite *suite_stop(void);
 Suite *suite_node(void);
+Suite *suite_request(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -23,6 +25,7 @@ int main(int argc, char **argv) {
         suite_http,
         suite_stop,
         suite_node,
+        suite_request,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

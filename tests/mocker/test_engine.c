@@ -199,34 +199,128 @@ START_TEST(eviction_pops_the_queue_head_deepest_first_one_removed_per_copy) {
 }
 END_TEST
 
-START_TEST(removals_of_a_step_come_before_its_stores) {
+/* A loaded step. Block size 4, 12 usable blocks, 16 tokens a step: W (44
+ * tokens, prefilled in three chunks) leaves 11 cached blocks in the free
+ * queue deepest first, block 12 empty before them; then P (20 tokens) is
+ * prefilled in two chunks, and its second chunk shares a step with X (8
+ * tokens) and Y's first 4 of 8, each evicting W's blocks and storing its
+ * own. The two steps' events go to r (NULL: not kept); h* get the
+ * requests' block hashes. */
+typedef struct loaded {
     mt_eng m;
-    mt_eng_start(&m, 4, 10);
-    uint64_t a[16], b[16], x[12], y[12];
-    mt_iota(a, 16, 1);
-    mt_iota(b, 16, 101);
-    mt_iota(x, 12, 201);
-    mt_iota(y, 12, 301);
-    mt_out o[4] = {{0}};
-    mt_add(&m, a, 15, 1, &o[0]);
-    mt_add_run(&m, b, 15, 1, &o[1], NULL); /* 6 cached blocks, 3 empty */
-    /* Two requests in one step, each evicting and storing. */
-    mt_add(&m, x, 12, 1, &o[2]);
-    mt_add(&m, y, 12, 1, &o[3]);
-    mock_step st;
-    ck_assert(mt_step(&m, &st));
-    ck_assert_uint_eq(st.n_scheduled, 2);
+    uint64_t w[44], p[20], x[8], y[8];
+    mock_hash hw[11], hp[5], hx[2], hy[2];
+    mt_out o[4];
+    mock_step st1, st2;
+} loaded;
+
+static void loaded_steps(loaded *l, mt_rec *r) {
+    mock_cfg c;
+    mt_cfg(&c, 4, 13);
+    c.max_num_batched_tokens = 16;
+    memset(l, 0, sizeof(*l));
+    mt_eng_init(&l->m, &c, 0);
+    mt_iota(l->w, 44, 1000);
+    mt_iota(l->p, 20, 2000);
+    mt_iota(l->x, 8, 3000);
+    mt_iota(l->y, 8, 4000);
+    mt_hash(&l->m, l->w, 11, l->hw);
+    mt_hash(&l->m, l->p, 5, l->hp);
+    mt_hash(&l->m, l->x, 2, l->hx);
+    mt_hash(&l->m, l->y, 2, l->hy);
+    mt_add_run(&l->m, l->w, 44, 1, &l->o[0], NULL);
+    /* step 1: P's first 16 tokens take block 12 (empty) and W's 10, 9, 8 */
+    mt_add(&l->m, l->p, 20, 1, &l->o[1]);
+    ck_assert(mt_step(&l->m, &l->st1));
+    if (r) mt_record(r, &l->m.last);
+    /* step 2: P's last 4 tokens, X whole, Y's first 4 */
+    mt_add(&l->m, l->x, 8, 1, &l->o[2]);
+    mt_add(&l->m, l->y, 8, 1, &l->o[3]);
+    ck_assert(mt_step(&l->m, &l->st2));
+    ck_assert_uint_eq(l->st2.n_scheduled, 3);
+    if (r) mt_record(r, &l->m.last);
+}
+
+/* DESIGN §8: per request the step allocates for (running first, then the
+ * newly scheduled, in scheduling order), the BlockRemoved of the blocks its
+ * allocation evicted, then its BlockStored -- not every removal first. */
+START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
+    loaded l;
     mt_rec r = {0};
-    mt_record(&r, &m.last);
-    ck_assert_uint_eq(r.n, 5); /* 3 removals, 2 stores */
-    for (uint32_t i = 0; i < 3; i++) ck_assert_int_eq(r.type[i], WIRE_EV_REMOVED);
-    ck_assert_int_eq(r.type[3], WIRE_EV_STORED);
-    ck_assert_int_eq(r.type[4], WIRE_EV_STORED);
-    mock_hash hx, hy;
-    mt_hash(&m, x, 1, &hx);
-    mt_hash(&m, y, 1, &hy);
-    ck_assert(r.key[3] == hx.key && r.key[4] == hy.key); /* scheduling order */
-    mt_eng_fini(&m);
+    loaded_steps(&l, &r);
+    static const struct {
+        wire_ev_type type;
+        char who;     /* w, p, x, y: whose hashes */
+        int first, n; /* hashes [first, first + n) */
+        int parent;   /* index of the parent in who's hashes, -1 none */
+    } want[] = {
+        /* step 1: one request */
+        {WIRE_EV_REMOVED, 'w', 10, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 9, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 8, 1, 0},
+        {WIRE_EV_STORED, 'p', 0, 4, -1},
+        /* step 2: P (running) first, then X and Y in scheduling order */
+        {WIRE_EV_REMOVED, 'w', 7, 1, 0},
+        {WIRE_EV_STORED, 'p', 4, 1, 3},
+        {WIRE_EV_REMOVED, 'w', 6, 1, 0},
+        {WIRE_EV_REMOVED, 'w', 5, 1, 0},
+        {WIRE_EV_STORED, 'x', 0, 2, -1},
+        {WIRE_EV_REMOVED, 'w', 4, 1, 0},
+        {WIRE_EV_STORED, 'y', 0, 1, -1},
+    };
+    ck_assert_uint_eq(r.n, KVO_ARRAY_LEN(want));
+    for (uint32_t i = 0; i < r.n; i++) {
+        const mock_hash *h = want[i].who == 'w'   ? l.hw
+                             : want[i].who == 'p' ? l.hp
+                             : want[i].who == 'x' ? l.hx
+                                                  : l.hy;
+        ck_assert_msg(r.type[i] == want[i].type, "event %u: type %d", i, r.type[i]);
+        ck_assert_msg(r.key[i] == h[want[i].first].key, "event %u: hash", i);
+        ck_assert_uint_eq(r.nh[i], (uint32_t)want[i].n);
+        if (want[i].type == WIRE_EV_STORED) {
+            ck_assert(r.has_parent[i] == (want[i].parent >= 0));
+            if (want[i].parent >= 0) ck_assert(r.parent[i] == h[want[i].parent].key);
+        }
+    }
+    mt_eng_fini(&l.m);
+}
+END_TEST
+
+/* The regime counters prove a load was real: the loaded steps above, then
+ * a step that evicts without storing. */
+START_TEST(regime_counters_count_batched_chunked_and_evicting_steps) {
+    loaded l;
+    loaded_steps(&l, NULL);
+    ck_assert_uint_eq(l.st1.evicted, 3);
+    ck_assert_uint_eq(l.st1.stored, 4);
+    ck_assert_uint_eq(l.st2.evicted, 4);
+    ck_assert_uint_eq(l.st2.stored, 4);
+    mock_engine_stats s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.steps, 5);          /* W's three chunks, then two */
+    ck_assert_uint_eq(s.steps_multi, 1);    /* P, X and Y */
+    ck_assert_uint_eq(s.max_running, 3);
+    ck_assert_uint_eq(s.prefills_split, 3); /* W, P, Y */
+    ck_assert_uint_eq(s.evictions_in_store_steps, 7);
+    ck_assert_uint_eq(s.max_inflight, 3);   /* P running, X and Y waiting */
+    ck_assert_uint_eq(s.preemptions, 0);
+    mt_run(&l.m, NULL, NULL); /* Y's last 4 tokens: one more eviction, a store */
+    s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.evictions_in_store_steps, 8);
+    /* 3 tokens fill no block: the step evicts W's next block, stores none */
+    uint64_t z[3] = {7, 8, 9};
+    mt_out oz = {0};
+    mt_add(&l.m, z, 3, 1, &oz);
+    mock_step st;
+    ck_assert(mt_step(&l.m, &st));
+    ck_assert_uint_eq(st.evicted, 1);
+    ck_assert_uint_eq(st.stored, 0);
+    s = mt_stats(&l.m);
+    ck_assert_uint_eq(s.evictions_in_store_steps, 8);
+    ck_assert_uint_eq(s.blocks_removed, 9);
+    ck_assert_uint_eq(s.steps_multi, 1);
+    ck_assert_uint_eq(s.prefills_split, 3);
+    ck_assert_uint_eq(s.max_inflight, 3);
+    mt_eng_fini(&l.m);
 }
 END_TEST
 
@@ -687,6 +781,101 @@ START_TEST(aborted_requests_release_their_blocks) {
 }
 END_TEST
 
+/* The digest of a list of cached blocks, recomputed from scratch. */
+static uint64_t digest_of(const mock_cached_block *b, uint32_t n) {
+    uint64_t d = 0;
+    for (uint32_t i = 0; i < n; i++)
+        d += kvo_block_digest(b[i].hash, b[i].has_parent, b[i].parent);
+    return d;
+}
+
+/* Every page of the cached set, max at a time, into all (returns the
+ * count); each page sorted and continuing the previous one. */
+static uint32_t list_all(mt_eng *m, uint32_t max, mock_cached_block *all) {
+    uint32_t total = 0, n;
+    bool more = true, has_after = false;
+    uint64_t after = 0;
+    while (more) {
+        ck_assert_int_eq(mock_engine_cached_blocks(m->e, has_after, after, all + total,
+                                                   max, &n, &more), KVO_OK);
+        ck_assert(more ? n == max : n <= max);
+        for (uint32_t i = 0; i < n; i++)
+            ck_assert(total + i == 0 || all[total + i - 1].hash < all[total + i].hash);
+        total += n;
+        if (n) {
+            after = all[total - 1].hash;
+            has_after = true;
+        }
+    }
+    return total;
+}
+
+START_TEST(the_cached_set_counts_copies_once_with_parents_and_its_digest) {
+    mt_eng m;
+    uint64_t t[12];
+    start(&m, 10, t);
+    mt_out o[3] = {{0}};
+    mock_cached_block b[16];
+    mock_engine_stats s = mt_stats(&m);
+    ck_assert_uint_eq(s.cached_distinct, 0);
+    ck_assert(s.cached_digest == 0);
+    /* H0 <- H1 <- H2, then a second copy of H2 */
+    mt_add_run(&m, t, 12, 1, &o[0], NULL);
+    mt_add_run(&m, t, 12, 1, &o[1], NULL);
+    ck_assert_uint_eq(copies(&m, H2), 2);
+    s = mt_stats(&m);
+    ck_assert_uint_eq(s.resident_blocks, 4);
+    ck_assert_uint_eq(s.cached_distinct, 3);
+    ck_assert_uint_eq(list_all(&m, 100, b), 3);
+    const uint64_t hs[3] = {H0, H1, H2};
+    for (uint32_t i = 0; i < 3; i++) {
+        uint32_t k = 0; /* H_k is b[i] */
+        while (hs[k] != b[i].hash) k++;
+        ck_assert(b[i].has_parent == (k > 0));
+        if (k) ck_assert(b[i].parent == hs[k - 1]);
+    }
+    ck_assert(s.cached_digest == digest_of(b, 3));
+    ck_assert(s.cached_digest != 0);
+    /* pages of one and of two give the same list */
+    mock_cached_block p1[16], p2[16];
+    ck_assert_uint_eq(list_all(&m, 1, p1), 3);
+    ck_assert_uint_eq(list_all(&m, 2, p2), 3);
+    ck_assert(memcmp(p1, b, 3 * sizeof(*b)) == 0 && memcmp(p2, b, 3 * sizeof(*b)) == 0);
+    uint32_t n;
+    bool more;
+    ck_assert_int_eq(mock_engine_cached_blocks(m.e, true, b[2].hash, p1, 8, &n, &more),
+                     KVO_OK);
+    ck_assert(n == 0 && !more);
+    /* Evictions: u's 6 blocks pop 5..9 (empty) and 3, H2's oldest copy (H2
+     * stays: block 4 holds it); a longer prompt then takes the rest. */
+    uint64_t u[32];
+    mt_iota(u, 32, 500);
+    mt_add(&m, u, 23, 1, &o[2]); /* 6 blocks: 5..9 and block 3 */
+    mock_step st;
+    mt_step(&m, &st);
+    s = mt_stats(&m);
+    ck_assert_uint_eq(copies(&m, H2), 1);
+    uint32_t k = list_all(&m, 100, b);
+    ck_assert_uint_eq(k, s.cached_distinct);
+    ck_assert_uint_eq(k, 3 + 5); /* H0..H2 and u's 5 full blocks */
+    ck_assert(s.cached_digest == digest_of(b, k));
+    mt_run(&m, NULL, NULL);
+    mt_add_run(&m, u + 1, 31, 1, &o[2], NULL); /* evicts H2's last copy */
+    ck_assert_uint_eq(copies(&m, H2), 0);
+    s = mt_stats(&m);
+    k = list_all(&m, 100, b);
+    ck_assert_uint_eq(k, s.cached_distinct);
+    for (uint32_t i = 0; i < k; i++) ck_assert(b[i].hash != H2);
+    ck_assert(s.cached_digest == digest_of(b, k));
+    /* a reset empties it */
+    ck_assert(mock_engine_reset_prefix_cache(m.e));
+    s = mt_stats(&m);
+    ck_assert(s.cached_distinct == 0 && s.cached_digest == 0);
+    ck_assert_uint_eq(list_all(&m, 100, b), 0);
+    mt_eng_fini(&m);
+}
+END_TEST
+
 Suite *suite_engine(void) {
     const TTest *tests[] = {
         fresh_pool_queues_every_block_but_the_null_block_in_id_order,
@@ -694,7 +883,8 @@ Suite *suite_engine(void) {
         hit_is_capped_so_a_fully_cached_prompt_stores_a_second_copy,
         hit_blocks_are_touched_and_leave_the_free_queue_until_released,
         eviction_pops_the_queue_head_deepest_first_one_removed_per_copy,
-        removals_of_a_step_come_before_its_stores,
+        a_steps_events_go_request_by_request_removals_before_stores,
+        regime_counters_count_batched_chunked_and_evicting_steps,
         decode_stores_each_block_its_tokens_fill_with_the_parent,
         chunked_prefill_stores_each_chunk_chained_to_the_previous,
         preemption_recomputes_the_newest_request_from_scratch,
@@ -708,6 +898,7 @@ Suite *suite_engine(void) {
         trace_hash_memo_gives_the_hashes_plain_hashing_gives,
         requests_beyond_max_model_len_are_refused,
         aborted_requests_release_their_blocks,
+        the_cached_set_counts_copies_once_with_parents_and_its_digest,
     };
     return mt_suite(suite_create("engine"), 120, tests, KVO_ARRAY_LEN(tests));
 }
