@@ -228,6 +228,18 @@ typedef struct wire_extra {
     const char *cache_salt;
 } wire_extra;
 
+/* One multimodal item in a block's extra keys (vLLM >= 0.19.1,
+ * kv_cache_utils.py _gen_mm_extra_hash_keys): the pair (identifier,
+ * offset), offset = the item's first placeholder token minus the block's
+ * first token (negative when the item began in an earlier block). In the
+ * extra keys they come, in offset order, between the LoRA name and the
+ * salt (generate_block_hash_extra_keys); a block with any of the three
+ * has a tuple, else None. */
+typedef struct wire_mm_key {
+    const char *id; /* NUL-terminated UTF-8 */
+    int64_t offset;
+} wire_mm_key;
+
 /* NONE_HASH = H(seed string), the parent of a prompt's first block. */
 kvo_status wire_engine_root(wire_algo a, const char *seed,
                             wire_digest *out);
@@ -238,12 +250,24 @@ kvo_status wire_engine_block(wire_algo a, const wire_digest *parent,
                              const uint64_t *tokens, size_t n,
                              const wire_extra *extra, kvo_buf *scratch,
                              wire_digest *out);
+/* wire_engine_block with the block's multimodal keys too: extra may be
+ * NULL, mm holds n_mm pairs (NULL when 0). */
+kvo_status wire_engine_block_mm(wire_algo a, const wire_digest *parent,
+                                const uint64_t *tokens, size_t n,
+                                const wire_extra *extra, const wire_mm_key *mm,
+                                uint32_t n_mm, kvo_buf *scratch,
+                                wire_digest *out);
 /* The exact bytes wire_engine_block digests (pickle protocol 5 for sha256
  * and xxhash, canonical CBOR for the *_cbor algos), appended to out. For
  * tests and for debugging hash mismatches against a real engine. */
 kvo_status wire_engine_serialize(wire_algo a, const wire_digest *parent,
                                  const uint64_t *tokens, size_t n,
                                  const wire_extra *extra, kvo_buf *out);
+kvo_status wire_engine_serialize_mm(wire_algo a, const wire_digest *parent,
+                                    const uint64_t *tokens, size_t n,
+                                    const wire_extra *extra,
+                                    const wire_mm_key *mm, uint32_t n_mm,
+                                    kvo_buf *out);
 
 /* ======================================================================== */
 /* Event plane: relay -> indexer (DESIGN §6)                                 */

@@ -7,7 +7,7 @@
  * Engine hash (vLLM's hash_block_tokens):
  *     NONE_HASH = H(seed_string)
  *     block     = H((parent_digest_bytes, tuple(token_ids), extra_keys))
- *     extra_keys = None | (lora_name,) | (cache_salt,) | (lora_name, salt)
+ *     extra_keys = None | (lora_name?, (mm_id, mm_offset)..., cache_salt?)
  * where H(x) = SHA-256 or XXH3-128 (canonical, big-endian) of x serialized by
  * CPython's pickle protocol 5 or by cbor2's canonical CBOR. Only the shapes
  * above are serialized, so both serializers are written out by hand (there
@@ -22,11 +22,14 @@
  *   28 <ints> 74 94               MARK ... TUPLE + MEMOIZE   (n >= 4)
  *   <ints> 85|86|87 94            TUPLE1/2/3 + MEMOIZE       (n = 1..3)
  *   29                            EMPTY_TUPLE, not memoized  (n = 0)
- *   4e | <strs> 85|86 94          None | (lora?, salt?)
+ *   4e | <items> 85|86|87 94      None | (lora?, mm pairs..., salt?)
+ *   (28 <items> 74 94             ... with MARK when more than 3 items)
+ *   <str> <int> 86 94             one multimodal (identifier, offset) pair
  *   87 94 2e                      TUPLE3 + MEMOIZE, STOP
  *
- * ints: K <u8> below 256, M <u16 LE> below 65536, J <i32 LE> below 2^31,
- * else LONG1 <n> <n bytes LE two's complement>, n = bit_length / 8 + 1.
+ * ints: K <u8> below 256, M <u16 LE> below 65536, J <i32 LE> below 2^31
+ * (and negative ones down to -2^31: a multimodal offset), else LONG1 <n>
+ * <n bytes LE two's complement>, n = bit_length / 8 + 1.
  * strs: 8c <u8 len> | 58 <u32 LE len> | 8d <u64 LE len>, UTF-8, + MEMOIZE;
  * bytes likewise with 43 | 42 | 8e.
  *
@@ -38,7 +41,8 @@
  * ints put the split exactly there.)
  *
  * Canonical CBOR (cbor2 canonical=True) of the same shapes: tuples are
- * arrays (major 4), bytes major 2, str major 3, ints major 0, None f6, all
+ * arrays (major 4), bytes major 2, str major 3, ints major 0 (negative
+ * ones major 1), None f6, all
  * heads in their shortest form. Canonical ordering only concerns maps and
  * sets, which never occur here.
  *
@@ -375,7 +379,7 @@ static uint8_t *cb_blob(uint8_t *p, unsigned major, const void *d, size_t n) {
     return p + n;
 }
 
-enum { CB_UINT = 0, CB_BYTES = 2, CB_TEXT = 3, CB_ARRAY = 4 };
+enum { CB_UINT = 0, CB_NEGINT = 1, CB_BYTES = 2, CB_TEXT = 3, CB_ARRAY = 4 };
 #define CB_NULL 0xf6
 #define CB_HEAD_MAX 9
 
@@ -383,32 +387,87 @@ enum { CB_UINT = 0, CB_BYTES = 2, CB_TEXT = 3, CB_ARRAY = 4 };
 /* Engine hash                                                               */
 /* ======================================================================== */
 
-static size_t extra_count(const wire_extra *x, const char *k[2], size_t kn[2]) {
+/* The extra keys' items: each a string (LoRA name, salt) or a
+ * multimodal (identifier, offset) pair, in vLLM's order. */
+typedef struct extra_item {
+    const char *s;   /* the string, or the multimodal identifier */
+    size_t n;
+    bool mm;         /* a (s, off) pair */
+    int64_t off;
+} extra_item;
+
+/* The items of x and mm into it (caller-sized: 2 + n_mm); 0 = None. */
+static size_t extra_items(const wire_extra *x, const wire_mm_key *mm,
+                          uint32_t n_mm, extra_item *it) {
     size_t n = 0;
-    if (x && x->lora_name) k[n++] = x->lora_name;
-    if (x && x->cache_salt) k[n++] = x->cache_salt;
-    for (size_t i = 0; i < n; i++) kn[i] = strlen(k[i]);
+    if (x && x->lora_name)
+        it[n++] = (extra_item){x->lora_name, strlen(x->lora_name), false, 0};
+    for (uint32_t i = 0; i < n_mm; i++)
+        it[n++] = (extra_item){mm[i].id, strlen(mm[i].id), true, mm[i].offset};
+    if (x && x->cache_salt)
+        it[n++] = (extra_item){x->cache_salt, strlen(x->cache_salt), false, 0};
     return n;
+}
+
+/* A signed int as CPython's save_long writes it: non-negative ones as
+ * pk_int; negative ones BININT (4 bytes LE two's complement) down to
+ * -2^31, else LONG1 with the fewest two's-complement bytes. */
+static void pk_sint(pk *w, int64_t v) {
+    if (v >= 0) {
+        pk_int(w, (uint64_t)v);
+        return;
+    }
+    pk_save_begin(w);
+    if (v >= INT32_MIN) {
+        pk_byte(w, PK_BININT);
+        pk_le(w, (uint64_t)v, 4);
+        return;
+    }
+    unsigned nbytes = 8; /* drop sign bytes while the next keeps the sign */
+    while (nbytes > 1 && (uint8_t)((uint64_t)v >> (8 * (nbytes - 1))) == 0xff &&
+           ((uint64_t)v >> (8 * (nbytes - 2)) & 0x80))
+        nbytes--;
+    pk_byte(w, PK_LONG1);
+    pk_byte(w, (uint8_t)nbytes);
+    pk_le(w, (uint64_t)v, nbytes);
+}
+
+/* CBOR's shortest head for a signed int: major 0, or major 1 of -1 - v. */
+static uint8_t *cb_sint(uint8_t *p, int64_t v) {
+    if (v >= 0) return cb_head(p, CB_UINT, (uint64_t)v);
+    return cb_head(p, CB_NEGINT, (uint64_t)(-(v + 1)));
 }
 
 /* Serialize one block's tuple into out (replacing its contents). */
 static kvo_status serialize_block(wire_algo a, const wire_digest *parent,
                                   const uint64_t *tokens, size_t n,
-                                  const wire_extra *extra, kvo_buf *out) {
-    const char *k[2];
-    size_t kn[2];
-    size_t nk = extra_count(extra, k, kn);
+                                  const wire_extra *extra,
+                                  const wire_mm_key *mm, uint32_t n_mm,
+                                  kvo_buf *out) {
+    extra_item stack_items[16]; /* lora, salt and 14 items: no allocation */
+    extra_item *it = stack_items;
+    size_t cap_items = 2 + (size_t)n_mm;
+    if (cap_items > KVO_ARRAY_LEN(stack_items) &&
+        !(it = kvo_malloc(cap_items * sizeof(*it))))
+        return KVO_ENOMEM;
+    size_t nk = extra_items(extra, mm, n_mm, it);
+    kvo_status st = KVO_OK;
     /* Payload bound: 9 bytes per int or head, plus the blobs, plus a
      * handful of opcodes per container. */
-    if (n > (SIZE_MAX / 2) / 9) return KVO_ETOOBIG;
+    if (n > (SIZE_MAX / 2) / 9) {
+        st = KVO_ETOOBIG;
+        goto done;
+    }
     size_t payload = 64 + (size_t)parent->len + 9 * n;
     for (size_t i = 0; i < nk; i++) {
-        if (kn[i] > SIZE_MAX / 4 - payload) return KVO_ETOOBIG;
-        payload += kn[i] + 16;
+        if (it[i].n > SIZE_MAX / 4 - payload) {
+            st = KVO_ETOOBIG;
+            goto done;
+        }
+        payload += it[i].n + 32;
     }
     kvo_buf_reset(out);
-    kvo_status st = kvo_buf_reserve(out, pk_bound(payload));
-    if (st != KVO_OK) return st;
+    if ((st = kvo_buf_reserve(out, pk_bound(payload))) != KVO_OK) goto done;
 
     if (algo_is_cbor(a)) {
         uint8_t *p = out->data;
@@ -422,10 +481,14 @@ static kvo_status serialize_block(wire_algo a, const wire_digest *parent,
             *p++ = CB_NULL;
         } else {
             p = cb_head(p, CB_ARRAY, nk);
-            for (size_t i = 0; i < nk; i++) p = cb_blob(p, CB_TEXT, k[i], kn[i]);
+            for (size_t i = 0; i < nk; i++) {
+                if (it[i].mm) p = cb_head(p, CB_ARRAY, 2);
+                p = cb_blob(p, CB_TEXT, it[i].s, it[i].n);
+                if (it[i].mm) p = cb_sint(p, it[i].off);
+            }
         }
         out->len = (size_t)(p - out->data);
-        return KVO_OK;
+        goto done;
     }
 
     pk w;
@@ -444,26 +507,44 @@ static kvo_status serialize_block(wire_algo a, const wire_digest *parent,
     if (nk == 0) {
         pk_byte(&w, PK_NONE);
     } else {
-        for (size_t i = 0; i < nk; i++) pk_blob(&w, true, k[i], kn[i]);
+        if (nk > 3) pk_byte(&w, PK_MARK);
+        for (size_t i = 0; i < nk; i++) {
+            if (it[i].mm) pk_save_begin(&w); /* the (identifier, offset) pair */
+            pk_blob(&w, true, it[i].s, it[i].n);
+            if (it[i].mm) {
+                pk_sint(&w, it[i].off);
+                pk_tuple_end(&w, 2);
+            }
+        }
         pk_tuple_end(&w, nk);
     }
     pk_tuple_end(&w, 3);
     out->len = pk_end(&w);
-    return KVO_OK;
+done:
+    if (it != stack_items) kvo_free(it);
+    return st;
+}
+
+kvo_status wire_engine_serialize_mm(wire_algo a, const wire_digest *parent,
+                                    const uint64_t *tokens, size_t n,
+                                    const wire_extra *extra,
+                                    const wire_mm_key *mm, uint32_t n_mm,
+                                    kvo_buf *out) {
+    if ((unsigned)a >= WIRE_ALGO_COUNT || !parent || (n && !tokens) || !out ||
+        parent->len > sizeof(parent->b) || (n_mm && !mm))
+        return KVO_EINVAL;
+    kvo_buf tmp;
+    kvo_buf_init(&tmp);
+    kvo_status st = serialize_block(a, parent, tokens, n, extra, mm, n_mm, &tmp);
+    if (st == KVO_OK) st = kvo_buf_append(out, tmp.data, tmp.len);
+    kvo_buf_fini(&tmp);
+    return st;
 }
 
 kvo_status wire_engine_serialize(wire_algo a, const wire_digest *parent,
                                  const uint64_t *tokens, size_t n,
                                  const wire_extra *extra, kvo_buf *out) {
-    if ((unsigned)a >= WIRE_ALGO_COUNT || !parent || (n && !tokens) || !out ||
-        parent->len > sizeof(parent->b))
-        return KVO_EINVAL;
-    kvo_buf tmp;
-    kvo_buf_init(&tmp);
-    kvo_status st = serialize_block(a, parent, tokens, n, extra, &tmp);
-    if (st == KVO_OK) st = kvo_buf_append(out, tmp.data, tmp.len);
-    kvo_buf_fini(&tmp);
-    return st;
+    return wire_engine_serialize_mm(a, parent, tokens, n, extra, NULL, 0, out);
 }
 
 kvo_status wire_engine_root(wire_algo a, const char *seed, wire_digest *out) {
@@ -488,18 +569,27 @@ done:
     return st;
 }
 
-kvo_status wire_engine_block(wire_algo a, const wire_digest *parent,
-                             const uint64_t *tokens, size_t n,
-                             const wire_extra *extra, kvo_buf *scratch,
-                             wire_digest *out) {
+kvo_status wire_engine_block_mm(wire_algo a, const wire_digest *parent,
+                                const uint64_t *tokens, size_t n,
+                                const wire_extra *extra, const wire_mm_key *mm,
+                                uint32_t n_mm, kvo_buf *scratch,
+                                wire_digest *out) {
     if ((unsigned)a >= WIRE_ALGO_COUNT || !parent || (n && !tokens) || !out ||
-        parent->len > sizeof(parent->b))
+        parent->len > sizeof(parent->b) || (n_mm && !mm))
         return KVO_EINVAL;
     kvo_buf local;
     kvo_buf_init(&local);
     kvo_buf *b = scratch ? scratch : &local;
-    kvo_status st = serialize_block(a, parent, tokens, n, extra, b);
+    kvo_status st = serialize_block(a, parent, tokens, n, extra, mm, n_mm, b);
     if (st == KVO_OK) digest_bytes(a, b->data, b->len, out);
     kvo_buf_fini(&local);
     return st;
+}
+
+kvo_status wire_engine_block(wire_algo a, const wire_digest *parent,
+                             const uint64_t *tokens, size_t n,
+                             const wire_extra *extra, kvo_buf *scratch,
+                             wire_digest *out) {
+    return wire_engine_block_mm(a, parent, tokens, n, extra, NULL, 0, scratch,
+                                out);
 }

@@ -135,6 +135,68 @@ START_TEST(engine_hash_vectors_match_root_digest_and_low64_per_block) {
 }
 END_TEST
 
+/* extra_keys_vectors.json: blocks whose extra keys hold a LoRA name,
+ * multimodal (identifier, offset) pairs and a salt, in vLLM's order; every
+ * block's digest from the keys listed beside it. */
+START_TEST(engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks) {
+    json_object *root = kt_load_json("tests/data/vectors/hash/extra_keys_vectors.json");
+    json_object *cases = json_object_object_get(root, "cases");
+    size_t nc = json_object_array_length(cases);
+    ck_assert_uint_ge(nc, 36);
+    kvo_buf scratch;
+    kvo_buf_init(&scratch);
+    size_t checked = 0, with_mm = 0;
+    for (size_t ci = 0; ci < nc; ci++) {
+        json_object *c = json_object_array_get_idx(cases, ci);
+        const char *name = str_or_null(c, "name");
+        wire_algo a;
+        ck_assert(wire_algo_parse(str_or_null(c, "algo"), &a) == KVO_OK);
+        uint32_t bs = (uint32_t)json_object_get_int(json_object_object_get(c, "block_size"));
+        size_t n;
+        uint64_t *tok = tokens_of(c, &n);
+        wire_digest parent;
+        ck_assert(wire_engine_root(a, str_or_null(c, "seed"), &parent) == KVO_OK);
+        assert_digest_hex(&parent, str_or_null(c, "root_digest"), name);
+        json_object *blocks = json_object_object_get(c, "blocks");
+        for (size_t i = 0; i < json_object_array_length(blocks); i++) {
+            json_object *bj = json_object_array_get_idx(blocks, i);
+            json_object *ek = json_object_object_get(bj, "extra_keys");
+            wire_extra x = {NULL, NULL};
+            wire_mm_key mm[8];
+            uint32_t n_mm = 0;
+            bool none = !ek || json_object_is_type(ek, json_type_null);
+            if (!none) {
+                x.lora_name = str_or_null(ek, "lora_name");
+                x.cache_salt = str_or_null(ek, "cache_salt");
+                json_object *ml = json_object_object_get(ek, "mm");
+                n_mm = (uint32_t)json_object_array_length(ml);
+                ck_assert_uint_le(n_mm, 8);
+                for (uint32_t k = 0; k < n_mm; k++) {
+                    json_object *pair = json_object_array_get_idx(ml, k);
+                    mm[k].id = json_object_get_string(json_object_array_get_idx(pair, 0));
+                    mm[k].offset = json_object_get_int64(json_object_array_get_idx(pair, 1));
+                }
+                with_mm += n_mm > 0;
+            }
+            wire_digest d;
+            ck_assert(wire_engine_block_mm(a, &parent, tok + i * bs, bs, none ? NULL : &x,
+                                           mm, n_mm, &scratch, &d) == KVO_OK);
+            char what[160];
+            snprintf(what, sizeof(what), "%s block %zu", name, i);
+            assert_digest_hex(&d, str_or_null(bj, "digest"), what);
+            ck_assert(wire_digest_low64(&d) == u64_of(json_object_object_get(bj, "low64")));
+            parent = d;
+            checked++;
+        }
+        free(tok);
+    }
+    ck_assert_uint_ge(checked, 100);
+    ck_assert_uint_ge(with_mm, 36);
+    kvo_buf_fini(&scratch);
+    json_object_put(root);
+}
+END_TEST
+
 START_TEST(router_hash_vectors_match_seed_and_every_full_block) {
     json_object *root = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
     json_object *cases = json_object_object_get(root, "router_hash_cases");
@@ -330,6 +392,57 @@ START_TEST(pickle_tuples_use_empty_tuple1_2_3_and_mark_forms) {
                       "800595370000000000000043200001020304050607"
                       "08090a0b0c0d0e0f101112131415161718191a1b1c"
                       "1d1e1f94284b014b024b034b0474948c017394859487942e");
+}
+END_TEST
+
+/* A multimodal key is a (str, int) pair between the LoRA name and the
+ * salt; its offset is negative for an item begun in an earlier block
+ * (CPython 3.11 and cbor2 5.4: pickle.dumps(o, 5), cbor2.dumps(o,
+ * canonical=True) of (bytes(range(32)), (1, 2, 3), ("lora", ("img", -2),
+ * "salt")) and of (bytes(range(32)), (7,), (("i", -2**31 - 1),))). */
+START_TEST(multimodal_keys_serialize_as_pairs_with_signed_offsets) {
+    const uint64_t t[3] = {1, 2, 3}, seven = 7;
+    wire_mm_key img = {"img", -2}, far = {"i", -2147483649ll};
+    wire_digest p = parent_0_31();
+    struct {
+        wire_algo a;
+        const uint64_t *tok;
+        size_t n;
+        wire_extra x;
+        const wire_mm_key *mm;
+        const char *hex;
+    } cases[] = {
+        {WIRE_ALGO_SHA256, t, 3, {"lora", "salt"}, &img,
+         "8005954b000000000000004320000102030405060708090a0b0c0d0e0f101112131415"
+         "161718191a1b1c1d1e1f944b014b024b0387948c046c6f7261948c03696d67944afeff"
+         "ffff86948c0473616c7494879487942e"},
+        {WIRE_ALGO_SHA256_CBOR, t, 3, {"lora", "salt"}, &img,
+         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+         "8301020383646c6f72618263696d67216473616c74"},
+        {WIRE_ALGO_XXHASH, &seven, 1, {NULL, NULL}, &far,
+         "80059539000000000000004320000102030405060708090a0b0c0d0e0f101112131415"
+         "161718191a1b1c1d1e1f944b0785948c0169948a05ffffff7fff8694859487942e"},
+        {WIRE_ALGO_XXHASH_CBOR, &seven, 1, {NULL, NULL}, &far,
+         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+         "8107818261693a80000000"},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        kvo_buf b;
+        kvo_buf_init(&b);
+        ck_assert(wire_engine_serialize_mm(cases[i].a, &p, cases[i].tok, cases[i].n,
+                                           &cases[i].x, cases[i].mm, 1, &b) == KVO_OK);
+        char *h = hex_of(b.data, b.len);
+        ck_assert_msg(strcmp(h, cases[i].hex) == 0, "case %zu:\n got %s\nwant %s", i,
+                      h, cases[i].hex);
+        free(h);
+        kvo_buf_fini(&b);
+    }
+    /* n_mm without items is a caller bug, refused */
+    kvo_buf b;
+    kvo_buf_init(&b);
+    ck_assert(wire_engine_serialize_mm(WIRE_ALGO_SHA256, &p, t, 3, NULL, NULL, 1, &b) ==
+              KVO_EINVAL);
+    kvo_buf_fini(&b);
 }
 END_TEST
 
@@ -561,6 +674,7 @@ Suite *suite_hash(void) {
     TCase *tc = tcase_create("vectors");
     tcase_add_test(tc, engine_hash_vectors_match_root_digest_and_low64_per_block);
     tcase_add_test(tc, router_hash_vectors_match_seed_and_every_full_block);
+    tcase_add_test(tc, engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("router");
@@ -582,6 +696,7 @@ Suite *suite_hash(void) {
     tcase_add_test(tc, pickle_ints_take_the_smallest_opcode_cpython_uses);
     tcase_add_test(tc, pickle_tuples_use_empty_tuple1_2_3_and_mark_forms);
     tcase_add_test(tc, pickle_strings_are_utf8_with_short_and_long_headers);
+    tcase_add_test(tc, multimodal_keys_serialize_as_pairs_with_signed_offsets);
     tcase_add_test(tc, pickle_frames_split_at_64k_where_cpython_splits_them);
     tcase_add_test(tc, pickle_payloads_of_64k_and_more_are_written_outside_frames);
     tcase_add_test(tc, pickle_root_seed_strings_of_every_header_size);
