@@ -68,6 +68,10 @@ typedef struct mock_cfg {
     uint32_t dp_size;                /* 1 */
     double speedup;                  /* 0 = virtual time */
     const char *model;               /* "kvo-mock" (served model name) */
+    const char *lora_modules;        /* "name[=path],..." (vLLM's
+                                        --lora-modules): the adapters a
+                                        request's "model" may name, lora_int_id
+                                        1, 2, ... in this order; NULL none */
     const char *host;                /* HTTP bind, 127.0.0.1 */
     uint16_t port;                   /* 8000; 0 = pick */
     const char *zmq_host;            /* 127.0.0.1 */
@@ -93,6 +97,16 @@ typedef struct mock_cfg {
 #define MOCK_MEMO_LOG2_MAX 20
 
 void mock_cfg_default(mock_cfg *c);
+/* The 1-based position of adapter name in c->lora_modules, 0 when it is
+ * not listed. */
+uint32_t mock_cfg_lora_module(const mock_cfg *c, const char *name);
+/* The i-th (0-based) adapter name of c->lora_modules into buf (NUL-
+ * terminated, cut to bufsz); false past the last. */
+bool mock_cfg_lora_module_at(const mock_cfg *c, uint32_t i, char *buf,
+                             size_t bufsz);
+/* KVO_EINVAL when c->lora_modules has an empty or over-long (> 255 bytes)
+ * name, a name listed twice, or more than 4096 names. */
+kvo_status mock_cfg_lora_modules_check(const mock_cfg *c);
 /* Effective max_model_len. */
 uint32_t mock_cfg_max_model_len(const mock_cfg *c);
 
@@ -114,6 +128,32 @@ typedef struct mock_trace_ref {
     uint32_t n_hash_ids;
 } mock_trace_ref;
 
+/* A multimodal item of a request (a kvo extension of the completions body,
+ * "mm_items"): the prompt's placeholder tokens [offset, offset + length) and
+ * the item's identifier (vLLM's mm_feature.identifier, its mm hash). */
+typedef struct mock_mm_item {
+    uint32_t offset, length; /* length >= 1 */
+    const char *id;          /* NUL-terminated, non-empty */
+} mock_mm_item;
+
+/* What goes into a request's blocks' extra keys besides the tokens (vLLM's
+ * generate_block_hash_extra_keys): the LoRA adapter's name (every block),
+ * the multimodal items a block overlaps, the cache salt (block 0 only).
+ * mm sorted by offset, not overlapping (mock_keys_check). All NULL/0 = no
+ * extra keys. */
+typedef struct mock_keys {
+    const char *lora;
+    const char *salt;
+    const mock_mm_item *mm;
+    uint32_t n_mm;
+} mock_keys;
+
+/* KVO_OK when mm is sorted, its items non-empty, disjoint and inside a
+ * prompt of n_tokens, each with an identifier; else KVO_EINVAL with the
+ * index of the first bad item in *bad (may be NULL). */
+kvo_status mock_mm_check(const mock_mm_item *mm, uint32_t n_mm,
+                         uint32_t n_tokens, uint32_t *bad);
+
 typedef struct mock_hasher mock_hasher;
 
 kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
@@ -127,6 +167,15 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                               const mock_hash *parent, const char *lora,
                               const char *salt, const mock_trace_ref *trace,
                               mock_hash *out);
+/* The same with every extra key (k may be NULL): one call of vLLM's
+ * request_block_hasher, whose multimodal scan starts at the first item when
+ * first == 0 and at the last item otherwise (a block completed by generated
+ * tokens), then moves on from block to block. */
+kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
+                                   uint32_t block_size, uint32_t first,
+                                   uint32_t n, const mock_hash *parent,
+                                   const mock_keys *k,
+                                   const mock_trace_ref *trace, mock_hash *out);
 
 /* ---- The cached set --------------------------------------------------------
  * A checkpoint compares an engine's cached blocks with an index's, per

@@ -27,6 +27,7 @@
  */
 #include "mock_int.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* LoRA adapters one engine names (vLLM's max_loras is far smaller). */
@@ -69,6 +70,54 @@ uint32_t mock_cfg_max_model_len(const mock_cfg *c) {
     return (uint32_t)cap;
 }
 
+/* The next "name[=path]" of a --lora-modules list from *p: the name's
+ * bytes and length; false at the end. */
+static bool lora_next(const char **p, const char **name, size_t *len) {
+    const char *q = *p;
+    if (!q || !*q) return false;
+    const char *end = strchr(q, ',');
+    size_t item = end ? (size_t)(end - q) : strlen(q);
+    const char *eq = memchr(q, '=', item);
+    *name = q;
+    *len = eq ? (size_t)(eq - q) : item;
+    *p = end ? end + 1 : q + item;
+    return true;
+}
+
+uint32_t mock_cfg_lora_module(const mock_cfg *c, const char *name) {
+    const char *p = c->lora_modules, *n;
+    size_t len, want = strlen(name);
+    for (uint32_t i = 1; lora_next(&p, &n, &len); i++)
+        if (len == want && memcmp(n, name, len) == 0) return i;
+    return 0;
+}
+
+bool mock_cfg_lora_module_at(const mock_cfg *c, uint32_t i, char *buf,
+                             size_t bufsz) {
+    const char *p = c->lora_modules, *n;
+    size_t len;
+    for (uint32_t k = 0; lora_next(&p, &n, &len); k++) {
+        if (k != i) continue;
+        snprintf(buf, bufsz, "%.*s", (int)len, n);
+        return true;
+    }
+    return false;
+}
+
+kvo_status mock_cfg_lora_modules_check(const mock_cfg *c) {
+    const char *p = c->lora_modules, *n;
+    size_t len;
+    uint32_t count = 0;
+    char name[256];
+    while (lora_next(&p, &n, &len)) {
+        if (len == 0 || len >= sizeof(name) || ++count > MAX_LORAS) return KVO_EINVAL;
+        memcpy(name, n, len);
+        name[len] = '\0';
+        if (mock_cfg_lora_module(c, name) != count) return KVO_EINVAL; /* twice */
+    }
+    return KVO_OK;
+}
+
 static const char *const role_names[] = {"aggregated", "prefill", "decode"};
 
 kvo_status mock_role_parse(const char *s, mock_role *out) {
@@ -84,6 +133,8 @@ kvo_status mock_role_parse(const char *s, mock_role *out) {
 const char *mock_role_name(mock_role r) {
     return (unsigned)r < KVO_ARRAY_LEN(role_names) ? role_names[r] : "?";
 }
+
+static kvo_status lora_id_of(mock_engine *e, const char *name, int64_t *id);
 
 /* ---- lifecycle ------------------------------------------------------------*/
 
@@ -103,6 +154,13 @@ kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
     events_init(&e->ev, cfg->prefix_caching && cfg->role != MOCK_ROLE_DECODE);
     kvo_status st = sched_init(&e->sched, &e->cfg, e->max_model_len, hasher,
                                &e->ev, &e->st);
+    /* --lora-modules: lora_int_id 1, 2, ... in the listed order, as vLLM's
+     * serving models register their static adapters */
+    char name[256];
+    int64_t id;
+    for (uint32_t i = 0; st == KVO_OK && mock_cfg_lora_module_at(cfg, i, name, sizeof(name));
+         i++)
+        st = lora_id_of(e, name, &id);
     if (st != KVO_OK) {
         mock_engine_free(e);
         return st;
@@ -148,6 +206,9 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
     if (!in->tokens && (!trace || mock_trace_validate(in->trace.hash_ids,
                                                       in->trace.n_hash_ids,
                                                       in->n_tokens) != KVO_OK))
+        return KVO_EINVAL;
+    if ((in->n_mm && !in->mm) ||
+        mock_mm_check(in->mm, in->n_mm, in->n_tokens, NULL) != KVO_OK)
         return KVO_EINVAL;
     uint32_t max_tokens = in->max_tokens;
     if (e->cfg.role == MOCK_ROLE_PREFILL) max_tokens = 1;

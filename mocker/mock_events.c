@@ -127,6 +127,7 @@ void events_init(step_events *s, bool enabled) {
 void events_fini(step_events *s) {
     builder_fini(&s->ev);
     kvo_buf_fini(&s->extra_buf);
+    kvo_free(s->mmk);
 }
 
 void events_begin(step_events *s) {
@@ -163,31 +164,49 @@ static int kvobuf_write(void *data, const char *p, size_t n) {
     return kvo_buf_append(data, p, n) == KVO_OK ? 0 : -1;
 }
 
-/* extra_keys of n blocks from first: per block nil, or the tuple the hash
- * used -- (lora_name,) / (lora_name, cache_salt) / (cache_salt,), the salt
- * on block 0 only. */
-static kvo_status extra_keys_msgpack(kvo_buf *b, uint32_t first, uint32_t n,
-                                     const char *lora, const char *salt) {
+static kvo_status pack_str(msgpack_packer *pk, const char *str) {
+    size_t len = strlen(str);
+    return msgpack_pack_str(pk, len) || msgpack_pack_str_body(pk, str, len)
+               ? KVO_ENOMEM
+               : KVO_OK;
+}
+
+/* extra_keys of n blocks from first, as vLLM's cache_full_blocks lists
+ * them: per block nil, or the tuple the hash used -- lora_name, then a
+ * [mm_id, offset] pair per multimodal item the block overlaps, then
+ * cache_salt on block 0. The multimodal scan starts at the first item for
+ * the event's first block and moves on from block to block (for a block
+ * filled by generated tokens the hash's own scan started at the last item:
+ * vLLM lists what this scan finds). */
+static kvo_status extra_keys_msgpack(step_events *s, uint32_t first, uint32_t n,
+                                     uint32_t bs, const mock_keys *k) {
+    kvo_buf *b = &s->extra_buf;
     kvo_buf_reset(b);
+    if (k->n_mm &&
+        kvo_grow(&s->mmk, &s->cap_mmk, k->n_mm, sizeof(*s->mmk), 16) != KVO_OK)
+        return KVO_ENOMEM;
     msgpack_packer pk;
     msgpack_packer_init(&pk, b, kvobuf_write);
     if (msgpack_pack_array(&pk, n)) return KVO_ENOMEM;
+    int64_t idx = 0;
     for (uint32_t i = 0; i < n; i++) {
-        const char *k[2];
-        uint32_t nk = 0;
-        if (lora) k[nk++] = lora;
-        if (salt && first + i == 0) k[nk++] = salt;
+        uint64_t start = (uint64_t)(first + i) * bs;
+        uint32_t nm = k->n_mm ? mock_mm_block_keys(k->mm, k->n_mm, start,
+                                                    start + bs, &idx, s->mmk)
+                              : 0;
+        bool salt = k->salt && first + i == 0;
+        uint32_t nk = (k->lora ? 1u : 0u) + nm + (salt ? 1u : 0u);
         if (nk == 0) {
             if (msgpack_pack_nil(&pk)) return KVO_ENOMEM;
             continue;
         }
         if (msgpack_pack_array(&pk, nk)) return KVO_ENOMEM;
-        for (uint32_t j = 0; j < nk; j++) {
-            size_t len = strlen(k[j]);
-            if (msgpack_pack_str(&pk, len) ||
-                msgpack_pack_str_body(&pk, k[j], len))
+        if (k->lora && pack_str(&pk, k->lora) != KVO_OK) return KVO_ENOMEM;
+        for (uint32_t j = 0; j < nm; j++)
+            if (msgpack_pack_array(&pk, 2) || pack_str(&pk, s->mmk[j].id) ||
+                msgpack_pack_int64(&pk, s->mmk[j].offset))
                 return KVO_ENOMEM;
-        }
+        if (salt && pack_str(&pk, k->salt) != KVO_OK) return KVO_ENOMEM;
     }
     return KVO_OK;
 }
@@ -222,7 +241,8 @@ kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
         ev->lora_id = (wire_int){true, r->lora_id};
         ev->lora_name = (wire_str){r->lora, (uint32_t)strlen(r->lora)};
     }
-    st = extra_keys_msgpack(&s->extra_buf, first, n, r->lora, r->salt);
+    mock_keys k = req_keys(r);
+    st = extra_keys_msgpack(s, first, n, bs, &k);
     if (st != KVO_OK) goto fail;
     st = KVO_ENOMEM;
     void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);

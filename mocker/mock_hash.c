@@ -17,7 +17,13 @@
  * rows of 512/block_size digests. Its biggest win is a prompt
  * hashed twice in a row -- kvo-check's /kvo/probe, then the completion.
  * Never used for arbitrary token prompts (nothing ties their tokens to an
- * id), nor with LoRA or salt, nor when the block size does not divide 512.
+ * id), nor with LoRA, salt or multimodal items, nor when the block size
+ * does not divide 512.
+ *
+ * Extra keys (vLLM's kv_cache_utils.py, >= 0.19.1): a block's key tuple is
+ * (lora_name?, (mm_id, mm_offset)..., cache_salt?), None when empty; the
+ * salt only on block 0; the multimodal pairs are the items the block
+ * overlaps (mock_mm_block_keys, _gen_mm_extra_hash_keys).
  */
 #include "mock_int.h"
 
@@ -41,6 +47,8 @@ struct mock_hasher {
     size_t row_size;
     bool memo_failed;
     kvo_buf scratch;
+    wire_mm_key *mmk;    /* one block's multimodal keys */
+    size_t cap_mmk;
     mock_hasher_stats st;
 };
 
@@ -66,6 +74,7 @@ kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
 void mock_hasher_free(mock_hasher *h) {
     if (!h) return;
     kvo_free(h->memo);
+    kvo_free(h->mmk);
     kvo_buf_fini(&h->scratch);
     kvo_free(h);
 }
@@ -93,15 +102,76 @@ static bool memo_ready(mock_hasher *h, uint32_t bs) {
     return h->memo != NULL;
 }
 
+kvo_status mock_mm_check(const mock_mm_item *mm, uint32_t n_mm,
+                         uint32_t n_tokens, uint32_t *bad) {
+    uint64_t end = 0;
+    for (uint32_t i = 0; i < n_mm; i++) {
+        const mock_mm_item *m = &mm[i];
+        if (!m->id || !*m->id || m->length == 0 || m->offset < end ||
+            (uint64_t)m->offset + m->length > n_tokens) {
+            if (bad) *bad = i;
+            return KVO_EINVAL;
+        }
+        end = (uint64_t)m->offset + m->length;
+    }
+    return KVO_OK;
+}
+
+uint32_t mock_mm_block_keys(const mock_mm_item *mm, uint32_t n_mm,
+                            uint64_t start, uint64_t end, int64_t *idx,
+                            wire_mm_key *out) {
+    uint32_t n = 0;
+    if (n_mm == 0) return 0;
+    const mock_mm_item *last = &mm[n_mm - 1];
+    if ((uint64_t)last->offset + last->length <= start) return 0;
+    int64_t i = *idx < 0 ? (int64_t)n_mm + *idx : *idx;
+    while (i >= 0 && i < (int64_t)n_mm) {
+        const mock_mm_item *m = &mm[i];
+        uint64_t m_end = (uint64_t)m->offset + m->length;
+        if (end <= m->offset) break;     /* not reached yet */
+        if (start >= m_end) {            /* passed */
+            i++;
+            continue;
+        }
+        out[n++] = (wire_mm_key){m->id, (int64_t)m->offset - (int64_t)start};
+        if (end >= m_end) i++;           /* it ends here: the next may too */
+        else break;
+    }
+    *idx = i;
+    return n;
+}
+
+/* Room for every multimodal key of one block (at most the request's item
+ * count). */
+static kvo_status mmk_reserve(mock_hasher *h, uint32_t n_mm) {
+    if (n_mm <= h->cap_mmk) return KVO_OK;
+    return kvo_grow(&h->mmk, &h->cap_mmk, n_mm, sizeof(*h->mmk), 16);
+}
+
+/* One block's digest; its extra keys from k for the block at blk, the
+ * multimodal scan threaded through *idx. */
 static kvo_status hash_one(mock_hasher *h, const mock_hash *parent,
-                           const uint64_t *tokens, uint32_t bs,
-                           const wire_extra *extra, mock_hash *out) {
-    kvo_status st = wire_engine_block(h->algo, &parent->d, tokens, bs, extra,
-                                      &h->scratch, &out->d);
+                           const uint64_t *tokens, uint32_t bs, uint32_t blk,
+                           const mock_keys *k, int64_t *idx, mock_hash *out) {
+    uint32_t nm = 0;
+    if (k && k->n_mm) {
+        uint64_t s = (uint64_t)blk * bs;
+        nm = mock_mm_block_keys(k->mm, k->n_mm, s, s + bs, idx, h->mmk);
+    }
+    const char *salt = k && blk == 0 ? k->salt : NULL;
+    wire_extra extra = {k ? k->lora : NULL, salt};
+    bool any = extra.lora_name || salt || nm;
+    kvo_status st = wire_engine_block_mm(h->algo, &parent->d, tokens, bs,
+                                         any ? &extra : NULL, h->mmk, nm,
+                                         &h->scratch, &out->d);
     if (st != KVO_OK) return st;
     out->key = wire_digest_low64(&out->d);
     h->st.computed++;
     return KVO_OK;
+}
+
+static bool keys_any(const mock_keys *k) {
+    return k && (k->lora || k->salt || k->n_mm);
 }
 
 kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
@@ -109,27 +179,43 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                               const mock_hash *parent, const char *lora,
                               const char *salt, const mock_trace_ref *trace,
                               mock_hash *out) {
-    if (!h || block_size == 0 || (n && (!tokens || !out))) return KVO_EINVAL;
+    mock_keys k = {lora, salt, NULL, 0};
+    return mock_hasher_blocks_keys(h, tokens, block_size, first, n, parent, &k,
+                                   trace, out);
+}
+
+kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
+                                   uint32_t block_size, uint32_t first,
+                                   uint32_t n, const mock_hash *parent,
+                                   const mock_keys *k,
+                                   const mock_trace_ref *trace, mock_hash *out) {
+    if (!h || block_size == 0 || (n && (!tokens || !out)) ||
+        (k && k->n_mm && !k->mm))
+        return KVO_EINVAL;
     if (n == 0) return KVO_OK;
+    kvo_status st = mmk_reserve(h, k ? k->n_mm : 0);
+    if (st != KVO_OK) return st;
     uint64_t t0 = kvo_now_ns();
-    kvo_status st = KVO_OK;
-    bool use_memo = trace && trace->hash_ids && !lora && !salt &&
+    bool use_memo = trace && trace->hash_ids && !keys_any(k) &&
                     memo_ready(h, block_size);
     const mock_hash *prev = parent ? parent : &h->root;
-    uint32_t k = 0;
-    while (k < n) {
-        uint32_t blk = first + k;
+    /* request_block_hasher: a call from token 0 scans from the first item,
+     * a later one (a block completed by generated tokens) from the last */
+    int64_t idx = first == 0 ? 0 : -1;
+    uint32_t j0 = 0;
+    while (j0 < n) {
+        uint32_t blk = first + j0;
         uint64_t start = (uint64_t)blk * block_size;
         uint64_t t = start / MOCK_TRACE_BLOCK;
         if (use_memo && start % MOCK_TRACE_BLOCK == 0 && t < trace->n_hash_ids) {
             /* A row: the blocks of trace block t that are wanted. */
-            uint32_t want = n - k < h->row_len ? n - k : h->row_len;
+            uint32_t want = n - j0 < h->row_len ? n - j0 : h->row_len;
             uint64_t hid = trace->hash_ids[t];
             memo_row *row = memo_slot(h, hid, prev->key);
             uint32_t have = 0;
             if (row->n && row->hid == hid && row->parent == prev->key) {
                 have = row->n < want ? row->n : want;
-                memcpy(&out[k], row->h, have * sizeof(mock_hash));
+                memcpy(&out[j0], row->h, have * sizeof(mock_hash));
                 h->st.memo_hits += have;
             } else {
                 row->hid = hid;
@@ -137,26 +223,24 @@ kvo_status mock_hasher_blocks(mock_hasher *h, const uint64_t *tokens,
                 row->n = 0;
             }
             for (uint32_t j = have; j < want; j++) {
-                const mock_hash *pj = j ? &out[k + j - 1] : prev;
+                const mock_hash *pj = j ? &out[j0 + j - 1] : prev;
                 st = hash_one(h, pj, tokens + start + (uint64_t)j * block_size,
-                              block_size, NULL, &out[k + j]);
+                              block_size, blk + j, NULL, &idx, &out[j0 + j]);
                 if (st != KVO_OK) goto done;
             }
             if (want > row->n) { /* extend the row with what was computed */
-                memcpy(&row->h[row->n], &out[k + row->n],
+                memcpy(&row->h[row->n], &out[j0 + row->n],
                        (want - row->n) * sizeof(mock_hash));
                 row->n = want;
             }
-            k += want;
-            prev = &out[k - 1];
+            j0 += want;
+            prev = &out[j0 - 1];
             continue;
         }
-        wire_extra extra = {lora, blk == 0 ? salt : NULL};
-        st = hash_one(h, prev, tokens + start, block_size,
-                      (lora || (blk == 0 && salt)) ? &extra : NULL, &out[k]);
+        st = hash_one(h, prev, tokens + start, block_size, blk, k, &idx, &out[j0]);
         if (st != KVO_OK) break;
-        prev = &out[k];
-        k++;
+        prev = &out[j0];
+        j0++;
     }
 done:
     h->st.ns += kvo_now_ns() - t0;
@@ -165,18 +249,20 @@ done:
 
 kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
                                   uint32_t block_size, uint32_t blk,
-                                  const mock_hash *prev, const char *lora,
-                                  const char *salt, const mock_trace_ref *trace,
+                                  const mock_hash *prev, const mock_keys *k,
+                                  const mock_trace_ref *trace,
                                   mock_hash *out) {
-    if (!h || block_size == 0 || !tokens || !out || (blk && !prev))
+    if (!h || block_size == 0 || !tokens || !out || (blk && !prev) ||
+        (k && k->n_mm && !k->mm))
         return KVO_EINVAL;
-    kvo_status st = KVO_OK;
+    kvo_status st = mmk_reserve(h, k ? k->n_mm : 0);
+    if (st != KVO_OK) return st;
     const mock_hash *parent = blk ? &prev[blk - 1] : &h->root;
     uint64_t start = (uint64_t)blk * block_size;
     uint64_t t = start / MOCK_TRACE_BLOCK;
     memo_row *row = NULL;
     uint32_t j = 0;
-    if (trace && trace->hash_ids && !lora && !salt && memo_ready(h, block_size) &&
+    if (trace && trace->hash_ids && !keys_any(k) && memo_ready(h, block_size) &&
         t < trace->n_hash_ids) {
         j = (uint32_t)(start % MOCK_TRACE_BLOCK) / block_size;
         uint32_t row_first = blk - j; /* the row's first block */
@@ -197,10 +283,12 @@ kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
             row = NULL; /* someone else's row: leave it */
         }
     }
-    wire_extra extra = {lora, blk == 0 ? salt : NULL};
+    /* A prompt block: the hasher's one call from token 0 threads its scan
+     * from the first item; a fresh scan from the first item finds the same
+     * items (the ones it skips all ended before this block). */
+    int64_t idx = 0;
     uint64_t t0 = kvo_now_ns(); /* digests only: a memo hit is not hashing */
-    st = hash_one(h, parent, tokens, block_size,
-                  (lora || (blk == 0 && salt)) ? &extra : NULL, out);
+    st = hash_one(h, parent, tokens, block_size, blk, k, &idx, out);
     h->st.ns += kvo_now_ns() - t0;
     if (st == KVO_OK && row && row->n == j) { /* in order: extend the row */
         row->h[j] = *out;

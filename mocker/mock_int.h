@@ -82,9 +82,20 @@ _Static_assert(MOCK_MUT_MERGE_REMOVES == 1u << (MOCK_MUT_COUNT - 1),
  * mock_hasher_blocks, so a probe leaves it warm for the completion. */
 kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
                                   uint32_t block_size, uint32_t blk,
-                                  const mock_hash *prev, const char *lora,
-                                  const char *salt, const mock_trace_ref *trace,
+                                  const mock_hash *prev, const mock_keys *k,
+                                  const mock_trace_ref *trace,
                                   mock_hash *out);
+
+/* vLLM's _gen_mm_extra_hash_keys for the block [start, end): the pairs of
+ * the items it overlaps into out (room for n_mm), their count returned.
+ * *idx is the item the scan starts at (-1: the last one) and, on return,
+ * where the next block's scan starts: items the block has passed are
+ * skipped, one it overlaps is taken and passed when the block reaches its
+ * end; nothing when the last item ended at or before start. The ids point
+ * into mm. */
+uint32_t mock_mm_block_keys(const mock_mm_item *mm, uint32_t n_mm,
+                            uint64_t start, uint64_t end, int64_t *idx,
+                            wire_mm_key *out);
 
 typedef struct mock_hasher_stats {
     uint64_t computed;    /* digests computed */
@@ -132,6 +143,8 @@ typedef struct mock_req_in {
     bool remote_prefill;     /* decode role: the prompt's KV is received */
     mock_output_fn on_output;
     void *user;
+    const mock_mm_item *mm;  /* multimodal items (copied; mock_mm_check), */
+    uint32_t n_mm;           /* or none */
 } mock_req_in;
 
 /* The step's events as the engine produced them (ground truth, before any
@@ -353,6 +366,10 @@ kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b);
 
 /* Prompts one completion request may carry (its choices). */
 #define MOCK_MAX_PROMPTS 1024u
+/* Multimodal items one request may carry, and the longest identifier
+ * (vLLM's are 64 hex digits or a client's uuid). */
+#define MOCK_MAX_MM_ITEMS 1024u
+#define MOCK_MM_ID_MAX 256u
 
 typedef struct mock_req_limits {
     uint32_t max_len;    /* tokens of one prompt (with max_tokens) */
@@ -376,6 +393,9 @@ typedef struct mock_completion_req {
     uint32_t n_prompts;
     uint64_t max_tokens;        /* >= 1; 16 when absent */
     const char *lora, *salt;    /* NULL: none (absent, null or "") */
+    const char *model;          /* "model", NULL when absent, null or "" */
+    mock_mm_item *mm;           /* "mm_items" (in the arena), one prompt */
+    uint32_t n_mm;
     bool stream, include_usage, return_token_ids, remote_prefill;
     bool has_rank;              /* "data_parallel_rank" given: rank */
     uint32_t rank;
@@ -389,12 +409,16 @@ kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
                                  const mock_req_limits *lim, kvo_err *err);
 
 /* POST /kvo/probe: {"token_ids": [...]} or {"trace": {...}}, with
- * "lora_name", "cache_salt", "warm". */
+ * "lora_name", "cache_salt", "mm_items", "warm", "detail". */
 typedef struct mock_probe_req {
     kvo_json doc;
+    kvo_arena arena;            /* mm[] */
     mock_prompt prompt;
     const char *lora, *salt;
+    mock_mm_item *mm;
+    uint32_t n_mm;
     bool warm;
+    bool detail;                /* the chain, block by block (issue 13) */
 } mock_probe_req;
 
 void mock_probe_req_init(mock_probe_req *p);
@@ -503,6 +527,8 @@ typedef struct mock_req {
     uint32_t n_trace;
     char *lora;
     char *salt;
+    mock_mm_item *mm;        /* multimodal items, ids in the same block */
+    uint32_t n_mm;
     int64_t lora_id;         /* set by the engine (its LoRA table) */
     bool remote_prefill;
     uint32_t num_preemptions;
@@ -541,6 +567,8 @@ kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h);
 kvo_status req_append_token(mock_req *r, const mock_cfg *cfg, mock_hasher *h,
                             uint64_t tok);
 uint64_t req_sample_token(mock_req *r);
+/* The request's extra-key sources (pointing into r). */
+mock_keys req_keys(const mock_req *r);
 /* FINISH_ABORTED to the request's callback, then free it. */
 void req_abort_deliver(mock_req *r);
 
@@ -573,6 +601,8 @@ typedef struct step_events {
     bool enabled;      /* publish KV events (caching on, not decode role) */
     ev_builder ev;     /* the step's batch, in occurrence order */
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
+    wire_mm_key *mmk;  /* one block's multimodal keys */
+    size_t cap_mmk;
     uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
     uint64_t lost_enomem; /* ... and ever */
 } step_events;

@@ -27,6 +27,26 @@ static uint64_t *memdup_u64(const uint64_t *p, uint32_t n) {
     return d;
 }
 
+/* The items and their ids in one allocation (freed with kvo_free). */
+static mock_mm_item *mm_copy(const mock_mm_item *mm, uint32_t n) {
+    size_t ids = 0;
+    for (uint32_t i = 0; i < n; i++) ids += strlen(mm[i].id) + 1;
+    mock_mm_item *c = kvo_malloc((size_t)n * sizeof(*c) + ids);
+    if (!c) return NULL;
+    char *p = (char *)(c + n);
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = strlen(mm[i].id) + 1;
+        memcpy(p, mm[i].id, len);
+        c[i] = (mock_mm_item){mm[i].offset, mm[i].length, p};
+        p += len;
+    }
+    return c;
+}
+
+mock_keys req_keys(const mock_req *r) {
+    return (mock_keys){r->lora, r->salt, r->mm, r->n_mm};
+}
+
 kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
                    uint32_t block_size, uint64_t id, uint64_t seed,
                    uint32_t rank) {
@@ -63,6 +83,8 @@ kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
     if (in->cache_salt && *in->cache_salt &&
         !(r->salt = kvo_strdup(in->cache_salt)))
         goto fail;
+    if (in->n_mm && !(r->mm = mm_copy(in->mm, in->n_mm))) goto fail;
+    r->n_mm = in->n_mm;
     r->id = id;
     r->rng = seed ^ ((uint64_t)rank << REQ_RNG_RANK_SHIFT) ^ (id * REQ_RNG_MULT);
     kvo_splitmix64(&r->rng);
@@ -82,6 +104,7 @@ void req_free(mock_req *r) {
     kvo_free(r->blocks);
     kvo_free(r->lora);
     kvo_free(r->salt);
+    kvo_free(r->mm);
     kvo_free(r);
 }
 
@@ -100,9 +123,9 @@ kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h) {
         }
         uint32_t nb = r->n_prompt / bs;
         mock_trace_ref tr = {r->trace_ids, r->n_trace};
-        kvo_status st =
-            mock_hasher_blocks(h, r->tokens, bs, 0, nb, NULL, r->lora, r->salt,
-                               r->trace_ids ? &tr : NULL, r->bh);
+        mock_keys k = req_keys(r);
+        kvo_status st = mock_hasher_blocks_keys(h, r->tokens, bs, 0, nb, NULL, &k,
+                                                r->trace_ids ? &tr : NULL, r->bh);
         if (st != KVO_OK) return st;
         r->n_bh = nb;
     }
@@ -122,9 +145,10 @@ kvo_status req_append_token(mock_req *r, const mock_cfg *cfg, mock_hasher *h,
     if (cfg->prefix_caching && r->n_tokens % bs == 0) {
         uint32_t blk = r->n_tokens / bs - 1;
         if (blk != r->n_bh) return KVO_ESTATE;
-        kvo_status st = mock_hasher_blocks(
-            h, r->tokens, bs, blk, 1, blk ? &r->bh[blk - 1] : NULL, r->lora,
-            r->salt, NULL, &r->bh[blk]);
+        mock_keys k = req_keys(r);
+        kvo_status st = mock_hasher_blocks_keys(
+            h, r->tokens, bs, blk, 1, blk ? &r->bh[blk - 1] : NULL, &k, NULL,
+            &r->bh[blk]);
         if (st != KVO_OK) return st;
         r->n_bh++;
     }

@@ -15,8 +15,9 @@
  * The checks, in the order a request meets them (the first failure is the
  * answer): the body is a JSON object; its prompt(s) -- shape, at most
  * MOCK_MAX_PROMPTS, each 1..max_len tokens, every token id an integer
- * below vocab_size; max_tokens; lora_name and cache_salt; the flags;
- * data_parallel_rank; each prompt + max_tokens within max_len.
+ * below vocab_size; max_tokens; model, lora_name and cache_salt; the flags;
+ * data_parallel_rank; mm_items (one prompt only: sorted, disjoint, inside
+ * it); each prompt + max_tokens within max_len.
  * Unknown members are ignored (OpenAI clients send many); a member that is
  * null counts as absent.
  */
@@ -93,6 +94,56 @@ static kvo_status get_lora_salt(const kvo_jv *obj, const char **lora,
                            "lora_name and cache_salt must be strings");
     *lora = l && l->len ? l->v.s : NULL;
     *salt = s && s->len ? s->v.s : NULL;
+    return KVO_OK;
+}
+
+/* "mm_items": [{"offset": o, "length": n, "hash": "id"}, ...] into the
+ * arena, checked against a prompt of n_tokens (mock_mm_check); absent or
+ * null = none. */
+static kvo_status get_mm_items(const kvo_jv *obj, uint32_t n_tokens,
+                               kvo_arena *arena, mock_mm_item **out,
+                               uint32_t *n_out, kvo_err *err) {
+    const kvo_jv *a = member(obj, "mm_items");
+    *out = NULL;
+    *n_out = 0;
+    if (!a) return KVO_OK;
+    if (!kvo_json_is(a, KVO_JSON_ARR))
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "mm_items must be a list of {\"offset\", \"length\", "
+                           "\"hash\"}");
+    if (a->len > MOCK_MAX_MM_ITEMS)
+        return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                           "too many mm_items (at most %u)", MOCK_MAX_MM_ITEMS);
+    if (a->len == 0) return KVO_OK;
+    mock_mm_item *mm = kvo_arena_alloc(arena, a->len * sizeof(*mm));
+    if (!mm) return oom(err);
+    for (size_t i = 0; i < a->len; i++) {
+        kvo_jv e;
+        kvo_json_at(a, i, &e);
+        const kvo_jv *o = kvo_json_get(&e, "offset"), *l = kvo_json_get(&e, "length"),
+                     *h = kvo_json_get(&e, "hash");
+        uint64_t off, len;
+        if (!kvo_json_is(&e, KVO_JSON_OBJ) || !kvo_json_u64(o, &off) ||
+            !kvo_json_u64(l, &len) || !kvo_json_is(h, KVO_JSON_STR))
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "mm_items[%zu] must be {\"offset\": int, \"length\": "
+                               "int, \"hash\": str}", i);
+        if (h->len == 0 || h->len > MOCK_MM_ID_MAX || strlen(h->v.s) != h->len)
+            return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                               "mm_items[%zu].hash must be 1 to %u bytes (no NUL)", i,
+                               MOCK_MM_ID_MAX);
+        if (off > UINT32_MAX || len == 0 || len > UINT32_MAX)
+            return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                               "mm_items[%zu]: offset or length out of range", i);
+        mm[i] = (mock_mm_item){(uint32_t)off, (uint32_t)len, h->v.s};
+    }
+    uint32_t bad;
+    if (mock_mm_check(mm, (uint32_t)a->len, n_tokens, &bad) != KVO_OK)
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "mm_items[%u] must lie inside the prompt (%u tokens), "
+                           "after the item before it", bad, n_tokens);
+    *out = mm;
+    *n_out = (uint32_t)a->len;
     return KVO_OK;
 }
 
@@ -260,7 +311,9 @@ static void completion_reset(mock_completion_req *c) {
     c->prompts = NULL;
     c->n_prompts = 0;
     c->max_tokens = 0;
-    c->lora = c->salt = NULL;
+    c->lora = c->salt = c->model = NULL;
+    c->mm = NULL;
+    c->n_mm = 0;
     c->stream = c->include_usage = c->return_token_ids = false;
     c->remote_prefill = c->has_rank = false;
     c->rank = 0;
@@ -279,6 +332,12 @@ static kvo_status completion_parse(mock_completion_req *c, const void *body,
         if (!kvo_json_u64(v, &c->max_tokens) || c->max_tokens < 1)
             return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                                "max_tokens must be an integer >= 1");
+    }
+    if ((v = member(o, "model"))) {
+        if (!kvo_json_is(v, KVO_JSON_STR))
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "model must be a string");
+        c->model = v->len ? v->v.s : NULL;
     }
     if ((st = get_lora_salt(o, &c->lora, &c->salt, err)) != KVO_OK ||
         (st = get_bool(o, "stream", false, &c->stream, err)) != KVO_OK ||
@@ -308,6 +367,14 @@ static kvo_status completion_parse(mock_completion_req *c, const void *body,
         c->has_rank = true;
         c->rank = (uint32_t)r;
     }
+    if (member(o, "mm_items")) {
+        if (c->n_prompts != 1)
+            return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                               "mm_items go with one prompt");
+        if ((st = get_mm_items(o, c->prompts[0].n, &c->arena, &c->mm, &c->n_mm,
+                               err)) != KVO_OK)
+            return st;
+    }
     for (uint32_t i = 0; i < c->n_prompts; i++) {
         uint32_t n = c->prompts[i].n;
         if (c->max_tokens > lim->max_len || n > lim->max_len - c->max_tokens)
@@ -332,17 +399,22 @@ kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
 void mock_probe_req_init(mock_probe_req *p) {
     memset(p, 0, sizeof(*p));
     kvo_json_init(&p->doc);
+    kvo_arena_init(&p->arena);
 }
 
 void mock_probe_req_fini(mock_probe_req *p) {
     kvo_json_fini(&p->doc);
+    kvo_arena_fini(&p->arena);
     memset(p, 0, sizeof(*p));
 }
 
 static void probe_reset(mock_probe_req *p) {
+    kvo_arena_reset(&p->arena);
     memset(&p->prompt, 0, sizeof(p->prompt));
     p->lora = p->salt = NULL;
-    p->warm = false;
+    p->mm = NULL;
+    p->n_mm = 0;
+    p->warm = p->detail = false;
 }
 
 static kvo_status probe_parse(mock_probe_req *p, const void *body, size_t len,
@@ -359,8 +431,12 @@ static kvo_status probe_parse(mock_probe_req *p, const void *body, size_t len,
         st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                          "token_ids or trace is required");
     if (st != KVO_OK) return st;
-    if ((st = get_lora_salt(o, &p->lora, &p->salt, err)) != KVO_OK) return st;
-    return get_bool(o, "warm", false, &p->warm, err);
+    if ((st = get_lora_salt(o, &p->lora, &p->salt, err)) != KVO_OK ||
+        (st = get_mm_items(o, p->prompt.n, &p->arena, &p->mm, &p->n_mm, err)) !=
+            KVO_OK ||
+        (st = get_bool(o, "warm", false, &p->warm, err)) != KVO_OK)
+        return st;
+    return get_bool(o, "detail", false, &p->detail, err);
 }
 
 kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,

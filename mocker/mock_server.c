@@ -409,7 +409,9 @@ static mock_req_limits req_limits(const server *s, uint32_t max_len) {
 }
 
 /* The answer's status for a failed parse or add. */
-static unsigned err_code(kvo_status st) { return st == KVO_ENOMEM ? 503 : 400; }
+static unsigned err_code(kvo_status st) {
+    return st == KVO_ENOMEM ? 503 : st == KVO_ENOTFOUND ? 404 : 400;
+}
 
 static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     size_t len;
@@ -421,6 +423,24 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
     mock_req_limits lim = req_limits(s, mock_cfg_max_model_len(s->cfg));
     kvo_status st = mock_completion_parse(&c, raw, len, chat, &lim, &err);
     if (st != KVO_OK) goto done;
+    /* vLLM: "model" names the served model or a LoRA adapter of
+     * --lora-modules (404 for any other name). Without --lora-modules the
+     * name is not checked, as before; "lora_name" names an adapter too. */
+    const char *lora = c.lora;
+    if (c.model && strcmp(c.model, s->cfg->model) != 0 && s->cfg->lora_modules) {
+        if (!mock_cfg_lora_module(s->cfg, c.model)) {
+            st = kvo_err_set(&err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
+                             "The model `%.200s` does not exist.", c.model);
+            goto done;
+        }
+        if (lora && strcmp(lora, c.model) != 0) {
+            st = kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                             "model names the LoRA adapter %.100s but lora_name "
+                             "is %.100s", c.model, lora);
+            goto done;
+        }
+        lora = c.model;
+    }
     k = kvo_calloc(1, sizeof(*k));
     if (!k || !(k->choices = kvo_calloc(c.n_prompts, sizeof(choice)))) {
         st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
@@ -459,12 +479,14 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
         mock_req_in in = {.tokens = pr->tok,
                           .n_tokens = pr->n,
                           .max_tokens = (uint32_t)c.max_tokens,
-                          .lora_name = c.lora,
+                          .lora_name = lora,
                           .cache_salt = c.salt,
                           .trace = {pr->trace_ids, pr->n_trace},
                           .remote_prefill = k->remote_prefill,
                           .on_output = on_choice_output,
-                          .user = ch};
+                          .user = ch,
+                          .mm = c.mm,
+                          .n_mm = c.n_mm};
         st = mock_engine_add(e, &in, &ch->req_id);
         if (st != KVO_OK) {
             for (uint32_t j = 0; j < i; j++) {
@@ -499,6 +521,20 @@ static void handle_models(server *s, kvo_http_req *req) {
     json_object_object_add(m, "permission", json_object_new_array());
     json_object *arr = json_object_new_array();
     json_object_array_add(arr, m);
+    /* each --lora-modules adapter, as vLLM lists them after the base */
+    char name[256];
+    for (uint32_t i = 0; mock_cfg_lora_module_at(s->cfg, i, name, sizeof(name)); i++) {
+        json_object *l = json_object_new_object();
+        json_object_object_add(l, "id", json_object_new_string(name));
+        json_object_object_add(l, "object", json_object_new_string("model"));
+        json_object_object_add(l, "created", json_object_new_int64(s->started_unix));
+        json_object_object_add(l, "owned_by", json_object_new_string("vllm"));
+        json_object_object_add(l, "root", json_object_new_string(name));
+        json_object_object_add(l, "parent", json_object_new_string(s->cfg->model));
+        json_object_object_add(l, "max_model_len", NULL);
+        json_object_object_add(l, "permission", json_object_new_array());
+        json_object_array_add(arr, l);
+    }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "data", arr);
@@ -693,6 +729,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
             goto done;
         }
         mock_trace_ref tr = {p->trace_ids, p->n_trace};
+        mock_keys keys = {pr.lora, pr.salt, pr.mm, pr.n_mm};
         bool alive = true;
         for (uint32_t b = 0; alive && b < cap; b++) {
             const uint64_t *tok = blk_tok;
@@ -700,8 +737,8 @@ static void handle_probe(server *s, kvo_http_req *req) {
                 mock_trace_tokens_at(p->trace_ids, (uint64_t)b * bs, bs, blk_tok);
             else
                 tok = p->tok + (size_t)b * bs;
-            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, pr.lora,
-                                        pr.salt, p->trace_ids ? &tr : NULL, &h[b]);
+            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
+                                        p->trace_ids ? &tr : NULL, &h[b]);
             if (st != KVO_OK) {
                 kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
                 goto done;
@@ -729,7 +766,8 @@ static void handle_probe(server *s, kvo_http_req *req) {
     json_object_object_add(o, "ranks", arr);
     kvo_http_respond_json(req, 200, o);
     /* "warm": this prompt comes next; hash it once the answer is out */
-    if (pr.warm && p->trace_ids && !pr.lora && !pr.salt && s->cfg->prefix_caching) {
+    if (pr.warm && p->trace_ids && !pr.lora && !pr.salt && !pr.n_mm &&
+        s->cfg->prefix_caching) {
         uint64_t *ids = kvo_malloc((size_t)p->n_trace * sizeof(uint64_t));
         if (ids) { /* without it, only the memo stays cold */
             memcpy(ids, p->trace_ids, (size_t)p->n_trace * sizeof(uint64_t));

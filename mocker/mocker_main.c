@@ -20,7 +20,8 @@ enum {
     OPT_HASH_ALGO, OPT_HASH_SEED, OPT_HASH_BYTES, OPT_HASH_MEMO,
     OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
     OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
-    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE
+    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE,
+    OPT_LORA_MODULES
 };
 
 static const struct option options[] = {
@@ -61,6 +62,7 @@ static const struct option options[] = {
     {"zmq-hwm", required_argument, NULL, OPT_ZMQ_HWM},
     {"require-events", no_argument, NULL, OPT_REQUIRE_EVENTS},
     {"model", required_argument, NULL, OPT_MODEL},
+    {"lora-modules", required_argument, NULL, OPT_LORA_MODULES},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"summary-json", no_argument, NULL, OPT_SUMMARY_JSON},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -78,6 +80,9 @@ static const char usage[] =
     "  --host H                  bind address (default 127.0.0.1)\n"
     "  --port P                  (default 8000; 0 = pick a free port)\n"
     "  --model NAME              served model name (default kvo-mock)\n"
+    "  --lora-modules N[=P],...  LoRA adapters a request's \"model\" may name\n"
+    "                            (lora_int_id 1, 2, ... in order; then any other\n"
+    "                            model name is a 404, as vLLM)\n"
     "KV events (rank r of --dp-size uses port + r):\n"
     "  --zmq-host H              PUB/ROUTER bind address (default 127.0.0.1)\n"
     "  --zmq-port P              PUB port (default 5557; 0 = pick)\n"
@@ -233,6 +238,9 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return KVO_OK;
     case OPT_REQUIRE_EVENTS: c->require_events = true; return KVO_OK;
     case OPT_MODEL: c->model = arg; return KVO_OK;
+    case OPT_LORA_MODULES:
+        c->lora_modules = *arg ? arg : NULL;
+        return mock_cfg_lora_modules_check(c) ? bad("lora-modules", arg) : KVO_OK;
     case OPT_NO_PROGRESS: c->progress = false; return KVO_OK;
     case OPT_SUMMARY_JSON: c->summary_json = true; return KVO_OK;
     case OPT_LOG_LEVEL:

@@ -14,6 +14,7 @@ Suite *suite_http(void);
 Suite *suite_stop(void);
 Suite *suite_node(void);
 Suite *suite_request(void);
+Suite *suite_keys(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -26,6 +27,7 @@ int main(int argc, char **argv) {
         suite_stop,
         suite_node,
         suite_request,
+        suite_keys,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

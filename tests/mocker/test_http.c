@@ -1309,6 +1309,71 @@ START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
 }
 END_TEST
 
+/* "model" names a --lora-modules adapter (its blocks then hash under the
+ * adapter: a probe with lora_name finds them, a base probe does not);
+ * any other model is vLLM's 404; /v1/models lists the adapters. A prompt
+ * with mm_items is cached under its items: the same tokens with another
+ * identifier miss. */
+START_TEST(model_names_an_adapter_and_mm_items_key_the_blocks) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--lora-modules", "alpha=/a,beta", "--block-size", "4"));
+    json_object *j = ok(&m, "/v1/models", NULL);
+    ck_assert_uint_eq(json_object_array_length(at(j, "data")), 3);
+    ck_assert_str_eq(str(j, "data.2.id"), "beta");
+    ck_assert_str_eq(str(j, "data.2.parent"), "kvo-mock");
+    json_object_put(j);
+    static const char tok[] = "[1,2,3,4,5,6,7,8,9]";
+    char body[512];
+    snprintf(body, sizeof(body), "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}",
+             tok);
+    json_object_put(ok(&m, "/v1/completions", body));
+    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"lora_name\": \"beta\"}", tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 2);
+    snprintf(body, sizeof(body), "{\"token_ids\": %s}", tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 0);
+    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"lora_name\": \"alpha\"}", tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 0);
+    /* the same adapter through model, again: a hit of both blocks */
+    snprintf(body, sizeof(body), "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}",
+             tok);
+    j = ok(&m, "/v1/completions", body);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 8);
+    json_object_put(j);
+    long status;
+    j = call(&m, "/v1/completions", "{\"model\": \"gamma\", \"prompt\": [1]}", &status);
+    ck_assert_int_eq(status, 404);
+    ck_assert_str_eq(str(j, "type"), "NotFoundError");
+    ck_assert_str_eq(str(j, "message"), "The model `gamma` does not exist.");
+    json_object_put(j);
+    j = call(&m, "/v1/completions",
+             "{\"model\": \"beta\", \"lora_name\": \"alpha\", \"prompt\": [1]}", &status);
+    ck_assert_int_eq(status, 400);
+    json_object_put(j);
+    /* the base model by name is no adapter */
+    snprintf(body, sizeof(body),
+             "{\"model\": \"kvo-mock\", \"prompt\": %s, \"max_tokens\": 1, "
+             "\"mm_items\": [{\"offset\": 1, \"length\": 6, \"hash\": \"img-1\"}]}",
+             tok);
+    json_object_put(ok(&m, "/v1/completions", body));
+    snprintf(body, sizeof(body),
+             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
+             "\"hash\": \"img-1\"}]}",
+             tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 2);
+    snprintf(body, sizeof(body),
+             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
+             "\"hash\": \"img-2\"}]}",
+             tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 0);
+    snprintf(body, sizeof(body),
+             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 2, \"length\": 5, "
+             "\"hash\": \"img-1\"}]}",
+             tok);
+    ck_assert_int_eq(probe_rank(&m, body, 0), 0);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     const TTest *tests[] = {
         completions_report_cached_tokens_and_the_kvo_object,
@@ -1329,6 +1394,7 @@ Suite *suite_http(void) {
         kvo_blocks_lists_the_engines_own_hashes_in_pages,
         concurrent_completions_share_steps_and_are_answered_as_they_finish,
         a_50_mb_token_array_costs_a_bounded_multiple_of_its_size,
+        model_names_an_adapter_and_mm_items_key_the_blocks,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }

@@ -162,6 +162,62 @@ START_TEST(out_of_memory_mid_parse_is_a_status) {
 }
 END_TEST
 
+/* "model", "mm_items" and the probe's "detail": read as given, refused
+ * when malformed, with the item and the rule named. */
+START_TEST(model_mm_items_and_detail_are_read_and_checked) {
+    mock_completion_req c;
+    mock_completion_req_init(&c);
+    kvo_err err;
+    ck_assert_int_eq(parse(&c, "{\"model\": \"ad-1\", \"prompt\": [1,2,3,4,5,6], "
+                               "\"mm_items\": [{\"offset\": 1, \"length\": 2, \"hash\": "
+                               "\"img\"}, {\"offset\": 3, \"length\": 3, \"hash\": \"i2\"}]}",
+                           false, &err),
+                     KVO_OK);
+    ck_assert_str_eq(c.model, "ad-1");
+    ck_assert_uint_eq(c.n_mm, 2);
+    ck_assert(c.mm[1].offset == 3 && c.mm[1].length == 3 && strcmp(c.mm[1].id, "i2") == 0);
+    static const struct {
+        const char *body, *msg;
+    } bad[] = {
+        {"{\"prompt\": [1,2], \"mm_items\": {}}", "mm_items must be a list"},
+        {"{\"prompt\": [1,2], \"mm_items\": [{\"offset\": 0, \"length\": 1}]}",
+         "mm_items[0] must be"},
+        {"{\"prompt\": [1,2], \"mm_items\": [{\"offset\": 0, \"length\": 3, "
+         "\"hash\": \"x\"}]}",
+         "mm_items[0] must lie inside the prompt (2 tokens)"},
+        {"{\"prompt\": [1,2,3], \"mm_items\": [{\"offset\": 1, \"length\": 1, "
+         "\"hash\": \"x\"}, {\"offset\": 0, \"length\": 1, \"hash\": \"y\"}]}",
+         "mm_items[1] must lie inside"},
+        {"{\"prompt\": [1,2], \"mm_items\": [{\"offset\": 0, \"length\": 0, "
+         "\"hash\": \"x\"}]}",
+         "offset or length out of range"},
+        {"{\"prompt\": [1,2], \"mm_items\": [{\"offset\": 0, \"length\": 1, "
+         "\"hash\": \"\"}]}",
+         "hash must be 1 to 256 bytes"},
+        {"{\"prompt\": [[1,2], [3]], \"mm_items\": []}", "mm_items go with one prompt"},
+        {"{\"prompt\": [1,2], \"model\": 3}", "model must be a string"},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_ne(parse(&c, bad[i].body, false, &err), KVO_OK);
+        ck_assert_msg(strstr(err.msg, bad[i].msg), "%s -> %s", bad[i].body, err.msg);
+        ck_assert_uint_eq(c.n_mm, 0);
+    }
+    mock_completion_req_fini(&c);
+    mock_probe_req p;
+    mock_probe_req_init(&p);
+    static const char probe[] = "{\"token_ids\": [1,2,3,4,5], \"detail\": true, "
+                                "\"mm_items\": [{\"offset\": 4, \"length\": 1, "
+                                "\"hash\": \"z\"}]}";
+    ck_assert_int_eq(mock_probe_parse(&p, probe, sizeof(probe) - 1, &lim, &err), KVO_OK);
+    ck_assert(p.detail && p.n_mm == 1 && strcmp(p.mm[0].id, "z") == 0);
+    static const char probe_bad[] = "{\"token_ids\": [1], \"detail\": 1}";
+    ck_assert_int_eq(mock_probe_parse(&p, probe_bad, sizeof(probe_bad) - 1, &lim, &err),
+                     KVO_EPROTO);
+    ck_assert(!p.detail && p.n_mm == 0);
+    mock_probe_req_fini(&p);
+}
+END_TEST
+
 START_TEST(fuzz_corpora_and_crashes_replay_cleanly) {
     ck_assert_uint_ge(kt_fuzz_replay("corpus/completions", kvo_fuzz_completions), 20);
     ck_assert_uint_ge(kt_fuzz_replay("corpus/probe", kvo_fuzz_probe), 10);
@@ -176,6 +232,7 @@ Suite *suite_request(void) {
         every_prompt_form_reads_as_the_engine_needs_it,
         refusals_say_which_limit_and_where,
         out_of_memory_mid_parse_is_a_status,
+        model_mm_items_and_detail_are_read_and_checked,
         fuzz_corpora_and_crashes_replay_cleanly,
     };
     return mt_suite(suite_create("request"), 120, tests, KVO_ARRAY_LEN(tests));
