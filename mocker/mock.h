@@ -29,12 +29,17 @@ const char *mock_role_name(mock_role r);
 
 /* Mutations (DESIGN §9): the published bytes corrupted in one documented
  * way each; mock_mutations()[i] has bit 1 << i. */
-#define MOCK_MUT_COUNT 17
+#define MOCK_MUT_COUNT 26
 typedef struct mock_mutation_info {
     const char *name;   /* "flip-stored-hash" */
     unsigned bit;
     bool killed;        /* expected outcome: the check must fail */
     const char *what;   /* one line for --help and the README */
+    const char *incident; /* the field incident it reproduces
+                             ("sglang#24568"), NULL for the classic ones */
+    const char *needs;  /* what a run must exercise for it to be seen:
+                           NULL (any run), "salt", "lora", "kv-groups",
+                           "cpu-offload", "reset", "replay" */
 } mock_mutation_info;
 /* The catalog, MOCK_MUT_COUNT entries in bit order; static. */
 const mock_mutation_info *mock_mutations(void);
@@ -50,6 +55,7 @@ typedef struct mock_cfg {
     uint32_t max_num_batched_tokens; /* 8192 */
     uint32_t max_model_len;          /* 0 = (num_gpu_blocks - 1) * block_size */
     bool prefix_caching;             /* true; false = no cache, no events */
+    uint32_t cpu_offload_blocks;     /* second tier: CPU blocks (0 = none) */
     mock_role role;
     double kv_transfer_ms_per_block; /* decode role: per received block */
     wire_algo hash_algo;             /* sha256 */

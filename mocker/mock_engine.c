@@ -151,7 +151,8 @@ kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
     e->hasher = hasher;
     e->max_model_len = mock_cfg_max_model_len(cfg);
     e->next_id = 1;
-    events_init(&e->ev, cfg->prefix_caching && cfg->role != MOCK_ROLE_DECODE);
+    events_init(&e->ev, cfg->prefix_caching && cfg->role != MOCK_ROLE_DECODE,
+                cfg->block_size);
     kvo_status st = sched_init(&e->sched, &e->cfg, e->max_model_len, hasher,
                                &e->ev, &e->st);
     /* --lora-modules: lora_int_id 1, 2, ... in the listed order, as vLLM's
@@ -218,8 +219,10 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
     kvo_status st = req_new(&r, in, max_tokens, e->cfg.block_size, e->next_id,
                             e->cfg.seed, e->rank);
     if (st != KVO_OK) return st;
-    if (r->lora && (st = lora_id_of(e, r->lora, &r->lora_id)) != KVO_OK)
-        goto fail;
+    if (r->lora) {
+        if ((st = lora_id_of(e, r->lora, &r->lora_id)) != KVO_OK) goto fail;
+        r->lora_tab = e->loras[r->lora_id - 1];
+    }
     if ((st = sched_add(&e->sched, r)) != KVO_OK) goto fail;
     uint64_t inflight = (uint64_t)e->sched.running.n + e->sched.waiting.n;
     if (inflight > e->st.max_inflight) e->st.max_inflight = inflight;
@@ -254,11 +257,36 @@ bool mock_engine_cached(const mock_engine *e, uint64_t key) {
     return e->cfg.prefix_caching && pool_lookup(&e->sched.pool, key) != MOCK_NIL;
 }
 
-bool mock_engine_reset_prefix_cache(mock_engine *e) {
+bool mock_engine_reset_cache(mock_engine *e, bool reset_external) {
     if (!pool_reset(&e->sched.pool)) return false;
+    if (reset_external) cpu_reset(&e->sched.cpu);
     if (e->ev.enabled) e->pending_clear = true;
     e->st.cleared++;
     return true;
+}
+
+bool mock_engine_reset_prefix_cache(mock_engine *e) {
+    return mock_engine_reset_cache(e, false);
+}
+
+bool mock_engine_cpu_cached(const mock_engine *e, uint64_t key) {
+    return cpu_has(&e->sched.cpu, key);
+}
+
+uint32_t mock_engine_cpu_blocks(const mock_engine *e) { return e->sched.cpu.cap; }
+
+kvo_status mock_engine_cpu_cached_blocks(const mock_engine *e, bool has_after,
+                                         uint64_t after, mock_cached_block *out,
+                                         uint32_t max, uint32_t *n, bool *more) {
+    return cpu_list(&e->sched.cpu, has_after, after, out, max, n, more);
+}
+
+uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key) {
+    uint32_t n = 0;
+    const mock_pool *p = &e->sched.pool;
+    if (!e->cfg.prefix_caching) return 0;
+    for (uint32_t id = pool_lookup(p, key); id != MOCK_NIL; id = p->blocks[id].cnext) n++;
+    return n;
 }
 
 void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out) {
@@ -274,6 +302,11 @@ void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out) {
     out->usage = pool_usage(p);
     out->cached_distinct = p->n_distinct;
     out->cached_digest = p->digest;
+    const mock_cpu *c = &e->sched.cpu;
+    out->cpu_stored = c->stored;
+    out->cpu_removed = c->removed;
+    out->cpu_cached_distinct = c->n;
+    out->cpu_cached_digest = c->digest;
 }
 
 kvo_status mock_engine_cached_blocks(const mock_engine *e, bool has_after,

@@ -46,6 +46,9 @@ static void builder_fini(ev_builder *b) {
     kvo_free(b->removed);
     kvo_free(b->removed_hash);
     kvo_free(b->removed_wire);
+    kvo_free(b->removed_meta);
+    kvo_free(b->keys);
+    kvo_free(b->first);
     kvo_arena_fini(&b->arena);
     b->batch.events = NULL;
     b->batch.n_events = 0;
@@ -84,7 +87,11 @@ static kvo_status builder_grow(ev_builder *b) {
         (st = grow_array(b, &b->removed_hash, sizeof(*b->removed_hash),
                          &cap)) != KVO_OK ||
         (st = grow_array(b, &b->removed_wire, sizeof(*b->removed_wire),
-                         &cap)) != KVO_OK)
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed_meta, sizeof(*b->removed_meta),
+                         &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->keys, sizeof(*b->keys), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->first, sizeof(*b->first), &cap)) != KVO_OK)
         return st;
     b->cap = (uint32_t)cap;
     return KVO_OK;
@@ -103,6 +110,9 @@ static wire_event *builder_push(ev_builder *b, wire_ev_type type) {
     b->decode_store[i] = false;
     b->stored[i] = NULL;
     b->removed[i] = NULL;
+    b->removed_meta[i] = (mock_block_meta){NULL, 0, NULL};
+    b->keys[i] = (mock_keys){NULL, NULL, NULL, 0};
+    b->first[i] = 0;
     if (type != WIRE_EV_CLEARED) {
         ev->medium = WIRE_LIT("GPU");
         ev->group_idx = (wire_int){true, 0};
@@ -117,9 +127,10 @@ static void hash_int_form(wire_hash *w, const mock_hash *h) {
     w->bytes = NULL;
 }
 
-void events_init(step_events *s, bool enabled) {
+void events_init(step_events *s, bool enabled, uint32_t block_size) {
     memset(s, 0, sizeof(*s));
     s->enabled = enabled;
+    s->block_size = block_size;
     builder_init(&s->ev);
     kvo_buf_init(&s->extra_buf);
 }
@@ -128,10 +139,12 @@ void events_fini(step_events *s) {
     builder_fini(&s->ev);
     kvo_buf_fini(&s->extra_buf);
     kvo_free(s->mmk);
+    kvo_free(s->cpu);
 }
 
 void events_begin(step_events *s) {
     builder_reset(&s->ev);
+    s->n_cpu = 0;
     s->step_lost = 0;
 }
 
@@ -142,9 +155,10 @@ kvo_status events_cleared(step_events *s) {
 
 /* The hash is copied (the block is about to be reused); the event's
  * pointers into the per-event arrays are set by events_finish, as the
- * arrays may still grow. */
-void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent) {
-    step_events *s = ctx;
+ * arrays may still grow. The kept tokens too: the block may be cached
+ * again, with others, later in the step. */
+void events_on_evict(step_events *s, const mock_hash *hash,
+                     const mock_hash *parent, const mock_block_meta *meta) {
     if (!s->enabled) return;
     ev_builder *b = &s->ev;
     wire_event *ev = builder_push(b, WIRE_EV_REMOVED);
@@ -158,6 +172,104 @@ void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent) 
     hash_int_form(&b->removed_wire[i], hash);
     ev->n_hashes = 1;
     b->removed_parent[i] = *parent;
+    if (meta && meta->tokens && s->block_size) {
+        uint64_t *t = kvo_arena_memdup(&b->arena, meta->tokens,
+                                       s->block_size * sizeof(uint64_t));
+        if (t) b->removed_meta[i] = (mock_block_meta){t, meta->lora_id, meta->lora_name};
+    }
+}
+
+/* Queue a CPU-tier event; false (counted lost) out of memory. */
+static cpu_pend *cpu_push(step_events *s) {
+    if (kvo_grow(&s->cpu, &s->cap_cpu, s->n_cpu + 1, sizeof(*s->cpu), EV_FIRST_CAP) !=
+        KVO_OK) {
+        s->step_lost++;
+        s->lost_enomem++;
+        return NULL;
+    }
+    cpu_pend *c = &s->cpu[s->n_cpu++];
+    memset(c, 0, sizeof(*c));
+    return c;
+}
+
+void events_cpu_stored(step_events *s, const mock_hash *hash,
+                       const mock_hash *parent, const mock_block_meta *meta,
+                       uint32_t block_size) {
+    if (!s->enabled) return;
+    uint64_t *t = kvo_arena_memdup(&s->ev.arena, meta->tokens,
+                                   block_size * sizeof(uint64_t));
+    cpu_pend *c = t ? cpu_push(s) : NULL;
+    if (!c) {
+        if (!t) {
+            s->step_lost++;
+            s->lost_enomem++;
+        }
+        return;
+    }
+    c->stored = true;
+    c->hash = *hash;
+    if (parent) c->parent = *parent;
+    c->meta = (mock_block_meta){t, meta->lora_id, meta->lora_name};
+}
+
+void events_cpu_removed(step_events *s, const mock_hash *hash,
+                        const mock_hash *parent) {
+    if (!s->enabled) return;
+    cpu_pend *c = cpu_push(s);
+    if (!c) return;
+    c->hash = *hash;
+    if (parent) c->parent = *parent;
+}
+
+/* The queued CPU-tier events into the batch, after the block pool's. */
+static void cpu_flush(step_events *s) {
+    ev_builder *b = &s->ev;
+    for (size_t k = 0; k < s->n_cpu; k++) {
+        const cpu_pend *c = &s->cpu[k];
+        wire_event *ev = builder_push(b, c->stored ? WIRE_EV_STORED : WIRE_EV_REMOVED);
+        if (!ev) {
+            s->step_lost++;
+            s->lost_enomem++;
+            continue;
+        }
+        uint32_t i = b->n - 1;
+        ev->medium = WIRE_LIT("CPU");
+        if (!c->stored) {
+            b->removed_hash[i] = c->hash;
+            hash_int_form(&b->removed_wire[i], &c->hash);
+            ev->n_hashes = 1;
+            b->removed_parent[i] = c->parent;
+            continue;
+        }
+        mock_hash *h = kvo_arena_memdup(&b->arena, &c->hash, sizeof(mock_hash));
+        wire_hash *wh = kvo_arena_alloc(&b->arena, sizeof(wire_hash));
+        if (!h || !wh) {
+            b->n--;
+            s->step_lost++;
+            s->lost_enomem++;
+            continue;
+        }
+        hash_int_form(wh, h);
+        ev->n_hashes = 1;
+        ev->hashes = wh;
+        if (c->parent.d.len) {
+            hash_int_form(&ev->parent, &c->parent);
+            b->parent[i] = c->parent;
+        } else {
+            ev->parent.kind = WIRE_HASH_NONE;
+        }
+        ev->n_tokens = s->block_size;
+        ev->token_ids = (uint64_t *)c->meta.tokens;
+        ev->block_size = (wire_int){true, s->block_size};
+        if (c->meta.lora_name) {
+            ev->lora_id = (wire_int){true, c->meta.lora_id};
+            ev->lora_name = (wire_str){c->meta.lora_name, (uint32_t)strlen(c->meta.lora_name)};
+        }
+        /* extra_keys: None (the tracker defers them); the group's spec */
+        ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
+        b->stored[i] = h;
+    }
+    s->n_cpu = 0;
 }
 
 static int kvobuf_write(void *data, const char *p, size_t n) {
@@ -171,19 +283,11 @@ static kvo_status pack_str(msgpack_packer *pk, const char *str) {
                : KVO_OK;
 }
 
-/* extra_keys of n blocks from first, as vLLM's cache_full_blocks lists
- * them: per block nil, or the tuple the hash used -- lora_name, then a
- * [mm_id, offset] pair per multimodal item the block overlaps, then
- * cache_salt on block 0. The multimodal scan starts at the first item for
- * the event's first block and moves on from block to block (for a block
- * filled by generated tokens the hash's own scan started at the last item:
- * vLLM lists what this scan finds). */
-static kvo_status extra_keys_msgpack(step_events *s, uint32_t first, uint32_t n,
-                                     uint32_t bs, const mock_keys *k) {
-    kvo_buf *b = &s->extra_buf;
+kvo_status events_extra_keys(kvo_buf *b, wire_mm_key **mmk, size_t *cap_mmk,
+                             uint32_t first, uint32_t n, uint32_t bs,
+                             const mock_keys *k, bool lora_as_mm) {
     kvo_buf_reset(b);
-    if (k->n_mm &&
-        kvo_grow(&s->mmk, &s->cap_mmk, k->n_mm, sizeof(*s->mmk), 16) != KVO_OK)
+    if (k->n_mm && kvo_grow(mmk, cap_mmk, k->n_mm, sizeof(**mmk), 16) != KVO_OK)
         return KVO_ENOMEM;
     msgpack_packer pk;
     msgpack_packer_init(&pk, b, kvobuf_write);
@@ -192,7 +296,7 @@ static kvo_status extra_keys_msgpack(step_events *s, uint32_t first, uint32_t n,
     for (uint32_t i = 0; i < n; i++) {
         uint64_t start = (uint64_t)(first + i) * bs;
         uint32_t nm = k->n_mm ? mock_mm_block_keys(k->mm, k->n_mm, start,
-                                                    start + bs, &idx, s->mmk)
+                                                    start + bs, &idx, *mmk)
                               : 0;
         bool salt = k->salt && first + i == 0;
         uint32_t nk = (k->lora ? 1u : 0u) + nm + (salt ? 1u : 0u);
@@ -201,10 +305,14 @@ static kvo_status extra_keys_msgpack(step_events *s, uint32_t first, uint32_t n,
             continue;
         }
         if (msgpack_pack_array(&pk, nk)) return KVO_ENOMEM;
-        if (k->lora && pack_str(&pk, k->lora) != KVO_OK) return KVO_ENOMEM;
+        if (k->lora && lora_as_mm &&
+            (msgpack_pack_array(&pk, 2) || pack_str(&pk, k->lora) ||
+             msgpack_pack_int64(&pk, 0)))
+            return KVO_ENOMEM;
+        if (k->lora && !lora_as_mm && pack_str(&pk, k->lora) != KVO_OK) return KVO_ENOMEM;
         for (uint32_t j = 0; j < nm; j++)
-            if (msgpack_pack_array(&pk, 2) || pack_str(&pk, s->mmk[j].id) ||
-                msgpack_pack_int64(&pk, s->mmk[j].offset))
+            if (msgpack_pack_array(&pk, 2) || pack_str(&pk, (*mmk)[j].id) ||
+                msgpack_pack_int64(&pk, (*mmk)[j].offset))
                 return KVO_ENOMEM;
         if (salt && pack_str(&pk, k->salt) != KVO_OK) return KVO_ENOMEM;
     }
@@ -242,7 +350,8 @@ kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
         ev->lora_name = (wire_str){r->lora, (uint32_t)strlen(r->lora)};
     }
     mock_keys k = req_keys(r);
-    st = extra_keys_msgpack(s, first, n, bs, &k);
+    st = events_extra_keys(&s->extra_buf, &s->mmk, &s->cap_mmk, first, n, bs, &k,
+                           false);
     if (st != KVO_OK) goto fail;
     st = KVO_ENOMEM;
     void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);
@@ -251,6 +360,8 @@ kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
     ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
     b->stored[i] = full;
     b->decode_store[i] = decode;
+    b->keys[i] = k;
+    b->first[i] = first;
     return KVO_OK;
 fail:
     b->n--;
@@ -262,6 +373,7 @@ kvo_status events_finish(step_events *s, double ts, uint32_t rank,
     ev_builder *b = &s->ev;
     *batch = NULL;
     *aux = NULL;
+    cpu_flush(s);
     if (b->n == 0) return KVO_OK;
     for (uint32_t i = 0; i < b->n; i++) {
         if (b->ev[i].type != WIRE_EV_REMOVED) continue;
@@ -275,7 +387,8 @@ kvo_status events_finish(step_events *s, double ts, uint32_t rank,
     wb->n_events = b->n;
     wb->events = b->ev;
     b->aux = (mock_step_aux){b->removed_parent, b->decode_store, b->stored,
-                             b->parent, b->removed};
+                             b->parent,         b->removed,      b->removed_meta,
+                             b->keys,           b->first};
     *batch = wb;
     *aux = &b->aux;
     return KVO_OK;

@@ -68,10 +68,21 @@ enum {
     MOCK_MUT_LEGACY_ARRAY = 1u << 13,
     MOCK_MUT_BYTES_HASH = 1u << 14,
     MOCK_MUT_SPLIT_BATCHES = 1u << 15,
-    MOCK_MUT_MERGE_REMOVES = 1u << 16
+    MOCK_MUT_MERGE_REMOVES = 1u << 16,
+    /* the field's incidents (issue 15) */
+    MOCK_MUT_SALT_IGNORED = 1u << 17,
+    MOCK_MUT_LORA_IN_MM_SLOT = 1u << 18,
+    MOCK_MUT_LORA_SAME_HASH = 1u << 19,
+    MOCK_MUT_GROUP_COLLISION = 1u << 20,
+    MOCK_MUT_CPU_TIER_DROPPED = 1u << 21,
+    MOCK_MUT_RESET_NOT_PUBLISHED = 1u << 22,
+    MOCK_MUT_REPLAY_DROPS_TOPIC = 1u << 23,
+    MOCK_MUT_REPLAY_DROPS_TAIL = 1u << 24,
+    MOCK_MUT_RESURRECT_REMOVED = 1u << 25
 };
-_Static_assert(MOCK_MUT_MERGE_REMOVES == 1u << (MOCK_MUT_COUNT - 1),
+_Static_assert(MOCK_MUT_RESURRECT_REMOVED == 1u << (MOCK_MUT_COUNT - 1),
                "MOCK_MUT_COUNT counts every mutation bit");
+_Static_assert(MOCK_MUT_COUNT <= 32, "the mask is an unsigned");
 
 /* ---- Hasher extras (mock_hash.c) -----------------------------------------*/
 
@@ -147,6 +158,14 @@ typedef struct mock_req_in {
     uint32_t n_mm;           /* or none */
 } mock_req_in;
 
+/* What a cached block holds besides its hash, when the pool keeps it (a
+ * CPU tier or resurrect-removed needs it after the block is evicted). */
+typedef struct mock_block_meta {
+    const uint64_t *tokens;    /* block_size tokens; NULL: not kept */
+    int64_t lora_id;           /* 0: no adapter */
+    const char *lora_name;     /* NULL: no adapter */
+} mock_block_meta;
+
 /* The step's events as the engine produced them (ground truth, before any
  * mutation), with what mutations need to know per event. */
 typedef struct mock_step_aux {
@@ -156,6 +175,13 @@ typedef struct mock_step_aux {
     mock_hash **stored;        /* per event: BlockStored's full hashes */
     mock_hash *parent;         /* per event: BlockStored's parent (len 0) */
     mock_hash **removed;       /* per event: BlockRemoved's full hashes */
+    mock_block_meta *removed_meta; /* per event: BlockRemoved's block's
+                                  tokens and adapter (tokens NULL when not
+                                  kept) */
+    mock_keys *keys;           /* per event: GPU BlockStored's request keys
+                                  (all NULL for other events) */
+    uint32_t *first;           /* per event: GPU BlockStored's first block
+                                  index in its request */
 } mock_step_aux;
 
 typedef struct mock_step {
@@ -194,6 +220,12 @@ typedef struct mock_engine_stats {
     uint64_t prefix_queries, prefix_hits; /* tokens, as vLLM's counters */
     uint64_t batches, events, blocks_stored, blocks_removed, cleared;
     uint64_t events_lost_enomem; /* events lost to out of memory */
+    /* The CPU tier (--cpu-offload-blocks): blocks offloaded into it and
+     * evicted from it, ever; prompt tokens looked up in it and found
+     * (vLLM's connector prefix-cache stats, external_prefix_cache_*);
+     * its cached set (distinct blocks, digest) */
+    uint64_t cpu_stored, cpu_removed, cpu_queries, cpu_hits;
+    uint64_t cpu_cached_distinct, cpu_cached_digest;
     uint64_t resident_blocks; /* blocks holding a hash (cached) */
     uint64_t free_blocks;     /* in the free queue (cached or not) */
     uint64_t used_blocks;     /* ref > 0 */
@@ -233,6 +265,20 @@ bool mock_engine_cached(const mock_engine *e, uint64_t key);
 /* vLLM's reset_prefix_cache: true (and AllBlocksCleared queued for the next
  * step) only when no block is in use. */
 bool mock_engine_reset_prefix_cache(mock_engine *e);
+/* The same; reset_external also empties the CPU tier (vLLM's
+ * reset_prefix_cache with reset_connector, POST /reset_prefix_cache
+ * ?reset_external=true). Either way the step publishes one AllBlocksCleared
+ * (vLLM's block pool does; the CPU tier publishes nothing). */
+bool mock_engine_reset_cache(mock_engine *e, bool reset_external);
+/* The CPU tier: is a block with this key in it; its size (0: none); its
+ * cached set, as mock_engine_cached_blocks. No side effects. */
+bool mock_engine_cpu_cached(const mock_engine *e, uint64_t key);
+uint32_t mock_engine_cpu_blocks(const mock_engine *e);
+kvo_status mock_engine_cpu_cached_blocks(const mock_engine *e, bool has_after,
+                                         uint64_t after, mock_cached_block *out,
+                                         uint32_t max, uint32_t *n, bool *more);
+/* Physical GPU copies of a hash (0: not cached). */
+uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key);
 /* Queued events that the next schedule will publish even if idle. */
 bool mock_engine_has_events(const mock_engine *e);
 
@@ -292,6 +338,7 @@ typedef struct mock_pub_cfg {
     uint32_t ring;            /* batches kept for replay */
     uint64_t ring_bytes;
     wire_cap_writer *record;  /* shared, not owned; NULL = none */
+    unsigned mutations;       /* replay-drops-topic, replay-drops-tail */
 } mock_pub_cfg;
 
 /* KVO_ENET when a bind fails (the message says which endpoint in err). */
@@ -448,16 +495,21 @@ typedef struct pool_block {
     bool in_free;
 } pool_block;
 
-/* A cached block is being evicted: its hash and its parent's (d.len 0 =
- * root), valid during the call only. */
+/* A cached block is being evicted: its hash, its parent's (d.len 0 =
+ * root) and what else it holds, valid during the call only. */
 typedef void (*pool_evict_fn)(void *ctx, const mock_hash *hash,
-                              const mock_hash *parent);
+                              const mock_hash *parent,
+                              const mock_block_meta *meta);
 
 typedef struct mock_pool {
     uint32_t n;          /* num_gpu_blocks */
     pool_block *blocks;
     mock_hash *hash;     /* per block, when cached */
     mock_hash *parent;   /* per block: parent's hash (d.len 0 = root) */
+    uint64_t *tok;       /* per block: its bs tokens, when kept (else NULL) */
+    int64_t *lora_id;    /* ... and its adapter */
+    const char **lora_name;
+    uint32_t bs;
     uint32_t head, tail; /* free queue */
     uint32_t n_free;
     bool caching;
@@ -470,7 +522,9 @@ typedef struct mock_pool {
     void *evict_ctx;
 } mock_pool;
 
-kvo_status pool_init(mock_pool *p, uint32_t n, bool caching);
+/* keep_bs > 0: every cached block keeps its tokens (keep_bs of them) and
+ * adapter, for the evict callback's meta. */
+kvo_status pool_init(mock_pool *p, uint32_t n, bool caching, uint32_t keep_bs);
 void pool_fini(mock_pool *p);
 /* Oldest cached copy of key, or MOCK_NIL. */
 uint32_t pool_lookup(const mock_pool *p, uint64_t key);
@@ -483,7 +537,7 @@ uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
 /* Mark a full block cached under h (appended to its copies). KVO_ENOMEM
  * (the map could not grow) leaves the pool unchanged. */
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
-                      const mock_hash *parent);
+                      const mock_hash *parent, const mock_block_meta *meta);
 /* ref - 1 for each, in order; blocks reaching 0 join the queue tail in
  * that order (so the first given is evicted first). */
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
@@ -526,6 +580,8 @@ typedef struct mock_req {
     uint64_t *trace_ids;     /* trace prompt: hash ids until materialized */
     uint32_t n_trace;
     char *lora;
+    const char *lora_tab;    /* the engine's copy of lora (lives as long as
+                                the engine: blocks keep it) */
     char *salt;
     mock_mm_item *mm;        /* multimodal items, ids in the same block */
     uint32_t n_mm;
@@ -591,36 +647,105 @@ typedef struct ev_builder {
     mock_hash **removed;
     mock_hash *removed_hash;  /* per event: a BlockRemoved's one hash */
     wire_hash *removed_wire;  /* per event: its int form */
+    mock_block_meta *removed_meta;
+    mock_keys *keys;
+    uint32_t *first;
     uint32_t n, cap;
     kvo_arena arena;
     wire_batch batch;   /* points at ev; its own arena unused */
     mock_step_aux aux;
 } ev_builder;
 
+/* A CPU-tier event of the step, queued until the GPU events are done. */
+typedef struct cpu_pend {
+    bool stored;             /* BlockStored, else BlockRemoved */
+    mock_hash hash, parent;
+    mock_block_meta meta;    /* stored: tokens copied into the arena */
+} cpu_pend;
+
 typedef struct step_events {
     bool enabled;      /* publish KV events (caching on, not decode role) */
     ev_builder ev;     /* the step's batch, in occurrence order */
+    cpu_pend *cpu;     /* the step's CPU-tier events, in occurrence order */
+    size_t n_cpu, cap_cpu;
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
     wire_mm_key *mmk;  /* one block's multimodal keys */
     size_t cap_mmk;
+    uint32_t block_size;
     uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
     uint64_t lost_enomem; /* ... and ever */
 } step_events;
 
-void events_init(step_events *s, bool enabled);
+void events_init(step_events *s, bool enabled, uint32_t block_size);
 void events_fini(step_events *s);
 /* Start a step's batch (empty). */
 void events_begin(step_events *s);
 kvo_status events_cleared(step_events *s);
-/* pool_evict_fn (ctx = the step_events): one BlockRemoved. */
-void events_on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent);
+/* One GPU BlockRemoved (meta kept for the renderer). */
+void events_on_evict(step_events *s, const mock_hash *hash,
+                     const mock_hash *parent, const mock_block_meta *meta);
+/* CPU-tier events (vLLM's offloading connector publishes them after the
+ * block pool's events of the step): a BlockStored of one block with its
+ * tokens (copied), parent and adapter; a BlockRemoved. Lost to out of
+ * memory: counted as events_lost. */
+void events_cpu_stored(step_events *s, const mock_hash *hash,
+                       const mock_hash *parent, const mock_block_meta *meta,
+                       uint32_t block_size);
+void events_cpu_removed(step_events *s, const mock_hash *hash,
+                        const mock_hash *parent);
 /* One BlockStored: request r's blocks [first, first + n), pointing into r. */
 kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
                          uint32_t n, uint32_t block_size, bool decode);
+/* extra_keys of blocks [first, first + n) of a request with keys k, as
+ * vLLM's cache_full_blocks lists them, msgpack into b (replaced): per block
+ * nil, or [lora_name, [mm_id, offset]..., cache_salt (block 0 only)]; the
+ * multimodal scan starts at the first item for the first block and moves on
+ * (for a block filled by generated tokens the hash's own scan started at
+ * the last item: vLLM lists what this scan finds). lora_as_mm writes the
+ * adapter as an [name, 0] pair instead (mutant lora-in-mm-slot). mmk is
+ * scratch (grown to k->n_mm). */
+kvo_status events_extra_keys(kvo_buf *b, wire_mm_key **mmk, size_t *cap_mmk,
+                             uint32_t first, uint32_t n, uint32_t bs,
+                             const mock_keys *k, bool lora_as_mm);
 /* Close the batch: *batch NULL when it holds no event; both valid until the
  * next events_begin. */
 kvo_status events_finish(step_events *s, double ts, uint32_t rank,
                          const wire_batch **batch, const mock_step_aux **aux);
+
+/* ---- The CPU tier (mock_cpu.c) -------------------------------------------*/
+
+typedef struct cpu_slot {
+    mock_hash hash, parent;  /* parent d.len 0 = a first block */
+    int64_t lora_id;
+    const char *lora_name;
+    uint32_t prev, next;     /* LRU links */
+} cpu_slot;
+
+typedef struct mock_cpu {
+    uint32_t cap, n, bs;     /* cap 0: no tier */
+    cpu_slot *slots;
+    uint64_t *tok;           /* cap * bs */
+    kvo_map map;             /* key -> slot */
+    uint32_t head, tail;     /* LRU: head evicted first */
+    uint64_t digest;         /* kvo_block_digest terms, summed */
+    uint64_t stored, removed;
+} mock_cpu;
+
+kvo_status cpu_init(mock_cpu *c, uint32_t cap, uint32_t block_size);
+void cpu_fini(mock_cpu *c);
+bool cpu_has(const mock_cpu *c, uint64_t key);
+/* A lookup hit: the block becomes the most recently used. */
+void cpu_touch(mock_cpu *c, uint64_t key);
+/* A block evicted from the GPU: stored (evicting the LRU block when full),
+ * or touched when held; its events into ev. Nothing without tokens. */
+kvo_status cpu_offload(mock_cpu *c, const mock_hash *h, const mock_hash *parent,
+                       const mock_block_meta *meta, step_events *ev);
+/* Drop every block, no events (AllBlocksCleared covers them). */
+void cpu_reset(mock_cpu *c);
+/* As pool_list. */
+kvo_status cpu_list(const mock_cpu *c, bool has_after, uint64_t after,
+                    mock_cached_block *out, uint32_t max, uint32_t *n,
+                    bool *more);
 
 /* ---- The scheduler (mock_sched.c) ----------------------------------------*/
 
@@ -632,6 +757,7 @@ typedef struct mock_sched {
                                go; the engine's */
     mock_engine_stats *st;  /* the engine's counters this code keeps */
     mock_pool pool;
+    mock_cpu cpu;           /* the second tier (cap 0: none) */
     req_vec running;
     req_deque waiting;
     req_vec scheduled;      /* this step, in schedule order */

@@ -94,7 +94,8 @@ kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
                            .hwm = cfg->zmq_hwm,
                            .ring = cfg->replay_buffer,
                            .ring_bytes = cfg->replay_buffer_bytes,
-                           .record = n->rec};
+                           .record = n->rec,
+                           .mutations = cfg->mutations};
         st = mock_pub_new(&nr->pub, &pc, err, sizeof(err));
         if (st == KVO_OK) {
             nr->source = n->zctx != NULL;

@@ -43,14 +43,22 @@ static uint64_t copies_pack(uint32_t head, uint32_t tail) {
 static uint32_t copies_head(uint64_t v) { return (uint32_t)v; }
 static uint32_t copies_tail(uint64_t v) { return (uint32_t)(v >> 32); }
 
-kvo_status pool_init(mock_pool *p, uint32_t n, bool caching) {
+kvo_status pool_init(mock_pool *p, uint32_t n, bool caching, uint32_t keep_bs) {
     memset(p, 0, sizeof(*p));
     if (n < 2) return KVO_EINVAL;
     p->blocks = kvo_calloc(n, sizeof(*p->blocks));
     p->hash = kvo_calloc(n, sizeof(*p->hash));
     p->parent = kvo_calloc(n, sizeof(*p->parent));
     kvo_map_init(&p->map);
-    if (!p->blocks || !p->hash || !p->parent) {
+    bool keep_ok = true;
+    if (keep_bs) {
+        p->bs = keep_bs;
+        p->tok = kvo_malloc((size_t)n * keep_bs * sizeof(uint64_t));
+        p->lora_id = kvo_calloc(n, sizeof(*p->lora_id));
+        p->lora_name = kvo_calloc(n, sizeof(*p->lora_name));
+        keep_ok = p->tok && p->lora_id && p->lora_name;
+    }
+    if (!p->blocks || !p->hash || !p->parent || !keep_ok) {
         pool_fini(p);
         return KVO_ENOMEM;
     }
@@ -75,6 +83,9 @@ void pool_fini(mock_pool *p) {
     kvo_free(p->blocks);
     kvo_free(p->hash);
     kvo_free(p->parent);
+    kvo_free(p->tok);
+    kvo_free(p->lora_id);
+    kvo_free(p->lora_name);
     kvo_map_fini(&p->map);
     memset(p, 0, sizeof(*p));
 }
@@ -112,10 +123,15 @@ uint32_t pool_lookup(const mock_pool *p, uint64_t key) {
 }
 
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
-                      const mock_hash *parent) {
+                      const mock_hash *parent, const mock_block_meta *meta) {
     bool added;
     uint64_t *v = kvo_map_put(&p->map, h->key, &added);
     if (!v) return KVO_ENOMEM; /* nothing changed */
+    if (p->tok) {
+        memcpy(&p->tok[(size_t)id * p->bs], meta->tokens, p->bs * sizeof(uint64_t));
+        p->lora_id[id] = meta->lora_id;
+        p->lora_name[id] = meta->lora_name;
+    }
     pool_block *b = &p->blocks[id];
     b->cached = true;
     b->key = h->key;
@@ -180,7 +196,13 @@ uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
         if (b->cached) {
             evicted++;
             p->evicted++;
-            if (p->on_evict) p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id]);
+            if (p->on_evict) {
+                mock_block_meta m = {NULL, 0, NULL};
+                if (p->tok)
+                    m = (mock_block_meta){&p->tok[(size_t)id * p->bs], p->lora_id[id],
+                                          p->lora_name[id]};
+                p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id], &m);
+            }
             uncache(p, id);
         }
         b->ref = 1;

@@ -11,6 +11,11 @@
  *           oldest dropped first.
  *   record  every published message, 3 frames, to a capture file.
  *
+ * Two mutants live here, not in the renderer: replay-drops-topic (replies
+ * [id]["" ][seq][payload], the end marker [id]["" ][FF x 8][""]) and
+ * replay-drops-tail (the last REPLAY_TAIL_DROPPED batches of every reply and
+ * its end marker are never sent).
+ *
  * Without a ZMQ context the publisher still numbers, buffers and records
  * (trace mode with --record when no port could be bound). Sockets set
  * ZMQ_LINGER. The ROUTER's send high-water mark holds REPLAY_QUEUED whole
@@ -33,6 +38,8 @@
 #include <string.h>
 #include <zmq.h>
 
+/* replay-drops-tail: batches lost from the end of every replay. */
+#define REPLAY_TAIL_DROPPED 2
 /* Whole replays (ring + end marker) the ROUTER queues per client. */
 #define REPLAY_QUEUED 4
 /* How long a closing PUB may still send queued batches; a ROUTER's
@@ -78,6 +85,7 @@ struct mock_pub {
     uint32_t ring_cap, ring_head, ring_n;
     uint64_t ring_bytes, ring_bytes_max;
     wire_cap_writer *record;
+    bool drop_topic, drop_tail; /* replay mutants */
     mock_pub_stats st;
 };
 
@@ -126,6 +134,8 @@ kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
     p->ring_cap = cfg->ring;
     p->ring_bytes_max = cfg->ring_bytes ? cfg->ring_bytes : UINT64_MAX;
     p->record = cfg->record;
+    p->drop_topic = cfg->mutations & MOCK_MUT_REPLAY_DROPS_TOPIC;
+    p->drop_tail = cfg->mutations & MOCK_MUT_REPLAY_DROPS_TAIL;
     if (!p->topic) goto fail;
     if (p->ring_cap && !(p->ring = kvo_calloc(p->ring_cap, sizeof(ring_ent))))
         goto fail;
@@ -297,7 +307,8 @@ static bool send_reply(mock_pub *p, zmq_msg_t *id, const uint8_t seqb[8],
                  ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return false;
     zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    zmq_send(s, p->topic, pl ? p->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (!p->drop_topic) /* replay-drops-topic: the pre-0.26 reply */
+        zmq_send(s, p->topic, pl ? p->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(s, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     if (pl) send_payload(s, pl, pl->data, pl->len);
     else zmq_send(s, "", 0, ZMQ_DONTWAIT);
@@ -325,7 +336,17 @@ void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out) {
             done.requests++;
             uint8_t seqb[8];
             bool sent = true;
-            for (uint32_t i = 0; sent && i < p->ring_n; i++) {
+            /* replay-drops-tail: the last REPLAY_TAIL_DROPPED batches and
+             * the end marker go missing, as from a ROUTER at its HWM */
+            uint32_t last = p->ring_n;
+            if (p->drop_tail) {
+                uint32_t want = 0;
+                for (uint32_t i = 0; i < p->ring_n; i++)
+                    want += p->ring[(p->ring_head + i) % p->ring_cap].seq >= start;
+                uint32_t drop = want < REPLAY_TAIL_DROPPED ? want : REPLAY_TAIL_DROPPED;
+                last = p->ring_n - drop; /* the wanted batches end the ring */
+            }
+            for (uint32_t i = 0; sent && i < last; i++) {
                 ring_ent *e = &p->ring[(p->ring_head + i) % p->ring_cap];
                 if (e->seq < start) continue;
                 wire_seq_put(seqb, e->seq);
@@ -335,7 +356,9 @@ void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out) {
                 }
             }
             wire_seq_put(seqb, WIRE_REPLAY_END);
-            if (!sent || !send_reply(p, &fr[0], seqb, NULL)) {
+            if (p->drop_tail) {
+                /* no end marker: the client waits in vain */
+            } else if (!sent || !send_reply(p, &fr[0], seqb, NULL)) {
                 p->st.replay_cut++;
                 done.cut++;
             }

@@ -48,6 +48,17 @@
 /* First capacity of the started-users array. */
 #define STARTED_FIRST_CAP 64
 
+/* pool_evict_fn: the GPU BlockRemoved, then the offload to the CPU tier
+ * (its events follow the step's GPU events). A failed offload (no memory
+ * for the tier's map) leaves the block out of the tier and unannounced:
+ * truth and events agree. */
+static void on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent,
+                     const mock_block_meta *meta) {
+    mock_sched *s = ctx;
+    events_on_evict(s->ev, hash, parent, meta);
+    (void)cpu_offload(&s->cpu, hash, parent, meta, s->ev);
+}
+
 kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
                       mock_hasher *hasher, step_events *ev,
                       mock_engine_stats *st) {
@@ -57,10 +68,22 @@ kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len
     s->hasher = hasher;
     s->ev = ev;
     s->st = st;
-    kvo_status rc = pool_init(&s->pool, cfg->num_gpu_blocks, cfg->prefix_caching);
-    if (rc != KVO_OK) return rc;
-    s->pool.on_evict = events_on_evict;
-    s->pool.evict_ctx = ev;
+    /* Blocks keep their tokens when something needs them after eviction:
+     * the CPU tier (offloaded blocks are self-describing) or a renderer
+     * that re-announces removed blocks (resurrect-removed). */
+    bool caching = cfg->prefix_caching;
+    bool keep = caching && (cfg->cpu_offload_blocks > 0 ||
+                            (cfg->mutations & MOCK_MUT_RESURRECT_REMOVED));
+    kvo_status rc = pool_init(&s->pool, cfg->num_gpu_blocks, caching,
+                              keep ? cfg->block_size : 0);
+    if (rc == KVO_OK)
+        rc = cpu_init(&s->cpu, caching ? cfg->cpu_offload_blocks : 0, cfg->block_size);
+    if (rc != KVO_OK) {
+        pool_fini(&s->pool);
+        return rc;
+    }
+    s->pool.on_evict = on_evict;
+    s->pool.evict_ctx = s;
     return KVO_OK;
 }
 
@@ -73,6 +96,7 @@ void sched_fini(mock_sched *s) {
     kvo_free(s->scheduled.v);
     kvo_free(s->started);
     pool_fini(&s->pool);
+    cpu_fini(&s->cpu);
     memset(s, 0, sizeof(*s));
 }
 
@@ -108,7 +132,8 @@ static void free_req_blocks(mock_sched *s, mock_req *r) {
  * the last attempt are kept and revalidated first: a block that is still
  * cached under the same key and is its key's oldest copy is exactly what
  * the lookup would return -- a plain array read instead of a hash probe. */
-static uint32_t computed_blocks(mock_sched *s, mock_req *r) {
+static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
+    *n_cpu = 0;
     if (!s->cfg->prefix_caching) return 0;
     uint32_t bs = s->cfg->block_size;
     uint32_t cap = (r->n_tokens - 1) / bs;
@@ -131,6 +156,22 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r) {
     if (r->num_preemptions == 0) {
         s->st->prefix_queries += r->n_tokens;
         s->st->prefix_hits += (uint64_t)n * bs;
+    }
+    /* The CPU tier, as vLLM asks its offloading connector for the blocks
+     * past the local hit (get_num_new_matched_tokens): the run of full
+     * prompt blocks it holds from there, not capped -- a full hit is cut
+     * by one token when loaded (_update_waiting_for_remote_kv). Hits are
+     * touched (most recently used). */
+    if (s->cpu.cap) {
+        uint32_t full = r->n_tokens / bs, m = 0;
+        if (full > r->n_bh) full = r->n_bh;
+        while (n + m < full && cpu_has(&s->cpu, r->bh[n + m].key)) {
+            cpu_touch(&s->cpu, r->bh[n + m].key);
+            m++;
+        }
+        *n_cpu = m;
+        s->st->cpu_queries += r->n_tokens;
+        s->st->cpu_hits += (uint64_t)m * bs;
     }
     return n;
 }
@@ -174,8 +215,10 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
     if (r->num_cached_block >= full) return KVO_OK;
     uint32_t first = r->num_cached_block;
     for (uint32_t k = first; k < full; k++) {
-        kvo_status st =
-            pool_cache(p, r->blocks[k], &r->bh[k], k ? &r->bh[k - 1] : NULL);
+        mock_block_meta meta = {r->tokens + (size_t)k * bs, r->lora_tab ? r->lora_id : 0,
+                                r->lora_tab};
+        kvo_status st = pool_cache(p, r->blocks[k], &r->bh[k],
+                                   k ? &r->bh[k - 1] : NULL, &meta);
         if (st != KVO_OK) return st;
     }
     r->num_cached_block = full;
@@ -272,8 +315,13 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
         mock_req *r = req_deque_at(&s->waiting, 0);
         uint32_t bs = cfg->block_size;
         if ((st = req_materialize(r, cfg, s->hasher)) != KVO_OK) return st;
-        uint32_t n_hit = computed_blocks(s, r);
-        uint32_t num_computed = n_hit * bs;
+        uint32_t n_cpu;
+        uint32_t n_hit = computed_blocks(s, r, &n_cpu);
+        uint32_t num_computed = (n_hit + n_cpu) * bs;
+        /* blocks loaded from the CPU tier count as computed (and cached)
+         * tokens, as vLLM counts a connector's; a prompt loaded whole
+         * recomputes its last token */
+        if (num_computed >= r->n_tokens) num_computed = r->n_tokens - 1;
         uint32_t num_new = r->n_tokens - num_computed;
         if (num_new > budget) num_new = budget;
         st = allocate_slots(s, r, num_new, num_computed, r->blocks, n_hit,

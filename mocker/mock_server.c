@@ -28,11 +28,12 @@
  * strict kvo_json); every error answer is vLLM's JSON error.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
- * GET /health, POST /reset_prefix_cache, GET /metrics, GET /kvo/state,
- * POST /kvo/probe, GET /kvo/blocks, GET /kvo/event_sources. Request
- * extensions: "trace" in place of "prompt", "data_parallel_rank" (or header
- * X-data-parallel-rank), "lora_name", "cache_salt", "kv_transfer_params"
- * (decode role), "return_token_ids". Responses add "kvo": {"dp_rank",
+ * GET /health, POST /reset_prefix_cache[?reset_external=true], GET /metrics,
+ * GET /kvo/state, POST /kvo/probe, POST /kvo/chain, GET /kvo/blocks, GET
+ * /kvo/event_sources. Request extensions: "trace" in place of "prompt",
+ * "data_parallel_rank" (or header X-data-parallel-rank), "lora_name" (or
+ * "model" naming a --lora-modules adapter), "cache_salt", "mm_items",
+ * "kv_transfer_params" (decode role), "return_token_ids". Responses add "kvo": {"dp_rank",
  * "prefill_seq", "last_seq"} and usage.prompt_tokens_details.cached_tokens.
  */
 #include "mock_int.h"
@@ -565,8 +566,11 @@ static void handle_reset(server *s, kvo_http_req *req) {
             return;
         }
     }
+    /* vLLM's ?reset_external=true also empties the connector's tier */
+    const char *ext = kvo_http_req_arg(req, "reset_external");
+    bool external = ext && (strcmp(ext, "true") == 0 || strcmp(ext, "1") == 0);
     for (uint32_t r = 0; r < s->node.n_ranks; r++)
-        mock_engine_reset_prefix_cache(s->node.ranks[r].eng);
+        mock_engine_reset_cache(s->node.ranks[r].eng, external);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "success", json_object_new_boolean(1));
     kvo_http_respond_json(req, 200, o);
@@ -661,6 +665,11 @@ static void handle_state(server *s, kvo_http_req *req) {
     json_object_object_add(w, "max_model_len",
                            json_object_new_int64(mock_cfg_max_model_len(c)));
     json_object_object_add(w, "vocab_size", json_object_new_uint64(c->vocab_size));
+    if (c->cpu_offload_blocks)
+        json_object_object_add(w, "cpu_offload_blocks",
+                               json_object_new_uint64(c->cpu_offload_blocks));
+    if (c->lora_modules)
+        json_object_object_add(w, "lora_modules", json_object_new_string(c->lora_modules));
     json_object *muts = json_object_new_array();
     const mock_mutation_info *m = mock_mutations();
     for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
@@ -683,9 +692,22 @@ static void handle_state(server *s, kvo_http_req *req) {
         json_object_object_add(o, "cached_distinct", json_object_new_uint64(st.cached_distinct));
         json_object_object_add(o, "cached_digest", json_object_new_uint64(st.cached_digest));
         json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
+        if (c->cpu_offload_blocks && c->prefix_caching) {
+            json_object_object_add(o, "cpu_cached_distinct",
+                                   json_object_new_uint64(st.cpu_cached_distinct));
+            json_object_object_add(o, "cpu_cached_digest",
+                                   json_object_new_uint64(st.cpu_cached_digest));
+        }
         json_object_object_add(o, "requests_finished",
                                json_object_new_uint64(st.requests_finished));
-        json_object_object_add(o, "counters", counters_json(&st, &ps, nr->render_errors));
+        json_object *cj = counters_json(&st, &ps, nr->render_errors);
+        if (c->cpu_offload_blocks && c->prefix_caching) {
+            json_object_object_add(cj, "cpu_stored", json_object_new_uint64(st.cpu_stored));
+            json_object_object_add(cj, "cpu_removed", json_object_new_uint64(st.cpu_removed));
+            json_object_object_add(cj, "cpu_queries", json_object_new_uint64(st.cpu_queries));
+            json_object_object_add(cj, "cpu_hits", json_object_new_uint64(st.cpu_hits));
+        }
+        json_object_object_add(o, "counters", cj);
         json_object_array_add(ranks, o);
     }
     json_object *o = json_object_new_object();
@@ -695,17 +717,73 @@ static void handle_state(server *s, kvo_http_req *req) {
     kvo_http_respond_json(req, 200, o);
 }
 
-/* POST /kvo/probe: per rank, the leading cached blocks of the prompt, capped
- * at (n-1)//block_size -- what the engine's prefix lookup would hit, with no
- * side effect. The walk goes block by block and stops at the first block no
- * rank still hits: a prompt that misses at block 0 costs one hash, whatever
- * its length (kvo-check probes every engine for every prompt). */
-static void handle_probe(server *s, kvo_http_req *req) {
+/* Blocks after a rank's first miss that the probe's detail form lists. */
+#define DETAIL_AFTER 4
+
+/* One rank's walk state in a probe. */
+typedef struct probe_rank {
+    uint32_t gpu, cpu; /* leading blocks found on the GPU, then in the CPU
+                          tier after them */
+    bool in_cpu;       /* the GPU run ended */
+    bool dead;         /* the walk ended for this rank */
+} probe_rank;
+
+/* Block b's tokens of a probe's prompt (trace form: made into buf). */
+static const uint64_t *probe_block_tokens(const mock_prompt *p, uint32_t b,
+                                          uint32_t bs, uint64_t *buf) {
+    if (!p->trace_ids) return p->tok + (size_t)b * bs;
+    mock_trace_tokens_at(p->trace_ids, (uint64_t)b * bs, bs, buf);
+    return buf;
+}
+
+/* The detail form's chain of one rank: blocks 0 .. its first miss plus
+ * DETAIL_AFTER, each with its engine hash, parent, GPU copies (and CPU
+ * presence with a tier) and its router tokens_hash. */
+static json_object *probe_chain(server *s, const mock_engine *e, const mock_prompt *p,
+                                const mock_hash *h, uint32_t nb, uint64_t seed,
+                                uint64_t *buf) {
+    uint32_t bs = s->cfg->block_size;
+    json_object *chain = json_object_new_array();
+    for (uint32_t b = 0; b < nb; b++) {
+        json_object *o = json_object_new_object();
+        uint32_t copies = mock_engine_copies_count(e, h[b].key);
+        json_object_object_add(o, "index", json_object_new_int64(b));
+        json_object_object_add(o, "hash", json_object_new_uint64(h[b].key));
+        json_object_object_add(o, "parent", b ? json_object_new_uint64(h[b - 1].key) : NULL);
+        json_object_object_add(o, "cached", json_object_new_boolean(copies > 0));
+        json_object_object_add(o, "copies", json_object_new_int64(copies));
+        if (mock_engine_cpu_blocks(e))
+            json_object_object_add(o, "cpu", json_object_new_boolean(
+                                                  mock_engine_cpu_cached(e, h[b].key)));
+        const uint64_t *tok = probe_block_tokens(p, b, bs, buf);
+        json_object_object_add(o, "tokens_hash",
+                               json_object_new_uint64(wire_router_hash(tok, bs, seed)));
+        json_object_array_add(chain, o);
+    }
+    return chain;
+}
+
+/* POST /kvo/probe: per rank, the leading cached blocks of the prompt -- what
+ * the engine's prefix lookup would give, with no side effect:
+ *   hit_blocks  blocks of cached_tokens (floor(cached_tokens / block_size)):
+ *               the GPU run, capped at (n-1)//block_size, and with a CPU
+ *               tier the run it holds after it (a full hit recomputes the
+ *               last token)
+ *   gpu, cpu    with a CPU tier: the two runs (blocks found per tier)
+ *   chain       with "detail": true (or at /kvo/chain): the prompt's
+ *               chain to the first block not hit plus DETAIL_AFTER, per
+ *               block {index, hash, parent, cached, copies, [cpu,]
+ *               tokens_hash} (tokens_hash: the router hash with the LoRA
+ *               and salt seed)
+ * The walk goes block by block and stops at the first block no rank still
+ * hits: a prompt that misses at block 0 costs one hash, whatever its length
+ * (kvo-check probes every engine for every prompt). */
+static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     size_t len;
     const uint8_t *raw = kvo_http_req_body(req, &len);
     mock_probe_req pr;
     mock_hash *h = NULL;
-    uint32_t *hits = NULL;
+    probe_rank *pk = NULL;
     uint64_t *blk_tok = NULL;
     kvo_err err;
     uint32_t bs = s->cfg->block_size;
@@ -713,54 +791,88 @@ static void handle_probe(server *s, kvo_http_req *req) {
     mock_req_limits lim = req_limits(s, PROBE_MAX_TOKENS);
     kvo_status st = mock_probe_parse(&pr, raw, len, &lim, &err);
     if (st != KVO_OK) goto done;
+    bool detail = chain || pr.detail;
     const mock_prompt *p = &pr.prompt;
     uint32_t n = s->node.n_ranks;
-    hits = kvo_calloc(n, sizeof(*hits)); /* per rank: leading blocks held */
-    if (!hits) {
+    bool tier = s->cfg->cpu_offload_blocks > 0 && s->cfg->prefix_caching;
+    uint32_t cap = (p->n - 1) / bs; /* the GPU run's limit */
+    uint32_t full = p->n / bs;      /* the prompt's full blocks */
+    uint32_t walk_max = tier ? full : cap;
+    pk = kvo_calloc(n, sizeof(*pk));
+    h = full ? kvo_malloc((size_t)full * sizeof(mock_hash)) : NULL;
+    blk_tok = kvo_malloc(bs * sizeof(uint64_t));
+    if (!pk || (full && !h) || !blk_tok) {
         st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
         goto done;
     }
-    uint32_t cap = (p->n - 1) / bs;
-    if (s->cfg->prefix_caching && cap > 0) {
-        h = kvo_malloc((size_t)cap * sizeof(mock_hash));
-        blk_tok = p->trace_ids ? kvo_malloc(bs * sizeof(uint64_t)) : NULL;
-        if (!h || (p->trace_ids && !blk_tok)) {
-            st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
+    mock_trace_ref tr = {p->trace_ids, p->n_trace};
+    mock_keys keys = {pr.lora, pr.salt, pr.mm, pr.n_mm};
+    uint32_t hashed = 0;
+    bool alive = s->cfg->prefix_caching;
+    for (uint32_t b = 0; alive && b < walk_max; b++) {
+        const uint64_t *tok = probe_block_tokens(p, b, bs, blk_tok);
+        st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
+                                    p->trace_ids ? &tr : NULL, &h[b]);
+        if (st != KVO_OK) {
+            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
             goto done;
         }
-        mock_trace_ref tr = {p->trace_ids, p->n_trace};
-        mock_keys keys = {pr.lora, pr.salt, pr.mm, pr.n_mm};
-        bool alive = true;
-        for (uint32_t b = 0; alive && b < cap; b++) {
-            const uint64_t *tok = blk_tok;
-            if (p->trace_ids) /* this block's tokens, and only these */
-                mock_trace_tokens_at(p->trace_ids, (uint64_t)b * bs, bs, blk_tok);
-            else
-                tok = p->tok + (size_t)b * bs;
-            st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
-                                        p->trace_ids ? &tr : NULL, &h[b]);
-            if (st != KVO_OK) {
-                kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
-                goto done;
+        hashed = b + 1;
+        alive = false;
+        for (uint32_t r = 0; r < n; r++) {
+            probe_rank *q = &pk[r];
+            const mock_engine *e = s->node.ranks[r].eng;
+            if (q->dead) continue;
+            if (!q->in_cpu && b < cap && mock_engine_cached(e, h[b].key)) {
+                q->gpu++;
+            } else if (tier && mock_engine_cpu_cached(e, h[b].key)) {
+                q->in_cpu = true;
+                q->cpu++;
+            } else {
+                q->dead = true;
+                continue;
             }
-            alive = false;
-            for (uint32_t r = 0; r < n; r++) {
-                if (hits[r] != b) continue; /* this rank missed earlier */
-                if (mock_engine_cached(s->node.ranks[r].eng, h[b].key)) {
-                    hits[r] = b + 1;
-                    alive = true;
-                }
-            }
+            alive = true;
         }
     }
+    /* the detail form's chains reach past every rank's first miss */
+    uint32_t want = 0;
+    for (uint32_t r = 0; detail && r < n; r++) {
+        uint32_t w = pk[r].gpu + pk[r].cpu + 1 + DETAIL_AFTER;
+        if (w > want) want = w;
+    }
+    if (want > full) want = full;
+    if (!s->cfg->prefix_caching) want = 0;
+    for (uint32_t b = hashed; b < want; b++) {
+        const uint64_t *tok = probe_block_tokens(p, b, bs, blk_tok);
+        st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
+                                    p->trace_ids ? &tr : NULL, &h[b]);
+        if (st != KVO_OK) {
+            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
+            goto done;
+        }
+    }
+    uint64_t seed = wire_router_seed(pr.lora, pr.lora ? strlen(pr.lora) : 0, pr.salt,
+                                     pr.salt ? strlen(pr.salt) : 0);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
     json_object_object_add(o, "prompt_blocks", json_object_new_int64((p->n + bs - 1) / bs));
     json_object *arr = json_object_new_array();
     for (uint32_t r = 0; r < n; r++) {
+        uint32_t found = pk[r].gpu + pk[r].cpu;
         json_object *e = json_object_new_object();
         json_object_object_add(e, "dp_rank", json_object_new_int64(r));
-        json_object_object_add(e, "hit_blocks", json_object_new_int64(hits[r]));
+        json_object_object_add(e, "hit_blocks", json_object_new_int64(found < cap ? found : cap));
+        if (tier) {
+            json_object_object_add(e, "gpu", json_object_new_int64(pk[r].gpu));
+            json_object_object_add(e, "cpu", json_object_new_int64(pk[r].cpu));
+        }
+        if (detail) {
+            uint32_t nb = found + 1 + DETAIL_AFTER;
+            if (nb > want) nb = want;
+            json_object_object_add(e, "chain", probe_chain(s, s->node.ranks[r].eng, p, h,
+                                                           nb, seed, blk_tok));
+        }
         json_object_array_add(arr, e);
     }
     json_object_object_add(o, "ranks", arr);
@@ -779,7 +891,7 @@ static void handle_probe(server *s, kvo_http_req *req) {
     }
 done:
     if (st != KVO_OK) respond_err(s, req, err_code(st), "%s", err.msg);
-    kvo_free(hits);
+    kvo_free(pk);
     kvo_free(h);
     kvo_free(blk_tok);
     mock_probe_req_fini(&pr);
@@ -806,7 +918,8 @@ static void warm_memo(server *s) {
     s->warm_ids = NULL;
 }
 
-/* GET /kvo/blocks?rank=R[&after=H][&limit=N]: rank R's cached set, the
+/* GET /kvo/blocks?rank=R[&after=H][&limit=N][&tier=gpu|cpu]: rank R's
+ * cached set (the GPU pool's, or with tier=cpu the CPU tier's), the
  * engine's own hashes (--mutate corrupts only what is published), sorted:
  *   {"rank": R, "count": C, "digest": D,
  *    "blocks": [[block_hash, parent_hash|null], ...], "next": H|null}
@@ -817,6 +930,7 @@ static void handle_blocks(server *s, kvo_http_req *req) {
     const char *rs = kvo_http_req_arg(req, "rank");
     const char *as = kvo_http_req_arg(req, "after");
     const char *ls = kvo_http_req_arg(req, "limit");
+    const char *ts = kvo_http_req_arg(req, "tier");
     uint32_t rank, limit = BLOCKS_PAGE_MAX;
     uint64_t after = 0;
     if (!rs || kvo_parse_u32(rs, &rank) != KVO_OK || rank >= s->node.n_ranks) {
@@ -833,21 +947,34 @@ static void handle_blocks(server *s, kvo_http_req *req) {
         respond_err(s, req, 400, "limit must be an integer in [1, %u]", BLOCKS_PAGE_MAX);
         return;
     }
+    bool cpu = false;
+    if (ts && strcmp(ts, "cpu") == 0) cpu = true;
+    else if (ts && strcmp(ts, "gpu") != 0) {
+        respond_err(s, req, 400, "tier must be gpu or cpu");
+        return;
+    }
     const mock_engine *e = s->node.ranks[rank].eng;
     mock_engine_stats st;
     mock_engine_stats_get(e, &st);
-    uint32_t cap = st.cached_distinct < limit ? (uint32_t)st.cached_distinct : limit;
+    uint64_t count = cpu ? st.cpu_cached_distinct : st.cached_distinct;
+    uint64_t digest = cpu ? st.cpu_cached_digest : st.cached_digest;
+    uint32_t cap = count < limit ? (uint32_t)count : limit;
     mock_cached_block *b = kvo_malloc(((size_t)cap + 1) * sizeof(*b));
     uint32_t n = 0;
     bool more = false;
     kvo_buf out;
     kvo_buf_init(&out);
-    kvo_status rc = b ? mock_engine_cached_blocks(e, as != NULL, after, b, cap, &n, &more)
-                      : KVO_ENOMEM;
-    if (rc == KVO_OK)
+    kvo_status rc = KVO_ENOMEM;
+    if (b && cpu) rc = mock_engine_cpu_cached_blocks(e, as != NULL, after, b, cap, &n, &more);
+    else if (b) rc = mock_engine_cached_blocks(e, as != NULL, after, b, cap, &n, &more);
+    if (rc == KVO_OK && ts) /* the tier named back only when asked for */
+        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"tier\":\"%s\",\"count\":%" PRIu64
+                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+                            rank, cpu ? "cpu" : "gpu", count, digest);
+    else if (rc == KVO_OK)
         rc = kvo_buf_printf(&out, "{\"rank\":%u,\"count\":%" PRIu64
                                   ",\"digest\":%" PRIu64 ",\"blocks\":[",
-                            rank, st.cached_distinct, st.cached_digest);
+                            rank, count, digest);
     for (uint32_t i = 0; i < n && rc == KVO_OK; i++) {
         if (b[i].has_parent)
             rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",%" PRIu64 "]", i ? "," : "",
@@ -907,7 +1034,8 @@ static void on_http(void *ctx, kvo_http_req *req) {
     else if (strcmp(p, "/reset_prefix_cache") == 0 && post) handle_reset(s, req);
     else if (strcmp(p, "/metrics") == 0 && get) handle_metrics(s, req);
     else if (strcmp(p, "/kvo/state") == 0 && get) handle_state(s, req);
-    else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req);
+    else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req, false);
+    else if (strcmp(p, "/kvo/chain") == 0 && post) handle_probe(s, req, true);
     else if (strcmp(p, "/kvo/blocks") == 0 && get) handle_blocks(s, req);
     else if (strcmp(p, "/kvo/event_sources") == 0 && get) handle_sources(s, req);
     else respond_err(s, req, 404, "no route for %s %s", m, p);

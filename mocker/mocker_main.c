@@ -21,7 +21,7 @@ enum {
     OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
     OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
     OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE,
-    OPT_LORA_MODULES
+    OPT_LORA_MODULES, OPT_CPU_OFFLOAD
 };
 
 static const struct option options[] = {
@@ -63,6 +63,7 @@ static const struct option options[] = {
     {"require-events", no_argument, NULL, OPT_REQUIRE_EVENTS},
     {"model", required_argument, NULL, OPT_MODEL},
     {"lora-modules", required_argument, NULL, OPT_LORA_MODULES},
+    {"cpu-offload-blocks", required_argument, NULL, OPT_CPU_OFFLOAD},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"summary-json", no_argument, NULL, OPT_SUMMARY_JSON},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -108,6 +109,9 @@ static const char usage[] =
     "  --dp-size N               data-parallel ranks (default 1)\n"
     "  --role R                  aggregated|prefill|decode (default aggregated)\n"
     "  --no-enable-prefix-caching  no prefix cache and no KV events\n"
+    "  --cpu-offload-blocks N    a CPU tier of N blocks per rank: GPU evictions\n"
+    "                            are offloaded to it (medium CPU), prefixes load\n"
+    "                            back from it (default 0 = none)\n"
     "  --kv-transfer-ms-per-block X  decode role: latency per received block\n"
     "  --hash-algo A             sha256|sha256_cbor|xxhash|xxhash_cbor (sha256)\n"
     "  --hash-seed S             PYTHONHASHSEED of NONE_HASH (default \"0\")\n"
@@ -186,6 +190,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return c->dp_size > MAX_DP_SIZE ? bad("dp-size", arg) : KVO_OK;
     case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : KVO_OK;
     case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
+    case OPT_CPU_OFFLOAD:
+        return u32_opt("cpu-offload-blocks", arg, &c->cpu_offload_blocks, 0);
     case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
     case OPT_KV_TRANSFER:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("kv-transfer-ms-per-block", arg);
@@ -253,9 +259,13 @@ static void print_help(void) {
     fputs(usage, stdout);
     printf("\nMutations (--mutate; the published bytes only, never the engine):\n");
     const mock_mutation_info *m = mock_mutations();
-    for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
-        printf("  %-20s %-7s %s\n", m[i].name, m[i].killed ? "killed" : "benign",
+    for (unsigned i = 0; i < MOCK_MUT_COUNT; i++) {
+        printf("  %-20s %-7s %s", m[i].name, m[i].killed ? "killed" : "benign",
                m[i].what);
+        if (m[i].incident) printf(" [%s]", m[i].incident);
+        if (m[i].needs) printf(" (seen with %s traffic)", m[i].needs);
+        printf("\n");
+    }
 }
 
 static void log_config(const mock_cfg *c) {
@@ -270,7 +280,8 @@ static void log_config(const mock_cfg *c) {
              "num_gpu_blocks=%u max_num_seqs=%u max_num_batched_tokens=%u "
              "max_model_len=%u prefix_caching=%s hash_algo=%s hash_seed=%s "
              "hash_bytes=%s event_format=%s topic='%s' speedup=%g seed=%llu "
-             "vocab_size=%llu mutate=%s record=%s",
+             "vocab_size=%llu mutate=%s record=%s cpu_offload_blocks=%u "
+             "lora_modules=%s",
              KVO_VERSION, c->trace ? "trace" : "server", c->model,
              mock_role_name(c->role), c->dp_size, c->block_size,
              c->num_gpu_blocks, c->max_num_seqs, c->max_num_batched_tokens,
@@ -279,7 +290,8 @@ static void log_config(const mock_cfg *c) {
              c->hash_bytes ? "on" : "off", wire_format_name(c->event_format),
              c->topic, c->speedup, (unsigned long long)c->seed,
              (unsigned long long)c->vocab_size, *muts ? muts : "none",
-             c->record ? c->record : "none");
+             c->record ? c->record : "none", c->cpu_offload_blocks,
+             c->lora_modules ? c->lora_modules : "none");
 }
 
 int main(int argc, char **argv) {

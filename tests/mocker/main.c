@@ -15,6 +15,7 @@ Suite *suite_stop(void);
 Suite *suite_node(void);
 Suite *suite_request(void);
 Suite *suite_keys(void);
+Suite *suite_tiers(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
         suite_node,
         suite_request,
         suite_keys,
+        suite_tiers,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -1374,6 +1374,107 @@ START_TEST(model_names_an_adapter_and_mm_items_key_the_blocks) {
 }
 END_TEST
 
+/* With a CPU tier: a probe says per rank how many blocks each tier holds
+ * (hit_blocks = what cached_tokens will be); /kvo/blocks?tier=cpu lists the
+ * tier; /kvo/state counts it; the detail form (and /kvo/chain) gives the
+ * chain to the first miss plus four blocks, with hashes, parents, copies,
+ * tiers and router hashes; reset_external empties the tier. */
+START_TEST(probe_tiers_detail_chain_blocks_and_state_see_the_cpu_tier) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--block-size", "4", "--num-gpu-blocks", "9",
+                             "--cpu-offload-blocks", "16"));
+    char body[1024];
+    static const char a[] = "[1,2,3,4,5,6,7,8,9]";
+    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 1}", a);
+    json_object_put(ok(&m, "/v1/completions", body));
+    /* a filler of six blocks, then another prompt: A's blocks go to the CPU */
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"prompt\": [21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,"
+                       "37,38,39,40,41,42,43,44], \"max_tokens\": 1}"));
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"prompt\": [51,52,53,54,55,56,57,58], \"max_tokens\": 1}"));
+    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"detail\": true}", a);
+    json_object *j = ok(&m, "/kvo/probe", body);
+    ck_assert_int_eq(num(j, "ranks.0.gpu"), 0);
+    ck_assert_int_eq(num(j, "ranks.0.cpu"), 2);
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 2);
+    json_object *chain = at(j, "ranks.0.chain");
+    ck_assert_uint_eq(json_object_array_length(chain), 2); /* the prompt's blocks */
+    ck_assert_int_eq(num(j, "ranks.0.chain.1.index"), 1);
+    ck_assert(!json_object_get_boolean(at(j, "ranks.0.chain.0.cached")));
+    ck_assert(json_object_get_boolean(at(j, "ranks.0.chain.0.cpu")));
+    ck_assert_int_eq(num(j, "ranks.0.chain.0.copies"), 0);
+    ck_assert_ptr_null(at(j, "ranks.0.chain.0.parent"));
+    uint64_t h0 = (uint64_t)json_object_get_uint64(at(j, "ranks.0.chain.0.hash"));
+    ck_assert(json_object_get_uint64(at(j, "ranks.0.chain.1.parent")) == h0);
+    uint64_t t4[4] = {1, 2, 3, 4};
+    ck_assert(json_object_get_uint64(at(j, "ranks.0.chain.0.tokens_hash")) ==
+              wire_router_hash(t4, 4, WIRE_ROUTER_SEED));
+    json_object_put(j);
+    j = ok(&m, "/kvo/blocks?rank=0&tier=cpu", NULL);
+    ck_assert_str_eq(str(j, "tier"), "cpu");
+    ck_assert_int_eq(num(j, "count"), 2);
+    bool found = false;
+    for (size_t i = 0; i < 2; i++)
+        found |= (uint64_t)json_object_get_uint64(
+                     json_object_array_get_idx(json_object_array_get_idx(at(j, "blocks"), i),
+                                               0)) == h0;
+    ck_assert(found);
+    json_object_put(j);
+    j = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(j, "ranks.0.cpu_cached_distinct"), 2);
+    ck_assert_int_eq(num(j, "ranks.0.counters.cpu_stored"), 2);
+    ck_assert_int_eq(num(j, "worker.cpu_offload_blocks"), 16);
+    json_object_put(j);
+    /* loaded back: 8 cached tokens, and the GPU holds it again */
+    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 1}", a);
+    j = ok(&m, "/v1/completions", body);
+    ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 8);
+    json_object_put(j);
+    snprintf(body, sizeof(body), "{\"token_ids\": %s}", a);
+    j = ok(&m, "/kvo/chain", body);
+    ck_assert_int_eq(num(j, "ranks.0.gpu"), 2);
+    ck_assert_int_eq(num(j, "ranks.0.chain.0.copies"), 1);
+    json_object_put(j);
+    long status;
+    j = call(&m, "/kvo/blocks?rank=0&tier=disk", NULL, &status);
+    ck_assert_int_eq(status, 400);
+    json_object_put(j);
+    json_object_put(ok(&m, "/reset_prefix_cache?reset_external=true", ""));
+    j = ok(&m, "/kvo/blocks?rank=0&tier=cpu", NULL);
+    ck_assert_int_eq(num(j, "count"), 0);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
+/* Without a tier the detail form still lists each rank's chain: cached
+ * blocks with their copies, then the first miss and up to four more. */
+START_TEST(the_detail_form_lists_the_chain_past_the_first_miss) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--block-size", "4"));
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 1, "
+                       "\"cache_salt\": \"s\"}"));
+    static const char probe[] =
+        "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,"
+        "23,24,25,26,27,28,29,30,31,32,33], \"cache_salt\": \"s\", \"detail\": true}";
+    json_object *j = ok(&m, "/kvo/probe", probe);
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 2);
+    ck_assert_ptr_null(at(j, "ranks.0.gpu")); /* no tier: today's fields */
+    json_object *chain = at(j, "ranks.0.chain");
+    ck_assert_uint_eq(json_object_array_length(chain), 7); /* 2 hits, miss, 4 */
+    ck_assert(json_object_get_boolean(at(j, "ranks.0.chain.1.cached")));
+    ck_assert(!json_object_get_boolean(at(j, "ranks.0.chain.2.cached")));
+    ck_assert_ptr_null(at(j, "ranks.0.chain.2.cpu"));
+    uint64_t t[4] = {1, 2, 3, 4};
+    ck_assert(json_object_get_uint64(at(j, "ranks.0.chain.0.tokens_hash")) ==
+              wire_router_hash(t, 4, wire_router_seed(NULL, 0, "s", 1)));
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     const TTest *tests[] = {
         completions_report_cached_tokens_and_the_kvo_object,
@@ -1395,6 +1496,8 @@ Suite *suite_http(void) {
         concurrent_completions_share_steps_and_are_answered_as_they_finish,
         a_50_mb_token_array_costs_a_bounded_multiple_of_its_size,
         model_names_an_adapter_and_mm_items_key_the_blocks,
+        probe_tiers_detail_chain_blocks_and_state_see_the_cpu_tier,
+        the_detail_form_lists_the_chain_past_the_first_miss,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }

@@ -90,7 +90,7 @@ static void fixture_init(fixture *f) {
     f->b.n_events = 5;
     f->b.events = f->ev;
     f->aux = (mock_step_aux){f->removed_parent, f->decode, f->stored, f->parent,
-                             f->removed};
+                             f->removed, NULL, NULL, NULL};
 }
 
 /* Render with a mutation mask (fresh renderer) and decode every payload. */
@@ -472,8 +472,23 @@ START_TEST(catalog_parses_names_and_rejects_unknown_ones) {
         ck_assert_int_eq(mock_mutate_parse(m[i].name, &mask, NULL, 0), KVO_OK);
         ck_assert_uint_eq(mask, m[i].bit);
     }
-    ck_assert_int_eq(killed, 12);
+    ck_assert_int_eq(killed, 20);
     ck_assert_uint_eq(all, (1u << MOCK_MUT_COUNT) - 1);
+    /* the incidents carry their reference; only the classic ones are seen
+     * in any run without naming what they need */
+    static const char *const incidents[] = {
+        "salt-ignored",       "lora-in-mm-slot",   "lora-same-hash",
+        "group-collision",    "cpu-tier-dropped",  "reset-not-published",
+        "replay-drops-topic", "replay-drops-tail",
+    };
+    for (size_t k = 0; k < KVO_ARRAY_LEN(incidents); k++) {
+        unsigned i;
+        for (i = 0; i < MOCK_MUT_COUNT && strcmp(m[i].name, incidents[k]) != 0; i++) {}
+        ck_assert_msg(i < MOCK_MUT_COUNT, "%s is missing", incidents[k]);
+        ck_assert_msg(m[i].incident && m[i].needs, "%s: incident and needs", incidents[k]);
+        ck_assert_uint_eq(m[i].killed, strcmp(incidents[k], "replay-drops-topic") != 0);
+    }
+    for (unsigned i = 0; i < 17; i++) ck_assert(!m[i].incident && !m[i].needs);
     unsigned mask;
     ck_assert_int_eq(mock_mutate_parse("drop-removed,,bytes-hash", &mask, NULL, 0), KVO_OK);
     ck_assert_uint_eq(mask, MOCK_MUT_DROP_REMOVED | MOCK_MUT_BYTES_HASH);

@@ -171,15 +171,15 @@ END_TEST
  * step and in total, and the batch holds the events that could be. */
 START_TEST(an_eviction_event_lost_to_out_of_memory_is_counted) {
     step_events ev;
-    events_init(&ev, true);
+    events_init(&ev, true, 4);
     events_begin(&ev);
     mock_hash a = {.key = 11}, b = {.key = 12}, root = {0};
     kvo_alloc_fail_after(0);
-    events_on_evict(&ev, &a, &root);
+    events_on_evict(&ev, &a, &root, NULL);
     kvo_alloc_fail_after(-1);
     ck_assert_uint_eq(ev.step_lost, 1);
     ck_assert_uint_eq(ev.lost_enomem, 1);
-    events_on_evict(&ev, &b, &root);
+    events_on_evict(&ev, &b, &root, NULL);
     const wire_batch *batch;
     const mock_step_aux *aux;
     ck_assert_int_eq(events_finish(&ev, 1.0, 0, &batch, &aux), KVO_OK);

@@ -27,7 +27,8 @@ static void serve_once(env *e) {
     e->served.batches += d.batches;
 }
 
-static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+static void env_init_mut(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec,
+                         unsigned mut) {
     memset(e, 0, sizeof(*e));
     e->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(e->ctx);
@@ -37,11 +38,16 @@ static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *
                        .topic = topic,
                        .hwm = 1000,
                        .ring = ring,
-                       .record = rec};
+                       .record = rec,
+                       .mutations = mut};
     char err[256];
     ck_assert_msg(mock_pub_new(&e->pub, &pc, err, sizeof(err)) == KVO_OK, "%s", err);
     ck_assert(strncmp(mock_pub_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
     ck_assert(strncmp(mock_pub_replay_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
+}
+
+static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+    env_init_mut(e, topic, ring, rec, 0);
 }
 
 static void env_fini(env *e) {
@@ -182,6 +188,53 @@ START_TEST(replay_sends_every_buffered_batch_from_start_then_the_end_marker) {
     mock_pub_stats_get(e.pub, &ps);
     ck_assert_uint_eq(ps.replay_requests, 2);
     ck_assert_uint_eq(ps.replay_batches, 4);
+    zmq_close(d);
+    env_fini(&e);
+}
+END_TEST
+
+/* replay-drops-topic (vllm#45174): the pre-0.26 reply, ["", seq,
+ * payload], and the end marker ["", FF x 8, ""]; replay-drops-tail
+ * (sglang#38945): the last two batches and the end marker never come. */
+START_TEST(replay_mutants_drop_the_topic_frame_or_the_tail_and_end_marker) {
+    env e;
+    env_init_mut(&e, "kv-events", 100, NULL, MOCK_MUT_REPLAY_DROPS_TOPIC);
+    for (int i = 0; i < 4; i++) mock_pub_send(e.pub, (const uint8_t *)"b", 1);
+    void *d = replay_from(&e, 1);
+    uint8_t fr[8][256];
+    size_t len[8];
+    for (uint64_t k = 1; k < 4; k++) {
+        ck_assert_int_eq(recv_msg(d, fr, len, 8), 3);
+        ck_assert_uint_eq(len[0], 0);
+        ck_assert_uint_eq(mt_seq(fr[1], len[1]), k);
+        ck_assert(len[2] == 1 && fr[2][0] == 'b');
+    }
+    ck_assert_int_eq(recv_msg(d, fr, len, 8), 3);
+    ck_assert_uint_eq(mt_seq(fr[1], len[1]), WIRE_REPLAY_END);
+    ck_assert_uint_eq(len[2], 0);
+    zmq_close(d);
+    env_fini(&e);
+
+    env_init_mut(&e, "kv-events", 100, NULL, MOCK_MUT_REPLAY_DROPS_TAIL);
+    for (int i = 0; i < 6; i++) mock_pub_send(e.pub, (const uint8_t *)"b", 1);
+    d = replay_from(&e, 1);
+    int tmo = 300;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    for (uint64_t k = 1; k < 4; k++) { /* 1..5 wanted: 4 and 5 are lost */
+        ck_assert_int_eq(recv_msg(d, fr, len, 8), 4);
+        ck_assert_uint_eq(mt_seq(fr[2], len[2]), k);
+    }
+    serve_once(&e);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    ck_assert_int_lt(zmq_msg_recv(&m, d, 0), 0); /* nothing more, no end marker */
+    zmq_msg_close(&m);
+    /* only the last batch wanted: it and the end marker are lost */
+    mt_replay_request(d, 5);
+    for (int i = 0; i < 5; i++) serve_once(&e);
+    zmq_msg_init(&m);
+    ck_assert_int_lt(zmq_msg_recv(&m, d, 0), 0);
+    zmq_msg_close(&m);
     zmq_close(d);
     env_fini(&e);
 }
@@ -329,6 +382,7 @@ Suite *suite_pub(void) {
         pub_sends_topic_sequence_and_payload_frames,
         replay_sends_every_buffered_batch_from_start_then_the_end_marker,
         replay_older_than_the_ring_silently_begins_at_the_oldest_batch,
+        replay_mutants_drop_the_topic_frame_or_the_tail_and_end_marker,
         malformed_replay_requests_are_counted_and_ignored,
         a_client_that_never_reads_its_replays_has_them_cut_short_and_counted,
         record_writes_every_published_message_as_three_frames,

@@ -1,0 +1,410 @@
+/* The CPU tier (--cpu-offload-blocks) and the incident mutants that need
+ * the engine's own events (issue 15): offload on GPU eviction with vLLM's
+ * self-describing CPU events after the step's GPU events, LRU eviction,
+ * loading a prefix back as cached tokens, reset with and without
+ * reset_external; then salt-ignored, lora-in-mm-slot, lora-same-hash,
+ * cpu-tier-dropped, reset-not-published, resurrect-removed and
+ * group-collision, each on the bytes they corrupt. */
+#include "mt.h"
+
+#include <msgpack.h>
+#include <string.h>
+
+Suite *suite_tiers(void);
+
+static bool is_medium(const wire_event *e, const char *m) {
+    size_t n = strlen(m);
+    return e->medium.p && e->medium.len == n && memcmp(e->medium.p, m, n) == 0;
+}
+
+/* An engine of block size 4 with `gpu` blocks (incl. the null block) and a
+ * CPU tier of `cpu` blocks; mutations mut. */
+static void start(mt_eng *m, uint32_t gpu, uint32_t cpu, unsigned mut) {
+    mock_cfg c;
+    mt_cfg(&c, 4, gpu);
+    c.cpu_offload_blocks = cpu;
+    c.mutations = mut;
+    mt_eng_init(m, &c, 0);
+}
+
+/* Steps until idle; every batch's events appended to rec (decoded copies
+ * kept in bs[], at most max batches). */
+typedef struct seen {
+    wire_batch b[64];
+    uint32_t n;
+} seen;
+
+static void keep(void *ctx, const wire_batch *b) {
+    seen *s = ctx;
+    ck_assert_uint_lt(s->n, 64);
+    /* re-decode from a fresh encode: m->last is reused by the next step */
+    kvo_buf buf;
+    kvo_buf_init(&buf);
+    ck_assert_int_eq(wire_batch_encode(b, WIRE_FMT_MAP, 0, &buf), KVO_OK);
+    wire_batch_init(&s->b[s->n]);
+    ck_assert_int_eq(wire_batch_decode(buf.data, buf.len, NULL, &s->b[s->n], NULL), KVO_OK);
+    s->n++;
+    kvo_buf_fini(&buf);
+}
+
+static void seen_fini(seen *s) {
+    for (uint32_t i = 0; i < s->n; i++) wire_batch_fini(&s->b[i]);
+    s->n = 0;
+}
+
+/* Two blocks of A are cached; a filler takes every other block, and B's
+ * allocation then evicts A's (deepest first): the GPU removals, B's store,
+ * then the CPU tier's stores of A1 and A0 with their parents, tokens and
+ * block size. */
+START_TEST(a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events) {
+    mt_eng m;
+    start(&m, 9, 8, 0);
+    uint64_t a[8], f[24], b[8];
+    mt_iota(a, 8, 100);
+    mt_iota(f, 24, 300);
+    mt_iota(b, 8, 500);
+    mt_out o = {0};
+    mock_hash ha[2];
+    mt_hash(&m, a, 2, ha);
+    mt_add_run(&m, a, 8, 1, &o, NULL);
+    mt_add_run(&m, f, 24, 1, &o, NULL);
+    mt_add(&m, b, 8, 1, &o);
+    ck_assert(mt_step(&m, NULL));
+    const wire_batch *w = &m.last;
+    ck_assert_uint_eq(w->n_events, 5);
+    ck_assert(w->events[0].type == WIRE_EV_REMOVED && is_medium(&w->events[0], "GPU"));
+    ck_assert(w->events[0].hashes[0].key == ha[1].key);
+    ck_assert(w->events[1].type == WIRE_EV_REMOVED && w->events[1].hashes[0].key == ha[0].key);
+    ck_assert(w->events[2].type == WIRE_EV_STORED && is_medium(&w->events[2], "GPU"));
+    const wire_event *c1 = &w->events[3], *c0 = &w->events[4];
+    ck_assert(c1->type == WIRE_EV_STORED && is_medium(c1, "CPU"));
+    ck_assert(c1->n_hashes == 1 && c1->hashes[0].key == ha[1].key);
+    ck_assert(c1->parent.kind != WIRE_HASH_NONE && c1->parent.key == ha[0].key);
+    ck_assert(c1->block_size.set && c1->block_size.v == 4);
+    ck_assert_uint_eq(c1->n_tokens, 4);
+    for (int i = 0; i < 4; i++) ck_assert_uint_eq(c1->token_ids[i], a[4 + i]);
+    ck_assert(c1->group_idx.set && c1->group_idx.v == 0);
+    ck_assert(!c1->lora_name.p);
+    ck_assert(is_medium(c0, "CPU") && c0->hashes[0].key == ha[0].key);
+    ck_assert_int_eq(c0->parent.kind, WIRE_HASH_NONE);
+    mock_engine_stats st = mt_stats(&m);
+    ck_assert_uint_eq(st.cpu_stored, 2);
+    ck_assert_uint_eq(st.cpu_cached_distinct, 2);
+    ck_assert_uint_eq(st.cpu_cached_digest, kvo_block_digest(ha[0].key, false, 0) +
+                                                 kvo_block_digest(ha[1].key, true, ha[0].key));
+    ck_assert(mock_engine_cpu_cached(m.e, ha[0].key) && mock_engine_cpu_cached(m.e, ha[1].key));
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A prefix the GPU lost but the CPU tier holds is loaded back: it counts
+ * in cached_tokens as vLLM counts a connector's tokens (a whole-prompt
+ * hit recomputes its last token), the loaded blocks are stored on the GPU
+ * again, and the tier's lookups and hits are counted. */
+START_TEST(a_prefix_in_the_cpu_tier_loads_back_as_cached_tokens) {
+    mt_eng m;
+    start(&m, 9, 16, 0);
+    uint64_t a[9], f[24], b[8], g[28];
+    mt_iota(a, 9, 100);
+    mt_iota(f, 24, 300);
+    mt_iota(b, 8, 500);
+    mt_iota(g, 28, 700);
+    mt_out o = {0};
+    mt_add_run(&m, a, 8, 1, &o, NULL);  /* A0, A1 cached */
+    mt_add_run(&m, f, 24, 1, &o, NULL); /* the other six blocks */
+    mt_add_run(&m, b, 8, 1, &o, NULL);  /* evicts A1, A0 into the CPU tier */
+    mock_hash ha[2];
+    mt_hash(&m, a, 2, ha);
+    ck_assert_uint_eq(mock_engine_probe(m.e, ha, 8), 0);
+    uint64_t hits0 = mt_stats(&m).prefix_hits;
+    mt_out o2 = {0};
+    mt_add(&m, a, 9, 1, &o2); /* 9 tokens: both blocks loaded, 8 cached */
+    ck_assert(mt_step(&m, NULL));
+    uint32_t gpu_stored = 0;
+    for (uint32_t i = 0; i < m.last.n_events; i++) {
+        const wire_event *e = &m.last.events[i];
+        if (e->type == WIRE_EV_STORED && is_medium(e, "GPU")) {
+            ck_assert_uint_eq(e->n_hashes, 2);
+            ck_assert(e->hashes[0].key == ha[0].key && e->hashes[1].key == ha[1].key);
+            gpu_stored++;
+        }
+    }
+    ck_assert_uint_eq(gpu_stored, 1);
+    mt_run(&m, NULL, NULL);
+    ck_assert_uint_eq(o2.cached, 8);
+    mock_engine_stats st = mt_stats(&m);
+    ck_assert_uint_eq(st.cpu_hits, 8);
+    ck_assert_uint_ge(st.cpu_queries, 9);
+    ck_assert_uint_eq(st.prefix_hits, hits0); /* the GPU counter is the GPU's */
+    /* seven blocks of another prompt leave only A0 on the GPU (the last
+     * freed); A1 is in the tier: A's 8 tokens then hit whole, 7 cached */
+    mt_add_run(&m, g, 28, 1, &o, NULL);
+    ck_assert_uint_eq(mock_engine_probe(m.e, ha, 8), 1);
+    ck_assert(mock_engine_cpu_cached(m.e, ha[1].key));
+    mt_out o3 = {0};
+    mt_add_run(&m, a, 8, 1, &o3, NULL);
+    ck_assert_uint_eq(o3.cached, 7);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A full tier evicts its least recently used block (BlockRemoved, medium
+ * CPU); reset keeps the tier, reset_external empties it, and neither
+ * publishes a CPU event. */
+START_TEST(the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it) {
+    mt_eng m;
+    start(&m, 5, 2, 0); /* four GPU blocks, two CPU blocks */
+    uint64_t t[4][8];
+    mock_hash h[4][2];
+    mt_out o = {0};
+    for (int i = 0; i < 4; i++) {
+        mt_iota(t[i], 8, 1000 * (uint64_t)(i + 1));
+        mt_hash(&m, t[i], 2, h[i]);
+    }
+    mt_add_run(&m, t[0], 8, 1, &o, NULL);
+    mt_add_run(&m, t[1], 8, 1, &o, NULL);
+    mt_add_run(&m, t[2], 8, 1, &o, NULL); /* evicts t0's blocks: the tier is full */
+    ck_assert(mock_engine_cpu_cached(m.e, h[0][0].key));
+    ck_assert(mock_engine_cpu_cached(m.e, h[0][1].key));
+    seen s = {0};
+    mt_add(&m, t[3], 8, 1, &o); /* t1's blocks offloaded: t0's evicted */
+    mt_run(&m, keep, &s);
+    uint32_t cpu_removed = 0;
+    for (uint32_t k = 0; k < s.n; k++)
+        for (uint32_t i = 0; i < s.b[k].n_events; i++) {
+            const wire_event *e = &s.b[k].events[i];
+            if (e->type == WIRE_EV_REMOVED && is_medium(e, "CPU")) {
+                ck_assert(e->hashes[0].key == h[0][1].key || e->hashes[0].key == h[0][0].key);
+                cpu_removed++;
+            }
+        }
+    ck_assert_uint_eq(cpu_removed, 2);
+    seen_fini(&s);
+    ck_assert(!mock_engine_cpu_cached(m.e, h[0][0].key));
+    ck_assert(mock_engine_cpu_cached(m.e, h[1][0].key));
+    ck_assert_uint_eq(mt_stats(&m).cpu_removed, 2);
+    ck_assert(mock_engine_reset_cache(m.e, false));
+    ck_assert(mock_engine_cpu_cached(m.e, h[1][0].key));
+    ck_assert(mt_step(&m, NULL));
+    ck_assert_uint_eq(m.last.n_events, 1);
+    ck_assert_int_eq(m.last.events[0].type, WIRE_EV_CLEARED);
+    ck_assert(mock_engine_reset_cache(m.e, true));
+    ck_assert(!mock_engine_cpu_cached(m.e, h[1][0].key));
+    ck_assert_uint_eq(mt_stats(&m).cpu_cached_distinct, 0);
+    ck_assert(mt_step(&m, NULL));
+    ck_assert_uint_eq(m.last.n_events, 1);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A reset on an idle engine publishes AllBlocksCleared in the very next
+ * step, which has no request (aibrix#2287 is the engine that does not). */
+START_TEST(a_reset_on_an_idle_engine_publishes_all_blocks_cleared_at_once) {
+    mt_eng m;
+    mt_eng_start(&m, 4, 16);
+    uint64_t t[8];
+    mt_iota(t, 8, 3);
+    mt_out o = {0};
+    mt_add_run(&m, t, 8, 1, &o, NULL);
+    ck_assert(!mock_engine_has_work(m.e));
+    ck_assert(!mock_engine_has_events(m.e));
+    ck_assert(mock_engine_reset_prefix_cache(m.e));
+    ck_assert(mock_engine_has_events(m.e));
+    mock_step st;
+    ck_assert(mt_step(&m, &st));
+    ck_assert(st.idle);
+    ck_assert_uint_eq(m.last.n_events, 1);
+    ck_assert_int_eq(m.last.events[0].type, WIRE_EV_CLEARED);
+    ck_assert(!mock_engine_has_events(m.e));
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* Render one clean step batch with mut (a fresh renderer unless r given);
+ * the payloads decoded into out (returns how many). */
+static uint32_t render(mock_render *r, const mock_step *st, wire_batch *out, uint32_t max) {
+    const kvo_buf *pay;
+    uint32_t n;
+    ck_assert_int_eq(mock_render_batch(r, st->batch, st->aux, &pay, &n), KVO_OK);
+    ck_assert_uint_le(n, max);
+    for (uint32_t i = 0; i < n; i++) {
+        wire_batch_init(&out[i]);
+        ck_assert_int_eq(wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i], NULL),
+                         KVO_OK);
+    }
+    return n;
+}
+
+static mock_render *renderer(unsigned mut) {
+    mock_cfg c;
+    mt_cfg(&c, 4, 16);
+    c.mutations = mut;
+    mock_render *r;
+    ck_assert_int_eq(mock_render_new(&r, &c), KVO_OK);
+    return r;
+}
+
+/* extra_keys of block i as msgpack-decoded text ("" = nil). */
+static void ek_text(const wire_event *e, uint32_t i, char *out, size_t n) {
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    out[0] = '\0';
+    ck_assert(msgpack_unpack_next(&up, (const char *)e->extra_keys.p, e->extra_keys.len,
+                                  &off) == MSGPACK_UNPACK_SUCCESS);
+    msgpack_object *b = &up.data.via.array.ptr[i];
+    if (b->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t j = 0; j < b->via.array.size; j++) {
+            msgpack_object *x = &b->via.array.ptr[j];
+            size_t l = strlen(out);
+            if (x->type == MSGPACK_OBJECT_STR)
+                snprintf(out + l, n - l, "%s%.*s", j ? "|" : "", (int)x->via.str.size,
+                         x->via.str.ptr);
+            else
+                snprintf(out + l, n - l, "%s(%.*s)", j ? "|" : "",
+                         (int)x->via.array.ptr[0].via.str.size,
+                         x->via.array.ptr[0].via.str.ptr);
+        }
+    }
+    msgpack_unpacked_destroy(&up);
+}
+
+/* salt-ignored drops the salt from block 0; lora-same-hash the adapter
+ * from fields and keys; lora-in-mm-slot moves it to a multimodal item.
+ * The hashes stay the engine's. */
+START_TEST(key_mutants_rewrite_lora_fields_and_extra_keys_only) {
+    mt_eng m;
+    mt_eng_start(&m, 4, 16);
+    uint64_t t[9];
+    mt_iota(t, 9, 40);
+    mt_out o = {0};
+    mock_req_in in = mt_req(t, 9, 1, &o);
+    in.lora_name = "ad";
+    in.cache_salt = "tn";
+    ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
+    mock_step st;
+    ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
+    ck_assert_ptr_nonnull(st.batch);
+    struct {
+        unsigned mut;
+        const char *k0, *k1;
+        bool lora_fields;
+    } v[] = {{0, "ad|tn", "ad", true},
+             {MOCK_MUT_SALT_IGNORED, "ad", "ad", true},
+             {MOCK_MUT_LORA_SAME_HASH, "tn", "", false},
+             {MOCK_MUT_LORA_IN_MM_SLOT, "(ad)|tn", "(ad)", false}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(v); i++) {
+        mock_render *r = renderer(v[i].mut);
+        wire_batch out[2];
+        ck_assert_uint_eq(render(r, &st, out, 2), 1);
+        const wire_event *e = &out[0].events[0];
+        char k[64];
+        ek_text(e, 0, k, sizeof(k));
+        ck_assert_msg(strcmp(k, v[i].k0) == 0, "mutant %zu block 0: %s", i, k);
+        ek_text(e, 1, k, sizeof(k));
+        ck_assert_msg(strcmp(k, v[i].k1) == 0, "mutant %zu block 1: %s", i, k);
+        ck_assert((e->lora_name.p != NULL) == v[i].lora_fields);
+        ck_assert(e->lora_id.set == v[i].lora_fields);
+        ck_assert(e->hashes[0].key == st.batch->events[0].hashes[0].key);
+        wire_batch_fini(&out[0]);
+        mock_render_free(r);
+    }
+    mock_engine_complete(m.e);
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* cpu-tier-dropped: CPU stores become the old placeholder (block_size 0,
+ * no tokens, no parent); resurrect-removed: each GPU removal is followed
+ * by a store of the same block, its parent and tokens; GPU stores are
+ * untouched. */
+START_TEST(tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks) {
+    mt_eng m;
+    start(&m, 9, 8, MOCK_MUT_RESURRECT_REMOVED);
+    uint64_t a[8], f[24], b[8];
+    mt_iota(a, 8, 100);
+    mt_iota(f, 24, 300);
+    mt_iota(b, 8, 500);
+    mt_out o = {0};
+    mock_hash ha[2];
+    mt_hash(&m, a, 2, ha);
+    mt_add_run(&m, a, 8, 1, &o, NULL);
+    mt_add_run(&m, f, 24, 1, &o, NULL);
+    mt_add(&m, b, 8, 1, &o);
+    mock_step st;
+    ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
+    ck_assert_uint_eq(st.batch->n_events, 5); /* 2 removed, 1 stored, 2 CPU */
+    mock_render *r = renderer(MOCK_MUT_CPU_TIER_DROPPED);
+    wire_batch out[2];
+    ck_assert_uint_eq(render(r, &st, out, 2), 1);
+    ck_assert_uint_eq(out[0].n_events, 5);
+    for (int i = 3; i < 5; i++) {
+        const wire_event *e = &out[0].events[i];
+        ck_assert(is_medium(e, "CPU") && e->type == WIRE_EV_STORED);
+        ck_assert(e->block_size.set && e->block_size.v == 0);
+        ck_assert_uint_eq(e->n_tokens, 0);
+        ck_assert_int_eq(e->parent.kind, WIRE_HASH_NONE);
+    }
+    ck_assert_uint_eq(out[0].events[2].n_tokens, 8); /* the GPU store keeps them */
+    wire_batch_fini(&out[0]);
+    mock_render_free(r);
+    r = renderer(MOCK_MUT_RESURRECT_REMOVED);
+    ck_assert_uint_eq(render(r, &st, out, 2), 1);
+    ck_assert_uint_eq(out[0].n_events, 7);
+    const wire_event *e = out[0].events;
+    ck_assert(e[0].type == WIRE_EV_REMOVED && e[1].type == WIRE_EV_STORED);
+    ck_assert(e[1].hashes[0].key == ha[1].key && e[1].parent.key == ha[0].key);
+    ck_assert(is_medium(&e[1], "GPU") && e[1].n_tokens == 4 && e[1].token_ids[0] == a[4]);
+    ck_assert(e[2].type == WIRE_EV_REMOVED && e[3].type == WIRE_EV_STORED);
+    ck_assert(e[3].hashes[0].key == ha[0].key && e[3].parent.kind == WIRE_HASH_NONE);
+    wire_batch_fini(&out[0]);
+    mock_render_free(r);
+    mock_engine_complete(m.e);
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* reset-not-published: a batch of nothing but AllBlocksCleared publishes
+ * nothing; the next batch with other events leads with it. */
+START_TEST(reset_not_published_holds_the_idle_clear_until_the_next_step) {
+    mt_eng m;
+    mt_eng_start(&m, 4, 16);
+    mock_render *r = renderer(MOCK_MUT_RESET_NOT_PUBLISHED);
+    ck_assert(mock_engine_reset_prefix_cache(m.e));
+    mock_step st;
+    ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
+    wire_batch out[2];
+    ck_assert_uint_eq(render(r, &st, out, 2), 0);
+    mock_engine_complete(m.e);
+    uint64_t t[5];
+    mt_iota(t, 5, 9);
+    mt_out o = {0};
+    mt_add(&m, t, 5, 1, &o);
+    ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
+    ck_assert_uint_eq(render(r, &st, out, 2), 1);
+    ck_assert_uint_eq(out[0].n_events, 2);
+    ck_assert_int_eq(out[0].events[0].type, WIRE_EV_CLEARED);
+    ck_assert_int_eq(out[0].events[1].type, WIRE_EV_STORED);
+    wire_batch_fini(&out[0]);
+    mock_engine_complete(m.e);
+    mt_run(&m, NULL, NULL);
+    mock_render_free(r);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+Suite *suite_tiers(void) {
+    const TTest *tests[] = {
+        a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events,
+        a_prefix_in_the_cpu_tier_loads_back_as_cached_tokens,
+        the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it,
+        a_reset_on_an_idle_engine_publishes_all_blocks_cleared_at_once,
+        key_mutants_rewrite_lora_fields_and_extra_keys_only,
+        tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks,
+        reset_not_published_holds_the_idle_clear_until_the_next_step,
+    };
+    return mt_suite(suite_create("tiers"), 60, tests, KVO_ARRAY_LEN(tests));
+}
