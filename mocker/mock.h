@@ -47,6 +47,15 @@ const mock_mutation_info *mock_mutations(void);
 kvo_status mock_mutate_parse(const char *list, unsigned *mask, char *bad,
                              size_t badsz);
 
+/* A hybrid model's KV-cache groups (vLLM's hybrid allocator): group 0 is
+ * full attention, later ones sliding-window attention over `window`
+ * tokens. Same block size and one shared pool. */
+#define MOCK_MAX_GROUPS 4
+typedef struct mock_group_spec {
+    bool sliding;
+    uint32_t window; /* tokens (sliding) */
+} mock_group_spec;
+
 typedef struct mock_cfg {
     /* engine (per rank) */
     uint32_t block_size;             /* 16 */
@@ -56,6 +65,9 @@ typedef struct mock_cfg {
     uint32_t max_model_len;          /* 0 = (num_gpu_blocks - 1) * block_size */
     bool prefix_caching;             /* true; false = no cache, no events */
     uint32_t cpu_offload_blocks;     /* second tier: CPU blocks (0 = none) */
+    uint32_t n_groups;               /* KV-cache groups (--kv-groups); 0 or
+                                        1 = one full-attention group */
+    mock_group_spec groups[MOCK_MAX_GROUPS];
     mock_role role;
     double kv_transfer_ms_per_block; /* decode role: per received block */
     wire_algo hash_algo;             /* sha256 */
@@ -103,6 +115,12 @@ typedef struct mock_cfg {
 #define MOCK_MEMO_LOG2_MAX 20
 
 void mock_cfg_default(mock_cfg *c);
+/* --kv-groups: "full[,sliding:W]..." into c->groups / n_groups (the first
+ * group full attention, at most MOCK_MAX_GROUPS, W >= 1). KVO_EINVAL
+ * leaves c unchanged. */
+kvo_status mock_groups_parse(const char *s, mock_cfg *c);
+/* Groups the engine keeps (n_groups, at least 1). */
+uint32_t mock_cfg_groups(const mock_cfg *c);
 /* The 1-based position of adapter name in c->lora_modules, 0 when it is
  * not listed. */
 uint32_t mock_cfg_lora_module(const mock_cfg *c, const char *name);

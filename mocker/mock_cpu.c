@@ -124,7 +124,7 @@ kvo_status cpu_offload(mock_cpu *c, const mock_hash *h, const mock_hash *parent,
     lru_append(c, s);
     c->digest += slot_term(c, s);
     c->stored++;
-    mock_block_meta m = {&c->tok[(size_t)s * c->bs], e->lora_id, e->lora_name};
+    mock_block_meta m = {&c->tok[(size_t)s * c->bs], e->lora_id, e->lora_name, 0};
     events_cpu_stored(ev, &e->hash, &e->parent, &m, c->bs);
     return KVO_OK;
 }

@@ -62,9 +62,46 @@ void mock_cfg_default(mock_cfg *c) {
     c->zmq_hwm = 100000;
 }
 
+uint32_t mock_cfg_groups(const mock_cfg *c) {
+    return c->n_groups > 1 ? c->n_groups : 1;
+}
+
+kvo_status mock_groups_parse(const char *s, mock_cfg *c) {
+    mock_group_spec g[MOCK_MAX_GROUPS];
+    uint32_t n = 0;
+    if (!s || !*s) return KVO_EINVAL;
+    for (const char *p = s; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (n == MOCK_MAX_GROUPS) return KVO_EINVAL;
+        char item[32];
+        if (len == 0 || len >= sizeof(item)) return KVO_EINVAL;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        uint32_t w = 0;
+        if (strcmp(item, "full") == 0) {
+            g[n++] = (mock_group_spec){false, 0};
+        } else if (strncmp(item, "sliding:", 8) == 0 &&
+                   kvo_parse_u32(item + 8, &w) == KVO_OK && w >= 1) {
+            g[n++] = (mock_group_spec){true, w};
+        } else {
+            return KVO_EINVAL;
+        }
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (g[0].sliding) return KVO_EINVAL; /* group 0 is the full-attention one */
+    for (uint32_t i = 1; i < n; i++)
+        if (!g[i].sliding) return KVO_EINVAL;
+    memcpy(c->groups, g, n * sizeof(*g));
+    c->n_groups = n;
+    return KVO_OK;
+}
+
 uint32_t mock_cfg_max_model_len(const mock_cfg *c) {
-    uint64_t cap = (uint64_t)(c->num_gpu_blocks ? c->num_gpu_blocks - 1 : 0) *
-                   c->block_size;
+    /* every group holds a block table of the request (one shared pool) */
+    uint64_t cap = (uint64_t)(c->num_gpu_blocks ? c->num_gpu_blocks - 1 : 0) /
+                   mock_cfg_groups(c) * c->block_size;
     if (cap > UINT32_MAX) cap = UINT32_MAX;
     if (c->max_model_len && c->max_model_len < cap) return c->max_model_len;
     return (uint32_t)cap;
@@ -142,7 +179,9 @@ kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
                            uint32_t dp_rank, mock_hasher *hasher) {
     if (!out || !cfg || !hasher || cfg->block_size == 0 ||
         cfg->num_gpu_blocks < 2 || cfg->max_num_seqs == 0 ||
-        cfg->max_num_batched_tokens == 0)
+        cfg->max_num_batched_tokens == 0 || cfg->n_groups > MOCK_MAX_GROUPS ||
+        (cfg->n_groups > 1 && cfg->cpu_offload_blocks > 0) ||
+        mock_cfg_max_model_len(cfg) == 0)
         return KVO_EINVAL;
     mock_engine *e = kvo_calloc(1, sizeof(*e));
     if (!e) return KVO_ENOMEM;
@@ -217,7 +256,7 @@ kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
         return KVO_ETOOBIG;
     mock_req *r = NULL;
     kvo_status st = req_new(&r, in, max_tokens, e->cfg.block_size, e->next_id,
-                            e->cfg.seed, e->rank);
+                            e->cfg.seed, e->rank, mock_cfg_groups(&e->cfg));
     if (st != KVO_OK) return st;
     if (r->lora) {
         if ((st = lora_id_of(e, r->lora, &r->lora_id)) != KVO_OK) goto fail;
@@ -279,6 +318,29 @@ kvo_status mock_engine_cpu_cached_blocks(const mock_engine *e, bool has_after,
                                          uint64_t after, mock_cached_block *out,
                                          uint32_t max, uint32_t *n, bool *more) {
     return cpu_list(&e->sched.cpu, has_after, after, out, max, n, more);
+}
+
+uint32_t mock_engine_hybrid_hit(const mock_engine *e, const mock_hash *bh,
+                                uint32_t n_full) {
+    return sched_hybrid_hit(&e->sched, bh, n_full);
+}
+
+kvo_status mock_engine_group_blocks(const mock_engine *e, uint32_t g,
+                                    bool has_after, uint64_t after,
+                                    mock_cached_block *out, uint32_t max,
+                                    uint32_t *n, bool *more) {
+    return pool_list_g(&e->sched.pool, g, has_after, after, out, max, n, more);
+}
+
+void mock_engine_group_set(const mock_engine *e, uint32_t g, uint64_t *distinct,
+                           uint64_t *digest) {
+    *distinct = g < MOCK_MAX_GROUPS ? e->sched.pool.g_distinct[g] : 0;
+    *digest = g < MOCK_MAX_GROUPS ? e->sched.pool.g_digest[g] : 0;
+}
+
+bool mock_engine_group_cached(const mock_engine *e, uint32_t g, uint64_t key) {
+    return e->cfg.prefix_caching && g < mock_cfg_groups(&e->cfg) &&
+           pool_lookup_g(&e->sched.pool, key, g) != MOCK_NIL;
 }
 
 uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key) {

@@ -110,7 +110,7 @@ static wire_event *builder_push(ev_builder *b, wire_ev_type type) {
     b->decode_store[i] = false;
     b->stored[i] = NULL;
     b->removed[i] = NULL;
-    b->removed_meta[i] = (mock_block_meta){NULL, 0, NULL};
+    b->removed_meta[i] = (mock_block_meta){NULL, 0, NULL, 0};
     b->keys[i] = (mock_keys){NULL, NULL, NULL, 0};
     b->first[i] = 0;
     if (type != WIRE_EV_CLEARED) {
@@ -172,10 +172,11 @@ void events_on_evict(step_events *s, const mock_hash *hash,
     hash_int_form(&b->removed_wire[i], hash);
     ev->n_hashes = 1;
     b->removed_parent[i] = *parent;
+    if (meta) ev->group_idx = (wire_int){true, meta->group};
     if (meta && meta->tokens && s->block_size) {
         uint64_t *t = kvo_arena_memdup(&b->arena, meta->tokens,
                                        s->block_size * sizeof(uint64_t));
-        if (t) b->removed_meta[i] = (mock_block_meta){t, meta->lora_id, meta->lora_name};
+        if (t) b->removed_meta[i] = (mock_block_meta){t, meta->lora_id, meta->lora_name, meta->group};
     }
 }
 
@@ -209,7 +210,7 @@ void events_cpu_stored(step_events *s, const mock_hash *hash,
     c->stored = true;
     c->hash = *hash;
     if (parent) c->parent = *parent;
-    c->meta = (mock_block_meta){t, meta->lora_id, meta->lora_name};
+    c->meta = (mock_block_meta){t, meta->lora_id, meta->lora_name, 0};
 }
 
 void events_cpu_removed(step_events *s, const mock_hash *hash,
@@ -321,6 +322,12 @@ kvo_status events_extra_keys(kvo_buf *b, wire_mm_key **mmk, size_t *cap_mmk,
 
 kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
                          uint32_t n, uint32_t block_size, bool decode) {
+    return events_stored_g(s, r, first, n, block_size, decode, 0, 0);
+}
+
+kvo_status events_stored_g(step_events *s, const mock_req *r, uint32_t first,
+                           uint32_t n, uint32_t block_size, bool decode,
+                           uint32_t g, uint32_t window) {
     if (!s->enabled || n == 0) return KVO_OK;
     ev_builder *b = &s->ev;
     uint32_t bs = block_size;
@@ -357,7 +364,14 @@ kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
     void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);
     if (!ek) goto fail;
     ev->extra_keys = (wire_raw){ek, (uint32_t)s->extra_buf.len};
-    ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
+    if (window) { /* KVCacheManager.take_events' annotation of the group */
+        ev->group_idx = (wire_int){true, g};
+        ev->kv_cache_spec_kind = WIRE_LIT("sliding_window");
+        ev->kv_cache_spec_sliding_window = (wire_int){true, window};
+    } else {
+        ev->group_idx = (wire_int){true, g};
+        ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
+    }
     b->stored[i] = full;
     b->decode_store[i] = decode;
     b->keys[i] = k;

@@ -164,6 +164,7 @@ typedef struct mock_block_meta {
     const uint64_t *tokens;    /* block_size tokens; NULL: not kept */
     int64_t lora_id;           /* 0: no adapter */
     const char *lora_name;     /* NULL: no adapter */
+    uint32_t group;            /* its KV-cache group */
 } mock_block_meta;
 
 /* The step's events as the engine produced them (ground truth, before any
@@ -279,6 +280,19 @@ kvo_status mock_engine_cpu_cached_blocks(const mock_engine *e, bool has_after,
                                          uint32_t max, uint32_t *n, bool *more);
 /* Physical GPU copies of a hash (0: not cached). */
 uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key);
+/* With KV-cache groups: the hit of a prompt whose full-attention group
+ * holds its leading n_full blocks (sched_hybrid_hit); group g's cached
+ * set (mock_engine_cached_blocks) and its count and digest; whether group
+ * g caches key. */
+uint32_t mock_engine_hybrid_hit(const mock_engine *e, const mock_hash *bh,
+                                uint32_t n_full);
+kvo_status mock_engine_group_blocks(const mock_engine *e, uint32_t g,
+                                    bool has_after, uint64_t after,
+                                    mock_cached_block *out, uint32_t max,
+                                    uint32_t *n, bool *more);
+void mock_engine_group_set(const mock_engine *e, uint32_t g, uint64_t *distinct,
+                           uint64_t *digest);
+bool mock_engine_group_cached(const mock_engine *e, uint32_t g, uint64_t key);
 /* Queued events that the next schedule will publish even if idle. */
 bool mock_engine_has_events(const mock_engine *e);
 
@@ -493,6 +507,7 @@ typedef struct pool_block {
     uint32_t cprev, cnext; /* copies of the same hash, oldest first */
     bool cached;
     bool in_free;
+    uint8_t group;         /* the KV-cache group it was cached for */
 } pool_block;
 
 /* A cached block is being evicted: its hash, its parent's (d.len 0 =
@@ -513,10 +528,12 @@ typedef struct mock_pool {
     uint32_t head, tail; /* free queue */
     uint32_t n_free;
     bool caching;
-    kvo_map map;         /* hash key -> copies (mock_pool.c) */
+    kvo_map map;         /* (hash key, group) -> copies (mock_pool.c) */
     uint32_t n_cached;   /* blocks holding a hash */
-    uint32_t n_distinct; /* keys in the map (copies counted once) */
+    uint32_t n_distinct; /* group 0's keys (copies counted once) */
     uint64_t digest;     /* sum of their kvo_block_digest terms */
+    uint32_t g_distinct[MOCK_MAX_GROUPS]; /* the same per group */
+    uint64_t g_digest[MOCK_MAX_GROUPS];
     uint64_t evicted;    /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
@@ -526,8 +543,10 @@ typedef struct mock_pool {
  * adapter, for the evict callback's meta. */
 kvo_status pool_init(mock_pool *p, uint32_t n, bool caching, uint32_t keep_bs);
 void pool_fini(mock_pool *p);
-/* Oldest cached copy of key, or MOCK_NIL. */
+/* Oldest cached copy of key (group 0), or MOCK_NIL. */
 uint32_t pool_lookup(const mock_pool *p, uint64_t key);
+/* The same in group g (vLLM's BlockHashWithGroupId). */
+uint32_t pool_lookup_g(const mock_pool *p, uint64_t key, uint32_t g);
 /* ref + 1; leaves the free queue when ref was 0. */
 void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n);
 /* Pop n blocks from the free-queue head (caller checked n <= n_free);
@@ -538,6 +557,10 @@ uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out);
  * (the map could not grow) leaves the pool unchanged. */
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
                       const mock_hash *parent, const mock_block_meta *meta);
+/* The same for group g (meta may be NULL when the pool keeps no tokens). */
+kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
+                        const mock_hash *parent, const mock_block_meta *meta,
+                        uint32_t g);
 /* ref - 1 for each, in order; blocks reaching 0 join the queue tail in
  * that order (so the first given is evicted first). */
 void pool_release(mock_pool *p, const uint32_t *ids, uint32_t n);
@@ -550,6 +573,10 @@ bool pool_reset(mock_pool *p);
 kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
                      mock_cached_block *out, uint32_t max, uint32_t *n,
                      bool *more);
+/* The same for group g. */
+kvo_status pool_list_g(const mock_pool *p, uint32_t g, bool has_after,
+                       uint64_t after, mock_cached_block *out, uint32_t max,
+                       uint32_t *n, bool *more);
 double pool_usage(const mock_pool *p);
 
 /* ---- Requests (mock_req.c) -----------------------------------------------*/
@@ -572,9 +599,15 @@ typedef struct mock_req {
     mock_hash *bh;           /* hashes of full token blocks (vLLM's
                                 request.block_hashes) */
     uint32_t n_bh, cap_bh;
-    uint32_t *blocks;        /* req_to_blocks */
+    uint32_t *blocks;        /* req_to_blocks (group 0) */
     uint32_t n_blocks, cap_blocks;
     uint32_t num_cached_block;
+    struct req_group {       /* groups 1.. (--kv-groups): their tables, */
+        uint32_t *blocks;    /* cap_blocks each; block 0 (the null block) */
+        uint32_t n_blocks;   /* where a sliding window skipped one, and   */
+        uint32_t num_cached_block; /* the hit ids while waiting          */
+    } grp[MOCK_MAX_GROUPS - 1];
+    uint32_t n_grp;          /* groups beyond group 0 */
     uint32_t n_hit_ids;      /* waiting: blocks[0..n) = last prefix hit */
     bool materialized;       /* tokens and bh filled (req_materialize) */
     uint64_t *trace_ids;     /* trace prompt: hash ids until materialized */
@@ -615,7 +648,7 @@ typedef struct req_deque {
  * caller has validated in. */
 kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
                    uint32_t block_size, uint64_t id, uint64_t seed,
-                   uint32_t rank);
+                   uint32_t rank, uint32_t n_groups);
 void req_free(mock_req *r);
 /* Fill the prompt tokens (trace form) and the prompt's block hashes, once. */
 kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h);
@@ -696,6 +729,11 @@ void events_cpu_removed(step_events *s, const mock_hash *hash,
 /* One BlockStored: request r's blocks [first, first + n), pointing into r. */
 kvo_status events_stored(step_events *s, const mock_req *r, uint32_t first,
                          uint32_t n, uint32_t block_size, bool decode);
+/* The same for KV-cache group g, a sliding window of `window` tokens when
+ * not 0 (group_idx, kv_cache_spec_kind and _sliding_window say so). */
+kvo_status events_stored_g(step_events *s, const mock_req *r, uint32_t first,
+                           uint32_t n, uint32_t block_size, bool decode,
+                           uint32_t g, uint32_t window);
 /* extra_keys of blocks [first, first + n) of a request with keys k, as
  * vLLM's cache_full_blocks lists them, msgpack into b (replaced): per block
  * nil, or [lora_name, [mm_id, offset]..., cache_salt (block 0 only)]; the
@@ -781,6 +819,12 @@ void sched_complete(mock_sched *s);
 /* Drop a request wherever it is (deferred to complete() inside an open
  * step); KVO_ENOTFOUND when unknown. */
 kvo_status sched_abort(mock_sched *s, uint64_t req_id);
+/* vLLM's hybrid coordinator on a prompt's hashes bh whose full-attention
+ * group holds the leading n_full blocks: the hit every group agrees on
+ * (each sliding-window group needs the window's blocks before the hit's
+ * end); n_full with one group. No side effects. */
+uint32_t sched_hybrid_hit(const mock_sched *s, const mock_hash *bh,
+                          uint32_t n_full);
 
 /* ---- The engine (mock_engine.c) ------------------------------------------*/
 

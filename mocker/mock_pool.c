@@ -15,6 +15,11 @@
  *                insertion-ordered dict. At most N-1 keys, so the map stops
  *                growing once it has held that many.
  *
+ * With several KV-cache groups (--kv-groups) a block is cached for one
+ * group, and the map key is (hash, group) -- vLLM's BlockHashWithGroupId --
+ * the hash itself for group 0, mixed with the group for the others; the
+ * cached set and its digest are kept per group.
+ *
  * Two digests that agree in their low 64 bits are one key here: that is
  * the identity every consumer of the int form uses anyway (p ~ 2^-64).
  *
@@ -33,7 +38,13 @@
 /* The digest term of block id's hash (its parent from the cold array). */
 static uint64_t block_term(const mock_pool *p, uint32_t id) {
     const mock_hash *par = &p->parent[id];
-    return kvo_block_digest(p->blocks[id].key, par->d.len != 0, par->key);
+    return kvo_block_digest(p->hash[id].key, par->d.len != 0, par->key);
+}
+
+/* The map key of (hash, group): the hash itself for group 0 (so a pool
+ * with one group is keyed as before), mixed with the group otherwise. */
+static uint64_t gkey(uint64_t key, uint32_t g) {
+    return g ? kvo_mix64(key ^ (0x9E3779B97F4A7C15ull * g)) : key;
 }
 
 /* The map's value: a list's head and tail block ids. */
@@ -116,25 +127,36 @@ static void q_append(mock_pool *p, uint32_t id) {
 
 /* ---- cached map -----------------------------------------------------------*/
 
-uint32_t pool_lookup(const mock_pool *p, uint64_t key) {
+uint32_t pool_lookup_g(const mock_pool *p, uint64_t key, uint32_t g) {
     /* kvo_map_get does not modify the map; it only lacks a const form. */
-    const uint64_t *v = kvo_map_get((kvo_map *)&p->map, key);
+    const uint64_t *v = kvo_map_get((kvo_map *)&p->map, gkey(key, g));
     return v ? copies_head(*v) : MOCK_NIL;
+}
+
+uint32_t pool_lookup(const mock_pool *p, uint64_t key) {
+    return pool_lookup_g(p, key, 0);
 }
 
 kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
                       const mock_hash *parent, const mock_block_meta *meta) {
+    return pool_cache_g(p, id, h, parent, meta, 0);
+}
+
+kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
+                        const mock_hash *parent, const mock_block_meta *meta,
+                        uint32_t g) {
     bool added;
-    uint64_t *v = kvo_map_put(&p->map, h->key, &added);
+    uint64_t *v = kvo_map_put(&p->map, gkey(h->key, g), &added);
     if (!v) return KVO_ENOMEM; /* nothing changed */
-    if (p->tok) {
+    if (p->tok && meta) {
         memcpy(&p->tok[(size_t)id * p->bs], meta->tokens, p->bs * sizeof(uint64_t));
         p->lora_id[id] = meta->lora_id;
         p->lora_name[id] = meta->lora_name;
     }
     pool_block *b = &p->blocks[id];
     b->cached = true;
-    b->key = h->key;
+    b->group = (uint8_t)g;
+    b->key = gkey(h->key, g);
     p->hash[id] = *h;
     if (parent) p->parent[id] = *parent;
     else memset(&p->parent[id], 0, sizeof(mock_hash));
@@ -142,8 +164,13 @@ kvo_status pool_cache(mock_pool *p, uint32_t id, const mock_hash *h,
     if (added) {
         b->cprev = MOCK_NIL;
         *v = copies_pack(id, id);
-        p->n_distinct++;
-        p->digest += block_term(p, id);
+        uint64_t t = block_term(p, id);
+        p->g_distinct[g]++;
+        p->g_digest[g] += t;
+        if (g == 0) {
+            p->n_distinct++;
+            p->digest += t;
+        }
     } else {
         uint32_t tail = copies_tail(*v);
         b->cprev = tail;
@@ -166,8 +193,13 @@ static void uncache(mock_pool *p, uint32_t id) {
         else tail = b->cprev;
         if (head == MOCK_NIL) { /* its last copy: the key leaves the set */
             kvo_map_del(&p->map, b->key);
-            p->n_distinct--;
-            p->digest -= block_term(p, id);
+            uint64_t t = block_term(p, id);
+            p->g_distinct[b->group]--;
+            p->g_digest[b->group] -= t;
+            if (b->group == 0) {
+                p->n_distinct--;
+                p->digest -= t;
+            }
         } else {
             *v = copies_pack(head, tail);
         }
@@ -197,10 +229,10 @@ uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
             evicted++;
             p->evicted++;
             if (p->on_evict) {
-                mock_block_meta m = {NULL, 0, NULL};
+                mock_block_meta m = {NULL, 0, NULL, b->group};
                 if (p->tok)
                     m = (mock_block_meta){&p->tok[(size_t)id * p->bs], p->lora_id[id],
-                                          p->lora_name[id]};
+                                          p->lora_name[id], b->group};
                 p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id], &m);
             }
             uncache(p, id);
@@ -230,36 +262,43 @@ bool pool_reset(mock_pool *p) {
     p->n_cached = 0;
     p->n_distinct = 0;
     p->digest = 0;
+    memset(p->g_distinct, 0, sizeof(p->g_distinct));
+    memset(p->g_digest, 0, sizeof(p->g_digest));
     return true;
 }
 
+/* A listed block: its hash key and the copy that stands for it. */
+typedef struct key_id {
+    uint64_t key;
+    uint32_t id;
+} key_id;
+
 static int key_cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    uint64_t x = ((const key_id *)a)->key, y = ((const key_id *)b)->key;
     return x < y ? -1 : x > y;
 }
 
-kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
-                     mock_cached_block *out, uint32_t max, uint32_t *n,
-                     bool *more) {
+kvo_status pool_list_g(const mock_pool *p, uint32_t g, bool has_after,
+                       uint64_t after, mock_cached_block *out, uint32_t max,
+                       uint32_t *n, bool *more) {
     *n = 0;
     *more = false;
-    if (p->n_distinct == 0) return KVO_OK;
-    uint64_t *keys = kvo_malloc((size_t)p->n_distinct * sizeof(uint64_t));
+    if (g >= MOCK_MAX_GROUPS || p->g_distinct[g] == 0) return KVO_OK;
+    key_id *keys = kvo_malloc((size_t)p->g_distinct[g] * sizeof(*keys));
     if (!keys) return KVO_ENOMEM;
     /* a key's oldest copy (head of its list) stands for the key once */
     uint32_t k = 0;
     for (uint32_t id = 1; id < p->n; id++) {
         const pool_block *b = &p->blocks[id];
-        if (!b->cached || b->cprev != MOCK_NIL) continue;
-        if (has_after && b->key <= after) continue;
-        keys[k++] = b->key;
+        if (!b->cached || b->cprev != MOCK_NIL || b->group != g) continue;
+        if (has_after && p->hash[id].key <= after) continue;
+        keys[k++] = (key_id){p->hash[id].key, id};
     }
-    qsort(keys, k, sizeof(uint64_t), key_cmp);
+    qsort(keys, k, sizeof(*keys), key_cmp);
     uint32_t take = k < max ? k : max;
     for (uint32_t i = 0; i < take; i++) {
-        uint32_t id = pool_lookup(p, keys[i]);
-        const mock_hash *par = &p->parent[id];
-        out[i] = (mock_cached_block){.hash = keys[i],
+        const mock_hash *par = &p->parent[keys[i].id];
+        out[i] = (mock_cached_block){.hash = keys[i].key,
                                      .has_parent = par->d.len != 0,
                                      .parent = par->key};
     }
@@ -267,6 +306,12 @@ kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
     *n = take;
     *more = k > take;
     return KVO_OK;
+}
+
+kvo_status pool_list(const mock_pool *p, bool has_after, uint64_t after,
+                     mock_cached_block *out, uint32_t max, uint32_t *n,
+                     bool *more) {
+    return pool_list_g(p, 0, has_after, after, out, max, n, more);
 }
 
 double pool_usage(const mock_pool *p) {

@@ -49,7 +49,7 @@ mock_keys req_keys(const mock_req *r) {
 
 kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
                    uint32_t block_size, uint64_t id, uint64_t seed,
-                   uint32_t rank) {
+                   uint32_t rank, uint32_t n_groups) {
     kvo_status st = KVO_ENOMEM;
     bool trace = in->trace.hash_ids && in->trace.n_hash_ids;
     uint32_t bs = block_size;
@@ -60,6 +60,10 @@ kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
     r->cap_blocks = (r->cap_tokens + bs - 1) / bs;
     r->blocks = kvo_malloc((size_t)r->cap_blocks * sizeof(uint32_t));
     if (!r->blocks) goto fail;
+    r->n_grp = n_groups > 1 ? n_groups - 1 : 0;
+    for (uint32_t g = 0; g < r->n_grp; g++)
+        if (!(r->grp[g].blocks = kvo_malloc((size_t)r->cap_blocks * sizeof(uint32_t))))
+            goto fail;
     if (in->tokens) {
         r->tokens = kvo_malloc((size_t)r->cap_tokens * sizeof(uint64_t));
         if (!r->tokens) goto fail;
@@ -102,6 +106,7 @@ void req_free(mock_req *r) {
     kvo_free(r->tokens);
     kvo_free(r->bh);
     kvo_free(r->blocks);
+    for (uint32_t g = 0; g < r->n_grp; g++) kvo_free(r->grp[g].blocks);
     kvo_free(r->lora);
     kvo_free(r->salt);
     kvo_free(r->mm);

@@ -115,12 +115,93 @@ const mock_req *sched_find_running(const mock_sched *s, uint64_t req_id) {
 }
 
 /* KVCacheManager.free: blocks released in reverse (tail first) so that the
- * request's deepest blocks become the next eviction candidates. */
+ * request's deepest blocks become the next eviction candidates; group by
+ * group (the coordinator frees each manager's table in group order). The
+ * null block of a skipped position is not released. */
 static void free_req_blocks(mock_sched *s, mock_req *r) {
     for (uint32_t k = r->n_blocks; k-- > 0;)
         pool_release(&s->pool, &r->blocks[k], 1);
     r->n_blocks = 0;
     r->num_cached_block = 0;
+    for (uint32_t g = 0; g < r->n_grp; g++) {
+        struct req_group *q = &r->grp[g];
+        for (uint32_t k = q->n_blocks; k-- > 0;)
+            pool_release(&s->pool, &q->blocks[k], 1);
+        q->n_blocks = 0;
+        q->num_cached_block = 0;
+    }
+}
+
+/* ---- hybrid models: sliding-window groups ------------------------------
+ * vLLM's SlidingWindowManager and HybridKVCacheCoordinator, for one block
+ * size: a sliding group of window W needs, for a hit of L blocks, the
+ * ceil((W - 1) / bs) blocks before L cached in that group (the earlier
+ * positions are null blocks); the hit every group agrees on is found by
+ * shrinking L until each sliding group has its window there. As the
+ * computation moves on, a sliding group frees the blocks that left the
+ * window (remove_skipped_blocks): they stay cached, in the free queue, until
+ * evicted (BlockRemoved with their group_idx). */
+
+/* SlidingWindowManager.find_longest_cache_hit over blocks [0, max) of bh
+ * in group g: scanning from the right, the first run of `contiguous`
+ * cached blocks ends the hit; without one, the leading run is the hit. ids
+ * (may be NULL) gets the hit's block ids, 0 (null) before the run. */
+static uint32_t sliding_hit(const mock_sched *s, uint32_t g, const mock_hash *bh,
+                            uint32_t max, uint32_t *ids) {
+    uint32_t bs = s->cfg->block_size, w = s->cfg->groups[g].window;
+    uint32_t contiguous = (w - 1 + bs - 1) / bs, run = 0;
+    for (uint32_t i = max; i-- > 0;) {
+        uint32_t id = pool_lookup_g(&s->pool, bh[i].key, g);
+        if (id == MOCK_NIL) {
+            run = 0;
+            continue;
+        }
+        if (ids) ids[i] = id;
+        run++;
+        if (run >= contiguous) {
+            if (ids)
+                for (uint32_t k = 0; k < i; k++) ids[k] = 0;
+            return i + run;
+        }
+    }
+    if (ids) /* the leading run, found last */
+        for (uint32_t k = 0; k < run; k++) ids[k] = pool_lookup_g(&s->pool, bh[k].key, g);
+    return run;
+}
+
+uint32_t sched_hybrid_hit(const mock_sched *s, const mock_hash *bh,
+                          uint32_t n_full) {
+    uint32_t n = n_full;
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (uint32_t g = 1; g < mock_cfg_groups(s->cfg); g++) {
+            uint32_t l = sliding_hit(s, g, bh, n, NULL);
+            if (l < n) {
+                n = l;
+                changed = true;
+            }
+        }
+    }
+    return n;
+}
+
+/* remove_skipped_blocks: the blocks of each sliding group that left the
+ * window of the request's computed tokens are released (deepest first) and
+ * their positions become the null block. */
+static void remove_skipped(mock_sched *s, mock_req *r) {
+    uint32_t bs = s->cfg->block_size;
+    for (uint32_t g = 0; g < r->n_grp; g++) {
+        uint32_t w = s->cfg->groups[g + 1].window;
+        if (r->num_computed + 1 <= w) continue;
+        uint32_t skip = (r->num_computed + 1 - w) / bs;
+        struct req_group *q = &r->grp[g];
+        if (skip > q->n_blocks) skip = q->n_blocks;
+        for (uint32_t i = skip; i-- > 0;) {
+            if (q->blocks[i] == 0) break; /* skipped before */
+            pool_release(&s->pool, &q->blocks[i], 1);
+            q->blocks[i] = 0;
+        }
+    }
 }
 
 /* get_computed_blocks: leading cached blocks, capped at (n - 1) // bs, into
@@ -153,6 +234,13 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
         ids[n++] = id;
     }
     r->n_hit_ids = n;
+    /* a hybrid model: the hit every group agrees on, each sliding group's
+     * ids into its table (unused while waiting) */
+    if (r->n_grp) {
+        n = sched_hybrid_hit(s, r->bh, n);
+        for (uint32_t g = 0; g < r->n_grp; g++)
+            sliding_hit(s, g + 1, r->bh, n, r->grp[g].blocks);
+    }
     if (r->num_preemptions == 0) {
         s->st->prefix_queries += r->n_tokens;
         s->st->prefix_hits += (uint64_t)n * bs;
@@ -176,6 +264,30 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
     return n;
 }
 
+/* cache_blocks for groups 1..: each group's new full blocks (never a
+ * skipped position: those are below what the group cached already), one
+ * BlockStored per group after group 0's. */
+static kvo_status cache_groups(mock_sched *s, mock_req *r, uint32_t full, bool decode,
+                               mock_step *out) {
+    mock_pool *p = &s->pool;
+    for (uint32_t g = 0; g < r->n_grp; g++) {
+        struct req_group *q = &r->grp[g];
+        if (q->num_cached_block >= full) continue;
+        uint32_t first = q->num_cached_block;
+        for (uint32_t k = first; k < full; k++) {
+            kvo_status st = pool_cache_g(p, q->blocks[k], &r->bh[k],
+                                         k ? &r->bh[k - 1] : NULL, NULL, g + 1);
+            if (st != KVO_OK) return st;
+        }
+        q->num_cached_block = full;
+        out->stored += full - first;
+        kvo_status st = events_stored_g(s->ev, r, first, full - first, s->cfg->block_size,
+                                        decode, g + 1, s->cfg->groups[g + 1].window);
+        if (st != KVO_OK) return st;
+    }
+    return KVO_OK;
+}
+
 /* allocate_slots. *ok = false (nothing changed) when the pool cannot supply
  * the blocks. What it evicted and stored is added to out's counts. */
 static kvo_status allocate_slots(mock_sched *s, mock_req *r,
@@ -184,17 +296,30 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
                                  bool decode, mock_step *out, bool *ok) {
     mock_pool *p = &s->pool;
     uint32_t bs = s->cfg->block_size;
+    /* sliding groups free what left the window first (vLLM does, even
+     * when the request then does not fit: fewer evictions) */
+    if (r->n_grp) remove_skipped(s, r);
     uint64_t num_computed = (uint64_t)r->num_computed + new_computed;
     uint64_t need = num_computed + num_new;
     if (need > s->max_model_len) need = s->max_model_len;
     uint32_t required = (uint32_t)((need + bs - 1) / bs);
     uint32_t have = n_hit + r->n_blocks;
     uint32_t n_new = required > have ? required - have : 0;
+    uint64_t wanted = n_new; /* over every group */
     uint32_t evictable = 0;
     for (uint32_t k = 0; k < n_hit; k++)
         if (p->blocks[hit[k]].ref == 0) evictable++;
+    for (uint32_t g = 0; g < r->n_grp; g++) {
+        const struct req_group *q = &r->grp[g];
+        uint32_t hv = n_hit + q->n_blocks;
+        wanted += required > hv ? required - hv : 0;
+        for (uint32_t k = 0; k < n_hit; k++) {
+            uint32_t id = q->blocks[q->n_blocks + k];
+            if (id != 0 && p->blocks[id].ref == 0) evictable++;
+        }
+    }
     *ok = false;
-    if ((uint64_t)n_new + evictable > p->n_free) return KVO_OK;
+    if (wanted + evictable > p->n_free) return KVO_OK;
     if (r->n_blocks + n_hit + n_new > r->cap_blocks) return KVO_ESTATE;
     *ok = true;
     if (n_hit) {
@@ -204,27 +329,45 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
         r->n_blocks += n_hit;
         r->num_cached_block = n_hit; /* a new request's computed blocks */
     }
+    for (uint32_t g = 0; g < r->n_grp; g++) { /* the other groups' hits */
+        struct req_group *q = &r->grp[g];
+        if (!n_hit) continue;
+        for (uint32_t k = 0; k < n_hit; k++)
+            if (q->blocks[q->n_blocks + k] != 0) pool_touch(p, &q->blocks[q->n_blocks + k], 1);
+        q->n_blocks += n_hit;
+        q->num_cached_block = n_hit;
+    }
     if (n_new) {
         out->evicted += pool_alloc(p, n_new, r->blocks + r->n_blocks);
         r->n_blocks += n_new;
+    }
+    for (uint32_t g = 0; g < r->n_grp; g++) { /* then theirs, group by group */
+        struct req_group *q = &r->grp[g];
+        uint32_t add = required > q->n_blocks ? required - q->n_blocks : 0;
+        if (!add) continue;
+        out->evicted += pool_alloc(p, add, q->blocks + q->n_blocks);
+        q->n_blocks += add;
     }
     if (!s->cfg->prefix_caching) return KVO_OK;
     uint64_t to_cache = num_computed + num_new;
     if (to_cache > r->n_tokens) to_cache = r->n_tokens;
     uint32_t full = (uint32_t)(to_cache / bs);
-    if (r->num_cached_block >= full) return KVO_OK;
-    uint32_t first = r->num_cached_block;
-    for (uint32_t k = first; k < full; k++) {
-        mock_block_meta meta = {r->tokens + (size_t)k * bs, r->lora_tab ? r->lora_id : 0,
-                                r->lora_tab};
-        kvo_status st = pool_cache(p, r->blocks[k], &r->bh[k],
-                                   k ? &r->bh[k - 1] : NULL, &meta);
+    if (r->num_cached_block < full) {
+        uint32_t first = r->num_cached_block;
+        for (uint32_t k = first; k < full; k++) {
+            mock_block_meta meta = {r->tokens + (size_t)k * bs,
+                                    r->lora_tab ? r->lora_id : 0, r->lora_tab, 0};
+            kvo_status st = pool_cache(p, r->blocks[k], &r->bh[k],
+                                       k ? &r->bh[k - 1] : NULL, &meta);
+            if (st != KVO_OK) return st;
+        }
+        r->num_cached_block = full;
+        s->st->blocks_stored += full - first;
+        out->stored += full - first;
+        kvo_status st = events_stored(s->ev, r, first, full - first, bs, decode);
         if (st != KVO_OK) return st;
     }
-    r->num_cached_block = full;
-    s->st->blocks_stored += full - first;
-    out->stored += full - first;
-    return events_stored(s->ev, r, first, full - first, bs, decode);
+    return r->n_grp ? cache_groups(s, r, full, decode, out) : KVO_OK;
 }
 
 static kvo_status mark_scheduled(mock_sched *s, mock_req *r, uint32_t n,

@@ -670,6 +670,8 @@ static void handle_state(server *s, kvo_http_req *req) {
                                json_object_new_uint64(c->cpu_offload_blocks));
     if (c->lora_modules)
         json_object_object_add(w, "lora_modules", json_object_new_string(c->lora_modules));
+    if (mock_cfg_groups(c) > 1)
+        json_object_object_add(w, "kv_groups", json_object_new_int64(mock_cfg_groups(c)));
     json_object *muts = json_object_new_array();
     const mock_mutation_info *m = mock_mutations();
     for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
@@ -692,6 +694,25 @@ static void handle_state(server *s, kvo_http_req *req) {
         json_object_object_add(o, "cached_distinct", json_object_new_uint64(st.cached_distinct));
         json_object_object_add(o, "cached_digest", json_object_new_uint64(st.cached_digest));
         json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
+        if (mock_cfg_groups(c) > 1) { /* each KV-cache group's cached set */
+            json_object *ga = json_object_new_array();
+            for (uint32_t g = 0; g < mock_cfg_groups(c); g++) {
+                uint64_t dn, dg;
+                mock_engine_group_set(nr->eng, g, &dn, &dg);
+                json_object *go = json_object_new_object();
+                json_object_object_add(go, "group", json_object_new_int64(g));
+                json_object_object_add(go, "kind", json_object_new_string(
+                                                       c->groups[g].sliding ? "sliding_window"
+                                                                            : "full_attention"));
+                if (c->groups[g].sliding)
+                    json_object_object_add(go, "sliding_window",
+                                           json_object_new_int64(c->groups[g].window));
+                json_object_object_add(go, "cached_distinct", json_object_new_uint64(dn));
+                json_object_object_add(go, "cached_digest", json_object_new_uint64(dg));
+                json_object_array_add(ga, go);
+            }
+            json_object_object_add(o, "groups", ga);
+        }
         if (c->cpu_offload_blocks && c->prefix_caching) {
             json_object_object_add(o, "cpu_cached_distinct",
                                    json_object_new_uint64(st.cpu_cached_distinct));
@@ -770,6 +791,9 @@ static json_object *probe_chain(server *s, const mock_engine *e, const mock_prom
  *               tier the run it holds after it (a full hit recomputes the
  *               last token)
  *   gpu, cpu    with a CPU tier: the two runs (blocks found per tier)
+ *   full_blocks with --kv-groups: the full-attention group's run (what a
+ *               router indexing that group scores); hit_blocks is then the
+ *               hit every group agrees on (sliding windows cached)
  *   chain       with "detail": true (or at /kvo/chain): the prompt's
  *               chain to the first block not hit plus DETAIL_AFTER, per
  *               block {index, hash, parent, cached, copies, [cpu,]
@@ -858,11 +882,17 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
     json_object_object_add(o, "prompt_blocks", json_object_new_int64((p->n + bs - 1) / bs));
     json_object *arr = json_object_new_array();
+    bool groups = mock_cfg_groups(s->cfg) > 1;
     for (uint32_t r = 0; r < n; r++) {
         uint32_t found = pk[r].gpu + pk[r].cpu;
+        if (found > cap) found = cap;
+        /* a hybrid model: what every group agrees on (the sliding windows) */
+        if (groups) found = mock_engine_hybrid_hit(s->node.ranks[r].eng, h, pk[r].gpu);
         json_object *e = json_object_new_object();
         json_object_object_add(e, "dp_rank", json_object_new_int64(r));
-        json_object_object_add(e, "hit_blocks", json_object_new_int64(found < cap ? found : cap));
+        json_object_object_add(e, "hit_blocks", json_object_new_int64(found));
+        if (groups) /* the full-attention group's run: what a router scores */
+            json_object_object_add(e, "full_blocks", json_object_new_int64(pk[r].gpu));
         if (tier) {
             json_object_object_add(e, "gpu", json_object_new_int64(pk[r].gpu));
             json_object_object_add(e, "cpu", json_object_new_int64(pk[r].cpu));
@@ -918,8 +948,9 @@ static void warm_memo(server *s) {
     s->warm_ids = NULL;
 }
 
-/* GET /kvo/blocks?rank=R[&after=H][&limit=N][&tier=gpu|cpu]: rank R's
- * cached set (the GPU pool's, or with tier=cpu the CPU tier's), the
+/* GET /kvo/blocks?rank=R[&after=H][&limit=N][&tier=gpu|cpu][&group=G]: rank
+ * R's cached set (the GPU pool's group G, default 0, the full-attention
+ * one; or with tier=cpu the CPU tier's), the
  * engine's own hashes (--mutate corrupts only what is published), sorted:
  *   {"rank": R, "count": C, "digest": D,
  *    "blocks": [[block_hash, parent_hash|null], ...], "next": H|null}
@@ -953,11 +984,19 @@ static void handle_blocks(server *s, kvo_http_req *req) {
         respond_err(s, req, 400, "tier must be gpu or cpu");
         return;
     }
+    const char *gs = kvo_http_req_arg(req, "group");
+    uint32_t group = 0, n_groups = mock_cfg_groups(s->cfg);
+    if (gs && (kvo_parse_u32(gs, &group) != KVO_OK || group >= n_groups || (cpu && group))) {
+        respond_err(s, req, 400, "group must be a KV-cache group in [0, %u) (GPU tier)",
+                    n_groups);
+        return;
+    }
     const mock_engine *e = s->node.ranks[rank].eng;
     mock_engine_stats st;
     mock_engine_stats_get(e, &st);
     uint64_t count = cpu ? st.cpu_cached_distinct : st.cached_distinct;
     uint64_t digest = cpu ? st.cpu_cached_digest : st.cached_digest;
+    if (group) mock_engine_group_set(e, group, &count, &digest);
     uint32_t cap = count < limit ? (uint32_t)count : limit;
     mock_cached_block *b = kvo_malloc(((size_t)cap + 1) * sizeof(*b));
     uint32_t n = 0;
@@ -966,8 +1005,13 @@ static void handle_blocks(server *s, kvo_http_req *req) {
     kvo_buf_init(&out);
     kvo_status rc = KVO_ENOMEM;
     if (b && cpu) rc = mock_engine_cpu_cached_blocks(e, as != NULL, after, b, cap, &n, &more);
-    else if (b) rc = mock_engine_cached_blocks(e, as != NULL, after, b, cap, &n, &more);
-    if (rc == KVO_OK && ts) /* the tier named back only when asked for */
+    else if (b)
+        rc = mock_engine_group_blocks(e, group, as != NULL, after, b, cap, &n, &more);
+    if (rc == KVO_OK && gs) /* the group named back only when asked for */
+        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"group\":%u,\"count\":%" PRIu64
+                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+                            rank, group, count, digest);
+    else if (rc == KVO_OK && ts) /* the tier named back only when asked for */
         rc = kvo_buf_printf(&out, "{\"rank\":%u,\"tier\":\"%s\",\"count\":%" PRIu64
                                   ",\"digest\":%" PRIu64 ",\"blocks\":[",
                             rank, cpu ? "cpu" : "gpu", count, digest);

@@ -21,7 +21,7 @@ enum {
     OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
     OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
     OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE,
-    OPT_LORA_MODULES, OPT_CPU_OFFLOAD
+    OPT_LORA_MODULES, OPT_CPU_OFFLOAD, OPT_KV_GROUPS
 };
 
 static const struct option options[] = {
@@ -64,6 +64,7 @@ static const struct option options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"lora-modules", required_argument, NULL, OPT_LORA_MODULES},
     {"cpu-offload-blocks", required_argument, NULL, OPT_CPU_OFFLOAD},
+    {"kv-groups", required_argument, NULL, OPT_KV_GROUPS},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"summary-json", no_argument, NULL, OPT_SUMMARY_JSON},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -112,6 +113,9 @@ static const char usage[] =
     "  --cpu-offload-blocks N    a CPU tier of N blocks per rank: GPU evictions\n"
     "                            are offloaded to it (medium CPU), prefixes load\n"
     "                            back from it (default 0 = none)\n"
+    "  --kv-groups full[,sliding:W]...  a hybrid model's KV-cache groups: events\n"
+    "                            carry group_idx; a router indexes group 0 (full\n"
+    "                            attention); not with --cpu-offload-blocks\n"
     "  --kv-transfer-ms-per-block X  decode role: latency per received block\n"
     "  --hash-algo A             sha256|sha256_cbor|xxhash|xxhash_cbor (sha256)\n"
     "  --hash-seed S             PYTHONHASHSEED of NONE_HASH (default \"0\")\n"
@@ -192,6 +196,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
     case OPT_CPU_OFFLOAD:
         return u32_opt("cpu-offload-blocks", arg, &c->cpu_offload_blocks, 0);
+    case OPT_KV_GROUPS:
+        return mock_groups_parse(arg, c) ? bad("kv-groups", arg) : KVO_OK;
     case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
     case OPT_KV_TRANSFER:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("kv-transfer-ms-per-block", arg);
@@ -281,7 +287,7 @@ static void log_config(const mock_cfg *c) {
              "max_model_len=%u prefix_caching=%s hash_algo=%s hash_seed=%s "
              "hash_bytes=%s event_format=%s topic='%s' speedup=%g seed=%llu "
              "vocab_size=%llu mutate=%s record=%s cpu_offload_blocks=%u "
-             "lora_modules=%s",
+             "lora_modules=%s kv_groups=%u",
              KVO_VERSION, c->trace ? "trace" : "server", c->model,
              mock_role_name(c->role), c->dp_size, c->block_size,
              c->num_gpu_blocks, c->max_num_seqs, c->max_num_batched_tokens,
@@ -291,7 +297,7 @@ static void log_config(const mock_cfg *c) {
              c->topic, c->speedup, (unsigned long long)c->seed,
              (unsigned long long)c->vocab_size, *muts ? muts : "none",
              c->record ? c->record : "none", c->cpu_offload_blocks,
-             c->lora_modules ? c->lora_modules : "none");
+             c->lora_modules ? c->lora_modules : "none", mock_cfg_groups(c));
 }
 
 int main(int argc, char **argv) {
@@ -316,6 +322,11 @@ int main(int argc, char **argv) {
     if (optind_ < argc) {
         fprintf(stderr, "kvo-mocker: unexpected argument '%s' (see --help)\n",
                 argv[optind_]);
+        return KVO_EXIT_USAGE;
+    }
+    if (o.cfg.n_groups > 1 && o.cfg.cpu_offload_blocks) {
+        fprintf(stderr, "kvo-mocker: --kv-groups and --cpu-offload-blocks do not "
+                        "go together\n");
         return KVO_EXIT_USAGE;
     }
     if (o.cfg.dp_size > 1 && o.cfg.zmq_port &&

@@ -1475,6 +1475,41 @@ START_TEST(the_detail_form_lists_the_chain_past_the_first_miss) {
 }
 END_TEST
 
+/* --kv-groups: the state lists each group's set, /kvo/blocks?group=G lists
+ * it, a probe adds the full-attention run (full_blocks) beside the hit
+ * every group agrees on. */
+START_TEST(kv_groups_show_in_state_blocks_and_probe) {
+    mocker m;
+    mocker_start(&m, MT_ARGS("--block-size", "4", "--kv-groups", "full,sliding:8"));
+    static const char tok[] = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]";
+    char body[256];
+    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 1}", tok);
+    json_object_put(ok(&m, "/v1/completions", body));
+    json_object *j = ok(&m, "/kvo/state", NULL);
+    ck_assert_int_eq(num(j, "worker.kv_groups"), 2);
+    ck_assert_str_eq(str(j, "ranks.0.groups.1.kind"), "sliding_window");
+    ck_assert_int_eq(num(j, "ranks.0.groups.1.sliding_window"), 8);
+    ck_assert_int_eq(num(j, "ranks.0.groups.0.cached_distinct"), 4);
+    ck_assert_int_eq(num(j, "ranks.0.groups.1.cached_distinct"), 4);
+    ck_assert_int_eq(num(j, "ranks.0.cached_distinct"), 4);
+    json_object_put(j);
+    j = ok(&m, "/kvo/blocks?rank=0&group=1", NULL);
+    ck_assert_int_eq(num(j, "group"), 1);
+    ck_assert_int_eq(num(j, "count"), 4);
+    json_object_put(j);
+    snprintf(body, sizeof(body), "{\"token_ids\": %s}", tok);
+    j = ok(&m, "/kvo/probe", body);
+    ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 4);
+    ck_assert_int_eq(num(j, "ranks.0.full_blocks"), 4);
+    json_object_put(j);
+    long status;
+    j = call(&m, "/kvo/blocks?rank=0&group=2", NULL, &status);
+    ck_assert_int_eq(status, 400);
+    json_object_put(j);
+    ck_assert_int_eq(mocker_stop(&m), 0);
+}
+END_TEST
+
 Suite *suite_http(void) {
     const TTest *tests[] = {
         completions_report_cached_tokens_and_the_kvo_object,
@@ -1498,6 +1533,7 @@ Suite *suite_http(void) {
         model_names_an_adapter_and_mm_items_key_the_blocks,
         probe_tiers_detail_chain_blocks_and_state_see_the_cpu_tier,
         the_detail_form_lists_the_chain_past_the_first_miss,
+        kv_groups_show_in_state_blocks_and_probe,
     };
     return mt_suite(suite_create("http"), 120, tests, KVO_ARRAY_LEN(tests));
 }

@@ -8,6 +8,7 @@
 #include "mt.h"
 
 #include <msgpack.h>
+#include <stdio.h>
 #include <string.h>
 
 Suite *suite_tiers(void);
@@ -396,6 +397,270 @@ START_TEST(reset_not_published_holds_the_idle_clear_until_the_next_step) {
 }
 END_TEST
 
+/* --kv-groups: "full,sliding:W" and what is refused. */
+START_TEST(kv_groups_parse_a_full_group_then_sliding_windows) {
+    mock_cfg c;
+    mock_cfg_default(&c);
+    ck_assert_int_eq(mock_groups_parse("full,sliding:8,sliding:128", &c), KVO_OK);
+    ck_assert_uint_eq(c.n_groups, 3);
+    ck_assert(!c.groups[0].sliding && c.groups[2].sliding && c.groups[2].window == 128);
+    ck_assert_uint_eq(mock_cfg_groups(&c), 3);
+    static const char *const bad[] = {"sliding:8,full", "full,full", "full,sliding:0",
+                                      "full,sliding:x", "full,,sliding:4", "",
+                                      "full,sliding:1,sliding:2,sliding:3,sliding:4"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        mock_cfg d = c;
+        ck_assert_msg(mock_groups_parse(bad[i], &d) == KVO_EINVAL, "%s", bad[i]);
+        ck_assert_uint_eq(d.n_groups, 3); /* unchanged */
+    }
+    mock_cfg_default(&c);
+    ck_assert_uint_eq(mock_cfg_groups(&c), 1);
+}
+END_TEST
+
+static void start_groups(mt_eng *m, uint32_t gpu, const char *groups) {
+    mock_cfg c;
+    mt_cfg(&c, 4, gpu);
+    ck_assert_int_eq(mock_groups_parse(groups, &c), KVO_OK);
+    mt_eng_init(m, &c, 0);
+}
+
+/* A prefill stores its blocks in each group, group 0 first, the sliding
+ * group's event saying so; as decoding moves on, the sliding group frees
+ * the blocks that left its window (they stay cached, ref 0). */
+START_TEST(each_group_stores_its_blocks_and_the_window_frees_what_it_left) {
+    mt_eng m;
+    start_groups(&m, 64, "full,sliding:8");
+    uint64_t t[16];
+    mt_iota(t, 16, 70);
+    mock_hash h[4];
+    mt_hash(&m, t, 4, h);
+    mt_out o = {0};
+    uint64_t id = mt_add(&m, t, 16, 3, &o);
+    ck_assert(mt_step(&m, NULL));
+    ck_assert_uint_eq(m.last.n_events, 2);
+    const wire_event *e0 = &m.last.events[0], *e1 = &m.last.events[1];
+    ck_assert(e0->group_idx.set && e0->group_idx.v == 0);
+    ck_assert(e0->kv_cache_spec_kind.len == 14 &&
+              memcmp(e0->kv_cache_spec_kind.p, "full_attention", 14) == 0);
+    ck_assert(!e0->kv_cache_spec_sliding_window.set);
+    ck_assert(e1->group_idx.set && e1->group_idx.v == 1);
+    ck_assert(e1->kv_cache_spec_kind.len == 14 &&
+              memcmp(e1->kv_cache_spec_kind.p, "sliding_window", 14) == 0);
+    ck_assert(e1->kv_cache_spec_sliding_window.set && e1->kv_cache_spec_sliding_window.v == 8);
+    ck_assert_uint_eq(e1->n_hashes, 4);
+    ck_assert_uint_eq(e1->n_tokens, 16);
+    for (int i = 0; i < 4; i++) ck_assert(e0->hashes[i].key == h[i].key && e1->hashes[i].key == h[i].key);
+    for (int i = 0; i < 4; i++) {
+        ck_assert(mock_engine_group_cached(m.e, 0, h[i].key));
+        ck_assert(mock_engine_group_cached(m.e, 1, h[i].key));
+    }
+    mt_step(&m, NULL); /* a decode step: 16 computed, the window is 8 */
+    const mock_req *r = sched_find_running(&m.e->sched, id);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_uint_eq(r->grp[0].blocks[0], 0); /* (16 + 1 - 8) / 4 = 2 skipped */
+    ck_assert_uint_eq(r->grp[0].blocks[1], 0);
+    ck_assert_uint_ne(r->grp[0].blocks[2], 0);
+    ck_assert(mock_engine_group_cached(m.e, 1, h[0].key)); /* still cached, free */
+    uint64_t dn, dg;
+    mock_engine_group_set(m.e, 1, &dn, &dg);
+    ck_assert_uint_eq(dn, 4);
+    ck_assert_uint_eq(dg, kvo_block_digest(h[0].key, false, 0) +
+                              kvo_block_digest(h[1].key, true, h[0].key) +
+                              kvo_block_digest(h[2].key, true, h[1].key) +
+                              kvo_block_digest(h[3].key, true, h[2].key));
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* The hybrid hit: within the full group's run, a sliding group of window 8
+ * (two blocks at block size 4) needs the two blocks before the hit's end;
+ * without such a pair, only its own leading run. */
+START_TEST(a_hybrid_hit_needs_the_window_before_its_end_in_every_sliding_group) {
+    mt_eng m;
+    start_groups(&m, 64, "full,sliding:8");
+    uint64_t t[20];
+    mt_iota(t, 20, 900);
+    mock_hash h[5];
+    mt_hash(&m, t, 5, h);
+    mock_pool *p = &m.e->sched.pool;
+    for (uint32_t k = 0; k < 5; k++)
+        ck_assert_int_eq(pool_cache_g(p, 1 + k, &h[k], k ? &h[k - 1] : NULL, NULL, 0), KVO_OK);
+    /* group 1 holds blocks 0, 2 and 3 */
+    ck_assert_int_eq(pool_cache_g(p, 10, &h[0], NULL, NULL, 1), KVO_OK);
+    ck_assert_int_eq(pool_cache_g(p, 12, &h[2], &h[1], NULL, 1), KVO_OK);
+    ck_assert_int_eq(pool_cache_g(p, 13, &h[3], &h[2], NULL, 1), KVO_OK);
+    ck_assert_uint_eq(mock_engine_hybrid_hit(m.e, h, 5), 4); /* window [2, 4) */
+    ck_assert_uint_eq(mock_engine_hybrid_hit(m.e, h, 3), 1); /* only block 0 */
+    ck_assert_uint_eq(mock_engine_hybrid_hit(m.e, h, 0), 0);
+    /* a prompt of those 20 tokens: hit 4 blocks (cap 4), 16 cached */
+    mt_out o = {0};
+    mt_add_run(&m, t, 20, 1, &o, NULL);
+    ck_assert_uint_eq(o.cached, 16);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A sliding-group block evicted is removed with its group_idx;
+ * group-collision publishes every group as group 0 (full attention). */
+START_TEST(evictions_carry_their_group_and_group_collision_erases_it) {
+    mt_eng m;
+    start_groups(&m, 13, "full,sliding:4"); /* 12 blocks, 6 per group */
+    uint64_t a[8], b[23];
+    mt_iota(a, 8, 10);
+    mt_iota(b, 23, 50);
+    mt_out o = {0};
+    mt_add_run(&m, a, 8, 1, &o, NULL);
+    mt_add(&m, b, 23, 1, &o); /* every block: a's of both groups evicted */
+    mock_step st;
+    ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
+    bool removed_g1 = false, stored_g1 = false;
+    for (uint32_t i = 0; i < st.batch->n_events; i++) {
+        const wire_event *e = &st.batch->events[i];
+        if (e->type == WIRE_EV_REMOVED && e->group_idx.v == 1) removed_g1 = true;
+        if (e->type == WIRE_EV_STORED && e->group_idx.v == 1) stored_g1 = true;
+    }
+    ck_assert(removed_g1 && stored_g1);
+    mock_render *r = renderer(MOCK_MUT_GROUP_COLLISION);
+    wire_batch out[2];
+    ck_assert_uint_eq(render(r, &st, out, 2), 1);
+    ck_assert_uint_eq(out[0].n_events, st.batch->n_events);
+    for (uint32_t i = 0; i < out[0].n_events; i++) {
+        const wire_event *e = &out[0].events[i];
+        ck_assert(e->group_idx.set && e->group_idx.v == 0);
+        if (e->type == WIRE_EV_STORED) {
+            ck_assert(e->kv_cache_spec_kind.len == 14 &&
+                      memcmp(e->kv_cache_spec_kind.p, "full_attention", 14) == 0);
+            ck_assert(!e->kv_cache_spec_sliding_window.set);
+        }
+    }
+    wire_batch_fini(&out[0]);
+    mock_render_free(r);
+    mock_engine_complete(m.e);
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* The events of one (group or tier) set, counted copy by copy. */
+#define SET_CAP 4096
+typedef struct set_model {
+    uint64_t key[SET_CAP], parent[SET_CAP];
+    uint32_t count[SET_CAP];
+    bool used[SET_CAP], has_parent[SET_CAP];
+    uint64_t distinct, digest;
+} set_model;
+
+static uint32_t set_slot(set_model *m, uint64_t k) {
+    uint32_t i = (uint32_t)(k * 0x9E3779B97F4A7C15ull >> 52) & (SET_CAP - 1);
+    while (m->used[i] && m->key[i] != k) i = (i + 1) & (SET_CAP - 1);
+    if (!m->used[i]) {
+        m->used[i] = true;
+        m->key[i] = k;
+        m->count[i] = 0;
+    }
+    return i;
+}
+
+static void set_add(set_model *m, uint64_t k, bool hp, uint64_t p) {
+    uint32_t i = set_slot(m, k);
+    if (m->count[i]++ > 0) return;
+    m->has_parent[i] = hp;
+    m->parent[i] = p;
+    m->distinct++;
+    m->digest += kvo_block_digest(k, hp, p);
+}
+
+static void set_del(set_model *m, uint64_t k) {
+    uint32_t i = set_slot(m, k);
+    ck_assert_msg(m->count[i] > 0, "a removal of a block never stored");
+    if (--m->count[i] > 0) return;
+    m->distinct--;
+    m->digest -= kvo_block_digest(k, m->has_parent[i], m->parent[i]);
+}
+
+/* sets[0..MOCK_MAX_GROUPS) per group, sets[MOCK_MAX_GROUPS] the CPU tier */
+static void sets_apply(void *ctx, const wire_batch *b) {
+    set_model *sets = ctx;
+    for (uint32_t i = 0; i < b->n_events; i++) {
+        const wire_event *e = &b->events[i];
+        ck_assert_int_ne(e->type, WIRE_EV_CLEARED);
+        set_model *m = is_medium(e, "CPU") ? &sets[MOCK_MAX_GROUPS] : &sets[e->group_idx.v];
+        for (uint32_t k = 0; k < e->n_hashes; k++) {
+            if (e->type == WIRE_EV_REMOVED) {
+                set_del(m, e->hashes[k].key);
+            } else if (k) {
+                set_add(m, e->hashes[k].key, true, e->hashes[k - 1].key);
+            } else {
+                set_add(m, e->hashes[0].key, e->parent.kind != WIRE_HASH_NONE, e->parent.key);
+            }
+        }
+    }
+}
+
+/* Random prompts over shared prefixes on a small pool, step by step: the
+ * events of each group (and of the CPU tier) always add up to that group's
+ * (tier's) cached set, count and digest. Seed printed. */
+static void truthful_run(const char *groups, uint32_t cpu, uint64_t seed) {
+    mt_eng m;
+    mock_cfg c;
+    mt_cfg(&c, 4, 40);
+    c.cpu_offload_blocks = cpu;
+    if (groups) ck_assert_int_eq(mock_groups_parse(groups, &c), KVO_OK);
+    mt_eng_init(&m, &c, 0);
+    static set_model sets[MOCK_MAX_GROUPS + 1];
+    memset(sets, 0, sizeof(sets));
+    uint64_t rng = seed;
+    fprintf(stderr, "truthful_run(%s, %u): seed %llu\n", groups ? groups : "-", cpu,
+            (unsigned long long)seed);
+    mt_out outs[64];
+    uint32_t max_len = mock_cfg_max_model_len(&c);
+    for (int r = 0; r < 64; r++) {
+        uint64_t tok[64];
+        uint32_t n = 5 + (uint32_t)(kvo_splitmix64(&rng) % 40);
+        if (n + 8 > max_len) n = max_len - 8;
+        uint64_t fam = kvo_splitmix64(&rng) % 5;
+        for (uint32_t i = 0; i < n; i++)
+            tok[i] = i < 12 ? fam * 100 + i : kvo_splitmix64(&rng) % 1000;
+        memset(&outs[r], 0, sizeof(outs[r]));
+        mock_req_in in = mt_req(tok, n, 1 + (uint32_t)(kvo_splitmix64(&rng) % 6), &outs[r]);
+        if (cpu && r % 3 == 1) in.lora_name = "l1";
+        if (cpu && r % 4 == 2) in.cache_salt = "s";
+        mock_mm_item mm = {1, 6, "img"};
+        if (cpu && r % 5 == 3 && n >= 7) {
+            in.mm = &mm;
+            in.n_mm = 1;
+        }
+        ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
+        for (int k = 0; k < 3 && (mock_engine_has_work(m.e)); k++) {
+            if (mt_step(&m, NULL)) sets_apply(sets, &m.last);
+            for (uint32_t g = 0; g < mock_cfg_groups(&c); g++) {
+                uint64_t dn, dg;
+                mock_engine_group_set(m.e, g, &dn, &dg);
+                ck_assert_msg(dn == sets[g].distinct && dg == sets[g].digest,
+                              "group %u after request %d: engine %llu blocks, events %llu", g,
+                              r, (unsigned long long)dn, (unsigned long long)sets[g].distinct);
+            }
+            mock_engine_stats st = mt_stats(&m);
+            ck_assert(st.cpu_cached_distinct == sets[MOCK_MAX_GROUPS].distinct &&
+                      st.cpu_cached_digest == sets[MOCK_MAX_GROUPS].digest);
+        }
+    }
+    mt_run(&m, sets_apply, sets);
+    mock_engine_stats st = mt_stats(&m);
+    ck_assert_uint_gt(st.blocks_removed, 20); /* the pool was under pressure */
+    if (cpu) ck_assert_uint_gt(st.cpu_hits, 0);
+    mt_eng_fini(&m);
+}
+
+START_TEST(every_group_and_tier_is_published_truthfully_under_pressure) {
+    truthful_run("full,sliding:8", 0, 20261201);
+    truthful_run("full,sliding:4,sliding:13", 0, 7);
+    truthful_run(NULL, 24, 99);
+}
+END_TEST
+
 Suite *suite_tiers(void) {
     const TTest *tests[] = {
         a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events,
@@ -405,6 +670,11 @@ Suite *suite_tiers(void) {
         key_mutants_rewrite_lora_fields_and_extra_keys_only,
         tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks,
         reset_not_published_holds_the_idle_clear_until_the_next_step,
+        kv_groups_parse_a_full_group_then_sliding_windows,
+        each_group_stores_its_blocks_and_the_window_frees_what_it_left,
+        a_hybrid_hit_needs_the_window_before_its_end_in_every_sliding_group,
+        evictions_carry_their_group_and_group_collision_erases_it,
+        every_group_and_tier_is_published_truthfully_under_pressure,
     };
     return mt_suite(suite_create("tiers"), 60, tests, KVO_ARRAY_LEN(tests));
 }
