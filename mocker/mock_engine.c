@@ -9,8 +9,9 @@
  *     |   +--> mock_sched      running/waiting queues, one step, complete
  *     |   |      |   |         (mock_sched.c)
  *     |   |      |   +--> mock_pool   blocks, free queue, cached map
- *     |   |      |                    (mock_pool.c); its evict callback
- *     |   |      |                    feeds step_events
+ *     |   |      |   |                (mock_pool.c); its evict callback
+ *     |   |      |   |                feeds step_events and the CPU tier
+ *     |   |      |   +--> mock_cpu    the CPU tier (mock_cpu.c)
  *     +---+------+--> mock_req     a request, its tokens and hashes; the
  *     |          |                 vector and deque (mock_req.c)
  *     +----------+--> step_events  the step's KVEventBatch (mock_events.c)

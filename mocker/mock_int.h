@@ -26,10 +26,16 @@
  *     sched     mock_sched: the requests and the pool
  *       pool      mock_pool: blocks[0..N) (block 0 = vLLM's null block,
  *                 never free), the free queue (doubly linked through
- *                 blocks, head = next to evict) and the cached map key ->
- *                 copies (doubly linked through blocks in insertion order;
- *                 lookups return the oldest copy, as vLLM's
- *                 BlockHashToBlockMap).
+ *                 blocks, head = next to evict) and the cached map (key,
+ *                 group) -> copies (doubly linked through blocks in
+ *                 insertion order; lookups return the oldest copy, as
+ *                 vLLM's BlockHashToBlockMap); with --cpu-offload-blocks or
+ *                 resurrect-removed each cached block keeps its tokens
+ *       cpu       mock_cpu: the CPU tier (LRU), fed by the pool's
+ *                 evictions, read at admission (a prefix loaded back)
+ *       groups    with --kv-groups every request has one block table per
+ *                 group (mock_req.grp), sliding groups null the positions
+ *                 that left their window
  *       running   requests in admission order (preemption pops the last)
  *       waiting   deque (preempted requests go back to the front)
  *     ev        step_events: the step's events being built (wire_event +

@@ -757,6 +757,19 @@ static const uint64_t *probe_block_tokens(const mock_prompt *p, uint32_t b,
     return buf;
 }
 
+/* Hash block b of a probe's prompt into h[b] (h[0..b) hashed before);
+ * buf is scratch for a block's tokens. */
+static kvo_status probe_hash(server *s, const mock_prompt *p, const mock_keys *keys,
+                             uint32_t b, mock_hash *h, uint64_t *buf, kvo_err *err) {
+    uint32_t bs = s->cfg->block_size;
+    mock_trace_ref tr = {p->trace_ids, p->n_trace};
+    const uint64_t *tok = probe_block_tokens(p, b, bs, buf);
+    kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, keys,
+                                           p->trace_ids ? &tr : NULL, &h[b]);
+    if (st != KVO_OK) kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
+    return st;
+}
+
 /* The detail form's chain of one rank: blocks 0 .. its first miss plus
  * DETAIL_AFTER, each with its engine hash, parent, GPU copies (and CPU
  * presence with a tier) and its router tokens_hash. */
@@ -829,18 +842,11 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
         st = kvo_err_set(&err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
         goto done;
     }
-    mock_trace_ref tr = {p->trace_ids, p->n_trace};
     mock_keys keys = {pr.lora, pr.salt, pr.mm, pr.n_mm};
     uint32_t hashed = 0;
     bool alive = s->cfg->prefix_caching;
     for (uint32_t b = 0; alive && b < walk_max; b++) {
-        const uint64_t *tok = probe_block_tokens(p, b, bs, blk_tok);
-        st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
-                                    p->trace_ids ? &tr : NULL, &h[b]);
-        if (st != KVO_OK) {
-            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
-            goto done;
-        }
+        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK) goto done;
         hashed = b + 1;
         alive = false;
         for (uint32_t r = 0; r < n; r++) {
@@ -867,15 +873,8 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     }
     if (want > full) want = full;
     if (!s->cfg->prefix_caching) want = 0;
-    for (uint32_t b = hashed; b < want; b++) {
-        const uint64_t *tok = probe_block_tokens(p, b, bs, blk_tok);
-        st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, &keys,
-                                    p->trace_ids ? &tr : NULL, &h[b]);
-        if (st != KVO_OK) {
-            kvo_err_set(&err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
-            goto done;
-        }
-    }
+    for (uint32_t b = hashed; b < want; b++)
+        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK) goto done;
     uint64_t seed = wire_router_seed(pr.lora, pr.lora ? strlen(pr.lora) : 0, pr.salt,
                                      pr.salt ? strlen(pr.salt) : 0);
     json_object *o = json_object_new_object();
