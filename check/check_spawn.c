@@ -54,6 +54,9 @@ enum { PROXY_POLL_MS = 50, PROXY_MAX_FRAMES = 8 };
 #define REPLAY_PER_REQUEST 64
 #define REPLAY_MAX 4000000
 #define REQUESTS_UNKNOWN 20000
+/* Under --load a relay may lag its engine by more than one request's
+ * batches; a gap is filled from this many. */
+#define REPLAY_LOAD 100000
 /* Publisher ids of a run: a random 31-bit base shifted left by
  * PUBLISHER_RUN_BITS, so a run's relays (numbered from the base) never
  * reach another run's range and every id stays below 2^51, exact even
@@ -414,6 +417,9 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
 static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
                                   uint64_t requests) {
     if (c->replay_buffer) return c->replay_buffer;
+    if (c->load) /* many requests share each step: a step's batch per step
+                    of the requests in flight, for a checkpoint's worth */
+        return REPLAY_LOAD;
     if (c->relay_restart_at < 0 && t && t->n && c->block_size) {
         uint64_t most = 0;
         for (size_t i = 0; i < t->n; i++) {
@@ -449,7 +455,7 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
     chk_arg(&a, "--replay-port");
     chk_arg(&a, "0");
     chk_arg(&a, "--speedup");
-    chk_arg(&a, "0");
+    chk_arg(&a, "%g", chk_speedup(c));
     chk_arg(&a, "--replay-buffer");
     chk_arg(&a, "%llu",
             (unsigned long long)replay_buffer_for(c, env->trace, requests));
