@@ -229,7 +229,7 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
     if (check_checkpoint_failed(&c)) {
         char cause[400];
         check_checkpoint_cause(res, &c, cause, sizeof(cause));
-        kvo_warn("%s", cause);
+        kvo_info("%s", cause); /* the verdict says it again */
         if (r->cfg->fail_fast) *stop = true;
     } else {
         kvo_debug("checkpoint %u after %zu requests: block sets %s, %llu "

@@ -251,8 +251,14 @@ static kvo_status collect(disp *d, sender *s) {
     d->answered++;
     d->last_answer = kvo_now_ns();
     if (s->st != KVO_OK) {
-        /* aborted calls fail too: only the first real cause is kept */
-        if (!d->L->abort)
+        /* aborted calls fail too: only the first real cause is kept, and a
+         * process that died is the cause of the calls that failed with it */
+        char dead[600];
+        if (d->L->abort)
+            ;
+        else if (chk_env_dead(&r->env, dead, sizeof(dead)))
+            check_result_error(r->res, (int64_t)q->line, "%s", dead);
+        else
             check_result_error(r->res, (int64_t)q->line, "prompt %llu: %s",
                                (unsigned long long)q->line, s->err.msg);
         d->failed = true;
