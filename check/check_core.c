@@ -817,7 +817,22 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
     if (div_pos < first) first = div_pos;
     if (err_pos != none && err_pos == first) {
         snprintf(out->cause, sizeof(out->cause), "%s", r->error);
+        snprintf(out->where, sizeof(out->where), "run error");
     } else if (tp && trip_pos == first) {
+        /* read at a checkpoint (load mode reads counters only there) */
+        const check_checkpoint *at = NULL;
+        for (size_t i = 0; i < r->n_ckpts && !at; i++)
+            if (r->ckpts[i].before_prompt == tp->before_prompt)
+                at = &r->ckpts[i];
+        if (at && r->load.on)
+            snprintf(out->where, sizeof(out->where), "checkpoint %u: counters",
+                     at->number);
+        else if (tp->before_prompt >= 0)
+            snprintf(out->where, sizeof(out->where),
+                     "counters before prompt %lld",
+                     (long long)tp->before_prompt);
+        else
+            snprintf(out->where, sizeof(out->where), "counters at the end");
         char when[48] = "at the end";
         if (tp->before_prompt >= 0)
             snprintf(when, sizeof(when), "first seen before prompt %lld",
@@ -828,6 +843,10 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         out->reason = tp->rule->reason;
     } else if (cp && ckpt_pos == first) {
         check_checkpoint_cause(r, cp, out->cause, sizeof(out->cause));
+        snprintf(out->where, sizeof(out->where), "checkpoint %u: %s",
+                 cp->number,
+                 cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2] ? "block sets"
+                                                               : "sweep");
         int top = 0;
         for (int k = 1; k < CHECK_DIFF_COUNT; k++)
             if (cp->diff.n[k] > cp->diff.n[top]) top = k;
@@ -840,8 +859,11 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
                  "%s: prompt %llu diverged at block %d (%s)",
                  check_reason_name(dp->reason), (unsigned long long)dp->id,
                  dp->first_divergent_block, dp->detail);
+        snprintf(out->where, sizeof(out->where), "prompt %llu",
+                 (unsigned long long)dp->id);
         out->reason = dp->reason;
     } else if (sp || (r->sweep_divergent && !r->n_ckpts)) {
+        snprintf(out->where, sizeof(out->where), "sweep after the run");
         if (!sp) { /* counted but not kept: still a FAIL */
             snprintf(out->cause, sizeof(out->cause),
                      "re-checked after the run, a prompt diverged");
@@ -855,6 +877,7 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         }
     } else if (r->n_prompts == 0) {
         snprintf(out->cause, sizeof(out->cause), "no request was checked");
+        snprintf(out->where, sizeof(out->where), "nothing ran");
     } else {
         out->pass = true;
     }

@@ -244,6 +244,9 @@ typedef struct check_verdict {
     bool pass;
     char cause[400]; /* "" when pass */
     check_reason reason;
+    char where[64];  /* what caught it: "prompt 12", "checkpoint 2: block
+                        sets", "checkpoint 1: counters", "counters before
+                        prompt 7", "run error" ("" when pass) */
 } check_verdict;
 
 typedef struct check_checkpoint check_checkpoint; /* below */

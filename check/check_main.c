@@ -3,7 +3,7 @@
  *
  *   kvo-check --spawn --trace FILE [options]     start everything, check
  *   kvo-check --engines URL,... --trace FILE     check running parts
- *   kvo-check mutants [--trace FILE] [--limit N] mutation-test the pipeline
+ *   kvo-check mutants [--load] [--trace FILE] [--limit N]   mutation-test
  *
  * Exit: 0 PASS, 1 FAIL (one-line cause on stderr), 2 usage/setup error.
  */
@@ -185,6 +185,7 @@ typedef struct opts {
     const char *only;
     bool limit_set, workers_set, dp_set, blocks_set, level_set;
     bool load_only_set;   /* an option that needs --load */
+    bool checkpoint_set;
 } opts;
 
 static kvo_status bad(const char *opt, const char *v) {
@@ -350,6 +351,7 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return set_double(&c->time_scale, "time-scale", v, true);
     case OPT_SPEEDUP: return set_double(&c->speedup, "speedup", v, false);
     case OPT_CHECKPOINT_EVERY:
+        o->checkpoint_set = true;
         return set_u64(&c->checkpoint_every, "checkpoint-every", v);
     case OPT_OVERLAP_WEIGHT:
         return set_double(&c->overlap_weight, "overlap-weight", v, false);
@@ -422,6 +424,9 @@ int main(int argc, char **argv) {
         if (!o.dp_set) c->dp_size = 2;
         if (!o.blocks_set) c->num_gpu_blocks = 8192;
         if (!o.limit_set) c->limit = 120;
+        /* under load, checkpoints are where mutants are caught: several */
+        if (c->load && !o.checkpoint_set) c->checkpoint_every = 40;
+        if (c->load && c->speedup < 0) c->speedup = 0;
         if (!c->trace) c->trace = default_trace(buf, sizeof(buf));
         if (!c->trace) {
             fprintf(stderr, "kvo-check: no --trace given and "
@@ -430,9 +435,10 @@ int main(int argc, char **argv) {
             return KVO_EXIT_USAGE;
         }
         kvo_info("kvo-check %s mutants: trace %s limit %llu workers %u dp %u "
-                 "gpu blocks %llu", KVO_VERSION, c->trace,
+                 "gpu blocks %llu%s", KVO_VERSION, c->trace,
                  (unsigned long long)c->limit, c->workers, c->dp_size,
-                 (unsigned long long)c->num_gpu_blocks);
+                 (unsigned long long)c->num_gpu_blocks,
+                 c->load ? " load" : "");
         bool ok = false;
         kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
         if (st != KVO_OK) {
