@@ -1291,6 +1291,7 @@ START_TEST(prometheus_text_keeps_its_lines) {
     s.decode_errors[KVO_ENOMEM] = 2;
     s.rejects[RELAY_medium] = 5;
     s.nats_connected = true;
+    s.ring_bytes = 77;
     kvo_buf prom;
     kvo_buf_init(&prom);
     ck_assert_int_eq(relay_stats_to_prom(&s, &prom), KVO_OK);
@@ -1313,24 +1314,32 @@ START_TEST(prometheus_text_keeps_its_lines) {
     ck_assert_ptr_nonnull(strstr(
         text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
               "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
+    ck_assert_ptr_nonnull(strstr(
+        text, "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
+              "# TYPE kvo_relay_nats_connected gauge\n"
+              "kvo_relay_nats_connected 1\n"));
     static const char last[] =
-        "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
-        "# TYPE kvo_relay_nats_connected gauge\n"
-        "kvo_relay_nats_connected 1\n";
+        "\n# HELP kvo_relay_ring_bytes envelope bytes kept for recovery "
+        "requests\n"
+        "# TYPE kvo_relay_ring_bytes gauge\n"
+        "kvo_relay_ring_bytes 77\n";
     ck_assert_uint_gt(prom.len, strlen(last));
     ck_assert_str_eq(text + prom.len - strlen(last), last);
     size_t families = 0, helps = 0;
     for (const char *c = text; (c = strstr(c, "# TYPE ")); c++) families++;
     for (const char *c = text; (c = strstr(c, "# HELP ")); c++) helps++;
-    size_t counters = 0, per_source = 0;
+    size_t counters = 0, per_source = 0, gauges = 0;
 #define COUNT(name, help) counters++;
     RELAY_COUNTERS(COUNT)
+#undef COUNT
+#define COUNT(name, help) gauges++;
+    RELAY_GAUGES(COUNT)
 #undef COUNT
 #define COUNT(name, help) per_source++;
     RELAY_SOURCE_COUNTERS(COUNT)
 #undef COUNT
-    /* totals, per source, labelled by kind, gauges */
-    ck_assert_uint_eq(families, counters + per_source + 4 + 4);
+    /* totals, per source, labelled by kind, gauges (4 written by hand) */
+    ck_assert_uint_eq(families, counters + per_source + 5 + 4 + gauges);
     ck_assert_uint_eq(helps, families);
     kvo_buf_fini(&prom);
     kvo_buf_init(&prom);
@@ -1351,12 +1360,14 @@ START_TEST(the_stats_line_fits_its_buffer_at_the_largest_counts) {
     for (int i = 0; i < KVO_STATUS_COUNT; i++) s.decode_errors[i] = 0;
     for (int i = 0; i < RELAY_REJECT_COUNT; i++) s.rejects[i] = 0;
     for (int i = 0; i < RELAY_REPLAY_FAIL_COUNT; i++) s.replay_failures[i] = 0;
+    for (int i = 0; i < RELAY_RECOVERY_COUNT; i++) s.recovery_requests[i] = 0;
     s.decode_errors[KVO_EPROTO] = UINT64_MAX;
+    s.recovery_requests[RELAY_dump] = UINT64_MAX;
     s.rejects[RELAY_medium] = UINT64_MAX;
     s.replay_failures[RELAY_timeout] = UINT64_MAX;
     char line[RELAY_STATS_LINE_MAX];
     relay_stats_line(&s, line, sizeof(line));
-    static const char tail[] = " oversize=18446744073709551615";
+    static const char tail[] = " state_blocks=18446744073709551615";
     size_t n = strlen(line);
     ck_assert_uint_gt(n, strlen(tail));
     ck_assert_str_eq(line + n - strlen(tail), tail);

@@ -1,6 +1,8 @@
 /* tr.c -- relay test helpers (see tr.h). */
 #include "tr.h"
 
+#include "kvo_json.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -33,6 +35,8 @@ static kvo_status cap_publish(void *ctx, const char *subject, bool has_range,
     m->first = first;
     m->last = last;
     wire_plane_init(&m->m);
+    kvo_buf_init(&m->raw);
+    ck_assert_int_eq(kvo_buf_append(&m->raw, body, len), KVO_OK);
     kvo_err err;
     kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
     char buf[256];
@@ -96,7 +100,10 @@ void tr_init(tr *t, const relay_pipe_cfg *cfg, uint32_t nsrc, bool replay) {
 
 void tr_fini(tr *t) {
     relay_pipe_free(t->p);
-    for (size_t i = 0; i < t->n; i++) wire_plane_fini(&t->msgs[i].m);
+    for (size_t i = 0; i < t->n; i++) {
+        wire_plane_fini(&t->msgs[i].m);
+        kvo_buf_fini(&t->msgs[i].raw);
+    }
     kvo_free(t->msgs);
     kvo_buf_fini(&t->batch);
     memset(t, 0, sizeof(*t));
@@ -166,6 +173,71 @@ bool tr_watermark(const tr *t, uint64_t *last) {
             any = true;
         }
     return any;
+}
+
+/* ---- recovery replies --------------------------------------------------------*/
+
+void tr_replies_init(tr_replies *r) {
+    memset(r, 0, sizeof(*r));
+    r->fail_at = SIZE_MAX;
+}
+
+void tr_replies_reset(tr_replies *r) {
+    for (size_t i = 0; i < r->n; i++) {
+        wire_plane_fini(&r->v[i].m);
+        kvo_buf_fini(&r->v[i].raw);
+    }
+    r->n = 0;
+}
+
+void tr_replies_fini(tr_replies *r) {
+    tr_replies_reset(r);
+    kvo_free(r->v);
+    memset(r, 0, sizeof(*r));
+}
+
+kvo_status tr_reply_keep(void *ctx, wire_reply_kind kind, bool has_range,
+                         uint64_t first, uint64_t last, const uint8_t *body,
+                         size_t len) {
+    tr_replies *r = ctx;
+    if (r->n == r->fail_at) return KVO_EAGAIN;
+    ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 16),
+                     KVO_OK);
+    tr_rmsg *m = &r->v[r->n++];
+    memset(m, 0, sizeof(*m));
+    m->kind = kind;
+    m->has_range = has_range;
+    m->first = first;
+    m->last = last;
+    kvo_buf_init(&m->raw);
+    ck_assert_int_eq(kvo_buf_append(&m->raw, body, len), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&m->raw), KVO_OK); /* JSON as a string */
+    wire_plane_init(&m->m);
+    kvo_err err;
+    char buf[256];
+    if (kind == WIRE_REPLY_EVENTS || kind == WIRE_REPLY_DUMP) {
+        kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
+        ck_assert_msg(st == KVO_OK, "reply envelope: %s",
+                      kvo_err_str(&err, buf, sizeof(buf)));
+    } else {
+        kvo_json doc;
+        kvo_json_init(&doc);
+        kvo_status st =
+            wire_reply_end_decode(&doc, kind, body, len, &m->end, &err);
+        ck_assert_msg(st == KVO_OK, "reply end: %s",
+                      kvo_err_str(&err, buf, sizeof(buf)));
+        kvo_json_fini(&doc);
+    }
+    return KVO_OK;
+}
+
+kvo_status tr_recover(tr *t, const char *request, size_t max_payload,
+                      tr_replies *r, relay_recovery *out) {
+    tr_replies_reset(r);
+    kvo_err err;
+    return relay_pipe_recover(t->p, "_INBOX.t", (const uint8_t *)request,
+                              strlen(request), max_payload, tr_reply_keep, r,
+                              out, &err);
 }
 
 void tr_live_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag) {

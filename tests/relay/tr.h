@@ -28,6 +28,7 @@ typedef struct tr_env {
     bool has_range;
     uint64_t first, last;
     wire_plane_msg m; /* decoded body */
+    kvo_buf raw;      /* the body's bytes */
 } tr_env;
 
 typedef struct tr {
@@ -60,6 +61,34 @@ size_t tr_events(tr *t, const wire_revent **out, size_t max);
 relay_stats *tr_stats(tr *t);
 /* The last KVO-Zmq-Seq end published (false when none). */
 bool tr_watermark(const tr *t, uint64_t *last);
+
+/* ---- recovery replies ------------------------------------------------------
+ * A relay_reply_fn that keeps every message of a reply stream, decoded. */
+typedef struct tr_rmsg {
+    wire_reply_kind kind;
+    bool has_range;
+    uint64_t first, last;
+    kvo_buf raw;
+    wire_plane_msg m;   /* EVENTS, DUMP */
+    wire_reply_end end; /* END, TOO_NEW */
+} tr_rmsg;
+
+typedef struct tr_replies {
+    tr_rmsg *v;
+    size_t n, cap;
+    size_t fail_at; /* the reply with this index fails (SIZE_MAX: none) */
+} tr_replies;
+
+void tr_replies_init(tr_replies *r);
+void tr_replies_fini(tr_replies *r);
+void tr_replies_reset(tr_replies *r);
+kvo_status tr_reply_keep(void *ctx, wire_reply_kind kind, bool has_range,
+                         uint64_t first, uint64_t last, const uint8_t *body,
+                         size_t len);
+/* relay_pipe_recover of the JSON request with reply inbox "_INBOX.t",
+ * replies into r (reset first). */
+kvo_status tr_recover(tr *t, const char *request, size_t max_payload,
+                      tr_replies *r, relay_recovery *out);
 
 /* Tagged batches (tb_tagged, rank 0) without payload bookkeeping: live
  * batch (or replay reply) seq of src holding tag; live batches (replies)
