@@ -352,6 +352,7 @@ typedef struct relay_recovery {
     uint64_t blocks;      /* DUMP: blocks sent */
     uint64_t orphans;     /* DUMP: blocks sent under the root for want of
                              their parent */
+    bool bad;             /* the request was not understood: no answer */
 } relay_recovery;
 
 /* Answer one recovery request (its JSON body; reply_to is the request's
@@ -586,9 +587,48 @@ bool relay_nats_connected(relay_nats *n);
 kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               bool has_range, uint64_t first, uint64_t last,
                               const uint8_t *body, size_t len);
-/* Fill st's NATS counters and gauges (nats_*): what nats.c's callbacks
- * last said, read on the loop thread. No side effects. */
+/* Fill st's NATS counters and gauges (nats_*, recovery_requests_dropped):
+ * what nats.c's callbacks last said, read on the loop thread. No side
+ * effects. */
 void relay_nats_stats(relay_nats *n, relay_stats *st);
+
+/* One message of a recovery reply stream to the inbox to: a KVO-Recovery
+ * header naming kind, KVO-Zmq-Seq when has_range. KVO_EAGAIN as for
+ * relay_nats_publish. */
+kvo_status relay_nats_reply(relay_nats *n, const char *to,
+                            wire_reply_kind kind, bool has_range,
+                            uint64_t first, uint64_t last,
+                            const uint8_t *body, size_t len);
+/* The largest message the server takes (its max_payload; 1 MiB before it
+ * said). */
+size_t relay_nats_max_payload(relay_nats *n);
+
+/* Requests the relay answers, by the subject they came on. */
+typedef enum relay_req_kind {
+    RELAY_REQ_RECOVERY = 0, /* <p>.kv-recovery.<publisher_id> */
+    RELAY_REQ_DISCOVER,     /* <p>.kv-relays.discover */
+    RELAY_REQ_COUNT
+} relay_req_kind;
+
+typedef struct relay_req {
+    relay_req_kind kind;
+    const char *reply;   /* the requester's inbox; NULL when none */
+    const uint8_t *body;
+    size_t len;
+    void *msg;           /* owned until relay_nats_req_done */
+} relay_req;
+
+/* Subscribe to subjects[RELAY_REQ_COUNT] (by relay_req_kind) and wait until
+ * the server has the subscriptions. Requests are queued for the loop (at
+ * most 256: more are dropped and counted as recovery_requests_dropped). */
+kvo_status relay_nats_listen(relay_nats *n, const char *const *subjects,
+                             char *err, size_t errsz);
+/* Readable (for zmq_poll) when a request may be waiting. */
+int relay_nats_wake_fd(const relay_nats *n);
+/* The oldest request waiting (true), valid until relay_nats_req_done. */
+bool relay_nats_req_next(relay_nats *n, relay_req *r);
+bool relay_nats_req_waiting(relay_nats *n);
+void relay_nats_req_done(relay_req *r);
 
 /* What the connection did since the previous relay_nats_watch, for the log.
  * Call it from one place only (the loop): each call takes the news. */

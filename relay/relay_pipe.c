@@ -1287,6 +1287,7 @@ kvo_status relay_pipe_recover(relay_pipe *p, const char *reply_to,
         st = wire_recovery_req_decode(&p->req, body, len, &req, err);
     if (st != KVO_OK) {
         p->st.recovery_bad_requests++;
+        out->bad = true;
         return st;
     }
     /* Answer between two published envelopes: what is pending goes out

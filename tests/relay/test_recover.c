@@ -1,7 +1,6 @@
 /* What the relay keeps for recovery, behind the pipe's seam: the forwarded
  * state (against a reference model), the ring, dumps, and the answers to
  * recovery requests (docs/recovery.md). No sockets. */
-#include "idx.h"
 #include "tr.h"
 
 #include <inttypes.h>
@@ -42,81 +41,6 @@ static relay_state_rank *rank_of(relay_state *s, uint32_t rank) {
     relay_state_rank *r = NULL;
     ck_assert_int_eq(relay_state_rank_get(s, rank, &r), KVO_OK);
     return r;
-}
-
-/* A tree built from envelopes, as an indexer would (device tier only). */
-static void tree_apply(idx_tree *t, const wire_plane_msg *m) {
-    for (uint32_t i = 0; i < m->n_events; i++) {
-        if (m->events[i].tier != WIRE_TIER_DEVICE) continue;
-        idx_evstatus es;
-        ck_assert_int_eq(idx_tree_apply(t, &m->events[i], &es), KVO_OK);
-        ck_assert_msg(es == IDX_EV_OK, "event %u: %s", i,
-                      idx_evstatus_name(es));
-    }
-}
-
-typedef struct row {
-    uint64_t worker, parent, hash, tokens;
-    uint32_t rank;
-    bool has_parent;
-} row;
-
-typedef struct rows {
-    row *v;
-    size_t n, cap;
-} rows;
-
-static kvo_status keep_row(void *ctx, const wire_revent *ev) {
-    rows *r = ctx;
-    ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 64),
-                     KVO_OK);
-    r->v[r->n++] = (row){ev->worker_id, ev->parent_hash,
-                         ev->blocks[0].block_hash, ev->blocks[0].tokens_hash,
-                         ev->dp_rank, ev->has_parent};
-    return KVO_OK;
-}
-
-static int row_cmp(const void *a, const void *b) {
-    const row *x = a, *y = b;
-    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
-    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
-    if (x->has_parent != y->has_parent) return x->has_parent ? 1 : -1;
-    if (x->parent != y->parent) return x->parent < y->parent ? -1 : 1;
-    return 0;
-}
-
-/* The two trees hold the same (worker, block under parent) edges, and
- * their workers the same numbers of blocks. Returns the edges. */
-static size_t same_trees(idx_tree *a, idx_tree *b) {
-    rows ra = {0}, rb = {0};
-    ck_assert_int_eq(idx_tree_dump(a, keep_row, &ra), KVO_OK);
-    ck_assert_int_eq(idx_tree_dump(b, keep_row, &rb), KVO_OK);
-    ck_assert_uint_eq(ra.n, rb.n);
-    if (ra.n) qsort(ra.v, ra.n, sizeof(row), row_cmp);
-    if (rb.n) qsort(rb.v, rb.n, sizeof(row), row_cmp);
-    for (size_t i = 0; i < ra.n; i++)
-        ck_assert_msg(row_cmp(&ra.v[i], &rb.v[i]) == 0 &&
-                          ra.v[i].tokens == rb.v[i].tokens &&
-                          ra.v[i].worker == rb.v[i].worker,
-                      "edge %zu differs: rank %u block %" PRIu64
-                      " vs rank %u block %" PRIu64,
-                      i, ra.v[i].rank, ra.v[i].hash, rb.v[i].rank,
-                      rb.v[i].hash);
-    idx_worker *wa, *wb;
-    size_t na, nb;
-    ck_assert_int_eq(idx_tree_workers(a, &wa, &na), KVO_OK);
-    ck_assert_int_eq(idx_tree_workers(b, &wb, &nb), KVO_OK);
-    ck_assert_uint_eq(na, nb);
-    for (size_t i = 0; i < na; i++) {
-        ck_assert_uint_eq(wa[i].dp_rank, wb[i].dp_rank);
-        ck_assert_uint_eq(wa[i].blocks, wb[i].blocks);
-    }
-    kvo_free(wa);
-    kvo_free(wb);
-    size_t n = ra.n;
-    kvo_free(ra.v);
-    kvo_free(rb.v);
-    return n;
 }
 
 /* ---- the forwarded state -----------------------------------------------------*/
@@ -518,7 +442,7 @@ START_TEST(a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark) {
                 blocks += e->n_blocks;
             }
         }
-        tree_apply(t, &m->m); /* every store finds its parent */
+        tr_tree_apply(t, &m->m); /* every store finds its parent */
     }
     ck_assert_uint_eq(cleared, 3);
     ck_assert_uint_eq(blocks, 600);
@@ -670,7 +594,7 @@ static void dump_rebuilds(tr *t, const char *request, size_t max_payload) {
     tr_replies_init(&rep);
     relay_recovery out;
     ck_assert_int_eq(tr_recover(t, request, max_payload, &rep, &out), KVO_OK);
-    for (size_t i = 0; i < t->n; i++) tree_apply(live, &t->msgs[i].m);
+    for (size_t i = 0; i < t->n; i++) tr_tree_apply(live, &t->msgs[i].m);
     ck_assert_int_eq(out.kind, WIRE_REPLY_DUMP);
     ck_assert(out.has_as_of);
     ck_assert_uint_eq(out.as_of, t->n - 1);
@@ -678,7 +602,7 @@ static void dump_rebuilds(tr *t, const char *request, size_t max_payload) {
     for (size_t i = 0; i < out.sent; i++) {
         ck_assert_int_eq(rep.v[i].kind, WIRE_REPLY_DUMP);
         ck_assert_uint_eq(rep.v[i].m.sequence, out.as_of);
-        tree_apply(dumped, &rep.v[i].m);
+        tr_tree_apply(dumped, &rep.v[i].m);
     }
     tr_rmsg *end = &rep.v[out.sent];
     ck_assert_int_eq(end->kind, WIRE_REPLY_END);
@@ -686,7 +610,7 @@ static void dump_rebuilds(tr *t, const char *request, size_t max_payload) {
     ck_assert_uint_eq(end->end.sent, out.sent);
     ck_assert_uint_eq(end->end.as_of, out.as_of);
     ck_assert_uint_eq(end->end.blocks, out.blocks);
-    ck_assert_uint_gt(same_trees(live, dumped), 10);
+    ck_assert_uint_gt(tr_same_trees(live, dumped), 10);
     uint64_t wm;
     ck_assert(tr_watermark(t, &wm));
     ck_assert(rep.v[out.sent - 1].has_range);

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -238,6 +239,80 @@ kvo_status tr_recover(tr *t, const char *request, size_t max_payload,
     return relay_pipe_recover(t->p, "_INBOX.t", (const uint8_t *)request,
                               strlen(request), max_payload, tr_reply_keep, r,
                               out, &err);
+}
+
+/* ---- indexes built from envelopes ------------------------------------------*/
+
+void tr_tree_apply(idx_tree *t, const wire_plane_msg *m) {
+    for (uint32_t i = 0; i < m->n_events; i++) {
+        if (m->events[i].tier != WIRE_TIER_DEVICE) continue;
+        idx_evstatus es;
+        ck_assert_int_eq(idx_tree_apply(t, &m->events[i], &es), KVO_OK);
+        ck_assert_msg(es == IDX_EV_OK, "event %u: %s", i,
+                      idx_evstatus_name(es));
+    }
+}
+
+typedef struct row {
+    uint64_t worker, parent, hash, tokens;
+    uint32_t rank;
+    bool has_parent;
+} row;
+
+typedef struct rows {
+    row *v;
+    size_t n, cap;
+} rows;
+
+static kvo_status keep_row(void *ctx, const wire_revent *ev) {
+    rows *r = ctx;
+    ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 64),
+                     KVO_OK);
+    r->v[r->n++] = (row){ev->worker_id, ev->parent_hash,
+                         ev->blocks[0].block_hash, ev->blocks[0].tokens_hash,
+                         ev->dp_rank, ev->has_parent};
+    return KVO_OK;
+}
+
+static int row_cmp(const void *a, const void *b) {
+    const row *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    if (x->has_parent != y->has_parent) return x->has_parent ? 1 : -1;
+    if (x->parent != y->parent) return x->parent < y->parent ? -1 : 1;
+    return 0;
+}
+
+size_t tr_same_trees(idx_tree *a, idx_tree *b) {
+    rows ra = {0}, rb = {0};
+    ck_assert_int_eq(idx_tree_dump(a, keep_row, &ra), KVO_OK);
+    ck_assert_int_eq(idx_tree_dump(b, keep_row, &rb), KVO_OK);
+    ck_assert_uint_eq(ra.n, rb.n);
+    if (ra.n) qsort(ra.v, ra.n, sizeof(row), row_cmp);
+    if (rb.n) qsort(rb.v, rb.n, sizeof(row), row_cmp);
+    for (size_t i = 0; i < ra.n; i++)
+        ck_assert_msg(row_cmp(&ra.v[i], &rb.v[i]) == 0 &&
+                          ra.v[i].tokens == rb.v[i].tokens &&
+                          ra.v[i].worker == rb.v[i].worker,
+                      "edge %zu differs: rank %u block %" PRIu64
+                      " vs rank %u block %" PRIu64,
+                      i, ra.v[i].rank, ra.v[i].hash, rb.v[i].rank,
+                      rb.v[i].hash);
+    idx_worker *wa, *wb;
+    size_t na, nb;
+    ck_assert_int_eq(idx_tree_workers(a, &wa, &na), KVO_OK);
+    ck_assert_int_eq(idx_tree_workers(b, &wb, &nb), KVO_OK);
+    ck_assert_uint_eq(na, nb);
+    for (size_t i = 0; i < na; i++) {
+        ck_assert_uint_eq(wa[i].dp_rank, wb[i].dp_rank);
+        ck_assert_uint_eq(wa[i].blocks, wb[i].blocks);
+    }
+    kvo_free(wa);
+    kvo_free(wb);
+    size_t n = ra.n;
+    kvo_free(ra.v);
+    kvo_free(rb.v);
+    return n;
 }
 
 void tr_live_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag) {
@@ -826,6 +901,48 @@ bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
         ck_assert_int_eq(sscanf(v, "%" SCNu64 "-%" SCNu64, first, last), 2);
     natsMsg_Destroy(msg);
     return true;
+}
+
+/* ---- a recovery requester --------------------------------------------------------*/
+
+bool treq_recover(natsConnection *nc, const char *subject, const char *body,
+                  long timeout_ms, tr_replies *out) {
+    tr_replies_reset(out);
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    ck_assert(natsInbox_Create(&inbox) == NATS_OK);
+    ck_assert(natsConnection_SubscribeSync(&sub, nc, inbox) == NATS_OK);
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+    ck_assert(natsConnection_PublishRequestString(nc, subject, inbox, body) ==
+              NATS_OK);
+    ck_assert(natsConnection_Flush(nc) == NATS_OK);
+    bool ended = false;
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    while (!ended && kvo_now_ns() < end) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, sub, 50) != NATS_OK) continue;
+        const char *kind = NULL, *range = NULL;
+        ck_assert_msg(natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) ==
+                          NATS_OK,
+                      "a reply without %s", WIRE_HDR_RECOVERY);
+        wire_reply_kind k;
+        ck_assert_msg(wire_reply_kind_parse(kind, &k) == KVO_OK,
+                      "%s: %s", WIRE_HDR_RECOVERY, kind);
+        uint64_t first = 0, last = 0;
+        bool hr = natsMsgHeader_Get(m, WIRE_HDR_ZMQ_SEQ, &range) == NATS_OK;
+        if (hr)
+            ck_assert_int_eq(sscanf(range, "%" SCNu64 "-%" SCNu64, &first,
+                                    &last),
+                             2);
+        tr_reply_keep(out, k, hr, first, last,
+                      (const uint8_t *)natsMsg_GetData(m),
+                      (size_t)natsMsg_GetDataLength(m));
+        ended = k == WIRE_REPLY_END || k == WIRE_REPLY_TOO_NEW;
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    return ended;
 }
 
 /* ---- a kvo-relay process ---------------------------------------------------------*/
