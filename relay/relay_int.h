@@ -312,7 +312,10 @@ void relay_pipe_replay(relay_pipe *p, uint32_t src, const wire_frame *frames,
 /* Publish what is pending (the caller's socket has nothing more to read). */
 void relay_pipe_flush(relay_pipe *p);
 /* What src's sockets did. A SUB that comes back after a loss may have
- * missed batches: the pipe replays from its next sequence. A replay whose
+ * missed batches, and its engine may have restarted while idle: the pipe
+ * replays from the last batch applied and compares it with what comes back
+ * (relay_pipe.c draws the probe): other bytes, or nothing, is a restart
+ * (cleared, replay from 0). A replay whose
  * connection drops is asked again from where it stopped; when it drops
  * twice right before the same batch, that batch cannot be received (libzmq
  * drops a connection on a frame over ZMQ_MAXMSGSIZE, on the DEALER as on

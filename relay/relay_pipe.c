@@ -20,8 +20,31 @@
  *
  * The sockets' own news comes in through relay_pipe_link: a SUB back after
  * a loss may have missed batches (PUB drops what a gone subscriber would
- * get), so the source replays from next, LIVE or not (a replay asked before
- * the loss cannot hold what was published during it). A replay whose
+ * get), so the source replays, LIVE or not (a replay asked before the loss
+ * cannot hold what was published during it) -- and the engine behind it may
+ * be another process, restarted while idle, with nothing new to show it.
+ * So the replay is asked from next-1, the last batch applied, whose payload
+ * hash the seen ring holds (without it, from next), and its first answer
+ * probes the engine:
+ *
+ *   PROBING (REPLAYING from next-1)
+ *     |  ----- reply next-1, same bytes ------> the same engine: duplicate,
+ *     |                                         go on from next
+ *     |  ----- reply next-1, other bytes -----> restart
+ *     |  ----- end marker at once ------------> restart (it holds nothing
+ *     |                                         from next-1 on)
+ *     |  ----- first reply > next-1 ----------> judged as a first reply from
+ *     |                                         next: == next goes on, > next
+ *     |                                         is a window exceeded
+ *     |  ----- the replay breaks twice -------> restart (the batch was read
+ *     v                                         once: it cannot break it)
+ *   restart: restarts++, cleared, replay the new run from 0 (live batches
+ *     buffered since the SUB came back are kept: they are the new run's).
+ *
+ * A first reply beyond next-1 cannot tell a restarted engine from one whose
+ * buffer wrapped while the SUB was away (both published more than their
+ * buffer since): either way what is lost is cleared and everything the
+ * engine still holds is applied, counted as window_exceeded. A replay whose
  * connection drops is asked again from next; dropping twice with next
  * unchanged means batch next itself breaks the connection (libzmq drops a
  * connection on a frame over ZMQ_MAXMSGSIZE and never reconnects on its
@@ -97,6 +120,8 @@ typedef struct source {
     bool link_was_up;   /* it was once: the next SUB_UP is a reconnect */
     bool broke;         /* REPLAYING: a replay connection dropped ... */
     uint64_t broke_at;  /* ... with next == broke_at */
+    bool probing;       /* REPLAYING: the SUB came back; the replay was ... */
+    uint64_t probe;     /* ... asked from this batch, applied before */
     uint64_t seen_seq[SEEN_RING];  /* seq + 1 of the batch in the slot */
     uint64_t seen_hash[SEEN_RING]; /* XXH3-64 of its payload */
 } source;
@@ -726,6 +751,11 @@ static bool seen_same(const source *s, uint64_t seq, const uint8_t *payload,
            s->seen_hash[k] == XXH3_64bits(payload, len);
 }
 
+/* The seen ring still has the batch applied as seq. */
+static bool seen_known(const source *s, uint64_t seq) {
+    return s->seen_seq[seq % SEEN_RING] == seq + 1;
+}
+
 static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
                   const uint8_t *payload, size_t len, bool replayed) {
     source *s = &p->src[si];
@@ -839,6 +869,7 @@ static void drain(relay_pipe *p, uint32_t si, bool after_failure) {
     source *s = &p->src[si];
     s->state = RELAY_SRC_LIVE;
     s->broke = false; /* that replay is over */
+    s->probing = false;
     uint32_t n = s->nbuf;
     held *items = s->buf;
     s->buf = NULL;
@@ -894,6 +925,7 @@ static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
     s->state = RELAY_SRC_REPLAYING;
     s->want = from;
     s->got_reply = false;
+    s->probing = false;
     s->deadline = p->now + p->cfg.replay_timeout_ms * RELAY_NS_PER_MS;
     s->has_next = true;
     s->next = from;
@@ -941,6 +973,7 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
             buffer_clear(s);
             s->overflowed = false;
             s->state = RELAY_SRC_LIVE;
+            s->probing = false;
         }
         s->live_last = seq;
         s->dirty = true; /* always say it: the engine lost its cache */
@@ -974,6 +1007,71 @@ static void on_live(relay_pipe *p, uint32_t si, uint64_t seq,
     replay_then(p, si, s->next, seq, payload, len);
 }
 
+/* ---- a SUB back after a loss: same engine, or a new one? -------------------*/
+
+/* The engine behind si restarted while its SUB was away (the probe says
+ * why): nothing it held is valid. Say so (cleared), and replay the new run
+ * from 0. Live batches buffered since the SUB came back are the new run's:
+ * they stay, and the last of them is the new run's last live one. */
+static void probe_restart(relay_pipe *p, uint32_t si, const char *why) {
+    source *s = &p->src[si];
+    s->probing = false;
+    p->st.restarts++;
+    note(p, KVO_LOG_WARN, "restart",
+         "source %u: publisher restarted while the SUB was away: %s "
+         "(batch %" PRIu64 ")",
+         si, why, s->probe);
+    if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
+    s->has_live = s->nbuf > 0;
+    for (uint32_t i = 0; i < s->nbuf; i++)
+        if (i == 0 || s->buf[i].seq > s->live_last) s->live_last = s->buf[i].seq;
+    s->dirty = true; /* always say it: the engine lost its cache */
+    emit_cleared(p, si, "publisher restart");
+    request_replay(p, si, 0);
+}
+
+/* Ask si's replay from the last batch applied, to compare what comes back
+ * with what was applied. */
+static void probe(relay_pipe *p, uint32_t si) {
+    source *s = &p->src[si];
+    uint64_t at = s->next - 1;
+    s->broke = false;
+    if (!request_replay(p, si, at)) return;
+    s->probing = true;
+    s->probe = at;
+}
+
+/* A batch reply while probing: true when it goes on as any reply. */
+static bool probe_reply(relay_pipe *p, uint32_t si, uint64_t seq,
+                        const uint8_t *payload, size_t len) {
+    source *s = &p->src[si];
+    if (seq < s->probe) { /* from further back than asked */
+        if (seen_known(s, seq) && !seen_same(s, seq, payload, len)) {
+            probe_restart(p, si, "an earlier batch came back with other bytes");
+            return false;
+        }
+        p->st.duplicates_dropped++;
+        return false;
+    }
+    s->probing = false;
+    if (seq == s->probe) {
+        if (!seen_same(s, seq, payload, len)) {
+            probe_restart(p, si,
+                          "the last batch applied came back with other bytes");
+            return false;
+        }
+        /* The same engine: go on after it. */
+        p->st.duplicates_dropped++;
+        s->got_reply = true;
+        s->next = seq + 1;
+        return false;
+    }
+    /* Its buffer no longer holds the batch: the reply is judged as any
+     * first reply from the batch after it (a hole is a window exceeded). */
+    s->next = s->probe + 1;
+    return true;
+}
+
 static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
                      const uint8_t *payload, size_t len, bool end) {
     source *s = &p->src[si];
@@ -982,6 +1080,12 @@ static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
         return;
     }
     s->deadline = p->now + p->cfg.replay_timeout_ms * RELAY_NS_PER_MS;
+    if (end && s->probing) {
+        p->st.replays_completed++;
+        probe_restart(p, si,
+                      "it holds nothing from the last batch applied on");
+        return;
+    }
     if (end) {
         p->st.replays_completed++;
         note(p, KVO_LOG_INFO, "replay",
@@ -991,6 +1095,7 @@ static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
         return;
     }
     p->st.batches_replayed++;
+    if (s->probing && !probe_reply(p, si, seq, payload, len)) return;
     if (!s->got_reply) {
         s->got_reply = true;
         if (seq > s->next) {
@@ -1088,6 +1193,26 @@ static void replay_link_lost(relay_pipe *p, uint32_t si) {
     source *s = &p->src[si];
     if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
     if (s->state != RELAY_SRC_REPLAYING) return; /* reopened on demand */
+    if (s->probing) {
+        /* The batch asked for was received once, so it cannot be what
+         * breaks the connection twice: another engine's is. */
+        if (s->broke && s->broke_at == s->probe) {
+            probe_restart(p, si, "its replay broke twice on the batch");
+            return;
+        }
+        uint64_t at = s->probe;
+        note(p, KVO_LOG_WARN, "link",
+             "source %u: replay connection lost while checking batch %" PRIu64
+             ", asking again",
+             si, at);
+        s->next = at + 1;
+        probe(p, si);
+        if (s->probing) {
+            s->broke = true;
+            s->broke_at = at;
+        }
+        return;
+    }
     if (s->broke && s->broke_at == s->next) {
         skip_oversize(p, si);
     } else {
@@ -1119,7 +1244,12 @@ void relay_pipe_link(relay_pipe *p, uint32_t si, relay_link what,
         if (!s->has_next || !s->has_replay) return; /* the next batch shows it */
         if (s->state == RELAY_SRC_REPLAYING && p->out.replay_abort)
             p->out.replay_abort(p->out.ctx, si);
-        request_replay(p, si, s->next);
+        /* The engine may have restarted meanwhile, idle (nothing new to
+         * show it): ask from the last batch applied and compare. */
+        if (s->next > 0 && seen_known(s, s->next - 1))
+            probe(p, si);
+        else
+            request_replay(p, si, s->next);
         return;
     case RELAY_LINK_SUB_DOWN:
         s->link_up = false;
