@@ -592,7 +592,7 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               const uint8_t *body, size_t len);
 /* Fill st's NATS counters and gauges (nats_*, recovery_requests_dropped):
  * what nats.c's callbacks last said, read on the loop thread. No side
- * effects. */
+ * effects but remembering nats.c's drop counts (they never go down). */
 void relay_nats_stats(relay_nats *n, relay_stats *st);
 
 /* One message of a recovery reply stream to the inbox to: a KVO-Recovery
@@ -623,7 +623,8 @@ typedef struct relay_req {
 
 /* Subscribe to subjects[RELAY_REQ_COUNT] (by relay_req_kind) and wait until
  * the server has the subscriptions. Requests are queued for the loop (at
- * most 256: more are dropped and counted as recovery_requests_dropped). */
+ * most 256, then nats.c's pending limits: beyond them requests are dropped
+ * and counted as recovery_requests_dropped). */
 kvo_status relay_nats_listen(relay_nats *n, const char *const *subjects,
                              char *err, size_t errsz);
 /* Readable (for zmq_poll) when a request may be waiting. */

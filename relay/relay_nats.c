@@ -20,9 +20,11 @@
  *                                                                        v
  *   loop: zmq_poll(..., eventfd) -> relay_nats_req_next -> answer -> done
  *
- * A full queue drops the request (counted: the requester times out and asks
- * again), so a storm of requests costs at most REQUESTS_MAX messages of
- * memory here, plus nats.c's pending limits (PENDING_*) per subscription.
+ * A full queue makes the callback wait (the loop is behind), so nats.c's
+ * pending limits (PENDING_*, per subscription) take over and drop what
+ * goes beyond them (counted as recovery_requests_dropped: the requester
+ * times out and asks again). A storm of requests costs at most
+ * REQUESTS_MAX messages here plus those limits.
  * The eventfd is written when the queue stops being empty and drained, under
  * the lock, when the loop finds it empty. */
 #include "relay_int.h"
@@ -62,7 +64,9 @@ struct relay_nats {
     /* requests: the subscriptions, and the queue nats.c's threads fill */
     natsSubscription *sub[RELAY_REQ_COUNT];
     listener who[RELAY_REQ_COUNT];
+    uint64_t sub_dropped[RELAY_REQ_COUNT]; /* nats.c's counts, last read */
     pthread_mutex_t mu;
+    pthread_cond_t room;        /* the queue has room, or stopping */
     queued queue[REQUESTS_MAX]; /* circular */
     size_t qhead, qlen;
     bool stopping;
@@ -78,6 +82,7 @@ kvo_status relay_nats_new(relay_nats **out, const relay_cfg *cfg, char *err,
         return KVO_ENOMEM;
     }
     pthread_mutex_init(&n->mu, NULL);
+    pthread_cond_init(&n->room, NULL);
     n->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (n->evfd < 0) {
         snprintf(err, errsz, "eventfd: %s", strerror(errno));
@@ -110,6 +115,7 @@ void relay_nats_free(relay_nats *n) {
     if (!n) return;
     pthread_mutex_lock(&n->mu);
     n->stopping = true; /* later requests are dropped at once */
+    pthread_cond_broadcast(&n->room);
     pthread_mutex_unlock(&n->mu);
     kvo_nats_close(n->k, FLUSH_MS);
     for (int i = 0; i < RELAY_REQ_COUNT; i++) natsSubscription_Destroy(n->sub[i]);
@@ -117,6 +123,7 @@ void relay_nats_free(relay_nats *n) {
     for (; n->qlen; n->qlen--, n->qhead = (n->qhead + 1) % REQUESTS_MAX)
         natsMsg_Destroy(n->queue[n->qhead].m);
     if (n->evfd >= 0) close(n->evfd);
+    pthread_cond_destroy(&n->room);
     pthread_mutex_destroy(&n->mu);
     kvo_free(n);
 }
@@ -177,7 +184,8 @@ size_t relay_nats_max_payload(relay_nats *n) {
 
 /* ---- requests --------------------------------------------------------------*/
 
-/* nats.c's thread: queue the request for the loop, or drop it. */
+/* nats.c's thread: queue the request for the loop (waiting for room), or
+ * drop it when stopping. */
 static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m,
                        void *closure) {
     (void)nc;
@@ -185,7 +193,9 @@ static void on_request(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     const listener *l = closure;
     relay_nats *n = l->n;
     pthread_mutex_lock(&n->mu);
-    bool keep = !n->stopping && n->qlen < REQUESTS_MAX;
+    while (!n->stopping && n->qlen == REQUESTS_MAX)
+        pthread_cond_wait(&n->room, &n->mu);
+    bool keep = !n->stopping;
     if (keep)
         n->queue[(n->qhead + n->qlen++) % REQUESTS_MAX] = (queued){m, l->kind};
     else
@@ -231,6 +241,7 @@ bool relay_nats_req_next(relay_nats *n, relay_req *r) {
         q = n->queue[n->qhead];
         n->qhead = (n->qhead + 1) % REQUESTS_MAX;
         n->qlen--;
+        pthread_cond_signal(&n->room);
     } else {
         uint64_t v;
         ssize_t got = read(n->evfd, &v, sizeof(v)); /* no wake pending */
@@ -265,8 +276,18 @@ void relay_nats_stats(relay_nats *n, relay_stats *st) {
     st->nats_buffered = n->held_epoch == st->nats_reconnects ? n->held : 0;
     st->nats_buffered_total = n->held_total;
     pthread_mutex_lock(&n->mu);
-    st->recovery_requests_dropped = n->dropped;
+    uint64_t dropped = n->dropped;
     pthread_mutex_unlock(&n->mu);
+    /* and what nats.c dropped before the callback (its pending limits;
+     * the last count read stays when the subscription cannot say) */
+    for (int i = 0; i < RELAY_REQ_COUNT; i++) {
+        int64_t d = 0;
+        if (n->sub[i] && natsSubscription_GetDropped(n->sub[i], &d) == NATS_OK &&
+            (uint64_t)d > n->sub_dropped[i])
+            n->sub_dropped[i] = (uint64_t)d;
+        dropped += n->sub_dropped[i];
+    }
+    st->recovery_requests_dropped = dropped;
 }
 
 relay_nats_news relay_nats_watch(relay_nats *n) {

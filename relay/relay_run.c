@@ -67,7 +67,7 @@
 static const char *const note_kinds[] = {
     "decode",  "reject", "cleared", "gap",    "replay",    "restart",
     "frames",  "buffer", "publish", "hash",   "link",      "reopen",
-    "handshake", "oversize", "recovery", "announce", "other"};
+    "handshake", "oversize", "recovery", "answer", "announce", "other"};
 #define N_KINDS (sizeof(note_kinds) / sizeof(note_kinds[0]))
 
 typedef struct src_desc {
@@ -546,11 +546,17 @@ static void answer_recovery(runner *r, const relay_req *q) {
     }
     char as_of[24] = "null";
     if (out.has_as_of) snprintf(as_of, sizeof(as_of), "%" PRIu64, out.as_of);
-    kvo_log(out.kind == WIRE_REPLY_DUMP ? KVO_LOG_INFO : KVO_LOG_DEBUG,
-            "recovery request from %s: %s, %" PRIu64 " envelopes, %" PRIu64
-            " blocks (%" PRIu64 " orphans), as of %s",
-            q->reply, wire_reply_kind_name(out.kind), out.sent, out.blocks,
-            out.orphans, as_of);
+    /* Dumps are rare and heavy, worth a line (rate-limited: a storm of
+     * them is one line per interval); the rest at debug. */
+    if (out.kind == WIRE_REPLY_DUMP || kvo_log_level() >= KVO_LOG_DEBUG)
+        kvo_log_limited(limit_of(r, "answer"),
+                        out.kind == WIRE_REPLY_DUMP ? KVO_LOG_INFO
+                                                    : KVO_LOG_DEBUG,
+                        "recovery request from %s: %s, %" PRIu64
+                        " envelopes, %" PRIu64 " blocks (%" PRIu64
+                        " orphans), as of %s",
+                        q->reply, wire_reply_kind_name(out.kind), out.sent,
+                        out.blocks, out.orphans, as_of);
 }
 
 /* Answer what is waiting (at most REQUESTS_PER_TURN). */
@@ -623,8 +629,11 @@ static void loop(runner *r) {
          * lockstep driver never waits on a batching timer. */
         if (dry) relay_pipe_flush(r->pipe);
         serve_requests(r);
+        /* No announce while NATS is down: the reconnect buffer is for
+         * envelopes (one goes out as soon as it is back, below). */
         if (now >= next_beat) {
-            announce(r, r->relays_subject);
+            if (relay_nats_connected(r->nats))
+                announce(r, r->relays_subject);
             next_beat = now + beat;
         }
         if (r->http) kvo_http_server_run(r->http);
@@ -633,11 +642,14 @@ static void loop(runner *r) {
             kvo_warn("NATS disconnected: buffering up to %d bytes while "
                      "reconnecting",
                      r->cfg->nats.buffer_bytes);
-        if (news.came_back)
+        if (news.came_back) {
             kvo_info("NATS reconnected (%" PRIu64 " reconnects, %" PRIu64
                      " envelopes dropped so far)",
                      news.reconnects,
                      relay_pipe_stats(r->pipe)->publish_dropped);
+            announce(r, r->relays_subject);
+            next_beat = now + beat;
+        }
         if (next_stats && now >= next_stats) {
             char line[RELAY_STATS_LINE_MAX];
             relay_stats_line(stats_now(r), line, sizeof(line));

@@ -521,6 +521,52 @@ START_TEST(recovery_answers_events_a_dump_and_too_new_over_nats) {
 }
 END_TEST
 
+/* Requests faster than the relay answers them: each is answered or
+ * counted as dropped, none is held without bound, and the relay answers
+ * afterwards as before. */
+START_TEST(a_storm_of_requests_is_answered_or_counted) {
+    e2e e;
+    e2e_start(&e, NULL);
+    send_tags(&e, 0, 3, NULL);
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 3);
+    natsConnection *nc = NULL;
+    ck_assert(natsConnection_ConnectTo(&nc, e.net.nats.url) == NATS_OK);
+    const uint64_t n = 5000;
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert(natsConnection_PublishRequestString(
+                      nc, RECOVERY, "_INBOX.nobody",
+                      i % 2 ? "{\"dump\": true}" : "{\"from_sequence\": 0}") ==
+                  NATS_OK);
+    ck_assert(natsConnection_Flush(nc) == NATS_OK);
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull, answered, dropped;
+    for (;;) {
+        json_object *st = trelay_stats(&e.rel);
+        answered = tr_json_u64(st, "recovery_requests_total");
+        dropped = tr_json_u64(st, "recovery_requests_dropped");
+        json_object_put(st);
+        if (answered + dropped == n) break;
+        ck_assert_msg(kvo_now_ns() < end,
+                      "%" PRIu64 " answered + %" PRIu64 " dropped != %" PRIu64,
+                      answered, dropped, n);
+        usleep(20000);
+    }
+    printf("a storm of %" PRIu64 " requests: %" PRIu64 " answered, %" PRIu64
+           " dropped\n",
+           n, answered, dropped);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    ck_assert(treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS,
+                           &rep));
+    ck_assert_uint_eq(rep.n, g->next_sequence + 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "recovery_bad_requests"), 0);
+    tr_replies_fini(&rep);
+    natsConnection_Destroy(nc);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
 /* An announce as received; doc must outlive a. */
 static void announce_of(natsMsg *m, kvo_json *doc, wire_announce *a) {
     kvo_err err;
@@ -776,6 +822,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
     tcase_add_test(tc, recovery_answers_events_a_dump_and_too_new_over_nats);
     tcase_add_test(tc, the_relay_announces_itself_and_answers_discover);
+    tcase_add_test(tc, a_storm_of_requests_is_answered_or_counted);
     tcase_add_test(tc, discovery_relays_every_listed_rank);
     tcase_add_test(tc, discovery_refuses_more_sources_than_it_serves);
     tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);
