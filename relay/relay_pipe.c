@@ -1347,6 +1347,7 @@ static kvo_status send_events(relay_pipe *p, uint64_t from, uint64_t last,
                               relay_recovery *out) {
     for (uint64_t seq = from; seq <= last; seq++) {
         const relay_ring_env *e = relay_ring_get(p->ring, seq);
+        if (!e) return KVO_ESTATE; /* the caller checked: cannot happen */
         kvo_status st = reply(ctx, WIRE_REPLY_EVENTS, e->has_range, e->first,
                               e->last, e->body, e->len);
         if (st != KVO_OK) return st;
@@ -1430,7 +1431,10 @@ kvo_status relay_pipe_recover(relay_pipe *p, const char *reply_to,
         wire_reply_end e = {.kind = WIRE_REPLY_TOO_NEW,
                             .has_as_of = out->has_as_of, .as_of = out->as_of};
         st = send_end(reply, ctx, WIRE_REPLY_TOO_NEW, &e, &p->body);
-    } else if (!req.dump && relay_ring_holds(p->ring, req.from_sequence)) {
+    } else if (!req.dump && relay_ring_holds(p->ring, req.from_sequence) &&
+               relay_ring_holds(p->ring, out->as_of)) {
+        /* (an envelope that could not be encoded is in no ring: then the
+         * ring ends before the last sequence, and a dump answers) */
         out->kind = WIRE_REPLY_EVENTS;
         p->st.recovery_requests[RELAY_events]++;
         st = send_events(p, req.from_sequence, out->as_of, reply, ctx, out);

@@ -729,6 +729,39 @@ START_TEST(a_block_whose_parent_is_gone_is_dumped_under_the_root) {
 }
 END_TEST
 
+/* An envelope that could not even be encoded took a sequence but is in no
+ * ring: a request from before it gets a dump, never a short run. */
+START_TEST(a_sequence_missing_from_the_ring_is_answered_with_a_dump) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    tr_live_tag(&t, 0, 0, 0);
+    tr_flush(&t); /* envelope 0 */
+    uint64_t h[200];
+    for (uint64_t i = 0; i < 200; i++) h[i] = 9000 + i;
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, h, 200); /* larger than envelope 0's buffer */
+    tr_live_tb(&t, 0, 1, &b, 0);
+    kvo_alloc_fail_after(0);
+    tr_flush(&t); /* envelope 1: not encoded */
+    kvo_alloc_fail_after(-1);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->publish_dropped, 1);
+    ck_assert_uint_eq(s->ring_envelopes, 1);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    relay_recovery out;
+    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD,
+                                &rep, &out),
+                     KVO_OK);
+    ck_assert_int_eq(out.kind, WIRE_REPLY_DUMP);
+    ck_assert_uint_eq(out.as_of, 1);
+    ck_assert_uint_eq(out.blocks, 201);
+    tr_replies_fini(&rep);
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(bad_requests_are_counted_and_get_no_answer) {
     tr t;
     tr_init(&t, NULL, 1, true);
@@ -818,6 +851,7 @@ Suite *suite_recover(void) {
                    an_evicted_sequence_or_a_dump_request_gets_a_dump_of_the_index);
     tcase_add_test(tc, a_dump_publishes_what_is_pending_first);
     tcase_add_test(tc, a_block_whose_parent_is_gone_is_dumped_under_the_root);
+    tcase_add_test(tc, a_sequence_missing_from_the_ring_is_answered_with_a_dump);
     tcase_add_test(tc, bad_requests_are_counted_and_get_no_answer);
     tcase_add_test(tc, a_reply_that_cannot_be_sent_abandons_the_stream);
     suite_add_tcase(s, tc);
