@@ -37,6 +37,12 @@ static size_t walked_at(const walked *w, uint32_t rank, wire_tier tier,
     return SIZE_MAX;
 }
 
+static relay_state *state_new(void) {
+    relay_state *s;
+    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    return s;
+}
+
 static relay_state_rank *rank_of(relay_state *s, uint32_t rank) {
     relay_state_rank *r = NULL;
     ck_assert_int_eq(relay_state_rank_get(s, rank, &r), KVO_OK);
@@ -46,8 +52,7 @@ static relay_state_rank *rank_of(relay_state *s, uint32_t rank) {
 /* ---- the forwarded state -----------------------------------------------------*/
 
 START_TEST(a_block_stays_until_its_last_copy_is_removed) {
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     relay_state_rank *r0 = rank_of(s, 0), *r1 = rank_of(s, 1);
     ck_assert_int_eq(relay_state_store(r0, WIRE_TIER_DEVICE, 10, false, 0, 100),
                      KVO_OK);
@@ -94,8 +99,7 @@ START_TEST(a_block_stays_until_its_last_copy_is_removed) {
 END_TEST
 
 START_TEST(ranks_beyond_the_table_are_refused) {
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     relay_state_rank *r;
     /* added out of order: kept ascending */
     for (uint32_t i = 0; i < RELAY_STATE_MAX_RANKS; i++)
@@ -115,8 +119,7 @@ START_TEST(ranks_beyond_the_table_are_refused) {
 END_TEST
 
 START_TEST(a_walk_sends_parents_first_and_orphans_under_the_root) {
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     relay_state_rank *r = rank_of(s, 3);
     wire_tier d = WIRE_TIER_DEVICE;
     /* a chain stored child first: 3 under 2 under 1 under the root */
@@ -223,8 +226,7 @@ START_TEST(the_state_follows_a_reference_model) {
     const uint64_t seed = 20240612;
     printf("the_state_follows_a_reference_model: seed %" PRIu64 "\n", seed);
     uint64_t rng = seed;
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     static mblock m[M_MAX];
     size_t n = 0;
     for (int step = 0; step < 20000; step++) {
@@ -278,8 +280,7 @@ END_TEST
 /* What one forwarded block costs, for the report: the state of 100000
  * blocks in chains of 10. */
 START_TEST(the_state_costs_a_bounded_number_of_bytes_per_block) {
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     relay_state_rank *r = rank_of(s, 0);
     for (uint64_t i = 1; i <= 100000; i++)
         ck_assert_int_eq(relay_state_store(r, WIRE_TIER_DEVICE, i,
@@ -394,8 +395,7 @@ static void dump_of(relay_state *s, size_t max_payload, uint32_t max_events,
 }
 
 static relay_state *chains(uint32_t nchains, uint32_t len) {
-    relay_state *s;
-    ck_assert_int_eq(relay_state_new(&s), KVO_OK);
+    relay_state *s = state_new();
     for (uint32_t k = 0; k < nchains; k++) {
         relay_state_rank *r = rank_of(s, k % 2);
         for (uint32_t i = 0; i < len; i++) {
