@@ -35,9 +35,17 @@
  *
  *   HEAD  connected or between keep-alive requests, headers not complete:
  *         at most head_timeout_ms
- *   BODY  headers complete, body being read: at most body_timeout_ms
+ *   BODY  headers complete, body being read: body_timeout_ms, plus the
+ *         time the body received so far takes at MIN_BODY_RATE (a large
+ *         body arriving steadily is never cut; one trickling is)
  *   APP   the handler has the request (deferred answers and streams wait
  *         as long as the owner likes): never reaped
+ *
+ * The deadlines run on the server's own clock, which advances with the
+ * time between runs, but by at most RUN_GAP_MAX_MS per run: while the
+ * owner's loop is busy elsewhere (parsing a large body, applying events)
+ * nobody's bytes are read, and a client must not be cut for the server's
+ * slowness.
  *
  * One client address holds at most max_client_conns connections (MHD's
  * per-IP limit), and the bodies of all requests not yet freed hold at most
@@ -68,6 +76,8 @@
 #define DEFAULT_HEAD_TIMEOUT_MS 10000L
 #define DEFAULT_BODY_TIMEOUT_MS 10000L
 #define REAP_EVERY_MS 250L       /* how often phase deadlines are checked */
+#define RUN_GAP_MAX_MS 500L      /* most a run advances the deadline clock */
+#define MIN_BODY_RATE (64u << 10) /* bytes/s a body earns more time at */
 #define FD_HEADROOM 64u          /* descriptors beyond connections */
 #define CONN_MEMORY (128u << 10) /* per-connection pool: headers + buffers */
 /* MHD's own idle timeout, a backstop behind the phase deadlines. */
@@ -83,7 +93,8 @@ typedef struct conn_rec {
     struct conn_rec *prev, *next; /* srv->conn_recs */
     int fd;
     conn_phase phase;
-    uint64_t since; /* kvo_now_ns when the phase began */
+    uint64_t since; /* the deadline clock when the phase began */
+    uint64_t body_bytes; /* BODY: received so far */
     bool reaped;    /* shutdown(2) done; MHD will close it */
 } conn_rec;
 
@@ -119,6 +130,7 @@ struct kvo_http_server {
     void *ctx;
     size_t max_body, max_inflight, inflight;
     uint64_t head_timeout_ns, body_timeout_ns, next_reap;
+    uint64_t clock_ns, last_run_ns; /* the deadline clock (see the header) */
     uint16_t port;
     int fd;
     bool resumed; /* a connection was resumed since the last run */
@@ -248,11 +260,13 @@ static conn_rec *rec_of(struct MHD_Connection *conn) {
     return ci ? ci->socket_context : NULL;
 }
 
-static void rec_phase(struct MHD_Connection *conn, conn_phase phase) {
+static void rec_phase(kvo_http_server *s, struct MHD_Connection *conn,
+                      conn_phase phase) {
     conn_rec *c = rec_of(conn);
     if (!c) return;
     c->phase = phase;
-    c->since = kvo_now_ns();
+    c->since = s->clock_ns;
+    c->body_bytes = 0;
 }
 
 /* Charge n more body bytes of r against the in-flight cap. */
@@ -276,7 +290,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
         r = req_new(s, conn, method, url);
         if (!r) return MHD_NO;
         *con_cls = r;
-        rec_phase(conn, PHASE_BODY);
+        rec_phase(s, conn, PHASE_BODY);
         const char *cl = MHD_lookup_connection_value(
             conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         uint64_t n;
@@ -295,6 +309,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     }
 
     if (*upload_size) { /* a piece of the body */
+        conn_rec *c = rec_of(conn);
+        if (c) c->body_bytes += *upload_size;
         if (!r->too_big && !r->body_oom && !r->busy) {
             if (*upload_size > s->max_body - r->body.len) {
                 r->too_big = true; /* keep reading, keep nothing */
@@ -331,7 +347,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     }
 
     r->handled = true;
-    rec_phase(conn, PHASE_APP);
+    rec_phase(s, conn, PHASE_APP);
     if (r->too_big) {
         too_big_msg(s, msg, sizeof(msg));
         r->answered = r->queued = true;
@@ -359,7 +375,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
 
 static void on_completed(void *cls, struct MHD_Connection *conn,
                          void **con_cls, enum MHD_RequestTerminationCode toe) {
-    rec_phase(conn, PHASE_HEAD); /* the next request's headers, if any */
+    rec_phase(cls, conn, PHASE_HEAD); /* the next request's head, if any */
     kvo_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
@@ -392,7 +408,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
     if (!c) return; /* not tracked: MHD's idle timeout still applies */
     c->fd = ci->connect_fd;
     c->phase = PHASE_HEAD;
-    c->since = kvo_now_ns();
+    c->since = s->clock_ns;
     c->next = s->conn_recs;
     if (c->next) c->next->prev = c;
     s->conn_recs = c;
@@ -402,13 +418,16 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
 /* Shut down connections that stayed too long reading headers or a body;
  * MHD sees the end of the stream and closes them. */
 static void reap(kvo_http_server *s) {
-    uint64_t now = kvo_now_ns();
+    uint64_t now = s->clock_ns;
     if (now < s->next_reap) return;
     s->next_reap = now + REAP_EVERY_MS * 1000000ull;
     for (conn_rec *c = s->conn_recs; c; c = c->next) {
         if (c->reaped || c->phase == PHASE_APP) continue;
-        uint64_t limit = c->phase == PHASE_HEAD ? s->head_timeout_ns
-                                                : s->body_timeout_ns;
+        uint64_t limit =
+            c->phase == PHASE_HEAD
+                ? s->head_timeout_ns
+                : s->body_timeout_ns +
+                      c->body_bytes * 1000000000ull / MIN_BODY_RATE;
         if (now - c->since <= limit) continue;
         c->reaped = true;
         if (c->phase == PHASE_HEAD) /* counted before the client can see */
@@ -490,6 +509,7 @@ kvo_status kvo_http_server_new(kvo_http_server **out,
     unsigned per_client = cfg->max_client_conns ? cfg->max_client_conns
                                                 : DEFAULT_MAX_CLIENT_CONNS;
     fd_room(max_conns);
+    s->last_run_ns = kvo_now_ns();
     s->fd = -1;
 
     char port[8];
@@ -590,6 +610,11 @@ long kvo_http_server_timeout_ms(const kvo_http_server *s) {
 }
 
 void kvo_http_server_run(kvo_http_server *s) {
+    uint64_t now = kvo_now_ns(), gap = now - s->last_run_ns;
+    s->clock_ns += gap < RUN_GAP_MAX_MS * 1000000ull
+                       ? gap
+                       : RUN_GAP_MAX_MS * 1000000ull;
+    s->last_run_ns = now;
     s->resumed = false;
     MHD_run(s->d);
     reap(s);

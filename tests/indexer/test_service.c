@@ -23,27 +23,6 @@ typedef struct env {
     kvo_http_resp resp;
 } env;
 
-/* The port the indexer logged ("listening on http://127.0.0.1:PORT"). */
-static uint16_t logged_port(kt_proc *p) {
-    for (int i = 0; i < 1000; i++) {
-        size_t len;
-        FILE *f = fopen(p->proc.log_path, "rb");
-        if (f) {
-            char buf[8192];
-            len = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[len] = '\0';
-            const char *at = strstr(buf, "listening on http://127.0.0.1:");
-            if (at) return (uint16_t)atoi(at + strlen("listening on http://127.0.0.1:"));
-        }
-        ck_assert_msg(kvo_proc_alive(&p->proc), "kvo-indexer died");
-        usleep(10000);
-    }
-    kvo_proc_dump_log(&p->proc, 50);
-    ck_abort_msg("kvo-indexer never logged its port");
-    return 0;
-}
-
 /* nats-server (wanting token, when not NULL), then kvo-indexer on it
  * (--http on a free port, --block-size 4, the token, then extra), ready
  * to answer; then the test's own NATS connection and HTTP client. */
@@ -62,7 +41,7 @@ static void env_start(env *e, const char *token, const char *const extra[]) {
     for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
     kt_proc_start(&e->idx, "kvo-indexer", args);
-    uint16_t port = logged_port(&e->idx);
+    uint16_t port = kt_proc_logged_port(&e->idx, "listening on http://127.0.0.1:");
     snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", port);
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);

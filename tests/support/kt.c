@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -418,6 +419,37 @@ int kt_proc_stop(kt_proc *p) {
     kt_guard_release(&p->guard);
     kvo_proc_stop(&p->proc, 10000);
     return p->proc.exit_status;
+}
+
+uint16_t kt_proc_logged_port(kt_proc *p, const char *prefix) {
+    for (int i = 0; i < 2000; i++) {
+        FILE *f = fopen(p->proc.log_path, "rb");
+        if (f) {
+            char buf[16384];
+            size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[len] = '\0';
+            const char *at = strstr(buf, prefix);
+            if (at) return (uint16_t)atoi(at + strlen(prefix));
+        }
+        ck_assert_msg(kvo_proc_alive(&p->proc), "%s died", p->proc.name);
+        usleep(10000);
+    }
+    kvo_proc_dump_log(&p->proc, 50);
+    ck_abort_msg("%s never logged '%s'", p->proc.name, prefix);
+    return 0;
+}
+
+uint64_t kt_proc_peak_kib(const kt_proc *p) {
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->proc.pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    uint64_t kib = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmHWM: %" SCNu64, &kib) == 1) break;
+    fclose(f);
+    return kib;
 }
 
 size_t kt_fuzz_replay(const char *sub, int (*fn)(const uint8_t *, size_t)) {

@@ -81,6 +81,12 @@ void kt_proc_start(kt_proc *p, const char *bin, const char *const args[]);
  * process dies or timeout_ms passes. Same for TCP with kt_proc_wait_tcp. */
 void kt_proc_wait_http(kt_proc *p, const char *url, long timeout_ms);
 void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms);
+/* The port p logged after prefix ("listening on http://127.0.0.1:"),
+ * waiting for the line (the process picked a free port itself); fails the
+ * test when p dies or never logs it. */
+uint16_t kt_proc_logged_port(kt_proc *p, const char *prefix);
+/* The peak resident memory of p so far (VmHWM), in KiB. */
+uint64_t kt_proc_peak_kib(const kt_proc *p);
 /* SIGTERM, up to 10 s grace, SIGKILL. Returns the exit status (0 = clean
  * shutdown; 128+n = killed by signal n). Prints the log when KVO_TEST_LOGS
  * is set. */
