@@ -221,7 +221,10 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
     c.sets_s = chk_secs(t1);
     /* 4 the sweep (it charges its own stage) */
     size_t from = final ? 0 : r->swept_to;
-    st = chk_run_sweep(r, from, sent, (size_t)r->cfg->sweep, &c);
+    st = chk_run_sweep(r, from, sent,
+                       (size_t)(final ? r->cfg->sweep
+                                      : r->cfg->checkpoint_sweep),
+                       &c);
     r->swept_to = sent;
     if (st != KVO_OK) goto done;
     /* 5 */

@@ -25,7 +25,7 @@ enum {
     OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
-    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE
+    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP
 };
 
 static const struct option OPTIONS[] = {
@@ -76,6 +76,7 @@ static const struct option OPTIONS[] = {
     {"time-scale", required_argument, NULL, OPT_TIME_SCALE},
     {"speedup", required_argument, NULL, OPT_SPEEDUP},
     {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+    {"checkpoint-sweep", required_argument, NULL, OPT_CHECKPOINT_SWEEP},
     {"overlap-weight", required_argument, NULL, OPT_OVERLAP_WEIGHT},
     {"router-temperature", required_argument, NULL, OPT_ROUTER_TEMPERATURE},
     {NULL, 0, NULL, 0}};
@@ -159,10 +160,11 @@ static const char USAGE[] =
     "Checkpoints, reports and run control:\n"
     "  --checkpoint-every K    a full-state checkpoint every K requests (200;\n"
     "                          0 = only the one at the end)\n"
-    "  --sweep N               the last checkpoint re-checks the last N\n"
-    "                          distinct prompts on every worker, earlier ones\n"
-    "                          those since the checkpoint before, at most N\n"
-    "                          (1000; 0 = off)\n"
+    "  --sweep N               the last checkpoint re-checks the run's last\n"
+    "                          N distinct prompts on every worker (1000; 0 =\n"
+    "                          off)\n"
+    "  --checkpoint-sweep N    earlier checkpoints: the last N distinct\n"
+    "                          prompts since the checkpoint before (50)\n"
     "  --report-json FILE      one JSON line per prompt, then a summary line\n"
     "  --report-html FILE      a self-contained HTML report\n"
     "  --worst N               rows of the worst-prompts table (10)\n"
@@ -312,6 +314,8 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
     case OPT_FAIL_FAST: c->fail_fast = true; return KVO_OK;
     case OPT_SWEEP: return set_u64(&c->sweep, "sweep", v);
+    case OPT_CHECKPOINT_SWEEP:
+        return set_u64(&c->checkpoint_sweep, "checkpoint-sweep", v);
     case OPT_REPORT_JSON: c->report_json = v; return KVO_OK;
     case OPT_REPORT_HTML: c->report_html = v; return KVO_OK;
     case OPT_WORST: {

@@ -62,6 +62,7 @@ void check_cfg_defaults(check_cfg *c) {
     c->settle_ms = 500;
     c->timeout_ms = 30000;
     c->sweep = 1000;
+    c->checkpoint_sweep = 50;
     c->policy = CHECK_POLICY_ROUND_ROBIN;
     c->overlap_weight = 1.0;
     c->router_temperature = 0;

@@ -105,9 +105,11 @@ typedef struct check_cfg {
     bool fail_fast;            /* stop at the first failure */
     uint64_t sweep;            /* at the last checkpoint, re-check the last
                                   N distinct prompts on every slot (0 =
-                                  off; needs probes: kvo-mocker engines);
-                                  earlier checkpoints re-check the distinct
-                                  prompts since the one before, at most N */
+                                  off; needs probes: kvo-mocker engines) */
+    uint64_t checkpoint_sweep; /* earlier checkpoints: the last N distinct
+                                  prompts since the one before (50; 0 =
+                                  off): a sample, the block sets being
+                                  complete */
     bool progress;             /* progress bar on stderr */
     const char *report_json;
     const char *report_html;

@@ -329,7 +329,7 @@ START_TEST(a_closed_loop_load_run_batches_preempts_and_passes) {
                           "--num-gpu-blocks", "150", "--load",
                           "--concurrency", "8", "--speedup", "20",
                           "--policy", "dynamo", "--checkpoint-every", "8",
-                          NULL};
+                          "--checkpoint-sweep", "3", NULL};
     tc_run r;
     tc_check(&r, "crowd", args, 600);
     assert_pass(&r, 24);
@@ -341,13 +341,16 @@ START_TEST(a_closed_loop_load_run_batches_preempts_and_passes) {
                   "%.0f",
                   regime(&r, "preemptions"), regime(&r, "steps_multi"),
                   regime(&r, "max_running"));
-    /* checkpoints after 8 and 16 requests, and at the end: each exact */
+    /* checkpoints after 8 and 16 requests, and at the end: each exact;
+     * the first two re-check a sample of 3 distinct prompts, the last one
+     * every distinct prompt of the run (10) */
     json_object *cks = json_object_object_get(r.summary, "checkpoints");
     ck_assert_uint_eq(json_object_array_length(cks), 3);
     for (size_t i = 0; i < 3; i++) {
         json_object *c = json_object_array_get_idx(cks, i);
         ck_assert_int_eq(tc_int(c, "after_requests"), (int64_t)(8 * (i + 1)));
         ck_assert(json_object_get_boolean(json_object_object_get(c, "passed")));
+        ck_assert_int_eq(tc_int(c, "sweep_prompts"), i < 2 ? 3 : 10);
     }
     /* every request says what the router saw */
     for (size_t i = 0; i < 24; i++) {
