@@ -25,7 +25,8 @@ enum {
     OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
-    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP
+    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
+    OPT_LOCKSTEP
 };
 
 static const struct option OPTIONS[] = {
@@ -71,6 +72,7 @@ static const struct option OPTIONS[] = {
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"only", required_argument, NULL, OPT_ONLY},
     {"load", no_argument, NULL, OPT_LOAD},
+    {"lockstep", no_argument, NULL, OPT_LOCKSTEP},
     {"concurrency", required_argument, NULL, OPT_CONCURRENCY},
     {"arrival", required_argument, NULL, OPT_ARRIVAL},
     {"time-scale", required_argument, NULL, OPT_TIME_SCALE},
@@ -130,6 +132,8 @@ static const char USAGE[] =
     "                          from the index as it is (no watermark wait);\n"
     "                          exact at checkpoints; per request the routing-\n"
     "                          time score vs the engine's hit is reported\n"
+    "  --lockstep              one request at a time (the default; undoes an\n"
+    "                          earlier --load)\n"
     "  --concurrency N         requests in flight (8 per worker); with\n"
     "                          --arrival trace, the most at once\n"
     "  --arrival A             closed (N in flight at all times, trace order)\n"
@@ -333,6 +337,7 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
                    : bad("log-level", v);
     case OPT_ONLY: o->only = v; return KVO_OK;
     case OPT_LOAD: c->load = true; return KVO_OK;
+    case OPT_LOCKSTEP: c->load = false; return KVO_OK;
     case OPT_CONCURRENCY:
         o->load_only_set = true;
         if (set_u32(&c->concurrency, "concurrency", v) != KVO_OK)
