@@ -137,44 +137,15 @@ static uint64_t cpu_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* What two back-to-back thread CPU clock reads measure (a system call on
- * this kind of machine, ~0.7 us): taken off each timed call's CPU time. */
-static uint64_t cpu_clock_bias;
-
-static void cpu_clock_calibrate(void) {
-    uint64_t d[1001];
-    for (int i = 0; i < 1001; i++) {
-        uint64_t a = cpu_ns();
-        d[i] = cpu_ns() - a;
-    }
-    for (int i = 1; i < 1001; i++) /* median by insertion: runs once */
-        for (int j = i; j > 0 && d[j] < d[j - 1]; j--) {
-            uint64_t x = d[j];
-            d[j] = d[j - 1];
-            d[j - 1] = x;
-        }
-    cpu_clock_bias = d[500];
-}
-
-/* CPU time of one call that began with c0 = cpu_ns(). */
-static uint64_t call_cpu(uint64_t c0) {
-    uint64_t d = cpu_ns() - c0;
-    return d > cpu_clock_bias ? d - cpu_clock_bias : 0;
-}
-
 static long minor_faults(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_minflt;
 }
 
-/* One phase: wall time of the timed calls; thread CPU time of the timed
- * apply and remove calls (read around each call, less the clock's own
- * cost: building the events is out of it); the thread CPU time and
- * page faults of the whole phase (queries: the RNG and a 1 KiB copy per
- * query are in it, a per-call clock read would cost as much as a query). */
+/* One phase: wall time of the timed calls, CPU time and faults around it. */
 typedef struct phase {
-    uint64_t wall_ns, call_cpu_ns, cpu0, cpu_ns;
+    uint64_t wall_ns, cpu0, cpu_ns;
     long flt0, faults;
 } phase;
 
@@ -294,11 +265,9 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
                               .has_parent = hp,
                               .parent_hash = w->pre_blk[i % GROUPS][PRE - 1],
                               .n_blocks = n, .blocks = blk};
-            uint64_t c0 = cpu_ns();
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->apply.wall_ns += kvo_now_ns() - t0;
-            p->apply.call_cpu_ns += call_cpu(c0);
             if (s != KVO_OK) goto done;
             if (st != IDX_EV_OK) {
                 fprintf(stderr, "kvo-bench-index: event rejected: %s\n",
@@ -340,11 +309,9 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
                 hashes[d] = w->suf_blk[sidx(w, wk, i, SUF - 1 - d)];
             wire_revent ev = {.worker_id = (uint64_t)wk, .type = WIRE_R_REMOVED,
                               .n_removed = SUF, .removed = hashes};
-            uint64_t c0 = cpu_ns();
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->remove.wall_ns += kvo_now_ns() - t0;
-            p->remove.call_cpu_ns += call_cpu(c0);
             if (s != KVO_OK) goto done;
             if (st != IDX_EV_OK) {
                 s = KVO_ESTATE;
@@ -357,11 +324,9 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
             for (int d = 0; d < PRE; d++) hashes[d] = w->pre_blk[g][PRE - 1 - d];
             wire_revent ev = {.worker_id = (uint64_t)wk, .type = WIRE_R_REMOVED,
                               .n_removed = PRE, .removed = hashes};
-            uint64_t c0 = cpu_ns();
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->remove.wall_ns += kvo_now_ns() - t0;
-            p->remove.call_cpu_ns += call_cpu(c0);
             if (s != KVO_OK) goto done;
             if (st != IDX_EV_OK) {
                 s = KVO_ESTATE;
@@ -433,14 +398,12 @@ static kvo_status floor_pass(wl *w, floor_tab *f, pass *p) {
         for (int wk = 0; wk < w->workers; wk++) {
             bool hp;
             uint32_t n = store_blocks(w, i, wk, blk, &hp);
-            uint64_t c0 = cpu_ns();
             uint64_t t0 = kvo_now_ns();
             for (uint32_t j = 0; j < n; j++) {
                 kvo_status s = floor_put(f, floor_key(blk[j].tokens_hash, wk));
                 if (s != KVO_OK) return s;
             }
             p->apply.wall_ns += kvo_now_ns() - t0;
-            p->apply.call_cpu_ns += call_cpu(c0);
             p->ops += n;
             p->events++;
         }
@@ -480,8 +443,7 @@ static void report(const wl *w, pass *p, bool is_floor) {
            "(thread CPU %.1f ms: %.2f M/s; %ld page faults)\n",
            (unsigned long long)p->events, (unsigned long long)p->ops,
            p->apply.wall_ns / 1e6, mops(p->ops, p->apply.wall_ns),
-           p->apply.call_cpu_ns / 1e6, mops(p->ops, p->apply.call_cpu_ns),
-           p->apply.faults);
+           p->apply.cpu_ns / 1e6, mops(p->ops, p->apply.cpu_ns), p->apply.faults);
     double bpp = p->pairs ? (double)(p->rss1 - p->rss0) / (double)p->pairs : 0;
     printf("memory: %llu pairs, RSS +%.1f MB = %.1f B per pair (own "
            "accounting %.1f B per pair; %.0f MB in huge pages)\n",
@@ -489,7 +451,7 @@ static void report(const wl *w, pass *p, bool is_floor) {
            p->pairs ? (double)p->tree_bytes / (double)p->pairs : 0,
            p->thp1 / 1048576.0);
     metric("apply_mops", mops(p->ops, p->apply.wall_ns));
-    metric("apply_cpu_mops", mops(p->ops, p->apply.call_cpu_ns));
+    metric("apply_cpu_mops", mops(p->ops, p->apply.cpu_ns));
     metric("apply_faults", (double)p->apply.faults);
     metric("pairs", (double)p->pairs);
     metric("bytes_per_pair", bpp);
@@ -528,7 +490,6 @@ static void report(const wl *w, pass *p, bool is_floor) {
            QUERIES / (p->query.wall_ns / 1e9) / 1e3, p->query.cpu_ns / 1e6,
            p->query.faults);
     metric("queries_kps", QUERIES / (p->query.wall_ns / 1e9) / 1e3);
-    metric("queries_cpu_kps", QUERIES / (p->query.cpu_ns / 1e9) / 1e3);
     metric("query_faults", (double)p->query.faults);
     if (is_floor) return;
     metric("score_sum", (double)p->sum);
@@ -536,10 +497,10 @@ static void report(const wl *w, pass *p, bool is_floor) {
     printf("remove: %llu blocks in %.1f ms: %.2f M blocks/s (thread CPU %.1f "
            "ms); pairs left %llu, nodes left %llu\n",
            (unsigned long long)p->removed, p->remove.wall_ns / 1e6,
-           mops(p->removed, p->remove.wall_ns), p->remove.call_cpu_ns / 1e6,
+           mops(p->removed, p->remove.wall_ns), p->remove.cpu_ns / 1e6,
            (unsigned long long)p->pairs_left, (unsigned long long)p->nodes_left);
     metric("remove_mbps", mops(p->removed, p->remove.wall_ns));
-    metric("remove_cpu_mbps", mops(p->removed, p->remove.call_cpu_ns));
+    metric("remove_cpu_mbps", mops(p->removed, p->remove.cpu_ns));
 }
 
 /* ---- The service under a streaming apply ------------------------------------ */
@@ -782,7 +743,6 @@ int main(int argc, char **argv) {
                 w->suf_blk[sidx(w, wk, i, d)] = gen(w);
             }
     w->q_seed = w->s;
-    cpu_clock_calibrate();
     if (service) return service_run(w, argv[2], argv[3]);
     printf("workload %s, %s%s: %d workers, %d prefix groups x %d shared blocks "
            "+ %d unique blocks per prompt, %d prompts per worker, %d queries\n",

@@ -11,10 +11,9 @@
 # this run (rates: >= 0.5 is within 2x of the floor; latencies: <= 2); the
 # anchor, Dynamo's compressed-edge tree (049a8f48) from BENCH.md -- another
 # run, on another machine of this kind -- and tree / anchor. Wall time on a
-# shared machine is inflated by others: the "by CPU time" rows use the
-# thread's CPU time instead (of each apply / remove call, less the clock's
-# own cost; of the whole query phase), and the page-fault rows say how much
-# of a cold run is the kernel's first touch. A run whose checksum or score sum differs from
+# shared machine is inflated by others: the "CPU" rows use the thread's CPU
+# time instead, and the page-fault rows say how much of a cold run is the
+# kernel's first touch. A run whose checksum or score sum differs from
 # BENCH.md's fails the script.
 #
 # Then the service (when nats-server is installed): query latency of a
@@ -116,7 +115,7 @@ for size in $sizes; do
     echo
     row "$size $proto" "tree: median (min-max)" "floor" "/floor" "anchor" "/anchor" "goal (anchor: Dynamo compressed, another run)"
     for m in apply_mops apply_cpu_mops hit_p50_us hit_p99_us prefix_p50_us prefix_p99_us \
-             random_p50_us random_p99_us queries_kps queries_cpu_kps remove_mbps remove_cpu_mbps \
+             random_p50_us random_p99_us queries_kps remove_mbps remove_cpu_mbps \
              bytes_per_pair peak_rss_mb apply_faults query_faults; do
       if [ "$proto" = warm ]; then
         case $m in bytes_per_pair|peak_rss_mb) continue ;; esac
@@ -124,7 +123,7 @@ for size in $sizes; do
       t=$(med "$T" "$m") f=$(med "$F" "$m") a=$(anchor "$size" "$proto" "$m")
       case $m in
         *_us|bytes_per_pair|*faults|peak_rss_mb) f2=%.2f ;;
-        queries_kps|queries_cpu_kps) f2=%.0f ;;
+        queries_kps) f2=%.0f ;;
         *) f2=%.2f ;;
       esac
       case $m in *faults) f2=%.0f ;; esac
@@ -139,7 +138,6 @@ for size in $sizes; do
         random_p50_us) label="random p50, us" ;;
         random_p99_us) label="random p99, us" ;;
         queries_kps) label="queries/s, k" ;;
-        queries_cpu_kps) label="  by CPU time" ;;
         remove_mbps) label="remove, M blocks/s" ;;
         remove_cpu_mbps) label="  by CPU time" ;;
         bytes_per_pair) label="bytes per pair" ;;
