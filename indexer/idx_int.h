@@ -379,7 +379,10 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 #define SEG_MAX 26   /* 64 * (2^26 - 1) elements: beyond any u32 index */
 
 typedef struct segv {
-    uintptr_t base[SEG_MAX]; /* segment k's address - first(k) * elem */
+    /* segment k's address - first(k) * elem. A pointer type, not an
+     * integer: a store to a node's u64 field then cannot alias it, so the
+     * compiler keeps it in a register across stores. */
+    char *base[SEG_MAX];
     uint32_t nseg;           /* segments allocated */
     uint32_t cap;            /* elements they hold */
 } segv;
@@ -391,7 +394,7 @@ static inline uint32_t seg_first(uint32_t k) {
     return ((1u << k) - 1) << SEG0_SHIFT;
 }
 static inline void *segv_at(const segv *v, uint32_t i, size_t elem) {
-    return (void *)(v->base[seg_of(i)] + (uintptr_t)i * elem);
+    return v->base[seg_of(i)] + (size_t)i * elem;
 }
 /* Room for need elements; KVO_ENOMEM changes nothing. */
 kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem);
@@ -543,8 +546,8 @@ static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
 }
 
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
-static inline uint32_t look_find_h(const idx_tree *t, uint32_t w, uint64_t bh,
-                                   uint64_t h) {
+static inline __attribute__((always_inline)) uint32_t
+look_find_h(const idx_tree *t, uint32_t w, uint64_t bh, uint64_t h) {
     return tab_find_h(&t->ws[w].look, h, look_eq, t, bh, w);
 }
 
