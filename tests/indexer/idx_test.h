@@ -11,6 +11,7 @@ Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
+Suite *suite_recover(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 
@@ -59,6 +60,10 @@ uint8_t *tt_vector(const char *name, size_t *len);
  * of two dp ranks. Suites replay them through the feed, a capture, NATS. */
 extern const char *const tt_plane_sequence[4];
 
+/* The envelope (pub, seq, published_at) around evs[0, n). kvo_free the
+ * bytes. */
+uint8_t *tt_plane(uint64_t pub, uint64_t seq, uint64_t published_at,
+                  const wire_revent *evs, uint32_t n, size_t *len);
 /* An envelope (publisher pub, sequence seq) around one stored RouterEvent
  * of worker (worker, 0) and tier: a chain of n blocks from the root, block
  * i with tokens_hash i+1 and block_hash 100 (i+1). kvo_free the bytes. */

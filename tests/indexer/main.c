@@ -8,6 +8,7 @@ Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
+Suite *suite_recover(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
         suite_replay,
         suite_service,
         suite_fuzz_query,
+        suite_recover,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }
