@@ -396,6 +396,73 @@ json_object *idx_json_revent(const wire_revent *ev);
 #define IDX_HEALTH_STALE_MAX 1000
 bool idx_json_recovery(const idx_feed *f, json_object *o);
 
+/* ---- Per-worker views: GET /blocks, POST /lookup (idx_views.c) -----------
+ * GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]:
+ *   {"worker_id", "dp_rank", "count": C, "digest": D, "blocks":
+ *    [[block_hash, parent_hash|null], ...], "next": H'}
+ * the blocks sorted by block_hash, those above after, at most limit
+ * (1..IDX_BLOCKS_PAGE, default IDX_BLOCKS_PAGE); "next" (the last listed)
+ * only while more follow; digest_only: no "blocks" (nor "next"). C and D
+ * are the whole set's. D = the sum mod 2^64 over the blocks of
+ * idx_block_digest(block_hash, parent) (parent 0 when it has none): the
+ * same as kvo-mocker's over its cached blocks. */
+#define IDX_BLOCKS_PAGE 100000
+
+static inline uint64_t idx_block_digest(uint64_t block_hash,
+                                        uint64_t parent_or_0) {
+    return kvo_mix64(block_hash ^
+                     kvo_mix64(parent_or_0 + 0x9E3779B97F4A7C15ull));
+}
+
+/* One worker's blocks, sorted by block_hash: a cache that is reloaded only
+ * when the (worker, rank) or the feed's generation changes, so the pages
+ * of one listing cost O(page) each. */
+typedef struct idx_blockset {
+    bool loaded;
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint64_t gen;
+    uint64_t digest;
+    size_t n, cap;
+    idx_block *v; /* kvo_malloc'd, sorted by block_hash */
+} idx_blockset;
+
+void idx_blockset_init(idx_blockset *bs);
+void idx_blockset_fini(idx_blockset *bs);
+/* (worker_id, dp_rank)'s blocks of t as of generation gen into bs (kept
+ * when bs holds them already). KVO_ENOMEM leaves bs empty. */
+kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
+                             uint64_t worker_id, uint32_t dp_rank);
+/* Count and digest of (worker_id, dp_rank)'s blocks, walking them once
+ * (no allocation). */
+kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, uint64_t *count,
+                             uint64_t *digest);
+/* GET /blocks's answer for the page pg of bs (digest_only: no list),
+ * appended to out. */
+kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
+                           bool digest_only, kvo_buf *out);
+/* The digest-only answer from idx_blocks_digest's values. */
+kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
+                                  uint64_t count, uint64_t digest,
+                                  kvo_buf *out);
+
+/* POST /lookup {"worker_id": W, "dp_rank": R, "block_hashes": [h, ...]}
+ * (at most IDX_LOOKUP_MAX hashes; idx_request_parse reads it) ->
+ *   {"blocks": [{"block_hash": h, "held": bool, "tokens_hash": t|null,
+ *     "parent_hash": p|null, "in_set": bool, "others": n,
+ *     "other_holders": [[worker_id, dp_rank], ...]}, ...]}
+ * in the order asked. held: (W, R)'s lookup has h (tokens_hash and
+ * parent_hash are then its node's, parent null at the root or when
+ * detached; in_set: (W, R) is in the node's worker set). others: how many
+ * other (worker, rank)s hold the node ((W, R) held it) or hold h (it did
+ * not: the node some other worker maps h to), the first IDX_INFO_OTHERS
+ * of them listed in other_holders, sorted. */
+#define IDX_LOOKUP_MAX 4096
+json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, const uint64_t *hashes,
+                             size_t n);
+
 /* ---- Requests: query bodies (idx_request.c) ------------------------------
  * The one reading path of POST /query, POST /query_by_hash and replay's
  * query lines: kvo_json (strict: one value, exact integers, valid UTF-8,
@@ -403,6 +470,10 @@ bool idx_json_recovery(const idx_feed *f, json_object *o);
  *   {"token_ids": [u32...], "lora_name"?: str|null, "cache_salt"?: str|null}
  *   {"tokens_hashes": [u64...]}
  *   {"apply": K}                               (replay lines only)
+ *   {"worker_id": u64, "dp_rank": u32, "block_hashes": [u64...]}
+ *                                              (POST /lookup; at most
+ *                                              IDX_LOOKUP_MAX hashes; no
+ *                                              "metrics" or "wait")
  * each with optional "metrics": bool|null and "wait": {"zmq_seq":
  * [[publisher_id, seq], ...], "timeout_ms"?: 0..600000 (default 30000)}.
  * Other members are ignored. Pure: no tree, clock or socket. */
@@ -410,6 +481,7 @@ typedef enum idx_req_kind {
     IDX_REQ_TOKENS = 1, /* accept-mask bits too */
     IDX_REQ_HASHES = 2,
     IDX_REQ_APPLY = 4,
+    IDX_REQ_LOOKUP = 8, /* POST /lookup */
 } idx_req_kind;
 
 #define IDX_WAIT_MAX_PAIRS 4096   /* (publisher, seq) pairs per wait */
@@ -421,7 +493,9 @@ typedef struct idx_request {
     idx_req_kind kind;
     const uint64_t *v;  /* TOKENS: token ids (each < 2^32); HASHES: tokens
                            hashes; n of them (v may be NULL when n is 0) */
-    size_t n;
+    size_t n;                /* LOOKUP: v/n are the block hashes */
+    uint64_t worker_id;      /* LOOKUP */
+    uint32_t dp_rank;        /* LOOKUP */
     const char *lora, *salt; /* TOKENS: NULL = none */
     uint64_t apply;          /* APPLY: records to apply */
     bool metrics;            /* "metrics": true */

@@ -30,9 +30,10 @@
  * memory proportional to the body, arrays never copied); every error is a
  * JSON {"error": "..."} naming where. Long answers come in pages: GET
  * /watermark?after=ID&limit=N (IDX_WATERMARK_PAGE at most, "next" while
- * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most); an unpaged
- * /dump larger than one page is refused, never built whole. Each loop turn
- * sets the feed's clock and forgets idle publishers (idx.h).
+ * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most), GET
+ * /blocks?...&after=H&limit=N (IDX_BLOCKS_PAGE at most); an unpaged /dump
+ * larger than one page is refused, never built whole. Each loop turn sets
+ * the feed's clock and forgets idle publishers (idx.h).
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -88,6 +89,7 @@ typedef struct svc {
     idx_feed *feed;
     kvo_http_server *http;
     idx_scores scores;
+    idx_blockset blocks; /* GET /blocks's cache */
 
     /* NATS (callbacks on nats.c threads) */
     kvo_nats_cfg nats_cfg; /* cfg->nats, or the defaults */
@@ -588,6 +590,73 @@ static void do_health(svc *s, kvo_http_req *r) {
     kvo_http_respond_json(r, 200, o);
 }
 
+/* A required query argument: an integer in 0..max. */
+static bool arg_u64(kvo_http_req *r, const char *name, uint64_t max,
+                    uint64_t *out, char *err, size_t errsz) {
+    const char *a = kvo_http_req_arg(r, name);
+    if (!a || kvo_parse_u64(a, out) != KVO_OK || *out > max) {
+        snprintf(err, errsz, "%s must be an integer in 0..%" PRIu64, name, max);
+        return false;
+    }
+    return true;
+}
+
+/* GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]
+ * (idx_int.h draws the answer). */
+static void do_blocks(svc *s, kvo_http_req *r) {
+    char err[160];
+    uint64_t w, rank;
+    idx_page pg;
+    const char *d = kvo_http_req_arg(r, "digest_only");
+    bool digest_only = d && (strcmp(d, "1") == 0 || strcmp(d, "true") == 0);
+    if (!arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
+        !arg_u64(r, "dp_rank", UINT32_MAX, &rank, err, sizeof(err)) ||
+        !page_args(r, IDX_BLOCKS_PAGE, &pg, err, sizeof(err)) ||
+        (d && !digest_only && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
+         snprintf(err, sizeof(err), "digest_only must be 1 or 0") > 0)) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    kvo_buf b;
+    kvo_buf_init(&b);
+    const idx_tree *t = idx_feed_tree(s->feed);
+    kvo_status st;
+    if (digest_only) {
+        uint64_t count, digest;
+        st = idx_blocks_digest(t, w, (uint32_t)rank, &count, &digest);
+        if (st == KVO_OK)
+            st = idx_blocks_digest_json(w, (uint32_t)rank, count, digest, &b);
+    } else {
+        st = idx_blockset_load(&s->blocks, t, idx_feed_generation(s->feed), w,
+                               (uint32_t)rank);
+        if (st == KVO_OK) st = idx_blocks_json(&s->blocks, &pg, false, &b);
+    }
+    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    kvo_buf_fini(&b);
+}
+
+/* POST /lookup {"worker_id", "dp_rank", "block_hashes": [...]}. */
+static void do_lookup(svc *s, kvo_http_req *r) {
+    size_t blen;
+    const uint8_t *body = kvo_http_req_body(r, &blen);
+    idx_request q;
+    idx_request_init(&q);
+    kvo_err err;
+    kvo_status st = idx_request_parse(&q, body, blen, IDX_REQ_LOOKUP, &err);
+    if (st != KVO_OK) {
+        if (st != KVO_ENOMEM) s->stats.bad_requests++;
+        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
+    } else {
+        json_object *o = idx_json_lookup(idx_feed_tree(s->feed), q.worker_id,
+                                         q.dp_rank, q.v, q.n);
+        if (!o) kvo_http_respond_error(r, 500, "out of memory");
+        else kvo_http_respond_json(r, 200, o);
+    }
+    idx_request_fini(&q);
+}
+
 static void do_counters(svc *s, kvo_http_req *r) {
     json_object *o = idx_json_counters(s->feed);
     if (!o) {
@@ -724,7 +793,8 @@ static void handler(void *ctx, kvo_http_req *r) {
     } routes[] = {{"/query", true},     {"/query_by_hash", true},
                   {"/dump", false},     {"/workers", false},
                   {"/health", false},   {"/watermark", false},
-                  {"/metrics", false},  {"/counters", false}};
+                  {"/metrics", false},  {"/blocks", false},
+                  {"/lookup", true},    {"/counters", false}};
     size_t i = 0;
     while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
     if (i == KVO_ARRAY_LEN(routes)) {
@@ -746,6 +816,8 @@ static void handler(void *ctx, kvo_http_req *r) {
     case 4: do_health(s, r); return;
     case 5: do_watermark(s, r); return;
     case 6: do_metrics(s, r); return;
+    case 7: do_blocks(s, r); return;
+    case 8: do_lookup(s, r); return;
     default: do_counters(s, r); return;
     }
     if (!o) kvo_http_respond_error(r, 500, "out of memory");
@@ -816,6 +888,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if ((st = idx_feed_new(&s.feed, &cfg->feed)) != KVO_OK) goto done;
     idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
+    idx_blockset_init(&s.blocks);
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
                               .max_body = cfg->max_body ? cfg->max_body
@@ -858,6 +931,7 @@ done:
     nats_teardown(&s);
     for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);
     kvo_free(s.inbox);
+    idx_blockset_fini(&s.blocks);
     idx_feed_free(s.feed);
     idx_scores_fini(&s.scores);
     if (s.evfd >= 0) close(s.evfd);

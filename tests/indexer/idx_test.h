@@ -12,6 +12,7 @@ Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
 Suite *suite_recover(void);
+Suite *suite_views(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 

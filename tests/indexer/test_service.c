@@ -733,6 +733,110 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
 }
 END_TEST
 
+/* GET /blocks?...&digest_only=1 of (worker, 0): count and digest. */
+static uint64_t blocks_digest_of(env *e, uint64_t worker, uint64_t *count) {
+    char path[96];
+    snprintf(path, sizeof(path),
+             "/blocks?worker_id=%llu&dp_rank=0&digest_only=1",
+             (unsigned long long)worker);
+    json_object *j = get_json(e, path);
+    uint64_t d = tt_json_u64(j, "digest");
+    *count = tt_json_u64(j, "count");
+    json_object_put(j);
+    return d;
+}
+
+/* GET /blocks and POST /lookup over HTTP: pages that add up to the set
+ * and its digest, an unknown worker, digest_only, 4xx answers. */
+START_TEST(service_answers_blocks_and_lookup) {
+    env e;
+    env_start(&e, NULL, NULL);
+    publish_many(&e, 1, 0, 7, 5, 1); /* worker 7: the chain 100..500 */
+    publish_many(&e, 2, 0, 8, 2, 1); /* worker 8: 100, 200 (same nodes) */
+    wait_messages(&e, 2);
+    char path[160] = "/blocks?worker_id=7&dp_rank=0&limit=2";
+    uint64_t digest = 0, seen = 0, prev = 0, want = 0, pages = 0;
+    for (bool more = true; more; pages++) {
+        json_object *j = get_json(&e, path);
+        json_object *a = tt_json_at(j, "blocks"), *next;
+        for (size_t i = 0; i < json_object_array_length(a); i++, seen++) {
+            json_object *b = json_object_array_get_idx(a, i);
+            uint64_t h =
+                json_object_get_uint64(json_object_array_get_idx(b, 0));
+            json_object *pj = json_object_array_get_idx(b, 1);
+            ck_assert(seen == 0 || h > prev);
+            ck_assert_uint_eq(h, 100 * (seen + 1));
+            ck_assert(pj ? json_object_get_uint64(pj) == h - 100 : h == 100);
+            digest += idx_block_digest(h, pj ? json_object_get_uint64(pj) : 0);
+            prev = h;
+        }
+        ck_assert_uint_eq(tt_json_u64(j, "count"), 5);
+        want = tt_json_u64(j, "digest");
+        more = json_object_object_get_ex(j, "next", &next);
+        if (more)
+            snprintf(path, sizeof(path),
+                     "/blocks?worker_id=7&dp_rank=0&limit=2&after=%llu",
+                     (unsigned long long)tt_json_u64(j, "next"));
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(pages, 3);
+    ck_assert_uint_eq(seen, 5);
+    ck_assert_uint_eq(digest, want);
+    uint64_t n;
+    ck_assert_uint_eq(blocks_digest_of(&e, 7, &n), want);
+    ck_assert_uint_eq(n, 5);
+    tt_json_eq(get_json(&e, "/blocks?worker_id=99&dp_rank=0"),
+               "{\"worker_id\":99,\"dp_rank\":0,\"count\":0,\"digest\":0,"
+               "\"blocks\":[]}");
+    static const char *const bad[] = {
+        "/blocks?dp_rank=0", "/blocks?worker_id=7&dp_rank=4294967296",
+        "/blocks?worker_id=7&dp_rank=0&limit=0",
+        "/blocks?worker_id=7&dp_rank=0&limit=100001",
+        "/blocks?worker_id=7&dp_rank=0&digest_only=x",
+        "/blocks?worker_id=-1&dp_rank=0"};
+    const char *out;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(get(&e, bad[i], &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j && error_of(j), "%s: %s", bad[i], out);
+        json_object_put(j);
+    }
+    char *o;
+    ck_assert_int_eq(post(&e, "/lookup",
+                          "{\"worker_id\": 8, \"dp_rank\": 0, "
+                          "\"block_hashes\": [100, 300, 999]}",
+                          &o),
+                     200);
+    ck_assert_str_eq(o, "{\"blocks\":[{\"block_hash\":100,\"held\":true,"
+                        "\"tokens_hash\":1,\"parent_hash\":null,"
+                        "\"in_set\":true,\"others\":1,"
+                        "\"other_holders\":[[7,0]]},"
+                        "{\"block_hash\":300,\"held\":false,"
+                        "\"tokens_hash\":null,\"parent_hash\":null,"
+                        "\"in_set\":false,\"others\":1,"
+                        "\"other_holders\":[[7,0]]},"
+                        "{\"block_hash\":999,\"held\":false,"
+                        "\"tokens_hash\":null,\"parent_hash\":null,"
+                        "\"in_set\":false,\"others\":0,"
+                        "\"other_holders\":[]}]}");
+    ck_assert_int_eq(
+        post(&e, "/lookup", "{\"worker_id\": 8, \"block_hashes\": []}", &o),
+        400);
+    ck_assert_msg(strstr(o, "dp_rank"), "%s", o);
+    kvo_buf big;
+    kvo_buf_init(&big);
+    kvo_buf_printf(&big, "{\"worker_id\":8,\"dp_rank\":0,\"block_hashes\":[0");
+    for (int i = 1; i <= IDX_LOOKUP_MAX; i++) kvo_buf_printf(&big, ",%d", i);
+    kvo_buf_printf(&big, "]}");
+    kvo_buf_cstr(&big);
+    ck_assert_int_eq(post(&e, "/lookup", (const char *)big.data, &o), 400);
+    ck_assert_msg(strstr(o, "at most 4096"), "%s", o);
+    kvo_buf_fini(&big);
+    ck_assert_int_eq(get(&e, "/lookup", &out), 405);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 Suite *suite_service(void) {
     Suite *s = suite_create("service");
     TCase *tc = tcase_create("nats");
@@ -743,6 +847,10 @@ Suite *suite_service(void) {
     tcase_add_test(tc, service_forgets_idle_publishers);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
+    TCase *tv = tcase_create("views");
+    tcase_set_timeout(tv, 120);
+    tcase_add_test(tv, service_answers_blocks_and_lookup);
+    suite_add_tcase(s, tv);
     TCase *tm = tcase_create("metrics");
     tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
     suite_add_tcase(s, tm);
