@@ -327,6 +327,9 @@ typedef struct idx_service_cfg {
     idx_feed_cfg feed;   /* the publisher table; default 4096 publishers,
                             forgotten after 10 minutes idle */
     size_t max_body;     /* request body bytes, default 16 MiB */
+    bool no_recovery;    /* count gaps only: never ask relays
+                            (docs/recovery.md) */
+    uint64_t discover_ms; /* the discovery window at start, default 500 */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

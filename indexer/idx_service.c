@@ -4,25 +4,42 @@
  *
  *   nats.c thread --on_msg--> inbox (mutex, bounded) --eventfd--+
  *                                                               v
- *   loop: poll({eventfd, kvo_http_server_fd}) -> drain inbox -> idx_feed_message
- *                                             -> kvo_http_server_run -> handler
+ *   loop: poll({eventfd, kvo_http_server_fd}) -> drain inbox -> the feed
+ *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
  * atomic counters. A full inbox (256k messages or 256 MiB) makes on_msg
  * wait (the loop is behind), so nats.c's own pending limits take over and
  * drop messages (natsSubscription_GetDropped counts them; the loop logs
- * every count that rises).
- * Messages apply in arrival order.
+ * every count that rises). Messages apply in arrival order.
+ *
+ * Recovery (docs/recovery.md; the state machine is the feed's, in
+ * idx_recover.c; this file is its NATS glue). Subscriptions, all on one
+ * connection whose messages nats.c delivers from one thread, so the inbox
+ * keeps the server's order across them:
+ *
+ *   <p>.kv-events              the event plane (--subject)       first
+ *   <p>.kv-relays              relays' announces and heartbeats
+ *   _INBOX.<nuid>.d            answers to the discover request
+ *   _INBOX.<nuid>.r.<pub>.<id> recovery answers, by publisher and request
+ *
+ * then a discover request on <p>.kv-relays.discover ('*' tokens of
+ * --subject are taken as dynamo / backend there: a NATS subject to publish
+ * on has no wildcards; relays elsewhere are heard by their heartbeats) and
+ * a window of discover_ms in which /health says "recovering". The feed
+ * asks through ask_relay (a request on the relay's recovery subject with
+ * the reply inbox above); each loop turn ticks its timeouts. --no-recovery
+ * subscribes to the event plane only.
  *
  * A query may wait for a watermark (kvo-check's lockstep): POST /query or
  * /query_by_hash with "wait": {"zmq_seq": [[publisher_id, seq], ...],
  * "timeout_ms": t} is answered once every listed publisher's KVO-Zmq-Seq
- * watermark has reached its seq (checked after each drained inbox), or when
- * t passes; the answer adds "covered" (which of the two) and "watermark"
- * (GET /watermark's object at that moment); "metrics": true adds GET
- * /metrics's text, read at the same moment. One round trip instead of
- * polling /watermark, querying and reading the counters, and no poll
- * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
+ * watermark has reached its seq (checked after each drained inbox), or
+ * when t passes; the answer adds "covered" (which of the two) and
+ * "watermark" (GET /watermark's object at that moment); "metrics": true
+ * adds GET /metrics's text, read at the same moment. One round trip
+ * instead of polling /watermark, querying and reading the counters, and no
+ * poll interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
  * request bodies and their parsed trees) wait at once; one more is
  * answered 503.
  *
@@ -46,6 +63,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -54,12 +72,12 @@
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
 #define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
-#define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
+#define HDR_ZMQ_SEQ WIRE_HDR_ZMQ_SEQ
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
 #define DUMP_PAGE 10000        /* events in one /dump answer (the loop
                                   serves nothing else while it builds) */
-/* nats.c's pending limits on the subscription: what it holds for on_msg
+/* nats.c's pending limits on each subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
 #define NATS_PENDING_BYTES (1 << 30)
@@ -67,8 +85,32 @@
 #define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
+#define DISCOVER_MS 500        /* default discover_ms */
+#define SUBJECT_MAX 512        /* recovery subjects built here */
 #define NS_PER_MS 1000000u
 #define NS_PER_S 1e9
+#define DEFAULT_NS "dynamo"    /* a '*' namespace token, for discovery */
+#define DEFAULT_COMPONENT "backend"
+
+/* What a subscription delivers. */
+typedef enum msg_kind {
+    MSG_EVENT = 0, /* an event-plane envelope */
+    MSG_ANNOUNCE,  /* an announce on <p>.kv-relays */
+    MSG_DISCOVERED,/* an announce answering the discover request */
+    MSG_REPLY,     /* a message of a recovery answer */
+    MSG_KINDS
+} msg_kind;
+
+typedef struct inmsg {
+    natsMsg *m;
+    msg_kind kind;
+} inmsg;
+
+struct svc;
+typedef struct subctx {
+    struct svc *s;
+    msg_kind kind;
+} subctx;
 
 /* A query held until the watermark covers its pairs or its deadline. */
 typedef struct waiter {
@@ -94,12 +136,13 @@ typedef struct svc {
     /* NATS (callbacks on nats.c threads) */
     kvo_nats_cfg nats_cfg; /* cfg->nats, or the defaults */
     kvo_nats *nats;
-    natsSubscription *sub;
+    natsSubscription *sub, *sub_relays, *sub_disc, *sub_reply;
+    subctx subctx[MSG_KINDS];
     atomic_uint_fast64_t inbox_drops;
 
     pthread_mutex_t mu; /* inbox, stopping */
     pthread_cond_t cv;
-    natsMsg **inbox;
+    inmsg *inbox;
     size_t inbox_len, inbox_cap, inbox_bytes;
     bool stopping;
     int evfd;
@@ -113,8 +156,16 @@ typedef struct svc {
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
+    bool recovery;            /* on, and its subjects could be made */
+    char relays_subj[SUBJECT_MAX];   /* <p>.kv-relays */
+    char discover_subj[SUBJECT_MAX]; /* <p>.kv-relays.discover, concrete */
+    char rec_prefix[SUBJECT_MAX];    /* <p> concrete: default recovery
+                                        subjects */
+    char *inbox_subj;                /* _INBOX.<nuid> */
+    size_t inbox_subj_len;
     kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop, rl_gap, rl_restart,
-        rl_rewind, rl_full, rl_expired;
+        rl_rewind, rl_full, rl_expired, rl_announce, rl_reply, rl_ask, rl_held,
+        rl_rec[IDX_REC_RESTART + 1];
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -124,7 +175,9 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
     cfg->feed.max_publishers = IDX_MAX_PUBLISHERS_DEFAULT;
     cfg->feed.publisher_idle_ms = IDX_PUBLISHER_IDLE_MS_DEFAULT;
+    cfg->feed.recovery_timeout_ms = IDX_RECOVERY_TIMEOUT_MS_DEFAULT;
     cfg->max_body = HTTP_MAX_BODY;
+    cfg->discover_ms = DISCOVER_MS;
 }
 
 /* ======================================================================== */
@@ -135,7 +188,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
                    void *closure) {
     (void)nc;
     (void)sub;
-    svc *s = closure;
+    subctx *c = closure;
+    svc *s = c->s;
     pthread_mutex_lock(&s->mu);
     while (!s->stopping &&
            (s->inbox_len >= INBOX_MAX || s->inbox_bytes >= INBOX_BYTES))
@@ -152,7 +206,7 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         natsMsg_Destroy(m);
         return;
     }
-    s->inbox[s->inbox_len++] = m;
+    s->inbox[s->inbox_len++] = (inmsg){m, c->kind};
     s->inbox_bytes += (size_t)natsMsg_GetDataLength(m);
     bool wake = s->inbox_len == 1;
     pthread_mutex_unlock(&s->mu);
@@ -163,15 +217,21 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     }
 }
 
-/* Messages nats.c dropped on the subscription (its pending limits were
+/* Messages nats.c dropped on the subscriptions (their pending limits were
  * reached). Its slow-consumer error callback fires once per episode, not
- * per message, so the count comes from the subscription. Only rises: a
+ * per message, so the count comes from the subscriptions. Only rises: a
  * failed read (subscription closing) keeps the last count. */
 static uint64_t nats_dropped(svc *s) {
-    int64_t n;
-    if (s->sub && natsSubscription_GetDropped(s->sub, &n) == NATS_OK &&
-        (uint64_t)n > s->nats_dropped)
-        s->nats_dropped = (uint64_t)n;
+    natsSubscription *subs[] = {s->sub, s->sub_relays, s->sub_disc,
+                                s->sub_reply};
+    uint64_t sum = 0;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(subs); i++) {
+        int64_t n;
+        if (subs[i] && natsSubscription_GetDropped(subs[i], &n) == NATS_OK &&
+            n > 0)
+            sum += (uint64_t)n;
+    }
+    if (sum > s->nats_dropped) s->nats_dropped = sum;
     return s->nats_dropped;
 }
 
@@ -179,11 +239,117 @@ static uint64_t nats_dropped(svc *s) {
 /* NATS setup                                                                */
 /* ======================================================================== */
 
+/* The recovery's subjects from --subject, <p>.kv-events: false (recovery
+ * off) when it does not have that shape. A '*' namespace or component
+ * token is dynamo / backend in the subjects published on (discover, and
+ * the recovery subject of a relay not heard of). */
+static bool recovery_subjects(svc *s) {
+    const char *subj = s->cfg->subject;
+    static const char suffix[] = ".kv-events";
+    size_t n = strlen(subj), k = sizeof(suffix) - 1;
+    if (n <= k || n - k + 32 > SUBJECT_MAX ||
+        strcmp(subj + n - k, suffix) != 0 || strchr(subj, '>'))
+        return false;
+    int p = (int)(n - k);
+    snprintf(s->relays_subj, sizeof(s->relays_subj), "%.*s.kv-relays", p, subj);
+    /* the concrete prefix: tokens 1 and 3 of namespace.NS.component.C may
+     * be '*'; no other may */
+    char concrete[SUBJECT_MAX - 32]; /* room for the suffixes */
+    size_t out = 0;
+    int tok = 0;
+    for (const char *t = subj; t < subj + p; tok++) {
+        const char *dot = memchr(t, '.', (size_t)(subj + p - t));
+        size_t len = dot ? (size_t)(dot - t) : (size_t)(subj + p - t);
+        const char *use = t;
+        size_t ulen = len;
+        if (len == 1 && *t == '*') {
+            if (tok == 1) use = DEFAULT_NS;
+            else if (tok == 3) use = DEFAULT_COMPONENT;
+            else return false;
+            ulen = strlen(use);
+        }
+        if (out + ulen + 2 >= sizeof(concrete)) return false;
+        if (tok) concrete[out++] = '.';
+        memcpy(concrete + out, use, ulen);
+        out += ulen;
+        t += len + (dot != NULL);
+        if (!dot) break;
+    }
+    concrete[out] = '\0';
+    memcpy(s->rec_prefix, concrete, out + 1);
+    memcpy(s->discover_subj, concrete, out);
+    memcpy(s->discover_subj + out, ".kv-relays.discover",
+           sizeof(".kv-relays.discover"));
+    return true;
+}
+
+static natsStatus subscribe(svc *s, natsSubscription **sub, const char *subj,
+                            msg_kind kind) {
+    s->subctx[kind] = (subctx){s, kind};
+    natsStatus n = natsConnection_Subscribe(sub, kvo_nats_conn(s->nats), subj,
+                                            on_msg, &s->subctx[kind]);
+    if (n == NATS_OK)
+        n = natsSubscription_SetPendingLimits(*sub, NATS_PENDING_MSGS,
+                                              NATS_PENDING_BYTES);
+    if (n != NATS_OK)
+        kvo_error("NATS subscribe to %s: %s (%s)", subj, natsStatus_GetText(n),
+                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+    return n;
+}
+
+/* The recovery's subscriptions and the discover request (the event plane
+ * is subscribed already). */
+static natsStatus recovery_setup(svc *s) {
+    natsInbox *inbox = NULL;
+    natsStatus n = natsInbox_Create(&inbox);
+    if (n != NATS_OK) return n;
+    size_t len = strlen((const char *)inbox);
+    s->inbox_subj = kvo_malloc(len + 1);
+    if (!s->inbox_subj) {
+        natsInbox_Destroy(inbox);
+        return NATS_NO_MEMORY;
+    }
+    memcpy(s->inbox_subj, inbox, len + 1);
+    s->inbox_subj_len = len;
+    natsInbox_Destroy(inbox);
+    char disc[SUBJECT_MAX], reply[SUBJECT_MAX];
+    snprintf(disc, sizeof(disc), "%s.d", s->inbox_subj);
+    snprintf(reply, sizeof(reply), "%s.r.>", s->inbox_subj);
+    if ((n = subscribe(s, &s->sub_relays, s->relays_subj, MSG_ANNOUNCE)) !=
+            NATS_OK ||
+        (n = subscribe(s, &s->sub_disc, disc, MSG_DISCOVERED)) != NATS_OK ||
+        (n = subscribe(s, &s->sub_reply, reply, MSG_REPLY)) != NATS_OK)
+        return n;
+    natsConnection *nc = kvo_nats_conn(s->nats);
+    if (kvo_nats_up(s->nats) &&
+        (n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS)) != NATS_OK)
+        return n;
+    n = natsConnection_PublishRequest(nc, s->discover_subj, disc, "{}", 2);
+    if (n != NATS_OK) /* heartbeats will find the relays */
+        kvo_warn("discover request on %s: %s", s->discover_subj,
+                 natsStatus_GetText(n));
+    idx_feed_discovering(s->feed,
+                         kvo_now_ns() / NS_PER_MS + s->cfg->discover_ms);
+    kvo_info("recovery on: announces on %s, discover on %s (%" PRIu64
+             " ms window), answers on %s.>",
+             s->relays_subj, s->discover_subj, s->cfg->discover_ms,
+             s->inbox_subj);
+    return NATS_OK;
+}
+
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
     char err[512];
     kvo_status st = kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err,
                                  sizeof(err));
+    /* one delivery thread for every subscription of the connection (nats.c's
+     * pool holds one by default): the inbox keeps the server's order
+     * across subjects, so an announce comes after the envelopes its relay
+     * published before it */
+    if (st == KVO_OK &&
+        natsOptions_UseGlobalMessageDelivery(kvo_nats_options(s->nats), true) !=
+            NATS_OK)
+        st = KVO_ENATS;
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
         kvo_warn("NATS %s not reachable yet; retrying in the background",
@@ -195,15 +361,12 @@ static kvo_status nats_setup(svc *s) {
         return st;
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
-    natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
-    if (n == NATS_OK)
-        n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
-                                              NATS_PENDING_BYTES);
+    natsStatus n = subscribe(s, &s->sub, c->subject, MSG_EVENT);
     if (n == NATS_OK && kvo_nats_up(s->nats))
         n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS);
+    if (n == NATS_OK && s->recovery) n = recovery_setup(s);
     if (n != NATS_OK) {
-        kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
-                  natsStatus_GetText(n),
+        kvo_error("NATS setup: %s (%s)", natsStatus_GetText(n),
                   nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
         return KVO_ENATS;
     }
@@ -219,8 +382,104 @@ static void nats_teardown(svc *s) {
     if (!s->nats) return;
     bool closed = kvo_nats_close(s->nats, 0);
     natsSubscription_Destroy(s->sub);
+    natsSubscription_Destroy(s->sub_relays);
+    natsSubscription_Destroy(s->sub_disc);
+    natsSubscription_Destroy(s->sub_reply);
     kvo_nats_free(s->nats);
     if (!closed) kvo_warn("NATS did not confirm the close");
+}
+
+/* ======================================================================== */
+/* Recovery glue: the feed's io                                              */
+/* ======================================================================== */
+
+/* The feed asks: publish {"dump": true} or {"from_sequence": N} on the
+ * relay's recovery subject, answers to _INBOX.<nuid>.r.<pub>.<id>. Not
+ * connected, or a failed publish: the request times out in the feed. */
+static void ask_relay(void *ctx, const idx_rec_ask *a) {
+    svc *s = ctx;
+    char subj[SUBJECT_MAX + 64], reply[SUBJECT_MAX];
+    const char *to = a->subject;
+    if (!to) {
+        snprintf(subj, sizeof(subj), "%s.kv-recovery.%" PRIu64, s->rec_prefix,
+                 a->publisher_id);
+        to = subj;
+    }
+    snprintf(reply, sizeof(reply), "%s.r.%" PRIu64 ".%" PRIu64, s->inbox_subj,
+             a->publisher_id, a->id);
+    kvo_buf b;
+    kvo_buf_init(&b);
+    natsStatus n = NATS_NO_MEMORY;
+    if (wire_recovery_req_encode(&a->req, &b) == KVO_OK)
+        n = kvo_nats_up(s->nats)
+                ? natsConnection_PublishRequest(kvo_nats_conn(s->nats), to,
+                                                reply, b.data, (int)b.len)
+                : NATS_NOT_YET_CONNECTED;
+    kvo_buf_fini(&b);
+    if (n != NATS_OK)
+        kvo_log_limited(&s->rl_ask, KVO_LOG_WARN,
+                        "recovery request to %s not sent: %s (it will time "
+                        "out)",
+                        to, natsStatus_GetText(n));
+}
+
+static const char *kind_word(wire_reply_kind k) {
+    return k == WIRE_REPLY_DUMP ? "a dump"
+           : k == WIRE_REPLY_EVENTS ? "the missing envelopes"
+                                    : "too_new (nothing was missing)";
+}
+
+/* What the feed's recoveries did, one rate-limited line per kind. */
+static void rec_note(void *ctx, const idx_rec_note *n) {
+    svc *s = ctx;
+    kvo_ratelimit *rl = &s->rl_rec[n->what];
+    switch (n->what) {
+    case IDX_REC_ASKED:
+        if (n->kind == WIRE_REPLY_DUMP)
+            kvo_log_limited(rl, KVO_LOG_INFO,
+                            "asking the relay of publisher %" PRIu64
+                            " for a dump",
+                            n->publisher_id);
+        else
+            kvo_log_limited(rl, KVO_LOG_INFO,
+                            "asking the relay of publisher %" PRIu64
+                            " for its envelopes from sequence %" PRIu64,
+                            n->publisher_id, n->sequence);
+        break;
+    case IDX_REC_DONE:
+        kvo_log_limited(rl, KVO_LOG_INFO,
+                        "publisher %" PRIu64 " recovered with %s (%" PRIu64
+                        " envelope(s), %" PRIu64 " ms)",
+                        n->publisher_id, kind_word(n->kind), n->count, n->ms);
+        break;
+    case IDX_REC_FAILED:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "recovery of publisher %" PRIu64
+                        " failed: %s; its %" PRIu64
+                        " (worker, rank)(s) were cleared and are stale",
+                        n->publisher_id, n->why, n->count);
+        break;
+    case IDX_REC_RETRY:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "recovery of publisher %" PRIu64
+                        ": %s; asking for a dump",
+                        n->publisher_id, n->why);
+        break;
+    case IDX_REC_IMPOSSIBLE:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "publisher %" PRIu64
+                        ": its relay never sent sequence %" PRIu64
+                        " (too_new): that envelope was dropped",
+                        n->publisher_id, n->sequence);
+        break;
+    case IDX_REC_RESTART:
+        kvo_log_limited(rl, KVO_LOG_INFO,
+                        "the relay of publisher %" PRIu64
+                        " restarted: its held envelopes are dropped, a dump "
+                        "rebuilds it",
+                        n->publisher_id);
+        break;
+    }
 }
 
 /* ======================================================================== */
@@ -242,10 +501,11 @@ static void apply_msg(svc *s, natsMsg *m) {
     kvo_err werr;
     memset(&werr, 0, sizeof(werr));
     idx_feed_result res;
-    kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
-                                     (size_t)natsMsg_GetDataLength(m), hdr,
-                                     &res, &werr);
     const char *subject = natsMsg_GetSubject(m);
+    kvo_status st = idx_feed_live(s->feed, subject,
+                                  (const uint8_t *)natsMsg_GetData(m),
+                                  (size_t)natsMsg_GetDataLength(m), hdr, &res,
+                                  &werr);
     if (res.duplicate) {
         kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
                         "duplicate message on %s dropped (publisher %" PRIu64
@@ -291,7 +551,63 @@ static void apply_msg(svc *s, natsMsg *m) {
                         "tracking (counted in publishers_refused)",
                         k.publishers, res.publisher_id, subject);
     }
+    if (res.held_dropped)
+        kvo_log_limited(&s->rl_held, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " is recovering and its hold is "
+                        "full: sequence %" PRIu64 " was not held (it will be "
+                        "asked for again; counted in live_held_dropped)",
+                        res.publisher_id, res.sequence);
     if (res.expired) log_expired(s, res.expired);
+}
+
+/* An announce (on <p>.kv-relays, or answering the discover request). */
+static void announce_msg(svc *s, natsMsg *m) {
+    if (natsMsg_IsNoResponders(m)) return; /* discover: no relay there */
+    kvo_err err;
+    memset(&err, 0, sizeof(err));
+    kvo_status st = idx_feed_announce(s->feed, natsMsg_GetData(m),
+                                      (size_t)natsMsg_GetDataLength(m), &err);
+    if (st != KVO_OK) {
+        char buf[256];
+        kvo_log_limited(
+            &s->rl_announce, KVO_LOG_WARN,
+            "announce on %s not taken (counted in announces_bad): %s",
+            natsMsg_GetSubject(m), kvo_err_str(&err, buf, sizeof(buf)));
+    }
+}
+
+/* A message of a recovery answer: _INBOX.<nuid>.r.<publisher>.<id>. */
+static void reply_msg(svc *s, natsMsg *m) {
+    const char *subj = natsMsg_GetSubject(m), *hdr = NULL, *kind = NULL;
+    uint64_t pub = 0, id = 0;
+    char extra;
+    if (sscanf(subj + s->inbox_subj_len, ".r.%" SCNu64 ".%" SCNu64 "%c", &pub,
+               &id, &extra) != 2)
+        pub = id = 0; /* not one of ours: request id 0 is never in flight */
+    bool gone = natsMsg_IsNoResponders(m);
+    if (natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) != NATS_OK) kind = NULL;
+    if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
+    kvo_err err;
+    memset(&err, 0, sizeof(err));
+    kvo_status st = idx_feed_reply(
+        s->feed, pub, id, kind, hdr, (const uint8_t *)natsMsg_GetData(m),
+        (size_t)natsMsg_GetDataLength(m), gone, &err);
+    if (st != KVO_OK) {
+        char buf[256];
+        kvo_log_limited(&s->rl_reply, KVO_LOG_WARN,
+                        "recovery answer on %s not taken (counted in "
+                        "recovery_bad): %s",
+                        subj, kvo_err_str(&err, buf, sizeof(buf)));
+    }
+}
+
+static void process(svc *s, const inmsg *im) {
+    switch (im->kind) {
+    case MSG_EVENT: apply_msg(s, im->m); break;
+    case MSG_ANNOUNCE:
+    case MSG_DISCOVERED: announce_msg(s, im->m); break;
+    default: reply_msg(s, im->m); break;
+    }
 }
 
 static void drain_inbox(svc *s) {
@@ -300,7 +616,7 @@ static void drain_inbox(svc *s) {
     (void)r;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        natsMsg **q = s->inbox;
+        inmsg *q = s->inbox;
         size_t n = s->inbox_len;
         s->inbox = NULL;
         s->inbox_len = s->inbox_cap = s->inbox_bytes = 0;
@@ -311,8 +627,8 @@ static void drain_inbox(svc *s) {
             return;
         }
         for (size_t i = 0; i < n; i++) {
-            apply_msg(s, q[i]);
-            natsMsg_Destroy(q[i]);
+            process(s, &q[i]);
+            natsMsg_Destroy(q[i].m);
         }
         kvo_free(q);
     }
@@ -578,15 +894,26 @@ static const char *nats_state(const svc *s) {
     return kvo_nats_disconnects(s->nats) ? "reconnecting" : "connecting";
 }
 
+/* GET /health: always 200 while the loop runs (probes must not flap), the
+ * state in the body: "status" is "recovering" (the discovery window, or a
+ * recovery in flight), else "stale" (a recovery failed and nothing has
+ * rebuilt those workers since), else "ok". */
 static void do_health(svc *s, kvo_http_req *r) {
     json_object *o = json_object_new_object();
-    if (!o) {
+    idx_feed_counters k;
+    idx_feed_counters_get(s->feed, &k);
+    const char *status = idx_feed_is_recovering(s->feed) ? "recovering"
+                         : k.stale_publishers            ? "stale"
+                                                         : "ok";
+    if (!o || !idx_json_recovery(s->feed, o)) {
+        json_object_put(o);
         kvo_http_respond_error(r, 500, "out of memory");
         return;
     }
-    json_object_object_add(o, "status", json_object_new_string("ok"));
+    json_object_object_add(o, "status", json_object_new_string(status));
     json_object_object_add(o, "nats", json_object_new_string(nats_state(s)));
     json_object_object_add(o, "subject", json_object_new_string(s->cfg->subject));
+    json_object_object_add(o, "recovery", json_object_new_boolean(s->recovery));
     kvo_http_respond_json(r, 200, o);
 }
 
@@ -889,6 +1216,17 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     if ((st = idx_feed_new(&s.feed, &cfg->feed)) != KVO_OK) goto done;
     idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
     idx_blockset_init(&s.blocks);
+    if (!cfg->no_recovery) {
+        s.recovery = recovery_subjects(&s);
+        if (!s.recovery)
+            kvo_warn("--subject %s is not namespace.NS.component.C.kv-events: "
+                     "recovery is off (gaps are counted only)",
+                     cfg->subject);
+    }
+    if (s.recovery) {
+        idx_rec_io io = {.ask = ask_relay, .note = rec_note, .ctx = &s};
+        idx_feed_recovery(s.feed, &io);
+    }
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
                               .max_body = cfg->max_body ? cfg->max_body
@@ -914,6 +1252,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         }
         idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
         if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        idx_feed_tick(s.feed);
         size_t gone = idx_feed_expire(s.feed);
         if (gone) log_expired(&s, gone);
         serve_waiters(&s);
@@ -929,8 +1268,9 @@ done:
         waiter_free(w);
     }
     nats_teardown(&s);
-    for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);
+    for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i].m);
     kvo_free(s.inbox);
+    kvo_free(s.inbox_subj);
     idx_blockset_fini(&s.blocks);
     idx_feed_free(s.feed);
     idx_scores_fini(&s.scores);

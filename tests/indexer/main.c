@@ -9,6 +9,7 @@ Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
 Suite *suite_recover(void);
+Suite *suite_heal(void);
 Suite *suite_views(void);
 
 int main(int argc, char **argv) {
@@ -20,6 +21,7 @@ int main(int argc, char **argv) {
         suite_service,
         suite_fuzz_query,
         suite_recover,
+        suite_heal,
         suite_views,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));

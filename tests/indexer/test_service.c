@@ -44,14 +44,9 @@ static uint16_t logged_port(kt_proc *p) {
     return 0;
 }
 
-/* nats-server (wanting token, when not NULL), then kvo-indexer on it
- * (--http on a free port, --block-size 4, the token, then extra), ready
- * to answer; then the test's own NATS connection and HTTP client. */
-static void env_start(env *e, const char *token, const char *const extra[]) {
-    memset(e, 0, sizeof(*e));
-    const char *auth[] = {"--auth", token, NULL};
-    if (token) kt_nats_start_args(&e->nats, auth);
-    else kt_nats_start(&e->nats);
+/* kvo-indexer on e's nats-server (--http on a free port, --block-size 4,
+ * the token, then extra), ready to answer. */
+static void env_indexer(env *e, const char *token, const char *const extra[]) {
     const char *args[16] = {"--nats", e->nats.url, "--http", "127.0.0.1:0",
                             "--block-size", "4"};
     int n = 6;
@@ -67,6 +62,15 @@ static void env_start(env *e, const char *token, const char *const extra[]) {
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);
     kt_proc_wait_http(&e->idx, url, 10000);
+}
+
+/* nats-server (wanting token, when not NULL); the test's own NATS
+ * connection and HTTP client. */
+static void env_nats(env *e, const char *token) {
+    memset(e, 0, sizeof(*e));
+    const char *auth[] = {"--auth", token, NULL};
+    if (token) kt_nats_start_args(&e->nats, auth);
+    else kt_nats_start(&e->nats);
     natsOptions *o;
     ck_assert_int_eq(natsOptions_Create(&o), NATS_OK);
     ck_assert_int_eq(natsOptions_SetURL(o, e->nats.url), NATS_OK);
@@ -75,6 +79,12 @@ static void env_start(env *e, const char *token, const char *const extra[]) {
     natsOptions_Destroy(o);
     ck_assert_int_eq(kvo_http_client_new(&e->http, 5000), KVO_OK);
     kvo_http_resp_init(&e->resp);
+}
+
+/* Both: nats-server, then kvo-indexer on it. */
+static void env_start(env *e, const char *token, const char *const extra[]) {
+    env_nats(e, token);
+    env_indexer(e, token, extra);
 }
 
 static int env_stop(env *e) {
@@ -157,7 +167,8 @@ static void wait_messages(env *e, uint64_t n) {
 
 START_TEST(service_indexes_the_event_plane_and_answers_http) {
     env e;
-    env_start(&e, NULL, NULL);
+    const char *extra[] = {"--no-recovery", NULL}; /* the gap stays a gap */
+    env_start(&e, NULL, extra);
     char *out, q[256];
     snprintf(q, sizeof(q), "{\"tokens_hashes\": [%llu, %llu, 3]}",
              (unsigned long long)H1, (unsigned long long)H2);
@@ -837,6 +848,258 @@ START_TEST(service_answers_blocks_and_lookup) {
 }
 END_TEST
 
+/* ---- Recovery with a fake relay (docs/recovery.md) ---------------------- */
+
+#define RPUB 7    /* the fake relay's publisher id */
+#define RWORKER 3 /* and worker */
+
+/* Block i (from 0) of chain c: its hash, tokens hash and parent. */
+static uint64_t chain_bh(uint64_t c, uint64_t i) { return c * 1000 + i + 1; }
+static uint64_t chain_th(uint64_t c, uint64_t i) { return c * 100000 + i + 1; }
+
+/* The relay stores chain c, blocks [from, to). */
+static void relay_chain(fake_relay *r, uint64_t c, uint64_t from, uint64_t to,
+                        bool publish) {
+    for (uint64_t i = from; i < to; i++)
+        fake_relay_store(r, i ? chain_bh(c, i - 1) : 0, chain_bh(c, i),
+                         chain_th(c, i), publish);
+}
+
+/* The answer to /query_by_hash of chain c's first n blocks (kvo_free). */
+static char *chain_query(env *e, uint64_t c, uint64_t n) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    kvo_buf_printf(&b, "{\"tokens_hashes\": [");
+    for (uint64_t i = 0; i < n; i++)
+        kvo_buf_printf(&b, "%s%llu", i ? "," : "",
+                       (unsigned long long)chain_th(c, i));
+    kvo_buf_printf(&b, "]}");
+    kvo_buf_cstr(&b);
+    char *out;
+    ck_assert_int_eq(post(e, "/query_by_hash", (const char *)b.data, &out),
+                     200);
+    kvo_buf_fini(&b);
+    char *copy = kvo_malloc(strlen(out) + 1);
+    strcpy(copy, out);
+    return copy;
+}
+
+/* The score chain c's n-block query gets for (RWORKER, 0). */
+static uint64_t chain_score(env *e, uint64_t c, uint64_t n) {
+    char *a = chain_query(e, c, n);
+    json_object *j = json_tokener_parse(a);
+    kvo_free(a);
+    json_object *sc = tt_json_at(j, "scores");
+    uint64_t r = 0;
+    for (size_t i = 0; i < json_object_array_length(sc); i++) {
+        json_object *x = json_object_array_get_idx(sc, i);
+        if (tt_json_u64(x, "worker_id") == RWORKER)
+            r = tt_json_u64(x, "blocks");
+    }
+    json_object_put(j);
+    return r;
+}
+
+static const char *health_status(env *e) {
+    static char st[32];
+    json_object *h = get_json(e, "/health");
+    snprintf(st, sizeof(st), "%s",
+             json_object_get_string(tt_json_at(h, "status")));
+    json_object_put(h);
+    return st;
+}
+
+/* Poll until /health says want (the deadline only bounds a failure). */
+static void wait_health(env *e, const char *want) {
+    for (int i = 0; i < 2000; i++) {
+        if (strcmp(health_status(e), want) == 0) return;
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&e->idx.proc, 50);
+    ck_abort_msg("/health never said %s (%s)", want, health_status(e));
+}
+
+/* Publisher pub's zmq_seq_last in /watermark (UINT64_MAX: none yet). */
+static uint64_t zmq_last_of(env *e, uint64_t pub) {
+    json_object *w = get_json(e, "/watermark");
+    json_object *a = tt_json_at(w, "publishers");
+    uint64_t r = UINT64_MAX;
+    for (size_t i = 0; i < json_object_array_length(a); i++) {
+        json_object *p = json_object_array_get_idx(a, i);
+        json_object *z = NULL; /* null until a header was seen */
+        json_object_object_get_ex(p, "zmq_seq_last", &z);
+        if (tt_json_u64(p, "publisher_id") == pub && z &&
+            json_object_is_type(z, json_type_int))
+            r = json_object_get_uint64(z);
+    }
+    json_object_put(w);
+    return r;
+}
+
+static void wait_zmq(env *e, uint64_t pub, uint64_t want) {
+    for (int i = 0; i < 2000; i++) {
+        uint64_t z = zmq_last_of(e, pub);
+        if (z != UINT64_MAX && z >= want) return;
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&e->idx.proc, 50);
+    ck_abort_msg("publisher %llu's watermark never reached %llu",
+                 (unsigned long long)pub, (unsigned long long)want);
+}
+
+static void wait_counter(env *e, const char *key, uint64_t want) {
+    for (int i = 0; i < 2000; i++) {
+        if (counter(e, key) >= want) return;
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&e->idx.proc, 50);
+    ck_abort_msg("counter %s never reached %llu", key,
+                 (unsigned long long)want);
+}
+
+/* The digest of the relay's forwarded state, as GET /blocks computes it. */
+static uint64_t relay_digest(fake_relay *r) {
+    uint64_t d = 0;
+    for (size_t i = 0; i < r->nstate; i++)
+        d += idx_block_digest(r->state[i].bh, r->state[i].parent);
+    return d;
+}
+
+
+/* kvo-indexer started after the relay rebuilds the index from its dump;
+ * killed and started again, it gets back the same index -- the same
+ * answers, the same block set -- plus what was published while it was
+ * down. */
+START_TEST(service_recovers_its_index_from_the_relay_after_a_restart) {
+    env e;
+    env_nats(&e, NULL);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    r.dump_blocks = 7; /* several envelopes per dump */
+    relay_chain(&r, 1, 0, 10, true);
+    relay_chain(&r, 2, 0, 10, true); /* 0..19, nobody listening */
+    env_indexer(&e, NULL, NULL);
+    wait_zmq(&e, RPUB, 19);
+    wait_health(&e, "ok");
+    ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
+    ck_assert_uint_eq(chain_score(&e, 2, 10), 10);
+    relay_chain(&r, 3, 0, 10, true); /* live: 20..29 */
+    wait_zmq(&e, RPUB, 29);
+    char *before[3];
+    for (uint64_t c = 1; c <= 3; c++) before[c - 1] = chain_query(&e, c, 12);
+    uint64_t n1, d1 = blocks_digest_of(&e, RWORKER, &n1);
+    ck_assert_uint_eq(n1, 30);
+    ck_assert_uint_eq(d1, relay_digest(&r));
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "dumps_applied"), 1);
+    ck_assert_uint_eq(counter(&e, "dump_blocks_applied"), 20);
+    ck_assert_uint_eq(counter(&e, "envelopes_recovered"), 3);
+    ck_assert_uint_eq(counter(&e, "gaps") + counter(&e, "recovery_failures"),
+                      0);
+
+    ck_assert_int_eq(kt_proc_stop(&e.idx), 0);
+    relay_chain(&r, 4, 0, 5, true); /* while it is down: 30..34 */
+    env_indexer(&e, NULL, NULL);
+    wait_zmq(&e, RPUB, 34);
+    wait_health(&e, "ok");
+    for (uint64_t c = 1; c <= 3; c++) {
+        char *after = chain_query(&e, c, 12);
+        ck_assert_str_eq(after, before[c - 1]);
+        kvo_free(after);
+        kvo_free(before[c - 1]);
+    }
+    ck_assert_uint_eq(chain_score(&e, 4, 5), 5);
+    uint64_t n2, d2 = blocks_digest_of(&e, RWORKER, &n2);
+    ck_assert_uint_eq(n2, 35);
+    ck_assert_uint_eq(d2, relay_digest(&r));
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "dump_blocks_applied"), 35);
+    pthread_mutex_lock(&r.mu);
+    ck_assert_uint_eq(r.dumps, 2);
+    pthread_mutex_unlock(&r.mu);
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* Envelopes lost on the way: the next one shows the gap, the relay sends
+ * the missing ones, all apply in order; a lost tail shows in the relay's
+ * heartbeat. */
+START_TEST(service_repairs_a_gap_with_events) {
+    env e;
+    env_start(&e, NULL, NULL);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    wait_health(&e, "ok"); /* the discovery window is over */
+    relay_chain(&r, 1, 0, 5, true);  /* 0..4 */
+    relay_chain(&r, 1, 5, 7, false); /* 5, 6 lost */
+    relay_chain(&r, 1, 7, 8, true);  /* 7 shows the gap */
+    wait_zmq(&e, RPUB, 7);
+    ck_assert_uint_eq(chain_score(&e, 1, 8), 8);
+    ck_assert_uint_eq(counter(&e, "recoveries_events"), 1);
+    /* 5..7: the relay sends all it has from 5; the held 7 is then a
+     * duplicate */
+    ck_assert_uint_eq(counter(&e, "envelopes_recovered"), 3);
+    ck_assert_uint_eq(counter(&e, "gaps"), 1);
+    ck_assert_uint_eq(counter(&e, "live_held"), 1);
+    ck_assert_uint_eq(counter(&e, "duplicates"), 1);
+    ck_assert_uint_eq(counter(&e, "applied"), 5);
+    relay_chain(&r, 1, 8, 10, false); /* 8, 9 lost: nothing shows it... */
+    fake_relay_announce(&r);         /* ...but the heartbeat */
+    wait_zmq(&e, RPUB, 9);
+    ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
+    ck_assert_uint_eq(counter(&e, "recoveries_events"), 2);
+    ck_assert_str_eq(health_status(&e), "ok");
+    uint64_t n, d = blocks_digest_of(&e, RWORKER, &n);
+    ck_assert_uint_eq(n, 10);
+    ck_assert_uint_eq(d, relay_digest(&r));
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* A relay that takes the request and never answers: after
+ * --recovery-timeout-ms its worker is cleared and listed stale (/health,
+ * /watermark), counted; its next heartbeat asks for a dump, which heals. */
+START_TEST(service_marks_a_silent_relay_stale_then_heals) {
+    env e;
+    const char *extra[] = {"--recovery-timeout-ms", "1000", NULL};
+    env_start(&e, NULL, extra);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    wait_health(&e, "ok");
+    relay_chain(&r, 1, 0, 3, true);
+    wait_zmq(&e, RPUB, 2);
+    pthread_mutex_lock(&r.mu);
+    r.silent = true;
+    pthread_mutex_unlock(&r.mu);
+    relay_chain(&r, 1, 3, 4, false);
+    relay_chain(&r, 1, 4, 5, true); /* a gap nobody answers */
+    wait_counter(&e, "recovery_failures", 1);
+    wait_health(&e, "stale");
+    json_object *h = get_json(&e, "/health");
+    tt_json_eq(json_object_get(tt_json_at(h, "stale")),
+               "[{\"publisher_id\":7,\"worker_id\":3,\"dp_rank\":0}]");
+    tt_json_eq(json_object_get(tt_json_at(h, "recovering")), "[]");
+    json_object_put(h);
+    json_object *w = get_json(&e, "/watermark");
+    json_object *p = json_object_array_get_idx(tt_json_at(w, "publishers"), 0);
+    ck_assert(json_object_get_boolean(tt_json_at(p, "stale")));
+    json_object_put(w);
+    ck_assert_uint_eq(chain_score(&e, 1, 5), 0); /* cleared; 4 has no parent */
+    pthread_mutex_lock(&r.mu);
+    r.silent = false;
+    pthread_mutex_unlock(&r.mu);
+    fake_relay_announce(&r);
+    wait_health(&e, "ok");
+    ck_assert_uint_eq(chain_score(&e, 1, 5), 5);
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "stale_publishers"), 0);
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 Suite *suite_service(void) {
     Suite *s = suite_create("service");
     TCase *tc = tcase_create("nats");
@@ -854,5 +1117,17 @@ Suite *suite_service(void) {
     TCase *tm = tcase_create("metrics");
     tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
     suite_add_tcase(s, tm);
+    return s;
+}
+
+Suite *suite_heal(void) {
+    Suite *s = suite_create("heal");
+    TCase *tc = tcase_create("relay");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc,
+                   service_recovers_its_index_from_the_relay_after_a_restart);
+    tcase_add_test(tc, service_repairs_a_gap_with_events);
+    tcase_add_test(tc, service_marks_a_silent_relay_stale_then_heals);
+    suite_add_tcase(s, tc);
     return s;
 }
