@@ -330,6 +330,8 @@ typedef struct idx_service_cfg {
     bool no_recovery;    /* count gaps only: never ask relays
                             (docs/recovery.md) */
     uint64_t discover_ms; /* the discovery window at start, default 500 */
+    uint32_t apply_budget_us; /* apply for at most this long between two
+                                 turns of the HTTP server; default 2000 */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

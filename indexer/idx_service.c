@@ -4,14 +4,19 @@
  *
  *   nats.c thread --on_msg--> inbox (mutex, bounded) --eventfd--+
  *                                                               v
- *   loop: poll({eventfd, kvo_http_server_fd}) -> drain inbox -> the feed
+ *   loop: poll({eventfd, kvo_http_server_fd})
+ *         -> a slice of the inbox (apply_budget_us at most) -> the feed
  *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
- * atomic counters. A full inbox (256k messages or 256 MiB) makes on_msg
- * wait (the loop is behind), so nats.c's own pending limits take over and
- * drop messages (natsSubscription_GetDropped counts them; the loop logs
- * every count that rises). Messages apply in arrival order.
+ * atomic counters. A full inbox (256k messages or 256 MiB, counting those
+ * taken but not yet applied) makes on_msg wait (the loop is behind), so
+ * nats.c's own pending limits take over and drop messages
+ * (natsSubscription_GetDropped counts them; the loop logs every count that
+ * rises). Messages apply in arrival order. The loop applies for at most
+ * apply_budget_us before it serves HTTP and waiting queries again and
+ * comes back at once for the rest, so a query never waits behind a whole
+ * inbox of large applies (one message is the smallest slice).
  *
  * Recovery (docs/recovery.md; the state machine is the feed's, in
  * idx_recover.c; this file is its NATS glue). Subscriptions, all on one
@@ -34,8 +39,8 @@
  * A query may wait for a watermark (kvo-check's lockstep): POST /query or
  * /query_by_hash with "wait": {"zmq_seq": [[publisher_id, seq], ...],
  * "timeout_ms": t} is answered once every listed publisher's KVO-Zmq-Seq
- * watermark has reached its seq (checked after each drained inbox), or
- * when t passes; the answer adds "covered" (which of the two) and
+ * watermark has reached its seq (checked after each slice of the inbox),
+ * or when t passes; the answer adds "covered" (which of the two) and
  * "watermark" (GET /watermark's object at that moment); "metrics": true
  * adds GET /metrics's text, read at the same moment. One round trip
  * instead of polling /watermark, querying and reading the counters, and no
@@ -85,9 +90,11 @@
 #define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
+#define APPLY_BUDGET_US 2000   /* default apply_budget_us */
 #define DISCOVER_MS 500        /* default discover_ms */
 #define SUBJECT_MAX 512        /* recovery subjects built here */
 #define NS_PER_MS 1000000u
+#define NS_PER_US 1000u
 #define NS_PER_S 1e9
 #define DEFAULT_NS "dynamo"    /* a '*' namespace token, for discovery */
 #define DEFAULT_COMPONENT "backend"
@@ -140,14 +147,17 @@ typedef struct svc {
     subctx subctx[MSG_KINDS];
     atomic_uint_fast64_t inbox_drops;
 
-    pthread_mutex_t mu; /* inbox, stopping */
+    pthread_mutex_t mu; /* inbox, work_left/work_bytes, stopping */
     pthread_cond_t cv;
     inmsg *inbox;
     size_t inbox_len, inbox_cap, inbox_bytes;
+    size_t work_left, work_bytes; /* taken by the loop, not applied yet */
     bool stopping;
     int evfd;
 
     /* loop-only state */
+    inmsg *work;         /* the inbox taken, applied from work_i on */
+    size_t work_n, work_i;
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
     size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
@@ -178,6 +188,7 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->feed.recovery_timeout_ms = IDX_RECOVERY_TIMEOUT_MS_DEFAULT;
     cfg->max_body = HTTP_MAX_BODY;
     cfg->discover_ms = DISCOVER_MS;
+    cfg->apply_budget_us = APPLY_BUDGET_US;
 }
 
 /* ======================================================================== */
@@ -191,8 +202,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     subctx *c = closure;
     svc *s = c->s;
     pthread_mutex_lock(&s->mu);
-    while (!s->stopping &&
-           (s->inbox_len >= INBOX_MAX || s->inbox_bytes >= INBOX_BYTES))
+    while (!s->stopping && (s->inbox_len + s->work_left >= INBOX_MAX ||
+                            s->inbox_bytes + s->work_bytes >= INBOX_BYTES))
         pthread_cond_wait(&s->cv, &s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
@@ -610,28 +621,43 @@ static void process(svc *s, const inmsg *im) {
     }
 }
 
-static void drain_inbox(svc *s) {
+/* Apply the inbox for at most apply_budget_us (one message at least): take
+ * the inbox when the last one taken is done, apply in order, and say how
+ * much is still taken (on_msg counts it in the inbox's bound). true when
+ * messages are waiting: the loop comes back without polling. */
+static bool drain_inbox(svc *s) {
     uint64_t junk;
     ssize_t r = read(s->evfd, &junk, sizeof(junk));
     (void)r;
-    for (;;) {
+    if (s->work_i == s->work_n) {
+        kvo_free(s->work);
         pthread_mutex_lock(&s->mu);
-        inmsg *q = s->inbox;
-        size_t n = s->inbox_len;
+        s->work = s->inbox;
+        s->work_n = s->inbox_len;
+        s->work_left = s->inbox_len;
+        s->work_bytes = s->inbox_bytes;
         s->inbox = NULL;
         s->inbox_len = s->inbox_cap = s->inbox_bytes = 0;
-        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
-        if (!n) {
-            kvo_free(q);
-            return;
-        }
-        for (size_t i = 0; i < n; i++) {
-            process(s, &q[i]);
-            natsMsg_Destroy(q[i].m);
-        }
-        kvo_free(q);
+        s->work_i = 0;
     }
+    uint64_t t0 = kvo_now_ns(),
+             budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+    size_t bytes = 0;
+    while (s->work_i < s->work_n) {
+        inmsg *im = &s->work[s->work_i++];
+        bytes += (size_t)natsMsg_GetDataLength(im->m);
+        process(s, im);
+        natsMsg_Destroy(im->m);
+        if (kvo_now_ns() - t0 >= budget) break;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->work_left = s->work_n - s->work_i;
+    s->work_bytes = s->work_bytes > bytes ? s->work_bytes - bytes : 0;
+    bool more = s->work_left > 0 || s->inbox_len > 0;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return more;
 }
 
 /* ======================================================================== */
@@ -1239,11 +1265,13 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     kvo_info("listening on http://%s:%u", host, kvo_http_server_port(s.http));
     struct pollfd pf[2] = {{s.evfd, POLLIN, 0},
                            {kvo_http_server_fd(s.http), POLLIN, 0}};
+    bool more = false; /* messages are waiting: do not sleep */
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
         int timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : (int)t;
         long wt = waiters_timeout_ms(&s);
         if (wt >= 0 && wt < timeout) timeout = (int)wt;
+        if (more) timeout = 0;
         int n = poll(pf, 2, timeout);
         if (n < 0 && errno != EINTR) {
             kvo_error("poll: %s", strerror(errno));
@@ -1251,7 +1279,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
             break;
         }
         idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
-        if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        if (more || (n > 0 && (pf[0].revents & POLLIN))) more = drain_inbox(&s);
         idx_feed_tick(s.feed);
         size_t gone = idx_feed_expire(s.feed);
         if (gone) log_expired(&s, gone);
@@ -1270,6 +1298,8 @@ done:
     nats_teardown(&s);
     for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i].m);
     kvo_free(s.inbox);
+    for (size_t i = s.work_i; i < s.work_n; i++) natsMsg_Destroy(s.work[i].m);
+    kvo_free(s.work);
     kvo_free(s.inbox_subj);
     idx_blockset_fini(&s.blocks);
     idx_feed_free(s.feed);

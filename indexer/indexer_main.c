@@ -20,6 +20,7 @@ enum {
     OPT_NO_RECOVERY,
     OPT_RECOVERY_TIMEOUT_MS,
     OPT_DISCOVER_MS,
+    OPT_APPLY_BUDGET_US,
 };
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
@@ -28,6 +29,7 @@ enum {
 #define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 #define TIMEOUT_MS_MAX 3600000u   /* largest --recovery-timeout-ms and
                                      --discover-ms: an hour */
+#define BUDGET_US_MAX 1000000u    /* largest --apply-budget-us */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -43,6 +45,7 @@ static const struct option options[] = {
     {"no-recovery", no_argument, NULL, OPT_NO_RECOVERY},
     {"recovery-timeout-ms", required_argument, NULL, OPT_RECOVERY_TIMEOUT_MS},
     {"discover-ms", required_argument, NULL, OPT_DISCOVER_MS},
+    {"apply-budget-us", required_argument, NULL, OPT_APPLY_BUDGET_US},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -76,6 +79,8 @@ static const char usage[] =
     "  --discover-ms T         how long /health says recovering at start,\n"
     "                          while relays answer the discover request\n"
     "                          (default 500)\n"
+    "  --apply-budget-us T     apply messages for at most T us before serving\n"
+    "                          HTTP again (default 2000)\n"
     "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
     "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
     "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
@@ -156,6 +161,11 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         if (kvo_parse_u64(arg, &c->discover_ms) ||
             c->discover_ms > TIMEOUT_MS_MAX)
             return bad("discover-ms", arg);
+        return KVO_OK;
+    case OPT_APPLY_BUDGET_US:
+        if (kvo_parse_u32(arg, &c->apply_budget_us) ||
+            c->apply_budget_us == 0 || c->apply_budget_us > BUDGET_US_MAX)
+            return bad("apply-budget-us", arg);
         return KVO_OK;
     case OPT_MAX_BODY: {
         uint64_t v;
@@ -269,14 +279,14 @@ int main(int argc, char **argv) {
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
              "auth=%s tls=%s reconnect_wait_ms=%d max_publishers=%u "
              "publisher_idle_ms=%llu max_body=%zu recovery=%s "
-             "recovery_timeout_ms=%llu discover_ms=%llu",
+             "recovery_timeout_ms=%llu discover_ms=%llu apply_budget_us=%u",
              KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
              o.nats.reconnect_wait_ms, c->feed.max_publishers,
              (unsigned long long)c->feed.publisher_idle_ms, c->max_body,
              c->no_recovery ? "off" : "on",
              (unsigned long long)c->feed.recovery_timeout_ms,
-             (unsigned long long)c->discover_ms);
+             (unsigned long long)c->discover_ms, c->apply_budget_us);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;

@@ -229,6 +229,8 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run("--recovery-timeout-ms 3600001", 2, NULL,
                "--recovery-timeout-ms");
     expect_run("--discover-ms x", 2, NULL, "--discover-ms");
+    expect_run("--apply-budget-us 0", 2, NULL, "--apply-budget-us");
+    expect_run("--apply-budget-us 1000001", 2, NULL, "--apply-budget-us");
 }
 END_TEST
 
