@@ -155,15 +155,19 @@ static uint64_t tt_blocks_http(env *e) {
     return r;
 }
 
-/* Poll (no timing assertion: the deadline only bounds a failure). */
-static void wait_messages(env *e, uint64_t n) {
+/* Poll until counter key reaches want (no timing assertion: the deadline
+ * only bounds a failure). */
+static void wait_counter(env *e, const char *key, uint64_t want) {
     for (int i = 0; i < 2000; i++) {
-        if (counter(e, "messages") >= n) return;
+        if (counter(e, key) >= want) return;
         usleep(5000);
     }
     kvo_proc_dump_log(&e->idx.proc, 50);
-    ck_abort_msg("indexer never saw %llu messages", (unsigned long long)n);
+    ck_abort_msg("counter %s never reached %llu", key,
+                 (unsigned long long)want);
 }
+
+static void wait_messages(env *e, uint64_t n) { wait_counter(e, "messages", n); }
 
 START_TEST(service_indexes_the_event_plane_and_answers_http) {
     env e;
@@ -945,16 +949,6 @@ static void wait_zmq(env *e, uint64_t pub, uint64_t want) {
     kvo_proc_dump_log(&e->idx.proc, 50);
     ck_abort_msg("publisher %llu's watermark never reached %llu",
                  (unsigned long long)pub, (unsigned long long)want);
-}
-
-static void wait_counter(env *e, const char *key, uint64_t want) {
-    for (int i = 0; i < 2000; i++) {
-        if (counter(e, key) >= want) return;
-        usleep(5000);
-    }
-    kvo_proc_dump_log(&e->idx.proc, 50);
-    ck_abort_msg("counter %s never reached %llu", key,
-                 (unsigned long long)want);
 }
 
 /* The digest of the relay's forwarded state, as GET /blocks computes it. */
