@@ -1194,10 +1194,16 @@ static void replay_link_lost(relay_pipe *p, uint32_t si) {
     if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
     if (s->state != RELAY_SRC_REPLAYING) return; /* reopened on demand */
     if (s->probing) {
-        /* The batch asked for was received once, so it cannot be what
-         * breaks the connection twice: another engine's is. */
+        /* Twice broken before the batch asked for came back. Either a new
+         * engine's batch there is too big, or ours came back right before
+         * one too big after it and libzmq dropped both with the
+         * connection (which of the two depends on timing). Nothing tells
+         * them apart, so take the side that cannot leave stale blocks: a
+         * restart (cleared, replay from 0). */
         if (s->broke && s->broke_at == s->probe) {
-            probe_restart(p, si, "its replay broke twice on the batch");
+            probe_restart(p, si,
+                          "cannot tell: its replay broke twice before the "
+                          "last batch applied came back, so taken as one");
             return;
         }
         uint64_t at = s->probe;

@@ -515,7 +515,15 @@ START_TEST(an_oversize_batch_is_counted_and_the_relay_goes_on) {
     mk_complete(&e.eng, c, 40, 2, 0);
     tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
     ck_assert_uint_eq(same_hits(&e, c, 40), 2);
-    ck_assert_uint_eq(e.model.cleared, 2); /* at start, and for the batch */
+    /* Cleared at start and for the batch; and once more when the probe of
+     * the SUB's comeback lost the last batch applied with the big one
+     * behind it (libzmq drops both or only the big one, by timing): that
+     * is taken as a restart, said and counted as one. */
+    json_object *st0 = trelay_stats(&e.rel);
+    uint64_t restarts = tr_json_u64(st0, "restarts");
+    json_object_put(st0);
+    ck_assert_uint_le(restarts, 1);
+    ck_assert_uint_eq(e.model.cleared, 2 + restarts);
     mk_complete(&e.eng, d, 40, 2, 0);
     tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
     ck_assert_uint_eq(same_hits(&e, d, 40), 2);
@@ -525,7 +533,7 @@ START_TEST(an_oversize_batch_is_counted_and_the_relay_goes_on) {
     ck_assert_uint_ge(tr_json_u64(st, "zmq_reconnects"), 1);
     /* the SUB's connection, then the DEALER's twice */
     ck_assert_uint_ge(tr_json_u64(st, "zmq_disconnects"), 3);
-    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2);
+    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2 + restarts);
     ck_assert_uint_eq(tr_json_u64(st, "replay_failures_total"), 0);
     ck_assert(json_object_object_get_ex(st, "sources", &srcs));
     json_object *s0 = json_object_array_get_idx(srcs, 0);
