@@ -26,7 +26,7 @@ enum {
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
     OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
-    OPT_LOCKSTEP
+    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ
 };
 
 static const struct option OPTIONS[] = {
@@ -50,6 +50,7 @@ static const struct option OPTIONS[] = {
     {"verify-engine-hash", no_argument, NULL, OPT_VERIFY},
     {"no-replay", no_argument, NULL, OPT_NO_REPLAY},
     {"drop-seq", required_argument, NULL, OPT_DROP_SEQ},
+    {"extra-block-seq", required_argument, NULL, OPT_EXTRA_BLOCK_SEQ},
     {"relay-restart-at", required_argument, NULL, OPT_RELAY_RESTART_AT},
     {"log-dir", required_argument, NULL, OPT_LOG_DIR},
     {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
@@ -161,6 +162,9 @@ static const char USAGE[] =
     "  --no-replay             relays without a replay endpoint\n"
     "  --drop-seq N            drop ZMQ batch N of engine 0 rank 0 on its way\n"
     "                          to the relay\n"
+    "  --extra-block-seq N     from ZMQ batch N of engine 0 rank 0 on, add to\n"
+    "                          the first that stores blocks a child block the\n"
+    "                          engine never computed (no prompt reaches it)\n"
     "Checkpoints, reports and run control:\n"
     "  --checkpoint-every K    a full-state checkpoint every K requests (200;\n"
     "                          0 = only the one at the end)\n"
@@ -292,6 +296,8 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_VERIFY: c->verify_engine_hash = true; return KVO_OK;
     case OPT_NO_REPLAY: c->no_replay = true; return KVO_OK;
     case OPT_DROP_SEQ: return set_i64(&c->drop_seq, "drop-seq", v);
+    case OPT_EXTRA_BLOCK_SEQ:
+        return set_i64(&c->extra_block_seq, "extra-block-seq", v);
     case OPT_RELAY_RESTART_AT:
         return set_i64(&c->relay_restart_at, "relay-restart-at", v);
     case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;

@@ -597,6 +597,9 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "cause", r->verdict.pass
                                            ? NULL
                                            : jstr_or_null(r->verdict.cause));
+    json_object_object_add(s, "caught_at", r->verdict.pass
+                                               ? NULL
+                                               : jstr_or_null(r->verdict.where));
     json_object *j = json_object_new_object();
     json_object_object_add(j, "summary", s);
     return put_line(f, j);

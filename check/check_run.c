@@ -58,6 +58,7 @@ void check_cfg_defaults(check_cfg *c) {
     c->hash_seed = "0";
     c->seed = 0;
     c->drop_seq = -1;
+    c->extra_block_seq = -1;
     c->relay_restart_at = -1;
     c->settle_ms = 500;
     c->timeout_ms = 30000;
@@ -952,7 +953,7 @@ static void describe(run *r) {
     snprintf(r->res->config, sizeof(r->res->config),
              "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s mode=%s "
              "policy=%s checkpoint_every=%llu hash=%s format=%s mutate=%s "
-             "prompts=%s%s%s%s watermark=%s",
+             "prompts=%s%s%s%s%s watermark=%s",
              c->spawn ? "spawn" : "attach", r->env.n_workers,
              r->env.n_decode ? "+decode" : "", r->env.dp_size,
              r->env.block_size, blocks, mode, pol,
@@ -962,6 +963,7 @@ static void describe(run *r) {
              r->trace_form ? "trace" : "tokens",
              c->no_replay ? " no-replay" : "",
              c->drop_seq >= 0 ? " drop-seq" : "",
+             c->extra_block_seq >= 0 ? " extra-block" : "",
              c->relay_restart_at >= 0 ? " relay-restart" : "",
              r->env.exact ? "exact" : "settle");
 }

@@ -70,6 +70,9 @@ typedef struct check_cfg {
     bool verify_engine_hash;
     bool no_replay;            /* relays without replay (fault injection) */
     int64_t drop_seq;          /* drop ZMQ seq N of worker 0 rank 0, -1 */
+    int64_t extra_block_seq;   /* from ZMQ seq N of worker 0 rank 0, add a
+                                  block the engine never computed to a
+                                  store batch, -1 */
     int64_t relay_restart_at;  /* SIGKILL+restart relay 0.0 before this
                                   request, -1 = never */
     const char *log_dir;       /* NULL = a fresh temp dir */

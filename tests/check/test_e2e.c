@@ -274,6 +274,35 @@ START_TEST(a_dropped_batch_without_replay_fails_as_a_seq_gap) {
 }
 END_TEST
 
+/* A block no prompt reaches: the forwarder adds a child the engine never
+ * computed to one store batch. Judging prompts cannot see it; the
+ * checkpoint's block sets must, naming the stale block. */
+START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "30",
+                          "--workers", "1", "--extra-block-seq", "3",
+                          "--checkpoint-every", "10", NULL};
+    tc_run r;
+    tc_check(&r, "extra-block", args, 300);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    ck_assert_msg(strncmp(summary_str(&r, "cause"), "stale block:", 12) == 0,
+                  "cause: %s", summary_str(&r, "cause"));
+    ck_assert_msg(strstr(summary_str(&r, "cause"),
+                         "1 blocks in the index but not the engine") ||
+                      strstr(summary_str(&r, "cause"),
+                             "1 block in the index but not the engine"),
+                  "cause: %s", summary_str(&r, "cause"));
+    ck_assert_msg(strcmp(summary_str(&r, "caught_at"),
+                         "checkpoint 1: block sets") == 0,
+                  "caught at: %s", summary_str(&r, "caught_at"));
+    ck_assert_int_eq(tc_int(r.summary, "divergent_prompts"), 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "60" : "120";
@@ -819,6 +848,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
+    tcase_add_test(tc, a_block_the_engine_never_stored_fails_at_a_checkpoint);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
     tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
     tcase_add_test(tc, an_engine_error_counter_fails_an_otherwise_clean_run);
