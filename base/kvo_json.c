@@ -324,6 +324,24 @@ static kvo_status number(parser *ps, kvo_jv *out) {
 
 /* ---- containers ------------------------------------------------------------*/
 
+/* After an element of the container opened at open (closed by close): a
+ * ',' (*more: another element follows) or the closing byte. */
+static kvo_status after_element(parser *ps, const uint8_t *open, char close,
+                                bool *more) {
+    bool arr = close == ']';
+    skip_ws(ps);
+    if (ps->p >= ps->end)
+        return fail(ps, KVO_ETRUNC, open,
+                    arr ? "the input ends inside an array"
+                        : "the input ends inside an object");
+    *more = *ps->p == ',';
+    if (!*more && *ps->p != (uint8_t)close)
+        return fail(ps, KVO_EPROTO, ps->p,
+                    arr ? "expected ',' or ']'" : "expected ',' or '}'");
+    ps->p++;
+    return KVO_OK;
+}
+
 static kvo_status array(parser *ps, uint32_t depth, kvo_jv *out) {
     const uint8_t *open = ps->p++;
     size_t base_ints = ps->n_ints, base_nodes = ps->n_nodes, n = 0;
@@ -352,16 +370,10 @@ static kvo_status array(parser *ps, uint32_t depth, kvo_jv *out) {
             if (st != KVO_OK) return st;
             if (++n > UINT32_MAX)
                 return fail(ps, KVO_ETOOBIG, open, "array too long");
-            skip_ws(ps);
-            if (ps->p >= ps->end)
-                return fail(ps, KVO_ETRUNC, open, "the input ends inside an array");
-            if (*ps->p == ']') {
-                ps->p++;
-                break;
-            }
-            if (*ps->p != ',')
-                return fail(ps, KVO_EPROTO, ps->p, "expected ',' or ']'");
-            ps->p++;
+            bool more;
+            if ((st = after_element(ps, open, ']', &more)) != KVO_OK)
+                return st;
+            if (!more) break;
         }
     }
     *out = (kvo_jv){.type = KVO_JSON_ARR, .packed = packed, .len = (uint32_t)n};
@@ -423,16 +435,10 @@ static kvo_status object(parser *ps, uint32_t depth, kvo_jv *out) {
             ps->mems[ps->n_mems++] = (kvo_jmember){key.v.s, v};
             if (++n > UINT32_MAX)
                 return fail(ps, KVO_ETOOBIG, open, "object too large");
-            skip_ws(ps);
-            if (ps->p >= ps->end)
-                return fail(ps, KVO_ETRUNC, open, "the input ends inside an object");
-            if (*ps->p == '}') {
-                ps->p++;
-                break;
-            }
-            if (*ps->p != ',')
-                return fail(ps, KVO_EPROTO, ps->p, "expected ',' or '}'");
-            ps->p++;
+            bool more;
+            if ((st = after_element(ps, open, '}', &more)) != KVO_OK)
+                return st;
+            if (!more) break;
         }
     }
     st = KVO_OK;

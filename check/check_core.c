@@ -329,6 +329,7 @@ const char *check_reason_name(check_reason r) {
         [CHECK_REASON_REJECTED] = "rejected event",
         [CHECK_REASON_ENGINE] = "engine inconsistent",
         [CHECK_REASON_ENGINE_ERROR] = "engine error",
+        [CHECK_REASON_WRONG_PARENT] = "wrong parent",
     };
     return (unsigned)r < CHECK_REASON_COUNT ? names[r] : "?";
 }
@@ -458,6 +459,9 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     p->first_divergent_block = -1;
     p->divergent_slot = -1;
     p->ms = o->ms;
+    p->judged = !o->unjudged;
+    p->inflight_at_route = o->inflight_at_route;
+    p->checkpoint = o->checkpoint;
     for (uint32_t s = 0; s < n; s++) {
         scores[s] = o->index_scores[s];
         hits[s] = o->probe_hits ? o->probe_hits[s] : -1;
@@ -467,6 +471,12 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
 #define CAPPED(s) (scores[s] < cap ? scores[s] : cap)
     p->index_raw_blocks = scores[o->chosen];
     p->index_hit_blocks = CAPPED(o->chosen);
+    p->routed_index_blocks = p->index_hit_blocks;
+    if (o->unjudged) { /* load mode: what the router saw, and the engine */
+        int64_t blocks = o->cached_tokens >= 0 ? o->cached_tokens / bs : -1;
+        p->engine_hit_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+        return KVO_OK;
+    }
 
     /* The chosen slot's truth is the response; a probe that disagrees with
      * it means the engine contradicts itself. */
@@ -587,6 +597,7 @@ void check_result_free(check_result *r) {
     kvo_free(r->slots);
     kvo_free(r->prompts);
     kvo_free(r->sweep);
+    kvo_free(r->ckpts);
     kvo_arena_fini(&r->arena);
     check_counters_fini(&r->counters);
     for (size_t i = 0; i < r->n_trips; i++) {
@@ -757,9 +768,11 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
     memset(out, 0, sizeof(*out));
     /* Candidates ordered by (request, kind): a run error at request x
      * happened before its counters were read (kind 0), a tripped counter
-     * before its query (1), a divergence at the query (2). "At the end"
+     * before its query (1), a checkpoint before request x ran after those
+     * counters were read (2: a counter names a cause more exactly than the
+     * blocks it left behind), a divergence at the query (3). "At the end"
      * sorts after every request. */
-    enum { KINDS = 3 };
+    enum { KINDS = 4 };
 #define POS(req, kind) \
     ((req) < 0 ? UINT64_MAX - KINDS + (kind) : (uint64_t)(req) * KINDS + (kind))
     const uint64_t none = UINT64_MAX;
@@ -775,17 +788,51 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
             tp = &r->trips[i];
         }
     }
+    const check_checkpoint *cp = NULL;
+    uint64_t ckpt_pos = none;
+    for (size_t i = 0; i < r->n_ckpts && !cp; i++)
+        if (check_checkpoint_failed(&r->ckpts[i])) { /* in order */
+            cp = &r->ckpts[i];
+            ckpt_pos = POS(cp->before_prompt, 2);
+        }
     const check_prompt *dp = NULL;
     uint64_t div_pos = none;
     for (size_t i = 0; i < r->n_prompts && !dp; i++)
         if (r->prompts[i].diverged) { /* trace order: the first is enough */
             dp = &r->prompts[i];
-            div_pos = POS((int64_t)dp->id, 2);
+            div_pos = POS((int64_t)dp->id, 3);
         }
 #undef POS
-    if (err_pos != none && err_pos <= trip_pos && err_pos <= div_pos) {
+    /* a divergent sweep entry of no recorded checkpoint (the run stopped
+     * inside that checkpoint, or a caller's own sweep) */
+    const check_prompt *sp = NULL;
+    for (size_t i = 0; i < r->n_sweep && !sp; i++) {
+        const check_prompt *e = &r->sweep[i];
+        if (e->diverged && !(e->checkpoint && e->checkpoint <= r->n_ckpts))
+            sp = e;
+    }
+    uint64_t first = err_pos;
+    if (trip_pos < first) first = trip_pos;
+    if (ckpt_pos < first) first = ckpt_pos;
+    if (div_pos < first) first = div_pos;
+    if (err_pos != none && err_pos == first) {
         snprintf(out->cause, sizeof(out->cause), "%s", r->error);
-    } else if (tp && trip_pos <= div_pos) {
+        snprintf(out->where, sizeof(out->where), "run error");
+    } else if (tp && trip_pos == first) {
+        /* read at a checkpoint (load mode reads counters only there) */
+        const check_checkpoint *at = NULL;
+        for (size_t i = 0; i < r->n_ckpts && !at; i++)
+            if (r->ckpts[i].before_prompt == tp->before_prompt)
+                at = &r->ckpts[i];
+        if (at && r->load.on)
+            snprintf(out->where, sizeof(out->where), "checkpoint %u: counters",
+                     at->number);
+        else if (tp->before_prompt >= 0)
+            snprintf(out->where, sizeof(out->where),
+                     "counters before prompt %lld",
+                     (long long)tp->before_prompt);
+        else
+            snprintf(out->where, sizeof(out->where), "counters at the end");
         char when[48] = "at the end";
         if (tp->before_prompt >= 0)
             snprintf(when, sizeof(when), "first seen before prompt %lld",
@@ -794,16 +841,29 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
                  check_reason_name(tp->rule->reason), tp->stage, tp->name,
                  tp->value, when, tp->rule->what);
         out->reason = tp->rule->reason;
+    } else if (cp && ckpt_pos == first) {
+        check_checkpoint_cause(r, cp, out->cause, sizeof(out->cause));
+        snprintf(out->where, sizeof(out->where), "checkpoint %u: %s",
+                 cp->number,
+                 cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2] ? "block sets"
+                                                               : "sweep");
+        int top = 0;
+        for (int k = 1; k < CHECK_DIFF_COUNT; k++)
+            if (cp->diff.n[k] > cp->diff.n[top]) top = k;
+        if (cp->diff.n[top])
+            out->reason = check_diff_reason((check_diff_kind)top);
+        else if (cp->sweep_first >= 0 && (size_t)cp->sweep_first < r->n_sweep)
+            out->reason = r->sweep[cp->sweep_first].reason;
     } else if (dp) {
         snprintf(out->cause, sizeof(out->cause),
                  "%s: prompt %llu diverged at block %d (%s)",
                  check_reason_name(dp->reason), (unsigned long long)dp->id,
                  dp->first_divergent_block, dp->detail);
+        snprintf(out->where, sizeof(out->where), "prompt %llu",
+                 (unsigned long long)dp->id);
         out->reason = dp->reason;
-    } else if (r->sweep_divergent) {
-        const check_prompt *sp = NULL;
-        for (size_t i = 0; i < r->n_sweep && !sp; i++)
-            if (r->sweep[i].diverged) sp = &r->sweep[i];
+    } else if (sp || (r->sweep_divergent && !r->n_ckpts)) {
+        snprintf(out->where, sizeof(out->where), "sweep after the run");
         if (!sp) { /* counted but not kept: still a FAIL */
             snprintf(out->cause, sizeof(out->cause),
                      "re-checked after the run, a prompt diverged");
@@ -817,6 +877,7 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         }
     } else if (r->n_prompts == 0) {
         snprintf(out->cause, sizeof(out->cause), "no request was checked");
+        snprintf(out->where, sizeof(out->where), "nothing ran");
     } else {
         out->pass = true;
     }
@@ -830,6 +891,6 @@ bool check_result_passed(const check_result *r, const char **cause) {
 const char *check_stage_name(check_stage s) {
     static const char *names[CHECK_STAGE_COUNT] = {
         "watermark wait", "counters", "index query", "engine probes",
-        "completion", "sweep", "other"};
+        "completion", "sweep", "other", "checkpoints", "load traffic"};
     return (unsigned)s < CHECK_STAGE_COUNT ? names[s] : "?";
 }

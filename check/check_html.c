@@ -260,7 +260,7 @@ static void counters_tables(FILE *f, const check_result *r) {
 static void time_bar(FILE *f, const check_result *r) {
     static const char *colors[CHECK_STAGE_COUNT] = {
         "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b", "#e0b040",
-        "#dddddd"};
+        "#dddddd", "#d93025", "#7fb3e0"};
     double sum = 0;
     for (int s = 0; s < CHECK_STAGE_COUNT; s++) sum += r->stage_s[s];
     if (sum <= 0) {
@@ -284,6 +284,235 @@ static void time_bar(FILE *f, const check_result *r) {
                 colors[s], check_stage_name((check_stage)s), r->stage_s[s],
                 100 * r->stage_s[s] / sum);
     fputs("</p>\n", f);
+}
+
+/* ---- What the router saw (load mode) ----------------------------------------*/
+
+/* Histogram buckets of (routing-time index score - engine hit), blocks. */
+static const struct {
+    int64_t lo, hi;
+    const char *label;
+} STALE_BINS[] = {
+    {INT64_MIN, -65, "< -64"}, {-64, -17, "-64..-17"}, {-16, -5, "-16..-5"},
+    {-4, -2, "-4..-2"},        {-1, -1, "-1"},          {0, 0, "0"},
+    {1, 1, "+1"},              {2, 4, "+2..+4"},        {5, 16, "+5..+16"},
+    {17, 64, "+17..+64"},      {65, INT64_MAX, "> +64"},
+};
+enum { STALE_BINS_N = sizeof(STALE_BINS) / sizeof(STALE_BINS[0]),
+       HIST_W = 620, HIST_H = 200, OVER_H = 200 };
+
+static int64_t staleness(const check_prompt *p) {
+    return (int64_t)p->routed_index_blocks - p->engine_hit_blocks;
+}
+
+/* Bars on a log scale (exact dominates), each labelled with its count. */
+static void stale_histogram(FILE *f, const check_result *r) {
+    uint64_t n[STALE_BINS_N] = {0}, most = 0;
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        const check_prompt *p = &r->prompts[i];
+        if (p->engine_hit_blocks < 0) continue;
+        int64_t d = staleness(p);
+        for (int b = 0; b < STALE_BINS_N; b++)
+            if (d >= STALE_BINS[b].lo && d <= STALE_BINS[b].hi) n[b]++;
+    }
+    for (int b = 0; b < STALE_BINS_N; b++)
+        if (n[b] > most) most = n[b];
+    const double ml = 10, mt = 20, mb = 34;
+    double pw = HIST_W - 2 * ml, ph = HIST_H - mt - mb;
+    double bw = pw / STALE_BINS_N, top = log10(1.0 + (double)most);
+    fprintf(f, "<svg id=\"stale-hist\" width=\"%d\" height=\"%d\" role=\"img\">"
+               "\n",
+            HIST_W, HIST_H);
+    for (int b = 0; b < STALE_BINS_N; b++) {
+        double h = top > 0 ? ph * log10(1.0 + (double)n[b]) / top : 0;
+        double x = ml + b * bw;
+        const char *color = STALE_BINS[b].lo > 0   ? "#d93025"
+                            : STALE_BINS[b].hi < 0 ? "#4a90d9"
+                                                   : "#2e9e5b";
+        fprintf(f, "<rect class=\"bin\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                   "height=\"%.1f\" fill=\"%s\"><title>%s: %llu requests"
+                   "</title></rect>\n",
+                x + 2, mt + ph - h, bw - 4, h, color, STALE_BINS[b].label,
+                (unsigned long long)n[b]);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu"
+                   "</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                   "%s</text>\n",
+                x + bw / 2, mt + ph - h - 4, (unsigned long long)n[b],
+                x + bw / 2, (double)HIST_H - 14, STALE_BINS[b].label);
+    }
+    fputs("</svg>\n", f);
+}
+
+/* Per window of requests (trace order): the largest over- and
+ * under-estimate as a bar up and down from 0, and the share of exact
+ * scores as a line (right axis, %). */
+static void stale_over_trace(FILE *f, const check_result *r) {
+    size_t n = r->n_prompts;
+    if (!n) return;
+    size_t win = (n + MAX_POINTS - 1) / MAX_POINTS;
+    int64_t ymax = 4;
+    for (size_t i = 0; i < n; i++) {
+        if (r->prompts[i].engine_hit_blocks < 0) continue;
+        int64_t d = staleness(&r->prompts[i]);
+        if (llabs(d) > ymax) ymax = llabs(d);
+    }
+    const double ml = 48, mr = 40, mt = 14, mb = 24;
+    double pw = PLOT_W - ml - mr, ph = OVER_H - mt - mb, y0 = mt + ph / 2;
+    double xs = pw / (double)(n > 1 ? n - 1 : 1), ys = ph / 2 / (double)ymax;
+    fprintf(f, "<svg id=\"stale-trace\" width=\"%d\" height=\"%d\" "
+               "role=\"img\">\n",
+            PLOT_W, OVER_H);
+    fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
+               "stroke=\"#999\"/>\n<text x=\"%.0f\" y=\"%.1f\" "
+               "text-anchor=\"end\">+%lld</text><text x=\"%.0f\" y=\"%.1f\" "
+               "text-anchor=\"end\">0</text><text x=\"%.0f\" y=\"%.1f\" "
+               "text-anchor=\"end\">-%lld</text>\n",
+            ml, ml + pw, y0, y0, ml - 4, mt + 8, (long long)ymax, ml - 4,
+            y0 + 4, ml - 4, mt + ph, (long long)ymax);
+    fputs("<path class=\"exact\" fill=\"none\" stroke=\"#2e9e5b\" "
+          "stroke-width=\"1.4\" d=\"",
+          f);
+    for (size_t i = 0; i < n; i += win) {
+        size_t known = 0, exact = 0;
+        for (size_t k = i; k < n && k < i + win; k++) {
+            if (r->prompts[k].engine_hit_blocks < 0) continue;
+            known++;
+            exact += staleness(&r->prompts[k]) == 0;
+        }
+        double pc = known ? 100.0 * (double)exact / (double)known : 100;
+        fprintf(f, "%s%.1f,%.1f", i ? " L" : "M", ml + (double)i * xs,
+                mt + ph - pc / 100 * ph);
+    }
+    fputs("\"/>\n", f);
+    for (size_t i = 0; i < n; i += win) {
+        int64_t hi = 0, lo = 0;
+        for (size_t k = i; k < n && k < i + win; k++) {
+            if (r->prompts[k].engine_hit_blocks < 0) continue;
+            int64_t d = staleness(&r->prompts[k]);
+            if (d > hi) hi = d;
+            if (d < lo) lo = d;
+        }
+        double x = ml + (double)i * xs;
+        if (hi > 0)
+            fprintf(f, "<line class=\"over\" x1=\"%.1f\" x2=\"%.1f\" "
+                       "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d93025\"/>\n",
+                    x, x, y0, y0 - (double)hi * ys);
+        if (lo < 0)
+            fprintf(f, "<line class=\"under\" x1=\"%.1f\" x2=\"%.1f\" "
+                       "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#4a90d9\"/>\n",
+                    x, x, y0, y0 - (double)lo * ys);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">100%% exact</text>"
+               "<text x=\"%.0f\" y=\"%.1f\">0%%</text>\n",
+            ml + pw + 2, mt + 8, ml + pw + 2, mt + ph);
+    fputs("</svg>\n", f);
+}
+
+static void router_view(FILE *f, const check_result *r) {
+    check_staleness s;
+    if (check_result_staleness(r, &s) != KVO_OK || !s.requests) return;
+    fputs("<h2>What the router saw</h2>\n<p class=\"muted\">Per request, the "
+          "chosen worker's index score when it was routed (capped like the "
+          "engine) minus the engine's hit: positive, the index claimed blocks "
+          "the engine no longer had (or not yet); negative, it lagged the "
+          "engine's stores. Reported, not judged: exactness is checked at "
+          "the checkpoints.</p>\n<table id=\"staleness\">\n",
+          f);
+    summary_row(f, "requests", "%llu", (unsigned long long)s.requests);
+    summary_row(f, "exact", "%.1f %%", pct(s.exact, s.requests));
+    summary_row(f, "index above the engine", "%.1f %% (p50 %u, p99 %u, max %u "
+                "blocks)", pct(s.over, s.requests), s.over_p50, s.over_p99,
+                s.over_max);
+    summary_row(f, "index below the engine", "%.1f %% (p50 %u, p99 %u, max %u "
+                "blocks)", pct(s.under, s.requests), s.under_p50, s.under_p99,
+                s.under_max);
+    summary_row(f, "|difference|", "p50 %u, p99 %u, max %u blocks", s.abs_p50,
+                s.abs_p99, s.abs_max);
+    summary_row(f, "hit rate promised / achieved", "%.2f %% / %.2f %%",
+                pct(s.promised_tokens, s.prompt_tokens),
+                pct(s.achieved_tokens, s.prompt_tokens));
+    fputs("</table>\n<h3>Staleness histogram (blocks, log scale)</h3>\n", f);
+    stale_histogram(f, r);
+    fputs("<h3>Staleness over the trace</h3>\n<p class=\"legend\"><span><i "
+          "class=\"sw\" style=\"background:#d93025\"></i>largest "
+          "over-estimate</span><span><i class=\"sw\" style=\"background:"
+          "#4a90d9\"></i>largest under-estimate</span><span><i class=\"sw\" "
+          "style=\"background:#2e9e5b\"></i>exact (%, right axis)</span> per "
+          "window of requests in trace order</p>\n",
+          f);
+    stale_over_trace(f, r);
+}
+
+/* ---- Checkpoints and the regime --------------------------------------------*/
+
+static void checkpoints_table(FILE *f, const check_result *r) {
+    if (!r->n_ckpts) return;
+    fputs("<h2>Checkpoints</h2>\n<p class=\"muted\">Traffic stopped, every "
+          "request answered, the index synced; then every (worker, rank)'s "
+          "cached block set (hashes and parents) against the index's (lists "
+          "fetched only where the digests differ), and recent prompts "
+          "re-checked on every worker.</p>\n<table id=\"checkpoints\"><tr>"
+          "<th>#</th><th>after</th><th>block sets</th><th>engine / index "
+          "blocks</th><th>lists</th><th>re-checked</th><th>time (s)</th>"
+          "<th>result</th></tr>\n",
+          f);
+    for (size_t i = 0; i < r->n_ckpts; i++) {
+        const check_checkpoint *c = &r->ckpts[i];
+        bool bad = check_checkpoint_failed(c);
+        uint64_t eb = 0, ib = 0, lists = 0;
+        for (uint32_t s = 0; s < r->n_slots; s++) {
+            eb += c->slots[s].engine_blocks;
+            ib += c->slots[s].index_blocks;
+            lists += c->slots[s].listed;
+        }
+        fprintf(f, "<tr%s><td class=\"n\">%u%s</td><td class=\"n\">%llu</td>"
+                   "<td>",
+                bad ? " class=\"div\"" : "", c->number, c->final ? " (end)" : "",
+                (unsigned long long)c->after);
+        if (!c->sets)
+            esc(f, c->sets_note);
+        else if (c->diff.n[0] + c->diff.n[1] + c->diff.n[2] == 0)
+            fputs("equal", f);
+        else
+            fprintf(f, "%llu engine only, %llu index only, %llu parent",
+                    (unsigned long long)c->diff.n[CHECK_DIFF_ENGINE_ONLY],
+                    (unsigned long long)c->diff.n[CHECK_DIFF_INDEX_ONLY],
+                    (unsigned long long)c->diff.n[CHECK_DIFF_PARENT]);
+        fprintf(f, "</td><td class=\"n\">%llu / %llu</td><td class=\"n\">%llu"
+                   "</td><td class=\"n\">%llu (%llu divergent)</td><td "
+                   "class=\"n\">%.3f</td><td>",
+                (unsigned long long)eb, (unsigned long long)ib,
+                (unsigned long long)lists,
+                (unsigned long long)c->sweep_prompts,
+                (unsigned long long)c->sweep_divergent,
+                c->drain_s + c->sync_s + c->sets_s + c->sweep_s);
+        if (bad) {
+            char cause[400];
+            check_checkpoint_cause(r, c, cause, sizeof(cause));
+            fputs("<b class=\"bad\">FAIL</b> ", f);
+            esc(f, cause);
+            for (size_t k = 0; k < c->diff.n_first; k++) {
+                char d[300];
+                check_block_diff_text(r, &c->diff.first[k], d, sizeof(d));
+                fputs("<br>", f);
+                esc(f, d);
+            }
+        } else {
+            fputs("ok", f);
+        }
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
+
+static void regime_table(FILE *f, const check_result *r) {
+    check_regime g;
+    check_result_regime(r, &g);
+    if (!g.known) return;
+    fputs("<h2>Engine regime</h2>\n<table id=\"regime\">\n", f);
+    for (int k = 0; k < CHECK_REGIME_COUNT; k++)
+        summary_row(f, check_regime_what((check_regime_item)k), "%.0f", g.v[k]);
+    fputs("</table>\n", f);
 }
 
 /* Hover: the nearest request under the mouse, from a compact table; and a
@@ -351,6 +580,20 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     if (r->wall_s > 0)
         summary_row(f, "wall time", "%.2f s (%.1f requests/s)", r->wall_s,
                     (double)t.requests / r->wall_s);
+    summary_row(f, "mode", "%s", r->load.on ? "load" : "lockstep");
+    if (r->load.on)
+        summary_row(f, "load", "%s %u, speedup %g, at most %u in flight",
+                    r->load.arrival == CHECK_ARRIVAL_TRACE
+                        ? "trace arrivals, at most"
+                        : "closed loop, concurrency",
+                    r->load.concurrency, r->load.speedup,
+                    r->load.max_inflight);
+    if (r->n_ckpts) {
+        size_t failed = 0;
+        for (size_t i = 0; i < r->n_ckpts; i++)
+            failed += check_checkpoint_failed(&r->ckpts[i]);
+        summary_row(f, "checkpoints", "%zu, %zu failed", r->n_ckpts, failed);
+    }
     if (r->config[0]) summary_row(f, "configuration", "%s", r->config);
     fputs("</table>\n", f);
 
@@ -434,6 +677,10 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
         }
         fputs("</table>\n", f);
     }
+
+    checkpoints_table(f, r);
+    if (r->load.on) router_view(f, r);
+    regime_table(f, r);
 
     /* Worst prompts */
     fputs("<h2>Worst prompts</h2>\n<p class=\"muted\">Divergent first, then "

@@ -351,7 +351,14 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/kvo/state", e->url);
     int64_t seq[CHK_MAX_DP];
-    for (uint32_t k = 0; k < e->n_ranks; k++) seq[k] = e->ranks[k].last_seq;
+    bool has_set[CHK_MAX_DP];
+    uint64_t set_count[CHK_MAX_DP], set_digest[CHK_MAX_DP];
+    for (uint32_t k = 0; k < e->n_ranks; k++) {
+        seq[k] = e->ranks[k].last_seq;
+        has_set[k] = e->ranks[k].has_set;
+        set_count[k] = e->ranks[k].set_count;
+        set_digest[k] = e->ranks[k].set_digest;
+    }
     const kvo_jv *ranks = NULL;
     kvo_status st = json_call_send(&jc, e->http, NULL);
     if (st == KVO_OK)
@@ -366,9 +373,25 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
         if (st != KVO_OK || k == NO_RANK) continue;
         st = get_uint(&jc, &r, name, "last_seq", INT64_MAX, OPTIONAL, &last);
         seq[k] = last == UINT64_MAX ? -1 : (int64_t)last;
+        /* the cached set's size and digest (kvo-mocker >= issue 11) */
+        uint64_t cnt = UINT64_MAX, dig = 0;
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "cached_distinct", INT64_MAX,
+                          OPTIONAL, &cnt);
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "cached_digest", UINT64_MAX,
+                          cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
+        has_set[k] = cnt != UINT64_MAX;
+        set_count[k] = has_set[k] ? cnt : 0;
+        set_digest[k] = dig;
     }
     if (st == KVO_OK) {
-        for (uint32_t k = 0; k < e->n_ranks; k++) e->ranks[k].last_seq = seq[k];
+        for (uint32_t k = 0; k < e->n_ranks; k++) {
+            e->ranks[k].last_seq = seq[k];
+            e->ranks[k].has_set = has_set[k];
+            e->ranks[k].set_count = set_count[k];
+            e->ranks[k].set_digest = set_digest[k];
+        }
         e->dirty = false;
     }
     json_call_fini(&jc);
@@ -575,6 +598,15 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
                                const chk_prompt *p, uint32_t max_tokens,
                                int dp_rank, const char *kv_params,
                                chk_completion *out, kvo_err *err) {
+    return chk_engine_complete_via(e->http, e, model, p, max_tokens, dp_rank,
+                                   kv_params, out, err);
+}
+
+kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
+                                   const char *model, const chk_prompt *p,
+                                   uint32_t max_tokens, int dp_rank,
+                                   const char *kv_params, chk_completion *out,
+                                   kvo_err *err) {
     memset(out, 0, sizeof(*out));
     out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
         -1;
@@ -595,7 +627,7 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
     if (st == KVO_OK && kv_params)
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
-    if (st == KVO_OK) st = json_call_send(&jc, e->http, &body);
+    if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     if (st == KVO_OK) st = read_completion(&jc, out);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
@@ -732,8 +764,8 @@ static kvo_status read_metrics(const json_call *c, kvo_buf *metrics) {
 
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
                            uint32_t *scores, kvo_err *err) {
-    return chk_index_query_wait(env, hashes, n, NULL, 0, -1, scores, NULL, NULL,
-                                NULL, err);
+    return chk_index_query_via(env->idx_http, env, hashes, n, NULL, 0, -1,
+                               scores, NULL, NULL, NULL, err);
 }
 
 kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
@@ -741,6 +773,16 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
                                 kvo_buf *metrics, kvo_err *err) {
+    return chk_index_query_via(env->idx_http, env, hashes, n, pairs, npairs,
+                               timeout_ms, scores, wm, covered, metrics, err);
+}
+
+kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
+                               const uint64_t *hashes, size_t n,
+                               const uint64_t *pairs, size_t npairs,
+                               long timeout_ms, uint32_t *scores,
+                               chk_watermark *wm, bool *covered,
+                               kvo_buf *metrics, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
@@ -758,7 +800,7 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
     if (st == KVO_OK && metrics)
         st = CHK_BUF_LIT(&body, ",\"metrics\":true");
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
-    if (st == KVO_OK) st = json_call_send(&jc, env->idx_http, &body);
+    if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     for (int write = 0; write < 2 && st == KVO_OK; write++) {
         st = read_scores(env, &jc, write ? scores : NULL);
         if (st == KVO_OK && wm) st = read_wait(&jc, write ? wm : NULL, covered);
@@ -892,4 +934,153 @@ kvo_status chk_relay_live(chk_relay *r, bool *live) {
     *live = all;
     json_call_fini(&jc);
     return st;
+}
+
+/* ---- Cached block sets (checkpoints) -------------------------------------------
+ * kvo-mocker GET /kvo/blocks?rank=R[&after=H]
+ *   {"rank", "count", "digest", "blocks": [[hash, parent|null], ...],
+ *    "next": H|null}
+ * kvo-indexer GET /blocks?worker_id=W&dp_rank=R[&after=H][&digest_only=1]
+ *   {"worker_id", "dp_rank", "count", "digest", "blocks": [...], "next"?}
+ * count and digest cover the whole set, blocks one page of it; the pages
+ * are followed until "next" is absent or null. A set that changes between
+ * two pages (another count or digest) is an error: the side was not
+ * quiet. */
+
+void chk_blocks_init(chk_blocks *b) { memset(b, 0, sizeof(*b)); }
+
+void chk_blocks_fini(chk_blocks *b) {
+    kvo_free(b->v);
+    memset(b, 0, sizeof(*b));
+}
+
+/* Entry i of the "blocks" array: [hash, parent|null] into *out. */
+static kvo_status block_entry(const json_call *c, const kvo_jv *arr, size_t i,
+                              check_block *out) {
+    kvo_jv e, h, p;
+    char got[32];
+    if (!kvo_json_at(arr, i, &e) || e.type != KVO_JSON_ARR || e.len != 2)
+        return answer_err(c, KVO_EPROTO,
+                          "blocks[%zu]: expected [hash, parent|null], got %s",
+                          i, describe(&e, got, sizeof(got)));
+    uint64_t hash, parent = 0;
+    if (!kvo_json_at(&e, 0, &h) || !kvo_json_u64(&h, &hash))
+        return answer_err(c, KVO_EPROTO,
+                          "blocks[%zu][0]: expected a block hash (an integer "
+                          "in [0, 2^64)), got %s",
+                          i, describe(&h, got, sizeof(got)));
+    if (!kvo_json_at(&e, 1, &p) ||
+        (p.type != KVO_JSON_NULL && !kvo_json_u64(&p, &parent)))
+        return answer_err(c, KVO_EPROTO,
+                          "blocks[%zu][1]: expected a parent hash or null, "
+                          "got %s",
+                          i, describe(&p, got, sizeof(got)));
+    out->hash = hash;
+    out->has_parent = p.type != KVO_JSON_NULL;
+    out->parent = parent;
+    return KVO_OK;
+}
+
+/* One page into out (count, digest, blocks appended); *more and *next: the
+ * page after. list false: a digest-only answer (no blocks needed). */
+static kvo_status read_block_page(const json_call *c, bool list, bool first,
+                                  chk_blocks *out, bool *more, uint64_t *next) {
+    uint64_t count = 0, digest = 0, nx = UINT64_MAX;
+    const kvo_jv *arr = NULL;
+    bool has_next = false;
+    kvo_status st =
+        get_uint(c, c->root, NULL, "count", INT64_MAX, REQUIRED, &count);
+    if (st == KVO_OK)
+        st = get_uint(c, c->root, NULL, "digest", UINT64_MAX, REQUIRED,
+                      &digest);
+    if (st == KVO_OK)
+        st = get_typed(c, c->root, NULL, "blocks", KVO_JSON_ARR,
+                       list ? REQUIRED : OPTIONAL, &arr);
+    if (st == KVO_OK && list) {
+        const kvo_jv *n = kvo_json_get(c->root, "next");
+        has_next = n && n->type != KVO_JSON_NULL;
+        if (has_next)
+            st = get_uint(c, c->root, NULL, "next", UINT64_MAX, REQUIRED, &nx);
+    }
+    if (st != KVO_OK) return st;
+    if (!first && (count != out->count || digest != out->digest))
+        return answer_err(c, KVO_ESTATE,
+                          "the set changed while it was listed (count %" PRIu64
+                          " digest %" PRIu64 ", the first page said %" PRIu64
+                          " and %" PRIu64 ")",
+                          count, digest, out->count, out->digest);
+    size_t n = list ? arr->len : 0;
+    if (n > count || out->n + n > count)
+        return answer_err(c, KVO_EPROTO,
+                          "%zu blocks listed, more than the count %" PRIu64,
+                          out->n + n, count);
+    if (list && has_next && n == 0)
+        return answer_err(c, KVO_EPROTO, "an empty page with a next page");
+    check_block *v = NULL;
+    if (n) {
+        if ((st = kvo_grow(&out->v, &out->cap, out->n + n, sizeof(*out->v),
+                           1024)) != KVO_OK)
+            return st;
+        v = out->v + out->n;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((st = block_entry(c, arr, i, &v[i])) != KVO_OK) return st;
+    out->n += n;
+    out->count = count;
+    out->digest = digest;
+    *more = has_next;
+    *next = nx;
+    return KVO_OK;
+}
+
+/* Every page of base (a URL with its query, to which "&after=H" is added)
+ * into out, replaced. */
+static kvo_status read_blocks(kvo_http_client *h, const char *base, bool list,
+                              chk_blocks *out, kvo_err *err) {
+    chk_blocks got;
+    chk_blocks_init(&got);
+    kvo_status st = KVO_OK;
+    bool more = true, first = true;
+    uint64_t after = 0;
+    while (st == KVO_OK && more) {
+        json_call jc;
+        if (first)
+            json_call_init(&jc, err, "%s", base);
+        else
+            json_call_init(&jc, err, "%s&after=%" PRIu64, base, after);
+        st = json_call_send(&jc, h, NULL);
+        if (st == KVO_OK)
+            st = read_block_page(&jc, list, first, &got, &more, &after);
+        json_call_fini(&jc);
+        first = false;
+        if (!list) more = false;
+    }
+    if (st == KVO_OK && list && got.n != got.count) {
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                         "GET %s: %zu blocks listed in all, the count says "
+                         "%" PRIu64,
+                         base, got.n, got.count);
+    }
+    if (st == KVO_OK) {
+        chk_blocks_fini(out);
+        *out = got;
+    } else {
+        chk_blocks_fini(&got);
+    }
+    return st;
+}
+
+kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
+                             kvo_err *err) {
+    char base[256];
+    snprintf(base, sizeof(base), "%s/kvo/blocks?rank=%u", e->url, dp_rank);
+    return read_blocks(e->http, base, true, out, err);
+}
+
+kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
+                            bool list, chk_blocks *out, kvo_err *err) {
+    char base[256];
+    snprintf(base, sizeof(base), "%s/blocks?worker_id=%u&dp_rank=%u%s",
+             env->indexer_url, worker, dp_rank, list ? "" : "&digest_only=1");
+    return read_blocks(env->idx_http, base, list, out, err);
 }

@@ -49,6 +49,7 @@
 #include "kvo_check.h"
 #include "kvo_http.h"
 #include "kvo_json.h"
+#include "kvo_map.h"
 #include "kvo_proc.h"
 
 #include <json-c/json.h>
@@ -126,6 +127,8 @@ typedef enum check_reason {
     CHECK_REASON_REJECTED,       /* "rejected event": decode/validation */
     CHECK_REASON_ENGINE,         /* "engine inconsistent": probe != response */
     CHECK_REASON_ENGINE_ERROR,   /* "engine error": it failed to publish */
+    CHECK_REASON_WRONG_PARENT,   /* "wrong parent": a block under another
+                                    parent in the index */
     CHECK_REASON_COUNT
 } check_reason;
 
@@ -171,6 +174,12 @@ typedef struct check_obs {
                                     previous prompt (NULL = none known) */
     const check_counters *total; /* all counters so far (NULL = none) */
     double ms;                   /* wall time spent on this prompt */
+    /* Load mode: index_scores are what the router saw (no watermark wait)
+     * and probe_hits is NULL: the prompt is recorded, not judged. */
+    bool unjudged;
+    uint32_t inflight_at_route;  /* requests kvo-check had in flight (every
+                                    slot) when this one was routed */
+    uint32_t checkpoint;         /* sweep entries: the checkpoint (1..) */
 } check_obs;
 
 typedef struct check_prompt {
@@ -191,6 +200,11 @@ typedef struct check_prompt {
     check_reason reason;
     char detail[200];            /* "worker 1 rank 0: engine 12, index 8; ..." */
     double ms;
+    bool judged;                 /* false in load mode: reported only */
+    uint32_t routed_index_blocks; /* the chosen slot's index score when it
+                                    was routed, capped (= index_hit_blocks) */
+    uint32_t inflight_at_route;
+    uint32_t checkpoint;         /* sweep entries: which checkpoint, 1.. */
 } check_prompt;
 
 /* ======================================================================== */
@@ -204,8 +218,10 @@ typedef enum check_stage {
     CHECK_STAGE_QUERY,    /* index query */
     CHECK_STAGE_PROBE,    /* /kvo/probe of every engine */
     CHECK_STAGE_COMPLETE, /* the completion itself */
-    CHECK_STAGE_SWEEP,    /* re-checking earlier prompts after the run */
+    CHECK_STAGE_SWEEP,    /* re-checking earlier prompts at checkpoints */
     CHECK_STAGE_OTHER,    /* prompt synthesis, hashing, judging, reports */
+    CHECK_STAGE_CHECKPOINT, /* checkpoints: drain, sync, block sets */
+    CHECK_STAGE_TRAFFIC,  /* load mode: requests in flight */
     CHECK_STAGE_COUNT
 } check_stage;
 
@@ -228,7 +244,12 @@ typedef struct check_verdict {
     bool pass;
     char cause[400]; /* "" when pass */
     check_reason reason;
+    char where[64];  /* what caught it: "prompt 12", "checkpoint 2: block
+                        sets", "checkpoint 1: counters", "counters before
+                        prompt 7", "run error" ("" when pass) */
 } check_verdict;
+
+typedef struct check_checkpoint check_checkpoint; /* below */
 
 struct check_result {
     /* set up by the driver before the first prompt */
@@ -245,6 +266,21 @@ struct check_result {
     check_prompt *sweep;    /* owned */
     size_t n_sweep, cap_sweep, sweep_divergent;
     kvo_arena arena;        /* per-slot arrays of the prompts */
+
+    /* Checkpoints (check_sets.c), in order; their per-slot arrays live in
+     * the arena. */
+    check_checkpoint *ckpts;
+    size_t n_ckpts, cap_ckpts;
+    struct {                /* load mode (cfg.load) */
+        bool on;            /* prompts reported, not judged */
+        check_arrival arrival;
+        uint32_t concurrency;
+        double time_scale, speedup;
+        uint32_t max_inflight; /* most requests kvo-check had in flight */
+        uint64_t late;      /* --arrival trace: admitted after their time
+                               because `concurrency` were in flight */
+        double late_max_ms;
+    } load;
 
     check_counters counters; /* latest value of every counter, all stages */
     check_trip *trips;
@@ -303,6 +339,196 @@ size_t check_result_worst(const check_result *r, const check_prompt **out,
                           size_t n);
 
 /* ======================================================================== */
+/* Routing (check_route.c)                                                   */
+/* ======================================================================== */
+
+/* The policies (kvo_check.h) and the in-flight state the dynamo policy
+ * weighs; the file header draws the cost and says where it differs from
+ * Dynamo. Not thread-safe: the driver holds its lock around every call. */
+typedef struct check_router {
+    check_policy policy;
+    uint32_t n_workers, dp_size, n_slots, block_size;
+    double overlap_weight, temperature;
+    uint64_t rng;       /* splitmix64 state, from the seed */
+    uint64_t *used;     /* requests routed to each slot */
+    uint32_t *inflight; /* requests in flight on each slot */
+    kvo_map *active;    /* per slot: sequence hash -> requests holding it */
+    double *cost;       /* dynamo: each slot's cost at the last pick */
+} check_router;
+
+/* KVO_EINVAL: no slot, block size 0, a weight or temperature that is
+ * negative or not finite. */
+kvo_status check_router_init(check_router *rt, check_policy policy,
+                             uint32_t n_workers, uint32_t dp_size,
+                             uint32_t block_size, double overlap_weight,
+                             double temperature, uint64_t seed);
+void check_router_fini(check_router *rt);
+/* The sequence hashes of a prompt's full blocks (out[i] names block i with
+ * its whole prefix) from their router hashes; out has n entries. */
+void check_seq_hashes(const uint64_t *router_hashes, size_t n, uint64_t *out);
+/* The slot for the i-th request routed (0-based), from the index's
+ * uncapped scores per slot and the prompt's sequence hashes (nb full
+ * blocks). Dynamo: the costs stay in rt->cost until the next pick. */
+uint32_t check_router_pick(check_router *rt, uint64_t i, const uint32_t *scores,
+                           uint32_t prompt_tokens, const uint64_t *seq,
+                           size_t nb);
+/* The request went to slot: in flight there, its blocks held. KVO_ENOMEM
+ * leaves rt as it was. */
+kvo_status check_router_start(check_router *rt, uint32_t slot,
+                              const uint64_t *seq, size_t nb);
+/* It was answered: the same slot and hashes as its start. */
+void check_router_finish(check_router *rt, uint32_t slot, const uint64_t *seq,
+                         size_t nb);
+/* |active(slot)|: distinct blocks of the requests in flight there. */
+uint64_t check_router_active_blocks(const check_router *rt, uint32_t slot);
+
+/* ======================================================================== */
+/* Checkpoints: block sets, staleness, regime (check_sets.c)                */
+/* ======================================================================== */
+
+/* One cached block as a side lists it: its hash and its parent's. */
+typedef struct check_block {
+    uint64_t hash;
+    uint64_t parent;  /* when has_parent */
+    bool has_parent;  /* false: a first block (no parent) */
+} check_block;
+
+/* Its term of a set's digest, kvo_block_digest (the engine and the index
+ * sum them mod 2^64 over their distinct blocks: equal sets give equal
+ * digests, in any order). */
+uint64_t check_block_digest(const check_block *b);
+/* Sort by (hash, parent) and drop repeats in place (copies count once);
+ * returns how many remain. */
+size_t check_blocks_normalize(check_block *v, size_t n);
+/* The digest of a normalized list. */
+uint64_t check_blocks_digest(const check_block *v, size_t n);
+
+typedef enum check_diff_kind {
+    CHECK_DIFF_ENGINE_ONLY = 0, /* cached by the engine, not in the index */
+    CHECK_DIFF_INDEX_ONLY,      /* in the index, not cached by the engine */
+    CHECK_DIFF_PARENT,          /* in both, under different parents */
+    CHECK_DIFF_COUNT
+} check_diff_kind;
+
+/* "in the engine but not the index", ... */
+const char *check_diff_name(check_diff_kind k);
+/* The reason a difference of this kind stands for (missed store, stale
+ * block, wrong parent). */
+check_reason check_diff_reason(check_diff_kind k);
+
+/* Differences shown (in the cause and the reports) per checkpoint. */
+#define CHECK_DIFFS_SHOWN 10
+
+typedef struct check_block_diff {
+    check_diff_kind kind;
+    uint32_t slot;
+    check_block engine, index; /* what each side lists (one side only for
+                                  ENGINE_ONLY / INDEX_ONLY) */
+    int64_t prompt;            /* a prompt of the run whose path holds the
+                                  hash, -1 unknown */
+    int32_t depth;             /* its block index in that prompt, -1 */
+} check_block_diff;
+
+typedef struct check_set_diff {
+    uint64_t n[CHECK_DIFF_COUNT];
+    check_block_diff first[CHECK_DIFFS_SHOWN]; /* in the order found */
+    size_t n_first;
+} check_set_diff;
+
+/* Adds slot's differences between two normalized lists to d (counts, and
+ * the first ones while there is room). A hash both list under different
+ * parents is one CHECK_DIFF_PARENT. */
+void check_blocks_compare(const check_block *eng, size_t ne,
+                          const check_block *idx, size_t ni, uint32_t slot,
+                          check_set_diff *d);
+
+/* One (worker, rank) at a checkpoint. */
+typedef struct check_slot_sets {
+    bool compared;          /* both sides answered with a digest */
+    bool listed;            /* the digests differed: lists fetched */
+    uint64_t engine_blocks, index_blocks; /* distinct hashes */
+    uint64_t engine_digest, index_digest;
+    uint64_t n[CHECK_DIFF_COUNT];
+} check_slot_sets;
+
+struct check_checkpoint {
+    uint32_t number;        /* 1, 2, ... */
+    uint64_t after;         /* requests answered before it */
+    int64_t before_prompt;  /* id of the next request; -1 at the end */
+    bool final;
+    bool sets;              /* block sets compared (else sets_note says
+                               why not) */
+    char sets_note[160];
+    check_slot_sets *slots; /* n_slots entries (result-owned) */
+    check_set_diff diff;    /* over every slot */
+    uint64_t listed_blocks; /* block entries fetched (both sides) */
+    uint64_t sweep_prompts, sweep_divergent;
+    int64_t sweep_first;    /* r->sweep index of its first divergence, -1 */
+    double drain_s, sync_s, sets_s, sweep_s;
+};
+
+/* Append a copy of c (and of slots[n_slots]) to r. */
+kvo_status check_result_checkpoint(check_result *r, const check_checkpoint *c,
+                                   const check_slot_sets *slots);
+/* Did checkpoint c find anything? */
+bool check_checkpoint_failed(const check_checkpoint *c);
+/* Its cause: "checkpoint 2 after 400 requests: 3 blocks in the index but
+ * not the engine (worker 0 rank 1: 3); first: ..." (empty when clean). */
+void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
+                            char *out, size_t outsz);
+/* One difference in words: "index only: block 123 (parent 45), prompt 7
+ * block 3". */
+void check_block_diff_text(const check_result *r, const check_block_diff *d,
+                           char *out, size_t outsz);
+
+/* What the router saw: per prompt with a known engine hit, the index's
+ * capped score at routing time minus the engine's hit blocks. */
+typedef struct check_staleness {
+    uint64_t requests;          /* prompts counted */
+    uint64_t exact, over, under; /* difference 0, > 0 (index claimed more),
+                                   < 0 (index lagged stores) */
+    uint32_t abs_p50, abs_p99, abs_max;   /* |difference| in blocks */
+    uint32_t over_p50, over_p99, over_max;
+    uint32_t under_p50, under_p99, under_max;
+    uint64_t prompt_tokens;
+    uint64_t promised_tokens;   /* routed_index_blocks * bs: the hit rate
+                                   the routing-time scores promised */
+    uint64_t achieved_tokens;   /* engine hit tokens */
+} check_staleness;
+
+/* Nearest-rank percentiles. KVO_ENOMEM leaves out zeroed. */
+kvo_status check_result_staleness(const check_result *r, check_staleness *out);
+
+/* The regime the engines ran in, from their counters (stage "engine W.R"):
+ * name, how ranks combine, what it means. One table, every view. */
+#define CHECK_REGIME(X)                                                        \
+    X(steps_multi, CHECK_AGG_SUM, "steps with >= 2 requests")                  \
+    X(max_running, CHECK_AGG_MAX, "most requests running in one step")         \
+    X(prefills_split, CHECK_AGG_SUM, "prefills split over several steps")      \
+    X(preemptions, CHECK_AGG_SUM, "preemptions (recompute)")                   \
+    X(evictions_in_store_steps, CHECK_AGG_SUM,                                 \
+      "blocks evicted in a step that also stored")                             \
+    X(max_inflight, CHECK_AGG_MAX, "most requests in flight at once")
+
+typedef enum check_agg { CHECK_AGG_SUM, CHECK_AGG_MAX } check_agg;
+
+typedef enum check_regime_item {
+#define X(name, agg, what) CHECK_REGIME_##name,
+    CHECK_REGIME(X)
+#undef X
+    CHECK_REGIME_COUNT
+} check_regime_item;
+
+typedef struct check_regime {
+    bool known;                     /* some engine reported them */
+    double v[CHECK_REGIME_COUNT];
+} check_regime;
+
+const char *check_regime_name(check_regime_item i);
+const char *check_regime_what(check_regime_item i);
+void check_result_regime(const check_result *r, check_regime *out);
+
+/* ======================================================================== */
 /* Reports written while the run goes (the rest: kvo_check.h)               */
 /* ======================================================================== */
 
@@ -327,6 +553,7 @@ kvo_status check_report_json_sweep(FILE *f, const check_result *r,
 
 typedef struct check_request {
     uint64_t line;          /* 0-based line of the trace */
+    double timestamp_ms;    /* arrival in the trace (--arrival trace) */
     uint32_t input_length;  /* prompt tokens */
     uint32_t output_length; /* max_tokens */
     uint32_t n_hash_ids;
@@ -358,6 +585,9 @@ typedef struct chk_rank {
     uint32_t dp_rank;
     uint32_t slot;          /* UINT32_MAX: publishes nothing */
     int64_t last_seq;       /* last ZMQ seq the engine published, -1 none */
+    bool has_set;           /* /kvo/state told its cached set: */
+    uint64_t set_count;     /*   distinct cached hashes */
+    uint64_t set_digest;    /*   their digest (check_block_digest) */
     int relay;              /* index into env->relays, -1 none */
     char zmq[160];          /* from /kvo/event_sources */
     char replay[160];       /* "" = none */
@@ -485,7 +715,8 @@ bool chk_env_dead(chk_env *env, char *why, size_t whysz);
 
 /* ---- check_http.c ----------------------------------------------------------*/
 
-/* GET /kvo/state of e: every rank's last_seq (-1: nothing published). */
+/* GET /kvo/state of e: every rank's last_seq (-1: nothing published) and,
+ * when it tells them, its cached set's size and digest (has_set). */
 kvo_status chk_engine_state(chk_engine *e, kvo_err *err);
 /* GET /kvo/event_sources into e's ranks (zmq, replay, topic); n_ranks is
  * set from it; 0 sources = an engine that publishes nothing. */
@@ -517,6 +748,12 @@ kvo_status chk_engine_complete(chk_engine *e, const char *model,
                                const chk_prompt *p, uint32_t max_tokens,
                                int dp_rank, const char *kv_params,
                                chk_completion *out, kvo_err *err);
+/* The same with the caller's client (one per thread; e is only read). */
+kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
+                                   const char *model, const chk_prompt *p,
+                                   uint32_t max_tokens, int dp_rank,
+                                   const char *kv_params, chk_completion *out,
+                                   kvo_err *err);
 /* GET /kvo/state: every rank's counters, resident and free blocks into
  * stage "engine <worker>.<rank>". */
 kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err);
@@ -545,6 +782,13 @@ kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 long timeout_ms, uint32_t *scores,
                                 chk_watermark *wm, bool *covered,
                                 kvo_buf *metrics, kvo_err *err);
+/* Either query with the caller's client (one per thread). */
+kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
+                               const uint64_t *hashes, size_t n,
+                               const uint64_t *pairs, size_t npairs,
+                               long timeout_ms, uint32_t *scores,
+                               chk_watermark *wm, bool *covered,
+                               kvo_buf *metrics, kvo_err *err);
 void chk_watermark_fini(chk_watermark *w);
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err);
 int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
@@ -558,7 +802,138 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err);
 #define CHK_BUF_LIT(b, lit) kvo_buf_append((b), "" lit, sizeof(lit) - 1)
 /* Append "[n,n,...]" of u64s to b, fast (hash lists are long). */
 kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
+/* A cached block set of one (worker, rank), as a side tells it: its size
+ * and digest, and (when listed) its blocks, as listed (not normalized). */
+typedef struct chk_blocks {
+    uint64_t count, digest;
+    check_block *v;      /* owned */
+    size_t n, cap;
+} chk_blocks;
+void chk_blocks_init(chk_blocks *b);
+void chk_blocks_fini(chk_blocks *b);
+/* kvo-mocker GET /kvo/blocks?rank=R, every page, into out (replaced; left
+ * as it was on failure). */
+kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
+                             kvo_err *err);
+/* kvo-indexer GET /blocks?worker_id=W&dp_rank=R: with list, every page;
+ * else the count and digest only (digest_only=1). KVO_ENOTFOUND: the
+ * indexer has no such endpoint. */
+kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
+                            bool list, chk_blocks *out, kvo_err *err);
 /* Relay GET /stats: are all its sources live (initial replay done)? */
 kvo_status chk_relay_live(chk_relay *r, bool *live);
+
+/* ######################################################################## */
+/* Part 3: the run (check_run.c: set-up, lockstep, the shared steps;        */
+/* check_ckpt.c: checkpoints; check_load.c: load mode)                      */
+/* ######################################################################## */
+
+/* One prompt as the driver sends it. */
+typedef struct chk_pbuf {
+    kvo_buf tokens;     /* u64 prompt tokens, when needed */
+    kvo_buf json;       /* the trace object or the token-id array */
+    uint64_t *hashes;   /* router hashes of the full blocks */
+    uint64_t *seq;      /* their sequence hashes (routing) */
+    size_t cap, nb;     /* room, full blocks */
+} chk_pbuf;
+
+void chk_pbuf_init(chk_pbuf *pb);
+void chk_pbuf_fini(chk_pbuf *pb);
+
+/* Router hashes of trace blocks, memoized (check_run.c). */
+typedef struct chk_rh_memo {
+    uint64_t *keys;     /* the trace hash id of a row */
+    uint8_t *used;      /* the row holds keys' hashes */
+    uint64_t *rows;     /* MOCK_TRACE_BLOCK/block_size hashes per row */
+} chk_rh_memo;
+
+struct rtask; /* check_run.c's concurrent calls */
+struct mock_hasher;
+
+typedef struct chk_run {
+    const check_cfg *cfg;
+    chk_env env;
+    check_trace trace;
+    check_result *res;
+    FILE *json;            /* --report-json, NULL */
+    uint32_t n_slots;
+    chk_pbuf pb;           /* lockstep's prompt, and the sweep's */
+    chk_rh_memo rh;
+    uint32_t *scores;      /* per slot */
+    int32_t *probes;       /* per slot */
+    uint8_t *seen;         /* per slot: the index ever scored it */
+    check_router router;
+    uint64_t decode_rr;
+    bool trace_form;
+    bool no_wait;          /* the indexer cannot hold a query for a
+                              watermark */
+    kvo_buf idx_metrics;   /* its /metrics text, read with the waited query */
+    bool have_idx_metrics;
+    check_counters prev, cur, moved;
+    chk_watermark wm;
+    chk_pool *pool;
+    struct rtask *tasks;   /* cap_tasks of them */
+    chk_task **task_ptrs;  /* as many: what chk_pool_run takes */
+    size_t cap_tasks;
+    bool tasks_overflow;   /* a batch outgrew cap_tasks (cannot happen) */
+    size_t swept_to;       /* requests the last checkpoint's sweep covered */
+    size_t json_to;        /* load: prompts whose JSON line is written */
+    struct mock_hasher *hasher; /* engine hashes, to name a difference's
+                                   prompt (made when first needed) */
+    kvo_err err;
+} chk_run;
+
+double chk_secs(uint64_t t0);
+/* The engines' --speedup: cfg's, or the mode's default (lockstep 0: as
+ * fast as they go; load 1: real time). */
+static inline double chk_speedup(const check_cfg *c) {
+    return c->speedup >= 0 ? c->speedup : c->load ? 1.0 : 0.0;
+}
+/* Load mode's bound on requests in flight: cfg's, or 8 per worker. */
+static inline uint32_t chk_concurrency(const check_cfg *c, uint32_t workers) {
+    return c->concurrency ? c->concurrency : 8 * workers;
+}
+/* The prompt of q into pb: router and sequence hashes, JSON. Not
+ * thread-safe (the memo is shared). */
+kvo_status chk_run_prompt(chk_run *r, const check_request *q, chk_pbuf *pb);
+/* Exact sync (or settle) before prompt `before` (-1 = the end): KVO_OK;
+ * KVO_ETIMEDOUT (run error recorded); KVO_EINTR; other: r->err. */
+kvo_status chk_run_sync(chk_run *r, int64_t before);
+/* Every relay's and the indexer's counters now (all: also the relays not
+ * marked dirty), trips recorded before `before`. */
+kvo_status chk_run_counters(chk_run *r, int64_t before, bool all);
+/* Re-check the last `want` distinct prompts of requests [from, to) on
+ * every slot (probes and the index, synced), as sweep entries of
+ * checkpoint c (its sweep counts and time filled in). */
+kvo_status chk_run_sweep(chk_run *r, size_t from, size_t to, size_t want,
+                         check_checkpoint *c);
+/* Judge (or, unjudged, record) o into the result; lockstep writes its JSON
+ * line at once. *out: the prompt, until the next add. */
+kvo_status chk_run_record(chk_run *r, const check_obs *o,
+                          const check_prompt **out);
+/* Load: sort the prompts recorded since the last call into trace order
+ * and write their JSON lines. */
+kvo_status chk_run_flush(chk_run *r);
+/* The answer to q, sent to rank `rank`, is the engine's to that prompt:
+ * its prompt-token count, its rank, and a cached-token count (needed
+ * unless probed). Otherwise a run error is recorded and false returned. */
+bool chk_run_answer_ok(chk_run *r, const check_request *q, uint32_t rank,
+                       const chk_completion *c, bool probed);
+/* The sequence hashes the router holds for a request (the dynamo policy's
+ * in-flight blocks; none for the others). */
+const uint64_t *chk_run_held(const chk_run *r, const chk_pbuf *pb, size_t *nb);
+
+/* A full-state checkpoint after `sent` requests (the engines idle: every
+ * request answered); final: the one at the end. Records it in r->res;
+ * *stop when the run must end (a run error, or a failure with
+ * --fail-fast). KVO_OK otherwise; another status: r->err. */
+kvo_status chk_checkpoint(chk_run *r, size_t sent, bool final, double drain_s,
+                          bool *stop);
+
+/* Load mode (check_load.c): the trace through the pipeline with many
+ * requests in flight, a checkpoint every cfg->checkpoint_every requests
+ * (not the final one). *sent: requests answered; *stop: a run error or a
+ * failed checkpoint ended it early. */
+kvo_status chk_load_run(chk_run *r, size_t *sent, bool *stop);
 
 #endif /* KVO_CHECK_INT_H */

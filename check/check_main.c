@@ -3,7 +3,7 @@
  *
  *   kvo-check --spawn --trace FILE [options]     start everything, check
  *   kvo-check --engines URL,... --trace FILE     check running parts
- *   kvo-check mutants [--trace FILE] [--limit N] mutation-test the pipeline
+ *   kvo-check mutants [--load] [--trace FILE] [--limit N]   mutation-test
  *
  * Exit: 0 PASS, 1 FAIL (one-line cause on stderr), 2 usage/setup error.
  */
@@ -23,7 +23,10 @@ enum {
     OPT_ENGINES, OPT_INDEXER, OPT_NATS, OPT_MODEL, OPT_NO_RELAYS,
     OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST,
     OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
-    OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP
+    OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
+    OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
+    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
+    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ
 };
 
 static const struct option OPTIONS[] = {
@@ -47,6 +50,7 @@ static const struct option OPTIONS[] = {
     {"verify-engine-hash", no_argument, NULL, OPT_VERIFY},
     {"no-replay", no_argument, NULL, OPT_NO_REPLAY},
     {"drop-seq", required_argument, NULL, OPT_DROP_SEQ},
+    {"extra-block-seq", required_argument, NULL, OPT_EXTRA_BLOCK_SEQ},
     {"relay-restart-at", required_argument, NULL, OPT_RELAY_RESTART_AT},
     {"log-dir", required_argument, NULL, OPT_LOG_DIR},
     {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
@@ -68,17 +72,32 @@ static const struct option OPTIONS[] = {
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"only", required_argument, NULL, OPT_ONLY},
+    {"load", no_argument, NULL, OPT_LOAD},
+    {"lockstep", no_argument, NULL, OPT_LOCKSTEP},
+    {"concurrency", required_argument, NULL, OPT_CONCURRENCY},
+    {"arrival", required_argument, NULL, OPT_ARRIVAL},
+    {"time-scale", required_argument, NULL, OPT_TIME_SCALE},
+    {"speedup", required_argument, NULL, OPT_SPEEDUP},
+    {"checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY},
+    {"checkpoint-sweep", required_argument, NULL, OPT_CHECKPOINT_SWEEP},
+    {"overlap-weight", required_argument, NULL, OPT_OVERLAP_WEIGHT},
+    {"router-temperature", required_argument, NULL, OPT_ROUTER_TEMPERATURE},
     {NULL, 0, NULL, 0}};
 
 static const char USAGE[] =
     "usage: kvo-check --spawn --trace FILE [options]\n"
     "       kvo-check --engines URL[,URL...] --trace FILE [options]\n"
-    "       kvo-check mutants [--trace FILE] [--limit N] [--only a,b]\n"
+    "       kvo-check mutants [--load] [--trace FILE] [--limit N] [--only a,b]\n"
     "\n"
-    "Drives a Mooncake trace through engines, kvo-relays and a kvo-indexer,\n"
-    "one request at a time, and checks prompt by prompt that the index's\n"
-    "score of every worker (capped at (n-1)//block_size) equals the engine's\n"
-    "cached prefix. Exit 0 PASS, 1 FAIL (cause on stderr), 2 setup error.\n"
+    "Drives a Mooncake trace through engines, kvo-relays and a kvo-indexer\n"
+    "and checks that the index matches the engines' caches. Lockstep (the\n"
+    "default): one request at a time, every prompt's index score on every\n"
+    "worker (capped at (n-1)//block_size) equals the engine's cached prefix.\n"
+    "Both modes: a checkpoint every --checkpoint-every requests and at the\n"
+    "end stops the traffic, waits for every answer and for the index, then\n"
+    "compares every (worker, rank)'s cached block set (hashes and parents)\n"
+    "with the index's and re-checks recent prompts on every worker.\n"
+    "Exit 0 PASS, 1 FAIL (cause on stderr), 2 setup error.\n"
     "\n"
     "What runs:\n"
     "  --spawn                 start nats-server, kvo-mockers, one kvo-relay per\n"
@@ -98,10 +117,32 @@ static const char USAGE[] =
     "                          output_length, hash_ids)\n"
     "  --limit N               first N requests (0 = all)\n"
     "  --policy P              round-robin (request i -> worker i mod N, rank\n"
-    "                          (i div N) mod dp) or kv (highest index score,\n"
-    "                          ties: least used, then lowest slot)\n"
+    "                          (i div N) mod dp), kv (highest index score,\n"
+    "                          ties: least used, then lowest slot) or dynamo\n"
+    "                          (Dynamo's KV-router cost: W x uncached prompt\n"
+    "                          blocks + blocks of the requests in flight on the\n"
+    "                          slot; lowest wins; ties: fewest in flight, then\n"
+    "                          lowest slot)\n"
+    "  --overlap-weight W      dynamo: weight of the prefill blocks (1.0)\n"
+    "  --router-temperature T  dynamo: 0 = lowest cost; T > 0 samples a\n"
+    "                          softmax over -cost/T (seeded by --seed) (0)\n"
     "  --prompt-form F         auto|trace|tokens (auto: the trace extension\n"
     "                          against kvo-mocker, token ids otherwise)\n"
+    "Load mode:\n"
+    "  --load                  many requests in flight, routed at submission\n"
+    "                          from the index as it is (no watermark wait);\n"
+    "                          exact at checkpoints; per request the routing-\n"
+    "                          time score vs the engine's hit is reported\n"
+    "  --lockstep              one request at a time (the default; undoes an\n"
+    "                          earlier --load)\n"
+    "  --concurrency N         requests in flight (8 per worker); with\n"
+    "                          --arrival trace, the most at once\n"
+    "  --arrival A             closed (N in flight at all times, trace order)\n"
+    "                          or trace (the trace's timestamps / --time-scale)\n"
+    "  --time-scale X          --arrival trace: timestamps divided by X\n"
+    "                          (default: --speedup, or 1 when it is 0)\n"
+    "  --speedup X             spawned engines' timing model divided by X; 0 =\n"
+    "                          as fast as they go (lockstep 0, load 1)\n"
     "Spawned engines (kvo-mocker):\n"
     "  --workers N             engines (4); prefill engines with decode workers\n"
     "  --decode-workers N      disaggregated decode engines (0)\n"
@@ -112,23 +153,32 @@ static const char USAGE[] =
     "  --hash-seed S           PYTHONHASHSEED string (0)\n"
     "  --event-format F        map|array-v0.14|array-late|... (map)\n"
     "  --mutate NAME[,NAME]    kvo-mocker encoder mutants (see `mutants`)\n"
-    "  --seed N                generated tokens (0)\n"
+    "  --seed N                generated tokens; the router's draws (0)\n"
     "  --replay-buffer N       batches per rank (sized for the run)\n"
     "Relays and fault injection:\n"
     "  --verify-engine-hash    relays recompute every engine hash\n"
     "  --relay-restart-at N    SIGKILL relay 0.0 before request N, start a\n"
-    "                          fresh one (replays from seq 0)\n"
+    "                          fresh one (replays from seq 0; lockstep)\n"
     "  --no-replay             relays without a replay endpoint\n"
     "  --drop-seq N            drop ZMQ batch N of engine 0 rank 0 on its way\n"
     "                          to the relay\n"
-    "Reports and run control:\n"
+    "  --extra-block-seq N     from ZMQ batch N of engine 0 rank 0 on, add to\n"
+    "                          the first that stores blocks a child block the\n"
+    "                          engine never computed (no prompt reaches it)\n"
+    "Checkpoints, reports and run control:\n"
+    "  --checkpoint-every K    a full-state checkpoint every K requests (200;\n"
+    "                          0 = only the one at the end)\n"
+    "  --sweep N               the last checkpoint re-checks the run's last\n"
+    "                          N distinct prompts on every worker (1000; 0 =\n"
+    "                          off)\n"
+    "  --checkpoint-sweep N    earlier checkpoints: the last N distinct\n"
+    "                          prompts since the checkpoint before (50)\n"
     "  --report-json FILE      one JSON line per prompt, then a summary line\n"
     "  --report-html FILE      a self-contained HTML report\n"
     "  --worst N               rows of the worst-prompts table (10)\n"
     "  --fail-fast             stop at the first failure\n"
-    "  --sweep N               after the run, re-check the last N distinct\n"
-    "                          prompts on every worker (1000; 0 = off)\n"
-    "  --timeout-ms MS         one watermark wait or HTTP call (30000)\n"
+    "  --timeout-ms MS         one watermark wait or HTTP call; under --load,\n"
+    "                          the longest time without any answer (30000)\n"
     "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
     "  --keep-logs             keep the logs on PASS too\n"
     "  --no-progress, --quiet  no progress bar / also no summary\n"
@@ -144,6 +194,8 @@ typedef struct opts {
     kvo_level level;
     const char *only;
     bool limit_set, workers_set, dp_set, blocks_set, level_set;
+    bool load_only_set;   /* an option that needs --load */
+    bool checkpoint_set;
 } opts;
 
 static kvo_status bad(const char *opt, const char *v) {
@@ -175,6 +227,17 @@ static kvo_status set_choice(int *out, const char *opt, const char *v,
 static kvo_status set_i64(int64_t *out, const char *opt, const char *v) {
     int64_t x;
     if (kvo_parse_i64(v, &x) != KVO_OK || x < 0) return bad(opt, v);
+    *out = x;
+    return KVO_OK;
+}
+
+/* A finite number >= 0 (> 0 when positive). */
+static kvo_status set_double(double *out, const char *opt, const char *v,
+                             bool positive) {
+    double x;
+    if (kvo_parse_double(v, &x) != KVO_OK || !(x >= 0) || x > 1e300 ||
+        (positive && x <= 0))
+        return bad(opt, v);
     *out = x;
     return KVO_OK;
 }
@@ -217,7 +280,7 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_POLICY: {
         static const char *const names[] = {
             [CHECK_POLICY_ROUND_ROBIN] = "round-robin",
-            [CHECK_POLICY_KV] = "kv", NULL};
+            [CHECK_POLICY_KV] = "kv", [CHECK_POLICY_DYNAMO] = "dynamo", NULL};
         if (set_choice(&choice, "policy", v, names) != KVO_OK)
             return KVO_EINVAL;
         c->policy = (check_policy)choice;
@@ -233,6 +296,8 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_VERIFY: c->verify_engine_hash = true; return KVO_OK;
     case OPT_NO_REPLAY: c->no_replay = true; return KVO_OK;
     case OPT_DROP_SEQ: return set_i64(&c->drop_seq, "drop-seq", v);
+    case OPT_EXTRA_BLOCK_SEQ:
+        return set_i64(&c->extra_block_seq, "extra-block-seq", v);
     case OPT_RELAY_RESTART_AT:
         return set_i64(&c->relay_restart_at, "relay-restart-at", v);
     case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;
@@ -259,6 +324,8 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
     case OPT_FAIL_FAST: c->fail_fast = true; return KVO_OK;
     case OPT_SWEEP: return set_u64(&c->sweep, "sweep", v);
+    case OPT_CHECKPOINT_SWEEP:
+        return set_u64(&c->checkpoint_sweep, "checkpoint-sweep", v);
     case OPT_REPORT_JSON: c->report_json = v; return KVO_OK;
     case OPT_REPORT_HTML: c->report_html = v; return KVO_OK;
     case OPT_WORST: {
@@ -275,6 +342,37 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
                    ? KVO_OK
                    : bad("log-level", v);
     case OPT_ONLY: o->only = v; return KVO_OK;
+    case OPT_LOAD: c->load = true; return KVO_OK;
+    case OPT_LOCKSTEP: c->load = false; return KVO_OK;
+    case OPT_CONCURRENCY:
+        o->load_only_set = true;
+        if (set_u32(&c->concurrency, "concurrency", v) != KVO_OK)
+            return KVO_EINVAL;
+        return c->concurrency > 0 && c->concurrency <= CHECK_CONCURRENCY_MAX
+                   ? KVO_OK
+                   : bad("concurrency", v);
+    case OPT_ARRIVAL: {
+        static const char *const names[] = {[CHECK_ARRIVAL_CLOSED] = "closed",
+                                            [CHECK_ARRIVAL_TRACE] = "trace",
+                                            NULL};
+        o->load_only_set = true;
+        if (set_choice(&choice, "arrival", v, names) != KVO_OK)
+            return KVO_EINVAL;
+        c->arrival = (check_arrival)choice;
+        return KVO_OK;
+    }
+    case OPT_TIME_SCALE:
+        o->load_only_set = true;
+        return set_double(&c->time_scale, "time-scale", v, true);
+    case OPT_SPEEDUP: return set_double(&c->speedup, "speedup", v, false);
+    case OPT_CHECKPOINT_EVERY:
+        o->checkpoint_set = true;
+        return set_u64(&c->checkpoint_every, "checkpoint-every", v);
+    case OPT_OVERLAP_WEIGHT:
+        return set_double(&c->overlap_weight, "overlap-weight", v, false);
+    case OPT_ROUTER_TEMPERATURE:
+        return set_double(&c->router_temperature, "router-temperature", v,
+                          false);
     default: return KVO_EINVAL;
     }
 }
@@ -341,6 +439,9 @@ int main(int argc, char **argv) {
         if (!o.dp_set) c->dp_size = 2;
         if (!o.blocks_set) c->num_gpu_blocks = 8192;
         if (!o.limit_set) c->limit = 120;
+        /* under load, checkpoints are where mutants are caught: several */
+        if (c->load && !o.checkpoint_set) c->checkpoint_every = 40;
+        if (c->load && c->speedup < 0) c->speedup = 0;
         if (!c->trace) c->trace = default_trace(buf, sizeof(buf));
         if (!c->trace) {
             fprintf(stderr, "kvo-check: no --trace given and "
@@ -349,9 +450,10 @@ int main(int argc, char **argv) {
             return KVO_EXIT_USAGE;
         }
         kvo_info("kvo-check %s mutants: trace %s limit %llu workers %u dp %u "
-                 "gpu blocks %llu", KVO_VERSION, c->trace,
+                 "gpu blocks %llu%s", KVO_VERSION, c->trace,
                  (unsigned long long)c->limit, c->workers, c->dp_size,
-                 (unsigned long long)c->num_gpu_blocks);
+                 (unsigned long long)c->num_gpu_blocks,
+                 c->load ? " load" : "");
         bool ok = false;
         kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
         if (st != KVO_OK) {
@@ -368,6 +470,16 @@ int main(int argc, char **argv) {
         return KVO_EXIT_OK;
     }
 
+    if (o.load_only_set && !c->load) {
+        fprintf(stderr, "kvo-check: --concurrency, --arrival and --time-scale "
+                        "need --load\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->load && c->relay_restart_at >= 0) {
+        fprintf(stderr, "kvo-check: --relay-restart-at is for lockstep runs "
+                        "(not with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
     if (!c->spawn && !c->engines) {
         fprintf(stderr, "kvo-check: give --spawn or --engines URL,... (see "
                         "--help)\n");

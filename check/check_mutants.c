@@ -1,6 +1,7 @@
-/* check_mutants.c -- `kvo-check mutants`: the check once per encoder mutant
- * of kvo-mocker (DESIGN §9), in a scenario where each can be observed, and
- * a matrix of expected vs observed.
+/* check_mutants.c -- `kvo-check mutants [--load]`: the check once per
+ * encoder mutant of kvo-mocker (DESIGN §9), in a scenario where each can
+ * be observed, and a matrix of expected vs observed with what caught each
+ * (a prompt, counters, or under --load, which checkpoint and how).
  *
  * The catalog (names, expected outcome, one-line description) is the
  * mocker's own (mock_mutations()), so the two never disagree. A baseline run
@@ -59,7 +60,7 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
     if (st == KVO_OK) st = check_run(&cfg, res, &err);
     double s = (double)(kvo_now_ns() - t0) / 1e9;
     bool ok;
-    const char *observed;
+    const char *observed, *where = "";
     char how[480];
     if (st != KVO_OK) {
         ok = false;
@@ -69,6 +70,7 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
         *setup = st;
     } else {
         observed = res->verdict.pass ? "passed" : "killed";
+        where = res->verdict.where;
         ok = res->verdict.pass != killed;
         if (res->verdict.pass)
             snprintf(how, sizeof(how), "%zu prompts, no divergence, no "
@@ -76,8 +78,9 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
         else
             snprintf(how, sizeof(how), "%s", res->verdict.cause);
     }
-    fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %.300s\n", name ? name : "(none)",
-            killed ? "killed" : "benign", observed, ok ? "ok" : "BAD", s, how);
+    fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %-28s %.300s\n",
+            name ? name : "(none)", killed ? "killed" : "benign", observed,
+            ok ? "ok" : "BAD", s, where[0] ? where : "-", how);
     fflush(f);
     check_result_free(res);
     return ok;
@@ -103,8 +106,8 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
         }
         kvo_free(list);
     }
-    fprintf(f, "%-18s %-8s %-8s %-4s %6s  %s\n", "mutant", "expected",
-            "observed", "", "time", "how (first cause)");
+    fprintf(f, "%-18s %-8s %-8s %-4s %6s  %-28s %s\n", "mutant", "expected",
+            "observed", "", "time", "caught at", "how (first cause)");
     kvo_status setup = KVO_OK;
     *ok = one(base, NULL, false, f, &setup);
     if (setup != KVO_OK) return setup; /* nothing runs: say so once */

@@ -75,6 +75,82 @@ static void print_counters(FILE *f, const check_result *r) {
     }
 }
 
+/* The checkpoints: how many, their cost, and every failing one with its
+ * first differences. */
+static void print_checkpoints(FILE *f, const check_result *r) {
+    if (!r->n_ckpts) return;
+    double drain = 0, sync = 0, sets = 0, sweep = 0;
+    uint64_t listed = 0, lists = 0, failed = 0, compared = 0;
+    for (size_t i = 0; i < r->n_ckpts; i++) {
+        const check_checkpoint *c = &r->ckpts[i];
+        drain += c->drain_s;
+        sync += c->sync_s;
+        sets += c->sets_s;
+        sweep += c->sweep_s;
+        listed += c->listed_blocks;
+        for (uint32_t s = 0; s < r->n_slots; s++) lists += c->slots[s].listed;
+        failed += check_checkpoint_failed(c);
+        compared += c->sets;
+    }
+    double total = drain + sync + sets + sweep;
+    fprintf(f, "  checkpoints        %zu, %llu failed; block sets compared at "
+               "%llu of them\n",
+            r->n_ckpts, (unsigned long long)failed,
+            (unsigned long long)compared);
+    for (size_t i = 0; i < r->n_ckpts; i++)
+        if (!r->ckpts[i].sets) { /* say once why not */
+            fprintf(f, "                     not compared: %s\n",
+                    r->ckpts[i].sets_note);
+            break;
+        }
+    fprintf(f, "  checkpoint cost    %.2f s (%.1f%% of the wall time): drain "
+               "%.2f, sync %.2f, block sets %.2f (%llu lists fetched, %llu "
+               "blocks), sweep %.2f\n",
+            total, r->wall_s > 0 ? 100 * total / r->wall_s : 0, drain, sync,
+            sets, (unsigned long long)lists, (unsigned long long)listed, sweep);
+    for (size_t i = 0; i < r->n_ckpts; i++) {
+        const check_checkpoint *c = &r->ckpts[i];
+        if (!check_checkpoint_failed(c)) continue;
+        char cause[400];
+        check_checkpoint_cause(r, c, cause, sizeof(cause));
+        fprintf(f, "  FAILED %s\n", cause);
+        for (size_t k = 0; k < c->diff.n_first; k++) {
+            char d[300];
+            check_block_diff_text(r, &c->diff.first[k], d, sizeof(d));
+            fprintf(f, "    %s\n", d);
+        }
+    }
+}
+
+static void print_regime(FILE *f, const check_result *r) {
+    check_regime g;
+    check_result_regime(r, &g);
+    if (!g.known) return;
+    fprintf(f, "  engine regime     ");
+    for (int k = 0; k < CHECK_REGIME_COUNT; k++)
+        fprintf(f, "%s %s %.0f", k ? "," : "",
+                check_regime_what((check_regime_item)k), g.v[k]);
+    fputc('\n', f);
+}
+
+/* What the router saw: routing-time scores against the engines' hits. */
+static void print_staleness(FILE *f, const check_result *r) {
+    check_staleness s;
+    if (check_result_staleness(r, &s) != KVO_OK || !s.requests) return;
+    fprintf(f, "  router's view      %llu requests: %.1f %% exact; index "
+               "over the engine %.1f %% (p50 %u, p99 %u, max %u blocks), under "
+               "%.1f %% (p50 %u, p99 %u, max %u); |diff| p50 %u p99 %u max "
+               "%u\n",
+            (unsigned long long)s.requests, pct(s.exact, s.requests),
+            pct(s.over, s.requests), s.over_p50, s.over_p99, s.over_max,
+            pct(s.under, s.requests), s.under_p50, s.under_p99, s.under_max,
+            s.abs_p50, s.abs_p99, s.abs_max);
+    fprintf(f, "  promised hit rate  %6.2f %%  (routing-time index scores, "
+               "capped), achieved %.2f %%\n",
+            pct(s.promised_tokens, s.prompt_tokens),
+            pct(s.achieved_tokens, s.prompt_tokens));
+}
+
 void check_report_summary(FILE *f, const check_result *r, size_t worst) {
     check_totals t;
     check_result_totals(r, &t);
@@ -88,17 +164,36 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
             (unsigned long long)t.prompt_blocks);
     fprintf(f, "  engine hit rate    %6.2f %%  (cached tokens / prompt tokens)\n",
             pct(t.engine_hit_tokens, t.prompt_tokens));
-    fprintf(f, "  index hit rate     %6.2f %%  (chosen worker, capped at "
+    fprintf(f, "  index hit rate     %6.2f %%  (chosen worker%s, capped at "
                "(n-1)//bs like the engine)\n",
-            pct(t.index_hit_tokens, t.prompt_tokens));
+            pct(t.index_hit_tokens, t.prompt_tokens),
+            r->load.on ? " when routed" : "");
     fprintf(f, "  index score rate   %6.2f %%  (uncapped score / prompt "
                "blocks, Dynamo's router_kv_hit_rate)\n",
             pct(t.index_raw_blocks, t.prompt_blocks));
-    fprintf(f, "  divergent prompts  %llu\n", (unsigned long long)t.divergent);
+    if (r->load.on) {
+        fprintf(f, "  load               %s %u, engines' speedup %g; at most "
+                   "%u requests were in flight\n",
+                r->load.arrival == CHECK_ARRIVAL_TRACE
+                    ? "trace arrivals, at most"
+                    : "closed loop, concurrency",
+                r->load.concurrency, r->load.speedup, r->load.max_inflight);
+        if (r->load.arrival == CHECK_ARRIVAL_TRACE)
+            fprintf(f, "  arrivals           time scale %g; %llu admitted late "
+                       "(every sender busy), by up to %.0f ms\n",
+                    r->load.time_scale, (unsigned long long)r->load.late,
+                    r->load.late_max_ms);
+        print_staleness(f, r);
+    } else {
+        fprintf(f, "  divergent prompts  %llu\n",
+                (unsigned long long)t.divergent);
+    }
     if (r->n_sweep)
         fprintf(f, "  sweep              %zu earlier prompts re-checked on every "
-                   "worker after the run, %zu divergent\n",
+                   "worker at checkpoints, %zu divergent\n",
                 r->n_sweep, r->sweep_divergent);
+    print_checkpoints(f, r);
+    print_regime(f, r);
     double stored = check_counters_sum(&r->counters, "relay",
                                        "blocks_forwarded");
     double removed = check_counters_sum(&r->counters, "relay",
@@ -220,7 +315,17 @@ static kvo_status json_prompt(FILE *f, const check_result *r,
                                        : NULL);
     json_object_object_add(j, "detail",
                            p->diverged ? jstr_or_null(p->detail) : NULL);
-    if (!sweep) json_object_object_add(j, "ms", jnum(p->ms, 3));
+    if (!sweep) {
+        json_object_object_add(j, "routed_index_blocks",
+                               json_object_new_int64(p->routed_index_blocks));
+        json_object_object_add(j, "inflight_at_route",
+                               json_object_new_int64(p->inflight_at_route));
+        json_object_object_add(j, "judged", json_object_new_boolean(p->judged));
+        json_object_object_add(j, "ms", jnum(p->ms, 3));
+    } else {
+        json_object_object_add(j, "checkpoint",
+                               json_object_new_int64(p->checkpoint));
+    }
     return put_line(f, j);
 }
 
@@ -256,6 +361,147 @@ static json_object *counters_json(const check_counters *c) {
         json_object_object_add(st, c->items[i].name, jv);
     }
     return o;
+}
+
+static json_object *load_json(const check_result *r) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "arrival", json_object_new_string(
+                                             r->load.arrival ==
+                                                     CHECK_ARRIVAL_TRACE
+                                                 ? "trace"
+                                                 : "closed"));
+    json_object_object_add(o, "concurrency",
+                           json_object_new_int64(r->load.concurrency));
+    json_object_object_add(o, "speedup", jnum(r->load.speedup, 3));
+    json_object_object_add(o, "time_scale", jnum(r->load.time_scale, 3));
+    json_object_object_add(o, "max_inflight",
+                           json_object_new_int64(r->load.max_inflight));
+    json_object_object_add(o, "late_arrivals",
+                           json_object_new_uint64(r->load.late));
+    json_object_object_add(o, "late_max_ms", jnum(r->load.late_max_ms, 1));
+    return o;
+}
+
+/* {"steps_multi": n, ...} from the engines' counters, or null. */
+static json_object *regime_json(const check_result *r) {
+    check_regime g;
+    check_result_regime(r, &g);
+    if (!g.known) return NULL;
+    json_object *o = json_object_new_object();
+    for (int k = 0; k < CHECK_REGIME_COUNT; k++)
+        json_object_object_add(o, check_regime_name((check_regime_item)k),
+                               json_object_new_int64((int64_t)g.v[k]));
+    return o;
+}
+
+static json_object *staleness_json(const check_result *r) {
+    check_staleness s;
+    if (check_result_staleness(r, &s) != KVO_OK) return NULL;
+    json_object *o = json_object_new_object();
+#define U(k, v) json_object_object_add(o, k, json_object_new_uint64(v))
+    U("requests", s.requests);
+    U("exact", s.exact);
+    U("over", s.over);
+    U("under", s.under);
+    json_object_object_add(o, "exact_rate", rate(s.exact, s.requests));
+    U("abs_p50", s.abs_p50);
+    U("abs_p99", s.abs_p99);
+    U("abs_max", s.abs_max);
+    U("over_p50", s.over_p50);
+    U("over_p99", s.over_p99);
+    U("over_max", s.over_max);
+    U("under_p50", s.under_p50);
+    U("under_p99", s.under_p99);
+    U("under_max", s.under_max);
+#undef U
+    json_object_object_add(o, "promised_hit_rate",
+                           rate(s.promised_tokens, s.prompt_tokens));
+    json_object_object_add(o, "achieved_hit_rate",
+                           rate(s.achieved_tokens, s.prompt_tokens));
+    return o;
+}
+
+static json_object *block_json(const check_block *b, bool parent) {
+    if (!parent) return json_object_new_uint64(b->hash);
+    return b->has_parent ? json_object_new_uint64(b->parent) : NULL;
+}
+
+static json_object *checkpoints_json(const check_result *r) {
+    static const char *kinds[CHECK_DIFF_COUNT] = {"engine_only", "index_only",
+                                                  "parent"};
+    json_object *arr = json_object_new_array();
+    for (size_t i = 0; i < r->n_ckpts; i++) {
+        const check_checkpoint *c = &r->ckpts[i];
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "number", json_object_new_int64(c->number));
+        json_object_object_add(o, "after_requests",
+                               json_object_new_uint64(c->after));
+        json_object_object_add(o, "final", json_object_new_boolean(c->final));
+        json_object_object_add(o, "passed", json_object_new_boolean(
+                                                !check_checkpoint_failed(c)));
+        char cause[400];
+        check_checkpoint_cause(r, c, cause, sizeof(cause));
+        json_object_object_add(o, "cause", jstr_or_null(cause));
+        json_object_object_add(o, "block_sets_compared",
+                               json_object_new_boolean(c->sets));
+        json_object_object_add(o, "block_sets_note", jstr_or_null(c->sets_note));
+        uint64_t eb = 0, ib = 0, lists = 0;
+        for (uint32_t s = 0; s < r->n_slots; s++) {
+            eb += c->slots[s].engine_blocks;
+            ib += c->slots[s].index_blocks;
+            lists += c->slots[s].listed;
+        }
+        json_object_object_add(o, "engine_blocks", json_object_new_uint64(eb));
+        json_object_object_add(o, "index_blocks", json_object_new_uint64(ib));
+        json_object_object_add(o, "slots_listed", json_object_new_uint64(lists));
+        json_object_object_add(o, "listed_blocks",
+                               json_object_new_uint64(c->listed_blocks));
+        for (int k = 0; k < CHECK_DIFF_COUNT; k++)
+            json_object_object_add(o, kinds[k],
+                                   json_object_new_uint64(c->diff.n[k]));
+        json_object *diffs = json_object_new_array();
+        for (size_t k = 0; k < c->diff.n_first; k++) {
+            const check_block_diff *d = &c->diff.first[k];
+            json_object *x = json_object_new_object();
+            json_object_object_add(x, "kind", json_object_new_string(
+                                                  kinds[d->kind]));
+            json_object_object_add(x, "worker", json_object_new_int64(
+                                                    r->slots[d->slot].worker));
+            json_object_object_add(
+                x, "dp_rank", json_object_new_int64(r->slots[d->slot].dp_rank));
+            const check_block *b =
+                d->kind == CHECK_DIFF_INDEX_ONLY ? &d->index : &d->engine;
+            json_object_object_add(x, "block_hash", block_json(b, false));
+            json_object_object_add(x, "engine_parent",
+                                   d->kind == CHECK_DIFF_INDEX_ONLY
+                                       ? NULL
+                                       : block_json(&d->engine, true));
+            json_object_object_add(x, "index_parent",
+                                   d->kind == CHECK_DIFF_ENGINE_ONLY
+                                       ? NULL
+                                       : block_json(&d->index, true));
+            json_object_object_add(x, "prompt",
+                                   d->prompt >= 0
+                                       ? json_object_new_int64(d->prompt)
+                                       : NULL);
+            json_object_object_add(x, "prompt_block",
+                                   d->prompt >= 0
+                                       ? json_object_new_int64(d->depth)
+                                       : NULL);
+            json_object_array_add(diffs, x);
+        }
+        json_object_object_add(o, "differences", diffs);
+        json_object_object_add(o, "sweep_prompts",
+                               json_object_new_uint64(c->sweep_prompts));
+        json_object_object_add(o, "sweep_divergent",
+                               json_object_new_uint64(c->sweep_divergent));
+        json_object_object_add(o, "drain_s", jnum(c->drain_s, 3));
+        json_object_object_add(o, "sync_s", jnum(c->sync_s, 3));
+        json_object_object_add(o, "sets_s", jnum(c->sets_s, 3));
+        json_object_object_add(o, "sweep_s", jnum(c->sweep_s, 3));
+        json_object_array_add(arr, o);
+    }
+    return arr;
 }
 
 kvo_status check_report_json_summary(FILE *f, const check_result *r) {
@@ -332,6 +578,17 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
         json_object_array_add(trips, to);
     }
     json_object_object_add(s, "tripped_counters", trips);
+    json_object_object_add(s, "mode", json_object_new_string(
+                                          r->load.on ? "load" : "lockstep"));
+    if (r->load.on) json_object_object_add(s, "load", load_json(r));
+    json_object_object_add(s, "regime", regime_json(r));
+    json_object_object_add(s, "staleness", staleness_json(r));
+    json_object_object_add(s, "checkpoints", checkpoints_json(r));
+    double ck = 0;
+    for (size_t i = 0; i < r->n_ckpts; i++)
+        ck += r->ckpts[i].drain_s + r->ckpts[i].sync_s + r->ckpts[i].sets_s +
+              r->ckpts[i].sweep_s;
+    json_object_object_add(s, "checkpoint_s", jnum(ck, 3));
     json_object_object_add(s, "error", jstr_or_null(r->error));
     json_object_object_add(s, "config", jstr_or_null(r->config));
     json_object_object_add(s, "verdict", json_object_new_string(
@@ -340,6 +597,9 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "cause", r->verdict.pass
                                            ? NULL
                                            : jstr_or_null(r->verdict.cause));
+    json_object_object_add(s, "caught_at", r->verdict.pass
+                                               ? NULL
+                                               : jstr_or_null(r->verdict.where));
     json_object *j = json_object_new_object();
     json_object_object_add(j, "summary", s);
     return put_line(f, j);

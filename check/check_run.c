@@ -58,11 +58,18 @@ void check_cfg_defaults(check_cfg *c) {
     c->hash_seed = "0";
     c->seed = 0;
     c->drop_seq = -1;
+    c->extra_block_seq = -1;
     c->relay_restart_at = -1;
     c->settle_ms = 500;
     c->timeout_ms = 30000;
     c->sweep = 1000;
+    c->checkpoint_sweep = 50;
     c->policy = CHECK_POLICY_ROUND_ROBIN;
+    c->overlap_weight = 1.0;
+    c->router_temperature = 0;
+    c->checkpoint_every = 200;
+    c->speedup = -1;
+    c->arrival = CHECK_ARRIVAL_CLOSED;
     c->prompt_form = CHECK_FORM_AUTO;
 }
 
@@ -85,41 +92,7 @@ void check_cfg_defaults(check_cfg *c) {
 #define RUN_ERROR_LOG_LINES 15
 #define NS_PER_MS 1000000ull
 
-typedef struct run {
-    const check_cfg *cfg;
-    chk_env env;
-    check_trace trace;
-    check_result *res;
-    FILE *json;
-    uint32_t n_slots;
-    kvo_buf tokens;      /* u64 prompt tokens */
-    kvo_buf pjson;       /* the prompt as JSON (trace object or tokens) */
-    uint64_t *hashes;    /* router hashes of the prompt's full blocks */
-    size_t hashes_cap;
-    struct rh_memo {     /* router hashes of trace blocks: rh_memo_hashes */
-        uint64_t *keys;  /* the trace hash id of a row */
-        uint8_t *used;   /* the row holds keys' hashes */
-        uint64_t *rows;  /* MOCK_TRACE_BLOCK/block_size hashes per row */
-    } rh;
-    uint32_t *scores;    /* per slot */
-    int32_t *probes;     /* per slot */
-    uint8_t *seen;       /* per slot: the index ever scored it */
-    uint64_t *used;      /* requests sent per slot */
-    uint64_t decode_rr;
-    bool trace_form;
-    bool no_wait;        /* the indexer cannot hold a query for a watermark */
-    kvo_buf idx_metrics; /* its /metrics text, read with the waited query */
-    bool have_idx_metrics;
-    size_t nb;           /* full blocks of the prompt (hashes) */
-    check_counters prev, cur, moved;
-    chk_watermark wm;
-    chk_pool *pool;
-    struct rtask *tasks; /* cap_tasks: tasks_cap() */
-    chk_task **task_ptrs; /* as many: what chk_pool_run takes */
-    size_t cap_tasks;
-    bool tasks_overflow; /* a batch outgrew cap_tasks (cannot happen) */
-    kvo_err err;
-} run;
+typedef chk_run run;
 
 /* One concurrent call; the pool sees only .base. */
 typedef struct rtask {
@@ -139,7 +112,7 @@ typedef struct rtask {
     double busy;       /* seconds this call took */
 } rtask;
 
-static double secs(uint64_t t0) {
+double chk_secs(uint64_t t0) {
     return (double)(kvo_now_ns() - t0) / 1e9;
 }
 
@@ -250,7 +223,7 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
     char why[320] = "";
     for (;;) {
         bool covered = false;
-        st = chk_index_query_wait(&r->env, r->hashes, r->nb, pairs, np,
+        st = chk_index_query_wait(&r->env, r->pb.hashes, r->pb.nb, pairs, np,
                                   WAIT_SLICE_MS, r->scores, &r->wm, &covered,
                                   &r->idx_metrics, err);
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
@@ -311,7 +284,7 @@ static kvo_status sync_index(run *r, int64_t before) {
     uint64_t t0 = kvo_now_ns();
     kvo_status st = r->env.exact ? sync_exact(r, before, &r->err)
                                  : sync_settle(r, before, &r->err);
-    r->res->stage_s[CHECK_STAGE_SYNC] += secs(t0);
+    r->res->stage_s[CHECK_STAGE_SYNC] += chk_secs(t0);
     return st;
 }
 
@@ -322,7 +295,7 @@ static void task_sync(chk_task *base) {
     uint64_t t0 = kvo_now_ns();
     t->st = t->r->env.exact ? sync_exact(t->r, t->before, &t->err)
                             : sync_settle(t->r, t->before, &t->err);
-    t->busy = secs(t0);
+    t->busy = chk_secs(t0);
 }
 
 static void task_metrics(chk_task *base);
@@ -333,7 +306,7 @@ static void task_sync_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = sync_query(t->r, t->before, &t->err);
-    t->busy = secs(t0);
+    t->busy = chk_secs(t0);
     for (size_t i = 0; t->st == KVO_OK && i < t->n_after; i++)
         task_metrics(&t->after[i].base);
 }
@@ -343,18 +316,20 @@ static void task_probe(chk_task *base) {
     uint64_t t0 = kvo_now_ns();
     run *r = t->r;
     chk_prompt p = {.trace_form = r->trace_form,
-                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
+                    .json = (const char *)r->pb.json.data,
+                    .len = r->pb.json.len};
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
                              &t->err);
-    t->busy = secs(t0);
+    t->busy = chk_secs(t0);
 }
 
 static void task_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
-    t->st = chk_index_query(&t->r->env, t->r->hashes, t->r->nb, t->r->scores,
+    t->st = chk_index_query(&t->r->env, t->r->pb.hashes, t->r->pb.nb,
+                            t->r->scores,
                             &t->err);
-    t->busy = secs(t0);
+    t->busy = chk_secs(t0);
 }
 
 static void task_metrics(chk_task *base) {
@@ -371,7 +346,7 @@ static void task_metrics(chk_task *base) {
         c = t->rl->http;
     }
     t->st = chk_metrics_fetch(c, url, &t->resp, &t->err);
-    t->busy = secs(t0);
+    t->busy = chk_secs(t0);
 }
 
 /* Room for the largest batch of concurrent calls: the sync (or the query),
@@ -440,7 +415,7 @@ static kvo_status tasks_status(run *r, size_t n) {
     return KVO_OK;
 }
 
-/* Probes of every publishing kvo-mocker for the prompt in r->pjson; warm:
+/* Probes of every publishing kvo-mocker for the prompt in r->pb; warm:
  * the worker the prompt goes to next (or -1). */
 static void add_probes(run *r, size_t *n, int64_t warm) {
     for (uint32_t w = 0; w < r->env.n_workers; w++) {
@@ -510,7 +485,7 @@ static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
     if (st == KVO_OK) st = check_counters_moved(&r->moved, &r->prev, &r->cur);
     if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
     if (st == KVO_OK) st = check_result_trips(r->res, &r->cur, before);
-    r->res->stage_s[CHECK_STAGE_COUNTERS] += busy + secs(t0);
+    r->res->stage_s[CHECK_STAGE_COUNTERS] += busy + chk_secs(t0);
     return st;
 }
 
@@ -535,18 +510,18 @@ static kvo_status read_counters(run *r, int64_t before, bool all) {
  * gives over the synthesized tokens, without synthesizing them again. */
 #define RH_ROWS_LOG2 14
 
-static void rh_memo_fini(struct rh_memo *m) {
+static void rh_memo_fini(chk_rh_memo *m) {
     kvo_free(m->keys);
     kvo_free(m->used);
     kvo_free(m->rows);
     memset(m, 0, sizeof(*m));
 }
 
-static bool rh_memo_hashes(run *r, const check_request *q) {
+static bool rh_memo_hashes(run *r, const check_request *q, chk_pbuf *pb) {
     uint32_t bs = r->env.block_size;
     if (bs == 0 || MOCK_TRACE_BLOCK % bs != 0) return false;
     uint32_t per = MOCK_TRACE_BLOCK / bs;
-    struct rh_memo *m = &r->rh;
+    chk_rh_memo *m = &r->rh;
     if (!m->rows) {
         size_t rows = (size_t)1 << RH_ROWS_LOG2;
         m->keys = kvo_malloc(rows * sizeof(*m->keys));
@@ -570,68 +545,74 @@ static bool rh_memo_hashes(run *r, const check_request *q) {
             m->used[slot] = 1;
         }
         size_t take = nb - k < per ? nb - k : per;
-        memcpy(r->hashes + k, row, take * sizeof(uint64_t));
+        memcpy(pb->hashes + k, row, take * sizeof(uint64_t));
         k += take;
     }
-    r->nb = k;
+    pb->nb = k;
     return true;
 }
 
+void chk_pbuf_init(chk_pbuf *pb) {
+    memset(pb, 0, sizeof(*pb));
+    kvo_buf_init(&pb->tokens);
+    kvo_buf_init(&pb->json);
+}
+
+void chk_pbuf_fini(chk_pbuf *pb) {
+    kvo_buf_fini(&pb->tokens);
+    kvo_buf_fini(&pb->json);
+    kvo_free(pb->hashes);
+    kvo_free(pb->seq);
+    memset(pb, 0, sizeof(*pb));
+}
+
 /* The prompt: its router hashes and its JSON (tokens only when the JSON or
- * the hashes need them). */
-static kvo_status build_prompt(run *r, const check_request *q) {
+ * the hashes need them), and the sequence hashes routing weighs. */
+kvo_status chk_run_prompt(run *r, const check_request *q, chk_pbuf *pb) {
     kvo_status st = KVO_OK;
     size_t n = q->input_length;
     size_t blocks = n / r->env.block_size;
-    if (blocks > r->hashes_cap) {
-        uint64_t *h = kvo_realloc(r->hashes, blocks * sizeof(*h));
-        if (!h) return KVO_ENOMEM;
-        r->hashes = h;
-        r->hashes_cap = blocks;
+    if (blocks > pb->cap) {
+        uint64_t *h = kvo_realloc(pb->hashes, blocks * sizeof(*h));
+        if (h) pb->hashes = h;
+        uint64_t *sq = kvo_realloc(pb->seq, blocks * sizeof(*sq));
+        if (sq) pb->seq = sq;
+        if (!h || !sq) return KVO_ENOMEM;
+        pb->cap = blocks;
     }
     const uint64_t *tok = NULL;
-    if (!r->trace_form || !rh_memo_hashes(r, q)) {
-        if ((st = check_request_tokens(q, &r->tokens)) != KVO_OK) return st;
-        tok = (const uint64_t *)r->tokens.data;
-        r->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
-                                        WIRE_ROUTER_SEED, r->hashes);
+    if (!r->trace_form || !rh_memo_hashes(r, q, pb)) {
+        if ((st = check_request_tokens(q, &pb->tokens)) != KVO_OK) return st;
+        tok = (const uint64_t *)pb->tokens.data;
+        pb->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
+                                         WIRE_ROUTER_SEED, pb->hashes);
     }
-    kvo_buf_reset(&r->pjson);
+    if (r->cfg->policy == CHECK_POLICY_DYNAMO)
+        check_seq_hashes(pb->hashes, pb->nb, pb->seq);
+    kvo_buf_reset(&pb->json);
     if (r->trace_form) {
-        st = CHK_BUF_LIT(&r->pjson, "{\"hash_ids\":");
+        st = CHK_BUF_LIT(&pb->json, "{\"hash_ids\":");
         if (st == KVO_OK)
-            st = chk_json_u64s(&r->pjson, q->hash_ids, q->n_hash_ids);
+            st = chk_json_u64s(&pb->json, q->hash_ids, q->n_hash_ids);
         if (st == KVO_OK)
-            st = kvo_buf_printf(&r->pjson, ",\"input_length\":%u}",
+            st = kvo_buf_printf(&pb->json, ",\"input_length\":%u}",
                                 q->input_length);
     } else {
-        st = chk_json_u64s(&r->pjson, tok, n);
+        st = chk_json_u64s(&pb->json, tok, n);
     }
     return st;
 }
 
-static uint32_t choose_slot(run *r, uint64_t i) {
-    uint32_t nw = r->env.n_workers, dp = r->env.dp_size;
-    if (r->cfg->policy == CHECK_POLICY_ROUND_ROBIN) {
-        uint32_t w = (uint32_t)(i % nw);
-        uint32_t k = (uint32_t)((i / nw) % dp);
-        return w * dp + k;
-    }
-    uint32_t best = 0;
-    for (uint32_t s = 1; s < r->n_slots; s++) {
-        if (r->scores[s] != r->scores[best]) {
-            if (r->scores[s] > r->scores[best]) best = s;
-        } else if (r->used[s] < r->used[best]) {
-            best = s;
-        }
-    }
-    return best;
+const uint64_t *chk_run_held(const run *r, const chk_pbuf *pb, size_t *nb) {
+    bool dyn = r->cfg->policy == CHECK_POLICY_DYNAMO;
+    *nb = dyn ? pb->nb : 0;
+    return dyn ? pb->seq : NULL;
 }
 
 /* The sweep's step: the prompt, then the index's scores ∥ every engine's
  * probe, into r->scores / r->probes. */
 static kvo_status observe(run *r, const check_request *q, bool *probed) {
-    kvo_status st = build_prompt(r, q);
+    kvo_status st = chk_run_prompt(r, q, &r->pb);
     if (st != KVO_OK) return st;
     size_t n = 0;
     task_add(r, &n, task_query);
@@ -640,6 +621,33 @@ static kvo_status observe(run *r, const check_request *q, bool *probed) {
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
     *probed = merge_probes(r, n);
     return KVO_OK;
+}
+
+bool chk_run_answer_ok(run *r, const check_request *q, uint32_t rank,
+                       const chk_completion *c, bool probed) {
+    long long id = (long long)q->line;
+    /* the engine must have seen the prompt we meant */
+    if (c->prompt_tokens >= 0 && c->prompt_tokens != q->input_length) {
+        check_result_error(r->res, id, "prompt %lld: the engine counted %lld "
+                                       "prompt tokens, the trace has %u",
+                           id, (long long)c->prompt_tokens, q->input_length);
+        return false;
+    }
+    if (c->dp_rank >= 0 && c->dp_rank != (int64_t)rank) {
+        check_result_error(r->res, id, "prompt %lld: sent to rank %u, the "
+                                       "engine ran it on rank %lld",
+                           id, rank, (long long)c->dp_rank);
+        return false;
+    }
+    if (c->cached_tokens < 0 && !probed) {
+        check_result_error(r->res, id, "prompt %lld: the engine reports no "
+                                       "usage.prompt_tokens_details."
+                                       "cached_tokens (vLLM: start it with "
+                                       "--enable-prompt-tokens-details)",
+                           id);
+        return false;
+    }
+    return true;
 }
 
 /* KVO_OK: prompt judged (or a run error recorded and the run must stop:
@@ -660,8 +668,8 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         check_counters_copy(&r->prev, &r->cur);
     }
     uint64_t t0 = kvo_now_ns();
-    if ((st = build_prompt(r, q)) != KVO_OK) return st;
-    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+    if ((st = chk_run_prompt(r, q, &r->pb)) != KVO_OK) return st;
+    r->res->stage_s[CHECK_STAGE_OTHER] += chk_secs(t0);
 
     /* A: wait for the index (and query it, when it can hold the query for
      * the watermark) ∥ probe the engines (their caches are final) */
@@ -669,7 +677,10 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     /* round-robin knows the next worker already: its engine may hash the
      * prompt while we wait (kv decides only once the index has answered) */
     int64_t next = r->cfg->policy == CHECK_POLICY_ROUND_ROBIN && !r->env.n_decode
-                       ? (int64_t)(choose_slot(r, i) / r->env.dp_size)
+                       ? (int64_t)(check_router_pick(&r->router, i, r->scores,
+                                                     q->input_length, NULL,
+                                                     0) /
+                                   r->env.dp_size)
                        : -1;
     size_t n = 0;
     rtask *ts = task_add(r, &n, merged ? task_sync_query : task_sync);
@@ -715,8 +726,14 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
 
     /* C: send */
     chk_prompt p = {.trace_form = r->trace_form,
-                    .json = (const char *)r->pjson.data, .len = r->pjson.len};
-    uint32_t slot = choose_slot(r, i);
+                    .json = (const char *)r->pb.json.data,
+                    .len = r->pb.json.len};
+    size_t nh;
+    const uint64_t *hs = chk_run_held(r, &r->pb, &nh);
+    uint32_t slot = check_router_pick(&r->router, i, r->scores, q->input_length,
+                                      hs, nh);
+    if ((st = check_router_start(&r->router, slot, hs, nh)) != KVO_OK)
+        return st;
     uint32_t dp = r->env.dp_size;
     chk_engine *e = &r->env.engines[slot / dp];
     uint32_t rank = slot % dp;
@@ -737,9 +754,9 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         kvo_free(dc.kv_transfer_params);
     }
     kvo_free(c.kv_transfer_params);
-    r->res->stage_s[CHECK_STAGE_COMPLETE] += secs(t0);
+    check_router_finish(&r->router, slot, hs, nh);
+    r->res->stage_s[CHECK_STAGE_COMPLETE] += chk_secs(t0);
     if (st != KVO_OK) return st;
-    r->used[slot]++;
     /* kvo-mocker says what it had published when it answered; in lockstep
      * nothing follows the answer, so that is the rank's last seq (no
      * /kvo/state round trip). Any other engine: read its state. */
@@ -752,28 +769,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     for (uint32_t k = 0; k < r->env.n_relays; k++)
         if (r->env.relays[k].engine == slot / dp) r->env.relays[k].dirty = true;
 
-    /* the engine must have seen the prompt we meant */
-    if (c.prompt_tokens >= 0 && c.prompt_tokens != q->input_length) {
-        check_result_error(r->res, id, "prompt %lld: the engine counted %lld "
-                                       "prompt tokens, the trace has %u",
-                           (long long)id, (long long)c.prompt_tokens,
-                           q->input_length);
-        *stop = true;
-        return KVO_OK;
-    }
-    if (c.dp_rank >= 0 && c.dp_rank != (int64_t)rank) {
-        check_result_error(r->res, id, "prompt %lld: sent to rank %u, the "
-                                       "engine ran it on rank %lld",
-                           (long long)id, rank, (long long)c.dp_rank);
-        *stop = true;
-        return KVO_OK;
-    }
-    if (c.cached_tokens < 0 && !probed) {
-        check_result_error(r->res, id, "prompt %lld: the engine reports no "
-                                       "usage.prompt_tokens_details."
-                                       "cached_tokens (vLLM: start it with "
-                                       "--enable-prompt-tokens-details)",
-                           (long long)id);
+    if (!chk_run_answer_ok(r, q, rank, &c, probed)) {
         *stop = true;
         return KVO_OK;
     }
@@ -786,29 +782,64 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                    .index_scores = r->scores,
                    .probe_hits = probed ? r->probes : NULL,
                    .cached_tokens = c.cached_tokens, .moved = &r->moved,
-                   .total = &r->cur, .ms = secs(t_start) * 1000};
+                   .total = &r->cur, .ms = chk_secs(t_start) * 1000};
     const check_prompt *pr = NULL;
-    if ((st = check_result_add(r->res, &o, &pr)) != KVO_OK) return st;
-    if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK) {
-        return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
-                           "cannot write %s", r->cfg->report_json);
-    }
+    if ((st = chk_run_record(r, &o, &pr)) != KVO_OK) return st;
     if (pr->diverged)
         kvo_debug("prompt %llu diverged: %s: %s", (unsigned long long)pr->id,
                   check_reason_name(pr->reason), pr->detail);
     if (r->cfg->fail_fast && (pr->diverged || r->res->n_trips)) *stop = true;
-    r->res->stage_s[CHECK_STAGE_OTHER] += secs(t0);
+    r->res->stage_s[CHECK_STAGE_OTHER] += chk_secs(t0);
+    return KVO_OK;
+}
+
+/* ---- recording a prompt ----------------------------------------------------*/
+
+kvo_status chk_run_record(run *r, const check_obs *o,
+                          const check_prompt **out) {
+    const check_prompt *pr = NULL;
+    kvo_status st = check_result_add(r->res, o, &pr);
+    if (st != KVO_OK) return st;
+    if (out) *out = pr;
+    if (o->unjudged) return KVO_OK; /* load: written in trace order later */
+    r->json_to = r->res->n_prompts;
+    if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK)
+        return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                           "cannot write %s", r->cfg->report_json);
+    return KVO_OK;
+}
+
+static int prompt_id_cmp(const void *a, const void *b) {
+    const check_prompt *x = a, *y = b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+kvo_status chk_run_flush(run *r) {
+    check_result *res = r->res;
+    if (r->json_to >= res->n_prompts) return KVO_OK;
+    /* answers come back in any order; the report keeps the trace's */
+    qsort(res->prompts + r->json_to, res->n_prompts - r->json_to,
+          sizeof(*res->prompts), prompt_id_cmp);
+    for (; r->json_to < res->n_prompts; r->json_to++)
+        if (r->json && check_report_json_prompt(r->json, res,
+                                                &res->prompts[r->json_to]) !=
+                           KVO_OK)
+            return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
+                               "cannot write %s", r->cfg->report_json);
     return KVO_OK;
 }
 
 /* ---- the sweep -------------------------------------------------------------------*/
 
-/* After the last request (synced, nothing running, probes side-effect
- * free): the last cfg->sweep distinct prompts of the run, in trace order,
+/* At a checkpoint (synced, nothing running, probes side-effect free): the
+ * last `want` distinct prompts of requests [from, to), in trace order,
  * compared on every slot. Stale blocks that no later request happened to
- * touch (a missed remove) show up here. */
-static kvo_status sweep(run *r, size_t sent) {
-    if (!r->cfg->sweep || sent == 0) return KVO_OK;
+ * touch (a missed remove), and router hashes the block sets cannot see
+ * (a token mutated on the wire), show up here. */
+kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
+                         check_checkpoint *c) {
+    c->sweep_first = -1;
+    if (want == 0 || to <= from) return KVO_OK;
     bool any = false;
     for (uint32_t w = 0; w < r->env.n_workers; w++)
         any |= r->env.engines[w].mocker;
@@ -816,7 +847,7 @@ static kvo_status sweep(run *r, size_t sent) {
     uint64_t t0 = kvo_now_ns();
     double before[CHECK_STAGE_COUNT];
     memcpy(before, r->res->stage_s, sizeof(before));
-    size_t want = r->cfg->sweep < sent ? (size_t)r->cfg->sweep : sent;
+    if (want > to - from) want = to - from;
     /* an open-addressing set of prompt fingerprints, at most half full */
     size_t cap = 1;
     while (cap < 2 * want + 2) cap <<= 1;
@@ -824,7 +855,7 @@ static kvo_status sweep(run *r, size_t sent) {
     size_t *pick = kvo_calloc(want, sizeof(*pick));
     kvo_status st = seen && pick ? KVO_OK : KVO_ENOMEM;
     size_t n = 0;
-    for (size_t i = sent; i-- > 0 && n < want && st == KVO_OK;) {
+    for (size_t i = to; i-- > from && n < want && st == KVO_OK;) {
         const check_request *q = &r->trace.reqs[i];
         uint64_t fp = XXH3_64bits_withSeed(q->hash_ids,
                                            q->n_hash_ids * sizeof(uint64_t),
@@ -843,14 +874,22 @@ static kvo_status sweep(run *r, size_t sent) {
         const check_request *q = &r->trace.reqs[pick[k]];
         bool probed = false;
         if ((st = observe(r, q, &probed)) != KVO_OK) break;
+        for (uint32_t s = 0; s < r->n_slots; s++) r->seen[s] |= r->scores[s] > 0;
         check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
                        .block_size = r->env.block_size, .n_slots = r->n_slots,
                        .dp_size = r->env.dp_size, .chosen = 0,
                        .index_seen = r->seen,
                        .index_scores = r->scores, .probe_hits = r->probes,
-                       .cached_tokens = -1, .moved = NULL, .total = &r->cur};
+                       .cached_tokens = -1, .moved = NULL, .total = &r->cur,
+                       .checkpoint = c->number};
         const check_prompt *pr = NULL;
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
+        c->sweep_prompts++;
+        if (pr->diverged) {
+            if (c->sweep_first < 0)
+                c->sweep_first = (int64_t)(r->res->n_sweep - 1);
+            c->sweep_divergent++;
+        }
         if (pr->diverged && r->json &&
             check_report_json_sweep(r->json, r->res, pr) != KVO_OK) {
             st = kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
@@ -862,8 +901,17 @@ static kvo_status sweep(run *r, size_t sent) {
     kvo_free(pick);
     /* observe() charged its parts to query/probe: the sweep owns them */
     memcpy(r->res->stage_s, before, sizeof(before));
-    r->res->stage_s[CHECK_STAGE_SWEEP] += secs(t0);
+    c->sweep_s = chk_secs(t0);
+    r->res->stage_s[CHECK_STAGE_SWEEP] += c->sweep_s;
     return st;
+}
+
+kvo_status chk_run_sync(run *r, int64_t before) { return sync_index(r, before); }
+
+kvo_status chk_run_counters(run *r, int64_t before, bool all) {
+    if (all)
+        for (uint32_t i = 0; i < r->env.n_relays; i++) r->env.relays[i].dirty = true;
+    return read_counters(r, before, all);
 }
 
 /* ---- the run -------------------------------------------------------------------*/
@@ -879,24 +927,43 @@ static bool first_divergent(const check_result *res) {
     return false;
 }
 
+static const char *policy_name(check_policy p) {
+    switch (p) {
+    case CHECK_POLICY_KV: return "kv";
+    case CHECK_POLICY_DYNAMO: return "dynamo";
+    default: return "round-robin";
+    }
+}
+
 static void describe(run *r) {
     const check_cfg *c = r->cfg;
-    char blocks[32] = "default";
+    char blocks[32] = "default", mode[96] = "lockstep", pol[96];
     if (c->num_gpu_blocks)
         snprintf(blocks, sizeof(blocks), "%llu",
                  (unsigned long long)c->num_gpu_blocks);
+    if (c->load)
+        snprintf(mode, sizeof(mode), "load(%s %u, speedup %g)",
+                 c->arrival == CHECK_ARRIVAL_TRACE ? "arrival trace, at most"
+                                                   : "closed loop",
+                 r->res->load.concurrency, r->res->load.speedup);
+    snprintf(pol, sizeof(pol), "%s", policy_name(c->policy));
+    if (c->policy == CHECK_POLICY_DYNAMO)
+        snprintf(pol, sizeof(pol), "dynamo(w=%g,T=%g)", c->overlap_weight,
+                 c->router_temperature);
     snprintf(r->res->config, sizeof(r->res->config),
-             "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s policy=%s "
-             "hash=%s format=%s mutate=%s prompts=%s%s%s%s watermark=%s",
+             "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s mode=%s "
+             "policy=%s checkpoint_every=%llu hash=%s format=%s mutate=%s "
+             "prompts=%s%s%s%s%s watermark=%s",
              c->spawn ? "spawn" : "attach", r->env.n_workers,
              r->env.n_decode ? "+decode" : "", r->env.dp_size,
-             r->env.block_size, blocks,
-             c->policy == CHECK_POLICY_KV ? "kv" : "round-robin", c->hash_algo,
+             r->env.block_size, blocks, mode, pol,
+             (unsigned long long)c->checkpoint_every, c->hash_algo,
              c->event_format ? c->event_format : "map",
              c->mutate && *c->mutate ? c->mutate : "none",
              r->trace_form ? "trace" : "tokens",
              c->no_replay ? " no-replay" : "",
              c->drop_seq >= 0 ? " drop-seq" : "",
+             c->extra_block_seq >= 0 ? " extra-block" : "",
              c->relay_restart_at >= 0 ? " relay-restart" : "",
              r->env.exact ? "exact" : "settle");
 }
@@ -907,7 +974,7 @@ static void progress(run *r, uint64_t done, uint64_t total, uint64_t t_run,
     uint64_t now = kvo_now_ns();
     if (done != total && now - *last < PROGRESS_EVERY_NS) return;
     *last = now;
-    check_report_progress(stderr, r->res, done, total, secs(t_run));
+    check_report_progress(stderr, r->res, done, total, chk_secs(t_run));
     if (done == total) fputc('\n', stderr);
 }
 
@@ -958,8 +1025,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     memset(&r, 0, sizeof(r));
     r.cfg = cfg;
     r.res = out;
-    kvo_buf_init(&r.tokens);
-    kvo_buf_init(&r.pjson);
+    chk_pbuf_init(&r.pb);
     kvo_buf_init(&r.idx_metrics);
     check_counters_init(&r.prev);
     check_counters_init(&r.cur);
@@ -1021,14 +1087,30 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     r.n_slots = r.env.n_workers * r.env.dp_size;
     r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
     r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
-    r.used = kvo_calloc(r.n_slots, sizeof(*r.used));
     r.seen = kvo_calloc(r.n_slots, sizeof(*r.seen));
-    if (!r.scores || !r.probes || !r.used || !r.seen ||
+    if (!r.scores || !r.probes || !r.seen ||
         check_result_slots(out, r.env.n_workers, r.env.dp_size,
                            r.env.block_size) != KVO_OK) {
         st = KVO_ENOMEM;
         goto done;
     }
+    st = check_router_init(&r.router, cfg->policy, r.env.n_workers,
+                           r.env.dp_size, r.env.block_size, cfg->overlap_weight,
+                           cfg->router_temperature, cfg->seed);
+    if (st != KVO_OK) {
+        st = kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                         "bad routing: --overlap-weight %g, "
+                         "--router-temperature %g (each finite and >= 0)",
+                         cfg->overlap_weight, cfg->router_temperature);
+        goto done;
+    }
+    out->load.on = cfg->load;
+    out->load.arrival = cfg->arrival;
+    out->load.concurrency = chk_concurrency(cfg, r.env.n_workers);
+    out->load.speedup = chk_speedup(cfg);
+    out->load.time_scale = cfg->time_scale > 0 ? cfg->time_scale
+                           : out->load.speedup > 0 ? out->load.speedup
+                                                   : 1;
     if ((st = tasks_init(&r)) != KVO_OK) goto done;
     /* One worker beside the driver: the index wait runs on one thread
      * while the other probes the engines one after the other. */
@@ -1044,8 +1126,17 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     for (uint32_t i = 0; i < r.env.n_workers; i++) r.env.engines[i].dirty = true;
     bool stopped = false;
     size_t sent = 0;
-    for (size_t i = 0; i < r.trace.n && !stopped; i++) {
+    if (cfg->load) {
+        st = chk_load_run(&r, &sent, &stopped);
+        if (st != KVO_OK) goto transport;
+    }
+    for (size_t i = 0; !cfg->load && i < r.trace.n && !stopped; i++) {
         if (kvo_stop) break;
+        if (i > 0 && cfg->checkpoint_every && i % cfg->checkpoint_every == 0) {
+            st = chk_checkpoint(&r, i, false, 0, &stopped);
+            if (st != KVO_OK) goto transport;
+            if (stopped) break;
+        }
         const check_request *q = &r.trace.reqs[i];
         st = do_request(&r, i, q, &stopped);
         if (st != KVO_OK) goto transport;
@@ -1056,15 +1147,11 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         goto done;
     }
-    /* the events of the last request count too; then the sweep */
-    if (!out->error[0]) {
-        st = sync_index(&r, -1);
-        if (st != KVO_OK && st != KVO_ETIMEDOUT) goto transport;
-        if (st == KVO_OK && !(cfg->fail_fast && (out->n_trips ||
-                                                 first_divergent(out)))) {
-            st = sweep(&r, sent);
-            if (st != KVO_OK) goto transport;
-        }
+    /* the last checkpoint: the events of the last request count too */
+    if (!stopped && !out->error[0] &&
+        !(cfg->fail_fast && (out->n_trips || first_divergent(out)))) {
+        st = chk_checkpoint(&r, sent, true, 0, &stopped);
+        if (st != KVO_OK) goto transport;
     }
     st = KVO_OK;
     goto finish;
@@ -1083,7 +1170,7 @@ transport:
     }
     st = KVO_OK;
 finish:
-    out->wall_s = secs(t_run);
+    out->wall_s = chk_secs(t_run);
     {
         kvo_err e2 = {0};
         for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
@@ -1120,14 +1207,13 @@ done:
     chk_pool_free(r.pool);
     tasks_fini(&r);
     check_trace_fini(&r.trace);
-    kvo_buf_fini(&r.tokens);
-    kvo_buf_fini(&r.pjson);
+    chk_pbuf_fini(&r.pb);
     kvo_buf_fini(&r.idx_metrics);
-    kvo_free(r.hashes);
     rh_memo_fini(&r.rh);
+    check_router_fini(&r.router);
+    mock_hasher_free(r.hasher);
     kvo_free(r.scores);
     kvo_free(r.probes);
-    kvo_free(r.used);
     kvo_free(r.seen);
     chk_watermark_fini(&r.wm);
     check_counters_fini(&r.prev);

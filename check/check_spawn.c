@@ -15,6 +15,11 @@
  * --drop-seq N puts a forwarder between engine 0 rank 0 and its relay that
  * drops the live batch with ZMQ sequence N (the replay endpoint stays
  * direct, so a relay with replay recovers it and one without cannot).
+ * --extra-block-seq N makes the same forwarder add, to the first batch from
+ * sequence N on that stores blocks, a well-formed child of the last block
+ * stored: block_size tokens outside any prompt's vocabulary under a hash
+ * the engine never computed. The relay and the index take it; no prompt's
+ * path ever reaches it; only a checkpoint's block sets can see it.
  */
 #include "check_int.h"
 #include "wire.h"
@@ -54,6 +59,9 @@ enum { PROXY_POLL_MS = 50, PROXY_MAX_FRAMES = 8 };
 #define REPLAY_PER_REQUEST 64
 #define REPLAY_MAX 4000000
 #define REQUESTS_UNKNOWN 20000
+/* Under --load a relay may lag its engine by more than one request's
+ * batches; a gap is filled from this many. */
+#define REPLAY_LOAD 100000
 /* Publisher ids of a run: a random 31-bit base shifted left by
  * PUBLISHER_RUN_BITS, so a run's relays (numbered from the base) never
  * reach another run's range and every id stays below 2^51, exact even
@@ -94,9 +102,59 @@ struct chk_proxy {
     bool started;
     atomic_bool stop;
     atomic_bool subscribed; /* the relay's SUB reached us */
-    uint64_t drop_seq;
+    int64_t drop_seq;       /* -1: none */
+    int64_t extra_seq;      /* -1: none; else add a block from here on */
+    bool extra_done;
+    uint32_t block_size;
+    kvo_buf payload;        /* the re-encoded batch */
     char endpoint[128];     /* where the relay connects */
 };
+
+/* Hashes and tokens of the block --extra-block-seq adds: no prompt has
+ * these tokens (the trace vocabulary is 32,000 ids). */
+#define EXTRA_HASH_SALT 0x6B766F2D65787472ull
+#define EXTRA_TOKEN_BASE 4000000000ull
+
+/* payload with a child block added after its first BlockStored's last
+ * block, re-encoded (map format) into p->payload; false: nothing to add to
+ * (no store, or not decodable) -- it goes on unchanged. */
+static bool add_extra_block(chk_proxy *p, const uint8_t *payload, size_t len) {
+    wire_batch b;
+    wire_batch_init(&b);
+    bool done = false;
+    if (wire_batch_decode(payload, len, NULL, &b, NULL) != KVO_OK) goto out;
+    const wire_event *st = NULL;
+    for (uint32_t i = 0; i < b.n_events && !st; i++)
+        if (b.events[i].type == WIRE_EV_STORED && b.events[i].n_hashes)
+            st = &b.events[i];
+    if (!st) goto out;
+    wire_event *ev = kvo_arena_alloc(&b.arena,
+                                     (b.n_events + 1) * sizeof(*ev));
+    wire_hash *h = kvo_arena_alloc(&b.arena, sizeof(*h));
+    uint64_t *tok = kvo_arena_alloc(&b.arena, p->block_size * sizeof(*tok));
+    if (!ev || !h || !tok) goto out;
+    memcpy(ev, b.events, b.n_events * sizeof(*ev));
+    wire_event *x = &ev[b.n_events];
+    memset(x, 0, sizeof(*x));
+    x->type = WIRE_EV_STORED;
+    x->layout = WIRE_LAYOUT_MAP;
+    x->parent = st->hashes[st->n_hashes - 1];
+    h->kind = WIRE_HASH_UINT;
+    h->key = kvo_mix64(x->parent.key ^ EXTRA_HASH_SALT);
+    x->n_hashes = 1;
+    x->hashes = h;
+    for (uint32_t j = 0; j < p->block_size; j++) tok[j] = EXTRA_TOKEN_BASE + j;
+    x->n_tokens = p->block_size;
+    x->token_ids = tok;
+    x->block_size = (wire_int){true, p->block_size};
+    b.events = ev;
+    b.n_events++;
+    kvo_buf_reset(&p->payload);
+    done = wire_batch_encode(&b, WIRE_FMT_MAP, 0, &p->payload) == KVO_OK;
+out:
+    wire_batch_fini(&b);
+    return done;
+}
 
 static void *proxy_main(void *arg) {
     chk_proxy *p = arg;
@@ -141,16 +199,21 @@ static void *proxy_main(void *arg) {
                 nf++;
             }
             if (nf == 0) break;
-            bool drop = false;
-            if (ok && nf == 3 && zmq_msg_size(&frames[1]) == 8) {
-                uint64_t seq;
-                if (wire_seq_get(zmq_msg_data(&frames[1]), 8, &seq) ==
-                        KVO_OK &&
-                    seq == p->drop_seq)
-                    drop = true;
+            bool drop = false, extra = false;
+            uint64_t seq;
+            if (ok && nf == 3 && zmq_msg_size(&frames[1]) == 8 &&
+                wire_seq_get(zmq_msg_data(&frames[1]), 8, &seq) == KVO_OK) {
+                drop = p->drop_seq >= 0 && seq == (uint64_t)p->drop_seq;
+                if (!drop && p->extra_seq >= 0 && !p->extra_done &&
+                    seq >= (uint64_t)p->extra_seq &&
+                    add_extra_block(p, zmq_msg_data(&frames[2]),
+                                    zmq_msg_size(&frames[2])))
+                    extra = p->extra_done = true;
             }
             for (int i = 0; i < nf; i++) {
-                if (ok && !drop)
+                if (ok && !drop && extra && i == 2)
+                    zmq_send(p->xpub, p->payload.data, p->payload.len, 0);
+                else if (ok && !drop)
                     zmq_msg_send(&frames[i], p->xpub,
                                  i + 1 < nf ? ZMQ_SNDMORE : 0);
                 zmq_msg_close(&frames[i]);
@@ -169,15 +232,19 @@ static void proxy_free(chk_proxy *p) {
     if (p->sub) zmq_close(p->sub);
     if (p->xpub) zmq_close(p->xpub);
     if (p->ctx) zmq_ctx_term(p->ctx);
+    kvo_buf_fini(&p->payload);
     kvo_free(p);
 }
 
 static kvo_status proxy_new(chk_proxy **out, const char *upstream,
-                            const char *topic, uint64_t drop_seq,
+                            const char *topic, const check_cfg *cfg,
                             kvo_err *err) {
     chk_proxy *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
-    p->drop_seq = drop_seq;
+    p->drop_seq = cfg->drop_seq;
+    p->extra_seq = cfg->extra_block_seq;
+    p->block_size = cfg->block_size;
+    kvo_buf_init(&p->payload);
     int linger = 0, hwm = 0;
     size_t len = sizeof(p->endpoint);
     p->ctx = zmq_ctx_new();
@@ -199,7 +266,7 @@ static kvo_status proxy_new(chk_proxy **out, const char *upstream,
     *out = p;
     return KVO_OK;
 fail:
-    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET, "drop-seq forwarder: %s",
+    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET, "the wire-fault forwarder: %s",
                 zmq_strerror(zmq_errno()));
     proxy_free(p);
     return KVO_ENET;
@@ -414,6 +481,9 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
 static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
                                   uint64_t requests) {
     if (c->replay_buffer) return c->replay_buffer;
+    if (c->load) /* many requests share each step: a step's batch per step
+                    of the requests in flight, for a checkpoint's worth */
+        return REPLAY_LOAD;
     if (c->relay_restart_at < 0 && t && t->n && c->block_size) {
         uint64_t most = 0;
         for (size_t i = 0; i < t->n; i++) {
@@ -449,7 +519,7 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
     chk_arg(&a, "--replay-port");
     chk_arg(&a, "0");
     chk_arg(&a, "--speedup");
-    chk_arg(&a, "0");
+    chk_arg(&a, "%g", chk_speedup(c));
     chk_arg(&a, "--replay-buffer");
     chk_arg(&a, "%llu",
             (unsigned long long)replay_buffer_for(c, env->trace, requests));
@@ -603,9 +673,9 @@ static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
     if (st != KVO_OK) return st;
     chk_rank *rk = &env->engines[engine].ranks[rank];
     const char *ep = rk->zmq;
-    if (env->cfg->drop_seq >= 0 && engine == 0 && rank == 0 && !env->proxy) {
-        st = proxy_new(&env->proxy, rk->zmq, rk->topic,
-                       (uint64_t)env->cfg->drop_seq, err);
+    if ((env->cfg->drop_seq >= 0 || env->cfg->extra_block_seq >= 0) &&
+        engine == 0 && rank == 0 && !env->proxy) {
+        st = proxy_new(&env->proxy, rk->zmq, rk->topic, env->cfg, err);
         if (st != KVO_OK) goto fail;
     }
     if (env->proxy && engine == 0 && rank == 0) ep = env->proxy->endpoint;

@@ -58,6 +58,7 @@ kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
         }
         check_request *r = &t->reqs[t->n++];
         r->line = req.line - 1;
+        r->timestamp_ms = req.timestamp_ms;
         r->input_length = req.input_length;
         r->output_length = req.output_length;
         r->n_hash_ids = req.n_hash_ids;

@@ -1,6 +1,10 @@
 /* kvo_check.h -- kvo-check, the oracle (DESIGN §9): drives a trace through
- * engines, relays and an indexer, one request at a time, and passes only
- * when, prompt by prompt, the index matched every engine's cache.
+ * engines, relays and an indexer and passes only when the index matched
+ * every engine's cache: prompt by prompt in lockstep (one request at a
+ * time), and in both modes at every checkpoint (traffic stopped and
+ * drained: every (worker, rank)'s cached block set, hashes and parents,
+ * equals the index's, and recent prompts agree on every slot). --load
+ * keeps many requests in flight between checkpoints.
  *
  *   check_cfg cfg;
  *   check_cfg_defaults(&cfg);
@@ -28,8 +32,17 @@
 
 typedef enum check_policy {
     CHECK_POLICY_ROUND_ROBIN = 0, /* request i -> worker i mod N */
-    CHECK_POLICY_KV               /* highest index score */
+    CHECK_POLICY_KV,              /* highest index score */
+    CHECK_POLICY_DYNAMO           /* Dynamo's KV-router cost (check_int.h) */
 } check_policy;
+
+/* Requests in flight --load accepts (one thread each). */
+#define CHECK_CONCURRENCY_MAX 4096
+
+typedef enum check_arrival {
+    CHECK_ARRIVAL_CLOSED = 0, /* --load: keep --concurrency requests in flight */
+    CHECK_ARRIVAL_TRACE       /* --load: at the trace's timestamps */
+} check_arrival;
 
 typedef enum check_prompt_form {
     CHECK_FORM_AUTO = 0, /* trace form against kvo-mocker, tokens otherwise */
@@ -57,6 +70,9 @@ typedef struct check_cfg {
     bool verify_engine_hash;
     bool no_replay;            /* relays without replay (fault injection) */
     int64_t drop_seq;          /* drop ZMQ seq N of worker 0 rank 0, -1 */
+    int64_t extra_block_seq;   /* from ZMQ seq N of worker 0 rank 0, add a
+                                  block the engine never computed to a
+                                  store batch, -1 */
     int64_t relay_restart_at;  /* SIGKILL+restart relay 0.0 before this
                                   request, -1 = never */
     const char *log_dir;       /* NULL = a fresh temp dir */
@@ -71,14 +87,32 @@ typedef struct check_cfg {
     bool no_relays;            /* events reach NATS through the user's
                                   relays: no exact watermark, settle */
     long settle_ms;            /* quiet period when there is no watermark */
+    /* --load: many requests in flight, exact at checkpoints */
+    bool load;
+    check_arrival arrival;
+    uint32_t concurrency;      /* requests in flight at most (0 = 8 per
+                                  worker) */
+    double time_scale;         /* --arrival trace: timestamps divided by it
+                                  (0 = the engines' speedup, or 1) */
+    double speedup;            /* spawned engines' --speedup; < 0 = the
+                                  mode's default (lockstep 0, load 1) */
     /* both */
     check_policy policy;
+    double overlap_weight;     /* dynamo: 1.0 */
+    double router_temperature; /* dynamo: 0 = lowest cost; T > 0 samples a
+                                  softmax over -cost/T (seeded by seed) */
+    uint64_t checkpoint_every; /* full-state checkpoint every K requests
+                                  (200) and at the end; 0 = at the end */
     check_prompt_form prompt_form;
     long timeout_ms;           /* one watermark wait / one HTTP call */
     bool fail_fast;            /* stop at the first failure */
-    uint64_t sweep;            /* after the run, re-check the last N
-                                  distinct prompts on every slot (0 = off;
-                                  needs probes: kvo-mocker engines) */
+    uint64_t sweep;            /* at the last checkpoint, re-check the last
+                                  N distinct prompts on every slot (0 =
+                                  off; needs probes: kvo-mocker engines) */
+    uint64_t checkpoint_sweep; /* earlier checkpoints: the last N distinct
+                                  prompts since the one before (50; 0 =
+                                  off): a sample, the block sets being
+                                  complete */
     bool progress;             /* progress bar on stderr */
     const char *report_json;
     const char *report_html;

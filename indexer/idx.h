@@ -5,7 +5,9 @@
  *                Dynamo's radix-tree semantics (lib/kv-router/src/radix_tree.rs);
  *                layout and invariants are drawn in idx_tree.c.
  *   idx_feed     event-plane messages (DESIGN §6) into a tree: envelope
- *                decoding, per-publisher dedup, gaps and watermarks, counters.
+ *                decoding, per-publisher dedup, gaps and watermarks, counters;
+ *                with recovery on (idx_int.h, idx_recover.c), what a gap
+ *                missed is asked of the relay (docs/recovery.md).
  *   kvo-indexer  idx_service_run (NATS subscriber + HTTP API) and
  *                idx_replay_run (offline: a capture file and JSON-lines queries).
  *
@@ -204,6 +206,16 @@ typedef struct idx_feed_counters {
                                     full table could not take: applied
                                     untracked (no dedup, gaps, watermark) */
     uint64_t publishers_expired; /* publishers forgotten for being idle */
+    /* recovery (docs/recovery.md): idx_int.h's IDX_REC_COUNTERS says what
+     * each counts */
+    uint64_t announces, announces_bad, relays, recovering, stale_publishers;
+    uint64_t recovery_requests, recoveries_events, recoveries_dump,
+        recoveries_too_new, recovery_failures, recovery_retries, recovery_bad,
+        recovery_stray;
+    uint64_t envelopes_recovered, dumps_applied, dump_blocks_applied,
+        impossible_sequences;
+    uint64_t live_held, live_held_dropped, live_covered;
+    uint64_t recovery_ms_total, recovery_ms_max;
 } idx_feed_counters;
 
 /* The publisher table: at most max_publishers tracked at once, each with
@@ -221,9 +233,20 @@ typedef struct idx_feed_counters {
 #define IDX_MAX_PUBLISHERS_DEFAULT 4096
 #define IDX_PUBLISHER_IDLE_MS_DEFAULT 600000 /* 10 minutes */
 
+#define IDX_RECOVERY_TIMEOUT_MS_DEFAULT 5000
+#define IDX_HELD_MAX_MSGS_DEFAULT 16384        /* per publisher */
+#define IDX_HELD_MAX_BYTES_DEFAULT (64u << 20) /* all publishers */
+
 typedef struct idx_feed_cfg {
     uint32_t max_publishers;    /* 0 = IDX_MAX_PUBLISHERS_DEFAULT */
     uint64_t publisher_idle_ms; /* 0 = never forget */
+    /* recovery (when turned on: idx_int.h) */
+    uint64_t recovery_timeout_ms; /* a relay silent this long in the middle
+                                     of an answer has failed; 0 = default */
+    uint32_t held_max_msgs;     /* live envelopes held per publisher while
+                                   it recovers; 0 = default */
+    size_t held_max_bytes;      /* and their bytes, all publishers; 0 =
+                                   default */
 } idx_feed_cfg;
 
 /* With an empty tree; cfg NULL = the defaults, never forgetting (the
@@ -256,6 +279,8 @@ typedef struct idx_feed_result {
     uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
     uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
     uint32_t expired;    /* idle publishers forgotten to make room */
+    bool held;           /* recovery: held until its publisher recovers */
+    bool held_dropped;   /* recovery: to be held, but the hold was full */
 } idx_feed_result;
 
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
@@ -276,7 +301,9 @@ typedef struct idx_feed_result {
  * (duplicate, dropped), a decode status (undecodable; err says why),
  * KVO_ENOMEM, or the tree's KVO_ENOMEM / KVO_ETOOBIG (applied but for the
  * events lost). A malformed header is counted; the message still applies.
- * *res (may be NULL) says what happened, whatever the return. */
+ * *res (may be NULL) says what happened, whatever the return. With
+ * recovery on, idx_recover.c's rule comes first: a jump is held, never
+ * applied (so the rewind above never happens), and res->held says so. */
 kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
                             const char *zmq_seq, idx_feed_result *res,
                             kvo_err *err);
@@ -300,6 +327,11 @@ typedef struct idx_service_cfg {
     idx_feed_cfg feed;   /* the publisher table; default 4096 publishers,
                             forgotten after 10 minutes idle */
     size_t max_body;     /* request body bytes, default 16 MiB */
+    bool no_recovery;    /* count gaps only: never ask relays
+                            (docs/recovery.md) */
+    uint64_t discover_ms; /* the discovery window at start, default 500 */
+    uint32_t apply_budget_us; /* apply for at most this long between two
+                                 turns of the HTTP server; default 2000 */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

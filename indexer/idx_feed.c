@@ -6,22 +6,29 @@
  * are applied in order. Only device-tier events reach the tree: lower tiers
  * are Dynamo's separate lower-tier indexers, not the primary overlap.
  *
- * Publishers (idx.h says what is kept and for how long):
+ * Publishers (idx.h says what is kept and for how long; idx_int.h holds
+ * the structures, which idx_recover.c shares):
  *
- *   pubs[0, npubs)  sorted by publisher_id, npubs <= max_pubs, each a pub:
- *                   its idx_publisher, when it was last heard (the feed's
- *                   clock), its jump state and the ring of its last RING
- *                   (sequence, body hash) pairs
+ *   pubs[0, npubs)  sorted by publisher_id, npubs <= max_pubs, each an
+ *                   idx_pub: its idx_publisher, when it was last heard
+ *                   (the feed's clock), its jump state, the ring of its
+ *                   last IDX_RING (sequence, body hash) pairs, and its
+ *                   relay and recovery state (idx_recover.c)
  *   gone[]          a ring of the last max_pubs forgotten (id, last
  *                   sequence), oldest at gone_head once full; gone_at maps
  *                   an id to its ring position + 1 (a slot reused for
  *                   another id is no longer pointed at)
  *
  * oldest_ms is at or below every tracked publisher's heard_ms, so an
- * expiry that cannot find anyone idle returns without a scan.
+ * expiry that cannot find anyone idle returns without a scan. A publisher
+ * in the middle of a recovery is never forgotten (it counts as heard); a
+ * stale one is, like any other (its workers stay cleared).
  *
- * Sequence rule per tracked publisher, on a message with sequence seq that
- * is not an exact duplicate (the ring holds seq with the same body hash):
+ * Sequence rule per tracked publisher without recovery (with recovery,
+ * idx_recover.c's rule decides first and calls this one only for the
+ * next expected sequence and for sequences at or below the last), on a
+ * message with sequence seq that is not an exact duplicate (the ring holds
+ * seq with the same body hash):
  *
  *   first heard         missed = seq (0..seq-1 went by unheard)
  *   seq > last          missed = seq - last - 1
@@ -35,51 +42,14 @@
  * Counters saturate instead of wrapping.
  */
 #include "idx_int.h"
-#include "kvo_map.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-#define RING 256 /* bodies remembered per publisher, for exact duplicates */
 #define PUBS_FIRST_CAP 8 /* publisher slots allocated at first */
 #define U64_DIGITS 20    /* decimal digits of the largest u64 */
-
-/* What the previous applied message did to the sequence. */
-typedef enum jump_state {
-    JUMP_NONE = 0,
-    JUMP_FROM,  /* jumped ahead from jump_from */
-    JUMP_FIRST, /* first heard above 0 */
-} jump_state;
-
-typedef struct pub {
-    idx_publisher p;
-    uint64_t heard_ms;  /* the feed's clock at its last message */
-    jump_state jump;
-    uint64_t jump_from; /* JUMP_FROM: last_sequence before the jump */
-    uint64_t ring_seq[RING];
-    uint64_t ring_hash[RING];
-} pub;
-
-typedef struct gone {
-    uint64_t id, last_sequence;
-} gone;
-
-struct idx_feed {
-    idx_tree *tree;
-    wire_plane_msg msg;
-    wire_limits lim;
-    idx_feed_counters c;
-    pub **pubs; /* sorted by publisher_id */
-    size_t npubs, cap;
-    size_t max_pubs;
-    uint64_t idle_ms; /* 0 = never forget */
-    uint64_t now_ms, oldest_ms;
-    gone *gone;       /* max_pubs slots, allocated at the first expiry */
-    size_t gone_len, gone_head;
-    kvo_map gone_at;  /* id -> position in gone + 1 */
-};
 
 static uint64_t sat_add(uint64_t a, uint64_t b) {
     uint64_t r;
@@ -107,23 +77,43 @@ kvo_status idx_feed_new(idx_feed **out, const idx_feed_cfg *cfg) {
     f->max_pubs = cfg && cfg->max_publishers ? cfg->max_publishers
                                              : IDX_MAX_PUBLISHERS_DEFAULT;
     f->idle_ms = cfg ? cfg->publisher_idle_ms : 0;
+    f->rec_timeout_ms = cfg && cfg->recovery_timeout_ms
+                            ? cfg->recovery_timeout_ms
+                            : IDX_RECOVERY_TIMEOUT_MS_DEFAULT;
+    f->held_max_msgs = cfg && cfg->held_max_msgs ? cfg->held_max_msgs
+                                                 : IDX_HELD_MAX_MSGS_DEFAULT;
+    f->held_max_bytes = cfg && cfg->held_max_bytes ? cfg->held_max_bytes
+                                                   : IDX_HELD_MAX_BYTES_DEFAULT;
     kvo_map_init(&f->gone_at);
+    kvo_json_init(&f->doc);
     *out = f;
     return KVO_OK;
+}
+
+void idx_feed_pub_free(idx_feed *f, idx_pub *p) {
+    if (!p) return;
+    idx_rec_fini(f, p);
+    kvo_free(p->relay.ranks);
+    kvo_free(p->relay.subject);
+    kvo_free(p->stale);
+    kvo_free(p);
 }
 
 void idx_feed_free(idx_feed *f) {
     if (!f) return;
     idx_tree_free(f->tree);
     wire_plane_fini(&f->msg);
-    for (size_t i = 0; i < f->npubs; i++) kvo_free(f->pubs[i]);
+    for (size_t i = 0; i < f->npubs; i++) idx_feed_pub_free(f, f->pubs[i]);
     kvo_free(f->pubs);
     kvo_free(f->gone);
     kvo_map_fini(&f->gone_at);
+    kvo_json_fini(&f->doc);
     kvo_free(f);
 }
 
 idx_tree *idx_feed_tree(idx_feed *f) { return f->tree; }
+
+uint64_t idx_feed_generation(const idx_feed *f) { return f->gen; }
 
 void idx_feed_set_clock(idx_feed *f, uint64_t now_ms) {
     if (now_ms > f->now_ms) f->now_ms = now_ms;
@@ -140,7 +130,7 @@ static size_t pub_pos(const idx_feed *f, uint64_t id) {
     return lo;
 }
 
-static pub *pub_find(const idx_feed *f, uint64_t id) {
+idx_pub *idx_feed_pub(const idx_feed *f, uint64_t id) {
     size_t i = pub_pos(f, id);
     return i < f->npubs && f->pubs[i]->p.publisher_id == id ? f->pubs[i]
                                                             : NULL;
@@ -163,7 +153,7 @@ static void remember(idx_feed *f, uint64_t id, uint64_t last_sequence) {
     bool added;
     uint64_t *at = kvo_map_put(&f->gone_at, id, &added);
     if (!at) return;
-    f->gone[pos] = (gone){id, last_sequence};
+    f->gone[pos] = (idx_gone){id, last_sequence};
     *at = pos + 1;
 }
 
@@ -183,10 +173,11 @@ size_t idx_feed_expire(idx_feed *f) {
     size_t k = 0, n = 0;
     uint64_t oldest = f->now_ms;
     for (size_t i = 0; i < f->npubs; i++) {
-        pub *p = f->pubs[i];
+        idx_pub *p = f->pubs[i];
+        if (p->rec.asking) p->heard_ms = f->now_ms; /* kept */
         if (f->now_ms - p->heard_ms >= f->idle_ms) {
-            remember(f, p->p.publisher_id, p->p.last_sequence);
-            kvo_free(p);
+            if (p->seen) remember(f, p->p.publisher_id, p->p.last_sequence);
+            idx_feed_pub_free(f, p);
             n++;
             continue;
         }
@@ -200,18 +191,21 @@ size_t idx_feed_expire(idx_feed *f) {
 }
 
 /* A new publisher's state, in its place in pubs; one forgotten before
- * (back) comes back with its last sequence. */
+ * (back) comes back with its last sequence, whole. */
 static kvo_status pub_add(idx_feed *f, uint64_t id, bool back, uint64_t last,
-                          pub **out) {
+                          idx_pub **out) {
     kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
                              sizeof(*f->pubs), PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
-    pub *p = kvo_calloc(1, sizeof(*p));
+    idx_pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
     p->p.publisher_id = id;
     p->heard_ms = f->now_ms;
-    for (int i = 0; i < RING; i++) p->ring_seq[i] = UINT64_MAX;
-    if (back) p->p.last_sequence = last;
+    for (int i = 0; i < IDX_RING; i++) p->ring_seq[i] = UINT64_MAX;
+    if (back) {
+        p->p.last_sequence = last;
+        p->seen = p->whole = true;
+    }
     size_t pos = pub_pos(f, id);
     memmove(&f->pubs[pos + 1], &f->pubs[pos], (f->npubs - pos) * sizeof(*f->pubs));
     f->pubs[pos] = p;
@@ -220,8 +214,35 @@ static kvo_status pub_add(idx_feed *f, uint64_t id, bool back, uint64_t last,
     return KVO_OK;
 }
 
-/* "A-B" (decimal, A <= B). */
-static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
+/* The publisher table's rule for a publisher not tracked now: recalled
+ * from the forgotten first (making room may push it out), added when
+ * there is room, else untracked (*out NULL). r->expired counts those
+ * forgotten to make room. */
+static kvo_status pub_get(idx_feed *f, uint64_t id, idx_pub **out, bool *fresh,
+                          idx_feed_result *r) {
+    *fresh = false;
+    if ((*out = idx_feed_pub(f, id))) return KVO_OK;
+    uint64_t last = 0;
+    kvo_status s = KVO_OK;
+    bool back = recall(f, id, &last);
+    if (f->npubs >= f->max_pubs) {
+        size_t n = idx_feed_expire(f);
+        if (r) r->expired = (uint32_t)n;
+    }
+    if (f->npubs < f->max_pubs) {
+        s = pub_add(f, id, back, last, out);
+        *fresh = s == KVO_OK && !back;
+    }
+    if (!*out && back) remember(f, id, last);
+    return s;
+}
+
+kvo_status idx_feed_pub_get(idx_feed *f, uint64_t id, idx_pub **out,
+                            bool *fresh) {
+    return pub_get(f, id, out, fresh, NULL);
+}
+
+bool idx_feed_parse_zmq(const char *s, uint64_t *a, uint64_t *b) {
     const char *dash = strchr(s, '-');
     if (!dash || dash == s || dash - s > U64_DIGITS) return false;
     char first[U64_DIGITS + 1];
@@ -231,20 +252,20 @@ static bool parse_zmq_seq(const char *s, uint64_t *a, uint64_t *b) {
            kvo_parse_u64(dash + 1, b) == KVO_OK && *a <= *b;
 }
 
-/* The sequence rule of the file header for a tracked publisher (fresh:
- * first heard). Fills r; false when the message is a duplicate. */
-static bool track(idx_feed *f, pub *p, bool fresh, uint64_t seq,
-                  uint64_t hash, idx_feed_result *r) {
+bool idx_feed_track(idx_feed *f, idx_pub *p, bool fresh, uint64_t seq,
+                    uint64_t hash, idx_feed_result *r) {
     uint64_t last = p->p.last_sequence;
-    uint64_t *rs = &p->ring_seq[seq % RING], *rh = &p->ring_hash[seq % RING];
+    uint64_t *rs = &p->ring_seq[seq % IDX_RING];
+    uint64_t *rh = &p->ring_hash[seq % IDX_RING];
     bool remembered = *rs == seq;
     p->heard_ms = f->now_ms;
+    fresh = fresh || !p->seen;
     if (fresh) {
         r->missed = seq;
     } else if (seq <= last) {
-        bool in_jump = p->jump != JUMP_NONE && seq < last && !remembered &&
+        bool in_jump = p->jump != IDX_JUMP_NONE && seq < last && !remembered &&
                        seq != 0 && /* 0: a restart, as ever */
-                       (p->jump == JUMP_FIRST || seq > p->jump_from);
+                       (p->jump == IDX_JUMP_FIRST || seq > p->jump_from);
         if (remembered && *rh == hash) {
             p->p.duplicates++;
             r->duplicate = true;
@@ -253,7 +274,7 @@ static bool track(idx_feed *f, pub *p, bool fresh, uint64_t seq,
         if (in_jump) {
             r->rewind = true;
             r->jumped_from = last;
-            if (p->jump == JUMP_FROM && seq - p->jump_from > 1)
+            if (p->jump == IDX_JUMP_FROM && seq - p->jump_from > 1)
                 r->missed = seq - p->jump_from - 1;
         } else if (!remembered && seq != 0) {
             p->p.duplicates++;
@@ -270,10 +291,14 @@ static bool track(idx_feed *f, pub *p, bool fresh, uint64_t seq,
         p->p.gaps++;
         p->p.missed = sat_add(p->p.missed, r->missed);
     }
-    p->jump = r->missed && !r->rewind ? (fresh ? JUMP_FIRST : JUMP_FROM)
-                                      : JUMP_NONE;
+    p->jump = r->missed && !r->rewind
+                  ? (fresh ? IDX_JUMP_FIRST : IDX_JUMP_FROM)
+                  : IDX_JUMP_NONE;
     p->jump_from = last;
     if (r->restart || r->rewind) p->p.has_zmq = false;
+    if (fresh || r->restart) p->whole = seq == 0;
+    else if (r->missed) p->whole = false;
+    p->seen = true;
     *rs = seq;
     *rh = hash;
     p->p.last_sequence = seq;
@@ -281,87 +306,139 @@ static bool track(idx_feed *f, pub *p, bool fresh, uint64_t seq,
     return true;
 }
 
-kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
-                            const char *zmq_seq, idx_feed_result *res,
-                            kvo_err *err) {
+/* Remember one of p's worker ids (the slots a failed recovery clears). */
+static void note_worker(idx_pub *p, uint64_t worker_id) {
+    for (uint32_t i = 0; i < p->n_workers; i++)
+        if (p->workers[i] == worker_id) return;
+    if (p->n_workers < IDX_PUB_WORKERS) p->workers[p->n_workers++] = worker_id;
+}
+
+kvo_status idx_feed_apply_events(idx_feed *f, idx_pub *p, idx_feed_result *r,
+                                 uint64_t *blocks) {
+    const wire_plane_msg *m = &f->msg;
+    kvo_status s = KVO_OK;
+    uint64_t stored = 0;
+    for (uint32_t i = 0; i < m->n_events; i++) {
+        const wire_revent *ev = &m->events[i];
+        if (ev->tier != WIRE_TIER_DEVICE) {
+            r->other_tier++;
+            continue;
+        }
+        if (p && (p->n_workers == 0 || p->workers[0] != ev->worker_id))
+            note_worker(p, ev->worker_id);
+        idx_evstatus st;
+        kvo_status a = idx_tree_apply(f->tree, ev, &st);
+        if (a != KVO_OK) {
+            r->lost++;
+            if (s == KVO_OK) s = a;
+        } else if (ev->type == WIRE_R_STORED && st == IDX_EV_OK) {
+            stored += ev->n_blocks;
+        }
+    }
+    f->gen++;
+    if (blocks) *blocks = stored;
+    return s;
+}
+
+void idx_feed_zmq_header(idx_pub *p, const char *zmq_seq, idx_feed_result *r) {
+    uint64_t a, b;
+    if (!idx_feed_parse_zmq(zmq_seq, &a, &b)) {
+        r->bad_header = true;
+    } else if (p) {
+        if (!p->p.has_zmq || a < p->p.zmq_first) p->p.zmq_first = a;
+        if (!p->p.has_zmq || b > p->p.zmq_last) p->p.zmq_last = b;
+        p->p.has_zmq = true;
+    }
+}
+
+/* Count what became of one message. */
+static void count(idx_feed *f, const idx_feed_result *r) {
+    f->c.applied += r->applied;
+    f->c.duplicates += r->duplicate;
+    f->c.undecodable += r->undecodable;
+    f->c.restarts += r->restart;
+    f->c.rewinds += r->rewind;
+    f->c.gaps += r->missed != 0;
+    f->c.missed = sat_add(f->c.missed, r->missed);
+    f->c.bad_headers += r->bad_header;
+    f->c.other_tier += r->other_tier;
+    f->c.enomem += r->lost;
+    f->c.publishers_refused += r->untracked;
+}
+
+kvo_status idx_feed_live_decoded(idx_feed *f, const char *subject,
+                                 const uint8_t *body, size_t len,
+                                 const char *zmq_seq, bool released,
+                                 idx_feed_result *r) {
+    const wire_plane_msg *m = &f->msg;
+    r->publisher_id = m->publisher_id;
+    r->sequence = m->sequence;
+    idx_pub *p;
+    bool fresh;
+    kvo_status s = pub_get(f, m->publisher_id, &p, &fresh, r);
+    if (s != KVO_OK) goto done;
+    r->untracked = !p;
+    if (p) {
+        uint64_t hash = XXH3_64bits(body, len);
+        if (f->recovery && (p->rec.asking || !p->p.stale)) {
+            idx_rec_act act = idx_rec_live(f, p, fresh, m->sequence, hash, body,
+                                           len, zmq_seq, subject, released, r);
+            if (act == IDX_REC_HOLD) goto done;
+            if (act == IDX_REC_DROP) {
+                s = KVO_EEXIST;
+                goto done;
+            }
+        } else if (!idx_feed_track(f, p, fresh, m->sequence, hash, r)) {
+            s = KVO_EEXIST;
+            goto done;
+        }
+    }
+    if (zmq_seq) idx_feed_zmq_header(p, zmq_seq, r);
+    s = idx_feed_apply_events(f, p, r, NULL);
+    r->applied = true;
+done:
+    count(f, r);
+    return s;
+}
+
+kvo_status idx_feed_live(idx_feed *f, const char *subject, const uint8_t *body,
+                         size_t len, const char *zmq_seq, idx_feed_result *res,
+                         kvo_err *err) {
     idx_feed_result r;
     memset(&r, 0, sizeof(r));
     f->c.messages++;
     kvo_status s = wire_plane_decode(body, len, &f->lim, &f->msg, err);
     if (s != KVO_OK) {
         r.undecodable = s != KVO_ENOMEM;
-        goto done;
+        count(f, &r);
+    } else {
+        s = idx_feed_live_decoded(f, subject, body, len, zmq_seq, false, &r);
     }
-    const wire_plane_msg *m = &f->msg;
-    r.publisher_id = m->publisher_id;
-    r.sequence = m->sequence;
-    pub *p = pub_find(f, m->publisher_id);
-    bool fresh = false;
-    if (!p) { /* recalled first: making room may push it out */
-        uint64_t last = 0;
-        bool back = recall(f, m->publisher_id, &last);
-        if (f->npubs >= f->max_pubs) r.expired = (uint32_t)idx_feed_expire(f);
-        if (f->npubs >= f->max_pubs) {
-            r.untracked = true;
-        } else {
-            s = pub_add(f, m->publisher_id, back, last, &p);
-            fresh = !back;
-        }
-        if (!p && back) remember(f, m->publisher_id, last);
-        if (s != KVO_OK) goto done;
-    }
-    if (p && !track(f, p, fresh, m->sequence, XXH3_64bits(body, len), &r)) {
-        s = KVO_EEXIST;
-        goto done;
-    }
-    if (zmq_seq) {
-        uint64_t a, b;
-        if (!parse_zmq_seq(zmq_seq, &a, &b)) {
-            r.bad_header = true;
-        } else if (p) {
-            if (!p->p.has_zmq || a < p->p.zmq_first) p->p.zmq_first = a;
-            if (!p->p.has_zmq || b > p->p.zmq_last) p->p.zmq_last = b;
-            p->p.has_zmq = true;
-        }
-    }
-    for (uint32_t i = 0; i < m->n_events; i++) {
-        const wire_revent *ev = &m->events[i];
-        if (ev->tier != WIRE_TIER_DEVICE) {
-            r.other_tier++;
-            continue;
-        }
-        idx_evstatus st;
-        kvo_status a = idx_tree_apply(f->tree, ev, &st);
-        if (a != KVO_OK) {
-            r.lost++;
-            s = a;
-        }
-    }
-    r.applied = true;
-done:
-    f->c.applied += r.applied;
-    f->c.duplicates += r.duplicate;
-    f->c.undecodable += r.undecodable;
-    f->c.restarts += r.restart;
-    f->c.rewinds += r.rewind;
-    f->c.gaps += r.missed != 0;
-    f->c.missed = sat_add(f->c.missed, r.missed);
-    f->c.bad_headers += r.bad_header;
-    f->c.other_tier += r.other_tier;
-    f->c.enomem += r.lost;
-    f->c.publishers_refused += r.untracked;
     if (res) *res = r;
     return s;
+}
+
+kvo_status idx_feed_message(idx_feed *f, const uint8_t *body, size_t len,
+                            const char *zmq_seq, idx_feed_result *res,
+                            kvo_err *err) {
+    return idx_feed_live(f, NULL, body, len, zmq_seq, res, err);
 }
 
 void idx_feed_counters_get(const idx_feed *f, idx_feed_counters *out) {
     *out = f->c;
     out->publishers = f->npubs;
+    out->relays = out->recovering = out->stale_publishers = 0;
+    for (size_t i = 0; i < f->npubs; i++) {
+        const idx_pub *p = f->pubs[i];
+        out->relays += p->relay.announced;
+        out->recovering += p->rec.asking;
+        out->stale_publishers += p->p.stale;
+    }
 }
 
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last) {
-    const pub *p = pub_find(f, publisher_id);
+    const idx_pub *p = idx_feed_pub(f, publisher_id);
     if (!p || !p->p.has_zmq) return false;
     *zmq_last = p->p.zmq_last;
     return true;
@@ -521,6 +598,7 @@ json_object *idx_json_watermark(const idx_feed *f, const idx_page *page) {
                                    p->has_zmq ? u64(p->zmq_first) : NULL);
             json_object_object_add(e, "zmq_seq_last",
                                    p->has_zmq ? u64(p->zmq_last) : NULL);
+            put(e, "stale", json_object_new_boolean(p->stale), &ok);
         }
         push(a, e, &ok);
     }
@@ -528,6 +606,35 @@ json_object *idx_json_watermark(const idx_feed *f, const idx_page *page) {
     if (to < f->npubs && to > from) /* more follow */
         put(o, "next", u64(f->pubs[to - 1]->p.publisher_id), &ok);
     return done(o, ok);
+}
+
+bool idx_json_recovery(const idx_feed *f, json_object *o) {
+    bool ok = true;
+    json_object *rec = json_object_new_array(), *st = json_object_new_array();
+    size_t stale = 0;
+    for (size_t i = 0; rec && st && i < f->npubs; i++) {
+        const idx_pub *p = f->pubs[i];
+        if (p->rec.asking) push(rec, u64(p->p.publisher_id), &ok);
+        for (size_t k = 0; p->p.stale && k < p->n_stale; k++, stale++) {
+            if (stale >= IDX_HEALTH_STALE_MAX) continue;
+            json_object *e = json_object_new_object();
+            if (e) {
+                put(e, "publisher_id", u64(p->p.publisher_id), &ok);
+                put(e, "worker_id", u64(p->stale[k].worker_id), &ok);
+                put(e, "dp_rank", u64(p->stale[k].dp_rank), &ok);
+            }
+            push(st, e, &ok);
+        }
+    }
+    if (!rec || !st) {
+        json_object_put(rec);
+        json_object_put(st);
+        return false;
+    }
+    put(o, "recovering", rec, &ok);
+    put(o, "stale", st, &ok);
+    put(o, "stale_count", u64(stale), &ok);
+    return ok;
 }
 
 /* The shape is wire_plane_to_json's: the event goes through it alone, in

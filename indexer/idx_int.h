@@ -8,8 +8,9 @@
 #include "idx.h"
 #include "kvo_http.h"
 #include "kvo_json.h"
+#include "kvo_map.h"
 
-/* ---- Feed internals ------------------------------------------------------ */
+/* ---- Feed internals (idx_feed.c, idx_recover.c) -------------------------- */
 
 /* Per publisher; what GET /watermark shows. */
 typedef struct idx_publisher {
@@ -21,9 +22,12 @@ typedef struct idx_publisher {
     uint64_t duplicates;
     uint64_t restarts;
     bool has_zmq;       /* a KVO-Zmq-Seq header was seen (since the last
-                           restart or rewind) */
+                           restart, rewind or dump) */
     uint64_t zmq_first; /* lowest header start seen */
     uint64_t zmq_last;  /* highest header end seen */
+    bool stale;         /* a recovery failed: its (worker, rank)s were
+                           cleared and are not known to be whole again */
+    bool recovering;    /* a recovery request is in flight */
 } idx_publisher;
 
 /* idx_feed_counters, one row each and in this order everywhere: the
@@ -56,7 +60,57 @@ typedef struct idx_publisher {
       counter,                                                                 \
       "Messages applied untracked: the publisher table was full.")             \
     X(publishers_expired, "publishers_expired", "publishers_expired_total",    \
-      counter, "Publishers forgotten after being idle.")
+      counter, "Publishers forgotten after being idle.")                       \
+    IDX_REC_COUNTERS(X)
+
+/* The recovery's rows (docs/recovery.md; idx_recover.c). */
+#define IDX_REC_COUNTERS(X)                                                    \
+    X(announces, "announces", "announces_total", counter,                     \
+      "Relay announces received (start, heartbeat, discover answers).")        \
+    X(announces_bad, "announces_bad", "announces_bad_total", counter,          \
+      "Announces that could not be read.")                                     \
+    X(relays, "relays", "relays", gauge,                                       \
+      "Tracked publishers that announced themselves as relays.")               \
+    X(recovering, "recovering", "recovering", gauge,                           \
+      "Publishers with a recovery request in flight.")                         \
+    X(stale_publishers, "stale_publishers", "stale_publishers", gauge,         \
+      "Publishers whose last recovery failed (their workers were cleared).")   \
+    X(recovery_requests, "recovery_requests", "recovery_requests_total",       \
+      counter, "Recovery requests sent (retries included).")                   \
+    X(recoveries_events, "recoveries_events", "recoveries_events_total",       \
+      counter, "Recoveries answered with the missing envelopes.")              \
+    X(recoveries_dump, "recoveries_dump", "recoveries_dump_total", counter,    \
+      "Recoveries answered with a dump of the relay's state.")                 \
+    X(recoveries_too_new, "recoveries_too_new", "recoveries_too_new_total",    \
+      counter, "Recoveries answered too_new: nothing was missing.")            \
+    X(recovery_failures, "recovery_failures", "recovery_failures_total",       \
+      counter,                                                                 \
+      "Recoveries that failed (relay gone, timeout, no valid answer).")        \
+    X(recovery_retries, "recovery_retries", "recovery_retries_total", counter, \
+      "Requests sent again after an incomplete or malformed answer.")          \
+    X(recovery_bad, "recovery_bad", "recovery_bad_total", counter,             \
+      "Malformed or inconsistent recovery answers.")                           \
+    X(recovery_stray, "recovery_stray", "recovery_stray_total", counter,       \
+      "Recovery answers to no request in flight (late, or abandoned).")        \
+    X(envelopes_recovered, "envelopes_recovered", "envelopes_recovered_total", \
+      counter, "Envelopes received in recovery answers (events and dumps).")   \
+    X(dumps_applied, "dumps_applied", "dumps_applied_total", counter,          \
+      "Dumps applied whole.")                                                  \
+    X(dump_blocks_applied, "dump_blocks_applied", "dump_blocks_applied_total", \
+      counter, "Blocks stored from dumps.")                                    \
+    X(impossible_sequences, "impossible_sequences",                            \
+      "impossible_sequences_total", counter,                                   \
+      "Envelopes dropped: their relay never sent that sequence (too_new).")    \
+    X(live_held, "live_held", "live_held_total", counter,                      \
+      "Live envelopes held while their publisher recovered.")                  \
+    X(live_held_dropped, "live_held_dropped", "live_held_dropped_total",       \
+      counter, "Live envelopes not held: the hold was full (recovered later).")\
+    X(live_covered, "live_covered", "live_covered_total", counter,             \
+      "Held live envelopes a dump covered (dropped).")                         \
+    X(recovery_ms_total, "recovery_ms_total", "recovery_ms_total", counter,    \
+      "Milliseconds spent recovering, summed over finished recoveries.")       \
+    X(recovery_ms_max, "recovery_ms_max", "recovery_ms_max", gauge,            \
+      "Longest finished recovery, milliseconds.")
 
 /* Publishers sorted by publisher_id; *out kvo_malloc'd (caller frees). */
 kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
@@ -65,6 +119,233 @@ kvo_status idx_feed_publishers(const idx_feed *f, idx_publisher **out,
  * publisher or its header is unknown so far. No allocation. */
 bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
                        uint64_t *zmq_last);
+/* A counter that moves whenever the feed changes the tree (for caches of
+ * what was read from it). */
+uint64_t idx_feed_generation(const idx_feed *f);
+
+/* ---- Recovery: the pure core (idx_recover.c draws the state machine) -----
+ * docs/recovery.md, the indexer's side. No sockets and no clock: the feed's
+ * clock (idx_feed_set_clock) is the time, requests go out through io.ask,
+ * and the caller hands back what comes in: announces, reply messages (by
+ * publisher and request id), and ticks for the timeouts. */
+
+/* One recovery request to send. */
+typedef struct idx_rec_ask {
+    uint64_t publisher_id;
+    uint64_t id;          /* unique; its replies come back with it */
+    const char *subject;  /* the relay's recovery_subject, or one derived
+                             from the subject its envelopes came on; NULL:
+                             unknown (the caller derives it) */
+    wire_recovery_req req;
+} idx_rec_ask;
+
+/* What became of a recovery, for the caller's log. */
+typedef enum idx_rec_what {
+    IDX_REC_ASKED = 0, /* a request went out (also io.ask) */
+    IDX_REC_DONE,      /* recovered (kind: events, dump, too_new) */
+    IDX_REC_FAILED,    /* gave up: why says why; slots cleared, stale */
+    IDX_REC_RETRY,     /* an answer was incomplete or malformed: asked again */
+    IDX_REC_IMPOSSIBLE,/* a jumped envelope nobody sent: dropped */
+    IDX_REC_RESTART,   /* the relay restarted: a dump was asked */
+} idx_rec_what;
+
+typedef struct idx_rec_note {
+    idx_rec_what what;
+    uint64_t publisher_id;
+    wire_reply_kind kind; /* DONE: how (EVENTS, DUMP, TOO_NEW); ASKED,
+                             RETRY: DUMP or EVENTS */
+    uint64_t sequence;    /* ASKED events: from_sequence; IMPOSSIBLE: the
+                             dropped sequence; DONE dump: as_of */
+    uint64_t count;       /* DONE: envelopes received; FAILED: (worker,
+                             rank)s cleared */
+    uint64_t ms;          /* DONE: time to recover */
+    const char *why;      /* FAILED, RETRY: static text */
+} idx_rec_note;
+
+/* The feed calls these on the caller's thread, from within the feed's own
+ * calls: they must not call the feed back. ask's failure to send is not
+ * reported: the request times out. note may be NULL. */
+typedef struct idx_rec_io {
+    void (*ask)(void *ctx, const idx_rec_ask *a);
+    void (*note)(void *ctx, const idx_rec_note *n);
+    void *ctx;
+} idx_rec_io;
+
+/* Turn recovery on (io.ask not NULL) for every publisher from now on. */
+void idx_feed_recovery(idx_feed *f, const idx_rec_io *io);
+/* One live message, like idx_feed_message, with the subject it came on
+ * (NULL: unknown), from which a recovery subject can be derived. With
+ * recovery on, res->held says it was held (applied or dropped later). */
+kvo_status idx_feed_live(idx_feed *f, const char *subject, const uint8_t *body,
+                         size_t len, const char *zmq_seq, idx_feed_result *res,
+                         kvo_err *err);
+/* An announce (JSON). KVO_OK, or a decode status (counted). */
+kvo_status idx_feed_announce(idx_feed *f, const void *body, size_t len,
+                             kvo_err *err);
+/* A message of a reply stream to request id of publisher_id: kind is its
+ * KVO-Recovery header (NULL when absent), zmq_seq its KVO-Zmq-Seq header.
+ * no_responders: NATS said nobody listens on the request's subject (the
+ * relay is gone). Replies to no request in flight are counted and ignored.
+ * KVO_OK, or the status that made it malformed (counted). */
+kvo_status idx_feed_reply(idx_feed *f, uint64_t publisher_id, uint64_t id,
+                          const char *kind, const char *zmq_seq,
+                          const void *body, size_t len, bool no_responders,
+                          kvo_err *err);
+/* Fail the recoveries whose relay has been silent for the timeout, at the
+ * feed's clock; returns how many. Cheap when nothing is in flight. */
+size_t idx_feed_tick(idx_feed *f);
+/* Say "recovering" until until_ms (the feed's clock): the discovery
+ * window, while relays answer the discover request. */
+void idx_feed_discovering(idx_feed *f, uint64_t until_ms);
+/* Recovering now: in the discovery window, or a request in flight. */
+bool idx_feed_is_recovering(const idx_feed *f);
+
+/* A (worker, rank) pair. */
+typedef struct idx_slot {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+} idx_slot;
+
+/* ---- The feed's state (idx_feed.c draws it; idx_recover.c shares it) ---- */
+
+#define IDX_RING 256        /* bodies remembered per publisher */
+#define IDX_HDR_MAX 48      /* a held KVO-Zmq-Seq header ("A-B": <= 41) */
+#define IDX_PUB_WORKERS 8   /* worker ids remembered per publisher */
+
+/* A live envelope held while its publisher recovers: a copy. */
+typedef struct idx_held {
+    uint64_t seq;
+    uint64_t order;     /* arrival, among the publisher's held */
+    uint8_t *body;      /* kvo_malloc'd */
+    size_t len;
+    bool has_hdr;
+    char hdr[IDX_HDR_MAX]; /* "x" when too long to be well formed */
+} idx_held;
+
+/* What a relay said of itself (its announces). */
+typedef struct idx_relay {
+    bool announced;
+    uint64_t worker_id;
+    uint64_t started_at_ms;
+    uint32_t n_ranks;
+    uint32_t *ranks;    /* kvo_malloc'd */
+    char *subject;      /* recovery subject, kvo_malloc'd (or derived) */
+} idx_relay;
+
+/* One recovery episode: from the first request to done or failed. */
+typedef struct idx_rec {
+    bool asking;        /* a request in flight */
+    bool dump;          /* it asked for a dump */
+    bool restarting;    /* begun at a relay restart: hold everything */
+    bool has_jump;      /* begun by an envelope that jumped ahead */
+    bool has_as_of;     /* dump: its envelopes' sequence is known */
+    bool has_zmq;       /* dump: a KVO-Zmq-Seq header came with it */
+    uint32_t attempts;  /* requests of this episode */
+    uint64_t id;        /* the request in flight */
+    uint64_t from;      /* events: from_sequence */
+    uint64_t jump_seq;  /* has_jump: the jumped envelope's sequence */
+    uint64_t as_of;
+    uint64_t zmq_first, zmq_last;
+    uint64_t got;       /* envelopes received for the request */
+    uint64_t begun_ms, deadline_ms;
+    idx_held *held;     /* live envelopes held, in arrival order */
+    size_t n_held, cap_held, held_bytes;
+    uint64_t held_order;
+} idx_rec;
+
+typedef enum idx_jump {
+    IDX_JUMP_NONE = 0,
+    IDX_JUMP_FROM,  /* jumped ahead from jump_from */
+    IDX_JUMP_FIRST, /* first heard above 0 */
+} idx_jump;
+
+typedef struct idx_pub {
+    idx_publisher p;
+    uint64_t heard_ms;  /* the feed's clock at its last message */
+    bool seen;          /* an envelope was tracked: p.last_sequence holds */
+    bool whole;         /* every envelope up to last_sequence is reflected
+                           (first heard at 0, or rebuilt by a dump) */
+    idx_jump jump;
+    uint64_t jump_from; /* IDX_JUMP_FROM: last_sequence before the jump */
+    uint32_t n_workers; /* worker ids its applied envelopes named */
+    uint64_t workers[IDX_PUB_WORKERS];
+    idx_slot *stale;    /* stale: the (worker, rank)s cleared, kvo_malloc'd */
+    size_t n_stale;
+    idx_relay relay;
+    idx_rec rec;
+    uint64_t ring_seq[IDX_RING];
+    uint64_t ring_hash[IDX_RING];
+} idx_pub;
+
+typedef struct idx_gone {
+    uint64_t id, last_sequence;
+} idx_gone;
+
+struct idx_feed {
+    idx_tree *tree;
+    wire_plane_msg msg;
+    wire_limits lim;
+    idx_feed_counters c;
+    idx_pub **pubs; /* sorted by publisher_id */
+    size_t npubs, cap;
+    size_t max_pubs;
+    uint64_t idle_ms; /* 0 = never forget */
+    uint64_t now_ms, oldest_ms;
+    idx_gone *gone;   /* max_pubs slots, allocated at the first expiry */
+    size_t gone_len, gone_head;
+    kvo_map gone_at;  /* id -> position in gone + 1 */
+    uint64_t gen;     /* idx_feed_generation */
+    /* recovery (idx_recover.c) */
+    bool recovery;    /* io.ask is set */
+    idx_rec_io io;
+    uint64_t rec_timeout_ms;
+    size_t held_max_msgs, held_max_bytes, held_bytes;
+    uint64_t next_id;
+    uint64_t discover_until_ms;
+    kvo_json doc;     /* announces and reply ends */
+};
+
+/* idx_feed.c, for idx_recover.c. */
+idx_pub *idx_feed_pub(const idx_feed *f, uint64_t id);
+/* The publisher of id, added when new (fresh: added now, never heard;
+ * NULL with KVO_OK: the table is full). */
+kvo_status idx_feed_pub_get(idx_feed *f, uint64_t id, idx_pub **out,
+                            bool *fresh);
+/* The sequence rule without recovery (idx_feed.c's header): false when
+ * seq is a duplicate. hash: the body's. */
+bool idx_feed_track(idx_feed *f, idx_pub *p, bool fresh, uint64_t seq,
+                    uint64_t hash, idx_feed_result *r);
+/* Apply f->msg's device-tier events (p may be NULL: untracked): counts
+ * other tiers and losses in r; *blocks (may be NULL) gets the stored
+ * blocks applied. The first failing tree status, or KVO_OK. */
+kvo_status idx_feed_apply_events(idx_feed *f, idx_pub *p, idx_feed_result *r,
+                                 uint64_t *blocks);
+/* "A-B" (decimal, A <= B). */
+bool idx_feed_parse_zmq(const char *s, uint64_t *a, uint64_t *b);
+/* An applied message's KVO-Zmq-Seq header into p's watermark (p may be
+ * NULL: untracked); a malformed one sets r->bad_header. */
+void idx_feed_zmq_header(idx_pub *p, const char *zmq_seq, idx_feed_result *r);
+/* The live path after decoding, for a released held envelope too. */
+kvo_status idx_feed_live_decoded(idx_feed *f, const char *subject,
+                                 const uint8_t *body, size_t len,
+                                 const char *zmq_seq, bool released,
+                                 idx_feed_result *r);
+void idx_feed_pub_free(idx_feed *f, idx_pub *p);
+
+/* idx_recover.c, for idx_feed.c. */
+typedef enum idx_rec_act {
+    IDX_REC_APPLY = 0, /* tracked: apply it */
+    IDX_REC_HOLD,      /* held (or not, when the hold is full) */
+    IDX_REC_DROP,      /* a duplicate */
+} idx_rec_act;
+/* The recovery's sequence rule for a live envelope of a tracked
+ * publisher (idx_recover.c's header). */
+idx_rec_act idx_rec_live(idx_feed *f, idx_pub *p, bool fresh, uint64_t seq,
+                         uint64_t hash, const uint8_t *body, size_t len,
+                         const char *zmq_seq, const char *subject,
+                         bool released, idx_feed_result *r);
+/* Free what a publisher's recovery holds. */
+void idx_rec_fini(idx_feed *f, idx_pub *p);
 
 /* ---- Pages of a long answer (GET /watermark, GET /dump) ------------------
  * ?after=K&limit=N: the entries whose key is above K (all when has_after
@@ -97,7 +378,14 @@ typedef struct idx_page {
  *             KVO-Zmq-Seq header was seen; first = lowest start, last =
  *             highest end), sorted by publisher_id, the page's publishers
  *             only; "next" (the last publisher_id listed) only when more
- *             publishers follow: ask again with ?after=next
+ *             publishers follow: ask again with ?after=next; each
+ *             publisher also has "stale": true when its last recovery
+ *             failed (its (worker, rank)s were cleared), else false
+ * recovery:  idx_json_recovery adds to o (GET /health's object)
+ *             "recovering": [publisher_id, ...] (a request in flight),
+ *             "stale": [{"publisher_id", "worker_id", "dp_rank"}, ...]
+ *             (the first IDX_HEALTH_STALE_MAX) and "stale_count": n;
+ *             false when out of memory
  * NULL return = out of memory. */
 json_object *idx_json_counters(const idx_feed *f);
 json_object *idx_json_workers(const idx_tree *t);
@@ -105,6 +393,75 @@ json_object *idx_json_scores(const idx_scores *s);
 json_object *idx_json_watermark(const idx_feed *f, const idx_page *page);
 /* One stored RouterEvent in the event-plane JSON shape of the vectors. */
 json_object *idx_json_revent(const wire_revent *ev);
+#define IDX_HEALTH_STALE_MAX 1000
+bool idx_json_recovery(const idx_feed *f, json_object *o);
+
+/* ---- Per-worker views: GET /blocks, POST /lookup (idx_views.c) -----------
+ * GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]:
+ *   {"worker_id", "dp_rank", "count": C, "digest": D, "blocks":
+ *    [[block_hash, parent_hash|null], ...], "next": H'}
+ * the blocks sorted by block_hash, those above after, at most limit
+ * (1..IDX_BLOCKS_PAGE, default IDX_BLOCKS_PAGE); "next" (the last listed)
+ * only while more follow; digest_only: no "blocks" (nor "next"). C and D
+ * are the whole set's. D = the sum mod 2^64 over the blocks of
+ * idx_block_digest(block_hash, parent) (parent 0 when it has none): the
+ * same as kvo-mocker's over its cached blocks. */
+#define IDX_BLOCKS_PAGE 100000
+
+static inline uint64_t idx_block_digest(uint64_t block_hash,
+                                        uint64_t parent_or_0) {
+    return kvo_mix64(block_hash ^
+                     kvo_mix64(parent_or_0 + 0x9E3779B97F4A7C15ull));
+}
+
+/* One worker's blocks, sorted by block_hash: a cache that is reloaded only
+ * when the (worker, rank) or the feed's generation changes, so the pages
+ * of one listing cost O(page) each. */
+typedef struct idx_blockset {
+    bool loaded;
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    uint64_t gen;
+    uint64_t digest;
+    size_t n, cap;
+    idx_block *v; /* kvo_malloc'd, sorted by block_hash */
+} idx_blockset;
+
+void idx_blockset_init(idx_blockset *bs);
+void idx_blockset_fini(idx_blockset *bs);
+/* (worker_id, dp_rank)'s blocks of t as of generation gen into bs (kept
+ * when bs holds them already). KVO_ENOMEM leaves bs empty. */
+kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
+                             uint64_t worker_id, uint32_t dp_rank);
+/* Count and digest of (worker_id, dp_rank)'s blocks, walking them once
+ * (no allocation). */
+kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, uint64_t *count,
+                             uint64_t *digest);
+/* GET /blocks's answer for the page pg of bs (digest_only: no list),
+ * appended to out. */
+kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
+                           bool digest_only, kvo_buf *out);
+/* The digest-only answer from idx_blocks_digest's values. */
+kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
+                                  uint64_t count, uint64_t digest,
+                                  kvo_buf *out);
+
+/* POST /lookup {"worker_id": W, "dp_rank": R, "block_hashes": [h, ...]}
+ * (at most IDX_LOOKUP_MAX hashes; idx_request_parse reads it) ->
+ *   {"blocks": [{"block_hash": h, "held": bool, "tokens_hash": t|null,
+ *     "parent_hash": p|null, "in_set": bool, "others": n,
+ *     "other_holders": [[worker_id, dp_rank], ...]}, ...]}
+ * in the order asked. held: (W, R)'s lookup has h (tokens_hash and
+ * parent_hash are then its node's, parent null at the root or when
+ * detached; in_set: (W, R) is in the node's worker set). others: how many
+ * other (worker, rank)s hold the node ((W, R) held it) or hold h (it did
+ * not: the node some other worker maps h to), the first IDX_INFO_OTHERS
+ * of them listed in other_holders, sorted. */
+#define IDX_LOOKUP_MAX 4096
+json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, const uint64_t *hashes,
+                             size_t n);
 
 /* ---- Requests: query bodies (idx_request.c) ------------------------------
  * The one reading path of POST /query, POST /query_by_hash and replay's
@@ -113,6 +470,10 @@ json_object *idx_json_revent(const wire_revent *ev);
  *   {"token_ids": [u32...], "lora_name"?: str|null, "cache_salt"?: str|null}
  *   {"tokens_hashes": [u64...]}
  *   {"apply": K}                               (replay lines only)
+ *   {"worker_id": u64, "dp_rank": u32, "block_hashes": [u64...]}
+ *                                              (POST /lookup; at most
+ *                                              IDX_LOOKUP_MAX hashes; no
+ *                                              "metrics" or "wait")
  * each with optional "metrics": bool|null and "wait": {"zmq_seq":
  * [[publisher_id, seq], ...], "timeout_ms"?: 0..600000 (default 30000)}.
  * Other members are ignored. Pure: no tree, clock or socket. */
@@ -120,6 +481,7 @@ typedef enum idx_req_kind {
     IDX_REQ_TOKENS = 1, /* accept-mask bits too */
     IDX_REQ_HASHES = 2,
     IDX_REQ_APPLY = 4,
+    IDX_REQ_LOOKUP = 8, /* POST /lookup */
 } idx_req_kind;
 
 #define IDX_WAIT_MAX_PAIRS 4096   /* (publisher, seq) pairs per wait */
@@ -131,7 +493,9 @@ typedef struct idx_request {
     idx_req_kind kind;
     const uint64_t *v;  /* TOKENS: token ids (each < 2^32); HASHES: tokens
                            hashes; n of them (v may be NULL when n is 0) */
-    size_t n;
+    size_t n;                /* LOOKUP: v/n are the block hashes */
+    uint64_t worker_id;      /* LOOKUP */
+    uint32_t dp_rank;        /* LOOKUP */
     const char *lora, *salt; /* TOKENS: NULL = none */
     uint64_t apply;          /* APPLY: records to apply */
     bool metrics;            /* "metrics": true */
@@ -379,7 +743,10 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 #define SEG_MAX 26   /* 64 * (2^26 - 1) elements: beyond any u32 index */
 
 typedef struct segv {
-    uintptr_t base[SEG_MAX]; /* segment k's address - first(k) * elem */
+    /* segment k's address - first(k) * elem. A pointer type, not an
+     * integer: a store to a node's u64 field then cannot alias it, so the
+     * compiler keeps it in a register across stores. */
+    char *base[SEG_MAX];
     uint32_t nseg;           /* segments allocated */
     uint32_t cap;            /* elements they hold */
 } segv;
@@ -391,7 +758,7 @@ static inline uint32_t seg_first(uint32_t k) {
     return ((1u << k) - 1) << SEG0_SHIFT;
 }
 static inline void *segv_at(const segv *v, uint32_t i, size_t elem) {
-    return (void *)(v->base[seg_of(i)] + (uintptr_t)i * elem);
+    return v->base[seg_of(i)] + (size_t)i * elem;
 }
 /* Room for need elements; KVO_ENOMEM changes nothing. */
 kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem);
@@ -543,8 +910,8 @@ static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
 }
 
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
-static inline uint32_t look_find_h(const idx_tree *t, uint32_t w, uint64_t bh,
-                                   uint64_t h) {
+static inline __attribute__((always_inline)) uint32_t
+look_find_h(const idx_tree *t, uint32_t w, uint64_t bh, uint64_t h) {
     return tab_find_h(&t->ws[w].look, h, look_eq, t, bh, w);
 }
 

@@ -1,10 +1,10 @@
 /* idx_request.c -- query bodies into requests (idx_int.h draws the shapes).
  *
- * The one reading path of POST /query, POST /query_by_hash and replay's
- * query lines: bytes -> kvo_json's tree (strict, bounded: see kvo_json.h)
- * -> an idx_request whose arrays point into that tree (a token array is
- * never copied, and no per-element object is ever made). Pure: no tree,
- * clock or socket, so tests/fuzz/fuzz_query.c runs it alone.
+ * The one reading path of POST /query, POST /query_by_hash, POST /lookup
+ * and replay's query lines: bytes -> kvo_json's tree (strict, bounded: see
+ * kvo_json.h) -> an idx_request whose arrays point into that tree (a token
+ * array is never copied, and no per-element object is ever made). Pure: no
+ * tree, clock or socket, so tests/fuzz/fuzz_query.c runs it alone.
  *
  * An error says where: kvo_json gives the byte offset of a malformed value,
  * and path_at turns it into the member path ("tokens_hashes[3]") by
@@ -165,6 +165,28 @@ static kvo_status read_wait(idx_request *q, const kvo_jv *w, kvo_err *err) {
     return KVO_OK;
 }
 
+/* {"worker_id": u64, "dp_rank": u32, "block_hashes": [u64...]}. */
+static kvo_status read_lookup(idx_request *q, const kvo_jv *root,
+                              kvo_err *err) {
+    if (!kvo_json_u64(kvo_json_get(root, "worker_id"), &q->worker_id))
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "worker_id: expected an integer >= 0");
+    if (!kvo_json_u32(kvo_json_get(root, "dp_rank"), &q->dp_rank))
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "dp_rank: expected an integer in 0..4294967295");
+    const kvo_jv *h = kvo_json_get(root, "block_hashes");
+    if (!h)
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "missing block_hashes");
+    kvo_status st = u64_array(h, "block_hashes", UINT64_MAX, &q->v, &q->n, err);
+    if (st != KVO_OK) return st;
+    if (q->n > IDX_LOOKUP_MAX)
+        return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
+                           "block_hashes: at most %d", IDX_LOOKUP_MAX);
+    q->kind = IDX_REQ_LOOKUP;
+    return KVO_OK;
+}
+
 static kvo_status read_request(idx_request *q, unsigned accept,
                                kvo_err *err) {
     const kvo_jv *root = q->doc.root;
@@ -172,6 +194,7 @@ static kvo_status read_request(idx_request *q, unsigned accept,
     if (!kvo_json_is(root, KVO_JSON_OBJ))
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "expected a JSON object");
+    if (accept & IDX_REQ_LOOKUP) return read_lookup(q, root, err);
     const kvo_jv *a = kvo_json_get(root, "apply");
     if ((accept & IDX_REQ_APPLY) && a) {
         if (!kvo_json_u64(a, &q->apply))

@@ -4,25 +4,47 @@
  *
  *   nats.c thread --on_msg--> inbox (mutex, bounded) --eventfd--+
  *                                                               v
- *   loop: poll({eventfd, kvo_http_server_fd}) -> drain inbox -> idx_feed_message
- *                                             -> kvo_http_server_run -> handler
+ *   loop: poll({eventfd, kvo_http_server_fd})
+ *         -> a slice of the inbox (apply_budget_us at most) -> the feed
+ *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
- * atomic counters. A full inbox (256k messages or 256 MiB) makes on_msg
- * wait (the loop is behind), so nats.c's own pending limits take over and
- * drop messages (natsSubscription_GetDropped counts them; the loop logs
- * every count that rises).
- * Messages apply in arrival order.
+ * atomic counters. A full inbox (256k messages or 256 MiB, counting those
+ * taken but not yet applied) makes on_msg wait (the loop is behind), so
+ * nats.c's own pending limits take over and drop messages
+ * (natsSubscription_GetDropped counts them; the loop logs every count that
+ * rises). Messages apply in arrival order. The loop applies for at most
+ * apply_budget_us before it serves HTTP and waiting queries again and
+ * comes back at once for the rest, so a query never waits behind a whole
+ * inbox of large applies (one message is the smallest slice).
+ *
+ * Recovery (docs/recovery.md; the state machine is the feed's, in
+ * idx_recover.c; this file is its NATS glue). Subscriptions, all on one
+ * connection whose messages nats.c delivers from one thread, so the inbox
+ * keeps the server's order across them:
+ *
+ *   <p>.kv-events              the event plane (--subject)       first
+ *   <p>.kv-relays              relays' announces and heartbeats
+ *   _INBOX.<nuid>.d            answers to the discover request
+ *   _INBOX.<nuid>.r.<pub>.<id> recovery answers, by publisher and request
+ *
+ * then a discover request on <p>.kv-relays.discover ('*' tokens of
+ * --subject are taken as dynamo / backend there: a NATS subject to publish
+ * on has no wildcards; relays elsewhere are heard by their heartbeats) and
+ * a window of discover_ms in which /health says "recovering". The feed
+ * asks through ask_relay (a request on the relay's recovery subject with
+ * the reply inbox above); each loop turn ticks its timeouts. --no-recovery
+ * subscribes to the event plane only.
  *
  * A query may wait for a watermark (kvo-check's lockstep): POST /query or
  * /query_by_hash with "wait": {"zmq_seq": [[publisher_id, seq], ...],
  * "timeout_ms": t} is answered once every listed publisher's KVO-Zmq-Seq
- * watermark has reached its seq (checked after each drained inbox), or when
- * t passes; the answer adds "covered" (which of the two) and "watermark"
- * (GET /watermark's object at that moment); "metrics": true adds GET
- * /metrics's text, read at the same moment. One round trip instead of
- * polling /watermark, querying and reading the counters, and no poll
- * interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
+ * watermark has reached its seq (checked after each slice of the inbox),
+ * or when t passes; the answer adds "covered" (which of the two) and
+ * "watermark" (GET /watermark's object at that moment); "metrics": true
+ * adds GET /metrics's text, read at the same moment. One round trip
+ * instead of polling /watermark, querying and reading the counters, and no
+ * poll interval to overshoot. At most WAIT_MAX queries (WAIT_MAX_BYTES of
  * request bodies and their parsed trees) wait at once; one more is
  * answered 503.
  *
@@ -30,9 +52,10 @@
  * memory proportional to the body, arrays never copied); every error is a
  * JSON {"error": "..."} naming where. Long answers come in pages: GET
  * /watermark?after=ID&limit=N (IDX_WATERMARK_PAGE at most, "next" while
- * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most); an unpaged
- * /dump larger than one page is refused, never built whole. Each loop turn
- * sets the feed's clock and forgets idle publishers (idx.h).
+ * more follow), GET /dump?after=K&limit=N (DUMP_PAGE at most), GET
+ * /blocks?...&after=H&limit=N (IDX_BLOCKS_PAGE at most); an unpaged /dump
+ * larger than one page is refused, never built whole. Each loop turn sets
+ * the feed's clock and forgets idle publishers (idx.h).
  */
 #include "idx_int.h"
 #include "kvo_http.h"
@@ -45,6 +68,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -53,12 +77,12 @@
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
 #define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
-#define HDR_ZMQ_SEQ "KVO-Zmq-Seq"
+#define HDR_ZMQ_SEQ WIRE_HDR_ZMQ_SEQ
 #define WAIT_MAX 1024          /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
 #define DUMP_PAGE 10000        /* events in one /dump answer (the loop
                                   serves nothing else while it builds) */
-/* nats.c's pending limits on the subscription: what it holds for on_msg
+/* nats.c's pending limits on each subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
 #define NATS_PENDING_BYTES (1 << 30)
@@ -66,8 +90,34 @@
 #define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
+#define APPLY_BUDGET_US 2000   /* default apply_budget_us */
+#define DISCOVER_MS 500        /* default discover_ms */
+#define SUBJECT_MAX 512        /* recovery subjects built here */
 #define NS_PER_MS 1000000u
+#define NS_PER_US 1000u
 #define NS_PER_S 1e9
+#define DEFAULT_NS "dynamo"    /* a '*' namespace token, for discovery */
+#define DEFAULT_COMPONENT "backend"
+
+/* What a subscription delivers. */
+typedef enum msg_kind {
+    MSG_EVENT = 0, /* an event-plane envelope */
+    MSG_ANNOUNCE,  /* an announce on <p>.kv-relays */
+    MSG_DISCOVERED,/* an announce answering the discover request */
+    MSG_REPLY,     /* a message of a recovery answer */
+    MSG_KINDS
+} msg_kind;
+
+typedef struct inmsg {
+    natsMsg *m;
+    msg_kind kind;
+} inmsg;
+
+struct svc;
+typedef struct subctx {
+    struct svc *s;
+    msg_kind kind;
+} subctx;
 
 /* A query held until the watermark covers its pairs or its deadline. */
 typedef struct waiter {
@@ -88,21 +138,26 @@ typedef struct svc {
     idx_feed *feed;
     kvo_http_server *http;
     idx_scores scores;
+    idx_blockset blocks; /* GET /blocks's cache */
 
     /* NATS (callbacks on nats.c threads) */
     kvo_nats_cfg nats_cfg; /* cfg->nats, or the defaults */
     kvo_nats *nats;
-    natsSubscription *sub;
+    natsSubscription *sub, *sub_relays, *sub_disc, *sub_reply;
+    subctx subctx[MSG_KINDS];
     atomic_uint_fast64_t inbox_drops;
 
-    pthread_mutex_t mu; /* inbox, stopping */
+    pthread_mutex_t mu; /* inbox, work_left/work_bytes, stopping */
     pthread_cond_t cv;
-    natsMsg **inbox;
+    inmsg *inbox;
     size_t inbox_len, inbox_cap, inbox_bytes;
+    size_t work_left, work_bytes; /* taken by the loop, not applied yet */
     bool stopping;
     int evfd;
 
     /* loop-only state */
+    inmsg *work;         /* the inbox taken, applied from work_i on */
+    size_t work_n, work_i;
     waiter *waiters;     /* queries waiting for a watermark, oldest first */
     size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
@@ -111,8 +166,16 @@ typedef struct svc {
     uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
+    bool recovery;            /* on, and its subjects could be made */
+    char relays_subj[SUBJECT_MAX];   /* <p>.kv-relays */
+    char discover_subj[SUBJECT_MAX]; /* <p>.kv-relays.discover, concrete */
+    char rec_prefix[SUBJECT_MAX];    /* <p> concrete: default recovery
+                                        subjects */
+    char *inbox_subj;                /* _INBOX.<nuid> */
+    size_t inbox_subj_len;
     kvo_ratelimit rl_bad, rl_dup, rl_hdr, rl_mem, rl_drop, rl_gap, rl_restart,
-        rl_rewind, rl_full, rl_expired;
+        rl_rewind, rl_full, rl_expired, rl_announce, rl_reply, rl_ask, rl_held,
+        rl_rec[IDX_REC_RESTART + 1];
 } svc;
 
 void idx_service_cfg_default(idx_service_cfg *cfg) {
@@ -122,7 +185,10 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->block_size = IDX_BLOCK_SIZE_DEFAULT;
     cfg->feed.max_publishers = IDX_MAX_PUBLISHERS_DEFAULT;
     cfg->feed.publisher_idle_ms = IDX_PUBLISHER_IDLE_MS_DEFAULT;
+    cfg->feed.recovery_timeout_ms = IDX_RECOVERY_TIMEOUT_MS_DEFAULT;
     cfg->max_body = HTTP_MAX_BODY;
+    cfg->discover_ms = DISCOVER_MS;
+    cfg->apply_budget_us = APPLY_BUDGET_US;
 }
 
 /* ======================================================================== */
@@ -133,10 +199,11 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
                    void *closure) {
     (void)nc;
     (void)sub;
-    svc *s = closure;
+    subctx *c = closure;
+    svc *s = c->s;
     pthread_mutex_lock(&s->mu);
-    while (!s->stopping &&
-           (s->inbox_len >= INBOX_MAX || s->inbox_bytes >= INBOX_BYTES))
+    while (!s->stopping && (s->inbox_len + s->work_left >= INBOX_MAX ||
+                            s->inbox_bytes + s->work_bytes >= INBOX_BYTES))
         pthread_cond_wait(&s->cv, &s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
@@ -150,7 +217,7 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         natsMsg_Destroy(m);
         return;
     }
-    s->inbox[s->inbox_len++] = m;
+    s->inbox[s->inbox_len++] = (inmsg){m, c->kind};
     s->inbox_bytes += (size_t)natsMsg_GetDataLength(m);
     bool wake = s->inbox_len == 1;
     pthread_mutex_unlock(&s->mu);
@@ -161,15 +228,21 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     }
 }
 
-/* Messages nats.c dropped on the subscription (its pending limits were
+/* Messages nats.c dropped on the subscriptions (their pending limits were
  * reached). Its slow-consumer error callback fires once per episode, not
- * per message, so the count comes from the subscription. Only rises: a
+ * per message, so the count comes from the subscriptions. Only rises: a
  * failed read (subscription closing) keeps the last count. */
 static uint64_t nats_dropped(svc *s) {
-    int64_t n;
-    if (s->sub && natsSubscription_GetDropped(s->sub, &n) == NATS_OK &&
-        (uint64_t)n > s->nats_dropped)
-        s->nats_dropped = (uint64_t)n;
+    natsSubscription *subs[] = {s->sub, s->sub_relays, s->sub_disc,
+                                s->sub_reply};
+    uint64_t sum = 0;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(subs); i++) {
+        int64_t n;
+        if (subs[i] && natsSubscription_GetDropped(subs[i], &n) == NATS_OK &&
+            n > 0)
+            sum += (uint64_t)n;
+    }
+    if (sum > s->nats_dropped) s->nats_dropped = sum;
     return s->nats_dropped;
 }
 
@@ -177,11 +250,117 @@ static uint64_t nats_dropped(svc *s) {
 /* NATS setup                                                                */
 /* ======================================================================== */
 
+/* The recovery's subjects from --subject, <p>.kv-events: false (recovery
+ * off) when it does not have that shape. A '*' namespace or component
+ * token is dynamo / backend in the subjects published on (discover, and
+ * the recovery subject of a relay not heard of). */
+static bool recovery_subjects(svc *s) {
+    const char *subj = s->cfg->subject;
+    static const char suffix[] = ".kv-events";
+    size_t n = strlen(subj), k = sizeof(suffix) - 1;
+    if (n <= k || n - k + 32 > SUBJECT_MAX ||
+        strcmp(subj + n - k, suffix) != 0 || strchr(subj, '>'))
+        return false;
+    int p = (int)(n - k);
+    snprintf(s->relays_subj, sizeof(s->relays_subj), "%.*s.kv-relays", p, subj);
+    /* the concrete prefix: tokens 1 and 3 of namespace.NS.component.C may
+     * be '*'; no other may */
+    char concrete[SUBJECT_MAX - 32]; /* room for the suffixes */
+    size_t out = 0;
+    int tok = 0;
+    for (const char *t = subj; t < subj + p; tok++) {
+        const char *dot = memchr(t, '.', (size_t)(subj + p - t));
+        size_t len = dot ? (size_t)(dot - t) : (size_t)(subj + p - t);
+        const char *use = t;
+        size_t ulen = len;
+        if (len == 1 && *t == '*') {
+            if (tok == 1) use = DEFAULT_NS;
+            else if (tok == 3) use = DEFAULT_COMPONENT;
+            else return false;
+            ulen = strlen(use);
+        }
+        if (out + ulen + 2 >= sizeof(concrete)) return false;
+        if (tok) concrete[out++] = '.';
+        memcpy(concrete + out, use, ulen);
+        out += ulen;
+        t += len + (dot != NULL);
+        if (!dot) break;
+    }
+    concrete[out] = '\0';
+    memcpy(s->rec_prefix, concrete, out + 1);
+    memcpy(s->discover_subj, concrete, out);
+    memcpy(s->discover_subj + out, ".kv-relays.discover",
+           sizeof(".kv-relays.discover"));
+    return true;
+}
+
+static natsStatus subscribe(svc *s, natsSubscription **sub, const char *subj,
+                            msg_kind kind) {
+    s->subctx[kind] = (subctx){s, kind};
+    natsStatus n = natsConnection_Subscribe(sub, kvo_nats_conn(s->nats), subj,
+                                            on_msg, &s->subctx[kind]);
+    if (n == NATS_OK)
+        n = natsSubscription_SetPendingLimits(*sub, NATS_PENDING_MSGS,
+                                              NATS_PENDING_BYTES);
+    if (n != NATS_OK)
+        kvo_error("NATS subscribe to %s: %s (%s)", subj, natsStatus_GetText(n),
+                  nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
+    return n;
+}
+
+/* The recovery's subscriptions and the discover request (the event plane
+ * is subscribed already). */
+static natsStatus recovery_setup(svc *s) {
+    natsInbox *inbox = NULL;
+    natsStatus n = natsInbox_Create(&inbox);
+    if (n != NATS_OK) return n;
+    size_t len = strlen((const char *)inbox);
+    s->inbox_subj = kvo_malloc(len + 1);
+    if (!s->inbox_subj) {
+        natsInbox_Destroy(inbox);
+        return NATS_NO_MEMORY;
+    }
+    memcpy(s->inbox_subj, inbox, len + 1);
+    s->inbox_subj_len = len;
+    natsInbox_Destroy(inbox);
+    char disc[SUBJECT_MAX], reply[SUBJECT_MAX];
+    snprintf(disc, sizeof(disc), "%s.d", s->inbox_subj);
+    snprintf(reply, sizeof(reply), "%s.r.>", s->inbox_subj);
+    if ((n = subscribe(s, &s->sub_relays, s->relays_subj, MSG_ANNOUNCE)) !=
+            NATS_OK ||
+        (n = subscribe(s, &s->sub_disc, disc, MSG_DISCOVERED)) != NATS_OK ||
+        (n = subscribe(s, &s->sub_reply, reply, MSG_REPLY)) != NATS_OK)
+        return n;
+    natsConnection *nc = kvo_nats_conn(s->nats);
+    if (kvo_nats_up(s->nats) &&
+        (n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS)) != NATS_OK)
+        return n;
+    n = natsConnection_PublishRequest(nc, s->discover_subj, disc, "{}", 2);
+    if (n != NATS_OK) /* heartbeats will find the relays */
+        kvo_warn("discover request on %s: %s", s->discover_subj,
+                 natsStatus_GetText(n));
+    idx_feed_discovering(s->feed,
+                         kvo_now_ns() / NS_PER_MS + s->cfg->discover_ms);
+    kvo_info("recovery on: announces on %s, discover on %s (%" PRIu64
+             " ms window), answers on %s.>",
+             s->relays_subj, s->discover_subj, s->cfg->discover_ms,
+             s->inbox_subj);
+    return NATS_OK;
+}
+
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
     char err[512];
     kvo_status st = kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err,
                                  sizeof(err));
+    /* one delivery thread for every subscription of the connection (nats.c's
+     * pool holds one by default): the inbox keeps the server's order
+     * across subjects, so an announce comes after the envelopes its relay
+     * published before it */
+    if (st == KVO_OK &&
+        natsOptions_UseGlobalMessageDelivery(kvo_nats_options(s->nats), true) !=
+            NATS_OK)
+        st = KVO_ENATS;
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
         kvo_warn("NATS %s not reachable yet; retrying in the background",
@@ -193,15 +372,12 @@ static kvo_status nats_setup(svc *s) {
         return st;
     }
     natsConnection *nc = kvo_nats_conn(s->nats);
-    natsStatus n = natsConnection_Subscribe(&s->sub, nc, c->subject, on_msg, s);
-    if (n == NATS_OK)
-        n = natsSubscription_SetPendingLimits(s->sub, NATS_PENDING_MSGS,
-                                              NATS_PENDING_BYTES);
+    natsStatus n = subscribe(s, &s->sub, c->subject, MSG_EVENT);
     if (n == NATS_OK && kvo_nats_up(s->nats))
         n = natsConnection_FlushTimeout(nc, NATS_FLUSH_MS);
+    if (n == NATS_OK && s->recovery) n = recovery_setup(s);
     if (n != NATS_OK) {
-        kvo_error("NATS subscribe to %s: %s (%s)", c->subject,
-                  natsStatus_GetText(n),
+        kvo_error("NATS setup: %s (%s)", natsStatus_GetText(n),
                   nats_GetLastError(NULL) ? nats_GetLastError(NULL) : "");
         return KVO_ENATS;
     }
@@ -217,8 +393,104 @@ static void nats_teardown(svc *s) {
     if (!s->nats) return;
     bool closed = kvo_nats_close(s->nats, 0);
     natsSubscription_Destroy(s->sub);
+    natsSubscription_Destroy(s->sub_relays);
+    natsSubscription_Destroy(s->sub_disc);
+    natsSubscription_Destroy(s->sub_reply);
     kvo_nats_free(s->nats);
     if (!closed) kvo_warn("NATS did not confirm the close");
+}
+
+/* ======================================================================== */
+/* Recovery glue: the feed's io                                              */
+/* ======================================================================== */
+
+/* The feed asks: publish {"dump": true} or {"from_sequence": N} on the
+ * relay's recovery subject, answers to _INBOX.<nuid>.r.<pub>.<id>. Not
+ * connected, or a failed publish: the request times out in the feed. */
+static void ask_relay(void *ctx, const idx_rec_ask *a) {
+    svc *s = ctx;
+    char subj[SUBJECT_MAX + 64], reply[SUBJECT_MAX];
+    const char *to = a->subject;
+    if (!to) {
+        snprintf(subj, sizeof(subj), "%s.kv-recovery.%" PRIu64, s->rec_prefix,
+                 a->publisher_id);
+        to = subj;
+    }
+    snprintf(reply, sizeof(reply), "%s.r.%" PRIu64 ".%" PRIu64, s->inbox_subj,
+             a->publisher_id, a->id);
+    kvo_buf b;
+    kvo_buf_init(&b);
+    natsStatus n = NATS_NO_MEMORY;
+    if (wire_recovery_req_encode(&a->req, &b) == KVO_OK)
+        n = kvo_nats_up(s->nats)
+                ? natsConnection_PublishRequest(kvo_nats_conn(s->nats), to,
+                                                reply, b.data, (int)b.len)
+                : NATS_NOT_YET_CONNECTED;
+    kvo_buf_fini(&b);
+    if (n != NATS_OK)
+        kvo_log_limited(&s->rl_ask, KVO_LOG_WARN,
+                        "recovery request to %s not sent: %s (it will time "
+                        "out)",
+                        to, natsStatus_GetText(n));
+}
+
+static const char *kind_word(wire_reply_kind k) {
+    return k == WIRE_REPLY_DUMP ? "a dump"
+           : k == WIRE_REPLY_EVENTS ? "the missing envelopes"
+                                    : "too_new (nothing was missing)";
+}
+
+/* What the feed's recoveries did, one rate-limited line per kind. */
+static void rec_note(void *ctx, const idx_rec_note *n) {
+    svc *s = ctx;
+    kvo_ratelimit *rl = &s->rl_rec[n->what];
+    switch (n->what) {
+    case IDX_REC_ASKED:
+        if (n->kind == WIRE_REPLY_DUMP)
+            kvo_log_limited(rl, KVO_LOG_INFO,
+                            "asking the relay of publisher %" PRIu64
+                            " for a dump",
+                            n->publisher_id);
+        else
+            kvo_log_limited(rl, KVO_LOG_INFO,
+                            "asking the relay of publisher %" PRIu64
+                            " for its envelopes from sequence %" PRIu64,
+                            n->publisher_id, n->sequence);
+        break;
+    case IDX_REC_DONE:
+        kvo_log_limited(rl, KVO_LOG_INFO,
+                        "publisher %" PRIu64 " recovered with %s (%" PRIu64
+                        " envelope(s), %" PRIu64 " ms)",
+                        n->publisher_id, kind_word(n->kind), n->count, n->ms);
+        break;
+    case IDX_REC_FAILED:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "recovery of publisher %" PRIu64
+                        " failed: %s; its %" PRIu64
+                        " (worker, rank)(s) were cleared and are stale",
+                        n->publisher_id, n->why, n->count);
+        break;
+    case IDX_REC_RETRY:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "recovery of publisher %" PRIu64
+                        ": %s; asking for a dump",
+                        n->publisher_id, n->why);
+        break;
+    case IDX_REC_IMPOSSIBLE:
+        kvo_log_limited(rl, KVO_LOG_WARN,
+                        "publisher %" PRIu64
+                        ": its relay never sent sequence %" PRIu64
+                        " (too_new): that envelope was dropped",
+                        n->publisher_id, n->sequence);
+        break;
+    case IDX_REC_RESTART:
+        kvo_log_limited(rl, KVO_LOG_INFO,
+                        "the relay of publisher %" PRIu64
+                        " restarted: its held envelopes are dropped, a dump "
+                        "rebuilds it",
+                        n->publisher_id);
+        break;
+    }
 }
 
 /* ======================================================================== */
@@ -240,10 +512,11 @@ static void apply_msg(svc *s, natsMsg *m) {
     kvo_err werr;
     memset(&werr, 0, sizeof(werr));
     idx_feed_result res;
-    kvo_status st = idx_feed_message(s->feed, (const uint8_t *)natsMsg_GetData(m),
-                                     (size_t)natsMsg_GetDataLength(m), hdr,
-                                     &res, &werr);
     const char *subject = natsMsg_GetSubject(m);
+    kvo_status st = idx_feed_live(s->feed, subject,
+                                  (const uint8_t *)natsMsg_GetData(m),
+                                  (size_t)natsMsg_GetDataLength(m), hdr, &res,
+                                  &werr);
     if (res.duplicate) {
         kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
                         "duplicate message on %s dropped (publisher %" PRIu64
@@ -289,31 +562,102 @@ static void apply_msg(svc *s, natsMsg *m) {
                         "tracking (counted in publishers_refused)",
                         k.publishers, res.publisher_id, subject);
     }
+    if (res.held_dropped)
+        kvo_log_limited(&s->rl_held, KVO_LOG_WARN,
+                        "publisher %" PRIu64 " is recovering and its hold is "
+                        "full: sequence %" PRIu64 " was not held (it will be "
+                        "asked for again; counted in live_held_dropped)",
+                        res.publisher_id, res.sequence);
     if (res.expired) log_expired(s, res.expired);
 }
 
-static void drain_inbox(svc *s) {
+/* An announce (on <p>.kv-relays, or answering the discover request). */
+static void announce_msg(svc *s, natsMsg *m) {
+    if (natsMsg_IsNoResponders(m)) return; /* discover: no relay there */
+    kvo_err err;
+    memset(&err, 0, sizeof(err));
+    kvo_status st = idx_feed_announce(s->feed, natsMsg_GetData(m),
+                                      (size_t)natsMsg_GetDataLength(m), &err);
+    if (st != KVO_OK) {
+        char buf[256];
+        kvo_log_limited(
+            &s->rl_announce, KVO_LOG_WARN,
+            "announce on %s not taken (counted in announces_bad): %s",
+            natsMsg_GetSubject(m), kvo_err_str(&err, buf, sizeof(buf)));
+    }
+}
+
+/* A message of a recovery answer: _INBOX.<nuid>.r.<publisher>.<id>. */
+static void reply_msg(svc *s, natsMsg *m) {
+    const char *subj = natsMsg_GetSubject(m), *hdr = NULL, *kind = NULL;
+    uint64_t pub = 0, id = 0;
+    char extra;
+    if (sscanf(subj + s->inbox_subj_len, ".r.%" SCNu64 ".%" SCNu64 "%c", &pub,
+               &id, &extra) != 2)
+        pub = id = 0; /* not one of ours: request id 0 is never in flight */
+    bool gone = natsMsg_IsNoResponders(m);
+    if (natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) != NATS_OK) kind = NULL;
+    if (natsMsgHeader_Get(m, HDR_ZMQ_SEQ, &hdr) != NATS_OK) hdr = NULL;
+    kvo_err err;
+    memset(&err, 0, sizeof(err));
+    kvo_status st = idx_feed_reply(
+        s->feed, pub, id, kind, hdr, (const uint8_t *)natsMsg_GetData(m),
+        (size_t)natsMsg_GetDataLength(m), gone, &err);
+    if (st != KVO_OK) {
+        char buf[256];
+        kvo_log_limited(&s->rl_reply, KVO_LOG_WARN,
+                        "recovery answer on %s not taken (counted in "
+                        "recovery_bad): %s",
+                        subj, kvo_err_str(&err, buf, sizeof(buf)));
+    }
+}
+
+static void process(svc *s, const inmsg *im) {
+    switch (im->kind) {
+    case MSG_EVENT: apply_msg(s, im->m); break;
+    case MSG_ANNOUNCE:
+    case MSG_DISCOVERED: announce_msg(s, im->m); break;
+    default: reply_msg(s, im->m); break;
+    }
+}
+
+/* Apply the inbox for at most apply_budget_us (one message at least): take
+ * the inbox when the last one taken is done, apply in order, and say how
+ * much is still taken (on_msg counts it in the inbox's bound). true when
+ * messages are waiting: the loop comes back without polling. */
+static bool drain_inbox(svc *s) {
     uint64_t junk;
     ssize_t r = read(s->evfd, &junk, sizeof(junk));
     (void)r;
-    for (;;) {
+    if (s->work_i == s->work_n) {
+        kvo_free(s->work);
         pthread_mutex_lock(&s->mu);
-        natsMsg **q = s->inbox;
-        size_t n = s->inbox_len;
+        s->work = s->inbox;
+        s->work_n = s->inbox_len;
+        s->work_left = s->inbox_len;
+        s->work_bytes = s->inbox_bytes;
         s->inbox = NULL;
         s->inbox_len = s->inbox_cap = s->inbox_bytes = 0;
-        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
-        if (!n) {
-            kvo_free(q);
-            return;
-        }
-        for (size_t i = 0; i < n; i++) {
-            apply_msg(s, q[i]);
-            natsMsg_Destroy(q[i]);
-        }
-        kvo_free(q);
+        s->work_i = 0;
     }
+    uint64_t t0 = kvo_now_ns(),
+             budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+    size_t bytes = 0;
+    while (s->work_i < s->work_n) {
+        inmsg *im = &s->work[s->work_i++];
+        bytes += (size_t)natsMsg_GetDataLength(im->m);
+        process(s, im);
+        natsMsg_Destroy(im->m);
+        if (kvo_now_ns() - t0 >= budget) break;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->work_left = s->work_n - s->work_i;
+    s->work_bytes = s->work_bytes > bytes ? s->work_bytes - bytes : 0;
+    bool more = s->work_left > 0 || s->inbox_len > 0;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return more;
 }
 
 /* ======================================================================== */
@@ -576,16 +920,94 @@ static const char *nats_state(const svc *s) {
     return kvo_nats_disconnects(s->nats) ? "reconnecting" : "connecting";
 }
 
+/* GET /health: always 200 while the loop runs (probes must not flap), the
+ * state in the body: "status" is "recovering" (the discovery window, or a
+ * recovery in flight), else "stale" (a recovery failed and nothing has
+ * rebuilt those workers since), else "ok". */
 static void do_health(svc *s, kvo_http_req *r) {
     json_object *o = json_object_new_object();
-    if (!o) {
+    idx_feed_counters k;
+    idx_feed_counters_get(s->feed, &k);
+    const char *status = idx_feed_is_recovering(s->feed) ? "recovering"
+                         : k.stale_publishers            ? "stale"
+                                                         : "ok";
+    if (!o || !idx_json_recovery(s->feed, o)) {
+        json_object_put(o);
         kvo_http_respond_error(r, 500, "out of memory");
         return;
     }
-    json_object_object_add(o, "status", json_object_new_string("ok"));
+    json_object_object_add(o, "status", json_object_new_string(status));
     json_object_object_add(o, "nats", json_object_new_string(nats_state(s)));
     json_object_object_add(o, "subject", json_object_new_string(s->cfg->subject));
+    json_object_object_add(o, "recovery", json_object_new_boolean(s->recovery));
     kvo_http_respond_json(r, 200, o);
+}
+
+/* A required query argument: an integer in 0..max. */
+static bool arg_u64(kvo_http_req *r, const char *name, uint64_t max,
+                    uint64_t *out, char *err, size_t errsz) {
+    const char *a = kvo_http_req_arg(r, name);
+    if (!a || kvo_parse_u64(a, out) != KVO_OK || *out > max) {
+        snprintf(err, errsz, "%s must be an integer in 0..%" PRIu64, name, max);
+        return false;
+    }
+    return true;
+}
+
+/* GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]
+ * (idx_int.h draws the answer). */
+static void do_blocks(svc *s, kvo_http_req *r) {
+    char err[160];
+    uint64_t w, rank;
+    idx_page pg;
+    const char *d = kvo_http_req_arg(r, "digest_only");
+    bool digest_only = d && (strcmp(d, "1") == 0 || strcmp(d, "true") == 0);
+    if (!arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
+        !arg_u64(r, "dp_rank", UINT32_MAX, &rank, err, sizeof(err)) ||
+        !page_args(r, IDX_BLOCKS_PAGE, &pg, err, sizeof(err)) ||
+        (d && !digest_only && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
+         snprintf(err, sizeof(err), "digest_only must be 1 or 0") > 0)) {
+        s->stats.bad_requests++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    kvo_buf b;
+    kvo_buf_init(&b);
+    const idx_tree *t = idx_feed_tree(s->feed);
+    kvo_status st;
+    if (digest_only) {
+        uint64_t count, digest;
+        st = idx_blocks_digest(t, w, (uint32_t)rank, &count, &digest);
+        if (st == KVO_OK)
+            st = idx_blocks_digest_json(w, (uint32_t)rank, count, digest, &b);
+    } else {
+        st = idx_blockset_load(&s->blocks, t, idx_feed_generation(s->feed), w,
+                               (uint32_t)rank);
+        if (st == KVO_OK) st = idx_blocks_json(&s->blocks, &pg, false, &b);
+    }
+    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    kvo_buf_fini(&b);
+}
+
+/* POST /lookup {"worker_id", "dp_rank", "block_hashes": [...]}. */
+static void do_lookup(svc *s, kvo_http_req *r) {
+    size_t blen;
+    const uint8_t *body = kvo_http_req_body(r, &blen);
+    idx_request q;
+    idx_request_init(&q);
+    kvo_err err;
+    kvo_status st = idx_request_parse(&q, body, blen, IDX_REQ_LOOKUP, &err);
+    if (st != KVO_OK) {
+        if (st != KVO_ENOMEM) s->stats.bad_requests++;
+        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
+    } else {
+        json_object *o = idx_json_lookup(idx_feed_tree(s->feed), q.worker_id,
+                                         q.dp_rank, q.v, q.n);
+        if (!o) kvo_http_respond_error(r, 500, "out of memory");
+        else kvo_http_respond_json(r, 200, o);
+    }
+    idx_request_fini(&q);
 }
 
 static void do_counters(svc *s, kvo_http_req *r) {
@@ -724,7 +1146,8 @@ static void handler(void *ctx, kvo_http_req *r) {
     } routes[] = {{"/query", true},     {"/query_by_hash", true},
                   {"/dump", false},     {"/workers", false},
                   {"/health", false},   {"/watermark", false},
-                  {"/metrics", false},  {"/counters", false}};
+                  {"/metrics", false},  {"/blocks", false},
+                  {"/lookup", true},    {"/counters", false}};
     size_t i = 0;
     while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
     if (i == KVO_ARRAY_LEN(routes)) {
@@ -746,6 +1169,8 @@ static void handler(void *ctx, kvo_http_req *r) {
     case 4: do_health(s, r); return;
     case 5: do_watermark(s, r); return;
     case 6: do_metrics(s, r); return;
+    case 7: do_blocks(s, r); return;
+    case 8: do_lookup(s, r); return;
     default: do_counters(s, r); return;
     }
     if (!o) kvo_http_respond_error(r, 500, "out of memory");
@@ -816,6 +1241,18 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if ((st = idx_feed_new(&s.feed, &cfg->feed)) != KVO_OK) goto done;
     idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
+    idx_blockset_init(&s.blocks);
+    if (!cfg->no_recovery) {
+        s.recovery = recovery_subjects(&s);
+        if (!s.recovery)
+            kvo_warn("--subject %s is not namespace.NS.component.C.kv-events: "
+                     "recovery is off (gaps are counted only)",
+                     cfg->subject);
+    }
+    if (s.recovery) {
+        idx_rec_io io = {.ask = ask_relay, .note = rec_note, .ctx = &s};
+        idx_feed_recovery(s.feed, &io);
+    }
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
     kvo_http_server_cfg hc = {.host = host, .port = port,
                               .max_body = cfg->max_body ? cfg->max_body
@@ -828,11 +1265,13 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     kvo_info("listening on http://%s:%u", host, kvo_http_server_port(s.http));
     struct pollfd pf[2] = {{s.evfd, POLLIN, 0},
                            {kvo_http_server_fd(s.http), POLLIN, 0}};
+    bool more = false; /* messages are waiting: do not sleep */
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
         int timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : (int)t;
         long wt = waiters_timeout_ms(&s);
         if (wt >= 0 && wt < timeout) timeout = (int)wt;
+        if (more) timeout = 0;
         int n = poll(pf, 2, timeout);
         if (n < 0 && errno != EINTR) {
             kvo_error("poll: %s", strerror(errno));
@@ -840,7 +1279,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
             break;
         }
         idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
-        if (n > 0 && (pf[0].revents & POLLIN)) drain_inbox(&s);
+        if (more || (n > 0 && (pf[0].revents & POLLIN))) more = drain_inbox(&s);
+        idx_feed_tick(s.feed);
         size_t gone = idx_feed_expire(s.feed);
         if (gone) log_expired(&s, gone);
         serve_waiters(&s);
@@ -856,8 +1296,12 @@ done:
         waiter_free(w);
     }
     nats_teardown(&s);
-    for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i]);
+    for (size_t i = 0; i < s.inbox_len; i++) natsMsg_Destroy(s.inbox[i].m);
     kvo_free(s.inbox);
+    for (size_t i = s.work_i; i < s.work_n; i++) natsMsg_Destroy(s.work[i].m);
+    kvo_free(s.work);
+    kvo_free(s.inbox_subj);
+    idx_blockset_fini(&s.blocks);
     idx_feed_free(s.feed);
     idx_scores_fini(&s.scores);
     if (s.evfd >= 0) close(s.evfd);

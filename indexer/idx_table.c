@@ -81,7 +81,7 @@ kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem) {
         size_t n = (size_t)1 << (k + SEG0_SHIFT);
         char *m = idx_mem_alloc(n * elem);
         if (!m) return KVO_ENOMEM;
-        v->base[k] = (uintptr_t)m - (uintptr_t)seg_first(k) * elem;
+        v->base[k] = (char *)((uintptr_t)m - (uintptr_t)seg_first(k) * elem);
         v->nseg = k + 1;
         v->cap = seg_first(k + 1);
     }
@@ -90,7 +90,7 @@ kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem) {
 
 void idx_segv_fini(segv *v, size_t elem) {
     for (uint32_t k = 0; k < v->nseg; k++)
-        idx_mem_free((void *)(v->base[k] + (uintptr_t)seg_first(k) * elem),
+        idx_mem_free((void *)((uintptr_t)v->base[k] + (uintptr_t)seg_first(k) * elem),
                      ((size_t)1 << (k + SEG0_SHIFT)) * elem);
     memset(v, 0, sizeof(*v));
 }

@@ -85,7 +85,8 @@
  *   draws them): an entry is a tag (the top half of the key's hash) and a
  *   ref, and the key itself is read from the node or alias record the ref
  *   names. A single-worker block costs 32 + 1 bytes of slab plus one
- *   lookup slot (8 bytes / load): 41.5 to 46 bytes per (block, worker).
+ *   lookup slot (8 bytes / load, load 0.47 to 0.94): 41.5 to 50 bytes per
+ *   (block, worker), plus at most 2 MiB per array of huge-page tail.
  *
  * Invariants (idx_tree_check, in idx_verify.c, verifies all of them)
  * ----------

@@ -17,12 +17,19 @@ enum {
     OPT_MAX_PUBLISHERS,
     OPT_PUBLISHER_IDLE_MS,
     OPT_MAX_BODY,
+    OPT_NO_RECOVERY,
+    OPT_RECOVERY_TIMEOUT_MS,
+    OPT_DISCOVER_MS,
+    OPT_APPLY_BUDGET_US,
 };
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
 #define MAX_PUBLISHERS_MAX (1u << 20) /* largest --max-publishers (4 KiB each) */
 #define MAX_BODY_MAX (1ull << 30)   /* largest --max-body */
 #define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
+#define TIMEOUT_MS_MAX 3600000u   /* largest --recovery-timeout-ms and
+                                     --discover-ms: an hour */
+#define BUDGET_US_MAX 1000000u    /* largest --apply-budget-us */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -35,6 +42,10 @@ static const struct option options[] = {
     {"max-publishers", required_argument, NULL, OPT_MAX_PUBLISHERS},
     {"publisher-idle-ms", required_argument, NULL, OPT_PUBLISHER_IDLE_MS},
     {"max-body", required_argument, NULL, OPT_MAX_BODY},
+    {"no-recovery", no_argument, NULL, OPT_NO_RECOVERY},
+    {"recovery-timeout-ms", required_argument, NULL, OPT_RECOVERY_TIMEOUT_MS},
+    {"discover-ms", required_argument, NULL, OPT_DISCOVER_MS},
+    {"apply-budget-us", required_argument, NULL, OPT_APPLY_BUDGET_US},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -59,13 +70,31 @@ static const char usage[] =
     "                          without a message (default 600000; 0 = never);\n"
     "                          its blocks stay indexed\n"
     "  --max-body BYTES        largest request body (default 16777216)\n"
+    "  --no-recovery           never ask relays for what was missed (count\n"
+    "                          gaps only), for publishers that do not speak\n"
+    "                          docs/recovery.md (a plain Dynamo publisher)\n"
+    "  --recovery-timeout-ms T a relay silent for T ms in the middle of an\n"
+    "                          answer has failed: its workers are cleared and\n"
+    "                          marked stale (default 5000)\n"
+    "  --discover-ms T         how long /health says recovering at start,\n"
+    "                          while relays answer the discover request\n"
+    "                          (default 500)\n"
+    "  --apply-budget-us T     apply messages for at most T us before serving\n"
+    "                          HTTP again (default 2000)\n"
     "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
     "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
     "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
     "  valid UTF-8, one value); GET /workers /health /metrics /counters;\n"
     "  GET /watermark[?after=ID&limit=N] (pages of at most 1000 publishers,\n"
     "  \"next\" when more follow); GET /dump (at most 10000 events) or\n"
-    "  /dump?after=K&limit=N -> {\"events\", \"next\"}.\n"
+    "  /dump?after=K&limit=N -> {\"events\", \"next\"};\n"
+    "  GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]\n"
+    "  -> {\"worker_id\", \"dp_rank\", \"count\", \"digest\", \"blocks\":\n"
+    "  [[hash, parent|null]], \"next\"} (sorted; pages of at most 100000);\n"
+    "  POST /lookup {\"worker_id\", \"dp_rank\", \"block_hashes\": [...]}\n"
+    "  (at most 4096) -> {\"blocks\": [{\"block_hash\", \"held\",\n"
+    "  \"tokens_hash\", \"parent_hash\", \"in_set\", \"others\",\n"
+    "  \"other_holders\"}]}.\n"
     "\n"
     "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
     "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": [...]});\n"
@@ -121,6 +150,23 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return kvo_parse_u64(arg, &c->feed.publisher_idle_ms)
                    ? bad("publisher-idle-ms", arg)
                    : KVO_OK;
+    case OPT_NO_RECOVERY: c->no_recovery = true; return KVO_OK;
+    case OPT_RECOVERY_TIMEOUT_MS:
+        if (kvo_parse_u64(arg, &c->feed.recovery_timeout_ms) ||
+            c->feed.recovery_timeout_ms == 0 ||
+            c->feed.recovery_timeout_ms > TIMEOUT_MS_MAX)
+            return bad("recovery-timeout-ms", arg);
+        return KVO_OK;
+    case OPT_DISCOVER_MS:
+        if (kvo_parse_u64(arg, &c->discover_ms) ||
+            c->discover_ms > TIMEOUT_MS_MAX)
+            return bad("discover-ms", arg);
+        return KVO_OK;
+    case OPT_APPLY_BUDGET_US:
+        if (kvo_parse_u32(arg, &c->apply_budget_us) ||
+            c->apply_budget_us == 0 || c->apply_budget_us > BUDGET_US_MAX)
+            return bad("apply-budget-us", arg);
+        return KVO_OK;
     case OPT_MAX_BODY: {
         uint64_t v;
         if (kvo_parse_u64(arg, &v) || v == 0 || v > MAX_BODY_MAX)
@@ -232,11 +278,15 @@ int main(int argc, char **argv) {
     const idx_service_cfg *c = &o.cfg;
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
              "auth=%s tls=%s reconnect_wait_ms=%d max_publishers=%u "
-             "publisher_idle_ms=%llu max_body=%zu",
+             "publisher_idle_ms=%llu max_body=%zu recovery=%s "
+             "recovery_timeout_ms=%llu discover_ms=%llu apply_budget_us=%u",
              KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
              o.nats.reconnect_wait_ms, c->feed.max_publishers,
-             (unsigned long long)c->feed.publisher_idle_ms, c->max_body);
+             (unsigned long long)c->feed.publisher_idle_ms, c->max_body,
+             c->no_recovery ? "off" : "on",
+             (unsigned long long)c->feed.recovery_timeout_ms,
+             (unsigned long long)c->discover_ms, c->apply_budget_us);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;

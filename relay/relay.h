@@ -8,10 +8,17 @@
  *                                    |  convert, dedup, batch|
  *   relay_run: one zmq_poll loop over the sockets and the metrics HTTP fd.
  *
+ * The relay is the source of truth for its worker (docs/recovery.md): it
+ * keeps its last envelopes and its forwarded state, answers recovery
+ * requests on <p>.kv-recovery.<publisher_id>, announces itself on
+ * <p>.kv-relays at start and every --heartbeat-ms, and answers discover
+ * requests on <p>.kv-relays.discover (<p> = namespace.<ns>.component.<c>).
+ *
  * What the service shows (--metrics-listen): GET /metrics (Prometheus,
  * kvo_relay_<counter>_total), GET /stats and the exit JSON (one object:
- * every counter by name, plus "version", "publisher_id", "worker_id",
- * "subject", "capture_errors" and "sources": [{"endpoint",
+ * every counter and gauge by name, plus "version", "publisher_id",
+ * "worker_id", "subject", "recovery_subject", "started_at" (unix ms),
+ * "capture_errors" and "sources": [{"endpoint",
  * "replay_endpoint", "dp_rank", "state": "live"|"replaying", "last_seq":
  * u64|null (last applied), "buffered", "connected": bool (the SUB), and the
  * source's own counters}]), GET /health. The counters are listed once, in
@@ -66,6 +73,10 @@ typedef struct relay_cfg {
     const char *stats_json;     /* exit JSON file; NULL = stdout */
     const char *record;         /* capture file or NULL */
     relay_record_what record_what;
+    /* recovery (docs/recovery.md) */
+    uint32_t recovery_buffer;   /* envelopes kept for recovery requests */
+    uint32_t recovery_buffer_mb;/* and their bytes, MiB */
+    uint32_t heartbeat_ms;      /* between announces */
 } relay_cfg;
 
 /* The defaults --help prints. Strings are static. */

@@ -7,6 +7,7 @@
 #define RELAY_INT_H
 
 #include "kvo.h"
+#include "kvo_map.h"
 #include "relay.h"
 #include "wire.h"
 
@@ -35,13 +36,17 @@
  *   MAX_EVENTS         RouterEvents per envelope (DESIGN §6), and the most a
  *                      cfg may ask for;
  *   MAX_BLOCKS         stored blocks + removed hashes per envelope, likewise;
- *   VERIFY_BLOCKS      engine digests remembered for --verify-engine-hash. */
+ *   VERIFY_BLOCKS      engine digests remembered for --verify-engine-hash;
+ *   RING_ENVELOPES/BYTES  envelopes (and their bytes) kept for recovery
+ *                      requests (--recovery-buffer, --recovery-buffer-mb). */
 #define RELAY_PIPE_REPLAY_TIMEOUT_MS 5000u
 #define RELAY_PIPE_BUFFER_BATCHES 100000u
 #define RELAY_PIPE_BUFFER_BYTES (256u << 20)
 #define RELAY_PIPE_MAX_EVENTS 128u
 #define RELAY_PIPE_MAX_BLOCKS 8192u
 #define RELAY_PIPE_VERIFY_BLOCKS (4u << 20)
+#define RELAY_PIPE_RING_ENVELOPES 4096u
+#define RELAY_PIPE_RING_BYTES (64u << 20)
 
 /* Times handed to the pipe are nanoseconds; configured ones milliseconds. */
 #define RELAY_NS_PER_MS 1000000u
@@ -87,6 +92,19 @@
     X(hash_mismatches, "stored blocks whose engine hash did not match")       \
     X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")    \
     X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")   \
+    X(state_dropped, "forwarded blocks the state could not record (out of "  \
+                     "memory): a dump would miss them")                     \
+    X(recovery_envelopes_sent, "envelopes sent in recovery replies")          \
+    X(dumps_sent, "dumps sent to their end")                                  \
+    X(dump_blocks_sent, "blocks sent in dumps")                               \
+    X(dump_orphans, "dumped blocks whose parent was no longer held (sent "   \
+                    "under the root)")                                        \
+    X(recovery_bad_requests, "requests not understood (no answer sent)")      \
+    X(recovery_replies_failed, "replies abandoned before their end (a "      \
+                               "message could not be sent)")                  \
+    X(recovery_requests_dropped, "requests dropped: too many waiting")       \
+    X(discover_requests, "discover requests answered with the announce")      \
+    X(announces_sent, "announces published (start, heartbeat, discover)")     \
     RELAY_SOURCE_COUNTERS(X)
 
 /* Counted per source as well (relay_stats.src[i]; the totals are in
@@ -125,12 +143,28 @@
     X(timeout, "no replay reply within --replay-timeout-ms")                  \
     X(request_failed, "the replay request could not be sent")
 
+/* Recovery requests by what answered them (label "kind"). */
+#define RELAY_RECOVERY_KINDS(X)                                               \
+    X(events, "answered with envelopes from the ring")                        \
+    X(dump, "answered with a dump of the forwarded state")                   \
+    X(too_new, "asked for a sequence beyond the last published")
+
+/* Gauges: what the relay holds right now (/metrics, /stats). */
+#define RELAY_GAUGES(X)                                                       \
+    X(state_blocks, "blocks in the forwarded state")                          \
+    X(state_bytes, "bytes the forwarded state holds")                         \
+    X(ring_envelopes, "envelopes kept for recovery requests")                 \
+    X(ring_bytes, "envelope bytes kept for recovery requests")
+
 #define RELAY_ENUM_KIND(name, help) RELAY_##name,
 typedef enum { RELAY_BAD_MSG_KINDS(RELAY_ENUM_KIND) RELAY_BAD_MSG_COUNT } relay_bad_msg;
 typedef enum { RELAY_REJECT_KINDS(RELAY_ENUM_KIND) RELAY_REJECT_COUNT } relay_reject;
 typedef enum {
     RELAY_REPLAY_FAIL_KINDS(RELAY_ENUM_KIND) RELAY_REPLAY_FAIL_COUNT
 } relay_replay_fail;
+typedef enum {
+    RELAY_RECOVERY_KINDS(RELAY_ENUM_KIND) RELAY_RECOVERY_COUNT
+} relay_recovery_kind;
 #undef RELAY_ENUM_KIND
 
 /* Bytes kept of a mismatching byte-string hash: a whole SHA-256 digest. */
@@ -162,6 +196,10 @@ typedef struct relay_stats {
     uint64_t decode_errors[KVO_STATUS_COUNT]; /* by status (EPROTO...) */
     uint64_t rejects[RELAY_REJECT_COUNT];
     uint64_t replay_failures[RELAY_REPLAY_FAIL_COUNT];
+    uint64_t recovery_requests[RELAY_RECOVERY_COUNT];
+#define RELAY_FIELD(name, help) uint64_t name;
+    RELAY_GAUGES(RELAY_FIELD)
+#undef RELAY_FIELD
     /* Gauges, filled in by whoever owns the value. */
     uint64_t buffer_depth;        /* live batches waiting for replays */
     uint64_t nats_buffered;       /* messages in the reconnect buffer */
@@ -175,6 +213,7 @@ typedef struct relay_stats {
 uint64_t relay_stats_decode_errors(const relay_stats *s);
 uint64_t relay_stats_rejects(const relay_stats *s);
 uint64_t relay_stats_replay_failures(const relay_stats *s);
+uint64_t relay_stats_recovery_requests(const relay_stats *s);
 
 /* ---- The pipeline seam ---------------------------------------------------*/
 
@@ -215,6 +254,8 @@ typedef struct relay_pipe_cfg {
     wire_algo verify_algo;
     const char *hash_seed;        /* PYTHONHASHSEED string ("0") */
     uint32_t verify_max_blocks;   /* RELAY_PIPE_VERIFY_BLOCKS */
+    size_t ring_max_envelopes;    /* RELAY_PIPE_RING_ENVELOPES */
+    size_t ring_max_bytes;        /* RELAY_PIPE_RING_BYTES */
     const wire_limits *limits;    /* decoder limits; NULL = defaults */
 } relay_pipe_cfg;
 
@@ -271,7 +312,10 @@ void relay_pipe_replay(relay_pipe *p, uint32_t src, const wire_frame *frames,
 /* Publish what is pending (the caller's socket has nothing more to read). */
 void relay_pipe_flush(relay_pipe *p);
 /* What src's sockets did. A SUB that comes back after a loss may have
- * missed batches: the pipe replays from its next sequence. A replay whose
+ * missed batches, and its engine may have restarted while idle: the pipe
+ * replays from the last batch applied and compares it with what comes back
+ * (relay_pipe.c draws the probe): other bytes, or nothing, is a restart
+ * (cleared, replay from 0). A replay whose
  * connection drops is asked again from where it stopped; when it drops
  * twice right before the same batch, that batch cannot be received (libzmq
  * drops a connection on a frame over ZMQ_MAXMSGSIZE, on the DEALER as on
@@ -284,11 +328,176 @@ void relay_pipe_tick(relay_pipe *p, uint64_t now_ns);
 /* Earliest replay deadline (0 = none), for the poll timeout. */
 uint64_t relay_pipe_deadline(const relay_pipe *p);
 
+/* ---- Recovery (docs/recovery.md) -----------------------------------------
+ * The pipe keeps a ring of its last envelopes (relay_ring) and its
+ * forwarded state (relay_state, which is also the dedup counts), and
+ * answers a recovery request with a reply stream. */
+
+/* One message of a reply stream, for the request's inbox: its
+ * KVO-Recovery kind, KVO-Zmq-Seq first-last when has_range, the body. A
+ * non-OK status abandons the stream. */
+typedef kvo_status (*relay_reply_fn)(void *ctx, wire_reply_kind kind,
+                                     bool has_range, uint64_t first,
+                                     uint64_t last, const uint8_t *body,
+                                     size_t len);
+
+/* Request bodies longer than this are bad requests (one is ~40 bytes). */
+#define RELAY_RECOVERY_REQUEST_MAX 1024u
+/* The most ranks relay_pipe_ranks can name. */
+#define RELAY_PIPE_MAX_RANKS (RELAY_STATE_MAX_RANKS + 2u * RELAY_MAX_SOURCES)
+
+/* What relay_pipe_recover answered. */
+typedef struct relay_recovery {
+    wire_reply_kind kind; /* EVENTS, DUMP or TOO_NEW */
+    uint64_t sent;        /* envelopes sent before the end */
+    bool has_as_of;       /* false: nothing published yet */
+    uint64_t as_of;       /* the last envelope published before the answer */
+    uint64_t blocks;      /* DUMP: blocks sent */
+    uint64_t orphans;     /* DUMP: blocks sent under the root for want of
+                             their parent */
+    bool bad;             /* the request was not understood: no answer */
+} relay_recovery;
+
+/* Answer one recovery request (its JSON body; reply_to is the request's
+ * inbox, only checked for presence) through reply. First publishes what is
+ * pending, so the answer sits between two envelopes: too_new when
+ * from_sequence is beyond the last envelope (or none was published);
+ * events (the ring's envelopes from from_sequence on, byte for byte, then
+ * the end) when the ring holds from_sequence; else a dump (relay_dump_send)
+ * then the end. A dump before the first envelope sends no envelope (nothing
+ * was forwarded): only the end, with as_of null. *out says what was done.
+ * KVO_EPROTO / KVO_ETOOBIG: a bad request, nothing sent, err says why. A
+ * reply that fails abandons the stream (no end): its status is returned,
+ * err says after how many envelopes. Counted in the recovery counters. */
+kvo_status relay_pipe_recover(relay_pipe *p, const char *reply_to,
+                              const uint8_t *body, size_t len,
+                              size_t max_payload, relay_reply_fn reply,
+                              void *ctx, relay_recovery *out, kvo_err *err);
+/* The dp ranks of the worker, ascending: every rank a batch carried, and
+ * every source's fallback rank (at most max written). */
+size_t relay_pipe_ranks(const relay_pipe *p, uint32_t *out, size_t max);
+/* The sequence of the last envelope published; false before the first. */
+bool relay_pipe_last_sequence(const relay_pipe *p, uint64_t *seq);
+
 /* Valid until the next pipe call. */
 relay_stats *relay_pipe_stats(relay_pipe *p);
 uint32_t relay_pipe_source_count(const relay_pipe *p);
 void relay_pipe_source_info(const relay_pipe *p, uint32_t src,
                             relay_src_info *out);
+
+/* ==== What the relay keeps for recovery =====================================*/
+
+/* ---- The forwarded state (relay_state.c) --------------------------------
+ * Per (dp_rank, tier), every block forwarded as stored and not yet as
+ * removed or cleared, with its parent (as stored), tokens_hash and number
+ * of copies (the dedup count of DESIGN §6). Pure. */
+#define RELAY_STATE_MAX_RANKS 1024u
+
+typedef struct relay_state relay_state;
+typedef struct relay_state_rank relay_state_rank; /* one rank's tables */
+
+kvo_status relay_state_new(relay_state **out);
+void relay_state_free(relay_state *s); /* NULL is a no-op */
+/* The tables of rank, added on first sight (*out stays valid until
+ * relay_state_free). KVO_ETOOBIG: RELAY_STATE_MAX_RANKS ranks are known
+ * already (only a broken publisher sends that many); KVO_ENOMEM. */
+kvo_status relay_state_rank_get(relay_state *s, uint32_t rank,
+                                relay_state_rank **out);
+/* A block forwarded as stored: one more copy; parent and tokens_hash are
+ * those of this store. KVO_ENOMEM: not recorded (the state is unchanged). */
+kvo_status relay_state_store(relay_state_rank *r, wire_tier tier,
+                             uint64_t block_hash, bool has_parent,
+                             uint64_t parent, uint64_t tokens_hash);
+/* One copy removed: KVO_MAP_HELD (others remain: do not forward the
+ * remove), KVO_MAP_GONE (the last one: it left the state), KVO_MAP_ABSENT
+ * (not held). */
+kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
+                                      uint64_t block_hash);
+/* Copies of block_hash held (0: not held). */
+uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
+                            uint64_t block_hash);
+/* cleared: every block of rank, every tier (memory is kept). */
+void relay_state_clear(relay_state *s, uint32_t rank);
+/* Ranks with tables, ascending (at most max written). */
+size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max);
+/* Blocks held, and the bytes the state holds (allocated capacities). */
+void relay_state_size(const relay_state *s, uint64_t *blocks,
+                      uint64_t *bytes);
+
+typedef struct relay_state_block {
+    uint32_t rank;
+    wire_tier tier;
+    uint64_t hash, tokens_hash;
+    bool has_parent;   /* as stored */
+    uint64_t parent;
+    bool orphan;       /* has a parent, but it is not held (or the chain
+                        * loops back): it goes under the root */
+} relay_state_block;
+
+typedef kvo_status (*relay_state_fn)(void *ctx, const relay_state_block *b);
+/* Every block held, ranks ascending, tier by tier, each after its parent
+ * when the parent is held (relay_state.c says how). fn must not change the
+ * state; a non-OK status stops the walk and is returned (KVO_ENOMEM: the
+ * walk's own stack). */
+kvo_status relay_state_walk(relay_state *s, relay_state_fn fn, void *ctx);
+
+/* ---- The ring of envelopes (relay_ring.c) -------------------------------*/
+typedef struct relay_ring relay_ring;
+
+typedef struct relay_ring_env {
+    uint64_t seq;        /* envelope sequence */
+    bool has_range;      /* its KVO-Zmq-Seq header: first-last */
+    uint64_t first, last;
+    const uint8_t *body; /* owned by the ring while it holds the envelope */
+    size_t len;
+} relay_ring_env;
+
+/* Keeps at most max_n envelopes and max_bytes of their bodies. */
+kvo_status relay_ring_new(relay_ring **out, size_t max_n, size_t max_bytes);
+void relay_ring_free(relay_ring *r); /* NULL is a no-op */
+/* Keep a copy of env (the oldest go to make room). false: it could not be
+ * kept (larger than max_bytes, out of memory): the ring is emptied, as it
+ * is when env->seq does not follow the newest held. */
+bool relay_ring_push(relay_ring *r, const relay_ring_env *env);
+void relay_ring_clear(relay_ring *r);
+/* The ring holds seq, and so every envelope from seq to the newest. */
+bool relay_ring_holds(const relay_ring *r, uint64_t seq);
+/* Envelope seq (valid until the next push or clear), or NULL. */
+const relay_ring_env *relay_ring_get(const relay_ring *r, uint64_t seq);
+void relay_ring_size(const relay_ring *r, uint64_t *envelopes,
+                     uint64_t *bytes);
+
+/* ---- Dumps (relay_dump.c) ------------------------------------------------*/
+
+/* Bytes a reply's NATS headers may take (KVO-Recovery, KVO-Zmq-Seq):
+ * dump envelopes are cut to max_payload less this. */
+#define RELAY_REPLY_HEADER_ROOM 256u
+
+typedef struct relay_dump_cfg {
+    uint64_t publisher_id, worker_id;
+    uint64_t event_id;        /* every dump event carries it */
+    uint64_t as_of;           /* the envelopes' sequence */
+    uint64_t published_at_ms;
+    bool has_wm;              /* KVO-Zmq-Seq of the last envelope */
+    uint64_t wm_first, wm_last;
+    const uint32_t *ranks;    /* a cleared for each, first */
+    size_t n_ranks;
+    size_t max_payload;       /* bytes one NATS message may hold */
+    uint32_t max_events, max_blocks; /* per envelope */
+} relay_dump_cfg;
+
+typedef struct relay_dump_result {
+    uint64_t sent;    /* envelopes sent */
+    uint64_t blocks;  /* blocks in them */
+    uint64_t orphans; /* of which sent under the root for want of parent */
+} relay_dump_result;
+
+/* The state as dump envelopes through reply (not the end: the caller sends
+ * it). KVO_ETOOBIG: max_payload cannot hold one block; a reply's status
+ * stops the dump and is returned. *res counts what was sent. */
+kvo_status relay_dump_send(const relay_dump_cfg *c, relay_state *state,
+                           relay_reply_fn reply, void *ctx,
+                           relay_dump_result *res);
 
 /* ==== Stats views (relay_stats.c) ==========================================*/
 
@@ -302,7 +511,7 @@ json_object *relay_stats_to_json(const relay_stats *s);
 kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out);
 /* One short line for the periodic log; a buffer of RELAY_STATS_LINE_MAX
  * holds it with every counter at its largest. */
-#define RELAY_STATS_LINE_MAX 768
+#define RELAY_STATS_LINE_MAX 1024
 void relay_stats_line(const relay_stats *s, char *buf, size_t n);
 /* Adds one source's counters (RELAY_SOURCE_COUNTERS) to the object o. */
 void relay_src_stats_to_json(const relay_src_stats *s, json_object *o);
@@ -381,9 +590,49 @@ bool relay_nats_connected(relay_nats *n);
 kvo_status relay_nats_publish(relay_nats *n, const char *subject,
                               bool has_range, uint64_t first, uint64_t last,
                               const uint8_t *body, size_t len);
-/* Fill st's NATS counters and gauges (nats_*): what nats.c's callbacks
- * last said, read on the loop thread. No side effects. */
+/* Fill st's NATS counters and gauges (nats_*, recovery_requests_dropped):
+ * what nats.c's callbacks last said, read on the loop thread. No side
+ * effects but remembering nats.c's drop counts (they never go down). */
 void relay_nats_stats(relay_nats *n, relay_stats *st);
+
+/* One message of a recovery reply stream to the inbox to: a KVO-Recovery
+ * header naming kind, KVO-Zmq-Seq when has_range. KVO_EAGAIN as for
+ * relay_nats_publish. */
+kvo_status relay_nats_reply(relay_nats *n, const char *to,
+                            wire_reply_kind kind, bool has_range,
+                            uint64_t first, uint64_t last,
+                            const uint8_t *body, size_t len);
+/* The largest message the server takes (its max_payload; 1 MiB before it
+ * said). */
+size_t relay_nats_max_payload(relay_nats *n);
+
+/* Requests the relay answers, by the subject they came on. */
+typedef enum relay_req_kind {
+    RELAY_REQ_RECOVERY = 0, /* <p>.kv-recovery.<publisher_id> */
+    RELAY_REQ_DISCOVER,     /* <p>.kv-relays.discover */
+    RELAY_REQ_COUNT
+} relay_req_kind;
+
+typedef struct relay_req {
+    relay_req_kind kind;
+    const char *reply;   /* the requester's inbox; NULL when none */
+    const uint8_t *body;
+    size_t len;
+    void *msg;           /* owned until relay_nats_req_done */
+} relay_req;
+
+/* Subscribe to subjects[RELAY_REQ_COUNT] (by relay_req_kind) and wait until
+ * the server has the subscriptions. Requests are queued for the loop (at
+ * most 256, then nats.c's pending limits: beyond them requests are dropped
+ * and counted as recovery_requests_dropped). */
+kvo_status relay_nats_listen(relay_nats *n, const char *const *subjects,
+                             char *err, size_t errsz);
+/* Readable (for zmq_poll) when a request may be waiting. */
+int relay_nats_wake_fd(const relay_nats *n);
+/* The oldest request waiting (true), valid until relay_nats_req_done. */
+bool relay_nats_req_next(relay_nats *n, relay_req *r);
+bool relay_nats_req_waiting(relay_nats *n);
+void relay_nats_req_done(relay_req *r);
 
 /* What the connection did since the previous relay_nats_watch, for the log.
  * Call it from one place only (the loop): each call takes the news. */

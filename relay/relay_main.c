@@ -11,7 +11,8 @@ enum {
     OPT_COMPONENT, OPT_WORKER_ID, OPT_PUBLISHER_ID, OPT_BLOCK_SIZE,
     OPT_REPLAY_FROM, OPT_REPLAY_TIMEOUT, OPT_REPLAY_BUFFER, OPT_VERIFY,
     OPT_HASH_SEED, OPT_METRICS, OPT_STATS_INTERVAL, OPT_STATS_JSON,
-    OPT_RECORD, OPT_RECORD_WHAT, OPT_LOG_LEVEL
+    OPT_RECORD, OPT_RECORD_WHAT, OPT_LOG_LEVEL, OPT_RECOVERY_BUFFER,
+    OPT_RECOVERY_BUFFER_MB, OPT_HEARTBEAT
 };
 
 /* --block-size above this is refused: no engine has blocks that large, so
@@ -19,6 +20,11 @@ enum {
 #define MAX_BLOCK_SIZE (1u << 20)
 /* --replay-timeout-ms above a day is refused (surely a typo). */
 #define MAX_REPLAY_TIMEOUT_MS 86400000u
+/* --recovery-buffer, --recovery-buffer-mb and --heartbeat-ms above these are
+ * refused: more would be a typo, not a setting. */
+#define MAX_RECOVERY_BUFFER (1u << 24)
+#define MAX_RECOVERY_BUFFER_MB (1u << 16)
+#define MAX_HEARTBEAT_MS 3600000u
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -52,6 +58,9 @@ static const struct option options[] = {
     {"record", required_argument, NULL, OPT_RECORD},
     {"record-what", required_argument, NULL, OPT_RECORD_WHAT},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"recovery-buffer", required_argument, NULL, OPT_RECOVERY_BUFFER},
+    {"recovery-buffer-mb", required_argument, NULL, OPT_RECOVERY_BUFFER_MB},
+    {"heartbeat-ms", required_argument, NULL, OPT_HEARTBEAT},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -90,6 +99,11 @@ static const char usage[] =
     "  --replay-from N         at start: publish cleared, replay from N\n"
     "  --replay-timeout-ms N   give up on a silent replay (default 5000)\n"
     "  --replay-buffer-batches N  live batches held during a replay (100000)\n"
+    "Recovery (docs/recovery.md):\n"
+    "  --recovery-buffer N     envelopes kept for recovery requests (4096)\n"
+    "  --recovery-buffer-mb N  and at most N MiB of them (64); older\n"
+    "                          sequences are answered with a dump\n"
+    "  --heartbeat-ms N        announce on <p>.kv-relays every N ms (1000)\n"
     "Verification:\n"
     "  --verify-engine-hash ALGO  sha256|sha256_cbor|xxhash|xxhash_cbor\n"
     "  --hash-seed S           the engine's PYTHONHASHSEED (default 0)\n"
@@ -207,6 +221,22 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             c->record_what = RELAY_RECORD_NATS;
         else
             return bad("record-what", arg);
+        return KVO_OK;
+    case OPT_RECOVERY_BUFFER:
+        if (kvo_parse_u32(arg, &c->recovery_buffer) || c->recovery_buffer == 0 ||
+            c->recovery_buffer > MAX_RECOVERY_BUFFER)
+            return bad("recovery-buffer", arg);
+        return KVO_OK;
+    case OPT_RECOVERY_BUFFER_MB:
+        if (kvo_parse_u32(arg, &c->recovery_buffer_mb) ||
+            c->recovery_buffer_mb == 0 ||
+            c->recovery_buffer_mb > MAX_RECOVERY_BUFFER_MB)
+            return bad("recovery-buffer-mb", arg);
+        return KVO_OK;
+    case OPT_HEARTBEAT:
+        if (kvo_parse_u32(arg, &c->heartbeat_ms) || c->heartbeat_ms == 0 ||
+            c->heartbeat_ms > MAX_HEARTBEAT_MS)
+            return bad("heartbeat-ms", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;

@@ -2,13 +2,19 @@
  * the NATS publisher, the metrics HTTP server, the capture file and the
  * pipeline, driven by one zmq_poll loop:
  *
- *   wait for NATS (serving HTTP) -> relay_pipe_start
- *   loop: zmq_poll(SUBs, DEALERs, their monitors, HTTP fd; timeout =
- *         nearest deadline)
+ *   wait for NATS (serving HTTP) -> listen for requests (recovery,
+ *   discover) -> relay_pipe_start -> announce
+ *   loop: zmq_poll(SUBs, DEALERs, their monitors, the requests' eventfd,
+ *         HTTP fd; timeout = nearest deadline)
  *         read every socket until none has anything -> relay_pipe_flush
  *         the sockets' monitor events -> relay_pipe_link
- *         relay_pipe_tick (replay timeouts), HTTP, periodic stats line
+ *         relay_pipe_tick (replay timeouts), requests (at most
+ *         REQUESTS_PER_TURN: relay_pipe_recover, or the announce for a
+ *         discover), the heartbeat announce, HTTP, periodic stats line
  *   exit: flush, stats JSON (stdout or --stats-json), close everything.
+ *
+ * Requests are answered on this thread, between two envelopes, so a dump
+ * is exactly the state as of its as_of (docs/recovery.md).
  */
 #include "kvo_http.h"
 #include "relay_int.h"
@@ -31,6 +37,8 @@
 #define DEFAULT_NATS_BUFFER_BYTES (64 << 20)
 #define DEFAULT_BLOCK_SIZE 16
 #define DEFAULT_STATS_INTERVAL_MS 10000
+#define DEFAULT_RECOVERY_BUFFER_MB 64
+#define DEFAULT_HEARTBEAT_MS 1000
 
 /* The loop's longest zmq_poll (how late kvo_stop is seen); how often NATS
  * is checked at start-up while HTTP is served; the wait between GETs of the
@@ -47,6 +55,9 @@
 /* Monitor events taken from one source per loop turn (a flapping
  * connection cannot starve the rest of the loop). */
 #define LINK_EVENTS_PER_TURN 64
+/* Requests answered per loop turn (a dump walks the whole state: a storm
+ * of them must leave the sockets their turn). */
+#define REQUESTS_PER_TURN 8
 /* Longest subject (namespace.<ns>.component.<c>.kv-events) and discovery
  * URL; longer ones are refused at start. */
 #define SUBJECT_MAX 512
@@ -56,7 +67,7 @@
 static const char *const note_kinds[] = {
     "decode",  "reject", "cleared", "gap",    "replay",    "restart",
     "frames",  "buffer", "publish", "hash",   "link",      "reopen",
-    "handshake", "oversize", "other"};
+    "handshake", "oversize", "recovery", "answer", "announce", "other"};
 #define N_KINDS (sizeof(note_kinds) / sizeof(note_kinds[0]))
 
 typedef struct src_desc {
@@ -80,6 +91,11 @@ typedef struct runner {
     kvo_ratelimit rl[N_KINDS];
     uint64_t publisher_id;
     char subject[SUBJECT_MAX];
+    char relays_subject[SUBJECT_MAX];
+    char listen[RELAY_REQ_COUNT][SUBJECT_MAX]; /* by relay_req_kind */
+    uint64_t started_at_ms;
+    uint64_t announces, discovers; /* announces_sent, discover_requests */
+    kvo_buf announce;
     relay_rx rx;
 } runner;
 
@@ -99,6 +115,9 @@ void relay_cfg_default(relay_cfg *c) {
     c->verify_algo = WIRE_ALGO_SHA256;
     c->hash_seed = "0";
     c->stats_interval_ms = DEFAULT_STATS_INTERVAL_MS;
+    c->recovery_buffer = RELAY_PIPE_RING_ENVELOPES;
+    c->recovery_buffer_mb = DEFAULT_RECOVERY_BUFFER_MB;
+    c->heartbeat_ms = DEFAULT_HEARTBEAT_MS;
 }
 
 /* ---- callbacks from the pipe ---------------------------------------------*/
@@ -149,6 +168,8 @@ static void on_note(void *ctx, kvo_level lvl, const char *kind,
 static relay_stats *stats_now(runner *r) {
     relay_stats *st = relay_pipe_stats(r->pipe);
     relay_nats_stats(r->nats, st);
+    st->announces_sent = r->announces;
+    st->discover_requests = r->discovers;
     return st;
 }
 
@@ -161,6 +182,11 @@ static json_object *stats_json(runner *r) {
     json_object_object_add(o, "worker_id",
                            json_object_new_uint64(r->cfg->worker_id));
     json_object_object_add(o, "subject", json_object_new_string(r->subject));
+    json_object_object_add(
+        o, "recovery_subject",
+        json_object_new_string(r->listen[RELAY_REQ_RECOVERY]));
+    json_object_object_add(o, "started_at",
+                           json_object_new_uint64(r->started_at_ms));
     json_object_object_add(o, "capture_errors",
                            json_object_new_uint64(r->cap_errors));
     json_object *arr = json_object_new_array();
@@ -456,10 +482,108 @@ static void watch_links(runner *r) {
     }
 }
 
+/* ---- recovery: requests and announces (docs/recovery.md) -----------------*/
+
+/* Publish the announce on subject (the relays subject, or a discover
+ * request's inbox). */
+static void announce(runner *r, const char *subject) {
+    uint32_t ranks[RELAY_PIPE_MAX_RANKS];
+    uint64_t wide[RELAY_PIPE_MAX_RANKS];
+    size_t n = relay_pipe_ranks(r->pipe, ranks, KVO_ARRAY_LEN(ranks));
+    for (size_t i = 0; i < n; i++) wide[i] = ranks[i];
+    wire_announce a = {
+        .publisher_id = r->publisher_id,
+        .worker_id = r->cfg->worker_id,
+        .n_ranks = (uint32_t)n,
+        .ranks = wide,
+        .recovery_subject = r->listen[RELAY_REQ_RECOVERY],
+        .started_at_ms = r->started_at_ms,
+        .heartbeat_ms = r->cfg->heartbeat_ms,
+    };
+    a.has_last = relay_pipe_last_sequence(r->pipe, &a.last_sequence);
+    kvo_buf_reset(&r->announce);
+    kvo_status st = wire_announce_encode(&a, &r->announce);
+    if (st == KVO_OK)
+        st = relay_nats_publish(r->nats, subject, false, 0, 0,
+                                r->announce.data, r->announce.len);
+    if (st != KVO_OK) {
+        kvo_log_limited(limit_of(r, "announce"), KVO_LOG_WARN,
+                        "announce on %s not sent (%zu dp ranks): %s", subject,
+                        n, kvo_strerror(st));
+        return;
+    }
+    r->announces++;
+}
+
+typedef struct reply_to {
+    relay_nats *nats;
+    const char *inbox;
+} reply_to;
+
+static kvo_status on_reply(void *ctx, wire_reply_kind kind, bool has_range,
+                           uint64_t first, uint64_t last, const uint8_t *body,
+                           size_t len) {
+    reply_to *t = ctx;
+    return relay_nats_reply(t->nats, t->inbox, kind, has_range, first, last,
+                            body, len);
+}
+
+static void answer_recovery(runner *r, const relay_req *q) {
+    reply_to to = {r->nats, q->reply};
+    relay_recovery out;
+    kvo_err err;
+    kvo_status st = relay_pipe_recover(r->pipe, q->reply, q->body, q->len,
+                                       relay_nats_max_payload(r->nats),
+                                       on_reply, &to, &out, &err);
+    char buf[600];
+    if (st != KVO_OK) {
+        kvo_log_limited(limit_of(r, "recovery"), KVO_LOG_WARN,
+                        "recovery request%s%s %s: %s",
+                        q->reply ? " from " : "", q->reply ? q->reply : "",
+                        out.bad ? "not understood" : "not answered",
+                        kvo_err_str(&err, buf, sizeof(buf)));
+        return;
+    }
+    char as_of[24] = "null";
+    if (out.has_as_of) snprintf(as_of, sizeof(as_of), "%" PRIu64, out.as_of);
+    /* Dumps are rare and heavy, worth a line (rate-limited: a storm of
+     * them is one line per interval); the rest at debug. */
+    if (out.kind == WIRE_REPLY_DUMP || kvo_log_level() >= KVO_LOG_DEBUG)
+        kvo_log_limited(limit_of(r, "answer"),
+                        out.kind == WIRE_REPLY_DUMP ? KVO_LOG_INFO
+                                                    : KVO_LOG_DEBUG,
+                        "recovery request from %s: %s, %" PRIu64
+                        " envelopes, %" PRIu64 " blocks (%" PRIu64
+                        " orphans), as of %s",
+                        q->reply, wire_reply_kind_name(out.kind), out.sent,
+                        out.blocks, out.orphans, as_of);
+}
+
+/* Answer what is waiting (at most REQUESTS_PER_TURN). */
+static void serve_requests(runner *r) {
+    relay_req q;
+    for (int k = 0; k < REQUESTS_PER_TURN && relay_nats_req_next(r->nats, &q);
+         k++) {
+        if (q.kind == RELAY_REQ_RECOVERY) {
+            answer_recovery(r, &q);
+        } else if (q.reply && *q.reply) {
+            r->discovers++;
+            announce(r, q.reply);
+        } else {
+            relay_pipe_stats(r->pipe)->recovery_bad_requests++;
+            kvo_log_limited(limit_of(r, "recovery"), KVO_LOG_WARN,
+                            "discover request without a reply inbox");
+        }
+        relay_nats_req_done(&q);
+    }
+}
+
 static void loop(runner *r) {
-    zmq_pollitem_t items[4 * RELAY_MAX_SOURCES + 1];
+    zmq_pollitem_t items[4 * RELAY_MAX_SOURCES + 2];
     uint64_t interval = r->cfg->stats_interval_ms * RELAY_NS_PER_MS;
     uint64_t next_stats = interval ? kvo_now_ns() + interval : 0;
+    uint64_t beat = (uint64_t)r->cfg->heartbeat_ms * RELAY_NS_PER_MS;
+    uint64_t next_beat = kvo_now_ns() + beat;
     while (!kvo_stop) {
         int n = 0;
         for (uint32_t i = 0; i < r->nsrc; i++) {
@@ -472,7 +596,9 @@ static void loop(runner *r) {
             void *dm = relay_source_dealer_monitor(r->src[i]);
             if (dm) items[n++] = (zmq_pollitem_t){dm, 0, ZMQ_POLLIN, 0};
         }
-        long t = LOOP_POLL_MS;
+        items[n++] = (zmq_pollitem_t){NULL, relay_nats_wake_fd(r->nats),
+                                      ZMQ_POLLIN, 0};
+        long t = relay_nats_req_waiting(r->nats) ? 0 : LOOP_POLL_MS;
         if (r->http) {
             items[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(r->http),
                                           ZMQ_POLLIN, 0};
@@ -481,6 +607,7 @@ static void loop(runner *r) {
         }
         uint64_t now = kvo_now_ns();
         uint64_t dl = relay_pipe_deadline(r->pipe);
+        if (!dl || next_beat < dl) dl = next_beat;
         for (uint32_t i = 0; i < r->nsrc; i++) {
             uint64_t sd = relay_source_deadline(r->src[i]);
             if (sd && (!dl || sd < dl)) dl = sd;
@@ -501,17 +628,28 @@ static void loop(runner *r) {
         /* Nothing more to read right now: publish what is pending, so a
          * lockstep driver never waits on a batching timer. */
         if (dry) relay_pipe_flush(r->pipe);
+        serve_requests(r);
+        /* No announce while NATS is down: the reconnect buffer is for
+         * envelopes (one goes out as soon as it is back, below). */
+        if (now >= next_beat) {
+            if (relay_nats_connected(r->nats))
+                announce(r, r->relays_subject);
+            next_beat = now + beat;
+        }
         if (r->http) kvo_http_server_run(r->http);
         relay_nats_news news = relay_nats_watch(r->nats);
         if (news.went_down)
             kvo_warn("NATS disconnected: buffering up to %d bytes while "
                      "reconnecting",
                      r->cfg->nats.buffer_bytes);
-        if (news.came_back)
+        if (news.came_back) {
             kvo_info("NATS reconnected (%" PRIu64 " reconnects, %" PRIu64
                      " envelopes dropped so far)",
                      news.reconnects,
                      relay_pipe_stats(r->pipe)->publish_dropped);
+            announce(r, r->relays_subject);
+            next_beat = now + beat;
+        }
         if (next_stats && now >= next_stats) {
             char line[RELAY_STATS_LINE_MAX];
             relay_stats_line(stats_now(r), line, sizeof(line));
@@ -549,6 +687,9 @@ static void log_config(const runner *r) {
              c->verify ? c->hash_seed : "-",
              c->metrics_listen ? c->metrics_listen : "off",
              c->stats_interval_ms, c->record ? c->record : "-");
+    kvo_info("config: recovery_buffer=%u recovery_buffer_mb=%u "
+             "heartbeat_ms=%u",
+             c->recovery_buffer, c->recovery_buffer_mb, c->heartbeat_ms);
 }
 
 static kvo_status write_exit_json(runner *r) {
@@ -635,13 +776,27 @@ kvo_status relay_run(const relay_cfg *cfg) {
             r.publisher_id = kvo_unix_ns() ^ ((uint64_t)getpid() << 32);
         r.publisher_id &= (uint64_t)INT64_MAX;
     }
-    int sl = snprintf(r.subject, sizeof(r.subject),
-                      "namespace.%s.component.%s.kv-events", cfg->ns,
-                      cfg->component);
+    r.started_at_ms = kvo_unix_ns() / RELAY_NS_PER_MS;
+    kvo_buf_init(&r.announce);
+    kvo_status sl = KVO_OK;
+    struct {
+        char *out;
+        wire_subject_kind kind;
+    } subjects[] = {{r.subject, WIRE_SUBJ_EVENTS},
+                    {r.relays_subject, WIRE_SUBJ_RELAYS},
+                    {r.listen[RELAY_REQ_RECOVERY], WIRE_SUBJ_RECOVERY},
+                    {r.listen[RELAY_REQ_DISCOVER], WIRE_SUBJ_DISCOVER}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(subjects) && sl == KVO_OK; i++)
+        sl = wire_subject(subjects[i].out, SUBJECT_MAX, cfg->ns,
+                          cfg->component, subjects[i].kind, r.publisher_id);
     log_config(&r);
-    if (sl < 0 || (size_t)sl >= sizeof(r.subject)) {
-        kvo_error("subject for --namespace and --component longer than %d "
-                  "bytes",
+    if (sl != KVO_OK) {
+        kvo_error(sl == KVO_ETOOBIG
+                      ? "subjects for --namespace and --component longer "
+                        "than %d bytes"
+                      : "--namespace and --component must each be one NATS "
+                        "token (no '.', '*', '>' or white space; %d bytes at "
+                        "most)",
                   SUBJECT_MAX - 1);
         st = KVO_EINVAL;
         goto done;
@@ -695,6 +850,8 @@ kvo_status relay_run(const relay_cfg *cfg) {
         .verify = cfg->verify,
         .verify_algo = cfg->verify_algo,
         .hash_seed = cfg->hash_seed,
+        .ring_max_envelopes = cfg->recovery_buffer,
+        .ring_max_bytes = (size_t)cfg->recovery_buffer_mb << 20,
     };
     relay_out out = {.ctx = &r,
                      .publish = on_publish,
@@ -717,7 +874,19 @@ kvo_status relay_run(const relay_cfg *cfg) {
         goto done;
     }
     if (wait_nats(&r) == KVO_OK) {
+        const char *listen[RELAY_REQ_COUNT];
+        for (int i = 0; i < RELAY_REQ_COUNT; i++) listen[i] = r.listen[i];
+        st = relay_nats_listen(r.nats, listen, err, sizeof(err));
+        if (st != KVO_OK) {
+            kvo_error("%s", err);
+            goto done;
+        }
+        kvo_info("answering recovery requests on %s, discover requests on "
+                 "%s; announcing on %s every %u ms",
+                 r.listen[RELAY_REQ_RECOVERY], r.listen[RELAY_REQ_DISCOVER],
+                 r.relays_subject, cfg->heartbeat_ms);
         relay_pipe_start(r.pipe, kvo_now_ns());
+        announce(&r, r.relays_subject);
         loop(&r);
     }
     char line[RELAY_STATS_LINE_MAX];
@@ -735,5 +904,6 @@ done:
     relay_pipe_free(r.pipe);
     wire_cap_close(r.cap);
     kvo_http_server_free(r.http);
+    kvo_buf_fini(&r.announce);
     return st;
 }

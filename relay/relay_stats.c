@@ -12,6 +12,7 @@
 static const char *const bad_names[] = {RELAY_BAD_MSG_KINDS(KIND_NAME)};
 static const char *const reject_names[] = {RELAY_REJECT_KINDS(KIND_NAME)};
 static const char *const fail_names[] = {RELAY_REPLAY_FAIL_KINDS(KIND_NAME)};
+static const char *const recovery_names[] = {RELAY_RECOVERY_KINDS(KIND_NAME)};
 #undef KIND_NAME
 
 static json_object *u64(uint64_t v) { return json_object_new_uint64(v); }
@@ -54,6 +55,14 @@ json_object *relay_stats_to_json(const relay_stats *s) {
                                  RELAY_REPLAY_FAIL_COUNT));
     json_object_object_add(o, "replay_failures_total",
                            u64(relay_stats_replay_failures(s)));
+    json_object_object_add(o, "recovery_requests",
+                           kinds(s->recovery_requests, recovery_names,
+                                 RELAY_RECOVERY_COUNT));
+    json_object_object_add(o, "recovery_requests_total",
+                           u64(relay_stats_recovery_requests(s)));
+#define ADD(name, help) json_object_object_add(o, #name, u64(s->name));
+    RELAY_GAUGES(ADD)
+#undef ADD
     json_object_object_add(o, "buffer_depth", u64(s->buffer_depth));
     json_object_object_add(o, "nats_buffered", u64(s->nats_buffered));
     json_object_object_add(o, "nats_buffered_total",
@@ -112,6 +121,9 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
     by_kind(&p, "replay_failures_total",
             "gaps the replay could not cover, by kind", s->replay_failures,
             fail_names, RELAY_REPLAY_FAIL_COUNT);
+    by_kind(&p, "recovery_requests_total",
+            "recovery requests answered, by what answered them",
+            s->recovery_requests, recovery_names, RELAY_RECOVERY_COUNT);
     uint32_t nsrc = s->n_src < RELAY_MAX_SOURCES ? s->n_src : RELAY_MAX_SOURCES;
 #define PROM(name, help)                                                      \
     kvo_prom_family(&p, "source_" #name "_total", "counter", help);           \
@@ -130,6 +142,9 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
                      s->nats_buffered_total);
     kvo_prom_gauge(&p, "nats_connected", "1 when NATS is up",
                    s->nats_connected ? 1 : 0);
+#define PROM(name, help) kvo_prom_gauge(&p, #name, help, s->name);
+    RELAY_GAUGES(PROM)
+#undef PROM
     return kvo_prom_status(&p);
 }
 
@@ -144,7 +159,8 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              " reconnects=%" PRIu64 " live_buffered=%" PRIu64
              " nats_buffered=%" PRIu64
              " hash_mismatches=%" PRIu64 " zmq_disconnects=%" PRIu64
-             " oversize=%" PRIu64,
+             " oversize=%" PRIu64 " recoveries=%" PRIu64 " dumps=%" PRIu64
+             " state_blocks=%" PRIu64,
              s->batches_applied, s->events_stored, s->events_removed,
              s->events_cleared, s->blocks_stored,
              relay_stats_decode_errors(s), relay_stats_rejects(s), s->gaps,
@@ -153,5 +169,7 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              s->duplicates_dropped, s->dedup_suppressed, s->removes_unknown,
              s->messages_published, s->bytes_published, s->publish_dropped,
              s->nats_reconnects, s->buffer_depth, s->nats_buffered,
-             s->hash_mismatches, s->zmq_disconnects, s->oversize);
+             s->hash_mismatches, s->zmq_disconnects, s->oversize,
+             relay_stats_recovery_requests(s), s->dumps_sent,
+             s->state_blocks);
 }

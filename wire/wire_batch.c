@@ -39,12 +39,9 @@
  * Why not msgpack-c's unpacker: its object tree is an intermediate copy (24
  * bytes per token) we would have to walk and copy again, it trusts declared
  * lengths, and it drops the byte spans we need to keep extra_keys and
- * metadata verbatim (re-packing an object is canonical, not exact). Measured
- * by kvo-bench-wire (32 stores x 16 blocks x 16 tokens, same bytes, same
- * run): the one-pass decode takes 0.31-0.35x the time of msgpack-c's
- * unpack alone, ~1350 MB/s (the former pre-check + decode took 0.65-0.7x;
- * pre-check + unpack takes 1.3x before converting anything). msgpack-c still turns raw values
- * into JSON (wire_json.c).
+ * metadata verbatim (re-packing an object is canonical, not exact); the
+ * one pass is also the faster (docs/performance.md has the measurements).
+ * msgpack-c still turns raw values into JSON (wire_json.c).
  *
  * Batch  = [ts, events, data_parallel_rank?, ...extras ignored]
  * Event  = map {"type": ..., named fields}   (vLLM >= 0.24, SGLang maps)
@@ -62,17 +59,10 @@
  * compares with the former packer-based encoder on random batches of every
  * form); raw values (extra_keys, metadata) are copied verbatim.
  *
- * Why not msgpack-c's packer: it calls its write callback once per value,
- * and with a kvo_buf_append there the encoder was ~35% of kvo-mocker's
- * trace mode. At its cheapest -- room reserved up front, a callback that
- * only copies -- it still took 1.9-4.3x the time of this writer in
- * kvo-bench-wire (32 stores x 16 blocks x 16 tokens, map, same run: 30.2
- * vs 16.2 us with 2-byte token ids, 67.3 vs 15.8 us with ids below 151,936;
- * the former encoder: 98.8 us) and ~3.2x on kvo-mocker's own batches (the
- * 18,471 of a 1,000-request trace capture re-encoded: ~165 vs ~52 ms).
- * kvo-mocker trace mode on the full trace (taskset -c 1, median of 3):
- * 6.45 s CPU with the former encoder, 5.46 s with the cheapest packer,
- * 4.42 s with this one.
+ * Why not msgpack-c's packer: it calls its write callback once per value;
+ * even with room reserved up front and a callback that only copies, it
+ * stays several times slower than writing through a cursor, and the
+ * encoder is a large share of kvo-mocker's trace mode (docs/performance.md).
  */
 #include "wire_int.h"
 

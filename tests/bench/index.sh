@@ -12,8 +12,11 @@
 # anchor, Dynamo's compressed-edge tree (049a8f48) from BENCH.md -- another
 # run, on another machine of this kind -- and tree / anchor. Wall time on a
 # shared machine is inflated by others: the "CPU" rows use the thread's CPU
-# time instead, and the page-fault rows say how much of a cold run is the
-# kernel's first touch. A run whose checksum or score sum differs from
+# time of the whole phase instead (building each event from the workload
+# arrays included, about a tenth of a warm apply phase: reading the CPU
+# clock per call is a system call here and disturbs what it measures), and
+# the page-fault rows say how much of a cold run is the kernel's first
+# touch. A run whose checksum or score sum differs from
 # BENCH.md's fails the script.
 #
 # Then the service (when nats-server is installed): query latency of a

@@ -4,6 +4,8 @@
 #include "kt.h"
 
 Suite *suite_core(void);
+Suite *suite_route(void);
+Suite *suite_sets(void);
 Suite *suite_report(void);
 Suite *suite_browser(void);
 Suite *suite_wait(void);
@@ -13,6 +15,8 @@ Suite *suite_e2e(void);
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
         suite_core,
+        suite_route,
+        suite_sets,
         suite_report,
         suite_browser,
         suite_wait,

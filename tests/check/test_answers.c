@@ -98,7 +98,15 @@ static void fake_on_req(void *ctx, kvo_http_req *req) {
         kvo_http_respond(req, 200, "text/plain", "ok", 2);
         return;
     }
-    route *r = route_for(path, false);
+    /* a page: "P@H" answers P?...&after=H when it is set */
+    const char *after = kvo_http_req_arg(req, "after");
+    route *r = NULL;
+    if (after) {
+        char key[64];
+        snprintf(key, sizeof(key), "%s@%s", path, after);
+        r = route_for(key, false);
+    }
+    if (!r) r = route_for(path, false);
     if (!r)
         kvo_http_respond_error(req, 404, "no such path");
     else if (r->huge)
@@ -234,12 +242,14 @@ typedef struct reading {
     chk_watermark wm;
     bool covered, live;
     kvo_buf metrics;
+    chk_blocks blocks;
 } reading;
 
 static void reading_init(reading *g) {
     memset(g, 0, sizeof(*g));
     check_counters_init(&g->counters);
     kvo_buf_init(&g->metrics);
+    chk_blocks_init(&g->blocks);
 }
 
 static void reading_fini(reading *g) {
@@ -247,6 +257,7 @@ static void reading_fini(reading *g) {
     check_counters_fini(&g->counters);
     chk_watermark_fini(&g->wm);
     kvo_buf_fini(&g->metrics);
+    chk_blocks_fini(&g->blocks);
 }
 
 typedef kvo_status call_fn(target *t, reading *g, kvo_err *err);
@@ -280,6 +291,12 @@ static kvo_status call_query(target *t, reading *g, kvo_err *err) {
 static kvo_status call_watermark(target *t, reading *g, kvo_err *err) {
     return chk_index_watermark(&t->env, &g->wm, err);
 }
+static kvo_status call_engine_blocks(target *t, reading *g, kvo_err *err) {
+    return chk_engine_blocks(&t->e, 0, &g->blocks, err);
+}
+static kvo_status call_index_blocks(target *t, reading *g, kvo_err *err) {
+    return chk_index_blocks(&t->env, 0, 0, true, &g->blocks, err);
+}
 /* The relay's readiness poll says only "not live" and the status. */
 static kvo_status call_relay(target *t, reading *g, kvo_err *err) {
     (void)err;
@@ -290,40 +307,50 @@ typedef struct endpoint {
     const char *method, *path;
     const char *good; /* an answer the call reads without complaint */
     call_fn *call;
+    const char *query; /* what the call adds to the path ("" or NULL: none) */
 } endpoint;
 
 static const endpoint ENDPOINTS[] = {
     {"GET", "/kvo/state",
      "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":5,\"resident_blocks\":1,"
-     "\"free_blocks\":2,\"requests_finished\":3,"
+     "\"free_blocks\":2,\"requests_finished\":3,\"cached_distinct\":2,"
+     "\"cached_digest\":18446744073709551615,"
      "\"counters\":{\"render_errors\":0,\"nested\":{\"x\":4}}}]}",
-     call_state},
-    {"GET", "/kvo/state", NULL, call_counters}, /* the same answer */
+     call_state, NULL},
+    {"GET", "/kvo/state", NULL, call_counters, NULL}, /* the same answer */
     {"GET", "/kvo/event_sources",
      "[{\"endpoint\":\"tcp://127.0.0.1:5557\",\"replay_endpoint\":null,"
      "\"topic\":\"kv\",\"data_parallel_rank\":0}]",
-     call_sources},
+     call_sources, NULL},
     {"POST", "/kvo/probe",
      "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,\"hit_blocks\":3}]}",
-     call_probe},
+     call_probe, NULL},
     {"POST", "/v1/completions",
      "{\"usage\":{\"prompt_tokens\":4,\"prompt_tokens_details\":"
      "{\"cached_tokens\":0}},\"kvo\":{\"dp_rank\":0,\"last_seq\":null},"
      "\"kv_transfer_params\":{\"ids\":[1,2],\"host\":\"h\\u00e9\","
      "\"on\":true,\"r\":0.5,\"n\":null}}",
-     call_complete},
-    {"GET", "/v1/models", "{\"data\":[{\"id\":\"m\"}]}", call_model},
+     call_complete, NULL},
+    {"GET", "/v1/models", "{\"data\":[{\"id\":\"m\"}]}", call_model, NULL},
     {"POST", "/query_by_hash",
      "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":2},"
      "{\"worker_id\":9,\"dp_rank\":0,\"blocks\":7}],\"covered\":true,"
      "\"watermark\":{\"publishers\":[{\"publisher_id\":7,"
      "\"zmq_seq_last\":3}]},\"metrics\":\"x 1\\n\"}",
-     call_query},
+     call_query, NULL},
     {"GET", "/watermark",
      "{\"publishers\":[{\"publisher_id\":18446744073709551615,"
      "\"zmq_seq_last\":null},{\"publisher_id\":7,\"zmq_seq_last\":3}]}",
-     call_watermark},
-    {"GET", "/stats", "{\"sources\":[{\"state\":\"live\"}]}", call_relay},
+     call_watermark, NULL},
+    {"GET", "/stats", "{\"sources\":[{\"state\":\"live\"}]}", call_relay, NULL},
+    {"GET", "/kvo/blocks",
+     "{\"rank\":0,\"count\":2,\"digest\":7,\"blocks\":[[5,null],"
+     "[18446744073709551615,5]],\"next\":null}",
+     call_engine_blocks, "?rank=0"},
+    {"GET", "/blocks",
+     "{\"worker_id\":0,\"dp_rank\":0,\"count\":2,\"digest\":7,"
+     "\"blocks\":[[5,null],[18446744073709551615,5]]}",
+     call_index_blocks, "?worker_id=0&dp_rank=0"},
 };
 
 static const char *good_answer(size_t i) {
@@ -350,8 +377,8 @@ static void expect_error(const fake *f, size_t i, kvo_status st,
     ck_assert_msg(st != KVO_OK, "%s %s: accepted", ep->method, ep->path);
     if (ep->call == call_relay) return; /* no err to read */
     char want[512];
-    snprintf(want, sizeof(want), "%s %s%s: %s", ep->method, f->base, ep->path,
-             what);
+    snprintf(want, sizeof(want), "%s %s%s%s: %s", ep->method, f->base,
+             ep->path, ep->query ? ep->query : "", what);
     ck_assert_msg(strncmp(err->msg, want, strlen(want)) == 0,
                   "want \"%s...\"\n got \"%s\"", want, err->msg);
     ck_assert_int_eq(err->status, st);
@@ -380,6 +407,16 @@ START_TEST(good_answers_are_read_field_by_field) {
         }
     }
     ck_assert_int_eq(t.e.ranks[0].last_seq, 5);
+    ck_assert(t.e.ranks[0].has_set);
+    ck_assert_uint_eq(t.e.ranks[0].set_count, 2);
+    ck_assert_uint_eq(t.e.ranks[0].set_digest, UINT64_MAX);
+    /* the last read: the index's blocks, as listed */
+    ck_assert_uint_eq(g.blocks.count, 2);
+    ck_assert_uint_eq(g.blocks.digest, 7);
+    ck_assert_uint_eq(g.blocks.n, 2);
+    ck_assert(g.blocks.v[0].hash == 5 && !g.blocks.v[0].has_parent);
+    ck_assert(g.blocks.v[1].hash == UINT64_MAX && g.blocks.v[1].has_parent &&
+              g.blocks.v[1].parent == 5);
     ck_assert(check_counters_get(&g.counters, "engine 0.0", "render_errors") ==
               0);
     ck_assert(check_counters_get(&g.counters, "engine 0.0", "nested.x") == 4);
@@ -488,7 +525,7 @@ typedef struct bad_case {
 } bad_case;
 
 enum { EP_STATE, EP_COUNTERS, EP_SOURCES, EP_PROBE, EP_COMPLETE, EP_MODEL,
-       EP_QUERY, EP_WATERMARK, EP_RELAY };
+       EP_QUERY, EP_WATERMARK, EP_RELAY, EP_EBLOCKS, EP_IBLOCKS };
 
 #define M16 "mmmmmmmmmmmmmmmm"
 
@@ -579,6 +616,29 @@ static const bad_case BAD[] = {
                        "start (byte 0, near \"\")"},
     {EP_WATERMARK, "{\"publishers\":[{\"publisher_id\":1}",
      "bad JSON answer: the input ends inside an array (byte 14, "},
+    /* a cached set's size without its digest */
+    {EP_STATE, "{\"ranks\":[{\"dp_rank\":0,\"cached_distinct\":3}]}",
+     "ranks[0].cached_digest: expected an integer in [0, "
+     "18446744073709551615], got nothing"},
+    /* block lists: each entry [hash, parent|null], as many as counted */
+    {EP_EBLOCKS,
+     "{\"count\":2,\"digest\":1,\"blocks\":[[5,null],[9]],\"next\":null}",
+     "blocks[1]: expected [hash, parent|null], got an array"},
+    {EP_EBLOCKS,
+     "{\"count\":1,\"digest\":1,\"blocks\":[[5,-1]],\"next\":null}",
+     "blocks[0][1]: expected a parent hash or null, got -1"},
+    {EP_EBLOCKS,
+     "{\"count\":1,\"digest\":1,\"blocks\":[[\"5\",null]]}",
+     "blocks[0][0]: expected a block hash (an integer in [0, 2^64)), got a "
+     "string"},
+    {EP_EBLOCKS, "{\"count\":1,\"digest\":1,\"blocks\":[[5,null],[6,5]]}",
+     "2 blocks listed, more than the count 1"},
+    {EP_EBLOCKS, "{\"count\":1,\"blocks\":[]}",
+     "digest: expected an integer in [0, 18446744073709551615], got nothing"},
+    {EP_IBLOCKS, "{\"count\":2,\"digest\":1,\"blocks\":[],\"next\":4}",
+     "an empty page with a next page"},
+    {EP_IBLOCKS, "{\"count\":2,\"digest\":1}",
+     "blocks: expected an array, got nothing"},
 };
 
 START_TEST(values_out_of_their_range_are_errors_never_clamped) {
@@ -602,6 +662,8 @@ START_TEST(values_out_of_their_range_are_errors_never_clamped) {
         ck_assert_uint_eq(g.wm.n, 0);
         ck_assert_ptr_null(g.c.kv_transfer_params);
         ck_assert_uint_eq(g.counters.n, 0);
+        ck_assert_uint_eq(g.blocks.n + g.blocks.count, 0);
+        ck_assert(!t.e.ranks[0].has_set);
         reading_fini(&g);
     }
     target_fini(&t);
@@ -660,6 +722,70 @@ START_TEST(a_200_mb_answer_is_refused_in_memory_bounded_by_its_size) {
         target_fini(&t);
         fake_stop(&f);
     }
+}
+END_TEST
+
+START_TEST(block_lists_are_read_page_by_page_and_must_hold_still) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    reading g;
+    reading_init(&g);
+    /* three pages: after=5 and after=9 follow the first */
+    fake_answer(&f, "/kvo/blocks",
+                "{\"rank\":0,\"count\":4,\"digest\":3,\"blocks\":"
+                "[[1,null],[5,1]],\"next\":5}");
+    fake_answer(&f, "/kvo/blocks@5",
+                "{\"rank\":0,\"count\":4,\"digest\":3,\"blocks\":"
+                "[[7,5]],\"next\":9}");
+    fake_answer(&f, "/kvo/blocks@9",
+                "{\"rank\":0,\"count\":4,\"digest\":3,\"blocks\":"
+                "[[9,7]],\"next\":null}");
+    kvo_err err = {0};
+    ck_assert_msg(call_engine_blocks(&t, &g, &err) == KVO_OK, "%s", err.msg);
+    ck_assert_uint_eq(g.blocks.n, 4);
+    ck_assert_uint_eq(g.blocks.v[3].hash, 9);
+    ck_assert_uint_eq(g.blocks.v[3].parent, 7);
+    /* fewer in all than the count */
+    fake_answer(&f, "/kvo/blocks@9",
+                "{\"rank\":0,\"count\":4,\"digest\":3,\"blocks\":[],"
+                "\"next\":null}");
+    ck_assert_int_eq(call_engine_blocks(&t, &g, &err), KVO_EPROTO);
+    char want[200];
+    snprintf(want, sizeof(want), "GET %s/kvo/blocks?rank=0: 3 blocks listed "
+                                 "in all, the count says 4", f.base);
+    ck_assert_str_eq(err.msg, want);
+    /* the set changed between two pages: the side was not quiet */
+    fake_answer(&f, "/kvo/blocks@5",
+                "{\"rank\":0,\"count\":5,\"digest\":3,\"blocks\":"
+                "[[7,5]],\"next\":9}");
+    ck_assert_int_eq(call_engine_blocks(&t, &g, &err), KVO_ESTATE);
+    snprintf(want, sizeof(want), "GET %s/kvo/blocks?rank=0&after=5: the set "
+                                 "changed while it was listed (count 5 digest "
+                                 "3, the first page said 4 and 3)", f.base);
+    ck_assert_str_eq(err.msg, want);
+    /* the last good read stays */
+    ck_assert_uint_eq(g.blocks.n, 4);
+    /* the index's digest alone: no list needed */
+    fake_answer(&f, "/blocks",
+                "{\"worker_id\":0,\"dp_rank\":0,\"count\":12,"
+                "\"digest\":99}");
+    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, false, &g.blocks, &err),
+                     KVO_OK);
+    ck_assert(g.blocks.count == 12 && g.blocks.digest == 99 && g.blocks.n == 0);
+    reading_fini(&g);
+    target_fini(&t);
+    fake_stop(&f);
+    /* an indexer without /blocks (404): KVO_ENOTFOUND, and a checkpoint
+     * says the sets were not compared */
+    fake_start(&f);
+    target_init(&t, &f);
+    reading_init(&g);
+    ck_assert_int_eq(call_index_blocks(&t, &g, &err), KVO_ENOTFOUND);
+    reading_fini(&g);
+    target_fini(&t);
+    fake_stop(&f);
 }
 END_TEST
 
@@ -729,6 +855,7 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, bytes_after_the_json_are_an_error_naming_the_call);
     tcase_add_test(tc, invalid_utf8_in_an_answer_is_an_error_naming_the_call);
     tcase_add_test(tc, values_out_of_their_range_are_errors_never_clamped);
+    tcase_add_test(tc, block_lists_are_read_page_by_page_and_must_hold_still);
     tcase_add_test(tc, a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
     tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
     tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);

@@ -31,6 +31,8 @@ static const char *summary_str(const tc_run *r, const char *key) {
     return json_object_get_string(v);
 }
 
+static double regime(const tc_run *r, const char *name);
+
 /* PASS with zero divergences, every planned request checked. */
 static void assert_pass(const tc_run *r, size_t requests) {
     if (r->exit_code != 0 || !r->summary) tc_dump(r);
@@ -44,29 +46,38 @@ static void assert_pass(const tc_run *r, size_t requests) {
 }
 
 START_TEST(the_quick_start_run_passes_with_evictions_and_renders) {
-    /* scripts/run: 4 workers, block size 16, a cache that evicts */
+    /* scripts/run: 4 workers, block size 16, a cache that evicts, dynamo
+     * routing under load */
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "250" : "1000";
     const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
                           "--workers", "4", "--block-size", "16",
-                          "--num-gpu-blocks", "8192", NULL};
+                          "--num-gpu-blocks", "32768", "--load", "--speedup",
+                          "0", "--policy", "dynamo", NULL};
     tc_run r;
     tc_check(&r, "quick", args, 900);
     assert_pass(&r, (size_t)atoi(limit));
+    ck_assert_str_eq(summary_str(&r, "mode"), "load");
+    ck_assert_msg(strstr(summary_str(&r, "config"), "policy=dynamo"), "%s",
+                  summary_str(&r, "config"));
     /* the cache really evicted, and the index followed */
     double removed = tc_counter(&r, "engine ", "blocks_removed");
     ck_assert_msg(removed > 1000, "only %.0f evictions", removed);
     ck_assert_msg(tc_counter(&r, "relay", "removes_forwarded") > 0, "no "
                   "remove reached the index");
-    /* the cache served something (3.7% here: round-robin over small
-     * caches; traces/README.md's 36.6% is for an unbounded one) and the
-     * index said exactly the same */
+    /* the cache served something, and every checkpoint was exact */
     double hit = json_object_get_double(
         json_object_object_get(r.summary, "engine_hit_rate"));
-    double ihit = json_object_get_double(
-        json_object_object_get(r.summary, "index_hit_rate"));
-    ck_assert_msg(hit > 0.01 && hit == ihit, "engine %.4f index %.4f", hit,
-                  ihit);
+    ck_assert_msg(hit > 0.01, "engine hit rate %.4f", hit);
+    json_object *cks = json_object_object_get(r.summary, "checkpoints");
+    ck_assert_uint_ge(json_object_array_length(cks), 2);
+    for (size_t i = 0; i < json_object_array_length(cks); i++)
+        ck_assert(json_object_get_boolean(json_object_object_get(
+            json_object_array_get_idx(cks, i), "passed")));
+    /* what the router saw, for every request; the load was real */
+    json_object *st = json_object_object_get(r.summary, "staleness");
+    ck_assert_int_eq(tc_int(st, "requests"), atoi(limit));
+    ck_assert_msg(regime(&r, "steps_multi") > 0, "no step ran two requests");
     /* the HTML report, in a real browser when there is one */
     char why[256] = "";
     int rendered = tc_html_renders(r.html, why, sizeof(why));
@@ -263,6 +274,35 @@ START_TEST(a_dropped_batch_without_replay_fails_as_a_seq_gap) {
 }
 END_TEST
 
+/* A block no prompt reaches: the forwarder adds a child the engine never
+ * computed to one store batch. Judging prompts cannot see it; the
+ * checkpoint's block sets must, naming the stale block. */
+START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "30",
+                          "--workers", "1", "--extra-block-seq", "3",
+                          "--checkpoint-every", "10", NULL};
+    tc_run r;
+    tc_check(&r, "extra-block", args, 300);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    ck_assert_msg(strncmp(summary_str(&r, "cause"), "stale block:", 12) == 0,
+                  "cause: %s", summary_str(&r, "cause"));
+    ck_assert_msg(strstr(summary_str(&r, "cause"),
+                         "1 blocks in the index but not the engine") ||
+                      strstr(summary_str(&r, "cause"),
+                             "1 block in the index but not the engine"),
+                  "cause: %s", summary_str(&r, "cause"));
+    ck_assert_msg(strcmp(summary_str(&r, "caught_at"),
+                         "checkpoint 1: block sets") == 0,
+                  "caught at: %s", summary_str(&r, "caught_at"));
+    ck_assert_int_eq(tc_int(r.summary, "divergent_prompts"), 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "60" : "120";
@@ -281,6 +321,221 @@ START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
                  m[i].killed ? "killed" : "benign",
                  m[i].killed ? "killed" : "passed");
         ck_assert_msg(strstr(out, row), "no row '%s' in:\n%s", row + 1, out);
+    }
+    ck_assert_ptr_nonnull(strstr(out, "every mutant behaved as expected"));
+    kvo_free(out);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* ---- load mode -------------------------------------------------------------*/
+
+/* summary.regime.<name> (-1 when absent). */
+static double regime(const tc_run *r, const char *name) {
+    json_object *g, *v;
+    if (!r->summary || !json_object_object_get_ex(r->summary, "regime", &g) ||
+        !g || !json_object_object_get_ex(g, name, &v))
+        return -1;
+    return json_object_get_double(v);
+}
+
+/* A trace of n requests that cannot all fit a 150-block cache: each has a
+ * 512-token prompt (32 blocks; one trace block of 10, so prompts repeat)
+ * and generates 512 tokens (32 blocks more). Four prompts fit at once;
+ * four running requests outgrow the cache after 6 blocks each. */
+static char *write_crowd_trace(const char *dir, int n) {
+    char *path = kvo_malloc(600);
+    snprintf(path, 600, "%s/crowd.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "{\"timestamp\":%d,\"input_length\":512,"
+                   "\"output_length\":512,\"hash_ids\":[%d]}\n",
+                i * 50, 9000 + i % 10);
+    fclose(f);
+    return path;
+}
+
+START_TEST(a_closed_loop_load_run_batches_preempts_and_passes) {
+    /* 8 requests in flight against one engine whose cache holds four
+     * prompts: whatever the machine's speed, the requests in the engine
+     * share steps, and four growing ones must preempt (each lives for 512
+     * decode steps of real time, speedup 20, far longer than kvo-check
+     * takes to send eight) */
+    char *dir = kt_tmpdir("crowd");
+    char *trace = write_crowd_trace(dir, 24);
+    const char *args[] = {"--spawn", "--trace", trace, "--workers", "1",
+                          "--num-gpu-blocks", "150", "--load",
+                          "--concurrency", "8", "--speedup", "20",
+                          "--policy", "dynamo", "--checkpoint-every", "8",
+                          "--checkpoint-sweep", "3", NULL};
+    tc_run r;
+    tc_check(&r, "crowd", args, 600);
+    assert_pass(&r, 24);
+    ck_assert_str_eq(summary_str(&r, "mode"), "load");
+    ck_assert_msg(regime(&r, "preemptions") > 0 &&
+                      regime(&r, "steps_multi") > 0 &&
+                      regime(&r, "max_running") >= 2,
+                  "preemptions %.0f, multi-request steps %.0f, most running "
+                  "%.0f",
+                  regime(&r, "preemptions"), regime(&r, "steps_multi"),
+                  regime(&r, "max_running"));
+    /* checkpoints after 8 and 16 requests, and at the end: each exact;
+     * the first two re-check a sample of 3 distinct prompts, the last one
+     * every distinct prompt of the run (10) */
+    json_object *cks = json_object_object_get(r.summary, "checkpoints");
+    ck_assert_uint_eq(json_object_array_length(cks), 3);
+    for (size_t i = 0; i < 3; i++) {
+        json_object *c = json_object_array_get_idx(cks, i);
+        ck_assert_int_eq(tc_int(c, "after_requests"), (int64_t)(8 * (i + 1)));
+        ck_assert(json_object_get_boolean(json_object_object_get(c, "passed")));
+        ck_assert_int_eq(tc_int(c, "sweep_prompts"), i < 2 ? 3 : 10);
+    }
+    /* every request says what the router saw */
+    for (size_t i = 0; i < 24; i++) {
+        json_object *l = tc_line(&r, i);
+        ck_assert_int_eq(tc_int(l, "id"), (int64_t)i); /* trace order */
+        ck_assert(tc_int(l, "inflight_at_route") < 8);
+        (void)tc_int(l, "routed_index_blocks");
+    }
+    tc_free(&r, false);
+    unlink(trace);
+    kvo_free(trace);
+    rmdir(dir);
+    kvo_free(dir);
+}
+END_TEST
+
+/* A load run against encoder mutant `mutant`: it must FAIL, its cause
+ * starting with one of the '|'-separated prefixes (none: any cause). */
+static void load_mutant_fails(const char *mutant, const char *causes) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit",
+                          TC_SANITIZED ? "60" : "150", "--workers", "2",
+                          "--num-gpu-blocks", "8192", "--load", "--speedup",
+                          "0", "--checkpoint-every", "50", "--mutate", mutant,
+                          NULL};
+    tc_run r;
+    tc_check(&r, mutant, args, 600);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    const char *cause = summary_str(&r, "cause");
+    bool ok = !causes;
+    for (const char *p = causes; p && *p && !ok;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        ok = strncmp(cause, p, len) == 0;
+        p = bar ? bar + 1 : p + len;
+    }
+    ck_assert_msg(ok, "%s: cause: %s", mutant, cause);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+
+START_TEST(a_duplicate_store_under_load_fails) {
+    /* a second BlockStored for one copy: the relay's count never reaches
+     * zero, the index keeps evicted blocks */
+    load_mutant_fails("dup-store", NULL);
+}
+END_TEST
+
+START_TEST(a_dropped_store_under_load_fails) {
+    load_mutant_fails("drop-store", NULL);
+}
+END_TEST
+
+/* The pid of the first child of parent whose command is name, 0 if none. */
+static size_t children_of(pid_t pid, pid_t *out, size_t max);
+static pid_t child_named(pid_t parent, const char *name);
+
+START_TEST(an_engine_dying_under_load_ends_the_run_naming_it) {
+    /* SIGKILL one spawned kvo-mocker while requests are in flight: the run
+     * ends -- no hang, no vague timeout -- with a FAIL naming it */
+    char *trace = trace1000();
+    char *dir = kt_tmpdir("dying");
+    char out[600], logs[600], json[600];
+    snprintf(out, sizeof(out), "%s/kvo-check.out", dir);
+    snprintf(logs, sizeof(logs), "%s/logs", dir);
+    snprintf(json, sizeof(json), "%s/report.jsonl", dir);
+    char *exe = kt_bin_path("kvo-check");
+    char *argv[] = {exe, "--spawn", "--trace", trace, "--workers", "2",
+                    "--num-gpu-blocks", "8192", "--load", "--speedup", "1",
+                    "--report-json", json, "--log-dir", logs, NULL};
+    kvo_proc p;
+    memset(&p, 0, sizeof(p));
+    ck_assert_int_eq(kvo_proc_spawn(&p, "kvo-check", argv, out), KVO_OK);
+    /* once both engines and both relays run, requests are on their way */
+    pid_t victim = 0;
+    uint64_t deadline = kvo_now_ns() + 120 * 1000000000ull;
+    while (kvo_proc_alive(&p) && kvo_now_ns() < deadline) {
+        pid_t kids[32];
+        if (children_of(p.pid, kids, 32) >= 6 &&
+            (victim = child_named(p.pid, "kvo-mocker")) != 0)
+            break;
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_msg(victim > 0, "no kvo-mocker appeared");
+    struct timespec settle = {1, 0}; /* real time: requests take seconds */
+    nanosleep(&settle, NULL);
+    kill(victim, SIGKILL);
+    deadline = kvo_now_ns() + 120 * 1000000000ull;
+    while (kvo_proc_alive(&p) && kvo_now_ns() < deadline) {
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+    }
+    if (kvo_proc_alive(&p)) {
+        kvo_proc_stop(&p, 1000);
+        ck_abort_msg("kvo-check did not end after its engine died");
+    }
+    char *text = tc_slurp(out);
+    ck_assert_msg(p.exit_status == 1, "exit %d:\n%s", p.exit_status, text);
+    ck_assert_msg(strstr(text, "kvo-check: FAIL: ") &&
+                      (strstr(text, "kvo-mocker[") ||
+                       strstr(text, "/v1/completions")),
+                  "%s", text);
+    kvo_free(text);
+    kvo_free(exe);
+    kvo_free(trace);
+    char cmd[700];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { /* a leftover temp dir only */ }
+    kvo_free(dir);
+}
+END_TEST
+
+START_TEST(mutants_under_load_are_caught_at_a_checkpoint) {
+    /* the matrix in load mode: every killed mutant killed at a checkpoint
+     * (by its block sets, its counters or its sweep), the benign pass */
+    char *trace = trace1000();
+    const char *args[] = {"mutants", "--load", "--trace", trace, "--limit",
+                          TC_SANITIZED ? "60" : "120", "--checkpoint-every",
+                          TC_SANITIZED ? "20" : "40", NULL};
+    tc_run r;
+    tc_check(&r, "mutants-load", args, 1500);
+    char *out = tc_slurp(r.log);
+    if (r.exit_code != 0) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 0);
+    size_t n;
+    const check_mutant *m = check_mutants(&n);
+    for (size_t i = 0; i < n; i++) {
+        char row[96];
+        snprintf(row, sizeof(row), "\n%-18s %-8s %-8s ok ", m[i].name,
+                 m[i].killed ? "killed" : "benign",
+                 m[i].killed ? "killed" : "passed");
+        const char *at = strstr(out, row);
+        ck_assert_msg(at, "no row '%s' in:\n%s", row + 1, out);
+        /* "... ok   1.2s  checkpoint 1: counters  ..." */
+        const char *where = strstr(at + strlen(row), "s  ");
+        ck_assert_ptr_nonnull(where);
+        where += 3;
+        if (m[i].killed)
+            ck_assert_msg(strncmp(where, "checkpoint ", 11) == 0, "%.120s",
+                          at + 1);
+        else
+            ck_assert_msg(where[0] == '-', "%.120s", at + 1);
     }
     ck_assert_ptr_nonnull(strstr(out, "every mutant behaved as expected"));
     kvo_free(out);
@@ -475,6 +730,21 @@ static size_t children_of(pid_t pid, pid_t *out, size_t max) {
     return n;
 }
 
+static pid_t child_named(pid_t parent, const char *name) {
+    pid_t kids[64];
+    size_t n = children_of(parent, kids, 64);
+    for (size_t i = 0; i < n; i++) {
+        char path[64], comm[64] = "";
+        snprintf(path, sizeof(path), "/proc/%d/comm", (int)kids[i]);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
+        fclose(f);
+        if (strcmp(comm, name) == 0) return kids[i];
+    }
+    return 0;
+}
+
 START_TEST(ctrl_c_stops_every_process_it_started) {
     char *trace = trace1000();
     char *dir = kt_tmpdir("sigint");
@@ -578,15 +848,24 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
+    tcase_add_test(tc, a_block_the_engine_never_stored_fails_at_a_checkpoint);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
     tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
     tcase_add_test(tc, an_engine_error_counter_fails_an_otherwise_clean_run);
     tcase_add_test(tc, an_external_pipeline_is_checked_after_a_quiet_period);
     suite_add_tcase(s, tc);
+    tc = tcase_create("load");
+    tcase_set_timeout(tc, 1800);
+    tcase_add_test(tc, a_closed_loop_load_run_batches_preempts_and_passes);
+    tcase_add_test(tc, a_duplicate_store_under_load_fails);
+    tcase_add_test(tc, a_dropped_store_under_load_fails);
+    tcase_add_test(tc, an_engine_dying_under_load_ends_the_run_naming_it);
+    suite_add_tcase(s, tc);
     tc = tcase_create("mutants");
     tcase_set_timeout(tc, 1800);
     tcase_add_test(tc,
                    mutants_matrix_kills_every_killed_mutant_and_spares_the_benign);
+    tcase_add_test(tc, mutants_under_load_are_caught_at_a_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }

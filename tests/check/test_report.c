@@ -174,6 +174,151 @@ START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
 }
 END_TEST
 
+/* A load-mode run: n prompts routed on stale scores now and then, two
+ * checkpoints (the second found 2 stale blocks), the engines' regime. */
+static check_result *make_load_result(uint64_t n) {
+    check_result *r = NULL;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    ck_assert_int_eq(check_result_slots(r, 2, 1, 16), KVO_OK);
+    r->planned = n;
+    r->load.on = true;
+    r->load.concurrency = 16;
+    r->load.max_inflight = 16;
+    for (uint64_t id = 0; id < n; id++) {
+        uint32_t hit = (uint32_t)(id % 7);
+        /* every 5th: the index had 2 blocks more than the engine */
+        uint32_t scores[2] = {id % 5 ? hit : hit + 2, 0};
+        check_obs o = {.id = id, .prompt_tokens = 200, .block_size = 16,
+                       .n_slots = 2, .dp_size = 1, .chosen = 0,
+                       .index_scores = scores, .unjudged = true,
+                       .cached_tokens = (int64_t)hit * 16,
+                       .inflight_at_route = (uint32_t)(id % 16), .ms = 3};
+        ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
+    }
+    check_checkpoint c;
+    memset(&c, 0, sizeof(c));
+    c.number = 1;
+    c.after = n / 2;
+    c.before_prompt = (int64_t)(n / 2);
+    c.sets = true;
+    c.sweep_first = -1;
+    c.sweep_prompts = 7;
+    c.sync_s = 0.25;
+    ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
+    c.number = 2;
+    c.after = n;
+    c.before_prompt = -1;
+    c.final = true;
+    check_block stale[2] = {{.hash = 41}, {.hash = 42, .parent = 41,
+                                           .has_parent = true}};
+    check_blocks_compare(NULL, 0, stale, 2, 1, &c.diff);
+    c.diff.first[0].prompt = 3;
+    c.diff.first[0].depth = 0;
+    ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
+    check_counters_set(&r->counters, "engine 0.0", "steps_multi", 120);
+    check_counters_set(&r->counters, "engine 0.0", "preemptions", 4);
+    check_counters_set(&r->counters, "engine 1.0", "max_running", 9);
+    r->wall_s = 2.0;
+    r->stage_s[CHECK_STAGE_TRAFFIC] = 1.5;
+    r->stage_s[CHECK_STAGE_CHECKPOINT] = 0.5;
+    check_verdict_decide(r, &r->verdict);
+    return r;
+}
+
+START_TEST(a_load_run_reports_what_the_router_saw_and_its_checkpoints) {
+    check_result *r = make_load_result(100);
+    ck_assert(!r->verdict.pass);
+    ck_assert_msg(strstr(r->verdict.cause, "stale block: the final checkpoint "
+                                           "2 after 100 requests: 2 blocks in "
+                                           "the index but not the engine"),
+                  "%s", r->verdict.cause);
+    /* the terminal */
+    char *s = capture(do_summary, r, NULL);
+    ck_assert_msg(strstr(s, "router's view      100 requests: 80.0 % exact; "
+                            "index over the engine 20.0 % (p50 2, p99 2, max "
+                            "2 blocks)"),
+                  "%s", s);
+    ck_assert_msg(strstr(s, "checkpoints        2, 1 failed; block sets "
+                            "compared at 2 of them"),
+                  "%s", s);
+    ck_assert_msg(strstr(s, "worker 1 rank 0: block 41 (no parent) in the "
+                            "index, not the engine (prompt 3 block 0)"),
+                  "%s", s);
+    ck_assert_msg(strstr(s, "steps with >= 2 requests 120, most requests "
+                            "running in one step 9"),
+                  "%s", s);
+    ck_assert_msg(strstr(s, "preemptions (recompute) 4"), "%s", s);
+    kvo_free(s);
+    /* the JSON lines */
+    s = capture(do_json, r, NULL);
+    char *save = NULL;
+    size_t line = 0;
+    for (char *l = strtok_r(s, "\n", &save); l;
+         l = strtok_r(NULL, "\n", &save), line++) {
+        json_object *j = json_tokener_parse(l), *v, *sum;
+        ck_assert_ptr_nonnull(j);
+        if (line < 100) {
+            ck_assert(json_object_object_get_ex(j, "routed_index_blocks", &v));
+            ck_assert_int_eq(json_object_get_int(v),
+                             (int)(line % 7) + (line % 5 ? 0 : 2));
+            ck_assert(json_object_object_get_ex(j, "inflight_at_route", &v));
+            ck_assert_int_eq(json_object_get_int(v), (int)(line % 16));
+            ck_assert(json_object_object_get_ex(j, "judged", &v));
+            ck_assert(!json_object_get_boolean(v));
+        } else {
+            ck_assert(json_object_object_get_ex(j, "summary", &sum));
+            ck_assert(json_object_object_get_ex(sum, "mode", &v));
+            ck_assert_str_eq(json_object_get_string(v), "load");
+            ck_assert(json_object_object_get_ex(sum, "staleness", &v));
+            json_object *x;
+            ck_assert(json_object_object_get_ex(v, "over", &x));
+            ck_assert_int_eq(json_object_get_int(x), 20);
+            ck_assert(json_object_object_get_ex(v, "promised_hit_rate", &x));
+            ck_assert(json_object_object_get_ex(sum, "regime", &v));
+            ck_assert(json_object_object_get_ex(v, "preemptions", &x));
+            ck_assert_int_eq(json_object_get_int(x), 4);
+            ck_assert(json_object_object_get_ex(sum, "load", &v));
+            ck_assert(json_object_object_get_ex(v, "concurrency", &x));
+            ck_assert_int_eq(json_object_get_int(x), 16);
+            ck_assert(json_object_object_get_ex(sum, "checkpoint_s", &v));
+            ck_assert(json_object_object_get_ex(sum, "checkpoints", &v));
+            ck_assert_uint_eq(json_object_array_length(v), 2);
+            json_object *c2 = json_object_array_get_idx(v, 1), *d;
+            ck_assert(json_object_object_get_ex(c2, "index_only", &x));
+            ck_assert_int_eq(json_object_get_int(x), 2);
+            ck_assert(json_object_object_get_ex(c2, "passed", &x));
+            ck_assert(!json_object_get_boolean(x));
+            ck_assert(json_object_object_get_ex(c2, "differences", &d));
+            ck_assert_uint_eq(json_object_array_length(d), 2);
+            json_object *d0 = json_object_array_get_idx(d, 0);
+            ck_assert(json_object_object_get_ex(d0, "kind", &x));
+            ck_assert_str_eq(json_object_get_string(x), "index_only");
+            ck_assert(json_object_object_get_ex(d0, "prompt", &x));
+            ck_assert_int_eq(json_object_get_int(x), 3);
+            ck_assert(json_object_object_get_ex(d0, "worker", &x));
+            ck_assert_int_eq(json_object_get_int(x), 1);
+        }
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(line, 101);
+    kvo_free(s);
+    /* the page: the histogram, staleness over the trace, the checkpoints */
+    s = capture(do_html, r, NULL);
+    ck_assert_ptr_nonnull(strstr(s, "id=\"stale-hist\""));
+    ck_assert_uint_eq(count(s, "class=\"bin\""), 11);
+    ck_assert_ptr_nonnull(strstr(s, "<title>0: 80 requests</title>"));
+    ck_assert_ptr_nonnull(strstr(s, "<title>+2..+4: 20 requests</title>"));
+    ck_assert_ptr_nonnull(strstr(s, "id=\"stale-trace\""));
+    ck_assert_uint_ge(count(s, "class=\"over\""), 1);
+    ck_assert_ptr_nonnull(strstr(s, "id=\"checkpoints\""));
+    ck_assert_ptr_nonnull(strstr(s, "2 blocks in the index but not the "
+                                    "engine"));
+    ck_assert_ptr_nonnull(strstr(s, "id=\"regime\""));
+    kvo_free(s);
+    check_result_free(r);
+}
+END_TEST
+
 START_TEST(html_of_an_empty_run_is_still_a_page) {
     check_result *r = NULL;
     ck_assert_int_eq(check_result_new(&r), KVO_OK);
@@ -203,6 +348,14 @@ START_TEST(html_renders_in_headless_chromium) {
     fclose(f);
     char why[256] = "";
     ck_assert_msg(tc_html_renders(path, why, sizeof(why)) == 1, "%s", why);
+    /* and a load run's page, with its staleness plots */
+    check_result_free(r);
+    r = make_load_result(500);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(check_report_html(f, r), KVO_OK);
+    fclose(f);
+    ck_assert_msg(tc_html_renders(path, why, sizeof(why)) == 1, "%s", why);
     unlink(path);
     rmdir(dir);
     kvo_free(dir);
@@ -218,6 +371,7 @@ Suite *suite_report(void) {
     tcase_add_test(tc, json_lines_have_every_field_and_a_final_summary);
     tcase_add_test(tc, html_is_self_contained_with_plots_divergences_and_counters);
     tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
+    tcase_add_test(tc, a_load_run_reports_what_the_router_saw_and_its_checkpoints);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -169,6 +169,26 @@ uint8_t *tt_vector(const char *name, size_t *len) {
     return b;
 }
 
+uint8_t *tt_plane(uint64_t pub, uint64_t seq, uint64_t published_at,
+                  const wire_revent *evs, uint32_t n, size_t *len) {
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    m.publisher_id = pub;
+    m.sequence = seq;
+    m.published_at = published_at;
+    m.topic = (wire_str){"kv-events", 9};
+    m.n_events = n;
+    m.events = (wire_revent *)evs; /* read only */
+    kvo_buf out;
+    kvo_buf_init(&out);
+    ck_assert_int_eq(wire_plane_encode(&m, &out), KVO_OK);
+    m.events = NULL;
+    m.n_events = 0;
+    wire_plane_fini(&m);
+    *len = out.len;
+    return out.data;
+}
+
 uint8_t *tt_envelope(uint64_t pub, uint64_t seq, uint64_t worker,
                      wire_tier tier, uint32_t n, size_t *len) {
     wire_rblock *b = kvo_calloc(n ? n : 1, sizeof(*b));
@@ -176,23 +196,9 @@ uint8_t *tt_envelope(uint64_t pub, uint64_t seq, uint64_t worker,
     for (uint32_t i = 0; i < n; i++) b[i] = (wire_rblock){100 * (i + 1), i + 1};
     wire_revent ev = {.worker_id = worker, .tier = tier, .event_id = seq + 1,
                       .type = WIRE_R_STORED, .n_blocks = n, .blocks = b};
-    wire_plane_msg m;
-    wire_plane_init(&m);
-    m.publisher_id = pub;
-    m.sequence = seq;
-    m.published_at = 1700000000000ull + seq;
-    m.topic = (wire_str){"kv-events", 9};
-    m.n_events = 1;
-    m.events = &ev;
-    kvo_buf out;
-    kvo_buf_init(&out);
-    ck_assert_int_eq(wire_plane_encode(&m, &out), KVO_OK);
-    m.events = NULL;
-    m.n_events = 0;
-    wire_plane_fini(&m);
+    uint8_t *out = tt_plane(pub, seq, 1700000000000ull + seq, &ev, 1, len);
     kvo_free(b);
-    *len = out.len;
-    return out.data;
+    return out;
 }
 
 idx_feed *tt_feed_new(void) {

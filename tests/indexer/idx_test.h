@@ -5,12 +5,18 @@
 #include "idx_int.h"
 #include "kt.h"
 
+#include <nats/nats.h>
+#include <pthread.h>
+
 Suite *suite_tree(void);
 Suite *suite_model(void);
 Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
+Suite *suite_recover(void);
+Suite *suite_heal(void);
+Suite *suite_views(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 
@@ -59,6 +65,10 @@ uint8_t *tt_vector(const char *name, size_t *len);
  * of two dp ranks. Suites replay them through the feed, a capture, NATS. */
 extern const char *const tt_plane_sequence[4];
 
+/* The envelope (pub, seq, published_at) around evs[0, n). kvo_free the
+ * bytes. */
+uint8_t *tt_plane(uint64_t pub, uint64_t seq, uint64_t published_at,
+                  const wire_revent *evs, uint32_t n, size_t *len);
 /* An envelope (publisher pub, sequence seq) around one stored RouterEvent
  * of worker (worker, 0) and tier: a chain of n blocks from the root, block
  * i with tokens_hash i+1 and block_hash 100 (i+1). kvo_free the bytes. */
@@ -70,6 +80,49 @@ idx_feed *tt_feed_new(void); /* an empty feed */
 idx_feed *tt_feed_of(const char *name, ...) __attribute__((sentinel));
 /* idx_feed_message of a vector, with an optional KVO-Zmq-Seq header. */
 kvo_status tt_feed_vector(idx_feed *f, const char *name, const char *hdr);
+
+/* ---- A fake relay (fake_relay.c): docs/recovery.md's relay side ---------- */
+
+typedef struct fake_block {
+    uint64_t bh, parent, th; /* parent 0: the root */
+} fake_block;
+
+typedef struct fake_sent {
+    uint8_t *body;
+    size_t len;
+    char hdr[48]; /* its KVO-Zmq-Seq: "seq-seq" */
+} fake_sent;
+
+/* Publisher pub of (worker, rank 0) under namespace.dynamo.component.
+ * backend, on its own NATS connection. Answers on nats.c's threads; the
+ * fields under mu (counts, knobs) may be read or set by the test while it
+ * holds mu. */
+typedef struct fake_relay {
+    natsConnection *nc;
+    natsSubscription *disc, *rec;
+    pthread_mutex_t mu;
+    uint64_t pub, worker;
+    uint32_t rank;
+    uint64_t started_at;
+    fake_sent *sent; /* every envelope published (or lost), by sequence */
+    size_t n, cap_sent;
+    fake_block *state; /* forwarded state, store order */
+    size_t nstate, cap_state;
+    uint64_t ring_first;  /* from_sequence below this: a dump */
+    size_t dump_blocks;   /* blocks per dump envelope (0: all in one) */
+    bool silent;          /* take requests, answer nothing */
+    uint64_t requests, events, dumps, too_new; /* what it answered */
+} fake_relay;
+
+void fake_relay_start(fake_relay *r, const char *url, uint64_t pub,
+                      uint64_t worker);
+void fake_relay_stop(fake_relay *r);
+/* Store block bh (tokens hash th) under parent (0: the root): its next
+ * envelope, published unless !publish (lost on the way). */
+void fake_relay_store(fake_relay *r, uint64_t parent, uint64_t bh, uint64_t th,
+                      bool publish);
+/* Publish an announce on <p>.kv-relays (a heartbeat). */
+void fake_relay_announce(fake_relay *r);
 
 /* ---- JSON ------------------------------------------------------------------ */
 

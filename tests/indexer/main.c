@@ -8,6 +8,9 @@ Suite *suite_feed(void);
 Suite *suite_replay(void);
 Suite *suite_service(void);
 Suite *suite_fuzz_query(void);
+Suite *suite_recover(void);
+Suite *suite_heal(void);
+Suite *suite_views(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -17,6 +20,9 @@ int main(int argc, char **argv) {
         suite_replay,
         suite_service,
         suite_fuzz_query,
+        suite_recover,
+        suite_heal,
+        suite_views,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

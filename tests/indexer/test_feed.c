@@ -188,10 +188,12 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
     tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":9,"
                "\"messages\":10,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
-               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":15},"
+               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":15,"
+               "\"stale\":false},"
                "{\"publisher_id\":6,\"last_sequence\":0,\"messages\":1,"
                "\"gaps\":0,\"missed\":0,\"duplicates\":0,\"restarts\":0,"
-               "\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
+               "\"zmq_seq_first\":null,\"zmq_seq_last\":null,"
+               "\"stale\":false}]}");
     idx_feed_free(f);
 }
 END_TEST
@@ -219,7 +221,8 @@ START_TEST(a_restart_restarts_the_zmq_watermark) {
     tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":5,\"last_sequence\":0,"
                "\"messages\":4,\"gaps\":0,\"missed\":0,\"duplicates\":0,"
-               "\"restarts\":2,\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
+               "\"restarts\":2,\"zmq_seq_first\":null,\"zmq_seq_last\":null,"
+               "\"stale\":false}]}");
     idx_feed_free(f);
 }
 END_TEST
@@ -315,7 +318,8 @@ END_TEST
 
 static idx_feed *feed_with(uint32_t max_publishers, uint64_t idle_ms) {
     idx_feed *f = NULL;
-    idx_feed_cfg cfg = {max_publishers, idle_ms};
+    idx_feed_cfg cfg = {.max_publishers = max_publishers,
+                        .publisher_idle_ms = idle_ms};
     ck_assert_int_eq(idx_feed_new(&f, &cfg), KVO_OK);
     return f;
 }
@@ -424,10 +428,12 @@ START_TEST(idle_publishers_are_forgotten_not_their_blocks) {
     tt_json_eq(idx_json_watermark(f, NULL),
                "{\"publishers\":[{\"publisher_id\":1,\"last_sequence\":3,"
                "\"messages\":1,\"gaps\":0,\"missed\":0,\"duplicates\":1,"
-               "\"restarts\":0,\"zmq_seq_first\":7,\"zmq_seq_last\":7},"
+               "\"restarts\":0,\"zmq_seq_first\":7,\"zmq_seq_last\":7,"
+               "\"stale\":false},"
                "{\"publisher_id\":3,\"last_sequence\":0,\"messages\":1,"
                "\"gaps\":0,\"missed\":0,\"duplicates\":0,\"restarts\":0,"
-               "\"zmq_seq_first\":null,\"zmq_seq_last\":null}]}");
+               "\"zmq_seq_first\":null,\"zmq_seq_last\":null,"
+               "\"stale\":false}]}");
     idx_feed_free(f);
 
     /* the memory of the forgotten is bounded too (max_publishers of them):

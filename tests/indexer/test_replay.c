@@ -225,6 +225,12 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run("--publisher-idle-ms -1", 2, NULL, "--publisher-idle-ms");
     expect_run("--max-body 0", 2, NULL, "--max-body");
     expect_run("--max-body 1073741825", 2, NULL, "--max-body");
+    expect_run("--recovery-timeout-ms 0", 2, NULL, "--recovery-timeout-ms");
+    expect_run("--recovery-timeout-ms 3600001", 2, NULL,
+               "--recovery-timeout-ms");
+    expect_run("--discover-ms x", 2, NULL, "--discover-ms");
+    expect_run("--apply-budget-us 0", 2, NULL, "--apply-budget-us");
+    expect_run("--apply-budget-us 1000001", 2, NULL, "--apply-budget-us");
 }
 END_TEST
 

@@ -23,14 +23,9 @@ typedef struct env {
     kvo_http_resp resp;
 } env;
 
-/* nats-server (wanting token, when not NULL), then kvo-indexer on it
- * (--http on a free port, --block-size 4, the token, then extra), ready
- * to answer; then the test's own NATS connection and HTTP client. */
-static void env_start(env *e, const char *token, const char *const extra[]) {
-    memset(e, 0, sizeof(*e));
-    const char *auth[] = {"--auth", token, NULL};
-    if (token) kt_nats_start_args(&e->nats, auth);
-    else kt_nats_start(&e->nats);
+/* kvo-indexer on e's nats-server (--http on a free port, --block-size 4,
+ * the token, then extra), ready to answer. */
+static void env_indexer(env *e, const char *token, const char *const extra[]) {
     const char *args[16] = {"--nats", e->nats.url, "--http", "127.0.0.1:0",
                             "--block-size", "4"};
     int n = 6;
@@ -46,6 +41,15 @@ static void env_start(env *e, const char *token, const char *const extra[]) {
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);
     kt_proc_wait_http(&e->idx, url, 10000);
+}
+
+/* nats-server (wanting token, when not NULL); the test's own NATS
+ * connection and HTTP client. */
+static void env_nats(env *e, const char *token) {
+    memset(e, 0, sizeof(*e));
+    const char *auth[] = {"--auth", token, NULL};
+    if (token) kt_nats_start_args(&e->nats, auth);
+    else kt_nats_start(&e->nats);
     natsOptions *o;
     ck_assert_int_eq(natsOptions_Create(&o), NATS_OK);
     ck_assert_int_eq(natsOptions_SetURL(o, e->nats.url), NATS_OK);
@@ -54,6 +58,12 @@ static void env_start(env *e, const char *token, const char *const extra[]) {
     natsOptions_Destroy(o);
     ck_assert_int_eq(kvo_http_client_new(&e->http, 5000), KVO_OK);
     kvo_http_resp_init(&e->resp);
+}
+
+/* Both: nats-server, then kvo-indexer on it. */
+static void env_start(env *e, const char *token, const char *const extra[]) {
+    env_nats(e, token);
+    env_indexer(e, token, extra);
 }
 
 static int env_stop(env *e) {
@@ -124,19 +134,24 @@ static uint64_t tt_blocks_http(env *e) {
     return r;
 }
 
-/* Poll (no timing assertion: the deadline only bounds a failure). */
-static void wait_messages(env *e, uint64_t n) {
+/* Poll until counter key reaches want (no timing assertion: the deadline
+ * only bounds a failure). */
+static void wait_counter(env *e, const char *key, uint64_t want) {
     for (int i = 0; i < 2000; i++) {
-        if (counter(e, "messages") >= n) return;
+        if (counter(e, key) >= want) return;
         usleep(5000);
     }
     kvo_proc_dump_log(&e->idx.proc, 50);
-    ck_abort_msg("indexer never saw %llu messages", (unsigned long long)n);
+    ck_abort_msg("counter %s never reached %llu", key,
+                 (unsigned long long)want);
 }
+
+static void wait_messages(env *e, uint64_t n) { wait_counter(e, "messages", n); }
 
 START_TEST(service_indexes_the_event_plane_and_answers_http) {
     env e;
-    env_start(&e, NULL, NULL);
+    const char *extra[] = {"--no-recovery", NULL}; /* the gap stays a gap */
+    env_start(&e, NULL, extra);
     char *out, q[256];
     snprintf(q, sizeof(q), "{\"tokens_hashes\": [%llu, %llu, 3]}",
              (unsigned long long)H1, (unsigned long long)H2);
@@ -171,7 +186,8 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
     tt_json_eq(get_json(&e, "/watermark"),
                "{\"publishers\":[{\"publisher_id\":42,\"last_sequence\":3,"
                "\"messages\":3,\"gaps\":1,\"missed\":1,\"duplicates\":1,"
-               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":20}]}");
+               "\"restarts\":0,\"zmq_seq_first\":10,\"zmq_seq_last\":20,"
+               "\"stale\":false}]}");
     tt_json_eq(get_json(&e, "/workers"),
                "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":1},"
                "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
@@ -577,6 +593,72 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_publishers_expired_total Publishers forgotten after being idle.",
         "# TYPE kvo_indexer_publishers_expired_total counter",
         "kvo_indexer_publishers_expired_total 0",
+        "# HELP kvo_indexer_announces_total Relay announces received (start, heartbeat, discover answers).",
+        "# TYPE kvo_indexer_announces_total counter",
+        "kvo_indexer_announces_total 0",
+        "# HELP kvo_indexer_announces_bad_total Announces that could not be read.",
+        "# TYPE kvo_indexer_announces_bad_total counter",
+        "kvo_indexer_announces_bad_total 0",
+        "# HELP kvo_indexer_relays Tracked publishers that announced themselves as relays.",
+        "# TYPE kvo_indexer_relays gauge",
+        "kvo_indexer_relays 0",
+        "# HELP kvo_indexer_recovering Publishers with a recovery request in flight.",
+        "# TYPE kvo_indexer_recovering gauge",
+        "kvo_indexer_recovering 0",
+        "# HELP kvo_indexer_stale_publishers Publishers whose last recovery failed (their workers were cleared).",
+        "# TYPE kvo_indexer_stale_publishers gauge",
+        "kvo_indexer_stale_publishers 0",
+        "# HELP kvo_indexer_recovery_requests_total Recovery requests sent (retries included).",
+        "# TYPE kvo_indexer_recovery_requests_total counter",
+        "kvo_indexer_recovery_requests_total 0",
+        "# HELP kvo_indexer_recoveries_events_total Recoveries answered with the missing envelopes.",
+        "# TYPE kvo_indexer_recoveries_events_total counter",
+        "kvo_indexer_recoveries_events_total 0",
+        "# HELP kvo_indexer_recoveries_dump_total Recoveries answered with a dump of the relay's state.",
+        "# TYPE kvo_indexer_recoveries_dump_total counter",
+        "kvo_indexer_recoveries_dump_total 0",
+        "# HELP kvo_indexer_recoveries_too_new_total Recoveries answered too_new: nothing was missing.",
+        "# TYPE kvo_indexer_recoveries_too_new_total counter",
+        "kvo_indexer_recoveries_too_new_total 0",
+        "# HELP kvo_indexer_recovery_failures_total Recoveries that failed (relay gone, timeout, no valid answer).",
+        "# TYPE kvo_indexer_recovery_failures_total counter",
+        "kvo_indexer_recovery_failures_total 0",
+        "# HELP kvo_indexer_recovery_retries_total Requests sent again after an incomplete or malformed answer.",
+        "# TYPE kvo_indexer_recovery_retries_total counter",
+        "kvo_indexer_recovery_retries_total 0",
+        "# HELP kvo_indexer_recovery_bad_total Malformed or inconsistent recovery answers.",
+        "# TYPE kvo_indexer_recovery_bad_total counter",
+        "kvo_indexer_recovery_bad_total 0",
+        "# HELP kvo_indexer_recovery_stray_total Recovery answers to no request in flight (late, or abandoned).",
+        "# TYPE kvo_indexer_recovery_stray_total counter",
+        "kvo_indexer_recovery_stray_total 0",
+        "# HELP kvo_indexer_envelopes_recovered_total Envelopes received in recovery answers (events and dumps).",
+        "# TYPE kvo_indexer_envelopes_recovered_total counter",
+        "kvo_indexer_envelopes_recovered_total 0",
+        "# HELP kvo_indexer_dumps_applied_total Dumps applied whole.",
+        "# TYPE kvo_indexer_dumps_applied_total counter",
+        "kvo_indexer_dumps_applied_total 0",
+        "# HELP kvo_indexer_dump_blocks_applied_total Blocks stored from dumps.",
+        "# TYPE kvo_indexer_dump_blocks_applied_total counter",
+        "kvo_indexer_dump_blocks_applied_total 0",
+        "# HELP kvo_indexer_impossible_sequences_total Envelopes dropped: their relay never sent that sequence (too_new).",
+        "# TYPE kvo_indexer_impossible_sequences_total counter",
+        "kvo_indexer_impossible_sequences_total 0",
+        "# HELP kvo_indexer_live_held_total Live envelopes held while their publisher recovered.",
+        "# TYPE kvo_indexer_live_held_total counter",
+        "kvo_indexer_live_held_total 0",
+        "# HELP kvo_indexer_live_held_dropped_total Live envelopes not held: the hold was full (recovered later).",
+        "# TYPE kvo_indexer_live_held_dropped_total counter",
+        "kvo_indexer_live_held_dropped_total 0",
+        "# HELP kvo_indexer_live_covered_total Held live envelopes a dump covered (dropped).",
+        "# TYPE kvo_indexer_live_covered_total counter",
+        "kvo_indexer_live_covered_total 0",
+        "# HELP kvo_indexer_recovery_ms_total Milliseconds spent recovering, summed over finished recoveries.",
+        "# TYPE kvo_indexer_recovery_ms_total counter",
+        "kvo_indexer_recovery_ms_total 0",
+        "# HELP kvo_indexer_recovery_ms_max Longest finished recovery, milliseconds.",
+        "# TYPE kvo_indexer_recovery_ms_max gauge",
+        "kvo_indexer_recovery_ms_max 0",
         "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
         "# TYPE kvo_indexer_slow_consumer_drops_total counter",
         "kvo_indexer_slow_consumer_drops_total 3",
@@ -645,6 +727,352 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
 }
 END_TEST
 
+/* GET /blocks?...&digest_only=1 of (worker, 0): count and digest. */
+static uint64_t blocks_digest_of(env *e, uint64_t worker, uint64_t *count) {
+    char path[96];
+    snprintf(path, sizeof(path),
+             "/blocks?worker_id=%llu&dp_rank=0&digest_only=1",
+             (unsigned long long)worker);
+    json_object *j = get_json(e, path);
+    uint64_t d = tt_json_u64(j, "digest");
+    *count = tt_json_u64(j, "count");
+    json_object_put(j);
+    return d;
+}
+
+/* GET /blocks and POST /lookup over HTTP: pages that add up to the set
+ * and its digest, an unknown worker, digest_only, 4xx answers. */
+START_TEST(service_answers_blocks_and_lookup) {
+    env e;
+    env_start(&e, NULL, NULL);
+    publish_many(&e, 1, 0, 7, 5, 1); /* worker 7: the chain 100..500 */
+    publish_many(&e, 2, 0, 8, 2, 1); /* worker 8: 100, 200 (same nodes) */
+    wait_messages(&e, 2);
+    char path[160] = "/blocks?worker_id=7&dp_rank=0&limit=2";
+    uint64_t digest = 0, seen = 0, prev = 0, want = 0, pages = 0;
+    for (bool more = true; more; pages++) {
+        json_object *j = get_json(&e, path);
+        json_object *a = tt_json_at(j, "blocks"), *next;
+        for (size_t i = 0; i < json_object_array_length(a); i++, seen++) {
+            json_object *b = json_object_array_get_idx(a, i);
+            uint64_t h =
+                json_object_get_uint64(json_object_array_get_idx(b, 0));
+            json_object *pj = json_object_array_get_idx(b, 1);
+            ck_assert(seen == 0 || h > prev);
+            ck_assert_uint_eq(h, 100 * (seen + 1));
+            ck_assert(pj ? json_object_get_uint64(pj) == h - 100 : h == 100);
+            digest += idx_block_digest(h, pj ? json_object_get_uint64(pj) : 0);
+            prev = h;
+        }
+        ck_assert_uint_eq(tt_json_u64(j, "count"), 5);
+        want = tt_json_u64(j, "digest");
+        more = json_object_object_get_ex(j, "next", &next);
+        if (more)
+            snprintf(path, sizeof(path),
+                     "/blocks?worker_id=7&dp_rank=0&limit=2&after=%llu",
+                     (unsigned long long)tt_json_u64(j, "next"));
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(pages, 3);
+    ck_assert_uint_eq(seen, 5);
+    ck_assert_uint_eq(digest, want);
+    uint64_t n;
+    ck_assert_uint_eq(blocks_digest_of(&e, 7, &n), want);
+    ck_assert_uint_eq(n, 5);
+    tt_json_eq(get_json(&e, "/blocks?worker_id=99&dp_rank=0"),
+               "{\"worker_id\":99,\"dp_rank\":0,\"count\":0,\"digest\":0,"
+               "\"blocks\":[]}");
+    static const char *const bad[] = {
+        "/blocks?dp_rank=0", "/blocks?worker_id=7&dp_rank=4294967296",
+        "/blocks?worker_id=7&dp_rank=0&limit=0",
+        "/blocks?worker_id=7&dp_rank=0&limit=100001",
+        "/blocks?worker_id=7&dp_rank=0&digest_only=x",
+        "/blocks?worker_id=-1&dp_rank=0"};
+    const char *out;
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
+        ck_assert_int_eq(get(&e, bad[i], &out), 400);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_msg(j && error_of(j), "%s: %s", bad[i], out);
+        json_object_put(j);
+    }
+    char *o;
+    ck_assert_int_eq(post(&e, "/lookup",
+                          "{\"worker_id\": 8, \"dp_rank\": 0, "
+                          "\"block_hashes\": [100, 300, 999]}",
+                          &o),
+                     200);
+    ck_assert_str_eq(o, "{\"blocks\":[{\"block_hash\":100,\"held\":true,"
+                        "\"tokens_hash\":1,\"parent_hash\":null,"
+                        "\"in_set\":true,\"others\":1,"
+                        "\"other_holders\":[[7,0]]},"
+                        "{\"block_hash\":300,\"held\":false,"
+                        "\"tokens_hash\":null,\"parent_hash\":null,"
+                        "\"in_set\":false,\"others\":1,"
+                        "\"other_holders\":[[7,0]]},"
+                        "{\"block_hash\":999,\"held\":false,"
+                        "\"tokens_hash\":null,\"parent_hash\":null,"
+                        "\"in_set\":false,\"others\":0,"
+                        "\"other_holders\":[]}]}");
+    ck_assert_int_eq(
+        post(&e, "/lookup", "{\"worker_id\": 8, \"block_hashes\": []}", &o),
+        400);
+    ck_assert_msg(strstr(o, "dp_rank"), "%s", o);
+    kvo_buf big;
+    kvo_buf_init(&big);
+    kvo_buf_printf(&big, "{\"worker_id\":8,\"dp_rank\":0,\"block_hashes\":[0");
+    for (int i = 1; i <= IDX_LOOKUP_MAX; i++) kvo_buf_printf(&big, ",%d", i);
+    kvo_buf_printf(&big, "]}");
+    kvo_buf_cstr(&big);
+    ck_assert_int_eq(post(&e, "/lookup", (const char *)big.data, &o), 400);
+    ck_assert_msg(strstr(o, "at most 4096"), "%s", o);
+    kvo_buf_fini(&big);
+    ck_assert_int_eq(get(&e, "/lookup", &out), 405);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* ---- Recovery with a fake relay (docs/recovery.md) ---------------------- */
+
+#define RPUB 7    /* the fake relay's publisher id */
+#define RWORKER 3 /* and worker */
+
+/* Block i (from 0) of chain c: its hash, tokens hash and parent. */
+static uint64_t chain_bh(uint64_t c, uint64_t i) { return c * 1000 + i + 1; }
+static uint64_t chain_th(uint64_t c, uint64_t i) { return c * 100000 + i + 1; }
+
+/* The relay stores chain c, blocks [from, to). */
+static void relay_chain(fake_relay *r, uint64_t c, uint64_t from, uint64_t to,
+                        bool publish) {
+    for (uint64_t i = from; i < to; i++)
+        fake_relay_store(r, i ? chain_bh(c, i - 1) : 0, chain_bh(c, i),
+                         chain_th(c, i), publish);
+}
+
+/* The answer to /query_by_hash of chain c's first n blocks (kvo_free). */
+static char *chain_query(env *e, uint64_t c, uint64_t n) {
+    kvo_buf b;
+    kvo_buf_init(&b);
+    kvo_buf_printf(&b, "{\"tokens_hashes\": [");
+    for (uint64_t i = 0; i < n; i++)
+        kvo_buf_printf(&b, "%s%llu", i ? "," : "",
+                       (unsigned long long)chain_th(c, i));
+    kvo_buf_printf(&b, "]}");
+    kvo_buf_cstr(&b);
+    char *out;
+    ck_assert_int_eq(post(e, "/query_by_hash", (const char *)b.data, &out),
+                     200);
+    kvo_buf_fini(&b);
+    char *copy = kvo_malloc(strlen(out) + 1);
+    strcpy(copy, out);
+    return copy;
+}
+
+/* The score chain c's n-block query gets for (RWORKER, 0). */
+static uint64_t chain_score(env *e, uint64_t c, uint64_t n) {
+    char *a = chain_query(e, c, n);
+    json_object *j = json_tokener_parse(a);
+    kvo_free(a);
+    json_object *sc = tt_json_at(j, "scores");
+    uint64_t r = 0;
+    for (size_t i = 0; i < json_object_array_length(sc); i++) {
+        json_object *x = json_object_array_get_idx(sc, i);
+        if (tt_json_u64(x, "worker_id") == RWORKER)
+            r = tt_json_u64(x, "blocks");
+    }
+    json_object_put(j);
+    return r;
+}
+
+static const char *health_status(env *e) {
+    static char st[32];
+    json_object *h = get_json(e, "/health");
+    snprintf(st, sizeof(st), "%s",
+             json_object_get_string(tt_json_at(h, "status")));
+    json_object_put(h);
+    return st;
+}
+
+/* Poll until /health says want (the deadline only bounds a failure). */
+static void wait_health(env *e, const char *want) {
+    for (int i = 0; i < 2000; i++) {
+        if (strcmp(health_status(e), want) == 0) return;
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&e->idx.proc, 50);
+    ck_abort_msg("/health never said %s (%s)", want, health_status(e));
+}
+
+/* Publisher pub's zmq_seq_last in /watermark (UINT64_MAX: none yet). */
+static uint64_t zmq_last_of(env *e, uint64_t pub) {
+    json_object *w = get_json(e, "/watermark");
+    json_object *a = tt_json_at(w, "publishers");
+    uint64_t r = UINT64_MAX;
+    for (size_t i = 0; i < json_object_array_length(a); i++) {
+        json_object *p = json_object_array_get_idx(a, i);
+        json_object *z = NULL; /* null until a header was seen */
+        json_object_object_get_ex(p, "zmq_seq_last", &z);
+        if (tt_json_u64(p, "publisher_id") == pub && z &&
+            json_object_is_type(z, json_type_int))
+            r = json_object_get_uint64(z);
+    }
+    json_object_put(w);
+    return r;
+}
+
+static void wait_zmq(env *e, uint64_t pub, uint64_t want) {
+    for (int i = 0; i < 2000; i++) {
+        uint64_t z = zmq_last_of(e, pub);
+        if (z != UINT64_MAX && z >= want) return;
+        usleep(5000);
+    }
+    kvo_proc_dump_log(&e->idx.proc, 50);
+    ck_abort_msg("publisher %llu's watermark never reached %llu",
+                 (unsigned long long)pub, (unsigned long long)want);
+}
+
+/* The digest of the relay's forwarded state, as GET /blocks computes it. */
+static uint64_t relay_digest(fake_relay *r) {
+    uint64_t d = 0;
+    for (size_t i = 0; i < r->nstate; i++)
+        d += idx_block_digest(r->state[i].bh, r->state[i].parent);
+    return d;
+}
+
+
+/* kvo-indexer started after the relay rebuilds the index from its dump;
+ * killed and started again, it gets back the same index -- the same
+ * answers, the same block set -- plus what was published while it was
+ * down. */
+START_TEST(service_recovers_its_index_from_the_relay_after_a_restart) {
+    env e;
+    env_nats(&e, NULL);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    r.dump_blocks = 7; /* several envelopes per dump */
+    relay_chain(&r, 1, 0, 10, true);
+    relay_chain(&r, 2, 0, 10, true); /* 0..19, nobody listening */
+    env_indexer(&e, NULL, NULL);
+    wait_zmq(&e, RPUB, 19);
+    wait_health(&e, "ok");
+    ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
+    ck_assert_uint_eq(chain_score(&e, 2, 10), 10);
+    relay_chain(&r, 3, 0, 10, true); /* live: 20..29 */
+    wait_zmq(&e, RPUB, 29);
+    char *before[3];
+    for (uint64_t c = 1; c <= 3; c++) before[c - 1] = chain_query(&e, c, 12);
+    uint64_t n1, d1 = blocks_digest_of(&e, RWORKER, &n1);
+    ck_assert_uint_eq(n1, 30);
+    ck_assert_uint_eq(d1, relay_digest(&r));
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "dumps_applied"), 1);
+    ck_assert_uint_eq(counter(&e, "dump_blocks_applied"), 20);
+    ck_assert_uint_eq(counter(&e, "envelopes_recovered"), 3);
+    ck_assert_uint_eq(counter(&e, "gaps") + counter(&e, "recovery_failures"),
+                      0);
+
+    ck_assert_int_eq(kt_proc_stop(&e.idx), 0);
+    relay_chain(&r, 4, 0, 5, true); /* while it is down: 30..34 */
+    env_indexer(&e, NULL, NULL);
+    wait_zmq(&e, RPUB, 34);
+    wait_health(&e, "ok");
+    for (uint64_t c = 1; c <= 3; c++) {
+        char *after = chain_query(&e, c, 12);
+        ck_assert_str_eq(after, before[c - 1]);
+        kvo_free(after);
+        kvo_free(before[c - 1]);
+    }
+    ck_assert_uint_eq(chain_score(&e, 4, 5), 5);
+    uint64_t n2, d2 = blocks_digest_of(&e, RWORKER, &n2);
+    ck_assert_uint_eq(n2, 35);
+    ck_assert_uint_eq(d2, relay_digest(&r));
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "dump_blocks_applied"), 35);
+    pthread_mutex_lock(&r.mu);
+    ck_assert_uint_eq(r.dumps, 2);
+    pthread_mutex_unlock(&r.mu);
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* Envelopes lost on the way: the next one shows the gap, the relay sends
+ * the missing ones, all apply in order; a lost tail shows in the relay's
+ * heartbeat. */
+START_TEST(service_repairs_a_gap_with_events) {
+    env e;
+    env_start(&e, NULL, NULL);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    wait_health(&e, "ok"); /* the discovery window is over */
+    relay_chain(&r, 1, 0, 5, true);  /* 0..4 */
+    relay_chain(&r, 1, 5, 7, false); /* 5, 6 lost */
+    relay_chain(&r, 1, 7, 8, true);  /* 7 shows the gap */
+    wait_zmq(&e, RPUB, 7);
+    ck_assert_uint_eq(chain_score(&e, 1, 8), 8);
+    ck_assert_uint_eq(counter(&e, "recoveries_events"), 1);
+    /* 5..7: the relay sends all it has from 5; the held 7 is then a
+     * duplicate */
+    ck_assert_uint_eq(counter(&e, "envelopes_recovered"), 3);
+    ck_assert_uint_eq(counter(&e, "gaps"), 1);
+    ck_assert_uint_eq(counter(&e, "live_held"), 1);
+    ck_assert_uint_eq(counter(&e, "duplicates"), 1);
+    ck_assert_uint_eq(counter(&e, "applied"), 5);
+    relay_chain(&r, 1, 8, 10, false); /* 8, 9 lost: nothing shows it... */
+    fake_relay_announce(&r);         /* ...but the heartbeat */
+    wait_zmq(&e, RPUB, 9);
+    ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
+    ck_assert_uint_eq(counter(&e, "recoveries_events"), 2);
+    ck_assert_str_eq(health_status(&e), "ok");
+    uint64_t n, d = blocks_digest_of(&e, RWORKER, &n);
+    ck_assert_uint_eq(n, 10);
+    ck_assert_uint_eq(d, relay_digest(&r));
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* A relay that takes the request and never answers: after
+ * --recovery-timeout-ms its worker is cleared and listed stale (/health,
+ * /watermark), counted; its next heartbeat asks for a dump, which heals. */
+START_TEST(service_marks_a_silent_relay_stale_then_heals) {
+    env e;
+    const char *extra[] = {"--recovery-timeout-ms", "1000", NULL};
+    env_start(&e, NULL, extra);
+    fake_relay r;
+    fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
+    wait_health(&e, "ok");
+    relay_chain(&r, 1, 0, 3, true);
+    wait_zmq(&e, RPUB, 2);
+    pthread_mutex_lock(&r.mu);
+    r.silent = true;
+    pthread_mutex_unlock(&r.mu);
+    relay_chain(&r, 1, 3, 4, false);
+    relay_chain(&r, 1, 4, 5, true); /* a gap nobody answers */
+    wait_counter(&e, "recovery_failures", 1);
+    wait_health(&e, "stale");
+    json_object *h = get_json(&e, "/health");
+    tt_json_eq(json_object_get(tt_json_at(h, "stale")),
+               "[{\"publisher_id\":7,\"worker_id\":3,\"dp_rank\":0}]");
+    tt_json_eq(json_object_get(tt_json_at(h, "recovering")), "[]");
+    json_object_put(h);
+    json_object *w = get_json(&e, "/watermark");
+    json_object *p = json_object_array_get_idx(tt_json_at(w, "publishers"), 0);
+    ck_assert(json_object_get_boolean(tt_json_at(p, "stale")));
+    json_object_put(w);
+    ck_assert_uint_eq(chain_score(&e, 1, 5), 0); /* cleared; 4 has no parent */
+    pthread_mutex_lock(&r.mu);
+    r.silent = false;
+    pthread_mutex_unlock(&r.mu);
+    fake_relay_announce(&r);
+    wait_health(&e, "ok");
+    ck_assert_uint_eq(chain_score(&e, 1, 5), 5);
+    ck_assert_uint_eq(counter(&e, "recoveries_dump"), 1);
+    ck_assert_uint_eq(counter(&e, "stale_publishers"), 0);
+    fake_relay_stop(&r);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 Suite *suite_service(void) {
     Suite *s = suite_create("service");
     TCase *tc = tcase_create("nats");
@@ -655,8 +1083,24 @@ Suite *suite_service(void) {
     tcase_add_test(tc, service_forgets_idle_publishers);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
+    TCase *tv = tcase_create("views");
+    tcase_set_timeout(tv, 120);
+    tcase_add_test(tv, service_answers_blocks_and_lookup);
+    suite_add_tcase(s, tv);
     TCase *tm = tcase_create("metrics");
     tcase_add_test(tm, metrics_text_is_pinned_line_by_line);
     suite_add_tcase(s, tm);
+    return s;
+}
+
+Suite *suite_heal(void) {
+    Suite *s = suite_create("heal");
+    TCase *tc = tcase_create("relay");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc,
+                   service_recovers_its_index_from_the_relay_after_a_restart);
+    tcase_add_test(tc, service_repairs_a_gap_with_events);
+    tcase_add_test(tc, service_marks_a_silent_relay_stale_then_heals);
+    suite_add_tcase(s, tc);
     return s;
 }

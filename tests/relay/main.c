@@ -5,6 +5,7 @@
 #include "kt.h"
 
 Suite *suite_pipe(void);
+Suite *suite_recover(void);
 Suite *suite_source(void);
 Suite *suite_e2e(void);
 Suite *suite_mocker(void);
@@ -12,6 +13,7 @@ Suite *suite_mocker(void);
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
         suite_pipe,
+        suite_recover,
         suite_source,
         suite_e2e,
         suite_mocker,

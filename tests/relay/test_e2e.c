@@ -1,6 +1,7 @@
 /* kvo-relay as a process: a real ZMQ publisher (PUB + replay ROUTER, in this
  * test), a real nats-server, a NATS subscriber decoding what arrives. */
 #include "kvo_http.h"
+#include "kvo_json.h"
 #include "tr.h"
 
 #include <inttypes.h>
@@ -12,6 +13,9 @@
 Suite *suite_e2e(void);
 
 #define SUBJECT "namespace.dynamo.component.backend.kv-events"
+#define RECOVERY "namespace.dynamo.component.backend.kv-recovery.9"
+#define RELAYS "namespace.dynamo.component.backend.kv-relays"
+#define DISCOVER "namespace.dynamo.component.backend.kv-relays.discover"
 #define WAIT_MS 15000
 
 typedef struct e2e {
@@ -345,6 +349,289 @@ START_TEST(a_nats_outage_beyond_the_buffer_is_counted_as_dropped) {
     ck_assert_uint_gt(dropped, 0);
     ck_assert_uint_eq(received, published); /* 1..published-1, then 40 */
     ck_assert_uint_eq(last_seq, published + dropped);
+    /* Nothing lost stays lost: the ring gives the dropped envelopes back to
+     * whoever asks from the first missing sequence (docs/recovery.md). */
+    natsConnection *nc = NULL;
+    ck_assert(natsConnection_ConnectTo(&nc, e.net.nats.url) == NATS_OK);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    char req[64];
+    snprintf(req, sizeof(req), "{\"from_sequence\": %" PRIu64 "}", published);
+    ck_assert(treq_recover(nc, RECOVERY, req, WAIT_MS, &rep));
+    ck_assert_uint_eq(rep.n, dropped + 2); /* the dropped, 40's, the end */
+    for (uint64_t i = 0; i <= dropped; i++) {
+        ck_assert_int_eq(rep.v[i].kind, WIRE_REPLY_EVENTS);
+        ck_assert_uint_eq(rep.v[i].m.sequence, published + i);
+        ck_assert(rep.v[i].has_range);
+    }
+    ck_assert_uint_eq(rep.v[dropped].last, 40);
+    ck_assert_int_eq(rep.v[dropped + 1].kind, WIRE_REPLY_END);
+    ck_assert_uint_eq(rep.v[dropped + 1].end.sent, dropped + 1);
+    tr_replies_fini(&rep);
+    natsConnection_Destroy(nc);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+/* ---- recovery (docs/recovery.md) ---------------------------------------------------*/
+
+/* Batch seq of rank 0: a chain of 3 under the middle of batch seq-1's, a
+ * second copy of its first block now and then, and the leaf of batch
+ * seq-3 removed. */
+static void chain_batch(kvo_buf *out, uint64_t seq) {
+    tb b;
+    tb_begin(&b);
+    uint64_t h[3] = {7000 + 3 * seq, 7001 + 3 * seq, 7002 + 3 * seq};
+    if (seq >= 3) {
+        uint64_t old = 7002 + 3 * (seq - 3);
+        tb_remove(&b, &old, 1);
+    }
+    bool hp = seq > 0;
+    uint64_t parent = hp ? 7001 + 3 * (seq - 1) : 0;
+    tb_store(&b, hp, parent, h, 3);
+    if (seq % 4 == 1) tb_store(&b, hp, parent, h, 1);
+    tb_end(&b, 0, out);
+}
+
+/* Every envelope on the event subject until the watermark reaches wm,
+ * kept as a reply stream of "events" (raw bytes and decoded). */
+static void collect_raw(e2e *e, tr_replies *live, uint64_t wm) {
+    for (;;) {
+        natsMsg *m = NULL;
+        ck_assert_msg(natsSubscription_NextMsg(&m, e->net.sub.sub, WAIT_MS) ==
+                          NATS_OK,
+                      "no envelope within %d ms", WAIT_MS);
+        const char *v = NULL;
+        uint64_t f = 0, l = 0;
+        bool hr = natsMsgHeader_Get(m, WIRE_HDR_ZMQ_SEQ, &v) == NATS_OK;
+        if (hr) ck_assert_int_eq(sscanf(v, "%" SCNu64 "-%" SCNu64, &f, &l), 2);
+        tr_reply_keep(live, WIRE_REPLY_EVENTS, hr, f, l,
+                      (const uint8_t *)natsMsg_GetData(m),
+                      (size_t)natsMsg_GetDataLength(m));
+        natsMsg_Destroy(m);
+        ck_assert_uint_eq(live->v[live->n - 1].m.sequence, live->n - 1);
+        if (hr && l >= wm) return;
+    }
+}
+
+START_TEST(recovery_answers_events_a_dump_and_too_new_over_nats) {
+    const char *extra[] = {"--recovery-buffer", "8", NULL};
+    e2e e;
+    e2e_start(&e, extra);
+    /* one envelope per batch: each is sent once the last one arrived */
+    kvo_buf p;
+    kvo_buf_init(&p);
+    tr_replies live;
+    tr_replies_init(&live);
+    for (uint64_t seq = 0; seq < 30; seq++) {
+        chain_batch(&p, seq);
+        tpub_send(e.pub, &p, false);
+        collect_raw(&e, &live, seq);
+    }
+    kvo_buf_fini(&p);
+    uint64_t last = live.n - 1;
+    ck_assert_uint_eq(last, 29);
+    natsConnection *nc = NULL;
+    ck_assert(natsConnection_ConnectTo(&nc, e.net.nats.url) == NATS_OK);
+    json_object *st = trelay_stats(&e.rel), *v;
+    ck_assert(json_object_object_get_ex(st, "recovery_subject", &v));
+    ck_assert_str_eq(json_object_get_string(v), RECOVERY);
+    json_object_put(st);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    char req[64];
+
+    /* a recent sequence: the envelopes from it on, byte for byte */
+    snprintf(req, sizeof(req), "{\"from_sequence\": %" PRIu64 "}", last - 3);
+    ck_assert(treq_recover(nc, RECOVERY, req, WAIT_MS, &rep));
+    ck_assert_uint_eq(rep.n, 5);
+    for (size_t i = 0; i < 4; i++) {
+        tr_rmsg *back = &rep.v[i], *want = &live.v[last - 3 + i];
+        ck_assert_int_eq(back->kind, WIRE_REPLY_EVENTS);
+        ck_assert_uint_eq(back->raw.len, want->raw.len);
+        ck_assert_int_eq(memcmp(back->raw.data, want->raw.data, back->raw.len),
+                         0);
+        ck_assert(back->has_range == want->has_range);
+        ck_assert_uint_eq(back->last, want->last);
+    }
+    ck_assert_int_eq(rep.v[4].kind, WIRE_REPLY_END);
+    ck_assert_int_eq(rep.v[4].end.kind, WIRE_REPLY_EVENTS);
+    ck_assert_uint_eq(rep.v[4].end.sent, 4);
+
+    /* an old one: a dump, which rebuilds in an empty index what a
+     * subscriber of every envelope built */
+    ck_assert(treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS,
+                           &rep));
+    idx_tree *want, *dumped;
+    ck_assert_int_eq(idx_tree_new(&want), KVO_OK);
+    ck_assert_int_eq(idx_tree_new(&dumped), KVO_OK);
+    for (size_t i = 0; i < live.n; i++) tr_tree_apply(want, &live.v[i].m);
+    ck_assert_uint_ge(rep.n, 2);
+    tr_rmsg *end = &rep.v[rep.n - 1];
+    ck_assert_int_eq(end->kind, WIRE_REPLY_END);
+    ck_assert_int_eq(end->end.kind, WIRE_REPLY_DUMP);
+    ck_assert_uint_eq(end->end.sent, rep.n - 1);
+    ck_assert(end->end.has_as_of);
+    ck_assert_uint_eq(end->end.as_of, last);
+    for (size_t i = 0; i + 1 < rep.n; i++) {
+        ck_assert_int_eq(rep.v[i].kind, WIRE_REPLY_DUMP);
+        ck_assert_uint_eq(rep.v[i].m.sequence, last);
+        ck_assert_uint_eq(rep.v[i].m.publisher_id, 9);
+        tr_tree_apply(dumped, &rep.v[i].m);
+    }
+    ck_assert(rep.v[rep.n - 2].has_range);
+    ck_assert_uint_eq(rep.v[rep.n - 2].last, 29);
+    ck_assert_uint_ge(tr_same_trees(want, dumped), 60);
+    ck_assert_uint_eq(end->end.blocks, trelay_stat(&e.rel, "state_blocks"));
+    idx_tree_free(want);
+    idx_tree_free(dumped);
+
+    /* beyond the last: too_new */
+    snprintf(req, sizeof(req), "{\"from_sequence\": %" PRIu64 "}", last + 5);
+    ck_assert(treq_recover(nc, RECOVERY, req, WAIT_MS, &rep));
+    ck_assert_uint_eq(rep.n, 1);
+    ck_assert_int_eq(rep.v[0].kind, WIRE_REPLY_TOO_NEW);
+    ck_assert_uint_eq(rep.v[0].end.as_of, last);
+
+    /* nonsense: counted, no answer */
+    ck_assert(natsConnection_PublishRequestString(nc, RECOVERY, "_INBOX.x",
+                                                  "nonsense") == NATS_OK);
+    trelay_wait_stat(&e.rel, "recovery_bad_requests", 1);
+    st = trelay_stats(&e.rel);
+    ck_assert(json_object_object_get_ex(st, "recovery_requests", &v));
+    ck_assert_uint_eq(tr_json_u64(v, "events"), 1);
+    ck_assert_uint_eq(tr_json_u64(v, "dump"), 1);
+    ck_assert_uint_eq(tr_json_u64(v, "too_new"), 1);
+    ck_assert_uint_eq(tr_json_u64(st, "dumps_sent"), 1);
+    ck_assert_uint_eq(tr_json_u64(st, "ring_envelopes"), 8);
+    ck_assert_uint_gt(tr_json_u64(st, "state_bytes"), 0);
+    json_object_put(st);
+    kvo_http_resp r;
+    trelay_get(&e.rel, "/metrics", &r);
+    ck_assert_ptr_nonnull(strstr((const char *)r.body.data,
+                                 "\nkvo_relay_recovery_requests_total{kind="
+                                 "\"dump\"} 1\n"));
+    kvo_http_resp_fini(&r);
+    tr_wait_log(&e.rel.p.proc, "recovery request from _INBOX.x not understood",
+                WAIT_MS);
+    tr_replies_fini(&rep);
+    tr_replies_fini(&live);
+    natsConnection_Destroy(nc);
+    e2e_stop(&e);
+}
+END_TEST
+
+/* Requests faster than the relay answers them: each is answered or
+ * counted as dropped, none is held without bound, and the relay answers
+ * afterwards as before. */
+START_TEST(a_storm_of_requests_is_answered_or_counted) {
+    e2e e;
+    e2e_start(&e, NULL);
+    send_tags(&e, 0, 3, NULL);
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 3);
+    natsConnection *nc = NULL;
+    ck_assert(natsConnection_ConnectTo(&nc, e.net.nats.url) == NATS_OK);
+    const uint64_t n = 5000;
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert(natsConnection_PublishRequestString(
+                      nc, RECOVERY, "_INBOX.nobody",
+                      i % 2 ? "{\"dump\": true}" : "{\"from_sequence\": 0}") ==
+                  NATS_OK);
+    ck_assert(natsConnection_Flush(nc) == NATS_OK);
+    uint64_t end = kvo_now_ns() + WAIT_MS * 1000000ull, answered, dropped;
+    for (;;) {
+        json_object *st = trelay_stats(&e.rel);
+        answered = tr_json_u64(st, "recovery_requests_total");
+        dropped = tr_json_u64(st, "recovery_requests_dropped");
+        json_object_put(st);
+        if (answered + dropped == n) break;
+        ck_assert_msg(kvo_now_ns() < end,
+                      "%" PRIu64 " answered + %" PRIu64 " dropped != %" PRIu64,
+                      answered, dropped, n);
+        usleep(20000);
+    }
+    printf("a storm of %" PRIu64 " requests: %" PRIu64 " answered, %" PRIu64
+           " dropped\n",
+           n, answered, dropped);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    ck_assert(treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS,
+                           &rep));
+    ck_assert_uint_eq(rep.n, g->next_sequence + 1);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "recovery_bad_requests"), 0);
+    tr_replies_fini(&rep);
+    natsConnection_Destroy(nc);
+    kvo_free(g);
+    e2e_stop(&e);
+}
+END_TEST
+
+/* An announce as received; doc must outlive a. */
+static void announce_of(natsMsg *m, kvo_json *doc, wire_announce *a) {
+    kvo_err err;
+    char buf[256];
+    ck_assert_msg(wire_announce_decode(doc, natsMsg_GetData(m),
+                                       (size_t)natsMsg_GetDataLength(m), a,
+                                       &err) == KVO_OK,
+                  "announce: %s", kvo_err_str(&err, buf, sizeof(buf)));
+    ck_assert_uint_eq(a->publisher_id, 9);
+    ck_assert_uint_eq(a->worker_id, 3);
+    ck_assert_uint_eq(a->n_ranks, 1);
+    ck_assert_uint_eq(a->ranks[0], 0);
+    ck_assert_str_eq(a->recovery_subject, RECOVERY);
+    ck_assert_uint_eq(a->heartbeat_ms, 100);
+}
+
+START_TEST(the_relay_announces_itself_and_answers_discover) {
+    uint64_t t0 = kvo_unix_ns() / 1000000u;
+    natsConnection *nc = NULL;
+    natsSubscription *beats = NULL;
+    const char *extra[] = {"--heartbeat-ms", "100", NULL};
+    e2e e;
+    memset(&e, 0, sizeof(e));
+    e2e_start(&e, extra);
+    ck_assert(natsConnection_ConnectTo(&nc, e.net.nats.url) == NATS_OK);
+    ck_assert(natsConnection_SubscribeSync(&beats, nc, RELAYS) == NATS_OK);
+    kvo_json doc;
+    kvo_json_init(&doc);
+    wire_announce a;
+    natsMsg *m = NULL;
+    ck_assert(natsSubscription_NextMsg(&m, beats, WAIT_MS) == NATS_OK);
+    announce_of(m, &doc, &a);
+    ck_assert(!a.has_last); /* nothing published yet */
+    ck_assert_uint_ge(a.started_at_ms, t0);
+    ck_assert_uint_le(a.started_at_ms, kvo_unix_ns() / 1000000u);
+    uint64_t started = a.started_at_ms;
+    natsMsg_Destroy(m);
+    send_tags(&e, 0, 2, NULL);
+    got *g = kvo_calloc(1, sizeof(*g));
+    collect(&e, g, 2);
+    /* a later heartbeat says the last envelope */
+    for (;;) {
+        ck_assert(natsSubscription_NextMsg(&m, beats, WAIT_MS) == NATS_OK);
+        announce_of(m, &doc, &a);
+        natsMsg_Destroy(m);
+        if (a.has_last) break;
+    }
+    ck_assert_uint_eq(a.last_sequence, g->next_sequence - 1);
+    ck_assert_uint_eq(a.started_at_ms, started);
+    /* who is there? */
+    ck_assert(natsConnection_RequestString(&m, nc, DISCOVER, "{}", WAIT_MS) ==
+              NATS_OK);
+    announce_of(m, &doc, &a);
+    ck_assert(a.has_last);
+    ck_assert_uint_eq(a.last_sequence, g->next_sequence - 1);
+    natsMsg_Destroy(m);
+    json_object *st = trelay_stats(&e.rel);
+    ck_assert_uint_eq(tr_json_u64(st, "discover_requests"), 1);
+    ck_assert_uint_ge(tr_json_u64(st, "announces_sent"), 3);
+    ck_assert_uint_eq(tr_json_u64(st, "started_at"), started);
+    json_object_put(st);
+    kvo_json_fini(&doc);
+    natsSubscription_Destroy(beats);
+    natsConnection_Destroy(nc);
     kvo_free(g);
     e2e_stop(&e);
 }
@@ -500,6 +787,9 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     memset(long_ns, 'n', sizeof(long_ns) - 1);
     long_ns[sizeof(long_ns) - 1] = '\0';
     const char *bad[][4] = {{NULL},
+                            {"--zmq", "tcp://127.0.0.1:1", "--namespace", "a.b"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--recovery-buffer", "0"},
+                            {"--zmq", "tcp://127.0.0.1:1", "--heartbeat-ms", "0"},
                             {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
                             {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
                             {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"},
@@ -531,6 +821,9 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_publisher_restart_clears_and_resyncs);
     tcase_add_test(tc, a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
+    tcase_add_test(tc, recovery_answers_events_a_dump_and_too_new_over_nats);
+    tcase_add_test(tc, the_relay_announces_itself_and_answers_discover);
+    tcase_add_test(tc, a_storm_of_requests_is_answered_or_counted);
     tcase_add_test(tc, discovery_relays_every_listed_rank);
     tcase_add_test(tc, discovery_refuses_more_sources_than_it_serves);
     tcase_add_test(tc, usage_errors_exit_2_and_help_exits_0);

@@ -326,6 +326,58 @@ START_TEST(an_engine_restart_clears_and_resyncs) {
 }
 END_TEST
 
+/* The engine restarts on the same ports and nobody sends it anything: it
+ * publishes nothing, so no sequence can show the restart. The SUB coming
+ * back is enough: the relay asks the replay for the last batch it applied,
+ * gets nothing, and clears the rank before any new request. */
+START_TEST(an_engine_restarted_while_idle_is_cleared_without_new_requests) {
+    env e;
+    env_start(&e, NULL);
+    env_relay(&e, NULL, NULL);
+    prompts *ps = prompts_sent(&e, 7, 12, 1);
+    ck_assert_int_gt(check_rank(&e, ps, 0, 12, 0), 3);
+    uint64_t cleared = e.model.cleared; /* the start's */
+    mk_stop(&e.eng);
+    mk_start(&e.eng, true, NULL);
+    wire_plane_msg m;
+    wire_plane_init(&m);
+    while (e.model.cleared == cleared) {
+        bool hr;
+        uint64_t f, l;
+        if (!tsub_next(&e.net.sub, WAIT_MS, &m, &hr, &f, &l)) {
+            kvo_proc_dump_log(&e.rel.p.proc, 60);
+            ck_abort_msg("no cleared within %d ms of the engine's restart",
+                         WAIT_MS);
+        }
+        ck_assert_uint_eq(m.sequence, e.model.next_sequence);
+        e.model.next_sequence++;
+        tmodel_apply(&e.model, &m);
+    }
+    wire_plane_fini(&m);
+    ck_assert_uint_eq(e.model.cleared, cleared + 1);
+    /* the index holds nothing the new engine does not: nothing at all */
+    for (int i = 0; i < 12; i++) {
+        ck_assert_uint_eq(tmodel_hits(&e.model, 0, ps->tok[i], ps->n[i], BS),
+                          0);
+        ck_assert_uint_eq(mk_probe(&e.eng, ps->tok[i], ps->n[i], 0), 0);
+    }
+    json_object *st = trelay_stats(&e.rel);
+    ck_assert_uint_eq(tr_json_u64(st, "restarts"), 1);
+    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2);
+    ck_assert_uint_eq(tr_json_u64(st, "state_blocks"), 0);
+    json_object_put(st);
+    tr_wait_log(&e.rel.p.proc, "publisher restarted while the SUB was away",
+                WAIT_MS);
+    /* and the new run is relayed as any other */
+    send_prompts(&e, ps, 12, 30, 1);
+    e.model.has_wm = false;
+    ck_assert_int_gt(check_rank(&e, ps, 0, 30, 0), 3);
+    ck_assert_uint_eq(trelay_stat(&e.rel, "restarts"), 1);
+    kvo_free(ps);
+    env_stop(&e, 0);
+}
+END_TEST
+
 START_TEST(a_nats_restart_loses_nothing_that_fit_in_the_buffer) {
     env e;
     env_start(&e, NULL);
@@ -463,7 +515,15 @@ START_TEST(an_oversize_batch_is_counted_and_the_relay_goes_on) {
     mk_complete(&e.eng, c, 40, 2, 0);
     tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
     ck_assert_uint_eq(same_hits(&e, c, 40), 2);
-    ck_assert_uint_eq(e.model.cleared, 2); /* at start, and for the batch */
+    /* Cleared at start and for the batch; and once more when the probe of
+     * the SUB's comeback lost the last batch applied with the big one
+     * behind it (libzmq drops both or only the big one, by timing): that
+     * is taken as a restart, said and counted as one. */
+    json_object *st0 = trelay_stats(&e.rel);
+    uint64_t restarts = tr_json_u64(st0, "restarts");
+    json_object_put(st0);
+    ck_assert_uint_le(restarts, 1);
+    ck_assert_uint_eq(e.model.cleared, 2 + restarts);
     mk_complete(&e.eng, d, 40, 2, 0);
     tmodel_collect(&e.model, &e.net.sub, mk_last_seq(&e.eng, 0), WAIT_MS);
     ck_assert_uint_eq(same_hits(&e, d, 40), 2);
@@ -473,7 +533,7 @@ START_TEST(an_oversize_batch_is_counted_and_the_relay_goes_on) {
     ck_assert_uint_ge(tr_json_u64(st, "zmq_reconnects"), 1);
     /* the SUB's connection, then the DEALER's twice */
     ck_assert_uint_ge(tr_json_u64(st, "zmq_disconnects"), 3);
-    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2);
+    ck_assert_uint_eq(tr_json_u64(st, "cleared_emitted"), 2 + restarts);
     ck_assert_uint_eq(tr_json_u64(st, "replay_failures_total"), 0);
     ck_assert(json_object_object_get_ex(st, "sources", &srcs));
     json_object *s0 = json_object_array_get_idx(srcs, 0);
@@ -505,6 +565,7 @@ Suite *suite_mocker(void) {
     tcase_add_test(tc, events_arrive_and_match_the_engine_cache);
     tcase_add_test(tc, dropped_sequences_are_recovered_by_replay);
     tcase_add_test(tc, an_engine_restart_clears_and_resyncs);
+    tcase_add_test(tc, an_engine_restarted_while_idle_is_cleared_without_new_requests);
     tcase_add_test(tc, a_nats_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, discovery_relays_both_ranks_of_a_dp2_engine);
     tcase_add_test(tc, engine_hash_verification_catches_first8_int_hashes);

@@ -535,9 +535,9 @@ static void tell(tr *t, uint32_t src, relay_link what) {
 
 /* A PUB drops what a gone subscriber would have got, and in lockstep
  * nothing may come after the lost batches to show the gap: a SUB that comes
- * back replays from the next sequence at once. Its first connection is no
- * reconnect and asks nothing. */
-START_TEST(a_sub_back_after_a_loss_replays_from_the_next_sequence) {
+ * back replays at once, from the last batch applied (the same bytes: the
+ * same engine). Its first connection is no reconnect and asks nothing. */
+START_TEST(a_sub_back_after_a_loss_replays_from_the_last_batch_applied) {
     tr t;
     tr_init(&t, NULL, 1, true);
     tell(&t, 0, RELAY_LINK_SUB_UP);
@@ -552,14 +552,16 @@ START_TEST(a_sub_back_after_a_loss_replays_from_the_next_sequence) {
     ck_assert(info.connected);
     ck_assert_int_eq(info.state, RELAY_SRC_REPLAYING);
     ck_assert_uint_eq(t.nreq, 1);
-    ck_assert_uint_eq(t.req[0], 3);
+    ck_assert_uint_eq(t.req[0], 2);
     /* 3 and 4 were published while the SUB was down; 5 arrives live */
     tr_live_tag(&t, 0, 5, 5);
-    tr_reply_seqs(&t, 0, 3, 5, true);
+    tr_reply_seqs(&t, 0, 2, 5, true);
     tr_end(&t, 0, true);
     tr_flush(&t);
     tr_expect_tags(&t, 0, 1, 2, 3, 4, 5);
     relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 0);
+    ck_assert_uint_eq(s->duplicates_dropped, 2); /* reply 2, buffered 5 */
     ck_assert_uint_eq(s->zmq_disconnects, 1);
     ck_assert_uint_eq(s->zmq_reconnects, 1);
     ck_assert_uint_eq(s->src[0].zmq_disconnects, 1);
@@ -572,8 +574,9 @@ START_TEST(a_sub_back_after_a_loss_replays_from_the_next_sequence) {
 END_TEST
 
 /* A SUB that was replaying when it lost its connection asks again from
- * where the replay got to: the first request was sent before the loss and
- * cannot hold what was published during it. The buffer is kept. */
+ * where the replay got to (from the last batch applied, to check the
+ * engine): the first request was sent before the loss and cannot hold what
+ * was published during it. The buffer is kept. */
 START_TEST(a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer) {
     tr t;
     tr_init(&t, NULL, 1, true);
@@ -585,9 +588,9 @@ START_TEST(a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer) {
     tell(&t, 0, RELAY_LINK_SUB_UP);
     ck_assert_uint_eq(t.aborts, 1);
     ck_assert_uint_eq(t.nreq, 2);
-    ck_assert_uint_eq(t.req[1], 1);
+    ck_assert_uint_eq(t.req[1], 0);
     tr_live_tag(&t, 0, 4, 4); /* 3 was lost while the SUB was down */
-    tr_reply_seqs(&t, 0, 1, 3, true);
+    tr_reply_seqs(&t, 0, 0, 3, true);
     tr_end(&t, 0, true);
     tr_flush(&t);
     tr_expect_tags(&t, 0, 1, 2, 3, 4);
@@ -611,8 +614,9 @@ START_TEST(a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed) 
     tell(&t, 1, RELAY_LINK_SUB_REOPENED);
     tell(&t, 1, RELAY_LINK_SUB_UP);
     ck_assert_uint_eq(t.nreq, 1);
-    ck_assert_uint_eq(t.req[0], 2);
-    /* the replay's first reply is 2 again: dropped, asked again */
+    ck_assert_uint_eq(t.req[0], 1);
+    tr_reply_tag(&t, 1, 1, 1, true); /* the last batch applied: the same */
+    /* the replay's next reply is 2 again: dropped, asked again */
     tell(&t, 1, RELAY_LINK_REPLAY_DOWN);
     ck_assert_uint_eq(t.aborts, 1);
     ck_assert_uint_eq(t.nreq, 2);
@@ -668,6 +672,188 @@ START_TEST(a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed) 
         strstr(text, "\nkvo_relay_source_oversize_total{source=\"0\"} 0\n"
                      "kvo_relay_source_oversize_total{source=\"1\"} 1\n"));
     kvo_buf_fini(&prom);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- engines that restart while idle: the probe ------------------------------
+ * Batches 0..4 applied live, then the SUB is lost and comes back: the
+ * replay is asked from 4, the last batch applied. */
+static void probed(tr *t) {
+    tr_init(t, NULL, 1, true);
+    tell(t, 0, RELAY_LINK_SUB_UP);
+    tr_live_seqs(t, 0, 0, 4);
+    tell(t, 0, RELAY_LINK_SUB_DOWN);
+    tell(t, 0, RELAY_LINK_SUB_UP);
+    ck_assert_uint_eq(t->nreq, 1);
+    ck_assert_uint_eq(t->req[0], 4);
+}
+
+/* The cleared is the first event after the old run's stores. */
+static void cleared_after(tr *t, size_t stores_before) {
+    static const wire_revent *ev[64];
+    size_t n = tr_events(t, ev, 64);
+    ck_assert_uint_gt(n, stores_before);
+    for (size_t i = 0; i < stores_before; i++)
+        ck_assert_int_eq(ev[i]->type, WIRE_R_STORED);
+    ck_assert_int_eq(ev[stores_before]->type, WIRE_R_CLEARED);
+    ck_assert_uint_eq(ev[stores_before]->dp_rank, 0);
+}
+
+/* A new engine that published nothing yet answers with the end marker at
+ * once: a restart, said (cleared) before any new batch. */
+START_TEST(an_engine_that_restarted_while_idle_and_holds_nothing_is_cleared) {
+    tr t;
+    probed(&t);
+    size_t aborts = t.aborts;
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    cleared_after(&t, 5);
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 0); /* the new run, from its start */
+    ck_assert_uint_gt(t.aborts, aborts);
+    /* The new run's first batch comes live while its replay runs. */
+    tr_live_tag(&t, 0, 0, 100);
+    tr_reply_tag(&t, 0, 0, 100, true);
+    tr_end(&t, 0, true);
+    tr_live_tag(&t, 0, 1, 101);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 100, 101);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(tr_stats(&t)->state_blocks, 2); /* gauges: read now */
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* A new engine that has published since answers with its own batch under
+ * the seq asked: other bytes, a restart. */
+START_TEST(an_engine_that_restarted_and_published_answers_other_bytes) {
+    tr t;
+    probed(&t);
+    tr_reply_tag(&t, 0, 4, 104, true);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 0);
+    for (uint64_t i = 0; i <= 6; i++) tr_reply_tag(&t, 0, i, 100 + i, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    cleared_after(&t, 5);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 105, 106);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* The engine's buffer starts right after the last batch applied: nothing
+ * was lost. Further on, batches were lost: a window exceeded, cleared, not
+ * counted as a restart. */
+START_TEST(a_first_reply_past_the_last_batch_applied_is_no_restart) {
+    tr t;
+    probed(&t);
+    tr_reply_seqs(&t, 0, 5, 6, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 6);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 0);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    ck_assert_uint_eq(relay_stats_replay_failures(s), 0);
+    tr_fini(&t);
+    probed(&t);
+    tr_reply_seqs(&t, 0, 8, 9, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    s = tr_stats(&t);
+    cleared_after(&t, 5);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 8, 9);
+    ck_assert_uint_eq(s->restarts, 0);
+    ck_assert_uint_eq(s->replay_failures[RELAY_window_exceeded], 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    tr_fini(&t);
+}
+END_TEST
+
+/* The batch asked for was received once, so a replay that breaks twice on
+ * it is another engine's. Once is the connection: asked again. */
+START_TEST(a_probe_whose_replay_breaks_twice_is_a_restart) {
+    tr t;
+    probed(&t);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(t.nreq, 2);
+    ck_assert_uint_eq(t.req[1], 4);
+    ck_assert_uint_eq(tr_stats(&t)->restarts, 0);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->oversize, 0);
+    ck_assert_uint_eq(t.nreq, 3);
+    ck_assert_uint_eq(t.req[2], 0);
+    cleared_after(&t, 5);
+    /* once, then the same batch: the same engine after all */
+    tr_fini(&t);
+    probed(&t);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    tr_reply_seqs(&t, 0, 4, 5, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 5);
+    ck_assert_uint_eq(tr_stats(&t)->restarts, 0);
+    ck_assert_uint_eq(tr_stats(&t)->cleared_emitted, 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* The new run's first batch can come live before the probe is answered:
+ * the restart is seen there, once, and the probe's answer is stray. */
+START_TEST(a_new_run_seen_live_during_a_probe_is_one_restart) {
+    tr t;
+    probed(&t);
+    tr_live_tag(&t, 0, 0, 100);
+    tr_end(&t, 0, true);
+    tr_live_tag(&t, 0, 1, 101);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->restarts, 1);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(s->replay_stray, 1);
+    cleared_after(&t, 5);
+    tr_expect_tags(&t, 0, 1, 2, 3, 4, 100, 101);
+    tr_fini(&t);
+}
+END_TEST
+
+/* Without the last batch applied in the seen ring (an oversize batch was
+ * passed over), there is nothing to compare: the replay is asked from next
+ * as before. */
+START_TEST(without_the_last_batch_applied_the_replay_starts_at_next) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    tr_live_seqs(&t, 0, 0, 1);
+    tell(&t, 0, RELAY_LINK_SUB_DOWN);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    tr_reply_tag(&t, 0, 1, 1, true);
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN); /* batch 2, twice: oversize */
+    tell(&t, 0, RELAY_LINK_REPLAY_DOWN);
+    ck_assert_uint_eq(tr_stats(&t)->oversize, 1);
+    ck_assert_uint_eq(t.req[t.nreq - 1], 3);
+    tr_end(&t, 0, true);
+    tell(&t, 0, RELAY_LINK_SUB_DOWN);
+    tell(&t, 0, RELAY_LINK_SUB_UP);
+    ck_assert_uint_eq(t.req[t.nreq - 1], 3);
+    tr_reply_tag(&t, 0, 3, 3, true);
+    tr_end(&t, 0, true);
+    tr_flush(&t);
+    tr_expect_tags(&t, 0, 1, 3);
+    ck_assert_uint_eq(tr_stats(&t)->restarts, 0);
     tr_fini(&t);
 }
 END_TEST
@@ -1291,6 +1477,7 @@ START_TEST(prometheus_text_keeps_its_lines) {
     s.decode_errors[KVO_ENOMEM] = 2;
     s.rejects[RELAY_medium] = 5;
     s.nats_connected = true;
+    s.ring_bytes = 77;
     kvo_buf prom;
     kvo_buf_init(&prom);
     ck_assert_int_eq(relay_stats_to_prom(&s, &prom), KVO_OK);
@@ -1313,24 +1500,32 @@ START_TEST(prometheus_text_keeps_its_lines) {
     ck_assert_ptr_nonnull(strstr(
         text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
               "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
+    ck_assert_ptr_nonnull(strstr(
+        text, "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
+              "# TYPE kvo_relay_nats_connected gauge\n"
+              "kvo_relay_nats_connected 1\n"));
     static const char last[] =
-        "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
-        "# TYPE kvo_relay_nats_connected gauge\n"
-        "kvo_relay_nats_connected 1\n";
+        "\n# HELP kvo_relay_ring_bytes envelope bytes kept for recovery "
+        "requests\n"
+        "# TYPE kvo_relay_ring_bytes gauge\n"
+        "kvo_relay_ring_bytes 77\n";
     ck_assert_uint_gt(prom.len, strlen(last));
     ck_assert_str_eq(text + prom.len - strlen(last), last);
     size_t families = 0, helps = 0;
     for (const char *c = text; (c = strstr(c, "# TYPE ")); c++) families++;
     for (const char *c = text; (c = strstr(c, "# HELP ")); c++) helps++;
-    size_t counters = 0, per_source = 0;
+    size_t counters = 0, per_source = 0, gauges = 0;
 #define COUNT(name, help) counters++;
     RELAY_COUNTERS(COUNT)
+#undef COUNT
+#define COUNT(name, help) gauges++;
+    RELAY_GAUGES(COUNT)
 #undef COUNT
 #define COUNT(name, help) per_source++;
     RELAY_SOURCE_COUNTERS(COUNT)
 #undef COUNT
-    /* totals, per source, labelled by kind, gauges */
-    ck_assert_uint_eq(families, counters + per_source + 4 + 4);
+    /* totals, per source, labelled by kind, gauges (4 written by hand) */
+    ck_assert_uint_eq(families, counters + per_source + 5 + 4 + gauges);
     ck_assert_uint_eq(helps, families);
     kvo_buf_fini(&prom);
     kvo_buf_init(&prom);
@@ -1351,12 +1546,14 @@ START_TEST(the_stats_line_fits_its_buffer_at_the_largest_counts) {
     for (int i = 0; i < KVO_STATUS_COUNT; i++) s.decode_errors[i] = 0;
     for (int i = 0; i < RELAY_REJECT_COUNT; i++) s.rejects[i] = 0;
     for (int i = 0; i < RELAY_REPLAY_FAIL_COUNT; i++) s.replay_failures[i] = 0;
+    for (int i = 0; i < RELAY_RECOVERY_COUNT; i++) s.recovery_requests[i] = 0;
     s.decode_errors[KVO_EPROTO] = UINT64_MAX;
+    s.recovery_requests[RELAY_dump] = UINT64_MAX;
     s.rejects[RELAY_medium] = UINT64_MAX;
     s.replay_failures[RELAY_timeout] = UINT64_MAX;
     char line[RELAY_STATS_LINE_MAX];
     relay_stats_line(&s, line, sizeof(line));
-    static const char tail[] = " oversize=18446744073709551615";
+    static const char tail[] = " state_blocks=18446744073709551615";
     size_t n = strlen(line);
     ck_assert_uint_gt(n, strlen(tail));
     ck_assert_str_eq(line + n - strlen(tail), tail);
@@ -1385,11 +1582,18 @@ Suite *suite_pipe(void) {
                    a_live_batch_behind_a_replay_is_a_restart_unless_it_is_the_same);
     suite_add_tcase(s, tc);
     tc = tcase_create("link");
-    tcase_add_test(tc, a_sub_back_after_a_loss_replays_from_the_next_sequence);
+    tcase_add_test(tc, a_sub_back_after_a_loss_replays_from_the_last_batch_applied);
     tcase_add_test(tc, a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer);
     tcase_add_test(tc,
                    a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed);
     tcase_add_test(tc, a_replay_that_drops_after_progress_is_asked_again_not_oversize);
+    tcase_add_test(tc,
+                   an_engine_that_restarted_while_idle_and_holds_nothing_is_cleared);
+    tcase_add_test(tc, an_engine_that_restarted_and_published_answers_other_bytes);
+    tcase_add_test(tc, a_first_reply_past_the_last_batch_applied_is_no_restart);
+    tcase_add_test(tc, a_probe_whose_replay_breaks_twice_is_a_restart);
+    tcase_add_test(tc, a_new_run_seen_live_during_a_probe_is_one_restart);
+    tcase_add_test(tc, without_the_last_batch_applied_the_replay_starts_at_next);
     suite_add_tcase(s, tc);
     tc = tcase_create("dedup");
     tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);

@@ -1,6 +1,8 @@
 /* tr.c -- relay test helpers (see tr.h). */
 #include "tr.h"
 
+#include "kvo_json.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -8,6 +10,7 @@
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,6 +36,8 @@ static kvo_status cap_publish(void *ctx, const char *subject, bool has_range,
     m->first = first;
     m->last = last;
     wire_plane_init(&m->m);
+    kvo_buf_init(&m->raw);
+    ck_assert_int_eq(kvo_buf_append(&m->raw, body, len), KVO_OK);
     kvo_err err;
     kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
     char buf[256];
@@ -96,7 +101,10 @@ void tr_init(tr *t, const relay_pipe_cfg *cfg, uint32_t nsrc, bool replay) {
 
 void tr_fini(tr *t) {
     relay_pipe_free(t->p);
-    for (size_t i = 0; i < t->n; i++) wire_plane_fini(&t->msgs[i].m);
+    for (size_t i = 0; i < t->n; i++) {
+        wire_plane_fini(&t->msgs[i].m);
+        kvo_buf_fini(&t->msgs[i].raw);
+    }
     kvo_free(t->msgs);
     kvo_buf_fini(&t->batch);
     memset(t, 0, sizeof(*t));
@@ -166,6 +174,145 @@ bool tr_watermark(const tr *t, uint64_t *last) {
             any = true;
         }
     return any;
+}
+
+/* ---- recovery replies --------------------------------------------------------*/
+
+void tr_replies_init(tr_replies *r) {
+    memset(r, 0, sizeof(*r));
+    r->fail_at = SIZE_MAX;
+}
+
+void tr_replies_reset(tr_replies *r) {
+    for (size_t i = 0; i < r->n; i++) {
+        wire_plane_fini(&r->v[i].m);
+        kvo_buf_fini(&r->v[i].raw);
+    }
+    r->n = 0;
+}
+
+void tr_replies_fini(tr_replies *r) {
+    tr_replies_reset(r);
+    kvo_free(r->v);
+    memset(r, 0, sizeof(*r));
+}
+
+kvo_status tr_reply_keep(void *ctx, wire_reply_kind kind, bool has_range,
+                         uint64_t first, uint64_t last, const uint8_t *body,
+                         size_t len) {
+    tr_replies *r = ctx;
+    if (r->n == r->fail_at) return KVO_EAGAIN;
+    ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 16),
+                     KVO_OK);
+    tr_rmsg *m = &r->v[r->n++];
+    memset(m, 0, sizeof(*m));
+    m->kind = kind;
+    m->has_range = has_range;
+    m->first = first;
+    m->last = last;
+    kvo_buf_init(&m->raw);
+    ck_assert_int_eq(kvo_buf_append(&m->raw, body, len), KVO_OK);
+    ck_assert_int_eq(kvo_buf_cstr(&m->raw), KVO_OK); /* JSON as a string */
+    wire_plane_init(&m->m);
+    kvo_err err;
+    char buf[256];
+    if (kind == WIRE_REPLY_EVENTS || kind == WIRE_REPLY_DUMP) {
+        kvo_status st = wire_plane_decode(body, len, NULL, &m->m, &err);
+        ck_assert_msg(st == KVO_OK, "reply envelope: %s",
+                      kvo_err_str(&err, buf, sizeof(buf)));
+    } else {
+        kvo_json doc;
+        kvo_json_init(&doc);
+        kvo_status st =
+            wire_reply_end_decode(&doc, kind, body, len, &m->end, &err);
+        ck_assert_msg(st == KVO_OK, "reply end: %s",
+                      kvo_err_str(&err, buf, sizeof(buf)));
+        kvo_json_fini(&doc);
+    }
+    return KVO_OK;
+}
+
+kvo_status tr_recover(tr *t, const char *request, size_t max_payload,
+                      tr_replies *r, relay_recovery *out) {
+    tr_replies_reset(r);
+    kvo_err err;
+    return relay_pipe_recover(t->p, "_INBOX.t", (const uint8_t *)request,
+                              strlen(request), max_payload, tr_reply_keep, r,
+                              out, &err);
+}
+
+/* ---- indexes built from envelopes ------------------------------------------*/
+
+void tr_tree_apply(idx_tree *t, const wire_plane_msg *m) {
+    for (uint32_t i = 0; i < m->n_events; i++) {
+        if (m->events[i].tier != WIRE_TIER_DEVICE) continue;
+        idx_evstatus es;
+        ck_assert_int_eq(idx_tree_apply(t, &m->events[i], &es), KVO_OK);
+        ck_assert_msg(es == IDX_EV_OK, "event %u: %s", i,
+                      idx_evstatus_name(es));
+    }
+}
+
+typedef struct row {
+    uint64_t worker, parent, hash, tokens;
+    uint32_t rank;
+    bool has_parent;
+} row;
+
+typedef struct rows {
+    row *v;
+    size_t n, cap;
+} rows;
+
+static kvo_status keep_row(void *ctx, const wire_revent *ev) {
+    rows *r = ctx;
+    ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 64),
+                     KVO_OK);
+    r->v[r->n++] = (row){ev->worker_id, ev->parent_hash,
+                         ev->blocks[0].block_hash, ev->blocks[0].tokens_hash,
+                         ev->dp_rank, ev->has_parent};
+    return KVO_OK;
+}
+
+static int row_cmp(const void *a, const void *b) {
+    const row *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    if (x->has_parent != y->has_parent) return x->has_parent ? 1 : -1;
+    if (x->parent != y->parent) return x->parent < y->parent ? -1 : 1;
+    return 0;
+}
+
+size_t tr_same_trees(idx_tree *a, idx_tree *b) {
+    rows ra = {0}, rb = {0};
+    ck_assert_int_eq(idx_tree_dump(a, keep_row, &ra), KVO_OK);
+    ck_assert_int_eq(idx_tree_dump(b, keep_row, &rb), KVO_OK);
+    ck_assert_uint_eq(ra.n, rb.n);
+    if (ra.n) qsort(ra.v, ra.n, sizeof(row), row_cmp);
+    if (rb.n) qsort(rb.v, rb.n, sizeof(row), row_cmp);
+    for (size_t i = 0; i < ra.n; i++)
+        ck_assert_msg(row_cmp(&ra.v[i], &rb.v[i]) == 0 &&
+                          ra.v[i].tokens == rb.v[i].tokens &&
+                          ra.v[i].worker == rb.v[i].worker,
+                      "edge %zu differs: rank %u block %" PRIu64
+                      " vs rank %u block %" PRIu64,
+                      i, ra.v[i].rank, ra.v[i].hash, rb.v[i].rank,
+                      rb.v[i].hash);
+    idx_worker *wa, *wb;
+    size_t na, nb;
+    ck_assert_int_eq(idx_tree_workers(a, &wa, &na), KVO_OK);
+    ck_assert_int_eq(idx_tree_workers(b, &wb, &nb), KVO_OK);
+    ck_assert_uint_eq(na, nb);
+    for (size_t i = 0; i < na; i++) {
+        ck_assert_uint_eq(wa[i].dp_rank, wb[i].dp_rank);
+        ck_assert_uint_eq(wa[i].blocks, wb[i].blocks);
+    }
+    kvo_free(wa);
+    kvo_free(wb);
+    size_t n = ra.n;
+    kvo_free(ra.v);
+    kvo_free(rb.v);
+    return n;
 }
 
 void tr_live_tag(tr *t, uint32_t src, uint64_t seq, uint64_t tag) {
@@ -754,6 +901,48 @@ bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
         ck_assert_int_eq(sscanf(v, "%" SCNu64 "-%" SCNu64, first, last), 2);
     natsMsg_Destroy(msg);
     return true;
+}
+
+/* ---- a recovery requester --------------------------------------------------------*/
+
+bool treq_recover(natsConnection *nc, const char *subject, const char *body,
+                  long timeout_ms, tr_replies *out) {
+    tr_replies_reset(out);
+    natsInbox *inbox = NULL;
+    natsSubscription *sub = NULL;
+    ck_assert(natsInbox_Create(&inbox) == NATS_OK);
+    ck_assert(natsConnection_SubscribeSync(&sub, nc, inbox) == NATS_OK);
+    natsSubscription_SetPendingLimits(sub, -1, -1);
+    ck_assert(natsConnection_PublishRequestString(nc, subject, inbox, body) ==
+              NATS_OK);
+    ck_assert(natsConnection_Flush(nc) == NATS_OK);
+    bool ended = false;
+    uint64_t end = kvo_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    while (!ended && kvo_now_ns() < end) {
+        natsMsg *m = NULL;
+        if (natsSubscription_NextMsg(&m, sub, 50) != NATS_OK) continue;
+        const char *kind = NULL, *range = NULL;
+        ck_assert_msg(natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) ==
+                          NATS_OK,
+                      "a reply without %s", WIRE_HDR_RECOVERY);
+        wire_reply_kind k;
+        ck_assert_msg(wire_reply_kind_parse(kind, &k) == KVO_OK,
+                      "%s: %s", WIRE_HDR_RECOVERY, kind);
+        uint64_t first = 0, last = 0;
+        bool hr = natsMsgHeader_Get(m, WIRE_HDR_ZMQ_SEQ, &range) == NATS_OK;
+        if (hr)
+            ck_assert_int_eq(sscanf(range, "%" SCNu64 "-%" SCNu64, &first,
+                                    &last),
+                             2);
+        tr_reply_keep(out, k, hr, first, last,
+                      (const uint8_t *)natsMsg_GetData(m),
+                      (size_t)natsMsg_GetDataLength(m));
+        ended = k == WIRE_REPLY_END || k == WIRE_REPLY_TOO_NEW;
+        natsMsg_Destroy(m);
+    }
+    natsSubscription_Destroy(sub);
+    natsInbox_Destroy(inbox);
+    return ended;
 }
 
 /* ---- a kvo-relay process ---------------------------------------------------------*/

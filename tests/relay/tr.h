@@ -7,6 +7,7 @@
  *            protocol) for the integration tests;
  *   tfwd_*, tproxy_*  a lossy ZMQ forwarder and a gated TCP proxy;
  *   tsub_*   a NATS subscriber that decodes envelopes;
+ *   treq_*   a recovery requester (docs/recovery.md), as an indexer asks;
  *   trelay_* a kvo-relay process and its /stats;
  *   tnet_*   nats-server + proxy + subscriber, with server outages;
  *   tmodel_* the block-level index a subscriber would build.
@@ -14,6 +15,7 @@
 #ifndef TR_H
 #define TR_H
 
+#include "idx.h"
 #include "kt.h"
 #include "kvo_http.h"
 #include "relay_int.h"
@@ -28,6 +30,7 @@ typedef struct tr_env {
     bool has_range;
     uint64_t first, last;
     wire_plane_msg m; /* decoded body */
+    kvo_buf raw;      /* the body's bytes */
 } tr_env;
 
 typedef struct tr {
@@ -60,6 +63,42 @@ size_t tr_events(tr *t, const wire_revent **out, size_t max);
 relay_stats *tr_stats(tr *t);
 /* The last KVO-Zmq-Seq end published (false when none). */
 bool tr_watermark(const tr *t, uint64_t *last);
+
+/* ---- recovery replies ------------------------------------------------------
+ * A relay_reply_fn that keeps every message of a reply stream, decoded. */
+typedef struct tr_rmsg {
+    wire_reply_kind kind;
+    bool has_range;
+    uint64_t first, last;
+    kvo_buf raw;
+    wire_plane_msg m;   /* EVENTS, DUMP */
+    wire_reply_end end; /* END, TOO_NEW */
+} tr_rmsg;
+
+typedef struct tr_replies {
+    tr_rmsg *v;
+    size_t n, cap;
+    size_t fail_at; /* the reply with this index fails (SIZE_MAX: none) */
+} tr_replies;
+
+void tr_replies_init(tr_replies *r);
+void tr_replies_fini(tr_replies *r);
+void tr_replies_reset(tr_replies *r);
+kvo_status tr_reply_keep(void *ctx, wire_reply_kind kind, bool has_range,
+                         uint64_t first, uint64_t last, const uint8_t *body,
+                         size_t len);
+/* relay_pipe_recover of the JSON request with reply inbox "_INBOX.t",
+ * replies into r (reset first). */
+kvo_status tr_recover(tr *t, const char *request, size_t max_payload,
+                      tr_replies *r, relay_recovery *out);
+
+/* ---- indexes built from envelopes ---------------------------------------- */
+
+/* Apply m's device-tier events as an indexer would (each must apply). */
+void tr_tree_apply(idx_tree *t, const wire_plane_msg *m);
+/* The two trees hold the same (worker, block under parent) edges, and
+ * their workers the same numbers of blocks. Returns the edges. */
+size_t tr_same_trees(idx_tree *a, idx_tree *b);
 
 /* Tagged batches (tb_tagged, rank 0) without payload bookkeeping: live
  * batch (or replay reply) seq of src holding tag; live batches (replies)
@@ -171,6 +210,13 @@ void tsub_stop(tsub *s);
  * range from the header. */
 bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
                uint64_t *first, uint64_t *last);
+
+/* ---- a recovery requester (as an indexer would ask) ------------------------------
+ * Publish body on subject with a fresh inbox and keep the reply stream
+ * (decoded, by its KVO-Recovery header) in out (reset first) until an end
+ * or too_new: true; false when nothing ended it within timeout_ms. */
+bool treq_recover(natsConnection *nc, const char *subject, const char *body,
+                  long timeout_ms, tr_replies *out);
 
 /* ---- a kvo-relay process ---------------------------------------------------------*/
 

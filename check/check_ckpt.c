@@ -1,0 +1,255 @@
+/* check_ckpt.c -- a full-state checkpoint (DESIGN §9), in lockstep and
+ * under load, once the traffic stopped and every request was answered (the
+ * engines are idle: nothing they hold can change until the next request):
+ *
+ *   1 sync      every kvo-mocker's /kvo/state (last seqs; each rank's
+ *               cached-set size and digest), then the exact watermark wait
+ *               (or the quiet period)
+ *   2 counters  the relays', the indexer's and the engines' counters:
+ *               whatever must stay 0 trips here, before the next request
+ *   3 sets      per (worker, rank): the engine's size and digest against
+ *               the index's (GET /blocks?digest_only=1: two small answers);
+ *               only where they differ, both lists, compared block by
+ *               block (check_sets.c); the first differences are named with
+ *               a prompt of the run whose path holds them
+ *   4 sweep     the distinct prompts since the previous checkpoint (the
+ *               final one: the run's last --sweep) on every slot
+ *   5 record    check_result_checkpoint; a failure ends the run with
+ *               --fail-fast
+ *
+ * A checkpoint on a correct pipeline never differs, whatever the timing:
+ * the engines are idle and the index has applied everything they published
+ * (step 1) before anything is compared.
+ */
+#include "check_int.h"
+#include "mock.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+typedef chk_run run;
+
+/* Prompts searched, latest first, for one holding a differing block: a
+ * bound on the engine hashing a failed checkpoint costs (~750 blocks per
+ * Mooncake prompt). */
+#define NAME_PROMPTS_MAX 1000
+/* Rows of the engine hasher's trace memo (2^n). */
+#define NAME_MEMO_LOG2 12
+
+/* The first differences' prompts: the latest prompt of requests [0, sent)
+ * whose path holds each hash, and the block's place in it. Best effort: a
+ * block filled by generated tokens, or a hash the engine never made, stays
+ * unnamed. */
+static void name_prompts(run *r, size_t sent, check_set_diff *d) {
+    size_t open = 0;
+    for (size_t i = 0; i < d->n_first; i++) open += d->first[i].prompt < 0;
+    if (!open) return;
+    if (!r->hasher) {
+        wire_algo algo;
+        if (wire_algo_parse(r->cfg->hash_algo, &algo) != KVO_OK ||
+            mock_hasher_new(&r->hasher, algo, r->cfg->hash_seed,
+                            NAME_MEMO_LOG2) != KVO_OK)
+            return;
+    }
+    uint32_t bs = r->env.block_size;
+    kvo_buf tokens;
+    kvo_buf_init(&tokens);
+    mock_hash *h = NULL;
+    size_t cap = 0;
+    for (size_t i = sent, seen = 0; i-- > 0 && open && seen < NAME_PROMPTS_MAX;
+         seen++) {
+        const check_request *q = &r->trace.reqs[i];
+        uint32_t nb = q->input_length / bs;
+        if (nb == 0) continue;
+        if (nb > cap) {
+            mock_hash *g = kvo_realloc(h, nb * sizeof(*h));
+            if (!g) break;
+            h = g;
+            cap = nb;
+        }
+        mock_trace_ref tr = {q->hash_ids, q->n_hash_ids};
+        if (check_request_tokens(q, &tokens) != KVO_OK ||
+            mock_hasher_blocks(r->hasher, (const uint64_t *)tokens.data, bs, 0,
+                               nb, NULL, NULL, NULL, &tr, h) != KVO_OK)
+            break;
+        for (size_t k = 0; k < d->n_first; k++) {
+            check_block_diff *x = &d->first[k];
+            if (x->prompt >= 0) continue;
+            uint64_t want = x->kind == CHECK_DIFF_INDEX_ONLY ? x->index.hash
+                                                             : x->engine.hash;
+            for (uint32_t b = 0; b < nb; b++)
+                if (h[b].key == want) {
+                    x->prompt = (int64_t)q->line;
+                    x->depth = (int32_t)b;
+                    open--;
+                    break;
+                }
+        }
+    }
+    kvo_free(h);
+    kvo_buf_fini(&tokens);
+}
+
+/* A side's list whose own digest is not the one it announced: the side is
+ * inconsistent, and nothing compared against it would mean anything. */
+static kvo_status check_listed(run *r, const char *side, uint32_t w,
+                               uint32_t rank, chk_blocks *b) {
+    b->n = check_blocks_normalize(b->v, b->n);
+    uint64_t d = check_blocks_digest(b->v, b->n);
+    if (d == b->digest && b->n == b->count) return KVO_OK;
+    return kvo_err_set(&r->err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                       "%s of worker %u rank %u: the %zu distinct blocks it "
+                       "lists have digest %" PRIu64 ", it announced %" PRIu64
+                       " for %" PRIu64,
+                       side, w, rank, b->n, d, b->digest, b->count);
+}
+
+/* Step 3 for every slot into c and ss. */
+static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
+                               check_slot_sets *ss) {
+    chk_blocks eb, ib;
+    chk_blocks_init(&eb);
+    chk_blocks_init(&ib);
+    kvo_status st = KVO_OK;
+    c->sets = true;
+    for (uint32_t w = 0; w < r->env.n_workers && st == KVO_OK && c->sets; w++) {
+        chk_engine *e = &r->env.engines[w];
+        for (uint32_t k = 0; k < e->n_ranks && st == KVO_OK; k++) {
+            chk_rank *rk = &e->ranks[k];
+            if (!e->mocker || !rk->has_set) {
+                c->sets = false;
+                snprintf(c->sets_note, sizeof(c->sets_note),
+                         "%s does not tell its cached block set (kvo-mocker "
+                         "with /kvo/blocks does)",
+                         e->name);
+                break;
+            }
+            st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false,
+                                  &ib, &r->err);
+            if (st == KVO_ENOTFOUND) {
+                st = KVO_OK;
+                c->sets = false;
+                snprintf(c->sets_note, sizeof(c->sets_note),
+                         "the indexer has no GET /blocks");
+                break;
+            }
+            if (st != KVO_OK) break;
+            check_slot_sets *x = &ss[rk->slot];
+            x->compared = true;
+            x->engine_blocks = rk->set_count;
+            x->engine_digest = rk->set_digest;
+            x->index_blocks = ib.count;
+            x->index_digest = ib.digest;
+            if (x->engine_blocks == x->index_blocks &&
+                x->engine_digest == x->index_digest)
+                continue;
+            /* they differ: both lists, block by block */
+            x->listed = true;
+            if ((st = chk_engine_blocks(e, rk->dp_rank, &eb, &r->err)) !=
+                    KVO_OK ||
+                (st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank,
+                                       true, &ib, &r->err)) != KVO_OK ||
+                (st = check_listed(r, "kvo-mocker /kvo/blocks", e->worker_id,
+                                   rk->dp_rank, &eb)) != KVO_OK ||
+                (st = check_listed(r, "kvo-indexer /blocks", e->worker_id,
+                                   rk->dp_rank, &ib)) != KVO_OK)
+                break;
+            c->listed_blocks += eb.n + ib.n;
+            x->engine_blocks = eb.count;
+            x->engine_digest = eb.digest;
+            x->index_blocks = ib.count;
+            x->index_digest = ib.digest;
+            uint64_t before[CHECK_DIFF_COUNT];
+            memcpy(before, c->diff.n, sizeof(before));
+            check_blocks_compare(eb.v, eb.n, ib.v, ib.n, rk->slot, &c->diff);
+            for (int d = 0; d < CHECK_DIFF_COUNT; d++)
+                x->n[d] = c->diff.n[d] - before[d];
+        }
+    }
+    chk_blocks_fini(&eb);
+    chk_blocks_fini(&ib);
+    if (st == KVO_OK) name_prompts(r, sent, &c->diff);
+    return st;
+}
+
+/* Step 2: every counter now, the engines' too; trips before `before`. */
+static kvo_status read_all_counters(run *r, int64_t before) {
+    kvo_status st = chk_run_counters(r, before, true);
+    for (uint32_t i = 0; st == KVO_OK && i < r->env.n_engines; i++)
+        if (r->env.engines[i].mocker)
+            st = chk_engine_counters(&r->env.engines[i], &r->cur, &r->err);
+    if (st == KVO_OK) st = check_result_trips(r->res, &r->cur, before);
+    if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
+    return st;
+}
+
+kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
+                          bool *stop) {
+    check_result *res = r->res;
+    uint64_t t0 = kvo_now_ns();
+    double stages[CHECK_STAGE_COUNT];
+    memcpy(stages, res->stage_s, sizeof(stages));
+    check_checkpoint c;
+    memset(&c, 0, sizeof(c));
+    c.number = (uint32_t)res->n_ckpts + 1;
+    c.after = sent;
+    c.final = final;
+    c.before_prompt = !final && sent < r->trace.n
+                          ? (int64_t)r->trace.reqs[sent].line
+                          : -1;
+    c.drain_s = drain_s;
+    c.sweep_first = -1;
+    *stop = false;
+    check_slot_sets *ss = kvo_calloc(r->n_slots ? r->n_slots : 1, sizeof(*ss));
+    if (!ss) return KVO_ENOMEM;
+
+    /* 1 every kvo-mocker's state, then the index catches up with it */
+    for (uint32_t i = 0; i < r->env.n_workers; i++)
+        if (r->env.engines[i].mocker) r->env.engines[i].dirty = true;
+    kvo_status st = chk_run_sync(r, c.before_prompt);
+    c.sync_s = chk_secs(t0);
+    if (st == KVO_ETIMEDOUT) { /* a run error is recorded */
+        *stop = true;
+        st = KVO_OK;
+        goto done;
+    }
+    if (st != KVO_OK) goto done;
+    /* 2 counters, 3 block sets */
+    uint64_t t1 = kvo_now_ns();
+    if ((st = read_all_counters(r, c.before_prompt)) != KVO_OK) goto done;
+    if ((st = compare_sets(r, sent, &c, ss)) != KVO_OK) goto done;
+    c.sets_s = chk_secs(t1);
+    /* 4 the sweep (it charges its own stage) */
+    size_t from = final ? 0 : r->swept_to;
+    st = chk_run_sweep(r, from, sent,
+                       (size_t)(final ? r->cfg->sweep
+                                      : r->cfg->checkpoint_sweep),
+                       &c);
+    r->swept_to = sent;
+    if (st != KVO_OK) goto done;
+    /* 5 */
+    if ((st = check_result_checkpoint(res, &c, ss)) != KVO_OK) goto done;
+    if (check_checkpoint_failed(&c)) {
+        char cause[400];
+        check_checkpoint_cause(res, &c, cause, sizeof(cause));
+        kvo_info("%s", cause); /* the verdict says it again */
+        if (r->cfg->fail_fast) *stop = true;
+    } else {
+        kvo_debug("checkpoint %u after %zu requests: block sets %s, %llu "
+                  "prompts re-checked, %.3f s",
+                  c.number, sent, c.sets ? "equal" : c.sets_note,
+                  (unsigned long long)c.sweep_prompts,
+                  c.drain_s + c.sync_s + c.sets_s + c.sweep_s);
+    }
+    if (r->cfg->fail_fast && res->n_trips) *stop = true;
+done:
+    /* what the sync and counters charged belongs to the checkpoint */
+    {
+        double sweep = res->stage_s[CHECK_STAGE_SWEEP] - stages[CHECK_STAGE_SWEEP];
+        memcpy(res->stage_s, stages, sizeof(stages));
+        res->stage_s[CHECK_STAGE_SWEEP] += sweep;
+        res->stage_s[CHECK_STAGE_CHECKPOINT] += chk_secs(t0) - sweep + drain_s;
+    }
+    kvo_free(ss);
+    return st;
+}

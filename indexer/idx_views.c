@@ -1,0 +1,257 @@
+/* idx_views.c -- read-only views of one (worker, rank) for kvo-check:
+ * its whole block set with a digest (GET /blocks, full-state checkpoints)
+ * and what the index knows of given block hashes (POST /lookup,
+ * diagnosis). idx_int.h draws both answers. Pure: a tree in, JSON out.
+ *
+ * The digest is a sum of a mixed value per block, so it does not depend on
+ * any order and the engine side (kvo-mocker) computes the same number from
+ * its cached blocks without sorting them.
+ */
+#include "idx_int.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCKS_FIRST_CAP 1024
+
+void idx_blockset_init(idx_blockset *bs) { memset(bs, 0, sizeof(*bs)); }
+
+void idx_blockset_fini(idx_blockset *bs) {
+    kvo_free(bs->v);
+    memset(bs, 0, sizeof(*bs));
+}
+
+static uint64_t digest_of(const idx_block *b) {
+    return idx_block_digest(b->block_hash,
+                            b->has_parent ? b->parent_block_hash : 0);
+}
+
+typedef struct collect {
+    idx_blockset *bs;
+} collect;
+
+static kvo_status collect_one(void *ctx, const idx_block *b) {
+    idx_blockset *bs = ((collect *)ctx)->bs;
+    kvo_status s = kvo_grow(&bs->v, &bs->cap, bs->n + 1, sizeof(*bs->v),
+                            BLOCKS_FIRST_CAP);
+    if (s != KVO_OK) return s;
+    bs->v[bs->n++] = *b;
+    bs->digest += digest_of(b);
+    return KVO_OK;
+}
+
+static int by_hash(const void *a, const void *b) {
+    uint64_t x = ((const idx_block *)a)->block_hash;
+    uint64_t y = ((const idx_block *)b)->block_hash;
+    return (x > y) - (x < y);
+}
+
+kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
+                             uint64_t worker_id, uint32_t dp_rank) {
+    if (bs->loaded && bs->gen == gen && bs->worker_id == worker_id &&
+        bs->dp_rank == dp_rank)
+        return KVO_OK;
+    bs->loaded = false;
+    bs->n = 0;
+    bs->digest = 0;
+    collect c = {bs};
+    kvo_status s =
+        idx_tree_worker_blocks(t, worker_id, dp_rank, collect_one, &c);
+    if (s != KVO_OK) {
+        bs->n = 0;
+        bs->digest = 0;
+        return s;
+    }
+    if (bs->n > 1) qsort(bs->v, bs->n, sizeof(*bs->v), by_hash);
+    bs->loaded = true;
+    bs->gen = gen;
+    bs->worker_id = worker_id;
+    bs->dp_rank = dp_rank;
+    return KVO_OK;
+}
+
+typedef struct sum {
+    uint64_t count, digest;
+} sum;
+
+static kvo_status sum_one(void *ctx, const idx_block *b) {
+    sum *s = ctx;
+    s->count++;
+    s->digest += digest_of(b);
+    return KVO_OK;
+}
+
+kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, uint64_t *count,
+                             uint64_t *digest) {
+    sum s = {0, 0};
+    kvo_status st = idx_tree_worker_blocks(t, worker_id, dp_rank, sum_one, &s);
+    if (st != KVO_OK) return st;
+    *count = s.count;
+    *digest = s.digest;
+    return KVO_OK;
+}
+
+static kvo_status head(kvo_buf *out, uint64_t w, uint32_t r, uint64_t count,
+                       uint64_t digest) {
+    return kvo_buf_printf(out,
+                          "{\"worker_id\":%" PRIu64 ",\"dp_rank\":%" PRIu32
+                          ",\"count\":%" PRIu64 ",\"digest\":%" PRIu64,
+                          w, r, count, digest);
+}
+
+kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
+                                  uint64_t count, uint64_t digest,
+                                  kvo_buf *out) {
+    kvo_status s = head(out, worker_id, dp_rank, count, digest);
+    return s == KVO_OK ? kvo_buf_append(out, "}", 1) : s;
+}
+
+/* The first position of bs->v above h. */
+static size_t above(const idx_blockset *bs, uint64_t h) {
+    size_t lo = 0, hi = bs->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (bs->v[mid].block_hash <= h) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
+                           bool digest_only, kvo_buf *out) {
+    kvo_status s = head(out, bs->worker_id, bs->dp_rank, bs->n, bs->digest);
+    if (s != KVO_OK || digest_only)
+        return s == KVO_OK ? kvo_buf_append(out, "}", 1) : s;
+    size_t from = pg && pg->has_after ? above(bs, pg->after) : 0;
+    size_t limit = pg && pg->limit ? pg->limit : IDX_BLOCKS_PAGE;
+    size_t to = bs->n - from > limit ? from + limit : bs->n;
+    /* at most 46 bytes a block: [20 digits,20 digits], */
+    if ((s = kvo_buf_reserve(out, (to - from) * 46 + 64)) != KVO_OK) return s;
+    s = kvo_buf_append(out, ",\"blocks\":[", 11);
+    for (size_t i = from; s == KVO_OK && i < to; i++) {
+        const idx_block *b = &bs->v[i];
+        if (b->has_parent)
+            s = kvo_buf_printf(out, "%s[%" PRIu64 ",%" PRIu64 "]",
+                               i > from ? "," : "", b->block_hash,
+                               b->parent_block_hash);
+        else
+            s = kvo_buf_printf(out, "%s[%" PRIu64 ",null]",
+                               i > from ? "," : "", b->block_hash);
+    }
+    if (s == KVO_OK) s = kvo_buf_append(out, "]", 1);
+    if (s == KVO_OK && to < bs->n && to > from)
+        s = kvo_buf_printf(out, ",\"next\":%" PRIu64, bs->v[to - 1].block_hash);
+    if (s == KVO_OK) s = kvo_buf_append(out, "}", 1);
+    return s;
+}
+
+/* ---- POST /lookup ---------------------------------------------------------*/
+
+typedef struct holder {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+} holder;
+
+static int by_slot(const void *a, const void *b) {
+    const holder *x = a, *y = b;
+    if (x->worker_id != y->worker_id)
+        return x->worker_id < y->worker_id ? -1 : 1;
+    return (x->dp_rank > y->dp_rank) - (x->dp_rank < y->dp_rank);
+}
+
+static json_object *u64(uint64_t v) { return json_object_new_uint64(v); }
+
+static bool add(json_object *o, const char *k, json_object *v) {
+    if (json_object_object_add(o, k, v) == 0) return true;
+    json_object_put(v);
+    return false;
+}
+
+/* One entry of the answer; ws: the known workers (for a hash w does not
+ * hold: who else does). */
+static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r,
+                          uint64_t h, const idx_worker *ws, size_t nw) {
+    idx_block_info in;
+    if (idx_tree_block_info(t, w, r, h, &in) != KVO_OK) return NULL;
+    holder list[IDX_INFO_OTHERS + 1];
+    size_t listed = 0;
+    uint64_t others = 0;
+    if (in.held) {
+        others = in.others;
+        for (uint32_t i = 0; i < in.listed; i++)
+            list[listed++] =
+                (holder){in.other[i].worker_id, in.other[i].dp_rank};
+    } else {
+        for (size_t j = 0; j < nw; j++) {
+            if (ws[j].worker_id == w && ws[j].dp_rank == r) continue;
+            idx_block_info o;
+            if (idx_tree_block_info(t, ws[j].worker_id, ws[j].dp_rank, h, &o) !=
+                    KVO_OK ||
+                !o.held)
+                continue;
+            others = (uint64_t)o.others + 1;
+            list[listed++] = (holder){ws[j].worker_id, ws[j].dp_rank};
+            for (uint32_t i = 0; i < o.listed; i++)
+                if (o.other[i].worker_id != w || o.other[i].dp_rank != r)
+                    list[listed++] = (holder){o.other[i].worker_id,
+                                              o.other[i].dp_rank};
+                else
+                    others--; /* w is in the set without holding h */
+            qsort(list, listed, sizeof(*list), by_slot);
+            if (listed > IDX_INFO_OTHERS) listed = IDX_INFO_OTHERS;
+            break;
+        }
+    }
+    json_object *e = json_object_new_object(), *a = json_object_new_array();
+    if (!e || !a) {
+        json_object_put(e);
+        json_object_put(a);
+        return NULL;
+    }
+    bool ok = add(e, "block_hash", u64(h)) &&
+              add(e, "held", json_object_new_boolean(in.held));
+    ok = ok && (in.held ? add(e, "tokens_hash", u64(in.block.tokens_hash))
+                        : json_object_object_add(e, "tokens_hash", NULL) == 0);
+    ok = ok && (in.held && in.block.has_parent
+                    ? add(e, "parent_hash", u64(in.block.parent_block_hash))
+                    : json_object_object_add(e, "parent_hash", NULL) == 0);
+    ok = ok &&
+         add(e, "in_set", json_object_new_boolean(in.held && in.in_set)) &&
+         add(e, "others", u64(others));
+    for (size_t i = 0; ok && i < listed; i++) {
+        json_object *pair = json_object_new_array_ext(2);
+        ok = pair && json_object_array_add(pair, u64(list[i].worker_id)) == 0 &&
+             json_object_array_add(pair, u64(list[i].dp_rank)) == 0 &&
+             json_object_array_add(a, pair) == 0;
+        if (!ok) json_object_put(pair);
+    }
+    if (!ok || !add(e, "other_holders", a)) {
+        if (!ok) json_object_put(a);
+        json_object_put(e);
+        return NULL;
+    }
+    return e;
+}
+
+json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
+                             uint32_t dp_rank, const uint64_t *hashes,
+                             size_t n) {
+    idx_worker *ws = NULL;
+    size_t nw = 0;
+    if (idx_tree_workers(t, &ws, &nw) != KVO_OK) return NULL;
+    json_object *o = json_object_new_object();
+    json_object *a = json_object_new_array_ext((int)n);
+    bool ok = o && a;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_object *e = entry(t, worker_id, dp_rank, hashes[i], ws, nw);
+        ok = e && json_object_array_add(a, e) == 0;
+        if (e && !ok) json_object_put(e);
+    }
+    kvo_free(ws);
+    if (ok && add(o, "blocks", a)) return o;
+    if (!ok) json_object_put(a);
+    json_object_put(o);
+    return NULL;
+}
