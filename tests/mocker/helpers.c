@@ -120,6 +120,40 @@ uint64_t mt_add_run(mt_eng *m, const uint64_t *tok, uint32_t n,
     return id;
 }
 
+static uint32_t set_slot(mt_set *s, uint64_t k) {
+    uint32_t i = (uint32_t)(k * 0x9E3779B97F4A7C15ull >> 48) & (MT_SET_CAP - 1);
+    while (s->used[i] && s->key[i] != k) i = (i + 1) & (MT_SET_CAP - 1);
+    if (!s->used[i]) {
+        s->used[i] = true;
+        s->key[i] = k;
+        s->count[i] = 0;
+    }
+    return i;
+}
+
+void mt_set_add(mt_set *s, uint64_t k, bool has_parent, uint64_t parent) {
+    uint32_t i = set_slot(s, k);
+    if (s->count[i]++ > 0) return;
+    s->has_parent[i] = has_parent;
+    s->parent[i] = parent;
+    s->distinct++;
+    s->digest += kvo_block_digest(k, has_parent, parent);
+}
+
+uint32_t mt_set_del(mt_set *s, uint64_t k) {
+    uint32_t i = set_slot(s, k);
+    ck_assert_msg(s->count[i] > 0, "removal of a hash the engine never stored");
+    if (--s->count[i] > 0) return s->count[i];
+    s->distinct--;
+    s->digest -= kvo_block_digest(k, s->has_parent[i], s->parent[i]);
+    return 0;
+}
+
+void mt_set_clear(mt_set *s) {
+    memset(s->used, 0, sizeof(s->used));
+    s->distinct = s->digest = 0;
+}
+
 void mt_iota(uint64_t *t, uint32_t n, uint64_t first) {
     for (uint32_t i = 0; i < n; i++) t[i] = first + i;
 }

@@ -69,6 +69,27 @@ void mt_record(void *ctx, const wire_batch *b);
 uint64_t mt_add_run(mt_eng *m, const uint64_t *tok, uint32_t n,
                     uint32_t max_tokens, mt_out *out, mt_rec *rec);
 
+/* A cached set as the events describe it: per block hash the copies
+ * stored minus removed, and over the hashes with copies left their count
+ * and digest (kvo_block_digest with the parent of the first copy) -- what
+ * a checkpoint compares with the engine's set. Open addressing,
+ * MT_SET_CAP hashes at most. */
+#define MT_SET_CAP (1u << 16)
+typedef struct mt_set {
+    uint64_t key[MT_SET_CAP], parent[MT_SET_CAP];
+    uint32_t count[MT_SET_CAP];
+    bool used[MT_SET_CAP], has_parent[MT_SET_CAP];
+    uint64_t distinct, digest;
+} mt_set;
+
+/* A copy of k stored under its parent. */
+void mt_set_add(mt_set *s, uint64_t k, bool has_parent, uint64_t parent);
+/* A copy of k removed (ck_assert that one was stored); returns the copies
+ * left. */
+uint32_t mt_set_del(mt_set *s, uint64_t k);
+/* Everything dropped (AllBlocksCleared). */
+void mt_set_clear(mt_set *s);
+
 /* A NULL-terminated argument list in place: MT_ARGS("--dp-size", "2"). */
 #define MT_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 

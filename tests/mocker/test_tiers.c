@@ -543,57 +543,20 @@ START_TEST(evictions_carry_their_group_and_group_collision_erases_it) {
 }
 END_TEST
 
-/* The events of one (group or tier) set, counted copy by copy. */
-#define SET_CAP 4096
-typedef struct set_model {
-    uint64_t key[SET_CAP], parent[SET_CAP];
-    uint32_t count[SET_CAP];
-    bool used[SET_CAP], has_parent[SET_CAP];
-    uint64_t distinct, digest;
-} set_model;
-
-static uint32_t set_slot(set_model *m, uint64_t k) {
-    uint32_t i = (uint32_t)(k * 0x9E3779B97F4A7C15ull >> 52) & (SET_CAP - 1);
-    while (m->used[i] && m->key[i] != k) i = (i + 1) & (SET_CAP - 1);
-    if (!m->used[i]) {
-        m->used[i] = true;
-        m->key[i] = k;
-        m->count[i] = 0;
-    }
-    return i;
-}
-
-static void set_add(set_model *m, uint64_t k, bool hp, uint64_t p) {
-    uint32_t i = set_slot(m, k);
-    if (m->count[i]++ > 0) return;
-    m->has_parent[i] = hp;
-    m->parent[i] = p;
-    m->distinct++;
-    m->digest += kvo_block_digest(k, hp, p);
-}
-
-static void set_del(set_model *m, uint64_t k) {
-    uint32_t i = set_slot(m, k);
-    ck_assert_msg(m->count[i] > 0, "a removal of a block never stored");
-    if (--m->count[i] > 0) return;
-    m->distinct--;
-    m->digest -= kvo_block_digest(k, m->has_parent[i], m->parent[i]);
-}
-
 /* sets[0..MOCK_MAX_GROUPS) per group, sets[MOCK_MAX_GROUPS] the CPU tier */
 static void sets_apply(void *ctx, const wire_batch *b) {
-    set_model *sets = ctx;
+    mt_set *sets = ctx;
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
         ck_assert_int_ne(e->type, WIRE_EV_CLEARED);
-        set_model *m = is_medium(e, "CPU") ? &sets[MOCK_MAX_GROUPS] : &sets[e->group_idx.v];
+        mt_set *m = is_medium(e, "CPU") ? &sets[MOCK_MAX_GROUPS] : &sets[e->group_idx.v];
         for (uint32_t k = 0; k < e->n_hashes; k++) {
             if (e->type == WIRE_EV_REMOVED) {
-                set_del(m, e->hashes[k].key);
+                mt_set_del(m, e->hashes[k].key);
             } else if (k) {
-                set_add(m, e->hashes[k].key, true, e->hashes[k - 1].key);
+                mt_set_add(m, e->hashes[k].key, true, e->hashes[k - 1].key);
             } else {
-                set_add(m, e->hashes[0].key, e->parent.kind != WIRE_HASH_NONE, e->parent.key);
+                mt_set_add(m, e->hashes[0].key, e->parent.kind != WIRE_HASH_NONE, e->parent.key);
             }
         }
     }
@@ -609,7 +572,7 @@ static void truthful_run(const char *groups, uint32_t cpu, uint64_t seed) {
     c.cpu_offload_blocks = cpu;
     if (groups) ck_assert_int_eq(mock_groups_parse(groups, &c), KVO_OK);
     mt_eng_init(&m, &c, 0);
-    static set_model sets[MOCK_MAX_GROUPS + 1];
+    static mt_set sets[MOCK_MAX_GROUPS + 1];
     memset(sets, 0, sizeof(sets));
     uint64_t rng = seed;
     fprintf(stderr, "truthful_run(%s, %u): seed %llu\n", groups ? groups : "-", cpu,

@@ -27,41 +27,15 @@ static uint64_t rnd(void) {
     return z ^ (z >> 31);
 }
 
-/* Reference counts of engine hashes (the relay's dedup), tiny open map. */
-#define RC_CAP (1u << 16)
+/* The relay's dedup (a reference count per engine hash) and the set the
+ * events describe, in one copy-counted set. */
 typedef struct relay_model {
-    uint64_t key[RC_CAP];
-    uint32_t count[RC_CAP];
-    bool used[RC_CAP];
-    uint64_t parent[RC_CAP]; /* the block's parent hash, when has_parent */
-    bool has_parent[RC_CAP];
-    uint64_t distinct, digest; /* hashes with count > 0, their digest */
+    mt_set set;
     uint64_t event_id;
     idx_tree *tree;
     uint32_t bs;
     uint64_t stores, removes_forwarded, removes_held, cleared;
 } relay_model;
-
-static uint32_t rc_index(relay_model *m, uint64_t k) {
-    uint32_t i = (uint32_t)(k * 0x9E3779B97F4A7C15ull >> 48) & (RC_CAP - 1);
-    while (m->used[i] && m->key[i] != k) i = (i + 1) & (RC_CAP - 1);
-    if (!m->used[i]) {
-        m->used[i] = true;
-        m->key[i] = k;
-        m->count[i] = 0;
-    }
-    return i;
-}
-
-/* A store of hash k under its parent: the first copy joins the set. */
-static void set_store(relay_model *m, uint64_t k, bool has_parent, uint64_t parent) {
-    uint32_t i = rc_index(m, k);
-    if (m->count[i]++ > 0) return;
-    m->has_parent[i] = has_parent;
-    m->parent[i] = parent;
-    m->distinct++;
-    m->digest += kvo_block_digest(k, has_parent, parent);
-}
 
 static void apply(relay_model *m, wire_revent *ev) {
     ev->worker_id = 7;
@@ -82,8 +56,7 @@ static void on_batch(void *ctx, const wire_batch *b) {
         wire_revent ev;
         memset(&ev, 0, sizeof(ev));
         if (e->type == WIRE_EV_CLEARED) {
-            memset(m->used, 0, sizeof(m->used));
-            m->distinct = m->digest = 0;
+            mt_set_clear(&m->set);
             ev.type = WIRE_R_CLEARED;
             apply(m, &ev);
             m->cleared++;
@@ -99,8 +72,8 @@ static void on_batch(void *ctx, const wire_batch *b) {
                 blocks[k].block_hash = e->hashes[k].key;
                 blocks[k].tokens_hash =
                     wire_router_hash(e->token_ids + (size_t)k * m->bs, m->bs, seed);
-                if (k) set_store(m, e->hashes[k].key, true, e->hashes[k - 1].key);
-                else set_store(m, e->hashes[k].key, e->parent.kind != WIRE_HASH_NONE,
+                if (k) mt_set_add(&m->set, e->hashes[k].key, true, e->hashes[k - 1].key);
+                else mt_set_add(&m->set, e->hashes[k].key, e->parent.kind != WIRE_HASH_NONE,
                                e->parent.key);
             }
             ev.type = WIRE_R_STORED;
@@ -113,16 +86,11 @@ static void on_batch(void *ctx, const wire_batch *b) {
             continue;
         }
         for (uint32_t k = 0; k < e->n_hashes; k++) {
-            uint32_t slot = rc_index(m, e->hashes[k].key);
-            uint32_t *c = &m->count[slot];
-            ck_assert_msg(*c > 0, "removal of a hash the engine never stored");
-            if (--*c > 0) {
+            uint64_t h = e->hashes[k].key;
+            if (mt_set_del(&m->set, h) > 0) {
                 m->removes_held++;
                 continue;
             }
-            uint64_t h = e->hashes[k].key;
-            m->distinct--;
-            m->digest -= kvo_block_digest(h, m->has_parent[slot], m->parent[slot]);
             ev.type = WIRE_R_REMOVED;
             ev.n_removed = 1;
             ev.removed = &h;
@@ -230,12 +198,12 @@ static void run_workload(uint64_t seed, uint32_t blocks, uint32_t budget,
         steps++;
         check_prompts(&m, rm, p, &sc, 4);
         mock_engine_stats es = mt_stats(&m);
-        ck_assert_msg(es.cached_distinct == rm->distinct && es.cached_digest == rm->digest,
+        ck_assert_msg(es.cached_distinct == rm->set.distinct && es.cached_digest == rm->set.digest,
                       "step %u: the engine caches %llu hashes (digest %016llx), the "
                       "events say %llu (%016llx)", steps,
                       (unsigned long long)es.cached_distinct,
                       (unsigned long long)es.cached_digest,
-                      (unsigned long long)rm->distinct, (unsigned long long)rm->digest);
+                      (unsigned long long)rm->set.distinct, (unsigned long long)rm->set.digest);
     }
     mock_engine_stats st;
     mock_engine_stats_get(m.e, &st);
