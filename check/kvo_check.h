@@ -153,6 +153,8 @@ typedef struct check_mutant {
     const char *name;  /* kvo-mocker --mutate NAME */
     bool killed;       /* expected: the check must fail (else: must pass) */
     const char *what;  /* one line */
+    const char *incident; /* the field incident it reproduces, or NULL */
+    const char *needs; /* the traffic that shows it (NULL: any run) */
 } check_mutant;
 
 /* The catalog, static. */
