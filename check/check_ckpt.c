@@ -112,6 +112,7 @@ static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
     chk_blocks_init(&ib);
     kvo_status st = KVO_OK;
     c->sets = true;
+    c->diff.collect = true;
     for (uint32_t w = 0; w < r->env.n_workers && st == KVO_OK && c->sets; w++) {
         chk_engine *e = &r->env.engines[w];
         for (uint32_t k = 0; k < e->n_ranks && st == KVO_OK; k++) {
@@ -168,6 +169,7 @@ static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
     }
     chk_blocks_fini(&eb);
     chk_blocks_fini(&ib);
+    check_set_diff_misplaced(&c->diff);
     if (st == KVO_OK) name_prompts(r, sent, &c->diff);
     return st;
 }

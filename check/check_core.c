@@ -330,6 +330,9 @@ const char *check_reason_name(check_reason r) {
         [CHECK_REASON_ENGINE] = "engine inconsistent",
         [CHECK_REASON_ENGINE_ERROR] = "engine error",
         [CHECK_REASON_WRONG_PARENT] = "wrong parent",
+        [CHECK_REASON_TOKEN_MISMATCH] = "token mismatch",
+        [CHECK_REASON_WRONG_WORKER] = "wrong worker",
+        [CHECK_REASON_UNEXPLAINED] = "unexplained",
     };
     return (unsigned)r < CHECK_REASON_COUNT ? names[r] : "?";
 }
@@ -725,8 +728,29 @@ void check_result_totals(const check_result *r, check_totals *t) {
                 (uint64_t)p->engine_hit_blocks * r->block_size;
         t->index_hit_tokens += (uint64_t)p->index_hit_blocks * r->block_size;
         t->index_raw_blocks += p->index_raw_blocks;
-        if (p->diverged) t->divergent++;
+        if (p->diverged) {
+            t->divergent++;
+            t->by_reason[p->reason < CHECK_REASON_COUNT ? p->reason : 0]++;
+        }
     }
+    for (size_t i = 0; i < r->n_sweep; i++) {
+        const check_prompt *p = &r->sweep[i];
+        if (!p->diverged) continue;
+        t->sweep_divergent++;
+        t->by_reason[p->reason < CHECK_REASON_COUNT ? p->reason : 0]++;
+    }
+}
+
+size_t check_totals_classes(const check_totals *t, char *out, size_t n) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 1; k < CHECK_REASON_COUNT && len < n; k++)
+        if (t->by_reason[k])
+            len += (size_t)snprintf(out + len, n - len, "%s%s %llu",
+                                    len ? ", " : "",
+                                    check_reason_name((check_reason)k),
+                                    (unsigned long long)t->by_reason[k]);
+    return len;
 }
 
 /* Worst first: divergent ones (by how far apart), then the lowest engine hit
@@ -847,18 +871,16 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
                  cp->number,
                  cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2] ? "block sets"
                                                                : "sweep");
-        int top = 0;
-        for (int k = 1; k < CHECK_DIFF_COUNT; k++)
-            if (cp->diff.n[k] > cp->diff.n[top]) top = k;
-        if (cp->diff.n[top])
-            out->reason = check_diff_reason((check_diff_kind)top);
+        if (cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2])
+            out->reason = check_set_diff_reason(&cp->diff, r->dp_size);
         else if (cp->sweep_first >= 0 && (size_t)cp->sweep_first < r->n_sweep)
             out->reason = r->sweep[cp->sweep_first].reason;
     } else if (dp) {
         snprintf(out->cause, sizeof(out->cause),
-                 "%s: prompt %llu diverged at block %d (%s)",
+                 "%s: prompt %llu diverged at block %d (%s)%s%s",
                  check_reason_name(dp->reason), (unsigned long long)dp->id,
-                 dp->first_divergent_block, dp->detail);
+                 dp->first_divergent_block, dp->detail,
+                 dp->evidence ? "; " : "", dp->evidence ? dp->evidence : "");
         snprintf(out->where, sizeof(out->where), "prompt %llu",
                  (unsigned long long)dp->id);
         out->reason = dp->reason;
@@ -870,9 +892,11 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         } else {
             snprintf(out->cause, sizeof(out->cause),
                      "%s: re-checked after the run, prompt %llu diverged at "
-                     "block %d (%s)",
+                     "block %d (%s)%s%s",
                      check_reason_name(sp->reason), (unsigned long long)sp->id,
-                     sp->first_divergent_block, sp->detail);
+                     sp->first_divergent_block, sp->detail,
+                     sp->evidence ? "; " : "",
+                     sp->evidence ? sp->evidence : "");
             out->reason = sp->reason;
         }
     } else if (r->n_prompts == 0) {

@@ -216,6 +216,11 @@ static void prompt_row(FILE *f, const check_prompt *p) {
         esc(f, check_reason_name(p->reason));
         fputs("</b> ", f);
         esc(f, p->detail);
+        if (p->evidence) {
+            fputs("<br><small>", f);
+            esc(f, p->evidence);
+            fputs("</small>", f);
+        }
     }
     fputs("</td></tr>\n", f);
 }
@@ -625,7 +630,17 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     fputs("</div>\n", f);
 
     /* Divergences */
-    fprintf(f, "<h2>Divergences (%llu)</h2>\n", (unsigned long long)t.divergent);
+    char classes[512];
+    check_totals_classes(&t, classes, sizeof(classes));
+    fprintf(f, "<h2>Divergences (%llu during the run, %llu re-checked at "
+               "checkpoints)</h2>\n",
+            (unsigned long long)t.divergent,
+            (unsigned long long)t.sweep_divergent);
+    if (classes[0]) {
+        fputs("<p>By class: ", f);
+        esc(f, classes);
+        fputs("</p>\n", f);
+    }
     if (t.divergent == 0 && r->sweep_divergent == 0) {
         fputs("<p id=\"divergences\">None: on every prompt, every worker's "
               "index score (capped) equals the engine's hit blocks.</p>\n",

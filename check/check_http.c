@@ -508,6 +508,20 @@ done:
     return st;
 }
 
+/* The body of a POST /kvo/probe of p: {"trace"|"token_ids": ...} and the
+ * flags given. */
+static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
+                             bool detail) {
+    kvo_status st = kvo_buf_printf(body, "{\"%s\":",
+                                   p->trace_form ? "trace" : "token_ids");
+    if (st == KVO_OK) st = kvo_buf_append(body, p->json, p->len);
+    if (st == KVO_OK && warm && p->trace_form)
+        st = CHK_BUF_LIT(body, ",\"warm\":true");
+    if (st == KVO_OK && detail) st = CHK_BUF_LIT(body, ",\"detail\":true");
+    if (st == KVO_OK) st = CHK_BUF_LIT(body, "}");
+    return st;
+}
+
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
                             kvo_err *err) {
@@ -515,12 +529,7 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     json_call_init(&jc, err, "%s/kvo/probe", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_status st = kvo_buf_printf(&body, "{\"%s\":",
-                                   p->trace_form ? "trace" : "token_ids");
-    if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
-    if (st == KVO_OK && warm && p->trace_form)
-        st = CHK_BUF_LIT(&body, ",\"warm\":true");
-    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
+    kvo_status st = probe_body(&body, p, warm, false);
     if (st != KVO_OK) goto done;
     st = json_call_send(&jc, e->probe_http, &body);
     if (st != KVO_OK) goto done;
@@ -551,6 +560,162 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     }
     if (st == KVO_OK) memcpy(hits, got, e->n_ranks * sizeof(*hits));
 done:
+    json_call_fini(&jc);
+    kvo_buf_fini(&body);
+    return st;
+}
+
+/* A boolean member key of obj into *out (required). */
+static kvo_status get_bool(const json_call *c, const kvo_jv *obj,
+                           const char *where, const char *key, bool *out) {
+    const kvo_jv *v;
+    kvo_status st = get_typed(c, obj, where, key, KVO_JSON_BOOL, REQUIRED, &v);
+    if (st == KVO_OK) *out = v->v.b;
+    return st;
+}
+
+/* A hash member that may be null into *has and *out. */
+static kvo_status get_opt_hash(const json_call *c, const kvo_jv *obj,
+                               const char *where, const char *key, bool *has,
+                               uint64_t *out) {
+    uint64_t v = UINT64_MAX;
+    const kvo_jv *j = kvo_json_get(obj, key);
+    *has = j && j->type != KVO_JSON_NULL;
+    kvo_status st = get_uint(c, obj, where, key, UINT64_MAX, OPTIONAL, &v);
+    *out = *has ? v : 0;
+    return st;
+}
+
+kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
+                            uint32_t k, check_chain_block *out, uint32_t *n,
+                            kvo_err *err) {
+    json_call jc;
+    json_call_init(&jc, err, "%s/kvo/probe", e->url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_status st = probe_body(&body, p, false, true);
+    if (st == KVO_OK) st = json_call_send(&jc, e->probe_http, &body);
+    const kvo_jv *ranks = NULL, *chain = NULL;
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, REQUIRED,
+                       &ranks);
+    char name[48];
+    for (size_t i = 0; st == KVO_OK && !chain && i < ranks->len; i++) {
+        kvo_jv r;
+        uint32_t at;
+        st = rank_entry(&jc, e, ranks, i, &r, name, sizeof(name), &at);
+        if (st == KVO_OK && at != NO_RANK && e->ranks[at].dp_rank == rank)
+            st = get_typed(&jc, &r, name, "chain", KVO_JSON_ARR, REQUIRED,
+                           &chain);
+    }
+    if (st == KVO_OK && !chain)
+        st = answer_err(&jc, KVO_ENOTFOUND, "no chain for rank %u (an "
+                        "engine without the probe's detail form)", rank);
+    uint32_t got = 0;
+    for (size_t i = 0; st == KVO_OK && got < *n && i < chain->len; i++) {
+        kvo_jv b;
+        uint64_t index = 0, copies = 0;
+        char bn[64];
+        snprintf(bn, sizeof(bn), "%s.chain", name);
+        st = elem_obj(&jc, chain, bn, i, &b, bn, sizeof(bn));
+        if (st == KVO_OK)
+            st = get_uint(&jc, &b, bn, "index", UINT32_MAX, REQUIRED, &index);
+        if (st != KVO_OK || index != (uint64_t)k + got) continue;
+        check_chain_block c = {0};
+        st = get_uint(&jc, &b, bn, "hash", UINT64_MAX, REQUIRED, &c.hash);
+        if (st == KVO_OK)
+            st = get_opt_hash(&jc, &b, bn, "parent", &c.has_parent, &c.parent);
+        if (st == KVO_OK) st = get_bool(&jc, &b, bn, "cached", &c.cached);
+        if (st == KVO_OK)
+            st = get_uint(&jc, &b, bn, "copies", UINT32_MAX, REQUIRED, &copies);
+        if (st == KVO_OK)
+            st = get_uint(&jc, &b, bn, "tokens_hash", UINT64_MAX, REQUIRED,
+                          &c.tokens_hash);
+        c.copies = (uint32_t)copies;
+        if (st == KVO_OK) out[got++] = c;
+    }
+    if (st == KVO_OK && !got)
+        st = answer_err(&jc, KVO_ENOTFOUND, "rank %u's chain stops before "
+                        "block %u", rank, k);
+    if (st == KVO_OK) *n = got;
+    json_call_fini(&jc);
+    kvo_buf_fini(&body);
+    return st;
+}
+
+/* Entry i of a /lookup answer's "blocks" (for hash) into *out. */
+static kvo_status lookup_entry(const json_call *c, const kvo_jv *blocks,
+                               size_t i, uint64_t hash, check_lookup *out) {
+    kvo_jv b;
+    char bn[32];
+    kvo_status st = elem_obj(c, blocks, "blocks", i, &b, bn, sizeof(bn));
+    check_lookup l = {0};
+    bool has_th = false;
+    uint64_t h = 0;
+    const kvo_jv *holders = NULL;
+    if (st == KVO_OK)
+        st = get_uint(c, &b, bn, "block_hash", UINT64_MAX, REQUIRED, &h);
+    if (st == KVO_OK && h != hash)
+        st = answer_err(c, KVO_EPROTO, "%s: block_hash %" PRIu64 ", asked "
+                        "%" PRIu64, bn, h, hash);
+    if (st == KVO_OK) st = get_bool(c, &b, bn, "held", &l.held);
+    if (st == KVO_OK)
+        st = get_opt_hash(c, &b, bn, "parent_hash", &l.has_parent, &l.parent);
+    if (st == KVO_OK)
+        st = get_opt_hash(c, &b, bn, "tokens_hash", &has_th, &l.tokens_hash);
+    if (st == KVO_OK && l.held && !has_th)
+        st = answer_err(c, KVO_EPROTO, "%s: held without a tokens_hash", bn);
+    if (st == KVO_OK)
+        st = get_uint(c, &b, bn, "others", UINT32_MAX, REQUIRED, &l.others);
+    if (st == KVO_OK)
+        st = get_typed(c, &b, bn, "other_holders", KVO_JSON_ARR, REQUIRED,
+                       &holders);
+    for (size_t j = 0; st == KVO_OK && j < holders->len &&
+                       l.n_holders < CHECK_LOOKUP_HOLDERS;
+         j++) {
+        kvo_jv pair, w, r;
+        uint64_t wv, rv;
+        if (!kvo_json_at(holders, j, &pair) || pair.type != KVO_JSON_ARR ||
+            pair.len != 2 || !kvo_json_at(&pair, 0, &w) ||
+            !kvo_json_u64(&w, &wv) || wv > UINT32_MAX ||
+            !kvo_json_at(&pair, 1, &r) || !kvo_json_u64(&r, &rv) ||
+            rv > UINT32_MAX)
+            return answer_err(c, KVO_EPROTO, "%s.other_holders[%zu]: "
+                              "expected [worker_id, dp_rank]", bn, j);
+        l.holders[l.n_holders++] = (check_slot_info){(uint32_t)wv,
+                                                     (uint32_t)rv};
+    }
+    if (st == KVO_OK && l.others < l.n_holders)
+        st = answer_err(c, KVO_EPROTO, "%s: %u holders listed, others "
+                        "says %" PRIu64, bn, l.n_holders, l.others);
+    if (st == KVO_OK) *out = l;
+    return st;
+}
+
+kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
+                            const uint64_t *hashes, uint32_t n,
+                            check_lookup *out, kvo_err *err) {
+    json_call jc;
+    json_call_init(&jc, err, "%s/lookup", env->indexer_url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_status st = kvo_buf_printf(&body,
+                                   "{\"worker_id\":%u,\"dp_rank\":%u,"
+                                   "\"block_hashes\":[",
+                                   worker, dp_rank);
+    for (uint32_t i = 0; st == KVO_OK && i < n; i++)
+        st = kvo_buf_printf(&body, "%s%" PRIu64, i ? "," : "", hashes[i]);
+    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "]}");
+    if (st == KVO_OK) st = json_call_send(&jc, env->idx_http, &body);
+    const kvo_jv *blocks = NULL;
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "blocks", KVO_JSON_ARR, REQUIRED,
+                       &blocks);
+    if (st == KVO_OK && blocks->len != n)
+        st = answer_err(&jc, KVO_EPROTO, "%u blocks answered, %u asked",
+                        (unsigned)blocks->len, n);
+    for (uint32_t i = 0; st == KVO_OK && i < n; i++)
+        st = lookup_entry(&jc, blocks, i, hashes[i], &out[i]);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;

@@ -129,6 +129,12 @@ typedef enum check_reason {
     CHECK_REASON_ENGINE_ERROR,   /* "engine error": it failed to publish */
     CHECK_REASON_WRONG_PARENT,   /* "wrong parent": a block under another
                                     parent in the index */
+    CHECK_REASON_TOKEN_MISMATCH, /* "token mismatch": the index holds the
+                                    block hash with another tokens_hash */
+    CHECK_REASON_WRONG_WORKER,   /* "wrong worker": the block is held by
+                                    another worker only */
+    CHECK_REASON_UNEXPLAINED,    /* "unexplained": the evidence fits no
+                                    class (it is shown) */
     CHECK_REASON_COUNT
 } check_reason;
 
@@ -199,6 +205,9 @@ typedef struct check_prompt {
     int32_t divergent_slot;        /* slot of the first divergence, -1 */
     check_reason reason;
     char detail[200];            /* "worker 1 rank 0: engine 12, index 8; ..." */
+    const char *evidence;        /* what the engine and the index hold at
+                                    the first divergent block (result-owned;
+                                    NULL: none gathered) */
     double ms;
     bool judged;                 /* false in load mode: reported only */
     uint32_t routed_index_blocks; /* the chosen slot's index score when it
@@ -242,7 +251,7 @@ typedef struct check_slot_info {
 
 typedef struct check_verdict {
     bool pass;
-    char cause[400]; /* "" when pass */
+    char cause[720]; /* "" when pass */
     check_reason reason;
     char where[64];  /* what caught it: "prompt 12", "checkpoint 2: block
                         sets", "checkpoint 1: counters", "counters before
@@ -258,6 +267,8 @@ struct check_result {
     check_slot_info *slots; /* owned */
     uint64_t planned;       /* requests the run meant to send */
     char config[512];       /* one line: the effective configuration */
+    bool verbose;           /* the terminal summary shows every counter and
+                               the worst prompts even on a PASS */
 
     check_prompt *prompts;  /* owned, in trace order */
     size_t n_prompts, cap_prompts;
@@ -317,6 +328,69 @@ void check_result_error(check_result *r, int64_t prompt, const char *fmt, ...)
 kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
                               check_prompt *p);
 
+/* ---- Diagnosis from evidence (check_diag.c) ------------------------------
+ * The judge knows that a prompt diverged, where, and in which direction;
+ * the evidence says why: the engine's chain of the prompt on that rank
+ * (kvo-mocker's probe "detail") and what the index holds of the divergent
+ * block (kvo-indexer's POST /lookup), both read before the request runs. */
+
+/* One block of an engine's chain. */
+typedef struct check_chain_block {
+    uint64_t hash, parent, tokens_hash;
+    bool has_parent;
+    bool cached;        /* at least one GPU copy */
+    uint32_t copies;
+} check_chain_block;
+
+/* What the index holds of one block hash for one (worker, rank). */
+#define CHECK_LOOKUP_HOLDERS 4
+typedef struct check_lookup {
+    bool held;                /* by the (worker, rank) asked about */
+    bool has_parent;          /* held: its parent in the tree */
+    uint64_t parent, tokens_hash;
+    uint64_t others;          /* other (worker, rank)s holding it */
+    uint32_t n_holders;       /* listed of them */
+    check_slot_info holders[CHECK_LOOKUP_HOLDERS];
+    bool holder_cached[CHECK_LOOKUP_HOLDERS]; /* that holder's engine
+                                 holds the block too (the caller fills it
+                                 from its probes): a holder by right */
+} check_lookup;
+
+typedef struct check_diag {
+    check_reason reason;
+    char evidence[320];
+} check_diag;
+
+/* Blocks of the chain the evidence covers from the divergent one on. */
+#define CHECK_DIAG_BLOCKS 16
+/* Classify the divergence of (worker, rank) at block k of a prompt: b[i]
+ * is the engine's block k + i and l[i] what the index holds of its hash
+ * there, i < n (n >= 1: the blocks the engine holds from k on when the
+ * index is behind, else block k alone); index_behind: the engine holds
+ * more than the index scores. */
+void check_diagnose(const check_chain_block *b, const check_lookup *l,
+                    uint32_t n, uint32_t k, bool index_behind,
+                    uint32_t worker, uint32_t rank, check_diag *out);
+/* Set-level evidence for a missed store on (worker, rank) of a worker
+ * with dp ranks: engine[r] and index[r] are the sizes of each rank's
+ * cached set on both sides. When this rank's index set is smaller than its
+ * engine's while a sibling's is larger than its engine's, the stores went
+ * to the wrong rank: out says so (wrong rank) and true is returned. */
+bool check_diagnose_ranks(const uint64_t *engine, const uint64_t *index,
+                          uint32_t dp, uint32_t worker, uint32_t rank,
+                          check_diag *out);
+/* Put d on p (a diverged prompt): its evidence always; its class unless
+ * the judge's reason came from the engine contradicting itself, or the
+ * evidence only says the index lacks the block (missed store, unexplained)
+ * and a rule counter already says how it was lost (a rejection, a gap, a
+ * hash mismatch...). */
+kvo_status check_prompt_explain(check_prompt *p, const check_diag *d,
+                                kvo_arena *a);
+/* Evidence could not be gathered (why): p keeps the judge's reason, and
+ * its evidence says it is a guess from the direction. */
+kvo_status check_prompt_unexplained(check_prompt *p, const char *why,
+                                    kvo_arena *a);
+
 /* PASS only when no prompt diverged (during the run or in the sweep), no
  * rule counter tripped and no run error happened; otherwise the first cause
  * in trace order (the sweep comes last). */
@@ -328,10 +402,15 @@ typedef struct check_totals {
     uint64_t engine_hit_tokens; /* sum of engine_hit_blocks * bs */
     uint64_t index_hit_tokens;  /* sum of index_hit_blocks * bs (capped) */
     uint64_t index_raw_blocks;  /* sum of uncapped chosen scores */
-    uint64_t divergent;
+    uint64_t divergent;         /* prompts of the run */
+    uint64_t sweep_divergent;   /* prompts re-checked at checkpoints */
+    uint64_t by_reason[CHECK_REASON_COUNT]; /* both, by class */
 } check_totals;
 
 void check_result_totals(const check_result *r, check_totals *t);
+/* "wrong parent 23, stale block 2" into out[n]: the divergences by class
+ * (returns the length; "" when none). */
+size_t check_totals_classes(const check_totals *t, char *out, size_t n);
 /* The n worst prompts into out (divergent first, by distance; then the
  * lowest engine hit rate). Returns how many were written. Pointers are valid
  * until the next check_result_add. */
@@ -429,10 +508,33 @@ typedef struct check_block_diff {
     int32_t depth;             /* its block index in that prompt, -1 */
 } check_block_diff;
 
+/* A hash one side of a slot lists and the other does not. */
+typedef struct check_one_sided {
+    uint64_t hash;
+    uint32_t slot;
+    check_diff_kind kind; /* ENGINE_ONLY or INDEX_ONLY */
+} check_one_sided;
+
+/* One-sided hashes kept per checkpoint to find misplaced ones. */
+#define CHECK_ONE_SIDED_MAX ((size_t)1 << 20)
+
 typedef struct check_set_diff {
     uint64_t n[CHECK_DIFF_COUNT];
     check_block_diff first[CHECK_DIFFS_SHOWN]; /* in the order found */
     size_t n_first;
+    /* Blocks one slot's engine caches that the index credits to another
+     * slot whose engine lacks them (the same hash ENGINE_ONLY on one slot,
+     * INDEX_ONLY on the other): stores credited to the wrong slot. */
+    uint64_t misplaced;
+    uint64_t misplaced_hash;               /* the first */
+    uint32_t misplaced_engine_slot, misplaced_index_slot;
+    /* While comparing, when collect is set: the one-sided hashes (at most
+     * CHECK_ONE_SIDED_MAX; one_sided_cut when more were seen or memory ran
+     * out). Freed by check_set_diff_misplaced. */
+    bool collect;
+    check_one_sided *one_sided;
+    size_t n_one_sided, cap_one_sided;
+    bool one_sided_cut;
 } check_set_diff;
 
 /* Adds slot's differences between two normalized lists to d (counts, and
@@ -441,6 +543,14 @@ typedef struct check_set_diff {
 void check_blocks_compare(const check_block *eng, size_t ne,
                           const check_block *idx, size_t ni, uint32_t slot,
                           check_set_diff *d);
+
+/* After every slot was compared: count d's misplaced blocks from its
+ * one-sided hashes, and free them. */
+void check_set_diff_misplaced(check_set_diff *d);
+/* The class of a checkpoint's block-set differences: wrong rank / wrong
+ * worker when blocks were misplaced, else that of the most numerous
+ * kind. */
+check_reason check_set_diff_reason(const check_set_diff *d, uint32_t dp_size);
 
 /* One (worker, rank) at a checkpoint. */
 typedef struct check_slot_sets {
@@ -734,6 +844,13 @@ typedef struct chk_prompt {
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
                             kvo_err *err);
+/* POST /kvo/probe "detail": blocks [k, k + *n) of p's chain on the given
+ * dp rank (hash, parent, copies, tokens_hash) into out; *n is cut to what
+ * the chain holds. KVO_ENOTFOUND: an engine without the detail form, or a
+ * chain that stops before k. */
+kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
+                            uint32_t k, check_chain_block *out, uint32_t *n,
+                            kvo_err *err);
 typedef struct chk_completion {
     int64_t cached_tokens;   /* -1: not reported */
     int64_t prompt_tokens;   /* -1: not reported */
@@ -818,6 +935,12 @@ kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
 /* kvo-indexer GET /blocks?worker_id=W&dp_rank=R: with list, every page;
  * else the count and digest only (digest_only=1). KVO_ENOTFOUND: the
  * indexer has no such endpoint. */
+/* POST /lookup: what the index holds of each of hashes[0, n) for
+ * (worker, dp_rank), into out[0, n). KVO_ENOTFOUND: an indexer without the
+ * endpoint. */
+kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
+                            const uint64_t *hashes, uint32_t n,
+                            check_lookup *out, kvo_err *err);
 kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
                             bool list, chk_blocks *out, kvo_err *err);
 /* Relay GET /stats: are all its sources live (initial replay done)? */
@@ -880,6 +1003,13 @@ typedef struct chk_run {
     size_t json_to;        /* load: prompts whose JSON line is written */
     struct mock_hasher *hasher; /* engine hashes, to name a difference's
                                    prompt (made when first needed) */
+    /* The evidence for the prompt about to be judged (check_diag.c), read
+     * before its request ran: about slot diag_slot, block diag_block (-1:
+     * no divergence showed); diag_why says why none could be read. */
+    int64_t diag_slot, diag_block;
+    check_diag diag;
+    char diag_why[sizeof(((kvo_err *)0)->msg)];
+    kvo_arena diag_arena; /* the pre-judgement's scratch */
     kvo_err err;
 } chk_run;
 

@@ -21,7 +21,7 @@ enum {
     OPT_REPLAY_BUFFER, OPT_VERIFY, OPT_NO_REPLAY, OPT_DROP_SEQ,
     OPT_RELAY_RESTART_AT, OPT_LOG_DIR, OPT_KEEP_LOGS, OPT_BIN_DIR,
     OPT_ENGINES, OPT_INDEXER, OPT_NATS, OPT_MODEL, OPT_NO_RELAYS,
-    OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST,
+    OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST, OPT_VERBOSE,
     OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
@@ -64,6 +64,7 @@ static const struct option OPTIONS[] = {
     {"prompt-form", required_argument, NULL, OPT_PROMPT_FORM},
     {"timeout-ms", required_argument, NULL, OPT_TIMEOUT_MS},
     {"fail-fast", no_argument, NULL, OPT_FAIL_FAST},
+    {"verbose", no_argument, NULL, OPT_VERBOSE},
     {"sweep", required_argument, NULL, OPT_SWEEP},
     {"report-json", required_argument, NULL, OPT_REPORT_JSON},
     {"report-html", required_argument, NULL, OPT_REPORT_HTML},
@@ -177,6 +178,8 @@ static const char USAGE[] =
     "  --report-html FILE      a self-contained HTML report\n"
     "  --worst N               rows of the worst-prompts table (10)\n"
     "  --fail-fast             stop at the first failure\n"
+    "  --verbose               every counter and the worst prompts in the\n"
+    "                          summary of a PASS too (a FAIL always has them)\n"
     "  --timeout-ms MS         one watermark wait or HTTP call; under --load,\n"
     "                          the longest time without any answer (30000)\n"
     "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
@@ -323,6 +326,7 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         if (set_long(&c->timeout_ms, "timeout-ms", v) != KVO_OK) return KVO_EINVAL;
         return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
     case OPT_FAIL_FAST: c->fail_fast = true; return KVO_OK;
+    case OPT_VERBOSE: c->verbose = true; return KVO_OK;
     case OPT_SWEEP: return set_u64(&c->sweep, "sweep", v);
     case OPT_CHECKPOINT_SWEEP:
         return set_u64(&c->checkpoint_sweep, "checkpoint-sweep", v);

@@ -192,6 +192,9 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
         fprintf(f, "  sweep              %zu earlier prompts re-checked on every "
                    "worker at checkpoints, %zu divergent\n",
                 r->n_sweep, r->sweep_divergent);
+    char classes[512];
+    if (check_totals_classes(&t, classes, sizeof(classes)))
+        fprintf(f, "  by class           %s\n", classes);
     print_checkpoints(f, r);
     print_regime(f, r);
     double stored = check_counters_sum(&r->counters, "relay",
@@ -217,9 +220,11 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
                     sum > 0 ? 100 * r->stage_s[s] / sum : 0);
         fputc('\n', f);
     }
-    print_counters(f, r);
+    /* every counter when something failed, or when asked; a PASS shows
+     * only what matters */
+    if (!r->verdict.pass || r->verbose) print_counters(f, r);
 
-    if (worst && r->n_prompts) {
+    if (worst && r->n_prompts && (!r->verdict.pass || r->verbose)) {
         const check_prompt **v = kvo_calloc(worst, sizeof(*v));
         if (v) {
             size_t n = check_result_worst(r, v, worst);
@@ -315,6 +320,8 @@ static kvo_status json_prompt(FILE *f, const check_result *r,
                                        : NULL);
     json_object_object_add(j, "detail",
                            p->diverged ? jstr_or_null(p->detail) : NULL);
+    json_object_object_add(j, "evidence",
+                           p->diverged ? jstr_or_null(p->evidence) : NULL);
     if (!sweep) {
         json_object_object_add(j, "routed_index_blocks",
                                json_object_new_int64(p->routed_index_blocks));
@@ -531,6 +538,12 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
                            json_object_new_uint64(r->n_sweep));
     json_object_object_add(s, "sweep_divergent",
                            json_object_new_uint64(r->sweep_divergent));
+    json_object *classes = json_object_new_object();
+    for (int k = 1; k < CHECK_REASON_COUNT; k++)
+        if (t.by_reason[k])
+            json_object_object_add(classes, check_reason_name((check_reason)k),
+                                   json_object_new_uint64(t.by_reason[k]));
+    json_object_object_add(s, "divergent_by_class", classes);
     json_object_object_add(
         s, "pipeline_blocks",
         json_object_new_int64((int64_t)(

@@ -650,6 +650,116 @@ bool chk_run_answer_ok(run *r, const check_request *q, uint32_t rank,
     return true;
 }
 
+/* ---- evidence of a divergence (check_diag.c) -------------------------------*/
+
+/* A store missing on one rank of e while its siblings hold the block:
+ * compare the sizes of e's ranks' cached sets on both sides, which show
+ * stores credited to the wrong rank (check_diagnose_ranks). */
+static kvo_status diag_ranks(run *r, chk_engine *e, uint32_t rank) {
+    uint64_t eng[CHK_MAX_DP], idx[CHK_MAX_DP];
+    kvo_err err = {0};
+    kvo_status st = chk_engine_state(e, &err);
+    for (uint32_t i = 0; st == KVO_OK && i < e->n_ranks; i++) {
+        chk_blocks bl;
+        chk_blocks_init(&bl);
+        st = e->ranks[i].has_set ? chk_index_blocks(&r->env, e->worker_id,
+                                                    e->ranks[i].dp_rank,
+                                                    false, &bl, &err)
+                                 : KVO_ENOTFOUND;
+        eng[e->ranks[i].dp_rank % CHK_MAX_DP] = e->ranks[i].set_count;
+        idx[e->ranks[i].dp_rank % CHK_MAX_DP] = bl.count;
+        chk_blocks_fini(&bl);
+    }
+    if (st == KVO_ENOMEM) return st;
+    if (st == KVO_OK)
+        check_diagnose_ranks(eng, idx, e->n_ranks, e->worker_id, rank,
+                             &r->diag);
+    return KVO_OK;
+}
+
+/* Judge o ahead (the probes against the index; o->cached_tokens -1) and,
+ * when it diverges, read the evidence at its first divergent block now,
+ * while the state the probe saw is still there: the engine's block there
+ * and what the index holds of it. Only a failed read of the run's own
+ * memory is an error; a service that cannot say is noted in diag_why. */
+static kvo_status diag_gather(run *r, const check_obs *o, const chk_prompt *p) {
+    r->diag_slot = r->diag_block = -1;
+    r->diag_why[0] = '\0';
+    if (!o->probe_hits) return KVO_OK;
+    uint32_t bs = o->block_size;
+    uint32_t cap = o->prompt_tokens ? (o->prompt_tokens - 1) / bs : 0;
+    bool any = false;
+    for (uint32_t s = 0; s < o->n_slots && !any; s++) {
+        uint32_t i = o->index_scores[s] < cap ? o->index_scores[s] : cap;
+        any = o->probe_hits[s] >= 0 && (uint32_t)o->probe_hits[s] != i;
+    }
+    if (!any) return KVO_OK; /* the common case: nothing to explain */
+    check_obs pre = *o;
+    pre.cached_tokens = -1;
+    check_prompt jp;
+    kvo_arena_reset(&r->diag_arena);
+    kvo_status st = check_prompt_judge(&pre, &r->diag_arena, &jp);
+    if (st != KVO_OK || !jp.diverged) return st;
+    uint32_t slot = (uint32_t)jp.divergent_slot;
+    uint32_t k = (uint32_t)jp.first_divergent_block;
+    r->diag_slot = slot;
+    r->diag_block = k;
+    chk_engine *e = &r->env.engines[slot / r->env.dp_size];
+    chk_rank *rk = NULL;
+    for (uint32_t i = 0; i < e->n_ranks; i++)
+        if (e->ranks[i].slot == slot) rk = &e->ranks[i];
+    if (!e->mocker || !rk) {
+        snprintf(r->diag_why, sizeof(r->diag_why),
+                 "the engine has no probe detail form");
+        return KVO_OK;
+    }
+    /* index behind: the blocks the engine holds from k on (where a store
+     * credited to another slot shows); ahead: block k */
+    bool behind = (uint32_t)jp.engine_hits[slot] > k;
+    uint32_t n = behind ? (uint32_t)jp.engine_hits[slot] - k : 1;
+    if (n > CHECK_DIAG_BLOCKS) n = CHECK_DIAG_BLOCKS;
+    check_chain_block b[CHECK_DIAG_BLOCKS];
+    check_lookup l[CHECK_DIAG_BLOCKS];
+    uint64_t hashes[CHECK_DIAG_BLOCKS];
+    kvo_err err = {0};
+    st = chk_engine_chain(e, p, rk->dp_rank, k, b, &n, &err);
+    for (uint32_t i = 0; st == KVO_OK && i < n; i++) hashes[i] = b[i].hash;
+    if (st == KVO_OK)
+        st = chk_index_lookup(&r->env, e->worker_id, rk->dp_rank, hashes, n,
+                              l, &err);
+    if (st == KVO_ENOMEM) return st;
+    if (st != KVO_OK) {
+        snprintf(r->diag_why, sizeof(r->diag_why), "%s", err.msg);
+        return KVO_OK;
+    }
+    for (uint32_t i = 0; i < n; i++) /* holders by right: their engines */
+        for (uint32_t h = 0; h < l[i].n_holders; h++) {
+            const check_slot_info *who = &l[i].holders[h];
+            uint64_t hs = (uint64_t)who->worker * r->env.dp_size + who->dp_rank;
+            l[i].holder_cached[h] = who->dp_rank < r->env.dp_size &&
+                                    hs < r->n_slots &&
+                                    o->probe_hits[hs] > (int32_t)(k + i);
+        }
+    check_diagnose(b, l, n, k, behind, e->worker_id, rk->dp_rank, &r->diag);
+    if (r->diag.reason == CHECK_REASON_MISSED_STORE && l[0].others &&
+        e->n_ranks > 1)
+        return diag_ranks(r, e, rk->dp_rank);
+    return KVO_OK;
+}
+
+/* The evidence gathered for p (a diverged prompt) onto it, when it is
+ * about p's first divergence. */
+static kvo_status diag_apply(run *r, check_prompt *p) {
+    if (!p->diverged) return KVO_OK;
+    if (r->diag_slot != p->divergent_slot ||
+        r->diag_block != p->first_divergent_block)
+        return check_prompt_unexplained(
+            p, "the engine's answer differs from its probe", &r->res->arena);
+    if (r->diag_why[0])
+        return check_prompt_unexplained(p, r->diag_why, &r->res->arena);
+    return check_prompt_explain(p, &r->diag, &r->res->arena);
+}
+
 /* KVO_OK: prompt judged (or a run error recorded and the run must stop:
  * *stop); other: a setup/transport error in r->err. */
 static kvo_status do_request(run *r, uint64_t i, const check_request *q,
@@ -734,6 +844,16 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                                       hs, nh);
     if ((st = check_router_start(&r->router, slot, hs, nh)) != KVO_OK)
         return st;
+    check_obs pre = {.id = q->line, .prompt_tokens = q->input_length,
+                     .block_size = r->env.block_size, .n_slots = r->n_slots,
+                     .dp_size = r->env.dp_size, .chosen = slot,
+                     .index_seen = r->seen, .index_scores = r->scores,
+                     .probe_hits = probed ? r->probes : NULL,
+                     .cached_tokens = -1};
+    if ((st = diag_gather(r, &pre, &p)) != KVO_OK) {
+        check_router_finish(&r->router, slot, hs, nh);
+        return st;
+    }
     uint32_t dp = r->env.dp_size;
     chk_engine *e = &r->env.engines[slot / dp];
     uint32_t rank = slot % dp;
@@ -802,6 +922,9 @@ kvo_status chk_run_record(run *r, const check_obs *o,
     if (st != KVO_OK) return st;
     if (out) *out = pr;
     if (o->unjudged) return KVO_OK; /* load: written in trace order later */
+    if ((st = diag_apply(r, &r->res->prompts[r->res->n_prompts - 1])) !=
+        KVO_OK)
+        return st;
     r->json_to = r->res->n_prompts;
     if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK)
         return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
@@ -882,8 +1005,15 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
                        .index_scores = r->scores, .probe_hits = r->probes,
                        .cached_tokens = -1, .moved = NULL, .total = &r->cur,
                        .checkpoint = c->number};
+        chk_prompt p = {.trace_form = r->trace_form,
+                        .json = (const char *)r->pb.json.data,
+                        .len = r->pb.json.len};
+        if ((st = diag_gather(r, &o, &p)) != KVO_OK) break;
         const check_prompt *pr = NULL;
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
+        if ((st = diag_apply(r, &r->res->sweep[r->res->n_sweep - 1])) !=
+            KVO_OK)
+            break;
         c->sweep_prompts++;
         if (pr->diverged) {
             if (c->sweep_first < 0)
@@ -1023,6 +1153,7 @@ static kvo_status fits_spawned_engines(const check_cfg *cfg,
 kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     run r;
     memset(&r, 0, sizeof(r));
+    kvo_arena_init(&r.diag_arena);
     r.cfg = cfg;
     r.res = out;
     chk_pbuf_init(&r.pb);
@@ -1116,6 +1247,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
      * while the other probes the engines one after the other. */
     if ((st = chk_pool_new(&r.pool, POOL_THREADS)) != KVO_OK) goto done;
     out->planned = r.trace.n;
+    out->verbose = cfg->verbose;
     describe(&r);
     kvo_info("%s", out->config);
     kvo_info("trace %s: %zu requests; logs in %s", cfg->trace, r.trace.n,
@@ -1215,6 +1347,7 @@ done:
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.seen);
+    kvo_arena_fini(&r.diag_arena);
     chk_watermark_fini(&r.wm);
     check_counters_fini(&r.prev);
     check_counters_fini(&r.cur);

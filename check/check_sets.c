@@ -76,9 +76,24 @@ check_reason check_diff_reason(check_diff_kind k) {
     }
 }
 
+/* Keep a one-sided hash for check_set_diff_misplaced (bounded). */
+static void keep_one_sided(check_set_diff *d, check_diff_kind kind,
+                           uint32_t slot, uint64_t hash) {
+    if (!d->collect || d->one_sided_cut) return;
+    if (d->n_one_sided == CHECK_ONE_SIDED_MAX ||
+        kvo_grow(&d->one_sided, &d->cap_one_sided, d->n_one_sided + 1,
+                 sizeof(*d->one_sided), 1024) != KVO_OK) {
+        d->one_sided_cut = true;
+        return;
+    }
+    d->one_sided[d->n_one_sided++] = (check_one_sided){hash, slot, kind};
+}
+
 static void note(check_set_diff *d, check_diff_kind kind, uint32_t slot,
                  const check_block *eng, const check_block *idx) {
     d->n[kind]++;
+    if (kind != CHECK_DIFF_PARENT)
+        keep_one_sided(d, kind, slot, eng ? eng->hash : idx->hash);
     if (d->n_first >= CHECK_DIFFS_SHOWN) return;
     check_block_diff *x = &d->first[d->n_first++];
     memset(x, 0, sizeof(*x));
@@ -118,6 +133,48 @@ void check_blocks_compare(const check_block *eng, size_t ne,
             j = je;
         }
     }
+}
+
+static int one_sided_cmp(const void *a, const void *b) {
+    const check_one_sided *x = a, *y = b;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    if (x->kind != y->kind) return x->kind < y->kind ? -1 : 1;
+    return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
+void check_set_diff_misplaced(check_set_diff *d) {
+    qsort(d->one_sided, d->n_one_sided, sizeof(*d->one_sided),
+          one_sided_cmp);
+    /* runs of one hash: engine-only entries first, then index-only */
+    for (size_t i = 0, j; i < d->n_one_sided; i = j) {
+        const check_one_sided *e = &d->one_sided[i];
+        for (j = i + 1; j < d->n_one_sided && d->one_sided[j].hash == e->hash;)
+            j++;
+        if (e->kind != CHECK_DIFF_ENGINE_ONLY ||
+            d->one_sided[j - 1].kind != CHECK_DIFF_INDEX_ONLY)
+            continue;
+        if (!d->misplaced++) {
+            d->misplaced_hash = e->hash;
+            d->misplaced_engine_slot = e->slot;
+            d->misplaced_index_slot = d->one_sided[j - 1].slot;
+        }
+    }
+    kvo_free(d->one_sided);
+    d->one_sided = NULL;
+    d->n_one_sided = d->cap_one_sided = 0;
+    d->collect = false;
+}
+
+check_reason check_set_diff_reason(const check_set_diff *d, uint32_t dp_size) {
+    if (d->misplaced)
+        return dp_size && d->misplaced_engine_slot / dp_size ==
+                              d->misplaced_index_slot / dp_size
+                   ? CHECK_REASON_WRONG_RANK
+                   : CHECK_REASON_WRONG_WORKER;
+    int top = 0;
+    for (int k = 1; k < CHECK_DIFF_COUNT; k++)
+        if (d->n[k] > d->n[top]) top = k;
+    return check_diff_reason((check_diff_kind)top);
 }
 
 /* ---- Checkpoints in the result -----------------------------------------*/
@@ -224,23 +281,33 @@ void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
         if (sp)
             snprintf(out, outsz,
                      "%s: %s, prompt %llu re-checked diverged at block %d "
-                     "(%s)",
+                     "(%s)%s%s",
                      check_reason_name(sp->reason), name,
                      (unsigned long long)sp->id, sp->first_divergent_block,
-                     sp->detail);
+                     sp->detail, sp->evidence ? "; " : "",
+                     sp->evidence ? sp->evidence : "");
         else
             snprintf(out, outsz, "%s, a re-checked prompt diverged", name);
         return;
     }
-    /* the reason of the most numerous kind */
-    int top = 0;
-    for (int k = 1; k < CHECK_DIFF_COUNT; k++)
-        if (c->diff.n[k] > c->diff.n[top]) top = k;
-    size_t len = (size_t)snprintf(out, outsz, "%s: %s:",
-                                  check_reason_name(check_diff_reason(
-                                      (check_diff_kind)top)),
-                                  name);
+    size_t len = (size_t)snprintf(
+        out, outsz, "%s: %s:",
+        check_reason_name(check_set_diff_reason(&c->diff, r->dp_size)), name);
     const char *sep = " ";
+    if (c->diff.misplaced && r->slots &&
+        c->diff.misplaced_engine_slot < r->n_slots &&
+        c->diff.misplaced_index_slot < r->n_slots && len < outsz) {
+        const check_slot_info *e = &r->slots[c->diff.misplaced_engine_slot],
+                              *i = &r->slots[c->diff.misplaced_index_slot];
+        len += (size_t)snprintf(out + len, outsz - len,
+                                " %llu blocks cached by one (worker, rank) "
+                                "are in the index on another whose engine "
+                                "lacks them (first: block %llu of worker %u "
+                                "rank %u, in the index on worker %u rank %u);",
+                                (unsigned long long)c->diff.misplaced,
+                                (unsigned long long)c->diff.misplaced_hash,
+                                e->worker, e->dp_rank, i->worker, i->dp_rank);
+    }
     for (int k = 0; k < CHECK_DIFF_COUNT && len < outsz; k++) {
         if (!c->diff.n[k]) continue;
         len += (size_t)snprintf(out + len, outsz - len, "%s%llu blocks %s",

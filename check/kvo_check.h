@@ -106,6 +106,7 @@ typedef struct check_cfg {
     check_prompt_form prompt_form;
     long timeout_ms;           /* one watermark wait / one HTTP call */
     bool fail_fast;            /* stop at the first failure */
+    bool verbose;              /* the full summary even on a PASS */
     uint64_t sweep;            /* at the last checkpoint, re-check the last
                                   N distinct prompts on every slot (0 =
                                   off; needs probes: kvo-mocker engines) */

@@ -6,6 +6,7 @@
 Suite *suite_core(void);
 Suite *suite_route(void);
 Suite *suite_sets(void);
+Suite *suite_diag(void);
 Suite *suite_report(void);
 Suite *suite_browser(void);
 Suite *suite_wait(void);
@@ -17,6 +18,7 @@ int main(int argc, char **argv) {
         suite_core,
         suite_route,
         suite_sets,
+        suite_diag,
         suite_report,
         suite_browser,
         suite_wait,

@@ -303,6 +303,43 @@ START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
 }
 END_TEST
 
+/* Issue 13's repro: chained stores published without their parent. Every
+ * divergent prompt must say "wrong parent" with the evidence (the parent
+ * the engine chains the block under, and the index's: the root), not the
+ * "missed store" its direction alone suggests. */
+START_TEST(divergences_are_classified_from_the_evidence) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit",
+                          TC_SANITIZED ? "60" : "100", "--workers", "4",
+                          "--num-gpu-blocks", "8192", "--mutate",
+                          "wrong-parent", NULL};
+    tc_run r;
+    tc_check(&r, "diagnosis", args, 600);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_msg(strncmp(summary_str(&r, "cause"), "wrong parent:", 13) == 0,
+                  "cause: %s", summary_str(&r, "cause"));
+    size_t divergent = 0;
+    for (size_t i = 0; i < json_object_array_length(r.lines); i++) {
+        json_object *l = tc_line(&r, i), *v;
+        if (!json_object_object_get_ex(l, "diverged", &v) ||
+            !json_object_get_boolean(v))
+            continue;
+        divergent++;
+        json_object_object_get_ex(l, "reason", &v);
+        ck_assert_str_eq(json_object_get_string(v), "wrong parent");
+        ck_assert(json_object_object_get_ex(l, "evidence", &v) && v);
+        const char *ev = json_object_get_string(v);
+        ck_assert_msg(strstr(ev, "the engine chains it under parent") &&
+                          strstr(ev, "the index holds it under no parent"),
+                      "evidence: %s", ev);
+    }
+    ck_assert_uint_gt(divergent, 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 /* The matrix row mutant m must print: run ("name expected observed ok")
  * when the matrix sends the traffic it needs, else "not run". */
 static void mutant_row(const check_mutant *m, char *row, size_t size) {
@@ -857,6 +894,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
     tcase_add_test(tc, a_block_the_engine_never_stored_fails_at_a_checkpoint);
+    tcase_add_test(tc, divergences_are_classified_from_the_evidence);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
     tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
     tcase_add_test(tc, an_engine_error_counter_fails_an_otherwise_clean_run);

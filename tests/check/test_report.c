@@ -77,6 +77,26 @@ START_TEST(terminal_summary_has_rates_counters_verdict_and_worst_prompts) {
 }
 END_TEST
 
+START_TEST(a_pass_summary_fits_a_screen_unless_verbose) {
+    check_result *r = make_result(10, 3);
+    char *s = capture(do_summary, r, NULL);
+    ck_assert_msg(strstr(s, "by class           stale block 1"), "%s", s);
+    kvo_free(s);
+    r->verdict.pass = true; /* as if it had passed: no counters, no table */
+    s = capture(do_summary, r, NULL);
+    ck_assert_msg(!strstr(s, "counters (non-zero") && !strstr(s, "worst"),
+                  "%s", s);
+    ck_assert_msg(strstr(s, "verdict: PASS"), "%s", s);
+    kvo_free(s);
+    r->verbose = true;
+    s = capture(do_summary, r, NULL);
+    ck_assert_msg(strstr(s, "kvo_relay_gaps=1") && strstr(s, "worst prompts"),
+                  "%s", s);
+    kvo_free(s);
+    check_result_free(r);
+}
+END_TEST
+
 static void do_json(FILE *f, void *arg) {
     check_result *r = arg;
     for (size_t i = 0; i < r->n_prompts; i++)
@@ -368,6 +388,7 @@ Suite *suite_report(void) {
     TCase *tc = tcase_create("writers");
     tcase_add_test(tc,
                    terminal_summary_has_rates_counters_verdict_and_worst_prompts);
+    tcase_add_test(tc, a_pass_summary_fits_a_screen_unless_verbose);
     tcase_add_test(tc, json_lines_have_every_field_and_a_final_summary);
     tcase_add_test(tc, html_is_self_contained_with_plots_divergences_and_counters);
     tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
