@@ -360,42 +360,65 @@ static const check_rule RULES[] = {
      * so "engine" as a stage prefix leaves it out. */
     {"engine", "render_errors", NULL, CHECK_REASON_ENGINE_ERROR,
      "step batches the engine could not encode: their events were never "
-     "published"},
+     "published", false},
     {"engine", "send_errors", NULL, CHECK_REASON_ENGINE_ERROR,
-     "batches the engine's ZMQ socket refused to publish"},
+     "batches the engine's ZMQ socket refused to publish", false},
     {"engine", "replay_cut|replay_bad_requests", NULL,
      CHECK_REASON_ENGINE_ERROR,
-     "replays the engine cut short, or replay requests it could not read"},
+     "replays the engine cut short, or replay requests it could not read", false},
     {"engine", "lost", NULL, CHECK_REASON_ENGINE_ERROR,
-     "events the engine counted as lost"},
+     "events the engine counted as lost", false},
     /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
     {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
-     "engine hashes that are not H(parent, tokens) (--verify-engine-hash)"},
+     "engine hashes that are not H(parent, tokens) (--verify-engine-hash)", false},
     {"relay", "oversize", NULL, CHECK_REASON_SEQ_GAP,
      "batches over the relay's --zmq-max-msg-bytes: lost (the rank was "
-     "cleared)"},
+     "cleared)", false},
     {"relay", "replay_failures", NULL, CHECK_REASON_SEQ_GAP,
-     "gaps the relay could not replay (the rank was cleared)"},
+     "gaps the relay could not replay (the rank was cleared)", false},
     {"relay", "buffer_dropped|publish_dropped", NULL, CHECK_REASON_SEQ_GAP,
-     "batches or messages the relay had to drop"},
+     "batches or messages the relay had to drop", false},
     {"relay", "bad_msgs|bad_messages|decode_errors", NULL, CHECK_REASON_REJECTED,
-     "ZMQ messages the relay could not decode"},
+     "ZMQ messages the relay could not decode", false},
     {"relay", "rejects", NULL, CHECK_REASON_REJECTED,
-     "events the relay refused (block size, token count, medium, rank)"},
+     "events the relay refused (block size, token count, medium, rank)", false},
     {"relay", "removes_unknown", NULL, CHECK_REASON_MISSED_STORE,
-     "removes of hashes the relay never saw stored"},
+     "removes of hashes the relay never saw stored", false},
+    /* kvo-relay, clean runs only: a relay answers recovery requests only
+     * when an indexer lost something */
+    {"relay", "recovery_requests", NULL, CHECK_REASON_SEQ_GAP,
+     "recovery requests in a run with no injected fault: recovery must "
+     "never hide a bug", true},
     /* kvo-indexer */
     {"indexer", "parent_not_found", NULL, CHECK_REASON_UNKNOWN_PARENT,
-     "stores whose parent the index does not hold"},
+     "stores whose parent the index does not hold", false},
+    /* a recovery that failed leaves workers cleared: with or without
+     * faults (the docs' "stale"; gauges, so seen while they last) */
+    {"indexer", "recovery_failures|stale_publishers", NULL,
+     CHECK_REASON_SEQ_GAP,
+     "recoveries that failed: the relay's workers were cleared and marked "
+     "stale", false},
+    /* Clean runs only (check_fault.c): a run with no injected fault sees
+     * no gap and no recovery at all. A kill makes them the expected
+     * answer, and the prompts and checkpoints judge what they rebuilt.
+     * In a clean --spawn run the indexer starts before every relay and
+     * hears each from its sequence 0: it asks nobody for a dump. */
     {"indexer", "gap|missed", NULL, CHECK_REASON_SEQ_GAP,
-     "event-plane sequence gaps (lost NATS messages)"},
+     "event-plane sequence gaps (lost NATS messages) in a run with no "
+     "injected fault: recovery must never hide a bug", true},
+    {"indexer", "recovery_requests|recoveries_|impossible_sequences|live_held",
+     NULL, CHECK_REASON_SEQ_GAP,
+     "recoveries in a run with no injected fault: something was lost or "
+     "jumped, and recovery must never hide a bug", true},
     {"indexer", "dropped|slow_consumer", NULL, CHECK_REASON_SEQ_GAP,
-     "NATS messages the indexer dropped"},
+     "NATS messages the indexer dropped in a run with no injected fault: "
+     "recovery must never hide a bug",
+     true},
     {"indexer",
      "invalid_block|decode_error|undecodable|malformed|bad_header|enomem",
-     NULL, CHECK_REASON_REJECTED, "messages or blocks the indexer refused"},
+     NULL, CHECK_REASON_REJECTED, "messages or blocks the indexer refused", false},
     {"indexer", "block_not_found|blocks_not_found|not_found", NULL,
-     CHECK_REASON_MISSED_STORE, "removes of blocks the index never held"},
+     CHECK_REASON_MISSED_STORE, "removes of blocks the index never held", false},
 };
 
 const check_rule *check_rules(size_t *n) {
@@ -601,6 +624,7 @@ void check_result_free(check_result *r) {
     kvo_free(r->prompts);
     kvo_free(r->sweep);
     kvo_free(r->ckpts);
+    kvo_free(r->faults);
     kvo_arena_fini(&r->arena);
     check_counters_fini(&r->counters);
     for (size_t i = 0; i < r->n_trips; i++) {
@@ -683,7 +707,7 @@ kvo_status check_result_trips(check_result *r, const check_counters *total,
         const check_counter *c = &total->items[i];
         if (!(c->value > 0)) continue;
         const check_rule *rule = c->rule;
-        if (!rule) continue;
+        if (!rule || (rule->clean_only && r->faulted)) continue;
         size_t k;
         for (k = 0; k < r->n_trips; k++)
             if (strcmp(r->trips[k].stage, c->stage) == 0 &&

@@ -1077,6 +1077,29 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err) {
     return read_prom(r->http, url, r->stage, c, err);
 }
 
+kvo_status chk_counters_indexer(chk_env *env, check_counters *c,
+                                kvo_err *err) {
+    char url[256];
+    snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
+    return read_prom(env->idx_metrics, url, "indexer", c, err);
+}
+
+kvo_status chk_index_health(chk_env *env, char *status, size_t statussz,
+                            char *nats, size_t natssz, kvo_err *err) {
+    json_call jc;
+    json_call_init(&jc, err, "%s/health", env->indexer_url);
+    kvo_status st = json_call_send(&jc, env->idx_http, NULL);
+    if (st == KVO_OK)
+        st = get_str_into(&jc, jc.root, NULL, "status", REQUIRED, status,
+                          statussz);
+    if (st == KVO_OK) {
+        snprintf(nats, natssz, "?");
+        st = get_str_into(&jc, jc.root, NULL, "nats", OPTIONAL, nats, natssz);
+    }
+    json_call_fini(&jc);
+    return st;
+}
+
 kvo_status chk_relay_live(chk_relay *r, bool *live) {
     json_call jc;
     json_call_init(&jc, NULL, "http://127.0.0.1:%u/stats", r->metrics_port);

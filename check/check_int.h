@@ -150,6 +150,10 @@ struct check_rule {
     const char *except;       /* NULL or "a|b" */
     check_reason reason;
     const char *what;         /* "events with an unknown parent" */
+    bool clean_only;          /* only in a run with no injected fault: a gap
+                                 or a recovery there is a bug recovery hid;
+                                 under faults recovery is expected, and the
+                                 prompts and checkpoints judge it */
 };
 
 /* The rule a counter falls under, NULL if it may move freely. The table is
@@ -260,6 +264,87 @@ typedef struct check_verdict {
 
 typedef struct check_checkpoint check_checkpoint; /* below */
 
+/* ======================================================================== */
+/* Faults the oracle injects (check_fault.c; the driver: check_spawn.c)     */
+/* ======================================================================== */
+
+typedef enum check_fault_kind {
+    CHECK_FAULT_RELAY = 0, /* SIGKILL a relay, start a fresh one (new
+                              publisher id, replay from 0) */
+    CHECK_FAULT_INDEXER,   /* SIGKILL kvo-indexer, start it again on its
+                              port: it rebuilds from the relays' dumps */
+    CHECK_FAULT_ENGINE,    /* SIGKILL a kvo-mocker, start it again on its
+                              ports: empty; its relays publish cleared */
+    CHECK_FAULT_NATS,      /* SIGKILL nats-server, start it again on its
+                              port after nats_down_ms */
+    CHECK_FAULT_KIND_COUNT
+} check_fault_kind;
+
+/* "relay", "indexer", "engine", "nats". */
+const char *check_fault_kind_name(check_fault_kind k);
+
+/* The indexer's recovery counters a fault report shows, as deltas from
+ * just before the kill to the first sync after it: field, /metrics name
+ * (after "kvo_indexer_"). */
+#define CHECK_FAULT_RECOVERY(X)                                                \
+    X(gaps, "gaps_total")                                                      \
+    X(recoveries_events, "recoveries_events_total")                            \
+    X(recoveries_dump, "recoveries_dump_total")                                \
+    X(envelopes_recovered, "envelopes_recovered_total")                        \
+    X(dumps_applied, "dumps_applied_total")                                    \
+    X(dump_blocks_applied, "dump_blocks_applied_total")                        \
+    X(recovery_failures, "recovery_failures_total")                            \
+    X(recovery_ms_total, "recovery_ms_total")
+
+typedef enum check_fault_rec {
+#define X(field, prom) CHECK_FAULT_REC_##field,
+    CHECK_FAULT_RECOVERY(X)
+#undef X
+    CHECK_FAULT_REC_COUNT
+} check_fault_rec;
+
+const char *check_fault_rec_name(check_fault_rec i);
+
+typedef struct check_fault {
+    uint64_t at;            /* before request `at` (0-based, trace order) */
+    check_fault_kind kind;
+    uint32_t worker, rank;  /* relay: which; engine: worker */
+    /* filled in by the driver */
+    bool done;
+    char target[64];        /* "kvo-relay[0.0]", "kvo-indexer", ... */
+    uint64_t killed_ns;     /* monotonic time of the SIGKILL */
+    double down_ms;         /* SIGKILL -> the new process ready (the
+                               indexer: /health "ok"; an engine: its
+                               relays cleared it in the index) */
+    double heal_ms;         /* SIGKILL -> the next exact sync of the index
+                               (-1: none came) */
+    bool has_recovery;      /* rec[] is known */
+    double rec[CHECK_FAULT_REC_COUNT]; /* the indexer's deltas */
+    double rec_base[CHECK_FAULT_REC_COUNT]; /* its values before the kill */
+} check_fault;
+
+/* The faults cfg asks for over a run of `requests` requests, with
+ * `workers` x `dp` relays, ordered by `at` (kvo_malloc'd into *out, n
+ * entries; NULL and 0 for none). --chaos: before every chaos_every-th
+ * request (never the first), one fault; each round of three covers
+ * relay, indexer and nats in an order drawn from kvo_splitmix64 seeded
+ * with chaos_seed, a relay fault picking its (worker, rank) from the same
+ * draws. KVO_EINVAL: chaos_every 0, no relay to restart. */
+kvo_status check_faults_plan(const check_cfg *c, uint64_t requests,
+                             uint32_t workers, uint32_t dp, check_fault **out,
+                             size_t *n);
+/* Did cfg inject any fault (a kill, or a forwarder's drop or block)? The
+ * clean-only rules hold only when it did not. */
+bool check_cfg_faulted(const check_cfg *c);
+/* The indexer's recovery counters before the kill (stage "indexer" of
+ * before; NULL: all 0, for an indexer that starts again from nothing),
+ * then f->rec = those of after minus them. */
+void check_fault_base(check_fault *f, const check_counters *before);
+void check_fault_recovery(check_fault *f, const check_counters *after);
+/* One line: "before request 60: indexer restart kvo-indexer, down 412 ms,
+ * healed 430 ms; recoveries_dump +2, dump_blocks_applied +3120". */
+void check_fault_text(const check_fault *f, char *out, size_t outsz);
+
 struct check_result {
     /* set up by the driver before the first prompt */
     uint32_t block_size;
@@ -292,6 +377,12 @@ struct check_result {
                                because `concurrency` were in flight */
         double late_max_ms;
     } load;
+
+    /* faults injected (check_fault.c), in order; faulted: any fault at
+     * all (also a forwarder's), which turns the clean-only rules off */
+    check_fault *faults;    /* owned */
+    size_t n_faults;
+    bool faulted;
 
     check_counters counters; /* latest value of every counter, all stages */
     check_trip *trips;
@@ -691,6 +782,19 @@ kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens);
 #define CHK_MAX_DP 16
 #define CHK_MAX_ENGINES 256
 
+/* A child's command line: heap strings in a growable array, NULL-terminated,
+ * as many and as long as they come. The first failure (out of memory)
+ * sticks in st and later chk_arg calls do nothing, so a builder looks at st
+ * once, before it spawns. One argument may be the port the child listens
+ * on, written by chk_args_set_port before each try. */
+typedef struct chk_args {
+    char **v;                /* owned, each string too; v[n] == NULL */
+    size_t n, cap;
+    kvo_status st;           /* KVO_OK or the first failure */
+    size_t port_at;          /* index of the port argument, SIZE_MAX none */
+    const char *port_prefix; /* written before the port ("127.0.0.1:") */
+} chk_args;
+
 typedef struct chk_rank {
     uint32_t dp_rank;
     uint32_t slot;          /* UINT32_MAX: publishes nothing */
@@ -699,6 +803,10 @@ typedef struct chk_rank {
     uint64_t set_count;     /*   distinct cached hashes */
     uint64_t set_digest;    /*   their digest (check_block_digest) */
     int relay;              /* index into env->relays, -1 none */
+    bool restarted;         /* its engine was killed and started again:
+                               sequences from 0 under the same relay, which
+                               the index's watermark (a maximum) cannot
+                               follow; synced by block sets instead */
     char zmq[160];          /* from /kvo/event_sources */
     char replay[160];       /* "" = none */
     char topic[128];
@@ -716,6 +824,9 @@ typedef struct chk_engine {
     kvo_http_client *http;  /* state, sources, completions */
     kvo_http_client *probe_http; /* probes (they overlap the sync) */
     kvo_proc proc;          /* pid 0 when not spawned by us */
+    chk_args args;          /* spawned: its command line (ports fixed), to
+                               start it again after a kill */
+    uint16_t port;          /* spawned: its HTTP port */
 } chk_engine;
 
 typedef struct chk_relay {
@@ -741,8 +852,12 @@ typedef struct chk_env {
 
     kvo_proc nats;
     char nats_url[160];
+    chk_args nats_args;     /* spawned: command lines (ports fixed) and */
+    uint16_t nats_port;     /*   ports, to start them again after a kill */
     kvo_proc indexer;
     char indexer_url[192];
+    chk_args idx_args;
+    uint16_t idx_port;
     kvo_http_client *idx_http;     /* watermark, query */
     kvo_http_client *idx_metrics;  /* /metrics (overlaps the query) */
 
@@ -760,6 +875,8 @@ typedef struct chk_env {
     size_t cap_relays;
     uint64_t publisher_base;
     uint32_t publishers_made;
+    uint32_t restarts;      /* processes killed and started again (their
+                               retired counters' "#n") */
 
     chk_proxy *proxy;
 } chk_env;
@@ -780,18 +897,6 @@ void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
 
 /* ---- check_spawn.c --------------------------------------------------------*/
 
-/* A child's command line: heap strings in a growable array, NULL-terminated,
- * as many and as long as they come. The first failure (out of memory)
- * sticks in st and later chk_arg calls do nothing, so a builder looks at st
- * once, before it spawns. One argument may be the port the child listens
- * on, written by chk_args_set_port before each try. */
-typedef struct chk_args {
-    char **v;                /* owned, each string too; v[n] == NULL */
-    size_t n, cap;
-    kvo_status st;           /* KVO_OK or the first failure */
-    size_t port_at;          /* index of the port argument, SIZE_MAX none */
-    const char *port_prefix; /* written before the port ("127.0.0.1:") */
-} chk_args;
 
 void chk_args_init(chk_args *a);
 void chk_args_fini(chk_args *a);
@@ -810,10 +915,17 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
 /* Stop everything we started (reverse order). keep_logs: leave the log
  * directory and print where it is; else remove it when we created it. */
 void chk_env_stop(chk_env *env, bool keep_logs);
-/* SIGKILL the relay of (engine, rank) and start a fresh one (new publisher
- * id, --replay-from 0). Its last counters move to stage "<stage> #n". */
-kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, kvo_err *err);
+/* Inject fault f (check_fault.c): SIGKILL its process and start it again,
+ * as the kind says, and wait until the new one is ready (f->target,
+ * killed_ns, down_ms, done). The killed process's last counters stay in
+ * `counters` under a retired stage name ("relay 0.0 #1", "indexer #1",
+ * "engine 0.0 #1"). A relay comes back as a fresh one (new publisher id,
+ * --replay-from 0); the indexer on its port, ready once /health says "ok"
+ * (its dumps applied); an engine on its ports, ready once the index holds
+ * none of its blocks (its relays saw the restart and cleared it);
+ * nats-server on its port after cfg->nats_down_ms. */
+kvo_status chk_env_fault(chk_env *env, check_fault *f,
+                         check_counters *counters, kvo_err *err);
 /* CPU seconds (user + system) of every process we started, and of
  * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
 kvo_status chk_env_cpu(chk_env *env, check_counters *c);
@@ -943,6 +1055,12 @@ kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
                             check_lookup *out, kvo_err *err);
 kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
                             bool list, chk_blocks *out, kvo_err *err);
+/* kvo-indexer GET /health: its "status" ("ok", "recovering", "stale")
+ * and "nats" ("connected", "reconnecting", ...) into the buffers. */
+kvo_status chk_index_health(chk_env *env, char *status, size_t statussz,
+                            char *nats, size_t natssz, kvo_err *err);
+/* kvo-indexer /metrics into stage "indexer" of c. */
+kvo_status chk_counters_indexer(chk_env *env, check_counters *c, kvo_err *err);
 /* Relay GET /stats: are all its sources live (initial replay done)? */
 kvo_status chk_relay_live(chk_relay *r, bool *live);
 
@@ -1000,6 +1118,7 @@ typedef struct chk_run {
     size_t cap_tasks;
     bool tasks_overflow;   /* a batch outgrew cap_tasks (cannot happen) */
     size_t swept_to;       /* requests the last checkpoint's sweep covered */
+    size_t next_fault;     /* res->faults[next_fault] is the next to inject */
     size_t json_to;        /* load: prompts whose JSON line is written */
     struct mock_hasher *hasher; /* engine hashes, to name a difference's
                                    prompt (made when first needed) */

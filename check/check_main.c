@@ -26,7 +26,9 @@ enum {
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
     OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
-    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ
+    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ, OPT_INDEXER_RESTART_AT,
+    OPT_ENGINE_RESTART_AT, OPT_NATS_KILL_AT, OPT_NATS_DOWN_MS, OPT_CHAOS,
+    OPT_CHAOS_EVERY
 };
 
 static const struct option OPTIONS[] = {
@@ -52,6 +54,12 @@ static const struct option OPTIONS[] = {
     {"drop-seq", required_argument, NULL, OPT_DROP_SEQ},
     {"extra-block-seq", required_argument, NULL, OPT_EXTRA_BLOCK_SEQ},
     {"relay-restart-at", required_argument, NULL, OPT_RELAY_RESTART_AT},
+    {"indexer-restart-at", required_argument, NULL, OPT_INDEXER_RESTART_AT},
+    {"engine-restart-at", required_argument, NULL, OPT_ENGINE_RESTART_AT},
+    {"nats-kill-at", required_argument, NULL, OPT_NATS_KILL_AT},
+    {"nats-down-ms", required_argument, NULL, OPT_NATS_DOWN_MS},
+    {"chaos", required_argument, NULL, OPT_CHAOS},
+    {"chaos-every", required_argument, NULL, OPT_CHAOS_EVERY},
     {"log-dir", required_argument, NULL, OPT_LOG_DIR},
     {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
     {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
@@ -158,8 +166,25 @@ static const char USAGE[] =
     "  --replay-buffer N       batches per rank (sized for the run)\n"
     "Relays and fault injection:\n"
     "  --verify-engine-hash    relays recompute every engine hash\n"
+    "Faults (--spawn, lockstep; each must still PASS with 0 divergent: the\n"
+    "relays and the indexer recover exactly; a run without any must see no\n"
+    "gap and no recovery at all):\n"
     "  --relay-restart-at N    SIGKILL relay 0.0 before request N, start a\n"
-    "                          fresh one (replays from seq 0; lockstep)\n"
+    "                          fresh one (replays from seq 0)\n"
+    "  --indexer-restart-at N  SIGKILL kvo-indexer before request N, start it\n"
+    "                          again on its port; go on once /health says ok\n"
+    "                          (it rebuilt the index from the relays' dumps)\n"
+    "  --engine-restart-at N   SIGKILL kvo-mocker 0 before request N, start it\n"
+    "                          again on its ports (empty); go on once the\n"
+    "                          index holds none of its blocks (--dp-size 1)\n"
+    "  --nats-kill-at N        SIGKILL nats-server before request N, start it\n"
+    "                          again on its port after --nats-down-ms\n"
+    "  --nats-down-ms M        (500)\n"
+    "  --chaos SEED            before every --chaos-every-th request, kill and\n"
+    "                          restart one of {a relay, kvo-indexer,\n"
+    "                          nats-server}: each round of three covers all\n"
+    "                          three, in an order (and relay) drawn from SEED\n"
+    "  --chaos-every K         (50)\n"
     "  --no-replay             relays without a replay endpoint\n"
     "  --drop-seq N            drop ZMQ batch N of engine 0 rank 0 on its way\n"
     "                          to the relay\n"
@@ -303,6 +328,23 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return set_i64(&c->extra_block_seq, "extra-block-seq", v);
     case OPT_RELAY_RESTART_AT:
         return set_i64(&c->relay_restart_at, "relay-restart-at", v);
+    case OPT_INDEXER_RESTART_AT:
+        return set_i64(&c->indexer_restart_at, "indexer-restart-at", v);
+    case OPT_ENGINE_RESTART_AT:
+        return set_i64(&c->engine_restart_at, "engine-restart-at", v);
+    case OPT_NATS_KILL_AT:
+        return set_i64(&c->nats_kill_at, "nats-kill-at", v);
+    case OPT_NATS_DOWN_MS:
+        if (set_u64(&c->nats_down_ms, "nats-down-ms", v) != KVO_OK)
+            return KVO_EINVAL;
+        return c->nats_down_ms <= 600000 ? KVO_OK : bad("nats-down-ms", v);
+    case OPT_CHAOS:
+        c->chaos = true;
+        return set_u64(&c->chaos_seed, "chaos", v);
+    case OPT_CHAOS_EVERY:
+        if (set_u64(&c->chaos_every, "chaos-every", v) != KVO_OK)
+            return KVO_EINVAL;
+        return c->chaos_every > 0 ? KVO_OK : bad("chaos-every", v);
     case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;
     case OPT_KEEP_LOGS: c->keep_logs = true; return KVO_OK;
     case OPT_BIN_DIR: c->bin_dir = v; return KVO_OK;
@@ -479,9 +521,24 @@ int main(int argc, char **argv) {
                         "need --load\n");
         return KVO_EXIT_USAGE;
     }
-    if (c->load && c->relay_restart_at >= 0) {
-        fprintf(stderr, "kvo-check: --relay-restart-at is for lockstep runs "
-                        "(not with --load)\n");
+    bool kills = c->relay_restart_at >= 0 || c->indexer_restart_at >= 0 ||
+                 c->engine_restart_at >= 0 || c->nats_kill_at >= 0 || c->chaos;
+    if (kills && c->load) {
+        fprintf(stderr, "kvo-check: the fault options (--relay-restart-at, "
+                        "--indexer-restart-at, --engine-restart-at, "
+                        "--nats-kill-at, --chaos) are for lockstep runs (not "
+                        "with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (kills && !c->spawn) {
+        fprintf(stderr, "kvo-check: the fault options kill processes "
+                        "kvo-check started: they need --spawn\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->engine_restart_at >= 0 && c->dp_size != 1) {
+        fprintf(stderr, "kvo-check: --engine-restart-at needs --dp-size 1 (a "
+                        "restarted engine must get back the ZMQ ports each "
+                        "rank had)\n");
         return KVO_EXIT_USAGE;
     }
     if (!c->spawn && !c->engines) {

@@ -75,6 +75,23 @@ static void print_counters(FILE *f, const check_result *r) {
     }
 }
 
+/* Every fault injected, and what it took to heal; or that the run had
+ * none, so no gap or recovery was allowed. */
+static void print_faults(FILE *f, const check_result *r) {
+    if (!r->n_faults) {
+        fprintf(f, "  faults             %s\n",
+                r->faulted ? "a forwarder's (--drop-seq / --extra-block-seq)"
+                           : "none injected: no gap and no recovery allowed");
+        return;
+    }
+    fprintf(f, "  faults             %zu injected\n", r->n_faults);
+    for (size_t i = 0; i < r->n_faults; i++) {
+        char line[400];
+        check_fault_text(&r->faults[i], line, sizeof(line));
+        fprintf(f, "                     %s\n", line);
+    }
+}
+
 /* The checkpoints: how many, their cost, and every failing one with its
  * first differences. */
 static void print_checkpoints(FILE *f, const check_result *r) {
@@ -196,6 +213,7 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
     if (check_totals_classes(&t, classes, sizeof(classes)))
         fprintf(f, "  by class           %s\n", classes);
     print_checkpoints(f, r);
+    print_faults(f, r);
     print_regime(f, r);
     double stored = check_counters_sum(&r->counters, "relay",
                                        "blocks_forwarded");
@@ -277,6 +295,35 @@ static json_object *jnum(double v, int decimals) {
 
 static json_object *jstr_or_null(const char *s) {
     return s && *s ? json_object_new_string(s) : NULL;
+}
+
+static json_object *faults_json(const check_result *r) {
+    json_object *a = json_object_new_array();
+    for (size_t i = 0; i < r->n_faults; i++) {
+        const check_fault *x = &r->faults[i];
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "before_request",
+                               json_object_new_int64((int64_t)x->at));
+        json_object_object_add(o, "kind", json_object_new_string(
+                                              check_fault_kind_name(x->kind)));
+        json_object_object_add(o, "target", jstr_or_null(x->target));
+        json_object_object_add(o, "done", json_object_new_boolean(x->done));
+        json_object_object_add(o, "down_ms",
+                               x->done ? jnum(x->down_ms, 1) : NULL);
+        json_object_object_add(o, "heal_ms",
+                               x->heal_ms >= 0 ? jnum(x->heal_ms, 1) : NULL);
+        json_object *rec = NULL;
+        if (x->has_recovery) {
+            rec = json_object_new_object();
+            for (int k = 0; k < CHECK_FAULT_REC_COUNT; k++)
+                json_object_object_add(
+                    rec, check_fault_rec_name((check_fault_rec)k),
+                    jnum(x->rec[k], 0));
+        }
+        json_object_object_add(o, "indexer_recovery", rec);
+        json_object_array_add(a, o);
+    }
+    return a;
 }
 
 static kvo_status json_prompt(FILE *f, const check_result *r,
@@ -597,6 +644,8 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "regime", regime_json(r));
     json_object_object_add(s, "staleness", staleness_json(r));
     json_object_object_add(s, "checkpoints", checkpoints_json(r));
+    json_object_object_add(s, "faulted", json_object_new_boolean(r->faulted));
+    json_object_object_add(s, "faults", faults_json(r));
     double ck = 0;
     for (size_t i = 0; i < r->n_ckpts; i++)
         ck += r->ckpts[i].drain_s + r->ckpts[i].sync_s + r->ckpts[i].sets_s +

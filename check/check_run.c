@@ -60,6 +60,11 @@ void check_cfg_defaults(check_cfg *c) {
     c->drop_seq = -1;
     c->extra_block_seq = -1;
     c->relay_restart_at = -1;
+    c->indexer_restart_at = -1;
+    c->engine_restart_at = -1;
+    c->nats_kill_at = -1;
+    c->nats_down_ms = 500;
+    c->chaos_every = 50;
     c->settle_ms = 500;
     c->timeout_ms = 30000;
     c->sweep = 1000;
@@ -123,14 +128,47 @@ static uint64_t ns_after_ms(long ms) {
 
 /* ---- sync -----------------------------------------------------------------*/
 
+/* A restarted engine's rank (chk_rank.restarted) that published since:
+ * the index's block set (count and digest) equals the engine's. In
+ * lockstep the engine is idle when we sync, so its set is final. */
+static bool restarted_synced(run *r, chk_engine *e, chk_rank *rk, char *why,
+                             size_t whysz) {
+    kvo_err er = {0};
+    chk_blocks b;
+    chk_blocks_init(&b);
+    bool same = false;
+    if (chk_engine_state(e, &er) != KVO_OK ||
+        chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false, &b,
+                         &er) != KVO_OK)
+        snprintf(why, whysz, "%.200s", er.msg);
+    else if (!rk->has_set)
+        snprintf(why, whysz, "engine %u was restarted and does not tell its "
+                 "block set", e->worker_id);
+    else if (!(same = b.count == rk->set_count && b.digest == rk->set_digest))
+        snprintf(why, whysz, "engine %u rank %u (restarted, so its sequences "
+                 "began again under the same relay) holds %llu blocks, the "
+                 "index %llu (or other ones)",
+                 e->worker_id, rk->dp_rank, (unsigned long long)rk->set_count,
+                 (unsigned long long)b.count);
+    chk_blocks_fini(&b);
+    return same;
+}
+
 /* Every publishing rank's last seq is covered by its relay's watermark?
- * Writes the first one that is not into why. */
-static bool watermark_covers(run *r, char *why, size_t whysz) {
+ * Writes the first one that is not into why. A restarted engine's ranks
+ * are compared by block sets instead (*by_sets: some was). */
+static bool watermark_covers(run *r, char *why, size_t whysz, bool *by_sets) {
+    if (by_sets) *by_sets = false;
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         for (uint32_t k = 0; k < e->n_ranks; k++) {
             chk_rank *rk = &e->ranks[k];
             if (rk->last_seq < 0 || rk->relay < 0) continue;
+            if (rk->restarted) {
+                if (!restarted_synced(r, e, rk, why, whysz)) return false;
+                if (by_sets) *by_sets = true;
+                continue;
+            }
             uint64_t pub = r->env.relays[rk->relay].publisher_id;
             int64_t have = chk_watermark_get(&r->wm, pub, NULL);
             if (have < rk->last_seq) {
@@ -171,15 +209,28 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
         return KVO_ETIMEDOUT;
     }
     if (kvo_now_ns() <= deadline) return KVO_OK;
+    /* the stage that stalled, as far as the indexer tells it */
+    char status[32] = "", nats[32] = "", stage[128] = "";
+    kvo_err e = {0};
+    if (chk_index_health(&r->env, status, sizeof(status), nats, sizeof(nats),
+                         &e) == KVO_OK)
+        snprintf(stage, sizeof(stage), "; the indexer's /health: %s%s, NATS "
+                 "%s",
+                 status,
+                 strcmp(status, "recovering") == 0 ? " (recovery in progress)"
+                 : strcmp(status, "stale") == 0    ? " (a recovery failed)"
+                                                   : "",
+                 nats);
     if (before >= 0)
         check_result_error(r->res, before,
-                           "watermark timeout before prompt %lld (%ld ms): %s",
-                           (long long)before, r->cfg->timeout_ms, why);
+                           "watermark timeout before prompt %lld (%ld ms): "
+                           "%s%s",
+                           (long long)before, r->cfg->timeout_ms, why, stage);
     else
         check_result_error(r->res, before,
                            "watermark timeout after the last prompt "
-                           "(%ld ms): %s",
-                           r->cfg->timeout_ms, why);
+                           "(%ld ms): %s%s",
+                           r->cfg->timeout_ms, why, stage);
     return KVO_ETIMEDOUT;
 }
 
@@ -194,7 +245,7 @@ static kvo_status sync_exact(run *r, int64_t before, kvo_err *err) {
          wait = wait < SYNC_BACKOFF_MAX_US ? wait * 2 : SYNC_BACKOFF_MAX_US) {
         st = chk_index_watermark(&r->env, &r->wm, err);
         if (st != KVO_OK) return st;
-        if (watermark_covers(r, why, sizeof(why))) return KVO_OK;
+        if (watermark_covers(r, why, sizeof(why), NULL)) return KVO_OK;
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
             return st;
         kvo_sleep_us(wait);
@@ -213,7 +264,7 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
         chk_engine *e = &r->env.engines[i];
         for (uint32_t k = 0; k < e->n_ranks; k++) {
             chk_rank *rk = &e->ranks[k];
-            if (rk->last_seq < 0 || rk->relay < 0) continue;
+            if (rk->last_seq < 0 || rk->relay < 0 || rk->restarted) continue;
             pairs[2 * np] = r->env.relays[rk->relay].publisher_id;
             pairs[2 * np + 1] = (uint64_t)rk->last_seq;
             np++;
@@ -229,12 +280,18 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
         if (st != KVO_OK) return st;
         /* our own rule decides (and says why not) */
-        if (watermark_covers(r, why, sizeof(why))) {
+        bool by_sets = false;
+        if (watermark_covers(r, why, sizeof(why), &by_sets)) {
             r->have_idx_metrics = true;
-            return KVO_OK;
+            /* the sets matched after that answer: ask again */
+            return by_sets ? chk_index_query(&r->env, r->pb.hashes, r->pb.nb,
+                                             r->scores, err)
+                           : KVO_OK;
         }
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
             return st;
+        /* the indexer answers at once when it covered: then we wait */
+        if (covered) kvo_sleep_us(SYNC_BACKOFF_MAX_US);
     }
 }
 
@@ -769,11 +826,29 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     kvo_status st;
     *stop = false;
 
-    if (r->cfg->relay_restart_at >= 0 &&
-        (uint64_t)r->cfg->relay_restart_at == i) {
-        /* (the index was synced before request i-1's query; its events
-         * may still be in flight: the new relay replays everything) */
-        st = chk_relay_restart(&r->env, 0, 0, &r->cur, &r->err);
+    /* the faults planned before this request (the index was synced before
+     * request i-1's query; that request's events may still be in flight:
+     * recovery must cover them too) */
+    check_result *res = r->res;
+    while (r->next_fault < res->n_faults &&
+           res->faults[r->next_fault].at == i) {
+        check_fault *f = &res->faults[r->next_fault++];
+        kvo_err e2 = {0};
+        /* the base of its recovery: the indexer's counters now (a
+         * restarted indexer starts from nothing) */
+        if (f->kind != CHECK_FAULT_INDEXER &&
+            chk_counters_indexer(&r->env, &r->cur, &e2) == KVO_OK)
+            check_fault_base(f, &r->cur);
+        else
+            check_fault_base(f, NULL);
+        st = chk_env_fault(&r->env, f, &r->cur, &r->err);
+        if (st == KVO_ETIMEDOUT || st == KVO_ESTATE) { /* it did not heal */
+            check_result_error(res, id, "before prompt %lld: %s fault: %s",
+                               (long long)id, check_fault_kind_name(f->kind),
+                               r->err.msg);
+            *stop = true;
+            return KVO_OK;
+        }
         if (st != KVO_OK) return st;
         check_counters_copy(&r->prev, &r->cur);
     }
@@ -821,6 +896,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
     if ((st = tasks_status(r, n)) != KVO_OK) return st;
     bool probed = merge_probes(r, n);
+    uint64_t synced_ns = kvo_now_ns();
 
     /* B: query the index and read what moved in the counters (merged: done
      * in A already, they only need merging) */
@@ -833,6 +909,16 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         r->res->stage_s[CHECK_STAGE_QUERY] += tq->busy;
     }
     if ((st = merge_metrics(r, n, id)) != KVO_OK) return st;
+    /* the faults before it healed: the index synced, its recovery read */
+    for (size_t k = 0; k < r->next_fault; k++) {
+        check_fault *f = &res->faults[k];
+        if (!f->done || f->has_recovery) continue;
+        f->heal_ms = (double)(synced_ns - f->killed_ns) / 1e6;
+        check_fault_recovery(f, &r->cur);
+        char line[400];
+        check_fault_text(f, line, sizeof(line));
+        kvo_info("fault %s", line);
+    }
 
     /* C: send */
     chk_prompt p = {.trace_form = r->trace_form,
@@ -1094,7 +1180,7 @@ static void describe(run *r) {
              c->no_replay ? " no-replay" : "",
              c->drop_seq >= 0 ? " drop-seq" : "",
              c->extra_block_seq >= 0 ? " extra-block" : "",
-             c->relay_restart_at >= 0 ? " relay-restart" : "",
+             r->res->n_faults ? " faults" : "",
              r->env.exact ? "exact" : "settle");
 }
 
@@ -1242,6 +1328,14 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     out->load.time_scale = cfg->time_scale > 0 ? cfg->time_scale
                            : out->load.speedup > 0 ? out->load.speedup
                                                    : 1;
+    out->faulted = check_cfg_faulted(cfg);
+    st = check_faults_plan(cfg, r.trace.n, r.env.n_workers, r.env.dp_size,
+                           &out->faults, &out->n_faults);
+    if (st != KVO_OK) {
+        st = kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "cannot plan the faults: "
+                         "%s", kvo_strerror(st));
+        goto done;
+    }
     if ((st = tasks_init(&r)) != KVO_OK) goto done;
     /* One worker beside the driver: the index wait runs on one thread
      * while the other probes the engines one after the other. */

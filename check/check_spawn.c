@@ -345,11 +345,23 @@ static kvo_status find_sibling(const chk_env *env, const char *name, char *exe,
 /* Spawn with its log in env's log dir as `file`, then wait until it
  * listens on 127.0.0.1:port (http: GET /health answers 200; else a TCP
  * accept). */
+static kvo_status spawn_ready_log(kvo_proc *p, const char *name,
+                                  const chk_args *a, const char *log,
+                                  uint16_t port, bool http, kvo_err *err);
+
 static kvo_status spawn_ready(const chk_env *env, kvo_proc *p, const char *name,
                               const chk_args *a, const char *file,
                               uint16_t port, bool http, kvo_err *err) {
     char log[1024];
     snprintf(log, sizeof(log), "%s/%s", env->log_dir, file);
+    return spawn_ready_log(p, name, a, log, port, http, err);
+}
+
+/* The same with the log's whole path (appended to: a process started
+ * again after a kill continues its log). */
+static kvo_status spawn_ready_log(kvo_proc *p, const char *name,
+                                  const chk_args *a, const char *log,
+                                  uint16_t port, bool http, kvo_err *err) {
     kvo_status st = kvo_proc_spawn(p, name, a->v, log);
     if (st != KVO_OK) {
         return kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
@@ -409,20 +421,20 @@ static kvo_status start_nats(chk_env *env, kvo_err *err) {
                            "install it (apt-get install nats-server) or "
                            "pass --nats URL");
     }
-    chk_args a;
-    chk_args_init(&a);
-    chk_arg(&a, "%s", exe);
-    chk_arg(&a, "-a");
-    chk_arg(&a, "127.0.0.1");
-    chk_arg(&a, "-p");
-    chk_arg_port(&a, "");
+    chk_args *a = &env->nats_args;
+    chk_arg(a, "%s", exe);
+    chk_arg(a, "-a");
+    chk_arg(a, "127.0.0.1");
+    chk_arg(a, "-p");
+    chk_arg_port(a, "");
     uint16_t port = 0;
-    kvo_status st = spawn_on_free_port(env, &env->nats, "nats-server", &a,
+    kvo_status st = spawn_on_free_port(env, &env->nats, "nats-server", a,
                                        "nats-server.log", false, &port, err);
-    chk_args_fini(&a);
-    if (st == KVO_OK)
+    if (st == KVO_OK) {
+        env->nats_port = port;
         snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
                  port);
+    }
     return st;
 }
 
@@ -450,22 +462,22 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     char exe[PATH_MAX];
     if (find_sibling(env, "kvo-indexer", exe, sizeof(exe), err) != KVO_OK)
         return KVO_ENOTFOUND;
-    chk_args a;
-    chk_args_init(&a);
-    chk_arg(&a, "%s", exe);
-    chk_arg(&a, "--nats");
-    chk_arg(&a, "%s", env->nats_url);
-    chk_arg(&a, "--http");
-    chk_arg_port(&a, "127.0.0.1:");
-    chk_arg(&a, "--block-size");
-    chk_arg(&a, "%u", env->block_size);
+    chk_args *a = &env->idx_args;
+    chk_arg(a, "%s", exe);
+    chk_arg(a, "--nats");
+    chk_arg(a, "%s", env->nats_url);
+    chk_arg(a, "--http");
+    chk_arg_port(a, "127.0.0.1:");
+    chk_arg(a, "--block-size");
+    chk_arg(a, "%u", env->block_size);
     uint16_t port = 0;
-    st = spawn_on_free_port(env, &env->indexer, "kvo-indexer", &a,
+    st = spawn_on_free_port(env, &env->indexer, "kvo-indexer", a,
                             "kvo-indexer.log", true, &port, err);
-    chk_args_fini(&a);
-    if (st == KVO_OK)
+    if (st == KVO_OK) {
+        env->idx_port = port;
         snprintf(env->indexer_url, sizeof(env->indexer_url),
                  "http://127.0.0.1:%u", port);
+    }
     return st;
 }
 
@@ -484,7 +496,7 @@ static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
     if (c->load) /* many requests share each step: a step's batch per step
                     of the requests in flight, for a checkpoint's worth */
         return REPLAY_LOAD;
-    if (c->relay_restart_at < 0 && t && t->n && c->block_size) {
+    if (c->relay_restart_at < 0 && !c->chaos && t && t->n && c->block_size) {
         uint64_t most = 0;
         for (size_t i = 0; i < t->n; i++) {
             uint64_t toks = (uint64_t)t->reqs[i].input_length +
@@ -509,52 +521,52 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
     snprintf(e->name, sizeof(e->name), "kvo-mocker[%u]", index);
     char file[64];
     snprintf(file, sizeof(file), "kvo-mocker-%u.log", index);
-    chk_args a;
-    chk_args_init(&a);
-    chk_arg(&a, "%s", exe);
-    chk_arg(&a, "--port");
-    chk_arg_port(&a, "");
-    chk_arg(&a, "--zmq-port");
-    chk_arg(&a, "0");
-    chk_arg(&a, "--replay-port");
-    chk_arg(&a, "0");
-    chk_arg(&a, "--speedup");
-    chk_arg(&a, "%g", chk_speedup(c));
-    chk_arg(&a, "--replay-buffer");
-    chk_arg(&a, "%llu",
+    chk_args *a = &e->args;
+    chk_arg(a, "%s", exe);
+    chk_arg(a, "--port");
+    chk_arg_port(a, "");
+    chk_arg(a, "--zmq-port");
+    chk_arg(a, "0");
+    chk_arg(a, "--replay-port");
+    chk_arg(a, "0");
+    chk_arg(a, "--speedup");
+    chk_arg(a, "%g", chk_speedup(c));
+    chk_arg(a, "--replay-buffer");
+    chk_arg(a, "%llu",
             (unsigned long long)replay_buffer_for(c, env->trace, requests));
-    chk_arg(&a, "--block-size");
-    chk_arg(&a, "%u", c->block_size);
+    chk_arg(a, "--block-size");
+    chk_arg(a, "%u", c->block_size);
     if (c->num_gpu_blocks) {
-        chk_arg(&a, "--num-gpu-blocks");
-        chk_arg(&a, "%llu", (unsigned long long)c->num_gpu_blocks);
+        chk_arg(a, "--num-gpu-blocks");
+        chk_arg(a, "%llu", (unsigned long long)c->num_gpu_blocks);
     }
-    chk_arg(&a, "--dp-size");
-    chk_arg(&a, "%u", c->dp_size);
-    chk_arg(&a, "--hash-algo");
-    chk_arg(&a, "%s", c->hash_algo);
-    chk_arg(&a, "--hash-seed");
-    chk_arg(&a, "%s", c->hash_seed);
+    chk_arg(a, "--dp-size");
+    chk_arg(a, "%u", c->dp_size);
+    chk_arg(a, "--hash-algo");
+    chk_arg(a, "%s", c->hash_algo);
+    chk_arg(a, "--hash-seed");
+    chk_arg(a, "%s", c->hash_seed);
     if (c->event_format) {
-        chk_arg(&a, "--event-format");
-        chk_arg(&a, "%s", c->event_format);
+        chk_arg(a, "--event-format");
+        chk_arg(a, "%s", c->event_format);
     }
-    chk_arg(&a, "--seed");
-    chk_arg(&a, "%llu", (unsigned long long)(c->seed + index));
+    chk_arg(a, "--seed");
+    chk_arg(a, "%llu", (unsigned long long)(c->seed + index));
     if (c->mutate && *c->mutate) {
-        chk_arg(&a, "--mutate");
-        chk_arg(&a, "%s", c->mutate);
+        chk_arg(a, "--mutate");
+        chk_arg(a, "%s", c->mutate);
     }
     if (role) {
-        chk_arg(&a, "--role");
-        chk_arg(&a, "%s", role);
+        chk_arg(a, "--role");
+        chk_arg(a, "%s", role);
     }
     uint16_t port = 0;
-    kvo_status st = spawn_on_free_port(env, &e->proc, e->name, &a, file,
+    kvo_status st = spawn_on_free_port(env, &e->proc, e->name, a, file,
                                        true, &port, err);
-    chk_args_fini(&a);
-    if (st == KVO_OK)
+    if (st == KVO_OK) {
+        e->port = port;
         snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
+    }
     return st;
 }
 
@@ -691,14 +703,28 @@ fail:
     return st;
 }
 
-kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
-                             check_counters *counters, kvo_err *err) {
-    chk_rank *rk = &env->engines[engine].ranks[rank];
-    if (rk->relay < 0) {
+/* ---- Faults (check_fault.c): kill, start again, wait until ready ---------- */
+
+/* Counters of `stage` (and of stages starting with "stage.": an engine's
+ * ranks) move to "<stage> #n": a killed process keeps its last ones. */
+static void retire_stage(check_counters *c, const char *stage, uint32_t n) {
+    char to[96];
+    snprintf(to, sizeof(to), "%s #%u", stage, n);
+    check_counters_rename_stage(c, stage, to);
+}
+
+/* The relay of (engine, rank index): killed, a fresh one started. */
+static kvo_status relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
+                                check_counters *counters, check_fault *f,
+                                kvo_err *err) {
+    if (engine >= env->n_workers || rank >= env->engines[engine].n_ranks ||
+        env->engines[engine].ranks[rank].relay < 0) {
         return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
                            "engine %u rank %u has no relay", engine, rank);
     }
+    chk_rank *rk = &env->engines[engine].ranks[rank];
     chk_relay *old = &env->relays[rk->relay];
+    snprintf(f->target, sizeof(f->target), "%s", old->proc.name);
     /* its final counters stay in the report under a retired name */
     if (counters) {
         chk_counters_relay(old, counters, NULL);
@@ -710,9 +736,192 @@ kvo_status chk_relay_restart(chk_env *env, uint32_t engine, uint32_t rank,
     }
     kvo_info("SIGKILL %s (publisher %llu) and start a fresh relay",
              old->proc.name, (unsigned long long)old->publisher_id);
+    f->killed_ns = kvo_now_ns();
     kvo_proc_kill(&old->proc);
     old->retired = true;
     return start_relay(env, engine, rank, err);
+}
+
+/* SIGKILL p, then start its command line a again (same ports, same log). */
+static kvo_status respawn(kvo_proc *p, const chk_args *a, uint16_t port,
+                          bool http, uint64_t down_ms, check_fault *f,
+                          kvo_err *err) {
+    char name[sizeof(p->name)], log[sizeof(p->log_path)];
+    snprintf(name, sizeof(name), "%s", p->name);
+    snprintf(log, sizeof(log), "%s", p->log_path);
+    snprintf(f->target, sizeof(f->target), "%s", name);
+    kvo_info("SIGKILL %s and start it again on port %u", name, port);
+    f->killed_ns = kvo_now_ns();
+    kvo_proc_kill(p);
+    /* down for a while (interrupted by Ctrl-C) */
+    for (uint64_t end = kvo_now_ns() + down_ms * 1000000; !kvo_stop &&
+                                                          kvo_now_ns() < end;)
+        kvo_sleep_us(10000);
+    return spawn_ready_log(p, name, a, log, port, http, err);
+}
+
+/* Poll until done(env, arg) or timeout_ms; why(env, arg) names what is
+ * still missing. KVO_EINTR on Ctrl-C. */
+static kvo_status wait_until(chk_env *env, long timeout_ms,
+                             bool (*done)(chk_env *, void *, char *, size_t),
+                             void *arg, const char *what, kvo_err *err) {
+    uint64_t deadline = kvo_now_ns() + (uint64_t)timeout_ms * 1000000;
+    char why[256] = "";
+    for (long wait = 1;;
+         wait = wait < READY_POLL_MAX_MS ? wait * 2 : READY_POLL_MAX_MS) {
+        if (kvo_stop) return KVO_EINTR;
+        if (done(env, arg, why, sizeof(why))) return KVO_OK;
+        char dead[600];
+        if (chk_env_dead(env, dead, sizeof(dead)))
+            return kvo_err_set(err, KVO_ESTATE, KVO_ERR_NO_OFFSET, "%s", dead);
+        if (kvo_now_ns() > deadline)
+            return kvo_err_set(err, KVO_ETIMEDOUT, KVO_ERR_NO_OFFSET,
+                               "%s not within %ld ms: %s", what, timeout_ms,
+                               why);
+        kvo_sleep_us(wait * 1000L);
+    }
+}
+
+/* The restarted indexer rebuilt the index: /health says "ok". */
+static bool indexer_ok(chk_env *env, void *arg, char *why, size_t whysz) {
+    (void)arg;
+    char status[32] = "", nats[32] = "";
+    kvo_err e = {0};
+    if (chk_index_health(env, status, sizeof(status), nats, sizeof(nats),
+                         &e) != KVO_OK) {
+        snprintf(why, whysz, "%s", e.msg);
+        return false;
+    }
+    snprintf(why, whysz, "/health says \"%s\" (nats %s)", status, nats);
+    return strcmp(status, "ok") == 0;
+}
+
+/* The restarted engine's ranks hold nothing in the index. */
+static bool engine_cleared(chk_env *env, void *arg, char *why, size_t whysz) {
+    const chk_engine *e = arg;
+    bool all = true;
+    for (uint32_t k = 0; k < e->n_ranks && all; k++) {
+        chk_blocks b;
+        chk_blocks_init(&b);
+        kvo_err er = {0};
+        if (chk_index_blocks(env, e->worker_id, e->ranks[k].dp_rank, false, &b,
+                             &er) != KVO_OK) {
+            snprintf(why, whysz, "%s", er.msg);
+            all = false;
+        } else if (b.count) {
+            snprintf(why, whysz, "the index still holds %llu blocks of worker "
+                     "%u rank %u (its relay never cleared them)",
+                     (unsigned long long)b.count, e->worker_id,
+                     e->ranks[k].dp_rank);
+            all = false;
+        }
+        chk_blocks_fini(&b);
+    }
+    return all;
+}
+
+/* "tcp://127.0.0.1:5557" -> 5557; 0 when there is none. */
+static uint16_t endpoint_port(const char *ep) {
+    const char *colon = strrchr(ep, ':');
+    uint32_t port;
+    if (!colon || kvo_parse_u32(colon + 1, &port) != KVO_OK ||
+        port > UINT16_MAX)
+        return 0;
+    return (uint16_t)port;
+}
+
+/* The argument after `opt` in a becomes the number v. */
+static kvo_status args_set_after(chk_args *a, const char *opt, unsigned v) {
+    for (size_t i = 0; i + 1 < a->n; i++)
+        if (strcmp(a->v[i], opt) == 0) {
+            char buf[16];
+            snprintf(buf, sizeof(buf), "%u", v);
+            char *s = kvo_strdup(buf);
+            if (!s) return KVO_ENOMEM;
+            kvo_free(a->v[i + 1]);
+            a->v[i + 1] = s;
+            return KVO_OK;
+        }
+    return KVO_EINVAL;
+}
+
+/* kvo-mocker e again on the ZMQ ports it had picked: its relays' SUBs
+ * reconnect to the new engine. */
+static kvo_status engine_restart(chk_env *env, chk_engine *e,
+                                 check_counters *counters, check_fault *f,
+                                 kvo_err *err) {
+    if (!e->proc.pid || e->n_ranks == 0)
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "%s is not a spawned engine that publishes", e->name);
+    /* port 0 made the mocker pick one per rank; a rank's ports are the
+     * first rank's + the rank from now on (--dp-size 1 only, usage) */
+    uint16_t zp = endpoint_port(e->ranks[0].zmq);
+    uint16_t rp = endpoint_port(e->ranks[0].replay);
+    if (!zp || args_set_after(&e->args, "--zmq-port", zp) != KVO_OK ||
+        (rp && args_set_after(&e->args, "--replay-port", rp) != KVO_OK))
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "%s: cannot tell its ZMQ ports (%s, %s)", e->name,
+                           e->ranks[0].zmq, e->ranks[0].replay);
+    if (counters && chk_engine_counters(e, counters, NULL) == KVO_OK)
+        for (uint32_t k = 0; k < e->n_ranks; k++) {
+            char stage[48];
+            snprintf(stage, sizeof(stage), "engine %u.%u", e->worker_id,
+                     e->ranks[k].dp_rank);
+            retire_stage(counters, stage, ++env->restarts);
+        }
+    kvo_status st = respawn(&e->proc, &e->args, e->port, true, 0, f, err);
+    if (st != KVO_OK) return st;
+    /* a fresh engine: nothing published (its sequences start again) */
+    if ((st = chk_engine_state(e, err)) != KVO_OK) return st;
+    for (uint32_t k = 0; k < e->n_ranks; k++) {
+        e->ranks[k].last_seq = -1;
+        e->ranks[k].restarted = true;
+    }
+    e->dirty = false;
+    return wait_until(env, env->cfg->timeout_ms, engine_cleared, e,
+                      "the restarted engine's blocks cleared from the index",
+                      err);
+}
+
+kvo_status chk_env_fault(chk_env *env, check_fault *f,
+                         check_counters *counters, kvo_err *err) {
+    const check_cfg *c = env->cfg;
+    kvo_status st;
+    switch (f->kind) {
+    case CHECK_FAULT_RELAY:
+        st = relay_restart(env, f->worker, f->rank, counters, f, err);
+        break;
+    case CHECK_FAULT_INDEXER:
+        if (!env->indexer.pid) goto not_ours;
+        if (counters && chk_counters_indexer(env, counters, NULL) == KVO_OK)
+            retire_stage(counters, "indexer", ++env->restarts);
+        st = respawn(&env->indexer, &env->idx_args, env->idx_port, true, 0,
+                     f, err);
+        if (st == KVO_OK)
+            st = wait_until(env, c->timeout_ms, indexer_ok, NULL,
+                            "the restarted indexer's recovery", err);
+        break;
+    case CHECK_FAULT_ENGINE:
+        if (f->worker >= env->n_workers) goto not_ours;
+        st = engine_restart(env, &env->engines[f->worker], counters, f, err);
+        break;
+    case CHECK_FAULT_NATS:
+        if (!env->nats.pid) goto not_ours;
+        st = respawn(&env->nats, &env->nats_args, env->nats_port, false,
+                     c->nats_down_ms, f, err);
+        break;
+    default: goto not_ours;
+    }
+    if (st == KVO_OK) {
+        f->done = true;
+        f->down_ms = (double)(kvo_now_ns() - f->killed_ns) / 1e6;
+    }
+    return st;
+not_ours:
+    return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                       "cannot inject a %s fault: kvo-check did not start "
+                       "that process",
+                       check_fault_kind_name(f->kind));
 }
 
 /* ---- Engines ---------------------------------------------------------------*/
@@ -776,6 +985,8 @@ static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                          const check_trace *trace, kvo_err *err) {
     memset(env, 0, sizeof(*env));
+    chk_args_init(&env->nats_args);
+    chk_args_init(&env->idx_args);
     env->cfg = cfg;
     env->trace = trace;
     env->block_size = cfg->block_size;
@@ -810,6 +1021,8 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         env->n_engines = cfg->workers + cfg->decode_workers;
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
         if (!env->engines) return KVO_ENOMEM;
+        for (uint32_t i = 0; i < env->n_engines; i++)
+            chk_args_init(&env->engines[i].args);
     } else {
         if ((st = attach_engines(env, err)) != KVO_OK) goto fail;
     }
@@ -1016,6 +1229,7 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     env->proxy = NULL;
     for (uint32_t i = env->n_engines; i-- > 0;) {
         stop_one(&env->engines[i].proc, &unclean);
+        chk_args_fini(&env->engines[i].args);
         kvo_http_client_free(env->engines[i].http);
         kvo_http_client_free(env->engines[i].probe_http);
     }
@@ -1023,6 +1237,8 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     kvo_http_client_free(env->idx_http);
     kvo_http_client_free(env->idx_metrics);
     kvo_proc_stop(&env->nats, STOP_GRACE_MS); /* exits 1 on SIGTERM */
+    chk_args_fini(&env->idx_args);
+    chk_args_fini(&env->nats_args);
     if (unclean) keep_logs = true;
     kvo_free(env->relays);
     kvo_free(env->engines);

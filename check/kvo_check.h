@@ -73,8 +73,16 @@ typedef struct check_cfg {
     int64_t extra_block_seq;   /* from ZMQ seq N of worker 0 rank 0, add a
                                   block the engine never computed to a
                                   store batch, -1 */
-    int64_t relay_restart_at;  /* SIGKILL+restart relay 0.0 before this
-                                  request, -1 = never */
+    /* Faults (lockstep, --spawn): SIGKILL a process before request N and
+     * start it again; -1 = never. check_int.h, check_fault.c. */
+    int64_t relay_restart_at;  /* relay 0.0: a fresh one (new publisher) */
+    int64_t indexer_restart_at; /* kvo-indexer: same port, same NATS */
+    int64_t engine_restart_at; /* kvo-mocker 0: same ports, same args */
+    int64_t nats_kill_at;      /* nats-server: back on its port after */
+    uint64_t nats_down_ms;     /*   this many ms (500) */
+    bool chaos;                /* a seeded schedule: before every */
+    uint64_t chaos_seed;       /*   chaos_every-th request (50) one of */
+    uint64_t chaos_every;      /*   {a relay, the indexer, nats-server} */
     const char *log_dir;       /* NULL = a fresh temp dir */
     bool keep_logs;
     bool discard_logs;         /* remove them even on FAIL (mutants) */

@@ -508,6 +508,139 @@ START_TEST(counters_tripped_at_the_end_still_fail_the_run) {
 }
 END_TEST
 
+/* The no-fault rule: a run with no injected fault must see no gap and no
+ * recovery at all; under faults they are the expected answer, but a
+ * recovery that failed is not. */
+START_TEST(a_recovery_without_an_injected_fault_fails_the_run) {
+    static const char *const clean_only[] = {
+        "kvo_indexer_recoveries_dump_total", "kvo_indexer_recoveries_events_total",
+        "kvo_indexer_recovery_requests_total", "kvo_indexer_gaps_total",
+        "kvo_indexer_impossible_sequences_total",
+        "kvo_indexer_live_held_dropped_total"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(clean_only); i++) {
+        for (int faulted = 0; faulted < 2; faulted++) {
+            check_result *r = three_prompts(false);
+            r->faulted = faulted;
+            check_counters c;
+            check_counters_init(&c);
+            check_counters_set(&c, "indexer", clean_only[i], 1);
+            decide_at_end(r, &c);
+            ck_assert_msg(r->verdict.pass == (bool)faulted, "%s faulted %d: %s",
+                          clean_only[i], faulted, r->verdict.cause);
+            if (!faulted) {
+                ck_assert_msg(strstr(r->verdict.cause, clean_only[i]) &&
+                                  strstr(r->verdict.cause,
+                                         "recovery must never hide a bug"),
+                              "%s", r->verdict.cause);
+            }
+            check_counters_fini(&c);
+            check_result_free(r);
+        }
+    }
+    /* a failed recovery (a stale relay) fails under faults too */
+    check_result *r = three_prompts(false);
+    r->faulted = true;
+    check_counters c;
+    check_counters_init(&c);
+    check_counters_set(&c, "indexer #1", "kvo_indexer_recovery_failures_total",
+                       1);
+    decide_at_end(r, &c);
+    ck_assert_msg(!r->verdict.pass &&
+                      strstr(r->verdict.cause, "recovery_failures"),
+                  "%s", r->verdict.cause);
+    check_counters_fini(&c);
+    check_result_free(r);
+    /* recovery activity that is no recovery stays free */
+    ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_announces_total"));
+    ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_relays"));
+    ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_recovering"));
+}
+END_TEST
+
+START_TEST(the_fault_plan_is_seeded_and_covers_every_kind_each_round) {
+    check_cfg c;
+    check_cfg_defaults(&c);
+    check_fault *f = NULL;
+    size_t n = 99;
+    ck_assert(!check_cfg_faulted(&c));
+    ck_assert_int_eq(check_faults_plan(&c, 300, 2, 1, &f, &n), KVO_OK);
+    ck_assert_ptr_null(f);
+    ck_assert_uint_eq(n, 0);
+    c.chaos = true;
+    c.chaos_seed = 7;
+    c.chaos_every = 50;
+    c.indexer_restart_at = 10;
+    c.nats_kill_at = 400; /* beyond the run: not planned */
+    ck_assert(check_cfg_faulted(&c));
+    ck_assert_int_eq(check_faults_plan(&c, 300, 2, 2, &f, &n), KVO_OK);
+    ck_assert_uint_eq(n, 6); /* 10, then 50 .. 250 */
+    ck_assert_uint_eq(f[0].at, 10);
+    ck_assert_int_eq(f[0].kind, CHECK_FAULT_INDEXER);
+    bool seen[CHECK_FAULT_KIND_COUNT] = {false};
+    for (size_t i = 1; i < n; i++) {
+        ck_assert_uint_eq(f[i].at, 50 * i);
+        ck_assert_int_ne(f[i].kind, CHECK_FAULT_ENGINE);
+        ck_assert_uint_lt(f[i].worker, 2);
+        ck_assert_uint_lt(f[i].rank, 2);
+        ck_assert(!f[i].done);
+        if (i <= 3) seen[f[i].kind] = true;
+    }
+    ck_assert(seen[CHECK_FAULT_RELAY] && seen[CHECK_FAULT_INDEXER] &&
+              seen[CHECK_FAULT_NATS]);
+    /* the same seed, the same plan; another seed, another one somewhere */
+    check_fault *g = NULL;
+    size_t m = 0;
+    ck_assert_int_eq(check_faults_plan(&c, 300, 2, 2, &g, &m), KVO_OK);
+    ck_assert_uint_eq(m, n);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(g[i].kind == f[i].kind && g[i].worker == f[i].worker &&
+                  g[i].rank == f[i].rank);
+    kvo_free(g);
+    bool differs = false;
+    for (uint64_t seed = 8; seed < 40 && !differs; seed++) {
+        c.chaos_seed = seed;
+        ck_assert_int_eq(check_faults_plan(&c, 300, 2, 2, &g, &m), KVO_OK);
+        for (size_t i = 0; i < m; i++)
+            differs |= g[i].kind != f[i].kind || g[i].worker != f[i].worker;
+        kvo_free(g);
+    }
+    ck_assert(differs);
+    kvo_free(f);
+    c.chaos_every = 0;
+    ck_assert_int_eq(check_faults_plan(&c, 300, 2, 2, &f, &n), KVO_EINVAL);
+}
+END_TEST
+
+START_TEST(a_fault_reports_its_recovery_as_counter_deltas) {
+    check_fault f = {.at = 60, .kind = CHECK_FAULT_INDEXER, .done = true,
+                     .down_ms = 412, .heal_ms = -1};
+    snprintf(f.target, sizeof(f.target), "kvo-indexer");
+    check_counters before, after;
+    check_counters_init(&before);
+    check_counters_init(&after);
+    check_counters_set(&before, "indexer", "kvo_indexer_dumps_applied_total", 3);
+    check_counters_set(&after, "indexer", "kvo_indexer_dumps_applied_total", 5);
+    check_counters_set(&after, "indexer",
+                       "kvo_indexer_dump_blocks_applied_total", 3120);
+    check_fault_base(&f, &before);
+    check_fault_recovery(&f, &after);
+    ck_assert(f.rec[CHECK_FAULT_REC_dumps_applied] == 2);
+    ck_assert(f.rec[CHECK_FAULT_REC_dump_blocks_applied] == 3120);
+    char line[400];
+    check_fault_text(&f, line, sizeof(line));
+    ck_assert_msg(strstr(line, "before request 60: indexer restart "
+                               "kvo-indexer, back in 412 ms, no sync") &&
+                      strstr(line, "dumps_applied +2, dump_blocks_applied "
+                                   "+3120"),
+                  "%s", line);
+    check_fault_base(&f, NULL); /* a restarted indexer counts from 0 */
+    check_fault_recovery(&f, &after);
+    ck_assert(f.rec[CHECK_FAULT_REC_dumps_applied] == 5);
+    check_counters_fini(&before);
+    check_counters_fini(&after);
+}
+END_TEST
+
 START_TEST(an_engine_error_counter_that_moved_fails_the_run) {
     /* kvo-mocker's /kvo/state counters, read after the last request, of an
      * otherwise clean run */
@@ -679,6 +812,9 @@ Suite *suite_core(void) {
     tcase_add_test(tc, an_oversize_batch_is_named_before_what_it_causes);
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
     tcase_add_test(tc, an_engine_error_counter_that_moved_fails_the_run);
+    tcase_add_test(tc, a_recovery_without_an_injected_fault_fails_the_run);
+    tcase_add_test(tc, the_fault_plan_is_seeded_and_covers_every_kind_each_round);
+    tcase_add_test(tc, a_fault_reports_its_recovery_as_counter_deltas);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);
     suite_add_tcase(s, tc);

@@ -237,6 +237,143 @@ START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
 }
 END_TEST
 
+/* The summary's faults array: fault i, checked done and of `kind`. */
+static json_object *fault_at(const tc_run *r, size_t i, const char *kind) {
+    json_object *fs = json_object_object_get(r->summary, "faults");
+    ck_assert_msg(fs && json_object_array_length(fs) > i, "no fault %zu", i);
+    json_object *f = json_object_array_get_idx(fs, i);
+    ck_assert_str_eq(json_object_get_string(json_object_object_get(f, "kind")),
+                     kind);
+    ck_assert(json_object_get_boolean(json_object_object_get(f, "done")));
+    ck_assert_ptr_nonnull(json_object_object_get(f, "heal_ms"));
+    return f;
+}
+
+static double fault_rec(json_object *f, const char *name) {
+    json_object *rec = json_object_object_get(f, "indexer_recovery");
+    ck_assert_ptr_nonnull(rec);
+    return json_object_get_double(json_object_object_get(rec, name));
+}
+
+START_TEST(an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "50" : "120";
+    const char *at = TC_SANITIZED ? "25" : "60";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--indexer-restart-at", at, NULL};
+    tc_run r;
+    tc_check(&r, "idx-restart", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    /* the killed indexer's counters kept; the new one applied a dump of
+     * every relay, and nothing else was lost */
+    ck_assert(tc_counter(&r, "indexer #", "messages_applied") > 0);
+    json_object *f = fault_at(&r, 0, "indexer");
+    ck_assert_int_eq(tc_int(f, "before_request"), atoi(at));
+    ck_assert_msg(fault_rec(f, "dumps_applied") >= 2, "dumps %.0f",
+                  fault_rec(f, "dumps_applied"));
+    ck_assert(fault_rec(f, "dump_blocks_applied") > 0);
+    ck_assert(fault_rec(f, "recovery_failures") == 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "40" : "100";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--engine-restart-at", "20", NULL};
+    tc_run r;
+    tc_check(&r, "engine-restart", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    fault_at(&r, 0, "engine");
+    /* its relay saw the restart and cleared worker 0: request 20 (to
+     * worker 0, round-robin) found it empty in the index, as in the engine */
+    json_object *p = tc_line(&r, 20);
+    ck_assert_int_eq(tc_int(p, "worker"), 0);
+    ck_assert_int_eq(tc_int(p, "engine_hit_blocks"), 0);
+    json_object *scores = json_object_object_get(p, "index_scores");
+    ck_assert_int_eq(json_object_get_int64(json_object_array_get_idx(scores, 0)),
+                     0);
+    ck_assert(tc_counter(&r, "relay 0.0", "kvo_relay_restarts") >= 1);
+    ck_assert(tc_counter(&r, "engine 0.0 #", "blocks_stored") > 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(a_nats_server_killed_mid_run_is_survived_exactly) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "50" : "120";
+    const char *at = TC_SANITIZED ? "25" : "60";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--nats-kill-at", at, "--nats-down-ms", "300", NULL};
+    tc_run r;
+    tc_check(&r, "nats-kill", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    json_object *f = fault_at(&r, 0, "nats");
+    ck_assert(json_object_get_double(json_object_object_get(f, "down_ms")) >=
+              300);
+    ck_assert(fault_rec(f, "recovery_failures") == 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* Chaos: a relay, the indexer and nats-server killed in a seeded order;
+ * every kind at least once, and the check stays exact. */
+START_TEST(a_chaos_run_with_every_kind_of_fault_passes) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "90" : "300";
+    const char *every = TC_SANITIZED ? "20" : "50";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--chaos", "12", "--chaos-every", every, NULL};
+    tc_run r;
+    tc_check(&r, "chaos", args, 900);
+    assert_pass(&r, (size_t)atoi(limit));
+    json_object *fs = json_object_object_get(r.summary, "faults");
+    size_t n = json_object_array_length(fs);
+    ck_assert_uint_ge(n, 3);
+    bool relay = false, indexer = false, nats = false;
+    for (size_t i = 0; i < n; i++) {
+        json_object *f = json_object_array_get_idx(fs, i);
+        const char *k = json_object_get_string(json_object_object_get(f, "kind"));
+        relay |= strcmp(k, "relay") == 0;
+        indexer |= strcmp(k, "indexer") == 0;
+        nats |= strcmp(k, "nats") == 0;
+        ck_assert(json_object_get_boolean(json_object_object_get(f, "done")));
+    }
+    ck_assert(relay && indexer && nats);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* Faults turn the clean-only rules off, never the check: a killed-expected
+ * mutant still fails under chaos. */
+START_TEST(a_killed_mutant_under_chaos_still_fails) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "120",
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--mutate", "drop-store", "--chaos", "3",
+                          "--chaos-every", "30", NULL};
+    tc_run r;
+    tc_check(&r, "chaos-mutant", args, 600);
+    if (r.exit_code != 1) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 1);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    ck_assert_uint_ge(
+        json_object_array_length(json_object_object_get(r.summary, "faults")),
+        1);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(a_dropped_batch_is_recovered_by_replay) {
     char *trace = trace1000();
     const char *args[] = {"--spawn", "--trace", trace, "--limit", "20",
@@ -870,11 +1007,29 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     kvo_free(out);
     tc_free(&r, false);
     kvo_free(trace);
+    /* faults: lockstep and --spawn only; an engine restart needs dp 1 */
+    const char *const bad_faults[][12] = {
+        {"--spawn", "--trace", "x", "--chaos-every", "0", NULL},
+        {"--spawn", "--trace", "x", "--load", "--indexer-restart-at", "3",
+         NULL},
+        {"--engines", "http://127.0.0.1:1", "--trace", "x", "--nats-kill-at",
+         "3", NULL},
+        {"--spawn", "--trace", "x", "--dp-size", "2", "--engine-restart-at",
+         "3", NULL},
+        {"--spawn", "--trace", "x", "--nats-down-ms", "-1", NULL},
+        {"--spawn", "--trace", "x", "--chaos", "x1", NULL}};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(bad_faults); i++) {
+        tc_check(&r, "usage", bad_faults[i], 60);
+        ck_assert_msg(r.exit_code == 2, "case %zu exited %d", i, r.exit_code);
+        tc_free(&r, false);
+    }
     const char *help[] = {"--help", NULL};
     tc_check(&r, "usage", help, 60);
     ck_assert_int_eq(r.exit_code, 0);
     out = tc_slurp(r.log);
     ck_assert_ptr_nonnull(strstr(out, "--report-html"));
+    ck_assert_ptr_nonnull(strstr(out, "--indexer-restart-at"));
+    ck_assert_ptr_nonnull(strstr(out, "--chaos SEED"));
     kvo_free(out);
     tc_free(&r, false);
 }
@@ -891,6 +1046,11 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, dp_size_2_ranks_are_checked_separately);
     tcase_add_test(tc, token_id_prompts_agree_with_the_trace_extension);
     tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
+    tcase_add_test(tc, an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes);
+    tcase_add_test(tc, an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes);
+    tcase_add_test(tc, a_nats_server_killed_mid_run_is_survived_exactly);
+    tcase_add_test(tc, a_chaos_run_with_every_kind_of_fault_passes);
+    tcase_add_test(tc, a_killed_mutant_under_chaos_still_fails);
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
     tcase_add_test(tc, a_block_the_engine_never_stored_fails_at_a_checkpoint);
