@@ -143,8 +143,9 @@ static int one_sided_cmp(const void *a, const void *b) {
 }
 
 void check_set_diff_misplaced(check_set_diff *d) {
-    qsort(d->one_sided, d->n_one_sided, sizeof(*d->one_sided),
-          one_sided_cmp);
+    if (d->n_one_sided > 1)
+        qsort(d->one_sided, d->n_one_sided, sizeof(*d->one_sided),
+              one_sided_cmp);
     /* runs of one hash: engine-only entries first, then index-only */
     for (size_t i = 0, j; i < d->n_one_sided; i = j) {
         const check_one_sided *e = &d->one_sided[i];
