@@ -33,6 +33,17 @@ static const char *summary_str(const tc_run *r, const char *key) {
 
 static double regime(const tc_run *r, const char *name);
 
+/* FAIL (exit 1) with a cause that starts with cause_prefix (NULL: any). */
+static void assert_fail(const tc_run *r, const char *cause_prefix) {
+    if (r->exit_code != 1) tc_dump(r);
+    ck_assert_int_eq(r->exit_code, 1);
+    ck_assert_str_eq(summary_str(r, "verdict"), "FAIL");
+    if (cause_prefix)
+        ck_assert_msg(strncmp(summary_str(r, "cause"), cause_prefix,
+                              strlen(cause_prefix)) == 0,
+                      "cause: %s", summary_str(r, "cause"));
+}
+
 /* PASS with zero divergences, every planned request checked. */
 static void assert_pass(const tc_run *r, size_t requests) {
     if (r->exit_code != 0 || !r->summary) tc_dump(r);
@@ -363,9 +374,7 @@ START_TEST(a_killed_mutant_under_chaos_still_fails) {
                           "--chaos-every", "30", NULL};
     tc_run r;
     tc_check(&r, "chaos-mutant", args, 600);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
-    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    assert_fail(&r, NULL);
     ck_assert_uint_ge(
         json_object_array_length(json_object_object_get(r.summary, "faults")),
         1);
@@ -395,11 +404,7 @@ START_TEST(a_dropped_batch_without_replay_fails_as_a_seq_gap) {
                           NULL};
     tc_run r;
     tc_check(&r, "drop-noreplay", args, 300);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
-    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
-    ck_assert_msg(strncmp(summary_str(&r, "cause"), "seq gap:", 8) == 0,
-                  "cause: %s", summary_str(&r, "cause"));
+    assert_fail(&r, "seq gap:");
     /* the process logs were kept and their place printed */
     char *out = tc_slurp(r.log);
     ck_assert_msg(out && strstr(out, "logs of every process are in"), "%s",
@@ -421,11 +426,7 @@ START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
                           "--checkpoint-every", "10", NULL};
     tc_run r;
     tc_check(&r, "extra-block", args, 300);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
-    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
-    ck_assert_msg(strncmp(summary_str(&r, "cause"), "stale block:", 12) == 0,
-                  "cause: %s", summary_str(&r, "cause"));
+    assert_fail(&r, "stale block:");
     ck_assert_msg(strstr(summary_str(&r, "cause"),
                          "1 blocks in the index but not the engine") ||
                       strstr(summary_str(&r, "cause"),
@@ -452,10 +453,7 @@ START_TEST(divergences_are_classified_from_the_evidence) {
                           "wrong-parent", NULL};
     tc_run r;
     tc_check(&r, "diagnosis", args, 600);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
-    ck_assert_msg(strncmp(summary_str(&r, "cause"), "wrong parent:", 13) == 0,
-                  "cause: %s", summary_str(&r, "cause"));
+    assert_fail(&r, "wrong parent:");
     size_t divergent = 0;
     for (size_t i = 0; i < json_object_array_length(r.lines); i++) {
         json_object *l = tc_line(&r, i), *v;
@@ -601,9 +599,7 @@ static void load_mutant_fails(const char *mutant, const char *causes) {
                           NULL};
     tc_run r;
     tc_check(&r, mutant, args, 600);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
-    ck_assert_str_eq(summary_str(&r, "verdict"), "FAIL");
+    assert_fail(&r, NULL);
     const char *cause = summary_str(&r, "cause");
     bool ok = !causes;
     for (const char *p = causes; p && *p && !ok;) {
@@ -828,12 +824,8 @@ START_TEST(an_engine_error_counter_fails_an_otherwise_clean_run) {
                           "5", NULL};
     tc_run r;
     tc_check(&r, "engine-error", args, 300);
-    if (r.exit_code != 1) tc_dump(&r);
-    ck_assert_int_eq(r.exit_code, 1);
+    assert_fail(&r, "engine error: engine 0.0 replay_bad_requests = 1,");
     ck_assert_int_eq(tc_int(r.summary, "divergent_prompts"), 0);
-    const char *want = "engine error: engine 0.0 replay_bad_requests = 1,";
-    ck_assert_msg(strncmp(summary_str(&r, "cause"), want, strlen(want)) == 0,
-                  "cause: %s", summary_str(&r, "cause"));
     tc_free(&r, false);
     ck_assert_int_eq(kt_proc_stop(&m), 0);
     kvo_free(engine);
