@@ -166,6 +166,9 @@ static natsStatus set_options(kvo_nats *n, const kvo_nats_cfg *c,
                               const char *name, char **servers, int nservers) {
     natsOptions *o = n->opts;
     natsStatus s = natsOptions_SetServers(o, (const char **)servers, nservers);
+    /* the servers are tried in the order given: the first is the client's
+     * home node in a cluster (nats.c would shuffle them) */
+    if (s == NATS_OK) s = natsOptions_SetNoRandomize(o, true);
     if (s == NATS_OK) s = natsOptions_SetName(o, name);
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(o, -1);
     if (s == NATS_OK)

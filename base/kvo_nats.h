@@ -91,7 +91,8 @@ enum {
      KVO_NATS_OPT_RECONNECT_WAIT}
 
 #define KVO_NATS_USAGE                                                        \
-    "  --nats URL[,URL...]     servers (default " KVO_NATS_DEFAULT_URL ")\n"  \
+    "  --nats URL[,URL...]     servers, tried in this order (default "        \
+    KVO_NATS_DEFAULT_URL ")\n"                                                  \
     "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n" \
     "  --nats-tls              require TLS\n"                                 \
     "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"         \

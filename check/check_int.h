@@ -850,10 +850,12 @@ typedef struct chk_env {
     bool own_log_dir;       /* created by us (removed on PASS) */
     char bin_dir[512];
 
-    kvo_proc nats;
-    char nats_url[160];
-    chk_args nats_args;     /* spawned: command lines (ports fixed) and */
-    uint16_t nats_port;     /*   ports, to start them again after a kill */
+    kvo_proc nats[CHECK_NATS_MAX]; /* spawned: one, or a cluster */
+    uint32_t n_nats;
+    char nats_url[256];     /* the indexer's servers, its node first */
+    char relay_nats_url[256]; /* the relays': node 1 first in a cluster */
+    chk_args nats_args[CHECK_NATS_MAX]; /* spawned: command lines (ports */
+    uint16_t nats_port[CHECK_NATS_MAX]; /*   fixed), to start them again */
     kvo_proc indexer;
     char indexer_url[192];
     chk_args idx_args;

@@ -28,6 +28,7 @@ enum {
     OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
     OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ, OPT_INDEXER_RESTART_AT,
     OPT_ENGINE_RESTART_AT, OPT_NATS_KILL_AT, OPT_NATS_DOWN_MS, OPT_CHAOS,
+    OPT_NATS_CLUSTER, OPT_NATS_KILL_NODE,
     OPT_CHAOS_EVERY
 };
 
@@ -57,6 +58,8 @@ static const struct option OPTIONS[] = {
     {"indexer-restart-at", required_argument, NULL, OPT_INDEXER_RESTART_AT},
     {"engine-restart-at", required_argument, NULL, OPT_ENGINE_RESTART_AT},
     {"nats-kill-at", required_argument, NULL, OPT_NATS_KILL_AT},
+    {"nats-cluster", required_argument, NULL, OPT_NATS_CLUSTER},
+    {"nats-kill-node", required_argument, NULL, OPT_NATS_KILL_NODE},
     {"nats-down-ms", required_argument, NULL, OPT_NATS_DOWN_MS},
     {"chaos", required_argument, NULL, OPT_CHAOS},
     {"chaos-every", required_argument, NULL, OPT_CHAOS_EVERY},
@@ -180,6 +183,11 @@ static const char USAGE[] =
     "  --nats-kill-at N        SIGKILL nats-server before request N, start it\n"
     "                          again on its port after --nats-down-ms\n"
     "  --nats-down-ms M        (500)\n"
+    "  --nats-cluster N        spawn N clustered nats-servers (routes on\n"
+    "                          loopback; 1..5, default 1): the indexer\n"
+    "                          connects to node 0 first, the relays to node 1\n"
+    "  --nats-kill-node WHO    the node --nats-kill-at and --chaos kill:\n"
+    "                          indexer (its node, default) or relay\n"
     "  --chaos SEED            before every --chaos-every-th request, kill and\n"
     "                          restart one of {a relay, kvo-indexer,\n"
     "                          nats-server}: each round of three covers all\n"
@@ -332,6 +340,22 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return set_i64(&c->indexer_restart_at, "indexer-restart-at", v);
     case OPT_ENGINE_RESTART_AT:
         return set_i64(&c->engine_restart_at, "engine-restart-at", v);
+    case OPT_NATS_CLUSTER: {
+        uint64_t n;
+        if (set_u64(&n, "nats-cluster", v) != KVO_OK || n < 1 ||
+            n > CHECK_NATS_MAX)
+            return bad("nats-cluster", v);
+        c->nats_cluster = (uint32_t)n;
+        return KVO_OK;
+    }
+    case OPT_NATS_KILL_NODE:
+        if (strcmp(v, "indexer") == 0)
+            c->nats_kill_relay_node = false;
+        else if (strcmp(v, "relay") == 0)
+            c->nats_kill_relay_node = true;
+        else
+            return bad("nats-kill-node", v);
+        return KVO_OK;
     case OPT_NATS_KILL_AT:
         return set_i64(&c->nats_kill_at, "nats-kill-at", v);
     case OPT_NATS_DOWN_MS:
@@ -528,6 +552,11 @@ int main(int argc, char **argv) {
                         "--indexer-restart-at, --engine-restart-at, "
                         "--nats-kill-at, --chaos) are for lockstep runs (not "
                         "with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->nats_cluster > 1 && (c->nats || !c->spawn)) {
+        fprintf(stderr, "kvo-check: --nats-cluster starts the servers: it "
+                        "needs --spawn and no --nats\n");
         return KVO_EXIT_USAGE;
     }
     if (kills && !c->spawn) {

@@ -64,6 +64,7 @@ void check_cfg_defaults(check_cfg *c) {
     c->engine_restart_at = -1;
     c->nats_kill_at = -1;
     c->nats_down_ms = 500;
+    c->nats_cluster = 1;
     c->chaos_every = 50;
     c->settle_ms = 500;
     c->timeout_ms = 30000;

@@ -408,10 +408,98 @@ static kvo_status spawn_on_free_port(const chk_env *env, kvo_proc *p,
     return st;
 }
 
+/* The servers as a client list, node `first` first, then the others in
+ * order (kvo_nats tries them in the order given). */
+static void nats_list(const chk_env *env, uint32_t first, char *out,
+                      size_t n) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (uint32_t k = 0; k < env->n_nats && len < n; k++) {
+        uint32_t i = (first + k) % env->n_nats;
+        len += (size_t)snprintf(out + len, n - len, "%snats://127.0.0.1:%u",
+                                k ? "," : "", env->nats_port[i]);
+    }
+}
+
+/* Node i's distinct routes, from its monitoring endpoint's /routez. */
+static bool node_routes(const char *monitor_url, uint32_t want) {
+    kvo_http_client *h = NULL;
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    kvo_json doc;
+    kvo_json_init(&doc);
+    uint64_t ids[CHECK_NATS_MAX];
+    uint32_t n = 0;
+    if (kvo_http_client_new(&h, 1000) == KVO_OK &&
+        kvo_http_get(h, monitor_url, &resp) == KVO_OK && resp.status == 200 &&
+        kvo_json_parse(&doc, resp.body.data, resp.body.len, NULL, NULL) ==
+            KVO_OK) {
+        const kvo_jv *routes = kvo_json_get(doc.root, "routes");
+        kvo_jv r;
+        for (size_t i = 0; kvo_json_at(routes, i, &r); i++) {
+            size_t len;
+            const char *id = kvo_json_str(kvo_json_get(&r, "remote_id"), &len);
+            if (!id) continue;
+            uint64_t h64 = kvo_mix64(len);
+            for (size_t k = 0; k < len; k++)
+                h64 = kvo_mix64(h64 ^ (uint8_t)id[k]);
+            uint32_t j = 0;
+            while (j < n && ids[j] != h64) j++;
+            if (j == n && n < CHECK_NATS_MAX) ids[n++] = h64;
+        }
+    }
+    kvo_json_fini(&doc);
+    kvo_http_resp_fini(&resp);
+    kvo_http_client_free(h);
+    return n >= want;
+}
+
+/* One nats-server: a single one, or cluster node i of n listening for
+ * routes on cport[i] with routes to the others (monitoring on mport[i]). */
+static kvo_status start_nats_node(chk_env *env, const char *exe, uint32_t i,
+                                  const uint16_t *cport, const uint16_t *mport,
+                                  kvo_err *err) {
+    uint32_t n = env->cfg->nats_cluster;
+    chk_args *a = &env->nats_args[i];
+    chk_arg(a, "%s", exe);
+    chk_arg(a, "-a");
+    chk_arg(a, "127.0.0.1");
+    chk_arg(a, "-p");
+    chk_arg_port(a, "");
+    if (n > 1) {
+        char routes[256] = "";
+        size_t len = 0;
+        for (uint32_t j = 0; j < n; j++)
+            if (j != i && len < sizeof(routes))
+                len += (size_t)snprintf(routes + len, sizeof(routes) - len,
+                                        "%snats://127.0.0.1:%u",
+                                        len ? "," : "", cport[j]);
+        chk_arg(a, "-m");
+        chk_arg(a, "%u", mport[i]);
+        chk_arg(a, "--cluster_name");
+        chk_arg(a, "kvo");
+        chk_arg(a, "--cluster");
+        chk_arg(a, "nats://127.0.0.1:%u", cport[i]);
+        chk_arg(a, "--routes");
+        chk_arg(a, "%s", routes);
+    }
+    char name[32], file[48];
+    snprintf(name, sizeof(name), n > 1 ? "nats-server[%u]" : "nats-server", i);
+    snprintf(file, sizeof(file), n > 1 ? "nats-server-%u.log" : "nats-server.log",
+             i);
+    return spawn_on_free_port(env, &env->nats[i], name, a, file, false,
+                              &env->nats_port[i], err);
+}
+
+/* nats-server, or --nats-cluster N of them with routes on loopback; a
+ * cluster is ready once every node has a route to every other (before,
+ * a message published on one node could miss another's subscribers). */
 static kvo_status start_nats(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     if (c->nats) {
         snprintf(env->nats_url, sizeof(env->nats_url), "%s", c->nats);
+        snprintf(env->relay_nats_url, sizeof(env->relay_nats_url), "%s",
+                 c->nats);
         return KVO_OK;
     }
     char exe[PATH_MAX];
@@ -421,21 +509,35 @@ static kvo_status start_nats(chk_env *env, kvo_err *err) {
                            "install it (apt-get install nats-server) or "
                            "pass --nats URL");
     }
-    chk_args *a = &env->nats_args;
-    chk_arg(a, "%s", exe);
-    chk_arg(a, "-a");
-    chk_arg(a, "127.0.0.1");
-    chk_arg(a, "-p");
-    chk_arg_port(a, "");
-    uint16_t port = 0;
-    kvo_status st = spawn_on_free_port(env, &env->nats, "nats-server", a,
-                                       "nats-server.log", false, &port, err);
-    if (st == KVO_OK) {
-        env->nats_port = port;
-        snprintf(env->nats_url, sizeof(env->nats_url), "nats://127.0.0.1:%u",
-                 port);
+    uint32_t n = c->nats_cluster ? c->nats_cluster : 1;
+    uint16_t cport[CHECK_NATS_MAX] = {0}, mport[CHECK_NATS_MAX] = {0};
+    kvo_status st = KVO_OK;
+    for (uint32_t i = 0; n > 1 && i < n && st == KVO_OK; i++)
+        if ((st = kvo_free_port(&cport[i])) == KVO_OK)
+            st = kvo_free_port(&mport[i]);
+    for (uint32_t i = 0; i < n && st == KVO_OK; i++) {
+        st = start_nats_node(env, exe, i, cport, mport, err);
+        if (st == KVO_OK) env->n_nats = i + 1;
     }
-    return st;
+    if (st != KVO_OK) return st;
+    for (uint32_t i = 0; n > 1 && i < n; i++) {
+        char url[64];
+        snprintf(url, sizeof(url), "http://127.0.0.1:%u/routez", mport[i]);
+        uint64_t end = kvo_now_ns() + (uint64_t)READY_MS * 1000000;
+        while (!node_routes(url, n - 1)) {
+            if (kvo_stop) return KVO_EINTR;
+            if (kvo_now_ns() > end)
+                return kvo_err_set(err, KVO_ETIMEDOUT, KVO_ERR_NO_OFFSET,
+                                   "nats-server[%u] has no route to every "
+                                   "other node within %d ms; log: %s",
+                                   i, READY_MS, env->nats[i].log_path);
+            kvo_sleep_us(20000);
+        }
+    }
+    nats_list(env, 0, env->nats_url, sizeof(env->nats_url));
+    nats_list(env, n > 1 ? 1 : 0, env->relay_nats_url,
+              sizeof(env->relay_nats_url));
+    return KVO_OK;
 }
 
 /* Every HTTP client of the run gives up its request in flight on Ctrl-C /
@@ -594,7 +696,7 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
     chk_arg(&a, "--topic");
     chk_arg(&a, "%s", rk->topic);
     chk_arg(&a, "--nats");
-    chk_arg(&a, "%s", env->nats_url);
+    chk_arg(&a, "%s", env->relay_nats_url);
     chk_arg(&a, "--worker-id");
     chk_arg(&a, "%u", env->engines[r->engine].worker_id);
     chk_arg(&a, "--publisher-id");
@@ -905,11 +1007,14 @@ kvo_status chk_env_fault(chk_env *env, check_fault *f,
         if (f->worker >= env->n_workers) goto not_ours;
         st = engine_restart(env, &env->engines[f->worker], counters, f, err);
         break;
-    case CHECK_FAULT_NATS:
-        if (!env->nats.pid) goto not_ours;
-        st = respawn(&env->nats, &env->nats_args, env->nats_port, false,
-                     c->nats_down_ms, f, err);
+    case CHECK_FAULT_NATS: {
+        /* the indexer's node (0), or the relays' (1 in a cluster) */
+        uint32_t i = c->nats_kill_relay_node && env->n_nats > 1 ? 1 : 0;
+        if (!env->nats[i].pid) goto not_ours;
+        st = respawn(&env->nats[i], &env->nats_args[i], env->nats_port[i],
+                     false, c->nats_down_ms, f, err);
         break;
+    }
     default: goto not_ours;
     }
     if (st == KVO_OK) {
@@ -985,7 +1090,8 @@ static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                          const check_trace *trace, kvo_err *err) {
     memset(env, 0, sizeof(*env));
-    chk_args_init(&env->nats_args);
+    for (uint32_t i = 0; i < CHECK_NATS_MAX; i++)
+        chk_args_init(&env->nats_args[i]);
     chk_args_init(&env->idx_args);
     env->cfg = cfg;
     env->trace = trace;
@@ -1154,9 +1260,10 @@ static double proc_cpu(const kvo_proc *p) {
  * NULL past the last. One not started has pid 0 and has not exited. */
 static kvo_proc *env_proc(chk_env *env, size_t i, bool *retired) {
     *retired = false;
-    if (i == 0) return &env->nats;
-    if (i == 1) return &env->indexer;
-    i -= 2;
+    if (i < env->n_nats) return &env->nats[i];
+    i -= env->n_nats;
+    if (i == 0) return &env->indexer;
+    i -= 1;
     if (i < env->n_engines) return &env->engines[i].proc;
     i -= env->n_engines;
     if (i >= env->n_relays) return NULL;
@@ -1236,9 +1343,11 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     stop_one(&env->indexer, &unclean);
     kvo_http_client_free(env->idx_http);
     kvo_http_client_free(env->idx_metrics);
-    kvo_proc_stop(&env->nats, STOP_GRACE_MS); /* exits 1 on SIGTERM */
+    for (uint32_t i = env->n_nats; i-- > 0;) {
+        kvo_proc_stop(&env->nats[i], STOP_GRACE_MS); /* exits 1 on SIGTERM */
+        chk_args_fini(&env->nats_args[i]);
+    }
     chk_args_fini(&env->idx_args);
-    chk_args_fini(&env->nats_args);
     if (unclean) keep_logs = true;
     kvo_free(env->relays);
     kvo_free(env->engines);

@@ -51,6 +51,9 @@ typedef enum check_prompt_form {
 } check_prompt_form;
 
 /* Strings are borrowed: they must outlive the run. */
+/* The most nats-servers --nats-cluster starts. */
+#define CHECK_NATS_MAX 5
+
 typedef struct check_cfg {
     const char *trace;
     uint64_t limit;            /* 0 = whole trace */
@@ -80,6 +83,8 @@ typedef struct check_cfg {
     int64_t engine_restart_at; /* kvo-mocker 0: same ports, same args */
     int64_t nats_kill_at;      /* nats-server: back on its port after */
     uint64_t nats_down_ms;     /*   this many ms (500) */
+    uint32_t nats_cluster;     /* spawned nats-servers, clustered (1) */
+    bool nats_kill_relay_node; /* kill the relays' node, not the indexer's */
     bool chaos;                /* a seeded schedule: before every */
     uint64_t chaos_seed;       /*   chaos_every-th request (50) one of */
     uint64_t chaos_every;      /*   {a relay, the indexer, nats-server} */

@@ -334,6 +334,36 @@ START_TEST(a_nats_server_killed_mid_run_is_survived_exactly) {
 }
 END_TEST
 
+/* Three clustered nats-servers; the relays' node is killed and comes back:
+ * the relays reconnect to another node, the indexer never lost its own,
+ * and the check stays exact. */
+START_TEST(a_cluster_node_killed_mid_run_is_survived_exactly) {
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "50" : "120";
+    const char *at = TC_SANITIZED ? "25" : "60";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--nats-cluster", "3", "--nats-kill-at", at,
+                          "--nats-kill-node", "relay", NULL};
+    tc_run r;
+    tc_check(&r, "nats-cluster", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    json_object *f = fault_at(&r, 0, "nats");
+    ck_assert_str_eq(
+        json_object_get_string(json_object_object_get(f, "target")),
+        "nats-server[1]");
+    ck_assert(fault_rec(f, "recovery_failures") == 0);
+    /* three servers ran (their CPU is reported per node) */
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "nats-server[%d]", i);
+        ck_assert_msg(!isnan(tc_counter(&r, "cpu", name)), "no %s", name);
+    }
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 /* Chaos: a relay, the indexer and nats-server killed in a seeded order;
  * every kind at least once, and the check stays exact. */
 START_TEST(a_chaos_run_with_every_kind_of_fault_passes) {
@@ -1009,7 +1039,12 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
         {"--spawn", "--trace", "x", "--dp-size", "2", "--engine-restart-at",
          "3", NULL},
         {"--spawn", "--trace", "x", "--nats-down-ms", "-1", NULL},
-        {"--spawn", "--trace", "x", "--chaos", "x1", NULL}};
+        {"--spawn", "--trace", "x", "--chaos", "x1", NULL},
+        {"--spawn", "--trace", "x", "--nats-cluster", "0", NULL},
+        {"--spawn", "--trace", "x", "--nats-cluster", "6", NULL},
+        {"--spawn", "--trace", "x", "--nats-kill-node", "engine", NULL},
+        {"--spawn", "--trace", "x", "--nats", "nats://127.0.0.1:1",
+         "--nats-cluster", "3", NULL}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad_faults); i++) {
         tc_check(&r, "usage", bad_faults[i], 60);
         ck_assert_msg(r.exit_code == 2, "case %zu exited %d", i, r.exit_code);
@@ -1041,6 +1076,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes);
     tcase_add_test(tc, an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes);
     tcase_add_test(tc, a_nats_server_killed_mid_run_is_survived_exactly);
+    tcase_add_test(tc, a_cluster_node_killed_mid_run_is_survived_exactly);
     tcase_add_test(tc, a_chaos_run_with_every_kind_of_fault_passes);
     tcase_add_test(tc, a_killed_mutant_under_chaos_still_fails);
     tcase_add_test(tc, a_dropped_batch_is_recovered_by_replay);
