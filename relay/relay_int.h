@@ -134,6 +134,8 @@
     X(medium, "unknown medium")                                              \
     X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
     X(empty, "event without block hashes")                                   \
+    X(extra_keys, "extra_keys the router hash cannot read (not one entry "   \
+                  "per block of adapter, (mm id, offset) pairs, salt)")      \
     X(dp_rank, "data_parallel_rank out of range (or too many ranks)")
 
 #define RELAY_REPLAY_FAIL_KINDS(X)                                            \

@@ -104,6 +104,8 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
         if (json_object_object_get_ex(e, "lora_name", &lora) && lora)
             ln = json_object_get_string(lora);
         uint64_t seed = wire_router_seed(ln, ln ? strlen(ln) : 0, NULL, 0);
+        json_object *ek = NULL;
+        json_object_object_get_ex(e, "extra_keys", &ek);
         bool hp = par != NULL;
         uint64_t pk = hp ? json_key(par) : 0;
         bool merge = last && last->type == WIRE_R_STORED && hp &&
@@ -118,8 +120,28 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
             for (int j = 0; j < 16; j++)
                 tk[j] = json_object_get_uint64(
                     json_object_array_get_idx(toks, k * 16 + (size_t)j));
+            /* DESIGN §5 from the block's extra keys: the adapter's
+             * seed, block 0's salt in its seed, (id, offset) pairs after
+             * the tokens */
+            json_object *bk = ek ? json_object_array_get_idx(ek, k) : NULL;
+            wire_mm_key mm[4];
+            uint32_t nm = 0;
+            uint64_t s = seed;
+            for (size_t j = 0; bk && j < json_object_array_length(bk); j++) {
+                json_object *it = json_object_array_get_idx(bk, j);
+                if (json_object_is_type(it, json_type_array)) {
+                    ck_assert_uint_lt(nm, 4);
+                    mm[nm++] = (wire_mm_key){
+                        json_object_get_string(json_object_array_get_idx(it, 0)),
+                        json_object_get_int64(json_object_array_get_idx(it, 1))};
+                } else if (!(ln && j == 0) && !hp && k == 0) {
+                    const char *salt = json_object_get_string(it);
+                    s = wire_router_seed(ln, ln ? strlen(ln) : 0, salt,
+                                         strlen(salt));
+                }
+            }
             last->bh[last->n] = json_key(json_object_array_get_idx(hs, k));
-            last->th[last->n++] = wire_router_hash(tk, 16, seed);
+            last->th[last->n++] = wire_router_hash_mm(tk, 16, s, mm, nm);
         }
     }
     return nx;
