@@ -508,6 +508,18 @@ done:
     return st;
 }
 
+/* ,"key":"name" with name JSON-quoted. */
+static kvo_status lora_member(kvo_buf *body, const char *key,
+                              const char *name) {
+    json_object *j = json_object_new_string(name);
+    if (!j) return KVO_ENOMEM;
+    kvo_status st = kvo_buf_printf(
+        body, ",\"%s\":%s", key,
+        json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+    json_object_put(j);
+    return st;
+}
+
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
                             kvo_err *err) {
@@ -520,6 +532,10 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     if (st == KVO_OK) st = kvo_buf_append(&body, p->json, p->len);
     if (st == KVO_OK && warm && p->trace_form)
         st = CHK_BUF_LIT(&body, ",\"warm\":true");
+    if (st == KVO_OK && p->lora && p->lora[0])
+        st = lora_member(&body, "lora_name", p->lora);
+    if (st == KVO_OK && p->extra_len)
+        st = kvo_buf_append(&body, p->extra, p->extra_len);
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st != KVO_OK) goto done;
     st = json_call_send(&jc, e->probe_http, &body);
@@ -614,7 +630,9 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
     json_call_init(&jc, err, "%s/v1/completions", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
-    json_object *mj = json_object_new_string(model);
+    /* an adapter is named as the model, as vLLM's OpenAI server takes it */
+    json_object *mj = json_object_new_string(p->lora && p->lora[0] ? p->lora
+                                                                   : model);
     kvo_status st = kvo_buf_printf(
         &body, "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
                "\"stream\":false,\"%s\":",
@@ -626,11 +644,31 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
         st = kvo_buf_printf(&body, ",\"data_parallel_rank\":%d", dp_rank);
     if (st == KVO_OK && kv_params)
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
+    if (st == KVO_OK && p->extra_len)
+        st = kvo_buf_append(&body, p->extra, p->extra_len);
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     if (st == KVO_OK) st = read_completion(&jc, out);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
+    return st;
+}
+
+kvo_status chk_engine_reset(chk_engine *e, kvo_err *err) {
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    char url[sizeof(e->url) + 32];
+    snprintf(url, sizeof(url), "%s/reset_prefix_cache", e->url);
+    kvo_status st = kvo_http_post(e->http, url, "application/json", "", 0,
+                                  &resp);
+    if (st != KVO_OK)
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "POST %s: %s (%s)", url,
+                    kvo_strerror(st), kvo_http_client_error(e->http));
+    else if (resp.status != 200) /* vLLM answers 200 and no body */
+        st = kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET,
+                         "POST %s: HTTP %ld: %.200s", url, resp.status,
+                         resp.body.data ? (const char *)resp.body.data : "");
+    kvo_http_resp_fini(&resp);
     return st;
 }
 

@@ -26,7 +26,10 @@ enum {
     OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
     OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
     OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
-    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ
+    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ,
+    /* the event schema's dimensions (issue 15) */
+    OPT_LORA_ADAPTERS, OPT_LORA_FRACTION, OPT_SALT_TENANTS, OPT_MM_FRACTION,
+    OPT_RESET_AT, OPT_KV_GROUPS, OPT_CPU_OFFLOAD_BLOCKS
 };
 
 static const struct option OPTIONS[] = {
@@ -52,6 +55,13 @@ static const struct option OPTIONS[] = {
     {"drop-seq", required_argument, NULL, OPT_DROP_SEQ},
     {"extra-block-seq", required_argument, NULL, OPT_EXTRA_BLOCK_SEQ},
     {"relay-restart-at", required_argument, NULL, OPT_RELAY_RESTART_AT},
+    {"lora-adapters", required_argument, NULL, OPT_LORA_ADAPTERS},
+    {"lora-fraction", required_argument, NULL, OPT_LORA_FRACTION},
+    {"salt-tenants", required_argument, NULL, OPT_SALT_TENANTS},
+    {"mm-fraction", required_argument, NULL, OPT_MM_FRACTION},
+    {"reset-at", required_argument, NULL, OPT_RESET_AT},
+    {"kv-groups", required_argument, NULL, OPT_KV_GROUPS},
+    {"cpu-offload-blocks", required_argument, NULL, OPT_CPU_OFFLOAD_BLOCKS},
     {"log-dir", required_argument, NULL, OPT_LOG_DIR},
     {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
     {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
@@ -155,6 +165,15 @@ static const char USAGE[] =
     "  --mutate NAME[,NAME]    kvo-mocker encoder mutants (see `mutants`)\n"
     "  --seed N                generated tokens; the router's draws (0)\n"
     "  --replay-buffer N       batches per rank (sized for the run)\n"
+    "Traffic (every dimension of the event schema; drawn from --seed):\n"
+    "  --lora-adapters N       spawned engines serve LoRA adapters kvo-lora-1..N\n"
+    "  --lora-fraction F       share of requests naming one as their model (0)\n"
+    "  --salt-tenants N        every request gets tenant-K's cache_salt, K < N\n"
+    "  --mm-fraction F         share of prompts with one multimodal item (0)\n"
+    "  --reset-at N            POST /reset_prefix_cache to every engine, idle,\n"
+    "                          before request N (lockstep)\n"
+    "  --kv-groups SPEC        spawned engines' KV-cache groups (full,sliding:W)\n"
+    "  --cpu-offload-blocks N  spawned engines' CPU tier, blocks per rank (0)\n"
     "Relays and fault injection:\n"
     "  --verify-engine-hash    relays recompute every engine hash\n"
     "  --relay-restart-at N    SIGKILL relay 0.0 before request N, start a\n"
@@ -298,6 +317,24 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_DROP_SEQ: return set_i64(&c->drop_seq, "drop-seq", v);
     case OPT_EXTRA_BLOCK_SEQ:
         return set_i64(&c->extra_block_seq, "extra-block-seq", v);
+    case OPT_LORA_ADAPTERS:
+        return set_u32(&c->lora_adapters, "lora-adapters", v);
+    case OPT_LORA_FRACTION:
+        if (set_double(&c->lora_fraction, "lora-fraction", v, false) != KVO_OK ||
+            c->lora_fraction > 1)
+            return bad("lora-fraction", v);
+        return KVO_OK;
+    case OPT_SALT_TENANTS:
+        return set_u32(&c->salt_tenants, "salt-tenants", v);
+    case OPT_MM_FRACTION:
+        if (set_double(&c->mm_fraction, "mm-fraction", v, false) != KVO_OK ||
+            c->mm_fraction > 1)
+            return bad("mm-fraction", v);
+        return KVO_OK;
+    case OPT_RESET_AT: return set_i64(&c->reset_at, "reset-at", v);
+    case OPT_KV_GROUPS: c->kv_groups = *v ? v : NULL; return KVO_OK;
+    case OPT_CPU_OFFLOAD_BLOCKS:
+        return set_u64(&c->cpu_offload_blocks, "cpu-offload-blocks", v);
     case OPT_RELAY_RESTART_AT:
         return set_i64(&c->relay_restart_at, "relay-restart-at", v);
     case OPT_LOG_DIR: c->log_dir = v; return KVO_OK;
@@ -478,6 +515,23 @@ int main(int argc, char **argv) {
     if (c->load && c->relay_restart_at >= 0) {
         fprintf(stderr, "kvo-check: --relay-restart-at is for lockstep runs "
                         "(not with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->load && c->reset_at >= 0) {
+        fprintf(stderr, "kvo-check: --reset-at is for lockstep runs (the "
+                        "engines must be idle; not with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if ((c->lora_fraction > 0) != (c->lora_adapters > 0)) {
+        fprintf(stderr, "kvo-check: --lora-adapters N and --lora-fraction F "
+                        "go together\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (!c->spawn && (c->lora_adapters || c->kv_groups ||
+                      c->cpu_offload_blocks)) {
+        fprintf(stderr, "kvo-check: --lora-adapters, --kv-groups and "
+                        "--cpu-offload-blocks configure spawned engines "
+                        "(--spawn)\n");
         return KVO_EXIT_USAGE;
     }
     if (!c->spawn && !c->engines) {
