@@ -64,6 +64,8 @@
     X(events_cleared, "AllBlocksCleared events decoded")                      \
     X(blocks_stored, "blocks in BlockStored events decoded")                  \
     X(blocks_removed, "hashes in BlockRemoved events decoded")                \
+    X(blocks_other_group, "blocks of KV-cache groups other than 0 (the full-" \
+                          "attention group a router indexes): not forwarded")\
     X(gaps, "sequence gaps seen")                                             \
     X(replays_requested, "replay requests sent")                              \
     X(replays_completed, "replays that reached their end marker")             \

@@ -944,6 +944,15 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     s->rank = rank;
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
+        /* A hybrid model (vLLM's hybrid allocator) publishes every KV-cache
+         * group; a router indexes group 0, the full-attention group: the
+         * others (sliding window, Mamba) hold the same hashes over other
+         * blocks and would corrupt it. Counted, not forwarded. */
+        if (e->type != WIRE_EV_CLEARED && e->group_idx.set &&
+            e->group_idx.v != 0) {
+            p->st.blocks_other_group += e->n_hashes;
+            continue;
+        }
         switch (e->type) {
         case WIRE_EV_STORED:
             convert_stored(p, e, i, rank, fwd);
