@@ -263,7 +263,7 @@ struct check_result {
     uint32_t n_slots, dp_size;
     check_slot_info *slots; /* owned */
     uint64_t planned;       /* requests the run meant to send */
-    char config[512];       /* one line: the effective configuration */
+    char config[1024];      /* one line: the effective configuration */
     check_traffic_counts traffic; /* requests with an adapter, salt, item */
 
     check_prompt *prompts;  /* owned, in trace order */
