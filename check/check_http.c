@@ -508,8 +508,20 @@ done:
     return st;
 }
 
-/* The body of a POST /kvo/probe of p: {"trace"|"token_ids": ...} and the
- * flags given. */
+/* ,"key":"name" with name JSON-quoted. */
+static kvo_status lora_member(kvo_buf *body, const char *key,
+                              const char *name) {
+    json_object *j = json_object_new_string(name);
+    if (!j) return KVO_ENOMEM;
+    kvo_status st = kvo_buf_printf(
+        body, ",\"%s\":%s", key,
+        json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN));
+    json_object_put(j);
+    return st;
+}
+
+/* The body of a POST /kvo/probe of p: {"trace"|"token_ids": ...}, its
+ * adapter and keys, and the flags given. */
 static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
                              bool detail) {
     kvo_status st = kvo_buf_printf(body, "{\"%s\":",
@@ -517,6 +529,10 @@ static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
     if (st == KVO_OK) st = kvo_buf_append(body, p->json, p->len);
     if (st == KVO_OK && warm && p->trace_form)
         st = CHK_BUF_LIT(body, ",\"warm\":true");
+    if (st == KVO_OK && p->lora && p->lora[0])
+        st = lora_member(body, "lora_name", p->lora);
+    if (st == KVO_OK && p->extra_len)
+        st = kvo_buf_append(body, p->extra, p->extra_len);
     if (st == KVO_OK && detail) st = CHK_BUF_LIT(body, ",\"detail\":true");
     if (st == KVO_OK) st = CHK_BUF_LIT(body, "}");
     return st;
@@ -779,7 +795,9 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
     json_call_init(&jc, err, "%s/v1/completions", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
-    json_object *mj = json_object_new_string(model);
+    /* an adapter is named as the model, as vLLM's OpenAI server takes it */
+    json_object *mj = json_object_new_string(p->lora && p->lora[0] ? p->lora
+                                                                   : model);
     kvo_status st = kvo_buf_printf(
         &body, "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
                "\"stream\":false,\"%s\":",
@@ -791,11 +809,31 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
         st = kvo_buf_printf(&body, ",\"data_parallel_rank\":%d", dp_rank);
     if (st == KVO_OK && kv_params)
         st = kvo_buf_printf(&body, ",\"kv_transfer_params\":%s", kv_params);
+    if (st == KVO_OK && p->extra_len)
+        st = kvo_buf_append(&body, p->extra, p->extra_len);
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     if (st == KVO_OK) st = read_completion(&jc, out);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
+    return st;
+}
+
+kvo_status chk_engine_reset(chk_engine *e, kvo_err *err) {
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    char url[sizeof(e->url) + 32];
+    snprintf(url, sizeof(url), "%s/reset_prefix_cache", e->url);
+    kvo_status st = kvo_http_post(e->http, url, "application/json", "", 0,
+                                  &resp);
+    if (st != KVO_OK)
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "POST %s: %s (%s)", url,
+                    kvo_strerror(st), kvo_http_client_error(e->http));
+    else if (resp.status != 200) /* vLLM answers 200 and no body */
+        st = kvo_err_set(err, KVO_EHTTP, KVO_ERR_NO_OFFSET,
+                         "POST %s: HTTP %ld: %.200s", url, resp.status,
+                         resp.body.data ? (const char *)resp.body.data : "");
+    kvo_http_resp_fini(&resp);
     return st;
 }
 

@@ -51,6 +51,7 @@
 #include "kvo_json.h"
 #include "kvo_map.h"
 #include "kvo_proc.h"
+#include "wire.h"
 
 #include <json-c/json.h>
 
@@ -345,15 +346,21 @@ void check_fault_recovery(check_fault *f, const check_counters *after);
  * healed 430 ms; recoveries_dump +2, dump_blocks_applied +3120". */
 void check_fault_text(const check_fault *f, char *out, size_t outsz);
 
+/* Requests of a run that carry each dimension (the summary's "traffic"). */
+typedef struct check_traffic_counts {
+    uint64_t lora, salted, mm;
+} check_traffic_counts;
+
 struct check_result {
     /* set up by the driver before the first prompt */
     uint32_t block_size;
     uint32_t n_slots, dp_size;
     check_slot_info *slots; /* owned */
     uint64_t planned;       /* requests the run meant to send */
-    char config[512];       /* one line: the effective configuration */
+    char config[1024];      /* one line: the effective configuration */
     bool verbose;           /* the terminal summary shows every counter and
                                the worst prompts even on a PASS */
+    check_traffic_counts traffic; /* requests with an adapter, salt, item */
 
     check_prompt *prompts;  /* owned, in trace order */
     size_t n_prompts, cap_prompts;
@@ -761,6 +768,31 @@ typedef struct check_request {
     const uint64_t *hash_ids;
 } check_request;
 
+/* ---- Traffic dimensions (check_traffic.c) ------------------------------------*/
+
+/* What a request carries besides its tokens: the adapter it names, its
+ * tenant's salt, its multimodal item ("" / has_mm false = none). */
+typedef struct check_keys {
+    char lora[24];
+    char salt[24];
+    char mm_id[24];
+    bool has_mm;
+    wire_mm_span mm; /* mm.id = mm_id */
+} check_keys;
+
+/* Whether any request may carry keys under c. */
+bool check_traffic_any(const check_cfg *c);
+/* The keys of q under c: a pure function of c->seed, q->line and the
+ * options. */
+void check_keys_of(const check_cfg *c, const check_request *q,
+                   check_keys *out);
+/* The request-body members of k after the prompt (",\"cache_salt\":...,
+ * \"mm_items\":[...]"), into out (reset first); "" when none. */
+kvo_status check_keys_json(const check_keys *k, kvo_buf *out);
+/* How many of the n requests carry each dimension. */
+void check_traffic_count(const check_cfg *c, const check_request *reqs,
+                         size_t n, check_traffic_counts *out);
+
 typedef struct check_trace {
     check_request *reqs; /* owned */
     size_t n;
@@ -952,6 +984,11 @@ typedef struct chk_prompt {
     bool trace_form;
     const char *json;        /* the object or the array */
     size_t len;
+    const char *lora;        /* the adapter: the completion's model, the
+                                probe's lora_name; NULL or "" = none */
+    const char *extra;       /* more body members (",\"cache_salt\":..."),
+                                NULL = none */
+    size_t extra_len;
 } chk_prompt;
 /* POST /kvo/probe: hits[rank] for every rank of e. warm (trace form): the
  * prompt goes to e next -- kvo-mocker hashes it ahead, after answering. */
@@ -985,6 +1022,9 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
                                    uint32_t max_tokens, int dp_rank,
                                    const char *kv_params, chk_completion *out,
                                    kvo_err *err);
+/* POST /reset_prefix_cache (the engine must be idle: vLLM refuses a reset
+ * while blocks are in use). */
+kvo_status chk_engine_reset(chk_engine *e, kvo_err *err);
 /* GET /kvo/state: every rank's counters, resident and free blocks into
  * stage "engine <worker>.<rank>". */
 kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err);
@@ -1075,6 +1115,8 @@ kvo_status chk_relay_live(chk_relay *r, bool *live);
 typedef struct chk_pbuf {
     kvo_buf tokens;     /* u64 prompt tokens, when needed */
     kvo_buf json;       /* the trace object or the token-id array */
+    check_keys keys;    /* adapter, salt, item (check_keys_of) */
+    kvo_buf extra;      /* their body members (check_keys_json) */
     uint64_t *hashes;   /* router hashes of the full blocks */
     uint64_t *seq;      /* their sequence hashes (routing) */
     size_t cap, nb;     /* room, full blocks */
@@ -1172,6 +1214,8 @@ bool chk_run_answer_ok(chk_run *r, const check_request *q, uint32_t rank,
                        const chk_completion *c, bool probed);
 /* The sequence hashes the router holds for a request (the dynamo policy's
  * in-flight blocks; none for the others). */
+/* The prompt of pb as the engine calls take it (points into pb). */
+chk_prompt chk_pbuf_prompt(const chk_run *r, const chk_pbuf *pb);
 const uint64_t *chk_run_held(const chk_run *r, const chk_pbuf *pb, size_t *nb);
 
 /* A full-state checkpoint after `sent` requests (the engines idle: every

@@ -109,9 +109,7 @@ static void serve(sender *s) {
     chk_engine *e = &r->env.engines[s->slot / dp];
     uint32_t rank = s->slot % dp;
     bool disagg = r->env.n_decode > 0;
-    chk_prompt p = {.trace_form = r->trace_form,
-                    .json = (const char *)s->pb.json.data,
-                    .len = s->pb.json.len};
+    chk_prompt p = chk_pbuf_prompt(r, &s->pb);
     s->st = chk_engine_complete_via(s->eng_http, e, r->env.model, &p,
                                     disagg ? 1 : q->output_length,
                                     (e->mocker || dp > 1) ? (int)rank : -1,

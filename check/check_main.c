@@ -28,8 +28,10 @@ enum {
     OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
     OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ, OPT_INDEXER_RESTART_AT,
     OPT_ENGINE_RESTART_AT, OPT_NATS_KILL_AT, OPT_NATS_DOWN_MS, OPT_CHAOS,
-    OPT_NATS_CLUSTER, OPT_NATS_KILL_NODE,
-    OPT_CHAOS_EVERY
+    OPT_NATS_CLUSTER, OPT_NATS_KILL_NODE, OPT_CHAOS_EVERY,
+    /* the event schema's dimensions (issue 15) */
+    OPT_LORA_ADAPTERS, OPT_LORA_FRACTION, OPT_SALT_TENANTS, OPT_MM_FRACTION,
+    OPT_RESET_AT, OPT_KV_GROUPS, OPT_CPU_OFFLOAD_BLOCKS
 };
 
 static const struct option OPTIONS[] = {
@@ -63,6 +65,13 @@ static const struct option OPTIONS[] = {
     {"nats-down-ms", required_argument, NULL, OPT_NATS_DOWN_MS},
     {"chaos", required_argument, NULL, OPT_CHAOS},
     {"chaos-every", required_argument, NULL, OPT_CHAOS_EVERY},
+    {"lora-adapters", required_argument, NULL, OPT_LORA_ADAPTERS},
+    {"lora-fraction", required_argument, NULL, OPT_LORA_FRACTION},
+    {"salt-tenants", required_argument, NULL, OPT_SALT_TENANTS},
+    {"mm-fraction", required_argument, NULL, OPT_MM_FRACTION},
+    {"reset-at", required_argument, NULL, OPT_RESET_AT},
+    {"kv-groups", required_argument, NULL, OPT_KV_GROUPS},
+    {"cpu-offload-blocks", required_argument, NULL, OPT_CPU_OFFLOAD_BLOCKS},
     {"log-dir", required_argument, NULL, OPT_LOG_DIR},
     {"keep-logs", no_argument, NULL, OPT_KEEP_LOGS},
     {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
@@ -167,6 +176,15 @@ static const char USAGE[] =
     "  --mutate NAME[,NAME]    kvo-mocker encoder mutants (see `mutants`)\n"
     "  --seed N                generated tokens; the router's draws (0)\n"
     "  --replay-buffer N       batches per rank (sized for the run)\n"
+    "Traffic (every dimension of the event schema; drawn from --seed):\n"
+    "  --lora-adapters N       spawned engines serve LoRA adapters kvo-lora-1..N\n"
+    "  --lora-fraction F       share of requests naming one as their model (0)\n"
+    "  --salt-tenants N        every request gets tenant-K's cache_salt, K < N\n"
+    "  --mm-fraction F         share of prompts with one multimodal item (0)\n"
+    "  --reset-at N            POST /reset_prefix_cache to every engine, idle,\n"
+    "                          before request N (lockstep)\n"
+    "  --kv-groups SPEC        spawned engines' KV-cache groups (full,sliding:W)\n"
+    "  --cpu-offload-blocks N  spawned engines' CPU tier, blocks per rank (0)\n"
     "Relays and fault injection:\n"
     "  --verify-engine-hash    relays recompute every engine hash\n"
     "Faults (--spawn, lockstep; each must still PASS with 0 divergent: the\n"
@@ -334,6 +352,24 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_DROP_SEQ: return set_i64(&c->drop_seq, "drop-seq", v);
     case OPT_EXTRA_BLOCK_SEQ:
         return set_i64(&c->extra_block_seq, "extra-block-seq", v);
+    case OPT_LORA_ADAPTERS:
+        return set_u32(&c->lora_adapters, "lora-adapters", v);
+    case OPT_LORA_FRACTION:
+        if (set_double(&c->lora_fraction, "lora-fraction", v, false) != KVO_OK ||
+            c->lora_fraction > 1)
+            return bad("lora-fraction", v);
+        return KVO_OK;
+    case OPT_SALT_TENANTS:
+        return set_u32(&c->salt_tenants, "salt-tenants", v);
+    case OPT_MM_FRACTION:
+        if (set_double(&c->mm_fraction, "mm-fraction", v, false) != KVO_OK ||
+            c->mm_fraction > 1)
+            return bad("mm-fraction", v);
+        return KVO_OK;
+    case OPT_RESET_AT: return set_i64(&c->reset_at, "reset-at", v);
+    case OPT_KV_GROUPS: c->kv_groups = *v ? v : NULL; return KVO_OK;
+    case OPT_CPU_OFFLOAD_BLOCKS:
+        return set_u64(&c->cpu_offload_blocks, "cpu-offload-blocks", v);
     case OPT_RELAY_RESTART_AT:
         return set_i64(&c->relay_restart_at, "relay-restart-at", v);
     case OPT_INDEXER_RESTART_AT:
@@ -568,6 +604,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kvo-check: --engine-restart-at needs --dp-size 1 (a "
                         "restarted engine must get back the ZMQ ports each "
                         "rank had)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->load && c->reset_at >= 0) {
+        fprintf(stderr, "kvo-check: --reset-at is for lockstep runs (the "
+                        "engines must be idle; not with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if ((c->lora_fraction > 0) != (c->lora_adapters > 0)) {
+        fprintf(stderr, "kvo-check: --lora-adapters N and --lora-fraction F "
+                        "go together\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (!c->spawn && (c->lora_adapters || c->kv_groups ||
+                      c->cpu_offload_blocks)) {
+        fprintf(stderr, "kvo-check: --lora-adapters, --kv-groups and "
+                        "--cpu-offload-blocks configure spawned engines "
+                        "(--spawn)\n");
         return KVO_EXIT_USAGE;
     }
     if (!c->spawn && !c->engines) {

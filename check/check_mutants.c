@@ -88,18 +88,50 @@ static bool diagnosis_ok(const char *name, check_reason reason) {
     return true;
 }
 
-/* Whether the matrix's runs send the traffic a mutant needs to be seen
- * (check_mutant.needs). Every run replays (each relay starts with one);
- * the other dimensions have no scenario in the matrix yet, and their
- * mutants are listed as not run rather than as passed. */
-static bool scenario_runs(const char *needs) {
-    return !needs || strcmp(needs, "replay") == 0;
+/* The traffic a mutant needs to be seen (check_mutant.needs), added to the
+ * matrix's scenario: the options that show it into cfg and, as typed on a
+ * command line, into opts. false: the matrix has no such scenario (yet, or
+ * not in this mode); its row says "not run" rather than "passed". Every
+ * run replays (each relay starts with one), so "replay" needs nothing. */
+static bool scenario_for(const char *needs, check_cfg *cfg, char *opts,
+                         size_t n) {
+    opts[0] = '\0';
+    if (!needs || strcmp(needs, "replay") == 0) return true;
+    if (strcmp(needs, "salt") == 0 || strcmp(needs, "lora") == 0) {
+        /* one traffic for both: adapters, tenants and images together */
+        cfg->lora_adapters = 2;
+        cfg->lora_fraction = 0.5;
+        cfg->salt_tenants = 3;
+        cfg->mm_fraction = 0.25;
+        snprintf(opts, n, "--lora-adapters 2 --lora-fraction 0.5 "
+                          "--salt-tenants 3 --mm-fraction 0.25");
+        return true;
+    }
+    if (strcmp(needs, "reset") == 0 && !cfg->load) {
+        /* halfway, engines idle (lockstep only) */
+        cfg->reset_at = cfg->limit ? (int64_t)(cfg->limit / 2) : 60;
+        snprintf(opts, n, "--reset-at %lld", (long long)cfg->reset_at);
+        return true;
+    }
+    return false;
+}
+
+bool check_mutant_scenario(const check_mutant *m, bool load, char *opts,
+                           size_t n) {
+    check_cfg cfg;
+    check_cfg_defaults(&cfg);
+    cfg.load = load;
+    cfg.limit = 120;
+    return scenario_for(m->needs, &cfg, opts, n);
 }
 
 /* One row: run, then print. Returns whether it behaved as expected. */
-static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
+static bool one(const check_cfg *base, const char *name, bool killed,
+                const char *needs, const char *incident, FILE *f,
                 kvo_status *setup) {
     check_cfg cfg = *base;
+    char opts[160];
+    scenario_for(needs, &cfg, opts, sizeof(opts));
     cfg.mutate = name;
     cfg.fail_fast = killed;
     cfg.report_json = NULL;
@@ -139,9 +171,12 @@ static bool one(const check_cfg *base, const char *name, bool killed, FILE *f,
         else
             snprintf(how, sizeof(how), "%s", res->verdict.cause);
     }
-    fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %-28s %-19s %.300s\n",
+    fprintf(f, "%-18s %-8s %-8s %-4s %5.1fs  %-28s %-19s %.300s",
             name ? name : "(none)", killed ? "killed" : "benign", observed,
             ok ? "ok" : "BAD", s, where[0] ? where : "-", diagnosis, how);
+    if (incident) fprintf(f, "  [%s]", incident);
+    if (opts[0]) fprintf(f, "  {%s}", opts);
+    fputc('\n', f);
     fflush(f);
     check_result_free(res);
     return ok;
@@ -171,18 +206,33 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
             "expected", "observed", "", "time", "caught at", "diagnosis",
             "how (first cause)");
     kvo_status setup = KVO_OK;
-    *ok = one(base, NULL, false, f, &setup);
+    *ok = one(base, NULL, false, NULL, NULL, f, &setup);
     if (setup != KVO_OK) return setup; /* nothing runs: say so once */
+    /* a scenario's own baseline before its first mutant: a mutant killed
+     * where the correct engine fails too would prove nothing */
+    char baselined[8][160];
+    size_t nb = 0;
     for (size_t i = 0; i < n && !kvo_stop; i++) {
         if (!wanted(only, m[i].name)) continue;
-        if (!scenario_runs(m[i].needs)) {
+        check_cfg probe = *base;
+        char opts[160];
+        if (!scenario_for(m[i].needs, &probe, opts, sizeof(opts))) {
             fprintf(f, "%-18s %-8s %-8s %-4s %6s  %-28s %-19s needs %s "
-                       "traffic, which the matrix does not send yet\n",
+                       "traffic, which the matrix does not send%s  [%s]\n",
                     m[i].name, m[i].killed ? "killed" : "benign", "not run",
-                    "-", "-", "-", "-", m[i].needs);
+                    "-", "-", "-", "-", m[i].needs,
+                    base->load ? " under --load" : " yet",
+                    m[i].incident ? m[i].incident : "-");
             continue;
         }
-        *ok &= one(base, m[i].name, m[i].killed, f, &setup);
+        size_t k;
+        for (k = 0; k < nb && strcmp(baselined[k], opts) != 0; k++) {}
+        if (opts[0] && k == nb && nb < KVO_ARRAY_LEN(baselined)) {
+            snprintf(baselined[nb++], sizeof(baselined[0]), "%s", opts);
+            *ok &= one(base, NULL, false, m[i].needs, NULL, f, &setup);
+        }
+        *ok &= one(base, m[i].name, m[i].killed, m[i].needs, m[i].incident,
+                   f, &setup);
     }
     if (kvo_stop) return KVO_EINTR;
     return KVO_OK;

@@ -176,6 +176,13 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
             (unsigned long long)t.requests, (unsigned long long)r->planned,
             r->n_slots, r->n_slots == 1 ? "" : "s", r->block_size);
     if (r->config[0]) fprintf(f, "  config             %s\n", r->config);
+    if (r->traffic.lora || r->traffic.salted || r->traffic.mm)
+        fprintf(f, "  traffic            %llu with a LoRA adapter, %llu salted, "
+                   "%llu with a multimodal item (of %llu planned)\n",
+                (unsigned long long)r->traffic.lora,
+                (unsigned long long)r->traffic.salted,
+                (unsigned long long)r->traffic.mm,
+                (unsigned long long)r->planned);
     fprintf(f, "  prompt tokens      %llu (%llu blocks)\n",
             (unsigned long long)t.prompt_tokens,
             (unsigned long long)t.prompt_blocks);
@@ -653,6 +660,12 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "checkpoint_s", jnum(ck, 3));
     json_object_object_add(s, "error", jstr_or_null(r->error));
     json_object_object_add(s, "config", jstr_or_null(r->config));
+    json_object *tr = json_object_new_object();
+    json_object_object_add(tr, "lora", json_object_new_uint64(r->traffic.lora));
+    json_object_object_add(tr, "salted",
+                           json_object_new_uint64(r->traffic.salted));
+    json_object_object_add(tr, "mm", json_object_new_uint64(r->traffic.mm));
+    json_object_object_add(s, "traffic", tr);
     json_object_object_add(s, "verdict", json_object_new_string(
                                              r->verdict.pass ? "PASS"
                                                              : "FAIL"));

@@ -66,6 +66,7 @@ void check_cfg_defaults(check_cfg *c) {
     c->nats_down_ms = 500;
     c->nats_cluster = 1;
     c->chaos_every = 50;
+    c->reset_at = -1;
     c->settle_ms = 500;
     c->timeout_ms = 30000;
     c->sweep = 1000;
@@ -373,9 +374,7 @@ static void task_probe(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     run *r = t->r;
-    chk_prompt p = {.trace_form = r->trace_form,
-                    .json = (const char *)r->pb.json.data,
-                    .len = r->pb.json.len};
+    chk_prompt p = chk_pbuf_prompt(r, &r->pb);
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
                              &t->err);
     t->busy = chk_secs(t0);
@@ -614,11 +613,13 @@ void chk_pbuf_init(chk_pbuf *pb) {
     memset(pb, 0, sizeof(*pb));
     kvo_buf_init(&pb->tokens);
     kvo_buf_init(&pb->json);
+    kvo_buf_init(&pb->extra);
 }
 
 void chk_pbuf_fini(chk_pbuf *pb) {
     kvo_buf_fini(&pb->tokens);
     kvo_buf_fini(&pb->json);
+    kvo_buf_fini(&pb->extra);
     kvo_free(pb->hashes);
     kvo_free(pb->seq);
     memset(pb, 0, sizeof(*pb));
@@ -639,11 +640,19 @@ kvo_status chk_run_prompt(run *r, const check_request *q, chk_pbuf *pb) {
         pb->cap = blocks;
     }
     const uint64_t *tok = NULL;
-    if (!r->trace_form || !rh_memo_hashes(r, q, pb)) {
+    check_keys_of(r->cfg, q, &pb->keys);
+    const check_keys *k = &pb->keys;
+    bool keyed = k->lora[0] || k->salt[0] || k->has_mm;
+    if ((st = check_keys_json(k, &pb->extra)) != KVO_OK) return st;
+    if (!r->trace_form || keyed || !rh_memo_hashes(r, q, pb)) {
         if ((st = check_request_tokens(q, &pb->tokens)) != KVO_OK) return st;
         tok = (const uint64_t *)pb->tokens.data;
-        pb->nb = wire_router_hash_blocks(tok, n, r->env.block_size,
-                                         WIRE_ROUTER_SEED, pb->hashes);
+        /* what the relay derives from the engine's events (DESIGN §5) */
+        pb->nb = wire_router_hash_prompt(tok, n, r->env.block_size,
+                                         k->lora[0] ? k->lora : NULL,
+                                         k->salt[0] ? k->salt : NULL,
+                                         k->has_mm ? &k->mm : NULL,
+                                         k->has_mm ? 1 : 0, pb->hashes);
     }
     if (r->cfg->policy == CHECK_POLICY_DYNAMO)
         check_seq_hashes(pb->hashes, pb->nb, pb->seq);
@@ -659,6 +668,15 @@ kvo_status chk_run_prompt(run *r, const check_request *q, chk_pbuf *pb) {
         st = chk_json_u64s(&pb->json, tok, n);
     }
     return st;
+}
+
+chk_prompt chk_pbuf_prompt(const run *r, const chk_pbuf *pb) {
+    return (chk_prompt){.trace_form = r->trace_form,
+                        .json = (const char *)pb->json.data,
+                        .len = pb->json.len,
+                        .lora = pb->keys.lora,
+                        .extra = (const char *)pb->extra.data,
+                        .extra_len = pb->extra.len};
 }
 
 const uint64_t *chk_run_held(const run *r, const chk_pbuf *pb, size_t *nb) {
@@ -922,9 +940,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     }
 
     /* C: send */
-    chk_prompt p = {.trace_form = r->trace_form,
-                    .json = (const char *)r->pb.json.data,
-                    .len = r->pb.json.len};
+    chk_prompt p = chk_pbuf_prompt(r, &r->pb);
     size_t nh;
     const uint64_t *hs = chk_run_held(r, &r->pb, &nh);
     uint32_t slot = check_router_pick(&r->router, i, r->scores, q->input_length,
@@ -998,6 +1014,22 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     if (r->cfg->fail_fast && (pr->diverged || r->res->n_trips)) *stop = true;
     r->res->stage_s[CHECK_STAGE_OTHER] += chk_secs(t0);
     return KVO_OK;
+}
+
+/* --reset-at: before request i, every engine idle (lockstep), reset its
+ * prefix cache, then a checkpoint: the index must have dropped every block
+ * -- an idle engine's AllBlocksCleared must reach it without a later step
+ * to carry it (aibrix#2287). The engines published something: their
+ * sequences are read again. */
+static kvo_status reset_engines(run *r, uint64_t i, bool *stopped) {
+    for (uint32_t w = 0; w < r->env.n_engines; w++) {
+        kvo_status st = chk_engine_reset(&r->env.engines[w], &r->err);
+        if (st != KVO_OK) return st;
+        r->env.engines[w].dirty = true;
+    }
+    kvo_info("reset the prefix cache of every engine before request %llu",
+             (unsigned long long)i);
+    return chk_checkpoint(r, (size_t)i, false, 0, stopped);
 }
 
 /* ---- recording a prompt ----------------------------------------------------*/
@@ -1092,9 +1124,7 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
                        .index_scores = r->scores, .probe_hits = r->probes,
                        .cached_tokens = -1, .moved = NULL, .total = &r->cur,
                        .checkpoint = c->number};
-        chk_prompt p = {.trace_form = r->trace_form,
-                        .json = (const char *)r->pb.json.data,
-                        .len = r->pb.json.len};
+        chk_prompt p = chk_pbuf_prompt(r, &r->pb);
         if ((st = diag_gather(r, &o, &p)) != KVO_OK) break;
         const check_prompt *pr = NULL;
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
@@ -1167,10 +1197,24 @@ static void describe(run *r) {
     if (c->policy == CHECK_POLICY_DYNAMO)
         snprintf(pol, sizeof(pol), "dynamo(w=%g,T=%g)", c->overlap_weight,
                  c->router_temperature);
+    char traffic[200] = "";
+    size_t tl = 0;
+#define TRAFFIC(...)                                                          \
+    tl += (size_t)snprintf(traffic + tl, tl < sizeof(traffic)                 \
+                                             ? sizeof(traffic) - tl : 0,      \
+                           __VA_ARGS__)
+    if (c->lora_adapters) TRAFFIC(" lora=%u@%g", c->lora_adapters, c->lora_fraction);
+    if (c->salt_tenants) TRAFFIC(" salt_tenants=%u", c->salt_tenants);
+    if (c->mm_fraction > 0) TRAFFIC(" mm=%g", c->mm_fraction);
+    if (c->reset_at >= 0) TRAFFIC(" reset_at=%lld", (long long)c->reset_at);
+    if (c->kv_groups) TRAFFIC(" kv_groups=%s", c->kv_groups);
+    if (c->cpu_offload_blocks)
+        TRAFFIC(" cpu_blocks=%llu", (unsigned long long)c->cpu_offload_blocks);
+#undef TRAFFIC
     snprintf(r->res->config, sizeof(r->res->config),
              "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s mode=%s "
              "policy=%s checkpoint_every=%llu hash=%s format=%s mutate=%s "
-             "prompts=%s%s%s%s%s watermark=%s",
+             "prompts=%s%s%s%s%s%s watermark=%s",
              c->spawn ? "spawn" : "attach", r->env.n_workers,
              r->env.n_decode ? "+decode" : "", r->env.dp_size,
              r->env.block_size, blocks, mode, pol,
@@ -1181,7 +1225,7 @@ static void describe(run *r) {
              c->no_replay ? " no-replay" : "",
              c->drop_seq >= 0 ? " drop-seq" : "",
              c->extra_block_seq >= 0 ? " extra-block" : "",
-             r->res->n_faults ? " faults" : "",
+             r->res->n_faults ? " faults" : "", traffic,
              r->env.exact ? "exact" : "settle");
 }
 
@@ -1343,6 +1387,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     if ((st = chk_pool_new(&r.pool, POOL_THREADS)) != KVO_OK) goto done;
     out->planned = r.trace.n;
     out->verbose = cfg->verbose;
+    check_traffic_count(cfg, r.trace.reqs, r.trace.n, &out->traffic);
     describe(&r);
     kvo_info("%s", out->config);
     kvo_info("trace %s: %zu requests; logs in %s", cfg->trace, r.trace.n,
@@ -1361,6 +1406,11 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         if (kvo_stop) break;
         if (i > 0 && cfg->checkpoint_every && i % cfg->checkpoint_every == 0) {
             st = chk_checkpoint(&r, i, false, 0, &stopped);
+            if (st != KVO_OK) goto transport;
+            if (stopped) break;
+        }
+        if (cfg->reset_at >= 0 && (uint64_t)cfg->reset_at == i) {
+            st = reset_engines(&r, i, &stopped);
             if (st != KVO_OK) goto transport;
             if (stopped) break;
         }

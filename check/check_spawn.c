@@ -658,6 +658,29 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
         chk_arg(a, "--mutate");
         chk_arg(a, "%s", c->mutate);
     }
+    if (c->lora_adapters) { /* the names check_keys_of gives requests */
+        kvo_buf names;
+        kvo_buf_init(&names);
+        kvo_status ls = KVO_OK;
+        for (uint32_t k = 1; ls == KVO_OK && k <= c->lora_adapters; k++)
+            ls = kvo_buf_printf(&names, "%skvo-lora-%u", k > 1 ? "," : "", k);
+        if (ls == KVO_OK) ls = kvo_buf_append(&names, "", 1);
+        if (ls != KVO_OK) {
+            kvo_buf_fini(&names);
+            return KVO_ENOMEM; /* a is e's: freed with it */
+        }
+        chk_arg(a, "--lora-modules");
+        chk_arg(a, "%s", (const char *)names.data);
+        kvo_buf_fini(&names);
+    }
+    if (c->kv_groups) {
+        chk_arg(a, "--kv-groups");
+        chk_arg(a, "%s", c->kv_groups);
+    }
+    if (c->cpu_offload_blocks) {
+        chk_arg(a, "--cpu-offload-blocks");
+        chk_arg(a, "%llu", (unsigned long long)c->cpu_offload_blocks);
+    }
     if (role) {
         chk_arg(a, "--role");
         chk_arg(a, "%s", role);

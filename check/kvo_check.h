@@ -117,6 +117,15 @@ typedef struct check_cfg {
     uint64_t checkpoint_every; /* full-state checkpoint every K requests
                                   (200) and at the end; 0 = at the end */
     check_prompt_form prompt_form;
+    /* the event schema's other dimensions (check_traffic.c), seeded */
+    uint32_t lora_adapters;    /* spawned engines serve N LoRA adapters */
+    double lora_fraction;      /* share of requests naming one */
+    uint32_t salt_tenants;     /* every request salted by one of N tenants */
+    double mm_fraction;        /* share of prompts with a multimodal item */
+    int64_t reset_at;          /* reset every engine's prefix cache before
+                                  this request, -1 = never */
+    const char *kv_groups;     /* spawned engines' --kv-groups, NULL */
+    uint64_t cpu_offload_blocks; /* spawned engines' CPU tier, 0 = none */
     long timeout_ms;           /* one watermark wait / one HTTP call */
     bool fail_fast;            /* stop at the first failure */
     bool verbose;              /* the full summary even on a PASS */
@@ -173,6 +182,11 @@ typedef struct check_mutant {
 
 /* The catalog, static. */
 const check_mutant *check_mutants(size_t *n);
+
+/* Whether the matrix (in load mode or not) runs m, and with which options
+ * on top of its own, as typed on a command line, into opts ("" = none). */
+bool check_mutant_scenario(const check_mutant *m, bool load, char *opts,
+                           size_t n);
 
 /* Run base once per mutant (only `only` when non-NULL: "a,b") and print the
  * matrix to f. *ok = every mutant behaved as expected. A setup error of one

@@ -175,8 +175,10 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
                                uint32_t dp_rank, uint64_t block_hash,
                                idx_block_info *out);
 
-/* Router hashes of a prompt (DESIGN §5): one per full block, with the seed
- * of lora/salt (NULL = none). Returns the number of blocks written. */
+/* Router hashes of a prompt (DESIGN §5): one per full block, the LoRA
+ * seed on every block, the salt's on block 0 only (wire_router_hash_prompt:
+ * vLLM salts block 0 only). lora/salt NULL = none. Returns the number of
+ * blocks written. */
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
                        const char *lora, const char *salt, uint64_t *out);
 

@@ -58,10 +58,8 @@ static uint64_t sat_add(uint64_t a, uint64_t b) {
 
 size_t idx_prompt_hash(const uint64_t *tokens, size_t n, uint32_t block_size,
                        const char *lora, const char *salt, uint64_t *out) {
-    if (block_size == 0) return 0;
-    uint64_t seed = wire_router_seed(lora, lora ? strlen(lora) : 0, salt,
-                                     salt ? strlen(salt) : 0);
-    return wire_router_hash_blocks(tokens, n, block_size, seed, out);
+    return wire_router_hash_prompt(tokens, n, block_size, lora, salt, NULL, 0,
+                                   out);
 }
 
 kvo_status idx_feed_new(idx_feed **out, const idx_feed_cfg *cfg) {

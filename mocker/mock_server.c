@@ -772,11 +772,18 @@ static kvo_status probe_hash(server *s, const mock_prompt *p, const mock_keys *k
 
 /* The detail form's chain of one rank: blocks 0 .. its first miss plus
  * DETAIL_AFTER, each with its engine hash, parent, GPU copies (and CPU
- * presence with a tier) and its router tokens_hash. */
+ * presence with a tier) and its router tokens_hash by the rule the relay
+ * derives from the events (wire_router_hash_prompt's: the LoRA seed on
+ * every block, the salt's on block 0 only, the items a block overlaps). */
 static json_object *probe_chain(server *s, const mock_engine *e, const mock_prompt *p,
-                                const mock_hash *h, uint32_t nb, uint64_t seed,
+                                const mock_hash *h, uint32_t nb, const mock_keys *k,
                                 uint64_t *buf) {
     uint32_t bs = s->cfg->block_size;
+    size_t ll = k->lora ? strlen(k->lora) : 0, sl = k->salt ? strlen(k->salt) : 0;
+    uint64_t seed0 = wire_router_seed(k->lora, ll, k->salt, sl);
+    uint64_t seed = wire_router_seed(k->lora, ll, NULL, 0);
+    wire_mm_key keys[MOCK_MAX_MM_ITEMS];
+    int64_t idx = 0; /* prompt blocks: the scan starts at the first item */
     json_object *chain = json_object_new_array();
     for (uint32_t b = 0; b < nb; b++) {
         json_object *o = json_object_new_object();
@@ -790,8 +797,11 @@ static json_object *probe_chain(server *s, const mock_engine *e, const mock_prom
             json_object_object_add(o, "cpu", json_object_new_boolean(
                                                   mock_engine_cpu_cached(e, h[b].key)));
         const uint64_t *tok = probe_block_tokens(p, b, bs, buf);
+        uint32_t nk = mock_mm_block_keys(k->mm, k->n_mm, (uint64_t)b * bs,
+                                         (uint64_t)(b + 1) * bs, &idx, keys);
         json_object_object_add(o, "tokens_hash",
-                               json_object_new_uint64(wire_router_hash(tok, bs, seed)));
+                               json_object_new_uint64(wire_router_hash_mm(
+                                   tok, bs, b ? seed : seed0, keys, nk)));
         json_object_array_add(chain, o);
     }
     return chain;
@@ -875,8 +885,6 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     if (!s->cfg->prefix_caching) want = 0;
     for (uint32_t b = hashed; b < want; b++)
         if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK) goto done;
-    uint64_t seed = wire_router_seed(pr.lora, pr.lora ? strlen(pr.lora) : 0, pr.salt,
-                                     pr.salt ? strlen(pr.salt) : 0);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
     json_object_object_add(o, "prompt_blocks", json_object_new_int64((p->n + bs - 1) / bs));
@@ -900,7 +908,7 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
             uint32_t nb = found + 1 + DETAIL_AFTER;
             if (nb > want) nb = want;
             json_object_object_add(e, "chain", probe_chain(s, s->node.ranks[r].eng, p, h,
-                                                           nb, seed, blk_tok));
+                                                           nb, &keys, blk_tok));
         }
         json_object_array_add(arr, e);
     }

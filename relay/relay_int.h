@@ -64,6 +64,8 @@
     X(events_cleared, "AllBlocksCleared events decoded")                      \
     X(blocks_stored, "blocks in BlockStored events decoded")                  \
     X(blocks_removed, "hashes in BlockRemoved events decoded")                \
+    X(blocks_other_group, "blocks of KV-cache groups other than 0 (the full-" \
+                          "attention group a router indexes): not forwarded")\
     X(gaps, "sequence gaps seen")                                             \
     X(replays_requested, "replay requests sent")                              \
     X(replays_completed, "replays that reached their end marker")             \
@@ -134,6 +136,8 @@
     X(medium, "unknown medium")                                              \
     X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
     X(empty, "event without block hashes")                                   \
+    X(extra_keys, "extra_keys the router hash cannot read (not one entry "   \
+                  "per block of adapter, (mm id, offset) pairs, salt)")      \
     X(dp_rank, "data_parallel_rank out of range (or too many ranks)")
 
 #define RELAY_REPLAY_FAIL_KINDS(X)                                            \

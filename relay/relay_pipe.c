@@ -166,6 +166,11 @@ struct relay_pipe {
     uint32_t *dfree;
     uint32_t nfree;
     kvo_buf hscratch;
+    uint64_t *th;       /* a store's tokens hashes (router_hashes) */
+    size_t cap_th;
+    kvo_buf idbuf;      /* its multimodal ids, NUL-terminated */
+    wire_mm_key *mmk;   /* one block's multimodal keys */
+    size_t cap_mmk;
 };
 
 /* ---- small helpers -------------------------------------------------------*/
@@ -315,9 +320,8 @@ static wire_revent *pend_new_event(relay_pipe *p, wire_rtype type,
  * straight into the pool; a store longer than the room left is split, the
  * next part chained to the last block of the previous one. */
 static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
-                       const wire_event *e, uint64_t seed,
+                       const wire_event *e, const uint64_t *th,
                        relay_state_rank *fwd) {
-    uint32_t bs = p->cfg.block_size;
     bool has_parent = e->parent.kind != WIRE_HASH_NONE;
     uint64_t parent = e->parent.key;
     uint32_t i = 0;
@@ -342,8 +346,7 @@ static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
         wire_rblock *dst = p->pblocks + p->pnblocks;
         for (uint32_t k = 0; k < take; k++, i++) {
             dst[k].block_hash = e->hashes[i].key;
-            dst[k].tokens_hash =
-                wire_router_hash(e->token_ids + (size_t)i * bs, bs, seed);
+            dst[k].tokens_hash = th[i];
             if (fwd && relay_state_store(fwd, tier, dst[k].block_hash,
                                           has_parent, parent,
                                           dst[k].tokens_hash) != KVO_OK)
@@ -671,6 +674,132 @@ static bool event_tier(relay_pipe *p, const wire_event *e, uint32_t ei,
     return false;
 }
 
+/* Whether s is the string of w. */
+static bool str_is(const msgpack_object_str *s, wire_str w) {
+    return w.p && s->size == w.len && memcmp(s->ptr, w.p, w.len) == 0;
+}
+
+/* One block's router keys from its extra_keys entry k (vLLM's
+ * generate_block_hash_extra_keys: the adapter's name, the (identifier,
+ * offset) pairs of the multimodal items it overlaps, the salt on block 0
+ * only): the pairs into p->mmk (ids copied NUL-terminated into p->idbuf)
+ * and the salt. false, why set: an entry it cannot read. */
+static bool block_keys(relay_pipe *p, const wire_event *e,
+                       const msgpack_object *k, bool first, uint32_t *n_mm,
+                       const char **salt, size_t *salt_len, char *why,
+                       size_t whysz) {
+    *n_mm = 0;
+    if (k->type == MSGPACK_OBJECT_NIL) return true;
+    if (k->type != MSGPACK_OBJECT_ARRAY) {
+        snprintf(why, whysz, "extra_keys entry is not a list");
+        return false;
+    }
+    uint32_t n = k->via.array.size;
+    const msgpack_object *v = k->via.array.ptr;
+    if (kvo_grow(&p->mmk, &p->cap_mmk, n ? n : 1, sizeof(*p->mmk), 8) != KVO_OK) {
+        snprintf(why, whysz, "out of memory");
+        return false;
+    }
+    size_t need = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i].type == MSGPACK_OBJECT_ARRAY && v[i].via.array.size == 2 &&
+            v[i].via.array.ptr[0].type == MSGPACK_OBJECT_STR)
+            need += v[i].via.array.ptr[0].via.str.size + 1;
+    kvo_buf_reset(&p->idbuf);
+    if (kvo_buf_reserve(&p->idbuf, need + 1) != KVO_OK) {
+        snprintf(why, whysz, "out of memory");
+        return false;
+    }
+    char *ids = (char *)p->idbuf.data;
+    size_t used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (v[i].type == MSGPACK_OBJECT_STR) {
+            if (i == 0 && str_is(&v[i].via.str, e->lora_name)) continue;
+            if (first && i == n - 1) { /* the salt, block 0 only */
+                *salt = v[i].via.str.ptr;
+                *salt_len = v[i].via.str.size;
+                continue;
+            }
+            snprintf(why, whysz, "extra_keys string %u is neither the adapter "
+                                 "nor block 0's salt", i);
+            return false;
+        }
+        const msgpack_object *pr = v[i].via.array.ptr;
+        if (v[i].type != MSGPACK_OBJECT_ARRAY || v[i].via.array.size != 2 ||
+            pr[0].type != MSGPACK_OBJECT_STR ||
+            (pr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER &&
+             pr[1].type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
+            (pr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
+             pr[1].via.u64 > INT64_MAX) ||
+            memchr(pr[0].via.str.ptr, 0, pr[0].via.str.size)) {
+            snprintf(why, whysz, "extra_keys item %u is not a string or an "
+                                 "(identifier, offset) pair", i);
+            return false;
+        }
+        memcpy(ids + used, pr[0].via.str.ptr, pr[0].via.str.size);
+        ids[used + pr[0].via.str.size] = '\0';
+        p->mmk[(*n_mm)++] = (wire_mm_key){ids + used, pr[1].via.i64};
+        used += pr[0].via.str.size + 1;
+    }
+    return true;
+}
+
+/* The router hash of every block of a store into p->th (DESIGN §5 as the
+ * engine's event describes the blocks): the adapter's seed (lora_name) on
+ * every block; the salt's seed on block 0 of a chain root only -- from its
+ * extra_keys entry (vLLM), else from SGLang's cache_salt field; each
+ * block's multimodal pairs appended to its bytes (wire_router_hash_mm).
+ * false, why set: extra_keys it cannot read (not one entry per block, or
+ * an entry of another shape): such a block cannot be hashed as a router
+ * querying the request would. */
+static bool router_hashes(relay_pipe *p, const wire_event *e, uint32_t bs,
+                          char *why, size_t whysz) {
+    if (kvo_grow(&p->th, &p->cap_th, e->n_hashes, sizeof(*p->th), 64) != KVO_OK) {
+        snprintf(why, whysz, "out of memory");
+        return false;
+    }
+    bool root = e->parent.kind == WIRE_HASH_NONE;
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    const msgpack_object *list = NULL;
+    bool ok = true;
+    if (e->extra_keys.p) {
+        size_t off = 0;
+        if (msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
+                                e->extra_keys.len, &off) != MSGPACK_UNPACK_SUCCESS) {
+            snprintf(why, whysz, "extra_keys undecodable");
+            ok = false;
+        } else if (up.data.type == MSGPACK_OBJECT_ARRAY) {
+            list = &up.data;
+            if (list->via.array.size != e->n_hashes) {
+                snprintf(why, whysz, "%u extra_keys entries for %u blocks",
+                         list->via.array.size, e->n_hashes);
+                ok = false;
+            }
+        } else if (up.data.type != MSGPACK_OBJECT_NIL) {
+            snprintf(why, whysz, "extra_keys is not a list");
+            ok = false;
+        }
+    }
+    uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len, NULL, 0);
+    for (uint32_t i = 0; ok && i < e->n_hashes; i++) {
+        bool first = root && i == 0;
+        const char *salt = first ? e->cache_salt.p : NULL;
+        size_t salt_len = first ? e->cache_salt.len : 0;
+        uint32_t n_mm = 0;
+        if (list && !(ok = block_keys(p, e, &list->via.array.ptr[i], first,
+                                      &n_mm, &salt, &salt_len, why, whysz)))
+            break;
+        uint64_t s = salt ? wire_router_seed(e->lora_name.p, e->lora_name.len,
+                                             salt, salt_len)
+                          : seed;
+        p->th[i] = wire_router_hash_mm(e->token_ids + (size_t)i * bs, bs, s,
+                                       p->mmk, n_mm);
+    }
+    msgpack_unpacked_destroy(&up);
+    return ok;
+}
+
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
                            uint32_t rank, relay_state_rank *fwd) {
     char why[160];
@@ -707,10 +836,12 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
             return;
         }
     }
+    if (!router_hashes(p, e, bs, why, sizeof(why))) {
+        reject(p, RELAY_extra_keys, ei, why);
+        return;
+    }
     if (p->cfg.verify) verify_store(p, e, ei, bs);
-    uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len,
-                                     e->cache_salt.p, e->cache_salt.len);
-    pend_store(p, rank, tier, e, seed, fwd);
+    pend_store(p, rank, tier, e, p->th, fwd);
 }
 
 static void convert_removed(relay_pipe *p, const wire_event *e, uint32_t ei,
@@ -813,6 +944,15 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     s->rank = rank;
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
+        /* A hybrid model (vLLM's hybrid allocator) publishes every KV-cache
+         * group; a router indexes group 0, the full-attention group: the
+         * others (sliding window, Mamba) hold the same hashes over other
+         * blocks and would corrupt it. Counted, not forwarded. */
+        if (e->type != WIRE_EV_CLEARED && e->group_idx.set &&
+            e->group_idx.v != 0) {
+            p->st.blocks_other_group += e->n_hashes;
+            continue;
+        }
         switch (e->type) {
         case WIRE_EV_STORED:
             convert_stored(p, e, i, rank, fwd);
@@ -1489,6 +1629,7 @@ kvo_status relay_pipe_new(relay_pipe **out, const relay_pipe_cfg *cfg,
     wire_plane_init(&p->msg);
     kvo_buf_init(&p->body);
     kvo_buf_init(&p->hscratch);
+    kvo_buf_init(&p->idbuf);
     kvo_map_init(&p->digests);
     p->subject = kvo_strdup(cfg->subject);
     p->pev = kvo_calloc(p->cfg.max_events, sizeof(*p->pev));
@@ -1528,6 +1669,9 @@ void relay_pipe_free(relay_pipe *p) {
     wire_plane_fini(&p->msg);
     kvo_buf_fini(&p->body);
     kvo_buf_fini(&p->hscratch);
+    kvo_buf_fini(&p->idbuf);
+    kvo_free(p->th);
+    kvo_free(p->mmk);
     kvo_map_fini(&p->digests);
     kvo_free(p->dpool);
     kvo_free(p->dfree);

@@ -201,6 +201,36 @@ size_t wire_router_hash_blocks(const uint64_t *tokens, size_t n,
                                uint32_t block_size, uint64_t seed,
                                uint64_t *out);
 
+/* A prompt's multimodal item: its placeholder token range and identifier
+ * (vLLM's mm_hash, NUL-terminated). */
+typedef struct wire_mm_span {
+    uint64_t offset, length;
+    const char *id;
+} wire_mm_span;
+
+typedef struct wire_mm_key wire_mm_key;
+
+/* Router hash of one block that overlaps multimodal items, given as the
+ * (identifier, offset) pairs vLLM puts in the block's extra keys:
+ * XXH3-64 (seed) over the tokens as u32 LE, then per pair XXH3-64(id,
+ * seed 0) and the offset (two's complement), 8 bytes LE each -- Dynamo's
+ * mm_extra_info appended to the block's bytes. n_mm == 0 gives
+ * wire_router_hash. */
+uint64_t wire_router_hash_mm(const uint64_t *tokens, size_t n, uint64_t seed,
+                             const wire_mm_key *mm, uint32_t n_mm);
+
+/* Router hashes of a prompt's full blocks, as a relay derives them from the
+ * engine's BlockStored events (the rule kvo-relay, kvo-indexer's /query and
+ * kvo-check share): the LoRA seed on every block; the cache salt's seed on
+ * block 0 only (vLLM salts block 0's extra keys only, and a router chains
+ * the rest under it); the items (sorted by offset, disjoint) in every block
+ * they overlap, as wire_router_hash_mm. lora/salt NULL = none. Returns the
+ * number of blocks written to out (n / block_size). */
+size_t wire_router_hash_prompt(const uint64_t *tokens, size_t n,
+                               uint32_t block_size, const char *lora,
+                               const char *salt, const wire_mm_span *mm,
+                               uint32_t n_mm, uint64_t *out);
+
 typedef enum wire_algo {
     WIRE_ALGO_SHA256 = 0,  /* "sha256": SHA-256 over pickle protocol 5 */
     WIRE_ALGO_SHA256_CBOR, /* "sha256_cbor": SHA-256 over canonical CBOR */

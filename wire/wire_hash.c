@@ -125,6 +125,68 @@ size_t wire_router_hash_blocks(const uint64_t *tokens, size_t n,
     return nb;
 }
 
+/* The running router hash of a block: its tokens, then its items. */
+static void router_tokens_begin(XXH3_state_t *st, const uint64_t *tokens,
+                                size_t n, uint64_t seed) {
+    uint8_t le[4 * ROUTER_CHUNK];
+    XXH3_INITSTATE(st);
+    XXH3_64bits_reset_withSeed(st, seed);
+    for (size_t i = 0; i < n; i += ROUTER_CHUNK) {
+        size_t k = n - i < ROUTER_CHUNK ? n - i : ROUTER_CHUNK;
+        tokens_to_u32_le(le, tokens + i, k);
+        XXH3_64bits_update(st, le, 4 * k);
+    }
+}
+
+static void router_item(XXH3_state_t *st, const char *id, int64_t offset) {
+    uint64_t h = XXH3_64bits_withSeed(id, strlen(id), 0);
+    uint64_t off = (uint64_t)offset;
+    uint8_t b[16];
+    for (int k = 0; k < 8; k++) {
+        b[k] = (uint8_t)(h >> (8 * k));
+        b[8 + k] = (uint8_t)(off >> (8 * k));
+    }
+    XXH3_64bits_update(st, b, sizeof(b));
+}
+
+uint64_t wire_router_hash_mm(const uint64_t *tokens, size_t n, uint64_t seed,
+                             const wire_mm_key *mm, uint32_t n_mm) {
+    if (n_mm == 0) return wire_router_hash(tokens, n, seed);
+    XXH3_state_t st;
+    router_tokens_begin(&st, tokens, n, seed);
+    for (uint32_t j = 0; j < n_mm; j++) router_item(&st, mm[j].id, mm[j].offset);
+    return XXH3_64bits_digest(&st);
+}
+
+size_t wire_router_hash_prompt(const uint64_t *tokens, size_t n,
+                               uint32_t block_size, const char *lora,
+                               const char *salt, const wire_mm_span *mm,
+                               uint32_t n_mm, uint64_t *out) {
+    if (block_size == 0) return 0;
+    size_t ll = lora ? strlen(lora) : 0;
+    uint64_t seed = wire_router_seed(lora, ll, NULL, 0);
+    uint64_t seed0 = wire_router_seed(lora, ll, salt, salt ? strlen(salt) : 0);
+    size_t nb = n / block_size;
+    uint32_t first = 0; /* the first item not wholly before this block */
+    for (size_t b = 0; b < nb; b++) {
+        const uint64_t *t = tokens + b * block_size;
+        uint64_t s = b == 0 ? seed0 : seed;
+        uint64_t start = (uint64_t)b * block_size, end = start + block_size;
+        while (first < n_mm && mm[first].offset + mm[first].length <= start)
+            first++;
+        if (first == n_mm || mm[first].offset >= end) {
+            out[b] = wire_router_hash(t, block_size, s);
+            continue;
+        }
+        XXH3_state_t st;
+        router_tokens_begin(&st, t, block_size, s);
+        for (uint32_t j = first; j < n_mm && mm[j].offset < end; j++)
+            router_item(&st, mm[j].id, (int64_t)mm[j].offset - (int64_t)start);
+        out[b] = XXH3_64bits_digest(&st);
+    }
+    return nb;
+}
+
 /* ======================================================================== */
 /* Algorithms and digests                                                    */
 /* ======================================================================== */

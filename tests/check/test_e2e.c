@@ -229,6 +229,93 @@ START_TEST(token_id_prompts_agree_with_the_trace_extension) {
 }
 END_TEST
 
+/* summary.traffic.<name> (-1 when absent). */
+static int64_t traffic(const tc_run *r, const char *name) {
+    json_object *t, *v;
+    if (!r->summary || !json_object_object_get_ex(r->summary, "traffic", &t) ||
+        !t || !json_object_object_get_ex(t, name, &v))
+        return -1;
+    return json_object_get_int64(v);
+}
+
+/* Engine hit blocks summed over the run's prompts. */
+static int64_t engine_hits(const tc_run *r) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < json_object_array_length(r->lines); i++)
+        sum += tc_int(json_object_array_get_idx(r->lines, i),
+                      "engine_hit_blocks");
+    return sum;
+}
+
+START_TEST(lora_tenants_and_images_together_pass) {
+    /* every request salted by one of 3 tenants, half naming one of 2
+     * adapters, half with an image: equal tokens under other keys must not
+     * share router blocks (the index would score them where the engine
+     * misses), the keyed prompts that do share must (hits happen), and the
+     * relays verify every engine hash */
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "60" : "120";
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--lora-adapters", "2", "--lora-fraction", "0.5",
+                          "--salt-tenants", "3", "--mm-fraction", "0.5",
+                          "--verify-engine-hash", "--seed", "7", NULL};
+    tc_run r;
+    tc_check(&r, "keys", args, 600);
+    assert_pass(&r, (size_t)atoi(limit));
+    int64_t n = atoi(limit);
+    ck_assert_int_eq(traffic(&r, "salted"), n);
+    ck_assert_int_gt(traffic(&r, "lora"), n / 4);
+    ck_assert_int_lt(traffic(&r, "lora"), n * 3 / 4);
+    ck_assert_int_gt(traffic(&r, "mm"), n / 4);
+    ck_assert_msg(strstr(summary_str(&r, "config"),
+                         "lora=2@0.5 salt_tenants=3 mm=0.5"),
+                  "%s", summary_str(&r, "config"));
+    ck_assert_int_gt(engine_hits(&r), 0);
+    ck_assert(tc_counter(&r, "relay 0.0", "hash_verified") > 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(keyed_traffic_under_load_passes_its_checkpoints) {
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--load", "--trace", trace, "--limit",
+                          TC_SANITIZED ? "40" : "80", "--workers", "2",
+                          "--num-gpu-blocks", "8192", "--checkpoint-every",
+                          "20", "--lora-adapters", "3", "--lora-fraction",
+                          "0.3", "--salt-tenants", "2", "--mm-fraction", "0.3",
+                          NULL};
+    tc_run r;
+    tc_check(&r, "keys-load", args, 600);
+    if (r.exit_code != 0) tc_dump(&r);
+    ck_assert_int_eq(r.exit_code, 0);
+    ck_assert_str_eq(summary_str(&r, "verdict"), "PASS");
+    ck_assert_int_gt(traffic(&r, "lora"), 0);
+    ck_assert_int_gt(traffic(&r, "mm"), 0);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+START_TEST(a_reset_of_idle_engines_reaches_the_index) {
+    /* before request 30 every engine drops its cache; the checkpoint right
+     * after must find the index empty too, and later prompts start cold */
+    char *trace = trace1000();
+    const char *args[] = {"--spawn", "--trace", trace, "--limit", "60",
+                          "--workers", "2", "--num-gpu-blocks", "8192",
+                          "--reset-at", "30", NULL};
+    tc_run r;
+    tc_check(&r, "reset", args, 600);
+    assert_pass(&r, 60);
+    json_object *ck = json_object_object_get(r.summary, "checkpoints");
+    ck_assert_uint_ge(json_object_array_length(ck), 2);
+    ck_assert(tc_counter(&r, "relay 0.0", "revents_cleared") >= 2);
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
 START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
@@ -507,14 +594,37 @@ END_TEST
 
 /* The matrix row mutant m must print: run ("name expected observed ok")
  * when the matrix sends the traffic it needs, else "not run". */
-static void mutant_row(const check_mutant *m, char *row, size_t size) {
-    if (m->needs && strcmp(m->needs, "replay") != 0)
+/* The start of m's row: "not run" when the matrix has no scenario that
+ * shows it (in this mode), else the expected outcome, observed. */
+static void mutant_row(const check_mutant *m, bool load, char *row,
+                       size_t size) {
+    char opts[160];
+    if (!check_mutant_scenario(m, load, opts, sizeof(opts)))
         snprintf(row, size, "\n%-18s %-8s %-8s -", m->name,
                  m->killed ? "killed" : "benign", "not run");
     else
         snprintf(row, size, "\n%-18s %-8s %-8s ok ", m->name,
                  m->killed ? "killed" : "benign",
                  m->killed ? "killed" : "passed");
+}
+
+/* The row of m names its incident (and the options of its scenario). */
+static void assert_row_tells(const char *out, const check_mutant *m,
+                             bool load) {
+    char row[96], opts[160], tail[200];
+    mutant_row(m, load, row, sizeof(row));
+    const char *at = strstr(out, row);
+    ck_assert_msg(at, "no row '%s' in:\n%s", row + 1, out);
+    const char *eol = strchr(at + 1, '\n');
+    size_t len = eol ? (size_t)(eol - at) : strlen(at);
+    if (m->incident) {
+        snprintf(tail, sizeof(tail), "[%s]", m->incident);
+        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len, at);
+    }
+    if (check_mutant_scenario(m, load, opts, sizeof(opts)) && opts[0]) {
+        snprintf(tail, sizeof(tail), "{%s}", opts);
+        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len, at);
+    }
 }
 
 START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
@@ -528,11 +638,7 @@ START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
     ck_assert_int_eq(r.exit_code, 0);
     size_t n;
     const check_mutant *m = check_mutants(&n);
-    for (size_t i = 0; i < n; i++) {
-        char row[96];
-        mutant_row(&m[i], row, sizeof(row));
-        ck_assert_msg(strstr(out, row), "no row '%s' in:\n%s", row + 1, out);
-    }
+    for (size_t i = 0; i < n; i++) assert_row_tells(out, &m[i], false);
     ck_assert_ptr_nonnull(strstr(out, "every mutant behaved as expected"));
     kvo_free(out);
     tc_free(&r, false);
@@ -731,7 +837,8 @@ START_TEST(mutants_under_load_are_caught_at_a_checkpoint) {
     const check_mutant *m = check_mutants(&n);
     for (size_t i = 0; i < n; i++) {
         char row[96];
-        mutant_row(&m[i], row, sizeof(row));
+        mutant_row(&m[i], true, row, sizeof(row));
+        assert_row_tells(out, &m[i], true);
         const char *at = strstr(out, row);
         ck_assert_msg(at, "no row '%s' in:\n%s", row + 1, out);
         if (strstr(row, "not run")) continue;
@@ -1044,7 +1151,11 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
         {"--spawn", "--trace", "x", "--nats-cluster", "6", NULL},
         {"--spawn", "--trace", "x", "--nats-kill-node", "engine", NULL},
         {"--spawn", "--trace", "x", "--nats", "nats://127.0.0.1:1",
-         "--nats-cluster", "3", NULL}};
+         "--nats-cluster", "3", NULL},
+        /* the schema's traffic: reset in lockstep, fractions in [0, 1] */
+        {"--spawn", "--load", "--trace", "x", "--reset-at", "3", NULL},
+        {"--spawn", "--trace", "x", "--lora-fraction", "0.5", NULL},
+        {"--spawn", "--trace", "x", "--mm-fraction", "1.5", NULL}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad_faults); i++) {
         tc_check(&r, "usage", bad_faults[i], 60);
         ck_assert_msg(r.exit_code == 2, "case %zu exited %d", i, r.exit_code);
@@ -1083,6 +1194,8 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_dropped_batch_without_replay_fails_as_a_seq_gap);
     tcase_add_test(tc, a_block_the_engine_never_stored_fails_at_a_checkpoint);
     tcase_add_test(tc, divergences_are_classified_from_the_evidence);
+    tcase_add_test(tc, lora_tenants_and_images_together_pass);
+    tcase_add_test(tc, a_reset_of_idle_engines_reaches_the_index);
     tcase_add_test(tc, ctrl_c_stops_every_process_it_started);
     tcase_add_test(tc, running_mockers_are_checked_with_exact_watermarks);
     tcase_add_test(tc, an_engine_error_counter_fails_an_otherwise_clean_run);
@@ -1093,6 +1206,7 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, a_closed_loop_load_run_batches_preempts_and_passes);
     tcase_add_test(tc, a_duplicate_store_under_load_fails);
     tcase_add_test(tc, a_dropped_store_under_load_fails);
+    tcase_add_test(tc, keyed_traffic_under_load_passes_its_checkpoints);
     tcase_add_test(tc, an_engine_dying_under_load_ends_the_run_naming_it);
     suite_add_tcase(s, tc);
     tc = tcase_create("mutants");

@@ -669,6 +669,41 @@ START_TEST(engine_hash_reports_allocation_failure_and_bad_arguments) {
 }
 END_TEST
 
+START_TEST(router_prompt_salts_block_0_and_items_move_only_their_blocks) {
+    uint64_t tok[64];
+    for (int i = 0; i < 64; i++) tok[i] = 500 + (uint64_t)i;
+    uint64_t base[4], salted[4], lora[4], img_a[4], img_b[4], want[4];
+    ck_assert_uint_eq(wire_router_hash_prompt(tok, 64, 16, NULL, NULL, NULL, 0,
+                                              base), 4);
+    ck_assert_uint_eq(wire_router_hash_blocks(tok, 64, 16, WIRE_ROUTER_SEED,
+                                              want), 4);
+    ck_assert_mem_eq(base, want, sizeof(base));
+    /* the salt is in block 0's seed only (vLLM salts block 0 only) */
+    wire_router_hash_prompt(tok, 64, 16, NULL, "t1", NULL, 0, salted);
+    ck_assert(salted[0] == wire_router_hash(tok, 16, wire_router_seed(
+                                                         NULL, 0, "t1", 2)));
+    ck_assert(salted[0] != base[0]);
+    ck_assert_mem_eq(salted + 1, base + 1, 3 * sizeof(uint64_t));
+    /* the adapter is in every block's seed */
+    wire_router_hash_prompt(tok, 64, 16, "ad", NULL, NULL, 0, lora);
+    for (int i = 0; i < 4; i++) ck_assert(lora[i] != base[i]);
+    /* an item over tokens 20..39 moves blocks 1 and 2 only, with its
+     * offset from each block's start (4, then -12) */
+    wire_mm_span a = {20, 20, "img-a"}, b = {20, 20, "img-b"};
+    wire_router_hash_prompt(tok, 64, 16, NULL, NULL, &a, 1, img_a);
+    wire_router_hash_prompt(tok, 64, 16, NULL, NULL, &b, 1, img_b);
+    ck_assert(img_a[0] == base[0] && img_a[3] == base[3]);
+    wire_mm_key k1 = {"img-a", 4}, k2 = {"img-a", -12};
+    ck_assert(img_a[1] == wire_router_hash_mm(tok + 16, 16, WIRE_ROUTER_SEED,
+                                              &k1, 1));
+    ck_assert(img_a[2] == wire_router_hash_mm(tok + 32, 16, WIRE_ROUTER_SEED,
+                                              &k2, 1));
+    ck_assert(img_a[1] != base[1] && img_a[2] != base[2]);
+    ck_assert(img_a[1] != img_b[1] && img_a[2] != img_b[2]);
+    ck_assert(wire_router_hash_mm(tok, 16, WIRE_ROUTER_SEED, NULL, 0) == base[0]);
+}
+END_TEST
+
 Suite *suite_hash(void) {
     Suite *s = suite_create("hash");
     TCase *tc = tcase_create("vectors");
@@ -682,6 +717,7 @@ Suite *suite_hash(void) {
     tcase_add_test(tc, router_lora_and_salt_move_the_seed_not_the_bytes);
     tcase_add_test(tc, router_hash_of_big_blocks_equals_one_shot_xxh3);
     tcase_add_test(tc, router_hash_blocks_ignores_the_partial_tail);
+    tcase_add_test(tc, router_prompt_salts_block_0_and_items_move_only_their_blocks);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("engine");
