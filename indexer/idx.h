@@ -334,6 +334,12 @@ typedef struct idx_service_cfg {
     uint64_t discover_ms; /* the discovery window at start, default 500 */
     uint32_t apply_budget_us; /* apply for at most this long between two
                                  turns of the HTTP server; default 2000 */
+    const char *dynamo_http; /* host:port of a second listener speaking
+                                Dynamo's standalone-indexer API (its
+                                /register consumes engines' ZMQ streams
+                                in-process); NULL = none */
+    uint32_t dynamo_max_listeners; /* (engine, dp_rank)s registered at
+                                      once through it; default 256 */
 } idx_service_cfg;
 
 void idx_service_cfg_default(idx_service_cfg *cfg); /* nats = NULL */

@@ -542,6 +542,41 @@ typedef struct idx_service_stats {
 kvo_status idx_metrics_text(idx_feed *f, const idx_service_stats *st,
                             kvo_buf *out);
 
+/* ---- Dynamo's standalone-indexer API (idx_dynamo.c) ----------------------
+ * A listener of its own (--dynamo-http) with Dynamo's routes, shapes and
+ * status codes (lib/kv-router/src/services/indexer/server.rs), partitions
+ * by (model_name, routing_group), each an idx_feed of its own; every
+ * registered (instance, dp_rank) is a relay pipeline (relay_int.h) with its
+ * ZMQ sockets, whose envelopes go into its partition's feed. Driven by the
+ * service's loop: it polls idx_dyn_pollitems with its other fds, then calls
+ * idx_dyn_run. */
+typedef struct idx_dyn idx_dyn;
+
+typedef struct idx_dyn_cfg {
+    const char *host;       /* bind address */
+    uint16_t port;          /* 0 = pick one */
+    uint32_t max_listeners; /* 0 = IDX_DYN_MAX_LISTENERS */
+    idx_feed_cfg feed;      /* each partition's feed */
+} idx_dyn_cfg;
+
+#define IDX_DYN_MAX_LISTENERS 256
+
+/* Binds the listener. KVO_OK, or the HTTP server's status. */
+kvo_status idx_dyn_new(idx_dyn **out, const idx_dyn_cfg *cfg);
+/* Stops every listener, answers what is held, frees. NULL no-op. */
+void idx_dyn_free(idx_dyn *d);
+uint16_t idx_dyn_port(const idx_dyn *d);
+/* The most poll items idx_dyn_pollitems can fill. */
+size_t idx_dyn_max_items(const idx_dyn *d);
+/* Fill items[0..] (zmq_pollitem_t, for zmq_poll) with the HTTP fd and the
+ * listeners' sockets; returns how many (at most idx_dyn_max_items). */
+size_t idx_dyn_pollitems(idx_dyn *d, void *items, size_t max);
+/* Milliseconds until idx_dyn_run is due again (-1 = no deadline). */
+long idx_dyn_timeout_ms(const idx_dyn *d);
+/* Read every socket, tell the pipes what their links did and the time,
+ * publish what is pending, serve HTTP. Never blocks. */
+void idx_dyn_run(idx_dyn *d);
+
 /* ---- Test seam: the invariant walker -------------------------------------- */
 
 /* Walk every structure and check every invariant of idx_tree.c's header.

@@ -65,7 +65,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -73,6 +72,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #define INBOX_MAX 262144           /* messages waiting for the loop */
 #define INBOX_BYTES (256u << 20)   /* and their bodies */
@@ -137,6 +137,9 @@ typedef struct svc {
     const idx_service_cfg *cfg;
     idx_feed *feed;
     kvo_http_server *http;
+    idx_dyn *dyn;        /* --dynamo-http, or NULL */
+    zmq_pollitem_t *items; /* the loop's poll set */
+    size_t max_items;
     idx_scores scores;
     idx_blockset blocks; /* GET /blocks's cache */
 
@@ -189,6 +192,7 @@ void idx_service_cfg_default(idx_service_cfg *cfg) {
     cfg->max_body = HTTP_MAX_BODY;
     cfg->discover_ms = DISCOVER_MS;
     cfg->apply_budget_us = APPLY_BUDGET_US;
+    cfg->dynamo_max_listeners = IDX_DYN_MAX_LISTENERS;
 }
 
 /* ======================================================================== */
@@ -1210,6 +1214,32 @@ static void log_nats_changes(svc *s) {
     }
 }
 
+/* The second listener: Dynamo's standalone-indexer API (idx_dynamo.c). */
+static kvo_status dynamo_setup(svc *s) {
+    const idx_service_cfg *cfg = s->cfg;
+    char host[256];
+    uint16_t port;
+    if (kvo_parse_hostport(cfg->dynamo_http, host, sizeof(host), &port) !=
+        KVO_OK) {
+        kvo_error("bad --dynamo-http '%s': expected HOST:PORT",
+                  cfg->dynamo_http);
+        return KVO_EINVAL;
+    }
+    idx_dyn_cfg dc = {.host = host,
+                      .port = port,
+                      .max_listeners = cfg->dynamo_max_listeners,
+                      .feed = cfg->feed};
+    kvo_status st = idx_dyn_new(&s->dyn, &dc);
+    if (st != KVO_OK) {
+        kvo_error("cannot listen on %s: %s", cfg->dynamo_http,
+                  kvo_strerror(st));
+        return st;
+    }
+    kvo_info("dynamo API listening on http://%s:%u", host,
+             idx_dyn_port(s->dyn));
+    return KVO_OK;
+}
+
 kvo_status idx_service_run(const idx_service_cfg *cfg) {
     svc s;
     memset(&s, 0, sizeof(s));
@@ -1263,23 +1293,37 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         goto done;
     }
     kvo_info("listening on http://%s:%u", host, kvo_http_server_port(s.http));
-    struct pollfd pf[2] = {{s.evfd, POLLIN, 0},
-                           {kvo_http_server_fd(s.http), POLLIN, 0}};
+    if (cfg->dynamo_http && (st = dynamo_setup(&s)) != KVO_OK) goto done;
+    s.max_items = 2 + (s.dyn ? idx_dyn_max_items(s.dyn) : 0);
+    s.items = kvo_calloc(s.max_items, sizeof(*s.items));
+    if (!s.items) {
+        st = KVO_ENOMEM;
+        goto done;
+    }
     bool more = false; /* messages are waiting: do not sleep */
     while (!kvo_stop) {
         long t = kvo_http_server_timeout_ms(s.http);
-        int timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : (int)t;
+        long timeout = t < 0 || t > LOOP_POLL_MS ? LOOP_POLL_MS : t;
         long wt = waiters_timeout_ms(&s);
-        if (wt >= 0 && wt < timeout) timeout = (int)wt;
+        if (wt >= 0 && wt < timeout) timeout = wt;
+        long dt = s.dyn ? idx_dyn_timeout_ms(s.dyn) : -1;
+        if (dt >= 0 && dt < timeout) timeout = dt;
         if (more) timeout = 0;
-        int n = poll(pf, 2, timeout);
-        if (n < 0 && errno != EINTR) {
-            kvo_error("poll: %s", strerror(errno));
+        s.items[0] = (zmq_pollitem_t){NULL, s.evfd, ZMQ_POLLIN, 0};
+        s.items[1] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s.http),
+                                      ZMQ_POLLIN, 0};
+        size_t ni = 2;
+        if (s.dyn) ni += idx_dyn_pollitems(s.dyn, s.items + 2, s.max_items - 2);
+        int n = zmq_poll(s.items, (int)ni, timeout);
+        if (n < 0 && zmq_errno() != EINTR) {
+            kvo_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
             st = KVO_EIO;
             break;
         }
         idx_feed_set_clock(s.feed, kvo_now_ns() / NS_PER_MS);
-        if (more || (n > 0 && (pf[0].revents & POLLIN))) more = drain_inbox(&s);
+        if (more || (n > 0 && (s.items[0].revents & ZMQ_POLLIN)))
+            more = drain_inbox(&s);
+        if (s.dyn) idx_dyn_run(s.dyn);
         idx_feed_tick(s.feed);
         size_t gone = idx_feed_expire(s.feed);
         if (gone) log_expired(&s, gone);
@@ -1289,6 +1333,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     }
     if (kvo_stop) kvo_info("stopping");
 done:
+    idx_dyn_free(s.dyn);
+    kvo_free(s.items);
     kvo_http_server_free(s.http); /* held queries get 503 */
     while (s.waiters) {
         waiter *w = s.waiters;

@@ -21,6 +21,8 @@ enum {
     OPT_RECOVERY_TIMEOUT_MS,
     OPT_DISCOVER_MS,
     OPT_APPLY_BUDGET_US,
+    OPT_DYNAMO_HTTP,
+    OPT_DYNAMO_MAX_LISTENERS,
 };
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
@@ -30,6 +32,7 @@ enum {
 #define TIMEOUT_MS_MAX 3600000u   /* largest --recovery-timeout-ms and
                                      --discover-ms: an hour */
 #define BUDGET_US_MAX 1000000u    /* largest --apply-budget-us */
+#define LISTENERS_MAX 65536u      /* largest --dynamo-max-listeners */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -46,6 +49,8 @@ static const struct option options[] = {
     {"recovery-timeout-ms", required_argument, NULL, OPT_RECOVERY_TIMEOUT_MS},
     {"discover-ms", required_argument, NULL, OPT_DISCOVER_MS},
     {"apply-budget-us", required_argument, NULL, OPT_APPLY_BUDGET_US},
+    {"dynamo-http", required_argument, NULL, OPT_DYNAMO_HTTP},
+    {"dynamo-max-listeners", required_argument, NULL, OPT_DYNAMO_MAX_LISTENERS},
     {NULL, 0, NULL, 0}};
 
 static const char usage[] =
@@ -81,6 +86,15 @@ static const char usage[] =
     "                          (default 500)\n"
     "  --apply-budget-us T     apply messages for at most T us before serving\n"
     "                          HTTP again (default 2000)\n"
+    "  --dynamo-http HOST:PORT also serve Dynamo's standalone-indexer API\n"
+    "                          there (port 0 picks one, logged as 'dynamo API\n"
+    "                          listening on http://HOST:PORT'): POST /register\n"
+    "                          consumes that engine's ZMQ events in-process\n"
+    "                          (the relay's pipeline, no kvo-relay needed),\n"
+    "                          /unregister, GET /workers, POST /query,\n"
+    "                          /query_by_hash, GET /dump /health /metrics\n"
+    "  --dynamo-max-listeners N  (engine, dp_rank)s registered at once\n"
+    "                          (default 256; beyond, /register is 503)\n"
     "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
     "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
     "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
@@ -166,6 +180,13 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         if (kvo_parse_u32(arg, &c->apply_budget_us) ||
             c->apply_budget_us == 0 || c->apply_budget_us > BUDGET_US_MAX)
             return bad("apply-budget-us", arg);
+        return KVO_OK;
+    case OPT_DYNAMO_HTTP: c->dynamo_http = arg; return KVO_OK;
+    case OPT_DYNAMO_MAX_LISTENERS:
+        if (kvo_parse_u32(arg, &c->dynamo_max_listeners) ||
+            c->dynamo_max_listeners == 0 ||
+            c->dynamo_max_listeners > LISTENERS_MAX)
+            return bad("dynamo-max-listeners", arg);
         return KVO_OK;
     case OPT_MAX_BODY: {
         uint64_t v;
@@ -279,14 +300,16 @@ int main(int argc, char **argv) {
     kvo_info("kvo-indexer %s: nats=%s subject=%s http=%s block_size=%u "
              "auth=%s tls=%s reconnect_wait_ms=%d max_publishers=%u "
              "publisher_idle_ms=%llu max_body=%zu recovery=%s "
-             "recovery_timeout_ms=%llu discover_ms=%llu apply_budget_us=%u",
+             "recovery_timeout_ms=%llu discover_ms=%llu apply_budget_us=%u "
+             "dynamo_http=%s dynamo_max_listeners=%u",
              KVO_VERSION, o.nats.url, c->subject, c->http, c->block_size,
              kvo_nats_cfg_auth(&o.nats), kvo_nats_cfg_tls(&o.nats),
              o.nats.reconnect_wait_ms, c->feed.max_publishers,
              (unsigned long long)c->feed.publisher_idle_ms, c->max_body,
              c->no_recovery ? "off" : "on",
              (unsigned long long)c->feed.recovery_timeout_ms,
-             (unsigned long long)c->discover_ms, c->apply_budget_us);
+             (unsigned long long)c->discover_ms, c->apply_budget_us,
+             c->dynamo_http ? c->dynamo_http : "-", c->dynamo_max_listeners);
     kvo_status st = idx_service_run(&o.cfg);
     nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
     if (st == KVO_OK) return KVO_EXIT_OK;

@@ -17,6 +17,7 @@ Suite *suite_fuzz_query(void);
 Suite *suite_recover(void);
 Suite *suite_heal(void);
 Suite *suite_views(void);
+Suite *suite_dynamo(void);
 
 /* ---- Trees ---------------------------------------------------------------- */
 

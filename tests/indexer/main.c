@@ -1,5 +1,5 @@
 /* test_indexer: the radix tree, its reference model, the feed, replay mode
- * and the service. One suite per area. */
+ * the service and its Dynamo API. One suite per area. */
 #include "kt.h"
 
 Suite *suite_tree(void);
@@ -11,6 +11,7 @@ Suite *suite_fuzz_query(void);
 Suite *suite_recover(void);
 Suite *suite_heal(void);
 Suite *suite_views(void);
+Suite *suite_dynamo(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
         suite_recover,
         suite_heal,
         suite_views,
+        suite_dynamo,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }
