@@ -168,8 +168,8 @@ kvo_status kvo_buf_cstr(kvo_buf *b) {
 
 /* ---- Growable arrays -----------------------------------------------------*/
 
-kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need,
-                    size_t elem_size, size_t first_cap) {
+kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need, size_t elem_size,
+                    size_t first_cap) {
     assert(first_cap > 0 && elem_size > 0);
     if (need <= *cap) return KVO_OK;
     size_t n = *cap ? *cap : first_cap;
@@ -328,8 +328,7 @@ void kvo_log(kvo_level level, const char *fmt, ...) {
     va_end(ap);
 }
 
-void kvo_log_limited(kvo_ratelimit *rl, kvo_level level, const char *fmt,
-                     ...) {
+void kvo_log_limited(kvo_ratelimit *rl, kvo_level level, const char *fmt, ...) {
     if (level > log_level) return;
     uint64_t now = kvo_now_ns();
     uint64_t interval = rl->interval_ns ? rl->interval_ns : 10000000000ull;
@@ -434,8 +433,7 @@ int kvo_getopt(int argc, char **argv, const struct option *longopts,
             v = NULL;
         }
         if (set(ctx, o->val, v) != KVO_OK) {
-            fprintf(stderr, "%s: bad value in environment %s\n", argv[0],
-                    name);
+            fprintf(stderr, "%s: bad value in environment %s\n", argv[0], name);
             return -1;
         }
     }
@@ -443,7 +441,8 @@ int kvo_getopt(int argc, char **argv, const struct option *longopts,
     char shortopts[128] = "+";
     size_t k = 1;
     for (const struct option *o = longopts; o->name; o++) {
-        if (o->flag || o->val <= 0 || o->val > 127 || k + 3 >= sizeof(shortopts))
+        if (o->flag || o->val <= 0 || o->val > 127 ||
+            k + 3 >= sizeof(shortopts))
             continue;
         shortopts[k++] = (char)o->val;
         if (o->has_arg == required_argument) shortopts[k++] = ':';

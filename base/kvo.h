@@ -19,26 +19,26 @@
 
 /* ---- Status codes --------------------------------------------------------
  * One table, so names and messages never drift (libuv style). */
-#define KVO_STATUS_MAP(X)                                                     \
-    X(OK, "success")                                   /* nothing wrong */    \
-    X(ENOMEM, "out of memory")                         /* allocation failed */\
-    X(EINVAL, "invalid argument")                      /* caller/usage bug */ \
-    X(EPROTO, "malformed input")                       /* bad bytes/JSON */   \
-    X(ETRUNC, "truncated input")                       /* input ends early */ \
-    X(ETOOBIG, "input exceeds a limit")                /* size/count/depth */ \
-    X(EUNSUPPORTED, "unsupported value")               /* known-unknown */    \
-    X(EIO, "I/O error")                                /* file or pipe */     \
-    X(EOF, "end of input")                             /* clean end */        \
-    X(ENOTFOUND, "not found")                          /* lookup miss */      \
-    X(EEXIST, "already exists")                        /* duplicate */        \
-    X(ETIMEDOUT, "timed out")                          /* deadline passed */  \
-    X(EAGAIN, "try again")                             /* not ready yet */    \
-    X(EINTR, "interrupted")                            /* stop requested */   \
-    X(ENET, "network error")                           /* zmq/socket */       \
-    X(ENATS, "NATS error")                             /* nats.c failure */   \
-    X(EHTTP, "HTTP error")                             /* MHD/curl failure */ \
-    X(ESTATE, "invalid state")                         /* wrong lifecycle */  \
-    X(ECHECK, "check failed")                          /* oracle verdict */
+#define KVO_STATUS_MAP(X)                                                      \
+    X(OK, "success")                     /* nothing wrong */                   \
+    X(ENOMEM, "out of memory")           /* allocation failed */               \
+    X(EINVAL, "invalid argument")        /* caller/usage bug */                \
+    X(EPROTO, "malformed input")         /* bad bytes/JSON */                  \
+    X(ETRUNC, "truncated input")         /* input ends early */                \
+    X(ETOOBIG, "input exceeds a limit")  /* size/count/depth */                \
+    X(EUNSUPPORTED, "unsupported value") /* known-unknown */                   \
+    X(EIO, "I/O error")                  /* file or pipe */                    \
+    X(EOF, "end of input")               /* clean end */                       \
+    X(ENOTFOUND, "not found")            /* lookup miss */                     \
+    X(EEXIST, "already exists")          /* duplicate */                       \
+    X(ETIMEDOUT, "timed out")            /* deadline passed */                 \
+    X(EAGAIN, "try again")               /* not ready yet */                   \
+    X(EINTR, "interrupted")              /* stop requested */                  \
+    X(ENET, "network error")             /* zmq/socket */                      \
+    X(ENATS, "NATS error")               /* nats.c failure */                  \
+    X(EHTTP, "HTTP error")               /* MHD/curl failure */                \
+    X(ESTATE, "invalid state")           /* wrong lifecycle */                 \
+    X(ECHECK, "check failed")            /* oracle verdict */
 
 typedef enum kvo_status {
 #define KVO_STATUS_ENUM(name, msg) KVO_##name,
@@ -109,8 +109,8 @@ kvo_status kvo_buf_cstr(kvo_buf *b);
  *     if ((st = kvo_grow(&v->items, &v->cap, v->n + 1, sizeof(*v->items),
  *                        64)) != KVO_OK) return st;
  *     v->items[v->n++] = x; */
-kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need,
-                    size_t elem_size, size_t first_cap);
+kvo_status kvo_grow(void *items_pp, size_t *cap, size_t need, size_t elem_size,
+                    size_t first_cap);
 
 /* ---- Arena (bump allocator, caller-owned storage) ------------------------
  * Everything allocated from an arena lives until kvo_arena_reset() or
@@ -158,8 +158,8 @@ static inline uint64_t kvo_splitmix64(uint64_t *state) {
  * hash, or none (has_parent false: a first block). */
 static inline uint64_t kvo_block_digest(uint64_t hash, bool has_parent,
                                         uint64_t parent) {
-    return kvo_mix64(hash ^ kvo_mix64((has_parent ? parent : 0) +
-                                      0x9E3779B97F4A7C15ull));
+    return kvo_mix64(
+        hash ^ kvo_mix64((has_parent ? parent : 0) + 0x9E3779B97F4A7C15ull));
 }
 
 /* ---- Logging --------------------------------------------------------------*/

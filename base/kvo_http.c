@@ -75,11 +75,11 @@
 #define DEFAULT_MAX_INFLIGHT (256u << 20) /* body bytes of live requests */
 #define DEFAULT_HEAD_TIMEOUT_MS 10000L
 #define DEFAULT_BODY_TIMEOUT_MS 10000L
-#define REAP_EVERY_MS 250L       /* how often phase deadlines are checked */
-#define RUN_GAP_MAX_MS 500L      /* most a run advances the deadline clock */
+#define REAP_EVERY_MS 250L        /* how often phase deadlines are checked */
+#define RUN_GAP_MAX_MS 500L       /* most a run advances the deadline clock */
 #define MIN_BODY_RATE (64u << 10) /* bytes/s a body earns more time at */
-#define FD_HEADROOM 64u          /* descriptors beyond connections */
-#define CONN_MEMORY (128u << 10) /* per-connection pool: headers + buffers */
+#define FD_HEADROOM 64u           /* descriptors beyond connections */
+#define CONN_MEMORY (128u << 10)  /* per-connection pool: headers + buffers */
 /* MHD's own idle timeout, a backstop behind the phase deadlines. */
 #define CONN_IDLE_TIMEOUT_S 300u
 #define SHUTDOWN_DRAIN_MS 1000
@@ -93,9 +93,9 @@ typedef struct conn_rec {
     struct conn_rec *prev, *next; /* srv->conn_recs */
     int fd;
     conn_phase phase;
-    uint64_t since; /* the deadline clock when the phase began */
+    uint64_t since;      /* the deadline clock when the phase began */
     uint64_t body_bytes; /* BODY: received so far */
-    bool reaped;    /* shutdown(2) done; MHD will close it */
+    bool reaped;         /* shutdown(2) done; MHD will close it */
 } conn_rec;
 
 struct kvo_http_req {
@@ -105,17 +105,17 @@ struct kvo_http_req {
     char *method;
     char *path;
     kvo_buf body;
-    bool too_big;      /* body over max_body: 413, handler not called */
-    bool busy;         /* bodies in flight over max_inflight: 503 */
-    size_t charged;    /* body bytes counted in srv->inflight */
-    bool body_oom;     /* body could not be stored: 500 */
-    bool handled;      /* the handler has been called */
-    bool in_handler;   /* inside the access callback: queue directly */
-    bool app_holds;    /* the owner still has to answer / end the stream */
-    bool answered;     /* the owner answered (response queued or parked) */
-    bool queued;       /* MHD accepted a response for this request */
-    bool suspended;    /* MHD_suspend_connection in effect */
-    bool drain;        /* answered by server_free; wait for it to be sent */
+    bool too_big;    /* body over max_body: 413, handler not called */
+    bool busy;       /* bodies in flight over max_inflight: 503 */
+    size_t charged;  /* body bytes counted in srv->inflight */
+    bool body_oom;   /* body could not be stored: 500 */
+    bool handled;    /* the handler has been called */
+    bool in_handler; /* inside the access callback: queue directly */
+    bool app_holds;  /* the owner still has to answer / end the stream */
+    bool answered;   /* the owner answered (response queued or parked) */
+    bool queued;     /* MHD accepted a response for this request */
+    bool suspended;  /* MHD_suspend_connection in effect */
+    bool drain;      /* answered by server_free; wait for it to be sent */
     struct MHD_Response *parked; /* answer waiting for the access callback */
     unsigned parked_status;
     /* streaming */
@@ -167,8 +167,10 @@ static kvo_http_req *req_new(kvo_http_server *s, struct MHD_Connection *conn,
 static void req_free(kvo_http_req *r) {
     kvo_http_server *s = r->srv;
     s->inflight -= r->charged;
-    if (r->prev) r->prev->next = r->next;
-    else s->reqs = r->next;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        s->reqs = r->next;
     if (r->next) r->next->prev = r->prev;
     if (r->parked) MHD_destroy_response(r->parked);
     kvo_buf_fini(&r->body);
@@ -248,8 +250,10 @@ static void too_big_msg(const kvo_http_server *s, char *buf, size_t n) {
 }
 
 static void busy_msg(kvo_http_server *s, char *buf, size_t n) {
-    snprintf(buf, n, "server busy: request bodies in flight would exceed %zu "
-                     "bytes; retry later", s->max_inflight);
+    snprintf(buf, n,
+             "server busy: request bodies in flight would exceed %zu "
+             "bytes; retry later",
+             s->max_inflight);
     s->st.busy_refused++;
     kvo_log_limited(&s->busy_rl, KVO_LOG_WARN, "http: %s", buf);
 }
@@ -373,8 +377,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn,
     return MHD_YES;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *conn,
-                         void **con_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
     rec_phase(cls, conn, PHASE_HEAD); /* the next request's head, if any */
     kvo_http_req *r = *con_cls;
     if (!r) return;
@@ -394,8 +398,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
     conn_rec *c = *socket_ctx;
     if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         if (!c) return;
-        if (c->prev) c->prev->next = c->next;
-        else s->conn_recs = c->next;
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            s->conn_recs = c->next;
         if (c->next) c->next->prev = c->prev;
         kvo_free(c);
         *socket_ctx = NULL;
@@ -423,11 +429,11 @@ static void reap(kvo_http_server *s) {
     s->next_reap = now + REAP_EVERY_MS * 1000000ull;
     for (conn_rec *c = s->conn_recs; c; c = c->next) {
         if (c->reaped || c->phase == PHASE_APP) continue;
-        uint64_t limit =
-            c->phase == PHASE_HEAD
-                ? s->head_timeout_ns
-                : s->body_timeout_ns +
-                      c->body_bytes * 1000000000ull / MIN_BODY_RATE;
+        uint64_t limit = c->phase == PHASE_HEAD
+                             ? s->head_timeout_ns
+                             : s->body_timeout_ns + c->body_bytes *
+                                                        1000000000ull /
+                                                        MIN_BODY_RATE;
         if (now - c->since <= limit) continue;
         c->reaped = true;
         if (c->phase == PHASE_HEAD) /* counted before the client can see */
@@ -449,9 +455,8 @@ static void fd_room(unsigned max_conns) {
     struct rlimit rl;
     rlim_t want = (rlim_t)max_conns + FD_HEADROOM;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) return;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want
-                      ? want
-                      : rl.rlim_max;
+    rl.rlim_cur =
+        rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
@@ -518,12 +523,13 @@ kvo_status kvo_http_server_new(kvo_http_server **out,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     if (getaddrinfo(cfg->host ? cfg->host : "127.0.0.1", port, &hints, &ai) !=
-        0 || !ai) {
+            0 ||
+        !ai) {
         st = KVO_EINVAL;
         goto done;
     }
-    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                     MHD_USE_ERROR_LOG;
+    unsigned flags =
+        MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(
         flags, cfg->port, NULL, NULL, on_access, s, MHD_OPTION_SOCK_ADDR,
@@ -569,8 +575,10 @@ void kvo_http_server_free(kvo_http_server *s) {
         next = r->next;
         if (!r->app_holds) continue;
         r->drain = r->conn != NULL;
-        if (r->streaming) kvo_http_stream_end(r);
-        else kvo_http_respond_error(r, 503, "server shutting down");
+        if (r->streaming)
+            kvo_http_stream_end(r);
+        else
+            kvo_http_respond_error(r, 503, "server shutting down");
     }
     /* Give the answers a moment to reach their clients. */
     uint64_t deadline = kvo_now_ns() + SHUTDOWN_DRAIN_MS * 1000000ull;
@@ -611,9 +619,8 @@ long kvo_http_server_timeout_ms(const kvo_http_server *s) {
 
 void kvo_http_server_run(kvo_http_server *s) {
     uint64_t now = kvo_now_ns(), gap = now - s->last_run_ns;
-    s->clock_ns += gap < RUN_GAP_MAX_MS * 1000000ull
-                       ? gap
-                       : RUN_GAP_MAX_MS * 1000000ull;
+    s->clock_ns +=
+        gap < RUN_GAP_MAX_MS * 1000000ull ? gap : RUN_GAP_MAX_MS * 1000000ull;
     s->last_run_ns = now;
     s->resumed = false;
     MHD_run(s->d);
@@ -651,16 +658,15 @@ void kvo_http_respond(kvo_http_req *r, unsigned status, const char *ctype,
 }
 
 void kvo_http_respond_json(kvo_http_req *r, unsigned status, json_object *j) {
-    const char *txt = j ? json_object_to_json_string_ext(
-                              j, JSON_C_TO_STRING_PLAIN |
-                                     JSON_C_TO_STRING_NOSLASHESCAPE)
-                        : "null";
+    const char *txt =
+        j ? json_object_to_json_string_ext(
+                j, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+          : "null";
     kvo_http_respond(r, status, "application/json", txt, strlen(txt));
     json_object_put(j);
 }
 
-void kvo_http_respond_error(kvo_http_req *r, unsigned status,
-                            const char *msg) {
+void kvo_http_respond_error(kvo_http_req *r, unsigned status, const char *msg) {
     if (!r->app_holds || r->answered) return;
     req_answer(r, status, make_error(msg ? msg : ""));
     r->app_holds = false;
@@ -723,7 +729,9 @@ struct kvo_http_client {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc = CURLE_FAILED_INIT;
 
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_ALL); }
+static void curl_init(void) {
+    curl_init_rc = curl_global_init(CURL_GLOBAL_ALL);
+}
 
 void kvo_http_resp_init(kvo_http_resp *r) {
     r->status = 0;
@@ -762,7 +770,8 @@ kvo_status kvo_http_client_new(kvo_http_client **out, long timeout_ms) {
                           : CLIENT_CONNECT_MS;
     curl_easy_setopt(c->h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c->h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
-    curl_easy_setopt(c->h, CURLOPT_TIMEOUT_MS, timeout_ms > 0 ? timeout_ms : 0L);
+    curl_easy_setopt(c->h, CURLOPT_TIMEOUT_MS,
+                     timeout_ms > 0 ? timeout_ms : 0L);
     curl_easy_setopt(c->h, CURLOPT_PROXY, ""); /* loopback services: no proxy */
     curl_easy_setopt(c->h, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(c->h, CURLOPT_ERRORBUFFER, c->err);
@@ -835,9 +844,8 @@ kvo_status kvo_http_get(kvo_http_client *c, const char *url,
     return perform(c, url, resp);
 }
 
-kvo_status kvo_http_post(kvo_http_client *c, const char *url,
-                         const char *ctype, const void *body, size_t len,
-                         kvo_http_resp *resp) {
+kvo_status kvo_http_post(kvo_http_client *c, const char *url, const char *ctype,
+                         const void *body, size_t len, kvo_http_resp *resp) {
     char ct[256];
     snprintf(ct, sizeof(ct), "Content-Type: %s",
              ctype ? ctype : "application/octet-stream");
@@ -845,8 +853,8 @@ kvo_status kvo_http_post(kvo_http_client *c, const char *url,
     /* Small bodies go with the headers (no round trip for 100 Continue);
      * large ones wait for it, so a server that refuses them (413) can say
      * so before we push megabytes into a socket it is about to close. */
-    const char *expect = len > EXPECT_MIN_BODY ? "Expect: 100-continue"
-                                               : "Expect:";
+    const char *expect =
+        len > EXPECT_MIN_BODY ? "Expect: 100-continue" : "Expect:";
     struct curl_slist *h2 = hdrs ? curl_slist_append(hdrs, expect) : NULL;
     if (!h2) {
         curl_slist_free_all(hdrs);

@@ -60,16 +60,16 @@ typedef struct kvo_http_req kvo_http_req; /* one in-flight request */
 typedef void (*kvo_http_handler)(void *ctx, kvo_http_req *req);
 
 typedef struct kvo_http_server_cfg {
-    const char *host;        /* bind address; NULL = 127.0.0.1 */
-    uint16_t port;           /* 0 = pick a free port */
-    size_t max_body;         /* 0 = 64 MiB */
+    const char *host; /* bind address; NULL = 127.0.0.1 */
+    uint16_t port;    /* 0 = pick a free port */
+    size_t max_body;  /* 0 = 64 MiB */
     kvo_http_handler handler;
     void *ctx;
-    size_t max_inflight;     /* bodies of live requests; 0 = 256 MiB */
-    unsigned max_conns;      /* 0 = 2048 */
+    size_t max_inflight;       /* bodies of live requests; 0 = 256 MiB */
+    unsigned max_conns;        /* 0 = 2048 */
     unsigned max_client_conns; /* per client address; 0 = 256 */
-    long head_timeout_ms;    /* 0 = 10 s */
-    long body_timeout_ms;    /* 0 = 10 s */
+    long head_timeout_ms;      /* 0 = 10 s */
+    long body_timeout_ms;      /* 0 = 10 s */
 } kvo_http_server_cfg;
 
 /* What the server refused or cut, for a service's /metrics. */
@@ -115,8 +115,7 @@ void kvo_http_respond(kvo_http_req *r, unsigned status, const char *ctype,
  * reference (json_object_put is done here). */
 void kvo_http_respond_json(kvo_http_req *r, unsigned status, json_object *j);
 /* {"error": msg} with the given 4xx/5xx status. */
-void kvo_http_respond_error(kvo_http_req *r, unsigned status,
-                            const char *msg);
+void kvo_http_respond_error(kvo_http_req *r, unsigned status, const char *msg);
 
 /* Streaming: start, write any number of chunks, end. Chunks are sent as
  * they are written. After stream_end, r is invalid. If the client goes away,
@@ -124,8 +123,7 @@ void kvo_http_respond_error(kvo_http_req *r, unsigned status,
  * a write fails to go out, i.e. a run or two after a write; r stays valid
  * and must still be ended with stream_end). While nothing is written the
  * connection is suspended: an idle stream costs no CPU. */
-void kvo_http_stream_start(kvo_http_req *r, unsigned status,
-                           const char *ctype);
+void kvo_http_stream_start(kvo_http_req *r, unsigned status, const char *ctype);
 void kvo_http_stream_write(kvo_http_req *r, const void *data, size_t len);
 void kvo_http_stream_end(kvo_http_req *r);
 bool kvo_http_stream_closed(const kvo_http_req *r);
@@ -152,9 +150,8 @@ void kvo_http_client_free(kvo_http_client *c);
  * The connection is kept alive and reused by the next request. */
 kvo_status kvo_http_get(kvo_http_client *c, const char *url,
                         kvo_http_resp *resp);
-kvo_status kvo_http_post(kvo_http_client *c, const char *url,
-                         const char *ctype, const void *body, size_t len,
-                         kvo_http_resp *resp);
+kvo_status kvo_http_post(kvo_http_client *c, const char *url, const char *ctype,
+                         const void *body, size_t len, kvo_http_resp *resp);
 /* curl's text for the last failure ("" after a success); valid until the
  * next request on c. */
 const char *kvo_http_client_error(const kvo_http_client *c);

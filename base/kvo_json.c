@@ -53,8 +53,7 @@ static kvo_status fail(parser *ps, kvo_status st, const uint8_t *at,
 
 static kvo_status over_budget(parser *ps) {
     return kvo_err_set(ps->err, KVO_ETOOBIG, (size_t)(ps->p - ps->start),
-                       "the document needs more than %zu bytes",
-                       ps->max_mem);
+                       "the document needs more than %zu bytes", ps->max_mem);
 }
 
 static bool charge(parser *ps, size_t n) {
@@ -75,8 +74,8 @@ static void *arena_take(parser *ps, size_t n, kvo_status *st) {
 }
 
 /* Make room for one more element on a stack, charging the growth. */
-static kvo_status stack_room(parser *ps, void *items_pp, size_t *cap,
-                             size_t n, size_t elem) {
+static kvo_status stack_room(parser *ps, void *items_pp, size_t *cap, size_t n,
+                             size_t elem) {
     if (n < *cap) return KVO_OK;
     size_t old = *cap;
     if (old > SIZE_MAX / 2 / elem) return over_budget(ps);
@@ -237,8 +236,7 @@ static kvo_status string(parser *ps, kvo_jv *out) {
         case 't': o[n++] = '\t'; break;
         case 'u': {
             int hi = close - q >= 4 ? hex4(q) : -1;
-            if (hi < 0)
-                return fail(ps, KVO_EPROTO, esc, "bad \\u escape");
+            if (hi < 0) return fail(ps, KVO_EPROTO, esc, "bad \\u escape");
             q += 4;
             uint32_t cp = (uint32_t)hi;
             if (cp >= 0xDC00 && cp <= 0xDFFF)
@@ -257,8 +255,7 @@ static kvo_status string(parser *ps, kvo_jv *out) {
             n += put_utf8(o + n, cp);
             break;
         }
-        default:
-            return fail(ps, KVO_EPROTO, esc, "bad escape in a string");
+        default: return fail(ps, KVO_EPROTO, esc, "bad escape in a string");
         }
     }
     o[n] = '\0';
@@ -305,8 +302,8 @@ static kvo_status number(parser *ps, kvo_jv *out) {
                 return fail(ps, KVO_EPROTO, s, "integer out of range");
         if (neg && u > (1ull << 63))
             return fail(ps, KVO_EPROTO, s, "integer out of range");
-        *out = (kvo_jv){.type = KVO_JSON_INT, .neg = neg && u != 0,
-                        .v.u = neg ? 0 - u : u};
+        *out = (kvo_jv){
+            .type = KVO_JSON_INT, .neg = neg && u != 0, .v.u = neg ? 0 - u : u};
     } else {
         if (q - s > MAX_NUMBER_TEXT)
             return fail(ps, KVO_EPROTO, s, "number too long");
@@ -314,8 +311,7 @@ static kvo_status number(parser *ps, kvo_jv *out) {
         memcpy(buf, s, (size_t)(q - s));
         buf[q - s] = '\0';
         double d = strtod(buf, NULL);
-        if (!isfinite(d))
-            return fail(ps, KVO_EPROTO, s, "number out of range");
+        if (!isfinite(d)) return fail(ps, KVO_EPROTO, s, "number out of range");
         *out = (kvo_jv){.type = KVO_JSON_REAL, .v.d = d};
     }
     ps->p = q;
@@ -356,7 +352,8 @@ static kvo_status array(parser *ps, uint32_t depth, kvo_jv *out) {
             if ((st = value(ps, depth, &v)) != KVO_OK) return st;
             if (packed && v.type != KVO_JSON_INT) {
                 /* the integers so far become nodes */
-                for (size_t i = base_ints; i < ps->n_ints && st == KVO_OK; i++) {
+                for (size_t i = base_ints; i < ps->n_ints && st == KVO_OK;
+                     i++) {
                     kvo_jv iv = {.type = KVO_JSON_INT,
                                  .neg = int_neg(ps, i),
                                  .v.u = ps->ints[i]};
@@ -371,8 +368,7 @@ static kvo_status array(parser *ps, uint32_t depth, kvo_jv *out) {
             if (++n > UINT32_MAX)
                 return fail(ps, KVO_ETOOBIG, open, "array too long");
             bool more;
-            if ((st = after_element(ps, open, ']', &more)) != KVO_OK)
-                return st;
+            if ((st = after_element(ps, open, ']', &more)) != KVO_OK) return st;
             if (!more) break;
         }
     }
@@ -417,15 +413,18 @@ static kvo_status object(parser *ps, uint32_t depth, kvo_jv *out) {
         for (;;) {
             skip_ws(ps);
             if (ps->p >= ps->end)
-                return fail(ps, KVO_ETRUNC, open, "the input ends inside an object");
+                return fail(ps, KVO_ETRUNC, open,
+                            "the input ends inside an object");
             if (*ps->p != '"')
                 return fail(ps, KVO_EPROTO, ps->p, "expected a key string");
             kvo_jv key;
             if ((st = string(ps, &key)) != KVO_OK) return st;
             skip_ws(ps);
             if (ps->p >= ps->end)
-                return fail(ps, KVO_ETRUNC, open, "the input ends inside an object");
-            if (*ps->p != ':') return fail(ps, KVO_EPROTO, ps->p, "expected ':'");
+                return fail(ps, KVO_ETRUNC, open,
+                            "the input ends inside an object");
+            if (*ps->p != ':')
+                return fail(ps, KVO_EPROTO, ps->p, "expected ':'");
             ps->p++;
             kvo_jv v;
             if ((st = value(ps, depth, &v)) != KVO_OK) return st;
@@ -436,8 +435,7 @@ static kvo_status object(parser *ps, uint32_t depth, kvo_jv *out) {
             if (++n > UINT32_MAX)
                 return fail(ps, KVO_ETOOBIG, open, "object too large");
             bool more;
-            if ((st = after_element(ps, open, '}', &more)) != KVO_OK)
-                return st;
+            if ((st = after_element(ps, open, '}', &more)) != KVO_OK) return st;
             if (!more) break;
         }
     }
@@ -450,7 +448,8 @@ static kvo_status object(parser *ps, uint32_t depth, kvo_jv *out) {
     for (size_t i = 1; i < n; i++)
         if (strcmp(m[i - 1].key, m[i].key) == 0)
             return kvo_err_set(ps->err, KVO_EPROTO, (size_t)(open - ps->start),
-                               "duplicate key \"%.64s\" in an object", m[i].key);
+                               "duplicate key \"%.64s\" in an object",
+                               m[i].key);
     *out = (kvo_jv){.type = KVO_JSON_OBJ, .len = (uint32_t)n, .v.members = m};
     return KVO_OK;
 }
@@ -466,8 +465,9 @@ static bool literal(parser *ps, const char *word) {
 static kvo_status value(parser *ps, uint32_t depth, kvo_jv *out) {
     skip_ws(ps);
     if (ps->p >= ps->end)
-        return fail(ps, KVO_ETRUNC, ps->p, "the input ends where a value "
-                                           "should start");
+        return fail(ps, KVO_ETRUNC, ps->p,
+                    "the input ends where a value "
+                    "should start");
     switch (*ps->p) {
     case '{':
     case '[':
@@ -514,8 +514,11 @@ kvo_status kvo_json_parse(kvo_json *d, const void *text, size_t len,
                           const kvo_json_limits *lim, kvo_err *err) {
     kvo_arena_reset(&d->arena);
     d->root = NULL;
-    parser ps = {.start = text, .p = text, .end = (const uint8_t *)text + len,
-                 .d = d, .err = err};
+    parser ps = {.start = text,
+                 .p = text,
+                 .end = (const uint8_t *)text + len,
+                 .d = d,
+                 .err = err};
     ps.max_depth = lim && lim->max_depth ? lim->max_depth : DEFAULT_DEPTH;
     if (ps.max_depth > MAX_DEPTH) ps.max_depth = MAX_DEPTH;
     ps.max_mem = lim && lim->max_mem ? lim->max_mem
@@ -567,8 +570,8 @@ bool kvo_json_at(const kvo_jv *arr, size_t i, kvo_jv *out) {
         *out = arr->v.items[i];
         return true;
     }
-    *out = (kvo_jv){.type = KVO_JSON_INT, .neg = packed_neg(arr, i),
-                    .v.u = arr->v.ints[i]};
+    *out = (kvo_jv){
+        .type = KVO_JSON_INT, .neg = packed_neg(arr, i), .v.u = arr->v.ints[i]};
     return true;
 }
 

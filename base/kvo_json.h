@@ -80,7 +80,7 @@ typedef struct kvo_json_limits {
 typedef struct kvo_json {
     const kvo_jv *root; /* after a successful parse; NULL otherwise */
     kvo_arena arena;
-    size_t mem;         /* bytes the last parse used at its peak */
+    size_t mem; /* bytes the last parse used at its peak */
 } kvo_json;
 
 void kvo_json_init(kvo_json *d);

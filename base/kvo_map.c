@@ -97,8 +97,8 @@ static void remove_at(kvo_map *m, size_t i) {
     size_t hole = i;
     for (size_t j = (i + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
         size_t home = slot_of(m->slots[j].key, m->cap);
-        bool stays = hole <= j ? (home > hole && home <= j)
-                               : (home > hole || home <= j);
+        bool stays =
+            hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
         if (stays) continue;
         m->slots[hole] = m->slots[j];
         hole = j;

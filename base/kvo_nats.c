@@ -22,7 +22,7 @@ struct kvo_nats {
     atomic_uint_fast64_t connects, disconnects, reconnects;
     pthread_mutex_t mu; /* closed */
     pthread_cond_t cv;
-    bool closed;        /* nats.c's closed callback ran */
+    bool closed; /* nats.c's closed callback ran */
     bool close_called;
     bool close_confirmed;
 };
@@ -118,7 +118,8 @@ int kvo_nats_opt_set(kvo_nats_cfg *c, int code, const char *arg) {
     case KVO_NATS_OPT_TLS_KEY: c->tls_key = arg; break;
     case KVO_NATS_OPT_TLS_SKIP_VERIFY: c->tls_skip_verify = true; break;
     case KVO_NATS_OPT_RECONNECT_WAIT:
-        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX) return KVO_NATS_OPT_BAD;
+        if (kvo_parse_u32(arg, &u32) || u32 > INT32_MAX)
+            return KVO_NATS_OPT_BAD;
         c->reconnect_wait_ms = (int)u32;
         break;
     default: return KVO_NATS_OPT_OTHER;
@@ -174,7 +175,8 @@ static natsStatus set_options(kvo_nats *n, const kvo_nats_cfg *c,
     if (s == NATS_OK)
         s = natsOptions_SetReconnectWait(
             o, c->reconnect_wait_ms > 0 ? c->reconnect_wait_ms : 250);
-    if (s == NATS_OK) s = natsOptions_SetTimeout(o, KVO_NATS_CONNECT_TIMEOUT_MS);
+    if (s == NATS_OK)
+        s = natsOptions_SetTimeout(o, KVO_NATS_CONNECT_TIMEOUT_MS);
     if (s == NATS_OK && c->buffer_bytes > 0)
         s = natsOptions_SetReconnectBufSize(o, c->buffer_bytes);
     if (s == NATS_OK)
@@ -207,7 +209,8 @@ kvo_status kvo_nats_new(kvo_nats **out, const kvo_nats_cfg *c,
     pthread_mutex_init(&n->mu, NULL);
     pthread_cond_init(&n->cv, NULL);
     if (nservers <= 0) {
-        snprintf(err, errsz, "bad --nats server list '%s'", c->url ? c->url : "");
+        snprintf(err, errsz, "bad --nats server list '%s'",
+                 c->url ? c->url : "");
         st = KVO_EINVAL;
         goto done;
     }
@@ -254,7 +257,9 @@ uint64_t kvo_nats_disconnects(kvo_nats *n) {
     return atomic_load(&n->disconnects);
 }
 
-uint64_t kvo_nats_reconnects(kvo_nats *n) { return atomic_load(&n->reconnects); }
+uint64_t kvo_nats_reconnects(kvo_nats *n) {
+    return atomic_load(&n->reconnects);
+}
 
 bool kvo_nats_close(kvo_nats *n, int flush_ms) {
     if (!n || !n->nc) return true;

@@ -37,14 +37,14 @@ typedef struct kvo_nats_cfg {
     const char *url;             /* comma-separated server URLs */
     const char *user, *password; /* both or neither */
     const char *token;
-    const char *creds;           /* credentials file */
-    bool tls;                    /* require TLS (implied by the three below) */
-    const char *tls_ca;          /* CA bundle */
-    const char *tls_cert;        /* client certificate, with tls_key */
+    const char *creds;    /* credentials file */
+    bool tls;             /* require TLS (implied by the three below) */
+    const char *tls_ca;   /* CA bundle */
+    const char *tls_cert; /* client certificate, with tls_key */
     const char *tls_key;
-    bool tls_skip_verify;        /* do not verify the server certificate */
-    int reconnect_wait_ms;       /* between reconnect rounds; 0 = 250 */
-    int buffer_bytes;            /* reconnect buffer; 0 = nats.c's default */
+    bool tls_skip_verify;  /* do not verify the server certificate */
+    int reconnect_wait_ms; /* between reconnect rounds; 0 = 250 */
+    int buffer_bytes;      /* reconnect buffer; 0 = nats.c's default */
 } kvo_nats_cfg;
 
 /* url = KVO_NATS_DEFAULT_URL, reconnect_wait_ms = 250, the rest 0/NULL. */
@@ -76,27 +76,30 @@ enum {
     KVO_NATS_OPT_RECONNECT_WAIT
 };
 
-#define KVO_NATS_OPTIONS                                                      \
-    {"nats", required_argument, NULL, KVO_NATS_OPT_URL},                      \
-    {"nats-user", required_argument, NULL, KVO_NATS_OPT_USER},                \
-    {"nats-password", required_argument, NULL, KVO_NATS_OPT_PASSWORD},        \
-    {"nats-token", required_argument, NULL, KVO_NATS_OPT_TOKEN},              \
-    {"nats-creds", required_argument, NULL, KVO_NATS_OPT_CREDS},              \
-    {"nats-tls", no_argument, NULL, KVO_NATS_OPT_TLS},                        \
-    {"nats-tls-ca", required_argument, NULL, KVO_NATS_OPT_TLS_CA},            \
-    {"nats-tls-cert", required_argument, NULL, KVO_NATS_OPT_TLS_CERT},        \
-    {"nats-tls-key", required_argument, NULL, KVO_NATS_OPT_TLS_KEY},          \
-    {"nats-tls-skip-verify", no_argument, NULL, KVO_NATS_OPT_TLS_SKIP_VERIFY},\
-    {"nats-reconnect-wait-ms", required_argument, NULL,                       \
-     KVO_NATS_OPT_RECONNECT_WAIT}
+#define KVO_NATS_OPTIONS                                                       \
+    {"nats", required_argument, NULL, KVO_NATS_OPT_URL},                       \
+        {"nats-user", required_argument, NULL, KVO_NATS_OPT_USER},             \
+        {"nats-password", required_argument, NULL, KVO_NATS_OPT_PASSWORD},     \
+        {"nats-token", required_argument, NULL, KVO_NATS_OPT_TOKEN},           \
+        {"nats-creds", required_argument, NULL, KVO_NATS_OPT_CREDS},           \
+        {"nats-tls", no_argument, NULL, KVO_NATS_OPT_TLS},                     \
+        {"nats-tls-ca", required_argument, NULL, KVO_NATS_OPT_TLS_CA},         \
+        {"nats-tls-cert", required_argument, NULL, KVO_NATS_OPT_TLS_CERT},     \
+        {"nats-tls-key", required_argument, NULL, KVO_NATS_OPT_TLS_KEY},       \
+        {"nats-tls-skip-verify", no_argument, NULL,                            \
+         KVO_NATS_OPT_TLS_SKIP_VERIFY},                                        \
+    {                                                                          \
+        "nats-reconnect-wait-ms", required_argument, NULL,                     \
+            KVO_NATS_OPT_RECONNECT_WAIT                                        \
+    }
 
-#define KVO_NATS_USAGE                                                        \
-    "  --nats URL[,URL...]     servers, tried in this order (default "        \
-    KVO_NATS_DEFAULT_URL ")\n"                                                  \
+#define KVO_NATS_USAGE                                                         \
+    "  --nats URL[,URL...]     servers, tried in this order "                  \
+    "(default " KVO_NATS_DEFAULT_URL ")\n"                                     \
     "  --nats-user U --nats-password P | --nats-token T | --nats-creds FILE\n" \
-    "  --nats-tls              require TLS\n"                                 \
-    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"         \
-    "  --nats-tls-skip-verify  do not verify the server certificate\n"        \
+    "  --nats-tls              require TLS\n"                                  \
+    "  --nats-tls-ca FILE --nats-tls-cert FILE --nats-tls-key FILE\n"          \
+    "  --nats-tls-skip-verify  do not verify the server certificate\n"         \
     "  --nats-reconnect-wait-ms N  (default 250)\n"
 
 /* What kvo_nats_opt_set did with a code. */

@@ -55,8 +55,8 @@ static bool is_exe(const char *path) {
            access(path, X_OK) == 0;
 }
 
-static bool try_dir(const char *dir, size_t dirlen, const char *name,
-                    char *out, size_t outsz) {
+static bool try_dir(const char *dir, size_t dirlen, const char *name, char *out,
+                    size_t outsz) {
     if (dirlen == 0) dir = ".", dirlen = 1; /* empty PATH entry = cwd */
     int n = snprintf(out, outsz, "%.*s/%s", (int)dirlen, dir, name);
     return n > 0 && (size_t)n < outsz && is_exe(out);
@@ -301,8 +301,9 @@ kvo_status kvo_free_port(uint16_t *port) {
 
 /* One non-blocking connect attempt bounded by wait_ms; true on success. */
 static bool tcp_try(const struct addrinfo *ai, long wait_ms) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+    int fd =
+        socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+               ai->ai_protocol);
     if (fd < 0) return false;
     bool ok = false;
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {

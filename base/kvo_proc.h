@@ -14,7 +14,7 @@ typedef struct kvo_proc {
     char log_path[512]; /* stdout+stderr of the child */
     int exit_status;    /* after it ended: exit code, or 128+signal */
     bool exited;
-    bool killed;        /* kvo_proc_stop had to SIGKILL it: it outlived the
+    bool killed; /* kvo_proc_stop had to SIGKILL it: it outlived the
                            grace after SIGTERM */
 } kvo_proc;
 

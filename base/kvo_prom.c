@@ -19,8 +19,7 @@ void kvo_prom_family(kvo_prom *p, const char *name, const char *type,
 }
 
 /* <prefix><name>[{labels}] then the value, which the caller appends. */
-static void head(kvo_prom *p, const char *name, const char *fmt,
-                 va_list ap) {
+static void head(kvo_prom *p, const char *name, const char *fmt, va_list ap) {
     if (p->st != KVO_OK) return;
     p->st = kvo_buf_printf(p->out, "%s%s", p->prefix, name);
     if (p->st != KVO_OK || !fmt || !*fmt) return;

@@ -148,8 +148,8 @@ static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
             x->listed = true;
             if ((st = chk_engine_blocks(e, rk->dp_rank, &eb, &r->err)) !=
                     KVO_OK ||
-                (st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank,
-                                       true, &ib, &r->err)) != KVO_OK ||
+                (st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, true,
+                                       &ib, &r->err)) != KVO_OK ||
                 (st = check_listed(r, "kvo-mocker /kvo/blocks", e->worker_id,
                                    rk->dp_rank, &eb)) != KVO_OK ||
                 (st = check_listed(r, "kvo-indexer /blocks", e->worker_id,
@@ -196,9 +196,8 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
     c.number = (uint32_t)res->n_ckpts + 1;
     c.after = sent;
     c.final = final;
-    c.before_prompt = !final && sent < r->trace.n
-                          ? (int64_t)r->trace.reqs[sent].line
-                          : -1;
+    c.before_prompt =
+        !final && sent < r->trace.n ? (int64_t)r->trace.reqs[sent].line : -1;
     c.drain_s = drain_s;
     c.sweep_first = -1;
     *stop = false;
@@ -223,10 +222,9 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
     c.sets_s = chk_secs(t1);
     /* 4 the sweep (it charges its own stage) */
     size_t from = final ? 0 : r->swept_to;
-    st = chk_run_sweep(r, from, sent,
-                       (size_t)(final ? r->cfg->sweep
-                                      : r->cfg->checkpoint_sweep),
-                       &c);
+    st = chk_run_sweep(
+        r, from, sent,
+        (size_t)(final ? r->cfg->sweep : r->cfg->checkpoint_sweep), &c);
     r->swept_to = sent;
     if (st != KVO_OK) goto done;
     /* 5 */
@@ -247,7 +245,8 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
 done:
     /* what the sync and counters charged belongs to the checkpoint */
     {
-        double sweep = res->stage_s[CHECK_STAGE_SWEEP] - stages[CHECK_STAGE_SWEEP];
+        double sweep =
+            res->stage_s[CHECK_STAGE_SWEEP] - stages[CHECK_STAGE_SWEEP];
         memcpy(res->stage_s, stages, sizeof(stages));
         res->stage_s[CHECK_STAGE_SWEEP] += sweep;
         res->stage_s[CHECK_STAGE_CHECKPOINT] += chk_secs(t0) - sweep + drain_s;

@@ -92,8 +92,8 @@ static kvo_status names_dup(const check_counter *src, char **stage,
 /* Append a counter whose key and rule are known (no lookup). */
 static kvo_status counters_push(check_counters *c, const check_counter *src,
                                 double value) {
-    kvo_status st = kvo_grow(&c->items, &c->cap, c->n + 1, sizeof(*c->items),
-                             64);
+    kvo_status st =
+        kvo_grow(&c->items, &c->cap, c->n + 1, sizeof(*c->items), 64);
     if (st != KVO_OK) return st;
     check_counter *it = &c->items[c->n];
     if ((st = names_dup(src, &it->stage, &it->name)) != KVO_OK) return st;
@@ -114,8 +114,10 @@ kvo_status check_counters_set(check_counters *c, const char *stage,
         c->hint = ((size_t)i + 1) % c->n;
         return KVO_OK;
     }
-    check_counter it = {.stage = (char *)stage, .name = (char *)name,
-                        .key = key, .rule = check_rule_find(stage, name)};
+    check_counter it = {.stage = (char *)stage,
+                        .name = (char *)name,
+                        .key = key,
+                        .rule = check_rule_find(stage, name)};
     return counters_push(c, &it, value);
 }
 
@@ -147,14 +149,12 @@ double check_counters_sum(const check_counters *c, const char *stage_prefix,
     size_t pl = strlen(stage_prefix);
     for (size_t i = 0; i < c->n; i++)
         if (strncmp(c->items[i].stage, stage_prefix, pl) == 0 &&
-            contains_any(c->items[i].name, match) &&
-            !isnan(c->items[i].value))
+            contains_any(c->items[i].name, match) && !isnan(c->items[i].value))
             sum += c->items[i].value;
     return sum;
 }
 
-kvo_status check_counters_copy(check_counters *dst,
-                               const check_counters *src) {
+kvo_status check_counters_copy(check_counters *dst, const check_counters *src) {
     /* Fast path, once per prompt in the driver: same names, same order. */
     bool same = dst->n == src->n;
     for (size_t i = 0; same && i < src->n; i++)
@@ -166,9 +166,8 @@ kvo_status check_counters_copy(check_counters *dst,
     }
     check_counters_clear(dst);
     for (size_t i = 0; i < src->n; i++) {
-        kvo_status st = check_counters_set(dst, src->items[i].stage,
-                                           src->items[i].name,
-                                           src->items[i].value);
+        kvo_status st = check_counters_set(
+            dst, src->items[i].stage, src->items[i].name, src->items[i].value);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
@@ -225,8 +224,10 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
             bool quoted = false;
             while (k < eol) {
                 if (quoted) {
-                    if (*k == '\\' && k + 1 < eol) k++;
-                    else if (*k == '"') quoted = false;
+                    if (*k == '\\' && k + 1 < eol)
+                        k++;
+                    else if (*k == '"')
+                        quoted = false;
                 } else if (*k == '"') {
                     quoted = true;
                 } else if (*k == '{') {
@@ -287,24 +288,23 @@ static kvo_status parse_json_rec(check_counters *c, const char *stage,
             int n = snprintf(path + plen, cap - plen, "%s%s", plen ? "." : "",
                              m->key);
             if (n >= 0 && (size_t)n < cap - plen)
-                st = parse_json_rec(c, stage, &m->value, path,
-                                    plen + (size_t)n, cap, depth + 1);
+                st = parse_json_rec(c, stage, &m->value, path, plen + (size_t)n,
+                                    cap, depth + 1);
             path[plen] = '\0';
         }
         break;
     case KVO_JSON_ARR:
         for (uint32_t i = 0; i < j->len && st == KVO_OK; i++) {
             kvo_jv e;
-            int n = snprintf(path + plen, cap - plen, "%s%u", plen ? "." : "",
-                             i);
+            int n =
+                snprintf(path + plen, cap - plen, "%s%u", plen ? "." : "", i);
             if (n >= 0 && (size_t)n < cap - plen && kvo_json_at(j, i, &e))
                 st = parse_json_rec(c, stage, &e, path, plen + (size_t)n, cap,
                                     depth + 1);
             path[plen] = '\0';
         }
         break;
-    default:
-        break;
+    default: break;
     }
     return st;
 }
@@ -360,26 +360,30 @@ static const check_rule RULES[] = {
      * so "engine" as a stage prefix leaves it out. */
     {"engine", "render_errors", NULL, CHECK_REASON_ENGINE_ERROR,
      "step batches the engine could not encode: their events were never "
-     "published", false},
+     "published",
+     false},
     {"engine", "send_errors", NULL, CHECK_REASON_ENGINE_ERROR,
      "batches the engine's ZMQ socket refused to publish", false},
     {"engine", "replay_cut|replay_bad_requests", NULL,
      CHECK_REASON_ENGINE_ERROR,
-     "replays the engine cut short, or replay requests it could not read", false},
+     "replays the engine cut short, or replay requests it could not read",
+     false},
     {"engine", "lost", NULL, CHECK_REASON_ENGINE_ERROR,
      "events the engine counted as lost", false},
     /* kvo-relay: kvo_relay_<name> on /metrics, <name> in /stats JSON */
     {"relay", "hash_mismatches", NULL, CHECK_REASON_HASH_MISMATCH,
-     "engine hashes that are not H(parent, tokens) (--verify-engine-hash)", false},
+     "engine hashes that are not H(parent, tokens) (--verify-engine-hash)",
+     false},
     {"relay", "oversize", NULL, CHECK_REASON_SEQ_GAP,
      "batches over the relay's --zmq-max-msg-bytes: lost (the rank was "
-     "cleared)", false},
+     "cleared)",
+     false},
     {"relay", "replay_failures", NULL, CHECK_REASON_SEQ_GAP,
      "gaps the relay could not replay (the rank was cleared)", false},
     {"relay", "buffer_dropped|publish_dropped", NULL, CHECK_REASON_SEQ_GAP,
      "batches or messages the relay had to drop", false},
-    {"relay", "bad_msgs|bad_messages|decode_errors", NULL, CHECK_REASON_REJECTED,
-     "ZMQ messages the relay could not decode", false},
+    {"relay", "bad_msgs|bad_messages|decode_errors", NULL,
+     CHECK_REASON_REJECTED, "ZMQ messages the relay could not decode", false},
     {"relay", "rejects", NULL, CHECK_REASON_REJECTED,
      "events the relay refused (block size, token count, medium, rank)", false},
     {"relay", "removes_unknown", NULL, CHECK_REASON_MISSED_STORE,
@@ -388,7 +392,8 @@ static const check_rule RULES[] = {
      * when an indexer lost something */
     {"relay", "recovery_requests", NULL, CHECK_REASON_SEQ_GAP,
      "recovery requests in a run with no injected fault: recovery must "
-     "never hide a bug", true},
+     "never hide a bug",
+     true},
     /* kvo-indexer */
     {"indexer", "parent_not_found", NULL, CHECK_REASON_UNKNOWN_PARENT,
      "stores whose parent the index does not hold", false},
@@ -397,7 +402,8 @@ static const check_rule RULES[] = {
     {"indexer", "recovery_failures|stale_publishers", NULL,
      CHECK_REASON_SEQ_GAP,
      "recoveries that failed: the relay's workers were cleared and marked "
-     "stale", false},
+     "stale",
+     false},
     /* Clean runs only (check_fault.c): a run with no injected fault sees
      * no gap and no recovery at all. A kill makes them the expected
      * answer, and the prompts and checkpoints judge what they rebuilt.
@@ -405,20 +411,23 @@ static const check_rule RULES[] = {
      * hears each from its sequence 0: it asks nobody for a dump. */
     {"indexer", "gap|missed", NULL, CHECK_REASON_SEQ_GAP,
      "event-plane sequence gaps (lost NATS messages) in a run with no "
-     "injected fault: recovery must never hide a bug", true},
+     "injected fault: recovery must never hide a bug",
+     true},
     {"indexer", "recovery_requests|recoveries_|impossible_sequences|live_held",
      NULL, CHECK_REASON_SEQ_GAP,
      "recoveries in a run with no injected fault: something was lost or "
-     "jumped, and recovery must never hide a bug", true},
+     "jumped, and recovery must never hide a bug",
+     true},
     {"indexer", "dropped|slow_consumer", NULL, CHECK_REASON_SEQ_GAP,
      "NATS messages the indexer dropped in a run with no injected fault: "
      "recovery must never hide a bug",
      true},
     {"indexer",
-     "invalid_block|decode_error|undecodable|malformed|bad_header|enomem",
-     NULL, CHECK_REASON_REJECTED, "messages or blocks the indexer refused", false},
+     "invalid_block|decode_error|undecodable|malformed|bad_header|enomem", NULL,
+     CHECK_REASON_REJECTED, "messages or blocks the indexer refused", false},
     {"indexer", "block_not_found|blocks_not_found|not_found", NULL,
-     CHECK_REASON_MISSED_STORE, "removes of blocks the index never held", false},
+     CHECK_REASON_MISSED_STORE, "removes of blocks the index never held",
+     false},
 };
 
 const check_rule *check_rules(size_t *n) {
@@ -558,8 +567,10 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     /* 1. The engine contradicts itself. */
     if (engine_bad) {
         p->reason = CHECK_REASON_ENGINE;
-        snprintf(tail, room, "; response says %lld cached tokens, probe %d "
-                 "blocks", (long long)o->cached_tokens, hits[o->chosen]);
+        snprintf(tail, room,
+                 "; response says %lld cached tokens, probe %d "
+                 "blocks",
+                 (long long)o->cached_tokens, hits[o->chosen]);
         return KVO_OK;
     }
     /* 2. A sibling rank of the same worker is off the other way, or the
@@ -579,8 +590,10 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
         }
         if (never && (uint32_t)de > di && i >= (uint32_t)de) {
             p->reason = CHECK_REASON_WRONG_RANK;
-            snprintf(tail, room, "; the index never scored rank %u, rank %u "
-                                 "holds %u", ds % o->dp_size, r, i);
+            snprintf(tail, room,
+                     "; the index never scored rank %u, rank %u "
+                     "holds %u",
+                     ds % o->dp_size, r, i);
             return KVO_OK;
         }
     }
@@ -694,8 +707,8 @@ kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
         p->dp_rank = ds % o->dp_size;
         p->engine_hit_blocks = p->engine_hits[ds];
         p->index_raw_blocks = p->index_scores[ds];
-        p->index_hit_blocks = p->index_scores[ds] < cap ? p->index_scores[ds]
-                                                        : cap;
+        p->index_hit_blocks =
+            p->index_scores[ds] < cap ? p->index_scores[ds] : cap;
     }
     if (out) *out = p;
     return KVO_OK;
@@ -730,8 +743,7 @@ kvo_status check_result_trips(check_result *r, const check_counters *total,
     return KVO_OK;
 }
 
-void check_result_error(check_result *r, int64_t prompt, const char *fmt,
-                        ...) {
+void check_result_error(check_result *r, int64_t prompt, const char *fmt, ...) {
     if (r->error[0]) return;
     va_list ap;
     va_start(ap, fmt);
@@ -821,8 +833,8 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
      * blocks it left behind), a divergence at the query (3). "At the end"
      * sorts after every request. */
     enum { KINDS = 4 };
-#define POS(req, kind) \
-    ((req) < 0 ? UINT64_MAX - KINDS + (kind) : (uint64_t)(req) * KINDS + (kind))
+#define POS(req, kind)                                                         \
+    ((req) < 0 ? UINT64_MAX - KINDS + (kind) : (uint64_t)(req)*KINDS + (kind))
     const uint64_t none = UINT64_MAX;
     uint64_t err_pos = r->error[0] ? POS(r->error_prompt, 0) : none;
     const check_trip *tp = NULL;
@@ -831,7 +843,8 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         /* counters first seen at the same read: the rule table's order is
          * the causal one (a gap before the unknown parents it causes) */
         uint64_t pos = POS(r->trips[i].before_prompt, 1);
-        if (pos < trip_pos || (pos == trip_pos && r->trips[i].rule < tp->rule)) {
+        if (pos < trip_pos ||
+            (pos == trip_pos && r->trips[i].rule < tp->rule)) {
             trip_pos = pos;
             tp = &r->trips[i];
         }
@@ -938,7 +951,8 @@ bool check_result_passed(const check_result *r, const char **cause) {
 
 const char *check_stage_name(check_stage s) {
     static const char *names[CHECK_STAGE_COUNT] = {
-        "watermark wait", "counters", "index query", "engine probes",
-        "completion", "sweep", "other", "checkpoints", "load traffic"};
+        "watermark wait", "counters",    "index query",
+        "engine probes",  "completion",  "sweep",
+        "other",          "checkpoints", "load traffic"};
     return (unsigned)s < CHECK_STAGE_COUNT ? names[s] : "?";
 }

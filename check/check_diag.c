@@ -65,8 +65,8 @@ static uint32_t misplaced(const check_lookup *l, uint32_t n) {
 }
 
 void check_diagnose(const check_chain_block *b, const check_lookup *l,
-                    uint32_t n, uint32_t k, bool index_behind,
-                    uint32_t worker, uint32_t rank, check_diag *out) {
+                    uint32_t n, uint32_t k, bool index_behind, uint32_t worker,
+                    uint32_t rank, check_diag *out) {
     char ep[64], ip[64], who[200];
     parent_text(ep, sizeof(ep), b->has_parent, b->parent);
     parent_text(ip, sizeof(ip), l->has_parent, l->parent);
@@ -101,12 +101,14 @@ void check_diagnose(const check_chain_block *b, const check_lookup *l,
             out->reason = CHECK_REASON_TOKEN_MISMATCH;
             snprintf(ev, sz,
                      "block %u (hash %" PRIu64 "): the index holds it with "
-                     "tokens_hash %" PRIu64 ", the engine's tokens give %" PRIu64,
+                     "tokens_hash %" PRIu64
+                     ", the engine's tokens give %" PRIu64,
                      k, b->hash, l->tokens_hash, b->tokens_hash);
         } else {
             out->reason = CHECK_REASON_UNEXPLAINED;
             snprintf(ev, sz,
-                     "block %u (hash %" PRIu64 ", %s, tokens_hash %" PRIu64 "): "
+                     "block %u (hash %" PRIu64 ", %s, tokens_hash %" PRIu64
+                     "): "
                      "the index holds it as the engine does on worker %u "
                      "rank %u, yet scored less",
                      k, b->hash, ep, b->tokens_hash, worker, rank);
@@ -119,10 +121,10 @@ void check_diagnose(const check_chain_block *b, const check_lookup *l,
     if (i < n) {
         bool same_worker = false;
         for (uint32_t h = 0; h < l[i].n_holders; h++)
-            same_worker |= !l[i].holder_cached[h] &&
-                           l[i].holders[h].worker == worker;
-        out->reason = same_worker ? CHECK_REASON_WRONG_RANK
-                                  : CHECK_REASON_WRONG_WORKER;
+            same_worker |=
+                !l[i].holder_cached[h] && l[i].holders[h].worker == worker;
+        out->reason =
+            same_worker ? CHECK_REASON_WRONG_RANK : CHECK_REASON_WRONG_WORKER;
         snprintf(ev, sz,
                  "block %u (hash %" PRIu64 "): cached on worker %u rank %u, "
                  "which the index does not credit with it; the index holds "
@@ -196,8 +198,9 @@ kvo_status check_prompt_unexplained(check_prompt *p, const char *why,
                                     kvo_arena *a) {
     if (!p->diverged) return KVO_EINVAL;
     char ev[320];
-    snprintf(ev, sizeof(ev), "no evidence (%s): the reason is a guess from "
-                             "the direction",
+    snprintf(ev, sizeof(ev),
+             "no evidence (%s): the reason is a guess from "
+             "the direction",
              why);
     return (p->evidence = arena_str(a, ev)) ? KVO_OK : KVO_ENOMEM;
 }

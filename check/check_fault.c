@@ -26,8 +26,10 @@
 
 const char *check_fault_kind_name(check_fault_kind k) {
     static const char *names[CHECK_FAULT_KIND_COUNT] = {
-        [CHECK_FAULT_RELAY] = "relay", [CHECK_FAULT_INDEXER] = "indexer",
-        [CHECK_FAULT_ENGINE] = "engine", [CHECK_FAULT_NATS] = "nats"};
+        [CHECK_FAULT_RELAY] = "relay",
+        [CHECK_FAULT_INDEXER] = "indexer",
+        [CHECK_FAULT_ENGINE] = "engine",
+        [CHECK_FAULT_NATS] = "nats"};
     return (unsigned)k < CHECK_FAULT_KIND_COUNT ? names[k] : "?";
 }
 
@@ -139,11 +141,10 @@ void check_fault_text(const check_fault *f, char *out, size_t outsz) {
         [CHECK_FAULT_ENGINE] = "engine restart",
         [CHECK_FAULT_NATS] = "nats kill"};
     size_t len = 0;
-    int w = snprintf(out, outsz, "before request %llu: %s %s",
-                     (unsigned long long)f->at,
-                     (unsigned)f->kind < CHECK_FAULT_KIND_COUNT ? verb[f->kind]
-                                                                : "?",
-                     f->target[0] ? f->target : "(not done)");
+    int w = snprintf(
+        out, outsz, "before request %llu: %s %s", (unsigned long long)f->at,
+        (unsigned)f->kind < CHECK_FAULT_KIND_COUNT ? verb[f->kind] : "?",
+        f->target[0] ? f->target : "(not done)");
 #define ADVANCE()                                                              \
     do {                                                                       \
         if (w < 0 || (size_t)w >= outsz - len) return;                         \
@@ -154,8 +155,10 @@ void check_fault_text(const check_fault *f, char *out, size_t outsz) {
     w = snprintf(out + len, outsz - len, ", back in %.0f ms", f->down_ms);
     ADVANCE();
     if (f->heal_ms >= 0)
-        w = snprintf(out + len, outsz - len, ", index synced %.0f ms after "
-                     "the kill", f->heal_ms);
+        w = snprintf(out + len, outsz - len,
+                     ", index synced %.0f ms after "
+                     "the kill",
+                     f->heal_ms);
     else
         w = snprintf(out + len, outsz - len, ", no sync after it");
     ADVANCE();

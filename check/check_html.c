@@ -58,14 +58,24 @@ static const char CSS[] =
     "white-space:pre}"
     ".small{display:inline-block;margin:0 10px 10px 0}";
 
-enum { PLOT_W = 940, PLOT_H = 250, SMALL_W = 460, SMALL_H = 150,
-       MAX_POINTS = 900 };
+enum {
+    PLOT_W = 940,
+    PLOT_H = 250,
+    SMALL_W = 460,
+    SMALL_H = 150,
+    MAX_POINTS = 900
+};
 /* The rolling window: a WINDOW_SPANS-th of the run, within WINDOW_MIN and
  * WINDOW_MAX requests (a slot's chart: its share, at least
  * SLOT_WINDOW_MIN). Past MANY_MARKS divergence marks a chart draws them
  * fainter so its lines stay readable. */
-enum { WINDOW_SPANS = 50, WINDOW_MIN = 10, WINDOW_MAX = 200,
-       SLOT_WINDOW_MIN = 5, MANY_MARKS = 50 };
+enum {
+    WINDOW_SPANS = 50,
+    WINDOW_MIN = 10,
+    WINDOW_MAX = 200,
+    SLOT_WINDOW_MIN = 5,
+    MANY_MARKS = 50
+};
 /* Rows of the divergence list (the JSON report has them all) and of the
  * worst-prompts table. */
 enum { DIVERGENCE_ROWS = 2000, WORST_ROWS = 20 };
@@ -77,8 +87,8 @@ static size_t rolling(const check_result *r, long slot, size_t window,
                       double *pos, double *eng, double *idx) {
     size_t n = 0, head = 0;
     uint64_t tok = 0, e = 0, i = 0;
-    size_t *members = kvo_calloc(r->n_prompts ? r->n_prompts : 1,
-                                 sizeof(*members));
+    size_t *members =
+        kvo_calloc(r->n_prompts ? r->n_prompts : 1, sizeof(*members));
     if (!members) return 0;
     size_t nm = 0;
     for (size_t k = 0; k < r->n_prompts; k++) {
@@ -131,25 +141,28 @@ static void chart(FILE *f, const check_result *r, long slot, size_t window,
     size_t m = rolling(r, slot, window, pos, eng, idx);
     double xs = pw / (double)(n > 1 ? n - 1 : 1), ys = ph / 100.0;
     double y0 = mt + ph;
-    fprintf(f, "<svg %s%s%s class=\"plot\" width=\"%d\" height=\"%d\" "
-               "viewBox=\"0 0 %d %d\" role=\"img\" data-slot=\"%ld\" "
-               "data-xs=\"%.6f\" data-ml=\"%.0f\">\n",
+    fprintf(f,
+            "<svg %s%s%s class=\"plot\" width=\"%d\" height=\"%d\" "
+            "viewBox=\"0 0 %d %d\" role=\"img\" data-slot=\"%ld\" "
+            "data-xs=\"%.6f\" data-ml=\"%.0f\">\n",
             id ? "id=\"" : "", id ? id : "", id ? "\"" : "", w, h, w, h, slot,
             xs, ml);
     fprintf(f, "<text x=\"%.0f\" y=\"14\" style=\"font-weight:600\">", ml);
     esc(f, title);
     fputs("</text>\n", f);
     for (int g = 0; g <= 100; g += 25) {
-        fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
-                   "stroke=\"%s\"/><text x=\"%.0f\" y=\"%.1f\" "
-                   "text-anchor=\"end\">%d%%</text>\n",
-                ml, ml + pw, y0 - g * ys, y0 - g * ys,
-                g ? "#eee" : "#999", ml - 4, y0 - g * ys + 4, g);
+        fprintf(f,
+                "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
+                "stroke=\"%s\"/><text x=\"%.0f\" y=\"%.1f\" "
+                "text-anchor=\"end\">%d%%</text>\n",
+                ml, ml + pw, y0 - g * ys, y0 - g * ys, g ? "#eee" : "#999",
+                ml - 4, y0 - g * ys + 4, g);
     }
     for (int t = 0; t <= 4 && n > 0; t++) {
         size_t k = (size_t)((double)(n - 1) * t / 4);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">"
-                   "%llu</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">"
+                "%llu</text>\n",
                 ml + (double)k * xs, (double)h - 6,
                 (unsigned long long)r->prompts[k].id);
     }
@@ -160,13 +173,13 @@ static void chart(FILE *f, const check_result *r, long slot, size_t window,
     for (size_t k = 0; k < n; k++) {
         const check_prompt *p = &r->prompts[k];
         if (!p->diverged) continue;
-        if (slot >= 0 && p->slot != (uint32_t)slot &&
-            p->divergent_slot != slot)
+        if (slot >= 0 && p->slot != (uint32_t)slot && p->divergent_slot != slot)
             continue;
-        fprintf(f, "<line class=\"divmark\" x1=\"%.1f\" x2=\"%.1f\" "
-                   "y1=\"%.0f\" y2=\"%.1f\" stroke=\"#d93025\" "
-                   "stroke-opacity=\"%.2f\"><title>prompt %llu: %s</title>"
-                   "</line>\n",
+        fprintf(f,
+                "<line class=\"divmark\" x1=\"%.1f\" x2=\"%.1f\" "
+                "y1=\"%.0f\" y2=\"%.1f\" stroke=\"#d93025\" "
+                "stroke-opacity=\"%.2f\"><title>prompt %llu: %s</title>"
+                "</line>\n",
                 ml + (double)k * xs, ml + (double)k * xs, mt, y0, opacity,
                 (unsigned long long)p->id, check_reason_name(p->reason));
     }
@@ -199,10 +212,11 @@ static void summary_row(FILE *f, const char *k, const char *fmt, ...) {
 }
 
 static void prompt_row(FILE *f, const check_prompt *p) {
-    fprintf(f, "<tr%s><td class=\"n\">%llu</td><td class=\"n\">%u</td>"
-               "<td class=\"n\">%u</td><td class=\"n\">%u</td>"
-               "<td class=\"n\">%u</td><td class=\"n\">%d</td>"
-               "<td class=\"n\">%u</td><td class=\"n\">",
+    fprintf(f,
+            "<tr%s><td class=\"n\">%llu</td><td class=\"n\">%u</td>"
+            "<td class=\"n\">%u</td><td class=\"n\">%u</td>"
+            "<td class=\"n\">%u</td><td class=\"n\">%d</td>"
+            "<td class=\"n\">%u</td><td class=\"n\">",
             p->diverged ? " class=\"div\"" : "", (unsigned long long)p->id,
             p->worker, p->dp_rank, p->prompt_tokens, p->prompt_blocks,
             p->engine_hit_blocks, p->index_hit_blocks);
@@ -264,8 +278,8 @@ static void counters_tables(FILE *f, const check_result *r) {
 
 static void time_bar(FILE *f, const check_result *r) {
     static const char *colors[CHECK_STAGE_COUNT] = {
-        "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b", "#e0b040",
-        "#dddddd", "#d93025", "#7fb3e0"};
+        "#8e6bbf", "#bbbbbb", "#c4540a", "#4a90d9", "#2e9e5b",
+        "#e0b040", "#dddddd", "#d93025", "#7fb3e0"};
     double sum = 0;
     for (int s = 0; s < CHECK_STAGE_COUNT; s++) sum += r->stage_s[s];
     if (sum <= 0) {
@@ -276,16 +290,18 @@ static void time_bar(FILE *f, const check_result *r) {
     double x = 0;
     for (int s = 0; s < CHECK_STAGE_COUNT; s++) {
         double w = (PLOT_W - 2) * r->stage_s[s] / sum;
-        fprintf(f, "<rect x=\"%.1f\" y=\"2\" width=\"%.1f\" height=\"30\" "
-                   "fill=\"%s\"><title>%s: %.2f s (%.1f%%)</title></rect>\n",
+        fprintf(f,
+                "<rect x=\"%.1f\" y=\"2\" width=\"%.1f\" height=\"30\" "
+                "fill=\"%s\"><title>%s: %.2f s (%.1f%%)</title></rect>\n",
                 x + 1, w, colors[s], check_stage_name((check_stage)s),
                 r->stage_s[s], 100 * r->stage_s[s] / sum);
         x += w;
     }
     fputs("</svg>\n<p class=\"legend\">", f);
     for (int s = 0; s < CHECK_STAGE_COUNT; s++)
-        fprintf(f, "<span><i class=\"sw\" style=\"background:%s\"></i>%s "
-                   "%.2f s (%.1f%%)</span>",
+        fprintf(f,
+                "<span><i class=\"sw\" style=\"background:%s\"></i>%s "
+                "%.2f s (%.1f%%)</span>",
                 colors[s], check_stage_name((check_stage)s), r->stage_s[s],
                 100 * r->stage_s[s] / sum);
     fputs("</p>\n", f);
@@ -298,13 +314,24 @@ static const struct {
     int64_t lo, hi;
     const char *label;
 } STALE_BINS[] = {
-    {INT64_MIN, -65, "< -64"}, {-64, -17, "-64..-17"}, {-16, -5, "-16..-5"},
-    {-4, -2, "-4..-2"},        {-1, -1, "-1"},          {0, 0, "0"},
-    {1, 1, "+1"},              {2, 4, "+2..+4"},        {5, 16, "+5..+16"},
-    {17, 64, "+17..+64"},      {65, INT64_MAX, "> +64"},
+    {INT64_MIN, -65, "< -64"},
+    {-64, -17, "-64..-17"},
+    {-16, -5, "-16..-5"},
+    {-4, -2, "-4..-2"},
+    {-1, -1, "-1"},
+    {0, 0, "0"},
+    {1, 1, "+1"},
+    {2, 4, "+2..+4"},
+    {5, 16, "+5..+16"},
+    {17, 64, "+17..+64"},
+    {65, INT64_MAX, "> +64"},
 };
-enum { STALE_BINS_N = sizeof(STALE_BINS) / sizeof(STALE_BINS[0]),
-       HIST_W = 620, HIST_H = 200, OVER_H = 200 };
+enum {
+    STALE_BINS_N = sizeof(STALE_BINS) / sizeof(STALE_BINS[0]),
+    HIST_W = 620,
+    HIST_H = 200,
+    OVER_H = 200
+};
 
 static int64_t staleness(const check_prompt *p) {
     return (int64_t)p->routed_index_blocks - p->engine_hit_blocks;
@@ -325,8 +352,9 @@ static void stale_histogram(FILE *f, const check_result *r) {
     const double ml = 10, mt = 20, mb = 34;
     double pw = HIST_W - 2 * ml, ph = HIST_H - mt - mb;
     double bw = pw / STALE_BINS_N, top = log10(1.0 + (double)most);
-    fprintf(f, "<svg id=\"stale-hist\" width=\"%d\" height=\"%d\" role=\"img\">"
-               "\n",
+    fprintf(f,
+            "<svg id=\"stale-hist\" width=\"%d\" height=\"%d\" role=\"img\">"
+            "\n",
             HIST_W, HIST_H);
     for (int b = 0; b < STALE_BINS_N; b++) {
         double h = top > 0 ? ph * log10(1.0 + (double)n[b]) / top : 0;
@@ -334,14 +362,16 @@ static void stale_histogram(FILE *f, const check_result *r) {
         const char *color = STALE_BINS[b].lo > 0   ? "#d93025"
                             : STALE_BINS[b].hi < 0 ? "#4a90d9"
                                                    : "#2e9e5b";
-        fprintf(f, "<rect class=\"bin\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
-                   "height=\"%.1f\" fill=\"%s\"><title>%s: %llu requests"
-                   "</title></rect>\n",
+        fprintf(f,
+                "<rect class=\"bin\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
+                "height=\"%.1f\" fill=\"%s\"><title>%s: %llu requests"
+                "</title></rect>\n",
                 x + 2, mt + ph - h, bw - 4, h, color, STALE_BINS[b].label,
                 (unsigned long long)n[b]);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu"
-                   "</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
-                   "%s</text>\n",
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%llu"
+                "</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                "%s</text>\n",
                 x + bw / 2, mt + ph - h - 4, (unsigned long long)n[b],
                 x + bw / 2, (double)HIST_H - 14, STALE_BINS[b].label);
     }
@@ -364,14 +394,16 @@ static void stale_over_trace(FILE *f, const check_result *r) {
     const double ml = 48, mr = 40, mt = 14, mb = 24;
     double pw = PLOT_W - ml - mr, ph = OVER_H - mt - mb, y0 = mt + ph / 2;
     double xs = pw / (double)(n > 1 ? n - 1 : 1), ys = ph / 2 / (double)ymax;
-    fprintf(f, "<svg id=\"stale-trace\" width=\"%d\" height=\"%d\" "
-               "role=\"img\">\n",
+    fprintf(f,
+            "<svg id=\"stale-trace\" width=\"%d\" height=\"%d\" "
+            "role=\"img\">\n",
             PLOT_W, OVER_H);
-    fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
-               "stroke=\"#999\"/>\n<text x=\"%.0f\" y=\"%.1f\" "
-               "text-anchor=\"end\">+%lld</text><text x=\"%.0f\" y=\"%.1f\" "
-               "text-anchor=\"end\">0</text><text x=\"%.0f\" y=\"%.1f\" "
-               "text-anchor=\"end\">-%lld</text>\n",
+    fprintf(f,
+            "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#999\"/>\n<text x=\"%.0f\" y=\"%.1f\" "
+            "text-anchor=\"end\">+%lld</text><text x=\"%.0f\" y=\"%.1f\" "
+            "text-anchor=\"end\">0</text><text x=\"%.0f\" y=\"%.1f\" "
+            "text-anchor=\"end\">-%lld</text>\n",
             ml, ml + pw, y0, y0, ml - 4, mt + 8, (long long)ymax, ml - 4,
             y0 + 4, ml - 4, mt + ph, (long long)ymax);
     fputs("<path class=\"exact\" fill=\"none\" stroke=\"#2e9e5b\" "
@@ -399,16 +431,19 @@ static void stale_over_trace(FILE *f, const check_result *r) {
         }
         double x = ml + (double)i * xs;
         if (hi > 0)
-            fprintf(f, "<line class=\"over\" x1=\"%.1f\" x2=\"%.1f\" "
-                       "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d93025\"/>\n",
+            fprintf(f,
+                    "<line class=\"over\" x1=\"%.1f\" x2=\"%.1f\" "
+                    "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d93025\"/>\n",
                     x, x, y0, y0 - (double)hi * ys);
         if (lo < 0)
-            fprintf(f, "<line class=\"under\" x1=\"%.1f\" x2=\"%.1f\" "
-                       "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#4a90d9\"/>\n",
+            fprintf(f,
+                    "<line class=\"under\" x1=\"%.1f\" x2=\"%.1f\" "
+                    "y1=\"%.1f\" y2=\"%.1f\" stroke=\"#4a90d9\"/>\n",
                     x, x, y0, y0 - (double)lo * ys);
     }
-    fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">100%% exact</text>"
-               "<text x=\"%.0f\" y=\"%.1f\">0%%</text>\n",
+    fprintf(f,
+            "<text x=\"%.0f\" y=\"%.1f\">100%% exact</text>"
+            "<text x=\"%.0f\" y=\"%.1f\">0%%</text>\n",
             ml + pw + 2, mt + 8, ml + pw + 2, mt + ph);
     fputs("</svg>\n", f);
 }
@@ -425,11 +460,14 @@ static void router_view(FILE *f, const check_result *r) {
           f);
     summary_row(f, "requests", "%llu", (unsigned long long)s.requests);
     summary_row(f, "exact", "%.1f %%", pct(s.exact, s.requests));
-    summary_row(f, "index above the engine", "%.1f %% (p50 %u, p99 %u, max %u "
-                "blocks)", pct(s.over, s.requests), s.over_p50, s.over_p99,
-                s.over_max);
-    summary_row(f, "index below the engine", "%.1f %% (p50 %u, p99 %u, max %u "
-                "blocks)", pct(s.under, s.requests), s.under_p50, s.under_p99,
+    summary_row(f, "index above the engine",
+                "%.1f %% (p50 %u, p99 %u, max %u "
+                "blocks)",
+                pct(s.over, s.requests), s.over_p50, s.over_p99, s.over_max);
+    summary_row(f, "index below the engine",
+                "%.1f %% (p50 %u, p99 %u, max %u "
+                "blocks)",
+                pct(s.under, s.requests), s.under_p50, s.under_p99,
                 s.under_max);
     summary_row(f, "|difference|", "p50 %u, p99 %u, max %u blocks", s.abs_p50,
                 s.abs_p99, s.abs_max);
@@ -470,10 +508,11 @@ static void checkpoints_table(FILE *f, const check_result *r) {
             ib += c->slots[s].index_blocks;
             lists += c->slots[s].listed;
         }
-        fprintf(f, "<tr%s><td class=\"n\">%u%s</td><td class=\"n\">%llu</td>"
-                   "<td>",
-                bad ? " class=\"div\"" : "", c->number, c->final ? " (end)" : "",
-                (unsigned long long)c->after);
+        fprintf(f,
+                "<tr%s><td class=\"n\">%u%s</td><td class=\"n\">%llu</td>"
+                "<td>",
+                bad ? " class=\"div\"" : "", c->number,
+                c->final ? " (end)" : "", (unsigned long long)c->after);
         if (!c->sets)
             esc(f, c->sets_note);
         else if (c->diff.n[0] + c->diff.n[1] + c->diff.n[2] == 0)
@@ -483,12 +522,12 @@ static void checkpoints_table(FILE *f, const check_result *r) {
                     (unsigned long long)c->diff.n[CHECK_DIFF_ENGINE_ONLY],
                     (unsigned long long)c->diff.n[CHECK_DIFF_INDEX_ONLY],
                     (unsigned long long)c->diff.n[CHECK_DIFF_PARENT]);
-        fprintf(f, "</td><td class=\"n\">%llu / %llu</td><td class=\"n\">%llu"
-                   "</td><td class=\"n\">%llu (%llu divergent)</td><td "
-                   "class=\"n\">%.3f</td><td>",
+        fprintf(f,
+                "</td><td class=\"n\">%llu / %llu</td><td class=\"n\">%llu"
+                "</td><td class=\"n\">%llu (%llu divergent)</td><td "
+                "class=\"n\">%.3f</td><td>",
                 (unsigned long long)eb, (unsigned long long)ib,
-                (unsigned long long)lists,
-                (unsigned long long)c->sweep_prompts,
+                (unsigned long long)lists, (unsigned long long)c->sweep_prompts,
                 (unsigned long long)c->sweep_divergent,
                 c->drain_s + c->sync_s + c->sets_s + c->sweep_s);
         if (bad) {
@@ -527,7 +566,8 @@ static const char JS[] =
     ".textContent);var R=JSON.parse(document.getElementById('rnames')"
     ".textContent);var tip=document.getElementById('tip');"
     "document.querySelectorAll('svg.plot').forEach(function(s){"
-    "s.addEventListener('mousemove',function(ev){var b=s.getBoundingClientRect();"
+    "s.addEventListener('mousemove',function(ev){var "
+    "b=s.getBoundingClientRect();"
     "var xs=+s.dataset.xs,ml=+s.dataset.ml;var k=Math.round((ev.clientX-b.left"
     "-ml)/xs);if(k<0||k>=P.length){tip.style.display='none';return;}"
     "var p=P[k];tip.textContent='prompt '+p[0]+'  worker '+p[1]+' rank '+p[2]"
@@ -544,11 +584,12 @@ static const char JS[] =
 kvo_status check_report_html(FILE *f, const check_result *r) {
     check_totals t;
     check_result_totals(r, &t);
-    fprintf(f, "<!doctype html>\n<html lang=\"en\"><head><meta "
-               "charset=\"utf-8\"><title>kvo-check report</title>\n<style>%s"
-               "</style></head>\n<body>\n<h1>kvo-check report</h1>\n",
+    fprintf(f,
+            "<!doctype html>\n<html lang=\"en\"><head><meta "
+            "charset=\"utf-8\"><title>kvo-check report</title>\n<style>%s"
+            "</style></head>\n<body>\n<h1>kvo-check report</h1>\n",
             CSS);
-    fprintf(f, "<div id=\"verdict\" class=\"verdict %s\">%s", 
+    fprintf(f, "<div id=\"verdict\" class=\"verdict %s\">%s",
             r->verdict.pass ? "pass" : "fail",
             r->verdict.pass ? "PASS &mdash; the index matched the engines on "
                               "every prompt"
@@ -591,8 +632,7 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
                     r->load.arrival == CHECK_ARRIVAL_TRACE
                         ? "trace arrivals, at most"
                         : "closed loop, concurrency",
-                    r->load.concurrency, r->load.speedup,
-                    r->load.max_inflight);
+                    r->load.concurrency, r->load.speedup, r->load.max_inflight);
     if (r->n_ckpts) {
         size_t failed = 0;
         for (size_t i = 0; i < r->n_ckpts; i++)
@@ -607,13 +647,14 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     size_t window = n / WINDOW_SPANS;
     if (window < WINDOW_MIN) window = WINDOW_MIN;
     if (window > WINDOW_MAX) window = WINDOW_MAX;
-    fprintf(f, "<h2>Hit rate over the trace</h2>\n<p class=\"legend\">"
-               "<span><i class=\"sw\" style=\"background:#4a90d9;opacity:.5\">"
-               "</i>engine (cached tokens)</span><span><i class=\"sw\" "
-               "style=\"background:#c4540a\"></i>index (capped)</span><span>"
-               "<i class=\"sw\" style=\"background:#d93025;width:3px;"
-               "height:12px\"></i>divergent prompt</span> rolling window of "
-               "%zu requests, token-weighted; hover for details</p>\n",
+    fprintf(f,
+            "<h2>Hit rate over the trace</h2>\n<p class=\"legend\">"
+            "<span><i class=\"sw\" style=\"background:#4a90d9;opacity:.5\">"
+            "</i>engine (cached tokens)</span><span><i class=\"sw\" "
+            "style=\"background:#c4540a\"></i>index (capped)</span><span>"
+            "<i class=\"sw\" style=\"background:#d93025;width:3px;"
+            "height:12px\"></i>divergent prompt</span> rolling window of "
+            "%zu requests, token-weighted; hover for details</p>\n",
             window);
     chart(f, r, -1, window, PLOT_W, PLOT_H, "hit-plot", "all requests");
     fputs("<div id=\"slot-plots\">\n", f);
@@ -632,8 +673,9 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
     /* Divergences */
     char classes[512];
     check_totals_classes(&t, classes, sizeof(classes));
-    fprintf(f, "<h2>Divergences (%llu during the run, %llu re-checked at "
-               "checkpoints)</h2>\n",
+    fprintf(f,
+            "<h2>Divergences (%llu during the run, %llu re-checked at "
+            "checkpoints)</h2>\n",
             (unsigned long long)t.divergent,
             (unsigned long long)t.sweep_divergent);
     if (classes[0]) {
@@ -658,13 +700,15 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
                 if (shown++ == t.divergent)
                     fputs("<tr><th colspan=\"9\">re-checked after the run "
                           "(sweep): no request sent, every worker probed"
-                          "</th></tr>\n", f);
+                          "</th></tr>\n",
+                          f);
                 prompt_row(f, &r->sweep[k]);
             }
         fputs("</table>\n", f);
         if (shown < t.divergent + r->sweep_divergent)
-            fprintf(f, "<p class=\"muted\">first %zu shown; all are in the "
-                       "JSON report</p>\n",
+            fprintf(f,
+                    "<p class=\"muted\">first %zu shown; all are in the "
+                    "JSON report</p>\n",
                     shown);
     }
     if (r->n_trips) {

@@ -48,8 +48,12 @@
 /* Nesting a JSON answer may have; bytes of an answer quoted in an error
  * (the body of an HTTP error; around the place where a parse failed, from
  * NEAR_BEFORE bytes before it). */
-enum { ANSWER_DEPTH_MAX = 64, ERROR_QUOTE = 200, NEAR_QUOTE = 60,
-       NEAR_BEFORE = 30 };
+enum {
+    ANSWER_DEPTH_MAX = 64,
+    ERROR_QUOTE = 200,
+    NEAR_QUOTE = 60,
+    NEAR_BEFORE = 30
+};
 /* Bytes the parse of one answer may take (tree and parse stacks). Every
  * answer kvo-check reads is kilobytes; one that needs more is refused, so
  * a hostile service costs the body the client holds (up to 1 GiB, its own
@@ -65,12 +69,12 @@ enum { OPTIONAL = 0, REQUIRED = 1 };
 /* One call with a JSON answer: json_call_init (names the URL and where
  * errors go), json_call_send, then json_call_fini whatever happened. */
 typedef struct json_call {
-    const char *method;  /* "GET" or "POST" */
-    char url[256];       /* named in every error message */
-    kvo_err *err;        /* the caller's (may be NULL) */
-    kvo_http_resp resp;  /* the raw answer */
-    kvo_json doc;        /* its parse */
-    const kvo_jv *root;  /* once sent and parsed; NULL before */
+    const char *method; /* "GET" or "POST" */
+    char url[256];      /* named in every error message */
+    kvo_err *err;       /* the caller's (may be NULL) */
+    kvo_http_resp resp; /* the raw answer */
+    kvo_json doc;       /* its parse */
+    const kvo_jv *root; /* once sent and parsed; NULL before */
 } json_call;
 
 static void json_call_init(json_call *c, kvo_err *err, const char *fmt, ...)
@@ -94,11 +98,10 @@ static void json_call_fini(json_call *c) {
 }
 
 /* The error "METHOD URL: what" into c->err; returns st. */
-static kvo_status answer_err(const json_call *c, kvo_status st,
-                             const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static kvo_status answer_err(const json_call *c, kvo_status st,
-                             const char *fmt, ...) {
+static kvo_status answer_err(const json_call *c, kvo_status st, const char *fmt,
+                             ...) __attribute__((format(printf, 3, 4)));
+static kvo_status answer_err(const json_call *c, kvo_status st, const char *fmt,
+                             ...) {
     char what[sizeof c->err->msg];
     va_list ap;
     va_start(ap, fmt);
@@ -155,10 +158,9 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
     if (st != KVO_OK) {
         size_t at = perr.offset < len ? perr.offset : len;
         size_t from = at > NEAR_BEFORE ? at - NEAR_BEFORE : 0;
-        return answer_err(c, st, "bad JSON answer: %s (byte %zu, near \"%s\")",
-                          perr.msg, at,
-                          quote(q, sizeof(q), text + from, len - from,
-                                NEAR_QUOTE));
+        return answer_err(
+            c, st, "bad JSON answer: %s (byte %zu, near \"%s\")", perr.msg, at,
+            quote(q, sizeof(q), text + from, len - from, NEAR_QUOTE));
     }
     c->root = c->doc.root;
     return KVO_OK;
@@ -236,11 +238,10 @@ static kvo_status get_uint(const json_call *c, const kvo_jv *obj,
         return KVO_OK;
     }
     char name[96], got[32];
-    return answer_err(c, KVO_EPROTO,
-                      "%s: expected %san integer in [0, %" PRIu64 "], got %s",
-                      field_name(name, sizeof(name), where, key),
-                      need ? "" : "null or ", max,
-                      describe(v, got, sizeof(got)));
+    return answer_err(
+        c, KVO_EPROTO, "%s: expected %san integer in [0, %" PRIu64 "], got %s",
+        field_name(name, sizeof(name), where, key), need ? "" : "null or ", max,
+        describe(v, got, sizeof(got)));
 }
 
 /* String member key of obj copied into dst[dstsz]; one that does not fit
@@ -286,7 +287,9 @@ static bool to_json_c(const kvo_jv *v, json_object **out) {
                    : json_object_new_uint64(v->v.u);
         break;
     case KVO_JSON_REAL: o = json_object_new_double(v->v.d); break;
-    case KVO_JSON_STR: o = json_object_new_string_len(v->v.s, (int)v->len); break;
+    case KVO_JSON_STR:
+        o = json_object_new_string_len(v->v.s, (int)v->len);
+        break;
     case KVO_JSON_ARR:
         o = json_object_new_array_ext((int)v->len);
         for (uint32_t i = 0; o && i < v->len; i++) {
@@ -376,8 +379,8 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
         /* the cached set's size and digest (kvo-mocker >= issue 11) */
         uint64_t cnt = UINT64_MAX, dig = 0;
         if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "cached_distinct", INT64_MAX,
-                          OPTIONAL, &cnt);
+            st = get_uint(&jc, &r, name, "cached_distinct", INT64_MAX, OPTIONAL,
+                          &cnt);
         if (st == KVO_OK)
             st = get_uint(&jc, &r, name, "cached_digest", UINT64_MAX,
                           cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
@@ -435,8 +438,8 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err) {
         uint64_t rank = i;
         st = elem_obj(&jc, ranks, "ranks", i, &r, name, sizeof(name));
         if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "dp_rank", UINT32_MAX, OPTIONAL,
-                          &rank);
+            st =
+                get_uint(&jc, &r, name, "dp_rank", UINT32_MAX, OPTIONAL, &rank);
         if (st != KVO_OK) break;
         snprintf(stage, sizeof(stage), "%s %u.%" PRIu64,
                  e->decode ? "decode engine" : "engine", e->worker_id, rank);
@@ -464,8 +467,8 @@ static kvo_status source_entry(const json_call *c, size_t i, chk_rank *out) {
         st = get_str_into(c, &s, name, "endpoint", REQUIRED, out->zmq,
                           sizeof(out->zmq));
     if (st == KVO_OK)
-        st = get_str_into(c, &s, name, "replay_endpoint", OPTIONAL,
-                          out->replay, sizeof(out->replay));
+        st = get_str_into(c, &s, name, "replay_endpoint", OPTIONAL, out->replay,
+                          sizeof(out->replay));
     if (st == KVO_OK)
         st = get_str_into(c, &s, name, "topic", OPTIONAL, out->topic,
                           sizeof(out->topic));
@@ -524,8 +527,8 @@ static kvo_status lora_member(kvo_buf *body, const char *key,
  * adapter and keys, and the flags given. */
 static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
                              bool detail) {
-    kvo_status st = kvo_buf_printf(body, "{\"%s\":",
-                                   p->trace_form ? "trace" : "token_ids");
+    kvo_status st =
+        kvo_buf_printf(body, "{\"%s\":", p->trace_form ? "trace" : "token_ids");
     if (st == KVO_OK) st = kvo_buf_append(body, p->json, p->len);
     if (st == KVO_OK && warm && p->trace_form)
         st = CHK_BUF_LIT(body, ",\"warm\":true");
@@ -625,8 +628,10 @@ kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
                            &chain);
     }
     if (st == KVO_OK && !chain)
-        st = answer_err(&jc, KVO_ENOTFOUND, "no chain for rank %u (an "
-                        "engine without the probe's detail form)", rank);
+        st = answer_err(&jc, KVO_ENOTFOUND,
+                        "no chain for rank %u (an "
+                        "engine without the probe's detail form)",
+                        rank);
     uint32_t got = 0;
     for (size_t i = 0; st == KVO_OK && got < *n && i < chain->len; i++) {
         kvo_jv b;
@@ -651,8 +656,10 @@ kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
         if (st == KVO_OK) out[got++] = c;
     }
     if (st == KVO_OK && !got)
-        st = answer_err(&jc, KVO_ENOTFOUND, "rank %u's chain stops before "
-                        "block %u", rank, k);
+        st = answer_err(&jc, KVO_ENOTFOUND,
+                        "rank %u's chain stops before "
+                        "block %u",
+                        rank, k);
     if (st == KVO_OK) *n = got;
     json_call_fini(&jc);
     kvo_buf_fini(&body);
@@ -672,8 +679,10 @@ static kvo_status lookup_entry(const json_call *c, const kvo_jv *blocks,
     if (st == KVO_OK)
         st = get_uint(c, &b, bn, "block_hash", UINT64_MAX, REQUIRED, &h);
     if (st == KVO_OK && h != hash)
-        st = answer_err(c, KVO_EPROTO, "%s: block_hash %" PRIu64 ", asked "
-                        "%" PRIu64, bn, h, hash);
+        st = answer_err(c, KVO_EPROTO,
+                        "%s: block_hash %" PRIu64 ", asked "
+                        "%" PRIu64,
+                        bn, h, hash);
     if (st == KVO_OK) st = get_bool(c, &b, bn, "held", &l.held);
     if (st == KVO_OK)
         st = get_opt_hash(c, &b, bn, "parent_hash", &l.has_parent, &l.parent);
@@ -686,8 +695,8 @@ static kvo_status lookup_entry(const json_call *c, const kvo_jv *blocks,
     if (st == KVO_OK)
         st = get_typed(c, &b, bn, "other_holders", KVO_JSON_ARR, REQUIRED,
                        &holders);
-    for (size_t j = 0; st == KVO_OK && j < holders->len &&
-                       l.n_holders < CHECK_LOOKUP_HOLDERS;
+    for (size_t j = 0;
+         st == KVO_OK && j < holders->len && l.n_holders < CHECK_LOOKUP_HOLDERS;
          j++) {
         kvo_jv pair, w, r;
         uint64_t wv, rv;
@@ -696,14 +705,18 @@ static kvo_status lookup_entry(const json_call *c, const kvo_jv *blocks,
             !kvo_json_u64(&w, &wv) || wv > UINT32_MAX ||
             !kvo_json_at(&pair, 1, &r) || !kvo_json_u64(&r, &rv) ||
             rv > UINT32_MAX)
-            return answer_err(c, KVO_EPROTO, "%s.other_holders[%zu]: "
-                              "expected [worker_id, dp_rank]", bn, j);
-        l.holders[l.n_holders++] = (check_slot_info){(uint32_t)wv,
-                                                     (uint32_t)rv};
+            return answer_err(c, KVO_EPROTO,
+                              "%s.other_holders[%zu]: "
+                              "expected [worker_id, dp_rank]",
+                              bn, j);
+        l.holders[l.n_holders++] =
+            (check_slot_info){(uint32_t)wv, (uint32_t)rv};
     }
     if (st == KVO_OK && l.others < l.n_holders)
-        st = answer_err(c, KVO_EPROTO, "%s: %u holders listed, others "
-                        "says %" PRIu64, bn, l.n_holders, l.others);
+        st = answer_err(c, KVO_EPROTO,
+                        "%s: %u holders listed, others "
+                        "says %" PRIu64,
+                        bn, l.n_holders, l.others);
     if (st == KVO_OK) *out = l;
     return st;
 }
@@ -750,8 +763,8 @@ static kvo_status read_completion(const json_call *c, chk_completion *out) {
         st = get_uint(c, usage, "usage", "prompt_tokens", INT64_MAX, OPTIONAL,
                       &prompt);
     if (st == KVO_OK)
-        st = get_typed(c, usage, "usage", "prompt_tokens_details",
-                       KVO_JSON_OBJ, OPTIONAL, &details);
+        st = get_typed(c, usage, "usage", "prompt_tokens_details", KVO_JSON_OBJ,
+                       OPTIONAL, &details);
     if (st == KVO_OK)
         st = get_uint(c, details, "usage.prompt_tokens_details",
                       "cached_tokens", INT64_MAX, OPTIONAL, &cached);
@@ -789,18 +802,18 @@ kvo_status chk_engine_complete_via(kvo_http_client *h, const chk_engine *e,
                                    const char *kv_params, chk_completion *out,
                                    kvo_err *err) {
     memset(out, 0, sizeof(*out));
-    out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq =
-        -1;
+    out->cached_tokens = out->prompt_tokens = out->dp_rank = out->last_seq = -1;
     json_call jc;
     json_call_init(&jc, err, "%s/v1/completions", e->url);
     kvo_buf body;
     kvo_buf_init(&body);
     /* an adapter is named as the model, as vLLM's OpenAI server takes it */
-    json_object *mj = json_object_new_string(p->lora && p->lora[0] ? p->lora
-                                                                   : model);
+    json_object *mj =
+        json_object_new_string(p->lora && p->lora[0] ? p->lora : model);
     kvo_status st = kvo_buf_printf(
-        &body, "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
-               "\"stream\":false,\"%s\":",
+        &body,
+        "{\"model\":%s,\"max_tokens\":%u,\"ignore_eos\":true,"
+        "\"stream\":false,\"%s\":",
         json_object_to_json_string_ext(mj, JSON_C_TO_STRING_PLAIN), max_tokens,
         p->trace_form ? "trace" : "prompt");
     json_object_put(mj);
@@ -824,8 +837,8 @@ kvo_status chk_engine_reset(chk_engine *e, kvo_err *err) {
     kvo_http_resp_init(&resp);
     char url[sizeof(e->url) + 32];
     snprintf(url, sizeof(url), "%s/reset_prefix_cache", e->url);
-    kvo_status st = kvo_http_post(e->http, url, "application/json", "", 0,
-                                  &resp);
+    kvo_status st =
+        kvo_http_post(e->http, url, "application/json", "", 0, &resp);
     if (st != KVO_OK)
         kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "POST %s: %s (%s)", url,
                     kvo_strerror(st), kvo_http_client_error(e->http));
@@ -993,15 +1006,15 @@ kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
     kvo_status st = CHK_BUF_LIT(&body, "{\"tokens_hashes\":");
     if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
     if (st == KVO_OK && wm) {
-        st = kvo_buf_printf(&body, ",\"wait\":{\"timeout_ms\":%ld,\"zmq_seq\":[",
-                            timeout_ms < 0 ? 0 : timeout_ms);
+        st =
+            kvo_buf_printf(&body, ",\"wait\":{\"timeout_ms\":%ld,\"zmq_seq\":[",
+                           timeout_ms < 0 ? 0 : timeout_ms);
         for (size_t i = 0; st == KVO_OK && i < npairs; i++)
             st = kvo_buf_printf(&body, "%s[%" PRIu64 ",%" PRIu64 "]",
                                 i ? "," : "", pairs[2 * i], pairs[2 * i + 1]);
         if (st == KVO_OK) st = CHK_BUF_LIT(&body, "]}");
     }
-    if (st == KVO_OK && metrics)
-        st = CHK_BUF_LIT(&body, ",\"metrics\":true");
+    if (st == KVO_OK && metrics) st = CHK_BUF_LIT(&body, ",\"metrics\":true");
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     for (int write = 0; write < 2 && st == KVO_OK; write++) {
@@ -1067,9 +1080,8 @@ static kvo_status read_prom(kvo_http_client *c, const char *url,
     kvo_http_resp_init(&resp);
     kvo_status st = chk_metrics_fetch(c, url, &resp, err);
     if (st == KVO_OK)
-        st = check_counters_parse_prom(counters, stage,
-                                       (const char *)resp.body.data,
-                                       resp.body.len);
+        st = check_counters_parse_prom(
+            counters, stage, (const char *)resp.body.data, resp.body.len);
     kvo_http_resp_fini(&resp);
     return st;
 }
@@ -1115,8 +1127,7 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err) {
     return read_prom(r->http, url, r->stage, c, err);
 }
 
-kvo_status chk_counters_indexer(chk_env *env, check_counters *c,
-                                kvo_err *err) {
+kvo_status chk_counters_indexer(chk_env *env, check_counters *c, kvo_err *err) {
     char url[256];
     snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
     return read_prom(env->idx_metrics, url, "indexer", c, err);
@@ -1217,8 +1228,8 @@ static kvo_status read_block_page(const json_call *c, bool list, bool first,
     kvo_status st =
         get_uint(c, c->root, NULL, "count", INT64_MAX, REQUIRED, &count);
     if (st == KVO_OK)
-        st = get_uint(c, c->root, NULL, "digest", UINT64_MAX, REQUIRED,
-                      &digest);
+        st =
+            get_uint(c, c->root, NULL, "digest", UINT64_MAX, REQUIRED, &digest);
     if (st == KVO_OK)
         st = get_typed(c, c->root, NULL, "blocks", KVO_JSON_ARR,
                        list ? REQUIRED : OPTIONAL, &arr);

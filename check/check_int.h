@@ -72,8 +72,8 @@ typedef struct check_counter {
     char *stage; /* owned */
     char *name;  /* owned */
     double value;
-    uint64_t key;            /* hash of (stage, name): lookups compare it */
-    const check_rule *rule;  /* check_rule_find(stage, name), cached */
+    uint64_t key;           /* hash of (stage, name): lookups compare it */
+    const check_rule *rule; /* check_rule_find(stage, name), cached */
 } check_counter;
 
 typedef struct check_counters {
@@ -119,9 +119,9 @@ kvo_status check_counters_parse_json(check_counters *c, const char *stage,
 
 typedef enum check_reason {
     CHECK_REASON_NONE = 0,
-    CHECK_REASON_MISSED_STORE,   /* "missed store": index behind the engine */
-    CHECK_REASON_STALE_BLOCK,    /* "stale block": index holds evicted blocks */
-    CHECK_REASON_HASH_MISMATCH,  /* "hash mismatch": engine hash not H(tokens) */
+    CHECK_REASON_MISSED_STORE,  /* "missed store": index behind the engine */
+    CHECK_REASON_STALE_BLOCK,   /* "stale block": index holds evicted blocks */
+    CHECK_REASON_HASH_MISMATCH, /* "hash mismatch": engine hash not H(tokens) */
     CHECK_REASON_UNKNOWN_PARENT, /* "unknown parent": store rejected */
     CHECK_REASON_WRONG_RANK,     /* "wrong rank": blocks on a sibling rank */
     CHECK_REASON_SEQ_GAP,        /* "seq gap": events lost in transport */
@@ -150,8 +150,8 @@ struct check_rule {
     const char *match;        /* "parent_not_found" or "a|b" */
     const char *except;       /* NULL or "a|b" */
     check_reason reason;
-    const char *what;         /* "events with an unknown parent" */
-    bool clean_only;          /* only in a run with no injected fault: a gap
+    const char *what; /* "events with an unknown parent" */
+    bool clean_only;  /* only in a run with no injected fault: a gap
                                  or a recovery there is a bug recovery hid;
                                  under faults recovery is expected, and the
                                  prompts and checkpoints judge it */
@@ -169,56 +169,56 @@ const check_rule *check_rules(size_t *n);
 
 /* What the driver saw for one request. Arrays have n_slots entries. */
 typedef struct check_obs {
-    uint64_t id;                 /* 0-based trace line */
+    uint64_t id; /* 0-based trace line */
     uint32_t prompt_tokens;
     uint32_t block_size;
     uint32_t n_slots;
-    uint32_t dp_size;            /* slots per worker (worker = slot / dp) */
-    uint32_t chosen;             /* slot the request went to */
+    uint32_t dp_size;             /* slots per worker (worker = slot / dp) */
+    uint32_t chosen;              /* slot the request went to */
     const uint32_t *index_scores; /* as the index answered (uncapped) */
-    const int32_t *probe_hits;   /* engine truth before the request, already
+    const int32_t *probe_hits;    /* engine truth before the request, already
                                     capped; NULL or -1 = not probed */
-    int64_t cached_tokens;       /* from the response; -1 = unknown */
-    const uint8_t *index_seen;   /* per slot: the index ever scored it
+    int64_t cached_tokens;        /* from the response; -1 = unknown */
+    const uint8_t *index_seen;    /* per slot: the index ever scored it
                                     (NULL = unknown) */
-    const check_counters *moved; /* rule counters that moved since the
+    const check_counters *moved;  /* rule counters that moved since the
                                     previous prompt (NULL = none known) */
-    const check_counters *total; /* all counters so far (NULL = none) */
-    double ms;                   /* wall time spent on this prompt */
+    const check_counters *total;  /* all counters so far (NULL = none) */
+    double ms;                    /* wall time spent on this prompt */
     /* Load mode: index_scores are what the router saw (no watermark wait)
      * and probe_hits is NULL: the prompt is recorded, not judged. */
     bool unjudged;
-    uint32_t inflight_at_route;  /* requests kvo-check had in flight (every
+    uint32_t inflight_at_route; /* requests kvo-check had in flight (every
                                     slot) when this one was routed */
-    uint32_t checkpoint;         /* sweep entries: the checkpoint (1..) */
+    uint32_t checkpoint;        /* sweep entries: the checkpoint (1..) */
 } check_obs;
 
 typedef struct check_prompt {
     uint64_t id;
     uint32_t slot, worker, dp_rank; /* where the request went */
     uint32_t prompt_tokens;
-    uint32_t prompt_blocks;      /* ceil(tokens / block_size) */
-    uint32_t cap;                /* (tokens - 1) // block_size */
-    int32_t engine_hit_blocks;   /* chosen slot: cached_tokens / bs (or the
+    uint32_t prompt_blocks;    /* ceil(tokens / block_size) */
+    uint32_t cap;              /* (tokens - 1) // block_size */
+    int32_t engine_hit_blocks; /* chosen slot: cached_tokens / bs (or the
                                     probe when the response had none) */
-    uint32_t index_hit_blocks;   /* chosen slot, capped */
-    uint32_t index_raw_blocks;   /* chosen slot, uncapped (Dynamo's score) */
-    uint32_t *index_scores;      /* per slot, uncapped (result-owned) */
-    int32_t *engine_hits;        /* per slot, -1 unknown (result-owned) */
+    uint32_t index_hit_blocks; /* chosen slot, capped */
+    uint32_t index_raw_blocks; /* chosen slot, uncapped (Dynamo's score) */
+    uint32_t *index_scores;    /* per slot, uncapped (result-owned) */
+    int32_t *engine_hits;      /* per slot, -1 unknown (result-owned) */
     bool diverged;
     int32_t first_divergent_block; /* -1 when not diverged */
     int32_t divergent_slot;        /* slot of the first divergence, -1 */
     check_reason reason;
-    char detail[200];            /* "worker 1 rank 0: engine 12, index 8; ..." */
-    const char *evidence;        /* what the engine and the index hold at
+    char detail[200];     /* "worker 1 rank 0: engine 12, index 8; ..." */
+    const char *evidence; /* what the engine and the index hold at
                                     the first divergent block (result-owned;
                                     NULL: none gathered) */
     double ms;
-    bool judged;                 /* false in load mode: reported only */
+    bool judged;                  /* false in load mode: reported only */
     uint32_t routed_index_blocks; /* the chosen slot's index score when it
                                     was routed, capped (= index_hit_blocks) */
     uint32_t inflight_at_route;
-    uint32_t checkpoint;         /* sweep entries: which checkpoint, 1.. */
+    uint32_t checkpoint; /* sweep entries: which checkpoint, 1.. */
 } check_prompt;
 
 /* ======================================================================== */
@@ -227,15 +227,15 @@ typedef struct check_prompt {
 
 /* Where the driver's wall time went. */
 typedef enum check_stage {
-    CHECK_STAGE_SYNC = 0, /* waiting for the watermark / settle */
-    CHECK_STAGE_COUNTERS, /* reading /metrics of the indexer and relays */
-    CHECK_STAGE_QUERY,    /* index query */
-    CHECK_STAGE_PROBE,    /* /kvo/probe of every engine */
-    CHECK_STAGE_COMPLETE, /* the completion itself */
-    CHECK_STAGE_SWEEP,    /* re-checking earlier prompts at checkpoints */
-    CHECK_STAGE_OTHER,    /* prompt synthesis, hashing, judging, reports */
+    CHECK_STAGE_SYNC = 0,   /* waiting for the watermark / settle */
+    CHECK_STAGE_COUNTERS,   /* reading /metrics of the indexer and relays */
+    CHECK_STAGE_QUERY,      /* index query */
+    CHECK_STAGE_PROBE,      /* /kvo/probe of every engine */
+    CHECK_STAGE_COMPLETE,   /* the completion itself */
+    CHECK_STAGE_SWEEP,      /* re-checking earlier prompts at checkpoints */
+    CHECK_STAGE_OTHER,      /* prompt synthesis, hashing, judging, reports */
     CHECK_STAGE_CHECKPOINT, /* checkpoints: drain, sync, block sets */
-    CHECK_STAGE_TRAFFIC,  /* load mode: requests in flight */
+    CHECK_STAGE_TRAFFIC,    /* load mode: requests in flight */
     CHECK_STAGE_COUNT
 } check_stage;
 
@@ -243,8 +243,8 @@ const char *check_stage_name(check_stage s);
 
 /* A rule counter that became non-zero, and when it was first seen. */
 typedef struct check_trip {
-    char *stage, *name; /* owned */
-    double value;       /* latest value */
+    char *stage, *name;    /* owned */
+    double value;          /* latest value */
     int64_t before_prompt; /* seen before this prompt's query; -1 = at end */
     const check_rule *rule;
 } check_trip;
@@ -258,7 +258,7 @@ typedef struct check_verdict {
     bool pass;
     char cause[720]; /* "" when pass */
     check_reason reason;
-    char where[64];  /* what caught it: "prompt 12", "checkpoint 2: block
+    char where[64]; /* what caught it: "prompt 12", "checkpoint 2: block
                         sets", "checkpoint 1: counters", "counters before
                         prompt 7", "run error" ("" when pass) */
 } check_verdict;
@@ -301,26 +301,26 @@ typedef enum check_fault_rec {
 #define X(field, prom) CHECK_FAULT_REC_##field,
     CHECK_FAULT_RECOVERY(X)
 #undef X
-    CHECK_FAULT_REC_COUNT
+        CHECK_FAULT_REC_COUNT
 } check_fault_rec;
 
 const char *check_fault_rec_name(check_fault_rec i);
 
 typedef struct check_fault {
-    uint64_t at;            /* before request `at` (0-based, trace order) */
+    uint64_t at; /* before request `at` (0-based, trace order) */
     check_fault_kind kind;
-    uint32_t worker, rank;  /* relay: which; engine: worker */
+    uint32_t worker, rank; /* relay: which; engine: worker */
     /* filled in by the driver */
     bool done;
-    char target[64];        /* "kvo-relay[0.0]", "kvo-indexer", ... */
-    uint64_t killed_ns;     /* monotonic time of the SIGKILL */
-    double down_ms;         /* SIGKILL -> the new process ready (the
+    char target[64];    /* "kvo-relay[0.0]", "kvo-indexer", ... */
+    uint64_t killed_ns; /* monotonic time of the SIGKILL */
+    double down_ms;     /* SIGKILL -> the new process ready (the
                                indexer: /health "ok"; an engine: its
                                relays cleared it in the index) */
-    double heal_ms;         /* SIGKILL -> the next exact sync of the index
+    double heal_ms;     /* SIGKILL -> the next exact sync of the index
                                (-1: none came) */
-    bool has_recovery;      /* rec[] is known */
-    double rec[CHECK_FAULT_REC_COUNT]; /* the indexer's deltas */
+    bool has_recovery;  /* rec[] is known */
+    double rec[CHECK_FAULT_REC_COUNT];      /* the indexer's deltas */
     double rec_base[CHECK_FAULT_REC_COUNT]; /* its values before the kill */
 } check_fault;
 
@@ -362,32 +362,32 @@ struct check_result {
                                the worst prompts even on a PASS */
     check_traffic_counts traffic; /* requests with an adapter, salt, item */
 
-    check_prompt *prompts;  /* owned, in trace order */
+    check_prompt *prompts; /* owned, in trace order */
     size_t n_prompts, cap_prompts;
     /* The sweep: after the last request, earlier prompts re-checked on
      * every slot (no request sent; truth = the probes). */
-    check_prompt *sweep;    /* owned */
+    check_prompt *sweep; /* owned */
     size_t n_sweep, cap_sweep, sweep_divergent;
-    kvo_arena arena;        /* per-slot arrays of the prompts */
+    kvo_arena arena; /* per-slot arrays of the prompts */
 
     /* Checkpoints (check_sets.c), in order; their per-slot arrays live in
      * the arena. */
     check_checkpoint *ckpts;
     size_t n_ckpts, cap_ckpts;
-    struct {                /* load mode (cfg.load) */
-        bool on;            /* prompts reported, not judged */
+    struct {     /* load mode (cfg.load) */
+        bool on; /* prompts reported, not judged */
         check_arrival arrival;
         uint32_t concurrency;
         double time_scale, speedup;
         uint32_t max_inflight; /* most requests kvo-check had in flight */
-        uint64_t late;      /* --arrival trace: admitted after their time
+        uint64_t late;         /* --arrival trace: admitted after their time
                                because `concurrency` were in flight */
         double late_max_ms;
     } load;
 
     /* faults injected (check_fault.c), in order; faulted: any fault at
      * all (also a forwarder's), which turns the clean-only rules off */
-    check_fault *faults;    /* owned */
+    check_fault *faults; /* owned */
     size_t n_faults;
     bool faulted;
 
@@ -395,12 +395,12 @@ struct check_result {
     check_trip *trips;
     size_t n_trips, cap_trips;
 
-    char error[320];        /* a run error that stopped it (timeout...) */
-    int64_t error_prompt;   /* where it happened, -1 none */
+    char error[320];      /* a run error that stopped it (timeout...) */
+    int64_t error_prompt; /* where it happened, -1 none */
 
     double wall_s;
     double stage_s[CHECK_STAGE_COUNT];
-    check_verdict verdict;  /* by check_verdict_decide */
+    check_verdict verdict; /* by check_verdict_decide */
 };
 
 /* Declare the slots (before any prompt). */
@@ -436,18 +436,18 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
 typedef struct check_chain_block {
     uint64_t hash, parent, tokens_hash;
     bool has_parent;
-    bool cached;        /* at least one GPU copy */
+    bool cached; /* at least one GPU copy */
     uint32_t copies;
 } check_chain_block;
 
 /* What the index holds of one block hash for one (worker, rank). */
 #define CHECK_LOOKUP_HOLDERS 4
 typedef struct check_lookup {
-    bool held;                /* by the (worker, rank) asked about */
-    bool has_parent;          /* held: its parent in the tree */
+    bool held;       /* by the (worker, rank) asked about */
+    bool has_parent; /* held: its parent in the tree */
     uint64_t parent, tokens_hash;
-    uint64_t others;          /* other (worker, rank)s holding it */
-    uint32_t n_holders;       /* listed of them */
+    uint64_t others;    /* other (worker, rank)s holding it */
+    uint32_t n_holders; /* listed of them */
     check_slot_info holders[CHECK_LOOKUP_HOLDERS];
     bool holder_cached[CHECK_LOOKUP_HOLDERS]; /* that holder's engine
                                  holds the block too (the caller fills it
@@ -467,8 +467,8 @@ typedef struct check_diag {
  * index is behind, else block k alone); index_behind: the engine holds
  * more than the index scores. */
 void check_diagnose(const check_chain_block *b, const check_lookup *l,
-                    uint32_t n, uint32_t k, bool index_behind,
-                    uint32_t worker, uint32_t rank, check_diag *out);
+                    uint32_t n, uint32_t k, bool index_behind, uint32_t worker,
+                    uint32_t rank, check_diag *out);
 /* Set-level evidence for a missed store on (worker, rank) of a worker
  * with dp ranks: engine[r] and index[r] are the sizes of each rank's
  * cached set on both sides. When this rank's index set is smaller than its
@@ -566,8 +566,8 @@ uint64_t check_router_active_blocks(const check_router *rt, uint32_t slot);
 /* One cached block as a side lists it: its hash and its parent's. */
 typedef struct check_block {
     uint64_t hash;
-    uint64_t parent;  /* when has_parent */
-    bool has_parent;  /* false: a first block (no parent) */
+    uint64_t parent; /* when has_parent */
+    bool has_parent; /* false: a first block (no parent) */
 } check_block;
 
 /* Its term of a set's digest, kvo_block_digest (the engine and the index
@@ -624,7 +624,7 @@ typedef struct check_set_diff {
      * slot whose engine lacks them (the same hash ENGINE_ONLY on one slot,
      * INDEX_ONLY on the other): stores credited to the wrong slot. */
     uint64_t misplaced;
-    uint64_t misplaced_hash;               /* the first */
+    uint64_t misplaced_hash; /* the first */
     uint32_t misplaced_engine_slot, misplaced_index_slot;
     /* While comparing, when collect is set: the one-sided hashes (at most
      * CHECK_ONE_SIDED_MAX; one_sided_cut when more were seen or memory ran
@@ -652,26 +652,26 @@ check_reason check_set_diff_reason(const check_set_diff *d, uint32_t dp_size);
 
 /* One (worker, rank) at a checkpoint. */
 typedef struct check_slot_sets {
-    bool compared;          /* both sides answered with a digest */
-    bool listed;            /* the digests differed: lists fetched */
+    bool compared; /* both sides answered with a digest */
+    bool listed;   /* the digests differed: lists fetched */
     uint64_t engine_blocks, index_blocks; /* distinct hashes */
     uint64_t engine_digest, index_digest;
     uint64_t n[CHECK_DIFF_COUNT];
 } check_slot_sets;
 
 struct check_checkpoint {
-    uint32_t number;        /* 1, 2, ... */
-    uint64_t after;         /* requests answered before it */
-    int64_t before_prompt;  /* id of the next request; -1 at the end */
+    uint32_t number;       /* 1, 2, ... */
+    uint64_t after;        /* requests answered before it */
+    int64_t before_prompt; /* id of the next request; -1 at the end */
     bool final;
-    bool sets;              /* block sets compared (else sets_note says
+    bool sets; /* block sets compared (else sets_note says
                                why not) */
     char sets_note[160];
     check_slot_sets *slots; /* n_slots entries (result-owned) */
     check_set_diff diff;    /* over every slot */
     uint64_t listed_blocks; /* block entries fetched (both sides) */
     uint64_t sweep_prompts, sweep_divergent;
-    int64_t sweep_first;    /* r->sweep index of its first divergence, -1 */
+    int64_t sweep_first; /* r->sweep index of its first divergence, -1 */
     double drain_s, sync_s, sets_s, sweep_s;
 };
 
@@ -692,16 +692,16 @@ void check_block_diff_text(const check_result *r, const check_block_diff *d,
 /* What the router saw: per prompt with a known engine hit, the index's
  * capped score at routing time minus the engine's hit blocks. */
 typedef struct check_staleness {
-    uint64_t requests;          /* prompts counted */
+    uint64_t requests;           /* prompts counted */
     uint64_t exact, over, under; /* difference 0, > 0 (index claimed more),
                                    < 0 (index lagged stores) */
-    uint32_t abs_p50, abs_p99, abs_max;   /* |difference| in blocks */
+    uint32_t abs_p50, abs_p99, abs_max; /* |difference| in blocks */
     uint32_t over_p50, over_p99, over_max;
     uint32_t under_p50, under_p99, under_max;
     uint64_t prompt_tokens;
-    uint64_t promised_tokens;   /* routed_index_blocks * bs: the hit rate
+    uint64_t promised_tokens; /* routed_index_blocks * bs: the hit rate
                                    the routing-time scores promised */
-    uint64_t achieved_tokens;   /* engine hit tokens */
+    uint64_t achieved_tokens; /* engine hit tokens */
 } check_staleness;
 
 /* Nearest-rank percentiles. KVO_ENOMEM leaves out zeroed. */
@@ -724,11 +724,11 @@ typedef enum check_regime_item {
 #define X(name, agg, what) CHECK_REGIME_##name,
     CHECK_REGIME(X)
 #undef X
-    CHECK_REGIME_COUNT
+        CHECK_REGIME_COUNT
 } check_regime_item;
 
 typedef struct check_regime {
-    bool known;                     /* some engine reported them */
+    bool known; /* some engine reported them */
     double v[CHECK_REGIME_COUNT];
 } check_regime;
 
@@ -784,8 +784,7 @@ typedef struct check_keys {
 bool check_traffic_any(const check_cfg *c);
 /* The keys of q under c: a pure function of c->seed, q->line and the
  * options. */
-void check_keys_of(const check_cfg *c, const check_request *q,
-                   check_keys *out);
+void check_keys_of(const check_cfg *c, const check_request *q, check_keys *out);
 /* The request-body members of k after the prompt (",\"cache_salt\":...,
  * \"mm_items\":[...]"), into out (reset first); "" when none. */
 kvo_status check_keys_json(const check_keys *k, kvo_buf *out);
@@ -796,9 +795,9 @@ void check_traffic_count(const check_cfg *c, const check_request *reqs,
 typedef struct check_trace {
     check_request *reqs; /* owned */
     size_t n;
-    uint64_t rejected;   /* lines the reader refused */
+    uint64_t rejected;        /* lines the reader refused */
     char first_rejected[256]; /* why it refused the first one ("" none) */
-    void *impl;          /* the reader's own storage */
+    void *impl;               /* the reader's own storage */
 } check_trace;
 
 /* Load at most limit requests (0 = all); malformed lines are skipped and
@@ -820,7 +819,7 @@ kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens);
  * once, before it spawns. One argument may be the port the child listens
  * on, written by chk_args_set_port before each try. */
 typedef struct chk_args {
-    char **v;                /* owned, each string too; v[n] == NULL */
+    char **v; /* owned, each string too; v[n] == NULL */
     size_t n, cap;
     kvo_status st;           /* KVO_OK or the first failure */
     size_t port_at;          /* index of the port argument, SIZE_MAX none */
@@ -829,36 +828,36 @@ typedef struct chk_args {
 
 typedef struct chk_rank {
     uint32_t dp_rank;
-    uint32_t slot;          /* UINT32_MAX: publishes nothing */
-    int64_t last_seq;       /* last ZMQ seq the engine published, -1 none */
-    bool has_set;           /* /kvo/state told its cached set: */
-    uint64_t set_count;     /*   distinct cached hashes */
-    uint64_t set_digest;    /*   their digest (check_block_digest) */
-    int relay;              /* index into env->relays, -1 none */
-    bool restarted;         /* its engine was killed and started again:
+    uint32_t slot;       /* UINT32_MAX: publishes nothing */
+    int64_t last_seq;    /* last ZMQ seq the engine published, -1 none */
+    bool has_set;        /* /kvo/state told its cached set: */
+    uint64_t set_count;  /*   distinct cached hashes */
+    uint64_t set_digest; /*   their digest (check_block_digest) */
+    int relay;           /* index into env->relays, -1 none */
+    bool restarted;      /* its engine was killed and started again:
                                sequences from 0 under the same relay, which
                                the index's watermark (a maximum) cannot
                                follow; synced by block sets instead */
-    char zmq[160];          /* from /kvo/event_sources */
-    char replay[160];       /* "" = none */
+    char zmq[160];       /* from /kvo/event_sources */
+    char replay[160];    /* "" = none */
     char topic[128];
 } chk_rank;
 
 typedef struct chk_engine {
-    char url[192];          /* http://127.0.0.1:PORT (no trailing slash) */
-    char name[32];          /* "kvo-mocker[1]" */
+    char url[192]; /* http://127.0.0.1:PORT (no trailing slash) */
+    char name[32]; /* "kvo-mocker[1]" */
     uint32_t worker_id;
-    bool mocker;            /* answers /kvo/state and /kvo/probe */
-    bool decode;            /* disaggregated decode worker: no events */
-    bool dirty;             /* got a request since /kvo/state was read */
+    bool mocker; /* answers /kvo/state and /kvo/probe */
+    bool decode; /* disaggregated decode worker: no events */
+    bool dirty;  /* got a request since /kvo/state was read */
     uint32_t n_ranks;
     chk_rank ranks[CHK_MAX_DP];
-    kvo_http_client *http;  /* state, sources, completions */
+    kvo_http_client *http;       /* state, sources, completions */
     kvo_http_client *probe_http; /* probes (they overlap the sync) */
-    kvo_proc proc;          /* pid 0 when not spawned by us */
-    chk_args args;          /* spawned: its command line (ports fixed), to
+    kvo_proc proc;               /* pid 0 when not spawned by us */
+    chk_args args;               /* spawned: its command line (ports fixed), to
                                start it again after a kill */
-    uint16_t port;          /* spawned: its HTTP port */
+    uint16_t port;               /* spawned: its HTTP port */
 } chk_engine;
 
 typedef struct chk_relay {
@@ -866,10 +865,10 @@ typedef struct chk_relay {
     uint32_t engine, dp_rank;
     uint64_t publisher_id;
     uint16_t metrics_port;
-    char stage[64];         /* counters stage: "relay 0.1" ("... #1" once
+    char stage[64]; /* counters stage: "relay 0.1" ("... #1" once
                                retired) */
-    bool retired;           /* killed and replaced */
-    bool dirty;             /* its counters may have moved */
+    bool retired;   /* killed and replaced */
+    bool dirty;     /* its counters may have moved */
     kvo_http_client *http;
 } chk_relay;
 
@@ -879,12 +878,12 @@ typedef struct chk_env {
     const check_cfg *cfg;
     const check_trace *trace; /* the run's requests (replay buffer size) */
     char log_dir[512];
-    bool own_log_dir;       /* created by us (removed on PASS) */
+    bool own_log_dir; /* created by us (removed on PASS) */
     char bin_dir[512];
 
     kvo_proc nats[CHECK_NATS_MAX]; /* spawned: one, or a cluster */
     uint32_t n_nats;
-    char nats_url[256];     /* the indexer's servers, its node first */
+    char nats_url[256];       /* the indexer's servers, its node first */
     char relay_nats_url[256]; /* the relays': node 1 first in a cluster */
     chk_args nats_args[CHECK_NATS_MAX]; /* spawned: command lines (ports */
     uint16_t nats_port[CHECK_NATS_MAX]; /*   fixed), to start them again */
@@ -892,24 +891,24 @@ typedef struct chk_env {
     char indexer_url[192];
     chk_args idx_args;
     uint16_t idx_port;
-    kvo_http_client *idx_http;     /* watermark, query */
-    kvo_http_client *idx_metrics;  /* /metrics (overlaps the query) */
+    kvo_http_client *idx_http;    /* watermark, query */
+    kvo_http_client *idx_metrics; /* /metrics (overlaps the query) */
 
-    chk_engine *engines;    /* publishing ones first, then decode ones */
+    chk_engine *engines; /* publishing ones first, then decode ones */
     uint32_t n_engines;
-    uint32_t n_workers;     /* publishing engines */
+    uint32_t n_workers; /* publishing engines */
     uint32_t n_decode;
     uint32_t dp_size;
     uint32_t block_size;
-    char model[128];        /* "model" of completions */
-    bool exact;             /* exact watermarks (kvo-mocker + our relays) */
+    char model[128]; /* "model" of completions */
+    bool exact;      /* exact watermarks (kvo-mocker + our relays) */
 
     chk_relay *relays;
     uint32_t n_relays;
     size_t cap_relays;
     uint64_t publisher_base;
     uint32_t publishers_made;
-    uint32_t restarts;      /* processes killed and started again (their
+    uint32_t restarts; /* processes killed and started again (their
                                retired counters' "#n") */
 
     chk_proxy *proxy;
@@ -930,7 +929,6 @@ void chk_pool_free(chk_pool *p);
 void chk_pool_run(chk_pool *p, chk_task *const *tasks, size_t n);
 
 /* ---- check_spawn.c --------------------------------------------------------*/
-
 
 void chk_args_init(chk_args *a);
 void chk_args_fini(chk_args *a);
@@ -958,8 +956,8 @@ void chk_env_stop(chk_env *env, bool keep_logs);
  * (its dumps applied); an engine on its ports, ready once the index holds
  * none of its blocks (its relays saw the restart and cleared it);
  * nats-server on its port after cfg->nats_down_ms. */
-kvo_status chk_env_fault(chk_env *env, check_fault *f,
-                         check_counters *counters, kvo_err *err);
+kvo_status chk_env_fault(chk_env *env, check_fault *f, check_counters *counters,
+                         kvo_err *err);
 /* CPU seconds (user + system) of every process we started, and of
  * kvo-check itself, into stage "cpu" ("kvo-mocker[0]" = 1.23). */
 kvo_status chk_env_cpu(chk_env *env, check_counters *c);
@@ -982,11 +980,11 @@ kvo_status chk_engine_sources(chk_engine *e, kvo_err *err);
  * the token-id array [t0, t1, ...]. */
 typedef struct chk_prompt {
     bool trace_form;
-    const char *json;        /* the object or the array */
+    const char *json; /* the object or the array */
     size_t len;
-    const char *lora;        /* the adapter: the completion's model, the
+    const char *lora;  /* the adapter: the completion's model, the
                                 probe's lora_name; NULL or "" = none */
-    const char *extra;       /* more body members (",\"cache_salt\":..."),
+    const char *extra; /* more body members (",\"cache_salt\":..."),
                                 NULL = none */
     size_t extra_len;
 } chk_prompt;
@@ -1003,11 +1001,11 @@ kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
                             uint32_t k, check_chain_block *out, uint32_t *n,
                             kvo_err *err);
 typedef struct chk_completion {
-    int64_t cached_tokens;   /* -1: not reported */
-    int64_t prompt_tokens;   /* -1: not reported */
-    int64_t dp_rank;         /* kvo.dp_rank, -1 */
-    int64_t last_seq;        /* kvo.last_seq, -1 (null: nothing published) */
-    bool kvo;                /* kvo-mocker's "kvo" object with its dp_rank */
+    int64_t cached_tokens;    /* -1: not reported */
+    int64_t prompt_tokens;    /* -1: not reported */
+    int64_t dp_rank;          /* kvo.dp_rank, -1 */
+    int64_t last_seq;         /* kvo.last_seq, -1 (null: nothing published) */
+    bool kvo;                 /* kvo-mocker's "kvo" object with its dp_rank */
     char *kv_transfer_params; /* JSON text (prefill role) or NULL; owned */
 } chk_completion;
 /* POST /v1/completions; dp_rank < 0: let the engine pick. kv_params: JSON
@@ -1040,7 +1038,7 @@ typedef struct chk_watermark {
     size_t n;
     uint64_t *publisher;
     int64_t *zmq_last;
-    kvo_buf raw;             /* the body (settle mode compares it) */
+    kvo_buf raw; /* the body (settle mode compares it) */
 } chk_watermark;
 /* The same query, answered by kvo-indexer once its watermark reaches seq
  * for every (publisher, seq) in pairs, or after timeout_ms: scores, the
@@ -1077,7 +1075,7 @@ kvo_status chk_json_u64s(kvo_buf *b, const uint64_t *v, size_t n);
  * and digest, and (when listed) its blocks, as listed (not normalized). */
 typedef struct chk_blocks {
     uint64_t count, digest;
-    check_block *v;      /* owned */
+    check_block *v; /* owned */
     size_t n, cap;
 } chk_blocks;
 void chk_blocks_init(chk_blocks *b);
@@ -1113,13 +1111,13 @@ kvo_status chk_relay_live(chk_relay *r, bool *live);
 
 /* One prompt as the driver sends it. */
 typedef struct chk_pbuf {
-    kvo_buf tokens;     /* u64 prompt tokens, when needed */
-    kvo_buf json;       /* the trace object or the token-id array */
-    check_keys keys;    /* adapter, salt, item (check_keys_of) */
-    kvo_buf extra;      /* their body members (check_keys_json) */
-    uint64_t *hashes;   /* router hashes of the full blocks */
-    uint64_t *seq;      /* their sequence hashes (routing) */
-    size_t cap, nb;     /* room, full blocks */
+    kvo_buf tokens;   /* u64 prompt tokens, when needed */
+    kvo_buf json;     /* the trace object or the token-id array */
+    check_keys keys;  /* adapter, salt, item (check_keys_of) */
+    kvo_buf extra;    /* their body members (check_keys_json) */
+    uint64_t *hashes; /* router hashes of the full blocks */
+    uint64_t *seq;    /* their sequence hashes (routing) */
+    size_t cap, nb;   /* room, full blocks */
 } chk_pbuf;
 
 void chk_pbuf_init(chk_pbuf *pb);
@@ -1127,9 +1125,9 @@ void chk_pbuf_fini(chk_pbuf *pb);
 
 /* Router hashes of trace blocks, memoized (check_run.c). */
 typedef struct chk_rh_memo {
-    uint64_t *keys;     /* the trace hash id of a row */
-    uint8_t *used;      /* the row holds keys' hashes */
-    uint64_t *rows;     /* MOCK_TRACE_BLOCK/block_size hashes per row */
+    uint64_t *keys; /* the trace hash id of a row */
+    uint8_t *used;  /* the row holds keys' hashes */
+    uint64_t *rows; /* MOCK_TRACE_BLOCK/block_size hashes per row */
 } chk_rh_memo;
 
 struct rtask; /* check_run.c's concurrent calls */
@@ -1140,30 +1138,30 @@ typedef struct chk_run {
     chk_env env;
     check_trace trace;
     check_result *res;
-    FILE *json;            /* --report-json, NULL */
+    FILE *json; /* --report-json, NULL */
     uint32_t n_slots;
-    chk_pbuf pb;           /* lockstep's prompt, and the sweep's */
+    chk_pbuf pb; /* lockstep's prompt, and the sweep's */
     chk_rh_memo rh;
-    uint32_t *scores;      /* per slot */
-    int32_t *probes;       /* per slot */
-    uint8_t *seen;         /* per slot: the index ever scored it */
+    uint32_t *scores; /* per slot */
+    int32_t *probes;  /* per slot */
+    uint8_t *seen;    /* per slot: the index ever scored it */
     check_router router;
     uint64_t decode_rr;
     bool trace_form;
-    bool no_wait;          /* the indexer cannot hold a query for a
+    bool no_wait;        /* the indexer cannot hold a query for a
                               watermark */
-    kvo_buf idx_metrics;   /* its /metrics text, read with the waited query */
+    kvo_buf idx_metrics; /* its /metrics text, read with the waited query */
     bool have_idx_metrics;
     check_counters prev, cur, moved;
     chk_watermark wm;
     chk_pool *pool;
-    struct rtask *tasks;   /* cap_tasks of them */
-    chk_task **task_ptrs;  /* as many: what chk_pool_run takes */
+    struct rtask *tasks;  /* cap_tasks of them */
+    chk_task **task_ptrs; /* as many: what chk_pool_run takes */
     size_t cap_tasks;
-    bool tasks_overflow;   /* a batch outgrew cap_tasks (cannot happen) */
-    size_t swept_to;       /* requests the last checkpoint's sweep covered */
-    size_t next_fault;     /* res->faults[next_fault] is the next to inject */
-    size_t json_to;        /* load: prompts whose JSON line is written */
+    bool tasks_overflow; /* a batch outgrew cap_tasks (cannot happen) */
+    size_t swept_to;     /* requests the last checkpoint's sweep covered */
+    size_t next_fault;   /* res->faults[next_fault] is the next to inject */
+    size_t json_to;      /* load: prompts whose JSON line is written */
     struct mock_hasher *hasher; /* engine hashes, to name a difference's
                                    prompt (made when first needed) */
     /* The evidence for the prompt about to be judged (check_diag.c), read

@@ -55,13 +55,13 @@ typedef struct sender {
     pthread_t thread;
     pthread_cond_t go;
     bool started;
-    sstate state;             /* under L->mu */
-    size_t idx;               /* the request: its place in the trace */
-    chk_pbuf pb;              /* its prompt */
-    uint32_t *scores;         /* the index's scores when it was routed */
+    sstate state;     /* under L->mu */
+    size_t idx;       /* the request: its place in the trace */
+    chk_pbuf pb;      /* its prompt */
+    uint32_t *scores; /* the index's scores when it was routed */
     uint32_t slot, inflight_at_route;
     chk_completion c;
-    kvo_status st;            /* the calls' outcome */
+    kvo_status st; /* the calls' outcome */
     kvo_err err;
     uint64_t t_admit;
     kvo_http_client *idx_http, *eng_http;
@@ -70,13 +70,13 @@ typedef struct sender {
 struct load {
     run *r;
     pthread_mutex_t mu;
-    pthread_cond_t done;      /* a sender finished */
+    pthread_cond_t done; /* a sender finished */
     bool quit;
     volatile sig_atomic_t abort; /* every call in flight gives up */
     sender *s;
     uint32_t n;
-    uint32_t inflight;        /* routed and not answered (under mu) */
-    uint64_t routed;          /* requests routed: round-robin's count */
+    uint32_t inflight; /* routed and not answered (under mu) */
+    uint64_t routed;   /* requests routed: round-robin's count */
 };
 
 /* ---- a sender ---------------------------------------------------------------*/
@@ -87,9 +87,9 @@ static void serve(sender *s) {
     run *r = L->r;
     const check_request *q = &r->trace.reqs[s->idx];
     uint32_t dp = r->env.dp_size;
-    s->st = chk_index_query_via(s->idx_http, &r->env, s->pb.hashes, s->pb.nb,
-                                NULL, 0, -1, s->scores, NULL, NULL, NULL,
-                                &s->err);
+    s->st =
+        chk_index_query_via(s->idx_http, &r->env, s->pb.hashes, s->pb.nb, NULL,
+                            0, -1, s->scores, NULL, NULL, NULL, &s->err);
     if (s->st != KVO_OK) return;
     size_t nh;
     const uint64_t *hs = chk_run_held(r, &s->pb, &nh);
@@ -110,20 +110,18 @@ static void serve(sender *s) {
     uint32_t rank = s->slot % dp;
     bool disagg = r->env.n_decode > 0;
     chk_prompt p = chk_pbuf_prompt(r, &s->pb);
-    s->st = chk_engine_complete_via(s->eng_http, e, r->env.model, &p,
-                                    disagg ? 1 : q->output_length,
-                                    (e->mocker || dp > 1) ? (int)rank : -1,
-                                    NULL, &s->c, &s->err);
+    s->st = chk_engine_complete_via(
+        s->eng_http, e, r->env.model, &p, disagg ? 1 : q->output_length,
+        (e->mocker || dp > 1) ? (int)rank : -1, NULL, &s->c, &s->err);
     if (s->st == KVO_OK && disagg) { /* then the decode, round-robin */
         pthread_mutex_lock(&L->mu);
-        uint32_t d = r->env.n_workers +
-                     (uint32_t)(r->decode_rr++ % r->env.n_decode);
+        uint32_t d =
+            r->env.n_workers + (uint32_t)(r->decode_rr++ % r->env.n_decode);
         pthread_mutex_unlock(&L->mu);
         chk_completion dc;
         s->st = chk_engine_complete_via(
-            s->eng_http, &r->env.engines[d], r->env.model, &p,
-            q->output_length, -1,
-            s->c.kv_transfer_params ? s->c.kv_transfer_params : "{}", &dc,
+            s->eng_http, &r->env.engines[d], r->env.model, &p, q->output_length,
+            -1, s->c.kv_transfer_params ? s->c.kv_transfer_params : "{}", &dc,
             &s->err);
         kvo_free(dc.kv_transfer_params);
     }
@@ -219,14 +217,14 @@ static kvo_status load_init(load *L, run *r, uint32_t n) {
 typedef struct disp {
     load *L;
     run *r;
-    size_t next;         /* requests admitted */
-    size_t ckpt_at;      /* where the last checkpoint was (0: none yet) */
+    size_t next;    /* requests admitted */
+    size_t ckpt_at; /* where the last checkpoint was (0: none yet) */
     size_t answered;
-    uint32_t busy;       /* senders working or done, not yet collected */
-    bool failed;         /* a run error: admit nothing more */
+    uint32_t busy; /* senders working or done, not yet collected */
+    bool failed;   /* a run error: admit nothing more */
     uint64_t t_run, last_answer, last_bar, last_watch;
-    uint64_t pause_ns;   /* open loop: the clock stopped at checkpoints */
-    bool blocked;        /* open loop: next was due with every sender busy */
+    uint64_t pause_ns; /* open loop: the clock stopped at checkpoints */
+    bool blocked;      /* open loop: next was due with every sender busy */
 } disp;
 
 /* When request i is due (open loop), monotonic ns. */
@@ -267,11 +265,16 @@ static kvo_status collect(disp *d, sender *s) {
         return KVO_OK;
     }
     for (uint32_t k = 0; k < r->n_slots; k++) r->seen[k] |= s->scores[k] > 0;
-    check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
-                   .block_size = r->env.block_size, .n_slots = r->n_slots,
-                   .dp_size = r->env.dp_size, .chosen = s->slot,
-                   .index_seen = r->seen, .index_scores = s->scores,
-                   .cached_tokens = s->c.cached_tokens, .unjudged = true,
+    check_obs o = {.id = q->line,
+                   .prompt_tokens = q->input_length,
+                   .block_size = r->env.block_size,
+                   .n_slots = r->n_slots,
+                   .dp_size = r->env.dp_size,
+                   .chosen = s->slot,
+                   .index_seen = r->seen,
+                   .index_scores = s->scores,
+                   .cached_tokens = s->c.cached_tokens,
+                   .unjudged = true,
                    .inflight_at_route = s->inflight_at_route,
                    .ms = (double)(d->last_answer - s->t_admit) / 1e6};
     st = chk_run_record(r, &o, NULL);
@@ -337,10 +340,9 @@ static void watch(disp *d) {
     d->last_watch = now;
     char why[600];
     if (chk_env_dead(&r->env, why, sizeof(why))) {
-        check_result_error(r->res, (int64_t)r->trace.reqs[d->next ? d->next - 1
-                                                                  : 0]
-                               .line,
-                           "%s", why);
+        check_result_error(
+            r->res, (int64_t)r->trace.reqs[d->next ? d->next - 1 : 0].line,
+            "%s", why);
         d->failed = true;
         d->L->abort = 1;
         return;
@@ -413,7 +415,8 @@ kvo_status chk_load_run(run *r, size_t *sent, bool *stop) {
             res->stage_s[CHECK_STAGE_TRAFFIC] += chk_secs(t_phase) - drain;
             pthread_mutex_unlock(&L.mu);
             st = chk_run_flush(r);
-            if (st == KVO_OK) st = chk_checkpoint(r, d.next, false, drain, stop);
+            if (st == KVO_OK)
+                st = chk_checkpoint(r, d.next, false, drain, stop);
             pthread_mutex_lock(&L.mu);
             if (st != KVO_OK || *stop) break;
             if (open) { /* the next request is due now, then the trace's

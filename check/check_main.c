@@ -15,23 +15,73 @@
 #include <unistd.h>
 
 enum {
-    OPT_SPAWN = 256, OPT_TRACE, OPT_LIMIT, OPT_WORKERS, OPT_DECODE_WORKERS,
-    OPT_DP_SIZE, OPT_BLOCK_SIZE, OPT_NUM_GPU_BLOCKS, OPT_POLICY,
-    OPT_HASH_ALGO, OPT_HASH_SEED, OPT_EVENT_FORMAT, OPT_MUTATE, OPT_SEED,
-    OPT_REPLAY_BUFFER, OPT_VERIFY, OPT_NO_REPLAY, OPT_DROP_SEQ,
-    OPT_RELAY_RESTART_AT, OPT_LOG_DIR, OPT_KEEP_LOGS, OPT_BIN_DIR,
-    OPT_ENGINES, OPT_INDEXER, OPT_NATS, OPT_MODEL, OPT_NO_RELAYS,
-    OPT_SETTLE_MS, OPT_PROMPT_FORM, OPT_TIMEOUT_MS, OPT_FAIL_FAST, OPT_VERBOSE,
-    OPT_REPORT_JSON, OPT_REPORT_HTML, OPT_WORST, OPT_QUIET, OPT_LOG_LEVEL,
-    OPT_ONLY, OPT_NO_PROGRESS, OPT_SWEEP, OPT_LOAD, OPT_CONCURRENCY,
-    OPT_ARRIVAL, OPT_TIME_SCALE, OPT_SPEEDUP, OPT_CHECKPOINT_EVERY,
-    OPT_OVERLAP_WEIGHT, OPT_ROUTER_TEMPERATURE, OPT_CHECKPOINT_SWEEP,
-    OPT_LOCKSTEP, OPT_EXTRA_BLOCK_SEQ, OPT_INDEXER_RESTART_AT,
-    OPT_ENGINE_RESTART_AT, OPT_NATS_KILL_AT, OPT_NATS_DOWN_MS, OPT_CHAOS,
-    OPT_NATS_CLUSTER, OPT_NATS_KILL_NODE, OPT_CHAOS_EVERY,
+    OPT_SPAWN = 256,
+    OPT_TRACE,
+    OPT_LIMIT,
+    OPT_WORKERS,
+    OPT_DECODE_WORKERS,
+    OPT_DP_SIZE,
+    OPT_BLOCK_SIZE,
+    OPT_NUM_GPU_BLOCKS,
+    OPT_POLICY,
+    OPT_HASH_ALGO,
+    OPT_HASH_SEED,
+    OPT_EVENT_FORMAT,
+    OPT_MUTATE,
+    OPT_SEED,
+    OPT_REPLAY_BUFFER,
+    OPT_VERIFY,
+    OPT_NO_REPLAY,
+    OPT_DROP_SEQ,
+    OPT_RELAY_RESTART_AT,
+    OPT_LOG_DIR,
+    OPT_KEEP_LOGS,
+    OPT_BIN_DIR,
+    OPT_ENGINES,
+    OPT_INDEXER,
+    OPT_NATS,
+    OPT_MODEL,
+    OPT_NO_RELAYS,
+    OPT_SETTLE_MS,
+    OPT_PROMPT_FORM,
+    OPT_TIMEOUT_MS,
+    OPT_FAIL_FAST,
+    OPT_VERBOSE,
+    OPT_REPORT_JSON,
+    OPT_REPORT_HTML,
+    OPT_WORST,
+    OPT_QUIET,
+    OPT_LOG_LEVEL,
+    OPT_ONLY,
+    OPT_NO_PROGRESS,
+    OPT_SWEEP,
+    OPT_LOAD,
+    OPT_CONCURRENCY,
+    OPT_ARRIVAL,
+    OPT_TIME_SCALE,
+    OPT_SPEEDUP,
+    OPT_CHECKPOINT_EVERY,
+    OPT_OVERLAP_WEIGHT,
+    OPT_ROUTER_TEMPERATURE,
+    OPT_CHECKPOINT_SWEEP,
+    OPT_LOCKSTEP,
+    OPT_EXTRA_BLOCK_SEQ,
+    OPT_INDEXER_RESTART_AT,
+    OPT_ENGINE_RESTART_AT,
+    OPT_NATS_KILL_AT,
+    OPT_NATS_DOWN_MS,
+    OPT_CHAOS,
+    OPT_NATS_CLUSTER,
+    OPT_NATS_KILL_NODE,
+    OPT_CHAOS_EVERY,
     /* the event schema's dimensions (issue 15) */
-    OPT_LORA_ADAPTERS, OPT_LORA_FRACTION, OPT_SALT_TENANTS, OPT_MM_FRACTION,
-    OPT_RESET_AT, OPT_KV_GROUPS, OPT_CPU_OFFLOAD_BLOCKS
+    OPT_LORA_ADAPTERS,
+    OPT_LORA_FRACTION,
+    OPT_SALT_TENANTS,
+    OPT_MM_FRACTION,
+    OPT_RESET_AT,
+    OPT_KV_GROUPS,
+    OPT_CPU_OFFLOAD_BLOCKS
 };
 
 static const struct option OPTIONS[] = {
@@ -108,7 +158,8 @@ static const struct option OPTIONS[] = {
 static const char USAGE[] =
     "usage: kvo-check --spawn --trace FILE [options]\n"
     "       kvo-check --engines URL[,URL...] --trace FILE [options]\n"
-    "       kvo-check mutants [--load] [--trace FILE] [--limit N] [--only a,b]\n"
+    "       kvo-check mutants [--load] [--trace FILE] [--limit N] [--only "
+    "a,b]\n"
     "\n"
     "Drives a Mooncake trace through engines, kvo-relays and a kvo-indexer\n"
     "and checks that the index matches the engines' caches. Lockstep (the\n"
@@ -121,15 +172,19 @@ static const char USAGE[] =
     "Exit 0 PASS, 1 FAIL (cause on stderr), 2 setup error.\n"
     "\n"
     "What runs:\n"
-    "  --spawn                 start nats-server, kvo-mockers, one kvo-relay per\n"
-    "                          engine rank and a kvo-indexer (free loopback ports)\n"
-    "  --engines URL,...       running OpenAI-compatible engines (kvo-mocker or\n"
+    "  --spawn                 start nats-server, kvo-mockers, one kvo-relay "
+    "per\n"
+    "                          engine rank and a kvo-indexer (free loopback "
+    "ports)\n"
+    "  --engines URL,...       running OpenAI-compatible engines (kvo-mocker "
+    "or\n"
     "                          vLLM; worker ids 0.. in this order)\n"
     "  --indexer URL           a running kvo-indexer (default: spawn one)\n"
     "  --nats URL              a running NATS (default: spawn nats-server)\n"
     "  --no-relays             engines' events reach NATS through your relays\n"
     "  --model NAME            model for completions (default: /v1/models)\n"
-    "  --settle-ms MS          quiet period before each query when there is no\n"
+    "  --settle-ms MS          quiet period before each query when there is "
+    "no\n"
     "                          exact watermark (500)\n"
     "  --bin-dir DIR           where kvo-mocker/relay/indexer are (default:\n"
     "                          next to kvo-check, then PATH)\n"
@@ -141,8 +196,10 @@ static const char USAGE[] =
     "                          (i div N) mod dp), kv (highest index score,\n"
     "                          ties: least used, then lowest slot) or dynamo\n"
     "                          (Dynamo's KV-router cost: W x uncached prompt\n"
-    "                          blocks + blocks of the requests in flight on the\n"
-    "                          slot; lowest wins; ties: fewest in flight, then\n"
+    "                          blocks + blocks of the requests in flight on "
+    "the\n"
+    "                          slot; lowest wins; ties: fewest in flight, "
+    "then\n"
     "                          lowest slot)\n"
     "  --overlap-weight W      dynamo: weight of the prefill blocks (1.0)\n"
     "  --router-temperature T  dynamo: 0 = lowest cost; T > 0 samples a\n"
@@ -159,13 +216,16 @@ static const char USAGE[] =
     "  --concurrency N         requests in flight (8 per worker); with\n"
     "                          --arrival trace, the most at once\n"
     "  --arrival A             closed (N in flight at all times, trace order)\n"
-    "                          or trace (the trace's timestamps / --time-scale)\n"
+    "                          or trace (the trace's timestamps / "
+    "--time-scale)\n"
     "  --time-scale X          --arrival trace: timestamps divided by X\n"
     "                          (default: --speedup, or 1 when it is 0)\n"
-    "  --speedup X             spawned engines' timing model divided by X; 0 =\n"
+    "  --speedup X             spawned engines' timing model divided by X; 0 "
+    "=\n"
     "                          as fast as they go (lockstep 0, load 1)\n"
     "Spawned engines (kvo-mocker):\n"
-    "  --workers N             engines (4); prefill engines with decode workers\n"
+    "  --workers N             engines (4); prefill engines with decode "
+    "workers\n"
     "  --decode-workers N      disaggregated decode engines (0)\n"
     "  --dp-size N             ranks per engine (1)\n"
     "  --block-size N          (16)\n"
@@ -177,13 +237,18 @@ static const char USAGE[] =
     "  --seed N                generated tokens; the router's draws (0)\n"
     "  --replay-buffer N       batches per rank (sized for the run)\n"
     "Traffic (every dimension of the event schema; drawn from --seed):\n"
-    "  --lora-adapters N       spawned engines serve LoRA adapters kvo-lora-1..N\n"
-    "  --lora-fraction F       share of requests naming one as their model (0)\n"
-    "  --salt-tenants N        every request gets tenant-K's cache_salt, K < N\n"
+    "  --lora-adapters N       spawned engines serve LoRA adapters "
+    "kvo-lora-1..N\n"
+    "  --lora-fraction F       share of requests naming one as their model "
+    "(0)\n"
+    "  --salt-tenants N        every request gets tenant-K's cache_salt, K < "
+    "N\n"
     "  --mm-fraction F         share of prompts with one multimodal item (0)\n"
-    "  --reset-at N            POST /reset_prefix_cache to every engine, idle,\n"
+    "  --reset-at N            POST /reset_prefix_cache to every engine, "
+    "idle,\n"
     "                          before request N (lockstep)\n"
-    "  --kv-groups SPEC        spawned engines' KV-cache groups (full,sliding:W)\n"
+    "  --kv-groups SPEC        spawned engines' KV-cache groups "
+    "(full,sliding:W)\n"
     "  --cpu-offload-blocks N  spawned engines' CPU tier, blocks per rank (0)\n"
     "Relays and fault injection:\n"
     "  --verify-engine-hash    relays recompute every engine hash\n"
@@ -195,7 +260,8 @@ static const char USAGE[] =
     "  --indexer-restart-at N  SIGKILL kvo-indexer before request N, start it\n"
     "                          again on its port; go on once /health says ok\n"
     "                          (it rebuilt the index from the relays' dumps)\n"
-    "  --engine-restart-at N   SIGKILL kvo-mocker 0 before request N, start it\n"
+    "  --engine-restart-at N   SIGKILL kvo-mocker 0 before request N, start "
+    "it\n"
     "                          again on its ports (empty); go on once the\n"
     "                          index holds none of its blocks (--dp-size 1)\n"
     "  --nats-kill-at N        SIGKILL nats-server before request N, start it\n"
@@ -206,7 +272,8 @@ static const char USAGE[] =
     "                          connects to node 0 first, the relays to node 1\n"
     "  --nats-kill-node WHO    the node --nats-kill-at and --chaos kill:\n"
     "                          indexer (its node, default) or relay\n"
-    "  --chaos SEED            before every --chaos-every-th request, kill and\n"
+    "  --chaos SEED            before every --chaos-every-th request, kill "
+    "and\n"
     "                          restart one of {a relay, kvo-indexer,\n"
     "                          nats-server}: each round of three covers all\n"
     "                          three, in an order (and relay) drawn from SEED\n"
@@ -233,7 +300,8 @@ static const char USAGE[] =
     "                          summary of a PASS too (a FAIL always has them)\n"
     "  --timeout-ms MS         one watermark wait or HTTP call; under --load,\n"
     "                          the longest time without any answer (30000)\n"
-    "  --log-dir DIR           process logs (default: a temp dir, kept on FAIL)\n"
+    "  --log-dir DIR           process logs (default: a temp dir, kept on "
+    "FAIL)\n"
     "  --keep-logs             keep the logs on PASS too\n"
     "  --no-progress, --quiet  no progress bar / also no summary\n"
     "  --log-level L           error|warn|info|debug (info; mutants: warn)\n"
@@ -248,7 +316,7 @@ typedef struct opts {
     kvo_level level;
     const char *only;
     bool limit_set, workers_set, dp_set, blocks_set, level_set;
-    bool load_only_set;   /* an option that needs --load */
+    bool load_only_set; /* an option that needs --load */
     bool checkpoint_set;
 } opts;
 
@@ -308,17 +376,11 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     check_cfg *c = &o->cfg;
     int choice;
     switch (code) {
-    case 'h':
-        fputs(USAGE, stdout);
-        exit(KVO_EXIT_OK);
-    case 'V':
-        printf("kvo-check %s\n", KVO_VERSION);
-        exit(KVO_EXIT_OK);
+    case 'h': fputs(USAGE, stdout); exit(KVO_EXIT_OK);
+    case 'V': printf("kvo-check %s\n", KVO_VERSION); exit(KVO_EXIT_OK);
     case OPT_SPAWN: c->spawn = true; return KVO_OK;
     case OPT_TRACE: c->trace = v; return KVO_OK;
-    case OPT_LIMIT:
-        o->limit_set = true;
-        return set_u64(&c->limit, "limit", v);
+    case OPT_LIMIT: o->limit_set = true; return set_u64(&c->limit, "limit", v);
     case OPT_WORKERS:
         o->workers_set = true;
         return set_u32(&c->workers, "workers", v);
@@ -332,9 +394,11 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         o->blocks_set = true;
         return set_u64(&c->num_gpu_blocks, "num-gpu-blocks", v);
     case OPT_POLICY: {
-        static const char *const names[] = {
-            [CHECK_POLICY_ROUND_ROBIN] = "round-robin",
-            [CHECK_POLICY_KV] = "kv", [CHECK_POLICY_DYNAMO] = "dynamo", NULL};
+        static const char *const names[] = {[CHECK_POLICY_ROUND_ROBIN] =
+                                                "round-robin",
+                                            [CHECK_POLICY_KV] = "kv",
+                                            [CHECK_POLICY_DYNAMO] = "dynamo",
+                                            NULL};
         if (set_choice(&choice, "policy", v, names) != KVO_OK)
             return KVO_EINVAL;
         c->policy = (check_policy)choice;
@@ -355,12 +419,12 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_LORA_ADAPTERS:
         return set_u32(&c->lora_adapters, "lora-adapters", v);
     case OPT_LORA_FRACTION:
-        if (set_double(&c->lora_fraction, "lora-fraction", v, false) != KVO_OK ||
+        if (set_double(&c->lora_fraction, "lora-fraction", v, false) !=
+                KVO_OK ||
             c->lora_fraction > 1)
             return bad("lora-fraction", v);
         return KVO_OK;
-    case OPT_SALT_TENANTS:
-        return set_u32(&c->salt_tenants, "salt-tenants", v);
+    case OPT_SALT_TENANTS: return set_u32(&c->salt_tenants, "salt-tenants", v);
     case OPT_MM_FRACTION:
         if (set_double(&c->mm_fraction, "mm-fraction", v, false) != KVO_OK ||
             c->mm_fraction > 1)
@@ -392,15 +456,12 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         else
             return bad("nats-kill-node", v);
         return KVO_OK;
-    case OPT_NATS_KILL_AT:
-        return set_i64(&c->nats_kill_at, "nats-kill-at", v);
+    case OPT_NATS_KILL_AT: return set_i64(&c->nats_kill_at, "nats-kill-at", v);
     case OPT_NATS_DOWN_MS:
         if (set_u64(&c->nats_down_ms, "nats-down-ms", v) != KVO_OK)
             return KVO_EINVAL;
         return c->nats_down_ms <= 600000 ? KVO_OK : bad("nats-down-ms", v);
-    case OPT_CHAOS:
-        c->chaos = true;
-        return set_u64(&c->chaos_seed, "chaos", v);
+    case OPT_CHAOS: c->chaos = true; return set_u64(&c->chaos_seed, "chaos", v);
     case OPT_CHAOS_EVERY:
         if (set_u64(&c->chaos_every, "chaos-every", v) != KVO_OK)
             return KVO_EINVAL;
@@ -425,7 +486,8 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
         return KVO_OK;
     }
     case OPT_TIMEOUT_MS:
-        if (set_long(&c->timeout_ms, "timeout-ms", v) != KVO_OK) return KVO_EINVAL;
+        if (set_long(&c->timeout_ms, "timeout-ms", v) != KVO_OK)
+            return KVO_EINVAL;
         return c->timeout_ms > 0 ? KVO_OK : bad("timeout-ms", v);
     case OPT_FAIL_FAST: c->fail_fast = true; return KVO_OK;
     case OPT_VERBOSE: c->verbose = true; return KVO_OK;
@@ -556,9 +618,9 @@ int main(int argc, char **argv) {
             return KVO_EXIT_USAGE;
         }
         kvo_info("kvo-check %s mutants: trace %s limit %llu workers %u dp %u "
-                 "gpu blocks %llu%s", KVO_VERSION, c->trace,
-                 (unsigned long long)c->limit, c->workers, c->dp_size,
-                 (unsigned long long)c->num_gpu_blocks,
+                 "gpu blocks %llu%s",
+                 KVO_VERSION, c->trace, (unsigned long long)c->limit,
+                 c->workers, c->dp_size, (unsigned long long)c->num_gpu_blocks,
                  c->load ? " load" : "");
         bool ok = false;
         kvo_status st = check_mutants_run(c, o.only, stdout, &ok);
@@ -616,8 +678,8 @@ int main(int argc, char **argv) {
                         "go together\n");
         return KVO_EXIT_USAGE;
     }
-    if (!c->spawn && (c->lora_adapters || c->kv_groups ||
-                      c->cpu_offload_blocks)) {
+    if (!c->spawn &&
+        (c->lora_adapters || c->kv_groups || c->cpu_offload_blocks)) {
         fprintf(stderr, "kvo-check: --lora-adapters, --kv-groups and "
                         "--cpu-offload-blocks configure spawned engines "
                         "(--spawn)\n");
@@ -638,8 +700,7 @@ int main(int argc, char **argv) {
         return KVO_EXIT_USAGE;
     }
     kvo_info("kvo-check %s: trace %s limit %llu %s", KVO_VERSION, c->trace,
-             (unsigned long long)c->limit,
-             c->spawn ? "spawn" : c->engines);
+             (unsigned long long)c->limit, c->spawn ? "spawn" : c->engines);
 
     check_result *res = NULL;
     kvo_err err = {0};

@@ -56,8 +56,9 @@ static const struct {
 } DIAGNOSES[] = {
     {"flip-stored-hash", {CHECK_REASON_HASH_MISMATCH}},
     {"drop-removed", {CHECK_REASON_STALE_BLOCK}},
-    {"token-plus-one", {CHECK_REASON_TOKEN_MISMATCH, CHECK_REASON_HASH_MISMATCH,
-                        CHECK_REASON_REJECTED}},
+    {"token-plus-one",
+     {CHECK_REASON_TOKEN_MISMATCH, CHECK_REASON_HASH_MISMATCH,
+      CHECK_REASON_REJECTED}},
     {"wrong-parent", {CHECK_REASON_WRONG_PARENT, CHECK_REASON_HASH_MISMATCH}},
     {"drop-dp-rank", {CHECK_REASON_WRONG_RANK}},
     {"drop-store", {CHECK_REASON_MISSED_STORE, CHECK_REASON_UNKNOWN_PARENT}},
@@ -65,8 +66,9 @@ static const struct {
     {"truncate-tokens", {CHECK_REASON_TOKEN_MISMATCH, CHECK_REASON_REJECTED}},
     /* the parent goes instead of the block: the block stays (stale), its
      * parent is gone (its children's stores are refused) */
-    {"swap-removed-hash", {CHECK_REASON_STALE_BLOCK, CHECK_REASON_MISSED_STORE,
-                           CHECK_REASON_UNKNOWN_PARENT}},
+    {"swap-removed-hash",
+     {CHECK_REASON_STALE_BLOCK, CHECK_REASON_MISSED_STORE,
+      CHECK_REASON_UNKNOWN_PARENT}},
     {"skip-decode-stores", {CHECK_REASON_MISSED_STORE}},
     {"int-hash-first8", {CHECK_REASON_HASH_MISMATCH}},
     {"dup-store", {CHECK_REASON_STALE_BLOCK}},
@@ -103,8 +105,9 @@ static bool scenario_for(const char *needs, check_cfg *cfg, char *opts,
         cfg->lora_fraction = 0.5;
         cfg->salt_tenants = 3;
         cfg->mm_fraction = 0.25;
-        snprintf(opts, n, "--lora-adapters 2 --lora-fraction 0.5 "
-                          "--salt-tenants 3 --mm-fraction 0.25");
+        snprintf(opts, n,
+                 "--lora-adapters 2 --lora-fraction 0.5 "
+                 "--salt-tenants 3 --mm-fraction 0.25");
         return true;
     }
     if (strcmp(needs, "reset") == 0 && !cfg->load) {
@@ -166,8 +169,10 @@ static bool one(const check_cfg *base, const char *name, bool killed,
             }
         }
         if (res->verdict.pass)
-            snprintf(how, sizeof(how), "%zu prompts, no divergence, no "
-                                       "rejected event", res->n_prompts);
+            snprintf(how, sizeof(how),
+                     "%zu prompts, no divergence, no "
+                     "rejected event",
+                     res->n_prompts);
         else
             snprintf(how, sizeof(how), "%s", res->verdict.cause);
     }
@@ -193,7 +198,8 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
         for (char *p = strtok_r(list, ",", &save); p;
              p = strtok_r(NULL, ",", &save)) {
             size_t i;
-            for (i = 0; i < n && strcmp(m[i].name, p) != 0; i++) {}
+            for (i = 0; i < n && strcmp(m[i].name, p) != 0; i++) {
+            }
             if (i == n && strcmp(p, "none") != 0) {
                 fprintf(stderr, "kvo-check: unknown mutant '%s'\n", p);
                 kvo_free(list);
@@ -217,8 +223,9 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
         check_cfg probe = *base;
         char opts[160];
         if (!scenario_for(m[i].needs, &probe, opts, sizeof(opts))) {
-            fprintf(f, "%-18s %-8s %-8s %-4s %6s  %-28s %-19s needs %s "
-                       "traffic, which the matrix does not send%s  [%s]\n",
+            fprintf(f,
+                    "%-18s %-8s %-8s %-4s %6s  %-28s %-19s needs %s "
+                    "traffic, which the matrix does not send%s  [%s]\n",
                     m[i].name, m[i].killed ? "killed" : "benign", "not run",
                     "-", "-", "-", "-", m[i].needs,
                     base->load ? " under --load" : " yet",
@@ -226,13 +233,14 @@ kvo_status check_mutants_run(const check_cfg *base, const char *only, FILE *f,
             continue;
         }
         size_t k;
-        for (k = 0; k < nb && strcmp(baselined[k], opts) != 0; k++) {}
+        for (k = 0; k < nb && strcmp(baselined[k], opts) != 0; k++) {
+        }
         if (opts[0] && k == nb && nb < KVO_ARRAY_LEN(baselined)) {
             snprintf(baselined[nb++], sizeof(baselined[0]), "%s", opts);
             *ok &= one(base, NULL, false, m[i].needs, NULL, f, &setup);
         }
-        *ok &= one(base, m[i].name, m[i].killed, m[i].needs, m[i].incident,
-                   f, &setup);
+        *ok &= one(base, m[i].name, m[i].killed, m[i].needs, m[i].incident, f,
+                   &setup);
     }
     if (kvo_stop) return KVO_EINTR;
     return KVO_OK;

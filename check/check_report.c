@@ -15,9 +15,8 @@ void check_report_progress(FILE *f, const check_result *r, uint64_t done,
                            uint64_t total, double elapsed_s) {
     enum { WIDTH = 30 };
     char bar[WIDTH + 1];
-    size_t fill = total ? (size_t)((double)WIDTH * (double)done /
-                                   (double)total)
-                        : 0;
+    size_t fill =
+        total ? (size_t)((double)WIDTH * (double)done / (double)total) : 0;
     if (fill > WIDTH) fill = WIDTH;
     memset(bar, '#', fill);
     memset(bar + fill, '.', WIDTH - fill);
@@ -60,8 +59,8 @@ static void print_counters(FILE *f, const check_result *r) {
             if (strcmp(it->stage, stage) != 0 || !counter_shown(it)) continue;
             bool rule = it->rule != NULL;
             char item[320];
-            int n = snprintf(item, sizeof(item), " %s%s=%.15g",
-                             rule ? "!" : "", it->name, it->value);
+            int n = snprintf(item, sizeof(item), " %s%s=%.15g", rule ? "!" : "",
+                             it->name, it->value);
             if (n < 0) continue;
             if (col + (size_t)n > WRAP_COL && shown) {
                 col = (size_t)fprintf(f, "\n  %-*s", STAGE_W, "") - 1;
@@ -110,8 +109,9 @@ static void print_checkpoints(FILE *f, const check_result *r) {
         compared += c->sets;
     }
     double total = drain + sync + sets + sweep;
-    fprintf(f, "  checkpoints        %zu, %llu failed; block sets compared at "
-               "%llu of them\n",
+    fprintf(f,
+            "  checkpoints        %zu, %llu failed; block sets compared at "
+            "%llu of them\n",
             r->n_ckpts, (unsigned long long)failed,
             (unsigned long long)compared);
     for (size_t i = 0; i < r->n_ckpts; i++)
@@ -120,9 +120,10 @@ static void print_checkpoints(FILE *f, const check_result *r) {
                     r->ckpts[i].sets_note);
             break;
         }
-    fprintf(f, "  checkpoint cost    %.2f s (%.1f%% of the wall time): drain "
-               "%.2f, sync %.2f, block sets %.2f (%llu lists fetched, %llu "
-               "blocks), sweep %.2f\n",
+    fprintf(f,
+            "  checkpoint cost    %.2f s (%.1f%% of the wall time): drain "
+            "%.2f, sync %.2f, block sets %.2f (%llu lists fetched, %llu "
+            "blocks), sweep %.2f\n",
             total, r->wall_s > 0 ? 100 * total / r->wall_s : 0, drain, sync,
             sets, (unsigned long long)lists, (unsigned long long)listed, sweep);
     for (size_t i = 0; i < r->n_ckpts; i++) {
@@ -154,16 +155,18 @@ static void print_regime(FILE *f, const check_result *r) {
 static void print_staleness(FILE *f, const check_result *r) {
     check_staleness s;
     if (check_result_staleness(r, &s) != KVO_OK || !s.requests) return;
-    fprintf(f, "  router's view      %llu requests: %.1f %% exact; index "
-               "over the engine %.1f %% (p50 %u, p99 %u, max %u blocks), under "
-               "%.1f %% (p50 %u, p99 %u, max %u); |diff| p50 %u p99 %u max "
-               "%u\n",
+    fprintf(f,
+            "  router's view      %llu requests: %.1f %% exact; index "
+            "over the engine %.1f %% (p50 %u, p99 %u, max %u blocks), under "
+            "%.1f %% (p50 %u, p99 %u, max %u); |diff| p50 %u p99 %u max "
+            "%u\n",
             (unsigned long long)s.requests, pct(s.exact, s.requests),
             pct(s.over, s.requests), s.over_p50, s.over_p99, s.over_max,
             pct(s.under, s.requests), s.under_p50, s.under_p99, s.under_max,
             s.abs_p50, s.abs_p99, s.abs_max);
-    fprintf(f, "  promised hit rate  %6.2f %%  (routing-time index scores, "
-               "capped), achieved %.2f %%\n",
+    fprintf(f,
+            "  promised hit rate  %6.2f %%  (routing-time index scores, "
+            "capped), achieved %.2f %%\n",
             pct(s.promised_tokens, s.prompt_tokens),
             pct(s.achieved_tokens, s.prompt_tokens));
 }
@@ -171,14 +174,16 @@ static void print_staleness(FILE *f, const check_result *r) {
 void check_report_summary(FILE *f, const check_result *r, size_t worst) {
     check_totals t;
     check_result_totals(r, &t);
-    fprintf(f, "\nkvo-check: %llu of %llu requests, %u slot%s "
-               "(worker x dp rank), block size %u\n",
+    fprintf(f,
+            "\nkvo-check: %llu of %llu requests, %u slot%s "
+            "(worker x dp rank), block size %u\n",
             (unsigned long long)t.requests, (unsigned long long)r->planned,
             r->n_slots, r->n_slots == 1 ? "" : "s", r->block_size);
     if (r->config[0]) fprintf(f, "  config             %s\n", r->config);
     if (r->traffic.lora || r->traffic.salted || r->traffic.mm)
-        fprintf(f, "  traffic            %llu with a LoRA adapter, %llu salted, "
-                   "%llu with a multimodal item (of %llu planned)\n",
+        fprintf(f,
+                "  traffic            %llu with a LoRA adapter, %llu salted, "
+                "%llu with a multimodal item (of %llu planned)\n",
                 (unsigned long long)r->traffic.lora,
                 (unsigned long long)r->traffic.salted,
                 (unsigned long long)r->traffic.mm,
@@ -186,25 +191,30 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
     fprintf(f, "  prompt tokens      %llu (%llu blocks)\n",
             (unsigned long long)t.prompt_tokens,
             (unsigned long long)t.prompt_blocks);
-    fprintf(f, "  engine hit rate    %6.2f %%  (cached tokens / prompt tokens)\n",
+    fprintf(f,
+            "  engine hit rate    %6.2f %%  (cached tokens / prompt tokens)\n",
             pct(t.engine_hit_tokens, t.prompt_tokens));
-    fprintf(f, "  index hit rate     %6.2f %%  (chosen worker%s, capped at "
-               "(n-1)//bs like the engine)\n",
+    fprintf(f,
+            "  index hit rate     %6.2f %%  (chosen worker%s, capped at "
+            "(n-1)//bs like the engine)\n",
             pct(t.index_hit_tokens, t.prompt_tokens),
             r->load.on ? " when routed" : "");
-    fprintf(f, "  index score rate   %6.2f %%  (uncapped score / prompt "
-               "blocks, Dynamo's router_kv_hit_rate)\n",
+    fprintf(f,
+            "  index score rate   %6.2f %%  (uncapped score / prompt "
+            "blocks, Dynamo's router_kv_hit_rate)\n",
             pct(t.index_raw_blocks, t.prompt_blocks));
     if (r->load.on) {
-        fprintf(f, "  load               %s %u, engines' speedup %g; at most "
-                   "%u requests were in flight\n",
+        fprintf(f,
+                "  load               %s %u, engines' speedup %g; at most "
+                "%u requests were in flight\n",
                 r->load.arrival == CHECK_ARRIVAL_TRACE
                     ? "trace arrivals, at most"
                     : "closed loop, concurrency",
                 r->load.concurrency, r->load.speedup, r->load.max_inflight);
         if (r->load.arrival == CHECK_ARRIVAL_TRACE)
-            fprintf(f, "  arrivals           time scale %g; %llu admitted late "
-                       "(every sender busy), by up to %.0f ms\n",
+            fprintf(f,
+                    "  arrivals           time scale %g; %llu admitted late "
+                    "(every sender busy), by up to %.0f ms\n",
                     r->load.time_scale, (unsigned long long)r->load.late,
                     r->load.late_max_ms);
         print_staleness(f, r);
@@ -213,8 +223,9 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
                 (unsigned long long)t.divergent);
     }
     if (r->n_sweep)
-        fprintf(f, "  sweep              %zu earlier prompts re-checked on every "
-                   "worker at checkpoints, %zu divergent\n",
+        fprintf(f,
+                "  sweep              %zu earlier prompts re-checked on every "
+                "worker at checkpoints, %zu divergent\n",
                 r->n_sweep, r->sweep_divergent);
     char classes[512];
     if (check_totals_classes(&t, classes, sizeof(classes)))
@@ -222,19 +233,21 @@ void check_report_summary(FILE *f, const check_result *r, size_t worst) {
     print_checkpoints(f, r);
     print_faults(f, r);
     print_regime(f, r);
-    double stored = check_counters_sum(&r->counters, "relay",
-                                       "blocks_forwarded");
-    double removed = check_counters_sum(&r->counters, "relay",
-                                        "removes_forwarded");
-    double evicted = check_counters_sum(&r->counters, "engine ",
-                                        "blocks_removed");
+    double stored =
+        check_counters_sum(&r->counters, "relay", "blocks_forwarded");
+    double removed =
+        check_counters_sum(&r->counters, "relay", "removes_forwarded");
+    double evicted =
+        check_counters_sum(&r->counters, "engine ", "blocks_removed");
     if (stored + removed > 0)
-        fprintf(f, "  pipeline blocks    %.0f stored + %.0f removed forwarded "
-                   "by the relays (engines evicted %.0f)\n",
+        fprintf(f,
+                "  pipeline blocks    %.0f stored + %.0f removed forwarded "
+                "by the relays (engines evicted %.0f)\n",
                 stored, removed, evicted);
     if (r->wall_s > 0) {
-        fprintf(f, "  wall time          %.2f s (%.1f requests/s, %.0f "
-                   "pipeline blocks/s)\n",
+        fprintf(f,
+                "  wall time          %.2f s (%.1f requests/s, %.0f "
+                "pipeline blocks/s)\n",
                 r->wall_s, (double)t.requests / r->wall_s,
                 (stored + removed) / r->wall_s);
         double sum = 0;
@@ -311,8 +324,8 @@ static json_object *faults_json(const check_result *r) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "before_request",
                                json_object_new_int64((int64_t)x->at));
-        json_object_object_add(o, "kind", json_object_new_string(
-                                              check_fault_kind_name(x->kind)));
+        json_object_object_add(
+            o, "kind", json_object_new_string(check_fault_kind_name(x->kind)));
         json_object_object_add(o, "target", jstr_or_null(x->target));
         json_object_object_add(o, "done", json_object_new_boolean(x->done));
         json_object_object_add(o, "down_ms",
@@ -323,9 +336,9 @@ static json_object *faults_json(const check_result *r) {
         if (x->has_recovery) {
             rec = json_object_new_object();
             for (int k = 0; k < CHECK_FAULT_REC_COUNT; k++)
-                json_object_object_add(
-                    rec, check_fault_rec_name((check_fault_rec)k),
-                    jnum(x->rec[k], 0));
+                json_object_object_add(rec,
+                                       check_fault_rec_name((check_fault_rec)k),
+                                       jnum(x->rec[k], 0));
         }
         json_object_object_add(o, "indexer_recovery", rec);
         json_object_array_add(a, o);
@@ -356,22 +369,20 @@ static kvo_status json_prompt(FILE *f, const check_result *r,
     json_object *eh = json_object_new_array();
     for (uint32_t s = 0; s < r->n_slots; s++) {
         json_object_array_add(sc, json_object_new_int64(p->index_scores[s]));
-        json_object_array_add(eh, p->engine_hits[s] < 0
-                                      ? NULL
-                                      : json_object_new_int64(
-                                            p->engine_hits[s]));
+        json_object_array_add(eh,
+                              p->engine_hits[s] < 0
+                                  ? NULL
+                                  : json_object_new_int64(p->engine_hits[s]));
     }
     json_object_object_add(j, "index_scores", sc);
     json_object_object_add(j, "engine_hits", eh);
     json_object_object_add(j, "diverged", json_object_new_boolean(p->diverged));
-    json_object_object_add(j, "first_divergent_block",
-                           p->diverged ? json_object_new_int64(
-                                             p->first_divergent_block)
-                                       : NULL);
-    json_object_object_add(j, "reason",
-                           p->diverged ? jstr_or_null(check_reason_name(
-                                             p->reason))
-                                       : NULL);
+    json_object_object_add(
+        j, "first_divergent_block",
+        p->diverged ? json_object_new_int64(p->first_divergent_block) : NULL);
+    json_object_object_add(
+        j, "reason",
+        p->diverged ? jstr_or_null(check_reason_name(p->reason)) : NULL);
     json_object_object_add(j, "detail",
                            p->diverged ? jstr_or_null(p->detail) : NULL);
     json_object_object_add(j, "evidence",
@@ -414,11 +425,10 @@ static json_object *counters_json(const check_counters *c) {
             json_object_object_add(o, c->items[i].stage, st);
         }
         double v = c->items[i].value;
-        json_object *jv =
-            isnan(v) || isinf(v) ? NULL
-            : (v == floor(v) && fabs(v) < 9e15)
-                ? json_object_new_int64((int64_t)v)
-                : jnum(v, 6);
+        json_object *jv = isnan(v) || isinf(v) ? NULL
+                          : (v == floor(v) && fabs(v) < 9e15)
+                              ? json_object_new_int64((int64_t)v)
+                              : jnum(v, 6);
         json_object_object_add(st, c->items[i].name, jv);
     }
     return o;
@@ -426,11 +436,10 @@ static json_object *counters_json(const check_counters *c) {
 
 static json_object *load_json(const check_result *r) {
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "arrival", json_object_new_string(
-                                             r->load.arrival ==
-                                                     CHECK_ARRIVAL_TRACE
-                                                 ? "trace"
-                                                 : "closed"));
+    json_object_object_add(
+        o, "arrival",
+        json_object_new_string(
+            r->load.arrival == CHECK_ARRIVAL_TRACE ? "trace" : "closed"));
     json_object_object_add(o, "concurrency",
                            json_object_new_int64(r->load.concurrency));
     json_object_object_add(o, "speedup", jnum(r->load.speedup, 3));
@@ -498,14 +507,15 @@ static json_object *checkpoints_json(const check_result *r) {
         json_object_object_add(o, "after_requests",
                                json_object_new_uint64(c->after));
         json_object_object_add(o, "final", json_object_new_boolean(c->final));
-        json_object_object_add(o, "passed", json_object_new_boolean(
-                                                !check_checkpoint_failed(c)));
+        json_object_object_add(
+            o, "passed", json_object_new_boolean(!check_checkpoint_failed(c)));
         char cause[400];
         check_checkpoint_cause(r, c, cause, sizeof(cause));
         json_object_object_add(o, "cause", jstr_or_null(cause));
         json_object_object_add(o, "block_sets_compared",
                                json_object_new_boolean(c->sets));
-        json_object_object_add(o, "block_sets_note", jstr_or_null(c->sets_note));
+        json_object_object_add(o, "block_sets_note",
+                               jstr_or_null(c->sets_note));
         uint64_t eb = 0, ib = 0, lists = 0;
         for (uint32_t s = 0; s < r->n_slots; s++) {
             eb += c->slots[s].engine_blocks;
@@ -514,7 +524,8 @@ static json_object *checkpoints_json(const check_result *r) {
         }
         json_object_object_add(o, "engine_blocks", json_object_new_uint64(eb));
         json_object_object_add(o, "index_blocks", json_object_new_uint64(ib));
-        json_object_object_add(o, "slots_listed", json_object_new_uint64(lists));
+        json_object_object_add(o, "slots_listed",
+                               json_object_new_uint64(lists));
         json_object_object_add(o, "listed_blocks",
                                json_object_new_uint64(c->listed_blocks));
         for (int k = 0; k < CHECK_DIFF_COUNT; k++)
@@ -524,10 +535,10 @@ static json_object *checkpoints_json(const check_result *r) {
         for (size_t k = 0; k < c->diff.n_first; k++) {
             const check_block_diff *d = &c->diff.first[k];
             json_object *x = json_object_new_object();
-            json_object_object_add(x, "kind", json_object_new_string(
-                                                  kinds[d->kind]));
-            json_object_object_add(x, "worker", json_object_new_int64(
-                                                    r->slots[d->slot].worker));
+            json_object_object_add(x, "kind",
+                                   json_object_new_string(kinds[d->kind]));
+            json_object_object_add(
+                x, "worker", json_object_new_int64(r->slots[d->slot].worker));
             json_object_object_add(
                 x, "dp_rank", json_object_new_int64(r->slots[d->slot].dp_rank));
             const check_block *b =
@@ -541,14 +552,12 @@ static json_object *checkpoints_json(const check_result *r) {
                                    d->kind == CHECK_DIFF_ENGINE_ONLY
                                        ? NULL
                                        : block_json(&d->index, true));
-            json_object_object_add(x, "prompt",
-                                   d->prompt >= 0
-                                       ? json_object_new_int64(d->prompt)
-                                       : NULL);
-            json_object_object_add(x, "prompt_block",
-                                   d->prompt >= 0
-                                       ? json_object_new_int64(d->depth)
-                                       : NULL);
+            json_object_object_add(
+                x, "prompt",
+                d->prompt >= 0 ? json_object_new_int64(d->prompt) : NULL);
+            json_object_object_add(
+                x, "prompt_block",
+                d->prompt >= 0 ? json_object_new_int64(d->depth) : NULL);
             json_object_array_add(diffs, x);
         }
         json_object_object_add(o, "differences", diffs);
@@ -600,9 +609,11 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "divergent_by_class", classes);
     json_object_object_add(
         s, "pipeline_blocks",
-        json_object_new_int64((int64_t)(
-            check_counters_sum(&r->counters, "relay", "blocks_forwarded") +
-            check_counters_sum(&r->counters, "relay", "removes_forwarded"))));
+        json_object_new_int64(
+            (int64_t)(check_counters_sum(&r->counters, "relay",
+                                         "blocks_forwarded") +
+                      check_counters_sum(&r->counters, "relay",
+                                         "removes_forwarded"))));
     json_object_object_add(s, "block_size",
                            json_object_new_int64(r->block_size));
     json_object_object_add(s, "dp_size", json_object_new_int64(r->dp_size));
@@ -639,14 +650,14 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
             r->trips[i].before_prompt < 0
                 ? NULL
                 : json_object_new_int64(r->trips[i].before_prompt));
-        json_object_object_add(
-            to, "reason",
-            json_object_new_string(check_reason_name(r->trips[i].rule->reason)));
+        json_object_object_add(to, "reason",
+                               json_object_new_string(check_reason_name(
+                                   r->trips[i].rule->reason)));
         json_object_array_add(trips, to);
     }
     json_object_object_add(s, "tripped_counters", trips);
-    json_object_object_add(s, "mode", json_object_new_string(
-                                          r->load.on ? "load" : "lockstep"));
+    json_object_object_add(
+        s, "mode", json_object_new_string(r->load.on ? "load" : "lockstep"));
     if (r->load.on) json_object_object_add(s, "load", load_json(r));
     json_object_object_add(s, "regime", regime_json(r));
     json_object_object_add(s, "staleness", staleness_json(r));
@@ -666,15 +677,14 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
                            json_object_new_uint64(r->traffic.salted));
     json_object_object_add(tr, "mm", json_object_new_uint64(r->traffic.mm));
     json_object_object_add(s, "traffic", tr);
-    json_object_object_add(s, "verdict", json_object_new_string(
-                                             r->verdict.pass ? "PASS"
-                                                             : "FAIL"));
-    json_object_object_add(s, "cause", r->verdict.pass
-                                           ? NULL
-                                           : jstr_or_null(r->verdict.cause));
-    json_object_object_add(s, "caught_at", r->verdict.pass
-                                               ? NULL
-                                               : jstr_or_null(r->verdict.where));
+    json_object_object_add(
+        s, "verdict",
+        json_object_new_string(r->verdict.pass ? "PASS" : "FAIL"));
+    json_object_object_add(
+        s, "cause", r->verdict.pass ? NULL : jstr_or_null(r->verdict.cause));
+    json_object_object_add(s, "caught_at",
+                           r->verdict.pass ? NULL
+                                           : jstr_or_null(r->verdict.where));
     json_object *j = json_object_new_object();
     json_object_object_add(j, "summary", s);
     return put_line(f, j);

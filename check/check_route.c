@@ -50,9 +50,9 @@ void check_seq_hashes(const uint64_t *router_hashes, size_t n, uint64_t *out) {
     uint64_t prev = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t pair[2] = {prev, router_hashes[i]};
-        out[i] = i == 0 ? router_hashes[0]
-                        : XXH3_64bits_withSeed(pair, sizeof(pair),
-                                               SEQ_HASH_SEED);
+        out[i] = i == 0
+                     ? router_hashes[0]
+                     : XXH3_64bits_withSeed(pair, sizeof(pair), SEQ_HASH_SEED);
         prev = out[i];
     }
 }
@@ -156,8 +156,7 @@ uint32_t check_router_pick(check_router *rt, uint64_t i, const uint32_t *scores,
     case CHECK_POLICY_DYNAMO:
         return pick_dynamo(rt, scores, prompt_tokens, seq, nb);
     case CHECK_POLICY_KV:
-    default:
-        break;
+    default: break;
     }
     uint32_t best = 0;
     for (uint32_t s = 1; s < rt->n_slots; s++) {

@@ -105,23 +105,21 @@ typedef chk_run run;
 typedef struct rtask {
     chk_task base;
     run *r;
-    chk_engine *e;     /* probe */
-    chk_relay *rl;     /* metrics of a relay (NULL with is_indexer) */
+    chk_engine *e; /* probe */
+    chk_relay *rl; /* metrics of a relay (NULL with is_indexer) */
     bool is_indexer;
-    bool warm;         /* probe: this engine gets the prompt next */
-    int64_t before;    /* sync */
+    bool warm;           /* probe: this engine gets the prompt next */
+    int64_t before;      /* sync */
     struct rtask *after; /* sync: metric reads to run once it is done */
     size_t n_after;
     kvo_status st;
     kvo_err err;
     int32_t hits[CHK_MAX_DP];
     kvo_http_resp resp;
-    double busy;       /* seconds this call took */
+    double busy; /* seconds this call took */
 } rtask;
 
-double chk_secs(uint64_t t0) {
-    return (double)(kvo_now_ns() - t0) / 1e9;
-}
+double chk_secs(uint64_t t0) { return (double)(kvo_now_ns() - t0) / 1e9; }
 
 /* The monotonic time ms from now, in ns. */
 static uint64_t ns_after_ms(long ms) {
@@ -140,14 +138,17 @@ static bool restarted_synced(run *r, chk_engine *e, chk_rank *rk, char *why,
     chk_blocks_init(&b);
     bool same = false;
     if (chk_engine_state(e, &er) != KVO_OK ||
-        chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false, &b,
-                         &er) != KVO_OK)
+        chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false, &b, &er) !=
+            KVO_OK)
         snprintf(why, whysz, "%.200s", er.msg);
     else if (!rk->has_set)
-        snprintf(why, whysz, "engine %u was restarted and does not tell its "
-                 "block set", e->worker_id);
+        snprintf(why, whysz,
+                 "engine %u was restarted and does not tell its "
+                 "block set",
+                 e->worker_id);
     else if (!(same = b.count == rk->set_count && b.digest == rk->set_digest))
-        snprintf(why, whysz, "engine %u rank %u (restarted, so its sequences "
+        snprintf(why, whysz,
+                 "engine %u rank %u (restarted, so its sequences "
                  "began again under the same relay) holds %llu blocks, the "
                  "index %llu (or other ones)",
                  e->worker_id, rk->dp_rank, (unsigned long long)rk->set_count,
@@ -174,9 +175,10 @@ static bool watermark_covers(run *r, char *why, size_t whysz, bool *by_sets) {
             uint64_t pub = r->env.relays[rk->relay].publisher_id;
             int64_t have = chk_watermark_get(&r->wm, pub, NULL);
             if (have < rk->last_seq) {
-                snprintf(why, whysz, "engine %u rank %u published seq %lld, "
-                                     "the index has %lld from its relay "
-                                     "(publisher %" PRIu64 ")",
+                snprintf(why, whysz,
+                         "engine %u rank %u published seq %lld, "
+                         "the index has %lld from its relay "
+                         "(publisher %" PRIu64 ")",
                          i, rk->dp_rank, (long long)rk->last_seq,
                          (long long)have, pub);
                 return false;
@@ -201,8 +203,8 @@ static kvo_status engines_refresh(run *r, kvo_err *err) {
 /* Between two looks at a watermark that does not cover yet: KVO_EINTR on
  * Ctrl-C; KVO_ETIMEDOUT (run error recorded) when a process died or the
  * deadline passed; KVO_OK to look again. */
-static kvo_status sync_keep_waiting(run *r, int64_t before,
-                                    uint64_t deadline, const char *why) {
+static kvo_status sync_keep_waiting(run *r, int64_t before, uint64_t deadline,
+                                    const char *why) {
     if (kvo_stop) return KVO_EINTR;
     char dead[600];
     if (chk_env_dead(&r->env, dead, sizeof(dead))) {
@@ -216,7 +218,8 @@ static kvo_status sync_keep_waiting(run *r, int64_t before,
     kvo_err e = {0};
     if (chk_index_health(&r->env, status, sizeof(status), nats, sizeof(nats),
                          &e) == KVO_OK)
-        snprintf(stage, sizeof(stage), "; the indexer's /health: %s%s, NATS "
+        snprintf(stage, sizeof(stage),
+                 "; the indexer's /health: %s%s, NATS "
                  "%s",
                  status,
                  strcmp(status, "recovering") == 0 ? " (recovery in progress)"
@@ -384,8 +387,7 @@ static void task_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = chk_index_query(&t->r->env, t->r->pb.hashes, t->r->pb.nb,
-                            t->r->scores,
-                            &t->err);
+                            t->r->scores, &t->err);
     t->busy = chk_secs(t0);
 }
 
@@ -534,10 +536,9 @@ static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
         rtask *t = &r->tasks[i];
         if (t->base.fn != task_metrics) continue;
         if (t->busy > busy) busy = t->busy;
-        st = check_counters_parse_prom(&r->cur,
-                                       t->is_indexer ? "indexer" : t->rl->stage,
-                                       (const char *)t->resp.body.data,
-                                       t->resp.body.len);
+        st = check_counters_parse_prom(
+            &r->cur, t->is_indexer ? "indexer" : t->rl->stage,
+            (const char *)t->resp.body.data, t->resp.body.len);
     }
     if (st == KVO_OK) st = check_counters_moved(&r->moved, &r->prev, &r->cur);
     if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
@@ -596,8 +597,10 @@ static bool rh_memo_hashes(run *r, const check_request *q, chk_pbuf *pb) {
         uint64_t *row = m->rows + slot * per;
         if (!m->used[slot] || m->keys[slot] != h) {
             uint64_t tok[MOCK_TRACE_BLOCK];
-            for (uint32_t j = 0; j < MOCK_TRACE_BLOCK; j++) tok[j] = mock_trace_token(h, j);
-            wire_router_hash_blocks(tok, MOCK_TRACE_BLOCK, bs, WIRE_ROUTER_SEED, row);
+            for (uint32_t j = 0; j < MOCK_TRACE_BLOCK; j++)
+                tok[j] = mock_trace_token(h, j);
+            wire_router_hash_blocks(tok, MOCK_TRACE_BLOCK, bs, WIRE_ROUTER_SEED,
+                                    row);
             m->keys[slot] = h;
             m->used[slot] = 1;
         }
@@ -648,11 +651,10 @@ kvo_status chk_run_prompt(run *r, const check_request *q, chk_pbuf *pb) {
         if ((st = check_request_tokens(q, &pb->tokens)) != KVO_OK) return st;
         tok = (const uint64_t *)pb->tokens.data;
         /* what the relay derives from the engine's events (DESIGN §5) */
-        pb->nb = wire_router_hash_prompt(tok, n, r->env.block_size,
-                                         k->lora[0] ? k->lora : NULL,
-                                         k->salt[0] ? k->salt : NULL,
-                                         k->has_mm ? &k->mm : NULL,
-                                         k->has_mm ? 1 : 0, pb->hashes);
+        pb->nb = wire_router_hash_prompt(
+            tok, n, r->env.block_size, k->lora[0] ? k->lora : NULL,
+            k->salt[0] ? k->salt : NULL, k->has_mm ? &k->mm : NULL,
+            k->has_mm ? 1 : 0, pb->hashes);
     }
     if (r->cfg->policy == CHECK_POLICY_DYNAMO)
         check_seq_hashes(pb->hashes, pb->nb, pb->seq);
@@ -704,22 +706,25 @@ bool chk_run_answer_ok(run *r, const check_request *q, uint32_t rank,
     long long id = (long long)q->line;
     /* the engine must have seen the prompt we meant */
     if (c->prompt_tokens >= 0 && c->prompt_tokens != q->input_length) {
-        check_result_error(r->res, id, "prompt %lld: the engine counted %lld "
-                                       "prompt tokens, the trace has %u",
+        check_result_error(r->res, id,
+                           "prompt %lld: the engine counted %lld "
+                           "prompt tokens, the trace has %u",
                            id, (long long)c->prompt_tokens, q->input_length);
         return false;
     }
     if (c->dp_rank >= 0 && c->dp_rank != (int64_t)rank) {
-        check_result_error(r->res, id, "prompt %lld: sent to rank %u, the "
-                                       "engine ran it on rank %lld",
+        check_result_error(r->res, id,
+                           "prompt %lld: sent to rank %u, the "
+                           "engine ran it on rank %lld",
                            id, rank, (long long)c->dp_rank);
         return false;
     }
     if (c->cached_tokens < 0 && !probed) {
-        check_result_error(r->res, id, "prompt %lld: the engine reports no "
-                                       "usage.prompt_tokens_details."
-                                       "cached_tokens (vLLM: start it with "
-                                       "--enable-prompt-tokens-details)",
+        check_result_error(r->res, id,
+                           "prompt %lld: the engine reports no "
+                           "usage.prompt_tokens_details."
+                           "cached_tokens (vLLM: start it with "
+                           "--enable-prompt-tokens-details)",
                            id);
         return false;
     }
@@ -738,10 +743,10 @@ static kvo_status diag_ranks(run *r, chk_engine *e, uint32_t rank) {
     for (uint32_t i = 0; st == KVO_OK && i < e->n_ranks; i++) {
         chk_blocks bl;
         chk_blocks_init(&bl);
-        st = e->ranks[i].has_set ? chk_index_blocks(&r->env, e->worker_id,
-                                                    e->ranks[i].dp_rank,
-                                                    false, &bl, &err)
-                                 : KVO_ENOTFOUND;
+        st = e->ranks[i].has_set
+                 ? chk_index_blocks(&r->env, e->worker_id, e->ranks[i].dp_rank,
+                                    false, &bl, &err)
+                 : KVO_ENOTFOUND;
         eng[e->ranks[i].dp_rank % CHK_MAX_DP] = e->ranks[i].set_count;
         idx[e->ranks[i].dp_rank % CHK_MAX_DP] = bl.count;
         chk_blocks_fini(&bl);
@@ -801,8 +806,8 @@ static kvo_status diag_gather(run *r, const check_obs *o, const chk_prompt *p) {
     st = chk_engine_chain(e, p, rk->dp_rank, k, b, &n, &err);
     for (uint32_t i = 0; st == KVO_OK && i < n; i++) hashes[i] = b[i].hash;
     if (st == KVO_OK)
-        st = chk_index_lookup(&r->env, e->worker_id, rk->dp_rank, hashes, n,
-                              l, &err);
+        st = chk_index_lookup(&r->env, e->worker_id, rk->dp_rank, hashes, n, l,
+                              &err);
     if (st == KVO_ENOMEM) return st;
     if (st != KVO_OK) {
         snprintf(r->diag_why, sizeof(r->diag_why), "%s", err.msg);
@@ -880,12 +885,12 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     bool merged = r->env.exact && !r->no_wait;
     /* round-robin knows the next worker already: its engine may hash the
      * prompt while we wait (kv decides only once the index has answered) */
-    int64_t next = r->cfg->policy == CHECK_POLICY_ROUND_ROBIN && !r->env.n_decode
-                       ? (int64_t)(check_router_pick(&r->router, i, r->scores,
-                                                     q->input_length, NULL,
-                                                     0) /
-                                   r->env.dp_size)
-                       : -1;
+    int64_t next =
+        r->cfg->policy == CHECK_POLICY_ROUND_ROBIN && !r->env.n_decode
+            ? (int64_t)(check_router_pick(&r->router, i, r->scores,
+                                          q->input_length, NULL, 0) /
+                        r->env.dp_size)
+            : -1;
     size_t n = 0;
     rtask *ts = task_add(r, &n, merged ? task_sync_query : task_sync);
     ts->before = id;
@@ -897,7 +902,8 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         ts->n_after = n - batch;
     }
     tasks_run(r, batch);
-    if (merged && ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
+    if (merged &&
+        ts->st == KVO_EUNSUPPORTED) { /* an indexer that cannot wait */
         kvo_info("%s; polling /watermark instead", ts->err.msg);
         for (uint32_t k = 0; k < r->env.n_relays; k++) /* not read after all */
             r->env.relays[k].dirty = true;
@@ -909,7 +915,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
         merged = false;
     }
     r->res->stage_s[CHECK_STAGE_SYNC] += ts->busy; /* merged: incl. the query */
-    if (ts->st == KVO_ETIMEDOUT) { /* a run error is recorded */
+    if (ts->st == KVO_ETIMEDOUT) {                 /* a run error is recorded */
         *stop = true;
         return KVO_OK;
     }
@@ -943,14 +949,18 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
     chk_prompt p = chk_pbuf_prompt(r, &r->pb);
     size_t nh;
     const uint64_t *hs = chk_run_held(r, &r->pb, &nh);
-    uint32_t slot = check_router_pick(&r->router, i, r->scores, q->input_length,
-                                      hs, nh);
+    uint32_t slot =
+        check_router_pick(&r->router, i, r->scores, q->input_length, hs, nh);
     if ((st = check_router_start(&r->router, slot, hs, nh)) != KVO_OK)
         return st;
-    check_obs pre = {.id = q->line, .prompt_tokens = q->input_length,
-                     .block_size = r->env.block_size, .n_slots = r->n_slots,
-                     .dp_size = r->env.dp_size, .chosen = slot,
-                     .index_seen = r->seen, .index_scores = r->scores,
+    check_obs pre = {.id = q->line,
+                     .prompt_tokens = q->input_length,
+                     .block_size = r->env.block_size,
+                     .n_slots = r->n_slots,
+                     .dp_size = r->env.dp_size,
+                     .chosen = slot,
+                     .index_seen = r->seen,
+                     .index_scores = r->scores,
                      .probe_hits = probed ? r->probes : NULL,
                      .cached_tokens = -1};
     if ((st = diag_gather(r, &pre, &p)) != KVO_OK) {
@@ -999,13 +1009,19 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
 
     t0 = kvo_now_ns();
     for (uint32_t s = 0; s < r->n_slots; s++) r->seen[s] |= r->scores[s] > 0;
-    check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
-                   .block_size = r->env.block_size, .n_slots = r->n_slots,
-                   .dp_size = dp, .chosen = slot, .index_seen = r->seen,
+    check_obs o = {.id = q->line,
+                   .prompt_tokens = q->input_length,
+                   .block_size = r->env.block_size,
+                   .n_slots = r->n_slots,
+                   .dp_size = dp,
+                   .chosen = slot,
+                   .index_seen = r->seen,
                    .index_scores = r->scores,
                    .probe_hits = probed ? r->probes : NULL,
-                   .cached_tokens = c.cached_tokens, .moved = &r->moved,
-                   .total = &r->cur, .ms = chk_secs(t_start) * 1000};
+                   .cached_tokens = c.cached_tokens,
+                   .moved = &r->moved,
+                   .total = &r->cur,
+                   .ms = chk_secs(t_start) * 1000};
     const check_prompt *pr = NULL;
     if ((st = chk_run_record(r, &o, &pr)) != KVO_OK) return st;
     if (pr->diverged)
@@ -1041,8 +1057,7 @@ kvo_status chk_run_record(run *r, const check_obs *o,
     if (st != KVO_OK) return st;
     if (out) *out = pr;
     if (o->unjudged) return KVO_OK; /* load: written in trace order later */
-    if ((st = diag_apply(r, &r->res->prompts[r->res->n_prompts - 1])) !=
-        KVO_OK)
+    if ((st = diag_apply(r, &r->res->prompts[r->res->n_prompts - 1])) != KVO_OK)
         return st;
     r->json_to = r->res->n_prompts;
     if (r->json && check_report_json_prompt(r->json, r->res, pr) != KVO_OK)
@@ -1063,9 +1078,8 @@ kvo_status chk_run_flush(run *r) {
     qsort(res->prompts + r->json_to, res->n_prompts - r->json_to,
           sizeof(*res->prompts), prompt_id_cmp);
     for (; r->json_to < res->n_prompts; r->json_to++)
-        if (r->json && check_report_json_prompt(r->json, res,
-                                                &res->prompts[r->json_to]) !=
-                           KVO_OK)
+        if (r->json && check_report_json_prompt(
+                           r->json, res, &res->prompts[r->json_to]) != KVO_OK)
             return kvo_err_set(&r->err, KVO_EIO, KVO_ERR_NO_OFFSET,
                                "cannot write %s", r->cfg->report_json);
     return KVO_OK;
@@ -1099,9 +1113,10 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
     size_t n = 0;
     for (size_t i = to; i-- > from && n < want && st == KVO_OK;) {
         const check_request *q = &r->trace.reqs[i];
-        uint64_t fp = XXH3_64bits_withSeed(q->hash_ids,
-                                           q->n_hash_ids * sizeof(uint64_t),
-                                           q->input_length) | 1;
+        uint64_t fp =
+            XXH3_64bits_withSeed(q->hash_ids, q->n_hash_ids * sizeof(uint64_t),
+                                 q->input_length) |
+            1;
         size_t h = (size_t)fp & (cap - 1);
         while (seen[h] && seen[h] != fp) h = (h + 1) & (cap - 1);
         if (seen[h]) continue;
@@ -1116,20 +1131,26 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
         const check_request *q = &r->trace.reqs[pick[k]];
         bool probed = false;
         if ((st = observe(r, q, &probed)) != KVO_OK) break;
-        for (uint32_t s = 0; s < r->n_slots; s++) r->seen[s] |= r->scores[s] > 0;
-        check_obs o = {.id = q->line, .prompt_tokens = q->input_length,
-                       .block_size = r->env.block_size, .n_slots = r->n_slots,
-                       .dp_size = r->env.dp_size, .chosen = 0,
+        for (uint32_t s = 0; s < r->n_slots; s++)
+            r->seen[s] |= r->scores[s] > 0;
+        check_obs o = {.id = q->line,
+                       .prompt_tokens = q->input_length,
+                       .block_size = r->env.block_size,
+                       .n_slots = r->n_slots,
+                       .dp_size = r->env.dp_size,
+                       .chosen = 0,
                        .index_seen = r->seen,
-                       .index_scores = r->scores, .probe_hits = r->probes,
-                       .cached_tokens = -1, .moved = NULL, .total = &r->cur,
+                       .index_scores = r->scores,
+                       .probe_hits = r->probes,
+                       .cached_tokens = -1,
+                       .moved = NULL,
+                       .total = &r->cur,
                        .checkpoint = c->number};
         chk_prompt p = chk_pbuf_prompt(r, &r->pb);
         if ((st = diag_gather(r, &o, &p)) != KVO_OK) break;
         const check_prompt *pr = NULL;
         if ((st = check_result_add_sweep(r->res, &o, &pr)) != KVO_OK) break;
-        if ((st = diag_apply(r, &r->res->sweep[r->res->n_sweep - 1])) !=
-            KVO_OK)
+        if ((st = diag_apply(r, &r->res->sweep[r->res->n_sweep - 1])) != KVO_OK)
             break;
         c->sweep_prompts++;
         if (pr->diverged) {
@@ -1153,11 +1174,14 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
     return st;
 }
 
-kvo_status chk_run_sync(run *r, int64_t before) { return sync_index(r, before); }
+kvo_status chk_run_sync(run *r, int64_t before) {
+    return sync_index(r, before);
+}
 
 kvo_status chk_run_counters(run *r, int64_t before, bool all) {
     if (all)
-        for (uint32_t i = 0; i < r->env.n_relays; i++) r->env.relays[i].dirty = true;
+        for (uint32_t i = 0; i < r->env.n_relays; i++)
+            r->env.relays[i].dirty = true;
     return read_counters(r, before, all);
 }
 
@@ -1199,11 +1223,12 @@ static void describe(run *r) {
                  c->router_temperature);
     char traffic[200] = "";
     size_t tl = 0;
-#define TRAFFIC(...)                                                          \
-    tl += (size_t)snprintf(traffic + tl, tl < sizeof(traffic)                 \
-                                             ? sizeof(traffic) - tl : 0,      \
+#define TRAFFIC(...)                                                           \
+    tl += (size_t)snprintf(traffic + tl,                                       \
+                           tl < sizeof(traffic) ? sizeof(traffic) - tl : 0,    \
                            __VA_ARGS__)
-    if (c->lora_adapters) TRAFFIC(" lora=%u@%g", c->lora_adapters, c->lora_fraction);
+    if (c->lora_adapters)
+        TRAFFIC(" lora=%u@%g", c->lora_adapters, c->lora_fraction);
     if (c->salt_tenants) TRAFFIC(" salt_tenants=%u", c->salt_tenants);
     if (c->mm_fraction > 0) TRAFFIC(" mm=%g", c->mm_fraction);
     if (c->reset_at >= 0) TRAFFIC(" reset_at=%lld", (long long)c->reset_at);
@@ -1211,22 +1236,21 @@ static void describe(run *r) {
     if (c->cpu_offload_blocks)
         TRAFFIC(" cpu_blocks=%llu", (unsigned long long)c->cpu_offload_blocks);
 #undef TRAFFIC
-    snprintf(r->res->config, sizeof(r->res->config),
-             "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s mode=%s "
-             "policy=%s checkpoint_every=%llu hash=%s format=%s mutate=%s "
-             "prompts=%s%s%s%s%s%s watermark=%s",
-             c->spawn ? "spawn" : "attach", r->env.n_workers,
-             r->env.n_decode ? "+decode" : "", r->env.dp_size,
-             r->env.block_size, blocks, mode, pol,
-             (unsigned long long)c->checkpoint_every, c->hash_algo,
-             c->event_format ? c->event_format : "map",
-             c->mutate && *c->mutate ? c->mutate : "none",
-             r->trace_form ? "trace" : "tokens",
-             c->no_replay ? " no-replay" : "",
-             c->drop_seq >= 0 ? " drop-seq" : "",
-             c->extra_block_seq >= 0 ? " extra-block" : "",
-             r->res->n_faults ? " faults" : "", traffic,
-             r->env.exact ? "exact" : "settle");
+    snprintf(
+        r->res->config, sizeof(r->res->config),
+        "%s workers=%u%s dp=%u block_size=%u gpu_blocks=%s mode=%s "
+        "policy=%s checkpoint_every=%llu hash=%s format=%s mutate=%s "
+        "prompts=%s%s%s%s%s%s watermark=%s",
+        c->spawn ? "spawn" : "attach", r->env.n_workers,
+        r->env.n_decode ? "+decode" : "", r->env.dp_size, r->env.block_size,
+        blocks, mode, pol, (unsigned long long)c->checkpoint_every,
+        c->hash_algo, c->event_format ? c->event_format : "map",
+        c->mutate && *c->mutate ? c->mutate : "none",
+        r->trace_form ? "trace" : "tokens", c->no_replay ? " no-replay" : "",
+        c->drop_seq >= 0 ? " drop-seq" : "",
+        c->extra_block_seq >= 0 ? " extra-block" : "",
+        r->res->n_faults ? " faults" : "", traffic,
+        r->env.exact ? "exact" : "settle");
 }
 
 static void progress(run *r, uint64_t done, uint64_t total, uint64_t t_run,
@@ -1267,8 +1291,8 @@ static kvo_status fits_spawned_engines(const check_cfg *cfg,
     for (size_t i = 0; i < t->n; i++) {
         const check_request *q = &t->reqs[i];
         if (q->input_length <= limit) continue;
-        uint64_t need = (q->input_length + cfg->block_size - 1) /
-                            cfg->block_size + 1;
+        uint64_t need =
+            (q->input_length + cfg->block_size - 1) / cfg->block_size + 1;
         return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
                            "trace line %" PRIu64 " has a %u-token prompt, "
                            "more than the engines can hold (max_model_len "
@@ -1300,10 +1324,11 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
                          "--trace FILE is required");
         goto done;
     }
-    if (cfg->block_size == 0 || cfg->dp_size == 0 || cfg->dp_size > CHK_MAX_DP ||
-        (cfg->spawn && (cfg->workers == 0 || cfg->workers +
-                                                     cfg->decode_workers >
-                                                 CHK_MAX_ENGINES))) {
+    if (cfg->block_size == 0 || cfg->dp_size == 0 ||
+        cfg->dp_size > CHK_MAX_DP ||
+        (cfg->spawn &&
+         (cfg->workers == 0 ||
+          cfg->workers + cfg->decode_workers > CHK_MAX_ENGINES))) {
         st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
                          "bad sizes: workers 1..%d, dp size 1..%d, block size "
                          "> 0",
@@ -1336,16 +1361,15 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     st = chk_env_start(&r.env, cfg, &r.trace, &r.err);
     if (st != KVO_OK) {
         if (kvo_stop)
-            st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET,
-                             "interrupted");
+            st = kvo_err_set(err, KVO_EINTR, KVO_ERR_NO_OFFSET, "interrupted");
         else
             err_pass(err, st, &r.err);
         goto done;
     }
     env_up = true;
-    r.trace_form = cfg->prompt_form == CHECK_FORM_TRACE ||
-                   (cfg->prompt_form == CHECK_FORM_AUTO &&
-                    r.env.engines[0].mocker);
+    r.trace_form =
+        cfg->prompt_form == CHECK_FORM_TRACE ||
+        (cfg->prompt_form == CHECK_FORM_AUTO && r.env.engines[0].mocker);
     r.n_slots = r.env.n_workers * r.env.dp_size;
     r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
     r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
@@ -1370,15 +1394,17 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     out->load.arrival = cfg->arrival;
     out->load.concurrency = chk_concurrency(cfg, r.env.n_workers);
     out->load.speedup = chk_speedup(cfg);
-    out->load.time_scale = cfg->time_scale > 0 ? cfg->time_scale
+    out->load.time_scale = cfg->time_scale > 0     ? cfg->time_scale
                            : out->load.speedup > 0 ? out->load.speedup
                                                    : 1;
     out->faulted = check_cfg_faulted(cfg);
     st = check_faults_plan(cfg, r.trace.n, r.env.n_workers, r.env.dp_size,
                            &out->faults, &out->n_faults);
     if (st != KVO_OK) {
-        st = kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "cannot plan the faults: "
-                         "%s", kvo_strerror(st));
+        st = kvo_err_set(err, st, KVO_ERR_NO_OFFSET,
+                         "cannot plan the faults: "
+                         "%s",
+                         kvo_strerror(st));
         goto done;
     }
     if ((st = tasks_init(&r)) != KVO_OK) goto done;
@@ -1395,7 +1421,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     failed_setup = false;
 
     uint64_t t_run = kvo_now_ns(), last_bar = 0;
-    for (uint32_t i = 0; i < r.env.n_workers; i++) r.env.engines[i].dirty = true;
+    for (uint32_t i = 0; i < r.env.n_workers; i++)
+        r.env.engines[i].dirty = true;
     bool stopped = false;
     size_t sent = 0;
     if (cfg->load) {
@@ -1450,7 +1477,8 @@ finish:
     out->wall_s = chk_secs(t_run);
     {
         kvo_err e2 = {0};
-        for (uint32_t i = 0; i < r.env.n_relays; i++) r.env.relays[i].dirty = true;
+        for (uint32_t i = 0; i < r.env.n_relays; i++)
+            r.env.relays[i].dirty = true;
         if (read_counters(&r, -1, true) != KVO_OK)
             kvo_warn("final counters: %s", r.err.msg);
         for (uint32_t i = 0; i < r.env.n_engines; i++)

@@ -275,10 +275,10 @@ void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
     char name[96];
     ckpt_name(c, name, sizeof(name));
     if (diff_total(&c->diff) == 0) { /* only the sweep found it */
-        const check_prompt *sp = c->sweep_first >= 0 &&
-                                         (size_t)c->sweep_first < r->n_sweep
-                                     ? &r->sweep[c->sweep_first]
-                                     : NULL;
+        const check_prompt *sp =
+            c->sweep_first >= 0 && (size_t)c->sweep_first < r->n_sweep
+                ? &r->sweep[c->sweep_first]
+                : NULL;
         if (sp)
             snprintf(out, outsz,
                      "%s: %s, prompt %llu re-checked diverged at block %d "
@@ -311,8 +311,8 @@ void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
     }
     for (int k = 0; k < CHECK_DIFF_COUNT && len < outsz; k++) {
         if (!c->diff.n[k]) continue;
-        len += (size_t)snprintf(out + len, outsz - len, "%s%llu blocks %s",
-                                sep, (unsigned long long)c->diff.n[k],
+        len += (size_t)snprintf(out + len, outsz - len, "%s%llu blocks %s", sep,
+                                (unsigned long long)c->diff.n[k],
                                 check_diff_name((check_diff_kind)k));
         sep = ", ";
     }
@@ -361,9 +361,9 @@ kvo_status check_result_staleness(const check_result *r, check_staleness *out) {
         int64_t d = (int64_t)p->routed_index_blocks - p->engine_hit_blocks;
         out->requests++;
         out->prompt_tokens += p->prompt_tokens;
-        out->promised_tokens += (uint64_t)p->routed_index_blocks * r->block_size;
-        out->achieved_tokens +=
-            (uint64_t)p->engine_hit_blocks * r->block_size;
+        out->promised_tokens +=
+            (uint64_t)p->routed_index_blocks * r->block_size;
+        out->achieved_tokens += (uint64_t)p->engine_hit_blocks * r->block_size;
         uint32_t a = (uint32_t)(d < 0 ? -d : d);
         all[na++] = a;
         if (d > 0) {
@@ -416,8 +416,7 @@ void check_result_regime(const check_result *r, check_regime *out) {
         const check_counter *it = &c->items[i];
         /* "engine W.R" (a decode engine publishes nothing the index holds
          * and does not count) */
-        if (strncmp(it->stage, "engine ", 7) != 0 || isnan(it->value))
-            continue;
+        if (strncmp(it->stage, "engine ", 7) != 0 || isnan(it->value)) continue;
         for (int k = 0; k < CHECK_REGIME_COUNT; k++) {
             if (strcmp(it->name, REGIME[k].name) != 0) continue;
             out->known = true;

@@ -78,8 +78,7 @@ static bool exe_in(const char *dir, const char *name, char *out, size_t outsz) {
 /* A sibling executable: bin_dir, then next to /proc/self/exe, then PATH. */
 static kvo_status find_bin(const char *bin_dir, const char *name, char *out,
                            size_t outsz) {
-    if (bin_dir && *bin_dir && exe_in(bin_dir, name, out, outsz))
-        return KVO_OK;
+    if (bin_dir && *bin_dir && exe_in(bin_dir, name, out, outsz)) return KVO_OK;
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n > 0) {
@@ -106,8 +105,8 @@ struct chk_proxy {
     int64_t extra_seq;      /* -1: none; else add a block from here on */
     bool extra_done;
     uint32_t block_size;
-    kvo_buf payload;        /* the re-encoded batch */
-    char endpoint[128];     /* where the relay connects */
+    kvo_buf payload;    /* the re-encoded batch */
+    char endpoint[128]; /* where the relay connects */
 };
 
 /* Hashes and tokens of the block --extra-block-seq adds: no prompt has
@@ -128,8 +127,7 @@ static bool add_extra_block(chk_proxy *p, const uint8_t *payload, size_t len) {
         if (b.events[i].type == WIRE_EV_STORED && b.events[i].n_hashes)
             st = &b.events[i];
     if (!st) goto out;
-    wire_event *ev = kvo_arena_alloc(&b.arena,
-                                     (b.n_events + 1) * sizeof(*ev));
+    wire_event *ev = kvo_arena_alloc(&b.arena, (b.n_events + 1) * sizeof(*ev));
     wire_hash *h = kvo_arena_alloc(&b.arena, sizeof(*h));
     uint64_t *tok = kvo_arena_alloc(&b.arena, p->block_size * sizeof(*tok));
     if (!ev || !h || !tok) goto out;
@@ -266,8 +264,8 @@ static kvo_status proxy_new(chk_proxy **out, const char *upstream,
     *out = p;
     return KVO_OK;
 fail:
-    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET, "the wire-fault forwarder: %s",
-                zmq_strerror(zmq_errno()));
+    kvo_err_set(err, KVO_ENET, KVO_ERR_NO_OFFSET,
+                "the wire-fault forwarder: %s", zmq_strerror(zmq_errno()));
     proxy_free(p);
     return KVO_ENET;
 }
@@ -410,8 +408,7 @@ static kvo_status spawn_on_free_port(const chk_env *env, kvo_proc *p,
 
 /* The servers as a client list, node `first` first, then the others in
  * order (kvo_nats tries them in the order given). */
-static void nats_list(const chk_env *env, uint32_t first, char *out,
-                      size_t n) {
+static void nats_list(const chk_env *env, uint32_t first, char *out, size_t n) {
     size_t len = 0;
     out[0] = '\0';
     for (uint32_t k = 0; k < env->n_nats && len < n; k++) {
@@ -472,8 +469,8 @@ static kvo_status start_nats_node(chk_env *env, const char *exe, uint32_t i,
         for (uint32_t j = 0; j < n; j++)
             if (j != i && len < sizeof(routes))
                 len += (size_t)snprintf(routes + len, sizeof(routes) - len,
-                                        "%snats://127.0.0.1:%u",
-                                        len ? "," : "", cport[j]);
+                                        "%snats://127.0.0.1:%u", len ? "," : "",
+                                        cport[j]);
         chk_arg(a, "-m");
         chk_arg(a, "%u", mport[i]);
         chk_arg(a, "--cluster_name");
@@ -485,8 +482,8 @@ static kvo_status start_nats_node(chk_env *env, const char *exe, uint32_t i,
     }
     char name[32], file[48];
     snprintf(name, sizeof(name), n > 1 ? "nats-server[%u]" : "nats-server", i);
-    snprintf(file, sizeof(file), n > 1 ? "nats-server-%u.log" : "nats-server.log",
-             i);
+    snprintf(file, sizeof(file),
+             n > 1 ? "nats-server-%u.log" : "nats-server.log", i);
     return spawn_on_free_port(env, &env->nats[i], name, a, file, false,
                               &env->nats_port[i], err);
 }
@@ -552,8 +549,7 @@ static kvo_status client_new(kvo_http_client **out, long timeout_ms) {
 static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     const check_cfg *c = env->cfg;
     kvo_status st = client_new(&env->idx_http, c->timeout_ms);
-    if (st == KVO_OK)
-        st = client_new(&env->idx_metrics, c->timeout_ms);
+    if (st == KVO_OK) st = client_new(&env->idx_metrics, c->timeout_ms);
     if (st != KVO_OK) return st;
     if (c->indexer) {
         snprintf(env->indexer_url, sizeof(env->indexer_url), "%s", c->indexer);
@@ -601,8 +597,8 @@ static uint64_t replay_buffer_for(const check_cfg *c, const check_trace *t,
     if (c->relay_restart_at < 0 && !c->chaos && t && t->n && c->block_size) {
         uint64_t most = 0;
         for (size_t i = 0; i < t->n; i++) {
-            uint64_t toks = (uint64_t)t->reqs[i].input_length +
-                            t->reqs[i].output_length;
+            uint64_t toks =
+                (uint64_t)t->reqs[i].input_length + t->reqs[i].output_length;
             uint64_t b = 2 * ((toks + c->block_size - 1) / c->block_size) + 2;
             if (b > most) most = b;
         }
@@ -686,8 +682,8 @@ static kvo_status start_mocker(chk_env *env, chk_engine *e, uint32_t index,
         chk_arg(a, "%s", role);
     }
     uint16_t port = 0;
-    kvo_status st = spawn_on_free_port(env, &e->proc, e->name, a, file,
-                                       true, &port, err);
+    kvo_status st =
+        spawn_on_free_port(env, &e->proc, e->name, a, file, true, &port, err);
     if (st == KVO_OK) {
         e->port = port;
         snprintf(e->url, sizeof(e->url), "http://127.0.0.1:%u", port);
@@ -735,8 +731,8 @@ static kvo_status relay_spawn(chk_env *env, chk_relay *r, const chk_rank *rk,
         chk_arg(&a, "%s", c->hash_seed);
     }
     uint16_t port = 0;
-    kvo_status st = spawn_on_free_port(env, &r->proc, name, &a, file, true,
-                                       &port, err);
+    kvo_status st =
+        spawn_on_free_port(env, &r->proc, name, &a, file, true, &port, err);
     chk_args_fini(&a);
     if (st == KVO_OK) r->metrics_port = port;
     return st;
@@ -775,8 +771,8 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
                 listed = false;
         }
         if (listed) chk_relay_live(r, &live);
-        if (listed && live && (!env->proxy ||
-                               atomic_load(&env->proxy->subscribed)))
+        if (listed && live &&
+            (!env->proxy || atomic_load(&env->proxy->subscribed)))
             break;
         if (kvo_now_ns() > deadline) {
             st = kvo_err_set(err, KVO_ETIMEDOUT, KVO_ERR_NO_OFFSET,
@@ -795,8 +791,8 @@ static kvo_status relay_wait_ready(chk_env *env, chk_relay *r, kvo_err *err) {
 
 static kvo_status start_relay(chk_env *env, uint32_t engine, uint32_t rank,
                               kvo_err *err) {
-    kvo_status st = kvo_grow(&env->relays, &env->cap_relays,
-                             env->n_relays + 1, sizeof(*env->relays), 16);
+    kvo_status st = kvo_grow(&env->relays, &env->cap_relays, env->n_relays + 1,
+                             sizeof(*env->relays), 16);
     if (st != KVO_OK) return st;
     chk_relay *r = &env->relays[env->n_relays];
     memset(r, 0, sizeof(*r));
@@ -879,8 +875,8 @@ static kvo_status respawn(kvo_proc *p, const chk_args *a, uint16_t port,
     f->killed_ns = kvo_now_ns();
     kvo_proc_kill(p);
     /* down for a while (interrupted by Ctrl-C) */
-    for (uint64_t end = kvo_now_ns() + down_ms * 1000000; !kvo_stop &&
-                                                          kvo_now_ns() < end;)
+    for (uint64_t end = kvo_now_ns() + down_ms * 1000000;
+         !kvo_stop && kvo_now_ns() < end;)
         kvo_sleep_us(10000);
     return spawn_ready_log(p, name, a, log, port, http, err);
 }
@@ -912,8 +908,8 @@ static bool indexer_ok(chk_env *env, void *arg, char *why, size_t whysz) {
     (void)arg;
     char status[32] = "", nats[32] = "";
     kvo_err e = {0};
-    if (chk_index_health(env, status, sizeof(status), nats, sizeof(nats),
-                         &e) != KVO_OK) {
+    if (chk_index_health(env, status, sizeof(status), nats, sizeof(nats), &e) !=
+        KVO_OK) {
         snprintf(why, whysz, "%s", e.msg);
         return false;
     }
@@ -934,7 +930,8 @@ static bool engine_cleared(chk_env *env, void *arg, char *why, size_t whysz) {
             snprintf(why, whysz, "%s", er.msg);
             all = false;
         } else if (b.count) {
-            snprintf(why, whysz, "the index still holds %llu blocks of worker "
+            snprintf(why, whysz,
+                     "the index still holds %llu blocks of worker "
                      "%u rank %u (its relay never cleared them)",
                      (unsigned long long)b.count, e->worker_id,
                      e->ranks[k].dp_rank);
@@ -977,7 +974,8 @@ static kvo_status engine_restart(chk_env *env, chk_engine *e,
                                  kvo_err *err) {
     if (!e->proc.pid || e->n_ranks == 0)
         return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
-                           "%s is not a spawned engine that publishes", e->name);
+                           "%s is not a spawned engine that publishes",
+                           e->name);
     /* port 0 made the mocker pick one per rank; a rank's ports are the
      * first rank's + the rank from now on (--dp-size 1 only, usage) */
     uint16_t zp = endpoint_port(e->ranks[0].zmq);
@@ -1008,8 +1006,8 @@ static kvo_status engine_restart(chk_env *env, chk_engine *e,
                       err);
 }
 
-kvo_status chk_env_fault(chk_env *env, check_fault *f,
-                         check_counters *counters, kvo_err *err) {
+kvo_status chk_env_fault(chk_env *env, check_fault *f, check_counters *counters,
+                         kvo_err *err) {
     const check_cfg *c = env->cfg;
     kvo_status st;
     switch (f->kind) {
@@ -1020,8 +1018,8 @@ kvo_status chk_env_fault(chk_env *env, check_fault *f,
         if (!env->indexer.pid) goto not_ours;
         if (counters && chk_counters_indexer(env, counters, NULL) == KVO_OK)
             retire_stage(counters, "indexer", ++env->restarts);
-        st = respawn(&env->indexer, &env->idx_args, env->idx_port, true, 0,
-                     f, err);
+        st = respawn(&env->indexer, &env->idx_args, env->idx_port, true, 0, f,
+                     err);
         if (st == KVO_OK)
             st = wait_until(env, c->timeout_ms, indexer_ok, NULL,
                             "the restarted indexer's recovery", err);
@@ -1119,8 +1117,8 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     env->cfg = cfg;
     env->trace = trace;
     env->block_size = cfg->block_size;
-    if (cfg->bin_dir) snprintf(env->bin_dir, sizeof(env->bin_dir), "%s",
-                               cfg->bin_dir);
+    if (cfg->bin_dir)
+        snprintf(env->bin_dir, sizeof(env->bin_dir), "%s", cfg->bin_dir);
     uint64_t rnd = kvo_unix_ns() ^ ((uint64_t)getpid() << 40);
     env->publisher_base = (rnd & PUBLISHER_BASE_MASK) << PUBLISHER_RUN_BITS;
     kvo_status st;
@@ -1144,8 +1142,8 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
 
     /* engines: spawned or attached */
     uint64_t requests = trace && trace->n ? trace->n
-                        : cfg->limit           ? cfg->limit
-                                               : REQUESTS_UNKNOWN;
+                        : cfg->limit      ? cfg->limit
+                                          : REQUESTS_UNKNOWN;
     if (cfg->spawn) {
         env->n_engines = cfg->workers + cfg->decode_workers;
         env->engines = kvo_calloc(env->n_engines, sizeof(chk_engine));
@@ -1168,10 +1166,8 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
             const char *role = cfg->decode_workers == 0 ? NULL
                                : i < cfg->workers       ? "prefill"
                                                         : "decode";
-            if ((st = client_new(&e->http, cfg->timeout_ms)) !=
-                    KVO_OK ||
-                (st = client_new(&e->probe_http, cfg->timeout_ms)) !=
-                    KVO_OK)
+            if ((st = client_new(&e->http, cfg->timeout_ms)) != KVO_OK ||
+                (st = client_new(&e->probe_http, cfg->timeout_ms)) != KVO_OK)
                 goto fail;
             st = start_mocker(env, e, i, role, requests, err);
             if (st != KVO_OK) goto fail;
@@ -1208,8 +1204,8 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         }
         e->worker_id = env->n_workers++;
         for (uint32_t k = 0; k < e->n_ranks; k++)
-            e->ranks[k].slot = e->worker_id * env->dp_size +
-                               e->ranks[k].dp_rank;
+            e->ranks[k].slot =
+                e->worker_id * env->dp_size + e->ranks[k].dp_rank;
     }
     if (env->n_workers == 0) {
         st = kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
@@ -1271,8 +1267,10 @@ static double proc_cpu(const kvo_proc *p) {
     buf[n] = '\0';
     char *rp = strrchr(buf, ')'); /* the name may hold spaces */
     unsigned long ut = 0, st = 0;
-    if (!rp || sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
-                              "%lu %lu", &ut, &st) != 2)
+    if (!rp || sscanf(rp + 2,
+                      "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+                      "%lu %lu",
+                      &ut, &st) != 2)
         return -1;
     long hz = sysconf(_SC_CLK_TCK);
     return hz > 0 ? (double)(ut + st) / (double)hz : -1;

@@ -47,8 +47,8 @@ kvo_status check_trace_load(check_trace *t, const char *path, uint64_t limit,
                         kvo_strerror(st));
             goto done;
         }
-        if ((st = kvo_grow(&t->reqs, &cap, t->n + 1, sizeof(*t->reqs),
-                           1024)) != KVO_OK)
+        if ((st = kvo_grow(&t->reqs, &cap, t->n + 1, sizeof(*t->reqs), 1024)) !=
+            KVO_OK)
             goto done;
         uint64_t *ids = kvo_arena_memdup(&store->arena, req.hash_ids,
                                          req.n_hash_ids * sizeof(uint64_t));
@@ -83,8 +83,8 @@ void check_trace_fini(check_trace *t) {
 
 kvo_status check_request_tokens(const check_request *r, kvo_buf *tokens) {
     kvo_buf_reset(tokens);
-    kvo_status st = kvo_buf_reserve(tokens,
-                                    (size_t)r->input_length * sizeof(uint64_t));
+    kvo_status st =
+        kvo_buf_reserve(tokens, (size_t)r->input_length * sizeof(uint64_t));
     if (st != KVO_OK) return st;
     mock_trace_tokens(r->hash_ids, r->n_hash_ids, r->input_length,
                       (uint64_t *)tokens->data);

@@ -73,8 +73,7 @@ kvo_status check_keys_json(const check_keys *k, kvo_buf *out) {
     kvo_buf_reset(out);
     kvo_status st = KVO_OK;
     /* the names are ours: [a-z0-9-] only, nothing to escape */
-    if (k->salt[0])
-        st = kvo_buf_printf(out, ",\"cache_salt\":\"%s\"", k->salt);
+    if (k->salt[0]) st = kvo_buf_printf(out, ",\"cache_salt\":\"%s\"", k->salt);
     if (st == KVO_OK && k->has_mm)
         st = kvo_buf_printf(out,
                             ",\"mm_items\":[{\"offset\":%llu,\"length\":%llu,"

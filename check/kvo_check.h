@@ -40,8 +40,9 @@ typedef enum check_policy {
 #define CHECK_CONCURRENCY_MAX 4096
 
 typedef enum check_arrival {
-    CHECK_ARRIVAL_CLOSED = 0, /* --load: keep --concurrency requests in flight */
-    CHECK_ARRIVAL_TRACE       /* --load: at the trace's timestamps */
+    CHECK_ARRIVAL_CLOSED =
+        0,              /* --load: keep --concurrency requests in flight */
+    CHECK_ARRIVAL_TRACE /* --load: at the trace's timestamps */
 } check_arrival;
 
 typedef enum check_prompt_form {
@@ -56,58 +57,58 @@ typedef enum check_prompt_form {
 
 typedef struct check_cfg {
     const char *trace;
-    uint64_t limit;            /* 0 = whole trace */
+    uint64_t limit; /* 0 = whole trace */
     /* --spawn */
     bool spawn;
-    uint32_t workers;          /* engines (prefill engines when disagg) */
-    uint32_t decode_workers;   /* > 0: disaggregated (decode engines) */
+    uint32_t workers;        /* engines (prefill engines when disagg) */
+    uint32_t decode_workers; /* > 0: disaggregated (decode engines) */
     uint32_t dp_size;
     uint32_t block_size;
-    uint64_t num_gpu_blocks;   /* 0 = mocker default */
-    const char *hash_algo;     /* "sha256" */
-    const char *hash_seed;     /* "0" */
-    const char *event_format;  /* NULL = mocker default */
-    const char *mutate;        /* NULL = none */
+    uint64_t num_gpu_blocks;  /* 0 = mocker default */
+    const char *hash_algo;    /* "sha256" */
+    const char *hash_seed;    /* "0" */
+    const char *event_format; /* NULL = mocker default */
+    const char *mutate;       /* NULL = none */
     uint64_t seed;
-    uint64_t replay_buffer;    /* 0 = sized for the run */
+    uint64_t replay_buffer; /* 0 = sized for the run */
     bool verify_engine_hash;
-    bool no_replay;            /* relays without replay (fault injection) */
-    int64_t drop_seq;          /* drop ZMQ seq N of worker 0 rank 0, -1 */
-    int64_t extra_block_seq;   /* from ZMQ seq N of worker 0 rank 0, add a
+    bool no_replay;          /* relays without replay (fault injection) */
+    int64_t drop_seq;        /* drop ZMQ seq N of worker 0 rank 0, -1 */
+    int64_t extra_block_seq; /* from ZMQ seq N of worker 0 rank 0, add a
                                   block the engine never computed to a
                                   store batch, -1 */
     /* Faults (lockstep, --spawn): SIGKILL a process before request N and
      * start it again; -1 = never. check_int.h, check_fault.c. */
-    int64_t relay_restart_at;  /* relay 0.0: a fresh one (new publisher) */
+    int64_t relay_restart_at;   /* relay 0.0: a fresh one (new publisher) */
     int64_t indexer_restart_at; /* kvo-indexer: same port, same NATS */
-    int64_t engine_restart_at; /* kvo-mocker 0: same ports, same args */
-    int64_t nats_kill_at;      /* nats-server: back on its port after */
-    uint64_t nats_down_ms;     /*   this many ms (500) */
-    uint32_t nats_cluster;     /* spawned nats-servers, clustered (1) */
-    bool nats_kill_relay_node; /* kill the relays' node, not the indexer's */
-    bool chaos;                /* a seeded schedule: before every */
-    uint64_t chaos_seed;       /*   chaos_every-th request (50) one of */
-    uint64_t chaos_every;      /*   {a relay, the indexer, nats-server} */
-    const char *log_dir;       /* NULL = a fresh temp dir */
+    int64_t engine_restart_at;  /* kvo-mocker 0: same ports, same args */
+    int64_t nats_kill_at;       /* nats-server: back on its port after */
+    uint64_t nats_down_ms;      /*   this many ms (500) */
+    uint32_t nats_cluster;      /* spawned nats-servers, clustered (1) */
+    bool nats_kill_relay_node;  /* kill the relays' node, not the indexer's */
+    bool chaos;                 /* a seeded schedule: before every */
+    uint64_t chaos_seed;        /*   chaos_every-th request (50) one of */
+    uint64_t chaos_every;       /*   {a relay, the indexer, nats-server} */
+    const char *log_dir;        /* NULL = a fresh temp dir */
     bool keep_logs;
-    bool discard_logs;         /* remove them even on FAIL (mutants) */
-    const char *bin_dir;       /* NULL = next to /proc/self/exe, then PATH */
+    bool discard_logs;   /* remove them even on FAIL (mutants) */
+    const char *bin_dir; /* NULL = next to /proc/self/exe, then PATH */
     /* running parts */
-    const char *engines;       /* "URL,URL" */
-    const char *indexer;       /* URL */
-    const char *nats;          /* URL */
-    const char *model;         /* NULL = first of /v1/models */
-    bool no_relays;            /* events reach NATS through the user's
+    const char *engines; /* "URL,URL" */
+    const char *indexer; /* URL */
+    const char *nats;    /* URL */
+    const char *model;   /* NULL = first of /v1/models */
+    bool no_relays;      /* events reach NATS through the user's
                                   relays: no exact watermark, settle */
-    long settle_ms;            /* quiet period when there is no watermark */
+    long settle_ms;      /* quiet period when there is no watermark */
     /* --load: many requests in flight, exact at checkpoints */
     bool load;
     check_arrival arrival;
-    uint32_t concurrency;      /* requests in flight at most (0 = 8 per
+    uint32_t concurrency; /* requests in flight at most (0 = 8 per
                                   worker) */
-    double time_scale;         /* --arrival trace: timestamps divided by it
+    double time_scale;    /* --arrival trace: timestamps divided by it
                                   (0 = the engines' speedup, or 1) */
-    double speedup;            /* spawned engines' --speedup; < 0 = the
+    double speedup;       /* spawned engines' --speedup; < 0 = the
                                   mode's default (lockstep 0, load 1) */
     /* both */
     check_policy policy;
@@ -118,25 +119,25 @@ typedef struct check_cfg {
                                   (200) and at the end; 0 = at the end */
     check_prompt_form prompt_form;
     /* the event schema's other dimensions (check_traffic.c), seeded */
-    uint32_t lora_adapters;    /* spawned engines serve N LoRA adapters */
-    double lora_fraction;      /* share of requests naming one */
-    uint32_t salt_tenants;     /* every request salted by one of N tenants */
-    double mm_fraction;        /* share of prompts with a multimodal item */
-    int64_t reset_at;          /* reset every engine's prefix cache before
+    uint32_t lora_adapters;      /* spawned engines serve N LoRA adapters */
+    double lora_fraction;        /* share of requests naming one */
+    uint32_t salt_tenants;       /* every request salted by one of N tenants */
+    double mm_fraction;          /* share of prompts with a multimodal item */
+    int64_t reset_at;            /* reset every engine's prefix cache before
                                   this request, -1 = never */
-    const char *kv_groups;     /* spawned engines' --kv-groups, NULL */
+    const char *kv_groups;       /* spawned engines' --kv-groups, NULL */
     uint64_t cpu_offload_blocks; /* spawned engines' CPU tier, 0 = none */
-    long timeout_ms;           /* one watermark wait / one HTTP call */
-    bool fail_fast;            /* stop at the first failure */
-    bool verbose;              /* the full summary even on a PASS */
-    uint64_t sweep;            /* at the last checkpoint, re-check the last
+    long timeout_ms;             /* one watermark wait / one HTTP call */
+    bool fail_fast;              /* stop at the first failure */
+    bool verbose;                /* the full summary even on a PASS */
+    uint64_t sweep;              /* at the last checkpoint, re-check the last
                                   N distinct prompts on every slot (0 =
                                   off; needs probes: kvo-mocker engines) */
-    uint64_t checkpoint_sweep; /* earlier checkpoints: the last N distinct
+    uint64_t checkpoint_sweep;   /* earlier checkpoints: the last N distinct
                                   prompts since the one before (50; 0 =
                                   off): a sample, the block sets being
                                   complete */
-    bool progress;             /* progress bar on stderr */
+    bool progress;               /* progress bar on stderr */
     const char *report_json;
     const char *report_html;
 } check_cfg;
@@ -173,11 +174,11 @@ kvo_status check_report_html(FILE *f, const check_result *r);
 /* ---- Mutation testing -----------------------------------------------------*/
 
 typedef struct check_mutant {
-    const char *name;  /* kvo-mocker --mutate NAME */
-    bool killed;       /* expected: the check must fail (else: must pass) */
-    const char *what;  /* one line */
+    const char *name;     /* kvo-mocker --mutate NAME */
+    bool killed;          /* expected: the check must fail (else: must pass) */
+    const char *what;     /* one line */
     const char *incident; /* the field incident it reproduces, or NULL */
-    const char *needs; /* the traffic that shows it (NULL: any run) */
+    const char *needs;    /* the traffic that shows it (NULL: any run) */
 } check_mutant;
 
 /* The catalog, static. */

@@ -95,8 +95,7 @@ void idx_tree_free(idx_tree *t); /* NULL is a no-op */
  * 2^24 workers): then the blocks before the failing one are applied, the
  * tree is consistent and the event is not counted. KVO_EINVAL: not a
  * stored/removed/cleared event. */
-kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev,
-                          idx_evstatus *st);
+kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev, idx_evstatus *st);
 
 /* Scores of a query given as router hashes (tokens_hash per block): per
  * worker, the number of leading blocks it holds, counted from block 0 with
@@ -131,8 +130,8 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx);
  * inconsistent streams a node can also hang under other parents (alias
  * edges); they are not reported. */
 typedef struct idx_block {
-    uint64_t block_hash;        /* the key the worker stored it under */
-    uint64_t tokens_hash;       /* the node's */
+    uint64_t block_hash;  /* the key the worker stored it under */
+    uint64_t tokens_hash; /* the node's */
     bool has_parent;
     uint64_t parent_block_hash; /* the parent node's block_hash */
 } idx_block;
@@ -145,22 +144,21 @@ typedef kvo_status (*idx_block_fn)(void *ctx, const idx_block *b);
  * (KVO_OK) for an unknown worker. O(the worker's blocks). fn must not
  * change the tree. */
 kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
-                                  uint32_t dp_rank, idx_block_fn fn,
-                                  void *ctx);
+                                  uint32_t dp_rank, idx_block_fn fn, void *ctx);
 
 #define IDX_INFO_OTHERS 8 /* other holders listed by idx_tree_block_info */
 
 typedef struct idx_block_info {
-    bool held;         /* the worker's map has block_hash; the rest of the
+    bool held;       /* the worker's map has block_hash; the rest of the
                           struct is zero when it does not */
-    idx_block block;   /* as idx_tree_worker_blocks gives it */
+    idx_block block; /* as idx_tree_worker_blocks gives it */
     uint64_t node_block_hash; /* the node's own block_hash: differs from
                                  block.block_hash only after a hash
                                  mismatch (Dynamo warns) */
-    bool in_set;       /* the worker is in the node's worker set (false
+    bool in_set;              /* the worker is in the node's worker set (false
                           only after inconsistent streams) */
-    uint32_t others;   /* other (worker_id, dp_rank) in the node's set */
-    uint32_t listed;   /* min(others, IDX_INFO_OTHERS): entries in other */
+    uint32_t others;          /* other (worker_id, dp_rank) in the node's set */
+    uint32_t listed; /* min(others, IDX_INFO_OTHERS): entries in other */
     struct {
         uint64_t worker_id;
         uint32_t dp_rank;
@@ -245,17 +243,17 @@ typedef struct idx_feed_cfg {
     /* recovery (when turned on: idx_int.h) */
     uint64_t recovery_timeout_ms; /* a relay silent this long in the middle
                                      of an answer has failed; 0 = default */
-    uint32_t held_max_msgs;     /* live envelopes held per publisher while
+    uint32_t held_max_msgs;       /* live envelopes held per publisher while
                                    it recovers; 0 = default */
-    size_t held_max_bytes;      /* and their bytes, all publishers; 0 =
+    size_t held_max_bytes;        /* and their bytes, all publishers; 0 =
                                    default */
 } idx_feed_cfg;
 
 /* With an empty tree; cfg NULL = the defaults, never forgetting (the
  * feed's clock stands at 0 until idx_feed_set_clock). */
 kvo_status idx_feed_new(idx_feed **out, const idx_feed_cfg *cfg);
-void idx_feed_free(idx_feed *f);         /* NULL is a no-op */
-idx_tree *idx_feed_tree(idx_feed *f);    /* owned by the feed */
+void idx_feed_free(idx_feed *f);      /* NULL is a no-op */
+idx_tree *idx_feed_tree(idx_feed *f); /* owned by the feed */
 
 /* The feed reads no clock: the caller says what time it is (monotonic ms,
  * never going back), and messages from then on are stamped with it. */
@@ -268,8 +266,8 @@ size_t idx_feed_expire(idx_feed *f);
  * idx_feed_counters), for a caller that logs it. */
 typedef struct idx_feed_result {
     uint64_t publisher_id, sequence; /* the envelope's (0 if undecodable) */
-    bool applied;     /* decoded and applied (see lost) */
-    bool duplicate;   /* an exact duplicate: dropped */
+    bool applied;                    /* decoded and applied (see lost) */
+    bool duplicate;                  /* an exact duplicate: dropped */
     bool undecodable; /* not an event-plane message (err says why) */
     bool restart;     /* the sequence went back with a new body */
     bool rewind;      /* the sequence went back into the range the previous
@@ -278,11 +276,11 @@ typedef struct idx_feed_result {
     bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
     uint64_t missed;  /* a gap: sequences jumped over before this one */
     uint64_t jumped_from; /* rewind: the sequence the undone jump reached */
-    uint32_t other_tier; /* RouterEvents of a non-device tier, skipped */
-    uint32_t lost;       /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
-    uint32_t expired;    /* idle publishers forgotten to make room */
-    bool held;           /* recovery: held until its publisher recovers */
-    bool held_dropped;   /* recovery: to be held, but the hold was full */
+    uint32_t other_tier;  /* RouterEvents of a non-device tier, skipped */
+    uint32_t lost;        /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
+    uint32_t expired;     /* idle publishers forgotten to make room */
+    bool held;            /* recovery: held until its publisher recovers */
+    bool held_dropped;    /* recovery: to be held, but the hold was full */
 } idx_feed_result;
 
 /* One NATS message body; zmq_seq is the KVO-Zmq-Seq header value ("A-B")
@@ -323,18 +321,18 @@ typedef struct idx_service_cfg {
                                         caller (NULL: kvo_nats_cfg_default's;
                                         buffer_bytes unused: the indexer
                                         publishes nothing) */
-    const char *subject; /* default namespace.*.component.*.kv-events */
-    const char *http;    /* host:port, default 127.0.0.1:8090 (0 = any) */
-    uint32_t block_size; /* default 16 */
-    idx_feed_cfg feed;   /* the publisher table; default 4096 publishers,
+    const char *subject;      /* default namespace.*.component.*.kv-events */
+    const char *http;         /* host:port, default 127.0.0.1:8090 (0 = any) */
+    uint32_t block_size;      /* default 16 */
+    idx_feed_cfg feed;        /* the publisher table; default 4096 publishers,
                             forgotten after 10 minutes idle */
-    size_t max_body;     /* request body bytes, default 16 MiB */
-    bool no_recovery;    /* count gaps only: never ask relays
+    size_t max_body;          /* request body bytes, default 16 MiB */
+    bool no_recovery;         /* count gaps only: never ask relays
                             (docs/recovery.md) */
-    uint64_t discover_ms; /* the discovery window at start, default 500 */
+    uint64_t discover_ms;     /* the discovery window at start, default 500 */
     uint32_t apply_budget_us; /* apply for at most this long between two
                                  turns of the HTTP server; default 2000 */
-    const char *dynamo_http; /* host:port of a second listener speaking
+    const char *dynamo_http;  /* host:port of a second listener speaking
                                 Dynamo's standalone-indexer API (its
                                 /register consumes engines' ZMQ streams
                                 in-process); NULL = none */

@@ -49,11 +49,11 @@
 #define BODY_MAX (2u << 20)       /* axum's default for the other routes */
 #define NAME_MAX_BYTES 4096       /* model, group, endpoint strings */
 #define DEFAULT_GROUP "default"
-#define DUMP_MAX_EVENTS 100000    /* per partition in GET /dump */
-#define DRAIN_PER_SOCKET 256      /* messages read per socket per round */
+#define DUMP_MAX_EVENTS 100000 /* per partition in GET /dump */
+#define DRAIN_PER_SOCKET 256   /* messages read per socket per round */
 #define DRAIN_ROUNDS 16
 #define LINK_EVENTS_PER_TURN 64
-#define ITEMS_PER_LISTENER 4      /* SUB, its monitor, DEALER, its monitor */
+#define ITEMS_PER_LISTENER 4 /* SUB, its monitor, DEALER, its monitor */
 /* A listener's pipe: live batches held during a replay, bounded smaller
  * than a relay's (there are up to max_listeners pipes in one process). */
 #define PIPE_BUFFER_BATCHES 16384u
@@ -97,32 +97,32 @@ typedef struct part {
 } part;
 
 /* The routes, and the per-route counters of /metrics. */
-#define ROUTES(X)                                                             \
-    X(REGISTER, "/register", true)                                            \
-    X(UNREGISTER, "/unregister", true)                                        \
-    X(WORKERS, "/workers", false)                                             \
-    X(QUERY, "/query", true)                                                  \
-    X(QUERY_BY_HASH, "/query_by_hash", true)                                  \
-    X(DUMP, "/dump", false)                                                   \
-    X(HEALTH, "/health", false)                                               \
+#define ROUTES(X)                                                              \
+    X(REGISTER, "/register", true)                                             \
+    X(UNREGISTER, "/unregister", true)                                         \
+    X(WORKERS, "/workers", false)                                              \
+    X(QUERY, "/query", true)                                                   \
+    X(QUERY_BY_HASH, "/query_by_hash", true)                                   \
+    X(DUMP, "/dump", false)                                                    \
+    X(HEALTH, "/health", false)                                                \
     X(METRICS, "/metrics", false)
 typedef enum route {
 #define X(id, path, post) R_##id,
     ROUTES(X)
 #undef X
-    R_UNKNOWN,
+        R_UNKNOWN,
     R_COUNT
 } route;
 static const char *const route_paths[] = {
 #define X(id, path, post) path,
     ROUTES(X)
 #undef X
-    "unknown"};
+        "unknown"};
 static const bool route_post[] = {
 #define X(id, path, post) post,
     ROUTES(X)
 #undef X
-    false};
+        false};
 
 struct idx_dyn {
     idx_dyn_cfg cfg;
@@ -137,7 +137,7 @@ struct idx_dyn {
     relay_rx rx;
     idx_scores scores;
     kvo_json doc;
-    relay_stats gone;   /* counters of listeners already freed */
+    relay_stats gone;              /* counters of listeners already freed */
     uint64_t requests[R_COUNT][2]; /* [route][GET 0 | POST 1] */
     uint64_t errors[R_COUNT][2];   /* [route][4xx 0 | 5xx 1] */
     kvo_ratelimit rl_note, rl_link;
@@ -168,10 +168,12 @@ static void relay_stats_add(relay_stats *to, const relay_stats *s) {
 #define ADD(name, help) to->name += s->name;
     RELAY_COUNTERS(ADD)
 #undef ADD
-    for (int i = 0; i < RELAY_BAD_MSG_COUNT; i++) to->bad_msgs[i] += s->bad_msgs[i];
+    for (int i = 0; i < RELAY_BAD_MSG_COUNT; i++)
+        to->bad_msgs[i] += s->bad_msgs[i];
     for (int i = 0; i < KVO_STATUS_COUNT; i++)
         to->decode_errors[i] += s->decode_errors[i];
-    for (int i = 0; i < RELAY_REJECT_COUNT; i++) to->rejects[i] += s->rejects[i];
+    for (int i = 0; i < RELAY_REJECT_COUNT; i++)
+        to->rejects[i] += s->rejects[i];
     for (int i = 0; i < RELAY_REPLAY_FAIL_COUNT; i++)
         to->replay_failures[i] += s->replay_failures[i];
 }
@@ -355,8 +357,8 @@ static void part_free(part *p) {
 
 static kvo_status part_new(idx_dyn *d, const char *model, const char *group,
                            uint32_t block_size, part **out) {
-    kvo_status st = kvo_grow(&d->parts, &d->cap_parts, d->nparts + 1,
-                             sizeof(*d->parts), 8);
+    kvo_status st =
+        kvo_grow(&d->parts, &d->cap_parts, d->nparts + 1, sizeof(*d->parts), 8);
     if (st != KVO_OK) return st;
     part *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
@@ -394,8 +396,10 @@ static size_t worker_pos(const idx_dyn *d, uint64_t id) {
     size_t lo = 0, hi = d->nworkers;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (d->workers[mid]->instance_id < id) lo = mid + 1;
-        else hi = mid;
+        if (d->workers[mid]->instance_id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -466,15 +470,14 @@ static bool body_parse(idx_dyn *d, kvo_http_req *r, route rt, dyn_err *e) {
     size_t len;
     const uint8_t *body = kvo_http_req_body(r, &len);
     size_t max = rt == R_QUERY ? QUERY_BODY_MAX : BODY_MAX;
-    if (len > max)
-        return fail(e, 413, "request body over %zu bytes", max);
+    if (len > max) return fail(e, 413, "request body over %zu bytes", max);
     kvo_err err;
     memset(&err, 0, sizeof(err));
     kvo_status st = kvo_json_parse(&d->doc, body, len, NULL, &err);
     if (st == KVO_ENOMEM) return fail(e, 500, "out of memory");
     if (st != KVO_OK) {
-        bool data = strstr(err.msg, "out of range") ||
-                    strstr(err.msg, "duplicate key");
+        bool data =
+            strstr(err.msg, "out of range") || strstr(err.msg, "duplicate key");
         return fail(e, data ? 422 : 400, "failed to parse the JSON body: %s",
                     err.msg);
     }
@@ -483,13 +486,12 @@ static bool body_parse(idx_dyn *d, kvo_http_req *r, route rt, dyn_err *e) {
     return true;
 }
 
-static bool f_u64(const kvo_jv *o, const char *key, uint64_t *out,
-                  dyn_err *e) {
+static bool f_u64(const kvo_jv *o, const char *key, uint64_t *out, dyn_err *e) {
     const kvo_jv *v = kvo_json_get(o, key);
     if (!v) return fail(e, 422, "missing field `%s`", key);
     if (!kvo_json_u64(v, out))
-        return fail(e, 422, "%s: expected an integer in 0..18446744073709551615",
-                    key);
+        return fail(e, 422,
+                    "%s: expected an integer in 0..18446744073709551615", key);
     return true;
 }
 
@@ -604,8 +606,9 @@ static bool do_register(idx_dyn *d, kvo_http_req *r, dyn_err *e,
                     id, w->part->model, w->part->group);
     size_t pos = 0;
     if (w && worker_listener(w, rank, &pos))
-        return fail(e, 409, "instance %" PRIu64 " dp_rank %u already registered",
-                    id, rank);
+        return fail(e, 409,
+                    "instance %" PRIu64 " dp_rank %u already registered", id,
+                    rank);
     part *p = part_find(d, model, group);
     if (p && p->block_size != block_size)
         return fail(e, 409,
@@ -691,12 +694,12 @@ static bool do_unregister(idx_dyn *d, kvo_http_req *r, dyn_err *e,
             /* the others stay: drop this rank's blocks only */
             idx_tree *t = idx_feed_tree(w->part->feed);
             worker_drop_listener(d, w, pos);
-            wire_revent ev = {.worker_id = id, .dp_rank = rank,
-                              .type = WIRE_R_CLEARED};
+            wire_revent ev = {
+                .worker_id = id, .dp_rank = rank, .type = WIRE_R_CLEARED};
             idx_evstatus evs;
             idx_tree_apply(t, &ev, &evs);
-            kvo_info("dynamo: unregistered instance %" PRIu64 " dp_rank %u",
-                     id, rank);
+            kvo_info("dynamo: unregistered instance %" PRIu64 " dp_rank %u", id,
+                     rank);
             *out = status_ok();
             return true;
         }
@@ -742,7 +745,8 @@ static bool do_workers(idx_dyn *d, kvo_http_req *r, dyn_err *e,
         if ((model && strcmp(w->part->model, model) != 0) ||
             (group && strcmp(w->part->group, group) != 0) || !w->n)
             continue;
-        json_object *o = json_object_new_object(), *eps = json_object_new_object(),
+        json_object *o = json_object_new_object(),
+                    *eps = json_object_new_object(),
                     *ls = json_object_new_object();
         if (!o || !eps || !ls) {
             json_object_put(o);
@@ -755,7 +759,8 @@ static bool do_workers(idx_dyn *d, kvo_http_req *r, dyn_err *e,
                                json_object_new_uint64(w->instance_id));
         json_object_object_add(o, "source", json_object_new_string("zmq"));
         json_object_object_add(
-            o, "status", json_object_new_string(lstatus_names[worker_status(w)]));
+            o, "status",
+            json_object_new_string(lstatus_names[worker_status(w)]));
         json_object_object_add(o, "model_name",
                                json_object_new_string(w->part->model));
         json_object_object_add(o, "routing_group",
@@ -779,8 +784,8 @@ static bool do_workers(idx_dyn *d, kvo_http_req *r, dyn_err *e,
 
 /* A query's partition names (read with the rest of the body: a shape
  * error is 422 before anything else is looked at). */
-static bool query_names(const kvo_jv *o, const char **model,
-                        const char **group, dyn_err *e) {
+static bool query_names(const kvo_jv *o, const char **model, const char **group,
+                        dyn_err *e) {
     const char *tenant;
     return f_str(o, "model_name", NULL, false, model, e) &&
            f_str(o, "routing_group", DEFAULT_GROUP, false, group, e) &&
@@ -843,7 +848,8 @@ static json_object *scores_json(const idx_scores *s, uint32_t block_size) {
             if (sat > gpu) gpu = sat;
         }
         json_object_object_add(sc, wk, ranks);
-        json_object_object_add(inst, "longest_matched", json_object_new_int64(gpu));
+        json_object_object_add(inst, "longest_matched",
+                               json_object_new_int64(gpu));
         json_object_object_add(inst, "gpu", json_object_new_int64(gpu));
         json_object_object_add(inst, "dp", dp);
         json_object_object_add(inst, "cpu", json_object_new_int64(gpu));
@@ -878,8 +884,10 @@ static bool do_query(idx_dyn *d, kvo_http_req *r, dyn_err *e,
         return fail(e, 422, "token_ids%s", err.msg);
     for (size_t i = 0; i < n; i++)
         if (v[i] > UINT32_MAX)
-            return fail(e, 422, "token_ids[%zu]: expected an integer in "
-                                "0..4294967295", i);
+            return fail(e, 422,
+                        "token_ids[%zu]: expected an integer in "
+                        "0..4294967295",
+                        i);
     const char *model, *group;
     if (!f_str(o, "lora_name", NULL, true, &lora, e) ||
         !f_str(o, "cache_salt", NULL, true, &salt, e) ||
@@ -914,8 +922,9 @@ static bool do_query_by_hash(idx_dyn *d, kvo_http_req *r, dyn_err *e,
         !query_names(o, &model, &group, e))
         return false;
     if (salt)
-        return fail(e, 400, "cache_salt is not accepted by /query_by_hash: "
-                            "block_hashes must already include the salt");
+        return fail(e, 400,
+                    "cache_salt is not accepted by /query_by_hash: "
+                    "block_hashes must already include the salt");
     part *p = query_part(d, model, group, e);
     if (!p) return false;
     /* i64 -> LocalBlockHash: the same 64 bits */
@@ -949,9 +958,9 @@ static bool do_dump(idx_dyn *d, dyn_err *e, json_object **out) {
         snprintf(key, sizeof(key), "%s:%s", p->model, p->group);
         dump_ctx c = {json_object_new_array(), 0};
         json_object *v = json_object_new_object();
-        kvo_status st = c.events && v ? idx_tree_dump(idx_feed_tree(p->feed),
-                                                      dump_one, &c)
-                                      : KVO_ENOMEM;
+        kvo_status st =
+            c.events && v ? idx_tree_dump(idx_feed_tree(p->feed), dump_one, &c)
+                          : KVO_ENOMEM;
         if (st == KVO_ENOMEM) {
             json_object_put(c.events);
             json_object_put(v);
@@ -1006,15 +1015,16 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
                 kvo_prom_u64(&p, "errors_total", d->errors[i][c],
                              "endpoint=\"%s\",status_class=\"%s\"",
                              route_paths[i], c ? "5xx" : "4xx");
-    kvo_prom_gauge(&p, "models", "Number of active model+routing-group indexers",
-                   d->nparts);
+    kvo_prom_gauge(&p, "models",
+                   "Number of active model+routing-group indexers", d->nparts);
     kvo_prom_gauge(&p, "workers", "Number of registered worker instances",
                    d->nworkers);
     uint64_t by[4] = {0};
     for (size_t i = 0; i < d->nworkers; i++)
         for (size_t k = 0; k < d->workers[i]->n; k++)
             by[d->workers[i]->ls[k]->status]++;
-    kvo_prom_family(&p, "listeners", "gauge", "Number of ZMQ listeners by status");
+    kvo_prom_family(&p, "listeners", "gauge",
+                    "Number of ZMQ listeners by status");
     for (int s = 0; s < 4; s++)
         kvo_prom_u64(&p, "listeners", by[s], "status=\"%s\"", lstatus_names[s]);
     kvo_status st = kvo_prom_status(&p);
@@ -1023,8 +1033,10 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
         pipes_stats(d, &rs);
         st = relay_stats_to_prom(&rs, &b);
     }
-    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
-    else kvo_http_respond(r, 200, KVO_PROM_CTYPE, b.data, b.len);
+    if (st != KVO_OK)
+        kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else
+        kvo_http_respond(r, 200, KVO_PROM_CTYPE, b.data, b.len);
     kvo_buf_fini(&b);
 }
 
@@ -1064,7 +1076,10 @@ static void handler(void *ctx, kvo_http_req *r) {
     bool ok;
     unsigned code = 200;
     switch (rt) {
-    case R_REGISTER: ok = do_register(d, r, &e, &out); code = 201; break;
+    case R_REGISTER:
+        ok = do_register(d, r, &e, &out);
+        code = 201;
+        break;
     case R_UNREGISTER: ok = do_unregister(d, r, &e, &out); break;
     case R_WORKERS: ok = do_workers(d, r, &e, &out); break;
     case R_QUERY: ok = do_query(d, r, &e, &out); break;
@@ -1073,8 +1088,10 @@ static void handler(void *ctx, kvo_http_req *r) {
     }
     if (ok && !out) ok = fail(&e, 500, "out of memory");
     count(d, rt, post, ok ? code : e.code);
-    if (ok) kvo_http_respond_json(r, code, out);
-    else kvo_http_respond_error(r, e.code, e.msg);
+    if (ok)
+        kvo_http_respond_json(r, code, out);
+    else
+        kvo_http_respond_error(r, e.code, e.msg);
 }
 
 /* ======================================================================== */
@@ -1115,7 +1132,9 @@ void idx_dyn_free(idx_dyn *d) {
     kvo_free(d);
 }
 
-uint16_t idx_dyn_port(const idx_dyn *d) { return kvo_http_server_port(d->http); }
+uint16_t idx_dyn_port(const idx_dyn *d) {
+    return kvo_http_server_port(d->http);
+}
 
 size_t idx_dyn_max_items(const idx_dyn *d) {
     return 1 + ITEMS_PER_LISTENER * (size_t)d->cfg.max_listeners;
@@ -1125,16 +1144,17 @@ size_t idx_dyn_pollitems(idx_dyn *d, void *items, size_t max) {
     zmq_pollitem_t *it = items;
     size_t n = 0;
     if (n < max)
-        it[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(d->http),
-                                   ZMQ_POLLIN, 0};
+        it[n++] =
+            (zmq_pollitem_t){NULL, kvo_http_server_fd(d->http), ZMQ_POLLIN, 0};
     for (size_t i = 0; i < d->nworkers; i++)
         for (size_t k = 0; k < d->workers[i]->n; k++) {
             relay_source *s = d->workers[i]->ls[k]->src;
             if (!s || n + ITEMS_PER_LISTENER > max) continue;
             it[n++] = (zmq_pollitem_t){relay_source_sub(s), 0, ZMQ_POLLIN, 0};
-            it[n++] = (zmq_pollitem_t){relay_source_sub_monitor(s), 0,
-                                       ZMQ_POLLIN, 0};
-            void *dl = relay_source_dealer(s), *dm = relay_source_dealer_monitor(s);
+            it[n++] =
+                (zmq_pollitem_t){relay_source_sub_monitor(s), 0, ZMQ_POLLIN, 0};
+            void *dl = relay_source_dealer(s),
+                 *dm = relay_source_dealer_monitor(s);
             if (dl) it[n++] = (zmq_pollitem_t){dl, 0, ZMQ_POLLIN, 0};
             if (dm) it[n++] = (zmq_pollitem_t){dm, 0, ZMQ_POLLIN, 0};
         }

@@ -122,16 +122,17 @@ static size_t pub_pos(const idx_feed *f, uint64_t id) {
     size_t lo = 0, hi = f->npubs;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (f->pubs[mid]->p.publisher_id < id) lo = mid + 1;
-        else hi = mid;
+        if (f->pubs[mid]->p.publisher_id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
 
 idx_pub *idx_feed_pub(const idx_feed *f, uint64_t id) {
     size_t i = pub_pos(f, id);
-    return i < f->npubs && f->pubs[i]->p.publisher_id == id ? f->pubs[i]
-                                                            : NULL;
+    return i < f->npubs && f->pubs[i]->p.publisher_id == id ? f->pubs[i] : NULL;
 }
 
 /* Keep a forgotten publisher's last sequence (best effort: out of memory,
@@ -192,8 +193,8 @@ size_t idx_feed_expire(idx_feed *f) {
  * (back) comes back with its last sequence, whole. */
 static kvo_status pub_add(idx_feed *f, uint64_t id, bool back, uint64_t last,
                           idx_pub **out) {
-    kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1,
-                             sizeof(*f->pubs), PUBS_FIRST_CAP);
+    kvo_status st = kvo_grow(&f->pubs, &f->cap, f->npubs + 1, sizeof(*f->pubs),
+                             PUBS_FIRST_CAP);
     if (st != KVO_OK) return st;
     idx_pub *p = kvo_calloc(1, sizeof(*p));
     if (!p) return KVO_ENOMEM;
@@ -205,7 +206,8 @@ static kvo_status pub_add(idx_feed *f, uint64_t id, bool back, uint64_t last,
         p->seen = p->whole = true;
     }
     size_t pos = pub_pos(f, id);
-    memmove(&f->pubs[pos + 1], &f->pubs[pos], (f->npubs - pos) * sizeof(*f->pubs));
+    memmove(&f->pubs[pos + 1], &f->pubs[pos],
+            (f->npubs - pos) * sizeof(*f->pubs));
     f->pubs[pos] = p;
     f->npubs++;
     *out = p;
@@ -289,13 +291,14 @@ bool idx_feed_track(idx_feed *f, idx_pub *p, bool fresh, uint64_t seq,
         p->p.gaps++;
         p->p.missed = sat_add(p->p.missed, r->missed);
     }
-    p->jump = r->missed && !r->rewind
-                  ? (fresh ? IDX_JUMP_FIRST : IDX_JUMP_FROM)
-                  : IDX_JUMP_NONE;
+    p->jump = r->missed && !r->rewind ? (fresh ? IDX_JUMP_FIRST : IDX_JUMP_FROM)
+                                      : IDX_JUMP_NONE;
     p->jump_from = last;
     if (r->restart || r->rewind) p->p.has_zmq = false;
-    if (fresh || r->restart) p->whole = seq == 0;
-    else if (r->missed) p->whole = false;
+    if (fresh || r->restart)
+        p->whole = seq == 0;
+    else if (r->missed)
+        p->whole = false;
     p->seen = true;
     *rs = seq;
     *rh = hash;
@@ -499,7 +502,8 @@ json_object *idx_json_counters(const idx_feed *f) {
     for (int type = WIRE_R_STORED; type <= WIRE_R_CLEARED; type++) {
         json_object *t = json_object_new_object();
         for (int s = 0; t && s < IDX_EV_STATUS_COUNT; s++)
-            put(t, idx_evstatus_name((idx_evstatus)s), u64(c.events[type][s]), &ok);
+            put(t, idx_evstatus_name((idx_evstatus)s), u64(c.events[type][s]),
+                &ok);
         put(ev, idx_rtype_name((wire_rtype)type), t, &ok);
     }
     put(o, "events", ev, &ok);

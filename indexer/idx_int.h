@@ -57,15 +57,14 @@ typedef struct idx_publisher {
     X(publishers, "publishers", "publishers", gauge,                           \
       "Publishers whose sequences are tracked.")                               \
     X(publishers_refused, "publishers_refused", "publishers_refused_total",    \
-      counter,                                                                 \
-      "Messages applied untracked: the publisher table was full.")             \
+      counter, "Messages applied untracked: the publisher table was full.")    \
     X(publishers_expired, "publishers_expired", "publishers_expired_total",    \
       counter, "Publishers forgotten after being idle.")                       \
     IDX_REC_COUNTERS(X)
 
 /* The recovery's rows (docs/recovery.md; idx_recover.c). */
 #define IDX_REC_COUNTERS(X)                                                    \
-    X(announces, "announces", "announces_total", counter,                     \
+    X(announces, "announces", "announces_total", counter,                      \
       "Relay announces received (start, heartbeat, discover answers).")        \
     X(announces_bad, "announces_bad", "announces_bad_total", counter,          \
       "Announces that could not be read.")                                     \
@@ -104,7 +103,8 @@ typedef struct idx_publisher {
     X(live_held, "live_held", "live_held_total", counter,                      \
       "Live envelopes held while their publisher recovered.")                  \
     X(live_held_dropped, "live_held_dropped", "live_held_dropped_total",       \
-      counter, "Live envelopes not held: the hold was full (recovered later).")\
+      counter,                                                                 \
+      "Live envelopes not held: the hold was full (recovered later).")         \
     X(live_covered, "live_covered", "live_covered_total", counter,             \
       "Held live envelopes a dump covered (dropped).")                         \
     X(recovery_ms_total, "recovery_ms_total", "recovery_ms_total", counter,    \
@@ -132,8 +132,8 @@ uint64_t idx_feed_generation(const idx_feed *f);
 /* One recovery request to send. */
 typedef struct idx_rec_ask {
     uint64_t publisher_id;
-    uint64_t id;          /* unique; its replies come back with it */
-    const char *subject;  /* the relay's recovery_subject, or one derived
+    uint64_t id;         /* unique; its replies come back with it */
+    const char *subject; /* the relay's recovery_subject, or one derived
                              from the subject its envelopes came on; NULL:
                              unknown (the caller derives it) */
     wire_recovery_req req;
@@ -141,12 +141,12 @@ typedef struct idx_rec_ask {
 
 /* What became of a recovery, for the caller's log. */
 typedef enum idx_rec_what {
-    IDX_REC_ASKED = 0, /* a request went out (also io.ask) */
-    IDX_REC_DONE,      /* recovered (kind: events, dump, too_new) */
-    IDX_REC_FAILED,    /* gave up: why says why; slots cleared, stale */
-    IDX_REC_RETRY,     /* an answer was incomplete or malformed: asked again */
-    IDX_REC_IMPOSSIBLE,/* a jumped envelope nobody sent: dropped */
-    IDX_REC_RESTART,   /* the relay restarted: a dump was asked */
+    IDX_REC_ASKED = 0,  /* a request went out (also io.ask) */
+    IDX_REC_DONE,       /* recovered (kind: events, dump, too_new) */
+    IDX_REC_FAILED,     /* gave up: why says why; slots cleared, stale */
+    IDX_REC_RETRY,      /* an answer was incomplete or malformed: asked again */
+    IDX_REC_IMPOSSIBLE, /* a jumped envelope nobody sent: dropped */
+    IDX_REC_RESTART,    /* the relay restarted: a dump was asked */
 } idx_rec_what;
 
 typedef struct idx_rec_note {
@@ -208,15 +208,15 @@ typedef struct idx_slot {
 
 /* ---- The feed's state (idx_feed.c draws it; idx_recover.c shares it) ---- */
 
-#define IDX_RING 256        /* bodies remembered per publisher */
-#define IDX_HDR_MAX 48      /* a held KVO-Zmq-Seq header ("A-B": <= 41) */
-#define IDX_PUB_WORKERS 8   /* worker ids remembered per publisher */
+#define IDX_RING 256      /* bodies remembered per publisher */
+#define IDX_HDR_MAX 48    /* a held KVO-Zmq-Seq header ("A-B": <= 41) */
+#define IDX_PUB_WORKERS 8 /* worker ids remembered per publisher */
 
 /* A live envelope held while its publisher recovers: a copy. */
 typedef struct idx_held {
     uint64_t seq;
-    uint64_t order;     /* arrival, among the publisher's held */
-    uint8_t *body;      /* kvo_malloc'd */
+    uint64_t order; /* arrival, among the publisher's held */
+    uint8_t *body;  /* kvo_malloc'd */
     size_t len;
     bool has_hdr;
     char hdr[IDX_HDR_MAX]; /* "x" when too long to be well formed */
@@ -228,27 +228,27 @@ typedef struct idx_relay {
     uint64_t worker_id;
     uint64_t started_at_ms;
     uint32_t n_ranks;
-    uint32_t *ranks;    /* kvo_malloc'd */
-    char *subject;      /* recovery subject, kvo_malloc'd (or derived) */
+    uint32_t *ranks; /* kvo_malloc'd */
+    char *subject;   /* recovery subject, kvo_malloc'd (or derived) */
 } idx_relay;
 
 /* One recovery episode: from the first request to done or failed. */
 typedef struct idx_rec {
-    bool asking;        /* a request in flight */
-    bool dump;          /* it asked for a dump */
-    bool restarting;    /* begun at a relay restart: hold everything */
-    bool has_jump;      /* begun by an envelope that jumped ahead */
-    bool has_as_of;     /* dump: its envelopes' sequence is known */
-    bool has_zmq;       /* dump: a KVO-Zmq-Seq header came with it */
-    uint32_t attempts;  /* requests of this episode */
-    uint64_t id;        /* the request in flight */
-    uint64_t from;      /* events: from_sequence */
-    uint64_t jump_seq;  /* has_jump: the jumped envelope's sequence */
+    bool asking;       /* a request in flight */
+    bool dump;         /* it asked for a dump */
+    bool restarting;   /* begun at a relay restart: hold everything */
+    bool has_jump;     /* begun by an envelope that jumped ahead */
+    bool has_as_of;    /* dump: its envelopes' sequence is known */
+    bool has_zmq;      /* dump: a KVO-Zmq-Seq header came with it */
+    uint32_t attempts; /* requests of this episode */
+    uint64_t id;       /* the request in flight */
+    uint64_t from;     /* events: from_sequence */
+    uint64_t jump_seq; /* has_jump: the jumped envelope's sequence */
     uint64_t as_of;
     uint64_t zmq_first, zmq_last;
-    uint64_t got;       /* envelopes received for the request */
+    uint64_t got; /* envelopes received for the request */
     uint64_t begun_ms, deadline_ms;
-    idx_held *held;     /* live envelopes held, in arrival order */
+    idx_held *held; /* live envelopes held, in arrival order */
     size_t n_held, cap_held, held_bytes;
     uint64_t held_order;
 } idx_rec;
@@ -261,15 +261,15 @@ typedef enum idx_jump {
 
 typedef struct idx_pub {
     idx_publisher p;
-    uint64_t heard_ms;  /* the feed's clock at its last message */
-    bool seen;          /* an envelope was tracked: p.last_sequence holds */
-    bool whole;         /* every envelope up to last_sequence is reflected
+    uint64_t heard_ms; /* the feed's clock at its last message */
+    bool seen;         /* an envelope was tracked: p.last_sequence holds */
+    bool whole;        /* every envelope up to last_sequence is reflected
                            (first heard at 0, or rebuilt by a dump) */
     idx_jump jump;
     uint64_t jump_from; /* IDX_JUMP_FROM: last_sequence before the jump */
     uint32_t n_workers; /* worker ids its applied envelopes named */
     uint64_t workers[IDX_PUB_WORKERS];
-    idx_slot *stale;    /* stale: the (worker, rank)s cleared, kvo_malloc'd */
+    idx_slot *stale; /* stale: the (worker, rank)s cleared, kvo_malloc'd */
     size_t n_stale;
     idx_relay relay;
     idx_rec rec;
@@ -291,18 +291,18 @@ struct idx_feed {
     size_t max_pubs;
     uint64_t idle_ms; /* 0 = never forget */
     uint64_t now_ms, oldest_ms;
-    idx_gone *gone;   /* max_pubs slots, allocated at the first expiry */
+    idx_gone *gone; /* max_pubs slots, allocated at the first expiry */
     size_t gone_len, gone_head;
-    kvo_map gone_at;  /* id -> position in gone + 1 */
-    uint64_t gen;     /* idx_feed_generation */
+    kvo_map gone_at; /* id -> position in gone + 1 */
+    uint64_t gen;    /* idx_feed_generation */
     /* recovery (idx_recover.c) */
-    bool recovery;    /* io.ask is set */
+    bool recovery; /* io.ask is set */
     idx_rec_io io;
     uint64_t rec_timeout_ms;
     size_t held_max_msgs, held_max_bytes, held_bytes;
     uint64_t next_id;
     uint64_t discover_until_ms;
-    kvo_json doc;     /* announces and reply ends */
+    kvo_json doc; /* announces and reply ends */
 };
 
 /* idx_feed.c, for idx_recover.c. */
@@ -491,7 +491,7 @@ typedef enum idx_req_kind {
 /* Everything points into doc: valid until the next parse or fini. */
 typedef struct idx_request {
     idx_req_kind kind;
-    const uint64_t *v;  /* TOKENS: token ids (each < 2^32); HASHES: tokens
+    const uint64_t *v;       /* TOKENS: token ids (each < 2^32); HASHES: tokens
                            hashes; n of them (v may be NULL when n is 0) */
     size_t n;                /* LOOKUP: v/n are the block hashes */
     uint64_t worker_id;      /* LOOKUP */
@@ -502,7 +502,7 @@ typedef struct idx_request {
     bool wait;               /* a "wait" clause was given */
     uint32_t timeout_ms;     /* wait: how long at most */
     size_t n_pairs;
-    const uint64_t *pairs;   /* wait: n_pairs x (publisher_id, zmq seq) */
+    const uint64_t *pairs; /* wait: n_pairs x (publisher_id, zmq seq) */
     kvo_json doc;
 } idx_request;
 
@@ -529,13 +529,13 @@ kvo_status idx_request_query(idx_tree *t, uint32_t block_size,
 /* What the service counts beside the feed, for /metrics. */
 typedef struct idx_service_stats {
     uint64_t slow_consumer_drops; /* messages nats.c dropped */
-    uint64_t inbox_drops;      /* dropped for want of memory before the loop */
+    uint64_t inbox_drops; /* dropped for want of memory before the loop */
     uint64_t nats_disconnects;
-    uint64_t bad_requests;     /* HTTP requests answered 4xx */
+    uint64_t bad_requests;      /* HTTP requests answered 4xx */
     kvo_http_server_stats http; /* what the HTTP server refused or cut */
     uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
                                                the last: above every bound */
-    double lat_sum;            /* seconds */
+    double lat_sum;                         /* seconds */
 } idx_service_stats;
 
 /* GET /metrics's Prometheus text for f and st, appended to out. */
@@ -584,8 +584,8 @@ void idx_dyn_run(idx_dyn *d);
  * be NULL) gets the number of live nodes reachable neither from the root
  * nor from a lookup entry (only cycles fed by inconsistent hashes make
  * them, as in Dynamo). For tests: O(size of the tree). */
-kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
-                          char *msg, size_t msgsz);
+kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
+                          size_t msgsz);
 
 /* ======================================================================== */
 /* The tree's layout: only for the files that define IDX_TREE_LAYOUT before  */
@@ -615,9 +615,9 @@ _Static_assert(sizeof(bucket) == CACHE_LINE, "a bucket is one cache line");
 typedef struct tab {
     bucket *bk; /* nb, cache-line aligned inside bk_mem */
     void *bk_mem;
-    uint8_t *spill;  /* nb: keys of primary bucket b kept in their
+    uint8_t *spill;   /* nb: keys of primary bucket b kept in their
                         secondary (saturates at 255, then sticks) */
-    uint64_t *stash; /* tag << 32 | ref: keys no bucket could take */
+    uint64_t *stash;  /* tag << 32 | ref: keys no bucket could take */
     uint32_t nb, len; /* len counts the stash too */
     uint32_t nstash, stash_cap;
     uint32_t rng; /* displacement choices */
@@ -637,7 +637,7 @@ void idx_tab_put(tab *r, uint32_t tag, uint32_t v);
 void idx_tab_del(tab *r, uint32_t pos);
 /* Room for `more` insertions; KVO_ENOMEM or KVO_ETOOBIG change nothing. */
 kvo_status idx_tab_reserve(tab *r, uint32_t more);
-void idx_tab_fini(tab *r); /* frees; the table is empty again */
+void idx_tab_fini(tab *r);            /* frees; the table is empty again */
 uint64_t idx_tab_bytes(const tab *r); /* memory held (capacities) */
 /* Invariant I7 of idx_tree.c: tags match their keys' hashes, keys sit in
  * one of their two buckets (or the stash), spill counts are exact (or
@@ -671,7 +671,8 @@ static inline uint32_t tab_positions(const tab *r) {
 
 static inline uint32_t tab_ref(const tab *r, uint32_t pos) {
     uint32_t n = r->nb * BW;
-    return pos < n ? r->bk[pos / BW].ref[pos % BW] : (uint32_t)r->stash[pos - n];
+    return pos < n ? r->bk[pos / BW].ref[pos % BW]
+                   : (uint32_t)r->stash[pos - n];
 }
 
 static inline uint32_t tab_tag(const tab *r, uint32_t pos) {
@@ -683,8 +684,10 @@ static inline uint32_t tab_tag(const tab *r, uint32_t pos) {
 /* Point the entry at pos at another ref with the same key. */
 static inline void tab_ref_set(tab *r, uint32_t pos, uint32_t v) {
     uint32_t n = r->nb * BW;
-    if (pos < n) r->bk[pos / BW].ref[pos % BW] = v;
-    else r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
+    if (pos < n)
+        r->bk[pos / BW].ref[pos % BW] = v;
+    else
+        r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
 }
 
 static inline void tab_prefetch(const tab *r, uint64_t h) {
@@ -699,7 +702,8 @@ static inline unsigned bucket_match(const bucket *b, uint32_t tag) {
 #ifdef __SSE2__
     __m128i k = _mm_set1_epi32((int)tag);
     __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag), k);
-    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag + 1), k);
+    __m128i hi =
+        _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->tag + 1), k);
     return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
                       _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
 #else
@@ -713,7 +717,8 @@ static inline unsigned bucket_holes(const bucket *b) {
 #ifdef __SSE2__
     __m128i z = _mm_setzero_si128();
     __m128i lo = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref), z);
-    __m128i hi = _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref + 1), z);
+    __m128i hi =
+        _mm_cmpeq_epi32(_mm_load_si128((const __m128i *)b->ref + 1), z);
     return (unsigned)(_mm_movemask_ps(_mm_castsi128_ps(lo)) |
                       _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4);
 #else
@@ -766,7 +771,7 @@ tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
  * 4 KiB page moved that way costs ~5 us again at its next first touch. */
 #define HUGE_BYTES ((size_t)2 << 20)
 
-void *idx_mem_alloc(size_t bytes); /* NULL when out of memory */
+void *idx_mem_alloc(size_t bytes);        /* NULL when out of memory */
 void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 
 /* A segmented array: element i lives in segment k = log2(i / SEG0 + 1),
@@ -782,8 +787,8 @@ typedef struct segv {
      * integer: a store to a node's u64 field then cannot alias it, so the
      * compiler keeps it in a register across stores. */
     char *base[SEG_MAX];
-    uint32_t nseg;           /* segments allocated */
-    uint32_t cap;            /* elements they hold */
+    uint32_t nseg; /* segments allocated */
+    uint32_t cap;  /* elements they hold */
 } segv;
 
 static inline uint32_t seg_of(uint32_t i) {
@@ -804,8 +809,8 @@ void idx_segv_fini(segv *v, size_t elem); /* frees; empty again */
 #define DEAD 0xFFFFFFFEu
 #define TAG 0x80000000u
 #define ROOT 0u
-#define SET_CLASSES 26 /* class c = a block of 4 << c words */
-#define SET_MIN_WORDS 4 /* words of class 0: a header and 3 slots */
+#define SET_CLASSES 26     /* class c = a block of 4 << c words */
+#define SET_MIN_WORDS 4    /* words of class 0: a header and 3 slots */
 #define SET_CLASS_SHIFT 24 /* set header word: class << 24 | count */
 #define SET_MAX_COUNT 0xFFFFFFu
 #define REFS_SPILL 255 /* refs[] is a u8; from 255 on, ov[] counts the rest */
@@ -889,7 +894,8 @@ static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
 
 /* The hash of the tables' keys (and of the worker map's). */
 static inline uint64_t mix(uint64_t a, uint32_t b) {
-    uint64_t x = a ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
+    uint64_t x =
+        a ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
     x ^= x >> 32;
     x *= 0xD6E8FEB86659FD93ull;
     x ^= x >> 32;
@@ -956,12 +962,18 @@ static inline uint32_t look_find(const idx_tree *t, uint32_t w, uint64_t bh) {
 
 /* ---- Worker sets: header word = class << 24 | count, then the slots ---- */
 
-static inline uint32_t set_count(const uint32_t *s) { return s[0] & SET_MAX_COUNT; }
+static inline uint32_t set_count(const uint32_t *s) {
+    return s[0] & SET_MAX_COUNT;
+}
 static inline uint32_t set_class(const uint32_t *s) {
     return s[0] >> SET_CLASS_SHIFT;
 }
-static inline uint32_t class_words(uint32_t cls) { return SET_MIN_WORDS << cls; }
-static inline uint32_t class_items(uint32_t cls) { return class_words(cls) - 1; }
+static inline uint32_t class_words(uint32_t cls) {
+    return SET_MIN_WORDS << cls;
+}
+static inline uint32_t class_items(uint32_t cls) {
+    return class_words(cls) - 1;
+}
 
 /* ---- Reference counts beyond 255: ov[], sorted by node ------------------ */
 
@@ -970,8 +982,10 @@ static inline uint32_t ov_find(const idx_tree *t, uint32_t n) {
     uint32_t lo = 0, hi = t->ov_len;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (t->ov[mid].node < n) lo = mid + 1;
-        else hi = mid;
+        if (t->ov[mid].node < n)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -986,7 +1000,8 @@ static inline uint32_t wmap_home(const idx_tree *t, uint64_t wid,
 static inline uint32_t slot_find(const idx_tree *t, uint64_t wid,
                                  uint32_t rank) {
     if (!t->wmap_cap) return NIL;
-    for (uint32_t i = wmap_home(t, wid, rank);; i = (i + 1) & (t->wmap_cap - 1)) {
+    for (uint32_t i = wmap_home(t, wid, rank);;
+         i = (i + 1) & (t->wmap_cap - 1)) {
         uint32_t s = t->wmap[i];
         if (s == NIL) return NIL;
         if (t->ws[s].worker_id == wid && t->ws[s].dp_rank == rank) return s;

@@ -84,8 +84,10 @@ static void note(idx_feed *f, idx_rec_note n) {
 
 void idx_feed_recovery(idx_feed *f, const idx_rec_io *io) {
     f->recovery = io && io->ask;
-    if (f->recovery) f->io = *io;
-    else memset(&f->io, 0, sizeof(f->io));
+    if (f->recovery)
+        f->io = *io;
+    else
+        memset(&f->io, 0, sizeof(f->io));
 }
 
 void idx_feed_discovering(idx_feed *f, uint64_t until_ms) {
@@ -146,8 +148,10 @@ static bool hold(idx_feed *f, idx_pub *p, uint64_t seq, const uint8_t *body,
     h->len = len;
     if (hdr) {
         h->has_hdr = true;
-        if (strlen(hdr) < sizeof(h->hdr)) strcpy(h->hdr, hdr);
-        else strcpy(h->hdr, "x"); /* too long to be "A-B": malformed */
+        if (strlen(hdr) < sizeof(h->hdr))
+            strcpy(h->hdr, hdr);
+        else
+            strcpy(h->hdr, "x"); /* too long to be "A-B": malformed */
     }
     rc->held_bytes += len;
     f->held_bytes += len;
@@ -210,7 +214,8 @@ static void ask(idx_feed *f, idx_pub *p, bool dump, uint64_t from) {
     rc->attempts++;
     rc->deadline_ms = f->now_ms + f->rec_timeout_ms;
     f->c.recovery_requests++;
-    idx_rec_ask a = {.publisher_id = p->p.publisher_id, .id = rc->id,
+    idx_rec_ask a = {.publisher_id = p->p.publisher_id,
+                     .id = rc->id,
                      .subject = p->relay.subject,
                      .req = {.dump = dump, .from_sequence = from}};
     note(f, (idx_rec_note){.what = IDX_REC_ASKED,
@@ -270,9 +275,12 @@ static void finish(idx_feed *f, idx_pub *p, wire_reply_kind how) {
     set_asking(p, false);
     f->c.recovery_ms_total = sat_add(f->c.recovery_ms_total, ms);
     if (ms > f->c.recovery_ms_max) f->c.recovery_ms_max = ms;
-    if (how == WIRE_REPLY_EVENTS) f->c.recoveries_events++;
-    else if (how == WIRE_REPLY_DUMP) f->c.recoveries_dump++;
-    else f->c.recoveries_too_new++;
+    if (how == WIRE_REPLY_EVENTS)
+        f->c.recoveries_events++;
+    else if (how == WIRE_REPLY_DUMP)
+        f->c.recoveries_dump++;
+    else
+        f->c.recoveries_too_new++;
     note(f, (idx_rec_note){.what = IDX_REC_DONE,
                            .publisher_id = p->p.publisher_id,
                            .kind = how,
@@ -332,8 +340,10 @@ static void fail(idx_feed *f, idx_pub *p, const char *why) {
     size_t n = slots_of(f, p, &v);
     for (size_t i = 0; i < n; i++) {
         if (!fed(p, v[i].worker_id)) continue;
-        wire_revent ev = {.worker_id = v[i].worker_id, .dp_rank = v[i].dp_rank,
-                          .tier = WIRE_TIER_DEVICE, .type = WIRE_R_CLEARED};
+        wire_revent ev = {.worker_id = v[i].worker_id,
+                          .dp_rank = v[i].dp_rank,
+                          .tier = WIRE_TIER_DEVICE,
+                          .type = WIRE_R_CLEARED};
         idx_evstatus st;
         if (idx_tree_apply(f->tree, &ev, &st) != KVO_OK) f->c.enomem++;
     }
@@ -500,9 +510,12 @@ kvo_status idx_feed_announce(idx_feed *f, const void *body, size_t len,
     }
     rl->started_at_ms = a.started_at_ms;
     if (p->rec.asking) return KVO_OK;
-    if (p->p.stale) begin(f, p, true, 0, false);
-    else if (!a.has_last) return KVO_OK;
-    else if (!p->seen || !p->whole) begin(f, p, true, 0, false);
+    if (p->p.stale)
+        begin(f, p, true, 0, false);
+    else if (!a.has_last)
+        return KVO_OK;
+    else if (!p->seen || !p->whole)
+        begin(f, p, true, 0, false);
     else if (a.last_sequence > p->p.last_sequence)
         begin(f, p, false, p->p.last_sequence + 1, false);
     return KVO_OK;

@@ -23,7 +23,7 @@ typedef struct replay {
     wire_cap_reader *cap;
     idx_feed *feed;
     uint64_t records, skipped;
-    bool ended;      /* no more records (end, or damage) */
+    bool ended; /* no more records (end, or damage) */
     char damage[200];
 } replay;
 
@@ -146,9 +146,9 @@ kvo_status idx_replay_run(const idx_replay_cfg *cfg, FILE *out, char *err,
             lineno++;
             if (blank(line, (size_t)len)) continue;
             kvo_err qerr;
-            s = idx_request_parse(&q, line, (size_t)len,
-                                  IDX_REQ_TOKENS | IDX_REQ_HASHES | IDX_REQ_APPLY,
-                                  &qerr);
+            s = idx_request_parse(
+                &q, line, (size_t)len,
+                IDX_REQ_TOKENS | IDX_REQ_HASHES | IDX_REQ_APPLY, &qerr);
             if (s != KVO_OK) {
                 snprintf(err, errsz, "%s:%llu: %s", cfg->queries,
                          (unsigned long long)lineno, qerr.msg);

@@ -59,8 +59,10 @@ static void path_at(const uint8_t *t, size_t at, char *out, size_t outsz) {
             if (depth) depth--;
             break;
         case ',':
-            if (top && top->obj) top->has_key = false;
-            else if (top) top->idx++;
+            if (top && top->obj)
+                top->has_key = false;
+            else if (top)
+                top->idx++;
             break;
         default: break;
         }
@@ -144,7 +146,8 @@ static kvo_status read_wait(idx_request *q, const kvo_jv *w, kvo_err *err) {
     size_t n = pairs->len;
     if (n > IDX_WAIT_MAX_PAIRS)
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "wait.zmq_seq: at most %d pairs", IDX_WAIT_MAX_PAIRS);
+                           "wait.zmq_seq: at most %d pairs",
+                           IDX_WAIT_MAX_PAIRS);
     uint64_t *v = NULL;
     if (n && !(v = kvo_arena_alloc(&q->doc.arena, 2 * n * sizeof(*v))))
         return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
@@ -187,8 +190,7 @@ static kvo_status read_lookup(idx_request *q, const kvo_jv *root,
     return KVO_OK;
 }
 
-static kvo_status read_request(idx_request *q, unsigned accept,
-                               kvo_err *err) {
+static kvo_status read_request(idx_request *q, unsigned accept, kvo_err *err) {
     const kvo_jv *root = q->doc.root;
     kvo_status st;
     if (!kvo_json_is(root, KVO_JSON_OBJ))
@@ -208,11 +210,11 @@ static kvo_status read_request(idx_request *q, unsigned accept,
     if (!(accept & IDX_REQ_TOKENS)) tok = NULL;
     if (!(accept & IDX_REQ_HASHES)) hs = NULL;
     if (!tok && !hs)
-        return kvo_err_set(
-            err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "missing %s",
-            !(accept & IDX_REQ_HASHES)   ? "token_ids"
-            : !(accept & IDX_REQ_TOKENS) ? "tokens_hashes"
-                                         : "token_ids or tokens_hashes");
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "missing %s",
+                           !(accept & IDX_REQ_HASHES) ? "token_ids"
+                           : !(accept & IDX_REQ_TOKENS)
+                               ? "tokens_hashes"
+                               : "token_ids or tokens_hashes");
     if (tok && hs)
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "token_ids and tokens_hashes are exclusive");

@@ -74,37 +74,39 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#define INBOX_MAX 262144           /* messages waiting for the loop */
-#define INBOX_BYTES (256u << 20)   /* and their bodies */
-#define INBOX_FIRST_CAP 256        /* inbox slots allocated at first */
+#define INBOX_MAX 262144         /* messages waiting for the loop */
+#define INBOX_BYTES (256u << 20) /* and their bodies */
+#define INBOX_FIRST_CAP 256      /* inbox slots allocated at first */
 #define HDR_ZMQ_SEQ WIRE_HDR_ZMQ_SEQ
-#define WAIT_MAX 1024          /* queries held for a watermark */
+#define WAIT_MAX 1024              /* queries held for a watermark */
 #define WAIT_MAX_BYTES (64u << 20) /* and their request bodies + parses */
-#define DUMP_PAGE 10000        /* events in one /dump answer (the loop
+#define DUMP_PAGE                                                              \
+    10000 /* events in one /dump answer (the loop
                                   serves nothing else while it builds) */
 /* nats.c's pending limits on each subscription: what it holds for on_msg
  * while the inbox is full, before it drops (and counts) messages */
 #define NATS_PENDING_MSGS (1 << 20)
 #define NATS_PENDING_BYTES (1 << 30)
-#define NATS_FLUSH_MS 5000       /* wait for the server to confirm the SUB */
+#define NATS_FLUSH_MS 5000        /* wait for the server to confirm the SUB */
 #define HTTP_MAX_BODY (16u << 20) /* default --max-body */
-#define LOOP_POLL_MS 200 /* longest poll: kvo_stop and nats.c's counters are
+#define LOOP_POLL_MS                                                           \
+    200                      /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
-#define APPLY_BUDGET_US 2000   /* default apply_budget_us */
-#define DISCOVER_MS 500        /* default discover_ms */
-#define SUBJECT_MAX 512        /* recovery subjects built here */
+#define APPLY_BUDGET_US 2000 /* default apply_budget_us */
+#define DISCOVER_MS 500      /* default discover_ms */
+#define SUBJECT_MAX 512      /* recovery subjects built here */
 #define NS_PER_MS 1000000u
 #define NS_PER_US 1000u
 #define NS_PER_S 1e9
-#define DEFAULT_NS "dynamo"    /* a '*' namespace token, for discovery */
+#define DEFAULT_NS "dynamo" /* a '*' namespace token, for discovery */
 #define DEFAULT_COMPONENT "backend"
 
 /* What a subscription delivers. */
 typedef enum msg_kind {
-    MSG_EVENT = 0, /* an event-plane envelope */
-    MSG_ANNOUNCE,  /* an announce on <p>.kv-relays */
-    MSG_DISCOVERED,/* an announce answering the discover request */
-    MSG_REPLY,     /* a message of a recovery answer */
+    MSG_EVENT = 0,  /* an event-plane envelope */
+    MSG_ANNOUNCE,   /* an announce on <p>.kv-relays */
+    MSG_DISCOVERED, /* an announce answering the discover request */
+    MSG_REPLY,      /* a message of a recovery answer */
     MSG_KINDS
 } msg_kind;
 
@@ -137,7 +139,7 @@ typedef struct svc {
     const idx_service_cfg *cfg;
     idx_feed *feed;
     kvo_http_server *http;
-    idx_dyn *dyn;        /* --dynamo-http, or NULL */
+    idx_dyn *dyn;          /* --dynamo-http, or NULL */
     zmq_pollitem_t *items; /* the loop's poll set */
     size_t max_items;
     idx_scores scores;
@@ -159,17 +161,17 @@ typedef struct svc {
     int evfd;
 
     /* loop-only state */
-    inmsg *work;         /* the inbox taken, applied from work_i on */
+    inmsg *work; /* the inbox taken, applied from work_i on */
     size_t work_n, work_i;
-    waiter *waiters;     /* queries waiting for a watermark, oldest first */
+    waiter *waiters; /* queries waiting for a watermark, oldest first */
     size_t n_waiters, wait_bytes;
     uint64_t seen_disconnects, seen_reconnects, seen_nats_dropped,
-        seen_inbox_drops; /* other threads' counters, last polled values
+        seen_inbox_drops;    /* other threads' counters, last polled values
                              (log_nats_changes) */
-    uint64_t nats_dropped; /* natsSubscription_GetDropped, last read */
+    uint64_t nats_dropped;   /* natsSubscription_GetDropped, last read */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
-    bool recovery;            /* on, and its subjects could be made */
+    bool recovery;                   /* on, and its subjects could be made */
     char relays_subj[SUBJECT_MAX];   /* <p>.kv-relays */
     char discover_subj[SUBJECT_MAX]; /* <p>.kv-relays.discover, concrete */
     char rec_prefix[SUBJECT_MAX];    /* <p> concrete: default recovery
@@ -214,8 +216,8 @@ static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m,
         natsMsg_Destroy(m);
         return;
     }
-    if (kvo_grow(&s->inbox, &s->inbox_cap, s->inbox_len + 1,
-                 sizeof(*s->inbox), INBOX_FIRST_CAP) != KVO_OK) {
+    if (kvo_grow(&s->inbox, &s->inbox_cap, s->inbox_len + 1, sizeof(*s->inbox),
+                 INBOX_FIRST_CAP) != KVO_OK) {
         pthread_mutex_unlock(&s->mu);
         atomic_fetch_add(&s->inbox_drops, 1);
         natsMsg_Destroy(m);
@@ -278,9 +280,12 @@ static bool recovery_subjects(svc *s) {
         const char *use = t;
         size_t ulen = len;
         if (len == 1 && *t == '*') {
-            if (tok == 1) use = DEFAULT_NS;
-            else if (tok == 3) use = DEFAULT_COMPONENT;
-            else return false;
+            if (tok == 1)
+                use = DEFAULT_NS;
+            else if (tok == 3)
+                use = DEFAULT_COMPONENT;
+            else
+                return false;
             ulen = strlen(use);
         }
         if (out + ulen + 2 >= sizeof(concrete)) return false;
@@ -355,15 +360,14 @@ static natsStatus recovery_setup(svc *s) {
 static kvo_status nats_setup(svc *s) {
     const idx_service_cfg *c = s->cfg;
     char err[512];
-    kvo_status st = kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err,
-                                 sizeof(err));
+    kvo_status st =
+        kvo_nats_new(&s->nats, &s->nats_cfg, "kvo-indexer", err, sizeof(err));
     /* one delivery thread for every subscription of the connection (nats.c's
      * pool holds one by default): the inbox keeps the server's order
      * across subjects, so an announce comes after the envelopes its relay
      * published before it */
-    if (st == KVO_OK &&
-        natsOptions_UseGlobalMessageDelivery(kvo_nats_options(s->nats), true) !=
-            NATS_OK)
+    if (st == KVO_OK && natsOptions_UseGlobalMessageDelivery(
+                            kvo_nats_options(s->nats), true) != NATS_OK)
         st = KVO_ENATS;
     if (st == KVO_OK) st = kvo_nats_connect(s->nats, err, sizeof(err));
     if (st == KVO_EAGAIN) {
@@ -439,7 +443,7 @@ static void ask_relay(void *ctx, const idx_rec_ask *a) {
 }
 
 static const char *kind_word(wire_reply_kind k) {
-    return k == WIRE_REPLY_DUMP ? "a dump"
+    return k == WIRE_REPLY_DUMP     ? "a dump"
            : k == WIRE_REPLY_EVENTS ? "the missing envelopes"
                                     : "too_new (nothing was missing)";
 }
@@ -517,10 +521,9 @@ static void apply_msg(svc *s, natsMsg *m) {
     memset(&werr, 0, sizeof(werr));
     idx_feed_result res;
     const char *subject = natsMsg_GetSubject(m);
-    kvo_status st = idx_feed_live(s->feed, subject,
-                                  (const uint8_t *)natsMsg_GetData(m),
-                                  (size_t)natsMsg_GetDataLength(m), hdr, &res,
-                                  &werr);
+    kvo_status st =
+        idx_feed_live(s->feed, subject, (const uint8_t *)natsMsg_GetData(m),
+                      (size_t)natsMsg_GetDataLength(m), hdr, &res, &werr);
     if (res.duplicate) {
         kvo_log_limited(&s->rl_dup, KVO_LOG_INFO,
                         "duplicate message on %s dropped (publisher %" PRIu64
@@ -544,7 +547,8 @@ static void apply_msg(svc *s, natsMsg *m) {
     if (res.missed)
         kvo_log_limited(&s->rl_gap, KVO_LOG_WARN,
                         "sequence gap on %s: publisher %" PRIu64
-                        " missed %" PRIu64 " message(s) before sequence %" PRIu64,
+                        " missed %" PRIu64
+                        " message(s) before sequence %" PRIu64,
                         subject, res.publisher_id, res.missed, res.sequence);
     if (res.restart)
         kvo_log_limited(&s->rl_restart, KVO_LOG_WARN,
@@ -552,19 +556,21 @@ static void apply_msg(svc *s, natsMsg *m) {
                         "back to %" PRIu64 ")",
                         res.publisher_id, subject, res.sequence);
     if (res.rewind)
-        kvo_log_limited(&s->rl_rewind, KVO_LOG_WARN,
-                        "publisher %" PRIu64 " on %s went on at sequence %" PRIu64
-                        " after jumping to %" PRIu64 ": the jump is taken for "
-                        "bogus and the sequence follows the stream",
-                        res.publisher_id, subject, res.sequence, res.jumped_from);
+        kvo_log_limited(
+            &s->rl_rewind, KVO_LOG_WARN,
+            "publisher %" PRIu64 " on %s went on at sequence %" PRIu64
+            " after jumping to %" PRIu64 ": the jump is taken for "
+            "bogus and the sequence follows the stream",
+            res.publisher_id, subject, res.sequence, res.jumped_from);
     if (res.untracked) {
         idx_feed_counters k;
         idx_feed_counters_get(s->feed, &k);
-        kvo_log_limited(&s->rl_full, KVO_LOG_WARN,
-                        "publisher table full (%" PRIu64 " publishers): a message "
-                        "of publisher %" PRIu64 " on %s applied without sequence "
-                        "tracking (counted in publishers_refused)",
-                        k.publishers, res.publisher_id, subject);
+        kvo_log_limited(
+            &s->rl_full, KVO_LOG_WARN,
+            "publisher table full (%" PRIu64 " publishers): a message "
+            "of publisher %" PRIu64 " on %s applied without sequence "
+            "tracking (counted in publishers_refused)",
+            k.publishers, res.publisher_id, subject);
     }
     if (res.held_dropped)
         kvo_log_limited(&s->rl_held, KVO_LOG_WARN,
@@ -682,8 +688,8 @@ static kvo_status build_metrics(svc *s, kvo_buf *b);
 static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
                          bool with_wm, bool covered) {
     uint64_t t0 = kvo_now_ns();
-    kvo_status st = idx_request_query(idx_feed_tree(s->feed), s->cfg->block_size,
-                                      q, &s->scores);
+    kvo_status st = idx_request_query(idx_feed_tree(s->feed),
+                                      s->cfg->block_size, q, &s->scores);
     double dt = (double)(kvo_now_ns() - t0) / NS_PER_S;
     if (st != KVO_OK) {
         kvo_http_respond_error(r, 500, kvo_strerror(st));
@@ -717,12 +723,15 @@ static void answer_query(svc *s, kvo_http_req *r, const idx_request *q,
             json_object_put(o);
             o = NULL;
         } else {
-            json_object_object_add(o, "covered", json_object_new_boolean(covered));
+            json_object_object_add(o, "covered",
+                                   json_object_new_boolean(covered));
             json_object_object_add(o, "watermark", wm);
         }
     }
-    if (!o) kvo_http_respond_error(r, 500, "out of memory");
-    else kvo_http_respond_json(r, 200, o);
+    if (!o)
+        kvo_http_respond_error(r, 500, "out of memory");
+    else
+        kvo_http_respond_json(r, 200, o);
 }
 
 /* Every pair's publisher has a watermark at or past its seq? */
@@ -816,7 +825,8 @@ static long waiters_timeout_ms(const svc *s) {
  * message in err when either is malformed. */
 static bool page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
                       size_t errsz) {
-    const char *a = kvo_http_req_arg(r, "after"), *l = kvo_http_req_arg(r, "limit");
+    const char *a = kvo_http_req_arg(r, "after"),
+               *l = kvo_http_req_arg(r, "limit");
     uint64_t n = max;
     memset(pg, 0, sizeof(*pg));
     if (a && kvo_parse_u64(a, &pg->after) != KVO_OK) {
@@ -842,8 +852,10 @@ static void do_watermark(svc *s, kvo_http_req *r) {
         return;
     }
     json_object *o = idx_json_watermark(s->feed, &pg);
-    if (!o) kvo_http_respond_error(r, 500, "out of memory");
-    else kvo_http_respond_json(r, 200, o);
+    if (!o)
+        kvo_http_respond_error(r, 500, "out of memory");
+    else
+        kvo_http_respond_json(r, 200, o);
 }
 
 /* The dump's events at positions (from 0, in idx_tree_dump's order) above
@@ -852,7 +864,7 @@ static void do_watermark(svc *s, kvo_http_req *r) {
 typedef struct dumpctx {
     kvo_buf *b;
     idx_page pg;
-    uint64_t pos;   /* position of the next event */
+    uint64_t pos; /* position of the next event */
     size_t written;
     bool more;
 } dumpctx;
@@ -868,7 +880,8 @@ static kvo_status dump_one(void *ctx, const wire_revent *ev) {
     json_object *j = idx_json_revent(ev);
     if (!j) return KVO_ENOMEM;
     const char *txt = json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN);
-    kvo_status s = kvo_buf_append(d->b, d->written ? "," : "", d->written ? 1 : 0);
+    kvo_status s =
+        kvo_buf_append(d->b, d->written ? "," : "", d->written ? 1 : 0);
     if (s == KVO_OK) s = kvo_buf_append(d->b, txt, strlen(txt));
     d->written++;
     json_object_put(j);
@@ -891,8 +904,8 @@ static void do_dump(svc *s, kvo_http_req *r) {
     kvo_buf b;
     kvo_buf_init(&b);
     d.b = &b;
-    kvo_status st = kvo_buf_append(&b, paged ? "{\"events\":[" : "[",
-                                   paged ? 11 : 1);
+    kvo_status st =
+        kvo_buf_append(&b, paged ? "{\"events\":[" : "[", paged ? 11 : 1);
     if (st == KVO_OK) st = idx_tree_dump(idx_feed_tree(s->feed), dump_one, &d);
     if (st == KVO_EOF) st = KVO_OK;
     if (st == KVO_OK && d.more && !paged) {
@@ -909,8 +922,10 @@ static void do_dump(svc *s, kvo_http_req *r) {
     if (st == KVO_OK && paged && d.more)
         st = kvo_buf_printf(&b, ",\"next\":%" PRIu64, d.pos - 2);
     if (st == KVO_OK && paged) st = kvo_buf_append(&b, "}", 1);
-    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
-    else kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    if (st != KVO_OK)
+        kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else
+        kvo_http_respond(r, 200, "application/json", b.data, b.len);
     kvo_buf_fini(&b);
 }
 
@@ -942,7 +957,8 @@ static void do_health(svc *s, kvo_http_req *r) {
     }
     json_object_object_add(o, "status", json_object_new_string(status));
     json_object_object_add(o, "nats", json_object_new_string(nats_state(s)));
-    json_object_object_add(o, "subject", json_object_new_string(s->cfg->subject));
+    json_object_object_add(o, "subject",
+                           json_object_new_string(s->cfg->subject));
     json_object_object_add(o, "recovery", json_object_new_boolean(s->recovery));
     kvo_http_respond_json(r, 200, o);
 }
@@ -989,8 +1005,10 @@ static void do_blocks(svc *s, kvo_http_req *r) {
                                (uint32_t)rank);
         if (st == KVO_OK) st = idx_blocks_json(&s->blocks, &pg, false, &b);
     }
-    if (st != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(st));
-    else kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    if (st != KVO_OK)
+        kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else
+        kvo_http_respond(r, 200, "application/json", b.data, b.len);
     kvo_buf_fini(&b);
 }
 
@@ -1008,8 +1026,10 @@ static void do_lookup(svc *s, kvo_http_req *r) {
     } else {
         json_object *o = idx_json_lookup(idx_feed_tree(s->feed), q.worker_id,
                                          q.dp_rank, q.v, q.n);
-        if (!o) kvo_http_respond_error(r, 500, "out of memory");
-        else kvo_http_respond_json(r, 200, o);
+        if (!o)
+            kvo_http_respond_error(r, 500, "out of memory");
+        else
+            kvo_http_respond_json(r, 200, o);
     }
     idx_request_fini(&q);
 }
@@ -1022,13 +1042,15 @@ static void do_counters(svc *s, kvo_http_req *r) {
     }
     json_object_object_add(o, "slow_consumer_drops",
                            json_object_new_uint64(nats_dropped(s)));
-    json_object_object_add(o, "inbox_drops",
-                           json_object_new_uint64(atomic_load(&s->inbox_drops)));
+    json_object_object_add(
+        o, "inbox_drops", json_object_new_uint64(atomic_load(&s->inbox_drops)));
     json_object_object_add(o, "queries", json_object_new_uint64(s->queries));
-    json_object_object_add(o, "bad_requests", json_object_new_uint64(s->stats.bad_requests));
+    json_object_object_add(o, "bad_requests",
+                           json_object_new_uint64(s->stats.bad_requests));
     kvo_http_server_stats h;
     kvo_http_server_stats_get(s->http, &h);
-    json_object_object_add(o, "http_connections", json_object_new_uint64(h.conns));
+    json_object_object_add(o, "http_connections",
+                           json_object_new_uint64(h.conns));
     json_object_object_add(o, "http_head_timeouts",
                            json_object_new_uint64(h.head_timeouts));
     json_object_object_add(o, "http_body_timeouts",
@@ -1135,8 +1157,10 @@ static void do_metrics(svc *s, kvo_http_req *r) {
     kvo_buf b;
     kvo_buf_init(&b);
     kvo_status e = build_metrics(s, &b);
-    if (e != KVO_OK) kvo_http_respond_error(r, 500, kvo_strerror(e));
-    else kvo_http_respond(r, 200, "text/plain; version=0.0.4", b.data, b.len);
+    if (e != KVO_OK)
+        kvo_http_respond_error(r, 500, kvo_strerror(e));
+    else
+        kvo_http_respond(r, 200, "text/plain; version=0.0.4", b.data, b.len);
     kvo_buf_fini(&b);
 }
 
@@ -1147,11 +1171,11 @@ static void handler(void *ctx, kvo_http_req *r) {
     struct {
         const char *path;
         bool post;
-    } routes[] = {{"/query", true},     {"/query_by_hash", true},
-                  {"/dump", false},     {"/workers", false},
-                  {"/health", false},   {"/watermark", false},
-                  {"/metrics", false},  {"/blocks", false},
-                  {"/lookup", true},    {"/counters", false}};
+    } routes[] = {{"/query", true},    {"/query_by_hash", true},
+                  {"/dump", false},    {"/workers", false},
+                  {"/health", false},  {"/watermark", false},
+                  {"/metrics", false}, {"/blocks", false},
+                  {"/lookup", true},   {"/counters", false}};
     size_t i = 0;
     while (i < KVO_ARRAY_LEN(routes) && strcmp(p, routes[i].path) != 0) i++;
     if (i == KVO_ARRAY_LEN(routes)) {
@@ -1177,8 +1201,10 @@ static void handler(void *ctx, kvo_http_req *r) {
     case 8: do_lookup(s, r); return;
     default: do_counters(s, r); return;
     }
-    if (!o) kvo_http_respond_error(r, 500, "out of memory");
-    else kvo_http_respond_json(r, 200, o);
+    if (!o)
+        kvo_http_respond_error(r, 500, "out of memory");
+    else
+        kvo_http_respond_json(r, 200, o);
 }
 
 /* ======================================================================== */
@@ -1203,7 +1229,8 @@ static void log_nats_changes(svc *s) {
         s->seen_nats_dropped = slow;
         s->seen_inbox_drops = inbox;
     }
-    uint64_t d = kvo_nats_disconnects(s->nats), r = kvo_nats_reconnects(s->nats);
+    uint64_t d = kvo_nats_disconnects(s->nats),
+             r = kvo_nats_reconnects(s->nats);
     if (d != s->seen_disconnects) {
         kvo_warn("NATS disconnected (%" PRIu64 " so far); reconnecting", d);
         s->seen_disconnects = d;
@@ -1244,8 +1271,10 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
     svc s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
-    if (cfg->nats) s.nats_cfg = *cfg->nats;
-    else kvo_nats_cfg_default(&s.nats_cfg);
+    if (cfg->nats)
+        s.nats_cfg = *cfg->nats;
+    else
+        kvo_nats_cfg_default(&s.nats_cfg);
     s.evfd = -1;
     idx_scores_init(&s.scores);
     pthread_mutex_init(&s.mu, NULL);
@@ -1284,10 +1313,12 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         idx_feed_recovery(s.feed, &io);
     }
     if ((st = nats_setup(&s)) != KVO_OK) goto done;
-    kvo_http_server_cfg hc = {.host = host, .port = port,
-                              .max_body = cfg->max_body ? cfg->max_body
-                                                        : HTTP_MAX_BODY,
-                              .handler = handler, .ctx = &s};
+    kvo_http_server_cfg hc = {.host = host,
+                              .port = port,
+                              .max_body =
+                                  cfg->max_body ? cfg->max_body : HTTP_MAX_BODY,
+                              .handler = handler,
+                              .ctx = &s};
     if ((st = kvo_http_server_new(&s.http, &hc)) != KVO_OK) {
         kvo_error("cannot listen on %s: %s", cfg->http, kvo_strerror(st));
         goto done;
@@ -1310,8 +1341,8 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         if (dt >= 0 && dt < timeout) timeout = dt;
         if (more) timeout = 0;
         s.items[0] = (zmq_pollitem_t){NULL, s.evfd, ZMQ_POLLIN, 0};
-        s.items[1] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s.http),
-                                      ZMQ_POLLIN, 0};
+        s.items[1] =
+            (zmq_pollitem_t){NULL, kvo_http_server_fd(s.http), ZMQ_POLLIN, 0};
         size_t ni = 2;
         if (s.dyn) ni += idx_dyn_pollitems(s.dyn, s.items + 2, s.max_items - 2);
         int n = zmq_poll(s.items, (int)ni, timeout);

@@ -55,7 +55,8 @@ void *idx_mem_alloc(size_t bytes) {
     char *m = mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
-    uintptr_t a = ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+    uintptr_t a =
+        ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
     size_t head = a - (uintptr_t)m;
     if (head) munmap(m, head);
     munmap((char *)a + len, HUGE_BYTES - head);
@@ -90,8 +91,9 @@ kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem) {
 
 void idx_segv_fini(segv *v, size_t elem) {
     for (uint32_t k = 0; k < v->nseg; k++)
-        idx_mem_free((void *)((uintptr_t)v->base[k] + (uintptr_t)seg_first(k) * elem),
-                     ((size_t)1 << (k + SEG0_SHIFT)) * elem);
+        idx_mem_free(
+            (void *)((uintptr_t)v->base[k] + (uintptr_t)seg_first(k) * elem),
+            ((size_t)1 << (k + SEG0_SHIFT)) * elem);
     memset(v, 0, sizeof(*v));
 }
 
@@ -99,13 +101,13 @@ void idx_segv_fini(segv *v, size_t elem) {
 /* Tables                                                                    */
 /* ======================================================================== */
 
-#define MAX_KICKS 64 /* cuckoo displacements before the stash */
-#define SPILL_STUCK 255  /* spill[] saturates here, then sticks */
-#define STASH_SLACK 16   /* stash entries added beyond a request */
-#define STASH_MAX 0x7FFFFFFFu /* stash entries (positions stay u32) */
+#define MAX_KICKS 64              /* cuckoo displacements before the stash */
+#define SPILL_STUCK 255           /* spill[] saturates here, then sticks */
+#define STASH_SLACK 16            /* stash entries added beyond a request */
+#define STASH_MAX 0x7FFFFFFFu     /* stash entries (positions stay u32) */
 #define TAB_MAX_SLOTS 0x70000000u /* bucket slots (positions stay u32) */
-#define TAB_FIRST_BUCKETS 4 /* buckets of a table's first allocation */
-#define LOAD_NUM 15 /* load <= LOAD_NUM / LOAD_DEN */
+#define TAB_FIRST_BUCKETS 4       /* buckets of a table's first allocation */
+#define LOAD_NUM 15               /* load <= LOAD_NUM / LOAD_DEN */
 #define LOAD_DEN 16
 #define RNG_SEED 0x9E3779B9u /* displacement choices, xorshift32 */
 
@@ -241,7 +243,8 @@ static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
              * a random write per key. */
             for (uint32_t b = 0; b < r->nb; b++) {
                 const bucket *k = &r->bk[b];
-                for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m; m &= m - 1) {
+                for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m;
+                     m &= m - 1) {
                     unsigned i = (unsigned)__builtin_ctz(m);
                     uint32_t tag = k->tag[i];
                     bool prim = tab_b1(r, tag) == b;

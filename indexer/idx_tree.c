@@ -134,8 +134,7 @@ static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
 }
 
 /* The child of p under tokens_hash th, or NIL. */
-static inline uint32_t child_find(const idx_tree *t, uint32_t p,
-                                  uint64_t th) {
+static inline uint32_t child_find(const idx_tree *t, uint32_t p, uint64_t th) {
     uint32_t e = ND(t, p).child;
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
@@ -306,8 +305,10 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
     uint32_t lo = 0, hi = n;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
-        if (a[mid] < w) lo = mid + 1;
-        else hi = mid;
+        if (a[mid] < w)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -487,7 +488,8 @@ static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
                 t->la[v & ~TAG].node = n;
             }
         } else {
-            tab_ref_set(&t->ws[w].look, pos, inl ? n : (TAG | la_new(t, bh, w, n)));
+            tab_ref_set(&t->ws[w].look, pos,
+                        inl ? n : (TAG | la_new(t, bh, w, n)));
         }
         ref_inc(t, n);
         ref_dec(t, old);
@@ -645,7 +647,8 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
         uint64_t th = ev->blocks[i].tokens_hash;
         uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_blocks)
-            ring[i % AHEAD] = look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
+            ring[i % AHEAD] =
+                look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
         uint32_t c = child_find(t, cur, th), pos = FIND;
         if (c != NIL) {
             if (c == cur) { /* a self edge left by an earlier event */
@@ -690,8 +693,8 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
     for (uint32_t i = 0; i < ev->n_removed && i < AHEAD; i++)
         ring[i] = look_prefetch(t, w, ev->removed[i]);
     for (uint32_t i = 0; i < ev->n_removed; i++) {
-        kvo_status s = grow((void **)&t->la, &t->la_cap, t->la_len + 1,
-                            sizeof(lalias));
+        kvo_status s =
+            grow((void **)&t->la, &t->la_cap, t->la_len + 1, sizeof(lalias));
         if (s != KVO_OK) return s;
         uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_removed)
@@ -791,8 +794,8 @@ void idx_scores_fini(idx_scores *s) {
 
 static inline void emit(const idx_tree *t, idx_scores *out, uint32_t w,
                         size_t depth) {
-    out->v[out->n++] = (idx_score){t->ws[w].worker_id, t->ws[w].dp_rank,
-                                   (uint32_t)depth};
+    out->v[out->n++] =
+        (idx_score){t->ws[w].worker_id, t->ws[w].dp_rank, (uint32_t)depth};
 }
 
 static bool score_less(const idx_score *a, const idx_score *b) {
@@ -852,7 +855,8 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
          * needs reading. Run along such a chain while the worker set stays
          * the same: no load waits for another, so the walk streams. */
         const node *np = nd_at(t, cur);
-        uint32_t lim = seg_first(seg_of(cur) + 1); /* np[1] stays in cur's segment */
+        uint32_t lim =
+            seg_first(seg_of(cur) + 1); /* np[1] stays in cur's segment */
         if (lim > t->nd_len) lim = t->nd_len;
         while (i < n && cur + 1 < lim && np[1].parent == cur &&
                np[1].tokens_hash == h[i] && np[1].wset == curws) {
@@ -862,10 +866,10 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
         }
         depth = i;
         if (i == n) break;
-        uint32_t nx = cur + 1 < lim && np[1].parent == cur &&
-                              np[1].tokens_hash == h[i]
-                          ? cur + 1
-                          : child_find(t, cur, h[i]);
+        uint32_t nx =
+            cur + 1 < lim && np[1].parent == cur && np[1].tokens_hash == h[i]
+                ? cur + 1
+                : child_find(t, cur, h[i]);
         if (nx == NIL) break;
         uint32_t ws = ND(t, nx).wset;
         if (ws != curws) {
@@ -873,8 +877,10 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
             if (!(ws & TAG)) {
                 bool keep = false;
                 for (uint32_t j = 0; j < na; j++) {
-                    if (act[j] == ws) keep = true;
-                    else emit(t, out, act[j], depth);
+                    if (act[j] == ws)
+                        keep = true;
+                    else
+                        emit(t, out, act[j], depth);
                 }
                 na = 0;
                 if (!keep) break;
@@ -888,8 +894,10 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
                     uint32_t k = 0, j = 0;
                     for (uint32_t a = 0; a < na; a++) {
                         while (j < cnt && s[j] < act[a]) j++;
-                        if (j < cnt && s[j] == act[a]) act[k++] = act[a];
-                        else emit(t, out, act[a], depth);
+                        if (j < cnt && s[j] == act[a])
+                            act[k++] = act[a];
+                        else
+                            emit(t, out, act[a], depth);
                     }
                     na = k;
                     if (na == 0) break;
@@ -938,18 +946,18 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes += sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
-                 (uint64_t)t->ea_cap * sizeof(ealias) +
-                 (uint64_t)t->la_cap * sizeof(lalias) +
-                 (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
-                 idx_tab_bytes(&t->edges) +
-                 (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
-                 (uint64_t)t->wmap_cap * 4;
+    out->bytes +=
+        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
+        (uint64_t)t->ea_cap * sizeof(ealias) +
+        (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
+        (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +
+        (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4;
 }
 
 static int worker_cmp(const void *a, const void *b) {
     const idx_worker *x = a, *y = b;
-    if (x->worker_id != y->worker_id) return x->worker_id < y->worker_id ? -1 : 1;
+    if (x->worker_id != y->worker_id)
+        return x->worker_id < y->worker_id ? -1 : 1;
     return x->dp_rank < y->dp_rank ? -1 : x->dp_rank > y->dp_rank;
 }
 
@@ -1038,7 +1046,8 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
         } else {
             out->listed++;
         }
-        for (; k > 0 && slot_less(t, x, best[k - 1]); k--) best[k] = best[k - 1];
+        for (; k > 0 && slot_less(t, x, best[k - 1]); k--)
+            best[k] = best[k - 1];
         best[k] = x;
     }
     for (uint32_t i = 0; i < out->listed; i++) {

@@ -7,11 +7,11 @@
 
 #include <stdio.h>
 
-#define FAIL(...)                                                             \
-    do {                                                                      \
-        snprintf(msg, msgsz, __VA_ARGS__);                                    \
-        s = KVO_ESTATE;                                                       \
-        goto done;                                                            \
+#define FAIL(...)                                                              \
+    do {                                                                       \
+        snprintf(msg, msgsz, __VA_ARGS__);                                     \
+        s = KVO_ESTATE;                                                        \
+        goto done;                                                             \
     } while (0)
 
 static bool live(const idx_tree *t, uint32_t n) {
@@ -36,8 +36,8 @@ static uint64_t look_hash(const void *owner, uint32_t v) {
     return mix(look_block_hash(owner, v), look_slot(owner, v));
 }
 
-kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
-                          char *msg, size_t msgsz) {
+kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
+                          size_t msgsz) {
     kvo_status s = KVO_OK;
     uint32_t N = t->nd_len;
     uint64_t *want = kvo_calloc(N, sizeof(uint64_t)); /* expected refs */
@@ -57,7 +57,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     /* I8: free nodes */
     uint32_t nfree = 0;
     for (uint32_t n = t->nd_free; n != NIL; n = ND(t, n).next) {
-        if (n >= N || ND(t, n).parent != DEAD) FAIL("free list holds node %u", n);
+        if (n >= N || ND(t, n).parent != DEAD)
+            FAIL("free list holds node %u", n);
         if (++nfree > N) FAIL("free list loops");
     }
     uint32_t nlive = 0;
@@ -102,7 +103,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         }
         sets++;
     }
-    if (sets != t->sp_live) FAIL("%u sets in use, %u counted", t->sp_live, sets);
+    if (sets != t->sp_live)
+        FAIL("%u sets in use, %u counted", t->sp_live, sets);
     if (held != t->held)
         FAIL("%llu nodes held, %llu counted", (unsigned long long)t->held,
              (unsigned long long)held);
@@ -149,7 +151,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
     }
     uint32_t ealive = 0;
     for (uint32_t a = 0; a < t->ea_len; a++) ealive += t->ea[a].parent != DEAD;
-    if (ealive != t->ea_live) FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
+    if (ealive != t->ea_live)
+        FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
     /* I3: lookup, one table per slot */
     if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz)) {
@@ -194,19 +197,23 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
             per_slot[w]++;
         }
     }
-    if (lalive != t->la_live) FAIL("lookup aliases: %u live, %u in table", t->la_live, lalive);
+    if (lalive != t->la_live)
+        FAIL("lookup aliases: %u live, %u in table", t->la_live, lalive);
     uint64_t pairs = 0;
     for (uint32_t w = 0; w < t->ws_len; w++) {
         if (per_slot[w] != t->ws[w].blocks)
             FAIL("slot %u: %llu entries, blocks %llu", w,
                  (unsigned long long)per_slot[w],
                  (unsigned long long)t->ws[w].blocks);
-        if (!t->ws[w].present && t->ws[w].blocks) FAIL("absent slot %u holds blocks", w);
+        if (!t->ws[w].present && t->ws[w].blocks)
+            FAIL("absent slot %u holds blocks", w);
         if (slot_find(t, t->ws[w].worker_id, t->ws[w].dp_rank) != w)
             FAIL("slot %u not in the worker map", w);
         pairs += per_slot[w];
     }
-    if (pairs != t->pairs) FAIL("pairs %llu, counted %llu", (unsigned long long)t->pairs, (unsigned long long)pairs);
+    if (pairs != t->pairs)
+        FAIL("pairs %llu, counted %llu", (unsigned long long)t->pairs,
+             (unsigned long long)pairs);
 
     /* I4, I5 */
     for (uint32_t i = 0; i < t->ov_len; i++)
@@ -217,8 +224,10 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable,
         if (!live(t, n)) continue;
         if (refs_of(t, n) != want[n])
             FAIL("node %u: refs %llu, counted %llu", n,
-                 (unsigned long long)refs_of(t, n), (unsigned long long)want[n]);
-        if (ND(t, n).parent == NIL && want[n] == 0) FAIL("node %u: garbage left alive", n);
+                 (unsigned long long)refs_of(t, n),
+                 (unsigned long long)want[n]);
+        if (ND(t, n).parent == NIL && want[n] == 0)
+            FAIL("node %u: garbage left alive", n);
     }
 
     /* Reachability: from the root and from every lookup entry. */

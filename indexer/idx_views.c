@@ -33,8 +33,8 @@ typedef struct collect {
 
 static kvo_status collect_one(void *ctx, const idx_block *b) {
     idx_blockset *bs = ((collect *)ctx)->bs;
-    kvo_status s = kvo_grow(&bs->v, &bs->cap, bs->n + 1, sizeof(*bs->v),
-                            BLOCKS_FIRST_CAP);
+    kvo_status s =
+        kvo_grow(&bs->v, &bs->cap, bs->n + 1, sizeof(*bs->v), BLOCKS_FIRST_CAP);
     if (s != KVO_OK) return s;
     bs->v[bs->n++] = *b;
     bs->digest += digest_of(b);
@@ -113,8 +113,10 @@ static size_t above(const idx_blockset *bs, uint64_t h) {
     size_t lo = 0, hi = bs->n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (bs->v[mid].block_hash <= h) lo = mid + 1;
-        else hi = mid;
+        if (bs->v[mid].block_hash <= h)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -137,8 +139,8 @@ kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
                                i > from ? "," : "", b->block_hash,
                                b->parent_block_hash);
         else
-            s = kvo_buf_printf(out, "%s[%" PRIu64 ",null]",
-                               i > from ? "," : "", b->block_hash);
+            s = kvo_buf_printf(out, "%s[%" PRIu64 ",null]", i > from ? "," : "",
+                               b->block_hash);
     }
     if (s == KVO_OK) s = kvo_buf_append(out, "]", 1);
     if (s == KVO_OK && to < bs->n && to > from)
@@ -171,8 +173,8 @@ static bool add(json_object *o, const char *k, json_object *v) {
 
 /* One entry of the answer; ws: the known workers (for a hash w does not
  * hold: who else does). */
-static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r,
-                          uint64_t h, const idx_worker *ws, size_t nw) {
+static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r, uint64_t h,
+                          const idx_worker *ws, size_t nw) {
     idx_block_info in;
     if (idx_tree_block_info(t, w, r, h, &in) != KVO_OK) return NULL;
     holder list[IDX_INFO_OTHERS + 1];
@@ -195,8 +197,8 @@ static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r,
             list[listed++] = (holder){ws[j].worker_id, ws[j].dp_rank};
             for (uint32_t i = 0; i < o.listed; i++)
                 if (o.other[i].worker_id != w || o.other[i].dp_rank != r)
-                    list[listed++] = (holder){o.other[i].worker_id,
-                                              o.other[i].dp_rank};
+                    list[listed++] =
+                        (holder){o.other[i].worker_id, o.other[i].dp_rank};
                 else
                     others--; /* w is in the set without holding h */
             qsort(list, listed, sizeof(*list), by_slot);

@@ -26,13 +26,15 @@ enum {
 };
 
 #define BLOCK_SIZE_MAX (1u << 20) /* largest --block-size accepted */
-#define MAX_PUBLISHERS_MAX (1u << 20) /* largest --max-publishers (4 KiB each) */
-#define MAX_BODY_MAX (1ull << 30)   /* largest --max-body */
+#define MAX_PUBLISHERS_MAX                                                     \
+    (1u << 20)                    /* largest --max-publishers (4 KiB each) */
+#define MAX_BODY_MAX (1ull << 30) /* largest --max-body */
 #define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
-#define TIMEOUT_MS_MAX 3600000u   /* largest --recovery-timeout-ms and
+#define TIMEOUT_MS_MAX                                                         \
+    3600000u                   /* largest --recovery-timeout-ms and
                                      --discover-ms: an hour */
-#define BUDGET_US_MAX 1000000u    /* largest --apply-budget-us */
-#define LISTENERS_MAX 65536u      /* largest --dynamo-max-listeners */
+#define BUDGET_US_MAX 1000000u /* largest --apply-budget-us */
+#define LISTENERS_MAX 65536u   /* largest --dynamo-max-listeners */
 
 static const struct option options[] = {
     {"help", no_argument, NULL, 'h'},
@@ -61,15 +63,18 @@ static const char usage[] =
     "Dynamo's radix tree, fed by the event plane (NATS) and answering\n"
     "per-prompt hit queries over HTTP.\n"
     "\n"
-    "Service:\n"
-    KVO_NATS_USAGE
+    "Service:\n" KVO_NATS_USAGE
     "  --subject S             (default namespace.*.component.*.kv-events)\n"
     "  --http HOST:PORT        HTTP API (default 127.0.0.1:8090; port 0 picks\n"
-    "                          one, logged as 'listening on http://HOST:PORT')\n"
-    "  --block-size N          tokens per block for token queries (default 16)\n"
+    "                          one, logged as 'listening on "
+    "http://HOST:PORT')\n"
+    "  --block-size N          tokens per block for token queries (default "
+    "16)\n"
     "  --log-level L           error|warn|info|debug (default info)\n"
-    "  --max-publishers N      publishers whose sequences are tracked (default\n"
-    "                          4096); beyond, messages still apply, untracked,\n"
+    "  --max-publishers N      publishers whose sequences are tracked "
+    "(default\n"
+    "                          4096); beyond, messages still apply, "
+    "untracked,\n"
     "                          and are counted (publishers_refused)\n"
     "  --publisher-idle-ms T   forget a publisher's sequence state after T ms\n"
     "                          without a message (default 600000; 0 = never);\n"
@@ -88,16 +93,20 @@ static const char usage[] =
     "                          HTTP again (default 2000)\n"
     "  --dynamo-http HOST:PORT also serve Dynamo's standalone-indexer API\n"
     "                          there (port 0 picks one, logged as 'dynamo API\n"
-    "                          listening on http://HOST:PORT'): POST /register\n"
+    "                          listening on http://HOST:PORT'): POST "
+    "/register\n"
     "                          consumes that engine's ZMQ events in-process\n"
     "                          (the relay's pipeline, no kvo-relay needed),\n"
     "                          /unregister, GET /workers, POST /query,\n"
     "                          /query_by_hash, GET /dump /health /metrics\n"
     "  --dynamo-max-listeners N  (engine, dp_rank)s registered at once\n"
     "                          (default 256; beyond, /register is 503)\n"
-    "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, \"cache_salt\"?},\n"
-    "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", \"scores\":\n"
-    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact integers,\n"
+    "HTTP: POST /query {\"token_ids\": [...], \"lora_name\"?, "
+    "\"cache_salt\"?},\n"
+    "  POST /query_by_hash {\"tokens_hashes\": [...]} -> {\"isl_blocks\", "
+    "\"scores\":\n"
+    "  [{\"worker_id\", \"dp_rank\", \"blocks\"}]} (strict JSON: exact "
+    "integers,\n"
     "  valid UTF-8, one value); GET /workers /health /metrics /counters;\n"
     "  GET /watermark[?after=ID&limit=N] (pages of at most 1000 publishers,\n"
     "  \"next\" when more follow); GET /dump (at most 10000 events) or\n"
@@ -110,9 +119,12 @@ static const char usage[] =
     "  \"tokens_hash\", \"parent_hash\", \"in_set\", \"others\",\n"
     "  \"other_holders\"}]}.\n"
     "\n"
-    "Replay: EVENTS is a capture file of event-plane messages; QUERIES is JSON\n"
-    "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": [...]});\n"
-    "  prints one line per query, then {\"counters\", \"workers\", \"pairs\"}.\n"
+    "Replay: EVENTS is a capture file of event-plane messages; QUERIES is "
+    "JSON\n"
+    "  lines ({\"apply\": K} | {\"token_ids\": [...]} | {\"tokens_hashes\": "
+    "[...]});\n"
+    "  prints one line per query, then {\"counters\", \"workers\", "
+    "\"pairs\"}.\n"
     "\n"
     "  -h, --help              this text\n"
     "  -V, --version           print the version\n"
@@ -138,7 +150,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     idx_service_cfg *c = &o->cfg;
     int r = kvo_nats_opt_set(&o->nats, code, arg);
     if (r != KVO_NATS_OPT_OTHER)
-        return r == KVO_NATS_OPT_OK ? KVO_OK : bad(kvo_nats_opt_name(code), arg);
+        return r == KVO_NATS_OPT_OK ? KVO_OK
+                                    : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
     case 'h': o->help = true; return KVO_OK;
     case 'V': o->version = true; return KVO_OK;
@@ -153,7 +166,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             return bad("block-size", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg)
+                                                   : KVO_OK;
     case OPT_MAX_PUBLISHERS:
         if (kvo_parse_u32(arg, &c->feed.max_publishers) ||
             c->feed.max_publishers == 0 ||
@@ -267,7 +281,8 @@ static int run_replay(int argc, char **argv) {
     int idx, exit_code = opts_parse(argc, argv, ropts, &o, &idx);
     if (exit_code >= 0) return exit_code;
     if (argc - idx < 1 || argc - idx > 2) {
-        fputs("kvo-indexer: replay takes EVENTS [QUERIES]; see --help\n", stderr);
+        fputs("kvo-indexer: replay takes EVENTS [QUERIES]; see --help\n",
+              stderr);
         return KVO_EXIT_USAGE;
     }
     idx_replay_cfg rc = {argv[idx], argc - idx == 2 ? argv[idx + 1] : NULL,

@@ -31,13 +31,13 @@ const char *mock_role_name(mock_role r);
  * way each; mock_mutations()[i] has bit 1 << i. */
 #define MOCK_MUT_COUNT 26
 typedef struct mock_mutation_info {
-    const char *name;   /* "flip-stored-hash" */
+    const char *name; /* "flip-stored-hash" */
     unsigned bit;
-    bool killed;        /* expected outcome: the check must fail */
-    const char *what;   /* one line for --help and the README */
+    bool killed;          /* expected outcome: the check must fail */
+    const char *what;     /* one line for --help and the README */
     const char *incident; /* the field incident it reproduces
                              ("sglang#24568"), NULL for the classic ones */
-    const char *needs;  /* what a run must exercise for it to be seen:
+    const char *needs;    /* what a run must exercise for it to be seen:
                            NULL (any run), "salt", "lora", "kv-groups",
                            "cpu-offload", "reset", "replay" */
 } mock_mutation_info;
@@ -79,35 +79,35 @@ typedef struct mock_cfg {
     uint32_t hash_memo_log2;         /* trace-prompt memo: 2^n rows (14); 0 off;
                                         at most MOCK_MEMO_LOG2_MAX */
     /* events */
-    bool hash_bytes;                 /* publish raw digests */
-    wire_format event_format;        /* map */
-    unsigned mutations;              /* mask from mock_mutate_parse */
+    bool hash_bytes;          /* publish raw digests */
+    wire_format event_format; /* map */
+    unsigned mutations;       /* mask from mock_mutate_parse */
     /* process */
-    uint32_t dp_size;                /* 1 */
-    double speedup;                  /* 0 = virtual time */
-    const char *model;               /* "kvo-mock" (served model name) */
-    const char *lora_modules;        /* "name[=path],..." (vLLM's
+    uint32_t dp_size;             /* 1 */
+    double speedup;               /* 0 = virtual time */
+    const char *model;            /* "kvo-mock" (served model name) */
+    const char *lora_modules;     /* "name[=path],..." (vLLM's
                                         --lora-modules): the adapters a
                                         request's "model" may name, lora_int_id
                                         1, 2, ... in this order; NULL none */
-    const char *host;                /* HTTP bind, 127.0.0.1 */
-    uint16_t port;                   /* 8000; 0 = pick */
-    const char *zmq_host;            /* 127.0.0.1 */
-    uint16_t zmq_port;               /* 5557 (+ rank); 0 = pick */
-    const char *zmq_endpoint;        /* overrides zmq_host:zmq_port (rank 0;
+    const char *host;             /* HTTP bind, 127.0.0.1 */
+    uint16_t port;                /* 8000; 0 = pick */
+    const char *zmq_host;         /* 127.0.0.1 */
+    uint16_t zmq_port;            /* 5557 (+ rank); 0 = pick */
+    const char *zmq_endpoint;     /* overrides zmq_host:zmq_port (rank 0;
                                         ranks > 0 need a tcp port to add to) */
-    uint16_t replay_port;            /* 5558 (+ rank); 0 = pick */
-    bool replay;                     /* false = --no-replay */
-    const char *advertise_host;      /* host in advertised endpoints */
-    const char *topic;               /* "" (vLLM's default) */
-    uint32_t replay_buffer;          /* 10000 batches */
-    uint64_t replay_buffer_bytes;    /* cap on buffered payload bytes; 0 none */
-    int zmq_hwm;                     /* 100000 (vLLM's publisher default) */
-    bool require_events;             /* publisher failure is fatal */
-    const char *record;              /* capture file or NULL */
-    const char *trace;               /* trace mode when set */
-    bool progress;                   /* progress bar (trace mode, on a tty) */
-    bool summary_json;               /* trace summary as one JSON line */
+    uint16_t replay_port;         /* 5558 (+ rank); 0 = pick */
+    bool replay;                  /* false = --no-replay */
+    const char *advertise_host;   /* host in advertised endpoints */
+    const char *topic;            /* "" (vLLM's default) */
+    uint32_t replay_buffer;       /* 10000 batches */
+    uint64_t replay_buffer_bytes; /* cap on buffered payload bytes; 0 none */
+    int zmq_hwm;                  /* 100000 (vLLM's publisher default) */
+    bool require_events;          /* publisher failure is fatal */
+    const char *record;           /* capture file or NULL */
+    const char *trace;            /* trace mode when set */
+    bool progress;                /* progress bar (trace mode, on a tty) */
+    bool summary_json;            /* trace summary as one JSON line */
 } mock_cfg;
 
 /* Largest hash_memo_log2: 2^20 rows of one trace block's digests (about
@@ -180,8 +180,8 @@ kvo_status mock_mm_check(const mock_mm_item *mm, uint32_t n_mm,
 
 typedef struct mock_hasher mock_hasher;
 
-kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
-                           const char *seed, uint32_t memo_log2);
+kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo, const char *seed,
+                           uint32_t memo_log2);
 void mock_hasher_free(mock_hasher *h);
 /* Hash full blocks [first, first + n) of a token sequence, chaining from
  * parent (NULL = root; must be block first - 1's hash). lora/salt may be
@@ -214,10 +214,9 @@ kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
  * each term is kvo_block_digest (kvo.h). */
 typedef struct mock_cached_block {
     uint64_t hash;
-    uint64_t parent;  /* when has_parent */
+    uint64_t parent; /* when has_parent */
     bool has_parent;
 } mock_cached_block;
-
 
 /* ---- Mooncake traces ------------------------------------------------------*/
 
@@ -233,16 +232,16 @@ typedef struct mock_trace mock_trace;
 uint32_t mock_trace_token(uint64_t hash_id, uint32_t j);
 
 typedef struct mock_trace_req {
-    uint64_t line;        /* 1-based line number */
+    uint64_t line; /* 1-based line number */
     double timestamp_ms;
     uint32_t input_length;
     uint32_t output_length;
     uint32_t n_hash_ids;
-    uint64_t *hash_ids;   /* owned by the reader; valid until next */
+    uint64_t *hash_ids; /* owned by the reader; valid until next */
 } mock_trace_req;
 
-#define MOCK_TRACE_MAX_LINE (4u << 20)   /* longer lines are malformed */
-#define MOCK_TRACE_MAX_IDS (1u << 16)    /* 32M-token prompts */
+#define MOCK_TRACE_MAX_LINE (4u << 20) /* longer lines are malformed */
+#define MOCK_TRACE_MAX_IDS (1u << 16)  /* 32M-token prompts */
 
 kvo_status mock_trace_open(mock_trace **out, const char *path);
 /* KVO_OK: *req filled. KVO_EOF: end. KVO_EPROTO / KVO_ETOOBIG: this line is

@@ -57,10 +57,14 @@ void cpu_fini(mock_cpu *c) {
 
 static void lru_unlink(mock_cpu *c, uint32_t s) {
     cpu_slot *e = &c->slots[s];
-    if (e->prev != MOCK_NIL) c->slots[e->prev].next = e->next;
-    else c->head = e->next;
-    if (e->next != MOCK_NIL) c->slots[e->next].prev = e->prev;
-    else c->tail = e->prev;
+    if (e->prev != MOCK_NIL)
+        c->slots[e->prev].next = e->next;
+    else
+        c->head = e->next;
+    if (e->next != MOCK_NIL)
+        c->slots[e->next].prev = e->prev;
+    else
+        c->tail = e->prev;
     e->prev = e->next = MOCK_NIL;
 }
 
@@ -68,8 +72,10 @@ static void lru_append(mock_cpu *c, uint32_t s) {
     cpu_slot *e = &c->slots[s];
     e->prev = c->tail;
     e->next = MOCK_NIL;
-    if (c->tail != MOCK_NIL) c->slots[c->tail].next = s;
-    else c->head = s;
+    if (c->tail != MOCK_NIL)
+        c->slots[c->tail].next = s;
+    else
+        c->head = s;
     c->tail = s;
 }
 
@@ -116,15 +122,18 @@ kvo_status cpu_offload(mock_cpu *c, const mock_hash *h, const mock_hash *parent,
     *v = s;
     cpu_slot *e = &c->slots[s];
     e->hash = *h;
-    if (parent && parent->d.len) e->parent = *parent;
-    else memset(&e->parent, 0, sizeof(e->parent));
+    if (parent && parent->d.len)
+        e->parent = *parent;
+    else
+        memset(&e->parent, 0, sizeof(e->parent));
     e->lora_id = meta->lora_id;
     e->lora_name = meta->lora_name;
     memcpy(&c->tok[(size_t)s * c->bs], meta->tokens, c->bs * sizeof(uint64_t));
     lru_append(c, s);
     c->digest += slot_term(c, s);
     c->stored++;
-    mock_block_meta m = {&c->tok[(size_t)s * c->bs], e->lora_id, e->lora_name, 0};
+    mock_block_meta m = {&c->tok[(size_t)s * c->bs], e->lora_id, e->lora_name,
+                         0};
     events_cpu_stored(ev, &e->hash, &e->parent, &m, c->bs);
     return KVO_OK;
 }
@@ -151,7 +160,8 @@ kvo_status cpu_list(const mock_cpu *c, bool has_after, uint64_t after,
     if (!keys) return KVO_ENOMEM;
     uint32_t k = 0;
     for (uint32_t s = 0; s < c->n; s++)
-        if (!has_after || c->slots[s].hash.key > after) keys[k++] = c->slots[s].hash.key;
+        if (!has_after || c->slots[s].hash.key > after)
+            keys[k++] = c->slots[s].hash.key;
     qsort(keys, k, sizeof(uint64_t), key_cmp);
     uint32_t take = k < max ? k : max;
     for (uint32_t i = 0; i < take; i++) {

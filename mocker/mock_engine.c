@@ -148,10 +148,12 @@ kvo_status mock_cfg_lora_modules_check(const mock_cfg *c) {
     uint32_t count = 0;
     char name[256];
     while (lora_next(&p, &n, &len)) {
-        if (len == 0 || len >= sizeof(name) || ++count > MAX_LORAS) return KVO_EINVAL;
+        if (len == 0 || len >= sizeof(name) || ++count > MAX_LORAS)
+            return KVO_EINVAL;
         memcpy(name, n, len);
         name[len] = '\0';
-        if (mock_cfg_lora_module(c, name) != count) return KVO_EINVAL; /* twice */
+        if (mock_cfg_lora_module(c, name) != count)
+            return KVO_EINVAL; /* twice */
     }
     return KVO_OK;
 }
@@ -199,7 +201,8 @@ kvo_status mock_engine_new(mock_engine **out, const mock_cfg *cfg,
      * serving models register their static adapters */
     char name[256];
     int64_t id;
-    for (uint32_t i = 0; st == KVO_OK && mock_cfg_lora_module_at(cfg, i, name, sizeof(name));
+    for (uint32_t i = 0;
+         st == KVO_OK && mock_cfg_lora_module_at(cfg, i, name, sizeof(name));
          i++)
         st = lora_id_of(e, name, &id);
     if (st != KVO_OK) {
@@ -242,11 +245,12 @@ static kvo_status lora_id_of(mock_engine *e, const char *name, int64_t *id) {
 
 kvo_status mock_engine_add(mock_engine *e, const mock_req_in *in,
                            uint64_t *req_id) {
-    if (!e || !in || in->n_tokens == 0 || in->max_tokens == 0) return KVO_EINVAL;
+    if (!e || !in || in->n_tokens == 0 || in->max_tokens == 0)
+        return KVO_EINVAL;
     bool trace = in->trace.hash_ids && in->trace.n_hash_ids;
-    if (!in->tokens && (!trace || mock_trace_validate(in->trace.hash_ids,
-                                                      in->trace.n_hash_ids,
-                                                      in->n_tokens) != KVO_OK))
+    if (!in->tokens &&
+        (!trace || mock_trace_validate(in->trace.hash_ids, in->trace.n_hash_ids,
+                                       in->n_tokens) != KVO_OK))
         return KVO_EINVAL;
     if ((in->n_mm && !in->mm) ||
         mock_mm_check(in->mm, in->n_mm, in->n_tokens, NULL) != KVO_OK)
@@ -289,12 +293,14 @@ uint32_t mock_engine_probe(const mock_engine *e, const mock_hash *hashes,
     if (!e->cfg.prefix_caching || n_tokens == 0) return 0;
     uint32_t cap = (n_tokens - 1) / e->cfg.block_size;
     uint32_t h = 0;
-    while (h < cap && pool_lookup(&e->sched.pool, hashes[h].key) != MOCK_NIL) h++;
+    while (h < cap && pool_lookup(&e->sched.pool, hashes[h].key) != MOCK_NIL)
+        h++;
     return h;
 }
 
 bool mock_engine_cached(const mock_engine *e, uint64_t key) {
-    return e->cfg.prefix_caching && pool_lookup(&e->sched.pool, key) != MOCK_NIL;
+    return e->cfg.prefix_caching &&
+           pool_lookup(&e->sched.pool, key) != MOCK_NIL;
 }
 
 bool mock_engine_reset_cache(mock_engine *e, bool reset_external) {
@@ -313,11 +319,14 @@ bool mock_engine_cpu_cached(const mock_engine *e, uint64_t key) {
     return cpu_has(&e->sched.cpu, key);
 }
 
-uint32_t mock_engine_cpu_blocks(const mock_engine *e) { return e->sched.cpu.cap; }
+uint32_t mock_engine_cpu_blocks(const mock_engine *e) {
+    return e->sched.cpu.cap;
+}
 
 kvo_status mock_engine_cpu_cached_blocks(const mock_engine *e, bool has_after,
                                          uint64_t after, mock_cached_block *out,
-                                         uint32_t max, uint32_t *n, bool *more) {
+                                         uint32_t max, uint32_t *n,
+                                         bool *more) {
     return cpu_list(&e->sched.cpu, has_after, after, out, max, n, more);
 }
 
@@ -348,7 +357,9 @@ uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key) {
     uint32_t n = 0;
     const mock_pool *p = &e->sched.pool;
     if (!e->cfg.prefix_caching) return 0;
-    for (uint32_t id = pool_lookup(p, key); id != MOCK_NIL; id = p->blocks[id].cnext) n++;
+    for (uint32_t id = pool_lookup(p, key); id != MOCK_NIL;
+         id = p->blocks[id].cnext)
+        n++;
     return n;
 }
 
@@ -395,7 +406,8 @@ uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
                                 uint32_t max) {
     const mock_pool *p = &e->sched.pool;
     uint32_t n = 0;
-    for (uint32_t id = p->head; id != MOCK_NIL && n < max; id = p->blocks[id].next)
+    for (uint32_t id = p->head; id != MOCK_NIL && n < max;
+         id = p->blocks[id].next)
         ids[n++] = id;
     return n;
 }

@@ -83,7 +83,8 @@ static kvo_status builder_grow(ev_builder *b) {
                          &cap)) != KVO_OK ||
         (st = grow_array(b, &b->stored, sizeof(*b->stored), &cap)) != KVO_OK ||
         (st = grow_array(b, &b->parent, sizeof(*b->parent), &cap)) != KVO_OK ||
-        (st = grow_array(b, &b->removed, sizeof(*b->removed), &cap)) != KVO_OK ||
+        (st = grow_array(b, &b->removed, sizeof(*b->removed), &cap)) !=
+            KVO_OK ||
         (st = grow_array(b, &b->removed_hash, sizeof(*b->removed_hash),
                          &cap)) != KVO_OK ||
         (st = grow_array(b, &b->removed_wire, sizeof(*b->removed_wire),
@@ -176,14 +177,16 @@ void events_on_evict(step_events *s, const mock_hash *hash,
     if (meta && meta->tokens && s->block_size) {
         uint64_t *t = kvo_arena_memdup(&b->arena, meta->tokens,
                                        s->block_size * sizeof(uint64_t));
-        if (t) b->removed_meta[i] = (mock_block_meta){t, meta->lora_id, meta->lora_name, meta->group};
+        if (t)
+            b->removed_meta[i] = (mock_block_meta){
+                t, meta->lora_id, meta->lora_name, meta->group};
     }
 }
 
 /* Queue a CPU-tier event; false (counted lost) out of memory. */
 static cpu_pend *cpu_push(step_events *s) {
-    if (kvo_grow(&s->cpu, &s->cap_cpu, s->n_cpu + 1, sizeof(*s->cpu), EV_FIRST_CAP) !=
-        KVO_OK) {
+    if (kvo_grow(&s->cpu, &s->cap_cpu, s->n_cpu + 1, sizeof(*s->cpu),
+                 EV_FIRST_CAP) != KVO_OK) {
         s->step_lost++;
         s->lost_enomem++;
         return NULL;
@@ -227,7 +230,8 @@ static void cpu_flush(step_events *s) {
     ev_builder *b = &s->ev;
     for (size_t k = 0; k < s->n_cpu; k++) {
         const cpu_pend *c = &s->cpu[k];
-        wire_event *ev = builder_push(b, c->stored ? WIRE_EV_STORED : WIRE_EV_REMOVED);
+        wire_event *ev =
+            builder_push(b, c->stored ? WIRE_EV_STORED : WIRE_EV_REMOVED);
         if (!ev) {
             s->step_lost++;
             s->lost_enomem++;
@@ -264,7 +268,8 @@ static void cpu_flush(step_events *s) {
         ev->block_size = (wire_int){true, s->block_size};
         if (c->meta.lora_name) {
             ev->lora_id = (wire_int){true, c->meta.lora_id};
-            ev->lora_name = (wire_str){c->meta.lora_name, (uint32_t)strlen(c->meta.lora_name)};
+            ev->lora_name = (wire_str){c->meta.lora_name,
+                                       (uint32_t)strlen(c->meta.lora_name)};
         }
         /* extra_keys: None (the tracker defers them); the group's spec */
         ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
@@ -297,7 +302,7 @@ kvo_status events_extra_keys(kvo_buf *b, wire_mm_key **mmk, size_t *cap_mmk,
     for (uint32_t i = 0; i < n; i++) {
         uint64_t start = (uint64_t)(first + i) * bs;
         uint32_t nm = k->n_mm ? mock_mm_block_keys(k->mm, k->n_mm, start,
-                                                    start + bs, &idx, *mmk)
+                                                   start + bs, &idx, *mmk)
                               : 0;
         bool salt = k->salt && first + i == 0;
         uint32_t nk = (k->lora ? 1u : 0u) + nm + (salt ? 1u : 0u);
@@ -310,7 +315,8 @@ kvo_status events_extra_keys(kvo_buf *b, wire_mm_key **mmk, size_t *cap_mmk,
             (msgpack_pack_array(&pk, 2) || pack_str(&pk, k->lora) ||
              msgpack_pack_int64(&pk, 0)))
             return KVO_ENOMEM;
-        if (k->lora && !lora_as_mm && pack_str(&pk, k->lora) != KVO_OK) return KVO_ENOMEM;
+        if (k->lora && !lora_as_mm && pack_str(&pk, k->lora) != KVO_OK)
+            return KVO_ENOMEM;
         for (uint32_t j = 0; j < nm; j++)
             if (msgpack_pack_array(&pk, 2) || pack_str(&pk, (*mmk)[j].id) ||
                 msgpack_pack_int64(&pk, (*mmk)[j].offset))
@@ -357,8 +363,8 @@ kvo_status events_stored_g(step_events *s, const mock_req *r, uint32_t first,
         ev->lora_name = (wire_str){r->lora, (uint32_t)strlen(r->lora)};
     }
     mock_keys k = req_keys(r);
-    st = events_extra_keys(&s->extra_buf, &s->mmk, &s->cap_mmk, first, n, bs, &k,
-                           false);
+    st = events_extra_keys(&s->extra_buf, &s->mmk, &s->cap_mmk, first, n, bs,
+                           &k, false);
     if (st != KVO_OK) goto fail;
     st = KVO_ENOMEM;
     void *ek = kvo_arena_memdup(&b->arena, s->extra_buf.data, s->extra_buf.len);
@@ -400,9 +406,9 @@ kvo_status events_finish(step_events *s, double ts, uint32_t rank,
     wb->dp_rank = (wire_int){true, rank};
     wb->n_events = b->n;
     wb->events = b->ev;
-    b->aux = (mock_step_aux){b->removed_parent, b->decode_store, b->stored,
-                             b->parent,         b->removed,      b->removed_meta,
-                             b->keys,           b->first};
+    b->aux = (mock_step_aux){
+        b->removed_parent, b->decode_store, b->stored, b->parent,
+        b->removed,        b->removed_meta, b->keys,   b->first};
     *batch = wb;
     *aux = &b->aux;
     return KVO_OK;

@@ -34,27 +34,28 @@ typedef struct memo_row {
     uint64_t parent; /* key of the hash before the row */
     uint32_t n;      /* valid digests; 0 = empty */
     uint32_t pad;
-    mock_hash h[];   /* row_len */
+    mock_hash h[]; /* row_len */
 } memo_row;
 
 struct mock_hasher {
     wire_algo algo;
     mock_hash root;
-    uint8_t *memo;       /* rows of row_size bytes */
+    uint8_t *memo; /* rows of row_size bytes */
     uint32_t memo_log2;
-    uint32_t memo_bs;    /* block size the rows were made for */
-    uint32_t row_len;    /* 512 / memo_bs */
+    uint32_t memo_bs; /* block size the rows were made for */
+    uint32_t row_len; /* 512 / memo_bs */
     size_t row_size;
     bool memo_failed;
     kvo_buf scratch;
-    wire_mm_key *mmk;    /* one block's multimodal keys */
+    wire_mm_key *mmk; /* one block's multimodal keys */
     size_t cap_mmk;
     mock_hasher_stats st;
 };
 
-kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo,
-                           const char *seed, uint32_t memo_log2) {
-    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT || memo_log2 > MOCK_MEMO_LOG2_MAX)
+kvo_status mock_hasher_new(mock_hasher **out, wire_algo algo, const char *seed,
+                           uint32_t memo_log2) {
+    if (!out || !seed || (unsigned)algo >= WIRE_ALGO_COUNT ||
+        memo_log2 > MOCK_MEMO_LOG2_MAX)
         return KVO_EINVAL;
     mock_hasher *h = kvo_calloc(1, sizeof(*h));
     if (!h) return KVO_ENOMEM;
@@ -128,14 +129,16 @@ uint32_t mock_mm_block_keys(const mock_mm_item *mm, uint32_t n_mm,
     while (i >= 0 && i < (int64_t)n_mm) {
         const mock_mm_item *m = &mm[i];
         uint64_t m_end = (uint64_t)m->offset + m->length;
-        if (end <= m->offset) break;     /* not reached yet */
-        if (start >= m_end) {            /* passed */
+        if (end <= m->offset) break; /* not reached yet */
+        if (start >= m_end) {        /* passed */
             i++;
             continue;
         }
         out[n++] = (wire_mm_key){m->id, (int64_t)m->offset - (int64_t)start};
-        if (end >= m_end) i++;           /* it ends here: the next may too */
-        else break;
+        if (end >= m_end)
+            i++; /* it ends here: the next may too */
+        else
+            break;
     }
     *idx = i;
     return n;
@@ -188,7 +191,8 @@ kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
                                    uint32_t block_size, uint32_t first,
                                    uint32_t n, const mock_hash *parent,
                                    const mock_keys *k,
-                                   const mock_trace_ref *trace, mock_hash *out) {
+                                   const mock_trace_ref *trace,
+                                   mock_hash *out) {
     if (!h || block_size == 0 || (n && (!tokens || !out)) ||
         (k && k->n_mm && !k->mm))
         return KVO_EINVAL;
@@ -196,8 +200,8 @@ kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
     kvo_status st = mmk_reserve(h, k ? k->n_mm : 0);
     if (st != KVO_OK) return st;
     uint64_t t0 = kvo_now_ns();
-    bool use_memo = trace && trace->hash_ids && !keys_any(k) &&
-                    memo_ready(h, block_size);
+    bool use_memo =
+        trace && trace->hash_ids && !keys_any(k) && memo_ready(h, block_size);
     const mock_hash *prev = parent ? parent : &h->root;
     /* request_block_hasher: a call from token 0 scans from the first item,
      * a later one (a block completed by generated tokens) from the last */
@@ -207,7 +211,8 @@ kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
         uint32_t blk = first + j0;
         uint64_t start = (uint64_t)blk * block_size;
         uint64_t t = start / MOCK_TRACE_BLOCK;
-        if (use_memo && start % MOCK_TRACE_BLOCK == 0 && t < trace->n_hash_ids) {
+        if (use_memo && start % MOCK_TRACE_BLOCK == 0 &&
+            t < trace->n_hash_ids) {
             /* A row: the blocks of trace block t that are wanted. */
             uint32_t want = n - j0 < h->row_len ? n - j0 : h->row_len;
             uint64_t hid = trace->hash_ids[t];
@@ -237,7 +242,8 @@ kvo_status mock_hasher_blocks_keys(mock_hasher *h, const uint64_t *tokens,
             prev = &out[j0 - 1];
             continue;
         }
-        st = hash_one(h, prev, tokens + start, block_size, blk, k, &idx, &out[j0]);
+        st = hash_one(h, prev, tokens + start, block_size, blk, k, &idx,
+                      &out[j0]);
         if (st != KVO_OK) break;
         prev = &out[j0];
         j0++;
@@ -250,8 +256,7 @@ done:
 kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
                                   uint32_t block_size, uint32_t blk,
                                   const mock_hash *prev, const mock_keys *k,
-                                  const mock_trace_ref *trace,
-                                  mock_hash *out) {
+                                  const mock_trace_ref *trace, mock_hash *out) {
     if (!h || block_size == 0 || !tokens || !out || (blk && !prev) ||
         (k && k->n_mm && !k->mm))
         return KVO_EINVAL;

@@ -100,8 +100,7 @@ _Static_assert(MOCK_MUT_COUNT <= 32, "the mask is an unsigned");
 kvo_status mock_hasher_block_next(mock_hasher *h, const uint64_t *tokens,
                                   uint32_t block_size, uint32_t blk,
                                   const mock_hash *prev, const mock_keys *k,
-                                  const mock_trace_ref *trace,
-                                  mock_hash *out);
+                                  const mock_trace_ref *trace, mock_hash *out);
 
 /* vLLM's _gen_mm_extra_hash_keys for the block [start, end): the pairs of
  * the items it overlaps into out (room for n_mm), their count returned.
@@ -115,9 +114,9 @@ uint32_t mock_mm_block_keys(const mock_mm_item *mm, uint32_t n_mm,
                             wire_mm_key *out);
 
 typedef struct mock_hasher_stats {
-    uint64_t computed;    /* digests computed */
-    uint64_t memo_hits;   /* digests served by the memo */
-    uint64_t ns;          /* time spent computing digests */
+    uint64_t computed;  /* digests computed */
+    uint64_t memo_hits; /* digests served by the memo */
+    uint64_t ns;        /* time spent computing digests */
 } mock_hasher_stats;
 void mock_hasher_stats_get(const mock_hasher *h, mock_hasher_stats *out);
 
@@ -127,19 +126,19 @@ typedef struct mock_engine mock_engine;
 
 typedef enum mock_finish {
     MOCK_FINISH_NONE = 0,
-    MOCK_FINISH_LENGTH,  /* max_tokens reached ("length") */
-    MOCK_FINISH_ABORTED  /* mock_engine_abort / shutdown */
+    MOCK_FINISH_LENGTH, /* max_tokens reached ("length") */
+    MOCK_FINISH_ABORTED /* mock_engine_abort / shutdown */
 } mock_finish;
 
 /* Delivered by mock_engine_complete (and abort) for each request that
  * produced a token or ended. */
 typedef struct mock_output {
     uint64_t req_id;
-    uint64_t token;          /* the new token (valid when has_token) */
+    uint64_t token; /* the new token (valid when has_token) */
     bool has_token;
-    uint32_t n_output;       /* tokens generated so far */
-    mock_finish finish;      /* != NONE: last callback for this request */
-    uint32_t cached_tokens;  /* vLLM's num_cached_tokens (first schedule) */
+    uint32_t n_output;      /* tokens generated so far */
+    mock_finish finish;     /* != NONE: last callback for this request */
+    uint32_t cached_tokens; /* vLLM's num_cached_tokens (first schedule) */
     uint32_t n_prompt;
     const uint32_t *block_ids; /* the request's blocks (n_blocks), valid in
                                   the callback only (kv_transfer_params) */
@@ -149,58 +148,58 @@ typedef struct mock_output {
 typedef void (*mock_output_fn)(void *user, const mock_output *o);
 
 typedef struct mock_req_in {
-    const uint64_t *tokens;  /* prompt (copied); NULL: the trace prompt of
+    const uint64_t *tokens; /* prompt (copied); NULL: the trace prompt of
                                 trace.hash_ids cut to n_tokens */
     uint32_t n_tokens;
-    uint32_t max_tokens;     /* >= 1 (the prefill role caps it at 1) */
-    const char *lora_name;   /* NULL = none */
-    const char *cache_salt;  /* NULL = none */
-    mock_trace_ref trace;    /* the prompt's trace hash ids (enables the
+    uint32_t max_tokens;    /* >= 1 (the prefill role caps it at 1) */
+    const char *lora_name;  /* NULL = none */
+    const char *cache_salt; /* NULL = none */
+    mock_trace_ref trace;   /* the prompt's trace hash ids (enables the
                                 hash memo), or {NULL, 0} */
-    bool remote_prefill;     /* decode role: the prompt's KV is received */
+    bool remote_prefill;    /* decode role: the prompt's KV is received */
     mock_output_fn on_output;
     void *user;
-    const mock_mm_item *mm;  /* multimodal items (copied; mock_mm_check), */
-    uint32_t n_mm;           /* or none */
+    const mock_mm_item *mm; /* multimodal items (copied; mock_mm_check), */
+    uint32_t n_mm;          /* or none */
 } mock_req_in;
 
 /* What a cached block holds besides its hash, when the pool keeps it (a
  * CPU tier or resurrect-removed needs it after the block is evicted). */
 typedef struct mock_block_meta {
-    const uint64_t *tokens;    /* block_size tokens; NULL: not kept */
-    int64_t lora_id;           /* 0: no adapter */
-    const char *lora_name;     /* NULL: no adapter */
-    uint32_t group;            /* its KV-cache group */
+    const uint64_t *tokens; /* block_size tokens; NULL: not kept */
+    int64_t lora_id;        /* 0: no adapter */
+    const char *lora_name;  /* NULL: no adapter */
+    uint32_t group;         /* its KV-cache group */
 } mock_block_meta;
 
 /* The step's events as the engine produced them (ground truth, before any
  * mutation), with what mutations need to know per event. */
 typedef struct mock_step_aux {
-    mock_hash *removed_parent; /* per event: BlockRemoved's block's parent
+    mock_hash *removed_parent;     /* per event: BlockRemoved's block's parent
                                   (key 0, d.len 0 = root) */
-    bool *decode_store;        /* per event: BlockStored made at decode */
-    mock_hash **stored;        /* per event: BlockStored's full hashes */
-    mock_hash *parent;         /* per event: BlockStored's parent (len 0) */
-    mock_hash **removed;       /* per event: BlockRemoved's full hashes */
+    bool *decode_store;            /* per event: BlockStored made at decode */
+    mock_hash **stored;            /* per event: BlockStored's full hashes */
+    mock_hash *parent;             /* per event: BlockStored's parent (len 0) */
+    mock_hash **removed;           /* per event: BlockRemoved's full hashes */
     mock_block_meta *removed_meta; /* per event: BlockRemoved's block's
                                   tokens and adapter (tokens NULL when not
                                   kept) */
-    mock_keys *keys;           /* per event: GPU BlockStored's request keys
+    mock_keys *keys;               /* per event: GPU BlockStored's request keys
                                   (all NULL for other events) */
-    uint32_t *first;           /* per event: GPU BlockStored's first block
+    uint32_t *first;               /* per event: GPU BlockStored's first block
                                   index in its request */
 } mock_step_aux;
 
 typedef struct mock_step {
-    bool idle;                 /* nothing was scheduled */
-    double duration_ms;        /* modeled, before --speedup */
-    uint32_t n_scheduled;      /* requests in the step */
-    uint32_t prefill_tokens;   /* new prompt tokens computed */
-    uint32_t decode_reqs;      /* requests decoding one token */
-    uint32_t preempted;        /* requests preempted in this step */
-    uint32_t evicted;          /* cached blocks its allocations evicted */
-    uint32_t stored;           /* blocks it cached (BlockStored's hashes) */
-    uint32_t events_lost;      /* events that could not be queued (out of
+    bool idle;               /* nothing was scheduled */
+    double duration_ms;      /* modeled, before --speedup */
+    uint32_t n_scheduled;    /* requests in the step */
+    uint32_t prefill_tokens; /* new prompt tokens computed */
+    uint32_t decode_reqs;    /* requests decoding one token */
+    uint32_t preempted;      /* requests preempted in this step */
+    uint32_t evicted;        /* cached blocks its allocations evicted */
+    uint32_t stored;         /* blocks it cached (BlockStored's hashes) */
+    uint32_t events_lost;    /* events that could not be queued (out of
                                   memory): the batch lacks them */
     /* Events (NULL when none); hashes are rendered as low-64 ints and
      * dp rank set. Valid until mock_engine_complete (stored tokens and
@@ -307,9 +306,9 @@ void mock_engine_stats_get(const mock_engine *e, mock_engine_stats *out);
 /* Inspection (tests, /kvo/state). */
 typedef struct mock_block_info {
     uint32_t ref;
-    bool cached;      /* holds a hash */
+    bool cached; /* holds a hash */
     bool in_free_queue;
-    mock_hash hash;   /* when cached */
+    mock_hash hash; /* when cached */
 } mock_block_info;
 kvo_status mock_engine_block(const mock_engine *e, uint32_t block_id,
                              mock_block_info *out);
@@ -317,8 +316,8 @@ kvo_status mock_engine_block(const mock_engine *e, uint32_t block_id,
 uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
                                 uint32_t max);
 /* Physical copies of a hash, in lookup order; returns the count. */
-uint32_t mock_engine_copies(const mock_engine *e, uint64_t key,
-                            uint32_t *ids, uint32_t max);
+uint32_t mock_engine_copies(const mock_engine *e, uint64_t key, uint32_t *ids,
+                            uint32_t max);
 /* The engine's cached set (its own hashes: --mutate changes only what is
  * published): distinct hashes above after (all when !has_after), sorted,
  * with their parents; the first max into out (*n), *more when more
@@ -350,15 +349,15 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
 typedef struct mock_pub mock_pub;
 
 typedef struct mock_pub_cfg {
-    void *zmq_ctx;            /* NULL: no sockets (seq, ring, record only) */
-    const char *endpoint;     /* PUB bind endpoint ("tcp://127.0.0.1:0") */
+    void *zmq_ctx;               /* NULL: no sockets (seq, ring, record only) */
+    const char *endpoint;        /* PUB bind endpoint ("tcp://127.0.0.1:0") */
     const char *replay_endpoint; /* ROUTER bind endpoint or NULL */
     const char *topic;
     int hwm;
-    uint32_t ring;            /* batches kept for replay */
+    uint32_t ring; /* batches kept for replay */
     uint64_t ring_bytes;
-    wire_cap_writer *record;  /* shared, not owned; NULL = none */
-    unsigned mutations;       /* replay-drops-topic, replay-drops-tail */
+    wire_cap_writer *record; /* shared, not owned; NULL = none */
+    unsigned mutations;      /* replay-drops-topic, replay-drops-tail */
 } mock_pub_cfg;
 
 /* KVO_ENET when a bind fails (the message says which endpoint in err). */
@@ -453,18 +452,18 @@ typedef struct mock_prompt {
 
 /* POST /v1/completions and /v1/chat/completions. */
 typedef struct mock_completion_req {
-    kvo_json doc;               /* the body's tree */
-    kvo_arena arena;            /* prompts[], tokens made from text */
-    kvo_buf text;               /* the chat template's text */
-    mock_prompt *prompts;       /* 1..MOCK_MAX_PROMPTS */
+    kvo_json doc;         /* the body's tree */
+    kvo_arena arena;      /* prompts[], tokens made from text */
+    kvo_buf text;         /* the chat template's text */
+    mock_prompt *prompts; /* 1..MOCK_MAX_PROMPTS */
     uint32_t n_prompts;
-    uint64_t max_tokens;        /* >= 1; 16 when absent */
-    const char *lora, *salt;    /* NULL: none (absent, null or "") */
-    const char *model;          /* "model", NULL when absent, null or "" */
-    mock_mm_item *mm;           /* "mm_items" (in the arena), one prompt */
+    uint64_t max_tokens;     /* >= 1; 16 when absent */
+    const char *lora, *salt; /* NULL: none (absent, null or "") */
+    const char *model;       /* "model", NULL when absent, null or "" */
+    mock_mm_item *mm;        /* "mm_items" (in the arena), one prompt */
     uint32_t n_mm;
     bool stream, include_usage, return_token_ids, remote_prefill;
-    bool has_rank;              /* "data_parallel_rank" given: rank */
+    bool has_rank; /* "data_parallel_rank" given: rank */
     uint32_t rank;
 } mock_completion_req;
 
@@ -479,13 +478,13 @@ kvo_status mock_completion_parse(mock_completion_req *c, const void *body,
  * "lora_name", "cache_salt", "mm_items", "warm", "detail". */
 typedef struct mock_probe_req {
     kvo_json doc;
-    kvo_arena arena;            /* mm[] */
+    kvo_arena arena; /* mm[] */
     mock_prompt prompt;
     const char *lora, *salt;
     mock_mm_item *mm;
     uint32_t n_mm;
     bool warm;
-    bool detail;                /* the chain, block by block (issue 13) */
+    bool detail; /* the chain, block by block (issue 13) */
 } mock_probe_req;
 
 void mock_probe_req_init(mock_probe_req *p);
@@ -507,13 +506,13 @@ kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err);
 
 /* Hot fields only (32 bytes): the digests live in cold arrays. */
 typedef struct pool_block {
-    uint64_t key;          /* hash key when cached */
+    uint64_t key; /* hash key when cached */
     uint32_t ref;
     uint32_t prev, next;   /* free queue links; MOCK_NIL at the ends */
     uint32_t cprev, cnext; /* copies of the same hash, oldest first */
     bool cached;
     bool in_free;
-    uint8_t group;         /* the KV-cache group it was cached for */
+    uint8_t group; /* the KV-cache group it was cached for */
 } pool_block;
 
 /* A cached block is being evicted: its hash, its parent's (d.len 0 =
@@ -523,12 +522,12 @@ typedef void (*pool_evict_fn)(void *ctx, const mock_hash *hash,
                               const mock_block_meta *meta);
 
 typedef struct mock_pool {
-    uint32_t n;          /* num_gpu_blocks */
+    uint32_t n; /* num_gpu_blocks */
     pool_block *blocks;
-    mock_hash *hash;     /* per block, when cached */
-    mock_hash *parent;   /* per block: parent's hash (d.len 0 = root) */
-    uint64_t *tok;       /* per block: its bs tokens, when kept (else NULL) */
-    int64_t *lora_id;    /* ... and its adapter */
+    mock_hash *hash;   /* per block, when cached */
+    mock_hash *parent; /* per block: parent's hash (d.len 0 = root) */
+    uint64_t *tok;     /* per block: its bs tokens, when kept (else NULL) */
+    int64_t *lora_id;  /* ... and its adapter */
     const char **lora_name;
     uint32_t bs;
     uint32_t head, tail; /* free queue */
@@ -540,7 +539,7 @@ typedef struct mock_pool {
     uint64_t digest;     /* sum of their kvo_block_digest terms */
     uint32_t g_distinct[MOCK_MAX_GROUPS]; /* the same per group */
     uint64_t g_digest[MOCK_MAX_GROUPS];
-    uint64_t evicted;    /* cached blocks popped for reuse, ever */
+    uint64_t evicted; /* cached blocks popped for reuse, ever */
     pool_evict_fn on_evict;
     void *evict_ctx;
 } mock_pool;
@@ -597,42 +596,42 @@ typedef enum req_status {
 typedef struct mock_req {
     uint64_t id;
     req_status status;
-    uint64_t *tokens;        /* prompt then generated */
+    uint64_t *tokens; /* prompt then generated */
     uint32_t n_tokens, cap_tokens, n_prompt;
     uint32_t max_tokens;
     uint32_t num_computed;
     int64_t num_cached_tokens; /* -1 until first scheduled */
-    mock_hash *bh;           /* hashes of full token blocks (vLLM's
+    mock_hash *bh;             /* hashes of full token blocks (vLLM's
                                 request.block_hashes) */
     uint32_t n_bh, cap_bh;
-    uint32_t *blocks;        /* req_to_blocks (group 0) */
+    uint32_t *blocks; /* req_to_blocks (group 0) */
     uint32_t n_blocks, cap_blocks;
     uint32_t num_cached_block;
-    struct req_group {       /* groups 1.. (--kv-groups): their tables, */
-        uint32_t *blocks;    /* cap_blocks each; block 0 (the null block) */
-        uint32_t n_blocks;   /* where a sliding window skipped one, and   */
+    struct req_group {     /* groups 1.. (--kv-groups): their tables, */
+        uint32_t *blocks;  /* cap_blocks each; block 0 (the null block) */
+        uint32_t n_blocks; /* where a sliding window skipped one, and   */
         uint32_t num_cached_block; /* the hit ids while waiting          */
     } grp[MOCK_MAX_GROUPS - 1];
-    uint32_t n_grp;          /* groups beyond group 0 */
-    uint32_t n_hit_ids;      /* waiting: blocks[0..n) = last prefix hit */
-    bool materialized;       /* tokens and bh filled (req_materialize) */
-    uint64_t *trace_ids;     /* trace prompt: hash ids until materialized */
+    uint32_t n_grp;      /* groups beyond group 0 */
+    uint32_t n_hit_ids;  /* waiting: blocks[0..n) = last prefix hit */
+    bool materialized;   /* tokens and bh filled (req_materialize) */
+    uint64_t *trace_ids; /* trace prompt: hash ids until materialized */
     uint32_t n_trace;
     char *lora;
-    const char *lora_tab;    /* the engine's copy of lora (lives as long as
+    const char *lora_tab; /* the engine's copy of lora (lives as long as
                                 the engine: blocks keep it) */
     char *salt;
-    mock_mm_item *mm;        /* multimodal items, ids in the same block */
+    mock_mm_item *mm; /* multimodal items, ids in the same block */
     uint32_t n_mm;
-    int64_t lora_id;         /* set by the engine (its LoRA table) */
+    int64_t lora_id; /* set by the engine (its LoRA table) */
     bool remote_prefill;
     uint32_t num_preemptions;
     uint64_t rng;
-    uint32_t sched_tokens;   /* tokens scheduled in the current step */
-    bool sched_decode;       /* the current step is a decode for it */
+    uint32_t sched_tokens; /* tokens scheduled in the current step */
+    bool sched_decode;     /* the current step is a decode for it */
     bool started;
-    bool split;              /* a step left its prefill partial (counted) */
-    bool aborted;            /* abort requested during an open step */
+    bool split;   /* a step left its prefill partial (counted) */
+    bool aborted; /* abort requested during an open step */
     mock_output_fn on_output;
     void *user;
 } mock_req;
@@ -684,28 +683,28 @@ typedef struct ev_builder {
     mock_hash **stored;
     mock_hash *parent;
     mock_hash **removed;
-    mock_hash *removed_hash;  /* per event: a BlockRemoved's one hash */
-    wire_hash *removed_wire;  /* per event: its int form */
+    mock_hash *removed_hash; /* per event: a BlockRemoved's one hash */
+    wire_hash *removed_wire; /* per event: its int form */
     mock_block_meta *removed_meta;
     mock_keys *keys;
     uint32_t *first;
     uint32_t n, cap;
     kvo_arena arena;
-    wire_batch batch;   /* points at ev; its own arena unused */
+    wire_batch batch; /* points at ev; its own arena unused */
     mock_step_aux aux;
 } ev_builder;
 
 /* A CPU-tier event of the step, queued until the GPU events are done. */
 typedef struct cpu_pend {
-    bool stored;             /* BlockStored, else BlockRemoved */
+    bool stored; /* BlockStored, else BlockRemoved */
     mock_hash hash, parent;
-    mock_block_meta meta;    /* stored: tokens copied into the arena */
+    mock_block_meta meta; /* stored: tokens copied into the arena */
 } cpu_pend;
 
 typedef struct step_events {
-    bool enabled;      /* publish KV events (caching on, not decode role) */
-    ev_builder ev;     /* the step's batch, in occurrence order */
-    cpu_pend *cpu;     /* the step's CPU-tier events, in occurrence order */
+    bool enabled;  /* publish KV events (caching on, not decode role) */
+    ev_builder ev; /* the step's batch, in occurrence order */
+    cpu_pend *cpu; /* the step's CPU-tier events, in occurrence order */
     size_t n_cpu, cap_cpu;
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
     wire_mm_key *mmk;  /* one block's multimodal keys */
@@ -759,19 +758,19 @@ kvo_status events_finish(step_events *s, double ts, uint32_t rank,
 /* ---- The CPU tier (mock_cpu.c) -------------------------------------------*/
 
 typedef struct cpu_slot {
-    mock_hash hash, parent;  /* parent d.len 0 = a first block */
+    mock_hash hash, parent; /* parent d.len 0 = a first block */
     int64_t lora_id;
     const char *lora_name;
-    uint32_t prev, next;     /* LRU links */
+    uint32_t prev, next; /* LRU links */
 } cpu_slot;
 
 typedef struct mock_cpu {
-    uint32_t cap, n, bs;     /* cap 0: no tier */
+    uint32_t cap, n, bs; /* cap 0: no tier */
     cpu_slot *slots;
-    uint64_t *tok;           /* cap * bs */
-    kvo_map map;             /* key -> slot */
-    uint32_t head, tail;     /* LRU: head evicted first */
-    uint64_t digest;         /* kvo_block_digest terms, summed */
+    uint64_t *tok;       /* cap * bs */
+    kvo_map map;         /* key -> slot */
+    uint32_t head, tail; /* LRU: head evicted first */
+    uint64_t digest;     /* kvo_block_digest terms, summed */
     uint64_t stored, removed;
 } mock_cpu;
 
@@ -794,26 +793,26 @@ kvo_status cpu_list(const mock_cpu *c, bool has_after, uint64_t after,
 /* ---- The scheduler (mock_sched.c) ----------------------------------------*/
 
 typedef struct mock_sched {
-    const mock_cfg *cfg;    /* the engine's copy */
+    const mock_cfg *cfg; /* the engine's copy */
     uint32_t max_model_len;
-    mock_hasher *hasher;    /* shared, not owned */
-    step_events *ev;        /* where stores (and, via the pool, removals)
+    mock_hasher *hasher;   /* shared, not owned */
+    step_events *ev;       /* where stores (and, via the pool, removals)
                                go; the engine's */
-    mock_engine_stats *st;  /* the engine's counters this code keeps */
+    mock_engine_stats *st; /* the engine's counters this code keeps */
     mock_pool pool;
-    mock_cpu cpu;           /* the second tier (cap 0: none) */
+    mock_cpu cpu; /* the second tier (cap 0: none) */
     req_vec running;
     req_deque waiting;
-    req_vec scheduled;      /* this step, in schedule order */
-    void **started;         /* users first scheduled this step */
+    req_vec scheduled; /* this step, in schedule order */
+    void **started;    /* users first scheduled this step */
     uint32_t n_started;
     size_t cap_started;
-    bool step_open;         /* schedule done, complete pending */
+    bool step_open; /* schedule done, complete pending */
 } mock_sched;
 
-kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
-                      mock_hasher *hasher, step_events *ev,
-                      mock_engine_stats *st);
+kvo_status sched_init(mock_sched *s, const mock_cfg *cfg,
+                      uint32_t max_model_len, mock_hasher *hasher,
+                      step_events *ev, mock_engine_stats *st);
 /* Frees every queued request (no callbacks) and the pool. */
 void sched_fini(mock_sched *s);
 /* Queue r (WAITING, at the back); the scheduler owns it on KVO_OK. */
@@ -841,9 +840,9 @@ struct mock_engine {
     mock_hasher *hasher;
     mock_sched sched;
     step_events ev;
-    bool pending_clear;    /* AllBlocksCleared queued */
+    bool pending_clear; /* AllBlocksCleared queued */
     uint64_t next_id;
-    char **loras;          /* lora name -> id (index + 1) */
+    char **loras; /* lora name -> id (index + 1) */
     uint32_t n_loras;
     mock_engine_stats st;
 };

@@ -104,8 +104,8 @@
 static const mock_mutation_info catalog[MOCK_MUT_COUNT] = {
     {"flip-stored-hash", MOCK_MUT_FLIP_STORED_HASH, true,
      "XOR 1 into every BlockStored block hash", NULL, NULL},
-    {"drop-removed", MOCK_MUT_DROP_REMOVED, true,
-     "publish no BlockRemoved", NULL, NULL},
+    {"drop-removed", MOCK_MUT_DROP_REMOVED, true, "publish no BlockRemoved",
+     NULL, NULL},
     {"token-plus-one", MOCK_MUT_TOKEN_PLUS_ONE, true,
      "every BlockStored token id + 1", NULL, NULL},
     {"wrong-parent", MOCK_MUT_WRONG_PARENT, true,
@@ -124,46 +124,54 @@ static const mock_mutation_info catalog[MOCK_MUT_COUNT] = {
      "drop BlockStored of blocks filled while decoding", NULL, NULL},
     {"int-hash-first8", MOCK_MUT_INT_HASH_FIRST8, true,
      "int hashes from the first 8 digest bytes, not the last 8", NULL, NULL},
-    {"dup-store", MOCK_MUT_DUP_STORE, true,
-     "publish every BlockStored twice", NULL, NULL},
+    {"dup-store", MOCK_MUT_DUP_STORE, true, "publish every BlockStored twice",
+     NULL, NULL},
     {"reorder-keys", MOCK_MUT_REORDER_KEYS, false,
      "map event keys in reverse order", NULL, NULL},
     {"legacy-array", MOCK_MUT_LEGACY_ARRAY, false,
      "events in the array-late encoding", NULL, NULL},
-    {"bytes-hash", MOCK_MUT_BYTES_HASH, false,
-     "hashes as raw digests (bin)", NULL, NULL},
-    {"split-batches", MOCK_MUT_SPLIT_BATCHES, false,
-     "one event per batch", NULL, NULL},
+    {"bytes-hash", MOCK_MUT_BYTES_HASH, false, "hashes as raw digests (bin)",
+     NULL, NULL},
+    {"split-batches", MOCK_MUT_SPLIT_BATCHES, false, "one event per batch",
+     NULL, NULL},
     {"merge-removes", MOCK_MUT_MERGE_REMOVES, false,
      "consecutive BlockRemoved merged into one", NULL, NULL},
     /* the field's incidents (issue 15): where each is seen, and why */
     {"salt-ignored", MOCK_MUT_SALT_IGNORED, true,
      "cache_salt dropped from block 0's extra_keys: tenants' salted "
-     "prefixes get one router hash", "sglang#24568", "salt"},
+     "prefixes get one router hash",
+     "sglang#24568", "salt"},
     {"lora-in-mm-slot", MOCK_MUT_LORA_IN_MM_SLOT, true,
      "adapter name published as a multimodal key, lora_id/lora_name nil: "
-     "LoRA requests never match", "llm-d-router#2927", "lora"},
+     "LoRA requests never match",
+     "llm-d-router#2927", "lora"},
     {"lora-same-hash", MOCK_MUT_LORA_SAME_HASH, true,
      "adapter dropped from LoRA BlockStored (fields and extra_keys): base "
-     "and LoRA blocks collide", "dynamo#6517", "lora"},
+     "and LoRA blocks collide",
+     "dynamo#6517", "lora"},
     {"group-collision", MOCK_MUT_GROUP_COLLISION, true,
      "every KV-cache group published as group 0 (full attention): the "
-     "groups collide in the router", "Infera#98", "kv-groups"},
+     "groups collide in the router",
+     "Infera#98", "kv-groups"},
     {"cpu-tier-dropped", MOCK_MUT_CPU_TIER_DROPPED, true,
      "CPU BlockStored with block_size 0, no tokens, no parent (the old "
-     "offloading placeholder)", "sglang#39108, vllm#43468", "cpu-offload"},
+     "offloading placeholder)",
+     "sglang#39108, vllm#43468", "cpu-offload"},
     {"reset-not-published", MOCK_MUT_RESET_NOT_PUBLISHED, true,
      "an idle engine's AllBlocksCleared held back until the next step with "
-     "other events", "aibrix#2287", "reset"},
+     "other events",
+     "aibrix#2287", "reset"},
     {"replay-drops-topic", MOCK_MUT_REPLAY_DROPS_TOPIC, false,
      "replay replies without the topic frame ([\"\", seq, payload], the "
-     "pre-0.26 form)", "vllm#45174", "replay"},
+     "pre-0.26 form)",
+     "vllm#45174", "replay"},
     {"replay-drops-tail", MOCK_MUT_REPLAY_DROPS_TAIL, true,
      "every replay loses its last two batches and the end marker",
      "sglang#38945", "replay"},
     {"resurrect-removed", MOCK_MUT_RESURRECT_REMOVED, true,
      "a BlockStored re-announces every removed GPU block, nothing "
-     "computed", NULL, NULL},
+     "computed",
+     NULL, NULL},
 };
 
 const mock_mutation_info *mock_mutations(void) { return catalog; }
@@ -202,11 +210,11 @@ kvo_status mock_mutate_parse(const char *list, unsigned *mask, char *bad,
 struct mock_render {
     unsigned mut;
     uint32_t block_size;
-    bool pending_clear;   /* reset-not-published: an AllBlocksCleared held */
-    kvo_buf ek;           /* extra_keys scratch */
+    bool pending_clear; /* reset-not-published: an AllBlocksCleared held */
+    kvo_buf ek;         /* extra_keys scratch */
     wire_mm_key *mmk;
     size_t cap_mmk;
-    bool bytes;          /* raw digests (--hash-bytes or bytes-hash) */
+    bool bytes; /* raw digests (--hash-bytes or bytes-hash) */
     wire_format fmt;
     unsigned flags;
     uint64_t stores_seen; /* drop-store counter */
@@ -276,12 +284,13 @@ static kvo_status render_hash(mock_render *r, const mock_hash *h, bool flip,
 }
 
 static bool is_cpu(const wire_event *e) {
-    return e->medium.p && e->medium.len == 3 && memcmp(e->medium.p, "CPU", 3) == 0;
+    return e->medium.p && e->medium.len == 3 &&
+           memcmp(e->medium.p, "CPU", 3) == 0;
 }
 
 static wire_event *push_ev(mock_render *r, uint32_t *n) {
-    if (kvo_grow(&r->ev, &r->cap_ev, *n + 1, sizeof(*r->ev), MUT_EV_FIRST_CAP) !=
-        KVO_OK)
+    if (kvo_grow(&r->ev, &r->cap_ev, *n + 1, sizeof(*r->ev),
+                 MUT_EV_FIRST_CAP) != KVO_OK)
         return NULL;
     return &r->ev[(*n)++];
 }
@@ -291,12 +300,14 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
                                 wire_event *dst) {
     kvo_status st;
     *dst = *src;
-    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
+    wire_hash *hs =
+        kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
     if (!hs) return KVO_ENOMEM;
     bool flip = r->mut & MOCK_MUT_FLIP_STORED_HASH;
     for (uint32_t k = 0; k < src->n_hashes; k++) {
         if (aux && aux->stored && aux->stored[i]) {
-            if ((st = render_hash(r, &aux->stored[i][k], flip, &hs[k])) != KVO_OK)
+            if ((st = render_hash(r, &aux->stored[i][k], flip, &hs[k])) !=
+                KVO_OK)
                 return st;
         } else {
             hs[k] = src->hashes[k];
@@ -308,7 +319,8 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
         if (r->mut & MOCK_MUT_WRONG_PARENT) {
             memset(&dst->parent, 0, sizeof(dst->parent));
         } else if (aux && aux->parent && aux->parent[i].d.len) {
-            if ((st = render_hash(r, &aux->parent[i], false, &dst->parent)) != KVO_OK)
+            if ((st = render_hash(r, &aux->parent[i], false, &dst->parent)) !=
+                KVO_OK)
                 return st;
         }
     }
@@ -318,7 +330,8 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
         uint64_t *t = kvo_arena_alloc(&r->arena, (size_t)n * sizeof(uint64_t));
         if (!t) return KVO_ENOMEM;
         for (uint32_t k = 0; k < n; k++)
-            t[k] = src->token_ids[k] + ((r->mut & MOCK_MUT_TOKEN_PLUS_ONE) ? 1 : 0);
+            t[k] = src->token_ids[k] +
+                   ((r->mut & MOCK_MUT_TOKEN_PLUS_ONE) ? 1 : 0);
         dst->token_ids = t;
         dst->n_tokens = n;
     }
@@ -333,7 +346,8 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
             kk.salt = NULL;
             rewrite = true;
         }
-        if ((r->mut & (MOCK_MUT_LORA_IN_MM_SLOT | MOCK_MUT_LORA_SAME_HASH)) && kk.lora) {
+        if ((r->mut & (MOCK_MUT_LORA_IN_MM_SLOT | MOCK_MUT_LORA_SAME_HASH)) &&
+            kk.lora) {
             dst->lora_id = (wire_int){false, 0};
             dst->lora_name = (wire_str){NULL, 0};
             lora_mm = r->mut & MOCK_MUT_LORA_IN_MM_SLOT;
@@ -342,8 +356,8 @@ static kvo_status render_stored(mock_render *r, const wire_event *src,
         }
         if (rewrite) {
             st = events_extra_keys(&r->ek, &r->mmk, &r->cap_mmk, aux->first[i],
-                                   src->n_hashes, (uint32_t)src->block_size.v, &kk,
-                                   lora_mm);
+                                   src->n_hashes, (uint32_t)src->block_size.v,
+                                   &kk, lora_mm);
             if (st != KVO_OK) return st;
             void *ek = kvo_arena_memdup(&r->arena, r->ek.data, r->ek.len);
             if (!ek) return KVO_ENOMEM;
@@ -386,14 +400,16 @@ static kvo_status render_resurrect(mock_render *r, const wire_event *removed,
     dst->hashes = h;
     dst->n_hashes = 1;
     if (aux->removed_parent && aux->removed_parent[i].d.len &&
-        (st = render_hash(r, &aux->removed_parent[i], false, &dst->parent)) != KVO_OK)
+        (st = render_hash(r, &aux->removed_parent[i], false, &dst->parent)) !=
+            KVO_OK)
         return st;
     dst->token_ids = (uint64_t *)m->tokens;
     dst->n_tokens = r->block_size;
     dst->block_size = (wire_int){true, r->block_size};
     if (m->lora_name) {
         dst->lora_id = (wire_int){true, m->lora_id};
-        dst->lora_name = (wire_str){m->lora_name, (uint32_t)strlen(m->lora_name)};
+        dst->lora_name =
+            (wire_str){m->lora_name, (uint32_t)strlen(m->lora_name)};
     }
     dst->kv_cache_spec_kind = (wire_str){"full_attention", 14};
     return KVO_OK;
@@ -404,7 +420,8 @@ static kvo_status render_removed(mock_render *r, const wire_event *src,
                                  wire_event *dst) {
     kvo_status st;
     *dst = *src;
-    wire_hash *hs = kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
+    wire_hash *hs =
+        kvo_arena_alloc(&r->arena, src->n_hashes * sizeof(wire_hash));
     if (!hs) return KVO_ENOMEM;
     for (uint32_t k = 0; k < src->n_hashes; k++) {
         const mock_hash *h = NULL;
@@ -435,7 +452,8 @@ static kvo_status merge_removes(mock_render *r, uint32_t *n) {
             j++;
         }
         if (j > i + 1) {
-            wire_hash *hs = kvo_arena_alloc(&r->arena, total * sizeof(wire_hash));
+            wire_hash *hs =
+                kvo_arena_alloc(&r->arena, total * sizeof(wire_hash));
             if (!hs) return KVO_ENOMEM;
             uint32_t m = 0;
             for (uint32_t x = i; x < j; x++)
@@ -473,7 +491,8 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
          * is (no per-event copy: a Mooncake replay has ~9M events). */
         if ((st = out_reserve(r, 1)) != KVO_OK) return st;
         kvo_buf_reset(&r->out[0]);
-        if ((st = wire_batch_encode(clean, r->fmt, r->flags, &r->out[0])) != KVO_OK)
+        if ((st = wire_batch_encode(clean, r->fmt, r->flags, &r->out[0])) !=
+            KVO_OK)
             return st;
         *out = r->out;
         *n_out = 1;
@@ -503,7 +522,8 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
         const wire_event *src = &clean->events[i];
         if (src->type == WIRE_EV_STORED) {
             r->stores_seen++;
-            if ((r->mut & MOCK_MUT_DROP_STORE) && r->stores_seen % DROP_STORE_EVERY == 0)
+            if ((r->mut & MOCK_MUT_DROP_STORE) &&
+                r->stores_seen % DROP_STORE_EVERY == 0)
                 continue;
             if ((r->mut & MOCK_MUT_SKIP_DECODE_STORES) && aux &&
                 aux->decode_store && aux->decode_store[i])
@@ -530,7 +550,8 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
             *dst = *src;
         }
     }
-    if ((r->mut & MOCK_MUT_MERGE_REMOVES) && (st = merge_removes(r, &n)) != KVO_OK)
+    if ((r->mut & MOCK_MUT_MERGE_REMOVES) &&
+        (st = merge_removes(r, &n)) != KVO_OK)
         return st;
     if (r->mut & MOCK_MUT_GROUP_COLLISION) { /* every group says group 0 */
         for (uint32_t k = 0; k < n; k++) {
@@ -554,7 +575,8 @@ kvo_status mock_render_batch(mock_render *r, const wire_batch *clean,
         b.events = split ? &r->ev[k] : r->ev;
         b.n_events = split ? 1 : n;
         kvo_buf_reset(&r->out[k]);
-        if ((st = wire_batch_encode(&b, r->fmt, r->flags, &r->out[k])) != KVO_OK)
+        if ((st = wire_batch_encode(&b, r->fmt, r->flags, &r->out[k])) !=
+            KVO_OK)
             return st;
     }
     *out = r->out;

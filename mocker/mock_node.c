@@ -16,8 +16,10 @@
 
 static void tcp_endpoint(char *out, size_t n, const char *host, uint16_t port,
                          uint32_t r) {
-    if (port == 0) snprintf(out, n, "tcp://%s:*", host);
-    else snprintf(out, n, "tcp://%s:%u", host, (unsigned)(port + r));
+    if (port == 0)
+        snprintf(out, n, "tcp://%s:*", host);
+    else
+        snprintf(out, n, "tcp://%s:%u", host, (unsigned)(port + r));
 }
 
 static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
@@ -30,12 +32,16 @@ static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
     uint32_t port;
     if (strncmp(ep, "tcp://", 6) == 0 && colon && colon > ep + 5 &&
         kvo_parse_u32(colon + 1, &port) == KVO_OK && port <= UINT16_MAX) {
-        if (port == 0) snprintf(out, n, "%.*s:*", (int)(colon - ep), ep);
-        else snprintf(out, n, "%.*s:%u", (int)(colon - ep), ep, port + r);
+        if (port == 0)
+            snprintf(out, n, "%.*s:*", (int)(colon - ep), ep);
+        else
+            snprintf(out, n, "%.*s:%u", (int)(colon - ep), ep, port + r);
         return;
     }
-    if (r == 0) snprintf(out, n, "%s", ep);
-    else snprintf(out, n, "%s-%u", ep, r);
+    if (r == 0)
+        snprintf(out, n, "%s", ep);
+    else
+        snprintf(out, n, "%s-%u", ep, r);
 }
 
 const char *node_advertise_host(const mock_node *n) {
@@ -102,7 +108,8 @@ kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
             if (nr->source)
                 kvo_info("rank %u: publishing on %s, replay on %s", r,
                          mock_pub_endpoint(nr->pub),
-                         cfg->replay ? mock_pub_replay_endpoint(nr->pub) : "(off)");
+                         cfg->replay ? mock_pub_replay_endpoint(nr->pub)
+                                     : "(off)");
             continue;
         }
         if (st != KVO_ENET || cfg->require_events) {
@@ -111,7 +118,8 @@ kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
             goto fail;
         }
         kvo_warn("rank %u: event publisher: %s; serving without an event "
-                 "source (--require-events makes this fatal)", r, err);
+                 "source (--require-events makes this fatal)",
+                 r, err);
         pc.zmq_ctx = NULL;
         if ((st = mock_pub_new(&nr->pub, &pc, err, sizeof(err))) != KVO_OK)
             goto fail;
@@ -163,8 +171,8 @@ kvo_status node_step_begin(mock_node *n, uint32_t r, double ts, mock_step *st) {
         mock_pub_last_seq(nr->pub, &lost);
         kvo_log_limited(&rl_render, KVO_LOG_ERROR,
                         "rank %u: encoding a batch: %s; the batch is lost, its "
-                        "sequence %llu skipped", r, kvo_strerror(s),
-                        (unsigned long long)lost);
+                        "sequence %llu skipped",
+                        r, kvo_strerror(s), (unsigned long long)lost);
         return KVO_OK;
     }
     for (uint32_t i = 0; i < np; i++)

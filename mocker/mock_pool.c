@@ -105,10 +105,14 @@ void pool_fini(mock_pool *p) {
 
 static void q_unlink(mock_pool *p, uint32_t id) {
     pool_block *b = &p->blocks[id];
-    if (b->prev != MOCK_NIL) p->blocks[b->prev].next = b->next;
-    else p->head = b->next;
-    if (b->next != MOCK_NIL) p->blocks[b->next].prev = b->prev;
-    else p->tail = b->prev;
+    if (b->prev != MOCK_NIL)
+        p->blocks[b->prev].next = b->next;
+    else
+        p->head = b->next;
+    if (b->next != MOCK_NIL)
+        p->blocks[b->next].prev = b->prev;
+    else
+        p->tail = b->prev;
     b->prev = b->next = MOCK_NIL;
     b->in_free = false;
     p->n_free--;
@@ -118,8 +122,10 @@ static void q_append(mock_pool *p, uint32_t id) {
     pool_block *b = &p->blocks[id];
     b->prev = p->tail;
     b->next = MOCK_NIL;
-    if (p->tail != MOCK_NIL) p->blocks[p->tail].next = id;
-    else p->head = id;
+    if (p->tail != MOCK_NIL)
+        p->blocks[p->tail].next = id;
+    else
+        p->head = id;
     p->tail = id;
     b->in_free = true;
     p->n_free++;
@@ -149,7 +155,8 @@ kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
     uint64_t *v = kvo_map_put(&p->map, gkey(h->key, g), &added);
     if (!v) return KVO_ENOMEM; /* nothing changed */
     if (p->tok && meta) {
-        memcpy(&p->tok[(size_t)id * p->bs], meta->tokens, p->bs * sizeof(uint64_t));
+        memcpy(&p->tok[(size_t)id * p->bs], meta->tokens,
+               p->bs * sizeof(uint64_t));
         p->lora_id[id] = meta->lora_id;
         p->lora_name[id] = meta->lora_name;
     }
@@ -158,8 +165,10 @@ kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
     b->group = (uint8_t)g;
     b->key = gkey(h->key, g);
     p->hash[id] = *h;
-    if (parent) p->parent[id] = *parent;
-    else memset(&p->parent[id], 0, sizeof(mock_hash));
+    if (parent)
+        p->parent[id] = *parent;
+    else
+        memset(&p->parent[id], 0, sizeof(mock_hash));
     b->cnext = MOCK_NIL;
     if (added) {
         b->cprev = MOCK_NIL;
@@ -187,10 +196,14 @@ static void uncache(mock_pool *p, uint32_t id) {
     uint64_t *v = kvo_map_get(&p->map, b->key);
     if (v) {
         uint32_t head = copies_head(*v), tail = copies_tail(*v);
-        if (b->cprev != MOCK_NIL) p->blocks[b->cprev].cnext = b->cnext;
-        else head = b->cnext;
-        if (b->cnext != MOCK_NIL) p->blocks[b->cnext].cprev = b->cprev;
-        else tail = b->cprev;
+        if (b->cprev != MOCK_NIL)
+            p->blocks[b->cprev].cnext = b->cnext;
+        else
+            head = b->cnext;
+        if (b->cnext != MOCK_NIL)
+            p->blocks[b->cnext].cprev = b->cprev;
+        else
+            tail = b->cprev;
         if (head == MOCK_NIL) { /* its last copy: the key leaves the set */
             kvo_map_del(&p->map, b->key);
             uint64_t t = block_term(p, id);
@@ -231,8 +244,9 @@ uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
             if (p->on_evict) {
                 mock_block_meta m = {NULL, 0, NULL, b->group};
                 if (p->tok)
-                    m = (mock_block_meta){&p->tok[(size_t)id * p->bs], p->lora_id[id],
-                                          p->lora_name[id], b->group};
+                    m = (mock_block_meta){&p->tok[(size_t)id * p->bs],
+                                          p->lora_id[id], p->lora_name[id],
+                                          b->group};
                 p->on_evict(p->evict_ctx, &p->hash[id], &p->parent[id], &m);
             }
             uncache(p, id);

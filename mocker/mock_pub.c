@@ -105,7 +105,8 @@ static kvo_status bind_socket(void *ctx, int type, const char *endpoint,
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(s, ZMQ_SNDHWM, &sndhwm, sizeof(sndhwm));
     if (zmq_bind(s, endpoint) != 0) {
-        snprintf(err, errsz, "bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        snprintf(err, errsz, "bind %s: %s", endpoint,
+                 zmq_strerror(zmq_errno()));
         zmq_close(s);
         return KVO_ENET;
     }
@@ -142,8 +143,7 @@ kvo_status mock_pub_new(mock_pub **out, const mock_pub_cfg *cfg, char *err,
     if (cfg->zmq_ctx && cfg->endpoint) {
         st = bind_socket(cfg->zmq_ctx, ZMQ_PUB, cfg->endpoint, PUB_LINGER_MS,
                          cfg->hwm > 0 ? cfg->hwm : PUB_HWM_DEFAULT, &p->pub,
-                         p->endpoint,
-                         sizeof(p->endpoint), err, errsz);
+                         p->endpoint, sizeof(p->endpoint), err, errsz);
         if (st != KVO_OK) goto fail;
         if (cfg->replay_endpoint) {
             uint64_t hwm = REPLAY_QUEUED * ((uint64_t)p->ring_cap + 1);
@@ -254,15 +254,15 @@ kvo_status mock_pub_send(mock_pub *p, const uint8_t *data, size_t len) {
         memcpy(pl->data, data, len);
     }
     if (p->pub) {
-        if (zmq_send(p->pub, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        if (zmq_send(p->pub, p->topic, p->topic_len,
+                     ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             send_payload(p->pub, pl, data, len) < 0)
             p->st.send_errors++;
     }
     if (p->record) {
-        wire_frame fr[3] = {{(const uint8_t *)p->topic, p->topic_len},
-                            {seqb, 8},
-                            {data, len}};
+        wire_frame fr[3] = {
+            {(const uint8_t *)p->topic, p->topic_len}, {seqb, 8}, {data, len}};
         if (wire_cap_write(p->record, kvo_unix_ns(), fr, 3) != KVO_OK)
             p->st.record_errors++;
     }
@@ -287,7 +287,8 @@ static bool recv_request(void *s, zmq_msg_t *frames, int max, int *n) {
             return *n > 0;
         }
         bool more = zmq_msg_more(&m);
-        if (*n < max) frames[(*n)++] = m;
+        if (*n < max)
+            frames[(*n)++] = m;
         else {
             zmq_msg_close(&m);
             (*n)++; /* counted, too many frames */
@@ -308,10 +309,13 @@ static bool send_reply(mock_pub *p, zmq_msg_t *id, const uint8_t seqb[8],
         return false;
     zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
     if (!p->drop_topic) /* replay-drops-topic: the pre-0.26 reply */
-        zmq_send(s, p->topic, pl ? p->topic_len : 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        zmq_send(s, p->topic, pl ? p->topic_len : 0,
+                 ZMQ_SNDMORE | ZMQ_DONTWAIT);
     zmq_send(s, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (pl) send_payload(s, pl, pl->data, pl->len);
-    else zmq_send(s, "", 0, ZMQ_DONTWAIT);
+    if (pl)
+        send_payload(s, pl, pl->data, pl->len);
+    else
+        zmq_send(s, "", 0, ZMQ_DONTWAIT);
     return true;
 }
 
@@ -342,8 +346,10 @@ void mock_pub_replay_serve(mock_pub *p, mock_replay_served *out) {
             if (p->drop_tail) {
                 uint32_t want = 0;
                 for (uint32_t i = 0; i < p->ring_n; i++)
-                    want += p->ring[(p->ring_head + i) % p->ring_cap].seq >= start;
-                uint32_t drop = want < REPLAY_TAIL_DROPPED ? want : REPLAY_TAIL_DROPPED;
+                    want +=
+                        p->ring[(p->ring_head + i) % p->ring_cap].seq >= start;
+                uint32_t drop =
+                    want < REPLAY_TAIL_DROPPED ? want : REPLAY_TAIL_DROPPED;
                 last = p->ring_n - drop; /* the wanted batches end the ring */
             }
             for (uint32_t i = 0; sent && i < last; i++) {

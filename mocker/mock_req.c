@@ -62,7 +62,8 @@ kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
     if (!r->blocks) goto fail;
     r->n_grp = n_groups > 1 ? n_groups - 1 : 0;
     for (uint32_t g = 0; g < r->n_grp; g++)
-        if (!(r->grp[g].blocks = kvo_malloc((size_t)r->cap_blocks * sizeof(uint32_t))))
+        if (!(r->grp[g].blocks =
+                  kvo_malloc((size_t)r->cap_blocks * sizeof(uint32_t))))
             goto fail;
     if (in->tokens) {
         r->tokens = kvo_malloc((size_t)r->cap_tokens * sizeof(uint64_t));
@@ -90,7 +91,8 @@ kvo_status req_new(mock_req **out, const mock_req_in *in, uint32_t max_tokens,
     if (in->n_mm && !(r->mm = mm_copy(in->mm, in->n_mm))) goto fail;
     r->n_mm = in->n_mm;
     r->id = id;
-    r->rng = seed ^ ((uint64_t)rank << REQ_RNG_RANK_SHIFT) ^ (id * REQ_RNG_MULT);
+    r->rng =
+        seed ^ ((uint64_t)rank << REQ_RNG_RANK_SHIFT) ^ (id * REQ_RNG_MULT);
     kvo_splitmix64(&r->rng);
     r->status = REQ_WAITING;
     *out = r;
@@ -129,8 +131,9 @@ kvo_status req_materialize(mock_req *r, const mock_cfg *cfg, mock_hasher *h) {
         uint32_t nb = r->n_prompt / bs;
         mock_trace_ref tr = {r->trace_ids, r->n_trace};
         mock_keys k = req_keys(r);
-        kvo_status st = mock_hasher_blocks_keys(h, r->tokens, bs, 0, nb, NULL, &k,
-                                                r->trace_ids ? &tr : NULL, r->bh);
+        kvo_status st =
+            mock_hasher_blocks_keys(h, r->tokens, bs, 0, nb, NULL, &k,
+                                    r->trace_ids ? &tr : NULL, r->bh);
         if (st != KVO_OK) return st;
         r->n_bh = nb;
     }
@@ -151,9 +154,9 @@ kvo_status req_append_token(mock_req *r, const mock_cfg *cfg, mock_hasher *h,
         uint32_t blk = r->n_tokens / bs - 1;
         if (blk != r->n_bh) return KVO_ESTATE;
         mock_keys k = req_keys(r);
-        kvo_status st = mock_hasher_blocks_keys(
-            h, r->tokens, bs, blk, 1, blk ? &r->bh[blk - 1] : NULL, &k, NULL,
-            &r->bh[blk]);
+        kvo_status st = mock_hasher_blocks_keys(h, r->tokens, bs, blk, 1,
+                                                blk ? &r->bh[blk - 1] : NULL,
+                                                &k, NULL, &r->bh[blk]);
         if (st != KVO_OK) return st;
         r->n_bh++;
     }
@@ -165,13 +168,13 @@ uint64_t req_sample_token(mock_req *r) {
 }
 
 void req_abort_deliver(mock_req *r) {
-    mock_output o = {
-        .req_id = r->id,
-        .n_output = r->n_tokens - r->n_prompt,
-        .finish = MOCK_FINISH_ABORTED,
-        .cached_tokens =
-            r->num_cached_tokens > 0 ? (uint32_t)r->num_cached_tokens : 0,
-        .n_prompt = r->n_prompt};
+    mock_output o = {.req_id = r->id,
+                     .n_output = r->n_tokens - r->n_prompt,
+                     .finish = MOCK_FINISH_ABORTED,
+                     .cached_tokens = r->num_cached_tokens > 0
+                                          ? (uint32_t)r->num_cached_tokens
+                                          : 0,
+                     .n_prompt = r->n_prompt};
     if (r->on_output) r->on_output(r->user, &o);
     req_free(r);
 }

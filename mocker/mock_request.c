@@ -41,11 +41,11 @@ static kvo_status oom(kvo_err *err) {
     return kvo_err_set(err, KVO_ENOMEM, KVO_ERR_NO_OFFSET, "out of memory");
 }
 
-static kvo_status too_many_tokens(kvo_err *err, uint64_t n, const char *limit_what,
-                                  uint32_t max_len) {
+static kvo_status too_many_tokens(kvo_err *err, uint64_t n,
+                                  const char *limit_what, uint32_t max_len) {
     return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                       "the prompt has %" PRIu64 " tokens; %s %u", n, limit_what,
-                       max_len);
+                       "the prompt has %" PRIu64 " tokens; %s %u", n,
+                       limit_what, max_len);
 }
 
 /* The body's one JSON object into doc. */
@@ -89,7 +89,8 @@ static kvo_status get_bool(const kvo_jv *obj, const char *key, bool def,
 static kvo_status get_lora_salt(const kvo_jv *obj, const char **lora,
                                 const char **salt, kvo_err *err) {
     const kvo_jv *l = member(obj, "lora_name"), *s = member(obj, "cache_salt");
-    if ((l && !kvo_json_is(l, KVO_JSON_STR)) || (s && !kvo_json_is(s, KVO_JSON_STR)))
+    if ((l && !kvo_json_is(l, KVO_JSON_STR)) ||
+        (s && !kvo_json_is(s, KVO_JSON_STR)))
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "lora_name and cache_salt must be strings");
     *lora = l && l->len ? l->v.s : NULL;
@@ -108,9 +109,10 @@ static kvo_status get_mm_items(const kvo_jv *obj, uint32_t n_tokens,
     *n_out = 0;
     if (!a) return KVO_OK;
     if (!kvo_json_is(a, KVO_JSON_ARR))
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "mm_items must be a list of {\"offset\", \"length\", "
-                           "\"hash\"}");
+        return kvo_err_set(
+            err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+            "mm_items must be a list of {\"offset\", \"length\", "
+            "\"hash\"}");
     if (a->len > MOCK_MAX_MM_ITEMS)
         return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
                            "too many mm_items (at most %u)", MOCK_MAX_MM_ITEMS);
@@ -120,28 +122,35 @@ static kvo_status get_mm_items(const kvo_jv *obj, uint32_t n_tokens,
     for (size_t i = 0; i < a->len; i++) {
         kvo_jv e;
         kvo_json_at(a, i, &e);
-        const kvo_jv *o = kvo_json_get(&e, "offset"), *l = kvo_json_get(&e, "length"),
+        const kvo_jv *o = kvo_json_get(&e, "offset"),
+                     *l = kvo_json_get(&e, "length"),
                      *h = kvo_json_get(&e, "hash");
         uint64_t off, len;
         if (!kvo_json_is(&e, KVO_JSON_OBJ) || !kvo_json_u64(o, &off) ||
             !kvo_json_u64(l, &len) || !kvo_json_is(h, KVO_JSON_STR))
-            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                               "mm_items[%zu] must be {\"offset\": int, \"length\": "
-                               "int, \"hash\": str}", i);
+            return kvo_err_set(
+                err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                "mm_items[%zu] must be {\"offset\": int, \"length\": "
+                "int, \"hash\": str}",
+                i);
         if (h->len == 0 || h->len > MOCK_MM_ID_MAX || strlen(h->v.s) != h->len)
-            return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
-                               "mm_items[%zu].hash must be 1 to %u bytes (no NUL)", i,
-                               MOCK_MM_ID_MAX);
+            return kvo_err_set(
+                err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                "mm_items[%zu].hash must be 1 to %u bytes (no NUL)", i,
+                MOCK_MM_ID_MAX);
         if (off > UINT32_MAX || len == 0 || len > UINT32_MAX)
             return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
-                               "mm_items[%zu]: offset or length out of range", i);
+                               "mm_items[%zu]: offset or length out of range",
+                               i);
         mm[i] = (mock_mm_item){(uint32_t)off, (uint32_t)len, h->v.s};
     }
     uint32_t bad;
     if (mock_mm_check(mm, (uint32_t)a->len, n_tokens, &bad) != KVO_OK)
-        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
-                           "mm_items[%u] must lie inside the prompt (%u tokens), "
-                           "after the item before it", bad, n_tokens);
+        return kvo_err_set(
+            err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+            "mm_items[%u] must lie inside the prompt (%u tokens), "
+            "after the item before it",
+            bad, n_tokens);
     *out = mm;
     *n_out = (uint32_t)a->len;
     return KVO_OK;
@@ -157,11 +166,13 @@ static kvo_status token_list(const kvo_jv *a, const char *where,
     if (!kvo_json_is(a, KVO_JSON_ARR) || a->len == 0)
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "a prompt has no tokens");
-    if (a->len > lim->max_len) return too_many_tokens(err, a->len, limit_what, lim->max_len);
+    if (a->len > lim->max_len)
+        return too_many_tokens(err, a->len, limit_what, lim->max_len);
     kvo_err jerr;
     if (kvo_json_u64s(a, &tok, &n, &jerr) != KVO_OK)
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                           "token ids must be integers >= 0 (%s%s)", where, jerr.msg);
+                           "token ids must be integers >= 0 (%s%s)", where,
+                           jerr.msg);
     for (size_t i = 0; i < n; i++)
         if (tok[i] >= lim->vocab_size)
             return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
@@ -192,15 +203,16 @@ static kvo_status text_prompt(const char *text, size_t len, uint32_t max_len,
 static kvo_status trace_prompt(const kvo_jv *t, const mock_req_limits *lim,
                                const char *limit_what, mock_prompt *p,
                                kvo_err *err) {
-    const kvo_jv *ids = kvo_json_get(t, "hash_ids"), *len = kvo_json_get(t, "input_length");
+    const kvo_jv *ids = kvo_json_get(t, "hash_ids"),
+                 *len = kvo_json_get(t, "input_length");
     if (!kvo_json_is(t, KVO_JSON_OBJ) || !kvo_json_is(ids, KVO_JSON_ARR) ||
         !kvo_json_is(len, KVO_JSON_INT))
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "trace must be {\"hash_ids\": [...], "
                            "\"input_length\": n}");
     int64_t n;
-    if (ids->len == 0 || ids->len > MOCK_TRACE_MAX_IDS || !kvo_json_i64(len, &n) ||
-        n <= 0)
+    if (ids->len == 0 || ids->len > MOCK_TRACE_MAX_IDS ||
+        !kvo_json_i64(len, &n) || n <= 0)
         return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                            "trace: hash_ids must not be empty and input_length "
                            "must be >= 1");
@@ -231,16 +243,19 @@ static kvo_status parse_prompts(mock_completion_req *c, const kvo_jv *body,
     kvo_jv first = {0};
     size_t n = 1;
     if (!t && !p)
-        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "prompt is required");
+        return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                           "prompt is required");
     if (!t && !kvo_json_is(p, KVO_JSON_STR)) {
         if (!kvo_json_at(p, 0, &first)) /* not an array, or empty */
-            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                               "prompt must be a string, a token list or a list "
-                               "of them");
+            return kvo_err_set(
+                err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                "prompt must be a string, a token list or a list "
+                "of them");
         if (first.type != KVO_JSON_INT) n = p->len; /* a list of prompts */
         if (n > MOCK_MAX_PROMPTS)
             return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                               "too many prompts (at most %u)", MOCK_MAX_PROMPTS);
+                               "too many prompts (at most %u)",
+                               MOCK_MAX_PROMPTS);
     }
     c->prompts = kvo_arena_alloc(&c->arena, n * sizeof(mock_prompt));
     if (!c->prompts) return oom(err);
@@ -248,7 +263,8 @@ static kvo_status parse_prompts(mock_completion_req *c, const kvo_jv *body,
     c->n_prompts = (uint32_t)n;
     if (t) return trace_prompt(t, lim, ENGINE_LIMIT, &c->prompts[0], err);
     if (kvo_json_is(p, KVO_JSON_STR))
-        return text_prompt(p->v.s, p->len, lim->max_len, &c->arena, &c->prompts[0], err);
+        return text_prompt(p->v.s, p->len, lim->max_len, &c->arena,
+                           &c->prompts[0], err);
     if (first.type == KVO_JSON_INT)
         return token_list(p, "prompt", lim, ENGINE_LIMIT, &c->prompts[0], err);
     for (size_t i = 0; i < n; i++) {
@@ -258,12 +274,14 @@ static kvo_status parse_prompts(mock_completion_req *c, const kvo_jv *body,
         snprintf(where, sizeof(where), "prompt[%zu]", i);
         kvo_status st;
         if (e.type == KVO_JSON_STR)
-            st = text_prompt(e.v.s, e.len, lim->max_len, &c->arena, &c->prompts[i], err);
+            st = text_prompt(e.v.s, e.len, lim->max_len, &c->arena,
+                             &c->prompts[i], err);
         else if (e.type == KVO_JSON_ARR)
             st = token_list(&e, where, lim, ENGINE_LIMIT, &c->prompts[i], err);
         else
-            st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                             "prompt list items must be strings or token lists");
+            st =
+                kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                            "prompt list items must be strings or token lists");
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
@@ -286,8 +304,8 @@ static kvo_status parse_messages(mock_completion_req *c, const kvo_jv *body,
     if (!c->prompts) return oom(err);
     memset(c->prompts, 0, sizeof(mock_prompt));
     c->n_prompts = 1;
-    return text_prompt((const char *)c->text.data, c->text.len, max_len, &c->arena,
-                       &c->prompts[0], err);
+    return text_prompt((const char *)c->text.data, c->text.len, max_len,
+                       &c->arena, &c->prompts[0], err);
 }
 
 void mock_completion_req_init(mock_completion_req *c) {
@@ -325,10 +343,12 @@ static kvo_status completion_parse(mock_completion_req *c, const void *body,
     kvo_status st = parse_object(&c->doc, body, len, err);
     if (st != KVO_OK) return st;
     const kvo_jv *o = c->doc.root, *v;
-    st = chat ? parse_messages(c, o, lim->max_len, err) : parse_prompts(c, o, lim, err);
+    st = chat ? parse_messages(c, o, lim->max_len, err)
+              : parse_prompts(c, o, lim, err);
     if (st != KVO_OK) return st;
     c->max_tokens = DEFAULT_MAX_TOKENS;
-    if ((v = member(o, "max_tokens")) || (v = member(o, "max_completion_tokens"))) {
+    if ((v = member(o, "max_tokens")) ||
+        (v = member(o, "max_completion_tokens"))) {
         if (!kvo_json_u64(v, &c->max_tokens) || c->max_tokens < 1)
             return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                                "max_tokens must be an integer >= 1");
@@ -341,22 +361,23 @@ static kvo_status completion_parse(mock_completion_req *c, const void *body,
     }
     if ((st = get_lora_salt(o, &c->lora, &c->salt, err)) != KVO_OK ||
         (st = get_bool(o, "stream", false, &c->stream, err)) != KVO_OK ||
-        (st = get_bool(o, "return_token_ids", false, &c->return_token_ids, err)) !=
-            KVO_OK)
+        (st = get_bool(o, "return_token_ids", false, &c->return_token_ids,
+                       err)) != KVO_OK)
         return st;
     if ((v = member(o, "stream_options"))) {
         if (!kvo_json_is(v, KVO_JSON_OBJ))
             return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                                "stream_options must be an object");
-        if ((st = get_bool(v, "include_usage", false, &c->include_usage, err)) != KVO_OK)
+        if ((st = get_bool(v, "include_usage", false, &c->include_usage,
+                           err)) != KVO_OK)
             return st;
     }
     if ((v = member(o, "kv_transfer_params"))) {
         if (!kvo_json_is(v, KVO_JSON_OBJ))
             return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
                                "kv_transfer_params must be an object");
-        if ((st = get_bool(v, "do_remote_prefill", false, &c->remote_prefill, err)) !=
-            KVO_OK)
+        if ((st = get_bool(v, "do_remote_prefill", false, &c->remote_prefill,
+                           err)) != KVO_OK)
             return st;
     }
     if ((v = member(o, "data_parallel_rank"))) {
@@ -450,7 +471,8 @@ kvo_status mock_probe_parse(mock_probe_req *p, const void *body, size_t len,
 kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err) {
     const uint8_t *b = body;
     size_t i = 0;
-    while (i < len && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+    while (i < len &&
+           (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
         i++;
     if (i == len) return KVO_OK;
     kvo_json doc;

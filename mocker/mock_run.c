@@ -105,7 +105,8 @@ static void serve_replays(trace_run *t, long timeout_ms) {
         return;
     }
     if (zmq_poll(t->items, n, timeout_ms) <= 0) return;
-    for (uint32_t r = 0; r < t->node.n_ranks; r++) node_replay_serve(&t->node, r);
+    for (uint32_t r = 0; r < t->node.n_ranks; r++)
+        node_replay_serve(&t->node, r);
 }
 
 /* Real time: wait until model time T is due on the wall clock. */
@@ -148,36 +149,39 @@ static void summary(trace_run *t, double model_ms, bool interrupted) {
     }
     mock_hasher_stats hs;
     mock_hasher_stats_get(t->node.hasher, &hs);
-    double hit = t->finished_prompt_tokens ? (double)t->cached_tokens /
-                                                 (double)t->finished_prompt_tokens
-                                           : 0.0;
+    double hit =
+        t->finished_prompt_tokens
+            ? (double)t->cached_tokens / (double)t->finished_prompt_tokens
+            : 0.0;
     double hash_s = (double)hs.ns / 1e9;
     if (c->summary_json) {
-        printf("{\"trace\":\"%s\",\"interrupted\":%s,\"dp_size\":%u,"
-               "\"block_size\":%u,\"num_gpu_blocks\":%u,\"hash_algo\":\"%s\","
-               "\"requests\":%llu,\"finished\":%llu,\"rejected\":%llu,"
-               "\"clamped\":%llu,\"malformed\":%llu,\"prompt_tokens\":%llu,"
-               "\"cached_tokens\":%llu,\"hit_rate\":%.6f,\"generated_tokens\":%llu,"
-               "\"steps\":%llu,\"preemptions\":%llu,\"batches\":%llu,"
-               "\"published_batches\":%llu,\"events\":%llu,"
-               "\"blocks_stored\":%llu,\"blocks_removed\":%llu,"
-               "\"blocks_hashed\":%llu,\"memo_hits\":%llu,\"hash_seconds\":%.6f,"
-               "\"model_seconds\":%.3f,\"wall_seconds\":%.6f}\n",
-               c->trace, interrupted ? "true" : "false", c->dp_size,
-               c->block_size, c->num_gpu_blocks, wire_algo_name(c->hash_algo),
-               (unsigned long long)t->started, (unsigned long long)t->finished,
-               (unsigned long long)t->rejected, (unsigned long long)t->clamped,
-               (unsigned long long)t->malformed,
-               (unsigned long long)t->prompt_tokens,
-               (unsigned long long)t->cached_tokens, hit,
-               (unsigned long long)t->generated, (unsigned long long)tot.steps,
-               (unsigned long long)tot.preemptions,
-               (unsigned long long)tot.batches, (unsigned long long)pub_batches,
-               (unsigned long long)tot.events,
-               (unsigned long long)tot.blocks_stored,
-               (unsigned long long)tot.blocks_removed,
-               (unsigned long long)hs.computed, (unsigned long long)hs.memo_hits,
-               hash_s, model_ms / 1000.0, wall);
+        printf(
+            "{\"trace\":\"%s\",\"interrupted\":%s,\"dp_size\":%u,"
+            "\"block_size\":%u,\"num_gpu_blocks\":%u,\"hash_algo\":\"%s\","
+            "\"requests\":%llu,\"finished\":%llu,\"rejected\":%llu,"
+            "\"clamped\":%llu,\"malformed\":%llu,\"prompt_tokens\":%llu,"
+            "\"cached_tokens\":%llu,\"hit_rate\":%.6f,\"generated_tokens\":%"
+            "llu,"
+            "\"steps\":%llu,\"preemptions\":%llu,\"batches\":%llu,"
+            "\"published_batches\":%llu,\"events\":%llu,"
+            "\"blocks_stored\":%llu,\"blocks_removed\":%llu,"
+            "\"blocks_hashed\":%llu,\"memo_hits\":%llu,\"hash_seconds\":%.6f,"
+            "\"model_seconds\":%.3f,\"wall_seconds\":%.6f}\n",
+            c->trace, interrupted ? "true" : "false", c->dp_size, c->block_size,
+            c->num_gpu_blocks, wire_algo_name(c->hash_algo),
+            (unsigned long long)t->started, (unsigned long long)t->finished,
+            (unsigned long long)t->rejected, (unsigned long long)t->clamped,
+            (unsigned long long)t->malformed,
+            (unsigned long long)t->prompt_tokens,
+            (unsigned long long)t->cached_tokens, hit,
+            (unsigned long long)t->generated, (unsigned long long)tot.steps,
+            (unsigned long long)tot.preemptions,
+            (unsigned long long)tot.batches, (unsigned long long)pub_batches,
+            (unsigned long long)tot.events,
+            (unsigned long long)tot.blocks_stored,
+            (unsigned long long)tot.blocks_removed,
+            (unsigned long long)hs.computed, (unsigned long long)hs.memo_hits,
+            hash_s, model_ms / 1000.0, wall);
         fflush(stdout);
         return;
     }
@@ -188,11 +192,12 @@ static void summary(trace_run *t, double model_ms, bool interrupted) {
            (unsigned long long)t->finished, (unsigned long long)t->started,
            (unsigned long long)t->rejected, (unsigned long long)t->clamped,
            (unsigned long long)t->malformed);
-    printf("  prompt tokens   %llu started, %llu finished, cached %llu (hit rate "
-           "%.2f%% of finished)\n",
-           (unsigned long long)t->prompt_tokens,
-           (unsigned long long)t->finished_prompt_tokens,
-           (unsigned long long)t->cached_tokens, 100.0 * hit);
+    printf(
+        "  prompt tokens   %llu started, %llu finished, cached %llu (hit rate "
+        "%.2f%% of finished)\n",
+        (unsigned long long)t->prompt_tokens,
+        (unsigned long long)t->finished_prompt_tokens,
+        (unsigned long long)t->cached_tokens, 100.0 * hit);
     printf("  generated       %llu tokens\n", (unsigned long long)t->generated);
     printf("  steps           %llu (%llu preemptions)\n",
            (unsigned long long)tot.steps, (unsigned long long)tot.preemptions);
@@ -202,12 +207,13 @@ static void summary(trace_run *t, double model_ms, bool interrupted) {
            (unsigned long long)pub_batches,
            (unsigned long long)tot.blocks_stored,
            (unsigned long long)tot.blocks_removed);
-    printf("  hashing         %s: %llu blocks hashed + %llu memo hits in %.2f s "
-           "(%.0f blocks/s, %.1f%% of wall)\n",
-           wire_algo_name(c->hash_algo), (unsigned long long)hs.computed,
-           (unsigned long long)hs.memo_hits, hash_s,
-           hash_s > 0 ? (double)hs.computed / hash_s : 0.0,
-           wall > 0 ? 100.0 * hash_s / wall : 0.0);
+    printf(
+        "  hashing         %s: %llu blocks hashed + %llu memo hits in %.2f s "
+        "(%.0f blocks/s, %.1f%% of wall)\n",
+        wire_algo_name(c->hash_algo), (unsigned long long)hs.computed,
+        (unsigned long long)hs.memo_hits, hash_s,
+        hash_s > 0 ? (double)hs.computed / hash_s : 0.0,
+        wall > 0 ? 100.0 * hash_s / wall : 0.0);
     printf("  model time      %.1f s (%s)\n", model_ms / 1000.0,
            c->speedup > 0 ? "real time / speedup" : "virtual");
     printf("  wall time       %.2f s (%.0f requests/s, %.0f events/s)\n", wall,
@@ -238,7 +244,7 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
     kvo_ratelimit rl_bad = {0}, rl_rej = {0};
     t.wall0 = kvo_now_ns();
 
-    double t0_trace = -1;     /* first timestamp: the model clock's origin */
+    double t0_trace = -1; /* first timestamp: the model clock's origin */
     mock_trace_req req;
     bool have_req = false, eof = false;
     uint64_t rr = 0, loops = 0;
@@ -256,7 +262,8 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
                 kvo_error("--trace %s: read error", cfg->trace);
                 eof = true;
             } else {
-                kvo_log_limited(&rl_bad, KVO_LOG_WARN, "trace: %s (skipped)", msg);
+                kvo_log_limited(&rl_bad, KVO_LOG_WARN, "trace: %s (skipped)",
+                                msg);
                 continue;
             }
         }
@@ -264,10 +271,12 @@ kvo_status mock_run_trace(const mock_cfg *cfg) {
         for (uint32_t r = 0; r < t.node.n_ranks; r++) {
             node_rank *nr = &t.node.ranks[r];
             if (nr->in_step) continue;
-            if (!mock_engine_has_work(nr->eng) && !mock_engine_has_events(nr->eng))
+            if (!mock_engine_has_work(nr->eng) &&
+                !mock_engine_has_events(nr->eng))
                 continue;
             mock_step s;
-            if ((st = node_step_begin(&t.node, r, batch_ts(&t, now), &s)) != KVO_OK) {
+            if ((st = node_step_begin(&t.node, r, batch_ts(&t, now), &s)) !=
+                KVO_OK) {
                 kvo_error("rank %u: step: %s", r, kvo_strerror(st));
                 goto done;
             }

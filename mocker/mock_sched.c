@@ -59,9 +59,9 @@ static void on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent,
     (void)cpu_offload(&s->cpu, hash, parent, meta, s->ev);
 }
 
-kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len,
-                      mock_hasher *hasher, step_events *ev,
-                      mock_engine_stats *st) {
+kvo_status sched_init(mock_sched *s, const mock_cfg *cfg,
+                      uint32_t max_model_len, mock_hasher *hasher,
+                      step_events *ev, mock_engine_stats *st) {
     memset(s, 0, sizeof(*s));
     s->cfg = cfg;
     s->max_model_len = max_model_len;
@@ -77,7 +77,8 @@ kvo_status sched_init(mock_sched *s, const mock_cfg *cfg, uint32_t max_model_len
     kvo_status rc = pool_init(&s->pool, cfg->num_gpu_blocks, caching,
                               keep ? cfg->block_size : 0);
     if (rc == KVO_OK)
-        rc = cpu_init(&s->cpu, caching ? cfg->cpu_offload_blocks : 0, cfg->block_size);
+        rc = cpu_init(&s->cpu, caching ? cfg->cpu_offload_blocks : 0,
+                      cfg->block_size);
     if (rc != KVO_OK) {
         pool_fini(&s->pool);
         return rc;
@@ -146,8 +147,8 @@ static void free_req_blocks(mock_sched *s, mock_req *r) {
  * in group g: scanning from the right, the first run of `contiguous`
  * cached blocks ends the hit; without one, the leading run is the hit. ids
  * (may be NULL) gets the hit's block ids, 0 (null) before the run. */
-static uint32_t sliding_hit(const mock_sched *s, uint32_t g, const mock_hash *bh,
-                            uint32_t max, uint32_t *ids) {
+static uint32_t sliding_hit(const mock_sched *s, uint32_t g,
+                            const mock_hash *bh, uint32_t max, uint32_t *ids) {
     uint32_t bs = s->cfg->block_size, w = s->cfg->groups[g].window;
     uint32_t contiguous = (w - 1 + bs - 1) / bs, run = 0;
     for (uint32_t i = max; i-- > 0;) {
@@ -165,7 +166,8 @@ static uint32_t sliding_hit(const mock_sched *s, uint32_t g, const mock_hash *bh
         }
     }
     if (ids) /* the leading run, found last */
-        for (uint32_t k = 0; k < run; k++) ids[k] = pool_lookup_g(&s->pool, bh[k].key, g);
+        for (uint32_t k = 0; k < run; k++)
+            ids[k] = pool_lookup_g(&s->pool, bh[k].key, g);
     return run;
 }
 
@@ -267,8 +269,8 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
 /* cache_blocks for groups 1..: each group's new full blocks (never a
  * skipped position: those are below what the group cached already), one
  * BlockStored per group after group 0's. */
-static kvo_status cache_groups(mock_sched *s, mock_req *r, uint32_t full, bool decode,
-                               mock_step *out) {
+static kvo_status cache_groups(mock_sched *s, mock_req *r, uint32_t full,
+                               bool decode, mock_step *out) {
     mock_pool *p = &s->pool;
     for (uint32_t g = 0; g < r->n_grp; g++) {
         struct req_group *q = &r->grp[g];
@@ -281,8 +283,9 @@ static kvo_status cache_groups(mock_sched *s, mock_req *r, uint32_t full, bool d
         }
         q->num_cached_block = full;
         out->stored += full - first;
-        kvo_status st = events_stored_g(s->ev, r, first, full - first, s->cfg->block_size,
-                                        decode, g + 1, s->cfg->groups[g + 1].window);
+        kvo_status st =
+            events_stored_g(s->ev, r, first, full - first, s->cfg->block_size,
+                            decode, g + 1, s->cfg->groups[g + 1].window);
         if (st != KVO_OK) return st;
     }
     return KVO_OK;
@@ -290,10 +293,10 @@ static kvo_status cache_groups(mock_sched *s, mock_req *r, uint32_t full, bool d
 
 /* allocate_slots. *ok = false (nothing changed) when the pool cannot supply
  * the blocks. What it evicted and stored is added to out's counts. */
-static kvo_status allocate_slots(mock_sched *s, mock_req *r,
-                                 uint32_t num_new, uint32_t new_computed,
-                                 const uint32_t *hit, uint32_t n_hit,
-                                 bool decode, mock_step *out, bool *ok) {
+static kvo_status allocate_slots(mock_sched *s, mock_req *r, uint32_t num_new,
+                                 uint32_t new_computed, const uint32_t *hit,
+                                 uint32_t n_hit, bool decode, mock_step *out,
+                                 bool *ok) {
     mock_pool *p = &s->pool;
     uint32_t bs = s->cfg->block_size;
     /* sliding groups free what left the window first (vLLM does, even
@@ -333,7 +336,8 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
         struct req_group *q = &r->grp[g];
         if (!n_hit) continue;
         for (uint32_t k = 0; k < n_hit; k++)
-            if (q->blocks[q->n_blocks + k] != 0) pool_touch(p, &q->blocks[q->n_blocks + k], 1);
+            if (q->blocks[q->n_blocks + k] != 0)
+                pool_touch(p, &q->blocks[q->n_blocks + k], 1);
         q->n_blocks += n_hit;
         q->num_cached_block = n_hit;
     }
@@ -356,7 +360,8 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
         uint32_t first = r->num_cached_block;
         for (uint32_t k = first; k < full; k++) {
             mock_block_meta meta = {r->tokens + (size_t)k * bs,
-                                    r->lora_tab ? r->lora_id : 0, r->lora_tab, 0};
+                                    r->lora_tab ? r->lora_id : 0, r->lora_tab,
+                                    0};
             kvo_status st = pool_cache(p, r->blocks[k], &r->bh[k],
                                        k ? &r->bh[k - 1] : NULL, &meta);
             if (st != KVO_OK) return st;
@@ -364,7 +369,8 @@ static kvo_status allocate_slots(mock_sched *s, mock_req *r,
         r->num_cached_block = full;
         s->st->blocks_stored += full - first;
         out->stored += full - first;
-        kvo_status st = events_stored(s->ev, r, first, full - first, bs, decode);
+        kvo_status st =
+            events_stored(s->ev, r, first, full - first, bs, decode);
         if (st != KVO_OK) return st;
     }
     return r->n_grp ? cache_groups(s, r, full, decode, out) : KVO_OK;
@@ -486,11 +492,13 @@ kvo_status sched_step(mock_sched *s, mock_step *out) {
     uint32_t decode_reqs = 0;
     for (uint32_t i = 0; i < s->scheduled.n; i++) {
         mock_req *r = s->scheduled.v[i];
-        if (r->sched_decode) decode_reqs++;
+        if (r->sched_decode)
+            decode_reqs++;
         else if (r->remote_prefill && cfg->role == MOCK_ROLE_DECODE)
-            transfer_blocks += (r->sched_tokens + cfg->block_size - 1) /
-                               cfg->block_size;
-        else prefill_tokens += r->sched_tokens;
+            transfer_blocks +=
+                (r->sched_tokens + cfg->block_size - 1) / cfg->block_size;
+        else
+            prefill_tokens += r->sched_tokens;
         r->num_computed += r->sched_tokens;
         s->st->computed_tokens += r->sched_tokens;
         if (!r->split && r->num_computed < r->n_tokens) { /* chunked */
@@ -548,18 +556,17 @@ void sched_complete(mock_sched *s) {
         s->st->generated_tokens++;
         uint32_t n_out = r->n_tokens - r->n_prompt;
         bool done = n_out >= r->max_tokens || r->n_tokens >= s->max_model_len;
-        mock_output o = {
-            .req_id = r->id,
-            .token = tok,
-            .has_token = true,
-            .n_output = n_out,
-            .finish = done ? MOCK_FINISH_LENGTH : MOCK_FINISH_NONE,
-            .cached_tokens = r->num_cached_tokens > 0
-                                 ? (uint32_t)r->num_cached_tokens
-                                 : 0,
-            .n_prompt = r->n_prompt,
-            .block_ids = r->blocks,
-            .n_blocks = r->n_blocks};
+        mock_output o = {.req_id = r->id,
+                         .token = tok,
+                         .has_token = true,
+                         .n_output = n_out,
+                         .finish = done ? MOCK_FINISH_LENGTH : MOCK_FINISH_NONE,
+                         .cached_tokens = r->num_cached_tokens > 0
+                                              ? (uint32_t)r->num_cached_tokens
+                                              : 0,
+                         .n_prompt = r->n_prompt,
+                         .block_ids = r->blocks,
+                         .n_blocks = r->n_blocks};
         if (r->on_output) r->on_output(r->user, &o);
         if (done) {
             finish_req(s, r);

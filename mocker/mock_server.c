@@ -67,9 +67,9 @@ typedef struct choice {
     uint32_t n_prompt, n_output, cached;
     bool prefill_seq_set;
     uint64_t prefill_seq;
-    kvo_buf text;       /* non-stream: generated text */
-    kvo_buf tok;        /* generated token ids (uint64_t) when asked */
-    uint32_t *blocks;   /* prefill role: the request's blocks at finish */
+    kvo_buf text;     /* non-stream: generated text */
+    kvo_buf tok;      /* generated token ids (uint64_t) when asked */
+    uint32_t *blocks; /* prefill role: the request's blocks at finish */
     uint32_t n_blocks;
 } choice;
 
@@ -93,15 +93,15 @@ struct server {
     const mock_cfg *cfg;
     mock_node node;
     kvo_http_server *http;
-    call *calls;       /* live calls */
-    call *cancels;     /* calls whose stream client went away */
+    call *calls;   /* live calls */
+    call *cancels; /* calls whose stream client went away */
     uint64_t rr;
     uint64_t next_call;
     uint64_t t0_ns;
     long long started_unix;
     uint64_t http_requests, http_errors; /* answered; of them errors */
     uint64_t finished_length, finished_aborted;
-    bool answered;     /* a call was answered: let the loop send it */
+    bool answered;      /* a call was answered: let the loop send it */
     uint64_t *warm_ids; /* a probe's "warm" prompt (trace form), hashed */
     uint32_t warm_n_ids, warm_len; /* after the answer went out */
     kvo_buf scratch;
@@ -114,7 +114,8 @@ static json_object *u64_or_null(bool set, uint64_t v) {
 }
 
 static void respond_err(server *s, kvo_http_req *r, unsigned status,
-                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+                        const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* vLLM's error body: {"object": "error", "message", "type", "param", "code"};
  * counted in http_errors. */
@@ -129,10 +130,11 @@ static void respond_err(server *s, kvo_http_req *r, unsigned status,
     json_object *j = json_object_new_object();
     json_object_object_add(j, "object", json_object_new_string("error"));
     json_object_object_add(j, "message", json_object_new_string(msg));
-    json_object_object_add(j, "type",
-                           json_object_new_string(status == 404   ? "NotFoundError"
-                                                  : status < 500 ? "BadRequestError"
-                                                                 : "InternalServerError"));
+    json_object_object_add(
+        j, "type",
+        json_object_new_string(status == 404  ? "NotFoundError"
+                               : status < 500 ? "BadRequestError"
+                                              : "InternalServerError"));
     json_object_object_add(j, "param", NULL);
     json_object_object_add(j, "code", json_object_new_int((int)status));
     kvo_http_respond_json(r, status, j);
@@ -153,13 +155,17 @@ static void call_free(call *k) {
 
 static void call_unlink(call *k) {
     server *s = k->s;
-    if (k->prev) k->prev->next = k->next;
-    else s->calls = k->next;
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        s->calls = k->next;
     if (k->next) k->next->prev = k->prev;
 }
 
 static const char *finish_name(mock_finish f) {
-    return f == MOCK_FINISH_LENGTH ? "length" : f == MOCK_FINISH_ABORTED ? "abort" : NULL;
+    return f == MOCK_FINISH_LENGTH    ? "length"
+           : f == MOCK_FINISH_ABORTED ? "abort"
+                                      : NULL;
 }
 
 static json_object *usage_json(const call *k) {
@@ -211,8 +217,9 @@ static json_object *transfer_json(const call *k) {
     for (uint32_t i = 0; i < c->n_blocks; i++)
         json_object_array_add(ids, json_object_new_int64(c->blocks[i]));
     json_object_object_add(o, "remote_block_ids", ids);
-    json_object_object_add(o, "remote_host",
-                           json_object_new_string(node_advertise_host(&s->node)));
+    json_object_object_add(
+        o, "remote_host",
+        json_object_new_string(node_advertise_host(&s->node)));
     json_object_object_add(o, "remote_port",
                            json_object_new_int(kvo_http_server_port(s->http)));
     json_object_object_add(o, "tp_size", json_object_new_int(1));
@@ -224,7 +231,8 @@ static json_object *call_header(const call *k, const char *object) {
     json_object_object_add(o, "id", json_object_new_string(k->id));
     json_object_object_add(o, "object", json_object_new_string(object));
     json_object_object_add(o, "created", json_object_new_int64(k->created));
-    json_object_object_add(o, "model", json_object_new_string(k->s->cfg->model));
+    json_object_object_add(o, "model",
+                           json_object_new_string(k->s->cfg->model));
     return o;
 }
 
@@ -248,16 +256,21 @@ static void sse(call *k, json_object *o) {
 /* One streamed chunk: a token's text, or (text NULL) the finish. */
 static void sse_chunk(call *k, const choice *c, const char *text,
                       const char *finish, bool first) {
-    json_object *o = call_header(k, k->chat ? "chat.completion.chunk" : "text_completion");
+    json_object *o =
+        call_header(k, k->chat ? "chat.completion.chunk" : "text_completion");
     json_object *ch = json_object_new_object();
     json_object_object_add(ch, "index", json_object_new_int((int)c->index));
     if (k->chat) {
         json_object *d = json_object_new_object();
-        if (first) json_object_object_add(d, "role", json_object_new_string("assistant"));
-        if (text) json_object_object_add(d, "content", json_object_new_string(text));
+        if (first)
+            json_object_object_add(d, "role",
+                                   json_object_new_string("assistant"));
+        if (text)
+            json_object_object_add(d, "content", json_object_new_string(text));
         json_object_object_add(ch, "delta", d);
     } else {
-        json_object_object_add(ch, "text", json_object_new_string(text ? text : ""));
+        json_object_object_add(ch, "text",
+                               json_object_new_string(text ? text : ""));
     }
     json_object_object_add(ch, "logprobs", NULL);
     json_object_object_add(ch, "finish_reason",
@@ -280,13 +293,16 @@ static void call_finish(call *k) {
             json_object_object_add(o, "usage", usage_json(k));
             json_object_object_add(o, "kvo", kvo_ext_json(k));
             if (s->cfg->role == MOCK_ROLE_PREFILL)
-                json_object_object_add(o, "kv_transfer_params", transfer_json(k));
+                json_object_object_add(o, "kv_transfer_params",
+                                       transfer_json(k));
             sse(k, o);
         }
-        if (!k->cancel) kvo_http_stream_write(k->req, sse_done, sizeof(sse_done) - 1);
+        if (!k->cancel)
+            kvo_http_stream_write(k->req, sse_done, sizeof(sse_done) - 1);
         kvo_http_stream_end(k->req);
     } else {
-        json_object *o = call_header(k, k->chat ? "chat.completion" : "text_completion");
+        json_object *o =
+            call_header(k, k->chat ? "chat.completion" : "text_completion");
         json_object *arr = json_object_new_array();
         for (uint32_t i = 0; i < k->n_choices; i++) {
             choice *c = &k->choices[i];
@@ -296,17 +312,21 @@ static void call_finish(call *k) {
             const char *txt = c->text.data ? (const char *)c->text.data : "";
             if (k->chat) {
                 json_object *m = json_object_new_object();
-                json_object_object_add(m, "role", json_object_new_string("assistant"));
-                json_object_object_add(m, "content", json_object_new_string(txt));
+                json_object_object_add(m, "role",
+                                       json_object_new_string("assistant"));
+                json_object_object_add(m, "content",
+                                       json_object_new_string(txt));
                 json_object_object_add(ch, "message", m);
             } else {
                 json_object_object_add(ch, "text", json_object_new_string(txt));
             }
             json_object_object_add(ch, "logprobs", NULL);
             const char *fr = finish_name(c->finish);
-            json_object_object_add(ch, "finish_reason", fr ? json_object_new_string(fr) : NULL);
+            json_object_object_add(ch, "finish_reason",
+                                   fr ? json_object_new_string(fr) : NULL);
             json_object_object_add(ch, "stop_reason", NULL);
-            if (k->return_token_ids) json_object_object_add(ch, "token_ids", token_ids_json(c));
+            if (k->return_token_ids)
+                json_object_object_add(ch, "token_ids", token_ids_json(c));
             json_object_array_add(arr, ch);
         }
         json_object_object_add(o, "choices", arr);
@@ -326,7 +346,8 @@ static void on_choice_output(void *user, const mock_output *o) {
     if (!k) return; /* a call that failed while queueing its choices */
     server *s = k->s;
     if (o->has_token) {
-        if (k->return_token_ids) kvo_buf_append(&c->tok, &o->token, sizeof(o->token));
+        if (k->return_token_ids)
+            kvo_buf_append(&c->tok, &o->token, sizeof(o->token));
         if (k->stream) {
             if (!k->cancel && kvo_http_stream_closed(k->req)) {
                 k->cancel = true;
@@ -338,7 +359,8 @@ static void on_choice_output(void *user, const mock_output *o) {
             }
             if (!k->cancel) {
                 char txt[32];
-                snprintf(txt, sizeof(txt), " t%llu", (unsigned long long)o->token);
+                snprintf(txt, sizeof(txt), " t%llu",
+                         (unsigned long long)o->token);
                 sse_chunk(k, c, txt, NULL, o->n_output == 1);
             }
         } else {
@@ -351,8 +373,10 @@ static void on_choice_output(void *user, const mock_output *o) {
     c->n_prompt = o->n_prompt;
     c->n_output = o->n_output;
     c->cached = o->cached_tokens;
-    if (o->finish == MOCK_FINISH_LENGTH) s->finished_length++;
-    else s->finished_aborted++;
+    if (o->finish == MOCK_FINISH_LENGTH)
+        s->finished_length++;
+    else
+        s->finished_aborted++;
     if (s->cfg->role == MOCK_ROLE_PREFILL && o->n_blocks && !c->blocks) {
         c->blocks = kvo_malloc(o->n_blocks * sizeof(uint32_t));
         if (c->blocks) {
@@ -360,7 +384,8 @@ static void on_choice_output(void *user, const mock_output *o) {
             c->n_blocks = o->n_blocks;
         }
     }
-    if (k->stream && !k->cancel) sse_chunk(k, c, NULL, finish_name(o->finish), false);
+    if (k->stream && !k->cancel)
+        sse_chunk(k, c, NULL, finish_name(o->finish), false);
     if (++k->n_done == k->n_choices) call_finish(k);
 }
 
@@ -385,8 +410,8 @@ static void process_cancels(server *s) {
 
 /* The rank a completion goes to: its "data_parallel_rank", else the
  * X-data-parallel-rank header, else round robin. */
-static bool pick_rank(server *s, kvo_http_req *req, const mock_completion_req *c,
-                      uint32_t *rank) {
+static bool pick_rank(server *s, kvo_http_req *req,
+                      const mock_completion_req *c, uint32_t *rank) {
     const char *h = kvo_http_req_header(req, "X-data-parallel-rank");
     if (c->has_rank) {
         *rank = c->rank; /* the parser checked the range */
@@ -394,7 +419,8 @@ static bool pick_rank(server *s, kvo_http_req *req, const mock_completion_req *c
     }
     if (h) {
         uint32_t r;
-        if (kvo_parse_u32(h, &r) != KVO_OK || r >= s->node.n_ranks) return false;
+        if (kvo_parse_u32(h, &r) != KVO_OK || r >= s->node.n_ranks)
+            return false;
         *rank = r;
         return true;
     }
@@ -428,16 +454,19 @@ static void handle_completion(server *s, kvo_http_req *req, bool chat) {
      * --lora-modules (404 for any other name). Without --lora-modules the
      * name is not checked, as before; "lora_name" names an adapter too. */
     const char *lora = c.lora;
-    if (c.model && strcmp(c.model, s->cfg->model) != 0 && s->cfg->lora_modules) {
+    if (c.model && strcmp(c.model, s->cfg->model) != 0 &&
+        s->cfg->lora_modules) {
         if (!mock_cfg_lora_module(s->cfg, c.model)) {
             st = kvo_err_set(&err, KVO_ENOTFOUND, KVO_ERR_NO_OFFSET,
                              "The model `%.200s` does not exist.", c.model);
             goto done;
         }
         if (lora && strcmp(lora, c.model) != 0) {
-            st = kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
-                             "model names the LoRA adapter %.100s but lora_name "
-                             "is %.100s", c.model, lora);
+            st =
+                kvo_err_set(&err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                            "model names the LoRA adapter %.100s but lora_name "
+                            "is %.100s",
+                            c.model, lora);
             goto done;
         }
         lora = c.model;
@@ -513,25 +542,30 @@ static void handle_models(server *s, kvo_http_req *req) {
     json_object *m = json_object_new_object();
     json_object_object_add(m, "id", json_object_new_string(s->cfg->model));
     json_object_object_add(m, "object", json_object_new_string("model"));
-    json_object_object_add(m, "created", json_object_new_int64(s->started_unix));
+    json_object_object_add(m, "created",
+                           json_object_new_int64(s->started_unix));
     json_object_object_add(m, "owned_by", json_object_new_string("vllm"));
     json_object_object_add(m, "root", json_object_new_string(s->cfg->model));
     json_object_object_add(m, "parent", NULL);
-    json_object_object_add(m, "max_model_len",
-                           json_object_new_int64(mock_cfg_max_model_len(s->cfg)));
+    json_object_object_add(
+        m, "max_model_len",
+        json_object_new_int64(mock_cfg_max_model_len(s->cfg)));
     json_object_object_add(m, "permission", json_object_new_array());
     json_object *arr = json_object_new_array();
     json_object_array_add(arr, m);
     /* each --lora-modules adapter, as vLLM lists them after the base */
     char name[256];
-    for (uint32_t i = 0; mock_cfg_lora_module_at(s->cfg, i, name, sizeof(name)); i++) {
+    for (uint32_t i = 0; mock_cfg_lora_module_at(s->cfg, i, name, sizeof(name));
+         i++) {
         json_object *l = json_object_new_object();
         json_object_object_add(l, "id", json_object_new_string(name));
         json_object_object_add(l, "object", json_object_new_string("model"));
-        json_object_object_add(l, "created", json_object_new_int64(s->started_unix));
+        json_object_object_add(l, "created",
+                               json_object_new_int64(s->started_unix));
         json_object_object_add(l, "owned_by", json_object_new_string("vllm"));
         json_object_object_add(l, "root", json_object_new_string(name));
-        json_object_object_add(l, "parent", json_object_new_string(s->cfg->model));
+        json_object_object_add(l, "parent",
+                               json_object_new_string(s->cfg->model));
         json_object_object_add(l, "max_model_len", NULL);
         json_object_object_add(l, "permission", json_object_new_array());
         json_object_array_add(arr, l);
@@ -558,9 +592,11 @@ static void handle_reset(server *s, kvo_http_req *req) {
             json_object *o = json_object_new_object();
             json_object_object_add(o, "success", json_object_new_boolean(0));
             char msg[128];
-            snprintf(msg, sizeof(msg),
-                     "failed to reset the prefix cache: rank %u has %llu blocks "
-                     "in use", r, (unsigned long long)st.used_blocks);
+            snprintf(
+                msg, sizeof(msg),
+                "failed to reset the prefix cache: rank %u has %llu blocks "
+                "in use",
+                r, (unsigned long long)st.used_blocks);
             json_object_object_add(o, "error", json_object_new_string(msg));
             kvo_http_respond_json(req, 409, o);
             return;
@@ -583,12 +619,14 @@ static void handle_metrics(server *s, kvo_http_req *req) {
     if (st == KVO_OK)
         kvo_http_respond(req, 200, KVO_PROM_CTYPE, b.data, b.len);
     else
-        respond_err(s, req, 500, "writing the metrics failed: %s", kvo_strerror(st));
+        respond_err(s, req, 500, "writing the metrics failed: %s",
+                    kvo_strerror(st));
     kvo_buf_fini(&b);
 }
 
 static json_object *counters_json(const mock_engine_stats *st,
-                                  const mock_pub_stats *ps, uint64_t render_err) {
+                                  const mock_pub_stats *ps,
+                                  uint64_t render_err) {
     json_object *c = json_object_new_object();
 #define C(name, v) json_object_object_add(c, name, json_object_new_uint64(v))
     C("requests_added", st->requests_added);
@@ -650,28 +688,39 @@ static json_object *process_counters_json(const server *s) {
 static void handle_state(server *s, kvo_http_req *req) {
     const mock_cfg *c = s->cfg;
     json_object *w = json_object_new_object();
-    json_object_object_add(w, "role", json_object_new_string(mock_role_name(c->role)));
-    json_object_object_add(w, "block_size", json_object_new_int64(c->block_size));
-    json_object_object_add(w, "num_gpu_blocks", json_object_new_int64(c->num_gpu_blocks));
-    json_object_object_add(w, "hash_algo", json_object_new_string(wire_algo_name(c->hash_algo)));
-    json_object_object_add(w, "hash_seed", json_object_new_string(c->hash_seed));
-    json_object_object_add(w, "hash_bytes", json_object_new_boolean(c->hash_bytes));
-    json_object_object_add(w, "event_format",
-                           json_object_new_string(wire_format_name(c->event_format)));
+    json_object_object_add(w, "role",
+                           json_object_new_string(mock_role_name(c->role)));
+    json_object_object_add(w, "block_size",
+                           json_object_new_int64(c->block_size));
+    json_object_object_add(w, "num_gpu_blocks",
+                           json_object_new_int64(c->num_gpu_blocks));
+    json_object_object_add(
+        w, "hash_algo", json_object_new_string(wire_algo_name(c->hash_algo)));
+    json_object_object_add(w, "hash_seed",
+                           json_object_new_string(c->hash_seed));
+    json_object_object_add(w, "hash_bytes",
+                           json_object_new_boolean(c->hash_bytes));
+    json_object_object_add(
+        w, "event_format",
+        json_object_new_string(wire_format_name(c->event_format)));
     json_object_object_add(w, "topic", json_object_new_string(c->topic));
     json_object_object_add(w, "dp_size", json_object_new_int64(c->dp_size));
     json_object_object_add(w, "model", json_object_new_string(c->model));
-    json_object_object_add(w, "prefix_caching", json_object_new_boolean(c->prefix_caching));
+    json_object_object_add(w, "prefix_caching",
+                           json_object_new_boolean(c->prefix_caching));
     json_object_object_add(w, "max_model_len",
                            json_object_new_int64(mock_cfg_max_model_len(c)));
-    json_object_object_add(w, "vocab_size", json_object_new_uint64(c->vocab_size));
+    json_object_object_add(w, "vocab_size",
+                           json_object_new_uint64(c->vocab_size));
     if (c->cpu_offload_blocks)
         json_object_object_add(w, "cpu_offload_blocks",
                                json_object_new_uint64(c->cpu_offload_blocks));
     if (c->lora_modules)
-        json_object_object_add(w, "lora_modules", json_object_new_string(c->lora_modules));
+        json_object_object_add(w, "lora_modules",
+                               json_object_new_string(c->lora_modules));
     if (mock_cfg_groups(c) > 1)
-        json_object_object_add(w, "kv_groups", json_object_new_int64(mock_cfg_groups(c)));
+        json_object_object_add(w, "kv_groups",
+                               json_object_new_int64(mock_cfg_groups(c)));
     json_object *muts = json_object_new_array();
     const mock_mutation_info *m = mock_mutations();
     for (unsigned i = 0; i < MOCK_MUT_COUNT; i++)
@@ -690,10 +739,14 @@ static void handle_state(server *s, kvo_http_req *req) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "dp_rank", json_object_new_int64(r));
         json_object_object_add(o, "last_seq", u64_or_null(lset, last));
-        json_object_object_add(o, "resident_blocks", json_object_new_uint64(st.resident_blocks));
-        json_object_object_add(o, "cached_distinct", json_object_new_uint64(st.cached_distinct));
-        json_object_object_add(o, "cached_digest", json_object_new_uint64(st.cached_digest));
-        json_object_object_add(o, "free_blocks", json_object_new_uint64(st.free_blocks));
+        json_object_object_add(o, "resident_blocks",
+                               json_object_new_uint64(st.resident_blocks));
+        json_object_object_add(o, "cached_distinct",
+                               json_object_new_uint64(st.cached_distinct));
+        json_object_object_add(o, "cached_digest",
+                               json_object_new_uint64(st.cached_digest));
+        json_object_object_add(o, "free_blocks",
+                               json_object_new_uint64(st.free_blocks));
         if (mock_cfg_groups(c) > 1) { /* each KV-cache group's cached set */
             json_object *ga = json_object_new_array();
             for (uint32_t g = 0; g < mock_cfg_groups(c); g++) {
@@ -701,32 +754,43 @@ static void handle_state(server *s, kvo_http_req *req) {
                 mock_engine_group_set(nr->eng, g, &dn, &dg);
                 json_object *go = json_object_new_object();
                 json_object_object_add(go, "group", json_object_new_int64(g));
-                json_object_object_add(go, "kind", json_object_new_string(
-                                                       c->groups[g].sliding ? "sliding_window"
-                                                                            : "full_attention"));
+                json_object_object_add(
+                    go, "kind",
+                    json_object_new_string(c->groups[g].sliding
+                                               ? "sliding_window"
+                                               : "full_attention"));
                 if (c->groups[g].sliding)
-                    json_object_object_add(go, "sliding_window",
-                                           json_object_new_int64(c->groups[g].window));
-                json_object_object_add(go, "cached_distinct", json_object_new_uint64(dn));
-                json_object_object_add(go, "cached_digest", json_object_new_uint64(dg));
+                    json_object_object_add(
+                        go, "sliding_window",
+                        json_object_new_int64(c->groups[g].window));
+                json_object_object_add(go, "cached_distinct",
+                                       json_object_new_uint64(dn));
+                json_object_object_add(go, "cached_digest",
+                                       json_object_new_uint64(dg));
                 json_object_array_add(ga, go);
             }
             json_object_object_add(o, "groups", ga);
         }
         if (c->cpu_offload_blocks && c->prefix_caching) {
-            json_object_object_add(o, "cpu_cached_distinct",
-                                   json_object_new_uint64(st.cpu_cached_distinct));
-            json_object_object_add(o, "cpu_cached_digest",
-                                   json_object_new_uint64(st.cpu_cached_digest));
+            json_object_object_add(
+                o, "cpu_cached_distinct",
+                json_object_new_uint64(st.cpu_cached_distinct));
+            json_object_object_add(
+                o, "cpu_cached_digest",
+                json_object_new_uint64(st.cpu_cached_digest));
         }
         json_object_object_add(o, "requests_finished",
                                json_object_new_uint64(st.requests_finished));
         json_object *cj = counters_json(&st, &ps, nr->render_errors);
         if (c->cpu_offload_blocks && c->prefix_caching) {
-            json_object_object_add(cj, "cpu_stored", json_object_new_uint64(st.cpu_stored));
-            json_object_object_add(cj, "cpu_removed", json_object_new_uint64(st.cpu_removed));
-            json_object_object_add(cj, "cpu_queries", json_object_new_uint64(st.cpu_queries));
-            json_object_object_add(cj, "cpu_hits", json_object_new_uint64(st.cpu_hits));
+            json_object_object_add(cj, "cpu_stored",
+                                   json_object_new_uint64(st.cpu_stored));
+            json_object_object_add(cj, "cpu_removed",
+                                   json_object_new_uint64(st.cpu_removed));
+            json_object_object_add(cj, "cpu_queries",
+                                   json_object_new_uint64(st.cpu_queries));
+            json_object_object_add(cj, "cpu_hits",
+                                   json_object_new_uint64(st.cpu_hits));
         }
         json_object_object_add(o, "counters", cj);
         json_object_array_add(ranks, o);
@@ -759,14 +823,16 @@ static const uint64_t *probe_block_tokens(const mock_prompt *p, uint32_t b,
 
 /* Hash block b of a probe's prompt into h[b] (h[0..b) hashed before);
  * buf is scratch for a block's tokens. */
-static kvo_status probe_hash(server *s, const mock_prompt *p, const mock_keys *keys,
-                             uint32_t b, mock_hash *h, uint64_t *buf, kvo_err *err) {
+static kvo_status probe_hash(server *s, const mock_prompt *p,
+                             const mock_keys *keys, uint32_t b, mock_hash *h,
+                             uint64_t *buf, kvo_err *err) {
     uint32_t bs = s->cfg->block_size;
     mock_trace_ref tr = {p->trace_ids, p->n_trace};
     const uint64_t *tok = probe_block_tokens(p, b, bs, buf);
     kvo_status st = mock_hasher_block_next(s->node.hasher, tok, bs, b, h, keys,
                                            p->trace_ids ? &tr : NULL, &h[b]);
-    if (st != KVO_OK) kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
+    if (st != KVO_OK)
+        kvo_err_set(err, st, KVO_ERR_NO_OFFSET, "%s", kvo_strerror(st));
     return st;
 }
 
@@ -775,11 +841,13 @@ static kvo_status probe_hash(server *s, const mock_prompt *p, const mock_keys *k
  * presence with a tier) and its router tokens_hash by the rule the relay
  * derives from the events (wire_router_hash_prompt's: the LoRA seed on
  * every block, the salt's on block 0 only, the items a block overlaps). */
-static json_object *probe_chain(server *s, const mock_engine *e, const mock_prompt *p,
-                                const mock_hash *h, uint32_t nb, const mock_keys *k,
+static json_object *probe_chain(server *s, const mock_engine *e,
+                                const mock_prompt *p, const mock_hash *h,
+                                uint32_t nb, const mock_keys *k,
                                 uint64_t *buf) {
     uint32_t bs = s->cfg->block_size;
-    size_t ll = k->lora ? strlen(k->lora) : 0, sl = k->salt ? strlen(k->salt) : 0;
+    size_t ll = k->lora ? strlen(k->lora) : 0,
+           sl = k->salt ? strlen(k->salt) : 0;
     uint64_t seed0 = wire_router_seed(k->lora, ll, k->salt, sl);
     uint64_t seed = wire_router_seed(k->lora, ll, NULL, 0);
     wire_mm_key keys[MOCK_MAX_MM_ITEMS];
@@ -790,12 +858,15 @@ static json_object *probe_chain(server *s, const mock_engine *e, const mock_prom
         uint32_t copies = mock_engine_copies_count(e, h[b].key);
         json_object_object_add(o, "index", json_object_new_int64(b));
         json_object_object_add(o, "hash", json_object_new_uint64(h[b].key));
-        json_object_object_add(o, "parent", b ? json_object_new_uint64(h[b - 1].key) : NULL);
-        json_object_object_add(o, "cached", json_object_new_boolean(copies > 0));
+        json_object_object_add(o, "parent",
+                               b ? json_object_new_uint64(h[b - 1].key) : NULL);
+        json_object_object_add(o, "cached",
+                               json_object_new_boolean(copies > 0));
         json_object_object_add(o, "copies", json_object_new_int64(copies));
         if (mock_engine_cpu_blocks(e))
-            json_object_object_add(o, "cpu", json_object_new_boolean(
-                                                  mock_engine_cpu_cached(e, h[b].key)));
+            json_object_object_add(
+                o, "cpu",
+                json_object_new_boolean(mock_engine_cpu_cached(e, h[b].key)));
         const uint64_t *tok = probe_block_tokens(p, b, bs, buf);
         uint32_t nk = mock_mm_block_keys(k->mm, k->n_mm, (uint64_t)b * bs,
                                          (uint64_t)(b + 1) * bs, &idx, keys);
@@ -856,7 +927,8 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     uint32_t hashed = 0;
     bool alive = s->cfg->prefix_caching;
     for (uint32_t b = 0; alive && b < walk_max; b++) {
-        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK) goto done;
+        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK)
+            goto done;
         hashed = b + 1;
         alive = false;
         for (uint32_t r = 0; r < n; r++) {
@@ -884,22 +956,26 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
     if (want > full) want = full;
     if (!s->cfg->prefix_caching) want = 0;
     for (uint32_t b = hashed; b < want; b++)
-        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK) goto done;
+        if ((st = probe_hash(s, p, &keys, b, h, blk_tok, &err)) != KVO_OK)
+            goto done;
     json_object *o = json_object_new_object();
     json_object_object_add(o, "block_size", json_object_new_int64(bs));
-    json_object_object_add(o, "prompt_blocks", json_object_new_int64((p->n + bs - 1) / bs));
+    json_object_object_add(o, "prompt_blocks",
+                           json_object_new_int64((p->n + bs - 1) / bs));
     json_object *arr = json_object_new_array();
     bool groups = mock_cfg_groups(s->cfg) > 1;
     for (uint32_t r = 0; r < n; r++) {
         uint32_t found = pk[r].gpu + pk[r].cpu;
         if (found > cap) found = cap;
         /* a hybrid model: what every group agrees on (the sliding windows) */
-        if (groups) found = mock_engine_hybrid_hit(s->node.ranks[r].eng, h, pk[r].gpu);
+        if (groups)
+            found = mock_engine_hybrid_hit(s->node.ranks[r].eng, h, pk[r].gpu);
         json_object *e = json_object_new_object();
         json_object_object_add(e, "dp_rank", json_object_new_int64(r));
         json_object_object_add(e, "hit_blocks", json_object_new_int64(found));
         if (groups) /* the full-attention group's run: what a router scores */
-            json_object_object_add(e, "full_blocks", json_object_new_int64(pk[r].gpu));
+            json_object_object_add(e, "full_blocks",
+                                   json_object_new_int64(pk[r].gpu));
         if (tier) {
             json_object_object_add(e, "gpu", json_object_new_int64(pk[r].gpu));
             json_object_object_add(e, "cpu", json_object_new_int64(pk[r].cpu));
@@ -907,8 +983,9 @@ static void handle_probe(server *s, kvo_http_req *req, bool chain) {
         if (detail) {
             uint32_t nb = found + 1 + DETAIL_AFTER;
             if (nb > want) nb = want;
-            json_object_object_add(e, "chain", probe_chain(s, s->node.ranks[r].eng, p, h,
-                                                           nb, &keys, blk_tok));
+            json_object_object_add(
+                e, "chain",
+                probe_chain(s, s->node.ranks[r].eng, p, h, nb, &keys, blk_tok));
         }
         json_object_array_add(arr, e);
     }
@@ -941,13 +1018,15 @@ done:
 static void warm_memo(server *s) {
     if (!s->warm_ids) return;
     uint32_t bs = s->cfg->block_size, nb = s->warm_len / bs;
-    uint64_t *tok = nb ? kvo_malloc((size_t)s->warm_len * sizeof(uint64_t)) : NULL;
+    uint64_t *tok =
+        nb ? kvo_malloc((size_t)s->warm_len * sizeof(uint64_t)) : NULL;
     mock_hash *h = nb ? kvo_malloc((size_t)nb * sizeof(mock_hash)) : NULL;
     if (tok && h) {
         mock_trace_tokens(s->warm_ids, s->warm_n_ids, s->warm_len, tok);
         mock_trace_ref tr = {s->warm_ids, s->warm_n_ids};
         (void)mock_hasher_blocks(s->node.hasher, tok, bs, 0, nb, NULL, NULL,
-                                 NULL, &tr, h); /* a failure only costs the memo */
+                                 NULL, &tr,
+                                 h); /* a failure only costs the memo */
     }
     kvo_free(tok);
     kvo_free(h);
@@ -977,24 +1056,29 @@ static void handle_blocks(server *s, kvo_http_req *req) {
         return;
     }
     if (as && kvo_parse_u64(as, &after) != KVO_OK) {
-        respond_err(s, req, 400, "after must be a block hash (an integer in [0, 2^64))");
+        respond_err(s, req, 400,
+                    "after must be a block hash (an integer in [0, 2^64))");
         return;
     }
     if (ls && (kvo_parse_u32(ls, &limit) != KVO_OK || limit == 0 ||
                limit > BLOCKS_PAGE_MAX)) {
-        respond_err(s, req, 400, "limit must be an integer in [1, %u]", BLOCKS_PAGE_MAX);
+        respond_err(s, req, 400, "limit must be an integer in [1, %u]",
+                    BLOCKS_PAGE_MAX);
         return;
     }
     bool cpu = false;
-    if (ts && strcmp(ts, "cpu") == 0) cpu = true;
+    if (ts && strcmp(ts, "cpu") == 0)
+        cpu = true;
     else if (ts && strcmp(ts, "gpu") != 0) {
         respond_err(s, req, 400, "tier must be gpu or cpu");
         return;
     }
     const char *gs = kvo_http_req_arg(req, "group");
     uint32_t group = 0, n_groups = mock_cfg_groups(s->cfg);
-    if (gs && (kvo_parse_u32(gs, &group) != KVO_OK || group >= n_groups || (cpu && group))) {
-        respond_err(s, req, 400, "group must be a KV-cache group in [0, %u) (GPU tier)",
+    if (gs && (kvo_parse_u32(gs, &group) != KVO_OK || group >= n_groups ||
+               (cpu && group))) {
+        respond_err(s, req, 400,
+                    "group must be a KV-cache group in [0, %u) (GPU tier)",
                     n_groups);
         return;
     }
@@ -1011,34 +1095,46 @@ static void handle_blocks(server *s, kvo_http_req *req) {
     kvo_buf out;
     kvo_buf_init(&out);
     kvo_status rc = KVO_ENOMEM;
-    if (b && cpu) rc = mock_engine_cpu_cached_blocks(e, as != NULL, after, b, cap, &n, &more);
+    if (b && cpu)
+        rc = mock_engine_cpu_cached_blocks(e, as != NULL, after, b, cap, &n,
+                                           &more);
     else if (b)
-        rc = mock_engine_group_blocks(e, group, as != NULL, after, b, cap, &n, &more);
+        rc = mock_engine_group_blocks(e, group, as != NULL, after, b, cap, &n,
+                                      &more);
     if (rc == KVO_OK && gs) /* the group named back only when asked for */
-        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"group\":%u,\"count\":%" PRIu64
-                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+        rc = kvo_buf_printf(&out,
+                            "{\"rank\":%u,\"group\":%u,\"count\":%" PRIu64
+                            ",\"digest\":%" PRIu64 ",\"blocks\":[",
                             rank, group, count, digest);
     else if (rc == KVO_OK && ts) /* the tier named back only when asked for */
-        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"tier\":\"%s\",\"count\":%" PRIu64
-                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+        rc = kvo_buf_printf(&out,
+                            "{\"rank\":%u,\"tier\":\"%s\",\"count\":%" PRIu64
+                            ",\"digest\":%" PRIu64 ",\"blocks\":[",
                             rank, cpu ? "cpu" : "gpu", count, digest);
     else if (rc == KVO_OK)
-        rc = kvo_buf_printf(&out, "{\"rank\":%u,\"count\":%" PRIu64
-                                  ",\"digest\":%" PRIu64 ",\"blocks\":[",
+        rc = kvo_buf_printf(&out,
+                            "{\"rank\":%u,\"count\":%" PRIu64
+                            ",\"digest\":%" PRIu64 ",\"blocks\":[",
                             rank, count, digest);
     for (uint32_t i = 0; i < n && rc == KVO_OK; i++) {
         if (b[i].has_parent)
-            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",%" PRIu64 "]", i ? "," : "",
-                                b[i].hash, b[i].parent);
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",%" PRIu64 "]",
+                                i ? "," : "", b[i].hash, b[i].parent);
         else
-            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",null]", i ? "," : "", b[i].hash);
+            rc = kvo_buf_printf(&out, "%s[%" PRIu64 ",null]", i ? "," : "",
+                                b[i].hash);
     }
     if (rc == KVO_OK) {
-        if (more) rc = kvo_buf_printf(&out, "],\"next\":%" PRIu64 "}", b[n - 1].hash);
-        else rc = kvo_buf_printf(&out, "],\"next\":null}");
+        if (more)
+            rc = kvo_buf_printf(&out, "],\"next\":%" PRIu64 "}", b[n - 1].hash);
+        else
+            rc = kvo_buf_printf(&out, "],\"next\":null}");
     }
-    if (rc == KVO_OK) kvo_http_respond(req, 200, "application/json", out.data, out.len);
-    else respond_err(s, req, 503, "listing the cached blocks: %s", kvo_strerror(rc));
+    if (rc == KVO_OK)
+        kvo_http_respond(req, 200, "application/json", out.data, out.len);
+    else
+        respond_err(s, req, 503, "listing the cached blocks: %s",
+                    kvo_strerror(rc));
     kvo_buf_fini(&out);
     kvo_free(b);
 }
@@ -1047,9 +1143,11 @@ static void handle_blocks(server *s, kvo_http_req *req) {
 static json_object *advertised(server *s, const char *bound) {
     if (!bound || !*bound) return NULL;
     const char *colon = strrchr(bound, ':');
-    if (strncmp(bound, "tcp://", 6) != 0 || !colon) return json_object_new_string(bound);
+    if (strncmp(bound, "tcp://", 6) != 0 || !colon)
+        return json_object_new_string(bound);
     char buf[320];
-    snprintf(buf, sizeof(buf), "tcp://%s%s", node_advertise_host(&s->node), colon);
+    snprintf(buf, sizeof(buf), "tcp://%s%s", node_advertise_host(&s->node),
+             colon);
     return json_object_new_string(buf);
 }
 
@@ -1060,12 +1158,17 @@ static void handle_sources(server *s, kvo_http_req *req) {
         if (!nr->source) continue;
         json_object *o = json_object_new_object();
         json_object_object_add(o, "transport", json_object_new_string("zmq"));
-        json_object_object_add(o, "endpoint", advertised(s, mock_pub_endpoint(nr->pub)));
-        json_object_object_add(o, "replay_endpoint",
-                               advertised(s, mock_pub_replay_endpoint(nr->pub)));
-        json_object_object_add(o, "topic", json_object_new_string(s->cfg->topic));
-        json_object_object_add(o, "data_parallel_rank", json_object_new_int64(r));
-        json_object_object_add(o, "encoding", json_object_new_string("msgpack"));
+        json_object_object_add(o, "endpoint",
+                               advertised(s, mock_pub_endpoint(nr->pub)));
+        json_object_object_add(
+            o, "replay_endpoint",
+            advertised(s, mock_pub_replay_endpoint(nr->pub)));
+        json_object_object_add(o, "topic",
+                               json_object_new_string(s->cfg->topic));
+        json_object_object_add(o, "data_parallel_rank",
+                               json_object_new_int64(r));
+        json_object_object_add(o, "encoding",
+                               json_object_new_string("msgpack"));
         json_object_array_add(arr, o);
     }
     kvo_http_respond_json(req, 200, arr);
@@ -1077,19 +1180,30 @@ static void on_http(void *ctx, kvo_http_req *req) {
     const char *m = kvo_http_req_method(req);
     const char *p = kvo_http_req_path(req);
     bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
-    if (strcmp(p, "/v1/completions") == 0 && post) handle_completion(s, req, false);
+    if (strcmp(p, "/v1/completions") == 0 && post)
+        handle_completion(s, req, false);
     else if (strcmp(p, "/v1/chat/completions") == 0 && post)
         handle_completion(s, req, true);
-    else if (strcmp(p, "/health") == 0 && get) kvo_http_respond(req, 200, "text/plain", "", 0);
-    else if (strcmp(p, "/v1/models") == 0 && get) handle_models(s, req);
-    else if (strcmp(p, "/reset_prefix_cache") == 0 && post) handle_reset(s, req);
-    else if (strcmp(p, "/metrics") == 0 && get) handle_metrics(s, req);
-    else if (strcmp(p, "/kvo/state") == 0 && get) handle_state(s, req);
-    else if (strcmp(p, "/kvo/probe") == 0 && post) handle_probe(s, req, false);
-    else if (strcmp(p, "/kvo/chain") == 0 && post) handle_probe(s, req, true);
-    else if (strcmp(p, "/kvo/blocks") == 0 && get) handle_blocks(s, req);
-    else if (strcmp(p, "/kvo/event_sources") == 0 && get) handle_sources(s, req);
-    else respond_err(s, req, 404, "no route for %s %s", m, p);
+    else if (strcmp(p, "/health") == 0 && get)
+        kvo_http_respond(req, 200, "text/plain", "", 0);
+    else if (strcmp(p, "/v1/models") == 0 && get)
+        handle_models(s, req);
+    else if (strcmp(p, "/reset_prefix_cache") == 0 && post)
+        handle_reset(s, req);
+    else if (strcmp(p, "/metrics") == 0 && get)
+        handle_metrics(s, req);
+    else if (strcmp(p, "/kvo/state") == 0 && get)
+        handle_state(s, req);
+    else if (strcmp(p, "/kvo/probe") == 0 && post)
+        handle_probe(s, req, false);
+    else if (strcmp(p, "/kvo/chain") == 0 && post)
+        handle_probe(s, req, true);
+    else if (strcmp(p, "/kvo/blocks") == 0 && get)
+        handle_blocks(s, req);
+    else if (strcmp(p, "/kvo/event_sources") == 0 && get)
+        handle_sources(s, req);
+    else
+        respond_err(s, req, 404, "no route for %s %s", m, p);
 }
 
 /* ---- the loop -------------------------------------------------------------*/
@@ -1178,8 +1292,8 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
     /* HTTP first: its port is usually a fixed one the caller picked, and
      * the event sockets' "port 0" must not take it from us (requests wait
      * in the backlog until the loop runs) */
-    kvo_http_server_cfg hc = {.host = cfg->host, .port = cfg->port,
-                              .handler = on_http, .ctx = s};
+    kvo_http_server_cfg hc = {
+        .host = cfg->host, .port = cfg->port, .handler = on_http, .ctx = s};
     kvo_status st = kvo_http_server_new(&s->http, &hc);
     if (st != KVO_OK) {
         kvo_error("HTTP server on %s:%u: %s", cfg->host, (unsigned)cfg->port,
@@ -1195,7 +1309,8 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
     }
     kvo_info("listening on http://%s:%u", cfg->host,
              (unsigned)kvo_http_server_port(s->http));
-    items[n_items++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(s->http), ZMQ_POLLIN, 0};
+    items[n_items++] =
+        (zmq_pollitem_t){NULL, kvo_http_server_fd(s->http), ZMQ_POLLIN, 0};
     for (uint32_t r = 0; r < s->node.n_ranks; r++) {
         void *rs = mock_pub_replay_socket(s->node.ranks[r].pub);
         if (!rs) continue;
@@ -1211,8 +1326,10 @@ kvo_status mock_run_server(const mock_cfg *cfg) {
         }
         process_cancels(s);
         long timeout = IDLE_POLL_MS;
-        if (busy) timeout = 0;
-        else if (due >= 0 && due < timeout) timeout = (long)due + (due > (long)due);
+        if (busy)
+            timeout = 0;
+        else if (due >= 0 && due < timeout)
+            timeout = (long)due + (due > (long)due);
         long ht = kvo_http_server_timeout_ms(s->http);
         if (ht >= 0 && ht < timeout) timeout = ht;
         int rc = zmq_poll(items, (int)n_items, timeout);

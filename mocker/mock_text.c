@@ -18,7 +18,7 @@ uint32_t mock_tokenize(const char *text, size_t len, uint64_t *out) {
 
 kvo_status mock_detokenize(const uint64_t *tokens, uint32_t n, kvo_buf *b) {
     for (uint32_t i = 0; i < n; i++) { /* " t<decimal>", without printf */
-        char tmp[24]; /* " t" and at most 20 digits */
+        char tmp[24];                  /* " t" and at most 20 digits */
         int k = (int)sizeof(tmp);
         uint64_t v = tokens[i];
         do {
@@ -55,7 +55,8 @@ kvo_status mock_chat_template(const kvo_jv *messages, kvo_buf *b) {
                 kvo_jv part;
                 kvo_json_at(content, j, &part);
                 size_t tlen;
-                const char *txt = kvo_json_str(kvo_json_get(&part, "text"), &tlen);
+                const char *txt =
+                    kvo_json_str(kvo_json_get(&part, "text"), &tlen);
                 if (txt) st = kvo_buf_append(b, txt, tlen);
             }
         } else if (content && !kvo_json_is(content, KVO_JSON_NULL)) {

@@ -28,8 +28,8 @@ uint32_t mock_trace_token(uint64_t hash_id, uint32_t j) {
 
 struct mock_trace {
     FILE *f;
-    char *buf;          /* read buffer */
-    size_t len, pos;    /* valid bytes, consumed bytes */
+    char *buf;       /* read buffer */
+    size_t len, pos; /* valid bytes, consumed bytes */
     size_t cap;
     bool eof;
     uint64_t line;
@@ -140,7 +140,8 @@ static kvo_status next_line(mock_trace *t, const char **p, size_t *n) {
 
 static bool get_u32(json_object *o, const char *key, uint32_t *out) {
     json_object *v;
-    if (!json_object_object_get_ex(o, key, &v) || !json_object_is_type(v, json_type_int))
+    if (!json_object_object_get_ex(o, key, &v) ||
+        !json_object_is_type(v, json_type_int))
         return false;
     int64_t x = json_object_get_int64(v);
     if (x < 0 || x > UINT32_MAX) return false;
@@ -171,8 +172,8 @@ void mock_trace_tokens_at(const uint64_t *hash_ids, uint64_t first, uint32_t n,
 void mock_trace_tokens(const uint64_t *hash_ids, uint32_t n_ids,
                        uint32_t input_length, uint64_t *out) {
     uint64_t all = (uint64_t)n_ids * MOCK_TRACE_BLOCK;
-    mock_trace_tokens_at(hash_ids, 0,
-                         input_length < all ? input_length : (uint32_t)all, out);
+    mock_trace_tokens_at(
+        hash_ids, 0, input_length < all ? input_length : (uint32_t)all, out);
 }
 
 static kvo_status parse_line(mock_trace *t, const char *p, size_t n,
@@ -195,7 +196,8 @@ static kvo_status parse_line(mock_trace *t, const char *p, size_t n,
         !(json_object_is_type(ts, json_type_int) ||
           json_object_is_type(ts, json_type_double)) ||
         json_object_get_double(ts) < 0) {
-        snprintf(msg, msgsz, "line %llu: timestamp missing or not a number >= 0",
+        snprintf(msg, msgsz,
+                 "line %llu: timestamp missing or not a number >= 0",
                  (unsigned long long)t->line);
         goto done;
     }
@@ -280,7 +282,8 @@ kvo_status mock_trace_next(mock_trace *t, mock_trace_req *req, char *msg,
             return st;
         }
         /* Blank lines (and a trailing \r) are not requests. */
-        while (n > 0 && (p[n - 1] == '\r' || p[n - 1] == ' ' || p[n - 1] == '\t'))
+        while (n > 0 &&
+               (p[n - 1] == '\r' || p[n - 1] == ' ' || p[n - 1] == '\t'))
             n--;
         if (n == 0) continue;
         st = parse_line(t, p, n, req, msg, msgsz);

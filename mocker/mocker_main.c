@@ -13,15 +13,47 @@
 #define MIB (1u << 20)
 
 enum {
-    OPT_HOST = 256, OPT_PORT, OPT_ZMQ_HOST, OPT_ZMQ_PORT, OPT_ZMQ_ENDPOINT,
-    OPT_REPLAY_PORT, OPT_NO_REPLAY, OPT_ADVERTISE, OPT_TOPIC, OPT_BLOCK_SIZE,
-    OPT_NUM_GPU_BLOCKS, OPT_MAX_SEQS, OPT_MAX_BATCHED, OPT_MAX_MODEL_LEN,
-    OPT_DP_SIZE, OPT_ROLE, OPT_NO_CACHING, OPT_CACHING, OPT_KV_TRANSFER,
-    OPT_HASH_ALGO, OPT_HASH_SEED, OPT_HASH_BYTES, OPT_HASH_MEMO,
-    OPT_EVENT_FORMAT, OPT_SPEEDUP, OPT_SEED, OPT_MUTATE, OPT_RECORD, OPT_TRACE,
-    OPT_REPLAY_BUFFER, OPT_REPLAY_BUFFER_MB, OPT_ZMQ_HWM, OPT_REQUIRE_EVENTS,
-    OPT_MODEL, OPT_NO_PROGRESS, OPT_SUMMARY_JSON, OPT_LOG_LEVEL, OPT_VOCAB_SIZE,
-    OPT_LORA_MODULES, OPT_CPU_OFFLOAD, OPT_KV_GROUPS
+    OPT_HOST = 256,
+    OPT_PORT,
+    OPT_ZMQ_HOST,
+    OPT_ZMQ_PORT,
+    OPT_ZMQ_ENDPOINT,
+    OPT_REPLAY_PORT,
+    OPT_NO_REPLAY,
+    OPT_ADVERTISE,
+    OPT_TOPIC,
+    OPT_BLOCK_SIZE,
+    OPT_NUM_GPU_BLOCKS,
+    OPT_MAX_SEQS,
+    OPT_MAX_BATCHED,
+    OPT_MAX_MODEL_LEN,
+    OPT_DP_SIZE,
+    OPT_ROLE,
+    OPT_NO_CACHING,
+    OPT_CACHING,
+    OPT_KV_TRANSFER,
+    OPT_HASH_ALGO,
+    OPT_HASH_SEED,
+    OPT_HASH_BYTES,
+    OPT_HASH_MEMO,
+    OPT_EVENT_FORMAT,
+    OPT_SPEEDUP,
+    OPT_SEED,
+    OPT_MUTATE,
+    OPT_RECORD,
+    OPT_TRACE,
+    OPT_REPLAY_BUFFER,
+    OPT_REPLAY_BUFFER_MB,
+    OPT_ZMQ_HWM,
+    OPT_REQUIRE_EVENTS,
+    OPT_MODEL,
+    OPT_NO_PROGRESS,
+    OPT_SUMMARY_JSON,
+    OPT_LOG_LEVEL,
+    OPT_VOCAB_SIZE,
+    OPT_LORA_MODULES,
+    OPT_CPU_OFFLOAD,
+    OPT_KV_GROUPS
 };
 
 static const struct option options[] = {
@@ -75,7 +107,8 @@ static const char usage[] =
     "       kvo-mocker --trace FILE [options]  replay a Mooncake trace\n"
     "\n"
     "A mock vLLM engine: vLLM v1's block pool and scheduler, KV events over\n"
-    "ZeroMQ (PUB + replay ROUTER), the OpenAI HTTP API, and the engine's cache\n"
+    "ZeroMQ (PUB + replay ROUTER), the OpenAI HTTP API, and the engine's "
+    "cache\n"
     "as ground truth (/kvo/state, /kvo/probe).\n"
     "\n"
     "HTTP:\n"
@@ -83,7 +116,8 @@ static const char usage[] =
     "  --port P                  (default 8000; 0 = pick a free port)\n"
     "  --model NAME              served model name (default kvo-mock)\n"
     "  --lora-modules N[=P],...  LoRA adapters a request's \"model\" may name\n"
-    "                            (lora_int_id 1, 2, ... in order; then any other\n"
+    "                            (lora_int_id 1, 2, ... in order; then any "
+    "other\n"
     "                            model name is a 404, as vLLM)\n"
     "KV events (rank r of --dp-size uses port + r):\n"
     "  --zmq-host H              PUB/ROUTER bind address (default 127.0.0.1)\n"
@@ -103,23 +137,31 @@ static const char usage[] =
     "  --record FILE             capture every published message\n"
     "Engine:\n"
     "  --block-size N            (default 16)\n"
-    "  --num-gpu-blocks N        per rank, incl. the null block (default 16384)\n"
+    "  --num-gpu-blocks N        per rank, incl. the null block (default "
+    "16384)\n"
     "  --max-num-seqs N          (default 256)\n"
     "  --max-num-batched-tokens N (default 8192)\n"
     "  --max-model-len N         (default (num-gpu-blocks - 1) * block-size)\n"
     "  --dp-size N               data-parallel ranks (default 1)\n"
-    "  --role R                  aggregated|prefill|decode (default aggregated)\n"
+    "  --role R                  aggregated|prefill|decode (default "
+    "aggregated)\n"
     "  --no-enable-prefix-caching  no prefix cache and no KV events\n"
-    "  --cpu-offload-blocks N    a CPU tier of N blocks per rank: GPU evictions\n"
-    "                            are offloaded to it (medium CPU), prefixes load\n"
+    "  --cpu-offload-blocks N    a CPU tier of N blocks per rank: GPU "
+    "evictions\n"
+    "                            are offloaded to it (medium CPU), prefixes "
+    "load\n"
     "                            back from it (default 0 = none)\n"
-    "  --kv-groups full[,sliding:W]...  a hybrid model's KV-cache groups: events\n"
-    "                            carry group_idx; a router indexes group 0 (full\n"
+    "  --kv-groups full[,sliding:W]...  a hybrid model's KV-cache groups: "
+    "events\n"
+    "                            carry group_idx; a router indexes group 0 "
+    "(full\n"
     "                            attention); not with --cpu-offload-blocks\n"
     "  --kv-transfer-ms-per-block X  decode role: latency per received block\n"
-    "  --hash-algo A             sha256|sha256_cbor|xxhash|xxhash_cbor (sha256)\n"
+    "  --hash-algo A             sha256|sha256_cbor|xxhash|xxhash_cbor "
+    "(sha256)\n"
     "  --hash-seed S             PYTHONHASHSEED of NONE_HASH (default \"0\")\n"
-    "  --hash-memo N             trace-prompt hash memo: 2^N rows of one trace\n"
+    "  --hash-memo N             trace-prompt hash memo: 2^N rows of one "
+    "trace\n"
     "                            block each (default 14 = 25 MB; 0 = off)\n"
     "  --speedup X               timing model / X; 0 = virtual time (default)\n"
     "  --seed N                  generated tokens (default 0)\n"
@@ -136,7 +178,8 @@ static const char usage[] =
     "  -V, --version             print the version\n"
     "\n"
     "Every option also reads KVO_<NAME> from the environment.\n"
-    "Exit: 0 clean stop, 1 input failed (trace unreadable), 2 usage or setup.\n";
+    "Exit: 0 clean stop, 1 input failed (trace unreadable), 2 usage or "
+    "setup.\n";
 
 typedef struct opts {
     mock_cfg cfg;
@@ -145,7 +188,8 @@ typedef struct opts {
 } opts;
 
 static kvo_status bad(const char *opt, const char *arg) {
-    fprintf(stderr, "kvo-mocker: bad value for --%s: '%s'\n", opt, arg ? arg : "");
+    fprintf(stderr, "kvo-mocker: bad value for --%s: '%s'\n", opt,
+            arg ? arg : "");
     return KVO_EINVAL;
 }
 
@@ -157,7 +201,7 @@ static kvo_status port_opt(const char *name, const char *arg, uint16_t *out) {
 }
 
 static kvo_status u32_opt(const char *name, const char *arg, uint32_t *out,
-                   uint32_t min) {
+                          uint32_t min) {
     uint32_t v;
     if (kvo_parse_u32(arg, &v) || v < min) return bad(name, arg);
     *out = v;
@@ -186,13 +230,15 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return u32_opt("num-gpu-blocks", arg, &c->num_gpu_blocks, 2);
     case OPT_MAX_SEQS: return u32_opt("max-num-seqs", arg, &c->max_num_seqs, 1);
     case OPT_MAX_BATCHED:
-        return u32_opt("max-num-batched-tokens", arg, &c->max_num_batched_tokens, 1);
+        return u32_opt("max-num-batched-tokens", arg,
+                       &c->max_num_batched_tokens, 1);
     case OPT_MAX_MODEL_LEN:
         return u32_opt("max-model-len", arg, &c->max_model_len, 2);
     case OPT_DP_SIZE:
         if (u32_opt("dp-size", arg, &c->dp_size, 1)) return KVO_EINVAL;
         return c->dp_size > MAX_DP_SIZE ? bad("dp-size", arg) : KVO_OK;
-    case OPT_ROLE: return mock_role_parse(arg, &c->role) ? bad("role", arg) : KVO_OK;
+    case OPT_ROLE:
+        return mock_role_parse(arg, &c->role) ? bad("role", arg) : KVO_OK;
     case OPT_NO_CACHING: c->prefix_caching = false; return KVO_OK;
     case OPT_CPU_OFFLOAD:
         return u32_opt("cpu-offload-blocks", arg, &c->cpu_offload_blocks, 0);
@@ -200,11 +246,13 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         return mock_groups_parse(arg, c) ? bad("kv-groups", arg) : KVO_OK;
     case OPT_CACHING: c->prefix_caching = true; return KVO_OK;
     case OPT_KV_TRANSFER:
-        if (kvo_parse_double(arg, &d) || d < 0) return bad("kv-transfer-ms-per-block", arg);
+        if (kvo_parse_double(arg, &d) || d < 0)
+            return bad("kv-transfer-ms-per-block", arg);
         c->kv_transfer_ms_per_block = d;
         return KVO_OK;
     case OPT_HASH_ALGO:
-        return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg) : KVO_OK;
+        return wire_algo_parse(arg, &c->hash_algo) ? bad("hash-algo", arg)
+                                                   : KVO_OK;
     case OPT_HASH_SEED: c->hash_seed = arg; return KVO_OK;
     case OPT_HASH_BYTES: c->hash_bytes = true; return KVO_OK;
     case OPT_HASH_MEMO:
@@ -213,35 +261,43 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->hash_memo_log2 = u;
         return KVO_OK;
     case OPT_EVENT_FORMAT:
-        return wire_format_parse(arg, &c->event_format) ? bad("event-format", arg) : KVO_OK;
+        return wire_format_parse(arg, &c->event_format)
+                   ? bad("event-format", arg)
+                   : KVO_OK;
     case OPT_SPEEDUP:
         if (kvo_parse_double(arg, &d) || d < 0) return bad("speedup", arg);
         c->speedup = d;
         return KVO_OK;
-    case OPT_SEED: return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : KVO_OK;
+    case OPT_SEED:
+        return kvo_parse_u64(arg, &c->seed) ? bad("seed", arg) : KVO_OK;
     case OPT_VOCAB_SIZE:
         /* trace prompts and generated tokens use ids below 32000 */
-        if (kvo_parse_u64(arg, &c->vocab_size) || c->vocab_size < MOCK_TRACE_VOCAB) {
-            fprintf(stderr,
-                    "kvo-mocker: bad value for --vocab-size: '%s' (an integer >= "
-                    "%u: trace prompts and generated tokens use ids below %u)\n",
-                    arg, MOCK_TRACE_VOCAB, MOCK_TRACE_VOCAB);
+        if (kvo_parse_u64(arg, &c->vocab_size) ||
+            c->vocab_size < MOCK_TRACE_VOCAB) {
+            fprintf(
+                stderr,
+                "kvo-mocker: bad value for --vocab-size: '%s' (an integer >= "
+                "%u: trace prompts and generated tokens use ids below %u)\n",
+                arg, MOCK_TRACE_VOCAB, MOCK_TRACE_VOCAB);
             return KVO_EINVAL;
         }
         return KVO_OK;
     case OPT_MUTATE: {
         char which[64];
         if (mock_mutate_parse(arg, &c->mutations, which, sizeof(which))) {
-            fprintf(stderr, "kvo-mocker: unknown mutation '%s' (see --help)\n", which);
+            fprintf(stderr, "kvo-mocker: unknown mutation '%s' (see --help)\n",
+                    which);
             return KVO_EINVAL;
         }
         return KVO_OK;
     }
     case OPT_RECORD: c->record = *arg ? arg : NULL; return KVO_OK;
     case OPT_TRACE: c->trace = *arg ? arg : NULL; return KVO_OK;
-    case OPT_REPLAY_BUFFER: return u32_opt("replay-buffer", arg, &c->replay_buffer, 0);
+    case OPT_REPLAY_BUFFER:
+        return u32_opt("replay-buffer", arg, &c->replay_buffer, 0);
     case OPT_REPLAY_BUFFER_MB:
-        if (kvo_parse_u32(arg, &u) || u == 0) return bad("replay-buffer-mb", arg);
+        if (kvo_parse_u32(arg, &u) || u == 0)
+            return bad("replay-buffer-mb", arg);
         c->replay_buffer_bytes = (uint64_t)u * MIB;
         return KVO_OK;
     case OPT_ZMQ_HWM:
@@ -252,18 +308,21 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_MODEL: c->model = arg; return KVO_OK;
     case OPT_LORA_MODULES:
         c->lora_modules = *arg ? arg : NULL;
-        return mock_cfg_lora_modules_check(c) ? bad("lora-modules", arg) : KVO_OK;
+        return mock_cfg_lora_modules_check(c) ? bad("lora-modules", arg)
+                                              : KVO_OK;
     case OPT_NO_PROGRESS: c->progress = false; return KVO_OK;
     case OPT_SUMMARY_JSON: c->summary_json = true; return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg)
+                                                   : KVO_OK;
     default: return KVO_EINVAL;
     }
 }
 
 static void print_help(void) {
     fputs(usage, stdout);
-    printf("\nMutations (--mutate; the published bytes only, never the engine):\n");
+    printf("\nMutations (--mutate; the published bytes only, never the "
+           "engine):\n");
     const mock_mutation_info *m = mock_mutations();
     for (unsigned i = 0; i < MOCK_MUT_COUNT; i++) {
         printf("  %-20s %-7s %s", m[i].name, m[i].killed ? "killed" : "benign",
@@ -325,8 +384,9 @@ int main(int argc, char **argv) {
         return KVO_EXIT_USAGE;
     }
     if (o.cfg.n_groups > 1 && o.cfg.cpu_offload_blocks) {
-        fprintf(stderr, "kvo-mocker: --kv-groups and --cpu-offload-blocks do not "
-                        "go together\n");
+        fprintf(stderr,
+                "kvo-mocker: --kv-groups and --cpu-offload-blocks do not "
+                "go together\n");
         return KVO_EXIT_USAGE;
     }
     if (o.cfg.dp_size > 1 && o.cfg.zmq_port &&
@@ -337,8 +397,10 @@ int main(int argc, char **argv) {
     kvo_log_init("kvo-mocker", o.level);
     kvo_signals_init();
     log_config(&o.cfg);
-    kvo_status st = o.cfg.trace ? mock_run_trace(&o.cfg) : mock_run_server(&o.cfg);
+    kvo_status st =
+        o.cfg.trace ? mock_run_trace(&o.cfg) : mock_run_server(&o.cfg);
     if (st == KVO_OK) return KVO_EXIT_OK;
-    if (o.cfg.trace && (st == KVO_ENOTFOUND || st == KVO_EIO)) return KVO_EXIT_FAIL;
+    if (o.cfg.trace && (st == KVO_ENOTFOUND || st == KVO_EIO))
+        return KVO_EXIT_FAIL;
     return KVO_EXIT_USAGE;
 }

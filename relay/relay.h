@@ -42,16 +42,16 @@ typedef enum relay_record_what {
 
 typedef struct relay_cfg {
     /* sources: --zmq (+ --replay) or --discover */
-    const char *zmq;            /* SUB endpoint */
-    bool zmq_bind;              /* bind instead of connect */
-    const char *topic;          /* subscription prefix; "" = all */
-    const char *replay;         /* DEALER endpoint or NULL */
-    const char *discover;       /* engine base URL or NULL */
-    uint32_t dp_rank;           /* fallback rank (--dp-rank) */
-    int zmq_hwm;                /* ZMQ_RCVHWM/SNDHWM */
-    int64_t zmq_max_msg_bytes;  /* ZMQ_MAXMSGSIZE */
-    int linger_ms;              /* ZMQ_LINGER */
-    kvo_nats_cfg nats;          /* the --nats* options */
+    const char *zmq;           /* SUB endpoint */
+    bool zmq_bind;             /* bind instead of connect */
+    const char *topic;         /* subscription prefix; "" = all */
+    const char *replay;        /* DEALER endpoint or NULL */
+    const char *discover;      /* engine base URL or NULL */
+    uint32_t dp_rank;          /* fallback rank (--dp-rank) */
+    int zmq_hwm;               /* ZMQ_RCVHWM/SNDHWM */
+    int64_t zmq_max_msg_bytes; /* ZMQ_MAXMSGSIZE */
+    int linger_ms;             /* ZMQ_LINGER */
+    kvo_nats_cfg nats;         /* the --nats* options */
     /* event plane */
     const char *ns, *component;
     uint64_t worker_id;
@@ -74,9 +74,9 @@ typedef struct relay_cfg {
     const char *record;         /* capture file or NULL */
     relay_record_what record_what;
     /* recovery (docs/recovery.md) */
-    uint32_t recovery_buffer;   /* envelopes kept for recovery requests */
-    uint32_t recovery_buffer_mb;/* and their bytes, MiB */
-    uint32_t heartbeat_ms;      /* between announces */
+    uint32_t recovery_buffer;    /* envelopes kept for recovery requests */
+    uint32_t recovery_buffer_mb; /* and their bytes, MiB */
+    uint32_t heartbeat_ms;       /* between announces */
 } relay_cfg;
 
 /* The defaults --help prints. Strings are static. */

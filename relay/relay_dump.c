@@ -37,12 +37,12 @@ typedef struct dump {
     const relay_dump_cfg *c;
     relay_reply_fn reply;
     void *ctx;
-    size_t budget;     /* bytes an envelope may take */
-    wire_revent *ev;   /* c->max_events */
-    wire_rblock *blk;  /* c->max_blocks */
+    size_t budget;    /* bytes an envelope may take */
+    wire_revent *ev;  /* c->max_events */
+    wire_rblock *blk; /* c->max_blocks */
     uint32_t nev, nblk;
-    size_t room;       /* bound of the envelope being filled */
-    kvo_buf held, next;/* the encoded envelope held back, and scratch */
+    size_t room;        /* bound of the envelope being filled */
+    kvo_buf held, next; /* the encoded envelope held back, and scratch */
     bool has_held;
     relay_dump_result *res;
 } dump;
@@ -52,9 +52,8 @@ static kvo_status send_held(dump *d, bool last) {
     if (!d->has_held) return KVO_OK;
     const relay_dump_cfg *c = d->c;
     bool hr = last && c->has_wm;
-    kvo_status st =
-        d->reply(d->ctx, WIRE_REPLY_DUMP, hr, hr ? c->wm_first : 0,
-                 hr ? c->wm_last : 0, d->held.data, d->held.len);
+    kvo_status st = d->reply(d->ctx, WIRE_REPLY_DUMP, hr, hr ? c->wm_first : 0,
+                             hr ? c->wm_last : 0, d->held.data, d->held.len);
     if (st != KVO_OK) return st;
     d->has_held = false;
     d->res->sent++;
@@ -148,10 +147,10 @@ kvo_status relay_dump_send(const relay_dump_cfg *c, relay_state *state,
                            relay_reply_fn reply, void *ctx,
                            relay_dump_result *res) {
     memset(res, 0, sizeof(*res));
-    dump d = {.c = c, .reply = reply, .ctx = ctx, .res = res,
-              .room = BOUND_ENVELOPE};
-    size_t need = BOUND_ENVELOPE + BOUND_EVENT + BOUND_BLOCK +
-                  RELAY_REPLY_HEADER_ROOM;
+    dump d = {
+        .c = c, .reply = reply, .ctx = ctx, .res = res, .room = BOUND_ENVELOPE};
+    size_t need =
+        BOUND_ENVELOPE + BOUND_EVENT + BOUND_BLOCK + RELAY_REPLY_HEADER_ROOM;
     if (c->max_payload < need || c->max_events == 0 || c->max_blocks == 0)
         return KVO_ETOOBIG;
     d.budget = c->max_payload - RELAY_REPLY_HEADER_ROOM;

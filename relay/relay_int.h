@@ -55,114 +55,118 @@
  * Every counter is on GET /metrics (kvo_relay_<name>_total), in GET /stats
  * and the exit JSON (key <name>), the main ones in the periodic log line
  * (relay.h says what the service adds). */
-#define RELAY_COUNTERS(X)                                                     \
-    X(batches_live, "batches received on the SUB socket")                     \
-    X(batches_replayed, "batches received as replay replies")                 \
-    X(batches_applied, "batches applied in sequence order")                   \
-    X(events_stored, "BlockStored events decoded")                            \
-    X(events_removed, "BlockRemoved events decoded")                          \
-    X(events_cleared, "AllBlocksCleared events decoded")                      \
-    X(blocks_stored, "blocks in BlockStored events decoded")                  \
-    X(blocks_removed, "hashes in BlockRemoved events decoded")                \
-    X(blocks_other_group, "blocks of KV-cache groups other than 0 (the full-" \
-                          "attention group a router indexes): not forwarded")\
-    X(gaps, "sequence gaps seen")                                             \
-    X(replays_requested, "replay requests sent")                              \
-    X(replays_completed, "replays that reached their end marker")             \
-    X(replays_applied, "batches applied from replay replies")                 \
-    X(replay_stray, "replay replies with no replay outstanding")              \
-    X(restarts, "publisher restarts (sequence went back)")                    \
-    X(cleared_emitted, "cleared events the relay emitted itself")             \
-    X(duplicates_dropped, "batches dropped because seq <= last applied")      \
-    X(live_buffered, "live batches buffered while a replay ran")              \
-    X(buffer_dropped, "live batches dropped: replay buffer full")             \
-    X(buffer_discarded, "buffered batches discarded by a restart")            \
-    X(dedup_suppressed, "removes held back: other copies still stored")       \
-    X(removes_unknown, "removes of hashes with no stored copy (forwarded)")   \
-    X(revents_stored, "stored RouterEvents forwarded")                        \
-    X(revents_removed, "removed RouterEvents forwarded")                      \
-    X(revents_cleared, "cleared RouterEvents forwarded")                      \
-    X(blocks_forwarded, "stored blocks forwarded")                            \
-    X(removes_forwarded, "removed hashes forwarded")                          \
-    X(messages_published, "envelopes published")                              \
-    X(watermark_messages, "envelopes with an empty payload (watermark only)") \
-    X(bytes_published, "envelope bytes published")                            \
-    X(publish_dropped, "envelopes NATS could not send or buffer")             \
-    X(nats_disconnects, "NATS disconnections")                                \
-    X(nats_reconnects, "NATS reconnections")                                  \
-    X(hash_verified, "stored blocks whose engine hash was recomputed")        \
-    X(hash_mismatches, "stored blocks whose engine hash did not match")       \
-    X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")    \
-    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")   \
-    X(state_dropped, "forwarded blocks the state could not record (out of "  \
-                     "memory): a dump would miss them")                     \
-    X(recovery_envelopes_sent, "envelopes sent in recovery replies")          \
-    X(dumps_sent, "dumps sent to their end")                                  \
-    X(dump_blocks_sent, "blocks sent in dumps")                               \
-    X(dump_orphans, "dumped blocks whose parent was no longer held (sent "   \
-                    "under the root)")                                        \
-    X(recovery_bad_requests, "requests not understood (no answer sent)")      \
-    X(recovery_replies_failed, "replies abandoned before their end (a "      \
-                               "message could not be sent)")                  \
-    X(recovery_requests_dropped, "requests dropped: too many waiting")       \
-    X(discover_requests, "discover requests answered with the announce")      \
-    X(announces_sent, "announces published (start, heartbeat, discover)")     \
+#define RELAY_COUNTERS(X)                                                      \
+    X(batches_live, "batches received on the SUB socket")                      \
+    X(batches_replayed, "batches received as replay replies")                  \
+    X(batches_applied, "batches applied in sequence order")                    \
+    X(events_stored, "BlockStored events decoded")                             \
+    X(events_removed, "BlockRemoved events decoded")                           \
+    X(events_cleared, "AllBlocksCleared events decoded")                       \
+    X(blocks_stored, "blocks in BlockStored events decoded")                   \
+    X(blocks_removed, "hashes in BlockRemoved events decoded")                 \
+    X(blocks_other_group, "blocks of KV-cache groups other than 0 (the full-"  \
+                          "attention group a router indexes): not forwarded")  \
+    X(gaps, "sequence gaps seen")                                              \
+    X(replays_requested, "replay requests sent")                               \
+    X(replays_completed, "replays that reached their end marker")              \
+    X(replays_applied, "batches applied from replay replies")                  \
+    X(replay_stray, "replay replies with no replay outstanding")               \
+    X(restarts, "publisher restarts (sequence went back)")                     \
+    X(cleared_emitted, "cleared events the relay emitted itself")              \
+    X(duplicates_dropped, "batches dropped because seq <= last applied")       \
+    X(live_buffered, "live batches buffered while a replay ran")               \
+    X(buffer_dropped, "live batches dropped: replay buffer full")              \
+    X(buffer_discarded, "buffered batches discarded by a restart")             \
+    X(dedup_suppressed, "removes held back: other copies still stored")        \
+    X(removes_unknown, "removes of hashes with no stored copy (forwarded)")    \
+    X(revents_stored, "stored RouterEvents forwarded")                         \
+    X(revents_removed, "removed RouterEvents forwarded")                       \
+    X(revents_cleared, "cleared RouterEvents forwarded")                       \
+    X(blocks_forwarded, "stored blocks forwarded")                             \
+    X(removes_forwarded, "removed hashes forwarded")                           \
+    X(messages_published, "envelopes published")                               \
+    X(watermark_messages, "envelopes with an empty payload (watermark only)")  \
+    X(bytes_published, "envelope bytes published")                             \
+    X(publish_dropped, "envelopes NATS could not send or buffer")              \
+    X(nats_disconnects, "NATS disconnections")                                 \
+    X(nats_reconnects, "NATS reconnections")                                   \
+    X(hash_verified, "stored blocks whose engine hash was recomputed")         \
+    X(hash_mismatches, "stored blocks whose engine hash did not match")        \
+    X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")     \
+    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")     \
+    X(state_dropped, "forwarded blocks the state could not record (out of "    \
+                     "memory): a dump would miss them")                        \
+    X(recovery_envelopes_sent, "envelopes sent in recovery replies")           \
+    X(dumps_sent, "dumps sent to their end")                                   \
+    X(dump_blocks_sent, "blocks sent in dumps")                                \
+    X(dump_orphans, "dumped blocks whose parent was no longer held (sent "     \
+                    "under the root)")                                         \
+    X(recovery_bad_requests, "requests not understood (no answer sent)")       \
+    X(recovery_replies_failed, "replies abandoned before their end (a "        \
+                               "message could not be sent)")                   \
+    X(recovery_requests_dropped, "requests dropped: too many waiting")         \
+    X(discover_requests, "discover requests answered with the announce")       \
+    X(announces_sent, "announces published (start, heartbeat, discover)")      \
     RELAY_SOURCE_COUNTERS(X)
 
 /* Counted per source as well (relay_stats.src[i]; the totals are in
  * RELAY_COUNTERS): each source's are in its /stats "sources" entry and on
  * /metrics as kvo_relay_source_<name>_total{source="<i>"}. What the ZMQ
  * sockets did comes from libzmq's socket monitor (relay_source_event). */
-#define RELAY_SOURCE_COUNTERS(X)                                              \
-    X(zmq_disconnects, "ZMQ connections lost (SUB or replay DEALER)")        \
-    X(zmq_reconnects, "SUB connections back after a loss (then replayed)")   \
-    X(zmq_protocol_errors, "ZMTP handshakes failed (protocol, auth, other)") \
-    X(zmq_sockets_reopened,                                                   \
-      "SUBs recreated: libzmq dropped them for good (e.g. a frame over "      \
-      "--zmq-max-msg-bytes)")                                                 \
-    X(oversize, "batches lost: their frame broke the replay connection "     \
+#define RELAY_SOURCE_COUNTERS(X)                                               \
+    X(zmq_disconnects, "ZMQ connections lost (SUB or replay DEALER)")          \
+    X(zmq_reconnects, "SUB connections back after a loss (then replayed)")     \
+    X(zmq_protocol_errors, "ZMTP handshakes failed (protocol, auth, other)")   \
+    X(zmq_sockets_reopened,                                                    \
+      "SUBs recreated: libzmq dropped them for good (e.g. a frame over "       \
+      "--zmq-max-msg-bytes)")                                                  \
+    X(oversize, "batches lost: their frame broke the replay connection "       \
                 "twice (over --zmq-max-msg-bytes); the rank was cleared")
 
 /* Counted by kind (label "kind" on /metrics, an object in JSON). */
-#define RELAY_BAD_MSG_KINDS(X)                                                \
-    X(frames, "not exactly 3 frames")                                         \
-    X(seq, "sequence frame not 8 bytes")                                      \
+#define RELAY_BAD_MSG_KINDS(X)                                                 \
+    X(frames, "not exactly 3 frames")                                          \
+    X(seq, "sequence frame not 8 bytes")                                       \
     X(replay_frames, "replay reply with an unknown frame layout")
 
-#define RELAY_REJECT_KINDS(X)                                                 \
-    X(token_count, "token count != blocks x block_size")                     \
-    X(token_range, "token id >= 2^32 (the router hashes u32 ids)")           \
-    X(block_size, "block_size != --block-size")                              \
-    X(medium, "unknown medium")                                              \
-    X(no_tokens, "non-GPU store without tokens (cannot be hashed)")           \
-    X(empty, "event without block hashes")                                   \
-    X(extra_keys, "extra_keys the router hash cannot read (not one entry "   \
-                  "per block of adapter, (mm id, offset) pairs, salt)")      \
+#define RELAY_REJECT_KINDS(X)                                                  \
+    X(token_count, "token count != blocks x block_size")                       \
+    X(token_range, "token id >= 2^32 (the router hashes u32 ids)")             \
+    X(block_size, "block_size != --block-size")                                \
+    X(medium, "unknown medium")                                                \
+    X(no_tokens, "non-GPU store without tokens (cannot be hashed)")            \
+    X(empty, "event without block hashes")                                     \
+    X(extra_keys, "extra_keys the router hash cannot read (not one entry "     \
+                  "per block of adapter, (mm id, offset) pairs, salt)")        \
     X(dp_rank, "data_parallel_rank out of range (or too many ranks)")
 
-#define RELAY_REPLAY_FAIL_KINDS(X)                                            \
-    X(no_endpoint, "no replay endpoint")                                      \
-    X(window_exceeded, "first replayed seq > requested")                      \
-    X(incomplete, "replay ended before the gap was covered")                 \
-    X(timeout, "no replay reply within --replay-timeout-ms")                  \
+#define RELAY_REPLAY_FAIL_KINDS(X)                                             \
+    X(no_endpoint, "no replay endpoint")                                       \
+    X(window_exceeded, "first replayed seq > requested")                       \
+    X(incomplete, "replay ended before the gap was covered")                   \
+    X(timeout, "no replay reply within --replay-timeout-ms")                   \
     X(request_failed, "the replay request could not be sent")
 
 /* Recovery requests by what answered them (label "kind"). */
-#define RELAY_RECOVERY_KINDS(X)                                               \
-    X(events, "answered with envelopes from the ring")                        \
-    X(dump, "answered with a dump of the forwarded state")                   \
+#define RELAY_RECOVERY_KINDS(X)                                                \
+    X(events, "answered with envelopes from the ring")                         \
+    X(dump, "answered with a dump of the forwarded state")                     \
     X(too_new, "asked for a sequence beyond the last published")
 
 /* Gauges: what the relay holds right now (/metrics, /stats). */
-#define RELAY_GAUGES(X)                                                       \
-    X(state_blocks, "blocks in the forwarded state")                          \
-    X(state_bytes, "bytes the forwarded state holds")                         \
-    X(ring_envelopes, "envelopes kept for recovery requests")                 \
+#define RELAY_GAUGES(X)                                                        \
+    X(state_blocks, "blocks in the forwarded state")                           \
+    X(state_bytes, "bytes the forwarded state holds")                          \
+    X(ring_envelopes, "envelopes kept for recovery requests")                  \
     X(ring_bytes, "envelope bytes kept for recovery requests")
 
 #define RELAY_ENUM_KIND(name, help) RELAY_##name,
-typedef enum { RELAY_BAD_MSG_KINDS(RELAY_ENUM_KIND) RELAY_BAD_MSG_COUNT } relay_bad_msg;
-typedef enum { RELAY_REJECT_KINDS(RELAY_ENUM_KIND) RELAY_REJECT_COUNT } relay_reject;
+typedef enum {
+    RELAY_BAD_MSG_KINDS(RELAY_ENUM_KIND) RELAY_BAD_MSG_COUNT
+} relay_bad_msg;
+typedef enum {
+    RELAY_REJECT_KINDS(RELAY_ENUM_KIND) RELAY_REJECT_COUNT
+} relay_reject;
 typedef enum {
     RELAY_REPLAY_FAIL_KINDS(RELAY_ENUM_KIND) RELAY_REPLAY_FAIL_COUNT
 } relay_replay_fail;
@@ -175,11 +179,11 @@ typedef enum {
 #define RELAY_MISMATCH_BYTES 32
 
 typedef struct relay_mismatch {
-    uint64_t seq;      /* ZMQ sequence of the batch */
-    uint32_t event;    /* index of the event in the batch */
-    uint32_t block;    /* index of the block in the event */
+    uint64_t seq;   /* ZMQ sequence of the batch */
+    uint32_t event; /* index of the event in the batch */
+    uint32_t block; /* index of the block in the event */
     wire_digest expected;
-    wire_hash got;     /* bytes copied into got_bytes (the first
+    wire_hash got; /* bytes copied into got_bytes (the first
                         * RELAY_MISMATCH_BYTES; got.bytes is NULL) */
     uint8_t got_bytes[RELAY_MISMATCH_BYTES];
 } relay_mismatch;
@@ -194,7 +198,7 @@ typedef struct relay_stats {
 #define RELAY_FIELD(name, help) uint64_t name;
     RELAY_COUNTERS(RELAY_FIELD)
 #undef RELAY_FIELD
-    uint32_t n_src;                     /* sources in src[] */
+    uint32_t n_src; /* sources in src[] */
     relay_src_stats src[RELAY_MAX_SOURCES];
     uint64_t bad_msgs[RELAY_BAD_MSG_COUNT];
     uint64_t decode_errors[KVO_STATUS_COUNT]; /* by status (EPROTO...) */
@@ -237,30 +241,29 @@ typedef struct relay_out {
     void (*replay_abort)(void *ctx, uint32_t src);
     /* A line worth logging; kind names the site so the receiver can rate
      * limit per kind ("decode", "reject", "cleared", ...). May be NULL. */
-    void (*note)(void *ctx, kvo_level level, const char *kind,
-                 const char *msg);
+    void (*note)(void *ctx, kvo_level level, const char *kind, const char *msg);
 } relay_out;
 
 typedef struct relay_pipe_cfg {
     uint64_t worker_id;
-    uint32_t block_size;          /* expected engine block size (16) */
+    uint32_t block_size; /* expected engine block size (16) */
     uint64_t publisher_id;
-    const char *subject;          /* namespace.<ns>.component.<c>.kv-events */
-    bool replay_from_set;         /* --replay-from given */
+    const char *subject;  /* namespace.<ns>.component.<c>.kv-events */
+    bool replay_from_set; /* --replay-from given */
     uint64_t replay_from;
     /* 0 below = the RELAY_PIPE_* default above */
-    uint64_t replay_timeout_ms;   /* RELAY_PIPE_REPLAY_TIMEOUT_MS */
-    uint32_t buffer_max_batches;  /* RELAY_PIPE_BUFFER_BATCHES */
-    size_t buffer_max_bytes;      /* RELAY_PIPE_BUFFER_BYTES */
-    uint32_t max_events;          /* per message; RELAY_PIPE_MAX_EVENTS */
-    uint32_t max_blocks;          /* per message; RELAY_PIPE_MAX_BLOCKS */
-    bool verify;                  /* --verify-engine-hash */
+    uint64_t replay_timeout_ms;  /* RELAY_PIPE_REPLAY_TIMEOUT_MS */
+    uint32_t buffer_max_batches; /* RELAY_PIPE_BUFFER_BATCHES */
+    size_t buffer_max_bytes;     /* RELAY_PIPE_BUFFER_BYTES */
+    uint32_t max_events;         /* per message; RELAY_PIPE_MAX_EVENTS */
+    uint32_t max_blocks;         /* per message; RELAY_PIPE_MAX_BLOCKS */
+    bool verify;                 /* --verify-engine-hash */
     wire_algo verify_algo;
-    const char *hash_seed;        /* PYTHONHASHSEED string ("0") */
-    uint32_t verify_max_blocks;   /* RELAY_PIPE_VERIFY_BLOCKS */
-    size_t ring_max_envelopes;    /* RELAY_PIPE_RING_ENVELOPES */
-    size_t ring_max_bytes;        /* RELAY_PIPE_RING_BYTES */
-    const wire_limits *limits;    /* decoder limits; NULL = defaults */
+    const char *hash_seed;      /* PYTHONHASHSEED string ("0") */
+    uint32_t verify_max_blocks; /* RELAY_PIPE_VERIFY_BLOCKS */
+    size_t ring_max_envelopes;  /* RELAY_PIPE_RING_ENVELOPES */
+    size_t ring_max_bytes;      /* RELAY_PIPE_RING_BYTES */
+    const wire_limits *limits;  /* decoder limits; NULL = defaults */
 } relay_pipe_cfg;
 
 typedef struct relay_pipe relay_pipe;
@@ -284,12 +287,12 @@ typedef enum relay_link {
 
 /* Read-only view of one source (for /stats and tests). */
 typedef struct relay_src_info {
-    uint32_t dp_rank;     /* last rank seen (or the fallback) */
+    uint32_t dp_rank; /* last rank seen (or the fallback) */
     relay_src_state state;
-    bool connected;       /* the SUB is up, as the last link event said */
+    bool connected; /* the SUB is up, as the last link event said */
     bool has_next;
-    uint64_t next_seq;    /* next sequence expected */
-    uint32_t buffered;    /* live batches waiting */
+    uint64_t next_seq; /* next sequence expected */
+    uint32_t buffered; /* live batches waiting */
 } relay_src_info;
 
 /* cfg and out are copied (strings must outlive the pipe). */
@@ -425,16 +428,15 @@ void relay_state_clear(relay_state *s, uint32_t rank);
 /* Ranks with tables, ascending (at most max written). */
 size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max);
 /* Blocks held, and the bytes the state holds (allocated capacities). */
-void relay_state_size(const relay_state *s, uint64_t *blocks,
-                      uint64_t *bytes);
+void relay_state_size(const relay_state *s, uint64_t *blocks, uint64_t *bytes);
 
 typedef struct relay_state_block {
     uint32_t rank;
     wire_tier tier;
     uint64_t hash, tokens_hash;
-    bool has_parent;   /* as stored */
+    bool has_parent; /* as stored */
     uint64_t parent;
-    bool orphan;       /* has a parent, but it is not held (or the chain
+    bool orphan; /* has a parent, but it is not held (or the chain
                         * loops back): it goes under the root */
 } relay_state_block;
 
@@ -449,8 +451,8 @@ kvo_status relay_state_walk(relay_state *s, relay_state_fn fn, void *ctx);
 typedef struct relay_ring relay_ring;
 
 typedef struct relay_ring_env {
-    uint64_t seq;        /* envelope sequence */
-    bool has_range;      /* its KVO-Zmq-Seq header: first-last */
+    uint64_t seq;   /* envelope sequence */
+    bool has_range; /* its KVO-Zmq-Seq header: first-last */
     uint64_t first, last;
     const uint8_t *body; /* owned by the ring while it holds the envelope */
     size_t len;
@@ -468,8 +470,7 @@ void relay_ring_clear(relay_ring *r);
 bool relay_ring_holds(const relay_ring *r, uint64_t seq);
 /* Envelope seq (valid until the next push or clear), or NULL. */
 const relay_ring_env *relay_ring_get(const relay_ring *r, uint64_t seq);
-void relay_ring_size(const relay_ring *r, uint64_t *envelopes,
-                     uint64_t *bytes);
+void relay_ring_size(const relay_ring *r, uint64_t *envelopes, uint64_t *bytes);
 
 /* ---- Dumps (relay_dump.c) ------------------------------------------------*/
 
@@ -479,14 +480,14 @@ void relay_ring_size(const relay_ring *r, uint64_t *envelopes,
 
 typedef struct relay_dump_cfg {
     uint64_t publisher_id, worker_id;
-    uint64_t event_id;        /* every dump event carries it */
-    uint64_t as_of;           /* the envelopes' sequence */
+    uint64_t event_id; /* every dump event carries it */
+    uint64_t as_of;    /* the envelopes' sequence */
     uint64_t published_at_ms;
-    bool has_wm;              /* KVO-Zmq-Seq of the last envelope */
+    bool has_wm; /* KVO-Zmq-Seq of the last envelope */
     uint64_t wm_first, wm_last;
-    const uint32_t *ranks;    /* a cleared for each, first */
+    const uint32_t *ranks; /* a cleared for each, first */
     size_t n_ranks;
-    size_t max_payload;       /* bytes one NATS message may hold */
+    size_t max_payload;              /* bytes one NATS message may hold */
     uint32_t max_events, max_blocks; /* per envelope */
 } relay_dump_cfg;
 
@@ -526,7 +527,7 @@ void relay_src_stats_to_json(const relay_src_stats *s, json_object *o);
 typedef struct relay_source relay_source;
 
 typedef struct relay_source_cfg {
-    const char *endpoint;        /* SUB */
+    const char *endpoint; /* SUB */
     bool bind;
     const char *topic;
     const char *replay_endpoint; /* NULL = none */
@@ -568,7 +569,7 @@ uint64_t relay_source_deadline(const relay_source *s);
 
 /* One received multipart message; frames valid until the next recv. */
 typedef struct relay_rx {
-    uint32_t n;                       /* frames received (may exceed max) */
+    uint32_t n; /* frames received (may exceed max) */
     wire_frame frames[WIRE_CAP_MAX_FRAMES];
 } relay_rx;
 
@@ -602,9 +603,8 @@ void relay_nats_stats(relay_nats *n, relay_stats *st);
 /* One message of a recovery reply stream to the inbox to: a KVO-Recovery
  * header naming kind, KVO-Zmq-Seq when has_range. KVO_EAGAIN as for
  * relay_nats_publish. */
-kvo_status relay_nats_reply(relay_nats *n, const char *to,
-                            wire_reply_kind kind, bool has_range,
-                            uint64_t first, uint64_t last,
+kvo_status relay_nats_reply(relay_nats *n, const char *to, wire_reply_kind kind,
+                            bool has_range, uint64_t first, uint64_t last,
                             const uint8_t *body, size_t len);
 /* The largest message the server takes (its max_payload; 1 MiB before it
  * said). */
@@ -619,10 +619,10 @@ typedef enum relay_req_kind {
 
 typedef struct relay_req {
     relay_req_kind kind;
-    const char *reply;   /* the requester's inbox; NULL when none */
+    const char *reply; /* the requester's inbox; NULL when none */
     const uint8_t *body;
     size_t len;
-    void *msg;           /* owned until relay_nats_req_done */
+    void *msg; /* owned until relay_nats_req_done */
 } relay_req;
 
 /* Subscribe to subjects[RELAY_REQ_COUNT] (by relay_req_kind) and wait until

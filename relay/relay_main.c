@@ -6,13 +6,35 @@
 #include <string.h>
 
 enum {
-    OPT_ZMQ = 256, OPT_ZMQ_BIND, OPT_TOPIC, OPT_REPLAY, OPT_DISCOVER,
-    OPT_DP_RANK, OPT_ZMQ_HWM, OPT_ZMQ_MAX, OPT_LINGER, OPT_NATS_BUFFER, OPT_NS,
-    OPT_COMPONENT, OPT_WORKER_ID, OPT_PUBLISHER_ID, OPT_BLOCK_SIZE,
-    OPT_REPLAY_FROM, OPT_REPLAY_TIMEOUT, OPT_REPLAY_BUFFER, OPT_VERIFY,
-    OPT_HASH_SEED, OPT_METRICS, OPT_STATS_INTERVAL, OPT_STATS_JSON,
-    OPT_RECORD, OPT_RECORD_WHAT, OPT_LOG_LEVEL, OPT_RECOVERY_BUFFER,
-    OPT_RECOVERY_BUFFER_MB, OPT_HEARTBEAT
+    OPT_ZMQ = 256,
+    OPT_ZMQ_BIND,
+    OPT_TOPIC,
+    OPT_REPLAY,
+    OPT_DISCOVER,
+    OPT_DP_RANK,
+    OPT_ZMQ_HWM,
+    OPT_ZMQ_MAX,
+    OPT_LINGER,
+    OPT_NATS_BUFFER,
+    OPT_NS,
+    OPT_COMPONENT,
+    OPT_WORKER_ID,
+    OPT_PUBLISHER_ID,
+    OPT_BLOCK_SIZE,
+    OPT_REPLAY_FROM,
+    OPT_REPLAY_TIMEOUT,
+    OPT_REPLAY_BUFFER,
+    OPT_VERIFY,
+    OPT_HASH_SEED,
+    OPT_METRICS,
+    OPT_STATS_INTERVAL,
+    OPT_STATS_JSON,
+    OPT_RECORD,
+    OPT_RECORD_WHAT,
+    OPT_LOG_LEVEL,
+    OPT_RECOVERY_BUFFER,
+    OPT_RECOVERY_BUFFER_MB,
+    OPT_HEARTBEAT
 };
 
 /* --block-size above this is refused: no engine has blocks that large, so
@@ -72,11 +94,14 @@ static const char usage[] =
     "publishes Dynamo event-plane envelopes on NATS.\n"
     "\n"
     "Sources:\n"
-    "  --zmq ENDPOINT          SUB endpoint (connect), e.g. tcp://127.0.0.1:5557\n"
+    "  --zmq ENDPOINT          SUB endpoint (connect), e.g. "
+    "tcp://127.0.0.1:5557\n"
     "  --zmq-bind              bind the SUB endpoint instead of connecting\n"
     "  --topic T               topic prefix to subscribe to (default: all)\n"
-    "  --replay ENDPOINT       the publisher's replay ROUTER (DEALER connects)\n"
-    "  --discover URL          GET URL/kvo/event_sources, one source per entry\n"
+    "  --replay ENDPOINT       the publisher's replay ROUTER (DEALER "
+    "connects)\n"
+    "  --discover URL          GET URL/kvo/event_sources, one source per "
+    "entry\n"
     "  --dp-rank R             rank for batches without one (default 0)\n"
     "  --zmq-hwm N             ZMQ high-water mark (default 100000)\n"
     "  --zmq-max-msg-bytes N   ZMQ_MAXMSGSIZE (default 67108864; -1 = none);\n"
@@ -85,8 +110,7 @@ static const char usage[] =
     "                          an unreplayable gap without --replay), clears\n"
     "                          the rank and goes on\n"
     "  --linger-ms N           ZMQ_LINGER (default 100)\n"
-    "NATS:\n"
-    KVO_NATS_USAGE
+    "NATS:\n" KVO_NATS_USAGE
     "  --nats-buffer-bytes N   reconnect buffer (default 67108864)\n"
     "Event plane:\n"
     "  --namespace NS          (default dynamo)\n"
@@ -118,7 +142,8 @@ static const char usage[] =
     "  -V, --version           print the version\n"
     "\n"
     "Every option also reads KVO_<NAME> from the environment.\n"
-    "Exit: 0 clean stop, 1 engine-hash mismatches (with --verify-engine-hash),\n"
+    "Exit: 0 clean stop, 1 engine-hash mismatches (with "
+    "--verify-engine-hash),\n"
     "2 usage or setup error.\n";
 
 typedef struct opts {
@@ -141,7 +166,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     uint32_t u32;
     int r = kvo_nats_opt_set(&c->nats, code, arg);
     if (r != KVO_NATS_OPT_OTHER)
-        return r == KVO_NATS_OPT_OK ? KVO_OK : bad(kvo_nats_opt_name(code), arg);
+        return r == KVO_NATS_OPT_OK ? KVO_OK
+                                    : bad(kvo_nats_opt_name(code), arg);
     switch (code) {
     case 'h': o->help = true; return KVO_OK;
     case 'V': o->version = true; return KVO_OK;
@@ -158,7 +184,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         c->zmq_hwm = (int)u32;
         return KVO_OK;
     case OPT_ZMQ_MAX:
-        if (kvo_parse_i64(arg, &i) || i < -1) return bad("zmq-max-msg-bytes", arg);
+        if (kvo_parse_i64(arg, &i) || i < -1)
+            return bad("zmq-max-msg-bytes", arg);
         c->zmq_max_msg_bytes = i;
         return KVO_OK;
     case OPT_LINGER:
@@ -174,9 +201,11 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_NS: c->ns = arg; return KVO_OK;
     case OPT_COMPONENT: c->component = arg; return KVO_OK;
     case OPT_WORKER_ID:
-        return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg) : KVO_OK;
+        return kvo_parse_u64(arg, &c->worker_id) ? bad("worker-id", arg)
+                                                 : KVO_OK;
     case OPT_PUBLISHER_ID:
-        if (kvo_parse_u64(arg, &c->publisher_id)) return bad("publisher-id", arg);
+        if (kvo_parse_u64(arg, &c->publisher_id))
+            return bad("publisher-id", arg);
         c->publisher_id_set = true;
         return KVO_OK;
     case OPT_BLOCK_SIZE:
@@ -223,8 +252,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             return bad("record-what", arg);
         return KVO_OK;
     case OPT_RECOVERY_BUFFER:
-        if (kvo_parse_u32(arg, &c->recovery_buffer) || c->recovery_buffer == 0 ||
-            c->recovery_buffer > MAX_RECOVERY_BUFFER)
+        if (kvo_parse_u32(arg, &c->recovery_buffer) ||
+            c->recovery_buffer == 0 || c->recovery_buffer > MAX_RECOVERY_BUFFER)
             return bad("recovery-buffer", arg);
         return KVO_OK;
     case OPT_RECOVERY_BUFFER_MB:
@@ -239,7 +268,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
             return bad("heartbeat-ms", arg);
         return KVO_OK;
     case OPT_LOG_LEVEL:
-        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg) : KVO_OK;
+        return kvo_log_level_parse(arg, &o->level) ? bad("log-level", arg)
+                                                   : KVO_OK;
     default: return KVO_EINVAL;
     }
 }

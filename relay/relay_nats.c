@@ -36,7 +36,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define FLUSH_MS 2000 /* at exit, while connected */
+#define FLUSH_MS 2000           /* at exit, while connected */
 #define SUBSCRIBE_FLUSH_MS 2000 /* the server has the subscriptions */
 #define REQUESTS_MAX 256        /* requests waiting for the loop */
 #define PENDING_MSGS 4096       /* nats.c's pending limits per subscription */
@@ -118,7 +118,8 @@ void relay_nats_free(relay_nats *n) {
     pthread_cond_broadcast(&n->room);
     pthread_mutex_unlock(&n->mu);
     kvo_nats_close(n->k, FLUSH_MS);
-    for (int i = 0; i < RELAY_REQ_COUNT; i++) natsSubscription_Destroy(n->sub[i]);
+    for (int i = 0; i < RELAY_REQ_COUNT; i++)
+        natsSubscription_Destroy(n->sub[i]);
     kvo_nats_free(n->k);
     for (; n->qlen; n->qlen--, n->qhead = (n->qhead + 1) % REQUESTS_MAX)
         natsMsg_Destroy(n->queue[n->qhead].m);
@@ -133,13 +134,12 @@ bool relay_nats_connected(relay_nats *n) { return kvo_nats_up(n->k); }
 /* One message, with a KVO-Recovery header when recovery is not NULL and
  * KVO-Zmq-Seq when has_range. */
 static kvo_status send_msg(relay_nats *n, const char *subject,
-                           const char *recovery, bool has_range,
-                           uint64_t first, uint64_t last, const uint8_t *body,
-                           size_t len) {
+                           const char *recovery, bool has_range, uint64_t first,
+                           uint64_t last, const uint8_t *body, size_t len) {
     if (len > INT32_MAX) return KVO_ETOOBIG;
     natsMsg *m = NULL;
-    natsStatus s = natsMsg_Create(&m, subject, NULL, (const char *)body,
-                                  (int)len);
+    natsStatus s =
+        natsMsg_Create(&m, subject, NULL, (const char *)body, (int)len);
     if (s == NATS_OK && recovery)
         s = natsMsgHeader_Set(m, WIRE_HDR_RECOVERY, recovery);
     if (s == NATS_OK && has_range) {
@@ -169,9 +169,8 @@ kvo_status relay_nats_publish(relay_nats *n, const char *subject,
     return send_msg(n, subject, NULL, has_range, first, last, body, len);
 }
 
-kvo_status relay_nats_reply(relay_nats *n, const char *to,
-                            wire_reply_kind kind, bool has_range,
-                            uint64_t first, uint64_t last,
+kvo_status relay_nats_reply(relay_nats *n, const char *to, wire_reply_kind kind,
+                            bool has_range, uint64_t first, uint64_t last,
                             const uint8_t *body, size_t len) {
     return send_msg(n, to, wire_reply_kind_name(kind), has_range, first, last,
                     body, len);
@@ -282,7 +281,8 @@ void relay_nats_stats(relay_nats *n, relay_stats *st) {
      * the last count read stays when the subscription cannot say) */
     for (int i = 0; i < RELAY_REQ_COUNT; i++) {
         int64_t d = 0;
-        if (n->sub[i] && natsSubscription_GetDropped(n->sub[i], &d) == NATS_OK &&
+        if (n->sub[i] &&
+            natsSubscription_GetDropped(n->sub[i], &d) == NATS_OK &&
             (uint64_t)d > n->sub_dropped[i])
             n->sub_dropped[i] = (uint64_t)d;
         dropped += n->sub_dropped[i];

@@ -107,21 +107,21 @@ typedef struct source {
     uint64_t next;
     bool has_live;
     uint64_t live_last;
-    uint64_t want;      /* REPLAYING: first seq requested */
-    bool got_reply;     /* REPLAYING: a batch reply arrived */
-    uint64_t deadline;  /* REPLAYING: monotonic ns */
-    bool dirty;         /* forwarded something since the last cleared */
-    held *buf;          /* live batches waiting for the replay */
+    uint64_t want;     /* REPLAYING: first seq requested */
+    bool got_reply;    /* REPLAYING: a batch reply arrived */
+    uint64_t deadline; /* REPLAYING: monotonic ns */
+    bool dirty;        /* forwarded something since the last cleared */
+    held *buf;         /* live batches waiting for the replay */
     uint32_t nbuf;
     size_t capbuf;
     size_t buf_bytes;
     bool overflowed;
-    bool link_up;       /* the SUB is connected (last link event) */
-    bool link_was_up;   /* it was once: the next SUB_UP is a reconnect */
-    bool broke;         /* REPLAYING: a replay connection dropped ... */
-    uint64_t broke_at;  /* ... with next == broke_at */
-    bool probing;       /* REPLAYING: the SUB came back; the replay was ... */
-    uint64_t probe;     /* ... asked from this batch, applied before */
+    bool link_up;      /* the SUB is connected (last link event) */
+    bool link_was_up;  /* it was once: the next SUB_UP is a reconnect */
+    bool broke;        /* REPLAYING: a replay connection dropped ... */
+    uint64_t broke_at; /* ... with next == broke_at */
+    bool probing;      /* REPLAYING: the SUB came back; the replay was ... */
+    uint64_t probe;    /* ... asked from this batch, applied before */
     uint64_t seen_seq[SEEN_RING];  /* seq + 1 of the batch in the slot */
     uint64_t seen_hash[SEEN_RING]; /* XXH3-64 of its payload */
 } source;
@@ -148,13 +148,13 @@ struct relay_pipe {
     uint32_t pnremoved;
     bool p_has_first, p_has_last;
     uint64_t p_first, p_last;
-    uint64_t cur_seq;   /* batch being applied */
+    uint64_t cur_seq; /* batch being applied */
 
-    uint64_t sequence;  /* envelope sequence, per publisher from 0 */
-    uint64_t event_id;  /* last RouterEvent id of the worker */
-    bool has_wm;        /* the last KVO-Zmq-Seq published: the watermark */
+    uint64_t sequence; /* envelope sequence, per publisher from 0 */
+    uint64_t event_id; /* last RouterEvent id of the worker */
+    bool has_wm;       /* the last KVO-Zmq-Seq published: the watermark */
     uint64_t wm_first, wm_last;
-    kvo_json req;       /* recovery requests are parsed here */
+    kvo_json req; /* recovery requests are parsed here */
     wire_plane_msg msg;
     kvo_buf body;
 
@@ -166,10 +166,10 @@ struct relay_pipe {
     uint32_t *dfree;
     uint32_t nfree;
     kvo_buf hscratch;
-    uint64_t *th;       /* a store's tokens hashes (router_hashes) */
+    uint64_t *th; /* a store's tokens hashes (router_hashes) */
     size_t cap_th;
-    kvo_buf idbuf;      /* its multimodal ids, NUL-terminated */
-    wire_mm_key *mmk;   /* one block's multimodal keys */
+    kvo_buf idbuf;    /* its multimodal ids, NUL-terminated */
+    wire_mm_key *mmk; /* one block's multimodal keys */
     size_t cap_mmk;
 };
 
@@ -253,8 +253,8 @@ static void publish(relay_pipe *p, const wire_revent *ev, uint32_t n,
     if (s == KVO_OK) {
         /* Kept whether NATS takes it or not: a requester that missed it
          * gets it from the ring. */
-        relay_ring_env kept = {p->msg.sequence, has_range, first, last,
-                               p->body.data, p->body.len};
+        relay_ring_env kept = {p->msg.sequence, has_range,  first, last,
+                               p->body.data,    p->body.len};
         relay_ring_push(p->ring, &kept);
         if (has_range) {
             p->has_wm = true;
@@ -347,9 +347,9 @@ static void pend_store(relay_pipe *p, uint32_t rank, wire_tier tier,
         for (uint32_t k = 0; k < take; k++, i++) {
             dst[k].block_hash = e->hashes[i].key;
             dst[k].tokens_hash = th[i];
-            if (fwd && relay_state_store(fwd, tier, dst[k].block_hash,
-                                          has_parent, parent,
-                                          dst[k].tokens_hash) != KVO_OK)
+            if (fwd &&
+                relay_state_store(fwd, tier, dst[k].block_hash, has_parent,
+                                  parent, dst[k].tokens_hash) != KVO_OK)
                 p->st.state_dropped++;
             has_parent = true;
             parent = dst[k].block_hash;
@@ -403,8 +403,7 @@ static void emit_cleared(relay_pipe *p, uint32_t si, const char *why) {
     s->dirty = false;
     p->st.cleared_emitted++;
     note(p, KVO_LOG_WARN, "cleared",
-         "source %u: published cleared for worker %" PRIu64
-         " dp_rank %u (%s)",
+         "source %u: published cleared for worker %" PRIu64 " dp_rank %u (%s)",
          si, p->cfg.worker_id, s->rank, why);
 }
 
@@ -416,8 +415,7 @@ static void lost(relay_pipe *p, uint32_t si, relay_replay_fail kind) {
 
 /* ---- engine-hash verification ---------------------------------------------*/
 
-static void digest_remember(relay_pipe *p, uint64_t key,
-                            const wire_digest *d) {
+static void digest_remember(relay_pipe *p, uint64_t key, const wire_digest *d) {
     uint64_t *ix = kvo_map_get(&p->digests, key);
     if (ix) {
         p->dpool[*ix] = *d;
@@ -505,8 +503,7 @@ static void extra_from_list(const wire_event *e, const msgpack_object *o,
             return;
         }
     const msgpack_object_str *s0 = n > 0 ? &k[0].via.str : NULL;
-    bool s0_is_lora = s0 && e->lora_name.p &&
-                      e->lora_name.len == s0->size &&
+    bool s0_is_lora = s0 && e->lora_name.p && e->lora_name.len == s0->size &&
                       memcmp(e->lora_name.p, s0->ptr, s0->size) == 0;
     if (n == 1 && root_block && !s0_is_lora) {
         x->has_salt = true;
@@ -562,16 +559,14 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
             if (!list)
                 extra_from_fields(e, root && i == 0, &x);
             else if (i < list->via.array.size)
-                extra_from_list(e, &list->via.array.ptr[i], root && i == 0,
-                                &x);
+                extra_from_list(e, &list->via.array.ptr[i], root && i == 0, &x);
             else
                 x.ok = false;
             wire_extra ex = {x.has_lora ? x.lora : NULL,
                              x.has_salt ? x.salt : NULL};
-            if (!x.ok ||
-                wire_engine_block(p->cfg.verify_algo, &parent,
-                                  e->token_ids + (size_t)i * bs, bs, &ex,
-                                  &p->hscratch, &got) != KVO_OK) {
+            if (!x.ok || wire_engine_block(p->cfg.verify_algo, &parent,
+                                           e->token_ids + (size_t)i * bs, bs,
+                                           &ex, &p->hscratch, &got) != KVO_OK) {
                 p->st.hash_unsupported++;
             } else {
                 have_got = true;
@@ -630,16 +625,16 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
 /* The media the relay forwards (vLLM's names, exactly) and their tiers, as
  * wire_tier_from_medium maps them; nil is GPU. false: unknown medium. */
 static bool medium_tier(wire_str m, wire_tier *tier) {
-#define KNOWN(s, t) {s, sizeof(s) - 1, t}
+#define KNOWN(s, t)                                                            \
+    { s, sizeof(s) - 1, t }
     static const struct {
         const char *s;
         uint32_t n;
         wire_tier t;
-    } known[] = {KNOWN("GPU", WIRE_TIER_DEVICE),
-                 KNOWN("CPU", WIRE_TIER_HOST_PINNED),
-                 KNOWN("CPU_PINNED", WIRE_TIER_HOST_PINNED),
-                 KNOWN("DISK", WIRE_TIER_DISK),
-                 KNOWN("STORAGE", WIRE_TIER_EXTERNAL)};
+    } known[] = {
+        KNOWN("GPU", WIRE_TIER_DEVICE), KNOWN("CPU", WIRE_TIER_HOST_PINNED),
+        KNOWN("CPU_PINNED", WIRE_TIER_HOST_PINNED),
+        KNOWN("DISK", WIRE_TIER_DISK), KNOWN("STORAGE", WIRE_TIER_EXTERNAL)};
 #undef KNOWN
     if (!m.p) {
         *tier = WIRE_TIER_DEVICE;
@@ -658,8 +653,8 @@ static bool medium_tier(wire_str m, wire_tier *tier) {
 static void reject(relay_pipe *p, relay_reject kind, uint32_t ei,
                    const char *detail) {
     p->st.rejects[kind]++;
-    note(p, KVO_LOG_WARN, "reject",
-         "seq %" PRIu64 " event %u rejected: %s", p->cur_seq, ei, detail);
+    note(p, KVO_LOG_WARN, "reject", "seq %" PRIu64 " event %u rejected: %s",
+         p->cur_seq, ei, detail);
 }
 
 /* The event's tier; false (the event rejected) when its medium is unknown. */
@@ -696,7 +691,8 @@ static bool block_keys(relay_pipe *p, const wire_event *e,
     }
     uint32_t n = k->via.array.size;
     const msgpack_object *v = k->via.array.ptr;
-    if (kvo_grow(&p->mmk, &p->cap_mmk, n ? n : 1, sizeof(*p->mmk), 8) != KVO_OK) {
+    if (kvo_grow(&p->mmk, &p->cap_mmk, n ? n : 1, sizeof(*p->mmk), 8) !=
+        KVO_OK) {
         snprintf(why, whysz, "out of memory");
         return false;
     }
@@ -720,8 +716,10 @@ static bool block_keys(relay_pipe *p, const wire_event *e,
                 *salt_len = v[i].via.str.size;
                 continue;
             }
-            snprintf(why, whysz, "extra_keys string %u is neither the adapter "
-                                 "nor block 0's salt", i);
+            snprintf(why, whysz,
+                     "extra_keys string %u is neither the adapter "
+                     "nor block 0's salt",
+                     i);
             return false;
         }
         const msgpack_object *pr = v[i].via.array.ptr;
@@ -732,8 +730,10 @@ static bool block_keys(relay_pipe *p, const wire_event *e,
             (pr[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER &&
              pr[1].via.u64 > INT64_MAX) ||
             memchr(pr[0].via.str.ptr, 0, pr[0].via.str.size)) {
-            snprintf(why, whysz, "extra_keys item %u is not a string or an "
-                                 "(identifier, offset) pair", i);
+            snprintf(why, whysz,
+                     "extra_keys item %u is not a string or an "
+                     "(identifier, offset) pair",
+                     i);
             return false;
         }
         memcpy(ids + used, pr[0].via.str.ptr, pr[0].via.str.size);
@@ -754,7 +754,8 @@ static bool block_keys(relay_pipe *p, const wire_event *e,
  * querying the request would. */
 static bool router_hashes(relay_pipe *p, const wire_event *e, uint32_t bs,
                           char *why, size_t whysz) {
-    if (kvo_grow(&p->th, &p->cap_th, e->n_hashes, sizeof(*p->th), 64) != KVO_OK) {
+    if (kvo_grow(&p->th, &p->cap_th, e->n_hashes, sizeof(*p->th), 64) !=
+        KVO_OK) {
         snprintf(why, whysz, "out of memory");
         return false;
     }
@@ -766,7 +767,8 @@ static bool router_hashes(relay_pipe *p, const wire_event *e, uint32_t bs,
     if (e->extra_keys.p) {
         size_t off = 0;
         if (msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
-                                e->extra_keys.len, &off) != MSGPACK_UNPACK_SUCCESS) {
+                                e->extra_keys.len,
+                                &off) != MSGPACK_UNPACK_SUCCESS) {
             snprintf(why, whysz, "extra_keys undecodable");
             ok = false;
         } else if (up.data.type == MSGPACK_OBJECT_ARRAY) {
@@ -821,8 +823,8 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
         return;
     }
     if ((uint64_t)e->n_tokens != (uint64_t)e->n_hashes * bs) {
-        snprintf(why, sizeof(why), "%u tokens for %u blocks of %u",
-                 e->n_tokens, e->n_hashes, bs);
+        snprintf(why, sizeof(why), "%u tokens for %u blocks of %u", e->n_tokens,
+                 e->n_hashes, bs);
         reject(p, RELAY_token_count, ei, why);
         return;
     }
@@ -830,8 +832,9 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
         if (e->token_ids[i] > UINT32_MAX) {
             /* The router hashes ids as u32 (DESIGN §5): hashing this one
              * truncated would alias it with its low 32 bits. */
-            snprintf(why, sizeof(why), "token_ids[%u] = %" PRIu64
-                     " does not fit 32 bits", i, e->token_ids[i]);
+            snprintf(why, sizeof(why),
+                     "token_ids[%u] = %" PRIu64 " does not fit 32 bits", i,
+                     e->token_ids[i]);
             reject(p, RELAY_token_range, ei, why);
             return;
         }
@@ -902,14 +905,14 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     p->cur_seq = seq;
 
     kvo_err err;
-    kvo_status st = wire_batch_decode(payload, len, p->cfg.limits, &p->batch,
-                                      &err);
+    kvo_status st =
+        wire_batch_decode(payload, len, p->cfg.limits, &p->batch, &err);
     if (st != KVO_OK) {
         p->st.decode_errors[st < KVO_STATUS_COUNT ? st : KVO_EPROTO]++;
         char buf[256];
         note(p, KVO_LOG_WARN, "decode",
-             "source %u seq %" PRIu64 ": undecodable batch (%zu bytes): %s",
-             si, seq, len, kvo_err_str(&err, buf, sizeof(buf)));
+             "source %u seq %" PRIu64 ": undecodable batch (%zu bytes): %s", si,
+             seq, len, kvo_err_str(&err, buf, sizeof(buf)));
         batch_done(p, seq);
         return;
     }
@@ -929,8 +932,8 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
     /* The rank's forwarded state; NULL when out of memory (then nothing is
      * recorded, counted as state_dropped) or when the table is full. */
     relay_state_rank *fwd = NULL;
-    kvo_status rs = fits ? relay_state_rank_get(p->state, rank, &fwd)
-                         : KVO_EINVAL;
+    kvo_status rs =
+        fits ? relay_state_rank_get(p->state, rank, &fwd) : KVO_EINVAL;
     if (rs == KVO_EINVAL || rs == KVO_ETOOBIG) {
         p->st.rejects[RELAY_dp_rank] += b->n_events;
         note(p, KVO_LOG_WARN, "reject",
@@ -954,12 +957,8 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
             continue;
         }
         switch (e->type) {
-        case WIRE_EV_STORED:
-            convert_stored(p, e, i, rank, fwd);
-            break;
-        case WIRE_EV_REMOVED:
-            convert_removed(p, e, i, rank, fwd);
-            break;
+        case WIRE_EV_STORED: convert_stored(p, e, i, rank, fwd); break;
+        case WIRE_EV_REMOVED: convert_removed(p, e, i, rank, fwd); break;
         case WIRE_EV_CLEARED:
             pend_cleared(p, rank);
             relay_state_clear(p->state, rank);
@@ -1083,8 +1082,8 @@ static bool request_replay(relay_pipe *p, uint32_t si, uint64_t from) {
 /* Live batch seq came after a hole that starts at from: ask for the hole and
  * hold seq until the replay has filled it; when no replay can be asked, seq
  * is taken as it is. */
-static void replay_then(relay_pipe *p, uint32_t si, uint64_t from,
-                        uint64_t seq, const uint8_t *payload, size_t len) {
+static void replay_then(relay_pipe *p, uint32_t si, uint64_t from, uint64_t seq,
+                        const uint8_t *payload, size_t len) {
     if (request_replay(p, si, from))
         buffer_push(p, &p->src[si], seq, payload, len);
     else
@@ -1164,7 +1163,8 @@ static void probe_restart(relay_pipe *p, uint32_t si, const char *why) {
     if (p->out.replay_abort) p->out.replay_abort(p->out.ctx, si);
     s->has_live = s->nbuf > 0;
     for (uint32_t i = 0; i < s->nbuf; i++)
-        if (i == 0 || s->buf[i].seq > s->live_last) s->live_last = s->buf[i].seq;
+        if (i == 0 || s->buf[i].seq > s->live_last)
+            s->live_last = s->buf[i].seq;
     s->dirty = true; /* always say it: the engine lost its cache */
     emit_cleared(p, si, "publisher restart");
     request_replay(p, si, 0);
@@ -1222,8 +1222,7 @@ static void on_reply(relay_pipe *p, uint32_t si, uint64_t seq,
     s->deadline = p->now + p->cfg.replay_timeout_ms * RELAY_NS_PER_MS;
     if (end && s->probing) {
         p->st.replays_completed++;
-        probe_restart(p, si,
-                      "it holds nothing from the last batch applied on");
+        probe_restart(p, si, "it holds nothing from the last batch applied on");
         return;
     }
     if (end) {
@@ -1384,10 +1383,10 @@ void relay_pipe_link(relay_pipe *p, uint32_t si, relay_link what,
             return; /* the first connection: nothing was missed yet */
         }
         SRC_COUNT(p, si, zmq_reconnects);
-        note(p, KVO_LOG_INFO, "link",
-             "source %u: SUB connection back%s", si,
+        note(p, KVO_LOG_INFO, "link", "source %u: SUB connection back%s", si,
              s->has_next && s->has_replay ? ", replaying what it missed" : "");
-        if (!s->has_next || !s->has_replay) return; /* the next batch shows it */
+        if (!s->has_next || !s->has_replay)
+            return; /* the next batch shows it */
         if (s->state == RELAY_SRC_REPLAYING && p->out.replay_abort)
             p->out.replay_abort(p->out.ctx, si);
         /* The engine may have restarted meanwhile, idle (nothing new to
@@ -1418,8 +1417,7 @@ void relay_pipe_link(relay_pipe *p, uint32_t si, relay_link what,
         note(p, KVO_LOG_WARN, "handshake", "source %u: ZMTP handshake failed",
              si);
         return;
-    case RELAY_LINK_COUNT:
-        break;
+    case RELAY_LINK_COUNT: break;
     }
 }
 
@@ -1500,8 +1498,10 @@ static kvo_status send_events(relay_pipe *p, uint64_t from, uint64_t last,
         out->sent++;
         p->st.recovery_envelopes_sent++;
     }
-    wire_reply_end end = {.kind = WIRE_REPLY_EVENTS, .sent = out->sent,
-                          .has_as_of = true, .as_of = last};
+    wire_reply_end end = {.kind = WIRE_REPLY_EVENTS,
+                          .sent = out->sent,
+                          .has_as_of = true,
+                          .as_of = last};
     return send_end(reply, ctx, WIRE_REPLY_END, &end, &p->body);
 }
 
@@ -1538,8 +1538,10 @@ static kvo_status send_dump(relay_pipe *p, size_t max_payload,
         p->st.dump_orphans += dr.orphans;
     }
     if (st != KVO_OK) return st;
-    wire_reply_end end = {.kind = WIRE_REPLY_DUMP, .sent = out->sent,
-                          .has_as_of = out->has_as_of, .as_of = out->as_of,
+    wire_reply_end end = {.kind = WIRE_REPLY_DUMP,
+                          .sent = out->sent,
+                          .has_as_of = out->has_as_of,
+                          .as_of = out->as_of,
                           .blocks = out->blocks};
     st = send_end(reply, ctx, WIRE_REPLY_END, &end, &p->body);
     if (st == KVO_OK) p->st.dumps_sent++;
@@ -1554,8 +1556,7 @@ kvo_status relay_pipe_recover(relay_pipe *p, const char *reply_to,
     wire_recovery_req req;
     kvo_status st;
     if (!reply_to || !*reply_to)
-        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
-                         "no reply inbox");
+        st = kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET, "no reply inbox");
     else if (len > RELAY_RECOVERY_REQUEST_MAX)
         st = kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
                          "a request of %zu bytes (at most %u)", len,
@@ -1575,7 +1576,8 @@ kvo_status relay_pipe_recover(relay_pipe *p, const char *reply_to,
         out->kind = WIRE_REPLY_TOO_NEW;
         p->st.recovery_requests[RELAY_too_new]++;
         wire_reply_end e = {.kind = WIRE_REPLY_TOO_NEW,
-                            .has_as_of = out->has_as_of, .as_of = out->as_of};
+                            .has_as_of = out->has_as_of,
+                            .as_of = out->as_of};
         st = send_end(reply, ctx, WIRE_REPLY_TOO_NEW, &e, &p->body);
     } else if (!req.dump && relay_ring_holds(p->ring, req.from_sequence) &&
                relay_ring_holds(p->ring, out->as_of)) {

@@ -24,9 +24,9 @@ typedef struct ring_slot {
 
 struct relay_ring {
     ring_slot *e;
-    size_t cap;      /* slots allocated (<= max_n) */
-    size_t head, n;  /* oldest, and how many are held */
-    size_t bytes;    /* body bytes held */
+    size_t cap;     /* slots allocated (<= max_n) */
+    size_t head, n; /* oldest, and how many are held */
+    size_t bytes;   /* body bytes held */
     size_t max_n;
     size_t max_bytes;
 };
@@ -81,8 +81,7 @@ static kvo_status grow(relay_ring *r) {
 }
 
 bool relay_ring_push(relay_ring *r, const relay_ring_env *env) {
-    if (r->n && env->seq != slot(r, r->n - 1)->env.seq + 1)
-        relay_ring_clear(r);
+    if (r->n && env->seq != slot(r, r->n - 1)->env.seq + 1) relay_ring_clear(r);
     if (r->max_n == 0 || env->len > r->max_bytes) goto lost;
     while (r->n && (r->n == r->max_n || r->bytes + env->len > r->max_bytes))
         drop_oldest(r);

@@ -65,14 +65,14 @@
 
 /* Log rate limits, one per note kind. */
 static const char *const note_kinds[] = {
-    "decode",  "reject", "cleared", "gap",    "replay",    "restart",
-    "frames",  "buffer", "publish", "hash",   "link",      "reopen",
+    "decode",    "reject",   "cleared",  "gap",    "replay",   "restart",
+    "frames",    "buffer",   "publish",  "hash",   "link",     "reopen",
     "handshake", "oversize", "recovery", "answer", "announce", "other"};
 #define N_KINDS (sizeof(note_kinds) / sizeof(note_kinds[0]))
 
 typedef struct src_desc {
     char *endpoint;
-    char *replay;   /* NULL = none */
+    char *replay; /* NULL = none */
     uint32_t rank;
 } src_desc;
 
@@ -123,8 +123,8 @@ void relay_cfg_default(relay_cfg *c) {
 /* ---- callbacks from the pipe ---------------------------------------------*/
 
 static kvo_status on_publish(void *ctx, const char *subject, bool has_range,
-                             uint64_t first, uint64_t last,
-                             const uint8_t *body, size_t len) {
+                             uint64_t first, uint64_t last, const uint8_t *body,
+                             size_t len) {
     runner *r = ctx;
     if (r->cap && r->cap_nats) {
         wire_frame f[2] = {{(const uint8_t *)subject, strlen(subject)},
@@ -196,21 +196,20 @@ static json_object *stats_json(runner *r) {
         json_object *s = json_object_new_object();
         json_object_object_add(s, "endpoint",
                                json_object_new_string(r->desc[i].endpoint));
-        json_object_object_add(
-            s, "replay_endpoint",
-            r->desc[i].replay ? json_object_new_string(r->desc[i].replay)
-                              : NULL);
+        json_object_object_add(s, "replay_endpoint",
+                               r->desc[i].replay
+                                   ? json_object_new_string(r->desc[i].replay)
+                                   : NULL);
         json_object_object_add(s, "dp_rank",
                                json_object_new_uint64(info.dp_rank));
         json_object_object_add(
             s, "state",
             json_object_new_string(info.state == RELAY_SRC_LIVE ? "live"
                                                                 : "replaying"));
-        json_object_object_add(
-            s, "last_seq",
-            info.has_next && info.next_seq > 0
-                ? json_object_new_uint64(info.next_seq - 1)
-                : NULL);
+        json_object_object_add(s, "last_seq",
+                               info.has_next && info.next_seq > 0
+                                   ? json_object_new_uint64(info.next_seq - 1)
+                                   : NULL);
         json_object_object_add(s, "buffered",
                                json_object_new_uint64(info.buffered));
         json_object_object_add(s, "connected",
@@ -295,8 +294,7 @@ static void desc_clear(runner *r) {
 }
 
 /* The sources an engine lists; on failure none (a retry starts afresh). */
-static kvo_status parse_sources(runner *r, const char *body,
-                                const char *base) {
+static kvo_status parse_sources(runner *r, const char *body, const char *base) {
     json_object *j = json_tokener_parse(body);
     kvo_status st = KVO_EPROTO;
     if (!j || !json_object_is_type(j, json_type_array)) goto done;
@@ -355,8 +353,8 @@ static kvo_status discover(runner *r) {
     char url[DISCOVERY_URL_MAX];
     size_t bl = strlen(base);
     while (bl && base[bl - 1] == '/') bl--;
-    int ul = snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl,
-                      base);
+    int ul =
+        snprintf(url, sizeof(url), "%.*s/kvo/event_sources", (int)bl, base);
     if (ul < 0 || (size_t)ul >= sizeof(url)) {
         kvo_error("--discover URL longer than %d bytes", DISCOVERY_URL_MAX);
         return KVO_EINVAL;
@@ -371,8 +369,7 @@ static kvo_status discover(runner *r) {
     while (!kvo_stop) {
         kvo_status g = kvo_http_get(c, url, &resp);
         if (g == KVO_OK && resp.status == 200) {
-            st = parse_sources(r, resp.body.data ? (char *)resp.body.data
-                                                 : "",
+            st = parse_sources(r, resp.body.data ? (char *)resp.body.data : "",
                                base);
             if (st == KVO_OK) break;
             if (st == KVO_ETOOBIG) {
@@ -417,8 +414,7 @@ static void record_rx(runner *r, const relay_rx *rx, bool reply) {
         f = three;
         n = 3;
     }
-    if (wire_cap_write(r->cap, kvo_unix_ns(), f, n) != KVO_OK)
-        r->cap_errors++;
+    if (wire_cap_write(r->cap, kvo_unix_ns(), f, n) != KVO_OK) r->cap_errors++;
 }
 
 /* Hand every reply the DEALER of source i holds to the pipe (at most
@@ -504,8 +500,8 @@ static void announce(runner *r, const char *subject) {
     kvo_buf_reset(&r->announce);
     kvo_status st = wire_announce_encode(&a, &r->announce);
     if (st == KVO_OK)
-        st = relay_nats_publish(r->nats, subject, false, 0, 0,
-                                r->announce.data, r->announce.len);
+        st = relay_nats_publish(r->nats, subject, false, 0, 0, r->announce.data,
+                                r->announce.len);
     if (st != KVO_OK) {
         kvo_log_limited(limit_of(r, "announce"), KVO_LOG_WARN,
                         "announce on %s not sent (%zu dp ranks): %s", subject,
@@ -538,8 +534,8 @@ static void answer_recovery(runner *r, const relay_req *q) {
     char buf[600];
     if (st != KVO_OK) {
         kvo_log_limited(limit_of(r, "recovery"), KVO_LOG_WARN,
-                        "recovery request%s%s %s: %s",
-                        q->reply ? " from " : "", q->reply ? q->reply : "",
+                        "recovery request%s%s %s: %s", q->reply ? " from " : "",
+                        q->reply ? q->reply : "",
                         out.bad ? "not understood" : "not answered",
                         kvo_err_str(&err, buf, sizeof(buf)));
         return;
@@ -549,14 +545,13 @@ static void answer_recovery(runner *r, const relay_req *q) {
     /* Dumps are rare and heavy, worth a line (rate-limited: a storm of
      * them is one line per interval); the rest at debug. */
     if (out.kind == WIRE_REPLY_DUMP || kvo_log_level() >= KVO_LOG_DEBUG)
-        kvo_log_limited(limit_of(r, "answer"),
-                        out.kind == WIRE_REPLY_DUMP ? KVO_LOG_INFO
-                                                    : KVO_LOG_DEBUG,
-                        "recovery request from %s: %s, %" PRIu64
-                        " envelopes, %" PRIu64 " blocks (%" PRIu64
-                        " orphans), as of %s",
-                        q->reply, wire_reply_kind_name(out.kind), out.sent,
-                        out.blocks, out.orphans, as_of);
+        kvo_log_limited(
+            limit_of(r, "answer"),
+            out.kind == WIRE_REPLY_DUMP ? KVO_LOG_INFO : KVO_LOG_DEBUG,
+            "recovery request from %s: %s, %" PRIu64 " envelopes, %" PRIu64
+            " blocks (%" PRIu64 " orphans), as of %s",
+            q->reply, wire_reply_kind_name(out.kind), out.sent, out.blocks,
+            out.orphans, as_of);
 }
 
 /* Answer what is waiting (at most REQUESTS_PER_TURN). */
@@ -587,8 +582,8 @@ static void loop(runner *r) {
     while (!kvo_stop) {
         int n = 0;
         for (uint32_t i = 0; i < r->nsrc; i++) {
-            items[n++] = (zmq_pollitem_t){relay_source_sub(r->src[i]), 0,
-                                          ZMQ_POLLIN, 0};
+            items[n++] =
+                (zmq_pollitem_t){relay_source_sub(r->src[i]), 0, ZMQ_POLLIN, 0};
             items[n++] = (zmq_pollitem_t){relay_source_sub_monitor(r->src[i]),
                                           0, ZMQ_POLLIN, 0};
             void *d = relay_source_dealer(r->src[i]);
@@ -596,8 +591,8 @@ static void loop(runner *r) {
             void *dm = relay_source_dealer_monitor(r->src[i]);
             if (dm) items[n++] = (zmq_pollitem_t){dm, 0, ZMQ_POLLIN, 0};
         }
-        items[n++] = (zmq_pollitem_t){NULL, relay_nats_wake_fd(r->nats),
-                                      ZMQ_POLLIN, 0};
+        items[n++] =
+            (zmq_pollitem_t){NULL, relay_nats_wake_fd(r->nats), ZMQ_POLLIN, 0};
         long t = relay_nats_req_waiting(r->nats) ? 0 : LOOP_POLL_MS;
         if (r->http) {
             items[n++] = (zmq_pollitem_t){NULL, kvo_http_server_fd(r->http),
@@ -632,8 +627,7 @@ static void loop(runner *r) {
         /* No announce while NATS is down: the reconnect buffer is for
          * envelopes (one goes out as soon as it is back, below). */
         if (now >= next_beat) {
-            if (relay_nats_connected(r->nats))
-                announce(r, r->relays_subject);
+            if (relay_nats_connected(r->nats)) announce(r, r->relays_subject);
             next_beat = now + beat;
         }
         if (r->http) kvo_http_server_run(r->http);
@@ -694,14 +688,14 @@ static void log_config(const runner *r) {
 
 static kvo_status write_exit_json(runner *r) {
     json_object *o = stats_json(r);
-    const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+    const char *text =
+        json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
     kvo_status st = KVO_OK;
     if (r->cfg->stats_json) {
         FILE *f = fopen(r->cfg->stats_json, "w");
         if (!f || fprintf(f, "%s\n", text) < 0) st = KVO_EIO;
         if (f && fclose(f) != 0) st = KVO_EIO;
-        if (st != KVO_OK)
-            kvo_error("cannot write %s", r->cfg->stats_json);
+        if (st != KVO_OK) kvo_error("cannot write %s", r->cfg->stats_json);
     } else {
         printf("%s\n", text);
         fflush(stdout);
@@ -739,10 +733,9 @@ static kvo_status setup_sources(runner *r) {
                       zmq_strerror(zmq_errno()));
             return st;
         }
-        kvo_info("source %u: %s%s replay=%s dp_rank=%u", i,
-                 r->desc[i].endpoint, sc.bind ? " (bind)" : "",
-                 r->desc[i].replay ? r->desc[i].replay : "-",
-                 r->desc[i].rank);
+        kvo_info("source %u: %s%s replay=%s dp_rank=%u", i, r->desc[i].endpoint,
+                 sc.bind ? " (bind)" : "",
+                 r->desc[i].replay ? r->desc[i].replay : "-", r->desc[i].rank);
         st = relay_pipe_source_add(r->pipe, r->desc[i].rank,
                                    r->desc[i].replay != NULL, NULL);
         if (st != KVO_OK) return st;
@@ -787,8 +780,8 @@ kvo_status relay_run(const relay_cfg *cfg) {
                     {r.listen[RELAY_REQ_RECOVERY], WIRE_SUBJ_RECOVERY},
                     {r.listen[RELAY_REQ_DISCOVER], WIRE_SUBJ_DISCOVER}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(subjects) && sl == KVO_OK; i++)
-        sl = wire_subject(subjects[i].out, SUBJECT_MAX, cfg->ns,
-                          cfg->component, subjects[i].kind, r.publisher_id);
+        sl = wire_subject(subjects[i].out, SUBJECT_MAX, cfg->ns, cfg->component,
+                          subjects[i].kind, r.publisher_id);
     log_config(&r);
     if (sl != KVO_OK) {
         kvo_error(sl == KVO_ETOOBIG
@@ -811,8 +804,8 @@ kvo_status relay_run(const relay_cfg *cfg) {
             st = KVO_EINVAL;
             goto done;
         }
-        kvo_http_server_cfg hc = {.host = host, .port = port,
-                                  .handler = on_http, .ctx = &r};
+        kvo_http_server_cfg hc = {
+            .host = host, .port = port, .handler = on_http, .ctx = &r};
         st = kvo_http_server_new(&r.http, &hc);
         if (st != KVO_OK) {
             kvo_error("metrics server on %s: %s", cfg->metrics_listen,
@@ -893,7 +886,8 @@ kvo_status relay_run(const relay_cfg *cfg) {
     relay_stats_line(stats_now(&r), line, sizeof(line));
     kvo_info("final: %s", line);
     if (write_exit_json(&r) != KVO_OK) st = KVO_EIO;
-    if (st == KVO_OK && cfg->verify && relay_pipe_stats(r.pipe)->hash_mismatches)
+    if (st == KVO_OK && cfg->verify &&
+        relay_pipe_stats(r.pipe)->hash_mismatches)
         st = KVO_ECHECK;
 done:
     for (uint32_t i = 0; i < RELAY_MAX_SOURCES; i++)

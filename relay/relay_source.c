@@ -30,9 +30,9 @@
 #include <zmq.h>
 
 /* The monitor events asked for (the rest would only be read and ignored). */
-#define MONITOR_EVENTS                                                        \
-    (ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |                     \
-     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |   \
+#define MONITOR_EVENTS                                                         \
+    (ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED |                      \
+     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |    \
      ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
 /* A monitor event's first frame: u16 event, u32 value (host order). */
 #define MONITOR_HEAD_BYTES 6
@@ -96,8 +96,7 @@ static kvo_status watch_new(relay_source *s, int type, watched *out) {
     if (zmq_socket_monitor(w.sock, ep, MONITOR_EVENTS) != 0) goto fail;
     w.mon = zmq_socket(s->zctx, ZMQ_PAIR);
     int zero = 0;
-    if (!w.mon ||
-        zmq_setsockopt(w.mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+    if (!w.mon || zmq_setsockopt(w.mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
         zmq_connect(w.mon, ep) != 0)
         goto fail;
     *out = w;
@@ -217,8 +216,10 @@ static bool monitor_next(watched *w, uint16_t *event) {
         zmq_msg_close(&head);
         while (more) {
             zmq_msg_init(&addr);
-            if (zmq_msg_recv(&addr, w->mon, 0) < 0) more = false;
-            else more = zmq_msg_more(&addr);
+            if (zmq_msg_recv(&addr, w->mon, 0) < 0)
+                more = false;
+            else
+                more = zmq_msg_more(&addr);
             zmq_msg_close(&addr);
         }
         if (ok) return true;
@@ -295,8 +296,8 @@ static kvo_status recv_multipart(relay_source *s, void *sock, relay_rx *rx) {
     if (!sock) return KVO_EAGAIN;
     for (;;) {
         zmq_msg_t tmp;
-        zmq_msg_t *m = s->nparts < WIRE_CAP_MAX_FRAMES ? &s->parts[s->nparts]
-                                                       : &tmp;
+        zmq_msg_t *m =
+            s->nparts < WIRE_CAP_MAX_FRAMES ? &s->parts[s->nparts] : &tmp;
         zmq_msg_init(m);
         int flags = rx->n == 0 ? ZMQ_DONTWAIT : 0;
         if (zmq_msg_recv(m, sock, flags) < 0) {

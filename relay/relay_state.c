@@ -39,9 +39,9 @@
 
 #include <string.h>
 
-#define NO_REC UINT32_MAX    /* end of a free list */
-#define POOL_FIRST_CAP 64u   /* records of a pool's first allocation */
-#define CLIMB_FIRST_CAP 64u  /* the walk's climb stack */
+#define NO_REC UINT32_MAX   /* end of a free list */
+#define POOL_FIRST_CAP 64u  /* records of a pool's first allocation */
+#define CLIMB_FIRST_CAP 64u /* the walk's climb stack */
 #define BIT_PARENT 1u
 /* The walk's marks: a record whose mark is neither of the current epoch's
  * is not yet visited. */
@@ -58,7 +58,7 @@ typedef struct fblock {
 } fblock;
 
 typedef struct ftier {
-    kvo_map map;   /* block_hash -> index into pool */
+    kvo_map map; /* block_hash -> index into pool */
     fblock *pool;
     size_t cap;    /* records allocated */
     uint32_t len;  /* records ever handed out (high-water) */
@@ -74,8 +74,8 @@ struct relay_state_rank {
 struct relay_state {
     relay_state_rank **ranks; /* sorted by rank */
     uint32_t nranks;
-    uint32_t epoch;           /* of the last walk */
-    uint32_t *climb;          /* the walk's stack of record indices */
+    uint32_t epoch;  /* of the last walk */
+    uint32_t *climb; /* the walk's stack of record indices */
     size_t climb_cap;
 };
 
@@ -238,8 +238,7 @@ size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max) {
     return n;
 }
 
-void relay_state_size(const relay_state *s, uint64_t *blocks,
-                      uint64_t *bytes) {
+void relay_state_size(const relay_state *s, uint64_t *blocks, uint64_t *bytes) {
     uint64_t n = 0, b = sizeof(*s) + s->nranks * sizeof(*s->ranks) +
                         s->climb_cap * sizeof(*s->climb);
     for (uint32_t i = 0; i < s->nranks; i++) {

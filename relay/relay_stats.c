@@ -17,8 +17,7 @@ static const char *const recovery_names[] = {RELAY_RECOVERY_KINDS(KIND_NAME)};
 
 static json_object *u64(uint64_t v) { return json_object_new_uint64(v); }
 
-static json_object *kinds(const uint64_t *v, const char *const *names,
-                          int n) {
+static json_object *kinds(const uint64_t *v, const char *const *names, int n) {
     json_object *o = json_object_new_object();
     for (int i = 0; i < n; i++) json_object_object_add(o, names[i], u64(v[i]));
     return o;
@@ -50,14 +49,14 @@ json_object *relay_stats_to_json(const relay_stats *s) {
     json_object_object_add(o, "rejects",
                            kinds(s->rejects, reject_names, RELAY_REJECT_COUNT));
     json_object_object_add(o, "rejects_total", u64(relay_stats_rejects(s)));
-    json_object_object_add(o, "replay_failures",
-                           kinds(s->replay_failures, fail_names,
-                                 RELAY_REPLAY_FAIL_COUNT));
+    json_object_object_add(
+        o, "replay_failures",
+        kinds(s->replay_failures, fail_names, RELAY_REPLAY_FAIL_COUNT));
     json_object_object_add(o, "replay_failures_total",
                            u64(relay_stats_replay_failures(s)));
-    json_object_object_add(o, "recovery_requests",
-                           kinds(s->recovery_requests, recovery_names,
-                                 RELAY_RECOVERY_COUNT));
+    json_object_object_add(
+        o, "recovery_requests",
+        kinds(s->recovery_requests, recovery_names, RELAY_RECOVERY_COUNT));
     json_object_object_add(o, "recovery_requests_total",
                            u64(relay_stats_recovery_requests(s)));
 #define ADD(name, help) json_object_object_add(o, #name, u64(s->name));
@@ -125,10 +124,10 @@ kvo_status relay_stats_to_prom(const relay_stats *s, kvo_buf *out) {
             "recovery requests answered, by what answered them",
             s->recovery_requests, recovery_names, RELAY_RECOVERY_COUNT);
     uint32_t nsrc = s->n_src < RELAY_MAX_SOURCES ? s->n_src : RELAY_MAX_SOURCES;
-#define PROM(name, help)                                                      \
-    kvo_prom_family(&p, "source_" #name "_total", "counter", help);           \
-    for (uint32_t i = 0; i < nsrc; i++)                                       \
-        kvo_prom_u64(&p, "source_" #name "_total", s->src[i].name,            \
+#define PROM(name, help)                                                       \
+    kvo_prom_family(&p, "source_" #name "_total", "counter", help);            \
+    for (uint32_t i = 0; i < nsrc; i++)                                        \
+        kvo_prom_u64(&p, "source_" #name "_total", s->src[i].name,             \
                      "source=\"%u\"", i);
     RELAY_SOURCE_COUNTERS(PROM)
 #undef PROM
@@ -157,19 +156,16 @@ void relay_stats_line(const relay_stats *s, char *buf, size_t n) {
              " dups=%" PRIu64 " dedup=%" PRIu64 " removes_unknown=%" PRIu64
              " msgs=%" PRIu64 " bytes=%" PRIu64 " dropped=%" PRIu64
              " reconnects=%" PRIu64 " live_buffered=%" PRIu64
-             " nats_buffered=%" PRIu64
-             " hash_mismatches=%" PRIu64 " zmq_disconnects=%" PRIu64
-             " oversize=%" PRIu64 " recoveries=%" PRIu64 " dumps=%" PRIu64
-             " state_blocks=%" PRIu64,
+             " nats_buffered=%" PRIu64 " hash_mismatches=%" PRIu64
+             " zmq_disconnects=%" PRIu64 " oversize=%" PRIu64
+             " recoveries=%" PRIu64 " dumps=%" PRIu64 " state_blocks=%" PRIu64,
              s->batches_applied, s->events_stored, s->events_removed,
-             s->events_cleared, s->blocks_stored,
-             relay_stats_decode_errors(s), relay_stats_rejects(s), s->gaps,
-             s->replays_completed, s->replays_requested,
-             relay_stats_replay_failures(s), s->restarts,
+             s->events_cleared, s->blocks_stored, relay_stats_decode_errors(s),
+             relay_stats_rejects(s), s->gaps, s->replays_completed,
+             s->replays_requested, relay_stats_replay_failures(s), s->restarts,
              s->duplicates_dropped, s->dedup_suppressed, s->removes_unknown,
              s->messages_published, s->bytes_published, s->publish_dropped,
              s->nats_reconnects, s->buffer_depth, s->nats_buffered,
              s->hash_mismatches, s->zmq_disconnects, s->oversize,
-             relay_stats_recovery_requests(s), s->dumps_sent,
-             s->state_blocks);
+             relay_stats_recovery_requests(s), s->dumps_sent, s->state_blocks);
 }

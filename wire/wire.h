@@ -26,15 +26,14 @@
  * (wire_limits_default): payload 64 MiB, 1,048,576 elements per container,
  * 4,194,304 elements in the whole message, depth 32, strings/bins 1 MiB. */
 typedef struct wire_limits {
-    size_t max_bytes;    /* whole payload */
-    uint32_t max_elems;  /* one array or map (map: pairs) */
-    uint64_t max_total;  /* sum of all container sizes in one message */
-    uint32_t max_depth;  /* nesting; the batch itself is depth 1 */
-    uint32_t max_str;    /* one str or bin */
+    size_t max_bytes;   /* whole payload */
+    uint32_t max_elems; /* one array or map (map: pairs) */
+    uint64_t max_total; /* sum of all container sizes in one message */
+    uint32_t max_depth; /* nesting; the batch itself is depth 1 */
+    uint32_t max_str;   /* one str or bin */
 } wire_limits;
 
 void wire_limits_default(wire_limits *lim);
-
 
 /* ======================================================================== */
 /* vLLM KV-event batches (the third ZMQ frame)                               */
@@ -91,19 +90,19 @@ typedef enum wire_layout {
 typedef struct wire_event {
     wire_ev_type type;
     wire_layout layout;
-    uint32_t array_len;  /* ARRAY: element count incl. the tag */
-    uint32_t map_len;    /* MAP: entries incl. "type" (informational) */
+    uint32_t array_len; /* ARRAY: element count incl. the tag */
+    uint32_t map_len;   /* MAP: entries incl. "type" (informational) */
 
     /* BlockStored and BlockRemoved */
     uint32_t n_hashes;
     wire_hash *hashes;
-    wire_str medium;    /* nil = GPU */
+    wire_str medium; /* nil = GPU */
     wire_int group_idx;
     wire_str locality;  /* map only */
     wire_str ownership; /* map only */
 
     /* BlockStored only */
-    wire_hash parent;   /* kind NONE = nil = root */
+    wire_hash parent; /* kind NONE = nil = root */
     uint32_t n_tokens;
     uint64_t *token_ids; /* any msgpack int width; negatives rejected */
     wire_int block_size;
@@ -120,11 +119,11 @@ typedef struct wire_event {
 
 typedef struct wire_batch {
     double ts;
-    uint32_t batch_len;  /* 2 (v0.9.0) or 3+ */
-    wire_int dp_rank;    /* nil or absent = unset */
+    uint32_t batch_len; /* 2 (v0.9.0) or 3+ */
+    wire_int dp_rank;   /* nil or absent = unset */
     uint32_t n_events;
     wire_event *events;
-    kvo_arena arena;     /* owns everything above when decoded */
+    kvo_arena arena; /* owns everything above when decoded */
 } wire_batch;
 
 void wire_batch_init(wire_batch *b);
@@ -147,13 +146,13 @@ kvo_status wire_batch_decode(const uint8_t *buf, size_t len,
 
 /* Encoder layouts (DESIGN §3 names). */
 typedef enum wire_format {
-    WIRE_FMT_MAP = 0,      /* "map": vLLM >= 0.24 */
-    WIRE_FMT_MAP_NEXT,     /* "map-next": + "origin" (map16 header) */
-    WIRE_FMT_ARRAY_V0_9_0, /* "array-v0.9.0" */
-    WIRE_FMT_ARRAY_V0_9_1, /* "array-v0.9.1" */
-    WIRE_FMT_ARRAY_V0_10_2,/* "array-v0.10.2" */
-    WIRE_FMT_ARRAY_V0_14,  /* "array-v0.14" */
-    WIRE_FMT_ARRAY_LATE,   /* "array-late" */
+    WIRE_FMT_MAP = 0,       /* "map": vLLM >= 0.24 */
+    WIRE_FMT_MAP_NEXT,      /* "map-next": + "origin" (map16 header) */
+    WIRE_FMT_ARRAY_V0_9_0,  /* "array-v0.9.0" */
+    WIRE_FMT_ARRAY_V0_9_1,  /* "array-v0.9.1" */
+    WIRE_FMT_ARRAY_V0_10_2, /* "array-v0.10.2" */
+    WIRE_FMT_ARRAY_V0_14,   /* "array-v0.14" */
+    WIRE_FMT_ARRAY_LATE,    /* "array-late" */
     WIRE_FMT_COUNT
 } wire_format;
 
@@ -170,8 +169,8 @@ enum {
  * formats: every field of the layout, nil when unset. cache_salt and origin
  * are written (when set) in both map formats; SGLang's metadata only in the
  * lora_name slot of array formats. On failure out is left as it was. */
-kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
-                             unsigned flags, kvo_buf *out);
+kvo_status wire_batch_encode(const wire_batch *b, wire_format f, unsigned flags,
+                             kvo_buf *out);
 
 /* The normalized JSON view of DESIGN §3 / the vectors' "fields". Caller owns
  * the returned object (json_object_put). KVO_EPROTO when a raw value
@@ -179,8 +178,7 @@ kvo_status wire_batch_encode(const wire_batch *b, wire_format f,
  * wire_limits (a batch decoded under wider limits can hold one). */
 kvo_status wire_batch_to_json(const wire_batch *b, json_object **out);
 /* The inverse: fills b (its arena owns the data). */
-kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
-                                kvo_err *err);
+kvo_status wire_batch_from_json(json_object *j, wire_batch *b, kvo_err *err);
 
 /* ======================================================================== */
 /* Hashes (DESIGN §5)                                                        */
@@ -190,8 +188,8 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
 
 /* Router seed: 1337 + xxh3_64(lora, seed 0) + xxh3_64(salt, seed 1),
  * wrapping; NULL (or absent) lora/salt contribute nothing. */
-uint64_t wire_router_seed(const char *lora, size_t lora_len,
-                          const char *salt, size_t salt_len);
+uint64_t wire_router_seed(const char *lora, size_t lora_len, const char *salt,
+                          size_t salt_len);
 /* tokens_hash of one block: XXH3-64 over the tokens as u32 little-endian
  * (ids are truncated to 32 bits, as Dynamo's u32 token ids). */
 uint64_t wire_router_hash(const uint64_t *tokens, size_t n, uint64_t seed);
@@ -271,8 +269,7 @@ typedef struct wire_mm_key {
 } wire_mm_key;
 
 /* NONE_HASH = H(seed string), the parent of a prompt's first block. */
-kvo_status wire_engine_root(wire_algo a, const char *seed,
-                            wire_digest *out);
+kvo_status wire_engine_root(wire_algo a, const char *seed, wire_digest *out);
 /* H((parent_digest_bytes, tuple(tokens), extra_keys)). tokens may exceed
  * 2^32 (pickled as longs, CBOR as uint64). scratch is reused between calls
  * to avoid allocation (may be NULL). */
@@ -304,10 +301,10 @@ kvo_status wire_engine_serialize_mm(wire_algo a, const wire_digest *parent,
 /* ======================================================================== */
 
 typedef enum wire_tier {
-    WIRE_TIER_DEVICE = 0, /* "device" (GPU, nil medium) */
-    WIRE_TIER_HOST_PINNED,/* "host_pinned" (CPU, CPU_PINNED) */
-    WIRE_TIER_DISK,       /* "disk" (DISK) */
-    WIRE_TIER_EXTERNAL,   /* "external" (STORAGE and anything else) */
+    WIRE_TIER_DEVICE = 0,  /* "device" (GPU, nil medium) */
+    WIRE_TIER_HOST_PINNED, /* "host_pinned" (CPU, CPU_PINNED) */
+    WIRE_TIER_DISK,        /* "disk" (DISK) */
+    WIRE_TIER_EXTERNAL,    /* "external" (STORAGE and anything else) */
     WIRE_TIER_COUNT
 } wire_tier;
 
@@ -351,7 +348,7 @@ typedef struct wire_plane_msg {
     bool single_form;      /* payload was one RouterEvent map, not an array */
     uint32_t n_events;
     wire_revent *events;
-    kvo_arena arena;       /* owns everything above when decoded */
+    kvo_arena arena; /* owns everything above when decoded */
 } wire_plane_msg;
 
 void wire_plane_init(wire_plane_msg *m);
@@ -398,11 +395,11 @@ typedef struct wire_announce {
     uint64_t publisher_id;
     uint64_t worker_id;
     uint32_t n_ranks;
-    const uint64_t *ranks;        /* dp ranks, each < 2^32 */
+    const uint64_t *ranks; /* dp ranks, each < 2^32 */
     const char *recovery_subject;
-    bool has_last;                /* false: nothing published yet */
+    bool has_last; /* false: nothing published yet */
     uint64_t last_sequence;
-    uint64_t started_at_ms;       /* unix ms: a restart changes it */
+    uint64_t started_at_ms; /* unix ms: a restart changes it */
     uint32_t heartbeat_ms;
 } wire_announce;
 
@@ -430,16 +427,16 @@ kvo_status wire_reply_kind_parse(const char *s, wire_reply_kind *out);
 
 /* The body of an END or TOO_NEW message. */
 typedef struct wire_reply_end {
-    wire_reply_kind kind;   /* END: EVENTS or DUMP, what came before */
-    uint64_t sent;          /* END: envelopes sent before it */
-    bool has_as_of;         /* END of a dump, TOO_NEW: the sequence below */
-    uint64_t as_of;         /* DUMP: the state is as of this envelope;
+    wire_reply_kind kind; /* END: EVENTS or DUMP, what came before */
+    uint64_t sent;        /* END: envelopes sent before it */
+    bool has_as_of;       /* END of a dump, TOO_NEW: the sequence below */
+    uint64_t as_of;       /* DUMP: the state is as of this envelope;
                                TOO_NEW: the relay's last sequence */
-    uint64_t blocks;        /* END of a dump: blocks in it */
+    uint64_t blocks;      /* END of a dump: blocks in it */
 } wire_reply_end;
 
-kvo_status wire_reply_end_encode(wire_reply_kind what,
-                                 const wire_reply_end *e, kvo_buf *out);
+kvo_status wire_reply_end_encode(wire_reply_kind what, const wire_reply_end *e,
+                                 kvo_buf *out);
 
 struct kvo_json; /* kvo_json.h */
 

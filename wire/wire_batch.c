@@ -259,9 +259,9 @@ static kvo_status fail_field(dec *d, kvo_status st, field f, long idx,
         return kvo_err_set(d->err, st, d->r.pos, "%s: over a limit", path);
     if (!what)
         return kvo_err_set(d->err, st, d->r.pos, "%s: unexpected %s", path,
-                         found_name(d));
+                           found_name(d));
     return kvo_err_set(d->err, st, d->r.pos, "%s: expected %s, got %s", path,
-                     what, found_name(d));
+                       what, found_name(d));
 }
 
 static kvo_status nomem(dec *d) {
@@ -285,20 +285,20 @@ static kvo_status container_fail(dec *d, size_t at, bool map, uint32_t n,
     kvo_status st = KVO_OK;
     if (n > lim->max_elems)
         st = kvo_err_set(d->err, KVO_ETOOBIG, at,
-                       "%s of %" PRIu32 " elements exceeds limit %" PRIu32,
-                       what, n, lim->max_elems);
+                         "%s of %" PRIu32 " elements exceeds limit %" PRIu32,
+                         what, n, lim->max_elems);
     else if (d->total > lim->max_total)
         st = kvo_err_set(d->err, KVO_ETOOBIG, at,
-                       "message holds more than %" PRIu64 " elements in all",
-                       lim->max_total);
+                         "message holds more than %" PRIu64 " elements in all",
+                         lim->max_total);
     else if (depth > lim->max_depth)
-        st = kvo_err_set(d->err, KVO_ETOOBIG, at, "nesting deeper than %" PRIu32,
-                       lim->max_depth);
+        st = kvo_err_set(d->err, KVO_ETOOBIG, at,
+                         "nesting deeper than %" PRIu32, lim->max_depth);
     else
         st = kvo_err_set(d->err, KVO_ETRUNC, at,
-                       "%s declares %" PRIu32
-                       " elements but only %zu bytes remain",
-                       what, n, d->r.len - d->r.pos);
+                         "%s declares %" PRIu32
+                         " elements but only %zu bytes remain",
+                         what, n, d->r.len - d->r.pos);
     d->r.pos = at;
     return st;
 }
@@ -311,7 +311,7 @@ static inline kvo_status rd_container(dec *d, bool map, unsigned depth,
     kvo_status st = wire_rd_container(&d->r, map, n);
     if (st != KVO_OK)
         return kvo_err_set(d->err, st, at, "expected %s, got %s",
-                         map ? "map" : "array", found_name(d));
+                           map ? "map" : "array", found_name(d));
     const wire_limits *lim = d->lim;
     d->total += *n;
     uint64_t items = map ? 2 * (uint64_t)*n : *n;
@@ -328,12 +328,12 @@ static kvo_status blob_slow(dec *d, bool bin, const uint8_t **p, uint32_t *n) {
     kvo_status st = wire_rd_blob(&d->r, bin, p, n);
     if (st != KVO_OK)
         return kvo_err_set(d->err, st, at, "expected %s, got %s", what,
-                         found_name(d));
+                           found_name(d));
     if (*n > d->lim->max_str) {
         d->r.pos = at;
         return kvo_err_set(d->err, KVO_ETOOBIG, at,
-                         "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
-                         what, *n, d->lim->max_str);
+                           "%s of %" PRIu32 " bytes exceeds limit %" PRIu32,
+                           what, *n, d->lim->max_str);
     }
     return KVO_OK;
 }
@@ -552,7 +552,7 @@ static kvo_status get_type(dec *d, wire_ev_type *out) {
     kvo_status st = rd_blob(d, false, &p, &n);
     if (st != KVO_OK) return fail_field(d, st, F_TYPE, -1, "str");
     /* The three names differ in length. */
-    wire_ev_type t = n == 11 ? WIRE_EV_STORED
+    wire_ev_type t = n == 11   ? WIRE_EV_STORED
                      : n == 12 ? WIRE_EV_REMOVED
                      : n == 16 ? WIRE_EV_CLEARED
                                : (wire_ev_type)0;
@@ -562,8 +562,8 @@ static kvo_status get_type(dec *d, wire_ev_type *out) {
     }
     /* Skipping an event type we do not know would lose events silently. */
     return kvo_err_set(d->err, KVO_EPROTO, at,
-                     "events[%" PRIu32 "]: unknown event type \"%.*s\"", d->ev,
-                     (int)(n > 40 ? 40 : n), (const char *)p);
+                       "events[%" PRIu32 "]: unknown event type \"%.*s\"",
+                       d->ev, (int)(n > 40 ? 40 : n), (const char *)p);
 }
 
 /* One field value at the cursor into e. */
@@ -662,8 +662,8 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
         st = rd_blob(d, false, &k, &klen);
         if (st != KVO_OK)
             return kvo_err_set(d->err, st, d->r.pos,
-                             "events[%" PRIu32 "]: expected str key, got %s",
-                             d->ev, found_name(d));
+                               "events[%" PRIu32 "]: expected str key, got %s",
+                               d->ev, found_name(d));
         field f = klen ? find_field(k, klen, next) : F_COUNT;
         if (f == F_COUNT) { /* unknown keys are ignored */
             st = skip_value(d, DEPTH_EVENT);
@@ -677,7 +677,7 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
     }
     if (!(seen & BIT(F_TYPE)))
         return kvo_err_set(d->err, KVO_EPROTO, start,
-                         "events[%" PRIu32 "]: map without \"type\"", d->ev);
+                           "events[%" PRIu32 "]: map without \"type\"", d->ev);
     const char *missing = NULL;
     if (e->type != WIRE_EV_CLEARED && !(seen & BIT(F_HASHES)))
         missing = "block_hashes";
@@ -685,8 +685,8 @@ static kvo_status decode_map_event(dec *d, size_t start, wire_event *e) {
         missing = "token_ids";
     if (missing)
         return kvo_err_set(d->err, KVO_EPROTO, start,
-                         "events[%" PRIu32 "]: %s without %s", d->ev,
-                         type_names[e->type], missing);
+                           "events[%" PRIu32 "]: %s without %s", d->ev,
+                           type_names[e->type], missing);
     uint32_t own = e->type == WIRE_EV_STORED    ? ~0u
                    : e->type == WIRE_EV_REMOVED ? BIT(F_TYPE) | REMOVED_FIELDS
                                                 : BIT(F_TYPE);
@@ -702,7 +702,7 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
     e->array_len = n;
     if (n == 0)
         return kvo_err_set(d->err, KVO_EPROTO, start,
-                         "events[%" PRIu32 "]: empty array", d->ev);
+                           "events[%" PRIu32 "]: empty array", d->ev);
     st = get_type(d, &e->type);
     if (st != KVO_OK) return st;
     uint32_t known = 1, need = 1;
@@ -715,9 +715,9 @@ static kvo_status decode_array_event(dec *d, size_t start, wire_event *e) {
     }
     if (n < need)
         return kvo_err_set(d->err, KVO_EPROTO, start,
-                         "events[%" PRIu32 "]: %s array of %" PRIu32
-                         " elements, need at least %" PRIu32,
-                         d->ev, type_names[e->type], n, need);
+                           "events[%" PRIu32 "]: %s array of %" PRIu32
+                           " elements, need at least %" PRIu32,
+                           d->ev, type_names[e->type], n, need);
     for (uint32_t i = 1; i < n; i++) {
         if (i >= known) { /* newer fields we do not know: ignored */
             st = skip_value(d, DEPTH_EVENT);
@@ -739,8 +739,8 @@ static kvo_status decode_event(dec *d, wire_event *e) {
     if (c >= 0 && ((c & 0xf0) == 0x90 || c == 0xdc || c == 0xdd))
         return decode_array_event(d, start, e);
     return kvo_err_set(d->err, c < 0 ? KVO_ETRUNC : KVO_EPROTO, start,
-                     "events[%" PRIu32 "]: expected map or array, got %s",
-                     d->ev, found_name(d));
+                       "events[%" PRIu32 "]: expected map or array, got %s",
+                       d->ev, found_name(d));
 }
 
 static kvo_status decode_batch(dec *d) {
@@ -750,21 +750,21 @@ static kvo_status decode_batch(dec *d) {
     kvo_status st = rd_container(d, false, DEPTH_BATCH, &n);
     if (st == KVO_EPROTO || (st == KVO_OK && n < 2))
         return kvo_err_set(d->err, KVO_EPROTO, 0,
-                         "batch: expected an array of at least 2 elements "
-                         "[ts, events, dp_rank], got %s",
-                         st == KVO_OK ? "a shorter array" : found_name(d));
+                           "batch: expected an array of at least 2 elements "
+                           "[ts, events, dp_rank], got %s",
+                           st == KVO_OK ? "a shorter array" : found_name(d));
     if (st != KVO_OK) return st;
     b->batch_len = n;
     st = wire_rd_double(r, &b->ts);
     if (st != KVO_OK)
         return kvo_err_set(d->err, st, r->pos, "ts: expected float, got %s",
-                         found_name(d));
+                           found_name(d));
     size_t at = r->pos;
     uint32_t n_ev = 0;
     st = rd_container(d, false, DEPTH_EVENTS, &n_ev);
     if (st != KVO_OK)
         return kvo_err_set(d->err, st, at, "events: expected array, got %s",
-                         found_name(d));
+                           found_name(d));
     /* Room for every event the bytes left could hold (see MIN_EVENT_BYTES):
      * the declared count in a real batch, never more than ~20 bytes of
      * table per input byte for a lying one. */
@@ -781,7 +781,7 @@ static kvo_status decode_batch(dec *d) {
     for (d->ev = 0; d->ev < n_ev; d->ev++) {
         if (d->ev == cap) /* more events than bytes: cannot happen */
             return kvo_err_set(d->err, KVO_EPROTO, r->pos,
-                             "events[%" PRIu32 "]: past the end", d->ev);
+                               "events[%" PRIu32 "]: past the end", d->ev);
         st = decode_event(d, &evs[d->ev]);
         if (st != KVO_OK) return st;
     }
@@ -795,13 +795,13 @@ static kvo_status decode_batch(dec *d) {
             st = wire_rd_int(r, &neg, &v);
             if (st != KVO_OK)
                 return kvo_err_set(d->err, st, at,
-                                 "data_parallel_rank: expected int or nil, "
-                                 "got %s",
-                                 found_name(d));
+                                   "data_parallel_rank: expected int or nil, "
+                                   "got %s",
+                                   found_name(d));
             if (!neg && v > (uint64_t)INT64_MAX)
-                return kvo_err_set(d->err, KVO_EPROTO, at,
-                                 "data_parallel_rank: %" PRIu64 " out of range",
-                                 v);
+                return kvo_err_set(
+                    d->err, KVO_EPROTO, at,
+                    "data_parallel_rank: %" PRIu64 " out of range", v);
             b->dp_rank.set = true;
             b->dp_rank.v = (int64_t)v;
         }
@@ -812,8 +812,8 @@ static kvo_status decode_batch(dec *d) {
     }
     if (r->pos != r->len)
         return kvo_err_set(d->err, KVO_EPROTO, r->pos,
-                         "%zu trailing bytes after the value",
-                         r->len - r->pos);
+                           "%zu trailing bytes after the value",
+                           r->len - r->pos);
     return KVO_OK;
 }
 

@@ -110,7 +110,7 @@ void wire_cap_close(wire_cap_writer *w) {
 
 struct wire_cap_reader {
     FILE *f;
-    uint64_t pos;      /* file offset of the next byte to read */
+    uint64_t pos; /* file offset of the next byte to read */
     wire_limits lim;
     kvo_buf buf;       /* frames of the current record */
     kvo_status sticky; /* KVO_OK, or the error that lost the framing */
@@ -178,20 +178,20 @@ void wire_cap_free(wire_cap_reader *r) {
 
 /* Ends a read that ran out of file inside the record at rec_off: rewind to
  * it so the record can be read again once it is complete. */
-static kvo_status truncated(wire_cap_reader *r, uint64_t rec_off,
-                            kvo_err *err, const char *what) {
+static kvo_status truncated(wire_cap_reader *r, uint64_t rec_off, kvo_err *err,
+                            const char *what) {
     if (ferror(r->f)) {
         clearerr(r->f);
         return kvo_err_set(err, KVO_EIO, (size_t)r->pos, "read error in %s",
-                         what);
+                           what);
     }
     clearerr(r->f);
     uint64_t at = r->pos;
     if (fseeko(r->f, (off_t)rec_off, SEEK_SET) == 0) r->pos = rec_off;
     return kvo_err_set(err, KVO_ETRUNC, (size_t)rec_off,
-                     "record at byte %llu: file ends in %s (byte %llu)",
-                     (unsigned long long)rec_off, what,
-                     (unsigned long long)at);
+                       "record at byte %llu: file ends in %s (byte %llu)",
+                       (unsigned long long)rec_off, what,
+                       (unsigned long long)at);
 }
 
 /* Records the error that lost the framing; every later call returns it. */
@@ -219,8 +219,8 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
     uint32_t n = (uint32_t)wire_be_w(hdr + 8, 4);
     if (n > WIRE_CAP_MAX_FRAMES) {
         kvo_err_set(&r->sticky_err, KVO_ETOOBIG, (size_t)rec_off + 8,
-                  "record at byte %llu: %u frames (max %u)",
-                  (unsigned long long)rec_off, n, WIRE_CAP_MAX_FRAMES);
+                    "record at byte %llu: %u frames (max %u)",
+                    (unsigned long long)rec_off, n, WIRE_CAP_MAX_FRAMES);
         return make_sticky(r, err);
     }
 
@@ -235,8 +235,8 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
         uint64_t fl = wire_be_w(lb, 4);
         if (fl > r->lim.max_bytes) {
             kvo_err_set(&r->sticky_err, KVO_ETOOBIG, (size_t)len_at,
-                      "frame of %llu bytes exceeds the limit of %zu",
-                      (unsigned long long)fl, r->lim.max_bytes);
+                        "frame of %llu bytes exceeds the limit of %zu",
+                        (unsigned long long)fl, r->lim.max_bytes);
             return make_sticky(r, err);
         }
         off[i] = r->buf.len;
@@ -245,7 +245,7 @@ kvo_status wire_cap_next(wire_cap_reader *r, wire_cap_record *rec,
             size_t step = fl < READ_STEP ? (size_t)fl : READ_STEP;
             if (kvo_buf_reserve(&r->buf, step) != KVO_OK)
                 return kvo_err_set(err, KVO_ENOMEM, (size_t)r->pos,
-                                 "out of memory for a frame");
+                                   "out of memory for a frame");
             size_t k = read_some(r, r->buf.data + r->buf.len, step);
             r->buf.len += k;
             if (k < step) return truncated(r, rec_off, err, "a frame");

@@ -154,7 +154,8 @@ uint64_t wire_router_hash_mm(const uint64_t *tokens, size_t n, uint64_t seed,
     if (n_mm == 0) return wire_router_hash(tokens, n, seed);
     XXH3_state_t st;
     router_tokens_begin(&st, tokens, n, seed);
-    for (uint32_t j = 0; j < n_mm; j++) router_item(&st, mm[j].id, mm[j].offset);
+    for (uint32_t j = 0; j < n_mm; j++)
+        router_item(&st, mm[j].id, mm[j].offset);
     return XXH3_64bits_digest(&st);
 }
 
@@ -288,7 +289,8 @@ static void pk_mem(pk *w, const void *p, size_t n) {
 }
 
 static void pk_le(pk *w, uint64_t v, unsigned nbytes) {
-    for (unsigned i = 0; i < nbytes; i++) w->base[w->len++] = (uint8_t)(v >> (8 * i));
+    for (unsigned i = 0; i < nbytes; i++)
+        w->base[w->len++] = (uint8_t)(v >> (8 * i));
 }
 
 static void pk_frame_open(pk *w) {
@@ -301,7 +303,8 @@ static void pk_frame_commit(pk *w) {
     uint8_t *h = w->base + w->frame;
     if (flen >= PK_FRAME_MIN) {
         h[0] = PK_FRAME;
-        for (unsigned i = 0; i < 8; i++) h[1 + i] = (uint8_t)((uint64_t)flen >> (8 * i));
+        for (unsigned i = 0; i < 8; i++)
+            h[1 + i] = (uint8_t)((uint64_t)flen >> (8 * i));
     } else {
         memmove(h, h + PK_FRAME_HDR, flen);
         w->len -= PK_FRAME_HDR;
@@ -452,9 +455,9 @@ enum { CB_UINT = 0, CB_NEGINT = 1, CB_BYTES = 2, CB_TEXT = 3, CB_ARRAY = 4 };
 /* The extra keys' items: each a string (LoRA name, salt) or a
  * multimodal (identifier, offset) pair, in vLLM's order. */
 typedef struct extra_item {
-    const char *s;   /* the string, or the multimodal identifier */
+    const char *s; /* the string, or the multimodal identifier */
     size_t n;
-    bool mm;         /* a (s, off) pair */
+    bool mm; /* a (s, off) pair */
     int64_t off;
 } extra_item;
 
@@ -597,7 +600,8 @@ kvo_status wire_engine_serialize_mm(wire_algo a, const wire_digest *parent,
         return KVO_EINVAL;
     kvo_buf tmp;
     kvo_buf_init(&tmp);
-    kvo_status st = serialize_block(a, parent, tokens, n, extra, mm, n_mm, &tmp);
+    kvo_status st =
+        serialize_block(a, parent, tokens, n, extra, mm, n_mm, &tmp);
     if (st == KVO_OK) st = kvo_buf_append(out, tmp.data, tmp.len);
     kvo_buf_fini(&tmp);
     return st;

@@ -83,18 +83,15 @@ typedef struct wire_rd {
 
 static inline uint64_t wire_be(const uint8_t *p, unsigned n) {
     uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++)
-        v = v << 8 | p[i];
+    for (unsigned i = 0; i < n; i++) v = v << 8 | p[i];
     return v;
 }
 
 /* Big-endian 1, 2, 4 or 8 bytes (the msgpack widths), without a loop. */
 static inline uint64_t wire_be_w(const uint8_t *p, unsigned n) {
     switch (n) {
-    case 1:
-        return p[0];
-    case 2:
-        return (uint64_t)p[0] << 8 | p[1];
+    case 1: return p[0];
+    case 2: return (uint64_t)p[0] << 8 | p[1];
     case 4:
         return (uint64_t)p[0] << 24 | (uint64_t)p[1] << 16 |
                (uint64_t)p[2] << 8 | p[3];
@@ -241,9 +238,7 @@ static inline uint8_t *wire_put_be(uint8_t *p, uint64_t v, unsigned n) {
     uint32_t v32;
     uint64_t v64;
     switch (n) {
-    case 1:
-        p[0] = (uint8_t)v;
-        break;
+    case 1: p[0] = (uint8_t)v; break;
     case 2:
         v16 = htobe16((uint16_t)v);
         memcpy(p, &v16, 2);

@@ -143,8 +143,7 @@ static kvo_status mp_to_json(const msgpack_object *o, json_object **out) {
             kvo_free(key);
         }
         break;
-    default:
-        return KVO_EPROTO;
+    default: return KVO_EPROTO;
     }
     if (!j) return KVO_ENOMEM;
     *out = j;
@@ -309,8 +308,10 @@ static kvo_status event_json(const wire_event *e, json_object **out) {
     }
     st = KVO_OK;
 done:
-    if (st == KVO_OK) *out = o;
-    else json_object_put(o);
+    if (st == KVO_OK)
+        *out = o;
+    else
+        json_object_put(o);
     return st;
 }
 
@@ -349,8 +350,10 @@ kvo_status wire_batch_to_json(const wire_batch *b, json_object **out) {
     }
     st = KVO_OK;
 done:
-    if (st == KVO_OK) *out = o;
-    else json_object_put(o);
+    if (st == KVO_OK)
+        *out = o;
+    else
+        json_object_put(o);
     return st;
 }
 
@@ -484,9 +487,7 @@ static kvo_status pack_json(jdec *d, msgpack_packer *pk, json_object *j,
     const uint8_t *bp;
     uint32_t bn;
     switch (json_object_get_type(j)) {
-    case json_type_null:
-        rc = msgpack_pack_nil(pk);
-        break;
+    case json_type_null: rc = msgpack_pack_nil(pk); break;
     case json_type_boolean:
         rc = json_object_get_boolean(j) ? msgpack_pack_true(pk)
                                         : msgpack_pack_false(pk);
@@ -516,13 +517,9 @@ static kvo_status pack_json(jdec *d, msgpack_packer *pk, json_object *j,
     }
     case json_type_object:
         switch (bin_of(d, j, &bp, &bn)) {
-        case 1:
-            rc = msgpack_pack_bin_with_body(pk, bp, bn);
-            goto packed;
-        case -1:
-            return KVO_ENOMEM;
-        default:
-            break;
+        case 1: rc = msgpack_pack_bin_with_body(pk, bp, bn); goto packed;
+        case -1: return KVO_ENOMEM;
+        default: break;
         }
         rc = msgpack_pack_map(pk, (size_t)json_object_object_length(j));
         json_object_object_foreach(j, key, val) {
@@ -667,8 +664,7 @@ static kvo_status jevent(jdec *d, json_object *j, wire_event *e) {
     return KVO_OK;
 }
 
-kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
-                                kvo_err *err) {
+kvo_status wire_batch_from_json(json_object *j, wire_batch *b, kvo_err *err) {
     if (!b) return KVO_EINVAL;
     wire_batch_reset(b);
     jdec d = {.b = b, .err = err};
@@ -699,7 +695,7 @@ kvo_status wire_batch_from_json(json_object *j, wire_batch *b,
         if (rank &&
             (!int_of(rank, &neg, &v) || (!neg && v > (uint64_t)INT64_MAX))) {
             st = kvo_err_set(err, KVO_EPROTO, 0,
-                           "data_parallel_rank: expected an integer or null");
+                             "data_parallel_rank: expected an integer or null");
             goto done;
         }
         if (rank) {

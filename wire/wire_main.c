@@ -123,12 +123,8 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     uint64_t u;
     uint32_t u32;
     switch (code) {
-    case 'h':
-        o->help = true;
-        return KVO_OK;
-    case 'V':
-        o->version = true;
-        return KVO_OK;
+    case 'h': o->help = true; return KVO_OK;
+    case 'V': o->version = true; return KVO_OK;
     case OPT_FORMAT:
         return wire_format_parse(arg, &o->format) ? bad_value("format", arg)
                                                   : KVO_OK;
@@ -137,26 +133,16 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         o->router = strcmp(arg, "router") == 0;
         if (o->router) return KVO_OK;
         return wire_algo_parse(arg, &o->algo) ? bad_value("algo", arg) : KVO_OK;
-    case OPT_SEED:
-        o->seed = arg;
-        return KVO_OK;
+    case OPT_SEED: o->seed = arg; return KVO_OK;
     case OPT_BLOCK_SIZE:
         if (kvo_parse_u32(arg, &u32) || u32 == 0)
             return bad_value("block-size", arg);
         o->block_size = u32;
         return KVO_OK;
-    case OPT_LORA:
-        o->lora = arg;
-        return KVO_OK;
-    case OPT_SALT:
-        o->salt = arg;
-        return KVO_OK;
-    case OPT_PRETTY:
-        o->pretty = true;
-        return KVO_OK;
-    case OPT_REVERSE:
-        o->reverse = true;
-        return KVO_OK;
+    case OPT_LORA: o->lora = arg; return KVO_OK;
+    case OPT_SALT: o->salt = arg; return KVO_OK;
+    case OPT_PRETTY: o->pretty = true; return KVO_OK;
+    case OPT_REVERSE: o->reverse = true; return KVO_OK;
     case OPT_MAX_BYTES:
         if (kvo_parse_u64(arg, &u) || u == 0 || u > SIZE_MAX)
             return bad_value("max-bytes", arg);
@@ -181,8 +167,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
     case OPT_LOG_LEVEL:
         return kvo_log_level_parse(arg, &o->level) ? bad_value("log-level", arg)
                                                    : KVO_OK;
-    default:
-        return KVO_EINVAL;
+    default: return KVO_EINVAL;
     }
 }
 
@@ -312,8 +297,7 @@ static int cmd_encode(const opts *o, int argc, char **argv) {
     if (jerr == json_tokener_continue) jerr = json_tokener_error_parse_eof;
     size_t end = json_tokener_get_parse_end(tok);
     if (jerr == json_tokener_success) { /* only whitespace may follow */
-        while (end < in.len && strchr(" \t\r\n", in.data[end]))
-            end++;
+        while (end < in.len && strchr(" \t\r\n", in.data[end])) end++;
         if (end < in.len) {
             fail(o, rc,
                  "EPROTO at byte %zu: JSON: trailing data after the object",
@@ -365,8 +349,7 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
     /* Tokens: one per argument, or several separated by commas. */
     size_t cap = (size_t)argc + 1;
     for (int i = 0; i < argc; i++)
-        for (const char *p = argv[i]; *p; p++)
-            cap += *p == ',';
+        for (const char *p = argv[i]; *p; p++) cap += *p == ',';
     uint64_t *tokens = kvo_calloc(cap, sizeof(*tokens));
     uint64_t *hashes = kvo_calloc(cap / o->block_size + 1, sizeof(*hashes));
     kvo_buf scratch;
@@ -402,8 +385,7 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
             wire_router_seed(o->lora, o->lora ? strlen(o->lora) : 0, o->salt,
                              o->salt ? strlen(o->salt) : 0);
         wire_router_hash_blocks(tokens, n, o->block_size, seed, hashes);
-        for (size_t i = 0; i < blocks; i++)
-            printf("%" PRIu64 "\n", hashes[i]);
+        for (size_t i = 0; i < blocks; i++) printf("%" PRIu64 "\n", hashes[i]);
     } else {
         wire_digest parent, d;
         const char *seed = o->seed ? o->seed : "0";
@@ -422,8 +404,7 @@ static int cmd_hash(const opts *o, int argc, char **argv) {
                 fail(o, rc, "block %zu: %s", i, kvo_strerror(st));
                 goto done;
             }
-            for (unsigned k = 0; k < d.len; k++)
-                printf("%02x", d.b[k]);
+            for (unsigned k = 0; k < d.len; k++) printf("%02x", d.b[k]);
             printf(" %" PRIu64 "\n", wire_digest_low64(&d));
             parent = d;
         }
@@ -648,8 +629,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < sub_argc; i++) {
         const char *a = sub_argv[i];
         if (!strcmp(a, "--")) {
-            while (++i < sub_argc)
-                operands[n_ops++] = sub_argv[i];
+            while (++i < sub_argc) operands[n_ops++] = sub_argv[i];
             break;
         }
         if (a[0] != '-' || a[1] == '\0') { /* "-" is stdin, an operand */

@@ -124,12 +124,12 @@ static kvo_status expected(dec *d, kvo_status st, const char *field,
                            const char *what) {
     if (st == KVO_ETRUNC)
         return kvo_err_set(d->err, st, d->base + d->r.pos, "%s%s: input ends",
-                         d->where, field);
+                           d->where, field);
     return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
-                     "%s%s: expected %s, got %s", d->where, field, what,
-                     wire_rd_peek(&d->r) < 0
-                         ? "end of input"
-                         : wire_mp_type_name((uint8_t)wire_rd_peek(&d->r)));
+                       "%s%s: expected %s, got %s", d->where, field, what,
+                       wire_rd_peek(&d->r) < 0
+                           ? "end of input"
+                           : wire_mp_type_name((uint8_t)wire_rd_peek(&d->r)));
 }
 
 static kvo_status rd_u64(dec *d, const char *field, uint64_t *v) {
@@ -140,7 +140,7 @@ static kvo_status rd_u64(dec *d, const char *field, uint64_t *v) {
     if (neg) {
         d->r.pos = at;
         return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
-                         "%s%s: negative value", d->where, field);
+                           "%s%s: negative value", d->where, field);
     }
     return KVO_OK;
 }
@@ -168,18 +168,18 @@ static kvo_status rd_skip(dec *d, const char *field) {
 }
 
 /* Marks key bit `bit` as seen; a second sighting is an error. */
-static kvo_status seen_once(dec *d, unsigned *seen, unsigned bit,
-                            size_t key_at, const char *key) {
+static kvo_status seen_once(dec *d, unsigned *seen, unsigned bit, size_t key_at,
+                            const char *key) {
     if (*seen & (1u << bit))
         return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
-                         "%sduplicate key \"%s\"", d->where, key);
+                           "%sduplicate key \"%s\"", d->where, key);
     *seen |= 1u << bit;
     return KVO_OK;
 }
 
 static kvo_status missing(dec *d, size_t map_at, const char *key) {
     return kvo_err_set(d->err, KVO_EPROTO, d->base + map_at,
-                     "%smissing key \"%s\"", d->where, key);
+                       "%smissing key \"%s\"", d->where, key);
 }
 
 static void *arena_array(dec *d, size_t n, size_t size) {
@@ -189,7 +189,7 @@ static void *arena_array(dec *d, size_t n, size_t size) {
 
 static kvo_status oom(dec *d) {
     return kvo_err_set(d->err, KVO_ENOMEM, d->base + d->r.pos,
-                     "%sout of memory", d->where);
+                       "%sout of memory", d->where);
 }
 
 /* The smallest valid encodings, so counts that cannot be real are refused
@@ -206,8 +206,8 @@ static kvo_status dec_blocks(dec *d, wire_revent *ev) {
     if (st != KVO_OK) return st;
     if ((size_t)n > (d->r.len - d->r.pos) / MIN_BLOCK_BYTES)
         return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
-                         "%sblocks: %u blocks cannot fit in %zu bytes",
-                         d->where, n, d->r.len - d->r.pos);
+                           "%sblocks: %u blocks cannot fit in %zu bytes",
+                           d->where, n, d->r.len - d->r.pos);
     ev->blocks = arena_array(d, n, sizeof(*ev->blocks));
     if (n && !ev->blocks) return oom(d);
     ev->n_blocks = n;
@@ -288,7 +288,7 @@ static kvo_status dec_removed(dec *d, wire_revent *ev) {
         }
         if (have)
             return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
-                             "%sduplicate key \"block_hashes\"", d->where);
+                               "%sduplicate key \"block_hashes\"", d->where);
         have = true;
         uint32_t n;
         if ((st = rd_array(d, "block_hashes", &n)) != KVO_OK) return st;
@@ -296,8 +296,7 @@ static kvo_status dec_removed(dec *d, wire_revent *ev) {
         if (n && !ev->removed) return oom(d);
         ev->n_removed = n;
         for (uint32_t i = 0; i < n; i++)
-            if ((st = rd_u64(d, "block_hashes[]", &ev->removed[i])))
-                return st;
+            if ((st = rd_u64(d, "block_hashes[]", &ev->removed[i]))) return st;
     }
     if (!have) return missing(d, map_at, "block_hashes");
     return KVO_OK;
@@ -315,15 +314,15 @@ static kvo_status dec_data(dec *d, wire_revent *ev) {
         }
         d->r.pos = at;
         return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
-                         "%sdata: unknown event kind \"%.*s\"", d->where,
-                         (int)(n > 32 ? 32 : n), (const char *)p);
+                           "%sdata: unknown event kind \"%.*s\"", d->where,
+                           (int)(n > 32 ? 32 : n), (const char *)p);
     }
     uint32_t nk;
     kvo_status st = rd_map(d, "data", &nk);
     if (st != KVO_OK) return st;
     if (nk != 1)
         return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
-                         "%sdata: expected one key, got %u", d->where, nk);
+                           "%sdata: expected one key, got %u", d->where, nk);
     size_t key_at = d->r.pos;
     if ((st = rd_key(d, "data", &p, &n)) != KVO_OK) return st;
     if (mem_is(p, n, "stored")) return dec_stored(d, ev);
@@ -333,8 +332,8 @@ static kvo_status dec_data(dec *d, wire_revent *ev) {
         return rd_skip(d, "cleared");
     }
     return kvo_err_set(d->err, KVO_EPROTO, d->base + key_at,
-                     "%sdata: unknown event kind \"%.*s\"", d->where,
-                     (int)(n > 32 ? 32 : n), (const char *)p);
+                       "%sdata: unknown event kind \"%.*s\"", d->where,
+                       (int)(n > 32 ? 32 : n), (const char *)p);
 }
 
 static kvo_status dec_event(dec *d, wire_revent *ev) {
@@ -364,8 +363,8 @@ static kvo_status dec_event(dec *d, wire_revent *ev) {
                 return st;
             if (r > UINT32_MAX)
                 return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
-                                 "%sdp_rank: %llu exceeds u32", d->where,
-                                 (unsigned long long)r);
+                                   "%sdp_rank: %llu exceeds u32", d->where,
+                                   (unsigned long long)r);
             ev->dp_rank = (uint32_t)r;
         } else if ((st = rd_skip(d, "event")) != KVO_OK) {
             return st;
@@ -402,9 +401,9 @@ static kvo_status dec_router_event(dec *d, wire_revent *ev) {
                 return expected(d, st, "storage_tier", "str");
             if (wire_tier_parse((const char *)tp, tn, &ev->tier) != KVO_OK)
                 return kvo_err_set(d->err, KVO_EPROTO, d->base + at,
-                                 "%sstorage_tier: unknown tier \"%.*s\"",
-                                 d->where, (int)(tn > 32 ? 32 : tn),
-                                 (const char *)tp);
+                                   "%sstorage_tier: unknown tier \"%.*s\"",
+                                   d->where, (int)(tn > 32 ? 32 : tn),
+                                   (const char *)tp);
         } else if (mem_is(kp, kn, "event")) {
             if ((st = seen_once(d, &seen, 2, key_at, "event")) ||
                 (st = dec_event(d, ev)))
@@ -430,8 +429,8 @@ static kvo_status dec_payload(dec *d) {
     }
     if ((size_t)n > (d->r.len - d->r.pos) / MIN_EVENT_BYTES + m->single_form)
         return kvo_err_set(d->err, KVO_EPROTO, d->base + d->r.pos,
-                         "payload: %u events cannot fit in %zu bytes", n,
-                         d->r.len - d->r.pos);
+                           "payload: %u events cannot fit in %zu bytes", n,
+                           d->r.len - d->r.pos);
     m->events = arena_array(d, n, sizeof(*m->events));
     if (n && !m->events) return oom(d);
     if (n) memset(m->events, 0, (size_t)n * sizeof(*m->events));
@@ -477,8 +476,7 @@ static kvo_status dec_envelope(dec *d, const wire_limits *lim) {
         } else if (mem_is(kp, kn, "topic")) {
             const uint8_t *tp = NULL;
             uint32_t tn = 0;
-            if ((st = seen_once(d, &seen, K_TOPIC, key_at, "topic")))
-                return st;
+            if ((st = seen_once(d, &seen, K_TOPIC, key_at, "topic"))) return st;
             if ((st = wire_rd_str(&d->r, &tp, &tn)) != KVO_OK)
                 return expected(d, st, "topic", "str");
             char *t = kvo_arena_alloc(&m->arena, (size_t)tn + 1);
@@ -508,7 +506,10 @@ static kvo_status dec_envelope(dec *d, const wire_limits *lim) {
         if (d->err) d->err->offset += poff;
         return st;
     }
-    dec pd = {.r = {payload, plen, 0}, .base = poff, .m = m, .err = d->err,
+    dec pd = {.r = {payload, plen, 0},
+              .base = poff,
+              .m = m,
+              .err = d->err,
               .where = ""};
     return dec_payload(&pd);
 }
@@ -520,8 +521,8 @@ kvo_status wire_plane_decode(const uint8_t *buf, size_t len,
     if (!buf && len) return kvo_err_set(err, KVO_EINVAL, 0, "no input");
     kvo_status st = wire_precheck(buf, len, lim, NULL, err);
     if (st == KVO_OK) {
-        dec d = {.r = {buf, len, 0}, .base = 0, .m = m, .err = err,
-                 .where = ""};
+        dec d = {
+            .r = {buf, len, 0}, .base = 0, .m = m, .err = err, .where = ""};
         st = dec_envelope(&d, lim);
     }
     if (st != KVO_OK) wire_plane_reset(m);

@@ -115,7 +115,7 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         size_t at = pos;
         if (pos >= avail)
             return kvo_err_set(err, short_st, at,
-                             "input ends where a value should start");
+                               "input ends where a value should start");
         uint8_t b = buf[pos++];
         /* Fast paths for what batches are made of: fixints and ints. */
         if (b <= 0x7f || b >= 0xe0) continue;
@@ -123,8 +123,8 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
             unsigned w = 1u << ((b - 0xcc) & 3);
             if (w > avail - pos)
                 return kvo_err_set(err, short_st, at,
-                                 "int needs %u bytes but only %zu remain", w,
-                                 avail - pos);
+                                   "int needs %u bytes but only %zu remain", w,
+                                   avail - pos);
             pos += w;
             continue;
         }
@@ -132,8 +132,9 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         if (h.kind == H_BAD)
             return kvo_err_set(err, KVO_EPROTO, at, "reserved byte 0xc1");
         if (h.len_bytes > avail - pos)
-            return kvo_err_set(err, short_st, at, "input ends inside a %s header",
-                             wire_mp_type_name(b));
+            return kvo_err_set(err, short_st, at,
+                               "input ends inside a %s header",
+                               wire_mp_type_name(b));
         uint32_t n =
             h.len_bytes ? (uint32_t)wire_be_w(buf + pos, h.len_bytes) : h.count;
         pos += h.len_bytes;
@@ -142,24 +143,24 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
             const char *what = h.kind == H_MAP ? "map" : "array";
             if (n > lim->max_elems)
                 return kvo_err_set(err, KVO_ETOOBIG, at,
-                                 "%s of %" PRIu32
-                                 " elements exceeds limit %" PRIu32,
-                                 what, n, lim->max_elems);
+                                   "%s of %" PRIu32
+                                   " elements exceeds limit %" PRIu32,
+                                   what, n, lim->max_elems);
             *total += n;
             if (*total > lim->max_total)
                 return kvo_err_set(err, KVO_ETOOBIG, at,
-                                 "message holds more than %" PRIu64
-                                 " elements in all",
-                                 lim->max_total);
+                                   "message holds more than %" PRIu64
+                                   " elements in all",
+                                   lim->max_total);
             if (depth + d + 1 > max_depth)
                 return kvo_err_set(err, KVO_ETOOBIG, at,
-                                 "nesting deeper than %" PRIu32, max_depth);
+                                   "nesting deeper than %" PRIu32, max_depth);
             uint64_t items = h.kind == H_MAP ? 2 * (uint64_t)n : n;
             if (items > avail - pos)
                 return kvo_err_set(err, short_st, at,
-                                 "%s declares %" PRIu32
-                                 " elements but only %zu bytes remain",
-                                 what, n, avail - pos);
+                                   "%s declares %" PRIu32
+                                   " elements but only %zu bytes remain",
+                                   what, n, avail - pos);
             left[++d] = items;
             continue;
         }
@@ -167,15 +168,15 @@ kvo_status wire_walk(const uint8_t *buf, size_t avail, size_t *at_pos,
         if (h.kind == H_BLOB) {
             if (n > lim->max_str)
                 return kvo_err_set(err, KVO_ETOOBIG, at,
-                                 "%s of %" PRIu32
-                                 " bytes exceeds limit %" PRIu32,
-                                 wire_mp_type_name(b), n, lim->max_str);
+                                   "%s of %" PRIu32
+                                   " bytes exceeds limit %" PRIu32,
+                                   wire_mp_type_name(b), n, lim->max_str);
             payload += n;
         }
         if (payload > avail - pos)
             return kvo_err_set(err, short_st, at,
-                             "%s needs %" PRIu64 " bytes but only %zu remain",
-                             wire_mp_type_name(b), payload, avail - pos);
+                               "%s needs %" PRIu64 " bytes but only %zu remain",
+                               wire_mp_type_name(b), payload, avail - pos);
         pos += (size_t)payload;
     }
 
@@ -198,8 +199,8 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
     if (avail > lim->max_bytes) {
         if (!end)
             return kvo_err_set(err, KVO_ETOOBIG, 0,
-                             "message of %zu bytes exceeds limit %zu", len,
-                             lim->max_bytes);
+                               "message of %zu bytes exceeds limit %zu", len,
+                               lim->max_bytes);
         avail = lim->max_bytes;
         clipped = true;
     }
@@ -212,7 +213,7 @@ kvo_status wire_precheck(const uint8_t *buf, size_t len, const wire_limits *lim,
         *end = pos;
     } else if (pos != len) {
         return kvo_err_set(err, KVO_EPROTO, pos,
-                         "%zu trailing bytes after the value", len - pos);
+                           "%zu trailing bytes after the value", len - pos);
     }
     return KVO_OK;
 }

@@ -69,15 +69,13 @@ kvo_status wire_announce_encode(const wire_announce *a, kvo_buf *out) {
     if (st == KVO_OK) st = kvo_buf_printf(out, ",\"last_sequence\":");
     if (st == KVO_OK) st = put_opt_u64(out, a->has_last, a->last_sequence);
     if (st == KVO_OK)
-        st = kvo_buf_printf(out,
-                            ",\"started_at\":%" PRIu64
-                            ",\"heartbeat_ms\":%" PRIu32 "}",
-                            a->started_at_ms, a->heartbeat_ms);
+        st = kvo_buf_printf(
+            out, ",\"started_at\":%" PRIu64 ",\"heartbeat_ms\":%" PRIu32 "}",
+            a->started_at_ms, a->heartbeat_ms);
     return st;
 }
 
-kvo_status wire_recovery_req_encode(const wire_recovery_req *r,
-                                    kvo_buf *out) {
+kvo_status wire_recovery_req_encode(const wire_recovery_req *r, kvo_buf *out) {
     return r->dump ? kvo_buf_printf(out, "{\"dump\":true}")
                    : kvo_buf_printf(out, "{\"from_sequence\":%" PRIu64 "}",
                                     r->from_sequence);
@@ -103,8 +101,8 @@ kvo_status wire_reply_kind_parse(const char *s, wire_reply_kind *out) {
     return KVO_EPROTO;
 }
 
-kvo_status wire_reply_end_encode(wire_reply_kind what,
-                                 const wire_reply_end *e, kvo_buf *out) {
+kvo_status wire_reply_end_encode(wire_reply_kind what, const wire_reply_end *e,
+                                 kvo_buf *out) {
     if (what == WIRE_REPLY_TOO_NEW) {
         kvo_status st = kvo_buf_printf(out, "{\"last_sequence\":");
         if (st == KVO_OK) st = put_opt_u64(out, e->has_as_of, e->as_of);
@@ -113,9 +111,9 @@ kvo_status wire_reply_end_encode(wire_reply_kind what,
     if (what != WIRE_REPLY_END ||
         (e->kind != WIRE_REPLY_EVENTS && e->kind != WIRE_REPLY_DUMP))
         return KVO_EINVAL;
-    kvo_status st = kvo_buf_printf(out, "{\"kind\":\"%s\",\"sent\":%" PRIu64
-                                        ",\"as_of\":",
-                                   reply_names[e->kind], e->sent);
+    kvo_status st =
+        kvo_buf_printf(out, "{\"kind\":\"%s\",\"sent\":%" PRIu64 ",\"as_of\":",
+                       reply_names[e->kind], e->sent);
     if (st == KVO_OK) st = put_opt_u64(out, e->has_as_of, e->as_of);
     if (st == KVO_OK)
         st = kvo_buf_printf(out, ",\"blocks\":%" PRIu64 "}", e->blocks);
@@ -175,26 +173,26 @@ kvo_status wire_announce_decode(kvo_json *doc, const void *body, size_t len,
     v.heartbeat_ms = (uint32_t)hb;
     size_t n;
     kvo_err e2;
-    if (kvo_json_u64s(kvo_json_get(o, "dp_ranks"), &v.ranks, &n, &e2) !=
-        KVO_OK)
+    if (kvo_json_u64s(kvo_json_get(o, "dp_ranks"), &v.ranks, &n, &e2) != KVO_OK)
         return bad_field(err, "dp_ranks", "an array of integers >= 0");
     if (n > WIRE_ANNOUNCE_MAX_RANKS)
         return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
-                           "\"dp_ranks\": more than %d", WIRE_ANNOUNCE_MAX_RANKS);
+                           "\"dp_ranks\": more than %d",
+                           WIRE_ANNOUNCE_MAX_RANKS);
     for (size_t i = 0; i < n; i++)
         if (v.ranks[i] > UINT32_MAX)
             return bad_field(err, "dp_ranks", "ranks < 2^32");
     v.n_ranks = (uint32_t)n;
-    v.recovery_subject = kvo_json_str(kvo_json_get(o, "recovery_subject"), NULL);
+    v.recovery_subject =
+        kvo_json_str(kvo_json_get(o, "recovery_subject"), NULL);
     if (!v.recovery_subject || !*v.recovery_subject)
         return bad_field(err, "recovery_subject", "a subject");
     *a = v;
     return KVO_OK;
 }
 
-kvo_status wire_recovery_req_decode(kvo_json *doc, const void *body,
-                                    size_t len, wire_recovery_req *r,
-                                    kvo_err *err) {
+kvo_status wire_recovery_req_decode(kvo_json *doc, const void *body, size_t len,
+                                    wire_recovery_req *r, kvo_err *err) {
     const kvo_jv *o;
     kvo_status st = object_of(doc, body, len, &o, err);
     if (st != KVO_OK) return st;
@@ -203,8 +201,8 @@ kvo_status wire_recovery_req_decode(kvo_json *doc, const void *body,
     if (d && !kvo_json_bool(d, &dump))
         return bad_field(err, "dump", "true or false");
     wire_recovery_req v = {.dump = dump};
-    if (!dump && (st = need_u64(o, "from_sequence", &v.from_sequence,
-                                err)) != KVO_OK)
+    if (!dump &&
+        (st = need_u64(o, "from_sequence", &v.from_sequence, err)) != KVO_OK)
         return st;
     *r = v;
     return KVO_OK;

@@ -29,7 +29,8 @@ START_TEST(buffer_grows_and_printf_appends) {
 }
 END_TEST
 
-START_TEST(grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure) {
+START_TEST(
+    grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure) {
     uint32_t *v = NULL;
     size_t cap = 0;
     ck_assert(kvo_grow(&v, &cap, 1, sizeof(*v), 8) == KVO_OK);
@@ -186,14 +187,13 @@ START_TEST(prometheus_writer_prefixes_names_and_keeps_the_first_failure) {
     kvo_prom_f64(&p, "ratio", 0.5, NULL);
     ck_assert(kvo_prom_status(&p) == KVO_OK);
     ck_assert(kvo_buf_cstr(&b) == KVO_OK);
-    ck_assert_str_eq((char *)b.data,
-                     "# HELP kvo_x_ops_total operations\n"
-                     "# TYPE kvo_x_ops_total counter\n"
-                     "kvo_x_ops_total 3\n"
-                     "# HELP kvo_x_drops_total drops by kind\n"
-                     "# TYPE kvo_x_drops_total counter\n"
-                     "kvo_x_drops_total{kind=\"gap\"} 5\n"
-                     "kvo_x_ratio 0.5\n");
+    ck_assert_str_eq((char *)b.data, "# HELP kvo_x_ops_total operations\n"
+                                     "# TYPE kvo_x_ops_total counter\n"
+                                     "kvo_x_ops_total 3\n"
+                                     "# HELP kvo_x_drops_total drops by kind\n"
+                                     "# TYPE kvo_x_drops_total counter\n"
+                                     "kvo_x_drops_total{kind=\"gap\"} 5\n"
+                                     "kvo_x_ratio 0.5\n");
     size_t len = b.len;
     kvo_alloc_fail_after(0);
     for (int i = 0; i < 1000; i++) kvo_prom_gauge(&p, "g", "grows", 1);
@@ -236,15 +236,16 @@ Suite *suite_basics(void) {
     TCase *tc = tcase_create("basics");
     tcase_add_test(tc, status_names_and_messages_come_from_one_table);
     tcase_add_test(tc, buffer_grows_and_printf_appends);
-    tcase_add_test(tc,
-                   grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure);
+    tcase_add_test(
+        tc,
+        grow_doubles_from_the_first_capacity_and_keeps_the_array_on_failure);
     tcase_add_test(tc, arena_is_aligned_and_reset_keeps_memory);
     tcase_add_test(tc, parsers_reject_trailing_garbage_and_overflow);
     tcase_add_test(tc, allocation_failure_injection_fails_the_nth_call);
     tcase_add_test(tc, error_detail_names_status_offset_and_reason);
     tcase_add_test(tc, u64_map_matches_a_model_through_puts_decs_and_deletes);
-    tcase_add_test(tc,
-                   prometheus_writer_prefixes_names_and_keeps_the_first_failure);
+    tcase_add_test(
+        tc, prometheus_writer_prefixes_names_and_keeps_the_first_failure);
     tcase_add_test(tc, help_and_version_never_come_from_the_environment);
     suite_add_tcase(s, tc);
     return s;

@@ -52,10 +52,10 @@ static void sleep_ms(long ms) {
 }
 
 /* Waits (bounded) for a condition another thread makes true. */
-#define WAIT_FOR(cond)                                                        \
-    do {                                                                      \
-        for (int w_ = 0; w_ < 6000 && !(cond); w_++) sleep_ms(5);             \
-        ck_assert_msg((cond), "timed out waiting for " #cond);                \
+#define WAIT_FOR(cond)                                                         \
+    do {                                                                       \
+        for (int w_ = 0; w_ < 6000 && !(cond); w_++) sleep_ms(5);              \
+        ck_assert_msg((cond), "timed out waiting for " #cond);                 \
     } while (0)
 
 static void on_req(void *ctx, kvo_http_req *r) {
@@ -84,7 +84,8 @@ static void on_req(void *ctx, kvo_http_req *r) {
     } else if (!strcmp(path, "/conns")) {
         json_object *j = json_object_new_object();
         json_object_object_add(
-            j, "conns", json_object_new_uint64(kvo_http_server_conn_count(f->s)));
+            j, "conns",
+            json_object_new_uint64(kvo_http_server_conn_count(f->s)));
         kvo_http_respond_json(r, 200, j);
     } else if (!strcmp(path, "/defer") && f->ndefer < MAX_HELD) {
         f->defer[f->ndefer++] = r;
@@ -174,16 +175,15 @@ static void tick_stream(fix *f) {
              * must be quiet now, neither a readable fd nor a 0 timeout. */
             struct pollfd pfd = {.fd = kvo_http_server_fd(f->s),
                                  .events = POLLIN};
-            bool quiet = kvo_http_server_timeout_ms(f->s) != 0 &&
-                         poll(&pfd, 1, 0) == 0;
+            bool quiet =
+                kvo_http_server_timeout_ms(f->s) != 0 && poll(&pfd, 1, 0) == 0;
             atomic_fetch_add(quiet ? &f->idle_ok : &f->idle_bad, 1);
         } else if (round == 40) {
             kvo_http_stream_write(r, "data: done\n\n", 12);
             stream_finish(f);
         }
         break;
-    case ST_HOLD:
-        break;
+    case ST_HOLD: break;
     case ST_FLOOD: { /* 64 KiB a round to a client that never reads */
         static char chunk[64 * 1024];
         if (kvo_http_stream_closed(r)) {
@@ -385,17 +385,16 @@ START_TEST(get_post_json_and_404_round_trip) {
     json_object_put(j);
 
     const char msg[] = "{\"token_ids\": [1, 2, 3]}";
-    ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "application/json",
-                                   msg, strlen(msg), &r),
+    ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "application/json", msg,
+                                   strlen(msg), &r),
                      KVO_OK);
     ck_assert_int_eq(r.status, 200);
     ck_assert_uint_eq(r.body.len, strlen(msg));
     ck_assert_mem_eq(r.body.data, msg, strlen(msg));
 
     /* An empty POST, then a GET on the same handle: no stale body. */
-    ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain", NULL, 0,
-                                   &r),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(c, url(&f, "/echo"), "text/plain", NULL, 0, &r), KVO_OK);
     ck_assert_int_eq(r.status, 200);
     ck_assert_uint_eq(r.body.len, 0);
     ck_assert_int_eq(kvo_http_get(c, url(&f, "/json"), &r), KVO_OK);
@@ -452,16 +451,16 @@ START_TEST(oversized_body_gets_413_without_reaching_the_handler) {
     char body[1025];
     memset(body, 'b', sizeof(body));
 
-    ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain", body,
-                                   1024, &r),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(c, url(&f, "/echo"), "text/plain", body, 1024, &r),
+        KVO_OK);
     ck_assert_int_eq(r.status, 200); /* exactly the limit is fine */
     ck_assert_uint_eq(r.body.len, 1024);
     ck_assert_int_eq(handler_calls(&f), 1);
 
-    ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain", body,
-                                   1025, &r),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(c, url(&f, "/echo"), "text/plain", body, 1025, &r),
+        KVO_OK);
     ck_assert_int_eq(r.status, 413);
     json_object *j = parse_body(&r);
     ck_assert_ptr_nonnull(strstr(jstr(j, "error"), "1024"));
@@ -534,7 +533,7 @@ START_TEST(half_open_connections_cannot_starve_other_clients) {
     static int fds[HOSTILE];
     int opened = 0;
     for (int i = 0; i < HOSTILE; i++) {
-        fds[i] = raw_connect_from(&f, 0x7f000002); /* 127.0.0.2 */
+        fds[i] = raw_connect_from(&f, 0x7f000002);         /* 127.0.0.2 */
         raw_send(fds[i], "GET /hello HTTP/1.1\r\nHo", 24); /* never ends */
         opened++;
     }
@@ -556,8 +555,10 @@ START_TEST(half_open_connections_cannot_starve_other_clients) {
         ssize_t k;
         while ((k = recv(fds[i], b, sizeof(b), 0)) > 0) {
         }
-        ck_assert_msg(k == 0 || errno == ECONNRESET, "connection %d still "
-                      "open (%s)", i, strerror(errno));
+        ck_assert_msg(k == 0 || errno == ECONNRESET,
+                      "connection %d still "
+                      "open (%s)",
+                      i, strerror(errno));
         close(fds[i]);
     }
     ck_assert_uint_ge(stats_of(&f).head_timeouts, 1);
@@ -600,8 +601,10 @@ START_TEST(bodies_in_flight_are_capped_per_process) {
     int slow = raw_connect(&f);
     kvo_buf req;
     kvo_buf_init(&req);
-    kvo_buf_printf(&req, "POST /echo HTTP/1.1\r\nHost: t\r\n"
-                         "Content-Length: %d\r\n\r\n", 1 << 20);
+    kvo_buf_printf(&req,
+                   "POST /echo HTTP/1.1\r\nHost: t\r\n"
+                   "Content-Length: %d\r\n\r\n",
+                   1 << 20);
     size_t head = req.len;
     ck_assert(kvo_buf_reserve(&req, 1 << 20) == KVO_OK);
     memset(req.data + head, 'x', 1 << 20);
@@ -824,9 +827,9 @@ START_TEST(client_reuses_its_connection) {
         if (first < 0) first = jint(j, "conns");
         ck_assert_int_eq(jint(j, "conns"), first); /* no new connection */
         json_object_put(j);
-        ck_assert_int_eq(kvo_http_post(c, url(&f, "/echo"), "text/plain", "x",
-                                       1, &r),
-                         KVO_OK);
+        ck_assert_int_eq(
+            kvo_http_post(c, url(&f, "/echo"), "text/plain", "x", 1, &r),
+            KVO_OK);
     }
     ck_assert_int_ge(first, 1);
     /* A second client is a second connection: the counter can move. */
@@ -875,8 +878,8 @@ START_TEST(server_reports_bind_failures) {
     fix f;
     fix_start(&f, 0);
     kvo_http_server *s2 = NULL;
-    kvo_http_server_cfg cfg = {.port = kvo_http_server_port(f.s),
-                               .handler = on_req, .ctx = &f};
+    kvo_http_server_cfg cfg = {
+        .port = kvo_http_server_port(f.s), .handler = on_req, .ctx = &f};
     ck_assert_int_eq(kvo_http_server_new(&s2, &cfg), KVO_EHTTP);
     ck_assert_ptr_null(s2);
     cfg.port = 0;
@@ -901,11 +904,13 @@ Suite *suite_http(void) {
     tcase_add_test(tc, half_open_connections_cannot_starve_other_clients);
     tcase_add_test(tc, a_stalled_body_is_cut_at_its_deadline);
     tcase_add_test(tc, bodies_in_flight_are_capped_per_process);
-    tcase_add_test(tc, deferred_answers_arrive_after_several_rounds_in_any_order);
+    tcase_add_test(tc,
+                   deferred_answers_arrive_after_several_rounds_in_any_order);
     tcase_add_test(tc, stream_delivers_many_chunks_in_order);
     tcase_add_test(tc, idle_stream_suspends_instead_of_spinning);
     tcase_add_test(tc, client_leaving_mid_stream_closes_it_and_frees_it);
-    tcase_add_test(tc, stream_to_a_client_that_never_reads_is_dropped_at_the_cap);
+    tcase_add_test(tc,
+                   stream_to_a_client_that_never_reads_is_dropped_at_the_cap);
     tcase_add_test(tc, server_free_answers_pending_requests_with_503);
     tcase_add_test(tc, client_reuses_its_connection);
     tcase_add_test(tc, client_reports_timeouts_and_refused_connections);

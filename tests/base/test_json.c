@@ -31,9 +31,8 @@ START_TEST(a_typical_body_reads_back_exactly) {
     ck_assert_uint_eq(root->len, 7);
     const uint64_t *ids;
     size_t n;
-    ck_assert_int_eq(kvo_json_u64s(kvo_json_get(root, "token_ids"), &ids, &n,
-                                   &err),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_json_u64s(kvo_json_get(root, "token_ids"), &ids, &n, &err), KVO_OK);
     ck_assert_uint_eq(n, 3);
     ck_assert_uint_eq(ids[2], UINT64_MAX);
     size_t len;
@@ -63,9 +62,9 @@ START_TEST(a_typical_body_reads_back_exactly) {
     ck_assert_int_eq(kvo_json_u64s(kvo_json_get(root, "e"), &ids, &n, &err),
                      KVO_OK);
     ck_assert_uint_eq(n, 0);
-    ck_assert_int_eq(kvo_json_i64s(kvo_json_get(root, "token_ids"), &iv, &n,
-                                   &err),
-                     KVO_EPROTO); /* 2^64 - 1 is no int64 */
+    ck_assert_int_eq(
+        kvo_json_i64s(kvo_json_get(root, "token_ids"), &iv, &n, &err),
+        KVO_EPROTO); /* 2^64 - 1 is no int64 */
 }
 END_TEST
 
@@ -94,8 +93,15 @@ START_TEST(integers_are_exact_at_both_ends_and_refused_beyond) {
     ck_assert(kvo_json_u64(doc.root, &u) && u == 0);
     static const char *const bad[] = {"18446744073709551616",
                                       "-9223372036854775809",
-                                      "99999999999999999999999", "01", "-",
-                                      "1.", ".5", "1e", "+1", "0x10", "1e999"};
+                                      "99999999999999999999999",
+                                      "01",
+                                      "-",
+                                      "1.",
+                                      ".5",
+                                      "1e",
+                                      "+1",
+                                      "0x10",
+                                      "1e999"};
     for (size_t k = 0; k < KVO_ARRAY_LEN(bad); k++) {
         ck_assert_msg(parse(bad[k]) != KVO_OK, "accepted %s", bad[k]);
         ck_assert_ptr_null(doc.root);
@@ -130,10 +136,11 @@ START_TEST(malformed_input_is_refused_with_its_offset) {
         {"\"\\u0000\"", 0, KVO_EPROTO, 1, "U+0000"},
         {"\"a\tb\"", 0, KVO_EPROTO, 2, "control character"},
         {"\"a\0b\"", 5, KVO_EPROTO, 2, "control character"},
-        {"\"\xc0\x80\"", 0, KVO_EPROTO, 1, "invalid UTF-8"},      /* overlong */
-        {"\"\xed\xa0\x80\"", 0, KVO_EPROTO, 1, "invalid UTF-8"},  /* surrogate */
-        {"\"\xf4\x90\x80\x80\"", 0, KVO_EPROTO, 1, "invalid UTF-8"}, /* > 10FFFF */
-        {"\"\xe2\x82\"", 0, KVO_EPROTO, 1, "invalid UTF-8"},      /* cut short */
+        {"\"\xc0\x80\"", 0, KVO_EPROTO, 1, "invalid UTF-8"},     /* overlong */
+        {"\"\xed\xa0\x80\"", 0, KVO_EPROTO, 1, "invalid UTF-8"}, /* surrogate */
+        {"\"\xf4\x90\x80\x80\"", 0, KVO_EPROTO, 1,
+         "invalid UTF-8"},                                   /* > 10FFFF */
+        {"\"\xe2\x82\"", 0, KVO_EPROTO, 1, "invalid UTF-8"}, /* cut short */
         {"\"\xff\"", 0, KVO_EPROTO, 1, "invalid UTF-8"},
         {"tru", 0, KVO_EPROTO, 0, "expected a JSON value"},
         {"nul", 0, KVO_EPROTO, 0, "expected a JSON value"},
@@ -144,14 +151,15 @@ START_TEST(malformed_input_is_refused_with_its_offset) {
         kvo_status st = kvo_json_parse(&doc, cases[k].text, len, NULL, &err);
         ck_assert_msg(st == cases[k].st, "case %zu: %s, want %s", k,
                       kvo_status_name(st), kvo_status_name(cases[k].st));
-        ck_assert_msg(err.offset == cases[k].offset, "case %zu: offset %zu",
-                      k, err.offset);
+        ck_assert_msg(err.offset == cases[k].offset, "case %zu: offset %zu", k,
+                      err.offset);
         ck_assert_msg(strstr(err.msg, cases[k].msg), "case %zu: '%s'", k,
                       err.msg);
     }
     /* and good strings: every escape, a surrogate pair, raw UTF-8 */
-    ck_assert_int_eq(parse("\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\ud83d\\ude00\xf0\x9f\x98\x80\""),
-                     KVO_OK);
+    ck_assert_int_eq(
+        parse("\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\ud83d\\ude00\xf0\x9f\x98\x80\""),
+        KVO_OK);
     ck_assert_str_eq(doc.root->v.s,
                      "\"\\/\b\f\n\r\t\xf0\x9f\x98\x80\xf0\x9f\x98\x80");
 }
@@ -187,9 +195,8 @@ START_TEST(memory_stays_within_a_small_multiple_of_the_input) {
     ck_assert_uint_le(doc.mem, 9 * b.len);
     const uint64_t *v;
     size_t n;
-    ck_assert_int_eq(kvo_json_u64s(kvo_json_get(doc.root, "prompt"), &v, &n,
-                                   &err),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_json_u64s(kvo_json_get(doc.root, "prompt"), &v, &n, &err), KVO_OK);
     ck_assert_uint_eq(n, N);
     ck_assert_uint_eq(v[N - 1], 7);
     kvo_json_limits lim = {.max_mem = 4u * b.len};
@@ -216,9 +223,9 @@ START_TEST(a_document_is_reusable_and_failed_parses_leave_no_root) {
     ck_assert_int_eq(parse("{\"a\":{\"b\":[true]}}"), KVO_OK);
     kvo_jv e;
     bool b;
-    ck_assert(kvo_json_at(kvo_json_get(kvo_json_get(doc.root, "a"), "b"), 0,
-                          &e) &&
-              kvo_json_bool(&e, &b) && b);
+    ck_assert(
+        kvo_json_at(kvo_json_get(kvo_json_get(doc.root, "a"), "b"), 0, &e) &&
+        kvo_json_bool(&e, &b) && b);
     /* out of memory mid-parse: a status, no leak (ASan), no root */
     for (long k = 0; k < 6; k++) {
         kvo_alloc_fail_after(k);

@@ -238,7 +238,8 @@ START_TEST(children_do_not_inherit_the_parents_sockets) {
     uint16_t port;
     ck_assert_int_eq(kvo_free_port(&port), KVO_OK);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     ck_assert_int_eq(listen(fd, 8), 0);
@@ -262,7 +263,8 @@ START_TEST(wait_tcp_sees_a_real_listener_and_a_dead_child) {
     ck_assert_int_eq(kvo_wait_tcp(NULL, "127.0.0.1", port, 100), KVO_ETIMEDOUT);
 
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     ck_assert_int_eq(listen(fd, 8), 0);
@@ -395,7 +397,8 @@ END_TEST
 /* Reads the INFO line a NATS server sends on connect; speaks PING/PONG. */
 static char *nats_hello(uint16_t port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     struct timeval tv = {10, 0};

@@ -194,7 +194,13 @@ static void bench_engine(const cfg *c, wire_algo a, const uint64_t *tok,
 
 /* ---- main ---------------------------------------------------------------*/
 
-enum { OPT_HELP = 'h', OPT_VERSION = 'V', OPT_TOKENS = 1000, OPT_BLOCKS, OPT_RUNS };
+enum {
+    OPT_HELP = 'h',
+    OPT_VERSION = 'V',
+    OPT_TOKENS = 1000,
+    OPT_BLOCKS,
+    OPT_RUNS
+};
 
 static const struct option longopts[] = {
     {"help", no_argument, NULL, OPT_HELP},
@@ -213,9 +219,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
                "[--runs R]\nRouter and engine hash throughput next to raw "
                "XXH3/SHA-256 and memcpy baselines.\n");
         exit(0);
-    case OPT_VERSION:
-        printf("kvo-bench-hash %s\n", KVO_VERSION);
-        exit(0);
+    case OPT_VERSION: printf("kvo-bench-hash %s\n", KVO_VERSION); exit(0);
     case OPT_TOKENS:
     case OPT_BLOCKS:
     case OPT_RUNS:
@@ -228,8 +232,7 @@ static kvo_status set_opt(void *ctx, int code, const char *arg) {
         if (code == OPT_BLOCKS) c->engine_blocks = (size_t)v;
         if (code == OPT_RUNS) c->runs = (int)v;
         return KVO_OK;
-    default:
-        return KVO_EINVAL;
+    default: return KVO_EINVAL;
     }
 }
 
@@ -249,7 +252,8 @@ int main(int argc, char **argv) {
 
     uint64_t *tok = malloc(c.engine_blocks * BS * sizeof(*tok));
     if (!tok) return KVO_EXIT_USAGE;
-    for (size_t i = 0; i < c.engine_blocks * BS; i++) tok[i] = rng_next() % 151936;
+    for (size_t i = 0; i < c.engine_blocks * BS; i++)
+        tok[i] = rng_next() % 151936;
     for (int a = 0; a < WIRE_ALGO_COUNT; a++)
         bench_engine(&c, (wire_algo)a, tok, a == WIRE_ALGO_SHA256);
     free(tok);

@@ -57,9 +57,9 @@
 typedef struct size_def {
     const char *name;
     int workers, prompts;
-    uint64_t score_sum;   /* BENCH.md's, 0 = none given */
-    uint64_t entries;     /* BENCH.md's score entries, 0 = none given */
-    uint64_t checksum;    /* BENCH.md's workload checksum, 0 = none given */
+    uint64_t score_sum; /* BENCH.md's, 0 = none given */
+    uint64_t entries;   /* BENCH.md's score entries, 0 = none given */
+    uint64_t checksum;  /* BENCH.md's workload checksum, 0 = none given */
 } size_def;
 
 static const size_def SIZES[] = {
@@ -73,8 +73,8 @@ static const size_def SIZES[] = {
 typedef struct wl {
     const size_def *sz;
     int workers, prompts;
-    uint64_t s;  /* splitmix64 state */
-    uint64_t cs; /* checksum */
+    uint64_t s;      /* splitmix64 state */
+    uint64_t cs;     /* checksum */
     uint64_t q_seed; /* RNG state where the queries start */
     uint64_t pre_tok[GROUPS][PRE], pre_blk[GROUPS][PRE];
     uint64_t *suf_tok, *suf_blk; /* [workers][prompts][SUF] */
@@ -238,7 +238,8 @@ typedef struct pass {
 
 static void pass_init(pass *p) {
     memset(p, 0, sizeof(*p));
-    for (int k = 0; k < KINDS; k++) p->lat[k] = malloc(QUERIES * sizeof(uint64_t));
+    for (int k = 0; k < KINDS; k++)
+        p->lat[k] = malloc(QUERIES * sizeof(uint64_t));
 }
 
 static void pass_fini(pass *p) {
@@ -261,10 +262,12 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
         for (int wk = 0; wk < w->workers; wk++) {
             bool hp;
             uint32_t n = store_blocks(w, i, wk, blk, &hp);
-            wire_revent ev = {.worker_id = (uint64_t)wk, .type = WIRE_R_STORED,
+            wire_revent ev = {.worker_id = (uint64_t)wk,
+                              .type = WIRE_R_STORED,
                               .has_parent = hp,
                               .parent_hash = w->pre_blk[i % GROUPS][PRE - 1],
-                              .n_blocks = n, .blocks = blk};
+                              .n_blocks = n,
+                              .blocks = blk};
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->apply.wall_ns += kvo_now_ns() - t0;
@@ -307,8 +310,10 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
         for (int wk = 0; wk < w->workers; wk++) {
             for (int d = 0; d < SUF; d++)
                 hashes[d] = w->suf_blk[sidx(w, wk, i, SUF - 1 - d)];
-            wire_revent ev = {.worker_id = (uint64_t)wk, .type = WIRE_R_REMOVED,
-                              .n_removed = SUF, .removed = hashes};
+            wire_revent ev = {.worker_id = (uint64_t)wk,
+                              .type = WIRE_R_REMOVED,
+                              .n_removed = SUF,
+                              .removed = hashes};
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->remove.wall_ns += kvo_now_ns() - t0;
@@ -321,9 +326,12 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
         }
     for (int g = 0; g < GROUPS; g++)
         for (int wk = 0; wk < w->workers; wk++) {
-            for (int d = 0; d < PRE; d++) hashes[d] = w->pre_blk[g][PRE - 1 - d];
-            wire_revent ev = {.worker_id = (uint64_t)wk, .type = WIRE_R_REMOVED,
-                              .n_removed = PRE, .removed = hashes};
+            for (int d = 0; d < PRE; d++)
+                hashes[d] = w->pre_blk[g][PRE - 1 - d];
+            wire_revent ev = {.worker_id = (uint64_t)wk,
+                              .type = WIRE_R_REMOVED,
+                              .n_removed = PRE,
+                              .removed = hashes};
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
             p->remove.wall_ns += kvo_now_ns() - t0;
@@ -436,14 +444,17 @@ static kvo_status floor_pass(wl *w, floor_tab *f, pass *p) {
 
 /* ---- Report ------------------------------------------------------------------- */
 
-static double mops(uint64_t n, uint64_t ns) { return ns ? n / (ns / 1e9) / 1e6 : 0; }
+static double mops(uint64_t n, uint64_t ns) {
+    return ns ? n / (ns / 1e9) / 1e6 : 0;
+}
 
 static void report(const wl *w, pass *p, bool is_floor) {
     printf("apply: %llu events, %llu block ops in %.1f ms: %.2f M block-ops/s "
            "(thread CPU %.1f ms: %.2f M/s; %ld page faults)\n",
            (unsigned long long)p->events, (unsigned long long)p->ops,
            p->apply.wall_ns / 1e6, mops(p->ops, p->apply.wall_ns),
-           p->apply.cpu_ns / 1e6, mops(p->ops, p->apply.cpu_ns), p->apply.faults);
+           p->apply.cpu_ns / 1e6, mops(p->ops, p->apply.cpu_ns),
+           p->apply.faults);
     double bpp = p->pairs ? (double)(p->rss1 - p->rss0) / (double)p->pairs : 0;
     printf("memory: %llu pairs, RSS +%.1f MB = %.1f B per pair (own "
            "accounting %.1f B per pair; %.0f MB in huge pages)\n",
@@ -460,10 +471,11 @@ static void report(const wl *w, pass *p, bool is_floor) {
         const size_def *z = w->sz;
         bool same = (!z->score_sum || p->sum == z->score_sum) &&
                     (!z->entries || p->entries == z->entries);
-        printf("queries: %zu hit / %zu prefix / %zu random, %llu score entries, "
-               "score sum %llu",
-               p->nlat[0], p->nlat[1], p->nlat[2],
-               (unsigned long long)p->entries, (unsigned long long)p->sum);
+        printf(
+            "queries: %zu hit / %zu prefix / %zu random, %llu score entries, "
+            "score sum %llu",
+            p->nlat[0], p->nlat[1], p->nlat[2], (unsigned long long)p->entries,
+            (unsigned long long)p->sum);
         if (z->score_sum)
             printf(" (BENCH.md: %llu, %s)\n", (unsigned long long)z->score_sum,
                    same ? "same" : "DIFFERENT");
@@ -498,7 +510,8 @@ static void report(const wl *w, pass *p, bool is_floor) {
            "ms); pairs left %llu, nodes left %llu\n",
            (unsigned long long)p->removed, p->remove.wall_ns / 1e6,
            mops(p->removed, p->remove.wall_ns), p->remove.cpu_ns / 1e6,
-           (unsigned long long)p->pairs_left, (unsigned long long)p->nodes_left);
+           (unsigned long long)p->pairs_left,
+           (unsigned long long)p->nodes_left);
     metric("remove_mbps", mops(p->removed, p->remove.wall_ns));
     metric("remove_cpu_mbps", mops(p->removed, p->remove.cpu_ns));
 }
@@ -527,13 +540,15 @@ static void *query_loop(void *arg) {
         int i = (int)(kvo_splitmix64(&rs) % (uint64_t)q->w->prompts);
         size_t len = (size_t)sprintf(body, "{\"tokens_hashes\":[");
         for (int d = 0; d < BLOCKS; d++)
-            len += (size_t)sprintf(body + len, "%s%llu", d ? "," : "",
-                                   (unsigned long long)(d < PRE
-                                       ? q->w->pre_tok[i % GROUPS][d]
-                                       : q->w->suf_tok[sidx(q->w, wk, i, d - PRE)]));
+            len += (size_t)sprintf(
+                body + len, "%s%llu", d ? "," : "",
+                (unsigned long long)(d < PRE ? q->w->pre_tok[i % GROUPS][d]
+                                             : q->w->suf_tok[sidx(q->w, wk, i,
+                                                                  d - PRE)]));
         len += (size_t)sprintf(body + len, "]}");
         uint64_t t0 = kvo_now_ns();
-        kvo_status s = kvo_http_post(c, q->url, "application/json", body, len, &resp);
+        kvo_status s =
+            kvo_http_post(c, q->url, "application/json", body, len, &resp);
         uint64_t dt = kvo_now_ns() - t0;
         if (s != KVO_OK || resp.status != 200) {
             q->errors++;
@@ -555,7 +570,9 @@ static uint64_t applied_messages(kvo_http_client *c, const char *base) {
     kvo_http_resp_init(&r);
     uint64_t n = 0;
     if (kvo_http_get(c, url, &r) == KVO_OK && r.status == 200) {
-        const char *p = r.body.data ? strstr((const char *)r.body.data, "\"applied\"") : NULL;
+        const char *p = r.body.data
+                            ? strstr((const char *)r.body.data, "\"applied\"")
+                            : NULL;
         if (p) n = strtoull(strchr(p, ':') + 1, NULL, 10);
     }
     kvo_http_resp_fini(&r);
@@ -597,15 +614,20 @@ static int service_run(wl *w, const char *nats_url, const char *http) {
         for (int wk = 0; wk < w->workers; wk++) {
             bool hp;
             uint32_t n = store_blocks(w, i, wk, blk + k * BLOCKS, &hp);
-            ev[k] = (wire_revent){.worker_id = (uint64_t)wk, .tier = WIRE_TIER_DEVICE,
-                                  .event_id = ++event_id[wk], .type = WIRE_R_STORED,
-                                  .has_parent = hp,
-                                  .parent_hash = w->pre_blk[i % GROUPS][PRE - 1],
-                                  .n_blocks = n, .blocks = blk + k * BLOCKS};
+            ev[k] =
+                (wire_revent){.worker_id = (uint64_t)wk,
+                              .tier = WIRE_TIER_DEVICE,
+                              .event_id = ++event_id[wk],
+                              .type = WIRE_R_STORED,
+                              .has_parent = hp,
+                              .parent_hash = w->pre_blk[i % GROUPS][PRE - 1],
+                              .n_blocks = n,
+                              .blocks = blk + k * BLOCKS};
             k++;
         }
     for (size_t e = 0; e <= nev; e++) {
-        bool flush = e == nev || e - first == 128 || blocks + ev[e].n_blocks > 8192;
+        bool flush =
+            e == nev || e - first == 128 || blocks + ev[e].n_blocks > 8192;
         if (flush && e > first) {
             wire_plane_msg m;
             wire_plane_init(&m);
@@ -647,15 +669,18 @@ static int service_run(wl *w, const char *nats_url, const char *http) {
     kvo_sleep_us(1000000); /* idle queries */
     uint64_t t_pub = kvo_now_ns();
     for (size_t i = 0; i < nmsg; i++)
-        if (natsConnection_Publish(nc, "namespace.dynamo.component.backend.kv-events",
-                                   msgs[i].data, (int)msgs[i].len) != NATS_OK)
+        if (natsConnection_Publish(
+                nc, "namespace.dynamo.component.backend.kv-events",
+                msgs[i].data, (int)msgs[i].len) != NATS_OK)
             return die("publish", KVO_ENATS);
     natsConnection_Flush(nc);
     uint64_t t_flushed = kvo_now_ns();
     uint64_t t_done = 0;
     while (!t_done) {
-        if (applied_messages(c, http) >= applied0 + nmsg) t_done = kvo_now_ns();
-        else kvo_sleep_us(2000);
+        if (applied_messages(c, http) >= applied0 + nmsg)
+            t_done = kvo_now_ns();
+        else
+            kvo_sleep_us(2000);
         if (kvo_now_ns() - t_pub > 600ull * 1000000000ull) {
             fprintf(stderr, "kvo-bench-index: the indexer did not apply every "
                             "message in 600 s\n");
@@ -668,13 +693,14 @@ static int service_run(wl *w, const char *nats_url, const char *http) {
     uint64_t t_end = kvo_now_ns();
     q.stop = 1;
     pthread_join(th, NULL);
-    printf("service: %zu messages (%zu stored events, %llu blocks) published in "
-           "%.0f ms, applied after %.0f ms; %llu query errors\n",
-           nmsg, nev,
-           (unsigned long long)((uint64_t)w->workers * (uint64_t)w->prompts * SUF +
-                                (uint64_t)w->workers * GROUPS * PRE),
-           (t_flushed - t_pub) / 1e6, (t_done - t_pub) / 1e6,
-           (unsigned long long)q.errors);
+    printf(
+        "service: %zu messages (%zu stored events, %llu blocks) published in "
+        "%.0f ms, applied after %.0f ms; %llu query errors\n",
+        nmsg, nev,
+        (unsigned long long)((uint64_t)w->workers * (uint64_t)w->prompts * SUF +
+                             (uint64_t)w->workers * GROUPS * PRE),
+        (t_flushed - t_pub) / 1e6, (t_done - t_pub) / 1e6,
+        (unsigned long long)q.errors);
     metric("svc_apply_ms", (t_done - t_pub) / 1e6);
     lat_row("idle", &q, 0, t_pub);
     lat_row("apply", &q, t_pub, t_done);
@@ -695,7 +721,8 @@ int main(int argc, char **argv) {
     bool service = argc > 1 && !strcmp(argv[1], "service");
     if (service) {
         if (argc != 5) {
-            fprintf(stderr, "usage: kvo-bench-index service SIZE NATS_URL HTTP_URL\n");
+            fprintf(stderr,
+                    "usage: kvo-bench-index service SIZE NATS_URL HTTP_URL\n");
             return 2;
         }
         argv++;
@@ -709,8 +736,8 @@ int main(int argc, char **argv) {
     wl *w = &W;
     for (size_t i = 0; i < sizeof(SIZES) / sizeof(SIZES[0]); i++)
         if (!strcmp(size, SIZES[i].name)) w->sz = &SIZES[i];
-    if (!w->sz || (!warm && strcmp(proto, "cold")) ||
-        (argc > 3 && !is_floor) || argc > 4) {
+    if (!w->sz || (!warm && strcmp(proto, "cold")) || (argc > 3 && !is_floor) ||
+        argc > 4) {
         fprintf(stderr, "usage: kvo-bench-index [w1|w1x4|w1x16|w1-1m|"
                         "one-worker-1m [cold|warm [floor]]]\n");
         return 2;
@@ -721,9 +748,11 @@ int main(int argc, char **argv) {
     /* ---- Workload (BENCH.md W1 generation order) ---- */
     w->s = 1;
     uint64_t first[3] = {next(w), next(w), next(w)};
-    if (first[0] != 0x910a2dec89025cc1ull || first[1] != 0xbeeb8da1658eec67ull ||
+    if (first[0] != 0x910a2dec89025cc1ull ||
+        first[1] != 0xbeeb8da1658eec67ull ||
         first[2] != 0xf893a2eefb32555eull) {
-        fprintf(stderr, "kvo-bench-index: splitmix64 does not match BENCH.md\n");
+        fprintf(stderr,
+                "kvo-bench-index: splitmix64 does not match BENCH.md\n");
         return 1;
     }
     w->s = 1;
@@ -751,7 +780,8 @@ int main(int argc, char **argv) {
     bool cs_ok = !w->sz->checksum || w->cs == w->sz->checksum;
     printf("workload checksum 0x%016llx", (unsigned long long)w->cs);
     if (w->sz->checksum)
-        printf(" (BENCH.md: 0x%016llx, %s)", (unsigned long long)w->sz->checksum,
+        printf(" (BENCH.md: 0x%016llx, %s)",
+               (unsigned long long)w->sz->checksum,
                cs_ok ? "same" : "DIFFERENT");
     printf("\n");
 
@@ -775,14 +805,17 @@ int main(int argc, char **argv) {
         idx_tree *t = NULL;
         if ((s = idx_tree_new(&t)) != KVO_OK) return die("tree", s);
         if (warm) {
-            if ((s = tree_pass(w, t, &p)) != KVO_OK) return die("first pass", s);
+            if ((s = tree_pass(w, t, &p)) != KVO_OK)
+                return die("first pass", s);
             uint64_t sum = p.sum, entries = p.entries;
             pass_fini(&p);
             pass_init(&p);
-            if ((s = tree_pass(w, t, &p)) != KVO_OK) return die("second pass", s);
+            if ((s = tree_pass(w, t, &p)) != KVO_OK)
+                return die("second pass", s);
             if (p.sum != sum || p.entries != entries) {
-                printf("warm: second pass score sum %llu, first %llu: DIFFERENT\n",
-                       (unsigned long long)p.sum, (unsigned long long)sum);
+                printf(
+                    "warm: second pass score sum %llu, first %llu: DIFFERENT\n",
+                    (unsigned long long)p.sum, (unsigned long long)sum);
                 rc = 1;
             }
         } else if ((s = tree_pass(w, t, &p)) != KVO_OK) {

@@ -26,7 +26,8 @@ static double cpu_seconds(void) {
 int main(int argc, char **argv) {
     if (argc < 3 || (strcmp(argv[1], "read") && strcmp(argv[1], "hash")) ||
         (!strcmp(argv[1], "hash") && argc < 4)) {
-        fprintf(stderr, "usage: kvo-bench-mocker read TRACE | hash TRACE ALGO\n");
+        fprintf(stderr,
+                "usage: kvo-bench-mocker read TRACE | hash TRACE ALGO\n");
         return 2;
     }
     bool hash = !strcmp(argv[1], "hash");
@@ -62,15 +63,17 @@ int main(int argc, char **argv) {
         }
         mock_trace_tokens(r.hash_ids, r.n_hash_ids, r.input_length, tok);
         uint32_t nb = r.input_length / 16;
-        if (mock_hasher_blocks(h, tok, 16, 0, nb, NULL, NULL, NULL, NULL, bh) != KVO_OK)
+        if (mock_hasher_blocks(h, tok, 16, 0, nb, NULL, NULL, NULL, NULL, bh) !=
+            KVO_OK)
             return 2;
         blocks += nb;
     }
     double secs = cpu_seconds() - t0;
     printf("{\"mode\":\"%s\",\"algo\":\"%s\",\"requests\":%llu,\"tokens\":%llu,"
            "\"blocks\":%llu,\"cpu_seconds\":%.6f}\n",
-           argv[1], hash ? wire_algo_name(algo) : "-", (unsigned long long)requests,
-           (unsigned long long)tokens, (unsigned long long)blocks, secs);
+           argv[1], hash ? wire_algo_name(algo) : "-",
+           (unsigned long long)requests, (unsigned long long)tokens,
+           (unsigned long long)blocks, secs);
     kvo_free(tok);
     kvo_free(bh);
     mock_hasher_free(h);

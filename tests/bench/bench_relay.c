@@ -182,17 +182,24 @@ static int send_rec(void *pub, const rec *r) {
 }
 
 static int drive(int argc, char **argv) {
-    const char *capture_path = NULL, *bind = NULL, *url = NULL,
-               *subject = NULL, *expect = "relay";
+    const char *capture_path = NULL, *bind = NULL, *url = NULL, *subject = NULL,
+               *expect = "relay";
     uint64_t lockstep = 0, limit = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--capture")) capture_path = argv[i + 1];
-        else if (!strcmp(argv[i], "--bind")) bind = argv[i + 1];
-        else if (!strcmp(argv[i], "--nats")) url = argv[i + 1];
-        else if (!strcmp(argv[i], "--subject")) subject = argv[i + 1];
-        else if (!strcmp(argv[i], "--expect")) expect = argv[i + 1];
-        else if (!strcmp(argv[i], "--lockstep")) lockstep = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--limit")) limit = strtoull(argv[i + 1], NULL, 10);
+        if (!strcmp(argv[i], "--capture"))
+            capture_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--bind"))
+            bind = argv[i + 1];
+        else if (!strcmp(argv[i], "--nats"))
+            url = argv[i + 1];
+        else if (!strcmp(argv[i], "--subject"))
+            subject = argv[i + 1];
+        else if (!strcmp(argv[i], "--expect"))
+            expect = argv[i + 1];
+        else if (!strcmp(argv[i], "--lockstep"))
+            lockstep = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--limit"))
+            limit = strtoull(argv[i + 1], NULL, 10);
         else {
             fprintf(stderr, "drive: unknown option %s\n", argv[i]);
             return 2;
@@ -225,7 +232,8 @@ static int drive(int argc, char **argv) {
     zmq_setsockopt(pub, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(pub, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     if (zmq_bind(pub, bind) != 0) {
-        fprintf(stderr, "drive: bind %s: %s\n", bind, zmq_strerror(zmq_errno()));
+        fprintf(stderr, "drive: bind %s: %s\n", bind,
+                zmq_strerror(zmq_errno()));
         return 2;
     }
     /* Wait for the subscriber (XPUB shows its subscription). */
@@ -251,8 +259,10 @@ static int drive(int argc, char **argv) {
         }
         if (lockstep) {
             if (!rx_wait(&x, relay, c.r[i].seq, i + 1, 10000)) {
-                fprintf(stderr, "drive: batch %zu (seq %" PRIu64
-                        ") did not come out within 10 s\n", i, c.r[i].seq);
+                fprintf(stderr,
+                        "drive: batch %zu (seq %" PRIu64
+                        ") did not come out within 10 s\n",
+                        i, c.r[i].seq);
                 rc = 1;
                 break;
             }
@@ -261,8 +271,10 @@ static int drive(int argc, char **argv) {
     }
     if (rc == 0 && !lockstep &&
         !rx_wait(&x, relay, c.r[c.n - 1].seq, c.n, 120000)) {
-        fprintf(stderr, "drive: not everything came out within 120 s "
-                "(messages %" PRIu64 ")\n", x.msgs);
+        fprintf(stderr,
+                "drive: not everything came out within 120 s "
+                "(messages %" PRIu64 ")\n",
+                x.msgs);
         rc = 1;
     }
     pthread_mutex_lock(&x.mu);
@@ -302,11 +314,16 @@ static int passthrough(int argc, char **argv) {
     const char *ep = NULL, *url = NULL, *subject = NULL;
     bool asap = false;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--send-asap")) asap = true;
-        else if (i + 1 >= argc) break;
-        else if (!strcmp(argv[i], "--zmq")) ep = argv[++i];
-        else if (!strcmp(argv[i], "--nats")) url = argv[++i];
-        else if (!strcmp(argv[i], "--subject")) subject = argv[++i];
+        if (!strcmp(argv[i], "--send-asap"))
+            asap = true;
+        else if (i + 1 >= argc)
+            break;
+        else if (!strcmp(argv[i], "--zmq"))
+            ep = argv[++i];
+        else if (!strcmp(argv[i], "--nats"))
+            url = argv[++i];
+        else if (!strcmp(argv[i], "--subject"))
+            subject = argv[++i];
     }
     if (!ep || !url || !subject) {
         fprintf(stderr, "passthrough: --zmq --nats --subject needed\n");
@@ -340,7 +357,8 @@ static int passthrough(int argc, char **argv) {
             int k = 0;
             bool more = true;
             while (more && k < 3) {
-                if (zmq_msg_recv(&part[k], sub, k ? 0 : ZMQ_DONTWAIT) < 0) break;
+                if (zmq_msg_recv(&part[k], sub, k ? 0 : ZMQ_DONTWAIT) < 0)
+                    break;
                 more = zmq_msg_more(&part[k]);
                 k++;
             }
@@ -409,9 +427,12 @@ static int pipe_cmd(int argc, char **argv) {
     uint64_t limit = 0;
     int rounds = 5;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--capture")) capture_path = argv[i + 1];
-        else if (!strcmp(argv[i], "--limit")) limit = strtoull(argv[i + 1], NULL, 10);
-        else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--capture"))
+            capture_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--limit"))
+            limit = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--rounds"))
+            rounds = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "pipe: unknown option %s\n", argv[i]);
             return 2;
@@ -423,8 +444,8 @@ static int pipe_cmd(int argc, char **argv) {
     }
     capture c = {0};
     if (load_capture(capture_path, limit, &c) != 0 || c.n == 0) return 2;
-    printf("pipe: %zu batches, %" PRIu64 " events, %" PRIu64
-           " blocks, %" PRIu64 " bytes; CPU time of this thread, median of "
+    printf("pipe: %zu batches, %" PRIu64 " events, %" PRIu64 " blocks, %" PRIu64
+           " bytes; CPU time of this thread, median of "
            "%d (min-max)\n",
            c.n, c.events, c.blocks, c.bytes, rounds);
     double us_pipe[99], us_dec[99];
@@ -433,12 +454,13 @@ static int pipe_cmd(int argc, char **argv) {
     wire_batch b;
     wire_batch_init(&b);
     for (int r = 0; r < rounds; r++) {
-        relay_pipe_cfg pc = {.worker_id = 1, .block_size = 16,
+        relay_pipe_cfg pc = {.worker_id = 1,
+                             .block_size = 16,
                              .publisher_id = 1,
                              .subject = "namespace.dynamo.component.backend."
                                         "kv-events"};
-        relay_out o = {.ctx = &k, .publish = sink_publish,
-                       .replay_request = sink_replay};
+        relay_out o = {
+            .ctx = &k, .publish = sink_publish, .replay_request = sink_replay};
         relay_pipe *p;
         if (relay_pipe_new(&p, &pc, &o) != KVO_OK) return 2;
         uint32_t si;
@@ -448,7 +470,8 @@ static int pipe_cmd(int argc, char **argv) {
         for (size_t i = 0; i < c.n; i++) {
             uint8_t s[8];
             wire_seq_put(s, c.r[i].seq);
-            wire_frame f[3] = {{c.r[i].topic, c.r[i].topic_len}, {s, 8},
+            wire_frame f[3] = {{c.r[i].topic, c.r[i].topic_len},
+                               {s, 8},
                                {c.r[i].payload, c.r[i].len}};
             relay_pipe_live(p, si, f, 3, 0);
         }
@@ -465,8 +488,8 @@ static int pipe_cmd(int argc, char **argv) {
 
         t0 = thread_ns();
         for (size_t i = 0; i < c.n; i++) {
-            if (wire_batch_decode(c.r[i].payload, c.r[i].len, NULL, &b,
-                                  NULL) != KVO_OK)
+            if (wire_batch_decode(c.r[i].payload, c.r[i].len, NULL, &b, NULL) !=
+                KVO_OK)
                 return 1;
             dec_sum += b.n_events;
         }
@@ -498,8 +521,10 @@ static int synth(int argc, char **argv) {
     const char *out = NULL;
     uint64_t nb = 20000;
     for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--out")) out = argv[i + 1];
-        else if (!strcmp(argv[i], "--batches")) nb = strtoull(argv[i + 1], NULL, 10);
+        if (!strcmp(argv[i], "--out"))
+            out = argv[i + 1];
+        else if (!strcmp(argv[i], "--batches"))
+            nb = strtoull(argv[i + 1], NULL, 10);
     }
     if (!out) return 2;
     wire_cap_writer *w;
@@ -537,7 +562,8 @@ static int synth(int argc, char **argv) {
         e->n_hashes = nstore;
         e->hashes = kvo_arena_alloc(&b.arena, nstore * sizeof(wire_hash));
         e->n_tokens = nstore * 16;
-        e->token_ids = kvo_arena_alloc(&b.arena, e->n_tokens * sizeof(uint64_t));
+        e->token_ids =
+            kvo_arena_alloc(&b.arena, e->n_tokens * sizeof(uint64_t));
         e->block_size = (wire_int){true, 16};
         e->medium = (wire_str){"GPU", 3};
         for (uint32_t i = 0; i < nstore; i++) {
@@ -545,13 +571,14 @@ static int synth(int argc, char **argv) {
             e->hashes[i] = (wire_hash){WIRE_HASH_UINT, 0, h, NULL};
             if (nlive < 4096) live[nlive++] = h;
         }
-        for (uint32_t i = 0; i < e->n_tokens; i++) e->token_ids[i] = rng() % 32000;
+        for (uint32_t i = 0; i < e->n_tokens; i++)
+            e->token_ids[i] = rng() % 32000;
         kvo_buf_reset(&pay);
         if (wire_batch_encode(&b, WIRE_FMT_MAP, 0, &pay) != KVO_OK) return 2;
         uint8_t seq[8];
         wire_seq_put(seq, s);
-        wire_frame f[3] = {{(const uint8_t *)"kv-events", 9}, {seq, 8},
-                           {pay.data, pay.len}};
+        wire_frame f[3] = {
+            {(const uint8_t *)"kv-events", 9}, {seq, 8}, {pay.data, pay.len}};
         if (wire_cap_write(w, kvo_unix_ns(), f, 3) != KVO_OK) return 2;
     }
     b.events = NULL;

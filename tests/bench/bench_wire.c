@@ -157,10 +157,8 @@ static uint64_t batch_checksum(const wire_batch *b) {
     for (uint32_t e = 0; e < b->n_events; e++) {
         const wire_event *ev = &b->events[e];
         MIX(ev->parent.key);
-        for (uint32_t k = 0; k < ev->n_hashes; k++)
-            MIX(ev->hashes[k].key);
-        for (uint32_t t = 0; t < ev->n_tokens; t++)
-            MIX(ev->token_ids[t]);
+        for (uint32_t k = 0; k < ev->n_hashes; k++) MIX(ev->hashes[k].key);
+        for (uint32_t t = 0; t < ev->n_tokens; t++) MIX(ev->token_ids[t]);
     }
 #undef MIX
     return cs;
@@ -334,21 +332,17 @@ static kvo_status set_opt(void *p, int code, const char *arg) {
         o->iters = v;
         return KVO_OK;
     case 'r':
-        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63) return KVO_EINVAL;
+        if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0 || v > 63)
+            return KVO_EINVAL;
         o->runs = (int)v;
         return KVO_OK;
     case 'v':
         if (kvo_parse_u32(arg, &v) != KVO_OK || v == 0) return KVO_EINVAL;
         vocab = v;
         return KVO_OK;
-    case 'h':
-        usage(stdout);
-        exit(KVO_EXIT_OK);
-    case 'V':
-        printf("kvo-bench-wire %s\n", KVO_VERSION);
-        exit(KVO_EXIT_OK);
-    default:
-        return KVO_EINVAL;
+    case 'h': usage(stdout); exit(KVO_EXIT_OK);
+    case 'V': printf("kvo-bench-wire %s\n", KVO_VERSION); exit(KVO_EXIT_OK);
+    default: return KVO_EINVAL;
     }
 }
 
@@ -415,8 +409,7 @@ int main(int argc, char **argv) {
         enum { N_STEPS = KVO_ARRAY_LEN(steps) };
         step_fn fns[N_STEPS];
         double ns[N_STEPS];
-        for (size_t s = 0; s < N_STEPS; s++)
-            fns[s] = steps[s].fn;
+        for (size_t s = 0; s < N_STEPS; s++) fns[s] = steps[s].fn;
         measure(fns, N_STEPS, c, o.iters, o.runs, ns);
         for (size_t s = 0; s < N_STEPS; s++) {
             if (ns[s] < 0) {

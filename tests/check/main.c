@@ -15,15 +15,8 @@ Suite *suite_e2e(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
-        suite_core,
-        suite_route,
-        suite_sets,
-        suite_diag,
-        suite_report,
-        suite_browser,
-        suite_wait,
-        suite_answers,
-        suite_e2e,
+        suite_core,    suite_route, suite_sets,    suite_diag, suite_report,
+        suite_browser, suite_wait,  suite_answers, suite_e2e,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -144,8 +144,8 @@ json_object *tc_line(const tc_run *r, size_t i) {
 
 int64_t tc_int(json_object *o, const char *key) {
     json_object *v;
-    ck_assert_msg(o && json_object_object_get_ex(o, key, &v),
-                  "missing key %s", key);
+    ck_assert_msg(o && json_object_object_get_ex(o, key, &v), "missing key %s",
+                  key);
     return json_object_get_int64(v);
 }
 
@@ -169,8 +169,9 @@ int tc_html_renders(const char *html_path, char *why, size_t whysz) {
     if (rc != 0 || !dom) {
         snprintf(why, whysz, "chromium exited with %d", rc);
     } else if (!strstr(dom, "data-rendered=\"ok\"")) {
-        snprintf(why, whysz, "rendered DOM lacks data-rendered=\"ok\" (the "
-                             "script did not run or the plot has no size)");
+        snprintf(why, whysz,
+                 "rendered DOM lacks data-rendered=\"ok\" (the "
+                 "script did not run or the plot has no size)");
     } else if (!strstr(dom, "id=\"summary\"") || !strstr(dom, "<polyline")) {
         snprintf(why, whysz, "rendered DOM lacks the summary or the plot");
     } else {

@@ -19,12 +19,12 @@
 #endif
 
 typedef struct tc_run {
-    char dir[512];     /* fresh per run: log, reports, process logs */
-    char log[600];     /* kvo-check's stdout+stderr */
-    char json[600];    /* --report-json */
-    char html[600];    /* --report-html */
-    int exit_code;     /* 128+n when killed by signal n */
-    json_object *lines; /* array of the report's per-prompt objects */
+    char dir[512];        /* fresh per run: log, reports, process logs */
+    char log[600];        /* kvo-check's stdout+stderr */
+    char json[600];       /* --report-json */
+    char html[600];       /* --report-html */
+    int exit_code;        /* 128+n when killed by signal n */
+    json_object *lines;   /* array of the report's per-prompt objects */
     json_object *summary; /* the "summary" object (NULL if none) */
 } tc_run;
 

@@ -34,7 +34,7 @@ typedef struct route {
     char path[64];
     uint8_t *body; /* owned */
     size_t len;
-    char huge;     /* 0, 'n' (number) or 'a' (array) */
+    char huge; /* 0, 'n' (number) or 'a' (array) */
 } route;
 
 static route routes[FAKE_ROUTES]; /* the child's */
@@ -185,9 +185,8 @@ static void fake_set(fake *f, const char *what, const char *path,
              more);
     kvo_http_resp r;
     kvo_http_resp_init(&r);
-    ck_assert_int_eq(kvo_http_post(f->http, url, "application/json", body,
-                                   len, &r),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(f->http, url, "application/json", body, len, &r), KVO_OK);
     ck_assert_int_eq(r.status, 200);
     kvo_http_resp_fini(&r);
 }
@@ -229,8 +228,8 @@ static void target_init(target *t, const fake *f) {
 
 static void target_fini(target *t) { kvo_http_client_free(t->http); }
 
-static const chk_prompt PROMPT = {.trace_form = false, .json = "[1,2,3,4]",
-                                  .len = 9};
+static const chk_prompt PROMPT = {
+    .trace_form = false, .json = "[1,2,3,4]", .len = 9};
 
 /* Each call kvo-check makes, as it makes it; what it read goes into got. */
 typedef struct reading {
@@ -377,8 +376,8 @@ static void expect_error(const fake *f, size_t i, kvo_status st,
     ck_assert_msg(st != KVO_OK, "%s %s: accepted", ep->method, ep->path);
     if (ep->call == call_relay) return; /* no err to read */
     char want[512];
-    snprintf(want, sizeof(want), "%s %s%s%s: %s", ep->method, f->base,
-             ep->path, ep->query ? ep->query : "", what);
+    snprintf(want, sizeof(want), "%s %s%s%s: %s", ep->method, f->base, ep->path,
+             ep->query ? ep->query : "", what);
     ck_assert_msg(strncmp(err->msg, want, strlen(want)) == 0,
                   "want \"%s...\"\n got \"%s\"", want, err->msg);
     ck_assert_int_eq(err->status, st);
@@ -524,8 +523,19 @@ typedef struct bad_case {
     const char *error;
 } bad_case;
 
-enum { EP_STATE, EP_COUNTERS, EP_SOURCES, EP_PROBE, EP_COMPLETE, EP_MODEL,
-       EP_QUERY, EP_WATERMARK, EP_RELAY, EP_EBLOCKS, EP_IBLOCKS };
+enum {
+    EP_STATE,
+    EP_COUNTERS,
+    EP_SOURCES,
+    EP_PROBE,
+    EP_COMPLETE,
+    EP_MODEL,
+    EP_QUERY,
+    EP_WATERMARK,
+    EP_RELAY,
+    EP_EBLOCKS,
+    EP_IBLOCKS
+};
 
 #define M16 "mmmmmmmmmmmmmmmm"
 
@@ -549,7 +559,8 @@ static const bad_case BAD[] = {
      "\"zmq_seq_last\":9223372036854775808}]}",
      "publishers[0].zmq_seq_last: expected null or an integer in [0, "
      "9223372036854775807], got 9223372036854775808"},
-    {EP_STATE, "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":18446744073709551615}]}",
+    {EP_STATE,
+     "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":18446744073709551615}]}",
      "ranks[0].last_seq: expected null or an integer in [0, "
      "9223372036854775807], got 18446744073709551615"},
     {EP_PROBE,
@@ -605,15 +616,15 @@ static const bad_case BAD[] = {
      "\"metrics\":3}",
      "metrics: expected null or a string, got 3"},
     /* a repeated key: which one would count? */
-    {EP_PROBE,
-     "{\"block_size\":16,\"block_size\":32,\"ranks\":[]}",
+    {EP_PROBE, "{\"block_size\":16,\"block_size\":32,\"ranks\":[]}",
      "bad JSON answer: duplicate key \"block_size\" in an object (byte 0, "},
     /* what does not fit kvo-check's fields is refused, not cut */
     {EP_MODEL, "{\"data\":[{\"id\":\"" M16 M16 M16 M16 M16 M16 M16 M16 "\"}]}",
      "data[0].id: 128 bytes, at most 127"},
     {EP_MODEL, "{\"data\":[]}", "no model listed (use --model)"},
-    {EP_WATERMARK, "", "bad JSON answer: the input ends where a value should "
-                       "start (byte 0, near \"\")"},
+    {EP_WATERMARK, "",
+     "bad JSON answer: the input ends where a value should "
+     "start (byte 0, near \"\")"},
     {EP_WATERMARK, "{\"publishers\":[{\"publisher_id\":1}",
      "bad JSON answer: the input ends inside an array (byte 14, "},
     /* a cached set's size without its digest */
@@ -624,11 +635,9 @@ static const bad_case BAD[] = {
     {EP_EBLOCKS,
      "{\"count\":2,\"digest\":1,\"blocks\":[[5,null],[9]],\"next\":null}",
      "blocks[1]: expected [hash, parent|null], got an array"},
-    {EP_EBLOCKS,
-     "{\"count\":1,\"digest\":1,\"blocks\":[[5,-1]],\"next\":null}",
+    {EP_EBLOCKS, "{\"count\":1,\"digest\":1,\"blocks\":[[5,-1]],\"next\":null}",
      "blocks[0][1]: expected a parent hash or null, got -1"},
-    {EP_EBLOCKS,
-     "{\"count\":1,\"digest\":1,\"blocks\":[[\"5\",null]]}",
+    {EP_EBLOCKS, "{\"count\":1,\"digest\":1,\"blocks\":[[\"5\",null]]}",
      "blocks[0][0]: expected a block hash (an integer in [0, 2^64)), got a "
      "string"},
     {EP_EBLOCKS, "{\"count\":1,\"digest\":1,\"blocks\":[[5,null],[6,5]]}",
@@ -692,8 +701,7 @@ START_TEST(a_200_mb_answer_is_refused_in_memory_bounded_by_its_size) {
      * than about the body again (json-c needed ~30 bytes per byte of an
      * integer array). Under a sanitizer the allocator keeps freed blocks in
      * quarantine: the bound is looser there, still far below 30x. */
-    const long bound_kib =
-        (long)(HUGE_BYTES / 1024) * (TC_SANITIZED ? 4 : 2);
+    const long bound_kib = (long)(HUGE_BYTES / 1024) * (TC_SANITIZED ? 4 : 2);
     static const struct {
         char kind;
         const char *error;
@@ -753,17 +761,21 @@ START_TEST(block_lists_are_read_page_by_page_and_must_hold_still) {
                 "\"next\":null}");
     ck_assert_int_eq(call_engine_blocks(&t, &g, &err), KVO_EPROTO);
     char want[200];
-    snprintf(want, sizeof(want), "GET %s/kvo/blocks?rank=0: 3 blocks listed "
-                                 "in all, the count says 4", f.base);
+    snprintf(want, sizeof(want),
+             "GET %s/kvo/blocks?rank=0: 3 blocks listed "
+             "in all, the count says 4",
+             f.base);
     ck_assert_str_eq(err.msg, want);
     /* the set changed between two pages: the side was not quiet */
     fake_answer(&f, "/kvo/blocks@5",
                 "{\"rank\":0,\"count\":5,\"digest\":3,\"blocks\":"
                 "[[7,5]],\"next\":9}");
     ck_assert_int_eq(call_engine_blocks(&t, &g, &err), KVO_ESTATE);
-    snprintf(want, sizeof(want), "GET %s/kvo/blocks?rank=0&after=5: the set "
-                                 "changed while it was listed (count 5 digest "
-                                 "3, the first page said 4 and 3)", f.base);
+    snprintf(want, sizeof(want),
+             "GET %s/kvo/blocks?rank=0&after=5: the set "
+             "changed while it was listed (count 5 digest "
+             "3, the first page said 4 and 3)",
+             f.base);
     ck_assert_str_eq(err.msg, want);
     /* the last good read stays */
     ck_assert_uint_eq(g.blocks.n, 4);
@@ -795,14 +807,15 @@ START_TEST(kvo_check_stops_with_the_error_naming_the_call) {
      * stderr, naming the call. */
     fake f;
     fake_start(&f);
-    fake_answer(&f, "/kvo/event_sources",
-                "[{\"endpoint\":\"tcp://127.0.0.1:1\",\"data_parallel_rank\":0}]");
+    fake_answer(
+        &f, "/kvo/event_sources",
+        "[{\"endpoint\":\"tcp://127.0.0.1:1\",\"data_parallel_rank\":0}]");
     fake_answer(&f, "/kvo/state",
                 "{\"ranks\":[{\"dp_rank\":0,"
                 "\"last_seq\":18446744073709551616}]}");
     char *trace = kt_src_path("traces/mooncake_conversation_1000.jsonl");
-    const char *args[] = {"--engines", f.base, "--trace", trace, "--limit",
-                          "1", NULL};
+    const char *args[] = {"--engines", f.base, "--trace", trace,
+                          "--limit",   "1",    NULL};
     tc_run r;
     tc_check(&r, "bad-answer", args, 120);
     char *out = tc_slurp(r.log);
@@ -829,8 +842,8 @@ START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
     fake_start(&f);
     fake_answer(&f, "/kvo/event_sources", "[{\"endpoint\": 5}] trailing");
     char *trace = kt_src_path("traces/mooncake_conversation_1000.jsonl");
-    const char *args[] = {"--engines", f.base, "--trace", trace, "--limit",
-                          "1", NULL};
+    const char *args[] = {"--engines", f.base, "--trace", trace,
+                          "--limit",   "1",    NULL};
     tc_run r;
     tc_check(&r, "bad-sources", args, 120);
     char *out = tc_slurp(r.log);
@@ -856,7 +869,8 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, invalid_utf8_in_an_answer_is_an_error_naming_the_call);
     tcase_add_test(tc, values_out_of_their_range_are_errors_never_clamped);
     tcase_add_test(tc, block_lists_are_read_page_by_page_and_must_hold_still);
-    tcase_add_test(tc, a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
+    tcase_add_test(tc,
+                   a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
     tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
     tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);
     suite_add_tcase(s, tc);

@@ -159,9 +159,9 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
                                         "stored\",status=\"parent_not_found\"}",
                                         2),
                      KVO_OK);
-    ck_assert_int_eq(check_counters_set(&moved, "relay 0.0",
-                                        "kvo_relay_hash_mismatches", 3),
-                     KVO_OK);
+    ck_assert_int_eq(
+        check_counters_set(&moved, "relay 0.0", "kvo_relay_hash_mismatches", 3),
+        KVO_OK);
     obs_fix f;
     fix_init(&f, 200, 0, 8 * 16);
     f.probes[0] = 8;
@@ -189,7 +189,8 @@ START_TEST(a_rule_counter_that_moved_names_the_reason) {
 }
 END_TEST
 
-START_TEST(probe_disagreeing_with_the_response_is_the_engine_contradicting_itself) {
+START_TEST(
+    probe_disagreeing_with_the_response_is_the_engine_contradicting_itself) {
     obs_fix f;
     fix_init(&f, 200, 0, 4 * 16);
     f.probes[0] = 6;
@@ -262,17 +263,15 @@ START_TEST(prometheus_text_becomes_counters_with_labels_verbatim) {
         "kvo_relay_gaps 4\n";
     check_counters c;
     check_counters_init(&c);
-    ck_assert_int_eq(check_counters_parse_prom(&c, "relay 0.0", text,
-                                               strlen(text)),
-                     KVO_OK);
+    ck_assert_int_eq(
+        check_counters_parse_prom(&c, "relay 0.0", text, strlen(text)), KVO_OK);
     ck_assert(check_counters_get(&c, "relay 0.0", "kvo_relay_gaps") == 4);
     ck_assert(check_counters_get(&c, "relay 0.0",
                                  "kvo_relay_rejects{kind=\"block size\"}") ==
               2);
-    ck_assert(isnan(check_counters_get(&c, "relay 0.0",
-                                       "weird{a=\"}\\\"x\"}")));
-    ck_assert(check_counters_get(&c, "relay 0.0", "weird{a=\"}\\\"x\"}") !=
-              0);
+    ck_assert(
+        isnan(check_counters_get(&c, "relay 0.0", "weird{a=\"}\\\"x\"}")));
+    ck_assert(check_counters_get(&c, "relay 0.0", "weird{a=\"}\\\"x\"}") != 0);
     ck_assert(isnan(check_counters_get(&c, "relay 0.1", "kvo_relay_gaps")));
     ck_assert_uint_eq(c.n, 4);
     check_counters_fini(&c);
@@ -322,9 +321,8 @@ START_TEST(moved_keeps_only_increases_and_rename_moves_a_stage) {
     ck_assert(check_counters_get(&m, "relay 0.0", "z") == 2);
     ck_assert(check_counters_sum(&b, "relay", "z") == 2);
     ck_assert(check_counters_sum(&b, "indexer", "x|y") == 8);
-    ck_assert_int_eq(check_counters_rename_stage(&b, "relay 0.0",
-                                                 "relay 0.0 #1"),
-                     KVO_OK);
+    ck_assert_int_eq(
+        check_counters_rename_stage(&b, "relay 0.0", "relay 0.0 #1"), KVO_OK);
     ck_assert(check_counters_get(&b, "relay 0.0 #1", "z") == 2);
     check_counters_fini(&a);
     check_counters_fini(&b);
@@ -333,10 +331,10 @@ START_TEST(moved_keeps_only_increases_and_rename_moves_a_stage) {
 END_TEST
 
 START_TEST(rules_catch_rejections_but_not_healthy_counters) {
-    ck_assert_ptr_nonnull(check_rule_find("relay 0.0",
-                                          "kvo_relay_hash_mismatches"));
-    ck_assert_ptr_nonnull(check_rule_find(
-        "relay 0.1", "kvo_relay_rejects{kind=\"block_size\"}"));
+    ck_assert_ptr_nonnull(
+        check_rule_find("relay 0.0", "kvo_relay_hash_mismatches"));
+    ck_assert_ptr_nonnull(
+        check_rule_find("relay 0.1", "kvo_relay_rejects{kind=\"block_size\"}"));
     ck_assert_ptr_nonnull(check_rule_find(
         "relay 0.1", "kvo_relay_replay_failures{kind=\"no_endpoint\"}"));
     ck_assert_ptr_nonnull(check_rule_find("relay 2.0", "rejects.token_count"));
@@ -345,8 +343,8 @@ START_TEST(rules_catch_rejections_but_not_healthy_counters) {
                    "parent_not_found\"}"));
     /* recovered gaps, duplicates, ok statuses and histograms are fine */
     ck_assert_ptr_null(check_rule_find("relay 0.0", "kvo_relay_gaps"));
-    ck_assert_ptr_null(check_rule_find("relay 0.0",
-                                       "kvo_relay_duplicates_dropped"));
+    ck_assert_ptr_null(
+        check_rule_find("relay 0.0", "kvo_relay_duplicates_dropped"));
     ck_assert_ptr_null(check_rule_find(
         "indexer", "kvo_indexer_events_total{type=\"stored\",status=\"ok\"}"));
     ck_assert_ptr_null(check_rule_find(
@@ -356,20 +354,26 @@ START_TEST(rules_catch_rejections_but_not_healthy_counters) {
     static const char *const engine_errors[] = {
         "render_errors", "send_errors", "replay_cut", "replay_bad_requests"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(engine_errors); i++)
-        ck_assert_msg(check_rule_find("engine 0.1", engine_errors[i]),
-                      "%s", engine_errors[i]);
+        ck_assert_msg(check_rule_find("engine 0.1", engine_errors[i]), "%s",
+                      engine_errors[i]);
     static const char *const engine_activity[] = {
-        "requests_added", "requests_finished", "requests_aborted",
-        "requests_running", "requests_waiting", "steps", "preemptions",
-        "prompt_tokens", "generated_tokens", "computed_tokens",
-        "prefix_queries", "prefix_hits", "batches", "events",
-        "blocks_stored", "blocks_removed", "cleared", "used_blocks",
-        "published_batches", "published_bytes", "replay_requests",
-        "replay_batches", "replay_buffered", "record_errors",
-        "resident_blocks", "free_blocks", "last_seq"};
+        "requests_added",    "requests_finished",
+        "requests_aborted",  "requests_running",
+        "requests_waiting",  "steps",
+        "preemptions",       "prompt_tokens",
+        "generated_tokens",  "computed_tokens",
+        "prefix_queries",    "prefix_hits",
+        "batches",           "events",
+        "blocks_stored",     "blocks_removed",
+        "cleared",           "used_blocks",
+        "published_batches", "published_bytes",
+        "replay_requests",   "replay_batches",
+        "replay_buffered",   "record_errors",
+        "resident_blocks",   "free_blocks",
+        "last_seq"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(engine_activity); i++)
-        ck_assert_msg(!check_rule_find("engine 0.1", engine_activity[i]),
-                      "%s", engine_activity[i]);
+        ck_assert_msg(!check_rule_find("engine 0.1", engine_activity[i]), "%s",
+                      engine_activity[i]);
     ck_assert_ptr_null(check_rule_find("decode engine 1.0", "render_errors"));
 }
 END_TEST
@@ -382,9 +386,14 @@ static check_result *three_prompts(bool diverge_at_2) {
     for (uint64_t id = 0; id < 3; id++) {
         uint32_t score = id == 2 && diverge_at_2 ? 1 : 2;
         int32_t probe = 2;
-        check_obs o = {.id = id, .prompt_tokens = 100, .block_size = 16,
-                       .n_slots = 1, .dp_size = 1, .chosen = 0,
-                       .index_scores = &score, .probe_hits = &probe,
+        check_obs o = {.id = id,
+                       .prompt_tokens = 100,
+                       .block_size = 16,
+                       .n_slots = 1,
+                       .dp_size = 1,
+                       .chosen = 0,
+                       .index_scores = &score,
+                       .probe_hits = &probe,
                        .cached_tokens = 32};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
@@ -479,8 +488,9 @@ START_TEST(an_oversize_batch_is_named_before_what_it_causes) {
     check_verdict_decide(r, &r->verdict);
     ck_assert(!r->verdict.pass);
     ck_assert_int_eq(r->verdict.reason, CHECK_REASON_SEQ_GAP);
-    ck_assert_msg(strstr(r->verdict.cause, "relay 0.0 kvo_relay_oversize_total"
-                                           " = 2, first seen before prompt 1") &&
+    ck_assert_msg(strstr(r->verdict.cause,
+                         "relay 0.0 kvo_relay_oversize_total"
+                         " = 2, first seen before prompt 1") &&
                       strstr(r->verdict.cause, "--zmq-max-msg-bytes"),
                   "%s", r->verdict.cause);
     check_counters_fini(&c);
@@ -513,8 +523,10 @@ END_TEST
  * recovery that failed is not. */
 START_TEST(a_recovery_without_an_injected_fault_fails_the_run) {
     static const char *const clean_only[] = {
-        "kvo_indexer_recoveries_dump_total", "kvo_indexer_recoveries_events_total",
-        "kvo_indexer_recovery_requests_total", "kvo_indexer_gaps_total",
+        "kvo_indexer_recoveries_dump_total",
+        "kvo_indexer_recoveries_events_total",
+        "kvo_indexer_recovery_requests_total",
+        "kvo_indexer_gaps_total",
         "kvo_indexer_impossible_sequences_total",
         "kvo_indexer_live_held_dropped_total"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(clean_only); i++) {
@@ -551,7 +563,8 @@ START_TEST(a_recovery_without_an_injected_fault_fails_the_run) {
     check_counters_fini(&c);
     check_result_free(r);
     /* recovery activity that is no recovery stays free */
-    ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_announces_total"));
+    ck_assert_ptr_null(
+        check_rule_find("indexer", "kvo_indexer_announces_total"));
     ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_relays"));
     ck_assert_ptr_null(check_rule_find("indexer", "kvo_indexer_recovering"));
 }
@@ -612,13 +625,17 @@ START_TEST(the_fault_plan_is_seeded_and_covers_every_kind_each_round) {
 END_TEST
 
 START_TEST(a_fault_reports_its_recovery_as_counter_deltas) {
-    check_fault f = {.at = 60, .kind = CHECK_FAULT_INDEXER, .done = true,
-                     .down_ms = 412, .heal_ms = -1};
+    check_fault f = {.at = 60,
+                     .kind = CHECK_FAULT_INDEXER,
+                     .done = true,
+                     .down_ms = 412,
+                     .heal_ms = -1};
     snprintf(f.target, sizeof(f.target), "kvo-indexer");
     check_counters before, after;
     check_counters_init(&before);
     check_counters_init(&after);
-    check_counters_set(&before, "indexer", "kvo_indexer_dumps_applied_total", 3);
+    check_counters_set(&before, "indexer", "kvo_indexer_dumps_applied_total",
+                       3);
     check_counters_set(&after, "indexer", "kvo_indexer_dumps_applied_total", 5);
     check_counters_set(&after, "indexer",
                        "kvo_indexer_dump_blocks_applied_total", 3120);
@@ -683,9 +700,14 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
      * index but the engine evicted them */
     uint32_t score = 2;
     int32_t probe = 0;
-    check_obs o = {.id = 1, .prompt_tokens = 100, .block_size = 16,
-                   .n_slots = 1, .dp_size = 1, .chosen = 0,
-                   .index_scores = &score, .probe_hits = &probe,
+    check_obs o = {.id = 1,
+                   .prompt_tokens = 100,
+                   .block_size = 16,
+                   .n_slots = 1,
+                   .dp_size = 1,
+                   .chosen = 0,
+                   .index_scores = &score,
+                   .probe_hits = &probe,
                    .cached_tokens = 32};
     ck_assert_int_eq(check_result_add_sweep(r, &o, NULL), KVO_EINVAL);
     o.cached_tokens = -1; /* a sweep sends no request */
@@ -702,9 +724,14 @@ START_TEST(a_stale_block_found_by_the_sweep_fails_the_run_last) {
     /* a divergence during the run comes first */
     uint32_t bad = 0;
     int32_t two = 2;
-    check_obs o2 = {.id = 3, .prompt_tokens = 100, .block_size = 16,
-                    .n_slots = 1, .dp_size = 1, .chosen = 0,
-                    .index_scores = &bad, .probe_hits = &two,
+    check_obs o2 = {.id = 3,
+                    .prompt_tokens = 100,
+                    .block_size = 16,
+                    .n_slots = 1,
+                    .dp_size = 1,
+                    .chosen = 0,
+                    .index_scores = &bad,
+                    .probe_hits = &two,
                     .cached_tokens = 32};
     ck_assert_int_eq(check_result_add(r, &o2, NULL), KVO_OK);
     check_verdict_decide(r, &r->verdict);
@@ -788,13 +815,14 @@ Suite *suite_core(void) {
     tcase_add_test(tc, index_score_is_capped_like_the_engine_before_comparing);
     tcase_add_test(tc,
                    index_behind_engine_is_a_missed_store_at_the_index_depth);
-    tcase_add_test(tc,
-                   index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block);
+    tcase_add_test(
+        tc, index_ahead_of_engine_on_an_unchosen_worker_is_a_stale_block);
     tcase_add_test(tc, blocks_on_the_sibling_rank_are_a_wrong_rank);
     tcase_add_test(tc, a_rank_the_index_never_scored_is_a_wrong_rank);
     tcase_add_test(tc, a_rule_counter_that_moved_names_the_reason);
     tcase_add_test(
-        tc, probe_disagreeing_with_the_response_is_the_engine_contradicting_itself);
+        tc,
+        probe_disagreeing_with_the_response_is_the_engine_contradicting_itself);
     tcase_add_test(tc,
                    unprobed_slots_are_not_compared_and_response_alone_is_truth);
     tcase_add_test(tc, first_divergent_block_is_the_shallowest_over_all_slots);
@@ -813,7 +841,8 @@ Suite *suite_core(void) {
     tcase_add_test(tc, counters_tripped_at_the_end_still_fail_the_run);
     tcase_add_test(tc, an_engine_error_counter_that_moved_fails_the_run);
     tcase_add_test(tc, a_recovery_without_an_injected_fault_fails_the_run);
-    tcase_add_test(tc, the_fault_plan_is_seeded_and_covers_every_kind_each_round);
+    tcase_add_test(tc,
+                   the_fault_plan_is_seeded_and_covers_every_kind_each_round);
     tcase_add_test(tc, a_fault_reports_its_recovery_as_counter_deltas);
     tcase_add_test(tc, a_stale_block_found_by_the_sweep_fails_the_run_last);
     tcase_add_test(tc, totals_and_worst_prompts);

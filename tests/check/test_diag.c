@@ -12,15 +12,20 @@ Suite *suite_diag(void);
 /* Engine block k: hash 100 + k under 100 + k - 1 (block 0 under the root),
  * cached, tokens_hash 500 + k. */
 static check_chain_block eb(uint32_t k) {
-    return (check_chain_block){.hash = 100 + k, .parent = 99 + k,
-                               .has_parent = k > 0, .cached = true,
-                               .copies = 1, .tokens_hash = 500 + k};
+    return (check_chain_block){.hash = 100 + k,
+                               .parent = 99 + k,
+                               .has_parent = k > 0,
+                               .cached = true,
+                               .copies = 1,
+                               .tokens_hash = 500 + k};
 }
 
 /* The index holds engine block k exactly as the engine does. */
 static check_lookup held_as(uint32_t k) {
-    return (check_lookup){.held = true, .has_parent = k > 0,
-                          .parent = 99 + k, .tokens_hash = 500 + k};
+    return (check_lookup){.held = true,
+                          .has_parent = k > 0,
+                          .parent = 99 + k,
+                          .tokens_hash = 500 + k};
 }
 
 static check_diag diag1(const check_chain_block *b, const check_lookup *l,
@@ -77,7 +82,8 @@ START_TEST(a_block_nobody_holds_is_a_missed_store) {
     l.holder_cached[0] = true;
     d = diag1(&b, &l, true);
     ck_assert_int_eq(d.reason, CHECK_REASON_MISSED_STORE);
-    ck_assert_ptr_nonnull(strstr(d.evidence, "worker 2 rank 0 (its engine too)"));
+    ck_assert_ptr_nonnull(
+        strstr(d.evidence, "worker 2 rank 0 (its engine too)"));
 }
 END_TEST
 
@@ -86,8 +92,8 @@ START_TEST(a_block_credited_to_a_slot_whose_engine_lacks_it_is_misplaced) {
      * block 4 only this rank's engine holds, and the index credits it to
      * rank 0 of the same worker */
     check_chain_block b[2] = {eb(3), eb(4)};
-    check_lookup l[2] = {{.others = 1, .n_holders = 1}, {.others = 1,
-                                                         .n_holders = 1}};
+    check_lookup l[2] = {{.others = 1, .n_holders = 1},
+                         {.others = 1, .n_holders = 1}};
     l[0].holders[0] = l[1].holders[0] = (check_slot_info){0, 0};
     l[0].holder_cached[0] = true;
     check_diag d;
@@ -214,8 +220,8 @@ Suite *suite_diag(void) {
     tcase_add_test(tc, a_block_held_under_another_parent_is_a_wrong_parent);
     tcase_add_test(tc, a_block_held_with_other_tokens_is_a_token_mismatch);
     tcase_add_test(tc, a_block_nobody_holds_is_a_missed_store);
-    tcase_add_test(tc,
-                   a_block_credited_to_a_slot_whose_engine_lacks_it_is_misplaced);
+    tcase_add_test(
+        tc, a_block_credited_to_a_slot_whose_engine_lacks_it_is_misplaced);
     tcase_add_test(tc, an_index_ahead_holding_the_block_is_a_stale_block);
     tcase_add_test(tc, rank_sets_show_stores_credited_to_a_sibling);
     tcase_add_test(tc, evidence_names_the_class_unless_a_counter_already_does);

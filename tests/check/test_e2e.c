@@ -61,10 +61,11 @@ START_TEST(the_quick_start_run_passes_with_evictions_and_renders) {
      * routing under load */
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "250" : "1000";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "4", "--block-size", "16",
-                          "--num-gpu-blocks", "32768", "--load", "--speedup",
-                          "0", "--policy", "dynamo", NULL};
+    const char *args[] = {
+        "--spawn",   "--trace", trace,          "--limit", limit,
+        "--workers", "4",       "--block-size", "16",      "--num-gpu-blocks",
+        "32768",     "--load",  "--speedup",    "0",       "--policy",
+        "dynamo",    NULL};
     tc_run r;
     tc_check(&r, "quick", args, 900);
     assert_pass(&r, (size_t)atoi(limit));
@@ -74,7 +75,8 @@ START_TEST(the_quick_start_run_passes_with_evictions_and_renders) {
     /* the cache really evicted, and the index followed */
     double removed = tc_counter(&r, "engine ", "blocks_removed");
     ck_assert_msg(removed > 1000, "only %.0f evictions", removed);
-    ck_assert_msg(tc_counter(&r, "relay", "removes_forwarded") > 0, "no "
+    ck_assert_msg(tc_counter(&r, "relay", "removes_forwarded") > 0,
+                  "no "
                   "remove reached the index");
     /* the cache served something, and every checkpoint was exact */
     double hit = json_object_get_double(
@@ -133,8 +135,8 @@ START_TEST(a_measured_prompt_goes_from_miss_to_hit_to_evicted) {
         "\"hash_ids\":[9001,9002]}", /* P after its eviction */
         NULL};
     char *trace = write_trace(dir, lines);
-    const char *args[] = {"--spawn", "--trace", trace, "--workers", "1",
-                          "--num-gpu-blocks", "200", NULL};
+    const char *args[] = {"--spawn", "--trace",          trace, "--workers",
+                          "1",       "--num-gpu-blocks", "200", NULL};
     tc_run r;
     tc_check(&r, "measured", args, 300);
     assert_pass(&r, 7);
@@ -161,9 +163,13 @@ END_TEST
 START_TEST(disaggregated_prefill_publishes_and_decode_does_not) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "40" : "150";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--decode-workers", "2",
-                          "--num-gpu-blocks", "8192", "--policy", "kv", NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--decode-workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--policy",
+                          "kv",      NULL};
     tc_run r;
     tc_check(&r, "disagg", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -185,18 +191,18 @@ END_TEST
 START_TEST(dp_size_2_ranks_are_checked_separately) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "60" : "200";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--dp-size", "2",
-                          "--num-gpu-blocks", "8192", NULL};
+    const char *args[] = {"--spawn", "--trace",          trace,  "--limit",
+                          limit,     "--workers",        "2",    "--dp-size",
+                          "2",       "--num-gpu-blocks", "8192", NULL};
     tc_run r;
     tc_check(&r, "dp2", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
     json_object *l3 = tc_line(&r, 3); /* request 3 -> worker 1 rank 1 */
     ck_assert_int_eq(tc_int(l3, "worker"), 1);
     ck_assert_int_eq(tc_int(l3, "dp_rank"), 1);
-    ck_assert_uint_eq(json_object_array_length(
-                          json_object_object_get(l3, "index_scores")),
-                      4);
+    ck_assert_uint_eq(
+        json_object_array_length(json_object_object_get(l3, "index_scores")),
+        4);
     /* both ranks of both workers published */
     for (int w = 0; w < 2; w++)
         for (int k = 0; k < 2; k++) {
@@ -214,9 +220,10 @@ START_TEST(token_id_prompts_agree_with_the_trace_extension) {
     /* the engine gets the prompt as token ids (as a real vLLM would) and is
      * probed with token_ids: the same tokens, the same verdict */
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "25",
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--prompt-form", "tokens", NULL};
+    const char *args[] = {
+        "--spawn", "--trace",       trace,    "--limit",
+        "25",      "--workers",     "2",      "--num-gpu-blocks",
+        "8192",    "--prompt-form", "tokens", NULL};
     tc_run r;
     tc_check(&r, "tokens", args, 300);
     assert_pass(&r, 25);
@@ -242,8 +249,8 @@ static int64_t traffic(const tc_run *r, const char *name) {
 static int64_t engine_hits(const tc_run *r) {
     int64_t sum = 0;
     for (size_t i = 0; i < json_object_array_length(r->lines); i++)
-        sum += tc_int(json_object_array_get_idx(r->lines, i),
-                      "engine_hit_blocks");
+        sum +=
+            tc_int(json_object_array_get_idx(r->lines, i), "engine_hit_blocks");
     return sum;
 }
 
@@ -255,11 +262,17 @@ START_TEST(lora_tenants_and_images_together_pass) {
      * relays verify every engine hash */
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "60" : "120";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--lora-adapters", "2", "--lora-fraction", "0.5",
-                          "--salt-tenants", "3", "--mm-fraction", "0.5",
-                          "--verify-engine-hash", "--seed", "7", NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--lora-adapters",
+                          "2",       "--lora-fraction",
+                          "0.5",     "--salt-tenants",
+                          "3",       "--mm-fraction",
+                          "0.5",     "--verify-engine-hash",
+                          "--seed",  "7",
+                          NULL};
     tc_run r;
     tc_check(&r, "keys", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -268,9 +281,9 @@ START_TEST(lora_tenants_and_images_together_pass) {
     ck_assert_int_gt(traffic(&r, "lora"), n / 4);
     ck_assert_int_lt(traffic(&r, "lora"), n * 3 / 4);
     ck_assert_int_gt(traffic(&r, "mm"), n / 4);
-    ck_assert_msg(strstr(summary_str(&r, "config"),
-                         "lora=2@0.5 salt_tenants=3 mm=0.5"),
-                  "%s", summary_str(&r, "config"));
+    ck_assert_msg(
+        strstr(summary_str(&r, "config"), "lora=2@0.5 salt_tenants=3 mm=0.5"),
+        "%s", summary_str(&r, "config"));
     ck_assert_int_gt(engine_hits(&r), 0);
     ck_assert(tc_counter(&r, "relay 0.0", "hash_verified") > 0);
     tc_free(&r, false);
@@ -280,11 +293,26 @@ END_TEST
 
 START_TEST(keyed_traffic_under_load_passes_its_checkpoints) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--load", "--trace", trace, "--limit",
-                          TC_SANITIZED ? "40" : "80", "--workers", "2",
-                          "--num-gpu-blocks", "8192", "--checkpoint-every",
-                          "20", "--lora-adapters", "3", "--lora-fraction",
-                          "0.3", "--salt-tenants", "2", "--mm-fraction", "0.3",
+    const char *args[] = {"--spawn",
+                          "--load",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          TC_SANITIZED ? "40" : "80",
+                          "--workers",
+                          "2",
+                          "--num-gpu-blocks",
+                          "8192",
+                          "--checkpoint-every",
+                          "20",
+                          "--lora-adapters",
+                          "3",
+                          "--lora-fraction",
+                          "0.3",
+                          "--salt-tenants",
+                          "2",
+                          "--mm-fraction",
+                          "0.3",
                           NULL};
     tc_run r;
     tc_check(&r, "keys-load", args, 600);
@@ -302,9 +330,9 @@ START_TEST(a_reset_of_idle_engines_reaches_the_index) {
     /* before request 30 every engine drops its cache; the checkpoint right
      * after must find the index empty too, and later prompts start cold */
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "60",
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--reset-at", "30", NULL};
+    const char *args[] = {"--spawn", "--trace",    trace, "--limit",
+                          "60",      "--workers",  "2",   "--num-gpu-blocks",
+                          "8192",    "--reset-at", "30",  NULL};
     tc_run r;
     tc_check(&r, "reset", args, 600);
     assert_pass(&r, 60);
@@ -320,9 +348,12 @@ START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
     const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--relay-restart-at", at, NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--relay-restart-at",
+                          at,        NULL};
     tc_run r;
     tc_check(&r, "restart", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -357,9 +388,12 @@ START_TEST(an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
     const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--indexer-restart-at", at, NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--indexer-restart-at",
+                          at,        NULL};
     tc_run r;
     tc_check(&r, "idx-restart", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -380,9 +414,12 @@ END_TEST
 START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "40" : "100";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--engine-restart-at", "20", NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--engine-restart-at",
+                          "20",      NULL};
     tc_run r;
     tc_check(&r, "engine-restart", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -393,8 +430,8 @@ START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
     ck_assert_int_eq(tc_int(p, "worker"), 0);
     ck_assert_int_eq(tc_int(p, "engine_hit_blocks"), 0);
     json_object *scores = json_object_object_get(p, "index_scores");
-    ck_assert_int_eq(json_object_get_int64(json_object_array_get_idx(scores, 0)),
-                     0);
+    ck_assert_int_eq(
+        json_object_get_int64(json_object_array_get_idx(scores, 0)), 0);
     ck_assert(tc_counter(&r, "relay 0.0", "kvo_relay_restarts") >= 1);
     ck_assert(tc_counter(&r, "engine 0.0 #", "blocks_stored") > 0);
     tc_free(&r, false);
@@ -406,9 +443,13 @@ START_TEST(a_nats_server_killed_mid_run_is_survived_exactly) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
     const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--nats-kill-at", at, "--nats-down-ms", "300", NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          limit,     "--workers",
+                          "2",       "--num-gpu-blocks",
+                          "8192",    "--nats-kill-at",
+                          at,        "--nats-down-ms",
+                          "300",     NULL};
     tc_run r;
     tc_check(&r, "nats-kill", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -428,10 +469,11 @@ START_TEST(a_cluster_node_killed_mid_run_is_survived_exactly) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "50" : "120";
     const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--nats-cluster", "3", "--nats-kill-at", at,
-                          "--nats-kill-node", "relay", NULL};
+    const char *args[] = {
+        "--spawn", "--trace",          trace,   "--limit",
+        limit,     "--workers",        "2",     "--num-gpu-blocks",
+        "8192",    "--nats-cluster",   "3",     "--nats-kill-at",
+        at,        "--nats-kill-node", "relay", NULL};
     tc_run r;
     tc_check(&r, "nats-cluster", args, 600);
     assert_pass(&r, (size_t)atoi(limit));
@@ -457,9 +499,10 @@ START_TEST(a_chaos_run_with_every_kind_of_fault_passes) {
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "90" : "300";
     const char *every = TC_SANITIZED ? "20" : "50";
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", limit,
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--chaos", "12", "--chaos-every", every, NULL};
+    const char *args[] = {"--spawn", "--trace",   trace, "--limit",
+                          limit,     "--workers", "2",   "--num-gpu-blocks",
+                          "8192",    "--chaos",   "12",  "--chaos-every",
+                          every,     NULL};
     tc_run r;
     tc_check(&r, "chaos", args, 900);
     assert_pass(&r, (size_t)atoi(limit));
@@ -469,7 +512,8 @@ START_TEST(a_chaos_run_with_every_kind_of_fault_passes) {
     bool relay = false, indexer = false, nats = false;
     for (size_t i = 0; i < n; i++) {
         json_object *f = json_object_array_get_idx(fs, i);
-        const char *k = json_object_get_string(json_object_object_get(f, "kind"));
+        const char *k =
+            json_object_get_string(json_object_object_get(f, "kind"));
         relay |= strcmp(k, "relay") == 0;
         indexer |= strcmp(k, "indexer") == 0;
         nats |= strcmp(k, "nats") == 0;
@@ -485,10 +529,11 @@ END_TEST
  * mutant still fails under chaos. */
 START_TEST(a_killed_mutant_under_chaos_still_fails) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "120",
-                          "--workers", "2", "--num-gpu-blocks", "8192",
-                          "--mutate", "drop-store", "--chaos", "3",
-                          "--chaos-every", "30", NULL};
+    const char *args[] = {
+        "--spawn", "--trace",       trace,        "--limit",
+        "120",     "--workers",     "2",          "--num-gpu-blocks",
+        "8192",    "--mutate",      "drop-store", "--chaos",
+        "3",       "--chaos-every", "30",         NULL};
     tc_run r;
     tc_check(&r, "chaos-mutant", args, 600);
     assert_fail(&r, NULL);
@@ -502,8 +547,9 @@ END_TEST
 
 START_TEST(a_dropped_batch_is_recovered_by_replay) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "20",
-                          "--workers", "1", "--drop-seq", "3", NULL};
+    const char *args[] = {"--spawn", "--trace",   trace, "--limit",
+                          "20",      "--workers", "1",   "--drop-seq",
+                          "3",       NULL};
     tc_run r;
     tc_check(&r, "drop-replay", args, 300);
     assert_pass(&r, 20);
@@ -516,9 +562,9 @@ END_TEST
 
 START_TEST(a_dropped_batch_without_replay_fails_as_a_seq_gap) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "20",
-                          "--workers", "1", "--drop-seq", "3", "--no-replay",
-                          NULL};
+    const char *args[] = {"--spawn", "--trace",     trace, "--limit",
+                          "20",      "--workers",   "1",   "--drop-seq",
+                          "3",       "--no-replay", NULL};
     tc_run r;
     tc_check(&r, "drop-noreplay", args, 300);
     assert_fail(&r, "seq gap:");
@@ -538,9 +584,12 @@ END_TEST
  * checkpoint's block sets must, naming the stale block. */
 START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit", "30",
-                          "--workers", "1", "--extra-block-seq", "3",
-                          "--checkpoint-every", "10", NULL};
+    const char *args[] = {"--spawn", "--trace",
+                          trace,     "--limit",
+                          "30",      "--workers",
+                          "1",       "--extra-block-seq",
+                          "3",       "--checkpoint-every",
+                          "10",      NULL};
     tc_run r;
     tc_check(&r, "extra-block", args, 300);
     assert_fail(&r, "stale block:");
@@ -549,9 +598,9 @@ START_TEST(a_block_the_engine_never_stored_fails_at_a_checkpoint) {
                       strstr(summary_str(&r, "cause"),
                              "1 block in the index but not the engine"),
                   "cause: %s", summary_str(&r, "cause"));
-    ck_assert_msg(strcmp(summary_str(&r, "caught_at"),
-                         "checkpoint 1: block sets") == 0,
-                  "caught at: %s", summary_str(&r, "caught_at"));
+    ck_assert_msg(
+        strcmp(summary_str(&r, "caught_at"), "checkpoint 1: block sets") == 0,
+        "caught at: %s", summary_str(&r, "caught_at"));
     ck_assert_int_eq(tc_int(r.summary, "divergent_prompts"), 0);
     tc_free(&r, false);
     kvo_free(trace);
@@ -564,10 +613,18 @@ END_TEST
  * "missed store" its direction alone suggests. */
 START_TEST(divergences_are_classified_from_the_evidence) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit",
-                          TC_SANITIZED ? "60" : "100", "--workers", "4",
-                          "--num-gpu-blocks", "8192", "--mutate",
-                          "wrong-parent", NULL};
+    const char *args[] = {"--spawn",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          TC_SANITIZED ? "60" : "100",
+                          "--workers",
+                          "4",
+                          "--num-gpu-blocks",
+                          "8192",
+                          "--mutate",
+                          "wrong-parent",
+                          NULL};
     tc_run r;
     tc_check(&r, "diagnosis", args, 600);
     assert_fail(&r, "wrong parent:");
@@ -619,11 +676,13 @@ static void assert_row_tells(const char *out, const check_mutant *m,
     size_t len = eol ? (size_t)(eol - at) : strlen(at);
     if (m->incident) {
         snprintf(tail, sizeof(tail), "[%s]", m->incident);
-        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len, at);
+        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
+                      at);
     }
     if (check_mutant_scenario(m, load, opts, sizeof(opts)) && opts[0]) {
         snprintf(tail, sizeof(tail), "{%s}", opts);
-        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len, at);
+        ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
+                      at);
     }
 }
 
@@ -667,8 +726,9 @@ static char *write_crowd_trace(const char *dir, int n) {
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     for (int i = 0; i < n; i++)
-        fprintf(f, "{\"timestamp\":%d,\"input_length\":512,"
-                   "\"output_length\":512,\"hash_ids\":[%d]}\n",
+        fprintf(f,
+                "{\"timestamp\":%d,\"input_length\":512,"
+                "\"output_length\":512,\"hash_ids\":[%d]}\n",
                 i * 50, 9000 + i % 10);
     fclose(f);
     return path;
@@ -682,11 +742,25 @@ START_TEST(a_closed_loop_load_run_batches_preempts_and_passes) {
      * takes to send eight) */
     char *dir = kt_tmpdir("crowd");
     char *trace = write_crowd_trace(dir, 24);
-    const char *args[] = {"--spawn", "--trace", trace, "--workers", "1",
-                          "--num-gpu-blocks", "150", "--load",
-                          "--concurrency", "8", "--speedup", "20",
-                          "--policy", "dynamo", "--checkpoint-every", "8",
-                          "--checkpoint-sweep", "3", NULL};
+    const char *args[] = {"--spawn",
+                          "--trace",
+                          trace,
+                          "--workers",
+                          "1",
+                          "--num-gpu-blocks",
+                          "150",
+                          "--load",
+                          "--concurrency",
+                          "8",
+                          "--speedup",
+                          "20",
+                          "--policy",
+                          "dynamo",
+                          "--checkpoint-every",
+                          "8",
+                          "--checkpoint-sweep",
+                          "3",
+                          NULL};
     tc_run r;
     tc_check(&r, "crowd", args, 600);
     assert_pass(&r, 24);
@@ -728,10 +802,22 @@ END_TEST
  * starting with one of the '|'-separated prefixes (none: any cause). */
 static void load_mutant_fails(const char *mutant, const char *causes) {
     char *trace = trace1000();
-    const char *args[] = {"--spawn", "--trace", trace, "--limit",
-                          TC_SANITIZED ? "60" : "150", "--workers", "2",
-                          "--num-gpu-blocks", "8192", "--load", "--speedup",
-                          "0", "--checkpoint-every", "50", "--mutate", mutant,
+    const char *args[] = {"--spawn",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          TC_SANITIZED ? "60" : "150",
+                          "--workers",
+                          "2",
+                          "--num-gpu-blocks",
+                          "8192",
+                          "--load",
+                          "--speedup",
+                          "0",
+                          "--checkpoint-every",
+                          "50",
+                          "--mutate",
+                          mutant,
                           NULL};
     tc_run r;
     tc_check(&r, mutant, args, 600);
@@ -775,9 +861,11 @@ START_TEST(an_engine_dying_under_load_ends_the_run_naming_it) {
     snprintf(logs, sizeof(logs), "%s/logs", dir);
     snprintf(json, sizeof(json), "%s/report.jsonl", dir);
     char *exe = kt_bin_path("kvo-check");
-    char *argv[] = {exe, "--spawn", "--trace", trace, "--workers", "2",
-                    "--num-gpu-blocks", "8192", "--load", "--speedup", "1",
-                    "--report-json", json, "--log-dir", logs, NULL};
+    char *argv[] = {
+        exe, "--spawn",          "--trace", trace,       "--workers",
+        "2", "--num-gpu-blocks", "8192",    "--load",    "--speedup",
+        "1", "--report-json",    json,      "--log-dir", logs,
+        NULL};
     kvo_proc p;
     memset(&p, 0, sizeof(p));
     ck_assert_int_eq(kvo_proc_spawn(&p, "kvo-check", argv, out), KVO_OK);
@@ -807,16 +895,17 @@ START_TEST(an_engine_dying_under_load_ends_the_run_naming_it) {
     }
     char *text = tc_slurp(out);
     ck_assert_msg(p.exit_status == 1, "exit %d:\n%s", p.exit_status, text);
-    ck_assert_msg(strstr(text, "kvo-check: FAIL: ") &&
-                      (strstr(text, "kvo-mocker[") ||
-                       strstr(text, "/v1/completions")),
-                  "%s", text);
+    ck_assert_msg(
+        strstr(text, "kvo-check: FAIL: ") &&
+            (strstr(text, "kvo-mocker[") || strstr(text, "/v1/completions")),
+        "%s", text);
     kvo_free(text);
     kvo_free(exe);
     kvo_free(trace);
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) { /* a leftover temp dir only */ }
+    if (system(cmd) != 0) { /* a leftover temp dir only */
+    }
     kvo_free(dir);
 }
 END_TEST
@@ -825,9 +914,15 @@ START_TEST(mutants_under_load_are_caught_at_a_checkpoint) {
     /* the matrix in load mode: every killed mutant killed at a checkpoint
      * (by its block sets, its counters or its sweep), the benign pass */
     char *trace = trace1000();
-    const char *args[] = {"mutants", "--load", "--trace", trace, "--limit",
-                          TC_SANITIZED ? "60" : "120", "--checkpoint-every",
-                          TC_SANITIZED ? "20" : "40", NULL};
+    const char *args[] = {"mutants",
+                          "--load",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          TC_SANITIZED ? "60" : "120",
+                          "--checkpoint-every",
+                          TC_SANITIZED ? "20" : "40",
+                          NULL};
     tc_run r;
     tc_check(&r, "mutants-load", args, 1500);
     char *out = tc_slurp(r.log);
@@ -865,9 +960,17 @@ static char *start_mocker(kt_proc *m, const char *blocks) {
     ck_assert_int_eq(kvo_free_port(&port), KVO_OK);
     char ps[16], url[96];
     snprintf(ps, sizeof(ps), "%u", port);
-    const char *args[] = {"--port", ps, "--zmq-port", "0", "--replay-port",
-                          "0", "--num-gpu-blocks", blocks, "--log-level",
-                          "warn", NULL};
+    const char *args[] = {"--port",
+                          ps,
+                          "--zmq-port",
+                          "0",
+                          "--replay-port",
+                          "0",
+                          "--num-gpu-blocks",
+                          blocks,
+                          "--log-level",
+                          "warn",
+                          NULL};
     kt_proc_start(m, "kvo-mocker", args);
     snprintf(url, sizeof(url), "http://127.0.0.1:%u/health", port);
     kt_proc_wait_http(m, url, 20000);
@@ -883,8 +986,9 @@ START_TEST(running_mockers_are_checked_with_exact_watermarks) {
     char engines[256];
     snprintf(engines, sizeof(engines), "%s,%s", u0, u1);
     char *trace = trace1000();
-    const char *args[] = {"--engines", engines, "--trace", trace, "--limit",
-                          TC_SANITIZED ? "20" : "60", NULL};
+    const char *args[] = {"--engines", engines,   "--trace",
+                          trace,       "--limit", TC_SANITIZED ? "20" : "60",
+                          NULL};
     tc_run r;
     tc_check(&r, "attach", args, 600);
     assert_pass(&r, TC_SANITIZED ? 20 : 60);
@@ -957,8 +1061,8 @@ START_TEST(an_engine_error_counter_fails_an_otherwise_clean_run) {
     zmq_ctx_term(ctx);
 
     char *trace = trace1000();
-    const char *args[] = {"--engines", engine, "--trace", trace, "--limit",
-                          "5", NULL};
+    const char *args[] = {"--engines", engine, "--trace", trace,
+                          "--limit",   "5",    NULL};
     tc_run r;
     tc_check(&r, "engine-error", args, 300);
     assert_fail(&r, "engine error: engine 0.0 replay_bad_requests = 1,");
@@ -990,16 +1094,18 @@ START_TEST(an_external_pipeline_is_checked_after_a_quiet_period) {
     ck_assert_int_eq(kvo_free_port(&rp), KVO_OK);
     char rhost[32], rurl[96];
     snprintf(rhost, sizeof(rhost), "127.0.0.1:%u", rp);
-    const char *rargs[] = {"--discover", engine, "--nats", nats.url,
-                           "--worker-id", "0", "--replay-from", "0",
-                           "--metrics-listen", rhost, NULL};
+    const char *rargs[] = {"--discover",    engine,        "--nats",
+                           nats.url,        "--worker-id", "0",
+                           "--replay-from", "0",           "--metrics-listen",
+                           rhost,           NULL};
     kt_proc_start(&relay, "kvo-relay", rargs);
     snprintf(rurl, sizeof(rurl), "http://%s/health", rhost);
     kt_proc_wait_http(&relay, rurl, 20000);
     char *trace = trace1000();
-    const char *args[] = {"--engines", engine, "--indexer", iurl, "--nats",
-                          nats.url, "--no-relays", "--settle-ms", "200",
-                          "--trace", trace, "--limit", "12", NULL};
+    const char *args[] = {"--engines", engine,    "--indexer",   iurl,
+                          "--nats",    nats.url,  "--no-relays", "--settle-ms",
+                          "200",       "--trace", trace,         "--limit",
+                          "12",        NULL};
     tc_run r;
     tc_check(&r, "external", args, 600);
     assert_pass(&r, 12);
@@ -1064,8 +1170,10 @@ START_TEST(ctrl_c_stops_every_process_it_started) {
     char *exe = kt_bin_path("kvo-check");
     char logs[600];
     snprintf(logs, sizeof(logs), "%s/logs", dir); /* kept: interrupted */
-    char *argv[] = {exe, "--spawn", "--trace", trace, "--workers", "2",
-                    "--num-gpu-blocks", "8192", "--log-dir", logs, NULL};
+    char *argv[] = {
+        exe, "--spawn",          "--trace", trace,       "--workers",
+        "2", "--num-gpu-blocks", "8192",    "--log-dir", logs,
+        NULL};
     kvo_proc p;
     memset(&p, 0, sizeof(p));
     ck_assert_int_eq(kvo_proc_spawn(&p, "kvo-check", argv, log), KVO_OK);
@@ -1101,7 +1209,8 @@ START_TEST(ctrl_c_stops_every_process_it_started) {
     kvo_free(trace);
     char cmd[700];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0) { /* a leftover temp dir only */ }
+    if (system(cmd) != 0) { /* a leftover temp dir only */
+    }
     kvo_free(dir);
 }
 END_TEST
@@ -1126,8 +1235,8 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     /* a prompt longer than the spawned engines can hold: said before
      * anything starts, not as an HTTP 400 in the middle of the run */
     char *trace = trace1000();
-    const char *small[] = {"--spawn", "--trace", trace, "--limit", "20",
-                           "--num-gpu-blocks", "1000", NULL};
+    const char *small[] = {"--spawn", "--trace",          trace,  "--limit",
+                           "20",      "--num-gpu-blocks", "1000", NULL};
     tc_check(&r, "usage", small, 60);
     ck_assert_int_eq(r.exit_code, 2);
     out = tc_slurp(r.log);
@@ -1183,9 +1292,12 @@ Suite *suite_e2e(void) {
     tcase_add_test(tc, disaggregated_prefill_publishes_and_decode_does_not);
     tcase_add_test(tc, dp_size_2_ranks_are_checked_separately);
     tcase_add_test(tc, token_id_prompts_agree_with_the_trace_extension);
-    tcase_add_test(tc, a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
-    tcase_add_test(tc, an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes);
-    tcase_add_test(tc, an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes);
+    tcase_add_test(tc,
+                   a_relay_killed_mid_trace_is_replaced_and_the_check_passes);
+    tcase_add_test(tc,
+                   an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes);
+    tcase_add_test(
+        tc, an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes);
     tcase_add_test(tc, a_nats_server_killed_mid_run_is_survived_exactly);
     tcase_add_test(tc, a_cluster_node_killed_mid_run_is_survived_exactly);
     tcase_add_test(tc, a_chaos_run_with_every_kind_of_fault_passes);
@@ -1211,8 +1323,8 @@ Suite *suite_e2e(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("mutants");
     tcase_set_timeout(tc, 1800);
-    tcase_add_test(tc,
-                   mutants_matrix_kills_every_killed_mutant_and_spares_the_benign);
+    tcase_add_test(
+        tc, mutants_matrix_kills_every_killed_mutant_and_spares_the_benign);
     tcase_add_test(tc, mutants_under_load_are_caught_at_a_checkpoint);
     suite_add_tcase(s, tc);
     return s;

@@ -22,10 +22,16 @@ static check_result *make_result(uint64_t n, int64_t bad) {
         uint32_t hit = (uint32_t)(id % 7);
         uint32_t scores[2] = {hit, id == (uint64_t)bad ? hit + 3 : hit};
         int32_t probes[2] = {(int32_t)hit, (int32_t)hit};
-        check_obs o = {.id = id, .prompt_tokens = 200, .block_size = 16,
-                       .n_slots = 2, .dp_size = 1, .chosen = (uint32_t)(id % 2),
-                       .index_scores = scores, .probe_hits = probes,
-                       .cached_tokens = (int64_t)hit * 16, .ms = 1.5};
+        check_obs o = {.id = id,
+                       .prompt_tokens = 200,
+                       .block_size = 16,
+                       .n_slots = 2,
+                       .dp_size = 1,
+                       .chosen = (uint32_t)(id % 2),
+                       .index_scores = scores,
+                       .probe_hits = probes,
+                       .cached_tokens = (int64_t)hit * 16,
+                       .ms = 1.5};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
     check_counters_set(&r->counters, "indexer",
@@ -56,9 +62,7 @@ static char *capture(void (*fn)(FILE *, void *), void *arg, size_t *len) {
     return buf;
 }
 
-static void do_summary(FILE *f, void *arg) {
-    check_report_summary(f, arg, 5);
-}
+static void do_summary(FILE *f, void *arg) { check_report_summary(f, arg, 5); }
 
 START_TEST(terminal_summary_has_rates_counters_verdict_and_worst_prompts) {
     check_result *r = make_result(10, 3);
@@ -84,8 +88,8 @@ START_TEST(a_pass_summary_fits_a_screen_unless_verbose) {
     kvo_free(s);
     r->verdict.pass = true; /* as if it had passed: no counters, no table */
     s = capture(do_summary, r, NULL);
-    ck_assert_msg(!strstr(s, "counters (non-zero") && !strstr(s, "worst"),
-                  "%s", s);
+    ck_assert_msg(!strstr(s, "counters (non-zero") && !strstr(s, "worst"), "%s",
+                  s);
     ck_assert_msg(strstr(s, "verdict: PASS"), "%s", s);
     kvo_free(s);
     r->verbose = true;
@@ -110,15 +114,22 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
     char *s = capture(do_json, r, NULL);
     char *save = NULL;
     int line = 0;
-    for (char *l = strtok_r(s, "\n", &save); l; l = strtok_r(NULL, "\n", &save),
-              line++) {
+    for (char *l = strtok_r(s, "\n", &save); l;
+         l = strtok_r(NULL, "\n", &save), line++) {
         json_object *j = json_tokener_parse(l);
         ck_assert_msg(j != NULL, "line %d is not JSON: %s", line, l);
         if (line < 4) {
-            static const char *keys[] = {
-                "id", "worker", "dp_rank", "prompt_tokens", "prompt_blocks",
-                "engine_hit_blocks", "index_hit_blocks", "index_scores",
-                "diverged", "first_divergent_block", "reason"};
+            static const char *keys[] = {"id",
+                                         "worker",
+                                         "dp_rank",
+                                         "prompt_tokens",
+                                         "prompt_blocks",
+                                         "engine_hit_blocks",
+                                         "index_hit_blocks",
+                                         "index_scores",
+                                         "diverged",
+                                         "first_divergent_block",
+                                         "reason"};
             for (size_t k = 0; k < KVO_ARRAY_LEN(keys); k++)
                 ck_assert_msg(json_object_object_get_ex(j, keys[k], NULL),
                               "missing %s in %s", keys[k], l);
@@ -149,7 +160,8 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
             ck_assert(json_object_object_get_ex(sum, "counters", &v));
             json_object *relay, *gaps;
             ck_assert(json_object_object_get_ex(v, "relay 0.0", &relay));
-            ck_assert(json_object_object_get_ex(relay, "kvo_relay_gaps", &gaps));
+            ck_assert(
+                json_object_object_get_ex(relay, "kvo_relay_gaps", &gaps));
             ck_assert_int_eq(json_object_get_int(gaps), 1);
         }
         json_object_put(j);
@@ -208,11 +220,17 @@ static check_result *make_load_result(uint64_t n) {
         uint32_t hit = (uint32_t)(id % 7);
         /* every 5th: the index had 2 blocks more than the engine */
         uint32_t scores[2] = {id % 5 ? hit : hit + 2, 0};
-        check_obs o = {.id = id, .prompt_tokens = 200, .block_size = 16,
-                       .n_slots = 2, .dp_size = 1, .chosen = 0,
-                       .index_scores = scores, .unjudged = true,
+        check_obs o = {.id = id,
+                       .prompt_tokens = 200,
+                       .block_size = 16,
+                       .n_slots = 2,
+                       .dp_size = 1,
+                       .chosen = 0,
+                       .index_scores = scores,
+                       .unjudged = true,
                        .cached_tokens = (int64_t)hit * 16,
-                       .inflight_at_route = (uint32_t)(id % 16), .ms = 3};
+                       .inflight_at_route = (uint32_t)(id % 16),
+                       .ms = 3};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
     check_checkpoint c;
@@ -229,8 +247,8 @@ static check_result *make_load_result(uint64_t n) {
     c.after = n;
     c.before_prompt = -1;
     c.final = true;
-    check_block stale[2] = {{.hash = 41}, {.hash = 42, .parent = 41,
-                                           .has_parent = true}};
+    check_block stale[2] = {{.hash = 41},
+                            {.hash = 42, .parent = 41, .has_parent = true}};
     check_blocks_compare(NULL, 0, stale, 2, 1, &c.diff);
     c.diff.first[0].prompt = 3;
     c.diff.first[0].depth = 0;
@@ -386,13 +404,15 @@ END_TEST
 Suite *suite_report(void) {
     Suite *s = suite_create("report");
     TCase *tc = tcase_create("writers");
-    tcase_add_test(tc,
-                   terminal_summary_has_rates_counters_verdict_and_worst_prompts);
+    tcase_add_test(
+        tc, terminal_summary_has_rates_counters_verdict_and_worst_prompts);
     tcase_add_test(tc, a_pass_summary_fits_a_screen_unless_verbose);
     tcase_add_test(tc, json_lines_have_every_field_and_a_final_summary);
-    tcase_add_test(tc, html_is_self_contained_with_plots_divergences_and_counters);
+    tcase_add_test(tc,
+                   html_is_self_contained_with_plots_divergences_and_counters);
     tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
-    tcase_add_test(tc, a_load_run_reports_what_the_router_saw_and_its_checkpoints);
+    tcase_add_test(tc,
+                   a_load_run_reports_what_the_router_saw_and_its_checkpoints);
     suite_add_tcase(s, tc);
     return s;
 }

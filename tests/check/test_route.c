@@ -18,9 +18,9 @@ static void prompt_seq(uint64_t base, size_t n, uint64_t *seq) {
 
 START_TEST(round_robin_walks_the_workers_then_the_ranks) {
     check_router rt;
-    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_ROUND_ROBIN, 2, 2, 16,
-                                       1, 0, 0),
-                     KVO_OK);
+    ck_assert_int_eq(
+        check_router_init(&rt, CHECK_POLICY_ROUND_ROBIN, 2, 2, 16, 1, 0, 0),
+        KVO_OK);
     uint32_t scores[4] = {0, 9, 0, 0};
     static const uint32_t want[8] = {0, 2, 1, 3, 0, 2, 1, 3};
     for (uint64_t i = 0; i < 8; i++)
@@ -32,8 +32,8 @@ END_TEST
 
 START_TEST(kv_takes_the_highest_score_ties_to_the_least_used) {
     check_router rt;
-    ck_assert_int_eq(
-        check_router_init(&rt, CHECK_POLICY_KV, 3, 1, 16, 1, 0, 0), KVO_OK);
+    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_KV, 3, 1, 16, 1, 0, 0),
+                     KVO_OK);
     uint32_t scores[3] = {2, 5, 5};
     ck_assert_uint_eq(check_router_pick(&rt, 0, scores, 100, NULL, 0), 1);
     ck_assert_int_eq(check_router_start(&rt, 1, NULL, 0), KVO_OK);
@@ -129,28 +129,29 @@ START_TEST(a_temperature_samples_the_softmax_from_a_seeded_generator) {
     uint32_t first[64];
     for (int round = 0; round < 2; round++) {
         check_router rt;
-        ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16,
-                                           1.0, 4.0, 42),
-                         KVO_OK);
+        ck_assert_int_eq(
+            check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1.0, 4.0, 42),
+            KVO_OK);
         int zero = 0;
         for (int i = 0; i < 4000; i++) {
-            uint32_t s = check_router_pick(&rt, (uint64_t)i, scores, 160, seq,
-                                           10);
+            uint32_t s =
+                check_router_pick(&rt, (uint64_t)i, scores, 160, seq, 10);
             if (i < 64) {
-                if (round == 0) first[i] = s;
-                else ck_assert_uint_eq(s, first[i]); /* same seed, same draws */
+                if (round == 0)
+                    first[i] = s;
+                else
+                    ck_assert_uint_eq(s, first[i]); /* same seed, same draws */
             }
             zero += s == 0;
         }
-        ck_assert_msg(zero > 2800 && zero < 3050, "%d of 4000 to slot 0",
-                      zero);
+        ck_assert_msg(zero > 2800 && zero < 3050, "%d of 4000 to slot 0", zero);
         check_router_fini(&rt);
     }
     /* another seed draws otherwise */
     check_router rt;
-    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1.0,
-                                       4.0, 43),
-                     KVO_OK);
+    ck_assert_int_eq(
+        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1.0, 4.0, 43),
+        KVO_OK);
     bool differs = false;
     for (int i = 0; i < 64; i++)
         differs |= check_router_pick(&rt, (uint64_t)i, scores, 160, seq, 10) !=
@@ -162,30 +163,28 @@ START_TEST(a_temperature_samples_the_softmax_from_a_seeded_generator) {
         check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1.0, 0, 42),
         KVO_OK);
     for (int i = 0; i < 100; i++)
-        ck_assert_uint_eq(check_router_pick(&rt, (uint64_t)i, scores, 160, seq,
-                                            10),
-                          0);
+        ck_assert_uint_eq(
+            check_router_pick(&rt, (uint64_t)i, scores, 160, seq, 10), 0);
     check_router_fini(&rt);
 }
 END_TEST
 
 START_TEST(nonsense_weights_are_refused_and_a_failed_start_changes_nothing) {
     check_router rt;
-    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, -1,
-                                       0, 0),
-                     KVO_EINVAL);
-    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1,
-                                       NAN, 0),
-                     KVO_EINVAL);
-    ck_assert_int_eq(check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1,
-                                       INFINITY, 0),
-                     KVO_EINVAL);
+    ck_assert_int_eq(
+        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, -1, 0, 0),
+        KVO_EINVAL);
+    ck_assert_int_eq(
+        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1, NAN, 0),
+        KVO_EINVAL);
+    ck_assert_int_eq(
+        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1, INFINITY, 0),
+        KVO_EINVAL);
     ck_assert_int_eq(
         check_router_init(&rt, CHECK_POLICY_DYNAMO, 0, 1, 16, 1, 0, 0),
         KVO_EINVAL);
     ck_assert_int_eq(
-        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1, 0, 0),
-        KVO_OK);
+        check_router_init(&rt, CHECK_POLICY_DYNAMO, 2, 1, 16, 1, 0, 0), KVO_OK);
     uint64_t seq[40];
     prompt_seq(0, 40, seq);
     /* allocation failures at each growth of the slot's table, the later

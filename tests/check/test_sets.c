@@ -96,9 +96,14 @@ static check_result *clean_result(uint64_t n) {
     for (uint64_t id = 0; id < n; id++) {
         uint32_t sc[2] = {1, 0};
         int32_t pr[2] = {1, 0};
-        check_obs o = {.id = id, .prompt_tokens = 100, .block_size = 16,
-                       .n_slots = 2, .dp_size = 1, .chosen = 0,
-                       .index_scores = sc, .probe_hits = pr,
+        check_obs o = {.id = id,
+                       .prompt_tokens = 100,
+                       .block_size = 16,
+                       .n_slots = 2,
+                       .dp_size = 1,
+                       .chosen = 0,
+                       .index_scores = sc,
+                       .probe_hits = pr,
                        .cached_tokens = 16};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
@@ -146,9 +151,15 @@ START_TEST(a_checkpoint_with_differences_fails_the_run_naming_them) {
     /* a prompt diverging after it comes later ... */
     uint32_t sc[2] = {0, 0};
     int32_t pr[2] = {3, 0};
-    check_obs o = {.id = 12, .prompt_tokens = 100, .block_size = 16,
-                   .n_slots = 2, .dp_size = 1, .chosen = 1,
-                   .index_scores = sc, .probe_hits = pr, .cached_tokens = 0};
+    check_obs o = {.id = 12,
+                   .prompt_tokens = 100,
+                   .block_size = 16,
+                   .n_slots = 2,
+                   .dp_size = 1,
+                   .chosen = 1,
+                   .index_scores = sc,
+                   .probe_hits = pr,
+                   .cached_tokens = 0};
     ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     check_verdict_decide(r, &r->verdict);
     ck_assert_msg(strstr(r->verdict.cause, "checkpoint 2"), "%s",
@@ -200,10 +211,15 @@ END_TEST
 
 START_TEST(a_prompt_re_checked_at_a_checkpoint_fails_it) {
     check_result *r = clean_result(10);
-    check_obs o = {.id = 3, .prompt_tokens = 100, .block_size = 16,
-                   .n_slots = 2, .dp_size = 1, .chosen = 0,
+    check_obs o = {.id = 3,
+                   .prompt_tokens = 100,
+                   .block_size = 16,
+                   .n_slots = 2,
+                   .dp_size = 1,
+                   .chosen = 0,
                    .index_scores = (uint32_t[]){2, 0},
-                   .probe_hits = (int32_t[]){0, 0}, .cached_tokens = -1,
+                   .probe_hits = (int32_t[]){0, 0},
+                   .cached_tokens = -1,
                    .checkpoint = 1};
     const check_prompt *p = NULL;
     ck_assert_int_eq(check_result_add_sweep(r, &o, &p), KVO_OK);
@@ -237,9 +253,14 @@ static check_result *routed_result(const int32_t (*v)[2], size_t n) {
     ck_assert_int_eq(check_result_slots(r, 1, 1, 16), KVO_OK);
     for (size_t i = 0; i < n; i++) {
         uint32_t sc = (uint32_t)v[i][0];
-        check_obs o = {.id = i, .prompt_tokens = 1600, .block_size = 16,
-                       .n_slots = 1, .dp_size = 1, .chosen = 0,
-                       .index_scores = &sc, .unjudged = true,
+        check_obs o = {.id = i,
+                       .prompt_tokens = 1600,
+                       .block_size = 16,
+                       .n_slots = 1,
+                       .dp_size = 1,
+                       .chosen = 0,
+                       .index_scores = &sc,
+                       .unjudged = true,
                        .cached_tokens = v[i][1] < 0 ? -1 : v[i][1] * 16,
                        .inflight_at_route = (uint32_t)i};
         const check_prompt *p;
@@ -254,9 +275,8 @@ static check_result *routed_result(const int32_t (*v)[2], size_t n) {
 START_TEST(staleness_counts_exact_over_and_under_with_percentiles) {
     /* routed, engine: 4 exact, over by 3 and 10, under by 1, 2 and 5, one
      * unknown engine hit (not counted) */
-    static const int32_t v[][2] = {{5, 5}, {0, 0}, {8, 8}, {2, 2},
-                                   {6, 3}, {12, 2}, {4, 5}, {0, 2},
-                                   {1, 6}, {3, -1}};
+    static const int32_t v[][2] = {{5, 5},  {0, 0}, {8, 8}, {2, 2}, {6, 3},
+                                   {12, 2}, {4, 5}, {0, 2}, {1, 6}, {3, -1}};
     check_result *r = routed_result(v, KVO_ARRAY_LEN(v));
     check_staleness s;
     ck_assert_int_eq(check_result_staleness(r, &s), KVO_OK);

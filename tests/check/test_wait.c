@@ -40,8 +40,8 @@ static void ienv_start(ienv *e) {
     ck_assert_int_eq(kvo_free_port(&e->port), KVO_OK);
     char http[32];
     snprintf(http, sizeof(http), "127.0.0.1:%u", e->port);
-    const char *args[] = {"--nats", e->nats.url, "--http", http, "--block-size", "4",
-                          NULL};
+    const char *args[] = {"--nats",       e->nats.url, "--http", http,
+                          "--block-size", "4",         NULL};
     kt_proc_start(&e->idx, "kvo-indexer", args);
     snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", e->port);
     char url[128];
@@ -61,15 +61,22 @@ static void ienv_stop(ienv *e) {
 /* One envelope from PUB with a stored chain of n blocks (tokens hashes
  * first..first+n-1, block hashes their negation; chained to block first-1
  * unless first is 100), header "a-b". */
-static void publish_stored(ienv *e, uint64_t first, uint32_t n, const char *hdr) {
+static void publish_stored(ienv *e, uint64_t first, uint32_t n,
+                           const char *hdr) {
     wire_plane_msg m;
     wire_plane_init(&m);
     wire_rblock blocks[16];
     for (uint32_t i = 0; i < n; i++)
-        blocks[i] = (wire_rblock){.block_hash = ~(first + i), .tokens_hash = first + i};
-    wire_revent ev = {.worker_id = 0, .tier = WIRE_TIER_DEVICE, .event_id = e->seq + 1,
-                      .dp_rank = 0, .type = WIRE_R_STORED, .n_blocks = n,
-                      .blocks = blocks, .has_parent = first > 100,
+        blocks[i] =
+            (wire_rblock){.block_hash = ~(first + i), .tokens_hash = first + i};
+    wire_revent ev = {.worker_id = 0,
+                      .tier = WIRE_TIER_DEVICE,
+                      .event_id = e->seq + 1,
+                      .dp_rank = 0,
+                      .type = WIRE_R_STORED,
+                      .n_blocks = n,
+                      .blocks = blocks,
+                      .has_parent = first > 100,
                       .parent_hash = ~(first - 1)};
     m.publisher_id = PUB;
     m.sequence = e->seq++;
@@ -83,8 +90,9 @@ static void publish_stored(ienv *e, uint64_t first, uint32_t n, const char *hdr)
     m.events = NULL;
     wire_plane_fini(&m);
     natsMsg *msg;
-    ck_assert_int_eq(natsMsg_Create(&msg, SUBJECT, NULL, (const char *)b.data, (int)b.len),
-                     NATS_OK);
+    ck_assert_int_eq(
+        natsMsg_Create(&msg, SUBJECT, NULL, (const char *)b.data, (int)b.len),
+        NATS_OK);
     ck_assert_int_eq(natsMsgHeader_Set(msg, "KVO-Zmq-Seq", hdr), NATS_OK);
     ck_assert_int_eq(natsConnection_PublishMsg(e->nc, msg), NATS_OK);
     natsMsg_Destroy(msg);
@@ -128,10 +136,11 @@ static int send_query(ienv *e, const char *body) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     char req[2048];
-    int n = snprintf(req, sizeof(req),
-                     "POST /query_by_hash HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
+    int n = snprintf(
+        req, sizeof(req),
+        "POST /query_by_hash HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+        strlen(body), body);
     ck_assert_int_eq(write(fd, req, (size_t)n), n);
     return fd;
 }
@@ -167,7 +176,8 @@ static int64_t get_int(json_object *o, const char *path) {
     char b[128];
     snprintf(b, sizeof(b), "%s", path);
     char *save = NULL;
-    for (char *t = strtok_r(b, ".", &save); t && o; t = strtok_r(NULL, ".", &save)) {
+    for (char *t = strtok_r(b, ".", &save); t && o;
+         t = strtok_r(NULL, ".", &save)) {
         if (json_object_is_type(o, json_type_array))
             o = json_object_array_get_idx(o, (size_t)atoi(t));
         else if (!json_object_object_get_ex(o, t, &o))
@@ -182,8 +192,9 @@ START_TEST(a_waiting_query_is_answered_when_the_watermark_arrives_and_sees_it) {
     ienv_start(&e);
     publish_stored(&e, 100, 2, "0-1"); /* blocks 100, 101 */
     applied_up_to(&e, 1);
-    int fd = send_query(&e, "{\"tokens_hashes\": [100, 101, 102, 103], \"wait\": "
-                            "{\"timeout_ms\": 60000, \"zmq_seq\": [[777, 4]]}}");
+    int fd =
+        send_query(&e, "{\"tokens_hashes\": [100, 101, 102, 103], \"wait\": "
+                       "{\"timeout_ms\": 60000, \"zmq_seq\": [[777, 4]]}}");
     /* a message that does not reach seq 4: still held */
     publish_stored(&e, 102, 1, "2-2");
     applied_up_to(&e, 2);
@@ -195,12 +206,14 @@ START_TEST(a_waiting_query_is_answered_when_the_watermark_arrives_and_sees_it) {
     ck_assert_int_eq(status, 200);
     ck_assert_ptr_nonnull(j);
     json_object *c;
-    ck_assert(json_object_object_get_ex(j, "covered", &c) && json_object_get_boolean(c));
+    ck_assert(json_object_object_get_ex(j, "covered", &c) &&
+              json_object_get_boolean(c));
     ck_assert_int_eq(get_int(j, "scores.0.blocks"), 4);
     ck_assert_int_eq(get_int(j, "watermark.publishers.0.zmq_seq_last"), 4);
     json_object_put(j);
     /* already covered: answered at once */
-    fd = send_query(&e, "{\"tokens_hashes\": [100], \"wait\": {\"zmq_seq\": [[777, 3]]}}");
+    fd = send_query(
+        &e, "{\"tokens_hashes\": [100], \"wait\": {\"zmq_seq\": [[777, 3]]}}");
     j = read_answer(fd, &status);
     ck_assert_int_eq(status, 200);
     ck_assert_int_eq(get_int(j, "scores.0.blocks"), 1);
@@ -215,13 +228,15 @@ START_TEST(an_expired_wait_answers_uncovered_with_the_watermark) {
     publish_stored(&e, 100, 1, "0-0");
     applied_up_to(&e, 0);
     /* an unknown publisher and a seq never reached */
-    int fd = send_query(&e, "{\"tokens_hashes\": [100], \"wait\": {\"timeout_ms\": 50, "
-                            "\"zmq_seq\": [[777, 9], [5, 0]]}}");
+    int fd = send_query(
+        &e, "{\"tokens_hashes\": [100], \"wait\": {\"timeout_ms\": 50, "
+            "\"zmq_seq\": [[777, 9], [5, 0]]}}");
     long status;
     json_object *j = read_answer(fd, &status);
     ck_assert_int_eq(status, 200);
     json_object *c;
-    ck_assert(json_object_object_get_ex(j, "covered", &c) && !json_object_get_boolean(c));
+    ck_assert(json_object_object_get_ex(j, "covered", &c) &&
+              !json_object_get_boolean(c));
     ck_assert_int_eq(get_int(j, "watermark.publishers.0.zmq_seq_last"), 0);
     ck_assert_int_eq(get_int(j, "scores.0.blocks"), 1);
     json_object_put(j);
@@ -236,8 +251,10 @@ START_TEST(a_malformed_wait_is_a_bad_request) {
         "{\"tokens_hashes\": [1], \"wait\": 5}",
         "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [[1]]}}",
         "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [[1, -2]]}}",
-        "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [], \"timeout_ms\": -1}}",
-        "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [], \"timeout_ms\": 1e9}}",
+        "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [], \"timeout_ms\": "
+        "-1}}",
+        "{\"tokens_hashes\": [1], \"wait\": {\"zmq_seq\": [], \"timeout_ms\": "
+        "1e9}}",
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         long status;
@@ -255,8 +272,9 @@ static long post_query(ienv *e, const char *body, char *out, size_t outsz) {
     snprintf(url, sizeof(url), "%s/query_by_hash", e->base);
     kvo_http_resp r;
     kvo_http_resp_init(&r);
-    ck_assert_int_eq(kvo_http_post(e->http, url, "application/json", body,
-                                   strlen(body), &r), KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(e->http, url, "application/json", body, strlen(body), &r),
+        KVO_OK);
     snprintf(out, outsz, "%s", r.body.data ? (const char *)r.body.data : "");
     long st = r.status;
     kvo_http_resp_fini(&r);
@@ -297,8 +315,9 @@ START_TEST(the_hand_scanned_query_answers_as_the_general_parse) {
         char a[4096], b[4096];
         long sa = post_query(&e, pairs[i][0], a, sizeof(a));
         long sb = post_query(&e, pairs[i][1], b, sizeof(b));
-        ck_assert_msg(sa == sb && strcmp(a, b) == 0, "%s -> %ld %s\n%s -> %ld %s",
-                      pairs[i][0], sa, a, pairs[i][1], sb, b);
+        ck_assert_msg(sa == sb && strcmp(a, b) == 0,
+                      "%s -> %ld %s\n%s -> %ld %s", pairs[i][0], sa, a,
+                      pairs[i][1], sb, b);
     }
     char a[4096];
     ck_assert_int_eq(post_query(&e, pairs[0][0], a, sizeof(a)), 200);
@@ -311,7 +330,8 @@ Suite *suite_wait(void) {
     Suite *s = suite_create("wait");
     TCase *tc = tcase_create("wait");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, a_waiting_query_is_answered_when_the_watermark_arrives_and_sees_it);
+    tcase_add_test(
+        tc, a_waiting_query_is_answered_when_the_watermark_arrives_and_sees_it);
     tcase_add_test(tc, an_expired_wait_answers_uncovered_with_the_watermark);
     tcase_add_test(tc, a_malformed_wait_is_a_bad_request);
     tcase_add_test(tc, the_hand_scanned_query_answers_as_the_general_parse);

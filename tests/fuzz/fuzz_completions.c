@@ -37,12 +37,14 @@ static const mock_req_limits cfuzz_lim = {
 
 /* Requests that leave every field of the storage set. */
 static const char cfuzz_other[] =
-    "{\"prompt\": [\"abc\", [1, 2]], \"lora_name\": \"l\", \"cache_salt\": \"s\", "
+    "{\"prompt\": [\"abc\", [1, 2]], \"lora_name\": \"l\", \"cache_salt\": "
+    "\"s\", "
     "\"stream\": true, \"stream_options\": {\"include_usage\": true}, "
     "\"return_token_ids\": true, \"data_parallel_rank\": 1, \"max_tokens\": 7, "
     "\"kv_transfer_params\": {\"do_remote_prefill\": true}}";
 static const char cfuzz_other_chat[] =
-    "{\"messages\": [{\"role\": \"u\", \"content\": \"abc\"}], \"lora_name\": \"l\", "
+    "{\"messages\": [{\"role\": \"u\", \"content\": \"abc\"}], \"lora_name\": "
+    "\"l\", "
     "\"cache_salt\": \"s\", \"stream\": true, \"data_parallel_rank\": 1}";
 
 static bool cfuzz_refusal(kvo_status st) {
@@ -54,11 +56,13 @@ static void cfuzz_check_prompt(const mock_prompt *p) {
     CFUZZ_CHECK(p->n >= 1 && p->n <= cfuzz_lim.max_len);
     if (p->trace_ids) {
         CFUZZ_CHECK(p->tok == NULL);
-        CFUZZ_CHECK(mock_trace_validate(p->trace_ids, p->n_trace, p->n) == KVO_OK);
+        CFUZZ_CHECK(mock_trace_validate(p->trace_ids, p->n_trace, p->n) ==
+                    KVO_OK);
         return;
     }
     CFUZZ_CHECK(p->tok != NULL && p->n_trace == 0);
-    for (uint32_t i = 0; i < p->n; i++) CFUZZ_CHECK(p->tok[i] < cfuzz_lim.vocab_size);
+    for (uint32_t i = 0; i < p->n; i++)
+        CFUZZ_CHECK(p->tok[i] < cfuzz_lim.vocab_size);
 }
 
 static void cfuzz_check(const mock_completion_req *c, bool chat, size_t size) {
@@ -81,7 +85,8 @@ static void cfuzz_check(const mock_completion_req *c, bool chat, size_t size) {
 }
 
 /* The same request, field by field (the pointers into the tree aside). */
-static bool cfuzz_same(const mock_completion_req *a, const mock_completion_req *b) {
+static bool cfuzz_same(const mock_completion_req *a,
+                       const mock_completion_req *b) {
     if (a->n_prompts != b->n_prompts || a->max_tokens != b->max_tokens ||
         a->stream != b->stream || a->include_usage != b->include_usage ||
         a->return_token_ids != b->return_token_ids ||
@@ -94,8 +99,8 @@ static bool cfuzz_same(const mock_completion_req *a, const mock_completion_req *
         const mock_prompt *x = &a->prompts[i], *y = &b->prompts[i];
         if (x->n != y->n || x->n_trace != y->n_trace || !x->tok != !y->tok ||
             (x->tok && memcmp(x->tok, y->tok, x->n * sizeof(uint64_t)) != 0) ||
-            (x->trace_ids &&
-             memcmp(x->trace_ids, y->trace_ids, x->n_trace * sizeof(uint64_t)) != 0))
+            (x->trace_ids && memcmp(x->trace_ids, y->trace_ids,
+                                    x->n_trace * sizeof(uint64_t)) != 0))
             return false;
     }
     return true;
@@ -107,22 +112,25 @@ int kvo_fuzz_completions(const uint8_t *data, size_t size) {
         mock_completion_req_init(&c);
         mock_completion_req_init(&again);
         kvo_err err;
-        kvo_status st = mock_completion_parse(&c, data, size, chat, &cfuzz_lim, &err);
+        kvo_status st =
+            mock_completion_parse(&c, data, size, chat, &cfuzz_lim, &err);
         CFUZZ_CHECK(c.doc.mem <= size * 16 + (64u << 10));
         if (st != KVO_OK) {
             CFUZZ_CHECK(cfuzz_refusal(st));
             CFUZZ_CHECK(err.status == st && err.msg[0] != '\0');
             /* a refused body leaves nothing */
-            CFUZZ_CHECK(c.n_prompts == 0 && c.prompts == NULL && c.max_tokens == 0);
+            CFUZZ_CHECK(c.n_prompts == 0 && c.prompts == NULL &&
+                        c.max_tokens == 0);
             CFUZZ_CHECK(!c.lora && !c.salt && !c.stream && !c.has_rank);
         } else {
             cfuzz_check(&c, chat, size);
             /* parsed into storage another request used, it reads the same */
             const char *other = chat ? cfuzz_other_chat : cfuzz_other;
-            CFUZZ_CHECK(mock_completion_parse(&again, other, strlen(other), chat,
-                                              &cfuzz_lim, NULL) == KVO_OK);
-            CFUZZ_CHECK(mock_completion_parse(&again, data, size, chat, &cfuzz_lim,
+            CFUZZ_CHECK(mock_completion_parse(&again, other, strlen(other),
+                                              chat, &cfuzz_lim,
                                               NULL) == KVO_OK);
+            CFUZZ_CHECK(mock_completion_parse(&again, data, size, chat,
+                                              &cfuzz_lim, NULL) == KVO_OK);
             CFUZZ_CHECK(cfuzz_same(&c, &again));
         }
         mock_completion_req_fini(&c);

@@ -45,8 +45,8 @@ static bool pfuzz_same(const mock_probe_req *a, const mock_probe_req *b) {
            (!a->salt || strcmp(a->salt, b->salt) == 0) && x->n == y->n &&
            x->n_trace == y->n_trace && !x->tok == !y->tok &&
            (!x->tok || memcmp(x->tok, y->tok, x->n * sizeof(uint64_t)) == 0) &&
-           (!x->trace_ids ||
-            memcmp(x->trace_ids, y->trace_ids, x->n_trace * sizeof(uint64_t)) == 0);
+           (!x->trace_ids || memcmp(x->trace_ids, y->trace_ids,
+                                    x->n_trace * sizeof(uint64_t)) == 0);
 }
 
 int kvo_fuzz_probe(const uint8_t *data, size_t size) {
@@ -61,14 +61,16 @@ int kvo_fuzz_probe(const uint8_t *data, size_t size) {
         PFUZZ_CHECK(st == KVO_EPROTO || st == KVO_ETRUNC || st == KVO_ETOOBIG ||
                     st == KVO_EINVAL || st == KVO_ENOMEM);
         PFUZZ_CHECK(err.status == st && err.msg[0] != '\0');
-        PFUZZ_CHECK(p.prompt.n == 0 && !p.prompt.tok && !p.prompt.trace_ids && !p.lora &&
-                    !p.salt && !p.warm); /* a refused body leaves nothing */
+        PFUZZ_CHECK(p.prompt.n == 0 && !p.prompt.tok && !p.prompt.trace_ids &&
+                    !p.lora && !p.salt &&
+                    !p.warm); /* a refused body leaves nothing */
     } else {
         const mock_prompt *q = &p.prompt;
         PFUZZ_CHECK(q->n >= 1 && q->n <= pfuzz_lim.max_len);
         if (q->trace_ids) {
             PFUZZ_CHECK(q->tok == NULL);
-            PFUZZ_CHECK(mock_trace_validate(q->trace_ids, q->n_trace, q->n) == KVO_OK);
+            PFUZZ_CHECK(mock_trace_validate(q->trace_ids, q->n_trace, q->n) ==
+                        KVO_OK);
         } else {
             PFUZZ_CHECK(q->tok != NULL && q->n_trace == 0);
             for (uint32_t i = 0; i < q->n; i++)
@@ -79,7 +81,8 @@ int kvo_fuzz_probe(const uint8_t *data, size_t size) {
         PFUZZ_CHECK(rst == KVO_OK || rst == KVO_ENOMEM);
         PFUZZ_CHECK(mock_probe_parse(&again, pfuzz_other, strlen(pfuzz_other),
                                      &pfuzz_lim, NULL) == KVO_OK);
-        PFUZZ_CHECK(mock_probe_parse(&again, data, size, &pfuzz_lim, NULL) == KVO_OK);
+        PFUZZ_CHECK(mock_probe_parse(&again, data, size, &pfuzz_lim, NULL) ==
+                    KVO_OK);
         PFUZZ_CHECK(pfuzz_same(&p, &again));
     }
     mock_probe_req_fini(&p);

@@ -35,9 +35,12 @@ static void qwrite_str(kvo_buf *b, const char *s) {
     kvo_buf_append(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') kvo_buf_printf(b, "\\%c", c);
-        else if (c < 0x20) kvo_buf_printf(b, "\\u%04x", c);
-        else kvo_buf_append(b, s, 1);
+        if (c == '"' || c == '\\')
+            kvo_buf_printf(b, "\\%c", c);
+        else if (c < 0x20)
+            kvo_buf_printf(b, "\\u%04x", c);
+        else
+            kvo_buf_append(b, s, 1);
     }
     kvo_buf_append(b, "\"", 1);
 }

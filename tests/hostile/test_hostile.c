@@ -45,7 +45,7 @@ Suite *suite_services(void);
 #define WORKER_B 77u
 #define HALF_OPEN 2000
 #define UPLOADS 16
-#define UPLOAD_BYTES (24u << 20) /* 16 x 24 MiB: past the 256 MiB cap */
+#define UPLOAD_BYTES (24u << 20)  /* 16 x 24 MiB: past the 256 MiB cap */
 #define UPLOAD_TIMEOUT_MS 300000L /* a sanitizer build parses slowly */
 #define WAIT_MS 20000L
 
@@ -68,9 +68,9 @@ static long call(const char *base, const char *path, const char *body,
     kvo_http_resp_init(&r);
     char url[256];
     snprintf(url, sizeof(url), "%s%s", base, path);
-    kvo_status st = body ? kvo_http_post(c, url, "application/json", body, len,
-                                         &r)
-                         : kvo_http_get(c, url, &r);
+    kvo_status st =
+        body ? kvo_http_post(c, url, "application/json", body, len, &r)
+             : kvo_http_get(c, url, &r);
     ck_assert_msg(st == KVO_OK, "%s: %s", url, kvo_strerror(st));
     if (doc && kvo_json_parse(doc, r.body.data ? r.body.data : (uint8_t *)"",
                               r.body.len, NULL, NULL) != KVO_OK)
@@ -146,9 +146,8 @@ static uint64_t index_score(const uint64_t *h, size_t n, uint64_t w) {
 
 static void zsend_frames(const void *const *f, const size_t *n, int count) {
     for (int i = 0; i < count; i++)
-        ck_assert_int_ge(zmq_send(xpub, f[i], n[i],
-                                  i + 1 < count ? ZMQ_SNDMORE : 0),
-                         0);
+        ck_assert_int_ge(
+            zmq_send(xpub, f[i], n[i], i + 1 < count ? ZMQ_SNDMORE : 0), 0);
 }
 
 /* A well-formed message with the next sequence. */
@@ -194,13 +193,14 @@ static void zsend_store(uint64_t h, uint64_t token, uint64_t *th) {
 
 static void start_all(void) {
     kt_nats_start(&nats);
-    const char *ia[] = {"--nats", nats.url, "--http", "127.0.0.1:0",
-                        "--max-publishers", "100", NULL};
+    const char *ia[] = {"--nats",           nats.url, "--http", "127.0.0.1:0",
+                        "--max-publishers", "100",    NULL};
     kt_proc_start(&indexer, "kvo-indexer", ia);
     snprintf(idx_url, sizeof(idx_url), "http://127.0.0.1:%u",
              kt_proc_logged_port(&indexer, "listening on http://127.0.0.1:"));
-    const char *ma[] = {"--port", "0", "--zmq-port", "0", "--replay-port", "0",
-                        "--num-gpu-blocks", "256", NULL};
+    const char *ma[] = {
+        "--port",           "0",   "--zmq-port", "0", "--replay-port", "0",
+        "--num-gpu-blocks", "256", NULL};
     kt_proc_start(&mocker, "kvo-mocker", ma);
     snprintf(mock_url, sizeof(mock_url), "http://127.0.0.1:%u",
              kt_proc_logged_port(&mocker, "listening on http://127.0.0.1:"));
@@ -210,10 +210,19 @@ static void start_all(void) {
     snprintf(pub_b, sizeof(pub_b), "%u", PUB_B);
     snprintf(wid_b, sizeof(wid_b), "%u", WORKER_B);
     snprintf(maxmsg, sizeof(maxmsg), "%d", RELAY_B_MAX_MSG);
-    const char *ra[] = {"--discover", mock_url, "--nats", nats.url,
-                        "--worker-id", wid_a, "--publisher-id", pub_a,
-                        "--replay-from", "0", "--metrics-listen",
-                        "127.0.0.1:0", NULL};
+    const char *ra[] = {"--discover",
+                        mock_url,
+                        "--nats",
+                        nats.url,
+                        "--worker-id",
+                        wid_a,
+                        "--publisher-id",
+                        pub_a,
+                        "--replay-from",
+                        "0",
+                        "--metrics-listen",
+                        "127.0.0.1:0",
+                        NULL};
     kt_proc_start(&relay_a, "kvo-relay", ra);
     snprintf(relay_a_url, sizeof(relay_a_url), "http://127.0.0.1:%u",
              kt_proc_logged_port(&relay_a, "metrics on http://127.0.0.1:"));
@@ -225,9 +234,19 @@ static void start_all(void) {
     ck_assert_int_eq(zmq_bind(xpub, "tcp://127.0.0.1:*"), 0);
     size_t eplen = sizeof(xpub_ep);
     zmq_getsockopt(xpub, ZMQ_LAST_ENDPOINT, xpub_ep, &eplen);
-    const char *rb[] = {"--zmq", xpub_ep, "--nats", nats.url, "--worker-id",
-                        wid_b, "--publisher-id", pub_b, "--zmq-max-msg-bytes",
-                        maxmsg, "--metrics-listen", "127.0.0.1:0", NULL};
+    const char *rb[] = {"--zmq",
+                        xpub_ep,
+                        "--nats",
+                        nats.url,
+                        "--worker-id",
+                        wid_b,
+                        "--publisher-id",
+                        pub_b,
+                        "--zmq-max-msg-bytes",
+                        maxmsg,
+                        "--metrics-listen",
+                        "127.0.0.1:0",
+                        NULL};
     kt_proc_start(&relay_b, "kvo-relay", rb);
     snprintf(relay_b_url, sizeof(relay_b_url), "http://127.0.0.1:%u",
              kt_proc_logged_port(&relay_b, "metrics on http://127.0.0.1:"));
@@ -294,9 +313,8 @@ START_TEST(token_ids_and_hashes_out_of_range_are_refused) {
     kvo_json d;
     kvo_json_init(&d);
     const char *prompt = "{\"prompt\":[1,2,4294967296],\"max_tokens\":1}";
-    ck_assert_int_eq(call(mock_url, "/v1/completions", prompt, strlen(prompt),
-                          &d),
-                     400);
+    ck_assert_int_eq(
+        call(mock_url, "/v1/completions", prompt, strlen(prompt), &d), 400);
     const char *msg = kvo_json_str(kvo_json_get(d.root, "message"), NULL);
     ck_assert_ptr_nonnull(msg); /* vLLM's error shape */
     ck_assert_msg(strstr(msg, "vocab"), "%s", msg);
@@ -306,13 +324,11 @@ START_TEST(token_ids_and_hashes_out_of_range_are_refused) {
     const char *tq = "{\"token_ids\":[4294967296]}";
     ck_assert_int_eq(call(idx_url, "/query", tq, strlen(tq), &d), 400);
     const char *trailing = "{\"tokens_hashes\":[1]} garbage";
-    ck_assert_int_eq(call(idx_url, "/query_by_hash", trailing,
-                          strlen(trailing), &d),
-                     400);
+    ck_assert_int_eq(
+        call(idx_url, "/query_by_hash", trailing, strlen(trailing), &d), 400);
     const char *bad_utf8 = "{\"prompt\":\"\xc0\x80\",\"max_tokens\":1}";
-    ck_assert_int_eq(call(mock_url, "/v1/completions", bad_utf8,
-                          strlen(bad_utf8), &d),
-                     400);
+    ck_assert_int_eq(
+        call(mock_url, "/v1/completions", bad_utf8, strlen(bad_utf8), &d), 400);
     kvo_json_fini(&d);
     all_healthy();
 }
@@ -325,7 +341,8 @@ static int half_open(uint16_t port) {
     struct sockaddr_in me = {.sin_family = AF_INET,
                              .sin_addr.s_addr = htonl(0x7f000002)};
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
-    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port),
+    struct sockaddr_in to = {.sin_family = AF_INET,
+                             .sin_port = htons(port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&to, sizeof(to)) != 0) {
         close(fd);
@@ -337,9 +354,8 @@ static int half_open(uint16_t port) {
 
 START_TEST(half_open_connections_do_not_block_health_or_queries) {
     static int fds[HALF_OPEN];
-    uint16_t ports[] = {
-        (uint16_t)atoi(strrchr(idx_url, ':') + 1),
-        (uint16_t)atoi(strrchr(mock_url, ':') + 1)};
+    uint16_t ports[] = {(uint16_t)atoi(strrchr(idx_url, ':') + 1),
+                        (uint16_t)atoi(strrchr(mock_url, ':') + 1)};
     for (int i = 0; i < HALF_OPEN; i++) fds[i] = half_open(ports[i % 2]);
     /* with every one of them held, both services answer */
     for (int k = 0; k < 5; k++) all_healthy();
@@ -409,9 +425,8 @@ START_TEST(concurrent_large_uploads_are_answered_within_bounded_memory) {
     }
     ck_assert_uint_le(kt_proc_peak_kib(&mocker), PEAK_MOCKER_KIB);
     if (refused)
-        ck_assert_uint_ge(counter(mock_url, "/kvo/state",
-                                  "counters.http_busy_refused"),
-                          1);
+        ck_assert_uint_ge(
+            counter(mock_url, "/kvo/state", "counters.http_busy_refused"), 1);
     all_healthy();
 }
 END_TEST
@@ -452,12 +467,11 @@ START_TEST(garbage_on_the_nats_subject_is_counted) {
     wire_subject(subj, sizeof(subj), "dynamo", "backend", WIRE_SUBJ_EVENTS, 0);
     uint64_t before = counter(idx_url, "/counters", "undecodable");
     static const char *const junk[] = {"", "\xc1", "\xdd\xff\xff\xff\xff",
-                                       "{\"json\": true}",
-                                       "\x85\xa1x\x01"};
+                                       "{\"json\": true}", "\x85\xa1x\x01"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(junk); i++)
-        ck_assert_int_eq(natsConnection_Publish(nc, subj, junk[i],
-                                                (int)strlen(junk[i])),
-                         NATS_OK);
+        ck_assert_int_eq(
+            natsConnection_Publish(nc, subj, junk[i], (int)strlen(junk[i])),
+            NATS_OK);
     natsConnection_Flush(nc);
     wait_counter(idx_url, "/counters", "undecodable",
                  before + KVO_ARRAY_LEN(junk));
@@ -521,14 +535,15 @@ Suite *suite_services(void) {
     TCase *tc = tcase_create("under_fire");
     tcase_set_timeout(tc, 600);
     tcase_add_unchecked_fixture(tc, start_all, stop_all);
-    tcase_add_test(tc,
-                   malformed_and_oversized_frames_are_counted_and_the_stream_goes_on);
+    tcase_add_test(
+        tc, malformed_and_oversized_frames_are_counted_and_the_stream_goes_on);
     tcase_add_test(tc, token_ids_and_hashes_out_of_range_are_refused);
     tcase_add_test(tc, half_open_connections_do_not_block_health_or_queries);
     tcase_add_test(tc,
                    concurrent_large_uploads_are_answered_within_bounded_memory);
     tcase_add_test(tc, garbage_on_the_nats_subject_is_counted);
-    tcase_add_test(tc, spoofed_publishers_and_sequences_do_not_stop_genuine_ones);
+    tcase_add_test(tc,
+                   spoofed_publishers_and_sequences_do_not_stop_genuine_ones);
     tcase_add_test(tc, every_process_stayed_alive_and_within_its_memory_bound);
     suite_add_tcase(s, tc);
     return s;

@@ -77,8 +77,9 @@ static void end_to(fake_relay *r, const char *to, wire_reply_kind what,
  * first), dump_blocks a envelope, all as of the last sequence. */
 static void dump_to(fake_relay *r, const char *to) {
     uint64_t as_of = r->n ? r->n - 1 : 0;
-    size_t per = r->dump_blocks          ? r->dump_blocks
-                 : r->nstate ? r->nstate : 1; /* all in one envelope */
+    size_t per = r->dump_blocks ? r->dump_blocks
+                 : r->nstate    ? r->nstate
+                                : 1; /* all in one envelope */
     wire_revent *ev = kvo_calloc(per + 1, sizeof(*ev));
     wire_rblock *b = kvo_calloc(per, sizeof(*b));
     uint64_t sent = 0;
@@ -86,15 +87,18 @@ static void dump_to(fake_relay *r, const char *to) {
     do {
         uint32_t n = 0;
         if (i == 0)
-            ev[n++] = (wire_revent){.worker_id = r->worker, .dp_rank = r->rank,
+            ev[n++] = (wire_revent){.worker_id = r->worker,
+                                    .dp_rank = r->rank,
                                     .type = WIRE_R_CLEARED};
         for (size_t k = 0; k < per && i < r->nstate; k++, i++) {
             b[k] = (wire_rblock){r->state[i].bh, r->state[i].th};
-            ev[n++] = (wire_revent){.worker_id = r->worker, .dp_rank = r->rank,
+            ev[n++] = (wire_revent){.worker_id = r->worker,
+                                    .dp_rank = r->rank,
                                     .type = WIRE_R_STORED,
                                     .has_parent = r->state[i].parent != 0,
                                     .parent_hash = r->state[i].parent,
-                                    .n_blocks = 1, .blocks = &b[k]};
+                                    .n_blocks = 1,
+                                    .blocks = &b[k]};
         }
         size_t len;
         uint8_t *body = encode(r, as_of, ev, n, &len);
@@ -106,8 +110,10 @@ static void dump_to(fake_relay *r, const char *to) {
     } while (i < r->nstate);
     kvo_free(ev);
     kvo_free(b);
-    wire_reply_end e = {.kind = WIRE_REPLY_DUMP, .sent = sent,
-                        .has_as_of = r->n > 0, .as_of = as_of,
+    wire_reply_end e = {.kind = WIRE_REPLY_DUMP,
+                        .sent = sent,
+                        .has_as_of = r->n > 0,
+                        .as_of = as_of,
                         .blocks = r->nstate};
     end_to(r, to, WIRE_REPLY_END, &e);
     r->dumps++;
@@ -122,16 +128,16 @@ static void on_recovery(natsConnection *nc, natsSubscription *sub, natsMsg *m,
     kvo_json doc;
     kvo_json_init(&doc);
     wire_recovery_req q;
-    kvo_status st = wire_recovery_req_decode(&doc, natsMsg_GetData(m),
-                                             (size_t)natsMsg_GetDataLength(m),
-                                             &q, NULL);
+    kvo_status st = wire_recovery_req_decode(
+        &doc, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m), &q, NULL);
     kvo_json_fini(&doc);
     pthread_mutex_lock(&r->mu);
     r->requests++;
     if (st != KVO_OK || !to || r->silent) {
         /* not answered */
     } else if (!q.dump && (r->n == 0 || q.from_sequence > r->n - 1)) {
-        wire_reply_end e = {.kind = WIRE_REPLY_TOO_NEW, .has_as_of = r->n > 0,
+        wire_reply_end e = {.kind = WIRE_REPLY_TOO_NEW,
+                            .has_as_of = r->n > 0,
                             .as_of = r->n ? r->n - 1 : 0};
         end_to(r, to, WIRE_REPLY_TOO_NEW, &e);
         r->too_new++;
@@ -142,7 +148,8 @@ static void on_recovery(natsConnection *nc, natsSubscription *sub, natsMsg *m,
             put_msg(r, to, "events", r->sent[s].hdr, r->sent[s].body,
                     r->sent[s].len);
         wire_reply_end e = {.kind = WIRE_REPLY_EVENTS,
-                            .sent = r->n - q.from_sequence, .has_as_of = true,
+                            .sent = r->n - q.from_sequence,
+                            .has_as_of = true,
                             .as_of = r->n - 1};
         end_to(r, to, WIRE_REPLY_END, &e);
         r->events++;
@@ -199,10 +206,14 @@ void fake_relay_store(fake_relay *r, uint64_t parent, uint64_t bh, uint64_t th,
         kvo_grow(&r->sent, &r->cap_sent, r->n + 1, sizeof(*r->sent), 64),
         KVO_OK);
     wire_rblock b = {bh, th};
-    wire_revent ev = {.worker_id = r->worker, .dp_rank = r->rank,
-                      .event_id = r->n + 1, .type = WIRE_R_STORED,
-                      .has_parent = parent != 0, .parent_hash = parent,
-                      .n_blocks = 1, .blocks = &b};
+    wire_revent ev = {.worker_id = r->worker,
+                      .dp_rank = r->rank,
+                      .event_id = r->n + 1,
+                      .type = WIRE_R_STORED,
+                      .has_parent = parent != 0,
+                      .parent_hash = parent,
+                      .n_blocks = 1,
+                      .blocks = &b};
     fake_sent *s = &r->sent[r->n];
     s->body = encode(r, r->n, &ev, 1, &s->len);
     snprintf(s->hdr, sizeof(s->hdr), "%" PRIu64 "-%" PRIu64, r->n, r->n);

@@ -35,10 +35,13 @@ idx_evstatus tt_store_bh(idx_tree *t, uint64_t wid, uint32_t rank,
     wire_rblock *b = kvo_calloc(n ? n : 1, sizeof(*b));
     ck_assert_ptr_nonnull(b);
     for (size_t i = 0; i < n; i++) b[i] = (wire_rblock){bh[i], tok[i]};
-    wire_revent ev = {.worker_id = wid, .dp_rank = rank,
-                      .type = WIRE_R_STORED, .has_parent = parent != NULL,
+    wire_revent ev = {.worker_id = wid,
+                      .dp_rank = rank,
+                      .type = WIRE_R_STORED,
+                      .has_parent = parent != NULL,
                       .parent_hash = parent ? *parent : 0,
-                      .n_blocks = (uint32_t)n, .blocks = b};
+                      .n_blocks = (uint32_t)n,
+                      .blocks = b};
     idx_evstatus st = IDX_EV_STATUS_COUNT;
     ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
     kvo_free(b);
@@ -57,8 +60,10 @@ idx_evstatus tt_store(idx_tree *t, uint64_t wid, uint32_t rank,
 
 idx_evstatus tt_remove(idx_tree *t, uint64_t wid, uint32_t rank,
                        const uint64_t *bh, size_t n) {
-    wire_revent ev = {.worker_id = wid, .dp_rank = rank,
-                      .type = WIRE_R_REMOVED, .n_removed = (uint32_t)n,
+    wire_revent ev = {.worker_id = wid,
+                      .dp_rank = rank,
+                      .type = WIRE_R_REMOVED,
+                      .n_removed = (uint32_t)n,
                       .removed = (uint64_t *)bh};
     idx_evstatus st = IDX_EV_STATUS_COUNT;
     ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
@@ -66,8 +71,8 @@ idx_evstatus tt_remove(idx_tree *t, uint64_t wid, uint32_t rank,
 }
 
 idx_evstatus tt_clear(idx_tree *t, uint64_t wid, uint32_t rank) {
-    wire_revent ev = {.worker_id = wid, .dp_rank = rank,
-                      .type = WIRE_R_CLEARED};
+    wire_revent ev = {
+        .worker_id = wid, .dp_rank = rank, .type = WIRE_R_CLEARED};
     idx_evstatus st = IDX_EV_STATUS_COUNT;
     ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
     return st;
@@ -81,7 +86,8 @@ uint32_t tt_score(idx_tree *t, const uint64_t *q, size_t n, uint64_t wid,
     uint32_t r = 0;
     for (size_t i = 0; i < s.n; i++) {
         ck_assert_uint_gt(s.v[i].blocks, 0);
-        if (s.v[i].worker_id == wid && s.v[i].dp_rank == rank) r = s.v[i].blocks;
+        if (s.v[i].worker_id == wid && s.v[i].dp_rank == rank)
+            r = s.v[i].blocks;
     }
     idx_scores_fini(&s);
     return r;
@@ -194,8 +200,12 @@ uint8_t *tt_envelope(uint64_t pub, uint64_t seq, uint64_t worker,
     wire_rblock *b = kvo_calloc(n ? n : 1, sizeof(*b));
     ck_assert_ptr_nonnull(b);
     for (uint32_t i = 0; i < n; i++) b[i] = (wire_rblock){100 * (i + 1), i + 1};
-    wire_revent ev = {.worker_id = worker, .tier = tier, .event_id = seq + 1,
-                      .type = WIRE_R_STORED, .n_blocks = n, .blocks = b};
+    wire_revent ev = {.worker_id = worker,
+                      .tier = tier,
+                      .event_id = seq + 1,
+                      .type = WIRE_R_STORED,
+                      .n_blocks = n,
+                      .blocks = b};
     uint8_t *out = tt_plane(pub, seq, 1700000000000ull + seq, &ev, 1, len);
     kvo_free(b);
     return out;

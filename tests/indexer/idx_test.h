@@ -109,9 +109,9 @@ typedef struct fake_relay {
     size_t n, cap_sent;
     fake_block *state; /* forwarded state, store order */
     size_t nstate, cap_state;
-    uint64_t ring_first;  /* from_sequence below this: a dump */
-    size_t dump_blocks;   /* blocks per dump envelope (0: all in one) */
-    bool silent;          /* take requests, answer nothing */
+    uint64_t ring_first; /* from_sequence below this: a dump */
+    size_t dump_blocks;  /* blocks per dump envelope (0: all in one) */
+    bool silent;         /* take requests, answer nothing */
     uint64_t requests, events, dumps, too_new; /* what it answered */
 } fake_relay;
 

@@ -15,16 +15,9 @@ Suite *suite_dynamo(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
-        suite_tree,
-        suite_model,
-        suite_feed,
-        suite_replay,
-        suite_service,
-        suite_fuzz_query,
-        suite_recover,
-        suite_heal,
-        suite_views,
-        suite_dynamo,
+        suite_tree,    suite_model,      suite_feed,    suite_replay,
+        suite_service, suite_fuzz_query, suite_recover, suite_heal,
+        suite_views,   suite_dynamo,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -25,12 +25,12 @@ typedef struct dy {
 static void dy_start(dy *e) {
     memset(e, 0, sizeof(*e));
     kt_nats_start(&e->nats);
-    const char *args[] = {"--nats",        e->nats.url,   "--http",
-                          "127.0.0.1:0",   "--dynamo-http", "127.0.0.1:0",
-                          "--no-recovery", NULL};
+    const char *args[] = {
+        "--nats",        e->nats.url,   "--http",        "127.0.0.1:0",
+        "--dynamo-http", "127.0.0.1:0", "--no-recovery", NULL};
     kt_proc_start(&e->idx, "kvo-indexer", args);
-    uint16_t port =
-        kt_proc_logged_port(&e->idx, "dynamo API listening on http://127.0.0.1:");
+    uint16_t port = kt_proc_logged_port(
+        &e->idx, "dynamo API listening on http://127.0.0.1:");
     snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", port);
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);
@@ -52,9 +52,8 @@ static long call(dy *e, const char *path, const char *ctype, const char *body,
                  size_t len) {
     char url[256];
     snprintf(url, sizeof(url), "%s%s", e->base, path);
-    kvo_status st =
-        body ? kvo_http_post(e->c, url, ctype, body, len, &e->resp)
-             : kvo_http_get(e->c, url, &e->resp);
+    kvo_status st = body ? kvo_http_post(e->c, url, ctype, body, len, &e->resp)
+                         : kvo_http_get(e->c, url, &e->resp);
     ck_assert_msg(st == KVO_OK, "%s: %s", path, kvo_strerror(st));
     kvo_buf_cstr(&e->resp.body);
     return e->resp.status;
@@ -86,8 +85,9 @@ static void expect_error(dy *e, const char *path, const char *body, long code,
                       json_object_is_type(m, json_type_string),
                   "%s: no {\"error\"} in %s", path, text(e));
     if (names)
-        ck_assert_msg(strstr(json_object_get_string(m), names), "%s: '%s' lacks %s",
-                      path, json_object_get_string(m), names);
+        ck_assert_msg(strstr(json_object_get_string(m), names),
+                      "%s: '%s' lacks %s", path, json_object_get_string(m),
+                      names);
     json_object_put(j);
 }
 
@@ -105,8 +105,11 @@ static void reg(dy *e, uint64_t id, const char *ep, const char *model,
                      "{\"instance_id\": %" PRIu64 ", \"endpoint\": \"%s\", "
                      "\"model_name\": \"%s\", \"block_size\": %u",
                      id, ep, model, bs);
-    if (group) n += snprintf(b + n, sizeof(b) - n, ", \"routing_group\": \"%s\"", group);
-    if (rank >= 0) n += snprintf(b + n, sizeof(b) - n, ", \"dp_rank\": %d", rank);
+    if (group)
+        n += snprintf(b + n, sizeof(b) - n, ", \"routing_group\": \"%s\"",
+                      group);
+    if (rank >= 0)
+        n += snprintf(b + n, sizeof(b) - n, ", \"dp_rank\": %d", rank);
     snprintf(b + n, sizeof(b) - n, "}");
     expect(e, "/register", b, 201, "{\"status\":\"ok\"}");
 }
@@ -118,26 +121,30 @@ START_TEST(register_answers_201_then_409_for_each_conflict) {
     dy_start(&e);
     reg(&e, 20, "tcp://127.0.0.1:15590", "llama3", "acme", 4, -1);
     /* the same (instance, rank) again */
-    expect_error(&e, "/register",
-                 "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
-                 "\"model_name\": \"llama3\", \"routing_group\": \"acme\", "
-                 "\"block_size\": 4, \"dp_rank\": 0}",
-                 409, "dp_rank 0");
+    expect_error(
+        &e, "/register",
+        "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
+        "\"model_name\": \"llama3\", \"routing_group\": \"acme\", "
+        "\"block_size\": 4, \"dp_rank\": 0}",
+        409, "dp_rank 0");
     /* the instance under another model, or another group */
-    expect_error(&e, "/register",
-                 "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
-                 "\"model_name\": \"mistral\", \"block_size\": 4, \"dp_rank\": 1}",
-                 409, "model=llama3");
-    expect_error(&e, "/register",
-                 "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
-                 "\"model_name\": \"llama3\", \"block_size\": 4, \"dp_rank\": 1}",
-                 409, "routing_group=acme");
+    expect_error(
+        &e, "/register",
+        "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
+        "\"model_name\": \"mistral\", \"block_size\": 4, \"dp_rank\": 1}",
+        409, "model=llama3");
+    expect_error(
+        &e, "/register",
+        "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
+        "\"model_name\": \"llama3\", \"block_size\": 4, \"dp_rank\": 1}",
+        409, "routing_group=acme");
     /* another instance of the partition with another block size */
-    expect_error(&e, "/register",
-                 "{\"instance_id\": 21, \"endpoint\": \"tcp://127.0.0.1:15591\", "
-                 "\"model_name\": \"llama3\", \"routing_group\": \"acme\", "
-                 "\"block_size\": 8}",
-                 409, "block_size");
+    expect_error(
+        &e, "/register",
+        "{\"instance_id\": 21, \"endpoint\": \"tcp://127.0.0.1:15591\", "
+        "\"model_name\": \"llama3\", \"routing_group\": \"acme\", "
+        "\"block_size\": 8}",
+        409, "block_size");
     /* another rank of the same instance, and unknown members are ignored */
     expect(&e, "/register",
            "{\"instance_id\": 20, \"endpoint\": \"tcp://127.0.0.1:15591\", "
@@ -158,8 +165,8 @@ START_TEST(register_refuses_bad_bodies_with_400_415_422_413) {
     dy e;
     dy_start(&e);
     static const char *const bad_endpoints[] = {
-        "tcp://host", "tcp://:5558", "udp://host:5558", "not-an-endpoint",
-        "tcp://", "tcp://host:99999", "tcp://::1:5", "tcp://[::1:5"};
+        "tcp://host", "tcp://:5558",      "udp://host:5558", "not-an-endpoint",
+        "tcp://",     "tcp://host:99999", "tcp://::1:5",     "tcp://[::1:5"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad_endpoints); i++) {
         char b[256];
         snprintf(b, sizeof(b),
@@ -243,31 +250,37 @@ START_TEST(workers_lists_registrations_with_their_filters) {
     ck_assert_uint_eq(json_object_array_length(all), 2);
     json_object *w = json_object_array_get_idx(all, 0); /* sorted by id */
     ck_assert_uint_eq(tt_json_u64(w, "instance_id"), 20);
-    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "model_name")), "llama3");
-    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "routing_group")), "acme");
+    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "model_name")),
+                     "llama3");
+    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "routing_group")),
+                     "acme");
     ck_assert_str_eq(json_object_get_string(tt_json_at(w, "source")), "zmq");
     ck_assert_uint_eq(tt_json_u64(w, "block_size"), 4);
     ck_assert(!json_object_object_get_ex(w, "tenant_id", NULL));
     ck_assert_str_eq(json_object_get_string(tt_json_at(w, "endpoints.3")),
                      "tcp://127.0.0.1:15592");
-    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "listeners.0.endpoint")),
-                     "tcp://127.0.0.1:15590");
+    ck_assert_str_eq(
+        json_object_get_string(tt_json_at(w, "listeners.0.endpoint")),
+        "tcp://127.0.0.1:15590");
     const char *st = json_object_get_string(tt_json_at(w, "status"));
     ck_assert_msg(!strcmp(st, "pending") || !strcmp(st, "active"), "%s", st);
     json_object_put(all);
     json_object *f = get_json(&e, "/workers?model_name=llama3");
     ck_assert_uint_eq(json_object_array_length(f), 1);
-    ck_assert_uint_eq(tt_json_u64(json_object_array_get_idx(f, 0), "instance_id"), 20);
+    ck_assert_uint_eq(
+        tt_json_u64(json_object_array_get_idx(f, 0), "instance_id"), 20);
     json_object_put(f);
     f = get_json(&e, "/workers?routing_group=other");
     ck_assert_uint_eq(json_object_array_length(f), 1);
-    ck_assert_uint_eq(tt_json_u64(json_object_array_get_idx(f, 0), "instance_id"), 21);
+    ck_assert_uint_eq(
+        tt_json_u64(json_object_array_get_idx(f, 0), "instance_id"), 21);
     json_object_put(f);
     f = get_json(&e, "/workers?tenant_id=acme"); /* not a filter */
     ck_assert_uint_eq(json_object_array_length(f), 2);
     json_object_put(f);
     tt_json_eq(get_json(&e, "/workers?model_name=nonexistent"), "[]");
-    tt_json_eq(get_json(&e, "/workers?model_name=llama3&routing_group=other"), "[]");
+    tt_json_eq(get_json(&e, "/workers?model_name=llama3&routing_group=other"),
+               "[]");
     dy_stop(&e);
 }
 END_TEST
@@ -279,13 +292,14 @@ START_TEST(unregister_answers_200_or_404_and_drops_empty_partitions) {
     dy_start(&e);
     const char *q = "{\"token_ids\": [1, 2, 3, 4], \"model_name\": \"m\", "
                     "\"routing_group\": \"g\"}";
-    expect_error(&e, "/unregister", "{\"instance_id\": 1, \"model_name\": \"m\"}",
-                 404, "not found");
+    expect_error(&e, "/unregister",
+                 "{\"instance_id\": 1, \"model_name\": \"m\"}", 404,
+                 "not found");
     reg(&e, 1, "tcp://127.0.0.1:15590", "m", "g", 4, 0);
     reg(&e, 1, "tcp://127.0.0.1:15591", "m", "g", 4, 1);
     reg(&e, 2, "tcp://127.0.0.1:15592", "m", "g", 4, 0);
-    expect_error(&e, "/unregister", "{\"instance_id\": 1, \"model_name\": \"x\"}",
-                 404, "model=m");
+    expect_error(&e, "/unregister",
+                 "{\"instance_id\": 1, \"model_name\": \"x\"}", 404, "model=m");
     expect_error(&e, "/unregister",
                  "{\"instance_id\": 1, \"model_name\": \"m\", "
                  "\"routing_group\": \"h\"}",
@@ -294,7 +308,8 @@ START_TEST(unregister_answers_200_or_404_and_drops_empty_partitions) {
                  "{\"instance_id\": 1, \"model_name\": \"m\", "
                  "\"routing_group\": \"g\", \"dp_rank\": 7}",
                  404, "dp_rank 7");
-    expect_error(&e, "/unregister", "{\"model_name\": \"m\"}", 422, "instance_id");
+    expect_error(&e, "/unregister", "{\"model_name\": \"m\"}", 422,
+                 "instance_id");
     expect_error(&e, "/unregister", "{\"instance_id\": 1}", 422, "model_name");
     /* one rank: the other stays */
     expect(&e, "/unregister",
@@ -307,8 +322,8 @@ START_TEST(unregister_answers_200_or_404_and_drops_empty_partitions) {
     ck_assert_int_eq(json_object_object_length(ls), 1);
     json_object_put(w);
     /* no routing_group: every group of the model; no dp_rank: every rank */
-    expect(&e, "/unregister", "{\"instance_id\": 1, \"model_name\": \"m\"}", 200,
-           "{\"status\":\"ok\"}");
+    expect(&e, "/unregister", "{\"instance_id\": 1, \"model_name\": \"m\"}",
+           200, "{\"status\":\"ok\"}");
     expect(&e, "/query", q, 200,
            "{\"scores\":{},\"frequencies\":[],\"instances\":{}}");
     expect(&e, "/unregister",
@@ -328,43 +343,47 @@ END_TEST
 START_TEST(queries_check_their_partition_and_integer_types) {
     dy e;
     dy_start(&e);
-    expect_error(&e, "/query", "{\"token_ids\": [1], \"model_name\": \"m\"}", 404,
-                 "no indexer for model=m routing_group=default");
+    expect_error(&e, "/query", "{\"token_ids\": [1], \"model_name\": \"m\"}",
+                 404, "no indexer for model=m routing_group=default");
     reg(&e, 5, "tcp://127.0.0.1:15590", "m", NULL, 4, -1);
     const char *empty = "{\"scores\":{},\"frequencies\":[],\"instances\":{}}";
-    expect(&e, "/query", "{\"token_ids\": [1, 2, 3, 4, 5], \"model_name\": \"m\"}",
-           200, empty);
+    expect(&e, "/query",
+           "{\"token_ids\": [1, 2, 3, 4, 5], \"model_name\": \"m\"}", 200,
+           empty);
     expect(&e, "/query",
            "{\"token_ids\": [], \"model_name\": \"m\", \"routing_group\": "
            "\"default\", \"lora_name\": null, \"cache_salt\": \"s\"}",
            200, empty);
-    expect_error(&e, "/query",
-                 "{\"token_ids\": [1], \"model_name\": \"m\", \"routing_group\": "
-                 "\"other\"}",
-                 404, "routing_group=other");
+    expect_error(
+        &e, "/query",
+        "{\"token_ids\": [1], \"model_name\": \"m\", \"routing_group\": "
+        "\"other\"}",
+        404, "routing_group=other");
     /* token ids are u32 */
-    expect_error(&e, "/query", "{\"token_ids\": [-1], \"model_name\": \"m\"}", 422,
-                 "token_ids");
+    expect_error(&e, "/query", "{\"token_ids\": [-1], \"model_name\": \"m\"}",
+                 422, "token_ids");
     expect_error(&e, "/query",
                  "{\"token_ids\": [4294967296], \"model_name\": \"m\"}", 422,
                  "token_ids[0]");
-    expect_error(&e, "/query", "{\"token_ids\": [1.0], \"model_name\": \"m\"}", 422,
-                 "token_ids");
-    expect_error(&e, "/query", "{\"token_ids\": \"1\", \"model_name\": \"m\"}", 422,
-                 "token_ids");
+    expect_error(&e, "/query", "{\"token_ids\": [1.0], \"model_name\": \"m\"}",
+                 422, "token_ids");
+    expect_error(&e, "/query", "{\"token_ids\": \"1\", \"model_name\": \"m\"}",
+                 422, "token_ids");
     expect_error(&e, "/query", "{\"model_name\": \"m\"}", 422, "token_ids");
     expect_error(&e, "/query", "{\"token_ids\": [1]}", 422, "model_name");
-    expect_error(&e, "/query",
-                 "{\"token_ids\": [1], \"model_name\": \"m\", \"lora_name\": 3}",
-                 422, "lora_name");
+    expect_error(
+        &e, "/query",
+        "{\"token_ids\": [1], \"model_name\": \"m\", \"lora_name\": 3}", 422,
+        "lora_name");
     /* block hashes are i64: negative is fine, 2^63 is not */
     expect(&e, "/query_by_hash",
            "{\"block_hashes\": [-9223372036854775808, -1, 0, "
            "9223372036854775807], \"model_name\": \"m\", \"cache_salt\": null}",
            200, empty);
-    expect_error(&e, "/query_by_hash",
-                 "{\"block_hashes\": [9223372036854775808], \"model_name\": \"m\"}",
-                 422, "block_hashes");
+    expect_error(
+        &e, "/query_by_hash",
+        "{\"block_hashes\": [9223372036854775808], \"model_name\": \"m\"}", 422,
+        "block_hashes");
     expect_error(&e, "/query_by_hash", "{\"model_name\": \"m\"}", 422,
                  "block_hashes");
     /* a cache salt is the caller's to fold in: 400, found before the 404 */
@@ -379,7 +398,8 @@ START_TEST(queries_check_their_partition_and_integer_types) {
     expect_error(&e, "/query", NULL, 405, NULL);
     expect_error(&e, "/workers", "{}", 405, NULL);
     expect_error(&e, "/nope", NULL, 404, NULL);
-    expect_error(&e, "/watermark", NULL, 404, NULL); /* kvo's API is elsewhere */
+    expect_error(&e, "/watermark", NULL, 404,
+                 NULL); /* kvo's API is elsewhere */
     dy_stop(&e);
 }
 END_TEST
@@ -395,31 +415,41 @@ START_TEST(health_dump_and_metrics_have_dynamos_shapes) {
     reg(&e, 9, "tcp://127.0.0.1:15590", "llama3", "acme", 4, -1);
     tt_json_eq(get_json(&e, "/dump"),
                "{\"llama3:acme\":{\"block_size\":4,\"events\":[]}}");
-    expect_error(&e, "/query", "{\"token_ids\": [-1], \"model_name\": \"m\"}", 422,
-                 NULL);
+    expect_error(&e, "/query", "{\"token_ids\": [-1], \"model_name\": \"m\"}",
+                 422, NULL);
     ck_assert_int_eq(call(&e, "/metrics", NULL, NULL, 0), 200);
     const char *m = text(&e);
     ck_assert_ptr_nonnull(strstr(m, "dynamo_kvindexer_models 1\n"));
     ck_assert_ptr_nonnull(strstr(m, "dynamo_kvindexer_workers 1\n"));
-    ck_assert_ptr_nonnull(strstr(
-        m, "dynamo_kvindexer_requests_total{endpoint=\"/register\",method=\"POST\"} 1\n"));
-    ck_assert_ptr_nonnull(strstr(
-        m, "dynamo_kvindexer_errors_total{endpoint=\"/query\",status_class=\"4xx\"} 1\n"));
-    ck_assert_ptr_nonnull(strstr(m, "dynamo_kvindexer_listeners{status=\"failed\"} 0\n"));
+    ck_assert_ptr_nonnull(strstr(m, "dynamo_kvindexer_requests_total{endpoint="
+                                    "\"/register\",method=\"POST\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(m, "dynamo_kvindexer_errors_total{endpoint=\"/"
+                                    "query\",status_class=\"4xx\"} 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr(m, "dynamo_kvindexer_listeners{status=\"failed\"} 0\n"));
     ck_assert_ptr_nonnull(strstr(m, "kvo_relay_batches_applied_total"));
     /* hostile bodies: answered, never a crash */
     static const char *const hostile[] = {
-        "", "{", "\"\\ud800\"", "{\"a\": \"\xff\"}", "{\"a\": 1, \"a\": 2}",
-        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
-        "{\"token_ids\": [1e400], \"model_name\": \"m\"}", "nul\0l"};
+        "",
+        "{",
+        "\"\\ud800\"",
+        "{\"a\": \"\xff\"}",
+        "{\"a\": 1, \"a\": 2}",
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "["
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "[",
+        "{\"token_ids\": [1e400], \"model_name\": \"m\"}",
+        "nul\0l"};
     static const char *const routes[] = {"/register", "/unregister", "/query",
                                          "/query_by_hash"};
     for (size_t r = 0; r < KVO_ARRAY_LEN(routes); r++)
         for (size_t i = 0; i < KVO_ARRAY_LEN(hostile); i++) {
-            long c = call(&e, routes[r], "application/json", hostile[i],
-                          i == KVO_ARRAY_LEN(hostile) - 1 ? 5 : strlen(hostile[i]));
-            ck_assert_msg(c == 400 || c == 422, "%s %zu -> %ld", routes[r], i, c);
+            long c =
+                call(&e, routes[r], "application/json", hostile[i],
+                     i == KVO_ARRAY_LEN(hostile) - 1 ? 5 : strlen(hostile[i]));
+            ck_assert_msg(c == 400 || c == 422, "%s %zu -> %ld", routes[r], i,
+                          c);
         }
     ck_assert_int_eq(call(&e, "/health", NULL, NULL, 0), 200);
     dy_stop(&e);
@@ -444,9 +474,10 @@ static void mk_start(mk *m) {
     snprintf(zp, sizeof(zp), "%u", m->zmq);
     snprintf(rp, sizeof(rp), "%u", m->replay);
     snprintf(m->base, sizeof(m->base), "http://127.0.0.1:%u", m->http);
-    const char *args[] = {"--port", hp, "--zmq-port", zp, "--replay-port", rp,
-                          "--num-gpu-blocks", "64", "--block-size", "16",
-                          "--log-level", "warn", "--require-events", NULL};
+    const char *args[] = {"--port",           hp,   "--zmq-port",       zp,
+                          "--replay-port",    rp,   "--num-gpu-blocks", "64",
+                          "--block-size",     "16", "--log-level",      "warn",
+                          "--require-events", NULL};
     kt_proc_start(&m->p, "kvo-mocker", args);
     char url[96];
     snprintf(url, sizeof(url), "%s/health", m->base);
@@ -508,7 +539,8 @@ START_TEST(a_registered_mocker_is_indexed_until_unregistered) {
     char *body = NULL;
     size_t blen = strlen((const char *)p.data) + 128;
     body = malloc(blen);
-    snprintf(body, blen, "{\"model\": \"kvo-mock\", \"max_tokens\": 1, \"prompt\": %s}",
+    snprintf(body, blen,
+             "{\"model\": \"kvo-mock\", \"max_tokens\": 1, \"prompt\": %s}",
              (const char *)p.data);
     kvo_http_resp r;
     kvo_http_resp_init(&r);
@@ -519,9 +551,10 @@ START_TEST(a_registered_mocker_is_indexed_until_unregistered) {
     ck_assert_int_eq(r.status, 200);
     kvo_http_resp_fini(&r);
     free(body);
-    const char *want = "{\"scores\":{\"7\":{\"0\":96}},\"frequencies\":[],"
-                       "\"instances\":{\"7\":{\"longest_matched\":96,\"gpu\":96,"
-                       "\"dp\":{\"0\":96},\"cpu\":96,\"disk\":96}}}";
+    const char *want =
+        "{\"scores\":{\"7\":{\"0\":96}},\"frequencies\":[],"
+        "\"instances\":{\"7\":{\"longest_matched\":96,\"gpu\":96,"
+        "\"dp\":{\"0\":96},\"cpu\":96,\"disk\":96}}}";
     kvo_buf_printf(&q, "{\"token_ids\": %s, \"model_name\": \"kvo-mock\"}",
                    (const char *)p.data);
     kvo_buf_cstr(&q);
@@ -541,26 +574,29 @@ START_TEST(a_registered_mocker_is_indexed_until_unregistered) {
     expect(&e, "/query_by_hash", (const char *)h.data, 200, want);
     /* a salted query is another prefix */
     kvo_buf_reset(&q);
-    kvo_buf_printf(&q, "{\"token_ids\": %s, \"model_name\": \"kvo-mock\", "
-                       "\"cache_salt\": \"s\"}",
+    kvo_buf_printf(&q,
+                   "{\"token_ids\": %s, \"model_name\": \"kvo-mock\", "
+                   "\"cache_salt\": \"s\"}",
                    (const char *)p.data);
     kvo_buf_cstr(&q);
     expect(&e, "/query", (const char *)q.data, 200,
            "{\"scores\":{},\"frequencies\":[],\"instances\":{}}");
     json_object *d = get_json(&e, "/dump");
-    ck_assert_uint_eq(json_object_array_length(tt_json_at(d, "kvo-mock:default.events")),
-                      6);
+    ck_assert_uint_eq(
+        json_object_array_length(tt_json_at(d, "kvo-mock:default.events")), 6);
     json_object_put(d);
     /* unregister empties it */
-    expect(&e, "/unregister", "{\"instance_id\": 7, \"model_name\": \"kvo-mock\"}",
-           200, "{\"status\":\"ok\"}");
+    expect(&e, "/unregister",
+           "{\"instance_id\": 7, \"model_name\": \"kvo-mock\"}", 200,
+           "{\"status\":\"ok\"}");
     expect_error(&e, "/query_by_hash", (const char *)h.data, 404, "kvo-mock");
     tt_json_eq(get_json(&e, "/dump"), "{}");
     /* registered again: the engine's blocks come back through its replay */
     expect(&e, "/register", b, 201, "{\"status\":\"ok\"}");
     wait_answer(&e, "/query_by_hash", (const char *)h.data, want);
     ck_assert_int_eq(call(&e, "/metrics", NULL, NULL, 0), 200);
-    ck_assert_ptr_nonnull(strstr(text(&e), "kvo_relay_rejects_total{kind=\"token_count\"} 0"));
+    ck_assert_ptr_nonnull(
+        strstr(text(&e), "kvo_relay_rejects_total{kind=\"token_count\"} 0"));
     kvo_buf_fini(&p);
     kvo_buf_fini(&q);
     kvo_buf_fini(&h);

@@ -89,8 +89,8 @@ START_TEST(duplicates_are_dropped_gaps_and_restarts_counted) {
     ck_assert_uint_eq(p[0].gaps, 1);
     kvo_free(p);
     /* a publisher first heard at sequence 5 missed 0..4 */
-    ck_assert_int_eq(feed_envelope(f, 77, 5, 1, WIRE_TIER_DEVICE, 1, NULL, NULL),
-                     KVO_OK);
+    ck_assert_int_eq(
+        feed_envelope(f, 77, 5, 1, WIRE_TIER_DEVICE, 1, NULL, NULL), KVO_OK);
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.gaps, 2);
     ck_assert_uint_eq(k.missed, 6);
@@ -138,7 +138,7 @@ START_TEST(message_result_says_what_happened) {
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.messages, 6);
     ck_assert_uint_eq(k.applied, 4);
-    uint64_t once[] = {k.duplicates, k.restarts,   k.gaps,
+    uint64_t once[] = {k.duplicates,  k.restarts,   k.gaps,
                        k.bad_headers, k.other_tier, k.undecodable};
     for (size_t i = 0; i < KVO_ARRAY_LEN(once); i++)
         ck_assert_uint_eq(once[i], 1);
@@ -155,8 +155,10 @@ START_TEST(message_result_says_what_happened) {
         kvo_status s = idx_feed_message(f, b, len, NULL, &r, NULL);
         kvo_alloc_fail_after(-1);
         ck_assert(!r.duplicate && !r.undecodable);
-        if (s == KVO_OK) ck_assert(r.applied && r.lost == 0);
-        else ck_assert(s == KVO_ENOMEM && (r.applied == (r.lost == 1)));
+        if (s == KVO_OK)
+            ck_assert(r.applied && r.lost == 0);
+        else
+            ck_assert(s == KVO_ENOMEM && (r.applied == (r.lost == 1)));
         idx_feed_counters_get(f, &k);
         ck_assert_uint_eq(k.enomem, r.lost);
         lost |= r.lost > 0;
@@ -174,12 +176,12 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
         feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 2, "10-14", NULL), KVO_OK);
     ck_assert_int_eq(
         feed_envelope(f, 5, 1, 1, WIRE_TIER_DEVICE, 2, "15-15", NULL), KVO_OK);
-    const char *bad[] = {"x-1", "9-3", "15", "-3", "1-", "1-2-3",
-                         "99999999999999999999-1", ""};
+    const char *bad[] = {
+        "x-1", "9-3", "15", "-3", "1-", "1-2-3", "99999999999999999999-1", ""};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++)
-        ck_assert_int_eq(feed_envelope(f, 5, 2 + i, 1, WIRE_TIER_DEVICE, 1,
-                                       bad[i], NULL),
-                         KVO_OK);
+        ck_assert_int_eq(
+            feed_envelope(f, 5, 2 + i, 1, WIRE_TIER_DEVICE, 1, bad[i], NULL),
+            KVO_OK);
     ck_assert_int_eq(feed_envelope(f, 6, 0, 2, WIRE_TIER_DEVICE, 1, NULL, NULL),
                      KVO_OK);
     idx_feed_counters k;
@@ -207,8 +209,8 @@ START_TEST(a_restart_restarts_the_zmq_watermark) {
     ck_assert_int_eq(
         feed_envelope(f, 5, 1, 1, WIRE_TIER_DEVICE, 2, "15-20", NULL), KVO_OK);
     idx_feed_result r;
-    ck_assert_int_eq(
-        feed_envelope(f, 5, 0, 2, WIRE_TIER_DEVICE, 1, "0-3", &r), KVO_OK);
+    ck_assert_int_eq(feed_envelope(f, 5, 0, 2, WIRE_TIER_DEVICE, 1, "0-3", &r),
+                     KVO_OK);
     ck_assert(r.restart);
     uint64_t last;
     ck_assert(idx_feed_zmq_last(f, 5, &last));
@@ -237,7 +239,8 @@ START_TEST(a_bogus_jump_is_undone_by_the_next_message) {
     const char *hdr[] = {"0-0", "1-1", "2-2"};
     for (uint64_t i = 0; i < 3; i++)
         ck_assert_int_eq(
-            feed_envelope(f, 9, i, 1, WIRE_TIER_DEVICE, 1, hdr[i], NULL), KVO_OK);
+            feed_envelope(f, 9, i, 1, WIRE_TIER_DEVICE, 1, hdr[i], NULL),
+            KVO_OK);
     const uint64_t far = 1000000000000ull;
     ck_assert_int_eq(feed_envelope(f, 9, far, 1, WIRE_TIER_DEVICE, 1,
                                    "3-18446744073709551615", &r),
@@ -289,7 +292,8 @@ START_TEST(counters_saturate_instead_of_wrapping) {
     idx_feed *f = tt_feed_new();
     idx_feed_result r;
     ck_assert_int_eq(
-        feed_envelope(f, 1, UINT64_MAX, 1, WIRE_TIER_DEVICE, 1, NULL, &r), KVO_OK);
+        feed_envelope(f, 1, UINT64_MAX, 1, WIRE_TIER_DEVICE, 1, NULL, &r),
+        KVO_OK);
     ck_assert_uint_eq(r.missed, UINT64_MAX);
     ck_assert_int_eq(feed_envelope(f, 1, 5, 2, WIRE_TIER_DEVICE, 1, NULL, &r),
                      KVO_OK);
@@ -330,9 +334,9 @@ START_TEST(a_full_publisher_table_applies_untracked_and_counts) {
     idx_feed *f = feed_with(100, 0);
     idx_feed_result r;
     for (uint64_t i = 0; i < 5000; i++) {
-        ck_assert_int_eq(feed_envelope(f, 1000 + i, 3, i, WIRE_TIER_DEVICE, 1,
-                                       "1-2", &r),
-                         KVO_OK);
+        ck_assert_int_eq(
+            feed_envelope(f, 1000 + i, 3, i, WIRE_TIER_DEVICE, 1, "1-2", &r),
+            KVO_OK);
         ck_assert(r.applied);
         ck_assert(r.untracked == (i >= 100));
         ck_assert_uint_eq(r.missed, i < 100 ? 3 : 0);
@@ -368,7 +372,8 @@ START_TEST(a_full_publisher_table_applies_untracked_and_counts) {
                 1000 + seen++);
         json_object *next;
         ck_assert(json_object_object_get_ex(w, "next", &next) == (page < 3));
-        if (page < 3) ck_assert_uint_eq(tt_json_u64(w, "next"), 1000 + seen - 1);
+        if (page < 3)
+            ck_assert_uint_eq(tt_json_u64(w, "next"), 1000 + seen - 1);
         pg.has_after = true;
         pg.after = 1000 + seen - 1;
         json_object_put(w);
@@ -486,13 +491,17 @@ START_TEST(request_bodies_are_read_strictly) {
          "lora_name"},
         {"{\"tokens_hashes\":[1],\"tokens_hashes\":[2]}", IDX_REQ_HASHES,
          "duplicate key"},
-        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[1,18446744073709551616]]}}",
-         IDX_REQ_HASHES, "bad JSON at wait.zmq_seq[0][1]: integer out of range"},
+        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[1,"
+         "18446744073709551616]]}}",
+         IDX_REQ_HASHES,
+         "bad JSON at wait.zmq_seq[0][1]: integer out of range"},
         {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[[1]]}}", IDX_REQ_HASHES,
          "wait.zmq_seq[0] must be"},
-        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[],\"timeout_ms\":600001}}",
+        {"{\"tokens_hashes\":[1],\"wait\":{\"zmq_seq\":[],\"timeout_ms\":"
+         "600001}}",
          IDX_REQ_HASHES, "wait.timeout_ms must be 0..600000"},
-        {"{\"tokens_hashes\":[1],\"wait\":null}", IDX_REQ_HASHES, "wait must be"},
+        {"{\"tokens_hashes\":[1],\"wait\":null}", IDX_REQ_HASHES,
+         "wait must be"},
         {"{\"tokens_hashes\":[1],\"metrics\":1}", IDX_REQ_HASHES,
          "metrics: expected true or false"},
         {"{\"tokens_hashes\":[1,-1]}", IDX_REQ_HASHES,
@@ -510,9 +519,8 @@ START_TEST(request_bodies_are_read_strictly) {
         idx_request q;
         idx_request_init(&q);
         kvo_err err;
-        kvo_status st = idx_request_parse(&q, cases[i].body,
-                                          strlen(cases[i].body), cases[i].accept,
-                                          &err);
+        kvo_status st = idx_request_parse(
+            &q, cases[i].body, strlen(cases[i].body), cases[i].accept, &err);
         if (!cases[i].why)
             ck_assert_msg(st == KVO_OK, "%s: %s", cases[i].body, err.msg);
         else
@@ -528,11 +536,12 @@ START_TEST(request_bodies_are_read_strictly) {
                                        IDX_REQ_HASHES, NULL),
                      KVO_EPROTO);
     /* what a request holds, pointing into its tree */
-    const char *body = "{\"token_ids\":[1,2,3],\"lora_name\":\"l\",\"metrics\":true,"
-                       "\"wait\":{\"zmq_seq\":[[7,8],[9,10]]}}";
-    ck_assert_int_eq(idx_request_parse(&q, body, strlen(body), IDX_REQ_TOKENS,
-                                       NULL),
-                     KVO_OK);
+    const char *body =
+        "{\"token_ids\":[1,2,3],\"lora_name\":\"l\",\"metrics\":true,"
+        "\"wait\":{\"zmq_seq\":[[7,8],[9,10]]}}";
+    ck_assert_int_eq(
+        idx_request_parse(&q, body, strlen(body), IDX_REQ_TOKENS, NULL),
+        KVO_OK);
     ck_assert_int_eq(q.kind, IDX_REQ_TOKENS);
     ck_assert_uint_eq(q.n, 3);
     ck_assert_uint_eq(q.v[2], 3);
@@ -549,7 +558,8 @@ END_TEST
 START_TEST(lower_tiers_are_counted_not_indexed) {
     idx_feed *f = tt_feed_new();
     ck_assert_int_eq(
-        feed_envelope(f, 1, 0, 3, WIRE_TIER_HOST_PINNED, 2, NULL, NULL), KVO_OK);
+        feed_envelope(f, 1, 0, 3, WIRE_TIER_HOST_PINNED, 2, NULL, NULL),
+        KVO_OK);
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.other_tier, 1);
@@ -570,7 +580,8 @@ START_TEST(hostile_bytes_are_counted_and_never_crash) {
         undecodable++;
     }
     const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
-    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL, NULL), KVO_OK);
+    ck_assert_int_ne(idx_feed_message(f, huge, sizeof(huge), NULL, NULL, NULL),
+                     KVO_OK);
     undecodable++;
     /* flipped bytes: whatever decodes applies, the rest is counted */
     uint8_t *m = kvo_malloc(len);
@@ -600,8 +611,10 @@ static kvo_status query(idx_tree *t, const char *json, unsigned accept,
     idx_request_init(&q);
     kvo_err e;
     kvo_status st = idx_request_parse(&q, json, strlen(json), accept, &e);
-    if (st == KVO_OK) st = idx_request_query(t, 4, &q, s);
-    else snprintf(err, 200, "%.199s", e.msg);
+    if (st == KVO_OK)
+        st = idx_request_query(t, 4, &q, s);
+    else
+        snprintf(err, 200, "%.199s", e.msg);
     idx_request_fini(&q);
     return st;
 }
@@ -617,23 +630,33 @@ START_TEST(query_json_answers_and_rejects) {
     idx_scores_init(&s);
     char err[200];
     /* tokens [1,2,3,4] with block size 4 hash to the first block */
-    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4,5,6]}", TOK, &s, err), KVO_OK);
+    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4,5,6]}", TOK, &s, err),
+                     KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 2);
     ck_assert_uint_eq(s.n, 1);
     ck_assert_uint_eq(s.v[0].worker_id, 7);
     ck_assert_uint_eq(s.v[0].blocks, 1);
-    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4], \"lora_name\": \"x\"}",
-                           TOK, &s, err), KVO_OK);
+    ck_assert_int_eq(query(t,
+                           "{\"token_ids\": [1,2,3,4], \"lora_name\": \"x\"}",
+                           TOK, &s, err),
+                     KVO_OK);
     ck_assert_uint_eq(s.n, 0);
-    ck_assert_int_eq(query(t, "{\"token_ids\": [1,2,3,4], \"lora_name\": null,"
-                              " \"cache_salt\": null}", EITHER, &s, err), KVO_OK);
+    ck_assert_int_eq(query(t,
+                           "{\"token_ids\": [1,2,3,4], \"lora_name\": null,"
+                           " \"cache_salt\": null}",
+                           EITHER, &s, err),
+                     KVO_OK);
     ck_assert_uint_eq(s.n, 1);
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [14643705804678351452, "
-                              "16777012769546811212, 5]}", HASH, &s, err), KVO_OK);
+    ck_assert_int_eq(query(t,
+                           "{\"tokens_hashes\": [14643705804678351452, "
+                           "16777012769546811212, 5]}",
+                           HASH, &s, err),
+                     KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 3);
     ck_assert_uint_eq(s.v[0].blocks, 2);
-    tt_json_eq(idx_json_scores(&s), "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
-                                    "\"dp_rank\":0,\"blocks\":2}]}");
+    tt_json_eq(idx_json_scores(&s),
+               "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
+               "\"dp_rank\":0,\"blocks\":2}]}");
     const char *bad[][2] = {
         {"[1,2]", "expected a JSON object"},
         {"{}", "missing token_ids"},
@@ -649,9 +672,12 @@ START_TEST(query_json_answers_and_rejects) {
         ck_assert_int_eq(query(t, bad[i][0], TOK, &s, err), KVO_EPROTO);
         ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [-1]}", HASH, &s, err), KVO_EPROTO);
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [\"1\"]}", HASH, &s, err), KVO_EPROTO);
-    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [1], \"token_ids\": [1]}", EITHER, &s, err),
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [-1]}", HASH, &s, err),
+                     KVO_EPROTO);
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [\"1\"]}", HASH, &s, err),
+                     KVO_EPROTO);
+    ck_assert_int_eq(query(t, "{\"tokens_hashes\": [1], \"token_ids\": [1]}",
+                           EITHER, &s, err),
                      KVO_EPROTO);
     idx_scores_fini(&s);
     idx_feed_free(f);
@@ -671,9 +697,14 @@ START_TEST(json_shapes_of_counters_workers_and_events) {
                "[{\"worker_id\":7,\"dp_rank\":0,\"blocks\":2},"
                "{\"worker_id\":9,\"dp_rank\":2,\"blocks\":0}]");
     wire_rblock b = {18446744073709551615ull, 1};
-    wire_revent e = {.worker_id = 3, .dp_rank = 1, .event_id = 4,
-                     .type = WIRE_R_STORED, .has_parent = true,
-                     .parent_hash = 9, .n_blocks = 1, .blocks = &b};
+    wire_revent e = {.worker_id = 3,
+                     .dp_rank = 1,
+                     .event_id = 4,
+                     .type = WIRE_R_STORED,
+                     .has_parent = true,
+                     .parent_hash = 9,
+                     .n_blocks = 1,
+                     .blocks = &b};
     tt_json_eq(idx_json_revent(&e),
                "{\"worker_id\":3,\"storage_tier\":\"device\",\"event\":"
                "{\"event_id\":4,\"data\":{\"stored\":{\"parent_hash\":9,"

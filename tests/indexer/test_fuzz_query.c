@@ -29,13 +29,14 @@ START_TEST(the_query_fuzz_checks_can_fail) {
         idx_request a, b;
         idx_request_init(&a);
         idx_request_init(&b);
-        ck_assert_int_eq(idx_request_parse(&a, bodies[i], strlen(bodies[i]),
-                                           all, NULL),
-                         KVO_OK);
+        ck_assert_int_eq(
+            idx_request_parse(&a, bodies[i], strlen(bodies[i]), all, NULL),
+            KVO_OK);
         kvo_buf w;
         kvo_buf_init(&w);
         qwrite(&w, &a);
-        ck_assert_int_eq(idx_request_parse(&b, w.data, w.len, all, NULL), KVO_OK);
+        ck_assert_int_eq(idx_request_parse(&b, w.data, w.len, all, NULL),
+                         KVO_OK);
         ck_assert(qsame(&a, &b));
         /* the same request but one thing: told apart */
         b.metrics = !b.metrics;

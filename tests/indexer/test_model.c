@@ -25,7 +25,7 @@ typedef struct mkid {
 } mkid;
 struct mnode {
     uint64_t bh;
-    mnode *prim; /* the parent of its primary edge (the first edge that
+    mnode *prim;  /* the parent of its primary edge (the first edge that
                     linked it and still does), NULL when none */
     uint64_t tok; /* that edge's key (the one it was created under before) */
     mkid *kids;
@@ -53,14 +53,14 @@ typedef struct model {
     idx_counters c;
 } model;
 
-#define PUSH(arr, n, cap, x)                                                  \
-    do {                                                                      \
-        if ((n) == (cap)) {                                                   \
-            (cap) = (cap) ? (cap) * 2 : 4;                                    \
-            (arr) = realloc((arr), (cap) * sizeof(*(arr)));                   \
-            ck_assert_ptr_nonnull(arr);                                       \
-        }                                                                     \
-        (arr)[(n)++] = (x);                                                   \
+#define PUSH(arr, n, cap, x)                                                   \
+    do {                                                                       \
+        if ((n) == (cap)) {                                                    \
+            (cap) = (cap) ? (cap)*2 : 4;                                       \
+            (arr) = realloc((arr), (cap) * sizeof(*(arr)));                    \
+            ck_assert_ptr_nonnull(arr);                                        \
+        }                                                                      \
+        (arr)[(n)++] = (x);                                                    \
     } while (0)
 
 static int m_worker(model *m, uint64_t wid, uint32_t rank) {
@@ -130,7 +130,8 @@ static idx_evstatus m_store(model *m, int w, bool has_parent, uint64_t parent,
                 child->tok = b[i].tokens_hash;
                 PUSH(m->all, m->nall, m->call, child);
             }
-            PUSH(cur->kids, cur->nk, cur->ck, ((mkid){b[i].tokens_hash, child}));
+            PUSH(cur->kids, cur->nk, cur->ck,
+                 ((mkid){b[i].tokens_hash, child}));
             if (!child->prim && child != cur) {
                 child->prim = cur;
                 child->tok = b[i].tokens_hash;
@@ -139,8 +140,10 @@ static idx_evstatus m_store(model *m, int w, bool has_parent, uint64_t parent,
         }
         if (!m_has(child, w)) PUSH(child->ws, child->nw, child->cw, w);
         mlook *l = m_look(W, b[i].block_hash);
-        if (l) l->n = child;
-        else PUSH(W->l, W->nl, W->cl, ((mlook){b[i].block_hash, child}));
+        if (l)
+            l->n = child;
+        else
+            PUSH(W->l, W->nl, W->cl, ((mlook){b[i].block_hash, child}));
         m->c.blocks_stored++;
         cur = child;
     }
@@ -223,12 +226,14 @@ static void compare_query(idx_tree *t, const model *m, const uint64_t *q,
         expect++;
         uint32_t got = 0;
         for (size_t i = 0; i < s.n; i++)
-            if (s.v[i].worker_id == m->w[w].wid && s.v[i].dp_rank == m->w[w].rank)
+            if (s.v[i].worker_id == m->w[w].wid &&
+                s.v[i].dp_rank == m->w[w].rank)
                 got = s.v[i].blocks;
-        ck_assert_msg(got == want[w],
-                      "seed %llu step %ld: worker (%llu,%u) scores %u, model %u",
-                      (unsigned long long)seed, step,
-                      (unsigned long long)m->w[w].wid, m->w[w].rank, got, want[w]);
+        ck_assert_msg(
+            got == want[w],
+            "seed %llu step %ld: worker (%llu,%u) scores %u, model %u",
+            (unsigned long long)seed, step, (unsigned long long)m->w[w].wid,
+            m->w[w].rank, got, want[w]);
     }
     ck_assert_msg(s.n == expect, "seed %llu step %ld: %zu scores, model %zu",
                   (unsigned long long)seed, step, s.n, expect);
@@ -284,23 +289,25 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
     for (size_t i = 0; i < m->nw; i++) {
         const mworker *W = &m->w[i];
         got.n = 0;
-        ck_assert_int_eq(idx_tree_worker_blocks(t, W->wid, W->rank,
-                                                collect_block, &got), KVO_OK);
+        ck_assert_int_eq(
+            idx_tree_worker_blocks(t, W->wid, W->rank, collect_block, &got),
+            KVO_OK);
         ck_assert_msg(got.n == W->nl,
                       "seed %llu step %ld: worker (%llu,%u) lists %zu blocks, "
-                      "model %zu", (unsigned long long)seed, step,
+                      "model %zu",
+                      (unsigned long long)seed, step,
                       (unsigned long long)W->wid, W->rank, got.n, W->nl);
         for (size_t j = 0; j < W->nl; j++) {
             const mlook *l = &W->l[j];
             const idx_block *b = NULL;
             for (size_t k = 0; k < got.n; k++)
                 if (got.v[k].block_hash == l->bh) b = &got.v[k];
-            ck_assert_msg(b != NULL, "seed %llu step %ld: block %llu not listed",
-                          (unsigned long long)seed, step,
-                          (unsigned long long)l->bh);
+            ck_assert_msg(
+                b != NULL, "seed %llu step %ld: block %llu not listed",
+                (unsigned long long)seed, step, (unsigned long long)l->bh);
             idx_block_info in;
-            ck_assert_int_eq(idx_tree_block_info(t, W->wid, W->rank, l->bh, &in),
-                             KVO_OK);
+            ck_assert_int_eq(
+                idx_tree_block_info(t, W->wid, W->rank, l->bh, &in), KVO_OK);
             ck_assert(in.held);
             ck_assert(in.block.block_hash == b->block_hash &&
                       in.block.tokens_hash == b->tokens_hash &&
@@ -312,7 +319,8 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
                           (unsigned long long)seed, step);
             ck_assert_uint_eq(in.others, l->n->nw - (mine ? 1 : 0));
             ck_assert_uint_eq(in.listed, in.others < IDX_INFO_OTHERS
-                                             ? in.others : IDX_INFO_OTHERS);
+                                             ? in.others
+                                             : IDX_INFO_OTHERS);
             for (uint32_t k = 0; k < in.listed; k++) {
                 bool there = false;
                 for (size_t x = 0; x < l->n->nw; x++) {
@@ -321,18 +329,21 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
                              o->rank == in.other[k].dp_rank &&
                              l->n->ws[x] != (int)i;
                 }
-                ck_assert_msg(there, "seed %llu step %ld: listed holder not in "
-                              "the model's set", (unsigned long long)seed, step);
+                ck_assert_msg(there,
+                              "seed %llu step %ld: listed holder not in "
+                              "the model's set",
+                              (unsigned long long)seed, step);
                 if (k)
-                    ck_assert(in.other[k - 1].worker_id < in.other[k].worker_id ||
-                              (in.other[k - 1].worker_id == in.other[k].worker_id &&
-                               in.other[k - 1].dp_rank < in.other[k].dp_rank));
+                    ck_assert(
+                        in.other[k - 1].worker_id < in.other[k].worker_id ||
+                        (in.other[k - 1].worker_id == in.other[k].worker_id &&
+                         in.other[k - 1].dp_rank < in.other[k].dp_rank));
             }
             if (chaotic) continue;
             const mnode *p = l->n->prim;
             bool hp = p && p != &m->root;
             ck_assert_msg(b->tokens_hash == l->n->tok && b->has_parent == hp &&
-                          b->parent_block_hash == (hp ? p->bh : 0),
+                              b->parent_block_hash == (hp ? p->bh : 0),
                           "seed %llu step %ld: block %llu: tokens %llu parent "
                           "%d/%llu, model %llu %d/%llu",
                           (unsigned long long)seed, step,
@@ -346,8 +357,8 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
         uint64_t other = rng_next(rs) | 1;
         if (!m_look((mworker *)W, other)) {
             idx_block_info in;
-            ck_assert_int_eq(idx_tree_block_info(t, W->wid, W->rank, other, &in),
-                             KVO_OK);
+            ck_assert_int_eq(
+                idx_tree_block_info(t, W->wid, W->rank, other, &in), KVO_OK);
             ck_assert(!in.held && in.others == 0 && in.block.block_hash == 0);
         }
     }
@@ -384,10 +395,11 @@ static void compare_state(const idx_tree *t, const model *m, uint64_t seed,
         for (size_t j = 0; j < n; j++)
             if (w[j].worker_id == m->w[i].wid && w[j].dp_rank == m->w[i].rank) {
                 found = true;
-                ck_assert_msg(w[j].blocks == m->w[i].nl,
-                              "seed %llu step %ld: worker blocks %llu, model %zu",
-                              (unsigned long long)seed, step,
-                              (unsigned long long)w[j].blocks, m->w[i].nl);
+                ck_assert_msg(
+                    w[j].blocks == m->w[i].nl,
+                    "seed %llu step %ld: worker blocks %llu, model %zu",
+                    (unsigned long long)seed, step,
+                    (unsigned long long)w[j].blocks, m->w[i].nl);
             }
         ck_assert_msg(found, "seed %llu step %ld: worker missing",
                       (unsigned long long)seed, step);
@@ -410,7 +422,8 @@ static uint64_t chain_hash(uint64_t parent, uint64_t t) {
 
 static void run_model(uint64_t seed, long steps, bool chaotic) {
     fprintf(stderr, "model: %s stream, seed %llu, %ld steps\n",
-            chaotic ? "chaotic" : "consistent", (unsigned long long)seed, steps);
+            chaotic ? "chaotic" : "consistent", (unsigned long long)seed,
+            steps);
     uint64_t rs = seed;
     model m;
     memset(&m, 0, sizeof(m));
@@ -430,8 +443,10 @@ static void run_model(uint64_t seed, long steps, bool chaotic) {
             bool has_parent = rnd(&rs, 10) >= 3;
             uint64_t parent = 0;
             if (has_parent) {
-                if (W->nl && rnd(&rs, 10)) parent = W->l[rnd(&rs, W->nl)].bh;
-                else parent = chaotic ? 1 + rnd(&rs, 12) : rng_next(&rs) | 1;
+                if (W->nl && rnd(&rs, 10))
+                    parent = W->l[rnd(&rs, W->nl)].bh;
+                else
+                    parent = chaotic ? 1 + rnd(&rs, 12) : rng_next(&rs) | 1;
             }
             uint64_t prev = has_parent ? parent : 0;
             for (size_t i = 0; i < n; i++) {
@@ -479,10 +494,12 @@ static void run_model(uint64_t seed, long steps, bool chaotic) {
                       idx_evstatus_name(want));
         char msg[256] = "";
         uint64_t unreachable = 0;
-        ck_assert_msg(idx_tree_check(t, &unreachable, msg, sizeof(msg)) == KVO_OK,
-                      "seed %llu step %ld: %s", (unsigned long long)seed, step, msg);
+        ck_assert_msg(
+            idx_tree_check(t, &unreachable, msg, sizeof(msg)) == KVO_OK,
+            "seed %llu step %ld: %s", (unsigned long long)seed, step, msg);
         if (!chaotic)
-            ck_assert_msg(unreachable == 0, "seed %llu step %ld: %llu unreachable",
+            ck_assert_msg(unreachable == 0,
+                          "seed %llu step %ld: %llu unreachable",
                           (unsigned long long)seed, step,
                           (unsigned long long)unreachable);
         compare_state(t, &m, seed, step);

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PUB 7     /* the relay's publisher id */
-#define WORKER 3  /* its worker */
+#define PUB 7    /* the relay's publisher id */
+#define WORKER 3 /* its worker */
 #define STARTED 1764619200000ull
 #define ASKS_MAX 64
 
@@ -71,10 +71,14 @@ static uint8_t *envelope(uint64_t seq, const wire_revent *evs, uint32_t n,
 static wire_revent store(uint32_t rank, uint64_t parent, wire_rblock *b,
                          uint64_t bh) {
     *b = (wire_rblock){bh, bh + 1};
-    return (wire_revent){.worker_id = WORKER, .dp_rank = rank,
-                         .event_id = bh, .type = WIRE_R_STORED,
-                         .has_parent = parent != 0, .parent_hash = parent,
-                         .n_blocks = 1, .blocks = b};
+    return (wire_revent){.worker_id = WORKER,
+                         .dp_rank = rank,
+                         .event_id = bh,
+                         .type = WIRE_R_STORED,
+                         .has_parent = parent != 0,
+                         .parent_hash = parent,
+                         .n_blocks = 1,
+                         .blocks = b};
 }
 
 /* The live envelope seq of PUB: one block, hash 1000 + seq, stored by
@@ -158,8 +162,8 @@ static uint64_t dump_reply(idx_feed *f, const idx_rec_ask *a, uint64_t as_of,
     wire_revent *ev = kvo_calloc(nev, sizeof(*ev));
     wire_rblock *b = kvo_calloc(blocks ? blocks : 1, sizeof(*b));
     for (uint32_t r = 0; r < ranks; r++)
-        ev[r] = (wire_revent){.worker_id = WORKER, .dp_rank = r,
-                              .type = WIRE_R_CLEARED};
+        ev[r] = (wire_revent){
+            .worker_id = WORKER, .dp_rank = r, .type = WIRE_R_CLEARED};
     for (uint32_t i = 0; i < blocks; i++)
         ev[ranks + i] = store(0, i ? 5000 + i : 0, &b[i], 5001 + i);
     size_t per = (blocks + parts - 1) / parts, at = 0;
@@ -168,9 +172,9 @@ static uint64_t dump_reply(idx_feed *f, const idx_rec_ask *a, uint64_t as_of,
                           : (nev - at < per ? nev - at : per);
         size_t len;
         uint8_t *body = envelope(as_of, ev + at, (uint32_t)n, &len);
-        ck_assert_int_eq(reply(f, a, "dump", p == parts - 1 ? zmq : NULL, body,
-                               len),
-                         KVO_OK);
+        ck_assert_int_eq(
+            reply(f, a, "dump", p == parts - 1 ? zmq : NULL, body, len),
+            KVO_OK);
         kvo_free(body);
         at += n;
     }
@@ -297,9 +301,9 @@ START_TEST(a_dump_in_several_envelopes_and_one_lost) {
     ck_assert(a->req.dump);
     ck_assert(idx_feed_is_recovering(f));
     /* the first answer's end, late, is a stray now */
-    ck_assert_int_eq(idx_feed_reply(f, PUB, k.ask[0].id, "end", NULL, "{}", 2,
-                                    false, NULL),
-                     KVO_OK);
+    ck_assert_int_eq(
+        idx_feed_reply(f, PUB, k.ask[0].id, "end", NULL, "{}", 2, false, NULL),
+        KVO_OK);
     sent = dump_reply(f, a, 3, 1, 100, 4, "7-9");
     ck_assert_int_eq(end_reply(f, a, true, sent, "3", 100), KVO_OK);
     ck_assert(!idx_feed_is_recovering(f));

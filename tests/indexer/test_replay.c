@@ -95,13 +95,15 @@ static void ran_free(ran *r) {
 
 /* A run that exits with code, its stdout holding out_has and its stderr
  * err_has (NULL: anything). */
-static void expect_run(const char *args, int code,
-                       const char *out_has, const char *err_has) {
+static void expect_run(const char *args, int code, const char *out_has,
+                       const char *err_has) {
     ran r = run(args);
     ck_assert_msg(r.code == code, "%s: exit %d, want %d; stderr: %s", args,
                   r.code, code, r.err);
-    if (out_has) ck_assert_msg(strstr(r.out, out_has), "%s: stdout %s", args, r.out);
-    if (err_has) ck_assert_msg(strstr(r.err, err_has), "%s: stderr %s", args, r.err);
+    if (out_has)
+        ck_assert_msg(strstr(r.out, out_has), "%s: stdout %s", args, r.out);
+    if (err_has)
+        ck_assert_msg(strstr(r.err, err_has), "%s: stderr %s", args, r.err);
     ran_free(&r);
 }
 
@@ -147,14 +149,15 @@ START_TEST(replay_interleaves_applies_and_queries) {
     ran r = run(args);
     ck_assert_int_eq(r.code, 0);
     const char *out = r.out;
-    const char *want =
-        "{\"query\":0,\"isl_blocks\":1,\"scores\":[]}\n"
-        "{\"query\":1,\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,\"dp_rank\":0,"
-        "\"blocks\":2}]}\n"
-        "{\"query\":2,\"isl_blocks\":2,\"scores\":[{\"worker_id\":7,\"dp_rank\":0,"
-        "\"blocks\":1}]}\n"
-        "{\"query\":3,\"isl_blocks\":1,\"scores\":[]}\n"
-        "{\"query\":4,\"isl_blocks\":1,\"scores\":[]}\n";
+    const char *want = "{\"query\":0,\"isl_blocks\":1,\"scores\":[]}\n"
+                       "{\"query\":1,\"isl_blocks\":3,\"scores\":[{\"worker_"
+                       "id\":7,\"dp_rank\":0,"
+                       "\"blocks\":2}]}\n"
+                       "{\"query\":2,\"isl_blocks\":2,\"scores\":[{\"worker_"
+                       "id\":7,\"dp_rank\":0,"
+                       "\"blocks\":1}]}\n"
+                       "{\"query\":3,\"isl_blocks\":1,\"scores\":[]}\n"
+                       "{\"query\":4,\"isl_blocks\":1,\"scores\":[]}\n";
     ck_assert_msg(strncmp(out, want, strlen(want)) == 0, "stdout:\n%s", out);
     const char *last = out + strlen(want);
     ck_assert_msg(strncmp(last, "{\"counters\":", 12) == 0, "final: %s", last);
@@ -189,16 +192,21 @@ START_TEST(replay_rejects_bad_input_with_a_reason) {
     expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON: trailing characters");
     /* one strict reader, as the service's: json-c clamped 2^64, took 01
      * and passed invalid UTF-8 */
-    write_file(path, "{\"apply\": 1}\n{\"tokens_hashes\": [18446744073709551616]}\n");
-    expect_run(args, 1, NULL,
-               "bad.jsonl:2: bad JSON at tokens_hashes[0]: integer out of range");
+    write_file(path,
+               "{\"apply\": 1}\n{\"tokens_hashes\": [18446744073709551616]}\n");
+    expect_run(
+        args, 1, NULL,
+        "bad.jsonl:2: bad JSON at tokens_hashes[0]: integer out of range");
     write_file(path, "{\"tokens_hashes\": [01]}\n");
-    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at tokens_hashes[0]: a "
-                              "number has a leading zero");
+    expect_run(args, 1, NULL,
+               "bad.jsonl:1: bad JSON at tokens_hashes[0]: a "
+               "number has a leading zero");
     write_file(path, "{\"token_ids\": [1], \"lora_name\": \"\xff\"}\n");
-    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at lora_name: invalid UTF-8");
+    expect_run(args, 1, NULL,
+               "bad.jsonl:1: bad JSON at lora_name: invalid UTF-8");
     write_file(path, "{\"apply\": 18446744073709551616}\n");
-    expect_run(args, 1, NULL, "bad.jsonl:1: bad JSON at apply: integer out of range");
+    expect_run(args, 1, NULL,
+               "bad.jsonl:1: bad JSON at apply: integer out of range");
 
     /* a capture cut short: what was read is applied and reported */
     size_t len;

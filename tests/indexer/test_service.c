@@ -26,8 +26,8 @@ typedef struct env {
 /* kvo-indexer on e's nats-server (--http on a free port, --block-size 4,
  * the token, then extra), ready to answer. */
 static void env_indexer(env *e, const char *token, const char *const extra[]) {
-    const char *args[16] = {"--nats", e->nats.url, "--http", "127.0.0.1:0",
-                            "--block-size", "4"};
+    const char *args[16] = {"--nats",      e->nats.url,    "--http",
+                            "127.0.0.1:0", "--block-size", "4"};
     int n = 6;
     if (token) {
         args[n++] = "--nats-token";
@@ -36,7 +36,8 @@ static void env_indexer(env *e, const char *token, const char *const extra[]) {
     for (int i = 0; extra && extra[i]; i++) args[n++] = extra[i];
     args[n] = NULL;
     kt_proc_start(&e->idx, "kvo-indexer", args);
-    uint16_t port = kt_proc_logged_port(&e->idx, "listening on http://127.0.0.1:");
+    uint16_t port =
+        kt_proc_logged_port(&e->idx, "listening on http://127.0.0.1:");
     snprintf(e->base, sizeof(e->base), "http://127.0.0.1:%u", port);
     char url[128];
     snprintf(url, sizeof(url), "%s/health", e->base);
@@ -48,8 +49,10 @@ static void env_indexer(env *e, const char *token, const char *const extra[]) {
 static void env_nats(env *e, const char *token) {
     memset(e, 0, sizeof(*e));
     const char *auth[] = {"--auth", token, NULL};
-    if (token) kt_nats_start_args(&e->nats, auth);
-    else kt_nats_start(&e->nats);
+    if (token)
+        kt_nats_start_args(&e->nats, auth);
+    else
+        kt_nats_start(&e->nats);
     natsOptions *o;
     ck_assert_int_eq(natsOptions_Create(&o), NATS_OK);
     ck_assert_int_eq(natsOptions_SetURL(o, e->nats.url), NATS_OK);
@@ -77,9 +80,10 @@ static int env_stop(env *e) {
 
 static void publish(env *e, const uint8_t *b, size_t len, const char *hdr) {
     natsMsg *m;
-    ck_assert_int_eq(natsMsg_Create(&m, SUBJECT, NULL, (const char *)b, (int)len),
-                     NATS_OK);
-    if (hdr) ck_assert_int_eq(natsMsgHeader_Set(m, "KVO-Zmq-Seq", hdr), NATS_OK);
+    ck_assert_int_eq(
+        natsMsg_Create(&m, SUBJECT, NULL, (const char *)b, (int)len), NATS_OK);
+    if (hdr)
+        ck_assert_int_eq(natsMsgHeader_Set(m, "KVO-Zmq-Seq", hdr), NATS_OK);
     ck_assert_int_eq(natsConnection_PublishMsg(e->nc, m), NATS_OK);
     natsMsg_Destroy(m);
     ck_assert_int_eq(natsConnection_FlushTimeout(e->nc, 5000), NATS_OK);
@@ -146,7 +150,9 @@ static void wait_counter(env *e, const char *key, uint64_t want) {
                  (unsigned long long)want);
 }
 
-static void wait_messages(env *e, uint64_t n) { wait_counter(e, "messages", n); }
+static void wait_messages(env *e, uint64_t n) {
+    wait_counter(e, "messages", n);
+}
 
 START_TEST(service_indexes_the_event_plane_and_answers_http) {
     env e;
@@ -162,15 +168,18 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
     ck_assert_str_eq(out, "{\"isl_blocks\":3,\"scores\":[{\"worker_id\":7,"
                           "\"dp_rank\":0,\"blocks\":2}]}");
     /* tokens [1,2,3,4] (block size 4) hash to H1; 6 tokens = 2 blocks */
-    ck_assert_int_eq(post(&e, "/query", "{\"token_ids\": [1,2,3,4,5,6]}", &out), 200);
+    ck_assert_int_eq(post(&e, "/query", "{\"token_ids\": [1,2,3,4,5,6]}", &out),
+                     200);
     ck_assert_str_eq(out, "{\"isl_blocks\":2,\"scores\":[{\"worker_id\":7,"
                           "\"dp_rank\":0,\"blocks\":1}]}");
-    ck_assert_int_eq(post(&e, "/query", "{\"token_ids\": [1,2,3,4], \"cache_salt\": \"s\"}",
-                          &out), 200);
+    ck_assert_int_eq(post(&e, "/query",
+                          "{\"token_ids\": [1,2,3,4], \"cache_salt\": \"s\"}",
+                          &out),
+                     200);
     ck_assert_str_eq(out, "{\"isl_blocks\":1,\"scores\":[]}");
 
     publish_vector(&e, "removed_one", NULL);
-    publish_vector(&e, "removed_one", NULL); /* duplicate */
+    publish_vector(&e, "removed_one", NULL);  /* duplicate */
     publish_vector(&e, "mixed_dp2", "13-20"); /* sequence 2 skipped */
     const uint8_t junk[] = {0x93, 0x01, 0x02};
     publish(&e, junk, sizeof(junk), NULL);
@@ -198,7 +207,8 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
                "14643705804678351452,\"tokens_hash\":14643705804678351452,"
                "\"mm_extra_info\":null}]}},\"dp_rank\":0}}]");
     json_object *w = get_json(&e, "/health");
-    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "nats")), "connected");
+    ck_assert_str_eq(json_object_get_string(tt_json_at(w, "nats")),
+                     "connected");
     json_object_put(w);
 
     char url[256];
@@ -211,9 +221,12 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
         "kvo_indexer_events_total{type=\"stored\",status=\"ok\"} 3\n",
         "kvo_indexer_events_total{type=\"removed\",status=\"ok\"} 2\n",
         "kvo_indexer_events_total{type=\"cleared\",status=\"ok\"} 0\n",
-        "kvo_indexer_duplicates_total 1\n", "kvo_indexer_gaps_total 1\n",
-        "kvo_indexer_undecodable_total 1\n", "kvo_indexer_pairs 1\n",
-        "kvo_indexer_resident_blocks 1\n", "kvo_indexer_workers 2\n",
+        "kvo_indexer_duplicates_total 1\n",
+        "kvo_indexer_gaps_total 1\n",
+        "kvo_indexer_undecodable_total 1\n",
+        "kvo_indexer_pairs 1\n",
+        "kvo_indexer_resident_blocks 1\n",
+        "kvo_indexer_workers 2\n",
         "kvo_indexer_query_seconds_count 4\n",
         "# TYPE kvo_indexer_query_seconds histogram\n"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(want); i++)
@@ -224,7 +237,8 @@ START_TEST(service_indexes_the_event_plane_and_answers_http) {
     ck_assert_msg(strstr(out, "\"error\""), "%s", out);
     ck_assert_int_eq(post(&e, "/query", "[1]", &out), 400);
     ck_assert_int_eq(post(&e, "/query", "{\"tokens_hashes\": [1]}", &out), 400);
-    ck_assert_int_eq(post(&e, "/query_by_hash", "{\"token_ids\": [1]}", &out), 400);
+    ck_assert_int_eq(post(&e, "/query_by_hash", "{\"token_ids\": [1]}", &out),
+                     400);
     ck_assert_int_eq(post(&e, "/query", "{\"token_ids\": [-1]}", &out), 400);
     ck_assert_int_eq(post(&e, "/query", "{} x", &out), 400);
     ck_assert_int_eq(post(&e, "/query", "", &out), 400);
@@ -304,9 +318,11 @@ static char *dump_all(env *e, size_t limit, size_t *pages) {
     uint64_t after = 0;
     *pages = 0;
     while (more) {
-        if (first) snprintf(path, sizeof(path), "/dump?limit=%zu", limit);
-        else snprintf(path, sizeof(path), "/dump?after=%llu&limit=%zu",
-                      (unsigned long long)after, limit);
+        if (first)
+            snprintf(path, sizeof(path), "/dump?limit=%zu", limit);
+        else
+            snprintf(path, sizeof(path), "/dump?after=%llu&limit=%zu",
+                     (unsigned long long)after, limit);
         json_object *j = get_json(e, path);
         json_object *ev = tt_json_at(j, "events"), *next;
         size_t n = json_object_array_length(ev);
@@ -322,9 +338,9 @@ static char *dump_all(env *e, size_t limit, size_t *pages) {
             ck_assert_uint_eq(n, limit);
             after = tt_json_u64(j, "next");
             /* the cursor is the last event's position = its event_id */
-            ck_assert_uint_eq(
-                after, tt_json_u64(json_object_array_get_idx(ev, n - 1),
-                                   "event.event_id"));
+            ck_assert_uint_eq(after,
+                              tt_json_u64(json_object_array_get_idx(ev, n - 1),
+                                          "event.event_id"));
         }
         first = false;
         (*pages)++;
@@ -351,7 +367,8 @@ START_TEST(service_bounds_publishers_and_pages_long_answers) {
 
     /* the watermark: all 100 at once, or pages of 30 with a cursor */
     json_object *w = get_json(&e, "/watermark");
-    ck_assert_uint_eq(json_object_array_length(tt_json_at(w, "publishers")), 100);
+    ck_assert_uint_eq(json_object_array_length(tt_json_at(w, "publishers")),
+                      100);
     ck_assert(!json_object_object_get_ex(w, "next", NULL));
     json_object_put(w);
     uint64_t seen = 0;
@@ -373,10 +390,9 @@ START_TEST(service_bounds_publishers_and_pages_long_answers) {
     }
     ck_assert_uint_eq(seen, 100);
     const char *out;
-    static const char *const bad[] = {"/watermark?limit=0",
-                                      "/watermark?limit=1001",
-                                      "/watermark?after=x", "/dump?limit=10001",
-                                      "/dump?after=-1"};
+    static const char *const bad[] = {
+        "/watermark?limit=0", "/watermark?limit=1001", "/watermark?after=x",
+        "/dump?limit=10001", "/dump?after=-1"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         ck_assert_int_eq(get(&e, bad[i], &out), 400);
         json_object *j = json_tokener_parse(out);
@@ -410,10 +426,11 @@ START_TEST(service_bounds_publishers_and_pages_long_answers) {
     kvo_free(paged);
 
     ck_assert_int_eq(get(&e, "/metrics", &out), 200);
-    ck_assert_msg(strstr(out, "kvo_indexer_publishers 100\n") &&
-                      strstr(out, "kvo_indexer_publishers_refused_total 4900\n") &&
-                      strstr(out, "kvo_indexer_http_connections_total "),
-                  "%s", out);
+    ck_assert_msg(
+        strstr(out, "kvo_indexer_publishers 100\n") &&
+            strstr(out, "kvo_indexer_publishers_refused_total 4900\n") &&
+            strstr(out, "kvo_indexer_http_connections_total "),
+        "%s", out);
     ck_assert_int_eq(env_stop(&e), 0);
 }
 END_TEST
@@ -509,26 +526,37 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
     const uint8_t junk[] = {0x93, 0x01, 0x02};
     ck_assert_int_ne(idx_feed_message(f, junk, sizeof(junk), NULL, NULL, NULL),
                      KVO_OK);
-    idx_service_stats st = {.slow_consumer_drops = 3, .inbox_drops = 2,
-                            .nats_disconnects = 1, .bad_requests = 4,
-                            .http = {.conns = 5, .head_timeouts = 6,
-                                     .body_timeouts = 7, .busy_refused = 8},
+    idx_service_stats st = {.slow_consumer_drops = 3,
+                            .inbox_drops = 2,
+                            .nats_disconnects = 1,
+                            .bad_requests = 4,
+                            .http = {.conns = 5,
+                                     .head_timeouts = 6,
+                                     .body_timeouts = 7,
+                                     .busy_refused = 8},
                             .lat_count = {1, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 1},
                             .lat_sum = 0.000123456};
     static const char *const want[] = {
-        "# HELP kvo_indexer_events_total RouterEvents applied, by type and status.",
+        "# HELP kvo_indexer_events_total RouterEvents applied, by type and "
+        "status.",
         "# TYPE kvo_indexer_events_total counter",
         "kvo_indexer_events_total{type=\"stored\",status=\"ok\"} 4",
-        "kvo_indexer_events_total{type=\"stored\",status=\"parent_not_found\"} 0",
-        "kvo_indexer_events_total{type=\"stored\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"parent_not_found\"} "
+        "0",
+        "kvo_indexer_events_total{type=\"stored\",status=\"block_not_found\"} "
+        "0",
         "kvo_indexer_events_total{type=\"stored\",status=\"invalid_block\"} 0",
         "kvo_indexer_events_total{type=\"removed\",status=\"ok\"} 2",
-        "kvo_indexer_events_total{type=\"removed\",status=\"parent_not_found\"} 0",
-        "kvo_indexer_events_total{type=\"removed\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"parent_not_found\"}"
+        " 0",
+        "kvo_indexer_events_total{type=\"removed\",status=\"block_not_found\"} "
+        "0",
         "kvo_indexer_events_total{type=\"removed\",status=\"invalid_block\"} 0",
         "kvo_indexer_events_total{type=\"cleared\",status=\"ok\"} 0",
-        "kvo_indexer_events_total{type=\"cleared\",status=\"parent_not_found\"} 0",
-        "kvo_indexer_events_total{type=\"cleared\",status=\"block_not_found\"} 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"parent_not_found\"}"
+        " 0",
+        "kvo_indexer_events_total{type=\"cleared\",status=\"block_not_found\"} "
+        "0",
         "kvo_indexer_events_total{type=\"cleared\",status=\"invalid_block\"} 0",
         "# HELP kvo_indexer_blocks_total Block operations, by outcome.",
         "# TYPE kvo_indexer_blocks_total counter",
@@ -536,13 +564,16 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "kvo_indexer_blocks_total{op=\"removed\"} 3",
         "kvo_indexer_blocks_total{op=\"not_found\"} 0",
         "kvo_indexer_blocks_total{op=\"hash_mismatch\"} 0",
-        "# HELP kvo_indexer_resident_blocks Blocks (tree nodes) held by at least one worker.",
+        "# HELP kvo_indexer_resident_blocks Blocks (tree nodes) held by at "
+        "least one worker.",
         "# TYPE kvo_indexer_resident_blocks gauge",
         "kvo_indexer_resident_blocks 2",
-        "# HELP kvo_indexer_tree_nodes Tree nodes, including emptied ones Dynamo's rules keep.",
+        "# HELP kvo_indexer_tree_nodes Tree nodes, including emptied ones "
+        "Dynamo's rules keep.",
         "# TYPE kvo_indexer_tree_nodes gauge",
         "kvo_indexer_tree_nodes 2",
-        "# HELP kvo_indexer_pairs (block, worker) pairs: entries of the workers' lookups.",
+        "# HELP kvo_indexer_pairs (block, worker) pairs: entries of the "
+        "workers' lookups.",
         "# TYPE kvo_indexer_pairs gauge",
         "kvo_indexer_pairs 2",
         "# HELP kvo_indexer_workers Known (worker_id, dp_rank) pairs.",
@@ -554,7 +585,8 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_messages_total Event-plane messages received.",
         "# TYPE kvo_indexer_messages_total counter",
         "kvo_indexer_messages_total 6",
-        "# HELP kvo_indexer_messages_applied_total Messages decoded and applied.",
+        "# HELP kvo_indexer_messages_applied_total Messages decoded and "
+        "applied.",
         "# TYPE kvo_indexer_messages_applied_total counter",
         "kvo_indexer_messages_applied_total 4",
         "# HELP kvo_indexer_duplicates_total Exact duplicates dropped.",
@@ -569,7 +601,8 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_missed_total Messages missed in gaps.",
         "# TYPE kvo_indexer_missed_total counter",
         "kvo_indexer_missed_total 1",
-        "# HELP kvo_indexer_rewinds_total Sequence jumps undone by the next message (bogus sequences).",
+        "# HELP kvo_indexer_rewinds_total Sequence jumps undone by the next "
+        "message (bogus sequences).",
         "# TYPE kvo_indexer_rewinds_total counter",
         "kvo_indexer_rewinds_total 0",
         "# HELP kvo_indexer_undecodable_total Undecodable messages.",
@@ -578,91 +611,118 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_bad_headers_total Malformed KVO-Zmq-Seq headers.",
         "# TYPE kvo_indexer_bad_headers_total counter",
         "kvo_indexer_bad_headers_total 1",
-        "# HELP kvo_indexer_other_tier_total RouterEvents of non-device tiers (not indexed).",
+        "# HELP kvo_indexer_other_tier_total RouterEvents of non-device tiers "
+        "(not indexed).",
         "# TYPE kvo_indexer_other_tier_total counter",
         "kvo_indexer_other_tier_total 0",
-        "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation failure.",
+        "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation "
+        "failure.",
         "# TYPE kvo_indexer_enomem_total counter",
         "kvo_indexer_enomem_total 0",
         "# HELP kvo_indexer_publishers Publishers whose sequences are tracked.",
         "# TYPE kvo_indexer_publishers gauge",
         "kvo_indexer_publishers 1",
-        "# HELP kvo_indexer_publishers_refused_total Messages applied untracked: the publisher table was full.",
+        "# HELP kvo_indexer_publishers_refused_total Messages applied "
+        "untracked: the publisher table was full.",
         "# TYPE kvo_indexer_publishers_refused_total counter",
         "kvo_indexer_publishers_refused_total 0",
-        "# HELP kvo_indexer_publishers_expired_total Publishers forgotten after being idle.",
+        "# HELP kvo_indexer_publishers_expired_total Publishers forgotten "
+        "after being idle.",
         "# TYPE kvo_indexer_publishers_expired_total counter",
         "kvo_indexer_publishers_expired_total 0",
-        "# HELP kvo_indexer_announces_total Relay announces received (start, heartbeat, discover answers).",
+        "# HELP kvo_indexer_announces_total Relay announces received (start, "
+        "heartbeat, discover answers).",
         "# TYPE kvo_indexer_announces_total counter",
         "kvo_indexer_announces_total 0",
-        "# HELP kvo_indexer_announces_bad_total Announces that could not be read.",
+        "# HELP kvo_indexer_announces_bad_total Announces that could not be "
+        "read.",
         "# TYPE kvo_indexer_announces_bad_total counter",
         "kvo_indexer_announces_bad_total 0",
-        "# HELP kvo_indexer_relays Tracked publishers that announced themselves as relays.",
+        "# HELP kvo_indexer_relays Tracked publishers that announced "
+        "themselves as relays.",
         "# TYPE kvo_indexer_relays gauge",
         "kvo_indexer_relays 0",
-        "# HELP kvo_indexer_recovering Publishers with a recovery request in flight.",
+        "# HELP kvo_indexer_recovering Publishers with a recovery request in "
+        "flight.",
         "# TYPE kvo_indexer_recovering gauge",
         "kvo_indexer_recovering 0",
-        "# HELP kvo_indexer_stale_publishers Publishers whose last recovery failed (their workers were cleared).",
+        "# HELP kvo_indexer_stale_publishers Publishers whose last recovery "
+        "failed (their workers were cleared).",
         "# TYPE kvo_indexer_stale_publishers gauge",
         "kvo_indexer_stale_publishers 0",
-        "# HELP kvo_indexer_recovery_requests_total Recovery requests sent (retries included).",
+        "# HELP kvo_indexer_recovery_requests_total Recovery requests sent "
+        "(retries included).",
         "# TYPE kvo_indexer_recovery_requests_total counter",
         "kvo_indexer_recovery_requests_total 0",
-        "# HELP kvo_indexer_recoveries_events_total Recoveries answered with the missing envelopes.",
+        "# HELP kvo_indexer_recoveries_events_total Recoveries answered with "
+        "the missing envelopes.",
         "# TYPE kvo_indexer_recoveries_events_total counter",
         "kvo_indexer_recoveries_events_total 0",
-        "# HELP kvo_indexer_recoveries_dump_total Recoveries answered with a dump of the relay's state.",
+        "# HELP kvo_indexer_recoveries_dump_total Recoveries answered with a "
+        "dump of the relay's state.",
         "# TYPE kvo_indexer_recoveries_dump_total counter",
         "kvo_indexer_recoveries_dump_total 0",
-        "# HELP kvo_indexer_recoveries_too_new_total Recoveries answered too_new: nothing was missing.",
+        "# HELP kvo_indexer_recoveries_too_new_total Recoveries answered "
+        "too_new: nothing was missing.",
         "# TYPE kvo_indexer_recoveries_too_new_total counter",
         "kvo_indexer_recoveries_too_new_total 0",
-        "# HELP kvo_indexer_recovery_failures_total Recoveries that failed (relay gone, timeout, no valid answer).",
+        "# HELP kvo_indexer_recovery_failures_total Recoveries that failed "
+        "(relay gone, timeout, no valid answer).",
         "# TYPE kvo_indexer_recovery_failures_total counter",
         "kvo_indexer_recovery_failures_total 0",
-        "# HELP kvo_indexer_recovery_retries_total Requests sent again after an incomplete or malformed answer.",
+        "# HELP kvo_indexer_recovery_retries_total Requests sent again after "
+        "an incomplete or malformed answer.",
         "# TYPE kvo_indexer_recovery_retries_total counter",
         "kvo_indexer_recovery_retries_total 0",
-        "# HELP kvo_indexer_recovery_bad_total Malformed or inconsistent recovery answers.",
+        "# HELP kvo_indexer_recovery_bad_total Malformed or inconsistent "
+        "recovery answers.",
         "# TYPE kvo_indexer_recovery_bad_total counter",
         "kvo_indexer_recovery_bad_total 0",
-        "# HELP kvo_indexer_recovery_stray_total Recovery answers to no request in flight (late, or abandoned).",
+        "# HELP kvo_indexer_recovery_stray_total Recovery answers to no "
+        "request in flight (late, or abandoned).",
         "# TYPE kvo_indexer_recovery_stray_total counter",
         "kvo_indexer_recovery_stray_total 0",
-        "# HELP kvo_indexer_envelopes_recovered_total Envelopes received in recovery answers (events and dumps).",
+        "# HELP kvo_indexer_envelopes_recovered_total Envelopes received in "
+        "recovery answers (events and dumps).",
         "# TYPE kvo_indexer_envelopes_recovered_total counter",
         "kvo_indexer_envelopes_recovered_total 0",
         "# HELP kvo_indexer_dumps_applied_total Dumps applied whole.",
         "# TYPE kvo_indexer_dumps_applied_total counter",
         "kvo_indexer_dumps_applied_total 0",
-        "# HELP kvo_indexer_dump_blocks_applied_total Blocks stored from dumps.",
+        "# HELP kvo_indexer_dump_blocks_applied_total Blocks stored from "
+        "dumps.",
         "# TYPE kvo_indexer_dump_blocks_applied_total counter",
         "kvo_indexer_dump_blocks_applied_total 0",
-        "# HELP kvo_indexer_impossible_sequences_total Envelopes dropped: their relay never sent that sequence (too_new).",
+        "# HELP kvo_indexer_impossible_sequences_total Envelopes dropped: "
+        "their relay never sent that sequence (too_new).",
         "# TYPE kvo_indexer_impossible_sequences_total counter",
         "kvo_indexer_impossible_sequences_total 0",
-        "# HELP kvo_indexer_live_held_total Live envelopes held while their publisher recovered.",
+        "# HELP kvo_indexer_live_held_total Live envelopes held while their "
+        "publisher recovered.",
         "# TYPE kvo_indexer_live_held_total counter",
         "kvo_indexer_live_held_total 0",
-        "# HELP kvo_indexer_live_held_dropped_total Live envelopes not held: the hold was full (recovered later).",
+        "# HELP kvo_indexer_live_held_dropped_total Live envelopes not held: "
+        "the hold was full (recovered later).",
         "# TYPE kvo_indexer_live_held_dropped_total counter",
         "kvo_indexer_live_held_dropped_total 0",
-        "# HELP kvo_indexer_live_covered_total Held live envelopes a dump covered (dropped).",
+        "# HELP kvo_indexer_live_covered_total Held live envelopes a dump "
+        "covered (dropped).",
         "# TYPE kvo_indexer_live_covered_total counter",
         "kvo_indexer_live_covered_total 0",
-        "# HELP kvo_indexer_recovery_ms_total Milliseconds spent recovering, summed over finished recoveries.",
+        "# HELP kvo_indexer_recovery_ms_total Milliseconds spent recovering, "
+        "summed over finished recoveries.",
         "# TYPE kvo_indexer_recovery_ms_total counter",
         "kvo_indexer_recovery_ms_total 0",
-        "# HELP kvo_indexer_recovery_ms_max Longest finished recovery, milliseconds.",
+        "# HELP kvo_indexer_recovery_ms_max Longest finished recovery, "
+        "milliseconds.",
         "# TYPE kvo_indexer_recovery_ms_max gauge",
         "kvo_indexer_recovery_ms_max 0",
-        "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped (slow consumer).",
+        "# HELP kvo_indexer_slow_consumer_drops_total Messages nats.c dropped "
+        "(slow consumer).",
         "# TYPE kvo_indexer_slow_consumer_drops_total counter",
         "kvo_indexer_slow_consumer_drops_total 3",
-        "# HELP kvo_indexer_inbox_dropped_total Messages dropped for want of memory before the loop saw them.",
+        "# HELP kvo_indexer_inbox_dropped_total Messages dropped for want of "
+        "memory before the loop saw them.",
         "# TYPE kvo_indexer_inbox_dropped_total counter",
         "kvo_indexer_inbox_dropped_total 2",
         "# HELP kvo_indexer_nats_disconnects_total NATS disconnects.",
@@ -674,16 +734,20 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_http_connections_total TCP connections accepted.",
         "# TYPE kvo_indexer_http_connections_total counter",
         "kvo_indexer_http_connections_total 5",
-        "# HELP kvo_indexer_http_head_timeouts_total Connections closed: no complete request head in time.",
+        "# HELP kvo_indexer_http_head_timeouts_total Connections closed: no "
+        "complete request head in time.",
         "# TYPE kvo_indexer_http_head_timeouts_total counter",
         "kvo_indexer_http_head_timeouts_total 6",
-        "# HELP kvo_indexer_http_body_timeouts_total Connections closed: no complete request body in time.",
+        "# HELP kvo_indexer_http_body_timeouts_total Connections closed: no "
+        "complete request body in time.",
         "# TYPE kvo_indexer_http_body_timeouts_total counter",
         "kvo_indexer_http_body_timeouts_total 7",
-        "# HELP kvo_indexer_http_busy_refused_total Requests answered 503: request bodies in flight over the cap.",
+        "# HELP kvo_indexer_http_busy_refused_total Requests answered 503: "
+        "request bodies in flight over the cap.",
         "# TYPE kvo_indexer_http_busy_refused_total counter",
         "kvo_indexer_http_busy_refused_total 8",
-        "# HELP kvo_indexer_query_seconds Query latency (parse excluded, hashing included).",
+        "# HELP kvo_indexer_query_seconds Query latency (parse excluded, "
+        "hashing included).",
         "# TYPE kvo_indexer_query_seconds histogram",
         "kvo_indexer_query_seconds_bucket{le=\"1e-06\"} 1",
         "kvo_indexer_query_seconds_bucket{le=\"2.5e-06\"} 1",
@@ -783,7 +847,8 @@ START_TEST(service_answers_blocks_and_lookup) {
                "{\"worker_id\":99,\"dp_rank\":0,\"count\":0,\"digest\":0,"
                "\"blocks\":[]}");
     static const char *const bad[] = {
-        "/blocks?dp_rank=0", "/blocks?worker_id=7&dp_rank=4294967296",
+        "/blocks?dp_rank=0",
+        "/blocks?worker_id=7&dp_rank=4294967296",
         "/blocks?worker_id=7&dp_rank=0&limit=0",
         "/blocks?worker_id=7&dp_rank=0&limit=100001",
         "/blocks?worker_id=7&dp_rank=0&digest_only=x",
@@ -938,7 +1003,6 @@ static uint64_t relay_digest(fake_relay *r) {
     return d;
 }
 
-
 /* kvo-indexer started after the relay rebuilds the index from its dump;
  * killed and started again, it gets back the same index -- the same
  * answers, the same block set -- plus what was published while it was
@@ -1003,7 +1067,7 @@ START_TEST(service_repairs_a_gap_with_events) {
     env_start(&e, NULL, NULL);
     fake_relay r;
     fake_relay_start(&r, e.nats.url, RPUB, RWORKER);
-    wait_health(&e, "ok"); /* the discovery window is over */
+    wait_health(&e, "ok");           /* the discovery window is over */
     relay_chain(&r, 1, 0, 5, true);  /* 0..4 */
     relay_chain(&r, 1, 5, 7, false); /* 5, 6 lost */
     relay_chain(&r, 1, 7, 8, true);  /* 7 shows the gap */
@@ -1018,7 +1082,7 @@ START_TEST(service_repairs_a_gap_with_events) {
     ck_assert_uint_eq(counter(&e, "duplicates"), 1);
     ck_assert_uint_eq(counter(&e, "applied"), 5);
     relay_chain(&r, 1, 8, 10, false); /* 8, 9 lost: nothing shows it... */
-    fake_relay_announce(&r);         /* ...but the heartbeat */
+    fake_relay_announce(&r);          /* ...but the heartbeat */
     wait_zmq(&e, RPUB, 9);
     ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
     ck_assert_uint_eq(counter(&e, "recoveries_events"), 2);

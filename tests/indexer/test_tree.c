@@ -215,10 +215,13 @@ START_TEST(dp_ranks_are_independent_workers) {
     ck_assert_int_eq(idx_tree_query(t, Q(1, 2), &s), KVO_OK);
     ck_assert_uint_eq(s.isl_blocks, 2);
     ck_assert_uint_eq(s.n, 4);
-    ck_assert(s.v[0].worker_id == 3 && s.v[0].dp_rank == 2 && s.v[0].blocks == 1);
+    ck_assert(s.v[0].worker_id == 3 && s.v[0].dp_rank == 2 &&
+              s.v[0].blocks == 1);
     ck_assert(s.v[1].worker_id == 3 && s.v[1].dp_rank == 5);
-    ck_assert(s.v[2].worker_id == 7 && s.v[2].dp_rank == 0 && s.v[2].blocks == 2);
-    ck_assert(s.v[3].worker_id == 7 && s.v[3].dp_rank == 1 && s.v[3].blocks == 1);
+    ck_assert(s.v[2].worker_id == 7 && s.v[2].dp_rank == 0 &&
+              s.v[2].blocks == 2);
+    ck_assert(s.v[3].worker_id == 7 && s.v[3].dp_rank == 1 &&
+              s.v[3].blocks == 1);
     idx_scores_fini(&s);
     tt_tree_done(t);
 }
@@ -229,7 +232,8 @@ START_TEST(lora_and_base_prompts_do_not_collide) {
     for (int i = 0; i < 64; i++) tok[i] = 1000 + (uint64_t)i;
     uint64_t base[4], lora[4], salted[4];
     ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, NULL, NULL, base), 4);
-    ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, "sql-adapter", NULL, lora), 4);
+    ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, "sql-adapter", NULL, lora),
+                      4);
     ck_assert_uint_eq(idx_prompt_hash(tok, 64, 16, NULL, "s1", salted), 4);
     for (int i = 0; i < 4; i++) ck_assert(base[i] != lora[i]);
     /* the salt seeds block 0 only, as vLLM salts block 0's extra keys only;
@@ -260,7 +264,8 @@ START_TEST(dump_and_restore_give_the_same_answers) {
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3, 4)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 2, 5)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 1, 3, NULL, Q(9, 8)), IDX_EV_OK);
-    ck_assert_int_eq(tt_store(t, 2, 0, U64S(100), Q(2, 3)), IDX_EV_PARENT_NOT_FOUND);
+    ck_assert_int_eq(tt_store(t, 2, 0, U64S(100), Q(2, 3)),
+                     IDX_EV_PARENT_NOT_FOUND);
     ck_assert_int_eq(tt_store(t, 2, 0, NULL, Q(1)), IDX_EV_OK);
     ck_assert_int_eq(tt_store(t, 2, 0, U64S(100), Q(2, 3)), IDX_EV_OK);
     ck_assert_int_eq(tt_remove(t, 0, 0, Q(400)), IDX_EV_OK);
@@ -273,8 +278,8 @@ START_TEST(dump_and_restore_give_the_same_answers) {
     /* worker 1 still holds 5 but no longer its parent 2: that event cannot
      * be restored, and could never score (a gap at block 1) */
     ck_assert_uint_eq(rejected, 1);
-    const uint64_t qs[][4] = {{1, 2, 3, 4}, {1, 2, 5, 0}, {9, 8, 0, 0},
-                              {1, 0, 0, 0}, {2, 3, 0, 0}};
+    const uint64_t qs[][4] = {
+        {1, 2, 3, 4}, {1, 2, 5, 0}, {9, 8, 0, 0}, {1, 0, 0, 0}, {2, 3, 0, 0}};
     for (size_t i = 0; i < 5; i++) tt_same_answers(t, r, qs[i], 4);
     tt_tree_done(r);
     idx_tree_free(t);
@@ -353,8 +358,9 @@ END_TEST
 START_TEST(worker_sets_grow_and_shrink) {
     idx_tree *t = tt_tree_new();
     for (uint64_t w = 0; w < 70; w++) {
-        ck_assert_int_eq(tt_store(t, w * 7919 % 101, (uint32_t)(w % 3), NULL,
-                                  Q(1, 2, 3)), IDX_EV_OK);
+        ck_assert_int_eq(
+            tt_store(t, w * 7919 % 101, (uint32_t)(w % 3), NULL, Q(1, 2, 3)),
+            IDX_EV_OK);
         tt_check(t, true);
     }
     ck_assert_uint_eq(tt_nscores(t, Q(1, 2, 3)), 70);
@@ -368,8 +374,8 @@ START_TEST(worker_sets_grow_and_shrink) {
     ck_assert_uint_eq(tt_nscores(t, Q(1)), 70);
     ck_assert_uint_eq(tt_nscores(t, Q(1, 2)), 70);
     for (uint64_t w = 0; w < 70; w++) {
-        ck_assert_int_eq(tt_remove(t, w * 7919 % 101, (uint32_t)(w % 3),
-                                   Q(100)), IDX_EV_OK);
+        ck_assert_int_eq(
+            tt_remove(t, w * 7919 % 101, (uint32_t)(w % 3), Q(100)), IDX_EV_OK);
         tt_check(t, true);
     }
     ck_assert_uint_eq(tt_pairs(t), 0);
@@ -431,7 +437,8 @@ START_TEST(colliding_keys_overflow_into_the_stash) {
     for (uint64_t k = 0; k < 40; k += 2) {
         uint64_t bh = X ^ (k * 0x9E3779B97F4A7C15ull);
         ck_assert_int_eq(tt_remove(t, 100 + k, 0, &bh, 1), IDX_EV_OK);
-        ck_assert_int_eq(tt_remove(t, 100 + k, 0, &bh, 1), IDX_EV_BLOCK_NOT_FOUND);
+        ck_assert_int_eq(tt_remove(t, 100 + k, 0, &bh, 1),
+                         IDX_EV_BLOCK_NOT_FOUND);
         tt_check(t, true);
     }
     ck_assert_uint_eq(tt_nscores(t, Q(5)), 20);
@@ -439,7 +446,8 @@ START_TEST(colliding_keys_overflow_into_the_stash) {
         ck_assert_uint_eq(tt_score(t, Q(5), 100 + k, 0), 1);
         ck_assert_uint_eq(tt_blocks(t, 100 + k, 0), 1);
     }
-    for (uint64_t k = 1; k < 40; k += 2) ck_assert_int_eq(tt_clear(t, 100 + k, 0), IDX_EV_OK);
+    for (uint64_t k = 1; k < 40; k += 2)
+        ck_assert_int_eq(tt_clear(t, 100 + k, 0), IDX_EV_OK);
     tt_check(t, true);
     ck_assert_uint_eq(tt_nscores(t, Q(5)), 0);
     ck_assert_uint_eq(tt_pairs(t), 3000);
@@ -469,7 +477,8 @@ START_TEST(large_streams_keep_every_invariant) {
         uint64_t parent = 0;
         for (int d = 0; d < LEN; d++) {
             tok[p][d] = d < shared ? tok[p % 40][d] : splitmix(&rs);
-            bh[p][d] = d < shared ? bh[p % 40][d] : (parent * 31 + tok[p][d]) | 1;
+            bh[p][d] =
+                d < shared ? bh[p % 40][d] : (parent * 31 + tok[p][d]) | 1;
             parent = bh[p][d];
         }
     }
@@ -480,15 +489,17 @@ START_TEST(large_streams_keep_every_invariant) {
         int p = (int)(splitmix(&rs) % PROMPTS);
         uint64_t r = splitmix(&rs) % 100;
         if (r < 60) {
-            ck_assert_int_eq(tt_store_bh(t, w / 2, (uint32_t)(w % 2), NULL, tok[p],
-                                         bh[p], LEN), IDX_EV_OK);
+            ck_assert_int_eq(tt_store_bh(t, w / 2, (uint32_t)(w % 2), NULL,
+                                         tok[p], bh[p], LEN),
+                             IDX_EV_OK);
             held[w][p] = 1;
             ops += LEN;
         } else if (r < 99) {
             uint64_t rev[LEN];
             for (int d = 0; d < LEN; d++) rev[d] = bh[p][LEN - 1 - d];
             tt_remove(t, w / 2, (uint32_t)(w % 2), rev, LEN);
-            for (int q = p % 40; q < PROMPTS; q += 40) held[w][q] = 0; /* shared prefixes */
+            for (int q = p % 40; q < PROMPTS; q += 40)
+                held[w][q] = 0; /* shared prefixes */
             ops += LEN;
         } else {
             ck_assert_int_eq(tt_clear(t, w / 2, (uint32_t)(w % 2)), IDX_EV_OK);
@@ -532,7 +543,8 @@ static kvo_status collect2(void *ctx, const idx_block *b) {
 START_TEST(worker_views_give_parents_and_other_holders) {
     idx_tree *t = tt_tree_new();
     for (uint64_t w = 12; w-- > 0;) /* slots in descending worker order */
-        ck_assert_int_eq(tt_store(t, 100 + w, 0, NULL, U64S(1, 2), 2), IDX_EV_OK);
+        ck_assert_int_eq(tt_store(t, 100 + w, 0, NULL, U64S(1, 2), 2),
+                         IDX_EV_OK);
     idx_block_info in;
     ck_assert_int_eq(idx_tree_block_info(t, 105, 0, 200, &in), KVO_OK);
     ck_assert(in.held && in.in_set);
@@ -543,7 +555,8 @@ START_TEST(worker_views_give_parents_and_other_holders) {
     ck_assert_uint_eq(in.node_block_hash, 200);
     ck_assert_uint_eq(in.others, 11);
     ck_assert_uint_eq(in.listed, IDX_INFO_OTHERS);
-    const uint64_t want[IDX_INFO_OTHERS] = {100, 101, 102, 103, 104, 106, 107, 108};
+    const uint64_t want[IDX_INFO_OTHERS] = {100, 101, 102, 103,
+                                            104, 106, 107, 108};
     for (int i = 0; i < IDX_INFO_OTHERS; i++) {
         ck_assert_uint_eq(in.other[i].worker_id, want[i]);
         ck_assert_uint_eq(in.other[i].dp_rank, 0);
@@ -635,15 +648,20 @@ START_TEST(allocation_failures_leave_a_consistent_tree) {
         for (int round = 0; round < 4; round++) {
             for (uint64_t w = 0; w < 6; w++) {
                 wire_rblock b[40];
-                for (int i = 0; i < 40; i++) b[i] = (wire_rblock){bh[i], tok[i]};
-                wire_revent ev = {.worker_id = w, .type = WIRE_R_STORED,
-                                  .n_blocks = 40, .blocks = b};
+                for (int i = 0; i < 40; i++)
+                    b[i] = (wire_rblock){bh[i], tok[i]};
+                wire_revent ev = {.worker_id = w,
+                                  .type = WIRE_R_STORED,
+                                  .n_blocks = 40,
+                                  .blocks = b};
                 idx_evstatus st;
                 s = idx_tree_apply(t, &ev, &st);
                 ck_assert(s == KVO_OK || s == KVO_ENOMEM);
                 uint64_t rm[3] = {bh[39 - w], bh[20], 77};
-                wire_revent r = {.worker_id = w, .type = WIRE_R_REMOVED,
-                                 .n_removed = 3, .removed = rm};
+                wire_revent r = {.worker_id = w,
+                                 .type = WIRE_R_REMOVED,
+                                 .n_removed = 3,
+                                 .removed = rm};
                 s = idx_tree_apply(t, &r, &st);
                 ck_assert(s == KVO_OK || s == KVO_ENOMEM);
                 if (w == 3) {
@@ -671,7 +689,8 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, two_workers_share_a_prefix);
     tcase_add_test(tc, unknown_parent_rejects_the_whole_store);
     tcase_add_test(tc, unknown_removed_hashes_are_skipped_and_counted);
-    tcase_add_test(tc, self_referencing_block_is_invalid_and_keeps_dynamos_self_edge);
+    tcase_add_test(
+        tc, self_referencing_block_is_invalid_and_keeps_dynamos_self_edge);
     tcase_add_test(tc, cleared_drops_every_block_of_the_worker);
     tcase_add_test(tc, remove_worker_forgets_every_rank);
     tcase_add_test(tc, dp_ranks_are_independent_workers);

@@ -84,9 +84,9 @@ START_TEST(blocks_pages_add_up_and_follow_the_feed) {
     kvo_free(b);
     idx_blockset bs;
     idx_blockset_init(&bs);
-    ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f),
-                                       idx_feed_generation(f), 4, 0),
-                     KVO_OK);
+    ck_assert_int_eq(
+        idx_blockset_load(&bs, idx_feed_tree(f), idx_feed_generation(f), 4, 0),
+        KVO_OK);
     uint64_t digest = 0, seen = 0, after = 0, total = 0;
     bool has_after = false;
     for (int p = 0; p < 3; p++) {
@@ -131,9 +131,9 @@ START_TEST(blocks_pages_add_up_and_follow_the_feed) {
     ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f), gen, 4, 0),
                      KVO_OK);
     ck_assert_uint_eq(bs.n, 250); /* the cached one: same generation asked */
-    ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f),
-                                       idx_feed_generation(f), 4, 0),
-                     KVO_OK);
+    ck_assert_int_eq(
+        idx_blockset_load(&bs, idx_feed_tree(f), idx_feed_generation(f), 4, 0),
+        KVO_OK);
     ck_assert_uint_eq(bs.n, 260);
     idx_blockset_fini(&bs);
     idx_feed_free(f);

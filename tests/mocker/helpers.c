@@ -12,7 +12,8 @@
 void mt_on_output(void *user, const mock_output *o) {
     mt_out *out = user;
     out->callbacks++;
-    if (o->has_token && o->n_output <= 4096) out->tokens[o->n_output - 1] = o->token;
+    if (o->has_token && o->n_output <= 4096)
+        out->tokens[o->n_output - 1] = o->token;
     out->n_output = o->n_output;
     out->cached = o->cached_tokens;
     if (o->finish != MOCK_FINISH_NONE) {
@@ -30,8 +31,9 @@ void mt_cfg(mock_cfg *c, uint32_t block_size, uint32_t num_gpu_blocks) {
 void mt_eng_init(mt_eng *m, const mock_cfg *c, uint32_t rank) {
     memset(m, 0, sizeof(*m));
     m->cfg = *c;
-    ck_assert_int_eq(mock_hasher_new(&m->h, c->hash_algo, c->hash_seed,
-                                     c->hash_memo_log2), KVO_OK);
+    ck_assert_int_eq(
+        mock_hasher_new(&m->h, c->hash_algo, c->hash_seed, c->hash_memo_log2),
+        KVO_OK);
     ck_assert_int_eq(mock_engine_new(&m->e, &m->cfg, rank, m->h), KVO_OK);
     ck_assert_int_eq(mock_render_new(&m->r, &m->cfg), KVO_OK);
     wire_batch_init(&m->last);
@@ -52,8 +54,11 @@ void mt_eng_fini(mt_eng *m) {
 
 mock_req_in mt_req(const uint64_t *tok, uint32_t n, uint32_t max_tokens,
                    mt_out *out) {
-    return (mock_req_in){.tokens = tok, .n_tokens = n, .max_tokens = max_tokens,
-                         .on_output = mt_on_output, .user = out};
+    return (mock_req_in){.tokens = tok,
+                         .n_tokens = n,
+                         .max_tokens = max_tokens,
+                         .on_output = mt_on_output,
+                         .user = out};
 }
 
 uint64_t mt_add(mt_eng *m, const uint64_t *tok, uint32_t n, uint32_t max_tokens,
@@ -76,9 +81,10 @@ mock_block_info mt_block(const mt_eng *m, uint32_t id) {
     return bi;
 }
 
-void mt_hash(mt_eng *m, const uint64_t *tok, uint32_t n_blocks, mock_hash *out) {
-    ck_assert_int_eq(mock_hasher_blocks(m->h, tok, m->cfg.block_size, 0, n_blocks,
-                                        NULL, NULL, NULL, NULL, out),
+void mt_hash(mt_eng *m, const uint64_t *tok, uint32_t n_blocks,
+             mock_hash *out) {
+    ck_assert_int_eq(mock_hasher_blocks(m->h, tok, m->cfg.block_size, 0,
+                                        n_blocks, NULL, NULL, NULL, NULL, out),
                      KVO_OK);
 }
 
@@ -91,7 +97,8 @@ bool mt_step(mt_eng *m, mock_step *st) {
     if (st->batch) {
         const kvo_buf *pay;
         uint32_t n;
-        ck_assert_int_eq(mock_render_batch(m->r, st->batch, st->aux, &pay, &n), KVO_OK);
+        ck_assert_int_eq(mock_render_batch(m->r, st->batch, st->aux, &pay, &n),
+                         KVO_OK);
         ck_assert_uint_eq(n, 1);
         kvo_err err;
         ck_assert_msg(wire_batch_decode(pay[0].data, pay[0].len, NULL, &m->last,
@@ -158,7 +165,8 @@ void mt_iota(uint64_t *t, uint32_t n, uint64_t first) {
     for (uint32_t i = 0; i < n; i++) t[i] = first + i;
 }
 
-void *mt_zsock(void *ctx, int type, const char *ep, int rcvtimeo_ms, int rcvhwm) {
+void *mt_zsock(void *ctx, int type, const char *ep, int rcvtimeo_ms,
+               int rcvhwm) {
     void *s = zmq_socket(ctx, type);
     ck_assert_ptr_nonnull(s);
     int linger = 0;
@@ -213,10 +221,11 @@ int mt_raw_post(uint16_t port, const char *path, const char *extra_headers,
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
     char req[1024];
-    int n = snprintf(req, sizeof(req),
-                     "POST %s HTTP/1.1\r\nHost: x\r\n%s"
-                     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
-                     path, extra_headers ? extra_headers : "", strlen(body), body);
+    int n = snprintf(
+        req, sizeof(req),
+        "POST %s HTTP/1.1\r\nHost: x\r\n%s"
+        "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+        path, extra_headers ? extra_headers : "", strlen(body), body);
     ck_assert(n > 0 && (size_t)n < sizeof(req));
     ck_assert_int_eq(write(fd, req, (size_t)n), n);
     return fd;

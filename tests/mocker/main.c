@@ -19,17 +19,9 @@ Suite *suite_tiers(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
-        suite_engine,
-        suite_trace,
-        suite_mutate,
-        suite_pub,
-        suite_workload,
-        suite_http,
-        suite_stop,
-        suite_node,
-        suite_request,
-        suite_keys,
-        suite_tiers,
+        suite_engine,   suite_trace, suite_mutate, suite_pub,
+        suite_workload, suite_http,  suite_stop,   suite_node,
+        suite_request,  suite_keys,  suite_tiers,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

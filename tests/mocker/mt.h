@@ -23,7 +23,7 @@ typedef struct mt_eng {
     mock_hasher *h;
     mock_engine *e;
     mock_render *r;
-    wire_batch last;      /* the last step's batch, decoded from its bytes */
+    wire_batch last; /* the last step's batch, decoded from its bytes */
     bool last_set;
     double last_ms;
 } mt_eng;
@@ -57,7 +57,7 @@ uint32_t mt_run(mt_eng *m, mt_batch_fn fn, void *ctx);
 typedef struct mt_rec {
     uint32_t n;
     wire_ev_type type[256];
-    uint64_t key[256];    /* first hash */
+    uint64_t key[256]; /* first hash */
     uint32_t nh[256];
     uint64_t parent[256];
     bool has_parent[256];
@@ -107,7 +107,8 @@ void mt_iota(uint64_t *t, uint32_t n, uint64_t first);
 /* A ZeroMQ client of type connected to ep: linger 0, receive timeout
  * rcvtimeo_ms, receive high-water mark rcvhwm (0 = libzmq's). A SUB is
  * subscribed to nothing yet. */
-void *mt_zsock(void *ctx, int type, const char *ep, int rcvtimeo_ms, int rcvhwm);
+void *mt_zsock(void *ctx, int type, const char *ep, int rcvtimeo_ms,
+               int rcvhwm);
 /* A replay request to a DEALER connected to a publisher's ROUTER: every
  * buffered batch from seq start on, ["", start u64 BE]. */
 void mt_replay_request(void *dealer, uint64_t start);

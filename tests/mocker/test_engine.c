@@ -68,14 +68,16 @@ START_TEST(prefill_stores_every_full_block_with_the_vllm_fields) {
     ck_assert(ev->hashes[1].key == H1 && ev->hashes[2].key == H2);
     ck_assert_int_eq(ev->parent.kind, WIRE_HASH_NONE);
     ck_assert_uint_eq(ev->n_tokens, 12);
-    for (uint32_t i = 0; i < 12; i++) ck_assert_uint_eq(ev->token_ids[i], i + 1);
+    for (uint32_t i = 0; i < 12; i++)
+        ck_assert_uint_eq(ev->token_ids[i], i + 1);
     ck_assert(ev->block_size.set && ev->block_size.v == 4);
     ck_assert(!ev->lora_id.set && ev->lora_name.p == NULL);
     ck_assert(ev->medium.len == 3 && memcmp(ev->medium.p, "GPU", 3) == 0);
     ck_assert(ev->group_idx.set && ev->group_idx.v == 0);
     ck_assert(ev->kv_cache_spec_kind.len == 14);
     static const uint8_t nil3[] = {0x93, 0xc0, 0xc0, 0xc0};
-    ck_assert(ev->extra_keys.len == 4 && memcmp(ev->extra_keys.p, nil3, 4) == 0);
+    ck_assert(ev->extra_keys.len == 4 &&
+              memcmp(ev->extra_keys.p, nil3, 4) == 0);
     /* Finished: freed tail first, so the deepest block is next to go. */
     ck_assert_int_eq(out.finish, MOCK_FINISH_LENGTH);
     ck_assert_uint_eq(out.cached, 0);
@@ -274,12 +276,14 @@ START_TEST(a_steps_events_go_request_by_request_removals_before_stores) {
                              : want[i].who == 'p' ? l.hp
                              : want[i].who == 'x' ? l.hx
                                                   : l.hy;
-        ck_assert_msg(r.type[i] == want[i].type, "event %u: type %d", i, r.type[i]);
+        ck_assert_msg(r.type[i] == want[i].type, "event %u: type %d", i,
+                      r.type[i]);
         ck_assert_msg(r.key[i] == h[want[i].first].key, "event %u: hash", i);
         ck_assert_uint_eq(r.nh[i], (uint32_t)want[i].n);
         if (want[i].type == WIRE_EV_STORED) {
             ck_assert(r.has_parent[i] == (want[i].parent >= 0));
-            if (want[i].parent >= 0) ck_assert(r.parent[i] == h[want[i].parent].key);
+            if (want[i].parent >= 0)
+                ck_assert(r.parent[i] == h[want[i].parent].key);
         }
     }
     mt_eng_fini(&l.m);
@@ -296,14 +300,15 @@ START_TEST(regime_counters_count_batched_chunked_and_evicting_steps) {
     ck_assert_uint_eq(l.st2.evicted, 4);
     ck_assert_uint_eq(l.st2.stored, 4);
     mock_engine_stats s = mt_stats(&l.m);
-    ck_assert_uint_eq(s.steps, 5);          /* W's three chunks, then two */
-    ck_assert_uint_eq(s.steps_multi, 1);    /* P, X and Y */
+    ck_assert_uint_eq(s.steps, 5);       /* W's three chunks, then two */
+    ck_assert_uint_eq(s.steps_multi, 1); /* P, X and Y */
     ck_assert_uint_eq(s.max_running, 3);
     ck_assert_uint_eq(s.prefills_split, 3); /* W, P, Y */
     ck_assert_uint_eq(s.evictions_in_store_steps, 7);
-    ck_assert_uint_eq(s.max_inflight, 3);   /* P running, X and Y waiting */
+    ck_assert_uint_eq(s.max_inflight, 3); /* P running, X and Y waiting */
     ck_assert_uint_eq(s.preemptions, 0);
-    mt_run(&l.m, NULL, NULL); /* Y's last 4 tokens: one more eviction, a store */
+    mt_run(&l.m, NULL,
+           NULL); /* Y's last 4 tokens: one more eviction, a store */
     s = mt_stats(&l.m);
     ck_assert_uint_eq(s.evictions_in_store_steps, 8);
     /* 3 tokens fill no block: the step evicts W's next block, stores none */
@@ -339,8 +344,10 @@ START_TEST(decode_stores_each_block_its_tokens_fill_with_the_parent) {
         uint32_t before = r.n;
         if (mt_step(&m, &st)) mt_record(&r, &m.last);
         stored_at[steps++] = r.n > before;
-        if (steps == 1) ck_assert_uint_eq(st.decode_reqs, 0);
-        else ck_assert_uint_eq(st.decode_reqs, 1);
+        if (steps == 1)
+            ck_assert_uint_eq(st.decode_reqs, 0);
+        else
+            ck_assert_uint_eq(st.decode_reqs, 1);
     }
     ck_assert_uint_eq(steps, 8); /* 1 prefill + 7 decodes */
     ck_assert(stored_at[0] && stored_at[2] && stored_at[6]);
@@ -379,17 +386,19 @@ START_TEST(chunked_prefill_stores_each_chunk_chained_to_the_previous) {
         mock_step st;
         ck_assert(mt_step(&m, &st));
         ck_assert_uint_eq(st.prefill_tokens, s < 2 ? 8 : 4);
-        ck_assert(fabs(st.duration_ms - (4.209989e-7 * st.prefill_tokens *
-                                             st.prefill_tokens +
-                                         0.01518344 * st.prefill_tokens + 16.50142)) <
-                  1e-9);
+        ck_assert(fabs(st.duration_ms -
+                       (4.209989e-7 * st.prefill_tokens * st.prefill_tokens +
+                        0.01518344 * st.prefill_tokens + 16.50142)) < 1e-9);
         ck_assert_uint_eq(m.last.n_events, 1);
         const wire_event *ev = &m.last.events[0];
         ck_assert_uint_eq(ev->n_hashes, want_n[s]);
         ck_assert(ev->hashes[0].key == hs[first[s]].key);
-        if (s == 0) ck_assert_int_eq(ev->parent.kind, WIRE_HASH_NONE);
-        else ck_assert(ev->parent.key == hs[first[s] - 1].key);
-        ck_assert_uint_eq(out.n_output, s < 2 ? 0 : 1); /* no sample mid-prefill */
+        if (s == 0)
+            ck_assert_int_eq(ev->parent.kind, WIRE_HASH_NONE);
+        else
+            ck_assert(ev->parent.key == hs[first[s] - 1].key);
+        ck_assert_uint_eq(out.n_output,
+                          s < 2 ? 0 : 1); /* no sample mid-prefill */
     }
     ck_assert(!mock_engine_has_work(m.e));
     mt_eng_fini(&m);
@@ -421,7 +430,8 @@ static void run_pair(uint32_t blocks, mt_out *a, mt_out *b, uint64_t *preempt) {
             const uint32_t *ids;
             uint32_t n;
             /* The newest (B) left the running list with no blocks. */
-            ck_assert_int_eq(mock_engine_req_blocks(m.e, idb, &ids, &n), KVO_ENOTFOUND);
+            ck_assert_int_eq(mock_engine_req_blocks(m.e, idb, &ids, &n),
+                             KVO_ENOTFOUND);
         }
     }
     mock_engine_stats s = mt_stats(&m);
@@ -441,7 +451,8 @@ START_TEST(preemption_recomputes_the_newest_request_from_scratch) {
     ck_assert_uint_eq(b1.n_output, 12);
     ck_assert(memcmp(a1.tokens, a2.tokens, 12 * 8) == 0);
     ck_assert(memcmp(b1.tokens, b2.tokens, 12 * 8) == 0);
-    ck_assert_uint_eq(b1.cached, 0); /* num_cached_tokens of the first schedule */
+    ck_assert_uint_eq(b1.cached,
+                      0); /* num_cached_tokens of the first schedule */
 }
 END_TEST
 
@@ -520,7 +531,8 @@ START_TEST(without_prefix_caching_nothing_hits_and_nothing_is_published) {
     ck_assert_uint_eq(r.n, 0);
     ck_assert_uint_eq(o2.cached, 0);
     ck_assert_uint_eq(o2.n_output, 2);
-    ck_assert(!mock_engine_reset_prefix_cache(m.e) || !mock_engine_has_events(m.e));
+    ck_assert(!mock_engine_reset_prefix_cache(m.e) ||
+              !mock_engine_has_events(m.e));
     mt_eng_fini(&m);
 }
 END_TEST
@@ -545,8 +557,12 @@ START_TEST(roles_prefill_caps_at_one_token_decode_publishes_nothing) {
     mt_eng_init(&m, &c, 0);
     memset(&r, 0, sizeof(r));
     mt_out o2 = {0}, o3 = {0};
-    mock_req_in in = {.tokens = t, .n_tokens = 12, .max_tokens = 2,
-                      .remote_prefill = true, .on_output = mt_on_output, .user = &o2};
+    mock_req_in in = {.tokens = t,
+                      .n_tokens = 12,
+                      .max_tokens = 2,
+                      .remote_prefill = true,
+                      .on_output = mt_on_output,
+                      .user = &o2};
     ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
     mock_step st;
     ck_assert(!mt_step(&m, &st));
@@ -602,14 +618,20 @@ START_TEST(published_hashes_match_every_engine_hash_vector) {
     json_object *cases = json_object_object_get(v, "engine_hash_cases");
     for (size_t i = 0; i < json_object_array_length(cases); i++) {
         json_object *cs = json_object_array_get_idx(cases, i);
-        const char *name = json_object_get_string(json_object_object_get(cs, "name"));
+        const char *name =
+            json_object_get_string(json_object_object_get(cs, "name"));
         mock_cfg c;
-        mt_cfg(&c, (uint32_t)json_object_get_int(json_object_object_get(cs, "block_size")),
+        mt_cfg(&c,
+               (uint32_t)json_object_get_int(
+                   json_object_object_get(cs, "block_size")),
                64);
-        ck_assert_int_eq(wire_algo_parse(json_object_get_string(
-                                             json_object_object_get(cs, "algo")),
-                                         &c.hash_algo), KVO_OK);
-        c.hash_seed = json_object_get_string(json_object_object_get(cs, "seed"));
+        ck_assert_int_eq(
+            wire_algo_parse(
+                json_object_get_string(json_object_object_get(cs, "algo")),
+                &c.hash_algo),
+            KVO_OK);
+        c.hash_seed =
+            json_object_get_string(json_object_object_get(cs, "seed"));
         json_object *toks = json_object_object_get(cs, "token_ids");
         uint32_t n = (uint32_t)json_object_array_length(toks);
         uint64_t t[64];
@@ -623,10 +645,14 @@ START_TEST(published_hashes_match_every_engine_hash_vector) {
             mt_eng m;
             mt_eng_init(&m, &c, 0);
             mt_out o = {0};
-            mock_req_in in = {.tokens = t, .n_tokens = n, .max_tokens = 1,
-                              .lora_name = lo ? json_object_get_string(lo) : NULL,
-                              .cache_salt = sa ? json_object_get_string(sa) : NULL,
-                              .on_output = mt_on_output, .user = &o};
+            mock_req_in in = {
+                .tokens = t,
+                .n_tokens = n,
+                .max_tokens = 1,
+                .lora_name = lo ? json_object_get_string(lo) : NULL,
+                .cache_salt = sa ? json_object_get_string(sa) : NULL,
+                .on_output = mt_on_output,
+                .user = &o};
             ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
             ck_assert(mt_step(&m, NULL));
             const wire_event *ev = &m.last.events[0];
@@ -634,16 +660,20 @@ START_TEST(published_hashes_match_every_engine_hash_vector) {
             for (uint32_t k = 0; k < ev->n_hashes; k++) {
                 json_object *bk = json_object_array_get_idx(blocks, k);
                 uint64_t low;
-                kvo_parse_u64(json_object_get_string(json_object_object_get(bk, "low64")),
-                              &low);
+                kvo_parse_u64(
+                    json_object_get_string(json_object_object_get(bk, "low64")),
+                    &low);
                 ck_assert_msg(ev->hashes[k].key == low, "%s block %u", name, k);
                 if (bytes) {
                     size_t dl;
-                    uint8_t *d = kt_unhex(
-                        json_object_get_string(json_object_object_get(bk, "digest")), &dl);
+                    uint8_t *d =
+                        kt_unhex(json_object_get_string(
+                                     json_object_object_get(bk, "digest")),
+                                 &dl);
                     ck_assert_int_eq(ev->hashes[k].kind, WIRE_HASH_BYTES);
                     ck_assert_uint_eq(ev->hashes[k].len, dl);
-                    ck_assert_msg(memcmp(ev->hashes[k].bytes, d, dl) == 0, "%s", name);
+                    ck_assert_msg(memcmp(ev->hashes[k].bytes, d, dl) == 0, "%s",
+                                  name);
                     kvo_free(d);
                 } else {
                     ck_assert_int_eq(ev->hashes[k].kind, WIRE_HASH_UINT);
@@ -651,7 +681,8 @@ START_TEST(published_hashes_match_every_engine_hash_vector) {
             }
             if (lo) {
                 ck_assert(ev->lora_id.set && ev->lora_id.v == 1);
-                ck_assert(ev->lora_name.len == strlen(json_object_get_string(lo)));
+                ck_assert(ev->lora_name.len ==
+                          strlen(json_object_get_string(lo)));
             }
             /* extra_keys: (lora[, salt]) on block 0, (lora,) after; None
              * without either. Rebuild it with msgpack-c's own packer. */
@@ -676,7 +707,8 @@ START_TEST(published_hashes_match_every_engine_hash_vector) {
                 }
             }
             ck_assert_uint_eq(ev->extra_keys.len, sb.size);
-            ck_assert_msg(memcmp(ev->extra_keys.p, sb.data, sb.size) == 0, "%s", name);
+            ck_assert_msg(memcmp(ev->extra_keys.p, sb.data, sb.size) == 0, "%s",
+                          name);
             msgpack_sbuffer_destroy(&sb);
             mt_eng_fini(&m);
         }
@@ -701,14 +733,17 @@ START_TEST(trace_hash_memo_gives_the_hashes_plain_hashing_gives) {
         mock_trace_tokens(r.hash_ids, r.n_hash_ids, r.input_length, tok);
         uint32_t nb = r.input_length / 16;
         mock_trace_ref tr = {r.hash_ids, r.n_hash_ids};
-        ck_assert_int_eq(mock_hasher_blocks(plain, tok, 16, 0, nb, NULL, NULL, NULL,
-                                            NULL, a), KVO_OK);
+        ck_assert_int_eq(mock_hasher_blocks(plain, tok, 16, 0, nb, NULL, NULL,
+                                            NULL, NULL, a),
+                         KVO_OK);
         /* In uneven chunks, as /kvo/probe asks (rows start mid-way too). */
-        for (uint32_t done = 0, ch = 7; done < nb; done += ch, ch = ch * 2 + 1) {
+        for (uint32_t done = 0, ch = 7; done < nb;
+             done += ch, ch = ch * 2 + 1) {
             uint32_t k = nb - done < ch ? nb - done : ch;
             ck_assert_int_eq(mock_hasher_blocks(memo, tok, 16, done, k,
-                                                done ? &b[done - 1] : NULL, NULL,
-                                                NULL, &tr, b + done), KVO_OK);
+                                                done ? &b[done - 1] : NULL,
+                                                NULL, NULL, &tr, b + done),
+                             KVO_OK);
         }
         for (uint32_t k = 0; k < nb; k++)
             ck_assert(memcmp(&a[k], &b[k], sizeof(mock_hash)) == 0);
@@ -796,11 +831,13 @@ static uint32_t list_all(mt_eng *m, uint32_t max, mock_cached_block *all) {
     bool more = true, has_after = false;
     uint64_t after = 0;
     while (more) {
-        ck_assert_int_eq(mock_engine_cached_blocks(m->e, has_after, after, all + total,
-                                                   max, &n, &more), KVO_OK);
+        ck_assert_int_eq(mock_engine_cached_blocks(m->e, has_after, after,
+                                                   all + total, max, &n, &more),
+                         KVO_OK);
         ck_assert(more ? n == max : n <= max);
         for (uint32_t i = 0; i < n; i++)
-            ck_assert(total + i == 0 || all[total + i - 1].hash < all[total + i].hash);
+            ck_assert(total + i == 0 ||
+                      all[total + i - 1].hash < all[total + i].hash);
         total += n;
         if (n) {
             after = all[total - 1].hash;
@@ -840,11 +877,13 @@ START_TEST(the_cached_set_counts_copies_once_with_parents_and_its_digest) {
     mock_cached_block p1[16], p2[16];
     ck_assert_uint_eq(list_all(&m, 1, p1), 3);
     ck_assert_uint_eq(list_all(&m, 2, p2), 3);
-    ck_assert(memcmp(p1, b, 3 * sizeof(*b)) == 0 && memcmp(p2, b, 3 * sizeof(*b)) == 0);
+    ck_assert(memcmp(p1, b, 3 * sizeof(*b)) == 0 &&
+              memcmp(p2, b, 3 * sizeof(*b)) == 0);
     uint32_t n;
     bool more;
-    ck_assert_int_eq(mock_engine_cached_blocks(m.e, true, b[2].hash, p1, 8, &n, &more),
-                     KVO_OK);
+    ck_assert_int_eq(
+        mock_engine_cached_blocks(m.e, true, b[2].hash, p1, 8, &n, &more),
+        KVO_OK);
     ck_assert(n == 0 && !more);
     /* Evictions: u's 6 blocks pop 5..9 (empty) and 3, H2's oldest copy (H2
      * stays: block 4 holds it); a longer prompt then takes the rest. */

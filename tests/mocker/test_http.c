@@ -45,26 +45,29 @@ static int mocker_stop(mocker *m) {
 /* POST the len bytes of body (or GET: body NULL); returns the parsed JSON
  * (caller puts) or NULL when the answer is not JSON; *status gets the HTTP
  * status. */
-static json_object *call_n(mocker *m, const char *path, const char *body, size_t len,
-                           long *status) {
+static json_object *call_n(mocker *m, const char *path, const char *body,
+                           size_t len, long *status) {
     char url[256];
     snprintf(url, sizeof(url), "%s%s", m->url, path);
-    kvo_status st = body ? kvo_http_post(m->c, url, "application/json", body, len, &m->r)
-                         : kvo_http_get(m->c, url, &m->r);
+    kvo_status st =
+        body ? kvo_http_post(m->c, url, "application/json", body, len, &m->r)
+             : kvo_http_get(m->c, url, &m->r);
     ck_assert_msg(st == KVO_OK, "%s: %s", path, kvo_strerror(st));
     if (status) *status = m->r.status;
     return json_tokener_parse((const char *)m->r.body.data);
 }
 
 /* call_n of a C string (or GET). */
-static json_object *call(mocker *m, const char *path, const char *body, long *status) {
+static json_object *call(mocker *m, const char *path, const char *body,
+                         long *status) {
     return call_n(m, path, body, body ? strlen(body) : 0, status);
 }
 
 static json_object *ok(mocker *m, const char *path, const char *body) {
     long status;
     json_object *j = call(m, path, body, &status);
-    ck_assert_msg(status == 200, "%s -> %ld: %s", path, status, (const char *)m->r.body.data);
+    ck_assert_msg(status == 200, "%s -> %ld: %s", path, status,
+                  (const char *)m->r.body.data);
     ck_assert_ptr_nonnull(j);
     return j;
 }
@@ -74,34 +77,39 @@ static json_object *at(json_object *o, const char *path) {
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", path);
     char *save = NULL;
-    for (char *tok = strtok_r(buf, ".", &save); tok && o; tok = strtok_r(NULL, ".", &save)) {
-        if (json_object_is_type(o, json_type_array)) o = json_object_array_get_idx(o, (size_t)atoi(tok));
-        else if (!json_object_object_get_ex(o, tok, &o)) return NULL;
+    for (char *tok = strtok_r(buf, ".", &save); tok && o;
+         tok = strtok_r(NULL, ".", &save)) {
+        if (json_object_is_type(o, json_type_array))
+            o = json_object_array_get_idx(o, (size_t)atoi(tok));
+        else if (!json_object_object_get_ex(o, tok, &o))
+            return NULL;
     }
     return o;
 }
 
 static int64_t num(json_object *o, const char *path) {
     json_object *v = at(o, path);
-    ck_assert_msg(v && json_object_is_type(v, json_type_int), "%s: not an integer", path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_int),
+                  "%s: not an integer", path);
     return json_object_get_int64(v);
 }
 
 static const char *str(json_object *o, const char *path) {
     json_object *v = at(o, path);
-    ck_assert_msg(v && json_object_is_type(v, json_type_string), "%s: not a string", path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_string),
+                  "%s: not a string", path);
     return json_object_get_string(v);
 }
 
-static const char prompt13[] =
-    "[1,2,3,4,5,6,7,8,9,10,11,12,13]";
+static const char prompt13[] = "[1,2,3,4,5,6,7,8,9,10,11,12,13]";
 
 START_TEST(completions_report_cached_tokens_and_the_kvo_object) {
     mocker m;
     mocker_start(&m, MT_ARGS("--block-size", "4", "--dp-size", "2"));
     char body[256];
     snprintf(body, sizeof(body),
-             "{\"prompt\": %s, \"max_tokens\": 3, \"data_parallel_rank\": 1}", prompt13);
+             "{\"prompt\": %s, \"max_tokens\": 3, \"data_parallel_rank\": 1}",
+             prompt13);
     json_object *j = ok(&m, "/v1/completions", body);
     ck_assert_str_eq(str(j, "object"), "text_completion");
     ck_assert_str_eq(str(j, "model"), "kvo-mock");
@@ -127,24 +135,28 @@ START_TEST(completions_report_cached_tokens_and_the_kvo_object) {
     /* The rank from the header; rank 0 has nothing cached. */
     char url[128];
     snprintf(url, sizeof(url), "%s/v1/completions", m.url);
-    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 2}", prompt13);
+    snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 2}",
+             prompt13);
     /* kvo_http has no header setter: send it raw. */
-    int fd = mt_raw_post(m.port, "/v1/completions",
-                         "Connection: close\r\nX-data-parallel-rank: 0\r\n", body);
+    int fd =
+        mt_raw_post(m.port, "/v1/completions",
+                    "Connection: close\r\nX-data-parallel-rank: 0\r\n", body);
     kvo_buf resp;
     kvo_buf_init(&resp);
     char chunk[4096];
     ssize_t got;
-    while ((got = read(fd, chunk, sizeof(chunk))) > 0) kvo_buf_append(&resp, chunk, (size_t)got);
+    while ((got = read(fd, chunk, sizeof(chunk))) > 0)
+        kvo_buf_append(&resp, chunk, (size_t)got);
     close(fd);
     kvo_buf_cstr(&resp);
     ck_assert(strstr((char *)resp.data, "200 OK") != NULL);
-    ck_assert_msg(strstr((char *)resp.data, "\"kvo\":{\"dp_rank\":0") != NULL, "%s",
-                  (char *)resp.data);
+    ck_assert_msg(strstr((char *)resp.data, "\"kvo\":{\"dp_rank\":0") != NULL,
+                  "%s", (char *)resp.data);
     ck_assert(strstr((char *)resp.data, "\"cached_tokens\":0") != NULL);
     kvo_buf_fini(&resp);
     /* Ground truth agrees. */
-    j = ok(&m, "/kvo/probe", "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13]}");
+    j = ok(&m, "/kvo/probe",
+           "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13]}");
     ck_assert_int_eq(num(j, "block_size"), 4);
     ck_assert_int_eq(num(j, "prompt_blocks"), 4);
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 3);
@@ -185,65 +197,80 @@ END_TEST
 START_TEST(every_prompt_form_chat_and_token_ids) {
     mocker m;
     mocker_start(&m, MT_ARGS("--block-size", "4"));
-    json_object *j = ok(&m, "/v1/completions", "{\"prompt\": \"hello world!\"}");
-    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 12); /* one token per byte */
-    ck_assert_int_eq(num(j, "usage.completion_tokens"), 16); /* default max_tokens */
+    json_object *j =
+        ok(&m, "/v1/completions", "{\"prompt\": \"hello world!\"}");
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"),
+                     12); /* one token per byte */
+    ck_assert_int_eq(num(j, "usage.completion_tokens"),
+                     16); /* default max_tokens */
     json_object_put(j);
     j = ok(&m, "/v1/completions",
            "{\"prompt\": [[5,6,7,8,9], [5,6,7,8,9,10]], \"max_tokens\": 2, "
            "\"return_token_ids\": true}");
     ck_assert_int_eq(num(j, "choices.0.index"), 0);
     ck_assert_int_eq(num(j, "choices.1.index"), 1);
-    ck_assert_int_eq((int64_t)json_object_array_length(at(j, "choices.1.token_ids")), 2);
+    ck_assert_int_eq(
+        (int64_t)json_object_array_length(at(j, "choices.1.token_ids")), 2);
     ck_assert_int_eq(num(j, "usage.prompt_tokens"), 11);
     ck_assert_int_eq(num(j, "usage.completion_tokens"), 4);
     json_object_put(j);
-    j = ok(&m, "/v1/completions", "{\"prompt\": [\"abcdefgh\", \"abcdefghi\"], \"max_tokens\": 1}");
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": [\"abcdefgh\", \"abcdefghi\"], \"max_tokens\": 1}");
     ck_assert_int_eq((int64_t)json_object_array_length(at(j, "choices")), 2);
     json_object_put(j);
     /* The trace extension: the same tokens kvo-check synthesizes. */
     j = ok(&m, "/v1/completions",
-           "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, \"max_tokens\": 1}");
+           "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, "
+           "\"max_tokens\": 1}");
     ck_assert_int_eq(num(j, "usage.prompt_tokens"), 600);
     json_object_put(j);
-    j = ok(&m, "/kvo/probe", "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}}");
+    j = ok(&m, "/kvo/probe",
+           "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}}");
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 149);
     ck_assert_int_eq(num(j, "prompt_blocks"), 150);
     json_object_put(j);
     char ids[8192] = "{\"token_ids\": [";
     size_t len = strlen(ids);
     for (uint32_t k = 0; k < 600; k++)
-        len += (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", k ? "," : "",
-                                mock_trace_token(k < 512 ? 11 : 12, k % 512));
+        len +=
+            (size_t)snprintf(ids + len, sizeof(ids) - len, "%s%u", k ? "," : "",
+                             mock_trace_token(k < 512 ? 11 : 12, k % 512));
     snprintf(ids + len, sizeof(ids) - len, "]}");
     j = ok(&m, "/kvo/probe", ids);
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 149);
     json_object_put(j);
     /* Chat, through the fixed template. */
     j = ok(&m, "/v1/chat/completions",
-           "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2}");
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+           "\"max_tokens\": 2}");
     ck_assert_str_eq(str(j, "object"), "chat.completion");
     ck_assert_str_eq(str(j, "choices.0.message.role"), "assistant");
     ck_assert(strlen(str(j, "choices.0.message.content")) > 0);
-    ck_assert_int_eq(num(j, "usage.prompt_tokens"), 26); /* <|user|>\nhi\n<|assistant|>\n */
+    ck_assert_int_eq(num(j, "usage.prompt_tokens"),
+                     26); /* <|user|>\nhi\n<|assistant|>\n */
     json_object_put(j);
     /* LoRA and salt change the hashes: no hit across them. */
-    j = ok(&m, "/v1/completions", "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1}");
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1}");
     json_object_put(j);
     j = ok(&m, "/v1/completions",
-           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"lora_name\": \"a\"}");
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, "
+           "\"lora_name\": \"a\"}");
     ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 0);
     json_object_put(j);
     j = ok(&m, "/v1/completions",
-           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"cache_salt\": \"s\"}");
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, "
+           "\"cache_salt\": \"s\"}");
     ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 0);
     json_object_put(j);
     j = ok(&m, "/v1/completions",
-           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, \"lora_name\": \"a\"}");
+           "{\"prompt\": \"0123456789abcdef\", \"max_tokens\": 1, "
+           "\"lora_name\": \"a\"}");
     ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 12);
     json_object_put(j);
-    j = ok(&m, "/kvo/probe", "{\"token_ids\": [48,49,50,51,52,53,54,55,56,57,97,98,99,"
-                             "100,101,102], \"cache_salt\": \"s\"}");
+    j = ok(&m, "/kvo/probe",
+           "{\"token_ids\": [48,49,50,51,52,53,54,55,56,57,97,98,99,"
+           "100,101,102], \"cache_salt\": \"s\"}");
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 3);
     json_object_put(j);
     ck_assert_int_eq(mocker_stop(&m), 0);
@@ -254,10 +281,11 @@ START_TEST(stream_sends_server_sent_events_then_done) {
     mocker m;
     mocker_start(&m, NULL);
     long status;
-    json_object *j = call(&m, "/v1/completions",
-                          "{\"prompt\": [1,2,3], \"max_tokens\": 4, \"stream\": true, "
-                          "\"stream_options\": {\"include_usage\": true}}",
-                          &status);
+    json_object *j =
+        call(&m, "/v1/completions",
+             "{\"prompt\": [1,2,3], \"max_tokens\": 4, \"stream\": true, "
+             "\"stream_options\": {\"include_usage\": true}}",
+             &status);
     ck_assert_ptr_null(j);
     ck_assert_int_eq(status, 200);
     kvo_buf_cstr(&m.r.body);
@@ -265,8 +293,10 @@ START_TEST(stream_sends_server_sent_events_then_done) {
     int chunks = 0, tokens = 0, finish = 0, usage = 0;
     bool done = false;
     char *save = NULL;
-    for (char *line = strtok_r(body, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        ck_assert_msg(strncmp(line, "data: ", 6) == 0, "not an SSE data line: %s", line);
+    for (char *line = strtok_r(body, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_msg(strncmp(line, "data: ", 6) == 0,
+                      "not an SSE data line: %s", line);
         ck_assert(!done);
         if (strcmp(line + 6, "[DONE]") == 0) {
             done = true;
@@ -280,9 +310,11 @@ START_TEST(stream_sends_server_sent_events_then_done) {
         if (json_object_array_length(ch) == 0) {
             usage++;
             ck_assert_int_eq(num(c, "usage.completion_tokens"), 4);
-            ck_assert_int_eq(num(c, "usage.prompt_tokens_details.cached_tokens"), 0);
+            ck_assert_int_eq(
+                num(c, "usage.prompt_tokens_details.cached_tokens"), 0);
             ck_assert_int_eq(num(c, "kvo.dp_rank"), 0);
-        } else if (json_object_get_type(at(c, "choices.0.finish_reason")) == json_type_null) {
+        } else if (json_object_get_type(at(c, "choices.0.finish_reason")) ==
+                   json_type_null) {
             tokens++;
             ck_assert(strncmp(str(c, "choices.0.text"), " t", 2) == 0);
         } else {
@@ -298,12 +330,14 @@ START_TEST(stream_sends_server_sent_events_then_done) {
     ck_assert_int_eq(chunks, 6);
     /* Chat streams deltas, the role first. */
     j = call(&m, "/v1/chat/completions",
-             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+             "\"max_tokens\": 2, "
              "\"stream\": true}",
              &status);
     ck_assert_int_eq(status, 200);
     kvo_buf_cstr(&m.r.body);
-    ck_assert(strstr((char *)m.r.body.data, "\"delta\":{\"role\":\"assistant\",\"content\":") != NULL);
+    ck_assert(strstr((char *)m.r.body.data,
+                     "\"delta\":{\"role\":\"assistant\",\"content\":") != NULL);
     ck_assert(strstr((char *)m.r.body.data, "chat.completion.chunk") != NULL);
     ck_assert(strstr((char *)m.r.body.data, "data: [DONE]\n\n") != NULL);
     ck_assert_int_eq(mocker_stop(&m), 0);
@@ -318,11 +352,13 @@ START_TEST(models_health_and_vllm_metric_names) {
     ck_assert_str_eq(str(j, "data.0.id"), "my-model");
     ck_assert_str_eq(str(j, "data.0.object"), "model");
     json_object_put(j);
-    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
-                                  "\"data_parallel_rank\": 1}");
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+           "\"data_parallel_rank\": 1}");
     json_object_put(j);
-    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
-                                  "\"data_parallel_rank\": 1}");
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+           "\"data_parallel_rank\": 1}");
     json_object_put(j);
     long status;
     call(&m, "/metrics", NULL, &status);
@@ -336,12 +372,14 @@ START_TEST(models_health_and_vllm_metric_names) {
         "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"my-model\"} 0",
         "vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"my-model\"}",
         "# TYPE vllm:prefix_cache_queries counter",
-        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"my-model\"} 36",
+        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"my-model\"} "
+        "36",
         "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"my-model\"} 16",
         "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"my-model\"} 0",
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(want); i++)
-        ck_assert_msg(strstr(t, want[i]) != NULL, "missing '%s' in\n%s", want[i], t);
+        ck_assert_msg(strstr(t, want[i]) != NULL, "missing '%s' in\n%s",
+                      want[i], t);
     ck_assert_int_eq(mocker_stop(&m), 0);
 }
 END_TEST
@@ -359,7 +397,8 @@ START_TEST(metrics_that_cannot_be_written_answer_500_with_a_json_error) {
     ck_assert_msg(j != NULL, "not JSON: %s", (const char *)m.r.body.data);
     ck_assert_str_eq(str(j, "object"), "error");
     ck_assert_int_eq(num(j, "code"), 500);
-    ck_assert_msg(strstr(str(j, "message"), "metrics") != NULL, "%s", str(j, "message"));
+    ck_assert_msg(strstr(str(j, "message"), "metrics") != NULL, "%s",
+                  str(j, "message"));
     json_object_put(j);
     json_object_put(ok(&m, "/kvo/state", NULL)); /* still serving */
     ck_assert_int_eq(mocker_stop(&m), 0);
@@ -368,15 +407,16 @@ END_TEST
 
 START_TEST(event_sources_advertise_endpoints_that_carry_the_events_and_replay) {
     mocker m;
-    mocker_start(&m, MT_ARGS("--block-size", "4", "--dp-size", "2", "--topic", "kv",
-                             "--advertise-host", "localhost"));
+    mocker_start(&m, MT_ARGS("--block-size", "4", "--dp-size", "2", "--topic",
+                             "kv", "--advertise-host", "localhost"));
     json_object *src = ok(&m, "/kvo/event_sources", NULL);
     ck_assert_int_eq((int64_t)json_object_array_length(src), 2);
     ck_assert_str_eq(str(src, "1.transport"), "zmq");
     ck_assert_str_eq(str(src, "1.encoding"), "msgpack");
     ck_assert_str_eq(str(src, "1.topic"), "kv");
     ck_assert_int_eq(num(src, "1.data_parallel_rank"), 1);
-    const char *ep = str(src, "1.endpoint"), *rep = str(src, "1.replay_endpoint");
+    const char *ep = str(src, "1.endpoint"),
+               *rep = str(src, "1.replay_endpoint");
     ck_assert(strncmp(ep, "tcp://localhost:", 16) == 0);
     ck_assert(strncmp(rep, "tcp://localhost:", 16) == 0);
     void *ctx = zmq_ctx_new();
@@ -391,7 +431,8 @@ START_TEST(event_sources_advertise_endpoints_that_carry_the_events_and_replay) {
         base = 1000 + (uint32_t)tries * 10;
         char body[256];
         snprintf(body, sizeof(body),
-                 "{\"prompt\": [%u,%u,%u,%u,%u], \"max_tokens\": 1, \"data_parallel_rank\": 1}",
+                 "{\"prompt\": [%u,%u,%u,%u,%u], \"max_tokens\": 1, "
+                 "\"data_parallel_rank\": 1}",
                  base, base + 1, base + 2, base + 3, base + 4);
         json_object_put(ok(&m, "/v1/completions", body));
         n = mt_recv_frames(sub, fr, len, 4);
@@ -457,9 +498,10 @@ START_TEST(reset_prefix_cache_fails_while_a_request_holds_blocks) {
     mocker_start(&m, MT_ARGS("--speedup", "1"));
     /* A real-time request of 100 tokens (>= 100 decode steps of >= 1 ms),
      * sent raw so this thread does not wait for it. */
-    int fd = mt_raw_post(m.port, "/v1/completions", "Connection: close\r\n",
-                         "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
-                         "\"max_tokens\": 100, \"stream\": true}");
+    int fd = mt_raw_post(
+        m.port, "/v1/completions", "Connection: close\r\n",
+        "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18], "
+        "\"max_tokens\": 100, \"stream\": true}");
     /* Wait for its first token: from then on it holds blocks. */
     char buf[4096];
     ssize_t got = 0;
@@ -488,8 +530,8 @@ END_TEST
 
 START_TEST(bad_requests_get_vllm_style_errors) {
     mocker m;
-    mocker_start(&m,
-                 MT_ARGS("--dp-size", "2", "--num-gpu-blocks", "10", "--block-size", "4"));
+    mocker_start(&m, MT_ARGS("--dp-size", "2", "--num-gpu-blocks", "10",
+                             "--block-size", "4"));
     /* message: the exact answer text, where one is pinned (NULL: any). */
     static const struct {
         const char *path, *body;
@@ -501,24 +543,31 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         {"/v1/completions", "[1,2]", 400, "body must be a JSON object"},
         /* strict: one value then whitespace only, exact integers, UTF-8 */
         {"/v1/completions", "{\"prompt\": [1,2,3]} x", 400,
-         "cannot read the body as JSON (byte 20: trailing characters after the JSON "
+         "cannot read the body as JSON (byte 20: trailing characters after the "
+         "JSON "
          "value)"},
         {"/v1/completions", "{\"prompt\": [18446744073709551616]}", 400,
          "cannot read the body as JSON (byte 12: integer out of range)"},
         {"/v1/completions", "{\"prompt\": \"\xff\"}", 400, NULL},
         {"/v1/completions", "{\"prompt\": [1], \"prompt\": [2]}", 400, NULL},
-        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": "
-                                 "\"\xc0\xaf\"}]}", 400, NULL},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": "
+         "\"\xc0\xaf\"}]}",
+         400, NULL},
         /* token ids inside the vocabulary (--vocab-size, 2^32 by default) */
         {"/v1/completions", "{\"prompt\": [1, 4294967296]}", 400,
-         "token id 4294967296 at prompt[1] is outside the vocabulary (--vocab-size "
+         "token id 4294967296 at prompt[1] is outside the vocabulary "
+         "(--vocab-size "
          "4294967296)"},
         {"/v1/completions", "{\"prompt\": [[1], [2, 3, 4294967297]]}", 400,
-         "token id 4294967297 at prompt[1][2] is outside the vocabulary (--vocab-size "
+         "token id 4294967297 at prompt[1][2] is outside the vocabulary "
+         "(--vocab-size "
          "4294967296)"},
-        {"/v1/completions", "{\"prompt\": [4294967295], \"max_tokens\": 1}", 200, NULL},
+        {"/v1/completions", "{\"prompt\": [4294967295], \"max_tokens\": 1}",
+         200, NULL},
         {"/kvo/probe", "{\"token_ids\": [5, 18446744073709551615]}", 400,
-         "token id 18446744073709551615 at token_ids[1] is outside the vocabulary "
+         "token id 18446744073709551615 at token_ids[1] is outside the "
+         "vocabulary "
          "(--vocab-size 4294967296)"},
         {"/v1/completions", "{\"prompt\": [1], \"stream\": 1}", 400,
          "stream must be true or false"},
@@ -529,11 +578,13 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         {"/reset_prefix_cache", "{} {}", 400, NULL},
         {"/v1/completions", "{\"max_tokens\": 3}", 400, "prompt is required"},
         {"/v1/completions", "{\"prompt\": [1, -2]}", 400,
-         "token ids must be integers >= 0 (prompt[1]: expected an integer >= 0)"},
+         "token ids must be integers >= 0 (prompt[1]: expected an integer >= "
+         "0)"},
         {"/v1/completions", "{\"prompt\": [1, \"a\"]}", 400, NULL},
         {"/v1/completions", "{\"prompt\": []}", 400,
          "prompt must be a string, a token list or a list of them"},
-        {"/v1/completions", "{\"prompt\": [[1], []]}", 400, "a prompt has no tokens"},
+        {"/v1/completions", "{\"prompt\": [[1], []]}", 400,
+         "a prompt has no tokens"},
         {"/v1/completions", "{\"prompt\": [[1], 5]}", 400,
          "prompt list items must be strings or token lists"},
         {"/v1/completions", "{\"prompt\": [1], \"max_tokens\": 0}", 400,
@@ -542,23 +593,33 @@ START_TEST(bad_requests_get_vllm_style_errors) {
          "data_parallel_rank out of range"},
         {"/v1/completions", "{\"prompt\": [1], \"lora_name\": 5}", 400,
          "lora_name and cache_salt must be strings"},
-        {"/v1/completions", "{\"prompt\": \"0123456789012345678901234567890123456\"}", 400,
+        {"/v1/completions",
+         "{\"prompt\": \"0123456789012345678901234567890123456\"}", 400,
          "the prompt has 37 tokens; this engine's limit (max_model_len) is 36"},
         {"/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 34}", 400,
-         "this engine's maximum context length (max_model_len) is 36 tokens; the "
+         "this engine's maximum context length (max_model_len) is 36 tokens; "
+         "the "
          "request asks for 3 prompt + 34 completion"},
-        {"/v1/completions", "{\"trace\": {\"hash_ids\": [1], \"input_length\": 600}}", 400,
-         "the prompt has 600 tokens; this engine's limit (max_model_len) is 36"},
-        {"/v1/completions", "{\"trace\": {\"hash_ids\": [1], \"input_length\": 6}}", 200, NULL},
-        {"/v1/completions", "{\"trace\": {\"hash_ids\": [1, 2], \"input_length\": 6}}", 400,
-         "trace: input_length must be within (512*(k-1), 512*k] for k hash_ids"},
+        {"/v1/completions",
+         "{\"trace\": {\"hash_ids\": [1], \"input_length\": 600}}", 400,
+         "the prompt has 600 tokens; this engine's limit (max_model_len) is "
+         "36"},
+        {"/v1/completions",
+         "{\"trace\": {\"hash_ids\": [1], \"input_length\": 6}}", 200, NULL},
+        {"/v1/completions",
+         "{\"trace\": {\"hash_ids\": [1, 2], \"input_length\": 6}}", 400,
+         "trace: input_length must be within (512*(k-1), 512*k] for k "
+         "hash_ids"},
         {"/v1/completions", "{\"trace\": 5}", 400,
          "trace must be {\"hash_ids\": [...], \"input_length\": n}"},
-        {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400, "messages is required"},
+        {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400,
+         "messages is required"},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": 5}]}", 400,
          "messages must be [{\"role\": str, \"content\": str|parts}]"},
-        {"/kvo/probe", "{\"tokens\": [1]}", 400, "token_ids or trace is required"},
-        {"/kvo/probe", "{\"trace\": {\"hash_ids\": [1], \"input_length\": 6000000}}", 400,
+        {"/kvo/probe", "{\"tokens\": [1]}", 400,
+         "token_ids or trace is required"},
+        {"/kvo/probe",
+         "{\"trace\": {\"hash_ids\": [1], \"input_length\": 6000000}}", 400,
          "the prompt has 6000000 tokens; probes take at most 4194304"},
         {"/kvo/probe", "{\"token_ids\": [1], \"warm\": \"yes\"}", 400,
          "warm must be true or false"},
@@ -570,43 +631,51 @@ START_TEST(bad_requests_get_vllm_style_errors) {
         long status;
         json_object *j = call(&m, cases[i].path, cases[i].body, &status);
         ck_assert_msg(status == cases[i].status, "case %zu: %ld", i, status);
-        ck_assert_msg(j && json_object_is_type(j, json_type_object), "case %zu", i);
+        ck_assert_msg(j && json_object_is_type(j, json_type_object), "case %zu",
+                      i);
         if (status != 200) {
             errors++;
             ck_assert_str_eq(str(j, "object"), "error");
             ck_assert(strlen(str(j, "message")) > 0);
             ck_assert_int_eq(num(j, "code"), cases[i].status);
-            if (cases[i].message) ck_assert_str_eq(str(j, "message"), cases[i].message);
+            if (cases[i].message)
+                ck_assert_str_eq(str(j, "message"), cases[i].message);
         }
         json_object_put(j);
     }
     /* Nothing after a NUL byte is ignored: a body is all its bytes. */
     static const char nul[] = "{\"prompt\": [1,2,3]}\0garbage";
     long status;
-    json_object *j = call_n(&m, "/v1/completions", nul, sizeof(nul) - 1, &status);
+    json_object *j =
+        call_n(&m, "/v1/completions", nul, sizeof(nul) - 1, &status);
     ck_assert_int_eq(status, 400);
-    ck_assert_str_eq(str(j, "message"), "cannot read the body as JSON (byte 19: trailing "
-                                        "characters after the JSON value)");
+    ck_assert_str_eq(str(j, "message"),
+                     "cannot read the body as JSON (byte 19: trailing "
+                     "characters after the JSON value)");
     json_object_put(j);
     /* A max_tokens beyond the context is refused naming the limit. */
     j = call(&m, "/v1/completions",
-                          "{\"prompt\": [1], \"max_tokens\": 99999999999}", &status);
+             "{\"prompt\": [1], \"max_tokens\": 99999999999}", &status);
     ck_assert_int_eq(status, 400);
-    ck_assert_msg(strstr(str(j, "message"), "max_model_len) is 36"), "%s", str(j, "message"));
+    ck_assert_msg(strstr(str(j, "message"), "max_model_len) is 36"), "%s",
+                  str(j, "message"));
     json_object_put(j);
     /* Still serving. */
-    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
+    json_object_put(
+        ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 33}"));
     /* The process's counters: every error answer, and base's HTTP server
      * stats (one keep-alive connection, nothing refused or timed out). */
     j = ok(&m, "/kvo/state", NULL);
     ck_assert_int_eq(num(j, "counters.http_errors"), errors + 2);
-    ck_assert_int_gt(num(j, "counters.http_requests"), (int64_t)KVO_ARRAY_LEN(cases) + 3);
+    ck_assert_int_gt(num(j, "counters.http_requests"),
+                     (int64_t)KVO_ARRAY_LEN(cases) + 3);
     ck_assert_int_ge(num(j, "counters.http_conns"), 1);
     ck_assert_int_eq(num(j, "counters.http_head_timeouts"), 0);
     ck_assert_int_eq(num(j, "counters.http_body_timeouts"), 0);
     ck_assert_int_eq(num(j, "counters.http_busy_refused"), 0);
     json_object_put(j);
-    int fd = mt_raw_post(m.port, "/reset_prefix_cache", "Connection: close\r\n", "");
+    int fd =
+        mt_raw_post(m.port, "/reset_prefix_cache", "Connection: close\r\n", "");
     char buf[256];
     while (read(fd, buf, sizeof(buf)) > 0) {
     }
@@ -632,18 +701,21 @@ START_TEST(vocab_size_bounds_token_ids_and_not_below_the_trace_vocabulary) {
     json_object *j = ok(&m, "/kvo/state", NULL);
     ck_assert_int_eq(num(j, "worker.vocab_size"), 50000);
     json_object_put(j);
-    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [49999, 3], \"max_tokens\": 1}"));
+    json_object_put(ok(&m, "/v1/completions",
+                       "{\"prompt\": [49999, 3], \"max_tokens\": 1}"));
     json_object_put(ok(&m, "/kvo/probe", "{\"token_ids\": [49999, 3]}"));
     long status;
     j = call(&m, "/v1/completions", "{\"prompt\": [[1], [7, 50000]]}", &status);
     ck_assert_int_eq(status, 400);
-    ck_assert_str_eq(str(j, "message"), "token id 50000 at prompt[1][1] is outside the "
-                                        "vocabulary (--vocab-size 50000)");
+    ck_assert_str_eq(str(j, "message"),
+                     "token id 50000 at prompt[1][1] is outside the "
+                     "vocabulary (--vocab-size 50000)");
     json_object_put(j);
     j = call(&m, "/kvo/probe", "{\"token_ids\": [50000]}", &status);
     ck_assert_int_eq(status, 400);
-    ck_assert_str_eq(str(j, "message"), "token id 50000 at token_ids[0] is outside the "
-                                        "vocabulary (--vocab-size 50000)");
+    ck_assert_str_eq(str(j, "message"),
+                     "token id 50000 at token_ids[0] is outside the "
+                     "vocabulary (--vocab-size 50000)");
     json_object_put(j);
     ck_assert_int_eq(mocker_stop(&m), 0);
     kt_proc p;
@@ -659,24 +731,32 @@ END_TEST
 START_TEST(roles_prefill_returns_transfer_params_decode_advertises_no_source) {
     mocker m;
     mocker_start(&m, MT_ARGS("--role", "prefill", "--block-size", "4"));
-    json_object *j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 50}");
+    json_object *j =
+        ok(&m, "/v1/completions",
+           "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 50}");
     ck_assert_int_eq(num(j, "usage.completion_tokens"), 1);
-    ck_assert(json_object_get_boolean(at(j, "kv_transfer_params.do_remote_prefill")));
-    ck_assert_int_eq((int64_t)json_object_array_length(at(j, "kv_transfer_params.remote_block_ids")), 3);
+    ck_assert(
+        json_object_get_boolean(at(j, "kv_transfer_params.do_remote_prefill")));
+    ck_assert_int_eq((int64_t)json_object_array_length(
+                         at(j, "kv_transfer_params.remote_block_ids")),
+                     3);
     json_object_put(j);
     j = ok(&m, "/kvo/event_sources", NULL);
     ck_assert_int_eq((int64_t)json_object_array_length(j), 1);
     json_object_put(j);
     ck_assert_int_eq(mocker_stop(&m), 0);
 
-    mocker_start(&m, MT_ARGS("--role", "decode", "--kv-transfer-ms-per-block", "1"));
+    mocker_start(
+        &m, MT_ARGS("--role", "decode", "--kv-transfer-ms-per-block", "1"));
     j = ok(&m, "/kvo/event_sources", NULL);
     ck_assert_int_eq((int64_t)json_object_array_length(j), 0);
     json_object_put(j);
-    j = ok(&m, "/v1/completions", "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 3, "
-                                  "\"kv_transfer_params\": {\"do_remote_prefill\": true}}");
+    j = ok(&m, "/v1/completions",
+           "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 3, "
+           "\"kv_transfer_params\": {\"do_remote_prefill\": true}}");
     ck_assert_int_eq(num(j, "usage.completion_tokens"), 3);
-    ck_assert_int_eq(json_object_get_type(at(j, "kvo.last_seq")), json_type_null);
+    ck_assert_int_eq(json_object_get_type(at(j, "kvo.last_seq")),
+                     json_type_null);
     json_object_put(j);
     ck_assert_int_eq(mocker_stop(&m), 0);
 
@@ -704,7 +784,8 @@ START_TEST(a_taken_event_port_serves_without_a_source_unless_required) {
     json_object *j = ok(&m, "/kvo/event_sources", NULL);
     ck_assert_int_eq((int64_t)json_object_array_length(j), 0);
     json_object_put(j);
-    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 2}"));
+    json_object_put(
+        ok(&m, "/v1/completions", "{\"prompt\": [1,2,3], \"max_tokens\": 2}"));
     ck_assert_int_eq(mocker_stop(&m), 0);
     /* --require-events: a setup error, exit 2. */
     kt_proc p;
@@ -712,7 +793,8 @@ START_TEST(a_taken_event_port_serves_without_a_source_unless_required) {
     kvo_free_port(&port);
     char ps[16];
     snprintf(ps, sizeof(ps), "%u", port);
-    const char *args[] = {"--port", ps, "--zmq-port", taken, "--require-events", NULL};
+    const char *args[] = {"--port",           ps,  "--zmq-port", taken,
+                          "--require-events", NULL};
     kt_proc_start(&p, "kvo-mocker", args);
     for (int i = 0; i < 500 && kvo_proc_alive(&p.proc); i++) usleep(10000);
     ck_assert(!kvo_proc_alive(&p.proc));
@@ -751,7 +833,8 @@ START_TEST(trace_mode_is_deterministic_and_records_every_batch) {
     char *src = kt_src_path("traces/mooncake_conversation_1000.jsonl");
     FILE *in = fopen(src, "r"), *out = fopen(trace, "w");
     char line[65536];
-    for (int i = 0; i < 150 && fgets(line, sizeof(line), in); i++) fputs(line, out);
+    for (int i = 0; i < 150 && fgets(line, sizeof(line), in); i++)
+        fputs(line, out);
     fputs("this line is not JSON\n", out);
     fclose(in);
     fclose(out);
@@ -778,17 +861,20 @@ START_TEST(trace_mode_is_deterministic_and_records_every_batch) {
     uint64_t next[2] = {0, 0};
     int64_t n = 0;
     for (;;) {
-        kvo_status sa = wire_cap_next(r1, &a, NULL), sb = wire_cap_next(r2, &b, NULL);
+        kvo_status sa = wire_cap_next(r1, &a, NULL),
+                   sb = wire_cap_next(r2, &b, NULL);
         ck_assert_int_eq(sa, sb);
         if (sa == KVO_EOF) break;
         ck_assert_int_eq(sa, KVO_OK);
         ck_assert_uint_eq(a.n_frames, 3);
         for (int f = 0; f < 3; f++) {
             ck_assert_uint_eq(a.frames[f].len, b.frames[f].len);
-            ck_assert(memcmp(a.frames[f].data, b.frames[f].data, a.frames[f].len) == 0);
+            ck_assert(memcmp(a.frames[f].data, b.frames[f].data,
+                             a.frames[f].len) == 0);
         }
-        ck_assert_int_eq(wire_batch_decode(a.frames[2].data, a.frames[2].len, NULL, &wb,
-                                           NULL), KVO_OK);
+        ck_assert_int_eq(wire_batch_decode(a.frames[2].data, a.frames[2].len,
+                                           NULL, &wb, NULL),
+                         KVO_OK);
         ck_assert(wb.dp_rank.set && wb.dp_rank.v >= 0 && wb.dp_rank.v < 2);
         uint64_t seq = mt_seq(a.frames[1].data, a.frames[1].len);
         ck_assert_uint_eq(seq, next[wb.dp_rank.v]++);
@@ -809,8 +895,9 @@ END_TEST
  * (plain hashing) -- equals the cached tokens the engine then reports for
  * it on the rank it goes to, and the other rank's probe equals what that
  * rank reports when the same prompt goes there next. */
-static void probe_bodies(const uint64_t *ids, uint32_t k, uint32_t n, const char *extra,
-                         char *trace, size_t tsz, char **tokens) {
+static void probe_bodies(const uint64_t *ids, uint32_t k, uint32_t n,
+                         const char *extra, char *trace, size_t tsz,
+                         char **tokens) {
     size_t len = (size_t)snprintf(trace, tsz, "{\"trace\": {\"hash_ids\": [");
     for (uint32_t i = 0; i < k; i++)
         len += (size_t)snprintf(trace + len, tsz - len, "%s%llu", i ? "," : "",
@@ -842,7 +929,8 @@ static int64_t probe_rank(mocker *m, const char *body, int rank) {
 
 START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
     mocker m;
-    mocker_start(&m, MT_ARGS("--dp-size", "2", "--num-gpu-blocks", "400", "--seed", "5"));
+    mocker_start(&m, MT_ARGS("--dp-size", "2", "--num-gpu-blocks", "400",
+                             "--seed", "5"));
     uint64_t rng = 0x1234;
     uint64_t stats[3] = {0, 0, 0}; /* zero hits, partial, full */
     char trace[2048];
@@ -864,45 +952,56 @@ START_TEST(probe_stops_at_the_first_miss_and_equals_the_engine_hit) {
         int64_t pt[2], pk[2];
         /* kvo-check's compact shape when there is no LoRA */
         char compact[2048];
-        size_t cl = (size_t)snprintf(compact, sizeof(compact), "{\"trace\":{\"hash_ids\":[");
+        size_t cl = (size_t)snprintf(compact, sizeof(compact),
+                                     "{\"trace\":{\"hash_ids\":[");
         for (uint32_t b = 0; b < k; b++)
-            cl += (size_t)snprintf(compact + cl, sizeof(compact) - cl, "%s%llu", b ? "," : "",
-                                   (unsigned long long)ids[b]);
-        snprintf(compact + cl, sizeof(compact) - cl, "],\"input_length\":%u}}", n);
+            cl += (size_t)snprintf(compact + cl, sizeof(compact) - cl, "%s%llu",
+                                   b ? "," : "", (unsigned long long)ids[b]);
+        snprintf(compact + cl, sizeof(compact) - cl, "],\"input_length\":%u}}",
+                 n);
         for (int r = 0; r < 2; r++) {
             pt[r] = probe_rank(&m, trace, r);
             pk[r] = probe_rank(&m, tokens, r);
-            ck_assert_msg(pt[r] == pk[r], "prompt %d rank %d: trace form %lld, token form %lld",
+            ck_assert_msg(pt[r] == pk[r],
+                          "prompt %d rank %d: trace form %lld, token form %lld",
                           i, r, (long long)pt[r], (long long)pk[r]);
             if (!*lora) {
                 int64_t pc = probe_rank(&m, compact, r);
-                ck_assert_msg(pc == pt[r], "prompt %d rank %d: compact %lld, spaced %lld", i,
+                ck_assert_msg(pc == pt[r],
+                              "prompt %d rank %d: compact %lld, spaced %lld", i,
                               r, (long long)pc, (long long)pt[r]);
             }
         }
         char body[2400];
-        snprintf(body, sizeof(body), "%.*s, \"max_tokens\": %u, \"data_parallel_rank\": %d}",
-                 (int)strlen(trace) - 1, trace, 1 + (unsigned)(rng >> 50) % 40, rank);
+        snprintf(body, sizeof(body),
+                 "%.*s, \"max_tokens\": %u, \"data_parallel_rank\": %d}",
+                 (int)strlen(trace) - 1, trace, 1 + (unsigned)(rng >> 50) % 40,
+                 rank);
         json_object *j = ok(&m, "/v1/completions", body);
         int64_t cached = num(j, "usage.prompt_tokens_details.cached_tokens");
         json_object_put(j);
-        ck_assert_msg(cached == pt[rank] * 16, "prompt %d: probe %lld blocks, engine %lld tokens",
-                      i, (long long)pt[rank], (long long)cached);
+        ck_assert_msg(cached == pt[rank] * 16,
+                      "prompt %d: probe %lld blocks, engine %lld tokens", i,
+                      (long long)pt[rank], (long long)cached);
         /* the other rank, unchanged by that request: its probe is its truth */
         int other = 1 - rank;
-        snprintf(body, sizeof(body), "%.*s, \"max_tokens\": 1, \"data_parallel_rank\": %d}",
+        snprintf(body, sizeof(body),
+                 "%.*s, \"max_tokens\": 1, \"data_parallel_rank\": %d}",
                  (int)strlen(trace) - 1, trace, other);
         j = ok(&m, "/v1/completions", body);
         cached = num(j, "usage.prompt_tokens_details.cached_tokens");
         json_object_put(j);
-        ck_assert_msg(cached == pt[other] * 16, "prompt %d rank %d: probe %lld blocks, engine "
-                      "%lld tokens", i, other, (long long)pt[other], (long long)cached);
+        ck_assert_msg(cached == pt[other] * 16,
+                      "prompt %d rank %d: probe %lld blocks, engine "
+                      "%lld tokens",
+                      i, other, (long long)pt[other], (long long)cached);
         uint32_t cap = (n - 1) / 16;
         stats[pt[rank] == 0 ? 0 : (uint32_t)pt[rank] == cap ? 2 : 1]++;
         kvo_free(tokens);
     }
     /* the workload exercised every case */
-    ck_assert_msg(stats[0] && stats[1] && stats[2], "zero %llu, partial %llu, full %llu",
+    ck_assert_msg(stats[0] && stats[1] && stats[2],
+                  "zero %llu, partial %llu, full %llu",
                   (unsigned long long)stats[0], (unsigned long long)stats[1],
                   (unsigned long long)stats[2]);
     ck_assert_int_eq(mocker_stop(&m), 0);
@@ -915,9 +1014,10 @@ END_TEST
 START_TEST(a_probe_answers_alike_with_or_without_whitespace) {
     mocker m;
     mocker_start(&m, MT_ARGS("--dp-size", "2"));
-    json_object_put(ok(&m, "/v1/completions",
-                       "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, "
-                       "\"max_tokens\": 1, \"data_parallel_rank\": 1}"));
+    json_object_put(
+        ok(&m, "/v1/completions",
+           "{\"trace\": {\"hash_ids\": [11, 12], \"input_length\": 600}, "
+           "\"max_tokens\": 1, \"data_parallel_rank\": 1}"));
     static const struct {
         const char *body;
         long status;
@@ -927,17 +1027,24 @@ START_TEST(a_probe_answers_alike_with_or_without_whitespace) {
         {"{\"trace\":{\"hash_ids\":[11,13],\"input_length\":513}}", 200},
         {"{\"trace\":{\"hash_ids\":[11],\"input_length\":1}}", 200},
         {"{\"trace\":{\"hash_ids\":[0],\"input_length\":16}}", 200},
-        {"{\"trace\":{\"hash_ids\":[18446744073709551615],\"input_length\":17}}", 200},
+        {"{\"trace\":{\"hash_ids\":[18446744073709551615],\"input_length\":17}"
+         "}",
+         200},
         {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600}}  \n", 200},
-        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"lora_name\":\"a\"}", 200},
-        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600},\"warm\":true}", 200},
+        {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5},\"lora_name\":"
+         "\"a\"}",
+         200},
+        {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":600},\"warm\":"
+         "true}",
+         200},
         {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":1025}}", 400},
         {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":512}}", 400},
         {"{\"trace\":{\"hash_ids\":[11,12],\"input_length\":0}}", 400},
         {"{\"trace\":{\"hash_ids\":[],\"input_length\":5}}", 400},
         {"{\"trace\":{\"hash_ids\":[011],\"input_length\":5}}", 400},
         {"{\"trace\":{\"hash_ids\":[-11],\"input_length\":5}}", 400},
-        {"{\"trace\":{\"hash_ids\":[18446744073709551616],\"input_length\":5}}", 400},
+        {"{\"trace\":{\"hash_ids\":[18446744073709551616],\"input_length\":5}}",
+         400},
         {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5}} x", 400},
         {"{\"trace\":{\"hash_ids\":[11],\"input_length\":5.0}}", 400},
         {"{\"trace\":{\"hash_ids\":[11],\"input_length\":99999999}}", 400},
@@ -951,15 +1058,17 @@ START_TEST(a_probe_answers_alike_with_or_without_whitespace) {
         long sa, sb;
         json_object *a = call(&m, "/kvo/probe", cases[i].body, &sa);
         char ta[1024];
-        snprintf(ta, sizeof(ta), "%s", a ? json_object_to_json_string(a) : "null");
+        snprintf(ta, sizeof(ta), "%s",
+                 a ? json_object_to_json_string(a) : "null");
         json_object *b = call(&m, "/kvo/probe", spaced, &sb);
         const char *tb = b ? json_object_to_json_string(b) : "null";
-        ck_assert_msg(sa == cases[i].status && sb == sa, "%s -> %ld %s\n%s -> %ld %s",
-                      cases[i].body, sa, ta, spaced, sb, tb);
+        ck_assert_msg(sa == cases[i].status && sb == sa,
+                      "%s -> %ld %s\n%s -> %ld %s", cases[i].body, sa, ta,
+                      spaced, sb, tb);
         ck_assert_msg(a && b, "%s: an answer that is not JSON", cases[i].body);
         if (sa == 200)
-            ck_assert_msg(strcmp(ta, tb) == 0, "%s -> %s\n%s -> %s", cases[i].body, ta,
-                          spaced, tb);
+            ck_assert_msg(strcmp(ta, tb) == 0, "%s -> %s\n%s -> %s",
+                          cases[i].body, ta, spaced, tb);
         else
             ck_assert_str_eq(str(b, "object"), "error");
         json_object_put(a);
@@ -978,7 +1087,8 @@ END_TEST
 static uint32_t replay_all(mocker *m, wire_batch *out, uint32_t max) {
     json_object *src = ok(m, "/kvo/event_sources", NULL);
     void *ctx = zmq_ctx_new();
-    void *d = mt_zsock(ctx, ZMQ_DEALER, str(src, "0.replay_endpoint"), 10000, 0);
+    void *d =
+        mt_zsock(ctx, ZMQ_DEALER, str(src, "0.replay_endpoint"), 10000, 0);
     json_object_put(src);
     mt_replay_request(d, 0);
     uint32_t n = 0;
@@ -991,7 +1101,8 @@ static uint32_t replay_all(mocker *m, wire_batch *out, uint32_t max) {
         if (!end) {
             ck_assert_uint_lt(n, max);
             wire_batch_init(&out[n]);
-            ck_assert_int_eq(wire_batch_decode(fr[3], len[3], NULL, &out[n], NULL), KVO_OK);
+            ck_assert_int_eq(
+                wire_batch_decode(fr[3], len[3], NULL, &out[n], NULL), KVO_OK);
             n++;
         }
         for (int i = 0; i < 4; i++) kvo_free(fr[i]);
@@ -1017,24 +1128,31 @@ START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
         size_t il = 0;
         for (uint32_t t = 0; t < k; t++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            il += (size_t)snprintf(ids + il, sizeof(ids) - il, "%s%llu", t ? "," : "",
-                                   (unsigned long long)(t == 0 ? (rng >> 40) % 3
-                                                               : 10 * t + (rng >> 40) % 4));
+            il += (size_t)snprintf(
+                ids + il, sizeof(ids) - il, "%s%llu", t ? "," : "",
+                (unsigned long long)(t == 0 ? (rng >> 40) % 3
+                                            : 10 * t + (rng >> 40) % 4));
         }
         uint32_t n = 512 * (k - 1) + 1 + (uint32_t)(rng >> 35) % 512;
         char probe[256], warm[256], body[320];
-        snprintf(probe, sizeof(probe), "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u}}",
-                 ids, n);
-        snprintf(warm, sizeof(warm),
-                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"warm\":true}", ids, n);
+        snprintf(probe, sizeof(probe),
+                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u}}", ids, n);
+        snprintf(
+            warm, sizeof(warm),
+            "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"warm\":true}",
+            ids, n);
         snprintf(body, sizeof(body),
-                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"max_tokens\":%u}", ids,
-                 n, 1 + (unsigned)(rng >> 52) % 40);
-        json_object *pa = ok(&a, "/kvo/probe", warm), *pb = ok(&b, "/kvo/probe", probe);
-        ck_assert_int_eq(num(pa, "ranks.0.hit_blocks"), num(pb, "ranks.0.hit_blocks"));
+                 "{\"trace\":{\"hash_ids\":[%s],\"input_length\":%u},\"max_"
+                 "tokens\":%u}",
+                 ids, n, 1 + (unsigned)(rng >> 52) % 40);
+        json_object *pa = ok(&a, "/kvo/probe", warm),
+                    *pb = ok(&b, "/kvo/probe", probe);
+        ck_assert_int_eq(num(pa, "ranks.0.hit_blocks"),
+                         num(pb, "ranks.0.hit_blocks"));
         json_object_put(pa);
         json_object_put(pb);
-        json_object *ca = ok(&a, "/v1/completions", body), *cb = ok(&b, "/v1/completions", body);
+        json_object *ca = ok(&a, "/v1/completions", body),
+                    *cb = ok(&b, "/v1/completions", body);
         ck_assert_int_eq(num(ca, "usage.prompt_tokens_details.cached_tokens"),
                          num(cb, "usage.prompt_tokens_details.cached_tokens"));
         ck_assert_int_eq(num(ca, "kvo.last_seq"), num(cb, "kvo.last_seq"));
@@ -1053,7 +1171,8 @@ START_TEST(a_warmed_probe_changes_nothing_but_when_the_hashing_happens) {
             ck_assert_uint_eq(x->n_hashes, y->n_hashes);
             for (uint32_t h = 0; h < x->n_hashes; h++)
                 ck_assert(x->hashes[h].key == y->hashes[h].key);
-            ck_assert(x->parent.key == y->parent.key && x->parent.kind == y->parent.kind);
+            ck_assert(x->parent.key == y->parent.key &&
+                      x->parent.kind == y->parent.kind);
             ck_assert_uint_eq(x->n_tokens, y->n_tokens);
             if (x->n_tokens)
                 ck_assert(memcmp(x->token_ids, y->token_ids,
@@ -1122,11 +1241,14 @@ START_TEST(a_50_mb_token_array_costs_a_bounded_multiple_of_its_size) {
     ck_assert_str_eq(str(j, "message"), "body must be a JSON object");
     json_object_put(j);
     uint64_t grew = peak_rss(m.p.proc.pid) - before;
-    fprintf(stderr, "a %zu-byte token array: the mocker's peak grew by %" PRIu64 " MB\n",
+    fprintf(stderr,
+            "a %zu-byte token array: the mocker's peak grew by %" PRIu64
+            " MB\n",
             len, grew >> 20);
-    ck_assert_msg(grew < PEAK_PER_BODY_BYTE * (uint64_t)len, "peak grew by %" PRIu64 " MB",
-                  grew >> 20);
-    json_object_put(ok(&m, "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 1}"));
+    ck_assert_msg(grew < PEAK_PER_BODY_BYTE * (uint64_t)len,
+                  "peak grew by %" PRIu64 " MB", grew >> 20);
+    json_object_put(
+        ok(&m, "/v1/completions", "{\"prompt\": [1, 2], \"max_tokens\": 1}"));
     ck_assert_int_eq(mocker_stop(&m), 0);
 }
 END_TEST
@@ -1152,9 +1274,10 @@ START_TEST(concurrent_completions_share_steps_and_are_answered_as_they_finish) {
     mocker m;
     mocker_start(&m, MT_ARGS("--block-size", "4", "--speedup", "1"));
     /* A: 400 decode steps of >= 5 ms each (the timing model at low usage) */
-    int fd = mt_raw_post(m.port, "/v1/completions", "Connection: close\r\n",
-                         "{\"prompt\": [1,2,3,4,5,6,7,8], \"max_tokens\": 400, "
-                         "\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
+    int fd = mt_raw_post(
+        m.port, "/v1/completions", "Connection: close\r\n",
+        "{\"prompt\": [1,2,3,4,5,6,7,8], \"max_tokens\": 400, "
+        "\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
     kvo_buf a;
     kvo_buf_init(&a);
     char chunk[4096];
@@ -1167,13 +1290,15 @@ START_TEST(concurrent_completions_share_steps_and_are_answered_as_they_finish) {
                         "{\"prompt\": [101,102,103,104,105,106,107,108,109], "
                         "\"max_tokens\": 2}");
     json_object *st = ok(&m, "/kvo/state", NULL);
-    ck_assert_int_eq(num(st, "ranks.0.counters.requests_running"), 1); /* A, still */
+    ck_assert_int_eq(num(st, "ranks.0.counters.requests_running"),
+                     1); /* A, still */
     ck_assert_int_eq(num(st, "ranks.0.counters.requests_finished"), 1); /* B */
     ck_assert_int_ge(num(st, "ranks.0.counters.steps_multi"), 1);
     ck_assert_int_eq(num(st, "ranks.0.counters.max_running"), 2);
     ck_assert_int_eq(num(st, "ranks.0.counters.max_inflight"), 2);
     json_object_put(st);
-    while ((got = read(fd, chunk, sizeof(chunk))) > 0) kvo_buf_append(&a, chunk, (size_t)got);
+    while ((got = read(fd, chunk, sizeof(chunk))) > 0)
+        kvo_buf_append(&a, chunk, (size_t)got);
     close(fd);
     kvo_buf_cstr(&a);
     const char *u = strstr((const char *)a.data, "\"usage\"");
@@ -1196,7 +1321,8 @@ START_TEST(concurrent_completions_share_steps_and_are_answered_as_they_finish) {
     mock_hasher_blocks(h, ta, 4, 0, 1, NULL, NULL, NULL, NULL, &ha);
     mock_hasher_blocks(h, tb, 4, 0, 1, NULL, NULL, NULL, NULL, &hb);
     mock_hasher_free(h);
-    int64_t sa = seq_storing(batches, n, ha.key), sb = seq_storing(batches, n, hb.key);
+    int64_t sa = seq_storing(batches, n, ha.key),
+            sb = seq_storing(batches, n, hb.key);
     ck_assert(sa == 0 && sb > sa);
     ck_assert_int_eq(num(au, "kvo.prefill_seq"), sa);
     ck_assert_int_eq(num(b, "kvo.prefill_seq"), sb);
@@ -1215,7 +1341,8 @@ END_TEST
 
 static uint64_t u64_at(json_object *o, const char *path) {
     json_object *v = at(o, path);
-    ck_assert_msg(v && json_object_is_type(v, json_type_int), "%s: not an integer", path);
+    ck_assert_msg(v && json_object_is_type(v, json_type_int),
+                  "%s: not an integer", path);
     return json_object_get_uint64(v);
 }
 
@@ -1226,15 +1353,17 @@ START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
     mocker m;
     mocker_start(&m, MT_ARGS("--block-size", "4", "--dp-size", "2", "--mutate",
                              "flip-stored-hash"));
-    json_object_put(ok(&m, "/v1/completions",
-                       "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13], \"max_tokens\": 1, "
-                       "\"data_parallel_rank\": 1}"));
+    json_object_put(
+        ok(&m, "/v1/completions",
+           "{\"prompt\": [1,2,3,4,5,6,7,8,9,10,11,12,13], \"max_tokens\": 1, "
+           "\"data_parallel_rank\": 1}"));
     mock_hasher *h;
     ck_assert_int_eq(mock_hasher_new(&h, WIRE_ALGO_SHA256, "0", 0), KVO_OK);
     uint64_t t[12];
     mt_iota(t, 12, 1);
     mock_hash hs[3];
-    ck_assert_int_eq(mock_hasher_blocks(h, t, 4, 0, 3, NULL, NULL, NULL, NULL, hs), KVO_OK);
+    ck_assert_int_eq(
+        mock_hasher_blocks(h, t, 4, 0, 3, NULL, NULL, NULL, NULL, hs), KVO_OK);
     mock_hasher_free(h);
     json_object *j = ok(&m, "/kvo/blocks?rank=1", NULL);
     ck_assert_int_eq(num(j, "rank"), 1);
@@ -1251,7 +1380,8 @@ START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
         prev = key;
         int k = 0; /* the engine's hash, not the published (flipped) one */
         while (k < 3 && hs[k].key != key) k++;
-        ck_assert_msg(k < 3, "%s: %llu is not an engine hash", path, (unsigned long long)key);
+        ck_assert_msg(k < 3, "%s: %llu is not an engine hash", path,
+                      (unsigned long long)key);
         snprintf(path, sizeof(path), "blocks.%zu.1", i);
         if (k == 0) {
             ck_assert_int_eq(json_object_get_type(at(j, path)), json_type_null);
@@ -1281,7 +1411,8 @@ START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
         if (i < 2) {
             ck_assert(u64_at(pg, "next") == key);
         } else {
-            ck_assert_int_eq(json_object_get_type(at(pg, "next")), json_type_null);
+            ck_assert_int_eq(json_object_get_type(at(pg, "next")),
+                             json_type_null);
         }
         snprintf(path, sizeof(path), "/kvo/blocks?rank=1&limit=1&after=%llu",
                  (unsigned long long)key);
@@ -1293,9 +1424,13 @@ START_TEST(kvo_blocks_lists_the_engines_own_hashes_in_pages) {
     ck_assert_uint_eq(json_object_array_length(at(j, "blocks")), 0);
     json_object_put(j);
     static const char *const bad[] = {
-        "/kvo/blocks", "/kvo/blocks?rank=2", "/kvo/blocks?rank=x",
-        "/kvo/blocks?rank=0&limit=0", "/kvo/blocks?rank=0&limit=100001",
-        "/kvo/blocks?rank=0&after=-1", "/kvo/blocks?rank=0&after=18446744073709551616",
+        "/kvo/blocks",
+        "/kvo/blocks?rank=2",
+        "/kvo/blocks?rank=x",
+        "/kvo/blocks?rank=0&limit=0",
+        "/kvo/blocks?rank=0&limit=100001",
+        "/kvo/blocks?rank=0&after=-1",
+        "/kvo/blocks?rank=0&after=18446744073709551616",
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         long status;
@@ -1316,7 +1451,8 @@ END_TEST
  * identifier miss. */
 START_TEST(model_names_an_adapter_and_mm_items_key_the_blocks) {
     mocker m;
-    mocker_start(&m, MT_ARGS("--lora-modules", "alpha=/a,beta", "--block-size", "4"));
+    mocker_start(
+        &m, MT_ARGS("--lora-modules", "alpha=/a,beta", "--block-size", "4"));
     json_object *j = ok(&m, "/v1/models", NULL);
     ck_assert_uint_eq(json_object_array_length(at(j, "data")), 3);
     ck_assert_str_eq(str(j, "data.2.id"), "beta");
@@ -1324,51 +1460,59 @@ START_TEST(model_names_an_adapter_and_mm_items_key_the_blocks) {
     json_object_put(j);
     static const char tok[] = "[1,2,3,4,5,6,7,8,9]";
     char body[512];
-    snprintf(body, sizeof(body), "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}",
-             tok);
+    snprintf(body, sizeof(body),
+             "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}", tok);
     json_object_put(ok(&m, "/v1/completions", body));
-    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"lora_name\": \"beta\"}", tok);
+    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"lora_name\": \"beta\"}",
+             tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 2);
     snprintf(body, sizeof(body), "{\"token_ids\": %s}", tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 0);
-    snprintf(body, sizeof(body), "{\"token_ids\": %s, \"lora_name\": \"alpha\"}", tok);
+    snprintf(body, sizeof(body),
+             "{\"token_ids\": %s, \"lora_name\": \"alpha\"}", tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 0);
     /* the same adapter through model, again: a hit of both blocks */
-    snprintf(body, sizeof(body), "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}",
-             tok);
+    snprintf(body, sizeof(body),
+             "{\"model\": \"beta\", \"prompt\": %s, \"max_tokens\": 1}", tok);
     j = ok(&m, "/v1/completions", body);
     ck_assert_int_eq(num(j, "usage.prompt_tokens_details.cached_tokens"), 8);
     json_object_put(j);
     long status;
-    j = call(&m, "/v1/completions", "{\"model\": \"gamma\", \"prompt\": [1]}", &status);
+    j = call(&m, "/v1/completions", "{\"model\": \"gamma\", \"prompt\": [1]}",
+             &status);
     ck_assert_int_eq(status, 404);
     ck_assert_str_eq(str(j, "type"), "NotFoundError");
     ck_assert_str_eq(str(j, "message"), "The model `gamma` does not exist.");
     json_object_put(j);
     j = call(&m, "/v1/completions",
-             "{\"model\": \"beta\", \"lora_name\": \"alpha\", \"prompt\": [1]}", &status);
+             "{\"model\": \"beta\", \"lora_name\": \"alpha\", \"prompt\": [1]}",
+             &status);
     ck_assert_int_eq(status, 400);
     json_object_put(j);
     /* the base model by name is no adapter */
-    snprintf(body, sizeof(body),
-             "{\"model\": \"kvo-mock\", \"prompt\": %s, \"max_tokens\": 1, "
-             "\"mm_items\": [{\"offset\": 1, \"length\": 6, \"hash\": \"img-1\"}]}",
-             tok);
+    snprintf(
+        body, sizeof(body),
+        "{\"model\": \"kvo-mock\", \"prompt\": %s, \"max_tokens\": 1, "
+        "\"mm_items\": [{\"offset\": 1, \"length\": 6, \"hash\": \"img-1\"}]}",
+        tok);
     json_object_put(ok(&m, "/v1/completions", body));
-    snprintf(body, sizeof(body),
-             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
-             "\"hash\": \"img-1\"}]}",
-             tok);
+    snprintf(
+        body, sizeof(body),
+        "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
+        "\"hash\": \"img-1\"}]}",
+        tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 2);
-    snprintf(body, sizeof(body),
-             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
-             "\"hash\": \"img-2\"}]}",
-             tok);
+    snprintf(
+        body, sizeof(body),
+        "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 1, \"length\": 6, "
+        "\"hash\": \"img-2\"}]}",
+        tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 0);
-    snprintf(body, sizeof(body),
-             "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 2, \"length\": 5, "
-             "\"hash\": \"img-1\"}]}",
-             tok);
+    snprintf(
+        body, sizeof(body),
+        "{\"token_ids\": %s, \"mm_items\": [{\"offset\": 2, \"length\": 5, "
+        "\"hash\": \"img-1\"}]}",
+        tok);
     ck_assert_int_eq(probe_rank(&m, body, 0), 0);
     ck_assert_int_eq(mocker_stop(&m), 0);
 }
@@ -1388,24 +1532,28 @@ START_TEST(probe_tiers_detail_chain_blocks_and_state_see_the_cpu_tier) {
     snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 1}", a);
     json_object_put(ok(&m, "/v1/completions", body));
     /* a filler of six blocks, then another prompt: A's blocks go to the CPU */
-    json_object_put(ok(&m, "/v1/completions",
-                       "{\"prompt\": [21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,"
-                       "37,38,39,40,41,42,43,44], \"max_tokens\": 1}"));
-    json_object_put(ok(&m, "/v1/completions",
-                       "{\"prompt\": [51,52,53,54,55,56,57,58], \"max_tokens\": 1}"));
+    json_object_put(
+        ok(&m, "/v1/completions",
+           "{\"prompt\": [21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,"
+           "37,38,39,40,41,42,43,44], \"max_tokens\": 1}"));
+    json_object_put(
+        ok(&m, "/v1/completions",
+           "{\"prompt\": [51,52,53,54,55,56,57,58], \"max_tokens\": 1}"));
     snprintf(body, sizeof(body), "{\"token_ids\": %s, \"detail\": true}", a);
     json_object *j = ok(&m, "/kvo/probe", body);
     ck_assert_int_eq(num(j, "ranks.0.gpu"), 0);
     ck_assert_int_eq(num(j, "ranks.0.cpu"), 2);
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 2);
     json_object *chain = at(j, "ranks.0.chain");
-    ck_assert_uint_eq(json_object_array_length(chain), 2); /* the prompt's blocks */
+    ck_assert_uint_eq(json_object_array_length(chain),
+                      2); /* the prompt's blocks */
     ck_assert_int_eq(num(j, "ranks.0.chain.1.index"), 1);
     ck_assert(!json_object_get_boolean(at(j, "ranks.0.chain.0.cached")));
     ck_assert(json_object_get_boolean(at(j, "ranks.0.chain.0.cpu")));
     ck_assert_int_eq(num(j, "ranks.0.chain.0.copies"), 0);
     ck_assert_ptr_null(at(j, "ranks.0.chain.0.parent"));
-    uint64_t h0 = (uint64_t)json_object_get_uint64(at(j, "ranks.0.chain.0.hash"));
+    uint64_t h0 =
+        (uint64_t)json_object_get_uint64(at(j, "ranks.0.chain.0.hash"));
     ck_assert(json_object_get_uint64(at(j, "ranks.0.chain.1.parent")) == h0);
     uint64_t t4[4] = {1, 2, 3, 4};
     ck_assert(json_object_get_uint64(at(j, "ranks.0.chain.0.tokens_hash")) ==
@@ -1416,9 +1564,8 @@ START_TEST(probe_tiers_detail_chain_blocks_and_state_see_the_cpu_tier) {
     ck_assert_int_eq(num(j, "count"), 2);
     bool found = false;
     for (size_t i = 0; i < 2; i++)
-        found |= (uint64_t)json_object_get_uint64(
-                     json_object_array_get_idx(json_object_array_get_idx(at(j, "blocks"), i),
-                                               0)) == h0;
+        found |= (uint64_t)json_object_get_uint64(json_object_array_get_idx(
+                     json_object_array_get_idx(at(j, "blocks"), i), 0)) == h0;
     ck_assert(found);
     json_object_put(j);
     j = ok(&m, "/kvo/state", NULL);
@@ -1457,8 +1604,10 @@ START_TEST(the_detail_form_lists_the_chain_past_the_first_miss) {
                        "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 1, "
                        "\"cache_salt\": \"s\"}"));
     static const char probe[] =
-        "{\"token_ids\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,"
-        "23,24,25,26,27,28,29,30,31,32,33], \"cache_salt\": \"s\", \"detail\": true}";
+        "{\"token_ids\": "
+        "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,"
+        "23,24,25,26,27,28,29,30,31,32,33], \"cache_salt\": \"s\", \"detail\": "
+        "true}";
     json_object *j = ok(&m, "/kvo/probe", probe);
     ck_assert_int_eq(num(j, "ranks.0.hit_blocks"), 2);
     ck_assert_ptr_null(at(j, "ranks.0.gpu")); /* no tier: today's fields */
@@ -1480,7 +1629,8 @@ END_TEST
  * every group agrees on. */
 START_TEST(kv_groups_show_in_state_blocks_and_probe) {
     mocker m;
-    mocker_start(&m, MT_ARGS("--block-size", "4", "--kv-groups", "full,sliding:8"));
+    mocker_start(&m,
+                 MT_ARGS("--block-size", "4", "--kv-groups", "full,sliding:8"));
     static const char tok[] = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]";
     char body[256];
     snprintf(body, sizeof(body), "{\"prompt\": %s, \"max_tokens\": 1}", tok);

@@ -13,8 +13,9 @@ Suite *suite_keys(void);
 
 static const char *jstr(json_object *o, const char *k) {
     json_object *v = json_object_object_get(o, k);
-    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v)
-                                                         : NULL;
+    return v && json_object_is_type(v, json_type_string)
+               ? json_object_get_string(v)
+               : NULL;
 }
 
 static uint64_t ju64(json_object *o) {
@@ -27,7 +28,8 @@ static uint64_t ju64(json_object *o) {
  * is hashed: its prompt's blocks in one call, then each block generated
  * tokens complete in a call of its own. */
 START_TEST(request_hashes_follow_vllms_extra_key_rules_on_every_vector) {
-    json_object *root = kt_load_json("tests/data/vectors/hash/extra_keys_vectors.json");
+    json_object *root =
+        kt_load_json("tests/data/vectors/hash/extra_keys_vectors.json");
     json_object *cases = json_object_object_get(root, "cases");
     size_t checked = 0;
     for (size_t ci = 0; ci < json_object_array_length(cases); ci++) {
@@ -37,39 +39,46 @@ START_TEST(request_hashes_follow_vllms_extra_key_rules_on_every_vector) {
         ck_assert(wire_algo_parse(jstr(c, "algo"), &a) == KVO_OK);
         mock_hasher *h;
         ck_assert_int_eq(mock_hasher_new(&h, a, jstr(c, "seed"), 0), KVO_OK);
-        uint32_t bs = (uint32_t)json_object_get_int(json_object_object_get(c, "block_size"));
-        uint32_t plen = (uint32_t)json_object_get_int(json_object_object_get(c, "prompt_len"));
+        uint32_t bs = (uint32_t)json_object_get_int(
+            json_object_object_get(c, "block_size"));
+        uint32_t plen = (uint32_t)json_object_get_int(
+            json_object_object_get(c, "prompt_len"));
         json_object *tj = json_object_object_get(c, "token_ids");
         uint32_t n = (uint32_t)json_object_array_length(tj);
         uint64_t tok[64];
         ck_assert_uint_le(n, 64);
         for (uint32_t i = 0; i < n; i++)
-            tok[i] = (uint64_t)json_object_get_int64(json_object_array_get_idx(tj, i));
+            tok[i] = (uint64_t)json_object_get_int64(
+                json_object_array_get_idx(tj, i));
         json_object *mj = json_object_object_get(c, "mm_items");
         mock_mm_item mm[8];
         uint32_t n_mm = (uint32_t)json_object_array_length(mj);
         for (uint32_t i = 0; i < n_mm; i++) {
             json_object *it = json_object_array_get_idx(mj, i);
-            mm[i] = (mock_mm_item){
-                (uint32_t)json_object_get_int(json_object_object_get(it, "offset")),
-                (uint32_t)json_object_get_int(json_object_object_get(it, "length")),
-                jstr(it, "hash")};
+            mm[i] = (mock_mm_item){(uint32_t)json_object_get_int(
+                                       json_object_object_get(it, "offset")),
+                                   (uint32_t)json_object_get_int(
+                                       json_object_object_get(it, "length")),
+                                   jstr(it, "hash")};
         }
         ck_assert_int_eq(mock_mm_check(mm, n_mm, plen, NULL), KVO_OK);
         mock_keys k = {jstr(c, "lora_name"), jstr(c, "cache_salt"), mm, n_mm};
         mock_hash out[16];
         uint32_t nb = n / bs, np = plen / bs;
-        ck_assert_int_eq(mock_hasher_blocks_keys(h, tok, bs, 0, np, NULL, &k, NULL, out),
-                         KVO_OK);
+        ck_assert_int_eq(
+            mock_hasher_blocks_keys(h, tok, bs, 0, np, NULL, &k, NULL, out),
+            KVO_OK);
         for (uint32_t b = np; b < nb; b++)
-            ck_assert_int_eq(mock_hasher_blocks_keys(h, tok, bs, b, 1, b ? &out[b - 1] : NULL,
-                                                     &k, NULL, &out[b]),
+            ck_assert_int_eq(mock_hasher_blocks_keys(h, tok, bs, b, 1,
+                                                     b ? &out[b - 1] : NULL, &k,
+                                                     NULL, &out[b]),
                              KVO_OK);
         json_object *blocks = json_object_object_get(c, "blocks");
         ck_assert_uint_eq(json_object_array_length(blocks), nb);
         for (uint32_t b = 0; b < nb; b++) {
             json_object *bj = json_object_array_get_idx(blocks, b);
-            ck_assert_msg(out[b].key == ju64(json_object_object_get(bj, "low64")),
+            ck_assert_msg(out[b].key ==
+                              ju64(json_object_object_get(bj, "low64")),
                           "%s block %u", name, b);
             checked++;
         }
@@ -133,7 +142,8 @@ static void extra_keys_text(const wire_event *e, char out[][128], uint32_t n) {
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     size_t off = 0;
-    ck_assert(msgpack_unpack_next(&up, (const char *)e->extra_keys.p, e->extra_keys.len,
+    ck_assert(msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
+                                  e->extra_keys.len,
                                   &off) == MSGPACK_UNPACK_SUCCESS);
     ck_assert_int_eq(up.data.type, MSGPACK_OBJECT_ARRAY);
     ck_assert_uint_eq(up.data.via.array.size, n);
@@ -146,15 +156,17 @@ static void extra_keys_text(const wire_event *e, char out[][128], uint32_t n) {
             msgpack_object *x = &b->via.array.ptr[j];
             size_t l = strlen(out[i]);
             if (x->type == MSGPACK_OBJECT_STR) {
-                snprintf(out[i] + l, 128 - l, "%s%.*s", j ? "|" : "", (int)x->via.str.size,
-                         x->via.str.ptr);
+                snprintf(out[i] + l, 128 - l, "%s%.*s", j ? "|" : "",
+                         (int)x->via.str.size, x->via.str.ptr);
             } else {
                 ck_assert_int_eq(x->type, MSGPACK_OBJECT_ARRAY);
                 ck_assert_uint_eq(x->via.array.size, 2);
-                msgpack_object *id = &x->via.array.ptr[0], *o = &x->via.array.ptr[1];
+                msgpack_object *id = &x->via.array.ptr[0],
+                               *o = &x->via.array.ptr[1];
                 ck_assert_int_eq(id->type, MSGPACK_OBJECT_STR);
-                int64_t v = o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? o->via.i64
-                                                                       : (int64_t)o->via.u64;
+                int64_t v = o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER
+                                ? o->via.i64
+                                : (int64_t)o->via.u64;
                 snprintf(out[i] + l, 128 - l, "%s(%.*s,%lld)", j ? "|" : "",
                          (int)id->via.str.size, id->via.str.ptr, (long long)v);
             }
@@ -187,7 +199,8 @@ START_TEST(stored_events_carry_lora_fields_and_each_blocks_extra_keys) {
     const wire_event *e = &m.last.events[0];
     ck_assert_int_eq(e->type, WIRE_EV_STORED);
     ck_assert_uint_eq(e->n_hashes, 3);
-    ck_assert(e->lora_id.set && e->lora_id.v == 2); /* beta, the second module */
+    ck_assert(e->lora_id.set &&
+              e->lora_id.v == 2); /* beta, the second module */
     ck_assert(e->lora_name.len == 4 && memcmp(e->lora_name.p, "beta", 4) == 0);
     char ek[3][128];
     extra_keys_text(e, ek, 3);
@@ -196,7 +209,8 @@ START_TEST(stored_events_carry_lora_fields_and_each_blocks_extra_keys) {
     ck_assert_str_eq(ek[2], "beta|(img-2,0)");
     mock_keys k = {"beta", "tenant", mm, 2};
     mock_hash h[3];
-    ck_assert_int_eq(mock_hasher_blocks_keys(m.h, tok, 4, 0, 3, NULL, &k, NULL, h), KVO_OK);
+    ck_assert_int_eq(
+        mock_hasher_blocks_keys(m.h, tok, 4, 0, 3, NULL, &k, NULL, h), KVO_OK);
     for (int i = 0; i < 3; i++) ck_assert(e->hashes[i].key == h[i].key);
     mt_eng_fini(&m);
 }
@@ -209,23 +223,25 @@ START_TEST(equal_tokens_under_other_keys_never_share_a_block) {
     mt_eng_start(&m, 4, 256);
     uint64_t tok[9];
     mt_iota(tok, 9, 7);
-    mock_mm_item img = {0, 8, "img"}, img2 = {0, 8, "img2"}, shifted = {1, 7, "img"};
+    mock_mm_item img = {0, 8, "img"}, img2 = {0, 8, "img2"},
+                 shifted = {1, 7, "img"};
     struct {
         const char *lora, *salt;
         const mock_mm_item *mm;
-    } v[] = {{NULL, NULL, NULL}, {"a", NULL, NULL}, {"b", NULL, NULL},
-             {NULL, "s", NULL},  {"a", "s", NULL},  {NULL, NULL, &img},
+    } v[] = {{NULL, NULL, NULL},  {"a", NULL, NULL},     {"b", NULL, NULL},
+             {NULL, "s", NULL},   {"a", "s", NULL},      {NULL, NULL, &img},
              {NULL, NULL, &img2}, {NULL, NULL, &shifted}};
     enum { NV = sizeof(v) / sizeof(v[0]) };
     mock_hash h[NV][2];
     for (int i = 0; i < NV; i++) {
         mock_keys k = {v[i].lora, v[i].salt, v[i].mm, v[i].mm ? 1 : 0};
-        ck_assert_int_eq(mock_hasher_blocks_keys(m.h, tok, 4, 0, 2, NULL, &k, NULL, h[i]),
-                         KVO_OK);
+        ck_assert_int_eq(
+            mock_hasher_blocks_keys(m.h, tok, 4, 0, 2, NULL, &k, NULL, h[i]),
+            KVO_OK);
         for (int j = 0; j < i; j++)
             for (int b = 0; b < 2; b++)
-                ck_assert_msg(h[i][b].key != h[j][b].key, "variants %d and %d, block %d", j,
-                              i, b);
+                ck_assert_msg(h[i][b].key != h[j][b].key,
+                              "variants %d and %d, block %d", j, i, b);
     }
     /* run variant 1 (adapter a): only its own hashes are cached */
     mt_out out = {0};
@@ -247,7 +263,8 @@ END_TEST
 
 /* An adapter first named by a request gets the next id after the listed
  * modules; items that overlap or leave the prompt are refused. */
-START_TEST(lora_ids_follow_the_modules_then_first_use_and_bad_items_are_refused) {
+START_TEST(
+    lora_ids_follow_the_modules_then_first_use_and_bad_items_are_refused) {
     mock_cfg c;
     mt_cfg(&c, 4, 64);
     c.lora_modules = "x,y=/p";
@@ -276,7 +293,8 @@ START_TEST(lora_ids_follow_the_modules_then_first_use_and_bad_items_are_refused)
     in.n_mm = 1;
     ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_EINVAL);
     in.mm = NULL;
-    ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_EINVAL); /* n_mm, no items */
+    ck_assert_int_eq(mock_engine_add(m.e, &in, NULL),
+                     KVO_EINVAL); /* n_mm, no items */
     mt_eng_fini(&m);
 }
 END_TEST

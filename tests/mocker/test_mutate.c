@@ -90,7 +90,7 @@ static void fixture_init(fixture *f) {
     f->b.n_events = 5;
     f->b.events = f->ev;
     f->aux = (mock_step_aux){f->removed_parent, f->decode, f->stored, f->parent,
-                             f->removed, NULL, NULL, NULL};
+                             f->removed,        NULL,      NULL,      NULL};
 }
 
 /* Render with a mutation mask (fresh renderer) and decode every payload. */
@@ -108,8 +108,8 @@ static uint32_t render(fixture *f, unsigned mut, bool bytes, wire_batch *out,
     ck_assert_uint_le(n, max);
     for (uint32_t i = 0; i < n; i++) {
         kvo_err err;
-        ck_assert_msg(wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i], &err) ==
-                          KVO_OK,
+        ck_assert_msg(wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i],
+                                        &err) == KVO_OK,
                       "mutated payload does not decode: %s", err.msg);
     }
     if (raw) {
@@ -121,8 +121,10 @@ static uint32_t render(fixture *f, unsigned mut, bool bytes, wire_batch *out,
 }
 
 static bool hash_eq(const wire_hash *a, const wire_hash *b) {
-    if (a->kind != b->kind || a->key != b->key || a->len != b->len) return false;
-    return a->kind != WIRE_HASH_BYTES || memcmp(a->bytes, b->bytes, a->len) == 0;
+    if (a->kind != b->kind || a->key != b->key || a->len != b->len)
+        return false;
+    return a->kind != WIRE_HASH_BYTES ||
+           memcmp(a->bytes, b->bytes, a->len) == 0;
 }
 
 static bool str_eq(wire_str a, wire_str b) {
@@ -136,7 +138,11 @@ static bool int_eq(wire_int a, wire_int b) {
 
 /* Field-by-field comparison; `skip` names fields allowed to differ. */
 enum {
-    F_HASHES = 1, F_PARENT = 2, F_TOKENS = 4, F_BLOCK_SIZE = 8, F_LAYOUT = 16
+    F_HASHES = 1,
+    F_PARENT = 2,
+    F_TOKENS = 4,
+    F_BLOCK_SIZE = 8,
+    F_LAYOUT = 16
 };
 
 static void ev_eq(const wire_event *a, const wire_event *b, unsigned skip,
@@ -150,25 +156,31 @@ static void ev_eq(const wire_event *a, const wire_event *b, unsigned skip,
     if (!(skip & F_HASHES)) {
         ck_assert_msg(a->n_hashes == b->n_hashes, "%s: n_hashes", what);
         for (uint32_t i = 0; i < a->n_hashes; i++)
-            ck_assert_msg(hash_eq(&a->hashes[i], &b->hashes[i]), "%s: hash %u", what, i);
+            ck_assert_msg(hash_eq(&a->hashes[i], &b->hashes[i]), "%s: hash %u",
+                          what, i);
     }
-    if (!(skip & F_PARENT)) ck_assert_msg(hash_eq(&a->parent, &b->parent), "%s: parent", what);
+    if (!(skip & F_PARENT))
+        ck_assert_msg(hash_eq(&a->parent, &b->parent), "%s: parent", what);
     if (!(skip & F_TOKENS)) {
         ck_assert_msg(a->n_tokens == b->n_tokens, "%s: n_tokens", what);
         for (uint32_t i = 0; i < a->n_tokens; i++)
-            ck_assert_msg(a->token_ids[i] == b->token_ids[i], "%s: token %u", what, i);
+            ck_assert_msg(a->token_ids[i] == b->token_ids[i], "%s: token %u",
+                          what, i);
     }
     if (!(skip & F_BLOCK_SIZE))
-        ck_assert_msg(int_eq(a->block_size, b->block_size), "%s: block_size", what);
+        ck_assert_msg(int_eq(a->block_size, b->block_size), "%s: block_size",
+                      what);
     ck_assert_msg(int_eq(a->lora_id, b->lora_id), "%s: lora_id", what);
     ck_assert_msg(str_eq(a->lora_name, b->lora_name), "%s: lora_name", what);
     ck_assert_msg(str_eq(a->medium, b->medium), "%s: medium", what);
     ck_assert_msg(int_eq(a->group_idx, b->group_idx), "%s: group_idx", what);
-    ck_assert_msg(str_eq(a->kv_cache_spec_kind, b->kv_cache_spec_kind), "%s: kind", what);
-    ck_assert_msg(a->extra_keys.len == b->extra_keys.len &&
-                      (!a->extra_keys.len ||
-                       memcmp(a->extra_keys.p, b->extra_keys.p, a->extra_keys.len) == 0),
-                  "%s: extra_keys", what);
+    ck_assert_msg(str_eq(a->kv_cache_spec_kind, b->kv_cache_spec_kind),
+                  "%s: kind", what);
+    ck_assert_msg(
+        a->extra_keys.len == b->extra_keys.len &&
+            (!a->extra_keys.len ||
+             memcmp(a->extra_keys.p, b->extra_keys.p, a->extra_keys.len) == 0),
+        "%s: extra_keys", what);
 }
 
 static void batch_meta_eq(const wire_batch *a, const wire_batch *b) {
@@ -208,7 +220,8 @@ START_TEST(clean_rendering_publishes_the_engine_batch_as_is) {
     const wire_batch *c = &p->clean[0];
     batch_meta_eq(c, &p->f.b);
     ck_assert_uint_eq(c->n_events, 5);
-    for (int i = 0; i < 5; i++) ev_eq(&c->events[i], &p->f.ev[i], F_LAYOUT, "clean");
+    for (int i = 0; i < 5; i++)
+        ev_eq(&c->events[i], &p->f.ev[i], F_LAYOUT, "clean");
     pair_free(p);
 }
 END_TEST
@@ -222,7 +235,8 @@ START_TEST(flip_stored_hash_xors_one_into_stored_block_hashes_only) {
         bool st = c->events[i].type == WIRE_EV_STORED;
         ev_eq(&m->events[i], &c->events[i], st ? F_HASHES : 0, "flip");
         for (uint32_t k = 0; st && k < c->events[i].n_hashes; k++)
-            ck_assert(m->events[i].hashes[k].key == (c->events[i].hashes[k].key ^ 1));
+            ck_assert(m->events[i].hashes[k].key ==
+                      (c->events[i].hashes[k].key ^ 1));
     }
     pair_free(p);
 }
@@ -233,7 +247,8 @@ START_TEST(drop_removed_publishes_no_block_removed) {
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
     batch_meta_eq(c, m);
     ck_assert_uint_eq(m->n_events, 3);
-    for (int i = 0; i < 3; i++) ev_eq(&m->events[i], &c->events[i + 2], 0, "drop-removed");
+    for (int i = 0; i < 3; i++)
+        ev_eq(&m->events[i], &c->events[i + 2], 0, "drop-removed");
     pair_free(p);
 }
 END_TEST
@@ -245,7 +260,8 @@ START_TEST(token_plus_one_adds_one_to_every_stored_token) {
         ev_eq(&m->events[i], &c->events[i], F_TOKENS, "token+1");
         ck_assert_uint_eq(m->events[i].n_tokens, c->events[i].n_tokens);
         for (uint32_t k = 0; k < c->events[i].n_tokens; k++)
-            ck_assert_uint_eq(m->events[i].token_ids[k], c->events[i].token_ids[k] + 1);
+            ck_assert_uint_eq(m->events[i].token_ids[k],
+                              c->events[i].token_ids[k] + 1);
     }
     pair_free(p);
 }
@@ -254,7 +270,8 @@ END_TEST
 START_TEST(wrong_parent_nils_the_parent_of_chained_stores) {
     pair *p = pair_new(MOCK_MUT_WRONG_PARENT);
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
-    for (int i = 0; i < 5; i++) ev_eq(&m->events[i], &c->events[i], i == 3 ? F_PARENT : 0, "wp");
+    for (int i = 0; i < 5; i++)
+        ev_eq(&m->events[i], &c->events[i], i == 3 ? F_PARENT : 0, "wp");
     ck_assert_int_eq(c->events[3].parent.kind, WIRE_HASH_UINT);
     ck_assert_int_eq(m->events[3].parent.kind, WIRE_HASH_NONE);
     pair_free(p);
@@ -266,7 +283,8 @@ START_TEST(drop_dp_rank_nils_the_batch_rank_only) {
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
     ck_assert(c->dp_rank.set && !m->dp_rank.set);
     ck_assert(m->ts == c->ts && m->batch_len == 3);
-    for (int i = 0; i < 5; i++) ev_eq(&m->events[i], &c->events[i], 0, "drop-dp");
+    for (int i = 0; i < 5; i++)
+        ev_eq(&m->events[i], &c->events[i], 0, "drop-dp");
     pair_free(p);
 }
 END_TEST
@@ -287,12 +305,14 @@ START_TEST(drop_store_drops_every_fiftieth_stored_event) {
         uint32_t n;
         ck_assert_int_eq(mock_render_batch(r, &f.b, &f.aux, &pay, &n), KVO_OK);
         ck_assert_uint_eq(n, 1);
-        ck_assert_int_eq(wire_batch_decode(pay[0].data, pay[0].len, NULL, &b, NULL), KVO_OK);
+        ck_assert_int_eq(
+            wire_batch_decode(pay[0].data, pay[0].len, NULL, &b, NULL), KVO_OK);
         bool drop = k == 25 || k == 50;
         ck_assert_uint_eq(b.n_events, drop ? 4 : 5);
         ck_assert_int_eq(b.events[2].type, WIRE_EV_STORED);
         ck_assert(b.events[2].hashes[0].key == f.S[0].key);
-        ck_assert_int_eq(b.events[3].type, drop ? WIRE_EV_CLEARED : WIRE_EV_STORED);
+        ck_assert_int_eq(b.events[3].type,
+                         drop ? WIRE_EV_CLEARED : WIRE_EV_STORED);
     }
     wire_batch_fini(&b);
     mock_render_free(r);
@@ -319,7 +339,8 @@ START_TEST(truncate_tokens_drops_the_last_token_of_each_store) {
         if (c->events[i].type != WIRE_EV_STORED) continue;
         ck_assert_uint_eq(m->events[i].n_tokens, c->events[i].n_tokens - 1);
         for (uint32_t k = 0; k < m->events[i].n_tokens; k++)
-            ck_assert_uint_eq(m->events[i].token_ids[k], c->events[i].token_ids[k]);
+            ck_assert_uint_eq(m->events[i].token_ids[k],
+                              c->events[i].token_ids[k]);
     }
     pair_free(p);
 }
@@ -328,10 +349,12 @@ END_TEST
 START_TEST(swap_removed_hash_names_the_parent_of_a_non_root_block) {
     pair *p = pair_new(MOCK_MUT_SWAP_REMOVED_HASH);
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
-    for (int i = 0; i < 5; i++) ev_eq(&m->events[i], &c->events[i], i == 0 ? F_HASHES : 0, "swap");
+    for (int i = 0; i < 5; i++)
+        ev_eq(&m->events[i], &c->events[i], i == 0 ? F_HASHES : 0, "swap");
     ck_assert(c->events[0].hashes[0].key == p->f.A.key);
     ck_assert(m->events[0].hashes[0].key == p->f.P.key);
-    ck_assert(m->events[1].hashes[0].key == p->f.B.key); /* a root keeps its own */
+    ck_assert(m->events[1].hashes[0].key ==
+              p->f.B.key); /* a root keeps its own */
     pair_free(p);
 }
 END_TEST
@@ -340,7 +363,8 @@ START_TEST(skip_decode_stores_drops_stores_made_while_decoding) {
     pair *p = pair_new(MOCK_MUT_SKIP_DECODE_STORES);
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
     ck_assert_uint_eq(m->n_events, 4);
-    for (int i = 0; i < 3; i++) ev_eq(&m->events[i], &c->events[i], 0, "skip-decode");
+    for (int i = 0; i < 3; i++)
+        ev_eq(&m->events[i], &c->events[i], 0, "skip-decode");
     ev_eq(&m->events[3], &c->events[4], 0, "skip-decode");
     pair_free(p);
 }
@@ -356,7 +380,8 @@ START_TEST(int_hash_first8_takes_the_first_eight_digest_bytes_everywhere) {
     pair *p = pair_new(MOCK_MUT_INT_HASH_FIRST8);
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
     const fixture *f = &p->f;
-    for (int i = 0; i < 5; i++) ev_eq(&m->events[i], &c->events[i], F_HASHES | F_PARENT, "first8");
+    for (int i = 0; i < 5; i++)
+        ev_eq(&m->events[i], &c->events[i], F_HASHES | F_PARENT, "first8");
     ck_assert(m->events[0].hashes[0].key == first8(&f->A));
     ck_assert(m->events[1].hashes[0].key == first8(&f->B));
     ck_assert(m->events[2].hashes[0].key == first8(&f->S[0]));
@@ -374,7 +399,8 @@ START_TEST(dup_store_publishes_each_store_twice_in_a_row) {
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
     ck_assert_uint_eq(m->n_events, 7);
     static const int from[] = {0, 1, 2, 2, 3, 3, 4};
-    for (int i = 0; i < 7; i++) ev_eq(&m->events[i], &c->events[from[i]], 0, "dup");
+    for (int i = 0; i < 7; i++)
+        ev_eq(&m->events[i], &c->events[from[i]], 0, "dup");
     pair_free(p);
 }
 END_TEST
@@ -418,7 +444,8 @@ END_TEST
 START_TEST(bytes_hash_publishes_raw_digests_with_the_same_keys) {
     pair *p = pair_new(MOCK_MUT_BYTES_HASH);
     const wire_batch *c = &p->clean[0], *m = &p->mut[0];
-    const mock_hash *full[5][2] = {{&p->f.A}, {&p->f.B}, {&p->f.S[0], &p->f.S[1]}, {&p->f.S[2]}};
+    const mock_hash *full[5][2] = {
+        {&p->f.A}, {&p->f.B}, {&p->f.S[0], &p->f.S[1]}, {&p->f.S[2]}};
     for (int i = 0; i < 5; i++) {
         ev_eq(&m->events[i], &c->events[i], F_HASHES | F_PARENT, "bytes");
         for (uint32_t k = 0; k < c->events[i].n_hashes; k++) {
@@ -455,7 +482,8 @@ START_TEST(merge_removes_folds_consecutive_removals_into_one_event) {
     ck_assert_uint_eq(m->events[0].n_hashes, 2);
     ck_assert(hash_eq(&m->events[0].hashes[0], &c->events[0].hashes[0]));
     ck_assert(hash_eq(&m->events[0].hashes[1], &c->events[1].hashes[0]));
-    for (int i = 1; i < 4; i++) ev_eq(&m->events[i], &c->events[i + 1], 0, "merge");
+    for (int i = 1; i < 4; i++)
+        ev_eq(&m->events[i], &c->events[i + 1], 0, "merge");
     pair_free(p);
 }
 END_TEST
@@ -483,18 +511,24 @@ START_TEST(catalog_parses_names_and_rejects_unknown_ones) {
     };
     for (size_t k = 0; k < KVO_ARRAY_LEN(incidents); k++) {
         unsigned i;
-        for (i = 0; i < MOCK_MUT_COUNT && strcmp(m[i].name, incidents[k]) != 0; i++) {}
+        for (i = 0; i < MOCK_MUT_COUNT && strcmp(m[i].name, incidents[k]) != 0;
+             i++) {
+        }
         ck_assert_msg(i < MOCK_MUT_COUNT, "%s is missing", incidents[k]);
-        ck_assert_msg(m[i].incident && m[i].needs, "%s: incident and needs", incidents[k]);
-        ck_assert_uint_eq(m[i].killed, strcmp(incidents[k], "replay-drops-topic") != 0);
+        ck_assert_msg(m[i].incident && m[i].needs, "%s: incident and needs",
+                      incidents[k]);
+        ck_assert_uint_eq(m[i].killed,
+                          strcmp(incidents[k], "replay-drops-topic") != 0);
     }
     for (unsigned i = 0; i < 17; i++) ck_assert(!m[i].incident && !m[i].needs);
     unsigned mask;
-    ck_assert_int_eq(mock_mutate_parse("drop-removed,,bytes-hash", &mask, NULL, 0), KVO_OK);
+    ck_assert_int_eq(
+        mock_mutate_parse("drop-removed,,bytes-hash", &mask, NULL, 0), KVO_OK);
     ck_assert_uint_eq(mask, MOCK_MUT_DROP_REMOVED | MOCK_MUT_BYTES_HASH);
     char bad[32];
-    ck_assert_int_eq(mock_mutate_parse("dup-store,flip", &mask, bad, sizeof(bad)),
-                     KVO_EINVAL);
+    ck_assert_int_eq(
+        mock_mutate_parse("dup-store,flip", &mask, bad, sizeof(bad)),
+        KVO_EINVAL);
     ck_assert_str_eq(bad, "flip");
 }
 END_TEST

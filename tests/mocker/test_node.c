@@ -24,29 +24,35 @@ START_TEST(metrics_text_is_vllms_names_one_sample_per_rank) {
     ck_assert_int_eq(node_metrics_write(&n, c.model, &b), KVO_OK);
     kvo_buf_cstr(&b);
     static const char want[] =
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# HELP vllm:num_requests_running Number of requests in model "
+        "execution batches.\n"
         "# TYPE vllm:num_requests_running gauge\n"
         "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n"
         "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 0\n"
-        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be "
+        "processed.\n"
         "# TYPE vllm:num_requests_waiting gauge\n"
         "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0\n"
         "vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0\n"
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent "
+        "usage.\n"
         "# TYPE vllm:kv_cache_usage_perc gauge\n"
         "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.000000\n"
         "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.000000\n"
-        "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent "
+        "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 "
+        "percent "
         "usage (deprecated name).\n"
         "# TYPE vllm:gpu_cache_usage_perc gauge\n"
         "vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.000000\n"
         "vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.000000\n"
-        "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of "
+        "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of "
+        "number of "
         "queried tokens.\n"
         "# TYPE vllm:prefix_cache_queries counter\n"
         "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 0\n"
         "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 0\n"
-        "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached "
+        "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number "
+        "of cached "
         "tokens.\n"
         "# TYPE vllm:prefix_cache_hits counter\n"
         "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 0\n"
@@ -63,7 +69,8 @@ START_TEST(metrics_text_is_vllms_names_one_sample_per_rank) {
         "# TYPE vllm:generation_tokens counter\n"
         "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 0\n"
         "vllm:generation_tokens_total{engine=\"1\",model_name=\"m\"} 0\n"
-        "# HELP vllm:request_success Count of successfully processed requests.\n"
+        "# HELP vllm:request_success Count of successfully processed "
+        "requests.\n"
         "# TYPE vllm:request_success counter\n"
         "vllm:request_success_total{engine=\"0\",finished_reason=\"length\","
         "model_name=\"m\"} 0\n"
@@ -112,8 +119,11 @@ static kvo_status node_step_with(mock_node *n, uint32_t tokens, uint64_t first,
     uint64_t t[256];
     ck_assert_uint_le(tokens, 256);
     mt_iota(t, tokens, first);
-    mock_req_in in = {.tokens = t, .n_tokens = tokens, .max_tokens = 1,
-                      .on_output = mt_on_output, .user = out};
+    mock_req_in in = {.tokens = t,
+                      .n_tokens = tokens,
+                      .max_tokens = 1,
+                      .on_output = mt_on_output,
+                      .user = out};
     ck_assert_int_eq(mock_engine_add(n->ranks[0].eng, &in, NULL), KVO_OK);
     mock_step st;
     kvo_alloc_fail_after(fail_after);
@@ -137,7 +147,8 @@ START_TEST(a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number) {
         ck_assert_int_eq(node_init(&n, &c, false), KVO_OK);
         node_rank *nr = &n.ranks[0];
         mt_out o[3] = {{0}};
-        ck_assert_int_eq(node_step_with(&n, 4, 1, &o[0], -1), KVO_OK); /* seq 0 */
+        ck_assert_int_eq(node_step_with(&n, 4, 1, &o[0], -1),
+                         KVO_OK); /* seq 0 */
         kvo_status rc = node_step_with(&n, 240, 1000, &o[1], k);
         mock_pub_stats ps;
         mock_pub_stats_get(nr->pub, &ps);
@@ -151,7 +162,7 @@ START_TEST(a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number) {
         }
         render_failures++;
         ck_assert_uint_eq(nr->render_errors, 1);
-        ck_assert_uint_eq(ps.batches, 1);  /* only the first went out */
+        ck_assert_uint_eq(ps.batches, 1); /* only the first went out */
         ck_assert_uint_eq(ps.skipped, 1);
         ck_assert_uint_eq(last, 1);        /* ... but seq 1 is used up */
         ck_assert_uint_eq(ps.ring_len, 0); /* and no replay bridges it */
@@ -163,7 +174,8 @@ START_TEST(a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number) {
         ck_assert_uint_eq(ps.ring_len, 1);
         node_fini(&n);
     }
-    ck_assert_msg(render_failures > 0, "no injected failure reached the renderer");
+    ck_assert_msg(render_failures > 0,
+                  "no injected failure reached the renderer");
 }
 END_TEST
 

@@ -27,8 +27,8 @@ static void serve_once(env *e) {
     e->served.batches += d.batches;
 }
 
-static void env_init_mut(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec,
-                         unsigned mut) {
+static void env_init_mut(env *e, const char *topic, uint32_t ring,
+                         wire_cap_writer *rec, unsigned mut) {
     memset(e, 0, sizeof(*e));
     e->ctx = zmq_ctx_new();
     ck_assert_ptr_nonnull(e->ctx);
@@ -41,12 +41,15 @@ static void env_init_mut(env *e, const char *topic, uint32_t ring, wire_cap_writ
                        .record = rec,
                        .mutations = mut};
     char err[256];
-    ck_assert_msg(mock_pub_new(&e->pub, &pc, err, sizeof(err)) == KVO_OK, "%s", err);
+    ck_assert_msg(mock_pub_new(&e->pub, &pc, err, sizeof(err)) == KVO_OK, "%s",
+                  err);
     ck_assert(strncmp(mock_pub_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
-    ck_assert(strncmp(mock_pub_replay_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
+    ck_assert(
+        strncmp(mock_pub_replay_endpoint(e->pub), "tcp://127.0.0.1:", 16) == 0);
 }
 
-static void env_init(env *e, const char *topic, uint32_t ring, wire_cap_writer *rec) {
+static void env_init(env *e, const char *topic, uint32_t ring,
+                     wire_cap_writer *rec) {
     env_init_mut(e, topic, ring, rec, 0);
 }
 
@@ -61,7 +64,8 @@ static int recv_msg(void *s, uint8_t fr[][256], size_t len[], int max) {
     for (;;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        ck_assert_msg(zmq_msg_recv(&m, s, 0) >= 0, "recv: %s", zmq_strerror(zmq_errno()));
+        ck_assert_msg(zmq_msg_recv(&m, s, 0) >= 0, "recv: %s",
+                      zmq_strerror(zmq_errno()));
         if (n < max) {
             len[n] = zmq_msg_size(&m) < 256 ? zmq_msg_size(&m) : 256;
             memcpy(fr[n], zmq_msg_data(&m), len[n]);
@@ -85,7 +89,8 @@ static void serve(env *e, void *dealer) {
 
 /* A replay client of e's ROUTER. */
 static void *dealer(env *e) {
-    return mt_zsock(e->ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e->pub), 5000, 0);
+    return mt_zsock(e->ctx, ZMQ_DEALER, mock_pub_replay_endpoint(e->pub), 5000,
+                    0);
 }
 
 /* A replay client that asked for every batch from start on; its reply is
@@ -227,7 +232,8 @@ START_TEST(replay_mutants_drop_the_topic_frame_or_the_tail_and_end_marker) {
     serve_once(&e);
     zmq_msg_t m;
     zmq_msg_init(&m);
-    ck_assert_int_lt(zmq_msg_recv(&m, d, 0), 0); /* nothing more, no end marker */
+    ck_assert_int_lt(zmq_msg_recv(&m, d, 0),
+                     0); /* nothing more, no end marker */
     zmq_msg_close(&m);
     /* only the last batch wanted: it and the end marker are lost */
     mt_replay_request(d, 5);
@@ -296,7 +302,8 @@ END_TEST
  * bounded queue: the replies that do not fit are cut short and counted
  * (without a bound, libzmq would queue all 100 replays, 50 MB here), and a
  * client that reads still gets every batch and the end marker. */
-START_TEST(a_client_that_never_reads_its_replays_has_them_cut_short_and_counted) {
+START_TEST(
+    a_client_that_never_reads_its_replays_has_them_cut_short_and_counted) {
     env e;
     env_init(&e, "t", 8, NULL);
     static uint8_t big[64 << 10];
@@ -310,7 +317,8 @@ START_TEST(a_client_that_never_reads_its_replays_has_them_cut_short_and_counted)
         usleep(5000);
     }
     ck_assert_uint_eq(ps.replay_requests, 100);
-    ck_assert_msg(ps.replay_cut > 0, "all 100 replays queued for a client that never reads");
+    ck_assert_msg(ps.replay_cut > 0,
+                  "all 100 replays queued for a client that never reads");
     ck_assert_uint_eq(e.served.requests, 100);
     ck_assert_uint_eq(e.served.cut, ps.replay_cut);
     ck_assert_uint_eq(e.served.batches, ps.replay_batches);
@@ -343,7 +351,8 @@ START_TEST(record_writes_every_published_message_as_three_frames) {
     ck_assert_ptr_null(mock_pub_replay_socket(p));
     uint64_t last;
     ck_assert(!mock_pub_last_seq(p, &last));
-    for (int i = 0; i < 5; i++) mock_pub_send(p, (const uint8_t *)"abcdef", (size_t)i + 1);
+    for (int i = 0; i < 5; i++)
+        mock_pub_send(p, (const uint8_t *)"abcdef", (size_t)i + 1);
     mock_pub_free(p);
     wire_cap_close(w);
     wire_cap_reader *r;
@@ -352,8 +361,10 @@ START_TEST(record_writes_every_published_message_as_three_frames) {
     for (int i = 0; i < 5; i++) {
         ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_OK);
         ck_assert_uint_eq(rec.n_frames, 3);
-        ck_assert(rec.frames[0].len == 2 && memcmp(rec.frames[0].data, "kv", 2) == 0);
-        ck_assert_uint_eq(mt_seq(rec.frames[1].data, rec.frames[1].len), (uint64_t)i);
+        ck_assert(rec.frames[0].len == 2 &&
+                  memcmp(rec.frames[0].data, "kv", 2) == 0);
+        ck_assert_uint_eq(mt_seq(rec.frames[1].data, rec.frames[1].len),
+                          (uint64_t)i);
         ck_assert_uint_eq(rec.frames[2].len, (size_t)i + 1);
     }
     ck_assert_int_eq(wire_cap_next(r, &rec, NULL), KVO_EOF);

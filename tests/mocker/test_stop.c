@@ -70,10 +70,11 @@ static void srv_start(srv *s, const char *const extra[]) {
 static void stop_clean(kt_proc *p, const char *moment) {
     kt_guard_release(&p->guard);
     kvo_proc_stop(&p->proc, GRACE_MS);
-    if (p->proc.killed || p->proc.exit_status != 0) kvo_proc_dump_log(&p->proc, 60);
+    if (p->proc.killed || p->proc.exit_status != 0)
+        kvo_proc_dump_log(&p->proc, 60);
     ck_assert_msg(!p->proc.killed,
-                  "%s: kvo-mocker still ran %d ms after SIGTERM (killed)", moment,
-                  GRACE_MS);
+                  "%s: kvo-mocker still ran %d ms after SIGTERM (killed)",
+                  moment, GRACE_MS);
     ck_assert_msg(p->proc.exit_status == 0, "%s: kvo-mocker exited with %d",
                   moment, p->proc.exit_status);
 }
@@ -87,8 +88,9 @@ static void post_ok(kvo_http_client *c, const srv *s, const char *path,
     snprintf(url, sizeof(url), "%s%s", s->url, path);
     kvo_http_resp r;
     kvo_http_resp_init(&r);
-    ck_assert_int_eq(kvo_http_post(c, url, "application/json", body, strlen(body), &r),
-                     KVO_OK);
+    ck_assert_int_eq(
+        kvo_http_post(c, url, "application/json", body, strlen(body), &r),
+        KVO_OK);
     ck_assert_msg(r.status == 200, "%s -> %ld", path, r.status);
     kvo_http_resp_fini(&r);
 }
@@ -100,7 +102,8 @@ static void sub_joined(void *sub, kvo_http_client *c, const srv *s) {
     zmq_setsockopt(sub, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
     char body[128];
     for (int k = 0; k < 100; k++) {
-        snprintf(body, sizeof(body), "{\"prompt\": [%d,1,2,3,4,5,6,7,8], \"max_tokens\": 2}",
+        snprintf(body, sizeof(body),
+                 "{\"prompt\": [%d,1,2,3,4,5,6,7,8], \"max_tokens\": 2}",
                  k + 1000);
         post_ok(c, s, "/v1/completions", body);
         zmq_msg_t m;
@@ -148,8 +151,9 @@ START_TEST(sigterm_stops_a_server_with_a_completion_and_a_stream_in_flight) {
         srv s;
         srv_start(&s, MT_ARGS("--speedup", "1"));
         /* raw requests whose answers are never read: the server holds them */
-        int a = mt_raw_post(s.port, "/v1/completions", NULL,
-                            "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 4000}");
+        int a = mt_raw_post(
+            s.port, "/v1/completions", NULL,
+            "{\"prompt\": [1,2,3,4,5,6,7,8,9], \"max_tokens\": 4000}");
         int b = mt_raw_post(s.port, "/v1/completions", NULL,
                             "{\"prompt\": [9,8,7,6,5], \"max_tokens\": 4000, "
                             "\"stream\": true}");
@@ -176,7 +180,8 @@ START_TEST(sigterm_stops_a_server_whose_replay_and_pub_clients_never_read) {
         for (int k = 0; k < 60; k++) {
             snprintf(body, sizeof(body),
                      "{\"prompt\": [%d,2,3,4,5,6,7,8,9,10,11,12,13], "
-                     "\"max_tokens\": 64}", k + 100);
+                     "\"max_tokens\": 64}",
+                     k + 100);
             post_ok(c, &s, "/v1/completions", body);
         }
         void *dealer = mt_zsock(ctx, ZMQ_DEALER, s.replay, ZMQ_TMO_MS, 1);
@@ -205,12 +210,14 @@ static void logged_endpoint(kt_proc *p, char *ep, size_t epsz) {
             fclose(f);
             buf[len] = '\0';
             const char *at = strstr(buf, "rank 0: publishing on ");
-            if (at && sscanf(at + strlen("rank 0: publishing on "), "%63[^,]", ep) == 1) {
+            if (at && sscanf(at + strlen("rank 0: publishing on "), "%63[^,]",
+                             ep) == 1) {
                 (void)epsz;
                 return;
             }
         }
-        ck_assert_msg(kvo_proc_alive(&p->proc), "kvo-mocker exited before publishing");
+        ck_assert_msg(kvo_proc_alive(&p->proc),
+                      "kvo-mocker exited before publishing");
         usleep(5000);
     }
     kvo_proc_dump_log(&p->proc, 40);
@@ -221,8 +228,17 @@ static void logged_endpoint(kt_proc *p, char *ep, size_t epsz) {
 static void trace_stop(const char *speedup, const char *moment) {
     char ep[64];
     char *trace = kt_src_path("traces/mooncake_conversation.jsonl");
-    const char *args[] = {"--trace", trace, "--zmq-port", "0", "--replay-port", "0",
-                          "--speedup", speedup, "--no-progress", "--require-events", NULL};
+    const char *args[] = {"--trace",
+                          trace,
+                          "--zmq-port",
+                          "0",
+                          "--replay-port",
+                          "0",
+                          "--speedup",
+                          speedup,
+                          "--no-progress",
+                          "--require-events",
+                          NULL};
     kt_proc p;
     kt_proc_start(&p, "kvo-mocker", args);
     logged_endpoint(&p, ep, sizeof(ep));

@@ -43,7 +43,8 @@ static void keep(void *ctx, const wire_batch *b) {
     kvo_buf_init(&buf);
     ck_assert_int_eq(wire_batch_encode(b, WIRE_FMT_MAP, 0, &buf), KVO_OK);
     wire_batch_init(&s->b[s->n]);
-    ck_assert_int_eq(wire_batch_decode(buf.data, buf.len, NULL, &s->b[s->n], NULL), KVO_OK);
+    ck_assert_int_eq(
+        wire_batch_decode(buf.data, buf.len, NULL, &s->b[s->n], NULL), KVO_OK);
     s->n++;
     kvo_buf_fini(&buf);
 }
@@ -57,7 +58,8 @@ static void seen_fini(seen *s) {
  * allocation then evicts A's (deepest first): the GPU removals, B's store,
  * then the CPU tier's stores of A1 and A0 with their parents, tokens and
  * block size. */
-START_TEST(a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events) {
+START_TEST(
+    a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events) {
     mt_eng m;
     start(&m, 9, 8, 0);
     uint64_t a[8], f[24], b[8];
@@ -73,10 +75,13 @@ START_TEST(a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_event
     ck_assert(mt_step(&m, NULL));
     const wire_batch *w = &m.last;
     ck_assert_uint_eq(w->n_events, 5);
-    ck_assert(w->events[0].type == WIRE_EV_REMOVED && is_medium(&w->events[0], "GPU"));
+    ck_assert(w->events[0].type == WIRE_EV_REMOVED &&
+              is_medium(&w->events[0], "GPU"));
     ck_assert(w->events[0].hashes[0].key == ha[1].key);
-    ck_assert(w->events[1].type == WIRE_EV_REMOVED && w->events[1].hashes[0].key == ha[0].key);
-    ck_assert(w->events[2].type == WIRE_EV_STORED && is_medium(&w->events[2], "GPU"));
+    ck_assert(w->events[1].type == WIRE_EV_REMOVED &&
+              w->events[1].hashes[0].key == ha[0].key);
+    ck_assert(w->events[2].type == WIRE_EV_STORED &&
+              is_medium(&w->events[2], "GPU"));
     const wire_event *c1 = &w->events[3], *c0 = &w->events[4];
     ck_assert(c1->type == WIRE_EV_STORED && is_medium(c1, "CPU"));
     ck_assert(c1->n_hashes == 1 && c1->hashes[0].key == ha[1].key);
@@ -91,9 +96,11 @@ START_TEST(a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_event
     mock_engine_stats st = mt_stats(&m);
     ck_assert_uint_eq(st.cpu_stored, 2);
     ck_assert_uint_eq(st.cpu_cached_distinct, 2);
-    ck_assert_uint_eq(st.cpu_cached_digest, kvo_block_digest(ha[0].key, false, 0) +
-                                                 kvo_block_digest(ha[1].key, true, ha[0].key));
-    ck_assert(mock_engine_cpu_cached(m.e, ha[0].key) && mock_engine_cpu_cached(m.e, ha[1].key));
+    ck_assert_uint_eq(st.cpu_cached_digest,
+                      kvo_block_digest(ha[0].key, false, 0) +
+                          kvo_block_digest(ha[1].key, true, ha[0].key));
+    ck_assert(mock_engine_cpu_cached(m.e, ha[0].key) &&
+              mock_engine_cpu_cached(m.e, ha[1].key));
     mt_run(&m, NULL, NULL);
     mt_eng_fini(&m);
 }
@@ -127,7 +134,8 @@ START_TEST(a_prefix_in_the_cpu_tier_loads_back_as_cached_tokens) {
         const wire_event *e = &m.last.events[i];
         if (e->type == WIRE_EV_STORED && is_medium(e, "GPU")) {
             ck_assert_uint_eq(e->n_hashes, 2);
-            ck_assert(e->hashes[0].key == ha[0].key && e->hashes[1].key == ha[1].key);
+            ck_assert(e->hashes[0].key == ha[0].key &&
+                      e->hashes[1].key == ha[1].key);
             gpu_stored++;
         }
     }
@@ -165,7 +173,8 @@ START_TEST(the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it) {
     }
     mt_add_run(&m, t[0], 8, 1, &o, NULL);
     mt_add_run(&m, t[1], 8, 1, &o, NULL);
-    mt_add_run(&m, t[2], 8, 1, &o, NULL); /* evicts t0's blocks: the tier is full */
+    mt_add_run(&m, t[2], 8, 1, &o,
+               NULL); /* evicts t0's blocks: the tier is full */
     ck_assert(mock_engine_cpu_cached(m.e, h[0][0].key));
     ck_assert(mock_engine_cpu_cached(m.e, h[0][1].key));
     seen s = {0};
@@ -176,7 +185,8 @@ START_TEST(the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it) {
         for (uint32_t i = 0; i < s.b[k].n_events; i++) {
             const wire_event *e = &s.b[k].events[i];
             if (e->type == WIRE_EV_REMOVED && is_medium(e, "CPU")) {
-                ck_assert(e->hashes[0].key == h[0][1].key || e->hashes[0].key == h[0][0].key);
+                ck_assert(e->hashes[0].key == h[0][1].key ||
+                          e->hashes[0].key == h[0][0].key);
                 cpu_removed++;
             }
         }
@@ -224,15 +234,18 @@ END_TEST
 
 /* Render one clean step batch with mut (a fresh renderer unless r given);
  * the payloads decoded into out (returns how many). */
-static uint32_t render(mock_render *r, const mock_step *st, wire_batch *out, uint32_t max) {
+static uint32_t render(mock_render *r, const mock_step *st, wire_batch *out,
+                       uint32_t max) {
     const kvo_buf *pay;
     uint32_t n;
-    ck_assert_int_eq(mock_render_batch(r, st->batch, st->aux, &pay, &n), KVO_OK);
+    ck_assert_int_eq(mock_render_batch(r, st->batch, st->aux, &pay, &n),
+                     KVO_OK);
     ck_assert_uint_le(n, max);
     for (uint32_t i = 0; i < n; i++) {
         wire_batch_init(&out[i]);
-        ck_assert_int_eq(wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i], NULL),
-                         KVO_OK);
+        ck_assert_int_eq(
+            wire_batch_decode(pay[i].data, pay[i].len, NULL, &out[i], NULL),
+            KVO_OK);
     }
     return n;
 }
@@ -252,7 +265,8 @@ static void ek_text(const wire_event *e, uint32_t i, char *out, size_t n) {
     msgpack_unpacked_init(&up);
     size_t off = 0;
     out[0] = '\0';
-    ck_assert(msgpack_unpack_next(&up, (const char *)e->extra_keys.p, e->extra_keys.len,
+    ck_assert(msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
+                                  e->extra_keys.len,
                                   &off) == MSGPACK_UNPACK_SUCCESS);
     msgpack_object *b = &up.data.via.array.ptr[i];
     if (b->type == MSGPACK_OBJECT_ARRAY) {
@@ -260,8 +274,8 @@ static void ek_text(const wire_event *e, uint32_t i, char *out, size_t n) {
             msgpack_object *x = &b->via.array.ptr[j];
             size_t l = strlen(out);
             if (x->type == MSGPACK_OBJECT_STR)
-                snprintf(out + l, n - l, "%s%.*s", j ? "|" : "", (int)x->via.str.size,
-                         x->via.str.ptr);
+                snprintf(out + l, n - l, "%s%.*s", j ? "|" : "",
+                         (int)x->via.str.size, x->via.str.ptr);
             else
                 snprintf(out + l, n - l, "%s(%.*s)", j ? "|" : "",
                          (int)x->via.array.ptr[0].via.str.size,
@@ -348,7 +362,8 @@ START_TEST(tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks) {
         ck_assert_uint_eq(e->n_tokens, 0);
         ck_assert_int_eq(e->parent.kind, WIRE_HASH_NONE);
     }
-    ck_assert_uint_eq(out[0].events[2].n_tokens, 8); /* the GPU store keeps them */
+    ck_assert_uint_eq(out[0].events[2].n_tokens,
+                      8); /* the GPU store keeps them */
     wire_batch_fini(&out[0]);
     mock_render_free(r);
     r = renderer(MOCK_MUT_RESURRECT_REMOVED);
@@ -357,9 +372,11 @@ START_TEST(tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks) {
     const wire_event *e = out[0].events;
     ck_assert(e[0].type == WIRE_EV_REMOVED && e[1].type == WIRE_EV_STORED);
     ck_assert(e[1].hashes[0].key == ha[1].key && e[1].parent.key == ha[0].key);
-    ck_assert(is_medium(&e[1], "GPU") && e[1].n_tokens == 4 && e[1].token_ids[0] == a[4]);
+    ck_assert(is_medium(&e[1], "GPU") && e[1].n_tokens == 4 &&
+              e[1].token_ids[0] == a[4]);
     ck_assert(e[2].type == WIRE_EV_REMOVED && e[3].type == WIRE_EV_STORED);
-    ck_assert(e[3].hashes[0].key == ha[0].key && e[3].parent.kind == WIRE_HASH_NONE);
+    ck_assert(e[3].hashes[0].key == ha[0].key &&
+              e[3].parent.kind == WIRE_HASH_NONE);
     wire_batch_fini(&out[0]);
     mock_render_free(r);
     mock_engine_complete(m.e);
@@ -401,16 +418,24 @@ END_TEST
 START_TEST(kv_groups_parse_a_full_group_then_sliding_windows) {
     mock_cfg c;
     mock_cfg_default(&c);
-    ck_assert_int_eq(mock_groups_parse("full,sliding:8,sliding:128", &c), KVO_OK);
+    ck_assert_int_eq(mock_groups_parse("full,sliding:8,sliding:128", &c),
+                     KVO_OK);
     ck_assert_uint_eq(c.n_groups, 3);
-    ck_assert(!c.groups[0].sliding && c.groups[2].sliding && c.groups[2].window == 128);
+    ck_assert(!c.groups[0].sliding && c.groups[2].sliding &&
+              c.groups[2].window == 128);
     ck_assert_uint_eq(mock_cfg_groups(&c), 3);
-    static const char *const bad[] = {"sliding:8,full", "full,full", "full,sliding:0",
-                                      "full,sliding:x", "full,,sliding:4", "",
-                                      "full,sliding:1,sliding:2,sliding:3,sliding:4"};
+    static const char *const bad[] = {
+        "sliding:8,full",
+        "full,full",
+        "full,sliding:0",
+        "full,sliding:x",
+        "full,,sliding:4",
+        "",
+        "full,sliding:1,sliding:2,sliding:3,sliding:4"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         mock_cfg d = c;
-        ck_assert_msg(mock_groups_parse(bad[i], &d) == KVO_EINVAL, "%s", bad[i]);
+        ck_assert_msg(mock_groups_parse(bad[i], &d) == KVO_EINVAL, "%s",
+                      bad[i]);
         ck_assert_uint_eq(d.n_groups, 3); /* unchanged */
     }
     mock_cfg_default(&c);
@@ -447,10 +472,13 @@ START_TEST(each_group_stores_its_blocks_and_the_window_frees_what_it_left) {
     ck_assert(e1->group_idx.set && e1->group_idx.v == 1);
     ck_assert(e1->kv_cache_spec_kind.len == 14 &&
               memcmp(e1->kv_cache_spec_kind.p, "sliding_window", 14) == 0);
-    ck_assert(e1->kv_cache_spec_sliding_window.set && e1->kv_cache_spec_sliding_window.v == 8);
+    ck_assert(e1->kv_cache_spec_sliding_window.set &&
+              e1->kv_cache_spec_sliding_window.v == 8);
     ck_assert_uint_eq(e1->n_hashes, 4);
     ck_assert_uint_eq(e1->n_tokens, 16);
-    for (int i = 0; i < 4; i++) ck_assert(e0->hashes[i].key == h[i].key && e1->hashes[i].key == h[i].key);
+    for (int i = 0; i < 4; i++)
+        ck_assert(e0->hashes[i].key == h[i].key &&
+                  e1->hashes[i].key == h[i].key);
     for (int i = 0; i < 4; i++) {
         ck_assert(mock_engine_group_cached(m.e, 0, h[i].key));
         ck_assert(mock_engine_group_cached(m.e, 1, h[i].key));
@@ -458,10 +486,12 @@ START_TEST(each_group_stores_its_blocks_and_the_window_frees_what_it_left) {
     mt_step(&m, NULL); /* a decode step: 16 computed, the window is 8 */
     const mock_req *r = sched_find_running(&m.e->sched, id);
     ck_assert_ptr_nonnull(r);
-    ck_assert_uint_eq(r->grp[0].blocks[0], 0); /* (16 + 1 - 8) / 4 = 2 skipped */
+    ck_assert_uint_eq(r->grp[0].blocks[0],
+                      0); /* (16 + 1 - 8) / 4 = 2 skipped */
     ck_assert_uint_eq(r->grp[0].blocks[1], 0);
     ck_assert_uint_ne(r->grp[0].blocks[2], 0);
-    ck_assert(mock_engine_group_cached(m.e, 1, h[0].key)); /* still cached, free */
+    ck_assert(
+        mock_engine_group_cached(m.e, 1, h[0].key)); /* still cached, free */
     uint64_t dn, dg;
     mock_engine_group_set(m.e, 1, &dn, &dg);
     ck_assert_uint_eq(dn, 4);
@@ -477,7 +507,8 @@ END_TEST
 /* The hybrid hit: within the full group's run, a sliding group of window 8
  * (two blocks at block size 4) needs the two blocks before the hit's end;
  * without such a pair, only its own leading run. */
-START_TEST(a_hybrid_hit_needs_the_window_before_its_end_in_every_sliding_group) {
+START_TEST(
+    a_hybrid_hit_needs_the_window_before_its_end_in_every_sliding_group) {
     mt_eng m;
     start_groups(&m, 64, "full,sliding:8");
     uint64_t t[20];
@@ -486,7 +517,9 @@ START_TEST(a_hybrid_hit_needs_the_window_before_its_end_in_every_sliding_group) 
     mt_hash(&m, t, 5, h);
     mock_pool *p = &m.e->sched.pool;
     for (uint32_t k = 0; k < 5; k++)
-        ck_assert_int_eq(pool_cache_g(p, 1 + k, &h[k], k ? &h[k - 1] : NULL, NULL, 0), KVO_OK);
+        ck_assert_int_eq(
+            pool_cache_g(p, 1 + k, &h[k], k ? &h[k - 1] : NULL, NULL, 0),
+            KVO_OK);
     /* group 1 holds blocks 0, 2 and 3 */
     ck_assert_int_eq(pool_cache_g(p, 10, &h[0], NULL, NULL, 1), KVO_OK);
     ck_assert_int_eq(pool_cache_g(p, 12, &h[2], &h[1], NULL, 1), KVO_OK);
@@ -518,7 +551,8 @@ START_TEST(evictions_carry_their_group_and_group_collision_erases_it) {
     bool removed_g1 = false, stored_g1 = false;
     for (uint32_t i = 0; i < st.batch->n_events; i++) {
         const wire_event *e = &st.batch->events[i];
-        if (e->type == WIRE_EV_REMOVED && e->group_idx.v == 1) removed_g1 = true;
+        if (e->type == WIRE_EV_REMOVED && e->group_idx.v == 1)
+            removed_g1 = true;
         if (e->type == WIRE_EV_STORED && e->group_idx.v == 1) stored_g1 = true;
     }
     ck_assert(removed_g1 && stored_g1);
@@ -531,7 +565,8 @@ START_TEST(evictions_carry_their_group_and_group_collision_erases_it) {
         ck_assert(e->group_idx.set && e->group_idx.v == 0);
         if (e->type == WIRE_EV_STORED) {
             ck_assert(e->kv_cache_spec_kind.len == 14 &&
-                      memcmp(e->kv_cache_spec_kind.p, "full_attention", 14) == 0);
+                      memcmp(e->kv_cache_spec_kind.p, "full_attention", 14) ==
+                          0);
             ck_assert(!e->kv_cache_spec_sliding_window.set);
         }
     }
@@ -549,14 +584,16 @@ static void sets_apply(void *ctx, const wire_batch *b) {
     for (uint32_t i = 0; i < b->n_events; i++) {
         const wire_event *e = &b->events[i];
         ck_assert_int_ne(e->type, WIRE_EV_CLEARED);
-        mt_set *m = is_medium(e, "CPU") ? &sets[MOCK_MAX_GROUPS] : &sets[e->group_idx.v];
+        mt_set *m = is_medium(e, "CPU") ? &sets[MOCK_MAX_GROUPS]
+                                        : &sets[e->group_idx.v];
         for (uint32_t k = 0; k < e->n_hashes; k++) {
             if (e->type == WIRE_EV_REMOVED) {
                 mt_set_del(m, e->hashes[k].key);
             } else if (k) {
                 mt_set_add(m, e->hashes[k].key, true, e->hashes[k - 1].key);
             } else {
-                mt_set_add(m, e->hashes[0].key, e->parent.kind != WIRE_HASH_NONE, e->parent.key);
+                mt_set_add(m, e->hashes[0].key,
+                           e->parent.kind != WIRE_HASH_NONE, e->parent.key);
             }
         }
     }
@@ -575,8 +612,8 @@ static void truthful_run(const char *groups, uint32_t cpu, uint64_t seed) {
     static mt_set sets[MOCK_MAX_GROUPS + 1];
     memset(sets, 0, sizeof(sets));
     uint64_t rng = seed;
-    fprintf(stderr, "truthful_run(%s, %u): seed %llu\n", groups ? groups : "-", cpu,
-            (unsigned long long)seed);
+    fprintf(stderr, "truthful_run(%s, %u): seed %llu\n", groups ? groups : "-",
+            cpu, (unsigned long long)seed);
     mt_out outs[64];
     uint32_t max_len = mock_cfg_max_model_len(&c);
     for (int r = 0; r < 64; r++) {
@@ -587,7 +624,8 @@ static void truthful_run(const char *groups, uint32_t cpu, uint64_t seed) {
         for (uint32_t i = 0; i < n; i++)
             tok[i] = i < 12 ? fam * 100 + i : kvo_splitmix64(&rng) % 1000;
         memset(&outs[r], 0, sizeof(outs[r]));
-        mock_req_in in = mt_req(tok, n, 1 + (uint32_t)(kvo_splitmix64(&rng) % 6), &outs[r]);
+        mock_req_in in =
+            mt_req(tok, n, 1 + (uint32_t)(kvo_splitmix64(&rng) % 6), &outs[r]);
         if (cpu && r % 3 == 1) in.lora_name = "l1";
         if (cpu && r % 4 == 2) in.cache_salt = "s";
         mock_mm_item mm = {1, 6, "img"};
@@ -602,11 +640,14 @@ static void truthful_run(const char *groups, uint32_t cpu, uint64_t seed) {
                 uint64_t dn, dg;
                 mock_engine_group_set(m.e, g, &dn, &dg);
                 ck_assert_msg(dn == sets[g].distinct && dg == sets[g].digest,
-                              "group %u after request %d: engine %llu blocks, events %llu", g,
-                              r, (unsigned long long)dn, (unsigned long long)sets[g].distinct);
+                              "group %u after request %d: engine %llu blocks, "
+                              "events %llu",
+                              g, r, (unsigned long long)dn,
+                              (unsigned long long)sets[g].distinct);
             }
             mock_engine_stats st = mt_stats(&m);
-            ck_assert(st.cpu_cached_distinct == sets[MOCK_MAX_GROUPS].distinct &&
+            ck_assert(st.cpu_cached_distinct ==
+                          sets[MOCK_MAX_GROUPS].distinct &&
                       st.cpu_cached_digest == sets[MOCK_MAX_GROUPS].digest);
         }
     }

@@ -21,7 +21,8 @@ START_TEST(reader_returns_every_request_of_the_bundled_1000_line_trace) {
             ck_assert_uint_eq(r.input_length, 6758);
             ck_assert_uint_eq(r.output_length, 500);
             ck_assert_uint_eq(r.n_hash_ids, 14);
-            for (uint32_t i = 0; i < 14; i++) ck_assert_uint_eq(r.hash_ids[i], i);
+            for (uint32_t i = 0; i < 14; i++)
+                ck_assert_uint_eq(r.hash_ids[i], i);
         }
         ck_assert(r.timestamp_ms >= last_ts);
         last_ts = r.timestamp_ms;
@@ -80,26 +81,34 @@ START_TEST(malformed_lines_are_counted_and_skipped_never_fatal) {
     FILE *f = fopen(path, "w");
     ck_assert_ptr_nonnull(f);
     fputs("{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 3, "
-          "\"hash_ids\": [1, 2], \"extra\": {\"ignored\": true}}\n", f); /* 1 ok */
-    fputs("not json at all\n", f);                                      /* 2 */
-    fputs("[1, 2, 3]\n", f);                                            /* 3 */
-    fputs("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1}\n", f);
+          "\"hash_ids\": [1, 2], \"extra\": {\"ignored\": true}}\n",
+          f);                      /* 1 ok */
+    fputs("not json at all\n", f); /* 2 */
+    fputs("[1, 2, 3]\n", f);       /* 3 */
+    fputs("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1}\n",
+          f);
     fputs("{\"timestamp\": 1, \"input_length\": 513, \"output_length\": 1, "
-          "\"hash_ids\": [1]}\n", f);                                   /* 5 */
+          "\"hash_ids\": [1]}\n",
+          f); /* 5 */
     fputs("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, "
-          "\"hash_ids\": [-4]}\n", f);                                  /* 6 */
+          "\"hash_ids\": [-4]}\n",
+          f); /* 6 */
     fputs("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 0, "
-          "\"hash_ids\": [4]}\n", f);                                   /* 7 */
-    fputs("\n   \n", f);                                                /* 8, 9 blank */
+          "\"hash_ids\": [4]}\n",
+          f);            /* 7 */
+    fputs("\n   \n", f); /* 8, 9 blank */
     fputs("{\"timestamp\": \"x\", \"input_length\": 10, \"output_length\": 1, "
-          "\"hash_ids\": [4]}\n", f);                                   /* 10 */
+          "\"hash_ids\": [4]}\n",
+          f); /* 10 */
     /* 11: a line far over the limit (a huge hash id list) */
     fputs("{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, "
-          "\"hash_ids\": [", f);
+          "\"hash_ids\": [",
+          f);
     for (int i = 0; i < 900000; i++) fputs("12345,", f);
     fputs("1]}\n", f);
     fputs("{\"timestamp\": 7.5, \"input_length\": 4, \"output_length\": 2, "
-          "\"hash_ids\": [9]}", f); /* 12 ok, no final newline */
+          "\"hash_ids\": [9]}",
+          f); /* 12 ok, no final newline */
     fclose(f);
     mock_trace *t;
     ck_assert_int_eq(mock_trace_open(&t, path), KVO_OK);
@@ -116,17 +125,20 @@ START_TEST(malformed_lines_are_counted_and_skipped_never_fatal) {
             continue;
         }
         ck_assert(st == KVO_EPROTO || st == KVO_ETOOBIG);
-        ck_assert_msg(strncmp(msg, "line ", 5) == 0, "message names the line: %s", msg);
+        ck_assert_msg(strncmp(msg, "line ", 5) == 0,
+                      "message names the line: %s", msg);
         bad++;
     }
     ck_assert_int_eq(ok, 2);
     ck_assert_uint_eq(ok_lines[0], 1);
     ck_assert_uint_eq(ok_lines[1], 12);
-    ck_assert(r.timestamp_ms == 7.5 && r.input_length == 4 && r.hash_ids[0] == 9);
+    ck_assert(r.timestamp_ms == 7.5 && r.input_length == 4 &&
+              r.hash_ids[0] == 9);
     ck_assert_int_eq(bad, 8);
     ck_assert_uint_eq(mock_trace_malformed(t), 8);
     mock_trace_free(t);
-    ck_assert_int_eq(mock_trace_open(&t, "/nonexistent/trace.jsonl"), KVO_ENOTFOUND);
+    ck_assert_int_eq(mock_trace_open(&t, "/nonexistent/trace.jsonl"),
+                     KVO_ENOTFOUND);
     remove(path);
     rmdir(dir);
     kvo_free(dir);

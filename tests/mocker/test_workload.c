@@ -67,14 +67,18 @@ static void on_batch(void *ctx, const wire_batch *b) {
             wire_rblock blocks[512];
             ck_assert_uint_le(e->n_hashes, 512);
             /* The relay's router seed: the event's LoRA name (no salt here). */
-            uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len, NULL, 0);
+            uint64_t seed =
+                wire_router_seed(e->lora_name.p, e->lora_name.len, NULL, 0);
             for (uint32_t k = 0; k < e->n_hashes; k++) {
                 blocks[k].block_hash = e->hashes[k].key;
-                blocks[k].tokens_hash =
-                    wire_router_hash(e->token_ids + (size_t)k * m->bs, m->bs, seed);
-                if (k) mt_set_add(&m->set, e->hashes[k].key, true, e->hashes[k - 1].key);
-                else mt_set_add(&m->set, e->hashes[k].key, e->parent.kind != WIRE_HASH_NONE,
-                               e->parent.key);
+                blocks[k].tokens_hash = wire_router_hash(
+                    e->token_ids + (size_t)k * m->bs, m->bs, seed);
+                if (k)
+                    mt_set_add(&m->set, e->hashes[k].key, true,
+                               e->hashes[k - 1].key);
+                else
+                    mt_set_add(&m->set, e->hashes[k].key,
+                               e->parent.kind != WIRE_HASH_NONE, e->parent.key);
             }
             ev.type = WIRE_R_STORED;
             ev.has_parent = e->parent.kind != WIRE_HASH_NONE;
@@ -121,12 +125,14 @@ static void make_prompts(prompt *p) {
             p[i].n = q->n;
             p[i].lora = q->lora;
             uint32_t more = (uint32_t)(rnd() % 20);
-            for (uint32_t k = 0; k < more && p[i].n < 96; k++) p[i].tok[p[i].n++] = 1 + rnd() % 60;
+            for (uint32_t k = 0; k < more && p[i].n < 96; k++)
+                p[i].tok[p[i].n++] = 1 + rnd() % 60;
             continue;
         }
         memcpy(p[i].tok, prefix[g], plen * sizeof(uint64_t));
         p[i].n = plen;
-        for (uint32_t k = 0; k < tail && p[i].n < 96; k++) p[i].tok[p[i].n++] = 1 + rnd() % 60;
+        for (uint32_t k = 0; k < tail && p[i].n < 96; k++)
+            p[i].tok[p[i].n++] = 1 + rnd() % 60;
         p[i].lora = rnd() % 8 == 0;
     }
 }
@@ -139,19 +145,22 @@ static void check_prompts(mt_eng *m, relay_model *rm, prompt *p, idx_scores *sc,
         mock_hash hs[96];
         uint32_t nb = q->n / bs;
         ck_assert_int_eq(mock_hasher_blocks(m->h, q->tok, bs, 0, nb, NULL,
-                                            q->lora ? "L1" : NULL, NULL, NULL, hs),
+                                            q->lora ? "L1" : NULL, NULL, NULL,
+                                            hs),
                          KVO_OK);
         uint32_t engine = mock_engine_probe(m->e, hs, q->n);
         uint64_t rh[96];
-        size_t n = idx_prompt_hash(q->tok, q->n, bs, q->lora ? "L1" : NULL, NULL, rh);
+        size_t n =
+            idx_prompt_hash(q->tok, q->n, bs, q->lora ? "L1" : NULL, NULL, rh);
         ck_assert_int_eq(idx_tree_query(rm->tree, rh, n, sc), KVO_OK);
         uint32_t index = sc->n ? sc->v[0].blocks : 0;
         uint32_t cap = (q->n - 1) / bs;
         if (index > cap) index = cap;
-        ck_assert_msg(engine == index,
-                      "prompt of %u tokens: engine holds %u leading blocks, the "
-                      "index %u (seed %llu)",
-                      q->n, engine, index, (unsigned long long)rng_state);
+        ck_assert_msg(
+            engine == index,
+            "prompt of %u tokens: engine holds %u leading blocks, the "
+            "index %u (seed %llu)",
+            q->n, engine, index, (unsigned long long)rng_state);
     }
 }
 
@@ -183,10 +192,12 @@ static void run_workload(uint64_t seed, uint32_t blocks, uint32_t budget,
         bool draining = !reset_done && added >= n_requests / 2;
         for (uint32_t i = 0; i < k && added < n_requests && !draining; i++) {
             const prompt *q = &p[rnd() % N_PROMPTS];
-            mock_req_in in = {.tokens = q->tok, .n_tokens = q->n,
+            mock_req_in in = {.tokens = q->tok,
+                              .n_tokens = q->n,
                               .max_tokens = 1 + (uint32_t)(rnd() % 24),
                               .lora_name = q->lora ? "L1" : NULL,
-                              .on_output = mt_on_output, .user = &outs[added]};
+                              .on_output = mt_on_output,
+                              .user = &outs[added]};
             ck_assert_int_eq(mock_engine_add(m.e, &in, NULL), KVO_OK);
             added++;
         }
@@ -198,20 +209,26 @@ static void run_workload(uint64_t seed, uint32_t blocks, uint32_t budget,
         steps++;
         check_prompts(&m, rm, p, &sc, 4);
         mock_engine_stats es = mt_stats(&m);
-        ck_assert_msg(es.cached_distinct == rm->set.distinct && es.cached_digest == rm->set.digest,
-                      "step %u: the engine caches %llu hashes (digest %016llx), the "
-                      "events say %llu (%016llx)", steps,
-                      (unsigned long long)es.cached_distinct,
-                      (unsigned long long)es.cached_digest,
-                      (unsigned long long)rm->set.distinct, (unsigned long long)rm->set.digest);
+        ck_assert_msg(
+            es.cached_distinct == rm->set.distinct &&
+                es.cached_digest == rm->set.digest,
+            "step %u: the engine caches %llu hashes (digest %016llx), the "
+            "events say %llu (%016llx)",
+            steps, (unsigned long long)es.cached_distinct,
+            (unsigned long long)es.cached_digest,
+            (unsigned long long)rm->set.distinct,
+            (unsigned long long)rm->set.digest);
     }
     mock_engine_stats st;
     mock_engine_stats_get(m.e, &st);
-    fprintf(stderr, "  %u steps, %llu preemptions, %llu blocks stored, %llu removed "
-                    "(%llu held back as other copies remained), %llu cleared\n",
+    fprintf(stderr,
+            "  %u steps, %llu preemptions, %llu blocks stored, %llu removed "
+            "(%llu held back as other copies remained), %llu cleared\n",
             steps, (unsigned long long)st.preemptions,
-            (unsigned long long)st.blocks_stored, (unsigned long long)st.blocks_removed,
-            (unsigned long long)rm->removes_held, (unsigned long long)rm->cleared);
+            (unsigned long long)st.blocks_stored,
+            (unsigned long long)st.blocks_removed,
+            (unsigned long long)rm->removes_held,
+            (unsigned long long)rm->cleared);
     ck_assert_uint_eq(st.requests_finished, n_requests);
     /* The workload exercised what it claims to. */
     ck_assert_uint_gt(st.preemptions, 0);
@@ -221,10 +238,12 @@ static void run_workload(uint64_t seed, uint32_t blocks, uint32_t budget,
     idx_counters ic;
     idx_tree_counters(rm->tree, &ic);
     for (int t = 1; t <= 3; t++)
-        for (int s = 1; s < IDX_EV_STATUS_COUNT; s++) ck_assert_uint_eq(ic.events[t][s], 0);
+        for (int s = 1; s < IDX_EV_STATUS_COUNT; s++)
+            ck_assert_uint_eq(ic.events[t][s], 0);
     ck_assert_uint_eq(ic.blocks_not_found, 0);
     char msg[256];
-    ck_assert_msg(idx_tree_check(rm->tree, NULL, msg, sizeof(msg)) == KVO_OK, "%s", msg);
+    ck_assert_msg(idx_tree_check(rm->tree, NULL, msg, sizeof(msg)) == KVO_OK,
+                  "%s", msg);
     check_prompts(&m, rm, p, &sc, N_PROMPTS);
     idx_scores_fini(&sc);
     idx_tree_free(rm->tree);

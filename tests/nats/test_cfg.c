@@ -11,8 +11,7 @@ Suite *suite_cfg(void);
 static const struct option table[] = {KVO_NATS_OPTIONS, {NULL, 0, NULL, 0}};
 
 /* The field an option sets, as text ("1" for a set flag, "" for unset). */
-static const char *field(const kvo_nats_cfg *c, int code, char *buf,
-                         size_t n) {
+static const char *field(const kvo_nats_cfg *c, int code, char *buf, size_t n) {
     switch (code) {
     case KVO_NATS_OPT_URL: return c->url;
     case KVO_NATS_OPT_USER: return c->user;
@@ -42,7 +41,7 @@ START_TEST(every_option_is_named_documented_and_sets_its_field) {
         snprintf(flag, sizeof(flag), "--%s ", o->name);
         ck_assert_msg(strstr(KVO_NATS_USAGE, flag), "%s not in the usage",
                       o->name);
-        const char *arg = o->has_arg == no_argument ? NULL
+        const char *arg = o->has_arg == no_argument               ? NULL
                           : o->val == KVO_NATS_OPT_RECONNECT_WAIT ? "75"
                                                                   : "value";
         kvo_nats_cfg c, before;
@@ -59,8 +58,7 @@ START_TEST(every_option_is_named_documented_and_sets_its_field) {
                           p->name);
         }
         char b[16];
-        ck_assert_str_eq(field(&c, o->val, b, sizeof(b)),
-                         arg ? arg : "1");
+        ck_assert_str_eq(field(&c, o->val, b, sizeof(b)), arg ? arg : "1");
     }
     ck_assert_uint_eq(n, 11);
     ck_assert_ptr_null(kvo_nats_opt_name(256));
@@ -74,12 +72,13 @@ START_TEST(other_codes_and_bad_numbers_are_told_apart) {
     ck_assert_int_eq(kvo_nats_opt_set(&c, 'h', NULL), KVO_NATS_OPT_OTHER);
     const char *bad[] = {"", "abc", "-1", "2147483648", "10ms"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++)
-        ck_assert_int_eq(kvo_nats_opt_set(&c, KVO_NATS_OPT_RECONNECT_WAIT, bad[i]),
-                         KVO_NATS_OPT_BAD);
+        ck_assert_int_eq(
+            kvo_nats_opt_set(&c, KVO_NATS_OPT_RECONNECT_WAIT, bad[i]),
+            KVO_NATS_OPT_BAD);
     ck_assert_int_eq(c.reconnect_wait_ms, 250);
-    ck_assert_int_eq(kvo_nats_opt_set(&c, KVO_NATS_OPT_RECONNECT_WAIT,
-                                      "2147483647"),
-                     KVO_NATS_OPT_OK);
+    ck_assert_int_eq(
+        kvo_nats_opt_set(&c, KVO_NATS_OPT_RECONNECT_WAIT, "2147483647"),
+        KVO_NATS_OPT_OK);
     ck_assert_int_eq(c.reconnect_wait_ms, 2147483647);
 }
 END_TEST
@@ -96,9 +95,10 @@ START_TEST(command_line_and_environment_fill_the_cfg) {
     setenv("KVO_NATS_TLS", "1", 1);
     setenv("KVO_NATS_TLS_SKIP_VERIFY", "0", 1); /* "0": flag stays off */
     setenv("KVO_NATS_RECONNECT_WAIT_MS", "40", 1);
-    char *argv[] = {"prog", "--nats", "nats://a:1,nats://b:2", "--nats-user",
-                    "cli-user", "--nats-password", "pw", "--nats-tls-ca",
-                    "/ca.pem", NULL};
+    char *argv[] = {"prog",        "--nats",        "nats://a:1,nats://b:2",
+                    "--nats-user", "cli-user",      "--nats-password",
+                    "pw",          "--nats-tls-ca", "/ca.pem",
+                    NULL};
     kvo_nats_cfg c;
     kvo_nats_cfg_default(&c);
     ck_assert_int_eq(kvo_getopt(9, argv, table, set_cfg, &c), 9);

@@ -55,8 +55,10 @@ static void round_trip(kvo_nats *n) {
     natsConnection *nc = kvo_nats_conn(n);
     natsSubscription *sub = NULL;
     natsMsg *m = NULL;
-    ck_assert_int_eq(natsConnection_SubscribeSync(&sub, nc, "kvo.test"), NATS_OK);
-    ck_assert_int_eq(natsConnection_PublishString(nc, "kvo.test", "hi"), NATS_OK);
+    ck_assert_int_eq(natsConnection_SubscribeSync(&sub, nc, "kvo.test"),
+                     NATS_OK);
+    ck_assert_int_eq(natsConnection_PublishString(nc, "kvo.test", "hi"),
+                     NATS_OK);
     ck_assert_int_eq(natsSubscription_NextMsg(&m, sub, WAIT_MS), NATS_OK);
     ck_assert_str_eq(natsMsg_GetData(m), "hi");
     natsMsg_Destroy(m);

@@ -43,13 +43,20 @@ static void run_start(run *r, program prog) {
     snprintf(zmq, sizeof(zmq), "tcp://127.0.0.1:%u", zp); /* nobody there */
     snprintf(r->health, sizeof(r->health), "http://%s/health", http);
     if (prog == RELAY) {
-        const char *args[] = {"--zmq", zmq, "--nats", r->ns.url,
-                              "--metrics-listen", http,
-                              "--nats-reconnect-wait-ms", "50", NULL};
+        const char *args[] = {"--zmq",
+                              zmq,
+                              "--nats",
+                              r->ns.url,
+                              "--metrics-listen",
+                              http,
+                              "--nats-reconnect-wait-ms",
+                              "50",
+                              NULL};
         kt_proc_start(&r->p, "kvo-relay", args);
     } else {
-        const char *args[] = {"--nats", r->ns.url, "--http", http,
-                              "--nats-reconnect-wait-ms", "50", NULL};
+        const char *args[] = {
+            "--nats", r->ns.url, "--http", http, "--nats-reconnect-wait-ms",
+            "50",     NULL};
         kt_proc_start(&r->p, "kvo-indexer", args);
     }
     kt_proc_wait_http(&r->p, r->health, WAIT_MS);
@@ -97,8 +104,8 @@ static void stop_clean(run *r, const char *moment) {
         kvo_proc_dump_log(&r->p.proc, 40);
     ck_assert_msg(!r->p.proc.killed, "%s, %s: still ran %d ms after SIGTERM",
                   r->p.proc.name, moment, GRACE_MS);
-    ck_assert_msg(r->p.proc.exit_status == 0, "%s, %s: exit %d",
-                  r->p.proc.name, moment, r->p.proc.exit_status);
+    ck_assert_msg(r->p.proc.exit_status == 0, "%s, %s: exit %d", r->p.proc.name,
+                  moment, r->p.proc.exit_status);
 }
 
 static void stops_when_the_server_is_gone(program prog) {

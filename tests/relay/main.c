@@ -12,11 +12,7 @@ Suite *suite_mocker(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
-        suite_pipe,
-        suite_recover,
-        suite_source,
-        suite_e2e,
-        suite_mocker,
+        suite_pipe, suite_recover, suite_source, suite_e2e, suite_mocker,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -35,15 +35,24 @@ static void e2e_start(e2e *e, const char *const *extra) {
     snprintf(e->stats_path, sizeof(e->stats_path), "%s/exit.json", dir);
     snprintf(e->cap_path, sizeof(e->cap_path), "%s/relay.kvocap", dir);
     kvo_free(dir);
-    const char *args[48] = {"--zmq", tpub_endpoint(e->pub),
-                            "--replay", tpub_replay_endpoint(e->pub),
-                            "--nats", e->net.relay_url,
-                            "--publisher-id", "9",
-                            "--worker-id", "3",
-                            "--replay-timeout-ms", "5000",
-                            "--nats-reconnect-wait-ms", "100",
-                            "--stats-json", e->stats_path,
-                            "--record", e->cap_path};
+    const char *args[48] = {"--zmq",
+                            tpub_endpoint(e->pub),
+                            "--replay",
+                            tpub_replay_endpoint(e->pub),
+                            "--nats",
+                            e->net.relay_url,
+                            "--publisher-id",
+                            "9",
+                            "--worker-id",
+                            "3",
+                            "--replay-timeout-ms",
+                            "5000",
+                            "--nats-reconnect-wait-ms",
+                            "100",
+                            "--stats-json",
+                            e->stats_path,
+                            "--record",
+                            e->cap_path};
     size_t n = 0;
     while (args[n]) n++;
     for (size_t i = 0; extra && extra[i]; i++) args[n++] = extra[i];
@@ -96,11 +105,12 @@ static void add_events(got *g, const wire_revent *ev, uint32_t n) {
         }
         for (uint32_t k = 0; e->type == WIRE_R_STORED && k < e->n_blocks; k++) {
             ck_assert_uint_lt(g->n, 4096);
-            g->b[g->n++] = (blk){WIRE_R_STORED, e->dp_rank,
-                                 e->blocks[k].block_hash,
-                                 e->blocks[k].tokens_hash};
+            g->b[g->n++] =
+                (blk){WIRE_R_STORED, e->dp_rank, e->blocks[k].block_hash,
+                      e->blocks[k].tokens_hash};
         }
-        for (uint32_t k = 0; e->type == WIRE_R_REMOVED && k < e->n_removed; k++) {
+        for (uint32_t k = 0; e->type == WIRE_R_REMOVED && k < e->n_removed;
+             k++) {
             ck_assert_uint_lt(g->n, 4096);
             g->b[g->n++] = (blk){WIRE_R_REMOVED, e->dp_rank, e->removed[k], 0};
         }
@@ -160,7 +170,8 @@ START_TEST(every_vector_arrives_on_nats_as_the_pipeline_converts_it) {
     e2e_start(&e, NULL);
     for (size_t c = 0; c < nc; c++) {
         json_object *f;
-        json_object_object_get_ex(json_object_array_get_idx(cases, c), "file", &f);
+        json_object_object_get_ex(json_object_array_get_idx(cases, c), "file",
+                                  &f);
         char rel[256];
         snprintf(rel, sizeof(rel), "tests/data/vectors/wire/%s",
                  json_object_get_string(f));
@@ -303,7 +314,8 @@ START_TEST(a_nats_server_restart_loses_nothing_that_fit_in_the_buffer) {
     ck_assert_uint_eq(trelay_stat(&e.rel, "publish_dropped"), 0);
     /* nats.c reports the reconnect after flushing: wait, do not assume */
     trelay_wait_stat(&e.rel, "nats_reconnects", 1);
-    ck_assert_uint_eq(trelay_stat(&e.rel, "nats_buffered"), 0); /* all flushed */
+    ck_assert_uint_eq(trelay_stat(&e.rel, "nats_buffered"),
+                      0); /* all flushed */
     /* and the loop logged both */
     tr_wait_log(&e.rel.p.proc, "NATS disconnected: buffering", WAIT_MS);
     tr_wait_log(&e.rel.p.proc, "NATS reconnected (", WAIT_MS);
@@ -461,8 +473,8 @@ START_TEST(recovery_answers_events_a_dump_and_too_new_over_nats) {
 
     /* an old one: a dump, which rebuilds in an empty index what a
      * subscriber of every envelope built */
-    ck_assert(treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS,
-                           &rep));
+    ck_assert(
+        treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS, &rep));
     idx_tree *want, *dumped;
     ck_assert_int_eq(idx_tree_new(&want), KVO_OK);
     ck_assert_int_eq(idx_tree_new(&dumped), KVO_OK);
@@ -557,8 +569,8 @@ START_TEST(a_storm_of_requests_is_answered_or_counted) {
            n, answered, dropped);
     tr_replies rep;
     tr_replies_init(&rep);
-    ck_assert(treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS,
-                           &rep));
+    ck_assert(
+        treq_recover(nc, RECOVERY, "{\"from_sequence\": 0}", WAIT_MS, &rep));
     ck_assert_uint_eq(rep.n, g->next_sequence + 1);
     ck_assert_uint_eq(trelay_stat(&e.rel, "recovery_bad_requests"), 0);
     tr_replies_fini(&rep);
@@ -694,8 +706,8 @@ START_TEST(discovery_relays_every_listed_rank) {
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%u",
              kvo_http_server_port(d.srv));
-    const char *args[] = {"--discover", url, "--nats", nats.url,
-                          "--publisher-id", "9", "--worker-id", "3",
+    const char *args[] = {"--discover",          url, "--nats",      nats.url,
+                          "--publisher-id",      "9", "--worker-id", "3",
                           "--stats-interval-ms", "0", NULL};
     kt_proc relay;
     kt_proc_start(&relay, "kvo-relay", args);
@@ -767,8 +779,9 @@ START_TEST(discovery_refuses_more_sources_than_it_serves) {
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%u",
              kvo_http_server_port(d.srv));
-    const char *args[] = {"--discover", url, "--nats", "nats://127.0.0.1:1",
-                          "--stats-interval-ms", "0", NULL};
+    const char *args[] = {
+        "--discover",          url, "--nats", "nats://127.0.0.1:1",
+        "--stats-interval-ms", "0", NULL};
     kt_proc relay;
     kt_proc_start(&relay, "kvo-relay", args);
     while (kvo_proc_alive(&relay.proc)) usleep(10000);
@@ -786,14 +799,15 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     char long_ns[600];
     memset(long_ns, 'n', sizeof(long_ns) - 1);
     long_ns[sizeof(long_ns) - 1] = '\0';
-    const char *bad[][4] = {{NULL},
-                            {"--zmq", "tcp://127.0.0.1:1", "--namespace", "a.b"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--recovery-buffer", "0"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--heartbeat-ms", "0"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"},
-                            {"--zmq", "tcp://127.0.0.1:1", "--namespace", long_ns}};
+    const char *bad[][4] = {
+        {NULL},
+        {"--zmq", "tcp://127.0.0.1:1", "--namespace", "a.b"},
+        {"--zmq", "tcp://127.0.0.1:1", "--recovery-buffer", "0"},
+        {"--zmq", "tcp://127.0.0.1:1", "--heartbeat-ms", "0"},
+        {"--zmq", "tcp://127.0.0.1:1", "--discover", "x"},
+        {"--zmq", "tcp://127.0.0.1:1", "--block-size", "0"},
+        {"--zmq", "tcp://127.0.0.1:1", "--verify-engine-hash", "md5"},
+        {"--zmq", "tcp://127.0.0.1:1", "--namespace", long_ns}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++) {
         const char *args[6] = {NULL};
         for (int k = 0; k < 4 && bad[i][k]; k++) args[k] = bad[i][k];
@@ -816,10 +830,12 @@ Suite *suite_e2e(void) {
     Suite *s = suite_create("e2e");
     TCase *tc = tcase_create("relay_process");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, every_vector_arrives_on_nats_as_the_pipeline_converts_it);
+    tcase_add_test(tc,
+                   every_vector_arrives_on_nats_as_the_pipeline_converts_it);
     tcase_add_test(tc, a_dropped_sequence_is_recovered_by_replay);
     tcase_add_test(tc, a_publisher_restart_clears_and_resyncs);
-    tcase_add_test(tc, a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
+    tcase_add_test(tc,
+                   a_nats_server_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, a_nats_outage_beyond_the_buffer_is_counted_as_dropped);
     tcase_add_test(tc, recovery_answers_events_a_dump_and_too_new_over_nats);
     tcase_add_test(tc, the_relay_announces_itself_and_answers_discover);

@@ -44,9 +44,10 @@ static void mk_start(mk *m, bool same_ports, const char *const *extra) {
     snprintf(m->base, sizeof(m->base), "http://127.0.0.1:%u", h);
     snprintf(m->zmq_ep, sizeof(m->zmq_ep), "tcp://127.0.0.1:%u", z);
     snprintf(m->replay_ep, sizeof(m->replay_ep), "tcp://127.0.0.1:%u", r);
-    const char *args[40] = {"--port", hp, "--zmq-port", zp, "--replay-port", rp,
-                            "--num-gpu-blocks", "40", "--block-size", "16",
-                            "--log-level", "warn", "--require-events"};
+    const char *args[40] = {"--port",          hp,   "--zmq-port",       zp,
+                            "--replay-port",   rp,   "--num-gpu-blocks", "40",
+                            "--block-size",    "16", "--log-level",      "warn",
+                            "--require-events"};
     size_t n = 0;
     while (args[n]) n++;
     for (size_t i = 0; extra && extra[i]; i++) args[n++] = extra[i];
@@ -97,7 +98,8 @@ static uint64_t mk_last_seq(mk *m, uint32_t rank) {
 static void tokens_json(kvo_buf *b, const uint64_t *t, size_t n) {
     ck_assert(kvo_buf_printf(b, "[") == KVO_OK);
     for (size_t i = 0; i < n; i++)
-        ck_assert(kvo_buf_printf(b, "%s%" PRIu64, i ? "," : "", t[i]) == KVO_OK);
+        ck_assert(kvo_buf_printf(b, "%s%" PRIu64, i ? "," : "", t[i]) ==
+                  KVO_OK);
     ck_assert(kvo_buf_printf(b, "]") == KVO_OK);
 }
 
@@ -105,8 +107,9 @@ static void mk_complete(mk *m, const uint64_t *t, size_t n, int max_tokens,
                         uint32_t rank) {
     kvo_buf b;
     kvo_buf_init(&b);
-    kvo_buf_printf(&b, "{\"model\": \"kvo-mock\", \"max_tokens\": %d, "
-                       "\"data_parallel_rank\": %u, \"prompt\": ",
+    kvo_buf_printf(&b,
+                   "{\"model\": \"kvo-mock\", \"max_tokens\": %d, "
+                   "\"data_parallel_rank\": %u, \"prompt\": ",
                    max_tokens, rank);
     tokens_json(&b, t, n);
     kvo_buf_printf(&b, "}");
@@ -185,10 +188,18 @@ static void env_relay(env *e, const char *const *source,
                       const char *const *extra) {
     const char *direct[] = {"--zmq", e->eng.zmq_ep, "--replay",
                             e->eng.replay_ep, NULL};
-    const char *args[48] = {"--nats", e->net.relay_url, "--publisher-id", "9",
-                            "--worker-id", "3", "--replay-from", "0",
-                            "--replay-timeout-ms", "5000",
-                            "--nats-reconnect-wait-ms", "100"};
+    const char *args[48] = {"--nats",
+                            e->net.relay_url,
+                            "--publisher-id",
+                            "9",
+                            "--worker-id",
+                            "3",
+                            "--replay-from",
+                            "0",
+                            "--replay-timeout-ms",
+                            "5000",
+                            "--nats-reconnect-wait-ms",
+                            "100"};
     size_t n = 0;
     while (args[n]) n++;
     for (size_t i = 0; (source ? source : direct)[i]; i++)
@@ -220,8 +231,10 @@ static int check_rank(env *e, const prompts *ps, int from, int to,
         uint32_t idx = tmodel_hits(&e->model, rank, ps->tok[i], ps->n[i], BS);
         uint32_t eng = mk_probe(&e->eng, ps->tok[i], ps->n[i], rank);
         if (idx > cap) idx = cap;
-        ck_assert_msg(idx == eng, "prompt %d rank %u: index holds %u blocks, "
-                      "engine %u", i, rank, idx, eng);
+        ck_assert_msg(idx == eng,
+                      "prompt %d rank %u: index holds %u blocks, "
+                      "engine %u",
+                      i, rank, idx, eng);
         with_hits += eng > 0;
     }
     return with_hits;
@@ -400,8 +413,8 @@ END_TEST
 
 START_TEST(discovery_relays_both_ranks_of_a_dp2_engine) {
     env e;
-    const char *mx[] = {"--dp-size", "2", "--zmq-port", "0", "--replay-port",
-                        "0", NULL};
+    const char *mx[] = {"--dp-size",     "2", "--zmq-port", "0",
+                        "--replay-port", "0", NULL};
     env_start(&e, mx);
     const char *source[] = {"--discover", e.eng.base, NULL};
     env_relay(&e, source, NULL);
@@ -449,7 +462,8 @@ START_TEST(discovery_relays_both_ranks_of_a_dp2_engine) {
         uint32_t idx = tmodel_hits(&e.model, rank, ps->tok[i], ps->n[i], BS);
         uint32_t eng = mk_probe(&e.eng, ps->tok[i], ps->n[i], rank);
         ck_assert_msg((idx > cap ? cap : idx) == eng,
-                      "prompt %d rank %u: index %u engine %u", i, rank, idx, eng);
+                      "prompt %d rank %u: index %u engine %u", i, rank, idx,
+                      eng);
         hits += eng > 0;
     }
     ck_assert_int_gt(hits, 3);
@@ -565,7 +579,8 @@ Suite *suite_mocker(void) {
     tcase_add_test(tc, events_arrive_and_match_the_engine_cache);
     tcase_add_test(tc, dropped_sequences_are_recovered_by_replay);
     tcase_add_test(tc, an_engine_restart_clears_and_resyncs);
-    tcase_add_test(tc, an_engine_restarted_while_idle_is_cleared_without_new_requests);
+    tcase_add_test(
+        tc, an_engine_restarted_while_idle_is_cleared_without_new_requests);
     tcase_add_test(tc, a_nats_restart_loses_nothing_that_fit_in_the_buffer);
     tcase_add_test(tc, discovery_relays_both_ranks_of_a_dp2_engine);
     tcase_add_test(tc, engine_hash_verification_catches_first8_int_hashes);

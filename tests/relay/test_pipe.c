@@ -32,10 +32,12 @@ static uint64_t json_key(json_object *v) {
 
 static wire_tier json_tier(json_object *e) {
     json_object *m;
-    if (!json_object_object_get_ex(e, "medium", &m) || !m) return WIRE_TIER_DEVICE;
+    if (!json_object_object_get_ex(e, "medium", &m) || !m)
+        return WIRE_TIER_DEVICE;
     const char *s = json_object_get_string(m);
     if (!strcmp(s, "GPU")) return WIRE_TIER_DEVICE;
-    if (!strcmp(s, "CPU") || !strcmp(s, "CPU_PINNED")) return WIRE_TIER_HOST_PINNED;
+    if (!strcmp(s, "CPU") || !strcmp(s, "CPU_PINNED"))
+        return WIRE_TIER_HOST_PINNED;
     if (!strcmp(s, "DISK")) return WIRE_TIER_DISK;
     return WIRE_TIER_EXTERNAL;
 }
@@ -79,11 +81,13 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
             continue; /* a group other than full attention: not indexed */
         if (!strcmp(type, "BlockRemoved")) {
             if (!(last && last->type == WIRE_R_REMOVED && last->tier == tier)) {
-                x[nx++] = (xev){.type = WIRE_R_REMOVED, .rank = r, .tier = tier};
+                x[nx++] =
+                    (xev){.type = WIRE_R_REMOVED, .rank = r, .tier = tier};
                 last = &x[nx - 1];
             }
             for (uint32_t k = 0; k < nh; k++)
-                last->bh[last->n++] = json_key(json_object_array_get_idx(hs, k));
+                last->bh[last->n++] =
+                    json_key(json_object_array_get_idx(hs, k));
             continue;
         }
         json_object_object_get_ex(e, "token_ids", &toks);
@@ -96,8 +100,8 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
         }
         bool wide = false; /* a token id the u32 router hash cannot take */
         for (size_t k = 0; k < nt; k++)
-            wide |= json_object_get_uint64(json_object_array_get_idx(
-                        toks, k)) > UINT32_MAX;
+            wide |= json_object_get_uint64(json_object_array_get_idx(toks, k)) >
+                    UINT32_MAX;
         if (wide) {
             (*rejected)++;
             continue;
@@ -115,8 +119,11 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
         bool merge = last && last->type == WIRE_R_STORED && hp &&
                      last->tier == tier && last->bh[last->n - 1] == pk;
         if (!merge) {
-            x[nx++] = (xev){.type = WIRE_R_STORED, .rank = r, .tier = tier,
-                            .has_parent = hp, .parent = pk};
+            x[nx++] = (xev){.type = WIRE_R_STORED,
+                            .rank = r,
+                            .tier = tier,
+                            .has_parent = hp,
+                            .parent = pk};
             last = &x[nx - 1];
         }
         for (uint32_t k = 0; k < nh; k++) {
@@ -135,9 +142,11 @@ static uint32_t expect_vector(json_object *fields, uint32_t fallback, xev *x,
                 json_object *it = json_object_array_get_idx(bk, j);
                 if (json_object_is_type(it, json_type_array)) {
                     ck_assert_uint_lt(nm, 4);
-                    mm[nm++] = (wire_mm_key){
-                        json_object_get_string(json_object_array_get_idx(it, 0)),
-                        json_object_get_int64(json_object_array_get_idx(it, 1))};
+                    mm[nm++] =
+                        (wire_mm_key){json_object_get_string(
+                                          json_object_array_get_idx(it, 0)),
+                                      json_object_get_int64(
+                                          json_object_array_get_idx(it, 1))};
                 } else if (!(ln && j == 0) && !hp && k == 0) {
                     const char *salt = json_object_get_string(it);
                     s = wire_router_seed(ln, ln ? strlen(ln) : 0, salt,
@@ -180,7 +189,8 @@ START_TEST(every_wire_vector_converts_to_the_event_plane) {
         uint32_t rejected;
         uint32_t nx = expect_vector(fields, 1, x, &rejected);
         size_t n = tr_events(&t, ev, MAXEV);
-        ck_assert_msg(n == nx, "%s: %zu router events, expected %u", name, n, nx);
+        ck_assert_msg(n == nx, "%s: %zu router events, expected %u", name, n,
+                      nx);
         ck_assert_msg(relay_stats_rejects(tr_stats(&t)) == rejected,
                       "%s: rejects", name);
         ck_assert_uint_eq(relay_stats_decode_errors(tr_stats(&t)), 0);
@@ -635,7 +645,8 @@ END_TEST
  * as the SUB's. A replay that drops twice right before the same batch can
  * never deliver it: the batch is counted as oversize, the rank cleared,
  * the watermark moved past it, and the replay asked from the next one. */
-START_TEST(a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed) {
+START_TEST(
+    a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed) {
     tr t;
     tr_init(&t, NULL, 2, true);
     tell(&t, 1, RELAY_LINK_SUB_UP);
@@ -1069,9 +1080,9 @@ START_TEST(stores_merge_only_while_the_chain_continues) {
     tb b;
     tb_begin(&b);
     tb_store(&b, false, 0, a, 2);
-    tb_store(&b, true, 12, c, 1);  /* continues 11,12 -> merged */
-    tb_store(&b, false, 0, d, 1);  /* new root -> new event */
-    tb_store(&b, true, 12, e, 1);  /* parent is not the last block -> new */
+    tb_store(&b, true, 12, c, 1); /* continues 11,12 -> merged */
+    tb_store(&b, false, 0, d, 1); /* new root -> new event */
+    tb_store(&b, true, 12, e, 1); /* parent is not the last block -> new */
     tr_live_tb(&t, 0, 0, &b, 0);
     /* a second batch continuing the chain merges across batches */
     uint64_t f = 23;
@@ -1146,8 +1157,8 @@ START_TEST(malformed_batches_are_counted_and_the_stream_goes_on) {
     const kvo_buf *good = &t.batch; /* tag 3 */
     wire_frame two[2] = {{s, 8}, {good->data, good->len}};
     relay_pipe_live(t.p, 0, two, 2, t.now);
-    wire_frame shortseq[3] = {{(const uint8_t *)"", 0}, {s, 4},
-                              {good->data, good->len}};
+    wire_frame shortseq[3] = {
+        {(const uint8_t *)"", 0}, {s, 4}, {good->data, good->len}};
     relay_pipe_live(t.p, 0, shortseq, 3, t.now);
     tr_flush(&t);
     relay_stats *st = tr_stats(&t);
@@ -1327,18 +1338,20 @@ static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
                                       "digest", &d);
             const char *dh = json_object_get_string(d);
             if (form == H_BYTES)
-                kvo_buf_printf(&j, "%s{\"bin\": \"%s\"}", i > from ? "," : "", dh);
+                kvo_buf_printf(&j, "%s{\"bin\": \"%s\"}", i > from ? "," : "",
+                               dh);
             else
                 kvo_buf_printf(&j, "%s%" PRIu64, i > from ? "," : "",
-                               form == H_LOW64 ? low64_hex(dh) : first64_hex(dh));
+                               form == H_LOW64 ? low64_hex(dh)
+                                               : first64_hex(dh));
             if (i == 0) snprintf(hx[0], sizeof(hx[0]), "%s", dh);
         }
         if (part == 0) {
             kvo_buf_printf(&j, "], \"parent_block_hash\": null");
         } else {
             if (form == H_BYTES)
-                kvo_buf_printf(&j, "], \"parent_block_hash\": {\"bin\": \"%s\"}",
-                               hx[0]);
+                kvo_buf_printf(
+                    &j, "], \"parent_block_hash\": {\"bin\": \"%s\"}", hx[0]);
             else
                 kvo_buf_printf(&j, "], \"parent_block_hash\": %" PRIu64,
                                form == H_LOW64 ? low64_hex(hx[0])
@@ -1346,11 +1359,13 @@ static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
         }
         kvo_buf_printf(&j, ", \"token_ids\": [");
         for (size_t k = from * (size_t)bs; k < to * (size_t)bs; k++)
-            kvo_buf_printf(&j, "%s%" PRIu64, k > from * (size_t)bs ? "," : "",
-                           json_object_get_uint64(json_object_array_get_idx(toks, k)));
+            kvo_buf_printf(
+                &j, "%s%" PRIu64, k > from * (size_t)bs ? "," : "",
+                json_object_get_uint64(json_object_array_get_idx(toks, k)));
         kvo_buf_printf(&j, "], \"block_size\": %d, \"medium\": \"GPU\"", bs);
         if (lora)
-            kvo_buf_printf(&j, ", \"lora_name\": \"%s\"", json_object_get_string(lora));
+            kvo_buf_printf(&j, ", \"lora_name\": \"%s\"",
+                           json_object_get_string(lora));
         kvo_buf_printf(&j, ", \"extra_keys\": [");
         for (size_t i = from; i < to; i++) {
             const char *sep = i > from ? "," : "";
@@ -1385,7 +1400,8 @@ static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
 }
 
 START_TEST(engine_hash_verification_passes_good_streams_and_catches_first8) {
-    json_object *root = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
+    json_object *root =
+        kt_load_json("tests/data/vectors/hash/hash_vectors.json");
     json_object *cases;
     json_object_object_get_ex(root, "engine_hash_cases", &cases);
     size_t checked = 0;
@@ -1398,8 +1414,9 @@ START_TEST(engine_hash_verification_passes_good_streams_and_catches_first8) {
         relay_pipe_cfg cfg;
         tr_cfg_default(&cfg);
         cfg.verify = true;
-        ck_assert_int_eq(wire_algo_parse(json_object_get_string(v),
-                                         &cfg.verify_algo), KVO_OK);
+        ck_assert_int_eq(
+            wire_algo_parse(json_object_get_string(v), &cfg.verify_algo),
+            KVO_OK);
         json_object_object_get_ex(cs, "seed", &v);
         cfg.hash_seed = json_object_get_string(v);
         json_object_object_get_ex(cs, "block_size", &v);
@@ -1417,8 +1434,9 @@ START_TEST(engine_hash_verification_passes_good_streams_and_catches_first8) {
             tr_live(&t, 0, 1, &b);
             tr_flush(&t);
             relay_stats *s = tr_stats(&t);
-            ck_assert_msg(s->hash_verified == nb, "%s form %d: verified %" PRIu64,
-                          name, form, s->hash_verified);
+            ck_assert_msg(s->hash_verified == nb,
+                          "%s form %d: verified %" PRIu64, name, form,
+                          s->hash_verified);
             ck_assert_uint_eq(s->hash_unknown_parent, 0);
             ck_assert_uint_eq(s->hash_unsupported, 0);
             if (form == H_FIRST8) {
@@ -1487,12 +1505,13 @@ START_TEST(stats_render_as_json_and_prometheus) {
     kvo_buf_init(&prom);
     ck_assert_int_eq(relay_stats_to_prom(s, &prom), KVO_OK);
     kvo_buf_cstr(&prom);
-    ck_assert_ptr_nonnull(strstr((char *)prom.data, "\nkvo_relay_gaps_total 1\n"));
-    ck_assert_ptr_nonnull(strstr(
-        (char *)prom.data,
-        "kvo_relay_replay_failures_total{kind=\"no_endpoint\"} 1\n"));
-    ck_assert_ptr_nonnull(strstr((char *)prom.data,
-                                 "kvo_relay_cleared_emitted_total 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr((char *)prom.data, "\nkvo_relay_gaps_total 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr((char *)prom.data,
+               "kvo_relay_replay_failures_total{kind=\"no_endpoint\"} 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr((char *)prom.data, "kvo_relay_cleared_emitted_total 1\n"));
     kvo_buf_fini(&prom);
     tr_fini(&t);
 }
@@ -1528,13 +1547,13 @@ START_TEST(prometheus_text_keeps_its_lines) {
               "# TYPE kvo_relay_decode_errors_total counter\n"
               "kvo_relay_decode_errors_total{kind=\"ENOMEM\"} 2\n"
               "kvo_relay_decode_errors_total{kind=\"EINVAL\"} 0\n"));
-    ck_assert_ptr_nonnull(strstr(
-        text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
-              "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
-    ck_assert_ptr_nonnull(strstr(
-        text, "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
-              "# TYPE kvo_relay_nats_connected gauge\n"
-              "kvo_relay_nats_connected 1\n"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "\nkvo_relay_rejects_total{kind=\"block_size\"} 0\n"
+                     "kvo_relay_rejects_total{kind=\"medium\"} 5\n"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "\n# HELP kvo_relay_nats_connected 1 when NATS is up\n"
+                     "# TYPE kvo_relay_nats_connected gauge\n"
+                     "kvo_relay_nats_connected 1\n"));
     static const char last[] =
         "\n# HELP kvo_relay_ring_bytes envelope bytes kept for recovery "
         "requests\n"
@@ -1608,23 +1627,30 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, a_replay_request_that_cannot_be_sent_clears_and_goes_on);
     tcase_add_test(tc, replay_from_start_publishes_cleared_then_replays);
     tcase_add_test(tc, full_live_buffer_drops_then_replays_the_rest);
-    tcase_add_test(tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
-    tcase_add_test(tc,
-                   a_live_batch_behind_a_replay_is_a_restart_unless_it_is_the_same);
+    tcase_add_test(
+        tc, a_failure_with_nothing_forwarded_publishes_no_second_cleared);
+    tcase_add_test(
+        tc, a_live_batch_behind_a_replay_is_a_restart_unless_it_is_the_same);
     suite_add_tcase(s, tc);
     tc = tcase_create("link");
-    tcase_add_test(tc, a_sub_back_after_a_loss_replays_from_the_last_batch_applied);
-    tcase_add_test(tc, a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer);
     tcase_add_test(tc,
-                   a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed);
-    tcase_add_test(tc, a_replay_that_drops_after_progress_is_asked_again_not_oversize);
+                   a_sub_back_after_a_loss_replays_from_the_last_batch_applied);
     tcase_add_test(tc,
-                   an_engine_that_restarted_while_idle_and_holds_nothing_is_cleared);
-    tcase_add_test(tc, an_engine_that_restarted_and_published_answers_other_bytes);
+                   a_sub_back_during_a_replay_asks_again_and_keeps_the_buffer);
+    tcase_add_test(
+        tc,
+        a_batch_that_breaks_the_replay_twice_is_oversize_cleared_and_passed);
+    tcase_add_test(
+        tc, a_replay_that_drops_after_progress_is_asked_again_not_oversize);
+    tcase_add_test(
+        tc, an_engine_that_restarted_while_idle_and_holds_nothing_is_cleared);
+    tcase_add_test(tc,
+                   an_engine_that_restarted_and_published_answers_other_bytes);
     tcase_add_test(tc, a_first_reply_past_the_last_batch_applied_is_no_restart);
     tcase_add_test(tc, a_probe_whose_replay_breaks_twice_is_a_restart);
     tcase_add_test(tc, a_new_run_seen_live_during_a_probe_is_one_restart);
-    tcase_add_test(tc, without_the_last_batch_applied_the_replay_starts_at_next);
+    tcase_add_test(tc,
+                   without_the_last_batch_applied_the_replay_starts_at_next);
     suite_add_tcase(s, tc);
     tc = tcase_create("dedup");
     tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);
@@ -1643,7 +1669,8 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, token_ids_beyond_u32_are_rejected_never_truncated);
     suite_add_tcase(s, tc);
     tc = tcase_create("verify");
-    tcase_add_test(tc, engine_hash_verification_passes_good_streams_and_catches_first8);
+    tcase_add_test(
+        tc, engine_hash_verification_passes_good_streams_and_catches_first8);
     tcase_add_test(tc, unknown_parent_digest_is_counted_not_a_mismatch);
     suite_add_tcase(s, tc);
     tc = tcase_create("stats");

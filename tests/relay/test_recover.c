@@ -254,9 +254,9 @@ START_TEST(the_state_follows_a_reference_model) {
             b->tokens = hash * 31 + parent;
         } else if (op < 99) {
             mblock *b = m_find(m, n, rank, tier, hash);
-            kvo_map_dec_result want =
-                !b ? KVO_MAP_ABSENT
-                   : b->copies > 1 ? KVO_MAP_HELD : KVO_MAP_GONE;
+            kvo_map_dec_result want = !b              ? KVO_MAP_ABSENT
+                                      : b->copies > 1 ? KVO_MAP_HELD
+                                                      : KVO_MAP_GONE;
             ck_assert_int_eq(relay_state_remove(r, tier, hash), want);
             if (b && --b->copies == 0) *b = m[--n];
         } else {
@@ -265,8 +265,7 @@ START_TEST(the_state_follows_a_reference_model) {
                 if (m[i].rank == rank) m[i] = m[--n];
         }
         mblock *b = m_find(m, n, rank, tier, hash);
-        ck_assert_uint_eq(relay_state_copies(r, tier, hash),
-                          b ? b->copies : 0);
+        ck_assert_uint_eq(relay_state_copies(r, tier, hash), b ? b->copies : 0);
         uint64_t blocks, bytes;
         relay_state_size(s, &blocks, &bytes);
         ck_assert_uint_eq(blocks, n);
@@ -283,8 +282,8 @@ START_TEST(the_state_costs_a_bounded_number_of_bytes_per_block) {
     relay_state *s = state_new();
     relay_state_rank *r = rank_of(s, 0);
     for (uint64_t i = 1; i <= 100000; i++)
-        ck_assert_int_eq(relay_state_store(r, WIRE_TIER_DEVICE, i,
-                                           i % 10 != 1, i - 1, i * 3),
+        ck_assert_int_eq(relay_state_store(r, WIRE_TIER_DEVICE, i, i % 10 != 1,
+                                           i - 1, i * 3),
                          KVO_OK);
     uint64_t blocks, bytes;
     relay_state_size(s, &blocks, &bytes);
@@ -517,22 +516,21 @@ START_TEST(too_new_before_the_first_envelope_and_beyond_the_last) {
     tr_replies rep;
     tr_replies_init(&rep);
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD, &rep, &out),
+        KVO_OK);
     ck_assert_int_eq(out.kind, WIRE_REPLY_TOO_NEW);
     ck_assert_uint_eq(rep.n, 1);
     ck_assert_int_eq(rep.v[0].kind, WIRE_REPLY_TOO_NEW);
     ck_assert(!rep.v[0].end.has_as_of); /* last_sequence: null */
     traffic(&t, 0, 3);
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 3}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 3}", BIG_PAYLOAD, &rep, &out),
+        KVO_OK);
     ck_assert_int_eq(out.kind, WIRE_REPLY_TOO_NEW);
     ck_assert(rep.v[0].end.has_as_of);
     ck_assert_uint_eq(rep.v[0].end.as_of, 2);
-    ck_assert_str_eq((const char *)rep.v[0].raw.data,
-                     "{\"last_sequence\":2}");
+    ck_assert_str_eq((const char *)rep.v[0].raw.data, "{\"last_sequence\":2}");
     ck_assert_uint_eq(tr_stats(&t)->recovery_requests[RELAY_too_new], 2);
     ck_assert_uint_eq(relay_stats_recovery_requests(tr_stats(&t)), 2);
     tr_replies_fini(&rep);
@@ -548,9 +546,9 @@ START_TEST(events_are_the_ring_envelopes_byte_for_byte) {
     tr_replies rep;
     tr_replies_init(&rep);
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 7}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 7}", BIG_PAYLOAD, &rep, &out),
+        KVO_OK);
     ck_assert_int_eq(out.kind, WIRE_REPLY_EVENTS);
     ck_assert_uint_eq(out.sent, 5);
     ck_assert_uint_eq(rep.n, 6);
@@ -575,9 +573,9 @@ START_TEST(events_are_the_ring_envelopes_byte_for_byte) {
     ck_assert_uint_eq(s->ring_envelopes, 12);
     ck_assert_uint_gt(s->ring_bytes, 0);
     /* the last one alone */
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 11}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 11}", BIG_PAYLOAD, &rep, &out),
+        KVO_OK);
     ck_assert_uint_eq(out.sent, 1);
     tr_replies_fini(&rep);
     tr_fini(&t);
@@ -656,9 +654,8 @@ START_TEST(a_dump_publishes_what_is_pending_first) {
     tr_replies rep;
     tr_replies_init(&rep);
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep,
-                                &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep, &out), KVO_OK);
     ck_assert_uint_eq(rep.n, 1);
     ck_assert_int_eq(rep.v[0].kind, WIRE_REPLY_END);
     ck_assert(!rep.v[0].end.has_as_of);
@@ -668,9 +665,8 @@ START_TEST(a_dump_publishes_what_is_pending_first) {
     tr_live_tag(&t, 1, 0, 1);
     tr_live_tag(&t, 1, 1, 2);
     ck_assert_uint_eq(t.n, 0); /* pending */
-    ck_assert_int_eq(tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep,
-                                &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep, &out), KVO_OK);
     ck_assert_uint_eq(t.n, 1);
     ck_assert_uint_eq(out.as_of, 0);
     ck_assert_uint_eq(out.blocks, 2);
@@ -712,9 +708,8 @@ START_TEST(a_block_whose_parent_is_gone_is_dumped_under_the_root) {
     tr_replies rep;
     tr_replies_init(&rep);
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep,
-                                &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep, &out), KVO_OK);
     ck_assert_uint_eq(out.blocks, 2);
     ck_assert_uint_eq(out.orphans, 1);
     ck_assert_uint_eq(tr_stats(&t)->dump_orphans, 1);
@@ -751,9 +746,9 @@ START_TEST(a_sequence_missing_from_the_ring_is_answered_with_a_dump) {
     tr_replies rep;
     tr_replies_init(&rep);
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_OK);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD, &rep, &out),
+        KVO_OK);
     ck_assert_int_eq(out.kind, WIRE_REPLY_DUMP);
     ck_assert_uint_eq(out.as_of, 1);
     ck_assert_uint_eq(out.blocks, 201);
@@ -767,8 +762,14 @@ START_TEST(bad_requests_are_counted_and_get_no_answer) {
     tr_init(&t, NULL, 1, true);
     traffic(&t, 0, 2);
     static const char *const bad[] = {
-        "", "{", "[]", "{\"from_sequence\": -1}", "{\"from_sequence\": 1.5}",
-        "{\"dump\": 1}", "{}", "{\"from_sequence\": 18446744073709551616}",
+        "",
+        "{",
+        "[]",
+        "{\"from_sequence\": -1}",
+        "{\"from_sequence\": 1.5}",
+        "{\"dump\": 1}",
+        "{}",
+        "{\"from_sequence\": 18446744073709551616}",
         "{\"from_sequence\": 1} x"};
     tr_replies rep;
     tr_replies_init(&rep);
@@ -809,9 +810,9 @@ START_TEST(a_reply_that_cannot_be_sent_abandons_the_stream) {
     tr_replies_init(&rep);
     rep.fail_at = 2;
     relay_recovery out;
-    ck_assert_int_eq(tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD,
-                                &rep, &out),
-                     KVO_EAGAIN);
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"from_sequence\": 0}", BIG_PAYLOAD, &rep, &out),
+        KVO_EAGAIN);
     ck_assert_uint_eq(rep.n, 2); /* no end */
     ck_assert_uint_eq(out.sent, 2);
     rep.fail_at = 1;
@@ -836,22 +837,24 @@ Suite *suite_recover(void) {
     tcase_add_test(tc, the_state_costs_a_bounded_number_of_bytes_per_block);
     suite_add_tcase(s, tc);
     tc = tcase_create("ring");
-    tcase_add_test(tc, the_ring_keeps_the_last_envelopes_within_count_and_bytes);
+    tcase_add_test(tc,
+                   the_ring_keeps_the_last_envelopes_within_count_and_bytes);
     tcase_add_test(tc, an_envelope_the_ring_cannot_keep_empties_it);
     suite_add_tcase(s, tc);
     tc = tcase_create("dump");
-    tcase_add_test(tc,
-                   a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark);
+    tcase_add_test(
+        tc, a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark);
     tcase_add_test(tc, a_dump_that_cannot_fit_a_block_or_be_sent_stops);
     suite_add_tcase(s, tc);
     tc = tcase_create("answers");
     tcase_add_test(tc, too_new_before_the_first_envelope_and_beyond_the_last);
     tcase_add_test(tc, events_are_the_ring_envelopes_byte_for_byte);
-    tcase_add_test(tc,
-                   an_evicted_sequence_or_a_dump_request_gets_a_dump_of_the_index);
+    tcase_add_test(
+        tc, an_evicted_sequence_or_a_dump_request_gets_a_dump_of_the_index);
     tcase_add_test(tc, a_dump_publishes_what_is_pending_first);
     tcase_add_test(tc, a_block_whose_parent_is_gone_is_dumped_under_the_root);
-    tcase_add_test(tc, a_sequence_missing_from_the_ring_is_answered_with_a_dump);
+    tcase_add_test(tc,
+                   a_sequence_missing_from_the_ring_is_answered_with_a_dump);
     tcase_add_test(tc, bad_requests_are_counted_and_get_no_answer);
     tcase_add_test(tc, a_reply_that_cannot_be_sent_abandons_the_stream);
     suite_add_tcase(s, tc);

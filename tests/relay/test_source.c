@@ -82,9 +82,12 @@ static void *pub_bind(void *zctx, const char *ep) {
 
 static relay_source *source_new(void *zctx, const char *ep,
                                 const char *replay) {
-    relay_source_cfg cfg = {.endpoint = ep, .topic = "",
-                            .replay_endpoint = replay, .hwm = 1000,
-                            .max_msg_bytes = MAX_MSG, .linger_ms = 0};
+    relay_source_cfg cfg = {.endpoint = ep,
+                            .topic = "",
+                            .replay_endpoint = replay,
+                            .hwm = 1000,
+                            .max_msg_bytes = MAX_MSG,
+                            .linger_ms = 0};
     relay_source *s = NULL;
     ck_assert_int_eq(relay_source_new(&s, zctx, &cfg), KVO_OK);
     return s;
@@ -174,11 +177,10 @@ START_TEST(a_replay_connection_is_down_only_after_its_handshake) {
         ck_assert_int_eq(w, RELAY_LINK_HANDSHAKE_FAILED);
         failed++;
     }
-    relay_source *b = source_new(zctx, tpub_endpoint(p),
-                                 tpub_replay_endpoint(p));
+    relay_source *b =
+        source_new(zctx, tpub_endpoint(p), tpub_replay_endpoint(p));
     ck_assert_int_eq(relay_source_replay_request(b, 0), KVO_OK);
-    ck_assert_int_eq(expect_link(b, RELAY_LINK_SUB_UP),
-                     RELAY_LINK_REPLAY_DOWN);
+    ck_assert_int_eq(expect_link(b, RELAY_LINK_SUB_UP), RELAY_LINK_REPLAY_DOWN);
     relay_source_free(a);
     relay_source_free(b);
     tproxy_free(shut);

@@ -268,9 +268,12 @@ static kvo_status keep_row(void *ctx, const wire_revent *ev) {
     rows *r = ctx;
     ck_assert_int_eq(kvo_grow(&r->v, &r->cap, r->n + 1, sizeof(*r->v), 64),
                      KVO_OK);
-    r->v[r->n++] = (row){ev->worker_id, ev->parent_hash,
-                         ev->blocks[0].block_hash, ev->blocks[0].tokens_hash,
-                         ev->dp_rank, ev->has_parent};
+    r->v[r->n++] = (row){ev->worker_id,
+                         ev->parent_hash,
+                         ev->blocks[0].block_hash,
+                         ev->blocks[0].tokens_hash,
+                         ev->dp_rank,
+                         ev->has_parent};
     return KVO_OK;
 }
 
@@ -414,15 +417,18 @@ void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
               uint32_t n) {
     sep(b);
     kvo_buf *j = &b->j;
-    ck_assert(kvo_buf_printf(j, "{\"type\": \"BlockStored\", \"block_hashes\": [") ==
-              KVO_OK);
+    ck_assert(
+        kvo_buf_printf(j, "{\"type\": \"BlockStored\", \"block_hashes\": [") ==
+        KVO_OK);
     for (uint32_t i = 0; i < n; i++)
-        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) == KVO_OK);
-    if (has_parent)
-        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": %" PRIu64, parent) ==
+        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) ==
                   KVO_OK);
+    if (has_parent)
+        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": %" PRIu64,
+                                 parent) == KVO_OK);
     else
-        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": null") == KVO_OK);
+        ck_assert(kvo_buf_printf(j, "], \"parent_block_hash\": null") ==
+                  KVO_OK);
     ck_assert(kvo_buf_printf(j, ", \"token_ids\": [") == KVO_OK);
     for (uint32_t i = 0; i < n; i++)
         for (uint32_t k = 0; k < 16; k++)
@@ -435,10 +441,12 @@ void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
 void tb_remove(tb *b, const uint64_t *h, uint32_t n) {
     sep(b);
     kvo_buf *j = &b->j;
-    ck_assert(kvo_buf_printf(j, "{\"type\": \"BlockRemoved\", \"block_hashes\": [") ==
-              KVO_OK);
+    ck_assert(
+        kvo_buf_printf(j, "{\"type\": \"BlockRemoved\", \"block_hashes\": [") ==
+        KVO_OK);
     for (uint32_t i = 0; i < n; i++)
-        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) == KVO_OK);
+        ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) ==
+                  KVO_OK);
     ck_assert(kvo_buf_printf(j, "], \"medium\": \"GPU\"}") == KVO_OK);
 }
 
@@ -449,8 +457,8 @@ void tb_end(tb *b, int rank, kvo_buf *out) {
         ck_assert(kvo_buf_printf(&b->j, "], \"data_parallel_rank\": null}") ==
                   KVO_OK);
     else
-        ck_assert(kvo_buf_printf(&b->j, "], \"data_parallel_rank\": %d}", rank) ==
-                  KVO_OK);
+        ck_assert(kvo_buf_printf(&b->j, "], \"data_parallel_rank\": %d}",
+                                 rank) == KVO_OK);
     ck_assert(kvo_buf_cstr(&b->j) == KVO_OK);
     json_object *jo = json_tokener_parse((const char *)b->j.data);
     ck_assert_msg(jo != NULL, "bad test JSON: %s", (const char *)b->j.data);
@@ -491,8 +499,8 @@ struct tpub {
     volatile int stop;
 };
 
-static void send_frames(void *sock, const void *const *data,
-                        const size_t *len, int n) {
+static void send_frames(void *sock, const void *const *data, const size_t *len,
+                        int n) {
     for (int i = 0; i < n; i++)
         zmq_send(sock, data[i], len[i], i + 1 < n ? ZMQ_SNDMORE : 0);
 }
@@ -691,8 +699,8 @@ static void *fwd_thread(void *arg) {
             k++;
         }
         uint64_t seq;
-        if (k != 3 || wire_seq_get(zmq_msg_data(&part[1]), zmq_msg_size(&part[1]),
-                                   &seq) != KVO_OK)
+        if (k != 3 || wire_seq_get(zmq_msg_data(&part[1]),
+                                   zmq_msg_size(&part[1]), &seq) != KVO_OK)
             continue;
         bool drop = false;
         for (size_t i = 0; i < f->ndrop; i++) drop |= f->drop[i] == seq;
@@ -786,8 +794,8 @@ static void *proxy_thread(void *arg) {
         if (poll(pf, (nfds_t)n, 50) <= 0) continue;
         if (pf[0].revents & POLLIN) {
             int c = accept(p->lfd, NULL, NULL);
-            int u = c >= 0 && atomic_load(&p->open) ? connect_local(p->target)
-                                                    : -1;
+            int u =
+                c >= 0 && atomic_load(&p->open) ? connect_local(p->target) : -1;
             int slot = -1;
             for (int i = 0; i < PROXY_PAIRS && slot < 0; i++)
                 if (p->fd[i][0] < 0) slot = i;
@@ -807,7 +815,8 @@ static void *proxy_thread(void *arg) {
             ssize_t r = read(p->fd[i][k], buf, sizeof(buf));
             bool ok = r > 0;
             for (ssize_t off = 0; ok && off < r;) {
-                ssize_t w = write(p->fd[i][1 - k], buf + off, (size_t)(r - off));
+                ssize_t w =
+                    write(p->fd[i][1 - k], buf + off, (size_t)(r - off));
                 if (w <= 0 && errno != EINTR) ok = false;
                 if (w > 0) off += w;
             }
@@ -890,9 +899,9 @@ bool tsub_next(tsub *s, long timeout_ms, wire_plane_msg *m, bool *has_range,
         return false;
     kvo_err err;
     char buf[256];
-    kvo_status st = wire_plane_decode((const uint8_t *)natsMsg_GetData(msg),
-                                      (size_t)natsMsg_GetDataLength(msg), NULL,
-                                      m, &err);
+    kvo_status st =
+        wire_plane_decode((const uint8_t *)natsMsg_GetData(msg),
+                          (size_t)natsMsg_GetDataLength(msg), NULL, m, &err);
     ck_assert_msg(st == KVO_OK, "envelope: %s",
                   kvo_err_str(&err, buf, sizeof(buf)));
     const char *v = NULL;
@@ -922,18 +931,16 @@ bool treq_recover(natsConnection *nc, const char *subject, const char *body,
         natsMsg *m = NULL;
         if (natsSubscription_NextMsg(&m, sub, 50) != NATS_OK) continue;
         const char *kind = NULL, *range = NULL;
-        ck_assert_msg(natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) ==
-                          NATS_OK,
+        ck_assert_msg(natsMsgHeader_Get(m, WIRE_HDR_RECOVERY, &kind) == NATS_OK,
                       "a reply without %s", WIRE_HDR_RECOVERY);
         wire_reply_kind k;
-        ck_assert_msg(wire_reply_kind_parse(kind, &k) == KVO_OK,
-                      "%s: %s", WIRE_HDR_RECOVERY, kind);
+        ck_assert_msg(wire_reply_kind_parse(kind, &k) == KVO_OK, "%s: %s",
+                      WIRE_HDR_RECOVERY, kind);
         uint64_t first = 0, last = 0;
         bool hr = natsMsgHeader_Get(m, WIRE_HDR_ZMQ_SEQ, &range) == NATS_OK;
         if (hr)
-            ck_assert_int_eq(sscanf(range, "%" SCNu64 "-%" SCNu64, &first,
-                                    &last),
-                             2);
+            ck_assert_int_eq(
+                sscanf(range, "%" SCNu64 "-%" SCNu64, &first, &last), 2);
         tr_reply_keep(out, k, hr, first, last,
                       (const uint8_t *)natsMsg_GetData(m),
                       (size_t)natsMsg_GetDataLength(m));
@@ -1131,7 +1138,8 @@ static void mdel(tmodel *m, uint32_t rank, uint64_t bh) {
     if (!t->bh[j]) return;
     t->bh[j] = 0;
     t->n--;
-    for (size_t k = (j + 1) & (t->cap - 1); t->bh[k]; k = (k + 1) & (t->cap - 1)) {
+    for (size_t k = (j + 1) & (t->cap - 1); t->bh[k];
+         k = (k + 1) & (t->cap - 1)) {
         uint64_t b = t->bh[k], h = t->th[k];
         t->bh[k] = 0;
         t->n--;
@@ -1154,7 +1162,8 @@ void tmodel_apply(tmodel *m, const wire_plane_msg *msg) {
             m->cleared++;
         }
         for (uint32_t k = 0; e->type == WIRE_R_STORED && k < e->n_blocks; k++)
-            mput(m, e->dp_rank, e->blocks[k].block_hash, e->blocks[k].tokens_hash);
+            mput(m, e->dp_rank, e->blocks[k].block_hash,
+                 e->blocks[k].tokens_hash);
         for (uint32_t k = 0; e->type == WIRE_R_REMOVED && k < e->n_removed; k++)
             mdel(m, e->dp_rank, e->removed[k]);
     }

@@ -115,9 +115,10 @@ size_t tr_stored(tr *t, uint64_t *out, size_t max);
 size_t tr_count(tr *t, wire_rtype type);
 /* The blocks stored so far are exactly those of the tagged batches given,
  * in this order: tr_expect_tags(&t, 0, 1, 2, 7). */
-#define tr_expect_tags(t, ...)                                                \
-    tr_expect_tags_((t), (const uint64_t[]){__VA_ARGS__},                     \
-                    sizeof((const uint64_t[]){__VA_ARGS__}) / sizeof(uint64_t))
+#define tr_expect_tags(t, ...)                                                 \
+    tr_expect_tags_((t), (const uint64_t[]){__VA_ARGS__},                      \
+                    sizeof((const uint64_t[]){__VA_ARGS__}) /                  \
+                        sizeof(uint64_t))
 void tr_expect_tags_(tr *t, const uint64_t *tags, size_t n);
 
 /* ---- batch payloads --------------------------------------------------------*/

@@ -89,8 +89,8 @@ uint8_t *kt_unhex(const char *hex, size_t *len) {
 #define KT_MAX_TMPDIRS 256
 
 static struct {
-    pid_t owner;      /* the process these belong to (0: none yet) */
-    int fd;           /* write end of the watcher's pipe */
+    pid_t owner; /* the process these belong to (0: none yet) */
+    int fd;      /* write end of the watcher's pipe */
     char *dirs[KT_MAX_TMPDIRS];
     size_t n;
 } tmps = {0, -1, {NULL}, 0};

@@ -42,7 +42,7 @@ void kt_guard_release(kt_guard *g); /* no-op when not started */
 typedef struct kt_nats {
     kvo_proc proc;
     uint16_t port;
-    char url[64];     /* nats://127.0.0.1:<port> */
+    char url[64]; /* nats://127.0.0.1:<port> */
     char dir[512];
     kt_guard guard;
     const char *const *extra; /* more nats-server arguments, or NULL */

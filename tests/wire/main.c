@@ -12,14 +12,8 @@ Suite *suite_fuzz_replay(void);
 
 int main(int argc, char **argv) {
     static kt_suite_fn *const suites[] = {
-        suite_hash,
-        suite_plane,
-        suite_capture,
-        suite_batch,
-        suite_hostile,
-        suite_tool,
-        suite_recovery,
-        suite_fuzz_replay,
+        suite_hash,    suite_plane, suite_capture,  suite_batch,
+        suite_hostile, suite_tool,  suite_recovery, suite_fuzz_replay,
     };
     return kt_main(argc, argv, suites, KVO_ARRAY_LEN(suites));
 }

@@ -91,8 +91,7 @@ bool wt_json_same(json_object *a, json_object *b, char *why, size_t n,
         }
         return true;
     }
-    default:
-        return true;
+    default: return true;
     }
     snprintf(why, n, "%s: %s vs %s", path, json_object_to_json_string(a),
              json_object_to_json_string(b));
@@ -159,9 +158,7 @@ static void load_cases(void) {
     json_object_put(all);
 }
 
-static void put_cases(void) {
-    json_object_put(cases);
-}
+static void put_cases(void) { json_object_put(cases); }
 
 static void assert_fields(const wire_batch *b, json_object *c) {
     json_object *got;
@@ -484,8 +481,7 @@ START_TEST(token_ids_of_any_int_width_are_read_and_negatives_rejected) {
     kvo_err err;
     ck_assert(decode_mp(&m, &b, &err) == KVO_OK);
     ck_assert_uint_eq(b.events[0].n_tokens, 10);
-    for (int i = 0; i < 9; i++)
-        ck_assert(b.events[0].token_ids[i] == 5);
+    for (int i = 0; i < 9; i++) ck_assert(b.events[0].token_ids[i] == 5);
     ck_assert(b.events[0].token_ids[9] == UINT64_MAX);
     kvo_buf_fini(&m.b);
 
@@ -690,7 +686,9 @@ START_TEST(encoder_refuses_a_bytes_parent_without_its_bytes) {
     /* The block hashes were checked; a parent that claims bytes it does
      * not have was copied from NULL. */
     wire_hash h = {WIRE_HASH_UINT, 0, 7, NULL};
-    wire_event e = {.type = WIRE_EV_STORED, .n_hashes = 1, .hashes = &h,
+    wire_event e = {.type = WIRE_EV_STORED,
+                    .n_hashes = 1,
+                    .hashes = &h,
                     .parent = {WIRE_HASH_BYTES, 32, 0, NULL}};
     wire_batch b = {.batch_len = 3, .n_events = 1, .events = &e};
     kvo_buf out;
@@ -853,89 +851,50 @@ static void ref_field(ref_enc *w, const wire_event *e, int f) {
     static const char *const types[] = {"", "BlockStored", "BlockRemoved",
                                         "AllBlocksCleared"};
     switch (f) {
-    case R_TYPE:
-        ref_cstr(w, types[e->type]);
-        break;
+    case R_TYPE: ref_cstr(w, types[e->type]); break;
     case R_HASHES:
         msgpack_pack_array(&w->pk, e->n_hashes);
-        for (uint32_t i = 0; i < e->n_hashes; i++)
-            ref_hash(w, &e->hashes[i]);
+        for (uint32_t i = 0; i < e->n_hashes; i++) ref_hash(w, &e->hashes[i]);
         break;
-    case R_PARENT:
-        ref_hash(w, &e->parent);
-        break;
+    case R_PARENT: ref_hash(w, &e->parent); break;
     case R_TOKENS:
         msgpack_pack_array(&w->pk, e->n_tokens);
         for (uint32_t i = 0; i < e->n_tokens; i++)
             msgpack_pack_uint64(&w->pk, e->token_ids[i]);
         break;
-    case R_BLOCK_SIZE:
-        ref_int(w, e->block_size);
-        break;
-    case R_LORA_ID:
-        ref_int(w, e->lora_id);
-        break;
-    case R_MEDIUM:
-        ref_str(w, e->medium);
-        break;
+    case R_BLOCK_SIZE: ref_int(w, e->block_size); break;
+    case R_LORA_ID: ref_int(w, e->lora_id); break;
+    case R_MEDIUM: ref_str(w, e->medium); break;
     case R_LORA_NAME:
         if (e->metadata.p && w->fmt >= WIRE_FMT_ARRAY_V0_9_0)
             ref_raw(w, e->metadata);
         else
             ref_str(w, e->lora_name);
         break;
-    case R_EXTRA_KEYS:
-        ref_raw(w, e->extra_keys);
-        break;
-    case R_GROUP_IDX:
-        ref_int(w, e->group_idx);
-        break;
-    case R_SPEC_KIND:
-        ref_str(w, e->kv_cache_spec_kind);
-        break;
-    case R_SPEC_WINDOW:
-        ref_int(w, e->kv_cache_spec_sliding_window);
-        break;
-    case R_LOCALITY:
-        ref_str(w, e->locality);
-        break;
-    case R_OWNERSHIP:
-        ref_str(w, e->ownership);
-        break;
-    case R_SESSION_ID:
-        ref_str(w, e->session_id);
-        break;
-    case R_CACHE_SALT:
-        ref_str(w, e->cache_salt);
-        break;
-    default:
-        ref_str(w, e->origin);
-        break;
+    case R_EXTRA_KEYS: ref_raw(w, e->extra_keys); break;
+    case R_GROUP_IDX: ref_int(w, e->group_idx); break;
+    case R_SPEC_KIND: ref_str(w, e->kv_cache_spec_kind); break;
+    case R_SPEC_WINDOW: ref_int(w, e->kv_cache_spec_sliding_window); break;
+    case R_LOCALITY: ref_str(w, e->locality); break;
+    case R_OWNERSHIP: ref_str(w, e->ownership); break;
+    case R_SESSION_ID: ref_str(w, e->session_id); break;
+    case R_CACHE_SALT: ref_str(w, e->cache_salt); break;
+    default: ref_str(w, e->origin); break;
     }
 }
 
 static bool ref_set(const wire_event *e, int f) {
     switch (f) {
-    case R_EXTRA_KEYS:
-        return e->extra_keys.p;
-    case R_GROUP_IDX:
-        return e->group_idx.set;
-    case R_SPEC_KIND:
-        return e->kv_cache_spec_kind.p;
-    case R_SPEC_WINDOW:
-        return e->kv_cache_spec_sliding_window.set;
-    case R_LOCALITY:
-        return e->locality.p;
-    case R_OWNERSHIP:
-        return e->ownership.p;
-    case R_SESSION_ID:
-        return e->session_id.p;
-    case R_CACHE_SALT:
-        return e->cache_salt.p;
-    case R_ORIGIN:
-        return e->origin.p;
-    default:
-        return true;
+    case R_EXTRA_KEYS: return e->extra_keys.p;
+    case R_GROUP_IDX: return e->group_idx.set;
+    case R_SPEC_KIND: return e->kv_cache_spec_kind.p;
+    case R_SPEC_WINDOW: return e->kv_cache_spec_sliding_window.set;
+    case R_LOCALITY: return e->locality.p;
+    case R_OWNERSHIP: return e->ownership.p;
+    case R_SESSION_ID: return e->session_id.p;
+    case R_CACHE_SALT: return e->cache_salt.p;
+    case R_ORIGIN: return e->origin.p;
+    default: return true;
     }
 }
 
@@ -944,8 +903,7 @@ static void ref_map_event(ref_enc *w, const wire_event *e, unsigned flags) {
     size_t n_all = 1, n_req = 1;
     all[0] = R_TYPE;
     if (e->type == WIRE_EV_STORED) {
-        for (int f = 0; f < R_COUNT; f++)
-            all[f] = f;
+        for (int f = 0; f < R_COUNT; f++) all[f] = f;
         n_all = R_COUNT, n_req = 8;
     } else if (e->type == WIRE_EV_REMOVED) {
         memcpy(all, ref_map_removed, sizeof(ref_map_removed));
@@ -1032,9 +990,7 @@ static uint64_t diff_next(void) {
     return z ^ z >> 31;
 }
 
-static bool one_in(uint64_t n) {
-    return diff_next() % n == 0;
-}
+static bool one_in(uint64_t n) { return diff_next() % n == 0; }
 
 /* lo, hi, or anything between (boundaries a third of the time each). */
 static uint64_t in_range(uint64_t lo, uint64_t hi) {
@@ -1173,24 +1129,18 @@ static void random_event(wire_batch *b, wire_event *e, diff_seen *seen) {
     if (one_in(200)) {
         seen->invalid++;
         switch (diff_next() % 5) {
-        case 0:
-            e->type = (wire_ev_type)(one_in(2) ? 0 : 4);
-            break;
+        case 0: e->type = (wire_ev_type)(one_in(2) ? 0 : 4); break;
         case 1:
             e->n_hashes = 1 + e->n_hashes,
             e->hashes[e->n_hashes - 1] =
                 (wire_hash){WIRE_HASH_NONE, 0, 0, NULL};
             break;
-        case 2:
-            e->n_hashes = 1, e->hashes = NULL;
-            break;
+        case 2: e->n_hashes = 1, e->hashes = NULL; break;
         case 3:
             e->n_hashes = 1,
             e->hashes[0] = (wire_hash){WIRE_HASH_BYTES, 3, 0, NULL};
             break;
-        default:
-            e->n_tokens = 1, e->token_ids = NULL;
-            break;
+        default: e->n_tokens = 1, e->token_ids = NULL; break;
         }
     }
 }
@@ -1199,8 +1149,7 @@ START_TEST(encoder_equals_msgpack_c_packer_on_random_batches) {
     const uint64_t seed = 20260419;
     diff_rng = seed;
     fprintf(stderr, "batch: encoder differential seed %" PRIu64 "\n", seed);
-    for (size_t i = 0; i < POOL_BYTES; i++)
-        diff_pool[i] = (uint8_t)diff_next();
+    for (size_t i = 0; i < POOL_BYTES; i++) diff_pool[i] = (uint8_t)diff_next();
     diff_seen seen = {0};
     long formats[WIRE_FMT_COUNT] = {0}, reversed = 0, map16 = 0;
     wire_batch b;
@@ -1253,8 +1202,7 @@ START_TEST(encoder_equals_msgpack_c_packer_on_random_batches) {
             if (f == WIRE_FMT_MAP_NEXT && b.events[e].type == WIRE_EV_STORED)
                 map16++;
     }
-    for (int f = 0; f < WIRE_FMT_COUNT; f++)
-        ck_assert_int_gt(formats[f], 1000);
+    for (int f = 0; f < WIRE_FMT_COUNT; f++) ck_assert_int_gt(formats[f], 1000);
     ck_assert_int_gt(reversed, 1000);
     ck_assert_int_gt(map16, 1000);
     ck_assert_int_gt(seen.str8, 0);

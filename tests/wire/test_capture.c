@@ -27,7 +27,9 @@ static void write_file(const char *path, const uint8_t *b, size_t n) {
 
 /* Three records: a ZMQ message (3 frames), a NATS message (2 frames, one
  * empty), a record with no frames. */
-static const char *z_topic = "kv", *z_payload = "\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\xc0";
+static const char *z_topic = "kv",
+                  *z_payload =
+                      "\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\xc0";
 static const uint8_t z_seq[8] = {0, 0, 0, 0, 0, 0, 0, 5};
 
 static void write_sample(const char *path) {
@@ -61,7 +63,8 @@ START_TEST(records_round_trip_with_exact_layout) {
     ck_assert(memcmp(bytes, "KVOCAP1\n", 8) == 0);
     /* unix ns big-endian, then the frame count, then [len BE][bytes]. */
     const uint8_t rec0[] = {0x17, 0x97, 0x9c, 0xfe, 0x3d, 0x85, 0xcd, 0x15,
-                            0, 0, 0, 3, 0, 0, 0, 2, 'k', 'v', 0, 0, 0, 8};
+                            0,    0,    0,    3,    0,    0,    0,    2,
+                            'k',  'v',  0,    0,    0,    8};
     ck_assert(memcmp(bytes + REC0, rec0, sizeof(rec0)) == 0);
     free(bytes);
 
@@ -72,16 +75,20 @@ START_TEST(records_round_trip_with_exact_layout) {
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
     ck_assert(rec.unix_ns == 1700000000123456789ull && rec.n_frames == 3);
     ck_assert_uint_eq(rec.offset, REC0);
-    ck_assert(rec.frames[0].len == 2 && memcmp(rec.frames[0].data, "kv", 2) == 0);
-    ck_assert(rec.frames[1].len == 8 && memcmp(rec.frames[1].data, z_seq, 8) == 0);
+    ck_assert(rec.frames[0].len == 2 &&
+              memcmp(rec.frames[0].data, "kv", 2) == 0);
+    ck_assert(rec.frames[1].len == 8 &&
+              memcmp(rec.frames[1].data, z_seq, 8) == 0);
     ck_assert(rec.frames[2].len == 12 &&
               memcmp(rec.frames[2].data, z_payload, 12) == 0);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
     ck_assert(rec.unix_ns == 2 && rec.n_frames == 2 && rec.offset == REC1);
-    ck_assert(rec.frames[0].len == 6 && memcmp(rec.frames[0].data, "subj.x", 6) == 0);
+    ck_assert(rec.frames[0].len == 6 &&
+              memcmp(rec.frames[0].data, "subj.x", 6) == 0);
     ck_assert(rec.frames[1].len == 0 && rec.frames[1].data != NULL);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_OK);
-    ck_assert(rec.unix_ns == UINT64_MAX && rec.n_frames == 0 && rec.offset == REC2);
+    ck_assert(rec.unix_ns == UINT64_MAX && rec.n_frames == 0 &&
+              rec.offset == REC2);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_EOF);
     ck_assert(wire_cap_next(r, &rec, &err) == KVO_EOF);
     wire_cap_free(r);
@@ -166,10 +173,12 @@ START_TEST(every_cut_of_a_file_reads_whole_records_then_etrunc_or_eof) {
         /* Records that end at or before the cut are read; then EOF when
          * the cut is on a boundary, else ETRUNC naming the partial record. */
         size_t expect_whole = 0;
-        while (expect_whole < 3 && recs[expect_whole + 1] <= cut) expect_whole++;
+        while (expect_whole < 3 && recs[expect_whole + 1] <= cut)
+            expect_whole++;
         ck_assert_uint_eq(whole, expect_whole);
         if (cut == recs[whole]) {
-            ck_assert_msg(st == KVO_EOF, "cut %zu: %s", cut, kvo_status_name(st));
+            ck_assert_msg(st == KVO_EOF, "cut %zu: %s", cut,
+                          kvo_status_name(st));
         } else {
             ck_assert_msg(st == KVO_ETRUNC, "cut %zu: %s", cut,
                           kvo_status_name(st));
@@ -232,10 +241,9 @@ END_TEST
 START_TEST(huge_frame_lengths_and_counts_are_refused_without_allocating) {
     char *path = cap_path("cap-huge");
     /* magic, ts, 1 frame, length 0xffffffff, 3 bytes */
-    uint8_t huge_len[] = {'K', 'V', 'O', 'C', 'A', 'P', '1', '\n',
-                          0,   0,   0,   0,   0,   0,   0,   1,
-                          0,   0,   0,   1,   0xff, 0xff, 0xff, 0xff,
-                          1,   2,   3};
+    uint8_t huge_len[] = {'K', 'V', 'O',  'C',  'A',  'P',  '1', '\n', 0,
+                          0,   0,   0,    0,    0,    0,    1,   0,    0,
+                          0,   1,   0xff, 0xff, 0xff, 0xff, 1,   2,    3};
     write_file(path, huge_len, sizeof(huge_len));
     wire_cap_reader *r;
     ck_assert(wire_cap_open(&r, path, NULL) == KVO_OK);
@@ -279,11 +287,15 @@ Suite *suite_capture(void) {
     Suite *s = suite_create("capture");
     TCase *tc = tcase_create("capture");
     tcase_add_test(tc, records_round_trip_with_exact_layout);
-    tcase_add_test(tc, big_frames_and_sixteen_frames_round_trip_reusing_one_buffer);
-    tcase_add_test(tc, every_cut_of_a_file_reads_whole_records_then_etrunc_or_eof);
-    tcase_add_test(tc, a_truncated_record_is_read_once_a_live_writer_completes_it);
+    tcase_add_test(tc,
+                   big_frames_and_sixteen_frames_round_trip_reusing_one_buffer);
+    tcase_add_test(tc,
+                   every_cut_of_a_file_reads_whole_records_then_etrunc_or_eof);
+    tcase_add_test(tc,
+                   a_truncated_record_is_read_once_a_live_writer_completes_it);
     tcase_add_test(tc, garbage_and_missing_files_are_refused_at_open);
-    tcase_add_test(tc, huge_frame_lengths_and_counts_are_refused_without_allocating);
+    tcase_add_test(
+        tc, huge_frame_lengths_and_counts_are_refused_without_allocating);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -83,7 +83,8 @@ static void assert_serialized(wire_algo a, const uint64_t *tok, size_t n,
 /* ---- shared vectors ------------------------------------------------------*/
 
 START_TEST(engine_hash_vectors_match_root_digest_and_low64_per_block) {
-    json_object *root = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
+    json_object *root =
+        kt_load_json("tests/data/vectors/hash/hash_vectors.json");
     json_object *cases = json_object_object_get(root, "engine_hash_cases");
     size_t nc = json_object_array_length(cases);
     ck_assert_uint_ge(nc, 36);
@@ -139,7 +140,8 @@ END_TEST
  * multimodal (identifier, offset) pairs and a salt, in vLLM's order; every
  * block's digest from the keys listed beside it. */
 START_TEST(engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks) {
-    json_object *root = kt_load_json("tests/data/vectors/hash/extra_keys_vectors.json");
+    json_object *root =
+        kt_load_json("tests/data/vectors/hash/extra_keys_vectors.json");
     json_object *cases = json_object_object_get(root, "cases");
     size_t nc = json_object_array_length(cases);
     ck_assert_uint_ge(nc, 36);
@@ -151,11 +153,13 @@ START_TEST(engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks) {
         const char *name = str_or_null(c, "name");
         wire_algo a;
         ck_assert(wire_algo_parse(str_or_null(c, "algo"), &a) == KVO_OK);
-        uint32_t bs = (uint32_t)json_object_get_int(json_object_object_get(c, "block_size"));
+        uint32_t bs = (uint32_t)json_object_get_int(
+            json_object_object_get(c, "block_size"));
         size_t n;
         uint64_t *tok = tokens_of(c, &n);
         wire_digest parent;
-        ck_assert(wire_engine_root(a, str_or_null(c, "seed"), &parent) == KVO_OK);
+        ck_assert(wire_engine_root(a, str_or_null(c, "seed"), &parent) ==
+                  KVO_OK);
         assert_digest_hex(&parent, str_or_null(c, "root_digest"), name);
         json_object *blocks = json_object_object_get(c, "blocks");
         for (size_t i = 0; i < json_object_array_length(blocks); i++) {
@@ -173,18 +177,22 @@ START_TEST(engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks) {
                 ck_assert_uint_le(n_mm, 8);
                 for (uint32_t k = 0; k < n_mm; k++) {
                     json_object *pair = json_object_array_get_idx(ml, k);
-                    mm[k].id = json_object_get_string(json_object_array_get_idx(pair, 0));
-                    mm[k].offset = json_object_get_int64(json_object_array_get_idx(pair, 1));
+                    mm[k].id = json_object_get_string(
+                        json_object_array_get_idx(pair, 0));
+                    mm[k].offset = json_object_get_int64(
+                        json_object_array_get_idx(pair, 1));
                 }
                 with_mm += n_mm > 0;
             }
             wire_digest d;
-            ck_assert(wire_engine_block_mm(a, &parent, tok + i * bs, bs, none ? NULL : &x,
-                                           mm, n_mm, &scratch, &d) == KVO_OK);
+            ck_assert(wire_engine_block_mm(a, &parent, tok + i * bs, bs,
+                                           none ? NULL : &x, mm, n_mm, &scratch,
+                                           &d) == KVO_OK);
             char what[160];
             snprintf(what, sizeof(what), "%s block %zu", name, i);
             assert_digest_hex(&d, str_or_null(bj, "digest"), what);
-            ck_assert(wire_digest_low64(&d) == u64_of(json_object_object_get(bj, "low64")));
+            ck_assert(wire_digest_low64(&d) ==
+                      u64_of(json_object_object_get(bj, "low64")));
             parent = d;
             checked++;
         }
@@ -198,7 +206,8 @@ START_TEST(engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks) {
 END_TEST
 
 START_TEST(router_hash_vectors_match_seed_and_every_full_block) {
-    json_object *root = kt_load_json("tests/data/vectors/hash/hash_vectors.json");
+    json_object *root =
+        kt_load_json("tests/data/vectors/hash/hash_vectors.json");
     json_object *cases = json_object_object_get(root, "router_hash_cases");
     size_t nc = json_object_array_length(cases);
     ck_assert_uint_ge(nc, 9);
@@ -255,8 +264,9 @@ START_TEST(router_lora_and_salt_move_the_seed_not_the_bytes) {
     ck_assert(wire_router_seed("x", 1, NULL, 0) !=
               wire_router_seed(NULL, 0, "x", 1));
     ck_assert(wire_router_hash(t, 4, s_l) != wire_router_hash(t, 4, s_s));
-    ck_assert(wire_router_hash(t, 4, s_l) ==
-              XXH3_64bits_withSeed("\1\0\0\0\2\0\0\0\3\0\0\0\4\0\0\0", 16, s_l));
+    ck_assert(
+        wire_router_hash(t, 4, s_l) ==
+        XXH3_64bits_withSeed("\1\0\0\0\2\0\0\0\3\0\0\0\4\0\0\0", 16, s_l));
 }
 END_TEST
 
@@ -325,10 +335,9 @@ START_TEST(engine_extra_keys_order_and_salt_change_the_digest) {
     const uint64_t t[4] = {1, 2, 3, 4};
     for (int a = 0; a < WIRE_ALGO_COUNT; a++) {
         ck_assert(wire_engine_root((wire_algo)a, "0", &root) == KVO_OK);
-        ck_assert_uint_eq(root.len, a == WIRE_ALGO_SHA256 ||
-                                            a == WIRE_ALGO_SHA256_CBOR
-                                        ? 32
-                                        : 16);
+        ck_assert_uint_eq(
+            root.len,
+            a == WIRE_ALGO_SHA256 || a == WIRE_ALGO_SHA256_CBOR ? 32 : 16);
         wire_extra none = {NULL, NULL}, xl = {"a", NULL}, xs = {NULL, "a"},
                    xb = {"a", "b"}, xw = {"b", "a"};
         ck_assert(wire_engine_block(a, &root, t, 4, &none, NULL, &plain) == 0);
@@ -354,10 +363,9 @@ END_TEST
 START_TEST(pickle_ints_take_the_smallest_opcode_cpython_uses) {
     /* CPython 3.11: (P, (0, 255, 256, 65535, 65536, 2**31-1, 2**31, 2**32-1,
      * 2**32, 2**40, 2**63-1, 2**63, 2**64-1), None) */
-    const uint64_t t[] = {0,           255,         256,
-                          65535,       65536,       0x7fffffffull,
-                          0x80000000u, 0xffffffffu, 1ull << 32,
-                          1ull << 40,  INT64_MAX,   1ull << 63,
+    const uint64_t t[] = {0,          255,           256,         65535,
+                          65536,      0x7fffffffull, 0x80000000u, 0xffffffffu,
+                          1ull << 32, 1ull << 40,    INT64_MAX,   1ull << 63,
                           UINT64_MAX};
     assert_serialized(
         WIRE_ALGO_SHA256, t, KVO_ARRAY_LEN(t), NULL, NULL,
@@ -412,36 +420,58 @@ START_TEST(multimodal_keys_serialize_as_pairs_with_signed_offsets) {
         const wire_mm_key *mm;
         const char *hex;
     } cases[] = {
-        {WIRE_ALGO_SHA256, t, 3, {"lora", "salt"}, &img,
-         "8005954b000000000000004320000102030405060708090a0b0c0d0e0f101112131415"
-         "161718191a1b1c1d1e1f944b014b024b0387948c046c6f7261948c03696d67944afeff"
+        {WIRE_ALGO_SHA256,
+         t,
+         3,
+         {"lora", "salt"},
+         &img,
+         "8005954b000000000000004320000102030405060708090a0b0c0d0e0f10111213141"
+         "5"
+         "161718191a1b1c1d1e1f944b014b024b0387948c046c6f7261948c03696d67944afef"
+         "f"
          "ffff86948c0473616c7494879487942e"},
-        {WIRE_ALGO_SHA256_CBOR, t, 3, {"lora", "salt"}, &img,
-         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+        {WIRE_ALGO_SHA256_CBOR,
+         t,
+         3,
+         {"lora", "salt"},
+         &img,
+         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1"
+         "f"
          "8301020383646c6f72618263696d67216473616c74"},
-        {WIRE_ALGO_XXHASH, &seven, 1, {NULL, NULL}, &far,
-         "80059539000000000000004320000102030405060708090a0b0c0d0e0f101112131415"
+        {WIRE_ALGO_XXHASH,
+         &seven,
+         1,
+         {NULL, NULL},
+         &far,
+         "80059539000000000000004320000102030405060708090a0b0c0d0e0f10111213141"
+         "5"
          "161718191a1b1c1d1e1f944b0785948c0169948a05ffffff7fff8694859487942e"},
-        {WIRE_ALGO_XXHASH_CBOR, &seven, 1, {NULL, NULL}, &far,
-         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+        {WIRE_ALGO_XXHASH_CBOR,
+         &seven,
+         1,
+         {NULL, NULL},
+         &far,
+         "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1"
+         "f"
          "8107818261693a80000000"},
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
         kvo_buf b;
         kvo_buf_init(&b);
-        ck_assert(wire_engine_serialize_mm(cases[i].a, &p, cases[i].tok, cases[i].n,
-                                           &cases[i].x, cases[i].mm, 1, &b) == KVO_OK);
+        ck_assert(wire_engine_serialize_mm(cases[i].a, &p, cases[i].tok,
+                                           cases[i].n, &cases[i].x, cases[i].mm,
+                                           1, &b) == KVO_OK);
         char *h = hex_of(b.data, b.len);
-        ck_assert_msg(strcmp(h, cases[i].hex) == 0, "case %zu:\n got %s\nwant %s", i,
-                      h, cases[i].hex);
+        ck_assert_msg(strcmp(h, cases[i].hex) == 0,
+                      "case %zu:\n got %s\nwant %s", i, h, cases[i].hex);
         free(h);
         kvo_buf_fini(&b);
     }
     /* n_mm without items is a caller bug, refused */
     kvo_buf b;
     kvo_buf_init(&b);
-    ck_assert(wire_engine_serialize_mm(WIRE_ALGO_SHA256, &p, t, 3, NULL, NULL, 1, &b) ==
-              KVO_EINVAL);
+    ck_assert(wire_engine_serialize_mm(WIRE_ALGO_SHA256, &p, t, 3, NULL, NULL,
+                                       1, &b) == KVO_EINVAL);
     kvo_buf_fini(&b);
 }
 END_TEST
@@ -496,7 +526,8 @@ START_TEST(pickle_frames_split_at_64k_where_cpython_splits_them) {
         "6482b0bc04d493aad6ec02c47b3bd6335fa889fc7e8d8fbe033896fec4e11f50"};
     uint64_t *t = malloc(13101 * sizeof(*t));
     for (size_t i = 0; i < 13101; i++) t[i] = 70000 + i;
-    for (size_t k = 0; k < 3; k++) assert_block_sha256(t, ns[k], "ab", NULL, want[k]);
+    for (size_t k = 0; k < 3; k++)
+        assert_block_sha256(t, ns[k], "ab", NULL, want[k]);
     free(t);
 
     /* (P, (1, 2) + tuple(range(70000, 70000 + 13100)), ("ab",)): the frame
@@ -556,9 +587,12 @@ START_TEST(pickle_root_seed_strings_of_every_header_size) {
     } cases[] = {
         /* hashlib.sha256(pickle.dumps("s" * n, protocol=5)) */
         {0, "3279c4b947f331d055c47442171c9ea17712596bd7fe094c31d4a5d432b42d68"},
-        {300, "2b711bc62cb1e211c9d3ca5c41635662fdb84f7e1a2adac99d838824df265e0c"},
-        {65535, "bdded84786d264a6147835be09eaab1400af0408da66fc6b8771b9e215007b5e"},
-        {70000, "cab5007181919a68f31e6013fb7168f78cbc5eb85c469ea773b5c253c2059e85"},
+        {300,
+         "2b711bc62cb1e211c9d3ca5c41635662fdb84f7e1a2adac99d838824df265e0c"},
+        {65535,
+         "bdded84786d264a6147835be09eaab1400af0408da66fc6b8771b9e215007b5e"},
+        {70000,
+         "cab5007181919a68f31e6013fb7168f78cbc5eb85c469ea773b5c253c2059e85"},
     };
     for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
         char *s = malloc(cases[i].n + 1);
@@ -575,9 +609,8 @@ END_TEST
 /* ---- CBOR serializer -----------------------------------------------------*/
 
 START_TEST(cbor_uses_shortest_heads_for_every_int_width) {
-    const uint64_t t[] = {0,      23,         24,          255,
-                          256,    65535,      65536,       0xffffffffu,
-                          1ull << 32, UINT64_MAX};
+    const uint64_t t[] = {0,     23,    24,          255,        256,
+                          65535, 65536, 0xffffffffu, 1ull << 32, UINT64_MAX};
     /* [h'00..1f', [ints], null] */
     assert_serialized(WIRE_ALGO_SHA256_CBOR, t, KVO_ARRAY_LEN(t), NULL, NULL,
                       "835820000102030405060708090a0b0c0d0e0f10111213141516"
@@ -654,7 +687,8 @@ START_TEST(engine_hash_reports_allocation_failure_and_bad_arguments) {
     wire_digest p = parent_0_31(), d;
     const uint64_t t[4] = {1, 2, 3, 4};
     kvo_alloc_fail_after(0);
-    kvo_status st = wire_engine_block(WIRE_ALGO_SHA256, &p, t, 4, NULL, NULL, &d);
+    kvo_status st =
+        wire_engine_block(WIRE_ALGO_SHA256, &p, t, 4, NULL, NULL, &d);
     kvo_status st2 = wire_engine_root(WIRE_ALGO_SHA256, "0", &d);
     kvo_alloc_fail_after(-1);
     ck_assert(st == KVO_ENOMEM);
@@ -663,8 +697,8 @@ START_TEST(engine_hash_reports_allocation_failure_and_bad_arguments) {
               KVO_EINVAL);
     ck_assert(wire_engine_block(WIRE_ALGO_SHA256, NULL, t, 4, NULL, NULL, &d) ==
               KVO_EINVAL);
-    ck_assert(wire_engine_block(WIRE_ALGO_SHA256, &p, NULL, 4, NULL, NULL, &d) ==
-              KVO_EINVAL);
+    ck_assert(wire_engine_block(WIRE_ALGO_SHA256, &p, NULL, 4, NULL, NULL,
+                                &d) == KVO_EINVAL);
     ck_assert(wire_engine_root(WIRE_ALGO_SHA256, NULL, &d) == KVO_EINVAL);
 }
 END_TEST
@@ -673,15 +707,15 @@ START_TEST(router_prompt_salts_block_0_and_items_move_only_their_blocks) {
     uint64_t tok[64];
     for (int i = 0; i < 64; i++) tok[i] = 500 + (uint64_t)i;
     uint64_t base[4], salted[4], lora[4], img_a[4], img_b[4], want[4];
-    ck_assert_uint_eq(wire_router_hash_prompt(tok, 64, 16, NULL, NULL, NULL, 0,
-                                              base), 4);
-    ck_assert_uint_eq(wire_router_hash_blocks(tok, 64, 16, WIRE_ROUTER_SEED,
-                                              want), 4);
+    ck_assert_uint_eq(
+        wire_router_hash_prompt(tok, 64, 16, NULL, NULL, NULL, 0, base), 4);
+    ck_assert_uint_eq(
+        wire_router_hash_blocks(tok, 64, 16, WIRE_ROUTER_SEED, want), 4);
     ck_assert_mem_eq(base, want, sizeof(base));
     /* the salt is in block 0's seed only (vLLM salts block 0 only) */
     wire_router_hash_prompt(tok, 64, 16, NULL, "t1", NULL, 0, salted);
-    ck_assert(salted[0] == wire_router_hash(tok, 16, wire_router_seed(
-                                                         NULL, 0, "t1", 2)));
+    ck_assert(salted[0] ==
+              wire_router_hash(tok, 16, wire_router_seed(NULL, 0, "t1", 2)));
     ck_assert(salted[0] != base[0]);
     ck_assert_mem_eq(salted + 1, base + 1, 3 * sizeof(uint64_t));
     /* the adapter is in every block's seed */
@@ -694,22 +728,25 @@ START_TEST(router_prompt_salts_block_0_and_items_move_only_their_blocks) {
     wire_router_hash_prompt(tok, 64, 16, NULL, NULL, &b, 1, img_b);
     ck_assert(img_a[0] == base[0] && img_a[3] == base[3]);
     wire_mm_key k1 = {"img-a", 4}, k2 = {"img-a", -12};
-    ck_assert(img_a[1] == wire_router_hash_mm(tok + 16, 16, WIRE_ROUTER_SEED,
-                                              &k1, 1));
-    ck_assert(img_a[2] == wire_router_hash_mm(tok + 32, 16, WIRE_ROUTER_SEED,
-                                              &k2, 1));
+    ck_assert(img_a[1] ==
+              wire_router_hash_mm(tok + 16, 16, WIRE_ROUTER_SEED, &k1, 1));
+    ck_assert(img_a[2] ==
+              wire_router_hash_mm(tok + 32, 16, WIRE_ROUTER_SEED, &k2, 1));
     ck_assert(img_a[1] != base[1] && img_a[2] != base[2]);
     ck_assert(img_a[1] != img_b[1] && img_a[2] != img_b[2]);
-    ck_assert(wire_router_hash_mm(tok, 16, WIRE_ROUTER_SEED, NULL, 0) == base[0]);
+    ck_assert(wire_router_hash_mm(tok, 16, WIRE_ROUTER_SEED, NULL, 0) ==
+              base[0]);
 }
 END_TEST
 
 Suite *suite_hash(void) {
     Suite *s = suite_create("hash");
     TCase *tc = tcase_create("vectors");
-    tcase_add_test(tc, engine_hash_vectors_match_root_digest_and_low64_per_block);
+    tcase_add_test(tc,
+                   engine_hash_vectors_match_root_digest_and_low64_per_block);
     tcase_add_test(tc, router_hash_vectors_match_seed_and_every_full_block);
-    tcase_add_test(tc, engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks);
+    tcase_add_test(tc,
+                   engine_hash_extra_key_vectors_match_lora_mm_and_salt_blocks);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("router");
@@ -717,15 +754,18 @@ Suite *suite_hash(void) {
     tcase_add_test(tc, router_lora_and_salt_move_the_seed_not_the_bytes);
     tcase_add_test(tc, router_hash_of_big_blocks_equals_one_shot_xxh3);
     tcase_add_test(tc, router_hash_blocks_ignores_the_partial_tail);
-    tcase_add_test(tc, router_prompt_salts_block_0_and_items_move_only_their_blocks);
+    tcase_add_test(
+        tc, router_prompt_salts_block_0_and_items_move_only_their_blocks);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("engine");
     tcase_add_test(tc, algo_names_round_trip_and_unknown_names_are_rejected);
     tcase_add_test(tc, low64_is_the_last_eight_digest_bytes_big_endian);
     tcase_add_test(tc, engine_extra_keys_order_and_salt_change_the_digest);
-    tcase_add_test(tc, engine_block_with_scratch_does_not_allocate_in_steady_state);
-    tcase_add_test(tc, engine_hash_reports_allocation_failure_and_bad_arguments);
+    tcase_add_test(tc,
+                   engine_block_with_scratch_does_not_allocate_in_steady_state);
+    tcase_add_test(tc,
+                   engine_hash_reports_allocation_failure_and_bad_arguments);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("pickle");
@@ -734,7 +774,8 @@ Suite *suite_hash(void) {
     tcase_add_test(tc, pickle_strings_are_utf8_with_short_and_long_headers);
     tcase_add_test(tc, multimodal_keys_serialize_as_pairs_with_signed_offsets);
     tcase_add_test(tc, pickle_frames_split_at_64k_where_cpython_splits_them);
-    tcase_add_test(tc, pickle_payloads_of_64k_and_more_are_written_outside_frames);
+    tcase_add_test(tc,
+                   pickle_payloads_of_64k_and_more_are_written_outside_frames);
     tcase_add_test(tc, pickle_root_seed_strings_of_every_header_size);
     suite_add_tcase(s, tc);
 

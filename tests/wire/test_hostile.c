@@ -23,9 +23,7 @@ static void load_cases(void) {
     json_object_put(all);
 }
 
-static void put_cases(void) {
-    json_object_put(cases);
-}
+static void put_cases(void) { json_object_put(cases); }
 
 /* Decode from an exact-size heap copy, so ASan sees any over-read, and
  * check the shape of a rejection. Returns the status. */
@@ -226,8 +224,7 @@ static void nested_extra_keys(wt_mp *m, unsigned depth) {
     wt_mp_str(m, "token_ids");
     msgpack_pack_array(&m->pk, 0);
     wt_mp_str(m, "extra_keys");
-    for (unsigned i = 0; i < depth; i++)
-        msgpack_pack_array(&m->pk, 1);
+    for (unsigned i = 0; i < depth; i++) msgpack_pack_array(&m->pk, 1);
     msgpack_pack_nil(&m->pk);
     msgpack_pack_nil(&m->pk); /* rank */
 }

@@ -79,8 +79,8 @@ static void mk_envelope(mk *k, const void *payload, size_t plen, int extra) {
 
 /* One RouterEvent as a payload array, "data" given as raw msgpack bytes,
  * with optional overrides. */
-static void mk_one_event(mk *k, const char *tier, const void *data,
-                         size_t dlen, int64_t worker, uint64_t dp_rank) {
+static void mk_one_event(mk *k, const char *tier, const void *data, size_t dlen,
+                         int64_t worker, uint64_t dp_rank) {
     mk_init(k);
     msgpack_pack_array(&k->pk, 1);
     msgpack_pack_map(&k->pk, 3);
@@ -130,7 +130,8 @@ START_TEST(every_vector_decodes_to_its_json_and_reencodes_identically) {
     kvo_buf_init(&out);
     for (size_t i = 0; i < nc; i++) {
         json_object *c = json_object_array_get_idx(cases, i);
-        const char *name = json_object_get_string(json_object_object_get(c, "name"));
+        const char *name =
+            json_object_get_string(json_object_object_get(c, "name"));
         size_t len, hlen;
         uint8_t *bin = vector_bytes(c, &len);
         uint8_t *hex = kt_unhex(
@@ -163,8 +164,8 @@ START_TEST(every_vector_decodes_to_its_json_and_reencodes_identically) {
         kvo_buf_reset(&out);
         ck_assert(wire_plane_encode(&m, &out) == KVO_OK);
         ck_assert_msg(out.len == len && memcmp(out.data, bin, len) == 0,
-                      "%s: re-encoded bytes differ (%zu vs %zu)", name,
-                      out.len, len);
+                      "%s: re-encoded bytes differ (%zu vs %zu)", name, out.len,
+                      len);
         free(bin);
         free(hex);
     }
@@ -175,8 +176,10 @@ START_TEST(every_vector_decodes_to_its_json_and_reencodes_identically) {
 END_TEST
 
 START_TEST(single_event_payload_is_the_same_event_as_a_one_element_array) {
-    char *p1 = kt_src_path("tests/data/vectors/event_plane/legacy_single_event.bin");
-    char *p2 = kt_src_path("tests/data/vectors/event_plane/stored_two_blocks.bin");
+    char *p1 =
+        kt_src_path("tests/data/vectors/event_plane/legacy_single_event.bin");
+    char *p2 =
+        kt_src_path("tests/data/vectors/event_plane/stored_two_blocks.bin");
     size_t n1, n2;
     uint8_t *single = kt_read_file(p1, &n1), *array = kt_read_file(p2, &n2);
     wire_plane_msg a, b;
@@ -242,11 +245,13 @@ END_TEST
 
 START_TEST(huge_declared_lengths_are_refused_before_allocating) {
     const char *hostile[] = {
-        "ddffffffff",             /* array32 of 4G elements */
-        "dfffffffff",             /* map32 of 4G pairs */
-        "81a7" "7061796c6f6164" "c6ffffffff", /* payload bin32 4 GiB */
-        "81dbffffffff",           /* str32 4 GiB key */
-        "dc1000",                 /* array16 of 4096 in 3 bytes */
+        "ddffffffff", /* array32 of 4G elements */
+        "dfffffffff", /* map32 of 4G pairs */
+        "81a7"
+        "7061796c6f6164"
+        "c6ffffffff",   /* payload bin32 4 GiB */
+        "81dbffffffff", /* str32 4 GiB key */
+        "dc1000",       /* array16 of 4096 in 3 bytes */
     };
     wire_plane_msg m;
     wire_plane_init(&m);
@@ -392,7 +397,8 @@ START_TEST(missing_and_duplicate_envelope_keys_are_refused) {
     mk_str(&e, "sequence");
     msgpack_pack_uint64(&e.pk, 2);
     ck_assert(decode((uint8_t *)e.sb.data, e.sb.size, &m, &err) == KVO_EPROTO);
-    ck_assert_msg(strstr(err.msg, "missing key \"published_at\""), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "missing key \"published_at\""), "%s",
+                  err.msg);
     msgpack_sbuffer_destroy(&e.sb);
     mk_init(&e);
     msgpack_pack_map(&e.pk, 2);
@@ -521,17 +527,31 @@ START_TEST(big_messages_round_trip_through_bin16_and_bin32_payloads) {
             rm[i] = i;
         }
         wire_revent ev[3] = {
-            {.worker_id = UINT64_MAX, .tier = WIRE_TIER_DISK, .event_id = 5,
-             .dp_rank = UINT32_MAX, .type = WIRE_R_STORED, .has_parent = true,
-             .parent_hash = 0, .n_blocks = (uint32_t)nb, .blocks = blocks},
-            {.worker_id = 0, .tier = WIRE_TIER_EXTERNAL, .event_id = 6,
-             .type = WIRE_R_REMOVED, .n_removed = (uint32_t)nb, .removed = rm},
-            {.worker_id = 1, .tier = WIRE_TIER_HOST_PINNED, .event_id = 7,
+            {.worker_id = UINT64_MAX,
+             .tier = WIRE_TIER_DISK,
+             .event_id = 5,
+             .dp_rank = UINT32_MAX,
+             .type = WIRE_R_STORED,
+             .has_parent = true,
+             .parent_hash = 0,
+             .n_blocks = (uint32_t)nb,
+             .blocks = blocks},
+            {.worker_id = 0,
+             .tier = WIRE_TIER_EXTERNAL,
+             .event_id = 6,
+             .type = WIRE_R_REMOVED,
+             .n_removed = (uint32_t)nb,
+             .removed = rm},
+            {.worker_id = 1,
+             .tier = WIRE_TIER_HOST_PINNED,
+             .event_id = 7,
              .type = WIRE_R_CLEARED},
         };
-        wire_plane_msg in = {.publisher_id = 1ull << 63, .sequence = 0,
+        wire_plane_msg in = {.publisher_id = 1ull << 63,
+                             .sequence = 0,
                              .published_at = 1700000000000ull,
-                             .n_events = 3, .events = ev};
+                             .n_events = 3,
+                             .events = ev};
         kvo_buf out;
         kvo_buf_init(&out);
         kvo_buf_append(&out, "prefix", 6); /* encode appends */
@@ -576,14 +596,19 @@ START_TEST(tiers_have_dynamo_names_and_vllm_media_map_onto_them) {
     struct {
         const char *medium;
         wire_tier tier;
-    } m[] = {{NULL, WIRE_TIER_DEVICE},     {"GPU", WIRE_TIER_DEVICE},
-             {"gpu", WIRE_TIER_DEVICE},    {"CPU", WIRE_TIER_HOST_PINNED},
+    } m[] = {{NULL, WIRE_TIER_DEVICE},
+             {"GPU", WIRE_TIER_DEVICE},
+             {"gpu", WIRE_TIER_DEVICE},
+             {"CPU", WIRE_TIER_HOST_PINNED},
              {"CPU_PINNED", WIRE_TIER_HOST_PINNED},
-             {"DISK", WIRE_TIER_DISK},     {"STORAGE", WIRE_TIER_EXTERNAL},
-             {"GPUX", WIRE_TIER_EXTERNAL}, {"", WIRE_TIER_EXTERNAL},
+             {"DISK", WIRE_TIER_DISK},
+             {"STORAGE", WIRE_TIER_EXTERNAL},
+             {"GPUX", WIRE_TIER_EXTERNAL},
+             {"", WIRE_TIER_EXTERNAL},
              {"LMCACHE", WIRE_TIER_EXTERNAL}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(m); i++) {
-        wire_str s = {m[i].medium, m[i].medium ? (uint32_t)strlen(m[i].medium) : 0};
+        wire_str s = {m[i].medium,
+                      m[i].medium ? (uint32_t)strlen(m[i].medium) : 0};
         ck_assert_msg(wire_tier_from_medium(s) == m[i].tier, "%s",
                       m[i].medium ? m[i].medium : "nil");
     }
@@ -603,7 +628,8 @@ START_TEST(decoding_into_a_reused_message_does_not_allocate) {
     ck_assert(decode(bin, len, &m, &err) == KVO_OK);
     kvo_alloc_fail_after(0);
     kvo_status st = KVO_OK;
-    for (int i = 0; i < 1000 && st == KVO_OK; i++) st = decode(bin, len, &m, &err);
+    for (int i = 0; i < 1000 && st == KVO_OK; i++)
+        st = decode(bin, len, &m, &err);
     kvo_alloc_fail_after(-1);
     ck_assert_msg(st == KVO_OK, "%s", kvo_status_name(st));
     ck_assert_uint_eq(m.n_events, 3);
@@ -637,8 +663,10 @@ END_TEST
 Suite *suite_plane(void) {
     Suite *s = suite_create("plane");
     TCase *tc = tcase_create("vectors");
-    tcase_add_test(tc, every_vector_decodes_to_its_json_and_reencodes_identically);
-    tcase_add_test(tc, single_event_payload_is_the_same_event_as_a_one_element_array);
+    tcase_add_test(tc,
+                   every_vector_decodes_to_its_json_and_reencodes_identically);
+    tcase_add_test(
+        tc, single_event_payload_is_the_same_event_as_a_one_element_array);
     tcase_add_test(tc, every_strict_prefix_of_every_vector_is_rejected);
     suite_add_tcase(s, tc);
 
@@ -652,7 +680,8 @@ Suite *suite_plane(void) {
     suite_add_tcase(s, tc);
 
     tc = tcase_create("roundtrip");
-    tcase_add_test(tc, big_messages_round_trip_through_bin16_and_bin32_payloads);
+    tcase_add_test(tc,
+                   big_messages_round_trip_through_bin16_and_bin32_payloads);
     tcase_add_test(tc, tiers_have_dynamo_names_and_vllm_media_map_onto_them);
     tcase_add_test(tc, decoding_into_a_reused_message_does_not_allocate);
     tcase_add_test(tc, encode_rejects_inconsistent_messages);

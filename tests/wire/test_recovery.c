@@ -24,29 +24,28 @@ static void teardown(void) {
 
 START_TEST(subjects_are_built_under_the_event_plane_prefix) {
     char s[128];
-    ck_assert_int_eq(wire_subject(s, sizeof(s), "dynamo", "backend",
-                                  WIRE_SUBJ_EVENTS, 0),
-                     KVO_OK);
+    ck_assert_int_eq(
+        wire_subject(s, sizeof(s), "dynamo", "backend", WIRE_SUBJ_EVENTS, 0),
+        KVO_OK);
     ck_assert_str_eq(s, "namespace.dynamo.component.backend.kv-events");
     ck_assert_int_eq(wire_subject(s, sizeof(s), "ns", "c", WIRE_SUBJ_RELAYS, 0),
                      KVO_OK);
     ck_assert_str_eq(s, "namespace.ns.component.c.kv-relays");
-    ck_assert_int_eq(wire_subject(s, sizeof(s), "ns", "c", WIRE_SUBJ_DISCOVER,
-                                  0),
-                     KVO_OK);
+    ck_assert_int_eq(
+        wire_subject(s, sizeof(s), "ns", "c", WIRE_SUBJ_DISCOVER, 0), KVO_OK);
     ck_assert_str_eq(s, "namespace.ns.component.c.kv-relays.discover");
     ck_assert_int_eq(wire_subject(s, sizeof(s), "ns", "c", WIRE_SUBJ_RECOVERY,
                                   18446744073709551615ull),
                      KVO_OK);
-    ck_assert_str_eq(s,
-                     "namespace.ns.component.c.kv-recovery.18446744073709551615");
+    ck_assert_str_eq(
+        s, "namespace.ns.component.c.kv-recovery.18446744073709551615");
     ck_assert_int_eq(wire_subject(s, 20, "ns", "c", WIRE_SUBJ_EVENTS, 0),
                      KVO_ETOOBIG);
     static const char *const bad[] = {"", "a.b", "a*", ">", "a b"};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad); i++)
-        ck_assert_int_eq(wire_subject(s, sizeof(s), bad[i], "c",
-                                      WIRE_SUBJ_EVENTS, 0),
-                         KVO_EINVAL);
+        ck_assert_int_eq(
+            wire_subject(s, sizeof(s), bad[i], "c", WIRE_SUBJ_EVENTS, 0),
+            KVO_EINVAL);
 }
 END_TEST
 
@@ -124,21 +123,24 @@ END_TEST
 START_TEST(requests_and_ends_round_trip) {
     wire_recovery_req r = {.from_sequence = 99}, q;
     ck_assert_int_eq(wire_recovery_req_encode(&r, &buf), KVO_OK);
-    ck_assert_int_eq(wire_recovery_req_decode(&doc, buf.data, buf.len, &q, &err),
-                     KVO_OK);
+    ck_assert_int_eq(
+        wire_recovery_req_decode(&doc, buf.data, buf.len, &q, &err), KVO_OK);
     ck_assert(!q.dump && q.from_sequence == 99);
     kvo_buf_reset(&buf);
     r = (wire_recovery_req){.dump = true};
     ck_assert_int_eq(wire_recovery_req_encode(&r, &buf), KVO_OK);
-    ck_assert_int_eq(wire_recovery_req_decode(&doc, buf.data, buf.len, &q, &err),
-                     KVO_OK);
+    ck_assert_int_eq(
+        wire_recovery_req_decode(&doc, buf.data, buf.len, &q, &err), KVO_OK);
     ck_assert(q.dump);
     ck_assert_int_eq(wire_recovery_req_decode(&doc, "{}", 2, &q, &err),
                      KVO_EPROTO);
     ck_assert_ptr_nonnull(strstr(err.msg, "from_sequence"));
 
-    wire_reply_end e = {.kind = WIRE_REPLY_DUMP, .sent = 3, .has_as_of = true,
-                        .as_of = 41, .blocks = 1000},
+    wire_reply_end e = {.kind = WIRE_REPLY_DUMP,
+                        .sent = 3,
+                        .has_as_of = true,
+                        .as_of = 41,
+                        .blocks = 1000},
                    f;
     kvo_buf_reset(&buf);
     ck_assert_int_eq(wire_reply_end_encode(WIRE_REPLY_END, &e, &buf), KVO_OK);
@@ -158,9 +160,9 @@ START_TEST(requests_and_ends_round_trip) {
                      KVO_OK);
     ck_assert(!f.has_as_of);
     const char *odd = "{\"kind\":\"end\",\"sent\":1}";
-    ck_assert_int_eq(wire_reply_end_decode(&doc, WIRE_REPLY_END, odd,
-                                           strlen(odd), &f, &err),
-                     KVO_EPROTO);
+    ck_assert_int_eq(
+        wire_reply_end_decode(&doc, WIRE_REPLY_END, odd, strlen(odd), &f, &err),
+        KVO_EPROTO);
     wire_reply_kind k;
     ck_assert_int_eq(wire_reply_kind_parse("too_new", &k), KVO_OK);
     ck_assert_int_eq(k, WIRE_REPLY_TOO_NEW);

@@ -74,8 +74,7 @@ static result run(const char *fmt, ...) {
     r.err = kvo_realloc(e, elen + 1);
     r.err[elen] = '\0';
     r.err_lines = 0;
-    for (size_t i = 0; i < elen; i++)
-        r.err_lines += r.err[i] == '\n';
+    for (size_t i = 0; i < elen; i++) r.err_lines += r.err[i] == '\n';
     kvo_free(out);
     kvo_free(err);
     return r;
@@ -265,11 +264,13 @@ START_TEST(bad_input_exits_1_with_one_line_naming_the_offset) {
     /* extra_keys nested 40 deep: decodes with --max-depth 100, but its JSON
      * view (read under the default limits) cannot be built -- said so, not
      * reported as out of memory */
-    static const char head[] =
-        "\x93\xcb\x3f\xf0\0\0\0\0\0\0\x91\x85"
-        "\xa4type\xab" "BlockStored\xac" "block_hashes\x91\x01"
-        "\xb1parent_block_hash\xc0\xa9token_ids\x91\x01"
-        "\xaa" "extra_keys";
+    static const char head[] = "\x93\xcb\x3f\xf0\0\0\0\0\0\0\x91\x85"
+                               "\xa4type\xab"
+                               "BlockStored\xac"
+                               "block_hashes\x91\x01"
+                               "\xb1parent_block_hash\xc0\xa9token_ids\x91\x01"
+                               "\xaa"
+                               "extra_keys";
     uint8_t deep[160];
     size_t dn = sizeof(head) - 1;
     memcpy(deep, head, dn);
@@ -504,8 +505,7 @@ START_TEST(cat_prints_every_record_and_goes_on_past_a_bad_one) {
     ck_assert_uint_eq(json_object_get_uint64(GET(5, "seq")), 43);
     ck_assert(wt_json_same(GET(5, "batch"), fields, why, sizeof(why), ""));
 #undef GET
-    for (size_t i = 0; i < lines; i++)
-        json_object_put(rec[i]);
+    for (size_t i = 0; i < lines; i++) json_object_put(rec[i]);
     json_object_put(cases);
     result_free(&r);
 
@@ -517,8 +517,7 @@ START_TEST(cat_prints_every_record_and_goes_on_past_a_bad_one) {
     ck_assert_int_eq(r.code, 1);
     ck_assert_msg(r.err_lines == 1 && strstr(r.err, "ETRUNC"), "%s", r.err);
     lines = 0;
-    for (size_t i = 0; i < r.out_len; i++)
-        lines += r.out[i] == '\n';
+    for (size_t i = 0; i < r.out_len; i++) lines += r.out[i] == '\n';
     ck_assert_uint_eq(lines, n - 1);
     result_free(&r);
     /* not a capture at all */
