@@ -119,12 +119,12 @@ static bool scenario_for(const char *needs, check_cfg *cfg, char *opts,
     return false;
 }
 
-bool check_mutant_scenario(const check_mutant *m, bool load, char *opts,
-                           size_t n) {
+bool check_mutant_scenario(const check_mutant *m, bool load, uint64_t limit,
+                           char *opts, size_t n) {
     check_cfg cfg;
     check_cfg_defaults(&cfg);
     cfg.load = load;
-    cfg.limit = 120;
+    cfg.limit = limit;
     return scenario_for(m->needs, &cfg, opts, n);
 }
 

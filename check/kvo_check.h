@@ -184,10 +184,11 @@ typedef struct check_mutant {
 /* The catalog, static. */
 const check_mutant *check_mutants(size_t *n);
 
-/* Whether the matrix (in load mode or not) runs m, and with which options
- * on top of its own, as typed on a command line, into opts ("" = none). */
-bool check_mutant_scenario(const check_mutant *m, bool load, char *opts,
-                           size_t n);
+/* Whether the matrix (in load mode or not, over `limit` requests) runs m,
+ * and with which options on top of its own, as typed on a command line,
+ * into opts ("" = none). */
+bool check_mutant_scenario(const check_mutant *m, bool load, uint64_t limit,
+                           char *opts, size_t n);
 
 /* Run base once per mutant (only `only` when non-NULL: "a,b") and print the
  * matrix to f. *ok = every mutant behaved as expected. A setup error of one

@@ -649,14 +649,16 @@ START_TEST(divergences_are_classified_from_the_evidence) {
 }
 END_TEST
 
-/* The matrix row mutant m must print: run ("name expected observed ok")
- * when the matrix sends the traffic it needs, else "not run". */
 /* The start of m's row: "not run" when the matrix has no scenario that
  * shows it (in this mode), else the expected outcome, observed. */
+/* The matrix tests' --limit (shorter under sanitizers). */
+#define MATRIX_LIMIT (TC_SANITIZED ? 60 : 120)
+#define MATRIX_LIMIT_ARG (TC_SANITIZED ? "60" : "120")
+
 static void mutant_row(const check_mutant *m, bool load, char *row,
                        size_t size) {
     char opts[160];
-    if (!check_mutant_scenario(m, load, opts, sizeof(opts)))
+    if (!check_mutant_scenario(m, load, MATRIX_LIMIT, opts, sizeof(opts)))
         snprintf(row, size, "\n%-18s %-8s %-8s -", m->name,
                  m->killed ? "killed" : "benign", "not run");
     else
@@ -679,7 +681,8 @@ static void assert_row_tells(const char *out, const check_mutant *m,
         ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
                       at);
     }
-    if (check_mutant_scenario(m, load, opts, sizeof(opts)) && opts[0]) {
+    if (check_mutant_scenario(m, load, MATRIX_LIMIT, opts, sizeof(opts)) &&
+        opts[0]) {
         snprintf(tail, sizeof(tail), "{%s}", opts);
         ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
                       at);
@@ -688,8 +691,8 @@ static void assert_row_tells(const char *out, const check_mutant *m,
 
 START_TEST(mutants_matrix_kills_every_killed_mutant_and_spares_the_benign) {
     char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "60" : "120";
-    const char *args[] = {"mutants", "--trace", trace, "--limit", limit, NULL};
+    const char *args[] = {"mutants", "--trace",        trace,
+                          "--limit", MATRIX_LIMIT_ARG, NULL};
     tc_run r;
     tc_check(&r, "mutants", args, 1500);
     char *out = tc_slurp(r.log);
@@ -919,7 +922,7 @@ START_TEST(mutants_under_load_are_caught_at_a_checkpoint) {
                           "--trace",
                           trace,
                           "--limit",
-                          TC_SANITIZED ? "60" : "120",
+                          MATRIX_LIMIT_ARG,
                           "--checkpoint-every",
                           TC_SANITIZED ? "20" : "40",
                           NULL};
