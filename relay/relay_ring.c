@@ -19,7 +19,8 @@
 
 typedef struct ring_slot {
     relay_ring_env env;
-    uint8_t *body; /* owned; env.body points here */
+    uint8_t *body;   /* owned; env.body points here */
+    size_t body_cap; /* its allocated size */
 } ring_slot;
 
 struct relay_ring {
@@ -29,6 +30,12 @@ struct relay_ring {
     size_t bytes;   /* body bytes held */
     size_t max_n;
     size_t max_bytes;
+    /* The body of the last envelope dropped, kept for the next push: a
+     * full ring drops one for each it keeps, and envelopes are large
+     * (a fresh allocation of each was mapped and faulted in page by
+     * page, a third of the relay's time on a busy engine). */
+    uint8_t *spare;
+    size_t spare_cap;
 };
 
 kvo_status relay_ring_new(relay_ring **out, size_t max_n, size_t max_bytes) {
@@ -47,8 +54,15 @@ static ring_slot *slot(const relay_ring *r, size_t k) {
 static void drop_oldest(relay_ring *r) {
     ring_slot *s = slot(r, 0);
     r->bytes -= s->env.len;
-    kvo_free(s->body);
+    if (s->body_cap >= r->spare_cap) { /* keep the larger one */
+        kvo_free(r->spare);
+        r->spare = s->body;
+        r->spare_cap = s->body_cap;
+    } else {
+        kvo_free(s->body);
+    }
     s->body = NULL;
+    s->body_cap = 0;
     r->head = (r->head + 1) % r->cap;
     r->n--;
 }
@@ -61,6 +75,7 @@ void relay_ring_clear(relay_ring *r) {
 void relay_ring_free(relay_ring *r) {
     if (!r) return;
     relay_ring_clear(r);
+    kvo_free(r->spare);
     kvo_free(r->e);
     kvo_free(r);
 }
@@ -86,13 +101,22 @@ bool relay_ring_push(relay_ring *r, const relay_ring_env *env) {
     while (r->n && (r->n == r->max_n || r->bytes + env->len > r->max_bytes))
         drop_oldest(r);
     if (r->n == r->cap && grow(r) != KVO_OK) goto lost;
-    uint8_t *copy = kvo_malloc(env->len ? env->len : 1);
-    if (!copy) goto lost;
+    size_t need = env->len ? env->len : 1;
+    if (r->spare_cap < need) {
+        uint8_t *grown = kvo_realloc(r->spare, need);
+        if (!grown) goto lost;
+        r->spare = grown;
+        r->spare_cap = need;
+    }
+    uint8_t *copy = r->spare;
     memcpy(copy, env->body, env->len);
     ring_slot *s = &r->e[(r->head + r->n) % r->cap];
     s->env = *env;
     s->env.body = copy;
     s->body = copy;
+    s->body_cap = r->spare_cap;
+    r->spare = NULL;
+    r->spare_cap = 0;
     r->n++;
     r->bytes += env->len;
     return true;
