@@ -19,6 +19,8 @@ void kvo_prom_family(kvo_prom *p, const char *name, const char *type,
 }
 
 /* <prefix><name>[{labels}] then the value, which the caller appends. */
+static void head(kvo_prom *p, const char *name, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 static void head(kvo_prom *p, const char *name, const char *fmt, va_list ap) {
     if (p->st != KVO_OK) return;
     p->st = kvo_buf_printf(p->out, "%s%s", p->prefix, name);

@@ -286,6 +286,8 @@ void chk_args_fini(chk_args *a) {
 }
 
 /* fmt and ap as a heap string (NULL: out of memory). */
+static char *vformat(const char *fmt, va_list ap)
+    __attribute__((format(printf, 1, 0)));
 static char *vformat(const char *fmt, va_list ap) {
     va_list again;
     va_copy(again, ap);

@@ -372,8 +372,8 @@ START_TEST(models_health_and_vllm_metric_names) {
         "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"my-model\"} 0",
         "vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"my-model\"}",
         "# TYPE vllm:prefix_cache_queries counter",
-        "vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"my-model\"} "
-        "36",
+        ("vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"my-"
+         "model\"} 36"),
         "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"my-model\"} 16",
         "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"my-model\"} 0",
     };
