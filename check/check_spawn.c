@@ -420,14 +420,16 @@ static void nats_list(const chk_env *env, uint32_t first, char *out, size_t n) {
     }
 }
 
-/* Node i's distinct routes, from its monitoring endpoint's /routez. */
+/* Whether the node behind monitor_url (its /routez) has routes to at
+ * least `want` distinct other nodes (a pair may be connected twice for a
+ * while before the duplicate is closed). */
 static bool node_routes(const char *monitor_url, uint32_t want) {
     kvo_http_client *h = NULL;
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
     kvo_json doc;
     kvo_json_init(&doc);
-    uint64_t ids[CHECK_NATS_MAX];
+    const char *ids[CHECK_NATS_MAX];
     uint32_t n = 0;
     if (kvo_http_client_new(&h, 1000) == KVO_OK &&
         kvo_http_get(h, monitor_url, &resp) == KVO_OK && resp.status == 200 &&
@@ -435,16 +437,12 @@ static bool node_routes(const char *monitor_url, uint32_t want) {
             KVO_OK) {
         const kvo_jv *routes = kvo_json_get(doc.root, "routes");
         kvo_jv r;
-        for (size_t i = 0; kvo_json_at(routes, i, &r); i++) {
-            size_t len;
-            const char *id = kvo_json_str(kvo_json_get(&r, "remote_id"), &len);
-            if (!id) continue;
-            uint64_t h64 = kvo_mix64(len);
-            for (size_t k = 0; k < len; k++)
-                h64 = kvo_mix64(h64 ^ (uint8_t)id[k]);
+        for (size_t i = 0; n < CHECK_NATS_MAX && kvo_json_at(routes, i, &r);
+             i++) {
+            const char *id = kvo_json_str(kvo_json_get(&r, "remote_id"), NULL);
             uint32_t j = 0;
-            while (j < n && ids[j] != h64) j++;
-            if (j == n && n < CHECK_NATS_MAX) ids[n++] = h64;
+            while (id && j < n && strcmp(ids[j], id) != 0) j++;
+            if (id && j == n) ids[n++] = id;
         }
     }
     kvo_json_fini(&doc);
