@@ -344,25 +344,44 @@ START_TEST(a_reset_of_idle_engines_reaches_the_index) {
 }
 END_TEST
 
-START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
+/* Requests of a fault run, and the one its fault hits ("@" in its options):
+ * fewer under sanitizers, every process being slower there. */
+#define FAULT_LIMIT (TC_SANITIZED ? 50 : 120)
+#define FAULT_AT (FAULT_LIMIT / 2)
+/* A fault's options in place: FAULT_OPTS("--nats-kill-at", "@"). */
+#define FAULT_OPTS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* A spawned run with one fault that must PASS exactly: 2 workers of 8,192
+ * blocks, FAULT_LIMIT requests, then `fault` (NULL-terminated; "@" stands
+ * for FAULT_AT). */
+static void fault_run_passes(tc_run *r, const char *tag,
+                             const char *const fault[]) {
     char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "50" : "120";
-    const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace",
-                          trace,     "--limit",
-                          limit,     "--workers",
-                          "2",       "--num-gpu-blocks",
-                          "8192",    "--relay-restart-at",
-                          at,        NULL};
+    char limit[16], at[16];
+    snprintf(limit, sizeof(limit), "%d", FAULT_LIMIT);
+    snprintf(at, sizeof(at), "%d", FAULT_AT);
+    const char *args[24];
+    size_t n = 0;
+    const char *base[] = {"--spawn", "--trace",   trace, "--limit",
+                          limit,     "--workers", "2",   "--num-gpu-blocks",
+                          "8192"};
+    for (size_t i = 0; i < KVO_ARRAY_LEN(base); i++) args[n++] = base[i];
+    for (size_t i = 0; fault[i] && n + 1 < KVO_ARRAY_LEN(args); i++)
+        args[n++] = strcmp(fault[i], "@") == 0 ? at : fault[i];
+    args[n] = NULL;
+    tc_check(r, tag, args, 600);
+    kvo_free(trace);
+    assert_pass(r, FAULT_LIMIT);
+}
+
+START_TEST(a_relay_killed_mid_trace_is_replaced_and_the_check_passes) {
     tc_run r;
-    tc_check(&r, "restart", args, 600);
-    assert_pass(&r, (size_t)atoi(limit));
+    fault_run_passes(&r, "restart", FAULT_OPTS("--relay-restart-at", "@"));
     /* the old relay's last counters are kept under a retired name; the new
      * one rebuilt worker 0 from a replay from seq 0 */
     ck_assert(tc_counter(&r, "relay 0.0 #", "batches_applied") > 0);
     ck_assert(tc_counter(&r, "relay 0.0", "replays_applied") > 0);
     tc_free(&r, false);
-    kvo_free(trace);
 }
 END_TEST
 
@@ -385,44 +404,26 @@ static double fault_rec(json_object *f, const char *name) {
 }
 
 START_TEST(an_indexer_restarted_mid_run_rebuilds_from_dumps_and_passes) {
-    char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "50" : "120";
-    const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace",
-                          trace,     "--limit",
-                          limit,     "--workers",
-                          "2",       "--num-gpu-blocks",
-                          "8192",    "--indexer-restart-at",
-                          at,        NULL};
     tc_run r;
-    tc_check(&r, "idx-restart", args, 600);
-    assert_pass(&r, (size_t)atoi(limit));
+    fault_run_passes(&r, "idx-restart",
+                     FAULT_OPTS("--indexer-restart-at", "@"));
     /* the killed indexer's counters kept; the new one applied a dump of
      * every relay, and nothing else was lost */
     ck_assert(tc_counter(&r, "indexer #", "messages_applied") > 0);
     json_object *f = fault_at(&r, 0, "indexer");
-    ck_assert_int_eq(tc_int(f, "before_request"), atoi(at));
+    ck_assert_int_eq(tc_int(f, "before_request"), FAULT_AT);
     ck_assert_msg(fault_rec(f, "dumps_applied") >= 2, "dumps %.0f",
                   fault_rec(f, "dumps_applied"));
     ck_assert(fault_rec(f, "dump_blocks_applied") > 0);
     ck_assert(fault_rec(f, "recovery_failures") == 0);
     tc_free(&r, false);
-    kvo_free(trace);
 }
 END_TEST
 
 START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
-    char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "40" : "100";
-    const char *args[] = {"--spawn", "--trace",
-                          trace,     "--limit",
-                          limit,     "--workers",
-                          "2",       "--num-gpu-blocks",
-                          "8192",    "--engine-restart-at",
-                          "20",      NULL};
     tc_run r;
-    tc_check(&r, "engine-restart", args, 600);
-    assert_pass(&r, (size_t)atoi(limit));
+    fault_run_passes(&r, "engine-restart",
+                     FAULT_OPTS("--engine-restart-at", "20"));
     fault_at(&r, 0, "engine");
     /* its relay saw the restart and cleared worker 0: request 20 (to
      * worker 0, round-robin) found it empty in the index, as in the engine */
@@ -435,30 +436,19 @@ START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
     ck_assert(tc_counter(&r, "relay 0.0", "kvo_relay_restarts") >= 1);
     ck_assert(tc_counter(&r, "engine 0.0 #", "blocks_stored") > 0);
     tc_free(&r, false);
-    kvo_free(trace);
 }
 END_TEST
 
 START_TEST(a_nats_server_killed_mid_run_is_survived_exactly) {
-    char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "50" : "120";
-    const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {"--spawn", "--trace",
-                          trace,     "--limit",
-                          limit,     "--workers",
-                          "2",       "--num-gpu-blocks",
-                          "8192",    "--nats-kill-at",
-                          at,        "--nats-down-ms",
-                          "300",     NULL};
     tc_run r;
-    tc_check(&r, "nats-kill", args, 600);
-    assert_pass(&r, (size_t)atoi(limit));
+    fault_run_passes(
+        &r, "nats-kill",
+        FAULT_OPTS("--nats-kill-at", "@", "--nats-down-ms", "300"));
     json_object *f = fault_at(&r, 0, "nats");
     ck_assert(json_object_get_double(json_object_object_get(f, "down_ms")) >=
               300);
     ck_assert(fault_rec(f, "recovery_failures") == 0);
     tc_free(&r, false);
-    kvo_free(trace);
 }
 END_TEST
 
@@ -466,17 +456,10 @@ END_TEST
  * the relays reconnect to another node, the indexer never lost its own,
  * and the check stays exact. */
 START_TEST(a_cluster_node_killed_mid_run_is_survived_exactly) {
-    char *trace = trace1000();
-    const char *limit = TC_SANITIZED ? "50" : "120";
-    const char *at = TC_SANITIZED ? "25" : "60";
-    const char *args[] = {
-        "--spawn", "--trace",          trace,   "--limit",
-        limit,     "--workers",        "2",     "--num-gpu-blocks",
-        "8192",    "--nats-cluster",   "3",     "--nats-kill-at",
-        at,        "--nats-kill-node", "relay", NULL};
     tc_run r;
-    tc_check(&r, "nats-cluster", args, 600);
-    assert_pass(&r, (size_t)atoi(limit));
+    fault_run_passes(&r, "nats-cluster",
+                     FAULT_OPTS("--nats-cluster", "3", "--nats-kill-at", "@",
+                                "--nats-kill-node", "relay"));
     json_object *f = fault_at(&r, 0, "nats");
     ck_assert_str_eq(
         json_object_get_string(json_object_object_get(f, "target")),
@@ -489,7 +472,6 @@ START_TEST(a_cluster_node_killed_mid_run_is_survived_exactly) {
         ck_assert_msg(!isnan(tc_counter(&r, "cpu", name)), "no %s", name);
     }
     tc_free(&r, false);
-    kvo_free(trace);
 }
 END_TEST
 
