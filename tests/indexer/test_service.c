@@ -1071,6 +1071,9 @@ START_TEST(service_repairs_a_gap_with_events) {
     relay_chain(&r, 1, 0, 5, true);  /* 0..4 */
     relay_chain(&r, 1, 5, 7, false); /* 5, 6 lost */
     relay_chain(&r, 1, 7, 8, true);  /* 7 shows the gap */
+    /* the answer's end comes after its envelopes: the counters settle
+     * only then */
+    wait_counter(&e, "recoveries_events", 1);
     wait_zmq(&e, RPUB, 7);
     ck_assert_uint_eq(chain_score(&e, 1, 8), 8);
     ck_assert_uint_eq(counter(&e, "recoveries_events"), 1);
@@ -1083,6 +1086,7 @@ START_TEST(service_repairs_a_gap_with_events) {
     ck_assert_uint_eq(counter(&e, "applied"), 5);
     relay_chain(&r, 1, 8, 10, false); /* 8, 9 lost: nothing shows it... */
     fake_relay_announce(&r);          /* ...but the heartbeat */
+    wait_counter(&e, "recoveries_events", 2);
     wait_zmq(&e, RPUB, 9);
     ck_assert_uint_eq(chain_score(&e, 1, 10), 10);
     ck_assert_uint_eq(counter(&e, "recoveries_events"), 2);
