@@ -207,8 +207,11 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
     return KVO_OK;
 }
 
-kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
-                                     const char *text, size_t len) {
+/* Samples whose name starts with relay_prefix (when not NULL) go to
+ * relay_stage instead of stage. */
+static kvo_status parse_prom(check_counters *c, const char *stage,
+                             const char *relay_prefix, const char *relay_stage,
+                             const char *text, size_t len) {
     const char *p = text, *end = text + len;
     char name[PROM_NAME_MAX];
     while (p < end) {
@@ -255,7 +258,11 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
                     (strcmp(num, "+Inf") == 0 && (v = INFINITY, true))) {
                     memcpy(name, q, nl);
                     name[nl] = '\0';
-                    kvo_status st = check_counters_set(c, stage, name, v);
+                    bool relay =
+                        relay_prefix &&
+                        strncmp(name, relay_prefix, strlen(relay_prefix)) == 0;
+                    kvo_status st = check_counters_set(
+                        c, relay ? relay_stage : stage, name, v);
                     if (st != KVO_OK) return st;
                 }
             }
@@ -263,6 +270,17 @@ kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
         p = eol + 1;
     }
     return KVO_OK;
+}
+
+kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
+                                     const char *text, size_t len) {
+    return parse_prom(c, stage, NULL, NULL, text, len);
+}
+
+kvo_status check_counters_parse_indexer(check_counters *c, const char *text,
+                                        size_t len) {
+    return parse_prom(c, "indexer", "kvo_relay_", CHECK_STAGE_INDEXER_PIPES,
+                      text, len);
 }
 
 static kvo_status parse_json_rec(check_counters *c, const char *stage,

@@ -9,6 +9,11 @@
  *   indexer  POST /query_by_hash       scores per (worker_id, dp_rank)
  *            GET  /watermark           zmq_seq_last per publisher
  *            GET  /metrics             counters (Prometheus text)
+ *   indexer, --indexer-api dynamo (Dynamo's standalone indexer API):
+ *            POST /register, /unregister   one engine rank, at start / end
+ *            POST /query_by_hash       signed block_hashes; scores in tokens
+ *            GET  /watermark           kvo's extension: zmq_seq_last per
+ *                                      (instance_id, dp_rank)
  *   relay    GET  /metrics, /stats     counters, source state
  *
  * Request bodies are written by hand (numbers only, and the prompt JSON is
@@ -147,7 +152,8 @@ static kvo_status json_call_send(json_call *c, kvo_http_client *h,
         c->resp.body.data ? c->resp.body.data : (const uint8_t *)"";
     size_t len = c->resp.body.len;
     char q[4 * ERROR_QUOTE + 4];
-    if (c->resp.status != 200) /* 404: the service lacks the endpoint */
+    /* 404: the service lacks the endpoint; /register answers 201 */
+    if (c->resp.status < 200 || c->resp.status > 299)
         return answer_err(c, c->resp.status == 404 ? KVO_ENOTFOUND : KVO_EHTTP,
                           "HTTP %ld: %s", c->resp.status,
                           quote(q, sizeof(q), text, len, ERROR_QUOTE));
@@ -511,9 +517,8 @@ done:
     return st;
 }
 
-/* ,"key":"name" with name JSON-quoted. */
-static kvo_status lora_member(kvo_buf *body, const char *key,
-                              const char *name) {
+/* ,"key":"value" with value JSON-quoted. */
+static kvo_status str_member(kvo_buf *body, const char *key, const char *name) {
     json_object *j = json_object_new_string(name);
     if (!j) return KVO_ENOMEM;
     kvo_status st = kvo_buf_printf(
@@ -533,7 +538,7 @@ static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
     if (st == KVO_OK && warm && p->trace_form)
         st = CHK_BUF_LIT(body, ",\"warm\":true");
     if (st == KVO_OK && p->lora && p->lora[0])
-        st = lora_member(body, "lora_name", p->lora);
+        st = str_member(body, "lora_name", p->lora);
     if (st == KVO_OK && p->extra_len)
         st = kvo_buf_append(body, p->extra, p->extra_len);
     if (st == KVO_OK && detail) st = CHK_BUF_LIT(body, ",\"detail\":true");
@@ -902,15 +907,63 @@ static kvo_status read_scores(const chk_env *env, const json_call *c,
     return st;
 }
 
+/* Dynamo's {"scores": {"<worker_id>": {"<dp_rank>": tokens}}, ...}: blocks
+ * = tokens / block_size per slot (tokens not a whole number of blocks is
+ * refused); workers that are not ours are not compared. */
+static kvo_status read_dynamo_scores(const chk_env *env, const json_call *c,
+                                     uint32_t *scores) {
+    const kvo_jv *ws;
+    kvo_status st =
+        get_typed(c, c->root, NULL, "scores", KVO_JSON_OBJ, REQUIRED, &ws);
+    for (uint32_t s = 0; scores && s < env->n_workers * env->dp_size; s++)
+        scores[s] = 0;
+    for (uint32_t i = 0; st == KVO_OK && i < ws->len; i++) {
+        const kvo_jmember *w = &ws->v.members[i];
+        uint64_t wid, rank, tokens;
+        char name[64];
+        snprintf(name, sizeof(name), "scores.%.40s", w->key);
+        if (kvo_parse_u64(w->key, &wid) != KVO_OK)
+            return answer_err(c, KVO_EPROTO,
+                              "scores: key \"%.40s\" is not a "
+                              "worker id",
+                              w->key);
+        if (!kvo_json_is(&w->value, KVO_JSON_OBJ))
+            return answer_err(c, KVO_EPROTO, "%s: expected an object", name);
+        for (uint32_t k = 0; st == KVO_OK && k < w->value.len; k++) {
+            const kvo_jmember *r = &w->value.v.members[k];
+            if (kvo_parse_u64(r->key, &rank) != KVO_OK || rank > UINT32_MAX)
+                return answer_err(c, KVO_EPROTO,
+                                  "%s: key \"%.40s\" is not a dp rank", name,
+                                  r->key);
+            st = get_uint(c, &w->value, name, r->key, UINT32_MAX, REQUIRED,
+                          &tokens);
+            if (st == KVO_OK && tokens % env->block_size)
+                return answer_err(c, KVO_EPROTO,
+                                  "%s.%s: %" PRIu64 " tokens is not a whole "
+                                  "number of %u-token blocks",
+                                  name, r->key, tokens, env->block_size);
+            if (st == KVO_OK && scores && wid < env->n_workers &&
+                rank < env->dp_size)
+                scores[wid * env->dp_size + rank] =
+                    (uint32_t)(tokens / env->block_size);
+        }
+    }
+    return st;
+}
+
 /* {"publishers": [{"publisher_id", "zmq_seq_last"}, ...]} of obj (at
- * where) into w (raw untouched). */
+ * where) into w (raw untouched); with dynamo, the Dynamo listener's
+ * {"instances": [{"instance_id", "dp_rank", "zmq_seq_last"}, ...]}, each
+ * under the publisher chk_rank_key(instance_id, dp_rank). */
 static kvo_status read_watermark(const json_call *c, const kvo_jv *obj,
-                                 const char *where, chk_watermark *w) {
+                                 const char *where, bool dynamo,
+                                 chk_watermark *w) {
     const kvo_jv *pubs;
     char arr_name[48];
-    field_name(arr_name, sizeof(arr_name), where, "publishers");
+    const char *arr = dynamo ? "instances" : "publishers";
+    field_name(arr_name, sizeof(arr_name), where, arr);
     kvo_status st =
-        get_typed(c, obj, where, "publishers", KVO_JSON_ARR, REQUIRED, &pubs);
+        get_typed(c, obj, where, arr, KVO_JSON_ARR, REQUIRED, &pubs);
     if (st != KVO_OK) return st;
     size_t n = pubs->len;
     if (w) {
@@ -924,11 +977,17 @@ static kvo_status read_watermark(const json_call *c, const kvo_jv *obj,
     for (size_t i = 0; st == KVO_OK && i < n; i++) {
         kvo_jv o;
         char name[64];
-        uint64_t id = 0, last = UINT64_MAX; /* null: nothing applied */
+        uint64_t id = 0, rank = 0, last = UINT64_MAX; /* null: none applied */
         st = elem_obj(c, pubs, arr_name, i, &o, name, sizeof(name));
-        if (st == KVO_OK)
+        if (st == KVO_OK && !dynamo)
             st = get_uint(c, &o, name, "publisher_id", UINT64_MAX, REQUIRED,
                           &id);
+        if (st == KVO_OK && dynamo &&
+            (st = get_uint(c, &o, name, "instance_id", UINT32_MAX, REQUIRED,
+                           &id)) == KVO_OK &&
+            (st = get_uint(c, &o, name, "dp_rank", UINT32_MAX, REQUIRED,
+                           &rank)) == KVO_OK)
+            id = chk_rank_key((uint32_t)id, (uint32_t)rank);
         if (st == KVO_OK)
             st = get_uint(c, &o, name, "zmq_seq_last", INT64_MAX, OPTIONAL,
                           &last);
@@ -955,7 +1014,7 @@ static kvo_status read_wait(const json_call *c, chk_watermark *wm,
                         &cov)) != KVO_OK ||
         (st = get_typed(c, c->root, NULL, "watermark", KVO_JSON_OBJ, REQUIRED,
                         &w)) != KVO_OK ||
-        (st = read_watermark(c, w, "watermark", wm)) != KVO_OK)
+        (st = read_watermark(c, w, "watermark", false, wm)) != KVO_OK)
         return st;
     if (wm) {
         *covered = cov->v.b;
@@ -976,6 +1035,54 @@ static kvo_status read_metrics(const json_call *c, kvo_buf *metrics) {
     if (st != KVO_OK || !metrics) return st;
     kvo_buf_reset(metrics);
     return kvo_buf_append(metrics, m->v.s, m->len);
+}
+
+/* Dynamo's POST /query_by_hash {"block_hashes": [i64...], "model_name"}:
+ * the same 64 bits as signed integers (Dynamo's LocalBlockHash on the
+ * wire). No wait, no metrics: the callers ask for neither in this mode. */
+static kvo_status dynamo_query(kvo_http_client *h, const chk_env *env,
+                               const uint64_t *hashes, size_t n, json_call *jc,
+                               kvo_buf *body, uint32_t *scores) {
+    kvo_status st = CHK_BUF_LIT(body, "{\"block_hashes\":[");
+    for (size_t i = 0; st == KVO_OK && i < n; i++)
+        st = kvo_buf_printf(body, "%s%" PRId64, i ? "," : "",
+                            (int64_t)hashes[i]);
+    if (st == KVO_OK) st = CHK_BUF_LIT(body, "]");
+    if (st == KVO_OK) st = str_member(body, "model_name", env->model_name);
+    if (st == KVO_OK) st = CHK_BUF_LIT(body, "}");
+    if (st == KVO_OK) st = json_call_send(jc, h, body);
+    if (st == KVO_OK) st = read_dynamo_scores(env, jc, NULL);
+    if (st == KVO_OK) st = read_dynamo_scores(env, jc, scores);
+    return st;
+}
+
+/* POST /register of one engine rank with a Dynamo indexer: {instance_id:
+ * the worker, dp_rank, model_name, endpoint, replay_endpoint?, block_size};
+ * or /unregister of the whole engine: {instance_id, model_name} (Dynamo
+ * honours a dp_rank there only with a routing_group). */
+kvo_status chk_index_dynamo_register(chk_env *env, const chk_engine *e,
+                                     const chk_rank *rk, bool on,
+                                     kvo_err *err) {
+    json_call jc;
+    json_call_init(&jc, err, "%s/%s", env->indexer_url,
+                   on ? "register" : "unregister");
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_status st = kvo_buf_printf(&body, "{\"instance_id\":%u", e->worker_id);
+    if (st == KVO_OK) st = str_member(&body, "model_name", env->model_name);
+    if (st == KVO_OK && on) {
+        st = kvo_buf_printf(&body, ",\"dp_rank\":%u", rk->dp_rank);
+        if (st == KVO_OK) st = str_member(&body, "endpoint", rk->zmq);
+        if (st == KVO_OK && rk->replay[0])
+            st = str_member(&body, "replay_endpoint", rk->replay);
+        if (st == KVO_OK)
+            st = kvo_buf_printf(&body, ",\"block_size\":%u", env->block_size);
+    }
+    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
+    if (st == KVO_OK) st = json_call_send(&jc, env->idx_http, &body);
+    json_call_fini(&jc);
+    kvo_buf_fini(&body);
+    return st;
 }
 
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
@@ -1003,7 +1110,14 @@ kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
     json_call_init(&jc, err, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
     kvo_buf_init(&body);
-    kvo_status st = CHK_BUF_LIT(&body, "{\"tokens_hashes\":");
+    kvo_status st;
+    if (env->cfg->indexer_api == CHECK_API_DYNAMO) {
+        st = dynamo_query(h, env, hashes, n, &jc, &body, scores);
+        json_call_fini(&jc);
+        kvo_buf_fini(&body);
+        return st;
+    }
+    st = CHK_BUF_LIT(&body, "{\"tokens_hashes\":");
     if (st == KVO_OK) st = chk_json_u64s(&body, hashes, n);
     if (st == KVO_OK && wm) {
         st =
@@ -1038,14 +1152,34 @@ void chk_watermark_fini(chk_watermark *w) {
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/watermark", env->indexer_url);
+    bool dynamo = env->cfg->indexer_api == CHECK_API_DYNAMO;
     kvo_status st = json_call_send(&jc, env->idx_http, NULL);
-    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, NULL);
-    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, w);
+    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, dynamo, NULL);
+    if (st == KVO_OK) st = read_watermark(&jc, jc.root, NULL, dynamo, w);
     if (st == KVO_OK) {
         kvo_buf_reset(&w->raw);
         st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
     }
     json_call_fini(&jc);
+    return st;
+}
+
+kvo_status chk_index_settle_view(chk_env *env, const uint64_t *hashes, size_t n,
+                                 chk_watermark *w, kvo_err *err) {
+    if (env->cfg->indexer_api != CHECK_API_DYNAMO || env->dynamo_watermark)
+        return chk_index_watermark(env, w, err);
+    json_call jc;
+    json_call_init(&jc, err, "%s/query_by_hash", env->indexer_url);
+    kvo_buf body;
+    kvo_buf_init(&body);
+    kvo_status st =
+        dynamo_query(env->idx_http, env, hashes, n, &jc, &body, NULL);
+    if (st == KVO_OK) {
+        kvo_buf_reset(&w->raw);
+        st = kvo_buf_append(&w->raw, jc.resp.body.data, jc.resp.body.len);
+    }
+    json_call_fini(&jc);
+    kvo_buf_fini(&body);
     return st;
 }
 
@@ -1073,15 +1207,20 @@ kvo_status chk_metrics_fetch(kvo_http_client *c, const char *url,
     return st;
 }
 
+/* GET url's Prometheus text into counters under stage (NULL: the
+ * indexer's, check_counters_parse_indexer). */
 static kvo_status read_prom(kvo_http_client *c, const char *url,
                             const char *stage, check_counters *counters,
                             kvo_err *err) {
     kvo_http_resp resp;
     kvo_http_resp_init(&resp);
     kvo_status st = chk_metrics_fetch(c, url, &resp, err);
+    const char *text = (const char *)resp.body.data;
     if (st == KVO_OK)
-        st = check_counters_parse_prom(
-            counters, stage, (const char *)resp.body.data, resp.body.len);
+        st = stage
+                 ? check_counters_parse_prom(counters, stage, text,
+                                             resp.body.len)
+                 : check_counters_parse_indexer(counters, text, resp.body.len);
     kvo_http_resp_fini(&resp);
     return st;
 }
@@ -1130,7 +1269,7 @@ kvo_status chk_counters_relay(chk_relay *r, check_counters *c, kvo_err *err) {
 kvo_status chk_counters_indexer(chk_env *env, check_counters *c, kvo_err *err) {
     char url[256];
     snprintf(url, sizeof(url), "%s/metrics", env->indexer_url);
-    return read_prom(env->idx_metrics, url, "indexer", c, err);
+    return read_prom(env->idx_metrics, url, NULL, c, err);
 }
 
 kvo_status chk_index_health(chk_env *env, char *status, size_t statussz,

@@ -107,6 +107,13 @@ kvo_status check_counters_moved(check_counters *out, const check_counters *prev,
  * (replacing an earlier value). Comments and malformed lines are skipped. */
 kvo_status check_counters_parse_prom(check_counters *c, const char *stage,
                                      const char *text, size_t len);
+/* The indexer's /metrics: stage "indexer", except the counters of relay
+ * pipelines running inside it (kvo_relay_*: kvo-indexer --dynamo-http reads
+ * the engines' ZMQ itself), which are a relay's and go to stage
+ * CHECK_STAGE_INDEXER_PIPES, so the relays' rules judge them. */
+#define CHECK_STAGE_INDEXER_PIPES "relay (indexer)"
+kvo_status check_counters_parse_indexer(check_counters *c, const char *text,
+                                        size_t len);
 /* A JSON object (parsed by kvo_json): every numeric (or boolean) leaf,
  * named by its dotted path ("nats.dropped", "gaps.0"), members in key
  * order. */
@@ -900,8 +907,12 @@ typedef struct chk_env {
     uint32_t n_decode;
     uint32_t dp_size;
     uint32_t block_size;
-    char model[128]; /* "model" of completions */
-    bool exact;      /* exact watermarks (kvo-mocker + our relays) */
+    char model[128];      /* "model" of completions */
+    char model_name[128]; /* --indexer-api dynamo: the index's partition */
+    bool exact;      /* exact watermarks (kvo-mocker + our relays, or a Dynamo
+                   indexer with kvo's GET /watermark) */
+    bool registered; /* dynamo: the engine ranks were registered */
+    bool dynamo_watermark; /* dynamo: it answers kvo's GET /watermark */
 
     chk_relay *relays;
     uint32_t n_relays;
@@ -1030,6 +1041,15 @@ kvo_status chk_engine_counters(chk_engine *e, check_counters *c, kvo_err *err);
 kvo_status chk_engine_model(chk_engine *e, char *model, size_t modelsz,
                             kvo_err *err);
 
+/* --indexer-api dynamo: the watermark's key of (instance_id, dp_rank),
+ * which kvo-check's relays' publisher ids (below 2^51) never equal. */
+static inline uint64_t chk_rank_key(uint32_t worker, uint32_t dp_rank) {
+    return (1ull << 63) | ((uint64_t)worker << 32) | dp_rank;
+}
+/* --indexer-api dynamo: POST /register of one engine rank (on), or
+ * /unregister of engine e (rk unused); instance_id = e's worker id. */
+kvo_status chk_index_dynamo_register(chk_env *env, const chk_engine *e,
+                                     const chk_rank *rk, bool on, kvo_err *err);
 /* Indexer: scores per slot for the prompt's router hashes. */
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
                            uint32_t *scores, kvo_err *err);
@@ -1060,6 +1080,11 @@ kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
                                kvo_buf *metrics, kvo_err *err);
 void chk_watermark_fini(chk_watermark *w);
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err);
+/* What settle mode watches into w->raw: GET /watermark's answer (w filled
+ * as by chk_index_watermark), or for a Dynamo indexer without one, the
+ * answer to the query of hashes. */
+kvo_status chk_index_settle_view(chk_env *env, const uint64_t *hashes, size_t n,
+                                 chk_watermark *w, kvo_err *err);
 int64_t chk_watermark_get(const chk_watermark *w, uint64_t publisher,
                           bool *present);
 /* Counters: fetch a /metrics body (any thread), then parse it into a

@@ -39,6 +39,8 @@ enum {
     OPT_BIN_DIR,
     OPT_ENGINES,
     OPT_INDEXER,
+    OPT_INDEXER_API,
+    OPT_MODEL_NAME,
     OPT_NATS,
     OPT_MODEL,
     OPT_NO_RELAYS,
@@ -127,6 +129,8 @@ static const struct option OPTIONS[] = {
     {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
     {"engines", required_argument, NULL, OPT_ENGINES},
     {"indexer", required_argument, NULL, OPT_INDEXER},
+    {"indexer-api", required_argument, NULL, OPT_INDEXER_API},
+    {"model-name", required_argument, NULL, OPT_MODEL_NAME},
     {"nats", required_argument, NULL, OPT_NATS},
     {"model", required_argument, NULL, OPT_MODEL},
     {"no-relays", no_argument, NULL, OPT_NO_RELAYS},
@@ -180,6 +184,13 @@ static const char USAGE[] =
     "or\n"
     "                          vLLM; worker ids 0.. in this order)\n"
     "  --indexer URL           a running kvo-indexer (default: spawn one)\n"
+    "  --indexer-api API       kvo (kvo-indexer's, events through relays and\n"
+    "                          NATS) or dynamo (Dynamo's standalone indexer\n"
+    "                          API: every engine rank is registered with it\n"
+    "                          and it reads their ZMQ itself; spawned: a\n"
+    "                          kvo-indexer --dynamo-http) (kvo)\n"
+    "  --model-name M          dynamo: the model_name registered and queried\n"
+    "                          (default: the completions' model)\n"
     "  --nats URL              a running NATS (default: spawn nats-server)\n"
     "  --no-relays             engines' events reach NATS through your relays\n"
     "  --model NAME            model for completions (default: /v1/models)\n"
@@ -471,6 +482,15 @@ static kvo_status on_opt(void *ctx, int code, const char *v) {
     case OPT_BIN_DIR: c->bin_dir = v; return KVO_OK;
     case OPT_ENGINES: c->engines = v; return KVO_OK;
     case OPT_INDEXER: c->indexer = v; return KVO_OK;
+    case OPT_INDEXER_API:
+        if (strcmp(v, "kvo") == 0)
+            c->indexer_api = CHECK_API_KVO;
+        else if (strcmp(v, "dynamo") == 0)
+            c->indexer_api = CHECK_API_DYNAMO;
+        else
+            return bad("indexer-api", v);
+        return KVO_OK;
+    case OPT_MODEL_NAME: c->model_name = v; return KVO_OK;
     case OPT_NATS: c->nats = v; return KVO_OK;
     case OPT_MODEL: c->model = v; return KVO_OK;
     case OPT_NO_RELAYS: c->no_relays = true; return KVO_OK;
@@ -650,6 +670,20 @@ int main(int argc, char **argv) {
                         "--indexer-restart-at, --engine-restart-at, "
                         "--nats-kill-at, --chaos) are for lockstep runs (not "
                         "with --load)\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->indexer_api == CHECK_API_DYNAMO &&
+        (kills || c->nats || c->nats_cluster > 1 || c->drop_seq >= 0 ||
+         c->extra_block_seq >= 0)) {
+        fprintf(stderr, "kvo-check: with --indexer-api dynamo the indexer "
+                        "reads the engines' ZMQ itself: no relays and no "
+                        "NATS, so no --nats, --nats-cluster, --drop-seq, "
+                        "--extra-block-seq or fault options\n");
+        return KVO_EXIT_USAGE;
+    }
+    if (c->model_name && c->indexer_api != CHECK_API_DYNAMO) {
+        fprintf(stderr, "kvo-check: --model-name is for --indexer-api "
+                        "dynamo\n");
         return KVO_EXIT_USAGE;
     }
     if (c->nats_cluster > 1 && (c->nats || !c->spawn)) {

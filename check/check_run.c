@@ -157,6 +157,20 @@ static bool restarted_synced(run *r, chk_engine *e, chk_rank *rk, char *why,
     return same;
 }
 
+/* The watermark's key of rank rk of engine e: its relay's publisher id
+ * or, with --indexer-api dynamo, chk_rank_key; false when no watermark
+ * follows it (no relay of ours). */
+static bool rank_publisher(const run *r, const chk_engine *e,
+                           const chk_rank *rk, uint64_t *pub) {
+    if (r->cfg->indexer_api == CHECK_API_DYNAMO) {
+        *pub = chk_rank_key(e->worker_id, rk->dp_rank);
+        return e->mocker;
+    }
+    if (rk->relay < 0) return false;
+    *pub = r->env.relays[rk->relay].publisher_id;
+    return true;
+}
+
 /* Every publishing rank's last seq is covered by its relay's watermark?
  * Writes the first one that is not into why. A restarted engine's ranks
  * are compared by block sets instead (*by_sets: some was). */
@@ -166,21 +180,29 @@ static bool watermark_covers(run *r, char *why, size_t whysz, bool *by_sets) {
         chk_engine *e = &r->env.engines[i];
         for (uint32_t k = 0; k < e->n_ranks; k++) {
             chk_rank *rk = &e->ranks[k];
-            if (rk->last_seq < 0 || rk->relay < 0) continue;
+            uint64_t pub;
+            if (rk->last_seq < 0 || !rank_publisher(r, e, rk, &pub)) continue;
             if (rk->restarted) {
                 if (!restarted_synced(r, e, rk, why, whysz)) return false;
                 if (by_sets) *by_sets = true;
                 continue;
             }
-            uint64_t pub = r->env.relays[rk->relay].publisher_id;
             int64_t have = chk_watermark_get(&r->wm, pub, NULL);
-            if (have < rk->last_seq) {
+            if (have < rk->last_seq && rk->relay >= 0) {
                 snprintf(why, whysz,
                          "engine %u rank %u published seq %lld, "
                          "the index has %lld from its relay "
                          "(publisher %" PRIu64 ")",
                          i, rk->dp_rank, (long long)rk->last_seq,
                          (long long)have, pub);
+                return false;
+            }
+            if (have < rk->last_seq) {
+                snprintf(why, whysz,
+                         "engine %u rank %u published seq %lld, the index "
+                         "has applied %lld of its ZMQ stream",
+                         i, rk->dp_rank, (long long)rk->last_seq,
+                         (long long)have);
                 return false;
             }
         }
@@ -269,8 +291,11 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
         chk_engine *e = &r->env.engines[i];
         for (uint32_t k = 0; k < e->n_ranks; k++) {
             chk_rank *rk = &e->ranks[k];
-            if (rk->last_seq < 0 || rk->relay < 0 || rk->restarted) continue;
-            pairs[2 * np] = r->env.relays[rk->relay].publisher_id;
+            uint64_t pub;
+            if (rk->last_seq < 0 || !rank_publisher(r, e, rk, &pub) ||
+                rk->restarted)
+                continue;
+            pairs[2 * np] = pub;
             pairs[2 * np + 1] = (uint64_t)rk->last_seq;
             np++;
         }
@@ -300,7 +325,8 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
     }
 }
 
-/* Quiet period: the indexer's /watermark answer unchanged for settle_ms. */
+/* Quiet period: the indexer's /watermark answer (without one, the answer
+ * to the prompt's query) unchanged for settle_ms. */
 static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
     uint64_t deadline = ns_after_ms(r->cfg->timeout_ms);
     kvo_buf last;
@@ -308,7 +334,8 @@ static kvo_status sync_settle(run *r, int64_t before, kvo_err *err) {
     uint64_t quiet_since = kvo_now_ns();
     kvo_status st = KVO_OK;
     for (;;) {
-        st = chk_index_watermark(&r->env, &r->wm, err);
+        st =
+            chk_index_settle_view(&r->env, r->pb.hashes, r->pb.nb, &r->wm, err);
         if (st != KVO_OK) break;
         if (last.len != r->wm.raw.len ||
             memcmp(last.data ? last.data : (uint8_t *)"",
@@ -528,17 +555,18 @@ static kvo_status merge_metrics(run *r, size_t n, int64_t before) {
     kvo_status st = KVO_OK;
     double busy = 0;
     if (r->have_idx_metrics) /* came with the waited query */
-        st = check_counters_parse_prom(&r->cur, "indexer",
-                                       (const char *)r->idx_metrics.data,
-                                       r->idx_metrics.len);
+        st = check_counters_parse_indexer(
+            &r->cur, (const char *)r->idx_metrics.data, r->idx_metrics.len);
     r->have_idx_metrics = false;
     for (size_t i = 0; i < n && st == KVO_OK; i++) {
         rtask *t = &r->tasks[i];
         if (t->base.fn != task_metrics) continue;
         if (t->busy > busy) busy = t->busy;
-        st = check_counters_parse_prom(
-            &r->cur, t->is_indexer ? "indexer" : t->rl->stage,
-            (const char *)t->resp.body.data, t->resp.body.len);
+        const char *text = (const char *)t->resp.body.data;
+        st = t->is_indexer
+                 ? check_counters_parse_indexer(&r->cur, text, t->resp.body.len)
+                 : check_counters_parse_prom(&r->cur, t->rl->stage, text,
+                                             t->resp.body.len);
     }
     if (st == KVO_OK) st = check_counters_moved(&r->moved, &r->prev, &r->cur);
     if (st == KVO_OK) st = check_counters_copy(&r->prev, &r->cur);
@@ -1235,6 +1263,8 @@ static void describe(run *r) {
     if (c->kv_groups) TRAFFIC(" kv_groups=%s", c->kv_groups);
     if (c->cpu_offload_blocks)
         TRAFFIC(" cpu_blocks=%llu", (unsigned long long)c->cpu_offload_blocks);
+    if (c->indexer_api == CHECK_API_DYNAMO)
+        TRAFFIC(" indexer_api=dynamo model_name=%.60s", r->env.model_name);
 #undef TRAFFIC
     snprintf(
         r->res->config, sizeof(r->res->config),
@@ -1367,6 +1397,8 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
         goto done;
     }
     env_up = true;
+    /* Dynamo's query cannot wait for a watermark: poll it */
+    r.no_wait = cfg->indexer_api == CHECK_API_DYNAMO;
     r.trace_form =
         cfg->prompt_form == CHECK_FORM_TRACE ||
         (cfg->prompt_form == CHECK_FORM_AUTO && r.env.engines[0].mocker);

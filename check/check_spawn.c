@@ -564,7 +564,14 @@ static kvo_status start_indexer(chk_env *env, kvo_err *err) {
     chk_arg(a, "%s", exe);
     chk_arg(a, "--nats");
     chk_arg(a, "%s", env->nats_url);
-    chk_arg(a, "--http");
+    if (c->indexer_api == CHECK_API_DYNAMO) {
+        /* its own API on a port nobody asks; Dynamo's on ours */
+        chk_arg(a, "--http");
+        chk_arg(a, "127.0.0.1:0");
+        chk_arg(a, "--dynamo-http");
+    } else {
+        chk_arg(a, "--http");
+    }
     chk_arg_port(a, "127.0.0.1:");
     chk_arg(a, "--block-size");
     chk_arg(a, "%u", env->block_size);
@@ -1108,6 +1115,54 @@ static kvo_status discover(chk_env *env, chk_engine *e, kvo_err *err) {
     return KVO_OK;
 }
 
+/* --indexer-api dynamo: every publishing rank of a kvo-mocker engine is
+ * registered with the indexer (the ZMQ and replay endpoints it advertises);
+ * a real engine's, whose endpoints kvo-check does not know, are the user's
+ * to register. Exact mode when the indexer also answers kvo's GET
+ * /watermark extension (kvo-indexer does); else settle. */
+static kvo_status dynamo_register(chk_env *env, bool all_mockers,
+                                  kvo_err *err) {
+    for (uint32_t i = 0; i < env->n_workers; i++) {
+        chk_engine *e = &env->engines[i];
+        if (!e->mocker) {
+            kvo_info("engine %u (%s) does not tell its ZMQ endpoints: register "
+                     "it with the indexer as instance %u yourself",
+                     i, e->url, e->worker_id);
+            continue;
+        }
+        for (uint32_t k = 0; k < e->n_ranks; k++) {
+            kvo_status st =
+                chk_index_dynamo_register(env, e, &e->ranks[k], true, err);
+            if (st != KVO_OK) return st;
+            env->registered = true;
+        }
+    }
+    chk_watermark wm = {0};
+    kvo_err e2 = {0};
+    kvo_status st = chk_index_watermark(env, &wm, &e2);
+    chk_watermark_fini(&wm);
+    env->dynamo_watermark = st == KVO_OK;
+    env->exact = all_mockers && st == KVO_OK;
+    if (st != KVO_OK)
+        kvo_info("%s: no exact watermark, so settle mode (a quiet period of "
+                 "%ld ms before each query)",
+                 e2.msg, env->cfg->settle_ms);
+    return KVO_OK;
+}
+
+/* --indexer-api dynamo: the ranks registered at the start, unregistered
+ * (a failure is logged: the run is over). */
+static void dynamo_unregister(chk_env *env) {
+    for (uint32_t i = 0; env->registered && i < env->n_workers; i++) {
+        chk_engine *e = &env->engines[i];
+        kvo_err e2 = {0};
+        if (e->mocker &&
+            chk_index_dynamo_register(env, e, NULL, false, &e2) != KVO_OK)
+            kvo_warn("unregistering engine %u: %s", i, e2.msg);
+    }
+    env->registered = false;
+}
+
 kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
                          const check_trace *trace, kvo_err *err) {
     memset(env, 0, sizeof(*env));
@@ -1154,7 +1209,9 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
         if ((st = attach_engines(env, err)) != KVO_OK) goto fail;
     }
     /* NATS and the indexer before any engine publishes */
-    bool need_relays = cfg->spawn || !cfg->indexer || !cfg->no_relays;
+    bool dynamo = cfg->indexer_api == CHECK_API_DYNAMO;
+    bool need_relays =
+        !dynamo && (cfg->spawn || !cfg->indexer || !cfg->no_relays);
     if (cfg->spawn || !cfg->indexer || need_relays)
         if ((st = start_nats(env, err)) != KVO_OK) goto fail;
     if ((st = start_indexer(env, err)) != KVO_OK) goto fail;
@@ -1223,7 +1280,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
             }
 
     /* relays, one per publishing rank */
-    bool spawn_relays = !cfg->no_relays;
+    bool spawn_relays = !cfg->no_relays && !dynamo;
     bool all_mockers = true;
     for (uint32_t i = 0; i < env->n_workers; i++) {
         chk_engine *e = &env->engines[i];
@@ -1234,7 +1291,7 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
     }
     env->exact = all_mockers && spawn_relays;
 
-    /* model name */
+    /* model name (dynamo: also the index's partition) */
     if (cfg->model)
         snprintf(env->model, sizeof(env->model), "%s", cfg->model);
     else if (env->engines[0].mocker)
@@ -1248,6 +1305,10 @@ kvo_status chk_env_start(chk_env *env, const check_cfg *cfg,
             goto fail;
         }
     }
+    snprintf(env->model_name, sizeof(env->model_name), "%s",
+             cfg->model_name ? cfg->model_name : env->model);
+    if (dynamo && (st = dynamo_register(env, all_mockers, err)) != KVO_OK)
+        goto fail;
     return KVO_OK;
 fail:
     chk_env_dump_logs(env, SETUP_LOG_LINES);
@@ -1349,6 +1410,7 @@ void chk_env_stop(chk_env *env, bool keep_logs) {
     /* relays first (they flush their exit JSON), then engines, indexer,
      * NATS: the reverse of the start. */
     bool unclean = false;
+    if (env->idx_http) dynamo_unregister(env);
     for (uint32_t i = env->n_relays; i-- > 0;) {
         if (!env->relays[i].retired) stop_one(&env->relays[i].proc, &unclean);
         kvo_http_client_free(env->relays[i].http);

@@ -51,6 +51,13 @@ typedef enum check_prompt_form {
     CHECK_FORM_TOKENS
 } check_prompt_form;
 
+/* The API kvo-check speaks to the indexer under test. */
+typedef enum check_indexer_api {
+    CHECK_API_KVO = 0, /* kvo-indexer's (events through relays and NATS) */
+    CHECK_API_DYNAMO   /* Dynamo's standalone indexer: kvo-check registers
+                          every engine rank, the indexer reads its ZMQ */
+} check_indexer_api;
+
 /* Strings are borrowed: they must outlive the run. */
 /* The most nats-servers --nats-cluster starts. */
 #define CHECK_NATS_MAX 5
@@ -98,9 +105,11 @@ typedef struct check_cfg {
     const char *indexer; /* URL */
     const char *nats;    /* URL */
     const char *model;   /* NULL = first of /v1/models */
-    bool no_relays;      /* events reach NATS through the user's
+    check_indexer_api indexer_api;
+    const char *model_name; /* dynamo: the partition (NULL = the model) */
+    bool no_relays;         /* events reach NATS through the user's
                                   relays: no exact watermark, settle */
-    long settle_ms;      /* quiet period when there is no watermark */
+    long settle_ms;         /* quiet period when there is no watermark */
     /* --load: many requests in flight, exact at checkpoints */
     bool load;
     check_arrival arrival;

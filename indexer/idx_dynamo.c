@@ -76,6 +76,7 @@ typedef struct listener {
     struct part *part;
     uint64_t instance_id;
     uint32_t dp_rank;
+    uint64_t publisher_id; /* its pipe's envelopes, in the partition's feed */
     char *endpoint, *replay;
     lstatus status;
     char *last_error;
@@ -96,7 +97,11 @@ typedef struct part {
     idx_feed *feed;
 } part;
 
-/* The routes, and the per-route counters of /metrics. */
+/* The routes, and the per-route counters of /metrics. The last three are
+ * kvo's extensions (Dynamo has no such routes): the watermark that lets a
+ * client wait exactly, and kvo-indexer's read-only views (GET /blocks,
+ * POST /lookup, the same as on its own listener) for full-state
+ * checkpoints and diagnosis. */
 #define ROUTES(X)                                                              \
     X(REGISTER, "/register", true)                                             \
     X(UNREGISTER, "/unregister", true)                                         \
@@ -105,7 +110,10 @@ typedef struct part {
     X(QUERY_BY_HASH, "/query_by_hash", true)                                   \
     X(DUMP, "/dump", false)                                                    \
     X(HEALTH, "/health", false)                                                \
-    X(METRICS, "/metrics", false)
+    X(METRICS, "/metrics", false)                                              \
+    X(WATERMARK, "/watermark", false)                                          \
+    X(BLOCKS, "/blocks", false)                                                \
+    X(LOOKUP, "/lookup", true)
 typedef enum route {
 #define X(id, path, post) R_##id,
     ROUTES(X)
@@ -137,7 +145,10 @@ struct idx_dyn {
     relay_rx rx;
     idx_scores scores;
     kvo_json doc;
-    relay_stats gone;              /* counters of listeners already freed */
+    idx_tree *empty;     /* GET /blocks, POST /lookup of an unknown worker */
+    idx_blockset blocks; /* GET /blocks's cache */
+    uint64_t bad_views;  /* their 400s */
+    relay_stats gone;    /* counters of listeners already freed */
     uint64_t requests[R_COUNT][2]; /* [route][GET 0 | POST 1] */
     uint64_t errors[R_COUNT][2];   /* [route][4xx 0 | 5xx 1] */
     kvo_ratelimit rl_note, rl_link;
@@ -249,7 +260,7 @@ static kvo_status listener_new(idx_dyn *d, part *p, uint64_t instance_id,
     relay_pipe_cfg pc = {
         .worker_id = instance_id,
         .block_size = p->block_size,
-        .publisher_id = ++d->next_publisher,
+        .publisher_id = l->publisher_id = ++d->next_publisher,
         .subject = SUBJECT,
         .replay_from_set = replay != NULL,
         .replay_from = 0,
@@ -389,6 +400,7 @@ static void part_drop_if_empty(idx_dyn *d, part *p) {
         }
     kvo_info("dynamo: partition model=%s routing_group=%s is empty: dropped",
              p->model, p->group);
+    d->blocks.loaded = false; /* it may hold blocks of p's tree */
     part_free(p);
 }
 
@@ -984,6 +996,41 @@ static bool do_dump(idx_dyn *d, dyn_err *e, json_object **out) {
     return true;
 }
 
+/* kvo's extension, not Dynamo's: {"instances": [{"instance_id",
+ * "dp_rank", "zmq_seq_last": S | null}, ...]}, every listener by instance
+ * and rank: the last ZMQ sequence of that engine rank the index has applied
+ * (null: none yet). A client that knows what an engine published waits on
+ * it instead of for a quiet period (kvo-check's exact mode). */
+static bool do_watermark(idx_dyn *d, dyn_err *e, json_object **out) {
+    json_object *o = json_object_new_object(), *a = json_object_new_array();
+    if (!o || !a) {
+        json_object_put(o);
+        json_object_put(a);
+        return fail(e, 500, "out of memory");
+    }
+    json_object_object_add(o, "instances", a);
+    for (size_t i = 0; i < d->nworkers; i++)
+        for (size_t k = 0; k < d->workers[i]->n; k++) {
+            const listener *l = d->workers[i]->ls[k];
+            json_object *w = json_object_new_object();
+            if (!w) {
+                json_object_put(o);
+                return fail(e, 500, "out of memory");
+            }
+            uint64_t z;
+            bool has = idx_feed_zmq_last(l->part->feed, l->publisher_id, &z);
+            json_object_object_add(w, "instance_id",
+                                   json_object_new_uint64(l->instance_id));
+            json_object_object_add(w, "dp_rank",
+                                   json_object_new_int64(l->dp_rank));
+            json_object_object_add(w, "zmq_seq_last",
+                                   has ? json_object_new_uint64(z) : NULL);
+            json_object_array_add(a, w);
+        }
+    *out = o;
+    return true;
+}
+
 /* Every listener's pipe counters, with those of the listeners gone. */
 static void pipes_stats(idx_dyn *d, relay_stats *st) {
     *st = d->gone;
@@ -993,7 +1040,39 @@ static void pipes_stats(idx_dyn *d, relay_stats *st) {
     st->n_src = 0;
 }
 
-/* Dynamo's dynamo_kvindexer_* families, then the in-process relay
+/* to += from, field by field, for structs made of uint64_t only. */
+static void add_u64s(void *to, const void *from, size_t size) {
+    uint64_t *t = to;
+    const uint64_t *f = from;
+    for (size_t i = 0; i < size / sizeof(uint64_t); i++) t[i] += f[i];
+}
+_Static_assert(sizeof(idx_counters) % sizeof(uint64_t) == 0, "u64 only");
+_Static_assert(sizeof(idx_stats) % sizeof(uint64_t) == 0, "u64 only");
+_Static_assert(sizeof(idx_feed_counters) % sizeof(uint64_t) == 0, "u64 only");
+
+/* kvo-indexer's own kvo_indexer_* index families, summed over the
+ * partitions (what the trees and feeds did: parent_not_found, ...). */
+static kvo_status index_prom(idx_dyn *d, kvo_buf *b) {
+    idx_counters c = {0}, c1;
+    idx_stats st = {0}, st1;
+    idx_feed_counters f = {0}, f1;
+    for (size_t i = 0; i < d->nparts; i++) {
+        idx_feed *feed = d->parts[i]->feed;
+        idx_tree_counters(idx_feed_tree(feed), &c1);
+        idx_tree_stats(idx_feed_tree(feed), &st1);
+        idx_feed_counters_get(feed, &f1);
+        add_u64s(&c, &c1, sizeof(c));
+        add_u64s(&st, &st1, sizeof(st));
+        add_u64s(&f, &f1, sizeof(f));
+    }
+    kvo_prom p;
+    kvo_prom_init(&p, b, "kvo_indexer_");
+    idx_prom_index(&p, &c, &st, &f);
+    return kvo_prom_status(&p);
+}
+
+/* Dynamo's dynamo_kvindexer_* families, then kvo-indexer's index families
+ * (kvo_indexer_*, summed over the partitions), then the in-process relay
  * pipelines' counters (kvo_relay_*, summed over every listener so far). */
 static void do_metrics(idx_dyn *d, kvo_http_req *r) {
     kvo_buf b;
@@ -1028,6 +1107,7 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
     for (int s = 0; s < 4; s++)
         kvo_prom_u64(&p, "listeners", by[s], "status=\"%s\"", lstatus_names[s]);
     kvo_status st = kvo_prom_status(&p);
+    if (st == KVO_OK) st = index_prom(d, &b);
     if (st == KVO_OK) {
         relay_stats rs;
         pipes_stats(d, &rs);
@@ -1043,6 +1123,15 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
 static void count(idx_dyn *d, route rt, bool post, unsigned code) {
     d->requests[rt][post]++;
     if (code >= 400) d->errors[rt][code >= 500]++;
+}
+
+/* The tree of worker_id's partition (the empty one for a worker nobody
+ * registered). */
+static const idx_tree *tree_of(void *ctx, uint64_t worker_id, uint64_t *gen) {
+    idx_dyn *d = ctx;
+    const worker *w = worker_find(d, worker_id);
+    *gen = w ? idx_feed_generation(w->part->feed) : 0;
+    return w ? idx_feed_tree(w->part->feed) : d->empty;
 }
 
 static void handler(void *ctx, kvo_http_req *r) {
@@ -1066,6 +1155,15 @@ static void handler(void *ctx, kvo_http_req *r) {
         do_metrics(d, r);
         return;
     }
+    if (rt == R_BLOCKS || rt == R_LOOKUP) {
+        uint64_t bad = d->bad_views;
+        if (rt == R_BLOCKS)
+            idx_http_blocks(r, tree_of, d, &d->blocks, &d->bad_views);
+        else
+            idx_http_lookup(r, tree_of, d, &d->bad_views);
+        count(d, rt, post, d->bad_views == bad ? 200 : 400);
+        return;
+    }
     if (rt == R_HEALTH) {
         count(d, rt, post, 200);
         kvo_http_respond(r, 200, NULL, "", 0);
@@ -1084,6 +1182,7 @@ static void handler(void *ctx, kvo_http_req *r) {
     case R_WORKERS: ok = do_workers(d, r, &e, &out); break;
     case R_QUERY: ok = do_query(d, r, &e, &out); break;
     case R_QUERY_BY_HASH: ok = do_query_by_hash(d, r, &e, &out); break;
+    case R_WATERMARK: ok = do_watermark(d, &e, &out); break;
     default: ok = do_dump(d, &e, &out); break;
     }
     if (ok && !out) ok = fail(&e, 500, "out of memory");
@@ -1105,12 +1204,14 @@ kvo_status idx_dyn_new(idx_dyn **out, const idx_dyn_cfg *cfg) {
     if (!d->cfg.max_listeners) d->cfg.max_listeners = IDX_DYN_MAX_LISTENERS;
     idx_scores_init(&d->scores);
     kvo_json_init(&d->doc);
+    idx_blockset_init(&d->blocks);
     kvo_http_server_cfg hc = {.host = cfg->host,
                               .port = cfg->port,
                               .max_body = QUERY_BODY_MAX,
                               .handler = handler,
                               .ctx = d};
-    kvo_status st = kvo_http_server_new(&d->http, &hc);
+    kvo_status st = idx_tree_new(&d->empty);
+    if (st == KVO_OK) st = kvo_http_server_new(&d->http, &hc);
     if (st != KVO_OK) {
         idx_dyn_free(d);
         return st;
@@ -1129,6 +1230,8 @@ void idx_dyn_free(idx_dyn *d) {
     if (d->zctx) zmq_ctx_term(d->zctx);
     idx_scores_fini(&d->scores);
     kvo_json_fini(&d->doc);
+    idx_blockset_fini(&d->blocks);
+    idx_tree_free(d->empty);
     kvo_free(d);
 }
 

@@ -9,6 +9,7 @@
 #include "kvo_http.h"
 #include "kvo_json.h"
 #include "kvo_map.h"
+#include "kvo_prom.h"
 
 /* ---- Feed internals (idx_feed.c, idx_recover.c) -------------------------- */
 
@@ -419,6 +420,7 @@ static inline uint64_t idx_block_digest(uint64_t block_hash,
  * of one listing cost O(page) each. */
 typedef struct idx_blockset {
     bool loaded;
+    const idx_tree *tree; /* the tree they were read from */
     uint64_t worker_id;
     uint32_t dp_rank;
     uint64_t gen;
@@ -433,6 +435,19 @@ void idx_blockset_fini(idx_blockset *bs);
  * when bs holds them already). KVO_ENOMEM leaves bs empty. */
 kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
                              uint64_t worker_id, uint32_t dp_rank);
+/* The views on HTTP, for either listener. tree_of gives the tree that
+ * holds worker_id (an empty one when none does) and its generation. Bad
+ * arguments are a 400, counted in *bad_requests. */
+typedef const idx_tree *(*idx_tree_of_fn)(void *ctx, uint64_t worker_id,
+                                          uint64_t *generation);
+void idx_http_blocks(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
+                     idx_blockset *cache, uint64_t *bad_requests);
+void idx_http_lookup(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
+                     uint64_t *bad_requests);
+/* ?after=K&limit=N into pg (limit 1..max, default max). false with a
+ * message in err when either is malformed. */
+bool idx_http_page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
+                        size_t errsz);
 /* Count and digest of (worker_id, dp_rank)'s blocks, walking them once
  * (no allocation). */
 kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
@@ -538,6 +553,9 @@ typedef struct idx_service_stats {
     double lat_sum;                         /* seconds */
 } idx_service_stats;
 
+/* The index's kvo_indexer_* families (tree and feed), both listeners. */
+void idx_prom_index(kvo_prom *p, const idx_counters *c, const idx_stats *st,
+                    const idx_feed_counters *f);
 /* GET /metrics's Prometheus text for f and st, appended to out. */
 kvo_status idx_metrics_text(idx_feed *f, const idx_service_stats *st,
                             kvo_buf *out);

@@ -821,32 +821,10 @@ static long waiters_timeout_ms(const svc *s) {
     return first <= now ? 0 : (long)((first - now) / NS_PER_MS) + 1;
 }
 
-/* ?after=K&limit=N into pg (limit 1..max, default max). false with a
- * message in err when either is malformed. */
-static bool page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
-                      size_t errsz) {
-    const char *a = kvo_http_req_arg(r, "after"),
-               *l = kvo_http_req_arg(r, "limit");
-    uint64_t n = max;
-    memset(pg, 0, sizeof(*pg));
-    if (a && kvo_parse_u64(a, &pg->after) != KVO_OK) {
-        snprintf(err, errsz, "after must be an integer in 0..%" PRIu64,
-                 UINT64_MAX);
-        return false;
-    }
-    if (l && (kvo_parse_u64(l, &n) != KVO_OK || n == 0 || n > max)) {
-        snprintf(err, errsz, "limit must be 1..%zu", max);
-        return false;
-    }
-    pg->has_after = a != NULL;
-    pg->limit = (size_t)n;
-    return true;
-}
-
 static void do_watermark(svc *s, kvo_http_req *r) {
     idx_page pg;
     char err[128];
-    if (!page_args(r, IDX_WATERMARK_PAGE, &pg, err, sizeof(err))) {
+    if (!idx_http_page_args(r, IDX_WATERMARK_PAGE, &pg, err, sizeof(err))) {
         s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
@@ -896,7 +874,7 @@ static void do_dump(svc *s, kvo_http_req *r) {
     dumpctx d = {0};
     char err[160];
     bool paged = kvo_http_req_arg(r, "after") || kvo_http_req_arg(r, "limit");
-    if (!page_args(r, DUMP_PAGE, &d.pg, err, sizeof(err))) {
+    if (!idx_http_page_args(r, DUMP_PAGE, &d.pg, err, sizeof(err))) {
         s->stats.bad_requests++;
         kvo_http_respond_error(r, 400, err);
         return;
@@ -963,75 +941,12 @@ static void do_health(svc *s, kvo_http_req *r) {
     kvo_http_respond_json(r, 200, o);
 }
 
-/* A required query argument: an integer in 0..max. */
-static bool arg_u64(kvo_http_req *r, const char *name, uint64_t max,
-                    uint64_t *out, char *err, size_t errsz) {
-    const char *a = kvo_http_req_arg(r, name);
-    if (!a || kvo_parse_u64(a, out) != KVO_OK || *out > max) {
-        snprintf(err, errsz, "%s must be an integer in 0..%" PRIu64, name, max);
-        return false;
-    }
-    return true;
-}
-
-/* GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]
- * (idx_int.h draws the answer). */
-static void do_blocks(svc *s, kvo_http_req *r) {
-    char err[160];
-    uint64_t w, rank;
-    idx_page pg;
-    const char *d = kvo_http_req_arg(r, "digest_only");
-    bool digest_only = d && (strcmp(d, "1") == 0 || strcmp(d, "true") == 0);
-    if (!arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
-        !arg_u64(r, "dp_rank", UINT32_MAX, &rank, err, sizeof(err)) ||
-        !page_args(r, IDX_BLOCKS_PAGE, &pg, err, sizeof(err)) ||
-        (d && !digest_only && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
-         snprintf(err, sizeof(err), "digest_only must be 1 or 0") > 0)) {
-        s->stats.bad_requests++;
-        kvo_http_respond_error(r, 400, err);
-        return;
-    }
-    kvo_buf b;
-    kvo_buf_init(&b);
-    const idx_tree *t = idx_feed_tree(s->feed);
-    kvo_status st;
-    if (digest_only) {
-        uint64_t count, digest;
-        st = idx_blocks_digest(t, w, (uint32_t)rank, &count, &digest);
-        if (st == KVO_OK)
-            st = idx_blocks_digest_json(w, (uint32_t)rank, count, digest, &b);
-    } else {
-        st = idx_blockset_load(&s->blocks, t, idx_feed_generation(s->feed), w,
-                               (uint32_t)rank);
-        if (st == KVO_OK) st = idx_blocks_json(&s->blocks, &pg, false, &b);
-    }
-    if (st != KVO_OK)
-        kvo_http_respond_error(r, 500, kvo_strerror(st));
-    else
-        kvo_http_respond(r, 200, "application/json", b.data, b.len);
-    kvo_buf_fini(&b);
-}
-
-/* POST /lookup {"worker_id", "dp_rank", "block_hashes": [...]}. */
-static void do_lookup(svc *s, kvo_http_req *r) {
-    size_t blen;
-    const uint8_t *body = kvo_http_req_body(r, &blen);
-    idx_request q;
-    idx_request_init(&q);
-    kvo_err err;
-    kvo_status st = idx_request_parse(&q, body, blen, IDX_REQ_LOOKUP, &err);
-    if (st != KVO_OK) {
-        if (st != KVO_ENOMEM) s->stats.bad_requests++;
-        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
-    } else {
-        json_object *o = idx_json_lookup(idx_feed_tree(s->feed), q.worker_id,
-                                         q.dp_rank, q.v, q.n);
-        if (!o)
-            kvo_http_respond_error(r, 500, "out of memory");
-        else
-            kvo_http_respond_json(r, 200, o);
-    }
-    idx_request_fini(&q);
+/* GET /blocks and POST /lookup: every worker is in the one tree. */
+static const idx_tree *tree_of(void *ctx, uint64_t worker_id, uint64_t *gen) {
+    (void)worker_id;
+    svc *s = ctx;
+    *gen = idx_feed_generation(s->feed);
+    return idx_feed_tree(s->feed);
 }
 
 static void do_counters(svc *s, kvo_http_req *r) {
@@ -1060,6 +975,42 @@ static void do_counters(svc *s, kvo_http_req *r) {
     kvo_http_respond_json(r, 200, o);
 }
 
+/* The index's families: the tree's events, blocks and size, and the
+ * feed's counters (kvo_indexer_* on both listeners). */
+void idx_prom_index(kvo_prom *p, const idx_counters *c, const idx_stats *st,
+                    const idx_feed_counters *f) {
+    kvo_prom_family(p, "events_total", "counter",
+                    "RouterEvents applied, by type and status.");
+    for (int t = WIRE_R_STORED; t <= WIRE_R_CLEARED; t++)
+        for (int k = 0; k < IDX_EV_STATUS_COUNT; k++)
+            kvo_prom_u64(p, "events_total", c->events[t][k],
+                         "type=\"%s\",status=\"%s\"",
+                         idx_rtype_name((wire_rtype)t),
+                         idx_evstatus_name((idx_evstatus)k));
+    kvo_prom_family(p, "blocks_total", "counter",
+                    "Block operations, by outcome.");
+    kvo_prom_u64(p, "blocks_total", c->blocks_stored, "op=\"stored\"");
+    kvo_prom_u64(p, "blocks_total", c->blocks_removed, "op=\"removed\"");
+    kvo_prom_u64(p, "blocks_total", c->blocks_not_found, "op=\"not_found\"");
+    kvo_prom_u64(p, "blocks_total", c->hash_mismatch, "op=\"hash_mismatch\"");
+    kvo_prom_gauge(p, "resident_blocks",
+                   "Blocks (tree nodes) held by at least one worker.",
+                   st->held);
+    kvo_prom_gauge(p, "tree_nodes",
+                   "Tree nodes, including emptied ones Dynamo's rules keep.",
+                   st->nodes);
+    kvo_prom_gauge(p, "pairs",
+                   "(block, worker) pairs: entries of the workers' lookups.",
+                   st->pairs);
+    kvo_prom_gauge(p, "workers", "Known (worker_id, dp_rank) pairs.",
+                   st->workers);
+    kvo_prom_gauge(p, "memory_bytes", "Memory held by the tree.", st->bytes);
+#define IDX_PROM(field, key, prom, type, help)                                 \
+    kvo_prom_##type(p, prom, help, f->field);
+    IDX_FEED_COUNTERS(IDX_PROM)
+#undef IDX_PROM
+}
+
 kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                             kvo_buf *b) {
     idx_counters c;
@@ -1070,35 +1021,7 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
     idx_feed_counters_get(feed, &f);
     kvo_prom p;
     kvo_prom_init(&p, b, "kvo_indexer_");
-    kvo_prom_family(&p, "events_total", "counter",
-                    "RouterEvents applied, by type and status.");
-    for (int t = WIRE_R_STORED; t <= WIRE_R_CLEARED; t++)
-        for (int k = 0; k < IDX_EV_STATUS_COUNT; k++)
-            kvo_prom_u64(&p, "events_total", c.events[t][k],
-                         "type=\"%s\",status=\"%s\"",
-                         idx_rtype_name((wire_rtype)t),
-                         idx_evstatus_name((idx_evstatus)k));
-    kvo_prom_family(&p, "blocks_total", "counter",
-                    "Block operations, by outcome.");
-    kvo_prom_u64(&p, "blocks_total", c.blocks_stored, "op=\"stored\"");
-    kvo_prom_u64(&p, "blocks_total", c.blocks_removed, "op=\"removed\"");
-    kvo_prom_u64(&p, "blocks_total", c.blocks_not_found, "op=\"not_found\"");
-    kvo_prom_u64(&p, "blocks_total", c.hash_mismatch, "op=\"hash_mismatch\"");
-    kvo_prom_gauge(&p, "resident_blocks",
-                   "Blocks (tree nodes) held by at least one worker.", st.held);
-    kvo_prom_gauge(&p, "tree_nodes",
-                   "Tree nodes, including emptied ones Dynamo's rules keep.",
-                   st.nodes);
-    kvo_prom_gauge(&p, "pairs",
-                   "(block, worker) pairs: entries of the workers' lookups.",
-                   st.pairs);
-    kvo_prom_gauge(&p, "workers", "Known (worker_id, dp_rank) pairs.",
-                   st.workers);
-    kvo_prom_gauge(&p, "memory_bytes", "Memory held by the tree.", st.bytes);
-#define IDX_PROM(field, key, prom, type, help)                                 \
-    kvo_prom_##type(&p, prom, help, f.field);
-    IDX_FEED_COUNTERS(IDX_PROM)
-#undef IDX_PROM
+    idx_prom_index(&p, &c, &st, &f);
     kvo_prom_counter(&p, "slow_consumer_drops_total",
                      "Messages nats.c dropped (slow consumer).",
                      s->slow_consumer_drops);
@@ -1197,8 +1120,10 @@ static void handler(void *ctx, kvo_http_req *r) {
     case 4: do_health(s, r); return;
     case 5: do_watermark(s, r); return;
     case 6: do_metrics(s, r); return;
-    case 7: do_blocks(s, r); return;
-    case 8: do_lookup(s, r); return;
+    case 7:
+        idx_http_blocks(r, tree_of, s, &s->blocks, &s->stats.bad_requests);
+        return;
+    case 8: idx_http_lookup(r, tree_of, s, &s->stats.bad_requests); return;
     default: do_counters(s, r); return;
     }
     if (!o)

@@ -1,7 +1,8 @@
 /* idx_views.c -- read-only views of one (worker, rank) for kvo-check:
  * its whole block set with a digest (GET /blocks, full-state checkpoints)
  * and what the index knows of given block hashes (POST /lookup,
- * diagnosis). idx_int.h draws both answers. Pure: a tree in, JSON out.
+ * diagnosis). idx_int.h draws both answers. Pure: a tree in, JSON out;
+ * at the end, the two HTTP routes both listeners serve them on.
  *
  * The digest is a sum of a mixed value per block, so it does not depend on
  * any order and the engine side (kvo-mocker) computes the same number from
@@ -49,8 +50,8 @@ static int by_hash(const void *a, const void *b) {
 
 kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
                              uint64_t worker_id, uint32_t dp_rank) {
-    if (bs->loaded && bs->gen == gen && bs->worker_id == worker_id &&
-        bs->dp_rank == dp_rank)
+    if (bs->loaded && bs->tree == t && bs->gen == gen &&
+        bs->worker_id == worker_id && bs->dp_rank == dp_rank)
         return KVO_OK;
     bs->loaded = false;
     bs->n = 0;
@@ -65,6 +66,7 @@ kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
     }
     if (bs->n > 1) qsort(bs->v, bs->n, sizeof(*bs->v), by_hash);
     bs->loaded = true;
+    bs->tree = t;
     bs->gen = gen;
     bs->worker_id = worker_id;
     bs->dp_rank = dp_rank;
@@ -256,4 +258,102 @@ json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
     if (!ok) json_object_put(a);
     json_object_put(o);
     return NULL;
+}
+
+/* ---- The views on HTTP (both listeners) -----------------------------------*/
+
+/* ?after=K&limit=N into pg (limit 1..max, default max). false with a
+ * message in err when either is malformed. */
+bool idx_http_page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
+                        size_t errsz) {
+    const char *a = kvo_http_req_arg(r, "after"),
+               *l = kvo_http_req_arg(r, "limit");
+    uint64_t n = max;
+    memset(pg, 0, sizeof(*pg));
+    if (a && kvo_parse_u64(a, &pg->after) != KVO_OK) {
+        snprintf(err, errsz, "after must be an integer in 0..%" PRIu64,
+                 UINT64_MAX);
+        return false;
+    }
+    if (l && (kvo_parse_u64(l, &n) != KVO_OK || n == 0 || n > max)) {
+        snprintf(err, errsz, "limit must be 1..%zu", max);
+        return false;
+    }
+    pg->has_after = a != NULL;
+    pg->limit = (size_t)n;
+    return true;
+}
+
+/* A required query argument: an integer in 0..max. */
+static bool arg_u64(kvo_http_req *r, const char *name, uint64_t max,
+                    uint64_t *out, char *err, size_t errsz) {
+    const char *a = kvo_http_req_arg(r, name);
+    if (!a || kvo_parse_u64(a, out) != KVO_OK || *out > max) {
+        snprintf(err, errsz, "%s must be an integer in 0..%" PRIu64, name, max);
+        return false;
+    }
+    return true;
+}
+
+/* GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]
+ * (idx_int.h draws the answer). */
+void idx_http_blocks(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
+                     idx_blockset *cache, uint64_t *bad_requests) {
+    char err[160];
+    uint64_t w, rank;
+    idx_page pg;
+    const char *d = kvo_http_req_arg(r, "digest_only");
+    bool digest_only = d && (strcmp(d, "1") == 0 || strcmp(d, "true") == 0);
+    if (!arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
+        !arg_u64(r, "dp_rank", UINT32_MAX, &rank, err, sizeof(err)) ||
+        !idx_http_page_args(r, IDX_BLOCKS_PAGE, &pg, err, sizeof(err)) ||
+        (d && !digest_only && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
+         snprintf(err, sizeof(err), "digest_only must be 1 or 0") > 0)) {
+        (*bad_requests)++;
+        kvo_http_respond_error(r, 400, err);
+        return;
+    }
+    kvo_buf b;
+    kvo_buf_init(&b);
+    uint64_t gen;
+    const idx_tree *t = tree_of(ctx, w, &gen);
+    kvo_status st;
+    if (digest_only) {
+        uint64_t count, digest;
+        st = idx_blocks_digest(t, w, (uint32_t)rank, &count, &digest);
+        if (st == KVO_OK)
+            st = idx_blocks_digest_json(w, (uint32_t)rank, count, digest, &b);
+    } else {
+        st = idx_blockset_load(cache, t, gen, w, (uint32_t)rank);
+        if (st == KVO_OK) st = idx_blocks_json(cache, &pg, false, &b);
+    }
+    if (st != KVO_OK)
+        kvo_http_respond_error(r, 500, kvo_strerror(st));
+    else
+        kvo_http_respond(r, 200, "application/json", b.data, b.len);
+    kvo_buf_fini(&b);
+}
+
+/* POST /lookup {"worker_id", "dp_rank", "block_hashes": [...]}. */
+void idx_http_lookup(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
+                     uint64_t *bad_requests) {
+    size_t blen;
+    const uint8_t *body = kvo_http_req_body(r, &blen);
+    idx_request q;
+    idx_request_init(&q);
+    kvo_err err;
+    kvo_status st = idx_request_parse(&q, body, blen, IDX_REQ_LOOKUP, &err);
+    if (st != KVO_OK) {
+        if (st != KVO_ENOMEM) (*bad_requests)++;
+        kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
+    } else {
+        uint64_t gen;
+        json_object *o = idx_json_lookup(tree_of(ctx, q.worker_id, &gen),
+                                         q.worker_id, q.dp_rank, q.v, q.n);
+        if (!o)
+            kvo_http_respond_error(r, 500, "out of memory");
+        else
+            kvo_http_respond_json(r, 200, o);
+    }
+    idx_request_fini(&q);
 }

@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1109,6 +1110,192 @@ START_TEST(an_external_pipeline_is_checked_after_a_quiet_period) {
 }
 END_TEST
 
+/* ---- Dynamo's standalone-indexer API --------------------------------------*/
+
+/* Every checkpoint of r passed, and block sets were compared at each
+ * (compared) or at none. */
+static void assert_checkpoints(const tc_run *r, bool compared) {
+    json_object *cks = json_object_object_get(r->summary, "checkpoints");
+    ck_assert_uint_ge(json_object_array_length(cks), 1);
+    for (size_t i = 0; i < json_object_array_length(cks); i++) {
+        json_object *c = json_object_array_get_idx(cks, i);
+        ck_assert(json_object_get_boolean(json_object_object_get(c, "passed")));
+        ck_assert_int_eq(json_object_get_boolean(
+                             json_object_object_get(c, "block_sets_compared")),
+                         compared);
+    }
+}
+
+START_TEST(a_dynamo_indexer_is_checked_through_its_own_api) {
+    /* kvo-indexer --dynamo-http reads every engine rank's ZMQ itself, as
+     * registered by kvo-check: no relay, no NATS on the way; kvo's
+     * watermark extension keeps it exact, its views give full checkpoints */
+    char *trace = trace1000();
+    const char *limit = TC_SANITIZED ? "200" : "1000";
+    const char *args[] = {"--spawn",
+                          "--indexer-api",
+                          "dynamo",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          limit,
+                          "--workers",
+                          "4",
+                          "--dp-size",
+                          "2",
+                          "--num-gpu-blocks",
+                          "8192",
+                          "--policy",
+                          "kv",
+                          "--model-name",
+                          "m-under-test",
+                          NULL};
+    tc_run r;
+    tc_check(&r, "dynamo", args, 900);
+    assert_pass(&r, (size_t)atoi(limit));
+    const char *cfg = summary_str(&r, "config");
+    ck_assert_msg(strstr(cfg, "indexer_api=dynamo model_name=m-under-test") &&
+                      strstr(cfg, "watermark=exact"),
+                  "%s", cfg);
+    assert_checkpoints(&r, true);
+    /* eight ranks registered, queried by hash; evictions followed */
+    ck_assert_int_eq(
+        (int)tc_counter(
+            &r, "indexer",
+            "dynamo_kvindexer_requests_total{endpoint=\"/register\""),
+        8);
+    ck_assert(tc_counter(&r, "indexer",
+                         "dynamo_kvindexer_requests_total{endpoint=\"/query_"
+                         "by_hash\"") >= atoi(limit));
+    ck_assert_msg(tc_counter(&r, "engine ", "blocks_removed") > 1000,
+                  "the caches did not evict");
+    ck_assert(tc_counter(&r, "relay (indexer)", "kvo_relay_removes_forwarded") >
+              0);
+    tc_free(&r, false);
+
+    /* an encoder bug is caught the same way in this mode */
+    const char *bad[] = {
+        "--spawn", "--indexer-api", "dynamo",     "--trace",
+        trace,     "--limit",       "60",         "--workers",
+        "2",       "--dp-size",     "2",          "--num-gpu-blocks",
+        "8192",    "--mutate",      "drop-store", NULL};
+    tc_check(&r, "dynamo-mutant", bad, 600);
+    assert_fail(&r, "unknown parent");
+    tc_free(&r, false);
+    kvo_free(trace);
+}
+END_TEST
+
+/* A stand-in for Dynamo's own indexer: kvo-indexer's Dynamo listener
+ * behind a proxy that answers 404 to kvo's extensions (GET /watermark,
+ * GET /blocks, POST /lookup), as Dynamo does. */
+typedef struct dyn_proxy {
+    kvo_http_server *srv;
+    kvo_http_client *up;
+    char upstream[96];
+    pthread_t thr;
+    volatile bool stop;
+} dyn_proxy;
+
+static void dyn_proxy_handler(void *ctx, kvo_http_req *req) {
+    dyn_proxy *p = ctx;
+    const char *path = kvo_http_req_path(req);
+    if (!strcmp(path, "/watermark") || !strcmp(path, "/blocks") ||
+        !strcmp(path, "/lookup")) {
+        kvo_http_respond_error(req, 404, "no such endpoint");
+        return;
+    }
+    char url[256];
+    snprintf(url, sizeof(url), "%s%s", p->upstream, path);
+    kvo_http_resp resp;
+    kvo_http_resp_init(&resp);
+    size_t len;
+    const uint8_t *body = kvo_http_req_body(req, &len);
+    kvo_status st =
+        strcmp(kvo_http_req_method(req), "POST") == 0
+            ? kvo_http_post(p->up, url, "application/json", body, len, &resp)
+            : kvo_http_get(p->up, url, &resp);
+    if (st != KVO_OK)
+        kvo_http_respond_error(req, 502, kvo_strerror(st));
+    else
+        kvo_http_respond(req, (unsigned)resp.status,
+                         strcmp(path, "/metrics") ? "application/json"
+                                                  : "text/plain",
+                         resp.body.data, resp.body.len);
+    kvo_http_resp_fini(&resp);
+}
+
+static void *dyn_proxy_main(void *arg) {
+    dyn_proxy *p = arg;
+    while (!p->stop) {
+        zmq_pollitem_t it = {NULL, kvo_http_server_fd(p->srv), ZMQ_POLLIN, 0};
+        long t = kvo_http_server_timeout_ms(p->srv);
+        zmq_poll(&it, 1, t < 0 || t > 50 ? 50 : t);
+        kvo_http_server_run(p->srv);
+    }
+    return NULL;
+}
+
+START_TEST(a_dynamo_indexer_without_a_watermark_is_checked_in_settle_mode) {
+    kt_proc idx, m0, m1;
+    uint16_t dp;
+    ck_assert_int_eq(kvo_free_port(&dp), KVO_OK);
+    char dhost[32], url[128];
+    snprintf(dhost, sizeof(dhost), "127.0.0.1:%u", dp);
+    const char *iargs[] = {"--http", "127.0.0.1:0", "--dynamo-http", dhost,
+                           NULL};
+    kt_proc_start(&idx, "kvo-indexer", iargs);
+    snprintf(url, sizeof(url), "http://%s/health", dhost);
+    kt_proc_wait_http(&idx, url, 20000);
+    dyn_proxy p;
+    memset(&p, 0, sizeof(p));
+    snprintf(p.upstream, sizeof(p.upstream), "http://%s", dhost);
+    kvo_http_server_cfg hc = {.handler = dyn_proxy_handler, .ctx = &p};
+    ck_assert_int_eq(kvo_http_server_new(&p.srv, &hc), KVO_OK);
+    ck_assert_int_eq(kvo_http_client_new(&p.up, 10000), KVO_OK);
+    ck_assert_int_eq(pthread_create(&p.thr, NULL, dyn_proxy_main, &p), 0);
+    char proxy[64];
+    snprintf(proxy, sizeof(proxy), "http://127.0.0.1:%u",
+             kvo_http_server_port(p.srv));
+    char *u0 = start_mocker(&m0, "8192"), *u1 = start_mocker(&m1, "8192");
+    char engines[256];
+    snprintf(engines, sizeof(engines), "%s,%s", u0, u1);
+    char *trace = trace1000();
+    const char *args[] = {
+        "--engines", engines,       "--indexer", proxy,     "--indexer-api",
+        "dynamo",    "--settle-ms", "100",       "--trace", trace,
+        "--limit",   "12",          NULL};
+    tc_run r;
+    tc_check(&r, "dynamo-settle", args, 600);
+    assert_pass(&r, 12);
+    ck_assert_msg(strstr(summary_str(&r, "config"), "watermark=settle"), "%s",
+                  summary_str(&r, "config"));
+    /* what it could not check is said, not skipped silently */
+    assert_checkpoints(&r, false);
+    json_object *ck0 = json_object_array_get_idx(
+        json_object_object_get(r.summary, "checkpoints"), 0);
+    ck_assert_msg(strstr(json_object_get_string(
+                             json_object_object_get(ck0, "block_sets_note")),
+                         "GET /blocks"),
+                  "%s", json_object_to_json_string(ck0));
+    tc_free(&r, false);
+    /* registered at the start, unregistered at the end */
+    json_object *w = get_json(p.upstream, "/workers");
+    ck_assert_str_eq(json_object_to_json_string(w), "[ ]");
+    json_object_put(w);
+    p.stop = true;
+    pthread_join(p.thr, NULL);
+    kvo_http_server_free(p.srv);
+    kvo_http_client_free(p.up);
+    ck_assert_int_eq(kt_proc_stop(&m0), 0);
+    ck_assert_int_eq(kt_proc_stop(&m1), 0);
+    ck_assert_int_eq(kt_proc_stop(&idx), 0);
+    kvo_free(u0);
+    kvo_free(u1);
+    kvo_free(trace);
+}
+END_TEST
+
 /* Children of pid (from /proc), for the Ctrl-C test. */
 static size_t children_of(pid_t pid, pid_t *out, size_t max) {
     DIR *d = opendir("/proc");
@@ -1249,7 +1436,14 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
         /* the schema's traffic: reset in lockstep, fractions in [0, 1] */
         {"--spawn", "--load", "--trace", "x", "--reset-at", "3", NULL},
         {"--spawn", "--trace", "x", "--lora-fraction", "0.5", NULL},
-        {"--spawn", "--trace", "x", "--mm-fraction", "1.5", NULL}};
+        {"--spawn", "--trace", "x", "--mm-fraction", "1.5", NULL},
+        /* Dynamo's API: no relays and no NATS to fault or to name */
+        {"--spawn", "--trace", "x", "--indexer-api", "dynamo",
+         "--relay-restart-at", "3", NULL},
+        {"--spawn", "--trace", "x", "--indexer-api", "dynamo", "--nats",
+         "nats://127.0.0.1:1", NULL},
+        {"--spawn", "--trace", "x", "--indexer-api", "grpc", NULL},
+        {"--spawn", "--trace", "x", "--model-name", "m", NULL}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad_faults); i++) {
         tc_check(&r, "usage", bad_faults[i], 60);
         ck_assert_msg(r.exit_code == 2, "case %zu exited %d", i, r.exit_code);
@@ -1311,6 +1505,13 @@ Suite *suite_e2e(void) {
     tcase_add_test(
         tc, mutants_matrix_kills_every_killed_mutant_and_spares_the_benign);
     tcase_add_test(tc, mutants_under_load_are_caught_at_a_checkpoint);
+    suite_add_tcase(s, tc);
+    /* Dynamo's standalone-indexer API (--indexer-api dynamo) */
+    tc = tcase_create("dynamo");
+    tcase_set_timeout(tc, 1800);
+    tcase_add_test(tc, a_dynamo_indexer_is_checked_through_its_own_api);
+    tcase_add_test(
+        tc, a_dynamo_indexer_without_a_watermark_is_checked_in_settle_mode);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -398,8 +398,9 @@ START_TEST(queries_check_their_partition_and_integer_types) {
     expect_error(&e, "/query", NULL, 405, NULL);
     expect_error(&e, "/workers", "{}", 405, NULL);
     expect_error(&e, "/nope", NULL, 404, NULL);
-    expect_error(&e, "/watermark", NULL, 404,
-                 NULL); /* kvo's API is elsewhere */
+    expect_error(&e, "/counters", NULL, 404, NULL); /* kvo's API is elsewhere */
+    expect_error(&e, "/watermark", "{}", 405, NULL);
+    expect_error(&e, "/lookup", NULL, 405, NULL);
     dy_stop(&e);
 }
 END_TEST
@@ -585,6 +586,37 @@ START_TEST(a_registered_mocker_is_indexed_until_unregistered) {
     ck_assert_uint_eq(
         json_object_array_length(tt_json_at(d, "kvo-mock:default.events")), 6);
     json_object_put(d);
+    /* kvo's extensions: the rank's applied ZMQ sequence (a client waits on
+     * it exactly), and the views of kvo-indexer's own listener */
+    json_object *wm = get_json(&e, "/watermark");
+    json_object *w0 = json_object_array_get_idx(tt_json_at(wm, "instances"), 0);
+    ck_assert_uint_eq(json_object_array_length(tt_json_at(wm, "instances")), 1);
+    ck_assert_uint_eq(tt_json_u64(w0, "instance_id"), 7);
+    ck_assert_uint_eq(tt_json_u64(w0, "dp_rank"), 0);
+    json_object *z = tt_json_at(w0, "zmq_seq_last");
+    ck_assert_msg(z && json_object_is_type(z, json_type_int), "%s",
+                  json_object_to_json_string(wm));
+    json_object_put(wm);
+    json_object *bs = get_json(&e, "/blocks?worker_id=7&dp_rank=0");
+    ck_assert_uint_eq(tt_json_u64(bs, "count"), 6);
+    ck_assert_uint_eq(json_object_array_length(tt_json_at(bs, "blocks")), 6);
+    json_object_put(bs);
+    tt_json_eq(get_json(&e, "/blocks?worker_id=8&dp_rank=0&digest_only=1"),
+               "{\"worker_id\":8,\"dp_rank\":0,\"count\":0,\"digest\":0}");
+    expect_error(&e, "/blocks?worker_id=7", NULL, 400, "dp_rank");
+    bs = get_json(&e, "/blocks?worker_id=7&dp_rank=0&limit=1");
+    char lk[160];
+    snprintf(lk, sizeof(lk),
+             "{\"worker_id\": 7, \"dp_rank\": 0, \"block_hashes\": [%" PRIu64
+             "]}",
+             json_object_get_uint64(json_object_array_get_idx(
+                 json_object_array_get_idx(tt_json_at(bs, "blocks"), 0), 0)));
+    json_object_put(bs);
+    ck_assert_int_eq(post(&e, "/lookup", lk), 200);
+    ck_assert_msg(strstr(text(&e), "\"held\":true"), "%s", text(&e));
+    ck_assert_int_eq(call(&e, "/metrics", NULL, NULL, 0), 200);
+    ck_assert_msg(strstr(text(&e), "kvo_indexer_blocks_total{op=\"stored\"} 6"),
+                  "%s", text(&e));
     /* unregister empties it */
     expect(&e, "/unregister",
            "{\"instance_id\": 7, \"model_name\": \"kvo-mock\"}", 200,
