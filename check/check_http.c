@@ -907,48 +907,84 @@ static kvo_status read_scores(const chk_env *env, const json_call *c,
     return st;
 }
 
-/* Dynamo's {"scores": {"<worker_id>": {"<dp_rank>": tokens}}, ...}: blocks
- * = tokens / block_size per slot (tokens not a whole number of blocks is
- * refused); workers that are not ours are not compared. */
-static kvo_status read_dynamo_scores(const chk_env *env, const json_call *c,
-                                     uint32_t *scores) {
-    const kvo_jv *ws;
-    kvo_status st =
-        get_typed(c, c->root, NULL, "scores", KVO_JSON_OBJ, REQUIRED, &ws);
-    for (uint32_t s = 0; scores && s < env->n_workers * env->dp_size; s++)
-        scores[s] = 0;
-    for (uint32_t i = 0; st == KVO_OK && i < ws->len; i++) {
-        const kvo_jmember *w = &ws->v.members[i];
+/* {"<worker_id>": {"<dp_rank>": tokens}} (obj, named where) into blocks
+ * per slot (tokens / block_size; tokens that are not whole blocks are
+ * refused); workers and ranks that are not ours are not compared. */
+static kvo_status read_token_map(const chk_env *env, const json_call *c,
+                                 const kvo_jv *obj, const char *where,
+                                 const char *inner, uint32_t *blocks) {
+    for (uint32_t s = 0; s < env->n_workers * env->dp_size; s++) blocks[s] = 0;
+    kvo_status st = KVO_OK;
+    for (uint32_t i = 0; st == KVO_OK && i < obj->len; i++) {
+        const kvo_jmember *w = &obj->v.members[i];
         uint64_t wid, rank, tokens;
-        char name[64];
-        snprintf(name, sizeof(name), "scores.%.40s", w->key);
+        char wname[64], name[96];
+        snprintf(wname, sizeof(wname), "%s.%.24s", where, w->key);
+        snprintf(name, sizeof(name), "%s%s%s", wname, inner ? "." : "",
+                 inner ? inner : "");
+        const kvo_jv *ranks = &w->value;
         if (kvo_parse_u64(w->key, &wid) != KVO_OK)
             return answer_err(c, KVO_EPROTO,
-                              "scores: key \"%.40s\" is not a "
-                              "worker id",
+                              "%s: key \"%.40s\" is not a worker id", where,
                               w->key);
-        if (!kvo_json_is(&w->value, KVO_JSON_OBJ))
+        if (inner && (st = get_typed(c, ranks, wname, inner, KVO_JSON_OBJ,
+                                     REQUIRED, &ranks)) != KVO_OK)
+            return st;
+        if (!kvo_json_is(ranks, KVO_JSON_OBJ))
             return answer_err(c, KVO_EPROTO, "%s: expected an object", name);
-        for (uint32_t k = 0; st == KVO_OK && k < w->value.len; k++) {
-            const kvo_jmember *r = &w->value.v.members[k];
+        for (uint32_t k = 0; st == KVO_OK && k < ranks->len; k++) {
+            const kvo_jmember *r = &ranks->v.members[k];
             if (kvo_parse_u64(r->key, &rank) != KVO_OK || rank > UINT32_MAX)
                 return answer_err(c, KVO_EPROTO,
                                   "%s: key \"%.40s\" is not a dp rank", name,
                                   r->key);
-            st = get_uint(c, &w->value, name, r->key, UINT32_MAX, REQUIRED,
-                          &tokens);
+            st =
+                get_uint(c, ranks, name, r->key, UINT32_MAX, REQUIRED, &tokens);
             if (st == KVO_OK && tokens % env->block_size)
                 return answer_err(c, KVO_EPROTO,
                                   "%s.%s: %" PRIu64 " tokens is not a whole "
                                   "number of %u-token blocks",
                                   name, r->key, tokens, env->block_size);
-            if (st == KVO_OK && scores && wid < env->n_workers &&
-                rank < env->dp_size)
-                scores[wid * env->dp_size + rank] =
+            if (st == KVO_OK && wid < env->n_workers && rank < env->dp_size)
+                blocks[wid * env->dp_size + rank] =
                     (uint32_t)(tokens / env->block_size);
         }
     }
     return st;
+}
+
+/* A Dynamo query answer into blocks per slot: {"scores": {"<worker_id>":
+ * {"<dp_rank>": tokens}}, "instances": {"<worker_id>": {"dp":
+ * {"<dp_rank>": tokens}, "gpu", "cpu", "disk", ...}}}. Either may be
+ * missing (RFC #1403's per-instance, per-tier shape has only the second);
+ * when both are there they must agree, or the answer is refused. */
+static kvo_status read_dynamo_scores(const chk_env *env, const json_call *c,
+                                     uint32_t *scores) {
+    const kvo_jv *sc, *in;
+    uint32_t a[CHK_MAX_ENGINES * CHK_MAX_DP], b[CHK_MAX_ENGINES * CHK_MAX_DP];
+    kvo_status st;
+    if ((st = get_typed(c, c->root, NULL, "scores", KVO_JSON_OBJ, OPTIONAL,
+                        &sc)) != KVO_OK ||
+        (st = get_typed(c, c->root, NULL, "instances", KVO_JSON_OBJ, OPTIONAL,
+                        &in)) != KVO_OK)
+        return st;
+    if (!sc && !in)
+        return answer_err(c, KVO_EPROTO,
+                          "neither \"scores\" nor "
+                          "\"instances\" in the answer");
+    if (sc && (st = read_token_map(env, c, sc, "scores", NULL, a)) != KVO_OK)
+        return st;
+    if (in && (st = read_token_map(env, c, in, "instances", "dp", b)) != KVO_OK)
+        return st;
+    uint32_t n = env->n_workers * env->dp_size;
+    for (uint32_t s = 0; sc && in && s < n; s++)
+        if (a[s] != b[s])
+            return answer_err(c, KVO_EPROTO,
+                              "scores and instances disagree: worker %u rank "
+                              "%u has %u blocks in one, %u in the other",
+                              s / env->dp_size, s % env->dp_size, a[s], b[s]);
+    if (scores) memcpy(scores, sc ? a : b, n * sizeof(*scores));
+    return KVO_OK;
 }
 
 /* {"publishers": [{"publisher_id", "zmq_seq_last"}, ...]} of obj (at

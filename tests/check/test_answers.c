@@ -206,6 +206,7 @@ static void fake_answer(fake *f, const char *path, const char *text) {
 /* What kvo-check calls, pointed at the fake: one engine with one rank, an
  * indexer, a relay whose /stats is the fake's. */
 typedef struct target {
+    check_cfg cfg;
     chk_engine e;
     chk_env env;
     chk_relay rl;
@@ -214,6 +215,9 @@ typedef struct target {
 
 static void target_init(target *t, const fake *f) {
     memset(t, 0, sizeof(*t));
+    check_cfg_defaults(&t->cfg);
+    t->env.cfg = &t->cfg;
+    t->env.block_size = 16;
     ck_assert_int_eq(kvo_http_client_new(&t->http, 60000), KVO_OK);
     snprintf(t->e.url, sizeof(t->e.url), "%s", f->base);
     t->e.http = t->e.probe_http = t->http;
@@ -837,6 +841,87 @@ END_TEST
 /* A kvo-mocker whose /kvo/event_sources answer is malformed is an error,
  * not a real engine: only a 404 (the endpoint does not exist) makes
  * kvo-check treat the engine as a real one. */
+/* --indexer-api dynamo: Dynamo's query answer, per worker and rank in
+ * tokens (its "scores", or the per-tier "instances" of RFC #1403's shape),
+ * and the Dynamo listener's watermark extension. */
+START_TEST(dynamo_answers_are_read_in_tokens_and_must_agree) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    t.cfg.indexer_api = CHECK_API_DYNAMO;
+    t.env.dp_size = 2;
+    static const struct {
+        const char *answer;
+        uint32_t want0, want1; /* blocks of rank 0 and 1 */
+        const char *error;     /* NULL: read */
+    } cases[] = {
+        {"{\"scores\":{\"0\":{\"0\":32,\"1\":16},\"9\":{\"0\":48}},"
+         "\"frequencies\":[],\"instances\":{\"0\":{\"longest_matched\":32,"
+         "\"gpu\":32,\"dp\":{\"0\":32,\"1\":16},\"cpu\":32,\"disk\":32},"
+         "\"9\":{\"dp\":{\"0\":48}}}}",
+         2, 1, NULL},
+        {"{\"instances\":{\"0\":{\"dp\":{\"1\":64}}}}", 0, 4, NULL},
+        {"{\"scores\":{}}", 0, 0, NULL},
+        {"{\"scores\":{\"0\":{\"0\":32}},\"instances\":{\"0\":{\"dp\":"
+         "{\"0\":16}}}}",
+         0, 0,
+         "scores and instances disagree: worker 0 rank 0 has 2 blocks in one, "
+         "1 in the other"},
+        {"{\"scores\":{\"0\":{\"0\":30}}}", 0, 0,
+         "scores.0.0: 30 tokens is not a whole number of 16-token blocks"},
+        {"{\"scores\":{\"w0\":{\"0\":16}}}", 0, 0,
+         "scores: key \"w0\" is not a worker id"},
+        {"{\"scores\":{\"0\":{\"0\":-16}}}", 0, 0,
+         "scores.0.0: expected an integer in [0, 4294967295], got -16"},
+        {"{\"instances\":{\"0\":{\"gpu\":16}}}", 0, 0,
+         "instances.0.dp: expected an object, got nothing"},
+        {"{\"frequencies\":[]}", 0, 0,
+         "neither \"scores\" nor \"instances\" in the answer"},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        fake_answer(&f, "/query_by_hash", cases[i].answer);
+        static const uint64_t hashes[] = {1, 1ull << 63};
+        uint32_t sc[2] = {77, 77};
+        kvo_err err = {0};
+        kvo_status st = chk_index_query(&t.env, hashes, 2, sc, &err);
+        if (!cases[i].error) {
+            ck_assert_msg(st == KVO_OK, "case %zu: %s", i, err.msg);
+            ck_assert_uint_eq(sc[0], cases[i].want0);
+            ck_assert_uint_eq(sc[1], cases[i].want1);
+            continue;
+        }
+        ck_assert_msg(st != KVO_OK && strstr(err.msg, cases[i].error),
+                      "case %zu: want \"%s\", got \"%s\"", i, cases[i].error,
+                      err.msg);
+        ck_assert_uint_eq(sc[0], 77); /* left as it was */
+    }
+    /* the request: signed hashes, the model name */
+    t.env.model_name[0] = 'm';
+    fake_answer(&f, "/watermark",
+                "{\"instances\":[{\"instance_id\":0,\"dp_rank\":1,"
+                "\"zmq_seq_last\":4},{\"instance_id\":1,\"dp_rank\":0,"
+                "\"zmq_seq_last\":null}]}");
+    chk_watermark wm = {0};
+    kvo_err err = {0};
+    ck_assert_int_eq(chk_index_watermark(&t.env, &wm, &err), KVO_OK);
+    ck_assert_int_eq(chk_watermark_get(&wm, chk_rank_key(0, 1), NULL), 4);
+    bool present = false;
+    ck_assert_int_eq(chk_watermark_get(&wm, chk_rank_key(1, 0), &present), -1);
+    ck_assert(present);
+    chk_watermark_get(&wm, chk_rank_key(0, 0), &present);
+    ck_assert(!present);
+    chk_watermark_fini(&wm);
+    fake_answer(&f, "/watermark", "{\"publishers\":[]}");
+    ck_assert_int_ne(chk_index_watermark(&t.env, &wm, &err), KVO_OK);
+    ck_assert_msg(strstr(err.msg, "instances: expected an array"), "%s",
+                  err.msg);
+    chk_watermark_fini(&wm);
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
 START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
     fake f;
     fake_start(&f);
@@ -873,6 +958,7 @@ Suite *suite_answers(void) {
                    a_200_mb_answer_is_refused_in_memory_bounded_by_its_size);
     tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
     tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);
+    tcase_add_test(tc, dynamo_answers_are_read_in_tokens_and_must_agree);
     suite_add_tcase(s, tc);
     return s;
 }
