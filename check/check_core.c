@@ -8,6 +8,11 @@
  *             engine says e[s] = probe hit blocks (already capped by it)
  *   chosen c: engine says cached_tokens / bs   (must equal e[c] when probed)
  *
+ * Where a router by design sees less than the engine hits (a hybrid
+ * model's full-attention group, the GPU tier of a tiered cache), the probe
+ * gives both: e[s] is what the router must score, and the engine's own hit
+ * (probe_cache_hits) is what the response must agree with.
+ *
  *   diverged  <=>  some slot has i[s] != e[s]   (or the chosen one differs
  *                  from the response)
  *   first divergent block = min(i[s], e[s]) over diverging slots: the first
@@ -532,22 +537,27 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     }
 
     /* The chosen slot's truth is the response; a probe that disagrees with
-     * it means the engine contradicts itself. */
+     * it means the engine contradicts itself. With a split probe the
+     * response is the engine's own hit, and the router's truth the probe. */
+    const int32_t *cache = o->probe_hits ? o->probe_cache_hits : NULL;
+    int32_t probed_hit = cache ? cache[o->chosen] : hits[o->chosen];
     bool engine_bad = false;
     if (o->cached_tokens >= 0) {
         int64_t blocks = o->cached_tokens / bs;
         p->engine_hit_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
         if (o->cached_tokens % bs != 0 ||
-            (hits[o->chosen] >= 0 && hits[o->chosen] != p->engine_hit_blocks))
+            (probed_hit >= 0 && probed_hit != p->engine_hit_blocks))
             engine_bad = true;
     } else {
-        p->engine_hit_blocks = hits[o->chosen];
+        p->engine_hit_blocks = probed_hit;
     }
+    int32_t chosen_truth = cache ? hits[o->chosen] : p->engine_hit_blocks;
 
-    /* Divergence per slot; the chosen slot uses the response. */
+    /* Divergence per slot; the chosen slot uses the response (unless the
+     * probe is split). */
     long first_block = -1, first_slot = -1;
     for (uint32_t s = 0; s < n; s++) {
-        int32_t e = s == o->chosen ? p->engine_hit_blocks : hits[s];
+        int32_t e = s == o->chosen ? chosen_truth : hits[s];
         if (e < 0) continue;
         uint32_t i = CAPPED(s);
         bool d = (uint32_t)e != i ||
@@ -565,15 +575,14 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     p->diverged = true;
     if (first_slot < 0) { /* only the engine's two answers differ */
         first_slot = o->chosen;
-        first_block = p->engine_hit_blocks < hits[o->chosen]
-                          ? p->engine_hit_blocks
-                          : hits[o->chosen];
+        first_block = p->engine_hit_blocks < probed_hit ? p->engine_hit_blocks
+                                                        : probed_hit;
     }
     p->first_divergent_block = (int32_t)first_block;
     p->divergent_slot = (int32_t)first_slot;
 
     uint32_t ds = (uint32_t)first_slot;
-    int32_t de = ds == o->chosen ? p->engine_hit_blocks : hits[ds];
+    int32_t de = ds == o->chosen ? chosen_truth : hits[ds];
     uint32_t di = CAPPED(ds);
     int len = snprintf(p->detail, sizeof(p->detail),
                        "worker %u rank %u: engine %d blocks, index %u",
@@ -588,7 +597,7 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
         snprintf(tail, room,
                  "; response says %lld cached tokens, probe %d "
                  "blocks",
-                 (long long)o->cached_tokens, hits[o->chosen]);
+                 (long long)o->cached_tokens, probed_hit);
         return KVO_OK;
     }
     /* 2. A sibling rank of the same worker is off the other way, or the
@@ -598,7 +607,7 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     for (uint32_t r = 0; r < o->dp_size; r++) {
         uint32_t s = w * o->dp_size + r;
         if (s == ds) continue;
-        int32_t e = s == o->chosen ? p->engine_hit_blocks : hits[s];
+        int32_t e = s == o->chosen ? chosen_truth : hits[s];
         uint32_t i = CAPPED(s);
         if (e >= 0 && (((uint32_t)de > di && i > (uint32_t)e) ||
                        ((uint32_t)de < di && i < (uint32_t)e))) {

@@ -548,7 +548,7 @@ static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
 
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            kvo_err *err) {
+                            int32_t *cache_hits, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/kvo/probe", e->url);
     kvo_buf body;
@@ -570,19 +570,30 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     const kvo_jv *ranks;
     st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, REQUIRED, &ranks);
     if (st != KVO_OK) goto done;
-    int32_t got[CHK_MAX_DP];
-    for (uint32_t k = 0; k < e->n_ranks; k++) got[k] = -1;
+    int32_t got[CHK_MAX_DP], own[CHK_MAX_DP];
+    for (uint32_t k = 0; k < e->n_ranks; k++) got[k] = own[k] = -1;
     for (size_t i = 0; st == KVO_OK && i < ranks->len; i++) {
         kvo_jv r;
         char name[32];
         uint32_t k;
-        uint64_t h = 0;
+        uint64_t h = 0, full = UINT64_MAX, gpu = UINT64_MAX;
         st = rank_entry(&jc, e, ranks, i, &r, name, sizeof(name), &k);
         if (st != KVO_OK || k == NO_RANK) continue;
         st = get_uint(&jc, &r, name, "hit_blocks", INT32_MAX, REQUIRED, &h);
-        got[k] = (int32_t)h;
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "full_blocks", INT32_MAX, OPTIONAL,
+                          &full);
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "gpu", INT32_MAX, OPTIONAL, &gpu);
+        own[k] = (int32_t)h;
+        got[k] = full != UINT64_MAX  ? (int32_t)full
+                 : gpu != UINT64_MAX ? (int32_t)gpu
+                                     : (int32_t)h;
     }
-    if (st == KVO_OK) memcpy(hits, got, e->n_ranks * sizeof(*hits));
+    if (st == KVO_OK) {
+        memcpy(hits, got, e->n_ranks * sizeof(*hits));
+        memcpy(cache_hits, own, e->n_ranks * sizeof(*cache_hits));
+    }
 done:
     json_call_fini(&jc);
     kvo_buf_fini(&body);

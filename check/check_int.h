@@ -180,18 +180,23 @@ typedef struct check_obs {
     uint32_t prompt_tokens;
     uint32_t block_size;
     uint32_t n_slots;
-    uint32_t dp_size;             /* slots per worker (worker = slot / dp) */
-    uint32_t chosen;              /* slot the request went to */
-    const uint32_t *index_scores; /* as the index answered (uncapped) */
-    const int32_t *probe_hits;    /* engine truth before the request, already
+    uint32_t dp_size;                /* slots per worker (worker = slot / dp) */
+    uint32_t chosen;                 /* slot the request went to */
+    const uint32_t *index_scores;    /* as the index answered (uncapped) */
+    const int32_t *probe_hits;       /* engine truth before the request, already
                                     capped; NULL or -1 = not probed */
-    int64_t cached_tokens;        /* from the response; -1 = unknown */
-    const uint8_t *index_seen;    /* per slot: the index ever scored it
+    const int32_t *probe_cache_hits; /* NULL: the same; else probe_hits is
+                                    what a router sees (a hybrid model's
+                                    full-attention group, the GPU tier)
+                                    and this the engine's own hit, which
+                                    its response reports */
+    int64_t cached_tokens;           /* from the response; -1 = unknown */
+    const uint8_t *index_seen;       /* per slot: the index ever scored it
                                     (NULL = unknown) */
-    const check_counters *moved;  /* rule counters that moved since the
+    const check_counters *moved;     /* rule counters that moved since the
                                     previous prompt (NULL = none known) */
-    const check_counters *total;  /* all counters so far (NULL = none) */
-    double ms;                    /* wall time spent on this prompt */
+    const check_counters *total;     /* all counters so far (NULL = none) */
+    double ms;                       /* wall time spent on this prompt */
     /* Load mode: index_scores are what the router saw (no watermark wait)
      * and probe_hits is NULL: the prompt is recorded, not judged. */
     bool unjudged;
@@ -999,11 +1004,14 @@ typedef struct chk_prompt {
                                 NULL = none */
     size_t extra_len;
 } chk_prompt;
-/* POST /kvo/probe: hits[rank] for every rank of e. warm (trace form): the
- * prompt goes to e next -- kvo-mocker hashes it ahead, after answering. */
+/* POST /kvo/probe for every rank of e: hits[rank], what a router must
+ * score (a hybrid model's full_blocks, a tiered cache's gpu run, else
+ * hit_blocks), and cache_hits[rank], the engine's own hit (hit_blocks).
+ * warm (trace form): the prompt goes to e next -- kvo-mocker hashes it
+ * ahead, after answering. */
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            kvo_err *err);
+                            int32_t *cache_hits, kvo_err *err);
 /* POST /kvo/probe "detail": blocks [k, k + *n) of p's chain on the given
  * dp rank (hash, parent, copies, tokens_hash) into out; *n is cut to what
  * the chain holds. KVO_ENOTFOUND: an engine without the detail form, or a
@@ -1168,7 +1176,9 @@ typedef struct chk_run {
     chk_pbuf pb; /* lockstep's prompt, and the sweep's */
     chk_rh_memo rh;
     uint32_t *scores; /* per slot */
-    int32_t *probes;  /* per slot */
+    int32_t *probes;  /* per slot: what the index must score */
+    int32_t *cached;  /* per slot: the engine's own hit (the same unless a
+                         hybrid model or a tiered cache) */
     uint8_t *seen;    /* per slot: the index ever scored it */
     check_router router;
     uint64_t decode_rr;

@@ -74,6 +74,10 @@ static const struct {
     {"dup-store", {CHECK_REASON_STALE_BLOCK}},
     {"replay-drops-tail", {CHECK_REASON_SEQ_GAP}},
     {"resurrect-removed", {CHECK_REASON_STALE_BLOCK}},
+    /* the sliding window's stores and removals land on the indexed group:
+     * blocks the full group lacks, and holes in what it holds */
+    {"group-collision", {CHECK_REASON_STALE_BLOCK, CHECK_REASON_MISSED_STORE}},
+    {"cpu-tier-dropped", {CHECK_REASON_REJECTED}},
 };
 
 /* Whether reason is a right diagnosis of mutant name (true when the
@@ -110,6 +114,26 @@ static bool scenario_for(const char *needs, check_cfg *cfg, char *opts,
                  "--salt-tenants 3 --mm-fraction 0.25");
         return true;
     }
+    if (strcmp(needs, "kv-groups") == 0) {
+        /* full attention beside a sliding window: the pool is shared by
+         * the groups, so twice the blocks hold the trace's prompts */
+        cfg->kv_groups = "full,sliding:64";
+        int w = snprintf(opts, n, "--kv-groups full,sliding:64");
+        if (cfg->num_gpu_blocks && w > 0 && (size_t)w < n) {
+            cfg->num_gpu_blocks *= 2;
+            snprintf(opts + w, n - (size_t)w, " --num-gpu-blocks %llu",
+                     (unsigned long long)cfg->num_gpu_blocks);
+        }
+        return true;
+    }
+    if (strcmp(needs, "cpu-offload") == 0) {
+        /* a CPU tier as large as the GPU pool: evictions go there */
+        cfg->cpu_offload_blocks =
+            cfg->num_gpu_blocks ? cfg->num_gpu_blocks : 8192;
+        snprintf(opts, n, "--cpu-offload-blocks %llu",
+                 (unsigned long long)cfg->cpu_offload_blocks);
+        return true;
+    }
     if (strcmp(needs, "reset") == 0 && !cfg->load) {
         /* halfway, engines idle (lockstep only) */
         cfg->reset_at = cfg->limit ? (int64_t)(cfg->limit / 2) : 60;
@@ -119,12 +143,9 @@ static bool scenario_for(const char *needs, check_cfg *cfg, char *opts,
     return false;
 }
 
-bool check_mutant_scenario(const check_mutant *m, bool load, uint64_t limit,
+bool check_mutant_scenario(const check_mutant *m, const check_cfg *base,
                            char *opts, size_t n) {
-    check_cfg cfg;
-    check_cfg_defaults(&cfg);
-    cfg.load = load;
-    cfg.limit = limit;
+    check_cfg cfg = *base;
     return scenario_for(m->needs, &cfg, opts, n);
 }
 

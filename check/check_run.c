@@ -114,7 +114,7 @@ typedef struct rtask {
     size_t n_after;
     kvo_status st;
     kvo_err err;
-    int32_t hits[CHK_MAX_DP];
+    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP];
     kvo_http_resp resp;
     double busy; /* seconds this call took */
 } rtask;
@@ -406,7 +406,7 @@ static void task_probe(chk_task *base) {
     run *r = t->r;
     chk_prompt p = chk_pbuf_prompt(r, &r->pb);
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
-                             &t->err);
+                             t->cached, &t->err);
     t->busy = chk_secs(t0);
 }
 
@@ -519,12 +519,14 @@ static void add_probes(run *r, size_t *n, int64_t warm) {
 static bool merge_probes(run *r, size_t n) {
     bool probed = false;
     double busy = 0;
-    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = -1;
+    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = r->cached[s] = -1;
     for (size_t i = 0; i < n; i++) {
         rtask *t = &r->tasks[i];
         if (t->base.fn != task_probe) continue;
-        for (uint32_t k = 0; k < t->e->n_ranks; k++)
+        for (uint32_t k = 0; k < t->e->n_ranks; k++) {
             r->probes[t->e->ranks[k].slot] = t->hits[k];
+            r->cached[t->e->ranks[k].slot] = t->cached[k];
+        }
         probed = true;
         if (t->busy > busy) busy = t->busy;
     }
@@ -990,6 +992,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                      .index_seen = r->seen,
                      .index_scores = r->scores,
                      .probe_hits = probed ? r->probes : NULL,
+                     .probe_cache_hits = r->cached,
                      .cached_tokens = -1};
     if ((st = diag_gather(r, &pre, &p)) != KVO_OK) {
         check_router_finish(&r->router, slot, hs, nh);
@@ -1046,6 +1049,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                    .index_seen = r->seen,
                    .index_scores = r->scores,
                    .probe_hits = probed ? r->probes : NULL,
+                   .probe_cache_hits = r->cached,
                    .cached_tokens = c.cached_tokens,
                    .moved = &r->moved,
                    .total = &r->cur,
@@ -1170,6 +1174,7 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
                        .index_seen = r->seen,
                        .index_scores = r->scores,
                        .probe_hits = r->probes,
+                       .probe_cache_hits = r->cached,
                        .cached_tokens = -1,
                        .moved = NULL,
                        .total = &r->cur,
@@ -1405,8 +1410,9 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     r.n_slots = r.env.n_workers * r.env.dp_size;
     r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
     r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
+    r.cached = kvo_calloc(r.n_slots, sizeof(*r.cached));
     r.seen = kvo_calloc(r.n_slots, sizeof(*r.seen));
-    if (!r.scores || !r.probes || !r.seen ||
+    if (!r.scores || !r.probes || !r.cached || !r.seen ||
         check_result_slots(out, r.env.n_workers, r.env.dp_size,
                            r.env.block_size) != KVO_OK) {
         st = KVO_ENOMEM;
@@ -1551,6 +1557,7 @@ done:
     mock_hasher_free(r.hasher);
     kvo_free(r.scores);
     kvo_free(r.probes);
+    kvo_free(r.cached);
     kvo_free(r.seen);
     kvo_arena_fini(&r.diag_arena);
     chk_watermark_fini(&r.wm);

@@ -193,10 +193,10 @@ typedef struct check_mutant {
 /* The catalog, static. */
 const check_mutant *check_mutants(size_t *n);
 
-/* Whether the matrix (in load mode or not, over `limit` requests) runs m,
- * and with which options on top of its own, as typed on a command line,
- * into opts ("" = none). */
-bool check_mutant_scenario(const check_mutant *m, bool load, uint64_t limit,
+/* Whether the matrix over base (its mode, limit, GPU blocks) runs m, and
+ * with which options on top of base's, as typed on a command line, into
+ * opts ("" = none). */
+bool check_mutant_scenario(const check_mutant *m, const check_cfg *base,
                            char *opts, size_t n);
 
 /* Run base once per mutant (only `only` when non-NULL: "a,b") and print the

@@ -93,7 +93,8 @@
     X(hash_verified, "stored blocks whose engine hash was recomputed")         \
     X(hash_mismatches, "stored blocks whose engine hash did not match")        \
     X(hash_unknown_parent, "blocks not verifiable: parent digest unknown")     \
-    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt")     \
+    X(hash_unsupported, "blocks not verifiable: extra keys not lora/salt, "    \
+                        "or deferred (a lower tier's store without them)")     \
     X(state_dropped, "forwarded blocks the state could not record (out of "    \
                      "memory): a dump would miss them")                        \
     X(recovery_envelopes_sent, "envelopes sent in recovery replies")           \

@@ -237,7 +237,7 @@ static const chk_prompt PROMPT = {
 
 /* Each call kvo-check makes, as it makes it; what it read goes into got. */
 typedef struct reading {
-    int32_t hits[CHK_MAX_DP];
+    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP];
     chk_completion c;
     char model[128];
     check_counters counters;
@@ -277,7 +277,7 @@ static kvo_status call_sources(target *t, reading *g, kvo_err *err) {
     return chk_engine_sources(&t->e, err);
 }
 static kvo_status call_probe(target *t, reading *g, kvo_err *err) {
-    return chk_engine_probe(&t->e, &PROMPT, 16, false, g->hits, err);
+    return chk_engine_probe(&t->e, &PROMPT, 16, false, g->hits, g->cached, err);
 }
 static kvo_status call_complete(target *t, reading *g, kvo_err *err) {
     kvo_free(g->c.kv_transfer_params);
@@ -426,6 +426,20 @@ START_TEST(good_answers_are_read_field_by_field) {
     ck_assert(check_counters_get(&g.counters, "engine 0.0",
                                  "requests_finished") == 3);
     ck_assert_int_eq(g.hits[0], 3);
+    ck_assert_int_eq(g.cached[0], 3);
+    /* a hybrid model's full-attention run, a tiered cache's GPU run: what
+     * the router must score, beside the engine's own hit */
+    kvo_err err = {0};
+    fake_answer(&f, "/kvo/probe",
+                "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,"
+                "\"hit_blocks\":3,\"full_blocks\":5}]}");
+    ck_assert_int_eq(call_probe(&t, &g, &err), KVO_OK);
+    ck_assert(g.hits[0] == 5 && g.cached[0] == 3);
+    fake_answer(&f, "/kvo/probe",
+                "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,"
+                "\"hit_blocks\":7,\"gpu\":2,\"cpu\":5}]}");
+    ck_assert_int_eq(call_probe(&t, &g, &err), KVO_OK);
+    ck_assert(g.hits[0] == 2 && g.cached[0] == 7);
     ck_assert_int_eq(g.c.prompt_tokens, 4);
     ck_assert_int_eq(g.c.cached_tokens, 0);
     ck_assert(g.c.kvo);

@@ -204,6 +204,35 @@ START_TEST(
 }
 END_TEST
 
+START_TEST(a_split_probe_judges_the_index_by_what_a_router_sees) {
+    /* A hybrid model (or a tiered cache): the engine hits 3 blocks (every
+     * group agrees; or GPU then CPU), a router indexing the full-attention
+     * group (the GPU tier) must score 5 (2). The response tells the former. */
+    obs_fix f;
+    fix_init(&f, 200, 0, 3 * 16);
+    int32_t own[4] = {3, 0, 0, 0};
+    f.o.probe_cache_hits = own;
+    f.probes[0] = 5;
+    f.scores[0] = 5;
+    check_prompt p;
+    judge(&f, &p);
+    ck_assert(!p.diverged);
+    ck_assert_int_eq(p.engine_hit_blocks, 3);
+    f.scores[0] = 3; /* the index followed the engine's hit: wrong */
+    judge(&f, &p);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
+    ck_assert_int_eq(p.first_divergent_block, 3);
+    f.scores[0] = 5;
+    own[0] = 4; /* the response contradicts the engine's own probe */
+    judge(&f, &p);
+    ck_assert(p.diverged);
+    ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
+    ck_assert_msg(strstr(p.detail, "probe 4 blocks"), "%s", p.detail);
+    fix_fini(&f);
+}
+END_TEST
+
 START_TEST(unprobed_slots_are_not_compared_and_response_alone_is_truth) {
     obs_fix f;
     fix_init(&f, 200, 1, 3 * 16);
@@ -825,6 +854,7 @@ Suite *suite_core(void) {
         probe_disagreeing_with_the_response_is_the_engine_contradicting_itself);
     tcase_add_test(tc,
                    unprobed_slots_are_not_compared_and_response_alone_is_truth);
+    tcase_add_test(tc, a_split_probe_judges_the_index_by_what_a_router_sees);
     tcase_add_test(tc, first_divergent_block_is_the_shallowest_over_all_slots);
     tcase_add_test(tc, judge_refuses_nonsense_observations);
     suite_add_tcase(s, tc);

@@ -257,22 +257,35 @@ static int64_t engine_hits(const tc_run *r) {
 
 START_TEST(lora_tenants_and_images_together_pass) {
     /* every request salted by one of 3 tenants, half naming one of 2
-     * adapters, half with an image: equal tokens under other keys must not
+     * adapters, half with an image, a CPU tier behind the GPU pool: equal
+     * tokens under other keys must not
      * share router blocks (the index would score them where the engine
      * misses), the keyed prompts that do share must (hits happen), and the
      * relays verify every engine hash */
     char *trace = trace1000();
     const char *limit = TC_SANITIZED ? "60" : "120";
-    const char *args[] = {"--spawn", "--trace",
-                          trace,     "--limit",
-                          limit,     "--workers",
-                          "2",       "--num-gpu-blocks",
-                          "8192",    "--lora-adapters",
-                          "2",       "--lora-fraction",
-                          "0.5",     "--salt-tenants",
-                          "3",       "--mm-fraction",
-                          "0.5",     "--verify-engine-hash",
-                          "--seed",  "7",
+    const char *args[] = {"--spawn",
+                          "--trace",
+                          trace,
+                          "--limit",
+                          limit,
+                          "--workers",
+                          "2",
+                          "--num-gpu-blocks",
+                          "8192",
+                          "--lora-adapters",
+                          "2",
+                          "--lora-fraction",
+                          "0.5",
+                          "--salt-tenants",
+                          "3",
+                          "--mm-fraction",
+                          "0.5",
+                          "--verify-engine-hash",
+                          "--seed",
+                          "7",
+                          "--cpu-offload-blocks",
+                          "8192",
                           NULL};
     tc_run r;
     tc_check(&r, "keys", args, 600);
@@ -287,6 +300,10 @@ START_TEST(lora_tenants_and_images_together_pass) {
         "%s", summary_str(&r, "config"));
     ck_assert_int_gt(engine_hits(&r), 0);
     ck_assert(tc_counter(&r, "relay 0.0", "hash_verified") > 0);
+    /* the CPU tier was used: evicted blocks went there, prefixes came back
+     * from it (the index is judged on the GPU tier, the response on both) */
+    ck_assert(tc_counter(&r, "engine ", "cpu_stored") > 0);
+    ck_assert(tc_counter(&r, "engine ", "cpu_hits") > 0);
     tc_free(&r, false);
     kvo_free(trace);
 }
@@ -638,10 +655,22 @@ END_TEST
 #define MATRIX_LIMIT (TC_SANITIZED ? 60 : 120)
 #define MATRIX_LIMIT_ARG (TC_SANITIZED ? "60" : "120")
 
+/* The matrix's base: `kvo-check mutants [--load] --limit MATRIX_LIMIT`
+ * (its cache: 8,192 GPU blocks). */
+static check_cfg matrix_cfg(bool load) {
+    check_cfg c;
+    check_cfg_defaults(&c);
+    c.load = load;
+    c.limit = MATRIX_LIMIT;
+    c.num_gpu_blocks = 8192;
+    return c;
+}
+
 static void mutant_row(const check_mutant *m, bool load, char *row,
                        size_t size) {
     char opts[160];
-    if (!check_mutant_scenario(m, load, MATRIX_LIMIT, opts, sizeof(opts)))
+    check_cfg base = matrix_cfg(load);
+    if (!check_mutant_scenario(m, &base, opts, sizeof(opts)))
         snprintf(row, size, "\n%-18s %-8s %-8s -", m->name,
                  m->killed ? "killed" : "benign", "not run");
     else
@@ -664,8 +693,8 @@ static void assert_row_tells(const char *out, const check_mutant *m,
         ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
                       at);
     }
-    if (check_mutant_scenario(m, load, MATRIX_LIMIT, opts, sizeof(opts)) &&
-        opts[0]) {
+    check_cfg base = matrix_cfg(load);
+    if (check_mutant_scenario(m, &base, opts, sizeof(opts)) && opts[0]) {
         snprintf(tail, sizeof(tail), "{%s}", opts);
         ck_assert_msg(memmem(at, len, tail, strlen(tail)), "%.*s", (int)len,
                       at);

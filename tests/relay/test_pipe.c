@@ -1399,6 +1399,43 @@ static void vector_stream(json_object *cs, hform form, kvo_buf *out0,
     }
 }
 
+/* A store whose hash is not H(parent, tokens): a mismatch on the GPU; on
+ * the CPU tier without extra_keys (vLLM's offloading tracker defers them,
+ * so the keys a salted or multimodal block's hash took are unknown) it
+ * cannot be verified, and is counted so, never as a mismatch. */
+START_TEST(a_lower_tiers_store_without_extra_keys_is_not_verifiable) {
+    relay_pipe_cfg cfg;
+    tr_cfg_default(&cfg);
+    cfg.verify = true;
+    tr t;
+    tr_init(&t, &cfg, 1, false);
+    tb b;
+    uint64_t h = 901; /* not what sha256 over its tokens gives */
+    tb_begin(&b);
+    tb_store(&b, false, 0, &h, 1);
+    tr_live_tb(&t, 0, 0, &b, 0);
+    char cpu[1024];
+    int w = snprintf(cpu, sizeof(cpu),
+                     "{\"type\": \"BlockStored\", \"block_hashes\": [902], "
+                     "\"parent_block_hash\": null, \"token_ids\": [");
+    for (uint32_t k = 0; k < 16; k++)
+        w += snprintf(cpu + w, sizeof(cpu) - (size_t)w, "%s%" PRIu64,
+                      k ? "," : "", tb_token(902, k));
+    snprintf(cpu + w, sizeof(cpu) - (size_t)w,
+             "], \"block_size\": 16, \"medium\": \"CPU\"}");
+    tb_begin(&b);
+    tb_raw(&b, cpu);
+    tr_live_tb(&t, 0, 1, &b, 0);
+    tr_flush(&t);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->hash_verified, 1);
+    ck_assert_uint_eq(s->hash_mismatches, 1);
+    ck_assert_uint_eq(s->hash_unsupported, 1);
+    ck_assert_uint_eq(tr_count(&t, WIRE_R_STORED), 2); /* both forwarded */
+    tr_fini(&t);
+}
+END_TEST
+
 START_TEST(engine_hash_verification_passes_good_streams_and_catches_first8) {
     json_object *root =
         kt_load_json("tests/data/vectors/hash/hash_vectors.json");
@@ -1671,6 +1708,8 @@ Suite *suite_pipe(void) {
     tc = tcase_create("verify");
     tcase_add_test(
         tc, engine_hash_verification_passes_good_streams_and_catches_first8);
+    tcase_add_test(tc,
+                   a_lower_tiers_store_without_extra_keys_is_not_verifiable);
     tcase_add_test(tc, unknown_parent_digest_is_counted_not_a_mismatch);
     suite_add_tcase(s, tc);
     tc = tcase_create("stats");
