@@ -67,6 +67,9 @@ static uint32_t misplaced(const check_lookup *l, uint32_t n) {
 void check_diagnose(const check_chain_block *b, const check_lookup *l,
                     uint32_t n, uint32_t k, bool index_behind, uint32_t worker,
                     uint32_t rank, check_diag *out) {
+    out->n_rows = n < CHECK_DIAG_BLOCKS ? n : CHECK_DIAG_BLOCKS;
+    for (uint32_t i = 0; i < out->n_rows; i++)
+        out->rows[i] = (check_evidence_row){k + i, b[i], l[i]};
     char ep[64], ip[64], who[200];
     parent_text(ep, sizeof(ep), b->has_parent, b->parent);
     parent_text(ip, sizeof(ip), l->has_parent, l->parent);
@@ -183,9 +186,15 @@ static bool from_direction(check_reason r) {
 }
 
 kvo_status check_prompt_explain(check_prompt *p, const check_diag *d,
-                                kvo_arena *a) {
+                                bool keep_rows, kvo_arena *a) {
     if (!p->diverged) return KVO_EINVAL;
     if (!(p->evidence = arena_str(a, d->evidence))) return KVO_ENOMEM;
+    if (keep_rows && d->n_rows) {
+        if (!(p->rows =
+                  kvo_arena_memdup(a, d->rows, d->n_rows * sizeof(*d->rows))))
+            return KVO_ENOMEM;
+        p->n_rows = d->n_rows;
+    }
     bool lacks = d->reason == CHECK_REASON_MISSED_STORE ||
                  d->reason == CHECK_REASON_UNEXPLAINED;
     if (p->reason == CHECK_REASON_ENGINE) return KVO_OK;

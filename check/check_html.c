@@ -49,6 +49,8 @@ static const char CSS[] =
     "font-variant-numeric:tabular-nums}tr.div td{background:#fff3f2}"
     ".stage{display:inline-block;vertical-align:top;margin:0 18px 10px 0}"
     ".bad{color:#a1261c;font-weight:600}.muted{color:#777}"
+    "table.chain{margin:.3em 0;font-size:90%}table.chain td{font-family:"
+    "monospace}"
     "svg text{font:11px system-ui,sans-serif;fill:#555}"
     ".legend span{display:inline-block;margin-right:16px}"
     ".sw{display:inline-block;width:22px;height:4px;vertical-align:middle;"
@@ -211,6 +213,58 @@ static void summary_row(FILE *f, const char *k, const char *fmt, ...) {
     fputs("</td></tr>\n", f);
 }
 
+/* A hash cell: "-" when absent, marked bad when it differs from the
+ * other side's. */
+static void hash_cell(FILE *f, bool has, uint64_t v, bool bad) {
+    if (!has)
+        fprintf(f, "<td%s>&ndash;</td>", bad ? " class=\"bad\"" : "");
+    else
+        fprintf(f, "<td%s>%llu</td>", bad ? " class=\"bad\"" : "",
+                (unsigned long long)v);
+}
+
+/* The evidence of a divergence side by side: per block of the chain, the
+ * engine's (hash, parent, tokens_hash, copies) and the index's (held,
+ * parent, tokens_hash, other holders); what disagrees is marked. */
+static void chain_panel(FILE *f, const check_prompt *p) {
+    fprintf(f,
+            "<details><summary>engine and index, block by block (from "
+            "block %u)</summary><table class=\"chain\">"
+            "<tr><th rowspan=\"2\">block</th><th colspan=\"4\">engine "
+            "(probe)</th><th colspan=\"4\">index (/lookup)</th></tr><tr>"
+            "<th>hash</th><th>parent</th><th>tokens_hash</th><th>copies</th>"
+            "<th>held</th><th>parent</th><th>tokens_hash</th><th>other "
+            "holders</th></tr>\n",
+            p->rows[0].block);
+    for (uint32_t i = 0; i < p->n_rows; i++) {
+        const check_chain_block *e = &p->rows[i].engine;
+        const check_lookup *x = &p->rows[i].index;
+        bool held_bad = e->cached != x->held;
+        bool parent_bad =
+            x->held && (x->has_parent != e->has_parent ||
+                        (x->has_parent && x->parent != e->parent));
+        bool tok_bad = x->held && x->tokens_hash != e->tokens_hash;
+        fprintf(f, "<tr><td class=\"n\">%u</td>", p->rows[i].block);
+        hash_cell(f, true, e->hash, false);
+        hash_cell(f, e->has_parent, e->parent, parent_bad);
+        hash_cell(f, true, e->tokens_hash, tok_bad);
+        fprintf(f, "<td class=\"n%s\">%u</td><td%s>%s</td>",
+                held_bad ? " bad" : "", e->copies,
+                held_bad ? " class=\"bad\"" : "", x->held ? "yes" : "no");
+        hash_cell(f, x->held && x->has_parent, x->parent, parent_bad);
+        hash_cell(f, x->held, x->tokens_hash, tok_bad);
+        fputs("<td>", f);
+        for (uint32_t h = 0; h < x->n_holders; h++)
+            fprintf(f, "%s%u.%u", h ? ", " : "", x->holders[h].worker,
+                    x->holders[h].dp_rank);
+        if (x->others > x->n_holders)
+            fprintf(f, " (+%llu)",
+                    (unsigned long long)(x->others - x->n_holders));
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</table></details>", f);
+}
+
 static void prompt_row(FILE *f, const check_prompt *p) {
     fprintf(f,
             "<tr%s><td class=\"n\">%llu</td><td class=\"n\">%u</td>"
@@ -235,6 +289,7 @@ static void prompt_row(FILE *f, const check_prompt *p) {
             esc(f, p->evidence);
             fputs("</small>", f);
         }
+        if (p->n_rows) chain_panel(f, p);
     }
     fputs("</td></tr>\n", f);
 }

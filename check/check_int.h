@@ -225,6 +225,8 @@ typedef struct check_prompt {
     const char *evidence; /* what the engine and the index hold at
                                     the first divergent block (result-owned;
                                     NULL: none gathered) */
+    const struct check_evidence_row *rows; /* the same, block by block */
+    uint32_t n_rows;                       /* (result-owned; 0: not kept) */
     double ms;
     bool judged;                  /* false in load mode: reported only */
     uint32_t routed_index_blocks; /* the chosen slot's index score when it
@@ -380,6 +382,7 @@ struct check_result {
      * every slot (no request sent; truth = the probes). */
     check_prompt *sweep; /* owned */
     size_t n_sweep, cap_sweep, sweep_divergent;
+    size_t n_panels; /* prompts whose evidence rows are kept */
     kvo_arena arena; /* per-slot arrays of the prompts */
 
     /* Checkpoints (check_sets.c), in order; their per-slot arrays live in
@@ -466,13 +469,26 @@ typedef struct check_lookup {
                                  from its probes): a holder by right */
 } check_lookup;
 
+/* Blocks of the chain the evidence covers from the divergent one on. */
+#define CHECK_DIAG_BLOCKS 16
+/* Divergent prompts whose evidence rows a result keeps (the reports' side
+ * by side panels); later ones keep the text. */
+#define CHECK_PANELS_MAX 200
+
+/* Block `block` of the prompt's chain on the engine, and what the index
+ * holds of its hash on the same (worker, rank). */
+typedef struct check_evidence_row {
+    uint32_t block;
+    check_chain_block engine;
+    check_lookup index;
+} check_evidence_row;
+
 typedef struct check_diag {
     check_reason reason;
     char evidence[320];
+    uint32_t n_rows; /* the blocks the evidence was read from */
+    check_evidence_row rows[CHECK_DIAG_BLOCKS];
 } check_diag;
-
-/* Blocks of the chain the evidence covers from the divergent one on. */
-#define CHECK_DIAG_BLOCKS 16
 /* Classify the divergence of (worker, rank) at block k of a prompt: b[i]
  * is the engine's block k + i and l[i] what the index holds of its hash
  * there, i < n (n >= 1: the blocks the engine holds from k on when the
@@ -489,13 +505,14 @@ void check_diagnose(const check_chain_block *b, const check_lookup *l,
 bool check_diagnose_ranks(const uint64_t *engine, const uint64_t *index,
                           uint32_t dp, uint32_t worker, uint32_t rank,
                           check_diag *out);
-/* Put d on p (a diverged prompt): its evidence always; its class unless
+/* Put d on p (a diverged prompt): its evidence always (its rows too with
+ * keep_rows); its class unless
  * the judge's reason came from the engine contradicting itself, or the
  * evidence only says the index lacks the block (missed store, unexplained)
  * and a rule counter already says how it was lost (a rejection, a gap, a
  * hash mismatch...). */
 kvo_status check_prompt_explain(check_prompt *p, const check_diag *d,
-                                kvo_arena *a);
+                                bool keep_rows, kvo_arena *a);
 /* Evidence could not be gathered (why): p keeps the judge's reason, and
  * its evidence says it is a guess from the direction. */
 kvo_status check_prompt_unexplained(check_prompt *p, const char *why,

@@ -313,6 +313,58 @@ static json_object *jnum(double v, int decimals) {
     return json_object_new_double_s(v, txt);
 }
 
+/* A hash that may be absent. */
+static json_object *opt_u64(bool has, uint64_t v) {
+    return has ? json_object_new_uint64(v) : NULL;
+}
+
+/* The evidence block by block: [{"block", "engine": {"hash", "parent",
+ * "tokens_hash", "cached", "copies"}, "index": {"held", "parent",
+ * "tokens_hash", "others", "holders": [[worker, rank], ...]}}, ...]. */
+static json_object *chain_json(const check_prompt *p) {
+    json_object *a = json_object_new_array();
+    for (uint32_t i = 0; a && i < p->n_rows; i++) {
+        const check_evidence_row *w = &p->rows[i];
+        json_object *row = json_object_new_object(),
+                    *e = json_object_new_object(),
+                    *x = json_object_new_object(),
+                    *hs = json_object_new_array();
+        json_object_object_add(row, "block", json_object_new_int64(w->block));
+        json_object_object_add(e, "hash",
+                               json_object_new_uint64(w->engine.hash));
+        json_object_object_add(e, "parent",
+                               opt_u64(w->engine.has_parent, w->engine.parent));
+        json_object_object_add(e, "tokens_hash",
+                               json_object_new_uint64(w->engine.tokens_hash));
+        json_object_object_add(e, "cached",
+                               json_object_new_boolean(w->engine.cached));
+        json_object_object_add(e, "copies",
+                               json_object_new_int64(w->engine.copies));
+        json_object_object_add(x, "held",
+                               json_object_new_boolean(w->index.held));
+        json_object_object_add(
+            x, "parent",
+            opt_u64(w->index.held && w->index.has_parent, w->index.parent));
+        json_object_object_add(x, "tokens_hash",
+                               opt_u64(w->index.held, w->index.tokens_hash));
+        json_object_object_add(x, "others",
+                               json_object_new_uint64(w->index.others));
+        for (uint32_t h = 0; h < w->index.n_holders; h++) {
+            json_object *wr = json_object_new_array();
+            json_object_array_add(
+                wr, json_object_new_int64(w->index.holders[h].worker));
+            json_object_array_add(
+                wr, json_object_new_int64(w->index.holders[h].dp_rank));
+            json_object_array_add(hs, wr);
+        }
+        json_object_object_add(x, "holders", hs);
+        json_object_object_add(row, "engine", e);
+        json_object_object_add(row, "index", x);
+        json_object_array_add(a, row);
+    }
+    return a;
+}
+
 static json_object *jstr_or_null(const char *s) {
     return s && *s ? json_object_new_string(s) : NULL;
 }
@@ -387,6 +439,7 @@ static kvo_status json_prompt(FILE *f, const check_result *r,
                            p->diverged ? jstr_or_null(p->detail) : NULL);
     json_object_object_add(j, "evidence",
                            p->diverged ? jstr_or_null(p->evidence) : NULL);
+    if (p->n_rows) json_object_object_add(j, "evidence_chain", chain_json(p));
     if (!sweep) {
         json_object_object_add(j, "routed_index_blocks",
                                json_object_new_int64(p->routed_index_blocks));

@@ -868,7 +868,9 @@ static kvo_status diag_apply(run *r, check_prompt *p) {
             p, "the engine's answer differs from its probe", &r->res->arena);
     if (r->diag_why[0])
         return check_prompt_unexplained(p, r->diag_why, &r->res->arena);
-    return check_prompt_explain(p, &r->diag, &r->res->arena);
+    bool keep = r->res->n_panels < CHECK_PANELS_MAX;
+    r->res->n_panels += keep && r->diag.n_rows;
+    return check_prompt_explain(p, &r->diag, keep, &r->res->arena);
 }
 
 /* KVO_OK: prompt judged (or a run error recorded and the run must stop:

@@ -151,21 +151,21 @@ START_TEST(evidence_names_the_class_unless_a_counter_already_does) {
     check_prompt p = {.diverged = true, .reason = CHECK_REASON_MISSED_STORE};
     check_diag d = {.reason = CHECK_REASON_WRONG_PARENT};
     snprintf(d.evidence, sizeof(d.evidence), "the evidence");
-    ck_assert_int_eq(check_prompt_explain(&p, &d, &a), KVO_OK);
+    ck_assert_int_eq(check_prompt_explain(&p, &d, true, &a), KVO_OK);
     ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_PARENT);
     ck_assert_str_eq(p.evidence, "the evidence");
     /* a counter said how the store was lost: a bare "missed" keeps it */
     p.reason = CHECK_REASON_REJECTED;
     d.reason = CHECK_REASON_MISSED_STORE;
-    ck_assert_int_eq(check_prompt_explain(&p, &d, &a), KVO_OK);
+    ck_assert_int_eq(check_prompt_explain(&p, &d, true, &a), KVO_OK);
     ck_assert_int_eq(p.reason, CHECK_REASON_REJECTED);
     /* a specific class wins over the counter */
     d.reason = CHECK_REASON_TOKEN_MISMATCH;
-    ck_assert_int_eq(check_prompt_explain(&p, &d, &a), KVO_OK);
+    ck_assert_int_eq(check_prompt_explain(&p, &d, true, &a), KVO_OK);
     ck_assert_int_eq(p.reason, CHECK_REASON_TOKEN_MISMATCH);
     /* the engine contradicting itself stays */
     p.reason = CHECK_REASON_ENGINE;
-    ck_assert_int_eq(check_prompt_explain(&p, &d, &a), KVO_OK);
+    ck_assert_int_eq(check_prompt_explain(&p, &d, true, &a), KVO_OK);
     ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
     /* no evidence: the reason is called a guess */
     p.reason = CHECK_REASON_STALE_BLOCK;
@@ -175,7 +175,7 @@ START_TEST(evidence_names_the_class_unless_a_counter_already_does) {
                       strstr(p.evidence, "guess"),
                   "%s", p.evidence);
     p.diverged = false;
-    ck_assert_int_eq(check_prompt_explain(&p, &d, &a), KVO_EINVAL);
+    ck_assert_int_eq(check_prompt_explain(&p, &d, true, &a), KVO_EINVAL);
     kvo_arena_fini(&a);
 }
 END_TEST

@@ -34,6 +34,27 @@ static check_result *make_result(uint64_t n, int64_t bad) {
                        .ms = 1.5};
         ck_assert_int_eq(check_result_add(r, &o, NULL), KVO_OK);
     }
+    if (bad >= 0) { /* its evidence: the index holds block h+1 under 77 */
+        check_prompt *p = &r->prompts[bad];
+        uint32_t k = (uint32_t)p->first_divergent_block;
+        check_diag d = {.reason = CHECK_REASON_STALE_BLOCK, .n_rows = 2};
+        snprintf(d.evidence, sizeof(d.evidence), "the evidence");
+        d.rows[0] = (check_evidence_row){k,
+                                         {.hash = 5005,
+                                          .parent = 4004,
+                                          .has_parent = true,
+                                          .tokens_hash = 9009},
+                                         {.held = true,
+                                          .has_parent = true,
+                                          .parent = 77,
+                                          .tokens_hash = 9009,
+                                          .others = 1,
+                                          .n_holders = 1,
+                                          .holders = {{1, 0}}}};
+        d.rows[1] = (check_evidence_row){
+            k + 1, {.hash = 6006, .has_parent = true, .parent = 5005}, {0}};
+        ck_assert_int_eq(check_prompt_explain(p, &d, true, &r->arena), KVO_OK);
+    }
     check_counters_set(&r->counters, "indexer",
                        "kvo_indexer_events_total{status=\"ok\"}", 42);
     check_counters_set(&r->counters, "relay 0.0", "kvo_relay_gaps", 1);
@@ -147,6 +168,21 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
                 ck_assert_ptr_null(v);
             json_object_object_get_ex(j, "first_divergent_block", &v);
             if (line == 3) ck_assert_int_eq(json_object_get_int(v), 3);
+            /* the evidence block by block, on the divergent line only */
+            json_object *ch = NULL;
+            ck_assert(json_object_object_get_ex(j, "evidence_chain", &ch) ==
+                      (line == 3));
+            if (line == 3) {
+                ck_assert_uint_eq(json_object_array_length(ch), 2);
+                ck_assert_str_eq(json_object_to_json_string_ext(
+                                     json_object_array_get_idx(ch, 0),
+                                     JSON_C_TO_STRING_PLAIN),
+                                 "{\"block\":3,\"engine\":{\"hash\":5005,"
+                                 "\"parent\":4004,\"tokens_hash\":9009,"
+                                 "\"cached\":false,\"copies\":0},\"index\":{"
+                                 "\"held\":true,\"parent\":77,\"tokens_hash\":"
+                                 "9009,\"others\":1,\"holders\":[[1,0]]}}");
+            }
         } else {
             json_object *sum, *v;
             ck_assert(json_object_object_get_ex(j, "summary", &sum));
@@ -193,6 +229,11 @@ START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
     /* the divergence: marked on the main plot and its slot's, and listed */
     ck_assert_uint_ge(count(s, "class=\"divmark\""), 2);
     ck_assert_ptr_nonnull(strstr(s, "<b>stale block</b>"));
+    /* its evidence side by side: the index's parent is not the engine's */
+    ck_assert_ptr_nonnull(strstr(s, "engine and index, block by block"));
+    ck_assert_ptr_nonnull(strstr(s, "<td class=\"bad\">77</td>"));
+    ck_assert_ptr_nonnull(strstr(s, "<td class=\"bad\">4004</td>"));
+    ck_assert_ptr_nonnull(strstr(s, "<td>1.0</td>"));
     ck_assert_ptr_nonnull(strstr(s, "kvo_relay_gaps"));
     /* escaped, and nothing fetched from the network */
     ck_assert_ptr_nonnull(strstr(s, "&lt;policy&gt;"));
