@@ -136,6 +136,28 @@ void check_diagnose(const check_chain_block *b, const check_lookup *l,
                  holders_text(who, sizeof(who), &l[i]));
         return;
     }
+    /* The index holds the tokens of block k under another hash: where the
+     * engine chains it (it published another hash than it holds), or under
+     * the root (the store lost its parent). */
+    if (l->found == CHECK_FOUND_UNDER_PARENT) {
+        out->reason = CHECK_REASON_HASH_MISMATCH;
+        snprintf(ev, sz,
+                 "block %u: the engine holds it as hash %" PRIu64 " (%s), "
+                 "the index holds the same tokens (tokens_hash %" PRIu64
+                 ") there as hash %" PRIu64
+                 ": the engine published another hash than it holds",
+                 k, b->hash, ep, b->tokens_hash, l->found_hash);
+        return;
+    }
+    if (l->found == CHECK_FOUND_UNDER_ROOT) {
+        out->reason = CHECK_REASON_WRONG_PARENT;
+        snprintf(ev, sz,
+                 "block %u (hash %" PRIu64 "): the engine chains it under "
+                 "%s, the index holds its tokens (tokens_hash %" PRIu64
+                 ") under the root, as hash %" PRIu64,
+                 k, b->hash, ep, b->tokens_hash, l->found_hash);
+        return;
+    }
     out->reason = CHECK_REASON_MISSED_STORE;
     if (l->others)
         snprintf(ev, sz,

@@ -733,12 +733,32 @@ static kvo_status lookup_entry(const json_call *c, const kvo_jv *blocks,
                         "%s: %u holders listed, others "
                         "says %" PRIu64,
                         bn, l.n_holders, l.others);
+    const kvo_jv *tf = NULL, *under = NULL;
+    if (st == KVO_OK)
+        st = get_typed(c, &b, bn, "tokens_found", KVO_JSON_OBJ, OPTIONAL, &tf);
+    if (st == KVO_OK && tf) {
+        char tn[48];
+        snprintf(tn, sizeof(tn), "%s.tokens_found", bn);
+        if ((st = get_typed(c, tf, tn, "under", KVO_JSON_STR, REQUIRED,
+                            &under)) == KVO_OK &&
+            (st = get_uint(c, tf, tn, "block_hash", UINT64_MAX, REQUIRED,
+                           &l.found_hash)) == KVO_OK) {
+            if (strcmp(under->v.s, "parent") == 0)
+                l.found = CHECK_FOUND_UNDER_PARENT;
+            else if (strcmp(under->v.s, "root") == 0)
+                l.found = CHECK_FOUND_UNDER_ROOT;
+            else
+                st =
+                    answer_err(c, KVO_EPROTO,
+                               "%s.under: expected \"parent\" or \"root\"", tn);
+        }
+    }
     if (st == KVO_OK) *out = l;
     return st;
 }
 
 kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
-                            const uint64_t *hashes, uint32_t n,
+                            const check_chain_block *b, uint32_t n,
                             check_lookup *out, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/lookup", env->indexer_url);
@@ -749,8 +769,17 @@ kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
                                    "\"block_hashes\":[",
                                    worker, dp_rank);
     for (uint32_t i = 0; st == KVO_OK && i < n; i++)
-        st = kvo_buf_printf(&body, "%s%" PRIu64, i ? "," : "", hashes[i]);
-    if (st == KVO_OK) st = CHK_BUF_LIT(&body, "]}");
+        st = kvo_buf_printf(&body, "%s%" PRIu64, i ? "," : "", b[i].hash);
+    if (st == KVO_OK)
+        st = CHK_BUF_LIT(&body, "],\"chain\":{\"tokens_hashes\":[");
+    for (uint32_t i = 0; st == KVO_OK && i < n; i++)
+        st =
+            kvo_buf_printf(&body, "%s%" PRIu64, i ? "," : "", b[i].tokens_hash);
+    if (st == KVO_OK && n && b[0].has_parent)
+        st = kvo_buf_printf(&body, "],\"first_parent\":%" PRIu64 "}}",
+                            b[0].parent);
+    else if (st == KVO_OK)
+        st = CHK_BUF_LIT(&body, "],\"first_parent\":null}}");
     if (st == KVO_OK) st = json_call_send(&jc, env->idx_http, &body);
     const kvo_jv *blocks = NULL;
     if (st == KVO_OK)
@@ -760,7 +789,7 @@ kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
         st = answer_err(&jc, KVO_EPROTO, "%u blocks answered, %u asked",
                         (unsigned)blocks->len, n);
     for (uint32_t i = 0; st == KVO_OK && i < n; i++)
-        st = lookup_entry(&jc, blocks, i, hashes[i], &out[i]);
+        st = lookup_entry(&jc, blocks, i, b[i].hash, &out[i]);
     json_call_fini(&jc);
     kvo_buf_fini(&body);
     return st;

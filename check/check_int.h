@@ -455,6 +455,15 @@ typedef struct check_chain_block {
     uint32_t copies;
 } check_chain_block;
 
+/* Where an index holds a block's tokens under another block hash (POST
+ * /lookup's tokens_found). */
+typedef enum check_found {
+    CHECK_FOUND_NONE = 0,
+    CHECK_FOUND_UNDER_PARENT, /* the engine's parent (the root for a first
+                                 block) */
+    CHECK_FOUND_UNDER_ROOT    /* the root, the engine's parent being a block */
+} check_found;
+
 /* What the index holds of one block hash for one (worker, rank). */
 #define CHECK_LOOKUP_HOLDERS 4
 typedef struct check_lookup {
@@ -467,6 +476,9 @@ typedef struct check_lookup {
     bool holder_cached[CHECK_LOOKUP_HOLDERS]; /* that holder's engine
                                  holds the block too (the caller fills it
                                  from its probes): a holder by right */
+    check_found found;   /* not held: where the (worker, rank) holds the
+                            block's tokens under another hash */
+    uint64_t found_hash; /*   that hash */
 } check_lookup;
 
 /* Blocks of the chain the evidence covers from the divergent one on. */
@@ -1134,15 +1146,16 @@ void chk_blocks_fini(chk_blocks *b);
  * as it was on failure). */
 kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
                              kvo_err *err);
+/* POST /lookup: what the index holds of each block of the engine's chain
+ * b[0, n) (consecutive blocks) for (worker, dp_rank), into out[0, n),
+ * with where it holds their tokens under another hash. KVO_ENOTFOUND: an
+ * indexer without the endpoint. */
+kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
+                            const check_chain_block *b, uint32_t n,
+                            check_lookup *out, kvo_err *err);
 /* kvo-indexer GET /blocks?worker_id=W&dp_rank=R: with list, every page;
  * else the count and digest only (digest_only=1). KVO_ENOTFOUND: the
  * indexer has no such endpoint. */
-/* POST /lookup: what the index holds of each of hashes[0, n) for
- * (worker, dp_rank), into out[0, n). KVO_ENOTFOUND: an indexer without the
- * endpoint. */
-kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
-                            const uint64_t *hashes, uint32_t n,
-                            check_lookup *out, kvo_err *err);
 kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
                             bool list, chk_blocks *out, kvo_err *err);
 /* kvo-indexer GET /health: its "status" ("ok", "recovering", "stale")

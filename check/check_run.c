@@ -831,13 +831,11 @@ static kvo_status diag_gather(run *r, const check_obs *o, const chk_prompt *p) {
     if (n > CHECK_DIAG_BLOCKS) n = CHECK_DIAG_BLOCKS;
     check_chain_block b[CHECK_DIAG_BLOCKS];
     check_lookup l[CHECK_DIAG_BLOCKS];
-    uint64_t hashes[CHECK_DIAG_BLOCKS];
     kvo_err err = {0};
     st = chk_engine_chain(e, p, rk->dp_rank, k, b, &n, &err);
-    for (uint32_t i = 0; st == KVO_OK && i < n; i++) hashes[i] = b[i].hash;
     if (st == KVO_OK)
-        st = chk_index_lookup(&r->env, e->worker_id, rk->dp_rank, hashes, n, l,
-                              &err);
+        st =
+            chk_index_lookup(&r->env, e->worker_id, rk->dp_rank, b, n, l, &err);
     if (st == KVO_ENOMEM) return st;
     if (st != KVO_OK) {
         snprintf(r->diag_why, sizeof(r->diag_why), "%s", err.msg);

@@ -173,6 +173,22 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
                                uint32_t dp_rank, uint64_t block_hash,
                                idx_block_info *out);
 
+/* Where (worker_id, dp_rank) holds a block's tokens under another block
+ * hash than the engine's: the child tokens_hash of the node it holds as
+ * parent_hash (has_parent; else the root), then the root's child
+ * tokens_hash. IDX_FOUND_NONE when neither is in its worker set; else
+ * *block_hash is that node's. No allocation. */
+typedef enum idx_found {
+    IDX_FOUND_NONE = 0,
+    IDX_FOUND_UNDER_PARENT, /* under the engine's parent (or the root, for
+                               a block without one) */
+    IDX_FOUND_UNDER_ROOT    /* under the root, its parent being a block */
+} idx_found;
+idx_found idx_tree_find_tokens(const idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank, bool has_parent,
+                               uint64_t parent_hash, uint64_t tokens_hash,
+                               uint64_t *block_hash);
+
 /* Router hashes of a prompt (DESIGN §5): one per full block, the LoRA
  * seed on every block, the salt's on block 0 only (wire_router_hash_prompt:
  * vLLM salts block 0 only). lora/salt NULL = none. Returns the number of

@@ -462,11 +462,18 @@ kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
                                   uint64_t count, uint64_t digest,
                                   kvo_buf *out);
 
-/* POST /lookup {"worker_id": W, "dp_rank": R, "block_hashes": [h, ...]}
+/* POST /lookup {"worker_id": W, "dp_rank": R, "block_hashes": [h, ...]
+ *   [, "chain": {"tokens_hashes": [t, ...], "first_parent": p|null}]}
  * (at most IDX_LOOKUP_MAX hashes; idx_request_parse reads it) ->
  *   {"blocks": [{"block_hash": h, "held": bool, "tokens_hash": t|null,
  *     "parent_hash": p|null, "in_set": bool, "others": n,
- *     "other_holders": [[worker_id, dp_rank], ...]}, ...]}
+ *     "other_holders": [[worker_id, dp_rank], ...]
+ *     [, "tokens_found": {"under": "parent"|"root", "block_hash": x}|null]},
+ *    ...]}
+ * "chain" says the hashes are consecutive blocks of one chain (the first's
+ * parent first_parent, each next one's the one before) with those router
+ * hashes: for a hash (W, R) does not hold, tokens_found tells where it
+ * holds the same tokens under another block hash (idx_tree_find_tokens).
  * in the order asked. held: (W, R)'s lookup has h (tokens_hash and
  * parent_hash are then its node's, parent null at the root or when
  * detached; in_set: (W, R) is in the node's worker set). others: how many
@@ -474,9 +481,8 @@ kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
  * not: the node some other worker maps h to), the first IDX_INFO_OTHERS
  * of them listed in other_holders, sorted. */
 #define IDX_LOOKUP_MAX 4096
-json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
-                             uint32_t dp_rank, const uint64_t *hashes,
-                             size_t n);
+struct idx_request;
+json_object *idx_json_lookup(const idx_tree *t, const struct idx_request *q);
 
 /* ---- Requests: query bodies (idx_request.c) ------------------------------
  * The one reading path of POST /query, POST /query_by_hash and replay's
@@ -506,11 +512,14 @@ typedef enum idx_req_kind {
 /* Everything points into doc: valid until the next parse or fini. */
 typedef struct idx_request {
     idx_req_kind kind;
-    const uint64_t *v;       /* TOKENS: token ids (each < 2^32); HASHES: tokens
+    const uint64_t *v;      /* TOKENS: token ids (each < 2^32); HASHES: tokens
                            hashes; n of them (v may be NULL when n is 0) */
-    size_t n;                /* LOOKUP: v/n are the block hashes */
-    uint64_t worker_id;      /* LOOKUP */
-    uint32_t dp_rank;        /* LOOKUP */
+    size_t n;               /* LOOKUP: v/n are the block hashes */
+    uint64_t worker_id;     /* LOOKUP */
+    uint32_t dp_rank;       /* LOOKUP */
+    const uint64_t *tokens; /* LOOKUP "chain": tokens_hashes (n), or NULL */
+    bool has_first_parent;  /* LOOKUP "chain": first_parent not null */
+    uint64_t first_parent;
     const char *lora, *salt; /* TOKENS: NULL = none */
     uint64_t apply;          /* APPLY: records to apply */
     bool metrics;            /* "metrics": true */

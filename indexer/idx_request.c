@@ -186,6 +186,30 @@ static kvo_status read_lookup(idx_request *q, const kvo_jv *root,
     if (q->n > IDX_LOOKUP_MAX)
         return kvo_err_set(err, KVO_ETOOBIG, KVO_ERR_NO_OFFSET,
                            "block_hashes: at most %d", IDX_LOOKUP_MAX);
+    const kvo_jv *c = kvo_json_get(root, "chain");
+    if (c && !kvo_json_is(c, KVO_JSON_NULL)) {
+        if (!kvo_json_is(c, KVO_JSON_OBJ))
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "chain: expected an object");
+        const kvo_jv *th = kvo_json_get(c, "tokens_hashes"),
+                     *fp = kvo_json_get(c, "first_parent");
+        size_t nt;
+        if (!th)
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "chain: missing tokens_hashes");
+        st = u64_array(th, "chain.tokens_hashes", UINT64_MAX, &q->tokens, &nt,
+                       err);
+        if (st != KVO_OK) return st;
+        if (nt != q->n)
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "chain.tokens_hashes: %zu, block_hashes: %zu",
+                               nt, q->n);
+        q->has_first_parent = fp && !kvo_json_is(fp, KVO_JSON_NULL);
+        if (q->has_first_parent && !kvo_json_u64(fp, &q->first_parent))
+            return kvo_err_set(err, KVO_EPROTO, KVO_ERR_NO_OFFSET,
+                               "chain.first_parent: expected an integer >= 0 "
+                               "or null");
+    }
     q->kind = IDX_REQ_LOOKUP;
     return KVO_OK;
 }

@@ -1057,6 +1057,38 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
     return KVO_OK;
 }
 
+/* Whether slot w is in node n's worker set. */
+static bool wset_has(const idx_tree *t, uint32_t n, uint32_t w) {
+    uint32_t ws = ND(t, n).wset;
+    if (ws == NIL || !(ws & TAG)) return ws == w;
+    const uint32_t *s = &t->sp[ws & ~TAG];
+    uint32_t cnt = set_count(s), i = lower_bound(s + 1, cnt, w);
+    return i < cnt && s[1 + i] == w;
+}
+
+idx_found idx_tree_find_tokens(const idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank, bool has_parent,
+                               uint64_t parent_hash, uint64_t tokens_hash,
+                               uint64_t *block_hash) {
+    uint32_t w = t ? slot_find(t, worker_id, dp_rank) : NIL;
+    if (w == NIL) return IDX_FOUND_NONE;
+    uint32_t p = ROOT;
+    if (has_parent) {
+        uint32_t pos = look_find(t, w, parent_hash);
+        p = pos == NIL ? NIL : look_node(t, tab_ref(&t->ws[w].look, pos));
+    }
+    uint32_t c = p == NIL ? NIL : child_find(t, p, tokens_hash);
+    if (c != NIL && c != p && wset_has(t, c, w)) {
+        *block_hash = ND(t, c).block_hash;
+        return IDX_FOUND_UNDER_PARENT; /* the root when it has no parent */
+    }
+    if (p == ROOT) return IDX_FOUND_NONE;
+    c = child_find(t, ROOT, tokens_hash);
+    if (c == NIL || !wset_has(t, c, w)) return IDX_FOUND_NONE;
+    *block_hash = ND(t, c).block_hash;
+    return IDX_FOUND_UNDER_ROOT;
+}
+
 kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
     kvo_status s = KVO_OK;
     uint8_t *seen = kvo_calloc(t->nd_len, 1);

@@ -239,18 +239,47 @@ static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r, uint64_t h,
     return e;
 }
 
-json_object *idx_json_lookup(const idx_tree *t, uint64_t worker_id,
-                             uint32_t dp_rank, const uint64_t *hashes,
-                             size_t n) {
+/* Entry i of a lookup with a chain: where (W, R) holds block i's tokens
+ * under another hash, when it does not hold block i's hash. */
+static bool add_found(json_object *e, const idx_tree *t, const idx_request *q,
+                      size_t i) {
+    idx_block_info in;
+    if (idx_tree_block_info(t, q->worker_id, q->dp_rank, q->v[i], &in) !=
+        KVO_OK)
+        return false;
+    uint64_t bh = 0;
+    bool has_parent = i ? true : q->has_first_parent;
+    uint64_t parent = i ? q->v[i - 1] : q->first_parent;
+    idx_found f =
+        in.held ? IDX_FOUND_NONE
+                : idx_tree_find_tokens(t, q->worker_id, q->dp_rank, has_parent,
+                                       parent, q->tokens[i], &bh);
+    if (f == IDX_FOUND_NONE)
+        return json_object_object_add(e, "tokens_found", NULL) == 0;
+    json_object *o = json_object_new_object();
+    if (!o) return false;
+    bool ok = add(o, "under",
+                  json_object_new_string(
+                      f == IDX_FOUND_UNDER_ROOT ? "root" : "parent")) &&
+              add(o, "block_hash", u64(bh));
+    if (!ok || !add(e, "tokens_found", o)) {
+        json_object_put(o);
+        return false;
+    }
+    return true;
+}
+
+json_object *idx_json_lookup(const idx_tree *t, const idx_request *q) {
     idx_worker *ws = NULL;
     size_t nw = 0;
     if (idx_tree_workers(t, &ws, &nw) != KVO_OK) return NULL;
     json_object *o = json_object_new_object();
-    json_object *a = json_object_new_array_ext((int)n);
+    json_object *a = json_object_new_array_ext((int)q->n);
     bool ok = o && a;
-    for (size_t i = 0; ok && i < n; i++) {
-        json_object *e = entry(t, worker_id, dp_rank, hashes[i], ws, nw);
-        ok = e && json_object_array_add(a, e) == 0;
+    for (size_t i = 0; ok && i < q->n; i++) {
+        json_object *e = entry(t, q->worker_id, q->dp_rank, q->v[i], ws, nw);
+        ok = e && (!q->tokens || add_found(e, t, q, i)) &&
+             json_object_array_add(a, e) == 0;
         if (e && !ok) json_object_put(e);
     }
     kvo_free(ws);
@@ -348,8 +377,7 @@ void idx_http_lookup(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
         kvo_http_respond_error(r, st == KVO_ENOMEM ? 500 : 400, err.msg);
     } else {
         uint64_t gen;
-        json_object *o = idx_json_lookup(tree_of(ctx, q.worker_id, &gen),
-                                         q.worker_id, q.dp_rank, q.v, q.n);
+        json_object *o = idx_json_lookup(tree_of(ctx, q.worker_id, &gen), &q);
         if (!o)
             kvo_http_respond_error(r, 500, "out of memory");
         else

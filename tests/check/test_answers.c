@@ -936,6 +936,42 @@ START_TEST(dynamo_answers_are_read_in_tokens_and_must_agree) {
 }
 END_TEST
 
+/* POST /lookup: the request carries the engine's chain, the answer says
+ * where the tokens of a block not held are held under another hash. */
+START_TEST(lookup_answers_tell_where_the_tokens_are) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    check_chain_block b[2] = {
+        {.hash = 5, .tokens_hash = 50, .has_parent = true, .parent = 4},
+        {.hash = 6, .tokens_hash = 60, .has_parent = true, .parent = 5}};
+    check_lookup l[2];
+    kvo_err err = {0};
+    fake_answer(&f, "/lookup",
+                "{\"blocks\":[{\"block_hash\":5,\"held\":true,"
+                "\"tokens_hash\":50,\"parent_hash\":4,\"in_set\":true,"
+                "\"others\":0,\"other_holders\":[],\"tokens_found\":null},"
+                "{\"block_hash\":6,\"held\":false,\"tokens_hash\":null,"
+                "\"parent_hash\":null,\"in_set\":false,\"others\":0,"
+                "\"other_holders\":[],\"tokens_found\":{\"under\":"
+                "\"parent\",\"block_hash\":61}}]}");
+    ck_assert_int_eq(chk_index_lookup(&t.env, 0, 0, b, 2, l, &err), KVO_OK);
+    ck_assert(l[0].held && l[0].found == CHECK_FOUND_NONE);
+    ck_assert(!l[1].held && l[1].found == CHECK_FOUND_UNDER_PARENT &&
+              l[1].found_hash == 61);
+    fake_answer(&f, "/lookup",
+                "{\"blocks\":[{\"block_hash\":5,\"held\":false,"
+                "\"others\":0,\"other_holders\":[],\"tokens_found\":"
+                "{\"under\":\"sideways\",\"block_hash\":1}}]}");
+    ck_assert_int_ne(chk_index_lookup(&t.env, 0, 0, b, 1, l, &err), KVO_OK);
+    ck_assert_msg(strstr(err.msg, "blocks[0].tokens_found.under: expected"),
+                  "%s", err.msg);
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
 START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
     fake f;
     fake_start(&f);
@@ -973,6 +1009,7 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, kvo_check_stops_with_the_error_naming_the_call);
     tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);
     tcase_add_test(tc, dynamo_answers_are_read_in_tokens_and_must_agree);
+    tcase_add_test(tc, lookup_answers_tell_where_the_tokens_are);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -87,6 +87,27 @@ START_TEST(a_block_nobody_holds_is_a_missed_store) {
 }
 END_TEST
 
+/* Not held by its hash, but its tokens are: where the engine chains it
+ * (another hash was published for them), or under the root. */
+START_TEST(tokens_held_under_another_hash_name_the_hash_or_the_parent) {
+    check_chain_block b = eb(3);
+    check_lookup l = {.found = CHECK_FOUND_UNDER_PARENT, .found_hash = 77};
+    check_diag d = diag1(&b, &l, true);
+    ck_assert_int_eq(d.reason, CHECK_REASON_HASH_MISMATCH);
+    ck_assert_msg(strstr(d.evidence, "as hash 103 (parent 102)") &&
+                      strstr(d.evidence, "there as hash 77"),
+                  "%s", d.evidence);
+    l.found = CHECK_FOUND_UNDER_ROOT;
+    d = diag1(&b, &l, true);
+    ck_assert_int_eq(d.reason, CHECK_REASON_WRONG_PARENT);
+    ck_assert_msg(strstr(d.evidence, "under the root, as hash 77"), "%s",
+                  d.evidence);
+    l.found = CHECK_FOUND_NONE;
+    d = diag1(&b, &l, true);
+    ck_assert_int_eq(d.reason, CHECK_REASON_MISSED_STORE);
+}
+END_TEST
+
 START_TEST(a_block_credited_to_a_slot_whose_engine_lacks_it_is_misplaced) {
     /* blocks 3 and 4: block 3 is shared (rank 0's engine has it too),
      * block 4 only this rank's engine holds, and the index credits it to
@@ -220,6 +241,8 @@ Suite *suite_diag(void) {
     tcase_add_test(tc, a_block_held_under_another_parent_is_a_wrong_parent);
     tcase_add_test(tc, a_block_held_with_other_tokens_is_a_token_mismatch);
     tcase_add_test(tc, a_block_nobody_holds_is_a_missed_store);
+    tcase_add_test(tc,
+                   tokens_held_under_another_hash_name_the_hash_or_the_parent);
     tcase_add_test(
         tc, a_block_credited_to_a_slot_whose_engine_lacks_it_is_misplaced);
     tcase_add_test(tc, an_index_ahead_holding_the_block_is_a_stale_block);

@@ -140,6 +140,24 @@ START_TEST(blocks_pages_add_up_and_follow_the_feed) {
 }
 END_TEST
 
+/* POST /lookup's answer for (w, r) and hashes; tokens (NULL: no chain)
+ * with the first block's parent (NULL: none). */
+static json_object *lookup(const idx_tree *t, uint64_t w, uint32_t r,
+                           const uint64_t *hashes, size_t n,
+                           const uint64_t *tokens, const uint64_t *parent) {
+    idx_request q;
+    memset(&q, 0, sizeof(q));
+    q.kind = IDX_REQ_LOOKUP;
+    q.worker_id = w;
+    q.dp_rank = r;
+    q.v = hashes;
+    q.n = n;
+    q.tokens = tokens;
+    q.has_first_parent = parent != NULL;
+    q.first_parent = parent ? *parent : 0;
+    return idx_json_lookup(t, &q);
+}
+
 /* Who holds a block: ten workers hold one chain, the first 8 others are
  * listed (sorted), the count is whole; for a worker that does not hold
  * it, the holders; for a hash nobody holds, none. */
@@ -149,19 +167,62 @@ START_TEST(lookup_says_who_else_holds_a_block) {
         ck_assert_int_eq(
             tt_store_bh(t, w, 0, NULL, U64S(1, 2), U64S(100, 200), 2),
             IDX_EV_OK);
-    json_object *j = idx_json_lookup(t, 1, 0, U64S(200, 300), 2);
+    json_object *j = lookup(t, 1, 0, U64S(200, 300), 2, NULL, NULL);
     tt_json_eq(j, "{\"blocks\":[{\"block_hash\":200,\"held\":true,"
                   "\"tokens_hash\":2,\"parent_hash\":100,\"in_set\":true,"
                   "\"others\":9,\"other_holders\":[[2,0],[3,0],[4,0],[5,0],"
                   "[6,0],[7,0],[8,0],[9,0]]},{\"block_hash\":300,"
                   "\"held\":false,\"tokens_hash\":null,\"parent_hash\":null,"
                   "\"in_set\":false,\"others\":0,\"other_holders\":[]}]}");
-    j = idx_json_lookup(t, 11, 3, U64S(100), 1);
+    j = lookup(t, 11, 3, U64S(100), 1, NULL, NULL);
     tt_json_eq(j, "{\"blocks\":[{\"block_hash\":100,\"held\":false,"
                   "\"tokens_hash\":null,\"parent_hash\":null,\"in_set\":false,"
                   "\"others\":10,\"other_holders\":[[1,0],[2,0],[3,0],[4,0],"
                   "[5,0],[6,0],[7,0],[8,0]]}]}");
-    tt_json_eq(idx_json_lookup(t, 1, 0, NULL, 0), "{\"blocks\":[]}");
+    tt_json_eq(lookup(t, 1, 0, NULL, 0, NULL, NULL), "{\"blocks\":[]}");
+    tt_tree_done(t);
+}
+END_TEST
+
+/* Where a worker holds a block's tokens under another hash: under the
+ * engine's parent (the engine published another hash for the same
+ * tokens), or under the root (the store lost its parent). */
+START_TEST(lookup_finds_the_tokens_under_another_hash) {
+    idx_tree *t = tt_tree_new();
+    ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, U64S(1, 2), U64S(100, 200), 2),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, U64S(3), U64S(350), 1),
+                     IDX_EV_OK);
+    /* the engine's chain: 100, 201 (tokens 2), 300 (tokens 3) */
+    json_object *j =
+        lookup(t, 1, 0, U64S(100, 201, 300), 3, U64S(1, 2, 3), NULL);
+    json_object *b = tt_json_at(j, "blocks");
+    tt_json_eq(json_object_get(json_object_array_get_idx(b, 0)),
+               "{\"block_hash\":100,\"held\":true,\"tokens_hash\":1,"
+               "\"parent_hash\":null,\"in_set\":true,\"others\":0,"
+               "\"other_holders\":[],\"tokens_found\":null}");
+    tt_json_eq(json_object_get(
+                   tt_json_at(json_object_array_get_idx(b, 1), "tokens_found")),
+               "{\"under\":\"parent\",\"block_hash\":200}");
+    /* 300's parent is 201, which worker 1 does not hold: the root has it */
+    tt_json_eq(json_object_get(
+                   tt_json_at(json_object_array_get_idx(b, 2), "tokens_found")),
+               "{\"under\":\"root\",\"block_hash\":350}");
+    json_object_put(j);
+    /* another worker holds none of it; a first block with a parent */
+    j = lookup(t, 2, 0, U64S(201), 1, U64S(2), U64S(100));
+    json_object *tf = (json_object *)1;
+    ck_assert(json_object_object_get_ex(
+        json_object_array_get_idx(tt_json_at(j, "blocks"), 0), "tokens_found",
+        &tf));
+    ck_assert_ptr_null(tf);
+    json_object_put(j);
+    j = lookup(t, 1, 0, U64S(201), 1, U64S(2), U64S(100));
+    tt_json_eq(json_object_get(tt_json_at(
+                   json_object_array_get_idx(tt_json_at(j, "blocks"), 0),
+                   "tokens_found")),
+               "{\"under\":\"parent\",\"block_hash\":200}");
+    json_object_put(j);
     tt_tree_done(t);
 }
 END_TEST
@@ -172,6 +233,7 @@ Suite *suite_views(void) {
     tcase_add_test(tc, blocks_digest_is_the_sum_of_its_definition);
     tcase_add_test(tc, blocks_pages_add_up_and_follow_the_feed);
     tcase_add_test(tc, lookup_says_who_else_holds_a_block);
+    tcase_add_test(tc, lookup_finds_the_tokens_under_another_hash);
     suite_add_tcase(s, tc);
     return s;
 }
