@@ -1256,12 +1256,7 @@ static void dyn_proxy_handler(void *ctx, kvo_http_req *req) {
 
 static void *dyn_proxy_main(void *arg) {
     dyn_proxy *p = arg;
-    while (!p->stop) {
-        zmq_pollitem_t it = {NULL, kvo_http_server_fd(p->srv), ZMQ_POLLIN, 0};
-        long t = kvo_http_server_timeout_ms(p->srv);
-        zmq_poll(&it, 1, t < 0 || t > 50 ? 50 : t);
-        kvo_http_server_run(p->srv);
-    }
+    kt_http_serve(p->srv, &p->stop);
     return NULL;
 }
 

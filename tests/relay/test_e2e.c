@@ -654,7 +654,7 @@ END_TEST
 typedef struct disco {
     kvo_http_server *srv;
     char body[8192];
-    volatile int stop;
+    volatile bool stop;
     volatile int hits;
     pthread_t thr;
 } disco;
@@ -672,12 +672,7 @@ static void disco_handler(void *ctx, kvo_http_req *req) {
 
 static void *disco_thread(void *arg) {
     disco *d = arg;
-    while (!d->stop) {
-        zmq_pollitem_t it = {NULL, kvo_http_server_fd(d->srv), ZMQ_POLLIN, 0};
-        long t = kvo_http_server_timeout_ms(d->srv);
-        zmq_poll(&it, 1, t < 0 || t > 50 ? 50 : t);
-        kvo_http_server_run(d->srv);
-    }
+    kt_http_serve(d->srv, &d->stop);
     return NULL;
 }
 

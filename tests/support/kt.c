@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,6 +413,15 @@ void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms) {
     snprintf(what, sizeof(what), "TCP port %u", (unsigned)port);
     ready_or_fail(p, kvo_wait_tcp(&p->proc, "127.0.0.1", port, timeout_ms),
                   what);
+}
+
+void kt_http_serve(kvo_http_server *s, const volatile bool *stop) {
+    while (!*stop) {
+        struct pollfd pf = {kvo_http_server_fd(s), POLLIN, 0};
+        long t = kvo_http_server_timeout_ms(s);
+        (void)poll(&pf, 1, t < 0 || t > 50 ? 50 : (int)t);
+        kvo_http_server_run(s);
+    }
 }
 
 int kt_proc_stop(kt_proc *p) {

@@ -4,6 +4,7 @@
 #define KT_H
 
 #include "kvo.h"
+#include "kvo_http.h"
 #include "kvo_proc.h"
 
 #include <check.h>
@@ -87,6 +88,9 @@ void kt_proc_wait_tcp(kt_proc *p, uint16_t port, long timeout_ms);
 uint16_t kt_proc_logged_port(kt_proc *p, const char *prefix);
 /* The peak resident memory of p so far (VmHWM), in KiB. */
 uint64_t kt_proc_peak_kib(const kt_proc *p);
+/* Serve s on the calling thread (a test's thread of its own) until *stop:
+ * a fake service or a proxy the test runs in-process. */
+void kt_http_serve(kvo_http_server *s, const volatile bool *stop);
 /* SIGTERM, up to 10 s grace, SIGKILL. Returns the exit status (0 = clean
  * shutdown; 128+n = killed by signal n). Prints the log when KVO_TEST_LOGS
  * is set. */
