@@ -541,7 +541,43 @@ static void router_view(FILE *f, const check_result *r) {
     stale_over_trace(f, r);
 }
 
-/* ---- Checkpoints and the regime --------------------------------------------*/
+/* ---- Faults, checkpoints and the regime -------------------------------------*/
+
+/* The faults injected (--*-restart-at, --nats-kill-at, --chaos): when,
+ * what, how long the part was down, when the index was exact again, and
+ * what the indexer's recovery did. */
+static void faults_table(FILE *f, const check_result *r) {
+    if (!r->n_faults) return;
+    fputs("<h2>Faults</h2>\n<p class=\"muted\">Each process was killed "
+          "(SIGKILL) before the request named and started again; the run "
+          "went on once it was ready, and every prompt after it was judged "
+          "as any other.</p>\n<table id=\"faults\"><tr><th>before "
+          "request</th><th>fault</th><th>back (ms)</th><th>index exact "
+          "again (ms)</th><th>what happened</th></tr>\n",
+          f);
+    for (size_t i = 0; i < r->n_faults; i++) {
+        const check_fault *x = &r->faults[i];
+        char line[400];
+        check_fault_text(x, line, sizeof(line));
+        fprintf(f, "<tr%s><td class=\"n\">%llu</td><td>",
+                x->done && x->heal_ms >= 0 ? "" : " class=\"div\"",
+                (unsigned long long)x->at);
+        esc(f, check_fault_kind_name(x->kind));
+        fputs(" ", f);
+        esc(f, x->target[0] ? x->target : "(not done)");
+        if (x->done)
+            fprintf(f, "</td><td class=\"n\">%.0f</td>", x->down_ms);
+        else
+            fputs("</td><td class=\"n\">&ndash;</td>", f);
+        if (x->heal_ms >= 0)
+            fprintf(f, "<td class=\"n\">%.0f</td><td>", x->heal_ms);
+        else
+            fputs("<td class=\"n bad\">never</td><td>", f);
+        esc(f, line);
+        fputs("</td></tr>\n", f);
+    }
+    fputs("</table>\n", f);
+}
 
 static void checkpoints_table(FILE *f, const check_result *r) {
     if (!r->n_ckpts) return;
@@ -792,6 +828,7 @@ kvo_status check_report_html(FILE *f, const check_result *r) {
         fputs("</table>\n", f);
     }
 
+    faults_table(f, r);
     checkpoints_table(f, r);
     if (r->load.on) router_view(f, r);
     regime_table(f, r);

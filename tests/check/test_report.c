@@ -234,6 +234,7 @@ START_TEST(html_is_self_contained_with_plots_divergences_and_counters) {
     ck_assert_ptr_nonnull(strstr(s, "<td class=\"bad\">77</td>"));
     ck_assert_ptr_nonnull(strstr(s, "<td class=\"bad\">4004</td>"));
     ck_assert_ptr_nonnull(strstr(s, "<td>1.0</td>"));
+    ck_assert_ptr_null(strstr(s, "id=\"faults\"")); /* none injected */
     ck_assert_ptr_nonnull(strstr(s, "kvo_relay_gaps"));
     /* escaped, and nothing fetched from the network */
     ck_assert_ptr_nonnull(strstr(s, "&lt;policy&gt;"));
@@ -398,6 +399,35 @@ START_TEST(a_load_run_reports_what_the_router_saw_and_its_checkpoints) {
 }
 END_TEST
 
+/* Injected faults get a table: what was killed, when it was back, when
+ * the index was exact again; one that never healed is marked. */
+START_TEST(html_lists_the_faults_and_how_each_healed) {
+    check_result *r = make_result(100, -1);
+    r->faults = kvo_calloc(2, sizeof(*r->faults));
+    ck_assert_ptr_nonnull(r->faults);
+    r->n_faults = 2;
+    r->faults[0] = (check_fault){.at = 30,
+                                 .kind = CHECK_FAULT_INDEXER,
+                                 .done = true,
+                                 .target = "kvo-indexer",
+                                 .down_ms = 412,
+                                 .heal_ms = 430};
+    r->faults[1] = (check_fault){.at = 60,
+                                 .kind = CHECK_FAULT_NATS,
+                                 .done = true,
+                                 .target = "nats-server[0]",
+                                 .down_ms = 501,
+                                 .heal_ms = -1};
+    char *s = capture(do_html, r, NULL);
+    ck_assert_ptr_nonnull(strstr(s, "id=\"faults\""));
+    ck_assert_ptr_nonnull(strstr(s, "kvo-indexer</td><td class=\"n\">412</td>"
+                                    "<td class=\"n\">430</td>"));
+    ck_assert_ptr_nonnull(strstr(s, "<td class=\"n bad\">never</td>"));
+    kvo_free(s);
+    check_result_free(r);
+}
+END_TEST
+
 START_TEST(html_of_an_empty_run_is_still_a_page) {
     check_result *r = NULL;
     ck_assert_int_eq(check_result_new(&r), KVO_OK);
@@ -451,6 +481,7 @@ Suite *suite_report(void) {
     tcase_add_test(tc, json_lines_have_every_field_and_a_final_summary);
     tcase_add_test(tc,
                    html_is_self_contained_with_plots_divergences_and_counters);
+    tcase_add_test(tc, html_lists_the_faults_and_how_each_healed);
     tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
     tcase_add_test(tc,
                    a_load_run_reports_what_the_router_saw_and_its_checkpoints);
