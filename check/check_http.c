@@ -1388,6 +1388,70 @@ kvo_status chk_relay_live(chk_relay *r, bool *live) {
     return st;
 }
 
+void chk_relay_where(chk_relay *r, uint32_t dp_rank, int64_t seq, char *out,
+                     size_t n) {
+    json_call jc;
+    kvo_err err = {0};
+    json_call_init(&jc, &err, "http://127.0.0.1:%u/stats", r->metrics_port);
+    const kvo_jv *srcs = NULL, *state = NULL, *conn = NULL, *nats = NULL;
+    uint64_t last = UINT64_MAX, buffered = 0;
+    bool found = false;
+    kvo_status st = json_call_send(&jc, r->http, NULL);
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "sources", KVO_JSON_ARR, REQUIRED,
+                       &srcs);
+    if (st == KVO_OK)
+        st = get_typed(&jc, jc.root, NULL, "nats_connected", KVO_JSON_BOOL,
+                       REQUIRED, &nats);
+    if (st == KVO_OK)
+        st = get_uint(&jc, jc.root, NULL, "nats_buffered", UINT64_MAX, OPTIONAL,
+                      &buffered);
+    for (size_t i = 0; st == KVO_OK && !found && i < srcs->len; i++) {
+        kvo_jv s;
+        char name[32];
+        uint64_t rank = 0;
+        st = elem_obj(&jc, srcs, "sources", i, &s, name, sizeof(name));
+        if (st == KVO_OK)
+            st =
+                get_uint(&jc, &s, name, "dp_rank", UINT32_MAX, REQUIRED, &rank);
+        if (st != KVO_OK || rank != dp_rank) continue;
+        found = true;
+        if ((st = get_typed(&jc, &s, name, "state", KVO_JSON_STR, REQUIRED,
+                            &state)) == KVO_OK &&
+            (st = get_typed(&jc, &s, name, "connected", KVO_JSON_BOOL, REQUIRED,
+                            &conn)) == KVO_OK)
+            st =
+                get_uint(&jc, &s, name, "last_seq", INT64_MAX, OPTIONAL, &last);
+    }
+    if (st != KVO_OK)
+        snprintf(out, n,
+                 "relay %s: its /stats did not say where seq %lld "
+                 "is (%.200s)",
+                 r->stage, (long long)seq, err.msg);
+    else if (!found)
+        snprintf(out, n, "relay %s has no source for rank %u", r->stage,
+                 dp_rank);
+    else if (last == UINT64_MAX || (int64_t)last < seq)
+        snprintf(out, n,
+                 "relay %s has not received seq %lld from the engine: its "
+                 "last is %s%lld (source %s, ZMQ %s)",
+                 r->stage, (long long)seq, last == UINT64_MAX ? "none " : "",
+                 last == UINT64_MAX ? -1LL : (long long)last, state->v.s,
+                 conn->v.b ? "connected" : "disconnected");
+    else if (!nats->v.b)
+        snprintf(out, n,
+                 "relay %s received seq %lld but its NATS connection is "
+                 "down (%" PRIu64 " messages buffered)",
+                 r->stage, (long long)seq, buffered);
+    else
+        snprintf(out, n,
+                 "relay %s received seq %lld (its last is %lld) and is "
+                 "connected to NATS: it was lost between NATS and the "
+                 "indexer, or the indexer did not apply it",
+                 r->stage, (long long)seq, (long long)last);
+    json_call_fini(&jc);
+}
+
 /* ---- Cached block sets (checkpoints) -------------------------------------------
  * kvo-mocker GET /kvo/blocks?rank=R[&after=H]
  *   {"rank", "count", "digest", "blocks": [[hash, parent|null], ...],

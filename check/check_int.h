@@ -1166,6 +1166,14 @@ kvo_status chk_index_health(chk_env *env, char *status, size_t statussz,
 kvo_status chk_counters_indexer(chk_env *env, check_counters *c, kvo_err *err);
 /* Relay GET /stats: are all its sources live (initial replay done)? */
 kvo_status chk_relay_live(chk_relay *r, bool *live);
+/* Where a batch of seq that the index never applied stands at relay r
+ * (its /stats, the source of dp_rank), in words into out: not received
+ * from the engine (the last seq it has, its source's state and ZMQ
+ * connection), received but its NATS connection down, or received and
+ * sent (so lost between NATS and the indexer). What /stats did not say is
+ * said too. */
+void chk_relay_where(chk_relay *r, uint32_t dp_rank, int64_t seq, char *out,
+                     size_t n);
 
 /* ######################################################################## */
 /* Part 3: the run (check_run.c: set-up, lockstep, the shared steps;        */
@@ -1213,8 +1221,12 @@ typedef struct chk_run {
     check_router router;
     uint64_t decode_rr;
     bool trace_form;
-    bool no_wait;        /* the indexer cannot hold a query for a
+    bool no_wait;      /* the indexer cannot hold a query for a
                               watermark */
+    int stalled_relay; /* the relay of the first rank the watermark did
+                            not cover (-1: none known) */
+    uint32_t stalled_rank;
+    int64_t stalled_seq;
     kvo_buf idx_metrics; /* its /metrics text, read with the waited query */
     bool have_idx_metrics;
     check_counters prev, cur, moved;

@@ -176,6 +176,7 @@ static bool rank_publisher(const run *r, const chk_engine *e,
  * are compared by block sets instead (*by_sets: some was). */
 static bool watermark_covers(run *r, char *why, size_t whysz, bool *by_sets) {
     if (by_sets) *by_sets = false;
+    r->stalled_relay = -1;
     for (uint32_t i = 0; i < r->env.n_workers; i++) {
         chk_engine *e = &r->env.engines[i];
         for (uint32_t k = 0; k < e->n_ranks; k++) {
@@ -188,6 +189,11 @@ static bool watermark_covers(run *r, char *why, size_t whysz, bool *by_sets) {
                 continue;
             }
             int64_t have = chk_watermark_get(&r->wm, pub, NULL);
+            if (have < rk->last_seq) {
+                r->stalled_relay = rk->relay;
+                r->stalled_rank = rk->dp_rank;
+                r->stalled_seq = rk->last_seq;
+            }
             if (have < rk->last_seq && rk->relay >= 0) {
                 snprintf(why, whysz,
                          "engine %u rank %u published seq %lld, "
@@ -235,7 +241,14 @@ static kvo_status sync_keep_waiting(run *r, int64_t before, uint64_t deadline,
         return KVO_ETIMEDOUT;
     }
     if (kvo_now_ns() <= deadline) return KVO_OK;
-    /* the stage that stalled, as far as the indexer tells it */
+    /* the stage that stalled, as far as the relay and the indexer tell it */
+    char relay[400] = "";
+    if (r->stalled_relay >= 0) {
+        relay[0] = ';';
+        relay[1] = ' ';
+        chk_relay_where(&r->env.relays[r->stalled_relay], r->stalled_rank,
+                        r->stalled_seq, relay + 2, sizeof(relay) - 2);
+    }
     char status[32] = "", nats[32] = "", stage[128] = "";
     kvo_err e = {0};
     if (chk_index_health(&r->env, status, sizeof(status), nats, sizeof(nats),
@@ -251,13 +264,14 @@ static kvo_status sync_keep_waiting(run *r, int64_t before, uint64_t deadline,
     if (before >= 0)
         check_result_error(r->res, before,
                            "watermark timeout before prompt %lld (%ld ms): "
-                           "%s%s",
-                           (long long)before, r->cfg->timeout_ms, why, stage);
+                           "%s%s%s",
+                           (long long)before, r->cfg->timeout_ms, why, relay,
+                           stage);
     else
         check_result_error(r->res, before,
                            "watermark timeout after the last prompt "
-                           "(%ld ms): %s%s",
-                           r->cfg->timeout_ms, why, stage);
+                           "(%ld ms): %s%s%s",
+                           r->cfg->timeout_ms, why, relay, stage);
     return KVO_ETIMEDOUT;
 }
 
@@ -1404,6 +1418,7 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     env_up = true;
     /* Dynamo's query cannot wait for a watermark: poll it */
     r.no_wait = cfg->indexer_api == CHECK_API_DYNAMO;
+    r.stalled_relay = -1;
     r.trace_form =
         cfg->prompt_form == CHECK_FORM_TRACE ||
         (cfg->prompt_form == CHECK_FORM_AUTO && r.env.engines[0].mocker);

@@ -972,6 +972,49 @@ START_TEST(lookup_answers_tell_where_the_tokens_are) {
 }
 END_TEST
 
+/* A watermark that never came: the relay's /stats says at which stage the
+ * batch stopped. */
+START_TEST(a_stalled_batch_is_placed_by_the_relays_stats) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    snprintf(t.rl.stage, sizeof(t.rl.stage), "0.1");
+    static const struct {
+        const char *stats, *want;
+    } cases[] = {
+        {"{\"nats_connected\":true,\"nats_buffered\":0,\"sources\":[{"
+         "\"dp_rank\":1,\"state\":\"replaying\",\"connected\":false,"
+         "\"last_seq\":6}]}",
+         "relay 0.1 has not received seq 9 from the engine: its last is 6 "
+         "(source replaying, ZMQ disconnected)"},
+        {"{\"nats_connected\":false,\"nats_buffered\":4,\"sources\":[{"
+         "\"dp_rank\":1,\"state\":\"live\",\"connected\":true,"
+         "\"last_seq\":9}]}",
+         "relay 0.1 received seq 9 but its NATS connection is down (4 "
+         "messages buffered)"},
+        {"{\"nats_connected\":true,\"sources\":[{\"dp_rank\":1,"
+         "\"state\":\"live\",\"connected\":true,\"last_seq\":12}]}",
+         "relay 0.1 received seq 9 (its last is 12) and is connected to NATS: "
+         "it was lost between NATS and the indexer"},
+        {"{\"nats_connected\":true,\"sources\":[{\"dp_rank\":0,"
+         "\"state\":\"live\",\"connected\":true,\"last_seq\":12}]}",
+         "relay 0.1 has no source for rank 1"},
+        {"{\"sources\":[]}", "relay 0.1: its /stats did not say where seq 9 "
+                             "is"},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        fake_answer(&f, "/stats", cases[i].stats);
+        char out[400];
+        chk_relay_where(&t.rl, 1, 9, out, sizeof(out));
+        ck_assert_msg(strncmp(out, cases[i].want, strlen(cases[i].want)) == 0,
+                      "case %zu:\n want %s\n got  %s", i, cases[i].want, out);
+    }
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
 START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
     fake f;
     fake_start(&f);
@@ -1010,6 +1053,7 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, a_malformed_sources_answer_is_not_a_real_engine);
     tcase_add_test(tc, dynamo_answers_are_read_in_tokens_and_must_agree);
     tcase_add_test(tc, lookup_answers_tell_where_the_tokens_are);
+    tcase_add_test(tc, a_stalled_batch_is_placed_by_the_relays_stats);
     suite_add_tcase(s, tc);
     return s;
 }
