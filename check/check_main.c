@@ -274,7 +274,7 @@ static const char USAGE[] =
     "  --engine-restart-at N   SIGKILL kvo-mocker 0 before request N, start "
     "it\n"
     "                          again on its ports (empty); go on once the\n"
-    "                          index holds none of its blocks (--dp-size 1)\n"
+    "                          index holds none of its blocks (every rank)\n"
     "  --nats-kill-at N        SIGKILL nats-server before request N, start it\n"
     "                          again on its port after --nats-down-ms\n"
     "  --nats-down-ms M        (500)\n"
@@ -694,12 +694,6 @@ int main(int argc, char **argv) {
     if (kills && !c->spawn) {
         fprintf(stderr, "kvo-check: the fault options kill processes "
                         "kvo-check started: they need --spawn\n");
-        return KVO_EXIT_USAGE;
-    }
-    if (c->engine_restart_at >= 0 && c->dp_size != 1) {
-        fprintf(stderr, "kvo-check: --engine-restart-at needs --dp-size 1 (a "
-                        "restarted engine must get back the ZMQ ports each "
-                        "rank had)\n");
         return KVO_EXIT_USAGE;
     }
     if (c->load && c->reset_at >= 0) {

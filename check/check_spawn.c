@@ -983,8 +983,8 @@ static kvo_status engine_restart(chk_env *env, chk_engine *e,
         return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
                            "%s is not a spawned engine that publishes",
                            e->name);
-    /* port 0 made the mocker pick one per rank; a rank's ports are the
-     * first rank's + the rank from now on (--dp-size 1 only, usage) */
+    /* port 0 made the mocker pick consecutive ports: rank r's are rank
+     * 0's + r, which --zmq-port / --replay-port give it back */
     uint16_t zp = endpoint_port(e->ranks[0].zmq);
     uint16_t rp = endpoint_port(e->ranks[0].replay);
     if (!zp || args_set_after(&e->args, "--zmq-port", zp) != KVO_OK ||

@@ -4,9 +4,13 @@
  * trace replay) step ranks through node_step_begin / node_step_end.
  *
  * Endpoints of rank r: PUB tcp://<zmq-host>:<zmq-port + r>, ROUTER
- * tcp://<zmq-host>:<replay-port + r>; port 0 picks a free port per socket.
- * --zmq-endpoint replaces the PUB endpoint: a tcp endpoint's port gets + r,
- * any other endpoint gets "-r" appended for ranks above 0.
+ * tcp://<zmq-host>:<replay-port + r>. Port 0 picks free ports, consecutive
+ * ones when there are several ranks (rank 0 binds any free port P, rank r
+ * then P + r; all again from a new P when one is taken), so that the same
+ * --zmq-port P (--replay-port Q) gives a restarted engine the same
+ * endpoints back. --zmq-endpoint replaces the PUB endpoint: a tcp
+ * endpoint's port gets + r, any other endpoint gets "-r" appended for ranks
+ * above 0.
  */
 #include "mock_int.h"
 
@@ -22,9 +26,24 @@ static void tcp_endpoint(char *out, size_t n, const char *host, uint16_t port,
         snprintf(out, n, "tcp://%s:%u", host, (unsigned)(port + r));
 }
 
-static void pub_endpoint(const mock_cfg *c, uint32_t r, char *out, size_t n) {
+/* Attempts at a block of consecutive free ports (port 0, several ranks). */
+#define CONSECUTIVE_TRIES 32
+
+/* The port after the last colon of a bound endpoint, 0 when none. */
+static uint16_t bound_port(const char *ep) {
+    const char *colon = strrchr(ep, ':');
+    uint32_t port;
+    return colon && kvo_parse_u32(colon + 1, &port) == KVO_OK &&
+                   port <= UINT16_MAX
+               ? (uint16_t)port
+               : 0;
+}
+
+/* zmq_port: the --zmq-port, or the base port picked for port 0. */
+static void pub_endpoint(const mock_cfg *c, uint16_t zmq_port, uint32_t r,
+                         char *out, size_t n) {
     if (!c->zmq_endpoint) {
-        tcp_endpoint(out, n, c->zmq_host, c->zmq_port, r);
+        tcp_endpoint(out, n, c->zmq_host, zmq_port, r);
         return;
     }
     const char *ep = c->zmq_endpoint;
@@ -50,6 +69,78 @@ const char *node_advertise_host(const mock_node *n) {
     if (strcmp(c->zmq_host, "*") == 0 || strcmp(c->zmq_host, "0.0.0.0") == 0)
         return "127.0.0.1";
     return c->zmq_host;
+}
+
+/* Rank r's publisher on zp + r (PUB) and rp + r (replay ROUTER); port 0:
+ * any. derived: those ports follow from ones picked for rank 0, and
+ * KVO_EEXIST says one is taken (the caller tries another block). */
+static kvo_status bind_rank(mock_node *n, uint32_t r, uint16_t zp, uint16_t rp,
+                            bool derived) {
+    const mock_cfg *cfg = n->cfg;
+    node_rank *nr = &n->ranks[r];
+    char ep[300], rep[300], err[400];
+    pub_endpoint(cfg, zp, r, ep, sizeof(ep));
+    tcp_endpoint(rep, sizeof(rep), cfg->zmq_host, rp, r);
+    mock_pub_cfg pc = {.zmq_ctx = n->zctx,
+                       .endpoint = ep,
+                       .replay_endpoint = cfg->replay ? rep : NULL,
+                       .topic = cfg->topic,
+                       .hwm = cfg->zmq_hwm,
+                       .ring = cfg->replay_buffer,
+                       .ring_bytes = cfg->replay_buffer_bytes,
+                       .record = n->rec,
+                       .mutations = cfg->mutations};
+    kvo_status st = mock_pub_new(&nr->pub, &pc, err, sizeof(err));
+    if (st == KVO_OK) {
+        nr->source = n->zctx != NULL;
+        if (nr->source)
+            kvo_info("rank %u: publishing on %s, replay on %s", r,
+                     mock_pub_endpoint(nr->pub),
+                     cfg->replay ? mock_pub_replay_endpoint(nr->pub) : "(off)");
+        return KVO_OK;
+    }
+    if (st == KVO_ENET && derived) return KVO_EEXIST;
+    if (st != KVO_ENET || cfg->require_events) {
+        kvo_error("rank %u: event publisher: %s", r,
+                  *err ? err : kvo_strerror(st));
+        return st;
+    }
+    kvo_warn("rank %u: event publisher: %s; serving without an event "
+             "source (--require-events makes this fatal)",
+             r, err);
+    pc.zmq_ctx = NULL;
+    return mock_pub_new(&nr->pub, &pc, err, sizeof(err));
+}
+
+/* Every rank's publisher (port 0 with several ranks: consecutive ports,
+ * see the top). */
+static kvo_status bind_ranks(mock_node *n) {
+    const mock_cfg *cfg = n->cfg;
+    bool several = cfg->dp_size > 1 && n->zctx;
+    bool pick_pub = several && cfg->zmq_port == 0 && !cfg->zmq_endpoint;
+    bool pick_rep = several && cfg->replay && cfg->replay_port == 0;
+    for (uint32_t tries = 1;; tries++) {
+        uint16_t zp = cfg->zmq_port, rp = cfg->replay_port;
+        kvo_status st = KVO_OK;
+        for (uint32_t r = 0; r < cfg->dp_size && st == KVO_OK; r++) {
+            st = bind_rank(n, r, zp, rp, r > 0 && (pick_pub || pick_rep));
+            if (st != KVO_OK || r > 0 || !n->ranks[0].source) continue;
+            if (pick_pub) zp = bound_port(mock_pub_endpoint(n->ranks[0].pub));
+            if (pick_rep)
+                rp = bound_port(mock_pub_replay_endpoint(n->ranks[0].pub));
+        }
+        if (st != KVO_EEXIST) return st;
+        if (tries == CONSECUTIVE_TRIES) {
+            kvo_error("no %u consecutive free ports found in %d tries",
+                      cfg->dp_size, CONSECUTIVE_TRIES);
+            return KVO_ENET;
+        }
+        for (uint32_t k = 0; k < cfg->dp_size; k++) { /* again, elsewhere */
+            mock_pub_free(n->ranks[k].pub);
+            n->ranks[k].pub = NULL;
+            n->ranks[k].source = false;
+        }
+    }
 }
 
 kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
@@ -90,40 +181,8 @@ kvo_status node_init(mock_node *n, const mock_cfg *cfg, bool sockets) {
             kvo_error("rank %u: %s", r, kvo_strerror(st));
             goto fail;
         }
-        char ep[300], rep[300], err[400];
-        pub_endpoint(cfg, r, ep, sizeof(ep));
-        tcp_endpoint(rep, sizeof(rep), cfg->zmq_host, cfg->replay_port, r);
-        mock_pub_cfg pc = {.zmq_ctx = n->zctx,
-                           .endpoint = ep,
-                           .replay_endpoint = cfg->replay ? rep : NULL,
-                           .topic = cfg->topic,
-                           .hwm = cfg->zmq_hwm,
-                           .ring = cfg->replay_buffer,
-                           .ring_bytes = cfg->replay_buffer_bytes,
-                           .record = n->rec,
-                           .mutations = cfg->mutations};
-        st = mock_pub_new(&nr->pub, &pc, err, sizeof(err));
-        if (st == KVO_OK) {
-            nr->source = n->zctx != NULL;
-            if (nr->source)
-                kvo_info("rank %u: publishing on %s, replay on %s", r,
-                         mock_pub_endpoint(nr->pub),
-                         cfg->replay ? mock_pub_replay_endpoint(nr->pub)
-                                     : "(off)");
-            continue;
-        }
-        if (st != KVO_ENET || cfg->require_events) {
-            kvo_error("rank %u: event publisher: %s", r,
-                      *err ? err : kvo_strerror(st));
-            goto fail;
-        }
-        kvo_warn("rank %u: event publisher: %s; serving without an event "
-                 "source (--require-events makes this fatal)",
-                 r, err);
-        pc.zmq_ctx = NULL;
-        if ((st = mock_pub_new(&nr->pub, &pc, err, sizeof(err))) != KVO_OK)
-            goto fail;
     }
+    if ((st = bind_ranks(n)) != KVO_OK) goto fail;
     return KVO_OK;
 fail:
     node_fini(n);

@@ -440,19 +440,24 @@ END_TEST
 
 START_TEST(an_engine_restarted_mid_run_is_cleared_in_the_index_and_passes) {
     tc_run r;
+    /* two ranks: the engine comes back with each rank on its ports */
     fault_run_passes(&r, "engine-restart",
-                     FAULT_OPTS("--engine-restart-at", "20"));
+                     FAULT_OPTS("--engine-restart-at", "20", "--dp-size", "2"));
     fault_at(&r, 0, "engine");
-    /* its relay saw the restart and cleared worker 0: request 20 (to
-     * worker 0, round-robin) found it empty in the index, as in the engine */
+    /* its relays saw the restart and cleared worker 0: request 20 (to
+     * worker 0, round-robin) found both its ranks empty in the index, as in
+     * the engine */
     json_object *p = tc_line(&r, 20);
     ck_assert_int_eq(tc_int(p, "worker"), 0);
     ck_assert_int_eq(tc_int(p, "engine_hit_blocks"), 0);
     json_object *scores = json_object_object_get(p, "index_scores");
-    ck_assert_int_eq(
-        json_object_get_int64(json_object_array_get_idx(scores, 0)), 0);
+    for (int s = 0; s < 2; s++)
+        ck_assert_int_eq(
+            json_object_get_int64(json_object_array_get_idx(scores, s)), 0);
     ck_assert(tc_counter(&r, "relay 0.0", "kvo_relay_restarts") >= 1);
+    ck_assert(tc_counter(&r, "relay 0.1", "kvo_relay_restarts") >= 1);
     ck_assert(tc_counter(&r, "engine 0.0 #", "blocks_stored") > 0);
+    ck_assert(tc_counter(&r, "engine 0.1 #", "blocks_stored") > 0);
     tc_free(&r, false);
 }
 END_TEST
@@ -1441,14 +1446,12 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
     kvo_free(out);
     tc_free(&r, false);
     kvo_free(trace);
-    /* faults: lockstep and --spawn only; an engine restart needs dp 1 */
+    /* faults: lockstep and --spawn only */
     const char *const bad_faults[][12] = {
         {"--spawn", "--trace", "x", "--chaos-every", "0", NULL},
         {"--spawn", "--trace", "x", "--load", "--indexer-restart-at", "3",
          NULL},
         {"--engines", "http://127.0.0.1:1", "--trace", "x", "--nats-kill-at",
-         "3", NULL},
-        {"--spawn", "--trace", "x", "--dp-size", "2", "--engine-restart-at",
          "3", NULL},
         {"--spawn", "--trace", "x", "--nats-down-ms", "-1", NULL},
         {"--spawn", "--trace", "x", "--chaos", "x1", NULL},

@@ -3,6 +3,7 @@
  * and the publisher's sequence when a batch cannot be rendered. */
 #include "mt.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 Suite *suite_node(void);
@@ -14,6 +15,48 @@ static void node_start(mock_node *n, mock_cfg *c, uint32_t ranks) {
     c->model = "m";
     ck_assert_int_eq(node_init(n, c, false), KVO_OK);
 }
+
+/* The port of a bound tcp endpoint. */
+static unsigned ep_port(const char *ep) {
+    return (unsigned)strtoul(strrchr(ep, ':') + 1, NULL, 10);
+}
+
+/* Port 0 with several ranks: each socket kind on consecutive ports, so a
+ * restarted engine given --zmq-port P gets the same endpoints back; a
+ * port of the block already taken moves the whole block. */
+START_TEST(port_0_gives_the_ranks_consecutive_ports) {
+    mock_cfg c;
+    mock_node n;
+    mt_cfg(&c, 4, 10);
+    c.dp_size = 3;
+    c.zmq_port = 0;
+    c.replay_port = 0;
+    ck_assert_int_eq(node_init(&n, &c, true), KVO_OK);
+    unsigned p0 = ep_port(mock_pub_endpoint(n.ranks[0].pub));
+    unsigned q0 = ep_port(mock_pub_replay_endpoint(n.ranks[0].pub));
+    for (uint32_t r = 1; r < 3; r++) {
+        ck_assert_uint_eq(ep_port(mock_pub_endpoint(n.ranks[r].pub)), p0 + r);
+        ck_assert_uint_eq(ep_port(mock_pub_replay_endpoint(n.ranks[r].pub)),
+                          q0 + r);
+    }
+    node_fini(&n);
+    /* the same ports again, as a restart asks for them */
+    c.zmq_port = (uint16_t)p0;
+    c.replay_port = (uint16_t)q0;
+    ck_assert_int_eq(node_init(&n, &c, true), KVO_OK);
+    ck_assert_uint_eq(ep_port(mock_pub_endpoint(n.ranks[2].pub)), p0 + 2);
+    /* while they are held, port 0 finds another block */
+    mock_node m;
+    c.zmq_port = 0;
+    c.replay_port = 0;
+    ck_assert_int_eq(node_init(&m, &c, true), KVO_OK);
+    unsigned p1 = ep_port(mock_pub_endpoint(m.ranks[0].pub));
+    ck_assert(p1 + 2 < p0 || p1 > p0 + 2);
+    ck_assert_uint_eq(ep_port(mock_pub_endpoint(m.ranks[2].pub)), p1 + 2);
+    node_fini(&m);
+    node_fini(&n);
+}
+END_TEST
 
 START_TEST(metrics_text_is_vllms_names_one_sample_per_rank) {
     mock_cfg c;
@@ -212,6 +255,7 @@ Suite *suite_node(void) {
         metrics_report_a_failed_write_instead_of_a_partial_text,
         a_batch_that_cannot_be_rendered_still_uses_up_its_sequence_number,
         an_eviction_event_lost_to_out_of_memory_is_counted,
+        port_0_gives_the_ranks_consecutive_ports,
     };
     return mt_suite(suite_create("node"), 0, tests, KVO_ARRAY_LEN(tests));
 }
