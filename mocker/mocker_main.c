@@ -119,7 +119,7 @@ static const char usage[] =
     "                            (lora_int_id 1, 2, ... in order; then any "
     "other\n"
     "                            model name is a 404, as vLLM)\n"
-    "KV events (rank r of --dp-size uses port + r):\n"
+    "KV events (rank r of --dp-size uses port + r; 0 picks a free block):\n"
     "  --zmq-host H              PUB/ROUTER bind address (default 127.0.0.1)\n"
     "  --zmq-port P              PUB port (default 5557; 0 = pick)\n"
     "  --zmq-endpoint E          PUB endpoint instead (any ZeroMQ endpoint)\n"
