@@ -578,6 +578,21 @@ START_TEST(a_recovery_without_an_injected_fault_fails_the_run) {
             check_result_free(r);
         }
     }
+    /* an envelope NATS refused is recovered from the relay's ring: a fault
+     * may cause it, a clean run may not */
+    for (int faulted = 0; faulted < 2; faulted++) {
+        check_result *r = three_prompts(false);
+        r->faulted = faulted;
+        check_counters c;
+        check_counters_init(&c);
+        check_counters_set(&c, "relay 1.0", "kvo_relay_publish_dropped_total",
+                           1);
+        decide_at_end(r, &c);
+        ck_assert_msg(r->verdict.pass == (bool)faulted, "faulted %d: %s",
+                      faulted, r->verdict.cause);
+        check_counters_fini(&c);
+        check_result_free(r);
+    }
     /* a failed recovery (a stale relay) fails under faults too */
     check_result *r = three_prompts(false);
     r->faulted = true;
