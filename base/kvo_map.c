@@ -1,6 +1,8 @@
 /* kvo_map.c -- u64 -> u64 open-addressing map (see kvo_map.h). */
 #include "kvo_map.h"
 
+#include <assert.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -119,6 +121,20 @@ bool kvo_map_del(kvo_map *m, uint64_t key) {
     if (i == SIZE_MAX) return false;
     remove_at(m, i);
     return true;
+}
+
+void kvo_map_del_at(kvo_map *m, uint64_t *v) {
+    if (v == &m->zero_val) {
+        assert(m->has_zero);
+        m->has_zero = false;
+        m->zero_val = 0;
+        m->len--;
+        return;
+    }
+    kvo_map_slot *s =
+        (kvo_map_slot *)(void *)((char *)v - offsetof(kvo_map_slot, val));
+    assert(s >= m->slots && s < m->slots + m->cap && s->key);
+    remove_at(m, (size_t)(s - m->slots));
 }
 
 kvo_map_dec_result kvo_map_dec(kvo_map *m, uint64_t key) {

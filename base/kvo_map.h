@@ -33,6 +33,9 @@ uint64_t *kvo_map_get(kvo_map *m, uint64_t key);
  * NULL only when out of memory. */
 uint64_t *kvo_map_put(kvo_map *m, uint64_t key, bool *added);
 bool kvo_map_del(kvo_map *m, uint64_t key);
+/* Delete the entry whose value v points to (as kvo_map_get or kvo_map_put
+ * returned it, no put or del since): a lookup and its delete in one probe. */
+void kvo_map_del_at(kvo_map *m, uint64_t *v);
 /* Reference-count step in one probe: absent -> KVO_MAP_ABSENT; value 1
  * (or 0) -> the entry is deleted, KVO_MAP_GONE; more -> value-1,
  * KVO_MAP_HELD. */

@@ -459,7 +459,8 @@ typedef struct relay_ring_env {
     size_t len;
 } relay_ring_env;
 
-/* Keeps at most max_n envelopes and max_bytes of their bodies. */
+/* Keeps at most max_n envelopes and max_bytes of their bodies (what it
+ * allocates for bodies never exceeds max_bytes). */
 kvo_status relay_ring_new(relay_ring **out, size_t max_n, size_t max_bytes);
 void relay_ring_free(relay_ring *r); /* NULL is a no-op */
 /* Keep a copy of env (the oldest go to make room). false: it could not be

@@ -179,7 +179,7 @@ kvo_status relay_state_store(relay_state_rank *r, wire_tier tier,
     if (added) {
         uint32_t i = rec_alloc(t);
         if (i == NO_REC) {
-            kvo_map_del(&t->map, block_hash);
+            kvo_map_del_at(&t->map, v);
             return KVO_ENOMEM;
         }
         *v = i;
@@ -208,7 +208,7 @@ kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
         t->pool[i].refs--;
         return KVO_MAP_HELD;
     }
-    kvo_map_del(&t->map, block_hash);
+    kvo_map_del_at(&t->map, v);
     rec_release(t, i);
     return KVO_MAP_GONE;
 }

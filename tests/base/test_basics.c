@@ -133,7 +133,7 @@ START_TEST(u64_map_matches_a_model_through_puts_decs_and_deletes) {
         uint32_t k = (uint32_t)(r % KEYS);
         /* keys that collide in their low bits, key 0 included */
         uint64_t key = (uint64_t)k << 40;
-        switch ((r >> 32) % 3) {
+        switch ((r >> 32) % 4) {
         case 0: {
             bool added;
             uint64_t *v = kvo_map_put(&m, key, &added);
@@ -158,10 +158,21 @@ START_TEST(u64_map_matches_a_model_through_puts_decs_and_deletes) {
             }
             break;
         }
-        default:
+        case 2:
             ck_assert(kvo_map_del(&m, key) == (model[k] != 0));
             if (model[k]) live--;
             model[k] = 0;
+            break;
+        default: { /* a lookup, then its delete by the value's pointer */
+            uint64_t *v = kvo_map_get(&m, key);
+            ck_assert(v ? model[k] != 0 : model[k] == 0);
+            if (v) {
+                ck_assert_uint_eq(*v, model[k] - 1);
+                kvo_map_del_at(&m, v);
+                live--;
+                model[k] = 0;
+            }
+        }
         }
         ck_assert_uint_eq(m.len, live);
     }
