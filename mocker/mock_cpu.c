@@ -34,7 +34,7 @@ static uint64_t slot_term(const mock_cpu *c, uint32_t s) {
 kvo_status cpu_init(mock_cpu *c, uint32_t cap, uint32_t block_size) {
     memset(c, 0, sizeof(*c));
     kvo_map_init(&c->map);
-    c->head = c->tail = MOCK_NIL;
+    c->lru = MOCK_LIST_EMPTY;
     if (cap == 0) return KVO_OK;
     c->slots = kvo_calloc(cap, sizeof(*c->slots));
     c->tok = kvo_malloc((size_t)cap * block_size * sizeof(uint64_t));
@@ -52,31 +52,15 @@ void cpu_fini(mock_cpu *c) {
     kvo_free(c->tok);
     kvo_map_fini(&c->map);
     memset(c, 0, sizeof(*c));
-    c->head = c->tail = MOCK_NIL;
+    c->lru = MOCK_LIST_EMPTY;
 }
 
 static void lru_unlink(mock_cpu *c, uint32_t s) {
-    cpu_slot *e = &c->slots[s];
-    if (e->prev != MOCK_NIL)
-        c->slots[e->prev].next = e->next;
-    else
-        c->head = e->next;
-    if (e->next != MOCK_NIL)
-        c->slots[e->next].prev = e->prev;
-    else
-        c->tail = e->prev;
-    e->prev = e->next = MOCK_NIL;
+    mock_list_unlink(&c->lru, MOCK_LINKS(c->slots, lru), s);
 }
 
 static void lru_append(mock_cpu *c, uint32_t s) {
-    cpu_slot *e = &c->slots[s];
-    e->prev = c->tail;
-    e->next = MOCK_NIL;
-    if (c->tail != MOCK_NIL)
-        c->slots[c->tail].next = s;
-    else
-        c->head = s;
-    c->tail = s;
+    mock_list_append(&c->lru, MOCK_LINKS(c->slots, lru), s);
 }
 
 static uint32_t slot_of(const mock_cpu *c, uint64_t key) {
@@ -90,7 +74,7 @@ bool cpu_has(const mock_cpu *c, uint64_t key) {
 
 void cpu_touch(mock_cpu *c, uint64_t key) {
     uint32_t s = c->cap ? slot_of(c, key) : MOCK_NIL;
-    if (s == MOCK_NIL || s == c->tail) return;
+    if (s == MOCK_NIL || s == c->lru.tail) return;
     lru_unlink(c, s);
     lru_append(c, s);
 }
@@ -110,7 +94,7 @@ kvo_status cpu_offload(mock_cpu *c, const mock_hash *h, const mock_hash *parent,
     if (c->n < c->cap) {
         s = c->n++;
     } else { /* evict the least recently used block */
-        s = c->head;
+        s = c->lru.head;
         cpu_slot *old = &c->slots[s];
         lru_unlink(c, s);
         c->digest -= slot_term(c, s);
@@ -141,7 +125,7 @@ kvo_status cpu_offload(mock_cpu *c, const mock_hash *h, const mock_hash *parent,
 void cpu_reset(mock_cpu *c) {
     kvo_map_clear(&c->map);
     c->n = 0;
-    c->head = c->tail = MOCK_NIL;
+    c->lru = MOCK_LIST_EMPTY;
     c->digest = 0;
 }
 

@@ -358,7 +358,7 @@ uint32_t mock_engine_copies_count(const mock_engine *e, uint64_t key) {
     const mock_pool *p = &e->sched.pool;
     if (!e->cfg.prefix_caching) return 0;
     for (uint32_t id = pool_lookup(p, key); id != MOCK_NIL;
-         id = p->blocks[id].cnext)
+         id = p->blocks[id].copies.next)
         n++;
     return n;
 }
@@ -406,8 +406,8 @@ uint32_t mock_engine_free_queue(const mock_engine *e, uint32_t *ids,
                                 uint32_t max) {
     const mock_pool *p = &e->sched.pool;
     uint32_t n = 0;
-    for (uint32_t id = p->head; id != MOCK_NIL && n < max;
-         id = p->blocks[id].next)
+    for (uint32_t id = p->free_q.head; id != MOCK_NIL && n < max;
+         id = p->blocks[id].q.next)
         ids[n++] = id;
     return n;
 }
@@ -417,7 +417,7 @@ uint32_t mock_engine_copies(const mock_engine *e, uint64_t key, uint32_t *ids,
     const mock_pool *p = &e->sched.pool;
     uint32_t n = 0;
     for (uint32_t id = pool_lookup(p, key); id != MOCK_NIL && n < max;
-         id = p->blocks[id].cnext)
+         id = p->blocks[id].copies.next)
         ids[n++] = id;
     return n;
 }

@@ -502,14 +502,59 @@ kvo_status mock_reset_parse(const void *body, size_t len, kvo_err *err);
 
 #define MOCK_NIL UINT32_MAX
 
+/* ---- Lists threaded through an array by index -----------------------------
+ * The pool's free queue, a hash's copies and the CPU tier's LRU: each
+ * element holds a mock_link (MOCK_NIL at the ends), the list its ends.
+ * Elements are found as links + i * stride, links pointing at element 0's
+ * mock_link: MOCK_LINKS(array, member). */
+typedef struct mock_link {
+    uint32_t prev, next;
+} mock_link;
+typedef struct mock_list {
+    uint32_t head, tail;
+} mock_list;
+#define MOCK_LIST_EMPTY ((mock_list){MOCK_NIL, MOCK_NIL})
+#define MOCK_LINKS(array, member) (&(array)[0].member), sizeof((array)[0])
+
+static inline mock_link *mock_link_at(mock_link *links, size_t stride,
+                                      uint32_t i) {
+    return (mock_link *)((char *)links + (size_t)i * stride);
+}
+
+static inline void mock_list_unlink(mock_list *l, mock_link *links,
+                                    size_t stride, uint32_t i) {
+    mock_link *e = mock_link_at(links, stride, i);
+    if (e->prev != MOCK_NIL)
+        mock_link_at(links, stride, e->prev)->next = e->next;
+    else
+        l->head = e->next;
+    if (e->next != MOCK_NIL)
+        mock_link_at(links, stride, e->next)->prev = e->prev;
+    else
+        l->tail = e->prev;
+    e->prev = e->next = MOCK_NIL;
+}
+
+static inline void mock_list_append(mock_list *l, mock_link *links,
+                                    size_t stride, uint32_t i) {
+    mock_link *e = mock_link_at(links, stride, i);
+    e->prev = l->tail;
+    e->next = MOCK_NIL;
+    if (l->tail != MOCK_NIL)
+        mock_link_at(links, stride, l->tail)->next = i;
+    else
+        l->head = i;
+    l->tail = i;
+}
+
 /* ---- Block pool (mock_pool.c) --------------------------------------------*/
 
 /* Hot fields only (32 bytes): the digests live in cold arrays. */
 typedef struct pool_block {
     uint64_t key; /* hash key when cached */
     uint32_t ref;
-    uint32_t prev, next;   /* free queue links; MOCK_NIL at the ends */
-    uint32_t cprev, cnext; /* copies of the same hash, oldest first */
+    mock_link q;      /* free queue */
+    mock_link copies; /* copies of the same hash, oldest first */
     bool cached;
     bool in_free;
     uint8_t group; /* the KV-cache group it was cached for */
@@ -530,7 +575,7 @@ typedef struct mock_pool {
     int64_t *lora_id;  /* ... and its adapter */
     const char **lora_name;
     uint32_t bs;
-    uint32_t head, tail; /* free queue */
+    mock_list free_q;
     uint32_t n_free;
     bool caching;
     kvo_map map;         /* (hash key, group) -> copies (mock_pool.c) */
@@ -761,16 +806,16 @@ typedef struct cpu_slot {
     mock_hash hash, parent; /* parent d.len 0 = a first block */
     int64_t lora_id;
     const char *lora_name;
-    uint32_t prev, next; /* LRU links */
+    mock_link lru;
 } cpu_slot;
 
 typedef struct mock_cpu {
     uint32_t cap, n, bs; /* cap 0: no tier */
     cpu_slot *slots;
-    uint64_t *tok;       /* cap * bs */
-    kvo_map map;         /* key -> slot */
-    uint32_t head, tail; /* LRU: head evicted first */
-    uint64_t digest;     /* kvo_block_digest terms, summed */
+    uint64_t *tok;   /* cap * bs */
+    kvo_map map;     /* key -> slot */
+    mock_list lru;   /* head evicted first */
+    uint64_t digest; /* kvo_block_digest terms, summed */
     uint64_t stored, removed;
 } mock_cpu;
 

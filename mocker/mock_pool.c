@@ -8,7 +8,7 @@
  *                block vLLM pops at start-up and never frees).
  *   cached map:  base's kvo_map, the hash's low 64 bits -> the list of the
  *                physical copies of that hash, oldest first, linked through
- *                the blocks (cprev/cnext); the value packs the list's head
+ *                the blocks (pool_block.copies); the value packs the list's head
  *                (low 32 bits) and tail (high 32 bits), so appending a copy
  *                walks nothing. A lookup returns the head, the oldest copy,
  *                as `get_one_block` returns the first entry of the
@@ -48,11 +48,12 @@ static uint64_t gkey(uint64_t key, uint32_t g) {
 }
 
 /* The map's value: a list's head and tail block ids. */
-static uint64_t copies_pack(uint32_t head, uint32_t tail) {
-    return (uint64_t)tail << 32 | head;
+static uint64_t copies_pack(mock_list l) {
+    return (uint64_t)l.tail << 32 | l.head;
 }
-static uint32_t copies_head(uint64_t v) { return (uint32_t)v; }
-static uint32_t copies_tail(uint64_t v) { return (uint32_t)(v >> 32); }
+static mock_list copies_unpack(uint64_t v) {
+    return (mock_list){(uint32_t)v, (uint32_t)(v >> 32)};
+}
 
 kvo_status pool_init(mock_pool *p, uint32_t n, bool caching, uint32_t keep_bs) {
     memset(p, 0, sizeof(*p));
@@ -76,16 +77,15 @@ kvo_status pool_init(mock_pool *p, uint32_t n, bool caching, uint32_t keep_bs) {
     p->n = n;
     p->caching = caching;
     /* Block 0 is the null block: ref never maintained, never free. */
+    p->free_q = MOCK_LIST_EMPTY;
     for (uint32_t i = 0; i < n; i++) {
         pool_block *b = &p->blocks[i];
-        b->cprev = b->cnext = MOCK_NIL;
-        b->prev = (i > 1) ? i - 1 : MOCK_NIL;
-        b->next = (i + 1 < n && i > 0) ? i + 1 : MOCK_NIL;
-        b->in_free = i > 0;
+        b->q = b->copies = (mock_link){MOCK_NIL, MOCK_NIL};
+        if (i > 0) {
+            mock_list_append(&p->free_q, MOCK_LINKS(p->blocks, q), i);
+            b->in_free = true;
+        }
     }
-    p->blocks[0].prev = p->blocks[0].next = MOCK_NIL;
-    p->head = 1;
-    p->tail = n - 1;
     p->n_free = n - 1;
     return KVO_OK;
 }
@@ -104,30 +104,14 @@ void pool_fini(mock_pool *p) {
 /* ---- free queue -----------------------------------------------------------*/
 
 static void q_unlink(mock_pool *p, uint32_t id) {
-    pool_block *b = &p->blocks[id];
-    if (b->prev != MOCK_NIL)
-        p->blocks[b->prev].next = b->next;
-    else
-        p->head = b->next;
-    if (b->next != MOCK_NIL)
-        p->blocks[b->next].prev = b->prev;
-    else
-        p->tail = b->prev;
-    b->prev = b->next = MOCK_NIL;
-    b->in_free = false;
+    mock_list_unlink(&p->free_q, MOCK_LINKS(p->blocks, q), id);
+    p->blocks[id].in_free = false;
     p->n_free--;
 }
 
 static void q_append(mock_pool *p, uint32_t id) {
-    pool_block *b = &p->blocks[id];
-    b->prev = p->tail;
-    b->next = MOCK_NIL;
-    if (p->tail != MOCK_NIL)
-        p->blocks[p->tail].next = id;
-    else
-        p->head = id;
-    p->tail = id;
-    b->in_free = true;
+    mock_list_append(&p->free_q, MOCK_LINKS(p->blocks, q), id);
+    p->blocks[id].in_free = true;
     p->n_free++;
 }
 
@@ -136,7 +120,7 @@ static void q_append(mock_pool *p, uint32_t id) {
 uint32_t pool_lookup_g(const mock_pool *p, uint64_t key, uint32_t g) {
     /* kvo_map_get does not modify the map; it only lacks a const form. */
     const uint64_t *v = kvo_map_get((kvo_map *)&p->map, gkey(key, g));
-    return v ? copies_head(*v) : MOCK_NIL;
+    return v ? copies_unpack(*v).head : MOCK_NIL;
 }
 
 uint32_t pool_lookup(const mock_pool *p, uint64_t key) {
@@ -169,10 +153,10 @@ kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
         p->parent[id] = *parent;
     else
         memset(&p->parent[id], 0, sizeof(mock_hash));
-    b->cnext = MOCK_NIL;
+    mock_list l = added ? MOCK_LIST_EMPTY : copies_unpack(*v);
+    mock_list_append(&l, MOCK_LINKS(p->blocks, copies), id);
+    *v = copies_pack(l);
     if (added) {
-        b->cprev = MOCK_NIL;
-        *v = copies_pack(id, id);
         uint64_t t = block_term(p, id);
         p->g_distinct[g]++;
         p->g_digest[g] += t;
@@ -180,11 +164,6 @@ kvo_status pool_cache_g(mock_pool *p, uint32_t id, const mock_hash *h,
             p->n_distinct++;
             p->digest += t;
         }
-    } else {
-        uint32_t tail = copies_tail(*v);
-        b->cprev = tail;
-        p->blocks[tail].cnext = id;
-        *v = copies_pack(copies_head(*v), id);
     }
     p->n_cached++;
     return KVO_OK;
@@ -195,16 +174,9 @@ static void uncache(mock_pool *p, uint32_t id) {
     pool_block *b = &p->blocks[id];
     uint64_t *v = kvo_map_get(&p->map, b->key);
     if (v) {
-        uint32_t head = copies_head(*v), tail = copies_tail(*v);
-        if (b->cprev != MOCK_NIL)
-            p->blocks[b->cprev].cnext = b->cnext;
-        else
-            head = b->cnext;
-        if (b->cnext != MOCK_NIL)
-            p->blocks[b->cnext].cprev = b->cprev;
-        else
-            tail = b->cprev;
-        if (head == MOCK_NIL) { /* its last copy: the key leaves the set */
+        mock_list l = copies_unpack(*v);
+        mock_list_unlink(&l, MOCK_LINKS(p->blocks, copies), id);
+        if (l.head == MOCK_NIL) { /* its last copy: the key leaves the set */
             kvo_map_del(&p->map, b->key);
             uint64_t t = block_term(p, id);
             p->g_distinct[b->group]--;
@@ -214,10 +186,10 @@ static void uncache(mock_pool *p, uint32_t id) {
                 p->digest -= t;
             }
         } else {
-            *v = copies_pack(head, tail);
+            *v = copies_pack(l);
         }
     }
-    b->cprev = b->cnext = MOCK_NIL;
+    b->copies = (mock_link){MOCK_NIL, MOCK_NIL};
     b->cached = false;
     p->n_cached--;
 }
@@ -235,7 +207,7 @@ void pool_touch(mock_pool *p, const uint32_t *ids, uint32_t n) {
 uint32_t pool_alloc(mock_pool *p, uint32_t n, uint32_t *out) {
     uint32_t evicted = 0;
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t id = p->head;
+        uint32_t id = p->free_q.head;
         q_unlink(p, id);
         pool_block *b = &p->blocks[id];
         if (b->cached) {
@@ -270,7 +242,7 @@ bool pool_reset(mock_pool *p) {
     for (uint32_t i = 0; i < p->n; i++) {
         pool_block *b = &p->blocks[i];
         b->cached = false;
-        b->cprev = b->cnext = MOCK_NIL;
+        b->copies = (mock_link){MOCK_NIL, MOCK_NIL};
     }
     kvo_map_clear(&p->map);
     p->n_cached = 0;
@@ -304,7 +276,7 @@ kvo_status pool_list_g(const mock_pool *p, uint32_t g, bool has_after,
     uint32_t k = 0;
     for (uint32_t id = 1; id < p->n; id++) {
         const pool_block *b = &p->blocks[id];
-        if (!b->cached || b->cprev != MOCK_NIL || b->group != g) continue;
+        if (!b->cached || b->copies.prev != MOCK_NIL || b->group != g) continue;
         if (has_after && p->hash[id].key <= after) continue;
         keys[k++] = (key_id){p->hash[id].key, id};
     }

@@ -227,7 +227,8 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
     const pool_block *pb = s->pool.blocks;
     while (n < known) {
         const pool_block *b = &pb[ids[n]];
-        if (!b->cached || b->key != r->bh[n].key || b->cprev != MOCK_NIL) break;
+        if (!b->cached || b->key != r->bh[n].key || b->copies.prev != MOCK_NIL)
+            break;
         n++;
     }
     while (n < cap) {
