@@ -941,8 +941,9 @@ typedef struct chk_env {
     uint32_t n_decode;
     uint32_t dp_size;
     uint32_t block_size;
-    char model[128];      /* "model" of completions */
-    char model_name[128]; /* --indexer-api dynamo: the index's partition */
+    char model[CHECK_MODEL_MAX];      /* "model" of completions */
+    char model_name[CHECK_MODEL_MAX]; /* --indexer-api dynamo: the index's
+                                         partition */
     bool exact;      /* exact watermarks (kvo-mocker + our relays, or a Dynamo
                    indexer with kvo's GET /watermark) */
     bool registered; /* dynamo: the engine ranks were registered */

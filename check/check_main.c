@@ -681,6 +681,15 @@ int main(int argc, char **argv) {
                         "--extra-block-seq or fault options\n");
         return KVO_EXIT_USAGE;
     }
+    /* the run keeps them in fixed fields: a longer one is refused, not cut */
+    if ((c->model && strlen(c->model) >= CHECK_MODEL_MAX) ||
+        (c->model_name && strlen(c->model_name) >= CHECK_MODEL_MAX)) {
+        fprintf(stderr,
+                "kvo-check: --model and --model-name take at most %d "
+                "bytes\n",
+                CHECK_MODEL_MAX - 1);
+        return KVO_EXIT_USAGE;
+    }
     if (c->model_name && c->indexer_api != CHECK_API_DYNAMO) {
         fprintf(stderr, "kvo-check: --model-name is for --indexer-api "
                         "dynamo\n");

@@ -36,6 +36,9 @@ typedef enum check_policy {
     CHECK_POLICY_DYNAMO           /* Dynamo's KV-router cost (check_int.h) */
 } check_policy;
 
+/* Bytes of --model and --model-name, with the NUL. */
+#define CHECK_MODEL_MAX 128
+
 /* Requests in flight --load accepts (one thread each). */
 #define CHECK_CONCURRENCY_MAX 4096
 

@@ -239,21 +239,18 @@ static json_object *entry(const idx_tree *t, uint64_t w, uint32_t r, uint64_t h,
     return e;
 }
 
-/* Entry i of a lookup with a chain: where (W, R) holds block i's tokens
- * under another hash, when it does not hold block i's hash. */
+/* Entry e (block i) of a lookup with a chain: where (W, R) holds block
+ * i's tokens under another hash, when e says it does not hold its hash. */
 static bool add_found(json_object *e, const idx_tree *t, const idx_request *q,
                       size_t i) {
-    idx_block_info in;
-    if (idx_tree_block_info(t, q->worker_id, q->dp_rank, q->v[i], &in) !=
-        KVO_OK)
-        return false;
+    bool held = json_object_get_boolean(json_object_object_get(e, "held"));
     uint64_t bh = 0;
     bool has_parent = i ? true : q->has_first_parent;
     uint64_t parent = i ? q->v[i - 1] : q->first_parent;
     idx_found f =
-        in.held ? IDX_FOUND_NONE
-                : idx_tree_find_tokens(t, q->worker_id, q->dp_rank, has_parent,
-                                       parent, q->tokens[i], &bh);
+        held ? IDX_FOUND_NONE
+             : idx_tree_find_tokens(t, q->worker_id, q->dp_rank, has_parent,
+                                    parent, q->tokens[i], &bh);
     if (f == IDX_FOUND_NONE)
         return json_object_object_add(e, "tokens_found", NULL) == 0;
     json_object *o = json_object_new_object();

@@ -1470,7 +1470,12 @@ START_TEST(usage_errors_exit_2_and_help_exits_0) {
         {"--spawn", "--trace", "x", "--indexer-api", "dynamo", "--nats",
          "nats://127.0.0.1:1", NULL},
         {"--spawn", "--trace", "x", "--indexer-api", "grpc", NULL},
-        {"--spawn", "--trace", "x", "--model-name", "m", NULL}};
+        {"--spawn", "--trace", "x", "--model-name", "m", NULL},
+        /* what the run keeps in fixed fields is refused when longer */
+        {"--spawn", "--trace", "x", "--model",
+         ("mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm"
+          "mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm"),
+         NULL}};
     for (size_t i = 0; i < KVO_ARRAY_LEN(bad_faults); i++) {
         tc_check(&r, "usage", bad_faults[i], 60);
         ck_assert_msg(r.exit_code == 2, "case %zu exited %d", i, r.exit_code);
