@@ -1040,16 +1040,6 @@ static void pipes_stats(idx_dyn *d, relay_stats *st) {
     st->n_src = 0;
 }
 
-/* to += from, field by field, for structs made of uint64_t only. */
-static void add_u64s(void *to, const void *from, size_t size) {
-    uint64_t *t = to;
-    const uint64_t *f = from;
-    for (size_t i = 0; i < size / sizeof(uint64_t); i++) t[i] += f[i];
-}
-_Static_assert(sizeof(idx_counters) % sizeof(uint64_t) == 0, "u64 only");
-_Static_assert(sizeof(idx_stats) % sizeof(uint64_t) == 0, "u64 only");
-_Static_assert(sizeof(idx_feed_counters) % sizeof(uint64_t) == 0, "u64 only");
-
 /* kvo-indexer's own kvo_indexer_* index families, summed over the
  * partitions (what the trees and feeds did: parent_not_found, ...). */
 static kvo_status index_prom(idx_dyn *d, kvo_buf *b) {
@@ -1061,9 +1051,21 @@ static kvo_status index_prom(idx_dyn *d, kvo_buf *b) {
         idx_tree_counters(idx_feed_tree(feed), &c1);
         idx_tree_stats(idx_feed_tree(feed), &st1);
         idx_feed_counters_get(feed, &f1);
-        add_u64s(&c, &c1, sizeof(c));
-        add_u64s(&st, &st1, sizeof(st));
-        add_u64s(&f, &f1, sizeof(f));
+        for (size_t t = 0; t < KVO_ARRAY_LEN(c.events); t++)
+            for (int k = 0; k < IDX_EV_STATUS_COUNT; k++)
+                c.events[t][k] += c1.events[t][k];
+        c.blocks_stored += c1.blocks_stored;
+        c.blocks_removed += c1.blocks_removed;
+        c.blocks_not_found += c1.blocks_not_found;
+        c.hash_mismatch += c1.hash_mismatch;
+        st.held += st1.held; /* the sizes idx_prom_index writes */
+        st.nodes += st1.nodes;
+        st.pairs += st1.pairs;
+        st.workers += st1.workers;
+        st.bytes += st1.bytes;
+#define SUM(field, key, prom, type, help) f.field += f1.field;
+        IDX_FEED_COUNTERS(SUM)
+#undef SUM
     }
     kvo_prom p;
     kvo_prom_init(&p, b, "kvo_indexer_");

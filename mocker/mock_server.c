@@ -624,9 +624,10 @@ static void handle_metrics(server *s, kvo_http_req *req) {
     kvo_buf_fini(&b);
 }
 
+/* A rank's counters; cpu_tier: the CPU tier's too. */
 static json_object *counters_json(const mock_engine_stats *st,
-                                  const mock_pub_stats *ps,
-                                  uint64_t render_err) {
+                                  const mock_pub_stats *ps, uint64_t render_err,
+                                  bool cpu_tier) {
     json_object *c = json_object_new_object();
 #define C(name, v) json_object_object_add(c, name, json_object_new_uint64(v))
     C("requests_added", st->requests_added);
@@ -664,6 +665,12 @@ static json_object *counters_json(const mock_engine_stats *st,
     C("render_errors", render_err);
     C("skipped_seqs", ps->skipped);
     C("events_lost_enomem", st->events_lost_enomem);
+    if (cpu_tier) {
+        C("cpu_stored", st->cpu_stored);
+        C("cpu_removed", st->cpu_removed);
+        C("cpu_queries", st->cpu_queries);
+        C("cpu_hits", st->cpu_hits);
+    }
 #undef C
     return c;
 }
@@ -781,18 +788,10 @@ static void handle_state(server *s, kvo_http_req *req) {
         }
         json_object_object_add(o, "requests_finished",
                                json_object_new_uint64(st.requests_finished));
-        json_object *cj = counters_json(&st, &ps, nr->render_errors);
-        if (c->cpu_offload_blocks && c->prefix_caching) {
-            json_object_object_add(cj, "cpu_stored",
-                                   json_object_new_uint64(st.cpu_stored));
-            json_object_object_add(cj, "cpu_removed",
-                                   json_object_new_uint64(st.cpu_removed));
-            json_object_object_add(cj, "cpu_queries",
-                                   json_object_new_uint64(st.cpu_queries));
-            json_object_object_add(cj, "cpu_hits",
-                                   json_object_new_uint64(st.cpu_hits));
-        }
-        json_object_object_add(o, "counters", cj);
+        json_object_object_add(
+            o, "counters",
+            counters_json(&st, &ps, nr->render_errors,
+                          c->cpu_offload_blocks && c->prefix_caching));
         json_object_array_add(ranks, o);
     }
     json_object *o = json_object_new_object();
