@@ -526,7 +526,7 @@ static bool hash_matches(const wire_hash *h, const wire_digest *d) {
 }
 
 static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
-                         uint32_t bs) {
+                         uint32_t bs, const msgpack_object *list) {
     wire_digest parent;
     bool have = true;
     bool root = e->parent.kind == WIRE_HASH_NONE;
@@ -536,17 +536,6 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
         uint64_t *ix = kvo_map_get(&p->digests, e->parent.key);
         have = ix != NULL;
         if (ix) parent = p->dpool[*ix];
-    }
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    const msgpack_object *list = NULL;
-    if (e->extra_keys.p) {
-        size_t off = 0;
-        if (msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
-                                e->extra_keys.len,
-                                &off) == MSGPACK_UNPACK_SUCCESS &&
-            up.data.type == MSGPACK_OBJECT_ARRAY)
-            list = &up.data;
     }
     for (uint32_t i = 0; i < e->n_hashes; i++) {
         const wire_hash *h = &e->hashes[i];
@@ -617,7 +606,6 @@ static void verify_store(relay_pipe *p, const wire_event *e, uint32_t ei,
         }
         have = have_chain;
     }
-    msgpack_unpacked_destroy(&up);
 }
 
 /* ---- conversion ----------------------------------------------------------*/
@@ -744,45 +732,53 @@ static bool block_keys(relay_pipe *p, const wire_event *e,
     return true;
 }
 
+/* A store's extra_keys (vLLM: one entry per block), unpacked once into up
+ * (the caller destroys it) for the router hashes and the verification:
+ * *list NULL when absent or nil. false, why set: undecodable, not a list,
+ * or not one entry per block. */
+static bool extra_keys_list(const wire_event *e, msgpack_unpacked *up,
+                            const msgpack_object **list, char *why,
+                            size_t whysz) {
+    *list = NULL;
+    if (!e->extra_keys.p) return true;
+    size_t off = 0;
+    if (msgpack_unpack_next(up, (const char *)e->extra_keys.p,
+                            e->extra_keys.len,
+                            &off) != MSGPACK_UNPACK_SUCCESS) {
+        snprintf(why, whysz, "extra_keys undecodable");
+        return false;
+    }
+    if (up->data.type == MSGPACK_OBJECT_NIL) return true;
+    if (up->data.type != MSGPACK_OBJECT_ARRAY) {
+        snprintf(why, whysz, "extra_keys is not a list");
+        return false;
+    }
+    if (up->data.via.array.size != e->n_hashes) {
+        snprintf(why, whysz, "%u extra_keys entries for %u blocks",
+                 up->data.via.array.size, e->n_hashes);
+        return false;
+    }
+    *list = &up->data;
+    return true;
+}
+
 /* The router hash of every block of a store into p->th (DESIGN §5 as the
  * engine's event describes the blocks): the adapter's seed (lora_name) on
  * every block; the salt's seed on block 0 of a chain root only -- from its
- * extra_keys entry (vLLM), else from SGLang's cache_salt field; each
+ * extra_keys entry (list, vLLM), else from SGLang's cache_salt field; each
  * block's multimodal pairs appended to its bytes (wire_router_hash_mm).
- * false, why set: extra_keys it cannot read (not one entry per block, or
- * an entry of another shape): such a block cannot be hashed as a router
- * querying the request would. */
-static bool router_hashes(relay_pipe *p, const wire_event *e, uint32_t bs,
-                          char *why, size_t whysz) {
+ * false, why set: an entry of another shape: such a block cannot be hashed
+ * as a router querying the request would. */
+static bool router_hashes(relay_pipe *p, const wire_event *e,
+                          const msgpack_object *list, uint32_t bs, char *why,
+                          size_t whysz) {
     if (kvo_grow(&p->th, &p->cap_th, e->n_hashes, sizeof(*p->th), 64) !=
         KVO_OK) {
         snprintf(why, whysz, "out of memory");
         return false;
     }
     bool root = e->parent.kind == WIRE_HASH_NONE;
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    const msgpack_object *list = NULL;
     bool ok = true;
-    if (e->extra_keys.p) {
-        size_t off = 0;
-        if (msgpack_unpack_next(&up, (const char *)e->extra_keys.p,
-                                e->extra_keys.len,
-                                &off) != MSGPACK_UNPACK_SUCCESS) {
-            snprintf(why, whysz, "extra_keys undecodable");
-            ok = false;
-        } else if (up.data.type == MSGPACK_OBJECT_ARRAY) {
-            list = &up.data;
-            if (list->via.array.size != e->n_hashes) {
-                snprintf(why, whysz, "%u extra_keys entries for %u blocks",
-                         list->via.array.size, e->n_hashes);
-                ok = false;
-            }
-        } else if (up.data.type != MSGPACK_OBJECT_NIL) {
-            snprintf(why, whysz, "extra_keys is not a list");
-            ok = false;
-        }
-    }
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len, NULL, 0);
     for (uint32_t i = 0; ok && i < e->n_hashes; i++) {
         bool first = root && i == 0;
@@ -798,7 +794,6 @@ static bool router_hashes(relay_pipe *p, const wire_event *e, uint32_t bs,
         p->th[i] = wire_router_hash_mm(e->token_ids + (size_t)i * bs, bs, s,
                                        p->mmk, n_mm);
     }
-    msgpack_unpacked_destroy(&up);
     return ok;
 }
 
@@ -839,7 +834,12 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
             return;
         }
     }
-    if (!router_hashes(p, e, bs, why, sizeof(why))) {
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    const msgpack_object *list;
+    if (!extra_keys_list(e, &up, &list, why, sizeof(why)) ||
+        !router_hashes(p, e, list, bs, why, sizeof(why))) {
+        msgpack_unpacked_destroy(&up);
         reject(p, RELAY_extra_keys, ei, why);
         return;
     }
@@ -848,7 +848,8 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
     if (p->cfg.verify && tier != WIRE_TIER_DEVICE && !e->extra_keys.p)
         p->st.hash_unsupported += e->n_hashes;
     else if (p->cfg.verify)
-        verify_store(p, e, ei, bs);
+        verify_store(p, e, ei, bs, list);
+    msgpack_unpacked_destroy(&up);
     pend_store(p, rank, tier, e, p->th, fwd);
 }
 
