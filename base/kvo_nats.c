@@ -279,6 +279,13 @@ bool kvo_nats_close(kvo_nats *n, int flush_ms) {
     return n->close_confirmed;
 }
 
+void kvo_nats_shutdown(void) {
+    natsStatus s = nats_CloseAndWait(KVO_NATS_SHUTDOWN_MS);
+    if (s != NATS_OK)
+        kvo_warn("nats.c's threads did not stop within %d ms: %s",
+                 KVO_NATS_SHUTDOWN_MS, natsStatus_GetText(s));
+}
+
 void kvo_nats_free(kvo_nats *n) {
     if (!n) return;
     bool confirmed = kvo_nats_close(n, 0);

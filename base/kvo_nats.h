@@ -144,5 +144,11 @@ bool kvo_nats_close(kvo_nats *n, int flush_ms);
  * options, free. NULL is a no-op. Subscriptions on the connection must be
  * destroyed first (after kvo_nats_close). */
 void kvo_nats_free(kvo_nats *n);
+/* At the end of a program that used NATS, after every kvo_nats_free: stop
+ * nats.c's own threads (its message collector frees destroyed messages
+ * late) and wait for them, KVO_NATS_SHUTDOWN_MS at most; logs when they did
+ * not finish in time. */
+#define KVO_NATS_SHUTDOWN_MS 5000
+void kvo_nats_shutdown(void);
 
 #endif /* KVO_NATS_H */

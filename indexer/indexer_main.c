@@ -3,7 +3,6 @@
 #include "idx.h"
 #include "kvo_nats.h"
 
-#include <nats/nats.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +28,6 @@ enum {
 #define MAX_PUBLISHERS_MAX                                                     \
     (1u << 20)                    /* largest --max-publishers (4 KiB each) */
 #define MAX_BODY_MAX (1ull << 30) /* largest --max-body */
-#define NATS_CLOSE_WAIT_MS 2000   /* nats.c's own threads, at exit */
 #define TIMEOUT_MS_MAX                                                         \
     3600000u                   /* largest --recovery-timeout-ms and
                                      --discover-ms: an hour */
@@ -326,7 +324,7 @@ int main(int argc, char **argv) {
              (unsigned long long)c->discover_ms, c->apply_budget_us,
              c->dynamo_http ? c->dynamo_http : "-", c->dynamo_max_listeners);
     kvo_status st = idx_service_run(&o.cfg);
-    nats_CloseAndWait(NATS_CLOSE_WAIT_MS);
+    kvo_nats_shutdown();
     if (st == KVO_OK) return KVO_EXIT_OK;
     fprintf(stderr, "kvo-indexer: %s\n", kvo_strerror(st));
     return KVO_EXIT_USAGE;

@@ -314,6 +314,7 @@ int main(int argc, char **argv) {
     kvo_log_init("kvo-relay", o.level);
     kvo_signals_init();
     kvo_status st = relay_run(&o.cfg);
+    kvo_nats_shutdown();
     if (st == KVO_OK) return KVO_EXIT_OK;
     if (st == KVO_ECHECK) {
         fputs("kvo-relay: engine-hash mismatches (see first_mismatch)\n",
