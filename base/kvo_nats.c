@@ -20,9 +20,10 @@ struct kvo_nats {
     natsOptions *opts;
     natsConnection *nc;
     atomic_uint_fast64_t connects, disconnects, reconnects;
-    pthread_mutex_t mu; /* closed */
+    pthread_mutex_t mu; /* closed, subs_open */
     pthread_cond_t cv;
-    bool closed; /* nats.c's closed callback ran */
+    bool closed;   /* nats.c's closed callback ran */
+    int subs_open; /* kvo_nats_subscribe's, their on-complete not run */
     bool close_called;
     bool close_confirmed;
 };
@@ -153,6 +154,30 @@ static void on_closed(natsConnection *nc, void *closure) {
     pthread_mutex_unlock(&n->mu);
 }
 
+/* nats.c is done with a closed subscription (its handler will not run
+ * again, its close went through its delivery thread). */
+static void on_sub_done(void *closure) {
+    kvo_nats *n = closure;
+    pthread_mutex_lock(&n->mu);
+    n->subs_open--;
+    pthread_cond_broadcast(&n->cv);
+    pthread_mutex_unlock(&n->mu);
+}
+
+natsStatus kvo_nats_subscribe(kvo_nats *n, natsSubscription **sub,
+                              const char *subject, natsMsgHandler cb,
+                              void *closure) {
+    natsStatus s = natsConnection_Subscribe(sub, n->nc, subject, cb, closure);
+    if (s != NATS_OK) return s;
+    s = natsSubscription_SetOnCompleteCB(*sub, on_sub_done, n);
+    if (s == NATS_OK) {
+        pthread_mutex_lock(&n->mu);
+        n->subs_open++;
+        pthread_mutex_unlock(&n->mu);
+    }
+    return s;
+}
+
 /* ---- The connection --------------------------------------------------------*/
 
 static kvo_status nats_fail(natsStatus s, const char *what, char *err,
@@ -271,11 +296,19 @@ bool kvo_nats_close(kvo_nats *n, int flush_ms) {
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += CLOSE_WAIT_S;
+    /* the close reaches each subscription through its delivery thread:
+     * wait for that too, so no handler runs once the caller frees what it
+     * uses and nats.c has consumed its close messages (else they are still
+     * queued when the program exits) */
     pthread_mutex_lock(&n->mu);
-    while (!n->closed)
+    while (!n->closed || n->subs_open > 0)
         if (pthread_cond_timedwait(&n->cv, &n->mu, &dl) != 0) break;
-    n->close_confirmed = n->closed;
+    n->close_confirmed = n->closed && n->subs_open == 0;
+    int open = n->subs_open;
     pthread_mutex_unlock(&n->mu);
+    if (open)
+        kvo_warn("%d NATS subscription(s) not closed by nats.c within %d s",
+                 open, CLOSE_WAIT_S);
     return n->close_confirmed;
 }
 

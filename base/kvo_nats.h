@@ -134,8 +134,14 @@ natsConnection *kvo_nats_conn(kvo_nats *n);
 bool kvo_nats_up(kvo_nats *n);
 uint64_t kvo_nats_disconnects(kvo_nats *n);
 uint64_t kvo_nats_reconnects(kvo_nats *n);
+/* An async subscription whose end kvo_nats_close waits for (nats.c's
+ * natsConnection_Subscribe plus its on-complete callback). */
+natsStatus kvo_nats_subscribe(kvo_nats *n, natsSubscription **sub,
+                              const char *subject, natsMsgHandler cb,
+                              void *closure);
 /* Flush for up to flush_ms when up (0 = no flush), close, and wait (5 s at
- * most) for nats.c's last callback. Not up: no flush, and the close waits
+ * most) for nats.c's last callback and for every kvo_nats_subscribe's
+ * subscription to end (its handler will not run again). Not up: no flush, and the close waits
  * only for a reconnect attempt in flight (KVO_NATS_CONNECT_TIMEOUT_MS at
  * most). false: the close was not confirmed (kvo_nats_free then leaks n
  * rather than risk a late callback). Idempotent; NULL: true. */

@@ -306,8 +306,8 @@ static bool recovery_subjects(svc *s) {
 static natsStatus subscribe(svc *s, natsSubscription **sub, const char *subj,
                             msg_kind kind) {
     s->subctx[kind] = (subctx){s, kind};
-    natsStatus n = natsConnection_Subscribe(sub, kvo_nats_conn(s->nats), subj,
-                                            on_msg, &s->subctx[kind]);
+    natsStatus n =
+        kvo_nats_subscribe(s->nats, sub, subj, on_msg, &s->subctx[kind]);
     if (n == NATS_OK)
         n = natsSubscription_SetPendingLimits(*sub, NATS_PENDING_MSGS,
                                               NATS_PENDING_BYTES);

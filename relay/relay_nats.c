@@ -216,8 +216,8 @@ kvo_status relay_nats_listen(relay_nats *n, const char *const *subjects,
     int i = 0;
     for (; i < RELAY_REQ_COUNT && s == NATS_OK; i++) {
         n->who[i] = (listener){n, (relay_req_kind)i};
-        s = natsConnection_Subscribe(&n->sub[i], nc, subjects[i], on_request,
-                                     &n->who[i]);
+        s = kvo_nats_subscribe(n->k, &n->sub[i], subjects[i], on_request,
+                               &n->who[i]);
         if (s == NATS_OK)
             s = natsSubscription_SetPendingLimits(n->sub[i], PENDING_MSGS,
                                                   PENDING_BYTES);
