@@ -56,23 +56,34 @@ typedef struct idx_stats {
     uint64_t nodes;      /* live tree nodes, root excluded */
     uint64_t held;       /* nodes some worker holds (resident blocks) */
     uint64_t pairs;      /* (block hash, worker) lookup entries */
-    uint64_t workers;    /* known (worker_id, dp_rank) pairs */
+    uint64_t workers;    /* known worker slots: (worker_id, dp_rank, tier) */
     uint64_t edge_alias; /* extra parent edges (a node under two parents) */
     uint64_t look_alias; /* lookup entries not inlined in their node */
     uint64_t sets;       /* nodes held by two workers or more */
     uint64_t bytes;      /* memory held by the tree (capacities) */
 } idx_stats;
 
+/* Lower tiers: a (worker_id, dp_rank) holds blocks per storage tier, each
+ * tier in its own worker slot. A query's device score is its leading run
+ * on the device tier; through[k - 1] extends it, cumulatively, by the run
+ * of blocks held in tier k right after the run through the tiers above
+ * (what vLLM loads back: the GPU hit, then the offloaded continuation). */
+#define IDX_LOWER_TIERS (WIRE_TIER_COUNT - 1)
+
 typedef struct idx_score {
     uint64_t worker_id;
     uint32_t dp_rank;
-    uint32_t blocks; /* leading blocks of the query the worker holds */
+    uint32_t blocks; /* leading blocks of the query the worker holds on
+                         the device tier */
+    uint32_t lower;  /* bit k - 1: the worker has a slot in tier k */
+    uint32_t through[IDX_LOWER_TIERS]; /* blocks through tier k (k >= 1),
+                                          cumulative; = blocks without */
 } idx_score;
 
 /* Query result, caller-owned and reusable (init once, fini once). */
 typedef struct idx_scores {
     uint32_t isl_blocks; /* blocks in the query */
-    size_t n;            /* entries in v (workers scoring 0 are absent) */
+    size_t n; /* entries in v (workers scoring 0 on every tier are absent) */
     size_t cap;
     idx_score *v; /* owned */
 } idx_scores;
@@ -83,14 +94,19 @@ void idx_scores_fini(idx_scores *s);
 typedef struct idx_worker {
     uint64_t worker_id;
     uint32_t dp_rank;
-    uint64_t blocks; /* entries in the worker's block_hash -> node map */
+    uint64_t blocks;       /* entries in the worker's block_hash -> node map
+                        (device tier) */
+    uint64_t lower_blocks; /* the same, summed over its lower tiers */
 } idx_worker;
 
 kvo_status idx_tree_new(idx_tree **out);
 void idx_tree_free(idx_tree *t); /* NULL is a no-op */
 
-/* Apply one RouterEvent (its tier is ignored: the feed filters tiers).
- * *st gets the event's outcome, also counted. Returns KVO_OK, or
+/* Apply one RouterEvent to the slot of its (worker_id, dp_rank, tier).
+ * A lower tier's store whose parent its slot lacks takes the parent from
+ * the same rank's tiers above it (an offloaded block's parent is usually
+ * still on the GPU); cleared drops that one tier (a lower tier's cleared
+ * creates no slot). *st gets the event's outcome, also counted. Returns KVO_OK, or
  * KVO_ENOMEM or KVO_ETOOBIG (a size limit of the tree: about 2^31 nodes,
  * 2^24 workers): then the blocks before the failing one are applied, the
  * tree is consistent and the event is not counted. KVO_EINVAL: not a
@@ -106,8 +122,14 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *hashes, size_t n,
 /* Drop every block of every dp_rank of worker_id and forget the worker. */
 kvo_status idx_tree_worker_remove(idx_tree *t, uint64_t worker_id);
 
-/* Known workers sorted by worker_id, dp_rank: *out is kvo_malloc'd (NULL
- * when there are none), the caller frees it with kvo_free. */
+/* Drop every block of (worker_id, dp_rank), every tier (a source whose
+ * stream can no longer be trusted). */
+kvo_status idx_tree_rank_clear(idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank);
+
+/* Known (worker_id, dp_rank) pairs, each once whatever its tiers, sorted
+ * by worker_id, dp_rank: *out is kvo_malloc'd (NULL when there are none),
+ * the caller frees it with kvo_free. */
 kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n);
 
 void idx_tree_counters(const idx_tree *t, idx_counters *out);
@@ -140,11 +162,12 @@ typedef struct idx_block {
  * stops the walk and is returned. */
 typedef kvo_status (*idx_block_fn)(void *ctx, const idx_block *b);
 
-/* Every block (worker_id, dp_rank) holds, in no particular order; nothing
- * (KVO_OK) for an unknown worker. O(the worker's blocks). fn must not
- * change the tree. */
+/* Every block (worker_id, dp_rank) holds in tier, in no particular order;
+ * nothing (KVO_OK) for an unknown worker. O(the worker's blocks). fn must
+ * not change the tree. */
 kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
-                                  uint32_t dp_rank, idx_block_fn fn, void *ctx);
+                                  uint32_t dp_rank, wire_tier tier,
+                                  idx_block_fn fn, void *ctx);
 
 #define IDX_INFO_OTHERS 8 /* other holders listed by idx_tree_block_info */
 
@@ -166,7 +189,8 @@ typedef struct idx_block_info {
                                  dp_rank */
 } idx_block_info;
 
-/* Does (worker_id, dp_rank) hold block_hash, and at which node: *out is
+/* Does (worker_id, dp_rank) hold block_hash on the device tier (the
+ * diagnosis views read the device tier), and at which node: *out is
  * filled (held = false when not). KVO_EINVAL for NULL t or out; no
  * allocation. */
 kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
@@ -213,8 +237,8 @@ typedef struct idx_feed_counters {
                              into the jumped-over range (see below) */
     uint64_t undecodable; /* not an event-plane message */
     uint64_t bad_headers; /* malformed KVO-Zmq-Seq (message still applied) */
-    uint64_t other_tier;  /* RouterEvents of a non-device tier (skipped,
-                             as Dynamo's primary tree does) */
+    uint64_t other_tier;  /* RouterEvents of a lower tier (indexed in
+                             their tier's slots) */
     uint64_t enomem;      /* RouterEvents lost to allocation failure (or a
                              size limit of the tree) */
     uint64_t publishers;  /* a gauge: publishers tracked now */
@@ -292,7 +316,7 @@ typedef struct idx_feed_result {
     bool bad_header;  /* malformed KVO-Zmq-Seq (the message still applied) */
     uint64_t missed;  /* a gap: sequences jumped over before this one */
     uint64_t jumped_from; /* rewind: the sequence the undone jump reached */
-    uint32_t other_tier;  /* RouterEvents of a non-device tier, skipped */
+    uint32_t other_tier;  /* RouterEvents of a lower tier */
     uint32_t lost;        /* RouterEvents lost to KVO_ENOMEM / KVO_ETOOBIG */
     uint32_t expired;     /* idle publishers forgotten to make room */
     bool held;            /* recovery: held until its publisher recovers */

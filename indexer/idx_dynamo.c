@@ -706,10 +706,7 @@ static bool do_unregister(idx_dyn *d, kvo_http_req *r, dyn_err *e,
             /* the others stay: drop this rank's blocks only */
             idx_tree *t = idx_feed_tree(w->part->feed);
             worker_drop_listener(d, w, pos);
-            wire_revent ev = {
-                .worker_id = id, .dp_rank = rank, .type = WIRE_R_CLEARED};
-            idx_evstatus evs;
-            idx_tree_apply(t, &ev, &evs);
+            idx_tree_rank_clear(t, id, rank);
             kvo_info("dynamo: unregistered instance %" PRIu64 " dp_rank %u", id,
                      rank);
             *out = status_ok();
@@ -817,10 +814,19 @@ static part *query_part(idx_dyn *d, const char *model, const char *group,
  * "instances": {"<worker_id>": {"longest_matched", "gpu", "dp":
  * {"<dp_rank>": tokens}, "cpu", "disk"}}}. Tokens = blocks x block_size: a
  * u32 that wraps in "scores" and saturates in "instances", as Dynamo's
- * (release) arithmetic does. Only the device tier is indexed: cpu and
- * disk, cumulative through the tiers before them, equal gpu. frequencies:
+ * (release) arithmetic does. cpu and disk are cumulative through the
+ * tiers before them (idx_score.through: host_pinned, then disk), the
+ * longest over the worker's ranks; a rank scoring 0 on the device tier is
+ * left out of scores and dp, as Dynamo leaves out workers scoring 0.
+ * longest_matched is the longest of them all. frequencies:
  * Dynamo fills it only when its tree tracks recent uses (an expiry), which
  * its standalone indexer does not turn on. */
+/* blocks x block_size in tokens, saturated at u32. */
+static uint32_t sat_tokens(uint32_t blocks, uint32_t block_size) {
+    uint64_t t = (uint64_t)blocks * block_size;
+    return t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+}
+
 static json_object *scores_json(const idx_scores *s, uint32_t block_size) {
     json_object *o = json_object_new_object(), *sc = json_object_new_object(),
                 *fr = json_object_new_array(), *in = json_object_new_object();
@@ -848,12 +854,22 @@ static json_object *scores_json(const idx_scores *s, uint32_t block_size) {
             json_object_put(o);
             return NULL;
         }
-        uint32_t gpu = 0;
+        uint32_t gpu = 0, cpu = 0, disk = 0, longest = 0;
         for (; i < s->n && s->v[i].worker_id == wid; i++) {
+            const idx_score *v = &s->v[i];
+            uint32_t c = sat_tokens(v->through[WIRE_TIER_HOST_PINNED - 1],
+                                    block_size),
+                     k = sat_tokens(v->through[WIRE_TIER_DISK - 1], block_size);
+            uint32_t l =
+                sat_tokens(v->through[IDX_LOWER_TIERS - 1], block_size);
+            if (c > cpu) cpu = c;
+            if (k > disk) disk = k;
+            if (l > longest) longest = l;
+            if (v->blocks == 0) continue;
             char rk[16];
-            snprintf(rk, sizeof(rk), "%u", s->v[i].dp_rank);
-            uint64_t t = (uint64_t)s->v[i].blocks * block_size;
-            uint32_t sat = t > UINT32_MAX ? UINT32_MAX : (uint32_t)t;
+            snprintf(rk, sizeof(rk), "%u", v->dp_rank);
+            uint64_t t = (uint64_t)v->blocks * block_size;
+            uint32_t sat = sat_tokens(v->blocks, block_size);
             json_object_object_add(ranks, rk,
                                    json_object_new_int64((uint32_t)t));
             json_object_object_add(dp, rk, json_object_new_int64(sat));
@@ -861,11 +877,11 @@ static json_object *scores_json(const idx_scores *s, uint32_t block_size) {
         }
         json_object_object_add(sc, wk, ranks);
         json_object_object_add(inst, "longest_matched",
-                               json_object_new_int64(gpu));
+                               json_object_new_int64(longest));
         json_object_object_add(inst, "gpu", json_object_new_int64(gpu));
         json_object_object_add(inst, "dp", dp);
-        json_object_object_add(inst, "cpu", json_object_new_int64(gpu));
-        json_object_object_add(inst, "disk", json_object_new_int64(gpu));
+        json_object_object_add(inst, "cpu", json_object_new_int64(cpu));
+        json_object_object_add(inst, "disk", json_object_new_int64(disk));
         json_object_object_add(in, wk, inst);
     }
     return o;

@@ -3,8 +3,8 @@
  *
  * A message is decoded into one reused wire_plane_msg (its arena keeps its
  * memory), checked against its publisher's sequence, and its RouterEvents
- * are applied in order. Only device-tier events reach the tree: lower tiers
- * are Dynamo's separate lower-tier indexers, not the primary overlap.
+ * are applied in order, every storage tier to its own slots (idx_tree.c,
+ * "Storage tiers"); lower-tier events are counted as other_tier.
  *
  * Publishers (idx.h says what is kept and for how long; idx_int.h holds
  * the structures, which idx_recover.c shares):
@@ -321,10 +321,7 @@ kvo_status idx_feed_apply_events(idx_feed *f, idx_pub *p, idx_feed_result *r,
     uint64_t stored = 0;
     for (uint32_t i = 0; i < m->n_events; i++) {
         const wire_revent *ev = &m->events[i];
-        if (ev->tier != WIRE_TIER_DEVICE) {
-            r->other_tier++;
-            continue;
-        }
+        r->other_tier += ev->tier != WIRE_TIER_DEVICE;
         if (p && (p->n_workers == 0 || p->workers[0] != ev->worker_id))
             note_worker(p, ev->worker_id);
         idx_evstatus st;
@@ -546,6 +543,16 @@ json_object *idx_json_workers(const idx_tree *t) {
     return a ? done(a, ok) : NULL;
 }
 
+/* {"<tier>": blocks through it, ...} for the lower tiers sc has. */
+static json_object *tiers_json(const idx_score *sc) {
+    json_object *o = json_object_new_object();
+    bool ok = o != NULL;
+    for (uint32_t k = 1; ok && k < WIRE_TIER_COUNT; k++)
+        if (sc->lower & (1u << (k - 1)))
+            put(o, wire_tier_name((wire_tier)k), u64(sc->through[k - 1]), &ok);
+    return done(o, ok);
+}
+
 json_object *idx_json_scores(const idx_scores *s) {
     bool ok = true;
     json_object *o = json_object_new_object();
@@ -562,6 +569,7 @@ json_object *idx_json_scores(const idx_scores *s) {
             put(e, "worker_id", u64(s->v[i].worker_id), &ok);
             put(e, "dp_rank", u64(s->v[i].dp_rank), &ok);
             put(e, "blocks", u64(s->v[i].blocks), &ok);
+            if (s->v[i].lower) put(e, "tiers", tiers_json(&s->v[i]), &ok);
         }
         push(a, e, &ok);
     }

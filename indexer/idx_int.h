@@ -52,7 +52,7 @@ typedef struct idx_publisher {
     X(bad_headers, "bad_headers", "bad_headers_total", counter,                \
       "Malformed KVO-Zmq-Seq headers.")                                        \
     X(other_tier, "other_tier", "other_tier_total", counter,                   \
-      "RouterEvents of non-device tiers (not indexed).")                       \
+      "RouterEvents of lower tiers (indexed per tier).")                       \
     X(enomem, "enomem", "enomem_total", counter,                               \
       "RouterEvents lost to allocation failure.")                              \
     X(publishers, "publishers", "publishers", gauge,                           \
@@ -423,6 +423,7 @@ typedef struct idx_blockset {
     const idx_tree *tree; /* the tree they were read from */
     uint64_t worker_id;
     uint32_t dp_rank;
+    wire_tier tier;
     uint64_t gen;
     uint64_t digest;
     size_t n, cap;
@@ -431,10 +432,11 @@ typedef struct idx_blockset {
 
 void idx_blockset_init(idx_blockset *bs);
 void idx_blockset_fini(idx_blockset *bs);
-/* (worker_id, dp_rank)'s blocks of t as of generation gen into bs (kept
- * when bs holds them already). KVO_ENOMEM leaves bs empty. */
+/* (worker_id, dp_rank)'s blocks in tier of t as of generation gen into bs
+ * (kept when bs holds them already). KVO_ENOMEM leaves bs empty. */
 kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
-                             uint64_t worker_id, uint32_t dp_rank);
+                             uint64_t worker_id, uint32_t dp_rank,
+                             wire_tier tier);
 /* The views on HTTP, for either listener. tree_of gives the tree that
  * holds worker_id (an empty one when none does) and its generation. Bad
  * arguments are a 400, counted in *bad_requests. */
@@ -451,7 +453,7 @@ bool idx_http_page_args(kvo_http_req *r, size_t max, idx_page *pg, char *err,
 /* Count and digest of (worker_id, dp_rank)'s blocks, walking them once
  * (no allocation). */
 kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
-                             uint32_t dp_rank, uint64_t *count,
+                             uint32_t dp_rank, wire_tier tier, uint64_t *count,
                              uint64_t *digest);
 /* GET /blocks's answer for the page pg of bs (digest_only: no list),
  * appended to out. */
@@ -459,8 +461,8 @@ kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
                            bool digest_only, kvo_buf *out);
 /* The digest-only answer from idx_blocks_digest's values. */
 kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
-                                  uint64_t count, uint64_t digest,
-                                  kvo_buf *out);
+                                  wire_tier tier, uint64_t count,
+                                  uint64_t digest, kvo_buf *out);
 
 /* POST /lookup {"worker_id": W, "dp_rank": R, "block_hashes": [h, ...]
  *   [, "chain": {"tokens_hashes": [t, ...], "first_parent": p|null}]}
@@ -868,9 +870,10 @@ typedef struct lalias {
 typedef struct wslot {
     uint64_t worker_id;
     uint32_t dp_rank;
-    uint32_t present; /* known to the tree (Dynamo: has a lookup map) */
-    uint64_t blocks;  /* lookup entries */
-    tab look;         /* this worker's lookup: block_hash -> lookup ref */
+    uint8_t present; /* known to the tree (Dynamo: has a lookup map) */
+    uint8_t tier;    /* the wire_tier whose blocks this slot holds */
+    uint64_t blocks; /* lookup entries */
+    tab look;        /* this worker's lookup: block_hash -> lookup ref */
 } wslot;
 
 typedef struct ovf {
@@ -903,7 +906,10 @@ struct idx_tree {
     uint32_t *wmap; /* power of two, NIL = empty */
     uint32_t wmap_cap;
 
-    uint32_t *act; /* query scratch, ws_cap entries */
+    uint32_t *act;        /* query scratch, ws_cap entries */
+    uint32_t *path;       /* query scratch: the nodes of a query's path */
+    size_t path_cap;      /* (used only while lower-tier slots exist) */
+    uint32_t lower_slots; /* slots of a tier below device */
     uint32_t dying;
     uint64_t pairs;
     uint64_t held; /* live nodes with a non-empty worker set */
@@ -1017,21 +1023,23 @@ static inline uint32_t ov_find(const idx_tree *t, uint32_t n) {
     return lo;
 }
 
-/* ---- Worker map: (worker_id, dp_rank) -> slot, linear probing ----------- */
+/* ---- Worker map: (worker_id, dp_rank, tier) -> slot, linear probing ----- */
 
-static inline uint32_t wmap_home(const idx_tree *t, uint64_t wid,
-                                 uint32_t rank) {
-    return (uint32_t)mix(wid, rank) & (t->wmap_cap - 1);
+static inline uint32_t wmap_home(const idx_tree *t, uint64_t wid, uint32_t rank,
+                                 uint32_t tier) {
+    return (uint32_t)(mix(wid, rank) + tier) & (t->wmap_cap - 1);
 }
 
-static inline uint32_t slot_find(const idx_tree *t, uint64_t wid,
-                                 uint32_t rank) {
+static inline uint32_t slot_find(const idx_tree *t, uint64_t wid, uint32_t rank,
+                                 uint32_t tier) {
     if (!t->wmap_cap) return NIL;
-    for (uint32_t i = wmap_home(t, wid, rank);;
+    for (uint32_t i = wmap_home(t, wid, rank, tier);;
          i = (i + 1) & (t->wmap_cap - 1)) {
         uint32_t s = t->wmap[i];
         if (s == NIL) return NIL;
-        if (t->ws[s].worker_id == wid && t->ws[s].dp_rank == rank) return s;
+        if (t->ws[s].worker_id == wid && t->ws[s].dp_rank == rank &&
+            t->ws[s].tier == tier)
+            return s;
     }
 }
 

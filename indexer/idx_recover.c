@@ -340,12 +340,9 @@ static void fail(idx_feed *f, idx_pub *p, const char *why) {
     size_t n = slots_of(f, p, &v);
     for (size_t i = 0; i < n; i++) {
         if (!fed(p, v[i].worker_id)) continue;
-        wire_revent ev = {.worker_id = v[i].worker_id,
-                          .dp_rank = v[i].dp_rank,
-                          .tier = WIRE_TIER_DEVICE,
-                          .type = WIRE_R_CLEARED};
-        idx_evstatus st;
-        if (idx_tree_apply(f->tree, &ev, &st) != KVO_OK) f->c.enomem++;
+        if (idx_tree_rank_clear(f->tree, v[i].worker_id, v[i].dp_rank) !=
+            KVO_OK)
+            f->c.enomem++;
     }
     f->gen++;
     kvo_free(p->stale);

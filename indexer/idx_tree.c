@@ -7,7 +7,8 @@
  * Edges are keyed by tokens_hash (the router hash of one block's tokens). The
  * node reached from the root by the keys h0, h1, ..., hd-1 stands for "the
  * first d blocks of a prompt hash to h0..hd-1". Each node holds the set of
- * workers (worker slots: one per (worker_id, dp_rank)) that hold that block,
+ * workers (worker slots: one per (worker_id, dp_rank, storage tier)) that
+ * hold that block,
  * and the engine block_hash it was first stored with. Each worker also has a
  * lookup, block_hash -> node, through which a store finds its parent and a
  * removal its block. A query walks the path of its hashes from the root; a
@@ -29,6 +30,18 @@
  *  - freeing follows Rc: a node is released when no edge and no lookup entry
  *    refers to it. Nodes kept alive only by a cycle of edges leak, as Rc
  *    cycles do (only hashes repeating along a chain make cycles).
+ * Storage tiers
+ * -------------
+ * Each tier a rank publishes (device, then host_pinned, disk, external) is
+ * a slot of its own in the same tree: an offloaded block joins the very
+ * node its device copy was stored at (same parent, same tokens_hash), its
+ * parent found in the slot's own tier or, failing that, in the tiers above
+ * (the parent of a block offloaded from the GPU is usually still there).
+ * The device walk scores device slots only; query_lower then extends each
+ * rank's run tier by tier along the same path. A node stays under its
+ * parent while any tier of any rank holds it, so an engine that offloads a
+ * block before it frees the GPU copy keeps the chain whole.
+ *
  * Deliberate differences (DESIGN §7 decides):
  *  - "cleared" drops the blocks of the emitting (worker_id, dp_rank) only;
  *    Dynamo clears every rank of the worker_id.
@@ -519,16 +532,17 @@ static uint32_t look_erase(idx_tree *t, uint32_t w, uint32_t pos) {
 /* ======================================================================== */
 
 static void wmap_insert(idx_tree *t, uint32_t s) {
-    uint32_t i = wmap_home(t, t->ws[s].worker_id, t->ws[s].dp_rank);
+    uint32_t i =
+        wmap_home(t, t->ws[s].worker_id, t->ws[s].dp_rank, t->ws[s].tier);
     while (t->wmap[i] != NIL) i = (i + 1) & (t->wmap_cap - 1);
     t->wmap[i] = s;
 }
 
-/* The slot of (wid, rank), created on first sight (Dynamo creates the
- * worker's lookup map for any event, even a rejected one). */
+/* The slot of (wid, rank, tier), created on first sight (Dynamo creates
+ * the worker's lookup map for any event, even a rejected one). */
 static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
-                           uint32_t *out) {
-    uint32_t s = slot_find(t, wid, rank);
+                           uint32_t tier, uint32_t *out) {
+    uint32_t s = slot_find(t, wid, rank, tier);
     if (s != NIL) {
         t->ws[s].present = 1;
         *out = s;
@@ -557,7 +571,9 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
     }
     s = t->ws_len++;
     t->sp_step = class_words(class_for(t->ws_len + 1));
-    t->ws[s] = (wslot){.worker_id = wid, .dp_rank = rank, .present = 1};
+    t->ws[s] = (wslot){
+        .worker_id = wid, .dp_rank = rank, .present = 1, .tier = (uint8_t)tier};
+    t->lower_slots += tier != WIRE_TIER_DEVICE;
     wmap_insert(t, s);
     *out = s;
     return KVO_OK;
@@ -596,6 +612,7 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->ws);
     kvo_free(t->wmap);
     kvo_free(t->act);
+    kvo_free(t->path);
     kvo_free(t);
 }
 
@@ -628,12 +645,17 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                               idx_evstatus *st) {
     uint32_t cur = ROOT;
     if (ev->has_parent) {
-        uint32_t pos = look_find(t, w, ev->parent_hash);
+        /* the slot's own tier first, then the rank's tiers above it */
+        uint32_t pw = w, pos = look_find(t, w, ev->parent_hash);
+        for (uint32_t k = 0; pos == NIL && k < t->ws[w].tier; k++) {
+            pw = slot_find(t, ev->worker_id, ev->dp_rank, k);
+            if (pw != NIL) pos = look_find(t, pw, ev->parent_hash);
+        }
         if (pos == NIL) {
             *st = IDX_EV_PARENT_NOT_FOUND;
             return KVO_OK;
         }
-        cur = look_node(t, tab_ref(&t->ws[w].look, pos));
+        cur = look_node(t, tab_ref(&t->ws[pw].look, pos));
     }
     kvo_status s = store_reserve(t, w, ev->n_blocks);
     if (s != KVO_OK) return s;
@@ -754,10 +776,22 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
 kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev,
                           idx_evstatus *st) {
     if (!t || !ev || !st) return KVO_EINVAL;
-    if (ev->type < WIRE_R_STORED || ev->type > WIRE_R_CLEARED)
+    if (ev->type < WIRE_R_STORED || ev->type > WIRE_R_CLEARED ||
+        (unsigned)ev->tier >= WIRE_TIER_COUNT)
         return KVO_EINVAL;
     uint32_t w;
-    kvo_status s = slot_get(t, ev->worker_id, ev->dp_rank, &w);
+    kvo_status s = KVO_OK;
+    if (ev->type == WIRE_R_CLEARED && ev->tier != WIRE_TIER_DEVICE) {
+        /* a relay clears every tier it might have sent: no slot needed */
+        w = slot_find(t, ev->worker_id, ev->dp_rank, ev->tier);
+        if (w == NIL) {
+            *st = IDX_EV_OK;
+            t->c.events[ev->type][*st]++;
+            return KVO_OK;
+        }
+    } else {
+        s = slot_get(t, ev->worker_id, ev->dp_rank, ev->tier, &w);
+    }
     if (s != KVO_OK) return s;
     switch (ev->type) {
     case WIRE_R_STORED: s = apply_store(t, w, ev, st); break;
@@ -769,6 +803,18 @@ kvo_status idx_tree_apply(idx_tree *t, const wire_revent *ev,
     }
     if (s == KVO_OK) t->c.events[ev->type][*st]++;
     return s;
+}
+
+kvo_status idx_tree_rank_clear(idx_tree *t, uint64_t worker_id,
+                               uint32_t dp_rank) {
+    uint32_t dev; /* known afterwards, as after a device cleared */
+    kvo_status s = slot_get(t, worker_id, dp_rank, WIRE_TIER_DEVICE, &dev);
+    if (s != KVO_OK) return s;
+    for (uint32_t k = 0; k < WIRE_TIER_COUNT; k++) {
+        uint32_t w = slot_find(t, worker_id, dp_rank, k);
+        if (w != NIL && (s = clear_slot(t, w)) != KVO_OK) return s;
+    }
+    return KVO_OK;
 }
 
 kvo_status idx_tree_worker_remove(idx_tree *t, uint64_t worker_id) {
@@ -792,10 +838,24 @@ void idx_scores_fini(idx_scores *s) {
     memset(s, 0, sizeof(*s));
 }
 
+/* Whether slot w is in node n's worker set. */
+static bool wset_has(const idx_tree *t, uint32_t n, uint32_t w) {
+    uint32_t ws = ND(t, n).wset;
+    if (ws == NIL || !(ws & TAG)) return ws == w;
+    const uint32_t *s = &t->sp[ws & ~TAG];
+    uint32_t cnt = set_count(s), i = lower_bound(s + 1, cnt, w);
+    return i < cnt && s[1 + i] == w;
+}
+
+/* A device slot's run (lower-tier slots ride along in the walk's sets but
+ * score in query_lower). */
 static inline void emit(const idx_tree *t, idx_scores *out, uint32_t w,
                         size_t depth) {
-    out->v[out->n++] =
-        (idx_score){t->ws[w].worker_id, t->ws[w].dp_rank, (uint32_t)depth};
+    if (t->ws[w].tier != WIRE_TIER_DEVICE) return;
+    idx_score *e = &out->v[out->n++];
+    *e = (idx_score){
+        t->ws[w].worker_id, t->ws[w].dp_rank, (uint32_t)depth, 0, {0}};
+    for (uint32_t k = 0; k < IDX_LOWER_TIERS; k++) e->through[k] = e->blocks;
 }
 
 static bool score_less(const idx_score *a, const idx_score *b) {
@@ -821,19 +881,11 @@ static void scores_sort(idx_scores *out) {
     }
 }
 
-kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
-                          idx_scores *out) {
-    out->n = 0;
-    out->isl_blocks = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-    if (out->cap < t->ws_len) {
-        idx_score *v = kvo_realloc(out->v, t->ws_len * sizeof(idx_score));
-        if (!v) return KVO_ENOMEM;
-        out->v = v;
-        out->cap = t->ws_len;
-    }
-    if (n == 0) return KVO_OK;
+/* The device tier's scores of the walk along h[0..n), n >= 1, unsorted. */
+static void query_device(idx_tree *t, const uint64_t *h, size_t n,
+                         idx_scores *out) {
     uint32_t c = child_find(t, ROOT, h[0]);
-    if (c == NIL || ND(t, c).wset == NIL) return KVO_OK;
+    if (c == NIL || ND(t, c).wset == NIL) return;
 
     /* act: the workers present at every node so far, sorted */
     uint32_t *act = t->act, na;
@@ -909,8 +961,88 @@ kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
         depth = i + 1;
     }
     for (uint32_t a = 0; a < na; a++) emit(t, out, act[a], depth);
-    scores_sort(out);
+}
+
+/* The entry of (wid, rank): v[0..sorted) is sorted, the rest appended. */
+static idx_score *score_find(idx_scores *out, size_t sorted, uint64_t wid,
+                             uint32_t rank) {
+    idx_score key = {.worker_id = wid, .dp_rank = rank};
+    size_t lo = 0, hi = sorted;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (score_less(&out->v[mid], &key))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < sorted && !score_less(&key, &out->v[lo])) return &out->v[lo];
+    for (size_t i = sorted; i < out->n; i++)
+        if (out->v[i].worker_id == wid && out->v[i].dp_rank == rank)
+            return &out->v[i];
+    return NULL;
+}
+
+/* The lower tiers' cumulative runs (out sorted, device scores in): walk the
+ * query's path once, then per lower tier k and slot of that tier, extend
+ * the rank's run through the tiers above by the nodes the slot holds. A
+ * rank that scored 0 on the device tier joins when its lower run is not
+ * empty. */
+static kvo_status query_lower(idx_tree *t, const uint64_t *h, size_t n,
+                              idx_scores *out) {
+    if (t->path_cap < n) {
+        uint32_t *p = kvo_realloc(t->path, n * sizeof(uint32_t));
+        if (!p) {
+            out->n = 0;
+            return KVO_ENOMEM;
+        }
+        t->path = p;
+        t->path_cap = n;
+    }
+    size_t len = 0;
+    for (uint32_t cur = ROOT; len < n; len++) {
+        uint32_t c = child_find(t, cur, h[len]);
+        if (c == NIL || c == cur) break;
+        t->path[len] = cur = c;
+    }
+    size_t sorted = out->n;
+    for (uint32_t k = 1; k < WIRE_TIER_COUNT; k++) {
+        for (size_t i = 0; i < out->n; i++) {
+            idx_score *e = &out->v[i];
+            e->through[k - 1] = k == 1 ? e->blocks : e->through[k - 2];
+        }
+        for (uint32_t s = 0; s < t->ws_len; s++) {
+            const wslot *w = &t->ws[s];
+            if (w->tier != k || !w->present) continue;
+            idx_score *e = score_find(out, sorted, w->worker_id, w->dp_rank);
+            uint32_t d = e ? e->through[k - 1] : 0;
+            while (d < len && wset_has(t, t->path[d], s)) d++;
+            if (!e) {
+                if (d == 0) continue;
+                e = &out->v[out->n++];
+                *e = (idx_score){w->worker_id, w->dp_rank, 0, 0, {0}};
+            }
+            e->lower |= 1u << (k - 1);
+            e->through[k - 1] = d;
+        }
+    }
+    if (out->n > sorted) scores_sort(out);
     return KVO_OK;
+}
+
+kvo_status idx_tree_query(idx_tree *t, const uint64_t *h, size_t n,
+                          idx_scores *out) {
+    out->n = 0;
+    out->isl_blocks = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    if (out->cap < t->ws_len) {
+        idx_score *v = kvo_realloc(out->v, t->ws_len * sizeof(idx_score));
+        if (!v) return KVO_ENOMEM;
+        out->v = v;
+        out->cap = t->ws_len;
+    }
+    if (n == 0) return KVO_OK;
+    query_device(t, h, n, out);
+    scores_sort(out);
+    return t->lower_slots ? query_lower(t, h, n, out) : KVO_OK;
 }
 
 /* ======================================================================== */
@@ -946,12 +1078,13 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes +=
-        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
-        (uint64_t)t->ea_cap * sizeof(ealias) +
-        (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
-        (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +
-        (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4;
+    out->bytes += sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) +
+                  t->refs.cap + (uint64_t)t->ea_cap * sizeof(ealias) +
+                  (uint64_t)t->la_cap * sizeof(lalias) +
+                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
+                  idx_tab_bytes(&t->edges) +
+                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
+                  (uint64_t)t->wmap_cap * 4 + (uint64_t)t->path_cap * 4;
 }
 
 static int worker_cmp(const void *a, const void *b) {
@@ -970,13 +1103,26 @@ kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n) {
     idx_worker *v = kvo_malloc(k * sizeof(*v));
     if (!v) return KVO_ENOMEM;
     k = 0;
-    for (uint32_t w = 0; w < t->ws_len; w++)
-        if (t->ws[w].present)
-            v[k++] = (idx_worker){t->ws[w].worker_id, t->ws[w].dp_rank,
-                                  t->ws[w].blocks};
+    for (uint32_t w = 0; w < t->ws_len; w++) {
+        const wslot *s = &t->ws[w];
+        if (!s->present) continue;
+        bool dev = s->tier == WIRE_TIER_DEVICE;
+        v[k++] = (idx_worker){s->worker_id, s->dp_rank, dev ? s->blocks : 0,
+                              dev ? 0 : s->blocks};
+    }
     qsort(v, k, sizeof(*v), worker_cmp);
+    /* one entry per (worker_id, dp_rank): its tiers' slots summed */
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (m && worker_cmp(&v[m - 1], &v[i]) == 0) {
+            v[m - 1].blocks += v[i].blocks;
+            v[m - 1].lower_blocks += v[i].lower_blocks;
+        } else {
+            v[m++] = v[i];
+        }
+    }
     *out = v;
-    *n = k;
+    *n = m;
     return KVO_OK;
 }
 
@@ -989,10 +1135,10 @@ static idx_block block_of(const idx_tree *t, uint32_t v) {
 }
 
 kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
-                                  uint32_t dp_rank, idx_block_fn fn,
-                                  void *ctx) {
-    if (!t || !fn) return KVO_EINVAL;
-    uint32_t w = slot_find(t, worker_id, dp_rank);
+                                  uint32_t dp_rank, wire_tier tier,
+                                  idx_block_fn fn, void *ctx) {
+    if (!t || !fn || (unsigned)tier >= WIRE_TIER_COUNT) return KVO_EINVAL;
+    uint32_t w = slot_find(t, worker_id, dp_rank, tier);
     if (w == NIL) return KVO_OK;
     const tab *lk = &t->ws[w].look;
     for (uint32_t i = 0; i < tab_positions(lk); i++) {
@@ -1016,7 +1162,7 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
                                idx_block_info *out) {
     if (!t || !out) return KVO_EINVAL;
     memset(out, 0, sizeof(*out));
-    uint32_t w = slot_find(t, worker_id, dp_rank);
+    uint32_t w = slot_find(t, worker_id, dp_rank, WIRE_TIER_DEVICE);
     uint32_t pos = w == NIL ? NIL : look_find(t, w, block_hash);
     if (pos == NIL) return KVO_OK;
     uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
@@ -1038,6 +1184,7 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
             out->in_set = true;
             continue;
         }
+        if (t->ws[x].tier != WIRE_TIER_DEVICE) continue;
         out->others++;
         uint32_t k = out->listed;
         if (k == IDX_INFO_OTHERS) {
@@ -1057,20 +1204,11 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
     return KVO_OK;
 }
 
-/* Whether slot w is in node n's worker set. */
-static bool wset_has(const idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = ND(t, n).wset;
-    if (ws == NIL || !(ws & TAG)) return ws == w;
-    const uint32_t *s = &t->sp[ws & ~TAG];
-    uint32_t cnt = set_count(s), i = lower_bound(s + 1, cnt, w);
-    return i < cnt && s[1 + i] == w;
-}
-
 idx_found idx_tree_find_tokens(const idx_tree *t, uint64_t worker_id,
                                uint32_t dp_rank, bool has_parent,
                                uint64_t parent_hash, uint64_t tokens_hash,
                                uint64_t *block_hash) {
-    uint32_t w = t ? slot_find(t, worker_id, dp_rank) : NIL;
+    uint32_t w = t ? slot_find(t, worker_id, dp_rank, WIRE_TIER_DEVICE) : NIL;
     if (w == NIL) return IDX_FOUND_NONE;
     uint32_t p = ROOT;
     if (has_parent) {
@@ -1126,6 +1264,7 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
             for (uint32_t i = 0; i < cnt; i++) {
                 ev.worker_id = t->ws[items[i]].worker_id;
                 ev.dp_rank = t->ws[items[i]].dp_rank;
+                ev.tier = (wire_tier)t->ws[items[i]].tier;
                 ev.event_id = id++;
                 if ((s = fn(ctx, &ev)) != KVO_OK) goto done;
             }

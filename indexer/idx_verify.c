@@ -207,7 +207,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
                  (unsigned long long)t->ws[w].blocks);
         if (!t->ws[w].present && t->ws[w].blocks)
             FAIL("absent slot %u holds blocks", w);
-        if (slot_find(t, t->ws[w].worker_id, t->ws[w].dp_rank) != w)
+        if (slot_find(t, t->ws[w].worker_id, t->ws[w].dp_rank, t->ws[w].tier) !=
+            w)
             FAIL("slot %u not in the worker map", w);
         pairs += per_slot[w];
     }

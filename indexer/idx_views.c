@@ -49,16 +49,18 @@ static int by_hash(const void *a, const void *b) {
 }
 
 kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
-                             uint64_t worker_id, uint32_t dp_rank) {
+                             uint64_t worker_id, uint32_t dp_rank,
+                             wire_tier tier) {
     if (bs->loaded && bs->tree == t && bs->gen == gen &&
-        bs->worker_id == worker_id && bs->dp_rank == dp_rank)
+        bs->worker_id == worker_id && bs->dp_rank == dp_rank &&
+        bs->tier == tier)
         return KVO_OK;
     bs->loaded = false;
     bs->n = 0;
     bs->digest = 0;
     collect c = {bs};
     kvo_status s =
-        idx_tree_worker_blocks(t, worker_id, dp_rank, collect_one, &c);
+        idx_tree_worker_blocks(t, worker_id, dp_rank, tier, collect_one, &c);
     if (s != KVO_OK) {
         bs->n = 0;
         bs->digest = 0;
@@ -70,6 +72,7 @@ kvo_status idx_blockset_load(idx_blockset *bs, const idx_tree *t, uint64_t gen,
     bs->gen = gen;
     bs->worker_id = worker_id;
     bs->dp_rank = dp_rank;
+    bs->tier = tier;
     return KVO_OK;
 }
 
@@ -85,28 +88,34 @@ static kvo_status sum_one(void *ctx, const idx_block *b) {
 }
 
 kvo_status idx_blocks_digest(const idx_tree *t, uint64_t worker_id,
-                             uint32_t dp_rank, uint64_t *count,
+                             uint32_t dp_rank, wire_tier tier, uint64_t *count,
                              uint64_t *digest) {
     sum s = {0, 0};
-    kvo_status st = idx_tree_worker_blocks(t, worker_id, dp_rank, sum_one, &s);
+    kvo_status st =
+        idx_tree_worker_blocks(t, worker_id, dp_rank, tier, sum_one, &s);
     if (st != KVO_OK) return st;
     *count = s.count;
     *digest = s.digest;
     return KVO_OK;
 }
 
-static kvo_status head(kvo_buf *out, uint64_t w, uint32_t r, uint64_t count,
-                       uint64_t digest) {
-    return kvo_buf_printf(out,
-                          "{\"worker_id\":%" PRIu64 ",\"dp_rank\":%" PRIu32
-                          ",\"count\":%" PRIu64 ",\"digest\":%" PRIu64,
-                          w, r, count, digest);
+/* The answer's head; "tier" only for a lower tier (the device answer kept
+ * its shape). */
+static kvo_status head(kvo_buf *out, uint64_t w, uint32_t r, wire_tier tier,
+                       uint64_t count, uint64_t digest) {
+    kvo_status s = kvo_buf_printf(
+        out, "{\"worker_id\":%" PRIu64 ",\"dp_rank\":%" PRIu32, w, r);
+    if (s == KVO_OK && tier != WIRE_TIER_DEVICE)
+        s = kvo_buf_printf(out, ",\"tier\":\"%s\"", wire_tier_name(tier));
+    if (s != KVO_OK) return s;
+    return kvo_buf_printf(out, ",\"count\":%" PRIu64 ",\"digest\":%" PRIu64,
+                          count, digest);
 }
 
 kvo_status idx_blocks_digest_json(uint64_t worker_id, uint32_t dp_rank,
-                                  uint64_t count, uint64_t digest,
-                                  kvo_buf *out) {
-    kvo_status s = head(out, worker_id, dp_rank, count, digest);
+                                  wire_tier tier, uint64_t count,
+                                  uint64_t digest, kvo_buf *out) {
+    kvo_status s = head(out, worker_id, dp_rank, tier, count, digest);
     return s == KVO_OK ? kvo_buf_append(out, "}", 1) : s;
 }
 
@@ -125,7 +134,8 @@ static size_t above(const idx_blockset *bs, uint64_t h) {
 
 kvo_status idx_blocks_json(const idx_blockset *bs, const idx_page *pg,
                            bool digest_only, kvo_buf *out) {
-    kvo_status s = head(out, bs->worker_id, bs->dp_rank, bs->n, bs->digest);
+    kvo_status s =
+        head(out, bs->worker_id, bs->dp_rank, bs->tier, bs->n, bs->digest);
     if (s != KVO_OK || digest_only)
         return s == KVO_OK ? kvo_buf_append(out, "}", 1) : s;
     size_t from = pg && pg->has_after ? above(bs, pg->after) : 0;
@@ -321,8 +331,9 @@ static bool arg_u64(kvo_http_req *r, const char *name, uint64_t max,
     return true;
 }
 
-/* GET /blocks?worker_id=W&dp_rank=R[&after=H&limit=N][&digest_only=1]
- * (idx_int.h draws the answer). */
+/* GET /blocks?worker_id=W&dp_rank=R[&tier=T][&after=H&limit=N]
+ * [&digest_only=1] (idx_int.h draws the answer; T a storage_tier name,
+ * device by default). */
 void idx_http_blocks(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
                      idx_blockset *cache, uint64_t *bad_requests) {
     char err[160];
@@ -330,7 +341,12 @@ void idx_http_blocks(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
     idx_page pg;
     const char *d = kvo_http_req_arg(r, "digest_only");
     bool digest_only = d && (strcmp(d, "1") == 0 || strcmp(d, "true") == 0);
-    if (!arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
+    const char *ta = kvo_http_req_arg(r, "tier");
+    wire_tier tier = WIRE_TIER_DEVICE;
+    if ((ta && wire_tier_parse(ta, strlen(ta), &tier) != KVO_OK &&
+         snprintf(err, sizeof(err),
+                  "tier must be device, host_pinned, disk or external") > 0) ||
+        !arg_u64(r, "worker_id", UINT64_MAX, &w, err, sizeof(err)) ||
         !arg_u64(r, "dp_rank", UINT32_MAX, &rank, err, sizeof(err)) ||
         !idx_http_page_args(r, IDX_BLOCKS_PAGE, &pg, err, sizeof(err)) ||
         (d && !digest_only && strcmp(d, "0") != 0 && strcmp(d, "false") != 0 &&
@@ -346,11 +362,12 @@ void idx_http_blocks(kvo_http_req *r, idx_tree_of_fn tree_of, void *ctx,
     kvo_status st;
     if (digest_only) {
         uint64_t count, digest;
-        st = idx_blocks_digest(t, w, (uint32_t)rank, &count, &digest);
+        st = idx_blocks_digest(t, w, (uint32_t)rank, tier, &count, &digest);
         if (st == KVO_OK)
-            st = idx_blocks_digest_json(w, (uint32_t)rank, count, digest, &b);
+            st = idx_blocks_digest_json(w, (uint32_t)rank, tier, count, digest,
+                                        &b);
     } else {
-        st = idx_blockset_load(cache, t, gen, w, (uint32_t)rank);
+        st = idx_blockset_load(cache, t, gen, w, (uint32_t)rank, tier);
         if (st == KVO_OK) st = idx_blocks_json(cache, &pg, false, &b);
     }
     if (st != KVO_OK)

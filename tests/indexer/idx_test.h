@@ -51,7 +51,7 @@ uint64_t tt_blocks(const idx_tree *t, uint64_t wid, uint32_t rank);
 void tt_check(const idx_tree *t, bool strict);
 
 /* A new tree restored from t's dump. Every dumped event is a one-block
- * device store numbered from 0 and restores as ok or parent_not_found;
+ * store numbered from 0 and restores as ok or parent_not_found;
  * *events and *rejected (may be NULL) get the counts. */
 idx_tree *tt_restore(const idx_tree *t, size_t *events, size_t *rejected);
 /* a and b give the same scores, in the same order, to the query. */

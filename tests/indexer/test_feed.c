@@ -555,7 +555,7 @@ START_TEST(request_bodies_are_read_strictly) {
 }
 END_TEST
 
-START_TEST(lower_tiers_are_counted_not_indexed) {
+START_TEST(lower_tiers_are_counted_and_indexed) {
     idx_feed *f = tt_feed_new();
     ck_assert_int_eq(
         feed_envelope(f, 1, 0, 3, WIRE_TIER_HOST_PINNED, 2, NULL, NULL),
@@ -563,8 +563,51 @@ START_TEST(lower_tiers_are_counted_not_indexed) {
     idx_feed_counters k;
     idx_feed_counters_get(f, &k);
     ck_assert_uint_eq(k.other_tier, 1);
-    ck_assert_uint_eq(tt_blocks(idx_feed_tree(f), 3, 0), UINT64_MAX);
+    idx_worker *w;
+    size_t n;
+    ck_assert_int_eq(idx_tree_workers(idx_feed_tree(f), &w, &n), KVO_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert(w[0].worker_id == 3 && w[0].dp_rank == 0);
+    ck_assert_uint_eq(w[0].blocks, 0); /* on the device tier */
+    ck_assert_uint_eq(w[0].lower_blocks, 2);
+    kvo_free(w);
     idx_feed_free(f);
+}
+END_TEST
+
+/* A rank's lower tiers answer as "tiers": blocks through each, cumulative;
+ * a rank holding only offloaded blocks answers with blocks 0. */
+START_TEST(scores_json_gives_the_tiers) {
+    idx_tree *t = tt_tree_new();
+    ck_assert_int_eq(tt_store(t, 7, 0, NULL, U64S(1, 2), 2), IDX_EV_OK);
+    wire_rblock b[] = {{300, 3}, {100, 1}};
+    wire_revent ev = {.worker_id = 7,
+                      .tier = WIRE_TIER_HOST_PINNED,
+                      .type = WIRE_R_STORED,
+                      .has_parent = true,
+                      .parent_hash = 200,
+                      .n_blocks = 1,
+                      .blocks = &b[0]};
+    idx_evstatus st;
+    ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
+    ck_assert_int_eq(st, IDX_EV_OK);
+    ev = (wire_revent){.worker_id = 8,
+                       .tier = WIRE_TIER_HOST_PINNED,
+                       .type = WIRE_R_STORED,
+                       .n_blocks = 1,
+                       .blocks = &b[1]};
+    ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
+    idx_scores s;
+    idx_scores_init(&s);
+    ck_assert_int_eq(idx_tree_query(t, U64S(1, 2, 3, 4), 4, &s), KVO_OK);
+    tt_json_eq(idx_json_scores(&s),
+               "{\"isl_blocks\":4,\"scores\":["
+               "{\"worker_id\":7,\"dp_rank\":0,\"blocks\":2,"
+               "\"tiers\":{\"host_pinned\":3}},"
+               "{\"worker_id\":8,\"dp_rank\":0,\"blocks\":0,"
+               "\"tiers\":{\"host_pinned\":1}}]}");
+    idx_scores_fini(&s);
+    tt_tree_done(t);
 }
 END_TEST
 
@@ -728,7 +771,8 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, a_full_publisher_table_applies_untracked_and_counts);
     tcase_add_test(tc, idle_publishers_are_forgotten_not_their_blocks);
     tcase_add_test(tc, request_bodies_are_read_strictly);
-    tcase_add_test(tc, lower_tiers_are_counted_not_indexed);
+    tcase_add_test(tc, lower_tiers_are_counted_and_indexed);
+    tcase_add_test(tc, scores_json_gives_the_tiers);
     tcase_add_test(tc, hostile_bytes_are_counted_and_never_crash);
     tcase_add_test(tc, query_json_answers_and_rejects);
     tcase_add_test(tc, json_shapes_of_counters_workers_and_events);

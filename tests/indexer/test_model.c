@@ -289,9 +289,10 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
     for (size_t i = 0; i < m->nw; i++) {
         const mworker *W = &m->w[i];
         got.n = 0;
-        ck_assert_int_eq(
-            idx_tree_worker_blocks(t, W->wid, W->rank, collect_block, &got),
-            KVO_OK);
+        ck_assert_int_eq(idx_tree_worker_blocks(t, W->wid, W->rank,
+                                                WIRE_TIER_DEVICE, collect_block,
+                                                &got),
+                         KVO_OK);
         ck_assert_msg(got.n == W->nl,
                       "seed %llu step %ld: worker (%llu,%u) lists %zu blocks, "
                       "model %zu",
@@ -363,7 +364,8 @@ static void compare_views(const idx_tree *t, const model *m, bool chaotic,
         }
     }
     got.n = 0; /* an unknown worker holds nothing */
-    ck_assert_int_eq(idx_tree_worker_blocks(t, 12345, 9, collect_block, &got),
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 12345, 9, WIRE_TIER_DEVICE,
+                                            collect_block, &got),
                      KVO_OK);
     ck_assert_uint_eq(got.n, 0);
 }

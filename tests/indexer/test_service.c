@@ -611,8 +611,8 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_bad_headers_total Malformed KVO-Zmq-Seq headers.",
         "# TYPE kvo_indexer_bad_headers_total counter",
         "kvo_indexer_bad_headers_total 1",
-        "# HELP kvo_indexer_other_tier_total RouterEvents of non-device tiers "
-        "(not indexed).",
+        "# HELP kvo_indexer_other_tier_total RouterEvents of lower tiers "
+        "(indexed per tier).",
         "# TYPE kvo_indexer_other_tier_total counter",
         "kvo_indexer_other_tier_total 0",
         "# HELP kvo_indexer_enomem_total RouterEvents lost to allocation "
@@ -846,7 +846,11 @@ START_TEST(service_answers_blocks_and_lookup) {
     tt_json_eq(get_json(&e, "/blocks?worker_id=99&dp_rank=0"),
                "{\"worker_id\":99,\"dp_rank\":0,\"count\":0,\"digest\":0,"
                "\"blocks\":[]}");
+    tt_json_eq(get_json(&e, "/blocks?worker_id=7&dp_rank=0&tier=host_pinned"),
+               "{\"worker_id\":7,\"dp_rank\":0,\"tier\":\"host_pinned\","
+               "\"count\":0,\"digest\":0,\"blocks\":[]}");
     static const char *const bad[] = {
+        "/blocks?worker_id=7&dp_rank=0&tier=gpu",
         "/blocks?dp_rank=0",
         "/blocks?worker_id=7&dp_rank=4294967296",
         "/blocks?worker_id=7&dp_rank=0&limit=0",

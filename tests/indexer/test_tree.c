@@ -568,7 +568,9 @@ START_TEST(worker_views_give_parents_and_other_holders) {
 
     idx_block b[2];
     memset(b, 0, sizeof(b));
-    ck_assert_int_eq(idx_tree_worker_blocks(t, 105, 0, collect2, b), KVO_OK);
+    ck_assert_int_eq(
+        idx_tree_worker_blocks(t, 105, 0, WIRE_TIER_DEVICE, collect2, b),
+        KVO_OK);
     if (b[0].block_hash == 200) {
         idx_block x = b[0];
         b[0] = b[1];
@@ -683,6 +685,143 @@ START_TEST(allocation_failures_leave_a_consistent_tree) {
 }
 END_TEST
 
+/* One event of (wid, rank) in tier (bh[i] = tok[i] * 100 for stores). */
+static idx_evstatus tier_ev(idx_tree *t, wire_rtype type, uint64_t wid,
+                            uint32_t rank, wire_tier tier,
+                            const uint64_t *parent, const uint64_t *tok,
+                            size_t n) {
+    wire_rblock b[8];
+    uint64_t rm[8];
+    ck_assert_uint_le(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = (wire_rblock){tok[i] * 100, tok[i]};
+        rm[i] = tok[i] * 100;
+    }
+    wire_revent ev = {.worker_id = wid,
+                      .dp_rank = rank,
+                      .tier = tier,
+                      .type = type,
+                      .has_parent = parent != NULL,
+                      .parent_hash = parent ? *parent : 0,
+                      .n_blocks = type == WIRE_R_STORED ? (uint32_t)n : 0,
+                      .blocks = b,
+                      .n_removed = type == WIRE_R_REMOVED ? (uint32_t)n : 0,
+                      .removed = rm};
+    idx_evstatus st = IDX_EV_STATUS_COUNT;
+    ck_assert_int_eq(idx_tree_apply(t, &ev, &st), KVO_OK);
+    return st;
+}
+
+/* The entry of (wid, rank) in a query's answer (zeroed when absent). */
+static idx_score tier_score(idx_tree *t, const uint64_t *q, size_t n,
+                            uint64_t wid, uint32_t rank) {
+    idx_scores s;
+    idx_scores_init(&s);
+    ck_assert_int_eq(idx_tree_query(t, q, n, &s), KVO_OK);
+    idx_score r = {0};
+    for (size_t i = 0; i < s.n; i++)
+        if (s.v[i].worker_id == wid && s.v[i].dp_rank == rank) r = s.v[i];
+    idx_scores_fini(&s);
+    return r;
+}
+
+typedef struct tier_list {
+    size_t n;
+    idx_block v[8];
+} tier_list;
+
+static kvo_status tier_collect(void *ctx, const idx_block *b) {
+    tier_list *l = ctx;
+    ck_assert_uint_lt(l->n, 8);
+    l->v[l->n++] = *b;
+    return KVO_OK;
+}
+
+/* A block offloaded before its GPU copy is freed keeps its node, its parent
+ * and its place in the query's path: the query scores the GPU run, then
+ * the CPU run after it, per rank. */
+START_TEST(offloaded_blocks_score_through_the_cpu_tier) {
+    const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
+    idx_tree *t = tt_tree_new();
+    const uint64_t q[] = {1, 2, 3, 4, 5};
+    ck_assert_int_eq(
+        tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3, 4), 4),
+        IDX_EV_OK);
+    /* 3 offloaded: its parent (200) is on the GPU only */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(200), U64S(3), 1),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(300), U64S(4), 1),
+                     IDX_EV_OK);
+    /* a parent in no tier of the rank */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(900), U64S(9), 1),
+                     IDX_EV_PARENT_NOT_FOUND);
+    idx_score s = tier_score(t, q, 5, 1, 0);
+    ck_assert_uint_eq(s.blocks, 4);
+    ck_assert_uint_eq(s.lower, 1u << (C - 1));
+    ck_assert_uint_eq(s.through[C - 1], 4);
+    ck_assert_uint_eq(s.through[WIRE_TIER_DISK - 1], 4);
+    /* the GPU frees 4 then 3: both nodes keep their CPU holder */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_REMOVED, 1, 0, D, NULL, U64S(4, 3), 2),
+                     IDX_EV_OK);
+    s = tier_score(t, q, 5, 1, 0);
+    ck_assert_uint_eq(s.blocks, 2);
+    ck_assert_uint_eq(s.through[C - 1], 4);
+    ck_assert_uint_eq(tt_score(t, q, 5, 1, 0), 2);
+    /* a rank holding only CPU blocks scores 0 on the device tier */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 2, 0, C, NULL, U64S(1), 1),
+                     IDX_EV_OK);
+    s = tier_score(t, q, 5, 2, 0);
+    ck_assert(s.worker_id == 2 && s.blocks == 0 && s.through[C - 1] == 1);
+    /* and is nobody's other holder on the device tier */
+    idx_block_info bi;
+    ck_assert_int_eq(idx_tree_block_info(t, 1, 0, 100, &bi), KVO_OK);
+    ck_assert(bi.held && bi.in_set);
+    ck_assert_uint_eq(bi.others, 0);
+    ck_assert_int_eq(idx_tree_block_info(t, 1, 0, 300, &bi), KVO_OK);
+    ck_assert(!bi.held);
+    /* the tier's own block list, with the parents */
+    tier_list l = {0};
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 1, 0, C, tier_collect, &l),
+                     KVO_OK);
+    ck_assert_uint_eq(l.n, 2);
+    for (size_t i = 0; i < 2; i++) {
+        ck_assert(l.v[i].has_parent);
+        ck_assert_uint_eq(l.v[i].parent_block_hash, l.v[i].block_hash - 100);
+    }
+    /* one entry per rank, whatever its tiers */
+    idx_worker *w;
+    size_t nw;
+    ck_assert_int_eq(idx_tree_workers(t, &w, &nw), KVO_OK);
+    ck_assert_uint_eq(nw, 2);
+    ck_assert(w[0].worker_id == 1 && w[0].blocks == 2 &&
+              w[0].lower_blocks == 2);
+    ck_assert(w[1].worker_id == 2 && w[1].blocks == 0 &&
+              w[1].lower_blocks == 1);
+    kvo_free(w);
+    /* a dump restores every tier */
+    idx_tree *r = tt_restore(t, NULL, NULL);
+    tt_same_answers(t, r, q, 5);
+    tt_tree_done(r);
+    /* cleared drops its own tier only; a lower tier's creates no slot */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
+                     IDX_EV_OK);
+    s = tier_score(t, q, 5, 1, 0);
+    ck_assert(s.blocks == 0 && s.through[C - 1] == 0); /* 1, 2 were GPU */
+    ck_assert_uint_eq(tt_pairs(t), 3);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 7, 0, C, NULL, NULL, 0),
+                     IDX_EV_OK);
+    ck_assert_uint_eq(tt_blocks(t, 7, 0), UINT64_MAX);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, C, NULL, NULL, 0),
+                     IDX_EV_OK);
+    ck_assert_uint_eq(tt_pairs(t), 1);
+    /* a rank cleared whole */
+    ck_assert_int_eq(idx_tree_rank_clear(t, 2, 0), KVO_OK);
+    ck_assert_uint_eq(tt_pairs(t), 0);
+    ck_assert_uint_eq(tt_blocks(t, 2, 0), 0);
+    tt_tree_done(t);
+}
+END_TEST
+
 Suite *suite_tree(void) {
     Suite *s = suite_create("tree");
     TCase *tc = tcase_create("dynamo");
@@ -700,6 +839,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, a_node_losing_its_last_worker_detaches_its_children);
     tcase_add_test(tc, remove_mid_chain_then_restore);
     tcase_add_test(tc, worker_views_give_parents_and_other_holders);
+    tcase_add_test(tc, offloaded_blocks_score_through_the_cpu_tier);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);

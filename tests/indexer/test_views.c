@@ -42,12 +42,14 @@ START_TEST(blocks_digest_is_the_sum_of_its_definition) {
     uint64_t want = idx_block_digest(10, 0) + idx_block_digest(20, 10) +
                     idx_block_digest(30, 20) + idx_block_digest(7, 0);
     uint64_t n, d;
-    ck_assert_int_eq(idx_blocks_digest(t, 1, 0, &n, &d), KVO_OK);
+    ck_assert_int_eq(idx_blocks_digest(t, 1, 0, WIRE_TIER_DEVICE, &n, &d),
+                     KVO_OK);
     ck_assert_uint_eq(n, 4);
     ck_assert_uint_eq(d, want);
     idx_blockset bs;
     idx_blockset_init(&bs);
-    ck_assert_int_eq(idx_blockset_load(&bs, t, idx_feed_generation(f), 1, 0),
+    ck_assert_int_eq(idx_blockset_load(&bs, t, idx_feed_generation(f), 1, 0,
+                                       WIRE_TIER_DEVICE),
                      KVO_OK);
     char exact[256];
     snprintf(exact, sizeof(exact),
@@ -56,14 +58,18 @@ START_TEST(blocks_digest_is_the_sum_of_its_definition) {
              want);
     tt_json_eq(page(&bs, false, 0, 0, false), exact);
     /* the order of stores does not change it: (1, 1) and (2, 0) */
-    ck_assert_int_eq(idx_blocks_digest(t, 1, 1, &n, &d), KVO_OK);
+    ck_assert_int_eq(idx_blocks_digest(t, 1, 1, WIRE_TIER_DEVICE, &n, &d),
+                     KVO_OK);
     ck_assert_uint_eq(d, idx_block_digest(10, 0));
-    ck_assert_int_eq(idx_blocks_digest(t, 2, 0, &n, &d), KVO_OK);
+    ck_assert_int_eq(idx_blocks_digest(t, 2, 0, WIRE_TIER_DEVICE, &n, &d),
+                     KVO_OK);
     ck_assert_uint_eq(d, idx_block_digest(10, 0) + idx_block_digest(20, 10));
     /* unknown: nothing */
-    ck_assert_int_eq(idx_blocks_digest(t, 5, 0, &n, &d), KVO_OK);
+    ck_assert_int_eq(idx_blocks_digest(t, 5, 0, WIRE_TIER_DEVICE, &n, &d),
+                     KVO_OK);
     ck_assert_uint_eq(n + d, 0);
-    ck_assert_int_eq(idx_blockset_load(&bs, t, idx_feed_generation(f), 5, 0),
+    ck_assert_int_eq(idx_blockset_load(&bs, t, idx_feed_generation(f), 5, 0,
+                                       WIRE_TIER_DEVICE),
                      KVO_OK);
     tt_json_eq(page(&bs, false, 0, 0, false),
                "{\"worker_id\":5,\"dp_rank\":0,\"count\":0,\"digest\":0,"
@@ -84,9 +90,10 @@ START_TEST(blocks_pages_add_up_and_follow_the_feed) {
     kvo_free(b);
     idx_blockset bs;
     idx_blockset_init(&bs);
-    ck_assert_int_eq(
-        idx_blockset_load(&bs, idx_feed_tree(f), idx_feed_generation(f), 4, 0),
-        KVO_OK);
+    ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f),
+                                       idx_feed_generation(f), 4, 0,
+                                       WIRE_TIER_DEVICE),
+                     KVO_OK);
     uint64_t digest = 0, seen = 0, after = 0, total = 0;
     bool has_after = false;
     for (int p = 0; p < 3; p++) {
@@ -128,12 +135,14 @@ START_TEST(blocks_pages_add_up_and_follow_the_feed) {
     ck_assert_int_eq(idx_feed_message(f, b, len, NULL, NULL, NULL), KVO_OK);
     kvo_free(b);
     ck_assert_uint_ne(idx_feed_generation(f), gen);
-    ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f), gen, 4, 0),
-                     KVO_OK);
-    ck_assert_uint_eq(bs.n, 250); /* the cached one: same generation asked */
     ck_assert_int_eq(
-        idx_blockset_load(&bs, idx_feed_tree(f), idx_feed_generation(f), 4, 0),
+        idx_blockset_load(&bs, idx_feed_tree(f), gen, 4, 0, WIRE_TIER_DEVICE),
         KVO_OK);
+    ck_assert_uint_eq(bs.n, 250); /* the cached one: same generation asked */
+    ck_assert_int_eq(idx_blockset_load(&bs, idx_feed_tree(f),
+                                       idx_feed_generation(f), 4, 0,
+                                       WIRE_TIER_DEVICE),
+                     KVO_OK);
     ck_assert_uint_eq(bs.n, 260);
     idx_blockset_fini(&bs);
     idx_feed_free(f);
