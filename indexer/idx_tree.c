@@ -641,6 +641,26 @@ static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     return idx_tab_reserve(&t->ws[w].look, n);
 }
 
+/* The node another tier of w's rank holds bh at, with tokens_hash th, or
+ * NIL: a store re-links it rather than making a second node for the same
+ * block (as Dynamo re-links a block the worker's own map knows). After the
+ * GPU tier was cleared while the CPU kept its copies, the recomputed GPU
+ * chain thus meets the offloaded blocks again. */
+static uint32_t tier_node(const idx_tree *t, uint32_t w, uint64_t bh,
+                          uint64_t th) {
+    if (!t->lower_slots) return NIL;
+    const wslot *ws = &t->ws[w];
+    for (uint32_t k = 0; k < WIRE_TIER_COUNT; k++) {
+        uint32_t o =
+            k == ws->tier ? NIL : slot_find(t, ws->worker_id, ws->dp_rank, k);
+        uint32_t pos = o == NIL ? NIL : look_find(t, o, bh);
+        if (pos == NIL) continue;
+        uint32_t n = look_node(t, tab_ref(&t->ws[o].look, pos));
+        if (ND(t, n).tokens_hash == th) return n;
+    }
+    return NIL;
+}
+
 static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                               idx_evstatus *st) {
     uint32_t cur = ROOT;
@@ -680,8 +700,10 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
             if (ND(t, c).block_hash != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
-            c = pos != NIL ? look_node(t, tab_ref(&t->ws[w].look, pos))
-                           : node_new(t, bh, th);
+            if (pos != NIL)
+                c = look_node(t, tab_ref(&t->ws[w].look, pos));
+            else if ((c = tier_node(t, w, bh, th)) == NIL)
+                c = node_new(t, bh, th);
             edge_add(t, cur, th, c);
             if (c == cur) { /* Dynamo links it, then rejects the block */
                 *st = IDX_EV_INVALID_BLOCK;

@@ -811,6 +811,15 @@ START_TEST(offloaded_blocks_score_through_the_cpu_tier) {
     ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 7, 0, C, NULL, NULL, 0),
                      IDX_EV_OK);
     ck_assert_uint_eq(tt_blocks(t, 7, 0), UINT64_MAX);
+    /* the GPU recomputes 1, 2, 3: 3's offloaded node (detached when 2 lost
+     * its last holder) is linked again, and the CPU run follows it */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3), 3),
+                     IDX_EV_OK);
+    s = tier_score(t, q, 5, 1, 0);
+    ck_assert(s.blocks == 3 && s.through[C - 1] == 4);
+    ck_assert_uint_eq(tt_nodes(t), 4);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
+                     IDX_EV_OK);
     ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, C, NULL, NULL, 0),
                      IDX_EV_OK);
     ck_assert_uint_eq(tt_pairs(t), 1);
