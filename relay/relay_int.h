@@ -72,7 +72,8 @@
     X(replays_applied, "batches applied from replay replies")                  \
     X(replay_stray, "replay replies with no replay outstanding")               \
     X(restarts, "publisher restarts (sequence went back)")                     \
-    X(cleared_emitted, "cleared events the relay emitted itself")              \
+    X(cleared_emitted, "times the relay cleared a rank itself (start, "        \
+                       "restart, unrecoverable gap): one cleared per tier")    \
     X(duplicates_dropped, "batches dropped because seq <= last applied")       \
     X(live_buffered, "live batches buffered while a replay ran")               \
     X(buffer_dropped, "live batches dropped: replay buffer full")              \
@@ -424,7 +425,10 @@ kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
 /* Copies of block_hash held (0: not held). */
 uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
                             uint64_t block_hash);
-/* cleared: every block of rank, every tier (memory is kept). */
+/* A cleared of one tier: every block of rank in tier (memory is kept). */
+void relay_state_clear_tier(relay_state *s, uint32_t rank, wire_tier tier);
+/* Every block of rank, every tier: what the relay forgets when it emits
+ * cleared itself (memory is kept). */
 void relay_state_clear(relay_state *s, uint32_t rank);
 /* Ranks with tables, ascending (at most max written). */
 size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max);
@@ -487,7 +491,7 @@ typedef struct relay_dump_cfg {
     uint64_t published_at_ms;
     bool has_wm; /* KVO-Zmq-Seq of the last envelope */
     uint64_t wm_first, wm_last;
-    const uint32_t *ranks; /* a cleared for each, first */
+    const uint32_t *ranks; /* a cleared per tier for each, first */
     size_t n_ranks;
     size_t max_payload;              /* bytes one NATS message may hold */
     uint32_t max_events, max_blocks; /* per envelope */

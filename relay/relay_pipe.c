@@ -15,8 +15,11 @@
  *     left = incomplete: cleared, accept); no reply for the timeout ->
  *     cleared, drain accepting.
  *
- * "cleared" is only emitted when something was forwarded for the source
- * since its last cleared (a second one would say nothing new).
+ * "cleared" (one RouterEvent per tier: what the relay forgets is the whole
+ * rank) is only emitted when something was forwarded for the source since
+ * its last cleared (a second one would say nothing new). The engine's own
+ * AllBlocksCleared is another thing: its GPU cache only, forwarded as the
+ * device tier's cleared.
  *
  * The sockets' own news comes in through relay_pipe_link: a SUB back after
  * a loss may have missed batches (PUB drops what a gone subscriber would
@@ -380,25 +383,38 @@ static void pend_remove(relay_pipe *p, uint32_t rank, wire_tier tier,
     }
 }
 
-/* cleared flushes what came before it and starts a fresh message. */
+/* The engine's AllBlocksCleared (vLLM's reset_prefix_cache): its GPU
+ * prefix cache only -- an offloading engine keeps its CPU blocks, and
+ * removes them later one by one. So it is forwarded as the device tier's
+ * cleared (an index clears only the tier a cleared names) and empties the
+ * device tier of the rank's state. It flushes what came before it and
+ * starts a fresh message. */
 static void pend_cleared(relay_pipe *p, uint32_t rank) {
     relay_pipe_flush(p);
     pend_new_event(p, WIRE_R_CLEARED, rank, WIRE_TIER_DEVICE);
+    relay_state_clear_tier(p->state, rank, WIRE_TIER_DEVICE);
 }
 
 /* ---- cleared emitted by the relay itself ---------------------------------*/
 
+/* The relay lost track of the source (start, restart, a gap it cannot
+ * replay): whatever it told the index about the rank, in any tier, may be
+ * wrong now. One message with a cleared per tier (device first) clears
+ * them all in the index, as the rank's whole state is forgotten here. */
 static void emit_cleared(relay_pipe *p, uint32_t si, const char *why) {
     source *s = &p->src[si];
     relay_pipe_flush(p);
-    wire_revent ev;
-    memset(&ev, 0, sizeof(ev));
-    ev.worker_id = p->cfg.worker_id;
-    ev.tier = WIRE_TIER_DEVICE;
-    ev.event_id = ++p->event_id;
-    ev.dp_rank = s->rank;
-    ev.type = WIRE_R_CLEARED;
-    publish(p, &ev, 1, false, 0, 0);
+    _Static_assert(WIRE_TIER_DEVICE == 0, "the device tier's cleared first");
+    wire_revent ev[WIRE_TIER_COUNT];
+    memset(ev, 0, sizeof(ev));
+    for (int t = 0; t < WIRE_TIER_COUNT; t++) {
+        ev[t].worker_id = p->cfg.worker_id;
+        ev[t].tier = (wire_tier)t;
+        ev[t].event_id = ++p->event_id;
+        ev[t].dp_rank = s->rank;
+        ev[t].type = WIRE_R_CLEARED;
+    }
+    publish(p, ev, WIRE_TIER_COUNT, false, 0, 0);
     relay_state_clear(p->state, s->rank);
     s->dirty = false;
     p->st.cleared_emitted++;
@@ -965,10 +981,7 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
         switch (e->type) {
         case WIRE_EV_STORED: convert_stored(p, e, i, rank, fwd); break;
         case WIRE_EV_REMOVED: convert_removed(p, e, i, rank, fwd); break;
-        case WIRE_EV_CLEARED:
-            pend_cleared(p, rank);
-            relay_state_clear(p->state, rank);
-            break;
+        case WIRE_EV_CLEARED: pend_cleared(p, rank); break;
         }
     }
     batch_done(p, seq);
