@@ -80,6 +80,12 @@
     X(buffer_discarded, "buffered batches discarded by a restart")             \
     X(dedup_suppressed, "removes held back: other copies still stored")        \
     X(removes_unknown, "removes of hashes with no stored copy (forwarded)")    \
+    X(tier_hash_reused, "blocks of lower-tier stores without extra_keys that " \
+                        "took the tokens_hash the rank's device tier holds "   \
+                        "for them (with the salt and multimodal keys)")        \
+    X(tier_hash_computed, "blocks of lower-tier stores without extra_keys "    \
+                          "the device tier did not hold: tokens_hash from "    \
+                          "token_ids alone (no salt, no multimodal keys)")     \
     X(revents_stored, "stored RouterEvents forwarded")                         \
     X(revents_removed, "removed RouterEvents forwarded")                       \
     X(revents_cleared, "cleared RouterEvents forwarded")                       \
@@ -425,6 +431,10 @@ kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
 /* Copies of block_hash held (0: not held). */
 uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
                             uint64_t block_hash);
+/* The tokens_hash block_hash was last stored with in tier, into *out; false
+ * (*out untouched) when tier does not hold it. */
+bool relay_state_tokens_hash(relay_state_rank *r, wire_tier tier,
+                             uint64_t block_hash, uint64_t *out);
 /* A cleared of one tier: every block of rank in tier (memory is kept). */
 void relay_state_clear_tier(relay_state *s, uint32_t rank, wire_tier tier);
 /* Every block of rank, every tier: what the relay forgets when it emits

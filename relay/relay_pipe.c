@@ -56,8 +56,11 @@
  * batch after it.
  *
  * An applied batch is decoded, each event validated and converted to
- * RouterEvents, passed through the dedup reference counts (per dp_rank and
- * tier) and appended to the pending message:
+ * RouterEvents (a lower tier's store without extra_keys takes the
+ * tokens_hash the rank's device tier holds for the block:
+ * device_tokens_hashes), passed through the dedup reference counts (per
+ * dp_rank and tier, kept in the forwarded state) and appended to the
+ * pending message:
  *
  *   pending: ev[0..n) (<= max_events), blocks pool and removed pool
  *   (<= max_blocks together); only the last event grows (merging), so each
@@ -813,6 +816,25 @@ static bool router_hashes(relay_pipe *p, const wire_event *e,
     return ok;
 }
 
+/* A lower tier's store without extra_keys hashed from its tokens alone
+ * (p->th) lacks the salt of a prompt's block 0 and the multimodal keys the
+ * GPU store of the same block had: a router querying the request would
+ * never find it. The engine offloads a block while its GPU copy is still
+ * cached (vLLM and kvo-mocker publish the CPU store before the GPU's
+ * BlockRemoved), so the rank's device tier holds the block's exact router
+ * hash: take it. Only a block the device tier does not hold keeps the hash
+ * of its tokens. fwd NULL (no state for the rank): every block keeps it. */
+static void device_tokens_hashes(relay_pipe *p, const wire_event *e,
+                                 relay_state_rank *fwd) {
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        if (fwd && relay_state_tokens_hash(fwd, WIRE_TIER_DEVICE,
+                                           e->hashes[i].key, &p->th[i]))
+            p->st.tier_hash_reused++;
+        else
+            p->st.tier_hash_computed++;
+    }
+}
+
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
                            uint32_t rank, relay_state_rank *fwd) {
     char why[160];
@@ -861,11 +883,13 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
     }
     /* A lower tier's store without extra_keys: vLLM's offloading events
      * tracker defers them, so the keys its hash took are unknown here. */
-    if (p->cfg.verify && tier != WIRE_TIER_DEVICE && !e->extra_keys.p)
+    bool keyless = tier != WIRE_TIER_DEVICE && !e->extra_keys.p;
+    if (p->cfg.verify && keyless)
         p->st.hash_unsupported += e->n_hashes;
     else if (p->cfg.verify)
         verify_store(p, e, ei, bs, list);
     msgpack_unpacked_destroy(&up);
+    if (keyless) device_tokens_hashes(p, e, fwd);
     pend_store(p, rank, tier, e, p->th, fwd);
 }
 

@@ -242,6 +242,14 @@ uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
     return v ? t->pool[*v].refs : 0;
 }
 
+bool relay_state_tokens_hash(relay_state_rank *r, wire_tier tier,
+                             uint64_t block_hash, uint64_t *out) {
+    ftier *t = &r->tier[tier];
+    uint64_t *v = kvo_map_get(&t->map, block_hash);
+    if (v) *out = t->pool[*v].tokens_hash;
+    return v != NULL;
+}
+
 size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max) {
     size_t n = s->nranks < max ? s->nranks : max;
     for (size_t i = 0; i < n; i++) out[i] = s->ranks[i]->rank;

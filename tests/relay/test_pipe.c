@@ -1032,6 +1032,84 @@ END_TEST
 
 /* ---- tiers -------------------------------------------------------------------*/
 
+/* vLLM's offloading (and kvo-mocker's CPU tier) stores a block on the CPU
+ * without extra_keys, while its GPU copy is still cached: the relay takes
+ * the tokens_hash the device tier holds (the salt and the multimodal keys
+ * in it), not the hash of the tokens alone, which no router query for the
+ * request would find. */
+START_TEST(an_offloaded_keyed_block_keeps_the_device_tiers_tokens_hash) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t h[2] = {801, 802}, gone[2] = {802, 801};
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, h, 2,
+                "[[\"tenant-1\"], [[\"kvo-img-1\", 5]]]");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    /* offloaded, then evicted from the GPU: the engine's order */
+    tb_begin(&b);
+    tb_store_in(&b, "CPU", false, 0, &h[0], 1, NULL);
+    tb_store_in(&b, "CPU", true, h[0], &h[1], 1, NULL);
+    tb_remove(&b, gone, 2);
+    tr_live_tb(&t, 0, 1, &b, 0);
+    tr_flush(&t);
+    const wire_revent *ev[8];
+    ck_assert_uint_eq(tr_events(&t, ev, 8), 3); /* GPU, CPU (merged), rm */
+    const wire_revent *gpu = ev[0], *cpu = ev[1];
+    ck_assert_int_eq(gpu->tier, WIRE_TIER_DEVICE);
+    ck_assert_int_eq(cpu->tier, WIRE_TIER_HOST_PINNED);
+    ck_assert_uint_eq(cpu->n_blocks, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_uint_eq(cpu->blocks[i].block_hash, h[i]);
+        /* the keys count: the tokens alone hash to something else */
+        ck_assert_uint_ne(gpu->blocks[i].tokens_hash, tb_tokens_hash(h[i], 16));
+        ck_assert_uint_eq(cpu->blocks[i].tokens_hash,
+                          gpu->blocks[i].tokens_hash);
+    }
+    ck_assert_int_eq(ev[2]->type, WIRE_R_REMOVED);
+    ck_assert_int_eq(ev[2]->tier, WIRE_TIER_DEVICE);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->tier_hash_reused, 2);
+    ck_assert_uint_eq(s->tier_hash_computed, 0);
+    ck_assert_uint_eq(s->state_blocks, 2); /* the CPU copies */
+    tr_fini(&t);
+}
+END_TEST
+
+/* Only the same rank's device tier lends its hash; a block it does not
+ * hold is hashed from its tokens (counted), and a lower tier's store that
+ * carries its own extra_keys is hashed from them. */
+START_TEST(a_lower_tier_store_the_device_tier_does_not_hold_is_hashed) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t a = 811, c = 812;
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, &a, 1, "[[\"tenant-1\"]]");
+    tb_store_in(&b, "CPU", false, 0, &c, 1, NULL); /* never on the GPU */
+    tb_store_in(&b, "CPU", false, 0, &a, 1, "[[\"tenant-2\"]]");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tb_begin(&b);
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL); /* rank 1's GPU: empty */
+    tr_live_tb(&t, 0, 1, &b, 1);
+    tr_flush(&t);
+    const wire_revent *ev[8];
+    ck_assert_uint_eq(tr_events(&t, ev, 8), 4);
+    uint64_t salted = ev[0]->blocks[0].tokens_hash;
+    ck_assert_uint_ne(salted, tb_tokens_hash(a, 16));
+    ck_assert_uint_eq(ev[1]->blocks[0].tokens_hash, tb_tokens_hash(c, 16));
+    uint64_t own = ev[2]->blocks[0].tokens_hash;
+    ck_assert_uint_ne(own, salted);
+    ck_assert_uint_ne(own, tb_tokens_hash(a, 16));
+    ck_assert_uint_eq(ev[3]->dp_rank, 1);
+    ck_assert_uint_eq(ev[3]->blocks[0].tokens_hash, tb_tokens_hash(a, 16));
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->tier_hash_reused, 0);
+    ck_assert_uint_eq(s->tier_hash_computed, 2);
+    tr_fini(&t);
+}
+END_TEST
+
 /* vLLM's reset_prefix_cache clears the GPU prefix cache; an offloading
  * engine keeps its CPU blocks and removes them later, one by one. */
 START_TEST(an_engines_cleared_clears_only_the_device_tier) {
@@ -1783,6 +1861,10 @@ Suite *suite_pipe(void) {
     tcase_add_test(tc, dedup_counts_are_per_rank_and_tier_and_reset_by_cleared);
     suite_add_tcase(s, tc);
     tc = tcase_create("tiers");
+    tcase_add_test(tc,
+                   an_offloaded_keyed_block_keeps_the_device_tiers_tokens_hash);
+    tcase_add_test(tc,
+                   a_lower_tier_store_the_device_tier_does_not_hold_is_hashed);
     tcase_add_test(tc, an_engines_cleared_clears_only_the_device_tier);
     tcase_add_test(tc, a_cleared_the_relay_emits_clears_every_tier_of_the_rank);
     suite_add_tcase(s, tc);

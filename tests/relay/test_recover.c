@@ -858,6 +858,52 @@ START_TEST(a_block_whose_parent_is_gone_is_dumped_under_the_root) {
 }
 END_TEST
 
+/* An index clears only the tier a cleared names: a dump clears each rank
+ * in every tier, then restates every tier's blocks, the lower tiers' with
+ * the tokens_hash they were forwarded with. */
+START_TEST(a_dump_clears_every_tier_and_restates_the_lower_tiers) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    uint64_t a = 41, c = 42;
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, &a, 1, "[[\"tenant-1\"]]");
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL); /* the GPU's hash */
+    tb_store_in(&b, "CPU", true, a, &c, 1, NULL);
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    relay_recovery out;
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep, &out), KVO_OK);
+    ck_assert_uint_eq(out.blocks, 3);
+    ck_assert_uint_eq(out.orphans, 0);
+    const wire_revent *live = &t.msgs[0].m.events[0];
+    ck_assert_int_eq(live->tier, WIRE_TIER_DEVICE);
+    ck_assert_uint_ne(live->blocks[0].tokens_hash, tb_tokens_hash(a, 16));
+    const wire_plane_msg *m = &rep.v[0].m;
+    ck_assert_uint_eq(m->n_events, WIRE_TIER_COUNT + 2);
+    for (int k = 0; k < WIRE_TIER_COUNT; k++) {
+        ck_assert_int_eq(m->events[k].type, WIRE_R_CLEARED);
+        ck_assert_int_eq(m->events[k].tier, k);
+        ck_assert_uint_eq(m->events[k].dp_rank, 0);
+    }
+    const wire_revent *gpu = &m->events[WIRE_TIER_COUNT],
+                      *cpu = &m->events[WIRE_TIER_COUNT + 1];
+    ck_assert_int_eq(gpu->tier, WIRE_TIER_DEVICE);
+    ck_assert_uint_eq(gpu->n_blocks, 1);
+    ck_assert_uint_eq(gpu->blocks[0].tokens_hash, live->blocks[0].tokens_hash);
+    ck_assert_int_eq(cpu->tier, WIRE_TIER_HOST_PINNED);
+    ck_assert_uint_eq(cpu->n_blocks, 2);
+    ck_assert_uint_eq(cpu->blocks[0].block_hash, a);
+    ck_assert_uint_eq(cpu->blocks[0].tokens_hash, live->blocks[0].tokens_hash);
+    ck_assert_uint_eq(cpu->blocks[1].block_hash, c);
+    ck_assert_uint_eq(cpu->blocks[1].tokens_hash, tb_tokens_hash(c, 16));
+    tr_replies_fini(&rep);
+    tr_fini(&t);
+}
+END_TEST
+
 /* An envelope that could not even be encoded took a sequence but is in no
  * ring: a request from before it gets a dump, never a short run. */
 START_TEST(a_sequence_missing_from_the_ring_is_answered_with_a_dump) {
@@ -989,6 +1035,7 @@ Suite *suite_recover(void) {
         tc, an_evicted_sequence_or_a_dump_request_gets_a_dump_of_the_index);
     tcase_add_test(tc, a_dump_publishes_what_is_pending_first);
     tcase_add_test(tc, a_block_whose_parent_is_gone_is_dumped_under_the_root);
+    tcase_add_test(tc, a_dump_clears_every_tier_and_restates_the_lower_tiers);
     tcase_add_test(tc,
                    a_sequence_missing_from_the_ring_is_answered_with_a_dump);
     tcase_add_test(tc, bad_requests_are_counted_and_get_no_answer);
