@@ -2,10 +2,13 @@
  * (docs/recovery.md): envelopes that rebuild the state in an empty index,
  * then the end.
  *
- *   [cleared rank r0][cleared r1]...[stored ...]...   envelope 1 .. k-1
+ *   [cleared r0 device][cleared r0 host_pinned]...[cleared r1 device]...
+ *   [stored ...]...                                    envelope 1 .. k-1
  *   [stored ...]                    + KVO-Zmq-Seq      envelope k
  *   end {"kind": "dump", "sent": k, "as_of": S, "blocks": B}
  *
+ * Each rank is cleared in every tier (an index clears only the tier a
+ * cleared names), since the dump then restates every tier's blocks.
  * Every envelope carries the relay's publisher id and sequence as_of (the
  * last envelope published before the dump) and is cut so that the whole
  * message (envelope plus headers) stays under max_payload: the room is
@@ -100,12 +103,12 @@ static wire_revent *new_event(dump *d, wire_rtype type, uint32_t rank,
     return e;
 }
 
-static kvo_status add_cleared(dump *d, uint32_t rank) {
+static kvo_status add_cleared(dump *d, uint32_t rank, wire_tier tier) {
     if (d->nev == d->c->max_events || d->room + BOUND_EVENT > d->budget) {
         kvo_status st = cut(d);
         if (st != KVO_OK) return st;
     }
-    new_event(d, WIRE_R_CLEARED, rank, WIRE_TIER_DEVICE);
+    new_event(d, WIRE_R_CLEARED, rank, tier);
     return KVO_OK;
 }
 
@@ -160,7 +163,8 @@ kvo_status relay_dump_send(const relay_dump_cfg *c, relay_state *state,
     d.blk = kvo_calloc(c->max_blocks, sizeof(*d.blk));
     kvo_status st = d.ev && d.blk ? KVO_OK : KVO_ENOMEM;
     for (size_t i = 0; i < c->n_ranks && st == KVO_OK; i++)
-        st = add_cleared(&d, c->ranks[i]);
+        for (int t = 0; t < WIRE_TIER_COUNT && st == KVO_OK; t++)
+            st = add_cleared(&d, c->ranks[i], (wire_tier)t);
     if (st == KVO_OK) st = relay_state_walk(state, add_block, &d);
     if (st == KVO_OK) st = cut(&d);
     if (st == KVO_OK) st = send_held(&d, true);

@@ -72,13 +72,20 @@
     X(replays_applied, "batches applied from replay replies")                  \
     X(replay_stray, "replay replies with no replay outstanding")               \
     X(restarts, "publisher restarts (sequence went back)")                     \
-    X(cleared_emitted, "cleared events the relay emitted itself")              \
+    X(cleared_emitted, "times the relay cleared a rank itself (start, "        \
+                       "restart, unrecoverable gap): one cleared per tier")    \
     X(duplicates_dropped, "batches dropped because seq <= last applied")       \
     X(live_buffered, "live batches buffered while a replay ran")               \
     X(buffer_dropped, "live batches dropped: replay buffer full")              \
     X(buffer_discarded, "buffered batches discarded by a restart")             \
     X(dedup_suppressed, "removes held back: other copies still stored")        \
     X(removes_unknown, "removes of hashes with no stored copy (forwarded)")    \
+    X(tier_hash_reused, "blocks of lower-tier stores without extra_keys that " \
+                        "took the tokens_hash the rank's device tier holds "   \
+                        "for them (with the salt and multimodal keys)")        \
+    X(tier_hash_computed, "blocks of lower-tier stores without extra_keys "    \
+                          "the device tier did not hold: tokens_hash from "    \
+                          "token_ids alone (no salt, no multimodal keys)")     \
     X(revents_stored, "stored RouterEvents forwarded")                         \
     X(revents_removed, "removed RouterEvents forwarded")                       \
     X(revents_cleared, "cleared RouterEvents forwarded")                       \
@@ -424,7 +431,14 @@ kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
 /* Copies of block_hash held (0: not held). */
 uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
                             uint64_t block_hash);
-/* cleared: every block of rank, every tier (memory is kept). */
+/* The tokens_hash block_hash was last stored with in tier, into *out; false
+ * (*out untouched) when tier does not hold it. */
+bool relay_state_tokens_hash(relay_state_rank *r, wire_tier tier,
+                             uint64_t block_hash, uint64_t *out);
+/* A cleared of one tier: every block of rank in tier (memory is kept). */
+void relay_state_clear_tier(relay_state *s, uint32_t rank, wire_tier tier);
+/* Every block of rank, every tier: what the relay forgets when it emits
+ * cleared itself (memory is kept). */
 void relay_state_clear(relay_state *s, uint32_t rank);
 /* Ranks with tables, ascending (at most max written). */
 size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max);
@@ -487,7 +501,7 @@ typedef struct relay_dump_cfg {
     uint64_t published_at_ms;
     bool has_wm; /* KVO-Zmq-Seq of the last envelope */
     uint64_t wm_first, wm_last;
-    const uint32_t *ranks; /* a cleared for each, first */
+    const uint32_t *ranks; /* a cleared per tier for each, first */
     size_t n_ranks;
     size_t max_payload;              /* bytes one NATS message may hold */
     uint32_t max_events, max_blocks; /* per envelope */

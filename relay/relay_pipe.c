@@ -15,8 +15,11 @@
  *     left = incomplete: cleared, accept); no reply for the timeout ->
  *     cleared, drain accepting.
  *
- * "cleared" is only emitted when something was forwarded for the source
- * since its last cleared (a second one would say nothing new).
+ * "cleared" (one RouterEvent per tier: what the relay forgets is the whole
+ * rank) is only emitted when something was forwarded for the source since
+ * its last cleared (a second one would say nothing new). The engine's own
+ * AllBlocksCleared is another thing: its GPU cache only, forwarded as the
+ * device tier's cleared.
  *
  * The sockets' own news comes in through relay_pipe_link: a SUB back after
  * a loss may have missed batches (PUB drops what a gone subscriber would
@@ -53,8 +56,11 @@
  * batch after it.
  *
  * An applied batch is decoded, each event validated and converted to
- * RouterEvents, passed through the dedup reference counts (per dp_rank and
- * tier) and appended to the pending message:
+ * RouterEvents (a lower tier's store without extra_keys takes the
+ * tokens_hash the rank's device tier holds for the block:
+ * device_tokens_hashes), passed through the dedup reference counts (per
+ * dp_rank and tier, kept in the forwarded state) and appended to the
+ * pending message:
  *
  *   pending: ev[0..n) (<= max_events), blocks pool and removed pool
  *   (<= max_blocks together); only the last event grows (merging), so each
@@ -380,25 +386,38 @@ static void pend_remove(relay_pipe *p, uint32_t rank, wire_tier tier,
     }
 }
 
-/* cleared flushes what came before it and starts a fresh message. */
+/* The engine's AllBlocksCleared (vLLM's reset_prefix_cache): its GPU
+ * prefix cache only -- an offloading engine keeps its CPU blocks, and
+ * removes them later one by one. So it is forwarded as the device tier's
+ * cleared (an index clears only the tier a cleared names) and empties the
+ * device tier of the rank's state. It flushes what came before it and
+ * starts a fresh message. */
 static void pend_cleared(relay_pipe *p, uint32_t rank) {
     relay_pipe_flush(p);
     pend_new_event(p, WIRE_R_CLEARED, rank, WIRE_TIER_DEVICE);
+    relay_state_clear_tier(p->state, rank, WIRE_TIER_DEVICE);
 }
 
 /* ---- cleared emitted by the relay itself ---------------------------------*/
 
+/* The relay lost track of the source (start, restart, a gap it cannot
+ * replay): whatever it told the index about the rank, in any tier, may be
+ * wrong now. One message with a cleared per tier (device first) clears
+ * them all in the index, as the rank's whole state is forgotten here. */
 static void emit_cleared(relay_pipe *p, uint32_t si, const char *why) {
     source *s = &p->src[si];
     relay_pipe_flush(p);
-    wire_revent ev;
-    memset(&ev, 0, sizeof(ev));
-    ev.worker_id = p->cfg.worker_id;
-    ev.tier = WIRE_TIER_DEVICE;
-    ev.event_id = ++p->event_id;
-    ev.dp_rank = s->rank;
-    ev.type = WIRE_R_CLEARED;
-    publish(p, &ev, 1, false, 0, 0);
+    _Static_assert(WIRE_TIER_DEVICE == 0, "the device tier's cleared first");
+    wire_revent ev[WIRE_TIER_COUNT];
+    memset(ev, 0, sizeof(ev));
+    for (int t = 0; t < WIRE_TIER_COUNT; t++) {
+        ev[t].worker_id = p->cfg.worker_id;
+        ev[t].tier = (wire_tier)t;
+        ev[t].event_id = ++p->event_id;
+        ev[t].dp_rank = s->rank;
+        ev[t].type = WIRE_R_CLEARED;
+    }
+    publish(p, ev, WIRE_TIER_COUNT, false, 0, 0);
     relay_state_clear(p->state, s->rank);
     s->dirty = false;
     p->st.cleared_emitted++;
@@ -797,6 +816,25 @@ static bool router_hashes(relay_pipe *p, const wire_event *e,
     return ok;
 }
 
+/* A lower tier's store without extra_keys hashed from its tokens alone
+ * (p->th) lacks the salt of a prompt's block 0 and the multimodal keys the
+ * GPU store of the same block had: a router querying the request would
+ * never find it. The engine offloads a block while its GPU copy is still
+ * cached (vLLM and kvo-mocker publish the CPU store before the GPU's
+ * BlockRemoved), so the rank's device tier holds the block's exact router
+ * hash: take it. Only a block the device tier does not hold keeps the hash
+ * of its tokens. fwd NULL (no state for the rank): every block keeps it. */
+static void device_tokens_hashes(relay_pipe *p, const wire_event *e,
+                                 relay_state_rank *fwd) {
+    for (uint32_t i = 0; i < e->n_hashes; i++) {
+        if (fwd && relay_state_tokens_hash(fwd, WIRE_TIER_DEVICE,
+                                           e->hashes[i].key, &p->th[i]))
+            p->st.tier_hash_reused++;
+        else
+            p->st.tier_hash_computed++;
+    }
+}
+
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
                            uint32_t rank, relay_state_rank *fwd) {
     char why[160];
@@ -845,11 +883,13 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
     }
     /* A lower tier's store without extra_keys: vLLM's offloading events
      * tracker defers them, so the keys its hash took are unknown here. */
-    if (p->cfg.verify && tier != WIRE_TIER_DEVICE && !e->extra_keys.p)
+    bool keyless = tier != WIRE_TIER_DEVICE && !e->extra_keys.p;
+    if (p->cfg.verify && keyless)
         p->st.hash_unsupported += e->n_hashes;
     else if (p->cfg.verify)
         verify_store(p, e, ei, bs, list);
     msgpack_unpacked_destroy(&up);
+    if (keyless) device_tokens_hashes(p, e, fwd);
     pend_store(p, rank, tier, e, p->th, fwd);
 }
 
@@ -965,10 +1005,7 @@ static void apply(relay_pipe *p, uint32_t si, uint64_t seq,
         switch (e->type) {
         case WIRE_EV_STORED: convert_stored(p, e, i, rank, fwd); break;
         case WIRE_EV_REMOVED: convert_removed(p, e, i, rank, fwd); break;
-        case WIRE_EV_CLEARED:
-            pend_cleared(p, rank);
-            relay_state_clear(p->state, rank);
-            break;
+        case WIRE_EV_CLEARED: pend_cleared(p, rank); break;
         }
     }
     batch_done(p, seq);

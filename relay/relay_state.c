@@ -20,8 +20,10 @@
  * A record's index never changes while its block is held, so the map's
  * value is the whole link between the two. The parent and tokens_hash are
  * those of the latest store of the block (every store of one engine hash
- * carries the same ones unless the engine is broken). A rank's cleared
- * empties its maps and pools (memory is kept for the next run).
+ * carries the same ones unless the engine is broken). A cleared empties
+ * the maps and pools of one tier of a rank (the engine's AllBlocksCleared:
+ * its device tier) or of all its tiers (a cleared the relay emits itself);
+ * memory is kept for the next run.
  *
  * The walk (relay_state_walk, what a dump is made of) goes through each
  * pool in index order -- roughly the order the blocks were stored, so the
@@ -213,16 +215,24 @@ kvo_map_dec_result relay_state_remove(relay_state_rank *r, wire_tier tier,
     return KVO_MAP_GONE;
 }
 
+static void tier_clear(ftier *t) {
+    kvo_map_clear(&t->map);
+    t->len = t->live = 0;
+    t->free = NO_REC;
+}
+
+void relay_state_clear_tier(relay_state *s, uint32_t rank, wire_tier tier) {
+    bool found;
+    uint32_t at = rank_pos(s, rank, &found);
+    if (found) tier_clear(&s->ranks[at]->tier[tier]);
+}
+
 void relay_state_clear(relay_state *s, uint32_t rank) {
     bool found;
     uint32_t at = rank_pos(s, rank, &found);
     if (!found) return;
-    for (int k = 0; k < WIRE_TIER_COUNT; k++) {
-        ftier *t = &s->ranks[at]->tier[k];
-        kvo_map_clear(&t->map);
-        t->len = t->live = 0;
-        t->free = NO_REC;
-    }
+    for (int k = 0; k < WIRE_TIER_COUNT; k++)
+        tier_clear(&s->ranks[at]->tier[k]);
 }
 
 uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
@@ -230,6 +240,14 @@ uint32_t relay_state_copies(relay_state_rank *r, wire_tier tier,
     ftier *t = &r->tier[tier];
     uint64_t *v = kvo_map_get(&t->map, block_hash);
     return v ? t->pool[*v].refs : 0;
+}
+
+bool relay_state_tokens_hash(relay_state_rank *r, wire_tier tier,
+                             uint64_t block_hash, uint64_t *out) {
+    ftier *t = &r->tier[tier];
+    uint64_t *v = kvo_map_get(&t->map, block_hash);
+    if (v) *out = t->pool[*v].tokens_hash;
+    return v != NULL;
 }
 
 size_t relay_state_ranks(const relay_state *s, uint32_t *out, size_t max) {

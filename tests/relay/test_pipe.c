@@ -10,6 +10,16 @@ Suite *suite_pipe(void);
 
 #define MAXEV 20000
 
+/* ev[0..WIRE_TIER_COUNT) are the cleared the relay emits when it forgets
+ * rank: one per tier, device first. */
+static void expect_cleared_tiers(const wire_revent *const *ev, uint32_t rank) {
+    for (int k = 0; k < WIRE_TIER_COUNT; k++) {
+        ck_assert_int_eq(ev[k]->type, WIRE_R_CLEARED);
+        ck_assert_int_eq(ev[k]->tier, k);
+        ck_assert_uint_eq(ev[k]->dp_rank, rank);
+    }
+}
+
 /* ---- every wire vector -----------------------------------------------------*/
 
 static uint64_t json_key(json_object *v) {
@@ -371,7 +381,9 @@ START_TEST(publisher_restart_clears_and_replays_from_zero) {
     tr_expect_tags(&t, 0, 1, 2, 3, 4, 5, 100, 101, 102, 103);
     ck_assert_uint_eq(s->duplicates_dropped, 1);
     ck_assert_uint_eq(s->removes_unknown, 1);
-    ck_assert_uint_eq(tr_count(&t, WIRE_R_CLEARED), 1);
+    /* one restart: the rank forgotten, so one cleared per tier */
+    ck_assert_uint_eq(tr_count(&t, WIRE_R_CLEARED), WIRE_TIER_COUNT);
+    ck_assert_uint_eq(s->revents_cleared, WIRE_TIER_COUNT);
     tr_fini(&t);
 }
 END_TEST
@@ -471,8 +483,10 @@ START_TEST(replay_from_start_publishes_cleared_then_replays) {
     tr_init(&t, &c, 1, true);
     relay_pipe_start(t.p, t.now);
     ck_assert_uint_eq(t.n, 1); /* cleared, before anything else */
-    ck_assert_uint_eq(t.msgs[0].m.n_events, 1);
-    ck_assert(t.msgs[0].m.events[0].type == WIRE_R_CLEARED);
+    ck_assert_uint_eq(t.msgs[0].m.n_events, WIRE_TIER_COUNT); /* every tier */
+    const wire_revent *cl[WIRE_TIER_COUNT];
+    ck_assert_uint_eq(tr_events(&t, cl, WIRE_TIER_COUNT), WIRE_TIER_COUNT);
+    expect_cleared_tiers(cl, 0);
     ck_assert(!t.msgs[0].has_range);
     ck_assert_uint_eq(t.nreq, 1);
     ck_assert_uint_eq(t.req[0], 0);
@@ -679,9 +693,9 @@ START_TEST(
     ck_assert_uint_eq(wm, 4);
     const wire_revent *ev[16];
     size_t n = tr_events(&t, ev, 16);
-    ck_assert_uint_eq(n, 5); /* 0, 1, cleared, 3, 4 */
-    ck_assert_int_eq(ev[2]->type, WIRE_R_CLEARED);
-    ck_assert_uint_eq(ev[2]->dp_rank, 0); /* the rank its batches carried */
+    /* 0, 1, cleared (one per tier), 3, 4 */
+    ck_assert_uint_eq(n, 4 + WIRE_TIER_COUNT);
+    expect_cleared_tiers(&ev[2], 0); /* the rank its batches carried */
     tr_expect_tags(&t, 0, 1, 3, 4);
     relay_stats *s = tr_stats(&t);
     ck_assert_uint_eq(s->oversize, 1);
@@ -738,8 +752,8 @@ static void cleared_after(tr *t, size_t stores_before) {
     ck_assert_uint_gt(n, stores_before);
     for (size_t i = 0; i < stores_before; i++)
         ck_assert_int_eq(ev[i]->type, WIRE_R_STORED);
-    ck_assert_int_eq(ev[stores_before]->type, WIRE_R_CLEARED);
-    ck_assert_uint_eq(ev[stores_before]->dp_rank, 0);
+    ck_assert_uint_ge(n, stores_before + WIRE_TIER_COUNT);
+    expect_cleared_tiers(&ev[stores_before], 0);
 }
 
 /* A new engine that published nothing yet answers with the end marker at
@@ -1012,6 +1026,159 @@ START_TEST(dedup_counts_are_per_rank_and_tier_and_reset_by_cleared) {
     /* rank 0 after cleared; the CPU remove */
     ck_assert_uint_eq(s->removes_unknown, 2);
     ck_assert_uint_eq(tr_count(&t, WIRE_R_REMOVED), 3);
+    tr_fini(&t);
+}
+END_TEST
+
+/* ---- tiers -------------------------------------------------------------------*/
+
+/* vLLM's offloading (and kvo-mocker's CPU tier) stores a block on the CPU
+ * without extra_keys, while its GPU copy is still cached: the relay takes
+ * the tokens_hash the device tier holds (the salt and the multimodal keys
+ * in it), not the hash of the tokens alone, which no router query for the
+ * request would find. */
+START_TEST(an_offloaded_keyed_block_keeps_the_device_tiers_tokens_hash) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t h[2] = {801, 802}, gone[2] = {802, 801};
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, h, 2,
+                "[[\"tenant-1\"], [[\"kvo-img-1\", 5]]]");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    /* offloaded, then evicted from the GPU: the engine's order */
+    tb_begin(&b);
+    tb_store_in(&b, "CPU", false, 0, &h[0], 1, NULL);
+    tb_store_in(&b, "CPU", true, h[0], &h[1], 1, NULL);
+    tb_remove(&b, gone, 2);
+    tr_live_tb(&t, 0, 1, &b, 0);
+    tr_flush(&t);
+    const wire_revent *ev[8];
+    ck_assert_uint_eq(tr_events(&t, ev, 8), 3); /* GPU, CPU (merged), rm */
+    const wire_revent *gpu = ev[0], *cpu = ev[1];
+    ck_assert_int_eq(gpu->tier, WIRE_TIER_DEVICE);
+    ck_assert_int_eq(cpu->tier, WIRE_TIER_HOST_PINNED);
+    ck_assert_uint_eq(cpu->n_blocks, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_uint_eq(cpu->blocks[i].block_hash, h[i]);
+        /* the keys count: the tokens alone hash to something else */
+        ck_assert_uint_ne(gpu->blocks[i].tokens_hash, tb_tokens_hash(h[i], 16));
+        ck_assert_uint_eq(cpu->blocks[i].tokens_hash,
+                          gpu->blocks[i].tokens_hash);
+    }
+    ck_assert_int_eq(ev[2]->type, WIRE_R_REMOVED);
+    ck_assert_int_eq(ev[2]->tier, WIRE_TIER_DEVICE);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->tier_hash_reused, 2);
+    ck_assert_uint_eq(s->tier_hash_computed, 0);
+    ck_assert_uint_eq(s->state_blocks, 2); /* the CPU copies */
+    tr_fini(&t);
+}
+END_TEST
+
+/* Only the same rank's device tier lends its hash; a block it does not
+ * hold is hashed from its tokens (counted), and a lower tier's store that
+ * carries its own extra_keys is hashed from them. */
+START_TEST(a_lower_tier_store_the_device_tier_does_not_hold_is_hashed) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t a = 811, c = 812;
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, &a, 1, "[[\"tenant-1\"]]");
+    tb_store_in(&b, "CPU", false, 0, &c, 1, NULL); /* never on the GPU */
+    tb_store_in(&b, "CPU", false, 0, &a, 1, "[[\"tenant-2\"]]");
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tb_begin(&b);
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL); /* rank 1's GPU: empty */
+    tr_live_tb(&t, 0, 1, &b, 1);
+    tr_flush(&t);
+    const wire_revent *ev[8];
+    ck_assert_uint_eq(tr_events(&t, ev, 8), 4);
+    uint64_t salted = ev[0]->blocks[0].tokens_hash;
+    ck_assert_uint_ne(salted, tb_tokens_hash(a, 16));
+    ck_assert_uint_eq(ev[1]->blocks[0].tokens_hash, tb_tokens_hash(c, 16));
+    uint64_t own = ev[2]->blocks[0].tokens_hash;
+    ck_assert_uint_ne(own, salted);
+    ck_assert_uint_ne(own, tb_tokens_hash(a, 16));
+    ck_assert_uint_eq(ev[3]->dp_rank, 1);
+    ck_assert_uint_eq(ev[3]->blocks[0].tokens_hash, tb_tokens_hash(a, 16));
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->tier_hash_reused, 0);
+    ck_assert_uint_eq(s->tier_hash_computed, 2);
+    tr_fini(&t);
+}
+END_TEST
+
+/* vLLM's reset_prefix_cache clears the GPU prefix cache; an offloading
+ * engine keeps its CPU blocks and removes them later, one by one. */
+START_TEST(an_engines_cleared_clears_only_the_device_tier) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t a = 821, c = 822;
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, &a, 1);
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL);
+    tb_store(&b, false, 0, &c, 1);
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tb_begin(&b);
+    tb_cleared(&b);
+    tr_live_tb(&t, 0, 1, &b, 0);
+    tb_begin(&b);
+    tb_remove_in(&b, "CPU", &a, 1); /* still held */
+    tb_remove(&b, &c, 1);           /* gone with the cleared */
+    tr_live_tb(&t, 0, 2, &b, 0);
+    tr_flush(&t);
+    const wire_revent *ev[16];
+    size_t n = tr_events(&t, ev, 16);
+    size_t cleared = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i]->type != WIRE_R_CLEARED) continue;
+        cleared++;
+        ck_assert_int_eq(ev[i]->tier, WIRE_TIER_DEVICE);
+        ck_assert_uint_eq(ev[i]->dp_rank, 0);
+    }
+    ck_assert_uint_eq(cleared, 1);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->removes_unknown, 1); /* c only */
+    ck_assert_uint_eq(s->dedup_suppressed, 0);
+    ck_assert_uint_eq(s->cleared_emitted, 0);
+    ck_assert_uint_eq(s->revents_cleared, 1);
+    ck_assert_uint_eq(s->state_blocks, 0);
+    tr_fini(&t);
+}
+END_TEST
+
+/* A cleared the relay emits (here: a gap with no replay endpoint) says it
+ * forgot the rank: one cleared per tier in one message, and every tier of
+ * its state is gone. */
+START_TEST(a_cleared_the_relay_emits_clears_every_tier_of_the_rank) {
+    tr t;
+    tr_init(&t, NULL, 1, false);
+    uint64_t a = 831;
+    tb b;
+    tb_begin(&b);
+    tb_store(&b, false, 0, &a, 1);
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL);
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tr_flush(&t);
+    ck_assert_uint_eq(tr_stats(&t)->state_blocks, 2);
+    tb_begin(&b);
+    tb_remove_in(&b, "CPU", &a, 1);
+    tb_remove(&b, &a, 1);
+    tr_live_tb(&t, 0, 2, &b, 0); /* 1 lost */
+    tr_flush(&t);
+    ck_assert_uint_eq(t.n, 3);
+    ck_assert_uint_eq(t.msgs[1].m.n_events, WIRE_TIER_COUNT);
+    const wire_revent *ev[16];
+    ck_assert_uint_eq(tr_events(&t, ev, 16), 2 + WIRE_TIER_COUNT + 2);
+    expect_cleared_tiers(&ev[2], 0);
+    relay_stats *s = tr_stats(&t);
+    ck_assert_uint_eq(s->cleared_emitted, 1);
+    ck_assert_uint_eq(s->revents_cleared, WIRE_TIER_COUNT);
+    ck_assert_uint_eq(s->removes_unknown, 2); /* both tiers forgotten */
+    ck_assert_uint_eq(s->state_blocks, 0);
     tr_fini(&t);
 }
 END_TEST
@@ -1692,6 +1859,14 @@ Suite *suite_pipe(void) {
     tc = tcase_create("dedup");
     tcase_add_test(tc, two_copies_need_two_removes_before_one_is_forwarded);
     tcase_add_test(tc, dedup_counts_are_per_rank_and_tier_and_reset_by_cleared);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tiers");
+    tcase_add_test(tc,
+                   an_offloaded_keyed_block_keeps_the_device_tiers_tokens_hash);
+    tcase_add_test(tc,
+                   a_lower_tier_store_the_device_tier_does_not_hold_is_hashed);
+    tcase_add_test(tc, an_engines_cleared_clears_only_the_device_tier);
+    tcase_add_test(tc, a_cleared_the_relay_emits_clears_every_tier_of_the_rank);
     suite_add_tcase(s, tc);
     tc = tcase_create("batching");
     tcase_add_test(tc, messages_hold_at_most_128_events);

@@ -498,7 +498,9 @@ START_TEST(a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark) {
             ck_assert_uint_eq(e->event_id, 500);
             if (e->type == WIRE_R_CLEARED) {
                 ck_assert_uint_eq(blocks, 0); /* every cleared first */
-                ck_assert_uint_eq(e->dp_rank, cleared);
+                /* each rank in every tier, device first */
+                ck_assert_uint_eq(e->dp_rank, cleared / WIRE_TIER_COUNT);
+                ck_assert_int_eq(e->tier, cleared % WIRE_TIER_COUNT);
                 cleared++;
             } else {
                 ck_assert_int_eq(e->type, WIRE_R_STORED);
@@ -507,7 +509,7 @@ START_TEST(a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark) {
         }
         tr_tree_apply(t, &m->m); /* every store finds its parent */
     }
-    ck_assert_uint_eq(cleared, 3);
+    ck_assert_uint_eq(cleared, 3 * WIRE_TIER_COUNT);
     ck_assert_uint_eq(blocks, 600);
     ck_assert_uint_eq(rep.v[rep.n - 1].first, 30);
     ck_assert_uint_eq(rep.v[rep.n - 1].last, 31);
@@ -523,10 +525,10 @@ START_TEST(a_dump_is_cut_under_max_payload_and_the_last_has_the_watermark) {
      * per chain. */
     dump_of(s, BIG_PAYLOAD, 128, &rep, &res, KVO_OK);
     ck_assert_uint_eq(rep.n, 1);
-    ck_assert_uint_eq(rep.v[0].m.n_events, 3 + 20);
+    ck_assert_uint_eq(rep.v[0].m.n_events, 3 * WIRE_TIER_COUNT + 20);
     /* At most max_events per envelope. */
     dump_of(s, BIG_PAYLOAD, 4, &rep, &res, KVO_OK);
-    ck_assert_uint_eq(rep.n, 6); /* 23 events, 4 at a time */
+    ck_assert_uint_eq(rep.n, (3 * WIRE_TIER_COUNT + 20 + 3) / 4);
     for (size_t i = 0; i < rep.n; i++)
         ck_assert_uint_le(rep.v[i].m.n_events, 4);
     idx_tree_free(t);
@@ -797,14 +799,17 @@ START_TEST(a_dump_publishes_what_is_pending_first) {
     ck_assert_uint_eq(out.as_of, 0);
     ck_assert_uint_eq(out.blocks, 2);
     ck_assert_uint_eq(rep.n, 2);
-    /* cleared for both sources' ranks (0 and 1), then the two stores */
+    /* cleared for both sources' ranks (0 and 1), each in every tier, then
+     * the two stores */
     const wire_plane_msg *m = &rep.v[0].m;
-    ck_assert_uint_eq(m->n_events, 4);
-    ck_assert_int_eq(m->events[0].type, WIRE_R_CLEARED);
-    ck_assert_uint_eq(m->events[0].dp_rank, 0);
-    ck_assert_int_eq(m->events[1].type, WIRE_R_CLEARED);
-    ck_assert_uint_eq(m->events[1].dp_rank, 1);
-    ck_assert_uint_eq(m->events[2].blocks[0].block_hash, TB_TAG_BLOCK + 1);
+    ck_assert_uint_eq(m->n_events, 2 * WIRE_TIER_COUNT + 2);
+    for (uint32_t k = 0; k < 2 * WIRE_TIER_COUNT; k++) {
+        ck_assert_int_eq(m->events[k].type, WIRE_R_CLEARED);
+        ck_assert_uint_eq(m->events[k].dp_rank, k / WIRE_TIER_COUNT);
+        ck_assert_int_eq(m->events[k].tier, k % WIRE_TIER_COUNT);
+    }
+    ck_assert_uint_eq(m->events[2 * WIRE_TIER_COUNT].blocks[0].block_hash,
+                      TB_TAG_BLOCK + 1);
     ck_assert(rep.v[0].has_range);
     ck_assert_uint_eq(rep.v[0].last, 1);
     uint32_t ranks[RELAY_PIPE_MAX_RANKS];
@@ -840,11 +845,60 @@ START_TEST(a_block_whose_parent_is_gone_is_dumped_under_the_root) {
     ck_assert_uint_eq(out.orphans, 1);
     ck_assert_uint_eq(tr_stats(&t)->dump_orphans, 1);
     const wire_plane_msg *m = &rep.v[0].m;
-    ck_assert_uint_eq(m->n_events, 2); /* cleared, then 2 -> 3 */
-    ck_assert(!m->events[1].has_parent);
-    ck_assert_uint_eq(m->events[1].n_blocks, 2);
-    ck_assert_uint_eq(m->events[1].blocks[0].block_hash, 2);
-    ck_assert_uint_eq(m->events[1].blocks[1].block_hash, 3);
+    /* cleared (one per tier), then 2 -> 3 */
+    ck_assert_uint_eq(m->n_events, WIRE_TIER_COUNT + 1);
+    const wire_revent *st = &m->events[WIRE_TIER_COUNT];
+    ck_assert_int_eq(st->type, WIRE_R_STORED);
+    ck_assert(!st->has_parent);
+    ck_assert_uint_eq(st->n_blocks, 2);
+    ck_assert_uint_eq(st->blocks[0].block_hash, 2);
+    ck_assert_uint_eq(st->blocks[1].block_hash, 3);
+    tr_replies_fini(&rep);
+    tr_fini(&t);
+}
+END_TEST
+
+/* An index clears only the tier a cleared names: a dump clears each rank
+ * in every tier, then restates every tier's blocks, the lower tiers' with
+ * the tokens_hash they were forwarded with. */
+START_TEST(a_dump_clears_every_tier_and_restates_the_lower_tiers) {
+    tr t;
+    tr_init(&t, NULL, 1, true);
+    uint64_t a = 41, c = 42;
+    tb b;
+    tb_begin(&b);
+    tb_store_in(&b, "GPU", false, 0, &a, 1, "[[\"tenant-1\"]]");
+    tb_store_in(&b, "CPU", false, 0, &a, 1, NULL); /* the GPU's hash */
+    tb_store_in(&b, "CPU", true, a, &c, 1, NULL);
+    tr_live_tb(&t, 0, 0, &b, 0);
+    tr_replies rep;
+    tr_replies_init(&rep);
+    relay_recovery out;
+    ck_assert_int_eq(
+        tr_recover(&t, "{\"dump\": true}", BIG_PAYLOAD, &rep, &out), KVO_OK);
+    ck_assert_uint_eq(out.blocks, 3);
+    ck_assert_uint_eq(out.orphans, 0);
+    const wire_revent *live = &t.msgs[0].m.events[0];
+    ck_assert_int_eq(live->tier, WIRE_TIER_DEVICE);
+    ck_assert_uint_ne(live->blocks[0].tokens_hash, tb_tokens_hash(a, 16));
+    const wire_plane_msg *m = &rep.v[0].m;
+    ck_assert_uint_eq(m->n_events, WIRE_TIER_COUNT + 2);
+    for (int k = 0; k < WIRE_TIER_COUNT; k++) {
+        ck_assert_int_eq(m->events[k].type, WIRE_R_CLEARED);
+        ck_assert_int_eq(m->events[k].tier, k);
+        ck_assert_uint_eq(m->events[k].dp_rank, 0);
+    }
+    const wire_revent *gpu = &m->events[WIRE_TIER_COUNT],
+                      *cpu = &m->events[WIRE_TIER_COUNT + 1];
+    ck_assert_int_eq(gpu->tier, WIRE_TIER_DEVICE);
+    ck_assert_uint_eq(gpu->n_blocks, 1);
+    ck_assert_uint_eq(gpu->blocks[0].tokens_hash, live->blocks[0].tokens_hash);
+    ck_assert_int_eq(cpu->tier, WIRE_TIER_HOST_PINNED);
+    ck_assert_uint_eq(cpu->n_blocks, 2);
+    ck_assert_uint_eq(cpu->blocks[0].block_hash, a);
+    ck_assert_uint_eq(cpu->blocks[0].tokens_hash, live->blocks[0].tokens_hash);
+    ck_assert_uint_eq(cpu->blocks[1].block_hash, c);
+    ck_assert_uint_eq(cpu->blocks[1].tokens_hash, tb_tokens_hash(c, 16));
     tr_replies_fini(&rep);
     tr_fini(&t);
 }
@@ -981,6 +1035,7 @@ Suite *suite_recover(void) {
         tc, an_evicted_sequence_or_a_dump_request_gets_a_dump_of_the_index);
     tcase_add_test(tc, a_dump_publishes_what_is_pending_first);
     tcase_add_test(tc, a_block_whose_parent_is_gone_is_dumped_under_the_root);
+    tcase_add_test(tc, a_dump_clears_every_tier_and_restates_the_lower_tiers);
     tcase_add_test(tc,
                    a_sequence_missing_from_the_ring_is_answered_with_a_dump);
     tcase_add_test(tc, bad_requests_are_counted_and_get_no_answer);

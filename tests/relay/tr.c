@@ -415,6 +415,11 @@ void tb_raw(tb *b, const char *json_event) {
 
 void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
               uint32_t n) {
+    tb_store_in(b, "GPU", has_parent, parent, h, n, NULL);
+}
+
+void tb_store_in(tb *b, const char *medium, bool has_parent, uint64_t parent,
+                 const uint64_t *h, uint32_t n, const char *extra_keys) {
     sep(b);
     kvo_buf *j = &b->j;
     ck_assert(
@@ -434,11 +439,21 @@ void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
         for (uint32_t k = 0; k < 16; k++)
             ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i || k ? "," : "",
                                      tb_token(h[i], k)) == KVO_OK);
-    ck_assert(kvo_buf_printf(j, "], \"block_size\": 16, \"lora_id\": null, "
-                                "\"medium\": \"GPU\"}") == KVO_OK);
+    ck_assert(kvo_buf_printf(j,
+                             "], \"block_size\": 16, \"lora_id\": null, "
+                             "\"medium\": \"%s\"",
+                             medium) == KVO_OK);
+    if (extra_keys)
+        ck_assert(kvo_buf_printf(j, ", \"extra_keys\": %s", extra_keys) ==
+                  KVO_OK);
+    ck_assert(kvo_buf_printf(j, "}") == KVO_OK);
 }
 
 void tb_remove(tb *b, const uint64_t *h, uint32_t n) {
+    tb_remove_in(b, "GPU", h, n);
+}
+
+void tb_remove_in(tb *b, const char *medium, const uint64_t *h, uint32_t n) {
     sep(b);
     kvo_buf *j = &b->j;
     ck_assert(
@@ -447,7 +462,7 @@ void tb_remove(tb *b, const uint64_t *h, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         ck_assert(kvo_buf_printf(j, "%s%" PRIu64, i ? "," : "", h[i]) ==
                   KVO_OK);
-    ck_assert(kvo_buf_printf(j, "], \"medium\": \"GPU\"}") == KVO_OK);
+    ck_assert(kvo_buf_printf(j, "], \"medium\": \"%s\"}", medium) == KVO_OK);
 }
 
 void tb_cleared(tb *b) { tb_raw(b, "{\"type\": \"AllBlocksCleared\"}"); }

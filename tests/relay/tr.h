@@ -143,9 +143,14 @@ void tb_begin(tb *b);
 /* GPU store of n blocks (tokens from tb_token, block size 16). */
 void tb_store(tb *b, bool has_parent, uint64_t parent, const uint64_t *h,
               uint32_t n);
+/* The same in medium ("CPU", ...), with extra_keys (JSON: a list, one
+ * entry per block) unless NULL. */
+void tb_store_in(tb *b, const char *medium, bool has_parent, uint64_t parent,
+                 const uint64_t *h, uint32_t n, const char *extra_keys);
 /* Anything: raw JSON of one event. */
 void tb_raw(tb *b, const char *json_event);
 void tb_remove(tb *b, const uint64_t *h, uint32_t n);
+void tb_remove_in(tb *b, const char *medium, const uint64_t *h, uint32_t n);
 void tb_cleared(tb *b);
 /* Finish: rank < 0 = nil; encodes the map format into out (reset first). */
 void tb_end(tb *b, int rank, kvo_buf *out);
