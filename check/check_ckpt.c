@@ -11,7 +11,10 @@
  *               the index's (GET /blocks?digest_only=1: two small answers);
  *               only where they differ, both lists, compared block by
  *               block (check_sets.c); the first differences are named with
- *               a prompt of the run whose path holds them
+ *               a prompt of the run whose path holds them. A rank with a
+ *               CPU tier (/kvo/state's cpu_cached_*) the same way again:
+ *               its CPU set (/kvo/blocks?tier=cpu) against the index's
+ *               host_pinned set (/blocks?tier=host_pinned)
  *   4 sweep     the distinct prompts since the previous checkpoint (the
  *               final one: the run's last --sweep) on every slot
  *   5 record    check_result_checkpoint; a failure ends the run with
@@ -36,14 +39,17 @@ typedef chk_run run;
 /* Rows of the engine hasher's trace memo (2^n). */
 #define NAME_MEMO_LOG2 12
 
-/* The first differences' prompts: the latest prompt of requests [0, sent)
- * whose path holds each hash, and the block's place in it. Best effort: a
- * block filled by generated tokens, or a hash the engine never made, stays
- * unnamed. */
-static void name_prompts(run *r, size_t sent, check_set_diff *d) {
+/* The first differences' prompts, in each of the nd diffs: the latest
+ * prompt of requests [0, sent) whose path holds each hash, and the block's
+ * place in it. Best effort: a block filled by generated tokens, or a hash
+ * the engine never made, stays unnamed. */
+static void name_prompts(run *r, size_t sent, check_set_diff *const *ds,
+                         size_t nd) {
     size_t open = 0;
-    for (size_t i = 0; i < d->n_first; i++) open += d->first[i].prompt < 0;
-    if (!open) return;
+    for (size_t j = 0; j < nd; j++)
+        for (size_t i = 0; i < ds[j]->n_first; i++)
+            open += ds[j]->first[i].prompt < 0;
+    if (!open || !sent) return;
     if (!r->hasher) {
         wire_algo algo;
         if (wire_algo_parse(r->cfg->hash_algo, &algo) != KVO_OK ||
@@ -72,19 +78,21 @@ static void name_prompts(run *r, size_t sent, check_set_diff *d) {
             mock_hasher_blocks(r->hasher, (const uint64_t *)tokens.data, bs, 0,
                                nb, NULL, NULL, NULL, &tr, h) != KVO_OK)
             break;
-        for (size_t k = 0; k < d->n_first; k++) {
-            check_block_diff *x = &d->first[k];
-            if (x->prompt >= 0) continue;
-            uint64_t want = x->kind == CHECK_DIFF_INDEX_ONLY ? x->index.hash
-                                                             : x->engine.hash;
-            for (uint32_t b = 0; b < nb; b++)
-                if (h[b].key == want) {
-                    x->prompt = (int64_t)q->line;
-                    x->depth = (int32_t)b;
-                    open--;
-                    break;
-                }
-        }
+        for (size_t j = 0; j < nd; j++)
+            for (size_t k = 0; k < ds[j]->n_first; k++) {
+                check_block_diff *x = &ds[j]->first[k];
+                if (x->prompt >= 0) continue;
+                uint64_t want = x->kind == CHECK_DIFF_INDEX_ONLY
+                                    ? x->index.hash
+                                    : x->engine.hash;
+                for (uint32_t b = 0; b < nb; b++)
+                    if (h[b].key == want) {
+                        x->prompt = (int64_t)q->line;
+                        x->depth = (int32_t)b;
+                        open--;
+                        break;
+                    }
+            }
     }
     kvo_free(h);
     kvo_buf_fini(&tokens);
@@ -104,15 +112,71 @@ static kvo_status check_listed(run *r, const char *side, uint32_t w,
                        side, w, rank, b->n, d, b->digest, b->count);
 }
 
-/* Step 3 for every slot into c and ss. */
-static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
-                               check_slot_sets *ss) {
+/* One tier of one (worker, rank): the engine's set size and digest
+ * (count, digest, from /kvo/state) against the index's; only where they
+ * differ, both lists (eb, ib: scratch), compared into d. x gets the sizes,
+ * digests and the differences of each kind, listed the block entries
+ * fetched. An indexer without the route or the tier: KVO_ENOTFOUND or
+ * KVO_EUNSUPPORTED, x untouched (r->err says it). */
+static kvo_status compare_tier(run *r, chk_engine *e, const chk_rank *rk,
+                               wire_tier tier, uint64_t count, uint64_t digest,
+                               chk_blocks *eb, chk_blocks *ib,
+                               check_set_diff *d, check_slot_sets *x,
+                               uint64_t *listed) {
+    bool cpu = tier != WIRE_TIER_DEVICE;
+    kvo_status st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, tier,
+                                     false, ib, &r->err);
+    if (st != KVO_OK) return st;
+    x->compared = true;
+    x->engine_blocks = count;
+    x->engine_digest = digest;
+    x->index_blocks = ib->count;
+    x->index_digest = ib->digest;
+    if (count == ib->count && digest == ib->digest) return KVO_OK;
+    /* they differ: both lists, block by block */
+    x->listed = true;
+    if ((st = chk_engine_blocks(e, rk->dp_rank, tier, eb, &r->err)) != KVO_OK ||
+        (st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, tier, true,
+                               ib, &r->err)) != KVO_OK ||
+        (st = check_listed(r,
+                           cpu ? "kvo-mocker /kvo/blocks?tier=cpu"
+                               : "kvo-mocker /kvo/blocks",
+                           e->worker_id, rk->dp_rank, eb)) != KVO_OK ||
+        (st = check_listed(r,
+                           cpu ? "kvo-indexer /blocks?tier=host_pinned"
+                               : "kvo-indexer /blocks",
+                           e->worker_id, rk->dp_rank, ib)) != KVO_OK)
+        return st;
+    *listed += eb->n + ib->n;
+    x->engine_blocks = eb->count;
+    x->engine_digest = eb->digest;
+    x->index_blocks = ib->count;
+    x->index_digest = ib->digest;
+    uint64_t before[CHECK_DIFF_COUNT];
+    memcpy(before, d->n, sizeof(before));
+    check_blocks_compare(eb->v, eb->n, ib->v, ib->n, rk->slot, d);
+    for (int k = 0; k < CHECK_DIFF_COUNT; k++) x->n[k] = d->n[k] - before[k];
+    return KVO_OK;
+}
+
+kvo_status chk_compare_sets(run *r, size_t sent, check_checkpoint *c,
+                            check_slot_sets *ss) {
     chk_blocks eb, ib;
     chk_blocks_init(&eb);
     chk_blocks_init(&ib);
     kvo_status st = KVO_OK;
     c->sets = true;
     c->diff.collect = true;
+    c->cpu.diff.collect = true;
+    for (uint32_t w = 0; w < r->env.n_workers; w++)
+        for (uint32_t k = 0; k < r->env.engines[w].n_ranks; k++)
+            c->cpu.ranks += r->env.engines[w].ranks[k].has_cpu_set;
+    /* the indexer takes the tier; Dynamo's API judges the GPU tier only
+     * (its tiers are per instance, not per rank) */
+    bool cpu_on = r->cfg->indexer_api != CHECK_API_DYNAMO;
+    if (!cpu_on && c->cpu.ranks)
+        snprintf(c->cpu.note, sizeof(c->cpu.note),
+                 "--indexer-api dynamo judges the GPU tier only");
     for (uint32_t w = 0; w < r->env.n_workers && st == KVO_OK && c->sets; w++) {
         chk_engine *e = &r->env.engines[w];
         for (uint32_t k = 0; k < e->n_ranks && st == KVO_OK; k++) {
@@ -125,8 +189,9 @@ static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
                          e->name);
                 break;
             }
-            st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false,
-                                  &ib, &r->err);
+            st = compare_tier(r, e, rk, WIRE_TIER_DEVICE, rk->set_count,
+                              rk->set_digest, &eb, &ib, &c->diff, &ss[rk->slot],
+                              &c->listed_blocks);
             if (st == KVO_ENOTFOUND) {
                 st = KVO_OK;
                 c->sets = false;
@@ -134,43 +199,40 @@ static kvo_status compare_sets(run *r, size_t sent, check_checkpoint *c,
                          "the indexer has no GET /blocks");
                 break;
             }
-            if (st != KVO_OK) break;
-            check_slot_sets *x = &ss[rk->slot];
-            x->compared = true;
-            x->engine_blocks = rk->set_count;
-            x->engine_digest = rk->set_digest;
-            x->index_blocks = ib.count;
-            x->index_digest = ib.digest;
-            if (x->engine_blocks == x->index_blocks &&
-                x->engine_digest == x->index_digest)
+            if (st != KVO_OK || !rk->has_cpu_set || !cpu_on) continue;
+            check_slot_sets x;
+            memset(&x, 0, sizeof(x));
+            st = compare_tier(r, e, rk, WIRE_TIER_HOST_PINNED,
+                              rk->cpu_set_count, rk->cpu_set_digest, &eb, &ib,
+                              &c->cpu.diff, &x, &c->listed_blocks);
+            if (st == KVO_EUNSUPPORTED || st == KVO_ENOTFOUND) {
+                /* an indexer of the device tier only: said, never passed
+                 * over in silence (its queries fail the CPU tier's
+                 * prompts anyway) */
+                kvo_info("CPU block sets not compared: %s", r->err.msg);
+                snprintf(c->cpu.note, sizeof(c->cpu.note),
+                         "the indexer refuses GET /blocks?tier=host_pinned "
+                         "(HTTP %s): an indexer of the device tier only",
+                         st == KVO_ENOTFOUND ? "404" : "400");
+                cpu_on = false;
+                st = KVO_OK;
                 continue;
-            /* they differ: both lists, block by block */
-            x->listed = true;
-            if ((st = chk_engine_blocks(e, rk->dp_rank, &eb, &r->err)) !=
-                    KVO_OK ||
-                (st = chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, true,
-                                       &ib, &r->err)) != KVO_OK ||
-                (st = check_listed(r, "kvo-mocker /kvo/blocks", e->worker_id,
-                                   rk->dp_rank, &eb)) != KVO_OK ||
-                (st = check_listed(r, "kvo-indexer /blocks", e->worker_id,
-                                   rk->dp_rank, &ib)) != KVO_OK)
-                break;
-            c->listed_blocks += eb.n + ib.n;
-            x->engine_blocks = eb.count;
-            x->engine_digest = eb.digest;
-            x->index_blocks = ib.count;
-            x->index_digest = ib.digest;
-            uint64_t before[CHECK_DIFF_COUNT];
-            memcpy(before, c->diff.n, sizeof(before));
-            check_blocks_compare(eb.v, eb.n, ib.v, ib.n, rk->slot, &c->diff);
-            for (int d = 0; d < CHECK_DIFF_COUNT; d++)
-                x->n[d] = c->diff.n[d] - before[d];
+            }
+            if (st != KVO_OK) break;
+            c->cpu.compared++;
+            c->cpu.listed += x.listed;
+            c->cpu.engine_blocks += x.engine_blocks;
+            c->cpu.index_blocks += x.index_blocks;
         }
     }
+    if (c->cpu.compared < c->cpu.ranks && !c->cpu.note[0])
+        snprintf(c->cpu.note, sizeof(c->cpu.note), "%s", c->sets_note);
     chk_blocks_fini(&eb);
     chk_blocks_fini(&ib);
     check_set_diff_misplaced(&c->diff);
-    if (st == KVO_OK) name_prompts(r, sent, &c->diff);
+    check_set_diff_misplaced(&c->cpu.diff);
+    check_set_diff *ds[] = {&c->diff, &c->cpu.diff};
+    if (st == KVO_OK) name_prompts(r, sent, ds, 2);
     return st;
 }
 
@@ -218,7 +280,7 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
     /* 2 counters, 3 block sets */
     uint64_t t1 = kvo_now_ns();
     if ((st = read_all_counters(r, c.before_prompt)) != KVO_OK) goto done;
-    if ((st = compare_sets(r, sent, &c, ss)) != KVO_OK) goto done;
+    if ((st = chk_compare_sets(r, sent, &c, ss)) != KVO_OK) goto done;
     c.sets_s = chk_secs(t1);
     /* 4 the sweep (it charges its own stage) */
     size_t from = final ? 0 : r->swept_to;
@@ -235,9 +297,10 @@ kvo_status chk_checkpoint(run *r, size_t sent, bool final, double drain_s,
         kvo_info("%s", cause); /* the verdict says it again */
         if (r->cfg->fail_fast) *stop = true;
     } else {
-        kvo_debug("checkpoint %u after %zu requests: block sets %s, %llu "
-                  "prompts re-checked, %.3f s",
+        kvo_debug("checkpoint %u after %zu requests: block sets %s, CPU "
+                  "sets of %u of %u ranks, %llu prompts re-checked, %.3f s",
                   c.number, sent, c.sets ? "equal" : c.sets_note,
+                  c.cpu.compared, c.cpu.ranks,
                   (unsigned long long)c.sweep_prompts,
                   c.drain_s + c.sync_s + c.sets_s + c.sweep_s);
     }

@@ -18,6 +18,19 @@
  *   first divergent block = min(i[s], e[s]) over diverging slots: the first
  *                  block one side holds and the other does not.
  *
+ * A tiered cache is judged on its CPU tier too, once every GPU run agrees
+ * (the GPU view first: it is what a router scores, and the evidence speaks
+ * of it):
+ *
+ *   slot s:   index says  h[s] = min(host_pinned score[s], cap)  (the
+ *                         device run plus the host_pinned run after it;
+ *                         the device score where the index gave no tiers)
+ *             engine says c[s] = GPU run + the CPU run after it, capped
+ *                         (probe_cache_hits: what vLLM loads back)
+ *   diverged  <=>  some tiered slot has h[s] != c[s]; first divergent
+ *                  block = min(h[s], c[s]). An index that ignores the
+ *                  tier diverges wherever the engine has a CPU run.
+ *
  * The likely reason, most specific first: the engine contradicting itself;
  * a sibling rank of the same worker holding what this rank lacks (wrong
  * rank); a rule counter that moved since the previous prompt (hash mismatch,
@@ -502,6 +515,110 @@ static const check_counter *first_rule_counter(const check_counters *c,
     return best;
 }
 
+/* One comparison the judge makes on every slot: the GPU tier (what a
+ * router scores against the run the engine holds there) or, with a CPU
+ * tier, the engine's GPU+CPU hit against the index's host_pinned score. */
+typedef struct view {
+    const check_obs *o;
+    const uint32_t *scores; /* the GPU view's index side */
+    const int32_t *hits;    /* the GPU view's engine side */
+    int32_t chosen_truth;   /* the GPU view's chosen slot */
+    uint32_t cap;
+    bool cpu;
+} view;
+
+/* Slot s gave a tiered probe, and the index side is known. */
+static bool tiered(const check_obs *o, uint32_t s) {
+    return o->probe_hits && o->probe_cache_hits && o->probe_cpu &&
+           o->index_host_scores && o->probe_cpu[s] >= 0 &&
+           o->probe_hits[s] >= 0 && o->probe_cache_hits[s] >= 0;
+}
+
+/* What the engine holds on slot s in view v (-1: not known). */
+static int32_t view_engine(const view *v, uint32_t s) {
+    if (v->cpu) return tiered(v->o, s) ? v->o->probe_cache_hits[s] : -1;
+    return s == v->o->chosen ? v->chosen_truth : v->hits[s];
+}
+
+/* What the index scores on slot s in view v, capped like the engine. */
+static uint32_t view_index(const view *v, uint32_t s) {
+    uint32_t i = v->cpu ? v->o->index_host_scores[s] : v->scores[s];
+    return i < v->cap ? i : v->cap;
+}
+
+/* The first divergence of view v: the slot (-1: none) and its block (the
+ * smaller side; the shallowest over the slots, the chosen one on a tie).
+ * In the GPU view the chosen slot also diverges when its probe differs
+ * from the response. */
+static long view_first(const view *v, long *first_block) {
+    const check_obs *o = v->o;
+    long first_slot = -1;
+    *first_block = -1;
+    for (uint32_t s = 0; s < o->n_slots; s++) {
+        int32_t e = view_engine(v, s);
+        if (e < 0) continue;
+        uint32_t i = view_index(v, s);
+        bool probe_off =
+            !v->cpu && s == o->chosen && v->hits[s] >= 0 && v->hits[s] != e;
+        if ((uint32_t)e == i && !probe_off) continue;
+        long b = (uint32_t)e < i ? e : (long)i;
+        if (probe_off && v->hits[s] < b) b = v->hits[s];
+        if (first_slot < 0 || b < *first_block ||
+            (b == *first_block && s == o->chosen)) {
+            *first_block = b;
+            first_slot = s;
+        }
+    }
+    return first_slot;
+}
+
+/* The likely reason of p's divergence on slot ds in view v (engine de,
+ * index di there), its words after tail: 2. a sibling rank of the same
+ * worker off the other way, or (GPU) a rank the index never scored while
+ * a sibling covers it; 3. a rule counter that moved since the previous
+ * prompt, 4. or one that tripped earlier; 5. the direction. */
+static void view_reason(const view *v, check_prompt *p, uint32_t ds, int32_t de,
+                        uint32_t di, char *tail, size_t room) {
+    const check_obs *o = v->o;
+    uint32_t w = ds / o->dp_size;
+    bool never = !v->cpu && o->index_seen && !o->index_seen[ds];
+    for (uint32_t r = 0; r < o->dp_size; r++) {
+        uint32_t s = w * o->dp_size + r;
+        if (s == ds) continue;
+        int32_t e = view_engine(v, s);
+        uint32_t i = view_index(v, s);
+        if (e >= 0 && (((uint32_t)de > di && i > (uint32_t)e) ||
+                       ((uint32_t)de < di && i < (uint32_t)e))) {
+            p->reason = CHECK_REASON_WRONG_RANK;
+            snprintf(tail, room, "; rank %u: engine %d, index %u", r, e, i);
+            return;
+        }
+        if (never && (uint32_t)de > di && i >= (uint32_t)de) {
+            p->reason = CHECK_REASON_WRONG_RANK;
+            snprintf(tail, room,
+                     "; the index never scored rank %u, rank %u "
+                     "holds %u",
+                     ds % o->dp_size, r, i);
+            return;
+        }
+    }
+    const check_rule *rule = NULL;
+    const check_counter *c = first_rule_counter(o->moved, &rule);
+    const char *when = "+";
+    if (!c) {
+        c = first_rule_counter(o->total, &rule);
+        when = "earlier: ";
+    }
+    if (c) {
+        p->reason = rule->reason;
+        snprintf(tail, room, "; %s %s %s%.0f", c->stage, c->name, when,
+                 c->value);
+        return;
+    }
+    p->reason = (uint32_t)de > di ? CHECK_REASON_MISSED_STORE
+                                  : CHECK_REASON_STALE_BLOCK;
+}
+
 kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
                               check_prompt *p) {
     if (!o || !p || o->block_size == 0 || o->n_slots == 0 ||
@@ -534,9 +651,9 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
         if (hits[s] < -1) hits[s] = -1;
     }
     uint32_t cap = p->cap;
-#define CAPPED(s) (scores[s] < cap ? scores[s] : cap)
+    view gpu = {.o = o, .scores = scores, .hits = hits, .cap = cap};
     p->index_raw_blocks = scores[o->chosen];
-    p->index_hit_blocks = CAPPED(o->chosen);
+    p->index_hit_blocks = view_index(&gpu, o->chosen);
     p->routed_index_blocks = p->index_hit_blocks;
     if (o->unjudged) { /* load mode: what the router saw, and the engine */
         int64_t blocks = o->cached_tokens >= 0 ? o->cached_tokens / bs : -1;
@@ -559,25 +676,20 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     } else {
         p->engine_hit_blocks = probed_hit;
     }
-    int32_t chosen_truth = cache ? hits[o->chosen] : p->engine_hit_blocks;
+    gpu.chosen_truth = cache ? hits[o->chosen] : p->engine_hit_blocks;
 
-    /* Divergence per slot; the chosen slot uses the response (unless the
-     * probe is split). */
-    long first_block = -1, first_slot = -1;
-    for (uint32_t s = 0; s < n; s++) {
-        int32_t e = s == o->chosen ? chosen_truth : hits[s];
-        if (e < 0) continue;
-        uint32_t i = CAPPED(s);
-        bool d = (uint32_t)e != i ||
-                 (s == o->chosen && hits[s] >= 0 && hits[s] != e);
-        if (!d) continue;
-        long b = (uint32_t)e < i ? e : (long)i;
-        if (s == o->chosen && hits[s] >= 0 && hits[s] < b) b = hits[s];
-        if (first_block < 0 || b < first_block ||
-            (b == first_block && s == o->chosen)) {
-            first_block = b;
-            first_slot = s;
-        }
+    /* Divergence per slot on the GPU tier (the chosen slot by the response
+     * unless the probe is split); only where every GPU run agrees, the CPU
+     * tier's: the engine's GPU+CPU hit (which the response told, engine_bad
+     * otherwise) against the index's host_pinned score. */
+    view cpu = gpu;
+    cpu.cpu = true;
+    const view *v = &gpu;
+    long first_block;
+    long first_slot = view_first(&gpu, &first_block);
+    if (first_slot < 0 && !engine_bad) {
+        first_slot = view_first(&cpu, &first_block);
+        v = &cpu;
     }
     if (first_slot < 0 && !engine_bad) return KVO_OK;
     p->diverged = true;
@@ -590,11 +702,26 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
     p->divergent_slot = (int32_t)first_slot;
 
     uint32_t ds = (uint32_t)first_slot;
-    int32_t de = ds == o->chosen ? chosen_truth : hits[ds];
-    uint32_t di = CAPPED(ds);
-    int len = snprintf(p->detail, sizeof(p->detail),
+    int32_t de = view_engine(v, ds);
+    uint32_t di = view_index(v, ds);
+    int len;
+    if (v->cpu) {
+        p->tier_cpu = true;
+        p->tier_engine_blocks = de;
+        p->tier_index_blocks = di;
+        len = snprintf(p->detail, sizeof(p->detail),
+                       "worker %u rank %u tier cpu: engine %d blocks (gpu %d "
+                       "+ cpu %d), index %u%s",
+                       ds / o->dp_size, ds % o->dp_size, de, hits[ds],
+                       de - hits[ds], di,
+                       o->index_tiered ? ""
+                                       : " (the index never answered a "
+                                         "tier: it ignores the CPU tier)");
+    } else {
+        len = snprintf(p->detail, sizeof(p->detail),
                        "worker %u rank %u: engine %d blocks, index %u",
                        ds / o->dp_size, ds % o->dp_size, de, di);
+    }
     if (len < 0 || (size_t)len >= sizeof(p->detail)) len = 0;
     size_t room = sizeof(p->detail) - (size_t)len;
     char *tail = p->detail + len;
@@ -608,49 +735,7 @@ kvo_status check_prompt_judge(const check_obs *o, kvo_arena *a,
                  (long long)o->cached_tokens, probed_hit);
         return KVO_OK;
     }
-    /* 2. A sibling rank of the same worker is off the other way, or the
-     * index never scored this rank at all while a sibling covers it. */
-    uint32_t w = ds / o->dp_size;
-    bool never = o->index_seen && !o->index_seen[ds];
-    for (uint32_t r = 0; r < o->dp_size; r++) {
-        uint32_t s = w * o->dp_size + r;
-        if (s == ds) continue;
-        int32_t e = s == o->chosen ? chosen_truth : hits[s];
-        uint32_t i = CAPPED(s);
-        if (e >= 0 && (((uint32_t)de > di && i > (uint32_t)e) ||
-                       ((uint32_t)de < di && i < (uint32_t)e))) {
-            p->reason = CHECK_REASON_WRONG_RANK;
-            snprintf(tail, room, "; rank %u: engine %d, index %u", r, e, i);
-            return KVO_OK;
-        }
-        if (never && (uint32_t)de > di && i >= (uint32_t)de) {
-            p->reason = CHECK_REASON_WRONG_RANK;
-            snprintf(tail, room,
-                     "; the index never scored rank %u, rank %u "
-                     "holds %u",
-                     ds % o->dp_size, r, i);
-            return KVO_OK;
-        }
-    }
-    /* 3. A rule counter that moved since the previous prompt, 4. or one that
-     * tripped earlier. */
-    const check_rule *rule = NULL;
-    const check_counter *c = first_rule_counter(o->moved, &rule);
-    const char *when = "+";
-    if (!c) {
-        c = first_rule_counter(o->total, &rule);
-        when = "earlier: ";
-    }
-    if (c) {
-        p->reason = rule->reason;
-        snprintf(tail, room, "; %s %s %s%.0f", c->stage, c->name, when,
-                 c->value);
-        return KVO_OK;
-    }
-    /* 5. The direction. */
-    p->reason = (uint32_t)de > di ? CHECK_REASON_MISSED_STORE
-                                  : CHECK_REASON_STALE_BLOCK;
-#undef CAPPED
+    view_reason(v, p, ds, de, di, tail, room);
     return KVO_OK;
 }
 
@@ -744,6 +829,10 @@ kvo_status check_result_add_sweep(check_result *r, const check_obs *o,
         p->index_raw_blocks = p->index_scores[ds];
         p->index_hit_blocks =
             p->index_scores[ds] < cap ? p->index_scores[ds] : cap;
+        if (p->tier_cpu) { /* the two sides that differ */
+            p->engine_hit_blocks = p->tier_engine_blocks;
+            p->index_hit_blocks = p->tier_index_blocks;
+        }
     }
     if (out) *out = p;
     return KVO_OK;
@@ -939,12 +1028,15 @@ void check_verdict_decide(const check_result *r, check_verdict *out) {
         out->reason = tp->rule->reason;
     } else if (cp && ckpt_pos == first) {
         check_checkpoint_cause(r, cp, out->cause, sizeof(out->cause));
+        bool gpu = cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2] > 0;
         snprintf(out->where, sizeof(out->where), "checkpoint %u: %s",
                  cp->number,
-                 cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2] ? "block sets"
-                                                               : "sweep");
-        if (cp->diff.n[0] + cp->diff.n[1] + cp->diff.n[2])
-            out->reason = check_set_diff_reason(&cp->diff, r->dp_size);
+                 gpu                                ? "block sets"
+                 : check_checkpoint_sets_differ(cp) ? "block sets (tier cpu)"
+                                                    : "sweep");
+        if (check_checkpoint_sets_differ(cp))
+            out->reason = check_set_diff_reason(gpu ? &cp->diff : &cp->cpu.diff,
+                                                r->dp_size);
         else if (cp->sweep_first >= 0 && (size_t)cp->sweep_first < r->n_sweep)
             out->reason = r->sweep[cp->sweep_first].reason;
     } else if (dp) {

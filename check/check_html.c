@@ -579,6 +579,17 @@ static void faults_table(FILE *f, const check_result *r) {
     fputs("</table>\n", f);
 }
 
+/* One tier's block sets in a checkpoint row: equal, or the differences. */
+static void sets_cell(FILE *f, const check_set_diff *d) {
+    if (d->n[0] + d->n[1] + d->n[2] == 0)
+        fputs("equal", f);
+    else
+        fprintf(f, "%llu engine only, %llu index only, %llu parent",
+                (unsigned long long)d->n[CHECK_DIFF_ENGINE_ONLY],
+                (unsigned long long)d->n[CHECK_DIFF_INDEX_ONLY],
+                (unsigned long long)d->n[CHECK_DIFF_PARENT]);
+}
+
 static void checkpoints_table(FILE *f, const check_result *r) {
     if (!r->n_ckpts) return;
     fputs("<h2>Checkpoints</h2>\n<p class=\"muted\">Traffic stopped, every "
@@ -599,6 +610,7 @@ static void checkpoints_table(FILE *f, const check_result *r) {
             ib += c->slots[s].index_blocks;
             lists += c->slots[s].listed;
         }
+        lists += c->cpu.listed;
         fprintf(f,
                 "<tr%s><td class=\"n\">%u%s</td><td class=\"n\">%llu</td>"
                 "<td>",
@@ -606,13 +618,18 @@ static void checkpoints_table(FILE *f, const check_result *r) {
                 c->final ? " (end)" : "", (unsigned long long)c->after);
         if (!c->sets)
             esc(f, c->sets_note);
-        else if (c->diff.n[0] + c->diff.n[1] + c->diff.n[2] == 0)
-            fputs("equal", f);
         else
-            fprintf(f, "%llu engine only, %llu index only, %llu parent",
-                    (unsigned long long)c->diff.n[CHECK_DIFF_ENGINE_ONLY],
-                    (unsigned long long)c->diff.n[CHECK_DIFF_INDEX_ONLY],
-                    (unsigned long long)c->diff.n[CHECK_DIFF_PARENT]);
+            sets_cell(f, &c->diff);
+        if (c->cpu.ranks) { /* the CPU tier's, on a line of its own */
+            fputs("<br>tier cpu: ", f);
+            if (c->cpu.note[0]) {
+                fprintf(f, "%u of %u ranks compared: ", c->cpu.compared,
+                        c->cpu.ranks);
+                esc(f, c->cpu.note);
+            } else {
+                sets_cell(f, &c->cpu.diff);
+            }
+        }
         fprintf(f,
                 "</td><td class=\"n\">%llu / %llu</td><td class=\"n\">%llu"
                 "</td><td class=\"n\">%llu (%llu divergent)</td><td "
@@ -630,6 +647,12 @@ static void checkpoints_table(FILE *f, const check_result *r) {
                 char d[300];
                 check_block_diff_text(r, &c->diff.first[k], d, sizeof(d));
                 fputs("<br>", f);
+                esc(f, d);
+            }
+            for (size_t k = 0; k < c->cpu.diff.n_first; k++) {
+                char d[300];
+                check_block_diff_text(r, &c->cpu.diff.first[k], d, sizeof(d));
+                fputs("<br>tier cpu: ", f);
                 esc(f, d);
             }
         } else {

@@ -360,13 +360,17 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/kvo/state", e->url);
     int64_t seq[CHK_MAX_DP];
-    bool has_set[CHK_MAX_DP];
+    bool has_set[CHK_MAX_DP], has_cpu[CHK_MAX_DP];
     uint64_t set_count[CHK_MAX_DP], set_digest[CHK_MAX_DP];
+    uint64_t cpu_count[CHK_MAX_DP], cpu_digest[CHK_MAX_DP];
     for (uint32_t k = 0; k < e->n_ranks; k++) {
         seq[k] = e->ranks[k].last_seq;
         has_set[k] = e->ranks[k].has_set;
         set_count[k] = e->ranks[k].set_count;
         set_digest[k] = e->ranks[k].set_digest;
+        has_cpu[k] = e->ranks[k].has_cpu_set;
+        cpu_count[k] = e->ranks[k].cpu_set_count;
+        cpu_digest[k] = e->ranks[k].cpu_set_digest;
     }
     const kvo_jv *ranks = NULL;
     kvo_status st = json_call_send(&jc, e->http, NULL);
@@ -393,6 +397,18 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
         has_set[k] = cnt != UINT64_MAX;
         set_count[k] = has_set[k] ? cnt : 0;
         set_digest[k] = dig;
+        /* the CPU tier's, when it has one (--cpu-offload-blocks) */
+        cnt = UINT64_MAX;
+        dig = 0;
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "cpu_cached_distinct", INT64_MAX,
+                          OPTIONAL, &cnt);
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "cpu_cached_digest", UINT64_MAX,
+                          cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
+        has_cpu[k] = cnt != UINT64_MAX;
+        cpu_count[k] = has_cpu[k] ? cnt : 0;
+        cpu_digest[k] = dig;
     }
     if (st == KVO_OK) {
         for (uint32_t k = 0; k < e->n_ranks; k++) {
@@ -400,6 +416,9 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
             e->ranks[k].has_set = has_set[k];
             e->ranks[k].set_count = set_count[k];
             e->ranks[k].set_digest = set_digest[k];
+            e->ranks[k].has_cpu_set = has_cpu[k];
+            e->ranks[k].cpu_set_count = cpu_count[k];
+            e->ranks[k].cpu_set_digest = cpu_digest[k];
         }
         e->dirty = false;
     }
@@ -548,7 +567,7 @@ static kvo_status probe_body(kvo_buf *body, const chk_prompt *p, bool warm,
 
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            int32_t *cache_hits, kvo_err *err) {
+                            int32_t *cache_hits, int32_t *cpu, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/kvo/probe", e->url);
     kvo_buf body;
@@ -570,13 +589,13 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
     const kvo_jv *ranks;
     st = get_typed(&jc, jc.root, NULL, "ranks", KVO_JSON_ARR, REQUIRED, &ranks);
     if (st != KVO_OK) goto done;
-    int32_t got[CHK_MAX_DP], own[CHK_MAX_DP];
-    for (uint32_t k = 0; k < e->n_ranks; k++) got[k] = own[k] = -1;
+    int32_t got[CHK_MAX_DP], own[CHK_MAX_DP], run[CHK_MAX_DP];
+    for (uint32_t k = 0; k < e->n_ranks; k++) got[k] = own[k] = run[k] = -1;
     for (size_t i = 0; st == KVO_OK && i < ranks->len; i++) {
         kvo_jv r;
         char name[32];
         uint32_t k;
-        uint64_t h = 0, full = UINT64_MAX, gpu = UINT64_MAX;
+        uint64_t h = 0, full = UINT64_MAX, gpu = UINT64_MAX, c = UINT64_MAX;
         st = rank_entry(&jc, e, ranks, i, &r, name, sizeof(name), &k);
         if (st != KVO_OK || k == NO_RANK) continue;
         st = get_uint(&jc, &r, name, "hit_blocks", INT32_MAX, REQUIRED, &h);
@@ -585,14 +604,20 @@ kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                           &full);
         if (st == KVO_OK)
             st = get_uint(&jc, &r, name, "gpu", INT32_MAX, OPTIONAL, &gpu);
+        /* a tiered probe gives both runs: the CPU tier is judged on them */
+        if (st == KVO_OK)
+            st = get_uint(&jc, &r, name, "cpu", INT32_MAX,
+                          gpu == UINT64_MAX ? OPTIONAL : REQUIRED, &c);
         own[k] = (int32_t)h;
         got[k] = full != UINT64_MAX  ? (int32_t)full
                  : gpu != UINT64_MAX ? (int32_t)gpu
                                      : (int32_t)h;
+        run[k] = gpu != UINT64_MAX ? (int32_t)c : -1;
     }
     if (st == KVO_OK) {
         memcpy(hits, got, e->n_ranks * sizeof(*hits));
         memcpy(cache_hits, own, e->n_ranks * sizeof(*cache_hits));
+        if (cpu) memcpy(cpu, run, e->n_ranks * sizeof(*cpu));
     }
 done:
     json_call_fini(&jc);
@@ -920,20 +945,48 @@ done:
 /* The indexer's answers are read twice: once to check every field, then
  * (nothing was wrong) to write the outputs; out NULL = check only. */
 
-/* {"scores": [{"worker_id", "dp_rank", "blocks"}, ...]} of a query answer
- * into scores per slot; workers that are not ours (a shared NATS) are not
- * compared. */
+/* An entry's optional "tiers": {"host_pinned": N} (obj, named where)
+ * into *host (N, cumulative: at least the device run b) and *has; other
+ * tiers are not judged. */
+static kvo_status read_entry_tiers(const json_call *c, const kvo_jv *obj,
+                                   const char *where, uint64_t b,
+                                   uint64_t *host, bool *has) {
+    const kvo_jv *t;
+    char tn[48];
+    *host = b;
+    *has = false;
+    kvo_status st =
+        get_typed(c, obj, where, "tiers", KVO_JSON_OBJ, OPTIONAL, &t);
+    if (st != KVO_OK || !t) return st;
+    *has = true;
+    field_name(tn, sizeof(tn), where, "tiers");
+    st = get_uint(c, t, tn, "host_pinned", UINT32_MAX, OPTIONAL, host);
+    if (st == KVO_OK && *host < b)
+        st = answer_err(c, KVO_EPROTO,
+                        "%s.host_pinned: %" PRIu64 ", below the device run "
+                        "%" PRIu64 " (a tier's score counts the device run "
+                        "too)",
+                        tn, *host, b);
+    return st;
+}
+
+/* {"scores": [{"worker_id", "dp_rank", "blocks", "tiers"?}, ...]} of a
+ * query answer into scores per slot, and (tiers not NULL) the host_pinned
+ * scores; workers that are not ours (a shared NATS) are not compared. */
 static kvo_status read_scores(const chk_env *env, const json_call *c,
-                              uint32_t *scores) {
+                              uint32_t *scores, chk_tiers *tiers) {
     const kvo_jv *arr;
     kvo_status st =
         get_typed(c, c->root, NULL, "scores", KVO_JSON_ARR, REQUIRED, &arr);
-    for (uint32_t s = 0; scores && s < env->n_workers * env->dp_size; s++)
-        scores[s] = 0;
+    uint32_t n = env->n_workers * env->dp_size;
+    for (uint32_t s = 0; scores && s < n; s++) scores[s] = 0;
+    for (uint32_t s = 0; tiers && s < n; s++) tiers->host[s] = 0;
+    if (tiers) tiers->answered = false;
     for (size_t i = 0; st == KVO_OK && i < arr->len; i++) {
         kvo_jv o;
         char name[32];
-        uint64_t w = 0, r = 0, b = 0;
+        uint64_t w = 0, r = 0, b = 0, host = 0;
+        bool has = false;
         st = elem_obj(c, arr, "scores", i, &o, name, sizeof(name));
         if (st == KVO_OK)
             st = get_uint(c, &o, name, "worker_id", UINT64_MAX, REQUIRED, &w);
@@ -941,8 +994,13 @@ static kvo_status read_scores(const chk_env *env, const json_call *c,
             st = get_uint(c, &o, name, "dp_rank", UINT32_MAX, REQUIRED, &r);
         if (st == KVO_OK)
             st = get_uint(c, &o, name, "blocks", UINT32_MAX, REQUIRED, &b);
-        if (st == KVO_OK && scores && w < env->n_workers && r < env->dp_size)
-            scores[w * env->dp_size + r] = (uint32_t)b;
+        if (st == KVO_OK) st = read_entry_tiers(c, &o, name, b, &host, &has);
+        if (st != KVO_OK || w >= env->n_workers || r >= env->dp_size) continue;
+        if (scores) scores[w * env->dp_size + r] = (uint32_t)b;
+        if (tiers) {
+            tiers->host[w * env->dp_size + r] = (uint32_t)host;
+            tiers->answered |= has;
+        }
     }
     return st;
 }
@@ -1162,26 +1220,27 @@ kvo_status chk_index_dynamo_register(chk_env *env, const chk_engine *e,
 }
 
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, kvo_err *err) {
+                           uint32_t *scores, chk_tiers *tiers, kvo_err *err) {
     return chk_index_query_via(env->idx_http, env, hashes, n, NULL, 0, -1,
-                               scores, NULL, NULL, NULL, err);
+                               scores, tiers, NULL, NULL, NULL, err);
 }
 
 kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 const uint64_t *pairs, size_t npairs,
                                 long timeout_ms, uint32_t *scores,
-                                chk_watermark *wm, bool *covered,
-                                kvo_buf *metrics, kvo_err *err) {
+                                chk_tiers *tiers, chk_watermark *wm,
+                                bool *covered, kvo_buf *metrics, kvo_err *err) {
     return chk_index_query_via(env->idx_http, env, hashes, n, pairs, npairs,
-                               timeout_ms, scores, wm, covered, metrics, err);
+                               timeout_ms, scores, tiers, wm, covered, metrics,
+                               err);
 }
 
 kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
                                const uint64_t *hashes, size_t n,
                                const uint64_t *pairs, size_t npairs,
                                long timeout_ms, uint32_t *scores,
-                               chk_watermark *wm, bool *covered,
-                               kvo_buf *metrics, kvo_err *err) {
+                               chk_tiers *tiers, chk_watermark *wm,
+                               bool *covered, kvo_buf *metrics, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/query_by_hash", env->indexer_url);
     kvo_buf body;
@@ -1189,6 +1248,13 @@ kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
     kvo_status st;
     if (env->cfg->indexer_api == CHECK_API_DYNAMO) {
         st = dynamo_query(h, env, hashes, n, &jc, &body, scores);
+        /* Dynamo's answer has its tiers per instance ("cpu"), not per
+         * rank: the device scores stand for them */
+        if (st == KVO_OK && tiers && scores) {
+            memcpy(tiers->host, scores,
+                   (size_t)env->n_workers * env->dp_size * sizeof(*scores));
+            tiers->answered = false;
+        }
         json_call_fini(&jc);
         kvo_buf_fini(&body);
         return st;
@@ -1208,7 +1274,7 @@ kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
     if (st == KVO_OK) st = CHK_BUF_LIT(&body, "}");
     if (st == KVO_OK) st = json_call_send(&jc, h, &body);
     for (int write = 0; write < 2 && st == KVO_OK; write++) {
-        st = read_scores(env, &jc, write ? scores : NULL);
+        st = read_scores(env, &jc, write ? scores : NULL, write ? tiers : NULL);
         if (st == KVO_OK && wm) st = read_wait(&jc, write ? wm : NULL, covered);
         if (st == KVO_OK && metrics)
             st = read_metrics(&jc, write ? metrics : NULL);
@@ -1550,9 +1616,10 @@ static kvo_status read_block_page(const json_call *c, bool list, bool first,
 }
 
 /* Every page of base (a URL with its query, to which "&after=H" is added)
- * into out, replaced. */
+ * into out, replaced. tiered: base names a tier, and a 400 answer is
+ * KVO_EUNSUPPORTED (a service that does not know the parameter). */
 static kvo_status read_blocks(kvo_http_client *h, const char *base, bool list,
-                              chk_blocks *out, kvo_err *err) {
+                              bool tiered, chk_blocks *out, kvo_err *err) {
     chk_blocks got;
     chk_blocks_init(&got);
     kvo_status st = KVO_OK;
@@ -1565,6 +1632,13 @@ static kvo_status read_blocks(kvo_http_client *h, const char *base, bool list,
         else
             json_call_init(&jc, err, "%s&after=%" PRIu64, base, after);
         st = json_call_send(&jc, h, NULL);
+        if (st == KVO_EHTTP && tiered && jc.resp.status == 400) {
+            char q[4 * ERROR_QUOTE + 4];
+            const uint8_t *b = jc.resp.body.data;
+            st = answer_err(&jc, KVO_EUNSUPPORTED, "HTTP 400: %s",
+                            quote(q, sizeof(q), b ? b : (const uint8_t *)"",
+                                  jc.resp.body.len, ERROR_QUOTE));
+        }
         if (st == KVO_OK)
             st = read_block_page(&jc, list, first, &got, &more, &after);
         json_call_fini(&jc);
@@ -1586,17 +1660,28 @@ static kvo_status read_blocks(kvo_http_client *h, const char *base, bool list,
     return st;
 }
 
-kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
-                             kvo_err *err) {
+kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, wire_tier tier,
+                             chk_blocks *out, kvo_err *err) {
+    if (tier != WIRE_TIER_DEVICE && tier != WIRE_TIER_HOST_PINNED)
+        return kvo_err_set(err, KVO_EINVAL, KVO_ERR_NO_OFFSET,
+                           "kvo-mocker has no %s tier", wire_tier_name(tier));
     char base[256];
-    snprintf(base, sizeof(base), "%s/kvo/blocks?rank=%u", e->url, dp_rank);
-    return read_blocks(e->http, base, true, out, err);
+    /* the GPU pool's set is asked for as before (engines without tiers) */
+    snprintf(base, sizeof(base), "%s/kvo/blocks?rank=%u%s", e->url, dp_rank,
+             tier == WIRE_TIER_HOST_PINNED ? "&tier=cpu" : "");
+    return read_blocks(e->http, base, true, false, out, err);
 }
 
 kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
-                            bool list, chk_blocks *out, kvo_err *err) {
-    char base[256];
-    snprintf(base, sizeof(base), "%s/blocks?worker_id=%u&dp_rank=%u%s",
-             env->indexer_url, worker, dp_rank, list ? "" : "&digest_only=1");
-    return read_blocks(env->idx_http, base, list, out, err);
+                            wire_tier tier, bool list, chk_blocks *out,
+                            kvo_err *err) {
+    char base[256], t[32] = "";
+    /* the device set is asked for as before (indexers without tiers) */
+    if (tier != WIRE_TIER_DEVICE)
+        snprintf(t, sizeof(t), "&tier=%s", wire_tier_name(tier));
+    snprintf(base, sizeof(base), "%s/blocks?worker_id=%u&dp_rank=%u%s%s",
+             env->indexer_url, worker, dp_rank, t,
+             list ? "" : "&digest_only=1");
+    return read_blocks(env->idx_http, base, list, tier != WIRE_TIER_DEVICE, out,
+                       err);
 }

@@ -9,11 +9,14 @@
  *                 watermark for that rank's relay (or: quiet for settle-ms)
  *     2 counters  indexer /metrics, relays /metrics (what moved since r-1)
  *     3 index     POST /query_by_hash           -> index_scores[slot]
+ *                                                  (index_host_scores)
  *     4 truth     POST /kvo/probe on every engine -> probe_hits[slot]
  *     5 send      policy picks a slot; POST /v1/completions -> cached_tokens
  *     │ check_obs
  *     ▼
  *   judge (check_core.c, pure):  per slot  min(score, (n-1)//bs)  vs  hits
+ *     │                          (a CPU tier: then min(host_pinned score,
+ *     │                          (n-1)//bs) vs the GPU+CPU hit)
  *     │ check_prompt (diverged, first divergent block, likely reason)
  *     ▼
  *   check_result ──▶ verdict (check_core.c) ──▶ reports (check_report.c:
@@ -190,13 +193,25 @@ typedef struct check_obs {
                                     full-attention group, the GPU tier)
                                     and this the engine's own hit, which
                                     its response reports */
-    int64_t cached_tokens;           /* from the response; -1 = unknown */
-    const uint8_t *index_seen;       /* per slot: the index ever scored it
+    const int32_t *probe_cpu;        /* per slot: the CPU run of a tiered
+                                    probe (probe_hits its GPU run,
+                                    probe_cache_hits the GPU+CPU hit);
+                                    NULL or -1 = no CPU tier */
+    const uint32_t *index_host_scores; /* per slot, uncapped: the device
+                                    run plus the host_pinned run after it
+                                    (cumulative; the device score where the
+                                    index gave no tiers); NULL = the CPU
+                                    tier is not judged */
+    bool index_tiered;                 /* the index answered a tier at least
+                                    once in the run (the detail says so
+                                    when it never did) */
+    int64_t cached_tokens;             /* from the response; -1 = unknown */
+    const uint8_t *index_seen;         /* per slot: the index ever scored it
                                     (NULL = unknown) */
-    const check_counters *moved;     /* rule counters that moved since the
+    const check_counters *moved;       /* rule counters that moved since the
                                     previous prompt (NULL = none known) */
-    const check_counters *total;     /* all counters so far (NULL = none) */
-    double ms;                       /* wall time spent on this prompt */
+    const check_counters *total;       /* all counters so far (NULL = none) */
+    double ms;                         /* wall time spent on this prompt */
     /* Load mode: index_scores are what the router saw (no watermark wait)
      * and probe_hits is NULL: the prompt is recorded, not judged. */
     bool unjudged;
@@ -220,6 +235,12 @@ typedef struct check_prompt {
     bool diverged;
     int32_t first_divergent_block; /* -1 when not diverged */
     int32_t divergent_slot;        /* slot of the first divergence, -1 */
+    bool tier_cpu;                 /* that divergence is the CPU tier's:
+                                    the GPU runs agreed everywhere, the
+                                    GPU+CPU hit and the index's host_pinned
+                                    score did not (detail names the tier) */
+    int32_t tier_engine_blocks;    /* tier_cpu: the engine's GPU+CPU hit */
+    uint32_t tier_index_blocks;    /*   and the index's, capped, there */
     check_reason reason;
     char detail[200];     /* "worker 1 rank 0: engine 12, index 8; ..." */
     const char *evidence; /* what the engine and the index hold at
@@ -700,6 +721,19 @@ typedef struct check_slot_sets {
     uint64_t n[CHECK_DIFF_COUNT];
 } check_slot_sets;
 
+/* A checkpoint's CPU tier: every rank whose engine tells a CPU set
+ * (kvo-mocker --cpu-offload-blocks: /kvo/state's cpu_cached_*), that set
+ * against the index's host_pinned set of the rank, compared as the GPU
+ * sets are (digests, then lists where they differ). */
+typedef struct check_tier_sets {
+    uint32_t ranks;    /* ranks with a CPU tier (0: no CPU tier at all) */
+    uint32_t compared; /* of them, compared (both sides gave a digest) */
+    uint32_t listed;   /* of them, their lists fetched (digests differed) */
+    char note[200];    /* why some were not compared ("" when all were) */
+    uint64_t engine_blocks, index_blocks; /* distinct, compared ranks */
+    check_set_diff diff;                  /* over every compared rank */
+} check_tier_sets;
+
 struct check_checkpoint {
     uint32_t number;       /* 1, 2, ... */
     uint64_t after;        /* requests answered before it */
@@ -710,7 +744,9 @@ struct check_checkpoint {
     char sets_note[160];
     check_slot_sets *slots; /* n_slots entries (result-owned) */
     check_set_diff diff;    /* over every slot */
-    uint64_t listed_blocks; /* block entries fetched (both sides) */
+    check_tier_sets cpu;    /* the CPU tier's sets */
+    uint64_t listed_blocks; /* block entries fetched (both sides, both
+                               tiers) */
     uint64_t sweep_prompts, sweep_divergent;
     int64_t sweep_first; /* r->sweep index of its first divergence, -1 */
     double drain_s, sync_s, sets_s, sweep_s;
@@ -721,8 +757,11 @@ kvo_status check_result_checkpoint(check_result *r, const check_checkpoint *c,
                                    const check_slot_sets *slots);
 /* Did checkpoint c find anything? */
 bool check_checkpoint_failed(const check_checkpoint *c);
+/* Did its block sets differ (either tier)? */
+bool check_checkpoint_sets_differ(const check_checkpoint *c);
 /* Its cause: "checkpoint 2 after 400 requests: 3 blocks in the index but
- * not the engine (worker 0 rank 1: 3); first: ..." (empty when clean). */
+ * not the engine (worker 0 rank 1: 3); first: ..." (empty when clean);
+ * the CPU tier's differences after "tier cpu: ". */
 void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
                             char *out, size_t outsz);
 /* One difference in words: "index only: block 123 (parent 45), prompt 7
@@ -874,13 +913,15 @@ typedef struct chk_rank {
     bool has_set;        /* /kvo/state told its cached set: */
     uint64_t set_count;  /*   distinct cached hashes */
     uint64_t set_digest; /*   their digest (check_block_digest) */
-    int relay;           /* index into env->relays, -1 none */
-    bool restarted;      /* its engine was killed and started again:
+    bool has_cpu_set;    /* and its CPU tier's (cpu_cached_*): */
+    uint64_t cpu_set_count, cpu_set_digest;
+    int relay;        /* index into env->relays, -1 none */
+    bool restarted;   /* its engine was killed and started again:
                                sequences from 0 under the same relay, which
                                the index's watermark (a maximum) cannot
                                follow; synced by block sets instead */
-    char zmq[160];       /* from /kvo/event_sources */
-    char replay[160];    /* "" = none */
+    char zmq[160];    /* from /kvo/event_sources */
+    char replay[160]; /* "" = none */
     char topic[128];
 } chk_rank;
 
@@ -1036,12 +1077,13 @@ typedef struct chk_prompt {
 } chk_prompt;
 /* POST /kvo/probe for every rank of e: hits[rank], what a router must
  * score (a hybrid model's full_blocks, a tiered cache's gpu run, else
- * hit_blocks), and cache_hits[rank], the engine's own hit (hit_blocks).
- * warm (trace form): the prompt goes to e next -- kvo-mocker hashes it
- * ahead, after answering. */
+ * hit_blocks), cache_hits[rank], the engine's own hit (hit_blocks), and
+ * cpu[rank] (cpu may be NULL), a tiered cache's CPU run (-1: no "gpu" in
+ * the answer, no CPU tier). warm (trace form): the prompt goes to e next
+ * -- kvo-mocker hashes it ahead, after answering. */
 kvo_status chk_engine_probe(chk_engine *e, const chk_prompt *p,
                             uint32_t block_size, bool warm, int32_t *hits,
-                            int32_t *cache_hits, kvo_err *err);
+                            int32_t *cache_hits, int32_t *cpu, kvo_err *err);
 /* POST /kvo/probe "detail": blocks [k, k + *n) of p's chain on the given
  * dp rank (hash, parent, copies, tokens_hash) into out; *n is cut to what
  * the chain holds. KVO_ENOTFOUND: an engine without the detail form, or a
@@ -1088,9 +1130,18 @@ static inline uint64_t chk_rank_key(uint32_t worker, uint32_t dp_rank) {
  * /unregister of engine e (rk unused); instance_id = e's worker id. */
 kvo_status chk_index_dynamo_register(chk_env *env, const chk_engine *e,
                                      const chk_rank *rk, bool on, kvo_err *err);
-/* Indexer: scores per slot for the prompt's router hashes. */
+/* What a kvo API answer says of the lower tiers, per slot: host[slot] =
+ * the device run plus the host_pinned run after it (an entry's "tiers":
+ * {"host_pinned": N}, cumulative; without one, its "blocks"). A Dynamo
+ * answer has no per-rank tiers: host = the scores, answered false. */
+typedef struct chk_tiers {
+    uint32_t *host; /* n_slots entries, the caller's */
+    bool answered;  /* some entry had "tiers" */
+} chk_tiers;
+/* Indexer: scores per slot for the prompt's router hashes, and (tiers
+ * not NULL) its tiers. */
 kvo_status chk_index_query(chk_env *env, const uint64_t *hashes, size_t n,
-                           uint32_t *scores, kvo_err *err);
+                           uint32_t *scores, chk_tiers *tiers, kvo_err *err);
 /* Indexer GET /watermark: zmq_seq_last of publisher (-1 null or absent). */
 typedef struct chk_watermark {
     size_t n;
@@ -1107,15 +1158,15 @@ typedef struct chk_watermark {
 kvo_status chk_index_query_wait(chk_env *env, const uint64_t *hashes, size_t n,
                                 const uint64_t *pairs, size_t npairs,
                                 long timeout_ms, uint32_t *scores,
-                                chk_watermark *wm, bool *covered,
-                                kvo_buf *metrics, kvo_err *err);
+                                chk_tiers *tiers, chk_watermark *wm,
+                                bool *covered, kvo_buf *metrics, kvo_err *err);
 /* Either query with the caller's client (one per thread). */
 kvo_status chk_index_query_via(kvo_http_client *h, const chk_env *env,
                                const uint64_t *hashes, size_t n,
                                const uint64_t *pairs, size_t npairs,
                                long timeout_ms, uint32_t *scores,
-                               chk_watermark *wm, bool *covered,
-                               kvo_buf *metrics, kvo_err *err);
+                               chk_tiers *tiers, chk_watermark *wm,
+                               bool *covered, kvo_buf *metrics, kvo_err *err);
 void chk_watermark_fini(chk_watermark *w);
 kvo_status chk_index_watermark(chk_env *env, chk_watermark *w, kvo_err *err);
 /* What settle mode watches into w->raw: GET /watermark's answer (w filled
@@ -1144,9 +1195,10 @@ typedef struct chk_blocks {
 void chk_blocks_init(chk_blocks *b);
 void chk_blocks_fini(chk_blocks *b);
 /* kvo-mocker GET /kvo/blocks?rank=R, every page, into out (replaced; left
- * as it was on failure). */
-kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, chk_blocks *out,
-                             kvo_err *err);
+ * as it was on failure); tier WIRE_TIER_HOST_PINNED: the CPU tier's set
+ * (&tier=cpu), DEVICE: the GPU pool's (KVO_EINVAL: another tier). */
+kvo_status chk_engine_blocks(chk_engine *e, uint32_t dp_rank, wire_tier tier,
+                             chk_blocks *out, kvo_err *err);
 /* POST /lookup: what the index holds of each block of the engine's chain
  * b[0, n) (consecutive blocks) for (worker, dp_rank), into out[0, n),
  * with where it holds their tokens under another hash. KVO_ENOTFOUND: an
@@ -1155,10 +1207,13 @@ kvo_status chk_index_lookup(chk_env *env, uint32_t worker, uint32_t dp_rank,
                             const check_chain_block *b, uint32_t n,
                             check_lookup *out, kvo_err *err);
 /* kvo-indexer GET /blocks?worker_id=W&dp_rank=R: with list, every page;
- * else the count and digest only (digest_only=1). KVO_ENOTFOUND: the
- * indexer has no such endpoint. */
+ * else the count and digest only (digest_only=1); a tier other than
+ * DEVICE is asked for by name (&tier=host_pinned). KVO_ENOTFOUND: the
+ * indexer has no such endpoint; KVO_EUNSUPPORTED: it refused the tier
+ * (HTTP 400: an indexer of the device tier only). */
 kvo_status chk_index_blocks(chk_env *env, uint32_t worker, uint32_t dp_rank,
-                            bool list, chk_blocks *out, kvo_err *err);
+                            wire_tier tier, bool list, chk_blocks *out,
+                            kvo_err *err);
 /* kvo-indexer GET /health: its "status" ("ok", "recovering", "stale")
  * and "nats" ("connected", "reconnecting", ...) into the buffers. */
 kvo_status chk_index_health(chk_env *env, char *status, size_t statussz,
@@ -1218,6 +1273,9 @@ typedef struct chk_run {
     int32_t *probes;  /* per slot: what the index must score */
     int32_t *cached;  /* per slot: the engine's own hit (the same unless a
                          hybrid model or a tiered cache) */
+    int32_t *cpu;     /* per slot: a tiered probe's CPU run, -1 */
+    chk_tiers tiers;  /* the last query's (tiers.host: per slot) */
+    bool tiers_seen;  /* some query answered tiers */
     uint8_t *seen;    /* per slot: the index ever scored it */
     check_router router;
     uint64_t decode_rr;
@@ -1300,6 +1358,15 @@ const uint64_t *chk_run_held(const chk_run *r, const chk_pbuf *pb, size_t *nb);
  * --fail-fast). KVO_OK otherwise; another status: r->err. */
 kvo_status chk_checkpoint(chk_run *r, size_t sent, bool final, double drain_s,
                           bool *stop);
+
+/* A checkpoint's block sets (its step 3): every (worker, rank)'s, GPU and
+ * (a rank with one) CPU tier, engine against index, into c (sets, diff,
+ * cpu, listed_blocks) and ss[n_slots] (the GPU tier's per slot); the
+ * engines' /kvo/state must have been read. The first differences are
+ * named with a prompt of requests [0, sent). A service that cannot say is
+ * a note in c; another status than KVO_OK: r->err. */
+kvo_status chk_compare_sets(chk_run *r, size_t sent, check_checkpoint *c,
+                            check_slot_sets *ss);
 
 /* Load mode (check_load.c): the trace through the pipeline with many
  * requests in flight, a checkpoint every cfg->checkpoint_every requests

@@ -89,7 +89,7 @@ static void serve(sender *s) {
     uint32_t dp = r->env.dp_size;
     s->st =
         chk_index_query_via(s->idx_http, &r->env, s->pb.hashes, s->pb.nb, NULL,
-                            0, -1, s->scores, NULL, NULL, NULL, &s->err);
+                            0, -1, s->scores, NULL, NULL, NULL, NULL, &s->err);
     if (s->st != KVO_OK) return;
     size_t nh;
     const uint64_t *hs = chk_run_held(r, &s->pb, &nh);

@@ -97,6 +97,7 @@ static void print_checkpoints(FILE *f, const check_result *r) {
     if (!r->n_ckpts) return;
     double drain = 0, sync = 0, sets = 0, sweep = 0;
     uint64_t listed = 0, lists = 0, failed = 0, compared = 0;
+    uint64_t tiered = 0, cpu_compared = 0; /* checkpoints with a CPU tier */
     for (size_t i = 0; i < r->n_ckpts; i++) {
         const check_checkpoint *c = &r->ckpts[i];
         drain += c->drain_s;
@@ -105,19 +106,32 @@ static void print_checkpoints(FILE *f, const check_result *r) {
         sweep += c->sweep_s;
         listed += c->listed_blocks;
         for (uint32_t s = 0; s < r->n_slots; s++) lists += c->slots[s].listed;
+        lists += c->cpu.listed;
         failed += check_checkpoint_failed(c);
         compared += c->sets;
+        tiered += c->cpu.ranks > 0;
+        cpu_compared += c->cpu.ranks > 0 && c->cpu.compared == c->cpu.ranks;
     }
     double total = drain + sync + sets + sweep;
     fprintf(f,
             "  checkpoints        %zu, %llu failed; block sets compared at "
-            "%llu of them\n",
+            "%llu of them",
             r->n_ckpts, (unsigned long long)failed,
             (unsigned long long)compared);
+    if (tiered)
+        fprintf(f, ", the CPU tier's at %llu of %llu",
+                (unsigned long long)cpu_compared, (unsigned long long)tiered);
+    fputc('\n', f);
     for (size_t i = 0; i < r->n_ckpts; i++)
         if (!r->ckpts[i].sets) { /* say once why not */
             fprintf(f, "                     not compared: %s\n",
                     r->ckpts[i].sets_note);
+            break;
+        }
+    for (size_t i = 0; i < r->n_ckpts; i++)
+        if (r->ckpts[i].cpu.note[0]) {
+            fprintf(f, "                     CPU tier not compared: %s\n",
+                    r->ckpts[i].cpu.note);
             break;
         }
     fprintf(f,
@@ -136,6 +150,11 @@ static void print_checkpoints(FILE *f, const check_result *r) {
             char d[300];
             check_block_diff_text(r, &c->diff.first[k], d, sizeof(d));
             fprintf(f, "    %s\n", d);
+        }
+        for (size_t k = 0; k < c->cpu.diff.n_first; k++) {
+            char d[300];
+            check_block_diff_text(r, &c->cpu.diff.first[k], d, sizeof(d));
+            fprintf(f, "    tier cpu: %s\n", d);
         }
     }
 }
@@ -433,6 +452,10 @@ static kvo_status json_prompt(FILE *f, const check_result *r,
         j, "first_divergent_block",
         p->diverged ? json_object_new_int64(p->first_divergent_block) : NULL);
     json_object_object_add(
+        j, "divergent_tier",
+        p->diverged ? json_object_new_string(p->tier_cpu ? "cpu" : "gpu")
+                    : NULL);
+    json_object_object_add(
         j, "reason",
         p->diverged ? jstr_or_null(check_reason_name(p->reason)) : NULL);
     json_object_object_add(j, "detail",
@@ -549,9 +572,66 @@ static json_object *block_json(const check_block *b, bool parent) {
     return b->has_parent ? json_object_new_uint64(b->parent) : NULL;
 }
 
+static const char *const DIFF_KINDS[CHECK_DIFF_COUNT] = {
+    "engine_only", "index_only", "parent"};
+
+/* The first differences of d, one object each. */
+static json_object *diffs_json(const check_result *r, const check_set_diff *d) {
+    const char *const *kinds = DIFF_KINDS;
+    json_object *diffs = json_object_new_array();
+    for (size_t k = 0; k < d->n_first; k++) {
+        const check_block_diff *x = &d->first[k];
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "kind",
+                               json_object_new_string(kinds[x->kind]));
+        json_object_object_add(o, "worker",
+                               json_object_new_int64(r->slots[x->slot].worker));
+        json_object_object_add(
+            o, "dp_rank", json_object_new_int64(r->slots[x->slot].dp_rank));
+        const check_block *b =
+            x->kind == CHECK_DIFF_INDEX_ONLY ? &x->index : &x->engine;
+        json_object_object_add(o, "block_hash", block_json(b, false));
+        json_object_object_add(o, "engine_parent",
+                               x->kind == CHECK_DIFF_INDEX_ONLY
+                                   ? NULL
+                                   : block_json(&x->engine, true));
+        json_object_object_add(o, "index_parent",
+                               x->kind == CHECK_DIFF_ENGINE_ONLY
+                                   ? NULL
+                                   : block_json(&x->index, true));
+        json_object_object_add(o, "prompt",
+                               x->prompt >= 0 ? json_object_new_int64(x->prompt)
+                                              : NULL);
+        json_object_object_add(o, "prompt_block",
+                               x->prompt >= 0 ? json_object_new_int64(x->depth)
+                                              : NULL);
+        json_object_array_add(diffs, o);
+    }
+    return diffs;
+}
+
+/* A checkpoint's CPU tier; NULL (JSON null) when no rank has one. */
+static json_object *cpu_sets_json(const check_result *r,
+                                  const check_tier_sets *t) {
+    if (!t->ranks) return NULL;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "ranks", json_object_new_int64(t->ranks));
+    json_object_object_add(o, "compared", json_object_new_int64(t->compared));
+    json_object_object_add(o, "note", jstr_or_null(t->note));
+    json_object_object_add(o, "engine_blocks",
+                           json_object_new_uint64(t->engine_blocks));
+    json_object_object_add(o, "index_blocks",
+                           json_object_new_uint64(t->index_blocks));
+    json_object_object_add(o, "slots_listed", json_object_new_int64(t->listed));
+    for (int k = 0; k < CHECK_DIFF_COUNT; k++)
+        json_object_object_add(o, DIFF_KINDS[k],
+                               json_object_new_uint64(t->diff.n[k]));
+    json_object_object_add(o, "differences", diffs_json(r, &t->diff));
+    return o;
+}
+
 static json_object *checkpoints_json(const check_result *r) {
-    static const char *kinds[CHECK_DIFF_COUNT] = {"engine_only", "index_only",
-                                                  "parent"};
+    const char *const *kinds = DIFF_KINDS;
     json_object *arr = json_object_new_array();
     for (size_t i = 0; i < r->n_ckpts; i++) {
         const check_checkpoint *c = &r->ckpts[i];
@@ -584,36 +664,8 @@ static json_object *checkpoints_json(const check_result *r) {
         for (int k = 0; k < CHECK_DIFF_COUNT; k++)
             json_object_object_add(o, kinds[k],
                                    json_object_new_uint64(c->diff.n[k]));
-        json_object *diffs = json_object_new_array();
-        for (size_t k = 0; k < c->diff.n_first; k++) {
-            const check_block_diff *d = &c->diff.first[k];
-            json_object *x = json_object_new_object();
-            json_object_object_add(x, "kind",
-                                   json_object_new_string(kinds[d->kind]));
-            json_object_object_add(
-                x, "worker", json_object_new_int64(r->slots[d->slot].worker));
-            json_object_object_add(
-                x, "dp_rank", json_object_new_int64(r->slots[d->slot].dp_rank));
-            const check_block *b =
-                d->kind == CHECK_DIFF_INDEX_ONLY ? &d->index : &d->engine;
-            json_object_object_add(x, "block_hash", block_json(b, false));
-            json_object_object_add(x, "engine_parent",
-                                   d->kind == CHECK_DIFF_INDEX_ONLY
-                                       ? NULL
-                                       : block_json(&d->engine, true));
-            json_object_object_add(x, "index_parent",
-                                   d->kind == CHECK_DIFF_ENGINE_ONLY
-                                       ? NULL
-                                       : block_json(&d->index, true));
-            json_object_object_add(
-                x, "prompt",
-                d->prompt >= 0 ? json_object_new_int64(d->prompt) : NULL);
-            json_object_object_add(
-                x, "prompt_block",
-                d->prompt >= 0 ? json_object_new_int64(d->depth) : NULL);
-            json_object_array_add(diffs, x);
-        }
-        json_object_object_add(o, "differences", diffs);
+        json_object_object_add(o, "differences", diffs_json(r, &c->diff));
+        json_object_object_add(o, "cpu_sets", cpu_sets_json(r, &c->cpu));
         json_object_object_add(o, "sweep_prompts",
                                json_object_new_uint64(c->sweep_prompts));
         json_object_object_add(o, "sweep_divergent",
@@ -715,6 +767,12 @@ kvo_status check_report_json_summary(FILE *f, const check_result *r) {
     json_object_object_add(s, "regime", regime_json(r));
     json_object_object_add(s, "staleness", staleness_json(r));
     json_object_object_add(s, "checkpoints", checkpoints_json(r));
+    uint64_t cpu_compared = 0; /* checkpoints that compared every CPU set */
+    for (size_t i = 0; i < r->n_ckpts; i++)
+        cpu_compared += r->ckpts[i].cpu.ranks > 0 &&
+                        r->ckpts[i].cpu.compared == r->ckpts[i].cpu.ranks;
+    json_object_object_add(s, "checkpoints_cpu_sets_compared",
+                           json_object_new_uint64(cpu_compared));
     json_object_object_add(s, "faulted", json_object_new_boolean(r->faulted));
     json_object_object_add(s, "faults", faults_json(r));
     double ck = 0;

@@ -114,7 +114,7 @@ typedef struct rtask {
     size_t n_after;
     kvo_status st;
     kvo_err err;
-    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP];
+    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP], cpu[CHK_MAX_DP];
     kvo_http_resp resp;
     double busy; /* seconds this call took */
 } rtask;
@@ -138,8 +138,8 @@ static bool restarted_synced(run *r, chk_engine *e, chk_rank *rk, char *why,
     chk_blocks_init(&b);
     bool same = false;
     if (chk_engine_state(e, &er) != KVO_OK ||
-        chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, false, &b, &er) !=
-            KVO_OK)
+        chk_index_blocks(&r->env, e->worker_id, rk->dp_rank, WIRE_TIER_DEVICE,
+                         false, &b, &er) != KVO_OK)
         snprintf(why, whysz, "%.200s", er.msg);
     else if (!rk->has_set)
         snprintf(why, whysz,
@@ -319,8 +319,8 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
     for (;;) {
         bool covered = false;
         st = chk_index_query_wait(&r->env, r->pb.hashes, r->pb.nb, pairs, np,
-                                  WAIT_SLICE_MS, r->scores, &r->wm, &covered,
-                                  &r->idx_metrics, err);
+                                  WAIT_SLICE_MS, r->scores, &r->tiers, &r->wm,
+                                  &covered, &r->idx_metrics, err);
         if (st == KVO_EUNSUPPORTED) r->no_wait = true;
         if (st != KVO_OK) return st;
         /* our own rule decides (and says why not) */
@@ -329,7 +329,7 @@ static kvo_status sync_query(run *r, int64_t before, kvo_err *err) {
             r->have_idx_metrics = true;
             /* the sets matched after that answer: ask again */
             return by_sets ? chk_index_query(&r->env, r->pb.hashes, r->pb.nb,
-                                             r->scores, err)
+                                             r->scores, &r->tiers, err)
                            : KVO_OK;
         }
         if ((st = sync_keep_waiting(r, before, deadline, why)) != KVO_OK)
@@ -420,7 +420,7 @@ static void task_probe(chk_task *base) {
     run *r = t->r;
     chk_prompt p = chk_pbuf_prompt(r, &r->pb);
     t->st = chk_engine_probe(t->e, &p, r->env.block_size, t->warm, t->hits,
-                             t->cached, &t->err);
+                             t->cached, t->cpu, &t->err);
     t->busy = chk_secs(t0);
 }
 
@@ -428,7 +428,7 @@ static void task_query(chk_task *base) {
     rtask *t = (rtask *)base;
     uint64_t t0 = kvo_now_ns();
     t->st = chk_index_query(&t->r->env, t->r->pb.hashes, t->r->pb.nb,
-                            t->r->scores, &t->err);
+                            t->r->scores, &t->r->tiers, &t->err);
     t->busy = chk_secs(t0);
 }
 
@@ -533,13 +533,15 @@ static void add_probes(run *r, size_t *n, int64_t warm) {
 static bool merge_probes(run *r, size_t n) {
     bool probed = false;
     double busy = 0;
-    for (uint32_t s = 0; s < r->n_slots; s++) r->probes[s] = r->cached[s] = -1;
+    for (uint32_t s = 0; s < r->n_slots; s++)
+        r->probes[s] = r->cached[s] = r->cpu[s] = -1;
     for (size_t i = 0; i < n; i++) {
         rtask *t = &r->tasks[i];
         if (t->base.fn != task_probe) continue;
         for (uint32_t k = 0; k < t->e->n_ranks; k++) {
             r->probes[t->e->ranks[k].slot] = t->hits[k];
             r->cached[t->e->ranks[k].slot] = t->cached[k];
+            r->cpu[t->e->ranks[k].slot] = t->cpu[k];
         }
         probed = true;
         if (t->busy > busy) busy = t->busy;
@@ -789,7 +791,7 @@ static kvo_status diag_ranks(run *r, chk_engine *e, uint32_t rank) {
         chk_blocks_init(&bl);
         st = e->ranks[i].has_set
                  ? chk_index_blocks(&r->env, e->worker_id, e->ranks[i].dp_rank,
-                                    false, &bl, &err)
+                                    WIRE_TIER_DEVICE, false, &bl, &err)
                  : KVO_ENOTFOUND;
         eng[e->ranks[i].dp_rank % CHK_MAX_DP] = e->ranks[i].set_count;
         idx[e->ranks[i].dp_rank % CHK_MAX_DP] = bl.count;
@@ -800,6 +802,17 @@ static kvo_status diag_ranks(run *r, chk_engine *e, uint32_t rank) {
         check_diagnose_ranks(eng, idx, e->n_ranks, e->worker_id, rank,
                              &r->diag);
     return KVO_OK;
+}
+
+/* The CPU tier's part of o: the probes' CPU runs and the index's
+ * host_pinned scores -- not with Dynamo's API, whose answer has its tiers
+ * per instance, not per rank: that mode judges the GPU tier only. */
+static void obs_tiers(run *r, check_obs *o) {
+    r->tiers_seen |= r->tiers.answered;
+    o->probe_cpu = r->cpu;
+    o->index_host_scores =
+        r->cfg->indexer_api == CHECK_API_DYNAMO ? NULL : r->tiers.host;
+    o->index_tiered = r->tiers_seen;
 }
 
 /* Judge o ahead (the probes against the index; o->cached_tokens -1) and,
@@ -874,6 +887,9 @@ static kvo_status diag_gather(run *r, const check_obs *o, const chk_prompt *p) {
  * about p's first divergence. */
 static kvo_status diag_apply(run *r, check_prompt *p) {
     if (!p->diverged) return KVO_OK;
+    if (p->tier_cpu) /* /kvo/probe detail and /lookup speak of the GPU */
+        return check_prompt_unexplained(
+            p, "the CPU tier is not looked up block by block", &r->res->arena);
     if (r->diag_slot != p->divergent_slot ||
         r->diag_block != p->first_divergent_block)
         return check_prompt_unexplained(
@@ -1008,6 +1024,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                      .probe_hits = probed ? r->probes : NULL,
                      .probe_cache_hits = r->cached,
                      .cached_tokens = -1};
+    obs_tiers(r, &pre);
     if ((st = diag_gather(r, &pre, &p)) != KVO_OK) {
         check_router_finish(&r->router, slot, hs, nh);
         return st;
@@ -1068,6 +1085,7 @@ static kvo_status do_request(run *r, uint64_t i, const check_request *q,
                    .moved = &r->moved,
                    .total = &r->cur,
                    .ms = chk_secs(t_start) * 1000};
+    obs_tiers(r, &o);
     const check_prompt *pr = NULL;
     if ((st = chk_run_record(r, &o, &pr)) != KVO_OK) return st;
     if (pr->diverged)
@@ -1193,6 +1211,7 @@ kvo_status chk_run_sweep(run *r, size_t from, size_t to, size_t want,
                        .moved = NULL,
                        .total = &r->cur,
                        .checkpoint = c->number};
+        obs_tiers(r, &o);
         chk_prompt p = chk_pbuf_prompt(r, &r->pb);
         if ((st = diag_gather(r, &o, &p)) != KVO_OK) break;
         const check_prompt *pr = NULL;
@@ -1426,8 +1445,11 @@ kvo_status check_run(const check_cfg *cfg, check_result *out, kvo_err *err) {
     r.scores = kvo_calloc(r.n_slots, sizeof(*r.scores));
     r.probes = kvo_calloc(r.n_slots, sizeof(*r.probes));
     r.cached = kvo_calloc(r.n_slots, sizeof(*r.cached));
+    r.cpu = kvo_calloc(r.n_slots, sizeof(*r.cpu));
+    r.tiers.host = kvo_calloc(r.n_slots, sizeof(*r.tiers.host));
     r.seen = kvo_calloc(r.n_slots, sizeof(*r.seen));
-    if (!r.scores || !r.probes || !r.cached || !r.seen ||
+    if (!r.scores || !r.probes || !r.cached || !r.cpu || !r.tiers.host ||
+        !r.seen ||
         check_result_slots(out, r.env.n_workers, r.env.dp_size,
                            r.env.block_size) != KVO_OK) {
         st = KVO_ENOMEM;
@@ -1573,6 +1595,8 @@ done:
     kvo_free(r.scores);
     kvo_free(r.probes);
     kvo_free(r.cached);
+    kvo_free(r.cpu);
+    kvo_free(r.tiers.host);
     kvo_free(r.seen);
     kvo_arena_fini(&r.diag_arena);
     chk_watermark_fini(&r.wm);

@@ -206,8 +206,12 @@ static uint64_t diff_total(const check_set_diff *d) {
     return t;
 }
 
+bool check_checkpoint_sets_differ(const check_checkpoint *c) {
+    return diff_total(&c->diff) > 0 || diff_total(&c->cpu.diff) > 0;
+}
+
 bool check_checkpoint_failed(const check_checkpoint *c) {
-    return diff_total(&c->diff) > 0 || c->sweep_divergent > 0;
+    return check_checkpoint_sets_differ(c) || c->sweep_divergent > 0;
 }
 
 static void slot_name(const check_result *r, uint32_t slot, char *out,
@@ -268,13 +272,52 @@ static void ckpt_name(const check_checkpoint *c, char *out, size_t n) {
              (unsigned long long)c->after);
 }
 
+/* d's differences in words, appended at out[len] (len < outsz): the
+ * misplaced blocks, the count of each kind, the first difference; returns
+ * the new length (at most outsz). */
+static size_t diff_words(const check_result *r, const check_set_diff *d,
+                         char *out, size_t len, size_t outsz) {
+#define ADD(...)                                                               \
+    do {                                                                       \
+        if (len < outsz) {                                                     \
+            int k_ = snprintf(out + len, outsz - len, __VA_ARGS__);            \
+            len = k_ < 0 ? outsz : len + (size_t)k_;                           \
+        }                                                                      \
+    } while (0)
+    const char *sep = " ";
+    if (d->misplaced && r->slots && d->misplaced_engine_slot < r->n_slots &&
+        d->misplaced_index_slot < r->n_slots) {
+        const check_slot_info *e = &r->slots[d->misplaced_engine_slot],
+                              *i = &r->slots[d->misplaced_index_slot];
+        ADD(" %llu blocks cached by one (worker, rank) are in the index on "
+            "another whose engine lacks them (first: block %llu of worker %u "
+            "rank %u, in the index on worker %u rank %u);",
+            (unsigned long long)d->misplaced,
+            (unsigned long long)d->misplaced_hash, e->worker, e->dp_rank,
+            i->worker, i->dp_rank);
+    }
+    for (int k = 0; k < CHECK_DIFF_COUNT; k++) {
+        if (!d->n[k]) continue;
+        ADD("%s%llu blocks %s", sep, (unsigned long long)d->n[k],
+            check_diff_name((check_diff_kind)k));
+        sep = ", ";
+    }
+    if (d->n_first) {
+        char first[256];
+        check_block_diff_text(r, &d->first[0], first, sizeof(first));
+        ADD("; first: %s", first);
+    }
+#undef ADD
+    return len < outsz ? len : outsz;
+}
+
 void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
                             char *out, size_t outsz) {
     out[0] = '\0';
     if (!check_checkpoint_failed(c)) return;
     char name[96];
     ckpt_name(c, name, sizeof(name));
-    if (diff_total(&c->diff) == 0) { /* only the sweep found it */
+    if (!check_checkpoint_sets_differ(c)) { /* only the sweep found it */
         const check_prompt *sp =
             c->sweep_first >= 0 && (size_t)c->sweep_first < r->n_sweep
                 ? &r->sweep[c->sweep_first]
@@ -291,35 +334,18 @@ void check_checkpoint_cause(const check_result *r, const check_checkpoint *c,
             snprintf(out, outsz, "%s, a re-checked prompt diverged", name);
         return;
     }
-    size_t len = (size_t)snprintf(
-        out, outsz, "%s: %s:",
-        check_reason_name(check_set_diff_reason(&c->diff, r->dp_size)), name);
-    const char *sep = " ";
-    if (c->diff.misplaced && r->slots &&
-        c->diff.misplaced_engine_slot < r->n_slots &&
-        c->diff.misplaced_index_slot < r->n_slots && len < outsz) {
-        const check_slot_info *e = &r->slots[c->diff.misplaced_engine_slot],
-                              *i = &r->slots[c->diff.misplaced_index_slot];
-        len += (size_t)snprintf(out + len, outsz - len,
-                                " %llu blocks cached by one (worker, rank) "
-                                "are in the index on another whose engine "
-                                "lacks them (first: block %llu of worker %u "
-                                "rank %u, in the index on worker %u rank %u);",
-                                (unsigned long long)c->diff.misplaced,
-                                (unsigned long long)c->diff.misplaced_hash,
-                                e->worker, e->dp_rank, i->worker, i->dp_rank);
-    }
-    for (int k = 0; k < CHECK_DIFF_COUNT && len < outsz; k++) {
-        if (!c->diff.n[k]) continue;
-        len += (size_t)snprintf(out + len, outsz - len, "%s%llu blocks %s", sep,
-                                (unsigned long long)c->diff.n[k],
-                                check_diff_name((check_diff_kind)k));
-        sep = ", ";
-    }
-    if (c->diff.n_first && len < outsz) {
-        char first[256];
-        check_block_diff_text(r, &c->diff.first[0], first, sizeof(first));
-        snprintf(out + len, outsz - len, "; first: %s", first);
+    /* the GPU sets' differences, then the CPU tier's */
+    bool gpu = diff_total(&c->diff) > 0, cpu = diff_total(&c->cpu.diff) > 0;
+    const check_set_diff *lead = gpu ? &c->diff : &c->cpu.diff;
+    int k = snprintf(out, outsz, "%s: %s:",
+                     check_reason_name(check_set_diff_reason(lead, r->dp_size)),
+                     name);
+    size_t len = k < 0 ? outsz : (size_t)k;
+    if (gpu && len < outsz) len = diff_words(r, &c->diff, out, len, outsz);
+    if (cpu && len < outsz) {
+        k = snprintf(out + len, outsz - len, "%s tier cpu:", gpu ? ";" : "");
+        len = k < 0 ? outsz : len + (size_t)k;
+        if (len < outsz) diff_words(r, &c->cpu.diff, out, len, outsz);
     }
 }
 

@@ -932,8 +932,8 @@ static bool engine_cleared(chk_env *env, void *arg, char *why, size_t whysz) {
         chk_blocks b;
         chk_blocks_init(&b);
         kvo_err er = {0};
-        if (chk_index_blocks(env, e->worker_id, e->ranks[k].dp_rank, false, &b,
-                             &er) != KVO_OK) {
+        if (chk_index_blocks(env, e->worker_id, e->ranks[k].dp_rank,
+                             WIRE_TIER_DEVICE, false, &b, &er) != KVO_OK) {
             snprintf(why, whysz, "%s", er.msg);
             all = false;
         } else if (b.count) {

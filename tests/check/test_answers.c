@@ -7,12 +7,15 @@
  * memory kvo-check needed bounded by the answer's size, never a multiple.
  *
  * The fake is told what to answer over HTTP itself:
- *   POST /fake/answer?path=P      body = the answer to give for path P
+ *   POST /fake/answer?path=P[&status=S]
+ *                                 body = the answer to give for path P
+ *                                 (with HTTP status S, 200)
  *   POST /fake/huge?path=P&kind=K a 200 MB answer made in the child:
  *                                 K = number (one integer of that many
  *                                 digits) or array (that many bytes of
  *                                 "0,0,...")
- * Any other path gets its answer, or 404. */
+ * Any other path gets its answer, or 404. P may be "path@H" (the page
+ * after=H of path) or "path~T" (path asked with tier=T). */
 #include "check_int.h"
 #include "tc.h"
 
@@ -34,7 +37,8 @@ typedef struct route {
     char path[64];
     uint8_t *body; /* owned */
     size_t len;
-    char huge; /* 0, 'n' (number) or 'a' (array) */
+    char huge;   /* 0, 'n' (number) or 'a' (array) */
+    long status; /* 0: 200 */
 } route;
 
 static route routes[FAKE_ROUTES]; /* the child's */
@@ -84,6 +88,8 @@ static void fake_on_req(void *ctx, kvo_http_req *req) {
         r->body = NULL;
         r->len = 0;
         r->huge = 0;
+        const char *status = kvo_http_req_arg(req, "status");
+        r->status = status ? atol(status) : 0;
         if (strcmp(path, "/fake/huge") == 0) {
             const char *kind = kvo_http_req_arg(req, "kind");
             r->huge = kind ? kind[0] : 'n';
@@ -98,21 +104,26 @@ static void fake_on_req(void *ctx, kvo_http_req *req) {
         kvo_http_respond(req, 200, "text/plain", "ok", 2);
         return;
     }
-    /* a page: "P@H" answers P?...&after=H when it is set */
+    /* a page: "P@H" answers P?...&after=H when it is set; a tier: "P~T"
+     * answers P?...&tier=T (its pages P~T@H) */
     const char *after = kvo_http_req_arg(req, "after");
+    const char *tier = kvo_http_req_arg(req, "tier");
+    char base[64], key[96];
+    snprintf(base, sizeof(base), "%s%s%s", path, tier ? "~" : "",
+             tier ? tier : "");
     route *r = NULL;
     if (after) {
-        char key[64];
-        snprintf(key, sizeof(key), "%s@%s", path, after);
+        snprintf(key, sizeof(key), "%s@%s", base, after);
         r = route_for(key, false);
     }
-    if (!r) r = route_for(path, false);
+    if (!r) r = route_for(base, false);
     if (!r)
         kvo_http_respond_error(req, 404, "no such path");
     else if (r->huge)
         answer_huge(req, r->huge);
     else
-        kvo_http_respond(req, 200, "application/json", r->body, r->len);
+        kvo_http_respond(req, r->status ? (unsigned)r->status : 200,
+                         "application/json", r->body, r->len);
 }
 
 /* The child: serve until the parent closes ctl (or dies). */
@@ -203,6 +214,14 @@ static void fake_answer(fake *f, const char *path, const char *text) {
     fake_set(f, "answer", path, "", text, strlen(text));
 }
 
+/* The same with HTTP status code. */
+static void fake_answer_status(fake *f, const char *path, int code,
+                               const char *text) {
+    char more[32];
+    snprintf(more, sizeof(more), "&status=%d", code);
+    fake_set(f, "answer", path, more, text, strlen(text));
+}
+
 /* What kvo-check calls, pointed at the fake: one engine with one rank, an
  * indexer, a relay whose /stats is the fake's. */
 typedef struct target {
@@ -237,11 +256,12 @@ static const chk_prompt PROMPT = {
 
 /* Each call kvo-check makes, as it makes it; what it read goes into got. */
 typedef struct reading {
-    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP];
+    int32_t hits[CHK_MAX_DP], cached[CHK_MAX_DP], cpu[CHK_MAX_DP];
     chk_completion c;
     char model[128];
     check_counters counters;
-    uint32_t scores[1];
+    uint32_t scores[1], host[1];
+    chk_tiers tiers;
     chk_watermark wm;
     bool covered, live;
     kvo_buf metrics;
@@ -250,6 +270,7 @@ typedef struct reading {
 
 static void reading_init(reading *g) {
     memset(g, 0, sizeof(*g));
+    g->tiers.host = g->host;
     check_counters_init(&g->counters);
     kvo_buf_init(&g->metrics);
     chk_blocks_init(&g->blocks);
@@ -277,7 +298,8 @@ static kvo_status call_sources(target *t, reading *g, kvo_err *err) {
     return chk_engine_sources(&t->e, err);
 }
 static kvo_status call_probe(target *t, reading *g, kvo_err *err) {
-    return chk_engine_probe(&t->e, &PROMPT, 16, false, g->hits, g->cached, err);
+    return chk_engine_probe(&t->e, &PROMPT, 16, false, g->hits, g->cached,
+                            g->cpu, err);
 }
 static kvo_status call_complete(target *t, reading *g, kvo_err *err) {
     kvo_free(g->c.kv_transfer_params);
@@ -289,16 +311,18 @@ static kvo_status call_model(target *t, reading *g, kvo_err *err) {
 static kvo_status call_query(target *t, reading *g, kvo_err *err) {
     static const uint64_t hashes[] = {1, 2}, pairs[] = {7, 3};
     return chk_index_query_wait(&t->env, hashes, 2, pairs, 1, 10, g->scores,
-                                &g->wm, &g->covered, &g->metrics, err);
+                                &g->tiers, &g->wm, &g->covered, &g->metrics,
+                                err);
 }
 static kvo_status call_watermark(target *t, reading *g, kvo_err *err) {
     return chk_index_watermark(&t->env, &g->wm, err);
 }
 static kvo_status call_engine_blocks(target *t, reading *g, kvo_err *err) {
-    return chk_engine_blocks(&t->e, 0, &g->blocks, err);
+    return chk_engine_blocks(&t->e, 0, WIRE_TIER_DEVICE, &g->blocks, err);
 }
 static kvo_status call_index_blocks(target *t, reading *g, kvo_err *err) {
-    return chk_index_blocks(&t->env, 0, 0, true, &g->blocks, err);
+    return chk_index_blocks(&t->env, 0, 0, WIRE_TIER_DEVICE, true, &g->blocks,
+                            err);
 }
 /* The relay's readiness poll says only "not live" and the status. */
 static kvo_status call_relay(target *t, reading *g, kvo_err *err) {
@@ -427,6 +451,8 @@ START_TEST(good_answers_are_read_field_by_field) {
                                  "requests_finished") == 3);
     ck_assert_int_eq(g.hits[0], 3);
     ck_assert_int_eq(g.cached[0], 3);
+    ck_assert_int_eq(g.cpu[0], -1); /* no CPU tier */
+    ck_assert(!t.e.ranks[0].has_cpu_set);
     /* a hybrid model's full-attention run, a tiered cache's GPU run: what
      * the router must score, beside the engine's own hit */
     kvo_err err = {0};
@@ -434,12 +460,12 @@ START_TEST(good_answers_are_read_field_by_field) {
                 "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,"
                 "\"hit_blocks\":3,\"full_blocks\":5}]}");
     ck_assert_int_eq(call_probe(&t, &g, &err), KVO_OK);
-    ck_assert(g.hits[0] == 5 && g.cached[0] == 3);
+    ck_assert(g.hits[0] == 5 && g.cached[0] == 3 && g.cpu[0] == -1);
     fake_answer(&f, "/kvo/probe",
                 "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,"
                 "\"hit_blocks\":7,\"gpu\":2,\"cpu\":5}]}");
     ck_assert_int_eq(call_probe(&t, &g, &err), KVO_OK);
-    ck_assert(g.hits[0] == 2 && g.cached[0] == 7);
+    ck_assert(g.hits[0] == 2 && g.cached[0] == 7 && g.cpu[0] == 5);
     ck_assert_int_eq(g.c.prompt_tokens, 4);
     ck_assert_int_eq(g.c.cached_tokens, 0);
     ck_assert(g.c.kvo);
@@ -451,6 +477,8 @@ START_TEST(good_answers_are_read_field_by_field) {
                      "\"on\":true,\"r\":0.5}");
     ck_assert_str_eq(g.model, "m");
     ck_assert_uint_eq(g.scores[0], 2); /* worker 9 is not ours */
+    ck_assert_uint_eq(g.host[0], 2);   /* no tiers: the device run */
+    ck_assert(!g.tiers.answered);
     ck_assert(g.covered);
     ck_assert(g.metrics.len == 4 && memcmp(g.metrics.data, "x 1\n", 4) == 0);
     /* the last read: /watermark's */
@@ -645,6 +673,29 @@ static const bad_case BAD[] = {
      "start (byte 0, near \"\")"},
     {EP_WATERMARK, "{\"publishers\":[{\"publisher_id\":1}",
      "bad JSON answer: the input ends inside an array (byte 14, "},
+    /* a tiered probe gives both runs */
+    {EP_PROBE,
+     "{\"block_size\":16,\"ranks\":[{\"dp_rank\":0,\"hit_blocks\":3,"
+     "\"gpu\":3}]}",
+     "ranks[0].cpu: expected an integer in [0, 2147483647], got nothing"},
+    /* a tier's score: an object, cumulative (never below the device run) */
+    {EP_QUERY,
+     "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":1,"
+     "\"tiers\":[2]}]}",
+     "scores[0].tiers: expected null or an object, got an array"},
+    {EP_QUERY,
+     "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":5,"
+     "\"tiers\":{\"host_pinned\":3}}]}",
+     "scores[0].tiers.host_pinned: 3, below the device run 5 (a tier's score "
+     "counts the device run too)"},
+    {EP_QUERY,
+     "{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":5,"
+     "\"tiers\":{\"host_pinned\":4294967296}}]}",
+     "scores[0].tiers.host_pinned: expected null or an integer in [0, "
+     "4294967295], got 4294967296"},
+    {EP_STATE, "{\"ranks\":[{\"dp_rank\":0,\"cpu_cached_distinct\":3}]}",
+     "ranks[0].cpu_cached_digest: expected an integer in [0, "
+     "18446744073709551615], got nothing"},
     /* a cached set's size without its digest */
     {EP_STATE, "{\"ranks\":[{\"dp_rank\":0,\"cached_distinct\":3}]}",
      "ranks[0].cached_digest: expected an integer in [0, "
@@ -678,19 +729,21 @@ START_TEST(values_out_of_their_range_are_errors_never_clamped) {
         fake_answer(&f, ENDPOINTS[b->endpoint].path, b->answer);
         reading g;
         reading_init(&g);
-        for (int k = 0; k < CHK_MAX_DP; k++) g.hits[k] = -7;
-        g.scores[0] = 77;
+        for (int k = 0; k < CHK_MAX_DP; k++) g.hits[k] = g.cpu[k] = -7;
+        g.scores[0] = g.host[0] = 77;
         kvo_err err = {0};
         kvo_status st = ENDPOINTS[b->endpoint].call(&t, &g, &err);
         expect_error(&f, b->endpoint, st, &err, b->error);
         /* a failed read leaves what it would have written as it was */
         ck_assert_int_eq(g.hits[0], -7);
+        ck_assert_int_eq(g.cpu[0], -7);
         ck_assert_uint_eq(g.scores[0], 77);
+        ck_assert_uint_eq(g.host[0], 77);
         ck_assert_uint_eq(g.wm.n, 0);
         ck_assert_ptr_null(g.c.kv_transfer_params);
         ck_assert_uint_eq(g.counters.n, 0);
         ck_assert_uint_eq(g.blocks.n + g.blocks.count, 0);
-        ck_assert(!t.e.ranks[0].has_set);
+        ck_assert(!t.e.ranks[0].has_set && !t.e.ranks[0].has_cpu_set);
         reading_fini(&g);
     }
     target_fini(&t);
@@ -801,7 +854,8 @@ START_TEST(block_lists_are_read_page_by_page_and_must_hold_still) {
     fake_answer(&f, "/blocks",
                 "{\"worker_id\":0,\"dp_rank\":0,\"count\":12,"
                 "\"digest\":99}");
-    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, false, &g.blocks, &err),
+    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, WIRE_TIER_DEVICE, false,
+                                      &g.blocks, &err),
                      KVO_OK);
     ck_assert(g.blocks.count == 12 && g.blocks.digest == 99 && g.blocks.n == 0);
     reading_fini(&g);
@@ -898,11 +952,16 @@ START_TEST(dynamo_answers_are_read_in_tokens_and_must_agree) {
         static const uint64_t hashes[] = {1, 1ull << 63};
         uint32_t sc[2] = {77, 77};
         kvo_err err = {0};
-        kvo_status st = chk_index_query(&t.env, hashes, 2, sc, &err);
+        uint32_t host[2] = {77, 77};
+        chk_tiers tiers = {.host = host, .answered = true};
+        kvo_status st = chk_index_query(&t.env, hashes, 2, sc, &tiers, &err);
         if (!cases[i].error) {
             ck_assert_msg(st == KVO_OK, "case %zu: %s", i, err.msg);
             ck_assert_uint_eq(sc[0], cases[i].want0);
             ck_assert_uint_eq(sc[1], cases[i].want1);
+            /* per-rank tiers are not in Dynamo's answer: the scores */
+            ck_assert(host[0] == sc[0] && host[1] == sc[1]);
+            ck_assert(!tiers.answered);
             continue;
         }
         ck_assert_msg(st != KVO_OK && strstr(err.msg, cases[i].error),
@@ -1038,6 +1097,278 @@ START_TEST(a_malformed_sources_answer_is_not_a_real_engine) {
 }
 END_TEST
 
+/* The kvo API's scores with the lower tiers: "tiers": {"host_pinned": N}
+ * per (worker, rank), cumulative; without it the device run stands. */
+START_TEST(query_answers_carry_each_ranks_host_pinned_score) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    t.env.dp_size = 2;
+    static const struct {
+        const char *answer;
+        uint32_t sc0, sc1, host0, host1;
+        bool answered;
+    } cases[] = {
+        /* a GPU run then a CPU run; a CPU run alone ("blocks": 0); a
+         * worker that is not ours */
+        {"{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":3,"
+         "\"tiers\":{\"host_pinned\":7}},{\"worker_id\":0,\"dp_rank\":1,"
+         "\"blocks\":0,\"tiers\":{\"host_pinned\":2}},{\"worker_id\":9,"
+         "\"dp_rank\":0,\"blocks\":1,\"tiers\":{\"host_pinned\":4}}]}",
+         3, 0, 7, 2, true},
+        /* an index without tiers */
+        {"{\"scores\":[{\"worker_id\":0,\"dp_rank\":1,\"blocks\":4}]}", 0, 4, 0,
+         4, false},
+        /* tiers, none of them host_pinned; and a null one */
+        {"{\"scores\":[{\"worker_id\":0,\"dp_rank\":0,\"blocks\":2,"
+         "\"tiers\":{\"disk\":5}},{\"worker_id\":0,\"dp_rank\":1,"
+         "\"blocks\":1,\"tiers\":null}]}",
+         2, 1, 2, 1, true},
+    };
+    for (size_t i = 0; i < KVO_ARRAY_LEN(cases); i++) {
+        fake_answer(&f, "/query_by_hash", cases[i].answer);
+        static const uint64_t hashes[] = {1, 2};
+        uint32_t sc[2] = {77, 77}, host[2] = {77, 77};
+        chk_tiers tiers = {.host = host, .answered = !cases[i].answered};
+        kvo_err err = {0};
+        ck_assert_msg(chk_index_query(&t.env, hashes, 2, sc, &tiers, &err) ==
+                          KVO_OK,
+                      "case %zu: %s", i, err.msg);
+        ck_assert(sc[0] == cases[i].sc0 && sc[1] == cases[i].sc1);
+        ck_assert_msg(host[0] == cases[i].host0 && host[1] == cases[i].host1,
+                      "case %zu: host %u %u", i, host[0], host[1]);
+        ck_assert(tiers.answered == cases[i].answered);
+        /* a caller that does not want them */
+        ck_assert_int_eq(chk_index_query(&t.env, hashes, 2, sc, NULL, &err),
+                         KVO_OK);
+    }
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
+/* The CPU tier's block sets: kvo-mocker's /kvo/blocks?tier=cpu and
+ * kvo-indexer's /blocks?tier=host_pinned; an indexer that refuses the
+ * parameter says so (KVO_EUNSUPPORTED), for the tier only. */
+START_TEST(block_sets_of_a_tier_are_asked_for_by_name) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    reading g;
+    reading_init(&g);
+    kvo_err err = {0};
+    fake_answer(&f, "/kvo/blocks",
+                "{\"rank\":0,\"count\":0,\"digest\":0,\"blocks\":[],"
+                "\"next\":null}");
+    fake_answer(&f, "/kvo/blocks~cpu",
+                "{\"rank\":0,\"tier\":\"cpu\",\"count\":1,\"digest\":3,"
+                "\"blocks\":[[9,null]],\"next\":null}");
+    ck_assert_int_eq(
+        chk_engine_blocks(&t.e, 0, WIRE_TIER_HOST_PINNED, &g.blocks, &err),
+        KVO_OK);
+    ck_assert(g.blocks.n == 1 && g.blocks.v[0].hash == 9);
+    ck_assert_int_eq(
+        chk_engine_blocks(&t.e, 0, WIRE_TIER_DEVICE, &g.blocks, &err), KVO_OK);
+    ck_assert(g.blocks.n == 0);
+    ck_assert_int_eq(
+        chk_engine_blocks(&t.e, 0, WIRE_TIER_DISK, &g.blocks, &err),
+        KVO_EINVAL);
+    fake_answer(&f, "/kvo/blocks~cpu", "{\"count\":1}");
+    ck_assert_int_ne(
+        chk_engine_blocks(&t.e, 0, WIRE_TIER_HOST_PINNED, &g.blocks, &err),
+        KVO_OK);
+    char want[256];
+    snprintf(want, sizeof(want), "GET %s/kvo/blocks?rank=0&tier=cpu: ", f.base);
+    ck_assert_msg(strncmp(err.msg, want, strlen(want)) == 0, "%s", err.msg);
+    /* the index's host_pinned set, digest only */
+    fake_answer(&f, "/blocks~host_pinned",
+                "{\"worker_id\":0,\"dp_rank\":0,\"tier\":\"host_pinned\","
+                "\"count\":4,\"digest\":8}");
+    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, WIRE_TIER_HOST_PINNED,
+                                      false, &g.blocks, &err),
+                     KVO_OK);
+    ck_assert(g.blocks.count == 4 && g.blocks.digest == 8);
+    /* an indexer of the device tier only refuses it */
+    fake_answer_status(&f, "/blocks~host_pinned", 400,
+                       "{\"error\":\"unknown parameter tier\"}");
+    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, WIRE_TIER_HOST_PINNED,
+                                      false, &g.blocks, &err),
+                     KVO_EUNSUPPORTED);
+    snprintf(want, sizeof(want),
+             "GET %s/blocks?worker_id=0&dp_rank=0&tier=host_pinned&"
+             "digest_only=1: HTTP 400: {\"error\":\"unknown parameter tier\"}",
+             f.base);
+    ck_assert_str_eq(err.msg, want);
+    /* a 400 to the device set is an error like any other */
+    fake_answer_status(&f, "/blocks", 400, "{}");
+    ck_assert_int_eq(chk_index_blocks(&t.env, 0, 0, WIRE_TIER_DEVICE, false,
+                                      &g.blocks, &err),
+                     KVO_EHTTP);
+    reading_fini(&g);
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
+/* What fn writes to a FILE, as a malloc'd string. */
+static char *capture_summary(const check_result *r) {
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    check_report_summary(f, r, 0);
+    long n = ftell(f);
+    ck_assert(n >= 0);
+    char *buf = kvo_malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(buf);
+    rewind(f);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* "{"count":N,"digest":D,"blocks":[...],"next":null}" of v[0, n). */
+static void set_answer(char *out, size_t outsz, const char *head,
+                       check_block *v, size_t n) {
+    size_t len = (size_t)snprintf(
+        out, outsz,
+        "{%s\"count\":%zu,\"digest\":"
+        "%llu,\"blocks\":[",
+        head, n, (unsigned long long)check_blocks_digest(v, n));
+    for (size_t i = 0; i < n && len < outsz; i++) {
+        if (v[i].has_parent)
+            len += (size_t)snprintf(out + len, outsz - len, "%s[%llu,%llu]",
+                                    i ? "," : "", (unsigned long long)v[i].hash,
+                                    (unsigned long long)v[i].parent);
+        else
+            len +=
+                (size_t)snprintf(out + len, outsz - len, "%s[%llu,null]",
+                                 i ? "," : "", (unsigned long long)v[i].hash);
+    }
+    if (len < outsz) snprintf(out + len, outsz - len, "],\"next\":null}");
+}
+
+#define BLK(h, p)                                                              \
+    ((check_block){.hash = (h), .parent = (p), .has_parent = true})
+#define ROOT(h) ((check_block){.hash = (h)})
+
+/* A checkpoint against the fake: the engine's /kvo/state tells a CPU set,
+ * which is compared with the index's host_pinned set as the GPU set is --
+ * digests, then lists where they differ -- and a difference fails the
+ * checkpoint naming the tier. An indexer that refuses the tier leaves the
+ * CPU sets not compared, and the summary says so. */
+START_TEST(a_checkpoint_compares_the_cpu_tier_and_names_it) {
+    fake f;
+    fake_start(&f);
+    target t;
+    target_init(&t, &f);
+    t.e.mocker = true;
+    snprintf(t.e.name, sizeof(t.e.name), "kvo-mocker[0]");
+    check_block gpu[] = {ROOT(1), BLK(2, 1)};
+    check_block ecpu[] = {ROOT(5), BLK(6, 5)};
+    check_block icpu[] = {ROOT(5), BLK(6, 5), BLK(7, 6)}; /* 7: stale */
+    char a[512];
+    snprintf(a, sizeof(a),
+             "{\"ranks\":[{\"dp_rank\":0,\"last_seq\":4,\"cached_distinct\":2,"
+             "\"cached_digest\":%llu,\"cpu_cached_distinct\":2,"
+             "\"cpu_cached_digest\":%llu}]}",
+             (unsigned long long)check_blocks_digest(gpu, 2),
+             (unsigned long long)check_blocks_digest(ecpu, 2));
+    fake_answer(&f, "/kvo/state", a);
+    set_answer(a, sizeof(a), "", gpu, 2);
+    fake_answer(&f, "/blocks", a);
+    set_answer(a, sizeof(a), "\"tier\":\"cpu\",", ecpu, 2);
+    fake_answer(&f, "/kvo/blocks~cpu", a);
+    set_answer(a, sizeof(a), "", icpu, 3);
+    fake_answer(&f, "/blocks~host_pinned", a);
+    kvo_err err = {0};
+    ck_assert_msg(chk_engine_state(&t.e, &err) == KVO_OK, "%s", err.msg);
+    ck_assert(t.e.ranks[0].has_cpu_set && t.e.ranks[0].cpu_set_count == 2);
+
+    chk_run r;
+    memset(&r, 0, sizeof(r));
+    r.cfg = &t.cfg;
+    r.env = t.env;
+    r.env.engines = &t.e;
+    r.env.n_workers = r.env.n_engines = 1;
+    r.n_slots = 1;
+    check_checkpoint c;
+    memset(&c, 0, sizeof(c));
+    c.number = 1;
+    c.before_prompt = -1;
+    c.final = true;
+    c.sweep_first = -1;
+    check_slot_sets ss[1];
+    memset(ss, 0, sizeof(ss));
+    ck_assert_msg(chk_compare_sets(&r, 0, &c, ss) == KVO_OK, "%s", r.err.msg);
+    /* the GPU sets: equal by their digests, no list fetched */
+    ck_assert(c.sets && ss[0].compared && !ss[0].listed);
+    ck_assert_uint_eq(c.diff.n[0] + c.diff.n[1] + c.diff.n[2], 0);
+    /* the CPU sets: listed, one block in the index only */
+    ck_assert_uint_eq(c.cpu.ranks, 1);
+    ck_assert_uint_eq(c.cpu.compared, 1);
+    ck_assert_uint_eq(c.cpu.listed, 1);
+    ck_assert(c.cpu.engine_blocks == 2 && c.cpu.index_blocks == 3);
+    ck_assert_uint_eq(c.cpu.diff.n[CHECK_DIFF_INDEX_ONLY], 1);
+    ck_assert_uint_eq(c.cpu.diff.first[0].index.hash, 7);
+    ck_assert_uint_eq(c.listed_blocks, 5);
+    ck_assert(check_checkpoint_failed(&c));
+    check_result *res;
+    ck_assert_int_eq(check_result_new(&res), KVO_OK);
+    ck_assert_int_eq(check_result_slots(res, 1, 1, 16), KVO_OK);
+    ck_assert_int_eq(check_result_checkpoint(res, &c, ss), KVO_OK);
+    check_verdict_decide(res, &res->verdict);
+    ck_assert(!res->verdict.pass);
+    ck_assert_int_eq(res->verdict.reason, CHECK_REASON_STALE_BLOCK);
+    ck_assert_str_eq(res->verdict.cause,
+                     "stale block: the final checkpoint 1 after 0 requests: "
+                     "tier cpu: 1 blocks in the index but not the engine; "
+                     "first: worker 0 rank 0: block 7 (parent 6) in the "
+                     "index, not the engine (no prompt of the run reaches "
+                     "it)");
+    ck_assert_str_eq(res->verdict.where, "checkpoint 1: block sets (tier cpu)");
+    check_result_free(res);
+
+    /* an indexer of the device tier only: not compared, and said */
+    fake_answer_status(&f, "/blocks~host_pinned", 400,
+                       "{\"error\":\"unknown parameter\"}");
+    memset(&c, 0, sizeof(c));
+    c.number = 1;
+    c.before_prompt = -1;
+    c.sweep_first = -1;
+    memset(ss, 0, sizeof(ss));
+    ck_assert_msg(chk_compare_sets(&r, 0, &c, ss) == KVO_OK, "%s", r.err.msg);
+    ck_assert(c.sets && c.cpu.ranks == 1 && c.cpu.compared == 0);
+    ck_assert_str_eq(c.cpu.note,
+                     "the indexer refuses GET /blocks?tier=host_pinned (HTTP "
+                     "400): an indexer of the device tier only");
+    ck_assert(!check_checkpoint_failed(&c));
+    ck_assert_int_eq(check_result_new(&res), KVO_OK);
+    ck_assert_int_eq(check_result_slots(res, 1, 1, 16), KVO_OK);
+    ck_assert_int_eq(check_result_checkpoint(res, &c, ss), KVO_OK);
+    char *sum = capture_summary(res);
+    ck_assert_msg(strstr(sum, "block sets compared at 1 of them, the CPU "
+                              "tier's at 0 of 1\n") &&
+                      strstr(sum, "CPU tier not compared: the indexer "
+                                  "refuses GET /blocks?tier=host_pinned"),
+                  "%s", sum);
+    kvo_free(sum);
+    check_result_free(res);
+    /* Dynamo's API: the GPU tier only, and said */
+    t.cfg.indexer_api = CHECK_API_DYNAMO;
+    memset(&c, 0, sizeof(c));
+    memset(ss, 0, sizeof(ss));
+    ck_assert_msg(chk_compare_sets(&r, 0, &c, ss) == KVO_OK, "%s", r.err.msg);
+    ck_assert(c.sets && ss[0].compared);
+    ck_assert(c.cpu.ranks == 1 && c.cpu.compared == 0);
+    ck_assert_str_eq(c.cpu.note,
+                     "--indexer-api dynamo judges the GPU tier only");
+    target_fini(&t);
+    fake_stop(&f);
+}
+END_TEST
+
 Suite *suite_answers(void) {
     Suite *s = suite_create("answers");
     TCase *tc = tcase_create("answers");
@@ -1054,6 +1385,9 @@ Suite *suite_answers(void) {
     tcase_add_test(tc, dynamo_answers_are_read_in_tokens_and_must_agree);
     tcase_add_test(tc, lookup_answers_tell_where_the_tokens_are);
     tcase_add_test(tc, a_stalled_batch_is_placed_by_the_relays_stats);
+    tcase_add_test(tc, query_answers_carry_each_ranks_host_pinned_score);
+    tcase_add_test(tc, block_sets_of_a_tier_are_asked_for_by_name);
+    tcase_add_test(tc, a_checkpoint_compares_the_cpu_tier_and_names_it);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -233,6 +233,147 @@ START_TEST(a_split_probe_judges_the_index_by_what_a_router_sees) {
 }
 END_TEST
 
+/* A tiered cache on every slot: the probe gives each rank's GPU run
+ * (f->probes), its CPU run after it (cpu) and the GPU+CPU hit (own); the
+ * index its device scores (f->scores) and host_pinned scores (host). */
+typedef struct tier_fix {
+    int32_t own[4], cpu[4];
+    uint32_t host[4];
+} tier_fix;
+
+/* Slot s: GPU run g, CPU run c (the hit capped at cap), index device
+ * score d and host_pinned score h. */
+static void tier_slot(obs_fix *f, tier_fix *t, uint32_t s, int32_t g, int32_t c,
+                      uint32_t d, uint32_t h) {
+    int32_t cap = (int32_t)((f->o.prompt_tokens - 1) / f->o.block_size);
+    f->probes[s] = g;
+    t->cpu[s] = c;
+    t->own[s] = g + c < cap ? g + c : cap;
+    f->scores[s] = d;
+    t->host[s] = h;
+}
+
+static void tier_init(obs_fix *f, tier_fix *t) {
+    memset(t, 0, sizeof(*t));
+    f->o.probe_cache_hits = t->own;
+    f->o.probe_cpu = t->cpu;
+    f->o.index_host_scores = t->host;
+    f->o.index_tiered = true;
+}
+
+START_TEST(tiered_probes_agreeing_on_both_tiers_are_not_divergent) {
+    obs_fix f;
+    fix_init(&f, 200, 0, 7 * 16); /* cap 12 */
+    tier_fix t;
+    tier_init(&f, &t);
+    tier_slot(&f, &t, 0, 3, 4, 3, 7);    /* GPU 3, then 4 from the CPU */
+    tier_slot(&f, &t, 1, 0, 0, 0, 0);    /* nothing */
+    tier_slot(&f, &t, 2, 12, 3, 13, 16); /* both capped at 12 */
+    tier_slot(&f, &t, 3, 0, 2, 0, 2);    /* a CPU run only: blocks 0 */
+    check_prompt p;
+    judge(&f, &p);
+    ck_assert_msg(!p.diverged, "%s", p.detail);
+    ck_assert_int_eq(p.engine_hit_blocks, 7); /* the response: GPU+CPU */
+    ck_assert_int_eq(p.engine_hits[0], 3);    /* the router's truth: GPU */
+    ck_assert_uint_eq(p.index_hit_blocks, 3);
+    /* the same probes with the CPU tier not judged (Dynamo's API) */
+    f.o.index_host_scores = NULL;
+    t.host[3] = 0;
+    judge(&f, &p);
+    ck_assert(!p.diverged);
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(an_index_that_ignores_the_cpu_tier_is_behind_where_it_has_a_run) {
+    /* vllm#43468's index: CPU stores dropped, so its host_pinned score is
+     * its device score everywhere (no "tiers" in any answer) */
+    obs_fix f;
+    fix_init(&f, 200, 0, 7 * 16);
+    tier_fix t;
+    tier_init(&f, &t);
+    f.o.index_tiered = false;
+    tier_slot(&f, &t, 0, 3, 4, 3, 3);
+    tier_slot(&f, &t, 2, 5, 0, 5, 5);
+    tier_slot(&f, &t, 3, 1, 2, 1, 1);
+    check_prompt p;
+    judge(&f, &p);
+    ck_assert(p.diverged);
+    ck_assert(p.tier_cpu);
+    /* the shallowest of the tier's divergences: slot 3 at block 1 */
+    ck_assert_int_eq(p.divergent_slot, 3);
+    ck_assert_int_eq(p.first_divergent_block, 1);
+    ck_assert_int_eq(p.reason, CHECK_REASON_MISSED_STORE);
+    ck_assert_str_eq(p.detail,
+                     "worker 1 rank 1 tier cpu: engine 3 blocks (gpu 1 + cpu "
+                     "2), index 1 (the index never answered a tier: it "
+                     "ignores the CPU tier)");
+    ck_assert_int_eq(p.tier_engine_blocks, 3);
+    ck_assert_uint_eq(p.tier_index_blocks, 1);
+    /* an index that answers tiers but missed this run says no more */
+    f.o.index_tiered = true;
+    judge(&f, &p);
+    ck_assert_str_eq(p.detail, "worker 1 rank 1 tier cpu: engine 3 blocks "
+                               "(gpu 1 + cpu 2), index 1");
+    /* an untiered probe on that slot (-1): not compared there */
+    t.cpu[3] = -1;
+    judge(&f, &p);
+    ck_assert(p.diverged && p.divergent_slot == 0);
+    ck_assert_int_eq(p.first_divergent_block, 3);
+    fix_fini(&f);
+}
+END_TEST
+
+START_TEST(an_index_over_claiming_the_cpu_tier_is_a_stale_block) {
+    obs_fix f;
+    fix_init(&f, 200, 0, 7 * 16);
+    tier_fix t;
+    tier_init(&f, &t);
+    tier_slot(&f, &t, 0, 3, 4, 3, 9); /* the CPU evicted 2 the index keeps */
+    check_prompt p;
+    judge(&f, &p);
+    ck_assert(p.diverged && p.tier_cpu);
+    ck_assert_int_eq(p.divergent_slot, 0);
+    ck_assert_int_eq(p.first_divergent_block, 7);
+    ck_assert_int_eq(p.reason, CHECK_REASON_STALE_BLOCK);
+    ck_assert_str_eq(p.detail, "worker 0 rank 0 tier cpu: engine 7 blocks "
+                               "(gpu 3 + cpu 4), index 9");
+    /* a sibling rank short the other way: the blocks went to the wrong
+     * rank */
+    tier_slot(&f, &t, 1, 0, 2, 0, 0);
+    judge(&f, &p);
+    ck_assert_int_eq(p.divergent_slot, 1); /* block 0: the shallowest */
+    ck_assert_int_eq(p.reason, CHECK_REASON_WRONG_RANK);
+    tier_slot(&f, &t, 1, 0, 0, 0, 0);
+    /* a GPU divergence anywhere comes first, whatever its depth: the GPU
+     * is what a router scores, and what the evidence speaks of */
+    tier_slot(&f, &t, 2, 10, 0, 11, 11);
+    judge(&f, &p);
+    ck_assert(p.diverged && !p.tier_cpu);
+    ck_assert_int_eq(p.divergent_slot, 2);
+    ck_assert_int_eq(p.first_divergent_block, 10);
+    tier_slot(&f, &t, 2, 0, 0, 0, 0);
+    /* a response that disagrees with the GPU+CPU hit: the engine */
+    f.o.cached_tokens = 6 * 16;
+    judge(&f, &p);
+    ck_assert_int_eq(p.reason, CHECK_REASON_ENGINE);
+    ck_assert(!p.tier_cpu);
+    f.o.cached_tokens = 7 * 16;
+    /* re-checked at a checkpoint: the entry shows the tier's two sides */
+    check_result *r;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    ck_assert_int_eq(check_result_slots(r, 2, 2, 16), KVO_OK);
+    f.o.cached_tokens = -1;
+    const check_prompt *sp;
+    ck_assert_int_eq(check_result_add_sweep(r, &f.o, &sp), KVO_OK);
+    ck_assert(sp->diverged && sp->tier_cpu);
+    ck_assert_int_eq(sp->engine_hit_blocks, 7);
+    ck_assert_uint_eq(sp->index_hit_blocks, 9);
+    check_result_free(r);
+    fix_fini(&f);
+}
+END_TEST
+
 START_TEST(unprobed_slots_are_not_compared_and_response_alone_is_truth) {
     obs_fix f;
     fix_init(&f, 200, 1, 3 * 16);
@@ -870,6 +1011,10 @@ Suite *suite_core(void) {
     tcase_add_test(tc,
                    unprobed_slots_are_not_compared_and_response_alone_is_truth);
     tcase_add_test(tc, a_split_probe_judges_the_index_by_what_a_router_sees);
+    tcase_add_test(tc, tiered_probes_agreeing_on_both_tiers_are_not_divergent);
+    tcase_add_test(
+        tc, an_index_that_ignores_the_cpu_tier_is_behind_where_it_has_a_run);
+    tcase_add_test(tc, an_index_over_claiming_the_cpu_tier_is_a_stale_block);
     tcase_add_test(tc, first_divergent_block_is_the_shallowest_over_all_slots);
     tcase_add_test(tc, judge_refuses_nonsense_observations);
     suite_add_tcase(s, tc);

@@ -301,9 +301,12 @@ START_TEST(lora_tenants_and_images_together_pass) {
     ck_assert_int_gt(engine_hits(&r), 0);
     ck_assert(tc_counter(&r, "relay 0.0", "hash_verified") > 0);
     /* the CPU tier was used: evicted blocks went there, prefixes came back
-     * from it (the index is judged on the GPU tier, the response on both) */
+     * from it (the index is judged on the GPU run and on the GPU+CPU hit,
+     * the response on both), and the final checkpoint compared every
+     * rank's CPU set with the index's host_pinned set */
     ck_assert(tc_counter(&r, "engine ", "cpu_stored") > 0);
     ck_assert(tc_counter(&r, "engine ", "cpu_hits") > 0);
+    ck_assert_int_ge(tc_int(r.summary, "checkpoints_cpu_sets_compared"), 1);
     tc_free(&r, false);
     kvo_free(trace);
 }

@@ -150,6 +150,7 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
                                          "index_scores",
                                          "diverged",
                                          "first_divergent_block",
+                                         "divergent_tier",
                                          "reason"};
             for (size_t k = 0; k < KVO_ARRAY_LEN(keys); k++)
                 ck_assert_msg(json_object_object_get_ex(j, keys[k], NULL),
@@ -168,6 +169,11 @@ START_TEST(json_lines_have_every_field_and_a_final_summary) {
                 ck_assert_ptr_null(v);
             json_object_object_get_ex(j, "first_divergent_block", &v);
             if (line == 3) ck_assert_int_eq(json_object_get_int(v), 3);
+            json_object_object_get_ex(j, "divergent_tier", &v);
+            if (line == 3)
+                ck_assert_str_eq(json_object_get_string(v), "gpu");
+            else
+                ck_assert_ptr_null(v);
             /* the evidence block by block, on the divergent line only */
             json_object *ch = NULL;
             ck_assert(json_object_object_get_ex(j, "evidence_chain", &ch) ==
@@ -370,6 +376,12 @@ START_TEST(a_load_run_reports_what_the_router_saw_and_its_checkpoints) {
             ck_assert(!json_object_get_boolean(x));
             ck_assert(json_object_object_get_ex(c2, "differences", &d));
             ck_assert_uint_eq(json_object_array_length(d), 2);
+            /* no CPU tier */
+            ck_assert(json_object_object_get_ex(c2, "cpu_sets", &x));
+            ck_assert_ptr_null(x);
+            ck_assert(json_object_object_get_ex(
+                sum, "checkpoints_cpu_sets_compared", &x));
+            ck_assert_int_eq(json_object_get_int(x), 0);
             json_object *d0 = json_object_array_get_idx(d, 0);
             ck_assert(json_object_object_get_ex(d0, "kind", &x));
             ck_assert_str_eq(json_object_get_string(x), "index_only");
@@ -394,6 +406,89 @@ START_TEST(a_load_run_reports_what_the_router_saw_and_its_checkpoints) {
     ck_assert_ptr_nonnull(strstr(s, "2 blocks in the index but not the "
                                     "engine"));
     ck_assert_ptr_nonnull(strstr(s, "id=\"regime\""));
+    kvo_free(s);
+    check_result_free(r);
+}
+END_TEST
+
+/* A checkpoint's CPU tier in every report: compared or not, its
+ * differences named with the tier. */
+START_TEST(reports_show_the_cpu_tier_of_each_checkpoint) {
+    check_result *r;
+    ck_assert_int_eq(check_result_new(&r), KVO_OK);
+    ck_assert_int_eq(check_result_slots(r, 2, 1, 16), KVO_OK);
+    check_checkpoint c;
+    memset(&c, 0, sizeof(c));
+    c.number = 1;
+    c.after = 10;
+    c.before_prompt = 10;
+    c.sets = true;
+    c.sweep_first = -1;
+    c.cpu.ranks = c.cpu.compared = 2;
+    c.cpu.listed = 1;
+    c.cpu.engine_blocks = 4;
+    c.cpu.index_blocks = 3;
+    check_block eng[] = {{.hash = 70}};
+    check_blocks_compare(eng, 1, NULL, 0, 1, &c.cpu.diff);
+    ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
+    memset(&c, 0, sizeof(c)); /* the second: an indexer without tiers */
+    c.number = 2;
+    c.after = 20;
+    c.before_prompt = -1;
+    c.final = true;
+    c.sets = true;
+    c.sweep_first = -1;
+    c.cpu.ranks = 2;
+    snprintf(c.cpu.note, sizeof(c.cpu.note), "the indexer refuses it");
+    ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_MISSED_STORE);
+    char *s = capture(do_summary, r, NULL);
+    ck_assert_msg(strstr(s, "checkpoints        2, 1 failed; block sets "
+                            "compared at 2 of them, the CPU tier's at 1 of "
+                            "2\n") &&
+                      strstr(s, "CPU tier not compared: the indexer refuses "
+                                "it") &&
+                      strstr(s, "    tier cpu: worker 1 rank 0: block 70 (no "
+                                "parent) in the engine, not the index"),
+                  "%s", s);
+    kvo_free(s);
+    s = capture(do_json, r, NULL);
+    char *last = strrchr(s, '{');
+    while (last > s && strncmp(last, "{\"summary\"", 10) != 0) last--;
+    json_object *j = json_tokener_parse(last), *sum, *v, *c0, *cpu, *x;
+    ck_assert_ptr_nonnull(j);
+    ck_assert(json_object_object_get_ex(j, "summary", &sum));
+    ck_assert(
+        json_object_object_get_ex(sum, "checkpoints_cpu_sets_compared", &v));
+    ck_assert_int_eq(json_object_get_int(v), 1);
+    ck_assert(json_object_object_get_ex(sum, "checkpoints", &v));
+    c0 = json_object_array_get_idx(v, 0);
+    ck_assert(json_object_object_get_ex(c0, "cpu_sets", &cpu));
+    ck_assert(json_object_object_get_ex(cpu, "engine_only", &x));
+    ck_assert_int_eq(json_object_get_int(x), 1);
+    ck_assert(json_object_object_get_ex(cpu, "engine_blocks", &x));
+    ck_assert_int_eq(json_object_get_int(x), 4);
+    ck_assert(json_object_object_get_ex(cpu, "differences", &x));
+    ck_assert_uint_eq(json_object_array_length(x), 1);
+    ck_assert(json_object_object_get_ex(c0, "cause", &x));
+    ck_assert_str_eq(json_object_get_string(x),
+                     "missed store: checkpoint 1 after 10 requests: tier cpu: "
+                     "1 blocks in the engine but not the index; first: worker "
+                     "1 rank 0: block 70 (no parent) in the engine, not the "
+                     "index (no prompt of the run reaches it)");
+    ck_assert(json_object_object_get_ex(json_object_array_get_idx(v, 1),
+                                        "cpu_sets", &cpu));
+    ck_assert(json_object_object_get_ex(cpu, "note", &x));
+    ck_assert_str_eq(json_object_get_string(x), "the indexer refuses it");
+    json_object_put(j);
+    kvo_free(s);
+    s = capture(do_html, r, NULL);
+    ck_assert_ptr_nonnull(strstr(s, "<br>tier cpu: 1 engine only, 0 index "
+                                    "only, 0 parent"));
+    ck_assert_ptr_nonnull(
+        strstr(s, "<br>tier cpu: 0 of 2 ranks compared: the indexer refuses "
+                  "it"));
     kvo_free(s);
     check_result_free(r);
 }
@@ -485,6 +580,7 @@ Suite *suite_report(void) {
     tcase_add_test(tc, html_of_an_empty_run_is_still_a_page);
     tcase_add_test(tc,
                    a_load_run_reports_what_the_router_saw_and_its_checkpoints);
+    tcase_add_test(tc, reports_show_the_cpu_tier_of_each_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -177,6 +177,51 @@ START_TEST(a_checkpoint_with_differences_fails_the_run_naming_them) {
 }
 END_TEST
 
+START_TEST(a_cpu_tier_difference_is_named_after_the_gpu_ones) {
+    check_result *r = clean_result(10);
+    check_checkpoint c;
+    memset(&c, 0, sizeof(c));
+    c.number = 1;
+    c.after = 5;
+    c.before_prompt = 5;
+    c.sets = true;
+    c.sweep_first = -1;
+    /* the CPU tier alone: its reason, its words */
+    check_block cpu_idx[] = {ROOT(8), B(9, 8)};
+    check_blocks_compare(NULL, 0, cpu_idx, 2, 1, &c.cpu.diff);
+    ck_assert(check_checkpoint_sets_differ(&c));
+    ck_assert(check_checkpoint_failed(&c));
+    char cause[720];
+    check_checkpoint_cause(r, &c, cause, sizeof(cause));
+    ck_assert_str_eq(cause, "stale block: checkpoint 1 after 5 requests: tier "
+                            "cpu: 2 blocks in the index but not the engine; "
+                            "first: worker 1 rank 0: block 8 (no parent) in "
+                            "the index, not the engine (no prompt of the run "
+                            "reaches it)");
+    /* with the GPU's: those first, and their reason */
+    check_block gpu_eng[] = {ROOT(1)};
+    check_blocks_compare(gpu_eng, 1, NULL, 0, 0, &c.diff);
+    check_checkpoint_cause(r, &c, cause, sizeof(cause));
+    ck_assert_str_eq(cause, "missed store: checkpoint 1 after 5 requests: 1 "
+                            "blocks in the engine but not the index; first: "
+                            "worker 0 rank 0: block 1 (no parent) in the "
+                            "engine, not the index (no prompt of the run "
+                            "reaches it); tier cpu: 2 blocks in the index but "
+                            "not the engine; first: worker 1 rank 0: block 8 "
+                            "(no parent) in the index, not the engine (no "
+                            "prompt of the run reaches it)");
+    ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
+    check_verdict_decide(r, &r->verdict);
+    ck_assert_int_eq(r->verdict.reason, CHECK_REASON_MISSED_STORE);
+    ck_assert_str_eq(r->verdict.where, "checkpoint 1: block sets");
+    /* a short buffer is cut, never overrun */
+    char small[40];
+    check_checkpoint_cause(r, &c, small, sizeof(small));
+    ck_assert_uint_eq(strlen(small), sizeof(small) - 1);
+    check_result_free(r);
+}
+END_TEST
+
 START_TEST(a_counter_read_at_the_checkpoint_names_the_cause_first) {
     check_result *r = clean_result(10);
     check_checkpoint c;
@@ -337,6 +382,7 @@ Suite *suite_sets(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoints");
     tcase_add_test(tc, a_checkpoint_with_differences_fails_the_run_naming_them);
+    tcase_add_test(tc, a_cpu_tier_difference_is_named_after_the_gpu_ones);
     tcase_add_test(tc, a_counter_read_at_the_checkpoint_names_the_cause_first);
     tcase_add_test(tc, a_prompt_re_checked_at_a_checkpoint_fails_it);
     suite_add_tcase(s, tc);
