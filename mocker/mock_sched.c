@@ -48,15 +48,17 @@
 /* First capacity of the started-users array. */
 #define STARTED_FIRST_CAP 64
 
-/* pool_evict_fn: the GPU BlockRemoved, then the offload to the CPU tier
- * (its events follow the step's GPU events). A failed offload (no memory
- * for the tier's map) leaves the block out of the tier and unannounced:
- * truth and events agree. */
+/* pool_evict_fn: the offload to the CPU tier (its LRU eviction, its
+ * store), then the GPU BlockRemoved. The copy is announced before the GPU
+ * frees its block: an index detaches a node's children when its last
+ * holder leaves (DESIGN §7), so a GPU removal first would cut the CPU run
+ * under the block. A failed offload (no memory for the tier's map) leaves
+ * the block out of the tier and unannounced: truth and events agree. */
 static void on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent,
                      const mock_block_meta *meta) {
     mock_sched *s = ctx;
-    events_on_evict(s->ev, hash, parent, meta);
     (void)cpu_offload(&s->cpu, hash, parent, meta, s->ev);
+    events_on_evict(s->ev, hash, parent, meta);
 }
 
 kvo_status sched_init(mock_sched *s, const mock_cfg *cfg,
