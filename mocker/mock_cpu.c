@@ -8,7 +8,10 @@
  *                   (tok[slot * bs ..]) and LoRA adapter
  *   LRU list        doubly linked through the slots, head = least recently
  *                   used (the next to evict), tail = most recent; an
- *                   offload or a lookup hit moves a block to the tail
+ *                   offload or a lookup hit moves a block to the tail (a
+ *                   hit run is touched last block first, as vLLM's
+ *                   LRUOffloadingManager.touch: its first block ends most
+ *                   recent, so children are evicted before their parents)
  *   map             hash key -> slot
  *
  * Offloading a block the tier holds only touches it (vLLM's prepare_store

@@ -1,10 +1,10 @@
 /* The CPU tier (--cpu-offload-blocks) and the incident mutants that need
  * the engine's own events (issue 15): offload on GPU eviction with vLLM's
  * self-describing CPU events, each before the GPU removal of its block;
- * LRU eviction; loading a prefix back as cached tokens; reset with and
- * without reset_external; then salt-ignored, lora-in-mm-slot,
- * lora-same-hash, cpu-tier-dropped, reset-not-published, resurrect-removed
- * and group-collision, each on the bytes they corrupt. */
+ * LRU eviction and the touch order of a hit; loading a prefix back as
+ * cached tokens; reset with and without reset_external; then salt-ignored,
+ * lora-in-mm-slot, lora-same-hash, cpu-tier-dropped, reset-not-published,
+ * resurrect-removed and group-collision, each on the bytes they corrupt. */
 #include "mt.h"
 
 #include <msgpack.h>
@@ -150,6 +150,58 @@ START_TEST(
     ck_assert(e[6].type == WIRE_EV_STORED && is_medium(&e[6], "GPU") &&
               e[6].hashes[0].key == h[3][0].key);
     mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A hit on a run in the tier touches it last block first (vLLM's
+ * LRUOffloadingManager.touch walks the hashes in reverse): the run's first
+ * block ends most recent, so the tier then evicts the run's last block
+ * before its first -- after the block that was more recent than the run
+ * before the hit. */
+START_TEST(a_cpu_hit_touches_the_run_so_its_last_block_is_evicted_first) {
+    mt_eng m;
+    start(&m, 17, 4, 0); /* sixteen GPU blocks, four CPU blocks */
+    uint64_t a[13], f[52], b[16];
+    mt_iota(a, 13, 100);
+    mt_iota(f, 52, 300);
+    mt_iota(b, 16, 500);
+    mock_hash ha[3], hf[13];
+    mt_hash(&m, a, 3, ha);
+    mt_hash(&m, f, 13, hf);
+    mt_out o = {0};
+    mt_add_run(&m, a, 12, 1, &o, NULL); /* A0..A2 */
+    mt_add_run(&m, f, 52, 1, &o, NULL); /* F0..F12: the GPU is full */
+    mt_add_run(&m, b, 16, 1, &o, NULL); /* evicts A2, A1, A0, F12 */
+    for (int i = 0; i < 3; i++) {
+        ck_assert(mock_engine_cpu_cached(m.e, ha[i].key));
+        ck_assert(!mock_engine_cached(m.e, ha[i].key));
+    }
+    ck_assert(mock_engine_cpu_cached(m.e, hf[12].key));
+    uint64_t hits0 = mt_stats(&m).cpu_hits;
+    /* A again, one token more: the three blocks load back from the tier;
+     * its four new GPU blocks evict F11..F8, whose offloads evict the
+     * tier's four blocks in LRU order */
+    mt_out o2 = {0};
+    mt_add(&m, a, 13, 1, &o2);
+    ck_assert(mt_step(&m, NULL));
+    uint64_t gone[8];
+    uint32_t n_gone = 0;
+    for (uint32_t i = 0; i < m.last.n_events; i++) {
+        const wire_event *e = &m.last.events[i];
+        if (e->type == WIRE_EV_REMOVED && is_medium(e, "CPU")) {
+            ck_assert_uint_lt(n_gone, 8);
+            gone[n_gone++] = e->hashes[0].key;
+        }
+    }
+    ck_assert_uint_eq(n_gone, 4);
+    ck_assert(gone[0] == hf[12].key); /* less recent than the touched run */
+    ck_assert(gone[1] == ha[2].key);
+    ck_assert(gone[2] == ha[1].key);
+    ck_assert(gone[3] == ha[0].key);
+    mt_run(&m, NULL, NULL);
+    ck_assert_uint_eq(o2.cached, 12);
+    ck_assert_uint_eq(mt_stats(&m).cpu_hits - hits0, 12); /* a run of 3 */
     mt_eng_fini(&m);
 }
 END_TEST
@@ -721,6 +773,7 @@ Suite *suite_tiers(void) {
     const TTest *tests[] = {
         a_gpu_eviction_offloads_the_block_with_its_tokens_before_removing_it,
         an_eviction_into_a_full_tier_removes_its_lru_then_stores_then_frees,
+        a_cpu_hit_touches_the_run_so_its_last_block_is_evicted_first,
         a_prefix_in_the_cpu_tier_loads_back_as_cached_tokens,
         the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it,
         a_reset_on_an_idle_engine_publishes_all_blocks_cleared_at_once,
