@@ -8,16 +8,22 @@
  *                   (tok[slot * bs ..]) and LoRA adapter
  *   LRU list        doubly linked through the slots, head = least recently
  *                   used (the next to evict), tail = most recent; an
- *                   offload or a lookup hit moves a block to the tail
+ *                   offload or a lookup hit moves a block to the tail (a
+ *                   hit run is touched last block first, as vLLM's
+ *                   LRUOffloadingManager.touch: its first block ends most
+ *                   recent, so children are evicted before their parents)
  *   map             hash key -> slot
  *
  * Offloading a block the tier holds only touches it (vLLM's prepare_store
  * skips keys already stored): no event. Otherwise, when full, the head is
  * evicted first (BlockRemoved, medium CPU), then the block is stored
  * (BlockStored, medium CPU, with its parent, tokens, block_size and LoRA
- * fields). A prefix that continues in this tier past the GPU hits is loaded
- * back at admission (mock_sched.c). The cached set (count, digest) is kept
- * as the pool keeps its own: one kvo_block_digest term per block.
+ * fields); both go into the batch at once, before the GPU's BlockRemoved
+ * of the block (mock_sched.c on_evict: the copy exists before the GPU
+ * frees its block). A prefix that continues in this tier past the GPU hits
+ * is loaded back at admission (mock_sched.c). The cached set (count,
+ * digest) is kept as the pool keeps its own: one kvo_block_digest term per
+ * block.
  *
  * Pure: the events go to the step's builder (events_cpu_*), no sockets.
  */

@@ -4,22 +4,28 @@
  *   [AllBlocksCleared]            queued by a reset, first
  *   for each request the step allocates for (running ones first, then the
  *   newly scheduled, in scheduling order):
- *     BlockRemoved ...            one per cached block its allocation
- *                                 evicted, at the moment the pool pops it
- *                                 from the free queue (the evict callback:
- *                                 deepest first when a request's blocks
- *                                 were freed tail first)
+ *     per cached block its allocation evicted, at the moment the pool
+ *     pops it from the free queue (the evict callback: deepest first when
+ *     a request's blocks were freed tail first):
+ *       [BlockRemoved Y (CPU)]    with --cpu-offload-blocks, a full tier's
+ *                                 LRU block Y, evicted to make room
+ *       [BlockStored X (CPU)]     the evicted block X offloaded (none when
+ *                                 the tier holds X already)
+ *       BlockRemoved X            the GPU's own removal
  *     BlockStored                 the blocks its scheduled tokens complete
  *                                 (one cache_full_blocks call, with the
  *                                 parent's hash)
  *
  * So under load a step's removals and stores interleave, request by
- * request, exactly as vLLM's event queue has them.
+ * request, exactly as vLLM's event queue has them. The CPU copy is
+ * announced before the GPU frees its block: an index (DESIGN §7) detaches
+ * a node's children when its last holder leaves, so a GPU removal first
+ * would cut the CPU run under X.
  *
  * Hashes go out as vLLM's default int form (low 64 bits); the full digests
  * ride along in the aux arrays for mock_render (raw-digest form,
  * mutations). Stored tokens and hashes point into the requests, which live
- * until mock_engine_complete.
+ * until mock_engine_complete (a CPU store's, into the step's arena).
  */
 #include "mock_int.h"
 
@@ -140,12 +146,10 @@ void events_fini(step_events *s) {
     builder_fini(&s->ev);
     kvo_buf_fini(&s->extra_buf);
     kvo_free(s->mmk);
-    kvo_free(s->cpu);
 }
 
 void events_begin(step_events *s) {
     builder_reset(&s->ev);
-    s->n_cpu = 0;
     s->step_lost = 0;
 }
 
@@ -183,99 +187,72 @@ void events_on_evict(step_events *s, const mock_hash *hash,
     }
 }
 
-/* Queue a CPU-tier event; false (counted lost) out of memory. */
-static cpu_pend *cpu_push(step_events *s) {
-    if (kvo_grow(&s->cpu, &s->cap_cpu, s->n_cpu + 1, sizeof(*s->cpu),
-                 EV_FIRST_CAP) != KVO_OK) {
+/* A CPU-tier event slot (medium CPU), pushed at the moment the tier acts;
+ * NULL (counted lost) out of memory. */
+static wire_event *cpu_push(step_events *s, wire_ev_type type) {
+    wire_event *ev = builder_push(&s->ev, type);
+    if (!ev) {
         s->step_lost++;
         s->lost_enomem++;
         return NULL;
     }
-    cpu_pend *c = &s->cpu[s->n_cpu++];
-    memset(c, 0, sizeof(*c));
-    return c;
+    ev->medium = WIRE_LIT("CPU");
+    return ev;
 }
 
+/* The tokens are copied: the tier's slot may be reused later in the step. */
 void events_cpu_stored(step_events *s, const mock_hash *hash,
                        const mock_hash *parent, const mock_block_meta *meta,
                        uint32_t block_size) {
     if (!s->enabled) return;
-    uint64_t *t = kvo_arena_memdup(&s->ev.arena, meta->tokens,
+    ev_builder *b = &s->ev;
+    uint64_t *t = kvo_arena_memdup(&b->arena, meta->tokens,
                                    block_size * sizeof(uint64_t));
-    cpu_pend *c = t ? cpu_push(s) : NULL;
-    if (!c) {
-        if (!t) {
+    mock_hash *h = kvo_arena_memdup(&b->arena, hash, sizeof(mock_hash));
+    wire_hash *wh = kvo_arena_alloc(&b->arena, sizeof(wire_hash));
+    wire_event *ev = t && h && wh ? cpu_push(s, WIRE_EV_STORED) : NULL;
+    if (!ev) {
+        if (!t || !h || !wh) {
             s->step_lost++;
             s->lost_enomem++;
         }
         return;
     }
-    c->stored = true;
-    c->hash = *hash;
-    if (parent) c->parent = *parent;
-    c->meta = (mock_block_meta){t, meta->lora_id, meta->lora_name, 0};
+    uint32_t i = b->n - 1;
+    hash_int_form(wh, h);
+    ev->n_hashes = 1;
+    ev->hashes = wh;
+    if (parent && parent->d.len) {
+        hash_int_form(&ev->parent, parent);
+        b->parent[i] = *parent;
+    } else {
+        ev->parent.kind = WIRE_HASH_NONE;
+    }
+    ev->n_tokens = block_size;
+    ev->token_ids = t;
+    ev->block_size = (wire_int){true, block_size};
+    if (meta->lora_name) {
+        ev->lora_id = (wire_int){true, meta->lora_id};
+        ev->lora_name =
+            (wire_str){meta->lora_name, (uint32_t)strlen(meta->lora_name)};
+    }
+    /* extra_keys: None (the tracker defers them); the group's spec */
+    ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
+    b->stored[i] = h;
 }
 
+/* As events_on_evict: the hash pointers are set by events_finish. */
 void events_cpu_removed(step_events *s, const mock_hash *hash,
                         const mock_hash *parent) {
     if (!s->enabled) return;
-    cpu_pend *c = cpu_push(s);
-    if (!c) return;
-    c->hash = *hash;
-    if (parent) c->parent = *parent;
-}
-
-/* The queued CPU-tier events into the batch, after the block pool's. */
-static void cpu_flush(step_events *s) {
     ev_builder *b = &s->ev;
-    for (size_t k = 0; k < s->n_cpu; k++) {
-        const cpu_pend *c = &s->cpu[k];
-        wire_event *ev =
-            builder_push(b, c->stored ? WIRE_EV_STORED : WIRE_EV_REMOVED);
-        if (!ev) {
-            s->step_lost++;
-            s->lost_enomem++;
-            continue;
-        }
-        uint32_t i = b->n - 1;
-        ev->medium = WIRE_LIT("CPU");
-        if (!c->stored) {
-            b->removed_hash[i] = c->hash;
-            hash_int_form(&b->removed_wire[i], &c->hash);
-            ev->n_hashes = 1;
-            b->removed_parent[i] = c->parent;
-            continue;
-        }
-        mock_hash *h = kvo_arena_memdup(&b->arena, &c->hash, sizeof(mock_hash));
-        wire_hash *wh = kvo_arena_alloc(&b->arena, sizeof(wire_hash));
-        if (!h || !wh) {
-            b->n--;
-            s->step_lost++;
-            s->lost_enomem++;
-            continue;
-        }
-        hash_int_form(wh, h);
-        ev->n_hashes = 1;
-        ev->hashes = wh;
-        if (c->parent.d.len) {
-            hash_int_form(&ev->parent, &c->parent);
-            b->parent[i] = c->parent;
-        } else {
-            ev->parent.kind = WIRE_HASH_NONE;
-        }
-        ev->n_tokens = s->block_size;
-        ev->token_ids = (uint64_t *)c->meta.tokens;
-        ev->block_size = (wire_int){true, s->block_size};
-        if (c->meta.lora_name) {
-            ev->lora_id = (wire_int){true, c->meta.lora_id};
-            ev->lora_name = (wire_str){c->meta.lora_name,
-                                       (uint32_t)strlen(c->meta.lora_name)};
-        }
-        /* extra_keys: None (the tracker defers them); the group's spec */
-        ev->kv_cache_spec_kind = WIRE_LIT("full_attention");
-        b->stored[i] = h;
-    }
-    s->n_cpu = 0;
+    wire_event *ev = cpu_push(s, WIRE_EV_REMOVED);
+    if (!ev) return;
+    uint32_t i = b->n - 1;
+    b->removed_hash[i] = *hash;
+    hash_int_form(&b->removed_wire[i], hash);
+    ev->n_hashes = 1;
+    if (parent) b->removed_parent[i] = *parent;
 }
 
 static int kvobuf_write(void *data, const char *p, size_t n) {
@@ -393,7 +370,6 @@ kvo_status events_finish(step_events *s, double ts, uint32_t rank,
     ev_builder *b = &s->ev;
     *batch = NULL;
     *aux = NULL;
-    cpu_flush(s);
     if (b->n == 0) return KVO_OK;
     for (uint32_t i = 0; i < b->n; i++) {
         if (b->ev[i].type != WIRE_EV_REMOVED) continue;

@@ -739,23 +739,15 @@ typedef struct ev_builder {
     mock_step_aux aux;
 } ev_builder;
 
-/* A CPU-tier event of the step, queued until the GPU events are done. */
-typedef struct cpu_pend {
-    bool stored; /* BlockStored, else BlockRemoved */
-    mock_hash hash, parent;
-    mock_block_meta meta; /* stored: tokens copied into the arena */
-} cpu_pend;
-
 typedef struct step_events {
-    bool enabled;  /* publish KV events (caching on, not decode role) */
-    ev_builder ev; /* the step's batch, in occurrence order */
-    cpu_pend *cpu; /* the step's CPU-tier events, in occurrence order */
-    size_t n_cpu, cap_cpu;
+    bool enabled;      /* publish KV events (caching on, not decode role) */
+    ev_builder ev;     /* the step's batch, in occurrence order */
     kvo_buf extra_buf; /* msgpack scratch for extra_keys */
     wire_mm_key *mmk;  /* one block's multimodal keys */
     size_t cap_mmk;
     uint32_t block_size;
-    uint32_t step_lost;   /* BlockRemoved lost to out of memory, this step */
+    uint32_t step_lost;   /* events (GPU removals, CPU-tier events) lost to
+                             out of memory, this step */
     uint64_t lost_enomem; /* ... and ever */
 } step_events;
 
@@ -767,10 +759,11 @@ kvo_status events_cleared(step_events *s);
 /* One GPU BlockRemoved (meta kept for the renderer). */
 void events_on_evict(step_events *s, const mock_hash *hash,
                      const mock_hash *parent, const mock_block_meta *meta);
-/* CPU-tier events (vLLM's offloading connector publishes them after the
- * block pool's events of the step): a BlockStored of one block with its
- * tokens (copied), parent and adapter; a BlockRemoved. Lost to out of
- * memory: counted as events_lost. */
+/* CPU-tier events, into the batch at the moment the tier acts: for one GPU
+ * eviction of X, [BlockRemoved of the tier's LRU block] [BlockStored X],
+ * then X's GPU BlockRemoved (the copy exists before the GPU frees its
+ * block). A BlockStored of one block with its tokens (copied), parent and
+ * adapter; a BlockRemoved. Lost to out of memory: counted as events_lost. */
 void events_cpu_stored(step_events *s, const mock_hash *hash,
                        const mock_hash *parent, const mock_block_meta *meta,
                        uint32_t block_size);

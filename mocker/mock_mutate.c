@@ -39,8 +39,9 @@
  *                       the last array layout: every field kept).
  *   bytes-hash          hashes as raw digests (bin), like --hash-bytes.
  *   split-batches       one event per batch (each its own sequence number).
- *   merge-removes       consecutive BlockRemoved events of a batch become one
- *                       BlockRemoved carrying all their hashes in order.
+ *   merge-removes       consecutive BlockRemoved events of a batch (of one
+ *                       medium and group) become one BlockRemoved carrying
+ *                       all their hashes in order.
  *
  * The field's incidents (issue 15), each with what a correct router would
  * hold, hence the expected outcome, and the traffic that shows it:
@@ -439,7 +440,19 @@ static kvo_status render_removed(mock_render *r, const wire_event *src,
     return KVO_OK;
 }
 
-/* Consecutive BlockRemoved events -> one event with all their hashes. */
+/* Can removal b join removal a's event? Only of the same medium and group:
+ * one event names one of each, and with a CPU tier a GPU removal is often
+ * followed by the next offload's CPU removal (mock_events.c). */
+static bool same_place(const wire_event *a, const wire_event *b) {
+    return a->medium.len == b->medium.len &&
+           (a->medium.len == 0 ||
+            memcmp(a->medium.p, b->medium.p, a->medium.len) == 0) &&
+           a->group_idx.set == b->group_idx.set &&
+           a->group_idx.v == b->group_idx.v;
+}
+
+/* Consecutive BlockRemoved events of one medium and group -> one event
+ * with all their hashes. */
 static kvo_status merge_removes(mock_render *r, uint32_t *n) {
     uint32_t k = 0;
     for (uint32_t i = 0; i < *n;) {
@@ -447,7 +460,7 @@ static kvo_status merge_removes(mock_render *r, uint32_t *n) {
         uint32_t j = i + 1;
         uint32_t total = e->n_hashes;
         while (e->type == WIRE_EV_REMOVED && j < *n &&
-               r->ev[j].type == WIRE_EV_REMOVED) {
+               r->ev[j].type == WIRE_EV_REMOVED && same_place(e, &r->ev[j])) {
             total += r->ev[j].n_hashes;
             j++;
         }

@@ -48,15 +48,17 @@
 /* First capacity of the started-users array. */
 #define STARTED_FIRST_CAP 64
 
-/* pool_evict_fn: the GPU BlockRemoved, then the offload to the CPU tier
- * (its events follow the step's GPU events). A failed offload (no memory
- * for the tier's map) leaves the block out of the tier and unannounced:
- * truth and events agree. */
+/* pool_evict_fn: the offload to the CPU tier (its LRU eviction, its
+ * store), then the GPU BlockRemoved. The copy is announced before the GPU
+ * frees its block: an index detaches a node's children when its last
+ * holder leaves (DESIGN §7), so a GPU removal first would cut the CPU run
+ * under the block. A failed offload (no memory for the tier's map) leaves
+ * the block out of the tier and unannounced: truth and events agree. */
 static void on_evict(void *ctx, const mock_hash *hash, const mock_hash *parent,
                      const mock_block_meta *meta) {
     mock_sched *s = ctx;
-    events_on_evict(s->ev, hash, parent, meta);
     (void)cpu_offload(&s->cpu, hash, parent, meta, s->ev);
+    events_on_evict(s->ev, hash, parent, meta);
 }
 
 kvo_status sched_init(mock_sched *s, const mock_cfg *cfg,
@@ -252,14 +254,14 @@ static uint32_t computed_blocks(mock_sched *s, mock_req *r, uint32_t *n_cpu) {
      * past the local hit (get_num_new_matched_tokens): the run of full
      * prompt blocks it holds from there, not capped -- a full hit is cut
      * by one token when loaded (_update_waiting_for_remote_kv). Hits are
-     * touched (most recently used). */
+     * touched (most recently used) as LRUOffloadingManager.touch does it:
+     * last block first, so the run's first block ends most recent and the
+     * tier evicts a run's children before their parents. */
     if (s->cpu.cap) {
         uint32_t full = r->n_tokens / bs, m = 0;
         if (full > r->n_bh) full = r->n_bh;
-        while (n + m < full && cpu_has(&s->cpu, r->bh[n + m].key)) {
-            cpu_touch(&s->cpu, r->bh[n + m].key);
-            m++;
-        }
+        while (n + m < full && cpu_has(&s->cpu, r->bh[n + m].key)) m++;
+        for (uint32_t k = m; k-- > 0;) cpu_touch(&s->cpu, r->bh[n + k].key);
         *n_cpu = m;
         s->st->cpu_queries += r->n_tokens;
         s->st->cpu_hits += (uint64_t)m * bs;

@@ -488,6 +488,31 @@ START_TEST(merge_removes_folds_consecutive_removals_into_one_event) {
 }
 END_TEST
 
+/* One BlockRemoved names one medium and one group: removals of the CPU
+ * tier, or of another group, stay events of their own. */
+START_TEST(merge_removes_keeps_removals_of_another_medium_or_group_apart) {
+    for (int v = 0; v < 2; v++) {
+        fixture f;
+        fixture_init(&f);
+        if (v == 0)
+            f.ev[1].medium = (wire_str){"CPU", 3};
+        else
+            f.ev[1].group_idx = (wire_int){true, 1};
+        wire_batch clean[2], mut[2];
+        wire_batch_init(&clean[0]);
+        wire_batch_init(&mut[0]);
+        ck_assert_uint_eq(render(&f, 0, false, clean, 2, NULL), 1);
+        ck_assert_uint_eq(
+            render(&f, MOCK_MUT_MERGE_REMOVES, false, mut, 2, NULL), 1);
+        ck_assert_uint_eq(mut[0].n_events, 5);
+        for (int i = 0; i < 5; i++)
+            ev_eq(&mut[0].events[i], &clean[0].events[i], 0, "merge apart");
+        wire_batch_fini(&clean[0]);
+        wire_batch_fini(&mut[0]);
+    }
+}
+END_TEST
+
 START_TEST(catalog_parses_names_and_rejects_unknown_ones) {
     const mock_mutation_info *m = mock_mutations();
     unsigned all = 0;
@@ -565,6 +590,7 @@ Suite *suite_mutate(void) {
         bytes_hash_publishes_raw_digests_with_the_same_keys,
         split_batches_gives_one_event_per_batch_in_order,
         merge_removes_folds_consecutive_removals_into_one_event,
+        merge_removes_keeps_removals_of_another_medium_or_group_apart,
         catalog_parses_names_and_rejects_unknown_ones,
         hash_bytes_option_publishes_digests_without_any_mutation,
     };

@@ -1,10 +1,10 @@
 /* The CPU tier (--cpu-offload-blocks) and the incident mutants that need
  * the engine's own events (issue 15): offload on GPU eviction with vLLM's
- * self-describing CPU events after the step's GPU events, LRU eviction,
- * loading a prefix back as cached tokens, reset with and without
- * reset_external; then salt-ignored, lora-in-mm-slot, lora-same-hash,
- * cpu-tier-dropped, reset-not-published, resurrect-removed and
- * group-collision, each on the bytes they corrupt. */
+ * self-describing CPU events, each before the GPU removal of its block;
+ * LRU eviction and the touch order of a hit; loading a prefix back as
+ * cached tokens; reset with and without reset_external; then salt-ignored,
+ * lora-in-mm-slot, lora-same-hash, cpu-tier-dropped, reset-not-published,
+ * resurrect-removed and group-collision, each on the bytes they corrupt. */
 #include "mt.h"
 
 #include <msgpack.h>
@@ -55,11 +55,11 @@ static void seen_fini(seen *s) {
 }
 
 /* Two blocks of A are cached; a filler takes every other block, and B's
- * allocation then evicts A's (deepest first): the GPU removals, B's store,
- * then the CPU tier's stores of A1 and A0 with their parents, tokens and
- * block size. */
+ * allocation then evicts A's (deepest first): each block's CPU store, with
+ * its parent, tokens and block size, comes before its GPU removal (the copy
+ * exists before the GPU frees its block), then B's store. */
 START_TEST(
-    a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events) {
+    a_gpu_eviction_offloads_the_block_with_its_tokens_before_removing_it) {
     mt_eng m;
     start(&m, 9, 8, 0);
     uint64_t a[8], f[24], b[8];
@@ -75,14 +75,7 @@ START_TEST(
     ck_assert(mt_step(&m, NULL));
     const wire_batch *w = &m.last;
     ck_assert_uint_eq(w->n_events, 5);
-    ck_assert(w->events[0].type == WIRE_EV_REMOVED &&
-              is_medium(&w->events[0], "GPU"));
-    ck_assert(w->events[0].hashes[0].key == ha[1].key);
-    ck_assert(w->events[1].type == WIRE_EV_REMOVED &&
-              w->events[1].hashes[0].key == ha[0].key);
-    ck_assert(w->events[2].type == WIRE_EV_STORED &&
-              is_medium(&w->events[2], "GPU"));
-    const wire_event *c1 = &w->events[3], *c0 = &w->events[4];
+    const wire_event *c1 = &w->events[0], *c0 = &w->events[2];
     ck_assert(c1->type == WIRE_EV_STORED && is_medium(c1, "CPU"));
     ck_assert(c1->n_hashes == 1 && c1->hashes[0].key == ha[1].key);
     ck_assert(c1->parent.kind != WIRE_HASH_NONE && c1->parent.key == ha[0].key);
@@ -91,8 +84,17 @@ START_TEST(
     for (int i = 0; i < 4; i++) ck_assert_uint_eq(c1->token_ids[i], a[4 + i]);
     ck_assert(c1->group_idx.set && c1->group_idx.v == 0);
     ck_assert(!c1->lora_name.p);
-    ck_assert(is_medium(c0, "CPU") && c0->hashes[0].key == ha[0].key);
+    ck_assert(w->events[1].type == WIRE_EV_REMOVED &&
+              is_medium(&w->events[1], "GPU"));
+    ck_assert(w->events[1].hashes[0].key == ha[1].key);
+    ck_assert(c0->type == WIRE_EV_STORED && is_medium(c0, "CPU"));
+    ck_assert(c0->hashes[0].key == ha[0].key);
     ck_assert_int_eq(c0->parent.kind, WIRE_HASH_NONE);
+    ck_assert(w->events[3].type == WIRE_EV_REMOVED &&
+              is_medium(&w->events[3], "GPU") &&
+              w->events[3].hashes[0].key == ha[0].key);
+    ck_assert(w->events[4].type == WIRE_EV_STORED &&
+              is_medium(&w->events[4], "GPU"));
     mock_engine_stats st = mt_stats(&m);
     ck_assert_uint_eq(st.cpu_stored, 2);
     ck_assert_uint_eq(st.cpu_cached_distinct, 2);
@@ -102,6 +104,104 @@ START_TEST(
     ck_assert(mock_engine_cpu_cached(m.e, ha[0].key) &&
               mock_engine_cpu_cached(m.e, ha[1].key));
     mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* event e is (type, medium, hash) */
+static void ev_is(const wire_event *e, wire_ev_type type, const char *medium,
+                  uint64_t key, const char *what) {
+    ck_assert_msg(e->type == type && is_medium(e, medium) && e->n_hashes == 1 &&
+                      e->hashes[0].key == key,
+                  "%s", what);
+}
+
+/* A GPU eviction into a full tier: for each evicted block X, the tier's
+ * LRU block leaves first (CPU BlockRemoved), then X is stored in the tier
+ * (CPU BlockStored), then the GPU removes X -- a copy of X is held at every
+ * point of the batch. */
+START_TEST(
+    an_eviction_into_a_full_tier_removes_its_lru_then_stores_then_frees) {
+    mt_eng m;
+    start(&m, 5, 2, 0); /* four GPU blocks, two CPU blocks */
+    uint64_t t[4][8];
+    mock_hash h[4][2];
+    mt_out o = {0};
+    for (int i = 0; i < 4; i++) {
+        mt_iota(t[i], 8, 1000 * (uint64_t)(i + 1));
+        mt_hash(&m, t[i], 2, h[i]);
+    }
+    mt_add_run(&m, t[0], 8, 1, &o, NULL);
+    mt_add_run(&m, t[1], 8, 1, &o, NULL);
+    mt_add_run(&m, t[2], 8, 1, &o, NULL); /* t0 offloaded: the tier is full */
+    ck_assert_uint_eq(mt_stats(&m).cpu_cached_distinct, 2);
+    mt_add(&m, t[3], 8, 1, &o); /* evicts t1's blocks, deepest first */
+    ck_assert(mt_step(&m, NULL));
+    const wire_event *e = m.last.events;
+    ck_assert_uint_eq(m.last.n_events, 7);
+    /* the tier's LRU block is t0's deepest (offloaded first) */
+    ev_is(&e[0], WIRE_EV_REMOVED, "CPU", h[0][1].key, "CPU remove t0.1");
+    ev_is(&e[1], WIRE_EV_STORED, "CPU", h[1][1].key, "CPU store t1.1");
+    ck_assert(e[1].parent.key == h[1][0].key);
+    ev_is(&e[2], WIRE_EV_REMOVED, "GPU", h[1][1].key, "GPU remove t1.1");
+    ev_is(&e[3], WIRE_EV_REMOVED, "CPU", h[0][0].key, "CPU remove t0.0");
+    ev_is(&e[4], WIRE_EV_STORED, "CPU", h[1][0].key, "CPU store t1.0");
+    ev_is(&e[5], WIRE_EV_REMOVED, "GPU", h[1][0].key, "GPU remove t1.0");
+    ck_assert(e[6].type == WIRE_EV_STORED && is_medium(&e[6], "GPU") &&
+              e[6].hashes[0].key == h[3][0].key);
+    mt_run(&m, NULL, NULL);
+    mt_eng_fini(&m);
+}
+END_TEST
+
+/* A hit on a run in the tier touches it last block first (vLLM's
+ * LRUOffloadingManager.touch walks the hashes in reverse): the run's first
+ * block ends most recent, so the tier then evicts the run's last block
+ * before its first -- after the block that was more recent than the run
+ * before the hit. */
+START_TEST(a_cpu_hit_touches_the_run_so_its_last_block_is_evicted_first) {
+    mt_eng m;
+    start(&m, 17, 4, 0); /* sixteen GPU blocks, four CPU blocks */
+    uint64_t a[13], f[52], b[16];
+    mt_iota(a, 13, 100);
+    mt_iota(f, 52, 300);
+    mt_iota(b, 16, 500);
+    mock_hash ha[3], hf[13];
+    mt_hash(&m, a, 3, ha);
+    mt_hash(&m, f, 13, hf);
+    mt_out o = {0};
+    mt_add_run(&m, a, 12, 1, &o, NULL); /* A0..A2 */
+    mt_add_run(&m, f, 52, 1, &o, NULL); /* F0..F12: the GPU is full */
+    mt_add_run(&m, b, 16, 1, &o, NULL); /* evicts A2, A1, A0, F12 */
+    for (int i = 0; i < 3; i++) {
+        ck_assert(mock_engine_cpu_cached(m.e, ha[i].key));
+        ck_assert(!mock_engine_cached(m.e, ha[i].key));
+    }
+    ck_assert(mock_engine_cpu_cached(m.e, hf[12].key));
+    uint64_t hits0 = mt_stats(&m).cpu_hits;
+    /* A again, one token more: the three blocks load back from the tier;
+     * its four new GPU blocks evict F11..F8, whose offloads evict the
+     * tier's four blocks in LRU order */
+    mt_out o2 = {0};
+    mt_add(&m, a, 13, 1, &o2);
+    ck_assert(mt_step(&m, NULL));
+    uint64_t gone[8];
+    uint32_t n_gone = 0;
+    for (uint32_t i = 0; i < m.last.n_events; i++) {
+        const wire_event *e = &m.last.events[i];
+        if (e->type == WIRE_EV_REMOVED && is_medium(e, "CPU")) {
+            ck_assert_uint_lt(n_gone, 8);
+            gone[n_gone++] = e->hashes[0].key;
+        }
+    }
+    ck_assert_uint_eq(n_gone, 4);
+    ck_assert(gone[0] == hf[12].key); /* less recent than the touched run */
+    ck_assert(gone[1] == ha[2].key);
+    ck_assert(gone[2] == ha[1].key);
+    ck_assert(gone[3] == ha[0].key);
+    mt_run(&m, NULL, NULL);
+    ck_assert_uint_eq(o2.cached, 12);
+    ck_assert_uint_eq(mt_stats(&m).cpu_hits - hits0, 12); /* a run of 3 */
     mt_eng_fini(&m);
 }
 END_TEST
@@ -350,19 +450,21 @@ START_TEST(tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks) {
     mt_add(&m, b, 8, 1, &o);
     mock_step st;
     ck_assert_int_eq(mock_engine_schedule(m.e, 1.0, &st), KVO_OK);
-    ck_assert_uint_eq(st.batch->n_events, 5); /* 2 removed, 1 stored, 2 CPU */
+    /* CPU store A1, GPU remove A1, CPU store A0, GPU remove A0, store B */
+    ck_assert_uint_eq(st.batch->n_events, 5);
     mock_render *r = renderer(MOCK_MUT_CPU_TIER_DROPPED);
     wire_batch out[2];
     ck_assert_uint_eq(render(r, &st, out, 2), 1);
     ck_assert_uint_eq(out[0].n_events, 5);
-    for (int i = 3; i < 5; i++) {
+    for (int i = 0; i < 4; i += 2) {
         const wire_event *e = &out[0].events[i];
         ck_assert(is_medium(e, "CPU") && e->type == WIRE_EV_STORED);
         ck_assert(e->block_size.set && e->block_size.v == 0);
         ck_assert_uint_eq(e->n_tokens, 0);
         ck_assert_int_eq(e->parent.kind, WIRE_HASH_NONE);
     }
-    ck_assert_uint_eq(out[0].events[2].n_tokens,
+    ck_assert(is_medium(&out[0].events[4], "GPU"));
+    ck_assert_uint_eq(out[0].events[4].n_tokens,
                       8); /* the GPU store keeps them */
     wire_batch_fini(&out[0]);
     mock_render_free(r);
@@ -370,13 +472,15 @@ START_TEST(tier_mutants_empty_cpu_stores_and_resurrect_removed_blocks) {
     ck_assert_uint_eq(render(r, &st, out, 2), 1);
     ck_assert_uint_eq(out[0].n_events, 7);
     const wire_event *e = out[0].events;
-    ck_assert(e[0].type == WIRE_EV_REMOVED && e[1].type == WIRE_EV_STORED);
-    ck_assert(e[1].hashes[0].key == ha[1].key && e[1].parent.key == ha[0].key);
-    ck_assert(is_medium(&e[1], "GPU") && e[1].n_tokens == 4 &&
-              e[1].token_ids[0] == a[4]);
-    ck_assert(e[2].type == WIRE_EV_REMOVED && e[3].type == WIRE_EV_STORED);
-    ck_assert(e[3].hashes[0].key == ha[0].key &&
-              e[3].parent.kind == WIRE_HASH_NONE);
+    ck_assert(is_medium(&e[0], "CPU") && is_medium(&e[3], "CPU"));
+    ck_assert(e[1].type == WIRE_EV_REMOVED && e[2].type == WIRE_EV_STORED);
+    ck_assert(e[2].hashes[0].key == ha[1].key && e[2].parent.key == ha[0].key);
+    ck_assert(is_medium(&e[2], "GPU") && e[2].n_tokens == 4 &&
+              e[2].token_ids[0] == a[4]);
+    ck_assert(e[4].type == WIRE_EV_REMOVED && e[5].type == WIRE_EV_STORED);
+    ck_assert(e[5].hashes[0].key == ha[0].key &&
+              e[5].parent.kind == WIRE_HASH_NONE);
+    ck_assert(is_medium(&e[5], "GPU"));
     wire_batch_fini(&out[0]);
     mock_render_free(r);
     mock_engine_complete(m.e);
@@ -667,7 +771,9 @@ END_TEST
 
 Suite *suite_tiers(void) {
     const TTest *tests[] = {
-        a_gpu_eviction_offloads_the_block_with_its_tokens_after_the_gpu_events,
+        a_gpu_eviction_offloads_the_block_with_its_tokens_before_removing_it,
+        an_eviction_into_a_full_tier_removes_its_lru_then_stores_then_frees,
+        a_cpu_hit_touches_the_run_so_its_last_block_is_evicted_first,
         a_prefix_in_the_cpu_tier_loads_back_as_cached_tokens,
         the_cpu_tier_evicts_its_lru_block_and_reset_external_empties_it,
         a_reset_on_an_idle_engine_publishes_all_blocks_cleared_at_once,
