@@ -112,6 +112,32 @@ static kvo_status check_listed(run *r, const char *side, uint32_t w,
                        side, w, rank, b->n, d, b->digest, b->count);
 }
 
+/* The CPU tier's blocks the index's tree cut from a parent the engine holds
+ * in neither tier (check_blocks_uncut): the engine's GPU list is read only
+ * when the index lists a CPU block without a parent. */
+static kvo_status uncut(run *r, chk_engine *e, const chk_rank *rk,
+                        const chk_blocks *eb, chk_blocks *ib) {
+    size_t orphans = 0;
+    for (size_t j = 0; j < ib->n; j++) orphans += !ib->v[j].has_parent;
+    if (orphans == 0) return KVO_OK;
+    chk_blocks gpu;
+    chk_blocks_init(&gpu);
+    kvo_status st =
+        chk_engine_blocks(e, rk->dp_rank, WIRE_TIER_DEVICE, &gpu, &r->err);
+    if (st == KVO_OK)
+        st = check_listed(r, "kvo-mocker /kvo/blocks", e->worker_id,
+                          rk->dp_rank, &gpu);
+    if (st == KVO_OK) {
+        size_t n = check_blocks_uncut(eb->v, eb->n, gpu.v, gpu.n, ib->v, ib->n);
+        if (n)
+            kvo_debug("worker %u rank %u: %zu CPU blocks cut from a parent "
+                      "the engine no longer holds",
+                      e->worker_id, rk->dp_rank, n);
+    }
+    chk_blocks_fini(&gpu);
+    return st;
+}
+
 /* One tier of one (worker, rank): the engine's set size and digest
  * (count, digest, from /kvo/state) against the index's; only where they
  * differ, both lists (eb, ib: scratch), compared into d. x gets the sizes,
@@ -148,6 +174,7 @@ static kvo_status compare_tier(run *r, chk_engine *e, const chk_rank *rk,
                            e->worker_id, rk->dp_rank, ib)) != KVO_OK)
         return st;
     *listed += eb->n + ib->n;
+    if (cpu && (st = uncut(r, e, rk, eb, ib)) != KVO_OK) return st;
     x->engine_blocks = eb->count;
     x->engine_digest = eb->digest;
     x->index_blocks = ib->count;

@@ -697,6 +697,17 @@ typedef struct check_set_diff {
     bool one_sided_cut;
 } check_set_diff;
 
+/* A lower tier's blocks that the index lists without a parent while the
+ * engine lists one it holds in neither of the rank's tiers (eng: the
+ * tier's engine list, other: the engine's other tier; all normalized):
+ * the index's tree cut them off when that parent's last holder left
+ * (Dynamo's detach, kept on purpose; kvo-indexer links them again when the
+ * parent comes back), and neither side can reach them meanwhile. Gives
+ * them the engine's parent in idx, so they compare equal, and returns how
+ * many. */
+size_t check_blocks_uncut(const check_block *eng, size_t ne,
+                          const check_block *other, size_t no, check_block *idx,
+                          size_t ni);
 /* Adds slot's differences between two normalized lists to d (counts, and
  * the first ones while there is room). A hash both list under different
  * parents is one CHECK_DIFF_PARENT. */

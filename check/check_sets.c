@@ -112,6 +112,37 @@ static size_t run_end(const check_block *v, size_t n, size_t i) {
     return j;
 }
 
+/* The entry of hash in a normalized list, or NULL. */
+static const check_block *block_find(const check_block *v, size_t n,
+                                     uint64_t hash) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (v[mid].hash < hash)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && v[lo].hash == hash ? &v[lo] : NULL;
+}
+
+size_t check_blocks_uncut(const check_block *eng, size_t ne,
+                          const check_block *other, size_t no, check_block *idx,
+                          size_t ni) {
+    size_t cut = 0;
+    for (size_t j = 0; j < ni; j++) {
+        if (idx[j].has_parent) continue;
+        const check_block *e = block_find(eng, ne, idx[j].hash);
+        if (!e || !e->has_parent || block_find(eng, ne, e->parent) ||
+            block_find(other, no, e->parent))
+            continue;
+        idx[j].has_parent = true;
+        idx[j].parent = e->parent;
+        cut++;
+    }
+    return cut;
+}
+
 void check_blocks_compare(const check_block *eng, size_t ne,
                           const check_block *idx, size_t ni, uint32_t slot,
                           check_set_diff *d) {

@@ -867,6 +867,12 @@ typedef struct lalias {
     uint32_t node; /* or free-list link */
 } lalias;
 
+typedef struct orphan {
+    uint64_t block_hash; /* the node's, when it was cut */
+    uint32_t node;
+    uint32_t next; /* the parent's next orphan, or the free list: NIL ends */
+} orphan;
+
 typedef struct wslot {
     uint64_t worker_id;
     uint32_t dp_rank;
@@ -910,6 +916,12 @@ struct idx_tree {
     uint32_t *path;       /* query scratch: the nodes of a query's path */
     size_t path_cap;      /* (used only while lower-tier slots exist) */
     uint32_t lower_slots; /* slots of a tier below device */
+    /* Orphans: offloaded blocks a detach cut from their parent, by the
+     * parent's block_hash -> 1 + the first record of a list in orph[],
+     * relinked when a store brings that block back (idx_tree.c) */
+    kvo_map orphans;
+    struct orphan *orph;
+    uint32_t orph_len, orph_cap, orph_free, orph_live;
     uint32_t dying;
     uint64_t pairs;
     uint64_t held; /* live nodes with a non-empty worker set */

@@ -436,6 +436,8 @@ static void maybe_free(idx_tree *t, uint32_t n) {
 }
 
 /* Drop every edge from p to its children (Dynamo: children.clear()). */
+static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c);
+
 static void detach(idx_tree *t, uint32_t p) {
     uint32_t e = ND(t, p).child;
     if (e == NIL) return;
@@ -456,9 +458,114 @@ static void detach(idx_tree *t, uint32_t p) {
             c = e;
             ND(t, c).parent = NIL;
             ND(t, c).next = NIL;
+            if (t->lower_slots) orphan_add(t, ND(t, p).block_hash, c);
         }
         maybe_free(t, c);
         e = nx;
+    }
+}
+
+/* ---- Orphans ---------------------------------------------------------------
+ * A node whose last holder leaves detaches its children (Dynamo). With
+ * storage tiers that cuts offloaded blocks off: after an engine reset
+ * empties the GPU and the CPU keeps its copies, every CPU block whose parent
+ * was on the GPU only hangs under nothing, and when the GPU computes that
+ * parent again the engine can load the block back while no query path
+ * reaches it. So a cut child that a lower tier holds is remembered under
+ * its parent's block_hash, and a store of that block relinks it (under its
+ * tokens_hash, when that key is free there). A record is checked when used
+ * (the node may have been relinked, freed or reused); the lists are swept
+ * when they outgrow the tree's pairs. */
+
+/* Does a lower-tier slot hold node n? */
+static bool lower_held(const idx_tree *t, uint32_t n) {
+    uint32_t ws = ND(t, n).wset;
+    if (ws == NIL) return false;
+    if (!(ws & TAG)) return t->ws[ws].tier != WIRE_TIER_DEVICE;
+    const uint32_t *s = &t->sp[ws & ~TAG];
+    for (uint32_t i = 1; i <= set_count(s); i++)
+        if (t->ws[s[i]].tier != WIRE_TIER_DEVICE) return true;
+    return false;
+}
+
+/* Is the record still a detached live node with its block? */
+static bool orphan_valid(const idx_tree *t, const orphan *o) {
+    return o->node < t->nd_len && ND(t, o->node).parent == NIL &&
+           ND(t, o->node).block_hash == o->block_hash && REFS(t, o->node);
+}
+
+static void orphan_release(idx_tree *t, uint32_t i) {
+    t->orph[i].next = t->orph_free;
+    t->orph_free = i;
+    t->orph_live--;
+}
+
+/* A list's head value (1 + its first record; 0: empty) as an index. */
+static uint32_t orphan_first(uint64_t head) {
+    return head ? (uint32_t)(head - 1) : NIL;
+}
+
+/* Drop the records that are no longer valid, in every list. */
+static void orphan_sweep(idx_tree *t) {
+    kvo_map *m = &t->orphans;
+    for (size_t k = 0; k <= m->cap; k++) {
+        uint64_t *head = k < m->cap
+                             ? (m->slots[k].key ? &m->slots[k].val : NULL)
+                             : (m->has_zero ? &m->zero_val : NULL);
+        if (!head) continue;
+        uint32_t i = orphan_first(*head), first = NIL, last = NIL;
+        while (i != NIL) {
+            uint32_t nx = t->orph[i].next;
+            if (!orphan_valid(t, &t->orph[i])) {
+                orphan_release(t, i);
+            } else {
+                if (last == NIL)
+                    first = i;
+                else
+                    t->orph[last].next = i;
+                last = i;
+            }
+            i = nx;
+        }
+        if (last != NIL) t->orph[last].next = NIL;
+        *head = first == NIL ? 0 : (uint64_t)first + 1;
+    }
+}
+
+static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
+    if (!lower_held(t, c)) return;
+    if (t->orph_live > t->pairs + 4096) orphan_sweep(t);
+    if (t->orph_free == NIL && grow((void **)&t->orph, &t->orph_cap,
+                                    t->orph_len + 1, sizeof(orphan)) != KVO_OK)
+        return; /* out of memory: the block stays cut, as in Dynamo */
+    bool added;
+    uint64_t *head = kvo_map_put(&t->orphans, parent_bh, &added);
+    if (!head) return;
+    uint32_t i = t->orph_free;
+    if (i != NIL)
+        t->orph_free = t->orph[i].next;
+    else
+        i = t->orph_len++;
+    t->orph[i] = (orphan){ND(t, c).block_hash, c, orphan_first(*head)};
+    *head = (uint64_t)i + 1;
+    t->orph_live++;
+}
+
+/* Block bh lives at node n now: relink the orphans cut from it. */
+static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
+    uint64_t *head = kvo_map_get(&t->orphans, bh);
+    if (!head) return;
+    uint32_t i = orphan_first(*head);
+    kvo_map_del_at(&t->orphans, head);
+    while (i != NIL) {
+        const orphan *o = &t->orph[i];
+        uint32_t nx = o->next, c = o->node;
+        if (orphan_valid(t, o) && c != n &&
+            child_find(t, n, ND(t, c).tokens_hash) == NIL &&
+            idx_tab_reserve(&t->edges, 2) == KVO_OK)
+            edge_add(t, n, ND(t, c).tokens_hash, c);
+        orphan_release(t, i);
+        i = nx;
     }
 }
 
@@ -586,7 +693,8 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
 kvo_status idx_tree_new(idx_tree **out) {
     idx_tree *t = kvo_calloc(1, sizeof(*t));
     if (!t) return KVO_ENOMEM;
-    t->nd_free = t->ea_free = t->la_free = t->dying = NIL;
+    t->nd_free = t->ea_free = t->la_free = t->dying = t->orph_free = NIL;
+    kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
@@ -613,6 +721,8 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->wmap);
     kvo_free(t->act);
     kvo_free(t->path);
+    kvo_map_fini(&t->orphans);
+    kvo_free(t->orph);
     kvo_free(t);
 }
 
@@ -716,6 +826,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
         uint32_t old = look_put(t, w, bh, h, c, pos);
         if (old != NIL) maybe_free(t, old);
         drain(t);
+        if (t->orph_live) orphan_relink(t, bh, c);
         t->c.blocks_stored++;
         cur = c;
     }
@@ -1100,13 +1211,14 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes += sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) +
-                  t->refs.cap + (uint64_t)t->ea_cap * sizeof(ealias) +
-                  (uint64_t)t->la_cap * sizeof(lalias) +
-                  (uint64_t)t->sp_cap * 4 + (uint64_t)t->ov_cap * sizeof(ovf) +
-                  idx_tab_bytes(&t->edges) +
-                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
-                  (uint64_t)t->wmap_cap * 4 + (uint64_t)t->path_cap * 4;
+    out->bytes +=
+        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
+        (uint64_t)t->ea_cap * sizeof(ealias) +
+        (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
+        (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +
+        (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4 +
+        (uint64_t)t->path_cap * 4 + (uint64_t)t->orph_cap * sizeof(orphan) +
+        t->orphans.cap * sizeof(kvo_map_slot);
 }
 
 static int worker_cmp(const void *a, const void *b) {

@@ -76,6 +76,29 @@ START_TEST(sets_differ_by_engine_only_index_only_and_parent) {
 }
 END_TEST
 
+/* CPU blocks the index lists without a parent: the same set when the
+ * engine's parent is in neither of its tiers (the tree cut them), a
+ * difference when the engine still holds that parent. */
+START_TEST(blocks_cut_from_a_parent_no_tier_holds_compare_equal) {
+    /* engine CPU: 30/20 40/30 50/60; engine GPU: 60; index CPU: 30 40/30 50 */
+    check_block eng[] = {B(30, 20), B(40, 30), B(50, 60)};
+    check_block gpu[] = {ROOT(60)};
+    check_block idx[] = {ROOT(30), B(40, 30), ROOT(50)};
+    ck_assert_uint_eq(check_blocks_uncut(eng, 3, gpu, 1, idx, 3), 1);
+    ck_assert(idx[0].has_parent && idx[0].parent == 20);
+    ck_assert(!idx[2].has_parent); /* 60 is on the GPU: not cut */
+    check_set_diff d;
+    memset(&d, 0, sizeof(d));
+    check_blocks_compare(eng, 3, idx, 3, 0, &d);
+    ck_assert_uint_eq(d.n[CHECK_DIFF_PARENT], 1);
+    ck_assert_uint_eq(d.first[0].engine.hash, 50);
+    /* a parent the tier itself holds is no cut either */
+    check_block e2[] = {B(30, 20), ROOT(20)}, i2[] = {ROOT(20), ROOT(30)};
+    check_blocks_normalize(e2, 2);
+    ck_assert_uint_eq(check_blocks_uncut(e2, 2, NULL, 0, i2, 2), 0);
+}
+END_TEST
+
 START_TEST(the_first_ten_differences_are_kept_all_are_counted) {
     check_block eng[25];
     for (int i = 0; i < 25; i++) eng[i] = ROOT((uint64_t)i + 1);
@@ -378,6 +401,7 @@ Suite *suite_sets(void) {
     TCase *tc = tcase_create("blocks");
     tcase_add_test(tc, copies_count_once_and_the_digest_ignores_order);
     tcase_add_test(tc, sets_differ_by_engine_only_index_only_and_parent);
+    tcase_add_test(tc, blocks_cut_from_a_parent_no_tier_holds_compare_equal);
     tcase_add_test(tc, the_first_ten_differences_are_kept_all_are_counted);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoints");

@@ -831,6 +831,54 @@ START_TEST(offloaded_blocks_score_through_the_cpu_tier) {
 }
 END_TEST
 
+/* An engine reset empties the GPU and keeps the CPU tier: the offloaded
+ * blocks under a GPU-only parent are cut off (Dynamo's detach), and come
+ * back under it when the GPU computes that parent again. */
+START_TEST(offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent) {
+    const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
+    idx_tree *t = tt_tree_new();
+    const uint64_t q[] = {1, 2, 3, 4};
+    ck_assert_int_eq(
+        tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3, 4), 4),
+        IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(200), U64S(3), 1),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(300), U64S(4), 1),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_REMOVED, 1, 0, D, NULL, U64S(4, 3), 2),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
+                     IDX_EV_OK);
+    idx_score s = tier_score(t, q, 4, 1, 0);
+    ck_assert(s.blocks == 0 && s.through[C - 1] == 0);
+    tier_list l = {0};
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 1, 0, C, tier_collect, &l),
+                     KVO_OK);
+    ck_assert_uint_eq(l.n, 2); /* 3 is cut from 2, 4 still under 3 */
+    /* the GPU computes 1 and 2 again: 3 and 4 follow from the CPU */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2), 2),
+                     IDX_EV_OK);
+    s = tier_score(t, q, 4, 1, 0);
+    ck_assert(s.blocks == 2 && s.through[C - 1] == 4);
+    l.n = 0;
+    ck_assert_int_eq(idx_tree_worker_blocks(t, 1, 0, C, tier_collect, &l),
+                     KVO_OK);
+    for (size_t i = 0; i < l.n; i++) {
+        ck_assert(l.v[i].has_parent);
+        ck_assert_uint_eq(l.v[i].parent_block_hash, l.v[i].block_hash - 100);
+    }
+    /* a record of a block that left the tier is dropped, not relinked */
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, C, NULL, NULL, 0),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2), 2),
+                     IDX_EV_OK);
+    ck_assert_uint_eq(tt_nodes(t), 2);
+    tt_tree_done(t);
+}
+END_TEST
+
 Suite *suite_tree(void) {
     Suite *s = suite_create("tree");
     TCase *tc = tcase_create("dynamo");
@@ -849,6 +897,8 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, remove_mid_chain_then_restore);
     tcase_add_test(tc, worker_views_give_parents_and_other_holders);
     tcase_add_test(tc, offloaded_blocks_score_through_the_cpu_tier);
+    tcase_add_test(
+        tc, offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);
