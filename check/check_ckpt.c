@@ -114,12 +114,10 @@ static kvo_status check_listed(run *r, const char *side, uint32_t w,
 
 /* The CPU tier's blocks the index's tree cut from a parent the engine holds
  * in neither tier (check_blocks_uncut): the engine's GPU list is read only
- * when the index lists a CPU block without a parent. */
+ * when the index lists a CPU block without the parent the engine gives. */
 static kvo_status uncut(run *r, chk_engine *e, const chk_rank *rk,
                         const chk_blocks *eb, chk_blocks *ib) {
-    size_t orphans = 0;
-    for (size_t j = 0; j < ib->n; j++) orphans += !ib->v[j].has_parent;
-    if (orphans == 0) return KVO_OK;
+    if (check_blocks_cut(eb->v, eb->n, ib->v, ib->n) == 0) return KVO_OK;
     chk_blocks gpu;
     chk_blocks_init(&gpu);
     kvo_status st =

@@ -356,6 +356,25 @@ static kvo_status rank_entry(const json_call *c, const chk_engine *e,
     return st;
 }
 
+/* A cached set's "<prefix>_distinct" and "<prefix>_digest" (both or
+ * neither) into *has, *count, *digest. */
+static kvo_status get_set(const json_call *c, const kvo_jv *obj,
+                          const char *where, const char *prefix, bool *has,
+                          uint64_t *count, uint64_t *digest) {
+    char kc[32], kd[32];
+    snprintf(kc, sizeof(kc), "%s_distinct", prefix);
+    snprintf(kd, sizeof(kd), "%s_digest", prefix);
+    uint64_t cnt = UINT64_MAX, dig = 0;
+    kvo_status st = get_uint(c, obj, where, kc, INT64_MAX, OPTIONAL, &cnt);
+    if (st == KVO_OK)
+        st = get_uint(c, obj, where, kd, UINT64_MAX,
+                      cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
+    *has = cnt != UINT64_MAX;
+    *count = *has ? cnt : 0;
+    *digest = dig;
+    return st;
+}
+
 kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
     json_call jc;
     json_call_init(&jc, err, "%s/kvo/state", e->url);
@@ -386,29 +405,14 @@ kvo_status chk_engine_state(chk_engine *e, kvo_err *err) {
         if (st != KVO_OK || k == NO_RANK) continue;
         st = get_uint(&jc, &r, name, "last_seq", INT64_MAX, OPTIONAL, &last);
         seq[k] = last == UINT64_MAX ? -1 : (int64_t)last;
-        /* the cached set's size and digest (kvo-mocker >= issue 11) */
-        uint64_t cnt = UINT64_MAX, dig = 0;
+        /* the cached set's size and digest (kvo-mocker >= issue 11), and
+         * the CPU tier's when it has one (--cpu-offload-blocks) */
         if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "cached_distinct", INT64_MAX, OPTIONAL,
-                          &cnt);
+            st = get_set(&jc, &r, name, "cached", &has_set[k], &set_count[k],
+                         &set_digest[k]);
         if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "cached_digest", UINT64_MAX,
-                          cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
-        has_set[k] = cnt != UINT64_MAX;
-        set_count[k] = has_set[k] ? cnt : 0;
-        set_digest[k] = dig;
-        /* the CPU tier's, when it has one (--cpu-offload-blocks) */
-        cnt = UINT64_MAX;
-        dig = 0;
-        if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "cpu_cached_distinct", INT64_MAX,
-                          OPTIONAL, &cnt);
-        if (st == KVO_OK)
-            st = get_uint(&jc, &r, name, "cpu_cached_digest", UINT64_MAX,
-                          cnt == UINT64_MAX ? OPTIONAL : REQUIRED, &dig);
-        has_cpu[k] = cnt != UINT64_MAX;
-        cpu_count[k] = has_cpu[k] ? cnt : 0;
-        cpu_digest[k] = dig;
+            st = get_set(&jc, &r, name, "cpu_cached", &has_cpu[k],
+                         &cpu_count[k], &cpu_digest[k]);
     }
     if (st == KVO_OK) {
         for (uint32_t k = 0; k < e->n_ranks; k++) {

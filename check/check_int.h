@@ -708,6 +708,10 @@ typedef struct check_set_diff {
 size_t check_blocks_uncut(const check_block *eng, size_t ne,
                           const check_block *other, size_t no, check_block *idx,
                           size_t ni);
+/* How many of idx's blocks could be such (other not looked at): when none,
+ * the engine's other tier need not be read. */
+size_t check_blocks_cut(const check_block *eng, size_t ne,
+                        const check_block *idx, size_t ni);
 /* Adds slot's differences between two normalized lists to d (counts, and
  * the first ones while there is room). A hash both list under different
  * parents is one CHECK_DIFF_PARENT. */

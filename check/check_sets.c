@@ -126,16 +126,30 @@ static const check_block *block_find(const check_block *v, size_t n,
     return lo < n && v[lo].hash == hash ? &v[lo] : NULL;
 }
 
+/* The engine's entry of idx's parent-less block b when it has a parent the
+ * tier itself does not hold, or NULL. */
+static const check_block *cut_candidate(const check_block *eng, size_t ne,
+                                        const check_block *b) {
+    if (b->has_parent) return NULL;
+    const check_block *e = block_find(eng, ne, b->hash);
+    return e && e->has_parent && !block_find(eng, ne, e->parent) ? e : NULL;
+}
+
+size_t check_blocks_cut(const check_block *eng, size_t ne,
+                        const check_block *idx, size_t ni) {
+    size_t n = 0;
+    for (size_t j = 0; j < ni; j++)
+        n += cut_candidate(eng, ne, &idx[j]) != NULL;
+    return n;
+}
+
 size_t check_blocks_uncut(const check_block *eng, size_t ne,
                           const check_block *other, size_t no, check_block *idx,
                           size_t ni) {
     size_t cut = 0;
     for (size_t j = 0; j < ni; j++) {
-        if (idx[j].has_parent) continue;
-        const check_block *e = block_find(eng, ne, idx[j].hash);
-        if (!e || !e->has_parent || block_find(eng, ne, e->parent) ||
-            block_find(other, no, e->parent))
-            continue;
+        const check_block *e = cut_candidate(eng, ne, &idx[j]);
+        if (!e || block_find(other, no, e->parent)) continue;
         idx[j].has_parent = true;
         idx[j].parent = e->parent;
         cut++;

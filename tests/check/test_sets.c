@@ -84,6 +84,7 @@ START_TEST(blocks_cut_from_a_parent_no_tier_holds_compare_equal) {
     check_block eng[] = {B(30, 20), B(40, 30), B(50, 60)};
     check_block gpu[] = {ROOT(60)};
     check_block idx[] = {ROOT(30), B(40, 30), ROOT(50)};
+    ck_assert_uint_eq(check_blocks_cut(eng, 3, idx, 3), 2);
     ck_assert_uint_eq(check_blocks_uncut(eng, 3, gpu, 1, idx, 3), 1);
     ck_assert(idx[0].has_parent && idx[0].parent == 20);
     ck_assert(!idx[2].has_parent); /* 60 is on the GPU: not cut */
@@ -95,6 +96,7 @@ START_TEST(blocks_cut_from_a_parent_no_tier_holds_compare_equal) {
     /* a parent the tier itself holds is no cut either */
     check_block e2[] = {B(30, 20), ROOT(20)}, i2[] = {ROOT(20), ROOT(30)};
     check_blocks_normalize(e2, 2);
+    ck_assert_uint_eq(check_blocks_cut(e2, 2, i2, 2), 0);
     ck_assert_uint_eq(check_blocks_uncut(e2, 2, NULL, 0, i2, 2), 0);
 }
 END_TEST
