@@ -40,7 +40,11 @@
  * The device walk scores device slots only; query_lower then extends each
  * rank's run tier by tier along the same path. A node stays under its
  * parent while any tier of any rank holds it, so an engine that offloads a
- * block before it frees the GPU copy keeps the chain whole.
+ * block before it frees the GPU copy keeps the chain whole. What a detach
+ * still cuts (an engine reset empties the GPU, the CPU keeps its copies)
+ * is relinked when its parent's block comes back ("Orphans" below), and a
+ * store whose block another tier of the rank holds joins that node
+ * (tier_node).
  *
  * Deliberate differences (DESIGN §7 decides):
  *  - "cleared" drops the blocks of the emitting (worker_id, dp_rank) only;
