@@ -681,9 +681,9 @@ kvo_status chk_engine_chain(chk_engine *e, const chk_prompt *p, uint32_t rank,
     for (size_t i = 0; st == KVO_OK && got < *n && i < chain->len; i++) {
         kvo_jv b;
         uint64_t index = 0, copies = 0;
-        char bn[64];
-        snprintf(bn, sizeof(bn), "%s.chain", name);
-        st = elem_obj(&jc, chain, bn, i, &b, bn, sizeof(bn));
+        char an[64], bn[96]; /* the array's name, the element's */
+        snprintf(an, sizeof(an), "%s.chain", name);
+        st = elem_obj(&jc, chain, an, i, &b, bn, sizeof(bn));
         if (st == KVO_OK)
             st = get_uint(&jc, &b, bn, "index", UINT32_MAX, REQUIRED, &index);
         if (st != KVO_OK || index != (uint64_t)k + got) continue;
