@@ -1019,7 +1019,7 @@ static kvo_status read_token_map(const chk_env *env, const json_call *c,
     kvo_status st = KVO_OK;
     for (uint32_t i = 0; st == KVO_OK && i < obj->len; i++) {
         const kvo_jmember *w = &obj->v.members[i];
-        uint64_t wid, rank, tokens;
+        uint64_t wid, rank, tokens = 0;
         char wname[64], name[96];
         snprintf(wname, sizeof(wname), "%s.%.24s", where, w->key);
         snprintf(name, sizeof(name), "%s%s%s", wname, inner ? "." : "",
