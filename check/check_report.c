@@ -577,13 +577,12 @@ static const char *const DIFF_KINDS[CHECK_DIFF_COUNT] = {
 
 /* The first differences of d, one object each. */
 static json_object *diffs_json(const check_result *r, const check_set_diff *d) {
-    const char *const *kinds = DIFF_KINDS;
     json_object *diffs = json_object_new_array();
     for (size_t k = 0; k < d->n_first; k++) {
         const check_block_diff *x = &d->first[k];
         json_object *o = json_object_new_object();
         json_object_object_add(o, "kind",
-                               json_object_new_string(kinds[x->kind]));
+                               json_object_new_string(DIFF_KINDS[x->kind]));
         json_object_object_add(o, "worker",
                                json_object_new_int64(r->slots[x->slot].worker));
         json_object_object_add(
@@ -631,7 +630,6 @@ static json_object *cpu_sets_json(const check_result *r,
 }
 
 static json_object *checkpoints_json(const check_result *r) {
-    const char *const *kinds = DIFF_KINDS;
     json_object *arr = json_object_new_array();
     for (size_t i = 0; i < r->n_ckpts; i++) {
         const check_checkpoint *c = &r->ckpts[i];
@@ -662,7 +660,7 @@ static json_object *checkpoints_json(const check_result *r) {
         json_object_object_add(o, "listed_blocks",
                                json_object_new_uint64(c->listed_blocks));
         for (int k = 0; k < CHECK_DIFF_COUNT; k++)
-            json_object_object_add(o, kinds[k],
+            json_object_object_add(o, DIFF_KINDS[k],
                                    json_object_new_uint64(c->diff.n[k]));
         json_object_object_add(o, "differences", diffs_json(r, &c->diff));
         json_object_object_add(o, "cpu_sets", cpu_sets_json(r, &c->cpu));
