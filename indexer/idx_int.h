@@ -868,8 +868,9 @@ typedef struct lalias {
 } lalias;
 
 typedef struct orphan {
-    uint64_t block_hash; /* the node's, when it was cut */
-    uint32_t node;
+    uint64_t parent_hash; /* the block_hash it was cut from */
+    uint64_t block_hash;  /* the node's, when it was cut */
+    uint32_t node;        /* NIL: a free record */
     uint32_t next; /* the parent's next orphan, or the free list: NIL ends */
 } orphan;
 
@@ -922,6 +923,7 @@ struct idx_tree {
     kvo_map orphans;
     struct orphan *orph;
     uint32_t orph_len, orph_cap, orph_free, orph_live;
+    uint64_t orph_sweep_at; /* orph_live that triggers the next sweep */
     uint32_t dying;
     uint64_t pairs;
     uint64_t held; /* live nodes with a non-empty worker set */

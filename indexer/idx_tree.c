@@ -479,7 +479,8 @@ static void detach(idx_tree *t, uint32_t p) {
  * its parent's block_hash, and a store of that block relinks it (under its
  * tokens_hash, when that key is free there). A record is checked when used
  * (the node may have been relinked, freed or reused); the lists are swept
- * when they outgrow the tree's pairs. */
+ * when they outgrow twice the tree's pairs (plus ORPHANS_SLACK). */
+#define ORPHANS_SLACK 4096
 
 /* Does a lower-tier slot hold node n? */
 static bool lower_held(const idx_tree *t, uint32_t n) {
@@ -499,6 +500,7 @@ static bool orphan_valid(const idx_tree *t, const orphan *o) {
 }
 
 static void orphan_release(idx_tree *t, uint32_t i) {
+    t->orph[i].node = NIL;
     t->orph[i].next = t->orph_free;
     t->orph_free = i;
     t->orph_live--;
@@ -509,50 +511,56 @@ static uint32_t orphan_first(uint64_t head) {
     return head ? (uint32_t)(head - 1) : NIL;
 }
 
-/* Drop the records that are no longer valid, in every list. */
+/* Put record i at the head of its parent's list; false: out of memory. */
+static bool orphan_link(idx_tree *t, uint32_t i) {
+    bool added;
+    uint64_t *head = kvo_map_put(&t->orphans, t->orph[i].parent_hash, &added);
+    if (!head) return false;
+    t->orph[i].next = orphan_first(*head);
+    *head = (uint64_t)i + 1;
+    t->orph_live++;
+    return true;
+}
+
+/* Rebuild the lists from the records that are still valid; the others,
+ * and the keys of emptied lists, go. */
 static void orphan_sweep(idx_tree *t) {
-    kvo_map *m = &t->orphans;
-    for (size_t k = 0; k <= m->cap; k++) {
-        uint64_t *head = k < m->cap
-                             ? (m->slots[k].key ? &m->slots[k].val : NULL)
-                             : (m->has_zero ? &m->zero_val : NULL);
-        if (!head) continue;
-        uint32_t i = orphan_first(*head), first = NIL, last = NIL;
-        while (i != NIL) {
-            uint32_t nx = t->orph[i].next;
-            if (!orphan_valid(t, &t->orph[i])) {
-                orphan_release(t, i);
-            } else {
-                if (last == NIL)
-                    first = i;
-                else
-                    t->orph[last].next = i;
-                last = i;
-            }
-            i = nx;
-        }
-        if (last != NIL) t->orph[last].next = NIL;
-        *head = first == NIL ? 0 : (uint64_t)first + 1;
+    kvo_map_clear(&t->orphans);
+    t->orph_free = NIL;
+    t->orph_live = 0;
+    for (uint32_t i = t->orph_len; i-- > 0;) {
+        orphan *o = &t->orph[i];
+        if (o->node != NIL && orphan_valid(t, o) && orphan_link(t, i)) continue;
+        o->node = NIL;
+        o->next = t->orph_free;
+        t->orph_free = i;
     }
 }
 
 static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
     if (!lower_held(t, c)) return;
-    if (t->orph_live > t->pairs + 4096) orphan_sweep(t);
+    if (t->orph_live >= t->orph_sweep_at) {
+        orphan_sweep(t);
+        /* valid records can outnumber the pairs (a node cut, relinked by
+         * tier_node, cut again is listed twice): never sweep in a loop */
+        t->orph_sweep_at =
+            2 * (t->orph_live > t->pairs ? t->orph_live : t->pairs) +
+            ORPHANS_SLACK;
+    }
     if (t->orph_free == NIL && grow((void **)&t->orph, &t->orph_cap,
                                     t->orph_len + 1, sizeof(orphan)) != KVO_OK)
         return; /* out of memory: the block stays cut, as in Dynamo */
-    bool added;
-    uint64_t *head = kvo_map_put(&t->orphans, parent_bh, &added);
-    if (!head) return;
     uint32_t i = t->orph_free;
     if (i != NIL)
         t->orph_free = t->orph[i].next;
     else
         i = t->orph_len++;
-    t->orph[i] = (orphan){ND(t, c).block_hash, c, orphan_first(*head)};
-    *head = (uint64_t)i + 1;
-    t->orph_live++;
+    t->orph[i] = (orphan){parent_bh, ND(t, c).block_hash, c, NIL};
+    if (!orphan_link(t, i)) { /* out of memory: as above */
+        t->orph[i].next = t->orph_free;
+        t->orph[i].node = NIL;
+        t->orph_free = i;
+    }
 }
 
 /* Block bh lives at node n now: relink the orphans cut from it. */
@@ -698,6 +706,7 @@ kvo_status idx_tree_new(idx_tree **out) {
     idx_tree *t = kvo_calloc(1, sizeof(*t));
     if (!t) return KVO_ENOMEM;
     t->nd_free = t->ea_free = t->la_free = t->dying = t->orph_free = NIL;
+    t->orph_sweep_at = ORPHANS_SLACK;
     kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
     if (nodes_reserve(t, 1) != KVO_OK) {

@@ -879,6 +879,40 @@ START_TEST(offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent) {
 }
 END_TEST
 
+/* Records of cut blocks that never come back (their parent is never stored
+ * again, and the CPU dropped them) are swept: memory stays flat (one
+ * shared first block, so the root's emptied children do not pile up). */
+START_TEST(orphan_records_of_blocks_gone_are_swept) {
+    const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
+    idx_tree *t = tt_tree_new();
+    uint64_t bytes_half = 0;
+    for (uint64_t i = 0; i < 20000; i++) {
+        uint64_t a = 1, b = 2 * i + 2, c = b + 1, pb = b * 100;
+        ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL,
+                                 (const uint64_t[]){a, b}, 2),
+                         IDX_EV_OK);
+        ck_assert_int_eq(
+            tier_ev(t, WIRE_R_STORED, 1, 0, C, &pb, (const uint64_t[]){c}, 1),
+            IDX_EV_OK);
+        /* b's node empties: c is cut (a record), then the CPU drops it */
+        ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
+                         IDX_EV_OK);
+        ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, C, NULL, NULL, 0),
+                         IDX_EV_OK);
+        if (i == 9999) {
+            idx_stats st;
+            idx_tree_stats(t, &st);
+            bytes_half = st.bytes;
+        }
+    }
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    ck_assert_uint_eq(st.pairs, 0);
+    ck_assert_uint_eq(st.bytes, bytes_half);
+    tt_tree_done(t);
+}
+END_TEST
+
 Suite *suite_tree(void) {
     Suite *s = suite_create("tree");
     TCase *tc = tcase_create("dynamo");
@@ -899,6 +933,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tc, offloaded_blocks_score_through_the_cpu_tier);
     tcase_add_test(
         tc, offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent);
+    tcase_add_test(tc, orphan_records_of_blocks_gone_are_swept);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);
