@@ -58,7 +58,7 @@
  * An applied batch is decoded, each event validated and converted to
  * RouterEvents (a lower tier's store without extra_keys takes the
  * tokens_hash the rank's device tier holds for the block:
- * device_tokens_hashes), passed through the dedup reference counts (per
+ * router_hashes), passed through the dedup reference counts (per
  * dp_rank and tier, kept in the forwarded state) and appended to the
  * pending message:
  *
@@ -786,11 +786,13 @@ static bool extra_keys_list(const wire_event *e, msgpack_unpacked *up,
  * every block; the salt's seed on block 0 of a chain root only -- from its
  * extra_keys entry (list, vLLM), else from SGLang's cache_salt field; each
  * block's multimodal pairs appended to its bytes (wire_router_hash_mm).
- * false, why set: an entry of another shape: such a block cannot be hashed
- * as a router querying the request would. */
+ * device (a lower tier's store without extra_keys; else NULL): a block
+ * whose router hash the rank's device tier holds takes it instead. false,
+ * why set: an entry of another shape: such a block cannot be hashed as a
+ * router querying the request would. */
 static bool router_hashes(relay_pipe *p, const wire_event *e,
-                          const msgpack_object *list, uint32_t bs, char *why,
-                          size_t whysz) {
+                          const msgpack_object *list, uint32_t bs,
+                          relay_state_rank *device, char *why, size_t whysz) {
     if (kvo_grow(&p->th, &p->cap_th, e->n_hashes, sizeof(*p->th), 64) !=
         KVO_OK) {
         snprintf(why, whysz, "out of memory");
@@ -800,6 +802,14 @@ static bool router_hashes(relay_pipe *p, const wire_event *e,
     bool ok = true;
     uint64_t seed = wire_router_seed(e->lora_name.p, e->lora_name.len, NULL, 0);
     for (uint32_t i = 0; ok && i < e->n_hashes; i++) {
+        if (device) {
+            if (relay_state_tokens_hash(device, WIRE_TIER_DEVICE,
+                                        e->hashes[i].key, &p->th[i])) {
+                p->st.tier_hash_reused++;
+                continue;
+            }
+            p->st.tier_hash_computed++;
+        }
         bool first = root && i == 0;
         const char *salt = first ? e->cache_salt.p : NULL;
         size_t salt_len = first ? e->cache_salt.len : 0;
@@ -814,25 +824,6 @@ static bool router_hashes(relay_pipe *p, const wire_event *e,
                                        p->mmk, n_mm);
     }
     return ok;
-}
-
-/* A lower tier's store without extra_keys hashed from its tokens alone
- * (p->th) lacks the salt of a prompt's block 0 and the multimodal keys the
- * GPU store of the same block had: a router querying the request would
- * never find it. The engine offloads a block while its GPU copy is still
- * cached (vLLM and kvo-mocker publish the CPU store before the GPU's
- * BlockRemoved), so the rank's device tier holds the block's exact router
- * hash: take it. Only a block the device tier does not hold keeps the hash
- * of its tokens. fwd NULL (no state for the rank): every block keeps it. */
-static void device_tokens_hashes(relay_pipe *p, const wire_event *e,
-                                 relay_state_rank *fwd) {
-    for (uint32_t i = 0; i < e->n_hashes; i++) {
-        if (fwd && relay_state_tokens_hash(fwd, WIRE_TIER_DEVICE,
-                                           e->hashes[i].key, &p->th[i]))
-            p->st.tier_hash_reused++;
-        else
-            p->st.tier_hash_computed++;
-    }
 }
 
 static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
@@ -872,24 +863,33 @@ static void convert_stored(relay_pipe *p, const wire_event *e, uint32_t ei,
             return;
         }
     }
+    /* A lower tier's store without extra_keys (vLLM's offloading events
+     * tracker defers them): hashed from its tokens alone, a block would lack
+     * the salt of a prompt's block 0 and the multimodal keys its GPU store
+     * had, and no router query of the request would find it. The engine
+     * offloads a block while its GPU copy is still cached (vLLM and
+     * kvo-mocker publish the CPU store before the GPU's BlockRemoved), so
+     * the rank's device tier holds the block's exact router hash: it is
+     * taken (router_hashes); only a block the device tier does not hold is
+     * hashed from its tokens (fwd NULL: no state, state_dropped counted). */
+    bool keyless = tier != WIRE_TIER_DEVICE && !e->extra_keys.p;
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     const msgpack_object *list;
     if (!extra_keys_list(e, &up, &list, why, sizeof(why)) ||
-        !router_hashes(p, e, list, bs, why, sizeof(why))) {
+        !router_hashes(p, e, list, bs, keyless ? fwd : NULL, why,
+                       sizeof(why))) {
         msgpack_unpacked_destroy(&up);
         reject(p, RELAY_extra_keys, ei, why);
         return;
     }
-    /* A lower tier's store without extra_keys: vLLM's offloading events
-     * tracker defers them, so the keys its hash took are unknown here. */
-    bool keyless = tier != WIRE_TIER_DEVICE && !e->extra_keys.p;
+    /* nor can the engine hash of a keyless store be verified: the keys it
+     * took are unknown here */
     if (p->cfg.verify && keyless)
         p->st.hash_unsupported += e->n_hashes;
     else if (p->cfg.verify)
         verify_store(p, e, ei, bs, list);
     msgpack_unpacked_destroy(&up);
-    if (keyless) device_tokens_hashes(p, e, fwd);
     pend_store(p, rank, tier, e, p->th, fwd);
 }
 
