@@ -205,10 +205,12 @@ static const char *type_name(kvo_jtype t) {
     }
 }
 
-/* "where.key" into buf. */
+/* "where.key" into buf; a name too long for it ends in "..." */
 static const char *field_name(char *buf, size_t n, const char *where,
                               const char *key) {
-    snprintf(buf, n, "%s%s%s", where ? where : "", where ? "." : "", key);
+    int k =
+        snprintf(buf, n, "%s%s%s", where ? where : "", where ? "." : "", key);
+    if (k >= 0 && (size_t)k >= n && n > 3) memcpy(buf + n - 4, "...", 4);
     return buf;
 }
 

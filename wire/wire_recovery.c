@@ -157,7 +157,7 @@ static kvo_status opt_u64(const kvo_jv *o, const char *name, bool *has,
 
 kvo_status wire_announce_decode(kvo_json *doc, const void *body, size_t len,
                                 wire_announce *a, kvo_err *err) {
-    const kvo_jv *o;
+    const kvo_jv *o = NULL; /* set by object_of when it succeeds */
     kvo_status st = object_of(doc, body, len, &o, err);
     if (st != KVO_OK) return st;
     wire_announce v = {0};
@@ -193,7 +193,7 @@ kvo_status wire_announce_decode(kvo_json *doc, const void *body, size_t len,
 
 kvo_status wire_recovery_req_decode(kvo_json *doc, const void *body, size_t len,
                                     wire_recovery_req *r, kvo_err *err) {
-    const kvo_jv *o;
+    const kvo_jv *o = NULL; /* set by object_of when it succeeds */
     kvo_status st = object_of(doc, body, len, &o, err);
     if (st != KVO_OK) return st;
     const kvo_jv *d = kvo_json_get(o, "dump");
@@ -211,7 +211,7 @@ kvo_status wire_recovery_req_decode(kvo_json *doc, const void *body, size_t len,
 kvo_status wire_reply_end_decode(kvo_json *doc, wire_reply_kind what,
                                  const void *body, size_t len,
                                  wire_reply_end *e, kvo_err *err) {
-    const kvo_jv *o;
+    const kvo_jv *o = NULL; /* set by object_of when it succeeds */
     kvo_status st = object_of(doc, body, len, &o, err);
     if (st != KVO_OK) return st;
     wire_reply_end v = {.kind = what};
