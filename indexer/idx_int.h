@@ -719,7 +719,10 @@ static inline void tab_ref_set(tab *r, uint32_t pos, uint32_t v) {
         r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
 }
 
-static inline void tab_prefetch(const tab *r, uint64_t h) {
+/* Always inlined: gcc takes a function that only prefetches for one
+ * without effects (ipa-pure-const) and drops its calls. */
+static inline __attribute__((always_inline)) void tab_prefetch(const tab *r,
+                                                               uint64_t h) {
     if (!r->nb) return;
     uint32_t b = tab_b1(r, tab_hash_tag(h));
     __builtin_prefetch(&r->bk[b]);

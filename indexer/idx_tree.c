@@ -143,8 +143,8 @@
 /* Bring in the lookup slot of (w, bh): a later block's, while this one is
  * worked on, AHEAD blocks ahead (about one memory latency of work). */
 #define AHEAD 8
-static inline uint64_t look_prefetch(const idx_tree *t, uint32_t w,
-                                     uint64_t bh) {
+static inline __attribute__((always_inline)) uint64_t
+look_prefetch(const idx_tree *t, uint32_t w, uint64_t bh) {
     uint64_t h = mix(bh, w);
     tab_prefetch(&t->ws[w].look, h);
     return h;

@@ -228,8 +228,9 @@ static int query_make(wl *w, uint64_t *h, int *target) {
 typedef struct pass {
     phase apply, query, remove;
     uint64_t ops, events, removed;
-    uint64_t rss0, rss1; /* around apply */
-    uint64_t thp1;       /* huge pages held after apply */
+    uint64_t apply_max_ns; /* the longest single event (a stall: growth) */
+    uint64_t rss0, rss1;   /* around apply */
+    uint64_t thp1;         /* huge pages held after apply */
     uint64_t pairs, pairs_left, nodes_left, tree_bytes;
     uint64_t *lat[KINDS];
     size_t nlat[KINDS];
@@ -270,7 +271,9 @@ static kvo_status tree_pass(wl *w, idx_tree *t, pass *p) {
                               .blocks = blk};
             uint64_t t0 = kvo_now_ns();
             s = idx_tree_apply(t, &ev, &st);
-            p->apply.wall_ns += kvo_now_ns() - t0;
+            uint64_t dt = kvo_now_ns() - t0;
+            p->apply.wall_ns += dt;
+            if (dt > p->apply_max_ns) p->apply_max_ns = dt;
             if (s != KVO_OK) goto done;
             if (st != IDX_EV_OK) {
                 fprintf(stderr, "kvo-bench-index: event rejected: %s\n",
@@ -411,7 +414,9 @@ static kvo_status floor_pass(wl *w, floor_tab *f, pass *p) {
                 kvo_status s = floor_put(f, floor_key(blk[j].tokens_hash, wk));
                 if (s != KVO_OK) return s;
             }
-            p->apply.wall_ns += kvo_now_ns() - t0;
+            uint64_t dt = kvo_now_ns() - t0;
+            p->apply.wall_ns += dt;
+            if (dt > p->apply_max_ns) p->apply_max_ns = dt;
             p->ops += n;
             p->events++;
         }
@@ -450,11 +455,12 @@ static double mops(uint64_t n, uint64_t ns) {
 
 static void report(const wl *w, pass *p, bool is_floor) {
     printf("apply: %llu events, %llu block ops in %.1f ms: %.2f M block-ops/s "
-           "(thread CPU %.1f ms: %.2f M/s; %ld page faults)\n",
+           "(thread CPU %.1f ms: %.2f M/s; %ld page faults; longest event "
+           "%.0f us)\n",
            (unsigned long long)p->events, (unsigned long long)p->ops,
            p->apply.wall_ns / 1e6, mops(p->ops, p->apply.wall_ns),
            p->apply.cpu_ns / 1e6, mops(p->ops, p->apply.cpu_ns),
-           p->apply.faults);
+           p->apply.faults, p->apply_max_ns / 1e3);
     double bpp = p->pairs ? (double)(p->rss1 - p->rss0) / (double)p->pairs : 0;
     printf("memory: %llu pairs, RSS +%.1f MB = %.1f B per pair (own "
            "accounting %.1f B per pair; %.0f MB in huge pages)\n",
@@ -464,6 +470,7 @@ static void report(const wl *w, pass *p, bool is_floor) {
     metric("apply_mops", mops(p->ops, p->apply.wall_ns));
     metric("apply_cpu_mops", mops(p->ops, p->apply.cpu_ns));
     metric("apply_faults", (double)p->apply.faults);
+    metric("apply_max_us", p->apply_max_ns / 1e3);
     metric("pairs", (double)p->pairs);
     metric("bytes_per_pair", bpp);
 

@@ -117,7 +117,7 @@ for size in $sizes; do
     T="$tmp/$size.$proto.tree.*" F="$tmp/$size.$proto.floor.*"
     echo
     row "$size $proto" "tree: median (min-max)" "floor" "/floor" "anchor" "/anchor" "goal (anchor: Dynamo compressed, another run)"
-    for m in apply_mops apply_cpu_mops hit_p50_us hit_p99_us prefix_p50_us prefix_p99_us \
+    for m in apply_mops apply_cpu_mops apply_max_us hit_p50_us hit_p99_us prefix_p50_us prefix_p99_us \
              random_p50_us random_p99_us queries_kps remove_mbps remove_cpu_mbps \
              bytes_per_pair peak_rss_mb apply_faults query_faults; do
       if [ "$proto" = warm ]; then
@@ -134,6 +134,7 @@ for size in $sizes; do
       case $m in
         apply_mops) label="apply, M block-ops/s" ;;
         apply_cpu_mops) label="  by CPU time" ;;
+        apply_max_us) label="  longest event, us" ;;
         hit_p50_us) label="hit p50, us" ;;
         hit_p99_us) label="hit p99, us" ;;
         prefix_p50_us) label="prefix p50, us" ;;
