@@ -147,7 +147,7 @@ static void remember(idx_feed *f, uint64_t id, uint64_t last_sequence) {
         pos = f->gone_head;
         f->gone_head = (f->gone_head + 1) % f->max_pubs;
         uint64_t *at = kvo_map_get(&f->gone_at, f->gone[pos].id);
-        if (at && *at == pos + 1) kvo_map_del(&f->gone_at, f->gone[pos].id);
+        if (at && *at == pos + 1) kvo_map_del_at(&f->gone_at, at);
     }
     bool added;
     uint64_t *at = kvo_map_put(&f->gone_at, id, &added);
@@ -161,7 +161,7 @@ static bool recall(idx_feed *f, uint64_t id, uint64_t *last_sequence) {
     uint64_t *at = kvo_map_get(&f->gone_at, id);
     if (!at) return false;
     *last_sequence = f->gone[*at - 1].last_sequence;
-    kvo_map_del(&f->gone_at, id);
+    kvo_map_del_at(&f->gone_at, at);
     return true;
 }
 
