@@ -50,6 +50,9 @@ typedef struct idx_counters {
     uint64_t blocks_not_found; /* removed hashes unknown to the worker */
     uint64_t hash_mismatch;    /* stored block met a node stored under a
                                   different block_hash (Dynamo warns) */
+    uint64_t orphans_lost;     /* offloaded blocks a detach cut that could
+                                  not be remembered for relinking (out of
+                                  memory): they stay cut, as in Dynamo */
 } idx_counters;
 
 typedef struct idx_stats {

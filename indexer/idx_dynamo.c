@@ -1074,6 +1074,7 @@ static kvo_status index_prom(idx_dyn *d, kvo_buf *b) {
         c.blocks_removed += c1.blocks_removed;
         c.blocks_not_found += c1.blocks_not_found;
         c.hash_mismatch += c1.hash_mismatch;
+        c.orphans_lost += c1.orphans_lost;
         st.held += st1.held; /* the sizes idx_prom_index writes */
         st.nodes += st1.nodes;
         st.pairs += st1.pairs;

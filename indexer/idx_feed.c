@@ -510,6 +510,7 @@ json_object *idx_json_counters(const idx_feed *f) {
         put(b, "removed", u64(c.blocks_removed), &ok);
         put(b, "not_found", u64(c.blocks_not_found), &ok);
         put(b, "hash_mismatch", u64(c.hash_mismatch), &ok);
+        put(b, "orphans_lost", u64(c.orphans_lost), &ok);
     }
     put(o, "blocks", b, &ok);
     idx_feed_counters k;

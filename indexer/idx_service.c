@@ -993,6 +993,7 @@ void idx_prom_index(kvo_prom *p, const idx_counters *c, const idx_stats *st,
     kvo_prom_u64(p, "blocks_total", c->blocks_removed, "op=\"removed\"");
     kvo_prom_u64(p, "blocks_total", c->blocks_not_found, "op=\"not_found\"");
     kvo_prom_u64(p, "blocks_total", c->hash_mismatch, "op=\"hash_mismatch\"");
+    kvo_prom_u64(p, "blocks_total", c->orphans_lost, "op=\"orphan_lost\"");
     kvo_prom_gauge(p, "resident_blocks",
                    "Blocks (tree nodes) held by at least one worker.",
                    st->held);

@@ -439,9 +439,9 @@ static void maybe_free(idx_tree *t, uint32_t n) {
     t->dying = n;
 }
 
-/* Drop every edge from p to its children (Dynamo: children.clear()). */
 static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c);
 
+/* Drop every edge from p to its children (Dynamo: children.clear()). */
 static void detach(idx_tree *t, uint32_t p) {
     uint32_t e = ND(t, p).child;
     if (e == NIL) return;
@@ -499,11 +499,11 @@ static bool orphan_valid(const idx_tree *t, const orphan *o) {
            ND(t, o->node).block_hash == o->block_hash && REFS(t, o->node);
 }
 
-static void orphan_release(idx_tree *t, uint32_t i) {
+/* Record i goes to the free list (it is in no list, or its list is gone). */
+static void orphan_free(idx_tree *t, uint32_t i) {
     t->orph[i].node = NIL;
     t->orph[i].next = t->orph_free;
     t->orph_free = i;
-    t->orph_live--;
 }
 
 /* A list's head value (1 + its first record; 0: empty) as an index. */
@@ -530,10 +530,8 @@ static void orphan_sweep(idx_tree *t) {
     t->orph_live = 0;
     for (uint32_t i = t->orph_len; i-- > 0;) {
         orphan *o = &t->orph[i];
-        if (o->node != NIL && orphan_valid(t, o) && orphan_link(t, i)) continue;
-        o->node = NIL;
-        o->next = t->orph_free;
-        t->orph_free = i;
+        if (o->node == NIL || !orphan_valid(t, o) || !orphan_link(t, i))
+            orphan_free(t, i);
     }
 }
 
@@ -547,9 +545,12 @@ static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
             2 * (t->orph_live > t->pairs ? t->orph_live : t->pairs) +
             ORPHANS_SLACK;
     }
-    if (t->orph_free == NIL && grow((void **)&t->orph, &t->orph_cap,
-                                    t->orph_len + 1, sizeof(orphan)) != KVO_OK)
-        return; /* out of memory: the block stays cut, as in Dynamo */
+    if (t->orph_free == NIL &&
+        grow((void **)&t->orph, &t->orph_cap, t->orph_len + 1,
+             sizeof(orphan)) != KVO_OK) {
+        t->c.orphans_lost++; /* the block stays cut, as in Dynamo */
+        return;
+    }
     uint32_t i = t->orph_free;
     if (i != NIL)
         t->orph_free = t->orph[i].next;
@@ -557,9 +558,8 @@ static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
         i = t->orph_len++;
     t->orph[i] = (orphan){parent_bh, ND(t, c).block_hash, c, NIL};
     if (!orphan_link(t, i)) { /* out of memory: as above */
-        t->orph[i].next = t->orph_free;
-        t->orph[i].node = NIL;
-        t->orph_free = i;
+        orphan_free(t, i);
+        t->c.orphans_lost++;
     }
 }
 
@@ -576,7 +576,8 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
             child_find(t, n, ND(t, c).tokens_hash) == NIL &&
             idx_tab_reserve(&t->edges, 2) == KVO_OK)
             edge_add(t, n, ND(t, c).tokens_hash, c);
-        orphan_release(t, i);
+        orphan_free(t, i);
+        t->orph_live--;
         i = nx;
     }
 }

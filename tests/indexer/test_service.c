@@ -564,6 +564,7 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "kvo_indexer_blocks_total{op=\"removed\"} 3",
         "kvo_indexer_blocks_total{op=\"not_found\"} 0",
         "kvo_indexer_blocks_total{op=\"hash_mismatch\"} 0",
+        "kvo_indexer_blocks_total{op=\"orphan_lost\"} 0",
         "# HELP kvo_indexer_resident_blocks Blocks (tree nodes) held by at "
         "least one worker.",
         "# TYPE kvo_indexer_resident_blocks gauge",
