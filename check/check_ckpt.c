@@ -116,7 +116,7 @@ static kvo_status check_listed(run *r, const char *side, uint32_t w,
  * in neither tier (check_blocks_uncut): the engine's GPU list is read only
  * when the index lists a CPU block without the parent the engine gives. */
 static kvo_status uncut(run *r, chk_engine *e, const chk_rank *rk,
-                        const chk_blocks *eb, chk_blocks *ib) {
+                        const chk_blocks *eb, chk_blocks *ib, uint64_t *cut) {
     if (check_blocks_cut(eb->v, eb->n, ib->v, ib->n) == 0) return KVO_OK;
     chk_blocks gpu;
     chk_blocks_init(&gpu);
@@ -125,13 +125,8 @@ static kvo_status uncut(run *r, chk_engine *e, const chk_rank *rk,
     if (st == KVO_OK)
         st = check_listed(r, "kvo-mocker /kvo/blocks", e->worker_id,
                           rk->dp_rank, &gpu);
-    if (st == KVO_OK) {
-        size_t n = check_blocks_uncut(eb->v, eb->n, gpu.v, gpu.n, ib->v, ib->n);
-        if (n)
-            kvo_debug("worker %u rank %u: %zu CPU blocks cut from a parent "
-                      "the engine no longer holds",
-                      e->worker_id, rk->dp_rank, n);
-    }
+    if (st == KVO_OK)
+        *cut = check_blocks_uncut(eb->v, eb->n, gpu.v, gpu.n, ib->v, ib->n);
     chk_blocks_fini(&gpu);
     return st;
 }
@@ -172,7 +167,7 @@ static kvo_status compare_tier(run *r, chk_engine *e, const chk_rank *rk,
                            e->worker_id, rk->dp_rank, ib)) != KVO_OK)
         return st;
     *listed += eb->n + ib->n;
-    if (cpu && (st = uncut(r, e, rk, eb, ib)) != KVO_OK) return st;
+    if (cpu && (st = uncut(r, e, rk, eb, ib, &x->cut)) != KVO_OK) return st;
     x->engine_blocks = eb->count;
     x->engine_digest = eb->digest;
     x->index_blocks = ib->count;
@@ -248,6 +243,7 @@ kvo_status chk_compare_sets(run *r, size_t sent, check_checkpoint *c,
             c->cpu.listed += x.listed;
             c->cpu.engine_blocks += x.engine_blocks;
             c->cpu.index_blocks += x.index_blocks;
+            c->cpu.cut += x.cut;
         }
     }
     if (c->cpu.compared < c->cpu.ranks && !c->cpu.note[0])

@@ -734,6 +734,8 @@ typedef struct check_slot_sets {
     uint64_t engine_blocks, index_blocks; /* distinct hashes */
     uint64_t engine_digest, index_digest;
     uint64_t n[CHECK_DIFF_COUNT];
+    uint64_t cut; /* CPU blocks the index's tree cut from a parent the
+                     engine holds in no tier (check_blocks_uncut) */
 } check_slot_sets;
 
 /* A checkpoint's CPU tier: every rank whose engine tells a CPU set
@@ -746,7 +748,9 @@ typedef struct check_tier_sets {
     uint32_t listed;   /* of them, their lists fetched (digests differed) */
     char note[200];    /* why some were not compared ("" when all were) */
     uint64_t engine_blocks, index_blocks; /* distinct, compared ranks */
-    check_set_diff diff;                  /* over every compared rank */
+    uint64_t cut;        /* blocks compared under the engine's parent (the
+                     index's tree cut them: check_blocks_uncut) */
+    check_set_diff diff; /* over every compared rank */
 } check_tier_sets;
 
 struct check_checkpoint {

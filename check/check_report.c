@@ -622,6 +622,7 @@ static json_object *cpu_sets_json(const check_result *r,
     json_object_object_add(o, "index_blocks",
                            json_object_new_uint64(t->index_blocks));
     json_object_object_add(o, "slots_listed", json_object_new_int64(t->listed));
+    json_object_object_add(o, "blocks_cut", json_object_new_uint64(t->cut));
     for (int k = 0; k < CHECK_DIFF_COUNT; k++)
         json_object_object_add(o, DIFF_KINDS[k],
                                json_object_new_uint64(t->diff.n[k]));

@@ -428,6 +428,7 @@ START_TEST(reports_show_the_cpu_tier_of_each_checkpoint) {
     c.cpu.listed = 1;
     c.cpu.engine_blocks = 4;
     c.cpu.index_blocks = 3;
+    c.cpu.cut = 2;
     check_block eng[] = {{.hash = 70}};
     check_blocks_compare(eng, 1, NULL, 0, 1, &c.cpu.diff);
     ck_assert_int_eq(check_result_checkpoint(r, &c, NULL), KVO_OK);
@@ -469,6 +470,8 @@ START_TEST(reports_show_the_cpu_tier_of_each_checkpoint) {
     ck_assert_int_eq(json_object_get_int(x), 1);
     ck_assert(json_object_object_get_ex(cpu, "engine_blocks", &x));
     ck_assert_int_eq(json_object_get_int(x), 4);
+    ck_assert(json_object_object_get_ex(cpu, "blocks_cut", &x));
+    ck_assert_int_eq(json_object_get_int(x), 2);
     ck_assert(json_object_object_get_ex(cpu, "differences", &x));
     ck_assert_uint_eq(json_object_array_length(x), 1);
     ck_assert(json_object_object_get_ex(c0, "cause", &x));
