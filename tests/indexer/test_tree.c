@@ -737,6 +737,20 @@ static kvo_status tier_collect(void *ctx, const idx_block *b) {
     return KVO_OK;
 }
 
+/* Worker 1 rank 0: the GPU holds blocks 1..4 (block hashes 100..400),
+ * and blocks 3 and 4 are offloaded to the CPU while the GPU still holds
+ * them (3's parent, 200, is on the GPU only). */
+static void gpu_1_to_4_cpu_3_and_4(idx_tree *t) {
+    const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
+    ck_assert_int_eq(
+        tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3, 4), 4),
+        IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(200), U64S(3), 1),
+                     IDX_EV_OK);
+    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(300), U64S(4), 1),
+                     IDX_EV_OK);
+}
+
 /* A block offloaded before its GPU copy is freed keeps its node, its parent
  * and its place in the query's path: the query scores the GPU run, then
  * the CPU run after it, per rank. */
@@ -744,14 +758,7 @@ START_TEST(offloaded_blocks_score_through_the_cpu_tier) {
     const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
     idx_tree *t = tt_tree_new();
     const uint64_t q[] = {1, 2, 3, 4, 5};
-    ck_assert_int_eq(
-        tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3, 4), 4),
-        IDX_EV_OK);
-    /* 3 offloaded: its parent (200) is on the GPU only */
-    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(200), U64S(3), 1),
-                     IDX_EV_OK);
-    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(300), U64S(4), 1),
-                     IDX_EV_OK);
+    gpu_1_to_4_cpu_3_and_4(t);
     /* a parent in no tier of the rank */
     ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(900), U64S(9), 1),
                      IDX_EV_PARENT_NOT_FOUND);
@@ -838,13 +845,7 @@ START_TEST(offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent) {
     const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
     idx_tree *t = tt_tree_new();
     const uint64_t q[] = {1, 2, 3, 4};
-    ck_assert_int_eq(
-        tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2, 3, 4), 4),
-        IDX_EV_OK);
-    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(200), U64S(3), 1),
-                     IDX_EV_OK);
-    ck_assert_int_eq(tier_ev(t, WIRE_R_STORED, 1, 0, C, U64S(300), U64S(4), 1),
-                     IDX_EV_OK);
+    gpu_1_to_4_cpu_3_and_4(t);
     ck_assert_int_eq(tier_ev(t, WIRE_R_REMOVED, 1, 0, D, NULL, U64S(4, 3), 2),
                      IDX_EV_OK);
     ck_assert_int_eq(tier_ev(t, WIRE_R_CLEARED, 1, 0, D, NULL, NULL, 0),
