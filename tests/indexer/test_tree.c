@@ -880,6 +880,41 @@ START_TEST(offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent) {
 }
 END_TEST
 
+/* A cut block whose record cannot be allocated is counted (orphans_lost)
+ * and stays cut when its parent comes back, as in Dynamo: the reset is
+ * applied with the k-th allocation failing, for every k until it runs
+ * through with the record lost. */
+START_TEST(an_orphan_record_lost_to_allocation_failure_is_counted) {
+    const wire_tier D = WIRE_TIER_DEVICE, C = WIRE_TIER_HOST_PINNED;
+    const uint64_t q[] = {1, 2, 3, 4};
+    bool lost = false;
+    for (long k = 0; k < 50 && !lost; k++) {
+        idx_tree *t = tt_tree_new();
+        gpu_1_to_4_cpu_3_and_4(t);
+        ck_assert_int_eq(
+            tier_ev(t, WIRE_R_REMOVED, 1, 0, D, NULL, U64S(4, 3), 2),
+            IDX_EV_OK);
+        wire_revent reset = {.worker_id = 1, .tier = D, .type = WIRE_R_CLEARED};
+        idx_evstatus st;
+        kvo_alloc_fail_after(k);
+        kvo_status s = idx_tree_apply(t, &reset, &st);
+        kvo_alloc_fail_after(-1);
+        idx_counters c;
+        idx_tree_counters(t, &c);
+        if (s == KVO_OK && c.orphans_lost == 1) {
+            lost = true;
+            ck_assert_int_eq(
+                tier_ev(t, WIRE_R_STORED, 1, 0, D, NULL, U64S(1, 2), 2),
+                IDX_EV_OK);
+            idx_score sc = tier_score(t, q, 4, 1, 0);
+            ck_assert(sc.blocks == 2 && sc.through[C - 1] == 2);
+        }
+        tt_tree_done(t);
+    }
+    ck_assert_msg(lost, "no allocation failure lost the record");
+}
+END_TEST
+
 /* Records of cut blocks that never come back (their parent is never stored
  * again, and the CPU dropped them) are swept: memory stays flat (one
  * shared first block, so the root's emptied children do not pile up). */
@@ -935,6 +970,7 @@ Suite *suite_tree(void) {
     tcase_add_test(
         tc, offloaded_blocks_cut_by_a_gpu_reset_come_back_with_their_parent);
     tcase_add_test(tc, orphan_records_of_blocks_gone_are_swept);
+    tcase_add_test(tc, an_orphan_record_lost_to_allocation_failure_is_counted);
     suite_add_tcase(s, tc);
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);
