@@ -374,7 +374,9 @@ typedef struct idx_service_cfg {
                             (docs/recovery.md) */
     uint64_t discover_ms;     /* the discovery window at start, default 500 */
     uint32_t apply_budget_us; /* apply for at most this long between two
-                                 turns of the HTTP server; default 2000 */
+                                 turns of the HTTP server (pausing
+                                 between two events of an envelope if need
+                                 be); default 500 */
     const char *dynamo_http;  /* host:port of a second listener speaking
                                 Dynamo's standalone-indexer API (its
                                 /register consumes engines' ZMQ streams

@@ -113,6 +113,11 @@ idx_tree *idx_feed_tree(idx_feed *f) { return f->tree; }
 
 uint64_t idx_feed_generation(const idx_feed *f) { return f->gen; }
 
+void idx_feed_set_pause(idx_feed *f, idx_feed_pause_fn fn, void *ctx) {
+    f->pause = fn;
+    f->pause_ctx = ctx;
+}
+
 void idx_feed_set_clock(idx_feed *f, uint64_t now_ms) {
     if (now_ms > f->now_ms) f->now_ms = now_ms;
 }
@@ -320,6 +325,10 @@ kvo_status idx_feed_apply_events(idx_feed *f, idx_pub *p, idx_feed_result *r,
     kvo_status s = KVO_OK;
     uint64_t stored = 0;
     for (uint32_t i = 0; i < m->n_events; i++) {
+        if (i > 0 && f->pause) {
+            f->gen++; /* readers' caches: the tree moved */
+            f->pause(f->pause_ctx);
+        }
         const wire_revent *ev = &m->events[i];
         r->other_tier += ev->tier != WIRE_TIER_DEVICE;
         if (p && (p->n_workers == 0 || p->workers[0] != ev->worker_id))
@@ -391,8 +400,8 @@ kvo_status idx_feed_live_decoded(idx_feed *f, const char *subject,
             goto done;
         }
     }
-    if (zmq_seq) idx_feed_zmq_header(p, zmq_seq, r);
     s = idx_feed_apply_events(f, p, r, NULL);
+    if (zmq_seq) idx_feed_zmq_header(p, zmq_seq, r); /* after: pauses */
     r->applied = true;
 done:
     count(f, r);

@@ -123,6 +123,15 @@ bool idx_feed_zmq_last(const idx_feed *f, uint64_t publisher_id,
 /* A counter that moves whenever the feed changes the tree (for caches of
  * what was read from it). */
 uint64_t idx_feed_generation(const idx_feed *f);
+/* Call fn(ctx) between two events of one envelope (NULL: never). The tree
+ * then holds the envelope's first events and not yet the rest, and the
+ * publisher's KVO-Zmq-Seq watermark still stands where it was before the
+ * envelope (it moves once the envelope is applied), so a query that waits
+ * for the watermark never sees half an envelope. fn may read the feed and
+ * the tree (answer queries), never change them. The service uses it so
+ * that a query does not wait behind an envelope of thousands of events. */
+typedef void (*idx_feed_pause_fn)(void *ctx);
+void idx_feed_set_pause(idx_feed *f, idx_feed_pause_fn fn, void *ctx);
 
 /* ---- Recovery: the pure core (idx_recover.c draws the state machine) -----
  * docs/recovery.md, the indexer's side. No sockets and no clock: the feed's
@@ -294,8 +303,10 @@ struct idx_feed {
     uint64_t now_ms, oldest_ms;
     idx_gone *gone; /* max_pubs slots, allocated at the first expiry */
     size_t gone_len, gone_head;
-    kvo_map gone_at; /* id -> position in gone + 1 */
-    uint64_t gen;    /* idx_feed_generation */
+    kvo_map gone_at;         /* id -> position in gone + 1 */
+    uint64_t gen;            /* idx_feed_generation */
+    idx_feed_pause_fn pause; /* idx_feed_set_pause */
+    void *pause_ctx;
     /* recovery (idx_recover.c) */
     bool recovery; /* io.ask is set */
     idx_rec_io io;
@@ -558,6 +569,7 @@ typedef struct idx_service_stats {
     uint64_t inbox_drops; /* dropped for want of memory before the loop */
     uint64_t nats_disconnects;
     uint64_t bad_requests;      /* HTTP requests answered 4xx */
+    uint64_t apply_pauses;      /* HTTP served mid-envelope (mid_envelope) */
     kvo_http_server_stats http; /* what the HTTP server refused or cut */
     uint64_t lat_count[IDX_LAT_BOUNDS + 1]; /* queries per latency bucket;
                                                the last: above every bound */

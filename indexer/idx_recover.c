@@ -538,8 +538,8 @@ static kvo_status got_event(idx_feed *f, idx_pub *p, const void *body,
     idx_feed_result r;
     memset(&r, 0, sizeof(r));
     idx_feed_track(f, p, false, seq, XXH3_64bits(body, len), &r);
-    if (zmq_seq) idx_feed_zmq_header(p, zmq_seq, &r);
     kvo_status s = idx_feed_apply_events(f, p, &r, NULL);
+    if (zmq_seq) idx_feed_zmq_header(p, zmq_seq, &r); /* after: pauses */
     count_recovered(f, &r);
     return s;
 }

@@ -6,6 +6,8 @@
  *                                                               v
  *   loop: poll({eventfd, kvo_http_server_fd})
  *         -> a slice of the inbox (apply_budget_us at most) -> the feed
+ *              (between two events of an envelope, once apply_budget_us
+ *               has passed since HTTP was last served: kvo_http_server_run)
  *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
@@ -16,7 +18,13 @@
  * rises). Messages apply in arrival order. The loop applies for at most
  * apply_budget_us before it serves HTTP and waiting queries again and
  * comes back at once for the rest, so a query never waits behind a whole
- * inbox of large applies (one message is the smallest slice).
+ * inbox of large applies. Nor behind one large envelope (128 events and
+ * 8,192 blocks from a relay take milliseconds): the feed pauses between
+ * two of its events (idx_feed_set_pause) and, once the budget has passed,
+ * the loop answers the HTTP requests that came in (mid_envelope). Queries
+ * then see the envelope's first events; the KVO-Zmq-Seq watermark moves
+ * only when the envelope is whole, so a query waiting for it is held until
+ * the end of the slice (serve_waiters) and never sees half an envelope.
  *
  * Recovery (docs/recovery.md; the state machine is the feed's, in
  * idx_recover.c; this file is its NATS glue). Subscriptions, all on one
@@ -90,11 +98,11 @@
 #define NATS_FLUSH_MS 5000        /* wait for the server to confirm the SUB */
 #define HTTP_MAX_BODY (16u << 20) /* default --max-body */
 #define LOOP_POLL_MS                                                           \
-    200                      /* longest poll: kvo_stop and nats.c's counters are
+    200                     /* longest poll: kvo_stop and nats.c's counters are
                             checked at least this often */
-#define APPLY_BUDGET_US 2000 /* default apply_budget_us */
-#define DISCOVER_MS 500      /* default discover_ms */
-#define SUBJECT_MAX 512      /* recovery subjects built here */
+#define APPLY_BUDGET_US 500 /* default apply_budget_us */
+#define DISCOVER_MS 500     /* default discover_ms */
+#define SUBJECT_MAX 512     /* recovery subjects built here */
 #define NS_PER_MS 1000000u
 #define NS_PER_US 1000u
 #define NS_PER_S 1e9
@@ -169,6 +177,7 @@ typedef struct svc {
         seen_inbox_drops;    /* other threads' counters, last polled values
                              (log_nats_changes) */
     uint64_t nats_dropped;   /* natsSubscription_GetDropped, last read */
+    uint64_t served_ns;      /* when HTTP was last served */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
     bool recovery;                   /* on, and its subjects could be made */
@@ -631,10 +640,23 @@ static void process(svc *s, const inmsg *im) {
     }
 }
 
-/* Apply the inbox for at most apply_budget_us (one message at least): take
- * the inbox when the last one taken is done, apply in order, and say how
- * much is still taken (on_msg counts it in the inbox's bound). true when
- * messages are waiting: the loop comes back without polling. */
+/* Between two events of an envelope: once apply_budget_us has passed since
+ * HTTP was last served, answer what came in (handlers only read the feed
+ * and the tree; waiting queries stay held, as the watermark has not moved). */
+static void mid_envelope(void *ctx) {
+    svc *s = ctx;
+    uint64_t budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+    if (kvo_now_ns() - s->served_ns < budget) return;
+    s->stats.apply_pauses++;
+    kvo_http_server_run(s->http);
+    s->served_ns = kvo_now_ns();
+}
+
+/* Apply the inbox until apply_budget_us has passed since HTTP was last
+ * served (one message at least): take the inbox when the last one taken
+ * is done, apply in order, and say how much is still taken (on_msg counts
+ * it in the inbox's bound). true when messages are waiting: the loop
+ * comes back without polling. */
 static bool drain_inbox(svc *s) {
     uint64_t junk;
     ssize_t r = read(s->evfd, &junk, sizeof(junk));
@@ -651,15 +673,14 @@ static bool drain_inbox(svc *s) {
         pthread_mutex_unlock(&s->mu);
         s->work_i = 0;
     }
-    uint64_t t0 = kvo_now_ns(),
-             budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+    uint64_t budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
     size_t bytes = 0;
     while (s->work_i < s->work_n) {
         inmsg *im = &s->work[s->work_i++];
         bytes += (size_t)natsMsg_GetDataLength(im->m);
         process(s, im);
         natsMsg_Destroy(im->m);
-        if (kvo_now_ns() - t0 >= budget) break;
+        if (kvo_now_ns() - s->served_ns >= budget) break;
     }
     pthread_mutex_lock(&s->mu);
     s->work_left = s->work_n - s->work_i;
@@ -1034,6 +1055,10 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                      s->nats_disconnects);
     kvo_prom_counter(&p, "bad_requests_total", "HTTP requests answered 4xx.",
                      s->bad_requests);
+    kvo_prom_counter(&p, "apply_pauses_total",
+                     "Times HTTP was served between two events of one "
+                     "envelope (its apply outlasted --apply-budget-us).",
+                     s->apply_pauses);
     kvo_prom_counter(&p, "http_connections_total", "TCP connections accepted.",
                      s->http.conns);
     kvo_prom_counter(&p, "http_head_timeouts_total",
@@ -1250,6 +1275,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         goto done;
     }
     kvo_info("listening on http://%s:%u", host, kvo_http_server_port(s.http));
+    idx_feed_set_pause(s.feed, mid_envelope, &s);
     if (cfg->dynamo_http && (st = dynamo_setup(&s)) != KVO_OK) goto done;
     s.max_items = 2 + (s.dyn ? idx_dyn_max_items(s.dyn) : 0);
     s.items = kvo_calloc(s.max_items, sizeof(*s.items));
@@ -1286,6 +1312,7 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         if (gone) log_expired(&s, gone);
         serve_waiters(&s);
         kvo_http_server_run(s.http);
+        s.served_ns = kvo_now_ns();
         log_nats_changes(&s);
     }
     if (kvo_stop) kvo_info("stopping");

@@ -200,6 +200,68 @@ START_TEST(zmq_seq_headers_make_the_watermark) {
 }
 END_TEST
 
+/* What the pause hook saw between two events of an envelope. */
+typedef struct pause_log {
+    idx_feed *f;
+    int calls;
+    uint64_t pairs[4], zmq_last[4], gen[4];
+} pause_log;
+
+static void log_pause(void *ctx) {
+    pause_log *l = ctx;
+    ck_assert_int_lt(l->calls, 4);
+    idx_stats st;
+    idx_tree_stats(idx_feed_tree(l->f), &st);
+    l->pairs[l->calls] = st.pairs;
+    ck_assert(idx_feed_zmq_last(l->f, 5, &l->zmq_last[l->calls]));
+    l->gen[l->calls] = idx_feed_generation(l->f);
+    l->calls++;
+}
+
+/* The service answers queries between two events of a long envelope: the
+ * feed pauses there with the first events in the tree, a generation that
+ * moved (readers' caches), and the KVO-Zmq-Seq watermark still where it
+ * was, so a query waiting for the envelope's watermark is not answered
+ * from half of it. */
+START_TEST(a_pause_between_events_sees_the_old_watermark) {
+    idx_feed *f = tt_feed_new();
+    pause_log l = {.f = f};
+    idx_feed_set_pause(f, log_pause, &l);
+    ck_assert_int_eq(
+        feed_envelope(f, 5, 0, 1, WIRE_TIER_DEVICE, 1, "10-14", NULL), KVO_OK);
+    ck_assert_int_eq(l.calls, 0); /* one event: nothing between */
+    wire_rblock b[3] = {{900, 9}, {901, 10}, {902, 11}};
+    wire_revent ev[3];
+    for (int i = 0; i < 3; i++)
+        ev[i] = (wire_revent){.worker_id = 1,
+                              .event_id = 10 + (uint64_t)i,
+                              .type = WIRE_R_STORED,
+                              .has_parent = i > 0,
+                              .parent_hash = i > 0 ? b[i - 1].block_hash : 0,
+                              .n_blocks = 1,
+                              .blocks = &b[i]};
+    size_t len;
+    uint8_t *body = tt_plane(5, 1, 1700000000001ull, ev, 3, &len);
+    uint64_t gen0 = idx_feed_generation(f);
+    ck_assert_int_eq(idx_feed_message(f, body, len, "15-17", NULL, NULL),
+                     KVO_OK);
+    kvo_free(body);
+    ck_assert_int_eq(l.calls, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_uint_eq(l.pairs[i], 2 + (uint64_t)i);
+        ck_assert_uint_eq(l.zmq_last[i], 14);
+        ck_assert_uint_gt(l.gen[i], i ? l.gen[i - 1] : gen0);
+    }
+    uint64_t last;
+    ck_assert(idx_feed_zmq_last(f, 5, &last));
+    ck_assert_uint_eq(last, 17);
+    idx_stats st;
+    idx_tree_stats(idx_feed_tree(f), &st);
+    ck_assert_uint_eq(st.pairs, 4);
+    idx_feed_free(f);
+}
+END_TEST
+
 /* A restart (sequence 0 again, another body) restarts the KVO-Zmq-Seq
  * watermark too: the highest end seen before it belongs to the old run. */
 START_TEST(a_restart_restarts_the_zmq_watermark) {
@@ -765,6 +827,7 @@ Suite *suite_feed(void) {
     tcase_add_test(tc, duplicates_are_dropped_gaps_and_restarts_counted);
     tcase_add_test(tc, message_result_says_what_happened);
     tcase_add_test(tc, zmq_seq_headers_make_the_watermark);
+    tcase_add_test(tc, a_pause_between_events_sees_the_old_watermark);
     tcase_add_test(tc, a_restart_restarts_the_zmq_watermark);
     tcase_add_test(tc, a_bogus_jump_is_undone_by_the_next_message);
     tcase_add_test(tc, counters_saturate_instead_of_wrapping);

@@ -530,6 +530,7 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
                             .inbox_drops = 2,
                             .nats_disconnects = 1,
                             .bad_requests = 4,
+                            .apply_pauses = 9,
                             .http = {.conns = 5,
                                      .head_timeouts = 6,
                                      .body_timeouts = 7,
@@ -732,6 +733,10 @@ START_TEST(metrics_text_is_pinned_line_by_line) {
         "# HELP kvo_indexer_bad_requests_total HTTP requests answered 4xx.",
         "# TYPE kvo_indexer_bad_requests_total counter",
         "kvo_indexer_bad_requests_total 4",
+        "# HELP kvo_indexer_apply_pauses_total Times HTTP was served between "
+        "two events of one envelope (its apply outlasted --apply-budget-us).",
+        "# TYPE kvo_indexer_apply_pauses_total counter",
+        "kvo_indexer_apply_pauses_total 9",
         "# HELP kvo_indexer_http_connections_total TCP connections accepted.",
         "# TYPE kvo_indexer_http_connections_total counter",
         "kvo_indexer_http_connections_total 5",
