@@ -958,6 +958,94 @@ static uint64_t chain_score(env *e, uint64_t c, uint64_t n) {
     return r;
 }
 
+/* Envelopes of many events, with --apply-budget-us 1: the loop serves
+ * HTTP between their events (apply_pauses_total moves), and a query whose
+ * KVO-Zmq-Seq wait an envelope covers sees all of that envelope, never a
+ * part (fails when the watermark moves before the events are applied). */
+START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
+    enum { ENVS = 8, EVENTS = 64, BLOCKS = 64, PUB = 9, WORKER = 7 };
+    env e;
+    const char *extra[] = {"--apply-budget-us", "1", "--no-recovery", NULL};
+    env_start(&e, NULL, extra);
+    static wire_rblock b[EVENTS][BLOCKS];
+    wire_revent ev[EVENTS];
+    for (uint64_t k = 0; k < ENVS; k++) {
+        for (uint64_t j = 0; j < EVENTS; j++) {
+            uint64_t c = k * EVENTS + j; /* event j of envelope k: chain c */
+            for (uint64_t i = 0; i < BLOCKS; i++)
+                b[j][i] = (wire_rblock){chain_bh(c, i), chain_th(c, i)};
+            ev[j] = (wire_revent){.worker_id = WORKER,
+                                  .event_id = c,
+                                  .type = WIRE_R_STORED,
+                                  .n_blocks = BLOCKS,
+                                  .blocks = b[j]};
+        }
+        size_t len;
+        uint8_t *body =
+            tt_plane(PUB, k, 1700000000000ull + k, ev, EVENTS, &len);
+        natsMsg *m;
+        ck_assert_int_eq(
+            natsMsg_Create(&m, SUBJECT, NULL, (const char *)body, (int)len),
+            NATS_OK);
+        char hdr[32];
+        snprintf(hdr, sizeof(hdr), "%llu-%llu", (unsigned long long)k,
+                 (unsigned long long)k);
+        ck_assert_int_eq(natsMsgHeader_Set(m, "KVO-Zmq-Seq", hdr), NATS_OK);
+        ck_assert_int_eq(natsConnection_PublishMsg(e.nc, m), NATS_OK);
+        natsMsg_Destroy(m);
+        kvo_free(body);
+    }
+    ck_assert_int_eq(natsConnection_FlushTimeout(e.nc, 10000), NATS_OK);
+    /* While they apply: ask for the last chain of envelope k as soon as
+     * its watermark is there (timeout 0: answered at once, covered or
+     * not). Covered must mean all of it, whenever the question lands. */
+    uint64_t k = 0;
+    for (int polls = 0; k < ENVS && polls < 1000000; polls++) {
+        uint64_t c = k * EVENTS + EVENTS - 1;
+        kvo_buf qb;
+        kvo_buf_init(&qb);
+        kvo_buf_printf(&qb, "{\"tokens_hashes\": [");
+        for (uint64_t i = 0; i < BLOCKS; i++)
+            kvo_buf_printf(&qb, "%s%llu", i ? "," : "",
+                           (unsigned long long)chain_th(c, i));
+        kvo_buf_printf(&qb,
+                       "], \"wait\": {\"zmq_seq\": [[%d, %llu]], "
+                       "\"timeout_ms\": 0}}",
+                       PUB, (unsigned long long)k);
+        kvo_buf_cstr(&qb);
+        char *out;
+        ck_assert_int_eq(
+            post(&e, "/query_by_hash", (const char *)qb.data, &out), 200);
+        kvo_buf_fini(&qb);
+        json_object *j = json_tokener_parse(out);
+        ck_assert_ptr_nonnull(j);
+        if (json_object_get_boolean(tt_json_at(j, "covered"))) {
+            json_object *sc = tt_json_at(j, "scores");
+            ck_assert_msg(json_object_array_length(sc) == 1 &&
+                              tt_json_u64(json_object_array_get_idx(sc, 0),
+                                          "blocks") == BLOCKS,
+                          "envelope %llu covered, but its last chain is not "
+                          "all there: %s",
+                          (unsigned long long)k, out);
+            k++;
+        }
+        json_object_put(j);
+    }
+    ck_assert_uint_eq(k, ENVS);
+    wait_messages(&e, ENVS);
+    json_object *c = get_json(&e, "/counters");
+    ck_assert_uint_eq(tt_json_u64(tt_json_at(c, "blocks"), "stored"),
+                      (uint64_t)ENVS * EVENTS * BLOCKS);
+    json_object_put(c);
+    const char *m;
+    ck_assert_int_eq(get(&e, "/metrics", &m), 200);
+    const char *p = strstr(m, "\nkvo_indexer_apply_pauses_total ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_gt(strtoull(p + 32, NULL, 10), 0);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
 static const char *health_status(env *e) {
     static char st[32];
     json_object *h = get_json(e, "/health");
@@ -1159,6 +1247,7 @@ Suite *suite_service(void) {
     tcase_add_test(tc, service_passes_nats_credentials_through);
     tcase_add_test(tc, service_bounds_publishers_and_pages_long_answers);
     tcase_add_test(tc, service_forgets_idle_publishers);
+    tcase_add_test(tc, service_answers_queries_in_the_middle_of_an_envelope);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("views");
