@@ -661,7 +661,10 @@ typedef struct tab {
     uint64_t *stash;  /* tag << 32 | ref: keys no bucket could take */
     uint32_t nb, len; /* len counts the stash too */
     uint32_t nstash, stash_cap;
-    uint32_t rng; /* displacement choices */
+    uint32_t rng;     /* displacement choices */
+    void *next_mem;   /* the next growth's buckets, mapped ahead (NULL: */
+    uint32_t next_nb; /* none) for next_nb buckets; its first next_touched */
+    uint32_t next_touched; /* huge pages are faulted in (tab_prefault) */
 } tab;
 
 /* The owner's view of its keys: does ref v name the key (a, b)? and the

@@ -36,6 +36,16 @@
  *   Deletion just clears the slot. Load <= 15/16; growth x4 below 512 KiB,
  *   x2 beyond (load within 0.47..0.94), by splitting each bucket into its
  *   2 or 4 successors (tab_grow).
+ *
+ * Growth without a long stall
+ * ---------------------------
+ *   The first write to a fresh huge page costs milliseconds here (the
+ *   kernel zeroes 2 MiB): a table growing into 16 MiB would fault 8 of them
+ *   inside one event, and a query waits behind it. So once a table is 7/8
+ *   of the way to its next growth, reservations fault in the next table's
+ *   memory, mapped ahead, a huge page at a time in step with the fill
+ *   (tab_prefault); the growth then moves the keys into pages already
+ *   there. What is faulted ahead counts in idx_tab_bytes.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
 #include "idx_int.h"
@@ -202,8 +212,39 @@ static size_t bk_bytes(uint32_t nb) { /* one bucket more, to align bk */
 
 static void tab_free_mem(tab *r) {
     if (r->bk_mem) idx_mem_free(r->bk_mem, bk_bytes(r->nb));
+    if (r->next_mem) idx_mem_free(r->next_mem, bk_bytes(r->next_nb));
     kvo_free(r->spill);
     kvo_free(r->stash);
+}
+
+/* The buckets a table of nb grows to (x4 below HUGE_BYTES / 4: each
+ * growth writes a fresh table, and small ones are first-touched 4 KiB
+ * pages, ~15 us a fault here: 1.33x the final size touched instead of 3x;
+ * x2 beyond). Whole factors let tab_grow split buckets in one pass. */
+static uint64_t next_buckets(uint64_t nb) {
+    return nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 2;
+}
+
+/* A table about to hold `fill` keys: once that is 7/8 of the way to its
+ * next growth, fault in the next table's huge pages in step with the fill
+ * (all of them by the growth; the file's header says why). Memory that
+ * cannot be had now is simply not ahead: tab_grow maps its own. */
+static void tab_prefault(tab *r, uint64_t fill) {
+    uint64_t cap = (uint64_t)r->nb * BW * LOAD_NUM / LOAD_DEN,
+             from = cap - cap / 8;
+    if (!r->nb || fill <= from) return;
+    uint64_t nb = next_buckets(r->nb);
+    if (nb * BW > TAB_MAX_SLOTS || bk_bytes((uint32_t)nb) < HUGE_BYTES) return;
+    if (!r->next_mem) {
+        r->next_mem = idx_mem_alloc(bk_bytes((uint32_t)nb));
+        if (!r->next_mem) return;
+        r->next_nb = (uint32_t)nb;
+        r->next_touched = 0;
+    }
+    uint64_t pages = (nb * sizeof(bucket) + HUGE_BYTES - 1) / HUGE_BYTES;
+    uint64_t want = (pages * (fill - from) + cap - from - 1) / (cap - from);
+    while (r->next_touched < want && r->next_touched < pages)
+        ((volatile char *)r->next_mem)[r->next_touched++ * HUGE_BYTES] = 0;
 }
 
 /* Move every entry into a fresh table of nb buckets, with stash room for
@@ -220,7 +261,13 @@ static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
         g.nb = nb;
         g.rng = r->rng ? r->rng : RNG_SEED;
         g.stash_cap = r->nstash + more + STASH_SLACK;
-        g.bk_mem = idx_mem_alloc(bk_bytes(nb));
+        if (r->next_mem && r->next_nb == nb) { /* mapped ahead: take it */
+            g.bk_mem = r->next_mem;
+            r->next_mem = NULL;
+            r->next_touched = 0;
+        } else {
+            g.bk_mem = idx_mem_alloc(bk_bytes(nb));
+        }
         g.spill = kvo_calloc(nb, 1);
         g.stash = kvo_malloc((size_t)g.stash_cap * sizeof(uint64_t));
         if (!g.bk_mem || !g.spill || !g.stash) {
@@ -279,14 +326,12 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
     kvo_status s = stash_room(r, more);
     if (s != KVO_OK) return s;
     uint64_t need = (uint64_t)r->len + more;
-    if (need * LOAD_DEN <= (uint64_t)r->nb * BW * LOAD_NUM) return KVO_OK;
+    if (need * LOAD_DEN <= (uint64_t)r->nb * BW * LOAD_NUM) {
+        tab_prefault(r, need);
+        return KVO_OK;
+    }
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;
-    /* x4 while a table is below HUGE_BYTES: each growth writes a fresh
-     * table, and small ones are first-touched 4 KiB pages (~15 us a fault
-     * here): 1.33x the final size touched instead of 3x. x2 beyond. Whole
-     * factors let tab_grow split buckets in one sequential pass. */
-    while (need * LOAD_DEN > nb * BW * LOAD_NUM)
-        nb = nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 2;
+    while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = next_buckets(nb);
     if (nb * BW > TAB_MAX_SLOTS) return KVO_ETOOBIG;
     return tab_grow(r, (uint32_t)nb, more);
 }
@@ -298,7 +343,8 @@ void idx_tab_fini(tab *r) {
 
 uint64_t idx_tab_bytes(const tab *r) {
     return (uint64_t)r->nb * (sizeof(bucket) + 1) +
-           (uint64_t)r->stash_cap * sizeof(uint64_t);
+           (uint64_t)r->stash_cap * sizeof(uint64_t) +
+           (uint64_t)r->next_touched * HUGE_BYTES;
 }
 
 bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,

@@ -1,5 +1,6 @@
 /* test_tree: the radix tree against Dynamo's own radix-tree cases
  * (lib/kv-router/src/radix_tree.rs tests) and the corners of DESIGN §7. */
+#define IDX_TREE_LAYOUT /* the table test reads a table's fields */
 #include "idx_test.h"
 
 #include <stdlib.h>
@@ -949,6 +950,54 @@ START_TEST(orphan_records_of_blocks_gone_are_swept) {
 }
 END_TEST
 
+/* The key of table ref v, for the table test: its hash. */
+static uint64_t key_hash(const void *owner, uint32_t v) {
+    (void)owner;
+    return kvo_mix64(v);
+}
+
+/* A table growing into huge pages finds them faulted in ahead: from 7/8 of
+ * the way to the growth, a page at a time in step with the fill (counted
+ * in the table's bytes), and the growth moves the keys into that memory
+ * instead of faulting 4 MiB inside one event. */
+START_TEST(a_growing_table_moves_into_pages_faulted_ahead) {
+    tab r;
+    memset(&r, 0, sizeof(r));
+    const uint32_t nb = (uint32_t)(HUGE_BYTES / sizeof(bucket)); /* 2 MiB */
+    const uint64_t cap = (uint64_t)nb * BW * 15 / 16, from = cap - cap / 8;
+    void *ahead = NULL;
+    bool saw_half = false;
+    for (uint32_t v = 1;; v++) {
+        uint32_t nb0 = r.nb;
+        ck_assert_int_eq(idx_tab_reserve(&r, 1), KVO_OK);
+        if (nb0 == nb && r.nb != nb0) { /* the growth: into what was ahead */
+            ck_assert_ptr_nonnull(ahead);
+            ck_assert_ptr_eq(r.bk_mem, ahead);
+            ck_assert_ptr_null(r.next_mem);
+            ck_assert_uint_eq(r.next_touched, 0);
+            idx_tab_put(&r, tab_hash_tag(kvo_mix64(v)), v);
+            break;
+        }
+        if (r.nb == nb) {
+            uint64_t fill = (uint64_t)r.len + 1;
+            ck_assert_uint_eq(r.next_mem != NULL, fill > from);
+            ck_assert_uint_eq(idx_tab_bytes(&r),
+                              (uint64_t)nb * (sizeof(bucket) + 1) +
+                                  (uint64_t)r.stash_cap * 8 +
+                                  (uint64_t)r.next_touched * HUGE_BYTES);
+            saw_half |= r.next_touched == 1; /* 2 pages: paced, not at once */
+            ahead = r.next_mem;
+        }
+        idx_tab_put(&r, tab_hash_tag(kvo_mix64(v)), v);
+    }
+    ck_assert(saw_half);
+    char msg[256];
+    ck_assert_msg(idx_tab_check(&r, key_hash, NULL, "t", msg, sizeof(msg)),
+                  "%s", msg);
+    idx_tab_fini(&r);
+}
+END_TEST
+
 Suite *suite_tree(void) {
     Suite *s = suite_create("tree");
     TCase *tc = tcase_create("dynamo");
@@ -979,6 +1028,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_segments);
+    tcase_add_test(tl, a_growing_table_moves_into_pages_faulted_ahead);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
