@@ -923,15 +923,16 @@ static void relay_chain(fake_relay *r, uint64_t c, uint64_t from, uint64_t to,
                          chain_th(c, i), publish);
 }
 
-/* The answer to /query_by_hash of chain c's first n blocks (kvo_free). */
-static char *chain_query(env *e, uint64_t c, uint64_t n) {
+/* The answer to /query_by_hash of chain c's first n blocks, with the
+ * members `more` (NULL: none) after the hashes (kvo_free). */
+static char *chain_query(env *e, uint64_t c, uint64_t n, const char *more) {
     kvo_buf b;
     kvo_buf_init(&b);
     kvo_buf_printf(&b, "{\"tokens_hashes\": [");
     for (uint64_t i = 0; i < n; i++)
         kvo_buf_printf(&b, "%s%llu", i ? "," : "",
                        (unsigned long long)chain_th(c, i));
-    kvo_buf_printf(&b, "]}");
+    kvo_buf_printf(&b, "]%s%s}", more ? ", " : "", more ? more : "");
     kvo_buf_cstr(&b);
     char *out;
     ck_assert_int_eq(post(e, "/query_by_hash", (const char *)b.data, &out),
@@ -944,7 +945,7 @@ static char *chain_query(env *e, uint64_t c, uint64_t n) {
 
 /* The score chain c's n-block query gets for (RWORKER, 0). */
 static uint64_t chain_score(env *e, uint64_t c, uint64_t n) {
-    char *a = chain_query(e, c, n);
+    char *a = chain_query(e, c, n, NULL);
     json_object *j = json_tokener_parse(a);
     kvo_free(a);
     json_object *sc = tt_json_at(j, "scores");
@@ -1001,22 +1002,11 @@ START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
      * not). Covered must mean all of it, whenever the question lands. */
     uint64_t k = 0;
     for (int polls = 0; k < ENVS && polls < 1000000; polls++) {
-        uint64_t c = k * EVENTS + EVENTS - 1;
-        kvo_buf qb;
-        kvo_buf_init(&qb);
-        kvo_buf_printf(&qb, "{\"tokens_hashes\": [");
-        for (uint64_t i = 0; i < BLOCKS; i++)
-            kvo_buf_printf(&qb, "%s%llu", i ? "," : "",
-                           (unsigned long long)chain_th(c, i));
-        kvo_buf_printf(&qb,
-                       "], \"wait\": {\"zmq_seq\": [[%d, %llu]], "
-                       "\"timeout_ms\": 0}}",
-                       PUB, (unsigned long long)k);
-        kvo_buf_cstr(&qb);
-        char *out;
-        ck_assert_int_eq(
-            post(&e, "/query_by_hash", (const char *)qb.data, &out), 200);
-        kvo_buf_fini(&qb);
+        char wait[128];
+        snprintf(wait, sizeof(wait),
+                 "\"wait\": {\"zmq_seq\": [[%d, %llu]], \"timeout_ms\": 0}",
+                 PUB, (unsigned long long)k);
+        char *out = chain_query(&e, k * EVENTS + EVENTS - 1, BLOCKS, wait);
         json_object *j = json_tokener_parse(out);
         ck_assert_ptr_nonnull(j);
         if (json_object_get_boolean(tt_json_at(j, "covered"))) {
@@ -1030,6 +1020,7 @@ START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
             k++;
         }
         json_object_put(j);
+        kvo_free(out);
     }
     ck_assert_uint_eq(k, ENVS);
     wait_messages(&e, ENVS);
@@ -1121,7 +1112,8 @@ START_TEST(service_recovers_its_index_from_the_relay_after_a_restart) {
     relay_chain(&r, 3, 0, 10, true); /* live: 20..29 */
     wait_zmq(&e, RPUB, 29);
     char *before[3];
-    for (uint64_t c = 1; c <= 3; c++) before[c - 1] = chain_query(&e, c, 12);
+    for (uint64_t c = 1; c <= 3; c++)
+        before[c - 1] = chain_query(&e, c, 12, NULL);
     uint64_t n1, d1 = blocks_digest_of(&e, RWORKER, &n1);
     ck_assert_uint_eq(n1, 30);
     ck_assert_uint_eq(d1, relay_digest(&r));
@@ -1138,7 +1130,7 @@ START_TEST(service_recovers_its_index_from_the_relay_after_a_restart) {
     wait_zmq(&e, RPUB, 34);
     wait_health(&e, "ok");
     for (uint64_t c = 1; c <= 3; c++) {
-        char *after = chain_query(&e, c, 12);
+        char *after = chain_query(&e, c, 12, NULL);
         ck_assert_str_eq(after, before[c - 1]);
         kvo_free(after);
         kvo_free(before[c - 1]);
