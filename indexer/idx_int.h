@@ -665,6 +665,13 @@ typedef struct tab {
     void *next_mem;   /* the next growth's buckets, mapped ahead (NULL: */
     uint32_t next_nb; /* none) for next_nb buckets; its first next_touched */
     uint32_t next_touched; /* huge pages are faulted in (tab_prefault) */
+    /* A growth under way (idx_table.c, tab_move): the old buckets [moved,
+     * onb) still hold keys, placed by the old size; onb = 0: none. */
+    bucket *obk;
+    void *obk_mem;
+    uint8_t *ospill; /* onb: spill[] of the old buckets (stays an upper
+                        bound while keys move out) */
+    uint32_t onb, moved;
 } tab;
 
 /* The owner's view of its keys: does ref v name the key (a, b)? and the
@@ -679,7 +686,8 @@ typedef uint64_t (*tab_hash_fn)(const void *owner, uint32_t v);
 void idx_tab_put(tab *r, uint32_t tag, uint32_t v);
 /* Clear the entry at position pos. */
 void idx_tab_del(tab *r, uint32_t pos);
-/* Room for `more` insertions; KVO_ENOMEM or KVO_ETOOBIG change nothing. */
+/* Room for `more` insertions (and a step of a growth under way); on
+ * KVO_ENOMEM or KVO_ETOOBIG every key is still there. */
 kvo_status idx_tab_reserve(tab *r, uint32_t more);
 void idx_tab_fini(tab *r);            /* frees; the table is empty again */
 uint64_t idx_tab_bytes(const tab *r); /* memory held (capacities) */
@@ -695,43 +703,70 @@ static inline uint32_t tab_hash_tag(uint64_t h) { return (uint32_t)(h >> 32); }
  * the secondary a scramble of it, so neither growing nor displacing ever
  * reads a key; tags also filter probes (bucket-mates share only the bits
  * that chose the bucket). */
-static inline uint32_t tab_b1(const tab *r, uint32_t tag) {
-    return (uint32_t)(((uint64_t)tag * r->nb) >> 32);
+static inline uint32_t bucket1(uint32_t tag, uint32_t nb) {
+    return (uint32_t)(((uint64_t)tag * nb) >> 32);
 }
 
-static inline uint32_t tab_b2(const tab *r, uint32_t tag) {
+static inline uint32_t bucket2(uint32_t tag, uint32_t nb) {
     uint32_t x = tag * 0x9E3779B1u;
     x ^= x >> 16;
     x *= 0x85EBCA6Bu;
     x ^= x >> 13;
-    return (uint32_t)(((uint64_t)x * r->nb) >> 32);
+    return (uint32_t)(((uint64_t)x * nb) >> 32);
 }
 
-/* Positions: bucket * BW + slot, or nb * BW + i for stash entry i; every
- * entry sits below tab_positions. */
+static inline uint32_t tab_b1(const tab *r, uint32_t tag) {
+    return bucket1(tag, r->nb);
+}
+
+static inline uint32_t tab_b2(const tab *r, uint32_t tag) {
+    return bucket2(tag, r->nb);
+}
+
+/* Positions: bucket * BW + slot; then nb * BW + i for stash entry i; then,
+ * while a growth is under way, nb * BW + nstash + old bucket * BW + slot.
+ * Every entry sits below tab_positions; a position holds until the table
+ * next changes. */
 static inline uint32_t tab_positions(const tab *r) {
-    return r->nb * BW + r->nstash;
+    return r->nb * BW + r->nstash + r->onb * BW;
+}
+
+/* The slot at pos (NULL: a stash entry, *si its index). */
+static inline uint32_t *tab_slot(const tab *r, uint32_t pos, uint32_t *tag,
+                                 uint32_t *si) {
+    uint32_t n = r->nb * BW;
+    if (pos < n) {
+        *tag = r->bk[pos / BW].tag[pos % BW];
+        return &r->bk[pos / BW].ref[pos % BW];
+    }
+    if (pos - n < r->nstash) {
+        *si = pos - n;
+        *tag = (uint32_t)(r->stash[*si] >> 32);
+        return NULL;
+    }
+    pos -= n + r->nstash;
+    *tag = r->obk[pos / BW].tag[pos % BW];
+    return &r->obk[pos / BW].ref[pos % BW];
 }
 
 static inline uint32_t tab_ref(const tab *r, uint32_t pos) {
-    uint32_t n = r->nb * BW;
-    return pos < n ? r->bk[pos / BW].ref[pos % BW]
-                   : (uint32_t)r->stash[pos - n];
+    uint32_t tag, si, *s = tab_slot(r, pos, &tag, &si);
+    return s ? *s : (uint32_t)r->stash[si];
 }
 
 static inline uint32_t tab_tag(const tab *r, uint32_t pos) {
-    uint32_t n = r->nb * BW;
-    return pos < n ? r->bk[pos / BW].tag[pos % BW]
-                   : (uint32_t)(r->stash[pos - n] >> 32);
+    uint32_t tag, si;
+    tab_slot(r, pos, &tag, &si);
+    return tag;
 }
 
 /* Point the entry at pos at another ref with the same key. */
 static inline void tab_ref_set(tab *r, uint32_t pos, uint32_t v) {
-    uint32_t n = r->nb * BW;
-    if (pos < n)
-        r->bk[pos / BW].ref[pos % BW] = v;
+    uint32_t tag, si, *s = tab_slot(r, pos, &tag, &si);
+    if (s)
+        *s = v;
     else
-        r->stash[pos - n] = (r->stash[pos - n] & 0xFFFFFFFF00000000ull) | v;
+        r->stash[si] = (uint64_t)tag << 32 | v;
 }
 
 /* Always inlined: gcc takes a function that only prefetches for one
@@ -775,17 +810,32 @@ static inline unsigned bucket_holes(const bucket *b) {
 #endif
 }
 
-/* Always inlined, with eq a constant at each use, so that the compare is
- * a direct (and inlined) call. */
+/* The position (first + slot) of key (a, b) with this tag in bucket k, or
+ * NIL. Always inlined, with eq a constant at each use, so that the compare
+ * is a direct (and inlined) call. */
 static inline __attribute__((always_inline)) uint32_t
-tab_scan(const tab *r, uint32_t bk, uint32_t tag, tab_eq_fn eq,
+tab_scan(const bucket *k, uint32_t first, uint32_t tag, tab_eq_fn eq,
          const void *owner, uint64_t a, uint32_t b) {
-    const bucket *k = &r->bk[bk];
     for (unsigned m = bucket_match(k, tag) & ~bucket_holes(k); m; m &= m - 1) {
         unsigned i = (unsigned)__builtin_ctz(m);
-        if (eq(owner, k->ref[i], a, b)) return bk * BW + i;
+        if (eq(owner, k->ref[i], a, b)) return first + i;
     }
     return NIL;
+}
+
+/* The key's position among the old buckets not moved yet, or NIL. */
+static inline __attribute__((always_inline)) uint32_t
+tab_find_old(const tab *r, uint32_t tag, tab_eq_fn eq, const void *owner,
+             uint64_t a, uint32_t b) {
+    uint32_t base = r->nb * BW + r->nstash, pos;
+    uint32_t b1 = bucket1(tag, r->onb);
+    if (b1 >= r->moved && (pos = tab_scan(&r->obk[b1], base + b1 * BW, tag, eq,
+                                          owner, a, b)) != NIL)
+        return pos;
+    if (!r->ospill[b1]) return NIL;
+    uint32_t b2 = bucket2(tag, r->onb);
+    if (b2 == b1 || b2 < r->moved) return NIL;
+    return tab_scan(&r->obk[b2], base + b2 * BW, tag, eq, owner, a, b);
 }
 
 /* Position of key (a, b) whose hash is h, or NIL. */
@@ -795,18 +845,19 @@ tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
     if (r->len == 0) return NIL;
     uint32_t tag = tab_hash_tag(h);
     uint32_t b1 = tab_b1(r, tag);
-    uint32_t pos = tab_scan(r, b1, tag, eq, owner, a, b);
+    uint32_t pos = tab_scan(&r->bk[b1], b1 * BW, tag, eq, owner, a, b);
     if (pos != NIL) return pos;
     if (r->spill[b1]) {
         uint32_t b2 = tab_b2(r, tag);
-        if (b2 != b1 && (pos = tab_scan(r, b2, tag, eq, owner, a, b)) != NIL)
+        if (b2 != b1 &&
+            (pos = tab_scan(&r->bk[b2], b2 * BW, tag, eq, owner, a, b)) != NIL)
             return pos;
     }
     for (uint32_t j = 0; j < r->nstash; j++)
         if ((uint32_t)(r->stash[j] >> 32) == tag &&
             eq(owner, (uint32_t)r->stash[j], a, b))
             return r->nb * BW + j;
-    return NIL;
+    return r->onb ? tab_find_old(r, tag, eq, owner, a, b) : NIL;
 }
 
 /* ---- Memory that never moves (idx_table.c) ------------------------------

@@ -19,9 +19,11 @@
  *   spill[nb] keys of primary bucket b kept in their secondary;
  *            saturates at 255, then sticks.
  *   stash[]  tag << 32 | ref: keys no displacement walk could place.
+ *   obk[onb], ospill[onb]  while a growth is under way: the buckets before
+ *            it, whose [moved, onb) still hold keys (tab_move).
  *
  *   A position names an entry: bucket * BW + slot, or nb * BW + i for stash
- *   entry i.
+ *   entry i, or nb * BW + nstash + old bucket * BW + slot.
  *
  * Placement
  * ---------
@@ -34,8 +36,8 @@
  *   growing never reads keys: it moves every (tag, ref) into a fresh table
  *   (idx_mem_alloc: huge pages from 2 MiB on, never an mremap).
  *   Deletion just clears the slot. Load <= 15/16; growth x4 below 512 KiB,
- *   x2 beyond (load within 0.47..0.94), by splitting each bucket into its
- *   2 or 4 successors (tab_grow).
+ *   x2 beyond (load within 0.47..0.94), each bucket's keys going to its 2
+ *   or 4 successors.
  *
  * Growth without a long stall
  * ---------------------------
@@ -46,6 +48,16 @@
  *   memory, mapped ahead, a huge page at a time in step with the fill
  *   (tab_prefault); the growth then moves the keys into pages already
  *   there. What is faulted ahead counts in idx_tab_bytes.
+ *
+ *   Nor does a growth move every key at once (17 ms for 1 M keys here). It
+ *   makes the fresh buckets the table and keeps the present ones as old
+ *   buckets (tab_grow); each later reservation moves MOVE_PER_KEY old
+ *   buckets per key it reserves, in order (tab_move), and frees them when
+ *   the last is empty. Meanwhile inserts go to the new buckets, and a find
+ *   that misses there looks in the old bucket of its key if not moved yet.
+ *   The move ends long before the new buckets can fill (at x2 they take
+ *   about 7 keys per old bucket); a growth still under way is finished
+ *   before the next starts.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
 #include "idx_int.h"
@@ -120,17 +132,24 @@ void idx_segv_fini(segv *v, size_t elem) {
 #define LOAD_NUM 15               /* load <= LOAD_NUM / LOAD_DEN */
 #define LOAD_DEN 16
 #define RNG_SEED 0x9E3779B9u /* displacement choices, xorshift32 */
+#define MOVE_PER_KEY 2       /* old buckets moved per key reserved */
 
-/* A key with this tag now lives in (or left) bucket bk: keep spill[]. */
-static inline void spill_note(tab *r, uint32_t bk, uint32_t tag, bool in) {
-    uint32_t b1 = tab_b1(r, tag);
+/* A key with this tag now lives in (or left) bucket bk of the nb buckets
+ * whose spill counts are spill[]: keep them. */
+static inline void spill_count(uint8_t *spill, uint32_t nb, uint32_t bk,
+                               uint32_t tag, bool in) {
+    uint32_t b1 = bucket1(tag, nb);
     if (b1 == bk) return;
-    uint8_t *c = &r->spill[b1];
+    uint8_t *c = &spill[b1];
     if (in) {
         if (*c < SPILL_STUCK) (*c)++;
     } else if (*c != SPILL_STUCK) {
         (*c)--;
     }
+}
+
+static inline void spill_note(tab *r, uint32_t bk, uint32_t tag, bool in) {
+    spill_count(r->spill, r->nb, bk, tag, in);
 }
 
 /* Insert (tag, v); false (and a key lost) only when the stash is full,
@@ -184,11 +203,17 @@ void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
 
 void idx_tab_del(tab *r, uint32_t pos) {
     uint32_t n = r->nb * BW;
-    if (pos >= n) {
-        r->stash[pos - n] = r->stash[--r->nstash];
-    } else {
+    if (pos < n) {
         bucket *k = &r->bk[pos / BW];
         spill_note(r, pos / BW, k->tag[pos % BW], false);
+        k->tag[pos % BW] = 0;
+        k->ref[pos % BW] = 0;
+    } else if (pos - n < r->nstash) {
+        r->stash[pos - n] = r->stash[--r->nstash];
+    } else { /* an old bucket, not moved yet */
+        pos -= n + r->nstash;
+        bucket *k = &r->obk[pos / BW];
+        spill_count(r->ospill, r->onb, pos / BW, k->tag[pos % BW], false);
         k->tag[pos % BW] = 0;
         k->ref[pos % BW] = 0;
     }
@@ -210,7 +235,18 @@ static size_t bk_bytes(uint32_t nb) { /* one bucket more, to align bk */
     return ((size_t)nb + 1) * sizeof(bucket);
 }
 
+/* Free the old buckets (every key has left them). */
+static void old_free(tab *r) {
+    if (r->obk_mem) idx_mem_free(r->obk_mem, bk_bytes(r->onb));
+    kvo_free(r->ospill);
+    r->obk = NULL;
+    r->obk_mem = NULL;
+    r->ospill = NULL;
+    r->onb = r->moved = 0;
+}
+
 static void tab_free_mem(tab *r) {
+    old_free(r);
     if (r->bk_mem) idx_mem_free(r->bk_mem, bk_bytes(r->nb));
     if (r->next_mem) idx_mem_free(r->next_mem, bk_bytes(r->next_nb));
     kvo_free(r->spill);
@@ -247,79 +283,89 @@ static void tab_prefault(tab *r, uint64_t fill) {
         ((volatile char *)r->next_mem)[r->next_touched++ * HUGE_BYTES] = 0;
 }
 
-/* Move every entry into a fresh table of nb buckets, with stash room for
- * `more` insertions after it. The tag alone places a key, so no key is
- * read. A fresh table, not one grown in place: growing a large block in
- * place is an mremap, whose moved pages cost a first touch again (see
- * idx_mem_alloc); huge pages make touching the new one cheap. On the
- * (astronomically rare) stash overflow the move starts over one size up.
- * Nothing changes on failure. */
+/* Start a growth to nb buckets, with stash room for `more` insertions:
+ * fresh buckets (those mapped ahead if they fit) become the table and the
+ * present ones its old buckets, which tab_move empties a few at a time.
+ * The stash moves at once. No key is read: the tag alone places a key. A
+ * fresh table, never one grown in place: growing a large block in place
+ * is an mremap, whose moved pages cost a first touch again (see
+ * idx_mem_alloc). Nothing changes on failure. */
 static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
-    for (;;) {
-        tab g;
-        memset(&g, 0, sizeof(g));
-        g.nb = nb;
-        g.rng = r->rng ? r->rng : RNG_SEED;
-        g.stash_cap = r->nstash + more + STASH_SLACK;
-        if (r->next_mem && r->next_nb == nb) { /* mapped ahead: take it */
-            g.bk_mem = r->next_mem;
-            r->next_mem = NULL;
-            r->next_touched = 0;
-        } else {
-            g.bk_mem = idx_mem_alloc(bk_bytes(nb));
-        }
-        g.spill = kvo_calloc(nb, 1);
-        g.stash = kvo_malloc((size_t)g.stash_cap * sizeof(uint64_t));
-        if (!g.bk_mem || !g.spill || !g.stash) {
-            tab_free_mem(&g);
-            return KVO_ENOMEM;
-        }
-        g.bk = (bucket *)(((uintptr_t)g.bk_mem + CACHE_LINE - 1) &
-                          ~(uintptr_t)(CACHE_LINE - 1));
-        if (bk_bytes(nb) < HUGE_BYTES) /* mapped memory comes zeroed */
-            memset(g.bk, 0, (size_t)nb * sizeof(bucket));
-        bool ok = true;
-        uint32_t from = 0; /* positions moved by the split below */
-        if (r->nb && nb % r->nb == 0) {
-            /* Growing by a whole factor f: both buckets of a key are
-             * fastrange(x, nb), and floor(f * y) lies in [f * floor(y),
-             * f * floor(y) + f - 1], so the keys of old bucket b go to new
-             * buckets f*b .. f*b+f-1, in the same role (primary or
-             * secondary), and those f buckets get no other key: no bucket
-             * can overflow, and the move is one sequential pass instead of
-             * a random write per key. */
-            for (uint32_t b = 0; b < r->nb; b++) {
-                const bucket *k = &r->bk[b];
-                for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m;
-                     m &= m - 1) {
-                    unsigned i = (unsigned)__builtin_ctz(m);
-                    uint32_t tag = k->tag[i];
-                    bool prim = tab_b1(r, tag) == b;
-                    uint32_t d = prim ? tab_b1(&g, tag) : tab_b2(&g, tag);
-                    unsigned hole = bucket_holes(&g.bk[d]);
-                    assert(hole); /* see above */
-                    unsigned j = (unsigned)__builtin_ctz(hole);
-                    g.bk[d].tag[j] = tag;
-                    g.bk[d].ref[j] = k->ref[i];
-                    g.len++;
-                    if (!prim) spill_note(&g, d, tag, true);
-                }
-            }
-            from = r->nb * BW;
-        }
-        for (uint32_t i = from; ok && i < tab_positions(r); i++) {
-            uint32_t v = tab_ref(r, i);
-            if (v) ok = put(&g, tab_tag(r, i), v);
-        }
-        if (ok) {
-            tab_free_mem(r);
-            *r = g;
-            return KVO_OK;
-        }
-        tab_free_mem(&g);
-        if ((uint64_t)nb * 2 > TAB_MAX_SLOTS / BW) return KVO_ETOOBIG;
-        nb = nb * 2;
+    assert(!r->onb); /* a growth under way is finished first */
+    tab g;
+    memset(&g, 0, sizeof(g));
+    g.nb = nb;
+    g.rng = r->rng ? r->rng : RNG_SEED;
+    g.stash_cap = r->nstash + more + STASH_SLACK;
+    if (r->next_mem && r->next_nb == nb) { /* mapped ahead: take it */
+        g.bk_mem = r->next_mem;
+        r->next_mem = NULL;
+        r->next_touched = 0;
+    } else {
+        g.bk_mem = idx_mem_alloc(bk_bytes(nb));
     }
+    g.spill = kvo_calloc(nb, 1);
+    g.stash = kvo_malloc((size_t)g.stash_cap * sizeof(uint64_t));
+    if (!g.bk_mem || !g.spill || !g.stash) {
+        tab_free_mem(&g);
+        return KVO_ENOMEM;
+    }
+    g.bk = (bucket *)(((uintptr_t)g.bk_mem + CACHE_LINE - 1) &
+                      ~(uintptr_t)(CACHE_LINE - 1));
+    if (bk_bytes(nb) < HUGE_BYTES) /* mapped memory comes zeroed */
+        memset(g.bk, 0, (size_t)nb * sizeof(bucket));
+    for (uint32_t i = 0; i < r->nstash; i++) {
+        bool ok = put(&g, (uint32_t)(r->stash[i] >> 32), (uint32_t)r->stash[i]);
+        assert(ok); /* the stash has room for them all */
+        (void)ok;
+    }
+    g.len = r->len; /* the old buckets' keys count where they are */
+    if (r->nb) {
+        g.obk = r->bk;
+        g.obk_mem = r->bk_mem;
+        g.ospill = r->spill;
+        g.onb = r->nb;
+    }
+    if (r->next_mem) /* mapped ahead for another size */
+        idx_mem_free(r->next_mem, bk_bytes(r->next_nb));
+    kvo_free(r->stash);
+    *r = g;
+    return KVO_OK;
+}
+
+/* Move the keys of the next n old buckets (all that are left, at most) into
+ * the table. Growth is by a whole factor f, and both buckets of a key are
+ * fastrange(x, nb): the keys of old bucket b belong to buckets f*b ..
+ * f*b+f-1 in the same role (primary or secondary), so a key goes there
+ * when its bucket has a hole, else through put like any key. KVO_ENOMEM
+ * (no stash room) before a bucket is touched: every key is still there. */
+static kvo_status tab_move(tab *r, uint32_t n) {
+    while (r->onb && n--) {
+        kvo_status s = stash_room(r, BW);
+        if (s != KVO_OK) return s;
+        bucket *k = &r->obk[r->moved];
+        for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m; m &= m - 1) {
+            unsigned i = (unsigned)__builtin_ctz(m);
+            uint32_t tag = k->tag[i], v = k->ref[i];
+            bool prim = bucket1(tag, r->onb) == r->moved;
+            uint32_t d = prim ? tab_b1(r, tag) : tab_b2(r, tag);
+            unsigned hole = bucket_holes(&r->bk[d]);
+            if (hole) {
+                unsigned j = (unsigned)__builtin_ctz(hole);
+                r->bk[d].tag[j] = tag;
+                r->bk[d].ref[j] = v;
+                if (!prim) spill_note(r, d, tag, true);
+            } else {
+                bool ok = put(r, tag, v); /* stash room: above */
+                assert(ok);
+                (void)ok;
+                r->len--; /* put counted a key that was counted */
+            }
+        }
+        memset(k, 0, sizeof(*k));
+        if (++r->moved == r->onb) old_free(r);
+    }
+    return KVO_OK;
 }
 
 kvo_status idx_tab_reserve(tab *r, uint32_t more) {
@@ -327,9 +373,15 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
     if (s != KVO_OK) return s;
     uint64_t need = (uint64_t)r->len + more;
     if (need * LOAD_DEN <= (uint64_t)r->nb * BW * LOAD_NUM) {
+        /* a growth under way moves MOVE_PER_KEY old buckets per key to
+         * come: done long before the table can fill */
+        if (r->onb &&
+            (s = tab_move(r, more ? MOVE_PER_KEY * more : 1)) != KVO_OK)
+            return s;
         tab_prefault(r, need);
-        return KVO_OK;
+        return stash_room(r, more);
     }
+    if ((s = tab_move(r, r->onb)) != KVO_OK) return s; /* finish it first */
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;
     while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = next_buckets(nb);
     if (nb * BW > TAB_MAX_SLOTS) return KVO_ETOOBIG;
@@ -342,17 +394,20 @@ void idx_tab_fini(tab *r) {
 }
 
 uint64_t idx_tab_bytes(const tab *r) {
-    return (uint64_t)r->nb * (sizeof(bucket) + 1) +
+    return ((uint64_t)r->nb + r->onb) * (sizeof(bucket) + 1) +
            (uint64_t)r->stash_cap * sizeof(uint64_t) +
            (uint64_t)r->next_touched * HUGE_BYTES;
 }
 
 bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,
                    const char *name, char *msg, size_t msgsz) {
-    uint32_t used = 0, n = r->nb * BW;
+    uint32_t used = 0, n = r->nb * BW, old = n + r->nstash;
     uint32_t *spill = kvo_calloc(r->nb ? r->nb : 1, sizeof(uint32_t));
+    uint32_t *ospill = kvo_calloc(r->onb ? r->onb : 1, sizeof(uint32_t));
     bool ok = false;
-    if (!spill) {
+    if (!spill || !ospill) {
+        kvo_free(spill);
+        kvo_free(ospill);
         snprintf(msg, msgsz, "out of memory");
         return false;
     }
@@ -373,18 +428,30 @@ bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,
                      i, tag, tab_hash_tag(h));
             goto done;
         }
-        if (i >= n) continue;
-        uint32_t b1 = tab_b1(r, tag), b2 = tab_b2(r, tag);
-        if (i / BW != b1 && i / BW != b2) {
+        if (i >= n && i < old) continue; /* the stash */
+        bool in_old = i >= old;
+        uint32_t nb = in_old ? r->onb : r->nb, bk = (in_old ? i - old : i) / BW;
+        uint32_t b1 = bucket1(tag, nb), b2 = bucket2(tag, nb);
+        if (bk != b1 && bk != b2) {
             snprintf(msg, msgsz, "%s[%u]: key outside its buckets", name, i);
             goto done;
         }
-        if (i / BW != b1) spill[b1]++;
+        if (in_old && bk < r->moved) {
+            snprintf(msg, msgsz, "%s[%u]: key in a moved old bucket", name, i);
+            goto done;
+        }
+        if (bk != b1) (in_old ? ospill : spill)[b1]++;
     }
     for (uint32_t b = 0; b < r->nb; b++)
         if (r->spill[b] != SPILL_STUCK && r->spill[b] != spill[b]) {
             snprintf(msg, msgsz, "%s: bucket %u spills %u, counted %u", name, b,
                      r->spill[b], spill[b]);
+            goto done;
+        }
+    for (uint32_t b = 0; b < r->onb; b++) /* an upper bound there */
+        if (r->ospill[b] != SPILL_STUCK && r->ospill[b] < ospill[b]) {
+            snprintf(msg, msgsz, "%s: old bucket %u spills %u, counted %u",
+                     name, b, r->ospill[b], ospill[b]);
             goto done;
         }
     if (used != r->len) {
@@ -394,5 +461,6 @@ bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,
     ok = true;
 done:
     kvo_free(spill);
+    kvo_free(ospill);
     return ok;
 }
