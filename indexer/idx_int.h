@@ -692,8 +692,9 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more);
 void idx_tab_fini(tab *r);            /* frees; the table is empty again */
 uint64_t idx_tab_bytes(const tab *r); /* memory held (capacities) */
 /* Invariant I7 of idx_tree.c: tags match their keys' hashes, keys sit in
- * one of their two buckets (or the stash), spill counts are exact (or
- * stuck). false with the first violation in msg, prefixed with name. */
+ * one of their two buckets (or the stash, or an old bucket not moved yet),
+ * spill counts are exact (or stuck; old ones an upper bound). false with
+ * the first violation in msg, prefixed with name. */
 bool idx_tab_check(const tab *r, tab_hash_fn hash, const void *owner,
                    const char *name, char *msg, size_t msgsz);
 

@@ -120,7 +120,8 @@
  *     would have been freed); nothing is left on the dying stack.
  *  I6 worker sets are sorted, duplicate-free, of 2+ valid slots.
  *  I7 table tags match their entries' keys, keys sit in one of their two
- *     buckets (or the stash), spill counts are exact (or stuck at 255).
+ *     buckets (or the stash; during a growth, old buckets not moved yet),
+ *     spill counts are exact (or stuck at 255; old ones an upper bound).
  *  I8 free nodes and free alias records are exactly those on the free lists.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
