@@ -153,7 +153,7 @@ static inline void spill_note(tab *r, uint32_t bk, uint32_t tag, bool in) {
 }
 
 /* Insert (tag, v); false (and a key lost) only when the stash is full,
- * which idx_tab_reserve rules out and tab_grow handles. */
+ * which idx_tab_reserve (and tab_move's own stash_room) rule out. */
 static bool put(tab *r, uint32_t tag, uint32_t v) {
     uint32_t bk = tab_b1(r, tag);
     unsigned h = bucket_holes(&r->bk[bk]);
@@ -337,11 +337,13 @@ static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
  * the table. Growth is by a whole factor f, and both buckets of a key are
  * fastrange(x, nb): the keys of old bucket b belong to buckets f*b ..
  * f*b+f-1 in the same role (primary or secondary), so a key goes there
- * when its bucket has a hole, else through put like any key. KVO_ENOMEM
+ * when its bucket has a hole, else through put like any key. The stash
+ * room there was stays (a reservation made before counts on it). KVO_ENOMEM
  * (no stash room) before a bucket is touched: every key is still there. */
 static kvo_status tab_move(tab *r, uint32_t n) {
+    uint32_t keep = r->stash_cap - r->nstash;
     while (r->onb && n--) {
-        kvo_status s = stash_room(r, BW);
+        kvo_status s = stash_room(r, keep + BW);
         if (s != KVO_OK) return s;
         bucket *k = &r->obk[r->moved];
         for (unsigned m = ~bucket_holes(k) & BUCKET_ALL; m; m &= m - 1) {
@@ -379,7 +381,7 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
             (s = tab_move(r, more ? MOVE_PER_KEY * more : 1)) != KVO_OK)
             return s;
         tab_prefault(r, need);
-        return stash_room(r, more);
+        return KVO_OK;
     }
     if ((s = tab_move(r, r->onb)) != KVO_OK) return s; /* finish it first */
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;

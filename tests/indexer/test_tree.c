@@ -1026,6 +1026,62 @@ START_TEST(a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time) {
 }
 END_TEST
 
+/* Keys 1..32 share tag T1, 33..64 tag T2 (their buckets overflow into the
+ * stash); the others hash as kvo_mix64. */
+#define T1 0x12345678u
+#define T2 0x9ABCDEF0u
+static uint32_t crowd_tag(uint32_t v) {
+    return v <= 32 ? T1 : v <= 64 ? T2 : tab_hash_tag(kvo_mix64(v));
+}
+
+static uint64_t crowd_hash(const void *owner, uint32_t v) {
+    (void)owner;
+    return (uint64_t)crowd_tag(v) << 32;
+}
+
+/* A reservation holds while a growth moves keys into the stash: room for
+ * 64 crowded keys is taken, then later reservations (of none) move the
+ * old buckets, whose crowded keys land in the stash; the 64 keys still all
+ * go in (a move that ate the reserved stash room loses some of them). */
+START_TEST(a_moving_growth_keeps_the_stash_room_reserved) {
+    tab r;
+    memset(&r, 0, sizeof(r));
+    uint32_t v = 65; /* others until 64 buckets, all moved */
+    for (; r.nb < 64 || r.onb; v++) {
+        ck_assert_int_eq(idx_tab_reserve(&r, 1), KVO_OK);
+        idx_tab_put(&r, crowd_tag(v), v);
+    }
+    for (uint32_t u = 1; u <= 64; u++) { /* the crowds */
+        ck_assert_int_eq(idx_tab_reserve(&r, 1), KVO_OK);
+        idx_tab_put(&r, crowd_tag(u), u);
+    }
+    for (; !r.onb; v++) { /* others until a growth starts */
+        ck_assert_int_eq(idx_tab_reserve(&r, 1), KVO_OK);
+        idx_tab_put(&r, crowd_tag(v), v);
+    }
+    ck_assert(tab_b1(&r, T1) != tab_b2(&r, T1));
+    ck_assert(tab_b1(&r, T2) != tab_b2(&r, T2));
+    ck_assert_int_eq(idx_tab_reserve(&r, 64), KVO_OK);
+    while (r.onb) ck_assert_int_eq(idx_tab_reserve(&r, 0), KVO_OK);
+    ck_assert_uint_gt(r.nstash, 0); /* the move did use the stash */
+    uint32_t last = v - 1;
+    for (uint32_t i = 0; i < 64; i++) { /* 32 more of each crowd */
+        uint32_t w = 1000000 + i;
+        idx_tab_put(&r, i < 32 ? T1 : T2, w);
+    }
+    for (uint32_t u = 1; u <= last; u++)
+        ck_assert_msg(tab_find_h(&r, crowd_hash(NULL, u), key_is, NULL, u, 0) !=
+                          NIL,
+                      "key %u lost", u);
+    for (uint32_t i = 0; i < 64; i++)
+        ck_assert_msg(tab_find_h(&r, (uint64_t)(i < 32 ? T1 : T2) << 32, key_is,
+                                 NULL, 1000000 + i, 0) != NIL,
+                      "reserved key %u lost", i);
+    ck_assert_uint_eq(r.len, last + 64);
+    idx_tab_fini(&r);
+}
+END_TEST
+
 Suite *suite_tree(void) {
     Suite *s = suite_create("tree");
     TCase *tc = tcase_create("dynamo");
@@ -1058,6 +1114,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, large_trees_live_in_mapped_segments);
     tcase_add_test(
         tl, a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time);
+    tcase_add_test(tl, a_moving_growth_keeps_the_stash_room_reserved);
     tcase_add_test(tl, allocation_failures_leave_a_consistent_tree);
     suite_add_tcase(s, tl);
     return s;
