@@ -640,13 +640,18 @@ static void process(svc *s, const inmsg *im) {
     }
 }
 
-/* Between two events of an envelope: once apply_budget_us has passed since
- * HTTP was last served, answer what came in (handlers only read the feed
- * and the tree; waiting queries stay held, as the watermark has not moved). */
+/* Has apply_budget_us passed since HTTP was last served? */
+static bool budget_spent(const svc *s) {
+    return kvo_now_ns() - s->served_ns >=
+           (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+}
+
+/* Between two events of an envelope: once the budget is spent, answer what
+ * came in (handlers only read the feed and the tree; waiting queries stay
+ * held, as the watermark has not moved). */
 static void mid_envelope(void *ctx) {
     svc *s = ctx;
-    uint64_t budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
-    if (kvo_now_ns() - s->served_ns < budget) return;
+    if (!budget_spent(s)) return;
     s->stats.apply_pauses++;
     kvo_http_server_run(s->http);
     s->served_ns = kvo_now_ns();
@@ -673,14 +678,13 @@ static bool drain_inbox(svc *s) {
         pthread_mutex_unlock(&s->mu);
         s->work_i = 0;
     }
-    uint64_t budget = (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
     size_t bytes = 0;
     while (s->work_i < s->work_n) {
         inmsg *im = &s->work[s->work_i++];
         bytes += (size_t)natsMsg_GetDataLength(im->m);
         process(s, im);
         natsMsg_Destroy(im->m);
-        if (kvo_now_ns() - s->served_ns >= budget) break;
+        if (budget_spent(s)) break;
     }
     pthread_mutex_lock(&s->mu);
     s->work_left = s->work_n - s->work_i;
