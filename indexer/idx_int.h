@@ -914,14 +914,20 @@ void idx_segv_fini(segv *v, size_t elem); /* frees; empty again */
 #define SET_MAX_COUNT 0xFFFFFFu
 #define REFS_SPILL 255 /* refs[] is a u8; from 255 on, ov[] counts the rest */
 
+/* A node is two records of 16 bytes at the same index, in two arrays: what
+ * a query's walk reads (node), and the rest (nside), so that a walk along
+ * a chain streams half the bytes and a step off it costs one line. */
 typedef struct node {
     uint64_t tokens_hash;
-    uint64_t block_hash;
-    uint32_t parent;
     uint32_t wset;
     uint32_t child;
-    uint32_t next;
 } node;
+
+typedef struct nside {
+    uint64_t block_hash;
+    uint32_t parent;
+    uint32_t next;
+} nside;
 
 typedef struct ealias {
     uint64_t tokens_hash;
@@ -960,6 +966,7 @@ typedef struct ovf {
 
 struct idx_tree {
     segv nd;   /* node, by index */
+    segv ns;   /* nside, by node index; same capacity as nd */
     segv refs; /* uint8_t, by node index; same capacity as nd */
     uint32_t nd_len, nd_cap, nd_free, nd_live; /* nd_live excludes root */
 
@@ -1003,10 +1010,14 @@ struct idx_tree {
 static inline node *nd_at(const idx_tree *t, uint32_t n) {
     return (node *)segv_at(&t->nd, n, sizeof(node));
 }
+static inline nside *ns_at(const idx_tree *t, uint32_t n) {
+    return (nside *)segv_at(&t->ns, n, sizeof(nside));
+}
 static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
     return (uint8_t *)segv_at(&t->refs, n, 1);
 }
 #define ND(t, n) (*nd_at((t), (n)))
+#define NS(t, n) (*ns_at((t), (n)))
 #define REFS(t, n) (*refs_at((t), (n)))
 
 /* The hash of the tables' keys (and of the worker map's). */
@@ -1024,7 +1035,7 @@ static inline uint64_t mix(uint64_t a, uint32_t b) {
 /* ---- Edge refs: n = n's primary edge, TAG|i = alias edge ea[i] ---------- */
 
 static inline uint32_t edge_next(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].next : ND(t, e).next;
+    return (e & TAG) ? t->ea[e & ~TAG].next : NS(t, e).next;
 }
 static inline uint64_t edge_key(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : ND(t, e).tokens_hash;
@@ -1033,7 +1044,7 @@ static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].child : e;
 }
 static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].parent : ND(t, e).parent;
+    return (e & TAG) ? t->ea[e & ~TAG].parent : NS(t, e).parent;
 }
 
 /* Does edge ref v name the key (tokens_hash th, parent p)? */
@@ -1053,7 +1064,7 @@ static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
     return (v & TAG) ? t->la[v & ~TAG].node : v;
 }
 static inline uint64_t look_block_hash(const idx_tree *t, uint32_t v) {
-    return (v & TAG) ? t->la[v & ~TAG].block_hash : ND(t, v).block_hash;
+    return (v & TAG) ? t->la[v & ~TAG].block_hash : NS(t, v).block_hash;
 }
 /* An inline entry's slot is its node's single worker. */
 static inline uint32_t look_slot(const idx_tree *t, uint32_t v) {

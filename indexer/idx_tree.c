@@ -58,16 +58,19 @@
  *
  * Layout
  * ------
- *   nd[]     slab of 32-byte nodes addressed by u32 index; 0 is the root.
- *            A segmented array (idx_int.h): segment k holds 64 << k nodes,
+ *   nd[], ns[]  a node is two 16-byte records at one u32 index, in two
+ *            slabs; 0 is the root. What a query's walk reads is in nd[]
+ *            (node), the rest in ns[] (nside), so a walk along a chain
+ *            streams 16 bytes a block and a step off the chain is one line.
+ *            Segmented arrays (idx_int.h): segment k holds 64 << k records,
  *            allocated when first needed and never moved, so growth copies
  *            nothing and leaves no moved pages behind; segments of 2 MiB and
  *            more are huge pages (idx_mem_alloc).
  *
- *       0             8             16       20     24      28      32
- *       +-------------+-------------+--------+------+-------+------+
- *       | tokens_hash | block_hash  | parent | wset | child | next |
- *       +-------------+-------------+--------+------+-------+------+
+ *       nd  0             8      12      16     ns  0            8        12     16
+ *           +-------------+------+-------+          +------------+--------+------+
+ *           | tokens_hash | wset | child |          | block_hash | parent | next |
+ *           +-------------+------+-------+          +------------+--------+------+
  *
  *     parent, tokens_hash  the node's primary edge (parent NIL: none; DEAD:
  *                          the node is free or being freed)
@@ -101,7 +104,7 @@
  *   The tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
  *   draws them): an entry is a tag (the top half of the key's hash) and a
  *   ref, and the key itself is read from the node or alias record the ref
- *   names. A single-worker block costs 32 + 1 bytes of slab plus one
+ *   names. A single-worker block costs 16 + 16 + 1 bytes of slab plus one
  *   lookup slot (8 bytes / load, load 0.47 to 0.94): 41.5 to 50 bytes per
  *   (block, worker), plus at most 2 MiB per array of huge-page tail.
  *
@@ -151,16 +154,19 @@ look_prefetch(const idx_tree *t, uint32_t w, uint64_t bh) {
     return h;
 }
 
-/* The child of p under tokens_hash th, or NIL. */
+/* The child of p under tokens_hash th, or NIL. The first edge of p's list
+ * is looked at first: when its key is th it is the one (keys are unique in
+ * a list, I2), found without the table or the side records. */
 static inline uint32_t child_find(const idx_tree *t, uint32_t p, uint64_t th) {
     uint32_t e = ND(t, p).child;
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
-        const node *c = &ND(t, e);
-        if (c->next == NIL) return c->tokens_hash == th ? e : NIL;
+        if (ND(t, e).tokens_hash == th) return e;
+        if (NS(t, e).next == NIL) return NIL;
     } else {
         const ealias *a = &t->ea[e & ~TAG];
-        if (a->next == NIL) return a->tokens_hash == th ? a->child : NIL;
+        if (a->tokens_hash == th) return a->child;
+        if (a->next == NIL) return NIL;
     }
     uint32_t pos = edge_find(t, p, th);
     return pos == NIL ? NIL : edge_child(t, tab_ref(&t->edges, pos));
@@ -189,9 +195,11 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
     kvo_status s = idx_segv_reserve(&t->nd, need, sizeof(node));
+    if (s == KVO_OK) s = idx_segv_reserve(&t->ns, need, sizeof(nside));
     if (s == KVO_OK) s = idx_segv_reserve(&t->refs, need, 1);
-    if (s != KVO_OK) return s; /* nd may keep a new segment: harmless */
-    t->nd_cap = t->nd.cap < t->refs.cap ? t->nd.cap : t->refs.cap;
+    if (s != KVO_OK) return s; /* one may keep a new segment: harmless */
+    t->nd_cap = t->nd.cap < t->ns.cap ? t->nd.cap : t->ns.cap;
+    if (t->refs.cap < t->nd_cap) t->nd_cap = t->refs.cap;
     return KVO_OK;
 }
 
@@ -199,11 +207,12 @@ static uint32_t node_new(idx_tree *t, uint64_t bh, uint64_t th) {
     uint32_t n;
     if (t->nd_free != NIL) {
         n = t->nd_free;
-        t->nd_free = ND(t, n).next;
+        t->nd_free = NS(t, n).next;
     } else {
         n = t->nd_len++;
     }
-    ND(t, n) = (node){th, bh, NIL, NIL, NIL, NIL};
+    ND(t, n) = (node){th, NIL, NIL};
+    NS(t, n) = (nside){bh, NIL, NIL};
     REFS(t, n) = 0;
     t->nd_live++;
     return n;
@@ -334,7 +343,7 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
 /* Turn the inline lookup entry (w, n.block_hash) -> n, if there is one,
  * into an alias record: n's worker set is about to stop being {w}. */
 static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
-    uint64_t bh = ND(t, n).block_hash;
+    uint64_t bh = NS(t, n).block_hash;
     uint32_t pos = look_find(t, w, bh);
     if (pos == NIL || tab_ref(&t->ws[w].look, pos) != n) return;
     tab_ref_set(&t->ws[w].look, pos, TAG | la_new(t, bh, w, n));
@@ -415,10 +424,10 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
     uint32_t first = ND(t, p).child;
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
-    if (ND(t, c).parent == NIL && c != p) {
-        ND(t, c).parent = p;
+    if (NS(t, c).parent == NIL && c != p) {
+        NS(t, c).parent = p;
         ND(t, c).tokens_hash = th;
-        ND(t, c).next = first;
+        NS(t, c).next = first;
         e = c;
     } else {
         uint32_t a = ea_new(t);
@@ -434,9 +443,9 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
 
 /* Queue n for release when nothing refers to it any more. */
 static void maybe_free(idx_tree *t, uint32_t n) {
-    if (n == ROOT || ND(t, n).parent != NIL || REFS(t, n) != 0) return;
-    ND(t, n).parent = DEAD;
-    ND(t, n).next = t->dying;
+    if (n == ROOT || NS(t, n).parent != NIL || REFS(t, n) != 0) return;
+    NS(t, n).parent = DEAD;
+    NS(t, n).next = t->dying;
     t->dying = n;
 }
 
@@ -461,9 +470,9 @@ static void detach(idx_tree *t, uint32_t p) {
             ref_dec(t, c);
         } else {
             c = e;
-            ND(t, c).parent = NIL;
-            ND(t, c).next = NIL;
-            if (t->lower_slots) orphan_add(t, ND(t, p).block_hash, c);
+            NS(t, c).parent = NIL;
+            NS(t, c).next = NIL;
+            if (t->lower_slots) orphan_add(t, NS(t, p).block_hash, c);
         }
         maybe_free(t, c);
         e = nx;
@@ -496,8 +505,8 @@ static bool lower_held(const idx_tree *t, uint32_t n) {
 
 /* Is the record still a detached live node with its block? */
 static bool orphan_valid(const idx_tree *t, const orphan *o) {
-    return o->node < t->nd_len && ND(t, o->node).parent == NIL &&
-           ND(t, o->node).block_hash == o->block_hash && REFS(t, o->node);
+    return o->node < t->nd_len && NS(t, o->node).parent == NIL &&
+           NS(t, o->node).block_hash == o->block_hash && REFS(t, o->node);
 }
 
 /* Record i goes to the free list (it is in no list, or its list is gone). */
@@ -557,7 +566,7 @@ static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
         t->orph_free = t->orph[i].next;
     else
         i = t->orph_len++;
-    t->orph[i] = (orphan){parent_bh, ND(t, c).block_hash, c, NIL};
+    t->orph[i] = (orphan){parent_bh, NS(t, c).block_hash, c, NIL};
     if (!orphan_link(t, i)) { /* out of memory: as above */
         orphan_free(t, i);
         t->c.orphans_lost++;
@@ -587,13 +596,13 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
 static void drain(idx_tree *t) {
     while (t->dying != NIL) {
         uint32_t n = t->dying;
-        t->dying = ND(t, n).next;
+        t->dying = NS(t, n).next;
         detach(t, n);
         if (ND(t, n).wset != NIL) t->held--;
         if (ND(t, n).wset != NIL && (ND(t, n).wset & TAG))
             set_release(t, ND(t, n).wset & ~TAG);
         ND(t, n).wset = NIL;
-        ND(t, n).next = t->nd_free;
+        NS(t, n).next = t->nd_free;
         t->nd_free = n;
         t->nd_live--;
     }
@@ -610,7 +619,7 @@ static void drain(idx_tree *t) {
 static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
                          uint32_t n, uint32_t pos) {
     if (pos == FIND) pos = look_find_h(t, w, bh, h);
-    bool inl = ND(t, n).wset == w && ND(t, n).block_hash == bh;
+    bool inl = ND(t, n).wset == w && NS(t, n).block_hash == bh;
     if (pos != NIL) {
         uint32_t v = tab_ref(&t->ws[w].look, pos), old = look_node(t, v);
         if (old == n) return NIL;
@@ -715,7 +724,8 @@ kvo_status idx_tree_new(idx_tree **out) {
         idx_tree_free(t);
         return KVO_ENOMEM;
     }
-    ND(t, ROOT) = (node){0, 0, NIL, NIL, NIL, NIL};
+    ND(t, ROOT) = (node){0, NIL, NIL};
+    NS(t, ROOT) = (nside){0, NIL, NIL};
     REFS(t, ROOT) = 0;
     t->nd_len = 1;
     *out = t;
@@ -725,6 +735,7 @@ kvo_status idx_tree_new(idx_tree **out) {
 void idx_tree_free(idx_tree *t) {
     if (!t) return;
     idx_segv_fini(&t->nd, sizeof(node));
+    idx_segv_fini(&t->ns, sizeof(nside));
     idx_segv_fini(&t->refs, 1);
     kvo_free(t->ea);
     kvo_free(t->la);
@@ -822,7 +833,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                 *st = IDX_EV_INVALID_BLOCK;
                 return KVO_OK;
             }
-            if (ND(t, c).block_hash != bh) t->c.hash_mismatch++;
+            if (NS(t, c).block_hash != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
             if (pos != NIL)
@@ -1050,15 +1061,13 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
     uint32_t cur = c;
     for (size_t i = 1; i < n; i++) {
         /* Chains are allocated in order, so cur's child is most often cur
-         * + 1: when cur + 1's primary edge is (cur, h[i]) it is the child
-         * for h[i] (keys are unique in a child list, I2), and no child list
-         * needs reading. Run along such a chain while the worker set stays
-         * the same: no load waits for another, so the walk streams. */
+         * + 1: when cur's first child edge is cur + 1's primary edge and its
+         * key is h[i], cur + 1 is the child for h[i] (keys are unique in a
+         * child list, I2). Run along such a chain while the worker set
+         * stays the same: no load waits for another, so the walk streams. */
         const node *np = nd_at(t, cur);
-        uint32_t lim =
-            seg_first(seg_of(cur) + 1); /* np[1] stays in cur's segment */
-        if (lim > t->nd_len) lim = t->nd_len;
-        while (i < n && cur + 1 < lim && np[1].parent == cur &&
+        uint32_t lim = seg_first(seg_of(cur) + 1); /* cur's segment ends */
+        while (i < n && cur + 1 < lim && np[0].child == cur + 1 &&
                np[1].tokens_hash == h[i] && np[1].wset == curws) {
             np++;
             cur++;
@@ -1066,10 +1075,7 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
         }
         depth = i;
         if (i == n) break;
-        uint32_t nx =
-            cur + 1 < lim && np[1].parent == cur && np[1].tokens_hash == h[i]
-                ? cur + 1
-                : child_find(t, cur, h[i]);
+        uint32_t nx = child_find(t, cur, h[i]);
         if (nx == NIL) break;
         uint32_t ws = ND(t, nx).wset;
         if (ws != curws) {
@@ -1227,7 +1233,8 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
     out->bytes +=
-        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) + t->refs.cap +
+        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) +
+        (uint64_t)t->ns.cap * sizeof(nside) + t->refs.cap +
         (uint64_t)t->ea_cap * sizeof(ealias) +
         (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
         (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +
@@ -1277,10 +1284,10 @@ kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n) {
 
 /* The block a lookup ref v of w names, in the API's terms. */
 static idx_block block_of(const idx_tree *t, uint32_t v) {
-    uint32_t n = look_node(t, v), p = ND(t, n).parent;
+    uint32_t n = look_node(t, v), p = NS(t, n).parent;
     bool hp = p != NIL && p != ROOT;
     return (idx_block){look_block_hash(t, v), ND(t, n).tokens_hash, hp,
-                       hp ? ND(t, p).block_hash : 0};
+                       hp ? NS(t, p).block_hash : 0};
 }
 
 kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
@@ -1317,7 +1324,7 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
     uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
     out->held = true;
     out->block = block_of(t, v);
-    out->node_block_hash = ND(t, n).block_hash;
+    out->node_block_hash = NS(t, n).block_hash;
     uint32_t ws = ND(t, n).wset, one = ws, cnt = ws == NIL ? 0 : 1;
     const uint32_t *items = &one;
     if (ws != NIL && (ws & TAG)) {
@@ -1366,13 +1373,13 @@ idx_found idx_tree_find_tokens(const idx_tree *t, uint64_t worker_id,
     }
     uint32_t c = p == NIL ? NIL : child_find(t, p, tokens_hash);
     if (c != NIL && c != p && wset_has(t, c, w)) {
-        *block_hash = ND(t, c).block_hash;
+        *block_hash = NS(t, c).block_hash;
         return IDX_FOUND_UNDER_PARENT; /* the root when it has no parent */
     }
     if (p == ROOT) return IDX_FOUND_NONE;
     c = child_find(t, ROOT, tokens_hash);
     if (c == NIL || !wset_has(t, c, w)) return IDX_FOUND_NONE;
-    *block_hash = ND(t, c).block_hash;
+    *block_hash = NS(t, c).block_hash;
     return IDX_FOUND_UNDER_ROOT;
 }
 
@@ -1400,8 +1407,8 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
         for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             ev.has_parent = p != ROOT;
-            ev.parent_hash = p != ROOT ? ND(t, p).block_hash : 0;
-            blk.block_hash = ND(t, c).block_hash;
+            ev.parent_hash = p != ROOT ? NS(t, p).block_hash : 0;
+            blk.block_hash = NS(t, c).block_hash;
             blk.tokens_hash = edge_key(t, e);
             uint32_t ws = ND(t, c).wset;
             uint32_t one = ws, cnt = ws == NIL ? 0 : 1;

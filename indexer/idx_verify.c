@@ -15,7 +15,7 @@
     } while (0)
 
 static bool live(const idx_tree *t, uint32_t n) {
-    return n < t->nd_len && ND(t, n).parent != DEAD;
+    return n < t->nd_len && NS(t, n).parent != DEAD;
 }
 
 static uint64_t refs_of(const idx_tree *t, uint32_t n) {
@@ -51,18 +51,18 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         goto done;
     }
     if (t->dying != NIL) FAIL("dying stack not empty");
-    if (ND(t, ROOT).parent != NIL || ND(t, ROOT).wset != NIL)
+    if (NS(t, ROOT).parent != NIL || ND(t, ROOT).wset != NIL)
         FAIL("root has a parent or workers");
 
     /* I8: free nodes */
     uint32_t nfree = 0;
-    for (uint32_t n = t->nd_free; n != NIL; n = ND(t, n).next) {
-        if (n >= N || ND(t, n).parent != DEAD)
+    for (uint32_t n = t->nd_free; n != NIL; n = NS(t, n).next) {
+        if (n >= N || NS(t, n).parent != DEAD)
             FAIL("free list holds node %u", n);
         if (++nfree > N) FAIL("free list loops");
     }
     uint32_t nlive = 0;
-    for (uint32_t n = 1; n < N; n++) nlive += ND(t, n).parent != DEAD;
+    for (uint32_t n = 1; n < N; n++) nlive += NS(t, n).parent != DEAD;
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);
@@ -126,9 +126,9 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
                 want[c]++;
             } else {
                 c = e;
-                if (!live(t, c) || ND(t, c).parent != p)
+                if (!live(t, c) || NS(t, c).parent != p)
                     FAIL("node %u: child %u has parent %u", p, c,
-                         c < N ? ND(t, c).parent : 0);
+                         c < N ? NS(t, c).parent : 0);
                 prim[c]++;
             }
         }
@@ -146,7 +146,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         FAIL("edge table holds %u, lists %u", t->edges.len, in_table);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        if (ND(t, n).parent != NIL && prim[n] != 1)
+        if (NS(t, n).parent != NIL && prim[n] != 1)
             FAIL("node %u listed %u times under its parent", n, prim[n]);
     }
     uint32_t ealive = 0;
@@ -184,7 +184,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
                 n = v;
                 if (!live(t, n)) FAIL("%s[%u]: dead node %u", name, i, n);
                 w = ND(t, n).wset;
-                bh = ND(t, n).block_hash;
+                bh = NS(t, n).block_hash;
                 if (w == NIL || (w & TAG))
                     FAIL("%s[%u]: inline entry, node %u has set %08x", name, i,
                          n, w);
@@ -227,7 +227,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
             FAIL("node %u: refs %llu, counted %llu", n,
                  (unsigned long long)refs_of(t, n),
                  (unsigned long long)want[n]);
-        if (ND(t, n).parent == NIL && want[n] == 0)
+        if (NS(t, n).parent == NIL && want[n] == 0)
             FAIL("node %u: garbage left alive", n);
     }
 
