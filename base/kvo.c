@@ -79,6 +79,8 @@ static bool alloc_should_fail(void) {
 
 void kvo_alloc_fail_after(long n) { alloc_budget = n; }
 
+bool kvo_alloc_ok(void) { return !alloc_should_fail(); }
+
 void *kvo_malloc(size_t n) {
     if (alloc_should_fail()) return NULL;
     return malloc(n ? n : 1);

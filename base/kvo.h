@@ -82,6 +82,10 @@ char *kvo_strdup(const char *s);
 char *kvo_strndup(const char *s, size_t n);
 void kvo_free(void *p);
 void kvo_alloc_fail_after(long n);
+/* For memory that is not kvo_malloc'd (pages mapped by hand): ask here
+ * before taking it, so an injected failure reaches it too. Counts as one
+ * allocation; false when it is to fail. */
+bool kvo_alloc_ok(void);
 
 /* ---- Growable byte buffer (caller-owned storage) ------------------------ */
 typedef struct kvo_buf {

@@ -873,35 +873,31 @@ tab_find_h(const tab *r, uint64_t h, tab_eq_fn eq, const void *owner,
 void *idx_mem_alloc(size_t bytes);        /* NULL when out of memory */
 void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 
-/* A segmented array: element i lives in segment k = log2(i / SEG0 + 1),
- * which holds SEG0 << k elements, allocated when the array first needs it
- * and never moved, copied or freed before the array is. base[k] is biased
- * by the segment's first index, so an element is one shift, one bit scan
- * and one load away. */
-#define SEG0_SHIFT 6 /* segment 0 holds 64 elements */
-#define SEG_MAX 26   /* 64 * (2^26 - 1) elements: beyond any u32 index */
+/* A slab: element i at base + i * elem, in one address range reserved
+ * whole when the slab first grows (address space only: PROT_NONE, no
+ * memory) and made usable a piece at a time as it fills (mprotect), so an
+ * element never moves and is one multiply-add away. The range is 2 MiB
+ * aligned and advised as huge pages: pieces are whole huge pages from
+ * HUGE_BYTES on, pages (doubling) below. The memory itself comes at first
+ * touch. */
+typedef struct slab {
+    /* A pointer type, not an integer: a store to a node's u64 field then
+     * cannot alias it, so the compiler keeps it in a register. */
+    char *base;      /* NULL: nothing reserved yet */
+    size_t reserved; /* bytes of the range */
+    size_t usable;   /* bytes usable from base (page multiple) */
+    uint32_t cap;    /* elements usable */
+} slab;
 
-typedef struct segv {
-    /* segment k's address - first(k) * elem. A pointer type, not an
-     * integer: a store to a node's u64 field then cannot alias it, so the
-     * compiler keeps it in a register across stores. */
-    char *base[SEG_MAX];
-    uint32_t nseg; /* segments allocated */
-    uint32_t cap;  /* elements they hold */
-} segv;
-
-static inline uint32_t seg_of(uint32_t i) {
-    return 31u - (uint32_t)__builtin_clz((i >> SEG0_SHIFT) + 1);
+static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {
+    return v->base + (size_t)i * elem;
 }
-static inline uint32_t seg_first(uint32_t k) {
-    return ((1u << k) - 1) << SEG0_SHIFT;
-}
-static inline void *segv_at(const segv *v, uint32_t i, size_t elem) {
-    return v->base[seg_of(i)] + (size_t)i * elem;
-}
-/* Room for need elements; KVO_ENOMEM changes nothing. */
-kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem);
-void idx_segv_fini(segv *v, size_t elem); /* frees; empty again */
+/* Room for need elements of at most max (the range is reserved for max):
+ * KVO_OK, KVO_ETOOBIG (need > max), KVO_ENOMEM (no address space or no
+ * memory left; also an injected failure, kvo_alloc_fail_after). A failure
+ * changes nothing. */
+kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem);
+void idx_slab_fini(slab *v); /* unmaps; empty again */
 
 /* ---- The tree (idx_tree.c draws it; idx_verify.c walks it) -------------- */
 
@@ -965,9 +961,9 @@ typedef struct ovf {
 } ovf;
 
 struct idx_tree {
-    segv nd;   /* node, by index */
-    segv ns;   /* nside, by node index; same capacity as nd */
-    segv refs; /* uint8_t, by node index; same capacity as nd */
+    slab nd;   /* node, by index */
+    slab ns;   /* nside, by node index; same capacity as nd */
+    slab refs; /* uint8_t, by node index; same capacity as nd */
     uint32_t nd_len, nd_cap, nd_free, nd_live; /* nd_live excludes root */
 
     ealias *ea;
@@ -1008,13 +1004,13 @@ struct idx_tree {
 };
 
 static inline node *nd_at(const idx_tree *t, uint32_t n) {
-    return (node *)segv_at(&t->nd, n, sizeof(node));
+    return (node *)slab_at(&t->nd, n, sizeof(node));
 }
 static inline nside *ns_at(const idx_tree *t, uint32_t n) {
-    return (nside *)segv_at(&t->ns, n, sizeof(nside));
+    return (nside *)slab_at(&t->ns, n, sizeof(nside));
 }
 static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
-    return (uint8_t *)segv_at(&t->refs, n, 1);
+    return (uint8_t *)slab_at(&t->refs, n, 1);
 }
 #define ND(t, n) (*nd_at((t), (n)))
 #define NS(t, n) (*ns_at((t), (n)))

@@ -65,6 +65,7 @@
 #include <assert.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* ======================================================================== */
 /* Memory that never moves                                                   */
@@ -97,25 +98,40 @@ void idx_mem_free(void *p, size_t bytes) {
     munmap(p, (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1));
 }
 
-kvo_status idx_segv_reserve(segv *v, uint32_t need, size_t elem) {
-    while (v->cap < need) {
-        uint32_t k = v->nseg;
-        if (k >= SEG_MAX) return KVO_ETOOBIG;
-        size_t n = (size_t)1 << (k + SEG0_SHIFT);
-        char *m = idx_mem_alloc(n * elem);
-        if (!m) return KVO_ENOMEM;
-        v->base[k] = (char *)((uintptr_t)m - (uintptr_t)seg_first(k) * elem);
-        v->nseg = k + 1;
-        v->cap = seg_first(k + 1);
+kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
+    if (need <= v->cap) return KVO_OK;
+    if (need > max) return KVO_ETOOBIG;
+    if (!kvo_alloc_ok()) return KVO_ENOMEM;
+    if (!v->base) {
+        size_t len = ((size_t)max * elem + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+        char *m = mmap(NULL, len + HUGE_BYTES, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) return KVO_ENOMEM;
+        uintptr_t a =
+            ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+        size_t head = a - (uintptr_t)m;
+        if (head) munmap(m, head);
+        munmap((char *)a + len, HUGE_BYTES - head);
+#ifdef MADV_HUGEPAGE
+        madvise((void *)a, len, MADV_HUGEPAGE); /* advice: may fail */
+#endif
+        v->base = (char *)a;
+        v->reserved = len;
     }
+    size_t want = (size_t)need * elem, page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t to = v->usable ? v->usable : page;
+    while (to < want && to < HUGE_BYTES) to *= 2;
+    if (to < want) to = (want + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+    if (to > v->reserved) to = v->reserved;
+    if (mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
+        return KVO_ENOMEM;
+    v->usable = to;
+    v->cap = to / elem > max ? max : (uint32_t)(to / elem);
     return KVO_OK;
 }
 
-void idx_segv_fini(segv *v, size_t elem) {
-    for (uint32_t k = 0; k < v->nseg; k++)
-        idx_mem_free(
-            (void *)((uintptr_t)v->base[k] + (uintptr_t)seg_first(k) * elem),
-            ((size_t)1 << (k + SEG0_SHIFT)) * elem);
+void idx_slab_fini(slab *v) {
+    if (v->base) munmap(v->base, v->reserved);
     memset(v, 0, sizeof(*v));
 }
 

@@ -62,10 +62,10 @@
  *            slabs; 0 is the root. What a query's walk reads is in nd[]
  *            (node), the rest in ns[] (nside), so a walk along a chain
  *            streams 16 bytes a block and a step off the chain is one line.
- *            Segmented arrays (idx_int.h): segment k holds 64 << k records,
- *            allocated when first needed and never moved, so growth copies
- *            nothing and leaves no moved pages behind; segments of 2 MiB and
- *            more are huge pages (idx_mem_alloc).
+ *            Slabs (idx_int.h): each is one address range reserved whole at
+ *            the first growth and made usable as it fills, so growth copies
+ *            nothing, leaves no moved pages behind, and a record is one
+ *            multiply-add away; from 2 MiB on they grow by huge pages.
  *
  *       nd  0             8      12      16     ns  0            8        12     16
  *           +-------------+------+-------+          +------------+--------+------+
@@ -80,7 +80,7 @@
  *     child   first edge of this node's child list
  *     next    the following edge in the parent's child list (primary edge);
  *             the free-list / dying-stack link of free nodes
- *   refs[]   u8 per node, segmented like nd: lookup entries + alias edges
+ *   refs[]   u8 per node, a slab like nd: lookup entries + alias edges
  *            pointing at it (from 255 on, the rest is counted in the sorted
  *            side array ov[])
  *
@@ -194,10 +194,11 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
     if (more > MAX_INDEX - t->nd_len) return KVO_ETOOBIG;
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
-    kvo_status s = idx_segv_reserve(&t->nd, need, sizeof(node));
-    if (s == KVO_OK) s = idx_segv_reserve(&t->ns, need, sizeof(nside));
-    if (s == KVO_OK) s = idx_segv_reserve(&t->refs, need, 1);
-    if (s != KVO_OK) return s; /* one may keep a new segment: harmless */
+    kvo_status s = idx_slab_reserve(&t->nd, need, MAX_INDEX, sizeof(node));
+    if (s == KVO_OK)
+        s = idx_slab_reserve(&t->ns, need, MAX_INDEX, sizeof(nside));
+    if (s == KVO_OK) s = idx_slab_reserve(&t->refs, need, MAX_INDEX, 1);
+    if (s != KVO_OK) return s; /* one may have grown already: harmless */
     t->nd_cap = t->nd.cap < t->ns.cap ? t->nd.cap : t->ns.cap;
     if (t->refs.cap < t->nd_cap) t->nd_cap = t->refs.cap;
     return KVO_OK;
@@ -734,9 +735,9 @@ kvo_status idx_tree_new(idx_tree **out) {
 
 void idx_tree_free(idx_tree *t) {
     if (!t) return;
-    idx_segv_fini(&t->nd, sizeof(node));
-    idx_segv_fini(&t->ns, sizeof(nside));
-    idx_segv_fini(&t->refs, 1);
+    idx_slab_fini(&t->nd);
+    idx_slab_fini(&t->ns);
+    idx_slab_fini(&t->refs);
     kvo_free(t->ea);
     kvo_free(t->la);
     kvo_free(t->sp);
@@ -1066,9 +1067,8 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
          * child list, I2). Run along such a chain while the worker set
          * stays the same: no load waits for another, so the walk streams. */
         const node *np = nd_at(t, cur);
-        uint32_t lim = seg_first(seg_of(cur) + 1); /* cur's segment ends */
-        while (i < n && cur + 1 < lim && np[0].child == cur + 1 &&
-               np[1].tokens_hash == h[i] && np[1].wset == curws) {
+        while (i < n && np[0].child == cur + 1 && np[1].tokens_hash == h[i] &&
+               np[1].wset == curws) {
             np++;
             cur++;
             i++;
@@ -1233,8 +1233,7 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
     out->bytes +=
-        sizeof(*t) + (uint64_t)t->nd.cap * sizeof(node) +
-        (uint64_t)t->ns.cap * sizeof(nside) + t->refs.cap +
+        sizeof(*t) + t->nd.usable + t->ns.usable + t->refs.usable +
         (uint64_t)t->ea_cap * sizeof(ealias) +
         (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
         (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +

@@ -594,12 +594,12 @@ START_TEST(worker_views_give_parents_and_other_holders) {
 }
 END_TEST
 
-/* Past HUGE_BYTES (2 MiB) the node segments and the tables are mapped memory
- * (idx_mem_alloc), not kvo_malloc'd: a tree of 2,400 prompts x 128 blocks
- * (307,200 nodes: node segments of 2 and 4 MiB, a lookup table over 2 MiB)
- * answers every prompt in full, keeps every invariant, and empties down
- * to the root's emptied children. */
-START_TEST(large_trees_live_in_mapped_segments) {
+/* Past HUGE_BYTES (2 MiB) the node slabs grow by huge pages and the tables
+ * are mapped memory (idx_mem_alloc), not kvo_malloc'd: a tree of 2,400
+ * prompts x 128 blocks (307,200 nodes: slabs of 6 MiB, a lookup table over
+ * 2 MiB) answers every prompt in full, keeps every invariant, and empties
+ * down to the root's emptied children. */
+START_TEST(large_trees_live_in_mapped_memory) {
     idx_tree *t = tt_tree_new();
     enum { PROMPTS = 2400, LEN = 128 };
     uint64_t rs = 7, tok[LEN], bh[LEN];
@@ -1111,7 +1111,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, reference_counts_beyond_255);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
-    tcase_add_test(tl, large_trees_live_in_mapped_segments);
+    tcase_add_test(tl, large_trees_live_in_mapped_memory);
     tcase_add_test(
         tl, a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time);
     tcase_add_test(tl, a_moving_growth_keeps_the_stash_room_reserved);
