@@ -874,12 +874,12 @@ void *idx_mem_alloc(size_t bytes);        /* NULL when out of memory */
 void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 
 /* A slab: element i at base + i * elem, in one address range reserved
- * whole when the slab first grows (address space only: PROT_NONE, no
- * memory) and made usable a piece at a time as it fills (mprotect), so an
- * element never moves and is one multiply-add away. The range is 2 MiB
- * aligned and advised as huge pages: pieces are whole huge pages from
- * HUGE_BYTES on, pages (doubling) below. The memory itself comes at first
- * touch. */
+ * whole when the slab first grows (address space, not memory: the memory
+ * comes at first touch), so an element never moves and is one
+ * multiply-add away. The range is 2 MiB aligned and advised as huge pages.
+ * It grows in pieces, whole huge pages from HUGE_BYTES on and pages
+ * (doubling) below: the capacity counted, and where the kernel would not
+ * reserve the range writable (strict overcommit), what is opened. */
 typedef struct slab {
     /* A pointer type, not an integer: a store to a node's u64 field then
      * cannot alias it, so the compiler keeps it in a register. */
@@ -887,6 +887,8 @@ typedef struct slab {
     size_t reserved; /* bytes of the range */
     size_t usable;   /* bytes usable from base (page multiple) */
     uint32_t cap;    /* elements usable */
+    bool open;       /* the whole range is writable (else opened up to
+                        usable, by mprotect) */
 } slab;
 
 static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {

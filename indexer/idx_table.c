@@ -104,8 +104,16 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     if (!kvo_alloc_ok()) return KVO_ENOMEM;
     if (!v->base) {
         size_t len = ((size_t)max * elem + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
-        char *m = mmap(NULL, len + HUGE_BYTES, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        /* Writable at once, memory at first touch (NORESERVE): opening a
+         * range later by mprotect made the next touch of the pages already
+         * in use slow again on this kind of VM (W1x4 cold hit p99 8.5 us
+         * against 1.6). Where the kernel refuses (strict overcommit), the
+         * range is reserved closed and opened as it fills. */
+        int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+        char *m =
+            mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE, flags, -1, 0);
+        v->open = m != MAP_FAILED;
+        if (!v->open) m = mmap(NULL, len + HUGE_BYTES, PROT_NONE, flags, -1, 0);
         if (m == MAP_FAILED) return KVO_ENOMEM;
         uintptr_t a =
             ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
@@ -123,7 +131,8 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     while (to < want && to < HUGE_BYTES) to *= 2;
     if (to < want) to = (want + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
     if (to > v->reserved) to = v->reserved;
-    if (mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
+    if (!v->open &&
+        mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
         return KVO_ENOMEM;
     v->usable = to;
     v->cap = to / elem > max ? max : (uint32_t)(to / elem);
