@@ -389,19 +389,8 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     ND(t, n).wset = TAG | noff;
 }
 
-/* Remove w from n's set (no-op when absent). The caller has already
- * outlined any inline lookup entry that depends on the set being {w}. */
-static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = ND(t, n).wset;
-    if (ws == NIL) return;
-    if (!(ws & TAG)) {
-        if (ws == w) {
-            ND(t, n).wset = NIL;
-            t->held--;
-        }
-        return;
-    }
-    uint32_t off = ws & ~TAG;
+/* Remove w from n's pooled set at off (no-op when absent). */
+static void wset_del_pooled(idx_tree *t, uint32_t n, uint32_t w, uint32_t off) {
     uint32_t *s = &t->sp[off];
     uint32_t cnt = set_count(s), i = lower_bound(s + 1, cnt, w);
     if (i == cnt || s[1 + i] != w) return;
@@ -412,6 +401,19 @@ static void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
         set_release(t, off);
     } else {
         s[0] = set_class(s) << SET_CLASS_SHIFT | cnt;
+    }
+}
+
+/* Remove w from n's set (no-op when absent). The caller has already
+ * outlined any inline lookup entry that depends on the set being {w}. */
+static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
+    uint32_t ws = ND(t, n).wset;
+    if (ws == NIL) return;
+    if (ws & TAG) {
+        wset_del_pooled(t, n, w, ws & ~TAG);
+    } else if (ws == w) {
+        ND(t, n).wset = NIL;
+        t->held--;
     }
 }
 
@@ -452,10 +454,8 @@ static void maybe_free(idx_tree *t, uint32_t n) {
 
 static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c);
 
-/* Drop every edge from p to its children (Dynamo: children.clear()). */
-static void detach(idx_tree *t, uint32_t p) {
-    uint32_t e = ND(t, p).child;
-    if (e == NIL) return;
+/* Drop every edge from p, whose child list begins with e (not NIL). */
+static void detach_edges(idx_tree *t, uint32_t p, uint32_t e) {
     bool hashed = edge_next(t, e) != NIL;
     ND(t, p).child = NIL;
     while (e != NIL) {
@@ -478,6 +478,13 @@ static void detach(idx_tree *t, uint32_t p) {
         maybe_free(t, c);
         e = nx;
     }
+}
+
+/* Drop every edge from p to its children (Dynamo: children.clear()). Half
+ * the calls find none: that case costs no call. */
+static inline void detach(idx_tree *t, uint32_t p) {
+    uint32_t e = ND(t, p).child;
+    if (e != NIL) detach_edges(t, p, e);
 }
 
 /* ---- Orphans ---------------------------------------------------------------
