@@ -601,7 +601,7 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
 }
 
 /* Release every queued node; their children may follow. */
-static void drain(idx_tree *t) {
+static void drain_dying(idx_tree *t) {
     while (t->dying != NIL) {
         uint32_t n = t->dying;
         t->dying = NS(t, n).next;
@@ -614,6 +614,12 @@ static void drain(idx_tree *t) {
         t->nd_free = n;
         t->nd_live--;
     }
+}
+
+/* drain_dying, called only when a node is queued (after most blocks of a
+ * store none is). */
+static inline void drain(idx_tree *t) {
+    if (t->dying != NIL) drain_dying(t);
 }
 
 /* ======================================================================== */
