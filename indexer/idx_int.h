@@ -876,10 +876,11 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
 /* A slab: element i at base + i * elem, in one address range reserved
  * whole when the slab first grows (address space, not memory: the memory
  * comes at first touch), so an element never moves and is one
- * multiply-add away. The range is 2 MiB aligned and advised as huge pages.
- * It grows in pieces, whole huge pages from HUGE_BYTES on and pages
- * (doubling) below: the capacity counted, and where the kernel would not
- * reserve the range writable (strict overcommit), what is opened. */
+ * multiply-add away. Its first 64 KiB are small pages (a small tree stays
+ * small), the rest huge pages. It grows in pieces, whole huge pages from
+ * HUGE_BYTES on and pages (doubling) below: the capacity counted, and
+ * where the kernel would not reserve the range writable (strict
+ * overcommit), what is opened. */
 typedef struct slab {
     /* A pointer type, not an integer: a store to a node's u64 field then
      * cannot alias it, so the compiler keeps it in a register. */

@@ -98,6 +98,8 @@ void idx_mem_free(void *p, size_t bytes) {
     munmap(p, (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1));
 }
 
+#define SLAB_HEAD ((size_t)64 << 10) /* bytes of a slab in small pages */
+
 kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     if (need <= v->cap) return KVO_OK;
     if (need > max) return KVO_ETOOBIG;
@@ -115,8 +117,12 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
         v->open = m != MAP_FAILED;
         if (!v->open) m = mmap(NULL, len + HUGE_BYTES, PROT_NONE, flags, -1, 0);
         if (m == MAP_FAILED) return KVO_ENOMEM;
-        uintptr_t a =
-            ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+        /* base + SLAB_HEAD on a 2 MiB boundary: the head's pages are
+         * small (their 2 MiB range is not all ours), so a small tree stays
+         * small; huge pages from there on */
+        uintptr_t a = (((uintptr_t)m + SLAB_HEAD + HUGE_BYTES - 1) &
+                       ~(uintptr_t)(HUGE_BYTES - 1)) -
+                      SLAB_HEAD;
         size_t head = a - (uintptr_t)m;
         if (head) munmap(m, head);
         munmap((char *)a + len, HUGE_BYTES - head);
@@ -129,7 +135,9 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     size_t want = (size_t)need * elem, page = (size_t)sysconf(_SC_PAGESIZE);
     size_t to = v->usable ? v->usable : page;
     while (to < want && to < HUGE_BYTES) to *= 2;
-    if (to < want) to = (want + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+    if (to < want)
+        to = SLAB_HEAD + ((want - SLAB_HEAD + HUGE_BYTES - 1) &
+                          ~(HUGE_BYTES - 1)); /* ends on a 2 MiB boundary */
     if (to > v->reserved) to = v->reserved;
     if (!v->open &&
         mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
