@@ -631,6 +631,19 @@ START_TEST(large_trees_live_in_mapped_memory) {
 }
 END_TEST
 
+/* A tree of one block holds a few pages, not a huge page per slab: the
+ * slabs grow by pages (doubling) up to 2 MiB. */
+START_TEST(a_small_tree_holds_a_few_pages) {
+    idx_tree *t = tt_tree_new();
+    uint64_t tok = 7, bh = 8;
+    ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, &tok, &bh, 1), IDX_EV_OK);
+    idx_stats st;
+    idx_tree_stats(t, &st);
+    ck_assert_uint_lt(st.bytes, (uint64_t)64 << 10);
+    tt_tree_done(t);
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -1112,6 +1125,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
+    tcase_add_test(tl, a_small_tree_holds_a_few_pages);
     tcase_add_test(
         tl, a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time);
     tcase_add_test(tl, a_moving_growth_keeps_the_stash_room_reserved);
