@@ -1082,6 +1082,8 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
         const node *np = nd_at(t, cur);
         while (i < n && np[0].child == cur + 1 && np[1].tokens_hash == h[i] &&
                np[1].wset == curws) {
+            __builtin_prefetch(&np[16]); /* 4 lines ahead: a chain's start
+                                            is cold, its pages random */
             np++;
             cur++;
             i++;
