@@ -71,22 +71,29 @@
 /* Memory that never moves                                                   */
 /* ======================================================================== */
 
-void *idx_mem_alloc(size_t bytes) {
-    if (bytes < HUGE_BYTES) return kvo_malloc(bytes ? bytes : 1);
-    size_t len = (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
-    /* map one huge page more, then trim to a 2 MiB-aligned range */
-    char *m = mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+/* len bytes (a multiple of HUGE_BYTES) mapped with prot and flags so that
+ * base + skew is 2 MiB aligned, advised as huge pages; NULL when refused.
+ * One huge page more is mapped, then trimmed. */
+static char *map_aligned(size_t len, int prot, int flags, size_t skew) {
+    char *m = mmap(NULL, len + HUGE_BYTES, prot,
+                   MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     if (m == MAP_FAILED) return NULL;
-    uintptr_t a =
-        ((uintptr_t)m + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1);
+    uintptr_t a = (((uintptr_t)m + skew + HUGE_BYTES - 1) &
+                   ~(uintptr_t)(HUGE_BYTES - 1)) -
+                  skew;
     size_t head = a - (uintptr_t)m;
     if (head) munmap(m, head);
     munmap((char *)a + len, HUGE_BYTES - head);
 #ifdef MADV_HUGEPAGE
     madvise((void *)a, len, MADV_HUGEPAGE); /* advice: failure is harmless */
 #endif
-    return (void *)a;
+    return (char *)a;
+}
+
+void *idx_mem_alloc(size_t bytes) {
+    if (bytes < HUGE_BYTES) return kvo_malloc(bytes ? bytes : 1);
+    return map_aligned((bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1),
+                       PROT_READ | PROT_WRITE, 0, 0);
 }
 
 void idx_mem_free(void *p, size_t bytes) {
@@ -98,7 +105,10 @@ void idx_mem_free(void *p, size_t bytes) {
     munmap(p, (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1));
 }
 
-#define SLAB_HEAD ((size_t)64 << 10) /* bytes of a slab in small pages */
+/* A slab's first bytes lie below its first 2 MiB boundary: small pages (a
+ * huge page needs all of its 2 MiB in the mapping), so a small tree stays
+ * small; huge pages from there on. */
+#define SLAB_HEAD ((size_t)64 << 10)
 
 kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     if (need <= v->cap) return KVO_OK;
@@ -111,25 +121,12 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
          * in use slow again on this kind of VM (W1x4 cold hit p99 8.5 us
          * against 1.6). Where the kernel refuses (strict overcommit), the
          * range is reserved closed and opened as it fills. */
-        int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
         char *m =
-            mmap(NULL, len + HUGE_BYTES, PROT_READ | PROT_WRITE, flags, -1, 0);
-        v->open = m != MAP_FAILED;
-        if (!v->open) m = mmap(NULL, len + HUGE_BYTES, PROT_NONE, flags, -1, 0);
-        if (m == MAP_FAILED) return KVO_ENOMEM;
-        /* base + SLAB_HEAD on a 2 MiB boundary: the head's pages are
-         * small (their 2 MiB range is not all ours), so a small tree stays
-         * small; huge pages from there on */
-        uintptr_t a = (((uintptr_t)m + SLAB_HEAD + HUGE_BYTES - 1) &
-                       ~(uintptr_t)(HUGE_BYTES - 1)) -
-                      SLAB_HEAD;
-        size_t head = a - (uintptr_t)m;
-        if (head) munmap(m, head);
-        munmap((char *)a + len, HUGE_BYTES - head);
-#ifdef MADV_HUGEPAGE
-        madvise((void *)a, len, MADV_HUGEPAGE); /* advice: may fail */
-#endif
-        v->base = (char *)a;
+            map_aligned(len, PROT_READ | PROT_WRITE, MAP_NORESERVE, SLAB_HEAD);
+        v->open = m != NULL;
+        if (!v->open) m = map_aligned(len, PROT_NONE, MAP_NORESERVE, SLAB_HEAD);
+        if (!m) return KVO_ENOMEM;
+        v->base = m;
         v->reserved = len;
     }
     size_t want = (size_t)need * elem, page = (size_t)sysconf(_SC_PAGESIZE);
