@@ -879,8 +879,9 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
  * multiply-add away. Its first 64 KiB are small pages (a small tree stays
  * small), the rest huge pages. It grows in pieces, whole huge pages from
  * HUGE_BYTES on and pages (doubling) below: the capacity counted, and
- * where the kernel would not reserve the range writable (strict
- * overcommit), what is opened. */
+ * under strict overcommit (where a writable range is charged whole) what
+ * is opened. Where address space is short the range is what the kernel
+ * gave, and the slab cannot grow past it. */
 typedef struct slab {
     /* A pointer type, not an integer: a store to a node's u64 field then
      * cannot alias it, so the compiler keeps it in a register. */
@@ -889,7 +890,7 @@ typedef struct slab {
     size_t usable;   /* bytes usable from base (page multiple) */
     uint32_t cap;    /* elements usable */
     bool open;       /* the whole range is writable (else opened up to
-                        usable, by mprotect) */
+                        usable, by mprotect: strict overcommit) */
 } slab;
 
 static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {

@@ -63,6 +63,7 @@
 #include "idx_int.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -110,32 +111,52 @@ void idx_mem_free(void *p, size_t bytes) {
  * small; huge pages from there on. */
 #define SLAB_HEAD ((size_t)64 << 10)
 
+/* vm.overcommit_memory = 2: the kernel charges a writable private mapping
+ * in full, MAP_NORESERVE or not. */
+static bool overcommit_strict(void) {
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int mode = 0;
+    if (f) {
+        if (fscanf(f, "%d", &mode) != 1) mode = 0;
+        fclose(f);
+    }
+    return mode == 2;
+}
+
 kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     if (need <= v->cap) return KVO_OK;
     if (need > max) return KVO_ETOOBIG;
     if (!kvo_alloc_ok()) return KVO_ENOMEM;
+    size_t want = (size_t)need * elem;
     if (!v->base) {
-        size_t len = ((size_t)max * elem + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
         /* Writable at once, memory at first touch (NORESERVE): opening a
          * range later by mprotect made the next touch of the pages already
          * in use slow again on this kind of VM (W1x4 cold hit p99 8.5 us
-         * against 1.6). Where the kernel refuses (strict overcommit), the
-         * range is reserved closed and opened as it fills. */
-        char *m =
-            map_aligned(len, PROT_READ | PROT_WRITE, MAP_NORESERVE, SLAB_HEAD);
-        v->open = m != NULL;
-        if (!v->open) m = map_aligned(len, PROT_NONE, MAP_NORESERVE, SLAB_HEAD);
+         * against 1.6). Under strict overcommit, where that would charge
+         * the whole range, it is reserved closed and opened as it fills.
+         * Where address space is short (a ulimit -v), the range is halved
+         * until the kernel gives it, down to what is wanted now: the slab
+         * then cannot grow past it (KVO_ENOMEM). */
+        bool open = !overcommit_strict();
+        size_t len = ((size_t)max * elem + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+        int prot = open ? PROT_READ | PROT_WRITE : PROT_NONE;
+        char *m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD);
+        while (!m && len / 2 >= want && len / 2 >= HUGE_BYTES) {
+            len /= 2;
+            m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD);
+        }
         if (!m) return KVO_ENOMEM;
         v->base = m;
         v->reserved = len;
+        v->open = open;
     }
-    size_t want = (size_t)need * elem, page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t to = v->usable ? v->usable : page;
+    size_t to = v->usable ? v->usable : (size_t)sysconf(_SC_PAGESIZE);
     while (to < want && to < HUGE_BYTES) to *= 2;
     if (to < want)
         to = SLAB_HEAD + ((want - SLAB_HEAD + HUGE_BYTES - 1) &
                           ~(HUGE_BYTES - 1)); /* ends on a 2 MiB boundary */
     if (to > v->reserved) to = v->reserved;
+    if (to < want) return KVO_ENOMEM; /* a short reservation is full */
     if (!v->open &&
         mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
         return KVO_ENOMEM;

@@ -3,8 +3,12 @@
 #define IDX_TREE_LAYOUT /* the table test reads a table's fields */
 #include "idx_test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define Q(...) U64S(__VA_ARGS__), NARGS(__VA_ARGS__)
 
@@ -644,6 +648,51 @@ START_TEST(a_small_tree_holds_a_few_pages) {
 }
 END_TEST
 
+/* The process's address space now, in bytes (VmSize), or 0. */
+static unsigned long long vm_size(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb << 10;
+}
+
+/* Under a ulimit -v a tree still works: its slabs (tens of GiB of address
+ * space each when they can have it) reserve what the kernel gives. In a
+ * child process, so that the limit stays there; exit codes say what
+ * failed. */
+START_TEST(a_tree_works_under_an_address_space_limit) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        unsigned long long vm = vm_size();
+        struct rlimit rl = {vm + (1ull << 30), vm + (1ull << 30)};
+        if (!vm || setrlimit(RLIMIT_AS, &rl)) _exit(2);
+        idx_tree *t = NULL;
+        if (idx_tree_new(&t) != KVO_OK) _exit(3);
+        enum { LEN = 1000 };
+        uint64_t tok[LEN], bh[LEN];
+        for (int i = 0; i < LEN; i++) {
+            tok[i] = 1000 + (uint64_t)i;
+            bh[i] = 5000 + (uint64_t)i;
+        }
+        if (tt_store_bh(t, 1, 0, NULL, tok, bh, LEN) != IDX_EV_OK) _exit(4);
+        if (tt_score(t, tok, LEN, 1, 0) != LEN) _exit(5);
+        idx_tree_free(t);
+        _exit(0);
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "child: %s %d (2: no limit set, 3: no tree, 4: store "
+                  "failed, 5: wrong score)",
+                  WIFEXITED(status) ? "exit" : "signal",
+                  WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+}
+END_TEST
+
 /* Allocation failures at every point of a sequence: never a crash, the
  * tree stays consistent, and a failed event is not counted. */
 START_TEST(allocation_failures_leave_a_consistent_tree) {
@@ -1126,6 +1175,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
     tcase_add_test(tl, a_small_tree_holds_a_few_pages);
+    tcase_add_test(tl, a_tree_works_under_an_address_space_limit);
     tcase_add_test(
         tl, a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time);
     tcase_add_test(tl, a_moving_growth_keeps_the_stash_room_reserved);
