@@ -964,11 +964,16 @@ typedef struct ovf {
     uint32_t extra; /* refs beyond 255 */
 } ovf;
 
+#define FREE_LEVELS 3 /* a bit per node, per word, per word of words */
+
 struct idx_tree {
     slab nd;   /* node, by index */
     slab ns;   /* nside, by node index; same capacity as nd */
     slab refs; /* uint8_t, by node index; same capacity as nd */
-    uint32_t nd_len, nd_cap, nd_free, nd_live; /* nd_live excludes root */
+    /* The free node indexes: a bitmap of FREE_LEVELS levels of u64 words
+     * (idx_tree.c, "Free nodes"); no index below nd_low is free. */
+    slab free[FREE_LEVELS];
+    uint32_t nd_len, nd_cap, nd_low, nd_live; /* nd_live excludes root */
 
     ealias *ea;
     uint32_t ea_len, ea_cap, ea_free, ea_live;
@@ -1015,6 +1020,15 @@ static inline nside *ns_at(const idx_tree *t, uint32_t n) {
 }
 static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
     return (uint8_t *)slab_at(&t->refs, n, 1);
+}
+/* The words level k of the free-node bitmap needs to cover n nodes. */
+static inline uint32_t free_words(uint32_t n, int k) {
+    uint32_t shift = 6 * (uint32_t)(k + 1);
+    return (uint32_t)(((uint64_t)n + (1ull << shift) - 1) >> shift);
+}
+/* Word i of level k of the free-node bitmap. */
+static inline uint64_t *free_word(const idx_tree *t, int k, uint32_t i) {
+    return (uint64_t *)slab_at(&t->free[k], i, sizeof(uint64_t));
 }
 #define ND(t, n) (*nd_at((t), (n)))
 #define NS(t, n) (*ns_at((t), (n)))

@@ -55,14 +55,21 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         FAIL("root has a parent or workers");
 
     /* I8: free nodes */
-    uint32_t nfree = 0;
-    for (uint32_t n = t->nd_free; n != NIL; n = NS(t, n).next) {
-        if (n >= N || NS(t, n).parent != DEAD)
-            FAIL("free list holds node %u", n);
-        if (++nfree > N) FAIL("free list loops");
+    uint32_t nfree = 0, nlive = 0;
+    for (uint32_t n = 0; n < t->nd_cap; n++) {
+        bool bit = *free_word(t, 0, n >> 6) >> (n & 63) & 1;
+        bool dead = n > ROOT && n < N && NS(t, n).parent == DEAD;
+        if (bit != dead) FAIL("node %u: free bit %d, free %d", n, bit, dead);
+        if (bit && n < t->nd_low) FAIL("free node %u below %u", n, t->nd_low);
+        nfree += dead;
+        nlive += n > ROOT && n < N && !dead;
     }
-    uint32_t nlive = 0;
-    for (uint32_t n = 1; n < N; n++) nlive += NS(t, n).parent != DEAD;
+    for (int k = 1; k < FREE_LEVELS; k++)
+        for (uint32_t i = 0; i < free_words(t->nd_cap, k - 1); i++) {
+            bool bit = *free_word(t, k, i >> 6) >> (i & 63) & 1;
+            if (bit != (*free_word(t, k - 1, i) != 0))
+                FAIL("free bitmap level %d, bit %u", k, i);
+        }
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);

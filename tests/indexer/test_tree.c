@@ -648,6 +648,51 @@ START_TEST(a_small_tree_holds_a_few_pages) {
 }
 END_TEST
 
+/* Freed nodes are taken back lowest first, so chains stored into a tree
+ * emptied in any order lie in consecutive nodes again (a query walks them
+ * as runs), and the tree does not grow. 4,000 chains of 80 blocks under a
+ * shared block span every level of the free bitmap (its top level has a
+ * bit per 2^18 nodes). */
+START_TEST(freed_nodes_are_reused_lowest_first) {
+    enum { CHAINS = 4000, LEN = 80 };
+    idx_tree *t = tt_tree_new();
+    uint64_t top_tok = 1, top = 100, tok[LEN], bh[LEN];
+    for (int pass = 0; pass < 2; pass++) {
+        ck_assert_int_eq(tt_store_bh(t, 1, 0, NULL, &top_tok, &top, 1),
+                         IDX_EV_OK);
+        for (uint32_t c = 0; c < CHAINS; c++) {
+            uint32_t k = pass ? (c * 7919u) % CHAINS : c; /* another order */
+            for (uint32_t i = 0; i < LEN; i++) {
+                tok[i] = 2 + (uint64_t)k * LEN + i;
+                bh[i] = tok[i] * 100;
+            }
+            ck_assert_int_eq(tt_store_bh(t, 1, 0, &top, tok, bh, LEN),
+                             IDX_EV_OK);
+        }
+        ck_assert_uint_eq(t->nd_len, 2 + CHAINS * LEN);
+        for (uint32_t n = 1; n < t->nd_len; n++) {
+            uint32_t child = ND(t, n).child;
+            if (child == NIL || (child & TAG) || NS(t, child).next != NIL)
+                continue; /* not one child */
+            ck_assert_msg(child == n + 1, "pass %d: node %u's child is %u",
+                          pass, n, child);
+        }
+        tt_check(t, true);
+        /* empty it block i of every chain at a time, first blocks first
+         * (each detaches its chain's rest), and the shared block last */
+        for (uint32_t i = 0; i < LEN; i++)
+            for (uint32_t c = 0; c < CHAINS; c++) {
+                uint64_t b = (2 + (uint64_t)c * LEN + i) * 100;
+                ck_assert_int_eq(tt_remove(t, 1, 0, &b, 1), IDX_EV_OK);
+            }
+        ck_assert_int_eq(tt_remove(t, 1, 0, &top, 1), IDX_EV_OK);
+        ck_assert_uint_eq(tt_pairs(t), 0);
+        ck_assert_uint_eq(tt_nodes(t), 1); /* the shared block, empty */
+    }
+    tt_tree_done(t);
+}
+END_TEST
+
 /* The process's address space now, in bytes (VmSize), or 0. */
 static unsigned long long vm_size(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -1175,6 +1220,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
     tcase_add_test(tl, a_small_tree_holds_a_few_pages);
+    tcase_add_test(tl, freed_nodes_are_reused_lowest_first);
     tcase_add_test(tl, a_tree_works_under_an_address_space_limit);
     tcase_add_test(
         tl, a_table_grows_into_pages_faulted_ahead_a_few_buckets_at_a_time);
