@@ -780,6 +780,16 @@ static inline __attribute__((always_inline)) void tab_prefetch(const tab *r,
     __builtin_prefetch(&r->spill[b]);
 }
 
+/* The second stage, some work after tab_prefetch(h): the key's second
+ * bucket when its first has spilled keys there (the spill count is in by
+ * then), so that a find that has to look there does not wait. */
+static inline __attribute__((always_inline)) void
+tab_prefetch_second(const tab *r, uint64_t h) {
+    if (!r->nb) return;
+    uint32_t tag = tab_hash_tag(h), b1 = tab_b1(r, tag);
+    if (r->spill[b1]) __builtin_prefetch(&r->bk[tab_b2(r, tag)]);
+}
+
 /* Bit i set when tag[i] == tag (match) or ref[i] == 0 (hole). */
 static inline unsigned bucket_match(const bucket *b, uint32_t tag) {
 #ifdef __SSE2__

@@ -149,13 +149,22 @@
 /* ======================================================================== */
 
 /* Bring in the lookup slot of (w, bh): a later block's, while this one is
- * worked on, AHEAD blocks ahead (about one memory latency of work). */
+ * worked on, AHEAD blocks ahead (about one memory latency of work); and
+ * AHEAD / 2 blocks ahead, once its first bucket's spill count is in, its
+ * second bucket if a find may have to look there (look_prefetch_second:
+ * at a load of 3/4, a fifth to two thirds of first buckets have spilled,
+ * and a miss there cost a find a wait for memory). */
 #define AHEAD 8
 static inline __attribute__((always_inline)) uint64_t
 look_prefetch(const idx_tree *t, uint32_t w, uint64_t bh) {
     uint64_t h = mix(bh, w);
     tab_prefetch(&t->ws[w].look, h);
     return h;
+}
+
+static inline __attribute__((always_inline)) void
+look_prefetch_second(const idx_tree *t, uint32_t w, uint64_t h) {
+    tab_prefetch_second(&t->ws[w].look, h);
 }
 
 /* The child of p under tokens_hash th, or NIL. The first edge of p's list
@@ -896,6 +905,8 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
         if (i + AHEAD < ev->n_blocks)
             ring[i % AHEAD] =
                 look_prefetch(t, w, ev->blocks[i + AHEAD].block_hash);
+        if (i + AHEAD / 2 < ev->n_blocks)
+            look_prefetch_second(t, w, ring[(i + AHEAD / 2) % AHEAD]);
         uint32_t c = child_find(t, cur, th), pos = FIND;
         if (c != NIL) {
             if (c == cur) { /* a self edge left by an earlier event */
@@ -949,6 +960,8 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
         uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_removed)
             ring[i % AHEAD] = look_prefetch(t, w, ev->removed[i + AHEAD]);
+        if (i + AHEAD / 2 < ev->n_removed)
+            look_prefetch_second(t, w, ring[(i + AHEAD / 2) % AHEAD]);
         uint32_t pos = look_find_h(t, w, ev->removed[i], h);
         if (pos == NIL) {
             t->c.blocks_not_found++;
