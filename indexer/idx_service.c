@@ -5,23 +5,26 @@
  *   nats.c thread --on_msg--> inbox (mutex, bounded) --eventfd--+
  *                                                               v
  *   loop: poll({eventfd, kvo_http_server_fd})
- *         -> a slice of the inbox (apply_budget_us at most) -> the feed
- *              (between two events of an envelope, once apply_budget_us
- *               has passed since HTTP was last served: kvo_http_server_run)
+ *         -> a slice of the inbox (until HTTP is due) -> the feed
+ *              (between two events of an envelope, when HTTP is due:
+ *               kvo_http_server_run)
  *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
+ *
+ *   HTTP is due once a request waits (looked for every HTTP_PEEK_US of
+ *   apply) or apply_budget_us has passed since HTTP was last served.
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
  * atomic counters. A full inbox (256k messages or 256 MiB, counting those
  * taken but not yet applied) makes on_msg wait (the loop is behind), so
  * nats.c's own pending limits take over and drop messages
  * (natsSubscription_GetDropped counts them; the loop logs every count that
- * rises). Messages apply in arrival order. The loop applies for at most
- * apply_budget_us before it serves HTTP and waiting queries again and
- * comes back at once for the rest, so a query never waits behind a whole
- * inbox of large applies. Nor behind one large envelope (128 events and
- * 8,192 blocks from a relay take milliseconds): the feed pauses between
- * two of its events (idx_feed_set_pause) and, once the budget has passed,
- * the loop answers the HTTP requests that came in (mid_envelope). Queries
+ * rises). Messages apply in arrival order. The loop applies until HTTP is
+ * due, serves HTTP and waiting queries, and comes back at once for the
+ * rest, so a query never waits behind a whole inbox of large applies. Nor
+ * behind one large envelope (128 events and 8,192 blocks from a relay take
+ * milliseconds): the feed pauses between two of its events
+ * (idx_feed_set_pause) and, when HTTP is due, the loop answers the
+ * requests that came in (mid_envelope). Queries
  * then see the envelope's first events; the KVO-Zmq-Seq watermark moves
  * only when the envelope is whole, so a query waiting for it is held until
  * the end of the slice (serve_waiters) and never sees half an envelope.
@@ -73,6 +76,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -178,6 +182,7 @@ typedef struct svc {
                              (log_nats_changes) */
     uint64_t nats_dropped;   /* natsSubscription_GetDropped, last read */
     uint64_t served_ns;      /* when HTTP was last served */
+    uint64_t peeked_ns;      /* when an apply last looked for requests */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
     bool recovery;                   /* on, and its subjects could be made */
@@ -640,18 +645,29 @@ static void process(svc *s, const inmsg *im) {
     }
 }
 
-/* Has apply_budget_us passed since HTTP was last served? */
-static bool budget_spent(const svc *s) {
-    return kvo_now_ns() - s->served_ns >=
-           (uint64_t)s->cfg->apply_budget_us * NS_PER_US;
+/* Should an apply stop for HTTP? Once apply_budget_us has passed since
+ * HTTP was last served; or sooner, as soon as a request is waiting: every
+ * HTTP_PEEK_US of apply it looks (one poll of the server's fd, ~1 us here,
+ * where reading the clock is 26 ns), so a query waits for the event being
+ * applied and at most HTTP_PEEK_US more, not for the whole budget. The
+ * budget still bounds apply when no one asks. */
+#define HTTP_PEEK_US 50
+static bool http_due(svc *s) {
+    uint64_t now = kvo_now_ns();
+    if (now - s->served_ns >= (uint64_t)s->cfg->apply_budget_us * NS_PER_US)
+        return true;
+    if (now - s->peeked_ns < HTTP_PEEK_US * NS_PER_US) return false;
+    s->peeked_ns = now;
+    struct pollfd p = {.fd = kvo_http_server_fd(s->http), .events = POLLIN};
+    return poll(&p, 1, 0) > 0;
 }
 
-/* Between two events of an envelope: once the budget is spent, answer what
- * came in (handlers only read the feed and the tree; waiting queries stay
- * held, as the watermark has not moved). */
+/* Between two events of an envelope: when HTTP is due, answer what came
+ * in (handlers only read the feed and the tree; waiting queries stay held,
+ * as the watermark has not moved). */
 static void mid_envelope(void *ctx) {
     svc *s = ctx;
-    if (!budget_spent(s)) return;
+    if (!http_due(s)) return;
     s->stats.apply_pauses++;
     kvo_http_server_run(s->http);
     s->served_ns = kvo_now_ns();
@@ -684,7 +700,7 @@ static bool drain_inbox(svc *s) {
         bytes += (size_t)natsMsg_GetDataLength(im->m);
         process(s, im);
         natsMsg_Destroy(im->m);
-        if (budget_spent(s)) break;
+        if (http_due(s)) break;
     }
     pthread_mutex_lock(&s->mu);
     s->work_left = s->work_n - s->work_i;

@@ -196,4 +196,4 @@ if ! "${on0[@]}" "$bin" service "$svc_size" "nats://127.0.0.1:$np" \
   exit 1
 fi
 grep -v '^metric' "$tmp/service" | sed 's/^/  /'
-echo "  (the loop serves HTTP every --apply-budget-us of apply, between two events of an envelope too)"
+echo "  (the loop serves HTTP when a request waits, looked for every 50 us of apply, or after --apply-budget-us of apply; between two events of an envelope too)"

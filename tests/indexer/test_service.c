@@ -959,31 +959,28 @@ static uint64_t chain_score(env *e, uint64_t c, uint64_t n) {
     return r;
 }
 
-/* Envelopes of many events, with --apply-budget-us 1: the loop serves
- * HTTP between their events (apply_pauses_total moves), and a query whose
- * KVO-Zmq-Seq wait an envelope covers sees all of that envelope, never a
- * part (fails when the watermark moves before the events are applied). */
-START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
-    enum { ENVS = 8, EVENTS = 64, BLOCKS = 64, PUB = 9, WORKER = 7 };
-    env e;
-    const char *extra[] = {"--apply-budget-us", "1", "--no-recovery", NULL};
-    env_start(&e, NULL, extra);
-    static wire_rblock b[EVENTS][BLOCKS];
-    wire_revent ev[EVENTS];
-    for (uint64_t k = 0; k < ENVS; k++) {
-        for (uint64_t j = 0; j < EVENTS; j++) {
-            uint64_t c = k * EVENTS + j; /* event j of envelope k: chain c */
-            for (uint64_t i = 0; i < BLOCKS; i++)
+/* Publish envelopes first..first+n-1 from publisher MID_PUB, each of
+ * MID_EVENTS stored events of worker MID_WORKER: event j of envelope k is
+ * chain k * MID_EVENTS + j, of MID_BLOCKS blocks; envelope k carries
+ * KVO-Zmq-Seq k-k. */
+enum { MID_EVENTS = 64, MID_BLOCKS = 64, MID_PUB = 9, MID_WORKER = 7 };
+static void publish_chain_envelopes(env *e, uint64_t first, uint64_t n) {
+    static wire_rblock b[MID_EVENTS][MID_BLOCKS];
+    wire_revent ev[MID_EVENTS];
+    for (uint64_t k = first; k < first + n; k++) {
+        for (uint64_t j = 0; j < MID_EVENTS; j++) {
+            uint64_t c = k * MID_EVENTS + j;
+            for (uint64_t i = 0; i < MID_BLOCKS; i++)
                 b[j][i] = (wire_rblock){chain_bh(c, i), chain_th(c, i)};
-            ev[j] = (wire_revent){.worker_id = WORKER,
+            ev[j] = (wire_revent){.worker_id = MID_WORKER,
                                   .event_id = c,
                                   .type = WIRE_R_STORED,
-                                  .n_blocks = BLOCKS,
+                                  .n_blocks = MID_BLOCKS,
                                   .blocks = b[j]};
         }
         size_t len;
         uint8_t *body =
-            tt_plane(PUB, k, 1700000000000ull + k, ev, EVENTS, &len);
+            tt_plane(MID_PUB, k, 1700000000000ull + k, ev, MID_EVENTS, &len);
         natsMsg *m;
         ck_assert_int_eq(
             natsMsg_Create(&m, SUBJECT, NULL, (const char *)body, (int)len),
@@ -992,11 +989,34 @@ START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
         snprintf(hdr, sizeof(hdr), "%llu-%llu", (unsigned long long)k,
                  (unsigned long long)k);
         ck_assert_int_eq(natsMsgHeader_Set(m, "KVO-Zmq-Seq", hdr), NATS_OK);
-        ck_assert_int_eq(natsConnection_PublishMsg(e.nc, m), NATS_OK);
+        ck_assert_int_eq(natsConnection_PublishMsg(e->nc, m), NATS_OK);
         natsMsg_Destroy(m);
         kvo_free(body);
     }
-    ck_assert_int_eq(natsConnection_FlushTimeout(e.nc, 10000), NATS_OK);
+    ck_assert_int_eq(natsConnection_FlushTimeout(e->nc, 10000), NATS_OK);
+}
+
+/* A counter of GET /metrics (the line "\n<name> <value>"). */
+static uint64_t metric_u64(env *e, const char *name) {
+    const char *m;
+    ck_assert_int_eq(get(e, "/metrics", &m), 200);
+    char key[128];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    const char *p = strstr(m, key);
+    ck_assert_msg(p != NULL, "no %s in /metrics", name);
+    return strtoull(p + strlen(key), NULL, 10);
+}
+
+/* Envelopes of many events, with --apply-budget-us 1: the loop serves
+ * HTTP between their events (apply_pauses_total moves), and a query whose
+ * KVO-Zmq-Seq wait an envelope covers sees all of that envelope, never a
+ * part (fails when the watermark moves before the events are applied). */
+START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
+    enum { ENVS = 8 };
+    env e;
+    const char *extra[] = {"--apply-budget-us", "1", "--no-recovery", NULL};
+    env_start(&e, NULL, extra);
+    publish_chain_envelopes(&e, 0, ENVS);
     /* While they apply: ask for the last chain of envelope k as soon as
      * its watermark is there (timeout 0: answered at once, covered or
      * not). Covered must mean all of it, whenever the question lands. */
@@ -1005,15 +1025,16 @@ START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
         char wait[128];
         snprintf(wait, sizeof(wait),
                  "\"wait\": {\"zmq_seq\": [[%d, %llu]], \"timeout_ms\": 0}",
-                 PUB, (unsigned long long)k);
-        char *out = chain_query(&e, k * EVENTS + EVENTS - 1, BLOCKS, wait);
+                 MID_PUB, (unsigned long long)k);
+        char *out =
+            chain_query(&e, k * MID_EVENTS + MID_EVENTS - 1, MID_BLOCKS, wait);
         json_object *j = json_tokener_parse(out);
         ck_assert_ptr_nonnull(j);
         if (json_object_get_boolean(tt_json_at(j, "covered"))) {
             json_object *sc = tt_json_at(j, "scores");
             ck_assert_msg(json_object_array_length(sc) == 1 &&
                               tt_json_u64(json_object_array_get_idx(sc, 0),
-                                          "blocks") == BLOCKS,
+                                          "blocks") == MID_BLOCKS,
                           "envelope %llu covered, but its last chain is not "
                           "all there: %s",
                           (unsigned long long)k, out);
@@ -1028,13 +1049,37 @@ START_TEST(service_answers_queries_in_the_middle_of_an_envelope) {
     wait_messages(&e, ENVS);
     json_object *c = get_json(&e, "/counters");
     ck_assert_uint_eq(tt_json_u64(tt_json_at(c, "blocks"), "stored"),
-                      (uint64_t)ENVS * EVENTS * BLOCKS);
+                      (uint64_t)ENVS * MID_EVENTS * MID_BLOCKS);
     json_object_put(c);
-    const char *m;
-    ck_assert_int_eq(get(&e, "/metrics", &m), 200);
-    const char *p = strstr(m, "\nkvo_indexer_apply_pauses_total ");
-    ck_assert_ptr_nonnull(p);
-    ck_assert_uint_gt(strtoull(p + 32, NULL, 10), 0);
+    ck_assert_uint_gt(metric_u64(&e, "kvo_indexer_apply_pauses_total"), 0);
+    ck_assert_int_eq(env_stop(&e), 0);
+}
+END_TEST
+
+/* With an apply budget of 1 s (the most), requests that come while envelopes apply
+ * are still answered between two of their events: an apply looks for
+ * waiting requests as it goes, not only when its budget is spent (fails
+ * then: apply_pauses_total stays 0). 128 envelopes of 4,096 blocks take
+ * tens of milliseconds to apply, and the requests start at once. */
+START_TEST(service_answers_a_request_waiting_behind_a_long_apply) {
+    enum { ENVS = 128 };
+    env e;
+    const char *extra[] = {"--apply-budget-us", "1000000", "--no-recovery",
+                           NULL};
+    env_start(&e, NULL, extra);
+    publish_chain_envelopes(&e, 0, ENVS);
+    uint64_t all = (uint64_t)ENVS * MID_EVENTS * MID_BLOCKS, pauses = 0;
+    uint64_t stored = 0;
+    for (int polls = 0; polls < 100000; polls++) { /* each is a request */
+        pauses = metric_u64(&e, "kvo_indexer_apply_pauses_total");
+        stored = metric_u64(&e, "kvo_indexer_blocks_total{op=\"stored\"}");
+        if (pauses || stored == all) break;
+    }
+    ck_assert_msg(pauses > 0,
+                  "no request was answered while blocks applied (%llu of "
+                  "%llu stored when the requests stopped)",
+                  (unsigned long long)stored, (unsigned long long)all);
+    wait_messages(&e, ENVS);
     ck_assert_int_eq(env_stop(&e), 0);
 }
 END_TEST
@@ -1242,6 +1287,7 @@ Suite *suite_service(void) {
     tcase_add_test(tc, service_bounds_publishers_and_pages_long_answers);
     tcase_add_test(tc, service_forgets_idle_publishers);
     tcase_add_test(tc, service_answers_queries_in_the_middle_of_an_envelope);
+    tcase_add_test(tc, service_answers_a_request_waiting_behind_a_long_apply);
     tcase_add_test(tc, service_reads_request_bodies_strictly);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("views");
