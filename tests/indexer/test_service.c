@@ -1059,10 +1059,10 @@ END_TEST
 /* With an apply budget of 1 s (the most), requests that come while envelopes apply
  * are still answered between two of their events: an apply looks for
  * waiting requests as it goes, not only when its budget is spent (fails
- * then: apply_pauses_total stays 0). 128 envelopes of 4,096 blocks take
- * tens of milliseconds to apply, and the requests start at once. */
+ * then: apply_pauses_total stays 0). 256 envelopes of 4,096 blocks take
+ * a tenth of a second or more to apply, and the requests start at once. */
 START_TEST(service_answers_a_request_waiting_behind_a_long_apply) {
-    enum { ENVS = 128 };
+    enum { ENVS = 256 };
     env e;
     const char *extra[] = {"--apply-budget-us", "1000000", "--no-recovery",
                            NULL};
