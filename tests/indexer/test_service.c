@@ -985,7 +985,7 @@ static void publish_chain_envelopes(env *e, uint64_t first, uint64_t n) {
         ck_assert_int_eq(
             natsMsg_Create(&m, SUBJECT, NULL, (const char *)body, (int)len),
             NATS_OK);
-        char hdr[32];
+        char hdr[48];
         snprintf(hdr, sizeof(hdr), "%llu-%llu", (unsigned long long)k,
                  (unsigned long long)k);
         ck_assert_int_eq(natsMsgHeader_Set(m, "KVO-Zmq-Seq", hdr), NATS_OK);
