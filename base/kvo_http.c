@@ -131,6 +131,8 @@ struct kvo_http_server {
     size_t max_body, max_inflight, inflight;
     uint64_t head_timeout_ns, body_timeout_ns, next_reap;
     uint64_t clock_ns, last_run_ns; /* the deadline clock (see the header) */
+    uint64_t peeked_ns;             /* kvo_http_server_due's last look */
+    bool waiting; /* it saw a request waiting (until the next run) */
     uint16_t port;
     int fd;
     bool resumed; /* a connection was resumed since the last run */
@@ -622,9 +624,20 @@ void kvo_http_server_run(kvo_http_server *s) {
     s->clock_ns +=
         gap < RUN_GAP_MAX_MS * 1000000ull ? gap : RUN_GAP_MAX_MS * 1000000ull;
     s->last_run_ns = now;
-    s->resumed = false;
+    s->resumed = s->waiting = false;
     MHD_run(s->d);
     reap(s);
+}
+
+bool kvo_http_server_due(kvo_http_server *s, uint64_t budget_us) {
+    if (s->waiting || s->resumed) return true;
+    uint64_t now = kvo_now_ns();
+    if (now - s->last_run_ns >= budget_us * 1000u) return true;
+    if (now - s->peeked_ns < KVO_HTTP_PEEK_US * 1000u) return false;
+    s->peeked_ns = now;
+    struct pollfd p = {.fd = s->fd, .events = POLLIN};
+    s->waiting = poll(&p, 1, 0) > 0;
+    return s->waiting;
 }
 
 /* ---- Request accessors --------------------------------------------------- */

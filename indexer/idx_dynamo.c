@@ -151,6 +151,8 @@ struct idx_dyn {
     relay_stats gone;    /* counters of listeners already freed */
     uint64_t requests[R_COUNT][2]; /* [route][GET 0 | POST 1] */
     uint64_t errors[R_COUNT][2];   /* [route][4xx 0 | 5xx 1] */
+    size_t next_worker;            /* where idx_dyn_run starts reading */
+    uint64_t apply_pauses;         /* runs that stopped reading for HTTP */
     kvo_ratelimit rl_note, rl_link;
 };
 
@@ -308,21 +310,34 @@ done:
     return st;
 }
 
-/* Everything the listener's sockets hold, to its pipe; true when some
- * socket had something. */
+/* Should reading stop for HTTP? As soon as a request waits, or once the
+ * apply budget has passed since HTTP was last served: a message read is
+ * applied at once (a full batch of the pipe publishes into the feed), so a
+ * backlog of thousands of them would otherwise hold a router's query for
+ * tens of milliseconds. */
+static bool http_due(idx_dyn *d) {
+    return kvo_http_server_due(d->http, d->cfg.apply_budget_us);
+}
+
+/* What the listener's sockets hold, to its pipe, until HTTP is due (one
+ * message at least, so that a client polling in a loop cannot stop the
+ * apply); true when both were found empty (dry), false when some had
+ * something or reading stopped for HTTP. */
 static bool listener_drain(idx_dyn *d, listener *l) {
-    bool any = false;
+    bool got = false;
     for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
         if (relay_source_recv_dealer(l->src, &d->rx) != KVO_OK) break;
         relay_pipe_replay(l->pipe, 0, d->rx.frames, d->rx.n, kvo_now_ns());
-        any = true;
+        got = true;
+        if (http_due(d)) return false;
     }
     for (int k = 0; k < DRAIN_PER_SOCKET; k++) {
         if (relay_source_recv_sub(l->src, &d->rx) != KVO_OK) break;
         relay_pipe_live(l->pipe, 0, d->rx.frames, d->rx.n, kvo_now_ns());
-        any = true;
+        got = true;
+        if (http_due(d)) return false;
     }
-    return any;
+    return !got;
 }
 
 /* What the sockets' monitors said: to the pipe, and to the status. */
@@ -1128,6 +1143,15 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
     kvo_status st = kvo_prom_status(&p);
     if (st == KVO_OK) st = index_prom(d, &b);
     if (st == KVO_OK) {
+        kvo_prom_init(&p, &b, "kvo_indexer_");
+        kvo_prom_counter(&p, "apply_pauses_total",
+                         "Times reading the listeners stopped to serve HTTP "
+                         "(a request waited, or the apply outlasted "
+                         "--apply-budget-us).",
+                         d->apply_pauses);
+        st = kvo_prom_status(&p);
+    }
+    if (st == KVO_OK) {
         relay_stats rs;
         pipes_stats(d, &rs);
         st = relay_stats_to_prom(&rs, &b);
@@ -1307,18 +1331,28 @@ void idx_dyn_run(idx_dyn *d) {
         idx_feed_set_clock(d->parts[i]->feed, now_ms);
         idx_feed_expire(d->parts[i]->feed);
     }
-    for (size_t i = 0; i < d->nworkers; i++)
+    for (size_t j = 0; j < d->nworkers; j++) {
+        size_t i = (d->next_worker + j) % d->nworkers;
+        bool due = false;
         for (size_t k = 0; k < d->workers[i]->n; k++) {
             listener *l = d->workers[i]->ls[k];
             if (!l->src) continue;
             bool dry = false;
-            for (int round = 0; round < DRAIN_ROUNDS && !dry; round++)
-                dry = !listener_drain(d, l);
+            for (int round = 0; round < DRAIN_ROUNDS && !dry && !due; round++) {
+                dry = listener_drain(d, l);
+                due = !dry && http_due(d);
+            }
             listener_links(d, l);
             relay_pipe_tick(l->pipe, kvo_now_ns());
             /* nothing more to read now: apply what is pending, so a query
              * right after sees it */
             if (dry) relay_pipe_flush(l->pipe);
         }
+        if (due) { /* the rest waits in the sockets; the next run goes on */
+            d->next_worker = (i + 1) % d->nworkers;
+            d->apply_pauses++;
+            break;
+        }
+    }
     kvo_http_server_run(d->http);
 }

@@ -594,10 +594,12 @@ kvo_status idx_metrics_text(idx_feed *f, const idx_service_stats *st,
 typedef struct idx_dyn idx_dyn;
 
 typedef struct idx_dyn_cfg {
-    const char *host;       /* bind address */
-    uint16_t port;          /* 0 = pick one */
-    uint32_t max_listeners; /* 0 = IDX_DYN_MAX_LISTENERS */
-    idx_feed_cfg feed;      /* each partition's feed */
+    const char *host;         /* bind address */
+    uint16_t port;            /* 0 = pick one */
+    uint32_t max_listeners;   /* 0 = IDX_DYN_MAX_LISTENERS */
+    uint32_t apply_budget_us; /* apply at most this long before serving
+                                 HTTP (sooner when a request waits) */
+    idx_feed_cfg feed;        /* each partition's feed */
 } idx_dyn_cfg;
 
 #define IDX_DYN_MAX_LISTENERS 256
@@ -614,8 +616,10 @@ size_t idx_dyn_max_items(const idx_dyn *d);
 size_t idx_dyn_pollitems(idx_dyn *d, void *items, size_t max);
 /* Milliseconds until idx_dyn_run is due again (-1 = no deadline). */
 long idx_dyn_timeout_ms(const idx_dyn *d);
-/* Read every socket, tell the pipes what their links did and the time,
- * publish what is pending, serve HTTP. Never blocks. */
+/* Read the sockets, tell the pipes what their links did and the time,
+ * publish what is pending, serve HTTP. Never blocks. Stops reading once
+ * HTTP is due (kvo_http_server_due) and serves it: what is left stays in
+ * the sockets for the next run, which starts at the next worker. */
 void idx_dyn_run(idx_dyn *d);
 
 /* ---- Test seam: the invariant walker -------------------------------------- */

@@ -10,7 +10,7 @@
  *               kvo_http_server_run)
  *         -> recovery timeouts -> waiting queries -> kvo_http_server_run
  *
- *   HTTP is due once a request waits (looked for every HTTP_PEEK_US of
+ *   HTTP is due once a request waits (looked for every KVO_HTTP_PEEK_US of
  *   apply) or apply_budget_us has passed since HTTP was last served.
  *
  * nats.c runs its own threads; its callbacks only queue messages or bump
@@ -76,7 +76,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -181,8 +180,6 @@ typedef struct svc {
         seen_inbox_drops;    /* other threads' counters, last polled values
                              (log_nats_changes) */
     uint64_t nats_dropped;   /* natsSubscription_GetDropped, last read */
-    uint64_t served_ns;      /* when HTTP was last served */
-    uint64_t peeked_ns;      /* when an apply last looked for requests */
     idx_service_stats stats; /* loop-owned parts: bad_requests, latency */
     uint64_t queries;
     bool recovery;                   /* on, and its subjects could be made */
@@ -645,21 +642,10 @@ static void process(svc *s, const inmsg *im) {
     }
 }
 
-/* Should an apply stop for HTTP? Once apply_budget_us has passed since
- * HTTP was last served; or sooner, as soon as a request is waiting: every
- * HTTP_PEEK_US of apply it looks (one poll of the server's fd, ~1 us here,
- * where reading the clock is 26 ns), so a query waits for the event being
- * applied and at most HTTP_PEEK_US more, not for the whole budget. The
- * budget still bounds apply when no one asks. */
-#define HTTP_PEEK_US 50
+/* Should an apply stop for HTTP? As soon as a request waits, or once
+ * apply_budget_us has passed since HTTP was last served. */
 static bool http_due(svc *s) {
-    uint64_t now = kvo_now_ns();
-    if (now - s->served_ns >= (uint64_t)s->cfg->apply_budget_us * NS_PER_US)
-        return true;
-    if (now - s->peeked_ns < HTTP_PEEK_US * NS_PER_US) return false;
-    s->peeked_ns = now;
-    struct pollfd p = {.fd = kvo_http_server_fd(s->http), .events = POLLIN};
-    return poll(&p, 1, 0) > 0;
+    return kvo_http_server_due(s->http, s->cfg->apply_budget_us);
 }
 
 /* Between two events of an envelope: when HTTP is due, answer what came
@@ -670,7 +656,6 @@ static void mid_envelope(void *ctx) {
     if (!http_due(s)) return;
     s->stats.apply_pauses++;
     kvo_http_server_run(s->http);
-    s->served_ns = kvo_now_ns();
 }
 
 /* Apply the inbox until apply_budget_us has passed since HTTP was last
@@ -1077,7 +1062,8 @@ kvo_status idx_metrics_text(idx_feed *feed, const idx_service_stats *s,
                      s->bad_requests);
     kvo_prom_counter(&p, "apply_pauses_total",
                      "Times HTTP was served between two events of one "
-                     "envelope (its apply outlasted --apply-budget-us).",
+                     "envelope (a request waited, or its apply outlasted "
+                     "--apply-budget-us).",
                      s->apply_pauses);
     kvo_prom_counter(&p, "http_connections_total", "TCP connections accepted.",
                      s->http.conns);
@@ -1226,6 +1212,7 @@ static kvo_status dynamo_setup(svc *s) {
     idx_dyn_cfg dc = {.host = host,
                       .port = port,
                       .max_listeners = cfg->dynamo_max_listeners,
+                      .apply_budget_us = cfg->apply_budget_us,
                       .feed = cfg->feed};
     kvo_status st = idx_dyn_new(&s->dyn, &dc);
     if (st != KVO_OK) {
@@ -1332,7 +1319,6 @@ kvo_status idx_service_run(const idx_service_cfg *cfg) {
         if (gone) log_expired(&s, gone);
         serve_waiters(&s);
         kvo_http_server_run(s.http);
-        s.served_ns = kvo_now_ns();
         log_nats_changes(&s);
     }
     if (kvo_stop) kvo_info("stopping");

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #define WAIT_POLLS 400 /* readiness polls (50 ms apart) before giving up */
 #define POLL_US 50000
@@ -22,12 +23,18 @@ typedef struct dy {
     kvo_http_resp resp;
 } dy;
 
-static void dy_start(dy *e) {
+/* kvo-indexer with --dynamo-http, and the arguments of extra (NULL: none,
+ * else NULL-terminated, at most 4). */
+static void dy_start_with(dy *e, const char *const *extra) {
     memset(e, 0, sizeof(*e));
     kt_nats_start(&e->nats);
-    const char *args[] = {
+    const char *args[16] = {
         "--nats",        e->nats.url,   "--http",        "127.0.0.1:0",
         "--dynamo-http", "127.0.0.1:0", "--no-recovery", NULL};
+    for (int i = 0; extra && extra[i]; i++) {
+        ck_assert_int_lt(i, 4);
+        args[7 + i] = extra[i];
+    }
     kt_proc_start(&e->idx, "kvo-indexer", args);
     uint16_t port = kt_proc_logged_port(
         &e->idx, "dynamo API listening on http://127.0.0.1:");
@@ -38,6 +45,8 @@ static void dy_start(dy *e) {
     ck_assert_int_eq(kvo_http_client_new(&e->c, 10000), KVO_OK);
     kvo_http_resp_init(&e->resp);
 }
+
+static void dy_start(dy *e) { dy_start_with(e, NULL); }
 
 static void dy_stop(dy *e) {
     kvo_http_resp_fini(&e->resp);
@@ -637,6 +646,94 @@ START_TEST(a_registered_mocker_is_indexed_until_unregistered) {
 }
 END_TEST
 
+/* A counter of GET /metrics (the line "\n<name> <value>"). */
+static uint64_t metric_u64(dy *e, const char *name) {
+    ck_assert_int_eq(call(e, "/metrics", NULL, NULL, 0), 200);
+    char key[128];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    const char *p = strstr(text(e), key);
+    ck_assert_msg(p != NULL, "no %s in /metrics", name);
+    return strtoull(p + strlen(key), NULL, 10);
+}
+
+/* With an apply budget of 1 s (the most), requests that come while a
+ * listener's backlog applies are still answered before the backlog is
+ * read: reading stops as soon as one waits (fails when only the budget
+ * lets HTTP in: apply_pauses_total stays 0). The test is the engine: an
+ * XPUB that sends 20,000 batches of one 32-block store (640,000 blocks,
+ * a tenth of a second or more to apply), then asks at once. */
+START_TEST(a_request_is_answered_while_a_backlog_applies) {
+    enum { BATCHES = 20000, BLOCKS = 32, BS = 16 };
+    dy e;
+    const char *extra[] = {"--apply-budget-us", "1000000", NULL};
+    dy_start_with(&e, extra);
+    void *zctx = zmq_ctx_new(), *xpub = zmq_socket(zctx, ZMQ_XPUB);
+    int zero = 0, wait_ms = 10000;
+    zmq_setsockopt(xpub, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(xpub, ZMQ_SNDHWM, &zero, sizeof(zero)); /* none dropped */
+    zmq_setsockopt(xpub, ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
+    ck_assert_int_eq(zmq_bind(xpub, "tcp://127.0.0.1:*"), 0);
+    char ep[64], body[256];
+    size_t eplen = sizeof(ep);
+    zmq_getsockopt(xpub, ZMQ_LAST_ENDPOINT, ep, &eplen);
+    snprintf(body, sizeof(body),
+             "{\"instance_id\": 5, \"endpoint\": \"%s\", \"model_name\": "
+             "\"m\", \"block_size\": %d}",
+             ep, BS);
+    expect(&e, "/register", body, 201, "{\"status\":\"ok\"}");
+    uint8_t sub[64];
+    ck_assert_msg(zmq_recv(xpub, sub, sizeof(sub), 0) >= 1,
+                  "the listener never subscribed");
+    wait_status(&e, "active");
+    static uint64_t tok[BLOCKS * BS];
+    wire_hash hs[BLOCKS];
+    wire_event ev = {.type = WIRE_EV_STORED,
+                     .layout = WIRE_LAYOUT_MAP,
+                     .n_hashes = BLOCKS,
+                     .hashes = hs,
+                     .n_tokens = BLOCKS * BS,
+                     .token_ids = tok,
+                     .block_size = {true, BS}};
+    wire_batch b;
+    wire_batch_init(&b);
+    kvo_buf out;
+    kvo_buf_init(&out);
+    for (uint64_t k = 0; k < BATCHES; k++) {
+        for (uint64_t i = 0; i < BLOCKS * BS; i++) tok[i] = k * 1000 + i;
+        for (uint64_t i = 0; i < BLOCKS; i++)
+            hs[i] = (wire_hash){.kind = WIRE_HASH_UINT, .key = k * 100 + i + 1};
+        b.ts = 1.0;
+        b.batch_len = 3;
+        b.n_events = 1;
+        b.events = &ev;
+        kvo_buf_reset(&out);
+        ck_assert_int_eq(wire_batch_encode(&b, WIRE_FMT_MAP, 0, &out), KVO_OK);
+        uint8_t seq[8];
+        wire_seq_put(seq, k);
+        ck_assert_int_ge(zmq_send(xpub, "", 0, ZMQ_SNDMORE), 0);
+        ck_assert_int_ge(zmq_send(xpub, seq, 8, ZMQ_SNDMORE), 0);
+        ck_assert_int_ge(zmq_send(xpub, out.data, out.len, 0), 0);
+    }
+    b.events = NULL; /* not the arena's */
+    b.n_events = 0;
+    wire_batch_fini(&b);
+    kvo_buf_fini(&out);
+    uint64_t all = (uint64_t)BATCHES * BLOCKS, pauses = 0, stored = 0;
+    for (int polls = 0; polls < 100000; polls++) { /* each is a request */
+        pauses = metric_u64(&e, "kvo_indexer_apply_pauses_total");
+        stored = metric_u64(&e, "kvo_indexer_blocks_total{op=\"stored\"}");
+        if (pauses || stored == all) break;
+    }
+    ck_assert_msg(pauses > 0,
+                  "no request was answered while blocks applied (%llu of "
+                  "%llu stored when the requests stopped)",
+                  (unsigned long long)stored, (unsigned long long)all);
+    zmq_close(xpub);
+    zmq_ctx_term(zctx);
+    dy_stop(&e);
+}
+END_TEST
+
 Suite *suite_dynamo(void) {
     Suite *s = suite_create("dynamo");
     TCase *t = tcase_create("api");
@@ -651,6 +748,7 @@ Suite *suite_dynamo(void) {
     TCase *e2e = tcase_create("mocker");
     tcase_set_timeout(e2e, 120);
     tcase_add_test(e2e, a_registered_mocker_is_indexed_until_unregistered);
+    tcase_add_test(e2e, a_request_is_answered_while_a_backlog_applies);
     suite_add_tcase(s, e2e);
     return s;
 }
