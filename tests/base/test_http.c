@@ -525,6 +525,47 @@ static kvo_http_server_stats stats_of(fix *f) {
 
 /* 2,000 half-open connections from one client: the others are still
  * served at once, and the hostile ones are cut after the head deadline. */
+/* kvo_http_server_due, for a loop that applies between runs: not due while
+ * nothing waits and the budget lasts; due once a client waits (looked for
+ * every KVO_HTTP_PEEK_US), and still due until the server runs; not due
+ * again once that client is served (a false "due" would cut every apply
+ * into 50 us pieces); due when the budget is spent. No thread runs the
+ * server here: the test is the loop. */
+START_TEST(due_says_when_a_request_waits_or_the_budget_is_spent) {
+    enum { BUDGET_US = 60000000, PAST_PEEK_US = 4 * KVO_HTTP_PEEK_US };
+    fix f;
+    memset(&f, 0, sizeof(f));
+    kvo_http_server_cfg cfg = {
+        .host = "127.0.0.1", .handler = on_req, .ctx = &f};
+    ck_assert_int_eq(kvo_http_server_new(&f.s, &cfg), KVO_OK);
+    kvo_http_server_run(f.s);
+    usleep(PAST_PEEK_US);
+    ck_assert(!kvo_http_server_due(f.s, BUDGET_US));
+    int fd = raw_connect(&f);
+    const char *get = "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+    raw_send(fd, get, strlen(get));
+    usleep(PAST_PEEK_US);
+    ck_assert(kvo_http_server_due(f.s, BUDGET_US));
+    ck_assert(kvo_http_server_due(f.s, BUDGET_US)); /* until it runs */
+    for (int i = 0; i < 100 && handler_calls(&f) == 0; i++) {
+        kvo_http_server_run(f.s);
+        usleep(1000);
+    }
+    ck_assert_int_eq(handler_calls(&f), 1);
+    char b[512];
+    ck_assert_int_gt(recv(fd, b, sizeof(b), 0), 0); /* the answer */
+    kvo_http_server_run(f.s);
+    usleep(PAST_PEEK_US);
+    ck_assert_msg(!kvo_http_server_due(f.s, BUDGET_US),
+                  "due with nothing waiting: an idle keep-alive connection "
+                  "makes the server's fd readable");
+    usleep(2000);
+    ck_assert(kvo_http_server_due(f.s, 1000)); /* 1 ms spent */
+    close(fd);
+    kvo_http_server_free(f.s);
+}
+END_TEST
+
 START_TEST(half_open_connections_cannot_starve_other_clients) {
     enum { HOSTILE = 2000 };
     fix f;
@@ -899,6 +940,7 @@ Suite *suite_http(void) {
     TCase *tc = tcase_create("http");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, get_post_json_and_404_round_trip);
+    tcase_add_test(tc, due_says_when_a_request_waits_or_the_budget_is_spent);
     tcase_add_test(tc, request_headers_and_query_args_reach_the_handler);
     tcase_add_test(tc, oversized_body_gets_413_without_reaching_the_handler);
     tcase_add_test(tc, half_open_connections_cannot_starve_other_clients);
