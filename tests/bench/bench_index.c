@@ -514,13 +514,14 @@ static void report(const wl *w, pass *p, bool is_floor) {
     metric("score_sum", (double)p->sum);
     metric("score_entries", (double)p->entries);
     printf("remove: %llu blocks in %.1f ms: %.2f M blocks/s (thread CPU %.1f "
-           "ms); pairs left %llu, nodes left %llu\n",
+           "ms; %ld page faults); pairs left %llu, nodes left %llu\n",
            (unsigned long long)p->removed, p->remove.wall_ns / 1e6,
            mops(p->removed, p->remove.wall_ns), p->remove.cpu_ns / 1e6,
-           (unsigned long long)p->pairs_left,
+           p->remove.faults, (unsigned long long)p->pairs_left,
            (unsigned long long)p->nodes_left);
     metric("remove_mbps", mops(p->removed, p->remove.wall_ns));
     metric("remove_cpu_mbps", mops(p->removed, p->remove.cpu_ns));
+    metric("remove_faults", (double)p->remove.faults);
 }
 
 /* ---- The service under a streaming apply ------------------------------------ */

@@ -119,7 +119,7 @@ for size in $sizes; do
     row "$size $proto" "tree: median (min-max)" "floor" "/floor" "anchor" "/anchor" "goal (anchor: Dynamo compressed, another run)"
     for m in apply_mops apply_cpu_mops apply_max_us hit_p50_us hit_p99_us prefix_p50_us prefix_p99_us \
              random_p50_us random_p99_us queries_kps remove_mbps remove_cpu_mbps \
-             bytes_per_pair peak_rss_mb apply_faults query_faults; do
+             bytes_per_pair peak_rss_mb apply_faults query_faults remove_faults; do
       if [ "$proto" = warm ]; then
         case $m in bytes_per_pair|peak_rss_mb) continue ;; esac
       fi
@@ -148,6 +148,7 @@ for size in $sizes; do
         peak_rss_mb) label="peak RSS, MB" ;;
         apply_faults) label="page faults in apply" ;;
         query_faults) label="page faults in queries" ;;
+        remove_faults) label="page faults in remove" ;;
       esac
       fr=$(ratio "$t" "$f")
       case $m in remove_*|peak_rss_mb) f="-"; fr="-" ;; esac
