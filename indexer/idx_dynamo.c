@@ -1102,6 +1102,11 @@ static kvo_status index_prom(idx_dyn *d, kvo_buf *b) {
     kvo_prom p;
     kvo_prom_init(&p, b, "kvo_indexer_");
     idx_prom_index(&p, &c, &st, &f);
+    kvo_prom_counter(&p, "apply_pauses_total",
+                     "Times reading the listeners stopped to serve HTTP (a "
+                     "request waited, or the apply outlasted "
+                     "--apply-budget-us).",
+                     d->apply_pauses);
     return kvo_prom_status(&p);
 }
 
@@ -1142,15 +1147,6 @@ static void do_metrics(idx_dyn *d, kvo_http_req *r) {
         kvo_prom_u64(&p, "listeners", by[s], "status=\"%s\"", lstatus_names[s]);
     kvo_status st = kvo_prom_status(&p);
     if (st == KVO_OK) st = index_prom(d, &b);
-    if (st == KVO_OK) {
-        kvo_prom_init(&p, &b, "kvo_indexer_");
-        kvo_prom_counter(&p, "apply_pauses_total",
-                         "Times reading the listeners stopped to serve HTTP "
-                         "(a request waited, or the apply outlasted "
-                         "--apply-budget-us).",
-                         d->apply_pauses);
-        st = kvo_prom_status(&p);
-    }
     if (st == KVO_OK) {
         relay_stats rs;
         pipes_stats(d, &rs);

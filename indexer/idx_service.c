@@ -658,8 +658,7 @@ static void mid_envelope(void *ctx) {
     kvo_http_server_run(s->http);
 }
 
-/* Apply the inbox until apply_budget_us has passed since HTTP was last
- * served (one message at least): take the inbox when the last one taken
+/* Apply the inbox until HTTP is due (one message at least): take the inbox when the last one taken
  * is done, apply in order, and say how much is still taken (on_msg counts
  * it in the inbox's bound). true when messages are waiting: the loop
  * comes back without polling. */

@@ -256,8 +256,13 @@ static uint32_t free_take(idx_tree *t) {
     return n;
 }
 
+/* Is a node free? (Nodes being freed still count as live.) */
+static inline bool nodes_free(const idx_tree *t) {
+    return t->nd_live + 1 < t->nd_len;
+}
+
 static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
-    if (t->nd_live + 1 < t->nd_len && more <= 1) return KVO_OK; /* a free */
+    if (nodes_free(t) && more <= 1) return KVO_OK;
     if (more > MAX_INDEX - t->nd_len) return KVO_ETOOBIG;
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
@@ -276,7 +281,7 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
 }
 
 static uint32_t node_new(idx_tree *t, uint64_t bh, uint64_t th) {
-    uint32_t n = t->nd_live + 1 < t->nd_len ? free_take(t) : t->nd_len++;
+    uint32_t n = nodes_free(t) ? free_take(t) : t->nd_len++;
     ND(t, n) = (node){th, NIL, NIL};
     NS(t, n) = (nside){bh, NIL, NIL};
     REFS(t, n) = 0;
