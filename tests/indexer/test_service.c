@@ -1085,6 +1085,8 @@ START_TEST(service_answers_a_request_waiting_behind_a_long_apply) {
                   "%llu stored when the requests stopped)",
                   (unsigned long long)stored, (unsigned long long)all);
     wait_messages(&e, ENVS);
+    ck_assert_uint_eq(metric_u64(&e, "kvo_indexer_blocks_total{op=\"stored\"}"),
+                      all);
     ck_assert_int_eq(env_stop(&e), 0);
 }
 END_TEST
