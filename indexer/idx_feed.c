@@ -413,7 +413,6 @@ kvo_status idx_feed_live(idx_feed *f, const char *subject, const uint8_t *body,
                          kvo_err *err) {
     idx_feed_result r;
     memset(&r, 0, sizeof(r));
-    f->c.messages++;
     kvo_status s = wire_plane_decode(body, len, &f->lim, &f->msg, err);
     if (s != KVO_OK) {
         r.undecodable = s != KVO_ENOMEM;
@@ -421,6 +420,10 @@ kvo_status idx_feed_live(idx_feed *f, const char *subject, const uint8_t *body,
     } else {
         s = idx_feed_live_decoded(f, subject, body, len, zmq_seq, false, &r);
     }
+    /* counted once handled, with its outcome: HTTP served between two
+     * events of the envelope (the feed's pause) must not show a client
+     * that waits for a message count a message half applied */
+    f->c.messages++;
     if (res) *res = r;
     return s;
 }
