@@ -891,10 +891,10 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
  * whole when the slab first grows (address space, not memory: the memory
  * comes at first touch), so an element never moves and is one
  * multiply-add away. Its first 64 KiB are small pages (a small tree stays
- * small), the rest huge pages. It grows in pieces, whole huge pages from
- * HUGE_BYTES on and pages (doubling) below: the capacity counted, and
- * under strict overcommit (where a writable range is charged whole) what
- * is opened. Where address space is short the range is what the kernel
+ * small), the rest huge pages (unless small is set). It grows in pieces,
+ * whole huge pages from HUGE_BYTES on and pages (doubling) below: the
+ * capacity counted, and under strict overcommit (where a writable range
+ * is charged whole) what is opened. Where address space is short the range is what the kernel
  * gave, and the slab cannot grow past it. */
 typedef struct slab {
     /* A pointer type, not an integer: a store to a node's u64 field then
@@ -905,6 +905,9 @@ typedef struct slab {
     uint32_t cap;    /* elements usable */
     bool open;       /* the whole range is writable (else opened up to
                         usable, by mprotect: strict overcommit) */
+    bool small;      /* small pages only (set before the first reserve): a
+                        slab of small elements, whose partly used last huge
+                        page would cost more than its faults save */
 } slab;
 
 static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {
@@ -926,22 +929,49 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
 #define SET_MIN_WORDS 4    /* words of class 0: a header and 3 slots */
 #define SET_CLASS_SHIFT 24 /* set header word: class << 24 | count */
 #define SET_MAX_COUNT 0xFFFFFFu
-#define REFS_SPILL 255 /* refs[] is a u8; from 255 on, ov[] counts the rest */
 
-/* A node is two records of 16 bytes at the same index, in two arrays: what
- * a query's walk reads (node), and the rest (nside), so that a walk along
- * a chain streams half the bytes and a step off it costs one line. */
-typedef struct node {
-    uint64_t tokens_hash;
-    uint32_t wset;
-    uint32_t child;
-} node;
+/* A node is 20 bytes at one u32 index, in three slabs: its two hashes,
+ * tok[] and blk[] (u64), and a meta word, meta[] (u32), which holds the
+ * node's links, worker set and reference count either in place ("lean")
+ * or, when one of them does not fit, as the index of a fat record:
+ *
+ *   lean  31 30 29 28 27   24 23                                   0
+ *         +--+-----+--+------+--------------------------------------+
+ *         | 0|par. |ch| refs |  wset: one slot; M_WSET: none        |
+ *         +--+-----+--+------+--------------------------------------+
+ *   fat   | 1|            index into fat[]                          |
+ *         +--+------------------------------------------------------+
+ *
+ *   par.  the parent: P_NIL none, P_PREV n - 1, P_DEAD free or being freed
+ *   ch    the first child edge is n + 1 (else none)
+ *   lean  also means next = NIL: n is the last of its parent's list
+ *
+ * A chain stored in one event is n, n + 1, ... (the lowest free indexes),
+ * each the lone child of the one before and held by one worker: lean all
+ * along. Fat are the nodes with siblings, two workers or more, a parent
+ * elsewhere, or more than M_REFS_MAX references; a node stays fat until it
+ * is freed. */
+#define M_FAT 0x80000000u
+#define M_PARENT_SHIFT 29
+#define M_PARENT (3u << M_PARENT_SHIFT)
+#define P_NIL 0u
+#define P_PREV 1u
+#define P_DEAD 2u
+#define M_CHILD 0x10000000u
+#define M_REFS_SHIFT 24
+#define M_REFS_MAX 15u
+#define M_REFS (M_REFS_MAX << M_REFS_SHIFT)
+#define M_WSET 0x00FFFFFFu /* slots are below MAX_SLOTS < M_WSET */
+#define M_NEW (P_NIL << M_PARENT_SHIFT | M_WSET) /* no link, worker, ref */
 
-typedef struct nside {
-    uint64_t block_hash;
-    uint32_t parent;
-    uint32_t next;
-} nside;
+typedef struct fat {
+    uint32_t parent; /* NIL: none; DEAD: free or being freed */
+    uint32_t child;  /* first edge of the child list */
+    uint32_t next;   /* following edge in the parent's list */
+    uint32_t wset;   /* NIL, a slot, or TAG|offset of a pooled set; DEAD:
+                        a free record (next links the free list) */
+    uint32_t refs;   /* lookup entries + alias edges naming the node */
+} fat;
 
 typedef struct ealias {
     uint64_t tokens_hash;
@@ -973,17 +1003,12 @@ typedef struct wslot {
     tab look;        /* this worker's lookup: block_hash -> lookup ref */
 } wslot;
 
-typedef struct ovf {
-    uint32_t node;
-    uint32_t extra; /* refs beyond 255 */
-} ovf;
-
 #define FREE_LEVELS 3 /* a bit per node, per word, per word of words */
 
 struct idx_tree {
-    slab nd;   /* node, by index */
-    slab ns;   /* nside, by node index; same capacity as nd */
-    slab refs; /* uint8_t, by node index; same capacity as nd */
+    slab tok;  /* u64 tokens_hash, by node index */
+    slab blk;  /* u64 block_hash, by node index; same capacity as tok */
+    slab meta; /* u32 meta word, by node index; same capacity as tok */
     /* The free node indexes: a bitmap of FREE_LEVELS levels of u64 words
      * (idx_tree.c, "Free nodes"); no index below nd_low is free. */
     slab free[FREE_LEVELS];
@@ -999,8 +1024,8 @@ struct idx_tree {
     uint32_t sp_step; /* words one set growth may take */
     uint32_t sp_free[SET_CLASSES];
 
-    ovf *ov;
-    uint32_t ov_len, ov_cap;
+    fat *fat; /* fat node records; free ones link through next */
+    uint32_t fat_len, fat_cap, fat_free, fat_live;
 
     tab edges;
 
@@ -1026,15 +1051,39 @@ struct idx_tree {
     idx_counters c;
 };
 
-static inline node *nd_at(const idx_tree *t, uint32_t n) {
-    return (node *)slab_at(&t->nd, n, sizeof(node));
+#define TOK(t, n) (*(uint64_t *)slab_at(&(t)->tok, (n), sizeof(uint64_t)))
+#define BLK(t, n) (*(uint64_t *)slab_at(&(t)->blk, (n), sizeof(uint64_t)))
+#define META(t, n) (*(uint32_t *)slab_at(&(t)->meta, (n), sizeof(uint32_t)))
+
+/* ---- A node's fields, read through its meta word (lean or fat) --------- */
+
+static inline const fat *fat_of(const idx_tree *t, uint32_t m) {
+    return &t->fat[m & ~M_FAT];
 }
-static inline nside *ns_at(const idx_tree *t, uint32_t n) {
-    return (nside *)slab_at(&t->ns, n, sizeof(nside));
+static inline uint32_t nd_parent(const idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n), k = (m & M_PARENT) >> M_PARENT_SHIFT;
+    if (m & M_FAT) return fat_of(t, m)->parent;
+    return k == P_PREV ? n - 1 : k == P_DEAD ? DEAD : NIL;
 }
-static inline uint8_t *refs_at(const idx_tree *t, uint32_t n) {
-    return (uint8_t *)slab_at(&t->refs, n, 1);
+static inline uint32_t nd_child(const idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (m & M_FAT) return fat_of(t, m)->child;
+    return (m & M_CHILD) ? n + 1 : NIL;
 }
+static inline uint32_t nd_next(const idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    return (m & M_FAT) ? fat_of(t, m)->next : NIL;
+}
+static inline uint32_t nd_wset(const idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (m & M_FAT) return fat_of(t, m)->wset;
+    return (m & M_WSET) == M_WSET ? NIL : (m & M_WSET);
+}
+static inline uint32_t nd_refs(const idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    return (m & M_FAT) ? fat_of(t, m)->refs : (m & M_REFS) >> M_REFS_SHIFT;
+}
+
 /* The words level k of the free-node bitmap needs to cover n nodes. */
 static inline uint32_t free_words(uint32_t n, int k) {
     uint32_t shift = 6 * (uint32_t)(k + 1);
@@ -1044,9 +1093,6 @@ static inline uint32_t free_words(uint32_t n, int k) {
 static inline uint64_t *free_word(const idx_tree *t, int k, uint32_t i) {
     return (uint64_t *)slab_at(&t->free[k], i, sizeof(uint64_t));
 }
-#define ND(t, n) (*nd_at((t), (n)))
-#define NS(t, n) (*ns_at((t), (n)))
-#define REFS(t, n) (*refs_at((t), (n)))
 
 /* The hash of the tables' keys (and of the worker map's). */
 static inline uint64_t mix(uint64_t a, uint32_t b) {
@@ -1063,16 +1109,16 @@ static inline uint64_t mix(uint64_t a, uint32_t b) {
 /* ---- Edge refs: n = n's primary edge, TAG|i = alias edge ea[i] ---------- */
 
 static inline uint32_t edge_next(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].next : NS(t, e).next;
+    return (e & TAG) ? t->ea[e & ~TAG].next : nd_next(t, e);
 }
 static inline uint64_t edge_key(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : ND(t, e).tokens_hash;
+    return (e & TAG) ? t->ea[e & ~TAG].tokens_hash : TOK(t, e);
 }
 static inline uint32_t edge_child(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].child : e;
 }
 static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
-    return (e & TAG) ? t->ea[e & ~TAG].parent : NS(t, e).parent;
+    return (e & TAG) ? t->ea[e & ~TAG].parent : nd_parent(t, e);
 }
 
 /* Does edge ref v name the key (tokens_hash th, parent p)? */
@@ -1092,18 +1138,14 @@ static inline uint32_t look_node(const idx_tree *t, uint32_t v) {
     return (v & TAG) ? t->la[v & ~TAG].node : v;
 }
 static inline uint64_t look_block_hash(const idx_tree *t, uint32_t v) {
-    return (v & TAG) ? t->la[v & ~TAG].block_hash : NS(t, v).block_hash;
+    return (v & TAG) ? t->la[v & ~TAG].block_hash : BLK(t, v);
 }
-/* An inline entry's slot is its node's single worker. */
-static inline uint32_t look_slot(const idx_tree *t, uint32_t v) {
-    return (v & TAG) ? t->la[v & ~TAG].slot : ND(t, v).wset;
-}
-
-/* Does lookup ref v name the key (block_hash bh, slot w)? */
+/* Does lookup ref v, an entry of slot w's table, name block_hash bh? (Every
+ * entry of ws[w].look is w's: the table says the slot.) */
 static inline bool look_eq(const void *owner, uint32_t v, uint64_t bh,
                            uint32_t w) {
-    const idx_tree *t = owner;
-    return look_block_hash(t, v) == bh && look_slot(t, v) == w;
+    (void)w;
+    return look_block_hash(owner, v) == bh;
 }
 
 /* The position of (w, bh) in look, whose hash h = mix(bh, w), or NIL. */
@@ -1129,21 +1171,6 @@ static inline uint32_t class_words(uint32_t cls) {
 }
 static inline uint32_t class_items(uint32_t cls) {
     return class_words(cls) - 1;
-}
-
-/* ---- Reference counts beyond 255: ov[], sorted by node ------------------ */
-
-/* Where node n is in ov, or would be inserted. */
-static inline uint32_t ov_find(const idx_tree *t, uint32_t n) {
-    uint32_t lo = 0, hi = t->ov_len;
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (t->ov[mid].node < n)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /* ---- Worker map: (worker_id, dp_rank, tier) -> slot, linear probing ----- */

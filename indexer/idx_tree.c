@@ -58,42 +58,43 @@
  *
  * Layout
  * ------
- *   nd[], ns[]  a node is two 16-byte records at one u32 index, in two
- *            slabs; 0 is the root. What a query's walk reads is in nd[]
- *            (node), the rest in ns[] (nside), so a walk along a chain
- *            streams 16 bytes a block and a step off the chain is one line.
- *            Slabs (idx_int.h): each is one address range reserved whole at
- *            the first growth and made usable as it fills, so growth copies
- *            nothing, leaves no moved pages behind, and a record is one
- *            multiply-add away; from 2 MiB on they grow by huge pages.
+ *   tok[], blk[], meta[]  a node is 20 bytes at one u32 index, in three
+ *            slabs; 0 is the root. A query's walk along a chain streams
+ *            tok[] and meta[] (12 bytes a block). Slabs (idx_int.h): each
+ *            is one address range reserved whole at the first growth and
+ *            made usable as it fills, so growth copies nothing, leaves no
+ *            moved pages behind, and a record is one multiply-add away;
+ *            from 2 MiB on tok[] and blk[] grow by huge pages (meta[] stays
+ *            on small ones).
  *
- *       nd  0             8      12      16     ns  0            8        12     16
- *           +-------------+------+-------+          +------------+--------+------+
- *           | tokens_hash | wset | child |          | block_hash | parent | next |
- *           +-------------+------+-------+          +------------+--------+------+
+ *       tok  0             8   blk  0            8   meta  0      4
+ *            +-------------+        +------------+         +------+
+ *            | tokens_hash |        | block_hash |         | meta |
+ *            +-------------+        +------------+         +------+
  *
+ *     The meta word holds the node's fields in place ("lean": the parent
+ *     is none or n - 1, the first child none or n + 1, no next sibling, at
+ *     most one worker, at most 15 references) or names a fat record in
+ *     fat[] that holds them all (idx_int.h draws both). A chain stored by
+ *     one worker in one event is lean all along: 20 bytes a block.
  *     parent, tokens_hash  the node's primary edge (parent NIL: none; DEAD:
- *                          the node is free or being freed)
+ *                          the node is free or being freed, and then
+ *                          tok[] holds the dying stack's link)
  *     wset    NIL: no worker; < 2^31: the single worker slot; TAG|off: a
  *             sorted array of 2+ slots in the set pool sp[] (header word =
  *             class << 24 | count)
  *     child   first edge of this node's child list
- *     next    the following edge in the parent's child list (primary edge);
- *             the dying-stack link of a node being freed (then stale)
- *   refs[]   u8 per node, a slab like nd: lookup entries + alias edges
- *            pointing at it (from 255 on, the rest is counted in the sorted
- *            side array ov[])
+ *     next    the following edge in the parent's child list (primary edge)
+ *     refs    lookup entries + alias edges pointing at the node
  *   free[]   the free node indexes, a bitmap in three levels of slabs; a
  *            new node takes the lowest ("Free nodes" below)
  *
  *   An edge is named by a u32 "ref": a node index n is n's primary edge;
  *   TAG|i is ea[i], an alias edge {tokens_hash, parent, child, next} for a
  *   node's second (third...) parent. A lookup entry is named the same way:
- *   n is the inline entry (n's single worker, n.block_hash) -> n; TAG|i is
- *   la[i] = {block_hash, slot, node}, for entries that cannot be inlined
- *   (node shared by several workers, or a block_hash other than the node's);
- *   an inline entry is turned into an alias record before its node's set
- *   stops being that one worker.
+ *   in slot w's table, n is the inline entry (w, n.block_hash) -> n; TAG|i
+ *   is la[i] = {block_hash, slot, node}, for an entry whose block_hash is
+ *   not its node's (inconsistent streams: a block stored at two nodes).
  *
  *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
  *            parents with two children or more. A lone child is found
@@ -106,21 +107,21 @@
  *   The tables are bucketized cuckoo hash tables of u32 refs (idx_table.c
  *   draws them): an entry is a tag (the top half of the key's hash) and a
  *   ref, and the key itself is read from the node or alias record the ref
- *   names. A single-worker block costs 16 + 16 + 1 bytes of slab plus one
- *   lookup slot (8 bytes / load, load 0.47 to 0.94): 41.5 to 50 bytes per
- *   (block, worker), plus at most 2 MiB per array of huge-page tail.
+ *   names. A lean block costs 20 bytes of slab plus one lookup slot (8
+ *   bytes / load, load 0.47 to 0.94): 28.5 to 37 bytes per (block,
+ *   worker), plus at most 2 MiB per huge-page slab of tail (W1: 31.7 at
+ *   0.8 M pairs, 31.6 at 12.6 M).
  *
  * Invariants (idx_tree_check, in idx_verify.c, verifies all of them)
  * ----------
  *  I1 a live node with parent != NIL appears exactly once, as itself, in
- *     nd[parent]'s child list; alias edges appear once in ea[].parent's list.
+ *     its parent's child list; alias edges appear once in ea[].parent's list.
  *  I2 keys are unique within a child list; the edges of a list of 2+ are all
  *     in `edges`, those of a list of 1 are not.
- *  I3 an inline lookup ref n sits at key (nd[n].wset, nd[n].block_hash), in
- *     the table of slot nd[n].wset, and nd[n].wset is a single slot; every
- *     entry of ws[w].look is w's; every lookup key is unique; per-slot entry
- *     counts equal ws[].blocks and their sum equals pairs.
- *  I4 refs[n] (+ ov) = lookup entries naming n + alias edges to n.
+ *  I3 an inline lookup ref n in slot w's table sits at key (w,
+ *     blk[n]); every entry of ws[w].look is w's; every lookup key is unique;
+ *     per-slot entry counts equal ws[].blocks and their sum equals pairs.
+ *  I4 refs of n = lookup entries naming n + alias edges to n.
  *  I5 a live node other than the root has parent != NIL or refs > 0 (else it
  *     would have been freed); nothing is left on the dying stack.
  *  I6 worker sets are sorted, duplicate-free, of 2+ valid slots.
@@ -130,6 +131,8 @@
  *  I8 free nodes are exactly the bits of free[0], each level's bits are its
  *     lower level's non-zero words, no free node lies below nd_low; free
  *     alias records are exactly those on their free lists.
+ *  I9 a fat record belongs to one live node; free fat records are exactly
+ *     those on their free list; lean meta words decode to valid fields.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
 #include "idx_int.h"
@@ -139,6 +142,7 @@
 
 #define MAX_INDEX 0x7FFFFF00u /* nodes, alias records, set-pool words */
 #define MAX_SLOTS 0x00FFFFF0u /* worker slots: about 2^24 workers */
+_Static_assert(MAX_SLOTS < M_WSET, "a slot fits in a lean meta word");
 #define POOL_FIRST_CAP 64     /* entries of a pool's first allocation */
 #define SLOTS_FIRST_CAP 16    /* worker slots allocated at first */
 #define WMAP_FIRST_CAP 32     /* worker map entries at first (power of 2) */
@@ -172,11 +176,11 @@ look_prefetch_second(const idx_tree *t, uint32_t w, uint64_t h) {
  * is looked at first: when its key is th it is the one (keys are unique in
  * a list, I2), found without the table or the side records. */
 static inline uint32_t child_find(const idx_tree *t, uint32_t p, uint64_t th) {
-    uint32_t e = ND(t, p).child;
+    uint32_t e = nd_child(t, p);
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
-        if (ND(t, e).tokens_hash == th) return e;
-        if (NS(t, e).next == NIL) return NIL;
+        if (TOK(t, e) == th) return e;
+        if (nd_next(t, e) == NIL) return NIL;
     } else {
         const ealias *a = &t->ea[e & ~TAG];
         if (a->tokens_hash == th) return a->child;
@@ -266,13 +270,12 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
     if (more > MAX_INDEX - t->nd_len) return KVO_ETOOBIG;
     uint32_t need = t->nd_len + more;
     if (need <= t->nd_cap) return KVO_OK;
-    kvo_status s = idx_slab_reserve(&t->nd, need, MAX_INDEX, sizeof(node));
-    if (s == KVO_OK)
-        s = idx_slab_reserve(&t->ns, need, MAX_INDEX, sizeof(nside));
-    if (s == KVO_OK) s = idx_slab_reserve(&t->refs, need, MAX_INDEX, 1);
+    kvo_status s = idx_slab_reserve(&t->tok, need, MAX_INDEX, 8);
+    if (s == KVO_OK) s = idx_slab_reserve(&t->blk, need, MAX_INDEX, 8);
+    if (s == KVO_OK) s = idx_slab_reserve(&t->meta, need, MAX_INDEX, 4);
     if (s != KVO_OK) return s; /* one may have grown already: harmless */
-    uint32_t cap = t->nd.cap < t->ns.cap ? t->nd.cap : t->ns.cap;
-    if (t->refs.cap < cap) cap = t->refs.cap;
+    uint32_t cap = t->tok.cap < t->blk.cap ? t->tok.cap : t->blk.cap;
+    if (t->meta.cap < cap) cap = t->meta.cap;
     for (int k = 0; k < FREE_LEVELS && s == KVO_OK; k++)
         s = idx_slab_reserve(&t->free[k], free_words(cap, k),
                              free_words(MAX_INDEX, k), sizeof(uint64_t));
@@ -282,9 +285,9 @@ static kvo_status nodes_reserve(idx_tree *t, uint32_t more) {
 
 static uint32_t node_new(idx_tree *t, uint64_t bh, uint64_t th) {
     uint32_t n = nodes_free(t) ? free_take(t) : t->nd_len++;
-    ND(t, n) = (node){th, NIL, NIL};
-    NS(t, n) = (nside){bh, NIL, NIL};
-    REFS(t, n) = 0;
+    TOK(t, n) = th;
+    BLK(t, n) = bh;
+    META(t, n) = M_NEW;
     t->nd_live++;
     return n;
 }
@@ -328,36 +331,101 @@ static void la_release(idx_tree *t, uint32_t a) {
     t->la_live--;
 }
 
-/* ---- Reference counts --------------------------------------------------- */
+/* ---- Fat records and the fields' setters ------------------------------- */
 
-static void ref_inc(idx_tree *t, uint32_t n) {
-    if (REFS(t, n) < REFS_SPILL) {
-        REFS(t, n)++;
-        return;
-    }
-    uint32_t i = ov_find(t, n);
-    if (i < t->ov_len && t->ov[i].node == n) {
-        t->ov[i].extra++;
-        return;
-    }
-    memmove(&t->ov[i + 1], &t->ov[i], (t->ov_len - i) * sizeof(ovf));
-    t->ov[i] = (ovf){n, 1};
-    t->ov_len++;
+/* Room for `more` nodes to turn fat without failing. */
+static kvo_status fat_reserve(idx_tree *t, uint32_t more) {
+    if (t->fat_cap - t->fat_live >= more) return KVO_OK;
+    if (more > MAX_INDEX - t->fat_live) return KVO_ETOOBIG;
+    return grow((void **)&t->fat, &t->fat_cap, t->fat_len + more, sizeof(fat));
 }
 
-static void ref_dec(idx_tree *t, uint32_t n) {
-    if (REFS(t, n) == REFS_SPILL) {
-        uint32_t i = ov_find(t, n);
-        if (i < t->ov_len && t->ov[i].node == n) {
-            if (--t->ov[i].extra == 0) {
-                memmove(&t->ov[i], &t->ov[i + 1],
-                        (t->ov_len - i - 1) * sizeof(ovf));
-                t->ov_len--;
-            }
+/* n's fat record, made from its lean fields when it has none (reserved:
+ * fat_reserve). */
+static fat *nd_fat(idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n), i;
+    if (m & M_FAT) return &t->fat[m & ~M_FAT];
+    if (t->fat_free != NIL) {
+        i = t->fat_free;
+        t->fat_free = t->fat[i].next;
+    } else {
+        i = t->fat_len++;
+    }
+    t->fat[i] = (fat){nd_parent(t, n), nd_child(t, n), NIL, nd_wset(t, n),
+                      nd_refs(t, n)};
+    META(t, n) = M_FAT | i;
+    t->fat_live++;
+    return &t->fat[i];
+}
+
+/* A freed node's fat record goes back; its meta says free. */
+static void nd_release(idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (m & M_FAT) {
+        uint32_t i = m & ~M_FAT;
+        t->fat[i].wset = DEAD;
+        t->fat[i].next = t->fat_free;
+        t->fat_free = i;
+        t->fat_live--;
+    }
+    META(t, n) = P_DEAD << M_PARENT_SHIFT | M_WSET;
+}
+
+/* The setters: in the meta word when the value fits there, else in the
+ * node's fat record. */
+static void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT)) {
+        uint32_t k = p == NIL     ? P_NIL
+                     : p == DEAD  ? P_DEAD
+                     : p == n - 1 ? P_PREV
+                                  : M_PARENT;
+        if (k != M_PARENT) {
+            META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
             return;
         }
     }
-    REFS(t, n)--;
+    nd_fat(t, n)->parent = p;
+}
+
+static void set_child(idx_tree *t, uint32_t n, uint32_t e) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT) && (e == NIL || e == n + 1)) {
+        META(t, n) = e == NIL ? m & ~M_CHILD : m | M_CHILD;
+        return;
+    }
+    nd_fat(t, n)->child = e;
+}
+
+static void set_next(idx_tree *t, uint32_t n, uint32_t e) {
+    if (e == NIL && !(META(t, n) & M_FAT)) return;
+    nd_fat(t, n)->next = e;
+}
+
+static void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT) && (ws == NIL || ws < M_WSET)) {
+        META(t, n) = (m & ~M_WSET) | (ws == NIL ? M_WSET : ws);
+        return;
+    }
+    nd_fat(t, n)->wset = ws;
+}
+
+static void set_refs(idx_tree *t, uint32_t n, uint32_t r) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT) && r <= M_REFS_MAX) {
+        META(t, n) = (m & ~M_REFS) | r << M_REFS_SHIFT;
+        return;
+    }
+    nd_fat(t, n)->refs = r;
+}
+
+static inline void ref_inc(idx_tree *t, uint32_t n) {
+    set_refs(t, n, nd_refs(t, n) + 1);
+}
+
+static inline void ref_dec(idx_tree *t, uint32_t n) {
+    set_refs(t, n, nd_refs(t, n) - 1);
 }
 
 /* ---- Worker sets -------------------------------------------------------- */
@@ -411,31 +479,21 @@ static uint32_t lower_bound(const uint32_t *a, uint32_t n, uint32_t w) {
     return lo;
 }
 
-/* Turn the inline lookup entry (w, n.block_hash) -> n, if there is one,
- * into an alias record: n's worker set is about to stop being {w}. */
-static void look_outline(idx_tree *t, uint32_t n, uint32_t w) {
-    uint64_t bh = NS(t, n).block_hash;
-    uint32_t pos = look_find(t, w, bh);
-    if (pos == NIL || tab_ref(&t->ws[w].look, pos) != n) return;
-    tab_ref_set(&t->ws[w].look, pos, TAG | la_new(t, bh, w, n));
-}
-
 static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = ND(t, n).wset;
+    uint32_t ws = nd_wset(t, n);
     if (ws == NIL) {
-        ND(t, n).wset = w;
+        set_wset(t, n, w);
         t->held++;
         return;
     }
     if (!(ws & TAG)) {
         if (ws == w) return;
-        look_outline(t, n, ws);
         uint32_t off = set_new(t, 0);
         uint32_t *s = &t->sp[off];
         s[0] |= 2;
         s[1] = ws < w ? ws : w;
         s[2] = ws < w ? w : ws;
-        ND(t, n).wset = TAG | off;
+        set_wset(t, n, TAG | off);
         return;
     }
     uint32_t off = ws & ~TAG;
@@ -456,7 +514,7 @@ static void wset_add(idx_tree *t, uint32_t n, uint32_t w) {
     memcpy(&d[2 + i], &s[1 + i], (cnt - i) * sizeof(uint32_t));
     d[0] = (cls + 1) << SET_CLASS_SHIFT | (cnt + 1);
     set_release(t, off);
-    ND(t, n).wset = TAG | noff;
+    set_wset(t, n, TAG | noff);
 }
 
 /* Remove w from n's pooled set at off (no-op when absent). */
@@ -467,7 +525,7 @@ static void wset_del_pooled(idx_tree *t, uint32_t n, uint32_t w, uint32_t off) {
     memmove(&s[1 + i], &s[2 + i], (cnt - i - 1) * sizeof(uint32_t));
     cnt--;
     if (cnt == 1) {
-        ND(t, n).wset = s[1];
+        set_wset(t, n, s[1]);
         set_release(t, off);
     } else {
         s[0] = set_class(s) << SET_CLASS_SHIFT | cnt;
@@ -477,12 +535,12 @@ static void wset_del_pooled(idx_tree *t, uint32_t n, uint32_t w, uint32_t off) {
 /* Remove w from n's set (no-op when absent). The caller has already
  * outlined any inline lookup entry that depends on the set being {w}. */
 static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = ND(t, n).wset;
+    uint32_t ws = nd_wset(t, n);
     if (ws == NIL) return;
     if (ws & TAG) {
         wset_del_pooled(t, n, w, ws & ~TAG);
     } else if (ws == w) {
-        ND(t, n).wset = NIL;
+        set_wset(t, n, NIL);
         t->held--;
     }
 }
@@ -494,13 +552,13 @@ static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
 /* Add the edge (p, th) -> c (absent so far). It becomes c's primary edge when
  * c has none; otherwise an alias edge that holds a reference on c. */
 static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
-    uint32_t first = ND(t, p).child;
+    uint32_t first = nd_child(t, p);
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
-    if (NS(t, c).parent == NIL && c != p) {
-        NS(t, c).parent = p;
-        ND(t, c).tokens_hash = th;
-        NS(t, c).next = first;
+    if (nd_parent(t, c) == NIL && c != p) {
+        set_parent(t, c, p);
+        TOK(t, c) = th;
+        set_next(t, c, first);
         e = c;
     } else {
         uint32_t a = ea_new(t);
@@ -508,7 +566,7 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
         ref_inc(t, c);
         e = TAG | a;
     }
-    ND(t, p).child = e;
+    set_child(t, p, e);
     if (was_single)
         idx_tab_put(&t->edges, tab_hash_tag(mix(edge_key(t, first), p)), first);
     if (first != NIL) idx_tab_put(&t->edges, tab_hash_tag(mix(th, p)), e);
@@ -516,9 +574,9 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
 
 /* Queue n for release when nothing refers to it any more. */
 static void maybe_free(idx_tree *t, uint32_t n) {
-    if (n == ROOT || NS(t, n).parent != NIL || REFS(t, n) != 0) return;
-    NS(t, n).parent = DEAD;
-    NS(t, n).next = t->dying;
+    if (n == ROOT || nd_parent(t, n) != NIL || nd_refs(t, n) != 0) return;
+    set_parent(t, n, DEAD);
+    TOK(t, n) = t->dying; /* the key of no edge now: the stack's link */
     t->dying = n;
 }
 
@@ -527,7 +585,7 @@ static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c);
 /* Drop every edge from p, whose child list begins with e (not NIL). */
 static void detach_edges(idx_tree *t, uint32_t p, uint32_t e) {
     bool hashed = edge_next(t, e) != NIL;
-    ND(t, p).child = NIL;
+    set_child(t, p, NIL);
     while (e != NIL) {
         uint32_t nx = edge_next(t, e);
         if (hashed) {
@@ -541,9 +599,9 @@ static void detach_edges(idx_tree *t, uint32_t p, uint32_t e) {
             ref_dec(t, c);
         } else {
             c = e;
-            NS(t, c).parent = NIL;
-            NS(t, c).next = NIL;
-            if (t->lower_slots) orphan_add(t, NS(t, p).block_hash, c);
+            set_parent(t, c, NIL);
+            set_next(t, c, NIL);
+            if (t->lower_slots) orphan_add(t, BLK(t, p), c);
         }
         maybe_free(t, c);
         e = nx;
@@ -553,7 +611,7 @@ static void detach_edges(idx_tree *t, uint32_t p, uint32_t e) {
 /* Drop every edge from p to its children (Dynamo: children.clear()). Half
  * the calls find none: that case costs no call. */
 static inline void detach(idx_tree *t, uint32_t p) {
-    uint32_t e = ND(t, p).child;
+    uint32_t e = nd_child(t, p);
     if (e != NIL) detach_edges(t, p, e);
 }
 
@@ -572,7 +630,7 @@ static inline void detach(idx_tree *t, uint32_t p) {
 
 /* Does a lower-tier slot hold node n? */
 static bool lower_held(const idx_tree *t, uint32_t n) {
-    uint32_t ws = ND(t, n).wset;
+    uint32_t ws = nd_wset(t, n);
     if (ws == NIL) return false;
     if (!(ws & TAG)) return t->ws[ws].tier != WIRE_TIER_DEVICE;
     const uint32_t *s = &t->sp[ws & ~TAG];
@@ -583,8 +641,8 @@ static bool lower_held(const idx_tree *t, uint32_t n) {
 
 /* Is the record still a detached live node with its block? */
 static bool orphan_valid(const idx_tree *t, const orphan *o) {
-    return o->node < t->nd_len && NS(t, o->node).parent == NIL &&
-           NS(t, o->node).block_hash == o->block_hash && REFS(t, o->node);
+    return o->node < t->nd_len && nd_parent(t, o->node) == NIL &&
+           BLK(t, o->node) == o->block_hash && nd_refs(t, o->node);
 }
 
 /* Record i goes to the free list (it is in no list, or its list is gone). */
@@ -644,7 +702,7 @@ static void orphan_add(idx_tree *t, uint64_t parent_bh, uint32_t c) {
         t->orph_free = t->orph[i].next;
     else
         i = t->orph_len++;
-    t->orph[i] = (orphan){parent_bh, NS(t, c).block_hash, c, NIL};
+    t->orph[i] = (orphan){parent_bh, BLK(t, c), c, NIL};
     if (!orphan_link(t, i)) { /* out of memory: as above */
         orphan_free(t, i);
         t->c.orphans_lost++;
@@ -661,9 +719,10 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
         const orphan *o = &t->orph[i];
         uint32_t nx = o->next, c = o->node;
         if (orphan_valid(t, o) && c != n &&
-            child_find(t, n, ND(t, c).tokens_hash) == NIL &&
-            idx_tab_reserve(&t->edges, 2) == KVO_OK)
-            edge_add(t, n, ND(t, c).tokens_hash, c);
+            child_find(t, n, TOK(t, c)) == NIL &&
+            idx_tab_reserve(&t->edges, 2) == KVO_OK &&
+            fat_reserve(t, 2) == KVO_OK)
+            edge_add(t, n, TOK(t, c), c);
         orphan_free(t, i);
         t->orph_live--;
         i = nx;
@@ -674,12 +733,12 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
 static void drain_dying(idx_tree *t) {
     while (t->dying != NIL) {
         uint32_t n = t->dying;
-        t->dying = NS(t, n).next;
+        t->dying = (uint32_t)TOK(t, n);
         detach(t, n);
-        if (ND(t, n).wset != NIL) t->held--;
-        if (ND(t, n).wset != NIL && (ND(t, n).wset & TAG))
-            set_release(t, ND(t, n).wset & ~TAG);
-        ND(t, n).wset = NIL;
+        uint32_t ws = nd_wset(t, n);
+        if (ws != NIL) t->held--;
+        if (ws != NIL && (ws & TAG)) set_release(t, ws & ~TAG);
+        nd_release(t, n);
         free_put(t, n);
         t->nd_live--;
     }
@@ -702,7 +761,7 @@ static inline void drain(idx_tree *t) {
 static uint32_t look_put(idx_tree *t, uint32_t w, uint64_t bh, uint64_t h,
                          uint32_t n, uint32_t pos) {
     if (pos == FIND) pos = look_find_h(t, w, bh, h);
-    bool inl = ND(t, n).wset == w && NS(t, n).block_hash == bh;
+    bool inl = BLK(t, n) == bh;
     if (pos != NIL) {
         uint32_t v = tab_ref(&t->ws[w].look, pos), old = look_node(t, v);
         if (old == n) return NIL;
@@ -799,17 +858,20 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
 kvo_status idx_tree_new(idx_tree **out) {
     idx_tree *t = kvo_calloc(1, sizeof(*t));
     if (!t) return KVO_ENOMEM;
-    t->ea_free = t->la_free = t->dying = t->orph_free = NIL;
+    t->ea_free = t->la_free = t->fat_free = t->dying = t->orph_free = NIL;
     t->orph_sweep_at = ORPHANS_SLACK;
     kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
+    /* 4 bytes a node: a small page holds 1,024 nodes' words, and the
+     * unused part of a last huge page would cost up to 2 MiB (2.6 bytes a
+     * pair at W1's 0.8 M pairs) */
+    t->meta.small = true;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
         return KVO_ENOMEM;
     }
-    ND(t, ROOT) = (node){0, NIL, NIL};
-    NS(t, ROOT) = (nside){0, NIL, NIL};
-    REFS(t, ROOT) = 0;
+    TOK(t, ROOT) = BLK(t, ROOT) = 0;
+    META(t, ROOT) = M_NEW;
     t->nd_len = 1;
     *out = t;
     return KVO_OK;
@@ -817,14 +879,14 @@ kvo_status idx_tree_new(idx_tree **out) {
 
 void idx_tree_free(idx_tree *t) {
     if (!t) return;
-    idx_slab_fini(&t->nd);
-    idx_slab_fini(&t->ns);
-    idx_slab_fini(&t->refs);
+    idx_slab_fini(&t->tok);
+    idx_slab_fini(&t->blk);
+    idx_slab_fini(&t->meta);
     for (int k = 0; k < FREE_LEVELS; k++) idx_slab_fini(&t->free[k]);
     kvo_free(t->ea);
     kvo_free(t->la);
     kvo_free(t->sp);
-    kvo_free(t->ov);
+    kvo_free(t->fat);
     idx_tab_fini(&t->edges);
     for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
@@ -842,7 +904,7 @@ void idx_tree_free(idx_tree *t) {
 
 /* Everything a store of n blocks may allocate, so that it never fails
  * half-way: per block a node, an alias edge, two lookup aliases, two
- * edge-table and one lookup-table entries, two overflow counts, and one set
+ * edge-table and one lookup-table entries, two nodes turned fat, and one set
  * growth (sets_reserve, per block: the set pool moves). */
 static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     kvo_status s;
@@ -854,9 +916,7 @@ static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     if ((s = grow((void **)&t->la, &t->la_cap, t->la_len + 2 * n,
                   sizeof(lalias))) != KVO_OK)
         return s;
-    if ((s = grow((void **)&t->ov, &t->ov_cap, t->ov_len + 2 * n,
-                  sizeof(ovf))) != KVO_OK)
-        return s;
+    if ((s = fat_reserve(t, 2 * n + 2)) != KVO_OK) return s;
     if ((s = idx_tab_reserve(&t->edges, 2 * n)) != KVO_OK) return s;
     return idx_tab_reserve(&t->ws[w].look, n);
 }
@@ -876,7 +936,7 @@ static uint32_t tier_node(const idx_tree *t, uint32_t w, uint64_t bh,
         uint32_t pos = o == NIL ? NIL : look_find(t, o, bh);
         if (pos == NIL) continue;
         uint32_t n = look_node(t, tab_ref(&t->ws[o].look, pos));
-        if (ND(t, n).tokens_hash == th) return n;
+        if (TOK(t, n) == th) return n;
     }
     return NIL;
 }
@@ -919,7 +979,7 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
                 *st = IDX_EV_INVALID_BLOCK;
                 return KVO_OK;
             }
-            if (NS(t, c).block_hash != bh) t->c.hash_mismatch++;
+            if (BLK(t, c) != bh) t->c.hash_mismatch++;
         } else {
             pos = look_find_h(t, w, bh, h);
             if (pos != NIL)
@@ -945,12 +1005,11 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
     return KVO_OK;
 }
 
-/* After w lost its lookup entry (value v) for node n: w leaves n's set, and
- * an emptied n detaches its children. */
-static void leave_node(idx_tree *t, uint32_t w, uint32_t v, uint32_t n) {
-    if ((v & TAG) && ND(t, n).wset == w) look_outline(t, n, w);
+/* After w lost its lookup entry for node n: w leaves n's set, and an
+ * emptied n detaches its children. */
+static void leave_node(idx_tree *t, uint32_t w, uint32_t n) {
     wset_del(t, n, w);
-    if (ND(t, n).wset == NIL) detach(t, n);
+    if (nd_wset(t, n) == NIL) detach(t, n);
 }
 
 static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
@@ -960,9 +1019,6 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
     for (uint32_t i = 0; i < ev->n_removed && i < AHEAD; i++)
         ring[i] = look_prefetch(t, w, ev->removed[i]);
     for (uint32_t i = 0; i < ev->n_removed; i++) {
-        kvo_status s =
-            grow((void **)&t->la, &t->la_cap, t->la_len + 1, sizeof(lalias));
-        if (s != KVO_OK) return s;
         uint64_t h = ring[i % AHEAD];
         if (i + AHEAD < ev->n_removed)
             ring[i % AHEAD] = look_prefetch(t, w, ev->removed[i + AHEAD]);
@@ -974,9 +1030,8 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
             *st = IDX_EV_BLOCK_NOT_FOUND;
             continue;
         }
-        uint32_t v = tab_ref(&t->ws[w].look, pos);
         uint32_t n = look_erase(t, w, pos);
-        leave_node(t, w, v, n);
+        leave_node(t, w, n);
         maybe_free(t, n);
         drain(t);
         t->c.blocks_removed++;
@@ -987,13 +1042,11 @@ static kvo_status apply_remove(idx_tree *t, uint32_t w, const wire_revent *ev,
 typedef struct centry {
     uint64_t block_hash;
     uint32_t node;
-    uint32_t v;
 } centry;
 
 /* Drop every lookup entry of slot w (Dynamo: remove_or_clear_worker_blocks),
  * in O(w's entries): its own table lists them. All entries are erased
- * first, so no inline entry of w needs outlining; then w leaves the nodes;
- * then unreferenced nodes are released. */
+ * first, then w leaves the nodes, then unreferenced nodes are released. */
 static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     uint64_t n = t->ws[w].blocks;
     if (n == 0) return KVO_OK;
@@ -1003,17 +1056,13 @@ static kvo_status clear_slot(idx_tree *t, uint32_t w) {
     uint64_t k = 0;
     for (uint32_t i = 0; i < tab_positions(lk) && k < n; i++) {
         uint32_t v = tab_ref(lk, i);
-        if (v) list[k++] = (centry){look_block_hash(t, v), look_node(t, v), v};
+        if (v) list[k++] = (centry){look_block_hash(t, v), look_node(t, v)};
     }
     for (uint64_t i = 0; i < k; i++) {
         uint32_t pos = look_find(t, w, list[i].block_hash);
         if (pos != NIL) look_erase(t, w, pos);
     }
-    for (uint64_t i = 0; i < k; i++) {
-        uint32_t x = list[i].node;
-        wset_del(t, x, w);
-        if (ND(t, x).wset == NIL) detach(t, x);
-    }
+    for (uint64_t i = 0; i < k; i++) leave_node(t, w, list[i].node);
     for (uint64_t i = 0; i < k; i++) maybe_free(t, list[i].node);
     drain(t);
     kvo_free(list);
@@ -1087,7 +1136,7 @@ void idx_scores_fini(idx_scores *s) {
 
 /* Whether slot w is in node n's worker set. */
 static bool wset_has(const idx_tree *t, uint32_t n, uint32_t w) {
-    uint32_t ws = ND(t, n).wset;
+    uint32_t ws = nd_wset(t, n);
     if (ws == NIL || !(ws & TAG)) return ws == w;
     const uint32_t *s = &t->sp[ws & ~TAG];
     uint32_t cnt = set_count(s), i = lower_bound(s + 1, cnt, w);
@@ -1132,11 +1181,11 @@ static void scores_sort(idx_scores *out) {
 static void query_device(idx_tree *t, const uint64_t *h, size_t n,
                          idx_scores *out) {
     uint32_t c = child_find(t, ROOT, h[0]);
-    if (c == NIL || ND(t, c).wset == NIL) return;
+    if (c == NIL || nd_wset(t, c) == NIL) return;
 
     /* act: the workers present at every node so far, sorted */
     uint32_t *act = t->act, na;
-    uint32_t curws = ND(t, c).wset;
+    uint32_t curws = nd_wset(t, c);
     if (!(curws & TAG)) {
         act[0] = curws;
         na = 1;
@@ -1151,14 +1200,17 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
         /* Chains are allocated in order, so cur's child is most often cur
          * + 1: when cur's first child edge is cur + 1's primary edge and its
          * key is h[i], cur + 1 is the child for h[i] (keys are unique in a
-         * child list, I2). Run along such a chain while the worker set
-         * stays the same: no load waits for another, so the walk streams. */
-        const node *np = nd_at(t, cur);
-        while (i < n && np[0].child == cur + 1 && np[1].tokens_hash == h[i] &&
-               np[1].wset == curws) {
-            __builtin_prefetch(&np[16]); /* 4 lines ahead: a chain's start
-                                            is cold, its pages random */
-            np++;
+         * child list, I2). Run along such a chain of lean nodes while the
+         * worker set stays the same one slot (a lean wset equal to curws
+         * has no fat bit): no load waits for another, so the walk streams
+         * through tok[] and meta[]. */
+        const uint64_t *tk = &TOK(t, 0);
+        const uint32_t *mt = &META(t, 0);
+        while (i < n && (mt[cur] & (M_FAT | M_CHILD)) == M_CHILD &&
+               tk[cur + 1] == h[i] &&
+               (mt[cur + 1] & (M_FAT | M_WSET)) == curws) {
+            __builtin_prefetch(&tk[cur + 16]); /* a chain's start is */
+            __builtin_prefetch(&mt[cur + 16]); /* cold, its pages random */
             cur++;
             i++;
         }
@@ -1166,7 +1218,7 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
         if (i == n) break;
         uint32_t nx = child_find(t, cur, h[i]);
         if (nx == NIL) break;
-        uint32_t ws = ND(t, nx).wset;
+        uint32_t ws = nd_wset(t, nx);
         if (ws != curws) {
             if (ws == NIL) break;
             if (!(ws & TAG)) {
@@ -1322,11 +1374,11 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
     out->bytes +=
-        sizeof(*t) + t->nd.usable + t->ns.usable + t->refs.usable +
+        sizeof(*t) + t->tok.usable + t->blk.usable + t->meta.usable +
         t->free[0].usable + t->free[1].usable + t->free[2].usable +
         (uint64_t)t->ea_cap * sizeof(ealias) +
         (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
-        (uint64_t)t->ov_cap * sizeof(ovf) + idx_tab_bytes(&t->edges) +
+        (uint64_t)t->fat_cap * sizeof(fat) + idx_tab_bytes(&t->edges) +
         (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4 +
         (uint64_t)t->path_cap * 4 + (uint64_t)t->orph_cap * sizeof(orphan) +
         t->orphans.cap * sizeof(kvo_map_slot);
@@ -1373,10 +1425,10 @@ kvo_status idx_tree_workers(const idx_tree *t, idx_worker **out, size_t *n) {
 
 /* The block a lookup ref v of w names, in the API's terms. */
 static idx_block block_of(const idx_tree *t, uint32_t v) {
-    uint32_t n = look_node(t, v), p = NS(t, n).parent;
+    uint32_t n = look_node(t, v), p = nd_parent(t, n);
     bool hp = p != NIL && p != ROOT;
-    return (idx_block){look_block_hash(t, v), ND(t, n).tokens_hash, hp,
-                       hp ? NS(t, p).block_hash : 0};
+    return (idx_block){look_block_hash(t, v), TOK(t, n), hp,
+                       hp ? BLK(t, p) : 0};
 }
 
 kvo_status idx_tree_worker_blocks(const idx_tree *t, uint64_t worker_id,
@@ -1413,8 +1465,8 @@ kvo_status idx_tree_block_info(const idx_tree *t, uint64_t worker_id,
     uint32_t v = tab_ref(&t->ws[w].look, pos), n = look_node(t, v);
     out->held = true;
     out->block = block_of(t, v);
-    out->node_block_hash = NS(t, n).block_hash;
-    uint32_t ws = ND(t, n).wset, one = ws, cnt = ws == NIL ? 0 : 1;
+    out->node_block_hash = BLK(t, n);
+    uint32_t ws = nd_wset(t, n), one = ws, cnt = ws == NIL ? 0 : 1;
     const uint32_t *items = &one;
     if (ws != NIL && (ws & TAG)) {
         items = &t->sp[(ws & ~TAG) + 1];
@@ -1462,13 +1514,13 @@ idx_found idx_tree_find_tokens(const idx_tree *t, uint64_t worker_id,
     }
     uint32_t c = p == NIL ? NIL : child_find(t, p, tokens_hash);
     if (c != NIL && c != p && wset_has(t, c, w)) {
-        *block_hash = NS(t, c).block_hash;
+        *block_hash = BLK(t, c);
         return IDX_FOUND_UNDER_PARENT; /* the root when it has no parent */
     }
     if (p == ROOT) return IDX_FOUND_NONE;
     c = child_find(t, ROOT, tokens_hash);
     if (c == NIL || !wset_has(t, c, w)) return IDX_FOUND_NONE;
-    *block_hash = NS(t, c).block_hash;
+    *block_hash = BLK(t, c);
     return IDX_FOUND_UNDER_ROOT;
 }
 
@@ -1493,13 +1545,13 @@ kvo_status idx_tree_dump(const idx_tree *t, idx_dump_fn fn, void *ctx) {
     uint64_t id = 0;
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = nd_child(t, p); e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             ev.has_parent = p != ROOT;
-            ev.parent_hash = p != ROOT ? NS(t, p).block_hash : 0;
-            blk.block_hash = NS(t, c).block_hash;
+            ev.parent_hash = p != ROOT ? BLK(t, p) : 0;
+            blk.block_hash = BLK(t, c);
             blk.tokens_hash = edge_key(t, e);
-            uint32_t ws = ND(t, c).wset;
+            uint32_t ws = nd_wset(t, c);
             uint32_t one = ws, cnt = ws == NIL ? 0 : 1;
             const uint32_t *items = &one;
             if (ws != NIL && (ws & TAG)) {

@@ -1,5 +1,5 @@
 /* idx_verify.c -- idx_tree_check: walks every structure of the tree and
- * checks the invariants I1-I8 drawn in idx_tree.c's header. A test seam
+ * checks the invariants I1-I9 drawn in idx_tree.c's header. A test seam
  * (idx_int.h): O(size of the tree), never on the service's path.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
@@ -15,16 +15,7 @@
     } while (0)
 
 static bool live(const idx_tree *t, uint32_t n) {
-    return n < t->nd_len && NS(t, n).parent != DEAD;
-}
-
-static uint64_t refs_of(const idx_tree *t, uint32_t n) {
-    uint64_t r = REFS(t, n);
-    if (r == REFS_SPILL) {
-        uint32_t i = ov_find(t, n);
-        if (i < t->ov_len && t->ov[i].node == n) r += t->ov[i].extra;
-    }
-    return r;
+    return n < t->nd_len && nd_parent(t, n) != DEAD;
 }
 
 /* Key hashes of the two tables' refs, for idx_tab_check. */
@@ -32,8 +23,14 @@ static uint64_t edge_hash(const void *owner, uint32_t v) {
     return mix(edge_key(owner, v), edge_parent(owner, v));
 }
 
+typedef struct look_owner { /* a lookup table and its slot */
+    const idx_tree *t;
+    uint32_t slot;
+} look_owner;
+
 static uint64_t look_hash(const void *owner, uint32_t v) {
-    return mix(look_block_hash(owner, v), look_slot(owner, v));
+    const look_owner *o = owner;
+    return mix(look_block_hash(o->t, v), o->slot);
 }
 
 kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
@@ -45,20 +42,21 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     uint64_t *per_slot = kvo_calloc(t->ws_len + 1, sizeof(uint64_t));
     uint32_t *queue = kvo_malloc((size_t)(N + 1) * sizeof(uint32_t));
     uint8_t *seen = kvo_calloc(N, 1);
-    if (!want || !prim || !per_slot || !queue || !seen) {
+    uint8_t *fat_user = kvo_calloc(t->fat_len + 1, 1); /* I9 */
+    if (!want || !prim || !per_slot || !queue || !seen || !fat_user) {
         s = KVO_ENOMEM;
         snprintf(msg, msgsz, "out of memory");
         goto done;
     }
     if (t->dying != NIL) FAIL("dying stack not empty");
-    if (NS(t, ROOT).parent != NIL || ND(t, ROOT).wset != NIL)
+    if (nd_parent(t, ROOT) != NIL || nd_wset(t, ROOT) != NIL)
         FAIL("root has a parent or workers");
 
     /* I8: free nodes */
     uint32_t nfree = 0, nlive = 0;
     for (uint32_t n = 0; n < t->nd_cap; n++) {
         bool bit = *free_word(t, 0, n >> 6) >> (n & 63) & 1;
-        bool dead = n > ROOT && n < N && NS(t, n).parent == DEAD;
+        bool dead = n > ROOT && n < N && nd_parent(t, n) == DEAD;
         if (bit != dead) FAIL("node %u: free bit %d, free %d", n, bit, dead);
         if (bit && n < t->nd_low) FAIL("free node %u below %u", n, t->nd_low);
         nfree += dead;
@@ -73,6 +71,33 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);
+    /* I9: meta words and fat records */
+    for (uint32_t n = 0; n < N; n++) {
+        uint32_t m = META(t, n);
+        if (m & M_FAT) {
+            uint32_t i = m & ~M_FAT;
+            bool bad = i >= t->fat_len || fat_user[i]++ ||
+                       t->fat[i].wset == DEAD || t->fat[i].parent == DEAD;
+            if (bad)
+                FAIL("node %u: fat record %u free, shared or out of range", n,
+                     i);
+            continue;
+        }
+        uint32_t k = (m & M_PARENT) >> M_PARENT_SHIFT;
+        bool bad = k > P_DEAD || (k == P_PREV && n == ROOT) ||
+                   ((m & M_CHILD) && n + 1 >= N) ||
+                   ((m & M_WSET) != M_WSET && (m & M_WSET) >= t->ws_len);
+        if (bad) FAIL("node %u: meta word %08x", n, m);
+    }
+    uint32_t fatfree = 0;
+    for (uint32_t i = t->fat_free; i != NIL; i = t->fat[i].next) {
+        if (i >= t->fat_len || t->fat[i].wset != DEAD) FAIL("fat free list");
+        if (++fatfree > t->fat_len) FAIL("fat free list loops");
+    }
+    if (fatfree + t->fat_live != t->fat_len)
+        FAIL("fat records: %u live, %u free, %u made", t->fat_live, fatfree,
+             t->fat_len);
+
     uint32_t eafree = 0, lafree = 0;
     for (uint32_t a = t->ea_free; a != NIL; a = t->ea[a].next) {
         if (a >= t->ea_len || t->ea[a].parent != DEAD) FAIL("ea free list");
@@ -90,7 +115,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     uint64_t held = 0;
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        uint32_t ws = ND(t, n).wset;
+        uint32_t ws = nd_wset(t, n);
         if (ws == NIL) continue;
         held++;
         if (!(ws & TAG)) {
@@ -121,7 +146,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     for (uint32_t p = 0; p < N; p++) {
         if (!live(t, p)) continue;
         uint32_t len = 0;
-        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = nd_child(t, p); e != NIL; e = edge_next(t, e)) {
             if (++len > N + t->ea_len) FAIL("node %u: child list loops", p);
             uint32_t c;
             if (e & TAG) {
@@ -133,13 +158,13 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
                 want[c]++;
             } else {
                 c = e;
-                if (!live(t, c) || NS(t, c).parent != p)
+                if (!live(t, c) || nd_parent(t, c) != p)
                     FAIL("node %u: child %u has parent %u", p, c,
-                         c < N ? NS(t, c).parent : 0);
+                         c < N ? nd_parent(t, c) : 0);
                 prim[c]++;
             }
         }
-        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = nd_child(t, p); e != NIL; e = edge_next(t, e)) {
             uint32_t pos = edge_find(t, p, edge_key(t, e));
             if (len >= 2 && (pos == NIL || tab_ref(&t->edges, pos) != e))
                 FAIL("node %u: edge %016llx not hashed (or key repeated)", p,
@@ -153,7 +178,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         FAIL("edge table holds %u, lists %u", t->edges.len, in_table);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        if (NS(t, n).parent != NIL && prim[n] != 1)
+        if (nd_parent(t, n) != NIL && prim[n] != 1)
             FAIL("node %u listed %u times under its parent", n, prim[n]);
     }
     uint32_t ealive = 0;
@@ -171,7 +196,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         const tab *lk = &t->ws[sw].look;
         char name[32];
         snprintf(name, sizeof(name), "look of slot %u", sw);
-        if (!idx_tab_check(lk, look_hash, t, name, msg, msgsz)) {
+        look_owner lo = {t, sw};
+        if (!idx_tab_check(lk, look_hash, &lo, name, msg, msgsz)) {
             s = KVO_ESTATE;
             goto done;
         }
@@ -190,11 +216,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
             } else {
                 n = v;
                 if (!live(t, n)) FAIL("%s[%u]: dead node %u", name, i, n);
-                w = ND(t, n).wset;
-                bh = NS(t, n).block_hash;
-                if (w == NIL || (w & TAG))
-                    FAIL("%s[%u]: inline entry, node %u has set %08x", name, i,
-                         n, w);
+                w = sw;
+                bh = BLK(t, n);
             }
             if (!live(t, n)) FAIL("%s[%u]: names dead node %u", name, i, n);
             if (w != sw) FAIL("%s[%u]: entry of slot %u", name, i, w);
@@ -224,17 +247,12 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
              (unsigned long long)pairs);
 
     /* I4, I5 */
-    for (uint32_t i = 0; i < t->ov_len; i++)
-        if ((i && t->ov[i - 1].node >= t->ov[i].node) || !t->ov[i].extra ||
-            t->ov[i].node >= N || REFS(t, t->ov[i].node) != REFS_SPILL)
-            FAIL("overflow entry %u", i);
     for (uint32_t n = 1; n < N; n++) {
         if (!live(t, n)) continue;
-        if (refs_of(t, n) != want[n])
-            FAIL("node %u: refs %llu, counted %llu", n,
-                 (unsigned long long)refs_of(t, n),
+        if (nd_refs(t, n) != want[n])
+            FAIL("node %u: refs %u, counted %llu", n, nd_refs(t, n),
                  (unsigned long long)want[n]);
-        if (NS(t, n).parent == NIL && want[n] == 0)
+        if (nd_parent(t, n) == NIL && want[n] == 0)
             FAIL("node %u: garbage left alive", n);
     }
 
@@ -255,7 +273,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     }
     while (head < tail) {
         uint32_t p = queue[head++];
-        for (uint32_t e = ND(t, p).child; e != NIL; e = edge_next(t, e)) {
+        for (uint32_t e = nd_child(t, p); e != NIL; e = edge_next(t, e)) {
             uint32_t c = edge_child(t, e);
             if (!seen[c]) {
                 seen[c] = 1;
@@ -270,5 +288,6 @@ done:
     kvo_free(per_slot);
     kvo_free(queue);
     kvo_free(seen);
+    kvo_free(fat_user);
     return s;
 }

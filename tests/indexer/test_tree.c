@@ -389,10 +389,10 @@ START_TEST(worker_sets_grow_and_shrink) {
 }
 END_TEST
 
-/* A node named by more than 255 lookup entries (one worker storing many
- * block hashes with the same tokens under one parent) is freed only when
- * the last of them goes. */
-START_TEST(reference_counts_beyond_255) {
+/* A node named by 600 lookup entries (one worker storing many block hashes
+ * with the same tokens under one parent: more than a lean meta word
+ * counts) is freed only when the last of them goes. */
+START_TEST(a_node_counts_hundreds_of_references) {
     idx_tree *t = tt_tree_new();
     ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
     for (uint64_t i = 0; i < 600; i++) {
@@ -671,12 +671,15 @@ START_TEST(freed_nodes_are_reused_lowest_first) {
         }
         ck_assert_uint_eq(t->nd_len, 2 + CHAINS * LEN);
         for (uint32_t n = 1; n < t->nd_len; n++) {
-            uint32_t child = ND(t, n).child;
-            if (child == NIL || (child & TAG) || NS(t, child).next != NIL)
+            uint32_t child = nd_child(t, n);
+            if (child == NIL || (child & TAG) || nd_next(t, child) != NIL)
                 continue; /* not one child */
             ck_assert_msg(child == n + 1, "pass %d: node %u's child is %u",
                           pass, n, child);
         }
+        /* fat: the shared block (4,000 children) and the chains' first
+         * blocks but one (they have siblings); every other node is lean */
+        ck_assert_uint_eq(t->fat_live, CHAINS);
         tt_check(t, true);
         /* empty it block i of every chain at a time, first blocks first
          * (each detaches its chain's rest), and the shared block last */
@@ -1215,7 +1218,7 @@ Suite *suite_tree(void) {
     TCase *tl = tcase_create("layout");
     tcase_set_timeout(tl, 600);
     tcase_add_test(tl, worker_sets_grow_and_shrink);
-    tcase_add_test(tl, reference_counts_beyond_255);
+    tcase_add_test(tl, a_node_counts_hundreds_of_references);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
