@@ -891,7 +891,7 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
  * whole when the slab first grows (address space, not memory: the memory
  * comes at first touch), so an element never moves and is one
  * multiply-add away. Its first 64 KiB are small pages (a small tree stays
- * small), the rest huge pages (unless small is set). It grows in pieces,
+ * small; more when small is set), the rest huge pages. It grows in pieces,
  * whole huge pages from HUGE_BYTES on and pages (doubling) below: the
  * capacity counted, and under strict overcommit (where a writable range
  * is charged whole) what is opened. Where address space is short the range is what the kernel
@@ -905,9 +905,8 @@ typedef struct slab {
     uint32_t cap;    /* elements usable */
     bool open;       /* the whole range is writable (else opened up to
                         usable, by mprotect: strict overcommit) */
-    bool small;      /* small pages only (set before the first reserve): a
-                        slab of small elements, whose partly used last huge
-                        page would cost more than its faults save */
+    size_t small;    /* bytes after the first 64 KiB on small pages too
+                        (a multiple of 2 MiB, set before the first reserve) */
 } slab;
 
 static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {

@@ -73,10 +73,11 @@
 /* ======================================================================== */
 
 /* len bytes (a multiple of HUGE_BYTES) mapped with prot and flags so that
- * base + skew is 2 MiB aligned, advised as huge pages when huge; NULL when
- * refused. One huge page more is mapped, then trimmed. */
+ * base + skew is 2 MiB aligned, advised as huge pages from base + skew +
+ * small on (small: a multiple of HUGE_BYTES); NULL when refused. One huge
+ * page more is mapped, then trimmed. */
 static char *map_aligned(size_t len, int prot, int flags, size_t skew,
-                         bool huge) {
+                         size_t small) {
     char *m = mmap(NULL, len + HUGE_BYTES, prot,
                    MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     if (m == MAP_FAILED) return NULL;
@@ -87,7 +88,9 @@ static char *map_aligned(size_t len, int prot, int flags, size_t skew,
     if (head) munmap(m, head);
     munmap((char *)a + len, HUGE_BYTES - head);
 #ifdef MADV_HUGEPAGE
-    if (huge) madvise((void *)a, len, MADV_HUGEPAGE); /* failure: harmless */
+    /* advice: refused, it changes nothing else */
+    if (skew + small) madvise((void *)a, skew + small, MADV_NOHUGEPAGE);
+    madvise((char *)a + skew + small, len - skew - small, MADV_HUGEPAGE);
 #endif
     return (char *)a;
 }
@@ -95,7 +98,7 @@ static char *map_aligned(size_t len, int prot, int flags, size_t skew,
 void *idx_mem_alloc(size_t bytes) {
     if (bytes < HUGE_BYTES) return kvo_malloc(bytes ? bytes : 1);
     return map_aligned((bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1),
-                       PROT_READ | PROT_WRITE, 0, 0, true);
+                       PROT_READ | PROT_WRITE, 0, 0, 0);
 }
 
 void idx_mem_free(void *p, size_t bytes) {
@@ -141,10 +144,11 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
         bool open = !overcommit_strict();
         size_t len = ((size_t)max * elem + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
         int prot = open ? PROT_READ | PROT_WRITE : PROT_NONE;
-        char *m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD, !v->small);
+        size_t small = v->small < len - SLAB_HEAD ? v->small : len - SLAB_HEAD;
+        char *m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD, small);
         while (!m && len / 2 >= want && len / 2 >= HUGE_BYTES) {
             len /= 2;
-            m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD, !v->small);
+            m = map_aligned(len, prot, MAP_NORESERVE, SLAB_HEAD, small);
         }
         if (!m) return KVO_ENOMEM;
         v->base = m;

@@ -147,6 +147,12 @@ _Static_assert(MAX_SLOTS < M_WSET, "a slot fits in a lean meta word");
 #define SLOTS_FIRST_CAP 16    /* worker slots allocated at first */
 #define WMAP_FIRST_CAP 32     /* worker map entries at first (power of 2) */
 #define SORT_INSERTION_MAX 16 /* scores sorted by insertion up to this many */
+/* meta[]'s first 4 MiB (a million nodes) are small pages too: in a tree
+ * that small a huge page's unused tail (up to 2 MiB, 2.6 bytes a pair at
+ * W1's 0.8 M pairs) costs more than the faults it saves (~11 ms here), and
+ * 1,024 small pages stay within the TLB's reach. Beyond, huge pages: all
+ * of W1x4's meta[] on small pages made its cold hit p99 7.4 us, not 2.3. */
+#define META_SMALL ((size_t)4 << 20)
 
 /* ======================================================================== */
 /* Finding children and lookup slots (the probes are in idx_int.h)           */
@@ -862,10 +868,7 @@ kvo_status idx_tree_new(idx_tree **out) {
     t->orph_sweep_at = ORPHANS_SLACK;
     kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
-    /* 4 bytes a node: a small page holds 1,024 nodes' words, and the
-     * unused part of a last huge page would cost up to 2 MiB (2.6 bytes a
-     * pair at W1's 0.8 M pairs) */
-    t->meta.small = true;
+    t->meta.small = META_SMALL;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
         return KVO_ENOMEM;
@@ -1200,18 +1203,15 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
         /* Chains are allocated in order, so cur's child is most often cur
          * + 1: when cur's first child edge is cur + 1's primary edge and its
          * key is h[i], cur + 1 is the child for h[i] (keys are unique in a
-         * child list, I2). Run along such a chain of lean nodes while the
-         * worker set stays the same one slot (a lean wset equal to curws
-         * has no fat bit): no load waits for another, so the walk streams
-         * through tok[] and meta[]. */
-        const uint64_t *tk = &TOK(t, 0);
-        const uint32_t *mt = &META(t, 0);
-        while (i < n && (mt[cur] & (M_FAT | M_CHILD)) == M_CHILD &&
-               tk[cur + 1] == h[i] &&
-               (mt[cur + 1] & (M_FAT | M_WSET)) == curws) {
-            __builtin_prefetch(&tk[cur + 16]); /* a chain's start is */
-            __builtin_prefetch(&mt[cur + 16]); /* cold, its pages random */
-            cur++;
+         * child list, I2). Run along such a chain while the worker set
+         * stays the same: no load waits for another, so the walk streams
+         * through tok[] and meta[] (and, along a shared prefix, the fat
+         * records, made in the same order). */
+        while (i < n && nd_child(t, cur) == cur + 1 &&
+               TOK(t, cur + 1) == h[i] && nd_wset(t, cur + 1) == curws) {
+            __builtin_prefetch(&TOK(t, cur + 16));  /* a chain's start is */
+            __builtin_prefetch(&META(t, cur + 16)); /* cold, its pages */
+            cur++;                                  /* random */
             i++;
         }
         depth = i;
