@@ -905,8 +905,10 @@ typedef struct slab {
     uint32_t cap;    /* elements usable */
     bool open;       /* the whole range is writable (else opened up to
                         usable, by mprotect: strict overcommit) */
-    size_t small;    /* bytes after the first 64 KiB on small pages too
-                        (a multiple of 2 MiB, set before the first reserve) */
+    size_t small;    /* bytes after the first 64 KiB on small pages too,
+                        until the slab grows past them: then they are
+                        collapsed into huge pages (a multiple of 2 MiB, set
+                        before the first reserve) */
 } slab;
 
 static inline void *slab_at(const slab *v, uint32_t i, size_t elem) {
@@ -1023,8 +1025,8 @@ struct idx_tree {
     uint32_t sp_step; /* words one set growth may take */
     uint32_t sp_free[SET_CLASSES];
 
-    fat *fat; /* fat node records; free ones link through next */
-    uint32_t fat_len, fat_cap, fat_free, fat_live;
+    slab fats; /* fat node records; free ones link through next */
+    uint32_t fat_len, fat_free, fat_live;
 
     tab edges;
 
@@ -1053,11 +1055,12 @@ struct idx_tree {
 #define TOK(t, n) (*(uint64_t *)slab_at(&(t)->tok, (n), sizeof(uint64_t)))
 #define BLK(t, n) (*(uint64_t *)slab_at(&(t)->blk, (n), sizeof(uint64_t)))
 #define META(t, n) (*(uint32_t *)slab_at(&(t)->meta, (n), sizeof(uint32_t)))
+#define FAT(t, i) (*(fat *)slab_at(&(t)->fats, (i), sizeof(fat)))
 
 /* ---- A node's fields, read through its meta word (lean or fat) --------- */
 
 static inline const fat *fat_of(const idx_tree *t, uint32_t m) {
-    return &t->fat[m & ~M_FAT];
+    return &FAT(t, m & ~M_FAT);
 }
 static inline uint32_t nd_parent(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n), k = (m & M_PARENT) >> M_PARENT_SHIFT;
@@ -1120,15 +1123,31 @@ static inline uint32_t edge_parent(const idx_tree *t, uint32_t e) {
     return (e & TAG) ? t->ea[e & ~TAG].parent : nd_parent(t, e);
 }
 
-/* Does edge ref v name the key (tokens_hash th, parent p)? */
+/* The hash of the edge key (tokens_hash th, parent p). Its top half, the
+ * table's tag, is a hash of th XOR a bijection of p: for one th, two
+ * parents never share a tag. */
+static inline uint64_t edge_hash(uint64_t th, uint32_t p) {
+    uint32_t x = p * 0x9E3779B1u;
+    x ^= x >> 15;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    uint64_t k = mix(th, 0);
+    return ((k >> 32) ^ x) << 32 | (uint32_t)k;
+}
+
+/* Does edge ref v, whose tag matched the key's (the table compares tags
+ * first), name the key (tokens_hash th, parent p)? An equal tokens_hash
+ * is enough (edge_hash): a probe never reads the parent, which a node
+ * with siblings keeps in its fat record. */
 static inline bool edge_eq(const void *owner, uint32_t v, uint64_t th,
                            uint32_t p) {
     const idx_tree *t = owner;
-    return edge_key(t, v) == th && edge_parent(t, v) == p;
+    (void)p;
+    return edge_key(t, v) == th;
 }
 
 static inline uint32_t edge_find(const idx_tree *t, uint32_t p, uint64_t th) {
-    return tab_find_h(&t->edges, mix(th, p), edge_eq, t, th, p);
+    return tab_find_h(&t->edges, edge_hash(th, p), edge_eq, t, th, p);
 }
 
 /* ---- Lookup refs: n = inline entry of node n, TAG|i = la[i] ------------ */

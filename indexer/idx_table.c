@@ -115,6 +115,23 @@ void idx_mem_free(void *p, size_t bytes) {
  * small; huge pages from there on. */
 #define SLAB_HEAD ((size_t)64 << 10)
 
+/* A slab's small region, full now that the slab grows past it, becomes
+ * huge pages: small pages kept a small tree's memory exact, and a large
+ * one's random reads need the TLB reach. One copy of the region, now (the
+ * kernel's background collapse would come at no known time). */
+static void slab_collapse(char *p, size_t len) {
+#if defined(MADV_HUGEPAGE) && defined(__linux__)
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+    madvise(p, len, MADV_HUGEPAGE); /* advice: refused, nothing changes */
+    madvise(p, len, MADV_COLLAPSE);
+#else
+    (void)p;
+    (void)len;
+#endif
+}
+
 /* vm.overcommit_memory = 2: the kernel charges a writable private mapping
  * in full, MAP_NORESERVE or not. */
 static bool overcommit_strict(void) {
@@ -165,6 +182,9 @@ kvo_status idx_slab_reserve(slab *v, uint32_t need, uint32_t max, size_t elem) {
     if (!v->open &&
         mprotect(v->base + v->usable, to - v->usable, PROT_READ | PROT_WRITE))
         return KVO_ENOMEM;
+    size_t small_end = SLAB_HEAD + v->small;
+    if (v->small && v->usable <= small_end && to > small_end)
+        slab_collapse(v->base + SLAB_HEAD, v->small);
     v->usable = to;
     v->cap = to / elem > max ? max : (uint32_t)(to / elem);
     return KVO_OK;

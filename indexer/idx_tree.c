@@ -147,12 +147,16 @@ _Static_assert(MAX_SLOTS < M_WSET, "a slot fits in a lean meta word");
 #define SLOTS_FIRST_CAP 16    /* worker slots allocated at first */
 #define WMAP_FIRST_CAP 32     /* worker map entries at first (power of 2) */
 #define SORT_INSERTION_MAX 16 /* scores sorted by insertion up to this many */
-/* meta[]'s first 4 MiB (a million nodes) are small pages too: in a tree
- * that small a huge page's unused tail (up to 2 MiB, 2.6 bytes a pair at
- * W1's 0.8 M pairs) costs more than the faults it saves (~11 ms here), and
- * 1,024 small pages stay within the TLB's reach. Beyond, huge pages: all
- * of W1x4's meta[] on small pages made its cold hit p99 7.4 us, not 2.3. */
+/* The small regions of meta[] and fat[] (idx_int.h, slab): while a tree is
+ * small a huge page's unused tail (up to 2 MiB: 2.6 bytes a pair at W1's
+ * 0.8 M pairs) costs more than the faults it saves (~11 ms here for 4 MiB
+ * of small pages); once the slab grows past the region, the region turns
+ * into huge pages, because random reads through small pages miss the TLB
+ * (W1x16 cold hit p99 6.9 us with fat[] on small pages, 1.8 on huge ones).
+ * meta[], read along chains, stays small for a million nodes; fat[], read
+ * at random (a prompt's branch node), for 2 MiB (100 k records). */
 #define META_SMALL ((size_t)4 << 20)
+#define FAT_SMALL ((size_t)2 << 20)
 
 /* ======================================================================== */
 /* Finding children and lookup slots (the probes are in idx_int.h)           */
@@ -341,27 +345,28 @@ static void la_release(idx_tree *t, uint32_t a) {
 
 /* Room for `more` nodes to turn fat without failing. */
 static kvo_status fat_reserve(idx_tree *t, uint32_t more) {
-    if (t->fat_cap - t->fat_live >= more) return KVO_OK;
+    if (t->fats.cap - t->fat_live >= more) return KVO_OK;
     if (more > MAX_INDEX - t->fat_live) return KVO_ETOOBIG;
-    return grow((void **)&t->fat, &t->fat_cap, t->fat_len + more, sizeof(fat));
+    return idx_slab_reserve(&t->fats, t->fat_len + more, MAX_INDEX,
+                            sizeof(fat));
 }
 
 /* n's fat record, made from its lean fields when it has none (reserved:
  * fat_reserve). */
-static fat *nd_fat(idx_tree *t, uint32_t n) {
+static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n), i;
-    if (m & M_FAT) return &t->fat[m & ~M_FAT];
+    if (m & M_FAT) return &FAT(t, m & ~M_FAT);
     if (t->fat_free != NIL) {
         i = t->fat_free;
-        t->fat_free = t->fat[i].next;
+        t->fat_free = FAT(t, i).next;
     } else {
         i = t->fat_len++;
     }
-    t->fat[i] = (fat){nd_parent(t, n), nd_child(t, n), NIL, nd_wset(t, n),
+    FAT(t, i) = (fat){nd_parent(t, n), nd_child(t, n), NIL, nd_wset(t, n),
                       nd_refs(t, n)};
     META(t, n) = M_FAT | i;
     t->fat_live++;
-    return &t->fat[i];
+    return &FAT(t, i);
 }
 
 /* A freed node's fat record goes back; its meta says free. */
@@ -369,8 +374,8 @@ static void nd_release(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
     if (m & M_FAT) {
         uint32_t i = m & ~M_FAT;
-        t->fat[i].wset = DEAD;
-        t->fat[i].next = t->fat_free;
+        FAT(t, i).wset = DEAD;
+        FAT(t, i).next = t->fat_free;
         t->fat_free = i;
         t->fat_live--;
     }
@@ -379,7 +384,7 @@ static void nd_release(idx_tree *t, uint32_t n) {
 
 /* The setters: in the meta word when the value fits there, else in the
  * node's fat record. */
-static void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
+static inline void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
     uint32_t m = META(t, n);
     if (!(m & M_FAT)) {
         uint32_t k = p == NIL     ? P_NIL
@@ -394,7 +399,7 @@ static void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
     nd_fat(t, n)->parent = p;
 }
 
-static void set_child(idx_tree *t, uint32_t n, uint32_t e) {
+static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
     uint32_t m = META(t, n);
     if (!(m & M_FAT) && (e == NIL || e == n + 1)) {
         META(t, n) = e == NIL ? m & ~M_CHILD : m | M_CHILD;
@@ -403,12 +408,12 @@ static void set_child(idx_tree *t, uint32_t n, uint32_t e) {
     nd_fat(t, n)->child = e;
 }
 
-static void set_next(idx_tree *t, uint32_t n, uint32_t e) {
+static inline void set_next(idx_tree *t, uint32_t n, uint32_t e) {
     if (e == NIL && !(META(t, n) & M_FAT)) return;
     nd_fat(t, n)->next = e;
 }
 
-static void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
+static inline void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
     uint32_t m = META(t, n);
     if (!(m & M_FAT) && (ws == NIL || ws < M_WSET)) {
         META(t, n) = (m & ~M_WSET) | (ws == NIL ? M_WSET : ws);
@@ -417,7 +422,7 @@ static void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
     nd_fat(t, n)->wset = ws;
 }
 
-static void set_refs(idx_tree *t, uint32_t n, uint32_t r) {
+static inline void set_refs(idx_tree *t, uint32_t n, uint32_t r) {
     uint32_t m = META(t, n);
     if (!(m & M_FAT) && r <= M_REFS_MAX) {
         META(t, n) = (m & ~M_REFS) | r << M_REFS_SHIFT;
@@ -426,12 +431,22 @@ static void set_refs(idx_tree *t, uint32_t n, uint32_t r) {
     nd_fat(t, n)->refs = r;
 }
 
+#define REF_ONE (1u << M_REFS_SHIFT)
+
 static inline void ref_inc(idx_tree *t, uint32_t n) {
-    set_refs(t, n, nd_refs(t, n) + 1);
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT) && (m & M_REFS) != M_REFS)
+        META(t, n) = m + REF_ONE;
+    else
+        set_refs(t, n, nd_refs(t, n) + 1);
 }
 
 static inline void ref_dec(idx_tree *t, uint32_t n) {
-    set_refs(t, n, nd_refs(t, n) - 1);
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT))
+        META(t, n) = m - REF_ONE;
+    else
+        FAT(t, m & ~M_FAT).refs--;
 }
 
 /* ---- Worker sets -------------------------------------------------------- */
@@ -558,6 +573,14 @@ static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
 /* Add the edge (p, th) -> c (absent so far). It becomes c's primary edge when
  * c has none; otherwise an alias edge that holds a reference on c. */
 static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
+    uint32_t mp = META(t, p), mc = META(t, c);
+    if (c == p + 1 && !((mp | mc) & M_FAT) && !(mp & M_CHILD) &&
+        !(mc & M_PARENT)) { /* a chain's next node: both stay lean */
+        META(t, c) = mc | P_PREV << M_PARENT_SHIFT;
+        META(t, p) = mp | M_CHILD;
+        TOK(t, c) = th;
+        return;
+    }
     uint32_t first = nd_child(t, p);
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
@@ -574,13 +597,18 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
     }
     set_child(t, p, e);
     if (was_single)
-        idx_tab_put(&t->edges, tab_hash_tag(mix(edge_key(t, first), p)), first);
-    if (first != NIL) idx_tab_put(&t->edges, tab_hash_tag(mix(th, p)), e);
+        idx_tab_put(&t->edges, tab_hash_tag(edge_hash(edge_key(t, first), p)),
+                    first);
+    if (first != NIL) idx_tab_put(&t->edges, tab_hash_tag(edge_hash(th, p)), e);
 }
 
 /* Queue n for release when nothing refers to it any more. */
-static void maybe_free(idx_tree *t, uint32_t n) {
-    if (n == ROOT || nd_parent(t, n) != NIL || nd_refs(t, n) != 0) return;
+static inline void maybe_free(idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT) ? (m & (M_PARENT | M_REFS)) != 0
+                     : nd_parent(t, n) != NIL || nd_refs(t, n) != 0)
+        return;
+    if (n == ROOT) return;
     set_parent(t, n, DEAD);
     TOK(t, n) = t->dying; /* the key of no edge now: the stack's link */
     t->dying = n;
@@ -869,6 +897,7 @@ kvo_status idx_tree_new(idx_tree **out) {
     kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
     t->meta.small = META_SMALL;
+    t->fats.small = FAT_SMALL;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
         return KVO_ENOMEM;
@@ -889,7 +918,7 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->ea);
     kvo_free(t->la);
     kvo_free(t->sp);
-    kvo_free(t->fat);
+    idx_slab_fini(&t->fats);
     idx_tab_fini(&t->edges);
     for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
@@ -1010,7 +1039,17 @@ static kvo_status apply_store(idx_tree *t, uint32_t w, const wire_revent *ev,
 
 /* After w lost its lookup entry for node n: w leaves n's set, and an
  * emptied n detaches its children. */
-static void leave_node(idx_tree *t, uint32_t w, uint32_t n) {
+static inline void leave_node(idx_tree *t, uint32_t w, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (!(m & M_FAT)) { /* at most one worker, at most the child n + 1 */
+        if ((m & M_WSET) == w) {
+            META(t, n) = m |= M_WSET;
+            t->held--;
+        }
+        if ((m & (M_WSET | M_CHILD)) == (M_WSET | M_CHILD))
+            detach_edges(t, n, n + 1);
+        return;
+    }
     wset_del(t, n, w);
     if (nd_wset(t, n) == NIL) detach(t, n);
 }
@@ -1205,13 +1244,18 @@ static void query_device(idx_tree *t, const uint64_t *h, size_t n,
          * key is h[i], cur + 1 is the child for h[i] (keys are unique in a
          * child list, I2). Run along such a chain while the worker set
          * stays the same: no load waits for another, so the walk streams
-         * through tok[] and meta[] (and, along a shared prefix, the fat
-         * records, made in the same order). */
-        while (i < n && nd_child(t, cur) == cur + 1 &&
-               TOK(t, cur + 1) == h[i] && nd_wset(t, cur + 1) == curws) {
-            __builtin_prefetch(&TOK(t, cur + 16));  /* a chain's start is */
-            __builtin_prefetch(&META(t, cur + 16)); /* cold, its pages */
-            cur++;                                  /* random */
+         * through tok[] and meta[]. Lean nodes only: their wset equals
+         * curws only when it is one slot (a lean word has no fat bit), and
+         * a fat node (a shared prefix, each with a set of its own) goes
+         * through child_find and the set compare below anyway. */
+        const uint64_t *tk = &TOK(t, 0);
+        const uint32_t *mt = &META(t, 0);
+        while (i < n && (mt[cur] & (M_FAT | M_CHILD)) == M_CHILD &&
+               tk[cur + 1] == h[i] &&
+               (mt[cur + 1] & (M_FAT | M_WSET)) == curws) {
+            __builtin_prefetch(&tk[cur + 16]); /* a chain's start is cold, */
+            __builtin_prefetch(&mt[cur + 16]); /* its pages random */
+            cur++;
             i++;
         }
         depth = i;
@@ -1378,7 +1422,7 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
         t->free[0].usable + t->free[1].usable + t->free[2].usable +
         (uint64_t)t->ea_cap * sizeof(ealias) +
         (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
-        (uint64_t)t->fat_cap * sizeof(fat) + idx_tab_bytes(&t->edges) +
+        t->fats.usable + idx_tab_bytes(&t->edges) +
         (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4 +
         (uint64_t)t->path_cap * 4 + (uint64_t)t->orph_cap * sizeof(orphan) +
         t->orphans.cap * sizeof(kvo_map_slot);

@@ -19,8 +19,8 @@ static bool live(const idx_tree *t, uint32_t n) {
 }
 
 /* Key hashes of the two tables' refs, for idx_tab_check. */
-static uint64_t edge_hash(const void *owner, uint32_t v) {
-    return mix(edge_key(owner, v), edge_parent(owner, v));
+static uint64_t edge_key_hash(const void *owner, uint32_t v) {
+    return edge_hash(edge_key(owner, v), edge_parent(owner, v));
 }
 
 typedef struct look_owner { /* a lookup table and its slot */
@@ -77,7 +77,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         if (m & M_FAT) {
             uint32_t i = m & ~M_FAT;
             bool bad = i >= t->fat_len || fat_user[i]++ ||
-                       t->fat[i].wset == DEAD || t->fat[i].parent == DEAD;
+                       FAT(t, i).wset == DEAD || FAT(t, i).parent == DEAD;
             if (bad)
                 FAIL("node %u: fat record %u free, shared or out of range", n,
                      i);
@@ -90,8 +90,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         if (bad) FAIL("node %u: meta word %08x", n, m);
     }
     uint32_t fatfree = 0;
-    for (uint32_t i = t->fat_free; i != NIL; i = t->fat[i].next) {
-        if (i >= t->fat_len || t->fat[i].wset != DEAD) FAIL("fat free list");
+    for (uint32_t i = t->fat_free; i != NIL; i = FAT(t, i).next) {
+        if (i >= t->fat_len || FAT(t, i).wset != DEAD) FAIL("fat free list");
         if (++fatfree > t->fat_len) FAIL("fat free list loops");
     }
     if (fatfree + t->fat_live != t->fat_len)
@@ -187,7 +187,7 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
     /* I3: lookup, one table per slot */
-    if (!idx_tab_check(&t->edges, edge_hash, t, "edges", msg, msgsz)) {
+    if (!idx_tab_check(&t->edges, edge_key_hash, t, "edges", msg, msgsz)) {
         s = KVO_ESTATE;
         goto done;
     }
