@@ -944,20 +944,24 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
  *         +--+------------------------------------------------------+
  *
  *   par.  the parent: P_NIL none, P_PREV n - 1, P_DEAD free or being freed
+ *         (next is NIL for these three); P_FAR: the parent and next are in
+ *         a fat record that the table `far` finds by n ("far" nodes)
  *   ch    the first child edge is n + 1 (else none)
- *   lean  also means next = NIL: n is the last of its parent's list
  *
  * A chain stored in one event is n, n + 1, ... (the lowest free indexes),
  * each the lone child of the one before and held by one worker: lean all
- * along. Fat are the nodes with siblings, two workers or more, a parent
- * elsewhere, or more than M_REFS_MAX references; a node stays fat until it
- * is freed. */
+ * along. A node with siblings or a parent elsewhere (where a prompt
+ * branches off) is far: what a query reads of it (worker, child) stays in
+ * the word, and only edits look up its links. Fat are the nodes with two
+ * workers or more, a child elsewhere, or more than M_REFS_MAX references;
+ * a node stays fat until it is freed. */
 #define M_FAT 0x80000000u
 #define M_PARENT_SHIFT 29
 #define M_PARENT (3u << M_PARENT_SHIFT)
 #define P_NIL 0u
 #define P_PREV 1u
 #define P_DEAD 2u
+#define P_FAR 3u
 #define M_CHILD 0x10000000u
 #define M_REFS_SHIFT 24
 #define M_REFS_MAX 15u
@@ -967,7 +971,8 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
 
 typedef struct fat {
     uint32_t parent; /* NIL: none; DEAD: free or being freed */
-    uint32_t child;  /* first edge of the child list */
+    uint32_t child;  /* first edge of the child list; a far node's record:
+                        the node (its child is in its word) */
     uint32_t next;   /* following edge in the parent's list */
     uint32_t wset;   /* NIL, a slot, or TAG|offset of a pooled set; DEAD:
                         a free record (next links the free list) */
@@ -1026,6 +1031,7 @@ struct idx_tree {
     uint32_t sp_free[SET_CLASSES];
 
     slab fats; /* fat node records; free ones link through next */
+    tab far;   /* far node -> 1 + its record in fats */
     uint32_t fat_len, fat_free, fat_live;
 
     tab edges;
@@ -1057,14 +1063,46 @@ struct idx_tree {
 #define META(t, n) (*(uint32_t *)slab_at(&(t)->meta, (n), sizeof(uint32_t)))
 #define FAT(t, i) (*(fat *)slab_at(&(t)->fats, (i), sizeof(fat)))
 
+/* The hash of the tables' keys (and of the worker map's). */
+static inline uint64_t mix(uint64_t a, uint32_t b) {
+    uint64_t x =
+        a ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
+    x ^= x >> 32;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 32;
+    x *= 0xD6E8FEB86659FD93ull;
+    x ^= x >> 32;
+    return x;
+}
+
 /* ---- A node's fields, read through its meta word (lean or fat) --------- */
 
 static inline const fat *fat_of(const idx_tree *t, uint32_t m) {
     return &FAT(t, m & ~M_FAT);
 }
+
+/* A far node's record: the table `far` maps the node to 1 + its index
+ * (a ref is never 0), and the record's child field names the node. */
+static inline uint64_t far_hash(uint32_t n) { return mix(n, 0); }
+static inline bool far_eq(const void *owner, uint32_t v, uint64_t n,
+                          uint32_t unused) {
+    (void)unused;
+    return FAT((const idx_tree *)owner, v - 1).child == (uint32_t)n;
+}
+static inline uint32_t far_pos(const idx_tree *t, uint32_t n) {
+    return tab_find_h(&t->far, far_hash(n), far_eq, t, n, 0);
+}
+static inline uint32_t far_index(const idx_tree *t, uint32_t n) {
+    return tab_ref(&t->far, far_pos(t, n)) - 1;
+}
+static inline bool meta_far(uint32_t m) {
+    return !(m & M_FAT) && (m & M_PARENT) == P_FAR << M_PARENT_SHIFT;
+}
+
 static inline uint32_t nd_parent(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n), k = (m & M_PARENT) >> M_PARENT_SHIFT;
     if (m & M_FAT) return fat_of(t, m)->parent;
+    if (k == P_FAR) return FAT(t, far_index(t, n)).parent;
     return k == P_PREV ? n - 1 : k == P_DEAD ? DEAD : NIL;
 }
 static inline uint32_t nd_child(const idx_tree *t, uint32_t n) {
@@ -1074,7 +1112,8 @@ static inline uint32_t nd_child(const idx_tree *t, uint32_t n) {
 }
 static inline uint32_t nd_next(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
-    return (m & M_FAT) ? fat_of(t, m)->next : NIL;
+    if (m & M_FAT) return fat_of(t, m)->next;
+    return meta_far(m) ? FAT(t, far_index(t, n)).next : NIL;
 }
 static inline uint32_t nd_wset(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
@@ -1094,18 +1133,6 @@ static inline uint32_t free_words(uint32_t n, int k) {
 /* Word i of level k of the free-node bitmap. */
 static inline uint64_t *free_word(const idx_tree *t, int k, uint32_t i) {
     return (uint64_t *)slab_at(&t->free[k], i, sizeof(uint64_t));
-}
-
-/* The hash of the tables' keys (and of the worker map's). */
-static inline uint64_t mix(uint64_t a, uint32_t b) {
-    uint64_t x =
-        a ^ ((uint64_t)b * 0x9E3779B97F4A7C15ull) ^ 0x2545F4914F6CDD1Dull;
-    x ^= x >> 32;
-    x *= 0xD6E8FEB86659FD93ull;
-    x ^= x >> 32;
-    x *= 0xD6E8FEB86659FD93ull;
-    x ^= x >> 32;
-    return x;
 }
 
 /* ---- Edge refs: n = n's primary edge, TAG|i = alias edge ea[i] ---------- */

@@ -184,13 +184,16 @@ look_prefetch_second(const idx_tree *t, uint32_t w, uint64_t h) {
 
 /* The child of p under tokens_hash th, or NIL. The first edge of p's list
  * is looked at first: when its key is th it is the one (keys are unique in
- * a list, I2), found without the table or the side records. */
+ * a list, I2), found without the table or the side records; when it is a
+ * lean node that is not far, it has no sibling. Otherwise the table has
+ * p's edges if p has two or more (and none of p's when p has one). */
 static inline uint32_t child_find(const idx_tree *t, uint32_t p, uint64_t th) {
     uint32_t e = nd_child(t, p);
     if (e == NIL) return NIL;
     if (!(e & TAG)) {
         if (TOK(t, e) == th) return e;
-        if (nd_next(t, e) == NIL) return NIL;
+        uint32_t m = META(t, e); /* lean, not far: e has no sibling */
+        if (!(m & M_FAT) && !meta_far(m)) return NIL;
     } else {
         const ealias *a = &t->ea[e & ~TAG];
         if (a->tokens_hash == th) return a->child;
@@ -341,62 +344,111 @@ static void la_release(idx_tree *t, uint32_t a) {
     t->la_live--;
 }
 
-/* ---- Fat records and the fields' setters ------------------------------- */
+/* ---- Fat and far records, and the fields' setters ----------------------- */
 
-/* Room for `more` nodes to turn fat without failing. */
+/* Room for `more` nodes to turn fat or far without failing. */
 static kvo_status fat_reserve(idx_tree *t, uint32_t more) {
-    if (t->fats.cap - t->fat_live >= more) return KVO_OK;
+    kvo_status s = idx_tab_reserve(&t->far, more);
+    if (s != KVO_OK || t->fats.cap - t->fat_live >= more) return s;
     if (more > MAX_INDEX - t->fat_live) return KVO_ETOOBIG;
     return idx_slab_reserve(&t->fats, t->fat_len + more, MAX_INDEX,
                             sizeof(fat));
 }
 
-/* n's fat record, made from its lean fields when it has none (reserved:
- * fat_reserve). */
-static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
-    uint32_t m = META(t, n), i;
-    if (m & M_FAT) return &FAT(t, m & ~M_FAT);
-    if (t->fat_free != NIL) {
-        i = t->fat_free;
+static uint32_t fat_take(idx_tree *t) {
+    uint32_t i = t->fat_free;
+    if (i != NIL)
         t->fat_free = FAT(t, i).next;
-    } else {
+    else
         i = t->fat_len++;
-    }
-    FAT(t, i) = (fat){nd_parent(t, n), nd_child(t, n), NIL, nd_wset(t, n),
-                      nd_refs(t, n)};
-    META(t, n) = M_FAT | i;
     t->fat_live++;
+    return i;
+}
+
+static void fat_put(idx_tree *t, uint32_t i) {
+    FAT(t, i).wset = DEAD;
+    FAT(t, i).next = t->fat_free;
+    t->fat_free = i;
+    t->fat_live--;
+}
+
+/* A far node's record leaves the table (it is freed or turns fat). */
+static uint32_t far_take(idx_tree *t, uint32_t n) {
+    uint32_t pos = far_pos(t, n), i = tab_ref(&t->far, pos) - 1;
+    idx_tab_del(&t->far, pos);
+    return i;
+}
+
+/* n's fat record, made from its lean (or far) fields when it has none
+ * (reserved: fat_reserve). */
+static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
+    uint32_t m = META(t, n);
+    if (m & M_FAT) return &FAT(t, m & ~M_FAT);
+    uint32_t parent = nd_parent(t, n), next = nd_next(t, n);
+    uint32_t i = meta_far(m) ? far_take(t, n) : fat_take(t);
+    FAT(t, i) =
+        (fat){parent, nd_child(t, n), next, nd_wset(t, n), nd_refs(t, n)};
+    META(t, n) = M_FAT | i;
     return &FAT(t, i);
 }
 
-/* A freed node's fat record goes back; its meta says free. */
+/* A lean n with links its word cannot hold turns far (reserved). */
+static __attribute__((noinline)) void nd_far(idx_tree *t, uint32_t n,
+                                             uint32_t parent, uint32_t next) {
+    uint32_t i = fat_take(t);
+    FAT(t, i) = (fat){parent, n, next, NIL, 0};
+    idx_tab_put(&t->far, tab_hash_tag(far_hash(n)), i + 1);
+    META(t, n) = (META(t, n) & ~M_PARENT) | P_FAR << M_PARENT_SHIFT;
+}
+
+/* A far n whose links fit in its word again (a detach cut it, or it is
+ * being freed) gives its record back. */
+static void far_settle(idx_tree *t, uint32_t n) {
+    uint32_t i = far_index(t, n), p = FAT(t, i).parent;
+    if (FAT(t, i).next != NIL || (p != NIL && p != DEAD && p != n - 1)) return;
+    far_take(t, n);
+    fat_put(t, i);
+    uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
+    META(t, n) = (META(t, n) & ~M_PARENT) | k << M_PARENT_SHIFT;
+}
+
+/* A freed node's record goes back; its meta says free. */
 static void nd_release(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
-    if (m & M_FAT) {
-        uint32_t i = m & ~M_FAT;
-        FAT(t, i).wset = DEAD;
-        FAT(t, i).next = t->fat_free;
-        t->fat_free = i;
-        t->fat_live--;
-    }
+    if (m & M_FAT)
+        fat_put(t, m & ~M_FAT);
+    else if (meta_far(m))
+        fat_put(t, far_take(t, n));
     META(t, n) = P_DEAD << M_PARENT_SHIFT | M_WSET;
 }
 
 /* The setters: in the meta word when the value fits there, else in the
- * node's fat record. */
+ * node's far or fat record. */
 static inline void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
     uint32_t m = META(t, n);
-    if (!(m & M_FAT)) {
-        uint32_t k = p == NIL     ? P_NIL
-                     : p == DEAD  ? P_DEAD
-                     : p == n - 1 ? P_PREV
-                                  : M_PARENT;
-        if (k != M_PARENT) {
-            META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
-            return;
-        }
+    if (m & M_FAT) {
+        FAT(t, m & ~M_FAT).parent = p;
+    } else if (meta_far(m)) {
+        FAT(t, far_index(t, n)).parent = p;
+        far_settle(t, n);
+    } else if (p == NIL || p == DEAD || p == n - 1) {
+        uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
+        META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
+    } else {
+        nd_far(t, n, p, NIL);
     }
-    nd_fat(t, n)->parent = p;
+}
+
+static inline void set_next(idx_tree *t, uint32_t n, uint32_t e) {
+    uint32_t m = META(t, n);
+    if (m & M_FAT) {
+        FAT(t, m & ~M_FAT).next = e;
+    } else if (meta_far(m)) {
+        FAT(t, far_index(t, n)).next = e;
+        far_settle(t, n);
+    } else if (e != NIL) {
+        nd_far(t, n, nd_parent(t, n), e);
+    }
 }
 
 static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
@@ -406,11 +458,6 @@ static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
         return;
     }
     nd_fat(t, n)->child = e;
-}
-
-static inline void set_next(idx_tree *t, uint32_t n, uint32_t e) {
-    if (e == NIL && !(META(t, n) & M_FAT)) return;
-    nd_fat(t, n)->next = e;
 }
 
 static inline void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
@@ -920,6 +967,7 @@ void idx_tree_free(idx_tree *t) {
     kvo_free(t->sp);
     idx_slab_fini(&t->fats);
     idx_tab_fini(&t->edges);
+    idx_tab_fini(&t->far);
     for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
     kvo_free(t->wmap);
@@ -1422,7 +1470,7 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
         t->free[0].usable + t->free[1].usable + t->free[2].usable +
         (uint64_t)t->ea_cap * sizeof(ealias) +
         (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
-        t->fats.usable + idx_tab_bytes(&t->edges) +
+        t->fats.usable + idx_tab_bytes(&t->edges) + idx_tab_bytes(&t->far) +
         (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4 +
         (uint64_t)t->path_cap * 4 + (uint64_t)t->orph_cap * sizeof(orphan) +
         t->orphans.cap * sizeof(kvo_map_slot);

@@ -19,6 +19,10 @@ static bool live(const idx_tree *t, uint32_t n) {
 }
 
 /* Key hashes of the two tables' refs, for idx_tab_check. */
+static uint64_t far_record_hash(const void *owner, uint32_t v) {
+    return far_hash(FAT((const idx_tree *)owner, v - 1).child);
+}
+
 static uint64_t edge_key_hash(const void *owner, uint32_t v) {
     return edge_hash(edge_key(owner, v), edge_parent(owner, v));
 }
@@ -71,7 +75,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
     if (nlive != t->nd_live || nlive + nfree + 1 != N)
         FAIL("node counts: %u live (%u counted), %u free, %u slab", t->nd_live,
              nlive, nfree, N);
-    /* I9: meta words and fat records */
+    /* I9: meta words, fat and far records */
+    uint32_t nfar = 0;
     for (uint32_t n = 0; n < N; n++) {
         uint32_t m = META(t, n);
         if (m & M_FAT) {
@@ -84,11 +89,22 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
             continue;
         }
         uint32_t k = (m & M_PARENT) >> M_PARENT_SHIFT;
-        bool bad = k > P_DEAD || (k == P_PREV && n == ROOT) ||
+        bool bad = (k == P_PREV && n == ROOT) ||
                    ((m & M_CHILD) && n + 1 >= N) ||
                    ((m & M_WSET) != M_WSET && (m & M_WSET) >= t->ws_len);
         if (bad) FAIL("node %u: meta word %08x", n, m);
+        if (k != P_FAR) continue;
+        uint32_t pos = far_pos(t, n), i = pos == NIL ? NIL : far_index(t, n);
+        if (pos == NIL || i >= t->fat_len || fat_user[i]++ ||
+            FAT(t, i).wset == DEAD)
+            FAIL("far node %u: record missing, free or shared", n);
+        uint32_t p = FAT(t, i).parent;
+        if (FAT(t, i).next == NIL && (p == NIL || p == DEAD || p == n - 1))
+            FAIL("far node %u: its links fit its word", n);
+        nfar++;
     }
+    if (nfar != t->far.len)
+        FAIL("%u far nodes, %u in their table", nfar, t->far.len);
     uint32_t fatfree = 0;
     for (uint32_t i = t->fat_free; i != NIL; i = FAT(t, i).next) {
         if (i >= t->fat_len || FAT(t, i).wset != DEAD) FAIL("fat free list");
@@ -187,7 +203,8 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         FAIL("alias edges: %u live, %u counted", t->ea_live, ealive);
 
     /* I3: lookup, one table per slot */
-    if (!idx_tab_check(&t->edges, edge_key_hash, t, "edges", msg, msgsz)) {
+    if (!idx_tab_check(&t->edges, edge_key_hash, t, "edges", msg, msgsz) ||
+        !idx_tab_check(&t->far, far_record_hash, t, "far", msg, msgsz)) {
         s = KVO_ESTATE;
         goto done;
     }

@@ -677,9 +677,11 @@ START_TEST(freed_nodes_are_reused_lowest_first) {
             ck_assert_msg(child == n + 1, "pass %d: node %u's child is %u",
                           pass, n, child);
         }
-        /* fat: the shared block (4,000 children) and the chains' first
-         * blocks but one (they have siblings); every other node is lean */
+        /* records: the shared block's (4,000 children: fat) and those of
+         * the chains' first blocks but one (siblings: far); every other
+         * node is lean, its links in its word */
         ck_assert_uint_eq(t->fat_live, CHAINS);
+        ck_assert_uint_eq(t->far.len, CHAINS - 1);
         tt_check(t, true);
         /* empty it block i of every chain at a time, first blocks first
          * (each detaches its chain's rest), and the shared block last */
