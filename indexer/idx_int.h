@@ -676,6 +676,8 @@ typedef struct tab {
     uint8_t *ospill; /* onb: spill[] of the old buckets (stays an upper
                         bound while keys move out) */
     uint32_t onb, moved;
+    bool by2; /* grows by 2 at every size (a table of few keys, where a
+                 growth by 4 would leave most of it empty) */
 } tab;
 
 /* The owner's view of its keys: does ref v name the key (a, b)? and the
@@ -969,10 +971,16 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
 #define M_WSET 0x00FFFFFFu /* slots are below MAX_SLOTS < M_WSET */
 #define M_NEW (P_NIL << M_PARENT_SHIFT | M_WSET) /* no link, worker, ref */
 
+/* A far node's links (its other fields are in its word). */
+typedef struct farrec {
+    uint32_t node; /* NIL: a free record (next links the free list) */
+    uint32_t parent;
+    uint32_t next;
+} farrec;
+
 typedef struct fat {
     uint32_t parent; /* NIL: none; DEAD: free or being freed */
-    uint32_t child;  /* first edge of the child list; a far node's record:
-                        the node (its child is in its word) */
+    uint32_t child;  /* first edge of the child list */
     uint32_t next;   /* following edge in the parent's list */
     uint32_t wset;   /* NIL, a slot, or TAG|offset of a pooled set; DEAD:
                         a free record (next links the free list) */
@@ -1031,8 +1039,10 @@ struct idx_tree {
     uint32_t sp_free[SET_CLASSES];
 
     slab fats; /* fat node records; free ones link through next */
-    tab far;   /* far node -> 1 + its record in fats */
     uint32_t fat_len, fat_free, fat_live;
+    slab fars; /* far node records (farrec); free ones link through next */
+    tab far;   /* far node -> 1 + its record in fars */
+    uint32_t far_len, far_free;
 
     tab edges;
 
@@ -1062,6 +1072,7 @@ struct idx_tree {
 #define BLK(t, n) (*(uint64_t *)slab_at(&(t)->blk, (n), sizeof(uint64_t)))
 #define META(t, n) (*(uint32_t *)slab_at(&(t)->meta, (n), sizeof(uint32_t)))
 #define FAT(t, i) (*(fat *)slab_at(&(t)->fats, (i), sizeof(fat)))
+#define FAR(t, i) (*(farrec *)slab_at(&(t)->fars, (i), sizeof(farrec)))
 
 /* The hash of the tables' keys (and of the worker map's). */
 static inline uint64_t mix(uint64_t a, uint32_t b) {
@@ -1082,12 +1093,12 @@ static inline const fat *fat_of(const idx_tree *t, uint32_t m) {
 }
 
 /* A far node's record: the table `far` maps the node to 1 + its index
- * (a ref is never 0), and the record's child field names the node. */
+ * (a ref is never 0). */
 static inline uint64_t far_hash(uint32_t n) { return mix(n, 0); }
 static inline bool far_eq(const void *owner, uint32_t v, uint64_t n,
                           uint32_t unused) {
     (void)unused;
-    return FAT((const idx_tree *)owner, v - 1).child == (uint32_t)n;
+    return FAR((const idx_tree *)owner, v - 1).node == (uint32_t)n;
 }
 static inline uint32_t far_pos(const idx_tree *t, uint32_t n) {
     return tab_find_h(&t->far, far_hash(n), far_eq, t, n, 0);
@@ -1102,7 +1113,7 @@ static inline bool meta_far(uint32_t m) {
 static inline uint32_t nd_parent(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n), k = (m & M_PARENT) >> M_PARENT_SHIFT;
     if (m & M_FAT) return fat_of(t, m)->parent;
-    if (k == P_FAR) return FAT(t, far_index(t, n)).parent;
+    if (k == P_FAR) return FAR(t, far_index(t, n)).parent;
     return k == P_PREV ? n - 1 : k == P_DEAD ? DEAD : NIL;
 }
 static inline uint32_t nd_child(const idx_tree *t, uint32_t n) {
@@ -1113,7 +1124,7 @@ static inline uint32_t nd_child(const idx_tree *t, uint32_t n) {
 static inline uint32_t nd_next(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
     if (m & M_FAT) return fat_of(t, m)->next;
-    return meta_far(m) ? FAT(t, far_index(t, n)).next : NIL;
+    return meta_far(m) ? FAR(t, far_index(t, n)).next : NIL;
 }
 static inline uint32_t nd_wset(const idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);

@@ -329,12 +329,13 @@ static void tab_free_mem(tab *r) {
     kvo_free(r->stash);
 }
 
-/* The buckets a table of nb grows to (x4 below HUGE_BYTES / 4: each
- * growth writes a fresh table, and small ones are first-touched 4 KiB
- * pages, ~15 us a fault here: 1.33x the final size touched instead of 3x;
- * x2 beyond). Whole factors let tab_grow split buckets in one pass. */
-static uint64_t next_buckets(uint64_t nb) {
-    return nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 2;
+/* The buckets a table of nb grows to (x4 below HUGE_BYTES / 4 unless the
+ * table grows by 2: each growth writes a fresh table, and small ones are
+ * first-touched 4 KiB pages, ~15 us a fault here: 1.33x the final size
+ * touched instead of 3x; x2 beyond). Whole factors let tab_grow split
+ * buckets in one pass. */
+static uint64_t next_buckets(const tab *r, uint64_t nb) {
+    return !r->by2 && nb * sizeof(bucket) < HUGE_BYTES / 4 ? nb * 4 : nb * 2;
 }
 
 /* A table about to hold `fill` keys: once that is 7/8 of the way to its
@@ -345,7 +346,7 @@ static void tab_prefault(tab *r, uint64_t fill) {
     uint64_t cap = (uint64_t)r->nb * BW * LOAD_NUM / LOAD_DEN,
              from = cap - cap / 8;
     if (!r->nb || fill <= from) return;
-    uint64_t nb = next_buckets(r->nb);
+    uint64_t nb = next_buckets(r, r->nb);
     if (nb * BW > TAB_MAX_SLOTS || bk_bytes((uint32_t)nb) < HUGE_BYTES) return;
     if (!r->next_mem) {
         r->next_mem = idx_mem_alloc(bk_bytes((uint32_t)nb));
@@ -372,6 +373,7 @@ static kvo_status tab_grow(tab *r, uint32_t nb, uint32_t more) {
     memset(&g, 0, sizeof(g));
     g.nb = nb;
     g.rng = r->rng ? r->rng : RNG_SEED;
+    g.by2 = r->by2;
     g.stash_cap = r->nstash + more + STASH_SLACK;
     if (r->next_mem && r->next_nb == nb) { /* mapped ahead: take it */
         g.bk_mem = r->next_mem;
@@ -461,7 +463,7 @@ kvo_status idx_tab_reserve(tab *r, uint32_t more) {
     }
     if ((s = tab_move(r, r->onb)) != KVO_OK) return s; /* finish it first */
     uint64_t nb = r->nb ? r->nb : TAB_FIRST_BUCKETS;
-    while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = next_buckets(nb);
+    while (need * LOAD_DEN > nb * BW * LOAD_NUM) nb = next_buckets(r, nb);
     if (nb * BW > TAB_MAX_SLOTS) return KVO_ETOOBIG;
     return tab_grow(r, (uint32_t)nb, more);
 }

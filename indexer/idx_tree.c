@@ -348,11 +348,16 @@ static void la_release(idx_tree *t, uint32_t a) {
 
 /* Room for `more` nodes to turn fat or far without failing. */
 static kvo_status fat_reserve(idx_tree *t, uint32_t more) {
+    if (more > MAX_INDEX - t->fat_len || more > MAX_INDEX - t->far_len)
+        return KVO_ETOOBIG;
     kvo_status s = idx_tab_reserve(&t->far, more);
-    if (s != KVO_OK || t->fats.cap - t->fat_live >= more) return s;
-    if (more > MAX_INDEX - t->fat_live) return KVO_ETOOBIG;
-    return idx_slab_reserve(&t->fats, t->fat_len + more, MAX_INDEX,
-                            sizeof(fat));
+    if (s == KVO_OK && t->fats.cap - t->fat_live < more)
+        s = idx_slab_reserve(&t->fats, t->fat_len + more, MAX_INDEX,
+                             sizeof(fat));
+    if (s == KVO_OK && t->fars.cap - t->far.len < more)
+        s = idx_slab_reserve(&t->fars, t->far_len + more, MAX_INDEX,
+                             sizeof(farrec));
+    return s;
 }
 
 static uint32_t fat_take(idx_tree *t) {
@@ -372,11 +377,15 @@ static void fat_put(idx_tree *t, uint32_t i) {
     t->fat_live--;
 }
 
-/* A far node's record leaves the table (it is freed or turns fat). */
-static uint32_t far_take(idx_tree *t, uint32_t n) {
+/* A far node's record leaves the table and goes back to the free list;
+ * the record (still readable until the next far record is made). */
+static farrec far_drop(idx_tree *t, uint32_t n) {
     uint32_t pos = far_pos(t, n), i = tab_ref(&t->far, pos) - 1;
+    farrec r = FAR(t, i);
     idx_tab_del(&t->far, pos);
-    return i;
+    FAR(t, i) = (farrec){NIL, NIL, t->far_free};
+    t->far_free = i;
+    return r;
 }
 
 /* n's fat record, made from its lean (or far) fields when it has none
@@ -384,8 +393,9 @@ static uint32_t far_take(idx_tree *t, uint32_t n) {
 static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
     if (m & M_FAT) return &FAT(t, m & ~M_FAT);
-    uint32_t parent = nd_parent(t, n), next = nd_next(t, n);
-    uint32_t i = meta_far(m) ? far_take(t, n) : fat_take(t);
+    uint32_t parent = nd_parent(t, n), next = NIL;
+    if (meta_far(m)) next = far_drop(t, n).next;
+    uint32_t i = fat_take(t);
     FAT(t, i) =
         (fat){parent, nd_child(t, n), next, nd_wset(t, n), nd_refs(t, n)};
     META(t, n) = M_FAT | i;
@@ -395,8 +405,12 @@ static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
 /* A lean n with links its word cannot hold turns far (reserved). */
 static __attribute__((noinline)) void nd_far(idx_tree *t, uint32_t n,
                                              uint32_t parent, uint32_t next) {
-    uint32_t i = fat_take(t);
-    FAT(t, i) = (fat){parent, n, next, NIL, 0};
+    uint32_t i = t->far_free;
+    if (i != NIL)
+        t->far_free = FAR(t, i).next;
+    else
+        i = t->far_len++;
+    FAR(t, i) = (farrec){n, parent, next};
     idx_tab_put(&t->far, tab_hash_tag(far_hash(n)), i + 1);
     META(t, n) = (META(t, n) & ~M_PARENT) | P_FAR << M_PARENT_SHIFT;
 }
@@ -404,10 +418,10 @@ static __attribute__((noinline)) void nd_far(idx_tree *t, uint32_t n,
 /* A far n whose links fit in its word again (a detach cut it, or it is
  * being freed) gives its record back. */
 static void far_settle(idx_tree *t, uint32_t n) {
-    uint32_t i = far_index(t, n), p = FAT(t, i).parent;
-    if (FAT(t, i).next != NIL || (p != NIL && p != DEAD && p != n - 1)) return;
-    far_take(t, n);
-    fat_put(t, i);
+    const farrec *r = &FAR(t, far_index(t, n));
+    uint32_t p = r->parent;
+    if (r->next != NIL || (p != NIL && p != DEAD && p != n - 1)) return;
+    far_drop(t, n);
     uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
     META(t, n) = (META(t, n) & ~M_PARENT) | k << M_PARENT_SHIFT;
 }
@@ -418,7 +432,7 @@ static void nd_release(idx_tree *t, uint32_t n) {
     if (m & M_FAT)
         fat_put(t, m & ~M_FAT);
     else if (meta_far(m))
-        fat_put(t, far_take(t, n));
+        far_drop(t, n);
     META(t, n) = P_DEAD << M_PARENT_SHIFT | M_WSET;
 }
 
@@ -429,7 +443,7 @@ static inline void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
     if (m & M_FAT) {
         FAT(t, m & ~M_FAT).parent = p;
     } else if (meta_far(m)) {
-        FAT(t, far_index(t, n)).parent = p;
+        FAR(t, far_index(t, n)).parent = p;
         far_settle(t, n);
     } else if (p == NIL || p == DEAD || p == n - 1) {
         uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
@@ -444,7 +458,7 @@ static inline void set_next(idx_tree *t, uint32_t n, uint32_t e) {
     if (m & M_FAT) {
         FAT(t, m & ~M_FAT).next = e;
     } else if (meta_far(m)) {
-        FAT(t, far_index(t, n)).next = e;
+        FAR(t, far_index(t, n)).next = e;
         far_settle(t, n);
     } else if (e != NIL) {
         nd_far(t, n, nd_parent(t, n), e);
@@ -939,12 +953,14 @@ static kvo_status slot_get(idx_tree *t, uint64_t wid, uint32_t rank,
 kvo_status idx_tree_new(idx_tree **out) {
     idx_tree *t = kvo_calloc(1, sizeof(*t));
     if (!t) return KVO_ENOMEM;
-    t->ea_free = t->la_free = t->fat_free = t->dying = t->orph_free = NIL;
+    t->ea_free = t->la_free = t->fat_free = t->far_free = NIL;
+    t->dying = t->orph_free = NIL;
     t->orph_sweep_at = ORPHANS_SLACK;
     kvo_map_init(&t->orphans);
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
+    t->edges.by2 = t->far.by2 = true; /* a key per branch, not per block */
     t->meta.small = META_SMALL;
-    t->fats.small = FAT_SMALL;
+    t->fats.small = t->fars.small = FAT_SMALL;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
         return KVO_ENOMEM;
@@ -968,6 +984,7 @@ void idx_tree_free(idx_tree *t) {
     idx_slab_fini(&t->fats);
     idx_tab_fini(&t->edges);
     idx_tab_fini(&t->far);
+    idx_slab_fini(&t->fars);
     for (uint32_t w = 0; w < t->ws_len; w++) idx_tab_fini(&t->ws[w].look);
     kvo_free(t->ws);
     kvo_free(t->wmap);
@@ -1465,15 +1482,16 @@ void idx_tree_stats(const idx_tree *t, idx_stats *out) {
     out->edge_alias = t->ea_live;
     out->look_alias = t->la_live;
     out->sets = t->sp_live;
-    out->bytes +=
-        sizeof(*t) + t->tok.usable + t->blk.usable + t->meta.usable +
-        t->free[0].usable + t->free[1].usable + t->free[2].usable +
-        (uint64_t)t->ea_cap * sizeof(ealias) +
-        (uint64_t)t->la_cap * sizeof(lalias) + (uint64_t)t->sp_cap * 4 +
-        t->fats.usable + idx_tab_bytes(&t->edges) + idx_tab_bytes(&t->far) +
-        (uint64_t)t->ws_cap * (sizeof(wslot) + 4) + (uint64_t)t->wmap_cap * 4 +
-        (uint64_t)t->path_cap * 4 + (uint64_t)t->orph_cap * sizeof(orphan) +
-        t->orphans.cap * sizeof(kvo_map_slot);
+    out->bytes += sizeof(*t) + t->tok.usable + t->blk.usable + t->meta.usable +
+                  t->free[0].usable + t->free[1].usable + t->free[2].usable +
+                  (uint64_t)t->ea_cap * sizeof(ealias) +
+                  (uint64_t)t->la_cap * sizeof(lalias) +
+                  (uint64_t)t->sp_cap * 4 + t->fats.usable + t->fars.usable +
+                  idx_tab_bytes(&t->edges) + idx_tab_bytes(&t->far) +
+                  (uint64_t)t->ws_cap * (sizeof(wslot) + 4) +
+                  (uint64_t)t->wmap_cap * 4 + (uint64_t)t->path_cap * 4 +
+                  (uint64_t)t->orph_cap * sizeof(orphan) +
+                  t->orphans.cap * sizeof(kvo_map_slot);
 }
 
 static int worker_cmp(const void *a, const void *b) {

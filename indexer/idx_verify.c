@@ -20,7 +20,7 @@ static bool live(const idx_tree *t, uint32_t n) {
 
 /* Key hashes of the two tables' refs, for idx_tab_check. */
 static uint64_t far_record_hash(const void *owner, uint32_t v) {
-    return far_hash(FAT((const idx_tree *)owner, v - 1).child);
+    return far_hash(FAR((const idx_tree *)owner, v - 1).node);
 }
 
 static uint64_t edge_key_hash(const void *owner, uint32_t v) {
@@ -95,16 +95,22 @@ kvo_status idx_tree_check(const idx_tree *t, uint64_t *unreachable, char *msg,
         if (bad) FAIL("node %u: meta word %08x", n, m);
         if (k != P_FAR) continue;
         uint32_t pos = far_pos(t, n), i = pos == NIL ? NIL : far_index(t, n);
-        if (pos == NIL || i >= t->fat_len || fat_user[i]++ ||
-            FAT(t, i).wset == DEAD)
-            FAIL("far node %u: record missing, free or shared", n);
-        uint32_t p = FAT(t, i).parent;
-        if (FAT(t, i).next == NIL && (p == NIL || p == DEAD || p == n - 1))
+        if (pos == NIL || i >= t->far_len) FAIL("far node %u: no record", n);
+        uint32_t p = FAR(t, i).parent;
+        if (FAR(t, i).next == NIL && (p == NIL || p == DEAD || p == n - 1))
             FAIL("far node %u: its links fit its word", n);
         nfar++;
     }
     if (nfar != t->far.len)
         FAIL("%u far nodes, %u in their table", nfar, t->far.len);
+    uint32_t farfree = 0;
+    for (uint32_t i = t->far_free; i != NIL; i = FAR(t, i).next) {
+        if (i >= t->far_len || FAR(t, i).node != NIL) FAIL("far free list");
+        if (++farfree > t->far_len) FAIL("far free list loops");
+    }
+    if (farfree + nfar != t->far_len)
+        FAIL("far records: %u in use, %u free, %u made", nfar, farfree,
+             t->far_len);
     uint32_t fatfree = 0;
     for (uint32_t i = t->fat_free; i != NIL; i = FAT(t, i).next) {
         if (i >= t->fat_len || FAT(t, i).wset != DEAD) FAIL("fat free list");
