@@ -942,21 +942,22 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
  *         +--+-----+--+------+--------------------------------------+
  *         | 0|par. |ch| refs |  wset: one slot; M_WSET: none        |
  *         +--+-----+--+------+--------------------------------------+
- *   fat   | 1|            index into fat[]                          |
+ *   fat   | 1|            index into fats[]                         |
  *         +--+------------------------------------------------------+
  *
  *   par.  the parent: P_NIL none, P_PREV n - 1, P_DEAD free or being freed
  *         (next is NIL for these three); P_FAR: the parent and next are in
- *         a fat record that the table `far` finds by n ("far" nodes)
+ *         a farrec that the table `far` finds by n ("far" nodes)
  *   ch    the first child edge is n + 1 (else none)
  *
  * A chain stored in one event is n, n + 1, ... (the lowest free indexes),
  * each the lone child of the one before and held by one worker: lean all
  * along. A node with siblings or a parent elsewhere (where a prompt
  * branches off) is far: what a query reads of it (worker, child) stays in
- * the word, and only edits look up its links. Fat are the nodes with two
- * workers or more, a child elsewhere, or more than M_REFS_MAX references;
- * a node stays fat until it is freed. */
+ * the word, and only edits look up its links; it turns lean again when
+ * they fit. Fat are the nodes with two workers or more, a child
+ * elsewhere, or more than M_REFS_MAX references; a node stays fat until
+ * it is freed. */
 #define M_FAT 0x80000000u
 #define M_PARENT_SHIFT 29
 #define M_PARENT (3u << M_PARENT_SHIFT)

@@ -64,8 +64,8 @@
  *            is one address range reserved whole at the first growth and
  *            made usable as it fills, so growth copies nothing, leaves no
  *            moved pages behind, and a record is one multiply-add away;
- *            from 2 MiB on tok[] and blk[] grow by huge pages (meta[] stays
- *            on small ones).
+ *            they grow by huge pages from 2 MiB on (meta[] from 4 MiB on,
+ *            META_SMALL below).
  *
  *       tok  0             8   blk  0            8   meta  0      4
  *            +-------------+        +------------+         +------+
@@ -74,9 +74,14 @@
  *
  *     The meta word holds the node's fields in place ("lean": the parent
  *     is none or n - 1, the first child none or n + 1, no next sibling, at
- *     most one worker, at most 15 references) or names a fat record in
- *     fat[] that holds them all (idx_int.h draws both). A chain stored by
- *     one worker in one event is lean all along: 20 bytes a block.
+ *     most one worker, at most 15 references), or all but the parent and
+ *     next sibling ("far": those are in a farrec in fars[], which the table
+ *     `far` finds by node), or names a fat record in fats[] that holds
+ *     them all (idx_int.h draws the word). A chain stored by one worker in
+ *     one event is lean all along, 20 bytes a block; where a prompt
+ *     branches off the node is far (12 bytes more, and a slot of `far`),
+ *     so a query, which reads a node's worker and child only, never reads
+ *     a record there; nodes held by two workers or more are fat.
  *     parent, tokens_hash  the node's primary edge (parent NIL: none; DEAD:
  *                          the node is free or being freed, and then
  *                          tok[] holds the dying stack's link)
@@ -98,7 +103,10 @@
  *
  *   edges    table (parent, tokens_hash) -> edge ref, holding the edges of
  *            parents with two children or more. A lone child is found
- *            through parent.child, so chains cost no table space.
+ *            through parent.child, so chains cost no table space. Its tags
+ *            tell parents apart (edge_hash), so a probe compares the
+ *            tokens_hash only and never reads a far node's record.
+ *   far      table node -> its farrec, for far nodes.
  *   ws[w].look  table block_hash -> lookup ref, one per worker slot (as
  *            Dynamo keeps one map per worker): listing or clearing a worker
  *            costs O(its blocks). Keys are still hashed with the slot.
@@ -109,8 +117,8 @@
  *   ref, and the key itself is read from the node or alias record the ref
  *   names. A lean block costs 20 bytes of slab plus one lookup slot (8
  *   bytes / load, load 0.47 to 0.94): 28.5 to 37 bytes per (block,
- *   worker), plus at most 2 MiB per huge-page slab of tail (W1: 31.7 at
- *   0.8 M pairs, 31.6 at 12.6 M).
+ *   worker), plus at most 2 MiB per huge-page slab of tail (W1: 31.5
+ *   bytes a pair at 0.8 M pairs, 31.7 at 3.2 M and 12.6 M).
  *
  * Invariants (idx_tree_check, in idx_verify.c, verifies all of them)
  * ----------
@@ -131,8 +139,10 @@
  *  I8 free nodes are exactly the bits of free[0], each level's bits are its
  *     lower level's non-zero words, no free node lies below nd_low; free
  *     alias records are exactly those on their free lists.
- *  I9 a fat record belongs to one live node; free fat records are exactly
- *     those on their free list; lean meta words decode to valid fields.
+ *  I9 a fat record belongs to one live node, a farrec to one far node (the
+ *     table `far` has exactly the far nodes, and a far node's links do not
+ *     fit its word); free records are exactly those on their free lists;
+ *     lean meta words decode to valid fields.
  */
 #define IDX_TREE_LAYOUT /* idx_int.h: the layout's types, constants, probes */
 #include "idx_int.h"
@@ -147,16 +157,16 @@ _Static_assert(MAX_SLOTS < M_WSET, "a slot fits in a lean meta word");
 #define SLOTS_FIRST_CAP 16    /* worker slots allocated at first */
 #define WMAP_FIRST_CAP 32     /* worker map entries at first (power of 2) */
 #define SORT_INSERTION_MAX 16 /* scores sorted by insertion up to this many */
-/* The small regions of meta[] and fat[] (idx_int.h, slab): while a tree is
- * small a huge page's unused tail (up to 2 MiB: 2.6 bytes a pair at W1's
- * 0.8 M pairs) costs more than the faults it saves (~11 ms here for 4 MiB
- * of small pages); once the slab grows past the region, the region turns
- * into huge pages, because random reads through small pages miss the TLB
- * (W1x16 cold hit p99 6.9 us with fat[] on small pages, 1.8 on huge ones).
- * meta[], read along chains, stays small for a million nodes; fat[], read
- * at random (a prompt's branch node), for 2 MiB (100 k records). */
+/* The small regions of meta[], fats[] and fars[] (idx_int.h, slab): while
+ * a tree is small a huge page's unused tail (up to 2 MiB: 2.6 bytes a pair
+ * at W1's 0.8 M pairs) costs more than the faults it saves (~11 ms here
+ * for 4 MiB of small pages); once a slab grows past its region, the region
+ * turns into huge pages, because random reads through small pages miss
+ * the TLB (W1x16 cold hit p99 6.9 us with the fat records a query read on
+ * small pages, 1.8 on huge ones). meta[], read along chains, stays small
+ * for a million nodes; the records, read at random, for 2 MiB. */
 #define META_SMALL ((size_t)4 << 20)
-#define FAT_SMALL ((size_t)2 << 20)
+#define RECORDS_SMALL ((size_t)2 << 20)
 
 /* ======================================================================== */
 /* Finding children and lookup slots (the probes are in idx_int.h)           */
@@ -960,7 +970,7 @@ kvo_status idx_tree_new(idx_tree **out) {
     for (int i = 0; i < SET_CLASSES; i++) t->sp_free[i] = NIL;
     t->edges.by2 = t->far.by2 = true; /* a key per branch, not per block */
     t->meta.small = META_SMALL;
-    t->fats.small = t->fars.small = FAT_SMALL;
+    t->fats.small = t->fars.small = RECORDS_SMALL;
     if (nodes_reserve(t, 1) != KVO_OK) {
         idx_tree_free(t);
         return KVO_ENOMEM;

@@ -418,6 +418,33 @@ START_TEST(a_node_counts_hundreds_of_references) {
 }
 END_TEST
 
+/* A probe of the edges table compares a candidate's tokens_hash only: a
+ * tag match must then mean the same parent, so for one tokens_hash no two
+ * parents may share a tag (edge_hash). Checked over the first 2^20 parent
+ * indexes of a few tokens hashes. */
+static int u32_cmp(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+START_TEST(edge_tags_tell_parents_apart) {
+    enum { PARENTS = 1 << 20 };
+    const uint64_t toks[] = {0, 1, 0x9E3779B97F4A7C15ull, ~0ull};
+    uint32_t *tags = malloc(PARENTS * sizeof(uint32_t));
+    ck_assert_ptr_nonnull(tags);
+    for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
+        for (uint32_t p = 0; p < PARENTS; p++)
+            tags[p] = tab_hash_tag(edge_hash(toks[k], p));
+        qsort(tags, PARENTS, sizeof(uint32_t), u32_cmp);
+        for (uint32_t i = 1; i < PARENTS; i++)
+            ck_assert_msg(tags[i] != tags[i - 1],
+                          "tokens_hash %016llx: two parents share tag %08x",
+                          (unsigned long long)toks[k], tags[i]);
+    }
+    free(tags);
+}
+END_TEST
+
 /* Keys crafted to share one hash (idx_tree.c mixes the worker slot in as
  * bh ^ slot * 0x9E3779B97F4A7C15, so these collide exactly): both buckets
  * fill, the rest goes to the stash, and every answer stays right while the
@@ -1221,6 +1248,7 @@ Suite *suite_tree(void) {
     tcase_set_timeout(tl, 600);
     tcase_add_test(tl, worker_sets_grow_and_shrink);
     tcase_add_test(tl, a_node_counts_hundreds_of_references);
+    tcase_add_test(tl, edge_tags_tell_parents_apart);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
