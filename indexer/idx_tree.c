@@ -425,17 +425,6 @@ static __attribute__((noinline)) void nd_far(idx_tree *t, uint32_t n,
     META(t, n) = (META(t, n) & ~M_PARENT) | P_FAR << M_PARENT_SHIFT;
 }
 
-/* A far n whose links fit in its word again (a detach cut it, or it is
- * being freed) gives its record back. */
-static void far_settle(idx_tree *t, uint32_t n) {
-    const farrec *r = &FAR(t, far_index(t, n));
-    uint32_t p = r->parent;
-    if (r->next != NIL || (p != NIL && p != DEAD && p != n - 1)) return;
-    far_drop(t, n);
-    uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
-    META(t, n) = (META(t, n) & ~M_PARENT) | k << M_PARENT_SHIFT;
-}
-
 /* A freed node's record goes back; its meta says free. */
 static void nd_release(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
@@ -448,31 +437,34 @@ static void nd_release(idx_tree *t, uint32_t n) {
 
 /* The setters: in the meta word when the value fits there, else in the
  * node's far or fat record. */
-static inline void set_parent(idx_tree *t, uint32_t n, uint32_t p) {
+
+/* n's parent and next sibling (its primary edge's links) are p and next:
+ * in the word when they fit (no next; the parent none, n - 1 or DEAD),
+ * else in its far record, made or dropped as they stop or start fitting
+ * (a detach cuts a far node, or it is freed). */
+static void set_links(idx_tree *t, uint32_t n, uint32_t p, uint32_t next) {
     uint32_t m = META(t, n);
     if (m & M_FAT) {
         FAT(t, m & ~M_FAT).parent = p;
-    } else if (meta_far(m)) {
-        FAR(t, far_index(t, n)).parent = p;
-        far_settle(t, n);
-    } else if (p == NIL || p == DEAD || p == n - 1) {
-        uint32_t k = p == NIL ? P_NIL : p == DEAD ? P_DEAD : P_PREV;
-        META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
-    } else {
-        nd_far(t, n, p, NIL);
+        FAT(t, m & ~M_FAT).next = next;
+        return;
     }
-}
-
-static inline void set_next(idx_tree *t, uint32_t n, uint32_t e) {
-    uint32_t m = META(t, n);
-    if (m & M_FAT) {
-        FAT(t, m & ~M_FAT).next = e;
-    } else if (meta_far(m)) {
-        FAR(t, far_index(t, n)).next = e;
-        far_settle(t, n);
-    } else if (e != NIL) {
-        nd_far(t, n, nd_parent(t, n), e);
+    uint32_t k = next != NIL  ? P_FAR
+                 : p == NIL   ? P_NIL
+                 : p == DEAD  ? P_DEAD
+                 : p == n - 1 ? P_PREV
+                              : P_FAR;
+    if (meta_far(m)) {
+        if (k == P_FAR) {
+            FAR(t, far_index(t, n)) = (farrec){n, p, next};
+            return;
+        }
+        far_drop(t, n);
+    } else if (k == P_FAR) {
+        nd_far(t, n, p, next);
+        return;
     }
+    META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
 }
 
 static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
@@ -656,9 +648,8 @@ static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
     if (nd_parent(t, c) == NIL && c != p) {
-        set_parent(t, c, p);
+        set_links(t, c, p, first);
         TOK(t, c) = th;
-        set_next(t, c, first);
         e = c;
     } else {
         uint32_t a = ea_new(t);
@@ -680,8 +671,8 @@ static inline void maybe_free(idx_tree *t, uint32_t n) {
                      : nd_parent(t, n) != NIL || nd_refs(t, n) != 0)
         return;
     if (n == ROOT) return;
-    set_parent(t, n, DEAD);
-    TOK(t, n) = t->dying; /* the key of no edge now: the stack's link */
+    set_links(t, n, DEAD, NIL); /* no parent: no next either */
+    TOK(t, n) = t->dying;       /* the key of no edge now: the stack's link */
     t->dying = n;
 }
 
@@ -704,8 +695,7 @@ static void detach_edges(idx_tree *t, uint32_t p, uint32_t e) {
             ref_dec(t, c);
         } else {
             c = e;
-            set_parent(t, c, NIL);
-            set_next(t, c, NIL);
+            set_links(t, c, NIL, NIL);
             if (t->lower_slots) orphan_add(t, BLK(t, p), c);
         }
         maybe_free(t, c);
