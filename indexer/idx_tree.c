@@ -442,7 +442,8 @@ static void nd_release(idx_tree *t, uint32_t n) {
  * in the word when they fit (no next; the parent none, n - 1 or DEAD),
  * else in its far record, made or dropped as they stop or start fitting
  * (a detach cuts a far node, or it is freed). */
-static void set_links(idx_tree *t, uint32_t n, uint32_t p, uint32_t next) {
+static __attribute__((noinline)) void
+set_links_slow(idx_tree *t, uint32_t n, uint32_t p, uint32_t next) {
     uint32_t m = META(t, n);
     if (m & M_FAT) {
         FAT(t, m & ~M_FAT).parent = p;
@@ -465,6 +466,17 @@ static void set_links(idx_tree *t, uint32_t n, uint32_t p, uint32_t next) {
         return;
     }
     META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
+}
+
+static inline void set_links(idx_tree *t, uint32_t n, uint32_t p,
+                             uint32_t next) {
+    uint32_t m = META(t, n);
+    /* a lean node cut or freed (the remove path): in its word, no call */
+    if (!(m & M_FAT) && !meta_far(m) && next == NIL && (p == NIL || p == DEAD))
+        META(t, n) = (m & ~M_PARENT) | (p == NIL ? P_NIL : P_DEAD)
+                                           << M_PARENT_SHIFT;
+    else
+        set_links_slow(t, n, p, next);
 }
 
 static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
