@@ -1013,8 +1013,8 @@ void idx_tree_free(idx_tree *t) {
 
 /* Everything a store of n blocks may allocate, so that it never fails
  * half-way: per block a node, an alias edge, two lookup aliases, two
- * edge-table and one lookup-table entries, two nodes turned fat, and one set
- * growth (sets_reserve, per block: the set pool moves). */
+ * edge-table and one lookup-table entries, two nodes turned fat or far,
+ * and one set growth (sets_reserve, per block: the set pool moves). */
 static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     kvo_status s;
     if (n > MAX_INDEX / 2) return KVO_ETOOBIG;
