@@ -935,8 +935,9 @@ void idx_slab_fini(slab *v); /* unmaps; empty again */
 
 /* A node is 20 bytes at one u32 index, in three slabs: its two hashes,
  * tok[] and blk[] (u64), and a meta word, meta[] (u32), which holds the
- * node's links, worker set and reference count either in place ("lean")
- * or, when one of them does not fit, as the index of a fat record:
+ * node's links, worker set and reference count in place ("lean"; "far"
+ * when only the parent and next sibling do not fit: they go to a record)
+ * or, when another field does not fit, as the index of a fat record:
  *
  *   lean  31 30 29 28 27   24 23                                   0
  *         +--+-----+--+------+--------------------------------------+
