@@ -896,8 +896,8 @@ void idx_mem_free(void *p, size_t bytes); /* the size given to alloc */
  * small; more when small is set), the rest huge pages. It grows in pieces,
  * whole huge pages from HUGE_BYTES on and pages (doubling) below: the
  * capacity counted, and under strict overcommit (where a writable range
- * is charged whole) what is opened. Where address space is short the range is what the kernel
- * gave, and the slab cannot grow past it. */
+ * is charged whole) what is opened. Where address space is short the
+ * range is what the kernel gave, and the slab cannot grow past it. */
 typedef struct slab {
     /* A pointer type, not an integer: a store to a node's u64 field then
      * cannot alias it, so the compiler keeps it in a register. */
@@ -1088,7 +1088,7 @@ static inline uint64_t mix(uint64_t a, uint32_t b) {
     return x;
 }
 
-/* ---- A node's fields, read through its meta word (lean or fat) --------- */
+/* ---- A node's fields, read through its meta word (lean, far or fat) ---- */
 
 static inline const fat *fat_of(const idx_tree *t, uint32_t m) {
     return &FAT(t, m & ~M_FAT);
@@ -1178,7 +1178,7 @@ static inline uint64_t edge_hash(uint64_t th, uint32_t p) {
 /* Does edge ref v, whose tag matched the key's (the table compares tags
  * first), name the key (tokens_hash th, parent p)? An equal tokens_hash
  * is enough (edge_hash): a probe never reads the parent, which a node
- * with siblings keeps in its fat record. */
+ * with siblings keeps in its far record. */
 static inline bool edge_eq(const void *owner, uint32_t v, uint64_t th,
                            uint32_t p) {
     const idx_tree *t = owner;

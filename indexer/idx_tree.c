@@ -357,7 +357,7 @@ static void la_release(idx_tree *t, uint32_t a) {
 /* ---- Fat and far records, and the fields' setters ----------------------- */
 
 /* Room for `more` nodes to turn fat or far without failing. */
-static kvo_status fat_reserve(idx_tree *t, uint32_t more) {
+static kvo_status records_reserve(idx_tree *t, uint32_t more) {
     if (more > MAX_INDEX - t->fat_len || more > MAX_INDEX - t->far_len)
         return KVO_ETOOBIG;
     kvo_status s = idx_tab_reserve(&t->far, more);
@@ -388,7 +388,7 @@ static void fat_put(idx_tree *t, uint32_t i) {
 }
 
 /* A far node's record leaves the table and goes back to the free list;
- * the record (still readable until the next far record is made). */
+ * returns a copy of what it held. */
 static farrec far_drop(idx_tree *t, uint32_t n) {
     uint32_t pos = far_pos(t, n), i = tab_ref(&t->far, pos) - 1;
     farrec r = FAR(t, i);
@@ -399,15 +399,15 @@ static farrec far_drop(idx_tree *t, uint32_t n) {
 }
 
 /* n's fat record, made from its lean (or far) fields when it has none
- * (reserved: fat_reserve). */
+ * (reserved: records_reserve). */
 static __attribute__((noinline)) fat *nd_fat(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
     if (m & M_FAT) return &FAT(t, m & ~M_FAT);
-    uint32_t parent = nd_parent(t, n), next = NIL;
-    if (meta_far(m)) next = far_drop(t, n).next;
+    farrec links = {n, nd_parent(t, n), NIL};
+    if (meta_far(m)) links = far_drop(t, n);
     uint32_t i = fat_take(t);
-    FAT(t, i) =
-        (fat){parent, nd_child(t, n), next, nd_wset(t, n), nd_refs(t, n)};
+    FAT(t, i) = (fat){links.parent, nd_child(t, n), links.next, nd_wset(t, n),
+                      nd_refs(t, n)};
     META(t, n) = M_FAT | i;
     return &FAT(t, i);
 }
@@ -439,44 +439,39 @@ static void nd_release(idx_tree *t, uint32_t n) {
  * node's far or fat record. */
 
 /* n's parent and next sibling (its primary edge's links) are p and next:
- * in the word when they fit (no next; the parent none, n - 1 or DEAD),
- * else in its far record, made or dropped as they stop or start fitting
- * (a detach cuts a far node, or it is freed). */
+ * in the word when they fit (no next; the parent none, n - 1 or DEAD: the
+ * kind k), else (k = P_FAR) in its far record, made or dropped as they
+ * stop or start fitting (a detach cuts a far node, or it is freed). */
 static __attribute__((noinline)) void
-set_links_slow(idx_tree *t, uint32_t n, uint32_t p, uint32_t next) {
+set_links_slow(idx_tree *t, uint32_t n, uint32_t p, uint32_t next, uint32_t k) {
     uint32_t m = META(t, n);
     if (m & M_FAT) {
         FAT(t, m & ~M_FAT).parent = p;
         FAT(t, m & ~M_FAT).next = next;
-        return;
+    } else if (k == P_FAR && meta_far(m)) {
+        FAR(t, far_index(t, n)) = (farrec){n, p, next};
+    } else if (k == P_FAR) {
+        nd_far(t, n, p, next);
+    } else { /* far until now */
+        far_drop(t, n);
+        META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
     }
+}
+
+/* The common case, a lean node whose links fit (a chain node cut or freed
+ * on the remove path), changes the word without a call. */
+static inline void set_links(idx_tree *t, uint32_t n, uint32_t p,
+                             uint32_t next) {
+    uint32_t m = META(t, n);
     uint32_t k = next != NIL  ? P_FAR
                  : p == NIL   ? P_NIL
                  : p == DEAD  ? P_DEAD
                  : p == n - 1 ? P_PREV
                               : P_FAR;
-    if (meta_far(m)) {
-        if (k == P_FAR) {
-            FAR(t, far_index(t, n)) = (farrec){n, p, next};
-            return;
-        }
-        far_drop(t, n);
-    } else if (k == P_FAR) {
-        nd_far(t, n, p, next);
-        return;
-    }
-    META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
-}
-
-static inline void set_links(idx_tree *t, uint32_t n, uint32_t p,
-                             uint32_t next) {
-    uint32_t m = META(t, n);
-    /* a lean node cut or freed (the remove path): in its word, no call */
-    if (!(m & M_FAT) && !meta_far(m) && next == NIL && (p == NIL || p == DEAD))
-        META(t, n) = (m & ~M_PARENT) | (p == NIL ? P_NIL : P_DEAD)
-                                           << M_PARENT_SHIFT;
+    if (k != P_FAR && !(m & M_FAT) && !meta_far(m))
+        META(t, n) = (m & ~M_PARENT) | k << M_PARENT_SHIFT;
     else
-        set_links_slow(t, n, p, next);
+        set_links_slow(t, n, p, next, k);
 }
 
 static inline void set_child(idx_tree *t, uint32_t n, uint32_t e) {
@@ -497,23 +492,15 @@ static inline void set_wset(idx_tree *t, uint32_t n, uint32_t ws) {
     nd_fat(t, n)->wset = ws;
 }
 
-static inline void set_refs(idx_tree *t, uint32_t n, uint32_t r) {
-    uint32_t m = META(t, n);
-    if (!(m & M_FAT) && r <= M_REFS_MAX) {
-        META(t, n) = (m & ~M_REFS) | r << M_REFS_SHIFT;
-        return;
-    }
-    nd_fat(t, n)->refs = r;
-}
-
 #define REF_ONE (1u << M_REFS_SHIFT)
 
+/* A count past M_REFS_MAX turns the node fat. */
 static inline void ref_inc(idx_tree *t, uint32_t n) {
     uint32_t m = META(t, n);
     if (!(m & M_FAT) && (m & M_REFS) != M_REFS)
         META(t, n) = m + REF_ONE;
     else
-        set_refs(t, n, nd_refs(t, n) + 1);
+        nd_fat(t, n)->refs++;
 }
 
 static inline void ref_dec(idx_tree *t, uint32_t n) {
@@ -628,8 +615,7 @@ static void wset_del_pooled(idx_tree *t, uint32_t n, uint32_t w, uint32_t off) {
     }
 }
 
-/* Remove w from n's set (no-op when absent). The caller has already
- * outlined any inline lookup entry that depends on the set being {w}. */
+/* Remove w from n's set (no-op when absent). */
 static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
     uint32_t ws = nd_wset(t, n);
     if (ws == NIL) return;
@@ -828,7 +814,7 @@ static void orphan_relink(idx_tree *t, uint64_t bh, uint32_t n) {
         if (orphan_valid(t, o) && c != n &&
             child_find(t, n, TOK(t, c)) == NIL &&
             idx_tab_reserve(&t->edges, 2) == KVO_OK &&
-            fat_reserve(t, 2) == KVO_OK)
+            records_reserve(t, 2) == KVO_OK)
             edge_add(t, n, TOK(t, c), c);
         orphan_free(t, i);
         t->orph_live--;
@@ -1025,7 +1011,7 @@ static kvo_status store_reserve(idx_tree *t, uint32_t w, uint32_t n) {
     if ((s = grow((void **)&t->la, &t->la_cap, t->la_len + 2 * n,
                   sizeof(lalias))) != KVO_OK)
         return s;
-    if ((s = fat_reserve(t, 2 * n + 2)) != KVO_OK) return s;
+    if ((s = records_reserve(t, 2 * n + 2)) != KVO_OK) return s;
     if ((s = idx_tab_reserve(&t->edges, 2 * n)) != KVO_OK) return s;
     return idx_tab_reserve(&t->ws[w].look, n);
 }
