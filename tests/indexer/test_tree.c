@@ -418,6 +418,51 @@ START_TEST(a_node_counts_hundreds_of_references) {
 }
 END_TEST
 
+/* A node's word moves between its forms as the tree changes around it:
+ * a branch (a sibling, a parent elsewhere) makes it far, a second worker
+ * fat, and a detach that cuts a far node's links makes it lean again; its
+ * fields survive each move (idx_tree_check after every step). */
+START_TEST(a_branch_node_moves_between_lean_far_and_fat) {
+    idx_tree *t = tt_tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_uint_eq(t->fat_live, 0); /* a chain: lean all along */
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(4, 5)), IDX_EV_OK);
+    ck_assert(meta_far(META(t, 4))); /* parent 1, sibling 2 */
+    ck_assert_uint_eq(t->far.len, 1);
+    ck_assert(!(META(t, 5) & M_FAT) && !meta_far(META(t, 5)));
+    ck_assert_uint_eq(tt_score(t, Q(1, 4, 5), 0, 0), 3);
+    tt_check(t, true);
+
+    /* a second worker on node 4: fat, its links taken from the far record */
+    ck_assert_int_eq(tt_store(t, 1, 0, NULL, Q(1, 4)), IDX_EV_OK);
+    ck_assert(META(t, 4) & M_FAT);
+    ck_assert_uint_eq(t->far.len, 0);
+    ck_assert_uint_eq(nd_parent(t, 4), 1);
+    ck_assert_uint_eq(nd_next(t, 4), 2);
+    ck_assert_uint_eq(tt_score(t, Q(1, 4, 5), 0, 0), 3);
+    ck_assert_uint_eq(tt_score(t, Q(1, 4, 5), 1, 0), 2);
+    tt_check(t, true);
+    tt_tree_done(t);
+
+    /* a far node cut from its parent: lean again, its record back */
+    t = tt_tree_new();
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1, 2, 3)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(4)), IDX_EV_OK);
+    ck_assert(meta_far(META(t, 4)));
+    ck_assert_int_eq(tt_remove(t, 0, 0, Q(100)), IDX_EV_OK); /* detach */
+    ck_assert(!(META(t, 4) & M_FAT) && !meta_far(META(t, 4)));
+    ck_assert_uint_eq(nd_parent(t, 4), NIL);
+    ck_assert_uint_eq(t->far.len, 0);
+    tt_check(t, true);
+    /* stored again under a new block 1: far again, and found */
+    ck_assert_int_eq(tt_store(t, 0, 0, NULL, Q(1)), IDX_EV_OK);
+    ck_assert_int_eq(tt_store(t, 0, 0, U64S(100), Q(4)), IDX_EV_OK);
+    ck_assert_uint_eq(tt_score(t, Q(1, 4), 0, 0), 2);
+    tt_check(t, true);
+    tt_tree_done(t);
+}
+END_TEST
+
 /* A probe of the edges table compares a candidate's tokens_hash only: a
  * tag match must then mean the same parent, so for one tokens_hash no two
  * parents may share a tag (edge_hash). Checked over the first 2^20 parent
@@ -1249,6 +1294,7 @@ Suite *suite_tree(void) {
     tcase_add_test(tl, worker_sets_grow_and_shrink);
     tcase_add_test(tl, a_node_counts_hundreds_of_references);
     tcase_add_test(tl, edge_tags_tell_parents_apart);
+    tcase_add_test(tl, a_branch_node_moves_between_lean_far_and_fat);
     tcase_add_test(tl, colliding_keys_overflow_into_the_stash);
     tcase_add_test(tl, large_streams_keep_every_invariant);
     tcase_add_test(tl, large_trees_live_in_mapped_memory);
