@@ -687,9 +687,9 @@ typedef bool (*tab_eq_fn)(const void *owner, uint32_t v, uint64_t a,
                           uint32_t b);
 typedef uint64_t (*tab_hash_fn)(const void *owner, uint32_t v);
 
-/* Insert (tag, v), an absent key. idx_tab_reserve must have made room (a
- * failed displacement walk parks its last key in the stash). */
-void idx_tab_put(tab *r, uint32_t tag, uint32_t v);
+/* Insert (tag, v), an absent key whose first bucket is full (idx_tab_put,
+ * below, is the whole insert). */
+void idx_tab_put_displacing(tab *r, uint32_t tag, uint32_t v);
 /* Clear the entry at position pos. */
 void idx_tab_del(tab *r, uint32_t pos);
 /* Room for `more` insertions (and a step of a growth under way); on
@@ -786,16 +786,6 @@ static inline __attribute__((always_inline)) void tab_prefetch(const tab *r,
     __builtin_prefetch(&r->spill[b]);
 }
 
-/* The second stage, some work after tab_prefetch(h): the key's second
- * bucket when its first has spilled keys there (the spill count is in by
- * then), so that a find that has to look there does not wait. */
-static inline __attribute__((always_inline)) void
-tab_prefetch_second(const tab *r, uint64_t h) {
-    if (!r->nb) return;
-    uint32_t tag = tab_hash_tag(h), b1 = tab_b1(r, tag);
-    if (r->spill[b1]) __builtin_prefetch(&r->bk[tab_b2(r, tag)]);
-}
-
 /* Bit i set when tag[i] == tag (match) or ref[i] == 0 (hole). */
 static inline unsigned bucket_match(const bucket *b, uint32_t tag) {
 #ifdef __SSE2__
@@ -825,6 +815,34 @@ static inline unsigned bucket_holes(const bucket *b) {
     for (unsigned i = 0; i < BW; i++) m |= (unsigned)(b->ref[i] == 0) << i;
     return m;
 #endif
+}
+
+/* The second stage, some work after tab_prefetch(h), when the first
+ * bucket and its spill count are in: the key's second bucket, when the
+ * first has spilled keys there (a find looks there) or is full (an insert
+ * goes there), so that neither waits. */
+static inline __attribute__((always_inline)) void
+tab_prefetch_second(const tab *r, uint64_t h) {
+    if (!r->nb) return;
+    uint32_t tag = tab_hash_tag(h), b1 = tab_b1(r, tag);
+    if (r->spill[b1] || !bucket_holes(&r->bk[b1]))
+        __builtin_prefetch(&r->bk[tab_b2(r, tag)]);
+}
+
+/* Insert (tag, v), an absent key. idx_tab_reserve must have made room (a
+ * failed displacement walk parks its last key in the stash). Inline for
+ * the common case, a hole in the key's first bucket. */
+static inline void idx_tab_put(tab *r, uint32_t tag, uint32_t v) {
+    bucket *b = &r->bk[tab_b1(r, tag)];
+    unsigned h = bucket_holes(b);
+    if (!h) {
+        idx_tab_put_displacing(r, tag, v);
+        return;
+    }
+    unsigned i = (unsigned)__builtin_ctz(h);
+    b->tag[i] = tag;
+    b->ref[i] = v;
+    r->len++;
 }
 
 /* The position (first + slot) of key (a, b) with this tag in bucket k, or
