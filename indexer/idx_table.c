@@ -31,11 +31,12 @@
  *   in its secondary (a scramble of the tag). When both are full it takes
  *   the slot of a key of the secondary that moves to its own other bucket
  *   (displace_one), else it displaces keys along a short random walk; the
- *   rare key no walk can place goes to the stash. spill[b] counts the keys of primary b that live elsewhere, so a
- *   miss reads one line unless b spilled. A probe reads the key (through the
- *   owner's compare) only on a tag match; the tag alone places a key, so
- *   growing never reads keys: it moves every (tag, ref) into a fresh table
- *   (idx_mem_alloc: huge pages from 2 MiB on, never an mremap).
+ *   rare key no walk can place goes to the stash. spill[b] counts the keys
+ *   of primary b that live elsewhere, so a miss reads one line unless b
+ *   spilled. A probe reads the key (through the owner's compare) only on a
+ *   tag match; the tag alone places a key, so growing never reads keys: it
+ *   moves every (tag, ref) into a fresh table (idx_mem_alloc: huge pages
+ *   from 2 MiB on, never an mremap).
  *   Deletion just clears the slot. Load <= 15/16; growth x4 below 512 KiB,
  *   x2 beyond (load within 0.47..0.94), each bucket's keys going to its 2
  *   or 4 successors.
