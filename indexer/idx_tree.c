@@ -637,16 +637,10 @@ static inline void wset_del(idx_tree *t, uint32_t n, uint32_t w) {
 /* ======================================================================== */
 
 /* Add the edge (p, th) -> c (absent so far). It becomes c's primary edge when
- * c has none; otherwise an alias edge that holds a reference on c. */
+ * c has none; otherwise an alias edge that holds a reference on c. (A
+ * store's chain of new nodes does not come here: apply_store links each in
+ * the words.) */
 static void edge_add(idx_tree *t, uint32_t p, uint64_t th, uint32_t c) {
-    uint32_t mp = META(t, p), mc = META(t, c);
-    if (c == p + 1 && !((mp | mc) & M_FAT) && !(mp & M_CHILD) &&
-        !(mc & M_PARENT)) { /* a chain's next node: both stay lean */
-        META(t, c) = mc | P_PREV << M_PARENT_SHIFT;
-        META(t, p) = mp | M_CHILD;
-        TOK(t, c) = th;
-        return;
-    }
     uint32_t first = nd_child(t, p);
     bool was_single = first != NIL && edge_next(t, first) == NIL;
     uint32_t e;
